@@ -1,0 +1,15 @@
+# Writes OUT with MOE_GIT_REVISION, rewriting it only when the revision changed.
+execute_process(COMMAND git -C "${SRC}" describe --always --dirty --abbrev=12
+                OUTPUT_VARIABLE rev OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0 OR rev STREQUAL "")
+  set(rev "unknown")
+endif()
+set(content "#pragma once\n#define MOE_GIT_REVISION \"${rev}\"\n")
+if(EXISTS "${OUT}")
+  file(READ "${OUT}" old)
+else()
+  set(old "")
+endif()
+if(NOT old STREQUAL content)
+  file(WRITE "${OUT}" "${content}")
+endif()

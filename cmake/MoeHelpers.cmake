@@ -1,0 +1,39 @@
+# Warnings as errors on our code only (system headers come in through SYSTEM include dirs).
+set(MOE_WARNINGS -Wall -Wextra -Werror)
+
+set(MOE_SANITIZE_FLAGS "")
+if(MOE_SANITIZE)
+  string(REPLACE "," ";" _moe_sans "${MOE_SANITIZE}")
+  foreach(_s IN LISTS _moe_sans)
+    if(NOT _s MATCHES "^(address|undefined)$")
+      message(FATAL_ERROR "MOE_SANITIZE: unknown sanitizer '${_s}' (address, undefined)")
+    endif()
+  endforeach()
+  set(MOE_SANITIZE_FLAGS -fsanitize=${MOE_SANITIZE} -fno-omit-frame-pointer -fno-sanitize-recover=all)
+endif()
+
+function(moe_target_defaults target)
+  target_compile_options(${target} PRIVATE ${MOE_WARNINGS} ${MOE_SANITIZE_FLAGS})
+  target_link_options(${target} PRIVATE ${MOE_SANITIZE_FLAGS})
+endfunction()
+
+# moe_add_tool(moe-train SOURCES main.cpp ...)
+function(moe_add_tool name)
+  cmake_parse_arguments(T "" "" "SOURCES" ${ARGN})
+  add_executable(${name} ${T_SOURCES})
+  target_link_libraries(${name} PRIVATE moe_tools_common moe)
+  moe_target_defaults(${name})
+  set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bin)
+  install(TARGETS ${name} RUNTIME DESTINATION bin)
+endfunction()
+
+# moe_add_test(test_name SOURCES a.cpp b.cpp) -> one Catch2 executable, each TEST_CASE a ctest entry
+function(moe_add_test name)
+  cmake_parse_arguments(T "" "" "SOURCES;LABELS" ${ARGN})
+  add_executable(${name} ${T_SOURCES})
+  target_link_libraries(${name} PRIVATE moe_test_main moe)
+  moe_target_defaults(${name})
+  catch_discover_tests(${name}
+    WORKING_DIRECTORY ${PROJECT_BINARY_DIR}
+    PROPERTIES LABELS "${T_LABELS}" ENVIRONMENT "OMP_NUM_THREADS=2;MOE_SOURCE_DIR=${PROJECT_SOURCE_DIR};MOE_BIN_DIR=${PROJECT_BINARY_DIR}/bin")
+endfunction()

@@ -1,0 +1,60 @@
+// Parameters: stable dotted names, storage dtype, fp32 gradients, fp32 view for compute.
+#pragma once
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "moe/tensor.h"
+
+namespace moe {
+
+enum class InitKind { zeros, ones, normal };
+
+struct Init {
+  InitKind kind = InitKind::normal;
+  float std = 0.02f;
+  static Init zeros() { return {InitKind::zeros, 0.0f}; }
+  static Init ones() { return {InitKind::ones, 0.0f}; }
+  static Init normal(float std) { return {InitKind::normal, std}; }
+};
+
+struct Param {
+  std::string name;  // e.g. "blocks.3.moe.experts.w1"
+  Tensor value;      // storage dtype (f32, bf16, f16)
+  Tensor grad;       // fp32, same shape; backward accumulates (+=)
+  Tensor compute;    // fp32 values the kernels read: `value` itself when f32, else an upcast copy
+  bool expert = false;         // leading dimension indexes experts of one layer
+  bool decay = true;           // AdamW weight decay applies (not for norms, biases)
+
+  const Tensor& w() const { return compute; }
+  // Call after `value` changed (optimizer step, checkpoint load).
+  void refresh_compute();
+};
+
+// Owns every parameter of a model; addresses are stable, iteration is in creation order.
+class ParamSet {
+ public:
+  explicit ParamSet(uint64_t seed = 0, DType dtype = DType::f32) : seed_(seed), dtype_(dtype) {}
+  Param& add(const std::string& name, Shape shape, Init init, bool decay = true,
+             bool expert = false);
+  Param* find(const std::string& name);
+  const Param* find(const std::string& name) const;
+  Param& at(const std::string& name);  // throws naming the parameter
+  size_t size() const { return params_.size(); }
+  int64_t numel() const;
+  DType dtype() const { return dtype_; }
+  uint64_t seed() const { return seed_; }
+  void zero_grad();
+  std::vector<Param*> all();
+  std::vector<const Param*> all() const;
+
+ private:
+  uint64_t seed_;
+  DType dtype_;
+  std::vector<std::unique_ptr<Param>> params_;
+  std::map<std::string, Param*> by_name_;
+};
+
+}  // namespace moe

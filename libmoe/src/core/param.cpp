@@ -1,0 +1,84 @@
+#include "moe/param.h"
+
+#include <omp.h>
+
+#include "moe/rng.h"
+
+namespace moe {
+
+void Param::refresh_compute() {
+  if (value.dtype() == DType::f32) {
+    compute = value;
+  } else {
+    if (!compute.defined() || compute.dtype() != DType::f32 || compute.raw() == value.raw() ||
+        compute.shape() != value.shape())
+      compute = Tensor::empty(value.shape(), DType::f32);
+    compute.copy_from(value);
+    compute.set_name(name);
+  }
+}
+
+Param& ParamSet::add(const std::string& name, Shape shape, Init init, bool decay, bool expert) {
+  MOE_CHECK(!by_name_.count(name), "parameter '", name, "' defined twice");
+  auto p = std::make_unique<Param>();
+  p->name = name;
+  p->decay = decay;
+  p->expert = expert;
+  Tensor master = Tensor::empty(shape, DType::f32);
+  float* m = master.data<float>();
+  int64_t n = master.numel();
+  if (init.kind == InitKind::normal) {
+    // Keyed by the parameter's name: adding a parameter never changes another one's values.
+    uint64_t key = rng_key(seed_, {hash_name(name)});
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) m[i] = init.std * rng_normal(key, static_cast<uint64_t>(i));
+  } else {
+    float v = init.kind == InitKind::ones ? 1.0f : 0.0f;
+    for (int64_t i = 0; i < n; ++i) m[i] = v;
+  }
+  p->value = dtype_ == DType::f32 ? master : master.to(dtype_);
+  p->value.set_name(name);
+  p->grad = Tensor::zeros(shape, DType::f32).set_name(name + ".grad");
+  p->refresh_compute();
+  Param& ref = *p;
+  by_name_[name] = p.get();
+  params_.push_back(std::move(p));
+  return ref;
+}
+
+Param* ParamSet::find(const std::string& name) {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : it->second;
+}
+const Param* ParamSet::find(const std::string& name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : it->second;
+}
+Param& ParamSet::at(const std::string& name) {
+  Param* p = find(name);
+  MOE_CHECK(p, "no parameter named '", name, "'");
+  return *p;
+}
+
+int64_t ParamSet::numel() const {
+  int64_t n = 0;
+  for (const auto& p : params_) n += p->value.numel();
+  return n;
+}
+
+void ParamSet::zero_grad() {
+  for (auto& p : params_) p->grad.zero();
+}
+
+std::vector<Param*> ParamSet::all() {
+  std::vector<Param*> v;
+  for (auto& p : params_) v.push_back(p.get());
+  return v;
+}
+std::vector<const Param*> ParamSet::all() const {
+  std::vector<const Param*> v;
+  for (const auto& p : params_) v.push_back(p.get());
+  return v;
+}
+
+}  // namespace moe

@@ -1,0 +1,206 @@
+#include "moe/tensor.h"
+
+#include <cstring>
+
+#include "kernels/convert.h"
+#include "moe/arena.h"
+
+namespace moe {
+
+std::string shape_str(const Shape& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(shape[i]);
+  }
+  s += ']';
+  return s;
+}
+
+int64_t shape_numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
+  for (int64_t d : shape) MOE_CHECK(d >= 0, "tensor: negative dimension in shape ", shape_str(shape));
+  MOE_CHECK(device.kind == Device::cpu, "tensor: no backend for device ", device.str(),
+            " in this build");
+  Tensor t;
+  t.shape_ = std::move(shape);
+  t.dtype_ = dtype;
+  t.device_ = device;
+  size_t bytes = std::max<size_t>(t.nbytes(), 1);
+  if (Arena* arena = ArenaScope::current()) {
+    t.storage_ = arena->allocate(bytes);
+  } else {
+    t.storage_ = std::shared_ptr<std::byte>(new std::byte[bytes], std::default_delete<std::byte[]>());
+  }
+  return t;
+}
+
+Tensor Tensor::zeros(Shape shape, DType dtype, Device device) {
+  Tensor t = empty(std::move(shape), dtype, device);
+  std::memset(t.raw(), 0, t.nbytes());
+  return t;
+}
+
+Tensor Tensor::from_vector(Shape shape, const std::vector<float>& values) {
+  Tensor t = empty(std::move(shape), DType::f32);
+  MOE_CHECK(static_cast<int64_t>(values.size()) == t.numel(), "from_vector: ", values.size(),
+            " values for shape ", shape_str(t.shape()));
+  std::memcpy(t.raw(), values.data(), t.nbytes());
+  return t;
+}
+
+Tensor Tensor::from_vector(Shape shape, const std::vector<int32_t>& values) {
+  Tensor t = empty(std::move(shape), DType::i32);
+  MOE_CHECK(static_cast<int64_t>(values.size()) == t.numel(), "from_vector: ", values.size(),
+            " values for shape ", shape_str(t.shape()));
+  std::memcpy(t.raw(), values.data(), t.nbytes());
+  return t;
+}
+
+int64_t Tensor::dim(int i) const {
+  int n = ndim();
+  int j = i < 0 ? i + n : i;
+  MOE_CHECK(j >= 0 && j < n, "tensor ", describe(), ": no dimension ", i);
+  return shape_[j];
+}
+
+std::string Tensor::describe() const {
+  return (name_.empty() ? std::string("tensor") : name_) + shape_str(shape_) + " " +
+         dtype_name(dtype_) + " " + device_.str();
+}
+
+uint16_t* Tensor::half_bits() {
+  MOE_CHECK(dtype_ == DType::bf16 || dtype_ == DType::f16, describe(), ": not a 16-bit float");
+  return reinterpret_cast<uint16_t*>(storage_.get());
+}
+const uint16_t* Tensor::half_bits() const {
+  MOE_CHECK(dtype_ == DType::bf16 || dtype_ == DType::f16, describe(), ": not a 16-bit float");
+  return reinterpret_cast<const uint16_t*>(storage_.get());
+}
+
+void Tensor::check_type(DType requested) const {
+  MOE_CHECK(storage_ != nullptr, "tensor ", describe(), " is undefined");
+  MOE_CHECK(requested == dtype_, "tensor ", describe(), " accessed as ", dtype_name(requested));
+}
+
+Tensor Tensor::reshape(Shape shape) const {
+  MOE_CHECK(shape_numel(shape) == numel(), "reshape ", describe(), " to ", shape_str(shape),
+            ": element counts differ");
+  Tensor t = *this;
+  t.shape_ = std::move(shape);
+  return t;
+}
+
+Tensor Tensor::rows(int64_t begin, int64_t end) const {
+  MOE_CHECK(ndim() >= 1 && 0 <= begin && begin <= end && end <= shape_[0], "rows(", begin, ",",
+            end, ") of ", describe());
+  Tensor t = *this;
+  int64_t row_elems = shape_[0] ? numel() / shape_[0] : 0;
+  t.storage_ = std::shared_ptr<std::byte>(
+      storage_, storage_.get() + begin * row_elems * static_cast<int64_t>(dtype_size(dtype_)));
+  t.shape_[0] = end - begin;
+  return t;
+}
+
+Tensor Tensor::clone() const {
+  Tensor t = empty(shape_, dtype_, device_);
+  std::memcpy(t.raw(), raw(), nbytes());
+  t.name_ = name_;
+  return t;
+}
+
+void Tensor::copy_from(const Tensor& other) {
+  MOE_CHECK(other.shape_ == shape_, "copy into ", describe(), " from ", other.describe(),
+            ": shapes differ");
+  int64_t n = numel();
+  if (other.dtype_ == dtype_) {
+    std::memcpy(raw(), other.raw(), nbytes());
+    return;
+  }
+  MOE_CHECK(is_floating(dtype_) && is_floating(other.dtype_), "copy into ", describe(), " from ",
+            other.describe(), ": unsupported conversion");
+  // Through fp32.
+  auto load = [&](int64_t i) -> float {
+    switch (other.dtype_) {
+      case DType::f32: return other.data<float>()[i];
+      case DType::bf16: return kernels::bf16_to_f32(other.half_bits()[i]);
+      default: return kernels::f16_to_f32(other.half_bits()[i]);
+    }
+  };
+  switch (dtype_) {
+    case DType::f32: {
+      float* d = data<float>();
+      for (int64_t i = 0; i < n; ++i) d[i] = load(i);
+      break;
+    }
+    case DType::bf16: {
+      uint16_t* d = half_bits();
+      for (int64_t i = 0; i < n; ++i) d[i] = kernels::f32_to_bf16(load(i));
+      break;
+    }
+    default: {
+      uint16_t* d = half_bits();
+      for (int64_t i = 0; i < n; ++i) d[i] = kernels::f32_to_f16(load(i));
+      break;
+    }
+  }
+}
+
+Tensor Tensor::to(DType dtype) const {
+  Tensor t = empty(shape_, dtype, device_);
+  t.copy_from(*this);
+  t.name_ = name_;
+  return t;
+}
+
+std::vector<float> Tensor::to_vector() const {
+  Tensor f = dtype_ == DType::f32 ? *this : to(DType::f32);
+  const float* p = f.data<float>();
+  return std::vector<float>(p, p + numel());
+}
+
+void Tensor::fill(float value) {
+  int64_t n = numel();
+  switch (dtype_) {
+    case DType::f32: {
+      float* d = data<float>();
+      for (int64_t i = 0; i < n; ++i) d[i] = value;
+      break;
+    }
+    case DType::bf16:
+    case DType::f16: {
+      uint16_t bits = dtype_ == DType::bf16 ? kernels::f32_to_bf16(value) : kernels::f32_to_f16(value);
+      uint16_t* d = half_bits();
+      for (int64_t i = 0; i < n; ++i) d[i] = bits;
+      break;
+    }
+    case DType::i32: {
+      int32_t* d = data<int32_t>();
+      for (int64_t i = 0; i < n; ++i) d[i] = static_cast<int32_t>(value);
+      break;
+    }
+    default:
+      throw Error(str("fill: unsupported dtype for ", describe()));
+  }
+}
+
+void Tensor::zero() { std::memset(raw(), 0, nbytes()); }
+
+void Tensor::expect_shape(const Shape& expected, const char* what) const {
+  if (shape_ != expected)
+    throw Error(str(what ? what : "shape check", ": ", describe(), " expected shape ",
+                    shape_str(expected)));
+}
+
+void Tensor::expect_dtype(DType expected, const char* what) const {
+  if (dtype_ != expected)
+    throw Error(str(what ? what : "dtype check", ": ", describe(), " expected dtype ",
+                    dtype_name(expected)));
+}
+
+}  // namespace moe

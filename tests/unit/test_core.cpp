@@ -1,0 +1,114 @@
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <omp.h>
+
+#include "kernels/convert.h"
+#include "moe/arena.h"
+#include "moe/ops/core.h"
+#include "moe/param.h"
+#include "moe/rng.h"
+#include "support/gradcheck.h"
+
+using namespace moe;
+
+TEST_CASE("bf16 and f16 conversions round to nearest even", "[core]") {
+  using namespace moe::kernels;
+  REQUIRE(bf16_to_f32(f32_to_bf16(1.0f)) == 1.0f);
+  // 1 + 2^-8 is exactly halfway between two bf16 values: ties to even (1.0).
+  REQUIRE(bf16_to_f32(f32_to_bf16(1.0f + 1.0f / 256)) == 1.0f);
+  REQUIRE(bf16_to_f32(f32_to_bf16(1.0f + 3.0f / 256)) == 1.0f + 4.0f / 256);
+  REQUIRE(std::isnan(bf16_to_f32(f32_to_bf16(NAN))));
+  REQUIRE(f16_to_f32(f32_to_f16(65504.0f)) == 65504.0f);
+  REQUIRE(std::isinf(f16_to_f32(f32_to_f16(70000.0f))));
+  REQUIRE(f16_to_f32(f32_to_f16(5.9604644775390625e-8f)) == 5.9604644775390625e-8f);  // min subnormal
+  REQUIRE(f16_to_f32(f32_to_f16(-0.333333f)) == Approx(-0.333333f).epsilon(1e-3));
+  // Every f16 bit pattern that is finite round-trips exactly.
+  for (uint32_t h = 0; h < 0x7c00; ++h) {
+    float f = f16_to_f32(static_cast<uint16_t>(h));
+    REQUIRE(f32_to_f16(f) == h);
+  }
+}
+
+TEST_CASE("philox rng is a pure function of key and counter", "[core]") {
+  uint64_t key = rng_key(42, {1, 2});
+  REQUIRE(rng_uniform(key, 7) == rng_uniform(key, 7));
+  REQUIRE(rng_uniform(key, 7) != rng_uniform(key, 8));
+  REQUIRE(rng_key(42, {1, 2}) != rng_key(42, {2, 1}));
+  double mean = 0, var = 0;
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) {
+    float z = rng_normal(key, i);
+    mean += z;
+    var += z * z;
+  }
+  mean /= n;
+  var = var / n - mean * mean;
+  REQUIRE(std::fabs(mean) < 0.03);
+  REQUIRE(std::fabs(var - 1.0) < 0.05);
+}
+
+TEST_CASE("parameter init does not depend on thread count", "[core]") {
+  auto make = [](int threads) {
+    omp_set_num_threads(threads);
+    ParamSet ps(7);
+    ps.add("a.weight", {64, 33}, Init::normal(0.02f));
+    return ps.at("a.weight").value.to_vector();
+  };
+  auto one = make(1);
+  auto two = make(2);
+  REQUIRE(std::memcmp(one.data(), two.data(), one.size() * 4) == 0);
+}
+
+TEST_CASE("gemm matches a naive loop for all transposes", "[core]") {
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb) {
+      int64_t m = 5, n = 7, k = 3;
+      Tensor a = test::random_tensor(ta ? Shape{k, m} : Shape{m, k}, 1);
+      Tensor b = test::random_tensor(tb ? Shape{n, k} : Shape{k, n}, 2);
+      Tensor c = test::random_tensor({m, n}, 3);
+      Tensor c0 = c.clone();
+      ops::gemm(a, ta, b, tb, c, 0.5f, 2.0f);
+      const float* A = a.data<float>();
+      const float* B = b.data<float>();
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          double s = 0;
+          for (int64_t p = 0; p < k; ++p)
+            s += (ta ? A[p * m + i] : A[i * k + p]) * (tb ? B[j * k + p] : B[p * n + j]);
+          REQUIRE(c.data<float>()[i * n + j] ==
+                  Approx(0.5 * s + 2.0 * c0.data<float>()[i * n + j]).epsilon(1e-5));
+        }
+    }
+  Tensor a = test::random_tensor({2, 3}, 1), b = test::random_tensor({4, 2}, 2), c = Tensor::zeros({2, 2});
+  REQUIRE_THROWS_WITH(ops::gemm(a, false, b, false, c), Catch::Contains("do not chain"));
+}
+
+TEST_CASE("arena tensors reuse memory after reset", "[core]") {
+  Arena arena(1 << 16);
+  void* first;
+  {
+    ArenaScope scope(arena);
+    first = Tensor::empty({100}).raw();
+    Tensor::empty({200000});  // larger than a chunk
+  }
+  REQUIRE(arena.peak_bytes() >= 400 + 800000);
+  arena.reset();
+  {
+    ArenaScope scope(arena);
+    REQUIRE(Tensor::empty({100}).raw() == first);
+  }
+  REQUIRE(ArenaScope::current() == nullptr);
+}
+
+TEST_CASE("tensor views, conversions and shape errors name the tensor", "[core]") {
+  Tensor t = test::random_tensor({4, 3}, 5).set_name("blocks.0.x");
+  Tensor r = t.rows(1, 3);
+  REQUIRE(r.shape() == Shape{2, 3});
+  REQUIRE(r.data<float>()[0] == t.data<float>()[3]);
+  Tensor h = t.to(DType::bf16);
+  auto back = h.to_vector();
+  for (int i = 0; i < 12; ++i) REQUIRE(back[i] == Approx(t.data<float>()[i]).epsilon(1e-2));
+  REQUIRE_THROWS_WITH(t.expect_shape({3, 4}, "layer"), Catch::Contains("blocks.0.x[4,3]"));
+  REQUIRE_THROWS_AS(t.data<int32_t>(), Error);
+}
