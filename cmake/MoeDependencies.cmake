@@ -5,9 +5,22 @@ find_package(CLI11 CONFIG REQUIRED)
 find_package(nlohmann_json 3.10 CONFIG REQUIRED)
 
 # One gemm entry point (libmoe/src/backend/cpu/gemm.cpp); OpenBLAS by default, any CBLAS otherwise.
-set(BLA_VENDOR OpenBLAS CACHE STRING "BLAS vendor (FindBLAS)")
-find_package(BLAS REQUIRED)
+# Debian's OpenMP build of OpenBLAS is preferred: it shares libgomp's thread pool with our OpenMP
+# loops. With the pthreads build the two pools spin against each other on few cores (measured:
+# 61% of a training step in libgomp's spin-wait on 2 cores; see docs/PERFORMANCE.md).
+# -DMOE_BLAS_LIBRARY=/path/to/libcblas.so swaps in another CBLAS.
+find_library(MOE_BLAS_LIBRARY NAMES openblas DOC "CBLAS library to link"
+  PATHS /usr/lib/${CMAKE_LIBRARY_ARCHITECTURE}/openblas-openmp NO_DEFAULT_PATH)
+if(NOT MOE_BLAS_LIBRARY)
+  set(BLA_VENDOR OpenBLAS)
+  find_package(BLAS REQUIRED)
+  set(MOE_BLAS_LIBRARY ${BLAS_LIBRARIES})
+  message(WARNING "OpenMP build of OpenBLAS not found (Debian: libopenblas-openmp-dev); using ${MOE_BLAS_LIBRARY}")
+endif()
+set(BLAS_LIBRARIES ${MOE_BLAS_LIBRARY})
 find_path(MOE_CBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas x86_64-linux-gnu aarch64-linux-gnu REQUIRED)
+# The OpenMP build lives outside the linker's default path: keep it in the installed RPATH too.
+set(CMAKE_INSTALL_RPATH_USE_LINK_PATH ON)
 
 set(MOE_HAVE_MPI OFF)
 if(MOE_MPI)

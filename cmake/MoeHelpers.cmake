@@ -35,5 +35,5 @@ function(moe_add_test name)
   moe_target_defaults(${name})
   catch_discover_tests(${name}
     WORKING_DIRECTORY ${PROJECT_BINARY_DIR}
-    PROPERTIES LABELS "${T_LABELS}" ENVIRONMENT "OMP_NUM_THREADS=2;MOE_SOURCE_DIR=${PROJECT_SOURCE_DIR};MOE_BIN_DIR=${PROJECT_BINARY_DIR}/bin")
+    PROPERTIES LABELS "${T_LABELS}")
 endfunction()

@@ -1,0 +1,90 @@
+// Checkpoints: one HDF5 file holding a model's parameters, optimizer state, configs, training
+// position, sharding and provenance. docs/FORMATS.md ("Checkpoint, version 1") is the contract.
+//
+// Shape letters: E experts of a layer; an expert tensor's leading dimension is E (w1 [E,F,D],
+// w2 [E,D,F], biases [E,F] / [E,D]), and each expert's slice is its own HDF5 chunk, so
+// read_expert() reads and checksums only that expert's bytes.
+//
+// Writes are atomic: the file is written as `path.tmp-<pid>`, closed, fsync'ed, renamed over
+// `path`, and the directory fsync'ed; a failure removes the temporary file and leaves an existing
+// `path` untouched. Loads are bitwise: every tensor comes back with the bytes it was saved with.
+// All functions throw moe::Error naming the file and the cause. Tensors read from a file must
+// outlive any step, so these functions refuse to run inside an ArenaScope.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "moe/tensor.h"
+
+namespace moe::io {
+
+struct Provenance {
+  std::string tool, version, git, argv, time;  // argv: shell-quoted, joined by spaces;
+};                                             // time: ISO 8601 UTC ("2024-05-01T12:34:56Z")
+
+struct NamedTensor {
+  std::string name;
+  Tensor tensor;
+  bool expert = false;  // leading dim indexes experts -> one HDF5 chunk per expert
+};
+
+struct TrainState {
+  int64_t step = 0, tokens_seen = 0;
+  int64_t data_cursor = 0;  // position of the data sampler (windows consumed)
+  uint64_t seed = 0;        // RNG is counter-based: (seed, step, ...) is the whole RNG state
+};
+
+struct Sharding {
+  int world_size = 1, ep_size = 1;
+  std::vector<int> expert_rank;  // empty = all on rank 0
+};
+
+struct Checkpoint {
+  nlohmann::json model_config, train_config;  // stored as JSON string attributes
+  Provenance provenance;
+  std::vector<NamedTensor> params;  // dtype as stored (f32, bf16, f16); "blocks.3.moe.experts.w1"
+  std::vector<NamedTensor> optim;   // fp32 optimizer state, any names; stored under /optim
+  TrainState state;
+  Sharding sharding;
+};
+
+inline constexpr int kCheckpointVersion = 1;
+inline constexpr const char* kCheckpointFormat = "moe.checkpoint";
+
+struct SaveOptions {
+  // Chunks above this are cut into row chunks (HDF5 cannot hold a chunk of 4 GiB or more).
+  size_t max_chunk_bytes = size_t(1) << 30;
+};
+
+// Atomic save (see above). Tensor names must be non-empty, unique within params (and within
+// optim), and contain no '/'; an empty provenance.time is filled with the current UTC time.
+void save_checkpoint(const std::string& path, const Checkpoint& ckpt,
+                     const SaveOptions& options = {});
+
+// Validates format, version, and every dataset's shape/dtype metadata, then reads everything
+// (the optimizer state only when `with_optim`). Tensors keep the order they were saved in.
+Checkpoint load_checkpoint(const std::string& path, bool with_optim = true);
+
+nlohmann::json read_model_config(const std::string& path);
+// One tensor of /params.
+Tensor read_param(const std::string& path, const std::string& name);
+// One expert's slice [...rest] of an expert tensor of /params, reading only that chunk.
+Tensor read_expert(const std::string& path, const std::string& name, int64_t expert);
+// Names under /params, in saved order.
+std::vector<std::string> list_params(const std::string& path);
+// The same for /optim (e.g. one expert's Adam moments for expert-wise CPU Adam).
+std::vector<std::string> list_optim(const std::string& path);
+Tensor read_optim(const std::string& path, const std::string& name);
+Tensor read_optim_expert(const std::string& path, const std::string& name, int64_t expert);
+
+// Provenance helpers for tools.
+std::string shell_quote(std::string_view arg);             // POSIX sh quoting, only when needed
+std::string join_argv(int argc, const char* const* argv);  // shell-quoted, space-separated
+std::string utc_timestamp();                               // now, "YYYY-MM-DDTHH:MM:SSZ"
+// tool, this library's version and git revision, the command line, now.
+Provenance make_provenance(std::string tool, int argc, const char* const* argv);
+
+}  // namespace moe::io

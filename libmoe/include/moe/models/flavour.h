@@ -1,0 +1,21 @@
+// What distinguishes the architecture flavours; one .cpp per flavour fills it in.
+#pragma once
+#include "moe/models/config.h"
+#include "moe/nn/common.h"
+
+namespace moe {
+
+struct Flavour {
+  nn::NormKind norm = nn::NormKind::layernorm;
+  nn::Activation activation = nn::Activation::gelu;
+  bool bias = true;                 // biases in attention, MLPs and experts
+  bool learned_positions = true;    // else RoPE inside attention
+  bool tied_head = true;            // LM head shares the token embedding
+  bool normalize_topk = false;      // default for the router's top-k renormalisation
+};
+
+Flavour gpt_flavour(const ModelConfig& config);      // models/gpt.cpp
+Flavour mixtral_flavour(const ModelConfig& config);  // models/mixtral.cpp
+Flavour flavour_of(const ModelConfig& config);
+
+}  // namespace moe

@@ -1,0 +1,43 @@
+// One decoder block, pre-norm: h = x + Attn(Norm1(x)); y = h + FFN(Norm2(h)).
+// FFN is a dense MLP, an MoE layer, or both summed (PR-MoE residual MoE: MLP + top-1 expert).
+// Shapes: x [N, D] with N = B*T tokens.
+#pragma once
+#include <memory>
+#include <optional>
+
+#include "moe/models/config.h"
+#include "moe/models/flavour.h"
+#include "moe/nn/attention.h"
+#include "moe/nn/mlp.h"
+#include "moe/nn/moe_layer.h"
+#include "moe/nn/norm.h"
+
+namespace moe::nn {
+
+class Block {
+ public:
+  Block(ParamSet& ps, const ModelConfig& config, const Flavour& flavour, int64_t index);
+
+  struct Saved {
+    Norm::Saved norm1, norm2;
+    Attention::Saved attn;
+    MLP::Saved mlp;
+    MoELayer::Saved moe;
+  };
+  // stats is filled for MoE blocks (may be nullptr).
+  Tensor forward(const Tensor& x, int64_t batch, int64_t seq, const RouterStep& step, Saved* saved,
+                 MoEStats* stats) const;
+  Tensor backward(const Tensor& dy, const Saved& saved, float aux_scale, float z_scale);
+
+  bool has_moe() const { return moe_ != nullptr; }
+  int64_t num_experts() const;
+
+ private:
+  int64_t index_;
+  std::unique_ptr<Norm> norm1_, norm2_;
+  std::unique_ptr<Attention> attn_;
+  std::unique_ptr<MLP> mlp_;        // dense layers, and the residual branch of residual MoE
+  std::unique_ptr<MoELayer> moe_;
+};
+
+}  // namespace moe::nn

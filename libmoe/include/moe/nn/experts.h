@@ -1,0 +1,60 @@
+// The experts of one MoE layer, run as a grouped GEMM over the variable-size contiguous segments
+// of the permuted buffer (ES-MoE, MegaBlocks): no padding to a capacity, no per-expert copies.
+// gpt: y = W2 gelu(W1 x + b1) + b2;  mixtral: y = W2 (silu(W1 x) * W3 x).
+// Shapes: M rows of the permuted buffer (kept assignments), D model width, F expert hidden width,
+// E experts.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "moe/nn/common.h"
+#include "moe/param.h"
+
+namespace moe::nn {
+
+struct ExpertsConfig {
+  int64_t num_experts = 0, d_model = 0, d_ff = 0;
+  Activation activation = Activation::gelu;
+  bool bias = true;
+  float init_std = 0.02f, out_init_std = 0.02f;
+};
+
+// Params (ParamSet::add(..., expert=true)): prefix.w1 [E,F,D], prefix.w2 [E,D,F],
+// prefix.w3 [E,F,D] (swiglu only), prefix.b1 [E,F], prefix.b2 [E,D] (bias only).
+class Experts {
+ public:
+  Experts(ParamSet& ps, const std::string& prefix, const ExpertsConfig& config);
+
+  // What backward needs; activations of one step (arena-allocated when the caller has a scope).
+  struct Saved {
+    Tensor x_perm;                        // [M,D]
+    std::vector<int32_t> expert_offsets;  // [E+1]
+    Tensor h;                             // [M,F] pre-activation W1 x + b1
+    Tensor h3;                            // [M,F] W3 x (swiglu)
+    Tensor a;                             // [M,F] activation, the input of W2
+  };
+
+  // x_perm [M,D] in expert order, segments given by expert_offsets [E+1]; returns y_perm [M,D].
+  Tensor forward(const Tensor& x_perm, const std::vector<int32_t>& expert_offsets,
+                 Saved* saved) const;
+  // Returns dx_perm [M,D]; accumulates (+=) into the experts' parameter gradients.
+  Tensor backward(const Tensor& dy_perm, const Saved& saved);
+
+  const ExpertsConfig& config() const { return config_; }
+  Param& w1() const { return *w1_; }
+  Param& w2() const { return *w2_; }
+  Param* w3() const { return w3_; }  // null unless swiglu
+  Param* b1() const { return b1_; }  // null without bias
+  Param* b2() const { return b2_; }
+
+ private:
+  ExpertsConfig config_;
+  Param* w1_ = nullptr;
+  Param* w2_ = nullptr;
+  Param* w3_ = nullptr;
+  Param* b1_ = nullptr;
+  Param* b2_ = nullptr;
+};
+
+}  // namespace moe::nn

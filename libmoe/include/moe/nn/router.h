@@ -1,0 +1,68 @@
+// Top-k router of an MoE layer (Switch/GShard): logits = x Wg^T, softmax over all experts in fp32,
+// top-k (optionally renormalised), capacity, aux load-balancing loss and z-loss, and the
+// DispatchPlan handed to dispatch/combine.
+// Shapes: N tokens, D model width, E experts, k experts per token, M kept assignments.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "moe/nn/dispatch.h"
+#include "moe/param.h"
+
+namespace moe::nn {
+
+struct RouterConfig {
+  int64_t d_model = 0, num_experts = 0, top_k = 1;
+  bool normalize_topk = false;   // renormalise the k gate weights to sum to 1 (mixtral: true)
+  float jitter = 0.0f;           // Switch jitter: training-time x * U(1-jitter, 1+jitter), Philox keyed (seed, step, layer)
+  float capacity_factor = 0.0f;  // 0 = dropless
+  float init_std = 0.02f;
+};
+
+struct RouterStep {
+  uint64_t seed = 0;
+  int64_t step = 0;
+  int64_t layer = 0;
+  bool training = true;
+};
+
+struct RouterOutput {
+  DispatchPlan plan;
+  Tensor logits, probs;            // [N,E] fp32 (probs = softmax over all E experts, fp32)
+  Tensor lse;                      // [N] logsumexp of each logits row (z-loss)
+  Tensor topk_idx, topk_weight;    // [N,k] i32 / f32 (after optional renormalisation)
+  Tensor routed_input;             // x after jitter (x itself without jitter)
+  Tensor jitter_noise;             // [N,D] or undefined
+  double aux_loss = 0, z_loss = 0;
+  std::vector<int64_t> load;       // [E] assignments per expert before capacity
+};
+
+// Philox key of the jitter noise of one (seed, step, layer); element t*D + d of the noise is
+// kernels::jitter_factor(key, t*D + d, jitter).
+uint64_t router_jitter_key(const RouterStep& step);
+// C = ceil(capacity_factor * N * k / E) when capacity_factor > 0, else 0 (dropless).
+int64_t router_capacity(float capacity_factor, int64_t num_tokens, int64_t top_k,
+                        int64_t num_experts);
+
+// aux_loss = E * sum_e f_e * P_e, f_e = (assignments to e over all k choices, before capacity) / (N*k),
+// P_e = mean_t probs[t,e] (Switch/GShard; f is constant for the gradient).
+// z_loss = mean_t logsumexp(logits_t)^2.
+// Params: prefix + ".weight" [E, D] (router linear, no bias), e.g. "blocks.1.moe.router.weight".
+class Router {
+ public:
+  Router(ParamSet& ps, const std::string& prefix, const RouterConfig& config);
+  RouterOutput forward(const Tensor& x, const RouterStep& step) const;
+  // dweight_of_slot: d loss / d plan.weight_of_slot [M]; aux_scale, z_scale: d loss / d aux_loss,
+  // d loss / d z_loss. Accumulates into the weight's gradient; returns dx [N,D].
+  Tensor backward(const Tensor& dweight_of_slot, const RouterOutput& out, const Tensor& x,
+                  float aux_scale, float z_scale);
+  const RouterConfig& config() const { return config_; }
+  Param& weight() const { return *weight_; }
+
+ private:
+  RouterConfig config_;
+  Param* weight_;
+};
+
+}  // namespace moe::nn

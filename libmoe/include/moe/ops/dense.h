@@ -1,0 +1,73 @@
+// Ops of the dense transformer layers: embedding lookup, LayerNorm / RMSNorm, bias and
+// activations, RoPE, causal attention, cross-entropy. fp32 compute; each op checks its operands
+// (shape, dtype, device) and writes into tensors the caller allocated. Ops that produce parameter
+// gradients accumulate (+=) into them, in an order that does not depend on the thread count.
+// Shape letters: N tokens (B*T), B batch, T sequence, D features, H query heads, KV key/value
+// heads, hd head dim, C columns, V vocabulary.
+#pragma once
+#include "moe/tensor.h"
+
+namespace moe::ops {
+
+// ---- embedding (backend/cpu/embedding.cpp)
+// out[N,dim] = table[ids[n]]; ids i32 of any shape with N elements. An id outside [0, rows)
+// throws naming the id, its position and the table.
+void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out);
+// table_grad[ids[n]] += dy[n], rows summed in token order (deterministic, no atomics).
+void embedding_backward(const Tensor& dy, const Tensor& ids, Tensor& table_grad);
+
+// ---- norms (backend/cpu/norm.cpp); x, y [N,D], weight/bias [D], mean/rstd [N] (may be null)
+void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
+                       Tensor& y, Tensor* mean, Tensor* rstd);
+// dx written; dweight (and dbias when not null) accumulated.
+void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                        const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor* dbias);
+void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, Tensor& y, Tensor* rstd);
+void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                      Tensor& dx, Tensor& dweight);
+
+// ---- bias and activations (backend/cpu/activation.cpp)
+// y[N,C] += bias[C]
+void bias_add(Tensor& y, const Tensor& bias);
+// dbias[C] += sum over rows of dy[N,C] (rows in order, parallel over columns)
+void bias_grad(const Tensor& dy, Tensor& dbias);
+// y = gelu_tanh(x); dx = dy * gelu_tanh'(x). Same shapes; y/dx may alias x/dy.
+void gelu_forward(const Tensor& x, Tensor& y);
+void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx);
+// y = silu(gate) * up; dgate = dy * up * silu'(gate), dup = dy * silu(gate). Same shapes.
+void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& y);
+void swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up, Tensor& dgate,
+                     Tensor& dup);
+
+// ---- rotary position embedding (backend/cpu/rope.cpp)
+// x, y [B*T, heads*hd]; token (b, t) sits at position position_offset + t. y may alias x.
+void rope_forward(const Tensor& x, int64_t batch, int64_t seq, int64_t heads, float theta,
+                  Tensor& y, int64_t position_offset = 0);
+// dx = R^T dy (the inverse rotation). dx may alias dy.
+void rope_backward(const Tensor& dy, int64_t batch, int64_t seq, int64_t heads, float theta,
+                   Tensor& dx, int64_t position_offset = 0);
+
+// ---- causal self-attention core (backend/cpu/attention.cpp)
+struct AttentionShape {
+  int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
+};
+// q [B*T, H*hd], k/v [B*T, KV*hd] (query head h reads kv head h / (H/KV)),
+// probs [B,H,T,T] (softmax of scaled causal scores; zero above the diagonal), ctx [B*T, H*hd].
+// Scale 1/sqrt(hd).
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                       const AttentionShape& shape, Tensor& probs, Tensor& ctx);
+// dq, dk, dv written (same shapes as q, k, v). Gradients of one kv head are summed over its
+// query heads in head order, so the result does not depend on the thread count.
+void attention_backward(const Tensor& dctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& probs, const AttentionShape& shape, Tensor& dq, Tensor& dk,
+                        Tensor& dv);
+
+// ---- cross-entropy (backend/cpu/cross_entropy.cpp)
+// Mean over rows with target >= 0 of -log softmax(logits)[target]; logits [N,V] f32, targets [N]
+// i32 (negative = ignored). dlogits [N,V] (when not null) is written with
+// scale * d(mean)/d(logits), zero on ignored rows; row_nll [N] (when not null) with each row's
+// nll (0 when ignored). The mean is accumulated in double in row order. 0 when no row counts.
+double cross_entropy(const Tensor& logits, const Tensor& targets, float scale, Tensor* dlogits,
+                     Tensor* row_nll);
+
+}  // namespace moe::ops

@@ -1,0 +1,90 @@
+// Ops of the MoE layer (router, dispatch/combine, grouped expert GEMM). Each op checks its
+// operands (shape, dtype, device) and dispatches on the device of its tensors; all compute fp32.
+// Shapes: N tokens, D model width, F expert hidden width, E experts, k experts per token,
+// M kept assignments = rows of the permuted (expert-ordered) buffer.
+// Expert segments are given by offsets [E+1]: rows offsets[e] .. offsets[e+1] belong to expert e.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "moe/nn/common.h"
+#include "moe/tensor.h"
+
+namespace moe::ops {
+
+// ---- router (backend/cpu/router_ops.cpp) ----
+
+// noise [N,D] = U(1 - jitter, 1 + jitter) (Philox keyed by `key`, indexed by element),
+// routed [N,D] = x * noise.
+void router_jitter(const Tensor& x, float jitter, uint64_t key, Tensor& noise, Tensor& routed);
+// dx *= noise (the backward of the jitter multiply), in place.
+void router_jitter_backward(const Tensor& noise, Tensor& dx);
+// probs [N,E] = softmax(logits) per row, lse [N] = logsumexp per row (fp32).
+void router_softmax(const Tensor& logits, Tensor& probs, Tensor& lse);
+// topk_idx [N,k] i32 (descending probability, ties to the lower index), topk_weight [N,k] f32
+// (the probabilities, renormalised to sum 1 per row when `normalize`).
+void router_topk(const Tensor& probs, int64_t k, bool normalize, Tensor& topk_idx,
+                 Tensor& topk_weight);
+// Assignments per expert [E] over all N*k choices (before capacity).
+std::vector<int64_t> router_load(const Tensor& topk_idx, int64_t num_experts);
+// E * sum_e f_e P_e, f_e = load_e / (N k), P_e = mean_t probs[t,e]; fixed-order fp64 sums.
+double router_aux_loss(const Tensor& probs, const std::vector<int64_t>& load, int64_t top_k);
+// mean_t lse_t^2 (fp64, fixed order).
+double router_z_loss(const Tensor& lse);
+// dlogits [N,E] from d loss / d topk_weight [N,k], the aux loss (scale aux_scale, f constant) and
+// the z loss (scale z_scale). `normalize` as in router_topk.
+void router_backward(const Tensor& probs, const Tensor& lse, const Tensor& topk_idx,
+                     const Tensor& dtopk_weight, bool normalize, const std::vector<int64_t>& load,
+                     float aux_scale, float z_scale, Tensor& dlogits);
+
+// ---- dispatch / combine (backend/cpu/dispatch_ops.cpp) ----
+
+// Index tables of a dispatch plan (see nn::DispatchPlan for the meaning of each field).
+struct RoutingTable {
+  std::vector<int32_t> tokens_per_expert;  // [E] kept
+  std::vector<int32_t> expert_offsets;     // [E+1]
+  std::vector<int64_t> load;               // [E] before capacity
+  Tensor slot_of;                          // [N*k] i32, -1 = dropped
+  Tensor token_of_slot;                    // [M] i32
+  Tensor weight_of_slot;                   // [M] f32
+};
+// Slots in expert order; inside an expert in GShard priority order (every token's 1st choice in
+// token order, then every 2nd choice, ...); capacity 0 = dropless, else at most `capacity` slots
+// per expert. Throws on k > E, expert ids out of range, a token choosing one expert twice.
+RoutingTable build_routing(const Tensor& topk_idx, const Tensor& topk_weight, int64_t num_experts,
+                           int64_t capacity);
+// x_perm [M,D]: x_perm[s] = x[token_of_slot[s]].
+void gather_rows(const Tensor& x, const Tensor& token_of_slot, Tensor& x_perm);
+// y [N,D]: y[t] = sum over kept j of w[s] * rows[s], s = slot_of[t*k+j], in choice order.
+// weight_of_slot undefined: weight 1 (the backward of gather_rows).
+void combine_rows(const Tensor& rows, const Tensor& slot_of, const Tensor& weight_of_slot,
+                  int64_t top_k, Tensor& y);
+// dy_perm [M,D] = w[s] * dy[token_of_slot[s]], dweight_of_slot [M] = <dy[token], y_perm[s]>.
+void combine_rows_backward(const Tensor& dy, const Tensor& y_perm, const Tensor& token_of_slot,
+                           const Tensor& weight_of_slot, Tensor& dy_perm, Tensor& dweight_of_slot);
+// dtopk_weight [N,k] = dweight_of_slot[slot_of] (0 where dropped).
+void slot_to_choice(const Tensor& dweight_of_slot, const Tensor& slot_of, Tensor& dtopk_weight);
+
+// ---- grouped expert GEMM (backend/cpu/grouped_gemm.cpp) ----
+
+// For every expert segment: c_seg = a_seg op(w[e]) + beta c_seg, w [E,R,S],
+// op(w[e]) = w[e]^T [S,R] when transpose_w, else w[e] [R,S]. One GEMM per non-empty segment.
+void grouped_gemm(const Tensor& a, const Tensor& w, bool transpose_w,
+                  const std::vector<int32_t>& offsets, Tensor& c, float beta = 0.0f);
+// dw[e] += dy_seg^T x_seg for every segment: dy [M,R], x [M,S], dw [E,R,S].
+void grouped_gemm_weight_grad(const Tensor& dy, const Tensor& x,
+                              const std::vector<int32_t>& offsets, Tensor& dw);
+// Fused bias + activation over the rows of h [M,F] (bias [E,F] or undefined):
+// gelu: h += b1[e] (kept as the pre-activation), a = gelu(h);
+// swiglu: h += b1[e], a = silu(h) * h3.
+void expert_activation(Tensor& h, const Tensor& h3, const Tensor& bias,
+                       const std::vector<int32_t>& offsets, nn::Activation activation, Tensor& a);
+// gelu: dh = da * gelu'(h); swiglu: dh = da * h3 * silu'(h), dh3 = da * silu(h).
+void expert_activation_backward(const Tensor& da, const Tensor& h, const Tensor& h3,
+                                nn::Activation activation, Tensor& dh, Tensor& dh3);
+// y[row] += bias[e] for the rows of each segment (y [M,D], bias [E,D]).
+void grouped_add_bias(Tensor& y, const Tensor& bias, const std::vector<int32_t>& offsets);
+// dbias[e] += sum of the rows of segment e of dy (fixed row order per column).
+void grouped_bias_grad(const Tensor& dy, const std::vector<int32_t>& offsets, Tensor& dbias);
+
+}  // namespace moe::ops

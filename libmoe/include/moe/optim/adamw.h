@@ -1,0 +1,51 @@
+// AdamW with fp32 master weights and moments, whatever dtype the parameters are stored in.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "moe/param.h"
+
+namespace moe::optim {
+
+struct AdamWConfig {
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
+  float weight_decay = 0.1f;  // applied to parameters with Param::decay
+};
+
+struct OptimizerTensor {  // for checkpoints: "adam.m.<param>", "adam.v.<param>", "master.<param>"
+  std::string name;
+  Tensor tensor;
+  bool expert = false;
+};
+
+class AdamW {
+ public:
+  AdamW(ParamSet& params, const AdamWConfig& config);
+  // One update with learning rate lr from the gradients in the ParamSet; writes the rounded master
+  // into each parameter's storage and refreshes its compute copy.
+  void step(float lr);
+  int64_t steps_taken() const { return t_; }
+
+  std::vector<OptimizerTensor> state() const;  // shares storage with the optimizer
+  // Restores moments (and masters for bf16/f16 parameters); throws naming a missing/mis-shaped tensor.
+  void load_state(const std::vector<OptimizerTensor>& tensors, int64_t steps_taken);
+
+ private:
+  struct Slot {
+    Param* param;
+    Tensor master, m, v;  // master aliases param->value when the parameter is fp32
+  };
+  ParamSet& params_;
+  AdamWConfig config_;
+  std::vector<Slot> slots_;
+  int64_t t_ = 0;
+};
+
+// Scales all gradients so their global L2 norm is at most max_norm (no-op when max_norm <= 0).
+// Returns the norm before clipping. The sum runs in a fixed order: thread-count independent.
+double clip_grad_norm(ParamSet& params, double max_norm);
+
+// Linear warmup to lr over `warmup` steps, then cosine decay to min_lr at `total` steps.
+float lr_at(int64_t step, int64_t total, int64_t warmup, float lr, float min_lr);
+
+}  // namespace moe::optim

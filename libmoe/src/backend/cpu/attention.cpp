@@ -1,0 +1,132 @@
+// Causal scaled-dot-product attention with grouped-query heads, forward and backward.
+// Shapes: q, ctx [B*T, H*hd]; k, v [B*T, KV*hd]; probs [B, H, T, T]; query head h reads kv head
+// h / (H/KV). Per (batch, head) products go to BLAS (cpu::sgemm, called from serial loops:
+// OpenBLAS threads inside each call and splits only output rows/columns, never the reduction);
+// the row softmax and its backward (kernels/softmax.h) run in one OpenMP loop over all B*H*T rows.
+// Scores above the diagonal are computed by the GEMM and then overwritten with exact zeros.
+#include <cmath>
+
+#include "backend/cpu/gemm.h"
+#include "kernels/softmax.h"
+#include "moe/ops/core.h"
+#include "moe/ops/dense.h"
+
+namespace moe::ops {
+
+namespace {
+// Loops over fewer elements than this run on the calling thread: a fork/join costs more.
+constexpr int64_t kParallelWork = 1 << 15;
+
+void check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                     const AttentionShape& s) {
+  MOE_CHECK(s.batch >= 0 && s.seq >= 0 && s.heads > 0 && s.kv_heads > 0 && s.head_dim > 0 &&
+                s.heads % s.kv_heads == 0,
+            op, ": bad shape: batch ", s.batch, ", seq ", s.seq, ", heads ", s.heads, ", kv_heads ",
+            s.kv_heads, ", head_dim ", s.head_dim);
+  const int64_t n = s.batch * s.seq;
+  q.expect_shape({n, s.heads * s.head_dim}, op);
+  k.expect_shape({n, s.kv_heads * s.head_dim}, op);
+  v.expect_shape({n, s.kv_heads * s.head_dim}, op);
+  q.expect_dtype(DType::f32, op);
+  k.expect_dtype(DType::f32, op);
+  v.expect_dtype(DType::f32, op);
+}
+
+}  // namespace
+
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionShape& s,
+                       Tensor& probs, Tensor& ctx) {
+  require_backend("attention_forward", {&q, &k, &v, &probs, &ctx});
+  check_attention("attention_forward", q, k, v, s);
+  probs.expect_shape({s.batch, s.heads, s.seq, s.seq}, "attention_forward probs");
+  probs.expect_dtype(DType::f32, "attention_forward probs");
+  ctx.expect_shape(q.shape(), "attention_forward context");
+  ctx.expect_dtype(DType::f32, "attention_forward context");
+  const int64_t T = s.seq, hd = s.head_dim, H = s.heads, KV = s.kv_heads, group = H / KV;
+  const int64_t ldq = H * hd, ldk = KV * hd;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float* qs = q.data<float>();
+  const float* ks = k.data<float>();
+  const float* vs = v.data<float>();
+  float* ps = probs.data<float>();
+  float* cs = ctx.data<float>();
+
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      cpu::sgemm(false, true, T, T, hd, scale, qs + b * T * ldq + h * hd, ldq,
+                 ks + b * T * ldk + (h / group) * hd, ldk, 0.0f, ps + (b * H + h) * T * T, T);
+  const int64_t rows = s.batch * H * T;
+#pragma omp parallel for schedule(static) if (rows * T >= kParallelWork)
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = r % T;  // query position: keys 0..i are visible
+    float* p = ps + r * T;
+    kernels::softmax_row(p, p, i + 1);
+    for (int64_t j = i + 1; j < T; ++j) p[j] = 0.0f;
+  }
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      cpu::sgemm(false, false, T, hd, T, 1.0f, ps + (b * H + h) * T * T, T,
+                 vs + b * T * ldk + (h / group) * hd, ldk, 0.0f, cs + b * T * ldq + h * hd, ldq);
+}
+
+void attention_backward(const Tensor& dctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& probs, const AttentionShape& s, Tensor& dq, Tensor& dk,
+                        Tensor& dv) {
+  require_backend("attention_backward", {&dctx, &q, &k, &v, &probs, &dq, &dk, &dv});
+  check_attention("attention_backward", q, k, v, s);
+  dctx.expect_shape(q.shape(), "attention_backward dctx");
+  dctx.expect_dtype(DType::f32, "attention_backward dctx");
+  probs.expect_shape({s.batch, s.heads, s.seq, s.seq}, "attention_backward probs");
+  probs.expect_dtype(DType::f32, "attention_backward probs");
+  dq.expect_shape(q.shape(), "attention_backward dq");
+  dk.expect_shape(k.shape(), "attention_backward dk");
+  dv.expect_shape(v.shape(), "attention_backward dv");
+  dq.expect_dtype(DType::f32, "attention_backward dq");
+  dk.expect_dtype(DType::f32, "attention_backward dk");
+  dv.expect_dtype(DType::f32, "attention_backward dv");
+  const int64_t T = s.seq, hd = s.head_dim, H = s.heads, KV = s.kv_heads, group = H / KV;
+  const int64_t ldq = H * hd, ldk = KV * hd;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float* gs = dctx.data<float>();
+  const float* qs = q.data<float>();
+  const float* ks = k.data<float>();
+  const float* vs = v.data<float>();
+  const float* ps = probs.data<float>();
+  float* dqs = dq.data<float>();
+  float* dks = dk.data<float>();
+  float* dvs = dv.data<float>();
+
+  // dS = scale * softmax_backward(P, dctx V^T), causal part only.
+  Tensor dscores = Tensor::empty({s.batch, H, T, T});
+  float* ds = dscores.data<float>();
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      cpu::sgemm(false, true, T, T, hd, 1.0f, gs + b * T * ldq + h * hd, ldq,
+                 vs + b * T * ldk + (h / group) * hd, ldk, 0.0f, ds + (b * H + h) * T * T, T);
+  const int64_t rows = s.batch * H * T;
+#pragma omp parallel for schedule(static) if (rows * T >= kParallelWork)
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = r % T;
+    float* d = ds + r * T;
+    kernels::softmax_backward_row(ps + r * T, d, d, i + 1);
+    for (int64_t j = 0; j <= i; ++j) d[j] *= scale;
+    for (int64_t j = i + 1; j < T; ++j) d[j] = 0.0f;
+  }
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const float* dsh = ds + (b * H + h) * T * T;
+      const float* ph = ps + (b * H + h) * T * T;
+      const int64_t kv_offset = b * T * ldk + (h / group) * hd;
+      const int64_t q_offset = b * T * ldq + h * hd;
+      // The first query head of a group writes its kv head's gradients, the others add, in order.
+      const float beta = h % group == 0 ? 0.0f : 1.0f;
+      cpu::sgemm(false, false, T, hd, T, 1.0f, dsh, T, ks + kv_offset, ldk, 0.0f, dqs + q_offset,
+                 ldq);
+      cpu::sgemm(true, false, T, hd, T, 1.0f, dsh, T, qs + q_offset, ldq, beta, dks + kv_offset,
+                 ldk);
+      cpu::sgemm(true, false, T, hd, T, 1.0f, ph, T, gs + q_offset, ldq, beta, dvs + kv_offset,
+                 ldk);
+    }
+}
+
+}  // namespace moe::ops

@@ -1,0 +1,72 @@
+// Mean cross-entropy over non-ignored rows, with the logits gradient in the same pass.
+// Shapes: logits / dlogits [N, V], targets / row_nll [N]. Rows run in parallel; the mean is
+// summed afterwards in double, in row order.
+#include "kernels/cross_entropy.h"
+
+#include <vector>
+
+#include "moe/ops/core.h"
+#include "moe/ops/dense.h"
+
+namespace moe::ops {
+
+namespace {
+// Loops over fewer elements than this run on the calling thread: a fork/join costs more.
+constexpr int64_t kParallelWork = 1 << 15;
+}  // namespace
+
+double cross_entropy(const Tensor& logits, const Tensor& targets, float scale, Tensor* dlogits,
+                     Tensor* row_nll) {
+  require_backend("cross_entropy", {&logits, &targets, dlogits, row_nll});
+  MOE_CHECK(logits.ndim() == 2, "cross_entropy: logits ", logits.describe(), " are not 2-D [N,V]");
+  logits.expect_dtype(DType::f32, "cross_entropy logits");
+  const int64_t n = logits.dim(0), vocab = logits.dim(1);
+  targets.expect_shape({n}, "cross_entropy targets");
+  targets.expect_dtype(DType::i32, "cross_entropy targets");
+  if (dlogits) {
+    dlogits->expect_shape(logits.shape(), "cross_entropy dlogits");
+    dlogits->expect_dtype(DType::f32, "cross_entropy dlogits");
+  }
+  if (row_nll) {
+    row_nll->expect_shape({n}, "cross_entropy row_nll");
+    row_nll->expect_dtype(DType::f32, "cross_entropy row_nll");
+  }
+  const int32_t* tg = targets.data<int32_t>();
+  int64_t counted = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    MOE_CHECK(tg[i] < vocab, "cross_entropy: target ", tg[i], " at row ", i, " of ",
+              targets.describe(), " is out of range for logits ", logits.describe());
+    if (tg[i] >= 0) ++counted;
+  }
+  MOE_CHECK(vocab > 0 || counted == 0, "cross_entropy: logits ", logits.describe(),
+            " have no classes");
+  const float grad_scale = counted ? scale / static_cast<float>(counted) : 0.0f;
+
+  std::vector<float> scratch;
+  float* nll = nullptr;
+  if (row_nll) {
+    nll = row_nll->data<float>();
+  } else {
+    scratch.resize(static_cast<size_t>(n));
+    nll = scratch.data();
+  }
+  const float* xs = logits.data<float>();
+  float* dxs = dlogits ? dlogits->data<float>() : nullptr;
+#pragma omp parallel for schedule(static) if (n * vocab >= kParallelWork)
+  for (int64_t i = 0; i < n; ++i) {
+    float* dx_row = dxs ? dxs + i * vocab : nullptr;
+    if (tg[i] < 0) {
+      nll[i] = 0.0f;
+      if (dx_row)
+        for (int64_t j = 0; j < vocab; ++j) dx_row[j] = 0.0f;
+      continue;
+    }
+    nll[i] = kernels::cross_entropy_row(xs + i * vocab, vocab, tg[i], dx_row, grad_scale);
+  }
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i)
+    if (tg[i] >= 0) sum += nll[i];
+  return counted ? sum / static_cast<double>(counted) : 0.0;
+}
+
+}  // namespace moe::ops

@@ -1,0 +1,78 @@
+// Embedding lookup and its deterministic scatter-add backward.
+// Shapes: table [rows, dim], ids [N] i32, out / dy [N, dim].
+#include <cstring>
+#include <vector>
+
+#include "moe/ops/core.h"
+#include "moe/ops/dense.h"
+
+namespace moe::ops {
+
+namespace {
+// Loops over fewer elements than this run on the calling thread: a fork/join costs more.
+constexpr int64_t kParallelWork = 1 << 15;
+
+void check_ids(const Tensor& ids, const Tensor& table, const char* op) {
+  ids.expect_dtype(DType::i32, op);
+  const int32_t* id = ids.data<int32_t>();
+  const int64_t rows = table.dim(0);
+  for (int64_t n = 0, count = ids.numel(); n < count; ++n)
+    MOE_CHECK(id[n] >= 0 && id[n] < rows, op, ": id ", id[n], " at position ", n, " of ",
+              ids.describe(), " is out of range for table ", table.describe());
+}
+
+}  // namespace
+
+void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out) {
+  require_backend("embedding_forward", {&table, &ids, &out});
+  MOE_CHECK(table.ndim() == 2, "embedding_forward: table ", table.describe(), " is not 2-D");
+  table.expect_dtype(DType::f32, "embedding_forward table");
+  const int64_t n = ids.numel(), dim = table.dim(1);
+  out.expect_shape({n, dim}, "embedding_forward output");
+  out.expect_dtype(DType::f32, "embedding_forward output");
+  check_ids(ids, table, "embedding_forward");
+  const int32_t* id = ids.data<int32_t>();
+  const float* t = table.data<float>();
+  float* o = out.data<float>();
+#pragma omp parallel for schedule(static) if (n * dim >= kParallelWork)
+  for (int64_t i = 0; i < n; ++i)
+    std::memcpy(o + i * dim, t + static_cast<int64_t>(id[i]) * dim, sizeof(float) * dim);
+}
+
+void embedding_backward(const Tensor& dy, const Tensor& ids, Tensor& table_grad) {
+  require_backend("embedding_backward", {&dy, &ids, &table_grad});
+  MOE_CHECK(table_grad.ndim() == 2, "embedding_backward: gradient ", table_grad.describe(),
+            " is not 2-D");
+  table_grad.expect_dtype(DType::f32, "embedding_backward gradient");
+  const int64_t n = ids.numel(), rows = table_grad.dim(0), dim = table_grad.dim(1);
+  dy.expect_shape({n, dim}, "embedding_backward dy");
+  dy.expect_dtype(DType::f32, "embedding_backward dy");
+  check_ids(ids, table_grad, "embedding_backward");
+  const int32_t* id = ids.data<int32_t>();
+  // Stable counting sort of the tokens by id: each touched row then sums its tokens in token
+  // order on one thread, exactly as a serial loop would.
+  std::vector<int64_t> start(static_cast<size_t>(rows) + 1, 0);
+  for (int64_t i = 0; i < n; ++i) ++start[id[i] + 1];
+  for (int64_t r = 0; r < rows; ++r) start[r + 1] += start[r];
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  std::vector<int64_t> fill(start.begin(), start.end() - 1);
+  for (int64_t i = 0; i < n; ++i) order[fill[id[i]]++] = i;
+  std::vector<int32_t> touched;
+  for (int64_t r = 0; r < rows; ++r)
+    if (start[r + 1] > start[r]) touched.push_back(static_cast<int32_t>(r));
+
+  const float* g = dy.data<float>();
+  float* tg = table_grad.data<float>();
+  const int64_t count = static_cast<int64_t>(touched.size());
+#pragma omp parallel for schedule(static) if (n * dim >= kParallelWork)
+  for (int64_t u = 0; u < count; ++u) {
+    const int64_t r = touched[u];
+    float* dst = tg + r * dim;
+    for (int64_t s = start[r]; s < start[r + 1]; ++s) {
+      const float* src = g + order[s] * dim;
+      for (int64_t j = 0; j < dim; ++j) dst[j] += src[j];
+    }
+  }
+}
+
+}  // namespace moe::ops

@@ -1,0 +1,265 @@
+// CPU grouped expert GEMM: one sgemm per non-empty expert segment on the contiguous rows of the
+// permuted buffer (no padding, no copies), plus the per-row bias / activation loops of the experts.
+// Shapes: M rows of the permuted buffer, D model width, F expert hidden width, E experts;
+// offsets [E+1] delimit the segments. OpenBLAS threads itself, so the GEMMs run outside any OpenMP
+// region; the row loops are OpenMP over rows, parameter-gradient sums over rows run in row order.
+#include <algorithm>
+#include <cmath>
+
+// glibc >= 2.35 ships SIMD variants of tanhf in libmvec (linked through libm.so), but <math.h>
+// announces them only under -ffast-math. Announcing them here lets the compiler vectorise the
+// gelu loops below (about 6x faster than scalar tanhf on x86-64); the kernel bodies stay the
+// shared ones of kernels/activations.h.
+#if defined(__x86_64__) && defined(__GLIBC__) && !defined(__FAST_MATH__) && \
+    (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 35))
+extern "C" float tanhf(float) noexcept __attribute__((__simd__("notinbranch")));
+#endif
+
+#include "backend/cpu/gemm.h"
+#include "kernels/router.h"
+#include "moe/ops/core.h"
+#include "moe/ops/moe.h"
+
+namespace moe::ops {
+namespace {
+
+// Segments must tile [0, rows) in order.
+void check_offsets(const char* op, const std::vector<int32_t>& offsets, int64_t experts,
+                   int64_t rows, const Tensor& t) {
+  MOE_CHECK(static_cast<int64_t>(offsets.size()) == experts + 1, op, ": ", offsets.size(),
+            " expert offsets for ", experts, " experts (", t.describe(), ")");
+  MOE_CHECK(offsets.front() == 0 && offsets.back() == rows, op, ": expert offsets span [",
+            offsets.front(), ", ", offsets.back(), ") but ", t.describe(), " has ", rows, " rows");
+  for (int64_t e = 0; e < experts; ++e)
+    MOE_CHECK(offsets[e] <= offsets[e + 1], op, ": expert offsets decrease at expert ", e);
+}
+
+// The expert whose segment holds `row` (offsets are sorted; empty segments are skipped).
+inline int64_t expert_of_row(const std::vector<int32_t>& offsets, int64_t row) {
+  auto it = std::upper_bound(offsets.begin(), offsets.end(), static_cast<int32_t>(row));
+  return static_cast<int64_t>(it - offsets.begin()) - 1;
+}
+
+// The activation rows run in blocks of kLanes elements through local buffers: with a
+// compile-time length and no possible aliasing the compiler vectorises each block completely and
+// needs no scalar fallback, and the last partial block is zero-padded. Every element thus takes
+// the same code path whatever the row length, alignment, aliasing or thread: results are bitwise
+// reproducible.
+constexpr int64_t kLanes = 16;
+
+struct Block {
+  int64_t begin, count;
+  void load(const float* src, float* dst) const {
+    if (count == kLanes) {
+      std::copy(src + begin, src + begin + kLanes, dst);
+    } else {
+      std::fill(dst, dst + kLanes, 0.0f);
+      std::copy(src + begin, src + begin + count, dst);
+    }
+  }
+  void store(const float* src, float* dst) const { std::copy(src, src + count, dst + begin); }
+};
+
+template <class Fn>
+void for_each_block(int64_t n, Fn&& fn) {
+  for (int64_t j = 0; j < n; j += kLanes) fn(Block{j, std::min(kLanes, n - j)});
+}
+
+void bias_gelu(float* h, const float* bias, float* a, int64_t n) {
+  for_each_block(n, [&](const Block& b) {
+    alignas(64) float hb[kLanes], bb[kLanes], ab[kLanes];
+    b.load(h, hb);
+    if (bias) b.load(bias, bb);
+    kernels::bias_gelu_row(hb, bias ? bb : nullptr, ab, kLanes);
+    b.store(hb, h);
+    b.store(ab, a);
+  });
+}
+
+void gelu_backward(const float* h, const float* da, float* dh, int64_t n) {
+  for_each_block(n, [&](const Block& b) {
+    alignas(64) float hb[kLanes], gb[kLanes], db[kLanes];
+    b.load(h, hb);
+    b.load(da, gb);
+    kernels::gelu_backward_row(hb, gb, db, kLanes);
+    b.store(db, dh);
+  });
+}
+
+void bias_swiglu(float* h, const float* h3, const float* bias, float* a, int64_t n) {
+  for_each_block(n, [&](const Block& b) {
+    alignas(64) float hb[kLanes], h3b[kLanes], bb[kLanes], ab[kLanes];
+    b.load(h, hb);
+    b.load(h3, h3b);
+    if (bias) b.load(bias, bb);
+    kernels::bias_swiglu_row(hb, h3b, bias ? bb : nullptr, ab, kLanes);
+    b.store(hb, h);
+    b.store(ab, a);
+  });
+}
+
+void swiglu_backward(const float* h, const float* h3, const float* da, float* dh, float* dh3,
+                     int64_t n) {
+  for_each_block(n, [&](const Block& b) {
+    alignas(64) float hb[kLanes], h3b[kLanes], gb[kLanes], db[kLanes], d3b[kLanes];
+    b.load(h, hb);
+    b.load(h3, h3b);
+    b.load(da, gb);
+    kernels::swiglu_backward_row(hb, h3b, gb, db, d3b, kLanes);
+    b.store(db, dh);
+    b.store(d3b, dh3);
+  });
+}
+
+}  // namespace
+
+void grouped_gemm(const Tensor& a, const Tensor& w, bool transpose_w,
+                  const std::vector<int32_t>& offsets, Tensor& c, float beta) {
+  require_backend("grouped_gemm", {&a, &w, &c});
+  a.expect_dtype(DType::f32, "grouped_gemm A");
+  w.expect_dtype(DType::f32, "grouped_gemm W");
+  c.expect_dtype(DType::f32, "grouped_gemm C");
+  MOE_CHECK(a.ndim() == 2 && w.ndim() == 3 && c.ndim() == 2,
+            "grouped_gemm: A [M,K], W [E,R,S], C [M,N] expected, got ", a.describe(), ", ",
+            w.describe(), ", ", c.describe());
+  const int64_t experts = w.dim(0), r = w.dim(1), s = w.dim(2), rows = a.dim(0);
+  const int64_t k = transpose_w ? s : r, n = transpose_w ? r : s;
+  MOE_CHECK(a.dim(1) == k && c.dim(0) == rows && c.dim(1) == n, "grouped_gemm: shapes do not chain: ",
+            a.describe(), " x ", w.describe(), transpose_w ? "^T" : "", " -> ", c.describe());
+  check_offsets("grouped_gemm", offsets, experts, rows, a);
+  const float* as = a.data<float>();
+  const float* ws = w.data<float>();
+  float* cs = c.data<float>();
+  for (int64_t e = 0; e < experts; ++e) {
+    const int64_t begin = offsets[e], m = offsets[e + 1] - begin;
+    if (m == 0) continue;
+    cpu::sgemm(false, transpose_w, m, n, k, 1.0f, as + begin * k, k, ws + e * r * s, s, beta,
+               cs + begin * n, n);
+  }
+}
+
+void grouped_gemm_weight_grad(const Tensor& dy, const Tensor& x,
+                              const std::vector<int32_t>& offsets, Tensor& dw) {
+  require_backend("grouped_gemm_weight_grad", {&dy, &x, &dw});
+  dy.expect_dtype(DType::f32, "grouped_gemm_weight_grad dY");
+  x.expect_dtype(DType::f32, "grouped_gemm_weight_grad X");
+  dw.expect_dtype(DType::f32, "grouped_gemm_weight_grad dW");
+  MOE_CHECK(dy.ndim() == 2 && x.ndim() == 2 && dw.ndim() == 3,
+            "grouped_gemm_weight_grad: dY [M,R], X [M,S], dW [E,R,S] expected, got ",
+            dy.describe(), ", ", x.describe(), ", ", dw.describe());
+  const int64_t experts = dw.dim(0), r = dw.dim(1), s = dw.dim(2), rows = dy.dim(0);
+  MOE_CHECK(dy.dim(1) == r && x.dim(0) == rows && x.dim(1) == s,
+            "grouped_gemm_weight_grad: shapes do not chain: ", dy.describe(), "^T x ",
+            x.describe(), " -> ", dw.describe());
+  check_offsets("grouped_gemm_weight_grad", offsets, experts, rows, dy);
+  const float* dys = dy.data<float>();
+  const float* xs = x.data<float>();
+  float* dws = dw.data<float>();
+  for (int64_t e = 0; e < experts; ++e) {
+    const int64_t begin = offsets[e], m = offsets[e + 1] - begin;
+    if (m == 0) continue;
+    cpu::sgemm(true, false, r, s, m, 1.0f, dys + begin * r, r, xs + begin * s, s, 1.0f,
+               dws + e * r * s, s);
+  }
+}
+
+void expert_activation(Tensor& h, const Tensor& h3, const Tensor& bias,
+                       const std::vector<int32_t>& offsets, nn::Activation activation, Tensor& a) {
+  require_backend("expert_activation", {&h, &h3, &bias, &a});
+  h.expect_dtype(DType::f32, "expert_activation h");
+  MOE_CHECK(h.ndim() == 2, "expert_activation: [M,F] expected, got ", h.describe());
+  const int64_t rows = h.dim(0), width = h.dim(1);
+  const int64_t experts = static_cast<int64_t>(offsets.size()) - 1;
+  check_offsets("expert_activation", offsets, experts, rows, h);
+  a.expect_shape(h.shape(), "expert_activation a");
+  const float* bs = nullptr;
+  if (bias.defined()) {
+    bias.expect_shape({experts, width}, "expert_activation bias");
+    bs = bias.data<float>();
+  }
+  float* hs = h.data<float>();
+  float* as = a.data<float>();
+  if (activation == nn::Activation::gelu) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < rows; ++i)
+      bias_gelu(hs + i * width, bs ? bs + expert_of_row(offsets, i) * width : nullptr,
+                as + i * width, width);
+  } else {
+    h3.expect_shape(h.shape(), "expert_activation h3");
+    const float* h3s = h3.data<float>();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < rows; ++i)
+      bias_swiglu(hs + i * width, h3s + i * width,
+                  bs ? bs + expert_of_row(offsets, i) * width : nullptr, as + i * width, width);
+  }
+}
+
+void expert_activation_backward(const Tensor& da, const Tensor& h, const Tensor& h3,
+                                nn::Activation activation, Tensor& dh, Tensor& dh3) {
+  require_backend("expert_activation_backward", {&da, &h, &h3, &dh, &dh3});
+  da.expect_dtype(DType::f32, "expert_activation_backward da");
+  MOE_CHECK(da.ndim() == 2, "expert_activation_backward: [M,F] expected, got ", da.describe());
+  h.expect_shape(da.shape(), "expert_activation_backward h");
+  dh.expect_shape(da.shape(), "expert_activation_backward dh");
+  const int64_t rows = da.dim(0), width = da.dim(1);
+  const float* das = da.data<float>();
+  const float* hs = h.data<float>();
+  float* dhs = dh.data<float>();
+  if (activation == nn::Activation::gelu) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < rows; ++i)
+      gelu_backward(hs + i * width, das + i * width, dhs + i * width, width);
+  } else {
+    h3.expect_shape(da.shape(), "expert_activation_backward h3");
+    dh3.expect_shape(da.shape(), "expert_activation_backward dh3");
+    const float* h3s = h3.data<float>();
+    float* dh3s = dh3.data<float>();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < rows; ++i)
+      swiglu_backward(hs + i * width, h3s + i * width, das + i * width, dhs + i * width,
+                      dh3s + i * width, width);
+  }
+}
+
+void grouped_add_bias(Tensor& y, const Tensor& bias, const std::vector<int32_t>& offsets) {
+  require_backend("grouped_add_bias", {&y, &bias});
+  y.expect_dtype(DType::f32, "grouped_add_bias y");
+  MOE_CHECK(y.ndim() == 2, "grouped_add_bias: [M,D] expected, got ", y.describe());
+  const int64_t rows = y.dim(0), width = y.dim(1);
+  const int64_t experts = static_cast<int64_t>(offsets.size()) - 1;
+  check_offsets("grouped_add_bias", offsets, experts, rows, y);
+  bias.expect_shape({experts, width}, "grouped_add_bias bias");
+  const float* bs = bias.data<float>();
+  float* ys = y.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows; ++i)
+    kernels::add_row(ys + i * width, bs + expert_of_row(offsets, i) * width, width);
+}
+
+void grouped_bias_grad(const Tensor& dy, const std::vector<int32_t>& offsets, Tensor& dbias) {
+  require_backend("grouped_bias_grad", {&dy, &dbias});
+  dy.expect_dtype(DType::f32, "grouped_bias_grad dy");
+  MOE_CHECK(dy.ndim() == 2, "grouped_bias_grad: [M,D] expected, got ", dy.describe());
+  const int64_t rows = dy.dim(0), width = dy.dim(1);
+  const int64_t experts = static_cast<int64_t>(offsets.size()) - 1;
+  check_offsets("grouped_bias_grad", offsets, experts, rows, dy);
+  dbias.expect_shape({experts, width}, "grouped_bias_grad dbias");
+  dbias.expect_dtype(DType::f32, "grouped_bias_grad dbias");
+  // Each (expert, block of columns) is summed by one thread over the segment's rows in order.
+  constexpr int64_t kBlock = 64;
+  const int64_t blocks = (width + kBlock - 1) / kBlock;
+  const float* dys = dy.data<float>();
+  float* dbs = dbias.data<float>();
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t e = 0; e < experts; ++e) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t c0 = b * kBlock, len = std::min(kBlock, width - c0);
+      float acc[kBlock] = {};
+      for (int64_t i = offsets[e]; i < offsets[e + 1]; ++i)
+        kernels::add_row(acc, dys + i * width + c0, len);
+      kernels::add_row(dbs + e * width + c0, acc, len);
+    }
+  }
+}
+
+}  // namespace moe::ops

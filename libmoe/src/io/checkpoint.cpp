@@ -1,0 +1,359 @@
+// Checkpoint version 1: writer (atomic: temp file, fsync, rename, fsync dir), validating reader,
+// single-tensor and single-expert readers, provenance helpers. Layout: docs/FORMATS.md.
+// Shape letters: E experts (leading dimension of expert tensors, one chunk per expert).
+#include "moe/io/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <set>
+
+#include "moe/io/hdf5.h"
+#include "moe/version.h"
+
+namespace moe::io {
+
+namespace {
+
+using h5::Where;
+
+const char* const kParamsGroup = "params";
+const char* const kOptimGroup = "optim";
+
+// ---- writing ----------------------------------------------------------------------------------
+
+void check_tensor_name(const std::string& name, const Where& where, std::set<std::string>& seen) {
+  MOE_CHECK(!name.empty(), where.describe(), ": a tensor has an empty name");
+  MOE_CHECK(name.find('/') == std::string::npos && name != "." && name != "..", where.describe(),
+            ": tensor name '", name, "' is not a valid dataset name (no '/', not '.' or '..')");
+  MOE_CHECK(seen.insert(name).second, where.describe(), ": tensor name '", name, "' appears twice");
+}
+
+std::string dump_json(const nlohmann::json& value, const char* what) {
+  try {
+    return value.dump();
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(str(what, " cannot be written as JSON: ", e.what()));
+  }
+}
+
+void write_tensors(hid_t file, const char* group_name, const std::vector<NamedTensor>& tensors,
+                   const Where& root, const SaveOptions& options) {
+  h5::Group group = h5::create_group(file, group_name, root);
+  Where where = root.at(str("/", group_name));
+  std::set<std::string> seen;
+  // Names are checked as they are written, so a bad one fails a write in progress (and the
+  // temporary file is removed) exactly like an I/O error would.
+  for (const NamedTensor& t : tensors) {
+    check_tensor_name(t.name, where, seen);
+    h5::write_tensor(group, t.name, t.tensor, t.expert, where, options.max_chunk_bytes);
+  }
+  group.close(where);
+}
+
+void write_file(const std::string& file_path, const Checkpoint& ckpt, const SaveOptions& options) {
+  Where root{file_path, "/"};
+  MOE_CHECK(ckpt.sharding.world_size >= 1 && ckpt.sharding.ep_size >= 1, root.describe(),
+            ": sharding world_size ", ckpt.sharding.world_size, " and ep_size ",
+            ckpt.sharding.ep_size, " must be >= 1");
+  const Provenance& p = ckpt.provenance;
+  std::string created = p.time.empty() ? utc_timestamp() : p.time;
+  std::string model_config = dump_json(ckpt.model_config, "model_config");
+  std::string train_config = dump_json(ckpt.train_config, "train_config");
+
+  h5::File file = h5::create_file(file_path);
+  {
+    h5::Group r(MOE_H5(root, H5Gopen2(file, "/", H5P_DEFAULT)));
+    h5::write_string_attr(r, "format", kCheckpointFormat, root);
+    h5::write_int_attr(r, "format_version", kCheckpointVersion, root, H5T_STD_I32LE);
+    std::string producer = p.tool;
+    if (!p.version.empty()) producer += " " + p.version;
+    if (!p.git.empty()) producer += " (git " + p.git + ")";
+    h5::write_string_attr(r, "producer", producer, root);
+    h5::write_string_attr(r, "producer_tool", p.tool, root);
+    h5::write_string_attr(r, "producer_version", p.version, root);
+    h5::write_string_attr(r, "producer_git", p.git, root);
+    h5::write_string_attr(r, "argv", p.argv, root);
+    h5::write_string_attr(r, "created", created, root);
+    h5::write_string_attr(r, "model_config", model_config, root);
+    h5::write_string_attr(r, "train_config", train_config, root);
+  }
+  write_tensors(file, kParamsGroup, ckpt.params, root, options);
+  write_tensors(file, kOptimGroup, ckpt.optim, root, options);
+  {
+    h5::Group state = h5::create_group(file, "state", root);
+    Where w = root.at("/state");
+    h5::write_int_attr(state, "step", ckpt.state.step, w);
+    h5::write_int_attr(state, "tokens_seen", ckpt.state.tokens_seen, w);
+    h5::write_int_attr(state, "data_cursor", ckpt.state.data_cursor, w);
+    h5::write_uint_attr(state, "seed", ckpt.state.seed, w);
+  }
+  {
+    h5::Group sharding = h5::create_group(file, "sharding", root);
+    Where w = root.at("/sharding");
+    h5::write_int_attr(sharding, "world_size", ckpt.sharding.world_size, w, H5T_STD_I32LE);
+    h5::write_int_attr(sharding, "ep_size", ckpt.sharding.ep_size, w, H5T_STD_I32LE);
+    h5::write_int32_array_attr(sharding, "expert_rank", ckpt.sharding.expert_rank, w);
+  }
+  MOE_H5(root, H5Fflush(file, H5F_SCOPE_GLOBAL));
+  file.close(root);  // a failure to close (the last metadata write) is a failed save
+}
+
+void fsync_file(const std::string& path, bool directory) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | (directory ? O_DIRECTORY : 0));
+  if (fd < 0) throw Error(str("cannot open '", path, "' to fsync it: ", std::strerror(errno)));
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  // Some file systems cannot fsync a directory (EINVAL); the rename itself has happened.
+  if (rc != 0 && !(directory && (err == EINVAL || err == ENOTSUP)))
+    throw Error(str("fsync '", path, "' failed: ", std::strerror(err)));
+}
+
+std::string parent_directory(const std::string& path) {
+  std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  return parent.empty() ? std::string(".") : parent.string();
+}
+
+// ---- reading ----------------------------------------------------------------------------------
+
+struct Opened {
+  h5::File file;
+  Where root;
+};
+
+// Opens and checks the root attributes `format` and `format_version`.
+Opened open_checkpoint(const std::string& path) {
+  Opened c{h5::open_file_readonly(path, "checkpoint"), Where{path, "/"}};
+  const Where& root = c.root;
+  if (!h5::has_attr(c.file, "format", root))
+    throw Error(str("checkpoint '", path, "': not a moe checkpoint (no 'format' attribute)"));
+  std::string format = h5::read_string_attr(c.file, "format", root);
+  if (format != kCheckpointFormat)
+    throw Error(str("checkpoint '", path, "': not a moe checkpoint (format is '", format,
+                    "', expected '", kCheckpointFormat, "')"));
+  if (!h5::has_attr(c.file, "format_version", root))
+    throw Error(str("checkpoint '", path, "': no 'format_version' attribute"));
+  int64_t version = h5::read_int_attr(c.file, "format_version", root);
+  if (version != kCheckpointVersion)
+    throw Error(str("checkpoint '", path, "': checkpoint format version ", version,
+                    ", this build reads version ", kCheckpointVersion));
+  return c;
+}
+
+nlohmann::json read_json_attr(hid_t object, const char* name, const Where& where) {
+  std::string text = h5::read_string_attr(object, name, where);
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(str(where.describe(), ": attribute '", name, "' is not valid JSON: ", e.what()));
+  }
+}
+
+std::string optional_string_attr(hid_t object, const char* name, const Where& where) {
+  return h5::has_attr(object, name, where) ? h5::read_string_attr(object, name, where)
+                                           : std::string();
+}
+
+std::vector<NamedTensor> read_tensors(const Opened& c, const char* group_name) {
+  h5::Group group = h5::open_group(c.file, group_name, c.root);
+  Where where = c.root.at(str("/", group_name));
+  std::vector<NamedTensor> tensors;
+  for (const std::string& name : h5::list_links(group, where)) {
+    h5::DatasetInfo info;
+    Tensor t = h5::read_tensor(group, name, where, &info);
+    tensors.push_back(NamedTensor{name, std::move(t), info.expert});
+  }
+  return tensors;
+}
+
+Tensor read_one(const std::string& path, const char* group_name, const std::string& name) {
+  h5::Session session;
+  Opened c = open_checkpoint(path);
+  h5::Group group = h5::open_group(c.file, group_name, c.root);
+  Where where = c.root.at(str("/", group_name));
+  if (!h5::has_link(group, name, where))
+    throw Error(str("checkpoint '", path, "': no tensor '", name, "' in /", group_name));
+  return h5::read_tensor(group, name, where);
+}
+
+Tensor read_one_expert(const std::string& path, const char* group_name, const std::string& name,
+                       int64_t expert) {
+  h5::Session session;
+  Opened c = open_checkpoint(path);
+  h5::Group group = h5::open_group(c.file, group_name, c.root);
+  Where where = c.root.at(str("/", group_name));
+  Where w = c.root.at(str("/", group_name, "/", name));
+  if (!h5::has_link(group, name, where))
+    throw Error(str("checkpoint '", path, "': no tensor '", name, "' in /", group_name));
+  h5::DatasetInfo info;
+  {
+    h5::Dataset dataset(MOE_H5(w, H5Dopen2(group, name.c_str(), H5P_DEFAULT)));
+    info = h5::dataset_info(dataset, w);
+  }
+  if (!info.expert)
+    throw Error(str(w.describe(), ": not an expert tensor (shape ", shape_str(info.shape),
+                    "); read it with read_param"));
+  if (expert < 0 || expert >= info.shape[0])
+    throw Error(str(w.describe(), ": expert ", expert, " out of range, the tensor has ",
+                    info.shape[0], " experts"));
+  return h5::read_tensor_row(group, name, expert, where);
+}
+
+std::vector<std::string> list_group(const std::string& path, const char* group_name) {
+  h5::Session session;
+  Opened c = open_checkpoint(path);
+  h5::Group group = h5::open_group(c.file, group_name, c.root);
+  return h5::list_links(group, c.root.at(str("/", group_name)));
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& path, const Checkpoint& ckpt, const SaveOptions& options) {
+  h5::Session session;
+  const std::string temp = str(path, ".tmp-", ::getpid());
+  auto remove_temp = [&] {
+    std::error_code ignored;
+    std::filesystem::remove(temp, ignored);
+  };
+  try {
+    write_file(temp, ckpt, options);
+    fsync_file(temp, false);
+    if (std::rename(temp.c_str(), path.c_str()) != 0)
+      throw Error(str("cannot rename '", temp, "' to '", path, "': ", std::strerror(errno)));
+  } catch (const Error& e) {
+    remove_temp();
+    throw Error(str("saving checkpoint '", path, "': ", e.what()));
+  } catch (...) {
+    remove_temp();
+    throw;
+  }
+  try {
+    fsync_file(parent_directory(path), true);
+  } catch (const Error& e) {
+    throw Error(
+        str("saved checkpoint '", path, "' but could not make the rename durable: ", e.what()));
+  }
+}
+
+Checkpoint load_checkpoint(const std::string& path, bool with_optim) {
+  h5::Session session;
+  Opened c = open_checkpoint(path);
+  const Where& root = c.root;
+  Checkpoint ckpt;
+  ckpt.model_config = read_json_attr(c.file, "model_config", root);
+  ckpt.train_config = read_json_attr(c.file, "train_config", root);
+  ckpt.provenance.tool = optional_string_attr(c.file, "producer_tool", root);
+  ckpt.provenance.version = optional_string_attr(c.file, "producer_version", root);
+  ckpt.provenance.git = optional_string_attr(c.file, "producer_git", root);
+  ckpt.provenance.argv = optional_string_attr(c.file, "argv", root);
+  ckpt.provenance.time = optional_string_attr(c.file, "created", root);
+
+  ckpt.params = read_tensors(c, kParamsGroup);
+  if (with_optim && h5::has_link(c.file, kOptimGroup, root))
+    ckpt.optim = read_tensors(c, kOptimGroup);
+
+  {
+    h5::Group state = h5::open_group(c.file, "state", root);
+    Where w = root.at("/state");
+    ckpt.state.step = h5::read_int_attr(state, "step", w);
+    ckpt.state.tokens_seen = h5::read_int_attr(state, "tokens_seen", w);
+    ckpt.state.data_cursor = h5::read_int_attr(state, "data_cursor", w);
+    ckpt.state.seed = h5::read_uint_attr(state, "seed", w);
+  }
+  {
+    h5::Group sharding = h5::open_group(c.file, "sharding", root);
+    Where w = root.at("/sharding");
+    Sharding& s = ckpt.sharding;
+    s.world_size = static_cast<int>(h5::read_int_attr(sharding, "world_size", w));
+    s.ep_size = static_cast<int>(h5::read_int_attr(sharding, "ep_size", w));
+    s.expert_rank = h5::read_int32_array_attr(sharding, "expert_rank", w);
+    MOE_CHECK(s.world_size >= 1 && s.ep_size >= 1, w.describe(), ": world_size ", s.world_size,
+              " and ep_size ", s.ep_size, " must be >= 1");
+    for (size_t e = 0; e < s.expert_rank.size(); ++e)
+      MOE_CHECK(s.expert_rank[e] >= 0 && s.expert_rank[e] < s.world_size, w.describe(),
+                ": expert_rank[", e, "] = ", s.expert_rank[e], " is not a rank of world_size ",
+                s.world_size);
+  }
+  return ckpt;
+}
+
+nlohmann::json read_model_config(const std::string& path) {
+  h5::Session session;
+  Opened c = open_checkpoint(path);
+  return read_json_attr(c.file, "model_config", c.root);
+}
+
+Tensor read_param(const std::string& path, const std::string& name) {
+  return read_one(path, kParamsGroup, name);
+}
+
+Tensor read_expert(const std::string& path, const std::string& name, int64_t expert) {
+  return read_one_expert(path, kParamsGroup, name, expert);
+}
+
+std::vector<std::string> list_params(const std::string& path) {
+  return list_group(path, kParamsGroup);
+}
+
+std::vector<std::string> list_optim(const std::string& path) {
+  return list_group(path, kOptimGroup);
+}
+
+Tensor read_optim(const std::string& path, const std::string& name) {
+  return read_one(path, kOptimGroup, name);
+}
+
+Tensor read_optim_expert(const std::string& path, const std::string& name, int64_t expert) {
+  return read_one_expert(path, kOptimGroup, name, expert);
+}
+
+// ---- provenance -------------------------------------------------------------------------------
+
+std::string shell_quote(std::string_view arg) {
+  auto safe = [](char ch) {
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+           std::strchr("_@%+=:,./-", ch) != nullptr;
+  };
+  bool plain = !arg.empty();
+  for (char ch : arg) plain = plain && ch != '\0' && safe(ch);
+  if (plain) return std::string(arg);
+  std::string quoted = "'";
+  for (char ch : arg) {
+    if (ch == '\'')
+      quoted += "'\\''";
+    else
+      quoted += ch;
+  }
+  return quoted + "'";
+}
+
+std::string join_argv(int argc, const char* const* argv) {
+  std::string line;
+  for (int i = 0; i < argc; ++i) {
+    if (i) line += ' ';
+    line += shell_quote(argv[i] ? argv[i] : "");
+  }
+  return line;
+}
+
+std::string utc_timestamp() {
+  std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char buffer[32];
+  std::strftime(buffer, sizeof buffer, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return buffer;
+}
+
+Provenance make_provenance(std::string tool, int argc, const char* const* argv) {
+  return Provenance{std::move(tool), moe::version(), moe::git_revision(), join_argv(argc, argv),
+                    utc_timestamp()};
+}
+
+}  // namespace moe::io

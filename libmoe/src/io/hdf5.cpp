@@ -1,0 +1,483 @@
+// HDF5 helpers: checked calls, error-stack capture, files, groups, attributes, tensor datasets.
+#include "moe/io/hdf5.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+
+#include "moe/arena.h"
+
+namespace moe::io::h5 {
+
+namespace {
+
+std::string join(const std::vector<std::string>& parts, const char* sep) {
+  std::string out;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (i) out += sep;
+    out += parts[i];
+  }
+  return out;
+}
+
+bool mentions(const std::vector<std::string>& causes, const char* word) {
+  return std::any_of(causes.begin(), causes.end(),
+                     [&](const std::string& c) { return c.find(word) != std::string::npos; });
+}
+
+herr_t collect_error(unsigned /*n*/, const H5E_error2_t* err, void* data) {
+  auto* out = static_cast<std::vector<std::string>*>(data);
+  if (err && err->desc && *err->desc) {
+    std::string desc = err->desc;
+    std::replace(desc.begin(), desc.end(), '\n', ' ');  // some HDF5 messages embed ctime()
+    if (std::find(out->begin(), out->end(), desc) == out->end()) out->push_back(std::move(desc));
+  }
+  return 0;
+}
+
+herr_t collect_link(hid_t /*group*/, const char* name, const H5L_info_t* /*info*/, void* data) {
+  try {
+    static_cast<std::vector<std::string>*>(data)->emplace_back(name);
+  } catch (...) {
+    return -1;  // never let an exception cross the C library
+  }
+  return 0;
+}
+
+std::string child_path(const std::string& parent, const std::string& name) {
+  if (parent.empty() || parent == "/") return "/" + name;
+  return parent + "/" + name;
+}
+
+Space scalar_space(const Where& where) { return Space(MOE_H5(where, H5Screate(H5S_SCALAR))); }
+
+// Exact names only: a checkpoint must say precisely what its bytes are.
+std::optional<DType> dtype_from_name(const std::string& name) {
+  for (DType d : {DType::f32, DType::bf16, DType::f16, DType::i32, DType::i64, DType::u8})
+    if (name == dtype_name(d)) return d;
+  return std::nullopt;
+}
+
+std::string type_summary(hid_t type) {
+  H5T_class_t cls = H5Tget_class(type);
+  size_t size = H5Tget_size(type);
+  const char* name = cls == H5T_FLOAT     ? "float"
+                     : cls == H5T_INTEGER ? "integer"
+                     : cls == H5T_STRING  ? "string"
+                                          : "non-numeric";
+  std::string s = str(size, "-byte ", name);
+  if (cls == H5T_FLOAT) {
+    size_t spos = 0, epos = 0, esize = 0, mpos = 0, msize = 0;
+    if (H5Tget_fields(type, &spos, &epos, &esize, &mpos, &msize) >= 0)
+      s += str(" (sign ", spos, ", exponent ", esize, " bits at ", epos, ", mantissa ", msize,
+               " bits, bias ", H5Tget_ebias(type), ")");
+  }
+  H5Eclear2(H5E_DEFAULT);
+  return s;
+}
+
+}  // namespace
+
+std::string Where::describe() const { return str("'", file, "' ", object); }
+
+Session::Session() {
+  static std::recursive_mutex mutex;
+  lock_ = std::unique_lock<std::recursive_mutex>(mutex);
+  // We report errors ourselves, with the file and object; HDF5 must not print to stderr.
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+}
+
+std::vector<std::string> take_error_stack() {
+  std::vector<std::string> causes;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, collect_error, &causes);
+  H5Eclear2(H5E_DEFAULT);
+  return causes;
+}
+
+void fail(const Where& where, const char* statement, const char* source_file, int source_line) {
+  std::vector<std::string> causes = take_error_stack();
+  std::string message = str(where.describe(), ": ", statement, " failed");
+  if (mentions(causes, "Fletcher32") || mentions(causes, "checksum"))
+    message += ": checksum mismatch, the stored data is corrupted";
+  if (!causes.empty()) message += ": " + join(causes, "; ");
+  throw Error(str(message, " [", source_file, ":", source_line, "]"));
+}
+
+// ---- files ------------------------------------------------------------------------------------
+
+Plist file_access_plist(const Where& where) {
+  Plist fapl(MOE_H5(where, H5Pcreate(H5P_FILE_ACCESS)));
+  MOE_H5(where, H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_V18));
+  MOE_H5(where, H5Pset_file_locking(fapl, true, true));
+  return fapl;
+}
+
+File create_file(const std::string& path) {
+  Where where{path, "/"};
+  Plist fapl = file_access_plist(where);
+  return File(MOE_H5(where, H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl)));
+}
+
+File open_file_readonly(const std::string& path, const char* what) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::file_status status = fs::status(path, ec);
+  if (!fs::exists(status)) throw Error(str(what, " '", path, "': no such file"));
+  if (fs::is_directory(status)) throw Error(str(what, " '", path, "': is a directory"));
+  uintmax_t size = fs::file_size(path, ec);
+  if (!ec && size == 0) throw Error(str(what, " '", path, "': empty file (0 bytes), not HDF5"));
+
+  htri_t is_hdf5 = H5Fis_hdf5(path.c_str());
+  if (is_hdf5 < 0) {
+    std::vector<std::string> causes = take_error_stack();
+    throw Error(str(what, " '", path, "': cannot be read as HDF5: ", join(causes, "; ")));
+  }
+  if (is_hdf5 == 0)
+    throw Error(
+        str(what, " '", path, "': not an HDF5 file (no HDF5 signature in its ", size, " bytes)"));
+
+  Where where{path, "/"};
+  Plist fapl = file_access_plist(where);
+  hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl);
+  if (id < 0) {
+    std::vector<std::string> causes = take_error_stack();
+    if (mentions(causes, "truncated"))
+      throw Error(str(what, " '", path, "': truncated file (", size,
+                      " bytes, fewer than the HDF5 superblock records): ", join(causes, "; ")));
+    throw Error(str(what, " '", path, "': cannot open as HDF5: ", join(causes, "; ")));
+  }
+  return File(id);
+}
+
+Group create_group(hid_t parent, const std::string& name, const Where& where) {
+  Where w = where.at(child_path(where.object, name));
+  Plist gcpl(MOE_H5(w, H5Pcreate(H5P_GROUP_CREATE)));
+  MOE_H5(w, H5Pset_link_creation_order(gcpl, H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED));
+  return Group(MOE_H5(w, H5Gcreate2(parent, name.c_str(), H5P_DEFAULT, gcpl, H5P_DEFAULT)));
+}
+
+Group open_group(hid_t parent, const std::string& name, const Where& where) {
+  Where w = where.at(child_path(where.object, name));
+  if (!has_link(parent, name, where)) throw Error(str(w.describe(), ": missing group"));
+  return Group(MOE_H5(w, H5Gopen2(parent, name.c_str(), H5P_DEFAULT)));
+}
+
+bool has_link(hid_t parent, const std::string& name, const Where& where) {
+  return MOE_H5(where, H5Lexists(parent, name.c_str(), H5P_DEFAULT)) > 0;
+}
+
+std::vector<std::string> list_links(hid_t group, const Where& where) {
+  Plist gcpl(MOE_H5(where, H5Gget_create_plist(group)));
+  unsigned order_flags = 0;
+  MOE_H5(where, H5Pget_link_creation_order(gcpl, &order_flags));
+  H5_index_t index = (order_flags & H5P_CRT_ORDER_TRACKED) ? H5_INDEX_CRT_ORDER : H5_INDEX_NAME;
+  std::vector<std::string> names;
+  hsize_t position = 0;
+  MOE_H5(where, H5Literate(group, index, H5_ITER_INC, &position, collect_link, &names));
+  return names;
+}
+
+// ---- attributes -------------------------------------------------------------------------------
+
+bool has_attr(hid_t object, const char* name, const Where& where) {
+  return MOE_H5(where, H5Aexists(object, name)) > 0;
+}
+
+namespace {
+
+Attr create_attr(hid_t object, const char* name, hid_t type, hid_t space, const Where& where) {
+  if (has_attr(object, name, where)) MOE_H5(where, H5Adelete(object, name));
+  return Attr(MOE_H5(where, H5Acreate2(object, name, type, space, H5P_DEFAULT, H5P_DEFAULT)));
+}
+
+Attr open_attr(hid_t object, const char* name, const Where& where) {
+  if (!has_attr(object, name, where))
+    throw Error(str(where.describe(), ": missing attribute '", name, "'"));
+  return Attr(MOE_H5(where, H5Aopen(object, name, H5P_DEFAULT)));
+}
+
+hssize_t attr_elements(hid_t attr, const Where& where) {
+  Space space(MOE_H5(where, H5Aget_space(attr)));
+  return MOE_H5(where, H5Sget_simple_extent_npoints(space));
+}
+
+void expect_class(hid_t attr, H5T_class_t expected, const char* name, const char* what,
+                  const Where& where) {
+  Type type(MOE_H5(where, H5Aget_type(attr)));
+  if (MOE_H5(where, H5Tget_class(type)) != expected)
+    throw Error(str(where.describe(), ": attribute '", name, "' is a ", type_summary(type),
+                    ", expected ", what));
+}
+
+}  // namespace
+
+void write_string_attr(hid_t object, const char* name, const std::string& value,
+                       const Where& where) {
+  Type type(MOE_H5(where, H5Tcopy(H5T_C_S1)));
+  MOE_H5(where, H5Tset_size(type, H5T_VARIABLE));
+  MOE_H5(where, H5Tset_cset(type, H5T_CSET_UTF8));
+  Space space = scalar_space(where);
+  Attr attr = create_attr(object, name, type, space, where);
+  const char* text = value.c_str();
+  MOE_H5(where, H5Awrite(attr, type, &text));
+}
+
+std::string read_string_attr(hid_t object, const char* name, const Where& where) {
+  Attr attr = open_attr(object, name, where);
+  expect_class(attr, H5T_STRING, name, "a string", where);
+  if (attr_elements(attr, where) != 1)
+    throw Error(str(where.describe(), ": attribute '", name, "' is not a single string"));
+  Type file_type(MOE_H5(where, H5Aget_type(attr)));
+  Type mem_type(MOE_H5(where, H5Tcopy(file_type)));
+  if (MOE_H5(where, H5Tis_variable_str(file_type)) > 0) {
+    char* text = nullptr;
+    MOE_H5(where, H5Aread(attr, mem_type, &text));
+    std::string value = text ? text : "";
+    if (text) H5free_memory(text);
+    return value;
+  }
+  size_t size = H5Tget_size(file_type);
+  if (size == 0) fail(where, "H5Tget_size(file_type)", __FILE__, __LINE__);
+  std::vector<char> buffer(size + 1, '\0');
+  MOE_H5(where, H5Aread(attr, mem_type, buffer.data()));
+  std::string value(buffer.data(), strnlen(buffer.data(), size));
+  if (H5Tget_strpad(file_type) == H5T_STR_SPACEPAD) value.erase(value.find_last_not_of(' ') + 1);
+  return value;
+}
+
+void write_int_attr(hid_t object, const char* name, int64_t value, const Where& where,
+                    hid_t file_type) {
+  Space space = scalar_space(where);
+  Attr attr = create_attr(object, name, file_type, space, where);
+  MOE_H5(where, H5Awrite(attr, H5T_NATIVE_INT64, &value));
+}
+
+int64_t read_int_attr(hid_t object, const char* name, const Where& where) {
+  Attr attr = open_attr(object, name, where);
+  expect_class(attr, H5T_INTEGER, name, "an integer", where);
+  if (attr_elements(attr, where) != 1)
+    throw Error(str(where.describe(), ": attribute '", name, "' is not a single integer"));
+  int64_t value = 0;
+  MOE_H5(where, H5Aread(attr, H5T_NATIVE_INT64, &value));
+  return value;
+}
+
+void write_uint_attr(hid_t object, const char* name, uint64_t value, const Where& where) {
+  Space space = scalar_space(where);
+  Attr attr = create_attr(object, name, H5T_STD_U64LE, space, where);
+  MOE_H5(where, H5Awrite(attr, H5T_NATIVE_UINT64, &value));
+}
+
+uint64_t read_uint_attr(hid_t object, const char* name, const Where& where) {
+  Attr attr = open_attr(object, name, where);
+  expect_class(attr, H5T_INTEGER, name, "an integer", where);
+  if (attr_elements(attr, where) != 1)
+    throw Error(str(where.describe(), ": attribute '", name, "' is not a single integer"));
+  uint64_t value = 0;
+  MOE_H5(where, H5Aread(attr, H5T_NATIVE_UINT64, &value));
+  return value;
+}
+
+void write_int32_array_attr(hid_t object, const char* name, const std::vector<int>& values,
+                            const Where& where) {
+  hsize_t n = values.size();
+  Space space(MOE_H5(where, H5Screate_simple(1, &n, nullptr)));
+  Attr attr = create_attr(object, name, H5T_STD_I32LE, space, where);
+  if (n) MOE_H5(where, H5Awrite(attr, H5T_NATIVE_INT, values.data()));
+}
+
+std::vector<int> read_int32_array_attr(hid_t object, const char* name, const Where& where) {
+  Attr attr = open_attr(object, name, where);
+  expect_class(attr, H5T_INTEGER, name, "an integer array", where);
+  Space space(MOE_H5(where, H5Aget_space(attr)));
+  H5S_class_t cls = MOE_H5(where, H5Sget_simple_extent_type(space));
+  if (cls == H5S_NULL) return {};
+  if (cls != H5S_SIMPLE || MOE_H5(where, H5Sget_simple_extent_ndims(space)) != 1)
+    throw Error(str(where.describe(), ": attribute '", name, "' is not a one-dimensional array"));
+  std::vector<int> values(static_cast<size_t>(MOE_H5(where, H5Sget_simple_extent_npoints(space))));
+  if (!values.empty()) MOE_H5(where, H5Aread(attr, H5T_NATIVE_INT, values.data()));
+  return values;
+}
+
+// ---- types and tensor datasets ----------------------------------------------------------------
+
+Type dtype_type(DType dtype) {
+  Where where{"(memory)", str("HDF5 type for ", dtype_name(dtype))};
+  auto copy = [&](hid_t base) { return Type(MOE_H5(where, H5Tcopy(base))); };
+  switch (dtype) {
+    case DType::f32:
+      return copy(H5T_IEEE_F32LE);
+    case DType::f16:
+    case DType::bf16: {
+      // Shrink a copy of IEEE f32: the fields first (so they fit), then the size, then the bias.
+      bool half = dtype == DType::f16;
+      Type type = copy(H5T_IEEE_F32LE);
+      MOE_H5(where, H5Tset_fields(type, 15, half ? 10 : 7, half ? 5 : 8, 0, half ? 10 : 7));
+      MOE_H5(where, H5Tset_size(type, 2));
+      MOE_H5(where, H5Tset_ebias(type, half ? 15 : 127));
+      return type;
+    }
+    case DType::i32:
+      return copy(H5T_STD_I32LE);
+    case DType::i64:
+      return copy(H5T_STD_I64LE);
+    case DType::u8:
+      return copy(H5T_STD_U8LE);
+  }
+  throw Error(str("no HDF5 type for dtype ", static_cast<int>(dtype)));
+}
+
+std::optional<DType> dtype_from_type(hid_t type) {
+  Where where{"(memory)", "HDF5 type comparison"};
+  for (DType d : {DType::f32, DType::bf16, DType::f16, DType::i32, DType::i64, DType::u8}) {
+    Type candidate = dtype_type(d);
+    if (MOE_H5(where, H5Tequal(type, candidate)) > 0) return d;
+  }
+  return std::nullopt;
+}
+
+std::vector<hsize_t> chunk_shape(const Shape& shape, size_t element_size, bool expert,
+                                 size_t max_bytes) {
+  if (shape.empty() || shape_numel(shape) == 0) return {};
+  std::vector<hsize_t> chunk(shape.begin(), shape.end());
+  if (expert) chunk[0] = 1;
+  auto bytes_from = [&](size_t d) {
+    size_t b = element_size;
+    for (size_t i = d; i < chunk.size(); ++i) b *= chunk[i];
+    return b;
+  };
+  // Cut the outermost dimensions first: row chunks of the largest height that fits.
+  for (size_t d = 0; d < chunk.size() && bytes_from(0) > max_bytes; ++d) {
+    size_t inner = bytes_from(d + 1);
+    hsize_t rows = std::max<size_t>(1, max_bytes / inner);
+    chunk[d] = std::min(chunk[d], rows);
+  }
+  return chunk;
+}
+
+void write_tensor(hid_t parent, const std::string& name, const Tensor& tensor, bool expert,
+                  const Where& where, size_t max_chunk_bytes) {
+  Where w = where.at(child_path(where.object, name));
+  MOE_CHECK(tensor.defined(), w.describe(), ": tensor is undefined");
+  MOE_CHECK(tensor.device().kind == Device::cpu, w.describe(), ": ", tensor.describe(),
+            " must be on the CPU to be written");
+  MOE_CHECK(!expert || tensor.ndim() >= 1, w.describe(), ": expert tensor ", tensor.describe(),
+            " needs a leading expert dimension");
+
+  const Shape& shape = tensor.shape();
+  std::vector<hsize_t> dims(shape.begin(), shape.end());
+  Space space =
+      shape.empty()
+          ? scalar_space(w)
+          : Space(MOE_H5(w, H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr)));
+  Plist dcpl(MOE_H5(w, H5Pcreate(H5P_DATASET_CREATE)));
+  MOE_H5(w, H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER));
+  std::vector<hsize_t> chunk =
+      chunk_shape(shape, dtype_size(tensor.dtype()), expert, max_chunk_bytes);
+  if (!chunk.empty()) {
+    MOE_H5(w, H5Pset_chunk(dcpl, static_cast<int>(chunk.size()), chunk.data()));
+    MOE_H5(w, H5Pset_fletcher32(dcpl));
+  }
+  Type type = dtype_type(tensor.dtype());
+  Dataset dataset(
+      MOE_H5(w, H5Dcreate2(parent, name.c_str(), type, space, H5P_DEFAULT, dcpl, H5P_DEFAULT)));
+  if (tensor.numel() > 0)
+    MOE_H5(w, H5Dwrite(dataset, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, tensor.raw()));
+  write_string_attr(dataset, "dtype", dtype_name(tensor.dtype()), w);
+  write_int_attr(dataset, "expert", expert ? 1 : 0, w, H5T_STD_U8LE);
+}
+
+DatasetInfo dataset_info(hid_t dataset, const Where& w) {
+  DatasetInfo info;
+  Space space(MOE_H5(w, H5Dget_space(dataset)));
+  H5S_class_t cls = MOE_H5(w, H5Sget_simple_extent_type(space));
+  if (cls == H5S_SIMPLE) {
+    int rank = MOE_H5(w, H5Sget_simple_extent_ndims(space));
+    std::vector<hsize_t> dims(static_cast<size_t>(rank));
+    MOE_H5(w, H5Sget_simple_extent_dims(space, dims.data(), nullptr));
+    info.shape.assign(dims.begin(), dims.end());
+  } else if (cls != H5S_SCALAR) {
+    throw Error(str(w.describe(), ": dataset has no data space (null dataspace)"));
+  }
+
+  Type type(MOE_H5(w, H5Dget_type(dataset)));
+  if (has_attr(dataset, "dtype", w)) {
+    std::string name = read_string_attr(dataset, "dtype", w);
+    std::optional<DType> dtype = dtype_from_name(name);
+    if (!dtype)
+      throw Error(str(w.describe(), ": unknown dtype attribute '", name,
+                      "' (expected f32, bf16, f16, i32, i64 or u8)"));
+    Type expected = dtype_type(*dtype);
+    if (MOE_H5(w, H5Tequal(type, expected)) <= 0)
+      throw Error(str(w.describe(), ": dtype attribute says ", name, " but the HDF5 type is a ",
+                      type_summary(type)));
+    info.dtype = *dtype;
+  } else {
+    std::optional<DType> dtype = dtype_from_type(type);
+    if (!dtype) throw Error(str(w.describe(), ": unsupported HDF5 type, a ", type_summary(type)));
+    info.dtype = *dtype;
+  }
+  if (has_attr(dataset, "expert", w)) info.expert = read_int_attr(dataset, "expert", w) != 0;
+  if (info.expert && info.shape.empty())
+    throw Error(str(w.describe(), ": marked as an expert tensor but has rank 0"));
+  return info;
+}
+
+namespace {
+
+void expect_outside_arena(const Where& w) {
+  MOE_CHECK(ArenaScope::current() == nullptr, w.describe(),
+            ": tensors read from files must not live in the activation arena; read them outside "
+            "an ArenaScope");
+}
+
+}  // namespace
+
+Tensor read_tensor(hid_t parent, const std::string& name, const Where& where, DatasetInfo* out) {
+  Where w = where.at(child_path(where.object, name));
+  expect_outside_arena(w);
+  if (!has_link(parent, name, where)) throw Error(str(w.describe(), ": no such dataset"));
+  Dataset dataset(MOE_H5(w, H5Dopen2(parent, name.c_str(), H5P_DEFAULT)));
+  DatasetInfo info = dataset_info(dataset, w);
+  Tensor tensor = Tensor::empty(info.shape, info.dtype);
+  tensor.set_name(name);
+  if (tensor.numel() > 0) {
+    Type type = dtype_type(info.dtype);
+    MOE_H5(w, H5Dread(dataset, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, tensor.raw()));
+  }
+  if (out) *out = info;
+  return tensor;
+}
+
+Tensor read_tensor_row(hid_t parent, const std::string& name, int64_t index, const Where& where) {
+  Where w = where.at(child_path(where.object, name));
+  expect_outside_arena(w);
+  if (!has_link(parent, name, where)) throw Error(str(w.describe(), ": no such dataset"));
+  Dataset dataset(MOE_H5(w, H5Dopen2(parent, name.c_str(), H5P_DEFAULT)));
+  DatasetInfo info = dataset_info(dataset, w);
+  if (info.shape.empty())
+    throw Error(str(w.describe(), ": cannot take row ", index, " of a rank-0 dataset"));
+  if (index < 0 || index >= info.shape[0])
+    throw Error(str(w.describe(), ": index ", index, " out of range for leading dimension ",
+                    info.shape[0], " (shape ", shape_str(info.shape), ")"));
+
+  Shape rest(info.shape.begin() + 1, info.shape.end());
+  Tensor tensor = Tensor::empty(rest, info.dtype);
+  tensor.set_name(str(name, "[", index, "]"));
+  if (tensor.numel() == 0) return tensor;
+
+  std::vector<hsize_t> start(info.shape.size(), 0), count(info.shape.begin(), info.shape.end());
+  start[0] = static_cast<hsize_t>(index);
+  count[0] = 1;
+  Space file_space(MOE_H5(w, H5Dget_space(dataset)));
+  MOE_H5(w, H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start.data(), nullptr, count.data(),
+                                nullptr));
+  Space mem_space(
+      MOE_H5(w, H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr)));
+  Type type = dtype_type(info.dtype);
+  MOE_H5(w, H5Dread(dataset, type, mem_space, file_space, H5P_DEFAULT, tensor.raw()));
+  return tensor;
+}
+
+}  // namespace moe::io::h5

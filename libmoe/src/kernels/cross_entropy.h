@@ -1,0 +1,28 @@
+// Cross-entropy of one row of V logits against a target class, fp32 with max-subtraction.
+#pragma once
+#include "kernels/common.h"
+
+namespace moe::kernels {
+
+// Returns nll = logsumexp(x) - x[target]. When dx is not null it is written with
+// grad_scale * (softmax(x) - onehot(target)). 0 <= target < n is the caller's to check.
+MOE_HD float cross_entropy_row(const float* x, int64_t n, int32_t target, float* dx,
+                               float grad_scale) {
+  float m = x[0];
+  for (int64_t j = 1; j < n; ++j) m = x[j] > m ? x[j] : m;
+  float s = 0.0f;
+  if (dx) {  // keep exp(x - m) in dx: one exp per element
+    for (int64_t j = 0; j < n; ++j) {
+      dx[j] = expf(x[j] - m);
+      s += dx[j];
+    }
+    const float factor = grad_scale / s;
+    for (int64_t j = 0; j < n; ++j) dx[j] *= factor;
+    dx[target] -= grad_scale;
+  } else {
+    for (int64_t j = 0; j < n; ++j) s += expf(x[j] - m);
+  }
+  return m + logf(s) - x[target];
+}
+
+}  // namespace moe::kernels

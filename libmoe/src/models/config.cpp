@@ -1,0 +1,133 @@
+#include "moe/models/config.h"
+
+#include <nlohmann/json.hpp>
+
+#include "moe/error.h"
+
+namespace moe {
+
+Arch parse_arch(const std::string& name) {
+  if (name == "gpt") return Arch::gpt;
+  if (name == "mixtral") return Arch::mixtral;
+  throw UsageError(str("unknown --arch '", name, "' (expected gpt or mixtral)"));
+}
+
+const char* arch_name(Arch arch) { return arch == Arch::gpt ? "gpt" : "mixtral"; }
+
+int64_t ModelConfig::num_moe_layers() const {
+  int64_t n = 0;
+  for (int64_t e : experts_per_layer) n += e > 0;
+  return n;
+}
+
+void ModelConfig::resolve() {
+  MOE_USAGE_CHECK(layers >= 1, "--layers must be >= 1 (got ", layers, ")");
+  MOE_USAGE_CHECK(moe_every >= 1, "--moe-every must be >= 1 (got ", moe_every, ")");
+  std::vector<int64_t> resolved(layers, 0);
+  std::vector<int64_t> moe_layers;
+  for (int64_t i = 0; i < layers; ++i)
+    if ((i + 1) % moe_every == 0) moe_layers.push_back(i);
+  if (experts_per_layer.empty()) {
+    for (int64_t i : moe_layers) resolved[i] = experts;
+  } else if (static_cast<int64_t>(experts_per_layer.size()) == layers) {
+    resolved = experts_per_layer;  // one entry per layer, 0 = dense
+  } else if (experts_per_layer.size() == moe_layers.size()) {
+    for (size_t j = 0; j < moe_layers.size(); ++j) resolved[moe_layers[j]] = experts_per_layer[j];
+  } else {
+    throw UsageError(str("--experts-per-layer has ", experts_per_layer.size(),
+                         " entries; give one per layer (", layers, ", 0 = dense) or one per MoE layer (",
+                         moe_layers.size(), " with --moe-every ", moe_every, ")"));
+  }
+  experts_per_layer = resolved;
+  validate();
+}
+
+void ModelConfig::validate() const {
+  MOE_USAGE_CHECK(vocab_size >= 2, "vocabulary size must be >= 2 (got ", vocab_size, ")");
+  MOE_USAGE_CHECK(d_model >= 1 && heads >= 1, "--d-model and --heads must be >= 1");
+  MOE_USAGE_CHECK(d_model % heads == 0, "--heads ", heads, " does not divide --d-model ", d_model);
+  int64_t head_dim = d_model / heads;
+  int64_t kv = kv_heads_resolved();
+  MOE_USAGE_CHECK(kv >= 1 && heads % kv == 0, "--kv-heads ", kv, " does not divide --heads ", heads);
+  MOE_USAGE_CHECK(arch == Arch::mixtral || kv == heads,
+                  "--kv-heads (grouped-query attention) needs --arch mixtral");
+  MOE_USAGE_CHECK(arch != Arch::mixtral || head_dim % 2 == 0,
+                  "RoPE needs an even head dimension (d-model/heads = ", head_dim, ")");
+  MOE_USAGE_CHECK(d_ff >= 1, "--d-ff must be >= 1 (got ", d_ff, ")");
+  MOE_USAGE_CHECK(seq >= 1, "--seq must be >= 1 (got ", seq, ")");
+  MOE_USAGE_CHECK(top_k >= 1, "--top-k must be >= 1 (got ", top_k, ")");
+  MOE_USAGE_CHECK(capacity_factor >= 0, "--capacity-factor must be >= 0 (0 = dropless)");
+  MOE_USAGE_CHECK(aux_loss_coef >= 0 && z_loss_coef >= 0, "loss coefficients must be >= 0");
+  MOE_USAGE_CHECK(router_jitter >= 0 && router_jitter < 1, "--router-jitter must be in [0, 1)");
+  MOE_USAGE_CHECK(norm_eps > 0, "--norm-eps must be > 0");
+  MOE_USAGE_CHECK(is_floating(dtype), "--dtype must be f32, bf16 or f16");
+  MOE_USAGE_CHECK(static_cast<int64_t>(experts_per_layer.size()) == layers,
+                  "model config: experts_per_layer has ", experts_per_layer.size(),
+                  " entries for ", layers, " layers");
+  for (int64_t i = 0; i < layers; ++i) {
+    int64_t e = experts_per_layer[i];
+    MOE_USAGE_CHECK(e >= 0, "layer ", i, ": negative expert count ", e);
+    if (e == 0) continue;
+    int64_t k = residual_moe ? 1 : top_k;
+    MOE_USAGE_CHECK(k <= e, "--top-k ", top_k, " is larger than the ", e, " experts of layer ", i);
+    MOE_USAGE_CHECK(e >= 2 || residual_moe, "layer ", i,
+                    " has 1 expert: an MoE layer needs >= 2 (or --residual-moe)");
+  }
+}
+
+nlohmann::json to_json(const ModelConfig& c) {
+  return nlohmann::json{{"arch", arch_name(c.arch)},
+                        {"vocab_size", c.vocab_size},
+                        {"layers", c.layers},
+                        {"d_model", c.d_model},
+                        {"heads", c.heads},
+                        {"kv_heads", c.kv_heads_resolved()},
+                        {"d_ff", c.d_ff},
+                        {"seq", c.seq},
+                        {"experts", c.experts},
+                        {"experts_per_layer", c.experts_per_layer},
+                        {"moe_every", c.moe_every},
+                        {"top_k", c.top_k},
+                        {"capacity_factor", c.capacity_factor},
+                        {"aux_loss_coef", c.aux_loss_coef},
+                        {"z_loss_coef", c.z_loss_coef},
+                        {"residual_moe", c.residual_moe},
+                        {"normalize_topk", c.normalize_topk},
+                        {"router_jitter", c.router_jitter},
+                        {"norm_eps", c.norm_eps},
+                        {"rope_theta", c.rope_theta},
+                        {"dtype", dtype_name(c.dtype)}};
+}
+
+ModelConfig model_config_from_json(const nlohmann::json& j) {
+  ModelConfig c;
+  try {
+    c.arch = parse_arch(j.at("arch").get<std::string>());
+    c.vocab_size = j.at("vocab_size").get<int64_t>();
+    c.layers = j.at("layers").get<int64_t>();
+    c.d_model = j.at("d_model").get<int64_t>();
+    c.heads = j.at("heads").get<int64_t>();
+    c.kv_heads = j.at("kv_heads").get<int64_t>();
+    c.d_ff = j.at("d_ff").get<int64_t>();
+    c.seq = j.at("seq").get<int64_t>();
+    c.experts = j.at("experts").get<int64_t>();
+    c.experts_per_layer = j.at("experts_per_layer").get<std::vector<int64_t>>();
+    c.moe_every = j.at("moe_every").get<int64_t>();
+    c.top_k = j.at("top_k").get<int64_t>();
+    c.capacity_factor = j.at("capacity_factor").get<double>();
+    c.aux_loss_coef = j.at("aux_loss_coef").get<double>();
+    c.z_loss_coef = j.at("z_loss_coef").get<double>();
+    c.residual_moe = j.at("residual_moe").get<bool>();
+    c.normalize_topk = j.at("normalize_topk").get<bool>();
+    c.router_jitter = j.at("router_jitter").get<double>();
+    c.norm_eps = j.at("norm_eps").get<double>();
+    c.rope_theta = j.at("rope_theta").get<double>();
+    c.dtype = parse_dtype(j.at("dtype").get<std::string>());
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(str("model config: ", e.what()));
+  }
+  c.validate();
+  return c;
+}
+
+}  // namespace moe

@@ -1,0 +1,22 @@
+// gpt flavour (GPT-2 / Switch Transformer style): learned positions, pre-LayerNorm, GELU (tanh),
+// biases everywhere, LM head tied to the token embedding, attention scale 1/sqrt(head_dim).
+#include "moe/models/flavour.h"
+
+namespace moe {
+
+Flavour gpt_flavour(const ModelConfig&) {
+  Flavour f;
+  f.norm = nn::NormKind::layernorm;
+  f.activation = nn::Activation::gelu;
+  f.bias = true;
+  f.learned_positions = true;
+  f.tied_head = true;
+  f.normalize_topk = false;
+  return f;
+}
+
+Flavour flavour_of(const ModelConfig& config) {
+  return config.arch == Arch::gpt ? gpt_flavour(config) : mixtral_flavour(config);
+}
+
+}  // namespace moe

@@ -1,0 +1,145 @@
+#include "moe/models/transformer.h"
+
+#include "moe/nn/loss.h"
+#include "moe/ops/core.h"
+
+namespace moe {
+
+Transformer::Transformer(const ModelConfig& config, ParamSet& params)
+    : config_(config), flavour_(flavour_of(config)), params_(params) {
+  config_.validate();
+  MOE_CHECK(params.dtype() == config.dtype, "model dtype ", dtype_name(config.dtype),
+            " differs from the parameter set's ", dtype_name(params.dtype()));
+  const float init_std = 0.02f;
+  tokens_ = std::make_unique<nn::Embedding>(params, "embed.tokens", config.vocab_size,
+                                            config.d_model, init_std);
+  if (flavour_.learned_positions)
+    positions_ = std::make_unique<nn::Embedding>(params, "embed.positions", config.seq,
+                                                 config.d_model, init_std / 2);
+  for (int64_t i = 0; i < config.layers; ++i)
+    blocks_.push_back(std::make_unique<nn::Block>(params, config_, flavour_, i));
+  final_norm_ = std::make_unique<nn::Norm>(params, "final_norm", config.d_model, flavour_.norm,
+                                           static_cast<float>(config.norm_eps));
+  head_ = flavour_.tied_head
+              ? &tokens_->table()
+              : &params.add("lm_head.weight", {config.vocab_size, config.d_model},
+                            Init::normal(init_std));
+}
+
+int64_t Transformer::active_params_per_token() const {
+  int64_t total = 0;
+  for (const Param* p : std::as_const(params_).all()) {
+    if (!p->expert) {
+      total += p->value.numel();
+    } else {
+      // name "blocks.<i>.moe.experts.<w>": count k of the E experts
+      int64_t layer = std::stoll(p->name.substr(7, p->name.find('.', 7) - 7));
+      int64_t e = config_.experts_per_layer[layer];
+      int64_t k = config_.residual_moe ? 1 : config_.top_k;
+      total += p->value.numel() / e * k;
+    }
+  }
+  return total;
+}
+
+Tensor Transformer::embed(const Tensor& ids, int64_t batch, int64_t seq) const {
+  MOE_CHECK(seq <= config_.seq, "sequence of ", seq, " tokens is longer than the model's context (",
+            config_.seq, ")");
+  Tensor flat = ids.reshape({batch * seq});
+  Tensor x = tokens_->forward(flat);
+  if (positions_) {
+    Tensor pos = Tensor::empty({batch * seq}, DType::i32);
+    int32_t* p = pos.data<int32_t>();
+    for (int64_t i = 0; i < batch * seq; ++i) p[i] = static_cast<int32_t>(i % seq);
+    ops::axpy(1.0f, positions_->forward(pos), x);
+  }
+  return x;
+}
+
+Tensor Transformer::head(const Tensor& h) const {
+  Tensor logits = Tensor::empty({h.dim(0), config_.vocab_size});
+  ops::gemm(h, false, head_->w(), true, logits);
+  return logits;
+}
+
+Tensor Transformer::logits(const Tensor& ids) const {
+  nn::RouterStep step;
+  step.training = false;
+  ForwardStats stats;
+  Tensor x = forward_blocks(ids, ids, step, nullptr, stats);
+  return head(final_norm_->forward(x, nullptr));
+}
+
+ForwardStats Transformer::evaluate(const Tensor& ids, const Tensor& targets, Tensor* row_nll) const {
+  nn::RouterStep step;
+  step.training = false;
+  ForwardStats stats;
+  Tensor x = forward_blocks(ids, targets, step, nullptr, stats);
+  Tensor logits = head(final_norm_->forward(x, nullptr));
+  stats.loss = nn::cross_entropy(logits, targets.reshape({ids.numel()}), nullptr, 1.0f, row_nll);
+  finish_stats(stats);
+  return stats;
+}
+
+Tensor Transformer::forward_blocks(const Tensor& ids, const Tensor& targets,
+                                   const nn::RouterStep& step,
+                                   std::vector<nn::Block::Saved>* saved, ForwardStats& stats) const {
+  MOE_CHECK(ids.ndim() == 2 && targets.shape() == ids.shape(), "batch: ids ", ids.describe(),
+            " and targets ", targets.describe(), " must both be [B,T]");
+  int64_t batch = ids.dim(0), seq = ids.dim(1);
+  Tensor x = embed(ids, batch, seq);
+  ops::round_to_dtype(x, config_.dtype);
+  if (saved) saved->resize(blocks_.size());
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    nn::RouterStep s = step;
+    s.layer = static_cast<int64_t>(i);
+    nn::MoEStats ms;
+    x = blocks_[i]->forward(x, batch, seq, s, saved ? &(*saved)[i] : nullptr, &ms);
+    ops::round_to_dtype(x, config_.dtype);
+    if (blocks_[i]->has_moe()) {
+      stats.aux_loss += ms.aux_loss;
+      stats.z_loss += ms.z_loss;
+      stats.moe.push_back(std::move(ms));
+    }
+  }
+  return x;
+}
+
+void Transformer::finish_stats(ForwardStats& stats) const {
+  stats.total = stats.loss + config_.aux_loss_coef * stats.aux_loss + config_.z_loss_coef * stats.z_loss;
+}
+
+ForwardStats Transformer::forward_backward(const Tensor& ids, const Tensor& targets,
+                                           const nn::RouterStep& step) {
+  int64_t seq = ids.dim(1), n = ids.numel();
+  ForwardStats stats;
+  std::vector<nn::Block::Saved> saved;
+  Tensor x = forward_blocks(ids, targets, step, &saved, stats);
+  nn::Norm::Saved final_saved;
+  Tensor h = final_norm_->forward(x, &final_saved);
+  Tensor logits = head(h);
+  Tensor dlogits = Tensor::empty(logits.shape());
+  Tensor flat_targets = targets.reshape({n});
+  stats.loss = nn::cross_entropy(logits, flat_targets, &dlogits, 1.0f);
+  finish_stats(stats);
+
+  // Backward, in reverse.
+  ops::gemm(dlogits, true, h, false, head_->grad, 1.0f, 1.0f);  // dW_head += dlogits^T h
+  Tensor dh = Tensor::empty(h.shape());
+  ops::gemm(dlogits, false, head_->w(), false, dh);
+  Tensor dx = final_norm_->backward(dh, final_saved);
+  const float aux_scale = static_cast<float>(config_.aux_loss_coef);
+  const float z_scale = static_cast<float>(config_.z_loss_coef);
+  for (size_t i = blocks_.size(); i-- > 0;) dx = blocks_[i]->backward(dx, saved[i], aux_scale, z_scale);
+  Tensor flat_ids = ids.reshape({n});
+  tokens_->backward(dx, flat_ids);
+  if (positions_) {
+    Tensor pos = Tensor::empty({n}, DType::i32);
+    int32_t* p = pos.data<int32_t>();
+    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<int32_t>(i % seq);
+    positions_->backward(dx, pos);
+  }
+  return stats;
+}
+
+}  // namespace moe

@@ -1,0 +1,95 @@
+#include "moe/nn/block.h"
+
+#include <cmath>
+
+#include "moe/ops/core.h"
+
+namespace moe::nn {
+
+Block::Block(ParamSet& ps, const ModelConfig& config, const Flavour& flavour, int64_t index)
+    : index_(index) {
+  const std::string prefix = "blocks." + std::to_string(index);
+  const float init_std = 0.02f;
+  // GPT-2: projections into the residual stream scaled by 1/sqrt(2 L).
+  const float out_std = init_std / std::sqrt(2.0f * static_cast<float>(config.layers));
+  const float eps = static_cast<float>(config.norm_eps);
+  norm1_ = std::make_unique<Norm>(ps, prefix + ".norm1", config.d_model, flavour.norm, eps);
+  norm2_ = std::make_unique<Norm>(ps, prefix + ".norm2", config.d_model, flavour.norm, eps);
+
+  AttentionConfig ac;
+  ac.d_model = config.d_model;
+  ac.heads = config.heads;
+  ac.kv_heads = config.kv_heads_resolved();
+  ac.bias = flavour.bias;
+  ac.rope = !flavour.learned_positions;
+  ac.rope_theta = static_cast<float>(config.rope_theta);
+  ac.init_std = init_std;
+  ac.out_init_std = out_std;
+  attn_ = std::make_unique<Attention>(ps, prefix + ".attn", ac);
+
+  const int64_t experts = config.experts_per_layer.at(index);
+  if (experts == 0 || config.residual_moe) {
+    MlpConfig mc;
+    mc.d_model = config.d_model;
+    mc.d_ff = config.d_ff;
+    mc.activation = flavour.activation;
+    mc.bias = flavour.bias;
+    mc.init_std = init_std;
+    mc.out_init_std = out_std;
+    mlp_ = std::make_unique<MLP>(ps, prefix + ".mlp", mc);
+  }
+  if (experts > 0) {
+    MoEConfig moe;
+    moe.router.d_model = config.d_model;
+    moe.router.num_experts = experts;
+    moe.router.top_k = config.residual_moe ? 1 : config.top_k;
+    moe.router.normalize_topk = config.normalize_topk;
+    moe.router.jitter = static_cast<float>(config.router_jitter);
+    moe.router.capacity_factor = static_cast<float>(config.capacity_factor);
+    moe.router.init_std = init_std;
+    moe.experts.num_experts = experts;
+    moe.experts.d_model = config.d_model;
+    moe.experts.d_ff = config.d_ff;
+    moe.experts.activation = flavour.activation;
+    moe.experts.bias = flavour.bias;
+    moe.experts.init_std = init_std;
+    moe.experts.out_init_std = out_std;
+    moe_ = std::make_unique<MoELayer>(ps, prefix + ".moe", moe);
+  }
+}
+
+int64_t Block::num_experts() const { return moe_ ? moe_->config().experts.num_experts : 0; }
+
+Tensor Block::forward(const Tensor& x, int64_t batch, int64_t seq, const RouterStep& step,
+                      Saved* saved, MoEStats* stats) const {
+  Tensor a = attn_->forward(norm1_->forward(x, saved ? &saved->norm1 : nullptr), batch, seq,
+                            saved ? &saved->attn : nullptr);
+  ops::axpy(1.0f, x, a);  // h = x + attn
+  Tensor u = norm2_->forward(a, saved ? &saved->norm2 : nullptr);
+  Tensor f;
+  if (moe_) {
+    f = moe_->forward(u, step, saved ? &saved->moe : nullptr, stats);
+    if (mlp_) ops::axpy(1.0f, mlp_->forward(u, saved ? &saved->mlp : nullptr), f);
+  } else {
+    f = mlp_->forward(u, saved ? &saved->mlp : nullptr);
+  }
+  ops::axpy(1.0f, a, f);  // y = h + ffn
+  return f;
+}
+
+Tensor Block::backward(const Tensor& dy, const Saved& saved, float aux_scale, float z_scale) {
+  Tensor du;
+  if (moe_) {
+    du = moe_->backward(dy, saved.moe, aux_scale, z_scale);
+    if (mlp_) ops::axpy(1.0f, mlp_->backward(dy, saved.mlp), du);
+  } else {
+    du = mlp_->backward(dy, saved.mlp);
+  }
+  Tensor dh = norm2_->backward(du, saved.norm2);
+  ops::axpy(1.0f, dy, dh);  // residual
+  Tensor dx = norm1_->backward(attn_->backward(dh, saved.attn), saved.norm1);
+  ops::axpy(1.0f, dh, dx);
+  return dx;
+}
+
+}  // namespace moe::nn

@@ -1,0 +1,246 @@
+// Slow reference MoE layer (see moe/nn/moe_reference.h): per token, per choice, per expert, in
+// fp64, written for reading rather than speed.
+// Shapes: N tokens, D model width, F expert hidden width, E experts, k experts per token.
+#include "moe/nn/moe_reference.h"
+
+#include <cmath>
+#include <vector>
+
+#include "moe/rng.h"
+
+namespace moe::nn {
+namespace {
+
+using Vec = std::vector<double>;
+
+double gelu(double v) {
+  const double c = std::sqrt(2.0 / M_PI);
+  return 0.5 * v * (1.0 + std::tanh(c * (v + 0.044715 * v * v * v)));
+}
+double gelu_derivative(double v) {
+  const double c = std::sqrt(2.0 / M_PI);
+  double t = std::tanh(c * (v + 0.044715 * v * v * v));
+  return 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * v * v);
+}
+double sigmoid(double v) { return 1.0 / (1.0 + std::exp(-v)); }
+double silu(double v) { return v * sigmoid(v); }
+double silu_derivative(double v) {
+  double s = sigmoid(v);
+  return s + v * s * (1.0 - s);
+}
+
+// A parameter's fp32 compute values (read in place), or null when the layer has no such parameter.
+const float* values(const ParamSet& ps, const std::string& name, bool required, Shape shape) {
+  const Param* p = ps.find(name);
+  MOE_CHECK(p || !required, "moe_reference: no parameter named '", name, "'");
+  if (!p) return nullptr;
+  p->w().expect_shape(shape, "moe_reference parameter");
+  return p->w().data<float>();
+}
+
+Tensor to_tensor(const Vec& v, Shape shape, const std::string& name) {
+  std::vector<float> f(v.begin(), v.end());
+  return Tensor::from_vector(std::move(shape), f).set_name(name);
+}
+
+// One expert applied to one token, with what its backward needs.
+struct ExpertPass {
+  Vec h, h3, a, out;  // [F], [F], [F], [D]
+};
+
+}  // namespace
+
+MoEReferenceResult moe_reference(const ParamSet& ps, const std::string& prefix,
+                                 const MoEConfig& config, const Tensor& x, const RouterStep& step,
+                                 const Tensor& dy, float aux_scale, float z_scale) {
+  const int64_t N = x.dim(0), D = config.router.d_model, E = config.router.num_experts;
+  const int64_t k = config.router.top_k, F = config.experts.d_ff;
+  const bool swiglu = config.experts.activation == Activation::swiglu;
+  x.expect_shape({N, D}, "moe_reference x");
+  const std::string rname = prefix + ".router.weight", ename = prefix + ".experts";
+  const bool bias = config.experts.bias;
+  const float* wg = values(ps, rname, true, {E, D});
+  const float* w1 = values(ps, ename + ".w1", true, {E, F, D});
+  const float* w2 = values(ps, ename + ".w2", true, {E, D, F});
+  const float* w3 = swiglu ? values(ps, ename + ".w3", true, {E, F, D}) : nullptr;
+  const float* b1 = bias ? values(ps, ename + ".b1", true, {E, F}) : nullptr;
+  const float* b2 = bias ? values(ps, ename + ".b2", true, {E, D}) : nullptr;
+  const std::vector<float> xs = x.to_vector();
+
+  // Router input: x, times the jitter noise in training.
+  const bool jitter = step.training && config.router.jitter > 0.0f;
+  std::vector<double> noise(N * D, 1.0);
+  if (jitter) {
+    const float j = config.router.jitter;
+    const uint64_t key = router_jitter_key(step);
+    for (int64_t i = 0; i < N * D; ++i)
+      noise[i] = (1.0f - j) + 2.0f * j * rng_uniform(key, static_cast<uint64_t>(i));
+  }
+
+  // Router: logits, probabilities, top-k, weights.
+  std::vector<Vec> probs(N, Vec(E));
+  Vec lse(N);
+  std::vector<std::vector<int64_t>> choice(N, std::vector<int64_t>(k));
+  std::vector<Vec> gate(N, Vec(k));
+  std::vector<int64_t> load(E, 0);
+  for (int64_t t = 0; t < N; ++t) {
+    Vec logits(E);
+    for (int64_t e = 0; e < E; ++e) {
+      double s = 0;
+      for (int64_t d = 0; d < D; ++d) s += xs[t * D + d] * noise[t * D + d] * wg[e * D + d];
+      logits[e] = s;
+    }
+    double m = logits[0];
+    for (double l : logits) m = std::max(m, l);
+    double z = 0;
+    for (double l : logits) z += std::exp(l - m);
+    lse[t] = m + std::log(z);
+    for (int64_t e = 0; e < E; ++e) probs[t][e] = std::exp(logits[e] - lse[t]);
+    std::vector<bool> taken(E, false);
+    for (int64_t j = 0; j < k; ++j) {
+      int64_t best = -1;
+      for (int64_t e = 0; e < E; ++e)
+        if (!taken[e] && (best < 0 || probs[t][e] > probs[t][best])) best = e;
+      taken[best] = true;
+      choice[t][j] = best;
+      gate[t][j] = probs[t][best];
+      ++load[best];
+    }
+    if (config.router.normalize_topk) {
+      double s = 0;
+      for (int64_t j = 0; j < k; ++j) s += gate[t][j];
+      for (int64_t j = 0; j < k; ++j) gate[t][j] /= s;
+    }
+  }
+  MoEReferenceResult result;
+  Vec f(E), mean_prob(E, 0.0);
+  for (int64_t e = 0; e < E; ++e) {
+    f[e] = N ? static_cast<double>(load[e]) / static_cast<double>(N * k) : 0.0;
+    for (int64_t t = 0; t < N; ++t) mean_prob[e] += probs[t][e] / static_cast<double>(N);
+    result.aux_loss += static_cast<double>(E) * f[e] * mean_prob[e];
+  }
+  for (int64_t t = 0; t < N; ++t) result.z_loss += lse[t] * lse[t] / static_cast<double>(N);
+
+  // Capacity, in priority order: every token's first choice, then every second choice, ...
+  const double cf = config.router.capacity_factor;
+  const int64_t capacity =
+      cf > 0 && N > 0 ? static_cast<int64_t>(std::ceil(cf * static_cast<double>(N * k) / E)) : 0;
+  std::vector<std::vector<bool>> kept(N, std::vector<bool>(k, true));
+  std::vector<int64_t> filled(E, 0);
+  for (int64_t j = 0; j < k; ++j)
+    for (int64_t t = 0; t < N; ++t) {
+      int64_t e = choice[t][j];
+      kept[t][j] = capacity == 0 || filled[e] < capacity;
+      if (kept[t][j]) ++filled[e];
+    }
+  result.stats.aux_loss = result.aux_loss;
+  result.stats.z_loss = result.z_loss;
+  result.stats.load = load;
+  result.stats.assignments = N * k;
+  for (int64_t e = 0; e < E; ++e) {
+    result.stats.tokens_per_expert.push_back(static_cast<int32_t>(filled[e]));
+    result.stats.dropped += load[e] - filled[e];
+  }
+
+  // Experts, token by token.
+  auto expert_forward = [&](int64_t e, int64_t t) {
+    ExpertPass p{Vec(F), Vec(F), Vec(F), Vec(D)};
+    for (int64_t i = 0; i < F; ++i) {
+      double s = b1 ? b1[e * F + i] : 0.0;
+      double s3 = 0.0;
+      for (int64_t d = 0; d < D; ++d) {
+        s += w1[(e * F + i) * D + d] * static_cast<double>(xs[t * D + d]);
+        if (swiglu) s3 += w3[(e * F + i) * D + d] * static_cast<double>(xs[t * D + d]);
+      }
+      p.h[i] = s;
+      p.h3[i] = s3;
+      p.a[i] = swiglu ? silu(s) * s3 : gelu(s);
+    }
+    for (int64_t d = 0; d < D; ++d) {
+      double s = b2 ? b2[e * D + d] : 0.0;
+      for (int64_t i = 0; i < F; ++i) s += w2[(e * D + d) * F + i] * p.a[i];
+      p.out[d] = s;
+    }
+    return p;
+  };
+  Vec y(N * D, 0.0);
+  std::vector<std::vector<ExpertPass>> passes(N, std::vector<ExpertPass>(k));
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t j = 0; j < k; ++j) {
+      if (!kept[t][j]) continue;
+      passes[t][j] = expert_forward(choice[t][j], t);
+      for (int64_t d = 0; d < D; ++d) y[t * D + d] += gate[t][j] * passes[t][j].out[d];
+    }
+  result.y = to_tensor(y, {N, D}, "reference.y");
+  if (!dy.defined()) return result;
+
+  // Backward of loss = <dy, y> + aux_scale * aux + z_scale * z.
+  dy.expect_shape({N, D}, "moe_reference dy");
+  const std::vector<float> g = dy.to_vector();
+  Vec dx(N * D, 0.0), dwg(E * D, 0.0), dw1(E * F * D, 0.0), dw2(E * D * F, 0.0),
+      dw3(swiglu ? E * F * D : 0, 0.0), db1(bias ? E * F : 0, 0.0), db2(bias ? E * D : 0, 0.0);
+  for (int64_t t = 0; t < N; ++t) {
+    Vec dgate(k, 0.0);
+    for (int64_t j = 0; j < k; ++j) {
+      if (!kept[t][j]) continue;
+      const int64_t e = choice[t][j];
+      const ExpertPass& p = passes[t][j];
+      Vec dout(D), da(F, 0.0);
+      for (int64_t d = 0; d < D; ++d) {
+        dgate[j] += g[t * D + d] * p.out[d];
+        dout[d] = gate[t][j] * g[t * D + d];
+        if (bias) db2[e * D + d] += dout[d];
+        for (int64_t i = 0; i < F; ++i) {
+          dw2[(e * D + d) * F + i] += dout[d] * p.a[i];
+          da[i] += w2[(e * D + d) * F + i] * dout[d];
+        }
+      }
+      for (int64_t i = 0; i < F; ++i) {
+        double dh = swiglu ? da[i] * p.h3[i] * silu_derivative(p.h[i]) : da[i] * gelu_derivative(p.h[i]);
+        double dh3 = swiglu ? da[i] * silu(p.h[i]) : 0.0;
+        if (bias) db1[e * F + i] += dh;
+        for (int64_t d = 0; d < D; ++d) {
+          dw1[(e * F + i) * D + d] += dh * xs[t * D + d];
+          dx[t * D + d] += w1[(e * F + i) * D + d] * dh;
+          if (swiglu) {
+            dw3[(e * F + i) * D + d] += dh3 * xs[t * D + d];
+            dx[t * D + d] += w3[(e * F + i) * D + d] * dh3;
+          }
+        }
+      }
+    }
+    // Router: d loss / d probs of this token, then through the softmax.
+    Vec dp(E);
+    for (int64_t e = 0; e < E; ++e) dp[e] = aux_scale * E * f[e] / static_cast<double>(N);
+    if (config.router.normalize_topk) {
+      double s = 0, mean = 0;
+      for (int64_t j = 0; j < k; ++j) s += probs[t][choice[t][j]];
+      for (int64_t j = 0; j < k; ++j) mean += dgate[j] * gate[t][j];
+      for (int64_t j = 0; j < k; ++j) dp[choice[t][j]] += (dgate[j] - mean) / s;
+    } else {
+      for (int64_t j = 0; j < k; ++j) dp[choice[t][j]] += dgate[j];
+    }
+    double pdp = 0;
+    for (int64_t e = 0; e < E; ++e) pdp += probs[t][e] * dp[e];
+    for (int64_t e = 0; e < E; ++e) {
+      double dlogit = probs[t][e] * (dp[e] - pdp) +
+                      z_scale * 2.0 * lse[t] / static_cast<double>(N) * probs[t][e];
+      for (int64_t d = 0; d < D; ++d) {
+        dwg[e * D + d] += dlogit * xs[t * D + d] * noise[t * D + d];
+        dx[t * D + d] += dlogit * wg[e * D + d] * noise[t * D + d];
+      }
+    }
+  }
+  result.dx = to_tensor(dx, {N, D}, "reference.dx");
+  result.grads[rname] = to_tensor(dwg, {E, D}, rname);
+  result.grads[ename + ".w1"] = to_tensor(dw1, {E, F, D}, ename + ".w1");
+  result.grads[ename + ".w2"] = to_tensor(dw2, {E, D, F}, ename + ".w2");
+  if (swiglu) result.grads[ename + ".w3"] = to_tensor(dw3, {E, F, D}, ename + ".w3");
+  if (bias) {
+    result.grads[ename + ".b1"] = to_tensor(db1, {E, F}, ename + ".b1");
+    result.grads[ename + ".b2"] = to_tensor(db2, {E, D}, ename + ".b2");
+  }
+  return result;
+}
+
+}  // namespace moe::nn

@@ -1,0 +1,89 @@
+// Router forward/backward (see moe/nn/router.h).
+// Shapes: N tokens, D model width, E experts, k experts per token, M kept assignments.
+#include "moe/nn/router.h"
+
+#include <cmath>
+
+#include "moe/ops/core.h"
+#include "moe/ops/moe.h"
+#include "moe/rng.h"
+
+namespace moe::nn {
+
+uint64_t router_jitter_key(const RouterStep& step) {
+  return rng_key(step.seed, {hash_name("router.jitter"), static_cast<uint64_t>(step.step),
+                             static_cast<uint64_t>(step.layer)});
+}
+
+int64_t router_capacity(float capacity_factor, int64_t num_tokens, int64_t top_k,
+                        int64_t num_experts) {
+  if (capacity_factor <= 0.0f || num_tokens == 0) return 0;
+  double c = std::ceil(static_cast<double>(capacity_factor) * static_cast<double>(num_tokens) *
+                       static_cast<double>(top_k) / static_cast<double>(num_experts));
+  return std::max<int64_t>(1, static_cast<int64_t>(c));
+}
+
+Router::Router(ParamSet& ps, const std::string& prefix, const RouterConfig& config)
+    : config_(config) {
+  MOE_USAGE_CHECK(config.d_model > 0 && config.num_experts > 0,
+                  "router ", prefix, ": d_model and num_experts must be positive (got ",
+                  config.d_model, ", ", config.num_experts, ")");
+  MOE_USAGE_CHECK(config.top_k >= 1 && config.top_k <= config.num_experts, "router ", prefix,
+                  ": top_k ", config.top_k, " must be in [1, num_experts = ", config.num_experts,
+                  "]");
+  MOE_USAGE_CHECK(config.jitter >= 0.0f && config.jitter < 1.0f, "router ", prefix, ": jitter ",
+                  config.jitter, " must be in [0, 1)");
+  MOE_USAGE_CHECK(config.capacity_factor >= 0.0f, "router ", prefix, ": capacity_factor ",
+                  config.capacity_factor, " is negative");
+  weight_ = &ps.add(prefix + ".weight", {config.num_experts, config.d_model},
+                    Init::normal(config.init_std));
+}
+
+RouterOutput Router::forward(const Tensor& x, const RouterStep& step) const {
+  MOE_CHECK(x.ndim() == 2 && x.dim(1) == config_.d_model, "router ", weight_->name,
+            ": input ", x.describe(), " expected [N,", config_.d_model, "]");
+  x.expect_dtype(DType::f32, "router input");
+  const int64_t tokens = x.dim(0), experts = config_.num_experts, k = config_.top_k;
+  RouterOutput out;
+  if (step.training && config_.jitter > 0.0f) {
+    out.jitter_noise = Tensor::empty(x.shape()).set_name("router.jitter_noise");
+    out.routed_input = Tensor::empty(x.shape()).set_name("router.routed_input");
+    ops::router_jitter(x, config_.jitter, router_jitter_key(step), out.jitter_noise,
+                       out.routed_input);
+  } else {
+    out.routed_input = x;
+  }
+  out.logits = Tensor::empty({tokens, experts}).set_name("router.logits");
+  ops::gemm(out.routed_input, false, weight_->w(), true, out.logits);
+  out.probs = Tensor::empty({tokens, experts}).set_name("router.probs");
+  out.lse = Tensor::empty({tokens}).set_name("router.lse");
+  ops::router_softmax(out.logits, out.probs, out.lse);
+  out.topk_idx = Tensor::empty({tokens, k}, DType::i32).set_name("router.topk_idx");
+  out.topk_weight = Tensor::empty({tokens, k}).set_name("router.topk_weight");
+  ops::router_topk(out.probs, k, config_.normalize_topk, out.topk_idx, out.topk_weight);
+  out.load = ops::router_load(out.topk_idx, experts);
+  out.aux_loss = ops::router_aux_loss(out.probs, out.load, k);
+  out.z_loss = ops::router_z_loss(out.lse);
+  out.plan = make_plan(out.topk_idx, out.topk_weight, experts,
+                       router_capacity(config_.capacity_factor, tokens, k, experts));
+  return out;
+}
+
+Tensor Router::backward(const Tensor& dweight_of_slot, const RouterOutput& out, const Tensor& x,
+                        float aux_scale, float z_scale) {
+  const int64_t tokens = out.probs.dim(0), experts = config_.num_experts, k = config_.top_k;
+  x.expect_shape({tokens, config_.d_model}, "router backward x");
+  dweight_of_slot.expect_shape({out.plan.num_slots()}, "router backward dweight_of_slot");
+  Tensor dtopk = Tensor::empty({tokens, k}).set_name("router.dtopk_weight");
+  ops::slot_to_choice(dweight_of_slot, out.plan.slot_of, dtopk);
+  Tensor dlogits = Tensor::empty({tokens, experts}).set_name("router.dlogits");
+  ops::router_backward(out.probs, out.lse, out.topk_idx, dtopk, config_.normalize_topk, out.load,
+                       aux_scale, z_scale, dlogits);
+  ops::gemm(dlogits, true, out.routed_input, false, weight_->grad, 1.0f, 1.0f);
+  Tensor dx = Tensor::empty({tokens, config_.d_model}).set_name("router.dx");
+  ops::gemm(dlogits, false, weight_->w(), false, dx);
+  if (out.jitter_noise.defined()) ops::router_jitter_backward(out.jitter_noise, dx);
+  return dx;
+}
+
+}  // namespace moe::nn

@@ -1,0 +1,97 @@
+#include "moe/optim/adamw.h"
+
+#include <cmath>
+#include <map>
+
+#include "kernels/adamw.h"
+#include "moe/ops/core.h"
+
+namespace moe::optim {
+
+AdamW::AdamW(ParamSet& params, const AdamWConfig& config) : params_(params), config_(config) {
+  for (Param* p : params.all()) {
+    Slot s;
+    s.param = p;
+    s.master = p->value.dtype() == DType::f32 ? p->value : p->value.to(DType::f32);
+    s.m = Tensor::zeros(p->value.shape());
+    s.v = Tensor::zeros(p->value.shape());
+    slots_.push_back(std::move(s));
+  }
+}
+
+void AdamW::step(float lr) {
+  ++t_;
+  kernels::AdamWScalars base{lr, config_.beta1, config_.beta2, config_.eps, 0.0f,
+                             1.0f - std::pow(config_.beta1, static_cast<float>(t_)),
+                             1.0f - std::pow(config_.beta2, static_cast<float>(t_))};
+  for (Slot& s : slots_) {
+    kernels::AdamWScalars sc = base;
+    sc.weight_decay = s.param->decay ? config_.weight_decay : 0.0f;
+    float* master = s.master.data<float>();
+    float* m = s.m.data<float>();
+    float* v = s.v.data<float>();
+    const float* g = s.param->grad.data<float>();
+    int64_t n = s.master.numel();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) kernels::adamw_update(master[i], m[i], v[i], g[i], sc);
+    if (s.master.raw() != s.param->value.raw()) s.param->value.copy_from(s.master);
+    s.param->refresh_compute();
+  }
+}
+
+std::vector<OptimizerTensor> AdamW::state() const {
+  std::vector<OptimizerTensor> out;
+  for (const Slot& s : slots_) {
+    out.push_back({"adam.m." + s.param->name, s.m, s.param->expert});
+    out.push_back({"adam.v." + s.param->name, s.v, s.param->expert});
+    if (s.master.raw() != s.param->value.raw())
+      out.push_back({"master." + s.param->name, s.master, s.param->expert});
+  }
+  return out;
+}
+
+void AdamW::load_state(const std::vector<OptimizerTensor>& tensors, int64_t steps_taken) {
+  std::map<std::string, const Tensor*> by_name;
+  for (const OptimizerTensor& t : tensors) by_name[t.name] = &t.tensor;
+  auto restore = [&](const std::string& name, Tensor& into) {
+    auto it = by_name.find(name);
+    MOE_CHECK(it != by_name.end(), "optimizer state: missing tensor '", name, "'");
+    MOE_CHECK(it->second->shape() == into.shape() && it->second->dtype() == DType::f32,
+              "optimizer state: ", it->second->describe(), " does not match ", into.describe(),
+              " for '", name, "'");
+    into.copy_from(*it->second);
+  };
+  for (Slot& s : slots_) {
+    restore("adam.m." + s.param->name, s.m);
+    restore("adam.v." + s.param->name, s.v);
+    if (s.master.raw() != s.param->value.raw()) restore("master." + s.param->name, s.master);
+  }
+  t_ = steps_taken;
+}
+
+double clip_grad_norm(ParamSet& params, double max_norm) {
+  double sum = 0;
+  for (const Param* p : std::as_const(params).all()) sum += ops::sum_squares(p->grad);
+  double norm = std::sqrt(sum);
+  if (max_norm > 0 && norm > max_norm) {
+    float scale = static_cast<float>(max_norm / (norm + 1e-6));
+    for (Param* p : params.all()) {
+      float* g = p->grad.data<float>();
+      int64_t n = p->grad.numel();
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i) g[i] *= scale;
+    }
+  }
+  return norm;
+}
+
+float lr_at(int64_t step, int64_t total, int64_t warmup, float lr, float min_lr) {
+  if (warmup > 0 && step < warmup)
+    return lr * static_cast<float>(step + 1) / static_cast<float>(warmup);
+  int64_t decay_steps = std::max<int64_t>(1, total - warmup);
+  double progress = std::min(1.0, static_cast<double>(step - warmup) / static_cast<double>(decay_steps));
+  double cosine = 0.5 * (1.0 + std::cos(M_PI * progress));
+  return static_cast<float>(min_lr + (lr - min_lr) * cosine);
+}
+
+}  // namespace moe::optim

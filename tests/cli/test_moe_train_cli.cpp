@@ -1,0 +1,159 @@
+// moe-train as a user runs it: flags, outputs, exit codes, bad input, exact resume.
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "moe/io/checkpoint.h"
+#include "support/run.h"
+
+using namespace moe;
+using test::run_command;
+
+namespace {
+
+const std::string kTiny =
+    " --layers 2 --d-model 16 --heads 2 --d-ff 32 --seq 16 --experts 4 --moe-every 1 --batch 4"
+    " --eval-batches 2 --threads 2";
+
+std::string train(const std::string& args) { return test::tool_path("moe-train") + " " + args; }
+
+}  // namespace
+
+TEST_CASE("cli: moe-train --help documents every flag; --version answers", "[cli]") {
+  auto r = run_command(train("--help"));
+  REQUIRE(r.exit_code == 0);
+  for (const char* flag :
+       {"--data", "--val", "--out", "--resume", "--arch", "--layers", "--d-model", "--heads", "--kv-heads",
+        "--d-ff", "--seq", "--experts", "--experts-per-layer", "--moe-every", "--top-k",
+        "--capacity-factor", "--aux-loss-coef", "--z-loss-coef", "--residual-moe", "--batch", "--steps",
+        "--lr", "--warmup", "--weight-decay", "--clip", "--dtype", "--checkpoint-every", "--eval-every",
+        "--metrics", "--threads", "--seed", "--config", "--verbose", "--quiet", "--version"}) {
+    INFO(flag);
+    REQUIRE(r.out.find(flag) != std::string::npos);
+  }
+  auto v = run_command(train("--version"));
+  REQUIRE(v.exit_code == 0);
+  REQUIRE(v.out.find("moe-train 0.") != std::string::npos);
+}
+
+TEST_CASE("cli: moe-train with only --data and --out trains the default model", "[cli]") {
+  test::ScratchDir dir("cli-default");
+  // The embedded default with a short run: nothing but the two required flags and a step count.
+  auto r = run_command(train("--data " + test::fortunes_path("linux") + " --out " + dir.path() + " --steps 2"));
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  REQUIRE(std::filesystem::exists(dir / "step-00000002.h5"));
+  REQUIRE(std::filesystem::read_symlink(dir / "last.h5") == "step-00000002.h5");
+  REQUIRE(r.err.find("step 2/2") != std::string::npos);
+  REQUIRE(r.err.find("load max/mean") != std::string::npos);
+  REQUIRE(r.err.find("tok/s") != std::string::npos);
+  REQUIRE(r.err.find("val ") != std::string::npos);
+  io::Checkpoint c = io::load_checkpoint(dir / "last.h5");
+  REQUIRE(c.model_config["arch"] == "gpt");
+  REQUIRE(c.provenance.tool == "moe-train");
+  REQUIRE(c.provenance.argv.find("--steps 2") != std::string::npos);
+}
+
+TEST_CASE("cli: --metrics writes JSON lines with the contract's keys", "[cli]") {
+  test::ScratchDir dir("cli-metrics");
+  auto r = run_command(train("--data " + test::fortunes_path("linux") + " --out " + dir.path() +
+                             kTiny + " --steps 4 --log-every 2 --eval-every 4 --capacity-factor 1 --metrics -"));
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  std::vector<nlohmann::json> lines;
+  size_t start = 0;
+  while (start < r.out.size()) {
+    size_t end = r.out.find('\n', start);
+    lines.push_back(nlohmann::json::parse(r.out.substr(start, end - start)));
+    start = end + 1;
+  }
+  REQUIRE(lines.size() == 2);  // steps 2 and 4
+  for (const char* key : {"step", "loss", "lr", "tokens_per_s", "aux_loss", "z_loss",
+                          "expert_load_max_over_mean", "dropped_fraction"})
+    REQUIRE(lines[0].contains(key));
+  REQUIRE(lines[0]["expert_load_max_over_mean"].size() == 2);
+  REQUIRE(!lines[0].contains("val_loss"));
+  REQUIRE(lines[1].contains("val_loss"));
+  REQUIRE(lines[1]["step"] == 4);
+}
+
+TEST_CASE("cli: resuming from a checkpoint continues exactly", "[cli]") {
+  test::ScratchDir a("cli-resume-a"), b("cli-resume-b");
+  std::string data = " --data " + test::fortunes_path("linux");
+  auto r1 = run_command(train(data + " --out " + a.path() + kTiny + " --steps 6 --checkpoint-every 3 --arch mixtral --kv-heads 1"));
+  REQUIRE(r1.exit_code == 0);
+  // Model flags come from the checkpoint; the data path too.
+  auto r2 = run_command(train("--resume " + a / "step-00000003.h5" + " --out " + b.path() + " --steps 6 --threads 2"));
+  INFO(r2.err);
+  REQUIRE(r2.exit_code == 0);
+  io::Checkpoint x = io::load_checkpoint(a / "step-00000006.h5");
+  io::Checkpoint y = io::load_checkpoint(b / "step-00000006.h5");
+  REQUIRE(x.params.size() == y.params.size());
+  for (size_t i = 0; i < x.params.size(); ++i)
+    REQUIRE(std::memcmp(x.params[i].tensor.raw(), y.params[i].tensor.raw(), x.params[i].tensor.nbytes()) == 0);
+  for (size_t i = 0; i < x.optim.size(); ++i)
+    REQUIRE(std::memcmp(x.optim[i].tensor.raw(), y.optim[i].tensor.raw(), x.optim[i].tensor.nbytes()) == 0);
+  // A model flag contradicting the checkpoint is a usage error.
+  auto r3 = run_command(train("--resume " + a / "step-00000003.h5" + " --out " + b.path() + " --d-model 32"));
+  REQUIRE(r3.exit_code == 2);
+  REQUIRE(r3.err.find("moe-train: error: --d-model 32 contradicts the checkpoint") != std::string::npos);
+}
+
+TEST_CASE("cli: bad input gives a clear error and exit code 1 or 2", "[cli]") {
+  test::ScratchDir dir("cli-bad");
+  std::string out = " --out " + dir / "run";
+  std::string data = " --data " + test::fortunes_path("linux");
+  test::write_file(dir / "empty.txt", "");
+
+  struct Case {
+    std::string args;
+    int code;
+    std::string message;
+  };
+  std::vector<Case> cases = {
+      {"--data " + dir / "missing.txt" + out, 1, "missing.txt"},
+      {"--data " + dir / "empty.txt" + out, 1, "empty.txt"},
+      {data + out + " --top-k 5 --experts 4", 2, "--top-k 5 is larger than the 4 experts"},
+      {data + out + " --heads 3 --d-model 16", 2, "--heads 3 does not divide --d-model 16"},
+      {data + out + " --kv-heads 3 --heads 4 --arch mixtral", 2, "--kv-heads 3 does not divide --heads 4"},
+      {data + out + " --experts-per-layer 4,4,4", 2, "--experts-per-layer has 3 entries"},
+      {data + out + " --dtype f64", 2, "--dtype"},
+      {data, 2, "--out"},
+      {out, 2, "--data is required"},
+      {data + out + " --no-such-flag", 2, "no-such-flag"},
+      {data + out + " --resume " + dir / "missing.h5", 1, "missing.h5"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.args);
+    auto r = run_command(train(c.args));
+    INFO(r.err);
+    REQUIRE(r.exit_code == c.code);
+    REQUIRE(r.err.find("moe-train: error: ") != std::string::npos);
+    REQUIRE(r.err.find(c.message) != std::string::npos);
+    REQUIRE(r.err.find("terminate") == std::string::npos);
+  }
+}
+
+TEST_CASE("cli: a damaged or foreign checkpoint is refused and the previous one stays intact", "[cli]") {
+  test::ScratchDir dir("cli-damaged");
+  std::string data = " --data " + test::fortunes_path("linux");
+  auto r = run_command(train(data + " --out " + dir.path() + kTiny + " --steps 2"));
+  REQUIRE(r.exit_code == 0);
+  std::string good = test::read_file(dir / "step-00000002.h5");
+
+  test::write_file(dir / "truncated.h5", good.substr(0, good.size() / 2));
+  test::write_file(dir / "notes.h5", "this is not a checkpoint\n");
+  for (const char* bad : {"truncated.h5", "notes.h5"}) {
+    INFO(bad);
+    auto e = run_command(train("--resume " + dir / bad + " --out " + dir.path() + " --steps 4"));
+    REQUIRE(e.exit_code == 1);
+    REQUIRE(e.err.find("moe-train: error: ") != std::string::npos);
+    REQUIRE(e.err.find(bad) != std::string::npos);
+  }
+  // A run that fails (here: a flag contradicting the checkpoint) leaves the output untouched.
+  auto e = run_command(train("--resume " + dir / "last.h5" + " --out " + dir.path() + " --steps 4 --layers 3"));
+  REQUIRE(e.exit_code == 2);
+  REQUIRE(test::read_file(dir / "step-00000002.h5") == good);
+  REQUIRE(std::filesystem::read_symlink(dir / "last.h5") == "step-00000002.h5");
+}

@@ -1,0 +1,66 @@
+#include "support/run.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "moe/error.h"
+
+namespace moe::test {
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << bytes;
+  MOE_CHECK(out.good(), "cannot write ", path);
+}
+
+RunResult run_command(const std::string& command) {
+  static int counter = 0;
+  std::string base = std::filesystem::temp_directory_path().string() + "/moe-test-" +
+                     std::to_string(::getpid()) + "-" + std::to_string(counter++);
+  std::string full = "(" + command + ") >" + base + ".out 2>" + base + ".err </dev/null";
+  int status = std::system(full.c_str());
+  RunResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = read_file(base + ".out");
+  r.err = read_file(base + ".err");
+  std::filesystem::remove(base + ".out");
+  std::filesystem::remove(base + ".err");
+  return r;
+}
+
+std::string tool_path(const std::string& tool) {
+  const char* dir = std::getenv("MOE_BIN_DIR");
+  return std::string(dir ? dir : MOE_TEST_BIN_DIR) + "/" + tool;
+}
+
+ScratchDir::ScratchDir(const std::string& name) {
+  path_ = std::filesystem::temp_directory_path().string() + "/moe-scratch-" + name + "-" +
+          std::to_string(::getpid());
+  std::filesystem::remove_all(path_);
+  std::filesystem::create_directories(path_);
+}
+
+ScratchDir::~ScratchDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+std::string fortunes_path(const std::string& name) {
+  std::string path = "/usr/share/games/fortunes/" + name;
+  MOE_CHECK(std::filesystem::exists(path), path,
+            " is missing: install Debian's `fortunes` package (scripts/setup does)");
+  return path;
+}
+
+}  // namespace moe::test

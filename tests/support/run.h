@@ -1,0 +1,33 @@
+// Test helpers for running the tools as a user would, and for scratch directories and corpora.
+#pragma once
+#include <string>
+
+namespace moe::test {
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+// Runs `command` through /bin/sh, capturing stdout and stderr.
+RunResult run_command(const std::string& command);
+// Path of a built tool ("moe-train"), from MOE_BIN_DIR.
+std::string tool_path(const std::string& tool);
+// A fresh empty directory under the build tree, removed when the object dies.
+class ScratchDir {
+ public:
+  explicit ScratchDir(const std::string& name);
+  ~ScratchDir();
+  const std::string& path() const { return path_; }
+  std::string operator/(const std::string& file) const { return path_ + "/" + file; }
+
+ private:
+  std::string path_;
+};
+// A real English text from Debian's `fortunes` package (`name` is a file of
+// /usr/share/games/fortunes); fails the test clearly when the package is missing.
+std::string fortunes_path(const std::string& name = "computers");
+std::string read_file(const std::string& path);
+void write_file(const std::string& path, const std::string& bytes);
+
+}  // namespace moe::test

@@ -1,0 +1,138 @@
+#include "cli.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "moe/log.h"
+#include "moe/threads.h"
+#include "moe/version.h"
+
+namespace moe::tools {
+
+void add_common_options(CLI::App& app, CommonOptions& o, const std::string& tool) {
+  app.set_version_flag("--version", std::string(tool) + " " + moe::version() + " (git " +
+                                        moe::git_revision() + ")");
+  app.set_config("--config", "", "Read flags from a TOML/INI file (CLI11 format: key = value)");
+  app.add_option("--threads", o.threads, "CPU threads for BLAS and OpenMP (0 = all cores)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--seed", o.seed, "Seed of every random number (init, data order, router jitter)")
+      ->capture_default_str();
+  app.add_flag("-v,--verbose", o.verbose, "More log output (repeat for debug)");
+  app.add_flag("-q,--quiet", o.quiet, "Only errors on stderr");
+}
+
+void apply_common_options(const CommonOptions& o) {
+  if (o.quiet)
+    set_log_level(LogLevel::error);
+  else if (o.verbose > 0)
+    set_log_level(LogLevel::debug);
+  if (o.threads > 0) set_num_threads(o.threads);
+}
+
+int run_tool(const std::string& tool, CLI::App& app, int argc, char** argv,
+             const std::function<int()>& body) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "%s: error: %s\nRun '%s --help' for the flags.\n", tool.c_str(), e.what(),
+                 tool.c_str());
+    return 2;
+  }
+  try {
+    return body();
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "%s: error: %s\n", tool.c_str(), e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: error: %s\n", tool.c_str(), e.what());
+    return 1;
+  }
+}
+
+Progress::Progress(bool quiet) : quiet_(quiet), tty_(::isatty(STDERR_FILENO) == 1) {}
+
+void Progress::live(const std::string& text) {
+  if (quiet_ || !tty_) return;
+  std::string padded = text;
+  if (padded.size() < last_width_) padded.append(last_width_ - padded.size(), ' ');
+  std::fprintf(stderr, "\r%s", padded.c_str());
+  std::fflush(stderr);
+  last_width_ = text.size();
+}
+
+void Progress::line(const std::string& text) {
+  if (quiet_) return;
+  if (tty_ && last_width_) {
+    std::fprintf(stderr, "\r%s\r", std::string(last_width_, ' ').c_str());
+    last_width_ = 0;
+  }
+  std::fprintf(stderr, "%s\n", text.c_str());
+  std::fflush(stderr);
+}
+
+void Progress::finish() {
+  if (!quiet_ && tty_ && last_width_) {
+    std::fprintf(stderr, "\n");
+    last_width_ = 0;
+  }
+}
+
+OutputStream::OutputStream(const std::string& path) : path_(path) {
+  if (path == "-") {
+    file_ = stdout;
+  } else {
+    file_ = std::fopen(path.c_str(), "w");
+    if (!file_) throw Error(str("cannot open '", path, "' for writing: ", std::strerror(errno)));
+    owned_ = true;
+  }
+}
+
+OutputStream::~OutputStream() {
+  if (owned_ && file_) std::fclose(file_);
+}
+
+void OutputStream::write_line(const std::string& line) {
+  if (std::fputs(line.c_str(), file_) < 0 || std::fputc('\n', file_) == EOF)
+    throw Error(str("writing '", path_, "': ", std::strerror(errno)));
+  std::fflush(file_);
+}
+
+void OutputStream::close() {
+  if (!file_) return;
+  bool failed = std::fflush(file_) != 0 || std::ferror(file_);
+  if (owned_) failed = std::fclose(file_) != 0 || failed;
+  file_ = nullptr;
+  if (failed) throw Error(str("writing '", path_ == "-" ? "stdout" : path_, "' did not complete"));
+}
+
+std::string format_duration(double seconds) {
+  long s = static_cast<long>(seconds + 0.5);
+  char buf[32];
+  if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%ld:%02ld", s / 60, s % 60);
+  return buf;
+}
+
+std::string format_rate(double v) {
+  char buf[32];
+  if (v >= 1e6)
+    std::snprintf(buf, sizeof buf, "%.2fM", v / 1e6);
+  else if (v >= 1e3)
+    std::snprintf(buf, sizeof buf, "%.1fk", v / 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+  return buf;
+}
+
+}  // namespace moe::tools

@@ -1,0 +1,59 @@
+// What every moe tool shares: common flags, error/exit handling, provenance, progress lines.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <string>
+
+#include "moe/io/checkpoint.h"
+
+namespace moe::tools {
+
+struct CommonOptions {
+  int threads = 0;      // 0 = OpenMP default
+  uint64_t seed = 1234;
+  int verbose = 0;
+  bool quiet = false;
+};
+
+// --version, --threads, --seed, --config, -v/--verbose, -q/--quiet.
+void add_common_options(CLI::App& app, CommonOptions& options, const std::string& tool);
+// Log level and thread count from the parsed options.
+void apply_common_options(const CommonOptions& options);
+
+// Parses and runs `body`; prints "moe-<tool>: error: ..." and returns the exit code:
+// 0 success (and --help/--version), 1 runtime error, 2 usage error.
+int run_tool(const std::string& tool, CLI::App& app, int argc, char** argv,
+             const std::function<int()>& body);
+
+// Status line on stderr: rewritten in place on a terminal, one line per call otherwise.
+class Progress {
+ public:
+  explicit Progress(bool quiet);
+  void live(const std::string& line);     // on a terminal only
+  void line(const std::string& line);     // always (unless quiet)
+  void finish();
+  bool is_terminal() const { return tty_; }
+
+ private:
+  bool quiet_, tty_;
+  size_t last_width_ = 0;
+};
+
+// Writes to stdout or a file ("-" = stdout); checks the write completed.
+class OutputStream {
+ public:
+  explicit OutputStream(const std::string& path);
+  ~OutputStream();
+  void write_line(const std::string& line);
+  void close();  // throws when the data did not all reach the file
+
+ private:
+  std::string path_;
+  std::FILE* file_ = nullptr;
+  bool owned_ = false;
+};
+
+std::string format_duration(double seconds);   // "1:02:03" / "2:03"
+std::string format_rate(double per_second);    // "12.3k"
+
+}  // namespace moe::tools

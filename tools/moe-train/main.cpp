@@ -1,0 +1,167 @@
+// moe-train: train an MoE transformer language model. All the work is libmoe's train::Trainer.
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "moe/io/checkpoint.h"
+#include "moe/log.h"
+#include "moe/threads.h"
+#include "options.h"
+
+using namespace moe;
+using nlohmann::json;
+
+namespace {
+
+std::string join_loads(const std::vector<double>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "%s%.2f", i ? " " : "", v[i]);
+    s += buf;
+  }
+  return s;
+}
+
+// Model config for this run: from the flags, or from the checkpoint when resuming (flags given
+// explicitly must then agree with it).
+ModelConfig resolve_model(tools::TrainOptions& o, const io::Checkpoint* resume) {
+  ModelConfig m = o.model;
+  m.arch = parse_arch(o.arch);
+  m.dtype = parse_dtype(o.dtype);
+  m.normalize_topk = o.normalize_topk == "auto" ? flavour_of(m).normalize_topk : o.normalize_topk == "on";
+  if (!resume) {
+    m.resolve();
+    return m;
+  }
+  ModelConfig saved = model_config_from_json(resume->model_config);
+  bool explicit_flags = false;
+  for (CLI::Option* opt : o.model_flags) explicit_flags |= opt->count() > 0;
+  if (explicit_flags) {
+    m.resolve();
+    json a = to_json(m), b = to_json(saved);
+    for (CLI::Option* opt : o.model_flags) {
+      if (!opt->count()) continue;
+      std::string key = opt->get_name().substr(2);
+      for (char& c : key)
+        if (c == '-') c = '_';
+      if (key == "vocab") key = "vocab_size";
+      if (a.contains(key) && a[key] != b[key])
+        throw UsageError(str("--", opt->get_name().substr(2), " ", a[key].dump(), " contradicts the checkpoint's ",
+                             b[key].dump(), " (a resumed run keeps its model)"));
+    }
+  }
+  return saved;
+}
+
+int run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv) {
+  tools::apply_common_options(o.common);
+  std::unique_ptr<io::Checkpoint> resume;
+  train::TrainConfig tc = o.train;
+  tc.seed = o.common.seed;
+  if (!o.resume.empty()) {
+    resume = std::make_unique<io::Checkpoint>(io::load_checkpoint(o.resume));
+    // The checkpoint's training config, overridden by flags given now.
+    train::TrainConfig given = tc;
+    tc = train::train_config_from_json(resume->train_config);
+    json now = train::to_json(given), merged = train::to_json(tc);
+    for (CLI::Option* opt : o.train_flags) {
+      if (!opt->count()) continue;
+      std::string key = opt->get_name().substr(2);
+      for (char& c : key)
+        if (c == '-') c = '_';
+      if (now.contains(key)) merged[key] = now[key];
+    }
+    CLI::Option* seed = app.get_option("--seed");
+    if (seed->count() && given.seed != tc.seed)
+      throw UsageError(str("--seed ", given.seed, " contradicts the checkpoint's seed ", tc.seed));
+    tc = train::train_config_from_json(merged, tc);
+  }
+  if (tc.data.empty()) throw UsageError("--data is required (the text or token file to train on)");
+
+  ModelConfig mc = resolve_model(o, resume.get());
+  bool token_file = tc.data_format == "u16" || tc.data_format == "u32" ||
+                    (tc.data_format == "auto" && (tc.data.ends_with(".u16") || tc.data.ends_with(".u32")));
+  if (!resume && token_file && !app.get_option("--vocab")->count()) mc.vocab_size = 0;  // from the data
+
+  train::Trainer trainer(mc, tc, io::make_provenance("moe-train", argc, argv));
+  if (resume) {
+    trainer.restore(*resume);
+    MOE_LOG_INFO("resumed from ", o.resume, " at step ", trainer.steps_done());
+    resume.reset();
+  }
+  const ModelConfig& model = trainer.model_config();
+  MOE_LOG_INFO("model: ", arch_name(model.arch), ", ", model.layers, " layers (", model.num_moe_layers(),
+               " MoE), d_model ", model.d_model, ", ", trainer.params().numel(), " parameters (",
+               trainer.model().active_params_per_token(), " active per token), dtype ", dtype_name(model.dtype));
+  MOE_LOG_INFO("data: ", trainer.train_tokens(), " training tokens, ", trainer.val_tokens(),
+               " validation tokens; ", num_threads(), " threads");
+
+  std::unique_ptr<tools::OutputStream> metrics;
+  if (!o.metrics.empty()) metrics = std::make_unique<tools::OutputStream>(o.metrics);
+  tools::Progress progress(o.common.quiet);
+
+  double elapsed = 0, ema_rate = 0;
+  int64_t first_step = trainer.steps_done();
+  std::string last_saved;
+  while (trainer.steps_done() < tc.steps) {
+    train::StepStats s = trainer.step();
+    elapsed += s.seconds;
+    double rate = static_cast<double>(s.tokens) / std::max(s.seconds, 1e-9);
+    ema_rate = ema_rate == 0 ? rate : 0.9 * ema_rate + 0.1 * rate;
+    bool last = s.step == tc.steps;
+    bool do_eval = last || (o.eval_every > 0 && s.step % o.eval_every == 0);
+    double val = do_eval ? trainer.evaluate() : NAN;
+    double eta = elapsed / static_cast<double>(s.step - first_step) * static_cast<double>(tc.steps - s.step);
+    char head[160];
+    std::snprintf(head, sizeof head, "step %lld/%lld | loss %.4f | aux %.4f | lr %.2e | %s tok/s | ETA %s",
+                  static_cast<long long>(s.step), static_cast<long long>(tc.steps), s.forward.loss,
+                  s.forward.aux_loss, s.lr, tools::format_rate(ema_rate).c_str(),
+                  tools::format_duration(eta).c_str());
+    std::string text = head;
+    if (do_eval) text += str(" | val ", std::round(val * 1e4) / 1e4);
+    if (!s.load_max_over_mean.empty())
+      text += " | load max/mean " + join_loads(s.load_max_over_mean) +
+              str(" | dropped ", std::round(s.dropped_fraction * 1e4) / 1e2, "%");
+    if (do_eval || s.step % o.log_every == 0 || s.step == first_step + 1)
+      progress.line(text);
+    else
+      progress.live(text);
+    if (metrics && (do_eval || s.step % o.log_every == 0)) {
+      json j{{"step", s.step},
+             {"loss", s.forward.loss},
+             {"lr", s.lr},
+             {"tokens_per_s", rate},
+             {"aux_loss", s.forward.aux_loss},
+             {"z_loss", s.forward.z_loss},
+             {"expert_load_max_over_mean", s.load_max_over_mean},
+             {"dropped_fraction", s.dropped_fraction},
+             {"grad_norm", s.grad_norm},
+             {"tokens_seen", trainer.tokens_seen()}};
+      if (do_eval) j["val_loss"] = val;
+      metrics->write_line(j.dump());
+    }
+    if (last || (o.checkpoint_every > 0 && s.step % o.checkpoint_every == 0)) {
+      last_saved = trainer.save(o.out);
+      MOE_LOG_INFO("checkpoint ", last_saved);
+    }
+  }
+  progress.finish();
+  if (metrics) metrics->close();
+  if (last_saved.empty()) {
+    MOE_LOG_WARN("nothing to do: the checkpoint is already at step ", trainer.steps_done(), " of --steps ",
+                 tc.steps);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"moe-train: train a Mixture-of-Experts transformer language model on text or token files.\n"
+               "Writes DIR/step-<8 digits>.h5 checkpoints and keeps DIR/last.h5 pointing at the newest.",
+               "moe-train"};
+  tools::TrainOptions options;
+  tools::add_train_options(app, options);
+  return tools::run_tool("moe-train", app, argc, argv, [&] { return run(options, app, argc, argv); });
+}
