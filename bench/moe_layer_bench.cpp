@@ -24,6 +24,10 @@
 #include "moe/threads.h"
 #include "moe/timer.h"
 
+// OpenBLAS's build description, when the CBLAS in use is OpenBLAS (weak: any CBLAS links).
+extern "C" char* openblas_get_config() __attribute__((weak));
+extern "C" int openblas_get_parallel() __attribute__((weak));
+
 using namespace moe;
 using namespace moe::nn;
 
@@ -53,7 +57,7 @@ struct MoERow {
 };
 
 void usage(std::ostream& os) {
-  os << "usage: moe-bench [--quick] [--json] [--threads N] [--min-time SECONDS]\n"
+  os << "usage: moe-bench [--quick] [--json] [--threads N] [--min-time SECONDS] [--shape D,E,k,N]\n"
         "  MoE layer (gpt flavour, F = 4D, dropless) forward+backward tokens/s and GFLOP/s\n"
         "  against the dense sgemm rate measured in the same run.\n"
         "  --quick     small shapes (smoke run)\n"
@@ -106,8 +110,7 @@ CeilingRow measure_ceiling(int64_t m, int64_t k, int64_t n, double min_seconds) 
 }
 
 MoERow measure_moe(const Shape4& shape, double ceiling, double min_seconds) {
-  const int64_t D = shape.d_model, F = 4 * D, E = shape.experts, k = shape.top_k,
-                N = shape.tokens;
+  const int64_t D = shape.d_model, F = 4 * D, E = shape.experts, k = shape.top_k, N = shape.tokens;
   MoEConfig config;
   config.router.d_model = D;
   config.router.num_experts = E;
@@ -132,8 +135,10 @@ MoERow measure_moe(const Shape4& shape, double ceiling, double min_seconds) {
         dropped = stats.dropped;
       },
       min_seconds, 2, &iterations);
-  // Expert GEMMs: 2 forward + 4 backward of 2*M*D*F flops; router: 1 forward + 2 backward of 2*N*D*E.
-  const double flops = 12.0 * static_cast<double>(N * k) * D * F + 6.0 * static_cast<double>(N) * D * E;
+  // Expert GEMMs: 2 forward + 4 backward of 2*M*D*F flops; router: 1 forward + 2 backward of
+  // 2*N*D*E.
+  const double flops =
+      12.0 * static_cast<double>(N * k) * D * F + 6.0 * static_cast<double>(N) * D * E;
   const double gflops = flops / seconds * 1e-9;
 
   // Correctness: the fast forward against the fp64 per-token reference on the first tokens
@@ -175,6 +180,16 @@ std::string cpu_model() {
   return "unknown cpu";
 }
 
+std::string blas_description() {
+  if (!openblas_get_config) return "a CBLAS (not OpenBLAS)";
+  std::string d = openblas_get_config();
+  if (openblas_get_parallel) {
+    int p = openblas_get_parallel();
+    d += p == 2 ? " (OpenMP threads)" : p == 1 ? " (pthreads)" : " (sequential)";
+  }
+  return d;
+}
+
 std::string now_utc() {
   std::time_t t = std::time(nullptr);
   char buf[64];
@@ -193,33 +208,45 @@ int run(const Options& opt) {
   } else {
     for (int64_t d : {512, 1024})
       for (int64_t e : {8, 32})
-        for (int64_t k : {1, 2}) shapes.push_back({d, e, k, 2048});
+        for (int64_t k : {1, 2}) shapes.push_back({d, e, k, 4096});
   }
   // One ceiling per distinct expert-GEMM shape [N*k, D] x [D, F].
   std::vector<CeilingRow> ceilings;
   auto ceiling_for = [&](const Shape4& s) -> const CeilingRow& {
     for (const CeilingRow& c : ceilings)
       if (c.m == s.tokens * s.top_k && c.k == s.d_model) return c;
-    ceilings.push_back(measure_ceiling(s.tokens * s.top_k, s.d_model, 4 * s.d_model, opt.min_seconds));
+    ceilings.push_back(
+        measure_ceiling(s.tokens * s.top_k, s.d_model, 4 * s.d_model, opt.min_seconds));
     return ceilings.back();
   };
   for (const Shape4& s : shapes) ceiling_for(s);
   const bool table = !opt.json;
   if (table) {
-    std::printf("# moe-bench: MoE layer forward+backward, gpt flavour (gelu + bias, F = 4D), dropless, fp32\n");
+    std::printf(
+        "# moe-bench: MoE layer forward+backward, gpt flavour (gelu + bias, F = 4D), dropless, "
+        "fp32\n");
     const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
     std::printf("# %s, %s, %d threads, OMP_WAIT_POLICY=%s\n", now_utc().c_str(),
                 cpu_model().c_str(), num_threads(), wait_policy ? wait_policy : "(unset)");
-    std::printf("#\n# ceiling: dense sgemm C[M,N] = A[M,K] B[K,N] (the expert GEMM shape [N*k, D] x [D, 4D])\n");
+    std::printf("# BLAS: %s\n", blas_description().c_str());
+    std::printf(
+        "#\n# ceiling: dense sgemm C[M,N] = A[M,K] B[K,N] (the expert GEMM shape [N*k, D] x [D, "
+        "4D])\n");
     std::printf("# %8s %8s %8s %10s %10s\n", "M", "K", "N", "time", "rate");
     std::printf("# %8s %8s %8s %10s %10s\n", "", "", "", "(ms)", "(GFLOP/s)");
     for (const CeilingRow& c : ceilings)
-      std::printf("  %8ld %8ld %8ld %10.2f %10.1f\n", static_cast<long>(c.m), static_cast<long>(c.k),
-                  static_cast<long>(c.n), c.seconds * 1e3, c.gflops);
-    std::printf("#\n# MoE layer: router + dispatch + grouped expert GEMM + combine, forward and backward\n");
-    std::printf("# flops: 12 N k D F (expert GEMMs) + 6 N D E (router); ratio = rate / ceiling of the same [N*k, D] x [D, F]\n");
+      std::printf("  %8ld %8ld %8ld %10.2f %10.1f\n", static_cast<long>(c.m),
+                  static_cast<long>(c.k), static_cast<long>(c.n), c.seconds * 1e3, c.gflops);
+    std::printf(
+        "#\n# MoE layer: router + dispatch + grouped expert GEMM + combine, forward and "
+        "backward\n");
+    std::printf(
+        "# flops: 12 N k D F (expert GEMMs) + 6 N D E (router); ratio = rate / ceiling of the same "
+        "[N*k, D] x [D, F]\n");
     std::printf("# time: best of >= 2 runs after a warm-up (ceiling: best of >= 5)\n");
-    std::printf("# correctness: max |fast - reference| / max |reference| of the forward on the first 8 tokens\n");
+    std::printf(
+        "# correctness: max |fast - reference| / max |reference| of the forward on the first 8 "
+        "tokens\n");
     std::printf("# %7s %6s %4s %3s %7s %10s %10s %10s %10s %7s %10s\n", "d_model", "d_ff", "E", "k",
                 "tokens", "time", "rate", "rate", "ceiling", "ratio", "max_err");
     std::printf("# %7s %6s %4s %3s %7s %10s %10s %10s %10s %7s %10s\n", "", "", "", "", "", "(ms)",
@@ -234,8 +261,8 @@ int run(const Options& opt) {
       std::printf("  %7ld %6ld %4ld %3ld %7ld %10.2f %10.0f %10.1f %10.1f %7.1f %10.2e\n",
                   static_cast<long>(s.d_model), static_cast<long>(r.d_ff),
                   static_cast<long>(s.experts), static_cast<long>(s.top_k),
-                  static_cast<long>(s.tokens), r.seconds * 1e3, r.tokens_per_s, r.gflops,
-                  r.ceiling, 100.0 * r.ratio, r.max_rel_err);
+                  static_cast<long>(s.tokens), r.seconds * 1e3, r.tokens_per_s, r.gflops, r.ceiling,
+                  100.0 * r.ratio, r.max_rel_err);
       std::fflush(stdout);
     }
   }
@@ -244,19 +271,26 @@ int run(const Options& opt) {
     out["benchmark"] = "moe-layer";
     out["date"] = now_utc();
     out["cpu"] = cpu_model();
+    out["blas"] = blas_description();
     out["threads"] = num_threads();
     const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
     out["omp_wait_policy"] = wait_policy ? wait_policy : "";
     for (const CeilingRow& c : ceilings)
-      out["ceiling"].push_back({{"m", c.m}, {"k", c.k}, {"n", c.n}, {"seconds", c.seconds},
-                                {"gflops", c.gflops}});
+      out["ceiling"].push_back(
+          {{"m", c.m}, {"k", c.k}, {"n", c.n}, {"seconds", c.seconds}, {"gflops", c.gflops}});
     for (const MoERow& r : rows)
-      out["rows"].push_back({{"d_model", r.shape.d_model}, {"d_ff", r.d_ff},
-                             {"experts", r.shape.experts}, {"top_k", r.shape.top_k},
-                             {"tokens", r.shape.tokens}, {"seconds", r.seconds},
-                             {"iterations", r.iterations}, {"tokens_per_s", r.tokens_per_s},
-                             {"gflops", r.gflops}, {"ceiling_gflops", r.ceiling},
-                             {"ratio", r.ratio}, {"max_rel_err", r.max_rel_err},
+      out["rows"].push_back({{"d_model", r.shape.d_model},
+                             {"d_ff", r.d_ff},
+                             {"experts", r.shape.experts},
+                             {"top_k", r.shape.top_k},
+                             {"tokens", r.shape.tokens},
+                             {"seconds", r.seconds},
+                             {"iterations", r.iterations},
+                             {"tokens_per_s", r.tokens_per_s},
+                             {"gflops", r.gflops},
+                             {"ceiling_gflops", r.ceiling},
+                             {"ratio", r.ratio},
+                             {"max_rel_err", r.max_rel_err},
                              {"dropped", r.dropped}});
     std::cout << out.dump(2) << "\n";
   }
@@ -287,7 +321,8 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "moe-bench: error: bad value '%s' for %s\n", v, a.c_str());
         return 2;
       }
-      if (a == "--threads") opt.threads = static_cast<int>(value);
+      if (a == "--threads")
+        opt.threads = static_cast<int>(value);
       else {
         opt.min_seconds = value;
         min_time_set = true;
@@ -302,7 +337,8 @@ int main(int argc, char** argv) {
       }
       if (opt.shape.size() != 4 || *std::min_element(opt.shape.begin(), opt.shape.end()) <= 0 ||
           opt.shape[2] > opt.shape[1]) {
-        std::fprintf(stderr, "moe-bench: error: --shape wants D,E,k,N (positive, k <= E), got '%s'\n",
+        std::fprintf(stderr,
+                     "moe-bench: error: --shape wants D,E,k,N (positive, k <= E), got '%s'\n",
                      v.c_str());
         return 2;
       }

@@ -1,8 +1,10 @@
-// Finite-difference checks of the MoE layer's backward: the router (gate weights, aux loss, z-loss),
-// the grouped-GEMM experts (gelu + bias, swiglu) and the whole layer for k = 1, 2, dropless and with
-// capacity drops, gpt and mixtral flavours, w.r.t. x and every parameter.
+// Finite-difference checks of the MoE layer's backward: the router (gate weights, aux loss,
+// z-loss), the grouped-GEMM experts (gelu + bias, swiglu) and the whole layer for k = 1, 2,
+// dropless and with capacity drops, gpt and mixtral flavours, w.r.t. x and every parameter.
+//
 // Top-k is piecewise constant: the router weights give well-separated logits, eps is small, and
 // every perturbed forward must reproduce the unperturbed routing (checked).
+//
 // Shapes: N tokens, D model width, F expert hidden width, E experts, k top-k, M kept assignments.
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -32,9 +34,12 @@ bool same_ints(const Tensor& a, const Tensor& b) {
 void randomize_moe_params(ParamSet& ps, int64_t d_model, int64_t d_ff) {
   for (Param* p : ps.all()) {
     float scale = 0.2f;
-    if (p->name.find("router") != std::string::npos) scale = 3.0f / std::sqrt(float(d_model));
-    else if (p->name.find(".w2") != std::string::npos) scale = 1.0f / std::sqrt(float(d_ff));
-    else if (p->name.find(".w") != std::string::npos) scale = 1.0f / std::sqrt(float(d_model));
+    if (p->name.find("router") != std::string::npos)
+      scale = 3.0f / std::sqrt(float(d_model));
+    else if (p->name.find(".w2") != std::string::npos)
+      scale = 1.0f / std::sqrt(float(d_ff));
+    else if (p->name.find(".w") != std::string::npos)
+      scale = 1.0f / std::sqrt(float(d_model));
     randomize(*p, hash_name(p->name) ^ 0x5eed, scale);
   }
 }
@@ -86,11 +91,8 @@ void check_router(const RouterCase& rc_case, double gate_scale, float aux_scale,
 TEST_CASE("moe: router gradcheck (gate weights, aux loss, z-loss) w.r.t. x and weight",
           "[moe][gradcheck]") {
   const RouterCase cases[] = {
-      {1, false, 0.0f, 0.0f},
-      {2, false, 0.0f, 0.1f},
-      {2, true, 0.0f, 0.0f},
-      {2, true, 0.8f, 0.0f},
-      {3, true, 0.0f, 0.1f},
+      {1, false, 0.0f, 0.0f}, {2, false, 0.0f, 0.1f}, {2, true, 0.0f, 0.0f},
+      {2, true, 0.8f, 0.0f},  {3, true, 0.0f, 0.1f},
   };
   for (const RouterCase& c : cases) {
     INFO("k " << c.k << " normalize " << c.normalize << " cf " << c.capacity_factor << " jitter "
@@ -114,8 +116,7 @@ TEST_CASE("moe: router gradcheck (gate weights, aux loss, z-loss) w.r.t. x and w
   }
 }
 
-TEST_CASE("moe: experts gradcheck (gelu + bias, swiglu) over uneven segments",
-          "[moe][gradcheck]") {
+TEST_CASE("moe: experts gradcheck (gelu + bias, swiglu) over uneven segments", "[moe][gradcheck]") {
   struct ExpertCase {
     Activation activation;
     bool bias;
@@ -156,10 +157,10 @@ TEST_CASE("moe: layer gradcheck, gpt and mixtral, k 1 and 2, dropless and with d
     float capacity_factor;
   };
   const LayerCase cases[] = {
-      {"gpt k1 dropless", false, 1, 0.0f},     {"gpt k1 drops", false, 1, 0.75f},
-      {"gpt k2 dropless", false, 2, 0.0f},     {"gpt k2 drops", false, 2, 0.75f},
-      {"mixtral k1 dropless", true, 1, 0.0f},  {"mixtral k1 drops", true, 1, 0.75f},
-      {"mixtral k2 dropless", true, 2, 0.0f},  {"mixtral k2 drops", true, 2, 0.75f},
+      {"gpt k1 dropless", false, 1, 0.0f},    {"gpt k1 drops", false, 1, 0.75f},
+      {"gpt k2 dropless", false, 2, 0.0f},    {"gpt k2 drops", false, 2, 0.75f},
+      {"mixtral k1 dropless", true, 1, 0.0f}, {"mixtral k1 drops", true, 1, 0.75f},
+      {"mixtral k2 dropless", true, 2, 0.0f}, {"mixtral k2 drops", true, 2, 0.75f},
   };
   const int64_t N = 24, D = 8, E = 4, F = 12;
   const float aux_scale = 0.5f, z_scale = 0.05f;
@@ -174,8 +175,8 @@ TEST_CASE("moe: layer gradcheck, gpt and mixtral, k 1 and 2, dropless and with d
     config.router.normalize_topk = c.mixtral;
     config.router.capacity_factor = c.capacity_factor;
     config.router.jitter = c.mixtral ? 0.0f : 0.05f;
-    config.experts = ExpertsConfig{E, D, F, c.mixtral ? Activation::swiglu : Activation::gelu,
-                                   !c.mixtral};
+    config.experts =
+        ExpertsConfig{E, D, F, c.mixtral ? Activation::swiglu : Activation::gelu, !c.mixtral};
     ParamSet ps(seed);
     MoELayer layer(ps, "blocks.1.moe", config);
     randomize_moe_params(ps, D, F);
@@ -186,8 +187,10 @@ TEST_CASE("moe: layer gradcheck, gpt and mixtral, k 1 and 2, dropless and with d
     MoELayer::Saved saved;
     MoEStats stats;
     layer.forward(x, step, &saved, &stats);
-    if (c.capacity_factor > 0) REQUIRE(stats.dropped > 0);
-    else REQUIRE(stats.dropped == 0);
+    if (c.capacity_factor > 0)
+      REQUIRE(stats.dropped > 0);
+    else
+      REQUIRE(stats.dropped == 0);
     const Tensor base_idx = saved.router.topk_idx.clone();
     const Tensor base_slots = saved.router.plan.slot_of.clone();
     bool routing_changed = false;

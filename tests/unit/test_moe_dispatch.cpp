@@ -1,11 +1,13 @@
 // Dispatch plan (make_plan), dispatch/combine, router jitter and thread-count independence of the
 // MoE layer. Shapes: N tokens, D model width, F expert hidden width, E experts, k top-k.
+#include <omp.h>
+
 #include <catch2/catch.hpp>
 #include <cstring>
-#include <omp.h>
 #include <set>
 #include <tuple>
 
+#include "backend/cpu/parallel.h"
 #include "moe/nn/moe_layer.h"
 #include "moe/rng.h"
 #include "moe/threads.h"
@@ -98,7 +100,8 @@ void randomize(Param& p, uint64_t seed, float scale) {
 
 TEST_CASE("moe: make_plan on a hand-made example, dropless and with capacity", "[moe]") {
   Tensor idx = Tensor::from_vector({4, 2}, std::vector<int32_t>{0, 1, 0, 2, 1, 0, 0, 1});
-  Tensor w = Tensor::from_vector({4, 2}, std::vector<float>{.6f, .4f, .7f, .3f, .8f, .2f, .9f, .1f});
+  Tensor w =
+      Tensor::from_vector({4, 2}, std::vector<float>{.6f, .4f, .7f, .3f, .8f, .2f, .9f, .1f});
   DispatchPlan dropless = make_plan(idx, w, 3, 0);
   REQUIRE(dropless.tokens_per_expert == std::vector<int32_t>{4, 3, 1});
   REQUIRE(dropless.expert_offsets == std::vector<int32_t>{0, 4, 7, 8});
@@ -234,12 +237,13 @@ TEST_CASE("moe: router jitter is keyed by seed, step and layer, and off in eval"
 
 TEST_CASE("moe: layer forward and backward are bitwise independent of the thread count", "[moe]") {
   MoEConfig config;
-  config.router = RouterConfig{64, 8, 2};
+  // Large enough (N*E >= cpu::kParallelWork) that every OpenMP loop of the layer forks.
+  config.router = RouterConfig{32, 8, 2};
   config.router.capacity_factor = 1.0f;
   config.router.jitter = 0.05f;
-  config.experts = ExpertsConfig{8, 64, 96};
-  Tensor x = test::random_tensor({300, 64}, 31);
-  Tensor dy = test::random_tensor({300, 64}, 32);
+  config.experts = ExpertsConfig{8, 32, 48};
+  Tensor x = test::random_tensor({4096, 32}, 31);
+  Tensor dy = test::random_tensor({4096, 32}, 32);
   struct Run {
     std::vector<float> y, dx;
     std::vector<std::vector<float>> grads;
@@ -263,6 +267,7 @@ TEST_CASE("moe: layer forward and backward are bitwise independent of the thread
   Run two = run(2);
   omp_set_num_threads(2);
   moe::set_num_threads(2);
+  static_assert(4096 * 8 >= cpu::kParallelWork);
   REQUIRE(one.dropped > 0);
   auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
@@ -270,5 +275,8 @@ TEST_CASE("moe: layer forward and backward are bitwise independent of the thread
   REQUIRE(same_bits(one.y, two.y));
   REQUIRE(same_bits(one.dx, two.dx));
   REQUIRE(one.grads.size() == 5);  // router.weight, w1, w2, b1, b2
-  for (size_t i = 0; i < one.grads.size(); ++i) REQUIRE(same_bits(one.grads[i], two.grads[i]));
+  for (size_t i = 0; i < one.grads.size(); ++i) {
+    INFO("parameter " << i);
+    CHECK(same_bits(one.grads[i], two.grads[i]));
+  }
 }

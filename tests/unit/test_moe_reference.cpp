@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "moe/nn/moe_reference.h"
+#include "moe/ops/core.h"
 #include "moe/rng.h"
 #include "support/gradcheck.h"
 
@@ -31,6 +32,7 @@ struct Case {
   Activation activation;
   int64_t experts, top_k;
   float capacity_factor, jitter;
+  bool bias = false;  // swiglu only; gelu always has biases
 };
 
 MoEConfig make_config(const Case& c, int64_t d_model, int64_t d_ff) {
@@ -42,7 +44,7 @@ MoEConfig make_config(const Case& c, int64_t d_model, int64_t d_ff) {
   config.router.normalize_topk = !gpt;
   config.router.capacity_factor = c.capacity_factor;
   config.router.jitter = c.jitter;
-  config.experts = ExpertsConfig{c.experts, d_model, d_ff, c.activation, gpt};
+  config.experts = ExpertsConfig{c.experts, d_model, d_ff, c.activation, gpt || c.bias};
   return config;
 }
 
@@ -50,9 +52,12 @@ MoEConfig make_config(const Case& c, int64_t d_model, int64_t d_ff) {
 void randomize_layer(ParamSet& ps, int64_t d_model, int64_t d_ff) {
   for (Param* p : ps.all()) {
     float scale = 0.1f;
-    if (p->name.find("router") != std::string::npos) scale = 3.0f / std::sqrt(float(d_model));
-    else if (p->name.find(".w2") != std::string::npos) scale = 1.0f / std::sqrt(float(d_ff));
-    else if (p->name.find(".w") != std::string::npos) scale = 1.0f / std::sqrt(float(d_model));
+    if (p->name.find("router") != std::string::npos)
+      scale = 3.0f / std::sqrt(float(d_model));
+    else if (p->name.find(".w2") != std::string::npos)
+      scale = 1.0f / std::sqrt(float(d_ff));
+    else if (p->name.find(".w") != std::string::npos)
+      scale = 1.0f / std::sqrt(float(d_model));
     p->value.copy_from(test::random_tensor(p->value.shape(), hash_name(p->name) ^ 77, scale));
     p->refresh_compute();
   }
@@ -73,6 +78,7 @@ TEST_CASE("moe: fast layer equals the per-token reference (forward, losses, ever
       {"mixtral k2 capacity", Activation::swiglu, 8, 2, 1.0f, 0.0f},
       {"mixtral k3 E4 dropless", Activation::swiglu, 4, 3, 0.0f, 0.0f},
       {"mixtral k3 E4 capacity", Activation::swiglu, 4, 3, 0.7f, 0.0f},
+      {"swiglu with biases k2 capacity", Activation::swiglu, 6, 2, 0.9f, 0.0f, true},
   };
   const int64_t N = 48, D = 24, F = 40;
   const float aux_scale = 0.5f, z_scale = 0.05f;
@@ -131,4 +137,21 @@ TEST_CASE("moe: reference forward without dy gives outputs only, eval mode has n
   // Training mode with jitter routes differently from eval for the same weights.
   Tensor y_train = layer.forward(x, RouterStep{9, 0, 0, true}, nullptr, nullptr);
   REQUIRE(rel_error(y_train, ref.y) > 1e-4);
+}
+
+TEST_CASE("moe: an empty batch flows through forward and backward", "[moe]") {
+  Case c{"gpt", Activation::gelu, 4, 2, 1.0f, 0.1f};
+  MoEConfig config = make_config(c, 8, 16);
+  ParamSet ps(10);
+  MoELayer layer(ps, "m", config);
+  Tensor x = Tensor::zeros({0, 8});
+  MoELayer::Saved saved;
+  MoEStats stats;
+  Tensor y = layer.forward(x, RouterStep{1, 0, 0, true}, &saved, &stats);
+  REQUIRE(y.shape() == Shape{0, 8});
+  REQUIRE(stats.assignments == 0);
+  REQUIRE(stats.aux_loss == 0.0);
+  Tensor dx = layer.backward(Tensor::zeros({0, 8}), saved, 1.0f, 1.0f);
+  REQUIRE(dx.shape() == Shape{0, 8});
+  for (Param* p : ps.all()) REQUIRE(ops::sum_squares(p->grad) == 0.0);
 }

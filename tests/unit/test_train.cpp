@@ -66,13 +66,13 @@ void require_same_state(train::Trainer& a, train::Trainer& b) {
 }  // namespace
 
 TEST_CASE("train: a short run on a real corpus lowers validation loss clearly", "[train]") {
-  train::Trainer t(small_model(), small_train(120), {});
+  train::Trainer t(small_model(), small_train(400), {});
   double before = t.evaluate();
   REQUIRE(before == Approx(std::log(256.0)).epsilon(0.05));  // uniform over bytes at init
-  for (int i = 0; i < 120; ++i) t.step();
+  for (int i = 0; i < 400; ++i) t.step();
   double after = t.evaluate();
   INFO("val loss " << before << " -> " << after);
-  REQUIRE(after < before - 2.0);  // from ~5.5 nats: well past the unigram entropy of English bytes
+  REQUIRE(after < before - 2.5);  // from 5.5 nats (uniform over bytes) to below 3.05
 }
 
 TEST_CASE("train: 2N steps straight equal N steps, checkpoint, resume, N steps (bitwise)", "[train]") {

@@ -1,4 +1,5 @@
 #include "moe/param.h"
+#include "backend/cpu/parallel.h"
 
 #include <omp.h>
 
@@ -30,7 +31,7 @@ Param& ParamSet::add(const std::string& name, Shape shape, Init init, bool decay
   if (init.kind == InitKind::normal) {
     // Keyed by the parameter's name: adding a parameter never changes another one's values.
     uint64_t key = rng_key(seed_, {hash_name(name)});
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= cpu::kParallelWork)
     for (int64_t i = 0; i < n; ++i) m[i] = init.std * rng_normal(key, static_cast<uint64_t>(i));
   } else {
     float v = init.kind == InitKind::ones ? 1.0f : 0.0f;

@@ -49,8 +49,9 @@ Tensor dispatch(const Tensor& x, const DispatchPlan& plan) {
 
 Tensor dispatch_backward(const Tensor& dx_perm, const DispatchPlan& plan) {
   check_plan("dispatch_backward", plan);
-  MOE_CHECK(dx_perm.ndim() == 2 && dx_perm.dim(0) == plan.num_slots(), "dispatch_backward: ",
-            dx_perm.describe(), " does not match a plan with ", plan.num_slots(), " slots");
+  MOE_CHECK(dx_perm.ndim() == 2 && dx_perm.dim(0) == plan.num_slots(),
+            "dispatch_backward: ", dx_perm.describe(), " does not match a plan with ",
+            plan.num_slots(), " slots");
   Tensor dx = Tensor::empty({plan.num_tokens, dx_perm.dim(1)}).set_name("moe.dx");
   ops::combine_rows(dx_perm, plan.slot_of, Tensor(), plan.top_k, dx);
   return dx;
@@ -58,8 +59,8 @@ Tensor dispatch_backward(const Tensor& dx_perm, const DispatchPlan& plan) {
 
 Tensor combine(const Tensor& y_perm, const DispatchPlan& plan) {
   check_plan("combine", plan);
-  MOE_CHECK(y_perm.ndim() == 2 && y_perm.dim(0) == plan.num_slots(), "combine: ",
-            y_perm.describe(), " does not match a plan with ", plan.num_slots(), " slots");
+  MOE_CHECK(y_perm.ndim() == 2 && y_perm.dim(0) == plan.num_slots(), "combine: ", y_perm.describe(),
+            " does not match a plan with ", plan.num_slots(), " slots");
   Tensor y = Tensor::empty({plan.num_tokens, y_perm.dim(1)}).set_name("moe.y");
   ops::combine_rows(y_perm, plan.slot_of, plan.weight_of_slot, plan.top_k, y);
   return y;

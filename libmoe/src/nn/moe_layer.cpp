@@ -25,8 +25,8 @@ Tensor MoELayer::forward(const Tensor& x, const RouterStep& step, Saved* saved,
                          MoEStats* stats) const {
   RouterOutput routed = router_.forward(x, step);
   Tensor x_perm = dispatch(x, routed.plan);
-  Tensor y_perm = experts_.forward(x_perm, routed.plan.expert_offsets,
-                                   saved ? &saved->experts : nullptr);
+  Tensor y_perm =
+      experts_.forward(x_perm, routed.plan.expert_offsets, saved ? &saved->experts : nullptr);
   Tensor y = combine(y_perm, routed.plan);
   if (stats) {
     stats->aux_loss = routed.aux_loss;
@@ -47,8 +47,8 @@ Tensor MoELayer::forward(const Tensor& x, const RouterStep& step, Saved* saved,
 
 Tensor MoELayer::backward(const Tensor& dy, const Saved& saved, float aux_scale, float z_scale) {
   const DispatchPlan& plan = saved.router.plan;
-  MOE_CHECK(saved.x.defined() && saved.y_perm.defined(), "moe layer ",
-            router_.weight().name, ": backward without a saved forward");
+  MOE_CHECK(saved.x.defined() && saved.y_perm.defined(), "moe layer ", router_.weight().name,
+            ": backward without a saved forward");
   dy.expect_shape(saved.x.shape(), "moe layer backward dy");
   Tensor dy_perm, dweight_of_slot;
   combine_backward(dy, saved.y_perm, plan, dy_perm, dweight_of_slot);

@@ -196,7 +196,8 @@ MoEReferenceResult moe_reference(const ParamSet& ps, const std::string& prefix,
         }
       }
       for (int64_t i = 0; i < F; ++i) {
-        double dh = swiglu ? da[i] * p.h3[i] * silu_derivative(p.h[i]) : da[i] * gelu_derivative(p.h[i]);
+        double dh =
+            swiglu ? da[i] * p.h3[i] * silu_derivative(p.h[i]) : da[i] * gelu_derivative(p.h[i]);
         double dh3 = swiglu ? da[i] * silu(p.h[i]) : 0.0;
         if (bias) db1[e * F + i] += dh;
         for (int64_t d = 0; d < D; ++d) {

@@ -4,7 +4,6 @@
 
 #include <cmath>
 
-#include "moe/ops/core.h"
 #include "moe/ops/moe.h"
 #include "moe/rng.h"
 
@@ -25,9 +24,9 @@ int64_t router_capacity(float capacity_factor, int64_t num_tokens, int64_t top_k
 
 Router::Router(ParamSet& ps, const std::string& prefix, const RouterConfig& config)
     : config_(config) {
-  MOE_USAGE_CHECK(config.d_model > 0 && config.num_experts > 0,
-                  "router ", prefix, ": d_model and num_experts must be positive (got ",
-                  config.d_model, ", ", config.num_experts, ")");
+  MOE_USAGE_CHECK(config.d_model > 0 && config.num_experts > 0, "router ", prefix,
+                  ": d_model and num_experts must be positive (got ", config.d_model, ", ",
+                  config.num_experts, ")");
   MOE_USAGE_CHECK(config.top_k >= 1 && config.top_k <= config.num_experts, "router ", prefix,
                   ": top_k ", config.top_k, " must be in [1, num_experts = ", config.num_experts,
                   "]");
@@ -40,8 +39,8 @@ Router::Router(ParamSet& ps, const std::string& prefix, const RouterConfig& conf
 }
 
 RouterOutput Router::forward(const Tensor& x, const RouterStep& step) const {
-  MOE_CHECK(x.ndim() == 2 && x.dim(1) == config_.d_model, "router ", weight_->name,
-            ": input ", x.describe(), " expected [N,", config_.d_model, "]");
+  MOE_CHECK(x.ndim() == 2 && x.dim(1) == config_.d_model, "router ", weight_->name, ": input ",
+            x.describe(), " expected [N,", config_.d_model, "]");
   x.expect_dtype(DType::f32, "router input");
   const int64_t tokens = x.dim(0), experts = config_.num_experts, k = config_.top_k;
   RouterOutput out;
@@ -54,7 +53,11 @@ RouterOutput Router::forward(const Tensor& x, const RouterStep& step) const {
     out.routed_input = x;
   }
   out.logits = Tensor::empty({tokens, experts}).set_name("router.logits");
-  ops::gemm(out.routed_input, false, weight_->w(), true, out.logits);
+  // logits = routed_input Wg^T, as a grouped GEMM of one group: its sum over D is cut at fixed
+  // places, so the logits (and the routing) do not depend on the thread count.
+  const std::vector<int32_t> all_tokens{0, static_cast<int32_t>(tokens)};
+  ops::grouped_gemm(out.routed_input, weight_->w().reshape({1, experts, config_.d_model}), true,
+                    all_tokens, out.logits);
   out.probs = Tensor::empty({tokens, experts}).set_name("router.probs");
   out.lse = Tensor::empty({tokens}).set_name("router.lse");
   ops::router_softmax(out.logits, out.probs, out.lse);
@@ -79,9 +82,14 @@ Tensor Router::backward(const Tensor& dweight_of_slot, const RouterOutput& out, 
   Tensor dlogits = Tensor::empty({tokens, experts}).set_name("router.dlogits");
   ops::router_backward(out.probs, out.lse, out.topk_idx, dtopk, config_.normalize_topk, out.load,
                        aux_scale, z_scale, dlogits);
-  ops::gemm(dlogits, true, out.routed_input, false, weight_->grad, 1.0f, 1.0f);
+  // dWg += dlogits^T routed_input and dx = dlogits Wg, through the grouped GEMMs of one group (a
+  // sum over tokens and one over experts, both cut at fixed places: thread-count independent).
+  const std::vector<int32_t> all_tokens{0, static_cast<int32_t>(tokens)};
+  Tensor dweight = weight_->grad.reshape({1, experts, config_.d_model});
+  ops::grouped_gemm_weight_grad(dlogits, out.routed_input, all_tokens, dweight);
   Tensor dx = Tensor::empty({tokens, config_.d_model}).set_name("router.dx");
-  ops::gemm(dlogits, false, weight_->w(), false, dx);
+  ops::grouped_gemm(dlogits, weight_->w().reshape({1, experts, config_.d_model}), false, all_tokens,
+                    dx);
   if (out.jitter_noise.defined()) ops::router_jitter_backward(out.jitter_noise, dx);
   return dx;
 }

@@ -1,4 +1,5 @@
 #include "moe/optim/adamw.h"
+#include "backend/cpu/parallel.h"
 
 #include <cmath>
 #include <map>
@@ -32,7 +33,7 @@ void AdamW::step(float lr) {
     float* v = s.v.data<float>();
     const float* g = s.param->grad.data<float>();
     int64_t n = s.master.numel();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= cpu::kParallelWork)
     for (int64_t i = 0; i < n; ++i) kernels::adamw_update(master[i], m[i], v[i], g[i], sc);
     if (s.master.raw() != s.param->value.raw()) s.param->value.copy_from(s.master);
     s.param->refresh_compute();
@@ -78,7 +79,7 @@ double clip_grad_norm(ParamSet& params, double max_norm) {
     for (Param* p : params.all()) {
       float* g = p->grad.data<float>();
       int64_t n = p->grad.numel();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= cpu::kParallelWork)
       for (int64_t i = 0; i < n; ++i) g[i] *= scale;
     }
   }

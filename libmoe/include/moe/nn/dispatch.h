@@ -13,13 +13,14 @@ namespace moe::nn {
 
 struct DispatchPlan {
   int64_t num_tokens = 0, top_k = 0, num_experts = 0;
-  int64_t capacity = 0;                      // per-expert slots; 0 = dropless
-  std::vector<int32_t> tokens_per_expert;    // [E] kept assignments per expert
-  std::vector<int32_t> expert_offsets;       // [E+1] into the permuted buffer
-  Tensor slot_of;                            // [N*k] i32: slot of token t's j-th choice (t*k + j), -1 = dropped
-  Tensor token_of_slot;                      // [M] i32
-  Tensor weight_of_slot;                     // [M] f32 gate weight used by combine
-  std::vector<int64_t> send_counts, recv_counts;   // [R] for expert parallelism (later issue); empty now
+  int64_t capacity = 0;                    // per-expert slots; 0 = dropless
+  std::vector<int32_t> tokens_per_expert;  // [E] kept assignments per expert
+  std::vector<int32_t> expert_offsets;     // [E+1] into the permuted buffer
+  Tensor slot_of;         // [N*k] i32: slot of token t's j-th choice (t*k + j), -1 = dropped
+  Tensor token_of_slot;   // [M] i32
+  Tensor weight_of_slot;  // [M] f32 gate weight used by combine
+  // [R] rows to send to / receive from each rank for expert parallelism (later issue); empty now
+  std::vector<int64_t> send_counts, recv_counts;
 
   int64_t num_slots() const;  // M
   int64_t dropped() const;    // assignments dropped by capacity: N*k - M
@@ -29,14 +30,16 @@ struct DispatchPlan {
 // token order, then all 2nd choices, ... (GShard). capacity 0 = dropless; otherwise at most
 // `capacity` slots per expert (the router uses C = ceil(capacity_factor * N * k / E)).
 // Throws moe::Error when k > E, an expert id is out of range or a token picks one expert twice.
-DispatchPlan make_plan(const Tensor& topk_idx /*[N,k] i32*/, const Tensor& topk_weight /*[N,k] f32*/,
-                       int64_t num_experts, int64_t capacity);
+DispatchPlan make_plan(const Tensor& topk_idx /*[N,k] i32*/,
+                       const Tensor& topk_weight /*[N,k] f32*/, int64_t num_experts,
+                       int64_t capacity);
 
 // X_perm [M,D]: rows of x gathered in slot order.
 Tensor dispatch(const Tensor& x /*[N,D]*/, const DispatchPlan& plan);
 // [N,D]: per-token sum of its kept slots' rows, in choice order (deterministic).
 Tensor dispatch_backward(const Tensor& dx_perm /*[M,D]*/, const DispatchPlan& plan);
-// y[t] = sum over kept choices j (in order) of w * Y_perm[slot]; tokens with every choice dropped get 0.
+// y[t] = sum over kept choices j (in order) of w * Y_perm[slot]; tokens with every choice dropped
+// get 0.
 Tensor combine(const Tensor& y_perm /*[M,D]*/, const DispatchPlan& plan);
 // dy_perm [M,D] = w * dy[token of slot]; dweight_of_slot [M] = <dy[token], Y_perm[slot]>.
 // Outputs are (re)allocated unless they already have the right shape.

@@ -14,15 +14,15 @@
 namespace moe::nn {
 
 struct MoEConfig {
-  RouterConfig router;    // router.num_experts == experts.num_experts, d_model equal
+  RouterConfig router;  // router.num_experts == experts.num_experts, d_model equal
   ExpertsConfig experts;
 };
 
 struct MoEStats {
   double aux_loss = 0, z_loss = 0;
-  std::vector<int64_t> load;                 // [E] before capacity
-  std::vector<int32_t> tokens_per_expert;    // [E] kept
-  int64_t assignments = 0, dropped = 0;      // N*k and dropped by capacity
+  std::vector<int64_t> load;               // [E] before capacity
+  std::vector<int32_t> tokens_per_expert;  // [E] kept
+  int64_t assignments = 0, dropped = 0;    // N*k and dropped by capacity
 };
 
 // prefix e.g. "blocks.1.moe": router at prefix + ".router", experts at prefix + ".experts"
@@ -31,11 +31,11 @@ class MoELayer {
   MoELayer(ParamSet& ps, const std::string& prefix, const MoEConfig& config);
 
   struct Saved {
-    Tensor x;              // [N,D]
-    RouterOutput router;   // plan, probs, choices, jitter noise
-    Tensor x_perm;         // [M,D]
+    Tensor x;             // [N,D]
+    RouterOutput router;  // plan, probs, choices, jitter noise
+    Tensor x_perm;        // [M,D]
     Experts::Saved experts;
-    Tensor y_perm;         // [M,D]
+    Tensor y_perm;  // [M,D]
   };
 
   // [N,D]; saved and stats may be null.

@@ -11,11 +11,11 @@
 namespace moe::nn {
 
 struct MoEReferenceResult {
-  Tensor y;                              // [N,D]
+  Tensor y;  // [N,D]
   double aux_loss = 0, z_loss = 0;
   MoEStats stats;
-  Tensor dx;                             // [N,D], when dy was given
-  std::map<std::string, Tensor> grads;   // parameter name -> d loss / d parameter, when dy was given
+  Tensor dx;                            // [N,D], when dy was given
+  std::map<std::string, Tensor> grads;  // parameter name -> d loss / d parameter, when dy was given
 };
 
 // Forward of the layer at `prefix` (parameters prefix.router.weight, prefix.experts.w1, ...) and,

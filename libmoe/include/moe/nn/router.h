@@ -14,8 +14,10 @@ namespace moe::nn {
 
 struct RouterConfig {
   int64_t d_model = 0, num_experts = 0, top_k = 1;
-  bool normalize_topk = false;   // renormalise the k gate weights to sum to 1 (mixtral: true)
-  float jitter = 0.0f;           // Switch jitter: training-time x * U(1-jitter, 1+jitter), Philox keyed (seed, step, layer)
+  bool normalize_topk = false;  // renormalise the k gate weights to sum to 1 (mixtral: true)
+  // Switch jitter: in training the router (only; the experts see x) reads x * U(1-jitter,
+  // 1+jitter), Philox keyed by (seed, step, layer).
+  float jitter = 0.0f;
   float capacity_factor = 0.0f;  // 0 = dropless
   float init_std = 0.02f;
 };
@@ -29,13 +31,13 @@ struct RouterStep {
 
 struct RouterOutput {
   DispatchPlan plan;
-  Tensor logits, probs;            // [N,E] fp32 (probs = softmax over all E experts, fp32)
-  Tensor lse;                      // [N] logsumexp of each logits row (z-loss)
-  Tensor topk_idx, topk_weight;    // [N,k] i32 / f32 (after optional renormalisation)
-  Tensor routed_input;             // x after jitter (x itself without jitter)
-  Tensor jitter_noise;             // [N,D] or undefined
+  Tensor logits, probs;          // [N,E] fp32 (probs = softmax over all E experts, fp32)
+  Tensor lse;                    // [N] logsumexp of each logits row (z-loss)
+  Tensor topk_idx, topk_weight;  // [N,k] i32 / f32 (after optional renormalisation)
+  Tensor routed_input;           // x after jitter (x itself without jitter)
+  Tensor jitter_noise;           // [N,D] or undefined
   double aux_loss = 0, z_loss = 0;
-  std::vector<int64_t> load;       // [E] assignments per expert before capacity
+  std::vector<int64_t> load;  // [E] assignments per expert before capacity
 };
 
 // Philox key of the jitter noise of one (seed, step, layer); element t*D + d of the noise is
@@ -45,8 +47,8 @@ uint64_t router_jitter_key(const RouterStep& step);
 int64_t router_capacity(float capacity_factor, int64_t num_tokens, int64_t top_k,
                         int64_t num_experts);
 
-// aux_loss = E * sum_e f_e * P_e, f_e = (assignments to e over all k choices, before capacity) / (N*k),
-// P_e = mean_t probs[t,e] (Switch/GShard; f is constant for the gradient).
+// aux_loss = E * sum_e f_e * P_e (Switch/GShard; f is constant for the gradient), where
+//   f_e = (assignments to e over all k choices, before capacity) / (N*k), P_e = mean_t probs[t,e];
 // z_loss = mean_t logsumexp(logits_t)^2.
 // Params: prefix + ".weight" [E, D] (router linear, no bias), e.g. "blocks.1.moe.router.weight".
 class Router {

@@ -68,10 +68,14 @@ void slot_to_choice(const Tensor& dweight_of_slot, const Tensor& slot_of, Tensor
 // ---- grouped expert GEMM (backend/cpu/grouped_gemm.cpp) ----
 
 // For every expert segment: c_seg = a_seg op(w[e]) + beta c_seg, w [E,R,S],
-// op(w[e]) = w[e]^T [S,R] when transpose_w, else w[e] [R,S]. One GEMM per non-empty segment.
+// op(w[e]) = w[e]^T [S,R] when transpose_w, else w[e] [R,S]. One GEMM per non-empty segment (two
+// when K is not a multiple of 64: the sum over K is cut at fixed places, so the result does not
+// depend on the thread count).
 void grouped_gemm(const Tensor& a, const Tensor& w, bool transpose_w,
                   const std::vector<int32_t>& offsets, Tensor& c, float beta = 0.0f);
-// dw[e] += dy_seg^T x_seg for every segment: dy [M,R], x [M,S], dw [E,R,S].
+// dw[e] += dy_seg^T x_seg for every segment: dy [M,R], x [M,S], dw [E,R,S]. The sum over rows is
+// cut at fixed places, so the result does not depend on the thread count (use it for any parameter
+// gradient summed over tokens: one segment, offsets {0, M}, dw reshaped to [1,R,S]).
 void grouped_gemm_weight_grad(const Tensor& dy, const Tensor& x,
                               const std::vector<int32_t>& offsets, Tensor& dw);
 // Fused bias + activation over the rows of h [M,F] (bias [E,F] or undefined):

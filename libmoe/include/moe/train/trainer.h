@@ -16,7 +16,7 @@ namespace moe::train {
 struct TrainConfig {
   std::string data, val, data_format = "auto";
   int64_t batch = 16;
-  int64_t steps = 300;  // total optimizer steps of the run (the schedule's length)
+  int64_t steps = 600;  // total optimizer steps of the run (the schedule's length)
   double lr = 3e-3, min_lr_ratio = 0.1;
   int64_t warmup = 30;
   double weight_decay = 0.1, clip = 1.0;

@@ -4,6 +4,8 @@
 #include <algorithm>
 
 #include "kernels/activations.h"
+#include "backend/cpu/parallel.h"
+#include "backend/cpu/vector_math.h"
 #include "moe/ops/core.h"
 #include "moe/ops/dense.h"
 
@@ -11,7 +13,6 @@ namespace moe::ops {
 
 namespace {
 // Loops over fewer elements than this run on the calling thread: a fork/join costs more.
-constexpr int64_t kParallelWork = 1 << 15;
 
 constexpr int64_t kColumnBlock = 64;
 
@@ -31,7 +32,7 @@ void bias_add(Tensor& y, const Tensor& bias) {
   bias.expect_dtype(DType::f32, "bias_add bias");
   float* ys = y.data<float>();
   const float* b = bias.data<float>();
-#pragma omp parallel for schedule(static) if (n * c >= kParallelWork)
+#pragma omp parallel for schedule(static) if (n * c >= cpu::kParallelWork)
   for (int64_t i = 0; i < n; ++i)
     for (int64_t j = 0; j < c; ++j) ys[i * c + j] += b[j];
 }
@@ -46,7 +47,7 @@ void bias_grad(const Tensor& dy, Tensor& dbias) {
   const float* g = dy.data<float>();
   float* db = dbias.data<float>();
   const int64_t blocks = (c + kColumnBlock - 1) / kColumnBlock;
-#pragma omp parallel for schedule(static) if (n * c >= kParallelWork)
+#pragma omp parallel for schedule(static) if (n * c >= cpu::kParallelWork)
   for (int64_t blk = 0; blk < blocks; ++blk) {
     const int64_t j0 = blk * kColumnBlock, j1 = std::min(c, j0 + kColumnBlock);
     for (int64_t i = 0; i < n; ++i)
@@ -61,7 +62,7 @@ void gelu_forward(const Tensor& x, Tensor& y) {
   const float* xs = x.data<float>();
   float* ys = y.data<float>();
   const int64_t n = x.numel();
-#pragma omp parallel for schedule(static) if (n >= kParallelWork)
+#pragma omp parallel for schedule(static) if (n >= cpu::kParallelWork)
   for (int64_t i = 0; i < n; ++i) ys[i] = kernels::gelu_tanh(xs[i]);
 }
 
@@ -74,7 +75,7 @@ void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
   const float* xs = x.data<float>();
   float* dxs = dx.data<float>();
   const int64_t n = x.numel();
-#pragma omp parallel for schedule(static) if (n >= kParallelWork)
+#pragma omp parallel for schedule(static) if (n >= cpu::kParallelWork)
   for (int64_t i = 0; i < n; ++i) dxs[i] = g[i] * kernels::gelu_tanh_grad(xs[i]);
 }
 
@@ -87,7 +88,7 @@ void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& y) {
   const float* us = up.data<float>();
   float* ys = y.data<float>();
   const int64_t n = gate.numel();
-#pragma omp parallel for schedule(static) if (n >= kParallelWork)
+#pragma omp parallel for schedule(static) if (n >= cpu::kParallelWork)
   for (int64_t i = 0; i < n; ++i) ys[i] = kernels::silu(gs[i]) * us[i];
 }
 
@@ -105,7 +106,7 @@ void swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up, Ten
   float* dg = dgate.data<float>();
   float* du = dup.data<float>();
   const int64_t n = gate.numel();
-#pragma omp parallel for schedule(static) if (n >= kParallelWork)
+#pragma omp parallel for schedule(static) if (n >= cpu::kParallelWork)
   for (int64_t i = 0; i < n; ++i) {
     const float gi = g[i], gate_i = gs[i], up_i = us[i];  // read before writing: outputs may alias
     dg[i] = gi * up_i * kernels::silu_grad(gate_i);

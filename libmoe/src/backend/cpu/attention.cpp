@@ -6,6 +6,7 @@
 // Scores above the diagonal are computed by the GEMM and then overwritten with exact zeros.
 #include <cmath>
 
+#include "backend/cpu/parallel.h"
 #include "backend/cpu/gemm.h"
 #include "kernels/softmax.h"
 #include "moe/ops/core.h"
@@ -15,7 +16,6 @@ namespace moe::ops {
 
 namespace {
 // Loops over fewer elements than this run on the calling thread: a fork/join costs more.
-constexpr int64_t kParallelWork = 1 << 15;
 
 void check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                      const AttentionShape& s) {
@@ -56,7 +56,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
       cpu::sgemm(false, true, T, T, hd, scale, qs + b * T * ldq + h * hd, ldq,
                  ks + b * T * ldk + (h / group) * hd, ldk, 0.0f, ps + (b * H + h) * T * T, T);
   const int64_t rows = s.batch * H * T;
-#pragma omp parallel for schedule(static) if (rows * T >= kParallelWork)
+#pragma omp parallel for schedule(static) if (rows * T >= cpu::kParallelWork)
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = r % T;  // query position: keys 0..i are visible
     float* p = ps + r * T;
@@ -104,7 +104,7 @@ void attention_backward(const Tensor& dctx, const Tensor& q, const Tensor& k, co
       cpu::sgemm(false, true, T, T, hd, 1.0f, gs + b * T * ldq + h * hd, ldq,
                  vs + b * T * ldk + (h / group) * hd, ldk, 0.0f, ds + (b * H + h) * T * T, T);
   const int64_t rows = s.batch * H * T;
-#pragma omp parallel for schedule(static) if (rows * T >= kParallelWork)
+#pragma omp parallel for schedule(static) if (rows * T >= cpu::kParallelWork)
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = r % T;
     float* d = ds + r * T;

@@ -1,6 +1,7 @@
 #include <cmath>
 
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/parallel.h"
 #include "kernels/convert.h"
 #include "moe/ops/core.h"
 
@@ -25,9 +26,9 @@ void gemm(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, 
   int64_t k = transpose_a ? a.dim(0) : a.dim(1);
   int64_t kb = transpose_b ? b.dim(1) : b.dim(0);
   int64_t n = transpose_b ? b.dim(0) : b.dim(1);
-  MOE_CHECK(k == kb && c.dim(0) == m && c.dim(1) == n, "gemm: shapes do not chain: ",
-            a.describe(), transpose_a ? "^T" : "", " x ", b.describe(), transpose_b ? "^T" : "",
-            " -> ", c.describe());
+  MOE_CHECK(k == kb && c.dim(0) == m && c.dim(1) == n, "gemm: shapes do not chain: ", a.describe(),
+            transpose_a ? "^T" : "", " x ", b.describe(), transpose_b ? "^T" : "", " -> ",
+            c.describe());
   cpu::sgemm(transpose_a, transpose_b, m, n, k, alpha, a.data<float>(), a.dim(1), b.data<float>(),
              b.dim(1), beta, c.data<float>(), c.dim(1));
 }
@@ -38,7 +39,7 @@ void axpy(float alpha, const Tensor& x, Tensor& y) {
   const float* xs = x.data<float>();
   float* ys = y.data<float>();
   int64_t n = x.numel();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= cpu::kParallelWork)
   for (int64_t i = 0; i < n; ++i) ys[i] += alpha * xs[i];
 }
 
@@ -48,10 +49,10 @@ void round_to_dtype(Tensor& x, DType dtype) {
   float* p = x.data<float>();
   int64_t n = x.numel();
   if (dtype == DType::bf16) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= cpu::kParallelWork)
     for (int64_t i = 0; i < n; ++i) p[i] = kernels::bf16_to_f32(kernels::f32_to_bf16(p[i]));
   } else if (dtype == DType::f16) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= cpu::kParallelWork)
     for (int64_t i = 0; i < n; ++i) p[i] = kernels::f16_to_f32(kernels::f32_to_f16(p[i]));
   } else {
     throw Error(str("round_to_dtype: ", dtype_name(dtype), " is not a floating type"));

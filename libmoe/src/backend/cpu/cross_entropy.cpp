@@ -2,6 +2,7 @@
 // Shapes: logits / dlogits [N, V], targets / row_nll [N]. Rows run in parallel; the mean is
 // summed afterwards in double, in row order.
 #include "kernels/cross_entropy.h"
+#include "backend/cpu/parallel.h"
 
 #include <vector>
 
@@ -12,7 +13,6 @@ namespace moe::ops {
 
 namespace {
 // Loops over fewer elements than this run on the calling thread: a fork/join costs more.
-constexpr int64_t kParallelWork = 1 << 15;
 }  // namespace
 
 double cross_entropy(const Tensor& logits, const Tensor& targets, float scale, Tensor* dlogits,
@@ -52,7 +52,7 @@ double cross_entropy(const Tensor& logits, const Tensor& targets, float scale, T
   }
   const float* xs = logits.data<float>();
   float* dxs = dlogits ? dlogits->data<float>() : nullptr;
-#pragma omp parallel for schedule(static) if (n * vocab >= kParallelWork)
+#pragma omp parallel for schedule(static) if (n * vocab >= cpu::kParallelWork)
   for (int64_t i = 0; i < n; ++i) {
     float* dx_row = dxs ? dxs + i * vocab : nullptr;
     if (tg[i] < 0) {

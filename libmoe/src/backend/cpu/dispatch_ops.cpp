@@ -5,6 +5,7 @@
 // over a token's choices run in choice order: results do not depend on the thread count.
 #include <algorithm>
 
+#include "backend/cpu/parallel.h"
 #include "kernels/router.h"
 #include "moe/ops/core.h"
 #include "moe/ops/moe.h"
@@ -32,11 +33,11 @@ RoutingTable build_routing(const Tensor& topk_idx, const Tensor& topk_weight, in
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t j = 0; j < k; ++j) {
       int32_t e = idx[t * k + j];
-      MOE_CHECK(e >= 0 && e < num_experts, "make_plan: expert id ", e, " of token ", t,
-                " choice ", j, " in ", topk_idx.describe(), " outside [0, ", num_experts, ")");
+      MOE_CHECK(e >= 0 && e < num_experts, "make_plan: expert id ", e, " of token ", t, " choice ",
+                j, " in ", topk_idx.describe(), " outside [0, ", num_experts, ")");
       for (int64_t i = 0; i < j; ++i)
-        MOE_CHECK(idx[t * k + i] != e, "make_plan: token ", t, " chooses expert ", e,
-                  " twice in ", topk_idx.describe());
+        MOE_CHECK(idx[t * k + i] != e, "make_plan: token ", t, " chooses expert ", e, " twice in ",
+                  topk_idx.describe());
     }
   }
 
@@ -93,7 +94,7 @@ void gather_rows(const Tensor& x, const Tensor& token_of_slot, Tensor& x_perm) {
     MOE_CHECK(ts[s] >= 0 && ts[s] < tokens, "dispatch: slot ", s, " names token ", ts[s],
               " outside ", x.describe());
   float* out = x_perm.data<float>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (slots * width >= cpu::kParallelWork)
   for (int64_t s = 0; s < slots; ++s)
     kernels::copy_row(xs + static_cast<int64_t>(ts[s]) * width, out + s * width, width);
 }
@@ -119,14 +120,13 @@ void combine_rows(const Tensor& rows, const Tensor& slot_of, const Tensor& weigh
               " outside ", rows.describe());
   const float* rs = rows.data<float>();
   float* out = y.data<float>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (tokens * top_k * width >= cpu::kParallelWork)
   for (int64_t t = 0; t < tokens; ++t)
     kernels::combine_row(rs, so + t * top_k, ws, top_k, width, out + t * width);
 }
 
 void combine_rows_backward(const Tensor& dy, const Tensor& y_perm, const Tensor& token_of_slot,
-                           const Tensor& weight_of_slot, Tensor& dy_perm,
-                           Tensor& dweight_of_slot) {
+                           const Tensor& weight_of_slot, Tensor& dy_perm, Tensor& dweight_of_slot) {
   require_backend("combine_backward",
                   {&dy, &y_perm, &token_of_slot, &weight_of_slot, &dy_perm, &dweight_of_slot});
   dy.expect_dtype(DType::f32, "combine_backward dy");
@@ -146,7 +146,7 @@ void combine_rows_backward(const Tensor& dy, const Tensor& y_perm, const Tensor&
   const float* ws = weight_of_slot.data<float>();
   float* dps = dy_perm.data<float>();
   float* dws = dweight_of_slot.data<float>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (slots * width >= cpu::kParallelWork)
   for (int64_t s = 0; s < slots; ++s)
     dws[s] = kernels::combine_backward_row(dys + static_cast<int64_t>(ts[s]) * width,
                                            ys + s * width, ws[s], width, dps + s * width);
@@ -164,8 +164,8 @@ void slot_to_choice(const Tensor& dweight_of_slot, const Tensor& slot_of, Tensor
   const float* src = dweight_of_slot.data<float>();
   float* dst = dtopk_weight.data<float>();
   for (int64_t a = 0; a < n; ++a) {
-    MOE_CHECK(so[a] >= -1 && so[a] < slots, "slot_to_choice: assignment ", a, " names slot ",
-              so[a], " outside ", dweight_of_slot.describe());
+    MOE_CHECK(so[a] >= -1 && so[a] < slots, "slot_to_choice: assignment ", a, " names slot ", so[a],
+              " outside ", dweight_of_slot.describe());
     dst[a] = so[a] >= 0 ? src[so[a]] : 0.0f;
   }
 }

@@ -4,13 +4,13 @@
 #include <vector>
 
 #include "moe/ops/core.h"
+#include "backend/cpu/parallel.h"
 #include "moe/ops/dense.h"
 
 namespace moe::ops {
 
 namespace {
 // Loops over fewer elements than this run on the calling thread: a fork/join costs more.
-constexpr int64_t kParallelWork = 1 << 15;
 
 void check_ids(const Tensor& ids, const Tensor& table, const char* op) {
   ids.expect_dtype(DType::i32, op);
@@ -34,7 +34,7 @@ void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out) {
   const int32_t* id = ids.data<int32_t>();
   const float* t = table.data<float>();
   float* o = out.data<float>();
-#pragma omp parallel for schedule(static) if (n * dim >= kParallelWork)
+#pragma omp parallel for schedule(static) if (n * dim >= cpu::kParallelWork)
   for (int64_t i = 0; i < n; ++i)
     std::memcpy(o + i * dim, t + static_cast<int64_t>(id[i]) * dim, sizeof(float) * dim);
 }
@@ -64,7 +64,7 @@ void embedding_backward(const Tensor& dy, const Tensor& ids, Tensor& table_grad)
   const float* g = dy.data<float>();
   float* tg = table_grad.data<float>();
   const int64_t count = static_cast<int64_t>(touched.size());
-#pragma omp parallel for schedule(static) if (n * dim >= kParallelWork)
+#pragma omp parallel for schedule(static) if (n * dim >= cpu::kParallelWork)
   for (int64_t u = 0; u < count; ++u) {
     const int64_t r = touched[u];
     float* dst = tg + r * dim;

@@ -2,20 +2,16 @@
 // permuted buffer (no padding, no copies), plus the per-row bias / activation loops of the experts.
 // Shapes: M rows of the permuted buffer, D model width, F expert hidden width, E experts;
 // offsets [E+1] delimit the segments. OpenBLAS threads itself, so the GEMMs run outside any OpenMP
-// region; the row loops are OpenMP over rows, parameter-gradient sums over rows run in row order.
+// region; the row loops are OpenMP over rows, bias gradients sum rows in order, and every GEMM cuts
+// its K dimension at fixed places (below): results do not depend on the thread count.
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
-// glibc >= 2.35 ships SIMD variants of tanhf in libmvec (linked through libm.so), but <math.h>
-// announces them only under -ffast-math. Announcing them here lets the compiler vectorise the
-// gelu loops below (about 6x faster than scalar tanhf on x86-64); the kernel bodies stay the
-// shared ones of kernels/activations.h.
-#if defined(__x86_64__) && defined(__GLIBC__) && !defined(__FAST_MATH__) && \
-    (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 35))
-extern "C" float tanhf(float) noexcept __attribute__((__simd__("notinbranch")));
-#endif
+#include "backend/cpu/vector_math.h"
 
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/parallel.h"
 #include "kernels/router.h"
 #include "moe/ops/core.h"
 #include "moe/ops/moe.h"
@@ -33,6 +29,7 @@ void check_offsets(const char* op, const std::vector<int32_t>& offsets, int64_t 
   for (int64_t e = 0; e < experts; ++e)
     MOE_CHECK(offsets[e] <= offsets[e + 1], op, ": expert offsets decrease at expert ", e);
 }
+
 
 // The expert whose segment holds `row` (offsets are sorted; empty segments are skipped).
 inline int64_t expert_of_row(const std::vector<int32_t>& offsets, int64_t row) {
@@ -124,12 +121,14 @@ void grouped_gemm(const Tensor& a, const Tensor& w, bool transpose_w,
             w.describe(), ", ", c.describe());
   const int64_t experts = w.dim(0), r = w.dim(1), s = w.dim(2), rows = a.dim(0);
   const int64_t k = transpose_w ? s : r, n = transpose_w ? r : s;
-  MOE_CHECK(a.dim(1) == k && c.dim(0) == rows && c.dim(1) == n, "grouped_gemm: shapes do not chain: ",
-            a.describe(), " x ", w.describe(), transpose_w ? "^T" : "", " -> ", c.describe());
+  MOE_CHECK(a.dim(1) == k && c.dim(0) == rows && c.dim(1) == n,
+            "grouped_gemm: shapes do not chain: ", a.describe(), " x ", w.describe(),
+            transpose_w ? "^T" : "", " -> ", c.describe());
   check_offsets("grouped_gemm", offsets, experts, rows, a);
   const float* as = a.data<float>();
   const float* ws = w.data<float>();
   float* cs = c.data<float>();
+  // One GEMM per non-empty segment (cpu::sgemm keeps it thread-count independent).
   for (int64_t e = 0; e < experts; ++e) {
     const int64_t begin = offsets[e], m = offsets[e + 1] - begin;
     if (m == 0) continue;
@@ -145,12 +144,12 @@ void grouped_gemm_weight_grad(const Tensor& dy, const Tensor& x,
   x.expect_dtype(DType::f32, "grouped_gemm_weight_grad X");
   dw.expect_dtype(DType::f32, "grouped_gemm_weight_grad dW");
   MOE_CHECK(dy.ndim() == 2 && x.ndim() == 2 && dw.ndim() == 3,
-            "grouped_gemm_weight_grad: dY [M,R], X [M,S], dW [E,R,S] expected, got ",
-            dy.describe(), ", ", x.describe(), ", ", dw.describe());
+            "grouped_gemm_weight_grad: dY [M,R], X [M,S], dW [E,R,S] expected, got ", dy.describe(),
+            ", ", x.describe(), ", ", dw.describe());
   const int64_t experts = dw.dim(0), r = dw.dim(1), s = dw.dim(2), rows = dy.dim(0);
   MOE_CHECK(dy.dim(1) == r && x.dim(0) == rows && x.dim(1) == s,
-            "grouped_gemm_weight_grad: shapes do not chain: ", dy.describe(), "^T x ",
-            x.describe(), " -> ", dw.describe());
+            "grouped_gemm_weight_grad: shapes do not chain: ", dy.describe(), "^T x ", x.describe(),
+            " -> ", dw.describe());
   check_offsets("grouped_gemm_weight_grad", offsets, experts, rows, dy);
   const float* dys = dy.data<float>();
   const float* xs = x.data<float>();
@@ -180,14 +179,14 @@ void expert_activation(Tensor& h, const Tensor& h3, const Tensor& bias,
   float* hs = h.data<float>();
   float* as = a.data<float>();
   if (activation == nn::Activation::gelu) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * width >= cpu::kParallelWork)
     for (int64_t i = 0; i < rows; ++i)
       bias_gelu(hs + i * width, bs ? bs + expert_of_row(offsets, i) * width : nullptr,
                 as + i * width, width);
   } else {
     h3.expect_shape(h.shape(), "expert_activation h3");
     const float* h3s = h3.data<float>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * width >= cpu::kParallelWork)
     for (int64_t i = 0; i < rows; ++i)
       bias_swiglu(hs + i * width, h3s + i * width,
                   bs ? bs + expert_of_row(offsets, i) * width : nullptr, as + i * width, width);
@@ -206,7 +205,7 @@ void expert_activation_backward(const Tensor& da, const Tensor& h, const Tensor&
   const float* hs = h.data<float>();
   float* dhs = dh.data<float>();
   if (activation == nn::Activation::gelu) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * width >= cpu::kParallelWork)
     for (int64_t i = 0; i < rows; ++i)
       gelu_backward(hs + i * width, das + i * width, dhs + i * width, width);
   } else {
@@ -214,7 +213,7 @@ void expert_activation_backward(const Tensor& da, const Tensor& h, const Tensor&
     dh3.expect_shape(da.shape(), "expert_activation_backward dh3");
     const float* h3s = h3.data<float>();
     float* dh3s = dh3.data<float>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * width >= cpu::kParallelWork)
     for (int64_t i = 0; i < rows; ++i)
       swiglu_backward(hs + i * width, h3s + i * width, das + i * width, dhs + i * width,
                       dh3s + i * width, width);
@@ -231,7 +230,7 @@ void grouped_add_bias(Tensor& y, const Tensor& bias, const std::vector<int32_t>&
   bias.expect_shape({experts, width}, "grouped_add_bias bias");
   const float* bs = bias.data<float>();
   float* ys = y.data<float>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * width >= cpu::kParallelWork)
   for (int64_t i = 0; i < rows; ++i)
     kernels::add_row(ys + i * width, bs + expert_of_row(offsets, i) * width, width);
 }
@@ -250,7 +249,7 @@ void grouped_bias_grad(const Tensor& dy, const std::vector<int32_t>& offsets, Te
   const int64_t blocks = (width + kBlock - 1) / kBlock;
   const float* dys = dy.data<float>();
   float* dbs = dbias.data<float>();
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (rows * width >= cpu::kParallelWork)
   for (int64_t e = 0; e < experts; ++e) {
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t c0 = b * kBlock, len = std::min(kBlock, width - c0);

@@ -2,6 +2,7 @@
 // order) for the parameter gradients. Shapes: x, y, dy, dx [N, D]; weight, bias [D]; mean, rstd
 // [N].
 #include "kernels/norm.h"
+#include "backend/cpu/parallel.h"
 
 #include <algorithm>
 
@@ -12,7 +13,6 @@ namespace moe::ops {
 
 namespace {
 // Loops over fewer elements than this run on the calling thread: a fork/join costs more.
-constexpr int64_t kParallelWork = 1 << 15;
 
 constexpr int64_t kColumnBlock = 64;
 
@@ -36,7 +36,7 @@ void accumulate_param_grads(const Tensor& dy, const Tensor& x, const float* mean
   float* dw = dweight.data<float>();
   float* db = dbias ? dbias->data<float>() : nullptr;
   const int64_t blocks = (d + kColumnBlock - 1) / kColumnBlock;
-#pragma omp parallel for schedule(static) if (n * d >= kParallelWork)
+#pragma omp parallel for schedule(static) if (n * d >= cpu::kParallelWork)
   for (int64_t blk = 0; blk < blocks; ++blk) {
     const int64_t j0 = blk * kColumnBlock, j1 = std::min(d, j0 + kColumnBlock);
     for (int64_t i = 0; i < n; ++i)
@@ -62,7 +62,7 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
   float* ys = y.data<float>();
   float* ms = mean ? mean->data<float>() : nullptr;
   float* rs = rstd ? rstd->data<float>() : nullptr;
-#pragma omp parallel for schedule(static) if (n * d >= kParallelWork)
+#pragma omp parallel for schedule(static) if (n * d >= cpu::kParallelWork)
   for (int64_t i = 0; i < n; ++i) {
     float m, r;
     kernels::layernorm_row(xs + i * d, w, b, ys + i * d, d, eps, &m, &r);
@@ -88,7 +88,7 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
   const float* ms = mean.data<float>();
   const float* rs = rstd.data<float>();
   float* dxs = dx.data<float>();
-#pragma omp parallel for schedule(static) if (n * d >= kParallelWork)
+#pragma omp parallel for schedule(static) if (n * d >= cpu::kParallelWork)
   for (int64_t i = 0; i < n; ++i)
     kernels::layernorm_row_backward(g + i * d, xs + i * d, w, ms[i], rs[i], dxs + i * d, d);
   accumulate_param_grads(dy, x, ms, rs, dweight, dbias);
@@ -104,7 +104,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, Tensor& y
   const float* w = weight.data<float>();
   float* ys = y.data<float>();
   float* rs = rstd ? rstd->data<float>() : nullptr;
-#pragma omp parallel for schedule(static) if (n * d >= kParallelWork)
+#pragma omp parallel for schedule(static) if (n * d >= cpu::kParallelWork)
   for (int64_t i = 0; i < n; ++i) {
     float r;
     kernels::rmsnorm_row(xs + i * d, w, ys + i * d, d, eps, &r);
@@ -126,7 +126,7 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, c
   const float* w = weight.data<float>();
   const float* rs = rstd.data<float>();
   float* dxs = dx.data<float>();
-#pragma omp parallel for schedule(static) if (n * d >= kParallelWork)
+#pragma omp parallel for schedule(static) if (n * d >= cpu::kParallelWork)
   for (int64_t i = 0; i < n; ++i)
     kernels::rmsnorm_row_backward(g + i * d, xs + i * d, w, rs[i], dxs + i * d, d);
   accumulate_param_grads(dy, x, nullptr, rs, dweight, nullptr);

@@ -1,6 +1,7 @@
 // Rotary position embedding over [B*T, heads*hd] activations (HF "rotate half" convention).
 // A cos/sin table [T, hd/2] is built once per call; rows are rotated in parallel.
 #include "kernels/rope.h"
+#include "backend/cpu/parallel.h"
 
 #include <vector>
 
@@ -11,7 +12,6 @@ namespace moe::ops {
 
 namespace {
 // Loops over fewer elements than this run on the calling thread: a fork/join costs more.
-constexpr int64_t kParallelWork = 1 << 15;
 
 void rope_apply(const char* op, const Tensor& x, int64_t batch, int64_t seq, int64_t heads,
                 float theta, Tensor& y, int64_t position_offset, bool inverse) {
@@ -30,7 +30,7 @@ void rope_apply(const char* op, const Tensor& x, int64_t batch, int64_t seq, int
 
   std::vector<float> cos_table(static_cast<size_t>(seq * half)),
       sin_table(static_cast<size_t>(seq * half));
-#pragma omp parallel for schedule(static) if (seq * half >= kParallelWork)
+#pragma omp parallel for schedule(static) if (seq * half >= cpu::kParallelWork)
   for (int64_t t = 0; t < seq; ++t)
     for (int64_t i = 0; i < half; ++i) {
       const float angle = kernels::rope_angle(position_offset + t, i, head_dim, theta);
@@ -40,7 +40,7 @@ void rope_apply(const char* op, const Tensor& x, int64_t batch, int64_t seq, int
   const float* xs = x.data<float>();
   float* ys = y.data<float>();
   const int64_t rows = batch * seq;
-#pragma omp parallel for schedule(static) if (rows * width >= kParallelWork)
+#pragma omp parallel for schedule(static) if (rows * width >= cpu::kParallelWork)
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t t = r % seq;
     for (int64_t h = 0; h < heads; ++h)

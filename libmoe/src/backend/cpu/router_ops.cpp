@@ -3,6 +3,7 @@
 // Every loop writes whole rows from one thread; loss sums run serially in fp64 in token order.
 #include <cmath>
 
+#include "backend/cpu/parallel.h"
 #include "kernels/router.h"
 #include "moe/ops/core.h"
 #include "moe/ops/moe.h"
@@ -15,13 +16,12 @@ void router_jitter(const Tensor& x, float jitter, uint64_t key, Tensor& noise, T
   MOE_CHECK(x.ndim() == 2, "router_jitter: 2-D input expected, got ", x.describe());
   noise.expect_shape(x.shape(), "router_jitter noise");
   routed.expect_shape(x.shape(), "router_jitter routed");
-  MOE_CHECK(jitter >= 0.0f && jitter < 1.0f, "router_jitter: jitter ", jitter,
-            " outside [0, 1)");
+  MOE_CHECK(jitter >= 0.0f && jitter < 1.0f, "router_jitter: jitter ", jitter, " outside [0, 1)");
   const float* xs = x.data<float>();
   float* ns = noise.data<float>();
   float* rs = routed.data<float>();
   int64_t rows = x.dim(0), cols = x.dim(1);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * cols >= cpu::kParallelWork)
   for (int64_t t = 0; t < rows; ++t) {
     for (int64_t d = 0; d < cols; ++d) {
       int64_t i = t * cols + d;
@@ -39,7 +39,7 @@ void router_jitter_backward(const Tensor& noise, Tensor& dx) {
   const float* ns = noise.data<float>();
   float* ds = dx.data<float>();
   int64_t n = dx.numel();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= cpu::kParallelWork)
   for (int64_t i = 0; i < n; ++i) ds[i] *= ns[i];
 }
 
@@ -54,7 +54,7 @@ void router_softmax(const Tensor& logits, Tensor& probs, Tensor& lse) {
   const float* ls = logits.data<float>();
   float* ps = probs.data<float>();
   float* zs = lse.data<float>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * experts >= cpu::kParallelWork)
   for (int64_t t = 0; t < rows; ++t)
     zs[t] = kernels::softmax_row(ls + t * experts, ps + t * experts, experts);
 }
@@ -63,18 +63,17 @@ void router_topk(const Tensor& probs, int64_t k, bool normalize, Tensor& topk_id
                  Tensor& topk_weight) {
   require_backend("router_topk", {&probs, &topk_idx, &topk_weight});
   probs.expect_dtype(DType::f32, "router_topk probs");
-  MOE_CHECK(probs.ndim() == 2, "router_topk: [N,E] probabilities expected, got ",
-            probs.describe());
+  MOE_CHECK(probs.ndim() == 2, "router_topk: [N,E] probabilities expected, got ", probs.describe());
   int64_t rows = probs.dim(0), experts = probs.dim(1);
-  MOE_CHECK(k >= 1 && k <= experts, "router_topk: top_k ", k, " must be in [1, ", experts,
-            "] for ", probs.describe());
+  MOE_CHECK(k >= 1 && k <= experts, "router_topk: top_k ", k, " must be in [1, ", experts, "] for ",
+            probs.describe());
   topk_idx.expect_shape({rows, k}, "router_topk idx");
   topk_idx.expect_dtype(DType::i32, "router_topk idx");
   topk_weight.expect_shape({rows, k}, "router_topk weight");
   const float* ps = probs.data<float>();
   int32_t* is = topk_idx.data<int32_t>();
   float* ws = topk_weight.data<float>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * experts * k >= cpu::kParallelWork)
   for (int64_t t = 0; t < rows; ++t)
     kernels::topk_row(ps + t * experts, experts, k, normalize, is + t * k, ws + t * k);
 }
@@ -130,24 +129,24 @@ void router_backward(const Tensor& probs, const Tensor& lse, const Tensor& topk_
   MOE_CHECK(probs.ndim() == 2, "router_backward: [N,E] probabilities expected, got ",
             probs.describe());
   int64_t rows = probs.dim(0), experts = probs.dim(1);
-  MOE_CHECK(topk_idx.ndim() == 2 && topk_idx.dim(0) == rows, "router_backward: ",
-            topk_idx.describe(), " does not match ", probs.describe());
+  MOE_CHECK(topk_idx.ndim() == 2 && topk_idx.dim(0) == rows,
+            "router_backward: ", topk_idx.describe(), " does not match ", probs.describe());
   int64_t k = topk_idx.dim(1);
   topk_idx.expect_dtype(DType::i32, "router_backward idx");
   dtopk_weight.expect_shape({rows, k}, "router_backward dtopk_weight");
   dtopk_weight.expect_dtype(DType::f32, "router_backward dtopk_weight");
   lse.expect_shape({rows}, "router_backward lse");
   dlogits.expect_shape({rows, experts}, "router_backward dlogits");
-  MOE_CHECK(static_cast<int64_t>(load.size()) == experts, "router_backward: load of ",
-            load.size(), " experts for ", probs.describe());
+  MOE_CHECK(static_cast<int64_t>(load.size()) == experts, "router_backward: load of ", load.size(),
+            " experts for ", probs.describe());
   if (rows == 0) return;
 
   // d aux / d probs[t,e] = E * f_e / N, the same for every token.
   std::vector<float> aux_coef(static_cast<size_t>(experts));
   for (int64_t e = 0; e < experts; ++e)
-    aux_coef[e] = static_cast<float>(static_cast<double>(aux_scale) * experts *
-                                     static_cast<double>(load[e]) /
-                                     (static_cast<double>(rows) * k * rows));
+    aux_coef[e] =
+        static_cast<float>(static_cast<double>(aux_scale) * experts * static_cast<double>(load[e]) /
+                           (static_cast<double>(rows) * k * rows));
   const float z_factor = static_cast<float>(2.0 * z_scale / static_cast<double>(rows));
   const float* ps = probs.data<float>();
   const float* zs = lse.data<float>();
@@ -155,7 +154,7 @@ void router_backward(const Tensor& probs, const Tensor& lse, const Tensor& topk_
   const float* dws = dtopk_weight.data<float>();
   float* dl = dlogits.data<float>();
   const float* coef = aux_coef.data();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * experts >= cpu::kParallelWork)
   for (int64_t t = 0; t < rows; ++t)
     kernels::router_backward_row(ps + t * experts, experts, is + t * k, dws + t * k, k, normalize,
                                  coef, z_factor * zs[t], dl + t * experts);
