@@ -157,3 +157,23 @@ TEST_CASE("cli: a damaged or foreign checkpoint is refused and the previous one 
   REQUIRE(test::read_file(dir / "step-00000002.h5") == good);
   REQUIRE(std::filesystem::read_symlink(dir / "last.h5") == "step-00000002.h5");
 }
+
+TEST_CASE("cli: --config reads flags from a file, and flags on the command line win", "[cli]") {
+  test::ScratchDir dir("cli-config");
+  test::write_file(dir / "train.toml",
+                   "data = \"" + test::fortunes_path("linux") + "\"\n"
+                   "layers = 2\nd-model = 16\nheads = 2\nd-ff = 32\nseq = 16\nexperts = 4\n"
+                   "top-k = 1\nbatch = 4\nsteps = 3\neval-batches = 1\narch = \"mixtral\"\n");
+  auto r = run_command(train("--config " + dir / "train.toml" + " --out " + dir / "run" + " --steps 2"));
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  io::Checkpoint c = io::load_checkpoint(dir / "run/last.h5");
+  REQUIRE(c.state.step == 2);
+  REQUIRE(c.model_config["arch"] == "mixtral");
+  REQUIRE(c.model_config["d_model"] == 16);
+  REQUIRE(c.model_config["top_k"] == 1);
+  test::write_file(dir / "bad.toml", "no-such-option = 3\n");
+  auto e = run_command(train("--config " + dir / "bad.toml" + " --out " + dir / "run"));
+  REQUIRE(e.exit_code == 2);
+  REQUIRE(e.err.find("moe-train: error: ") != std::string::npos);
+}
