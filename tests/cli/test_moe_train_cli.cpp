@@ -23,12 +23,41 @@ std::string train(const std::string& args) { return test::tool_path("moe-train")
 TEST_CASE("cli: moe-train --help documents every flag; --version answers", "[cli]") {
   auto r = run_command(train("--help"));
   REQUIRE(r.exit_code == 0);
-  for (const char* flag :
-       {"--data", "--val", "--out", "--resume", "--arch", "--layers", "--d-model", "--heads", "--kv-heads",
-        "--d-ff", "--seq", "--experts", "--experts-per-layer", "--moe-every", "--top-k",
-        "--capacity-factor", "--aux-loss-coef", "--z-loss-coef", "--residual-moe", "--batch", "--steps",
-        "--lr", "--warmup", "--weight-decay", "--clip", "--dtype", "--checkpoint-every", "--eval-every",
-        "--metrics", "--threads", "--seed", "--config", "--verbose", "--quiet", "--version"}) {
+  for (const char* flag : {"--data",
+                           "--val",
+                           "--out",
+                           "--resume",
+                           "--arch",
+                           "--layers",
+                           "--d-model",
+                           "--heads",
+                           "--kv-heads",
+                           "--d-ff",
+                           "--seq",
+                           "--experts",
+                           "--experts-per-layer",
+                           "--moe-every",
+                           "--top-k",
+                           "--capacity-factor",
+                           "--aux-loss-coef",
+                           "--z-loss-coef",
+                           "--residual-moe",
+                           "--batch",
+                           "--steps",
+                           "--lr",
+                           "--warmup",
+                           "--weight-decay",
+                           "--clip",
+                           "--dtype",
+                           "--checkpoint-every",
+                           "--eval-every",
+                           "--metrics",
+                           "--threads",
+                           "--seed",
+                           "--config",
+                           "--verbose",
+                           "--quiet",
+                           "--version"}) {
     INFO(flag);
     REQUIRE(r.out.find(flag) != std::string::npos);
   }
@@ -40,7 +69,8 @@ TEST_CASE("cli: moe-train --help documents every flag; --version answers", "[cli
 TEST_CASE("cli: moe-train with only --data and --out trains the default model", "[cli]") {
   test::ScratchDir dir("cli-default");
   // The embedded default with a short run: nothing but the two required flags and a step count.
-  auto r = run_command(train("--data " + test::fortunes_path("linux") + " --out " + dir.path() + " --steps 2"));
+  auto r = run_command(
+      train("--data " + test::fortunes_path("linux") + " --out " + dir.path() + " --steps 2"));
   INFO(r.err);
   REQUIRE(r.exit_code == 0);
   REQUIRE(std::filesystem::exists(dir / "step-00000002.h5"));
@@ -57,8 +87,9 @@ TEST_CASE("cli: moe-train with only --data and --out trains the default model", 
 
 TEST_CASE("cli: --metrics writes JSON lines with the contract's keys", "[cli]") {
   test::ScratchDir dir("cli-metrics");
-  auto r = run_command(train("--data " + test::fortunes_path("linux") + " --out " + dir.path() +
-                             kTiny + " --steps 4 --log-every 2 --eval-every 4 --capacity-factor 1 --metrics -"));
+  auto r =
+      run_command(train("--data " + test::fortunes_path("linux") + " --out " + dir.path() + kTiny +
+                        " --steps 4 --log-every 2 --eval-every 4 --capacity-factor 1 --metrics -"));
   INFO(r.err);
   REQUIRE(r.exit_code == 0);
   std::vector<nlohmann::json> lines;
@@ -81,23 +112,29 @@ TEST_CASE("cli: --metrics writes JSON lines with the contract's keys", "[cli]") 
 TEST_CASE("cli: resuming from a checkpoint continues exactly", "[cli]") {
   test::ScratchDir a("cli-resume-a"), b("cli-resume-b");
   std::string data = " --data " + test::fortunes_path("linux");
-  auto r1 = run_command(train(data + " --out " + a.path() + kTiny + " --steps 6 --checkpoint-every 3 --arch mixtral --kv-heads 1"));
+  auto r1 = run_command(train(data + " --out " + a.path() + kTiny +
+                              " --steps 6 --checkpoint-every 3 --arch mixtral --kv-heads 1"));
   REQUIRE(r1.exit_code == 0);
   // Model flags come from the checkpoint; the data path too.
-  auto r2 = run_command(train("--resume " + a / "step-00000003.h5" + " --out " + b.path() + " --steps 6 --threads 2"));
+  auto r2 = run_command(train("--resume " + a / "step-00000003.h5" + " --out " + b.path() +
+                              " --steps 6 --threads 2"));
   INFO(r2.err);
   REQUIRE(r2.exit_code == 0);
   io::Checkpoint x = io::load_checkpoint(a / "step-00000006.h5");
   io::Checkpoint y = io::load_checkpoint(b / "step-00000006.h5");
   REQUIRE(x.params.size() == y.params.size());
   for (size_t i = 0; i < x.params.size(); ++i)
-    REQUIRE(std::memcmp(x.params[i].tensor.raw(), y.params[i].tensor.raw(), x.params[i].tensor.nbytes()) == 0);
+    REQUIRE(std::memcmp(x.params[i].tensor.raw(), y.params[i].tensor.raw(),
+                        x.params[i].tensor.nbytes()) == 0);
   for (size_t i = 0; i < x.optim.size(); ++i)
-    REQUIRE(std::memcmp(x.optim[i].tensor.raw(), y.optim[i].tensor.raw(), x.optim[i].tensor.nbytes()) == 0);
+    REQUIRE(std::memcmp(x.optim[i].tensor.raw(), y.optim[i].tensor.raw(),
+                        x.optim[i].tensor.nbytes()) == 0);
   // A model flag contradicting the checkpoint is a usage error.
-  auto r3 = run_command(train("--resume " + a / "step-00000003.h5" + " --out " + b.path() + " --d-model 32"));
+  auto r3 = run_command(
+      train("--resume " + a / "step-00000003.h5" + " --out " + b.path() + " --d-model 32"));
   REQUIRE(r3.exit_code == 2);
-  REQUIRE(r3.err.find("moe-train: error: --d-model 32 contradicts the checkpoint") != std::string::npos);
+  REQUIRE(r3.err.find("moe-train: error: --d-model 32 contradicts the checkpoint") !=
+          std::string::npos);
 }
 
 TEST_CASE("cli: bad input gives a clear error and exit code 1 or 2", "[cli]") {
@@ -116,7 +153,8 @@ TEST_CASE("cli: bad input gives a clear error and exit code 1 or 2", "[cli]") {
       {"--data " + dir / "empty.txt" + out, 1, "empty.txt"},
       {data + out + " --top-k 5 --experts 4", 2, "--top-k 5 is larger than the 4 experts"},
       {data + out + " --heads 3 --d-model 16", 2, "--heads 3 does not divide --d-model 16"},
-      {data + out + " --kv-heads 3 --heads 4 --arch mixtral", 2, "--kv-heads 3 does not divide --heads 4"},
+      {data + out + " --kv-heads 3 --heads 4 --arch mixtral", 2,
+       "--kv-heads 3 does not divide --heads 4"},
       {data + out + " --experts-per-layer 4,4,4", 2, "--experts-per-layer has 3 entries"},
       {data + out + " --dtype f64", 2, "--dtype"},
       {data, 2, "--out"},
@@ -135,7 +173,8 @@ TEST_CASE("cli: bad input gives a clear error and exit code 1 or 2", "[cli]") {
   }
 }
 
-TEST_CASE("cli: a damaged or foreign checkpoint is refused and the previous one stays intact", "[cli]") {
+TEST_CASE("cli: a damaged or foreign checkpoint is refused and the previous one stays intact",
+          "[cli]") {
   test::ScratchDir dir("cli-damaged");
   std::string data = " --data " + test::fortunes_path("linux");
   auto r = run_command(train(data + " --out " + dir.path() + kTiny + " --steps 2"));
@@ -152,7 +191,8 @@ TEST_CASE("cli: a damaged or foreign checkpoint is refused and the previous one 
     REQUIRE(e.err.find(bad) != std::string::npos);
   }
   // A run that fails (here: a flag contradicting the checkpoint) leaves the output untouched.
-  auto e = run_command(train("--resume " + dir / "last.h5" + " --out " + dir.path() + " --steps 4 --layers 3"));
+  auto e = run_command(
+      train("--resume " + dir / "last.h5" + " --out " + dir.path() + " --steps 4 --layers 3"));
   REQUIRE(e.exit_code == 2);
   REQUIRE(test::read_file(dir / "step-00000002.h5") == good);
   REQUIRE(std::filesystem::read_symlink(dir / "last.h5") == "step-00000002.h5");
@@ -161,10 +201,12 @@ TEST_CASE("cli: a damaged or foreign checkpoint is refused and the previous one 
 TEST_CASE("cli: --config reads flags from a file, and flags on the command line win", "[cli]") {
   test::ScratchDir dir("cli-config");
   test::write_file(dir / "train.toml",
-                   "data = \"" + test::fortunes_path("linux") + "\"\n"
-                   "layers = 2\nd-model = 16\nheads = 2\nd-ff = 32\nseq = 16\nexperts = 4\n"
-                   "top-k = 1\nbatch = 4\nsteps = 3\neval-batches = 1\narch = \"mixtral\"\n");
-  auto r = run_command(train("--config " + dir / "train.toml" + " --out " + dir / "run" + " --steps 2"));
+                   "data = \"" + test::fortunes_path("linux") +
+                       "\"\n"
+                       "layers = 2\nd-model = 16\nheads = 2\nd-ff = 32\nseq = 16\nexperts = 4\n"
+                       "top-k = 1\nbatch = 4\nsteps = 3\neval-batches = 1\narch = \"mixtral\"\n");
+  auto r =
+      run_command(train("--config " + dir / "train.toml" + " --out " + dir / "run" + " --steps 2"));
   INFO(r.err);
   REQUIRE(r.exit_code == 0);
   io::Checkpoint c = io::load_checkpoint(dir / "run/last.h5");

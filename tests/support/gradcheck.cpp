@@ -19,7 +19,8 @@ Tensor random_ids(Shape shape, uint64_t seed, int32_t limit) {
   int32_t* p = t.data<int32_t>();
   uint64_t key = rng_key(seed, {0x1d5});
   for (int64_t i = 0; i < t.numel(); ++i)
-    p[i] = static_cast<int32_t>(rng_below(key, static_cast<uint64_t>(i), static_cast<uint64_t>(limit)));
+    p[i] = static_cast<int32_t>(
+        rng_below(key, static_cast<uint64_t>(i), static_cast<uint64_t>(limit)));
   return t;
 }
 

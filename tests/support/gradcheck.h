@@ -16,10 +16,10 @@ Tensor random_ids(Shape shape, uint64_t seed, int32_t limit);
 double dot(const Tensor& y, const Tensor& r);
 
 struct GradCheckResult {
-  double max_error = 0;     // max |analytic - numeric| / max |numeric| over checked elements
-  double grad_scale = 0;    // max |numeric|: a check on an all-zero gradient proves nothing
+  double max_error = 0;   // max |analytic - numeric| / max |numeric| over checked elements
+  double grad_scale = 0;  // max |numeric|: a check on an all-zero gradient proves nothing
   int checked = 0;
-  std::string worst;        // "element i: analytic a numeric n"
+  std::string worst;  // "element i: analytic a numeric n"
 };
 
 // Central differences of `loss` w.r.t. up to `max_checks` elements of `x` (spread over the tensor,
@@ -32,12 +32,12 @@ GradCheckResult check_gradient(Tensor& x, const Tensor& analytic,
 }  // namespace moe::test
 
 // REQUIRE that a gradient check passed with the given tolerance and a non-trivial gradient.
-#define MOE_REQUIRE_GRAD(result, tol)                                       \
-  do {                                                                      \
-    auto _r = (result);                                                     \
-    INFO("gradcheck: max_error " << _r.max_error << " scale " << _r.grad_scale \
-                                 << " checked " << _r.checked << " worst " << _r.worst); \
-    REQUIRE(_r.checked > 0);                                                \
-    REQUIRE(_r.grad_scale > 1e-6);                                          \
-    REQUIRE(_r.max_error < (tol));                                          \
+#define MOE_REQUIRE_GRAD(result, tol)                                                         \
+  do {                                                                                        \
+    auto _r = (result);                                                                       \
+    INFO("gradcheck: max_error " << _r.max_error << " scale " << _r.grad_scale << " checked " \
+                                 << _r.checked << " worst " << _r.worst);                     \
+    REQUIRE(_r.checked > 0);                                                                  \
+    REQUIRE(_r.grad_scale > 1e-6);                                                            \
+    REQUIRE(_r.max_error < (tol));                                                            \
   } while (0)

@@ -1,7 +1,8 @@
+#include <omp.h>
+
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
-#include <omp.h>
 
 #include "kernels/convert.h"
 #include "moe/arena.h"
@@ -21,7 +22,8 @@ TEST_CASE("bf16 and f16 conversions round to nearest even", "[core]") {
   REQUIRE(std::isnan(bf16_to_f32(f32_to_bf16(NAN))));
   REQUIRE(f16_to_f32(f32_to_f16(65504.0f)) == 65504.0f);
   REQUIRE(std::isinf(f16_to_f32(f32_to_f16(70000.0f))));
-  REQUIRE(f16_to_f32(f32_to_f16(5.9604644775390625e-8f)) == 5.9604644775390625e-8f);  // min subnormal
+  REQUIRE(f16_to_f32(f32_to_f16(5.9604644775390625e-8f)) ==
+          5.9604644775390625e-8f);  // min subnormal
   REQUIRE(f16_to_f32(f32_to_f16(-0.333333f)) == Approx(-0.333333f).epsilon(1e-3));
   // Every f16 bit pattern that is finite round-trips exactly.
   for (uint32_t h = 0; h < 0x7c00; ++h) {
@@ -80,7 +82,8 @@ TEST_CASE("gemm matches a naive loop for all transposes", "[core]") {
                   Approx(0.5 * s + 2.0 * c0.data<float>()[i * n + j]).epsilon(1e-5));
         }
     }
-  Tensor a = test::random_tensor({2, 3}, 1), b = test::random_tensor({4, 2}, 2), c = Tensor::zeros({2, 2});
+  Tensor a = test::random_tensor({2, 3}, 1), b = test::random_tensor({4, 2}, 2),
+         c = Tensor::zeros({2, 2});
   REQUIRE_THROWS_WITH(ops::gemm(a, false, b, false, c), Catch::Contains("do not chain"));
 }
 

@@ -1,7 +1,8 @@
 // The training loop on a real corpus: learning, exact resume, bitwise checkpoints, determinism.
+#include <omp.h>
+
 #include <catch2/catch.hpp>
 #include <cstring>
-#include <omp.h>
 
 #include "moe/io/checkpoint.h"
 #include "moe/threads.h"
@@ -75,7 +76,8 @@ TEST_CASE("train: a short run on a real corpus lowers validation loss clearly", 
   REQUIRE(after < before - 2.5);  // from 5.5 nats (uniform over bytes) to below 3.05
 }
 
-TEST_CASE("train: 2N steps straight equal N steps, checkpoint, resume, N steps (bitwise)", "[train]") {
+TEST_CASE("train: 2N steps straight equal N steps, checkpoint, resume, N steps (bitwise)",
+          "[train]") {
   for (DType dtype : {DType::f32, DType::bf16}) {
     for (Arch arch : {Arch::gpt, Arch::mixtral}) {
       DYNAMIC_SECTION(arch_name(arch) << " " << dtype_name(dtype)) {
@@ -118,7 +120,8 @@ TEST_CASE("train: checkpoint save then load is bitwise and keeps the state", "[t
   }
 }
 
-TEST_CASE("train: a run is bitwise reproducible, and does not depend on the thread count", "[train]") {
+TEST_CASE("train: a run is bitwise reproducible, and does not depend on the thread count",
+          "[train]") {
   auto run = [](int threads) {
     set_num_threads(threads);
     train::Trainer t(small_model(Arch::mixtral), small_train(3), {});
@@ -145,7 +148,8 @@ TEST_CASE("train: token ids beyond the vocabulary are a usage error naming the f
   test::write_file(dir / "ids.u16", tokens);
   train::TrainConfig t = small_train(1);
   t.data = dir / "ids.u16";
-  REQUIRE_THROWS_WITH(train::Trainer(small_model(), t, {}), Catch::Contains("ids.u16") && Catch::Contains("299"));
+  REQUIRE_THROWS_WITH(train::Trainer(small_model(), t, {}),
+                      Catch::Contains("ids.u16") && Catch::Contains("299"));
   ModelConfig m = small_model();
   m.vocab_size = 0;  // sized from the data
   train::Trainer ok(m, t, {});

@@ -13,8 +13,8 @@
 namespace moe::tools {
 
 void add_common_options(CLI::App& app, CommonOptions& o, const std::string& tool) {
-  app.set_version_flag("--version", std::string(tool) + " " + moe::version() + " (git " +
-                                        moe::git_revision() + ")");
+  app.set_version_flag(
+      "--version", std::string(tool) + " " + moe::version() + " (git " + moe::git_revision() + ")");
   app.set_config("--config", "", "Read flags from a TOML/INI file (CLI11 format: key = value)");
   app.add_option("--threads", o.threads, "CPU threads for BLAS and OpenMP (0 = all cores)")
       ->check(CLI::NonNegativeNumber);

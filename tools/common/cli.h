@@ -9,7 +9,7 @@
 namespace moe::tools {
 
 struct CommonOptions {
-  int threads = 0;      // 0 = OpenMP default
+  int threads = 0;  // 0 = OpenMP default
   uint64_t seed = 1234;
   int verbose = 0;
   bool quiet = false;
@@ -29,8 +29,8 @@ int run_tool(const std::string& tool, CLI::App& app, int argc, char** argv,
 class Progress {
  public:
   explicit Progress(bool quiet);
-  void live(const std::string& line);     // on a terminal only
-  void line(const std::string& line);     // always (unless quiet)
+  void live(const std::string& line);  // on a terminal only
+  void line(const std::string& line);  // always (unless quiet)
   void finish();
   bool is_terminal() const { return tty_; }
 
@@ -53,7 +53,7 @@ class OutputStream {
   bool owned_ = false;
 };
 
-std::string format_duration(double seconds);   // "1:02:03" / "2:03"
-std::string format_rate(double per_second);    // "12.3k"
+std::string format_duration(double seconds);  // "1:02:03" / "2:03"
+std::string format_rate(double per_second);   // "12.3k"
 
 }  // namespace moe::tools

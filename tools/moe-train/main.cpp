@@ -29,7 +29,8 @@ ModelConfig resolve_model(tools::TrainOptions& o, const io::Checkpoint* resume) 
   ModelConfig m = o.model;
   m.arch = parse_arch(o.arch);
   m.dtype = parse_dtype(o.dtype);
-  m.normalize_topk = o.normalize_topk == "auto" ? flavour_of(m).normalize_topk : o.normalize_topk == "on";
+  m.normalize_topk =
+      o.normalize_topk == "auto" ? flavour_of(m).normalize_topk : o.normalize_topk == "on";
   if (!resume) {
     m.resolve();
     return m;
@@ -47,8 +48,9 @@ ModelConfig resolve_model(tools::TrainOptions& o, const io::Checkpoint* resume) 
         if (c == '-') c = '_';
       if (key == "vocab") key = "vocab_size";
       if (a.contains(key) && a[key] != b[key])
-        throw UsageError(str("--", opt->get_name().substr(2), " ", a[key].dump(), " contradicts the checkpoint's ",
-                             b[key].dump(), " (a resumed run keeps its model)"));
+        throw UsageError(str("--", opt->get_name().substr(2), " ", a[key].dump(),
+                             " contradicts the checkpoint's ", b[key].dump(),
+                             " (a resumed run keeps its model)"));
     }
   }
   return saved;
@@ -80,9 +82,11 @@ int run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv) {
   if (tc.data.empty()) throw UsageError("--data is required (the text or token file to train on)");
 
   ModelConfig mc = resolve_model(o, resume.get());
-  bool token_file = tc.data_format == "u16" || tc.data_format == "u32" ||
-                    (tc.data_format == "auto" && (tc.data.ends_with(".u16") || tc.data.ends_with(".u32")));
-  if (!resume && token_file && !app.get_option("--vocab")->count()) mc.vocab_size = 0;  // from the data
+  bool token_file =
+      tc.data_format == "u16" || tc.data_format == "u32" ||
+      (tc.data_format == "auto" && (tc.data.ends_with(".u16") || tc.data.ends_with(".u32")));
+  if (!resume && token_file && !app.get_option("--vocab")->count())
+    mc.vocab_size = 0;  // from the data
 
   train::Trainer trainer(mc, tc, io::make_provenance("moe-train", argc, argv));
   if (resume) {
@@ -91,9 +95,10 @@ int run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv) {
     resume.reset();
   }
   const ModelConfig& model = trainer.model_config();
-  MOE_LOG_INFO("model: ", arch_name(model.arch), ", ", model.layers, " layers (", model.num_moe_layers(),
-               " MoE), d_model ", model.d_model, ", ", trainer.params().numel(), " parameters (",
-               trainer.model().active_params_per_token(), " active per token), dtype ", dtype_name(model.dtype));
+  MOE_LOG_INFO("model: ", arch_name(model.arch), ", ", model.layers, " layers (",
+               model.num_moe_layers(), " MoE), d_model ", model.d_model, ", ",
+               trainer.params().numel(), " parameters (", trainer.model().active_params_per_token(),
+               " active per token), dtype ", dtype_name(model.dtype));
   MOE_LOG_INFO("data: ", trainer.train_tokens(), " training tokens, ", trainer.val_tokens(),
                " validation tokens; ", num_threads(), " threads");
 
@@ -112,9 +117,11 @@ int run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv) {
     bool last = s.step == tc.steps;
     bool do_eval = last || (o.eval_every > 0 && s.step % o.eval_every == 0);
     double val = do_eval ? trainer.evaluate() : NAN;
-    double eta = elapsed / static_cast<double>(s.step - first_step) * static_cast<double>(tc.steps - s.step);
+    double eta =
+        elapsed / static_cast<double>(s.step - first_step) * static_cast<double>(tc.steps - s.step);
     char head[160];
-    std::snprintf(head, sizeof head, "step %lld/%lld | loss %.4f | aux %.4f | lr %.2e | %s tok/s | ETA %s",
+    std::snprintf(head, sizeof head,
+                  "step %lld/%lld | loss %.4f | aux %.4f | lr %.2e | %s tok/s | ETA %s",
                   static_cast<long long>(s.step), static_cast<long long>(tc.steps), s.forward.loss,
                   s.forward.aux_loss, s.lr, tools::format_rate(ema_rate).c_str(),
                   tools::format_duration(eta).c_str());
@@ -149,8 +156,8 @@ int run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv) {
   progress.finish();
   if (metrics) metrics->close();
   if (last_saved.empty()) {
-    MOE_LOG_WARN("nothing to do: the checkpoint is already at step ", trainer.steps_done(), " of --steps ",
-                 tc.steps);
+    MOE_LOG_WARN("nothing to do: the checkpoint is already at step ", trainer.steps_done(),
+                 " of --steps ", tc.steps);
   }
   return 0;
 }
@@ -158,10 +165,12 @@ int run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"moe-train: train a Mixture-of-Experts transformer language model on text or token files.\n"
-               "Writes DIR/step-<8 digits>.h5 checkpoints and keeps DIR/last.h5 pointing at the newest.",
-               "moe-train"};
+  CLI::App app{
+      "moe-train: train a Mixture-of-Experts transformer language model on text or token files.\n"
+      "Writes DIR/step-<8 digits>.h5 checkpoints and keeps DIR/last.h5 pointing at the newest.",
+      "moe-train"};
   tools::TrainOptions options;
   tools::add_train_options(app, options);
-  return tools::run_tool("moe-train", app, argc, argv, [&] { return run(options, app, argc, argv); });
+  return tools::run_tool("moe-train", app, argc, argv,
+                         [&] { return run(options, app, argc, argv); });
 }

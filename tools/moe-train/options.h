@@ -30,72 +30,119 @@ inline void add_train_options(CLI::App& app, TrainOptions& o) {
   auto group = [&](const char* name) { return app.add_option_group(name); };
 
   auto* io = group("Data and output");
-  o.train_flags.push_back(io->add_option("--data", t.data, "Training text (bytes are tokens) or .u16/.u32 token file"));
-  o.train_flags.push_back(io->add_option("--val", t.val, "Validation data (default: the held-out tail of --data)"));
-  o.train_flags.push_back(io->add_option("--data-format", t.data_format, "auto (by extension), text, u16 or u32")
-      ->check(CLI::IsMember({"auto", "text", "u16", "u32"}))->capture_default_str());
-  o.train_flags.push_back(io->add_option("--val-fraction", t.val_fraction, "Held-out tail of --data when no --val")
-      ->capture_default_str());
-  io->add_option("--out", o.out, "Output directory: step-<8 digits>.h5 checkpoints and last.h5")->required();
-  io->add_option("--resume", o.resume, "Continue exactly from this checkpoint (model config comes from it)");
-  io->add_option("--checkpoint-every", o.checkpoint_every, "Checkpoint every N steps (0: only at the end)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  o.train_flags.push_back(
+      io->add_option("--data", t.data, "Training text (bytes are tokens) or .u16/.u32 token file"));
+  o.train_flags.push_back(
+      io->add_option("--val", t.val, "Validation data (default: the held-out tail of --data)"));
+  o.train_flags.push_back(
+      io->add_option("--data-format", t.data_format, "auto (by extension), text, u16 or u32")
+          ->check(CLI::IsMember({"auto", "text", "u16", "u32"}))
+          ->capture_default_str());
+  o.train_flags.push_back(
+      io->add_option("--val-fraction", t.val_fraction, "Held-out tail of --data when no --val")
+          ->capture_default_str());
+  io->add_option("--out", o.out, "Output directory: step-<8 digits>.h5 checkpoints and last.h5")
+      ->required();
+  io->add_option("--resume", o.resume,
+                 "Continue exactly from this checkpoint (model config comes from it)");
+  io->add_option("--checkpoint-every", o.checkpoint_every,
+                 "Checkpoint every N steps (0: only at the end)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   io->add_option("--eval-every", o.eval_every, "Validation loss every N steps (0: only at the end)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
-  o.train_flags.push_back(io->add_option("--eval-batches", t.eval_batches, "Validation batches per evaluation")
-      ->check(CLI::PositiveNumber)->capture_default_str());
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  o.train_flags.push_back(
+      io->add_option("--eval-batches", t.eval_batches, "Validation batches per evaluation")
+          ->check(CLI::PositiveNumber)
+          ->capture_default_str());
   io->add_option("--metrics", o.metrics, "JSON lines of metrics to PATH ('-' = stdout)");
   io->add_option("--log-every", o.log_every, "Progress/metrics line every N steps")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
 
   auto* mg = group("Model (taken from the checkpoint with --resume)");
   auto model_opt = [&](CLI::Option* opt) {
     o.model_flags.push_back(opt);
     return opt;
   };
-  model_opt(mg->add_option("--arch", o.arch, "gpt (GPT-2/Switch numerics) or mixtral (HF Mixtral numerics)")
-      ->check(CLI::IsMember({"gpt", "mixtral"}))->capture_default_str());
-  model_opt(mg->add_option("--vocab", m.vocab_size, "Vocabulary size (256 for text; token files: max id + 1 by default)")
-      ->capture_default_str());
+  model_opt(mg->add_option("--arch", o.arch,
+                           "gpt (GPT-2/Switch numerics) or mixtral (HF Mixtral numerics)")
+                ->check(CLI::IsMember({"gpt", "mixtral"}))
+                ->capture_default_str());
+  model_opt(mg->add_option("--vocab", m.vocab_size,
+                           "Vocabulary size (256 for text; token files: max id + 1 by default)")
+                ->capture_default_str());
   model_opt(mg->add_option("--layers", m.layers, "Transformer blocks")->capture_default_str());
   model_opt(mg->add_option("--d-model", m.d_model, "Model width D")->capture_default_str());
-  model_opt(mg->add_option("--heads", m.heads, "Attention heads (must divide --d-model)")->capture_default_str());
-  model_opt(mg->add_option("--kv-heads", m.kv_heads, "Key/value heads for grouped-query attention (mixtral; divides --heads; 0 = --heads)")
-      ->capture_default_str());
-  model_opt(mg->add_option("--d-ff", m.d_ff, "Hidden width of dense MLPs and of each expert")->capture_default_str());
-  model_opt(mg->add_option("--seq", m.seq, "Context length T (tokens per sequence)")->capture_default_str());
+  model_opt(mg->add_option("--heads", m.heads, "Attention heads (must divide --d-model)")
+                ->capture_default_str());
+  model_opt(
+      mg->add_option(
+            "--kv-heads", m.kv_heads,
+            "Key/value heads for grouped-query attention (mixtral; divides --heads; 0 = --heads)")
+          ->capture_default_str());
+  model_opt(mg->add_option("--d-ff", m.d_ff, "Hidden width of dense MLPs and of each expert")
+                ->capture_default_str());
+  model_opt(mg->add_option("--seq", m.seq, "Context length T (tokens per sequence)")
+                ->capture_default_str());
   model_opt(mg->add_option("--experts", m.experts, "Experts per MoE layer")->capture_default_str());
-  model_opt(mg->add_option("--experts-per-layer", m.experts_per_layer,
-                           "PR-MoE pyramid: expert counts, one per layer (0 = dense) or one per MoE layer")
-      ->delimiter(','));
-  model_opt(mg->add_option("--moe-every", m.moe_every, "Every K-th block is MoE (1 = all)")->capture_default_str());
+  model_opt(mg->add_option(
+                  "--experts-per-layer", m.experts_per_layer,
+                  "PR-MoE pyramid: expert counts, one per layer (0 = dense) or one per MoE layer")
+                ->delimiter(','));
+  model_opt(mg->add_option("--moe-every", m.moe_every, "Every K-th block is MoE (1 = all)")
+                ->capture_default_str());
   model_opt(mg->add_option("--top-k", m.top_k, "Experts per token")->capture_default_str());
-  model_opt(mg->add_option("--capacity-factor", m.capacity_factor,
-                           "Expert capacity C = cf*N*k/E; tokens beyond it are dropped (0 = dropless)")
-      ->capture_default_str());
-  model_opt(mg->add_option("--aux-loss-coef", m.aux_loss_coef, "Switch/GShard load-balancing loss weight")
-      ->capture_default_str());
-  model_opt(mg->add_option("--z-loss-coef", m.z_loss_coef, "Router z-loss weight")->capture_default_str());
-  model_opt(mg->add_flag("--residual-moe", m.residual_moe, "PR-MoE residual MoE: dense MLP + one (top-1) expert"));
-  model_opt(mg->add_option("--normalize-topk", o.normalize_topk,
-                           "Renormalise the top-k gate weights: on, off, auto (mixtral on, gpt off)")
-      ->check(CLI::IsMember({"auto", "on", "off"}))->capture_default_str());
-  model_opt(mg->add_option("--router-jitter", m.router_jitter, "Multiplicative router input noise U(1-j, 1+j) in training")
-      ->capture_default_str());
-  model_opt(mg->add_option("--norm-eps", m.norm_eps, "LayerNorm/RMSNorm epsilon")->capture_default_str());
-  model_opt(mg->add_option("--rope-theta", m.rope_theta, "RoPE base (mixtral)")->capture_default_str());
-  model_opt(mg->add_option("--dtype", o.dtype, "Parameter and activation storage: f32, bf16, f16 (math and optimizer state stay fp32)")
-      ->check(CLI::IsMember({"f32", "bf16", "f16"}))->capture_default_str());
+  model_opt(
+      mg->add_option("--capacity-factor", m.capacity_factor,
+                     "Expert capacity C = cf*N*k/E; tokens beyond it are dropped (0 = dropless)")
+          ->capture_default_str());
+  model_opt(
+      mg->add_option("--aux-loss-coef", m.aux_loss_coef, "Switch/GShard load-balancing loss weight")
+          ->capture_default_str());
+  model_opt(mg->add_option("--z-loss-coef", m.z_loss_coef, "Router z-loss weight")
+                ->capture_default_str());
+  model_opt(mg->add_flag("--residual-moe", m.residual_moe,
+                         "PR-MoE residual MoE: dense MLP + one (top-1) expert"));
+  model_opt(
+      mg->add_option("--normalize-topk", o.normalize_topk,
+                     "Renormalise the top-k gate weights: on, off, auto (mixtral on, gpt off)")
+          ->check(CLI::IsMember({"auto", "on", "off"}))
+          ->capture_default_str());
+  model_opt(mg->add_option("--router-jitter", m.router_jitter,
+                           "Multiplicative router input noise U(1-j, 1+j) in training")
+                ->capture_default_str());
+  model_opt(
+      mg->add_option("--norm-eps", m.norm_eps, "LayerNorm/RMSNorm epsilon")->capture_default_str());
+  model_opt(
+      mg->add_option("--rope-theta", m.rope_theta, "RoPE base (mixtral)")->capture_default_str());
+  model_opt(
+      mg->add_option(
+            "--dtype", o.dtype,
+            "Parameter and activation storage: f32, bf16, f16 (math and optimizer state stay fp32)")
+          ->check(CLI::IsMember({"f32", "bf16", "f16"}))
+          ->capture_default_str());
 
   auto* og = group("Optimization");
-  o.train_flags.push_back(og->add_option("--batch", t.batch, "Sequences per step")->capture_default_str());
-  o.train_flags.push_back(og->add_option("--steps", t.steps, "Total optimizer steps (the schedule's length)")->capture_default_str());
-  o.train_flags.push_back(og->add_option("--lr", t.lr, "Peak learning rate (AdamW)")->capture_default_str());
-  o.train_flags.push_back(og->add_option("--min-lr-ratio", t.min_lr_ratio, "Cosine decay floor as a fraction of --lr")
-      ->capture_default_str());
-  o.train_flags.push_back(og->add_option("--warmup", t.warmup, "Linear warmup steps")->capture_default_str());
-  o.train_flags.push_back(og->add_option("--weight-decay", t.weight_decay, "AdamW decoupled weight decay")->capture_default_str());
-  o.train_flags.push_back(og->add_option("--clip", t.clip, "Clip the global gradient norm to this (0 = off)")->capture_default_str());
+  o.train_flags.push_back(
+      og->add_option("--batch", t.batch, "Sequences per step")->capture_default_str());
+  o.train_flags.push_back(
+      og->add_option("--steps", t.steps, "Total optimizer steps (the schedule's length)")
+          ->capture_default_str());
+  o.train_flags.push_back(
+      og->add_option("--lr", t.lr, "Peak learning rate (AdamW)")->capture_default_str());
+  o.train_flags.push_back(
+      og->add_option("--min-lr-ratio", t.min_lr_ratio, "Cosine decay floor as a fraction of --lr")
+          ->capture_default_str());
+  o.train_flags.push_back(
+      og->add_option("--warmup", t.warmup, "Linear warmup steps")->capture_default_str());
+  o.train_flags.push_back(
+      og->add_option("--weight-decay", t.weight_decay, "AdamW decoupled weight decay")
+          ->capture_default_str());
+  o.train_flags.push_back(
+      og->add_option("--clip", t.clip, "Clip the global gradient norm to this (0 = off)")
+          ->capture_default_str());
 }
 
 }  // namespace moe::tools

@@ -29,13 +29,14 @@ class UsageError : public Error {
 
 }  // namespace moe
 
-// MOE_CHECK(cond, "what", value, ...): throws moe::Error("what value ... [file:line]") when cond is false.
-#define MOE_CHECK(cond, ...)                                                                 \
-  do {                                                                                       \
+// MOE_CHECK(cond, "what", value, ...): throws moe::Error("what value ... [file:line]") when cond is
+// false.
+#define MOE_CHECK(cond, ...)                                                                      \
+  do {                                                                                            \
     if (!(cond)) throw ::moe::Error(::moe::str(__VA_ARGS__, " [", __FILE__, ":", __LINE__, "]")); \
   } while (0)
 
-#define MOE_USAGE_CHECK(cond, ...)                              \
-  do {                                                          \
+#define MOE_USAGE_CHECK(cond, ...)                                 \
+  do {                                                             \
     if (!(cond)) throw ::moe::UsageError(::moe::str(__VA_ARGS__)); \
   } while (0)

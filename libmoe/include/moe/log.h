@@ -12,10 +12,10 @@ void log_write(LogLevel level, const std::string& message);
 
 }  // namespace moe
 
-#define MOE_LOG_AT(level, ...)                                                          \
-  do {                                                                                  \
-    if (static_cast<int>(level) <= static_cast<int>(::moe::log_level()))                \
-      ::moe::log_write(level, ::moe::str(__VA_ARGS__));                                 \
+#define MOE_LOG_AT(level, ...)                                           \
+  do {                                                                   \
+    if (static_cast<int>(level) <= static_cast<int>(::moe::log_level())) \
+      ::moe::log_write(level, ::moe::str(__VA_ARGS__));                  \
   } while (0)
 #define MOE_LOG_ERROR(...) MOE_LOG_AT(::moe::LogLevel::error, __VA_ARGS__)
 #define MOE_LOG_WARN(...) MOE_LOG_AT(::moe::LogLevel::warn, __VA_ARGS__)

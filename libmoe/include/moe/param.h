@@ -25,8 +25,8 @@ struct Param {
   Tensor value;      // storage dtype (f32, bf16, f16)
   Tensor grad;       // fp32, same shape; backward accumulates (+=)
   Tensor compute;    // fp32 values the kernels read: `value` itself when f32, else an upcast copy
-  bool expert = false;         // leading dimension indexes experts of one layer
-  bool decay = true;           // AdamW weight decay applies (not for norms, biases)
+  bool expert = false;  // leading dimension indexes experts of one layer
+  bool decay = true;    // AdamW weight decay applies (not for norms, biases)
 
   const Tensor& w() const { return compute; }
   // Call after `value` changed (optimizer step, checkpoint load).

@@ -65,7 +65,7 @@ class Tensor {
 
   // Copies.
   Tensor clone() const;
-  Tensor to(DType dtype) const;  // converts (round-to-nearest-even for bf16/f16)
+  Tensor to(DType dtype) const;          // converts (round-to-nearest-even for bf16/f16)
   std::vector<float> to_vector() const;  // any floating dtype, as f32
   void copy_from(const Tensor& other);   // same shape; converts dtype
   void fill(float value);

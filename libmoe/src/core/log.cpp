@@ -9,10 +9,14 @@ LogLevel g_level = LogLevel::info;
 std::mutex g_mutex;
 const char* level_tag(LogLevel level) {
   switch (level) {
-    case LogLevel::error: return "error";
-    case LogLevel::warn: return "warning";
-    case LogLevel::info: return "info";
-    case LogLevel::debug: return "debug";
+    case LogLevel::error:
+      return "error";
+    case LogLevel::warn:
+      return "warning";
+    case LogLevel::info:
+      return "info";
+    case LogLevel::debug:
+      return "debug";
   }
   return "?";
 }

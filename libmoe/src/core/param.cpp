@@ -1,8 +1,8 @@
 #include "moe/param.h"
-#include "backend/cpu/parallel.h"
 
 #include <omp.h>
 
+#include "backend/cpu/parallel.h"
 #include "moe/rng.h"
 
 namespace moe {

@@ -24,7 +24,8 @@ int64_t shape_numel(const Shape& shape) {
 }
 
 Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
-  for (int64_t d : shape) MOE_CHECK(d >= 0, "tensor: negative dimension in shape ", shape_str(shape));
+  for (int64_t d : shape)
+    MOE_CHECK(d >= 0, "tensor: negative dimension in shape ", shape_str(shape));
   MOE_CHECK(device.kind == Device::cpu, "tensor: no backend for device ", device.str(),
             " in this build");
   Tensor t;
@@ -35,7 +36,8 @@ Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
   if (Arena* arena = ArenaScope::current()) {
     t.storage_ = arena->allocate(bytes);
   } else {
-    t.storage_ = std::shared_ptr<std::byte>(new std::byte[bytes], std::default_delete<std::byte[]>());
+    t.storage_ =
+        std::shared_ptr<std::byte>(new std::byte[bytes], std::default_delete<std::byte[]>());
   }
   return t;
 }
@@ -97,8 +99,8 @@ Tensor Tensor::reshape(Shape shape) const {
 }
 
 Tensor Tensor::rows(int64_t begin, int64_t end) const {
-  MOE_CHECK(ndim() >= 1 && 0 <= begin && begin <= end && end <= shape_[0], "rows(", begin, ",",
-            end, ") of ", describe());
+  MOE_CHECK(ndim() >= 1 && 0 <= begin && begin <= end && end <= shape_[0], "rows(", begin, ",", end,
+            ") of ", describe());
   Tensor t = *this;
   int64_t row_elems = shape_[0] ? numel() / shape_[0] : 0;
   t.storage_ = std::shared_ptr<std::byte>(
@@ -127,9 +129,12 @@ void Tensor::copy_from(const Tensor& other) {
   // Through fp32.
   auto load = [&](int64_t i) -> float {
     switch (other.dtype_) {
-      case DType::f32: return other.data<float>()[i];
-      case DType::bf16: return kernels::bf16_to_f32(other.half_bits()[i]);
-      default: return kernels::f16_to_f32(other.half_bits()[i]);
+      case DType::f32:
+        return other.data<float>()[i];
+      case DType::bf16:
+        return kernels::bf16_to_f32(other.half_bits()[i]);
+      default:
+        return kernels::f16_to_f32(other.half_bits()[i]);
     }
   };
   switch (dtype_) {
@@ -174,7 +179,8 @@ void Tensor::fill(float value) {
     }
     case DType::bf16:
     case DType::f16: {
-      uint16_t bits = dtype_ == DType::bf16 ? kernels::f32_to_bf16(value) : kernels::f32_to_f16(value);
+      uint16_t bits =
+          dtype_ == DType::bf16 ? kernels::f32_to_bf16(value) : kernels::f32_to_f16(value);
       uint16_t* d = half_bits();
       for (int64_t i = 0; i < n; ++i) d[i] = bits;
       break;

@@ -1,4 +1,5 @@
-// AdamW update of one element (decoupled weight decay, Loshchilov & Hutter), fp32 master and moments.
+// AdamW update of one element (decoupled weight decay, Loshchilov & Hutter), fp32 master and
+// moments.
 #pragma once
 #include "kernels/common.h"
 

@@ -35,8 +35,9 @@ void ModelConfig::resolve() {
     for (size_t j = 0; j < moe_layers.size(); ++j) resolved[moe_layers[j]] = experts_per_layer[j];
   } else {
     throw UsageError(str("--experts-per-layer has ", experts_per_layer.size(),
-                         " entries; give one per layer (", layers, ", 0 = dense) or one per MoE layer (",
-                         moe_layers.size(), " with --moe-every ", moe_every, ")"));
+                         " entries; give one per layer (", layers,
+                         ", 0 = dense) or one per MoE layer (", moe_layers.size(),
+                         " with --moe-every ", moe_every, ")"));
   }
   experts_per_layer = resolved;
   validate();
@@ -48,7 +49,8 @@ void ModelConfig::validate() const {
   MOE_USAGE_CHECK(d_model % heads == 0, "--heads ", heads, " does not divide --d-model ", d_model);
   int64_t head_dim = d_model / heads;
   int64_t kv = kv_heads_resolved();
-  MOE_USAGE_CHECK(kv >= 1 && heads % kv == 0, "--kv-heads ", kv, " does not divide --heads ", heads);
+  MOE_USAGE_CHECK(kv >= 1 && heads % kv == 0, "--kv-heads ", kv, " does not divide --heads ",
+                  heads);
   MOE_USAGE_CHECK(arch == Arch::mixtral || kv == heads,
                   "--kv-heads (grouped-query attention) needs --arch mixtral");
   MOE_USAGE_CHECK(arch != Arch::mixtral || head_dim % 2 == 0,
@@ -62,8 +64,8 @@ void ModelConfig::validate() const {
   MOE_USAGE_CHECK(norm_eps > 0, "--norm-eps must be > 0");
   MOE_USAGE_CHECK(is_floating(dtype), "--dtype must be f32, bf16 or f16");
   MOE_USAGE_CHECK(static_cast<int64_t>(experts_per_layer.size()) == layers,
-                  "model config: experts_per_layer has ", experts_per_layer.size(),
-                  " entries for ", layers, " layers");
+                  "model config: experts_per_layer has ", experts_per_layer.size(), " entries for ",
+                  layers, " layers");
   for (int64_t i = 0; i < layers; ++i) {
     int64_t e = experts_per_layer[i];
     MOE_USAGE_CHECK(e >= 0, "layer ", i, ": negative expert count ", e);

@@ -20,10 +20,9 @@ Transformer::Transformer(const ModelConfig& config, ParamSet& params)
     blocks_.push_back(std::make_unique<nn::Block>(params, config_, flavour_, i));
   final_norm_ = std::make_unique<nn::Norm>(params, "final_norm", config.d_model, flavour_.norm,
                                            static_cast<float>(config.norm_eps));
-  head_ = flavour_.tied_head
-              ? &tokens_->table()
-              : &params.add("lm_head.weight", {config.vocab_size, config.d_model},
-                            Init::normal(init_std));
+  head_ = flavour_.tied_head ? &tokens_->table()
+                             : &params.add("lm_head.weight", {config.vocab_size, config.d_model},
+                                           Init::normal(init_std));
 }
 
 int64_t Transformer::active_params_per_token() const {
@@ -70,7 +69,8 @@ Tensor Transformer::logits(const Tensor& ids) const {
   return head(final_norm_->forward(x, nullptr));
 }
 
-ForwardStats Transformer::evaluate(const Tensor& ids, const Tensor& targets, Tensor* row_nll) const {
+ForwardStats Transformer::evaluate(const Tensor& ids, const Tensor& targets,
+                                   Tensor* row_nll) const {
   nn::RouterStep step;
   step.training = false;
   ForwardStats stats;
@@ -82,8 +82,8 @@ ForwardStats Transformer::evaluate(const Tensor& ids, const Tensor& targets, Ten
 }
 
 Tensor Transformer::forward_blocks(const Tensor& ids, const Tensor& targets,
-                                   const nn::RouterStep& step,
-                                   std::vector<nn::Block::Saved>* saved, ForwardStats& stats) const {
+                                   const nn::RouterStep& step, std::vector<nn::Block::Saved>* saved,
+                                   ForwardStats& stats) const {
   MOE_CHECK(ids.ndim() == 2 && targets.shape() == ids.shape(), "batch: ids ", ids.describe(),
             " and targets ", targets.describe(), " must both be [B,T]");
   int64_t batch = ids.dim(0), seq = ids.dim(1);
@@ -106,7 +106,8 @@ Tensor Transformer::forward_blocks(const Tensor& ids, const Tensor& targets,
 }
 
 void Transformer::finish_stats(ForwardStats& stats) const {
-  stats.total = stats.loss + config_.aux_loss_coef * stats.aux_loss + config_.z_loss_coef * stats.z_loss;
+  stats.total =
+      stats.loss + config_.aux_loss_coef * stats.aux_loss + config_.z_loss_coef * stats.z_loss;
 }
 
 ForwardStats Transformer::forward_backward(const Tensor& ids, const Tensor& targets,
@@ -130,7 +131,8 @@ ForwardStats Transformer::forward_backward(const Tensor& ids, const Tensor& targ
   Tensor dx = final_norm_->backward(dh, final_saved);
   const float aux_scale = static_cast<float>(config_.aux_loss_coef);
   const float z_scale = static_cast<float>(config_.z_loss_coef);
-  for (size_t i = blocks_.size(); i-- > 0;) dx = blocks_[i]->backward(dx, saved[i], aux_scale, z_scale);
+  for (size_t i = blocks_.size(); i-- > 0;)
+    dx = blocks_[i]->backward(dx, saved[i], aux_scale, z_scale);
   Tensor flat_ids = ids.reshape({n});
   tokens_->backward(dx, flat_ids);
   if (positions_) {

@@ -1,9 +1,9 @@
 #include "moe/optim/adamw.h"
-#include "backend/cpu/parallel.h"
 
 #include <cmath>
 #include <map>
 
+#include "backend/cpu/parallel.h"
 #include "kernels/adamw.h"
 #include "moe/ops/core.h"
 
@@ -22,7 +22,11 @@ AdamW::AdamW(ParamSet& params, const AdamWConfig& config) : params_(params), con
 
 void AdamW::step(float lr) {
   ++t_;
-  kernels::AdamWScalars base{lr, config_.beta1, config_.beta2, config_.eps, 0.0f,
+  kernels::AdamWScalars base{lr,
+                             config_.beta1,
+                             config_.beta2,
+                             config_.eps,
+                             0.0f,
                              1.0f - std::pow(config_.beta1, static_cast<float>(t_)),
                              1.0f - std::pow(config_.beta2, static_cast<float>(t_))};
   for (Slot& s : slots_) {
@@ -90,7 +94,8 @@ float lr_at(int64_t step, int64_t total, int64_t warmup, float lr, float min_lr)
   if (warmup > 0 && step < warmup)
     return lr * static_cast<float>(step + 1) / static_cast<float>(warmup);
   int64_t decay_steps = std::max<int64_t>(1, total - warmup);
-  double progress = std::min(1.0, static_cast<double>(step - warmup) / static_cast<double>(decay_steps));
+  double progress =
+      std::min(1.0, static_cast<double>(step - warmup) / static_cast<double>(decay_steps));
   double cosine = 0.5 * (1.0 + std::cos(M_PI * progress));
   return static_cast<float>(min_lr + (lr - min_lr) * cosine);
 }

@@ -13,12 +13,18 @@
 namespace moe::train {
 
 nlohmann::json to_json(const TrainConfig& c) {
-  return nlohmann::json{{"data", c.data},           {"val", c.val},
-                        {"data_format", c.data_format}, {"batch", c.batch},
-                        {"steps", c.steps},         {"lr", c.lr},
-                        {"min_lr_ratio", c.min_lr_ratio}, {"warmup", c.warmup},
-                        {"weight_decay", c.weight_decay}, {"clip", c.clip},
-                        {"val_fraction", c.val_fraction}, {"eval_batches", c.eval_batches},
+  return nlohmann::json{{"data", c.data},
+                        {"val", c.val},
+                        {"data_format", c.data_format},
+                        {"batch", c.batch},
+                        {"steps", c.steps},
+                        {"lr", c.lr},
+                        {"min_lr_ratio", c.min_lr_ratio},
+                        {"warmup", c.warmup},
+                        {"weight_decay", c.weight_decay},
+                        {"clip", c.clip},
+                        {"val_fraction", c.val_fraction},
+                        {"eval_batches", c.eval_batches},
                         {"seed", c.seed}};
 }
 
@@ -52,11 +58,13 @@ int64_t vocab_needed(const std::vector<int32_t>& tokens) {
   return static_cast<int64_t>(max_id) + 1;
 }
 
-static void check_vocab(const std::vector<int32_t>& tokens, int64_t vocab, const std::string& path) {
+static void check_vocab(const std::vector<int32_t>& tokens, int64_t vocab,
+                        const std::string& path) {
   int64_t needed = vocab_needed(tokens);
   if (needed > vocab)
-    throw UsageError(str(path, ": token id ", needed - 1, " does not fit the model's vocabulary of ",
-                         vocab, " (use --vocab ", needed, " or more)"));
+    throw UsageError(str(path, ": token id ", needed - 1,
+                         " does not fit the model's vocabulary of ", vocab, " (use --vocab ",
+                         needed, " or more)"));
 }
 
 Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provenance provenance)
@@ -65,7 +73,8 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
   MOE_USAGE_CHECK(train.steps >= 1, "--steps must be >= 1 (got ", train.steps, ")");
   MOE_USAGE_CHECK(train.lr > 0, "--lr must be > 0 (got ", train.lr, ")");
   MOE_USAGE_CHECK(train.warmup >= 0, "--warmup must be >= 0");
-  MOE_USAGE_CHECK(train.val_fraction > 0 && train.val_fraction < 1, "--val-fraction must be in (0, 1)");
+  MOE_USAGE_CHECK(train.val_fraction > 0 && train.val_fraction < 1,
+                  "--val-fraction must be in (0, 1)");
   io::TokenFormat format = io::parse_token_format(train.data_format);
   std::vector<int32_t> tokens = io::load_tokens(train.data, format);
   if (train.val.empty()) {
@@ -150,7 +159,8 @@ StepStats Trainer::step() {
     dropped += m.dropped;
     assignments += m.assignments;
   }
-  s.dropped_fraction = assignments ? static_cast<double>(dropped) / static_cast<double>(assignments) : 0;
+  s.dropped_fraction =
+      assignments ? static_cast<double>(dropped) / static_cast<double>(assignments) : 0;
   s.seconds = timer.seconds();
   return s;
 }
@@ -159,7 +169,8 @@ double Trainer::evaluate() {
   const int64_t seq = model_->config().seq;
   io::BatchSampler sampler(&val_tokens_, seq, train_.seed, false);
   int64_t batch = std::min(train_.batch, sampler.num_windows());
-  int64_t batches = std::max<int64_t>(1, std::min(train_.eval_batches, sampler.num_windows() / batch));
+  int64_t batches =
+      std::max<int64_t>(1, std::min(train_.eval_batches, sampler.num_windows() / batch));
   double sum = 0;
   for (int64_t b = 0; b < batches; ++b) {
     {
@@ -178,8 +189,10 @@ io::Checkpoint Trainer::snapshot() const {
   c.model_config = to_json(model_->config());
   c.train_config = to_json(train_);
   c.provenance = provenance_;
-  for (const Param* p : std::as_const(*params_).all()) c.params.push_back({p->name, p->value, p->expert});
-  for (const optim::OptimizerTensor& t : optimizer_->state()) c.optim.push_back({t.name, t.tensor, t.expert});
+  for (const Param* p : std::as_const(*params_).all())
+    c.params.push_back({p->name, p->value, p->expert});
+  for (const optim::OptimizerTensor& t : optimizer_->state())
+    c.optim.push_back({t.name, t.tensor, t.expert});
   c.state.step = step_;
   c.state.tokens_seen = tokens_seen_;
   c.state.data_cursor = sampler_->cursor();

@@ -8,10 +8,10 @@ namespace moe {
 struct Flavour {
   nn::NormKind norm = nn::NormKind::layernorm;
   nn::Activation activation = nn::Activation::gelu;
-  bool bias = true;                 // biases in attention, MLPs and experts
-  bool learned_positions = true;    // else RoPE inside attention
-  bool tied_head = true;            // LM head shares the token embedding
-  bool normalize_topk = false;      // default for the router's top-k renormalisation
+  bool bias = true;               // biases in attention, MLPs and experts
+  bool learned_positions = true;  // else RoPE inside attention
+  bool tied_head = true;          // LM head shares the token embedding
+  bool normalize_topk = false;    // default for the router's top-k renormalisation
 };
 
 Flavour gpt_flavour(const ModelConfig& config);      // models/gpt.cpp

@@ -14,10 +14,10 @@
 namespace moe {
 
 struct ForwardStats {
-  double loss = 0;      // mean cross-entropy over predicted tokens
-  double aux_loss = 0;  // sum over MoE layers of the load-balancing loss
-  double z_loss = 0;    // sum over MoE layers of the router z-loss
-  double total = 0;     // loss + aux_coef * aux_loss + z_coef * z_loss
+  double loss = 0;                // mean cross-entropy over predicted tokens
+  double aux_loss = 0;            // sum over MoE layers of the load-balancing loss
+  double z_loss = 0;              // sum over MoE layers of the router z-loss
+  double total = 0;               // loss + aux_coef * aux_loss + z_coef * z_loss
   std::vector<nn::MoEStats> moe;  // one per MoE layer, in layer order
 };
 
@@ -26,9 +26,12 @@ class Transformer {
   // Parameters are created in `params` (seeded by its seed, stored in its dtype).
   Transformer(const ModelConfig& config, ParamSet& params);
 
-  // Forward and backward of one batch; accumulates gradients into the ParamSet. ids/targets [B,T] i32.
-  ForwardStats forward_backward(const Tensor& ids, const Tensor& targets, const nn::RouterStep& step);
-  // Forward only (no jitter, nothing saved). When row_nll is non-null it receives [B*T] per-token NLL.
+  // Forward and backward of one batch; accumulates gradients into the ParamSet. ids/targets [B,T]
+  // i32.
+  ForwardStats forward_backward(const Tensor& ids, const Tensor& targets,
+                                const nn::RouterStep& step);
+  // Forward only (no jitter, nothing saved). When row_nll is non-null it receives [B*T] per-token
+  // NLL.
   ForwardStats evaluate(const Tensor& ids, const Tensor& targets, Tensor* row_nll = nullptr) const;
   // Logits [B*T, V] for ids [B,T].
   Tensor logits(const Tensor& ids) const;

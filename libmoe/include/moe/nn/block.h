@@ -36,7 +36,7 @@ class Block {
   int64_t index_;
   std::unique_ptr<Norm> norm1_, norm2_;
   std::unique_ptr<Attention> attn_;
-  std::unique_ptr<MLP> mlp_;        // dense layers, and the residual branch of residual MoE
+  std::unique_ptr<MLP> mlp_;  // dense layers, and the residual branch of residual MoE
   std::unique_ptr<MoELayer> moe_;
 };
 

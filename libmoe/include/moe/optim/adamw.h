@@ -27,7 +27,8 @@ class AdamW {
   int64_t steps_taken() const { return t_; }
 
   std::vector<OptimizerTensor> state() const;  // shares storage with the optimizer
-  // Restores moments (and masters for bf16/f16 parameters); throws naming a missing/mis-shaped tensor.
+  // Restores moments (and masters for bf16/f16 parameters); throws naming a missing/mis-shaped
+  // tensor.
   void load_state(const std::vector<OptimizerTensor>& tensors, int64_t steps_taken);
 
  private:

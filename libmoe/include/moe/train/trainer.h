@@ -75,7 +75,8 @@ class Trainer {
   int64_t step_ = 0, tokens_seen_ = 0;
 };
 
-// The largest token id + 1 of a token file's contents (to size the vocabulary of pre-tokenized data).
+// The largest token id + 1 of a token file's contents (to size the vocabulary of pre-tokenized
+// data).
 int64_t vocab_needed(const std::vector<int32_t>& tokens);
 
 }  // namespace moe::train

@@ -3,9 +3,9 @@
 // Shapes: y, dy [N, C]; bias [C]; activations elementwise on any shape.
 #include <algorithm>
 
-#include "kernels/activations.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/vector_math.h"
+#include "kernels/activations.h"
 #include "moe/ops/core.h"
 #include "moe/ops/dense.h"
 

@@ -6,8 +6,8 @@
 // Scores above the diagonal are computed by the GEMM and then overwritten with exact zeros.
 #include <cmath>
 
-#include "backend/cpu/parallel.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/parallel.h"
 #include "kernels/softmax.h"
 #include "moe/ops/core.h"
 #include "moe/ops/dense.h"

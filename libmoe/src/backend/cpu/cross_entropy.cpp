@@ -2,10 +2,10 @@
 // Shapes: logits / dlogits [N, V], targets / row_nll [N]. Rows run in parallel; the mean is
 // summed afterwards in double, in row order.
 #include "kernels/cross_entropy.h"
-#include "backend/cpu/parallel.h"
 
 #include <vector>
 
+#include "backend/cpu/parallel.h"
 #include "moe/ops/core.h"
 #include "moe/ops/dense.h"
 

@@ -3,8 +3,8 @@
 #include <cstring>
 #include <vector>
 
-#include "moe/ops/core.h"
 #include "backend/cpu/parallel.h"
+#include "moe/ops/core.h"
 #include "moe/ops/dense.h"
 
 namespace moe::ops {

@@ -8,10 +8,9 @@
 #include <cmath>
 #include <utility>
 
-#include "backend/cpu/vector_math.h"
-
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/parallel.h"
+#include "backend/cpu/vector_math.h"
 #include "kernels/router.h"
 #include "moe/ops/core.h"
 #include "moe/ops/moe.h"
@@ -29,7 +28,6 @@ void check_offsets(const char* op, const std::vector<int32_t>& offsets, int64_t 
   for (int64_t e = 0; e < experts; ++e)
     MOE_CHECK(offsets[e] <= offsets[e + 1], op, ": expert offsets decrease at expert ", e);
 }
-
 
 // The expert whose segment holds `row` (offsets are sorted; empty segments are skipped).
 inline int64_t expert_of_row(const std::vector<int32_t>& offsets, int64_t row) {

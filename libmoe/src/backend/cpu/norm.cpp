@@ -2,10 +2,10 @@
 // order) for the parameter gradients. Shapes: x, y, dy, dx [N, D]; weight, bias [D]; mean, rstd
 // [N].
 #include "kernels/norm.h"
-#include "backend/cpu/parallel.h"
 
 #include <algorithm>
 
+#include "backend/cpu/parallel.h"
 #include "moe/ops/core.h"
 #include "moe/ops/dense.h"
 

@@ -1,10 +1,10 @@
 // Rotary position embedding over [B*T, heads*hd] activations (HF "rotate half" convention).
 // A cos/sin table [T, hd/2] is built once per call; rows are rotated in parallel.
 #include "kernels/rope.h"
-#include "backend/cpu/parallel.h"
 
 #include <vector>
 
+#include "backend/cpu/parallel.h"
 #include "moe/ops/core.h"
 #include "moe/ops/dense.h"
 
