@@ -21,27 +21,8 @@ namespace {
 
 constexpr double kTol = 1e-2;
 
-void randomize(Param& p, uint64_t seed, float scale) {
-  p.value.copy_from(test::random_tensor(p.value.shape(), seed, scale));
-  p.refresh_compute();
-}
-
 bool same_ints(const Tensor& a, const Tensor& b) {
   return a.shape() == b.shape() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
-}
-
-// Router weights large enough that the top-k choices have clear margins.
-void randomize_moe_params(ParamSet& ps, int64_t d_model, int64_t d_ff) {
-  for (Param* p : ps.all()) {
-    float scale = 0.2f;
-    if (p->name.find("router") != std::string::npos)
-      scale = 3.0f / std::sqrt(float(d_model));
-    else if (p->name.find(".w2") != std::string::npos)
-      scale = 1.0f / std::sqrt(float(d_ff));
-    else if (p->name.find(".w") != std::string::npos)
-      scale = 1.0f / std::sqrt(float(d_model));
-    randomize(*p, hash_name(p->name) ^ 0x5eed, scale);
-  }
 }
 
 struct RouterCase {
@@ -61,7 +42,7 @@ void check_router(const RouterCase& rc_case, double gate_scale, float aux_scale,
   rc.jitter = rc_case.jitter;
   ParamSet ps(17);
   Router router(ps, "blocks.0.moe.router", rc);
-  randomize(router.weight(), 18, 3.0f / std::sqrt(float(D)));
+  test::randomize_param(router.weight(), 18, 3.0f / std::sqrt(float(D)));
   Tensor x = test::random_tensor({N, D}, 19);
   RouterStep step{4, 5, 0, true};
   RouterOutput base = router.forward(x, step);
@@ -128,7 +109,7 @@ TEST_CASE("moe: experts gradcheck (gelu + bias, swiglu) over uneven segments", "
     ExpertsConfig config{E, D, F, c.activation, c.bias};
     ParamSet ps(23);
     Experts experts(ps, "blocks.0.moe.experts", config);
-    for (Param* p : ps.all()) randomize(*p, hash_name(p->name), 0.4f);
+    for (Param* p : ps.all()) test::randomize_param(*p, hash_name(p->name), 0.4f);
     const std::vector<int32_t> offsets{0, 5, 5, 12, 15};  // expert 1 has no tokens
     Tensor x_perm = test::random_tensor({15, D}, 24);
     Tensor r = test::random_tensor({15, D}, 25);
@@ -179,7 +160,7 @@ TEST_CASE("moe: layer gradcheck, gpt and mixtral, k 1 and 2, dropless and with d
         ExpertsConfig{E, D, F, c.mixtral ? Activation::swiglu : Activation::gelu, !c.mixtral};
     ParamSet ps(seed);
     MoELayer layer(ps, "blocks.1.moe", config);
-    randomize_moe_params(ps, D, F);
+    test::randomize_moe_params(ps, D, F, 0.2f, 0x5eed);
     Tensor x = test::random_tensor({N, D}, seed);
     Tensor r = test::random_tensor({N, D}, seed + 1);
     RouterStep step{seed, 2, 1, true};

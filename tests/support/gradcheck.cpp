@@ -24,6 +24,25 @@ Tensor random_ids(Shape shape, uint64_t seed, int32_t limit) {
   return t;
 }
 
+void randomize_param(Param& p, uint64_t seed, float scale) {
+  p.value.copy_from(random_tensor(p.value.shape(), seed, scale));
+  p.refresh_compute();
+}
+
+void randomize_moe_params(ParamSet& ps, int64_t d_model, int64_t d_ff, float other_scale,
+                          uint64_t salt) {
+  for (Param* p : ps.all()) {
+    float scale = other_scale;
+    if (p->name.find("router") != std::string::npos)
+      scale = 3.0f / std::sqrt(float(d_model));
+    else if (p->name.find(".w2") != std::string::npos)
+      scale = 1.0f / std::sqrt(float(d_ff));
+    else if (p->name.find(".w") != std::string::npos)
+      scale = 1.0f / std::sqrt(float(d_model));
+    randomize_param(*p, hash_name(p->name) ^ salt, scale);
+  }
+}
+
 double dot(const Tensor& y, const Tensor& r) {
   MOE_CHECK(y.numel() == r.numel(), "dot: ", y.describe(), " vs ", r.describe());
   const float* a = y.data<float>();

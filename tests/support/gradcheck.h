@@ -3,6 +3,7 @@
 #include <functional>
 #include <string>
 
+#include "moe/param.h"
 #include "moe/tensor.h"
 
 namespace moe::test {
@@ -11,6 +12,14 @@ namespace moe::test {
 Tensor random_tensor(Shape shape, uint64_t seed, float scale = 1.0f);
 // Random int32 ids in [0, limit).
 Tensor random_ids(Shape shape, uint64_t seed, int32_t limit);
+
+// Overwrites a parameter with fresh normal(0, scale) values and refreshes its compute copy.
+void randomize_param(Param& p, uint64_t seed, float scale);
+// MoE layer weights at scales that keep activations O(1) and the router's top-k choices well
+// separated (so finite differences do not flip a choice): router 3/sqrt(D), w2 1/sqrt(F), other
+// matrices 1/sqrt(D), everything else (biases) `other_scale`.
+void randomize_moe_params(ParamSet& ps, int64_t d_model, int64_t d_ff, float other_scale,
+                          uint64_t salt);
 
 // sum_i y_i * r_i in double: a scalar loss whose gradient w.r.t. y is r.
 double dot(const Tensor& y, const Tensor& r);

@@ -20,6 +20,7 @@ class ScratchDir {
   ~ScratchDir();
   const std::string& path() const { return path_; }
   std::string operator/(const std::string& file) const { return path_ + "/" + file; }
+  std::string file(const std::string& name) const { return *this / name; }
 
  private:
   std::string path_;

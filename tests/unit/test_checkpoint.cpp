@@ -18,6 +18,7 @@
 
 #include "moe/arena.h"
 #include "moe/io/checkpoint.h"
+#include "support/run.h"
 #include "moe/io/hdf5.h"
 #include "support/gradcheck.h"
 
@@ -25,26 +26,6 @@ using namespace moe;
 namespace fs = std::filesystem;
 
 namespace {
-
-// A fresh directory per test case, removed afterwards.
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& tag) {
-    path = fs::temp_directory_path() / ("moe-io-ckpt-" + tag + "-" + std::to_string(::getpid()));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
 
 void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -151,12 +132,12 @@ void rewrite_root_attr_int(const std::string& path, const char* name, int value)
 }  // namespace
 
 TEST_CASE("io: checkpoint save/load round trip is bitwise", "[io]") {
-  TempDir dir("roundtrip");
+  test::ScratchDir dir("io-ckpt-roundtrip");
   std::string path = dir.file("ckpt.h5");
   io::Checkpoint saved = make_checkpoint();
   io::save_checkpoint(path, saved);
   REQUIRE(fs::exists(path));
-  REQUIRE(count_temp_files(dir.path) == 0);
+  REQUIRE(count_temp_files(dir.path()) == 0);
 
   io::Checkpoint loaded = io::load_checkpoint(path);
   require_same_tensors(saved.params, loaded.params);
@@ -206,7 +187,7 @@ TEST_CASE("io: checkpoint save/load round trip is bitwise", "[io]") {
 }
 
 TEST_CASE("io: read_expert returns exactly one expert's chunk", "[io]") {
-  TempDir dir("expert");
+  test::ScratchDir dir("io-ckpt-expert");
   std::string path = dir.file("ckpt.h5");
   io::Checkpoint saved = make_checkpoint();
   io::save_checkpoint(path, saved);
@@ -272,7 +253,7 @@ TEST_CASE("io: read_expert returns exactly one expert's chunk", "[io]") {
 }
 
 TEST_CASE("io: checkpoint root attributes are documented and h5dump reads the file", "[io]") {
-  TempDir dir("attrs");
+  test::ScratchDir dir("io-ckpt-attrs");
   std::string path = dir.file("ckpt.h5");
   io::Checkpoint saved = make_checkpoint();
   io::save_checkpoint(path, saved);
@@ -309,7 +290,7 @@ TEST_CASE("io: checkpoint root attributes are documented and h5dump reads the fi
   std::string out = dir.file("dump.txt");
   std::string cmd = std::string(h5dump) + " -H '" + path + "' > '" + out + "' 2>&1";
   int rc = std::system(cmd.c_str());
-  std::string dump = read_file(out);
+  std::string dump = test::read_file(out);
   INFO(dump);
   REQUIRE(rc == 0);
   for (const char* needle :
@@ -325,7 +306,7 @@ TEST_CASE("io: checkpoint root attributes are documented and h5dump reads the fi
         "/params/blocks.0.moe.experts.w1 '" +
         path + "' > '" + out + "' 2>&1";
   REQUIRE(std::system(cmd.c_str()) == 0);
-  dump = read_file(out);
+  dump = test::read_file(out);
   REQUIRE_THAT(dump, Catch::Contains("\"moe.checkpoint\"") && Catch::Contains("(0): 1"));
 }
 
@@ -342,7 +323,7 @@ TEST_CASE("io: tensors above the chunk limit are stored in row chunks", "[io]") 
   std::vector<hsize_t> big = chunk_shape({int64_t(3) << 20, 512}, 4, false);
   REQUIRE(big == std::vector<hsize_t>{io::h5::kMaxChunkBytes / 2048, 512});
 
-  TempDir dir("rowchunks");
+  test::ScratchDir dir("io-ckpt-rowchunks");
   std::string path = dir.file("ckpt.h5");
   io::Checkpoint c;
   c.params.push_back({"tall", test::random_tensor({10, 6}, 31), false});
@@ -355,19 +336,19 @@ TEST_CASE("io: tensors above the chunk limit are stored in row chunks", "[io]") 
 }
 
 TEST_CASE("io: a failed save leaves the previous checkpoint byte-identical", "[io]") {
-  TempDir dir("atomic");
+  test::ScratchDir dir("io-ckpt-atomic");
   std::string path = dir.file("ckpt.h5");
   io::Checkpoint good = make_checkpoint();
   io::save_checkpoint(path, good);
-  const std::string before = read_file(path);
+  const std::string before = test::read_file(path);
   REQUIRE(before.size() > 1000);
 
   auto require_failed_save = [&](io::Checkpoint bad, const char* cause) {
     std::string msg = error_of([&] { io::save_checkpoint(path, bad); });
     INFO(msg);
     REQUIRE_THAT(msg, Catch::Contains(path) && Catch::Contains(cause));
-    REQUIRE(read_file(path) == before);
-    REQUIRE(count_temp_files(dir.path) == 0);
+    REQUIRE(test::read_file(path) == before);
+    REQUIRE(count_temp_files(dir.path()) == 0);
   };
   // Each fails while the temporary file is being written, after earlier tensors went in.
   io::Checkpoint dup = make_checkpoint();
@@ -389,8 +370,8 @@ TEST_CASE("io: a failed save leaves the previous checkpoint byte-identical", "[i
   write_file(dir_target + "/keep.txt", "keep");
   std::string msg = error_of([&] { io::save_checkpoint(dir_target, good); });
   REQUIRE_THAT(msg, Catch::Contains("rename"));
-  REQUIRE(read_file(dir_target + "/keep.txt") == "keep");
-  REQUIRE(count_temp_files(dir.path) == 0);
+  REQUIRE(test::read_file(dir_target + "/keep.txt") == "keep");
+  REQUIRE(count_temp_files(dir.path()) == 0);
 
   // A directory that cannot be written: nothing is created, nothing is left behind.
   msg = error_of([&] { io::save_checkpoint(dir.file("missing/ckpt.h5"), good); });
@@ -410,11 +391,11 @@ TEST_CASE("io: a failed save leaves the previous checkpoint byte-identical", "[i
   next.state.step = 999;
   io::save_checkpoint(path, next);
   REQUIRE(io::load_checkpoint(path).state.step == 999);
-  REQUIRE(count_temp_files(dir.path) == 0);
+  REQUIRE(count_temp_files(dir.path()) == 0);
 }
 
 TEST_CASE("io: bad checkpoint files give errors naming the file and the cause", "[io]") {
-  TempDir dir("bad");
+  test::ScratchDir dir("io-ckpt-bad");
   auto require_error = [](const std::string& path, const char* cause) {
     std::string msg = error_of([&] { io::load_checkpoint(path); });
     INFO(msg);
@@ -433,7 +414,7 @@ TEST_CASE("io: bad checkpoint files give errors naming the file and the cause", 
   c.params.push_back({"probe", pattern_tensor({1024}, 0), false});
   c.params.push_back({"probe.experts", pattern_tensor({4, 256}, 1), true});
   io::save_checkpoint(path, c);
-  const std::string good = read_file(path);
+  const std::string good = test::read_file(path);
   REQUIRE_NOTHROW(io::load_checkpoint(path));
 
   std::string truncated = dir.file("truncated.h5");
@@ -515,7 +496,7 @@ TEST_CASE("io: bad checkpoint files give errors naming the file and the cause", 
 }
 
 TEST_CASE("io: checkpoint reads refuse to allocate from the activation arena", "[io]") {
-  TempDir dir("arena");
+  test::ScratchDir dir("io-ckpt-arena");
   std::string path = dir.file("ckpt.h5");
   io::Checkpoint c;
   c.params.push_back({"w", test::random_tensor({3, 2}, 5), false});

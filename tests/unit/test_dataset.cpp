@@ -13,25 +13,12 @@
 #include <vector>
 
 #include "moe/io/dataset.h"
+#include "support/run.h"
 
 using namespace moe;
 namespace fs = std::filesystem;
 
 namespace {
-
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& tag) {
-    path = fs::temp_directory_path() / ("moe-io-data-" + tag + "-" + std::to_string(::getpid()));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
 void write_bytes(const std::string& path, const std::vector<unsigned char>& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -81,7 +68,7 @@ std::vector<int64_t> stream(io::BatchSampler& sampler, int batches, int64_t batc
 }  // namespace
 
 TEST_CASE("io: token files round trip as text, u16 and u32", "[io]") {
-  TempDir dir("formats");
+  test::ScratchDir dir("io-data-formats");
   REQUIRE(io::parse_token_format("auto") == io::TokenFormat::automatic);
   REQUIRE(io::parse_token_format("text") == io::TokenFormat::text);
   REQUIRE(io::parse_token_format("u16") == io::TokenFormat::u16);
@@ -130,7 +117,7 @@ TEST_CASE("io: token files round trip as text, u16 and u32", "[io]") {
 }
 
 TEST_CASE("io: bad token files give errors naming the path and the cause", "[io]") {
-  TempDir dir("badtokens");
+  test::ScratchDir dir("io-data-badtokens");
   write_bytes(dir.file("odd.u16"), {1, 2, 3});
   std::string msg = error_of([&] { io::load_tokens(dir.file("odd.u16")); });
   REQUIRE_THAT(msg, Catch::Contains(dir.file("odd.u16")) && Catch::Contains("odd length 3"));
@@ -147,7 +134,7 @@ TEST_CASE("io: bad token files give errors naming the path and the cause", "[io]
   msg = error_of([&] { io::load_tokens(dir.file("missing.txt")); });
   REQUIRE_THAT(msg, Catch::Contains(dir.file("missing.txt")) &&
                         Catch::Contains("No such file or directory"));
-  msg = error_of([&] { io::load_tokens(dir.path.string()); });
+  msg = error_of([&] { io::load_tokens(dir.path()); });
   REQUIRE_THAT(msg, Catch::Contains("is a directory"));
 }
 

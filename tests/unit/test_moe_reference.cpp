@@ -48,21 +48,6 @@ MoEConfig make_config(const Case& c, int64_t d_model, int64_t d_ff) {
   return config;
 }
 
-// Weights with scales that keep activations O(1) and router choices well separated.
-void randomize_layer(ParamSet& ps, int64_t d_model, int64_t d_ff) {
-  for (Param* p : ps.all()) {
-    float scale = 0.1f;
-    if (p->name.find("router") != std::string::npos)
-      scale = 3.0f / std::sqrt(float(d_model));
-    else if (p->name.find(".w2") != std::string::npos)
-      scale = 1.0f / std::sqrt(float(d_ff));
-    else if (p->name.find(".w") != std::string::npos)
-      scale = 1.0f / std::sqrt(float(d_model));
-    p->value.copy_from(test::random_tensor(p->value.shape(), hash_name(p->name) ^ 77, scale));
-    p->refresh_compute();
-  }
-}
-
 }  // namespace
 
 TEST_CASE("moe: fast layer equals the per-token reference (forward, losses, every gradient)",
@@ -90,7 +75,7 @@ TEST_CASE("moe: fast layer equals the per-token reference (forward, losses, ever
     MoEConfig config = make_config(c, D, F);
     ParamSet ps(seed);
     MoELayer layer(ps, "blocks.2.moe", config);
-    randomize_layer(ps, D, F);
+    test::randomize_moe_params(ps, D, F, 0.1f, 77);
     Tensor x = test::random_tensor({N, D}, seed);
     Tensor dy = test::random_tensor({N, D}, seed + 500);
     RouterStep step{seed, 3, 2, true};
@@ -126,7 +111,7 @@ TEST_CASE("moe: reference forward without dy gives outputs only, eval mode has n
   MoEConfig config = make_config(c, 16, 32);
   ParamSet ps(9);
   MoELayer layer(ps, "m", config);
-  randomize_layer(ps, 16, 32);
+  test::randomize_moe_params(ps, 16, 32, 0.1f, 77);
   Tensor x = test::random_tensor({20, 16}, 9);
   RouterStep eval{9, 0, 0, false};
   MoEReferenceResult ref = moe_reference(ps, "m", config, x, eval);
