@@ -161,6 +161,7 @@ TEST_CASE("cli: bad input gives a clear error and exit code 1 or 2", "[cli]") {
       {out, 2, "--data is required"},
       {data + out + " --no-such-flag", 2, "no-such-flag"},
       {data + out + " --resume " + dir / "missing.h5", 1, "missing.h5"},
+      {data + " --out " + dir / "empty.txt", 1, "output directory"},
   };
   for (const Case& c : cases) {
     INFO(c.args);

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 
 #include "moe/log.h"
 #include "moe/threads.h"
@@ -112,6 +113,19 @@ void OutputStream::close() {
   if (owned_) failed = std::fclose(file_) != 0 || failed;
   file_ = nullptr;
   if (failed) throw Error(str("writing '", path_ == "-" ? "stdout" : path_, "' did not complete"));
+}
+
+void ensure_output_dir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir))
+    throw Error(str("output directory '", dir, "': ", ec ? ec.message() : "not a directory"));
+  fs::path probe = fs::path(dir) / (".moe-write-test-" + std::to_string(::getpid()));
+  std::FILE* f = std::fopen(probe.c_str(), "w");
+  if (!f) throw Error(str("output directory '", dir, "' is not writable: ", std::strerror(errno)));
+  std::fclose(f);
+  fs::remove(probe, ec);
 }
 
 std::string format_duration(double seconds) {

@@ -53,6 +53,10 @@ class OutputStream {
   bool owned_ = false;
 };
 
+// Creates `dir` if needed and checks a file can be created in it, so that a run fails at start-up,
+// not after hours of training, when its checkpoints could not be written.
+void ensure_output_dir(const std::string& dir);
+
 std::string format_duration(double seconds);  // "1:02:03" / "2:03"
 std::string format_rate(double per_second);   // "12.3k"
 

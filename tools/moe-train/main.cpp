@@ -89,6 +89,7 @@ int run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv) {
     mc.vocab_size = 0;  // from the data
 
   train::Trainer trainer(mc, tc, io::make_provenance("moe-train", argc, argv));
+  tools::ensure_output_dir(o.out);  // before training: fail now, not at the first checkpoint
   if (resume) {
     trainer.restore(*resume);
     MOE_LOG_INFO("resumed from ", o.resume, " at step ", trainer.steps_done());
