@@ -220,3 +220,26 @@ TEST_CASE("cli: --config reads flags from a file, and flags on the command line 
   REQUIRE(e.exit_code == 2);
   REQUIRE(e.err.find("moe-train: error: ") != std::string::npos);
 }
+
+TEST_CASE("cli: SIGTERM stops at a step boundary, saves, and the run resumes from there", "[cli]") {
+  test::ScratchDir dir("cli-signal");
+  std::string data = " --data " + test::fortunes_path("linux");
+  // Start a long run in the background, wait for its first metrics line, then signal it.
+  std::string cmd = train(data + " --out " + dir.path() + kTiny + " --steps 100000 --log-every 1" +
+                          " --eval-every 0 --metrics " + dir / "m.jsonl") +
+                    " 2>" + dir / "err.txt" + " & pid=$!; for i in $(seq 200); do" +
+                    " [ -s " + dir / "m.jsonl" + " ] && break; sleep 0.05; done;" +
+                    " kill -TERM $pid; wait $pid; echo $?";
+  auto r = run_command(cmd);
+  INFO(test::read_file(dir / "err.txt"));
+  REQUIRE(r.out == "143\n");  // 128 + SIGTERM
+  REQUIRE(test::read_file(dir / "err.txt").find("stopped by signal 15") != std::string::npos);
+  io::Checkpoint c = io::load_checkpoint(dir / "last.h5");
+  REQUIRE(c.state.step >= 1);
+  REQUIRE(c.state.step < 100000);
+  auto resumed = run_command(train("--resume " + dir / "last.h5" + " --out " + dir.path() +
+                                   " --steps " + std::to_string(c.state.step + 1)));
+  INFO(resumed.err);
+  REQUIRE(resumed.exit_code == 0);
+  REQUIRE(io::load_checkpoint(dir / "last.h5").state.step == c.state.step + 1);
+}

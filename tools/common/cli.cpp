@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -114,6 +115,21 @@ void OutputStream::close() {
   file_ = nullptr;
   if (failed) throw Error(str("writing '", path_ == "-" ? "stdout" : path_, "' did not complete"));
 }
+
+namespace {
+volatile std::sig_atomic_t g_stop_signal = 0;
+extern "C" void on_stop_signal(int sig) {
+  g_stop_signal = sig;
+  std::signal(sig, SIG_DFL);  // a second signal ends the process
+}
+}  // namespace
+
+void install_stop_handler() {
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+}
+bool stop_requested() { return g_stop_signal != 0; }
+int stop_signal() { return g_stop_signal; }
 
 void ensure_output_dir(const std::string& dir) {
   namespace fs = std::filesystem;

@@ -53,6 +53,12 @@ class OutputStream {
   bool owned_ = false;
 };
 
+// SIGINT / SIGTERM set a flag instead of killing the process, so a long job can stop at a step
+// boundary and save its state. A second signal kills as usual.
+void install_stop_handler();
+bool stop_requested();
+int stop_signal();  // the signal received, 0 if none
+
 // Creates `dir` if needed and checks a file can be created in it, so that a run fails at start-up,
 // not after hours of training, when its checkpoints could not be written.
 void ensure_output_dir(const std::string& dir);

@@ -110,7 +110,18 @@ int run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv) {
   double elapsed = 0, ema_rate = 0;
   int64_t first_step = trainer.steps_done();
   std::string last_saved;
+  tools::install_stop_handler();
   while (trainer.steps_done() < tc.steps) {
+    if (tools::stop_requested()) {
+      progress.finish();
+      if (trainer.steps_done() > first_step) {
+        last_saved = trainer.save(o.out);
+        MOE_LOG_WARN("stopped by signal ", tools::stop_signal(), " at step ", trainer.steps_done(),
+                     "; saved ", last_saved, " (continue with --resume)");
+      }
+      if (metrics) metrics->close();
+      return 128 + tools::stop_signal();
+    }
     train::StepStats s = trainer.step();
     elapsed += s.seconds;
     double rate = static_cast<double>(s.tokens) / std::max(s.seconds, 1e-9);
