@@ -22,9 +22,19 @@ find_path(MOE_CBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas x86_64-linux-gnu 
 # The OpenMP build lives outside the linker's default path: keep it in the installed RPATH too.
 set(CMAKE_INSTALL_RPATH_USE_LINK_PATH ON)
 
+# MPI (MPICH from Debian): the communicator of distributed runs. MOE_MPI=ON requires it (scripts/setup
+# installs it); -DMOE_MPI=OFF builds the launcher-free local communicator only. The C bindings are
+# used from C++: MPICH's deprecated C++ bindings are kept out.
 set(MOE_HAVE_MPI OFF)
 if(MOE_MPI)
-  find_package(MPI REQUIRED COMPONENTS CXX)
+  set(MPI_CXX_SKIP_MPICXX ON)
+  find_package(MPI COMPONENTS CXX)
+  if(NOT MPI_CXX_FOUND)
+    message(FATAL_ERROR "MOE_MPI=ON but no MPI was found: install it (Debian: apt-get install mpich libmpich-dev, or run scripts/setup) or configure with -DMOE_MPI=OFF")
+  endif()
+  if(NOT MPIEXEC_EXECUTABLE)
+    message(FATAL_ERROR "MOE_MPI=ON but no mpiexec was found (Debian: mpich)")
+  endif()
   set(MOE_HAVE_MPI ON)
 endif()
 
