@@ -3,9 +3,15 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include <csignal>
+
+#include "moe/comm/communicator.h"
 #include "moe/io/checkpoint.h"
 #include "moe/log.h"
 #include "moe/threads.h"
+#ifdef MOE_HAVE_MPI
+#include "moe/comm/mpi.h"
+#endif
 #include "options.h"
 
 using namespace moe;
@@ -56,8 +62,23 @@ ModelConfig resolve_model(tools::TrainOptions& o, const io::Checkpoint* resume) 
   return saved;
 }
 
-int run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv) {
+// Every rank agrees on a stop: a signal may reach ranks at different steps, and saving is collective.
+bool stop_agreed(comm::Communicator& world) {
+  if (world.size() == 1) return tools::stop_requested();
+  Tensor flag = Tensor::from_vector({1}, std::vector<int32_t>{tools::stop_signal()});
+  world.all_reduce(flag, comm::ReduceOp::max);
+  return flag.data<int32_t>()[0] != 0;
+}
+
+int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
+              comm::Communicator& world) {
   tools::apply_common_options(o.common);
+  const bool lead = world.rank() == 0;  // rank 0 reports; every rank trains
+  if (!lead) {
+    o.common.quiet = true;
+    o.metrics.clear();
+    if (log_level() > LogLevel::warn) set_log_level(LogLevel::warn);
+  }
   std::unique_ptr<io::Checkpoint> resume;
   train::TrainConfig tc = o.train;
   tc.seed = o.common.seed;
@@ -88,7 +109,13 @@ int run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv) {
   if (!resume && token_file && !app.get_option("--vocab")->count())
     mc.vocab_size = 0;  // from the data
 
-  train::Trainer trainer(mc, tc, io::make_provenance("moe-train", argc, argv));
+  // Ranks that disagree would train different models or deadlock in a collective: refuse at start.
+  world.check_same_everywhere(
+      "moe-train configuration",
+      json{{"model", to_json(mc)}, {"train", train::to_json(tc)}, {"out", o.out},
+           {"resume", o.resume}, {"checkpoint_every", o.checkpoint_every}}
+          .dump());
+  train::Trainer trainer(mc, tc, io::make_provenance("moe-train", argc, argv), &world);
   tools::ensure_output_dir(o.out);  // before training: fail now, not at the first checkpoint
   if (resume) {
     trainer.restore(*resume);
@@ -101,7 +128,10 @@ int run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv) {
                trainer.params().numel(), " parameters (", trainer.model().active_params_per_token(),
                " active per token), dtype ", dtype_name(model.dtype));
   MOE_LOG_INFO("data: ", trainer.train_tokens(), " training tokens, ", trainer.val_tokens(),
-               " validation tokens; ", num_threads(), " threads");
+               " validation tokens; ", num_threads(), " threads",
+               world.size() > 1 ? str(" per rank, ", world.size(), " data-parallel ranks (",
+                                      world.name(), ")")
+                                : std::string());
 
   std::unique_ptr<tools::OutputStream> metrics;
   if (!o.metrics.empty()) metrics = std::make_unique<tools::OutputStream>(o.metrics);
@@ -112,7 +142,7 @@ int run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv) {
   std::string last_saved;
   tools::install_stop_handler();
   while (trainer.steps_done() < tc.steps) {
-    if (tools::stop_requested()) {
+    if (stop_agreed(world)) {
       progress.finish();
       if (trainer.steps_done() > first_step) {
         last_saved = trainer.save(o.out);
@@ -120,7 +150,7 @@ int run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv) {
                      "; saved ", last_saved, " (continue with --resume)");
       }
       if (metrics) metrics->close();
-      return 128 + tools::stop_signal();
+      return 128 + (tools::stop_signal() ? tools::stop_signal() : SIGTERM);
     }
     train::StepStats s = trainer.step();
     elapsed += s.seconds;
@@ -172,6 +202,21 @@ int run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv) {
                  " of --steps ", tc.steps);
   }
   return 0;
+}
+
+int run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv) {
+  // MPI when started by mpiexec/srun (data parallel over the ranks), else one local process.
+  std::unique_ptr<comm::Communicator> world = comm::make_world();
+  try {
+    return train_run(o, app, argc, argv, *world);
+  } catch (const std::exception& e) {
+#ifdef MOE_HAVE_MPI
+    // One rank failing must end every rank, not leave them waiting in a collective.
+    if (world->size() > 1)
+      comm::abort_job(str("moe-train: error: ", e.what()), dynamic_cast<const UsageError*>(&e) ? 2 : 1);
+#endif
+    throw;
+  }
 }
 
 }  // namespace

@@ -67,9 +67,12 @@ static void check_vocab(const std::vector<int32_t>& tokens, int64_t vocab,
                          needed, " or more)"));
 }
 
-Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provenance provenance)
-    : train_(train), provenance_(std::move(provenance)) {
+Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provenance provenance,
+                 comm::Communicator* world)
+    : train_(train), provenance_(std::move(provenance)), world_(world) {
   MOE_USAGE_CHECK(train.batch >= 1, "--batch must be >= 1 (got ", train.batch, ")");
+  MOE_USAGE_CHECK(train.batch % world_size() == 0, "--batch ", train.batch,
+                  " does not divide over ", world_size(), " data-parallel ranks");
   MOE_USAGE_CHECK(train.steps >= 1, "--steps must be >= 1 (got ", train.steps, ")");
   MOE_USAGE_CHECK(train.lr > 0, "--lr must be > 0 (got ", train.lr, ")");
   MOE_USAGE_CHECK(train.warmup >= 0, "--warmup must be >= 0");
@@ -128,7 +131,12 @@ StepStats Trainer::step() {
   Tensor ids, targets;
   {
     ArenaScope scope(arena_);
-    sampler_->next(train_.batch, ids, targets);
+    sampler_->next(train_.batch, ids, targets);  // the global batch, the same on every rank
+    if (world_size() > 1) {                      // this rank's contiguous share of it
+      const int64_t local = train_.batch / world_size();
+      ids = ids.rows(rank() * local, (rank() + 1) * local);
+      targets = targets.rows(rank() * local, (rank() + 1) * local);
+    }
     params_->zero_grad();
     nn::RouterStep rs;
     rs.seed = train_.seed;
@@ -137,6 +145,10 @@ StepStats Trainer::step() {
     s.forward = model_->forward_backward(ids, targets, rs);
   }
   arena_.reset();
+  if (world_size() > 1) {
+    average_gradients();
+    reduce_stats(s);
+  }
   MOE_CHECK(std::isfinite(s.forward.total), "step ", step_, ": loss is ", s.forward.total,
             " (diverged; try a lower --lr or --clip)");
   s.grad_norm = optim::clip_grad_norm(*params_, train_.clip);
@@ -163,6 +175,58 @@ StepStats Trainer::step() {
       assignments ? static_cast<double>(dropped) / static_cast<double>(assignments) : 0;
   s.seconds = timer.seconds();
   return s;
+}
+
+void Trainer::average_gradients() {
+  std::vector<Param*> params = params_->all();
+  if (!grad_buffer_.defined()) grad_buffer_ = Tensor::empty({params_->numel()});
+  float* buffer = grad_buffer_.data<float>();
+  int64_t offset = 0;
+  for (const Param* p : params) {
+    std::copy_n(p->grad.data<float>(), p->grad.numel(), buffer + offset);
+    offset += p->grad.numel();
+  }
+  world_->all_reduce(grad_buffer_, comm::ReduceOp::sum);
+  const float inverse = 1.0f / static_cast<float>(world_size());
+  offset = 0;
+  for (Param* p : params) {
+    float* g = p->grad.data<float>();
+    for (int64_t i = 0, n = p->grad.numel(); i < n; ++i) g[i] = buffer[offset + i] * inverse;
+    offset += p->grad.numel();
+  }
+}
+
+// Losses become means over the ranks; expert loads and drops become sums: the numbers describe the
+// global batch. Each rank's aux loss and capacity are computed on its own tokens (per-rank
+// routing statistics, as in DeepSpeed and Megatron).
+void Trainer::reduce_stats(StepStats& s) {
+  ForwardStats& f = s.forward;
+  Tensor losses = Tensor::from_vector({3}, std::vector<float>{static_cast<float>(f.loss),
+                                                              static_cast<float>(f.aux_loss),
+                                                              static_cast<float>(f.z_loss)});
+  world_->all_reduce(losses, comm::ReduceOp::sum);
+  const double w = static_cast<double>(world_size());
+  f.loss = losses.data<float>()[0] / w;
+  f.aux_loss = losses.data<float>()[1] / w;
+  f.z_loss = losses.data<float>()[2] / w;
+  const ModelConfig& mc = model_->config();
+  f.total = f.loss + mc.aux_loss_coef * f.aux_loss + mc.z_loss_coef * f.z_loss;
+  std::vector<int64_t> counts;
+  for (const nn::MoEStats& m : f.moe) {
+    counts.insert(counts.end(), m.load.begin(), m.load.end());
+    counts.push_back(m.dropped);
+    counts.push_back(m.assignments);
+  }
+  if (counts.empty()) return;
+  Tensor summed = Tensor::empty({static_cast<int64_t>(counts.size())}, DType::i64);
+  std::copy(counts.begin(), counts.end(), summed.data<int64_t>());
+  world_->all_reduce(summed, comm::ReduceOp::sum);
+  const int64_t* c = summed.data<int64_t>();
+  for (nn::MoEStats& m : f.moe) {
+    for (int64_t& l : m.load) l = *c++;
+    m.dropped = *c++;
+    m.assignments = *c++;
+  }
 }
 
 double Trainer::evaluate() {
@@ -197,6 +261,7 @@ io::Checkpoint Trainer::snapshot() const {
   c.state.tokens_seen = tokens_seen_;
   c.state.data_cursor = sampler_->cursor();
   c.state.seed = train_.seed;
+  c.sharding.world_size = world_size();  // data parallel: every rank holds every parameter
   return c;
 }
 
@@ -208,6 +273,10 @@ std::string Trainer::save(const std::string& dir) const {
   char name[32];
   std::snprintf(name, sizeof name, "step-%08lld.h5", static_cast<long long>(step_));
   fs::path path = fs::path(dir) / name;
+  if (rank() != 0) {  // parameters are identical on every rank: rank 0 writes
+    world_->barrier();
+    return path.string();
+  }
   io::save_checkpoint(path.string(), snapshot());
   // last.h5 -> newest checkpoint, swapped atomically (symlink to a temp name, then rename).
   fs::path link = fs::path(dir) / "last.h5";
@@ -217,6 +286,7 @@ std::string Trainer::save(const std::string& dir) const {
   if (ec) throw Error(str("cannot create link '", tmp.string(), "': ", ec.message()));
   fs::rename(tmp, link, ec);
   if (ec) throw Error(str("cannot update '", link.string(), "': ", ec.message()));
+  if (world_size() > 1) world_->barrier();
   return path.string();
 }
 

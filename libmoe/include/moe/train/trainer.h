@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "moe/arena.h"
+#include "moe/comm/communicator.h"
 #include "moe/io/checkpoint.h"
 #include "moe/io/dataset.h"
 #include "moe/models/transformer.h"
@@ -41,7 +42,11 @@ struct StepStats {
 class Trainer {
  public:
   // A fresh run. `model.vocab_size` must cover every token id of the data (0: sized from the data).
-  Trainer(const ModelConfig& model, const TrainConfig& train, io::Provenance provenance);
+  // With a communicator of size W > 1 the run is data parallel: every rank draws the same global
+  // batch, computes on its B/W sequences, and gradients are averaged over the ranks (one fused
+  // all-reduce per step), so all ranks keep identical parameters. `world` must outlive the trainer.
+  Trainer(const ModelConfig& model, const TrainConfig& train, io::Provenance provenance,
+          comm::Communicator* world = nullptr);
 
   // Continue from a checkpoint: parameters, optimizer moments, step, data cursor.
   void restore(const io::Checkpoint& checkpoint);
@@ -51,7 +56,10 @@ class Trainer {
 
   io::Checkpoint snapshot() const;
   // Writes dir/step-<8 digits>.h5 atomically and points dir/last.h5 at it; returns the path.
+  // Collective under data parallelism: rank 0 writes (parameters are identical on every rank).
   std::string save(const std::string& dir) const;
+  int world_size() const { return world_ ? world_->size() : 1; }
+  int rank() const { return world_ ? world_->rank() : 0; }
 
   int64_t steps_done() const { return step_; }
   int64_t tokens_seen() const { return tokens_seen_; }
@@ -71,6 +79,10 @@ class Trainer {
   std::unique_ptr<Transformer> model_;
   std::unique_ptr<optim::AdamW> optimizer_;
   std::unique_ptr<io::BatchSampler> sampler_;
+  void average_gradients();
+  void reduce_stats(StepStats& s);
+  comm::Communicator* world_ = nullptr;
+  Tensor grad_buffer_;  // all gradients, fused for one all-reduce per step (data parallel only)
   Arena arena_;
   int64_t step_ = 0, tokens_seen_ = 0;
 };
