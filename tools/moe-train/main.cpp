@@ -110,11 +110,14 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
     mc.vocab_size = 0;  // from the data
 
   // Ranks that disagree would train different models or deadlock in a collective: refuse at start.
-  world.check_same_everywhere(
-      "moe-train configuration",
-      json{{"model", to_json(mc)}, {"train", train::to_json(tc)}, {"out", o.out},
-           {"resume", o.resume}, {"checkpoint_every", o.checkpoint_every}}
-          .dump());
+  // One check per setting (the key set is the same on every rank), so the error names the setting.
+  if (world.size() > 1) {
+    json settings = to_json(mc);
+    settings.update(train::to_json(tc));
+    settings.update(json{{"out", o.out}, {"resume", o.resume}, {"checkpoint_every", o.checkpoint_every}});
+    for (const auto& [key, value] : settings.items())
+      world.check_same_everywhere(str("moe-train setting '", key, "'"), value.dump());
+  }
   train::Trainer trainer(mc, tc, io::make_provenance("moe-train", argc, argv), &world);
   tools::ensure_output_dir(o.out);  // before training: fail now, not at the first checkpoint
   if (resume) {
