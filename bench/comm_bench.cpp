@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "common.h"
 #include "moe/comm/communicator.h"
 #include "moe/comm/hierarchical_a2a.h"
 #include "moe/timer.h"
@@ -322,12 +323,7 @@ int run(const Options& opt) {
     }
     std::cout << out.dump(2) << "\n";
   }
-  std::fflush(stdout);
-  if (std::ferror(stdout)) {
-    std::fprintf(stderr, "moe-comm-bench: error: writing stdout failed\n");
-    return 1;
-  }
-  return 0;
+  return bench::finish_stdout("moe-comm-bench");
 }
 
 }  // namespace
@@ -343,13 +339,8 @@ int main(int argc, char** argv) {
       opt.json = true;
     } else if ((a == "--ranks-per-node" || a == "--min-time" || a == "--max-size") &&
                i + 1 < argc) {
-      char* end = nullptr;
-      const char* v = argv[++i];
-      double value = std::strtod(v, &end);
-      if (!end || *end || value <= 0) {
-        std::fprintf(stderr, "moe-comm-bench: error: bad value '%s' for %s\n", v, a.c_str());
-        return 2;
-      }
+      double value = 0;
+      if (!bench::parse_number("moe-comm-bench", a, argv[++i], false, value)) return 2;
       if (a == "--ranks-per-node") {
         opt.ranks_per_node = static_cast<int>(value);
       } else if (a == "--max-size") {

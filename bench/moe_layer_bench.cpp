@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backend/cpu/gemm.h"
+#include "common.h"
 #include "moe/arena.h"
 #include "moe/nn/moe_layer.h"
 #include "moe/nn/moe_reference.h"
@@ -294,12 +295,7 @@ int run(const Options& opt) {
                              {"dropped", r.dropped}});
     std::cout << out.dump(2) << "\n";
   }
-  std::fflush(stdout);
-  if (std::ferror(stdout)) {
-    std::fprintf(stderr, "moe-bench: error: writing stdout failed\n");
-    return 1;
-  }
-  return 0;
+  return bench::finish_stdout("moe-bench");
 }
 
 }  // namespace
@@ -314,13 +310,8 @@ int main(int argc, char** argv) {
     } else if (a == "--json") {
       opt.json = true;
     } else if ((a == "--threads" || a == "--min-time") && i + 1 < argc) {
-      char* end = nullptr;
-      const char* v = argv[++i];
-      double value = std::strtod(v, &end);
-      if (!end || *end || value < 0) {
-        std::fprintf(stderr, "moe-bench: error: bad value '%s' for %s\n", v, a.c_str());
-        return 2;
-      }
+      double value = 0;
+      if (!bench::parse_number("moe-bench", a, argv[++i], true, value)) return 2;
       if (a == "--threads")
         opt.threads = static_cast<int>(value);
       else {
