@@ -29,6 +29,14 @@ std::string join_loads(const std::vector<double>& v) {
   return s;
 }
 
+// The config key of a flag: "--d-model" -> "d_model".
+std::string flag_key(const CLI::Option* opt) {
+  std::string key = opt->get_name().substr(2);
+  for (char& c : key)
+    if (c == '-') c = '_';
+  return key == "vocab" ? "vocab_size" : key;
+}
+
 // Model config for this run: from the flags, or from the checkpoint when resuming (flags given
 // explicitly must then agree with it).
 ModelConfig resolve_model(tools::TrainOptions& o, const io::Checkpoint* resume) {
@@ -49,10 +57,7 @@ ModelConfig resolve_model(tools::TrainOptions& o, const io::Checkpoint* resume) 
     json a = to_json(m), b = to_json(saved);
     for (CLI::Option* opt : o.model_flags) {
       if (!opt->count()) continue;
-      std::string key = opt->get_name().substr(2);
-      for (char& c : key)
-        if (c == '-') c = '_';
-      if (key == "vocab") key = "vocab_size";
+      std::string key = flag_key(opt);
       if (a.contains(key) && a[key] != b[key])
         throw UsageError(str("--", opt->get_name().substr(2), " ", a[key].dump(),
                              " contradicts the checkpoint's ", b[key].dump(),
@@ -90,9 +95,7 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
     json now = train::to_json(given), merged = train::to_json(tc);
     for (CLI::Option* opt : o.train_flags) {
       if (!opt->count()) continue;
-      std::string key = opt->get_name().substr(2);
-      for (char& c : key)
-        if (c == '-') c = '_';
+      std::string key = flag_key(opt);
       if (now.contains(key)) merged[key] = now[key];
     }
     CLI::Option* seed = app.get_option("--seed");
@@ -103,9 +106,8 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
   if (tc.data.empty()) throw UsageError("--data is required (the text or token file to train on)");
 
   ModelConfig mc = resolve_model(o, resume.get());
-  bool token_file =
-      tc.data_format == "u16" || tc.data_format == "u32" ||
-      (tc.data_format == "auto" && (tc.data.ends_with(".u16") || tc.data.ends_with(".u32")));
+  bool token_file = io::resolve_token_format(tc.data, io::parse_token_format(tc.data_format)) !=
+                    io::TokenFormat::text;
   if (!resume && token_file && !app.get_option("--vocab")->count())
     mc.vocab_size = 0;  // from the data
 

@@ -30,15 +30,19 @@ int64_t Transformer::active_params_per_token() const {
   for (const Param* p : std::as_const(params_).all()) {
     if (!p->expert) {
       total += p->value.numel();
-    } else {
-      // name "blocks.<i>.moe.experts.<w>": count k of the E experts
-      int64_t layer = std::stoll(p->name.substr(7, p->name.find('.', 7) - 7));
-      int64_t e = config_.experts_per_layer[layer];
-      int64_t k = config_.residual_moe ? 1 : config_.top_k;
-      total += p->value.numel() / e * k;
+    } else {  // the leading dimension indexes the E experts; a token uses k of them
+      total += p->value.numel() / p->value.dim(0) * (config_.residual_moe ? 1 : config_.top_k);
     }
   }
   return total;
+}
+
+// Position of every token of a [B,T] batch flattened to [B*T]: 0..T-1, B times.
+static Tensor position_ids(int64_t n, int64_t seq) {
+  Tensor pos = Tensor::empty({n}, DType::i32);
+  int32_t* p = pos.data<int32_t>();
+  for (int64_t i = 0; i < n; ++i) p[i] = static_cast<int32_t>(i % seq);
+  return pos;
 }
 
 Tensor Transformer::embed(const Tensor& ids, int64_t batch, int64_t seq) const {
@@ -47,10 +51,7 @@ Tensor Transformer::embed(const Tensor& ids, int64_t batch, int64_t seq) const {
   Tensor flat = ids.reshape({batch * seq});
   Tensor x = tokens_->forward(flat);
   if (positions_) {
-    Tensor pos = Tensor::empty({batch * seq}, DType::i32);
-    int32_t* p = pos.data<int32_t>();
-    for (int64_t i = 0; i < batch * seq; ++i) p[i] = static_cast<int32_t>(i % seq);
-    ops::axpy(1.0f, positions_->forward(pos), x);
+    ops::axpy(1.0f, positions_->forward(position_ids(batch * seq, seq)), x);
   }
   return x;
 }
@@ -136,10 +137,7 @@ ForwardStats Transformer::forward_backward(const Tensor& ids, const Tensor& targ
   Tensor flat_ids = ids.reshape({n});
   tokens_->backward(dx, flat_ids);
   if (positions_) {
-    Tensor pos = Tensor::empty({n}, DType::i32);
-    int32_t* p = pos.data<int32_t>();
-    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<int32_t>(i % seq);
-    positions_->backward(dx, pos);
+    positions_->backward(dx, position_ids(n, seq));
   }
   return stats;
 }
