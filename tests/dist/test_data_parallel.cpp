@@ -7,6 +7,8 @@
 #include "moe/comm/communicator.h"
 #include "moe/io/checkpoint.h"
 #include "moe/train/trainer.h"
+#include "support/models.h"
+#include "support/run.h"
 
 moe::comm::Communicator& dist_world();
 
@@ -15,29 +17,18 @@ using namespace moe;
 namespace {
 
 ModelConfig dp_model(Arch arch) {
-  ModelConfig c;
-  c.arch = arch;
-  c.layers = 2;
-  c.d_model = 32;
-  c.heads = 4;
-  c.kv_heads = arch == Arch::mixtral ? 2 : 0;
-  c.d_ff = 64;
-  c.seq = 32;
-  c.experts = 4;
-  c.moe_every = 1;
-  c.top_k = 2;
+  ModelConfig c = test::small_model_config(arch);
   // Routing statistics are per rank (each rank's aux loss sees its own tokens), so the
   // equivalence with one process holds exactly for the cross-entropy and z-loss terms: the aux
   // term is left out here. Dropless and jitter-free for the same reason (capacity is per rank).
   c.aux_loss_coef = 0;
-  c.normalize_topk = arch == Arch::mixtral;
   c.resolve();
   return c;
 }
 
 train::TrainConfig dp_train() {
   train::TrainConfig t;
-  t.data = "/usr/share/games/fortunes/linux";
+  t.data = test::fortunes_path("linux");
   t.batch = 8;
   t.steps = 5;
   t.warmup = 2;
@@ -50,7 +41,6 @@ train::TrainConfig dp_train() {
 
 TEST_CASE("dp: data-parallel training equals one process on the same global batch", "[dist]") {
   comm::Communicator& world = dist_world();
-  REQUIRE(std::filesystem::exists(dp_train().data));  // Debian's fortunes package (scripts/setup)
   if (dp_train().batch % world.size() != 0) {
     WARN("batch does not divide over " << world.size() << " ranks: skipped");
     return;

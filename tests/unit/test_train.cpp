@@ -7,6 +7,7 @@
 #include "moe/io/checkpoint.h"
 #include "moe/threads.h"
 #include "moe/train/trainer.h"
+#include "support/models.h"
 #include "support/run.h"
 
 using namespace moe;
@@ -14,20 +15,9 @@ using namespace moe;
 namespace {
 
 ModelConfig small_model(Arch arch = Arch::gpt, DType dtype = DType::f32) {
-  ModelConfig c;
-  c.arch = arch;
-  c.layers = 2;
-  c.d_model = 32;
-  c.heads = 4;
-  c.kv_heads = arch == Arch::mixtral ? 2 : 0;
-  c.d_ff = 64;
-  c.seq = 32;
-  c.experts = 4;
-  c.moe_every = 1;
-  c.top_k = 2;
+  ModelConfig c = test::small_model_config(arch);
   c.capacity_factor = 1.0;  // exercise drops too
   c.router_jitter = 0.01;
-  c.normalize_topk = arch == Arch::mixtral;
   c.dtype = dtype;
   c.resolve();
   return c;
