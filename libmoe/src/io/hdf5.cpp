@@ -246,36 +246,45 @@ std::string read_string_attr(hid_t object, const char* name, const Where& where)
   return value;
 }
 
-void write_int_attr(hid_t object, const char* name, int64_t value, const Where& where,
-                    hid_t file_type) {
+namespace {
+
+void write_scalar_attr(hid_t object, const char* name, hid_t file_type, hid_t mem_type,
+                       const void* value, const Where& where) {
   Space space = scalar_space(where);
   Attr attr = create_attr(object, name, file_type, space, where);
-  MOE_H5(where, H5Awrite(attr, H5T_NATIVE_INT64, &value));
+  MOE_H5(where, H5Awrite(attr, mem_type, value));
 }
 
-int64_t read_int_attr(hid_t object, const char* name, const Where& where) {
+// Any stored integer type, converted by HDF5 to `mem_type` (range-checked by the library).
+void read_single_integer(hid_t object, const char* name, hid_t mem_type, void* value,
+                         const Where& where) {
   Attr attr = open_attr(object, name, where);
   expect_class(attr, H5T_INTEGER, name, "an integer", where);
   if (attr_elements(attr, where) != 1)
     throw Error(str(where.describe(), ": attribute '", name, "' is not a single integer"));
+  MOE_H5(where, H5Aread(attr, mem_type, value));
+}
+
+}  // namespace
+
+void write_int_attr(hid_t object, const char* name, int64_t value, const Where& where,
+                    hid_t file_type) {
+  write_scalar_attr(object, name, file_type, H5T_NATIVE_INT64, &value, where);
+}
+
+int64_t read_int_attr(hid_t object, const char* name, const Where& where) {
   int64_t value = 0;
-  MOE_H5(where, H5Aread(attr, H5T_NATIVE_INT64, &value));
+  read_single_integer(object, name, H5T_NATIVE_INT64, &value, where);
   return value;
 }
 
 void write_uint_attr(hid_t object, const char* name, uint64_t value, const Where& where) {
-  Space space = scalar_space(where);
-  Attr attr = create_attr(object, name, H5T_STD_U64LE, space, where);
-  MOE_H5(where, H5Awrite(attr, H5T_NATIVE_UINT64, &value));
+  write_scalar_attr(object, name, H5T_STD_U64LE, H5T_NATIVE_UINT64, &value, where);
 }
 
 uint64_t read_uint_attr(hid_t object, const char* name, const Where& where) {
-  Attr attr = open_attr(object, name, where);
-  expect_class(attr, H5T_INTEGER, name, "an integer", where);
-  if (attr_elements(attr, where) != 1)
-    throw Error(str(where.describe(), ": attribute '", name, "' is not a single integer"));
   uint64_t value = 0;
-  MOE_H5(where, H5Aread(attr, H5T_NATIVE_UINT64, &value));
+  read_single_integer(object, name, H5T_NATIVE_UINT64, &value, where);
   return value;
 }
 
