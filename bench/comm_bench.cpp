@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "common.h"
+#include "common/cli.h"
 #include "moe/comm/communicator.h"
 #include "moe/comm/hierarchical_a2a.h"
 #include "moe/timer.h"
@@ -48,18 +48,6 @@ struct Row {
   Measure flat, hierarchical, all_reduce;
   bool has_hierarchical = false;
 };
-
-void usage(std::ostream& os) {
-  os << "usage: mpiexec -n R moe-comm-bench [--quick] [--json] [--ranks-per-node L]\n"
-        "                                   [--min-time SECONDS] [--max-size BYTES]\n"
-        "  all-to-all-v (flat and hierarchical) and all_reduce (f32 sum) from 1 KiB to 64 MiB per\n"
-        "  rank (powers of 4), nccl-tests style, against a one-core memcpy of the same bytes.\n"
-        "  --quick           sizes up to 1 MiB, shorter measurements (smoke run)\n"
-        "  --json            one JSON object on stdout (rank 0) instead of the tables\n"
-        "  --ranks-per-node  virtual node size of the hierarchical all-to-all (default 2)\n"
-        "  --min-time        seconds each measurement runs at least (default 0.1; 0.02 --quick)\n"
-        "  --max-size        largest size per rank in bytes (default 64 MiB)\n";
-}
 
 std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");
@@ -323,46 +311,38 @@ int run(const Options& opt) {
     }
     std::cout << out.dump(2) << "\n";
   }
-  return bench::finish_stdout("moe-comm-bench");
+  return tools::finish_stdout("moe-comm-bench");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   Options opt;
-  bool min_time_set = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--quick") {
-      opt.quick = true;
-    } else if (a == "--json") {
-      opt.json = true;
-    } else if ((a == "--ranks-per-node" || a == "--min-time" || a == "--max-size") &&
-               i + 1 < argc) {
-      double value = 0;
-      if (!bench::parse_number("moe-comm-bench", a, argv[++i], false, value)) return 2;
-      if (a == "--ranks-per-node") {
-        opt.ranks_per_node = static_cast<int>(value);
-      } else if (a == "--max-size") {
-        opt.max_bytes = static_cast<int64_t>(value);
-      } else {
-        opt.min_seconds = value;
-        min_time_set = true;
-      }
-    } else if (a == "-h" || a == "--help") {
-      usage(std::cout);
-      return 0;
-    } else {
-      std::fprintf(stderr, "moe-comm-bench: error: unknown argument '%s'\n", a.c_str());
-      usage(std::cerr);
-      return 2;
+  CLI::App app{
+      "Run under mpiexec -n R. All-to-all-v (flat and hierarchical) and all_reduce (f32 sum) from "
+      "1 KiB to 64 MiB per rank (powers of 4), nccl-tests style, against a one-core memcpy of the "
+      "same bytes.",
+      "moe-comm-bench"};
+  app.add_flag("--quick", opt.quick, "Sizes up to 1 MiB, shorter measurements (smoke run)");
+  app.add_flag("--json", opt.json, "One JSON object on stdout (rank 0) instead of the tables");
+  app.add_option("--ranks-per-node", opt.ranks_per_node,
+                 "Virtual node size of the hierarchical all-to-all")
+      ->capture_default_str()
+      ->check(tools::positive());
+  CLI::Option* min_time =
+      app.add_option("--min-time", opt.min_seconds,
+                     "Seconds each measurement runs at least (default 0.1; 0.02 with --quick)")
+          ->check(tools::positive());
+  app.add_option("--max-size", opt.max_bytes, "Largest size per rank in bytes")
+      ->capture_default_str()
+      ->check(tools::positive());
+  return tools::run_tool("moe-comm-bench", app, argc, argv, [&]() -> int {
+    if (opt.quick && !min_time->count()) opt.min_seconds = 0.02;
+    try {
+      return run(opt);
+    } catch (const std::exception& e) {
+      // A failure on one rank would leave the others waiting in a collective: end the whole job.
+      comm::abort_job(std::string("moe-comm-bench: error: ") + e.what(), 1);
     }
-  }
-  if (opt.quick && !min_time_set) opt.min_seconds = 0.02;
-  try {
-    return run(opt);
-  } catch (const std::exception& e) {
-    // A failure on one rank would leave the others waiting in a collective: end the whole job.
-    comm::abort_job(std::string("moe-comm-bench: error: ") + e.what(), 1);
-  }
+  });
 }

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "backend/cpu/gemm.h"
-#include "common.h"
+#include "common/cli.h"
 #include "moe/arena.h"
 #include "moe/nn/moe_layer.h"
 #include "moe/nn/moe_reference.h"
@@ -56,17 +56,6 @@ struct MoERow {
   double seconds, tokens_per_s, gflops, ceiling, ratio, max_rel_err;
   int64_t iterations, dropped;
 };
-
-void usage(std::ostream& os) {
-  os << "usage: moe-bench [--quick] [--json] [--threads N] [--min-time SECONDS] [--shape D,E,k,N]\n"
-        "  MoE layer (gpt flavour, F = 4D, dropless) forward+backward tokens/s and GFLOP/s\n"
-        "  against the dense sgemm rate measured in the same run.\n"
-        "  --quick     small shapes (smoke run)\n"
-        "  --json      one JSON object on stdout instead of the table\n"
-        "  --threads   OpenMP and BLAS threads (default: the library default)\n"
-        "  --min-time  seconds each measurement runs at least (default 0.5; 0.05 with --quick)\n"
-        "  --shape D,E,k,N  one row: d_model D, E experts, top-k k, N tokens\n";
-}
 
 Tensor random_tensor(Shape shape, uint64_t seed, float scale) {
   Tensor t = Tensor::empty(std::move(shape));
@@ -295,58 +284,35 @@ int run(const Options& opt) {
                              {"dropped", r.dropped}});
     std::cout << out.dump(2) << "\n";
   }
-  return bench::finish_stdout("moe-bench");
+  return tools::finish_stdout("moe-bench");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   Options opt;
-  bool min_time_set = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--quick") {
-      opt.quick = true;
-    } else if (a == "--json") {
-      opt.json = true;
-    } else if ((a == "--threads" || a == "--min-time") && i + 1 < argc) {
-      double value = 0;
-      if (!bench::parse_number("moe-bench", a, argv[++i], true, value)) return 2;
-      if (a == "--threads")
-        opt.threads = static_cast<int>(value);
-      else {
-        opt.min_seconds = value;
-        min_time_set = true;
-      }
-    } else if (a == "--shape" && i + 1 < argc) {
-      std::string v = argv[++i];
-      size_t pos = 0;
-      while (pos <= v.size()) {
-        size_t comma = std::min(v.find(',', pos), v.size());
-        opt.shape.push_back(std::atoll(v.substr(pos, comma - pos).c_str()));
-        pos = comma + 1;
-      }
-      if (opt.shape.size() != 4 || *std::min_element(opt.shape.begin(), opt.shape.end()) <= 0 ||
-          opt.shape[2] > opt.shape[1]) {
-        std::fprintf(stderr,
-                     "moe-bench: error: --shape wants D,E,k,N (positive, k <= E), got '%s'\n",
-                     v.c_str());
-        return 2;
-      }
-    } else if (a == "-h" || a == "--help") {
-      usage(std::cout);
-      return 0;
-    } else {
-      std::fprintf(stderr, "moe-bench: error: unknown argument '%s'\n", a.c_str());
-      usage(std::cerr);
-      return 2;
-    }
-  }
-  if (opt.quick && !min_time_set) opt.min_seconds = 0.05;
-  try {
+  CLI::App app{
+      "MoE layer (gpt flavour, F = 4D, dropless) forward+backward tokens/s and GFLOP/s against the "
+      "dense sgemm rate measured in the same run.",
+      "moe-bench"};
+  app.add_flag("--quick", opt.quick, "Small shapes (smoke run)");
+  app.add_flag("--json", opt.json, "One JSON object on stdout instead of the table");
+  app.add_option("--threads", opt.threads, "OpenMP and BLAS threads (0: the library default)")
+      ->check(tools::non_negative());
+  CLI::Option* min_time =
+      app.add_option("--min-time", opt.min_seconds,
+                     "Seconds each measurement runs at least (default 0.5; 0.05 with --quick)")
+          ->check(tools::non_negative());
+  app.add_option("--shape", opt.shape, "One row: d_model D, E experts, top-k k, N tokens")
+      ->delimiter(',')
+      ->expected(4)
+      ->type_name("D,E,k,N")
+      ->check(tools::positive());
+  return tools::run_tool("moe-bench", app, argc, argv, [&] {
+    if (!opt.shape.empty() && opt.shape[2] > opt.shape[1])
+      throw UsageError(
+          str("--shape: top-k ", opt.shape[2], " exceeds the ", opt.shape[1], " experts"));
+    if (opt.quick && !min_time->count()) opt.min_seconds = 0.05;
     return run(opt);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "moe-bench: error: %s\n", e.what());
-    return 1;
-  }
+  });
 }

@@ -19,11 +19,35 @@ void add_common_options(CLI::App& app, CommonOptions& o, const std::string& tool
       "--version", std::string(tool) + " " + moe::version() + " (git " + moe::git_revision() + ")");
   app.set_config("--config", "", "Read flags from a TOML/INI file (CLI11 format: key = value)");
   app.add_option("--threads", o.threads, "CPU threads for BLAS and OpenMP (0 = all cores)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   app.add_option("--seed", o.seed, "Seed of every random number (init, data order, router jitter)")
       ->capture_default_str();
   app.add_flag("-v,--verbose", o.verbose, "More log output (repeat for debug)");
   app.add_flag("-q,--quiet", o.quiet, "Only errors on stderr");
+}
+
+static CLI::Validator number_check(bool allow_zero, const char* name) {
+  return CLI::Validator(
+      [allow_zero](std::string& text) -> std::string {
+        double value = 0;
+        if (!CLI::detail::lexical_cast(text, value)) return "not a number: " + text;
+        if (value < 0 || (!allow_zero && value == 0))
+          return std::string(allow_zero ? "must be >= 0" : "must be > 0") + ", got " + text;
+        return {};
+      },
+      name);
+}
+
+CLI::Validator non_negative() { return number_check(true, "NONNEGATIVE"); }
+CLI::Validator positive() { return number_check(false, "POSITIVE"); }
+
+int finish_stdout(const std::string& tool) {
+  std::fflush(stdout);
+  if (std::ferror(stdout)) {
+    std::fprintf(stderr, "%s: error: writing stdout failed\n", tool.c_str());
+    return 1;
+  }
+  return 0;
 }
 
 void apply_common_options(const CommonOptions& o) {

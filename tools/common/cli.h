@@ -20,6 +20,10 @@ void add_common_options(CLI::App& app, CommonOptions& options, const std::string
 // Log level and thread count from the parsed options.
 void apply_common_options(const CommonOptions& options);
 
+// Number checks with plain messages ("--threads: must be >= 0, got -1").
+CLI::Validator non_negative();
+CLI::Validator positive();
+
 // Parses and runs `body`; prints "moe-<tool>: error: ..." and returns the exit code:
 // 0 success (and --help/--version), 1 runtime error, 2 usage error.
 int run_tool(const std::string& tool, CLI::App& app, int argc, char** argv,
@@ -62,6 +66,9 @@ int stop_signal();  // the signal received, 0 if none
 // Creates `dir` if needed and checks a file can be created in it, so that a run fails at start-up,
 // not after hours of training, when its checkpoints could not be written.
 void ensure_output_dir(const std::string& dir);
+
+// Flushes stdout; returns 0, or 1 with "<tool>: error: ..." when the data did not all reach it.
+int finish_stdout(const std::string& tool);
 
 std::string format_duration(double seconds);  // "1:02:03" / "2:03"
 std::string format_rate(double per_second);   // "12.3k"

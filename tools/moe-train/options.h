@@ -47,18 +47,18 @@ inline void add_train_options(CLI::App& app, TrainOptions& o) {
                  "Continue exactly from this checkpoint (model config comes from it)");
   io->add_option("--checkpoint-every", o.checkpoint_every,
                  "Checkpoint every N steps (0: only at the end)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(non_negative())
       ->capture_default_str();
   io->add_option("--eval-every", o.eval_every, "Validation loss every N steps (0: only at the end)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(non_negative())
       ->capture_default_str();
   o.train_flags.push_back(
       io->add_option("--eval-batches", t.eval_batches, "Validation batches per evaluation")
-          ->check(CLI::PositiveNumber)
+          ->check(positive())
           ->capture_default_str());
   io->add_option("--metrics", o.metrics, "JSON lines of metrics to PATH ('-' = stdout)");
   io->add_option("--log-every", o.log_every, "Progress/metrics line every N steps")
-      ->check(CLI::PositiveNumber)
+      ->check(positive())
       ->capture_default_str();
 
   auto* mg = group("Model (taken from the checkpoint with --resume)");
