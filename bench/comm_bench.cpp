@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/cli.h"
+#include "machine.h"
 #include "moe/comm/communicator.h"
 #include "moe/comm/hierarchical_a2a.h"
 #include "moe/timer.h"
@@ -48,25 +49,6 @@ struct Row {
   Measure flat, hierarchical, all_reduce;
   bool has_hierarchical = false;
 };
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      auto colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(colon + 2);
-    }
-  }
-  return "unknown cpu";
-}
-
-std::string now_utc() {
-  std::time_t t = std::time(nullptr);
-  char buf[64];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", std::gmtime(&t));
-  return buf;
-}
 
 int64_t reduce_i64(Communicator& world, int64_t value, comm::ReduceOp op) {
   Tensor t = Tensor::empty({1}, DType::i64);
@@ -260,7 +242,7 @@ int run(const Options& opt) {
   if (!opt.json) {
     std::printf("# moe-comm-bench: all-to-all-v (uniform counts) and all_reduce (f32 sum), MPI\n");
     std::printf("# %s, host %s (%s), %d ranks on %d machine node(s), %ld online cores\n",
-                now_utc().c_str(), host, cpu_model().c_str(), R, machine_nodes,
+                bench::now_utc().c_str(), host, bench::cpu_model().c_str(), R, machine_nodes,
                 sysconf(_SC_NPROCESSORS_ONLN));
     if (h)
       std::printf("# hierarchical: %d virtual node(s) of %d consecutive ranks%s\n", h->nodes(),
@@ -292,9 +274,9 @@ int run(const Options& opt) {
   } else {
     nlohmann::json out;
     out["benchmark"] = "comm";
-    out["date"] = now_utc();
+    out["date"] = bench::now_utc();
     out["host"] = host;
-    out["cpu"] = cpu_model();
+    out["cpu"] = bench::cpu_model();
     out["ranks"] = R;
     out["machine_nodes"] = machine_nodes;
     if (h) out["hierarchical"] = {{"nodes", h->nodes()}, {"ranks_per_node", h->ranks_per_node()}};

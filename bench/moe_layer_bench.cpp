@@ -18,6 +18,7 @@
 
 #include "backend/cpu/gemm.h"
 #include "common/cli.h"
+#include "machine.h"
 #include "moe/arena.h"
 #include "moe/nn/moe_layer.h"
 #include "moe/nn/moe_reference.h"
@@ -158,18 +159,6 @@ MoERow measure_moe(const Shape4& shape, double ceiling, double min_seconds) {
   return row;
 }
 
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      auto colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(colon + 2);
-    }
-  }
-  return "unknown cpu";
-}
-
 std::string blas_description() {
   if (!openblas_get_config) return "a CBLAS (not OpenBLAS)";
   std::string d = openblas_get_config();
@@ -178,13 +167,6 @@ std::string blas_description() {
     d += p == 2 ? " (OpenMP threads)" : p == 1 ? " (pthreads)" : " (sequential)";
   }
   return d;
-}
-
-std::string now_utc() {
-  std::time_t t = std::time(nullptr);
-  char buf[64];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", std::gmtime(&t));
-  return buf;
 }
 
 int run(const Options& opt) {
@@ -216,8 +198,8 @@ int run(const Options& opt) {
         "# moe-bench: MoE layer forward+backward, gpt flavour (gelu + bias, F = 4D), dropless, "
         "fp32\n");
     const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
-    std::printf("# %s, %s, %d threads, OMP_WAIT_POLICY=%s\n", now_utc().c_str(),
-                cpu_model().c_str(), num_threads(), wait_policy ? wait_policy : "(unset)");
+    std::printf("# %s, %s, %d threads, OMP_WAIT_POLICY=%s\n", bench::now_utc().c_str(),
+                bench::cpu_model().c_str(), num_threads(), wait_policy ? wait_policy : "(unset)");
     std::printf("# BLAS: %s\n", blas_description().c_str());
     std::printf(
         "#\n# ceiling: dense sgemm C[M,N] = A[M,K] B[K,N] (the expert GEMM shape [N*k, D] x [D, "
@@ -259,8 +241,8 @@ int run(const Options& opt) {
   if (opt.json) {
     nlohmann::json out;
     out["benchmark"] = "moe-layer";
-    out["date"] = now_utc();
-    out["cpu"] = cpu_model();
+    out["date"] = bench::now_utc();
+    out["cpu"] = bench::cpu_model();
     out["blas"] = blas_description();
     out["threads"] = num_threads();
     const char* wait_policy = std::getenv("OMP_WAIT_POLICY");

@@ -24,6 +24,15 @@ void write_file(const std::string& path, const std::string& bytes) {
   MOE_CHECK(out.good(), "cannot write ", path);
 }
 
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
 RunResult run_command(const std::string& command) {
   static int counter = 0;
   std::string base = std::filesystem::temp_directory_path().string() + "/moe-test-" +

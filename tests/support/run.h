@@ -1,5 +1,6 @@
 // Test helpers for running the tools as a user would, and for scratch directories and corpora.
 #pragma once
+#include <functional>
 #include <string>
 
 namespace moe::test {
@@ -29,6 +30,8 @@ class ScratchDir {
 // /usr/share/games/fortunes); fails the test clearly when the package is missing.
 std::string fortunes_path(const std::string& name = "computers");
 std::string read_file(const std::string& path);
+// The message of the moe::Error that `f` throws, or "(no error)".
+std::string error_of(const std::function<void()>& f);
 void write_file(const std::string& path, const std::string& bytes);
 
 }  // namespace moe::test

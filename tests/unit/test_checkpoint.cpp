@@ -18,9 +18,9 @@
 
 #include "moe/arena.h"
 #include "moe/io/checkpoint.h"
-#include "support/run.h"
 #include "moe/io/hdf5.h"
 #include "support/gradcheck.h"
+#include "support/run.h"
 
 using namespace moe;
 namespace fs = std::filesystem;
@@ -107,15 +107,6 @@ size_t count_temp_files(const fs::path& dir) {
   for (const auto& entry : fs::directory_iterator(dir))
     if (entry.path().filename().string().find(".tmp-") != std::string::npos) ++n;
   return n;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 // Rewrites an attribute of the root group in place with the HDF5 API.
@@ -210,14 +201,14 @@ TEST_CASE("io: read_expert returns exactly one expert's chunk", "[io]") {
   REQUIRE(std::memcmp(m.raw(), static_cast<const float*>(saved.optim[0].tensor.raw()) + 2 * 15,
                       15 * sizeof(float)) == 0);
 
-  std::string msg = error_of([&] { io::read_expert(path, "blocks.0.moe.experts.w1", 4); });
+  std::string msg = test::error_of([&] { io::read_expert(path, "blocks.0.moe.experts.w1", 4); });
   REQUIRE_THAT(msg, Catch::Contains("out of range") && Catch::Contains("4 experts") &&
                         Catch::Contains(path));
-  msg = error_of([&] { io::read_expert(path, "blocks.0.moe.experts.w1", -1); });
+  msg = test::error_of([&] { io::read_expert(path, "blocks.0.moe.experts.w1", -1); });
   REQUIRE_THAT(msg, Catch::Contains("out of range"));
-  msg = error_of([&] { io::read_expert(path, "embed.weight", 0); });
+  msg = test::error_of([&] { io::read_expert(path, "embed.weight", 0); });
   REQUIRE_THAT(msg, Catch::Contains("not an expert tensor"));
-  msg = error_of([&] { io::read_param(path, "no.such.weight"); });
+  msg = test::error_of([&] { io::read_param(path, "no.such.weight"); });
   REQUIRE_THAT(msg, Catch::Contains("no.such.weight") && Catch::Contains(path));
 
   // The storage itself: one Fletcher32-checksummed chunk per expert, one chunk for the rest.
@@ -344,7 +335,7 @@ TEST_CASE("io: a failed save leaves the previous checkpoint byte-identical", "[i
   REQUIRE(before.size() > 1000);
 
   auto require_failed_save = [&](io::Checkpoint bad, const char* cause) {
-    std::string msg = error_of([&] { io::save_checkpoint(path, bad); });
+    std::string msg = test::error_of([&] { io::save_checkpoint(path, bad); });
     INFO(msg);
     REQUIRE_THAT(msg, Catch::Contains(path) && Catch::Contains(cause));
     REQUIRE(test::read_file(path) == before);
@@ -368,19 +359,19 @@ TEST_CASE("io: a failed save leaves the previous checkpoint byte-identical", "[i
   std::string dir_target = dir.file("occupied");
   fs::create_directories(dir_target);
   write_file(dir_target + "/keep.txt", "keep");
-  std::string msg = error_of([&] { io::save_checkpoint(dir_target, good); });
+  std::string msg = test::error_of([&] { io::save_checkpoint(dir_target, good); });
   REQUIRE_THAT(msg, Catch::Contains("rename"));
   REQUIRE(test::read_file(dir_target + "/keep.txt") == "keep");
   REQUIRE(count_temp_files(dir.path()) == 0);
 
   // A directory that cannot be written: nothing is created, nothing is left behind.
-  msg = error_of([&] { io::save_checkpoint(dir.file("missing/ckpt.h5"), good); });
+  msg = test::error_of([&] { io::save_checkpoint(dir.file("missing/ckpt.h5"), good); });
   REQUIRE_THAT(msg, Catch::Contains("missing/ckpt.h5"));
   if (::geteuid() != 0) {
     std::string ro = dir.file("readonly");
     fs::create_directories(ro);
     fs::permissions(ro, fs::perms::owner_read | fs::perms::owner_exec);
-    msg = error_of([&] { io::save_checkpoint(ro + "/ckpt.h5", good); });
+    msg = test::error_of([&] { io::save_checkpoint(ro + "/ckpt.h5", good); });
     fs::permissions(ro, fs::perms::owner_all);
     REQUIRE_THAT(msg, Catch::Contains("readonly/ckpt.h5"));
     REQUIRE(fs::is_empty(ro));
@@ -397,7 +388,7 @@ TEST_CASE("io: a failed save leaves the previous checkpoint byte-identical", "[i
 TEST_CASE("io: bad checkpoint files give errors naming the file and the cause", "[io]") {
   test::ScratchDir dir("io-ckpt-bad");
   auto require_error = [](const std::string& path, const char* cause) {
-    std::string msg = error_of([&] { io::load_checkpoint(path); });
+    std::string msg = test::error_of([&] { io::load_checkpoint(path); });
     INFO(msg);
     REQUIRE_THAT(msg, Catch::Contains(path) && Catch::Contains(cause));
   };
@@ -449,7 +440,7 @@ TEST_CASE("io: bad checkpoint files give errors naming the file and the cause", 
       Tensor slice = io::read_expert(flipped, "probe.experts", e);
       REQUIRE(std::memcmp(slice.raw(), experts.data<float>() + e * 256, 1024) == 0);
     }
-    std::string msg = error_of([&] { io::read_expert(flipped, "probe.experts", 2); });
+    std::string msg = test::error_of([&] { io::read_expert(flipped, "probe.experts", 2); });
     REQUIRE_THAT(msg, Catch::Contains("checksum") && Catch::Contains(flipped));
   }
 

@@ -26,15 +26,6 @@ void write_bytes(const std::string& path, const std::vector<unsigned char>& byte
             static_cast<std::streamsize>(bytes.size()));
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 std::vector<int32_t> iota_tokens(int32_t n) {
   std::vector<int32_t> t(static_cast<size_t>(n));
   std::iota(t.begin(), t.end(), 0);
@@ -119,22 +110,22 @@ TEST_CASE("io: token files round trip as text, u16 and u32", "[io]") {
 TEST_CASE("io: bad token files give errors naming the path and the cause", "[io]") {
   test::ScratchDir dir("io-data-badtokens");
   write_bytes(dir.file("odd.u16"), {1, 2, 3});
-  std::string msg = error_of([&] { io::load_tokens(dir.file("odd.u16")); });
+  std::string msg = test::error_of([&] { io::load_tokens(dir.file("odd.u16")); });
   REQUIRE_THAT(msg, Catch::Contains(dir.file("odd.u16")) && Catch::Contains("odd length 3"));
 
   write_bytes(dir.file("short.u32"), {1, 2, 3, 4, 5, 6});
-  msg = error_of([&] { io::load_tokens(dir.file("short.u32")); });
+  msg = test::error_of([&] { io::load_tokens(dir.file("short.u32")); });
   REQUIRE_THAT(msg, Catch::Contains(dir.file("short.u32")) && Catch::Contains("multiple of 4"));
 
   for (const char* name : {"empty.txt", "empty.u16", "empty.u32"}) {
     write_bytes(dir.file(name), {});
-    msg = error_of([&] { io::load_tokens(dir.file(name)); });
+    msg = test::error_of([&] { io::load_tokens(dir.file(name)); });
     REQUIRE_THAT(msg, Catch::Contains(dir.file(name)) && Catch::Contains("empty"));
   }
-  msg = error_of([&] { io::load_tokens(dir.file("missing.txt")); });
+  msg = test::error_of([&] { io::load_tokens(dir.file("missing.txt")); });
   REQUIRE_THAT(msg, Catch::Contains(dir.file("missing.txt")) &&
                         Catch::Contains("No such file or directory"));
-  msg = error_of([&] { io::load_tokens(dir.path()); });
+  msg = test::error_of([&] { io::load_tokens(dir.path()); });
   REQUIRE_THAT(msg, Catch::Contains("is a directory"));
 }
 
