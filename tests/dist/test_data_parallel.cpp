@@ -18,10 +18,9 @@ namespace {
 
 ModelConfig dp_model(Arch arch) {
   ModelConfig c = test::small_model_config(arch);
-  // Routing statistics are per rank (each rank's aux loss sees its own tokens), so the
-  // equivalence with one process holds exactly for the cross-entropy and z-loss terms: the aux
-  // term is left out here. Dropless and jitter-free for the same reason (capacity is per rank).
-  c.aux_loss_coef = 0;
+  // The default aux loss is on: the routers sum their expert loads over the ranks, so each rank's
+  // aux loss uses the global batch's f_e. Dropless and jitter-free (the defaults): capacity is
+  // per rank, so with a capacity factor the ranks would drop other tokens than one process.
   c.resolve();
   return c;
 }
@@ -54,6 +53,7 @@ TEST_CASE("dp: data-parallel training equals one process on the same global batc
         train::StepStats b = single.step();
         // Float reduction order differs (gradients summed per rank, then across ranks).
         REQUIRE(a.forward.loss == Approx(b.forward.loss).epsilon(1e-5));
+        REQUIRE(a.forward.aux_loss == Approx(b.forward.aux_loss).epsilon(1e-5));
         REQUIRE(a.forward.z_loss == Approx(b.forward.z_loss).epsilon(1e-4));
         REQUIRE(a.grad_norm == Approx(b.grad_norm).epsilon(1e-4));
       }

@@ -1,9 +1,9 @@
 // moe-train: train an MoE transformer language model. All the work is libmoe's train::Trainer.
 #include <cmath>
-#include <cstdio>
-#include <nlohmann/json.hpp>
-
 #include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "moe/comm/communicator.h"
 #include "moe/io/checkpoint.h"
@@ -67,7 +67,8 @@ ModelConfig resolve_model(tools::TrainOptions& o, const io::Checkpoint* resume) 
   return saved;
 }
 
-// Every rank agrees on a stop: a signal may reach ranks at different steps, and saving is collective.
+// Every rank agrees on a stop: a signal may reach ranks at different steps, and saving is
+// collective.
 bool stop_agreed(comm::Communicator& world) {
   if (world.size() == 1) return tools::stop_requested();
   Tensor flag = Tensor::from_vector({1}, std::vector<int32_t>{tools::stop_signal()});
@@ -87,8 +88,12 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
   std::unique_ptr<io::Checkpoint> resume;
   train::TrainConfig tc = o.train;
   tc.seed = o.common.seed;
+  const bool sharded_resume = !o.resume.empty() && std::filesystem::is_directory(o.resume);
   if (!o.resume.empty()) {
-    resume = std::make_unique<io::Checkpoint>(io::load_checkpoint(o.resume));
+    // A sharded checkpoint is a directory; its rank-00000.h5 holds the configurations.
+    resume = std::make_unique<io::Checkpoint>(io::load_checkpoint(
+        sharded_resume ? (std::filesystem::path(o.resume) / "rank-00000.h5").string() : o.resume,
+        !sharded_resume));
     // The checkpoint's training config, overridden by flags given now.
     train::TrainConfig given = tc;
     tc = train::train_config_from_json(resume->train_config);
@@ -116,27 +121,35 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
   if (world.size() > 1) {
     json settings = to_json(mc);
     settings.update(train::to_json(tc));
-    settings.update(json{{"out", o.out}, {"resume", o.resume}, {"checkpoint_every", o.checkpoint_every}});
+    settings.update(
+        json{{"out", o.out}, {"resume", o.resume}, {"checkpoint_every", o.checkpoint_every}});
     for (const auto& [key, value] : settings.items())
       world.check_same_everywhere(str("moe-train setting '", key, "'"), value.dump());
   }
   train::Trainer trainer(mc, tc, io::make_provenance("moe-train", argc, argv), &world);
   tools::ensure_output_dir(o.out);  // before training: fail now, not at the first checkpoint
   if (resume) {
-    trainer.restore(*resume);
+    if (sharded_resume)
+      trainer.restore(o.resume);  // each rank reads the shards holding its parameters
+    else
+      trainer.restore(*resume);
     MOE_LOG_INFO("resumed from ", o.resume, " at step ", trainer.steps_done());
     resume.reset();
   }
   const ModelConfig& model = trainer.model_config();
   MOE_LOG_INFO("model: ", arch_name(model.arch), ", ", model.layers, " layers (",
                model.num_moe_layers(), " MoE), d_model ", model.d_model, ", ",
-               trainer.params().numel(), " parameters (", trainer.model().active_params_per_token(),
-               " active per token), dtype ", dtype_name(model.dtype));
+               trainer.model().num_params(), " parameters (",
+               trainer.model().active_params_per_token(), " active per token), dtype ",
+               dtype_name(model.dtype));
   MOE_LOG_INFO("data: ", trainer.train_tokens(), " training tokens, ", trainer.val_tokens(),
                " validation tokens; ", num_threads(), " threads",
-               world.size() > 1 ? str(" per rank, ", world.size(), " data-parallel ranks (",
-                                      world.name(), ")")
-                                : std::string());
+               world.size() > 1
+                   ? str(" per rank, ", world.size(), " ranks (", world.name(),
+                         "): ", world.size() / tc.ep, "-way data x ", tc.ep, "-way expert parallel",
+                         tc.shard_embedding ? ", sharded embedding" : "", ", ", tc.a2a,
+                         " all-to-all, scheduler ", tc.comm_scheduler)
+                   : std::string());
 
   std::unique_ptr<tools::OutputStream> metrics;
   if (!o.metrics.empty()) metrics = std::make_unique<tools::OutputStream>(o.metrics);
@@ -192,6 +205,11 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
              {"dropped_fraction", s.dropped_fraction},
              {"grad_norm", s.grad_norm},
              {"tokens_seen", trainer.tokens_seen()}};
+      if (world.size() > 1) {
+        j["a2a_seconds"] = s.a2a_seconds;
+        j["grad_sync_seconds"] = s.grad_sync_seconds;
+        j["step_seconds"] = s.seconds;
+      }
       if (do_eval) j["val_loss"] = val;
       metrics->write_line(j.dump());
     }
@@ -218,7 +236,8 @@ int run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv) {
 #ifdef MOE_HAVE_MPI
     // One rank failing must end every rank, not leave them waiting in a collective.
     if (world->size() > 1)
-      comm::abort_job(str("moe-train: error: ", e.what()), dynamic_cast<const UsageError*>(&e) ? 2 : 1);
+      comm::abort_job(str("moe-train: error: ", e.what()),
+                      dynamic_cast<const UsageError*>(&e) ? 2 : 1);
 #endif
     throw;
   }

@@ -44,7 +44,8 @@ inline void add_train_options(CLI::App& app, TrainOptions& o) {
   io->add_option("--out", o.out, "Output directory: step-<8 digits>.h5 checkpoints and last.h5")
       ->required();
   io->add_option("--resume", o.resume,
-                 "Continue exactly from this checkpoint (model config comes from it)");
+                 "Continue exactly from this checkpoint: a file, or the directory of a sharded one "
+                 "(DIR/last)");
   io->add_option("--checkpoint-every", o.checkpoint_every,
                  "Checkpoint every N steps (0: only at the end)")
       ->check(non_negative())
@@ -142,6 +143,37 @@ inline void add_train_options(CLI::App& app, TrainOptions& o) {
           ->capture_default_str());
   o.train_flags.push_back(
       og->add_option("--clip", t.clip, "Clip the global gradient norm to this (0 = off)")
+          ->capture_default_str());
+
+  auto* dg = group("Distributed (under mpiexec/srun; world = data parallel x expert parallel)");
+  o.train_flags.push_back(
+      dg->add_option("--ep", t.ep,
+                     "Expert-parallel ranks: each holds E/N experts of every MoE layer (divides "
+                     "the world size and every layer's experts)")
+          ->check(positive())
+          ->capture_default_str());
+  o.train_flags.push_back(dg->add_flag(
+      "--shard-embedding", t.shard_embedding,
+      "Split the token table by columns over the ranks (MoESys); needs --arch mixtral"));
+  o.train_flags.push_back(
+      dg->add_option("--a2a", t.a2a,
+                     "Expert all-to-all: flat, or hierarchical (intra-node, then across nodes)")
+          ->check(CLI::IsMember({"flat", "hierarchical"}))
+          ->capture_default_str());
+  o.train_flags.push_back(
+      dg->add_option("--ranks-per-node", t.ranks_per_node,
+                     "Virtual nodes of N ranks for --a2a hierarchical (0: the real nodes)")
+          ->check(non_negative())
+          ->capture_default_str());
+  o.train_flags.push_back(
+      dg->add_option("--comm-scheduler", t.comm_scheduler,
+                     "off: gradient all-reduce after backward; priority: Lina's micro-ops "
+                     "overlapping backward, all-to-all first")
+          ->check(CLI::IsMember({"off", "priority"}))
+          ->capture_default_str());
+  o.train_flags.push_back(
+      dg->add_option("--partition-mb", t.partition_mb,
+                     "Largest gradient all-reduce micro-op with --comm-scheduler priority (MiB)")
           ->capture_default_str());
 }
 

@@ -20,6 +20,18 @@ struct Init {
   static Init normal(float std) { return {InitKind::normal, std}; }
 };
 
+// A parameter that holds one slice of a larger logical tensor (the experts one rank owns under
+// expert parallelism, the columns of a sharded embedding): the local tensor is `global` with
+// dimension `dim` cut to [start, start + count). Initial values are those the full tensor has at
+// those positions, so a sharded model starts from exactly the single-process parameters.
+struct ParamShard {
+  Shape global;  // empty: the parameter is whole
+  int dim = 0;
+  int64_t start = 0, count = 0;
+  bool defined() const { return !global.empty(); }
+  Shape local_shape() const;  // global with dim cut to count
+};
+
 struct Param {
   std::string name;  // e.g. "blocks.3.moe.experts.w1"
   Tensor value;      // storage dtype (f32, bf16, f16)
@@ -27,8 +39,13 @@ struct Param {
   Tensor compute;    // fp32 values the kernels read: `value` itself when f32, else an upcast copy
   bool expert = false;  // leading dimension indexes experts of one layer
   bool decay = true;    // AdamW weight decay applies (not for norms, biases)
+  ParamShard shard;     // defined when this rank holds a slice of the logical tensor
 
   const Tensor& w() const { return compute; }
+  // Elements of the logical tensor (the whole of a sharded one).
+  int64_t logical_numel() const {
+    return shard.defined() ? shape_numel(shard.global) : value.numel();
+  }
   // Call after `value` changed (optimizer step, checkpoint load).
   void refresh_compute();
 };
@@ -39,6 +56,9 @@ class ParamSet {
   explicit ParamSet(uint64_t seed = 0, DType dtype = DType::f32) : seed_(seed), dtype_(dtype) {}
   Param& add(const std::string& name, Shape shape, Init init, bool decay = true,
              bool expert = false);
+  // A slice of a logical tensor (see ParamShard); throws when the slice does not fit `global`.
+  Param& add_shard(const std::string& name, const ParamShard& shard, Init init, bool decay = true,
+                   bool expert = false);
   Param* find(const std::string& name);
   const Param* find(const std::string& name) const;
   Param& at(const std::string& name);  // throws naming the parameter

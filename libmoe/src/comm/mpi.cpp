@@ -7,9 +7,11 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "moe/log.h"
@@ -182,12 +184,22 @@ class MpiPendingOp final : public PendingOp {
     type_ = type;
   }
 
+  // MPI_Wait polls in a busy loop, and MPI progresses only inside MPI calls. A rank waiting for
+  // a slower one would hold its core all that time: where ranks share cores (4 ranks on this
+  // 2-core machine) it takes the core from the rank it waits for, and a thread waiting beside
+  // compute threads (the communication scheduler's) takes it from its own rank. So: poll for
+  // 50 us (a wait on dedicated cores usually ends there), then poll with sleeps growing to 100 us.
+  // Measured with moe-train-bench, 4 ranks on 2 cores: priority-scheduled steps 2.5x slower than
+  // the baseline with MPI_Wait, on par with this.
   void wait() override {
-    if (request_ == MPI_REQUEST_NULL) return;
-    MPI_Status status;
-    int rc = MPI_Wait(&request_, &status);
-    if (rc != MPI_SUCCESS) throw_in_flight(rc);
-    check_received(status);
+    using Clock = std::chrono::steady_clock;
+    const Clock::time_point spin_until = Clock::now() + std::chrono::microseconds(50);
+    auto pause = std::chrono::microseconds(5);
+    while (!test()) {
+      if (Clock::now() < spin_until) continue;
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(100));
+    }
   }
 
   bool test() override {
@@ -380,6 +392,10 @@ void abort_job(const std::string& message, int code) {
   if (code == 0) code = 1;
   std::fprintf(stderr, "moe: rank %d: %s\n", world_rank_or_minus_one(), message.c_str());
   std::fflush(stderr);
+  // The launcher forwards our stderr through a pipe; MPI_Abort makes it kill every process, and
+  // output still in the pipe can be lost then (seen with hydra about one run in six). A short
+  // pause lets the message reach the user first.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
   if (mpi_usable()) MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);
 }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "moe/comm/hierarchical_a2a.h"
 #include "moe/log.h"
 #include "moe/timer.h"
 
@@ -56,13 +57,15 @@ std::string what_of(const std::exception_ptr& error) {
 
 }  // namespace
 
-CommScheduler::CommScheduler(Communicator& comm, size_t partition_bytes, SchedulerMode mode)
-    : partition_bytes_(partition_bytes), mode_(mode) {
+CommScheduler::CommScheduler(Communicator& comm, size_t partition_bytes, SchedulerMode mode,
+                             Preemption preemption)
+    : partition_bytes_(partition_bytes), mode_(mode), preemption_(preemption) {
   MOE_CHECK(partition_bytes > 0, "comm scheduler on ", comm.describe(),
             ": partition_bytes must be positive");
   // A duplicate of comm, so that the caller's own collectives on comm never interleave with ours.
   comm_ = comm.split(0, comm.rank());
   MOE_CHECK(comm_ != nullptr, "comm scheduler: duplicating ", comm.describe(), " failed");
+  if (preemption == Preemption::caller) a2a_comm_ = comm.split(0, comm.rank());
   thread_ = std::thread([this] { run(); });
 }
 
@@ -86,7 +89,7 @@ void CommScheduler::check_usable() const {
                     " is unusable: agreeing on the issue order failed: ", what_of(broken_)));
 }
 
-Ticket CommScheduler::all_reduce(Tensor& buf, ReduceOp op) {
+Ticket CommScheduler::all_reduce(Tensor& buf, ReduceOp op, Communicator* group) {
   MOE_CHECK(buf.defined(), "comm scheduler all_reduce: buffer ", buf.describe(), " is undefined");
   std::vector<Piece> pieces;
   const int64_t numel = buf.numel();
@@ -96,7 +99,8 @@ Ticket CommScheduler::all_reduce(Tensor& buf, ReduceOp op) {
                       .chunks = 1,
                       .buf = flat,
                       .op = op,
-                      .bytes = static_cast<int64_t>(flat.nbytes())});
+                      .bytes = static_cast<int64_t>(flat.nbytes()),
+                      .group = group});
   } else {
     // Element-aligned micro-ops; an empty tensor still makes one (empty) piece, so that the
     // backend's argument checks run on it as they would on a direct call.
@@ -112,7 +116,8 @@ Ticket CommScheduler::all_reduce(Tensor& buf, ReduceOp op) {
                         .chunks = chunks,
                         .buf = std::move(view),
                         .op = op,
-                        .bytes = bytes});
+                        .bytes = bytes,
+                        .group = group});
     }
   }
 
@@ -132,16 +137,20 @@ Ticket CommScheduler::all_reduce(Tensor& buf, ReduceOp op) {
 }
 
 Ticket CommScheduler::all_to_all_v(const Tensor& send, std::vector<int64_t> send_counts,
-                                   Tensor& recv, std::vector<int64_t> recv_counts) {
+                                   Tensor& recv, std::vector<int64_t> recv_counts,
+                                   AllToAllV* exchange) {
   MOE_CHECK(send.defined() && recv.defined(), "comm scheduler all_to_all_v: send ", send.describe(),
             " or recv ", recv.describe(), " is undefined");
+  if (mode_ == SchedulerMode::priority && preemption_ == Preemption::caller)
+    return all_to_all_now(send, send_counts, recv, recv_counts, exchange);
   Piece piece{.kind = CommOpKind::all_to_all,
               .chunks = 1,
               .buf = send,
               .recv = recv,
               .send_counts = std::move(send_counts),
               .recv_counts = std::move(recv_counts),
-              .bytes = static_cast<int64_t>(send.nbytes() + recv.nbytes())};
+              .bytes = static_cast<int64_t>(send.nbytes() + recv.nbytes()),
+              .exchange = exchange};
 
   std::unique_lock<std::mutex> lock(mutex_);
   check_usable();
@@ -154,6 +163,39 @@ Ticket CommScheduler::all_to_all_v(const Tensor& send, std::vector<int64_t> send
   (mode_ == SchedulerMode::priority ? high_ : low_).push_back(std::move(piece));
   lock.unlock();
   work_cv_.notify_one();
+  return Ticket{id};
+}
+
+Ticket CommScheduler::all_to_all_now(const Tensor& send, const std::vector<int64_t>& send_counts,
+                                     Tensor& recv, const std::vector<int64_t>& recv_counts,
+                                     AllToAllV* exchange) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  check_usable();
+  const uint64_t id = next_ticket_++;
+  stats_.all_to_all.ops += 1;
+  preempting_ = true;
+  lock.unlock();
+  Timer timer;
+  std::exception_ptr error;
+  try {
+    if (exchange)
+      exchange->run(send, send_counts, recv, recv_counts);
+    else
+      a2a_comm_->all_to_all_v(send, send_counts, recv, recv_counts);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  const double seconds = timer.seconds();
+  lock.lock();
+  preempting_ = false;
+  CommOpStats& stats = stats_.all_to_all;
+  stats.pieces += 1;
+  stats.bytes += static_cast<int64_t>(send.nbytes() + recv.nbytes());
+  stats.comm_seconds += seconds;
+  log_.push_back({id, ~uint64_t{0}, CommOpKind::all_to_all, 0, 1, error != nullptr});
+  lock.unlock();
+  work_cv_.notify_all();
+  if (error) std::rethrow_exception(error);
   return Ticket{id};
 }
 
@@ -183,10 +225,11 @@ void CommScheduler::run() {
 // the mutex released) and pops the piece to issue. False when stopping with nothing left.
 bool CommScheduler::next_piece(Piece& out, std::unique_lock<std::mutex>& lock) {
   auto has_work = [this] { return !high_.empty() || !low_.empty(); };
-  work_cv_.wait(lock, [&] { return (!paused_ && has_work()) || (stopping_ && !has_work()); });
+  work_cv_.wait(
+      lock, [&] { return (!paused_ && !preempting_ && has_work()) || (stopping_ && !has_work()); });
   if (!has_work()) return false;
 
-  if (mode_ == SchedulerMode::off) {
+  if (mode_ == SchedulerMode::off || preemption_ == Preemption::caller) {  // first in, first out
     out = std::move(low_.front());
     low_.pop_front();
     return true;
@@ -224,7 +267,9 @@ void CommScheduler::execute(Piece& piece) {
   Timer timer;
   try {
     if (piece.kind == CommOpKind::all_reduce)
-      comm_->all_reduce(piece.buf, piece.op);
+      (piece.group ? *piece.group : *comm_).all_reduce(piece.buf, piece.op);
+    else if (piece.exchange)
+      piece.exchange->run(piece.buf, piece.send_counts, piece.recv, piece.recv_counts);
     else
       comm_->all_to_all_v(piece.buf, piece.send_counts, piece.recv, piece.recv_counts);
   } catch (...) {

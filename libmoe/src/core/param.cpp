@@ -19,20 +19,56 @@ void Param::refresh_compute() {
   }
 }
 
+Shape ParamShard::local_shape() const {
+  Shape s = global;
+  s.at(static_cast<size_t>(dim)) = count;
+  return s;
+}
+
 Param& ParamSet::add(const std::string& name, Shape shape, Init init, bool decay, bool expert) {
+  ParamShard whole;
+  whole.global = std::move(shape);
+  whole.count = whole.global.empty() ? 0 : whole.global[0];
+  Param& p = add_shard(name, whole, init, decay, expert);
+  p.shard = {};
+  return p;
+}
+
+Param& ParamSet::add_shard(const std::string& name, const ParamShard& shard, Init init, bool decay,
+                           bool expert) {
   MOE_CHECK(!by_name_.count(name), "parameter '", name, "' defined twice");
+  const Shape& global = shard.global;
+  const bool scalar = global.empty();
+  MOE_CHECK(scalar || (shard.dim >= 0 && shard.dim < static_cast<int>(global.size()) &&
+                       shard.start >= 0 && shard.count >= 0 &&
+                       shard.start + shard.count <= global[static_cast<size_t>(shard.dim)]),
+            "parameter '", name, "': slice [", shard.start, ", ", shard.start + shard.count,
+            ") of dimension ", shard.dim, " does not fit ", shape_str(global));
+  Shape shape = scalar ? Shape{} : shard.local_shape();
   auto p = std::make_unique<Param>();
   p->name = name;
   p->decay = decay;
   p->expert = expert;
+  p->shard = shard;
   Tensor master = Tensor::empty(shape, DType::f32);
   float* m = master.data<float>();
   int64_t n = master.numel();
   if (init.kind == InitKind::normal) {
-    // Keyed by the parameter's name: adding a parameter never changes another one's values.
+    // Keyed by the parameter's name and the element's index in the logical tensor: adding a
+    // parameter never changes another one's values, and a slice holds the full tensor's values.
     uint64_t key = rng_key(seed_, {hash_name(name)});
+    int64_t inner = 1;  // elements per index of the sliced dimension
+    for (size_t d = scalar ? 0 : static_cast<size_t>(shard.dim) + 1; d < global.size(); ++d)
+      inner *= global[d];
+    const int64_t local_span = scalar ? n : shard.count * inner;
+    const int64_t global_span = scalar ? n : global[static_cast<size_t>(shard.dim)] * inner;
+    const int64_t offset = scalar ? 0 : shard.start * inner;
 #pragma omp parallel for schedule(static) if (n >= cpu::kParallelWork)
-    for (int64_t i = 0; i < n; ++i) m[i] = init.std * rng_normal(key, static_cast<uint64_t>(i));
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t outer = local_span ? i / local_span : 0, within = local_span ? i % local_span : 0;
+      int64_t g = outer * global_span + offset + within;
+      m[i] = init.std * rng_normal(key, static_cast<uint64_t>(g));
+    }
   } else {
     float v = init.kind == InitKind::ones ? 1.0f : 0.0f;
     for (int64_t i = 0; i < n; ++i) m[i] = v;

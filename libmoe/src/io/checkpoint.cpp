@@ -51,7 +51,7 @@ void write_tensors(hid_t file, const char* group_name, const std::vector<NamedTe
   // temporary file is removed) exactly like an I/O error would.
   for (const NamedTensor& t : tensors) {
     check_tensor_name(t.name, where, seen);
-    h5::write_tensor(group, t.name, t.tensor, t.expert, where, options.max_chunk_bytes);
+    h5::write_tensor(group, t.name, t.tensor, t.expert, where, options.max_chunk_bytes, &t.shard);
   }
   group.close(where);
 }
@@ -99,6 +99,11 @@ void write_file(const std::string& file_path, const Checkpoint& ckpt, const Save
     h5::write_int_attr(sharding, "world_size", ckpt.sharding.world_size, w, H5T_STD_I32LE);
     h5::write_int_attr(sharding, "ep_size", ckpt.sharding.ep_size, w, H5T_STD_I32LE);
     h5::write_int32_array_attr(sharding, "expert_rank", ckpt.sharding.expert_rank, w);
+    if (ckpt.sharding.rank >= 0) {
+      h5::write_int_attr(sharding, "rank", ckpt.sharding.rank, w, H5T_STD_I32LE);
+      h5::write_int_attr(sharding, "shard_embedding", ckpt.sharding.shard_embedding ? 1 : 0, w,
+                         H5T_STD_U8LE);
+    }
   }
   MOE_H5(root, H5Fflush(file, H5F_SCOPE_GLOBAL));
   file.close(root);  // a failure to close (the last metadata write) is a failed save
@@ -167,7 +172,7 @@ std::vector<NamedTensor> read_tensors(const Opened& c, const char* group_name) {
   for (const std::string& name : h5::list_links(group, where)) {
     h5::DatasetInfo info;
     Tensor t = h5::read_tensor(group, name, where, &info);
-    tensors.push_back(NamedTensor{name, std::move(t), info.expert});
+    tensors.push_back(NamedTensor{name, std::move(t), info.expert, info.shard});
   }
   return tensors;
 }
@@ -279,6 +284,13 @@ Checkpoint load_checkpoint(const std::string& path, bool with_optim) {
       MOE_CHECK(s.expert_rank[e] >= 0 && s.expert_rank[e] < s.world_size, w.describe(),
                 ": expert_rank[", e, "] = ", s.expert_rank[e], " is not a rank of world_size ",
                 s.world_size);
+    if (h5::has_attr(sharding, "rank", w)) {
+      s.rank = static_cast<int>(h5::read_int_attr(sharding, "rank", w));
+      MOE_CHECK(s.rank >= 0 && s.rank < s.world_size, w.describe(), ": rank ", s.rank,
+                " is not a rank of world_size ", s.world_size);
+      s.shard_embedding = h5::has_attr(sharding, "shard_embedding", w) &&
+                          h5::read_int_attr(sharding, "shard_embedding", w) != 0;
+    }
   }
   return ckpt;
 }

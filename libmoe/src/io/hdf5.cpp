@@ -366,7 +366,7 @@ std::vector<hsize_t> chunk_shape(const Shape& shape, size_t element_size, bool e
 }
 
 void write_tensor(hid_t parent, const std::string& name, const Tensor& tensor, bool expert,
-                  const Where& where, size_t max_chunk_bytes) {
+                  const Where& where, size_t max_chunk_bytes, const ParamShard* shard) {
   Where w = where.at(child_path(where.object, name));
   MOE_CHECK(tensor.defined(), w.describe(), ": tensor is undefined");
   MOE_CHECK(tensor.device().kind == Device::cpu, w.describe(), ": ", tensor.describe(),
@@ -395,6 +395,19 @@ void write_tensor(hid_t parent, const std::string& name, const Tensor& tensor, b
     MOE_H5(w, H5Dwrite(dataset, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, tensor.raw()));
   write_string_attr(dataset, "dtype", dtype_name(tensor.dtype()), w);
   write_int_attr(dataset, "expert", expert ? 1 : 0, w, H5T_STD_U8LE);
+  if (shard && shard->defined()) {
+    MOE_CHECK(shard->local_shape() == shape, w.describe(), ": ", tensor.describe(),
+              " is not the shard [", shard->start, ", ", shard->start + shard->count,
+              ") of dimension ", shard->dim, " of ", shape_str(shard->global));
+    std::vector<hsize_t> n{shard->global.size()};
+    Space attr_space(MOE_H5(w, H5Screate_simple(1, n.data(), nullptr)));
+    Attr attr(MOE_H5(w, H5Acreate2(dataset, "shard_shape", H5T_STD_I64LE, attr_space, H5P_DEFAULT,
+                                   H5P_DEFAULT)));
+    MOE_H5(w, H5Awrite(attr, H5T_NATIVE_INT64, shard->global.data()));
+    attr.close(w);
+    write_int_attr(dataset, "shard_dim", shard->dim, w, H5T_STD_I32LE);
+    write_int_attr(dataset, "shard_start", shard->start, w, H5T_STD_I64LE);
+  }
 }
 
 DatasetInfo dataset_info(hid_t dataset, const Where& w) {
@@ -430,6 +443,29 @@ DatasetInfo dataset_info(hid_t dataset, const Where& w) {
   if (has_attr(dataset, "expert", w)) info.expert = read_int_attr(dataset, "expert", w) != 0;
   if (info.expert && info.shape.empty())
     throw Error(str(w.describe(), ": marked as an expert tensor but has rank 0"));
+  if (has_attr(dataset, "shard_shape", w)) {
+    Attr attr(MOE_H5(w, H5Aopen(dataset, "shard_shape", H5P_DEFAULT)));
+    Space attr_space(MOE_H5(w, H5Aget_space(attr)));
+    const hssize_t n = MOE_H5(w, H5Sget_simple_extent_npoints(attr_space));
+    if (n != static_cast<hssize_t>(info.shape.size()))
+      throw Error(str(w.describe(), ": shard_shape has ", n, " dimensions, the dataset ",
+                      info.shape.size()));
+    info.shard.global.resize(static_cast<size_t>(n));
+    MOE_H5(w, H5Aread(attr, H5T_NATIVE_INT64, info.shard.global.data()));
+    info.shard.dim = static_cast<int>(read_int_attr(dataset, "shard_dim", w));
+    info.shard.start = read_int_attr(dataset, "shard_start", w);
+    const int dim = info.shard.dim;
+    if (dim < 0 || dim >= static_cast<int>(n))
+      throw Error(str(w.describe(), ": shard_dim ", dim, " is not a dimension of ",
+                      shape_str(info.shard.global)));
+    info.shard.count = info.shape[static_cast<size_t>(dim)];
+    if (info.shard.start < 0 ||
+        info.shard.start + info.shard.count > info.shard.global[static_cast<size_t>(dim)] ||
+        info.shard.local_shape() != info.shape)
+      throw Error(str(w.describe(), ": a ", shape_str(info.shape), " dataset is not the shard at ",
+                      info.shard.start, " of dimension ", dim, " of ",
+                      shape_str(info.shard.global)));
+  }
   return info;
 }
 

@@ -5,31 +5,56 @@
 
 namespace moe {
 
-Transformer::Transformer(const ModelConfig& config, ParamSet& params)
+Transformer::Transformer(const ModelConfig& config, ParamSet& params, const nn::Parallel* parallel)
     : config_(config), flavour_(flavour_of(config)), params_(params) {
   config_.validate();
   MOE_CHECK(params.dtype() == config.dtype, "model dtype ", dtype_name(config.dtype),
             " differs from the parameter set's ", dtype_name(params.dtype()));
   const float init_std = 0.02f;
-  tokens_ = std::make_unique<nn::Embedding>(params, "embed.tokens", config.vocab_size,
-                                            config.d_model, init_std);
+  const size_t first_param = params.size();
+  if (parallel && parallel->embedding) {
+    MOE_USAGE_CHECK(!flavour_.tied_head, "--shard-embedding needs an untied LM head, but the ",
+                    arch_name(config.arch),
+                    " flavour ties it to the token table (use --arch mixtral)");
+    sharded_tokens_ = std::make_unique<nn::ShardedEmbedding>(
+        params, "embed.tokens", config.vocab_size, config.d_model, init_std, *parallel->embedding);
+  } else {
+    tokens_ = std::make_unique<nn::Embedding>(params, "embed.tokens", config.vocab_size,
+                                              config.d_model, init_std);
+  }
   if (flavour_.learned_positions)
     positions_ = std::make_unique<nn::Embedding>(params, "embed.positions", config.seq,
                                                  config.d_model, init_std / 2);
-  for (int64_t i = 0; i < config.layers; ++i)
-    blocks_.push_back(std::make_unique<nn::Block>(params, config_, flavour_, i));
+  std::vector<Param*> all = params.all();
+  outer_params_.assign(all.begin() + static_cast<std::ptrdiff_t>(first_param), all.end());
+  for (int64_t i = 0; i < config.layers; ++i) {
+    const size_t before = params.size();
+    blocks_.push_back(std::make_unique<nn::Block>(params, config_, flavour_, i, parallel));
+    all = params.all();
+    block_params_.emplace_back(all.begin() + static_cast<std::ptrdiff_t>(before), all.end());
+  }
+  const size_t after_blocks = params.size();
   final_norm_ = std::make_unique<nn::Norm>(params, "final_norm", config.d_model, flavour_.norm,
                                            static_cast<float>(config.norm_eps));
   head_ = flavour_.tied_head ? &tokens_->table()
                              : &params.add("lm_head.weight", {config.vocab_size, config.d_model},
                                            Init::normal(init_std));
+  all = params.all();
+  outer_params_.insert(outer_params_.end(), all.begin() + static_cast<std::ptrdiff_t>(after_blocks),
+                       all.end());
+}
+
+int64_t Transformer::num_params() const {
+  int64_t total = 0;
+  for (const Param* p : std::as_const(params_).all()) total += p->logical_numel();
+  return total;
 }
 
 int64_t Transformer::active_params_per_token() const {
   int64_t total = 0;
   for (const Param* p : std::as_const(params_).all()) {
     if (!p->expert) {
-      total += p->value.numel();
+      total += p->logical_numel();
     } else {  // the leading dimension indexes the E experts; a token uses k of them
       total += p->value.numel() / p->value.dim(0) * (config_.residual_moe ? 1 : config_.top_k);
     }
@@ -45,11 +70,13 @@ static Tensor position_ids(int64_t n, int64_t seq) {
   return pos;
 }
 
-Tensor Transformer::embed(const Tensor& ids, int64_t batch, int64_t seq) const {
+Tensor Transformer::embed(const Tensor& ids, int64_t batch, int64_t seq,
+                          nn::ShardedEmbedding::Saved* sharded_saved) const {
   MOE_CHECK(seq <= config_.seq, "sequence of ", seq, " tokens is longer than the model's context (",
             config_.seq, ")");
   Tensor flat = ids.reshape({batch * seq});
-  Tensor x = tokens_->forward(flat);
+  Tensor x =
+      sharded_tokens_ ? sharded_tokens_->forward(flat, sharded_saved) : tokens_->forward(flat);
   if (positions_) {
     ops::axpy(1.0f, positions_->forward(position_ids(batch * seq, seq)), x);
   }
@@ -66,7 +93,7 @@ Tensor Transformer::logits(const Tensor& ids) const {
   nn::RouterStep step;
   step.training = false;
   ForwardStats stats;
-  Tensor x = forward_blocks(ids, ids, step, nullptr, stats);
+  Tensor x = forward_blocks(ids, ids, step, nullptr, nullptr, stats);
   return head(final_norm_->forward(x, nullptr));
 }
 
@@ -75,7 +102,7 @@ ForwardStats Transformer::evaluate(const Tensor& ids, const Tensor& targets,
   nn::RouterStep step;
   step.training = false;
   ForwardStats stats;
-  Tensor x = forward_blocks(ids, targets, step, nullptr, stats);
+  Tensor x = forward_blocks(ids, targets, step, nullptr, nullptr, stats);
   Tensor logits = head(final_norm_->forward(x, nullptr));
   stats.loss = nn::cross_entropy(logits, targets.reshape({ids.numel()}), nullptr, 1.0f, row_nll);
   finish_stats(stats);
@@ -84,11 +111,12 @@ ForwardStats Transformer::evaluate(const Tensor& ids, const Tensor& targets,
 
 Tensor Transformer::forward_blocks(const Tensor& ids, const Tensor& targets,
                                    const nn::RouterStep& step, std::vector<nn::Block::Saved>* saved,
+                                   nn::ShardedEmbedding::Saved* sharded_saved,
                                    ForwardStats& stats) const {
   MOE_CHECK(ids.ndim() == 2 && targets.shape() == ids.shape(), "batch: ids ", ids.describe(),
             " and targets ", targets.describe(), " must both be [B,T]");
   int64_t batch = ids.dim(0), seq = ids.dim(1);
-  Tensor x = embed(ids, batch, seq);
+  Tensor x = embed(ids, batch, seq, sharded_saved);
   ops::round_to_dtype(x, config_.dtype);
   if (saved) saved->resize(blocks_.size());
   for (size_t i = 0; i < blocks_.size(); ++i) {
@@ -112,11 +140,13 @@ void Transformer::finish_stats(ForwardStats& stats) const {
 }
 
 ForwardStats Transformer::forward_backward(const Tensor& ids, const Tensor& targets,
-                                           const nn::RouterStep& step) {
+                                           const nn::RouterStep& step,
+                                           const GradsReady& grads_ready) {
   int64_t seq = ids.dim(1), n = ids.numel();
   ForwardStats stats;
   std::vector<nn::Block::Saved> saved;
-  Tensor x = forward_blocks(ids, targets, step, &saved, stats);
+  nn::ShardedEmbedding::Saved sharded_saved;
+  Tensor x = forward_blocks(ids, targets, step, &saved, &sharded_saved, stats);
   nn::Norm::Saved final_saved;
   Tensor h = final_norm_->forward(x, &final_saved);
   Tensor logits = head(h);
@@ -132,13 +162,19 @@ ForwardStats Transformer::forward_backward(const Tensor& ids, const Tensor& targ
   Tensor dx = final_norm_->backward(dh, final_saved);
   const float aux_scale = static_cast<float>(config_.aux_loss_coef);
   const float z_scale = static_cast<float>(config_.z_loss_coef);
-  for (size_t i = blocks_.size(); i-- > 0;)
+  for (size_t i = blocks_.size(); i-- > 0;) {
     dx = blocks_[i]->backward(dx, saved[i], aux_scale, z_scale);
+    if (grads_ready) grads_ready(block_params_[i]);
+  }
   Tensor flat_ids = ids.reshape({n});
-  tokens_->backward(dx, flat_ids);
+  if (sharded_tokens_)
+    sharded_tokens_->backward(dx, sharded_saved);
+  else
+    tokens_->backward(dx, flat_ids);
   if (positions_) {
     positions_->backward(dx, position_ids(n, seq));
   }
+  if (grads_ready) grads_ready(outer_params_);
   return stats;
 }
 

@@ -6,7 +6,8 @@
 
 namespace moe::nn {
 
-Block::Block(ParamSet& ps, const ModelConfig& config, const Flavour& flavour, int64_t index)
+Block::Block(ParamSet& ps, const ModelConfig& config, const Flavour& flavour, int64_t index,
+             const Parallel* parallel)
     : index_(index) {
   const std::string prefix = "blocks." + std::to_string(index);
   const float init_std = 0.02f;
@@ -54,11 +55,11 @@ Block::Block(ParamSet& ps, const ModelConfig& config, const Flavour& flavour, in
     moe.experts.bias = flavour.bias;
     moe.experts.init_std = init_std;
     moe.experts.out_init_std = out_std;
-    moe_ = std::make_unique<MoELayer>(ps, prefix + ".moe", moe);
+    moe_ = std::make_unique<MoELayer>(ps, prefix + ".moe", moe, parallel);
   }
 }
 
-int64_t Block::num_experts() const { return moe_ ? moe_->config().experts.num_experts : 0; }
+int64_t Block::num_experts() const { return moe_ ? moe_->config().router.num_experts : 0; }
 
 Tensor Block::forward(const Tensor& x, int64_t batch, int64_t seq, const RouterStep& step,
                       Saved* saved, MoEStats* stats) const {

@@ -12,13 +12,24 @@ Experts::Experts(ParamSet& ps, const std::string& prefix, const ExpertsConfig& c
                   prefix, ": num_experts, d_model and d_ff must be positive (got ",
                   config.num_experts, ", ", config.d_model, ", ", config.d_ff, ")");
   const int64_t E = config.num_experts, D = config.d_model, F = config.d_ff;
-  w1_ = &ps.add(prefix + ".w1", {E, F, D}, Init::normal(config.init_std), true, true);
-  w2_ = &ps.add(prefix + ".w2", {E, D, F}, Init::normal(config.out_init_std), true, true);
+  const int64_t G = config.global_experts ? config.global_experts : E;
+  MOE_USAGE_CHECK(config.first_expert >= 0 && config.first_expert + E <= G, "experts ", prefix,
+                  ": experts [", config.first_expert, ", ", config.first_expert + E,
+                  ") are not within the layer's ", G);
+  auto add = [&](const char* name, Shape rest, Init init, bool decay) -> Param* {
+    Shape global{G};
+    global.insert(global.end(), rest.begin(), rest.end());
+    if (G == E) return &ps.add(prefix + name, global, init, decay, true);
+    return &ps.add_shard(prefix + name, ParamShard{global, 0, config.first_expert, E}, init, decay,
+                         true);
+  };
+  w1_ = add(".w1", {F, D}, Init::normal(config.init_std), true);
+  w2_ = add(".w2", {D, F}, Init::normal(config.out_init_std), true);
   if (config.activation == Activation::swiglu)
-    w3_ = &ps.add(prefix + ".w3", {E, F, D}, Init::normal(config.init_std), true, true);
+    w3_ = add(".w3", {F, D}, Init::normal(config.init_std), true);
   if (config.bias) {
-    b1_ = &ps.add(prefix + ".b1", {E, F}, Init::zeros(), false, true);
-    b2_ = &ps.add(prefix + ".b2", {E, D}, Init::zeros(), false, true);
+    b1_ = add(".b1", {F}, Init::zeros(), false);
+    b2_ = add(".b2", {D}, Init::zeros(), false);
   }
 }
 

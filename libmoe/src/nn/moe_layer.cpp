@@ -2,36 +2,171 @@
 // Shapes: N tokens, D model width, E experts, k experts per token, M kept assignments.
 #include "moe/nn/moe_layer.h"
 
+#include <algorithm>
+
 #include "moe/ops/core.h"
+#include "moe/ops/moe.h"
+#include "moe/timer.h"
 
 namespace moe::nn {
 
-const MoEConfig& MoELayer::checked(const std::string& prefix, const MoEConfig& config) {
+MoEConfig MoELayer::checked(const std::string& prefix, const MoEConfig& config,
+                            const Parallel* parallel) {
   MOE_USAGE_CHECK(config.router.num_experts == config.experts.num_experts, "moe layer ", prefix,
                   ": router has ", config.router.num_experts, " experts but experts has ",
                   config.experts.num_experts);
   MOE_USAGE_CHECK(config.router.d_model == config.experts.d_model, "moe layer ", prefix,
                   ": router d_model ", config.router.d_model, " differs from experts d_model ",
                   config.experts.d_model);
-  return config;
+  MoEConfig c = config;
+  if (parallel && parallel->expert_parallel()) {
+    const int64_t E = config.experts.num_experts, P = parallel->ep_size();
+    MOE_USAGE_CHECK(E % P == 0, "moe layer ", prefix, ": its ", E,
+                    " experts do not divide over --ep ", P, " expert-parallel ranks");
+    c.experts.global_experts = E;
+    c.experts.num_experts = E / P;
+    c.experts.first_expert = parallel->ep_rank() * (E / P);
+  }
+  return c;
 }
 
-MoELayer::MoELayer(ParamSet& ps, const std::string& prefix, const MoEConfig& config)
-    : config_(checked(prefix, config)),
-      router_(ps, prefix + ".router", config.router),
-      experts_(ps, prefix + ".experts", config.experts) {}
+MoELayer::MoELayer(ParamSet& ps, const std::string& prefix, const MoEConfig& config,
+                   const Parallel* parallel)
+    : config_(checked(prefix, config, parallel)),
+      parallel_(parallel),
+      router_(ps, prefix + ".router", config_.router),
+      experts_(ps, prefix + ".experts", config_.experts) {}
+
+// Sums the expert loads (and the token count) over the data-parallel ranks and recomputes the aux
+// loss from them: f_e then describes the global batch (see the class comment).
+void MoELayer::globalize_load(RouterOutput& routed) const {
+  const int64_t E = config_.router.num_experts;
+  Tensor counts = Tensor::empty({E + 1}, DType::i64);
+  int64_t* c = counts.data<int64_t>();
+  std::copy(routed.load.begin(), routed.load.end(), c);
+  c[E] = routed.load_tokens;
+  parallel_->batch->all_reduce(counts, comm::ReduceOp::sum);
+  routed.load.assign(c, c + E);
+  routed.load_tokens = c[E];
+  routed.aux_loss =
+      ops::router_aux_loss(routed.probs, routed.load, routed.load_tokens, config_.router.top_k);
+}
+
+void MoELayer::exchange(const Tensor& send, const std::vector<int64_t>& send_counts, Tensor& recv,
+                        const std::vector<int64_t>& recv_counts) const {
+  Timer timer;
+  if (parallel_->scheduler) {  // ahead of any queued gradient micro-op
+    parallel_->scheduler->wait(parallel_->scheduler->all_to_all_v(
+        send, send_counts, recv, recv_counts, parallel_->exchange));
+  } else {
+    parallel_->exchange->run(send, send_counts, recv, recv_counts);
+  }
+  if (ExchangeStats* st = parallel_->stats) {
+    st->calls += 1;
+    st->bytes += static_cast<int64_t>(send.nbytes());
+    st->seconds += timer.seconds();
+  }
+}
+
+// Counts of the step's exchange: slots are in expert order, and rank p owns a contiguous range of
+// experts, so the rows for rank p are one contiguous run of x_perm.
+MoELayer::Exchange MoELayer::plan_exchange(DispatchPlan& plan) const {
+  Timer timer;
+  const int P = parallel_->ep_size();
+  const int64_t local = config_.experts.num_experts;  // E/P
+  Tensor mine = Tensor::empty({P, local}, DType::i64);
+  int64_t* m = mine.data<int64_t>();
+  plan.send_counts.assign(static_cast<size_t>(P), 0);
+  for (int p = 0; p < P; ++p)
+    for (int64_t e = 0; e < local; ++e) {
+      m[p * local + e] = plan.tokens_per_expert[static_cast<size_t>(p * local + e)];
+      plan.send_counts[static_cast<size_t>(p)] += m[p * local + e];
+    }
+  Tensor theirs = Tensor::empty({P, local}, DType::i64);
+  const std::vector<int64_t> ones(static_cast<size_t>(P), 1);
+  parallel_->experts->all_to_all_v(mine, ones, theirs, ones);
+  Exchange ex;
+  const int64_t* t = theirs.data<int64_t>();
+  ex.recv_per_expert.assign(t, t + P * local);
+  plan.recv_counts.assign(static_cast<size_t>(P), 0);
+  std::vector<int64_t> source_start(static_cast<size_t>(P) * local);  // arrival row of (s, e)
+  int64_t row = 0;
+  for (int s = 0; s < P; ++s)
+    for (int64_t e = 0; e < local; ++e) {
+      source_start[static_cast<size_t>(s * local + e)] = row;
+      row += t[s * local + e];
+      plan.recv_counts[static_cast<size_t>(s)] += t[s * local + e];
+    }
+  ex.local_offsets.assign(static_cast<size_t>(local) + 1, 0);
+  ex.arrival_of.reserve(static_cast<size_t>(row));
+  for (int64_t e = 0; e < local; ++e) {
+    for (int s = 0; s < P; ++s) {
+      const int64_t first = source_start[static_cast<size_t>(s * local + e)];
+      for (int64_t i = 0; i < t[s * local + e]; ++i)
+        ex.arrival_of.push_back(static_cast<int32_t>(first + i));
+    }
+    ex.local_offsets[static_cast<size_t>(e) + 1] = static_cast<int32_t>(ex.arrival_of.size());
+  }
+  if (ExchangeStats* st = parallel_->stats) st->seconds += timer.seconds();
+  return ex;
+}
+
+// dst[i] = src[index[i]] (gather) or dst[index[i]] = src[i] (scatter), whole rows.
+static Tensor move_rows(const Tensor& src, const std::vector<int32_t>& index, bool gather) {
+  const int64_t width = src.dim(1), n = static_cast<int64_t>(index.size());
+  Tensor dst = Tensor::empty({n, width});
+  const float* s = src.data<float>();
+  float* d = dst.data<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t j = index[static_cast<size_t>(i)];
+    std::copy_n(s + (gather ? j : i) * width, width, d + (gather ? i : j) * width);
+  }
+  return dst;
+}
+
+Tensor MoELayer::run_experts(const Tensor& x_perm, DispatchPlan& plan, Saved* saved) const {
+  Experts::Saved* es = saved ? &saved->experts : nullptr;
+  if (!parallel_ || !parallel_->expert_parallel())
+    return experts_.forward(x_perm, plan.expert_offsets, es);
+  Exchange ex = plan_exchange(plan);
+  const int64_t D = config_.experts.d_model;
+  const auto arrivals = static_cast<int64_t>(ex.arrival_of.size());
+  Tensor x_recv = Tensor::empty({arrivals, D});
+  exchange(x_perm, plan.send_counts, x_recv, plan.recv_counts);
+  Tensor y_local = experts_.forward(move_rows(x_recv, ex.arrival_of, true), ex.local_offsets, es);
+  Tensor y_send = move_rows(y_local, ex.arrival_of, false);
+  Tensor y_perm = Tensor::empty({plan.num_slots(), D});
+  exchange(y_send, plan.recv_counts, y_perm, plan.send_counts);
+  if (saved) saved->exchange = std::move(ex);
+  return y_perm;
+}
+
+Tensor MoELayer::experts_backward(const Tensor& dy_perm, const Saved& saved) {
+  if (!parallel_ || !parallel_->expert_parallel()) return experts_.backward(dy_perm, saved.experts);
+  const DispatchPlan& plan = saved.router.plan;
+  const Exchange& ex = saved.exchange;
+  const int64_t D = config_.experts.d_model;
+  Tensor dy_recv = Tensor::empty({static_cast<int64_t>(ex.arrival_of.size()), D});
+  exchange(dy_perm, plan.send_counts, dy_recv, plan.recv_counts);
+  Tensor dx_local = experts_.backward(move_rows(dy_recv, ex.arrival_of, true), saved.experts);
+  Tensor dx_send = move_rows(dx_local, ex.arrival_of, false);
+  Tensor dx_perm = Tensor::empty({plan.num_slots(), D});
+  exchange(dx_send, plan.recv_counts, dx_perm, plan.send_counts);
+  return dx_perm;
+}
 
 Tensor MoELayer::forward(const Tensor& x, const RouterStep& step, Saved* saved,
                          MoEStats* stats) const {
   RouterOutput routed = router_.forward(x, step);
+  if (parallel_ && parallel_->data_parallel()) globalize_load(routed);
   Tensor x_perm = dispatch(x, routed.plan);
-  Tensor y_perm =
-      experts_.forward(x_perm, routed.plan.expert_offsets, saved ? &saved->experts : nullptr);
+  Tensor y_perm = run_experts(x_perm, routed.plan, saved);
   Tensor y = combine(y_perm, routed.plan);
   if (stats) {
     stats->aux_loss = routed.aux_loss;
     stats->z_loss = routed.z_loss;
     stats->load = routed.load;
+    stats->load_global = parallel_ && parallel_->data_parallel();
     stats->tokens_per_expert = routed.plan.tokens_per_expert;
     stats->assignments = routed.plan.num_tokens * routed.plan.top_k;
     stats->dropped = routed.plan.dropped();
@@ -52,7 +187,7 @@ Tensor MoELayer::backward(const Tensor& dy, const Saved& saved, float aux_scale,
   dy.expect_shape(saved.x.shape(), "moe layer backward dy");
   Tensor dy_perm, dweight_of_slot;
   combine_backward(dy, saved.y_perm, plan, dy_perm, dweight_of_slot);
-  Tensor dx_perm = experts_.backward(dy_perm, saved.experts);
+  Tensor dx_perm = experts_backward(dy_perm, saved);
   Tensor dx = dispatch_backward(dx_perm, plan);
   Tensor dx_router = router_.backward(dweight_of_slot, saved.router, saved.x, aux_scale, z_scale);
   ops::axpy(1.0f, dx_router, dx);

@@ -48,7 +48,7 @@ RouterOutput Router::forward(const Tensor& x, const RouterStep& step) const {
     out.jitter_noise = Tensor::empty(x.shape()).set_name("router.jitter_noise");
     out.routed_input = Tensor::empty(x.shape()).set_name("router.routed_input");
     ops::router_jitter(x, config_.jitter, router_jitter_key(step), out.jitter_noise,
-                       out.routed_input);
+                       out.routed_input, step.first_token);
   } else {
     out.routed_input = x;
   }
@@ -65,7 +65,8 @@ RouterOutput Router::forward(const Tensor& x, const RouterStep& step) const {
   out.topk_weight = Tensor::empty({tokens, k}).set_name("router.topk_weight");
   ops::router_topk(out.probs, k, config_.normalize_topk, out.topk_idx, out.topk_weight);
   out.load = ops::router_load(out.topk_idx, experts);
-  out.aux_loss = ops::router_aux_loss(out.probs, out.load, k);
+  out.load_tokens = tokens;
+  out.aux_loss = ops::router_aux_loss(out.probs, out.load, out.load_tokens, k);
   out.z_loss = ops::router_z_loss(out.lse);
   out.plan = make_plan(out.topk_idx, out.topk_weight, experts,
                        router_capacity(config_.capacity_factor, tokens, k, experts));
@@ -81,7 +82,7 @@ Tensor Router::backward(const Tensor& dweight_of_slot, const RouterOutput& out, 
   ops::slot_to_choice(dweight_of_slot, out.plan.slot_of, dtopk);
   Tensor dlogits = Tensor::empty({tokens, experts}).set_name("router.dlogits");
   ops::router_backward(out.probs, out.lse, out.topk_idx, dtopk, config_.normalize_topk, out.load,
-                       aux_scale, z_scale, dlogits);
+                       out.load_tokens, aux_scale, z_scale, dlogits);
   // dWg += dlogits^T routed_input and dx = dlogits Wg, through the grouped GEMMs of one group (a
   // sum over tokens and one over experts, both cut at fixed places: thread-count independent).
   const std::vector<int32_t> all_tokens{0, static_cast<int32_t>(tokens)};

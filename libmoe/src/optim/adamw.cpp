@@ -47,10 +47,10 @@ void AdamW::step(float lr) {
 std::vector<OptimizerTensor> AdamW::state() const {
   std::vector<OptimizerTensor> out;
   for (const Slot& s : slots_) {
-    out.push_back({"adam.m." + s.param->name, s.m, s.param->expert});
-    out.push_back({"adam.v." + s.param->name, s.v, s.param->expert});
+    out.push_back({"adam.m." + s.param->name, s.m, s.param->expert, s.param});
+    out.push_back({"adam.v." + s.param->name, s.v, s.param->expert, s.param});
     if (s.master.raw() != s.param->value.raw())
-      out.push_back({"master." + s.param->name, s.master, s.param->expert});
+      out.push_back({"master." + s.param->name, s.master, s.param->expert, s.param});
   }
   return out;
 }
@@ -78,6 +78,11 @@ double clip_grad_norm(ParamSet& params, double max_norm) {
   double sum = 0;
   for (const Param* p : std::as_const(params).all()) sum += ops::sum_squares(p->grad);
   double norm = std::sqrt(sum);
+  clip_gradients(params, max_norm, norm);
+  return norm;
+}
+
+void clip_gradients(ParamSet& params, double max_norm, double norm) {
   if (max_norm > 0 && norm > max_norm) {
     float scale = static_cast<float>(max_norm / (norm + 1e-6));
     for (Param* p : params.all()) {
@@ -87,7 +92,6 @@ double clip_grad_norm(ParamSet& params, double max_norm) {
       for (int64_t i = 0; i < n; ++i) g[i] *= scale;
     }
   }
-  return norm;
 }
 
 float lr_at(int64_t step, int64_t total, int64_t warmup, float lr, float min_lr) {

@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "moe/log.h"
+#include "moe/ops/core.h"
 #include "moe/timer.h"
 
 namespace moe::train {
@@ -25,7 +27,13 @@ nlohmann::json to_json(const TrainConfig& c) {
                         {"clip", c.clip},
                         {"val_fraction", c.val_fraction},
                         {"eval_batches", c.eval_batches},
-                        {"seed", c.seed}};
+                        {"seed", c.seed},
+                        {"ep", c.ep},
+                        {"shard_embedding", c.shard_embedding},
+                        {"a2a", c.a2a},
+                        {"ranks_per_node", c.ranks_per_node},
+                        {"comm_scheduler", c.comm_scheduler},
+                        {"partition_mb", c.partition_mb}};
 }
 
 TrainConfig train_config_from_json(const nlohmann::json& j, TrainConfig c) {
@@ -46,6 +54,12 @@ TrainConfig train_config_from_json(const nlohmann::json& j, TrainConfig c) {
     take("val_fraction", c.val_fraction);
     take("eval_batches", c.eval_batches);
     take("seed", c.seed);
+    take("ep", c.ep);
+    take("shard_embedding", c.shard_embedding);
+    take("a2a", c.a2a);
+    take("ranks_per_node", c.ranks_per_node);
+    take("comm_scheduler", c.comm_scheduler);
+    take("partition_mb", c.partition_mb);
   } catch (const nlohmann::json::exception& e) {
     throw Error(str("training config: ", e.what()));
   }
@@ -97,14 +111,86 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
   // Validation must hold at least one window (the sampler says so clearly otherwise).
   io::BatchSampler probe(&val_tokens_, model.seq, train.seed, false);
 
+  setup_parallel();
   params_ = std::make_unique<ParamSet>(train.seed, config.dtype);
-  model_ = std::make_unique<Transformer>(config, *params_);
+  model_ = std::make_unique<Transformer>(config, *params_, world_size() > 1 ? &parallel_ : nullptr);
   optim::AdamWConfig oc;
   oc.weight_decay = static_cast<float>(train.weight_decay);
   optimizer_ = std::make_unique<optim::AdamW>(*params_, oc);
+  if (world_size() > 1) {
+    int64_t sizes[2] = {0, 0};
+    for (const Param* p : std::as_const(*params_).all())
+      if (reduce_of(*p) != Reduce::none) sizes[static_cast<int>(reduce_of(*p))] += p->grad.numel();
+    for (int g = 0; g < 2; ++g) grad_buffer_[g] = Tensor::empty({sizes[g]});
+  }
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::setup_parallel() {
+  const int W = world_size();
+  MOE_USAGE_CHECK(train_.ep >= 1, "--ep must be >= 1 (got ", train_.ep, ")");
+  MOE_USAGE_CHECK(W % train_.ep == 0, "--ep ", train_.ep, " does not divide the ", W,
+                  " ranks (the world is data parallel x expert parallel)");
+  MOE_USAGE_CHECK(train_.partition_mb > 0, "--partition-mb must be > 0 (got ", train_.partition_mb,
+                  ")");
+  MOE_USAGE_CHECK(train_.ranks_per_node >= 0, "--ranks-per-node must be >= 0 (got ",
+                  train_.ranks_per_node, ")");
+  const comm::SchedulerMode mode = comm::parse_scheduler_mode(train_.comm_scheduler);
+  const comm::A2AAlgorithm algorithm = comm::parse_a2a_algorithm(train_.a2a);
+  if (W == 1) return;
+  parallel_.batch = world_;
+  parallel_.stats = &exchange_stats_;
+  const int P = static_cast<int>(train_.ep), r = rank();
+  if (P > 1) {
+    ep_comm_ = world_->split(r / P, r);        // ranks [d P, (d + 1) P)
+    replicas_comm_ = world_->split(r % P, r);  // the ranks holding the same experts
+    exchange_ = std::make_unique<comm::AllToAllV>(*ep_comm_, algorithm,
+                                                  static_cast<int>(train_.ranks_per_node));
+    parallel_.experts = ep_comm_.get();
+    parallel_.exchange = exchange_.get();
+  }
+  if (train_.shard_embedding) parallel_.embedding = world_;
+  if (mode == comm::SchedulerMode::priority) {
+    scheduler_ = std::make_unique<comm::CommScheduler>(
+        *world_, static_cast<size_t>(train_.partition_mb * 1024 * 1024), mode,
+        comm::Preemption::caller);
+    parallel_.scheduler = scheduler_.get();
+  }
+}
+
+bool Trainer::sharded() const {
+  return world_size() > 1 && (train_.ep > 1 || train_.shard_embedding);
+}
+
+Trainer::Reduce Trainer::reduce_of(const Param& p) const {
+  if (p.expert && train_.ep > 1)
+    return replicas_comm_->size() > 1 ? Reduce::replicas : Reduce::none;
+  if (p.shard.defined()) return Reduce::none;  // the sharded token table: summed by its backward
+  return Reduce::world;
+}
+
+static bool same_shard(const ParamShard& a, const ParamShard& b) {
+  return a.global == b.global && a.dim == b.dim && a.start == b.start && a.count == b.count;
+}
+
+static std::string layout_text(int world, int64_t ep, bool shard_embedding) {
+  return str(world, world == 1 ? " rank" : " ranks", " with --ep ", ep,
+             shard_embedding ? " and --shard-embedding" : "");
 }
 
 void Trainer::restore(const io::Checkpoint& ckpt) {
+  if (ckpt.sharding.rank >= 0)
+    throw Error(str("this checkpoint file is rank ", ckpt.sharding.rank,
+                    "'s shard of a sharded checkpoint: resume from its directory"));
+  if (sharded())
+    throw Error(str("an unsharded checkpoint cannot resume a run of ",
+                    layout_text(world_size(), train_.ep, train_.shard_embedding),
+                    ": resume with the layout that wrote it"));
+  load_tensors(ckpt);
+}
+
+void Trainer::load_tensors(const io::Checkpoint& ckpt) {
   for (const io::NamedTensor& nt : ckpt.params) {
     Param* p = params_->find(nt.name);
     MOE_CHECK(p, "checkpoint tensor '", nt.name, "' is not a parameter of this model");
@@ -122,6 +208,75 @@ void Trainer::restore(const io::Checkpoint& ckpt) {
   step_ = ckpt.state.step;
   tokens_seen_ = ckpt.state.tokens_seen;
   sampler_->set_cursor(ckpt.state.data_cursor);
+}
+
+static std::string shard_file(const std::filesystem::path& dir, int rank) {
+  char name[32];
+  std::snprintf(name, sizeof name, "rank-%05d.h5", rank);
+  return (dir / name).string();
+}
+
+void Trainer::restore(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (!fs::is_directory(path)) {
+    restore(io::load_checkpoint(path));
+    return;
+  }
+  const std::string head_path = shard_file(path, 0);
+  if (!fs::exists(head_path))
+    throw Error(str("'", path, "' is not a sharded checkpoint directory (no ", head_path, ")"));
+  io::Checkpoint head = io::load_checkpoint(head_path);
+  const io::Sharding& layout = head.sharding;
+  if (layout.rank != 0 || layout.world_size != world_size() || layout.ep_size != train_.ep ||
+      layout.shard_embedding != train_.shard_embedding || !sharded())
+    throw Error(str("'", path, "' was written by ",
+                    layout_text(layout.world_size, layout.ep_size, layout.shard_embedding),
+                    "; this run has ", layout_text(world_size(), train_.ep, train_.shard_embedding),
+                    ": resume with the same layout"));
+  // This rank's tensors: replicated ones from rank 0's file, its experts from the file of the rank
+  // of the first expert-parallel group that holds them, its table columns from its own file.
+  std::vector<int> sources{0};
+  if (train_.ep > 1) sources.push_back(rank() % static_cast<int>(train_.ep));
+  if (train_.shard_embedding) sources.push_back(rank());
+  io::Checkpoint mine;
+  mine.state = head.state;
+  std::vector<std::string> found;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    if (std::find(sources.begin(), sources.begin() + static_cast<std::ptrdiff_t>(i), sources[i]) !=
+        sources.begin() + static_cast<std::ptrdiff_t>(i))
+      continue;
+    const std::string file = shard_file(path, sources[i]);
+    io::Checkpoint part = sources[i] == 0 ? std::move(head) : io::load_checkpoint(file);
+    if (part.state.step != mine.state.step || part.sharding.rank != sources[i])
+      throw Error(str(file, " is not rank ", sources[i], "'s shard of step ", mine.state.step,
+                      " (a mixed or partly written checkpoint directory)"));
+    auto take = [&](std::vector<io::NamedTensor>& from, std::vector<io::NamedTensor>& into,
+                    bool optim) {
+      for (io::NamedTensor& nt : from) {
+        const Param* p = nullptr;
+        if (optim) {
+          for (const optim::OptimizerTensor& t : optimizer_->state())
+            if (t.name == nt.name) p = t.param;
+        } else {
+          p = params_->find(nt.name);
+        }
+        if (p && same_shard(p->shard, nt.shard)) into.push_back(std::move(nt));
+      }
+    };
+    take(part.params, mine.params, false);
+    take(part.optim, mine.optim, true);
+  }
+  for (const Param* p : std::as_const(*params_).all()) {
+    bool have = false;
+    for (const io::NamedTensor& nt : mine.params) have |= nt.name == p->name;
+    if (!have)
+      throw Error(str("'", path, "' holds no tensor '", p->name, "'",
+                      p->shard.defined() ? str(" for slice ", p->shard.start, "..",
+                                               p->shard.start + p->shard.count - 1)
+                                         : std::string(),
+                      " for rank ", rank()));
+  }
+  load_tensors(mine);  // exactly this rank's parameters and their optimizer state now
 }
 
 StepStats Trainer::step() {
@@ -142,16 +297,30 @@ StepStats Trainer::step() {
     rs.seed = train_.seed;
     rs.step = step_;
     rs.training = true;
-    s.forward = model_->forward_backward(ids, targets, rs);
+    rs.first_token = rank() * ids.numel();  // this rank's share starts there in the global batch
+    exchange_stats_ = {};
+    GradsReady ready;  // priority scheduling: reduce each block's gradients as backward leaves it
+    if (scheduler_) ready = [this](std::span<Param* const> ps) { pack_gradients(ps); };
+    s.forward = model_->forward_backward(ids, targets, rs, ready);
   }
   arena_.reset();
   if (world_size() > 1) {
-    average_gradients();
+    Timer sync;
+    if (!scheduler_) pack_gradients(params_->all());
+    finish_gradients();
+    s.grad_sync_seconds = sync.seconds();
+    s.a2a_seconds = exchange_stats_.seconds;
+    s.a2a_calls = exchange_stats_.calls;
     reduce_stats(s);
   }
   MOE_CHECK(std::isfinite(s.forward.total), "step ", step_, ": loss is ", s.forward.total,
             " (diverged; try a lower --lr or --clip)");
-  s.grad_norm = optim::clip_grad_norm(*params_, train_.clip);
+  if (world_size() > 1) {
+    s.grad_norm = global_grad_norm();
+    optim::clip_gradients(*params_, train_.clip, s.grad_norm);
+  } else {
+    s.grad_norm = optim::clip_grad_norm(*params_, train_.clip);
+  }
   s.lr = optim::lr_at(step_, train_.steps, train_.warmup, static_cast<float>(train_.lr),
                       static_cast<float>(train_.lr * train_.min_lr_ratio));
   optimizer_->step(static_cast<float>(s.lr));
@@ -177,33 +346,111 @@ StepStats Trainer::step() {
   return s;
 }
 
-void Trainer::average_gradients() {
-  std::vector<Param*> params = params_->all();
-  if (!grad_buffer_.defined()) grad_buffer_ = Tensor::empty({params_->numel()});
-  float* buffer = grad_buffer_.data<float>();
-  int64_t offset = 0;
-  for (const Param* p : params) {
-    std::copy_n(p->grad.data<float>(), p->grad.numel(), buffer + offset);
-    offset += p->grad.numel();
-  }
-  world_->all_reduce(grad_buffer_, comm::ReduceOp::sum);
-  const float inverse = 1.0f / static_cast<float>(world_size());
-  offset = 0;
-  for (Param* p : params) {
-    float* g = p->grad.data<float>();
-    for (int64_t i = 0, n = p->grad.numel(); i < n; ++i) g[i] = buffer[offset + i] * inverse;
-    offset += p->grad.numel();
+// Copies the gradients into the fused buffers in backward order. With the scheduler, every whole
+// --partition-mb of packed gradients is submitted as soon as it is complete (finish_gradients()
+// sends the rest), so the micro-ops are full-sized and start while backward goes on.
+void Trainer::pack_gradients(std::span<Param* const> params) {
+  for (int g = 0; g < 2; ++g) {
+    float* buffer = grad_buffer_[g].defined() ? grad_buffer_[g].data<float>() : nullptr;
+    for (Param* p : params) {
+      if (static_cast<int>(reduce_of(*p)) != g) continue;
+      std::copy_n(p->grad.data<float>(), p->grad.numel(), buffer + grad_fill_[g]);
+      packed_[g].emplace_back(p, grad_fill_[g]);
+      grad_fill_[g] += p->grad.numel();
+    }
+    if (scheduler_) {
+      const auto piece =
+          std::max<int64_t>(1, static_cast<int64_t>(scheduler_->partition_bytes() / sizeof(float)));
+      submit_gradients(g, (grad_fill_[g] - grad_sent_[g]) / piece * piece);
+    }
   }
 }
 
+void Trainer::submit_gradients(int group, int64_t elements) {
+  if (elements <= 0) return;
+  Tensor region = grad_buffer_[group].rows(grad_sent_[group], grad_sent_[group] + elements);
+  scheduler_->all_reduce(region, comm::ReduceOp::sum, group == 1 ? replicas_comm_.get() : nullptr);
+  grad_sent_[group] += elements;
+}
+
+// Completes the reduction of the packed gradients and averages every gradient over the world: a
+// rank's gradients carry its local mean's 1/(B/W), so the sum over all W ranks' tokens (dense:
+// all-reduce over the world; experts: each replica's group already holds its group's tokens,
+// summed over the replicas; sharded table: summed by its backward) divided by W is the gradient
+// of the global batch's mean loss.
+void Trainer::finish_gradients() {
+  if (scheduler_) {
+    for (int g = 0; g < 2; ++g) submit_gradients(g, grad_fill_[g] - grad_sent_[g]);
+    scheduler_->wait_all();
+  } else {
+    if (grad_fill_[0] > 0) {
+      Tensor region = grad_buffer_[0].rows(0, grad_fill_[0]);
+      world_->all_reduce(region, comm::ReduceOp::sum);
+    }
+    if (grad_fill_[1] > 0) {
+      Tensor region = grad_buffer_[1].rows(0, grad_fill_[1]);
+      replicas_comm_->all_reduce(region, comm::ReduceOp::sum);
+    }
+  }
+  const float inverse = 1.0f / static_cast<float>(world_size());
+  for (int g = 0; g < 2; ++g) {
+    const float* buffer = grad_buffer_[g].defined() ? grad_buffer_[g].data<float>() : nullptr;
+    for (auto [p, offset] : packed_[g]) {
+      float* grad = p->grad.data<float>();
+      for (int64_t i = 0, n = p->grad.numel(); i < n; ++i) grad[i] = buffer[offset + i] * inverse;
+    }
+    packed_[g].clear();
+    grad_fill_[g] = grad_sent_[g] = 0;
+  }
+  for (Param* p : params_->all()) {
+    if (reduce_of(*p) != Reduce::none) continue;
+    float* grad = p->grad.data<float>();
+    for (int64_t i = 0, n = p->grad.numel(); i < n; ++i) grad[i] *= inverse;
+  }
+}
+
+// The same sum on every rank of a group: each rank's value gathered (as its bits), added in rank
+// order.
+static double sum_over(comm::Communicator& group, double value) {
+  Tensor mine = Tensor::empty({1}, DType::i64);
+  std::memcpy(mine.data<int64_t>(), &value, sizeof value);
+  Tensor all = Tensor::empty({group.size()}, DType::i64);
+  group.all_gather(mine, all);
+  double sum = 0;
+  for (int r = 0; r < group.size(); ++r) {
+    double v;
+    std::memcpy(&v, all.data<int64_t>() + r, sizeof v);
+    sum += v;
+  }
+  return sum;
+}
+
+// L2 norm of the whole model's gradient: replicated parameters counted once, expert shards summed
+// over the expert-parallel group, the sharded table over the world.
+double Trainer::global_grad_norm() {
+  double replicated = 0, experts = 0, table = 0;
+  for (const Param* p : std::as_const(*params_).all()) {
+    const double sq = ops::sum_squares(p->grad);
+    if (p->expert && train_.ep > 1)
+      experts += sq;
+    else if (p->shard.defined())
+      table += sq;
+    else
+      replicated += sq;
+  }
+  if (ep_comm_) experts = sum_over(*ep_comm_, experts);
+  if (parallel_.embedding) table = sum_over(*world_, table);
+  return std::sqrt(replicated + experts + table);
+}
+
 // Losses become means over the ranks; expert loads and drops become sums: the numbers describe the
-// global batch. Each rank's aux loss and capacity are computed on its own tokens (per-rank
-// routing statistics, as in DeepSpeed and Megatron).
+// global batch. The aux loss already uses the global loads (MoELayer), so its mean over the ranks
+// is the global batch's; capacity is per rank (computed on and applied to each rank's tokens).
 void Trainer::reduce_stats(StepStats& s) {
   ForwardStats& f = s.forward;
-  Tensor losses = Tensor::from_vector({3}, std::vector<float>{static_cast<float>(f.loss),
-                                                              static_cast<float>(f.aux_loss),
-                                                              static_cast<float>(f.z_loss)});
+  Tensor losses = Tensor::from_vector(
+      {3}, std::vector<float>{static_cast<float>(f.loss), static_cast<float>(f.aux_loss),
+                              static_cast<float>(f.z_loss)});
   world_->all_reduce(losses, comm::ReduceOp::sum);
   const double w = static_cast<double>(world_size());
   f.loss = losses.data<float>()[0] / w;
@@ -213,7 +460,7 @@ void Trainer::reduce_stats(StepStats& s) {
   f.total = f.loss + mc.aux_loss_coef * f.aux_loss + mc.z_loss_coef * f.z_loss;
   std::vector<int64_t> counts;
   for (const nn::MoEStats& m : f.moe) {
-    counts.insert(counts.end(), m.load.begin(), m.load.end());
+    if (!m.load_global) counts.insert(counts.end(), m.load.begin(), m.load.end());
     counts.push_back(m.dropped);
     counts.push_back(m.assignments);
   }
@@ -223,7 +470,8 @@ void Trainer::reduce_stats(StepStats& s) {
   world_->all_reduce(summed, comm::ReduceOp::sum);
   const int64_t* c = summed.data<int64_t>();
   for (nn::MoEStats& m : f.moe) {
-    for (int64_t& l : m.load) l = *c++;
+    if (!m.load_global)
+      for (int64_t& l : m.load) l = *c++;
     m.dropped = *c++;
     m.assignments = *c++;
   }
@@ -248,13 +496,32 @@ double Trainer::evaluate() {
   return sum / static_cast<double>(batches);
 }
 
+bool Trainer::owns(const Param& p) const {
+  if (p.expert && train_.ep > 1) return rank() < train_.ep;  // the first expert-parallel group
+  if (p.shard.defined()) return true;                        // this rank's table columns
+  return rank() == 0;                                        // replicated
+}
+
+io::Checkpoint Trainer::snapshot_owned() const {
+  io::Checkpoint c = snapshot();
+  std::erase_if(c.params, [&](const io::NamedTensor& t) { return !owns(*params_->find(t.name)); });
+  std::vector<optim::OptimizerTensor> state = optimizer_->state();
+  c.optim.clear();
+  for (const optim::OptimizerTensor& t : state)
+    if (owns(*t.param)) c.optim.push_back({t.name, t.tensor, t.expert, t.param->shard});
+  c.sharding.ep_size = static_cast<int>(train_.ep);
+  c.sharding.rank = rank();
+  c.sharding.shard_embedding = train_.shard_embedding;
+  return c;
+}
+
 io::Checkpoint Trainer::snapshot() const {
   io::Checkpoint c;
   c.model_config = to_json(model_->config());
   c.train_config = to_json(train_);
   c.provenance = provenance_;
   for (const Param* p : std::as_const(*params_).all())
-    c.params.push_back({p->name, p->value, p->expert});
+    c.params.push_back({p->name, p->value, p->expert, p->shard});
   for (const optim::OptimizerTensor& t : optimizer_->state())
     c.optim.push_back({t.name, t.tensor, t.expert});
   c.state.step = step_;
@@ -265,11 +532,25 @@ io::Checkpoint Trainer::snapshot() const {
   return c;
 }
 
+// dir/link -> target, swapped atomically (a symlink under a temporary name, then a rename).
+static void point_link(const std::filesystem::path& dir, const std::string& link,
+                       const std::string& target) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path tmp = dir / ("." + link + ".tmp-" + std::to_string(::getpid()));
+  fs::remove(tmp, ec);
+  fs::create_symlink(target, tmp, ec);
+  if (ec) throw Error(str("cannot create link '", tmp.string(), "': ", ec.message()));
+  fs::rename(tmp, dir / link, ec);
+  if (ec) throw Error(str("cannot update '", (dir / link).string(), "': ", ec.message()));
+}
+
 std::string Trainer::save(const std::string& dir) const {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw Error(str("cannot create output directory '", dir, "': ", ec.message()));
+  if (sharded()) return save_sharded(dir);
   char name[32];
   std::snprintf(name, sizeof name, "step-%08lld.h5", static_cast<long long>(step_));
   fs::path path = fs::path(dir) / name;
@@ -278,16 +559,46 @@ std::string Trainer::save(const std::string& dir) const {
     return path.string();
   }
   io::save_checkpoint(path.string(), snapshot());
-  // last.h5 -> newest checkpoint, swapped atomically (symlink to a temp name, then rename).
-  fs::path link = fs::path(dir) / "last.h5";
-  fs::path tmp = fs::path(dir) / (".last.h5.tmp-" + std::to_string(::getpid()));
-  fs::remove(tmp, ec);
-  fs::create_symlink(name, tmp, ec);
-  if (ec) throw Error(str("cannot create link '", tmp.string(), "': ", ec.message()));
-  fs::rename(tmp, link, ec);
-  if (ec) throw Error(str("cannot update '", link.string(), "': ", ec.message()));
+  point_link(dir, "last.h5", name);  // last.h5 -> the newest checkpoint
   if (world_size() > 1) world_->barrier();
   return path.string();
+}
+
+// Every rank writes the file of what it owns (each file atomic), the ranks agree that all of them
+// succeeded, and only then does `last` move to the new directory: a failure on any rank leaves
+// the previous checkpoint the last one, and every rank throws.
+std::string Trainer::save_sharded(const std::string& dir) const {
+  namespace fs = std::filesystem;
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(step_));
+  const fs::path step_dir = fs::path(dir) / name;
+  std::string error;
+  if (rank() == 0) {
+    std::error_code ec;
+    fs::remove_all(step_dir, ec);  // files of an earlier run of another layout must not mix in
+    fs::create_directories(step_dir, ec);
+    if (ec) error = str("cannot create '", step_dir.string(), "': ", ec.message());
+  }
+  Tensor failed = Tensor::from_vector({1}, std::vector<int32_t>{error.empty() ? 0 : 1});
+  world_->all_reduce(failed, comm::ReduceOp::max);
+  if (failed.data<int32_t>()[0])
+    throw Error(error.empty() ? str("rank 0 could not create ", step_dir.string()) : error);
+  bool writes = false;
+  for (const Param* p : std::as_const(*params_).all()) writes |= owns(*p);
+  try {
+    if (writes) io::save_checkpoint(shard_file(step_dir, rank()), snapshot_owned());
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  failed.data<int32_t>()[0] = error.empty() ? 0 : rank() + 1;
+  world_->all_reduce(failed, comm::ReduceOp::max);
+  if (const int bad = failed.data<int32_t>()[0])
+    throw Error(error.empty() ? str("rank ", bad - 1, " could not write its shard of ",
+                                    step_dir.string(), "; the previous checkpoint stays the last")
+                              : error);
+  if (rank() == 0) point_link(dir, "last", name);
+  world_->barrier();
+  return step_dir.string();
 }
 
 }  // namespace moe::train

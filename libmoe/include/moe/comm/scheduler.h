@@ -33,6 +33,22 @@
 // `comm` on its own thread for other collectives. That needs MPI_THREAD_MULTIPLE from the MPI
 // backend; with MPI_THREAD_SERIALIZED the caller must not call MPI while the scheduler has work.
 //
+// Preemption::caller (how train::Trainer runs it): the all-to-all does not enter the queue. It runs
+// at once on the caller's thread, on its own communicator (the AllToAllV given, or a second
+// duplicate of `comm`), while the communication thread starts no new piece: it never waits behind
+// queued micro-ops and shares the links with at most the one in flight. The queue then holds only
+// allreduce micro-ops, issued first in first out, so no agreement is needed (the order is the
+// submission order on every rank). This is the cheaper rule where collectives cost a scheduler
+// time slice (ranks sharing cores): the agreement per piece and the hand-over of each all-to-all
+// to the communication thread and back made steps 15-25% slower there (docs/PERFORMANCE.md).
+//
+// Other groups: an allreduce may name a sub-communicator (expert gradients over their data-parallel
+// replicas) and an all-to-all an AllToAllV (expert parallelism, flat or hierarchical). The issue
+// order above is still agreed over the whole scheduler communicator, and every rank issues its
+// pieces in that one order, so the collectives of every group are issued in the same relative
+// order by all of its members: no deadlock. Such a group is then driven by the communication
+// thread: the caller must not use it concurrently (it may between its wait()s).
+//
 // Buffers: the scheduler keeps a reference to each tensor's storage until its piece completes.
 // The caller must not read or write a buffer between submission and the completion of its ticket
 // (and must not recycle arena tensors before then).
@@ -63,11 +79,16 @@
 
 namespace moe::comm {
 
+class AllToAllV;
+
 enum class SchedulerMode { off, priority };
 const char* scheduler_mode_name(SchedulerMode mode);
 SchedulerMode parse_scheduler_mode(std::string_view text);  // "off" | "priority"; else UsageError
 
 enum class CommOpKind { all_reduce, all_to_all };
+
+// How priority mode puts an all-to-all first (see above).
+enum class Preemption { queued, caller };
 const char* comm_op_kind_name(CommOpKind kind);
 
 // One submitted operation (an allreduce covers all of its micro-ops).
@@ -103,17 +124,22 @@ struct ExecutedPiece {
 class CommScheduler {
  public:
   // partition_bytes > 0: the largest allreduce micro-op in priority mode (at least one element).
-  CommScheduler(Communicator& comm, size_t partition_bytes, SchedulerMode mode);
+  CommScheduler(Communicator& comm, size_t partition_bytes, SchedulerMode mode,
+                Preemption preemption = Preemption::queued);
   ~CommScheduler();
   CommScheduler(const CommScheduler&) = delete;
   CommScheduler& operator=(const CommScheduler&) = delete;
 
   // In-place allreduce of buf (contiguous; f32, i32 or i64). Priority mode: micro-ops of at most
-  // partition_bytes, element-aligned, low priority; off: one operation.
-  Ticket all_reduce(Tensor& buf, ReduceOp op);
+  // partition_bytes, element-aligned, low priority; off: one operation. `group`: the ranks to
+  // reduce over (null: the scheduler's communicator); see "Other groups" above.
+  Ticket all_reduce(Tensor& buf, ReduceOp op, Communicator* group = nullptr);
   // Counts in rows of the leading dimension, as Communicator::iall_to_all_v. High priority.
+  // `exchange`: run by this AllToAllV (its communicator and algorithm) instead of the scheduler's
+  // communicator. Preemption::caller: runs before returning (the ticket is complete; errors are
+  // thrown here).
   Ticket all_to_all_v(const Tensor& send, std::vector<int64_t> send_counts, Tensor& recv,
-                      std::vector<int64_t> recv_counts);
+                      std::vector<int64_t> recv_counts, AllToAllV* exchange = nullptr);
 
   // Blocks until the ticket's operation completed; rethrows its error. A ticket already collected
   // returns at once. Throws when the scheduler is paused and the ticket has not completed (it
@@ -148,6 +174,8 @@ class CommScheduler {
     std::vector<int64_t> recv_counts{};
     ReduceOp op = ReduceOp::sum;
     int64_t bytes = 0;
+    Communicator* group = nullptr;  // allreduce over this group instead of comm_
+    AllToAllV* exchange = nullptr;  // all-to-all run by this object instead of comm_
   };
   struct TicketState {
     CommOpKind kind;
@@ -155,6 +183,8 @@ class CommScheduler {
     std::exception_ptr error;
   };
 
+  Ticket all_to_all_now(const Tensor& send, const std::vector<int64_t>& send_counts, Tensor& recv,
+                        const std::vector<int64_t>& recv_counts, AllToAllV* exchange);
   void run();  // the communication thread
   bool next_piece(Piece& out, std::unique_lock<std::mutex>& lock);
   void execute(Piece& piece);
@@ -165,6 +195,9 @@ class CommScheduler {
   std::unique_ptr<Communicator> comm_;  // the scheduler's duplicate; used by the thread only
   size_t partition_bytes_;
   SchedulerMode mode_;
+  Preemption preemption_;
+  std::unique_ptr<Communicator> a2a_comm_;  // Preemption::caller: the caller's all-to-alls
+  bool preempting_ = false;                 // a caller's all-to-all runs: start no new piece
 
   mutable std::mutex mutex_;
   std::condition_variable work_cv_;  // thread: work, resume or stop

@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "moe/param.h"
 #include "moe/tensor.h"
 
 namespace moe::io {
@@ -29,6 +30,7 @@ struct NamedTensor {
   std::string name;
   Tensor tensor;
   bool expert = false;  // leading dim indexes experts -> one HDF5 chunk per expert
+  ParamShard shard{};   // defined: this tensor is that slice of a larger one (sharded checkpoints)
 };
 
 struct TrainState {
@@ -40,6 +42,11 @@ struct TrainState {
 struct Sharding {
   int world_size = 1, ep_size = 1;
   std::vector<int> expert_rank;  // empty = all on rank 0
+  // Sharded checkpoints (a directory of per-rank files, docs/FORMATS.md): the rank that wrote
+  // this file (-1: an unsharded file holding everything), and whether the token embedding is
+  // split by columns over the world.
+  int rank = -1;
+  bool shard_embedding = false;
 };
 
 struct Checkpoint {

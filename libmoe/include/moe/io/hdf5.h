@@ -22,6 +22,7 @@
 
 #include "moe/dtype.h"
 #include "moe/error.h"
+#include "moe/param.h"
 #include "moe/tensor.h"
 
 namespace moe::io::h5 {
@@ -157,13 +158,17 @@ std::vector<hsize_t> chunk_shape(const Shape& shape, size_t element_size, bool e
 // Writes `tensor` as dataset `name` of `parent`: chunked per chunk_shape, Fletcher32 checksummed,
 // attributes `dtype` and `expert` (0/1). Rank-0 and zero-element tensors cannot be chunked and are
 // stored contiguous, without the filter.
+// A defined `shard` (the tensor is a slice of a larger one, see moe::ParamShard) adds the
+// attributes `shard_shape` (int64 array: the whole tensor's shape), `shard_dim` and `shard_start`.
 void write_tensor(hid_t parent, const std::string& name, const Tensor& tensor, bool expert,
-                  const Where& where, size_t max_chunk_bytes = kMaxChunkBytes);
+                  const Where& where, size_t max_chunk_bytes = kMaxChunkBytes,
+                  const ParamShard* shard = nullptr);
 
 struct DatasetInfo {
   Shape shape;
   DType dtype = DType::f32;
   bool expert = false;
+  ParamShard shard;  // defined when the dataset carries the shard attributes (validated)
 };
 // Validated metadata of a tensor dataset: the `dtype` attribute (when present) names a known
 // dtype and agrees with the HDF5 type; without it the type must be one of ours; expert datasets

@@ -1,7 +1,9 @@
 // Decoder-only MoE transformer: token embedding (+ learned positions for gpt), blocks, final norm,
 // LM head (tied for gpt), cross-entropy. Shapes: ids [B, T], N = B*T, V vocabulary, D width.
 #pragma once
+#include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "moe/models/config.h"
@@ -9,6 +11,8 @@
 #include "moe/nn/block.h"
 #include "moe/nn/embedding.h"
 #include "moe/nn/norm.h"
+#include "moe/nn/parallel.h"
+#include "moe/nn/sharded_embedding.h"
 #include "moe/param.h"
 
 namespace moe {
@@ -21,15 +25,24 @@ struct ForwardStats {
   std::vector<nn::MoEStats> moe;  // one per MoE layer, in layer order
 };
 
+// Called during backward with parameters whose gradients are final for this step (a block's,
+// as soon as its backward is done; the embeddings, final norm and head last): the trainer starts
+// reducing them while backward goes on.
+using GradsReady = std::function<void(std::span<Param* const>)>;
+
 class Transformer {
  public:
-  // Parameters are created in `params` (seeded by its seed, stored in its dtype).
-  Transformer(const ModelConfig& config, ParamSet& params);
+  // Parameters are created in `params` (seeded by its seed, stored in its dtype). parallel: the
+  // layout over ranks (moe/nn/parallel.h), null for one process; it must outlive the model, and
+  // with it forward passes are collective over its groups. Expert parameters then hold this rank's
+  // experts and a sharded token table its columns (ParamShard), with the single-process values.
+  // A sharded embedding needs an untied head (mixtral): the tied head would need the whole table.
+  Transformer(const ModelConfig& config, ParamSet& params, const nn::Parallel* parallel = nullptr);
 
   // Forward and backward of one batch; accumulates gradients into the ParamSet. ids/targets [B,T]
-  // i32.
+  // i32. grads_ready (optional) sees every parameter exactly once, in backward order.
   ForwardStats forward_backward(const Tensor& ids, const Tensor& targets,
-                                const nn::RouterStep& step);
+                                const nn::RouterStep& step, const GradsReady& grads_ready = {});
   // Forward only (no jitter, nothing saved). When row_nll is non-null it receives [B*T] per-token
   // NLL.
   ForwardStats evaluate(const Tensor& ids, const Tensor& targets, Tensor* row_nll = nullptr) const;
@@ -40,19 +53,26 @@ class Transformer {
   const Flavour& flavour() const { return flavour_; }
   // Parameters that one token activates (experts counted k times per MoE layer).
   int64_t active_params_per_token() const;
+  // Parameters of the whole model, those other ranks hold included.
+  int64_t num_params() const;
 
  private:
-  Tensor embed(const Tensor& ids, int64_t batch, int64_t seq) const;
+  Tensor embed(const Tensor& ids, int64_t batch, int64_t seq,
+               nn::ShardedEmbedding::Saved* sharded_saved) const;
   Tensor head(const Tensor& h) const;
   // Embedding and blocks; MoE statistics go into stats, activations into saved when non-null.
   Tensor forward_blocks(const Tensor& ids, const Tensor& targets, const nn::RouterStep& step,
-                        std::vector<nn::Block::Saved>* saved, ForwardStats& stats) const;
+                        std::vector<nn::Block::Saved>* saved,
+                        nn::ShardedEmbedding::Saved* sharded_saved, ForwardStats& stats) const;
   void finish_stats(ForwardStats& stats) const;
 
   ModelConfig config_;
   Flavour flavour_;
   ParamSet& params_;
   std::unique_ptr<nn::Embedding> tokens_, positions_;
+  std::unique_ptr<nn::ShardedEmbedding> sharded_tokens_;  // instead of tokens_ when sharded
+  std::vector<std::vector<Param*>> block_params_;         // per block, in creation order
+  std::vector<Param*> outer_params_;                      // embeddings, final norm, head
   std::vector<std::unique_ptr<nn::Block>> blocks_;
   std::unique_ptr<nn::Norm> final_norm_;
   Param* head_ = nullptr;  // [V, D]: the token table when tied

@@ -16,7 +16,9 @@ namespace moe::nn {
 
 class Block {
  public:
-  Block(ParamSet& ps, const ModelConfig& config, const Flavour& flavour, int64_t index);
+  // parallel: the layout over ranks (see moe/nn/parallel.h); null for one process.
+  Block(ParamSet& ps, const ModelConfig& config, const Flavour& flavour, int64_t index,
+        const Parallel* parallel = nullptr);
 
   struct Saved {
     Norm::Saved norm1, norm2;

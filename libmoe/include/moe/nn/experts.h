@@ -14,10 +14,14 @@
 namespace moe::nn {
 
 struct ExpertsConfig {
-  int64_t num_experts = 0, d_model = 0, d_ff = 0;
+  int64_t num_experts = 0, d_model = 0, d_ff = 0;  // num_experts: the experts held here
   Activation activation = Activation::gelu;
   bool bias = true;
   float init_std = 0.02f, out_init_std = 0.02f;
+  // Expert parallelism: this rank holds experts [first_expert, first_expert + num_experts) of a
+  // layer of global_experts (0 = num_experts: all of them). Parameters are then ParamShards of the
+  // [global_experts, ...] tensors, with the single-process initial values.
+  int64_t global_experts = 0, first_expert = 0;
 };
 
 // Params (ParamSet::add(..., expert=true)): prefix.w1 [E,F,D], prefix.w2 [E,D,F],

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "moe/nn/experts.h"
+#include "moe/nn/parallel.h"
 #include "moe/nn/router.h"
 
 namespace moe::nn {
@@ -21,19 +22,43 @@ struct MoEConfig {
 struct MoEStats {
   double aux_loss = 0, z_loss = 0;
   std::vector<int64_t> load;               // [E] before capacity
+  bool load_global = false;                // load already summed over the data-parallel ranks
   std::vector<int32_t> tokens_per_expert;  // [E] kept
   int64_t assignments = 0, dropped = 0;    // N*k and dropped by capacity
 };
 
 // prefix e.g. "blocks.1.moe": router at prefix + ".router", experts at prefix + ".experts"
+//
+// With a Parallel layout (null: one process):
+// - data parallel: the router's expert loads are summed over parallel->batch before the aux loss,
+//   so each rank's aux loss uses the global batch's f_e (and the mean of the ranks' aux losses is
+//   the single-process aux loss of the global batch). Capacity stays per rank: C is computed from
+//   this rank's N tokens and applied to them (as DeepSpeed and Megatron do).
+// - expert parallel (P ranks): this rank holds experts [p E/P, (p+1) E/P) (E % P != 0 is a
+//   UsageError). Forward: route and permute locally (slots are in expert order, so rank order);
+//   exchange the per-expert counts ([P, E/P] integers, one all-to-all); all-to-all-v the rows to
+//   the ranks owning their experts; regroup the arrivals from (source, expert) to (expert, source)
+//   order; one grouped GEMM over the local experts; undo the regrouping; all-to-all-v back;
+//   combine. Backward mirrors it with two more all-to-all-v. The router and its gradient stay
+//   local. Rows of one expert are summed in (source rank, slot) order, a different float order
+//   than one process's (slot order over the global batch).
 class MoELayer {
  public:
-  MoELayer(ParamSet& ps, const std::string& prefix, const MoEConfig& config);
+  MoELayer(ParamSet& ps, const std::string& prefix, const MoEConfig& config,
+           const Parallel* parallel = nullptr);
+
+  // Expert parallelism: the movement of one step's rows between ranks.
+  struct Exchange {
+    std::vector<int64_t> recv_per_expert;  // [P * E/P], source-major: rows from rank s for local e
+    std::vector<int32_t> local_offsets;    // [E/P + 1] segments of the regrouped buffer
+    std::vector<int32_t> arrival_of;       // [R] regrouped row i is arrival row arrival_of[i]
+  };
 
   struct Saved {
     Tensor x;             // [N,D]
-    RouterOutput router;  // plan, probs, choices, jitter noise
+    RouterOutput router;  // plan (with send/recv counts under EP), probs, choices, jitter noise
     Tensor x_perm;        // [M,D]
+    Exchange exchange;    // expert parallel only
     Experts::Saved experts;
     Tensor y_perm;  // [M,D]
   };
@@ -43,15 +68,24 @@ class MoELayer {
   // Returns dx [N,D]; accumulates (+=) into the router's and experts' parameter gradients.
   Tensor backward(const Tensor& dy, const Saved& saved, float aux_scale, float z_scale);
 
-  const MoEConfig& config() const { return config_; }
+  const MoEConfig& config() const { return config_; }  // experts: the ones held here
   Router& router() { return router_; }
   const Router& router() const { return router_; }
   Experts& experts() { return experts_; }
   const Experts& experts() const { return experts_; }
 
  private:
-  static const MoEConfig& checked(const std::string& prefix, const MoEConfig& config);
+  static MoEConfig checked(const std::string& prefix, const MoEConfig& config,
+                           const Parallel* parallel);
+  void globalize_load(RouterOutput& routed) const;
+  Exchange plan_exchange(DispatchPlan& plan) const;
+  // All-to-all-v of rows over the expert group (through the scheduler when there is one).
+  void exchange(const Tensor& send, const std::vector<int64_t>& send_counts, Tensor& recv,
+                const std::vector<int64_t>& recv_counts) const;
+  Tensor run_experts(const Tensor& x_perm, DispatchPlan& plan, Saved* saved) const;
+  Tensor experts_backward(const Tensor& dy_perm, const Saved& saved);
   MoEConfig config_;
+  const Parallel* parallel_ = nullptr;
   Router router_;
   Experts experts_;
 };

@@ -27,6 +27,9 @@ struct RouterStep {
   int64_t step = 0;
   int64_t layer = 0;
   bool training = true;
+  // Index of this call's first token in the global batch (data parallelism: rank r's share
+  // starts at r N), so that each token's jitter noise is the one a single process draws for it.
+  int64_t first_token = 0;
 };
 
 struct RouterOutput {
@@ -38,17 +41,22 @@ struct RouterOutput {
   Tensor jitter_noise;           // [N,D] or undefined
   double aux_loss = 0, z_loss = 0;
   std::vector<int64_t> load;  // [E] assignments per expert before capacity
+  // Tokens `load` counts (N here; the global batch once MoELayer sums load over data-parallel
+  // ranks, so that f_e of the aux loss describes the whole batch).
+  int64_t load_tokens = 0;
 };
 
-// Philox key of the jitter noise of one (seed, step, layer); element t*D + d of the noise is
-// kernels::jitter_factor(key, t*D + d, jitter).
+// Philox key of the jitter noise of one (seed, step, layer); element (t, d) of the noise is
+// kernels::jitter_factor(key, (step.first_token + t)*D + d, jitter).
 uint64_t router_jitter_key(const RouterStep& step);
 // C = ceil(capacity_factor * N * k / E) when capacity_factor > 0, else 0 (dropless).
 int64_t router_capacity(float capacity_factor, int64_t num_tokens, int64_t top_k,
                         int64_t num_experts);
 
 // aux_loss = E * sum_e f_e * P_e (Switch/GShard; f is constant for the gradient), where
-//   f_e = (assignments to e over all k choices, before capacity) / (N*k), P_e = mean_t probs[t,e];
+//   f_e = load_e / (load_tokens*k): assignments to e over all k choices, before capacity, of the
+//   load_tokens tokens counted (N, or the global batch under data parallelism),
+//   P_e = mean over this call's N tokens of probs[t,e];
 // z_loss = mean_t logsumexp(logits_t)^2.
 // Params: prefix + ".weight" [E, D] (router linear, no bias), e.g. "blocks.1.moe.router.weight".
 class Router {

@@ -16,7 +16,10 @@ namespace moe::ops {
 
 // noise [N,D] = U(1 - jitter, 1 + jitter) (Philox keyed by `key`, indexed by element),
 // routed [N,D] = x * noise.
-void router_jitter(const Tensor& x, float jitter, uint64_t key, Tensor& noise, Tensor& routed);
+// Noise element (t, d) is jitter_factor(key, (first_row + t) * D + d): first_row places x's rows in
+// a larger batch (data parallelism), so a token gets the same noise wherever it is computed.
+void router_jitter(const Tensor& x, float jitter, uint64_t key, Tensor& noise, Tensor& routed,
+                   int64_t first_row = 0);
 // dx *= noise (the backward of the jitter multiply), in place.
 void router_jitter_backward(const Tensor& noise, Tensor& dx);
 // probs [N,E] = softmax(logits) per row, lse [N] = logsumexp per row (fp32).
@@ -27,15 +30,17 @@ void router_topk(const Tensor& probs, int64_t k, bool normalize, Tensor& topk_id
                  Tensor& topk_weight);
 // Assignments per expert [E] over all N*k choices (before capacity).
 std::vector<int64_t> router_load(const Tensor& topk_idx, int64_t num_experts);
-// E * sum_e f_e P_e, f_e = load_e / (N k), P_e = mean_t probs[t,e]; fixed-order fp64 sums.
-double router_aux_loss(const Tensor& probs, const std::vector<int64_t>& load, int64_t top_k);
+// E * sum_e f_e P_e, f_e = load_e / (load_tokens k), P_e = mean over the N rows of probs[t,e];
+// fixed-order fp64 sums. load_tokens: the tokens `load` counts (N, or a global batch).
+double router_aux_loss(const Tensor& probs, const std::vector<int64_t>& load, int64_t load_tokens,
+                       int64_t top_k);
 // mean_t lse_t^2 (fp64, fixed order).
 double router_z_loss(const Tensor& lse);
 // dlogits [N,E] from d loss / d topk_weight [N,k], the aux loss (scale aux_scale, f constant) and
 // the z loss (scale z_scale). `normalize` as in router_topk.
 void router_backward(const Tensor& probs, const Tensor& lse, const Tensor& topk_idx,
                      const Tensor& dtopk_weight, bool normalize, const std::vector<int64_t>& load,
-                     float aux_scale, float z_scale, Tensor& dlogits);
+                     int64_t load_tokens, float aux_scale, float z_scale, Tensor& dlogits);
 
 // ---- dispatch / combine (backend/cpu/dispatch_ops.cpp) ----
 

@@ -16,6 +16,7 @@ struct OptimizerTensor {  // for checkpoints: "adam.m.<param>", "adam.v.<param>"
   std::string name;
   Tensor tensor;
   bool expert = false;
+  const Param* param = nullptr;  // the parameter it belongs to (set by state())
 };
 
 class AdamW {
@@ -45,6 +46,9 @@ class AdamW {
 // Scales all gradients so their global L2 norm is at most max_norm (no-op when max_norm <= 0).
 // Returns the norm before clipping. The sum runs in a fixed order: thread-count independent.
 double clip_grad_norm(ParamSet& params, double max_norm);
+// The scaling step of clip_grad_norm for a norm computed elsewhere (e.g. summed over ranks that
+// hold different parameters): scales every gradient by max_norm / norm when norm > max_norm > 0.
+void clip_gradients(ParamSet& params, double max_norm, double norm);
 
 // Linear warmup to lr over `warmup` steps, then cosine decay to min_lr at `total` steps.
 float lr_at(int64_t step, int64_t total, int64_t warmup, float lr, float min_lr);

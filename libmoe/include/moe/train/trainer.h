@@ -2,11 +2,14 @@
 #pragma once
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "moe/arena.h"
 #include "moe/comm/communicator.h"
+#include "moe/comm/hierarchical_a2a.h"
+#include "moe/comm/scheduler.h"
 #include "moe/io/checkpoint.h"
 #include "moe/io/dataset.h"
 #include "moe/models/transformer.h"
@@ -24,6 +27,18 @@ struct TrainConfig {
   double val_fraction = 0.1;  // held-out tail of --data when there is no --val
   int64_t eval_batches = 8;
   uint64_t seed = 1234;
+  // Layout over MPI ranks (ignored by one process). ep: expert-parallel ranks (divides the world
+  // and every layer's expert count; world = DP x EP). shard_embedding: split the token table by
+  // columns over the world (MoESys). a2a: flat | hierarchical expert all-to-all; ranks_per_node:
+  // virtual nodes of that many ranks for it (0: the real nodes). comm_scheduler: off (gradient
+  // all-reduce after backward) | priority (Lina: micro-ops of partition_mb overlapping backward,
+  // all-to-all first).
+  int64_t ep = 1;
+  bool shard_embedding = false;
+  std::string a2a = "flat";
+  int64_t ranks_per_node = 0;
+  std::string comm_scheduler = "off";
+  double partition_mb = 1.0;
 };
 nlohmann::json to_json(const TrainConfig& config);
 // Fields present in j override those of `base`.
@@ -37,19 +52,32 @@ struct StepStats {
   // Per MoE layer: max / mean of the tokens routed to each expert (before capacity).
   std::vector<double> load_max_over_mean;
   double dropped_fraction = 0;
+  // Distributed runs: time this rank was blocked in expert all-to-all (counts included) and in
+  // finishing the gradient reduction after backward; the all-to-all exchanges of the step.
+  double a2a_seconds = 0, grad_sync_seconds = 0;
+  int64_t a2a_calls = 0;
 };
 
 class Trainer {
  public:
   // A fresh run. `model.vocab_size` must cover every token id of the data (0: sized from the data).
-  // With a communicator of size W > 1 the run is data parallel: every rank draws the same global
-  // batch, computes on its B/W sequences, and gradients are averaged over the ranks (one fused
-  // all-reduce per step), so all ranks keep identical parameters. `world` must outlive the trainer.
+  // With a communicator of size W > 1 the run is distributed: every rank draws the same global
+  // batch and computes on its B/W sequences (its contiguous share). Dense gradients are averaged
+  // over the W ranks; with train.ep = P > 1 the world splits into W/P expert-parallel groups of P
+  // consecutive ranks, rank p of each holding experts [p E/P, (p+1) E/P) of every MoE layer, and
+  // expert gradients are averaged over their W/P replicas (the ranks with the same p). All
+  // collectives of a step are agreed in order on every rank. `world` must outlive the trainer.
   Trainer(const ModelConfig& model, const TrainConfig& train, io::Provenance provenance,
           comm::Communicator* world = nullptr);
+  ~Trainer();
 
-  // Continue from a checkpoint: parameters, optimizer moments, step, data cursor.
+  // Continue from a checkpoint: parameters, optimizer moments, step, data cursor. An unsharded
+  // checkpoint (one file) restores a run that holds every parameter on every rank.
   void restore(const io::Checkpoint& checkpoint);
+  // The same from a path: a checkpoint file, or a sharded checkpoint directory written by save()
+  // of a run with the same world size, --ep and --shard-embedding (collective; each rank reads
+  // the files holding its parameters).
+  void restore(const std::string& path);
 
   StepStats step();
   double evaluate();  // mean validation cross-entropy over up to eval_batches batches
@@ -57,7 +85,12 @@ class Trainer {
   io::Checkpoint snapshot() const;
   // Writes dir/step-<8 digits>.h5 atomically and points dir/last.h5 at it; returns the path.
   // Collective under data parallelism: rank 0 writes (parameters are identical on every rank).
+  // A sharded run (sharded()) writes dir/step-<8 digits>/rank-<5 digits>.h5, one file per rank
+  // that owns parameters (docs/FORMATS.md), then points dir/last at the directory once every rank
+  // has written; returns the directory.
   std::string save(const std::string& dir) const;
+  // Ranks hold different parameters (expert parallelism or a sharded embedding).
+  bool sharded() const;
   int world_size() const { return world_ ? world_->size() : 1; }
   int rank() const { return world_ ? world_->rank() : 0; }
 
@@ -79,10 +112,31 @@ class Trainer {
   std::unique_ptr<Transformer> model_;
   std::unique_ptr<optim::AdamW> optimizer_;
   std::unique_ptr<io::BatchSampler> sampler_;
-  void average_gradients();
+  // How a parameter's gradient is completed across ranks.
+  enum class Reduce { world, replicas, none };  // all ranks / expert replicas / already complete
+  Reduce reduce_of(const Param& p) const;
+  void setup_parallel();
+  void pack_gradients(std::span<Param* const> params);  // also starts their reduction (priority)
+  void submit_gradients(int group, int64_t elements);  // the next packed elements, to the scheduler
+  void finish_gradients();
+  double global_grad_norm();
   void reduce_stats(StepStats& s);
+  std::string save_sharded(const std::string& dir) const;
+  void load_tensors(const io::Checkpoint& checkpoint);  // parameters, optimizer, position
+  bool owns(const Param& p) const;        // this rank writes p in a sharded checkpoint
+  io::Checkpoint snapshot_owned() const;  // this rank's file of a sharded checkpoint
   comm::Communicator* world_ = nullptr;
-  Tensor grad_buffer_;  // all gradients, fused for one all-reduce per step (data parallel only)
+  std::unique_ptr<comm::Communicator> ep_comm_;        // the P ranks sharing the experts
+  std::unique_ptr<comm::Communicator> replicas_comm_;  // the W/P ranks holding the same experts
+  std::unique_ptr<comm::AllToAllV> exchange_;
+  std::unique_ptr<comm::CommScheduler> scheduler_;
+  nn::Parallel parallel_;
+  nn::ExchangeStats exchange_stats_;
+  // Gradients fused for their reduction: [0] over the world, [1] over the expert replicas; the
+  // parameters packed this step with their offsets, in packing (backward) order.
+  Tensor grad_buffer_[2];
+  int64_t grad_fill_[2] = {0, 0}, grad_sent_[2] = {0, 0};
+  std::vector<std::pair<Param*, int64_t>> packed_[2];
   Arena arena_;
   int64_t step_ = 0, tokens_seen_ = 0;
 };

@@ -10,7 +10,8 @@
 
 namespace moe::ops {
 
-void router_jitter(const Tensor& x, float jitter, uint64_t key, Tensor& noise, Tensor& routed) {
+void router_jitter(const Tensor& x, float jitter, uint64_t key, Tensor& noise, Tensor& routed,
+                   int64_t first_row) {
   require_backend("router_jitter", {&x, &noise, &routed});
   x.expect_dtype(DType::f32, "router_jitter x");
   MOE_CHECK(x.ndim() == 2, "router_jitter: 2-D input expected, got ", x.describe());
@@ -25,7 +26,8 @@ void router_jitter(const Tensor& x, float jitter, uint64_t key, Tensor& noise, T
   for (int64_t t = 0; t < rows; ++t) {
     for (int64_t d = 0; d < cols; ++d) {
       int64_t i = t * cols + d;
-      float f = kernels::jitter_factor(key, static_cast<uint64_t>(i), jitter);
+      float f =
+          kernels::jitter_factor(key, static_cast<uint64_t>((first_row + t) * cols + d), jitter);
       ns[i] = f;
       rs[i] = xs[i] * f;
     }
@@ -91,20 +93,21 @@ std::vector<int64_t> router_load(const Tensor& topk_idx, int64_t num_experts) {
   return load;
 }
 
-double router_aux_loss(const Tensor& probs, const std::vector<int64_t>& load, int64_t top_k) {
+double router_aux_loss(const Tensor& probs, const std::vector<int64_t>& load, int64_t load_tokens,
+                       int64_t top_k) {
   require_backend("router_aux_loss", {&probs});
   probs.expect_dtype(DType::f32, "router_aux_loss probs");
   MOE_CHECK(probs.ndim() == 2 && probs.dim(1) == static_cast<int64_t>(load.size()),
             "router_aux_loss: ", probs.describe(), " vs load of ", load.size(), " experts");
   int64_t rows = probs.dim(0), experts = probs.dim(1);
-  if (rows == 0 || top_k <= 0) return 0.0;
+  if (rows == 0 || top_k <= 0 || load_tokens <= 0) return 0.0;
   std::vector<double> mean_prob(static_cast<size_t>(experts), 0.0);
   const float* ps = probs.data<float>();
   for (int64_t t = 0; t < rows; ++t)
     for (int64_t e = 0; e < experts; ++e) mean_prob[e] += ps[t * experts + e];
   double aux = 0.0;
   for (int64_t e = 0; e < experts; ++e) {
-    double f = static_cast<double>(load[e]) / static_cast<double>(rows * top_k);
+    double f = static_cast<double>(load[e]) / static_cast<double>(load_tokens * top_k);
     aux += f * mean_prob[e] / static_cast<double>(rows);
   }
   return static_cast<double>(experts) * aux;
@@ -123,7 +126,7 @@ double router_z_loss(const Tensor& lse) {
 
 void router_backward(const Tensor& probs, const Tensor& lse, const Tensor& topk_idx,
                      const Tensor& dtopk_weight, bool normalize, const std::vector<int64_t>& load,
-                     float aux_scale, float z_scale, Tensor& dlogits) {
+                     int64_t load_tokens, float aux_scale, float z_scale, Tensor& dlogits) {
   require_backend("router_backward", {&probs, &lse, &topk_idx, &dtopk_weight, &dlogits});
   probs.expect_dtype(DType::f32, "router_backward probs");
   MOE_CHECK(probs.ndim() == 2, "router_backward: [N,E] probabilities expected, got ",
@@ -141,12 +144,12 @@ void router_backward(const Tensor& probs, const Tensor& lse, const Tensor& topk_
             " experts for ", probs.describe());
   if (rows == 0) return;
 
-  // d aux / d probs[t,e] = E * f_e / N, the same for every token.
+  // d aux / d probs[t,e] = E * f_e / N, the same for every token (f_e over load_tokens tokens).
   std::vector<float> aux_coef(static_cast<size_t>(experts));
   for (int64_t e = 0; e < experts; ++e)
     aux_coef[e] =
         static_cast<float>(static_cast<double>(aux_scale) * experts * static_cast<double>(load[e]) /
-                           (static_cast<double>(rows) * k * rows));
+                           (static_cast<double>(load_tokens) * k * rows));
   const float z_factor = static_cast<float>(2.0 * z_scale / static_cast<double>(rows));
   const float* ps = probs.data<float>();
   const float* zs = lse.data<float>();

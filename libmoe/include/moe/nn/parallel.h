@@ -1,0 +1,44 @@
+// How a model is laid out over ranks: data parallelism (each rank its share of the global batch),
+// expert parallelism (each rank of an EP group holds E/P experts of every MoE layer), and the
+// sharded token embedding (MoESys). The trainer builds the communicators; the layers read this.
+// A null pointer everywhere is the single-process model.
+//
+// Shape letters: W data-parallel ranks (the world), P expert-parallel ranks (P divides W and E),
+// E experts of a layer, N tokens of one rank, M its kept assignments, D model width.
+#pragma once
+#include <cstdint>
+
+#include "moe/comm/communicator.h"
+#include "moe/comm/hierarchical_a2a.h"
+#include "moe/comm/scheduler.h"
+
+namespace moe::nn {
+
+// Time and bytes one rank spent in expert-parallel all-to-all (forward and backward). The
+// trainer reads and resets it every step.
+struct ExchangeStats {
+  int64_t calls = 0, bytes = 0;  // token exchanges (counts exchanges not included); payload sent
+  double seconds = 0;            // blocked in them, counts exchanges included
+};
+
+struct Parallel {
+  // The ranks whose tokens make up one global batch. The routers sum their expert loads over it
+  // (one all-reduce of E + 1 integers per MoE layer and step), so the aux loss sees the whole
+  // batch's f_e, as one process would. Null or size 1: this process alone.
+  comm::Communicator* batch = nullptr;
+  // Expert parallelism: rank p of this group holds experts [p E/P, (p+1) E/P) of every MoE layer;
+  // tokens travel to their experts and back with all-to-all-v. Null or size 1: all experts here.
+  comm::Communicator* experts = nullptr;
+  comm::AllToAllV* exchange = nullptr;       // over `experts` (flat or hierarchical); required
+  comm::CommScheduler* scheduler = nullptr;  // when set, the token exchanges go through it
+  // Shard the token embedding by columns over this group (MoESys §IV-C). Null: replicated.
+  comm::Communicator* embedding = nullptr;
+  ExchangeStats* stats = nullptr;  // accumulated when set
+
+  int ep_size() const { return experts ? experts->size() : 1; }
+  int ep_rank() const { return experts ? experts->rank() : 0; }
+  bool expert_parallel() const { return ep_size() > 1; }
+  bool data_parallel() const { return batch && batch->size() > 1; }
+};
+
+}  // namespace moe::nn

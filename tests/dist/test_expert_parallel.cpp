@@ -1,0 +1,231 @@
+// Expert parallelism, hierarchical all-to-all, the priority scheduler and the sharded embedding in
+// train::Trainer, against one process training on the same global batch, on every rank.
+// Runs on 2 ranks (EP=2; DP=2) and 4 ranks (EP=4; DP2 x EP2; DP=4).
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "moe/comm/communicator.h"
+#include "moe/train/trainer.h"
+#include "support/models.h"
+#include "support/run.h"
+
+moe::comm::Communicator& dist_world();
+
+using namespace moe;
+
+namespace {
+
+// The router's defaults: the aux loss is on (its statistics are summed over the ranks), dropless.
+// The gpt model adds router jitter (each token's noise is indexed by its place in the global
+// batch).
+ModelConfig ep_model(Arch arch) {
+  ModelConfig c = test::small_model_config(arch);
+  if (arch == Arch::gpt) c.router_jitter = 0.05;
+  c.resolve();
+  return c;
+}
+
+train::TrainConfig ep_train(int64_t ep) {
+  train::TrainConfig t;
+  t.data = test::fortunes_path("linux");
+  t.batch = 8;
+  t.steps = 4;
+  t.warmup = 2;
+  t.eval_batches = 1;
+  t.seed = 11;
+  t.ep = ep;
+  return t;
+}
+
+// Index in the whole tensor of element i of a slice (the rule ParamSet uses to initialise it).
+int64_t whole_index(const ParamShard& s, int64_t i) {
+  if (!s.defined()) return i;
+  int64_t inner = 1;
+  for (size_t d = static_cast<size_t>(s.dim) + 1; d < s.global.size(); ++d) inner *= s.global[d];
+  const int64_t local_span = s.count * inner,
+                global_span = s.global[static_cast<size_t>(s.dim)] * inner;
+  return i / local_span * global_span + s.start * inner + i % local_span;
+}
+
+// Largest difference between a rank's (maybe sliced) parameters and one process's, relative to
+// the tensor's scale, over every parameter but the key bias (its true gradient is zero: see
+// test_data_parallel.cpp).
+double worst_difference(train::Trainer& parallel, train::Trainer& single, std::string& where) {
+  double worst = 0;
+  for (Param* p : parallel.params().all()) {
+    if (p->name.ends_with("attn.k.bias")) continue;
+    const Param& q = single.params().at(p->name);
+    std::vector<float> x = p->value.to_vector(), y = q.value.to_vector();
+    double scale = 1e-12, diff = 0;
+    for (float v : y) scale = std::max(scale, std::fabs(double(v)));
+    // A reference that is sliced too (another distributed run) holds the same slice.
+    REQUIRE((!q.shard.defined() || q.value.shape() == p->value.shape()));
+    for (size_t i = 0; i < x.size(); ++i) {
+      const int64_t j = q.shard.defined() ? int64_t(i) : whole_index(p->shard, int64_t(i));
+      diff = std::max(diff, std::fabs(double(x[i]) - y[static_cast<size_t>(j)]));
+    }
+    if (diff / scale > worst) {
+      worst = diff / scale;
+      where = p->name;
+    }
+  }
+  return worst;
+}
+
+bool bitwise_equal(train::Trainer& a, train::Trainer& b, std::string& where) {
+  for (Param* p : a.params().all()) {
+    const Param& q = b.params().at(p->name);
+    if (p->value.nbytes() != q.value.nbytes() ||
+        std::memcmp(p->value.raw(), q.value.raw(), p->value.nbytes()) != 0) {
+      where = p->name;
+      return false;
+    }
+  }
+  return true;
+}
+
+void step_both(train::Trainer& parallel, train::Trainer& single, int steps) {
+  for (int i = 0; i < steps; ++i) {
+    train::StepStats a = parallel.step();
+    train::StepStats b = single.step();
+    INFO("step " << i + 1);
+    // Float reduction order differs (rows of an expert arrive by source rank; gradients are
+    // summed per rank, then across ranks): tolerances as in test_data_parallel.cpp.
+    REQUIRE(a.forward.loss == Approx(b.forward.loss).epsilon(1e-5));
+    REQUIRE(a.forward.aux_loss == Approx(b.forward.aux_loss).epsilon(1e-5));
+    REQUIRE(a.forward.z_loss == Approx(b.forward.z_loss).epsilon(1e-4));
+    REQUIRE(a.grad_norm == Approx(b.grad_norm).epsilon(1e-4));
+    for (size_t l = 0; l < a.forward.moe.size(); ++l)
+      REQUIRE(a.forward.moe[l].load == b.forward.moe[l].load);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("ep: expert x data parallel training equals one process on the same global batch",
+          "[dist]") {
+  comm::Communicator& world = dist_world();
+  for (int64_t ep : {int64_t{1}, int64_t{2}, int64_t{4}}) {
+    if (world.size() % ep != 0) continue;
+    for (Arch arch : {Arch::gpt, Arch::mixtral}) {
+      DYNAMIC_SECTION(arch_name(arch) << ", " << world.size() / ep << "-way data x " << ep
+                                      << "-way expert parallel") {
+        train::Trainer parallel(ep_model(arch), ep_train(ep), {}, &world);
+        train::Trainer single(ep_model(arch), ep_train(1), {});
+        // The experts this rank holds, with the single process's initial values.
+        std::string where;
+        REQUIRE(worst_difference(parallel, single, where) == 0);
+        const Param& w1 = parallel.params().at("blocks.0.moe.experts.w1");
+        REQUIRE(w1.value.dim(0) == 4 / ep);
+        step_both(parallel, single, 4);
+        const double worst = worst_difference(parallel, single, where);
+        INFO("worst parameter difference relative to its scale: " << worst << " in " << where);
+        REQUIRE(worst < 1e-3);
+      }
+    }
+  }
+}
+
+TEST_CASE("ep: hierarchical all-to-all and the priority scheduler give bitwise the same run",
+          "[dist]") {
+  comm::Communicator& world = dist_world();
+  const int64_t ep = world.size();
+  train::TrainConfig base = ep_train(ep);
+  train::Trainer flat(ep_model(Arch::mixtral), base, {}, &world);
+  train::TrainConfig hier_config = base;
+  hier_config.a2a = "hierarchical";
+  hier_config.ranks_per_node = world.size() >= 4 ? 2 : 1;  // 2 virtual nodes of 2 ranks on 4
+  train::Trainer hier(ep_model(Arch::mixtral), hier_config, {}, &world);
+  train::TrainConfig priority_config = base;
+  priority_config.comm_scheduler = "priority";
+  priority_config.partition_mb = 0.004;  // a few KiB: many micro-ops per block
+  train::Trainer priority(ep_model(Arch::mixtral), priority_config, {}, &world);
+  for (int i = 0; i < 3; ++i) {
+    train::StepStats a = flat.step();
+    train::StepStats b = hier.step();
+    train::StepStats c = priority.step();
+    REQUIRE(a.forward.loss == b.forward.loss);
+    REQUIRE(a.forward.loss == c.forward.loss);
+    REQUIRE(a.grad_norm == b.grad_norm);
+    REQUIRE(a.grad_norm == c.grad_norm);
+    REQUIRE(a.a2a_calls == 4 * 2);  // 2 MoE layers x (2 forward + 2 backward)
+  }
+  std::string where;
+  INFO("first differing parameter: " << where);
+  REQUIRE(bitwise_equal(flat, hier, where));
+  REQUIRE(bitwise_equal(flat, priority, where));
+}
+
+TEST_CASE("ep: the sharded embedding trains the same model as the replicated one", "[dist]") {
+  comm::Communicator& world = dist_world();
+  for (int64_t ep : {int64_t{1}, int64_t{2}}) {
+    DYNAMIC_SECTION("ep " << ep) {
+      train::TrainConfig sharded_config = ep_train(ep);
+      sharded_config.shard_embedding = true;
+      train::Trainer sharded(ep_model(Arch::mixtral), sharded_config, {}, &world);
+      train::Trainer replicated(ep_model(Arch::mixtral), ep_train(ep), {}, &world);
+      const Param& table = sharded.params().at("embed.tokens");
+      REQUIRE(table.value.dim(1) == 32 / world.size());
+      step_both(sharded, replicated, 3);
+      // Only the table's gradient is summed in another order (token by token over the global
+      // batch instead of per rank, then across ranks).
+      std::string where;
+      const double worst = worst_difference(sharded, replicated, where);
+      INFO("worst parameter difference relative to its scale: " << worst << " in " << where);
+      REQUIRE(worst < 1e-3);
+    }
+  }
+}
+
+TEST_CASE("ep: bad layouts are refused with the flag to change", "[dist]") {
+  comm::Communicator& world = dist_world();
+  train::TrainConfig t = ep_train(3);
+  REQUIRE_THROWS_WITH(train::Trainer(ep_model(Arch::gpt), t, {}, &world),
+                      Catch::Contains("--ep 3 does not divide"));
+  ModelConfig odd = test::small_model_config(Arch::gpt);
+  odd.experts = 3;
+  odd.top_k = 1;
+  odd.resolve();
+  REQUIRE_THROWS_WITH(train::Trainer(odd, ep_train(world.size()), {}, &world),
+                      Catch::Contains("experts do not divide over --ep"));
+  train::TrainConfig tied = ep_train(1);
+  tied.shard_embedding = true;
+  REQUIRE_THROWS_WITH(train::Trainer(ep_model(Arch::gpt), tied, {}, &world),
+                      Catch::Contains("--shard-embedding needs an untied LM head"));
+}
+
+TEST_CASE("ep: a sharded checkpoint resumes bitwise, and only with its own layout", "[dist]") {
+  comm::Communicator& world = dist_world();
+  const std::string dir = (std::filesystem::temp_directory_path() / "moe-dist-ep-ckpt").string();
+  if (world.rank() == 0) std::filesystem::remove_all(dir);
+  world.barrier();
+  train::TrainConfig t = ep_train(world.size() >= 4 ? 2 : world.size());
+  t.shard_embedding = true;
+  t.comm_scheduler = "priority";
+  train::Trainer straight(ep_model(Arch::mixtral), t, {}, &world);
+  for (int i = 0; i < 4; ++i) straight.step();
+  std::string path;
+  {
+    train::Trainer first(ep_model(Arch::mixtral), t, {}, &world);
+    for (int i = 0; i < 2; ++i) first.step();
+    path = first.save(dir);
+  }
+  REQUIRE(std::filesystem::is_directory(path));
+  REQUIRE(std::filesystem::read_symlink(dir + "/last") == "step-00000002");
+  train::Trainer resumed(ep_model(Arch::mixtral), t, {}, &world);
+  resumed.restore(dir + "/last");
+  REQUIRE(resumed.steps_done() == 2);
+  for (int i = 0; i < 2; ++i) resumed.step();
+  std::string where;
+  INFO("first differing parameter: " << where);
+  REQUIRE(bitwise_equal(straight, resumed, where));
+
+  train::TrainConfig other = t;
+  other.ep = 1;
+  train::Trainer wrong(ep_model(Arch::mixtral), other, {}, &world);
+  REQUIRE_THROWS_WITH(wrong.restore(path), Catch::Contains("resume with the same layout"));
+  world.barrier();
+  if (world.rank() == 0) std::filesystem::remove_all(dir);
+}
