@@ -241,9 +241,9 @@ int run(const Options& opt) {
   const comm::HierarchicalAllToAll* h = hierarchical ? hierarchical->hierarchical() : nullptr;
   if (!opt.json) {
     std::printf("# moe-comm-bench: all-to-all-v (uniform counts) and all_reduce (f32 sum), MPI\n");
-    std::printf("# %s, host %s (%s), %d ranks on %d machine node(s), %ld online cores\n",
+    std::printf("# %s, host %s (%s), %d ranks on %d machine node(s), %ld online cores, %s waits\n",
                 bench::now_utc().c_str(), host, bench::cpu_model().c_str(), R, machine_nodes,
-                sysconf(_SC_NPROCESSORS_ONLN));
+                sysconf(_SC_NPROCESSORS_ONLN), comm::wait_mode_name(comm::wait_mode()));
     if (h)
       std::printf("# hierarchical: %d virtual node(s) of %d consecutive ranks%s\n", h->nodes(),
                   h->ranks_per_node(),

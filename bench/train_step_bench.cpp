@@ -26,7 +26,7 @@ struct Options {
   std::string data = "/usr/share/games/fortunes/linux";
   int64_t steps = 8, warmup = 2, batch_per_rank = 4, d_model = 128, experts = 8, layers = 4;
   int64_t seq = 128;
-  double partition_mb = 1.0;
+  double partition_mb = 16.0;
   std::string arch = "mixtral";
 };
 
@@ -113,8 +113,9 @@ int run_bench(const Options& o) {
   if (lead) {
     std::printf("# moe-train-bench: training step time per communication setting, %s\n",
                 W > 1 ? "MPI" : "one process");
-    std::printf("# %s, %s, %d ranks, %d threads per rank\n", bench::now_utc().c_str(),
-                bench::cpu_model().c_str(), W, num_threads());
+    std::printf("# %s, %s, %d ranks, %d threads per rank, %s MPI waits\n", bench::now_utc().c_str(),
+                bench::cpu_model().c_str(), W, num_threads(),
+                comm::wait_mode_name(comm::wait_mode()));
     std::printf(
         "# model: %s, %lld layers (all MoE), d_model %lld, %lld experts top-2, seq %lld; "
         "%lld sequences per rank per step\n",

@@ -55,6 +55,12 @@ TEST_CASE("cli: moe-train --help documents every flag; --version answers", "[cli
                            "--threads",
                            "--seed",
                            "--config",
+                           "--ep",
+                           "--shard-embedding",
+                           "--a2a",
+                           "--ranks-per-node",
+                           "--comm-scheduler",
+                           "--partition-mb",
                            "--verbose",
                            "--quiet",
                            "--version"}) {
@@ -162,6 +168,13 @@ TEST_CASE("cli: bad input gives a clear error and exit code 1 or 2", "[cli]") {
       {data + out + " --no-such-flag", 2, "no-such-flag"},
       {data + out + " --resume " + dir / "missing.h5", 1, "missing.h5"},
       {data + " --out " + dir / "empty.txt", 1, "output directory"},
+      // Distributed flags in one process: the layout cannot be made, and the tied head cannot be
+      // sharded whatever the world size.
+      {data + out + " --ep 2", 2, "--ep 2 does not divide the 1 ranks"},
+      {data + out + " --shard-embedding", 2, "--shard-embedding needs an untied LM head"},
+      {data + out + " --comm-scheduler fifo", 2, "--comm-scheduler"},
+      {data + out + " --a2a ring", 2, "--a2a"},
+      {data + out + " --partition-mb 0", 2, "--partition-mb must be > 0"},
   };
   for (const Case& c : cases) {
     INFO(c.args);
@@ -227,8 +240,8 @@ TEST_CASE("cli: SIGTERM stops at a step boundary, saves, and the run resumes fro
   // Start a long run in the background, wait for its first metrics line, then signal it.
   std::string cmd = train(data + " --out " + dir.path() + kTiny + " --steps 100000 --log-every 1" +
                           " --eval-every 0 --metrics " + dir / "m.jsonl") +
-                    " 2>" + dir / "err.txt" + " & pid=$!; for i in $(seq 200); do" +
-                    " [ -s " + dir / "m.jsonl" + " ] && break; sleep 0.05; done;" +
+                    " 2>" + dir / "err.txt" + " & pid=$!; for i in $(seq 200); do" + " [ -s " +
+                    dir / "m.jsonl" + " ] && break; sleep 0.05; done;" +
                     " kill -TERM $pid; wait $pid; echo $?";
   auto r = run_command(cmd);
   INFO(test::read_file(dir / "err.txt"));

@@ -2,10 +2,14 @@
 // computes what every other rank sent (the data is a pure function of rank and index, from fixed
 // seeds), so results are checked exactly. Assertions come after the collectives so that a failing
 // rank does not leave the others waiting.
+#include <sched.h>
+
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "moe/comm/communicator.h"
@@ -451,4 +455,45 @@ TEST_CASE("comm mpi: check_same_everywhere", "[dist]") {
   CHECK_THROWS_WITH(
       world.check_same_everywhere("config", longer),
       Catch::Contains("rank " + std::to_string(world.size() - 1)) && Catch::Contains("<end>"));
+}
+
+TEST_CASE(
+    "comm mpi: waits sleep only on an oversubscribed node, and both modes give the same "
+    "results",
+    "[dist]") {
+  Communicator& world = dist_world();
+  const comm::WaitMode chosen = comm::wait_mode();
+  if (const char* env = std::getenv("MOE_MPI_WAIT")) {
+    REQUIRE(comm::wait_mode_name(chosen) == std::string(env));
+  } else {
+    auto node = world.split_node();
+    cpu_set_t cpus;
+    CPU_ZERO(&cpus);
+    REQUIRE(sched_getaffinity(0, sizeof cpus, &cpus) == 0);
+    INFO(node->size() << " ranks on this node, " << CPU_COUNT(&cpus) << " usable cores");
+    REQUIRE(chosen ==
+            (node->size() > CPU_COUNT(&cpus) ? comm::WaitMode::sleep : comm::WaitMode::spin));
+  }
+  const int R = world.size();
+  for (comm::WaitMode mode : {comm::WaitMode::spin, comm::WaitMode::sleep}) {
+    comm::set_wait_mode(mode);
+    // 1 MiB per rank: large enough for MPICH's pipelined shared-memory path.
+    const int64_t n = 262144;
+    Tensor sum = Tensor::empty({n});
+    for (int64_t i = 0; i < n; ++i) sum.data<float>()[i] = float(world.rank() + 1) * float(i % 7);
+    world.all_reduce(sum, ReduceOp::sum);
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < n; ++i)
+      wrong += sum.data<float>()[i] != float(R * (R + 1) / 2 * (i % 7));
+    REQUIRE(wrong == 0);
+    Tensor send = Tensor::empty({R * 1000, 4}, DType::i32),
+           recv = Tensor::empty({R * 1000, 4}, DType::i32);
+    for (int64_t i = 0; i < send.numel(); ++i)
+      send.data<int32_t>()[i] = world.rank() * 1000000 + static_cast<int32_t>(i);
+    std::vector<int64_t> counts(static_cast<size_t>(R), 1000);
+    world.all_to_all_v(send, counts, recv, counts);
+    for (int s = 0; s < R; ++s)
+      REQUIRE(recv.data<int32_t>()[s * 4000] == s * 1000000 + world.rank() * 4000);
+  }
+  comm::set_wait_mode(chosen);
 }

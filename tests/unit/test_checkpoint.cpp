@@ -486,6 +486,68 @@ TEST_CASE("io: bad checkpoint files give errors naming the file and the cause", 
   require_error(lying, "dtype attribute says f16");
 }
 
+TEST_CASE("io: sharded tensors keep their slice, and slices that do not fit are refused", "[io]") {
+  test::ScratchDir dir("io-ckpt-shard");
+  std::string path = dir.file("rank-00001.h5");
+  io::Checkpoint c;
+  c.model_config = {{"x", 1}};
+  c.sharding.world_size = 4;
+  c.sharding.ep_size = 2;
+  c.sharding.rank = 1;
+  c.sharding.shard_embedding = true;
+  // Experts 2..3 of 4 (dimension 0), columns 4..7 of 16 (dimension 1), and a whole tensor.
+  c.params.push_back(
+      {"experts.w1", test::random_tensor({2, 3, 5}, 1), true, ParamShard{{4, 3, 5}, 0, 2, 2}});
+  c.params.push_back(
+      {"embed.tokens", test::random_tensor({6, 4}, 2), false, ParamShard{{6, 16}, 1, 4, 4}});
+  c.params.push_back({"norm.weight", test::random_tensor({5}, 3), false});
+  c.optim.push_back(
+      {"adam.m.embed.tokens", test::random_tensor({6, 4}, 4), false, ParamShard{{6, 16}, 1, 4, 4}});
+  io::save_checkpoint(path, c);
+  io::Checkpoint loaded = io::load_checkpoint(path);
+  REQUIRE(loaded.sharding.rank == 1);
+  REQUIRE(loaded.sharding.shard_embedding);
+  require_same_tensors(c.params, loaded.params);
+  for (size_t i = 0; i < c.params.size(); ++i) {
+    const ParamShard &a = c.params[i].shard, &b = loaded.params[i].shard;
+    REQUIRE(a.global == b.global);
+    REQUIRE(a.dim == b.dim);
+    REQUIRE(a.start == b.start);
+    REQUIRE(a.count == b.count);
+  }
+  REQUIRE_FALSE(loaded.params[2].shard.defined());
+  REQUIRE(loaded.optim[0].shard.start == 4);
+  // An unsharded file has no rank.
+  io::Checkpoint whole;
+  whole.params.push_back({"w", test::random_tensor({2}, 5), false});
+  io::save_checkpoint(dir.file("whole.h5"), whole);
+  REQUIRE(io::load_checkpoint(dir.file("whole.h5")).sharding.rank == -1);
+
+  // A tensor that is not the slice it claims is refused on write, leaving no file.
+  io::Checkpoint wrong = c;
+  wrong.params[0].shard.count = 3;
+  REQUIRE_THROWS_WITH(io::save_checkpoint(dir.file("wrong.h5"), wrong),
+                      Catch::Contains("is not the shard"));
+  REQUIRE_FALSE(fs::exists(dir.file("wrong.h5")));
+  // A file whose slice runs past the whole tensor is refused on read, naming the dataset.
+  std::string past = dir.file("past.h5");
+  fs::copy_file(path, past);
+  {
+    io::h5::Session session;
+    hid_t f = H5Fopen(past.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    REQUIRE(f >= 0);
+    hid_t ds = H5Dopen2(f, "/params/experts.w1", H5P_DEFAULT);
+    REQUIRE(ds >= 0);
+    REQUIRE(H5Adelete(ds, "shard_start") >= 0);
+    io::h5::write_int_attr(ds, "shard_start", 3, {past, "w1"}, H5T_STD_I64LE);
+    H5Dclose(ds);
+    REQUIRE(H5Fclose(f) >= 0);
+  }
+  std::string msg = test::error_of([&] { io::load_checkpoint(past); });
+  REQUIRE_THAT(msg, Catch::Contains(past) && Catch::Contains("experts.w1") &&
+                        Catch::Contains("is not the shard at 3"));
+}
+
 TEST_CASE("io: checkpoint reads refuse to allocate from the activation arena", "[io]") {
   test::ScratchDir dir("io-ckpt-arena");
   std::string path = dir.file("ckpt.h5");

@@ -115,3 +115,38 @@ TEST_CASE("tensor views, conversions and shape errors name the tensor", "[core]"
   REQUIRE_THROWS_WITH(t.expect_shape({3, 4}, "layer"), Catch::Contains("blocks.0.x[4,3]"));
   REQUIRE_THROWS_AS(t.data<int32_t>(), Error);
 }
+
+TEST_CASE("parameter shards hold the whole tensor's values", "[core]") {
+  ParamSet whole(42), parts(42);
+  const Param& w = whole.add("w", {4, 3, 5}, Init::normal(0.5f));
+  const std::vector<float> all = w.value.to_vector();
+  for (int dim = 0; dim < 3; ++dim) {
+    const int64_t extent = w.value.dim(dim);
+    for (int64_t start = 0; start < extent; ++start) {
+      for (int64_t count = 0; start + count <= extent; ++count) {
+        std::string name = "w";
+        ParamSet set(42);
+        const Param& p =
+            set.add_shard(name, ParamShard{{4, 3, 5}, dim, start, count}, Init::normal(0.5f));
+        Shape local{4, 3, 5};
+        local[static_cast<size_t>(dim)] = count;
+        REQUIRE(p.value.shape() == local);
+        REQUIRE(p.logical_numel() == 60);
+        std::vector<float> got = p.value.to_vector();
+        size_t i = 0;
+        for (int64_t a = 0; a < local[0]; ++a)
+          for (int64_t b = 0; b < local[1]; ++b)
+            for (int64_t c = 0; c < local[2]; ++c, ++i) {
+              int64_t g[3] = {a, b, c};
+              g[dim] += start;
+              REQUIRE(got[i] == all[static_cast<size_t>((g[0] * 3 + g[1]) * 5 + g[2])]);
+            }
+      }
+    }
+  }
+  REQUIRE_THROWS_WITH(parts.add_shard("x", ParamShard{{4, 3}, 1, 2, 2}, Init::zeros()),
+                      Catch::Contains("does not fit [4,3]"));
+  REQUIRE_THROWS_WITH(parts.add_shard("y", ParamShard{{4, 3}, 2, 0, 1}, Init::zeros()),
+                      Catch::Contains("dimension 2"));
+  REQUIRE_FALSE(w.shard.defined());
+}

@@ -7,8 +7,10 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <thread>
 #include <vector>
 
+#include "moe/comm/hierarchical_a2a.h"
 #include "moe/comm/local.h"
 #include "moe/comm/scheduler.h"
 #include "moe/rng.h"
@@ -36,6 +38,7 @@ struct Probe {
   bool hold_next = false;       // the next f32 allreduce blocks until release()
   bool holding = false;
   int fail_reduce_index = -1;  // this f32 allreduce (0-based) throws
+  int delay_ms = 0;            // every f32 allreduce takes this long
 
   void release() {
     std::lock_guard<std::mutex> lock(mutex);
@@ -74,6 +77,10 @@ class ProbeComm final : public comm::Communicator {
         probe_->holding = false;
       }
       MOE_CHECK(index != probe_->fail_reduce_index, "probe: injected failure of allreduce ", index);
+      if (probe_->delay_ms > 0) {
+        lock.unlock();
+        std::this_thread::sleep_for(std::chrono::milliseconds(probe_->delay_ms));
+      }
     }
     return local_.iall_reduce(buf, op);
   }
@@ -236,23 +243,36 @@ TEST_CASE("comm scheduler: all-to-all goes before queued allreduce micro-ops",
 
 TEST_CASE("comm scheduler: an all-to-all jumps between micro-ops, never into one in flight",
           "[comm][scheduler]") {
-  auto probe = std::make_shared<Probe>();
-  ProbeComm world(probe);
-  CommScheduler scheduler(world, 16, SchedulerMode::priority);
-  Tensor grads = random_f32(4, 4, 6);  // 4 micro-ops
-  Tensor send = random_f32(2, 2, 7), recv = Tensor::zeros({2, 2});
-  probe->hold_next = true;
-  Ticket reduce = scheduler.all_reduce(grads, ReduceOp::sum);
-  REQUIRE(probe->wait_holding());  // micro-op 0 is inside the communicator
-  Ticket a2a = scheduler.all_to_all_v(send, {2}, recv, {2});
-  CHECK_FALSE(scheduler.done(reduce));
-  CHECK_FALSE(scheduler.done(a2a));
-  probe->release();
-  scheduler.wait(a2a);
-  scheduler.wait(reduce);
-  CHECK(order_of(scheduler.execution_log()) == "A0 B0 A1 A2 A3");
-  CHECK(same_bytes(send, recv));
-  CHECK(scheduler.stats().all_to_all.wait_seconds >= 0.0);
+  // queued: the communication thread issues it right after the micro-op in flight. caller: it runs
+  // at once on the calling thread (on its own communicator), beside the micro-op in flight, and
+  // the micro-ops then go on first in first out with no agreement.
+  for (comm::Preemption preemption : {comm::Preemption::queued, comm::Preemption::caller}) {
+    const bool caller = preemption == comm::Preemption::caller;
+    INFO((caller ? "caller" : "queued"));
+    auto probe = std::make_shared<Probe>();
+    ProbeComm world(probe);
+    CommScheduler scheduler(world, 16, SchedulerMode::priority, preemption);
+    Tensor grads = random_f32(4, 4, 6);  // 4 micro-ops
+    const Tensor expected = grads.clone();
+    Tensor send = random_f32(2, 2, 7), recv = Tensor::zeros({2, 2});
+    probe->hold_next = true;
+    Ticket reduce = scheduler.all_reduce(grads, ReduceOp::sum);
+    REQUIRE(probe->wait_holding());  // micro-op 0 is inside the communicator
+    Ticket a2a = scheduler.all_to_all_v(send, {2}, recv, {2});
+    CHECK_FALSE(scheduler.done(reduce));
+    CHECK(scheduler.done(a2a) == caller);
+    probe->release();
+    scheduler.wait(a2a);
+    scheduler.wait(reduce);
+    CHECK(order_of(scheduler.execution_log()) == (caller ? "B0 A0 A1 A2 A3" : "A0 B0 A1 A2 A3"));
+    CHECK(same_bytes(send, recv));
+    CHECK(same_bytes(grads, expected));  // one rank: the sum is the input
+    auto stats = scheduler.stats();
+    CHECK(stats.all_to_all.wait_seconds >= 0.0);
+    CHECK(stats.all_to_all.pieces == 1);
+    CHECK(stats.all_reduce.pieces == 4);
+    if (caller) CHECK(stats.agreements == 0);  // first in, first out: nothing to agree on
+  }
 }
 
 TEST_CASE("comm scheduler: errors of the communication thread are rethrown by wait",
@@ -330,4 +350,62 @@ TEST_CASE("comm scheduler: the destructor drains what was submitted", "[comm][sc
     scheduler.all_reduce(grads, ReduceOp::sum);
   }
   CHECK(probe->reduces.size() == 8);
+}
+
+TEST_CASE("comm scheduler: no micro-op starts while a caller's all-to-all runs",
+          "[comm][scheduler]") {
+  // An all-to-all that takes 100 ms on the caller's thread, submitted right after 8 micro-ops of
+  // 5 ms each: without the preemption the communication thread would issue all of them during it.
+  struct SlowA2A final : public comm::Communicator {
+    std::shared_ptr<Probe> probe;
+    ProbeComm inner;
+    size_t reduces_during = 0;
+    explicit SlowA2A(std::shared_ptr<Probe> p) : probe(p), inner(p) {}
+    int rank() const override { return 0; }
+    int size() const override { return 1; }
+    std::string name() const override { return "slow-a2a"; }
+    std::unique_ptr<Communicator> split(int color, int) override {
+      if (color < 0) return nullptr;
+      return std::make_unique<ProbeComm>(probe);
+    }
+    std::unique_ptr<Communicator> split_node() override { return split(0, 0); }
+    Request iall_reduce(Tensor& b, ReduceOp op) override { return inner.iall_reduce(b, op); }
+    Request iall_gather(const Tensor& s, Tensor& r) override { return inner.iall_gather(s, r); }
+    Request iall_gatherv(const Tensor& s, Tensor& r, std::span<const int64_t> c) override {
+      return inner.iall_gatherv(s, r, c);
+    }
+    Request iall_to_all_v(const Tensor& s, std::span<const int64_t> sc, Tensor& r,
+                          std::span<const int64_t> rc) override {
+      size_t before;
+      {
+        std::lock_guard<std::mutex> lock(probe->mutex);
+        before = probe->reduces.size();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      {
+        std::lock_guard<std::mutex> lock(probe->mutex);
+        reduces_during = probe->reduces.size() - before;
+      }
+      return inner.iall_to_all_v(s, sc, r, rc);
+    }
+    Request ibroadcast(Tensor& b, int root) override { return inner.ibroadcast(b, root); }
+    Request isend(const Tensor& b, int p, int t) override { return inner.isend(b, p, t); }
+    Request irecv(Tensor& b, int p, int t) override { return inner.irecv(b, p, t); }
+    void barrier() override {}
+  };
+  auto probe = std::make_shared<Probe>();
+  SlowA2A a2a_comm(probe);
+  ProbeComm world(probe);
+  CommScheduler scheduler(world, 16, SchedulerMode::priority, comm::Preemption::caller);
+  Tensor grads = random_f32(8, 4, 10);
+  probe->delay_ms = 5;
+  Ticket reduce = scheduler.all_reduce(grads, ReduceOp::sum);
+  comm::AllToAllV exchange(a2a_comm, comm::A2AAlgorithm::flat);
+  Tensor send = random_f32(2, 2, 11), recv = Tensor::zeros({2, 2});
+  scheduler.all_to_all_v(send, {2}, recv, {2}, &exchange);
+  scheduler.wait(reduce);
+  // At most the one micro-op the thread had already taken when the all-to-all began.
+  CHECK(a2a_comm.reduces_during <= 1);
+  CHECK(probe->reduces.size() == 8);
+  CHECK(same_bytes(send, recv));
 }

@@ -3,6 +3,7 @@
 #include "moe/comm/communicator.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <exception>
 #include <numeric>
@@ -11,6 +12,14 @@
 #include "moe/log.h"
 
 namespace moe::comm {
+
+namespace {
+std::atomic<WaitMode> g_wait_mode{WaitMode::spin};
+}
+
+void set_wait_mode(WaitMode mode) { g_wait_mode.store(mode); }
+WaitMode wait_mode() { return g_wait_mode.load(); }
+const char* wait_mode_name(WaitMode mode) { return mode == WaitMode::spin ? "spin" : "sleep"; }
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {

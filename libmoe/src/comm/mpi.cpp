@@ -6,6 +6,7 @@
 #include "moe/comm/mpi.h"
 
 #include <mpi.h>
+#include <sched.h>
 
 #include <chrono>
 #include <cstdio>
@@ -184,14 +185,18 @@ class MpiPendingOp final : public PendingOp {
     type_ = type;
   }
 
-  // MPI_Wait polls in a busy loop, and MPI progresses only inside MPI calls. A rank waiting for
-  // a slower one would hold its core all that time: where ranks share cores (4 ranks on this
-  // 2-core machine) it takes the core from the rank it waits for, and a thread waiting beside
-  // compute threads (the communication scheduler's) takes it from its own rank. So: poll for
-  // 50 us (a wait on dedicated cores usually ends there), then poll with sleeps growing to 100 us.
-  // Measured with moe-train-bench, 4 ranks on 2 cores: priority-scheduled steps 2.5x slower than
-  // the baseline with MPI_Wait, on par with this.
+  // WaitMode (communicator.h): spin is MPI_Wait. sleep polls for 50 us, then with sleeps growing
+  // to 100 us: with 4 ranks on this 2-core machine MPI_Wait's busy loop took the core from the
+  // rank being waited for (moe-train-bench: expert-parallel steps about 3x slower).
   void wait() override {
+    if (request_ == MPI_REQUEST_NULL) return;
+    if (wait_mode() == WaitMode::spin) {
+      MPI_Status status;
+      int rc = MPI_Wait(&request_, &status);
+      if (rc != MPI_SUCCESS) throw_in_flight(rc);
+      check_received(status);
+      return;
+    }
     using Clock = std::chrono::steady_clock;
     const Clock::time_point spin_until = Clock::now() + std::chrono::microseconds(50);
     auto pause = std::chrono::microseconds(5);
@@ -373,6 +378,26 @@ std::unique_ptr<Communicator> make_mpi_world() {
   MPI_Comm world = MPI_COMM_NULL;
   // A duplicate keeps our traffic apart from anything else the program does on MPI_COMM_WORLD.
   MOE_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &world));
+  // Wait mode: sleep when this node holds more ranks than we may use cores (oversubscribed).
+  MPI_Comm node = MPI_COMM_NULL;
+  MOE_MPI_CHECK(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  int node_ranks = 1;
+  MOE_MPI_CHECK(MPI_Comm_size(node, &node_ranks));
+  MOE_MPI_CHECK(MPI_Comm_free(&node));
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  const int cores = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+  WaitMode mode = node_ranks > cores ? WaitMode::sleep : WaitMode::spin;
+  if (const char* env = std::getenv("MOE_MPI_WAIT")) {
+    const std::string v = env;
+    if (v == "spin" || v == "sleep")
+      mode = v == "spin" ? WaitMode::spin : WaitMode::sleep;
+    else
+      MOE_LOG_WARN("MOE_MPI_WAIT='", v, "' is neither spin nor sleep: ignored");
+  }
+  set_wait_mode(mode);
+  MOE_LOG_DEBUG("MPI waits: ", wait_mode_name(mode), " (", node_ranks, " ranks on this node, ",
+                cores, " usable cores)");
   return std::make_unique<MpiCommunicator>(world);
 }
 

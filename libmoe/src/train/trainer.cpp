@@ -111,6 +111,9 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
   // Validation must hold at least one window (the sampler says so clearly otherwise).
   io::BatchSampler probe(&val_tokens_, model.seq, train.seed, false);
 
+  MOE_USAGE_CHECK(!train.shard_embedding || !flavour_of(config).tied_head,
+                  "--shard-embedding needs an untied LM head, but the ", arch_name(config.arch),
+                  " flavour ties it to the token table (use --arch mixtral)");
   setup_parallel();
   params_ = std::make_unique<ParamSet>(train.seed, config.dtype);
   model_ = std::make_unique<Transformer>(config, *params_, world_size() > 1 ? &parallel_ : nullptr);

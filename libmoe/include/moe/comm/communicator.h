@@ -49,6 +49,20 @@ class Request {
 // Waits for all of them (in order); rethrows the first error after waiting for the others.
 void wait_all(std::span<Request> requests);
 
+// How a backend waits for an operation to complete. MPI progresses only inside MPI calls:
+// - spin: poll without pause (MPI_Wait). Fastest when every rank has a core of its own; the
+//   shared-memory pipeline of a large message advances at every poll.
+// - sleep: poll for 50 us, then with sleeps growing to 100 us. A rank waiting for a late partner
+//   gives its core away instead of holding it; where ranks share cores the partner is often the
+//   one that needs it. Large shared-memory messages then move slower (2-4x at 1-64 MiB with 2
+//   ranks on 2 cores), so this is for oversubscribed nodes only.
+// make_mpi_world() picks sleep when the node holds more ranks than this process may use cores,
+// spin otherwise; MOE_MPI_WAIT=spin|sleep overrides. Process-wide.
+enum class WaitMode { spin, sleep };
+void set_wait_mode(WaitMode mode);
+WaitMode wait_mode();
+const char* wait_mode_name(WaitMode mode);
+
 class Communicator {
  public:
   virtual ~Communicator() = default;

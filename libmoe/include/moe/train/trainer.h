@@ -38,7 +38,7 @@ struct TrainConfig {
   std::string a2a = "flat";
   int64_t ranks_per_node = 0;
   std::string comm_scheduler = "off";
-  double partition_mb = 1.0;
+  double partition_mb = 16.0;
 };
 nlohmann::json to_json(const TrainConfig& config);
 // Fields present in j override those of `base`.
