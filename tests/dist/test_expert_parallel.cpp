@@ -190,6 +190,11 @@ TEST_CASE("ep: bad layouts are refused with the flag to change", "[dist]") {
   odd.resolve();
   REQUIRE_THROWS_WITH(train::Trainer(odd, ep_train(world.size()), {}, &world),
                       Catch::Contains("experts do not divide over --ep"));
+  train::TrainConfig nodes = ep_train(world.size());
+  nodes.a2a = "hierarchical";
+  nodes.ranks_per_node = 3;
+  REQUIRE_THROWS_WITH(train::Trainer(ep_model(Arch::gpt), nodes, {}, &world),
+                      Catch::Contains("--ranks-per-node 3 does not divide the --ep"));
   train::TrainConfig tied = ep_train(1);
   tied.shard_embedding = true;
   REQUIRE_THROWS_WITH(train::Trainer(ep_model(Arch::gpt), tied, {}, &world),

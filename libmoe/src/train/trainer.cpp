@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <set>
 
 #include "moe/log.h"
 #include "moe/ops/core.h"
@@ -141,6 +143,12 @@ void Trainer::setup_parallel() {
                   train_.ranks_per_node, ")");
   const comm::SchedulerMode mode = comm::parse_scheduler_mode(train_.comm_scheduler);
   const comm::A2AAlgorithm algorithm = comm::parse_a2a_algorithm(train_.a2a);
+  MOE_USAGE_CHECK(algorithm != comm::A2AAlgorithm::hierarchical || train_.ep == 1 ||
+                      train_.ranks_per_node == 0 || train_.ep % train_.ranks_per_node == 0,
+                  "--ranks-per-node ", train_.ranks_per_node, " does not divide the --ep ",
+                  train_.ep,
+                  " expert-parallel ranks (the hierarchical all-to-all runs inside each "
+                  "expert-parallel group)");
   if (W == 1) return;
   parallel_.batch = world_;
   parallel_.stats = &exchange_stats_;
@@ -243,7 +251,8 @@ void Trainer::restore(const std::string& path) {
   if (train_.shard_embedding) sources.push_back(rank());
   io::Checkpoint mine;
   mine.state = head.state;
-  std::vector<std::string> found;
+  std::map<std::string, const Param*> param_of_state;  // optimizer tensor name -> its parameter
+  for (const optim::OptimizerTensor& t : optimizer_->state()) param_of_state[t.name] = t.param;
   for (size_t i = 0; i < sources.size(); ++i) {
     if (std::find(sources.begin(), sources.begin() + static_cast<std::ptrdiff_t>(i), sources[i]) !=
         sources.begin() + static_cast<std::ptrdiff_t>(i))
@@ -258,8 +267,8 @@ void Trainer::restore(const std::string& path) {
       for (io::NamedTensor& nt : from) {
         const Param* p = nullptr;
         if (optim) {
-          for (const optim::OptimizerTensor& t : optimizer_->state())
-            if (t.name == nt.name) p = t.param;
+          auto it = param_of_state.find(nt.name);
+          if (it != param_of_state.end()) p = it->second;
         } else {
           p = params_->find(nt.name);
         }
@@ -269,10 +278,10 @@ void Trainer::restore(const std::string& path) {
     take(part.params, mine.params, false);
     take(part.optim, mine.optim, true);
   }
+  std::set<std::string> found_params;
+  for (const io::NamedTensor& nt : mine.params) found_params.insert(nt.name);
   for (const Param* p : std::as_const(*params_).all()) {
-    bool have = false;
-    for (const io::NamedTensor& nt : mine.params) have |= nt.name == p->name;
-    if (!have)
+    if (!found_params.count(p->name))
       throw Error(str("'", path, "' holds no tensor '", p->name, "'",
                       p->shard.defined() ? str(" for slice ", p->shard.start, "..",
                                                p->shard.start + p->shard.count - 1)

@@ -1,0 +1,35 @@
+#!/bin/sh
+# A rank that dies without a word (SIGKILL, as the OOM killer does) ends the whole moe-train job
+# with a non-zero exit and a message, within seconds, instead of leaving the others waiting in a
+# collective. Usage: kill_rank.sh MPIEXEC MOE_TRAIN DATA WORKDIR
+set -u
+mpiexec=$1 train=$2 data=$3 work=$4
+rm -rf "$work" && mkdir -p "$work" || exit 1
+fail() { echo "FAIL: $*"; exit 1; }
+timeout 120 "$mpiexec" -n 4 "$train" --data "$data" --layers 2 --d-model 32 --heads 2 --d-ff 64 \
+  --seq 32 --experts 4 --moe-every 1 --batch 8 --steps 100000 --threads 1 --ep 2 \
+  --metrics "$work/metrics.jsonl" --log-every 1 --out "$work/run" > "$work/out.txt" 2>&1 &
+job=$!
+# Wait until training runs (metrics lines appear), at most 60 s.
+i=0
+while [ ! -s "$work/metrics.jsonl" ]; do
+  i=$((i + 1)); [ $i -le 600 ] || { kill $job; fail "training did not start"; }
+  sleep 0.1
+done
+# One rank of this job (other tests may run beside it): timeout -> mpiexec -> proxy -> ranks.
+launcher=$(pgrep -P "$job" | head -1)
+proxy=$(pgrep -P "$launcher" | head -1)
+victim=$(pgrep -P "$proxy" | sed -n 2p)
+[ -n "$victim" ] || { kill $job; fail "no rank process found"; }
+start=$(date +%s)
+kill -9 "$victim"
+wait $job
+rc=$?
+took=$(( $(date +%s) - start ))
+cat "$work/out.txt"
+echo "exit code $rc, $took s after the kill"
+[ "$rc" -ne 0 ] || fail "the job exited 0"
+[ "$rc" -ne 124 ] || fail "the job hung until the timeout"
+[ "$took" -le 20 ] || fail "the job took $took s to end"
+grep -q "Killed (signal 9)" "$work/out.txt" || fail "no message about the killed rank"
+echo "a killed rank ended the job (exit $rc) in $took s"
