@@ -99,12 +99,21 @@ Tensor Transformer::logits(const Tensor& ids) const {
 
 ForwardStats Transformer::evaluate(const Tensor& ids, const Tensor& targets,
                                    Tensor* row_nll) const {
+  EvalOptions options;
+  options.row_nll = row_nll;
+  return evaluate(ids, targets, options);
+}
+
+ForwardStats Transformer::evaluate(const Tensor& ids, const Tensor& targets,
+                                   const EvalOptions& options) const {
   nn::RouterStep step;
   step.training = false;
+  step.capture_routing = options.capture_routing;
   ForwardStats stats;
-  Tensor x = forward_blocks(ids, targets, step, nullptr, nullptr, stats);
+  Tensor x = forward_blocks(ids, targets, step, nullptr, nullptr, stats, options.hooks);
   Tensor logits = head(final_norm_->forward(x, nullptr));
-  stats.loss = nn::cross_entropy(logits, targets.reshape({ids.numel()}), nullptr, 1.0f, row_nll);
+  stats.loss =
+      nn::cross_entropy(logits, targets.reshape({ids.numel()}), nullptr, 1.0f, options.row_nll);
   finish_stats(stats);
   return stats;
 }
@@ -112,7 +121,7 @@ ForwardStats Transformer::evaluate(const Tensor& ids, const Tensor& targets,
 Tensor Transformer::forward_blocks(const Tensor& ids, const Tensor& targets,
                                    const nn::RouterStep& step, std::vector<nn::Block::Saved>* saved,
                                    nn::ShardedEmbedding::Saved* sharded_saved,
-                                   ForwardStats& stats) const {
+                                   ForwardStats& stats, const BlockHooks* hooks) const {
   MOE_CHECK(ids.ndim() == 2 && targets.shape() == ids.shape(), "batch: ids ", ids.describe(),
             " and targets ", targets.describe(), " must both be [B,T]");
   int64_t batch = ids.dim(0), seq = ids.dim(1);
@@ -123,7 +132,9 @@ Tensor Transformer::forward_blocks(const Tensor& ids, const Tensor& targets,
     nn::RouterStep s = step;
     s.layer = static_cast<int64_t>(i);
     nn::MoEStats ms;
+    if (hooks && hooks->before) hooks->before(static_cast<int64_t>(i));
     x = blocks_[i]->forward(x, batch, seq, s, saved ? &(*saved)[i] : nullptr, &ms);
+    if (hooks && hooks->after) hooks->after(static_cast<int64_t>(i));
     ops::round_to_dtype(x, config_.dtype);
     if (blocks_[i]->has_moe()) {
       stats.aux_loss += ms.aux_loss;

@@ -170,6 +170,12 @@ Tensor MoELayer::forward(const Tensor& x, const RouterStep& step, Saved* saved,
     stats->tokens_per_expert = routed.plan.tokens_per_expert;
     stats->assignments = routed.plan.num_tokens * routed.plan.top_k;
     stats->dropped = routed.plan.dropped();
+    if (step.capture_routing) {
+      const int32_t* c = routed.topk_idx.data<int32_t>();
+      const float* g = routed.topk_weight.data<float>();
+      stats->choices.assign(c, c + routed.topk_idx.numel());
+      stats->gates.assign(g, g + routed.topk_weight.numel());
+    }
   }
   if (saved) {
     saved->x = x;

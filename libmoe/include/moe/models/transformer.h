@@ -30,6 +30,19 @@ struct ForwardStats {
 // reducing them while backward goes on.
 using GradsReady = std::function<void(std::span<Param* const>)>;
 
+// Called around each block of a forward pass with the block's index (expert offload: make the
+// block's experts resident before, release them after). Either may be empty.
+struct BlockHooks {
+  std::function<void(int64_t block)> before, after;
+};
+
+// Options of an evaluation forward pass.
+struct EvalOptions {
+  Tensor* row_nll = nullptr;       // receives [B*T] per-token NLL when non-null
+  bool capture_routing = false;    // fill ForwardStats::moe[i].choices / gates (traces)
+  const BlockHooks* hooks = nullptr;
+};
+
 class Transformer {
  public:
   // Parameters are created in `params` (seeded by its seed, stored in its dtype). parallel: the
@@ -46,6 +59,7 @@ class Transformer {
   // Forward only (no jitter, nothing saved). When row_nll is non-null it receives [B*T] per-token
   // NLL.
   ForwardStats evaluate(const Tensor& ids, const Tensor& targets, Tensor* row_nll = nullptr) const;
+  ForwardStats evaluate(const Tensor& ids, const Tensor& targets, const EvalOptions& options) const;
   // Logits [B*T, V] for ids [B,T].
   Tensor logits(const Tensor& ids) const;
 
@@ -63,7 +77,8 @@ class Transformer {
   // Embedding and blocks; MoE statistics go into stats, activations into saved when non-null.
   Tensor forward_blocks(const Tensor& ids, const Tensor& targets, const nn::RouterStep& step,
                         std::vector<nn::Block::Saved>* saved,
-                        nn::ShardedEmbedding::Saved* sharded_saved, ForwardStats& stats) const;
+                        nn::ShardedEmbedding::Saved* sharded_saved, ForwardStats& stats,
+                        const BlockHooks* hooks = nullptr) const;
   void finish_stats(ForwardStats& stats) const;
 
   ModelConfig config_;

@@ -23,6 +23,10 @@ struct MoEStats {
   double aux_loss = 0, z_loss = 0;
   std::vector<int64_t> load;               // [E] before capacity
   bool load_global = false;                // load already summed over the data-parallel ranks
+  // With RouterStep::capture_routing: token t's j-th choice (t*k + j), on the heap (not the
+  // activation arena), and its gate weight (after the optional renormalisation).
+  std::vector<int32_t> choices;
+  std::vector<float> gates;
   std::vector<int32_t> tokens_per_expert;  // [E] kept
   int64_t assignments = 0, dropped = 0;    // N*k and dropped by capacity
 };

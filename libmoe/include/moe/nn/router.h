@@ -30,6 +30,8 @@ struct RouterStep {
   // Index of this call's first token in the global batch (data parallelism: rank r's share
   // starts at r N), so that each token's jitter noise is the one a single process draws for it.
   int64_t first_token = 0;
+  // Copy each token's chosen experts and gate weights into MoEStats (routing traces).
+  bool capture_routing = false;
 };
 
 struct RouterOutput {
