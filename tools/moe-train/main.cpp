@@ -8,6 +8,7 @@
 #include "moe/comm/communicator.h"
 #include "moe/io/checkpoint.h"
 #include "moe/log.h"
+#include "moe/profile/popularity.h"
 #include "moe/threads.h"
 #ifdef MOE_HAVE_MPI
 #include "moe/comm/mpi.h"
@@ -153,6 +154,15 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
 
   std::unique_ptr<tools::OutputStream> metrics;
   if (!o.metrics.empty()) metrics = std::make_unique<tools::OutputStream>(o.metrics);
+  // Routing trace (rank 0 records its own tokens; the loads are the global batch's).
+  std::unique_ptr<io::TraceWriter> trace;
+  io::TraceInfo trace_info;
+  if (!o.trace.empty() && lead) {
+    trace_info = profile::trace_info(model, io::make_provenance("moe-train", argc, argv), "train");
+    if (trace_info.moe_blocks.empty())
+      throw UsageError("--trace: the model has no MoE layer to trace");
+    trace = std::make_unique<io::TraceWriter>(o.trace, trace_info);
+  }
   tools::Progress progress(o.common.quiet);
 
   double elapsed = 0, ema_rate = 0;
@@ -168,9 +178,16 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
                      "; saved ", last_saved, " (continue with --resume)");
       }
       if (metrics) metrics->close();
+      if (trace) trace->close();
       return 128 + (tools::stop_signal() ? tools::stop_signal() : SIGTERM);
     }
-    train::StepStats s = trainer.step();
+    // Every rank captures on the same steps (the flag changes no collective).
+    const bool record = !o.trace.empty() && trainer.steps_done() % o.trace_every == 0;
+    train::StepStats s = trainer.step(record);
+    if (trace && record) {
+      Tensor ids = Tensor::from_vector({static_cast<int64_t>(s.token_ids.size())}, s.token_ids);
+      trace->append(profile::trace_batch(trace_info, s.forward, ids, s.step));
+    }
     elapsed += s.seconds;
     double rate = static_cast<double>(s.tokens) / std::max(s.seconds, 1e-9);
     ema_rate = ema_rate == 0 ? rate : 0.9 * ema_rate + 0.1 * rate;
@@ -220,6 +237,7 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
   }
   progress.finish();
   if (metrics) metrics->close();
+  if (trace) trace->close();
   if (last_saved.empty()) {
     MOE_LOG_WARN("nothing to do: the checkpoint is already at step ", trainer.steps_done(),
                  " of --steps ", tc.steps);

@@ -12,7 +12,8 @@ namespace moe::tools {
 
 struct TrainOptions {
   CommonOptions common;
-  std::string out, resume, metrics, arch = "gpt", dtype = "f32";
+  std::string out, resume, metrics, trace, arch = "gpt", dtype = "f32";
+  int64_t trace_every = 1;
   std::string normalize_topk = "auto";
   ModelConfig model;
   train::TrainConfig train;
@@ -58,6 +59,12 @@ inline void add_train_options(CLI::App& app, TrainOptions& o) {
           ->check(positive())
           ->capture_default_str());
   io->add_option("--metrics", o.metrics, "JSON lines of metrics to PATH ('-' = stdout)");
+  io->add_option("--trace", o.trace,
+                 "Record the routing of every --trace-every-th step to this HDF5 trace "
+                 "(moe-profile reads it; rank 0's tokens under mpiexec)");
+  io->add_option("--trace-every", o.trace_every, "Steps between recorded steps")
+      ->check(positive())
+      ->capture_default_str();
   io->add_option("--log-every", o.log_every, "Progress/metrics line every N steps")
       ->check(positive())
       ->capture_default_str();

@@ -104,7 +104,8 @@ int64_t ParamSet::numel() const {
 }
 
 void ParamSet::zero_grad() {
-  for (auto& p : params_) p->grad.zero();
+  for (auto& p : params_)
+    if (p->grad.defined()) p->grad.zero();  // an expert ring drops expert gradients
 }
 
 std::vector<Param*> ParamSet::all() {

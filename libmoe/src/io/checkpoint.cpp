@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <set>
 
+#include "io/files.h"
 #include "moe/io/hdf5.h"
 #include "moe/version.h"
 
@@ -68,18 +69,10 @@ void write_file(const std::string& file_path, const Checkpoint& ckpt, const Save
 
   h5::File file = h5::create_file(file_path);
   {
+    Provenance stamped = p;
+    stamped.time = created;
+    write_producer_attrs(file, kCheckpointFormat, kCheckpointVersion, stamped, root);
     h5::Group r(MOE_H5(root, H5Gopen2(file, "/", H5P_DEFAULT)));
-    h5::write_string_attr(r, "format", kCheckpointFormat, root);
-    h5::write_int_attr(r, "format_version", kCheckpointVersion, root, H5T_STD_I32LE);
-    std::string producer = p.tool;
-    if (!p.version.empty()) producer += " " + p.version;
-    if (!p.git.empty()) producer += " (git " + p.git + ")";
-    h5::write_string_attr(r, "producer", producer, root);
-    h5::write_string_attr(r, "producer_tool", p.tool, root);
-    h5::write_string_attr(r, "producer_version", p.version, root);
-    h5::write_string_attr(r, "producer_git", p.git, root);
-    h5::write_string_attr(r, "argv", p.argv, root);
-    h5::write_string_attr(r, "created", created, root);
     h5::write_string_attr(r, "model_config", model_config, root);
     h5::write_string_attr(r, "train_config", train_config, root);
   }
@@ -109,21 +102,6 @@ void write_file(const std::string& file_path, const Checkpoint& ckpt, const Save
   file.close(root);  // a failure to close (the last metadata write) is a failed save
 }
 
-void fsync_file(const std::string& path, bool directory) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | (directory ? O_DIRECTORY : 0));
-  if (fd < 0) throw Error(str("cannot open '", path, "' to fsync it: ", std::strerror(errno)));
-  int rc = ::fsync(fd);
-  int err = errno;
-  ::close(fd);
-  // Some file systems cannot fsync a directory (EINVAL); the rename itself has happened.
-  if (rc != 0 && !(directory && (err == EINVAL || err == ENOTSUP)))
-    throw Error(str("fsync '", path, "' failed: ", std::strerror(err)));
-}
-
-std::string parent_directory(const std::string& path) {
-  std::filesystem::path parent = std::filesystem::path(path).parent_path();
-  return parent.empty() ? std::string(".") : parent.string();
-}
 
 // ---- reading ----------------------------------------------------------------------------------
 
@@ -228,7 +206,7 @@ void save_checkpoint(const std::string& path, const Checkpoint& ckpt, const Save
   };
   try {
     write_file(temp, ckpt, options);
-    fsync_file(temp, false);
+    fsync_path(temp, false);
     if (std::rename(temp.c_str(), path.c_str()) != 0)
       throw Error(str("cannot rename '", temp, "' to '", path, "': ", std::strerror(errno)));
   } catch (const Error& e) {
@@ -239,7 +217,7 @@ void save_checkpoint(const std::string& path, const Checkpoint& ckpt, const Save
     throw;
   }
   try {
-    fsync_file(parent_directory(path), true);
+    fsync_path(parent_directory(path), true);
   } catch (const Error& e) {
     throw Error(
         str("saved checkpoint '", path, "' but could not make the rename durable: ", e.what()));

@@ -1,5 +1,8 @@
 #include "moe/models/transformer.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include "moe/nn/loss.h"
 #include "moe/ops/core.h"
 
@@ -97,6 +100,75 @@ Tensor Transformer::logits(const Tensor& ids) const {
   return head(final_norm_->forward(x, nullptr));
 }
 
+KVCache Transformer::make_cache(int64_t slots, int64_t capacity) const {
+  if (capacity == 0) capacity = config_.seq;
+  MOE_CHECK(slots >= 0 && capacity > 0 && capacity <= config_.seq, "KV cache of ", slots,
+            " slots and ", capacity, " positions (the model's context is ", config_.seq, ")");
+  KVCache cache;
+  for (const auto& block : blocks_) cache.blocks.push_back(block->make_cache(slots, capacity));
+  cache.length.assign(static_cast<size_t>(slots), 0);
+  return cache;
+}
+
+Tensor Transformer::forward_cached(const Tensor& ids, KVCache& cache,
+                                   const BlockHooks* hooks) const {
+  MOE_CHECK(ids.ndim() == 2, "forward_cached: ids ", ids.describe(), " must be [B,t]");
+  const int64_t batch = ids.dim(0);
+  std::vector<int64_t> counts(static_cast<size_t>(batch), ids.dim(1)), slots;
+  for (int64_t b = 0; b < batch; ++b) slots.push_back(b);
+  return forward_cached(ids, counts, slots, cache, hooks);
+}
+
+Tensor Transformer::forward_cached(const Tensor& ids, const std::vector<int64_t>& counts,
+                                   const std::vector<int64_t>& slots, KVCache& cache,
+                                   const BlockHooks* hooks) const {
+  MOE_CHECK(cache.blocks.size() == blocks_.size(), "forward_cached: a cache of ",
+            cache.blocks.size(), " blocks for a model of ", blocks_.size());
+  ids.expect_dtype(DType::i32, "forward_cached ids");
+  ops::CachedRows rows;
+  rows.count = counts;
+  rows.slot = slots;
+  for (int64_t slot : slots) {
+    MOE_CHECK(slot >= 0 && slot < cache.slots(), "forward_cached: slot ", slot, " of a cache of ",
+              cache.slots());
+    rows.start.push_back(cache.length[static_cast<size_t>(slot)]);
+  }
+  rows.check(cache.slots(), std::min(cache.capacity(), config_.seq), "forward_cached");
+  const int64_t n = rows.tokens(), num_rows = rows.rows(), width = config_.d_model;
+  MOE_CHECK(ids.numel() == n, "forward_cached: ids ", ids.describe(), " for ", n, " new tokens");
+
+  Tensor flat = ids.reshape({n});
+  Tensor x = sharded_tokens_ ? sharded_tokens_->forward(flat, nullptr) : tokens_->forward(flat);
+  if (positions_) {
+    Tensor pos = Tensor::empty({n}, DType::i32);
+    int32_t* p = pos.data<int32_t>();
+    for (int64_t r = 0, i = 0; r < num_rows; ++r)
+      for (int64_t t = 0; t < rows.count[r]; ++t) p[i++] = static_cast<int32_t>(rows.start[r] + t);
+    ops::axpy(1.0f, positions_->forward(pos), x);
+  }
+  ops::round_to_dtype(x, config_.dtype);
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    nn::RouterStep step;
+    step.training = false;
+    step.layer = static_cast<int64_t>(i);
+    if (hooks && hooks->before) hooks->before(static_cast<int64_t>(i));
+    x = blocks_[i]->forward_cached(x, rows, cache.blocks[i], step, nullptr);
+    if (hooks && hooks->after) hooks->after(static_cast<int64_t>(i));
+    ops::round_to_dtype(x, config_.dtype);
+  }
+  for (int64_t r = 0; r < num_rows; ++r)
+    cache.length[static_cast<size_t>(rows.slot[r])] += rows.count[r];
+
+  // The last new token of each row.
+  Tensor last = Tensor::empty({num_rows, width});
+  for (int64_t r = 0, end = 0; r < num_rows; ++r) {
+    end += rows.count[r];
+    std::memcpy(last.data<float>() + r * width, x.data<float>() + (end - 1) * width,
+                static_cast<size_t>(width) * sizeof(float));
+  }
+  return head(final_norm_->forward(last, nullptr));
+}
+
 ForwardStats Transformer::evaluate(const Tensor& ids, const Tensor& targets,
                                    Tensor* row_nll) const {
   EvalOptions options;
@@ -120,8 +192,8 @@ ForwardStats Transformer::evaluate(const Tensor& ids, const Tensor& targets,
 
 Tensor Transformer::forward_blocks(const Tensor& ids, const Tensor& targets,
                                    const nn::RouterStep& step, std::vector<nn::Block::Saved>* saved,
-                                   nn::ShardedEmbedding::Saved* sharded_saved,
-                                   ForwardStats& stats, const BlockHooks* hooks) const {
+                                   nn::ShardedEmbedding::Saved* sharded_saved, ForwardStats& stats,
+                                   const BlockHooks* hooks) const {
   MOE_CHECK(ids.ndim() == 2 && targets.shape() == ids.shape(), "batch: ids ", ids.describe(),
             " and targets ", targets.describe(), " must both be [B,T]");
   int64_t batch = ids.dim(0), seq = ids.dim(1);

@@ -3,6 +3,8 @@
 // KV key/value heads, hd head dim.
 #include "moe/nn/attention.h"
 
+#include <cstring>
+
 #include "moe/ops/dense.h"
 
 namespace moe::nn {
@@ -61,6 +63,46 @@ Tensor Attention::forward(const Tensor& x, int64_t batch, int64_t seq, Saved* sa
     saved->seq = seq;
   }
   return y;
+}
+
+AttentionCache Attention::make_cache(int64_t slots, int64_t capacity) const {
+  MOE_CHECK(slots >= 0 && capacity >= 0, "attention ", q_.weight().name, ": cache of ", slots,
+            " slots and ", capacity, " positions");
+  const int64_t width = config_.kv_heads * head_dim_;
+  return AttentionCache{Tensor::zeros({slots, capacity, width}).set_name("attn.k_cache"),
+                        Tensor::zeros({slots, capacity, width}).set_name("attn.v_cache")};
+}
+
+Tensor Attention::forward_cached(const Tensor& x, const ops::CachedRows& rows,
+                                 AttentionCache& cache) const {
+  const int64_t n = rows.tokens(), width = config_.kv_heads * head_dim_;
+  MOE_CHECK(x.ndim() == 2 && x.dim(0) == n && x.dim(1) == config_.d_model, "attention ",
+            q_.weight().name, ": cached input ", x.describe(), " expected [", n, ",",
+            config_.d_model, "]");
+  MOE_CHECK(cache.k.defined() && cache.k.ndim() == 3 && cache.k.dim(2) == width &&
+                cache.v.shape() == cache.k.shape(),
+            "attention ", q_.weight().name, ": cache ", cache.k.describe(), " does not fit ",
+            config_.kv_heads, " kv heads of ", head_dim_);
+  const int64_t capacity = cache.k.dim(1);
+  rows.check(cache.k.dim(0), capacity, "attention cache");
+  Tensor q = q_.forward(x), k = k_.forward(x), v = v_.forward(x);
+  int64_t first = 0;
+  for (int64_t r = 0; r < rows.rows(); ++r) {
+    const int64_t t = rows.count[r], start = rows.start[r];
+    if (config_.rope) {  // each row at its own positions
+      Tensor qr = q.rows(first, first + t), kr = k.rows(first, first + t);
+      ops::rope_forward(qr, 1, t, config_.heads, config_.rope_theta, qr, start);
+      ops::rope_forward(kr, 1, t, config_.kv_heads, config_.rope_theta, kr, start);
+    }
+    const size_t offset = static_cast<size_t>((rows.slot[r] * capacity + start) * width);
+    const size_t bytes = static_cast<size_t>(t * width) * sizeof(float);
+    std::memcpy(cache.k.data<float>() + offset, k.data<float>() + first * width, bytes);
+    std::memcpy(cache.v.data<float>() + offset, v.data<float>() + first * width, bytes);
+    first += t;
+  }
+  Tensor ctx = Tensor::empty(q.shape());
+  ops::attention_forward_cached(q, cache.k, cache.v, config_.heads, config_.kv_heads, rows, ctx);
+  return o_.forward(ctx);
 }
 
 Tensor Attention::backward(const Tensor& dy, const Saved& saved) {

@@ -65,6 +65,17 @@ Tensor Block::forward(const Tensor& x, int64_t batch, int64_t seq, const RouterS
                       Saved* saved, MoEStats* stats) const {
   Tensor a = attn_->forward(norm1_->forward(x, saved ? &saved->norm1 : nullptr), batch, seq,
                             saved ? &saved->attn : nullptr);
+  return residual_ffn(x, a, step, saved, stats);
+}
+
+Tensor Block::forward_cached(const Tensor& x, const ops::CachedRows& rows, AttentionCache& cache,
+                             const RouterStep& step, MoEStats* stats) const {
+  Tensor a = attn_->forward_cached(norm1_->forward(x, nullptr), rows, cache);
+  return residual_ffn(x, a, step, nullptr, stats);
+}
+
+Tensor Block::residual_ffn(const Tensor& x, Tensor& a, const RouterStep& step, Saved* saved,
+                           MoEStats* stats) const {
   ops::axpy(1.0f, x, a);  // h = x + attn
   Tensor u = norm2_->forward(a, saved ? &saved->norm2 : nullptr);
   Tensor f;

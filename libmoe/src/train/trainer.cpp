@@ -291,7 +291,7 @@ void Trainer::restore(const std::string& path) {
   load_tensors(mine);  // exactly this rank's parameters and their optimizer state now
 }
 
-StepStats Trainer::step() {
+StepStats Trainer::step(bool capture_routing) {
   Timer timer;
   StepStats s;
   const ModelConfig& mc = model_->config();
@@ -310,6 +310,8 @@ StepStats Trainer::step() {
     rs.step = step_;
     rs.training = true;
     rs.first_token = rank() * ids.numel();  // this rank's share starts there in the global batch
+    rs.capture_routing = capture_routing;
+    if (capture_routing) s.token_ids.assign(ids.data<int32_t>(), ids.data<int32_t>() + ids.numel());
     exchange_stats_ = {};
     GradsReady ready;  // priority scheduling: reduce each block's gradients as backward leaves it
     if (scheduler_) ready = [this](std::span<Param* const> ps) { pack_gradients(ps); };

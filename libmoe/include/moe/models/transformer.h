@@ -38,9 +38,22 @@ struct BlockHooks {
 
 // Options of an evaluation forward pass.
 struct EvalOptions {
-  Tensor* row_nll = nullptr;       // receives [B*T] per-token NLL when non-null
-  bool capture_routing = false;    // fill ForwardStats::moe[i].choices / gates (traces)
+  Tensor* row_nll = nullptr;     // receives [B*T] per-token NLL when non-null
+  bool capture_routing = false;  // fill ForwardStats::moe[i].choices / gates (traces)
   const BlockHooks* hooks = nullptr;
+};
+
+// Key/value caches of incremental forward passes (generation, Transformer::forward_cached): per
+// block K and V [slots, capacity, KV*hd] fp32 (keys after RoPE), and the tokens each slot holds.
+// A slot holds one sequence; clear() (or setting a slot's length to 0) starts it over: positions
+// at or past a slot's length are never read. Make it outside an ArenaScope that is reset while
+// the cache lives (its tensors would come from the arena).
+struct KVCache {
+  std::vector<nn::AttentionCache> blocks;
+  std::vector<int64_t> length;  // per slot: positions 0..length-1 are cached
+  int64_t slots() const { return static_cast<int64_t>(length.size()); }
+  int64_t capacity() const { return blocks.empty() ? 0 : blocks.front().k.dim(1); }
+  void clear() { length.assign(length.size(), 0); }
 };
 
 class Transformer {
@@ -62,6 +75,22 @@ class Transformer {
   ForwardStats evaluate(const Tensor& ids, const Tensor& targets, const EvalOptions& options) const;
   // Logits [B*T, V] for ids [B,T].
   Tensor logits(const Tensor& ids) const;
+
+  // Incremental (cached) forward for generation, nothing saved, no jitter. A ragged batch of R
+  // rows: ids [N] i32 (or any shape of N elements) holds row r's counts[r] >= 1 new tokens, rows
+  // in order; row r continues cache slot slots[r] (distinct) at its positions
+  // cache.length[slot] .. + counts[r] - 1, which must stay below config().seq and the cache's
+  // capacity; the slot's length then grows by counts[r]. Returns the logits [R, V] of each row's
+  // last new token: what logits() gives at that position of the whole sequence (bitwise for a
+  // single row's prefill; otherwise up to how BLAS blocks the rows of a GEMM). The MoE layers
+  // see exactly the N new tokens. hooks (may be null) are called around every block.
+  Tensor forward_cached(const Tensor& ids, const std::vector<int64_t>& counts,
+                        const std::vector<int64_t>& slots, KVCache& cache,
+                        const BlockHooks* hooks = nullptr) const;
+  // ids [B, t]: row b continues slot b.
+  Tensor forward_cached(const Tensor& ids, KVCache& cache, const BlockHooks* hooks = nullptr) const;
+  // Empty caches for `slots` sequences of up to `capacity` tokens (0: config().seq; at most that).
+  KVCache make_cache(int64_t slots, int64_t capacity = 0) const;
 
   const ModelConfig& config() const { return config_; }
   const Flavour& flavour() const { return flavour_; }

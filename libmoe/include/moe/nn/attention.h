@@ -5,6 +5,7 @@
 #include <string>
 
 #include "moe/nn/linear.h"
+#include "moe/ops/dense.h"
 #include "moe/param.h"
 
 namespace moe::nn {
@@ -17,6 +18,12 @@ struct AttentionConfig {
   bool rope = false;
   float rope_theta = 10000.0f;
   float init_std = 0.02f, out_init_std = 0.02f;
+};
+
+// Key/value cache of one attention layer for incremental decoding: k, v [S, Tmax, KV*hd] fp32
+// (S slots, one sequence each, of Tmax positions), keys after RoPE.
+struct AttentionCache {
+  Tensor k, v;
 };
 
 // Params prefix.q.weight [H*hd, D], prefix.k.weight [KV*hd, D], prefix.v.weight [KV*hd, D],
@@ -34,6 +41,14 @@ class Attention {
   };
   // x [B*T, D] -> [B*T, D]; saved == nullptr for inference.
   Tensor forward(const Tensor& x, int64_t batch, int64_t seq, Saved* saved) const;
+  // Incremental forward (inference): x [N, D] holds the new tokens of `rows` (ops::CachedRows:
+  // row r's count[r] tokens at positions start[r].. of cache slot slot[r]). Their keys/values
+  // (after RoPE at those positions) are written into the cache, then each token attends to its
+  // slot's positions 0..its own. -> [N, D]. Equals forward() on the whole sequence at those
+  // positions (bitwise for a row with start 0, up to BLAS row blocking).
+  Tensor forward_cached(const Tensor& x, const ops::CachedRows& rows, AttentionCache& cache) const;
+  // A zeroed cache of `slots` sequences of `capacity` positions.
+  AttentionCache make_cache(int64_t slots, int64_t capacity) const;
   // Returns dx; accumulates the gradients of the four projections.
   Tensor backward(const Tensor& dy, const Saved& saved);
 

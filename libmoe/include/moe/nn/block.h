@@ -30,11 +30,23 @@ class Block {
   Tensor forward(const Tensor& x, int64_t batch, int64_t seq, const RouterStep& step, Saved* saved,
                  MoEStats* stats) const;
   Tensor backward(const Tensor& dy, const Saved& saved, float aux_scale, float z_scale);
+  // Incremental forward (inference, nothing saved): x [N, D] the new tokens of `rows`, attention
+  // through the layer's key/value cache (Attention::forward_cached); the FFN / MoE layer sees
+  // exactly these N tokens.
+  Tensor forward_cached(const Tensor& x, const ops::CachedRows& rows, AttentionCache& cache,
+                        const RouterStep& step, MoEStats* stats) const;
+  AttentionCache make_cache(int64_t slots, int64_t capacity) const {
+    return attn_->make_cache(slots, capacity);
+  }
 
   bool has_moe() const { return moe_ != nullptr; }
   int64_t num_experts() const;
 
  private:
+  // y = h + FFN(Norm2(h)) with h = x + attn (a holds attn on entry).
+  Tensor residual_ffn(const Tensor& x, Tensor& a, const RouterStep& step, Saved* saved,
+                      MoEStats* stats) const;
+
   int64_t index_;
   std::unique_ptr<Norm> norm1_, norm2_;
   std::unique_ptr<Attention> attn_;

@@ -5,6 +5,8 @@
 // Shape letters: N tokens (B*T), B batch, T sequence, D features, H query heads, KV key/value
 // heads, hd head dim, C columns, V vocabulary.
 #pragma once
+#include <vector>
+
 #include "moe/tensor.h"
 
 namespace moe::ops {
@@ -61,6 +63,26 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
 void attention_backward(const Tensor& dctx, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& probs, const AttentionShape& shape, Tensor& dq, Tensor& dk,
                         Tensor& dv);
+
+// Incremental (cached) attention, for generation. A ragged batch of R rows: row r brings
+// count[r] >= 1 new tokens, consecutive in q/ctx and in row order (N = sum of counts), which sit
+// at positions start[r] .. start[r] + count[r] - 1 of cache slot slot[r] (distinct slots).
+struct CachedRows {
+  std::vector<int64_t> slot, start, count;
+  int64_t rows() const { return static_cast<int64_t>(count.size()); }
+  int64_t tokens() const;  // N
+  // Throws moe::Error unless the three have one entry per row, counts >= 1, starts >= 0, slots in
+  // [0, slots) and distinct, and start + count <= capacity.
+  void check(int64_t slots, int64_t capacity, const char* what) const;
+};
+// q, ctx [N, H*hd]; k_cache, v_cache [S, Tmax, KV*hd] (S slots of Tmax positions) already holding
+// each row's keys/values at positions 0 .. start[r] + count[r] - 1 (the new ones included).
+// Query i of row r sees keys 0 .. start[r] + i. Every (row, head) runs the products of
+// attention_forward on one sequence (BLAS from serial loops), so a row's result does not depend
+// on the other rows, and a row with start 0 gives bitwise what attention_forward gives for it
+// alone. Scale 1/sqrt(hd).
+void attention_forward_cached(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                              int64_t heads, int64_t kv_heads, const CachedRows& rows, Tensor& ctx);
 
 // ---- cross-entropy (backend/cpu/cross_entropy.cpp)
 // Mean over rows with target >= 0 of -log softmax(logits)[target]; logits [N,V] f32, targets [N]

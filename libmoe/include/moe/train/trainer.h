@@ -56,6 +56,9 @@ struct StepStats {
   // finishing the gradient reduction after backward; the all-to-all exchanges of the step.
   double a2a_seconds = 0, grad_sync_seconds = 0;
   int64_t a2a_calls = 0;
+  // step(true) only: this rank's token ids of the step ([B/W * T]); forward.moe[i].choices/gates
+  // hold their routing (routing traces).
+  std::vector<int32_t> token_ids;
 };
 
 class Trainer {
@@ -79,7 +82,8 @@ class Trainer {
   // the files holding its parameters).
   void restore(const std::string& path);
 
-  StepStats step();
+  // One optimizer step. capture_routing: also record every token's experts (moe-train --trace).
+  StepStats step(bool capture_routing = false);
   double evaluate();  // mean validation cross-entropy over up to eval_batches batches
 
   io::Checkpoint snapshot() const;

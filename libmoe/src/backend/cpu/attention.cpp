@@ -5,6 +5,7 @@
 // the row softmax and its backward (kernels/softmax.h) run in one OpenMP loop over all B*H*T rows.
 // Scores above the diagonal are computed by the GEMM and then overwritten with exact zeros.
 #include <cmath>
+#include <vector>
 
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/parallel.h"
@@ -67,6 +68,76 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
     for (int64_t h = 0; h < H; ++h)
       cpu::sgemm(false, false, T, hd, T, 1.0f, ps + (b * H + h) * T * T, T,
                  vs + b * T * ldk + (h / group) * hd, ldk, 0.0f, cs + b * T * ldq + h * hd, ldq);
+}
+
+int64_t CachedRows::tokens() const {
+  int64_t n = 0;
+  for (int64_t c : count) n += c;
+  return n;
+}
+
+void CachedRows::check(int64_t slots, int64_t capacity, const char* what) const {
+  const size_t r = count.size();
+  MOE_CHECK(slot.size() == r && start.size() == r, what, ": ", r, " counts, ", slot.size(),
+            " slots and ", start.size(), " starts");
+  std::vector<bool> used(static_cast<size_t>(slots > 0 ? slots : 0), false);
+  for (size_t i = 0; i < r; ++i) {
+    MOE_CHECK(count[i] >= 1 && start[i] >= 0 && slot[i] >= 0 && slot[i] < slots, what, ": row ", i,
+              " has count ", count[i], ", start ", start[i], ", slot ", slot[i], " (of ", slots,
+              ")");
+    MOE_CHECK(!used[static_cast<size_t>(slot[i])], what, ": slot ", slot[i], " appears twice");
+    used[static_cast<size_t>(slot[i])] = true;
+    MOE_CHECK(start[i] + count[i] <= capacity, what, ": row ", i, " reaches position ",
+              start[i] + count[i], ", beyond the cache's ", capacity);
+  }
+}
+
+void attention_forward_cached(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                              int64_t heads, int64_t kv_heads, const CachedRows& rows,
+                              Tensor& ctx) {
+  const char* op = "attention_forward_cached";
+  require_backend(op, {&q, &k_cache, &v_cache, &ctx});
+  MOE_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && k_cache.ndim() == 3 &&
+                q.ndim() == 2 && q.dim(1) % heads == 0,
+            op, ": bad shape: q ", q.describe(), ", k cache ", k_cache.describe(), ", heads ",
+            heads, ", kv_heads ", kv_heads);
+  const int64_t H = heads, KV = kv_heads, group = H / KV, hd = q.dim(1) / H;
+  const int64_t slots = k_cache.dim(0), capacity = k_cache.dim(1);
+  const int64_t ldq = H * hd, ldk = KV * hd;
+  rows.check(slots, capacity, op);
+  q.expect_shape({rows.tokens(), ldq}, op);
+  k_cache.expect_shape({slots, capacity, ldk}, "attention_forward_cached k cache");
+  v_cache.expect_shape({slots, capacity, ldk}, "attention_forward_cached v cache");
+  ctx.expect_shape(q.shape(), "attention_forward_cached context");
+  for (const Tensor* t : {&q, &k_cache, &v_cache, static_cast<const Tensor*>(&ctx)})
+    t->expect_dtype(DType::f32, op);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float* qs = q.data<float>();
+  const float* ks = k_cache.data<float>();
+  const float* vs = v_cache.data<float>();
+  float* cs = ctx.data<float>();
+
+  std::vector<float> scores;
+  int64_t first = 0;  // the row's first token in q/ctx
+  for (int64_t r = 0; r < rows.rows(); ++r) {
+    const int64_t t = rows.count[r], start = rows.start[r], keys = start + t;
+    const int64_t slot_offset = rows.slot[r] * capacity * ldk;
+    scores.resize(static_cast<size_t>(t * keys));
+    float* ps = scores.data();
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t q_offset = first * ldq + h * hd, kv_offset = slot_offset + (h / group) * hd;
+      cpu::sgemm(false, true, t, keys, hd, scale, qs + q_offset, ldq, ks + kv_offset, ldk, 0.0f, ps,
+                 keys);
+      for (int64_t i = 0; i < t; ++i) {  // query i sits at start + i: keys 0..start+i visible
+        float* p = ps + i * keys;
+        kernels::softmax_row(p, p, start + i + 1);
+        for (int64_t j = start + i + 1; j < keys; ++j) p[j] = 0.0f;
+      }
+      cpu::sgemm(false, false, t, hd, keys, 1.0f, ps, keys, vs + kv_offset, ldk, 0.0f,
+                 cs + q_offset, ldq);
+    }
+    first += t;
+  }
 }
 
 void attention_backward(const Tensor& dctx, const Tensor& q, const Tensor& k, const Tensor& v,

@@ -1,0 +1,513 @@
+// Expert ring memory (see moe/infer/expert_ring.h).
+// Shapes: L MoE layers, K slots, E experts of a layer.
+//
+// State, all under one mutex: each slot holds a layer (or none) in one of the states empty,
+// queued, loading, ready, and is in use while its layer's block computes. The loader thread takes
+// the queued slot with the smallest sequence number (requests the compute thread waits on get
+// negative numbers, so they go first), reads and converts without the lock, then marks it ready.
+// The compute thread only ever changes Param objects (in the before hook); the loader only writes
+// slot memory: the mutex orders the two.
+#include "moe/infer/expert_ring.h"
+
+#include <omp.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <list>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "moe/arena.h"
+#include "moe/io/checkpoint.h"
+#include "moe/io/hdf5.h"
+#include "moe/timer.h"
+
+namespace moe::infer {
+
+namespace {
+
+enum class SlotState { empty, queued, loading, ready };
+
+// "blocks.<n>." -> n, else -1.
+int64_t block_of(const std::string& name) {
+  const std::string prefix = "blocks.";
+  if (name.rfind(prefix, 0) != 0) return -1;
+  size_t i = prefix.size(), j = i;
+  while (j < name.size() && std::isdigit(static_cast<unsigned char>(name[j]))) ++j;
+  if (j == i || j >= name.size() || name[j] != '.') return -1;
+  return std::strtoll(name.substr(i, j - i).c_str(), nullptr, 10);
+}
+
+}  // namespace
+
+struct ExpertRing::Impl {
+  struct Layer {
+    int64_t block = 0;
+    std::vector<Param*> params;    // creation order
+    std::vector<int64_t> offsets;  // element offset of each param in a slot
+    std::vector<Shape> shapes;     // each param's (local) shape
+    std::vector<int64_t> first;    // index in the checkpoint tensor of the param's expert 0
+    int64_t elems = 0;             // fp32 elements of the layer's experts
+  };
+  struct Slot {
+    Tensor memory;  // [slot_elems] f32
+    int64_t layer = -1;
+    SlotState state = SlotState::empty;
+    bool in_use = false;
+    int64_t seq = 0;
+  };
+  struct CacheEntry {
+    std::vector<Tensor> chunks;  // per param, per expert, as read
+    int64_t bytes = 0;
+  };
+
+  std::string path;
+  RingConfig config;
+  std::vector<Layer> layers;
+  std::vector<int64_t> layer_of_block;  // -1: dense block
+  int64_t slot_elems = 0, K = 0, L = 0;
+  std::vector<Slot> slots;
+  std::vector<std::vector<std::vector<Tensor>>> views;  // [slot][layer][param]
+  BlockHooks hooks;
+
+  mutable std::mutex mu;
+  std::condition_variable loader_cv, ready_cv;
+  bool stop = false;
+  int64_t next_seq = 0, priority_seq = 0;
+  std::string error;
+  int64_t error_layer = -1;
+  RingStats stats;
+  Timer compute_timer;
+  int64_t computing_block = -1;
+  std::thread loader;
+
+  // Loader-only state.
+  std::list<int64_t> lru;  // most recent first
+  std::map<int64_t, CacheEntry> cache;
+  int64_t cache_bytes = 0;
+
+  int64_t find(int64_t layer) const {
+    for (size_t s = 0; s < slots.size(); ++s)
+      if (slots[s].layer == layer && slots[s].state != SlotState::empty)
+        return static_cast<int64_t>(s);
+    return -1;
+  }
+
+  // The slot to give layer m: not in use, not loading; empty first, else the one whose layer is
+  // needed furthest ahead of m (layers run in order, wrapping round). -1 when none can be taken.
+  int64_t victim(int64_t m) const {
+    int64_t best = -1, best_score = -1;
+    for (size_t s = 0; s < slots.size(); ++s) {
+      const Slot& slot = slots[s];
+      if (slot.in_use || slot.state == SlotState::loading) continue;
+      int64_t score = slot.state == SlotState::empty ? L + 1 : (slot.layer - m + L) % L;
+      if (score > best_score) best = static_cast<int64_t>(s), best_score = score;
+    }
+    return best;
+  }
+
+  void queue(int64_t s, int64_t layer, bool urgent) {
+    Slot& slot = slots[static_cast<size_t>(s)];
+    slot.layer = layer;
+    slot.state = SlotState::queued;
+    slot.seq = urgent ? --priority_seq : ++next_seq;
+    loader_cv.notify_one();
+  }
+
+  void point(int64_t s, int64_t m) {
+    Layer& layer = layers[static_cast<size_t>(m)];
+    const auto& v = views[static_cast<size_t>(s)][static_cast<size_t>(m)];
+    for (size_t j = 0; j < layer.params.size(); ++j) {
+      layer.params[j]->value = v[j];
+      layer.params[j]->compute = v[j];
+    }
+  }
+
+  void before(int64_t block) {
+    if (block < 0 || block >= static_cast<int64_t>(layer_of_block.size())) return;
+    const int64_t m = layer_of_block[static_cast<size_t>(block)];
+    if (m >= 0) {
+      std::unique_lock lk(mu);
+      for (Slot& slot : slots) slot.in_use = false;  // a pass that threw left one in use
+      Timer waiting;
+      bool waited = false;
+      int64_t s = -1;
+      for (;;) {
+        if (error_layer == m) {
+          std::string message = std::move(error);
+          error.clear();
+          error_layer = -1;
+          throw Error(message);
+        }
+        s = find(m);
+        if (s < 0) {
+          s = victim(m);
+          if (s >= 0) queue(s, m, true);
+        }
+        if (s >= 0 && slots[static_cast<size_t>(s)].state == SlotState::ready) break;
+        waited = true;
+        ready_cv.wait(lk);
+      }
+      if (waited) stats.wait_seconds += waiting.seconds();
+      slots[static_cast<size_t>(s)].in_use = true;
+      point(s, m);
+      ++stats.forward_blocks;
+    }
+    computing_block = block;
+    compute_timer.reset();
+  }
+
+  void after(int64_t block) {
+    if (block < 0 || block >= static_cast<int64_t>(layer_of_block.size())) return;
+    const double seconds = computing_block == block ? compute_timer.seconds() : 0.0;
+    computing_block = -1;
+    const int64_t m = layer_of_block[static_cast<size_t>(block)];
+    std::lock_guard lk(mu);
+    stats.compute_seconds += seconds;
+    if (m < 0) return;
+    int64_t s = -1;
+    for (size_t i = 0; i < slots.size(); ++i)
+      if (slots[i].in_use && slots[i].layer == m) s = static_cast<int64_t>(i);
+    if (s < 0) return;
+    slots[static_cast<size_t>(s)].in_use = false;
+    if (!config.overlap) return;
+    // Calculation-released-load: the slot goes to the layer K further on (the next pass's first
+    // layers after the last ones).
+    const int64_t next = (m + K) % L;
+    if (find(next) < 0) queue(s, next, false);
+  }
+
+  // Reads layer m's experts (file or host cache) and converts them into slot s. Loader thread,
+  // without the lock. Returns bytes read from the file; sets hit when the cache served it.
+  int64_t load(int64_t s, int64_t m, bool& hit) {
+    const Layer& layer = layers[static_cast<size_t>(m)];
+    float* base = slots[static_cast<size_t>(s)].memory.data<float>();
+    auto it = cache.find(m);
+    hit = it != cache.end();
+    const bool keep = !hit && config.host_cache_bytes > 0;
+    CacheEntry entry;
+    int64_t read = 0;
+    size_t c = 0;
+    for (size_t j = 0; j < layer.params.size(); ++j) {
+      const Param& p = *layer.params[j];
+      const int64_t experts = layer.shapes[j].at(0);
+      const int64_t per = experts ? shape_numel(layer.shapes[j]) / experts : 0;
+      for (int64_t e = 0; e < experts; ++e) {
+        Tensor chunk;
+        if (hit) {
+          chunk = it->second.chunks.at(c++);
+        } else {
+          chunk = io::read_expert(path, p.name, layer.first[j] + e);
+          read += static_cast<int64_t>(chunk.nbytes());
+          MOE_CHECK(chunk.numel() == per && is_floating(chunk.dtype()), "checkpoint '", path,
+                    "': expert ", layer.first[j] + e, " of '", p.name, "' is ", chunk.describe(),
+                    ", the model expects ", per, " floating-point elements");
+        }
+        float* dst = base + layer.offsets[j] + e * per;
+        if (chunk.dtype() == DType::f32) {
+          std::memcpy(dst, chunk.raw(), static_cast<size_t>(per) * sizeof(float));
+        } else {
+          // Tensor::copy_from: the conversion refresh_compute makes for a resident model.
+          Tensor view = slots[static_cast<size_t>(s)].memory.rows(layer.offsets[j] + e * per,
+                                                                  layer.offsets[j] + (e + 1) * per);
+          view.copy_from(chunk.reshape({per}));
+        }
+        if (keep) {
+          entry.bytes += static_cast<int64_t>(chunk.nbytes());
+          entry.chunks.push_back(std::move(chunk));
+        }
+      }
+    }
+    if (hit) {
+      lru.remove(m);
+      lru.push_front(m);
+    } else if (keep && entry.bytes <= config.host_cache_bytes) {
+      while (cache_bytes + entry.bytes > config.host_cache_bytes && !lru.empty()) {
+        auto victim_it = cache.find(lru.back());
+        cache_bytes -= victim_it->second.bytes;
+        cache.erase(victim_it);
+        lru.pop_back();
+      }
+      cache_bytes += entry.bytes;
+      cache.emplace(m, std::move(entry));
+      lru.push_front(m);
+    }
+    return read;
+  }
+
+  void loop() {
+    omp_set_num_threads(1);       // conversions here must not take the compute threads' cores
+    if (config.loader_nice != 0)  // per thread on Linux; failure (not permitted) is harmless
+      (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)),
+                          config.loader_nice);
+    std::unique_lock lk(mu);
+    for (;;) {
+      int64_t s = -1;
+      loader_cv.wait(lk, [&] {
+        if (stop) return true;
+        s = -1;
+        for (size_t i = 0; i < slots.size(); ++i)
+          if (slots[i].state == SlotState::queued &&
+              (s < 0 || slots[i].seq < slots[static_cast<size_t>(s)].seq))
+            s = static_cast<int64_t>(i);
+        return s >= 0;
+      });
+      if (stop) return;
+      Slot& slot = slots[static_cast<size_t>(s)];
+      slot.state = SlotState::loading;
+      const int64_t m = slot.layer;
+      lk.unlock();
+      Timer busy;
+      std::string failure;
+      int64_t read = 0;
+      bool hit = false;
+      try {
+        read = load(s, m, hit);
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+      const double seconds = busy.seconds();
+      lk.lock();
+      stats.load_seconds += seconds;
+      stats.bytes_read += read;
+      if (failure.empty()) {
+        slot.state = SlotState::ready;
+        ++stats.layers_loaded;
+        if (hit) ++stats.cache_hits;
+      } else {
+        slot.state = SlotState::empty;
+        slot.layer = -1;
+        error = str("expert ring: loading MoE layer ", m, " (block ",
+                    layers[static_cast<size_t>(m)].block, "): ", failure);
+        error_layer = m;
+      }
+      ready_cv.notify_all();
+    }
+  }
+};
+
+ExpertRing::ExpertRing(const Transformer& model, ParamSet& params, const std::string& checkpoint,
+                       const RingConfig& config)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& r = *impl_;
+  r.path = checkpoint;
+  r.config = config;
+  MOE_CHECK(!ArenaScope::current(),
+            "expert ring: construct it outside an ArenaScope (its slots "
+            "must outlive every step)");
+  const ModelConfig& mc = model.config();
+  const int64_t blocks = mc.layers;
+  r.layer_of_block.assign(static_cast<size_t>(blocks), -1);
+
+  // The MoE layers and their expert parameters, in block order.
+  std::map<int64_t, std::vector<Param*>> by_block;
+  for (Param* p : params.all()) {
+    if (!p->expert) continue;
+    const int64_t b = block_of(p->name);
+    MOE_CHECK(b >= 0 && b < blocks && mc.is_moe_layer(b), "expert ring: expert parameter '",
+              p->name, "' is not in a MoE block of the model");
+    MOE_CHECK(p->value.defined() && p->value.ndim() >= 1, "expert ring: expert parameter '",
+              p->name, "' holds no tensor (is another ring serving it?)");
+    MOE_CHECK(!p->shard.defined() || p->shard.dim == 0, "expert ring: '", p->name,
+              "' is sliced along dimension ", p->shard.dim, ", not its experts");
+    by_block[b].push_back(p);
+  }
+  for (auto& [b, ps] : by_block) {
+    Impl::Layer layer;
+    layer.block = b;
+    layer.params = ps;
+    for (Param* p : ps) {
+      layer.offsets.push_back(layer.elems);
+      layer.shapes.push_back(p->value.shape());
+      layer.first.push_back(p->shard.defined() ? p->shard.start : 0);
+      layer.elems += p->value.numel();
+    }
+    r.layer_of_block[static_cast<size_t>(b)] = static_cast<int64_t>(r.layers.size());
+    r.slot_elems = std::max(r.slot_elems, layer.elems);
+    r.layers.push_back(std::move(layer));
+  }
+  r.L = static_cast<int64_t>(r.layers.size());
+
+  // The checkpoint must hold every expert tensor with the model's (whole) shape.
+  if (r.L > 0) {
+    std::vector<std::string> names = io::list_params(checkpoint);  // checks format and version
+    io::h5::Session session;
+    io::h5::Where root{checkpoint, "/"};
+    io::h5::File file = io::h5::open_file_readonly(checkpoint, "checkpoint");
+    io::h5::Group group = io::h5::open_group(file, "params", root);
+    io::h5::Where where = root.at("/params");
+    for (const Impl::Layer& layer : r.layers) {
+      for (const Param* p : layer.params) {
+        MOE_CHECK(io::h5::has_link(group, p->name, where), "checkpoint '", checkpoint,
+                  "' does not match the model: no tensor '", p->name, "'");
+        io::h5::Where w = root.at("/params/" + p->name);
+        io::h5::Dataset dataset(MOE_H5(w, H5Dopen2(group, p->name.c_str(), H5P_DEFAULT)));
+        io::h5::DatasetInfo info = io::h5::dataset_info(dataset, w);
+        const Shape& want = p->shard.defined() ? p->shard.global : p->value.shape();
+        MOE_CHECK(info.shape == want, "checkpoint '", checkpoint, "' does not match the model: '",
+                  p->name, "' is ", shape_str(info.shape), ", the model's is ", shape_str(want));
+        MOE_CHECK(info.expert, "checkpoint '", checkpoint, "': '", p->name,
+                  "' is not stored as an expert tensor (one chunk per expert)");
+        MOE_CHECK(is_floating(info.dtype), "checkpoint '", checkpoint, "': '", p->name, "' is ",
+                  dtype_name(info.dtype), ", not a floating-point tensor");
+      }
+    }
+  }
+
+  // Budget -> K slots of the largest layer's fp32 bytes.
+  const int64_t slot_bytes = r.slot_elems * static_cast<int64_t>(sizeof(float));
+  if (r.L > 0) {
+    MOE_USAGE_CHECK(config.budget_bytes >= slot_bytes, "--expert-budget ", config.budget_bytes,
+                    " bytes is smaller than one MoE layer's experts (", slot_bytes, " bytes)");
+    r.K = std::min(config.budget_bytes / slot_bytes, r.L);
+  }
+  r.slots.resize(static_cast<size_t>(r.K));
+  for (Impl::Slot& slot : r.slots) {
+    slot.memory = Tensor::zeros({r.slot_elems}, DType::f32).set_name("expert_ring.slot");
+  }
+  r.views.resize(static_cast<size_t>(r.K));
+  for (int64_t s = 0; s < r.K; ++s) {
+    auto& per_layer = r.views[static_cast<size_t>(s)];
+    per_layer.resize(static_cast<size_t>(r.L));
+    for (int64_t m = 0; m < r.L; ++m) {
+      const Impl::Layer& layer = r.layers[static_cast<size_t>(m)];
+      for (size_t j = 0; j < layer.params.size(); ++j) {
+        const int64_t n = shape_numel(layer.shapes[j]);
+        per_layer[static_cast<size_t>(m)].push_back(
+            r.slots[static_cast<size_t>(s)]
+                .memory.rows(layer.offsets[j], layer.offsets[j] + n)
+                .reshape(layer.shapes[j])
+                .set_name(layer.params[j]->name));
+      }
+    }
+  }
+  // Drop the resident expert tensors: the Params hold slot views from here on.
+  for (int64_t m = 0; m < r.L; ++m) {
+    r.point(m % std::max<int64_t>(r.K, 1), m);
+    for (Param* p : r.layers[static_cast<size_t>(m)].params) p->grad = Tensor();
+  }
+  r.stats.slots = r.K;
+  r.stats.peak_resident_bytes = r.K * slot_bytes;
+
+  r.hooks.before = [impl = impl_.get()](int64_t block) { impl->before(block); };
+  r.hooks.after = [impl = impl_.get()](int64_t block) { impl->after(block); };
+  if (r.L > 0) {
+    if (config.overlap)
+      for (int64_t m = 0; m < r.K; ++m) r.queue(m, m, false);
+    r.loader = std::thread([impl = impl_.get()] { impl->loop(); });
+  }
+}
+
+ExpertRing::~ExpertRing() {
+  {
+    std::lock_guard lk(impl_->mu);
+    impl_->stop = true;
+  }
+  impl_->loader_cv.notify_all();
+  if (impl_->loader.joinable()) impl_->loader.join();
+}
+
+const BlockHooks& ExpertRing::hooks() const { return impl_->hooks; }
+
+RingStats ExpertRing::stats() const {
+  std::lock_guard lk(impl_->mu);
+  RingStats s = impl_->stats;
+  s.overlap_percent = s.load_seconds > 0
+                          ? std::clamp(100.0 * (1.0 - s.wait_seconds / s.load_seconds), 0.0, 100.0)
+                          : 100.0;
+  return s;
+}
+
+void ExpertRing::reset_stats() {
+  std::lock_guard lk(impl_->mu);
+  RingStats& s = impl_->stats;
+  RingStats fresh;
+  fresh.slots = s.slots;
+  fresh.peak_resident_bytes = s.peak_resident_bytes;
+  s = fresh;
+}
+
+void ExpertRing::drain() {
+  std::unique_lock lk(impl_->mu);
+  impl_->ready_cv.wait(lk, [&] {
+    for (const Impl::Slot& slot : impl_->slots)
+      if (slot.state == SlotState::queued || slot.state == SlotState::loading) return false;
+    return true;
+  });
+}
+
+int64_t ExpertRing::slots() const { return impl_->K; }
+
+int64_t ExpertRing::expert_bytes() const {
+  int64_t total = 0;
+  for (const Impl::Layer& layer : impl_->layers)
+    total += layer.elems * static_cast<int64_t>(sizeof(float));
+  return total;
+}
+
+int64_t ExpertRing::layer_bytes() const {
+  return impl_->slot_elems * static_cast<int64_t>(sizeof(float));
+}
+
+int64_t ExpertRing::moe_layers() const { return impl_->L; }
+
+int64_t parse_budget(const std::string& text, int64_t total_expert_bytes) {
+  auto bad = [&](const std::string& why) {
+    return UsageError(str("--expert-budget '", text, "': ", why,
+                          " (expected bytes such as 123456, 512MiB, 1.5GB, or a share such as "
+                          "25%)"));
+  };
+  size_t b = 0, e = text.size();
+  while (b < e && std::isspace(static_cast<unsigned char>(text[b]))) ++b;
+  while (e > b && std::isspace(static_cast<unsigned char>(text[e - 1]))) --e;
+  const std::string t = text.substr(b, e - b);
+  if (t.empty()) throw bad("empty");
+  if (t[0] == '-') throw bad("negative");
+  if (!std::isdigit(static_cast<unsigned char>(t[0])) && t[0] != '.') throw bad("not a number");
+  // The number: digits with at most one '.', no exponent (so "1e3" is not taken for 1000 bytes).
+  size_t i = 0;
+  bool dot = false;
+  while (i < t.size() &&
+         (std::isdigit(static_cast<unsigned char>(t[i])) || (t[i] == '.' && !dot))) {
+    if (t[i] == '.') dot = true;
+    ++i;
+  }
+  const std::string number = t.substr(0, i);
+  if (number == ".") throw bad("not a number");
+  const double value = std::strtod(number.c_str(), nullptr);
+  std::string unit;
+  for (size_t j = i; j < t.size(); ++j)
+    if (!std::isspace(static_cast<unsigned char>(t[j])))
+      unit += static_cast<char>(std::tolower(static_cast<unsigned char>(t[j])));
+  double bytes = 0;
+  if (unit == "%") {
+    bytes = value / 100.0 * static_cast<double>(total_expert_bytes);
+  } else {
+    static const std::map<std::string, double> units = {{"", 1},
+                                                        {"b", 1},
+                                                        {"kb", 1e3},
+                                                        {"mb", 1e6},
+                                                        {"gb", 1e9},
+                                                        {"tb", 1e12},
+                                                        {"kib", 1024.0},
+                                                        {"mib", 1048576.0},
+                                                        {"gib", 1073741824.0},
+                                                        {"tib", 1099511627776.0}};
+    auto it = units.find(unit);
+    if (it == units.end()) throw bad(str("unknown unit '", t.substr(i), "'"));
+    bytes = value * it->second;
+  }
+  if (!std::isfinite(bytes) || bytes >= 9.2e18) throw bad("too large");
+  return static_cast<int64_t>(std::floor(bytes));
+}
+
+}  // namespace moe::infer

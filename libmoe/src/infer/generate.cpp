@@ -1,0 +1,158 @@
+// Batched generation: per batch of prompts, a ragged prefill then one decode step per new token,
+// every row at its own position in its own KV cache slot. Sampling per row from Philox keyed by
+// (seed, prompt index, position).
+#include "moe/infer/generate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "moe/rng.h"
+
+namespace moe::infer {
+
+namespace {
+
+void check_inputs(const Transformer& model, const std::vector<std::vector<int32_t>>& prompts,
+                  const SamplingConfig& s, int64_t batch) {
+  MOE_USAGE_CHECK(batch >= 1, "generation batch ", batch, " must be at least 1");
+  MOE_USAGE_CHECK(s.max_new >= 0, "max_new ", s.max_new, " is negative");
+  MOE_USAGE_CHECK(std::isfinite(s.temperature) && s.temperature >= 0, "temperature ", s.temperature,
+                  " must be >= 0");
+  MOE_USAGE_CHECK(s.top_k >= 0, "top_k ", s.top_k, " is negative");
+  MOE_USAGE_CHECK(s.top_p > 0 && s.top_p <= 1, "top_p ", s.top_p, " must be in (0, 1]");
+  const int64_t seq = model.config().seq, vocab = model.config().vocab_size;
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    const auto& prompt = prompts[p];
+    const int64_t n = static_cast<int64_t>(prompt.size());
+    MOE_USAGE_CHECK(n > 0, "prompt ", p, " is empty");
+    MOE_USAGE_CHECK(n < seq, "prompt ", p, " has ", n, " tokens; the model's context is ", seq);
+    for (int64_t i = 0; i < n; ++i)
+      MOE_USAGE_CHECK(prompt[i] >= 0 && prompt[i] < vocab, "prompt ", p, ": token id ", prompt[i],
+                      " at position ", i, " is outside the vocabulary (", vocab, " tokens)");
+  }
+}
+
+}  // namespace
+
+uint64_t sampling_key(uint64_t seed, int64_t prompt) {
+  return rng_key(seed, {hash_name("generate"), static_cast<uint64_t>(prompt)});
+}
+
+int32_t sample_token(const float* logits, int64_t vocab, const SamplingConfig& s, uint64_t key,
+                     int64_t position) {
+  MOE_CHECK(vocab > 0, "sample_token: empty vocabulary");
+  if (s.temperature == 0) {  // greedy; the first maximum wins ties
+    return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
+  }
+  // Candidates by logit, descending (ties: lower id first); the top_k of them.
+  std::vector<int32_t> order(static_cast<size_t>(vocab));
+  std::iota(order.begin(), order.end(), 0);
+  const auto before = [logits](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+  size_t keep = order.size();
+  if (s.top_k > 0 && s.top_k < vocab) keep = static_cast<size_t>(s.top_k);
+  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(keep), order.end(),
+                    before);
+  // Softmax of logits / temperature over the candidates (unnormalised, max-subtracted).
+  std::vector<double> weight(keep);
+  double total = 0;
+  const double top = logits[order[0]];
+  for (size_t i = 0; i < keep; ++i) {
+    weight[i] = std::exp((static_cast<double>(logits[order[i]]) - top) / s.temperature);
+    total += weight[i];
+  }
+  if (s.top_p < 1) {  // the smallest prefix whose mass reaches top_p
+    double mass = 0;
+    size_t n = 0;
+    while (n < keep) {
+      mass += weight[n++] / total;
+      if (mass >= s.top_p) break;
+    }
+    keep = n;
+    total = 0;
+    for (size_t i = 0; i < keep; ++i) total += weight[i];
+  }
+  const double u = static_cast<double>(rng_uniform(key, static_cast<uint64_t>(position))) * total;
+  double cumulative = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    cumulative += weight[i];
+    if (u < cumulative) return order[i];
+  }
+  return order[keep - 1];  // u rounded up to the total
+}
+
+std::vector<Generation> generate(const Transformer& model,
+                                 const std::vector<std::vector<int32_t>>& prompts,
+                                 const SamplingConfig& sampling, int64_t batch,
+                                 const BlockHooks* hooks) {
+  check_inputs(model, prompts, sampling, batch);
+  const int64_t num_prompts = static_cast<int64_t>(prompts.size());
+  const int64_t seq = model.config().seq, vocab = model.config().vocab_size;
+  std::vector<Generation> out(prompts.size());
+  if (num_prompts == 0) return out;
+  if (sampling.max_new == 0) {
+    for (Generation& g : out) g.stop = "max_new";
+    return out;
+  }
+  const int64_t slots = std::min(batch, num_prompts);
+  KVCache cache = model.make_cache(slots);  // allocated once, reused by every batch
+
+  for (int64_t first = 0; first < num_prompts; first += slots) {
+    const int64_t n = std::min(slots, num_prompts - first);
+    cache.clear();
+    // Prefill: the batch's prompts as one ragged batch, prompt first + s in slot s.
+    std::vector<int32_t> ids;
+    std::vector<int64_t> counts, active;
+    for (int64_t s = 0; s < n; ++s) {
+      const auto& prompt = prompts[static_cast<size_t>(first + s)];
+      ids.insert(ids.end(), prompt.begin(), prompt.end());
+      counts.push_back(static_cast<int64_t>(prompt.size()));
+      active.push_back(s);
+    }
+    Tensor logits = model.forward_cached(
+        Tensor::from_vector({static_cast<int64_t>(ids.size())}, ids), counts, active, cache, hooks);
+
+    while (!active.empty()) {
+      // Sample one token per active row (row r of logits is slot active[r]).
+      const int64_t rows = static_cast<int64_t>(active.size());
+      const float* l = logits.data<float>();
+      for (int64_t i = 0; i < rows * vocab; ++i)
+        MOE_CHECK(std::isfinite(l[i]), "generation: logits of prompt ",
+                  first + active[static_cast<size_t>(i / vocab)], " are not finite");
+      std::vector<int32_t> next(static_cast<size_t>(rows));
+#pragma omp parallel for schedule(static) if (rows > 1 && sampling.temperature > 0)
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t slot = active[static_cast<size_t>(r)];
+        next[static_cast<size_t>(r)] =
+            sample_token(l + r * vocab, vocab, sampling, sampling_key(sampling.seed, first + slot),
+                         cache.length[static_cast<size_t>(slot)]);
+      }
+      // Record; rows that continue feed their token in the next step.
+      std::vector<int64_t> still;
+      std::vector<int32_t> feed;
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t slot = active[static_cast<size_t>(r)];
+        Generation& g = out[static_cast<size_t>(first + slot)];
+        g.tokens.push_back(next[static_cast<size_t>(r)]);
+        // Tokens of the sequence: those cached plus the one just drawn.
+        if (static_cast<int64_t>(g.tokens.size()) >= sampling.max_new) {
+          g.stop = "max_new";
+        } else if (cache.length[static_cast<size_t>(slot)] + 1 >= seq) {
+          g.stop = "context";
+        } else {
+          still.push_back(slot);
+          feed.push_back(next[static_cast<size_t>(r)]);
+        }
+      }
+      active = std::move(still);
+      if (active.empty()) break;
+      logits = model.forward_cached(Tensor::from_vector({static_cast<int64_t>(feed.size())}, feed),
+                                    std::vector<int64_t>(active.size(), 1), active, cache, hooks);
+    }
+  }
+  return out;
+}
+
+}  // namespace moe::infer

@@ -1,0 +1,62 @@
+#include "moe/infer/model.h"
+
+#include <cstring>
+#include <filesystem>
+
+namespace moe::infer {
+
+LoadedModel load_model(const std::string& path, bool experts, const nn::Parallel* parallel) {
+  if (std::filesystem::is_directory(path))
+    throw Error(str("'", path,
+                    "' is a sharded checkpoint directory; inference reads one checkpoint file "
+                    "(a run without --ep/--shard-embedding writes one)"));
+  LoadedModel m;
+  m.config = model_config_from_json(io::read_model_config(path));
+  m.params = std::make_unique<ParamSet>(0, m.config.dtype);
+  m.model = std::make_unique<Transformer>(m.config, *m.params, parallel);
+  size_t matched = 0;
+  auto take = [&](const std::string& name, const Tensor& tensor) {
+    Param* p = m.params->find(name);
+    MOE_CHECK(p, "'", path, "': tensor '", name, "' is not a parameter of its own model");
+    MOE_CHECK(tensor.shape() == p->value.shape() && tensor.dtype() == p->value.dtype(), "'", path,
+              "': tensor ", tensor.describe(), " does not match parameter ", p->value.describe());
+    p->value.copy_from(tensor);
+    p->refresh_compute();
+    ++matched;
+  };
+  const bool sliced = parallel && parallel->expert_parallel();
+  if (experts && !sliced) {
+    io::Checkpoint ckpt = io::load_checkpoint(path, false);  // parameters, no optimizer state
+    MOE_CHECK(ckpt.sharding.rank < 0, "'", path, "' is rank ", ckpt.sharding.rank,
+              "'s shard of a sharded checkpoint; inference needs a whole checkpoint");
+    m.provenance = ckpt.provenance;
+    m.step = ckpt.state.step;
+    for (const io::NamedTensor& nt : ckpt.params) take(nt.name, nt.tensor);
+  } else {  // one tensor at a time; experts not read, or only this rank's slice
+    for (const std::string& name : io::list_params(path)) {
+      Param* p = m.params->find(name);
+      if (p && p->expert) {
+        ++matched;
+        if (!experts || !p->shard.defined()) continue;
+        const int64_t per_expert = p->value.numel() / p->value.dim(0);
+        for (int64_t e = 0; e < p->shard.count; ++e) {
+          Tensor one = io::read_expert(path, name, p->shard.start + e);
+          MOE_CHECK(one.numel() == per_expert && one.dtype() == p->value.dtype(), "'", path,
+                    "': expert ", p->shard.start + e, " of '", name, "' is ", one.describe(),
+                    ", the model expects ", per_expert, " ", dtype_name(p->value.dtype()),
+                    " elements");
+          std::memcpy(static_cast<std::byte*>(p->value.raw()) + e * one.nbytes(), one.raw(),
+                      one.nbytes());
+        }
+        p->refresh_compute();
+        continue;
+      }
+      take(name, io::read_param(path, name));
+    }
+  }
+  MOE_CHECK(matched == m.params->size(), "'", path, "' holds ", matched, " of the model's ",
+            m.params->size(), " parameters");
+  return m;
+}
+
+}  // namespace moe::infer

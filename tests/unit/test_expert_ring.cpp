@@ -1,0 +1,352 @@
+// ExpertRing (expert offload through K slots): forward passes bitwise equal to the resident model
+// for any budget, overlap on and off, gpt and mixtral, f32 and bf16 checkpoints, over consecutive
+// passes; budget errors and parsing; statistics; refused checkpoints; loader failures.
+// Shapes: L MoE layers, K slots, B batch, T sequence.
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "moe/infer/expert_ring.h"
+#include "moe/infer/model.h"
+#include "moe/io/checkpoint.h"
+#include "moe/rng.h"
+#include "support/models.h"
+#include "support/run.h"
+
+using namespace moe;
+using infer::ExpertRing;
+using infer::RingConfig;
+using infer::RingStats;
+
+namespace {
+
+// gpt: 5 blocks, block 1 dense, MoE layers of 4, 2, 4, 3 experts (slots sized by the largest).
+// mixtral: 4 MoE blocks of 4 experts.
+ModelConfig ring_config(Arch arch, DType dtype) {
+  ModelConfig c = test::small_model_config(arch);
+  c.dtype = dtype;
+  c.seq = 16;
+  if (arch == Arch::gpt) {
+    c.layers = 5;
+    c.experts_per_layer = {4, 0, 2, 4, 3};
+  } else {
+    c.layers = 4;
+  }
+  c.resolve();
+  return c;
+}
+
+// A checkpoint of an untrained model: parameters as the ParamSet seed draws them, biases and
+// norm weights perturbed so that every tensor matters.
+void save_model(const std::string& path, const ModelConfig& config, uint64_t seed) {
+  ParamSet ps(seed, config.dtype);
+  Transformer model(config, ps);
+  io::Checkpoint ckpt;
+  ckpt.model_config = to_json(config);
+  const uint64_t key = rng_key(seed, {0x7e57});
+  uint64_t index = 0;
+  for (Param* p : ps.all()) {
+    Tensor v = p->value.to(DType::f32);
+    float* d = v.data<float>();
+    for (int64_t i = 0; i < v.numel(); ++i) d[i] += 0.05f * rng_normal(key, index++);
+    p->value.copy_from(v);
+    ckpt.params.push_back({p->name, p->value, p->expert, p->shard});
+  }
+  io::save_checkpoint(path, ckpt);
+}
+
+struct Batch {
+  Tensor ids, targets;
+};
+
+Batch make_batch(const ModelConfig& c, int64_t B, uint64_t seed) {
+  std::vector<int32_t> ids(static_cast<size_t>(B * c.seq)), targets(ids.size());
+  const uint64_t key = rng_key(seed, {0xba7c});
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = static_cast<int32_t>(rng_below(key, 2 * i, static_cast<uint64_t>(c.vocab_size)));
+    targets[i] =
+        static_cast<int32_t>(rng_below(key, 2 * i + 1, static_cast<uint64_t>(c.vocab_size)));
+  }
+  return {Tensor::from_vector({B, c.seq}, ids), Tensor::from_vector({B, c.seq}, targets)};
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
+         std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+int64_t moe_layer_bytes(const ParamSet& ps, int64_t block) {
+  int64_t bytes = 0;
+  const std::string prefix = "blocks." + std::to_string(block) + ".";
+  for (const Param* p : ps.all())
+    if (p->expert && p->name.rfind(prefix, 0) == 0) bytes += p->value.numel() * 4;
+  return bytes;
+}
+
+}  // namespace
+
+TEST_CASE("ring: forward passes are bitwise those of the resident model", "[ring]") {
+  for (Arch arch : {Arch::gpt, Arch::mixtral}) {
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      const ModelConfig config = ring_config(arch, dtype);
+      test::ScratchDir dir("ring-bitwise");
+      const std::string path = dir / "model.h5";
+      save_model(path, config, 11);
+      infer::LoadedModel resident = infer::load_model(path);
+      std::vector<Batch> batches;
+      std::vector<Tensor> want_nll;
+      std::vector<ForwardStats> want;
+      for (uint64_t b = 0; b < 3; ++b) {
+        batches.push_back(make_batch(config, 2, 100 + b));
+        Tensor nll;
+        want.push_back(resident.model->evaluate(batches.back().ids, batches.back().targets,
+                                                EvalOptions{.row_nll = &nll}));
+        want_nll.push_back(nll);
+      }
+      for (int64_t layers_budget : {1, 2, 100}) {
+        for (bool overlap : {true, false}) {
+          DYNAMIC_SECTION(arch_name(arch) << " " << dtype_name(dtype) << " budget " << layers_budget
+                                          << " layers, overlap " << overlap) {
+            infer::LoadedModel m = infer::load_model(path, false);
+            int64_t largest = 0;
+            for (int64_t b = 0; b < config.layers; ++b)
+              largest = std::max(largest, moe_layer_bytes(*m.params, b));
+            RingConfig rc;
+            rc.budget_bytes = largest * layers_budget + largest / 2;
+            rc.overlap = overlap;
+            ExpertRing ring(*m.model, *m.params, path, rc);
+            REQUIRE(ring.slots() == std::min<int64_t>(layers_budget, 4));
+            // Two rounds over the batches: consecutive passes keep streaming.
+            for (int round = 0; round < 2; ++round) {
+              for (size_t b = 0; b < batches.size(); ++b) {
+                Tensor nll;
+                ForwardStats got =
+                    m.model->evaluate(batches[b].ids, batches[b].targets,
+                                      EvalOptions{.row_nll = &nll, .hooks = &ring.hooks()});
+                INFO("round " << round << " batch " << b);
+                REQUIRE(same_bytes(nll, want_nll[b]));
+                REQUIRE(got.loss == want[b].loss);
+                REQUIRE(got.aux_loss == want[b].aux_loss);
+                REQUIRE(got.z_loss == want[b].z_loss);
+              }
+            }
+            RingStats s = ring.stats();
+            REQUIRE(s.forward_blocks == 6 * 4);
+            REQUIRE(s.layers_loaded >= 4);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("ring: the resident expert tensors are dropped, the Params hold slot views", "[ring]") {
+  const ModelConfig config = ring_config(Arch::mixtral, DType::bf16);
+  test::ScratchDir dir("ring-drop");
+  const std::string path = dir / "model.h5";
+  save_model(path, config, 3);
+  infer::LoadedModel m = infer::load_model(path, false);
+  std::vector<Shape> shapes;
+  for (const Param* p : std::as_const(*m.params).all())
+    if (p->expert) shapes.push_back(p->value.shape());
+  RingConfig rc;
+  rc.budget_bytes = moe_layer_bytes(*m.params, 0);
+  ExpertRing ring(*m.model, *m.params, path, rc);
+  REQUIRE(ring.slots() == 1);
+  size_t i = 0;
+  for (const Param* p : std::as_const(*m.params).all()) {
+    if (!p->expert) {
+      REQUIRE(p->grad.defined());
+      continue;
+    }
+    REQUIRE(!p->grad.defined());
+    REQUIRE(p->value.shape() == shapes[i++]);
+    REQUIRE(p->value.dtype() == DType::f32);  // fp32 slot memory whatever the storage dtype
+    REQUIRE(p->compute.raw() == p->value.raw());
+  }
+  m.params->zero_grad();  // skips the dropped gradients
+  REQUIRE(ring.expert_bytes() == 4 * ring.layer_bytes());
+  REQUIRE(ring.moe_layers() == 4);
+}
+
+TEST_CASE("ring: a budget below one layer's experts is a usage error", "[ring]") {
+  const ModelConfig config = ring_config(Arch::gpt, DType::f32);
+  test::ScratchDir dir("ring-budget");
+  const std::string path = dir / "model.h5";
+  save_model(path, config, 5);
+  infer::LoadedModel m = infer::load_model(path, false);
+  const int64_t largest = moe_layer_bytes(*m.params, 0);  // 4 experts, the largest layer
+  RingConfig rc;
+  rc.budget_bytes = largest - 1;
+  try {
+    ExpertRing ring(*m.model, *m.params, path, rc);
+    FAIL("no error");
+  } catch (const UsageError& e) {
+    REQUIRE(std::string(e.what()) == str("--expert-budget ", largest - 1,
+                                         " bytes is smaller than one MoE layer's experts (",
+                                         largest, " bytes)"));
+  }
+  // Nothing was dropped by the refused ring.
+  for (const Param* p : std::as_const(*m.params).all()) REQUIRE(p->grad.defined());
+  rc.budget_bytes = largest;
+  ExpertRing ring(*m.model, *m.params, path, rc);
+  REQUIRE(ring.slots() == 1);
+}
+
+TEST_CASE("ring: parse_budget reads bytes, units and shares", "[ring]") {
+  using infer::parse_budget;
+  REQUIRE(parse_budget("123456", 0) == 123456);
+  REQUIRE(parse_budget("0", 0) == 0);
+  REQUIRE(parse_budget("512MiB", 0) == 512LL << 20);
+  REQUIRE(parse_budget("1.5GB", 0) == 1500000000LL);
+  REQUIRE(parse_budget("2 KiB", 0) == 2048);
+  REQUIRE(parse_budget("3kb", 0) == 3000);
+  REQUIRE(parse_budget("1GiB", 0) == 1LL << 30);
+  REQUIRE(parse_budget("7B", 0) == 7);
+  REQUIRE(parse_budget("1MB", 0) == 1000000);
+  REQUIRE(parse_budget("25%", 1000) == 250);
+  REQUIRE(parse_budget("12.5%", 1001) == 125);  // rounded down
+  REQUIRE(parse_budget(" 100% ", 4096) == 4096);
+  for (const char* bad : {"", "abc", "-5", "12XB", "1e3", "%", "5 % 3", "1..5MB"}) {
+    INFO(bad);
+    REQUIRE_THROWS_AS(parse_budget(bad, 1000), UsageError);
+  }
+  REQUIRE_THROWS_WITH(parse_budget("12XB", 0), Catch::Contains("--expert-budget '12XB'") &&
+                                                   Catch::Contains("unknown unit 'XB'"));
+}
+
+TEST_CASE("ring: stats count slots, loads, reads, cache hits and resident bytes", "[ring]") {
+  const ModelConfig config = ring_config(Arch::mixtral, DType::f32);  // L = 4 equal layers
+  test::ScratchDir dir("ring-stats");
+  const std::string path = dir / "model.h5";
+  save_model(path, config, 7);
+  const Batch batch = make_batch(config, 2, 1);
+  for (bool cached : {false, true}) {
+    DYNAMIC_SECTION("host cache " << cached) {
+      infer::LoadedModel m = infer::load_model(path, false);
+      const int64_t layer = moe_layer_bytes(*m.params, 0);
+      RingConfig rc;
+      rc.budget_bytes = 2 * layer + layer / 3;  // K = 2
+      rc.host_cache_bytes = cached ? 4 * layer : 0;
+      ExpertRing ring(*m.model, *m.params, path, rc);
+      ring.drain();
+      RingStats s = ring.stats();
+      REQUIRE(s.slots == 2);
+      REQUIRE(s.peak_resident_bytes == 2 * layer);
+      REQUIRE(s.layers_loaded == 2);  // the first K layers load at construction
+      REQUIRE(s.bytes_read == 2 * layer);
+      for (int pass = 1; pass <= 3; ++pass) {
+        m.model->evaluate(batch.ids, batch.targets, EvalOptions{.hooks = &ring.hooks()});
+        ring.drain();
+        s = ring.stats();
+        // Each pass loads every layer once; its last K layers' slots prefetch the next pass's
+        // first K layers.
+        REQUIRE(s.layers_loaded == 4 * pass + 2);
+        REQUIRE(s.forward_blocks == 4 * pass);
+        REQUIRE(s.bytes_read == (cached ? 4 * layer : (4 * pass + 2) * layer));
+        REQUIRE(s.cache_hits == (cached ? 4 * pass + 2 - 4 : 0));
+        REQUIRE(s.compute_seconds > 0);
+        REQUIRE(s.load_seconds > 0);
+        REQUIRE(s.overlap_percent >= 0);
+        REQUIRE(s.overlap_percent <= 100);
+        REQUIRE(s.peak_resident_bytes == 2 * layer);
+      }
+      ring.reset_stats();
+      s = ring.stats();
+      REQUIRE(s.layers_loaded == 0);
+      REQUIRE(s.compute_seconds == 0);
+      REQUIRE(s.slots == 2);
+      REQUIRE(s.peak_resident_bytes == 2 * layer);
+    }
+  }
+  SECTION("a budget of every layer loads each once") {
+    infer::LoadedModel m = infer::load_model(path, false);
+    RingConfig rc;
+    rc.budget_bytes = int64_t{1} << 40;
+    ExpertRing ring(*m.model, *m.params, path, rc);
+    for (int pass = 0; pass < 3; ++pass)
+      m.model->evaluate(batch.ids, batch.targets, EvalOptions{.hooks = &ring.hooks()});
+    ring.drain();
+    RingStats s = ring.stats();
+    REQUIRE(s.slots == 4);
+    REQUIRE(s.layers_loaded == 4);
+    REQUIRE(s.peak_resident_bytes == ring.expert_bytes());
+  }
+  SECTION("on demand: no prefetch, a layer loads when it is reached") {
+    infer::LoadedModel m = infer::load_model(path, false);
+    RingConfig rc;
+    rc.budget_bytes = moe_layer_bytes(*m.params, 0);  // K = 1
+    rc.overlap = false;
+    ExpertRing ring(*m.model, *m.params, path, rc);
+    ring.drain();
+    REQUIRE(ring.stats().layers_loaded == 0);
+    for (int pass = 1; pass <= 2; ++pass) {
+      m.model->evaluate(batch.ids, batch.targets, EvalOptions{.hooks = &ring.hooks()});
+      RingStats s = ring.stats();
+      REQUIRE(s.layers_loaded == 4 * pass);
+      REQUIRE(s.wait_seconds > 0);
+    }
+  }
+}
+
+TEST_CASE("ring: a checkpoint of another model is refused", "[ring]") {
+  test::ScratchDir dir("ring-mismatch");
+  const ModelConfig config = ring_config(Arch::mixtral, DType::f32);
+  const std::string path = dir / "model.h5";
+  save_model(path, config, 9);
+  RingConfig rc;
+  rc.budget_bytes = int64_t{1} << 40;
+  SECTION("another expert width") {
+    ModelConfig other = config;
+    other.d_ff = 2 * config.d_ff;
+    ParamSet ps(0, other.dtype);
+    Transformer model(other, ps);
+    REQUIRE_THROWS_WITH(ExpertRing(model, ps, path, rc),
+                        Catch::Contains("does not match the model") &&
+                            Catch::Contains("blocks.0.moe.experts.w1") &&
+                            Catch::Contains("[4,64,32]") && Catch::Contains("[4,128,32]"));
+  }
+  SECTION("another architecture (gpt has biases the mixtral checkpoint lacks)") {
+    ModelConfig other = test::small_model_config(Arch::gpt);
+    other.layers = 4;
+    other.seq = 16;
+    other.resolve();
+    ParamSet ps(0, other.dtype);
+    Transformer model(other, ps);
+    REQUIRE_THROWS_WITH(ExpertRing(model, ps, path, rc),
+                        Catch::Contains("does not match the model: no tensor") &&
+                            Catch::Contains("blocks.0.moe.experts.b1"));
+  }
+  SECTION("not a checkpoint") {
+    test::write_file(dir / "junk.h5", "not an HDF5 file");
+    ParamSet ps(0, config.dtype);
+    Transformer model(config, ps);
+    REQUIRE_THROWS_AS(ExpertRing(model, ps, dir / "junk.h5", rc), Error);
+  }
+}
+
+TEST_CASE("ring: a failed load is thrown by the hook that needs the layer", "[ring]") {
+  test::ScratchDir dir("ring-fail");
+  const ModelConfig config = ring_config(Arch::mixtral, DType::f32);
+  const std::string path = dir / "model.h5";
+  save_model(path, config, 13);
+  infer::LoadedModel m = infer::load_model(path, false);
+  RingConfig rc;
+  rc.budget_bytes = moe_layer_bytes(*m.params, 0);
+  rc.overlap = false;  // nothing loads before the first pass
+  ExpertRing ring(*m.model, *m.params, path, rc);
+  std::filesystem::remove(path);
+  const Batch batch = make_batch(config, 1, 2);
+  REQUIRE_THROWS_WITH(
+      m.model->evaluate(batch.ids, batch.targets, EvalOptions{.hooks = &ring.hooks()}),
+      Catch::Contains("expert ring: loading MoE layer 0 (block 0)") && Catch::Contains("model.h5"));
+  // The ring stays usable once the file is back.
+  save_model(path, config, 13);
+  infer::LoadedModel resident = infer::load_model(path);
+  Tensor want, got;
+  resident.model->evaluate(batch.ids, batch.targets, EvalOptions{.row_nll = &want});
+  m.model->evaluate(batch.ids, batch.targets, EvalOptions{.row_nll = &got, .hooks = &ring.hooks()});
+  REQUIRE(same_bytes(got, want));
+}

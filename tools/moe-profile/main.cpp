@@ -1,0 +1,211 @@
+// moe-profile: record which experts every token takes (HDF5 routing traces), summarise expert
+// popularity, build and check Lina's path-based popularity estimator, plot. The work is in
+// libmoe (moe/io/trace.h, moe/profile/popularity.h).
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/cli.h"
+#include "moe/infer/model.h"
+#include "moe/io/dataset.h"
+#include "moe/log.h"
+#include "moe/profile/popularity.h"
+
+using namespace moe;
+
+namespace {
+
+struct Options {
+  tools::CommonOptions common;
+  // record
+  std::string model, data, data_format = "auto", out;
+  int64_t batch = 8, max_tokens = 0;
+  // summary / paths / accuracy / plot
+  std::string trace, table;
+  bool json = false, per_expert = false;
+  int64_t path_length = 2;
+};
+
+std::string num(double v) {
+  if (std::isinf(v)) return "inf";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4f", v);
+  return buf;
+}
+
+int record(Options& o, int argc, char** argv) {
+  infer::LoadedModel m = infer::load_model(o.model);
+  std::vector<int32_t> tokens = io::load_tokens(o.data, io::parse_token_format(o.data_format));
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] >= m.config.vocab_size)
+      throw Error(str(o.data, ": token ", i, " is ", tokens[i],
+                      ", outside the model's vocabulary of ", m.config.vocab_size));
+  io::BatchSampler windows(&tokens, m.config.seq, 0, false);
+  int64_t total = windows.num_windows();
+  if (o.max_tokens > 0) total = std::min(total, std::max<int64_t>(1, o.max_tokens / m.config.seq));
+  io::TraceInfo info =
+      profile::trace_info(m.config, io::make_provenance("moe-profile", argc, argv), "record");
+  if (info.moe_blocks.empty()) throw UsageError(str(o.model, ": the model has no MoE layer"));
+  io::TraceWriter writer(o.out, info);
+  tools::Progress progress(o.common.quiet);
+  Arena arena;
+  EvalOptions eval;
+  eval.capture_routing = true;
+  for (int64_t done = 0; done < total;) {
+    const int64_t b = std::min(o.batch, total - done);
+    {
+      ArenaScope scope(arena);
+      Tensor ids, targets;
+      windows.next(b, ids, targets);
+      ForwardStats stats = m.model->evaluate(ids, targets, eval);
+      writer.append(profile::trace_batch(info, stats, ids, -1));
+    }
+    arena.reset();
+    done += b;
+    progress.live(str("record: ", done, "/", total, " sequences"));
+  }
+  writer.close();
+  progress.finish();
+  MOE_LOG_INFO("recorded ", writer.tokens(), " tokens in ", writer.batches(), " batches, ",
+               info.moe_blocks.size(), " MoE layers, top-", info.top_k,
+               o.out == "-" ? std::string(" to stdout") : " to " + o.out);
+  return 0;
+}
+
+int summary(Options& o) {
+  io::TraceReader trace(o.trace);
+  std::vector<profile::LayerSummary> layers = profile::summarize(trace);
+  if (o.json) {
+    nlohmann::json j = nlohmann::json::array();
+    for (const auto& s : layers) j.push_back(profile::to_json(s));
+    std::printf("%s\n", j.dump().c_str());
+  } else if (o.per_expert) {
+    std::printf("layer\tblock\texpert\tcount\tshare\n");
+    for (const auto& s : layers)
+      for (int64_t e = 0; e < s.experts; ++e)
+        std::printf(
+            "%lld\t%lld\t%lld\t%lld\t%s\n", (long long)s.layer, (long long)s.block, (long long)e,
+            (long long)s.counts[static_cast<size_t>(e)],
+            num(s.assignments ? double(s.counts[static_cast<size_t>(e)]) / double(s.assignments)
+                              : 0)
+                .c_str());
+  } else {
+    std::printf(
+        "layer\tblock\texperts\ttokens\tassignments\tmax_over_mean\tmax_over_min\tcv\t"
+        "entropy_bits\tentropy_norm\ttop_experts\tdropped_fraction\n");
+    for (const auto& s : layers) {
+      std::string top;
+      for (size_t i = 0; i < std::min<size_t>(3, s.top.size()); ++i)
+        top += (i ? "," : "") + std::to_string(s.top[i]);
+      std::printf("%lld\t%lld\t%lld\t%lld\t%lld\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", (long long)s.layer,
+                  (long long)s.block, (long long)s.experts, (long long)s.tokens,
+                  (long long)s.assignments, num(s.max_over_mean).c_str(),
+                  num(s.max_over_min).c_str(), num(s.cv).c_str(), num(s.entropy_bits).c_str(),
+                  num(s.entropy_norm).c_str(), top.c_str(), num(s.dropped_fraction).c_str());
+    }
+  }
+  return tools::finish_stdout("moe-profile");
+}
+
+int paths(Options& o) {
+  io::TraceReader trace(o.trace);
+  profile::PathTable table = profile::build_paths(trace, o.path_length);
+  profile::save_paths(table, o.out);
+  size_t count = 0;
+  for (const auto& layer : table.next) count += layer.size();
+  MOE_LOG_INFO("path table: ", count, " paths of length <= ", o.path_length, " over ",
+               trace.tokens(), " tokens, ", table.next.size(), " predicted layers, to ", o.out);
+  return 0;
+}
+
+int accuracy(Options& o) {
+  profile::PathTable table = profile::load_paths(o.table);
+  io::TraceReader trace(o.trace);
+  std::printf("layer\tblock\ttokens\taccuracy\tmarginal_accuracy\tunseen_paths\n");
+  for (const profile::LayerAccuracy& a : profile::accuracy(table, trace))
+    std::printf("%lld\t%lld\t%lld\t%s\t%s\t%lld\n", (long long)a.layer,
+                (long long)trace.info().moe_blocks.at(static_cast<size_t>(a.layer)),
+                (long long)a.tokens, num(a.accuracy()).c_str(), num(a.marginal_accuracy()).c_str(),
+                (long long)a.unseen_paths);
+  return tools::finish_stdout("moe-profile");
+}
+
+int plot(Options& o) {
+  const std::string ext = std::filesystem::path(o.out).extension().string();
+  if (ext != ".svg")
+    throw UsageError(str("-o ", o.out, ": moe-profile plot writes SVG; name the file *.svg"));
+  io::TraceReader trace(o.trace);
+  std::string svg =
+      profile::plot_svg(trace, "moe-profile: " + (o.trace == "-" ? "stdin" : o.trace));
+  const std::string tmp = o.out + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << svg;
+    out.flush();
+    if (!out) {
+      std::filesystem::remove(tmp);
+      throw Error(str("cannot write '", o.out, "'"));
+    }
+  }
+  std::filesystem::rename(tmp, o.out);
+  MOE_LOG_INFO("wrote ", o.out);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"moe-profile: record, summarise and model which experts the tokens take.",
+               "moe-profile"};
+  Options o;
+  tools::add_common_options(app, o.common, "moe-profile");
+  app.require_subcommand(1);
+  app.fallthrough();  // common flags (-q, --threads, ...) also after the subcommand
+
+  auto* rec = app.add_subcommand("record", "Run the model over a file and record its routing");
+  rec->add_option("--model", o.model, "Checkpoint file")->required();
+  rec->add_option("--data", o.data, "Text or .u16/.u32 token file")->required();
+  rec->add_option("--data-format", o.data_format, "auto, text, u16 or u32")
+      ->check(CLI::IsMember({"auto", "text", "u16", "u32"}))
+      ->capture_default_str();
+  rec->add_option("-o,--out", o.out, "Trace file ('-' = stdout, as an HDF5 file image)")
+      ->required();
+  rec->add_option("--batch", o.batch, "Sequences per forward pass")
+      ->check(tools::positive())
+      ->capture_default_str();
+  rec->add_option("--max-tokens", o.max_tokens, "Stop after about this many tokens (0 = the file)")
+      ->check(tools::non_negative())
+      ->capture_default_str();
+
+  auto* sum = app.add_subcommand("summary", "Per-layer expert popularity as TSV (or JSON)");
+  sum->add_option("trace", o.trace, "Trace file ('-' = stdin)")->required();
+  sum->add_flag("--json", o.json, "One JSON array instead of TSV");
+  sum->add_flag("--per-expert", o.per_expert, "One TSV row per layer and expert");
+
+  auto* pth = app.add_subcommand("paths", "Build Lina's path-based popularity table");
+  pth->add_option("trace", o.trace, "Trace file ('-' = stdin)")->required();
+  pth->add_option("--path-length", o.path_length, "Experts of the previous layers in a path")
+      ->check(tools::positive())
+      ->capture_default_str();
+  pth->add_option("-o,--out", o.out, "Path table (JSON)")->required();
+
+  auto* acc =
+      app.add_subcommand("accuracy", "How often the table's top-2k set holds a token's experts");
+  acc->add_option("table", o.table, "Path table from 'moe-profile paths'")->required();
+  acc->add_option("trace", o.trace, "Held-out trace ('-' = stdin)")->required();
+
+  auto* plt = app.add_subcommand("plot", "SVG: layer x expert popularity and imbalance over time");
+  plt->add_option("trace", o.trace, "Trace file ('-' = stdin)")->required();
+  plt->add_option("-o,--out", o.out, "Output .svg")->required();
+
+  return tools::run_tool("moe-profile", app, argc, argv, [&]() -> int {
+    tools::apply_common_options(o.common);
+    if (*rec) return record(o, argc, argv);
+    if (*sum) return summary(o);
+    if (*pth) return paths(o);
+    if (*acc) return accuracy(o);
+    return plot(o);
+  });
+}
