@@ -157,7 +157,7 @@ int score(Options& o, std::unique_ptr<comm::Communicator> world) {
       for (int q = 0; q < R; ++q)
         counts[static_cast<size_t>(q)] = std::min(round, (q + 1) * per) - std::min(round, q * per);
       Tensor send = Tensor::empty({mine}, DType::i64), all = Tensor::empty({round}, DType::i64);
-      std::memcpy(send.raw(), sums.data(), sums.size() * sizeof(double));
+      if (mine > 0) std::memcpy(send.raw(), sums.data(), sums.size() * sizeof(double));
       e.world->all_gatherv(send, all, counts);
       sums.resize(static_cast<size_t>(round));
       std::memcpy(sums.data(), all.raw(), sums.size() * sizeof(double));
