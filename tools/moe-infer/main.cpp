@@ -113,10 +113,7 @@ int score(Options& o, std::unique_ptr<comm::Communicator> world) {
   const ModelConfig& mc = e.loaded.config;
   const int R = e.ranks(), r = e.rank();
   std::vector<int32_t> tokens = io::load_tokens(o.data, io::parse_token_format(o.data_format));
-  for (size_t i = 0; i < tokens.size(); ++i)
-    if (tokens[i] >= mc.vocab_size)
-      throw Error(str(o.data, ": token ", i, " is ", tokens[i],
-                      ", outside the model's vocabulary of ", mc.vocab_size));
+  io::check_tokens_fit(tokens, mc.vocab_size, o.data);
   if (static_cast<int64_t>(tokens.size()) < mc.seq + 1)
     throw Error(str(o.data, ": ", tokens.size(), " tokens, fewer than one sequence of ", mc.seq + 1,
                     " (the model's context + 1)"));

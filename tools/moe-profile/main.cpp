@@ -4,10 +4,10 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "common/cli.h"
+#include "io/files.h"
 #include "moe/infer/model.h"
 #include "moe/io/dataset.h"
 #include "moe/log.h"
@@ -38,10 +38,7 @@ std::string num(double v) {
 int record(Options& o, int argc, char** argv) {
   infer::LoadedModel m = infer::load_model(o.model);
   std::vector<int32_t> tokens = io::load_tokens(o.data, io::parse_token_format(o.data_format));
-  for (size_t i = 0; i < tokens.size(); ++i)
-    if (tokens[i] >= m.config.vocab_size)
-      throw Error(str(o.data, ": token ", i, " is ", tokens[i],
-                      ", outside the model's vocabulary of ", m.config.vocab_size));
+  io::check_tokens_fit(tokens, m.config.vocab_size, o.data);
   io::BatchSampler windows(&tokens, m.config.seq, 0, false);
   int64_t total = windows.num_windows();
   if (o.max_tokens > 0) total = std::min(total, std::max<int64_t>(1, o.max_tokens / m.config.seq));
@@ -139,17 +136,7 @@ int plot(Options& o) {
   io::TraceReader trace(o.trace);
   std::string svg =
       profile::plot_svg(trace, "moe-profile: " + (o.trace == "-" ? "stdin" : o.trace));
-  const std::string tmp = o.out + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << svg;
-    out.flush();
-    if (!out) {
-      std::filesystem::remove(tmp);
-      throw Error(str("cannot write '", o.out, "'"));
-    }
-  }
-  std::filesystem::rename(tmp, o.out);
+  io::write_text_atomic(o.out, svg);
   MOE_LOG_INFO("wrote ", o.out);
   return 0;
 }

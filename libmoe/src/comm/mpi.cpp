@@ -379,11 +379,8 @@ std::unique_ptr<Communicator> make_mpi_world() {
   // A duplicate keeps our traffic apart from anything else the program does on MPI_COMM_WORLD.
   MOE_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &world));
   // Wait mode: sleep when this node holds more ranks than we may use cores (oversubscribed).
-  MPI_Comm node = MPI_COMM_NULL;
-  MOE_MPI_CHECK(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
-  int node_ranks = 1;
-  MOE_MPI_CHECK(MPI_Comm_size(node, &node_ranks));
-  MOE_MPI_CHECK(MPI_Comm_free(&node));
+  auto communicator = std::make_unique<MpiCommunicator>(world);
+  const int node_ranks = communicator->split_node()->size();
   cpu_set_t cpus;
   CPU_ZERO(&cpus);
   const int cores = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
@@ -398,7 +395,7 @@ std::unique_ptr<Communicator> make_mpi_world() {
   set_wait_mode(mode);
   MOE_LOG_DEBUG("MPI waits: ", wait_mode_name(mode), " (", node_ranks, " ranks on this node, ",
                 cores, " usable cores)");
-  return std::make_unique<MpiCommunicator>(world);
+  return communicator;
 }
 
 int mpi_thread_level() { return g_thread_level; }

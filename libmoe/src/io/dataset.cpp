@@ -119,6 +119,13 @@ std::vector<int32_t> load_tokens(const std::string& path, TokenFormat format) {
   return tokens;
 }
 
+void check_tokens_fit(const std::vector<int32_t>& tokens, int64_t vocab, const std::string& path) {
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] >= vocab)
+      throw Error(str(path, ": token ", i, " is ", tokens[i],
+                      ", outside the model's vocabulary of ", vocab));
+}
+
 void save_tokens(const std::string& path, const std::vector<int32_t>& tokens, TokenFormat format) {
   format = resolve_token_format(path, format);
   const char* fmt = token_format_name(format);

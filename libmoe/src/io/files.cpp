@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 
@@ -36,6 +37,34 @@ void write_producer_attrs(hid_t file, const char* format, int version, const Pro
   h5::write_string_attr(r, "producer_git", p.git, root);
   h5::write_string_attr(r, "argv", p.argv, root);
   h5::write_string_attr(r, "created", p.time.empty() ? utc_timestamp() : p.time, root);
+}
+
+void write_text_atomic(const std::string& path, const std::string& text) {
+  const std::string tmp = str(path, ".tmp-", ::getpid());
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) throw Error(str("cannot write '", path, "': ", std::strerror(errno)));
+  bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  int err = ok ? 0 : errno;
+  if (std::fclose(f) != 0 && ok) {
+    ok = false;
+    err = errno;
+  }
+  std::error_code ec;
+  if (!ok) {
+    std::filesystem::remove(tmp, ec);
+    throw Error(str("cannot write '", path, "': ", std::strerror(err)));
+  }
+  try {
+    fsync_path(tmp, false);
+  } catch (...) {
+    std::filesystem::remove(tmp, ec);
+    throw;
+  }
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::filesystem::remove(tmp, ec);
+    throw Error(str("cannot write '", path, "': ", ec.message()));
+  }
 }
 
 std::string parent_directory(const std::string& path) {

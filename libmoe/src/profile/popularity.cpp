@@ -2,17 +2,15 @@
 // Shape letters: L MoE layers, k experts per token, E experts of a layer, B batches, n tokens.
 #include "moe/profile/popularity.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "io/files.h"
 #include "moe/error.h"
 
 namespace moe::profile {
@@ -198,23 +196,7 @@ void save_paths(const PathTable& t, const std::string& path) {
   nlohmann::json j{{"format", "moe.paths"}, {"format_version", 1},  {"path_length", t.path_length},
                    {"top_k", t.top_k},      {"experts", t.experts}, {"marginal", t.marginal},
                    {"layers", layers}};
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp);
-    if (!out) throw Error(str("cannot write '", tmp, "'"));
-    out << j.dump() << '\n';
-    out.flush();
-    if (!out) {
-      std::filesystem::remove(tmp);
-      throw Error(str("cannot write '", path, "' (disk full?)"));
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp);
-    throw Error(str("cannot write '", path, "': ", ec.message()));
-  }
+  io::write_text_atomic(path, j.dump() + "\n");
 }
 
 PathTable load_paths(const std::string& path) {

@@ -31,6 +31,10 @@ inline constexpr int32_t kByteVocab = 256;  // the byte-level tokenizer's vocabu
 // a u32 id above INT32_MAX -> moe::Error naming the path and the cause.
 std::vector<int32_t> load_tokens(const std::string& path,
                                  TokenFormat format = TokenFormat::automatic);
+// Every token id below `vocab`, else moe::Error "<path>: token i is X, outside the model's
+// vocabulary of V" (files read for an existing model).
+void check_tokens_fit(const std::vector<int32_t>& tokens, int64_t vocab, const std::string& path);
+
 // Writes tokens in `format` (automatic -> by extension). text requires ids in 0..255, u16 ids in
 // 0..65535; throws naming the first token that does not fit.
 void save_tokens(const std::string& path, const std::vector<int32_t>& tokens,
