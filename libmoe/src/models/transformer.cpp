@@ -225,6 +225,12 @@ void Transformer::finish_stats(ForwardStats& stats) const {
 ForwardStats Transformer::forward_backward(const Tensor& ids, const Tensor& targets,
                                            const nn::RouterStep& step,
                                            const GradsReady& grads_ready) {
+  return forward_backward(ids, targets, step, grads_ready, LogitsLoss{});
+}
+
+ForwardStats Transformer::forward_backward(const Tensor& ids, const Tensor& targets,
+                                           const nn::RouterStep& step,
+                                           const GradsReady& grads_ready, const LogitsLoss& loss) {
   int64_t seq = ids.dim(1), n = ids.numel();
   ForwardStats stats;
   std::vector<nn::Block::Saved> saved;
@@ -235,7 +241,10 @@ ForwardStats Transformer::forward_backward(const Tensor& ids, const Tensor& targ
   Tensor logits = head(h);
   Tensor dlogits = Tensor::empty(logits.shape());
   Tensor flat_targets = targets.reshape({n});
-  stats.loss = nn::cross_entropy(logits, flat_targets, &dlogits, 1.0f);
+  if (loss)
+    stats.loss = loss(ids, flat_targets, logits, dlogits);
+  else
+    stats.loss = nn::cross_entropy(logits, flat_targets, &dlogits, 1.0f);
   finish_stats(stats);
 
   // Backward, in reverse.

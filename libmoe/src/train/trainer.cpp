@@ -244,6 +244,20 @@ void Trainer::restore(const std::string& path) {
                     layout_text(layout.world_size, layout.ep_size, layout.shard_embedding),
                     "; this run has ", layout_text(world_size(), train_.ep, train_.shard_embedding),
                     ": resume with the same layout"));
+  // moe-convert partition --trace places experts by load (/sharding expert_rank); this trainer
+  // holds experts [p E/P, (p+1) E/P) on rank p, so any other placement would load wrong experts.
+  if (!layout.expert_rank.empty()) {
+    std::vector<int> contiguous;
+    for (int64_t experts : model_->config().experts_per_layer)
+      for (int64_t e = 0; e < experts; ++e)
+        contiguous.push_back(static_cast<int>(e / (experts / train_.ep)));
+    if (layout.expert_rank != contiguous)
+      throw Error(str("'", path,
+                      "' places experts on ranks by load (/sharding expert_rank, written by "
+                      "moe-convert partition --trace); moe-train holds experts contiguously "
+                      "(rank p: [p E/P, (p+1) E/P)): merge it (moe-convert merge) and resume "
+                      "from the merged file or a partition without --trace"));
+  }
   // This rank's tensors: replicated ones from rank 0's file, its experts from the file of the rank
   // of the first expert-parallel group that holds them, its table columns from its own file.
   std::vector<int> sources{0};
@@ -315,7 +329,7 @@ StepStats Trainer::step(bool capture_routing) {
     exchange_stats_ = {};
     GradsReady ready;  // priority scheduling: reduce each block's gradients as backward leaves it
     if (scheduler_) ready = [this](std::span<Param* const> ps) { pack_gradients(ps); };
-    s.forward = model_->forward_backward(ids, targets, rs, ready);
+    s.forward = model_->forward_backward(ids, targets, rs, ready, logits_loss_);
   }
   arena_.reset();
   if (world_size() > 1) {
@@ -491,7 +505,9 @@ void Trainer::reduce_stats(StepStats& s) {
   }
 }
 
-double Trainer::evaluate() {
+double Trainer::evaluate() { return evaluate(*model_); }
+
+double Trainer::evaluate(const Transformer& model) {
   const int64_t seq = model_->config().seq;
   io::BatchSampler sampler(&val_tokens_, seq, train_.seed, false);
   int64_t batch = std::min(train_.batch, sampler.num_windows());
@@ -503,11 +519,20 @@ double Trainer::evaluate() {
       ArenaScope scope(arena_);
       Tensor ids, targets;
       sampler.next(batch, ids, targets);
-      sum += model_->evaluate(ids, targets).loss;
+      sum += model.evaluate(ids, targets).loss;
     }
     arena_.reset();
   }
   return sum / static_cast<double>(batches);
+}
+
+void Trainer::set_train_config_notes(nlohmann::json notes) {
+  MOE_CHECK(notes.is_object(), "training config notes must be a JSON object, got ", notes.dump());
+  const nlohmann::json own = to_json(train_);
+  for (const auto& [key, value] : notes.items())
+    MOE_CHECK(!own.contains(key), "training config note '", key,
+              "' would overwrite the training setting of that name");
+  train_config_notes_ = std::move(notes);
 }
 
 bool Trainer::owns(const Param& p) const {
@@ -533,6 +558,7 @@ io::Checkpoint Trainer::snapshot() const {
   io::Checkpoint c;
   c.model_config = to_json(model_->config());
   c.train_config = to_json(train_);
+  c.train_config.update(train_config_notes_);
   c.provenance = provenance_;
   for (const Param* p : std::as_const(*params_).all())
     c.params.push_back({p->name, p->value, p->expert, p->shard});

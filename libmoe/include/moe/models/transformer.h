@@ -30,6 +30,14 @@ struct ForwardStats {
 // reducing them while backward goes on.
 using GradsReady = std::function<void(std::span<Param* const>)>;
 
+// A loss on the logits that replaces the built-in cross-entropy of forward_backward (knowledge
+// distillation). Called once per batch with its ids [B,T] i32, the targets flattened to [N] i32
+// (negative = ignored), the logits [N,V] f32 and dlogits [N,V] f32 (allocated, contents
+// undefined); returns the loss (a mean over predicted tokens, what ForwardStats::loss reports) and
+// must write every element of dlogits with d(loss)/d(logits). Backward starts from there.
+using LogitsLoss = std::function<double(const Tensor& ids, const Tensor& targets,
+                                        const Tensor& logits, Tensor& dlogits)>;
+
 // Called around each block of a forward pass with the block's index (expert offload: make the
 // block's experts resident before, release them after). Either may be empty.
 struct BlockHooks {
@@ -69,6 +77,11 @@ class Transformer {
   // i32. grads_ready (optional) sees every parameter exactly once, in backward order.
   ForwardStats forward_backward(const Tensor& ids, const Tensor& targets,
                                 const nn::RouterStep& step, const GradsReady& grads_ready = {});
+  // The same with `loss` in place of the cross-entropy (an empty loss: the cross-entropy).
+  // ForwardStats::loss is then loss's value; the aux and z losses are added as usual.
+  ForwardStats forward_backward(const Tensor& ids, const Tensor& targets,
+                                const nn::RouterStep& step, const GradsReady& grads_ready,
+                                const LogitsLoss& loss);
   // Forward only (no jitter, nothing saved). When row_nll is non-null it receives [B*T] per-token
   // NLL.
   ForwardStats evaluate(const Tensor& ids, const Tensor& targets, Tensor* row_nll = nullptr) const;

@@ -85,6 +85,16 @@ class Trainer {
   // One optimizer step. capture_routing: also record every token's experts (moe-train --trace).
   StepStats step(bool capture_routing = false);
   double evaluate();  // mean validation cross-entropy over up to eval_batches batches
+  // The same for another model over the same validation batches (a distillation teacher); its
+  // vocabulary must cover the data and its context be at least the run's sequence length.
+  double evaluate(const Transformer& model);
+
+  // Extension points for runs built on this loop (distillation, moe/train/distill.h).
+  // step() trains on `loss` instead of the cross-entropy (empty: the cross-entropy again).
+  void set_logits_loss(LogitsLoss loss) { logits_loss_ = std::move(loss); }
+  // Keys merged into the training config of every checkpoint written from now on (how the
+  // model was made); the keys of TrainConfig itself are refused.
+  void set_train_config_notes(nlohmann::json notes);
 
   io::Checkpoint snapshot() const;
   // Writes dir/step-<8 digits>.h5 atomically and points dir/last.h5 at it; returns the path.
@@ -143,6 +153,8 @@ class Trainer {
   std::vector<std::pair<Param*, int64_t>> packed_[2];
   Arena arena_;
   int64_t step_ = 0, tokens_seen_ = 0;
+  LogitsLoss logits_loss_;
+  nlohmann::json train_config_notes_ = nlohmann::json::object();
 };
 
 // The largest token id + 1 of a token file's contents (to size the vocabulary of pre-tokenized

@@ -1,0 +1,69 @@
+// Hugging Face MoE checkpoints (config.json + safetensors) <-> our checkpoints, for the `mixtral`
+// flavour. docs/FORMATS.md ("Hugging Face safetensors import/export") has the name mapping table.
+//
+// Import reads a directory holding config.json and either model.safetensors or the shards that
+// model.safetensors.index.json names in its "weight_map". Families (config.json "model_type"):
+//   mixtral    per-expert block_sparse_moe.experts.E.{w1,w2,w3}.weight, or the fused form
+//              experts.gate_up_proj [E, 2F, D] (gate rows 0..F-1 = w1, up rows F..2F-1 = w3) and
+//              experts.down_proj [E, D, F] = w2, under block_sparse_moe. or mlp.
+//   olmoe, qwen2_moe, qwen3_moe
+//              the same math with mlp.gate / mlp.experts.E.{gate,up,down}_proj naming and
+//              norm_topk_prob for the router's renormalisation; their extra features (shared
+//              experts, qk-norm, attention biases, dense MLP layers, ...) are not supported.
+// Every source tensor is mapped (listed in the report), or unmapped (an error unless
+// allow_unmapped; then listed), or evidence of an unsupported feature (always an error naming
+// the feature, never dropped). Config and tensor shapes must agree exactly.
+//
+// Numerics: our RoPE is HF's "rotate half" convention, so q/k projection rows are copied as they
+// are (no permutation). Tensors keep the checkpoint's storage dtype when all mapped tensors share
+// one of F32/BF16/F16 (the model config's dtype becomes it); mixed dtypes are converted to f32
+// (exact for all three) and the report says so. All functions throw moe::Error naming the file,
+// tensor or config key and the cause.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "moe/io/checkpoint.h"
+
+namespace moe::io {
+
+// The context length given to imported models when config.json's max_position_embeddings is
+// larger (Mixtral says 32768): our `seq` sizes the scoring windows and default KV caches.
+inline constexpr int64_t kHfDefaultMaxSeq = 4096;
+
+struct HfImportOptions {
+  bool allow_unmapped = false;  // tensors we have no place for: listed in the report, not an error
+  // Our seq = min(max_position_embeddings, max_seq) (0: no cap). A model our export_hf wrote keeps
+  // its exact seq (recorded in the safetensors metadata).
+  int64_t max_seq = kHfDefaultMaxSeq;
+  // Provenance of the resulting checkpoint; when tool is empty it is filled with
+  // "libmoe import_hf", this library's version and git revision, and the current time.
+  Provenance provenance;
+};
+
+struct HfImportReport {
+  std::string family;                    // config.json model_type: "mixtral", "olmoe", ...
+  std::vector<std::string> mapped;       // "<hf name> -> <our name>[ expert e][ rows a..b]"
+  std::vector<std::string> unmapped;     // source tensors with no counterpart (allow_unmapped)
+  std::vector<std::string> unsupported;  // features the model lacks ("shared expert (...)")
+  std::vector<std::string> notes;        // decisions taken: seq cap, dtype conversion, layout
+};
+
+// Reads the HF directory `dir` into a checkpoint our tools load: model_config as
+// moe::to_json(ModelConfig) writes it (arch mixtral), parameters under our names with `expert`
+// set on expert tensors, provenance set, no optimizer state, train_config null. `report` (may be
+// null) is filled as far as the import got, also when it throws.
+Checkpoint import_hf(const std::string& dir, const HfImportOptions& options = {},
+                     HfImportReport* report = nullptr);
+Checkpoint import_hf(const std::string& dir, bool allow_unmapped, HfImportReport* report);
+
+// Writes a mixtral-flavour checkpoint (every layer MoE with the same expert count, renormalised
+// top-k, whole tensors: not a shard) as `dir`/config.json + `dir`/model.safetensors with HF
+// Mixtral naming (per-expert w1/w2/w3), tensors in their stored dtype. The directory is created
+// if needed; one holding model.safetensors.index.json is refused (a loader would prefer the old
+// shards). Our model config is also recorded in the safetensors metadata ("moe.model_config"), so
+// import_hf(export_hf(x)) gives x back: every parameter bitwise and the same model config.
+// Each file is written atomically.
+void export_hf(const Checkpoint& ckpt, const std::string& dir);
+
+}  // namespace moe::io

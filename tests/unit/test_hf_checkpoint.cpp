@@ -1,0 +1,792 @@
+// Hugging Face checkpoint import/export. The tests write tiny HF-format directories themselves
+// (config.json + safetensors, sharded with an index or not) and check:
+//   - an imported tiny Mixtral, loaded as our Transformer, gives the logits of an independent
+//     reference written here straight from HF's math and HF-named tensors (rotate_half RoPE,
+//     GQA, softmax -> top-k -> renormalise router, SwiGLU experts); q/k rows in the other RoPE
+//     convention do not (the check can fail);
+//   - the fused gate_up_proj/down_proj layout imports to the same parameters;
+//   - export -> import is the identity (bitwise parameters, same model config) and the model
+//     scores text identically before and after; f32 and bf16;
+//   - storage dtypes, unmapped tensors, missing shards, shape mismatches, missing tensors and
+//     unsupported features (shared experts, qk-norm, biases, tied embeddings, sliding window)
+//     each give a clear error, never a silent drop.
+// Shape letters: V vocabulary, D hidden, H heads, KV kv heads, hd head dim, F expert hidden,
+// E experts, k top-k, L layers, B batch, T sequence.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "moe/infer/model.h"
+#include "moe/io/checkpoint.h"
+#include "moe/io/hf_checkpoint.h"
+#include "moe/io/safetensors.h"
+#include "support/gradcheck.h"
+#include "support/models.h"
+#include "support/run.h"
+
+using namespace moe;
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+struct Tiny {
+  int64_t V = 256, D = 32, H = 4, KV = 2, F = 48, L = 2, E = 4, k = 2, max_pos = 64;
+  double theta = 10000, eps = 1e-5;
+  int64_t hd() const { return D / H; }
+};
+
+// HF Mixtral config.json for `t`.
+json mixtral_config(const Tiny& t) {
+  return json{{"architectures", {"MixtralForCausalLM"}},
+              {"model_type", "mixtral"},
+              {"vocab_size", t.V},
+              {"hidden_size", t.D},
+              {"intermediate_size", t.F},
+              {"num_hidden_layers", t.L},
+              {"num_attention_heads", t.H},
+              {"num_key_value_heads", t.KV},
+              {"num_local_experts", t.E},
+              {"num_experts_per_tok", t.k},
+              {"rope_theta", t.theta},
+              {"rms_norm_eps", t.eps},
+              {"max_position_embeddings", t.max_pos},
+              {"hidden_act", "silu"},
+              {"sliding_window", nullptr},
+              {"router_aux_loss_coef", 0.02},
+              {"tie_word_embeddings", false},
+              {"torch_dtype", "float32"}};
+}
+
+// Random weights under HF Mixtral names (per-expert w1/w2/w3), at scales that keep activations
+// O(1) and the router's choices well apart.
+std::map<std::string, Tensor> mixtral_weights(const Tiny& t, uint64_t seed) {
+  std::map<std::string, Tensor> w;
+  uint64_t s = seed * 1000;
+  const float in_scale = 1.0f / std::sqrt(float(t.D));
+  auto norm = [&](int64_t n) {
+    Tensor x = test::random_tensor({n}, ++s, 0.1f);
+    float* p = x.data<float>();
+    for (int64_t i = 0; i < n; ++i) p[i] += 1.0f;
+    return x;
+  };
+  w["model.embed_tokens.weight"] = test::random_tensor({t.V, t.D}, ++s);
+  for (int64_t i = 0; i < t.L; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    w[p + "input_layernorm.weight"] = norm(t.D);
+    w[p + "post_attention_layernorm.weight"] = norm(t.D);
+    w[p + "self_attn.q_proj.weight"] = test::random_tensor({t.H * t.hd(), t.D}, ++s, in_scale);
+    w[p + "self_attn.k_proj.weight"] = test::random_tensor({t.KV * t.hd(), t.D}, ++s, in_scale);
+    w[p + "self_attn.v_proj.weight"] = test::random_tensor({t.KV * t.hd(), t.D}, ++s, in_scale);
+    w[p + "self_attn.o_proj.weight"] = test::random_tensor({t.D, t.H * t.hd()}, ++s, in_scale);
+    w[p + "block_sparse_moe.gate.weight"] = test::random_tensor({t.E, t.D}, ++s, 3 * in_scale);
+    for (int64_t e = 0; e < t.E; ++e) {
+      const std::string x = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
+      w[x + "w1.weight"] = test::random_tensor({t.F, t.D}, ++s, in_scale);
+      w[x + "w2.weight"] = test::random_tensor({t.D, t.F}, ++s, 1.0f / std::sqrt(float(t.F)));
+      w[x + "w3.weight"] = test::random_tensor({t.F, t.D}, ++s, in_scale);
+    }
+  }
+  w["model.norm.weight"] = norm(t.D);
+  w["lm_head.weight"] = test::random_tensor({t.V, t.D}, ++s, in_scale);
+  return w;
+}
+
+// The same weights in the fused layout newer transformers write: per layer
+// mlp.experts.gate_up_proj [E, 2F, D] (w1 rows then w3 rows), mlp.experts.down_proj [E, D, F],
+// router mlp.gate.weight.
+std::map<std::string, Tensor> fused_form(const Tiny& t, const std::map<std::string, Tensor>& w) {
+  std::map<std::string, Tensor> out;
+  for (const auto& [name, tensor] : w)
+    if (name.find("block_sparse_moe") == std::string::npos) out[name] = tensor;
+  for (int64_t i = 0; i < t.L; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    out[p + "mlp.gate.weight"] = w.at(p + "block_sparse_moe.gate.weight");
+    Tensor gate_up = Tensor::empty({t.E, 2 * t.F, t.D}), down = Tensor::empty({t.E, t.D, t.F});
+    const size_t block = size_t(t.F * t.D) * sizeof(float);
+    for (int64_t e = 0; e < t.E; ++e) {
+      const std::string x = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
+      auto* gu = reinterpret_cast<char*>(gate_up.raw()) + 2 * e * block;
+      std::memcpy(gu, w.at(x + "w1.weight").raw(), block);
+      std::memcpy(gu + block, w.at(x + "w3.weight").raw(), block);
+      std::memcpy(reinterpret_cast<char*>(down.raw()) + e * block, w.at(x + "w2.weight").raw(),
+                  block);
+    }
+    out[p + "mlp.experts.gate_up_proj"] = gate_up;
+    out[p + "mlp.experts.down_proj"] = down;
+  }
+  return out;
+}
+
+// OLMoE / Qwen naming of the same weights: mlp.gate, mlp.experts.E.{gate,up,down}_proj.
+std::map<std::string, Tensor> olmoe_form(const std::map<std::string, Tensor>& w) {
+  std::map<std::string, Tensor> out;
+  for (const auto& [name, tensor] : w) {
+    std::string n = name;
+    auto replace = [&](const std::string& from, const std::string& to) {
+      size_t at = n.find(from);
+      if (at != std::string::npos) n.replace(at, from.size(), to);
+    };
+    replace("block_sparse_moe.", "mlp.");
+    replace(".w1.weight", ".gate_proj.weight");
+    replace(".w3.weight", ".up_proj.weight");
+    replace(".w2.weight", ".down_proj.weight");
+    out[n] = tensor;
+  }
+  return out;
+}
+
+// Writes config.json and the tensors: one model.safetensors, or `shards` files named by an index.
+void write_hf_dir(const std::string& dir, const json& config,
+                  const std::map<std::string, Tensor>& tensors, int shards = 1) {
+  fs::create_directories(dir);
+  test::write_file(dir + "/config.json", config.dump(2));
+  std::vector<io::NamedTensor> all;
+  for (const auto& [name, t] : tensors) all.push_back({name, t, false, {}});
+  if (shards == 1) {
+    io::write_safetensors(dir + "/model.safetensors", all, {{"format", "pt"}});
+    return;
+  }
+  json weight_map = json::object();
+  size_t per = (all.size() + size_t(shards) - 1) / size_t(shards), total = 0;
+  for (int s = 0; s < shards; ++s) {
+    char file[64];
+    std::snprintf(file, sizeof file, "model-%05d-of-%05d.safetensors", s + 1, shards);
+    std::vector<io::NamedTensor> part(all.begin() + std::min(all.size(), s * per),
+                                      all.begin() + std::min(all.size(), (s + 1) * per));
+    for (const auto& nt : part) {
+      weight_map[nt.name] = file;
+      total += nt.tensor.nbytes();
+    }
+    io::write_safetensors(dir + "/" + file, part, {{"format", "pt"}});
+  }
+  json index{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+  test::write_file(dir + "/model.safetensors.index.json", index.dump(2));
+}
+
+// ---- an independent reference of HF Mixtral's forward pass, in double ------------------------
+
+using Vec = std::vector<double>;
+
+Vec values(const std::map<std::string, Tensor>& w, const std::string& name) {
+  std::vector<float> f = w.at(name).to(DType::f32).to_vector();
+  return Vec(f.begin(), f.end());
+}
+
+// y = W x for W [rows, cols] row-major (nn.Linear without bias).
+Vec linear(const Vec& W, const Vec& x, int64_t rows) {
+  const int64_t cols = int64_t(x.size());
+  Vec y(size_t(rows), 0.0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) y[size_t(r)] += W[size_t(r * cols + c)] * x[size_t(c)];
+  return y;
+}
+
+Vec rms_norm(const Vec& x, const Vec& weight, double eps) {
+  double ms = 0;
+  for (double v : x) ms += v * v;
+  ms /= double(x.size());
+  Vec y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = weight[i] * (x[i] / std::sqrt(ms + eps));
+  return y;
+}
+
+// HF's apply_rotary_pos_emb on one head: x * cos + rotate_half(x) * sin, with
+// cos/sin = cat(freqs, freqs), freqs[i] = position * theta^(-2i/hd), rotate_half(x) = cat(-x2, x1).
+void hf_rotary(double* x, int64_t hd, int64_t position, double theta) {
+  const int64_t half = hd / 2;
+  Vec rotated(static_cast<size_t>(hd)), out(static_cast<size_t>(hd));
+  for (int64_t j = 0; j < hd; ++j) rotated[size_t(j)] = j < half ? -x[j + half] : x[j - half];
+  for (int64_t j = 0; j < hd; ++j) {
+    const double freq = double(position) / std::pow(theta, double(2 * (j % half)) / double(hd));
+    out[size_t(j)] = x[j] * std::cos(freq) + rotated[size_t(j)] * std::sin(freq);
+  }
+  for (int64_t j = 0; j < hd; ++j) x[j] = out[size_t(j)];
+}
+
+// Logits [B*T, V] of HF Mixtral (MixtralForCausalLM) for ids [B, T], from HF-named tensors.
+Vec hf_reference_logits(const Tiny& t, const std::map<std::string, Tensor>& w,
+                        const std::vector<int32_t>& ids, int64_t B, int64_t T, bool normalize) {
+  const int64_t D = t.D, hd = t.hd(), n_rep = t.H / t.KV;
+  const Vec embed = values(w, "model.embed_tokens.weight");
+  std::vector<Vec> h(size_t(B * T));
+  for (int64_t r = 0; r < B * T; ++r)
+    h[size_t(r)] =
+        Vec(embed.begin() + ids[size_t(r)] * D, embed.begin() + (ids[size_t(r)] + 1) * D);
+  for (int64_t l = 0; l < t.L; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const Vec ln1 = values(w, p + "input_layernorm.weight"),
+              ln2 = values(w, p + "post_attention_layernorm.weight");
+    const Vec Wq = values(w, p + "self_attn.q_proj.weight"),
+              Wk = values(w, p + "self_attn.k_proj.weight");
+    const Vec Wv = values(w, p + "self_attn.v_proj.weight"),
+              Wo = values(w, p + "self_attn.o_proj.weight");
+    const Vec Wg = values(w, p + "block_sparse_moe.gate.weight");
+    std::vector<Vec> q(size_t(B * T)), k(size_t(B * T)), v(size_t(B * T));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t s = 0; s < T; ++s) {
+        const size_t r = size_t(b * T + s);
+        Vec x = rms_norm(h[r], ln1, t.eps);
+        q[r] = linear(Wq, x, t.H * hd);
+        k[r] = linear(Wk, x, t.KV * hd);
+        v[r] = linear(Wv, x, t.KV * hd);
+        for (int64_t head = 0; head < t.H; ++head)
+          hf_rotary(&q[r][size_t(head * hd)], hd, s, t.theta);
+        for (int64_t head = 0; head < t.KV; ++head)
+          hf_rotary(&k[r][size_t(head * hd)], hd, s, t.theta);
+      }
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t s = 0; s < T; ++s) {
+        const size_t r = size_t(b * T + s);
+        Vec ctx(size_t(t.H * hd), 0.0);
+        for (int64_t head = 0; head < t.H; ++head) {
+          const int64_t kv = head / n_rep;  // repeat_kv: each kv head serves n_rep query heads
+          Vec scores(size_t(s + 1));
+          double top = -1e300;
+          for (int64_t u = 0; u <= s; ++u) {
+            double dot = 0;
+            for (int64_t j = 0; j < hd; ++j)
+              dot += q[r][size_t(head * hd + j)] * k[size_t(b * T + u)][size_t(kv * hd + j)];
+            scores[size_t(u)] = dot / std::sqrt(double(hd));
+            top = std::max(top, scores[size_t(u)]);
+          }
+          double sum = 0;
+          for (double& sc : scores) sum += (sc = std::exp(sc - top));
+          for (int64_t u = 0; u <= s; ++u)
+            for (int64_t j = 0; j < hd; ++j)
+              ctx[size_t(head * hd + j)] +=
+                  scores[size_t(u)] / sum * v[size_t(b * T + u)][size_t(kv * hd + j)];
+        }
+        Vec attn = linear(Wo, ctx, D);
+        for (int64_t i = 0; i < D; ++i) h[r][size_t(i)] += attn[size_t(i)];
+      }
+    for (int64_t r = 0; r < B * T; ++r) {
+      Vec x = rms_norm(h[size_t(r)], ln2, t.eps);
+      Vec logits = linear(Wg, x, t.E);
+      double top = *std::max_element(logits.begin(), logits.end()), sum = 0;
+      Vec probs(logits.size());
+      for (size_t e = 0; e < logits.size(); ++e) sum += (probs[e] = std::exp(logits[e] - top));
+      for (double& pr : probs) pr /= sum;
+      std::vector<int64_t> chosen;
+      for (int64_t j = 0; j < t.k; ++j) {
+        int64_t best = -1;
+        for (int64_t e = 0; e < t.E; ++e)
+          if (std::find(chosen.begin(), chosen.end(), e) == chosen.end() &&
+              (best < 0 || probs[size_t(e)] > probs[size_t(best)]))
+            best = e;
+        chosen.push_back(best);
+      }
+      double chosen_sum = 0;
+      for (int64_t e : chosen) chosen_sum += probs[size_t(e)];
+      for (int64_t e : chosen) {
+        const double gate = normalize ? probs[size_t(e)] / chosen_sum : probs[size_t(e)];
+        const std::string x_name = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
+        Vec a = linear(values(w, x_name + "w1.weight"), x, t.F);
+        Vec u = linear(values(w, x_name + "w3.weight"), x, t.F);
+        for (int64_t f = 0; f < t.F; ++f) {
+          const double g = a[size_t(f)];
+          a[size_t(f)] = g / (1.0 + std::exp(-g)) * u[size_t(f)];  // silu(w1 x) * w3 x
+        }
+        Vec y = linear(values(w, x_name + "w2.weight"), a, D);
+        for (int64_t i = 0; i < D; ++i) h[size_t(r)][size_t(i)] += gate * y[size_t(i)];
+      }
+    }
+  }
+  const Vec final_norm = values(w, "model.norm.weight"), head = values(w, "lm_head.weight");
+  Vec out;
+  for (int64_t r = 0; r < B * T; ++r) {
+    Vec logits = linear(head, rms_norm(h[size_t(r)], final_norm, t.eps), t.V);
+    out.insert(out.end(), logits.begin(), logits.end());
+  }
+  return out;
+}
+
+// Our logits [B*T, V]: the checkpoint saved as a file and loaded the way moe-infer loads models.
+std::vector<float> our_logits(const io::Checkpoint& ckpt, const std::string& path,
+                              const std::vector<int32_t>& ids, int64_t B, int64_t T) {
+  io::save_checkpoint(path, ckpt);
+  infer::LoadedModel m = infer::load_model(path);
+  return m.model->logits(Tensor::from_vector({B, T}, ids)).to_vector();
+}
+
+// max |a - b| / max |b|.
+double relative_error(const std::vector<float>& a, const Vec& b) {
+  REQUIRE(a.size() == b.size());
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::abs(double(a[i]) - b[i]));
+    scale = std::max(scale, std::abs(b[i]));
+  }
+  REQUIRE(scale > 0.1);  // logits far from zero: the comparison means something
+  return diff / scale;
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
+         std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+const io::NamedTensor& param(const io::Checkpoint& c, const std::string& name) {
+  for (const auto& p : c.params)
+    if (p.name == name) return p;
+  FAIL("no parameter " << name);
+  throw 0;
+}
+
+void require_same_params(const io::Checkpoint& a, const io::Checkpoint& b) {
+  REQUIRE(a.params.size() == b.params.size());
+  for (size_t i = 0; i < a.params.size(); ++i) {
+    INFO("parameter " << a.params[i].name);
+    REQUIRE(a.params[i].name == b.params[i].name);
+    REQUIRE(a.params[i].expert == b.params[i].expert);
+    REQUIRE(same_bytes(a.params[i].tensor, b.params[i].tensor));
+  }
+}
+
+std::vector<int32_t> random_token_ids(int64_t n, int32_t vocab, uint64_t seed) {
+  Tensor t = test::random_ids({n}, seed, vocab);
+  return std::vector<int32_t>(t.data<int32_t>(), t.data<int32_t>() + n);
+}
+
+std::string import_error(const std::string& dir, io::HfImportReport* report = nullptr,
+                         io::HfImportOptions options = {}) {
+  return test::error_of([&] { io::import_hf(dir, options, report); });
+}
+
+}  // namespace
+
+TEST_CASE("hf: a sharded tiny Mixtral imports and matches an independent HF reference", "[hf]") {
+  test::ScratchDir dir("hf-import");
+  const Tiny t;
+  const auto weights = mixtral_weights(t, 1);
+  write_hf_dir(dir.file("hf"), mixtral_config(t), weights, 2);
+
+  io::HfImportReport report;
+  io::Checkpoint ckpt = io::import_hf(dir.file("hf"), false, &report);
+  REQUIRE(report.family == "mixtral");
+  REQUIRE(report.mapped.size() == weights.size());  // every source tensor accounted for
+  REQUIRE(report.unmapped.empty());
+  REQUIRE(report.unsupported.empty());
+
+  // A normal checkpoint: our config keys, our names, expert flags, provenance.
+  const ModelConfig mc = model_config_from_json(ckpt.model_config);
+  REQUIRE(mc.arch == Arch::mixtral);
+  REQUIRE(mc.vocab_size == t.V);
+  REQUIRE(mc.d_model == t.D);
+  REQUIRE(mc.heads == t.H);
+  REQUIRE(mc.kv_heads == t.KV);
+  REQUIRE(mc.d_ff == t.F);
+  REQUIRE(mc.layers == t.L);
+  REQUIRE(mc.experts_per_layer == std::vector<int64_t>(size_t(t.L), t.E));
+  REQUIRE(mc.top_k == t.k);
+  REQUIRE(mc.normalize_topk);
+  REQUIRE(mc.capacity_factor == 0);
+  REQUIRE(mc.rope_theta == t.theta);
+  REQUIRE(mc.norm_eps == t.eps);
+  REQUIRE(mc.seq == t.max_pos);
+  REQUIRE(mc.aux_loss_coef == 0.02);
+  REQUIRE(mc.dtype == DType::f32);
+  REQUIRE_FALSE(ckpt.provenance.tool.empty());
+  REQUIRE_FALSE(ckpt.provenance.time.empty());
+  REQUIRE(param(ckpt, "blocks.1.moe.experts.w2").expert);
+  REQUIRE_FALSE(param(ckpt, "blocks.1.moe.router.weight").expert);
+  REQUIRE(param(ckpt, "blocks.1.moe.experts.w3").tensor.shape() == Shape{t.E, t.F, t.D});
+  // Expert 2's w3 is the HF tensor, bit for bit; q rows are copied unpermuted.
+  const Tensor& w3 = param(ckpt, "blocks.1.moe.experts.w3").tensor;
+  REQUIRE(same_bytes(w3.rows(2, 3).reshape({t.F, t.D}),
+                     weights.at("model.layers.1.block_sparse_moe.experts.2.w3.weight")));
+  REQUIRE(same_bytes(param(ckpt, "blocks.0.attn.q.weight").tensor,
+                     weights.at("model.layers.0.self_attn.q_proj.weight")));
+
+  // Our Transformer on the imported checkpoint gives HF Mixtral's logits.
+  const int64_t B = 2, T = 12;
+  const auto ids = random_token_ids(B * T, int32_t(t.V), 7);
+  const std::vector<float> ours = our_logits(ckpt, dir.file("ours.h5"), ids, B, T);
+  const Vec reference = hf_reference_logits(t, weights, ids, B, T, true);
+  const double error = relative_error(ours, reference);
+  INFO("relative error " << error);
+  REQUIRE(error < 1e-5);
+
+  // Negative control: q/k rows in the interleaved RoPE convention (pairs (2i, 2i+1), as in the
+  // original Mistral/Meta checkpoints) are a different model; the comparison above notices.
+  auto interleaved = weights;
+  for (int64_t l = 0; l < t.L; ++l)
+    for (const char* proj : {"q_proj", "k_proj"}) {
+      const std::string name =
+          "model.layers." + std::to_string(l) + ".self_attn." + proj + ".weight";
+      Tensor src = weights.at(name), dst = Tensor::empty(src.shape());
+      const int64_t rows = src.dim(0), hd = t.hd();
+      for (int64_t r = 0; r < rows; ++r) {  // HF row (head, half, i) <- row (head, 2i + half)
+        const int64_t head = r / hd, j = r % hd, i = j % (hd / 2), half = j / (hd / 2);
+        std::memcpy(dst.data<float>() + r * t.D,
+                    src.data<float>() + (head * hd + 2 * i + half) * t.D,
+                    size_t(t.D) * sizeof(float));
+      }
+      interleaved[name] = dst;
+    }
+  write_hf_dir(dir.file("hf-interleaved"), mixtral_config(t), interleaved, 1);
+  const std::vector<float> wrong =
+      our_logits(io::import_hf(dir.file("hf-interleaved")), dir.file("wrong.h5"), ids, B, T);
+  REQUIRE(relative_error(wrong, reference) > 1e-3);
+}
+
+TEST_CASE("hf: the fused gate_up_proj/down_proj layout imports to the same parameters", "[hf]") {
+  test::ScratchDir dir("hf-fused");
+  const Tiny t;
+  const auto weights = mixtral_weights(t, 2);
+  write_hf_dir(dir.file("per-expert"), mixtral_config(t), weights, 1);
+  write_hf_dir(dir.file("fused"), mixtral_config(t), fused_form(t, weights), 2);
+  io::HfImportReport report;
+  io::Checkpoint fused = io::import_hf(dir.file("fused"), {}, &report);
+  require_same_params(io::import_hf(dir.file("per-expert")), fused);
+  REQUIRE(report.mapped.size() == fused_form(t, weights).size());
+
+  // A fused tensor in the transposed layout [E, D, 2F] is a shape error, not a silent transpose.
+  auto transposed = fused_form(t, weights);
+  transposed["model.layers.0.mlp.experts.gate_up_proj"] =
+      test::random_tensor({t.E, t.D, 2 * t.F}, 3);
+  write_hf_dir(dir.file("transposed"), mixtral_config(t), transposed, 1);
+  const std::string message = import_error(dir.file("transposed"));
+  REQUIRE_THAT(message, Catch::Contains("model.layers.0.mlp.experts.gate_up_proj"));
+  REQUIRE_THAT(message, Catch::Contains("config.json implies [4,96,32]"));
+
+  // Per-expert and fused tensors in one layer are contradictory.
+  auto both = fused_form(t, weights);
+  both["model.layers.0.block_sparse_moe.experts.0.w1.weight"] =
+      weights.at("model.layers.0.block_sparse_moe.experts.0.w1.weight");
+  write_hf_dir(dir.file("both"), mixtral_config(t), both, 1);
+  REQUIRE_THAT(import_error(dir.file("both")), Catch::Contains("both per-expert and fused"));
+}
+
+TEST_CASE("hf: export -> import is the identity and scores text identically", "[hf]") {
+  test::ScratchDir dir("hf-export");
+  const Tiny t;
+  const auto weights = mixtral_weights(t, 3);
+  write_hf_dir(dir.file("hf"), mixtral_config(t), weights, 2);
+  const io::Checkpoint imported = io::import_hf(dir.file("hf"));
+
+  io::export_hf(imported, dir.file("exported"));
+  // The export is HF Mixtral: its config keys and per-expert names, the source tensors' bytes.
+  const json config = json::parse(test::read_file(dir.file("exported/config.json")));
+  REQUIRE(config["model_type"] == "mixtral");
+  REQUIRE(config["num_local_experts"] == t.E);
+  REQUIRE(config["num_key_value_heads"] == t.KV);
+  REQUIRE(config["intermediate_size"] == t.F);
+  REQUIRE(config["max_position_embeddings"] == t.max_pos);
+  REQUIRE(config["tie_word_embeddings"] == false);
+  REQUIRE(config["rope_theta"] == t.theta);
+  io::SafetensorsReader exported(dir.file("exported/model.safetensors"));
+  REQUIRE(exported.tensors().size() == weights.size());
+  REQUIRE(exported.metadata().at("format") == "pt");
+  for (const auto& [name, tensor] : weights) {
+    INFO("tensor " << name);
+    REQUIRE(exported.find(name) != nullptr);
+    REQUIRE(same_bytes(exported.read(name), tensor));
+  }
+
+  const io::Checkpoint again = io::import_hf(dir.file("exported"));
+  require_same_params(imported, again);
+  REQUIRE(again.model_config == imported.model_config);
+
+  // The key check: the model scores text identically before export and after export -> import.
+  const std::string text = "Mixture-of-experts models route every token to a few experts.";
+  const int64_t T = 48;
+  std::vector<int32_t> ids, targets;
+  for (int64_t i = 0; i < T; ++i) {
+    ids.push_back(static_cast<unsigned char>(text[size_t(i)]));
+    targets.push_back(static_cast<unsigned char>(text[size_t(i + 1)]));
+  }
+  auto score = [&](const io::Checkpoint& c, const std::string& file) {
+    io::save_checkpoint(dir.file(file), c);
+    infer::LoadedModel m = infer::load_model(dir.file(file));
+    return m.model->evaluate(Tensor::from_vector({1, T}, ids), Tensor::from_vector({1, T}, targets))
+        .loss;
+  };
+  const double before = score(imported, "before.h5"), after = score(again, "after.h5");
+  INFO("loss before " << before << ", after " << after);
+  REQUIRE(before > 1.0);  // a random model: a real, non-trivial score
+  REQUIRE(std::abs(before - after) <= 1e-6 * before);
+  // ... and it is HF Mixtral's score: the reference logits give the same mean NLL.
+  const Vec logits = hf_reference_logits(t, weights, ids, 1, T, true);
+  double nll = 0;
+  for (int64_t r = 0; r < T; ++r) {
+    const double* row = logits.data() + r * t.V;
+    double top = *std::max_element(row, row + t.V), sum = 0;
+    for (int64_t v = 0; v < t.V; ++v) sum += std::exp(row[v] - top);
+    nll += top + std::log(sum) - row[targets[size_t(r)]];
+  }
+  REQUIRE(std::abs(nll / double(T) - before) <= 1e-5 * before);
+}
+
+TEST_CASE("hf: a model of our own (f32 and bf16) survives export -> import bitwise", "[hf]") {
+  test::ScratchDir dir("hf-own");
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    INFO("dtype " << dtype_name(dtype));
+    ModelConfig c = test::small_model_config(Arch::mixtral);
+    c.dtype = dtype;
+    c.z_loss_coef = 0.005;  // not in HF's config: kept through the exporter's metadata record
+    c.seq = 24;
+    c.resolve();
+    ParamSet params(11, dtype);
+    Transformer model(c, params);
+    io::Checkpoint ckpt;
+    ckpt.model_config = to_json(c);
+    ckpt.train_config = nullptr;
+    for (const Param* p : std::as_const(params).all())
+      ckpt.params.push_back({p->name, p->value, p->expert, {}});
+
+    const std::string out = dir.file(std::string("own-") + dtype_name(dtype));
+    io::export_hf(ckpt, out);
+    io::HfImportReport report;
+    const io::Checkpoint back = io::import_hf(out, {}, &report);
+    REQUIRE(back.model_config == ckpt.model_config);
+    REQUIRE(back.params.size() == ckpt.params.size());
+    for (const io::NamedTensor& p : ckpt.params) {
+      INFO("parameter " << p.name);
+      const io::NamedTensor& q = param(back, p.name);
+      REQUIRE(q.expert == p.expert);
+      REQUIRE(same_bytes(q.tensor, p.tensor));
+    }
+    // Without the metadata record, config.json alone still gives the same model math.
+    io::SafetensorsReader st(out + "/model.safetensors");
+    std::vector<io::NamedTensor> tensors;
+    for (const auto& e : st.tensors()) tensors.push_back({e.name, st.read(e.name), false, {}});
+    io::write_safetensors(out + "/model.safetensors", tensors, {{"format", "pt"}});
+    const ModelConfig plain = model_config_from_json(io::import_hf(out).model_config);
+    REQUIRE(plain.dtype == dtype);
+    REQUIRE(plain.seq == c.seq);
+    REQUIRE(plain.d_ff == c.d_ff);
+    REQUIRE(plain.kv_heads == c.kv_heads);
+    REQUIRE(plain.normalize_topk);
+    REQUIRE(plain.z_loss_coef == 0);  // HF has no z-loss
+  }
+
+  // What HF Mixtral cannot hold is refused.
+  ModelConfig gpt = test::small_model_config(Arch::gpt);
+  gpt.resolve();
+  io::Checkpoint g;
+  g.model_config = to_json(gpt);
+  REQUIRE_THAT(test::error_of([&] { io::export_hf(g, dir.file("gpt")); }),
+               Catch::Contains("only the mixtral flavour"));
+  ModelConfig dense = test::small_model_config(Arch::mixtral);
+  dense.moe_every = 2;
+  dense.resolve();
+  g.model_config = to_json(dense);
+  REQUIRE_THAT(test::error_of([&] { io::export_hf(g, dir.file("dense")); }),
+               Catch::Contains("layer 0 is dense"));
+}
+
+TEST_CASE("hf: storage dtypes are kept, or converted to f32 when mixed", "[hf]") {
+  test::ScratchDir dir("hf-dtype");
+  const Tiny t;
+  const auto weights = mixtral_weights(t, 4);
+  std::map<std::string, Tensor> bf16, mixed;
+  for (const auto& [name, tensor] : weights) {
+    bf16[name] = tensor.to(DType::bf16);
+    mixed[name] = name.find("norm") != std::string::npos ? tensor : tensor.to(DType::bf16);
+  }
+  write_hf_dir(dir.file("bf16"), mixtral_config(t), bf16, 2);
+  const io::Checkpoint b = io::import_hf(dir.file("bf16"));
+  REQUIRE(model_config_from_json(b.model_config).dtype == DType::bf16);
+  REQUIRE(same_bytes(param(b, "embed.tokens").tensor, bf16.at("model.embed_tokens.weight")));
+  REQUIRE(param(b, "blocks.0.moe.experts.w1").tensor.dtype() == DType::bf16);
+
+  write_hf_dir(dir.file("mixed"), mixtral_config(t), mixed, 1);
+  io::HfImportReport report;
+  const io::Checkpoint m = io::import_hf(dir.file("mixed"), {}, &report);
+  REQUIRE(model_config_from_json(m.model_config).dtype == DType::f32);
+  REQUIRE(report.notes.size() == 1);
+  REQUIRE_THAT(report.notes[0], Catch::Contains("converted to f32"));
+  REQUIRE(same_bytes(param(m, "blocks.1.norm2.weight").tensor,
+                     weights.at("model.layers.1.post_attention_layernorm.weight")));
+  REQUIRE(same_bytes(param(m, "lm_head.weight").tensor,
+                     bf16.at("lm_head.weight").to(DType::f32)));  // exact upcast
+}
+
+TEST_CASE("hf: unmapped tensors are an error unless allowed, and then listed", "[hf]") {
+  test::ScratchDir dir("hf-unmapped");
+  const Tiny t;
+  auto weights = mixtral_weights(t, 5);
+  weights["model.layers.0.block_sparse_moe.mystery"] = test::random_tensor({3}, 1);
+  weights["extra.scale"] = test::random_tensor({1}, 2);
+  write_hf_dir(dir.file("hf"), mixtral_config(t), weights, 2);
+  const std::string message = import_error(dir.file("hf"));
+  REQUIRE_THAT(message, Catch::Contains("2 tensors have no counterpart"));
+  REQUIRE_THAT(message, Catch::Contains("model.layers.0.block_sparse_moe.mystery"));
+  REQUIRE_THAT(message, Catch::Contains("extra.scale"));
+
+  io::HfImportReport report;
+  io::Checkpoint ckpt = io::import_hf(dir.file("hf"), true, &report);
+  REQUIRE(report.unmapped ==
+          std::vector<std::string>{"extra.scale", "model.layers.0.block_sparse_moe.mystery"});
+  REQUIRE(report.mapped.size() + report.unmapped.size() == weights.size());
+  REQUIRE(ckpt.params.size() == size_t(2 + t.L * 10 + 1));  // embed, 10 per block, norm, head
+}
+
+TEST_CASE("hf: missing shards, missing tensors and shape mismatches are clear errors", "[hf]") {
+  test::ScratchDir dir("hf-broken");
+  const Tiny t;
+  const auto weights = mixtral_weights(t, 6);
+
+  write_hf_dir(dir.file("shard"), mixtral_config(t), weights, 2);
+  fs::remove(dir.file("shard/model-00002-of-00002.safetensors"));
+  REQUIRE_THAT(
+      import_error(dir.file("shard")),
+      Catch::Contains("names the shard 'model-00002-of-00002.safetensors', which is missing"));
+
+  json kv = mixtral_config(t);
+  kv["num_key_value_heads"] = 4;  // k_proj holds 2 kv heads
+  write_hf_dir(dir.file("kv"), kv, weights, 1);
+  std::string message = import_error(dir.file("kv"));
+  REQUIRE_THAT(message,
+               Catch::Contains("tensor 'model.layers.0.self_attn.k_proj.weight' is [16,32]"));
+  REQUIRE_THAT(message, Catch::Contains("config.json implies [32,32]"));
+
+  json ffn = mixtral_config(t);
+  ffn["intermediate_size"] = 40;
+  write_hf_dir(dir.file("ffn"), ffn, weights, 1);
+  REQUIRE_THAT(import_error(dir.file("ffn")),
+               Catch::Contains("is [48,32], but config.json implies [40,32]"));
+
+  json layers = mixtral_config(t);
+  layers["num_hidden_layers"] = 1;
+  write_hf_dir(dir.file("layers"), layers, weights, 1);
+  REQUIRE_THAT(import_error(dir.file("layers")),
+               Catch::Contains("belongs to layer 1, but config.json has num_hidden_layers 1"));
+
+  auto incomplete = weights;
+  incomplete.erase("model.layers.1.block_sparse_moe.experts.2.w3.weight");
+  write_hf_dir(dir.file("incomplete"), mixtral_config(t), incomplete, 1);
+  REQUIRE_THAT(import_error(dir.file("incomplete")),
+               Catch::Contains("no tensor for blocks.1.moe.experts.w3 expert 2"));
+
+  auto headless = weights;
+  headless.erase("lm_head.weight");
+  write_hf_dir(dir.file("headless"), mixtral_config(t), headless, 1);
+  REQUIRE_THAT(import_error(dir.file("headless")), Catch::Contains("no tensor for the LM head"));
+
+  auto twice = weights;  // the router under both prefixes
+  twice["model.layers.0.mlp.gate.weight"] =
+      weights.at("model.layers.0.block_sparse_moe.gate.weight");
+  write_hf_dir(dir.file("twice"), mixtral_config(t), twice, 1);
+  REQUIRE_THAT(import_error(dir.file("twice")),
+               Catch::Contains("both give blocks.0.moe.router.weight"));
+
+  // An index that does not describe its shards.
+  write_hf_dir(dir.file("index"), mixtral_config(t), weights, 2);
+  json index = json::parse(test::read_file(dir.file("index/model.safetensors.index.json")));
+  index["weight_map"].erase("lm_head.weight");
+  test::write_file(dir.file("index/model.safetensors.index.json"), index.dump());
+  REQUIRE_THAT(import_error(dir.file("index")),
+               Catch::Contains("holds tensor 'lm_head.weight', which"));
+
+  write_hf_dir(dir.file("noconfig"), mixtral_config(t), weights, 1);
+  fs::remove(dir.file("noconfig/config.json"));
+  REQUIRE_THAT(import_error(dir.file("noconfig")), Catch::Contains("no config.json"));
+}
+
+TEST_CASE("hf: unsupported features are refused naming the feature", "[hf]") {
+  test::ScratchDir dir("hf-unsupported");
+  const Tiny t;
+  const auto olmoe_weights = olmoe_form(mixtral_weights(t, 7));
+  auto base = [&](const std::string& model_type) {
+    json c = mixtral_config(t);
+    c.erase("num_local_experts");
+    c["model_type"] = model_type;
+    c["num_experts"] = t.E;
+    return c;
+  };
+
+  // Qwen2-MoE: shared expert (config and tensors) and q/k/v biases.
+  json qwen = base("qwen2_moe");
+  qwen.erase("intermediate_size");
+  qwen["moe_intermediate_size"] = t.F;
+  qwen["intermediate_size"] = 4 * t.F;
+  qwen["shared_expert_intermediate_size"] = 2 * t.F;
+  auto qwen_weights = olmoe_weights;
+  for (int64_t l = 0; l < t.L; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    qwen_weights[p + "mlp.shared_expert.gate_proj.weight"] = test::random_tensor({2 * t.F, t.D}, 1);
+    qwen_weights[p + "mlp.shared_expert.up_proj.weight"] = test::random_tensor({2 * t.F, t.D}, 2);
+    qwen_weights[p + "mlp.shared_expert.down_proj.weight"] = test::random_tensor({t.D, 2 * t.F}, 3);
+    qwen_weights[p + "mlp.shared_expert_gate.weight"] = test::random_tensor({1, t.D}, 4);
+    qwen_weights[p + "self_attn.q_proj.bias"] = test::random_tensor({t.D}, 5);
+  }
+  write_hf_dir(dir.file("qwen"), qwen, qwen_weights, 2);
+  io::HfImportReport report;
+  std::string message = import_error(dir.file("qwen"), &report);
+  REQUIRE_THAT(message, Catch::Contains("shared expert"));
+  REQUIRE_THAT(message, Catch::Contains("attention biases"));
+  REQUIRE(report.family == "qwen2_moe");
+  // One line per feature, from the config and from the tensors (named, with how many more).
+  REQUIRE(report.unsupported ==
+          std::vector<std::string>{
+              "shared expert (shared_expert_intermediate_size 96)",
+              "shared expert (tensor model.layers.0.mlp.shared_expert.down_proj.weight and 7 more)",
+              "attention biases (tensor model.layers.0.self_attn.q_proj.bias and 1 more)"});
+  // Refused even with allow_unmapped: unsupported features are never dropped.
+  io::HfImportOptions lenient;
+  lenient.allow_unmapped = true;
+  REQUIRE_THAT(import_error(dir.file("qwen"), nullptr, lenient), Catch::Contains("shared expert"));
+
+  // OLMoE with qk-norm.
+  auto qk = olmoe_weights;
+  qk["model.layers.0.self_attn.q_norm.weight"] = test::random_tensor({t.D}, 6);
+  qk["model.layers.0.self_attn.k_norm.weight"] = test::random_tensor({t.KV * t.hd()}, 7);
+  write_hf_dir(dir.file("qk"), base("olmoe"), qk, 1);
+  REQUIRE_THAT(import_error(dir.file("qk")), Catch::Contains("qk-norm"));
+
+  // Tied embeddings, an unknown family, RoPE scaling.
+  json tied = mixtral_config(t);
+  tied["tie_word_embeddings"] = true;
+  write_hf_dir(dir.file("tied"), tied, mixtral_weights(t, 8), 1);
+  REQUIRE_THAT(import_error(dir.file("tied")), Catch::Contains("tied word embeddings"));
+  json other = mixtral_config(t);
+  other["model_type"] = "deepseek_v3";
+  write_hf_dir(dir.file("other"), other, mixtral_weights(t, 8), 1);
+  REQUIRE_THAT(import_error(dir.file("other")),
+               Catch::Contains("model_type 'deepseek_v3' is not supported"));
+  json scaled = mixtral_config(t);
+  scaled["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  write_hf_dir(dir.file("scaled"), scaled, mixtral_weights(t, 8), 1);
+  REQUIRE_THAT(import_error(dir.file("scaled")), Catch::Contains("RoPE scaling"));
+
+  // A sliding window shorter than the context is refused; a context within it imports exactly.
+  json window = mixtral_config(t);
+  window["sliding_window"] = 16;
+  write_hf_dir(dir.file("window"), window, mixtral_weights(t, 8), 1);
+  REQUIRE_THAT(import_error(dir.file("window")), Catch::Contains("sliding-window attention"));
+  io::HfImportOptions short_context;
+  short_context.max_seq = 16;
+  REQUIRE(
+      model_config_from_json(io::import_hf(dir.file("window"), short_context).model_config).seq ==
+      16);
+}
+
+TEST_CASE("hf: OLMoE naming with norm_topk_prob false imports its router math", "[hf]") {
+  test::ScratchDir dir("hf-olmoe");
+  const Tiny t;
+  const auto weights = mixtral_weights(t, 9);
+  json c = mixtral_config(t);
+  c.erase("num_local_experts");
+  c["model_type"] = "olmoe";
+  c["num_experts"] = t.E;
+  c["norm_topk_prob"] = false;
+  write_hf_dir(dir.file("olmoe"), c, olmoe_form(weights), 2);
+  io::HfImportReport report;
+  const io::Checkpoint ckpt = io::import_hf(dir.file("olmoe"), {}, &report);
+  REQUIRE(report.family == "olmoe");
+  REQUIRE_FALSE(model_config_from_json(ckpt.model_config).normalize_topk);
+
+  const int64_t B = 1, T = 10;
+  const auto ids = random_token_ids(B * T, int32_t(t.V), 8);
+  const std::vector<float> ours = our_logits(ckpt, dir.file("ours.h5"), ids, B, T);
+  REQUIRE(relative_error(ours, hf_reference_logits(t, weights, ids, B, T, false)) < 1e-5);
+  REQUIRE(relative_error(ours, hf_reference_logits(t, weights, ids, B, T, true)) > 1e-3);
+}

@@ -1,0 +1,296 @@
+// moe-convert: describe, convert and re-shard checkpoints. Every subcommand is a thin driver of
+// moe/io/convert.h; adding one is a `Subcommand` entry in main() (a setup function that declares
+// its flags, and a run function).
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "common/cli.h"
+#include "moe/io/convert.h"
+#include "moe/log.h"
+
+using namespace moe;
+
+namespace {
+
+struct Options {
+  tools::CommonOptions common;
+  std::vector<std::string> inputs;  // CKPT (a file or a sharded directory) or SHARD...
+  std::string out, to, trace;
+  int ranks = 0;
+  bool json = false, verify = false, shard_embedding = false, force = false;
+};
+
+// The command line, for the provenance of every file written.
+struct Argv {
+  int argc;
+  char** argv;
+};
+
+std::string num(double v) {
+  if (std::isinf(v)) return "inf";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4f", v);
+  return buf;
+}
+
+std::string shape_text(const Shape& shape) {
+  if (shape.empty()) return "scalar";
+  std::string s;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += 'x';
+    s += std::to_string(shape[i]);
+  }
+  return s;
+}
+
+void refuse_stdout(const std::string& out) {
+  MOE_USAGE_CHECK(out != "-", "-o -: checkpoints are written to files, not to stdout");
+}
+
+// The file converted outputs take their history from: the input, or rank 0's file of it.
+nlohmann::json history_of(const std::vector<std::string>& inputs, const io::Provenance& source) {
+  return io::extend_history(io::read_history(io::checkpoint_files(inputs).at(0)), source);
+}
+
+// ---- inspect ----------------------------------------------------------------------------------
+
+int run_inspect(Options& o, const Argv&) {
+  io::CheckpointInfo info = io::inspect(o.inputs, o.verify);
+  if (o.json) {
+    std::printf("%s\n", io::to_json(info).dump().c_str());
+    return tools::finish_stdout("moe-convert");
+  }
+  for (const io::FileInfo& f : info.files) {
+    const io::Provenance& p = f.provenance;
+    std::printf("# file\t%s\n", f.path.c_str());
+    std::printf("# producer\t%s %s (git %s)\tcreated %s\targv %s\n", p.tool.c_str(),
+                p.version.c_str(), p.git.c_str(), p.time.c_str(), p.argv.c_str());
+    for (const nlohmann::json& h : f.history)
+      std::printf("# converted from\t%s %s (git %s)\tcreated %s\targv %s\n",
+                  h.value("tool", "").c_str(), h.value("version", "").c_str(),
+                  h.value("git", "").c_str(), h.value("created", "").c_str(),
+                  h.value("argv", "").c_str());
+    std::printf("# state\tstep %lld\ttokens_seen %lld\tdata_cursor %lld\tseed %llu\n",
+                (long long)f.state.step, (long long)f.state.tokens_seen,
+                (long long)f.state.data_cursor, (unsigned long long)f.state.seed);
+    std::string map;
+    for (size_t i = 0; i < f.sharding.expert_rank.size(); ++i) {
+      if (i) map += ',';
+      map += std::to_string(f.sharding.expert_rank[i]);
+    }
+    std::printf(
+        "# sharding\tworld_size %d\tep_size %d\trank %s\tshard_embedding %d\texpert_rank %s\n",
+        f.sharding.world_size, f.sharding.ep_size,
+        f.sharding.rank < 0 ? "-" : std::to_string(f.sharding.rank).c_str(),
+        f.sharding.shard_embedding ? 1 : 0, map.empty() ? "-" : map.c_str());
+  }
+  std::printf("# model_config\t%s\n", info.model_config.dump().c_str());
+  std::printf("# train_config\t%s\n", info.train_config.dump().c_str());
+  std::printf("# params_total\t%lld\n", (long long)info.params_total);
+  std::printf("# params_active_per_token\t%lld\n", (long long)info.params_active_per_token);
+  std::printf("# bytes\tparams %lld\toptim %lld\n", (long long)info.param_bytes,
+              (long long)info.optim_bytes);
+  for (const io::MoELayerInfo& l : info.layers)
+    std::printf("# moe_layer %lld\tblock %lld\texperts %lld\trank %s\tstored_bytes %lld\t%s\t%s\n",
+                (long long)l.layer, (long long)l.block, (long long)l.experts,
+                l.rank < 0 ? "-" : std::to_string(l.rank).c_str(), (long long)l.stored_bytes,
+                l.contiguous() ? "one extent" : str("spread over ", l.extent, " bytes").c_str(),
+                l.experts_contiguous ? "each expert one run" : "experts split by tensor");
+  if (info.verified) std::printf("# verified\tevery tensor read and checksummed\n");
+  std::printf("group\tname\tdtype\tshape\tbytes\texpert\trank\tshard\tchunk\tchecksum\n");
+  for (const io::TensorInfo& t : info.tensors) {
+    std::string shard = "-";
+    if (t.shard.defined())
+      shard = str("dim ", t.shard.dim, " from ", t.shard.start, " of ", shape_text(t.shard.global));
+    std::printf("%s\t%s\t%s\t%s\t%lld\t%d\t%s\t%s\t%s\t%s\n", t.group.c_str(), t.name.c_str(),
+                dtype_name(t.dtype), shape_text(t.shape).c_str(), (long long)t.bytes,
+                t.expert ? 1 : 0, t.rank < 0 ? "-" : std::to_string(t.rank).c_str(), shard.c_str(),
+                t.chunk.empty() ? "contiguous" : shape_text(t.chunk).c_str(),
+                t.filtered ? "fletcher32" : "-");
+  }
+  return tools::finish_stdout("moe-convert");
+}
+
+// ---- dtype, freeze, merge ---------------------------------------------------------------------
+
+int run_dtype(Options& o, const Argv& a) {
+  refuse_stdout(o.out);
+  bool merged = false;
+  io::Checkpoint in = io::load_whole(o.inputs, true, &merged);
+  const DType to = parse_dtype(o.to);
+  io::DTypeReport report;
+  io::Checkpoint out = io::change_dtype(in, to, &report);
+  out.provenance = io::make_provenance("moe-convert", a.argc, a.argv);
+  io::save_converted(o.out, out, history_of(o.inputs, in.provenance));
+  MOE_LOG_INFO("dtype ", o.to, ": ", report.tensors_converted, " parameter tensors converted (max ",
+               "relative error ", num(report.max_relative_error), ")",
+               in.optim.empty() ? std::string(", no optimizer state")
+                                : str(", optimizer state fp32: ", report.masters_added,
+                                      " fp32 masters added, ", report.masters_used, " used, ",
+                                      report.masters_dropped, " became parameters"),
+               merged ? ", shards merged" : "", "; wrote ", o.out);
+  return 0;
+}
+
+int run_freeze(Options& o, const Argv& a) {
+  refuse_stdout(o.out);
+  bool merged = false;
+  io::Checkpoint in = io::load_whole(o.inputs, true, &merged);
+  io::Checkpoint out = io::freeze(in);
+  out.provenance = io::make_provenance("moe-convert", a.argc, a.argv);
+  io::save_streaming(o.out, out, history_of(o.inputs, in.provenance));
+  MOE_LOG_INFO("froze ", out.params.size(), " parameter tensors (dropped ", in.optim.size(),
+               " optimizer tensors and the training state)", merged ? ", shards merged" : "",
+               "; wrote ", o.out);
+  return 0;
+}
+
+int run_merge(Options& o, const Argv& a) {
+  refuse_stdout(o.out);
+  const std::vector<std::string> files = io::checkpoint_files(o.inputs);
+  io::Checkpoint merged = io::merge_shards(files);
+  const io::Provenance source = merged.provenance;
+  merged.provenance = io::make_provenance("moe-convert", a.argc, a.argv);
+  io::save_converted(o.out, merged, history_of(o.inputs, source));
+  MOE_LOG_INFO("merged ", files.size(), " shard files into ", merged.params.size(),
+               " parameter and ", merged.optim.size(), " optimizer tensors; wrote ", o.out);
+  return 0;
+}
+
+// ---- partition --------------------------------------------------------------------------------
+
+int run_partition(Options& o, const Argv& a) {
+  refuse_stdout(o.out);
+  bool merged = false;
+  io::Checkpoint whole = io::load_whole(o.inputs, true, &merged);
+  io::PartitionOptions options;
+  options.ranks = o.ranks;
+  options.shard_embedding = o.shard_embedding;
+  std::vector<io::LayerPlacement> plan;
+  if (!o.trace.empty()) {
+    io::TraceReader trace(o.trace);
+    plan = io::plan_placement(model_config_from_json(whole.model_config), trace, o.ranks);
+    for (const io::LayerPlacement& p : plan) options.placement.push_back(p.lpt);
+  }
+  std::vector<io::Checkpoint> files = io::partition(whole, options);
+  const io::Provenance source = whole.provenance;
+  for (io::Checkpoint& c : files) c.provenance = io::make_provenance("moe-convert", a.argc, a.argv);
+  io::save_sharded(o.out, files, o.force, history_of(o.inputs, source));
+  if (!plan.empty()) {
+    std::printf(
+        "layer\tblock\texperts\tranks\tassignments\tlpt_max_over_mean\tcontiguous_max_over_mean\t"
+        "round_robin_max_over_mean\tlpt_expert_rank\n");
+    for (const io::LayerPlacement& p : plan) {
+      int64_t total = 0;
+      for (int64_t l : p.loads) total += l;
+      std::string map;
+      for (size_t e = 0; e < p.lpt.size(); ++e) {
+        if (e) map += ',';
+        map += std::to_string(p.lpt[e]);
+      }
+      std::printf("%lld\t%lld\t%lld\t%d\t%lld\t%s\t%s\t%s\t%s\n", (long long)p.layer,
+                  (long long)p.block, (long long)p.experts, o.ranks, (long long)total,
+                  num(p.lpt_max_over_mean).c_str(), num(p.contiguous_max_over_mean).c_str(),
+                  num(p.round_robin_max_over_mean).c_str(), map.c_str());
+    }
+  }
+  bool contiguous = true;
+  for (const io::LayerPlacement& p : plan)
+    contiguous &= io::is_contiguous_placement(p.lpt, o.ranks);
+  MOE_LOG_INFO("partitioned into ", o.ranks, " rank files", merged ? " (input shards merged)" : "",
+               plan.empty() ? " (contiguous experts)"
+               : contiguous ? " (LPT placement is the contiguous one)"
+                            : " (LPT placement recorded in /sharding expert_rank; moe-train "
+                              "resumes only the contiguous layout)",
+               "; wrote ", o.out);
+  return plan.empty() ? 0 : tools::finish_stdout("moe-convert");
+}
+
+// ---- the subcommand table ---------------------------------------------------------------------
+
+struct Subcommand {
+  CLI::App* app;
+  int (*run)(Options&, const Argv&);
+};
+
+void add_checkpoint_input(CLI::App* sub, Options& o) {
+  sub->add_option("checkpoint", o.inputs,
+                  "Checkpoint file, sharded checkpoint directory, moe-train output directory, "
+                  "or the rank files of a sharded checkpoint")
+      ->required();
+}
+
+void add_output(CLI::App* sub, Options& o, const char* what) {
+  sub->add_option("-o,--out", o.out, what)->required();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "moe-convert: inspect, convert (dtype, freeze) and re-shard (merge, partition) "
+      "checkpoints.",
+      "moe-convert"};
+  Options o;
+  tools::add_common_options(app, o.common, "moe-convert");
+  app.require_subcommand(1);
+  app.fallthrough();  // common flags (-q, --threads, ...) also after the subcommand
+
+  std::vector<Subcommand> subs;
+
+  auto* inspect =
+      app.add_subcommand("inspect",
+                         "Config, every tensor (dtype, shape, bytes, storage), parameter counts, "
+                         "sharding and provenance, as TSV (or --json)");
+  add_checkpoint_input(inspect, o);
+  inspect->add_flag("--json", o.json, "One JSON object instead of TSV");
+  inspect->add_flag("--verify", o.verify,
+                    "Also read every tensor (checksums) and check that shards fit together");
+  subs.push_back({inspect, run_inspect});
+
+  auto* dtype = app.add_subcommand(
+      "dtype", "Convert the parameters to another dtype (optimizer state stays fp32)");
+  add_checkpoint_input(dtype, o);
+  dtype->add_option("--to", o.to, "Parameter dtype")
+      ->required()
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  add_output(dtype, o, "Output checkpoint file");
+  subs.push_back({dtype, run_dtype});
+
+  auto* freeze = app.add_subcommand(
+      "freeze", "An inference checkpoint: no optimizer or training state, experts per layer");
+  add_checkpoint_input(freeze, o);
+  add_output(freeze, o, "Output checkpoint file");
+  subs.push_back({freeze, run_freeze});
+
+  auto* merge = app.add_subcommand(
+      "merge", "A sharded checkpoint (its directory or every rank file) into one file");
+  merge->add_option("shards", o.inputs, "Sharded checkpoint directory, or its rank-*.h5 files")
+      ->required();
+  add_output(merge, o, "Output checkpoint file");
+  subs.push_back({merge, run_merge});
+
+  auto* part = app.add_subcommand(
+      "partition", "Shard a checkpoint for N expert-parallel ranks (moe-train's sharded layout)");
+  add_checkpoint_input(part, o);
+  part->add_option("--ranks", o.ranks, "Expert-parallel ranks N (world size of the shards)")
+      ->required()
+      ->check(tools::positive());
+  part->add_option("--trace", o.trace,
+                   "Routing trace (moe-profile record, moe-train --trace): place experts by LPT "
+                   "on their profiled load and print the predicted balance per layer");
+  part->add_flag("--shard-embedding", o.shard_embedding,
+                 "Also split the token table by columns over the ranks (untied head)");
+  part->add_flag("--force", o.force, "Replace an existing output directory");
+  add_output(part, o, "Output directory (rank-<5 digits>.h5 files)");
+  subs.push_back({part, run_partition});
+
+  return tools::run_tool("moe-convert", app, argc, argv, [&]() -> int {
+    tools::apply_common_options(o.common);
+    const Argv a{argc, argv};
+    for (const Subcommand& s : subs)
+      if (*s.app) return s.run(o, a);
+    throw UsageError("no subcommand given");
+  });
+}
