@@ -1,6 +1,7 @@
 // moe-infer: batch inference on files. `score` writes each sequence's log-likelihood, `generate`
 // continues prompts. --expert-budget streams the experts through a fixed ring of memory
 // (MoESys) instead of holding them all. The work is in libmoe (moe/infer/*).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include "moe/infer/expert_ring.h"
 #include "moe/infer/generate.h"
 #include "moe/infer/model.h"
+#include "moe/infer/placement.h"
 #include "moe/io/dataset.h"
 #include "moe/log.h"
 #include "moe/timer.h"
@@ -27,7 +29,7 @@ namespace {
 
 struct Options {
   tools::CommonOptions common;
-  std::string model, data, data_format = "auto", prompts, out = "-", budget;
+  std::string model, data, data_format = "auto", prompts, out = "-", budget, popularity;
   int64_t batch = 8, max_sequences = 0, ep = 1;
   infer::SamplingConfig sampling;
 };
@@ -44,6 +46,7 @@ struct Engine {
   nn::Parallel parallel;
   infer::LoadedModel loaded;
   std::unique_ptr<infer::ExpertRing> ring;
+  std::unique_ptr<infer::LinaPlacement> placement;  // --popularity
   const BlockHooks* hooks() const { return ring ? &ring->hooks() : nullptr; }
   int ranks() const { return world ? world->size() : 1; }
   int rank() const { return world ? world->rank() : 0; }
@@ -61,9 +64,24 @@ std::unique_ptr<Engine> open_engine(const Options& o, std::unique_ptr<comm::Comm
     e.exchange = std::make_unique<comm::AllToAllV>(*e.world, comm::A2AAlgorithm::flat);
     e.parallel.experts = e.world.get();
     e.parallel.exchange = e.exchange.get();
+    if (!o.popularity.empty()) {  // every rank holds every expert; Lina places them per batch
+      const ModelConfig mc = model_config_from_json(io::read_model_config(o.model));
+      try {
+        e.placement =
+            std::make_unique<infer::LinaPlacement>(profile::load_paths(o.popularity), mc, *e.world);
+      } catch (const Error& ex) {
+        throw Error(str("--popularity '", o.popularity, "' does not fit model '", o.model,
+                        "': ", ex.what()));
+      }
+      e.parallel.placement = e.placement.get();
+    }
     e.loaded = infer::load_model(o.model, true, &e.parallel);
     return engine;
   }
+  if (!o.popularity.empty())
+    throw UsageError(
+        "--popularity places experts over expert-parallel ranks: it needs --ep R "
+        "under mpiexec -n R (R > 1)");
   if (world && world->size() > 1)
     throw UsageError(str("moe-infer runs on one rank unless --ep ", world->size(),
                          " spreads the experts over the ", world->size(), " ranks"));
@@ -92,6 +110,28 @@ void windows_of(const std::vector<int32_t>& tokens, int64_t seq, int64_t first, 
     std::copy(src, src + seq, ids.data<int32_t>() + w * seq);
     std::copy(src + 1, src + seq + 1, targets.data<int32_t>() + w * seq);
   }
+}
+
+// Rank 0: batch latency percentiles and, with --popularity, per-layer rank load with and without
+// the placement (stderr).
+void report_batches(const Engine& e, std::vector<double> seconds, bool quiet) {
+  if (quiet || e.rank() != 0 || seconds.empty()) return;
+  std::sort(seconds.begin(), seconds.end());
+  auto pct = [&](double q) {  // nearest rank
+    const auto i = static_cast<size_t>(std::ceil(q * double(seconds.size()))) - 1;
+    return seconds[std::min(i, seconds.size() - 1)] * 1e3;
+  };
+  std::fprintf(stderr, "moe-infer: %zu batches, latency p50 %.2f ms, p95 %.2f ms\n", seconds.size(),
+               pct(0.50), pct(0.95));
+  if (!e.placement) return;
+  std::fprintf(stderr,
+               "moe-infer: placement\tblock\tbatches\treplans\tstatic_max_over_mean\t"
+               "estimated_max_over_mean\tplaced_max_over_mean\tmax_replicas\n");
+  for (const infer::PlacementLayerStats& s : e.placement->stats())
+    std::fprintf(stderr, "moe-infer: placement\t%lld\t%lld\t%lld\t%.3f\t%.3f\t%.3f\t%.2f\n",
+                 static_cast<long long>(s.block), static_cast<long long>(s.batches),
+                 static_cast<long long>(s.replans), s.static_max_over_mean,
+                 s.estimated_max_over_mean, s.placed_max_over_mean, s.mean_max_replicas);
 }
 
 void report_ring(const Engine& e) {
@@ -130,7 +170,9 @@ int score(Options& o, std::unique_ptr<comm::Communicator> world) {
   Timer timer;
   // Each round takes batch x R windows; rank r computes its contiguous share (under --ep every
   // rank must run every forward pass, so a rank without windows computes window 0 and drops it).
+  std::vector<double> batch_seconds;
   for (int64_t done = 0; done < total;) {
+    Timer batch_timer;
     const int64_t round = std::min(o.batch * R, total - done);
     const int64_t per = (round + R - 1) / R;
     const int64_t begin = std::min(round, r * per), mine = std::min(round, (r + 1) * per) - begin;
@@ -170,6 +212,7 @@ int score(Options& o, std::unique_ptr<comm::Communicator> world) {
                                 {"ppl", std::exp(mean)}}));
     }
     done += round;
+    batch_seconds.push_back(batch_timer.seconds());
     progress.live(str("score: ", done, "/", total, " sequences"));
   }
   progress.finish();
@@ -182,6 +225,7 @@ int score(Options& o, std::unique_ptr<comm::Communicator> world) {
                 static_cast<long long>(total), static_cast<long long>(predicted), mean,
                 std::exp(mean), double(predicted) / std::max(timer.seconds(), 1e-9));
   if (!o.common.quiet) std::fprintf(stderr, "moe-infer score: %s\n", line);
+  report_batches(e, batch_seconds, o.common.quiet);
   report_ring(e);
   return 0;
 }
@@ -303,6 +347,10 @@ void add_engine_options(CLI::App* sub, Options& o) {
                   "Under mpiexec -n N: spread every MoE layer's experts over the N ranks (score)")
       ->check(tools::positive())
       ->capture_default_str();
+  sub->add_option("--popularity", o.popularity,
+                  "With --ep: Lina's popularity-aware expert placement from a path table "
+                  "(moe-profile paths); every rank then holds every expert")
+      ->check(CLI::ExistingFile);
 }
 
 }  // namespace

@@ -24,7 +24,7 @@ LoadedModel load_model(const std::string& path, bool experts, const nn::Parallel
     p->refresh_compute();
     ++matched;
   };
-  const bool sliced = parallel && parallel->expert_parallel();
+  const bool sliced = parallel && parallel->shards_experts();
   if (experts && !sliced) {
     io::Checkpoint ckpt = io::load_checkpoint(path, false);  // parameters, no optimizer state
     MOE_CHECK(ckpt.sharding.rank < 0, "'", path, "' is rank ", ckpt.sharding.rank,

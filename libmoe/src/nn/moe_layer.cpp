@@ -19,7 +19,7 @@ MoEConfig MoELayer::checked(const std::string& prefix, const MoEConfig& config,
                   ": router d_model ", config.router.d_model, " differs from experts d_model ",
                   config.experts.d_model);
   MoEConfig c = config;
-  if (parallel && parallel->expert_parallel()) {
+  if (parallel && parallel->shards_experts()) {
     const int64_t E = config.experts.num_experts, P = parallel->ep_size();
     MOE_USAGE_CHECK(E % P == 0, "moe layer ", prefix, ": its ", E,
                     " experts do not divide over --ep ", P, " expert-parallel ranks");
@@ -68,44 +68,86 @@ void MoELayer::exchange(const Tensor& send, const std::vector<int64_t>& send_cou
   }
 }
 
-// Counts of the step's exchange: slots are in expert order, and rank p owns a contiguous range of
-// experts, so the rows for rank p are one contiguous run of x_perm.
-MoELayer::Exchange MoELayer::plan_exchange(DispatchPlan& plan) const {
+// Counts and row order of the step's exchange. Source rank s (this rank) splits its rows of
+// expert e (one run of x_perm: slots are in expert order) into chunks for e's replicas, groups
+// them by destination rank (experts ascending inside each), and exchanges the [P, H] counts; the
+// arrivals, source-major, are regrouped to held-expert-major for one grouped GEMM. Static layout:
+// rank p holds experts [p H, (p+1) H), every expert one replica, and the send order is x_perm's.
+MoELayer::Exchange MoELayer::plan_exchange(DispatchPlan& plan,
+                                           const ExpertAssignment& assignment) const {
   Timer timer;
-  const int P = parallel_->ep_size();
-  const int64_t local = config_.experts.num_experts;  // E/P
-  Tensor mine = Tensor::empty({P, local}, DType::i64);
+  const int P = parallel_->ep_size(), s = parallel_->ep_rank();
+  const int64_t E = plan.num_experts, H = config_.experts.num_experts;
+  const bool placed = parallel_->placement != nullptr;
+  MOE_CHECK(static_cast<int64_t>(assignment.replicas.size()) == E, "moe layer ",
+            router_.weight().name, ": placement for ", assignment.replicas.size(),
+            " experts, the layer has ", E);
+  // Chunks per destination: (expert, first x_perm row, rows).
+  struct Chunk {
+    int64_t expert, begin, rows;
+  };
+  std::vector<std::vector<Chunk>> to(static_cast<size_t>(P));
+  for (int64_t e = 0; e < E; ++e) {
+    const std::vector<int32_t>& reps = assignment.replicas[static_cast<size_t>(e)];
+    const auto n = static_cast<int64_t>(reps.size());
+    MOE_CHECK(n >= 1, "moe layer ", router_.weight().name, ": expert ", e, " has no rank");
+    const int64_t first = plan.expert_offsets[static_cast<size_t>(e)];
+    const int64_t count = plan.tokens_per_expert[static_cast<size_t>(e)];
+    for (int64_t j = 0; j < n; ++j) {
+      const int32_t p = reps[static_cast<size_t>((j + s) % n)];
+      MOE_CHECK(p >= 0 && p < P, "moe layer ", router_.weight().name, ": expert ", e,
+                " placed on rank ", p, " of ", P);
+      const int64_t b = split_begin(count, n, j), rows = split_begin(count, n, j + 1) - b;
+      if (rows > 0) to[static_cast<size_t>(p)].push_back({e, first + b, rows});
+    }
+  }
+  Tensor mine = Tensor::empty({P, H}, DType::i64);
   int64_t* m = mine.data<int64_t>();
+  std::fill_n(m, P * H, 0);
   plan.send_counts.assign(static_cast<size_t>(P), 0);
-  for (int p = 0; p < P; ++p)
-    for (int64_t e = 0; e < local; ++e) {
-      m[p * local + e] = plan.tokens_per_expert[static_cast<size_t>(p * local + e)];
-      plan.send_counts[static_cast<size_t>(p)] += m[p * local + e];
-    }
-  Tensor theirs = Tensor::empty({P, local}, DType::i64);
-  const std::vector<int64_t> ones(static_cast<size_t>(P), 1);
-  parallel_->experts->all_to_all_v(mine, ones, theirs, ones);
   Exchange ex;
-  const int64_t* t = theirs.data<int64_t>();
-  ex.recv_per_expert.assign(t, t + P * local);
-  plan.recv_counts.assign(static_cast<size_t>(P), 0);
-  std::vector<int64_t> source_start(static_cast<size_t>(P) * local);  // arrival row of (s, e)
-  int64_t row = 0;
-  for (int s = 0; s < P; ++s)
-    for (int64_t e = 0; e < local; ++e) {
-      source_start[static_cast<size_t>(s * local + e)] = row;
-      row += t[s * local + e];
-      plan.recv_counts[static_cast<size_t>(s)] += t[s * local + e];
+  bool identity = true;
+  int64_t next = 0;
+  for (int p = 0; p < P; ++p)
+    for (const Chunk& c : to[static_cast<size_t>(p)]) {
+      const int64_t h = placed ? c.expert : c.expert - p * H;  // held index on rank p
+      MOE_CHECK(h >= 0 && h < H, "moe layer ", router_.weight().name, ": expert ", c.expert,
+                " is not held by rank ", p);
+      m[p * H + h] += c.rows;
+      plan.send_counts[static_cast<size_t>(p)] += c.rows;
+      identity = identity && c.begin == next;
+      next = c.begin + c.rows;
     }
-  ex.local_offsets.assign(static_cast<size_t>(local) + 1, 0);
+  if (!identity) {
+    ex.send_of.reserve(static_cast<size_t>(plan.num_slots()));
+    for (int p = 0; p < P; ++p)
+      for (const Chunk& c : to[static_cast<size_t>(p)])
+        for (int64_t i = 0; i < c.rows; ++i)
+          ex.send_of.push_back(static_cast<int32_t>(c.begin + i));
+  }
+  Tensor theirs = Tensor::empty({P, H}, DType::i64);
+  const std::vector<int64_t> ones(static_cast<size_t>(P), 1);  // one row of H per rank
+  parallel_->experts->all_to_all_v(mine, ones, theirs, ones);
+  const int64_t* t = theirs.data<int64_t>();
+  ex.recv_per_expert.assign(t, t + P * H);
+  plan.recv_counts.assign(static_cast<size_t>(P), 0);
+  std::vector<int64_t> source_start(static_cast<size_t>(P * H));  // arrival row of (source, h)
+  int64_t row = 0;
+  for (int q = 0; q < P; ++q)
+    for (int64_t h = 0; h < H; ++h) {
+      source_start[static_cast<size_t>(q * H + h)] = row;
+      row += t[q * H + h];
+      plan.recv_counts[static_cast<size_t>(q)] += t[q * H + h];
+    }
+  ex.local_offsets.assign(static_cast<size_t>(H) + 1, 0);
   ex.arrival_of.reserve(static_cast<size_t>(row));
-  for (int64_t e = 0; e < local; ++e) {
-    for (int s = 0; s < P; ++s) {
-      const int64_t first = source_start[static_cast<size_t>(s * local + e)];
-      for (int64_t i = 0; i < t[s * local + e]; ++i)
+  for (int64_t h = 0; h < H; ++h) {
+    for (int q = 0; q < P; ++q) {
+      const int64_t first = source_start[static_cast<size_t>(q * H + h)];
+      for (int64_t i = 0; i < t[q * H + h]; ++i)
         ex.arrival_of.push_back(static_cast<int32_t>(first + i));
     }
-    ex.local_offsets[static_cast<size_t>(e) + 1] = static_cast<int32_t>(ex.arrival_of.size());
+    ex.local_offsets[static_cast<size_t>(h) + 1] = static_cast<int32_t>(ex.arrival_of.size());
   }
   if (ExchangeStats* st = parallel_->stats) st->seconds += timer.seconds();
   return ex;
@@ -124,25 +166,35 @@ static Tensor move_rows(const Tensor& src, const std::vector<int32_t>& index, bo
   return dst;
 }
 
-Tensor MoELayer::run_experts(const Tensor& x_perm, DispatchPlan& plan, Saved* saved) const {
+Tensor MoELayer::run_experts(const Tensor& x_perm, RouterOutput& routed, const RouterStep& step,
+                             Saved* saved) const {
+  DispatchPlan& plan = routed.plan;
   Experts::Saved* es = saved ? &saved->experts : nullptr;
   if (!parallel_ || !parallel_->expert_parallel())
     return experts_.forward(x_perm, plan.expert_offsets, es);
-  Exchange ex = plan_exchange(plan);
+  const ExpertAssignment assignment =
+      parallel_->placement
+          ? parallel_->placement->place(step.layer, routed.topk_idx, plan.tokens_per_expert)
+          : ExpertAssignment::contiguous(plan.num_experts, parallel_->ep_size());
+  Exchange ex = plan_exchange(plan, assignment);
   const int64_t D = config_.experts.d_model;
   const auto arrivals = static_cast<int64_t>(ex.arrival_of.size());
   Tensor x_recv = Tensor::empty({arrivals, D});
-  exchange(x_perm, plan.send_counts, x_recv, plan.recv_counts);
+  exchange(ex.send_of.empty() ? x_perm : move_rows(x_perm, ex.send_of, true), plan.send_counts,
+           x_recv, plan.recv_counts);
   Tensor y_local = experts_.forward(move_rows(x_recv, ex.arrival_of, true), ex.local_offsets, es);
   Tensor y_send = move_rows(y_local, ex.arrival_of, false);
   Tensor y_perm = Tensor::empty({plan.num_slots(), D});
   exchange(y_send, plan.recv_counts, y_perm, plan.send_counts);
+  if (!ex.send_of.empty()) y_perm = move_rows(y_perm, ex.send_of, false);
   if (saved) saved->exchange = std::move(ex);
   return y_perm;
 }
 
 Tensor MoELayer::experts_backward(const Tensor& dy_perm, const Saved& saved) {
   if (!parallel_ || !parallel_->expert_parallel()) return experts_.backward(dy_perm, saved.experts);
+  MOE_CHECK(!parallel_->placement, "moe layer ", router_.weight().name,
+            ": dynamic expert placement is for inference; backward needs the static layout");
   const DispatchPlan& plan = saved.router.plan;
   const Exchange& ex = saved.exchange;
   const int64_t D = config_.experts.d_model;
@@ -160,7 +212,7 @@ Tensor MoELayer::forward(const Tensor& x, const RouterStep& step, Saved* saved,
   RouterOutput routed = router_.forward(x, step);
   if (parallel_ && parallel_->data_parallel()) globalize_load(routed);
   Tensor x_perm = dispatch(x, routed.plan);
-  Tensor y_perm = run_experts(x_perm, routed.plan, saved);
+  Tensor y_perm = run_experts(x_perm, routed, step, saved);
   Tensor y = combine(y_perm, routed.plan);
   if (stats) {
     stats->aux_loss = routed.aux_loss;

@@ -21,7 +21,8 @@ struct LoadedModel {
 // streams them); they keep their initial values until something replaces them.
 // Throws moe::Error naming the file for a missing/damaged file or a tensor that does not fit.
 // With `parallel` (expert parallelism: nn::Parallel::experts set), this rank's experts are read
-// one chunk each (io::read_expert) into its slices of the expert tensors.
+// one chunk each (io::read_expert) into its slices of the expert tensors; with a placement policy
+// (nn::Parallel::placement) every rank holds and reads every expert.
 LoadedModel load_model(const std::string& path, bool experts = true,
                        const nn::Parallel* parallel = nullptr);
 

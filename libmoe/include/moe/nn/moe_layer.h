@@ -21,8 +21,8 @@ struct MoEConfig {
 
 struct MoEStats {
   double aux_loss = 0, z_loss = 0;
-  std::vector<int64_t> load;               // [E] before capacity
-  bool load_global = false;                // load already summed over the data-parallel ranks
+  std::vector<int64_t> load;  // [E] before capacity
+  bool load_global = false;   // load already summed over the data-parallel ranks
   // With RouterStep::capture_routing: token t's j-th choice (t*k + j), on the heap (not the
   // activation arena), and its gate weight (after the optional renormalisation).
   std::vector<int32_t> choices;
@@ -46,16 +46,24 @@ struct MoEStats {
 //   combine. Backward mirrors it with two more all-to-all-v. The router and its gradient stay
 //   local. Rows of one expert are summed in (source rank, slot) order, a different float order
 //   than one process's (slot order over the global batch).
+// - dynamic placement (parallel->placement, inference): every rank holds all E experts; after the
+//   router, the policy assigns each expert to one or more ranks (ExpertAssignment), each source
+//   sends its rows of e in chunks to e's replicas, and the same exchange as above runs over
+//   "held" experts that are now all E (most segments empty). Forward only.
 class MoELayer {
  public:
   MoELayer(ParamSet& ps, const std::string& prefix, const MoEConfig& config,
            const Parallel* parallel = nullptr);
 
   // Expert parallelism: the movement of one step's rows between ranks.
+  // H: the experts each rank holds (E/P static, E with a placement policy).
   struct Exchange {
-    std::vector<int64_t> recv_per_expert;  // [P * E/P], source-major: rows from rank s for local e
-    std::vector<int32_t> local_offsets;    // [E/P + 1] segments of the regrouped buffer
+    std::vector<int64_t> recv_per_expert;  // [P * H], source-major: rows from rank s for held h
+    std::vector<int32_t> local_offsets;    // [H + 1] segments of the regrouped buffer
     std::vector<int32_t> arrival_of;       // [R] regrouped row i is arrival row arrival_of[i]
+    // [M] send-buffer row i is x_perm row send_of[i] (rows grouped by destination rank); empty
+    // when that is the identity (the static layout: rank p's experts are one run of x_perm).
+    std::vector<int32_t> send_of;
   };
 
   struct Saved {
@@ -82,11 +90,12 @@ class MoELayer {
   static MoEConfig checked(const std::string& prefix, const MoEConfig& config,
                            const Parallel* parallel);
   void globalize_load(RouterOutput& routed) const;
-  Exchange plan_exchange(DispatchPlan& plan) const;
+  Exchange plan_exchange(DispatchPlan& plan, const ExpertAssignment& assignment) const;
   // All-to-all-v of rows over the expert group (through the scheduler when there is one).
   void exchange(const Tensor& send, const std::vector<int64_t>& send_counts, Tensor& recv,
                 const std::vector<int64_t>& recv_counts) const;
-  Tensor run_experts(const Tensor& x_perm, DispatchPlan& plan, Saved* saved) const;
+  Tensor run_experts(const Tensor& x_perm, RouterOutput& routed, const RouterStep& step,
+                     Saved* saved) const;
   Tensor experts_backward(const Tensor& dy_perm, const Saved& saved);
   MoEConfig config_;
   const Parallel* parallel_ = nullptr;

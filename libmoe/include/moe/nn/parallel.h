@@ -11,6 +11,7 @@
 #include "moe/comm/communicator.h"
 #include "moe/comm/hierarchical_a2a.h"
 #include "moe/comm/scheduler.h"
+#include "moe/nn/placement.h"
 
 namespace moe::nn {
 
@@ -34,11 +35,17 @@ struct Parallel {
   // Shard the token embedding by columns over this group (MoESys §IV-C). Null: replicated.
   comm::Communicator* embedding = nullptr;
   ExchangeStats* stats = nullptr;  // accumulated when set
+  // Dynamic placement (inference only, moe/nn/placement.h): every rank of `experts` holds all E
+  // experts of every layer, and the policy decides per layer and batch which ranks compute which
+  // expert's rows. Null: the static layout above (E/P experts per rank). Backward refuses it.
+  PlacementPolicy* placement = nullptr;
 
   int ep_size() const { return experts ? experts->size() : 1; }
   int ep_rank() const { return experts ? experts->rank() : 0; }
   bool expert_parallel() const { return ep_size() > 1; }
   bool data_parallel() const { return batch && batch->size() > 1; }
+  // Whether each rank holds only its E/P experts (expert parallelism without a placement policy).
+  bool shards_experts() const { return expert_parallel() && placement == nullptr; }
 };
 
 }  // namespace moe::nn
