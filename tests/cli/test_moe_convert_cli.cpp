@@ -378,3 +378,33 @@ TEST_CASE("cli: moe-convert errors: missing, foreign, damaged, mismatched inputs
   REQUIRE(version.exit_code == 0);
   REQUIRE(version.out.rfind("moe-convert ", 0) == 0);
 }
+
+TEST_CASE(
+    "cli: moe-convert export-hf then import-hf scores the same, and refuses what it cannot map",
+    "[cli][convert][hf]") {
+  Trained& t = trained();
+  const std::string hf = t.dir / "hf", back = t.dir / "from-hf.h5";
+  fs::remove_all(hf);
+  auto e = run_command(tool("moe-convert", "export-hf " + t.ckpt + " -o " + hf));
+  INFO(e.err);
+  REQUIRE(e.exit_code == 0);
+  REQUIRE(fs::exists(fs::path(hf) / "config.json"));
+  REQUIRE(fs::exists(fs::path(hf) / "model.safetensors"));
+  auto i = run_command(tool("moe-convert", "import-hf " + hf + " -o " + back));
+  INFO(i.err);
+  REQUIRE(i.exit_code == 0);
+  REQUIRE(i.err.find("imported a mixtral checkpoint") != std::string::npos);
+  const std::string data = " --data " + test::fortunes_path("computers") + " --max-sequences 16";
+  auto a = run_command(tool("moe-infer", "score -q --model " + t.ckpt + data));
+  auto b = run_command(tool("moe-infer", "score -q --model " + back + data));
+  INFO(a.err << b.err);
+  REQUIRE(a.exit_code == 0);
+  REQUIRE(b.exit_code == 0);
+  REQUIRE(lines_of(a.out).size() == 16);
+  REQUIRE(a.out == b.out);  // every parameter came back bitwise
+  // A directory without config.json, and an export into a file that is not a directory.
+  auto missing =
+      run_command(tool("moe-convert", "import-hf " + (t.dir / "nowhere") + " -o " + back));
+  REQUIRE(missing.exit_code == 1);
+  REQUIRE(missing.err.find("moe-convert: error:") != std::string::npos);
+}

@@ -7,6 +7,7 @@
 
 #include "common/cli.h"
 #include "moe/io/convert.h"
+#include "moe/io/hf_checkpoint.h"
 #include "moe/log.h"
 
 using namespace moe;
@@ -19,6 +20,8 @@ struct Options {
   std::string out, to, trace;
   int ranks = 0;
   bool json = false, verify = false, shard_embedding = false, force = false;
+  bool allow_unmapped = false;  // import-hf
+  int64_t max_seq = io::kHfDefaultMaxSeq;
 };
 
 // The command line, for the provenance of every file written.
@@ -207,6 +210,45 @@ int run_partition(Options& o, const Argv& a) {
   return plan.empty() ? 0 : tools::finish_stdout("moe-convert");
 }
 
+// ---- Hugging Face ---------------------------------------------------------------------------
+
+int run_import_hf(Options& o, const Argv& a) {
+  refuse_stdout(o.out);
+  io::HfImportOptions options;
+  options.allow_unmapped = o.allow_unmapped;
+  options.max_seq = o.max_seq;
+  options.provenance = io::make_provenance("moe-convert", a.argc, a.argv);
+  io::HfImportReport report;
+  io::Checkpoint ckpt;
+  try {
+    ckpt = io::import_hf(o.inputs.at(0), options, &report);
+  } catch (const Error&) {
+    for (const std::string& u : report.unsupported) MOE_LOG_WARN("unsupported: ", u);
+    for (const std::string& u : report.unmapped) MOE_LOG_WARN("unmapped: ", u);
+    throw;
+  }
+  for (const std::string& n : report.notes) MOE_LOG_INFO("note: ", n);
+  for (const std::string& u : report.unmapped) MOE_LOG_INFO("unmapped (--allow-unmapped): ", u);
+  for (const std::string& m : report.mapped) MOE_LOG_DEBUG("mapped: ", m);
+  io::save_checkpoint(o.out, ckpt);
+  MOE_LOG_INFO("imported a ", report.family, " checkpoint: ", report.mapped.size(),
+               " source tensors mapped, ", report.unmapped.size(), " left out; ",
+               ckpt.params.size(), " parameter tensors; wrote ", o.out);
+  return 0;
+}
+
+int run_export_hf(Options& o, const Argv&) {
+  refuse_stdout(o.out);
+  bool merged = false;
+  io::Checkpoint in = io::load_whole(o.inputs, false, &merged);
+  io::export_hf(in, o.out);
+  MOE_LOG_INFO("exported ", in.params.size(),
+               " parameter tensors as a Hugging Face Mixtral "
+               "directory (config.json, model.safetensors)",
+               merged ? ", shards merged" : "", "; wrote ", o.out);
+  return 0;
+}
+
 // ---- the subcommand table ---------------------------------------------------------------------
 
 struct Subcommand {
@@ -229,8 +271,8 @@ void add_output(CLI::App* sub, Options& o, const char* what) {
 
 int main(int argc, char** argv) {
   CLI::App app{
-      "moe-convert: inspect, convert (dtype, freeze) and re-shard (merge, partition) "
-      "checkpoints.",
+      "moe-convert: inspect, convert (dtype, freeze), re-shard (merge, partition) and "
+      "import/export Hugging Face checkpoints.",
       "moe-convert"};
   Options o;
   tools::add_common_options(app, o.common, "moe-convert");
@@ -285,6 +327,29 @@ int main(int argc, char** argv) {
   part->add_flag("--force", o.force, "Replace an existing output directory");
   add_output(part, o, "Output directory (rank-<5 digits>.h5 files)");
   subs.push_back({part, run_partition});
+
+  auto* import = app.add_subcommand(
+      "import-hf",
+      "A Hugging Face MoE checkpoint directory (config.json + *.safetensors; Mixtral, and "
+      "OLMoE / Qwen MoE where the mixtral flavour covers their math) into one checkpoint");
+  import->add_option("dir", o.inputs, "Hugging Face model directory")->required()->expected(1);
+  import->add_flag("--allow-unmapped", o.allow_unmapped,
+                   "Leave out source tensors that map to nothing (listed on stderr) instead of "
+                   "failing");
+  import
+      ->add_option("--max-seq", o.max_seq,
+                   "Cap the context (scoring window, KV cache) at this; 0 = "
+                   "max_position_embeddings")
+      ->check(tools::non_negative())
+      ->capture_default_str();
+  add_output(import, o, "Output checkpoint file");
+  subs.push_back({import, run_import_hf});
+
+  auto* exporter = app.add_subcommand(
+      "export-hf", "A mixtral-flavour checkpoint as a Hugging Face Mixtral directory");
+  add_checkpoint_input(exporter, o);
+  add_output(exporter, o, "Output directory (config.json, model.safetensors)");
+  subs.push_back({exporter, run_export_hf});
 
   return tools::run_tool("moe-convert", app, argc, argv, [&]() -> int {
     tools::apply_common_options(o.common);
