@@ -15,8 +15,13 @@ if(MOE_SANITIZE)
   list(APPEND MOE_WARNINGS -Wno-maybe-uninitialized)
 endif()
 
+# nvcc gets the same host warnings (as errors) through -Xcompiler, and its own warnings as errors.
+string(REPLACE ";" "," _moe_host_warnings "${MOE_WARNINGS}")
 function(moe_target_defaults target)
-  target_compile_options(${target} PRIVATE ${MOE_WARNINGS} ${MOE_SANITIZE_FLAGS})
+  set(_cxx_flags ${MOE_WARNINGS} ${MOE_SANITIZE_FLAGS})
+  target_compile_options(${target} PRIVATE
+    "$<$<COMPILE_LANGUAGE:CXX>:${_cxx_flags}>"
+    "$<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=${_moe_host_warnings};--Werror=all-warnings>")
   target_link_options(${target} PRIVATE ${MOE_SANITIZE_FLAGS})
 endfunction()
 
@@ -38,5 +43,5 @@ function(moe_add_test name)
   moe_target_defaults(${name})
   catch_discover_tests(${name}
     WORKING_DIRECTORY ${PROJECT_BINARY_DIR}
-    PROPERTIES LABELS "${T_LABELS}")
+    PROPERTIES LABELS "${T_LABELS}" SKIP_REGULAR_EXPRESSION "\\[cuda\\] skipped:")
 endfunction()

@@ -43,6 +43,7 @@ class Tensor {
   // "name[2,3] f32 cpu" for error messages.
   std::string describe() const;
 
+  // Storage pointers: device pointers for CUDA tensors (for kernels; host code must not read them).
   void* raw() { return storage_.get(); }
   const void* raw() const { return storage_.get(); }
   template <class T>
@@ -66,7 +67,8 @@ class Tensor {
   // Copies.
   Tensor clone() const;
   Tensor to(DType dtype) const;          // converts (round-to-nearest-even for bf16/f16)
-  std::vector<float> to_vector() const;  // any floating dtype, as f32
+  Tensor to(Device device) const;        // a copy on `device` (this tensor when already there)
+  std::vector<float> to_vector() const;  // any floating dtype, as f32, from any device
   void copy_from(const Tensor& other);   // same shape; converts dtype
   void fill(float value);
   void zero();

@@ -4,6 +4,11 @@
 
 #include "kernels/convert.h"
 #include "moe/arena.h"
+#include "moe/cuda.h"
+#ifdef MOE_HAVE_CUDA
+#include "backend/cuda/core_ops.h"
+#include "backend/cuda/runtime.h"
+#endif
 
 namespace moe {
 
@@ -26,14 +31,20 @@ int64_t shape_numel(const Shape& shape) {
 Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
   for (int64_t d : shape)
     MOE_CHECK(d >= 0, "tensor: negative dimension in shape ", shape_str(shape));
-  MOE_CHECK(device.kind == Device::cpu, "tensor: no backend for device ", device.str(),
-            " in this build");
+  MOE_CHECK(device.kind == Device::cpu || backend_available(device.kind), "tensor: no backend for ",
+            device.str(), ": ", cuda::unavailable_reason());
   Tensor t;
   t.shape_ = std::move(shape);
   t.dtype_ = dtype;
   t.device_ = device;
   size_t bytes = std::max<size_t>(t.nbytes(), 1);
-  if (Arena* arena = ArenaScope::current()) {
+  if (device.kind == Device::cuda) {
+#ifdef MOE_HAVE_CUDA
+    // Device tensors come from the caching allocator, which already recycles a step's blocks;
+    // the host arena is not used for them.
+    t.storage_ = cuda::allocate(bytes, device.index);
+#endif
+  } else if (Arena* arena = ArenaScope::current()) {
     t.storage_ = arena->allocate(bytes);
   } else {
     t.storage_ =
@@ -44,7 +55,31 @@ Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
 
 Tensor Tensor::zeros(Shape shape, DType dtype, Device device) {
   Tensor t = empty(std::move(shape), dtype, device);
-  std::memset(t.raw(), 0, t.nbytes());
+  t.zero();
+  return t;
+}
+
+namespace {
+// Copies the bytes of equally sized tensors between any devices.
+void copy_storage(Tensor& dst, const Tensor& src) {
+  if (dst.device().kind == Device::cpu && src.device().kind == Device::cpu) {
+    std::memcpy(dst.raw(), src.raw(), dst.nbytes());
+    return;
+  }
+#ifdef MOE_HAVE_CUDA
+  auto index = [](const Tensor& t) { return t.device().kind == Device::cuda ? t.device().index : -1; };
+  cuda::copy_bytes(dst.raw(), index(dst), src.raw(), index(src), dst.nbytes());
+#else
+  throw Error(str("copy into ", dst.describe(), " from ", src.describe(), ": no CUDA backend"));
+#endif
+}
+}  // namespace
+
+Tensor Tensor::to(Device device) const {
+  if (device == device_) return *this;
+  Tensor t = empty(shape_, dtype_, device);
+  copy_storage(t, *this);
+  t.name_ = name_;
   return t;
 }
 
@@ -111,7 +146,7 @@ Tensor Tensor::rows(int64_t begin, int64_t end) const {
 
 Tensor Tensor::clone() const {
   Tensor t = empty(shape_, dtype_, device_);
-  std::memcpy(t.raw(), raw(), nbytes());
+  copy_storage(t, *this);
   t.name_ = name_;
   return t;
 }
@@ -121,11 +156,18 @@ void Tensor::copy_from(const Tensor& other) {
             ": shapes differ");
   int64_t n = numel();
   if (other.dtype_ == dtype_) {
-    std::memcpy(raw(), other.raw(), nbytes());
+    copy_storage(*this, other);
     return;
   }
   MOE_CHECK(is_floating(dtype_) && is_floating(other.dtype_), "copy into ", describe(), " from ",
             other.describe(), ": unsupported conversion");
+  if (device_.kind == Device::cuda || other.device_.kind == Device::cuda) {
+#ifdef MOE_HAVE_CUDA
+    // Convert on the destination's device.
+    cuda::convert(other.device_ == device_ ? other : other.to(device_), *this);
+    return;
+#endif
+  }
   // Through fp32.
   auto load = [&](int64_t i) -> float {
     switch (other.dtype_) {
@@ -164,6 +206,7 @@ Tensor Tensor::to(DType dtype) const {
 }
 
 std::vector<float> Tensor::to_vector() const {
+  if (device_.kind != Device::cpu) return to(Device{}).to_vector();
   Tensor f = dtype_ == DType::f32 ? *this : to(DType::f32);
   const float* p = f.data<float>();
   return std::vector<float>(p, p + numel());
@@ -171,6 +214,12 @@ std::vector<float> Tensor::to_vector() const {
 
 void Tensor::fill(float value) {
   int64_t n = numel();
+  if (device_.kind == Device::cuda) {
+#ifdef MOE_HAVE_CUDA
+    cuda::fill(*this, value);
+    return;
+#endif
+  }
   switch (dtype_) {
     case DType::f32: {
       float* d = data<float>();
@@ -195,7 +244,15 @@ void Tensor::fill(float value) {
   }
 }
 
-void Tensor::zero() { std::memset(raw(), 0, nbytes()); }
+void Tensor::zero() {
+  if (device_.kind == Device::cuda) {
+#ifdef MOE_HAVE_CUDA
+    cuda::memset_zero(raw(), device_.index, nbytes());
+    return;
+#endif
+  }
+  std::memset(raw(), 0, nbytes());
+}
 
 void Tensor::expect_shape(const Shape& expected, const char* what) const {
   if (shape_ != expected)

@@ -18,7 +18,8 @@ void round_to_dtype(Tensor& x, DType dtype);
 // Sum of squares of all elements (fp64 accumulation, fixed order).
 double sum_squares(const Tensor& x);
 
-// Throws moe::Error when any tensor is on a device this build has no backend for.
-void require_backend(const char* op, std::initializer_list<const Tensor*> tensors);
+// Throws moe::Error when any tensor is on a device this build (or machine) has no backend for, or
+// when the defined tensors are not all on one device; returns that device.
+Device require_backend(const char* op, std::initializer_list<const Tensor*> tensors);
 
 }  // namespace moe::ops

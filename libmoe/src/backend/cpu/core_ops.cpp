@@ -4,19 +4,31 @@
 #include "backend/cpu/parallel.h"
 #include "kernels/convert.h"
 #include "moe/ops/core.h"
+#ifdef MOE_HAVE_CUDA
+#include "backend/cuda/core_ops.h"
+#endif
 
 namespace moe::ops {
 
-void require_backend(const char* op, std::initializer_list<const Tensor*> tensors) {
+Device require_backend(const char* op, std::initializer_list<const Tensor*> tensors) {
+  const Tensor* first = nullptr;
   for (const Tensor* t : tensors) {
-    if (t && t->defined() && !backend_available(t->device().kind))
+    if (!t || !t->defined()) continue;
+    if (!backend_available(t->device().kind))
       throw Error(str(op, ": ", t->describe(), " is on a device this build has no backend for"));
+    if (!first) {
+      first = t;
+    } else if (!(t->device() == first->device())) {
+      throw Error(str(op, ": operands on different devices: ", first->describe(), " and ",
+                      t->describe()));
+    }
   }
+  return first ? first->device() : Device{};
 }
 
 void gemm(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, Tensor& c,
           float alpha, float beta) {
-  require_backend("gemm", {&a, &b, &c});
+  const Device device = require_backend("gemm", {&a, &b, &c});
   MOE_CHECK(a.ndim() == 2 && b.ndim() == 2 && c.ndim() == 2, "gemm: 2-D operands expected, got ",
             a.describe(), ", ", b.describe(), ", ", c.describe());
   a.expect_dtype(DType::f32, "gemm A");
@@ -29,13 +41,23 @@ void gemm(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, 
   MOE_CHECK(k == kb && c.dim(0) == m && c.dim(1) == n, "gemm: shapes do not chain: ", a.describe(),
             transpose_a ? "^T" : "", " x ", b.describe(), transpose_b ? "^T" : "", " -> ",
             c.describe());
+#ifdef MOE_HAVE_CUDA
+  if (device.kind == Device::cuda) return cuda::gemm(a, transpose_a, b, transpose_b, c, alpha, beta);
+#endif
+  (void)device;
   cpu::sgemm(transpose_a, transpose_b, m, n, k, alpha, a.data<float>(), a.dim(1), b.data<float>(),
              b.dim(1), beta, c.data<float>(), c.dim(1));
 }
 
 void axpy(float alpha, const Tensor& x, Tensor& y) {
-  require_backend("axpy", {&x, &y});
+  const Device device = require_backend("axpy", {&x, &y});
   MOE_CHECK(x.shape() == y.shape(), "axpy: ", x.describe(), " vs ", y.describe());
+  x.expect_dtype(DType::f32, "axpy x");
+  y.expect_dtype(DType::f32, "axpy y");
+#ifdef MOE_HAVE_CUDA
+  if (device.kind == Device::cuda) return cuda::axpy(alpha, x, y);
+#endif
+  (void)device;
   const float* xs = x.data<float>();
   float* ys = y.data<float>();
   int64_t n = x.numel();
@@ -44,8 +66,13 @@ void axpy(float alpha, const Tensor& x, Tensor& y) {
 }
 
 void round_to_dtype(Tensor& x, DType dtype) {
-  require_backend("round_to_dtype", {&x});
+  const Device device = require_backend("round_to_dtype", {&x});
   if (dtype == DType::f32) return;
+  x.expect_dtype(DType::f32, "round_to_dtype");
+#ifdef MOE_HAVE_CUDA
+  if (device.kind == Device::cuda) return cuda::round_to_dtype(x, dtype);
+#endif
+  (void)device;
   float* p = x.data<float>();
   int64_t n = x.numel();
   if (dtype == DType::bf16) {
@@ -60,7 +87,12 @@ void round_to_dtype(Tensor& x, DType dtype) {
 }
 
 double sum_squares(const Tensor& x) {
-  require_backend("sum_squares", {&x});
+  const Device device = require_backend("sum_squares", {&x});
+  x.expect_dtype(DType::f32, "sum_squares");
+#ifdef MOE_HAVE_CUDA
+  if (device.kind == Device::cuda) return cuda::sum_squares(x);
+#endif
+  (void)device;
   const float* p = x.data<float>();
   double s = 0;
   for (int64_t i = 0, n = x.numel(); i < n; ++i) s += static_cast<double>(p[i]) * p[i];
