@@ -20,8 +20,11 @@
 #include "common/cli.h"
 #include "machine.h"
 #include "moe/arena.h"
+#include "moe/cuda.h"
 #include "moe/nn/moe_layer.h"
 #include "moe/nn/moe_reference.h"
+#include "moe/ops/core.h"
+#include "moe/ops/moe.h"
 #include "moe/rng.h"
 #include "moe/threads.h"
 #include "moe/timer.h"
@@ -40,6 +43,7 @@ struct Options {
   int threads = 0;
   double min_seconds = 0.5;
   std::vector<int64_t> shape;  // --shape D,E,k,N: one row only
+  std::string device = "cpu";
 };
 
 struct Shape4 {
@@ -269,6 +273,90 @@ int run(const Options& opt) {
   return tools::finish_stdout("moe-bench");
 }
 
+// ---- --device cuda: the same layer on a GPU, against cuBLAS.
+// Per shape: the dense ceiling is one cuBLAS sgemm [M, D] x [D, F] (M = N*k, the expert GEMM's
+// FLOPs in one matrix); the grouped expert GEMM runs the same FLOPs as E segments of skewed sizes
+// (ops::grouped_gemm, one cublasSgemm per segment); the layer row is forward+backward with the
+// parameters and tokens on the device. Every timing ends with a device synchronisation.
+int run_cuda(const Options& opt) {
+  const Device gpu = Device::parse(opt.device);
+  MOE_CHECK(cuda::available(), "--device ", gpu.str(), ": ", cuda::unavailable_reason());
+  cuda::set_device(gpu.index);
+  auto timed = [&](const std::function<void()>& fn, int runs, int64_t* iterations) {
+    return time_it(
+        [&] {
+          fn();
+          cuda::synchronize(gpu.index);
+        },
+        opt.min_seconds, runs, iterations);
+  };
+  std::vector<Shape4> shapes;
+  if (!opt.shape.empty()) {
+    shapes.push_back({opt.shape[0], opt.shape[1], opt.shape[2], opt.shape[3]});
+  } else if (opt.quick) {
+    shapes.push_back({256, 8, 2, 2048});
+  } else {
+    for (int64_t d : {1024, 2048, 4096})
+      for (int64_t e : {8, 64}) shapes.push_back({d, e, 2, 8192});
+  }
+  std::printf("# moe-bench --device %s: %s, %s\n", gpu.str().c_str(),
+              cuda::device_name(gpu.index).c_str(), bench::now_utc().c_str());
+  std::printf("# dense: cuBLAS sgemm [M,D]x[D,F], M = N*k, F = 4D (the ceiling, same run)\n");
+  std::printf(
+      "# grouped: the same FLOPs as E expert segments (sizes skewed 1:3), one sgemm each\n");
+  std::printf(
+      "# layer: MoE layer forward+backward (gpt flavour, dropless), GFLOP/s as moe-bench\n");
+  std::printf("# %6s %4s %3s %7s %10s %10s %7s %10s %7s\n", "D", "E", "k", "N", "dense", "grouped",
+              "ratio", "layer", "ratio");
+  std::printf("# %6s %4s %3s %7s %10s %10s %7s %10s %7s\n", "", "", "", "", "(GFLOP/s)",
+              "(GFLOP/s)", "", "(GFLOP/s)", "");
+  for (const Shape4& s : shapes) {
+    const int64_t D = s.d_model, F = 4 * D, E = s.experts, M = s.tokens * s.top_k;
+    const double gemm_flops = 2.0 * static_cast<double>(M) * D * F;
+    Tensor a = random_tensor({M, D}, 1, 1.0f).to(gpu);
+    Tensor w = random_tensor({E, F, D}, 2, 0.02f).to(gpu);
+    Tensor c = Tensor::empty({M, F}, DType::f32, gpu);
+    Tensor w0 = w.reshape({E * F, D}).rows(0, F);
+    const double dense = timed([&] { ops::gemm(a, false, w0, true, c); }, 5, nullptr);
+    std::vector<int32_t> offsets(static_cast<size_t>(E) + 1, 0);
+    int64_t weight_sum = 0;
+    for (int64_t e = 0; e < E; ++e) weight_sum += 1 + 2 * (e % 2);
+    for (int64_t e = 0, acc = 0; e < E; ++e) {
+      acc += 1 + 2 * (e % 2);
+      offsets[static_cast<size_t>(e) + 1] = static_cast<int32_t>(M * acc / weight_sum);
+    }
+    const double grouped = timed([&] { ops::grouped_gemm(a, w, true, offsets, c); }, 5, nullptr);
+
+    MoEConfig config;
+    config.router.d_model = D;
+    config.router.num_experts = E;
+    config.router.top_k = s.top_k;
+    config.experts = ExpertsConfig{E, D, F, Activation::gelu, true};
+    ParamSet ps(7);
+    MoELayer layer(ps, "bench.moe", config);
+    ps.to(gpu);
+    Tensor x = random_tensor({s.tokens, D}, 3, 1.0f).to(gpu);
+    Tensor dy = random_tensor({s.tokens, D}, 4, 1.0f).to(gpu);
+    const RouterStep step{7, 0, 0, true};
+    const double layer_s = timed(
+        [&] {
+          MoELayer::Saved saved;
+          Tensor y = layer.forward(x, step, &saved, nullptr);
+          Tensor dx = layer.backward(dy, saved, 0.01f, 0.001f);
+        },
+        2, nullptr);
+    const double layer_flops =
+        12.0 * static_cast<double>(M) * D * F + 6.0 * static_cast<double>(s.tokens) * D * E;
+    const double dense_rate = gemm_flops / dense * 1e-9, grouped_rate = gemm_flops / grouped * 1e-9;
+    const double layer_rate = layer_flops / layer_s * 1e-9;
+    std::printf("  %6ld %4ld %3ld %7ld %10.0f %10.0f %7.2f %10.0f %7.2f\n", static_cast<long>(D),
+                static_cast<long>(E), static_cast<long>(s.top_k), static_cast<long>(s.tokens),
+                dense_rate, grouped_rate, grouped_rate / dense_rate, layer_rate,
+                layer_rate / dense_rate);
+  }
+  return tools::finish_stdout("moe-bench");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -285,6 +373,9 @@ int main(int argc, char** argv) {
       app.add_option("--min-time", opt.min_seconds,
                      "Seconds each measurement runs at least (default 0.5; 0.05 with --quick)")
           ->check(tools::non_negative());
+  app.add_option("--device", opt.device,
+                 "cpu, or cuda[:N]: grouped expert GEMM and the layer against cuBLAS on that GPU")
+      ->capture_default_str();
   app.add_option("--shape", opt.shape, "One row: d_model D, E experts, top-k k, N tokens")
       ->delimiter(',')
       ->expected(4)
@@ -295,6 +386,7 @@ int main(int argc, char** argv) {
       throw UsageError(
           str("--shape: top-k ", opt.shape[2], " exceeds the ", opt.shape[1], " experts"));
     if (opt.quick && !min_time->count()) opt.min_seconds = 0.05;
+    if (Device::parse(opt.device).kind == Device::cuda) return run_cuda(opt);
     return run(opt);
   });
 }

@@ -2,8 +2,10 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
+#include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "moe/cuda.h"
 #include "moe/io/checkpoint.h"
 #include "support/run.h"
 
@@ -255,4 +257,22 @@ TEST_CASE("cli: SIGTERM stops at a step boundary, saves, and the run resumes fro
   INFO(resumed.err);
   REQUIRE(resumed.exit_code == 0);
   REQUIRE(io::load_checkpoint(dir / "last.h5").state.step == c.state.step + 1);
+}
+
+TEST_CASE("cli: --device cuda without a usable GPU stops at once with the reason", "[cli]") {
+  if (cuda::available()) {
+    std::cout << "[cuda] skipped: a GPU is usable here; tests/cuda covers --device cuda\n";
+    return;
+  }
+  test::ScratchDir out("cli-device");
+  auto r = run_command(train("--data " + test::fortunes_path("linux") + " --out " + out.path() +
+                             kTiny + " --steps 2 --device cuda"));
+  REQUIRE(r.exit_code == 1);
+  REQUIRE(r.err.find("moe-train: error: --device cuda:0: ") != std::string::npos);
+  REQUIRE(r.err.find(cuda::unavailable_reason()) != std::string::npos);
+  REQUIRE(!std::filesystem::exists(out / "last.h5"));
+  auto bad = run_command(
+      train("--data " + test::fortunes_path("linux") + " --out " + out.path() + " --device tpu"));
+  REQUIRE(bad.exit_code == 2);
+  REQUIRE(bad.err.find("unknown device 'tpu'") != std::string::npos);
 }

@@ -19,7 +19,8 @@ TEST_CASE("cuda: tensors round-trip and convert on the device", "[cuda]") {
   REQUIRE(g.device() == kGpu);
   REQUIRE(g.to_vector() == x.to_vector());
   REQUIRE(g.to(DType::bf16).to_vector() == x.to(DType::bf16).to_vector());
-  REQUIRE(g.to(DType::f16).to(DType::f32).to_vector() == x.to(DType::f16).to(DType::f32).to_vector());
+  REQUIRE(g.to(DType::f16).to(DType::f32).to_vector() ==
+          x.to(DType::f16).to(DType::f32).to_vector());
   Tensor z = Tensor::zeros({5, 3}, DType::f32, kGpu);
   REQUIRE(z.to_vector() == std::vector<float>(15, 0.0f));
   z.fill(1.5f);

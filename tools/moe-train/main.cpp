@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "moe/comm/communicator.h"
+#include "moe/cuda.h"
 #include "moe/io/checkpoint.h"
 #include "moe/log.h"
 #include "moe/profile/popularity.h"
@@ -127,6 +128,10 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
     for (const auto& [key, value] : settings.items())
       world.check_same_everywhere(str("moe-train setting '", key, "'"), value.dump());
   }
+  // The device is checked before any work: a machine without a usable GPU is told so at once.
+  const Device device = Device::parse(o.device);
+  if (device.kind == Device::cuda && !cuda::available())
+    throw Error(str("--device ", device.str(), ": ", cuda::unavailable_reason()));
   train::Trainer trainer(mc, tc, io::make_provenance("moe-train", argc, argv), &world);
   tools::ensure_output_dir(o.out);  // before training: fail now, not at the first checkpoint
   if (resume) {
@@ -136,6 +141,10 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
       trainer.restore(*resume);
     MOE_LOG_INFO("resumed from ", o.resume, " at step ", trainer.steps_done());
     resume.reset();
+  }
+  if (device.kind == Device::cuda) {
+    trainer.to_device(device);
+    MOE_LOG_INFO("device: ", device.str(), " (", cuda::device_name(device.index), ")");
   }
   const ModelConfig& model = trainer.model_config();
   MOE_LOG_INFO("model: ", arch_name(model.arch), ", ", model.layers, " layers (",

@@ -17,6 +17,7 @@ struct TrainOptions {
   std::string normalize_topk = "auto";
   ModelConfig model;
   train::TrainConfig train;
+  std::string device = "cpu";    // cpu | cuda | cuda:N
   int64_t checkpoint_every = 0;  // 0: only at the end
   int64_t eval_every = 50;
   int64_t log_every = 10;
@@ -31,6 +32,10 @@ inline void add_train_options(CLI::App& app, TrainOptions& o) {
   auto group = [&](const char* name) { return app.add_option_group(name); };
 
   auto* io = group("Data and output");
+  io->add_option("--device", o.device,
+                 "cpu, cuda or cuda:N: where the model trains (CUDA: one process; checkpoints are "
+                 "the same files)")
+      ->capture_default_str();
   o.train_flags.push_back(
       io->add_option("--data", t.data, "Training text (bytes are tokens) or .u16/.u32 token file"));
   o.train_flags.push_back(

@@ -68,6 +68,10 @@ class ParamSet {
   DType dtype() const { return dtype_; }
   uint64_t seed() const { return seed_; }
   void zero_grad();
+  // Moves every parameter (value, gradient, compute copy) to `device`; optimizer state made
+  // afterwards follows them. Names and order do not change.
+  void to(Device device);
+  Device device() const;  // where the parameters live (cpu when there are none)
   std::vector<Param*> all();
   std::vector<const Param*> all() const;
 

@@ -13,7 +13,7 @@ void Param::refresh_compute() {
   } else {
     if (!compute.defined() || compute.dtype() != DType::f32 || compute.raw() == value.raw() ||
         compute.shape() != value.shape())
-      compute = Tensor::empty(value.shape(), DType::f32);
+      compute = Tensor::empty(value.shape(), DType::f32, value.device());
     compute.copy_from(value);
     compute.set_name(name);
   }
@@ -102,6 +102,17 @@ int64_t ParamSet::numel() const {
   for (const auto& p : params_) n += p->value.numel();
   return n;
 }
+
+void ParamSet::to(Device device) {
+  for (auto& p : params_) {
+    p->value = p->value.to(device);
+    if (p->grad.defined()) p->grad = p->grad.to(device);
+    p->compute = Tensor();
+    p->refresh_compute();
+  }
+}
+
+Device ParamSet::device() const { return params_.empty() ? Device{} : params_[0]->value.device(); }
 
 void ParamSet::zero_grad() {
   for (auto& p : params_)

@@ -67,7 +67,9 @@ void copy_storage(Tensor& dst, const Tensor& src) {
     return;
   }
 #ifdef MOE_HAVE_CUDA
-  auto index = [](const Tensor& t) { return t.device().kind == Device::cuda ? t.device().index : -1; };
+  auto index = [](const Tensor& t) {
+    return t.device().kind == Device::cuda ? t.device().index : -1;
+  };
   cuda::copy_bytes(dst.raw(), index(dst), src.raw(), index(src), dst.nbytes());
 #else
   throw Error(str("copy into ", dst.describe(), " from ", src.describe(), ": no CUDA backend"));

@@ -365,12 +365,12 @@ std::vector<hsize_t> chunk_shape(const Shape& shape, size_t element_size, bool e
   return chunk;
 }
 
-void write_tensor(hid_t parent, const std::string& name, const Tensor& tensor, bool expert,
+void write_tensor(hid_t parent, const std::string& name, const Tensor& device_tensor, bool expert,
                   const Where& where, size_t max_chunk_bytes, const ParamShard* shard) {
   Where w = where.at(child_path(where.object, name));
-  MOE_CHECK(tensor.defined(), w.describe(), ": tensor is undefined");
-  MOE_CHECK(tensor.device().kind == Device::cpu, w.describe(), ": ", tensor.describe(),
-            " must be on the CPU to be written");
+  MOE_CHECK(device_tensor.defined(), w.describe(), ": tensor is undefined");
+  // A device tensor is written from a host copy.
+  const Tensor tensor = device_tensor.to(Device{});
   MOE_CHECK(!expert || tensor.ndim() >= 1, w.describe(), ": expert tensor ", tensor.describe(),
             " needs a leading expert dimension");
 

@@ -81,13 +81,13 @@ Tensor Transformer::embed(const Tensor& ids, int64_t batch, int64_t seq,
   Tensor x =
       sharded_tokens_ ? sharded_tokens_->forward(flat, sharded_saved) : tokens_->forward(flat);
   if (positions_) {
-    ops::axpy(1.0f, positions_->forward(position_ids(batch * seq, seq)), x);
+    ops::axpy(1.0f, positions_->forward(position_ids(batch * seq, seq).to(ids.device())), x);
   }
   return x;
 }
 
 Tensor Transformer::head(const Tensor& h) const {
-  Tensor logits = Tensor::empty({h.dim(0), config_.vocab_size});
+  Tensor logits = Tensor::empty({h.dim(0), config_.vocab_size}, DType::f32, h.device());
   ops::gemm(h, false, head_->w(), true, logits);
   return logits;
 }
@@ -239,7 +239,7 @@ ForwardStats Transformer::forward_backward(const Tensor& ids, const Tensor& targ
   nn::Norm::Saved final_saved;
   Tensor h = final_norm_->forward(x, &final_saved);
   Tensor logits = head(h);
-  Tensor dlogits = Tensor::empty(logits.shape());
+  Tensor dlogits = Tensor::empty(logits.shape(), DType::f32, logits.device());
   Tensor flat_targets = targets.reshape({n});
   if (loss)
     stats.loss = loss(ids, flat_targets, logits, dlogits);
@@ -249,7 +249,7 @@ ForwardStats Transformer::forward_backward(const Tensor& ids, const Tensor& targ
 
   // Backward, in reverse.
   ops::gemm(dlogits, true, h, false, head_->grad, 1.0f, 1.0f);  // dW_head += dlogits^T h
-  Tensor dh = Tensor::empty(h.shape());
+  Tensor dh = Tensor::empty(h.shape(), DType::f32, h.device());
   ops::gemm(dlogits, false, head_->w(), false, dh);
   Tensor dx = final_norm_->backward(dh, final_saved);
   const float aux_scale = static_cast<float>(config_.aux_loss_coef);
@@ -264,7 +264,7 @@ ForwardStats Transformer::forward_backward(const Tensor& ids, const Tensor& targ
   else
     tokens_->backward(dx, flat_ids);
   if (positions_) {
-    positions_->backward(dx, position_ids(n, seq));
+    positions_->backward(dx, position_ids(n, seq).to(ids.device()));
   }
   if (grads_ready) grads_ready(outer_params_);
   return stats;

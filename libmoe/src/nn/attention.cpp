@@ -48,8 +48,8 @@ Tensor Attention::forward(const Tensor& x, int64_t batch, int64_t seq, Saved* sa
     ops::rope_forward(k, batch, seq, config_.kv_heads, config_.rope_theta, k);
   }
   const ops::AttentionShape shape{batch, seq, config_.heads, config_.kv_heads, head_dim_};
-  Tensor probs = Tensor::empty({batch, config_.heads, seq, seq});
-  Tensor ctx = Tensor::empty(q.shape());
+  Tensor probs = Tensor::empty({batch, config_.heads, seq, seq}, DType::f32, q.device());
+  Tensor ctx = Tensor::empty(q.shape(), DType::f32, q.device());
   ops::attention_forward(q, k, v, shape, probs, ctx);
   Tensor y = o_.forward(ctx);
   if (saved) {
@@ -100,7 +100,7 @@ Tensor Attention::forward_cached(const Tensor& x, const ops::CachedRows& rows,
     std::memcpy(cache.v.data<float>() + offset, v.data<float>() + first * width, bytes);
     first += t;
   }
-  Tensor ctx = Tensor::empty(q.shape());
+  Tensor ctx = Tensor::empty(q.shape(), DType::f32, q.device());
   ops::attention_forward_cached(q, cache.k, cache.v, config_.heads, config_.kv_heads, rows, ctx);
   return o_.forward(ctx);
 }
@@ -110,15 +110,16 @@ Tensor Attention::backward(const Tensor& dy, const Saved& saved) {
             ": backward without a saved forward");
   const int64_t batch = saved.batch, seq = saved.seq;
   Tensor dctx = o_.backward(dy, saved.ctx);
-  Tensor dq = Tensor::empty(saved.q.shape()), dk = Tensor::empty(saved.k.shape()),
-         dv = Tensor::empty(saved.v.shape());
+  Tensor dq = Tensor::empty(saved.q.shape(), DType::f32, saved.q.device()),
+         dk = Tensor::empty(saved.k.shape(), DType::f32, saved.q.device()),
+         dv = Tensor::empty(saved.v.shape(), DType::f32, saved.q.device());
   const ops::AttentionShape shape{batch, seq, config_.heads, config_.kv_heads, head_dim_};
   ops::attention_backward(dctx, saved.q, saved.k, saved.v, saved.probs, shape, dq, dk, dv);
   if (config_.rope) {
     ops::rope_backward(dq, batch, seq, config_.heads, config_.rope_theta, dq);
     ops::rope_backward(dk, batch, seq, config_.kv_heads, config_.rope_theta, dk);
   }
-  Tensor dx = Tensor::empty(saved.x.shape());
+  Tensor dx = Tensor::empty(saved.x.shape(), DType::f32, saved.x.device());
   q_.backward_into(dq, saved.x, dx, false);
   k_.backward_into(dk, saved.x, dx, true);
   v_.backward_into(dv, saved.x, dx, true);

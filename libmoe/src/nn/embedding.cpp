@@ -14,7 +14,7 @@ Embedding::Embedding(ParamSet& ps, const std::string& name, int64_t rows, int64_
 
 Tensor Embedding::forward(const Tensor& ids) const {
   const Tensor& table = table_->w();
-  Tensor out = Tensor::empty({ids.numel(), table.dim(1)});
+  Tensor out = Tensor::empty({ids.numel(), table.dim(1)}, DType::f32, table.device());
   ops::embedding_forward(table, ids, out);
   return out;
 }

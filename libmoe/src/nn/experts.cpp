@@ -43,16 +43,16 @@ Tensor Experts::forward(const Tensor& x_perm, const std::vector<int32_t>& expert
             " experts");
   const int64_t M = x_perm.dim(0);
   const bool swiglu = config_.activation == Activation::swiglu;
-  Tensor h = Tensor::empty({M, F}).set_name("experts.h");
+  Tensor h = Tensor::empty({M, F}, DType::f32, x_perm.device()).set_name("experts.h");
   ops::grouped_gemm(x_perm, w1_->w(), true, expert_offsets, h);
   Tensor h3;
   if (swiglu) {
-    h3 = Tensor::empty({M, F}).set_name("experts.h3");
+    h3 = Tensor::empty({M, F}, DType::f32, x_perm.device()).set_name("experts.h3");
     ops::grouped_gemm(x_perm, w3_->w(), true, expert_offsets, h3);
   }
-  Tensor a = Tensor::empty({M, F}).set_name("experts.a");
+  Tensor a = Tensor::empty({M, F}, DType::f32, x_perm.device()).set_name("experts.a");
   ops::expert_activation(h, h3, b1_ ? b1_->w() : Tensor(), expert_offsets, config_.activation, a);
-  Tensor y = Tensor::empty({M, D}).set_name("experts.y_perm");
+  Tensor y = Tensor::empty({M, D}, DType::f32, x_perm.device()).set_name("experts.y_perm");
   ops::grouped_gemm(a, w2_->w(), true, expert_offsets, y);
   if (b2_) ops::grouped_add_bias(y, b2_->w(), expert_offsets);
   if (saved) {
@@ -77,14 +77,14 @@ Tensor Experts::backward(const Tensor& dy_perm, const Saved& saved) {
   if (b2_) ops::grouped_bias_grad(dy_perm, offsets, b2_->grad);
   ops::grouped_gemm_weight_grad(dy_perm, saved.a, offsets, w2_->grad);
   // dA = dY W2 (reuses no buffer: `a` stays valid for the caller).
-  Tensor dh = Tensor::empty({M, F}).set_name("experts.dh");
+  Tensor dh = Tensor::empty({M, F}, DType::f32, dy_perm.device()).set_name("experts.dh");
   ops::grouped_gemm(dy_perm, w2_->w(), false, offsets, dh);
   Tensor dh3;
-  if (swiglu) dh3 = Tensor::empty({M, F}).set_name("experts.dh3");
+  if (swiglu) dh3 = Tensor::empty({M, F}, DType::f32, dy_perm.device()).set_name("experts.dh3");
   ops::expert_activation_backward(dh, saved.h, saved.h3, config_.activation, dh, dh3);
   if (b1_) ops::grouped_bias_grad(dh, offsets, b1_->grad);
   ops::grouped_gemm_weight_grad(dh, saved.x_perm, offsets, w1_->grad);
-  Tensor dx = Tensor::empty({M, D}).set_name("experts.dx_perm");
+  Tensor dx = Tensor::empty({M, D}, DType::f32, dy_perm.device()).set_name("experts.dx_perm");
   ops::grouped_gemm(dh, w1_->w(), false, offsets, dx);
   if (swiglu) {
     ops::grouped_gemm_weight_grad(dh3, saved.x_perm, offsets, w3_->grad);

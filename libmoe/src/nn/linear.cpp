@@ -29,14 +29,14 @@ void Linear::check_input(const Tensor& x) const {
 
 Tensor Linear::forward(const Tensor& x) const {
   check_input(x);
-  Tensor y = Tensor::empty({x.dim(0), out_});
+  Tensor y = Tensor::empty({x.dim(0), out_}, DType::f32, x.device());
   ops::gemm(x, false, weight_->w(), true, y);
   if (bias_) ops::bias_add(y, bias_->w());
   return y;
 }
 
 Tensor Linear::backward(const Tensor& dy, const Tensor& x) {
-  Tensor dx = Tensor::empty({x.ndim() == 2 ? x.dim(0) : 0, in_});
+  Tensor dx = Tensor::empty({x.ndim() == 2 ? x.dim(0) : 0, in_}, DType::f32, x.device());
   backward_into(dy, x, dx, false);
   return dx;
 }

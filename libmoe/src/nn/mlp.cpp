@@ -33,7 +33,7 @@ MLP::MLP(ParamSet& ps, const std::string& prefix, const MlpConfig& config)
 
 Tensor MLP::forward(const Tensor& x, Saved* saved) const {
   Tensor pre = w1_.forward(x);
-  Tensor hidden = Tensor::empty(pre.shape());
+  Tensor hidden = Tensor::empty(pre.shape(), DType::f32, pre.device());
   Tensor up;
   if (w3_) {
     up = w3_->forward(x);
@@ -55,9 +55,9 @@ Tensor MLP::backward(const Tensor& dy, const Saved& saved) {
   MOE_CHECK(saved.x.defined() && saved.pre.defined() && saved.hidden.defined(), "mlp ",
             w1_.weight().name, ": backward without a saved forward");
   Tensor dhidden = w2_.backward(dy, saved.hidden);
-  Tensor dx = Tensor::empty(saved.x.shape());
+  Tensor dx = Tensor::empty(saved.x.shape(), DType::f32, saved.x.device());
   if (w3_) {
-    Tensor dup = Tensor::empty(saved.up.shape());
+    Tensor dup = Tensor::empty(saved.up.shape(), DType::f32, saved.x.device());
     ops::swiglu_backward(dhidden, saved.pre, saved.up, dhidden, dup);  // dgate in place
     w1_.backward_into(dhidden, saved.x, dx, false);
     w3_->backward_into(dup, saved.x, dx, true);

@@ -179,12 +179,12 @@ Tensor MoELayer::run_experts(const Tensor& x_perm, RouterOutput& routed, const R
   Exchange ex = plan_exchange(plan, assignment);
   const int64_t D = config_.experts.d_model;
   const auto arrivals = static_cast<int64_t>(ex.arrival_of.size());
-  Tensor x_recv = Tensor::empty({arrivals, D});
+  Tensor x_recv = Tensor::empty({arrivals, D}, DType::f32, x_perm.device());
   exchange(ex.send_of.empty() ? x_perm : move_rows(x_perm, ex.send_of, true), plan.send_counts,
            x_recv, plan.recv_counts);
   Tensor y_local = experts_.forward(move_rows(x_recv, ex.arrival_of, true), ex.local_offsets, es);
   Tensor y_send = move_rows(y_local, ex.arrival_of, false);
-  Tensor y_perm = Tensor::empty({plan.num_slots(), D});
+  Tensor y_perm = Tensor::empty({plan.num_slots(), D}, DType::f32, x_perm.device());
   exchange(y_send, plan.recv_counts, y_perm, plan.send_counts);
   if (!ex.send_of.empty()) y_perm = move_rows(y_perm, ex.send_of, false);
   if (saved) saved->exchange = std::move(ex);
@@ -198,11 +198,12 @@ Tensor MoELayer::experts_backward(const Tensor& dy_perm, const Saved& saved) {
   const DispatchPlan& plan = saved.router.plan;
   const Exchange& ex = saved.exchange;
   const int64_t D = config_.experts.d_model;
-  Tensor dy_recv = Tensor::empty({static_cast<int64_t>(ex.arrival_of.size()), D});
+  Tensor dy_recv =
+      Tensor::empty({static_cast<int64_t>(ex.arrival_of.size()), D}, DType::f32, dy_perm.device());
   exchange(dy_perm, plan.send_counts, dy_recv, plan.recv_counts);
   Tensor dx_local = experts_.backward(move_rows(dy_recv, ex.arrival_of, true), saved.experts);
   Tensor dx_send = move_rows(dx_local, ex.arrival_of, false);
-  Tensor dx_perm = Tensor::empty({plan.num_slots(), D});
+  Tensor dx_perm = Tensor::empty({plan.num_slots(), D}, DType::f32, dy_perm.device());
   exchange(dx_send, plan.recv_counts, dx_perm, plan.send_counts);
   return dx_perm;
 }
@@ -223,10 +224,11 @@ Tensor MoELayer::forward(const Tensor& x, const RouterStep& step, Saved* saved,
     stats->assignments = routed.plan.num_tokens * routed.plan.top_k;
     stats->dropped = routed.plan.dropped();
     if (step.capture_routing) {
-      const int32_t* c = routed.topk_idx.data<int32_t>();
-      const float* g = routed.topk_weight.data<float>();
-      stats->choices.assign(c, c + routed.topk_idx.numel());
-      stats->gates.assign(g, g + routed.topk_weight.numel());
+      const Tensor idx = routed.topk_idx.to(Device{}), gates = routed.topk_weight.to(Device{});
+      const int32_t* c = idx.data<int32_t>();
+      const float* g = gates.data<float>();
+      stats->choices.assign(c, c + idx.numel());
+      stats->gates.assign(g, g + gates.numel());
     }
   }
   if (saved) {

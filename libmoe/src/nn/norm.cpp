@@ -17,10 +17,10 @@ Tensor Norm::forward(const Tensor& x, Saved* saved) const {
   MOE_CHECK(x.ndim() == 2 && x.dim(1) == dim_, "norm ", prefix_, ": input ", x.describe(),
             " expected [N,", dim_, "]");
   const int64_t n = x.dim(0);
-  Tensor y = Tensor::empty({n, dim_});
-  Tensor rstd = saved ? Tensor::empty({n}) : Tensor();
+  Tensor y = Tensor::empty({n, dim_}, DType::f32, x.device());
+  Tensor rstd = saved ? Tensor::empty({n}, DType::f32, x.device()) : Tensor();
   if (kind_ == NormKind::layernorm) {
-    Tensor mean = saved ? Tensor::empty({n}) : Tensor();
+    Tensor mean = saved ? Tensor::empty({n}, DType::f32, x.device()) : Tensor();
     ops::layernorm_forward(x, weight_->w(), bias_->w(), eps_, y, saved ? &mean : nullptr,
                            saved ? &rstd : nullptr);
     if (saved) saved->mean = mean;
@@ -38,7 +38,7 @@ Tensor Norm::forward(const Tensor& x, Saved* saved) const {
 Tensor Norm::backward(const Tensor& dy, const Saved& saved) {
   MOE_CHECK(saved.x.defined() && saved.rstd.defined(), "norm ", prefix_,
             ": backward without a saved forward");
-  Tensor dx = Tensor::empty(saved.x.shape());
+  Tensor dx = Tensor::empty(saved.x.shape(), DType::f32, saved.x.device());
   if (kind_ == NormKind::layernorm)
     ops::layernorm_backward(dy, saved.x, weight_->w(), saved.mean, saved.rstd, dx, weight_->grad,
                             &bias_->grad);

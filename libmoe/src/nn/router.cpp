@@ -45,24 +45,27 @@ RouterOutput Router::forward(const Tensor& x, const RouterStep& step) const {
   const int64_t tokens = x.dim(0), experts = config_.num_experts, k = config_.top_k;
   RouterOutput out;
   if (step.training && config_.jitter > 0.0f) {
-    out.jitter_noise = Tensor::empty(x.shape()).set_name("router.jitter_noise");
-    out.routed_input = Tensor::empty(x.shape()).set_name("router.routed_input");
+    out.jitter_noise =
+        Tensor::empty(x.shape(), DType::f32, x.device()).set_name("router.jitter_noise");
+    out.routed_input =
+        Tensor::empty(x.shape(), DType::f32, x.device()).set_name("router.routed_input");
     ops::router_jitter(x, config_.jitter, router_jitter_key(step), out.jitter_noise,
                        out.routed_input, step.first_token);
   } else {
     out.routed_input = x;
   }
-  out.logits = Tensor::empty({tokens, experts}).set_name("router.logits");
+  out.logits = Tensor::empty({tokens, experts}, DType::f32, x.device()).set_name("router.logits");
   // logits = routed_input Wg^T, as a grouped GEMM of one group: its sum over D is cut at fixed
   // places, so the logits (and the routing) do not depend on the thread count.
   const std::vector<int32_t> all_tokens{0, static_cast<int32_t>(tokens)};
   ops::grouped_gemm(out.routed_input, weight_->w().reshape({1, experts, config_.d_model}), true,
                     all_tokens, out.logits);
-  out.probs = Tensor::empty({tokens, experts}).set_name("router.probs");
-  out.lse = Tensor::empty({tokens}).set_name("router.lse");
+  out.probs = Tensor::empty({tokens, experts}, DType::f32, x.device()).set_name("router.probs");
+  out.lse = Tensor::empty({tokens}, DType::f32, x.device()).set_name("router.lse");
   ops::router_softmax(out.logits, out.probs, out.lse);
-  out.topk_idx = Tensor::empty({tokens, k}, DType::i32).set_name("router.topk_idx");
-  out.topk_weight = Tensor::empty({tokens, k}).set_name("router.topk_weight");
+  out.topk_idx = Tensor::empty({tokens, k}, DType::i32, x.device()).set_name("router.topk_idx");
+  out.topk_weight =
+      Tensor::empty({tokens, k}, DType::f32, x.device()).set_name("router.topk_weight");
   ops::router_topk(out.probs, k, config_.normalize_topk, out.topk_idx, out.topk_weight);
   out.load = ops::router_load(out.topk_idx, experts);
   out.load_tokens = tokens;
@@ -78,9 +81,11 @@ Tensor Router::backward(const Tensor& dweight_of_slot, const RouterOutput& out, 
   const int64_t tokens = out.probs.dim(0), experts = config_.num_experts, k = config_.top_k;
   x.expect_shape({tokens, config_.d_model}, "router backward x");
   dweight_of_slot.expect_shape({out.plan.num_slots()}, "router backward dweight_of_slot");
-  Tensor dtopk = Tensor::empty({tokens, k}).set_name("router.dtopk_weight");
+  Tensor dtopk =
+      Tensor::empty({tokens, k}, DType::f32, out.probs.device()).set_name("router.dtopk_weight");
   ops::slot_to_choice(dweight_of_slot, out.plan.slot_of, dtopk);
-  Tensor dlogits = Tensor::empty({tokens, experts}).set_name("router.dlogits");
+  Tensor dlogits =
+      Tensor::empty({tokens, experts}, DType::f32, out.probs.device()).set_name("router.dlogits");
   ops::router_backward(out.probs, out.lse, out.topk_idx, dtopk, config_.normalize_topk, out.load,
                        out.load_tokens, aux_scale, z_scale, dlogits);
   // dWg += dlogits^T routed_input and dx = dlogits Wg, through the grouped GEMMs of one group (a
@@ -88,7 +93,8 @@ Tensor Router::backward(const Tensor& dweight_of_slot, const RouterOutput& out, 
   const std::vector<int32_t> all_tokens{0, static_cast<int32_t>(tokens)};
   Tensor dweight = weight_->grad.reshape({1, experts, config_.d_model});
   ops::grouped_gemm_weight_grad(dlogits, out.routed_input, all_tokens, dweight);
-  Tensor dx = Tensor::empty({tokens, config_.d_model}).set_name("router.dx");
+  Tensor dx = Tensor::empty({tokens, config_.d_model}, DType::f32, out.probs.device())
+                  .set_name("router.dx");
   ops::grouped_gemm(dlogits, weight_->w().reshape({1, experts, config_.d_model}), false, all_tokens,
                     dx);
   if (out.jitter_noise.defined()) ops::router_jitter_backward(out.jitter_noise, dx);

@@ -6,6 +6,9 @@
 #include "backend/cpu/parallel.h"
 #include "kernels/adamw.h"
 #include "moe/ops/core.h"
+#ifdef MOE_HAVE_CUDA
+#include "backend/cuda/moe_ops.h"
+#endif
 
 namespace moe::optim {
 
@@ -14,8 +17,9 @@ AdamW::AdamW(ParamSet& params, const AdamWConfig& config) : params_(params), con
     Slot s;
     s.param = p;
     s.master = p->value.dtype() == DType::f32 ? p->value : p->value.to(DType::f32);
-    s.m = Tensor::zeros(p->value.shape());
-    s.v = Tensor::zeros(p->value.shape());
+    // Moments live with the parameter (device parameters keep their optimizer state there).
+    s.m = Tensor::zeros(p->value.shape(), DType::f32, p->value.device());
+    s.v = Tensor::zeros(p->value.shape(), DType::f32, p->value.device());
     slots_.push_back(std::move(s));
   }
 }
@@ -32,13 +36,20 @@ void AdamW::step(float lr) {
   for (Slot& s : slots_) {
     kernels::AdamWScalars sc = base;
     sc.weight_decay = s.param->decay ? config_.weight_decay : 0.0f;
-    float* master = s.master.data<float>();
-    float* m = s.m.data<float>();
-    float* v = s.v.data<float>();
-    const float* g = s.param->grad.data<float>();
-    int64_t n = s.master.numel();
+    const Device device = ops::require_backend("adamw", {&s.master, &s.m, &s.v, &s.param->grad});
+    if (device.kind == Device::cuda) {
+#ifdef MOE_HAVE_CUDA
+      cuda::adamw_update(s.master, s.m, s.v, s.param->grad, sc);
+#endif
+    } else {
+      float* master = s.master.data<float>();
+      float* m = s.m.data<float>();
+      float* v = s.v.data<float>();
+      const float* g = s.param->grad.data<float>();
+      int64_t n = s.master.numel();
 #pragma omp parallel for schedule(static) if (n >= cpu::kParallelWork)
-    for (int64_t i = 0; i < n; ++i) kernels::adamw_update(master[i], m[i], v[i], g[i], sc);
+      for (int64_t i = 0; i < n; ++i) kernels::adamw_update(master[i], m[i], v[i], g[i], sc);
+    }
     if (s.master.raw() != s.param->value.raw()) s.param->value.copy_from(s.master);
     s.param->refresh_compute();
   }
@@ -86,6 +97,12 @@ void clip_gradients(ParamSet& params, double max_norm, double norm) {
   if (max_norm > 0 && norm > max_norm) {
     float scale = static_cast<float>(max_norm / (norm + 1e-6));
     for (Param* p : params.all()) {
+      if (ops::require_backend("clip_gradients", {&p->grad}).kind == Device::cuda) {
+#ifdef MOE_HAVE_CUDA
+        cuda::scale_in_place(p->grad, scale);
+#endif
+        continue;
+      }
       float* g = p->grad.data<float>();
       int64_t n = p->grad.numel();
 #pragma omp parallel for schedule(static) if (n >= cpu::kParallelWork)

@@ -10,6 +10,7 @@
 #include <map>
 #include <set>
 
+#include "moe/cuda.h"
 #include "moe/log.h"
 #include "moe/ops/core.h"
 #include "moe/timer.h"
@@ -119,9 +120,7 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
   setup_parallel();
   params_ = std::make_unique<ParamSet>(train.seed, config.dtype);
   model_ = std::make_unique<Transformer>(config, *params_, world_size() > 1 ? &parallel_ : nullptr);
-  optim::AdamWConfig oc;
-  oc.weight_decay = static_cast<float>(train.weight_decay);
-  optimizer_ = std::make_unique<optim::AdamW>(*params_, oc);
+  optimizer_ = std::make_unique<optim::AdamW>(*params_, adamw_config());
   if (world_size() > 1) {
     int64_t sizes[2] = {0, 0};
     for (const Param* p : std::as_const(*params_).all())
@@ -326,6 +325,8 @@ StepStats Trainer::step(bool capture_routing) {
     rs.first_token = rank() * ids.numel();  // this rank's share starts there in the global batch
     rs.capture_routing = capture_routing;
     if (capture_routing) s.token_ids.assign(ids.data<int32_t>(), ids.data<int32_t>() + ids.numel());
+    ids = ids.to(params_->device());
+    targets = targets.to(params_->device());
     exchange_stats_ = {};
     GradsReady ready;  // priority scheduling: reduce each block's gradients as backward leaves it
     if (scheduler_) ready = [this](std::span<Param* const> ps) { pack_gradients(ps); };
@@ -505,6 +506,29 @@ void Trainer::reduce_stats(StepStats& s) {
   }
 }
 
+optim::AdamWConfig Trainer::adamw_config() const {
+  optim::AdamWConfig oc;
+  oc.weight_decay = static_cast<float>(train_.weight_decay);
+  return oc;
+}
+
+void Trainer::to_device(Device device) {
+  if (device == params_->device()) return;
+  MOE_USAGE_CHECK(device.kind == Device::cpu || world_size() == 1, "--device ", device.str(),
+                  " with ", world_size(),
+                  " ranks: multi-GPU training over NCCL is not wired into moe-train yet (one "
+                  "process per GPU runs; use --device cpu for MPI runs)");
+  MOE_CHECK(backend_available(device.kind), "--device ", device.str(), ": ",
+            cuda::unavailable_reason());
+  // The optimizer's tensors follow the parameters: its state moves through a host copy.
+  std::vector<optim::OptimizerTensor> state = optimizer_->state();
+  for (auto& t : state) t.tensor = t.tensor.to(Device{});
+  const int64_t steps = optimizer_->steps_taken();
+  params_->to(device);
+  optimizer_ = std::make_unique<optim::AdamW>(*params_, adamw_config());
+  optimizer_->load_state(state, steps);
+}
+
 double Trainer::evaluate() { return evaluate(*model_); }
 
 double Trainer::evaluate(const Transformer& model) {
@@ -519,7 +543,8 @@ double Trainer::evaluate(const Transformer& model) {
       ArenaScope scope(arena_);
       Tensor ids, targets;
       sampler.next(batch, ids, targets);
-      sum += model.evaluate(ids, targets).loss;
+      const Device device = model.device();
+      sum += model.evaluate(ids.to(device), targets.to(device)).loss;
     }
     arena_.reset();
   }

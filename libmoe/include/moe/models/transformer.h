@@ -106,6 +106,8 @@ class Transformer {
   KVCache make_cache(int64_t slots, int64_t capacity = 0) const;
 
   const ModelConfig& config() const { return config_; }
+  // Where the parameters live; batches passed to forward/evaluate must be there too.
+  Device device() const { return params_.device(); }
   const Flavour& flavour() const { return flavour_; }
   // Parameters that one token activates (experts counted k times per MoE layer).
   int64_t active_params_per_token() const;

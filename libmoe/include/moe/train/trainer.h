@@ -82,6 +82,12 @@ class Trainer {
   // the files holding its parameters).
   void restore(const std::string& path);
 
+  // Moves the parameters and the optimizer state to `device` (call after restore); batches are
+  // uploaded there each step. A CUDA device needs one process: multi-GPU training over NCCL is not
+  // wired into the trainer yet, and W > 1 ranks are refused with a message.
+  void to_device(Device device);
+  Device device() const { return params_->device(); }
+
   // One optimizer step. capture_routing: also record every token's experts (moe-train --trace).
   StepStats step(bool capture_routing = false);
   double evaluate();  // mean validation cross-entropy over up to eval_batches batches
@@ -125,6 +131,7 @@ class Trainer {
   std::unique_ptr<ParamSet> params_;
   std::unique_ptr<Transformer> model_;
   std::unique_ptr<optim::AdamW> optimizer_;
+  optim::AdamWConfig adamw_config() const;
   std::unique_ptr<io::BatchSampler> sampler_;
   // How a parameter's gradient is completed across ranks.
   enum class Reduce { world, replicas, none };  // all ranks / expert replicas / already complete

@@ -12,6 +12,9 @@
 #include "kernels/softmax.h"
 #include "moe/ops/core.h"
 #include "moe/ops/dense.h"
+#ifdef MOE_HAVE_CUDA
+#include "backend/cuda/dense_ops.h"
+#endif
 
 namespace moe::ops {
 
@@ -37,12 +40,16 @@ void check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionShape& s,
                        Tensor& probs, Tensor& ctx) {
-  require_backend("attention_forward", {&q, &k, &v, &probs, &ctx});
+  const Device device = require_backend("attention_forward", {&q, &k, &v, &probs, &ctx});
   check_attention("attention_forward", q, k, v, s);
   probs.expect_shape({s.batch, s.heads, s.seq, s.seq}, "attention_forward probs");
   probs.expect_dtype(DType::f32, "attention_forward probs");
   ctx.expect_shape(q.shape(), "attention_forward context");
   ctx.expect_dtype(DType::f32, "attention_forward context");
+#ifdef MOE_HAVE_CUDA
+  if (device.kind == Device::cuda) return cuda::attention_forward(q, k, v, s, probs, ctx);
+#endif
+  (void)device;
   const int64_t T = s.seq, hd = s.head_dim, H = s.heads, KV = s.kv_heads, group = H / KV;
   const int64_t ldq = H * hd, ldk = KV * hd;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -96,7 +103,7 @@ void attention_forward_cached(const Tensor& q, const Tensor& k_cache, const Tens
                               int64_t heads, int64_t kv_heads, const CachedRows& rows,
                               Tensor& ctx) {
   const char* op = "attention_forward_cached";
-  require_backend(op, {&q, &k_cache, &v_cache, &ctx});
+  const Device device = require_backend(op, {&q, &k_cache, &v_cache, &ctx});
   MOE_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && k_cache.ndim() == 3 &&
                 q.ndim() == 2 && q.dim(1) % heads == 0,
             op, ": bad shape: q ", q.describe(), ", k cache ", k_cache.describe(), ", heads ",
@@ -111,6 +118,11 @@ void attention_forward_cached(const Tensor& q, const Tensor& k_cache, const Tens
   ctx.expect_shape(q.shape(), "attention_forward_cached context");
   for (const Tensor* t : {&q, &k_cache, &v_cache, static_cast<const Tensor*>(&ctx)})
     t->expect_dtype(DType::f32, op);
+#ifdef MOE_HAVE_CUDA
+  if (device.kind == Device::cuda)
+    return cuda::attention_forward_cached(q, k_cache, v_cache, heads, kv_heads, rows, ctx);
+#endif
+  (void)device;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const float* qs = q.data<float>();
   const float* ks = k_cache.data<float>();
@@ -143,7 +155,8 @@ void attention_forward_cached(const Tensor& q, const Tensor& k_cache, const Tens
 void attention_backward(const Tensor& dctx, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& probs, const AttentionShape& s, Tensor& dq, Tensor& dk,
                         Tensor& dv) {
-  require_backend("attention_backward", {&dctx, &q, &k, &v, &probs, &dq, &dk, &dv});
+  const Device device =
+      require_backend("attention_backward", {&dctx, &q, &k, &v, &probs, &dq, &dk, &dv});
   check_attention("attention_backward", q, k, v, s);
   dctx.expect_shape(q.shape(), "attention_backward dctx");
   dctx.expect_dtype(DType::f32, "attention_backward dctx");
@@ -155,6 +168,11 @@ void attention_backward(const Tensor& dctx, const Tensor& q, const Tensor& k, co
   dq.expect_dtype(DType::f32, "attention_backward dq");
   dk.expect_dtype(DType::f32, "attention_backward dk");
   dv.expect_dtype(DType::f32, "attention_backward dv");
+#ifdef MOE_HAVE_CUDA
+  if (device.kind == Device::cuda)
+    return cuda::attention_backward(dctx, q, k, v, probs, s, dq, dk, dv);
+#endif
+  (void)device;
   const int64_t T = s.seq, hd = s.head_dim, H = s.heads, KV = s.kv_heads, group = H / KV;
   const int64_t ldq = H * hd, ldk = KV * hd;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));

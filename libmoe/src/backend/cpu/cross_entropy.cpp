@@ -8,6 +8,9 @@
 #include "backend/cpu/parallel.h"
 #include "moe/ops/core.h"
 #include "moe/ops/dense.h"
+#ifdef MOE_HAVE_CUDA
+#include "backend/cuda/dense_ops.h"
+#endif
 
 namespace moe::ops {
 
@@ -17,7 +20,7 @@ namespace {
 
 double cross_entropy(const Tensor& logits, const Tensor& targets, float scale, Tensor* dlogits,
                      Tensor* row_nll) {
-  require_backend("cross_entropy", {&logits, &targets, dlogits, row_nll});
+  const Device device = require_backend("cross_entropy", {&logits, &targets, dlogits, row_nll});
   MOE_CHECK(logits.ndim() == 2, "cross_entropy: logits ", logits.describe(), " are not 2-D [N,V]");
   logits.expect_dtype(DType::f32, "cross_entropy logits");
   const int64_t n = logits.dim(0), vocab = logits.dim(1);
@@ -31,6 +34,11 @@ double cross_entropy(const Tensor& logits, const Tensor& targets, float scale, T
     row_nll->expect_shape({n}, "cross_entropy row_nll");
     row_nll->expect_dtype(DType::f32, "cross_entropy row_nll");
   }
+#ifdef MOE_HAVE_CUDA
+  if (device.kind == Device::cuda)
+    return cuda::cross_entropy(logits, targets, scale, dlogits, row_nll);
+#endif
+  (void)device;
   const int32_t* tg = targets.data<int32_t>();
   int64_t counted = 0;
   for (int64_t i = 0; i < n; ++i) {

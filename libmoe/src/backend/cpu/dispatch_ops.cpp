@@ -9,25 +9,18 @@
 #include "kernels/router.h"
 #include "moe/ops/core.h"
 #include "moe/ops/moe.h"
+#ifdef MOE_HAVE_CUDA
+#include "backend/cuda/moe_ops.h"
+#endif
 
 namespace moe::ops {
+namespace {
 
-RoutingTable build_routing(const Tensor& topk_idx, const Tensor& topk_weight, int64_t num_experts,
-                           int64_t capacity) {
-  require_backend("make_plan", {&topk_idx, &topk_weight});
-  MOE_CHECK(topk_idx.ndim() == 2, "make_plan: [N,k] expert ids expected, got ",
-            topk_idx.describe());
-  topk_idx.expect_dtype(DType::i32, "make_plan topk_idx");
-  topk_weight.expect_shape(topk_idx.shape(), "make_plan topk_weight");
-  topk_weight.expect_dtype(DType::f32, "make_plan topk_weight");
+// The routing algorithm on host tensors (checks the ids, then builds the table), shared by the CPU
+// op and the CUDA path.
+RoutingTable build_routing_on_host(const Tensor& topk_idx, const Tensor& topk_weight,
+                                   int64_t num_experts, int64_t capacity) {
   const int64_t tokens = topk_idx.dim(0), k = topk_idx.dim(1);
-  MOE_CHECK(num_experts >= 1, "make_plan: num_experts must be positive, got ", num_experts);
-  MOE_CHECK(k >= 1 && k <= num_experts, "make_plan: top_k ", k, " of ", topk_idx.describe(),
-            " must be in [1, num_experts = ", num_experts, "]");
-  MOE_CHECK(capacity >= 0, "make_plan: capacity ", capacity, " is negative");
-  MOE_CHECK(tokens * k < (int64_t(1) << 31), "make_plan: ", topk_idx.describe(),
-            " has too many assignments for 32-bit slot ids");
-
   const int32_t* idx = topk_idx.data<int32_t>();
   const float* weight = topk_weight.data<float>();
   for (int64_t t = 0; t < tokens; ++t) {
@@ -81,13 +74,47 @@ RoutingTable build_routing(const Tensor& topk_idx, const Tensor& topk_weight, in
   return table;
 }
 
+}  // namespace
+
+RoutingTable build_routing(const Tensor& topk_idx, const Tensor& topk_weight, int64_t num_experts,
+                           int64_t capacity) {
+  const Device device = require_backend("make_plan", {&topk_idx, &topk_weight});
+  MOE_CHECK(topk_idx.ndim() == 2, "make_plan: [N,k] expert ids expected, got ",
+            topk_idx.describe());
+  topk_idx.expect_dtype(DType::i32, "make_plan topk_idx");
+  topk_weight.expect_shape(topk_idx.shape(), "make_plan topk_weight");
+  topk_weight.expect_dtype(DType::f32, "make_plan topk_weight");
+  const int64_t tokens = topk_idx.dim(0), k = topk_idx.dim(1);
+  MOE_CHECK(num_experts >= 1, "make_plan: num_experts must be positive, got ", num_experts);
+  MOE_CHECK(k >= 1 && k <= num_experts, "make_plan: top_k ", k, " of ", topk_idx.describe(),
+            " must be in [1, num_experts = ", num_experts, "]");
+  MOE_CHECK(capacity >= 0, "make_plan: capacity ", capacity, " is negative");
+  MOE_CHECK(tokens * k < (int64_t(1) << 31), "make_plan: ", topk_idx.describe(),
+            " has too many assignments for 32-bit slot ids");
+  if (device.kind != Device::cpu) {
+    // The table is built on the host: one device-to-host copy of the N*k ids and weights per
+    // layer, then slot_of / token_of_slot / weight_of_slot go back to the ids' device.
+    RoutingTable table = build_routing_on_host(topk_idx.to(Device{}), topk_weight.to(Device{}),
+                                               num_experts, capacity);
+    table.slot_of = table.slot_of.to(device);
+    table.token_of_slot = table.token_of_slot.to(device);
+    table.weight_of_slot = table.weight_of_slot.to(device);
+    return table;
+  }
+  return build_routing_on_host(topk_idx, topk_weight, num_experts, capacity);
+}
+
 void gather_rows(const Tensor& x, const Tensor& token_of_slot, Tensor& x_perm) {
-  require_backend("dispatch", {&x, &token_of_slot, &x_perm});
+  const Device device = require_backend("dispatch", {&x, &token_of_slot, &x_perm});
   x.expect_dtype(DType::f32, "dispatch x");
   MOE_CHECK(x.ndim() == 2, "dispatch: [N,D] input expected, got ", x.describe());
   token_of_slot.expect_dtype(DType::i32, "dispatch token_of_slot");
   const int64_t tokens = x.dim(0), width = x.dim(1), slots = token_of_slot.numel();
   x_perm.expect_shape({slots, width}, "dispatch x_perm");
+#ifdef MOE_HAVE_CUDA
+  if (device.kind == Device::cuda) return cuda::gather_rows(x, token_of_slot, x_perm);
+#endif
+  (void)device;
   const float* xs = x.data<float>();
   const int32_t* ts = token_of_slot.data<int32_t>();
   for (int64_t s = 0; s < slots; ++s)
@@ -101,7 +128,7 @@ void gather_rows(const Tensor& x, const Tensor& token_of_slot, Tensor& x_perm) {
 
 void combine_rows(const Tensor& rows, const Tensor& slot_of, const Tensor& weight_of_slot,
                   int64_t top_k, Tensor& y) {
-  require_backend("combine", {&rows, &slot_of, &weight_of_slot, &y});
+  const Device device = require_backend("combine", {&rows, &slot_of, &weight_of_slot, &y});
   rows.expect_dtype(DType::f32, "combine rows");
   MOE_CHECK(rows.ndim() == 2, "combine: [M,D] rows expected, got ", rows.describe());
   slot_of.expect_dtype(DType::i32, "combine slot_of");
@@ -109,11 +136,13 @@ void combine_rows(const Tensor& rows, const Tensor& slot_of, const Tensor& weigh
             " is not [N*k] for k = ", top_k);
   const int64_t slots = rows.dim(0), width = rows.dim(1), tokens = slot_of.numel() / top_k;
   y.expect_shape({tokens, width}, "combine y");
-  const float* ws = nullptr;
-  if (weight_of_slot.defined()) {
-    weight_of_slot.expect_shape({slots}, "combine weight_of_slot");
-    ws = weight_of_slot.data<float>();
-  }
+  if (weight_of_slot.defined()) weight_of_slot.expect_shape({slots}, "combine weight_of_slot");
+#ifdef MOE_HAVE_CUDA
+  if (device.kind == Device::cuda)
+    return cuda::combine_rows(rows, slot_of, weight_of_slot, top_k, y);
+#endif
+  (void)device;
+  const float* ws = weight_of_slot.defined() ? weight_of_slot.data<float>() : nullptr;
   const int32_t* so = slot_of.data<int32_t>();
   for (int64_t a = 0; a < tokens * top_k; ++a)
     MOE_CHECK(so[a] >= -1 && so[a] < slots, "combine: assignment ", a, " names slot ", so[a],
@@ -127,8 +156,9 @@ void combine_rows(const Tensor& rows, const Tensor& slot_of, const Tensor& weigh
 
 void combine_rows_backward(const Tensor& dy, const Tensor& y_perm, const Tensor& token_of_slot,
                            const Tensor& weight_of_slot, Tensor& dy_perm, Tensor& dweight_of_slot) {
-  require_backend("combine_backward",
-                  {&dy, &y_perm, &token_of_slot, &weight_of_slot, &dy_perm, &dweight_of_slot});
+  const Device device =
+      require_backend("combine_backward",
+                      {&dy, &y_perm, &token_of_slot, &weight_of_slot, &dy_perm, &dweight_of_slot});
   dy.expect_dtype(DType::f32, "combine_backward dy");
   MOE_CHECK(dy.ndim() == 2, "combine_backward: [N,D] gradient expected, got ", dy.describe());
   const int64_t tokens = dy.dim(0), width = dy.dim(1), slots = token_of_slot.numel();
@@ -137,6 +167,12 @@ void combine_rows_backward(const Tensor& dy, const Tensor& y_perm, const Tensor&
   weight_of_slot.expect_shape({slots}, "combine_backward weight_of_slot");
   dy_perm.expect_shape({slots, width}, "combine_backward dy_perm");
   dweight_of_slot.expect_shape({slots}, "combine_backward dweight_of_slot");
+#ifdef MOE_HAVE_CUDA
+  if (device.kind == Device::cuda)
+    return cuda::combine_rows_backward(dy, y_perm, token_of_slot, weight_of_slot, dy_perm,
+                                       dweight_of_slot);
+#endif
+  (void)device;
   const int32_t* ts = token_of_slot.data<int32_t>();
   for (int64_t s = 0; s < slots; ++s)
     MOE_CHECK(ts[s] >= 0 && ts[s] < tokens, "combine_backward: slot ", s, " names token ", ts[s],
@@ -153,12 +189,18 @@ void combine_rows_backward(const Tensor& dy, const Tensor& y_perm, const Tensor&
 }
 
 void slot_to_choice(const Tensor& dweight_of_slot, const Tensor& slot_of, Tensor& dtopk_weight) {
-  require_backend("slot_to_choice", {&dweight_of_slot, &slot_of, &dtopk_weight});
+  const Device device =
+      require_backend("slot_to_choice", {&dweight_of_slot, &slot_of, &dtopk_weight});
   dweight_of_slot.expect_dtype(DType::f32, "slot_to_choice dweight_of_slot");
   slot_of.expect_dtype(DType::i32, "slot_to_choice slot_of");
   dtopk_weight.expect_dtype(DType::f32, "slot_to_choice dtopk_weight");
   MOE_CHECK(dtopk_weight.numel() == slot_of.numel(), "slot_to_choice: ", dtopk_weight.describe(),
             " vs ", slot_of.describe());
+#ifdef MOE_HAVE_CUDA
+  if (device.kind == Device::cuda)
+    return cuda::slot_to_choice(dweight_of_slot, slot_of, dtopk_weight);
+#endif
+  (void)device;
   const int64_t slots = dweight_of_slot.numel(), n = slot_of.numel();
   const int32_t* so = slot_of.data<int32_t>();
   const float* src = dweight_of_slot.data<float>();

@@ -9,13 +9,16 @@
 #include "backend/cpu/parallel.h"
 #include "moe/ops/core.h"
 #include "moe/ops/distill.h"
+#ifdef MOE_HAVE_CUDA
+#include "backend/cuda/moe_ops.h"
+#endif
 
 namespace moe::ops {
 
 DistillLossValue distill_loss(const Tensor& student, const Tensor& teacher, const Tensor& targets,
                               float temperature, float ce_weight, float kd_weight, Tensor* dlogits,
                               float scale) {
-  require_backend("distill_loss", {&student, &teacher, &targets, dlogits});
+  const Device device = require_backend("distill_loss", {&student, &teacher, &targets, dlogits});
   MOE_CHECK(student.ndim() == 2, "distill_loss: student logits ", student.describe(),
             " are not 2-D [N,V]");
   student.expect_dtype(DType::f32, "distill_loss student logits");
@@ -32,7 +35,9 @@ DistillLossValue distill_loss(const Tensor& student, const Tensor& teacher, cons
     dlogits->expect_shape(student.shape(), "distill_loss dlogits");
     dlogits->expect_dtype(DType::f32, "distill_loss dlogits");
   }
-  const int32_t* tg = targets.data<int32_t>();
+  // Device targets are checked and counted on the host from a copy (N ids).
+  const Tensor host_targets = targets.to(Device{});
+  const int32_t* tg = host_targets.data<int32_t>();
   int64_t counted = 0;
   for (int64_t i = 0; i < n; ++i) {
     MOE_CHECK(tg[i] < vocab, "distill_loss: target ", tg[i], " at row ", i, " of ",
@@ -43,22 +48,30 @@ DistillLossValue distill_loss(const Tensor& student, const Tensor& teacher, cons
             " have no classes");
   const float grad_scale = counted ? scale / static_cast<float>(counted) : 0.0f;
 
-  std::vector<kernels::DistillRow> rows(static_cast<size_t>(n));
-  const float* s = student.data<float>();
-  const float* t = teacher.data<float>();
-  float* dxs = dlogits ? dlogits->data<float>() : nullptr;
+  std::vector<kernels::DistillRow> rows;
+#ifdef MOE_HAVE_CUDA
+  if (device.kind == Device::cuda)
+    rows = cuda::distill_loss_rows(student, teacher, targets, temperature, ce_weight, kd_weight,
+                                   dlogits, grad_scale);
+#endif
+  if (device.kind == Device::cpu) {
+    rows.resize(static_cast<size_t>(n));
+    const float* s = student.data<float>();
+    const float* t = teacher.data<float>();
+    float* dxs = dlogits ? dlogits->data<float>() : nullptr;
 #pragma omp parallel for schedule(static) if (n * vocab >= cpu::kParallelWork)
-  for (int64_t i = 0; i < n; ++i) {
-    float* dx_row = dxs ? dxs + i * vocab : nullptr;
-    if (tg[i] < 0) {
-      rows[static_cast<size_t>(i)] = {0.0f, 0.0f};
-      if (dx_row)
-        for (int64_t j = 0; j < vocab; ++j) dx_row[j] = 0.0f;
-      continue;
+    for (int64_t i = 0; i < n; ++i) {
+      float* dx_row = dxs ? dxs + i * vocab : nullptr;
+      if (tg[i] < 0) {
+        rows[static_cast<size_t>(i)] = {0.0f, 0.0f};
+        if (dx_row)
+          for (int64_t j = 0; j < vocab; ++j) dx_row[j] = 0.0f;
+        continue;
+      }
+      rows[static_cast<size_t>(i)] =
+          kernels::distill_loss_row(s + i * vocab, t + i * vocab, vocab, tg[i], temperature,
+                                    ce_weight, kd_weight, dx_row, grad_scale);
     }
-    rows[static_cast<size_t>(i)] =
-        kernels::distill_loss_row(s + i * vocab, t + i * vocab, vocab, tg[i], temperature,
-                                  ce_weight, kd_weight, dx_row, grad_scale);
   }
   DistillLossValue value;
   value.rows = counted;

@@ -6,6 +6,9 @@
 #include "backend/cpu/parallel.h"
 #include "moe/ops/core.h"
 #include "moe/ops/dense.h"
+#ifdef MOE_HAVE_CUDA
+#include "backend/cuda/dense_ops.h"
+#endif
 
 namespace moe::ops {
 
@@ -24,12 +27,16 @@ void check_ids(const Tensor& ids, const Tensor& table, const char* op) {
 }  // namespace
 
 void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out) {
-  require_backend("embedding_forward", {&table, &ids, &out});
+  const Device device = require_backend("embedding_forward", {&table, &ids, &out});
   MOE_CHECK(table.ndim() == 2, "embedding_forward: table ", table.describe(), " is not 2-D");
   table.expect_dtype(DType::f32, "embedding_forward table");
   const int64_t n = ids.numel(), dim = table.dim(1);
   out.expect_shape({n, dim}, "embedding_forward output");
   out.expect_dtype(DType::f32, "embedding_forward output");
+#ifdef MOE_HAVE_CUDA
+  if (device.kind == Device::cuda) return cuda::embedding_forward(table, ids, out);
+#endif
+  (void)device;
   check_ids(ids, table, "embedding_forward");
   const int32_t* id = ids.data<int32_t>();
   const float* t = table.data<float>();
@@ -40,13 +47,17 @@ void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out) {
 }
 
 void embedding_backward(const Tensor& dy, const Tensor& ids, Tensor& table_grad) {
-  require_backend("embedding_backward", {&dy, &ids, &table_grad});
+  const Device device = require_backend("embedding_backward", {&dy, &ids, &table_grad});
   MOE_CHECK(table_grad.ndim() == 2, "embedding_backward: gradient ", table_grad.describe(),
             " is not 2-D");
   table_grad.expect_dtype(DType::f32, "embedding_backward gradient");
   const int64_t n = ids.numel(), rows = table_grad.dim(0), dim = table_grad.dim(1);
   dy.expect_shape({n, dim}, "embedding_backward dy");
   dy.expect_dtype(DType::f32, "embedding_backward dy");
+#ifdef MOE_HAVE_CUDA
+  if (device.kind == Device::cuda) return cuda::embedding_backward(dy, ids, table_grad);
+#endif
+  (void)device;
   check_ids(ids, table_grad, "embedding_backward");
   const int32_t* id = ids.data<int32_t>();
   // Stable counting sort of the tokens by id: each touched row then sums its tokens in token

@@ -14,6 +14,9 @@
 #include "kernels/router.h"
 #include "moe/ops/core.h"
 #include "moe/ops/moe.h"
+#ifdef MOE_HAVE_CUDA
+#include "backend/cuda/moe_ops.h"
+#endif
 
 namespace moe::ops {
 namespace {
@@ -110,7 +113,7 @@ void swiglu_backward(const float* h, const float* h3, const float* da, float* dh
 
 void grouped_gemm(const Tensor& a, const Tensor& w, bool transpose_w,
                   const std::vector<int32_t>& offsets, Tensor& c, float beta) {
-  require_backend("grouped_gemm", {&a, &w, &c});
+  const Device device = require_backend("grouped_gemm", {&a, &w, &c});
   a.expect_dtype(DType::f32, "grouped_gemm A");
   w.expect_dtype(DType::f32, "grouped_gemm W");
   c.expect_dtype(DType::f32, "grouped_gemm C");
@@ -123,6 +126,10 @@ void grouped_gemm(const Tensor& a, const Tensor& w, bool transpose_w,
             "grouped_gemm: shapes do not chain: ", a.describe(), " x ", w.describe(),
             transpose_w ? "^T" : "", " -> ", c.describe());
   check_offsets("grouped_gemm", offsets, experts, rows, a);
+#ifdef MOE_HAVE_CUDA
+  if (device.kind == Device::cuda) return cuda::grouped_gemm(a, w, transpose_w, offsets, c, beta);
+#endif
+  (void)device;
   const float* as = a.data<float>();
   const float* ws = w.data<float>();
   float* cs = c.data<float>();
@@ -137,7 +144,7 @@ void grouped_gemm(const Tensor& a, const Tensor& w, bool transpose_w,
 
 void grouped_gemm_weight_grad(const Tensor& dy, const Tensor& x,
                               const std::vector<int32_t>& offsets, Tensor& dw) {
-  require_backend("grouped_gemm_weight_grad", {&dy, &x, &dw});
+  const Device device = require_backend("grouped_gemm_weight_grad", {&dy, &x, &dw});
   dy.expect_dtype(DType::f32, "grouped_gemm_weight_grad dY");
   x.expect_dtype(DType::f32, "grouped_gemm_weight_grad X");
   dw.expect_dtype(DType::f32, "grouped_gemm_weight_grad dW");
@@ -149,6 +156,10 @@ void grouped_gemm_weight_grad(const Tensor& dy, const Tensor& x,
             "grouped_gemm_weight_grad: shapes do not chain: ", dy.describe(), "^T x ", x.describe(),
             " -> ", dw.describe());
   check_offsets("grouped_gemm_weight_grad", offsets, experts, rows, dy);
+#ifdef MOE_HAVE_CUDA
+  if (device.kind == Device::cuda) return cuda::grouped_gemm_weight_grad(dy, x, offsets, dw);
+#endif
+  (void)device;
   const float* dys = dy.data<float>();
   const float* xs = x.data<float>();
   float* dws = dw.data<float>();
@@ -162,18 +173,21 @@ void grouped_gemm_weight_grad(const Tensor& dy, const Tensor& x,
 
 void expert_activation(Tensor& h, const Tensor& h3, const Tensor& bias,
                        const std::vector<int32_t>& offsets, nn::Activation activation, Tensor& a) {
-  require_backend("expert_activation", {&h, &h3, &bias, &a});
+  const Device device = require_backend("expert_activation", {&h, &h3, &bias, &a});
   h.expect_dtype(DType::f32, "expert_activation h");
   MOE_CHECK(h.ndim() == 2, "expert_activation: [M,F] expected, got ", h.describe());
   const int64_t rows = h.dim(0), width = h.dim(1);
   const int64_t experts = static_cast<int64_t>(offsets.size()) - 1;
   check_offsets("expert_activation", offsets, experts, rows, h);
   a.expect_shape(h.shape(), "expert_activation a");
-  const float* bs = nullptr;
-  if (bias.defined()) {
-    bias.expect_shape({experts, width}, "expert_activation bias");
-    bs = bias.data<float>();
-  }
+  if (bias.defined()) bias.expect_shape({experts, width}, "expert_activation bias");
+  if (activation == nn::Activation::swiglu) h3.expect_shape(h.shape(), "expert_activation h3");
+#ifdef MOE_HAVE_CUDA
+  if (device.kind == Device::cuda)
+    return cuda::expert_activation(h, h3, bias, offsets, activation, a);
+#endif
+  (void)device;
+  const float* bs = bias.defined() ? bias.data<float>() : nullptr;
   float* hs = h.data<float>();
   float* as = a.data<float>();
   if (activation == nn::Activation::gelu) {
@@ -182,7 +196,6 @@ void expert_activation(Tensor& h, const Tensor& h3, const Tensor& bias,
       bias_gelu(hs + i * width, bs ? bs + expert_of_row(offsets, i) * width : nullptr,
                 as + i * width, width);
   } else {
-    h3.expect_shape(h.shape(), "expert_activation h3");
     const float* h3s = h3.data<float>();
 #pragma omp parallel for schedule(static) if (rows * width >= cpu::kParallelWork)
     for (int64_t i = 0; i < rows; ++i)
@@ -193,11 +206,20 @@ void expert_activation(Tensor& h, const Tensor& h3, const Tensor& bias,
 
 void expert_activation_backward(const Tensor& da, const Tensor& h, const Tensor& h3,
                                 nn::Activation activation, Tensor& dh, Tensor& dh3) {
-  require_backend("expert_activation_backward", {&da, &h, &h3, &dh, &dh3});
+  const Device device = require_backend("expert_activation_backward", {&da, &h, &h3, &dh, &dh3});
   da.expect_dtype(DType::f32, "expert_activation_backward da");
   MOE_CHECK(da.ndim() == 2, "expert_activation_backward: [M,F] expected, got ", da.describe());
   h.expect_shape(da.shape(), "expert_activation_backward h");
   dh.expect_shape(da.shape(), "expert_activation_backward dh");
+  if (activation == nn::Activation::swiglu) {
+    h3.expect_shape(da.shape(), "expert_activation_backward h3");
+    dh3.expect_shape(da.shape(), "expert_activation_backward dh3");
+  }
+#ifdef MOE_HAVE_CUDA
+  if (device.kind == Device::cuda)
+    return cuda::expert_activation_backward(da, h, h3, activation, dh, dh3);
+#endif
+  (void)device;
   const int64_t rows = da.dim(0), width = da.dim(1);
   const float* das = da.data<float>();
   const float* hs = h.data<float>();
@@ -207,8 +229,6 @@ void expert_activation_backward(const Tensor& da, const Tensor& h, const Tensor&
     for (int64_t i = 0; i < rows; ++i)
       gelu_backward(hs + i * width, das + i * width, dhs + i * width, width);
   } else {
-    h3.expect_shape(da.shape(), "expert_activation_backward h3");
-    dh3.expect_shape(da.shape(), "expert_activation_backward dh3");
     const float* h3s = h3.data<float>();
     float* dh3s = dh3.data<float>();
 #pragma omp parallel for schedule(static) if (rows * width >= cpu::kParallelWork)
@@ -219,13 +239,17 @@ void expert_activation_backward(const Tensor& da, const Tensor& h, const Tensor&
 }
 
 void grouped_add_bias(Tensor& y, const Tensor& bias, const std::vector<int32_t>& offsets) {
-  require_backend("grouped_add_bias", {&y, &bias});
+  const Device device = require_backend("grouped_add_bias", {&y, &bias});
   y.expect_dtype(DType::f32, "grouped_add_bias y");
   MOE_CHECK(y.ndim() == 2, "grouped_add_bias: [M,D] expected, got ", y.describe());
   const int64_t rows = y.dim(0), width = y.dim(1);
   const int64_t experts = static_cast<int64_t>(offsets.size()) - 1;
   check_offsets("grouped_add_bias", offsets, experts, rows, y);
   bias.expect_shape({experts, width}, "grouped_add_bias bias");
+#ifdef MOE_HAVE_CUDA
+  if (device.kind == Device::cuda) return cuda::grouped_add_bias(y, bias, offsets);
+#endif
+  (void)device;
   const float* bs = bias.data<float>();
   float* ys = y.data<float>();
 #pragma omp parallel for schedule(static) if (rows * width >= cpu::kParallelWork)
@@ -234,7 +258,7 @@ void grouped_add_bias(Tensor& y, const Tensor& bias, const std::vector<int32_t>&
 }
 
 void grouped_bias_grad(const Tensor& dy, const std::vector<int32_t>& offsets, Tensor& dbias) {
-  require_backend("grouped_bias_grad", {&dy, &dbias});
+  const Device device = require_backend("grouped_bias_grad", {&dy, &dbias});
   dy.expect_dtype(DType::f32, "grouped_bias_grad dy");
   MOE_CHECK(dy.ndim() == 2, "grouped_bias_grad: [M,D] expected, got ", dy.describe());
   const int64_t rows = dy.dim(0), width = dy.dim(1);
@@ -242,6 +266,10 @@ void grouped_bias_grad(const Tensor& dy, const std::vector<int32_t>& offsets, Te
   check_offsets("grouped_bias_grad", offsets, experts, rows, dy);
   dbias.expect_shape({experts, width}, "grouped_bias_grad dbias");
   dbias.expect_dtype(DType::f32, "grouped_bias_grad dbias");
+#ifdef MOE_HAVE_CUDA
+  if (device.kind == Device::cuda) return cuda::grouped_bias_grad(dy, offsets, dbias);
+#endif
+  (void)device;
   // Each (expert, block of columns) is summed by one thread over the segment's rows in order.
   constexpr int64_t kBlock = 64;
   const int64_t blocks = (width + kBlock - 1) / kBlock;

@@ -8,6 +8,9 @@
 #include "backend/cpu/parallel.h"
 #include "moe/ops/core.h"
 #include "moe/ops/dense.h"
+#ifdef MOE_HAVE_CUDA
+#include "backend/cuda/dense_ops.h"
+#endif
 
 namespace moe::ops {
 
@@ -49,13 +52,18 @@ void accumulate_param_grads(const Tensor& dy, const Tensor& x, const float* mean
 
 void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
                        Tensor& y, Tensor* mean, Tensor* rstd) {
-  require_backend("layernorm_forward", {&x, &weight, &bias, &y, mean, rstd});
+  const Device device = require_backend("layernorm_forward", {&x, &weight, &bias, &y, mean, rstd});
   const int64_t n = check_rows(x, "layernorm_forward"), d = x.dim(1);
   check_f32(weight, {d}, "layernorm_forward weight");
   check_f32(bias, {d}, "layernorm_forward bias");
   check_f32(y, {n, d}, "layernorm_forward output");
   if (mean) check_f32(*mean, {n}, "layernorm_forward mean");
   if (rstd) check_f32(*rstd, {n}, "layernorm_forward rstd");
+#ifdef MOE_HAVE_CUDA
+  if (device.kind == Device::cuda)
+    return cuda::layernorm_forward(x, weight, bias, eps, y, mean, rstd);
+#endif
+  (void)device;
   const float* xs = x.data<float>();
   const float* w = weight.data<float>();
   const float* b = bias.data<float>();
@@ -73,7 +81,8 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
 
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor* dbias) {
-  require_backend("layernorm_backward", {&dy, &x, &weight, &mean, &rstd, &dx, &dweight, dbias});
+  const Device device =
+      require_backend("layernorm_backward", {&dy, &x, &weight, &mean, &rstd, &dx, &dweight, dbias});
   const int64_t n = check_rows(x, "layernorm_backward"), d = x.dim(1);
   check_f32(dy, {n, d}, "layernorm_backward dy");
   check_f32(weight, {d}, "layernorm_backward weight");
@@ -82,6 +91,11 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
   check_f32(dx, {n, d}, "layernorm_backward dx");
   check_f32(dweight, {d}, "layernorm_backward weight gradient");
   if (dbias) check_f32(*dbias, {d}, "layernorm_backward bias gradient");
+#ifdef MOE_HAVE_CUDA
+  if (device.kind == Device::cuda)
+    return cuda::layernorm_backward(dy, x, weight, mean, rstd, dx, dweight, dbias);
+#endif
+  (void)device;
   const float* g = dy.data<float>();
   const float* xs = x.data<float>();
   const float* w = weight.data<float>();
@@ -95,11 +109,15 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
 }
 
 void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, Tensor& y, Tensor* rstd) {
-  require_backend("rmsnorm_forward", {&x, &weight, &y, rstd});
+  const Device device = require_backend("rmsnorm_forward", {&x, &weight, &y, rstd});
   const int64_t n = check_rows(x, "rmsnorm_forward"), d = x.dim(1);
   check_f32(weight, {d}, "rmsnorm_forward weight");
   check_f32(y, {n, d}, "rmsnorm_forward output");
   if (rstd) check_f32(*rstd, {n}, "rmsnorm_forward rstd");
+#ifdef MOE_HAVE_CUDA
+  if (device.kind == Device::cuda) return cuda::rmsnorm_forward(x, weight, eps, y, rstd);
+#endif
+  (void)device;
   const float* xs = x.data<float>();
   const float* w = weight.data<float>();
   float* ys = y.data<float>();
@@ -114,13 +132,18 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, Tensor& y
 
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
                       Tensor& dx, Tensor& dweight) {
-  require_backend("rmsnorm_backward", {&dy, &x, &weight, &rstd, &dx, &dweight});
+  const Device device =
+      require_backend("rmsnorm_backward", {&dy, &x, &weight, &rstd, &dx, &dweight});
   const int64_t n = check_rows(x, "rmsnorm_backward"), d = x.dim(1);
   check_f32(dy, {n, d}, "rmsnorm_backward dy");
   check_f32(weight, {d}, "rmsnorm_backward weight");
   check_f32(rstd, {n}, "rmsnorm_backward rstd");
   check_f32(dx, {n, d}, "rmsnorm_backward dx");
   check_f32(dweight, {d}, "rmsnorm_backward weight gradient");
+#ifdef MOE_HAVE_CUDA
+  if (device.kind == Device::cuda) return cuda::rmsnorm_backward(dy, x, weight, rstd, dx, dweight);
+#endif
+  (void)device;
   const float* g = dy.data<float>();
   const float* xs = x.data<float>();
   const float* w = weight.data<float>();

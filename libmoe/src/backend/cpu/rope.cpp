@@ -7,6 +7,9 @@
 #include "backend/cpu/parallel.h"
 #include "moe/ops/core.h"
 #include "moe/ops/dense.h"
+#ifdef MOE_HAVE_CUDA
+#include "backend/cuda/dense_ops.h"
+#endif
 
 namespace moe::ops {
 
@@ -15,7 +18,7 @@ namespace {
 
 void rope_apply(const char* op, const Tensor& x, int64_t batch, int64_t seq, int64_t heads,
                 float theta, Tensor& y, int64_t position_offset, bool inverse) {
-  require_backend(op, {&x, &y});
+  const Device device = require_backend(op, {&x, &y});
   MOE_CHECK(x.ndim() == 2, op, ": input ", x.describe(), " is not 2-D [B*T, H*hd]");
   x.expect_dtype(DType::f32, op);
   MOE_CHECK(batch >= 0 && seq >= 0 && heads > 0 && x.dim(0) == batch * seq && x.dim(1) % heads == 0,
@@ -27,6 +30,11 @@ void rope_apply(const char* op, const Tensor& x, int64_t batch, int64_t seq, int
             position_offset);
   y.expect_shape(x.shape(), op);
   y.expect_dtype(DType::f32, op);
+#ifdef MOE_HAVE_CUDA
+  if (device.kind == Device::cuda)
+    return cuda::rope_apply(x, batch, seq, heads, theta, y, position_offset, inverse);
+#endif
+  (void)device;
 
   std::vector<float> cos_table(static_cast<size_t>(seq * half)),
       sin_table(static_cast<size_t>(seq * half));

@@ -7,17 +7,25 @@
 #include "kernels/router.h"
 #include "moe/ops/core.h"
 #include "moe/ops/moe.h"
+#ifdef MOE_HAVE_CUDA
+#include "backend/cuda/moe_ops.h"
+#endif
 
 namespace moe::ops {
 
 void router_jitter(const Tensor& x, float jitter, uint64_t key, Tensor& noise, Tensor& routed,
                    int64_t first_row) {
-  require_backend("router_jitter", {&x, &noise, &routed});
+  const Device device = require_backend("router_jitter", {&x, &noise, &routed});
   x.expect_dtype(DType::f32, "router_jitter x");
   MOE_CHECK(x.ndim() == 2, "router_jitter: 2-D input expected, got ", x.describe());
   noise.expect_shape(x.shape(), "router_jitter noise");
   routed.expect_shape(x.shape(), "router_jitter routed");
   MOE_CHECK(jitter >= 0.0f && jitter < 1.0f, "router_jitter: jitter ", jitter, " outside [0, 1)");
+#ifdef MOE_HAVE_CUDA
+  if (device.kind == Device::cuda)
+    return cuda::router_jitter(x, jitter, key, noise, routed, first_row);
+#endif
+  (void)device;
   const float* xs = x.data<float>();
   float* ns = noise.data<float>();
   float* rs = routed.data<float>();
@@ -35,9 +43,13 @@ void router_jitter(const Tensor& x, float jitter, uint64_t key, Tensor& noise, T
 }
 
 void router_jitter_backward(const Tensor& noise, Tensor& dx) {
-  require_backend("router_jitter_backward", {&noise, &dx});
+  const Device device = require_backend("router_jitter_backward", {&noise, &dx});
   noise.expect_dtype(DType::f32, "router_jitter_backward noise");
   dx.expect_shape(noise.shape(), "router_jitter_backward dx");
+#ifdef MOE_HAVE_CUDA
+  if (device.kind == Device::cuda) return cuda::router_jitter_backward(noise, dx);
+#endif
+  (void)device;
   const float* ns = noise.data<float>();
   float* ds = dx.data<float>();
   int64_t n = dx.numel();
@@ -46,13 +58,17 @@ void router_jitter_backward(const Tensor& noise, Tensor& dx) {
 }
 
 void router_softmax(const Tensor& logits, Tensor& probs, Tensor& lse) {
-  require_backend("router_softmax", {&logits, &probs, &lse});
+  const Device device = require_backend("router_softmax", {&logits, &probs, &lse});
   logits.expect_dtype(DType::f32, "router_softmax logits");
   MOE_CHECK(logits.ndim() == 2 && logits.dim(1) > 0, "router_softmax: [N,E] logits expected, got ",
             logits.describe());
   int64_t rows = logits.dim(0), experts = logits.dim(1);
   probs.expect_shape(logits.shape(), "router_softmax probs");
   lse.expect_shape({rows}, "router_softmax lse");
+#ifdef MOE_HAVE_CUDA
+  if (device.kind == Device::cuda) return cuda::router_softmax(logits, probs, lse);
+#endif
+  (void)device;
   const float* ls = logits.data<float>();
   float* ps = probs.data<float>();
   float* zs = lse.data<float>();
@@ -63,7 +79,7 @@ void router_softmax(const Tensor& logits, Tensor& probs, Tensor& lse) {
 
 void router_topk(const Tensor& probs, int64_t k, bool normalize, Tensor& topk_idx,
                  Tensor& topk_weight) {
-  require_backend("router_topk", {&probs, &topk_idx, &topk_weight});
+  const Device device = require_backend("router_topk", {&probs, &topk_idx, &topk_weight});
   probs.expect_dtype(DType::f32, "router_topk probs");
   MOE_CHECK(probs.ndim() == 2, "router_topk: [N,E] probabilities expected, got ", probs.describe());
   int64_t rows = probs.dim(0), experts = probs.dim(1);
@@ -72,6 +88,11 @@ void router_topk(const Tensor& probs, int64_t k, bool normalize, Tensor& topk_id
   topk_idx.expect_shape({rows, k}, "router_topk idx");
   topk_idx.expect_dtype(DType::i32, "router_topk idx");
   topk_weight.expect_shape({rows, k}, "router_topk weight");
+#ifdef MOE_HAVE_CUDA
+  if (device.kind == Device::cuda)
+    return cuda::router_topk(probs, k, normalize, topk_idx, topk_weight);
+#endif
+  (void)device;
   const float* ps = probs.data<float>();
   int32_t* is = topk_idx.data<int32_t>();
   float* ws = topk_weight.data<float>();
@@ -81,8 +102,10 @@ void router_topk(const Tensor& probs, int64_t k, bool normalize, Tensor& topk_id
 }
 
 std::vector<int64_t> router_load(const Tensor& topk_idx, int64_t num_experts) {
-  require_backend("router_load", {&topk_idx});
+  const Device device = require_backend("router_load", {&topk_idx});
   topk_idx.expect_dtype(DType::i32, "router_load idx");
+  // Device ids: counted on the host from a copy (N*k ids), exactly as below.
+  if (device.kind != Device::cpu) return router_load(topk_idx.to(Device{}), num_experts);
   std::vector<int64_t> load(static_cast<size_t>(num_experts), 0);
   const int32_t* is = topk_idx.data<int32_t>();
   for (int64_t i = 0, n = topk_idx.numel(); i < n; ++i) {
@@ -95,8 +118,11 @@ std::vector<int64_t> router_load(const Tensor& topk_idx, int64_t num_experts) {
 
 double router_aux_loss(const Tensor& probs, const std::vector<int64_t>& load, int64_t load_tokens,
                        int64_t top_k) {
-  require_backend("router_aux_loss", {&probs});
+  const Device device = require_backend("router_aux_loss", {&probs});
   probs.expect_dtype(DType::f32, "router_aux_loss probs");
+  // Device probabilities: the fixed-order fp64 sums run on the host from a copy.
+  if (device.kind != Device::cpu)
+    return router_aux_loss(probs.to(Device{}), load, load_tokens, top_k);
   MOE_CHECK(probs.ndim() == 2 && probs.dim(1) == static_cast<int64_t>(load.size()),
             "router_aux_loss: ", probs.describe(), " vs load of ", load.size(), " experts");
   int64_t rows = probs.dim(0), experts = probs.dim(1);
@@ -114,8 +140,10 @@ double router_aux_loss(const Tensor& probs, const std::vector<int64_t>& load, in
 }
 
 double router_z_loss(const Tensor& lse) {
-  require_backend("router_z_loss", {&lse});
+  const Device device = require_backend("router_z_loss", {&lse});
   lse.expect_dtype(DType::f32, "router_z_loss lse");
+  // Device lse: the fixed-order fp64 sum runs on the host from a copy.
+  if (device.kind != Device::cpu) return router_z_loss(lse.to(Device{}));
   int64_t rows = lse.numel();
   if (rows == 0) return 0.0;
   const float* zs = lse.data<float>();
@@ -127,7 +155,8 @@ double router_z_loss(const Tensor& lse) {
 void router_backward(const Tensor& probs, const Tensor& lse, const Tensor& topk_idx,
                      const Tensor& dtopk_weight, bool normalize, const std::vector<int64_t>& load,
                      int64_t load_tokens, float aux_scale, float z_scale, Tensor& dlogits) {
-  require_backend("router_backward", {&probs, &lse, &topk_idx, &dtopk_weight, &dlogits});
+  const Device device =
+      require_backend("router_backward", {&probs, &lse, &topk_idx, &dtopk_weight, &dlogits});
   probs.expect_dtype(DType::f32, "router_backward probs");
   MOE_CHECK(probs.ndim() == 2, "router_backward: [N,E] probabilities expected, got ",
             probs.describe());
@@ -151,6 +180,12 @@ void router_backward(const Tensor& probs, const Tensor& lse, const Tensor& topk_
         static_cast<float>(static_cast<double>(aux_scale) * experts * static_cast<double>(load[e]) /
                            (static_cast<double>(load_tokens) * k * rows));
   const float z_factor = static_cast<float>(2.0 * z_scale / static_cast<double>(rows));
+#ifdef MOE_HAVE_CUDA
+  if (device.kind == Device::cuda)
+    return cuda::router_backward(probs, lse, topk_idx, dtopk_weight, normalize, aux_coef, z_factor,
+                                 dlogits);
+#endif
+  (void)device;
   const float* ps = probs.data<float>();
   const float* zs = lse.data<float>();
   const int32_t* is = topk_idx.data<int32_t>();

@@ -13,21 +13,21 @@ const char* cublas_status_text(cublasStatus_t status);
 
 }  // namespace moe::cuda
 
-#define MOE_CUDA_CHECK(statement)                                                                  \
-  do {                                                                                             \
-    cudaError_t moe_cuda_err_ = (statement);                                                       \
-    if (moe_cuda_err_ != cudaSuccess)                                                              \
-      ::moe::cuda::throw_call_error("CUDA", #statement, cudaGetErrorString(moe_cuda_err_),         \
-                                    __FILE__, __LINE__);                                           \
+#define MOE_CUDA_CHECK(statement)                                                          \
+  do {                                                                                     \
+    cudaError_t moe_cuda_err_ = (statement);                                               \
+    if (moe_cuda_err_ != cudaSuccess)                                                      \
+      ::moe::cuda::throw_call_error("CUDA", #statement, cudaGetErrorString(moe_cuda_err_), \
+                                    __FILE__, __LINE__);                                   \
   } while (0)
 
-#define MOE_CUBLAS_CHECK(statement)                                                                \
-  do {                                                                                             \
-    cublasStatus_t moe_cublas_st_ = (statement);                                                   \
-    if (moe_cublas_st_ != CUBLAS_STATUS_SUCCESS)                                                   \
-      ::moe::cuda::throw_call_error("cuBLAS", #statement,                                          \
-                                    ::moe::cuda::cublas_status_text(moe_cublas_st_), __FILE__,     \
-                                    __LINE__);                                                     \
+#define MOE_CUBLAS_CHECK(statement)                                                            \
+  do {                                                                                         \
+    cublasStatus_t moe_cublas_st_ = (statement);                                               \
+    if (moe_cublas_st_ != CUBLAS_STATUS_SUCCESS)                                               \
+      ::moe::cuda::throw_call_error("cuBLAS", #statement,                                      \
+                                    ::moe::cuda::cublas_status_text(moe_cublas_st_), __FILE__, \
+                                    __LINE__);                                                 \
   } while (0)
 
 #define MOE_CUDA_CHECK_LAUNCH() MOE_CUDA_CHECK(cudaGetLastError())

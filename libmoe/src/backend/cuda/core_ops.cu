@@ -23,20 +23,16 @@ body::Format format_of(const Tensor& t) {
   }
 }
 
-cudaStream_t stream_of(const Tensor& t) {
-  use_device(t.device().index);
-  return current_stream(t.device().index);
-}
-
 }  // namespace
 
 void convert(const Tensor& src, Tensor& dst) {
-  MOE_CHECK(src.numel() == dst.numel() && src.device() == dst.device(), "cuda convert: ",
-            src.describe(), " -> ", dst.describe());
+  MOE_CHECK(src.numel() == dst.numel() && src.device() == dst.device(),
+            "cuda convert: ", src.describe(), " -> ", dst.describe());
   const int64_t n = src.numel();
   if (n == 0) return;
-  launch<body::Convert>(launch_shape(n), stream_of(dst), src.raw(), static_cast<int>(format_of(src)),
-                        dst.raw(), static_cast<int>(format_of(dst)), n);
+  launch<body::Convert>(launch_shape(n), stream_of(dst), src.raw(),
+                        static_cast<int>(format_of(src)), dst.raw(),
+                        static_cast<int>(format_of(dst)), n);
 }
 
 void fill(Tensor& t, float value) {
@@ -56,8 +52,8 @@ void fill(Tensor& t, float value) {
     }
     case DType::bf16:
     case DType::f16: {
-      uint16_t word = t.dtype() == DType::bf16 ? kernels::f32_to_bf16(value)
-                                               : kernels::f32_to_f16(value);
+      uint16_t word =
+          t.dtype() == DType::bf16 ? kernels::f32_to_bf16(value) : kernels::f32_to_f16(value);
       launch<body::Fill16>(launch_shape(n), stream, static_cast<uint16_t*>(t.raw()), word, n);
       break;
     }
@@ -75,12 +71,11 @@ void gemm(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, 
   cudaStream_t stream = stream_of(c);
   // Row-major C[m,n] = op(A) op(B) is column-major C^T[n,m] = op(B)^T op(A)^T, and a row-major
   // matrix read column-major is its transpose: so B goes first, each with its own flag.
-  MOE_CUBLAS_CHECK(cublasSgemm(cublas_handle(device, stream), transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                               transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
-                               static_cast<int>(m), static_cast<int>(k), &alpha,
-                               b.data<float>(), static_cast<int>(b.dim(1)), a.data<float>(),
-                               static_cast<int>(a.dim(1)), &beta, c.data<float>(),
-                               static_cast<int>(n)));
+  MOE_CUBLAS_CHECK(cublasSgemm(
+      cublas_handle(device, stream), transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+      transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+      static_cast<int>(k), &alpha, b.data<float>(), static_cast<int>(b.dim(1)), a.data<float>(),
+      static_cast<int>(a.dim(1)), &beta, c.data<float>(), static_cast<int>(n)));
 }
 
 void axpy(float alpha, const Tensor& x, Tensor& y) {

@@ -18,8 +18,8 @@ MOE_HD void store_from_f32(void* p, Format f, int64_t i, float v) {
   if (f == Format::f32) {
     static_cast<float*>(p)[i] = v;
   } else {
-    static_cast<uint16_t*>(p)[i] = f == Format::bf16 ? kernels::f32_to_bf16(v)
-                                                     : kernels::f32_to_f16(v);
+    static_cast<uint16_t*>(p)[i] =
+        f == Format::bf16 ? kernels::f32_to_bf16(v) : kernels::f32_to_f16(v);
   }
 }
 

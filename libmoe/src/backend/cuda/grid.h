@@ -20,8 +20,8 @@ struct Thread {
 #define MOE_GRID_LOOP(i, n, th) \
   for (int64_t i = (th).global(), moe_n_ = (n); i < moe_n_; i += (th).stride())
 
-// Launch shape for n work items: 256 threads per block, at most `max_blocks` blocks (the grid-stride
-// loops cover the rest).
+// Launch shape for n work items: 256 threads per block, at most `max_blocks` blocks (the
+// grid-stride loops cover the rest).
 struct LaunchShape {
   int64_t blocks = 1, threads = 256;
 };

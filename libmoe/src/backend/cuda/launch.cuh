@@ -18,8 +18,9 @@ __global__ void grid_kernel(Args... args) {
 
 template <class Body, class... Args>
 void launch(LaunchShape shape, cudaStream_t stream, Args... args) {
-  grid_kernel<Body, Args...><<<static_cast<unsigned>(shape.blocks),
-                               static_cast<unsigned>(shape.threads), 0, stream>>>(args...);
+  grid_kernel<Body, Args...>
+      <<<static_cast<unsigned>(shape.blocks), static_cast<unsigned>(shape.threads), 0, stream>>>(
+          args...);
   MOE_CUDA_CHECK_LAUNCH();
 }
 

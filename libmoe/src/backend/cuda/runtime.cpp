@@ -226,8 +226,8 @@ Stream::~Stream() {
 void Stream::synchronize() const { MOE_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
 Event::Event(bool timing) {
-  MOE_CUDA_CHECK(cudaEventCreateWithFlags(&event_, timing ? cudaEventDefault
-                                                          : cudaEventDisableTiming));
+  MOE_CUDA_CHECK(
+      cudaEventCreateWithFlags(&event_, timing ? cudaEventDefault : cudaEventDisableTiming));
 }
 Event::~Event() {
   if (event_) cudaEventDestroy(event_);

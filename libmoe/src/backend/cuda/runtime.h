@@ -10,6 +10,7 @@
 
 #include "backend/cuda/check.h"
 #include "moe/cuda.h"
+#include "moe/tensor.h"
 
 namespace moe::cuda {
 
@@ -80,6 +81,12 @@ cublasHandle_t cublas_handle(int device, cudaStream_t stream);
 
 // Makes `device` current on this thread (cheap when it already is).
 void use_device(int device);
+
+// The stream ops on a device tensor enqueue on, with its device made current.
+inline cudaStream_t stream_of(const Tensor& t) {
+  use_device(t.device().index);
+  return current_stream(t.device().index);
+}
 
 // Copies of `bytes` between host (device < 0) and device memory, ordered on current_stream of the
 // device involved. Host-to-device and device-to-host calls return when the copy finished (the host

@@ -1,0 +1,47 @@
+// CUDA implementations of the dense-layer ops (moe/ops/dense.h). Called by the device-neutral op
+// after its shape and dtype checks, with every tensor on one CUDA device. Checks that need the
+// values of an index tensor (ids, targets) run here on a host copy, with the CPU op's messages.
+#pragma once
+#include <cstdint>
+
+#include "moe/ops/dense.h"
+#include "moe/tensor.h"
+
+namespace moe::cuda {
+
+void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out);
+void embedding_backward(const Tensor& dy, const Tensor& ids, Tensor& table_grad);
+
+void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
+                       Tensor& y, Tensor* mean, Tensor* rstd);
+void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                        const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor* dbias);
+void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, Tensor& y, Tensor* rstd);
+void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                      Tensor& dx, Tensor& dweight);
+
+void bias_add(Tensor& y, const Tensor& bias);
+void bias_grad(const Tensor& dy, Tensor& dbias);
+void gelu_forward(const Tensor& x, Tensor& y);
+void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx);
+void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& y);
+void swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up, Tensor& dgate,
+                     Tensor& dup);
+
+// inverse = false: forward rotation; true: its transpose (the backward).
+void rope_apply(const Tensor& x, int64_t batch, int64_t seq, int64_t heads, float theta, Tensor& y,
+                int64_t position_offset, bool inverse);
+
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                       const ops::AttentionShape& shape, Tensor& probs, Tensor& ctx);
+void attention_backward(const Tensor& dctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& probs, const ops::AttentionShape& shape, Tensor& dq,
+                        Tensor& dk, Tensor& dv);
+void attention_forward_cached(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                              int64_t heads, int64_t kv_heads, const ops::CachedRows& rows,
+                              Tensor& ctx);
+
+double cross_entropy(const Tensor& logits, const Tensor& targets, float scale, Tensor* dlogits,
+                     Tensor* row_nll);
+
+}  // namespace moe::cuda

@@ -1,0 +1,60 @@
+// Kernel bodies of the router ops (grid.h): jitter and its backward one thread per element;
+// softmax, top-k and the router row backward one thread per token row (the kernels/router.h row
+// bodies). Compiled by nvcc for the device and by the host compiler for the CPU harness tests.
+#pragma once
+#include "backend/cuda/grid.h"
+#include "kernels/router.h"
+
+namespace moe::cuda::body {
+
+// noise[i] = jitter factor of element first_row * cols + i; routed[i] = x[i] * noise[i].
+struct RouterJitter {
+  MOE_HD static void run(Thread th, const float* x, float jitter, uint64_t key, float* noise,
+                         float* routed, int64_t first_row, int64_t cols, int64_t n) {
+    MOE_GRID_LOOP(i, n, th) {
+      const int64_t t = i / cols, d = i % cols;
+      float f =
+          kernels::jitter_factor(key, static_cast<uint64_t>((first_row + t) * cols + d), jitter);
+      noise[i] = f;
+      routed[i] = x[i] * f;
+    }
+  }
+};
+
+struct RouterJitterBackward {
+  MOE_HD static void run(Thread th, const float* noise, float* dx, int64_t n) {
+    MOE_GRID_LOOP(i, n, th) { dx[i] *= noise[i]; }
+  }
+};
+
+struct RouterSoftmax {
+  MOE_HD static void run(Thread th, const float* logits, float* probs, float* lse, int64_t rows,
+                         int64_t experts) {
+    MOE_GRID_LOOP(t, rows, th) {
+      lse[t] = kernels::softmax_row(logits + t * experts, probs + t * experts, experts);
+    }
+  }
+};
+
+struct RouterTopk {
+  MOE_HD static void run(Thread th, const float* probs, int64_t rows, int64_t experts, int64_t k,
+                         bool normalize, int32_t* idx, float* weight) {
+    MOE_GRID_LOOP(t, rows, th) {
+      kernels::topk_row(probs + t * experts, experts, k, normalize, idx + t * k, weight + t * k);
+    }
+  }
+};
+
+// aux_coef [E] is shared by every row; the z-loss coefficient of row t is z_factor * lse[t].
+struct RouterBackward {
+  MOE_HD static void run(Thread th, const float* probs, const float* lse, const int32_t* idx,
+                         const float* dweight, int64_t rows, int64_t experts, int64_t k,
+                         bool normalize, const float* aux_coef, float z_factor, float* dlogits) {
+    MOE_GRID_LOOP(t, rows, th) {
+      kernels::router_backward_row(probs + t * experts, experts, idx + t * k, dweight + t * k, k,
+                                   normalize, aux_coef, z_factor * lse[t], dlogits + t * experts);
+    }
+  }
+};
+
+}  // namespace moe::cuda::body
