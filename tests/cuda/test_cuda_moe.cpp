@@ -18,19 +18,6 @@ namespace {
 
 const Device kGpu{Device::cuda, 0};
 
-std::vector<int32_t> ids(const Tensor& t) {
-  Tensor h = t.to(Device{});
-  const int32_t* p = h.data<int32_t>();
-  return std::vector<int32_t>(p, p + h.numel());
-}
-
-// Router logits on a coarse grid, so that top-k meets ties.
-Tensor router_logits(int64_t rows, int64_t experts, uint64_t seed) {
-  std::vector<float> v = test::random_tensor({rows, experts}, seed, 2.0f).to_vector();
-  for (float& x : v) x = std::round(x * 2.0f) / 2.0f;
-  return Tensor::from_vector({rows, experts}, v);
-}
-
 }  // namespace
 
 TEST_CASE("cuda: router ops match the CPU", "[cuda]") {
@@ -49,7 +36,7 @@ TEST_CASE("cuda: router ops match the CPU", "[cuda]") {
   ops::router_jitter_backward(gnoise, gdx);
   CHECK(test::normalised_error(gdx.to_vector(), dx.to_vector()) <= 1e-6);
 
-  Tensor logits = router_logits(N, E, 3);
+  Tensor logits = test::router_logits(N, E, 3);
   Tensor probs = Tensor::empty({N, E}), lse = Tensor::empty({N});
   Tensor gprobs = Tensor::empty({N, E}, DType::f32, kGpu),
          glse = Tensor::empty({N}, DType::f32, kGpu);
@@ -66,7 +53,7 @@ TEST_CASE("cuda: router ops match the CPU", "[cuda]") {
            gw = Tensor::empty({N, k}, DType::f32, kGpu);
     ops::router_topk(probs, k, normalize, idx, w);
     ops::router_topk(probs.to(kGpu), k, normalize, gidx, gw);
-    REQUIRE(ids(gidx) == ids(idx));
+    REQUIRE(test::int_values(gidx) == test::int_values(idx));
     CHECK(test::normalised_error(gw.to_vector(), w.to_vector()) <= 1e-6);
 
     const std::vector<int64_t> load = ops::router_load(idx, E);
@@ -88,7 +75,7 @@ TEST_CASE("cuda: routing table, dispatch and combine match the CPU", "[cuda]") {
   MOE_REQUIRE_CUDA_DEVICE();
   const int64_t N = 203, D = 45, E = 6, k = 2;
   Tensor probs = Tensor::empty({N, E}), lse = Tensor::empty({N});
-  ops::router_softmax(router_logits(N, E, 5), probs, lse);
+  ops::router_softmax(test::router_logits(N, E, 5), probs, lse);
   Tensor idx = Tensor::empty({N, k}, DType::i32), w = Tensor::empty({N, k});
   ops::router_topk(probs, k, true, idx, w);
   for (int64_t capacity : {int64_t{0}, int64_t{40}}) {
@@ -101,8 +88,8 @@ TEST_CASE("cuda: routing table, dispatch and combine match the CPU", "[cuda]") {
     REQUIRE(gtable.expert_offsets == table.expert_offsets);
     REQUIRE(gtable.tokens_per_expert == table.tokens_per_expert);
     REQUIRE(gtable.load == table.load);
-    REQUIRE(ids(gtable.slot_of) == ids(table.slot_of));
-    REQUIRE(ids(gtable.token_of_slot) == ids(table.token_of_slot));
+    REQUIRE(test::int_values(gtable.slot_of) == test::int_values(table.slot_of));
+    REQUIRE(test::int_values(gtable.token_of_slot) == test::int_values(table.token_of_slot));
     REQUIRE(gtable.weight_of_slot.to_vector() == table.weight_of_slot.to_vector());
     const int64_t M = table.token_of_slot.numel();
 
@@ -203,7 +190,7 @@ TEST_CASE("cuda: distillation loss and its gradient match the CPU", "[cuda]") {
   const int64_t N = 97, V = 331;
   Tensor student = test::random_tensor({N, V}, 21, 3.0f);
   Tensor teacher = test::random_tensor({N, V}, 22, 3.0f);
-  std::vector<int32_t> tg = ids(test::random_ids({N}, 23, static_cast<int32_t>(V)));
+  std::vector<int32_t> tg = test::int_values(test::random_ids({N}, 23, static_cast<int32_t>(V)));
   tg[0] = -1;
   tg[7] = -100;
   Tensor targets = Tensor::from_vector({N}, tg);

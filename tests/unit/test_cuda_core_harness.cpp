@@ -7,6 +7,7 @@
 #include "backend/cuda/core_ops.cuh"
 #include "kernels/convert.h"
 #include "moe/ops/core.h"
+#include "support/cuda.h"
 #include "support/gradcheck.h"
 
 using namespace moe;
@@ -18,10 +19,6 @@ std::vector<float> random_values(int64_t n, uint64_t seed) {
   return test::random_tensor({n}, seed).to_vector();
 }
 
-// Grids smaller than the work (grid-stride loops wrap), one thread per item, and more threads than
-// items: every index must be written exactly once in each.
-const cuda::LaunchShape kGrids[] = {{3, 32}, {1, 1}, {64, 256}};
-
 }  // namespace
 
 TEST_CASE("cuda harness: convert, fill and round match the CPU conversions", "[cuda-harness]") {
@@ -29,7 +26,7 @@ TEST_CASE("cuda harness: convert, fill and round match the CPU conversions", "[c
   std::vector<float> x = random_values(n, 1);
   x[0] = 65504.0f * 4;  // overflows f16
   x[1] = 1e-8f;         // f16 subnormal range
-  for (auto shape : kGrids) {
+  for (auto shape : test::kHarnessGrids) {
     std::vector<uint16_t> bf(n), hf(n);
     cuda::run_grid_on_cpu<body::Convert>(shape, static_cast<const void*>(x.data()), 0,
                                          static_cast<void*>(bf.data()), 1, n);
@@ -62,7 +59,7 @@ TEST_CASE("cuda harness: axpy and sum of squares match the CPU ops", "[cuda-harn
   Tensor xt = Tensor::from_vector({n}, x), yt = Tensor::from_vector({n}, y);
   ops::axpy(0.5f, xt, yt);
   const double ref = ops::sum_squares(xt);
-  for (auto shape : kGrids) {
+  for (auto shape : test::kHarnessGrids) {
     std::vector<float> yy = y;
     cuda::run_grid_on_cpu<body::Axpy>(shape, 0.5f, static_cast<const float*>(x.data()), yy.data(),
                                       n);

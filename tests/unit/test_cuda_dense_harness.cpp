@@ -14,17 +14,15 @@
 #include "backend/cuda/embedding.cuh"
 #include "backend/cuda/norm.cuh"
 #include "backend/cuda/rope.cuh"
+#include "backend/embedding_order.h"
 #include "moe/ops/dense.h"
+#include "support/cuda.h"
 #include "support/gradcheck.h"
 
 using namespace moe;
 namespace body = moe::cuda::body;
 
 namespace {
-
-// Grids smaller than the work (grid-stride loops wrap), one thread per item, and more threads than
-// items: every index must be written exactly once in each.
-const cuda::LaunchShape kGrids[] = {{3, 32}, {1, 1}, {64, 256}};
 
 std::vector<float> values(const Shape& shape, uint64_t seed, float scale = 1.0f) {
   return test::random_tensor(shape, seed, scale).to_vector();
@@ -74,26 +72,24 @@ TEST_CASE("cuda harness: embedding gather and grouped scatter-add match the CPU"
   Tensor grad_ref = tensor({rows, dim}, grad0);
   ops::embedding_backward(tensor({n, dim}, dy), ids_t, grad_ref);
 
-  std::vector<int64_t> start(rows + 1), order(n), touched(n), offsets(n + 1);
-  const int64_t count = cuda::embedding_grad_table(ids.data(), n, rows, start.data(), order.data(),
-                                                   touched.data(), offsets.data());
+  const backend::EmbeddingOrder g = backend::embedding_order(ids.data(), n, rows);
+  const int64_t count = static_cast<int64_t>(g.touched.size());
   REQUIRE(count == 10);
-  REQUIRE(offsets[count] == n);
-  for (auto shape : kGrids) {
+  REQUIRE(g.offsets[count] == n);
+  for (auto shape : test::kHarnessGrids) {
     std::vector<float> out(n * dim, -1.0f);
     cuda::run_grid_on_cpu<body::EmbeddingGather>(
         shape, table.data(), static_cast<const int32_t*>(ids.data()), out.data(), n, dim);
     REQUIRE(out == out_ref.to_vector());
     std::vector<float> grad = grad0;
     cuda::run_grid_on_cpu<body::EmbeddingScatterAdd>(
-        shape, dy.data(), static_cast<const int64_t*>(order.data()),
-        static_cast<const int64_t*>(touched.data()), static_cast<const int64_t*>(offsets.data()),
-        grad.data(), count, dim);
+        shape, dy.data(), static_cast<const int64_t*>(g.order.data()),
+        static_cast<const int64_t*>(g.touched.data()),
+        static_cast<const int64_t*>(g.offsets.data()), grad.data(), count, dim);
     REQUIRE(grad == grad_ref.to_vector());
   }
   // No tokens: nothing touched.
-  REQUIRE(cuda::embedding_grad_table(ids.data(), 0, rows, start.data(), order.data(),
-                                     touched.data(), offsets.data()) == 0);
+  REQUIRE(backend::embedding_order(ids.data(), 0, rows).touched.empty());
 }
 
 TEST_CASE("cuda harness: layernorm and rmsnorm rows and parameter gradients match the CPU",
@@ -117,7 +113,7 @@ TEST_CASE("cuda harness: layernorm and rmsnorm rows and parameter gradients matc
   const std::vector<float> mean = mean_ref.to_vector(), rstd = rstd_ref.to_vector(),
                            rrstd = rrstd_ref.to_vector();
 
-  for (auto shape : kGrids) {
+  for (auto shape : test::kHarnessGrids) {
     std::vector<float> y(n * d), m(n), r(n);
     cuda::run_grid_on_cpu<body::LayerNormRows>(shape, x.data(), w.data(), b.data(), y.data(),
                                                m.data(), r.data(), n, d, eps);
@@ -172,7 +168,7 @@ TEST_CASE("cuda harness: bias and activations match the CPU", "[cuda-harness]") 
   ops::swiglu_backward(tensor(s, dy), tensor(s, x), tensor(s, up), dgate_ref, dup_ref);
 
   const int64_t total = n * c;
-  for (auto shape : kGrids) {
+  for (auto shape : test::kHarnessGrids) {
     std::vector<float> y = y0, db = db0;
     cuda::run_grid_on_cpu<body::BiasAdd>(shape, y.data(), bias.data(), n, c);
     REQUIRE(y == y_ref.to_vector());
@@ -209,7 +205,7 @@ TEST_CASE("cuda harness: rope table and rotation match the CPU, in place too", "
       ops::rope_backward(tensor(s, x), batch, seq, heads, theta, ref, offset);
     else
       ops::rope_forward(tensor(s, x), batch, seq, heads, theta, ref, offset);
-    for (auto shape : kGrids) {
+    for (auto shape : test::kHarnessGrids) {
       std::vector<float> cos_table(seq * half, -2.0f), sin_table(seq * half, -2.0f);
       cuda::run_grid_on_cpu<body::RopeTable>(shape, cos_table.data(), sin_table.data(), seq, half,
                                              hd, theta, offset);
@@ -242,7 +238,7 @@ TEST_CASE("cuda harness: attention steps with CPU GEMMs match the CPU op, GQA in
     ops::attention_backward(tensor(qs, dctx), tensor(qs, q), tensor(ks, k), tensor(ks, v),
                             probs_ref, a, dq_ref, dk_ref, dv_ref);
     const float scale = 1.0f / std::sqrt(static_cast<float>(a.head_dim));
-    for (auto shape : kGrids) {
+    for (auto shape : test::kHarnessGrids) {
       INFO("B " << a.batch << " T " << a.seq << " H " << a.heads << " KV " << a.kv_heads << " grid "
                 << shape.blocks << "x" << shape.threads);
       std::vector<float> probs(count_of(ps), -7.0f), ctx(count_of(qs), -7.0f);
@@ -287,7 +283,7 @@ TEST_CASE("cuda harness: cached attention steps with CPU GEMMs match the CPU op"
   ops::attention_forward_cached(tensor(qs, q), tensor(cs, kc), tensor(cs, vc), H, KV, rows,
                                 ctx_ref);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  for (auto shape : kGrids) {
+  for (auto shape : test::kHarnessGrids) {
     std::vector<float> ctx(count_of(qs), -7.0f), scores(H * 6 * 6, -7.0f);
     auto softmax = [shape](float* s, int64_t r, int64_t queries, int64_t keys, int64_t start) {
       cuda::run_grid_on_cpu<body::CausalSoftmaxRows>(shape, s, r, queries, keys, start);
@@ -310,7 +306,7 @@ TEST_CASE("cuda harness: cross-entropy rows match the CPU, ignored rows and no g
   const float scale = 0.75f;
   const double loss_ref = ops::cross_entropy(logits_t, targets_t, scale, &dlogits_ref, &nll_ref);
   const float grad_scale = scale / 7.0f;  // 7 counted rows, as the CUDA op computes it
-  for (auto shape : kGrids) {
+  for (auto shape : test::kHarnessGrids) {
     std::vector<float> dlogits(n * vocab, -7.0f), nll(n, -7.0f);
     cuda::run_grid_on_cpu<body::CrossEntropyRows>(shape, static_cast<const float*>(logits.data()),
                                                   targets.data(), dlogits.data(), nll.data(), n,

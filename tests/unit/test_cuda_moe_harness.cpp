@@ -15,6 +15,7 @@
 #include "moe/ops/distill.h"
 #include "moe/ops/moe.h"
 #include "moe/optim/adamw.h"
+#include "support/cuda.h"
 #include "support/gradcheck.h"
 
 using namespace moe;
@@ -22,32 +23,7 @@ namespace body = moe::cuda::body;
 
 namespace {
 
-// Grids smaller than the work (grid-stride loops wrap), one thread, and more threads than items.
-const cuda::LaunchShape kGrids[] = {{3, 32}, {1, 1}, {64, 256}};
-
 std::vector<float> values(const Tensor& t) { return t.to_vector(); }
-
-// max |a - b| / max |b|: the CPU op runs gelu / silu in 16-lane blocks the compiler vectorises
-// (its tanhf / expf may differ from the scalar calls of the kernel body by an ulp or two).
-double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double diff = 0, scale = 1e-30;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
-    scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
-  }
-  return a.size() == b.size() ? diff / scale : 1e30;
-}
-std::vector<int32_t> ids(const Tensor& t) {
-  const int32_t* p = t.data<int32_t>();
-  return std::vector<int32_t>(p, p + t.numel());
-}
-
-// Router probabilities with ties: logits rounded to a coarse grid.
-Tensor router_logits(int64_t rows, int64_t experts, uint64_t seed) {
-  std::vector<float> v = test::random_tensor({rows, experts}, seed, 2.0f).to_vector();
-  for (float& x : v) x = std::round(x * 2.0f) / 2.0f;
-  return Tensor::from_vector({rows, experts}, v);
-}
 
 }  // namespace
 
@@ -60,7 +36,7 @@ TEST_CASE("cuda harness: router jitter, softmax, top-k and backward match the CP
   Tensor dx = test::random_tensor({N, D}, 2), dx_ref = dx.clone();
   ops::router_jitter_backward(noise, dx_ref);
 
-  Tensor logits = router_logits(N, E, 3);
+  Tensor logits = test::router_logits(N, E, 3);
   Tensor probs = Tensor::empty({N, E}), lse = Tensor::empty({N});
   ops::router_softmax(logits, probs, lse);
   for (bool normalize : {false, true}) {
@@ -78,7 +54,7 @@ TEST_CASE("cuda harness: router jitter, softmax, top-k and backward match the CP
                                    (static_cast<double>(N) * k * N));
     const float z_factor = static_cast<float>(2.0 * 0.001f / static_cast<double>(N));
 
-    for (auto shape : kGrids) {
+    for (auto shape : test::kHarnessGrids) {
       std::vector<float> xs = values(x), ns(N * D, -1), rs(N * D, -1);
       cuda::run_grid_on_cpu<body::RouterJitter>(shape, static_cast<const float*>(xs.data()), 0.05f,
                                                 uint64_t{1234}, ns.data(), rs.data(), int64_t{5}, D,
@@ -100,7 +76,7 @@ TEST_CASE("cuda harness: router jitter, softmax, top-k and backward match the CP
       std::vector<float> ws(N * k, -1);
       cuda::run_grid_on_cpu<body::RouterTopk>(shape, static_cast<const float*>(ps.data()), N, E, k,
                                               normalize, is.data(), ws.data());
-      REQUIRE(is == ids(idx));
+      REQUIRE(is == test::int_values(idx));
       REQUIRE(ws == values(w));
 
       std::vector<float> dws = values(dw), dl(N * E, -1);
@@ -117,7 +93,7 @@ TEST_CASE("cuda harness: gather, combine, their backward and slot_to_choice matc
           "[cuda-harness]") {
   const int64_t N = 29, D = 11, E = 5, k = 2;
   Tensor probs = Tensor::empty({N, E}), lse = Tensor::empty({N});
-  ops::router_softmax(router_logits(N, E, 7), probs, lse);
+  ops::router_softmax(test::router_logits(N, E, 7), probs, lse);
   Tensor idx = Tensor::empty({N, k}, DType::i32), w = Tensor::empty({N, k});
   ops::router_topk(probs, k, true, idx, w);
   for (int64_t capacity : {int64_t{0}, int64_t{6}}) {  // dropless, and with dropped slots
@@ -142,7 +118,7 @@ TEST_CASE("cuda harness: gather, combine, their backward and slot_to_choice matc
     const int32_t* so = table.slot_of.data<int32_t>();
     const float* wos = table.weight_of_slot.data<float>();
     std::vector<float> xs = values(x), yp = values(y_perm), dys = values(dy);
-    for (auto shape : kGrids) {
+    for (auto shape : test::kHarnessGrids) {
       std::vector<float> xp(M * D, -1);
       cuda::run_grid_on_cpu<body::GatherRows>(shape, static_cast<const float*>(xs.data()), tos, N,
                                               D, xp.data(), M * D);
@@ -198,21 +174,23 @@ TEST_CASE("cuda harness: expert bias, activation and their gradients match the C
       ops::expert_activation_backward(da, h, h3, act, dh, dh3);
       const bool swiglu = act == nn::Activation::swiglu;
       std::vector<float> h3s = values(h3), bs = values(bias), das = values(da);
-      for (auto shape : kGrids) {
+      for (auto shape : test::kHarnessGrids) {
         std::vector<float> hs = values(h0), as(M * F, -1);
         cuda::run_grid_on_cpu<body::ExpertActivation>(
             shape, hs.data(), swiglu ? static_cast<const float*>(h3s.data()) : nullptr,
             with_bias ? static_cast<const float*>(bs.data()) : nullptr, offs, E, F, as.data(),
             M * F);
         REQUIRE(hs == values(h));
-        CHECK(max_rel_diff(as, values(a)) <= 1e-6);
+        // Within 1e-6, not bitwise: the CPU op runs gelu / silu in 16-lane blocks the compiler
+        // vectorises (glibc's SIMD tanhf / expf), an ulp or two from the kernel's scalar calls.
+        CHECK(test::normalised_error(as, values(a)) <= 1e-6);
         std::vector<float> d(M * F, -1), d3(M * F, -1);
         cuda::run_grid_on_cpu<body::ExpertActivationBackward>(
             shape, static_cast<const float*>(das.data()), static_cast<const float*>(hs.data()),
             swiglu ? static_cast<const float*>(h3s.data()) : nullptr, d.data(),
             swiglu ? d3.data() : nullptr, M * F);
-        CHECK(max_rel_diff(d, values(dh)) <= 1e-6);
-        if (swiglu) CHECK(max_rel_diff(d3, values(dh3)) <= 1e-6);
+        CHECK(test::normalised_error(d, values(dh)) <= 1e-6);
+        if (swiglu) CHECK(test::normalised_error(d3, values(dh3)) <= 1e-6);
       }
     }
   }
@@ -221,7 +199,7 @@ TEST_CASE("cuda harness: expert bias, activation and their gradients match the C
   ops::grouped_add_bias(y_ref, bias, offsets);
   Tensor dbias0 = test::random_tensor({E, F}, 16), dbias = dbias0.clone();
   ops::grouped_bias_grad(da, offsets, dbias);
-  for (auto shape : kGrids) {
+  for (auto shape : test::kHarnessGrids) {
     std::vector<float> ys = values(y), bs = values(bias);
     cuda::run_grid_on_cpu<body::GroupedAddBias>(
         shape, ys.data(), static_cast<const float*>(bs.data()), offs, E, F, M * F);
@@ -237,7 +215,7 @@ TEST_CASE("cuda harness: distillation loss rows and gradient match the CPU op", 
   const int64_t N = 23, V = 37;
   Tensor student = test::random_tensor({N, V}, 21, 3.0f);
   Tensor teacher = test::random_tensor({N, V}, 22, 3.0f);
-  std::vector<int32_t> tg = ids(test::random_ids({N}, 23, static_cast<int32_t>(V)));
+  std::vector<int32_t> tg = test::int_values(test::random_ids({N}, 23, static_cast<int32_t>(V)));
   tg[0] = -1;  // ignored rows
   tg[5] = -100;
   tg[N - 1] = static_cast<int32_t>(V - 1);
@@ -248,7 +226,7 @@ TEST_CASE("cuda harness: distillation loss rows and gradient match the CPU op", 
       ops::distill_loss(student, teacher, targets, T, ce_w, kd_w, &dlogits, scale);
   const float grad_scale = scale / static_cast<float>(ref.rows);
   std::vector<float> s = values(student), t = values(teacher);
-  for (auto shape : kGrids) {
+  for (auto shape : test::kHarnessGrids) {
     for (bool with_grad : {true, false}) {
       std::vector<float> dx(N * V, -1);
       std::vector<kernels::DistillRow> rows(N, kernels::DistillRow{-1.0f, -1.0f});
@@ -288,7 +266,7 @@ TEST_CASE("cuda harness: AdamW update and gradient clipping match the optimizer"
     grads.push_back(values(p.grad));
     opt.step(1e-2f);
   }
-  for (auto shape : kGrids) {
+  for (auto shape : test::kHarnessGrids) {
     std::vector<float> master = w0, m(1001, 0.0f), v(1001, 0.0f);
     for (int step = 1; step <= 3; ++step) {
       kernels::AdamWScalars sc{1e-2f,
@@ -310,7 +288,7 @@ TEST_CASE("cuda harness: AdamW update and gradient clipping match the optimizer"
   const double max_norm = 1.0, norm = 300.0;
   optim::clip_gradients(ps, max_norm, norm);
   const float clip_scale = static_cast<float>(max_norm / (norm + 1e-6));
-  for (auto shape : kGrids) {
+  for (auto shape : test::kHarnessGrids) {
     std::vector<float> g = values(g0);
     cuda::run_grid_on_cpu<body::ScaleInPlace>(shape, g.data(), clip_scale, int64_t{1001});
     REQUIRE(g == values(p.grad));

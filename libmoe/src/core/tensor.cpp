@@ -31,8 +31,8 @@ int64_t shape_numel(const Shape& shape) {
 Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
   for (int64_t d : shape)
     MOE_CHECK(d >= 0, "tensor: negative dimension in shape ", shape_str(shape));
-  MOE_CHECK(device.kind == Device::cpu || backend_available(device.kind), "tensor: no backend for ",
-            device.str(), ": ", cuda::unavailable_reason());
+  MOE_CHECK(backend_available(device.kind), "tensor: no backend for ", device.str(), ": ",
+            cuda::unavailable_reason());
   Tensor t;
   t.shape_ = std::move(shape);
   t.dtype_ = dtype;

@@ -25,4 +25,16 @@ MOE_HD float cross_entropy_row(const float* x, int64_t n, int32_t target, float*
   return m + logf(s) - x[target];
 }
 
+// One row of the cross-entropy op: a negative target is ignored (nll 0, dx zeroed when not null),
+// else cross_entropy_row.
+MOE_HD float cross_entropy_target_row(const float* x, int64_t n, int32_t target, float* dx,
+                                      float grad_scale) {
+  if (target < 0) {
+    if (dx)
+      for (int64_t j = 0; j < n; ++j) dx[j] = 0.0f;
+    return 0.0f;
+  }
+  return cross_entropy_row(x, n, target, dx, grad_scale);
+}
+
 }  // namespace moe::kernels

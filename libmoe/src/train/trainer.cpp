@@ -520,9 +520,9 @@ void Trainer::to_device(Device device) {
                   "process per GPU runs; use --device cpu for MPI runs)");
   MOE_CHECK(backend_available(device.kind), "--device ", device.str(), ": ",
             cuda::unavailable_reason());
-  // The optimizer's tensors follow the parameters: its state moves through a host copy.
-  std::vector<optim::OptimizerTensor> state = optimizer_->state();
-  for (auto& t : state) t.tensor = t.tensor.to(Device{});
+  // The optimizer's tensors follow the parameters: the new optimizer copies the old one's state
+  // (kept alive by `state`) onto the device.
+  const std::vector<optim::OptimizerTensor> state = optimizer_->state();
   const int64_t steps = optimizer_->steps_taken();
   params_->to(device);
   optimizer_ = std::make_unique<optim::AdamW>(*params_, adamw_config());

@@ -27,7 +27,7 @@ void check_same(const Tensor& a, const Tensor& b, const char* what) {
 }  // namespace
 
 void bias_add(Tensor& y, const Tensor& bias) {
-  const Device device = require_backend("bias_add", {&y, &bias});
+  [[maybe_unused]] const Device device = require_backend("bias_add", {&y, &bias});
   MOE_CHECK(y.ndim() == 2, "bias_add: ", y.describe(), " is not 2-D [N,C]");
   y.expect_dtype(DType::f32, "bias_add output");
   const int64_t n = y.dim(0), c = y.dim(1);
@@ -36,7 +36,6 @@ void bias_add(Tensor& y, const Tensor& bias) {
 #ifdef MOE_HAVE_CUDA
   if (device.kind == Device::cuda) return cuda::bias_add(y, bias);
 #endif
-  (void)device;
   float* ys = y.data<float>();
   const float* b = bias.data<float>();
 #pragma omp parallel for schedule(static) if (n * c >= cpu::kParallelWork)
@@ -45,7 +44,7 @@ void bias_add(Tensor& y, const Tensor& bias) {
 }
 
 void bias_grad(const Tensor& dy, Tensor& dbias) {
-  const Device device = require_backend("bias_grad", {&dy, &dbias});
+  [[maybe_unused]] const Device device = require_backend("bias_grad", {&dy, &dbias});
   MOE_CHECK(dy.ndim() == 2, "bias_grad: ", dy.describe(), " is not 2-D [N,C]");
   dy.expect_dtype(DType::f32, "bias_grad dy");
   const int64_t n = dy.dim(0), c = dy.dim(1);
@@ -54,7 +53,6 @@ void bias_grad(const Tensor& dy, Tensor& dbias) {
 #ifdef MOE_HAVE_CUDA
   if (device.kind == Device::cuda) return cuda::bias_grad(dy, dbias);
 #endif
-  (void)device;
   const float* g = dy.data<float>();
   float* db = dbias.data<float>();
   const int64_t blocks = (c + kColumnBlock - 1) / kColumnBlock;
@@ -67,13 +65,12 @@ void bias_grad(const Tensor& dy, Tensor& dbias) {
 }
 
 void gelu_forward(const Tensor& x, Tensor& y) {
-  const Device device = require_backend("gelu_forward", {&x, &y});
+  [[maybe_unused]] const Device device = require_backend("gelu_forward", {&x, &y});
   x.expect_dtype(DType::f32, "gelu_forward input");
   check_same(x, y, "gelu_forward output");
 #ifdef MOE_HAVE_CUDA
   if (device.kind == Device::cuda) return cuda::gelu_forward(x, y);
 #endif
-  (void)device;
   const float* xs = x.data<float>();
   float* ys = y.data<float>();
   const int64_t n = x.numel();
@@ -82,14 +79,13 @@ void gelu_forward(const Tensor& x, Tensor& y) {
 }
 
 void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
-  const Device device = require_backend("gelu_backward", {&dy, &x, &dx});
+  [[maybe_unused]] const Device device = require_backend("gelu_backward", {&dy, &x, &dx});
   x.expect_dtype(DType::f32, "gelu_backward input");
   check_same(x, dy, "gelu_backward dy");
   check_same(x, dx, "gelu_backward dx");
 #ifdef MOE_HAVE_CUDA
   if (device.kind == Device::cuda) return cuda::gelu_backward(dy, x, dx);
 #endif
-  (void)device;
   const float* g = dy.data<float>();
   const float* xs = x.data<float>();
   float* dxs = dx.data<float>();
@@ -99,14 +95,13 @@ void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
 }
 
 void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& y) {
-  const Device device = require_backend("swiglu_forward", {&gate, &up, &y});
+  [[maybe_unused]] const Device device = require_backend("swiglu_forward", {&gate, &up, &y});
   gate.expect_dtype(DType::f32, "swiglu_forward gate");
   check_same(gate, up, "swiglu_forward up");
   check_same(gate, y, "swiglu_forward output");
 #ifdef MOE_HAVE_CUDA
   if (device.kind == Device::cuda) return cuda::swiglu_forward(gate, up, y);
 #endif
-  (void)device;
   const float* gs = gate.data<float>();
   const float* us = up.data<float>();
   float* ys = y.data<float>();
@@ -117,7 +112,8 @@ void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& y) {
 
 void swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up, Tensor& dgate,
                      Tensor& dup) {
-  const Device device = require_backend("swiglu_backward", {&dy, &gate, &up, &dgate, &dup});
+  [[maybe_unused]] const Device device =
+      require_backend("swiglu_backward", {&dy, &gate, &up, &dgate, &dup});
   gate.expect_dtype(DType::f32, "swiglu_backward gate");
   check_same(gate, up, "swiglu_backward up");
   check_same(gate, dy, "swiglu_backward dy");
@@ -126,7 +122,6 @@ void swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up, Ten
 #ifdef MOE_HAVE_CUDA
   if (device.kind == Device::cuda) return cuda::swiglu_backward(dy, gate, up, dgate, dup);
 #endif
-  (void)device;
   const float* g = dy.data<float>();
   const float* gs = gate.data<float>();
   const float* us = up.data<float>();

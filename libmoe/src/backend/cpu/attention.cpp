@@ -40,7 +40,8 @@ void check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionShape& s,
                        Tensor& probs, Tensor& ctx) {
-  const Device device = require_backend("attention_forward", {&q, &k, &v, &probs, &ctx});
+  [[maybe_unused]] const Device device =
+      require_backend("attention_forward", {&q, &k, &v, &probs, &ctx});
   check_attention("attention_forward", q, k, v, s);
   probs.expect_shape({s.batch, s.heads, s.seq, s.seq}, "attention_forward probs");
   probs.expect_dtype(DType::f32, "attention_forward probs");
@@ -49,7 +50,6 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
 #ifdef MOE_HAVE_CUDA
   if (device.kind == Device::cuda) return cuda::attention_forward(q, k, v, s, probs, ctx);
 #endif
-  (void)device;
   const int64_t T = s.seq, hd = s.head_dim, H = s.heads, KV = s.kv_heads, group = H / KV;
   const int64_t ldq = H * hd, ldk = KV * hd;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -103,7 +103,7 @@ void attention_forward_cached(const Tensor& q, const Tensor& k_cache, const Tens
                               int64_t heads, int64_t kv_heads, const CachedRows& rows,
                               Tensor& ctx) {
   const char* op = "attention_forward_cached";
-  const Device device = require_backend(op, {&q, &k_cache, &v_cache, &ctx});
+  [[maybe_unused]] const Device device = require_backend(op, {&q, &k_cache, &v_cache, &ctx});
   MOE_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && k_cache.ndim() == 3 &&
                 q.ndim() == 2 && q.dim(1) % heads == 0,
             op, ": bad shape: q ", q.describe(), ", k cache ", k_cache.describe(), ", heads ",
@@ -122,7 +122,6 @@ void attention_forward_cached(const Tensor& q, const Tensor& k_cache, const Tens
   if (device.kind == Device::cuda)
     return cuda::attention_forward_cached(q, k_cache, v_cache, heads, kv_heads, rows, ctx);
 #endif
-  (void)device;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const float* qs = q.data<float>();
   const float* ks = k_cache.data<float>();
@@ -155,7 +154,7 @@ void attention_forward_cached(const Tensor& q, const Tensor& k_cache, const Tens
 void attention_backward(const Tensor& dctx, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& probs, const AttentionShape& s, Tensor& dq, Tensor& dk,
                         Tensor& dv) {
-  const Device device =
+  [[maybe_unused]] const Device device =
       require_backend("attention_backward", {&dctx, &q, &k, &v, &probs, &dq, &dk, &dv});
   check_attention("attention_backward", q, k, v, s);
   dctx.expect_shape(q.shape(), "attention_backward dctx");
@@ -172,7 +171,6 @@ void attention_backward(const Tensor& dctx, const Tensor& q, const Tensor& k, co
   if (device.kind == Device::cuda)
     return cuda::attention_backward(dctx, q, k, v, probs, s, dq, dk, dv);
 #endif
-  (void)device;
   const int64_t T = s.seq, hd = s.head_dim, H = s.heads, KV = s.kv_heads, group = H / KV;
   const int64_t ldq = H * hd, ldk = KV * hd;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));

@@ -19,8 +19,8 @@ Device require_backend(const char* op, std::initializer_list<const Tensor*> tens
     if (!first) {
       first = t;
     } else if (!(t->device() == first->device())) {
-      throw Error(str(op, ": operands on different devices: ", first->describe(), " and ",
-                      t->describe()));
+      throw Error(
+          str(op, ": operands on different devices: ", first->describe(), " and ", t->describe()));
     }
   }
   return first ? first->device() : Device{};
@@ -28,7 +28,7 @@ Device require_backend(const char* op, std::initializer_list<const Tensor*> tens
 
 void gemm(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, Tensor& c,
           float alpha, float beta) {
-  const Device device = require_backend("gemm", {&a, &b, &c});
+  [[maybe_unused]] const Device device = require_backend("gemm", {&a, &b, &c});
   MOE_CHECK(a.ndim() == 2 && b.ndim() == 2 && c.ndim() == 2, "gemm: 2-D operands expected, got ",
             a.describe(), ", ", b.describe(), ", ", c.describe());
   a.expect_dtype(DType::f32, "gemm A");
@@ -42,22 +42,21 @@ void gemm(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, 
             transpose_a ? "^T" : "", " x ", b.describe(), transpose_b ? "^T" : "", " -> ",
             c.describe());
 #ifdef MOE_HAVE_CUDA
-  if (device.kind == Device::cuda) return cuda::gemm(a, transpose_a, b, transpose_b, c, alpha, beta);
+  if (device.kind == Device::cuda)
+    return cuda::gemm(a, transpose_a, b, transpose_b, c, alpha, beta);
 #endif
-  (void)device;
   cpu::sgemm(transpose_a, transpose_b, m, n, k, alpha, a.data<float>(), a.dim(1), b.data<float>(),
              b.dim(1), beta, c.data<float>(), c.dim(1));
 }
 
 void axpy(float alpha, const Tensor& x, Tensor& y) {
-  const Device device = require_backend("axpy", {&x, &y});
+  [[maybe_unused]] const Device device = require_backend("axpy", {&x, &y});
   MOE_CHECK(x.shape() == y.shape(), "axpy: ", x.describe(), " vs ", y.describe());
   x.expect_dtype(DType::f32, "axpy x");
   y.expect_dtype(DType::f32, "axpy y");
 #ifdef MOE_HAVE_CUDA
   if (device.kind == Device::cuda) return cuda::axpy(alpha, x, y);
 #endif
-  (void)device;
   const float* xs = x.data<float>();
   float* ys = y.data<float>();
   int64_t n = x.numel();
@@ -66,13 +65,12 @@ void axpy(float alpha, const Tensor& x, Tensor& y) {
 }
 
 void round_to_dtype(Tensor& x, DType dtype) {
-  const Device device = require_backend("round_to_dtype", {&x});
+  [[maybe_unused]] const Device device = require_backend("round_to_dtype", {&x});
   if (dtype == DType::f32) return;
   x.expect_dtype(DType::f32, "round_to_dtype");
 #ifdef MOE_HAVE_CUDA
   if (device.kind == Device::cuda) return cuda::round_to_dtype(x, dtype);
 #endif
-  (void)device;
   float* p = x.data<float>();
   int64_t n = x.numel();
   if (dtype == DType::bf16) {
@@ -87,12 +85,11 @@ void round_to_dtype(Tensor& x, DType dtype) {
 }
 
 double sum_squares(const Tensor& x) {
-  const Device device = require_backend("sum_squares", {&x});
+  [[maybe_unused]] const Device device = require_backend("sum_squares", {&x});
   x.expect_dtype(DType::f32, "sum_squares");
 #ifdef MOE_HAVE_CUDA
   if (device.kind == Device::cuda) return cuda::sum_squares(x);
 #endif
-  (void)device;
   const float* p = x.data<float>();
   double s = 0;
   for (int64_t i = 0, n = x.numel(); i < n; ++i) s += static_cast<double>(p[i]) * p[i];

@@ -20,7 +20,8 @@ namespace {
 
 double cross_entropy(const Tensor& logits, const Tensor& targets, float scale, Tensor* dlogits,
                      Tensor* row_nll) {
-  const Device device = require_backend("cross_entropy", {&logits, &targets, dlogits, row_nll});
+  [[maybe_unused]] const Device device =
+      require_backend("cross_entropy", {&logits, &targets, dlogits, row_nll});
   MOE_CHECK(logits.ndim() == 2, "cross_entropy: logits ", logits.describe(), " are not 2-D [N,V]");
   logits.expect_dtype(DType::f32, "cross_entropy logits");
   const int64_t n = logits.dim(0), vocab = logits.dim(1);
@@ -34,12 +35,9 @@ double cross_entropy(const Tensor& logits, const Tensor& targets, float scale, T
     row_nll->expect_shape({n}, "cross_entropy row_nll");
     row_nll->expect_dtype(DType::f32, "cross_entropy row_nll");
   }
-#ifdef MOE_HAVE_CUDA
-  if (device.kind == Device::cuda)
-    return cuda::cross_entropy(logits, targets, scale, dlogits, row_nll);
-#endif
-  (void)device;
-  const int32_t* tg = targets.data<int32_t>();
+  // Device targets are checked and counted on a host copy (N ids).
+  const Tensor host_targets = targets.to(Device{});
+  const int32_t* tg = host_targets.data<int32_t>();
   int64_t counted = 0;
   for (int64_t i = 0; i < n; ++i) {
     MOE_CHECK(tg[i] < vocab, "cross_entropy: target ", tg[i], " at row ", i, " of ",
@@ -50,30 +48,26 @@ double cross_entropy(const Tensor& logits, const Tensor& targets, float scale, T
             " have no classes");
   const float grad_scale = counted ? scale / static_cast<float>(counted) : 0.0f;
 
-  std::vector<float> scratch;
-  float* nll = nullptr;
-  if (row_nll) {
-    nll = row_nll->data<float>();
+  Tensor nll = row_nll ? *row_nll : Tensor::empty({n}, DType::f32, device);
+  if (device.kind == Device::cuda) {
+#ifdef MOE_HAVE_CUDA
+    cuda::cross_entropy_rows(logits, targets, grad_scale, dlogits, nll);
+#endif
   } else {
-    scratch.resize(static_cast<size_t>(n));
-    nll = scratch.data();
-  }
-  const float* xs = logits.data<float>();
-  float* dxs = dlogits ? dlogits->data<float>() : nullptr;
+    const float* xs = logits.data<float>();
+    float* dxs = dlogits ? dlogits->data<float>() : nullptr;
+    float* out = nll.data<float>();
 #pragma omp parallel for schedule(static) if (n * vocab >= cpu::kParallelWork)
-  for (int64_t i = 0; i < n; ++i) {
-    float* dx_row = dxs ? dxs + i * vocab : nullptr;
-    if (tg[i] < 0) {
-      nll[i] = 0.0f;
-      if (dx_row)
-        for (int64_t j = 0; j < vocab; ++j) dx_row[j] = 0.0f;
-      continue;
-    }
-    nll[i] = kernels::cross_entropy_row(xs + i * vocab, vocab, tg[i], dx_row, grad_scale);
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = kernels::cross_entropy_target_row(xs + i * vocab, vocab, tg[i],
+                                                 dxs ? dxs + i * vocab : nullptr, grad_scale);
   }
+  // The mean in double, in row order, on the host.
+  const Tensor host_nll = nll.to(Device{});
+  const float* rows = host_nll.data<float>();
   double sum = 0.0;
   for (int64_t i = 0; i < n; ++i)
-    if (tg[i] >= 0) sum += nll[i];
+    if (tg[i] >= 0) sum += rows[i];
   return counted ? sum / static_cast<double>(counted) : 0.0;
 }
 

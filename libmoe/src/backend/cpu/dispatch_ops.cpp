@@ -78,7 +78,7 @@ RoutingTable build_routing_on_host(const Tensor& topk_idx, const Tensor& topk_we
 
 RoutingTable build_routing(const Tensor& topk_idx, const Tensor& topk_weight, int64_t num_experts,
                            int64_t capacity) {
-  const Device device = require_backend("make_plan", {&topk_idx, &topk_weight});
+  [[maybe_unused]] const Device device = require_backend("make_plan", {&topk_idx, &topk_weight});
   MOE_CHECK(topk_idx.ndim() == 2, "make_plan: [N,k] expert ids expected, got ",
             topk_idx.describe());
   topk_idx.expect_dtype(DType::i32, "make_plan topk_idx");
@@ -105,7 +105,7 @@ RoutingTable build_routing(const Tensor& topk_idx, const Tensor& topk_weight, in
 }
 
 void gather_rows(const Tensor& x, const Tensor& token_of_slot, Tensor& x_perm) {
-  const Device device = require_backend("dispatch", {&x, &token_of_slot, &x_perm});
+  [[maybe_unused]] const Device device = require_backend("dispatch", {&x, &token_of_slot, &x_perm});
   x.expect_dtype(DType::f32, "dispatch x");
   MOE_CHECK(x.ndim() == 2, "dispatch: [N,D] input expected, got ", x.describe());
   token_of_slot.expect_dtype(DType::i32, "dispatch token_of_slot");
@@ -114,7 +114,6 @@ void gather_rows(const Tensor& x, const Tensor& token_of_slot, Tensor& x_perm) {
 #ifdef MOE_HAVE_CUDA
   if (device.kind == Device::cuda) return cuda::gather_rows(x, token_of_slot, x_perm);
 #endif
-  (void)device;
   const float* xs = x.data<float>();
   const int32_t* ts = token_of_slot.data<int32_t>();
   for (int64_t s = 0; s < slots; ++s)
@@ -128,7 +127,8 @@ void gather_rows(const Tensor& x, const Tensor& token_of_slot, Tensor& x_perm) {
 
 void combine_rows(const Tensor& rows, const Tensor& slot_of, const Tensor& weight_of_slot,
                   int64_t top_k, Tensor& y) {
-  const Device device = require_backend("combine", {&rows, &slot_of, &weight_of_slot, &y});
+  [[maybe_unused]] const Device device =
+      require_backend("combine", {&rows, &slot_of, &weight_of_slot, &y});
   rows.expect_dtype(DType::f32, "combine rows");
   MOE_CHECK(rows.ndim() == 2, "combine: [M,D] rows expected, got ", rows.describe());
   slot_of.expect_dtype(DType::i32, "combine slot_of");
@@ -141,7 +141,6 @@ void combine_rows(const Tensor& rows, const Tensor& slot_of, const Tensor& weigh
   if (device.kind == Device::cuda)
     return cuda::combine_rows(rows, slot_of, weight_of_slot, top_k, y);
 #endif
-  (void)device;
   const float* ws = weight_of_slot.defined() ? weight_of_slot.data<float>() : nullptr;
   const int32_t* so = slot_of.data<int32_t>();
   for (int64_t a = 0; a < tokens * top_k; ++a)
@@ -156,7 +155,7 @@ void combine_rows(const Tensor& rows, const Tensor& slot_of, const Tensor& weigh
 
 void combine_rows_backward(const Tensor& dy, const Tensor& y_perm, const Tensor& token_of_slot,
                            const Tensor& weight_of_slot, Tensor& dy_perm, Tensor& dweight_of_slot) {
-  const Device device =
+  [[maybe_unused]] const Device device =
       require_backend("combine_backward",
                       {&dy, &y_perm, &token_of_slot, &weight_of_slot, &dy_perm, &dweight_of_slot});
   dy.expect_dtype(DType::f32, "combine_backward dy");
@@ -172,7 +171,6 @@ void combine_rows_backward(const Tensor& dy, const Tensor& y_perm, const Tensor&
     return cuda::combine_rows_backward(dy, y_perm, token_of_slot, weight_of_slot, dy_perm,
                                        dweight_of_slot);
 #endif
-  (void)device;
   const int32_t* ts = token_of_slot.data<int32_t>();
   for (int64_t s = 0; s < slots; ++s)
     MOE_CHECK(ts[s] >= 0 && ts[s] < tokens, "combine_backward: slot ", s, " names token ", ts[s],
@@ -189,7 +187,7 @@ void combine_rows_backward(const Tensor& dy, const Tensor& y_perm, const Tensor&
 }
 
 void slot_to_choice(const Tensor& dweight_of_slot, const Tensor& slot_of, Tensor& dtopk_weight) {
-  const Device device =
+  [[maybe_unused]] const Device device =
       require_backend("slot_to_choice", {&dweight_of_slot, &slot_of, &dtopk_weight});
   dweight_of_slot.expect_dtype(DType::f32, "slot_to_choice dweight_of_slot");
   slot_of.expect_dtype(DType::i32, "slot_to_choice slot_of");
@@ -200,7 +198,6 @@ void slot_to_choice(const Tensor& dweight_of_slot, const Tensor& slot_of, Tensor
   if (device.kind == Device::cuda)
     return cuda::slot_to_choice(dweight_of_slot, slot_of, dtopk_weight);
 #endif
-  (void)device;
   const int64_t slots = dweight_of_slot.numel(), n = slot_of.numel();
   const int32_t* so = slot_of.data<int32_t>();
   const float* src = dweight_of_slot.data<float>();

@@ -18,7 +18,8 @@ namespace moe::ops {
 DistillLossValue distill_loss(const Tensor& student, const Tensor& teacher, const Tensor& targets,
                               float temperature, float ce_weight, float kd_weight, Tensor* dlogits,
                               float scale) {
-  const Device device = require_backend("distill_loss", {&student, &teacher, &targets, dlogits});
+  [[maybe_unused]] const Device device =
+      require_backend("distill_loss", {&student, &teacher, &targets, dlogits});
   MOE_CHECK(student.ndim() == 2, "distill_loss: student logits ", student.describe(),
             " are not 2-D [N,V]");
   student.expect_dtype(DType::f32, "distill_loss student logits");

@@ -113,7 +113,7 @@ void swiglu_backward(const float* h, const float* h3, const float* da, float* dh
 
 void grouped_gemm(const Tensor& a, const Tensor& w, bool transpose_w,
                   const std::vector<int32_t>& offsets, Tensor& c, float beta) {
-  const Device device = require_backend("grouped_gemm", {&a, &w, &c});
+  [[maybe_unused]] const Device device = require_backend("grouped_gemm", {&a, &w, &c});
   a.expect_dtype(DType::f32, "grouped_gemm A");
   w.expect_dtype(DType::f32, "grouped_gemm W");
   c.expect_dtype(DType::f32, "grouped_gemm C");
@@ -129,7 +129,6 @@ void grouped_gemm(const Tensor& a, const Tensor& w, bool transpose_w,
 #ifdef MOE_HAVE_CUDA
   if (device.kind == Device::cuda) return cuda::grouped_gemm(a, w, transpose_w, offsets, c, beta);
 #endif
-  (void)device;
   const float* as = a.data<float>();
   const float* ws = w.data<float>();
   float* cs = c.data<float>();
@@ -144,7 +143,8 @@ void grouped_gemm(const Tensor& a, const Tensor& w, bool transpose_w,
 
 void grouped_gemm_weight_grad(const Tensor& dy, const Tensor& x,
                               const std::vector<int32_t>& offsets, Tensor& dw) {
-  const Device device = require_backend("grouped_gemm_weight_grad", {&dy, &x, &dw});
+  [[maybe_unused]] const Device device =
+      require_backend("grouped_gemm_weight_grad", {&dy, &x, &dw});
   dy.expect_dtype(DType::f32, "grouped_gemm_weight_grad dY");
   x.expect_dtype(DType::f32, "grouped_gemm_weight_grad X");
   dw.expect_dtype(DType::f32, "grouped_gemm_weight_grad dW");
@@ -159,7 +159,6 @@ void grouped_gemm_weight_grad(const Tensor& dy, const Tensor& x,
 #ifdef MOE_HAVE_CUDA
   if (device.kind == Device::cuda) return cuda::grouped_gemm_weight_grad(dy, x, offsets, dw);
 #endif
-  (void)device;
   const float* dys = dy.data<float>();
   const float* xs = x.data<float>();
   float* dws = dw.data<float>();
@@ -173,7 +172,7 @@ void grouped_gemm_weight_grad(const Tensor& dy, const Tensor& x,
 
 void expert_activation(Tensor& h, const Tensor& h3, const Tensor& bias,
                        const std::vector<int32_t>& offsets, nn::Activation activation, Tensor& a) {
-  const Device device = require_backend("expert_activation", {&h, &h3, &bias, &a});
+  [[maybe_unused]] const Device device = require_backend("expert_activation", {&h, &h3, &bias, &a});
   h.expect_dtype(DType::f32, "expert_activation h");
   MOE_CHECK(h.ndim() == 2, "expert_activation: [M,F] expected, got ", h.describe());
   const int64_t rows = h.dim(0), width = h.dim(1);
@@ -186,7 +185,6 @@ void expert_activation(Tensor& h, const Tensor& h3, const Tensor& bias,
   if (device.kind == Device::cuda)
     return cuda::expert_activation(h, h3, bias, offsets, activation, a);
 #endif
-  (void)device;
   const float* bs = bias.defined() ? bias.data<float>() : nullptr;
   float* hs = h.data<float>();
   float* as = a.data<float>();
@@ -206,7 +204,8 @@ void expert_activation(Tensor& h, const Tensor& h3, const Tensor& bias,
 
 void expert_activation_backward(const Tensor& da, const Tensor& h, const Tensor& h3,
                                 nn::Activation activation, Tensor& dh, Tensor& dh3) {
-  const Device device = require_backend("expert_activation_backward", {&da, &h, &h3, &dh, &dh3});
+  [[maybe_unused]] const Device device =
+      require_backend("expert_activation_backward", {&da, &h, &h3, &dh, &dh3});
   da.expect_dtype(DType::f32, "expert_activation_backward da");
   MOE_CHECK(da.ndim() == 2, "expert_activation_backward: [M,F] expected, got ", da.describe());
   h.expect_shape(da.shape(), "expert_activation_backward h");
@@ -219,7 +218,6 @@ void expert_activation_backward(const Tensor& da, const Tensor& h, const Tensor&
   if (device.kind == Device::cuda)
     return cuda::expert_activation_backward(da, h, h3, activation, dh, dh3);
 #endif
-  (void)device;
   const int64_t rows = da.dim(0), width = da.dim(1);
   const float* das = da.data<float>();
   const float* hs = h.data<float>();
@@ -239,7 +237,7 @@ void expert_activation_backward(const Tensor& da, const Tensor& h, const Tensor&
 }
 
 void grouped_add_bias(Tensor& y, const Tensor& bias, const std::vector<int32_t>& offsets) {
-  const Device device = require_backend("grouped_add_bias", {&y, &bias});
+  [[maybe_unused]] const Device device = require_backend("grouped_add_bias", {&y, &bias});
   y.expect_dtype(DType::f32, "grouped_add_bias y");
   MOE_CHECK(y.ndim() == 2, "grouped_add_bias: [M,D] expected, got ", y.describe());
   const int64_t rows = y.dim(0), width = y.dim(1);
@@ -249,7 +247,6 @@ void grouped_add_bias(Tensor& y, const Tensor& bias, const std::vector<int32_t>&
 #ifdef MOE_HAVE_CUDA
   if (device.kind == Device::cuda) return cuda::grouped_add_bias(y, bias, offsets);
 #endif
-  (void)device;
   const float* bs = bias.data<float>();
   float* ys = y.data<float>();
 #pragma omp parallel for schedule(static) if (rows * width >= cpu::kParallelWork)
@@ -258,7 +255,7 @@ void grouped_add_bias(Tensor& y, const Tensor& bias, const std::vector<int32_t>&
 }
 
 void grouped_bias_grad(const Tensor& dy, const std::vector<int32_t>& offsets, Tensor& dbias) {
-  const Device device = require_backend("grouped_bias_grad", {&dy, &dbias});
+  [[maybe_unused]] const Device device = require_backend("grouped_bias_grad", {&dy, &dbias});
   dy.expect_dtype(DType::f32, "grouped_bias_grad dy");
   MOE_CHECK(dy.ndim() == 2, "grouped_bias_grad: [M,D] expected, got ", dy.describe());
   const int64_t rows = dy.dim(0), width = dy.dim(1);
@@ -269,7 +266,6 @@ void grouped_bias_grad(const Tensor& dy, const std::vector<int32_t>& offsets, Te
 #ifdef MOE_HAVE_CUDA
   if (device.kind == Device::cuda) return cuda::grouped_bias_grad(dy, offsets, dbias);
 #endif
-  (void)device;
   // Each (expert, block of columns) is summed by one thread over the segment's rows in order.
   constexpr int64_t kBlock = 64;
   const int64_t blocks = (width + kBlock - 1) / kBlock;

@@ -52,7 +52,8 @@ void accumulate_param_grads(const Tensor& dy, const Tensor& x, const float* mean
 
 void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
                        Tensor& y, Tensor* mean, Tensor* rstd) {
-  const Device device = require_backend("layernorm_forward", {&x, &weight, &bias, &y, mean, rstd});
+  [[maybe_unused]] const Device device =
+      require_backend("layernorm_forward", {&x, &weight, &bias, &y, mean, rstd});
   const int64_t n = check_rows(x, "layernorm_forward"), d = x.dim(1);
   check_f32(weight, {d}, "layernorm_forward weight");
   check_f32(bias, {d}, "layernorm_forward bias");
@@ -63,7 +64,6 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
   if (device.kind == Device::cuda)
     return cuda::layernorm_forward(x, weight, bias, eps, y, mean, rstd);
 #endif
-  (void)device;
   const float* xs = x.data<float>();
   const float* w = weight.data<float>();
   const float* b = bias.data<float>();
@@ -81,7 +81,7 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
 
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor* dbias) {
-  const Device device =
+  [[maybe_unused]] const Device device =
       require_backend("layernorm_backward", {&dy, &x, &weight, &mean, &rstd, &dx, &dweight, dbias});
   const int64_t n = check_rows(x, "layernorm_backward"), d = x.dim(1);
   check_f32(dy, {n, d}, "layernorm_backward dy");
@@ -95,7 +95,6 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
   if (device.kind == Device::cuda)
     return cuda::layernorm_backward(dy, x, weight, mean, rstd, dx, dweight, dbias);
 #endif
-  (void)device;
   const float* g = dy.data<float>();
   const float* xs = x.data<float>();
   const float* w = weight.data<float>();
@@ -109,7 +108,8 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
 }
 
 void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, Tensor& y, Tensor* rstd) {
-  const Device device = require_backend("rmsnorm_forward", {&x, &weight, &y, rstd});
+  [[maybe_unused]] const Device device =
+      require_backend("rmsnorm_forward", {&x, &weight, &y, rstd});
   const int64_t n = check_rows(x, "rmsnorm_forward"), d = x.dim(1);
   check_f32(weight, {d}, "rmsnorm_forward weight");
   check_f32(y, {n, d}, "rmsnorm_forward output");
@@ -117,7 +117,6 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, Tensor& y
 #ifdef MOE_HAVE_CUDA
   if (device.kind == Device::cuda) return cuda::rmsnorm_forward(x, weight, eps, y, rstd);
 #endif
-  (void)device;
   const float* xs = x.data<float>();
   const float* w = weight.data<float>();
   float* ys = y.data<float>();
@@ -132,7 +131,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, Tensor& y
 
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
                       Tensor& dx, Tensor& dweight) {
-  const Device device =
+  [[maybe_unused]] const Device device =
       require_backend("rmsnorm_backward", {&dy, &x, &weight, &rstd, &dx, &dweight});
   const int64_t n = check_rows(x, "rmsnorm_backward"), d = x.dim(1);
   check_f32(dy, {n, d}, "rmsnorm_backward dy");
@@ -143,7 +142,6 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, c
 #ifdef MOE_HAVE_CUDA
   if (device.kind == Device::cuda) return cuda::rmsnorm_backward(dy, x, weight, rstd, dx, dweight);
 #endif
-  (void)device;
   const float* g = dy.data<float>();
   const float* xs = x.data<float>();
   const float* w = weight.data<float>();

@@ -18,7 +18,7 @@ namespace {
 
 void rope_apply(const char* op, const Tensor& x, int64_t batch, int64_t seq, int64_t heads,
                 float theta, Tensor& y, int64_t position_offset, bool inverse) {
-  const Device device = require_backend(op, {&x, &y});
+  [[maybe_unused]] const Device device = require_backend(op, {&x, &y});
   MOE_CHECK(x.ndim() == 2, op, ": input ", x.describe(), " is not 2-D [B*T, H*hd]");
   x.expect_dtype(DType::f32, op);
   MOE_CHECK(batch >= 0 && seq >= 0 && heads > 0 && x.dim(0) == batch * seq && x.dim(1) % heads == 0,
@@ -34,7 +34,6 @@ void rope_apply(const char* op, const Tensor& x, int64_t batch, int64_t seq, int
   if (device.kind == Device::cuda)
     return cuda::rope_apply(x, batch, seq, heads, theta, y, position_offset, inverse);
 #endif
-  (void)device;
 
   std::vector<float> cos_table(static_cast<size_t>(seq * half)),
       sin_table(static_cast<size_t>(seq * half));

@@ -15,7 +15,7 @@ namespace moe::ops {
 
 void router_jitter(const Tensor& x, float jitter, uint64_t key, Tensor& noise, Tensor& routed,
                    int64_t first_row) {
-  const Device device = require_backend("router_jitter", {&x, &noise, &routed});
+  [[maybe_unused]] const Device device = require_backend("router_jitter", {&x, &noise, &routed});
   x.expect_dtype(DType::f32, "router_jitter x");
   MOE_CHECK(x.ndim() == 2, "router_jitter: 2-D input expected, got ", x.describe());
   noise.expect_shape(x.shape(), "router_jitter noise");
@@ -25,7 +25,6 @@ void router_jitter(const Tensor& x, float jitter, uint64_t key, Tensor& noise, T
   if (device.kind == Device::cuda)
     return cuda::router_jitter(x, jitter, key, noise, routed, first_row);
 #endif
-  (void)device;
   const float* xs = x.data<float>();
   float* ns = noise.data<float>();
   float* rs = routed.data<float>();
@@ -43,13 +42,12 @@ void router_jitter(const Tensor& x, float jitter, uint64_t key, Tensor& noise, T
 }
 
 void router_jitter_backward(const Tensor& noise, Tensor& dx) {
-  const Device device = require_backend("router_jitter_backward", {&noise, &dx});
+  [[maybe_unused]] const Device device = require_backend("router_jitter_backward", {&noise, &dx});
   noise.expect_dtype(DType::f32, "router_jitter_backward noise");
   dx.expect_shape(noise.shape(), "router_jitter_backward dx");
 #ifdef MOE_HAVE_CUDA
   if (device.kind == Device::cuda) return cuda::router_jitter_backward(noise, dx);
 #endif
-  (void)device;
   const float* ns = noise.data<float>();
   float* ds = dx.data<float>();
   int64_t n = dx.numel();
@@ -58,7 +56,7 @@ void router_jitter_backward(const Tensor& noise, Tensor& dx) {
 }
 
 void router_softmax(const Tensor& logits, Tensor& probs, Tensor& lse) {
-  const Device device = require_backend("router_softmax", {&logits, &probs, &lse});
+  [[maybe_unused]] const Device device = require_backend("router_softmax", {&logits, &probs, &lse});
   logits.expect_dtype(DType::f32, "router_softmax logits");
   MOE_CHECK(logits.ndim() == 2 && logits.dim(1) > 0, "router_softmax: [N,E] logits expected, got ",
             logits.describe());
@@ -68,7 +66,6 @@ void router_softmax(const Tensor& logits, Tensor& probs, Tensor& lse) {
 #ifdef MOE_HAVE_CUDA
   if (device.kind == Device::cuda) return cuda::router_softmax(logits, probs, lse);
 #endif
-  (void)device;
   const float* ls = logits.data<float>();
   float* ps = probs.data<float>();
   float* zs = lse.data<float>();
@@ -79,7 +76,8 @@ void router_softmax(const Tensor& logits, Tensor& probs, Tensor& lse) {
 
 void router_topk(const Tensor& probs, int64_t k, bool normalize, Tensor& topk_idx,
                  Tensor& topk_weight) {
-  const Device device = require_backend("router_topk", {&probs, &topk_idx, &topk_weight});
+  [[maybe_unused]] const Device device =
+      require_backend("router_topk", {&probs, &topk_idx, &topk_weight});
   probs.expect_dtype(DType::f32, "router_topk probs");
   MOE_CHECK(probs.ndim() == 2, "router_topk: [N,E] probabilities expected, got ", probs.describe());
   int64_t rows = probs.dim(0), experts = probs.dim(1);
@@ -92,7 +90,6 @@ void router_topk(const Tensor& probs, int64_t k, bool normalize, Tensor& topk_id
   if (device.kind == Device::cuda)
     return cuda::router_topk(probs, k, normalize, topk_idx, topk_weight);
 #endif
-  (void)device;
   const float* ps = probs.data<float>();
   int32_t* is = topk_idx.data<int32_t>();
   float* ws = topk_weight.data<float>();
@@ -102,7 +99,7 @@ void router_topk(const Tensor& probs, int64_t k, bool normalize, Tensor& topk_id
 }
 
 std::vector<int64_t> router_load(const Tensor& topk_idx, int64_t num_experts) {
-  const Device device = require_backend("router_load", {&topk_idx});
+  [[maybe_unused]] const Device device = require_backend("router_load", {&topk_idx});
   topk_idx.expect_dtype(DType::i32, "router_load idx");
   // Device ids: counted on the host from a copy (N*k ids), exactly as below.
   if (device.kind != Device::cpu) return router_load(topk_idx.to(Device{}), num_experts);
@@ -118,7 +115,7 @@ std::vector<int64_t> router_load(const Tensor& topk_idx, int64_t num_experts) {
 
 double router_aux_loss(const Tensor& probs, const std::vector<int64_t>& load, int64_t load_tokens,
                        int64_t top_k) {
-  const Device device = require_backend("router_aux_loss", {&probs});
+  [[maybe_unused]] const Device device = require_backend("router_aux_loss", {&probs});
   probs.expect_dtype(DType::f32, "router_aux_loss probs");
   // Device probabilities: the fixed-order fp64 sums run on the host from a copy.
   if (device.kind != Device::cpu)
@@ -140,7 +137,7 @@ double router_aux_loss(const Tensor& probs, const std::vector<int64_t>& load, in
 }
 
 double router_z_loss(const Tensor& lse) {
-  const Device device = require_backend("router_z_loss", {&lse});
+  [[maybe_unused]] const Device device = require_backend("router_z_loss", {&lse});
   lse.expect_dtype(DType::f32, "router_z_loss lse");
   // Device lse: the fixed-order fp64 sum runs on the host from a copy.
   if (device.kind != Device::cpu) return router_z_loss(lse.to(Device{}));
@@ -155,7 +152,7 @@ double router_z_loss(const Tensor& lse) {
 void router_backward(const Tensor& probs, const Tensor& lse, const Tensor& topk_idx,
                      const Tensor& dtopk_weight, bool normalize, const std::vector<int64_t>& load,
                      int64_t load_tokens, float aux_scale, float z_scale, Tensor& dlogits) {
-  const Device device =
+  [[maybe_unused]] const Device device =
       require_backend("router_backward", {&probs, &lse, &topk_idx, &dtopk_weight, &dlogits});
   probs.expect_dtype(DType::f32, "router_backward probs");
   MOE_CHECK(probs.ndim() == 2, "router_backward: [N,E] probabilities expected, got ",
@@ -185,7 +182,6 @@ void router_backward(const Tensor& probs, const Tensor& lse, const Tensor& topk_
     return cuda::router_backward(probs, lse, topk_idx, dtopk_weight, normalize, aux_coef, z_factor,
                                  dlogits);
 #endif
-  (void)device;
   const float* ps = probs.data<float>();
   const float* zs = lse.data<float>();
   const int32_t* is = topk_idx.data<int32_t>();

@@ -99,11 +99,11 @@ double sum_squares(const Tensor& x) {
   // A fixed grid, so the partials (and their order) do not depend on n.
   const LaunchShape shape{64, 256};
   const int64_t threads = shape.blocks * shape.threads;
-  Tensor partial = Tensor::empty({threads}, DType::i64, x.device());  // 8-byte slots for doubles
+  const std::shared_ptr<std::byte> partial = allocate(sizeof(double) * threads, x.device().index);
   launch<body::SumSquaresPartial>(shape, stream_of(x), x.data<float>(), n,
-                                  static_cast<double*>(partial.raw()));
+                                  reinterpret_cast<double*>(partial.get()));
   std::vector<double> host(static_cast<size_t>(threads));
-  copy_bytes(host.data(), -1, partial.raw(), x.device().index, host.size() * sizeof(double));
+  copy_bytes(host.data(), -1, partial.get(), x.device().index, host.size() * sizeof(double));
   double s = 0;
   for (double v : host) s += v;
   return s;

@@ -12,15 +12,9 @@ struct CrossEntropyRows {
   MOE_HD static void run(Thread th, const float* logits, const int32_t* targets, float* dlogits,
                          float* nll, int64_t n, int64_t vocab, float grad_scale) {
     MOE_GRID_LOOP(i, n, th) {
-      float* dx_row = dlogits ? dlogits + i * vocab : nullptr;
-      if (targets[i] < 0) {
-        nll[i] = 0.0f;
-        if (dx_row)
-          for (int64_t j = 0; j < vocab; ++j) dx_row[j] = 0.0f;
-        continue;
-      }
       nll[i] =
-          kernels::cross_entropy_row(logits + i * vocab, vocab, targets[i], dx_row, grad_scale);
+          kernels::cross_entropy_target_row(logits + i * vocab, vocab, targets[i],
+                                            dlogits ? dlogits + i * vocab : nullptr, grad_scale);
     }
   }
 };

@@ -1,6 +1,5 @@
 // CUDA implementations of the dense-layer ops (moe/ops/dense.h). Called by the device-neutral op
-// after its shape and dtype checks, with every tensor on one CUDA device. Checks that need the
-// values of an index tensor (ids, targets) run here on a host copy, with the CPU op's messages.
+// after its checks (those of index values on a host copy), with every tensor on one CUDA device.
 #pragma once
 #include <cstdint>
 
@@ -9,8 +8,11 @@
 
 namespace moe::cuda {
 
+// ids checked by the caller; host_ids: the same ids on the host (the backward groups tokens by id
+// there).
 void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out);
-void embedding_backward(const Tensor& dy, const Tensor& ids, Tensor& table_grad);
+void embedding_backward(const Tensor& dy, const Tensor& ids, const Tensor& host_ids,
+                        Tensor& table_grad);
 
 void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
                        Tensor& y, Tensor* mean, Tensor* rstd);
@@ -41,7 +43,9 @@ void attention_forward_cached(const Tensor& q, const Tensor& k_cache, const Tens
                               int64_t heads, int64_t kv_heads, const ops::CachedRows& rows,
                               Tensor& ctx);
 
-double cross_entropy(const Tensor& logits, const Tensor& targets, float scale, Tensor* dlogits,
-                     Tensor* row_nll);
+// nll [N] = each row's nll (0 for a negative target), dlogits (may be null) its gradient times
+// grad_scale; targets already checked by the caller.
+void cross_entropy_rows(const Tensor& logits, const Tensor& targets, float grad_scale,
+                        Tensor* dlogits, Tensor& nll);
 
 }  // namespace moe::cuda
