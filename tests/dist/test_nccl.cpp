@@ -8,7 +8,10 @@
 
 #include "moe/comm/communicator.h"
 #include "moe/cuda.h"
+#include "moe/train/trainer.h"
 #include "support/cuda.h"
+#include "support/models.h"
+#include "support/run.h"
 #ifdef MOE_HAVE_CUDA
 #include "moe/comm/nccl.h"
 #endif
@@ -34,6 +37,27 @@ std::unique_ptr<Communicator> make_nccl_world() {
   return comm::make_nccl(dist_world(), comm::NcclOptions{my_gpu().index, 0});
 }
 
+int ranks_on_node() {
+  static const int ranks = dist_world().split_node()->size();  // every rank gets here together
+  return ranks;
+}
+
+}  // namespace
+
+// NCCL needs a GPU per rank: on a node with fewer GPUs than ranks a case is skipped by name (the
+// refusal itself is the last case below).
+#define MOE_REQUIRE_GPU_PER_RANK()                                                            \
+  do {                                                                                        \
+    MOE_REQUIRE_CUDA_DEVICE();                                                                \
+    if (ranks_on_node() > cuda::device_count()) {                                             \
+      std::cout << "[cuda] skipped: " << ranks_on_node() << " ranks on this node need a GPU " \
+                << "each, " << cuda::device_count() << " usable\n";                           \
+      return;                                                                                 \
+    }                                                                                         \
+  } while (0)
+
+namespace {
+
 // Quarter multiples: sums in any order are exact.
 Tensor rows_of(int rank, int64_t rows, int64_t width, float salt) {
   std::vector<float> v(static_cast<size_t>(rows * width));
@@ -45,7 +69,7 @@ Tensor rows_of(int rank, int64_t rows, int64_t width, float salt) {
 }  // namespace
 
 TEST_CASE("nccl: all-reduce, all-gather and broadcast equal MPI's", "[nccl][cuda]") {
-  MOE_REQUIRE_CUDA_DEVICE();
+  MOE_REQUIRE_GPU_PER_RANK();
   Communicator& world = dist_world();
   auto nccl = make_nccl_world();
   REQUIRE(nccl->rank() == world.rank());
@@ -70,7 +94,7 @@ TEST_CASE("nccl: all-reduce, all-gather and broadcast equal MPI's", "[nccl][cuda
 }
 
 TEST_CASE("nccl: uneven all-to-all-v with zero counts equals MPI's", "[nccl][cuda]") {
-  MOE_REQUIRE_CUDA_DEVICE();
+  MOE_REQUIRE_GPU_PER_RANK();
   Communicator& world = dist_world();
   auto nccl = make_nccl_world();
   const int R = world.size(), me = world.rank();
@@ -95,7 +119,7 @@ TEST_CASE("nccl: uneven all-to-all-v with zero counts equals MPI's", "[nccl][cud
 }
 
 TEST_CASE("nccl: send/recv ring, split and start-up checks", "[nccl][cuda]") {
-  MOE_REQUIRE_CUDA_DEVICE();
+  MOE_REQUIRE_GPU_PER_RANK();
   Communicator& world = dist_world();
   auto nccl = make_nccl_world();
   const int R = world.size(), me = world.rank();
@@ -112,10 +136,95 @@ TEST_CASE("nccl: send/recv ring, split and start-up checks", "[nccl][cuda]") {
   Tensor one = Tensor::from_vector({1}, std::vector<float>{1.0f}).to(my_gpu());
   half->all_reduce(one, ReduceOp::sum);
   REQUIRE(one.to_vector()[0] == static_cast<float>(half->size()));
+  auto urgent = nccl->split_with_priority(0, me, -1);  // the expert all-to-all's stream
+  REQUIRE(urgent->size() == R);
+  Tensor ones = Tensor::from_vector({2}, std::vector<float>{1.0f, 2.0f}).to(my_gpu());
+  urgent->all_reduce(ones, ReduceOp::sum);
+  REQUIRE(ones.to_vector() == std::vector<float>{float(R), 2.0f * float(R)});
   nccl->check_same_everywhere("nccl test", "same");
   REQUIRE_THROWS_WITH(nccl->check_same_everywhere("nccl test", me == 0 ? "a" : "b"),
                       Catch::Contains("differs"));
   nccl->barrier();
+}
+
+// Training over NCCL, each rank on its GPU, against the same layout trained over MPI on the CPU:
+// pure data parallel, data x expert parallel, and the hierarchical all-to-all with the priority
+// scheduler's micro-ops. Tolerances as for one GPU against the CPU (test_cuda_model.cpp).
+TEST_CASE("nccl: multi-GPU training follows the MPI run on the CPU", "[nccl][cuda]") {
+  MOE_REQUIRE_GPU_PER_RANK();
+  Communicator& world = dist_world();
+  auto nccl = make_nccl_world();
+  const int R = world.size();
+  ModelConfig model = test::small_model_config(Arch::mixtral);
+  model.resolve();
+  train::TrainConfig base;
+  base.data = test::fortunes_path("linux");
+  base.batch = 8;
+  base.steps = 4;
+  base.warmup = 2;
+  base.eval_batches = 1;
+  base.seed = 11;
+  std::vector<std::pair<std::string, train::TrainConfig>> layouts;
+  layouts.emplace_back("data parallel", base);
+  base.ep = R;
+  layouts.emplace_back("expert parallel", base);
+  base.a2a = "hierarchical";
+  base.ranks_per_node = R >= 4 ? 2 : 1;
+  base.comm_scheduler = "priority";
+  base.partition_mb = 0.004;
+  layouts.emplace_back("hierarchical a2a, priority scheduler", base);
+  for (const auto& [name, config] : layouts) {
+    INFO(name);
+    train::Trainer gpu(model, config, {}, nccl.get());
+    gpu.to_device(my_gpu());
+    train::Trainer cpu(model, config, {}, &world);
+    for (int step = 0; step < config.steps; ++step) {
+      INFO("step " << step + 1);
+      const train::StepStats a = gpu.step(), b = cpu.step();
+      CHECK(a.forward.loss == Approx(b.forward.loss).epsilon(1e-3));
+      CHECK(a.forward.aux_loss == Approx(b.forward.aux_loss).epsilon(1e-3));
+      CHECK(a.grad_norm == Approx(b.grad_norm).epsilon(1e-2));
+    }
+    double worst = 0;
+    for (Param* p : gpu.params().all()) {
+      const std::vector<float> x = p->value.to_vector(),
+                               y = cpu.params().at(p->name).value.to_vector();
+      worst = std::max(worst, test::normalised_error(x, y));
+    }
+    CHECK(worst < 1e-3);
+    REQUIRE(gpu.model().device() == my_gpu());  // it did train on the GPU
+  }
+}
+
+TEST_CASE("nccl: what multi-GPU training refuses, it names", "[nccl][cuda]") {
+  MOE_REQUIRE_GPU_PER_RANK();
+  Communicator& world = dist_world();
+  auto nccl = make_nccl_world();
+  ModelConfig model = test::small_model_config(Arch::mixtral);
+  model.resolve();
+  train::TrainConfig config;
+  config.data = test::fortunes_path("linux");
+  config.batch = 8;
+  config.steps = 2;
+  train::Trainer over_mpi(model, config, {}, &world);
+  REQUIRE_THROWS_WITH(over_mpi.to_device(my_gpu()), Catch::Contains("needs an NCCL communicator"));
+  config.shard_embedding = true;
+  train::Trainer sharded(model, config, {}, nccl.get());
+  REQUIRE_THROWS_WITH(sharded.to_device(my_gpu()), Catch::Contains("--shard-embedding"));
+}
+
+TEST_CASE("nccl: more ranks than GPUs on a node are refused on every rank, by name",
+          "[nccl][cuda]") {
+  MOE_REQUIRE_CUDA_DEVICE();
+  if (ranks_on_node() <= cuda::device_count()) {
+    std::cout << "[cuda] skipped: every rank has a GPU of its own here (" << ranks_on_node()
+              << " ranks on this node, " << cuda::device_count() << " GPUs)\n";
+    return;
+  }
+  REQUIRE_THROWS_WITH(make_nccl_world(),
+                      Catch::StartsWith("NCCL needs a GPU of its own for every rank: on this "
+                                        "node, local ranks "));
+  dist_world().barrier();  // nothing was left half-made: the MPI world still works
 }
 
 #else

@@ -1,6 +1,7 @@
 // ExpertRing (expert offload through K slots): forward passes bitwise equal to the resident model
 // for any budget, overlap on and off, gpt and mixtral, f32 and bf16 checkpoints, over consecutive
-// passes; budget errors and parsing; statistics; refused checkpoints; loader failures.
+// passes; budget errors and parsing; statistics; refused checkpoints; loader failures; a CUDA ring
+// where no GPU is usable (tests/cuda/test_cuda_ring.cpp runs the ring on a GPU).
 // Shapes: L MoE layers, K slots, B batch, T sequence.
 #include <catch2/catch.hpp>
 #include <cstring>
@@ -8,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "moe/cuda.h"
 #include "moe/infer/expert_ring.h"
 #include "moe/infer/model.h"
 #include "moe/io/checkpoint.h"
@@ -349,4 +351,35 @@ TEST_CASE("ring: a failed load is thrown by the hook that needs the layer", "[ri
   resident.model->evaluate(batch.ids, batch.targets, EvalOptions{.row_nll = &want});
   m.model->evaluate(batch.ids, batch.targets, EvalOptions{.row_nll = &got, .hooks = &ring.hooks()});
   REQUIRE(same_bytes(got, want));
+}
+
+TEST_CASE("ring: a CUDA ring needs a usable CUDA device", "[ring]") {
+  test::ScratchDir dir("ring-cuda");
+  const ModelConfig config = ring_config(Arch::mixtral, DType::f32);
+  const std::string path = dir / "model.h5";
+  save_model(path, config, 17);
+  infer::LoadedModel m = infer::load_model(path, false);
+  RingConfig rc;
+  rc.budget_bytes = moe_layer_bytes(*m.params, 0);
+  // A device index past the visible ones is refused in every build, before anything is dropped.
+  rc.device = Device{Device::cuda, 4096};
+  REQUIRE_THROWS_WITH(ExpertRing(*m.model, *m.params, path, rc),
+                      Catch::StartsWith("expert ring: device cuda:4096"));
+  for (const Param* p : std::as_const(*m.params).all()) REQUIRE(p->grad.defined());
+  rc.device = Device{Device::cuda, 0};
+  if (!cuda::available()) {
+    // No CUDA backend in this build, or no usable GPU: the message says which.
+    REQUIRE_THROWS_WITH(
+        ExpertRing(*m.model, *m.params, path, rc),
+        Catch::StartsWith("expert ring: device cuda:0: " + cuda::unavailable_reason()));
+    for (const Param* p : std::as_const(*m.params).all()) {
+      REQUIRE(p->grad.defined());
+      REQUIRE(p->value.device() == Device{});
+    }
+  } else {
+    ExpertRing ring(*m.model, *m.params, path, rc);
+    REQUIRE(ring.slots() == 1);
+    for (const Param* p : std::as_const(*m.params).all())
+      if (p->expert) REQUIRE(p->value.device() == rc.device);
+  }
 }

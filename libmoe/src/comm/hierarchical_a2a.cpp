@@ -1,6 +1,7 @@
 // Hierarchical all-to-all-v: node exchange, cross-node exchange among equal local ranks, reorder.
 // R = world size, L = ranks per node, N = R / L nodes, (n, l) = local rank l on node n; counts are
-// rows. Rows are moved as opaque bytes (memcpy), so the result is bitwise that of the flat call.
+// rows. Rows are moved as opaque bytes (memcpy; device-to-device copies when the buffers are on a
+// GPU), so the result is bitwise that of the flat call.
 #include "moe/comm/hierarchical_a2a.h"
 
 #include <algorithm>
@@ -20,6 +21,21 @@ std::vector<int64_t> gather_i64(Communicator& comm, std::span<const int64_t> min
   Tensor all = Tensor::empty({comm.size() * n}, DType::i64);
   comm.all_gather(send, all);
   return std::vector<int64_t>(all.data<int64_t>(), all.data<int64_t>() + all.numel());
+}
+
+// Copies `rows` rows of src (from row `from`) to dst (at row `to`); both [rows, width] of one dtype
+// on one device: memcpy on the host, an asynchronous copy on the GPU's stream.
+void copy_rows(const Tensor& src, int64_t from, Tensor& dst, int64_t to, int64_t rows) {
+  if (rows == 0) return;
+  if (src.device().kind == Device::cpu && dst.device().kind == Device::cpu) {
+    const size_t row_bytes = static_cast<size_t>(row_elements(src)) * dtype_size(src.dtype());
+    std::memcpy(static_cast<std::byte*>(dst.raw()) + static_cast<size_t>(to) * row_bytes,
+                static_cast<const std::byte*>(src.raw()) + static_cast<size_t>(from) * row_bytes,
+                static_cast<size_t>(rows) * row_bytes);
+    return;
+  }
+  Tensor part = dst.rows(to, to + rows);
+  part.copy_from(src.rows(from, from + rows));
 }
 
 // Rows -> first row of each block, plus the total at the end.
@@ -160,8 +176,10 @@ void HierarchicalAllToAll::all_to_all_v(const Tensor& send, std::span<const int6
   }
   const int L = ranks_per_node_, N = nodes_;
   const int64_t width = row_elements(send);
-  const size_t row_bytes = static_cast<size_t>(width) * dtype_size(send.dtype());
   const DType dtype = send.dtype();
+  const Device device = send.device();
+  const Tensor rows_in = send.reshape({send.dim(0), width});
+  Tensor rows_out = recv.reshape({recv.dim(0), width});
   workspace_.reset();
   ArenaScope scope(workspace_);
 
@@ -176,19 +194,15 @@ void HierarchicalAllToAll::all_to_all_v(const Tensor& send, std::span<const int6
 
   // Pack 1: send rows grouped by destination local rank, then node ([l'][m]).
   const std::vector<int64_t> send_offset = prefix(send_counts);
-  Tensor packed = Tensor::empty({send.dim(0), width}, dtype);
+  Tensor packed = Tensor::empty({send.dim(0), width}, dtype, device);
   std::vector<int64_t> phase1_send(static_cast<size_t>(L), 0);
-  {
-    const std::byte* src = static_cast<const std::byte*>(send.raw());
-    std::byte* dst = static_cast<std::byte*>(packed.raw());
-    for (int lp = 0; lp < L; ++lp) {
-      for (int m = 0; m < N; ++m) {
-        const int d = world_rank(m, lp);
-        const size_t bytes = static_cast<size_t>(send_counts[d]) * row_bytes;
-        if (bytes) std::memcpy(dst, src + static_cast<size_t>(send_offset[d]) * row_bytes, bytes);
-        dst += bytes;
-        phase1_send[lp] += send_counts[d];
-      }
+  int64_t packed_rows = 0;
+  for (int lp = 0; lp < L; ++lp) {
+    for (int m = 0; m < N; ++m) {
+      const int d = world_rank(m, lp);
+      copy_rows(rows_in, send_offset[d], packed, packed_rows, send_counts[d]);
+      packed_rows += send_counts[d];
+      phase1_send[lp] += send_counts[d];
     }
   }
   counts.wait();
@@ -205,21 +219,18 @@ void HierarchicalAllToAll::all_to_all_v(const Tensor& send, std::span<const int6
   const int64_t gathered = std::accumulate(phase1_recv.begin(), phase1_recv.end(), int64_t{0});
 
   // Phase 1: within the node.
-  Tensor on_node = Tensor::empty({gathered, width}, dtype);
+  Tensor on_node = Tensor::empty({gathered, width}, dtype, device);
   node_comm_->all_to_all_v(packed, phase1_send, on_node, phase1_recv);
 
   // Pack 2: [l'][m] -> [m][l'], so that each node's rows are contiguous.
-  Tensor regrouped = Tensor::empty({gathered, width}, dtype);
+  Tensor regrouped = Tensor::empty({gathered, width}, dtype, device);
   {
     const std::vector<int64_t> offset = prefix(std::span<const int64_t>(block, L * N));
-    const std::byte* src = static_cast<const std::byte*>(on_node.raw());
-    std::byte* dst = static_cast<std::byte*>(regrouped.raw());
+    int64_t at = 0;
     for (int m = 0; m < N; ++m) {
       for (int lp = 0; lp < L; ++lp) {
-        const size_t bytes = static_cast<size_t>(block[lp * N + m]) * row_bytes;
-        if (bytes)
-          std::memcpy(dst, src + static_cast<size_t>(offset[lp * N + m]) * row_bytes, bytes);
-        dst += bytes;
+        copy_rows(on_node, offset[lp * N + m], regrouped, at, block[lp * N + m]);
+        at += block[lp * N + m];
       }
     }
   }
@@ -232,17 +243,15 @@ void HierarchicalAllToAll::all_to_all_v(const Tensor& send, std::span<const int6
     cross_comm_->all_to_all_v(regrouped, phase2_send, recv, phase2_recv);
     return;
   }
-  Tensor arrived = Tensor::empty({recv.dim(0), width}, dtype);
+  Tensor arrived = Tensor::empty({recv.dim(0), width}, dtype, device);
   cross_comm_->all_to_all_v(regrouped, phase2_send, arrived, phase2_recv);
   const std::vector<int64_t> recv_offset = prefix(recv_counts);
-  const std::byte* src = static_cast<const std::byte*>(arrived.raw());
-  std::byte* dst = static_cast<std::byte*>(recv.raw());
+  int64_t at = 0;
   for (int m = 0; m < N; ++m) {
     for (int lp = 0; lp < L; ++lp) {
       const int s = world_rank(m, lp);
-      const size_t bytes = static_cast<size_t>(recv_counts[s]) * row_bytes;
-      if (bytes) std::memcpy(dst + static_cast<size_t>(recv_offset[s]) * row_bytes, src, bytes);
-      src += bytes;
+      copy_rows(arrived, at, rows_out, recv_offset[s], recv_counts[s]);
+      at += recv_counts[s];
     }
   }
 }

@@ -151,13 +151,18 @@ class NcclCommunicator final : public Communicator {
   std::string name() const override { return "nccl"; }
 
   std::unique_ptr<Communicator> split(int color, int key) override {
+    return split_with_priority(color, key, options_.priority);
+  }
+  std::unique_ptr<Communicator> split_with_priority(int color, int key, int priority) override {
     std::unique_ptr<Communicator> sub_bootstrap = bootstrap_.split(color, key);
     ncclComm_t sub = nullptr;
     MOE_NCCL_CHECK(
         ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &sub, nullptr));
     if (color < 0) return nullptr;
     Communicator& b = *sub_bootstrap;
-    return std::make_unique<NcclCommunicator>(b, std::move(sub_bootstrap), sub, options_);
+    NcclOptions options = options_;
+    options.priority = priority;
+    return std::make_unique<NcclCommunicator>(b, std::move(sub_bootstrap), sub, options);
   }
 
   std::unique_ptr<Communicator> split_node() override {
@@ -317,10 +322,37 @@ class NcclCommunicator final : public Communicator {
   int rank_ = 0, size_ = 1;
 };
 
+// NCCL refuses two ranks of one communicator on one GPU with a terse "invalid usage"; this says it
+// in our words, on every rank alike (a flag reduced over the bootstrap), before ncclCommInitRank.
+void check_one_gpu_per_rank(Communicator& bootstrap, int device) {
+  std::unique_ptr<Communicator> node = bootstrap.split_node();
+  Tensor mine = Tensor::empty({1}, DType::i32), all = Tensor::empty({node->size()}, DType::i32);
+  mine.data<int32_t>()[0] = device;
+  node->all_gather(mine, all);
+  const int32_t* devices = all.data<int32_t>();
+  int first = -1, second = -1;  // two local ranks of this node on one device
+  for (int a = 0; a < node->size() && first < 0; ++a)
+    for (int b = a + 1; b < node->size() && first < 0; ++b)
+      if (devices[a] == devices[b]) first = a, second = b;
+  Tensor shared = Tensor::empty({1}, DType::i32);
+  shared.data<int32_t>()[0] = first >= 0 ? 1 : 0;
+  bootstrap.all_reduce(shared, ReduceOp::max);
+  if (shared.data<int32_t>()[0] == 0) return;
+  const int gpus = cuda::device_count();
+  const std::string where = first >= 0
+                                ? str("on this node, local ranks ", first, " and ", second,
+                                      " both use cuda:", devices[first], " (", node->size(),
+                                      " ranks, ", gpus, " usable GPU", gpus == 1 ? "" : "s", ")")
+                                : std::string("another node starts more ranks than it has GPUs");
+  throw Error(str("NCCL needs a GPU of its own for every rank: ", where,
+                  "; start at most one rank per GPU on each node"));
+}
+
 }  // namespace
 
 std::unique_ptr<Communicator> make_nccl(Communicator& bootstrap, const NcclOptions& options) {
   MOE_CHECK(cuda::available(), "NCCL communicator: ", cuda::unavailable_reason());
+  check_one_gpu_per_rank(bootstrap, options.device);
   cuda::use_device(options.device);
   Tensor id = Tensor::zeros({static_cast<int64_t>(sizeof(ncclUniqueId))}, DType::u8);
   if (bootstrap.rank() == 0) {

@@ -7,6 +7,14 @@
 // negative numbers, so they go first), reads and converts without the lock, then marks it ready.
 // The compute thread only ever changes Param objects (in the before hook); the loader only writes
 // slot memory: the mutex orders the two.
+//
+// CUDA slots: the mutex orders the host side only. The loader converts into a pinned staging
+// buffer (two, alternating, so that converting layer m + 1 overlaps the copy of layer m) and queues
+// the copy on its own stream; "ready" then means "copy queued". The GPU side is ordered by events:
+// a slot's `released` event is recorded on the compute stream when its layer's block has been
+// queued (after hook), and the copy stream waits on it before overwriting the slot; its `loaded`
+// event is recorded after the copy, and the before hook makes the compute stream wait on it. A
+// staging buffer is reused once the copy that last read it has finished (host wait, loader only).
 #include "moe/infer/expert_ring.h"
 
 #include <omp.h>
@@ -27,9 +35,14 @@
 #include <thread>
 
 #include "moe/arena.h"
+#include "moe/cuda.h"
 #include "moe/io/checkpoint.h"
 #include "moe/io/hdf5.h"
+#include "moe/log.h"
 #include "moe/timer.h"
+#ifdef MOE_HAVE_CUDA
+#include "backend/cuda/runtime.h"
+#endif
 
 namespace moe::infer {
 
@@ -95,6 +108,22 @@ struct ExpertRing::Impl {
   std::map<int64_t, CacheEntry> cache;
   int64_t cache_bytes = 0;
 
+#ifdef MOE_HAVE_CUDA
+  // CUDA slots only (config.device is a CUDA device); see the top of this file.
+  struct Staging {
+    std::shared_ptr<std::byte> memory;    // pinned host, slot_elems floats
+    std::unique_ptr<cuda::Event> copied;  // recorded after the copy that last read `memory`
+    bool pending = false;                 // `copied` was recorded
+  };
+  std::unique_ptr<cuda::Stream> copy_stream;
+  std::vector<std::unique_ptr<cuda::Event>> released, loaded;  // per slot
+  Staging staging[2];                                          // loader only
+  int next_staging = 0;                                        // loader only
+  Tensor scratch;  // host f32 of the largest expert chunk: bf16/f16 chunks convert here (loader)
+#endif
+
+  bool on_device() const { return config.device.kind == Device::cuda; }
+
   int64_t find(int64_t layer) const {
     for (size_t s = 0; s < slots.size(); ++s)
       if (slots[s].layer == layer && slots[s].state != SlotState::empty)
@@ -123,6 +152,19 @@ struct ExpertRing::Impl {
     loader_cv.notify_one();
   }
 
+  // Slot s is no longer used by the compute thread. On CUDA the GPU may still be running the work
+  // queued on it: the release is recorded on the compute stream, and the copy that next fills the
+  // slot waits for it. Called with the lock held.
+  void release(size_t s) {
+    slots[s].in_use = false;
+#ifdef MOE_HAVE_CUDA
+    if (on_device()) {
+      cuda::use_device(config.device.index);
+      released[s]->record(cuda::current_stream(config.device.index));
+    }
+#endif
+  }
+
   void point(int64_t s, int64_t m) {
     Layer& layer = layers[static_cast<size_t>(m)];
     const auto& v = views[static_cast<size_t>(s)][static_cast<size_t>(m)];
@@ -137,7 +179,8 @@ struct ExpertRing::Impl {
     const int64_t m = layer_of_block[static_cast<size_t>(block)];
     if (m >= 0) {
       std::unique_lock lk(mu);
-      for (Slot& slot : slots) slot.in_use = false;  // a pass that threw left one in use
+      for (size_t i = 0; i < slots.size(); ++i)  // a pass that threw left one in use
+        if (slots[i].in_use) release(i);
       Timer waiting;
       bool waited = false;
       int64_t s = -1;
@@ -158,6 +201,12 @@ struct ExpertRing::Impl {
         ready_cv.wait(lk);
       }
       if (waited) stats.wait_seconds += waiting.seconds();
+#ifdef MOE_HAVE_CUDA
+      if (on_device()) {  // the GPU, not the host, waits for the copy into the slot
+        cuda::use_device(config.device.index);
+        loaded[static_cast<size_t>(s)]->block(cuda::current_stream(config.device.index));
+      }
+#endif
       slots[static_cast<size_t>(s)].in_use = true;
       point(s, m);
       ++stats.forward_blocks;
@@ -178,7 +227,7 @@ struct ExpertRing::Impl {
     for (size_t i = 0; i < slots.size(); ++i)
       if (slots[i].in_use && slots[i].layer == m) s = static_cast<int64_t>(i);
     if (s < 0) return;
-    slots[static_cast<size_t>(s)].in_use = false;
+    release(static_cast<size_t>(s));
     if (!config.overlap) return;
     // Calculation-released-load: the slot goes to the layer K further on (the next pass's first
     // layers after the last ones).
@@ -186,11 +235,12 @@ struct ExpertRing::Impl {
     if (find(next) < 0) queue(s, next, false);
   }
 
-  // Reads layer m's experts (file or host cache) and converts them into slot s. Loader thread,
-  // without the lock. Returns bytes read from the file; sets hit when the cache served it.
-  int64_t load(int64_t s, int64_t m, bool& hit) {
+  // Reads layer m's experts (file or host cache) and hands each expert's chunk (as stored) to
+  // put(chunk, element offset in the slot, elements). Loader thread, without the lock. Returns
+  // bytes read from the file; sets hit when the cache served it.
+  template <class Put>
+  int64_t read_layer(int64_t m, bool& hit, const Put& put) {
     const Layer& layer = layers[static_cast<size_t>(m)];
-    float* base = slots[static_cast<size_t>(s)].memory.data<float>();
     auto it = cache.find(m);
     hit = it != cache.end();
     const bool keep = !hit && config.host_cache_bytes > 0;
@@ -212,15 +262,7 @@ struct ExpertRing::Impl {
                     "': expert ", layer.first[j] + e, " of '", p.name, "' is ", chunk.describe(),
                     ", the model expects ", per, " floating-point elements");
         }
-        float* dst = base + layer.offsets[j] + e * per;
-        if (chunk.dtype() == DType::f32) {
-          std::memcpy(dst, chunk.raw(), static_cast<size_t>(per) * sizeof(float));
-        } else {
-          // Tensor::copy_from: the conversion refresh_compute makes for a resident model.
-          Tensor view = slots[static_cast<size_t>(s)].memory.rows(layer.offsets[j] + e * per,
-                                                                  layer.offsets[j] + (e + 1) * per);
-          view.copy_from(chunk.reshape({per}));
-        }
+        put(chunk, layer.offsets[j] + e * per, per);
         if (keep) {
           entry.bytes += static_cast<int64_t>(chunk.nbytes());
           entry.chunks.push_back(std::move(chunk));
@@ -243,6 +285,55 @@ struct ExpertRing::Impl {
     }
     return read;
   }
+
+  // Reads layer m's experts and converts them into slot s (loader thread, without the lock).
+  int64_t load(int64_t s, int64_t m, bool& hit) {
+#ifdef MOE_HAVE_CUDA
+    if (on_device()) return load_to_device(s, m, hit);
+#endif
+    Tensor& memory = slots[static_cast<size_t>(s)].memory;
+    float* base = memory.data<float>();
+    return read_layer(m, hit, [&](const Tensor& chunk, int64_t offset, int64_t per) {
+      if (chunk.dtype() == DType::f32) {
+        std::memcpy(base + offset, chunk.raw(), static_cast<size_t>(per) * sizeof(float));
+      } else {
+        // Tensor::copy_from: the conversion refresh_compute makes for a resident model.
+        Tensor view = memory.rows(offset, offset + per);
+        view.copy_from(chunk.reshape({per}));
+      }
+    });
+  }
+
+#ifdef MOE_HAVE_CUDA
+  // The same conversion into a pinned staging buffer, then the copy into slot s queued on the copy
+  // stream, after the compute stream's release of the slot.
+  int64_t load_to_device(int64_t s, int64_t m, bool& hit) {
+    cuda::use_device(config.device.index);
+    Staging& buffer = staging[next_staging];
+    next_staging = 1 - next_staging;
+    if (buffer.pending) buffer.copied->synchronize();  // the copy two layers back read it
+    buffer.pending = false;
+    float* base = reinterpret_cast<float*>(buffer.memory.get());
+    const int64_t read = read_layer(m, hit, [&](const Tensor& chunk, int64_t offset, int64_t per) {
+      if (chunk.dtype() == DType::f32) {
+        std::memcpy(base + offset, chunk.raw(), static_cast<size_t>(per) * sizeof(float));
+      } else {
+        Tensor view = scratch.rows(0, per);
+        view.copy_from(chunk.reshape({per}));  // as for host slots
+        std::memcpy(base + offset, view.raw(), static_cast<size_t>(per) * sizeof(float));
+      }
+    });
+    const size_t bytes = static_cast<size_t>(layers[static_cast<size_t>(m)].elems) * sizeof(float);
+    cudaStream_t stream = copy_stream->get();
+    released[static_cast<size_t>(s)]->block(stream);
+    MOE_CUDA_CHECK(cudaMemcpyAsync(slots[static_cast<size_t>(s)].memory.raw(), base, bytes,
+                                   cudaMemcpyHostToDevice, stream));
+    buffer.copied->record(stream);
+    buffer.pending = true;
+    loaded[static_cast<size_t>(s)]->record(stream);
+    return read;
+  }
+#endif
 
   void loop() {
     omp_set_num_threads(1);       // conversions here must not take the compute threads' cores
@@ -304,6 +395,14 @@ ExpertRing::ExpertRing(const Transformer& model, ParamSet& params, const std::st
   MOE_CHECK(!ArenaScope::current(),
             "expert ring: construct it outside an ArenaScope (its slots "
             "must outlive every step)");
+  if (config.device.kind == Device::cuda) {
+    // Without the backend cuda::available() is false too, and unavailable_reason() says why.
+    MOE_CHECK(cuda::available(), "expert ring: device ", config.device.str(), ": ",
+              cuda::unavailable_reason());
+    MOE_CHECK(config.device.index >= 0 && config.device.index < cuda::device_count(),
+              "expert ring: device ", config.device.str(), " does not exist (",
+              cuda::device_count(), " CUDA devices visible)");
+  }
   const ModelConfig& mc = model.config();
   const int64_t blocks = mc.layers;
   r.layer_of_block.assign(static_cast<size_t>(blocks), -1);
@@ -319,6 +418,10 @@ ExpertRing::ExpertRing(const Transformer& model, ParamSet& params, const std::st
               p->name, "' holds no tensor (is another ring serving it?)");
     MOE_CHECK(!p->shard.defined() || p->shard.dim == 0, "expert ring: '", p->name,
               "' is sliced along dimension ", p->shard.dim, ", not its experts");
+    MOE_CHECK(p->value.device() == Device{} || p->value.device() == config.device,
+              "expert ring: expert parameter '", p->name, "' lives on ", p->value.device().str(),
+              ", the ring serves ", config.device.str(),
+              " (construct the ring before moving the parameters)");
     by_block[b].push_back(p);
   }
   for (auto& [b, ps] : by_block) {
@@ -370,10 +473,37 @@ ExpertRing::ExpertRing(const Transformer& model, ParamSet& params, const std::st
                     " bytes is smaller than one MoE layer's experts (", slot_bytes, " bytes)");
     r.K = std::min(config.budget_bytes / slot_bytes, r.L);
   }
+#ifdef MOE_HAVE_CUDA
+  if (r.on_device() && r.L > 0) {
+    const int index = config.device.index;
+    cuda::use_device(index);  // events belong to the current device
+    r.copy_stream = std::make_unique<cuda::Stream>(index);
+    for (int64_t s = 0; s < r.K; ++s) {
+      r.released.push_back(std::make_unique<cuda::Event>());
+      r.loaded.push_back(std::make_unique<cuda::Event>());
+    }
+    for (Impl::Staging& buffer : r.staging) {
+      buffer.memory = cuda::allocate_pinned(static_cast<size_t>(slot_bytes));
+      buffer.copied = std::make_unique<cuda::Event>();
+    }
+    int64_t largest_chunk = 0;
+    for (const Impl::Layer& layer : r.layers)
+      for (const Shape& shape : layer.shapes)
+        if (shape.at(0) > 0) largest_chunk = std::max(largest_chunk, shape_numel(shape) / shape[0]);
+    r.scratch = Tensor::empty({largest_chunk}, DType::f32).set_name("expert_ring.scratch");
+  }
+#endif
   r.slots.resize(static_cast<size_t>(r.K));
   for (Impl::Slot& slot : r.slots) {
-    slot.memory = Tensor::zeros({r.slot_elems}, DType::f32).set_name("expert_ring.slot");
+    slot.memory =
+        Tensor::zeros({r.slot_elems}, DType::f32, config.device).set_name("expert_ring.slot");
   }
+#ifdef MOE_HAVE_CUDA
+  // The zeroing (and any earlier user of a recycled block) is queued on the compute stream: the
+  // first copy into each slot waits for it.
+  for (size_t s = 0; s < r.slots.size(); ++s)
+    if (r.on_device()) r.released[s]->record(cuda::current_stream(config.device.index));
+#endif
   r.views.resize(static_cast<size_t>(r.K));
   for (int64_t s = 0; s < r.K; ++s) {
     auto& per_layer = r.views[static_cast<size_t>(s)];
@@ -414,6 +544,16 @@ ExpertRing::~ExpertRing() {
   }
   impl_->loader_cv.notify_all();
   if (impl_->loader.joinable()) impl_->loader.join();
+#ifdef MOE_HAVE_CUDA
+  // Queued copies read the staging buffers and write the slots: both are freed below.
+  if (impl_->copy_stream) {
+    try {
+      impl_->copy_stream->synchronize();
+    } catch (const std::exception& e) {
+      MOE_LOG_WARN("expert ring: ", e.what());
+    }
+  }
+#endif
 }
 
 const BlockHooks& ExpertRing::hooks() const { return impl_->hooks; }
@@ -443,6 +583,10 @@ void ExpertRing::drain() {
       if (slot.state == SlotState::queued || slot.state == SlotState::loading) return false;
     return true;
   });
+#ifdef MOE_HAVE_CUDA
+  lk.unlock();
+  if (impl_->copy_stream) impl_->copy_stream->synchronize();  // the queued copies landed
+#endif
 }
 
 int64_t ExpertRing::slots() const { return impl_->K; }

@@ -117,6 +117,7 @@ std::vector<Generation> generate(const Transformer& model,
     while (!active.empty()) {
       // Sample one token per active row (row r of logits is slot active[r]).
       const int64_t rows = static_cast<int64_t>(active.size());
+      logits = logits.to(Device{});  // sampling runs on the host
       const float* l = logits.data<float>();
       for (int64_t i = 0; i < rows * vocab; ++i)
         MOE_CHECK(std::isfinite(l[i]), "generation: logits of prompt ",

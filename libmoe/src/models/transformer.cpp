@@ -5,6 +5,7 @@
 
 #include "moe/nn/loss.h"
 #include "moe/ops/core.h"
+#include "moe/ops/moe.h"
 
 namespace moe {
 
@@ -137,14 +138,15 @@ Tensor Transformer::forward_cached(const Tensor& ids, const std::vector<int64_t>
   const int64_t n = rows.tokens(), num_rows = rows.rows(), width = config_.d_model;
   MOE_CHECK(ids.numel() == n, "forward_cached: ids ", ids.describe(), " for ", n, " new tokens");
 
-  Tensor flat = ids.reshape({n});
+  const Device on = device();  // host ids are uploaded to the model's device
+  Tensor flat = ids.reshape({n}).to(on);
   Tensor x = sharded_tokens_ ? sharded_tokens_->forward(flat, nullptr) : tokens_->forward(flat);
   if (positions_) {
     Tensor pos = Tensor::empty({n}, DType::i32);
     int32_t* p = pos.data<int32_t>();
     for (int64_t r = 0, i = 0; r < num_rows; ++r)
       for (int64_t t = 0; t < rows.count[r]; ++t) p[i++] = static_cast<int32_t>(rows.start[r] + t);
-    ops::axpy(1.0f, positions_->forward(pos), x);
+    ops::axpy(1.0f, positions_->forward(pos.to(on)), x);
   }
   ops::round_to_dtype(x, config_.dtype);
   for (size_t i = 0; i < blocks_.size(); ++i) {
@@ -160,12 +162,13 @@ Tensor Transformer::forward_cached(const Tensor& ids, const std::vector<int64_t>
     cache.length[static_cast<size_t>(rows.slot[r])] += rows.count[r];
 
   // The last new token of each row.
-  Tensor last = Tensor::empty({num_rows, width});
+  std::vector<int32_t> ends(static_cast<size_t>(num_rows));
   for (int64_t r = 0, end = 0; r < num_rows; ++r) {
     end += rows.count[r];
-    std::memcpy(last.data<float>() + r * width, x.data<float>() + (end - 1) * width,
-                static_cast<size_t>(width) * sizeof(float));
+    ends[static_cast<size_t>(r)] = static_cast<int32_t>(end - 1);
   }
+  Tensor last = Tensor::empty({num_rows, width}, DType::f32, on);
+  ops::gather_rows(x, Tensor::from_vector({num_rows}, ends).to(on), last);
   return head(final_norm_->forward(last, nullptr));
 }
 

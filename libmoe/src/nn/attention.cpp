@@ -69,8 +69,10 @@ AttentionCache Attention::make_cache(int64_t slots, int64_t capacity) const {
   MOE_CHECK(slots >= 0 && capacity >= 0, "attention ", q_.weight().name, ": cache of ", slots,
             " slots and ", capacity, " positions");
   const int64_t width = config_.kv_heads * head_dim_;
-  return AttentionCache{Tensor::zeros({slots, capacity, width}).set_name("attn.k_cache"),
-                        Tensor::zeros({slots, capacity, width}).set_name("attn.v_cache")};
+  const Device device = q_.weight().value.device();  // the cache lives with the weights
+  return AttentionCache{
+      Tensor::zeros({slots, capacity, width}, DType::f32, device).set_name("attn.k_cache"),
+      Tensor::zeros({slots, capacity, width}, DType::f32, device).set_name("attn.v_cache")};
 }
 
 Tensor Attention::forward_cached(const Tensor& x, const ops::CachedRows& rows,

@@ -153,10 +153,20 @@ MoELayer::Exchange MoELayer::plan_exchange(DispatchPlan& plan,
   return ex;
 }
 
-// dst[i] = src[index[i]] (gather) or dst[index[i]] = src[i] (scatter), whole rows.
+// dst[i] = src[index[i]] (gather) or dst[index[i]] = src[i] (scatter), whole rows; `index` is a
+// permutation of 0..n-1 when scattering. On a device: a gather by the index (scatter: by its
+// inverse) uploaded to it.
 static Tensor move_rows(const Tensor& src, const std::vector<int32_t>& index, bool gather) {
   const int64_t width = src.dim(1), n = static_cast<int64_t>(index.size());
-  Tensor dst = Tensor::empty({n, width});
+  Tensor dst = Tensor::empty({n, width}, DType::f32, src.device());
+  if (src.device().kind != Device::cpu) {
+    std::vector<int32_t> order = index;
+    if (!gather)
+      for (int64_t i = 0; i < n; ++i)
+        order[static_cast<size_t>(index[static_cast<size_t>(i)])] = static_cast<int32_t>(i);
+    ops::gather_rows(src, Tensor::from_vector({n}, order).to(src.device()), dst);
+    return dst;
+  }
   const float* s = src.data<float>();
   float* d = dst.data<float>();
   for (int64_t i = 0; i < n; ++i) {

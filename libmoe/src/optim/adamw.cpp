@@ -96,18 +96,7 @@ double clip_grad_norm(ParamSet& params, double max_norm) {
 void clip_gradients(ParamSet& params, double max_norm, double norm) {
   if (max_norm > 0 && norm > max_norm) {
     float scale = static_cast<float>(max_norm / (norm + 1e-6));
-    for (Param* p : params.all()) {
-      if (ops::require_backend("clip_gradients", {&p->grad}).kind == Device::cuda) {
-#ifdef MOE_HAVE_CUDA
-        cuda::scale_in_place(p->grad, scale);
-#endif
-        continue;
-      }
-      float* g = p->grad.data<float>();
-      int64_t n = p->grad.numel();
-#pragma omp parallel for schedule(static) if (n >= cpu::kParallelWork)
-      for (int64_t i = 0; i < n; ++i) g[i] *= scale;
-    }
+    for (Param* p : params.all()) ops::scale(p->grad, scale);
   }
 }
 

@@ -350,6 +350,11 @@ Distiller::Distiller(const DistillConfig& distill, const TrainConfig& train,
 
 Distiller::~Distiller() = default;
 
+void Distiller::to_device(Device device) {
+  trainer_->to_device(device);  // checks the device first
+  teacher_.params->to(device);
+}
+
 DistillStep Distiller::step() {
   DistillStep d;
   d.kd_weight = kd_weight_at(trainer_->steps_done(), config_.alpha, config_.kd_stop_step,

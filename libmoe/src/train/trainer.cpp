@@ -131,6 +131,9 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
 
 Trainer::~Trainer() = default;
 
+// Stream priority of the expert all-to-all (NCCL): above the gradient all-reduce's default 0.
+constexpr int kExpertStreamPriority = -1;
+
 void Trainer::setup_parallel() {
   const int W = world_size();
   MOE_USAGE_CHECK(train_.ep >= 1, "--ep must be >= 1 (got ", train_.ep, ")");
@@ -153,7 +156,8 @@ void Trainer::setup_parallel() {
   parallel_.stats = &exchange_stats_;
   const int P = static_cast<int>(train_.ep), r = rank();
   if (P > 1) {
-    ep_comm_ = world_->split(r / P, r);        // ranks [d P, (d + 1) P)
+    // Ranks [d P, (d + 1) P); on GPUs the expert all-to-all gets a high-priority stream.
+    ep_comm_ = world_->split_with_priority(r / P, r, kExpertStreamPriority);
     replicas_comm_ = world_->split(r % P, r);  // the ranks holding the same experts
     exchange_ = std::make_unique<comm::AllToAllV>(*ep_comm_, algorithm,
                                                   static_cast<int>(train_.ranks_per_node));
@@ -380,12 +384,13 @@ StepStats Trainer::step(bool capture_routing) {
 // sends the rest), so the micro-ops are full-sized and start while backward goes on.
 void Trainer::pack_gradients(std::span<Param* const> params) {
   for (int g = 0; g < 2; ++g) {
-    float* buffer = grad_buffer_[g].defined() ? grad_buffer_[g].data<float>() : nullptr;
     for (Param* p : params) {
       if (static_cast<int>(reduce_of(*p)) != g) continue;
-      std::copy_n(p->grad.data<float>(), p->grad.numel(), buffer + grad_fill_[g]);
+      const int64_t n = p->grad.numel();
+      Tensor packed = grad_buffer_[g].rows(grad_fill_[g], grad_fill_[g] + n);
+      packed.copy_from(p->grad.reshape({n}));  // on the gradients' device
       packed_[g].emplace_back(p, grad_fill_[g]);
-      grad_fill_[g] += p->grad.numel();
+      grad_fill_[g] += n;
     }
     if (scheduler_) {
       const auto piece =
@@ -423,19 +428,17 @@ void Trainer::finish_gradients() {
   }
   const float inverse = 1.0f / static_cast<float>(world_size());
   for (int g = 0; g < 2; ++g) {
-    const float* buffer = grad_buffer_[g].defined() ? grad_buffer_[g].data<float>() : nullptr;
     for (auto [p, offset] : packed_[g]) {
-      float* grad = p->grad.data<float>();
-      for (int64_t i = 0, n = p->grad.numel(); i < n; ++i) grad[i] = buffer[offset + i] * inverse;
+      const int64_t n = p->grad.numel();
+      Tensor grad = p->grad.reshape({n});
+      grad.copy_from(grad_buffer_[g].rows(offset, offset + n));
+      ops::scale(grad, inverse);
     }
     packed_[g].clear();
     grad_fill_[g] = grad_sent_[g] = 0;
   }
-  for (Param* p : params_->all()) {
-    if (reduce_of(*p) != Reduce::none) continue;
-    float* grad = p->grad.data<float>();
-    for (int64_t i = 0, n = p->grad.numel(); i < n; ++i) grad[i] *= inverse;
-  }
+  for (Param* p : params_->all())
+    if (reduce_of(*p) == Reduce::none) ops::scale(p->grad, inverse);
 }
 
 // The same sum on every rank of a group: each rank's value gathered (as its bits), added in rank
@@ -514,12 +517,14 @@ optim::AdamWConfig Trainer::adamw_config() const {
 
 void Trainer::to_device(Device device) {
   if (device == params_->device()) return;
-  MOE_USAGE_CHECK(device.kind == Device::cpu || world_size() == 1, "--device ", device.str(),
-                  " with ", world_size(),
-                  " ranks: multi-GPU training over NCCL is not wired into moe-train yet (one "
-                  "process per GPU runs; use --device cpu for MPI runs)");
   MOE_CHECK(backend_available(device.kind), "--device ", device.str(), ": ",
             cuda::unavailable_reason());
+  MOE_CHECK(device.kind == Device::cpu || world_size() == 1 || world_->name() == "nccl",
+            "--device ", device.str(), " with ", world_size(),
+            " ranks needs an NCCL communicator (", world_->name(),
+            " collectives read host memory)");
+  MOE_USAGE_CHECK(device.kind == Device::cpu || !parallel_.embedding, "--device ", device.str(),
+                  ": --shard-embedding runs on the CPU only (its table exchange is host code)");
   // The optimizer's tensors follow the parameters: the new optimizer copies the old one's state
   // (kept alive by `state`) onto the device.
   const std::vector<optim::OptimizerTensor> state = optimizer_->state();
@@ -527,6 +532,9 @@ void Trainer::to_device(Device device) {
   params_->to(device);
   optimizer_ = std::make_unique<optim::AdamW>(*params_, adamw_config());
   optimizer_->load_state(state, steps);
+  // The fused gradient buffers the collectives reduce live with the gradients.
+  for (Tensor& buffer : grad_buffer_)
+    if (buffer.defined()) buffer = Tensor::empty(buffer.shape(), DType::f32, device);
 }
 
 double Trainer::evaluate() { return evaluate(*model_); }

@@ -76,6 +76,14 @@ class Communicator {
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
   // The ranks that share memory with this one (one node); collective.
   virtual std::unique_ptr<Communicator> split_node() = 0;
+  // split() for traffic that should go first: where a backend queues work on streams (NCCL), the
+  // new communicator's operations (and those of its own splits) run on a stream of `priority`
+  // (negative = higher; the device clamps it), so the expert all-to-all overtakes gradient
+  // all-reduces sharing the GPU (Lina). Backends without streams ignore it.
+  virtual std::unique_ptr<Communicator> split_with_priority(int color, int key, int priority) {
+    (void)priority;
+    return split(color, key);
+  }
 
   // Non-blocking collectives. Buffers must stay alive until the request completes (the request
   // holds a reference to the tensors' storage, which covers owning tensors; arena tensors must

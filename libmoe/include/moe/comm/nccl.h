@@ -3,6 +3,8 @@
 // count exchanges), so every caller of the Communicator interface works unchanged.
 // Bootstrap: rank 0 of `bootstrap` (MPI under a launcher) creates the NCCL unique id and broadcasts
 // it over `bootstrap`; every rank then joins with ncclCommInitRank. Collective over `bootstrap`.
+// NCCL needs one GPU per rank: two ranks of one node on the same device are refused first, on
+// every rank, with a message naming them (moe::Error).
 // Operations are enqueued on the communicator's own stream, after the work already queued on the
 // device's compute stream (an event orders them); a Request completes when the NCCL work did, and
 // waiting also orders the compute stream after it. NCCL has no tags: point-to-point messages

@@ -5,12 +5,18 @@
 // to the first layers, for the next forward pass) starts loading into it
 // ("calculation-released-load"). Forward passes give bitwise the results of the resident model.
 //
+// On a CUDA device (RingConfig::device) the slots are device memory: the loader converts a layer
+// into one of two pinned host staging buffers and copies it to its slot on a copy stream of its
+// own; events order that copy after the compute stream's last use of the slot, and the compute
+// stream after the copy, so neither the host hooks nor the loader wait for the GPU to finish.
+//
 // Shapes: L MoE layers, K slots (1 <= K <= L), E experts of a layer.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <string>
 
+#include "moe/device.h"
 #include "moe/models/transformer.h"
 #include "moe/param.h"
 
@@ -29,14 +35,21 @@ struct RingConfig {
   // to the compute threads, which would otherwise be preempted mid parallel region when the ring
   // shares their cores. 0 = leave it as the process's.
   int loader_nice = 10;
+  // Where the slots live and the model computes: the host (default) or a CUDA device (then the
+  // expert Params hold device views of the slots; see ExpertRing for the order of the calls).
+  Device device;
 };
 
 struct RingStats {
   double compute_seconds = 0;  // time inside blocks (between the before and after hooks)
-  double load_seconds = 0;     // loader thread busy reading/converting
-  double wait_seconds = 0;     // compute waited for a layer to become resident
+  double load_seconds = 0;     // loader thread busy reading/converting (on CUDA also queuing
+                               // the copy and waiting for a free staging buffer)
+  double wait_seconds = 0;     // compute waited for a layer to become resident (on CUDA: for
+                               // its copy to be queued; the GPU itself waits on an event)
   double overlap_percent = 0;  // share of load time hidden behind compute: 100 (1 - wait / load)
-  int64_t peak_resident_bytes = 0;  // the slots: slots * largest layer's expert bytes (fp32)
+  int64_t peak_resident_bytes = 0;  // the slots: slots * largest layer's expert bytes (fp32), on
+                                    // the ring's device (the two pinned staging buffers on CUDA,
+                                    // one slot each, are not counted)
   int64_t slots = 0;
   int64_t layers_loaded = 0;   // layers brought into a slot (from the file or the host cache)
   int64_t bytes_read = 0;      // bytes read from the checkpoint file (as stored)
@@ -55,6 +68,17 @@ struct RingStats {
 // not be trained while a ring serves it (expert gradients are gone), and the expert Params hold
 // meaningful values only between a block's before and after hooks.
 // A loader failure (file gone, checksum) is thrown by the next before hook that needs the layer.
+//
+// On a CUDA device (config.device), in this order:
+//   infer::LoadedModel m = infer::load_model(path, false);   // on the host
+//   ExpertRing ring(*m.model, *m.params, path, config);       // slots and expert views on device
+//   m.params->to(config.device);                              // the non-expert parameters
+// ParamSet::to leaves the expert Params as they are (their f32 values are already on the device,
+// and their compute copy is the value itself). The ring throws moe::Error ("expert ring: device
+// cuda:N: <why>") when the build has no CUDA backend or the device is not usable, and when an
+// expert parameter already lives on another device than config.device. The hooks must run on
+// the thread that enqueues the model's work: before() makes that thread's current stream wait for
+// the layer's copy, after() records on it when the layer's work is done with the slot.
 class ExpertRing {
  public:
   ExpertRing(const Transformer& model, ParamSet& params, const std::string& checkpoint,

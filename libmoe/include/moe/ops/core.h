@@ -12,6 +12,9 @@ void gemm(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, 
 // y += alpha * x (same shape, fp32)
 void axpy(float alpha, const Tensor& x, Tensor& y);
 
+// x *= alpha, in place (fp32).
+void scale(Tensor& x, float alpha);
+
 // Round fp32 values in place to what `dtype` can store (activation storage precision).
 void round_to_dtype(Tensor& x, DType dtype);
 

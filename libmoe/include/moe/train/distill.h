@@ -108,6 +108,9 @@ class Distiller {
   Distiller(const DistillConfig& distill, const TrainConfig& train, io::Provenance provenance);
   ~Distiller();
 
+  // Moves the teacher and the student (with its optimizer) to `device`; call before step().
+  void to_device(Device device);
+
   DistillStep step();
   double evaluate() { return trainer_->evaluate(); }  // student validation cross-entropy
   double evaluate_teacher();                          // the teacher's, same batches

@@ -82,9 +82,11 @@ class Trainer {
   // the files holding its parameters).
   void restore(const std::string& path);
 
-  // Moves the parameters and the optimizer state to `device` (call after restore); batches are
-  // uploaded there each step. A CUDA device needs one process: multi-GPU training over NCCL is not
-  // wired into the trainer yet, and W > 1 ranks are refused with a message.
+  // Moves the parameters, the optimizer state and the fused gradient buffers to `device` (call
+  // after restore); batches are uploaded there each step. With W > 1 ranks on CUDA each rank
+  // passes its own GPU, and the trainer's communicator should be NCCL (comm::make_nccl over the
+  // MPI world; another backend is refused): the gradient and expert collectives then run on
+  // device buffers. --shard-embedding stays on the CPU (refused with a message).
   void to_device(Device device);
   Device device() const { return params_->device(); }
 

@@ -6,6 +6,7 @@
 #include "moe/ops/core.h"
 #ifdef MOE_HAVE_CUDA
 #include "backend/cuda/core_ops.h"
+#include "backend/cuda/moe_ops.h"  // scale_in_place
 #endif
 
 namespace moe::ops {
@@ -62,6 +63,18 @@ void axpy(float alpha, const Tensor& x, Tensor& y) {
   int64_t n = x.numel();
 #pragma omp parallel for schedule(static) if (n >= cpu::kParallelWork)
   for (int64_t i = 0; i < n; ++i) ys[i] += alpha * xs[i];
+}
+
+void scale(Tensor& x, float alpha) {
+  [[maybe_unused]] const Device device = require_backend("scale", {&x});
+  x.expect_dtype(DType::f32, "scale");
+#ifdef MOE_HAVE_CUDA
+  if (device.kind == Device::cuda) return cuda::scale_in_place(x, alpha);
+#endif
+  float* xs = x.data<float>();
+  int64_t n = x.numel();
+#pragma omp parallel for schedule(static) if (n >= cpu::kParallelWork)
+  for (int64_t i = 0; i < n; ++i) xs[i] *= alpha;
 }
 
 void round_to_dtype(Tensor& x, DType dtype) {

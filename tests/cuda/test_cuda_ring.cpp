@@ -1,0 +1,233 @@
+// [cuda] ExpertRing with its slots on a GPU: pinned staging, a copy stream and events in place of
+// host waits. Forward passes give bitwise the resident GPU model's per-token NLL and losses for
+// K = 1, 2 and L slots, overlap on and off, gpt and mixtral, f32 and bf16 checkpoints, over
+// consecutive passes; the expert Params are device views that ParamSet::to leaves alone.
+// Shapes: L MoE layers, K slots, B batch, T sequence.
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "moe/cuda.h"
+#include "moe/infer/expert_ring.h"
+#include "moe/infer/model.h"
+#include "moe/io/checkpoint.h"
+#include "moe/rng.h"
+#include "support/cuda.h"
+#include "support/models.h"
+#include "support/run.h"
+
+using namespace moe;
+using infer::ExpertRing;
+using infer::RingConfig;
+using infer::RingStats;
+
+namespace {
+
+const Device kGpu{Device::cuda, 0};
+
+// gpt: 5 blocks, block 1 dense, MoE layers of 4, 2, 4, 3 experts (slots sized by the largest).
+// mixtral: 4 MoE blocks of 4 experts. L = 4 either way.
+ModelConfig gpu_ring_config(Arch arch, DType dtype) {
+  ModelConfig c = test::small_model_config(arch);
+  c.dtype = dtype;
+  c.seq = 16;
+  c.aux_loss_coef = 0.01;
+  c.z_loss_coef = 0.001;
+  if (arch == Arch::gpt) {
+    c.layers = 5;
+    c.experts_per_layer = {4, 0, 2, 4, 3};
+  } else {
+    c.layers = 4;
+  }
+  c.resolve();
+  return c;
+}
+
+// A checkpoint whose every tensor (biases and norm weights included) is perturbed off its
+// initial value, stored in config.dtype.
+void write_checkpoint(const std::string& path, const ModelConfig& config, uint64_t seed) {
+  ParamSet ps(seed, config.dtype);
+  Transformer model(config, ps);
+  io::Checkpoint ckpt;
+  ckpt.model_config = to_json(config);
+  const uint64_t key = rng_key(seed, {0xc0da});
+  uint64_t index = 0;
+  for (Param* p : ps.all()) {
+    Tensor v = p->value.to(DType::f32);
+    float* d = v.data<float>();
+    for (int64_t i = 0; i < v.numel(); ++i) d[i] += 0.05f * rng_normal(key, index++);
+    p->value.copy_from(v);
+    ckpt.params.push_back({p->name, p->value, p->expert, p->shard});
+  }
+  io::save_checkpoint(path, ckpt);
+}
+
+struct Batch {
+  Tensor ids, targets;  // on the GPU
+};
+
+Batch gpu_batch(const ModelConfig& c, int64_t B, uint64_t seed) {
+  std::vector<int32_t> ids(static_cast<size_t>(B * c.seq)), targets(ids.size());
+  const uint64_t key = rng_key(seed, {0xba7c});
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = static_cast<int32_t>(rng_below(key, 2 * i, static_cast<uint64_t>(c.vocab_size)));
+    targets[i] =
+        static_cast<int32_t>(rng_below(key, 2 * i + 1, static_cast<uint64_t>(c.vocab_size)));
+  }
+  return {Tensor::from_vector({B, c.seq}, ids).to(kGpu),
+          Tensor::from_vector({B, c.seq}, targets).to(kGpu)};
+}
+
+// Bytes of two tensors on any devices, compared on the host.
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  const Tensor ha = a.to(Device{}), hb = b.to(Device{});
+  return ha.dtype() == hb.dtype() && ha.shape() == hb.shape() &&
+         std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
+}
+
+int64_t largest_moe_layer_bytes(const ParamSet& ps, int64_t blocks) {
+  int64_t largest = 0;
+  for (int64_t b = 0; b < blocks; ++b) {
+    int64_t bytes = 0;
+    const std::string prefix = "blocks." + std::to_string(b) + ".";
+    for (const Param* p : ps.all())
+      if (p->expert && p->name.rfind(prefix, 0) == 0) bytes += p->value.numel() * 4;
+    largest = std::max(largest, bytes);
+  }
+  return largest;
+}
+
+}  // namespace
+
+TEST_CASE("cuda: ring-served experts on the GPU are bitwise the resident GPU model", "[cuda]") {
+  MOE_REQUIRE_CUDA_DEVICE();
+  for (Arch arch : {Arch::gpt, Arch::mixtral}) {
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      const ModelConfig config = gpu_ring_config(arch, dtype);
+      test::ScratchDir dir("cuda-ring-bitwise");
+      const std::string path = dir / "model.h5";
+      write_checkpoint(path, config, 21);
+      infer::LoadedModel resident = infer::load_model(path);
+      resident.params->to(kGpu);
+      std::vector<Batch> batches;
+      std::vector<Tensor> want_nll;
+      std::vector<ForwardStats> want;
+      for (uint64_t b = 0; b < 3; ++b) {
+        batches.push_back(gpu_batch(config, 2, 300 + b));
+        Tensor nll;
+        want.push_back(resident.model->evaluate(batches.back().ids, batches.back().targets,
+                                                EvalOptions{.row_nll = &nll}));
+        REQUIRE(nll.device() == kGpu);
+        want_nll.push_back(nll.to(Device{}));
+      }
+      for (int64_t layers_budget : {1, 2, 4}) {  // 4 = L: every layer stays resident
+        for (bool overlap : {true, false}) {
+          DYNAMIC_SECTION(arch_name(arch) << " " << dtype_name(dtype) << " K " << layers_budget
+                                          << " overlap " << overlap) {
+            infer::LoadedModel m = infer::load_model(path, false);
+            const int64_t largest = largest_moe_layer_bytes(*m.params, config.layers);
+            RingConfig rc;
+            rc.budget_bytes = largest * layers_budget + largest / 2;
+            rc.overlap = overlap;
+            rc.device = kGpu;
+            ExpertRing ring(*m.model, *m.params, path, rc);
+            m.params->to(kGpu);  // the non-expert parameters; the experts are slot views already
+            REQUIRE(ring.slots() == layers_budget);
+            REQUIRE(m.model->device() == kGpu);
+            for (const Param* p : std::as_const(*m.params).all()) {
+              INFO(p->name);
+              REQUIRE(p->value.device() == kGpu);
+              REQUIRE(p->compute.device() == kGpu);
+              if (p->expert) {
+                REQUIRE(p->value.dtype() == DType::f32);
+                REQUIRE(p->compute.raw() == p->value.raw());
+              }
+            }
+            for (int round = 0; round < 2; ++round) {
+              for (size_t b = 0; b < batches.size(); ++b) {
+                Tensor nll;
+                ForwardStats got =
+                    m.model->evaluate(batches[b].ids, batches[b].targets,
+                                      EvalOptions{.row_nll = &nll, .hooks = &ring.hooks()});
+                INFO("round " << round << " batch " << b);
+                REQUIRE(nll.device() == kGpu);
+                REQUIRE(same_bytes(nll, want_nll[b]));
+                REQUIRE(got.loss == want[b].loss);
+                REQUIRE(got.aux_loss == want[b].aux_loss);
+                REQUIRE(got.z_loss == want[b].z_loss);
+              }
+            }
+            ring.drain();
+            RingStats s = ring.stats();
+            REQUIRE(s.forward_blocks == 6 * 4);
+            REQUIRE(s.layers_loaded >= 4);
+            REQUIRE(s.peak_resident_bytes == layers_budget * largest);
+            REQUIRE(s.load_seconds > 0);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda: the GPU ring's slots are device memory, the model's on-demand passes match",
+          "[cuda]") {
+  MOE_REQUIRE_CUDA_DEVICE();
+  const ModelConfig config = gpu_ring_config(Arch::mixtral, DType::f32);
+  test::ScratchDir dir("cuda-ring-memory");
+  const std::string path = dir / "model.h5";
+  write_checkpoint(path, config, 5);
+  const Batch batch = gpu_batch(config, 3, 9);
+  infer::LoadedModel resident = infer::load_model(path);
+  resident.params->to(kGpu);
+  Tensor want;
+  resident.model->evaluate(batch.ids, batch.targets, EvalOptions{.row_nll = &want});
+
+  infer::LoadedModel m = infer::load_model(path, false);
+  const int64_t layer = largest_moe_layer_bytes(*m.params, config.layers);
+  RingConfig rc;
+  rc.budget_bytes = 2 * layer;  // K = 2
+  rc.device = kGpu;
+  const size_t in_use_before = cuda::memory_stats(0).in_use;
+  ExpertRing ring(*m.model, *m.params, path, rc);
+  // Two slots of the allocator's rounded size, at least their bytes.
+  REQUIRE(cuda::memory_stats(0).in_use >= in_use_before + static_cast<size_t>(2 * layer));
+  ring.drain();
+  REQUIRE(ring.stats().layers_loaded == 2);  // the first K layers load at construction
+  m.params->to(kGpu);
+  for (int pass = 1; pass <= 3; ++pass) {
+    Tensor got;
+    m.model->evaluate(batch.ids, batch.targets,
+                      EvalOptions{.row_nll = &got, .hooks = &ring.hooks()});
+    INFO("pass " << pass);
+    REQUIRE(same_bytes(got, want));
+    ring.drain();
+    REQUIRE(ring.stats().layers_loaded == 4 * pass + 2);
+  }
+}
+
+TEST_CASE("cuda: a host ring refuses expert parameters already on the GPU", "[cuda]") {
+  MOE_REQUIRE_CUDA_DEVICE();
+  const ModelConfig config = gpu_ring_config(Arch::mixtral, DType::f32);
+  test::ScratchDir dir("cuda-ring-order");
+  const std::string path = dir / "model.h5";
+  write_checkpoint(path, config, 6);
+  infer::LoadedModel m = infer::load_model(path, false);
+  m.params->to(kGpu);  // the wrong order for a host ring
+  RingConfig rc;
+  rc.budget_bytes = int64_t{1} << 40;
+  REQUIRE_THROWS_WITH(ExpertRing(*m.model, *m.params, path, rc),
+                      Catch::Contains("lives on cuda:0, the ring serves cpu"));
+  // A GPU ring takes them where they are.
+  rc.device = kGpu;
+  ExpertRing ring(*m.model, *m.params, path, rc);
+  REQUIRE(ring.slots() == 4);
+  const Batch batch = gpu_batch(config, 2, 4);
+  infer::LoadedModel resident = infer::load_model(path);
+  resident.params->to(kGpu);
+  Tensor want, got;
+  resident.model->evaluate(batch.ids, batch.targets, EvalOptions{.row_nll = &want});
+  m.model->evaluate(batch.ids, batch.targets, EvalOptions{.row_nll = &got, .hooks = &ring.hooks()});
+  REQUIRE(same_bytes(got, want));
+}
