@@ -265,14 +265,40 @@ TEST_CASE("cli: --device cuda without a usable GPU stops at once with the reason
     return;
   }
   test::ScratchDir out("cli-device");
-  auto r = run_command(train("--data " + test::fortunes_path("linux") + " --out " + out.path() +
-                             kTiny + " --steps 2 --device cuda"));
+  const std::string data = test::fortunes_path("linux");
+  auto r = run_command(
+      train("--data " + data + " --out " + out.path() + kTiny + " --steps 2 --device cuda"));
   REQUIRE(r.exit_code == 1);
-  REQUIRE(r.err.find("moe-train: error: --device cuda:0: ") != std::string::npos);
+  REQUIRE(r.err.find("moe-train: error: --device cuda: ") != std::string::npos);
   REQUIRE(r.err.find(cuda::unavailable_reason()) != std::string::npos);
   REQUIRE(!std::filesystem::exists(out / "last.h5"));
-  auto bad = run_command(
-      train("--data " + test::fortunes_path("linux") + " --out " + out.path() + " --device tpu"));
+  auto bad = run_command(train("--data " + data + " --out " + out.path() + " --device tpu"));
   REQUIRE(bad.exit_code == 2);
   REQUIRE(bad.err.find("unknown device 'tpu'") != std::string::npos);
+
+  // The other tools check the device before they read anything: the model and teacher named here
+  // do not exist, and the error is still the device's.
+  const std::string missing = out / "no-such-model.h5";
+  const std::pair<std::string, std::string> tools[] = {
+      {"moe-infer", "score --model " + missing + " --data " + data},
+      {"moe-infer", "generate --model " + missing + " --prompts " + data},
+      {"moe-profile",
+       "record --model " + missing + " --data " + data + " -o " + (out / "trace.h5")},
+      {"moe-distill", "--teacher " + missing + " --data " + data + " --out " + out.path()},
+  };
+  for (const auto& [name, args] : tools) {
+    for (const std::string device : {"cuda", "cuda:1"}) {
+      INFO(name << " " << args << " --device " << device);
+      auto t = run_command(test::tool_path(name) + " " + args + " --device " + device);
+      INFO(t.err);
+      REQUIRE(t.exit_code == 1);
+      REQUIRE(t.err.find(name + ": error: --device " + device + ": ") != std::string::npos);
+      REQUIRE(t.err.find(cuda::unavailable_reason()) != std::string::npos);
+    }
+    auto unknown = run_command(test::tool_path(name) + " " + args + " --device gpu");
+    INFO(unknown.err);
+    REQUIRE(unknown.exit_code == 2);
+    REQUIRE(unknown.err.find("unknown device 'gpu'") != std::string::npos);
+  }
+  REQUIRE(!std::filesystem::exists(out / "trace.h5"));
 }

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "moe/cuda.h"
 #include "moe/log.h"
 #include "moe/threads.h"
 #include "moe/version.h"
@@ -154,6 +155,30 @@ void install_stop_handler() {
 }
 bool stop_requested() { return g_stop_signal != 0; }
 int stop_signal() { return g_stop_signal; }
+
+Device resolve_device(const std::string& text, comm::Communicator* world) {
+  Device device = Device::parse(text);
+  if (device.kind == Device::cpu) return device;
+  if (!cuda::available()) throw Error(str("--device ", text, ": ", cuda::unavailable_reason()));
+  if (text == "cuda" && world && world->size() > 1) {
+    std::unique_ptr<comm::Communicator> node = world->split_node();
+    device.index = cuda::device_for_local_rank(node->rank());
+  }
+  const int count = cuda::device_count();
+  if (device.index < 0 || device.index >= count)
+    throw Error(str("--device ", text, ": this machine has ", count, " CUDA device",
+                    count == 1 ? "" : "s", " (cuda:0 .. cuda:", count - 1, ")"));
+  cuda::set_device(device.index);
+  return device;
+}
+
+CLI::Option* add_device_option(CLI::App& app, std::string& device, const std::string& what) {
+  return app
+      .add_option("--device", device,
+                  "cpu, cuda (under mpiexec: each rank's own GPU on its node) or cuda:N: " + what +
+                      "; files written are the same as on the CPU")
+      ->capture_default_str();
+}
 
 void ensure_output_dir(const std::string& dir) {
   namespace fs = std::filesystem;

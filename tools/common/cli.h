@@ -4,6 +4,8 @@
 #include <functional>
 #include <string>
 
+#include "moe/comm/communicator.h"
+#include "moe/device.h"
 #include "moe/io/checkpoint.h"
 
 namespace moe::tools {
@@ -62,6 +64,16 @@ class OutputStream {
 void install_stop_handler();
 bool stop_requested();
 int stop_signal();  // the signal received, 0 if none
+
+// The device of --device `text`: "cpu", "cuda:N", or "cuda" = this rank's GPU (its rank among the
+// ranks of `world` on its node, modulo the node's GPUs; GPU 0 without a world). Checked before any
+// work: moe::Error "--device cuda: <why>" when no GPU is usable, or naming how many there are when
+// N is out of range; UsageError for an unknown name. Makes the device current on this thread.
+// Collective over `world` for "cuda" with more than one rank.
+Device resolve_device(const std::string& text, comm::Communicator* world = nullptr);
+// Adds --device (default "cpu") to `app` (or an option group); `what` ends the help text ("where
+// the model trains").
+CLI::Option* add_device_option(CLI::App& app, std::string& device, const std::string& what);
 
 // Creates `dir` if needed and checks a file can be created in it, so that a run fails at start-up,
 // not after hours of training, when its checkpoints could not be written.

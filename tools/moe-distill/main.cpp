@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/cli.h"
+#include "moe/cuda.h"
 #include "moe/log.h"
 #include "moe/threads.h"
 #include "moe/train/distill.h"
@@ -19,7 +20,7 @@ struct DistillOptions {
   tools::CommonOptions common;
   train::DistillConfig distill;
   train::TrainConfig train;
-  std::string out, metrics, summary;
+  std::string out, metrics, summary, device = "cpu";
   int64_t checkpoint_every = 0, eval_every = 50, log_every = 10;
   bool baseline = false;
 };
@@ -34,6 +35,7 @@ void add_options(CLI::App& app, DistillOptions& o) {
   io->add_option("--teacher", d.teacher,
                  "Trained teacher checkpoint file (moe-train's DIR/last.h5)")
       ->required();
+  tools::add_device_option(*io, o.device, "where teacher and student run");
   io->add_option("--data", t.data, "Training text (bytes are tokens) or .u16/.u32 token file")
       ->required();
   io->add_option("--val", t.val, "Validation data (default: the held-out tail of --data)");
@@ -133,7 +135,12 @@ int run(DistillOptions& o, int argc, char** argv) {
   tools::apply_common_options(o.common);
   train::TrainConfig tc = o.train;
   tc.seed = o.common.seed;
+  const Device device = tools::resolve_device(o.device);  // before any work
   train::Distiller distiller(o.distill, tc, io::make_provenance("moe-distill", argc, argv));
+  if (device.kind == Device::cuda) {
+    distiller.to_device(device);
+    MOE_LOG_INFO("device: ", device.str(), " (", cuda::device_name(device.index), ")");
+  }
   tools::ensure_output_dir(o.out);  // before training: fail now, not at the first checkpoint
   const train::DistillConfig& dc = distiller.config();
   const ModelConfig& teacher = distiller.teacher_config();

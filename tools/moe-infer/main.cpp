@@ -14,6 +14,8 @@
 #include "common/cli.h"
 #include "moe/comm/communicator.h"
 #include "moe/comm/hierarchical_a2a.h"
+#include "moe/comm/nccl.h"
+#include "moe/cuda.h"
 #include "moe/infer/expert_ring.h"
 #include "moe/infer/generate.h"
 #include "moe/infer/model.h"
@@ -29,7 +31,8 @@ namespace {
 
 struct Options {
   tools::CommonOptions common;
-  std::string model, data, data_format = "auto", prompts, out = "-", budget, popularity;
+  std::string model, data, data_format = "auto", prompts, out = "-", budget, popularity,
+                           device = "cpu";
   int64_t batch = 8, max_sequences = 0, ep = 1;
   infer::SamplingConfig sampling;
 };
@@ -41,7 +44,9 @@ std::string dump(const json& j) {
 // The model, with its experts resident, streamed through a ring when a budget is given, or spread
 // over the MPI ranks with --ep (each rank holds E/R experts of every layer).
 struct Engine {
+  Device device;
   std::unique_ptr<comm::Communicator> world;
+  std::unique_ptr<comm::Communicator> nccl;  // --ep on GPUs: the expert exchange
   std::unique_ptr<comm::AllToAllV> exchange;
   nn::Parallel parallel;
   infer::LoadedModel loaded;
@@ -55,16 +60,31 @@ struct Engine {
 std::unique_ptr<Engine> open_engine(const Options& o, std::unique_ptr<comm::Communicator> world) {
   auto engine = std::make_unique<Engine>();
   Engine& e = *engine;
+  e.device = tools::resolve_device(o.device, world.get());
+  if (e.device.kind == Device::cuda)
+    MOE_LOG_INFO("device: ", e.device.str(), " (", cuda::device_name(e.device.index), ")");
   if (o.ep > 1) {
     if (world->size() != o.ep)
       throw UsageError(str("--ep ", o.ep, " needs ", o.ep, " ranks (mpiexec -n ", o.ep,
                            "); this run has ", world->size()));
     if (!o.budget.empty()) throw UsageError("--expert-budget and --ep cannot be combined yet");
     e.world = std::move(world);
-    e.exchange = std::make_unique<comm::AllToAllV>(*e.world, comm::A2AAlgorithm::flat);
-    e.parallel.experts = e.world.get();
+    comm::Communicator* experts = e.world.get();
+#ifdef MOE_HAVE_CUDA
+    if (e.device.kind == Device::cuda) {  // the exchange moves device rows: NCCL
+      e.nccl = comm::make_nccl(*e.world, comm::NcclOptions{e.device.index, 0});
+      experts = e.nccl.get();
+    }
+#endif
+    e.exchange = std::make_unique<comm::AllToAllV>(*experts, comm::A2AAlgorithm::flat);
+    e.parallel.experts = experts;
     e.parallel.exchange = e.exchange.get();
-    if (!o.popularity.empty()) {  // every rank holds every expert; Lina places them per batch
+    if (!o.popularity.empty()) {
+      if (e.device.kind != Device::cpu)
+        throw UsageError(
+            str("--popularity runs with --device cpu only (the placement reads each "
+                "batch's routing on the host); this run has --device ",
+                o.device));  // every rank holds every expert; Lina places them per batch
       const ModelConfig mc = model_config_from_json(io::read_model_config(o.model));
       try {
         e.placement =
@@ -76,6 +96,7 @@ std::unique_ptr<Engine> open_engine(const Options& o, std::unique_ptr<comm::Comm
       e.parallel.placement = e.placement.get();
     }
     e.loaded = infer::load_model(o.model, true, &e.parallel);
+    e.loaded.params->to(e.device);
     return engine;
   }
   if (!o.popularity.empty())
@@ -92,10 +113,12 @@ std::unique_ptr<Engine> open_engine(const Options& o, std::unique_ptr<comm::Comm
     for (const Param* p : std::as_const(*e.loaded.params).all())
       if (p->expert) total += p->value.numel() * 4;  // fp32 in the ring
     rc.budget_bytes = infer::parse_budget(o.budget, total);
+    rc.device = e.device;  // slots on the GPU, filled from pinned staging by a copy stream
     e.ring = std::make_unique<infer::ExpertRing>(*e.loaded.model, *e.loaded.params, o.model, rc);
     MOE_LOG_INFO("expert ring: ", e.ring->slots(), " slots for ", e.ring->expert_bytes(),
                  " expert bytes (budget ", rc.budget_bytes, " bytes)");
   }
+  e.loaded.params->to(e.device);  // with a ring: the non-expert parameters (the slots are there)
   return engine;
 }
 
@@ -182,7 +205,8 @@ int score(Options& o, std::unique_ptr<comm::Communicator> world) {
       Tensor ids, targets, row_nll;
       windows_of(tokens, mc.seq, mine ? done + begin : 0, std::max<int64_t>(mine, 1), ids, targets);
       eval.row_nll = &row_nll;
-      e.loaded.model->evaluate(ids, targets, eval);
+      e.loaded.model->evaluate(ids.to(e.device), targets.to(e.device), eval);
+      row_nll = row_nll.to(Device{});
       const float* nll = row_nll.data<float>();
       for (int64_t s = 0; s < mine; ++s) {
         double sum = 0;
@@ -343,6 +367,7 @@ void add_engine_options(CLI::App* sub, Options& o) {
                   "Resident expert memory: BYTES (e.g. 512MiB) or PCT% of the model's experts; "
                   "the rest streams from the checkpoint through a ring of slots");
   sub->add_option("-o,--out", o.out, "JSON lines to PATH ('-' = stdout)")->capture_default_str();
+  tools::add_device_option(*sub, o.device, "where the model runs");
   sub->add_option("--ep", o.ep,
                   "Under mpiexec -n N: spread every MoE layer's experts over the N ranks (score)")
       ->check(tools::positive())

@@ -20,7 +20,7 @@ namespace {
 struct Options {
   tools::CommonOptions common;
   // record
-  std::string model, data, data_format = "auto", out;
+  std::string model, data, data_format = "auto", out, device = "cpu";
   int64_t batch = 8, max_tokens = 0;
   // summary / paths / accuracy / plot
   std::string trace, table;
@@ -36,7 +36,9 @@ std::string num(double v) {
 }
 
 int record(Options& o, int argc, char** argv) {
+  const Device device = tools::resolve_device(o.device);  // before any work
   infer::LoadedModel m = infer::load_model(o.model);
+  m.params->to(device);  // the routing choices come back to the host for the trace
   std::vector<int32_t> tokens = io::load_tokens(o.data, io::parse_token_format(o.data_format));
   io::check_tokens_fit(tokens, m.config.vocab_size, o.data);
   io::BatchSampler windows(&tokens, m.config.seq, 0, false);
@@ -56,7 +58,7 @@ int record(Options& o, int argc, char** argv) {
       ArenaScope scope(arena);
       Tensor ids, targets;
       windows.next(b, ids, targets);
-      ForwardStats stats = m.model->evaluate(ids, targets, eval);
+      ForwardStats stats = m.model->evaluate(ids.to(device), targets.to(device), eval);
       writer.append(profile::trace_batch(info, stats, ids, -1));
     }
     arena.reset();
@@ -159,6 +161,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   rec->add_option("-o,--out", o.out, "Trace file ('-' = stdout, as an HDF5 file image)")
       ->required();
+  tools::add_device_option(*rec, o.device, "where the model runs");
   rec->add_option("--batch", o.batch, "Sequences per forward pass")
       ->check(tools::positive())
       ->capture_default_str();

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "moe/comm/communicator.h"
+#include "moe/comm/nccl.h"
 #include "moe/cuda.h"
 #include "moe/io/checkpoint.h"
 #include "moe/log.h"
@@ -129,10 +130,16 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
       world.check_same_everywhere(str("moe-train setting '", key, "'"), value.dump());
   }
   // The device is checked before any work: a machine without a usable GPU is told so at once.
-  const Device device = Device::parse(o.device);
-  if (device.kind == Device::cuda && !cuda::available())
-    throw Error(str("--device ", device.str(), ": ", cuda::unavailable_reason()));
-  train::Trainer trainer(mc, tc, io::make_provenance("moe-train", argc, argv), &world);
+  // Several ranks on GPUs train over NCCL (bootstrapped over the launcher's MPI world), one GPU
+  // per rank.
+  const Device device = tools::resolve_device(o.device, &world);
+  std::unique_ptr<comm::Communicator> nccl;
+#ifdef MOE_HAVE_CUDA
+  if (device.kind == Device::cuda && world.size() > 1)
+    nccl = comm::make_nccl(world, comm::NcclOptions{device.index, 0});
+#endif
+  comm::Communicator& group = nccl ? *nccl : world;
+  train::Trainer trainer(mc, tc, io::make_provenance("moe-train", argc, argv), &group);
   tools::ensure_output_dir(o.out);  // before training: fail now, not at the first checkpoint
   if (resume) {
     if (sharded_resume)
@@ -155,7 +162,7 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
   MOE_LOG_INFO("data: ", trainer.train_tokens(), " training tokens, ", trainer.val_tokens(),
                " validation tokens; ", num_threads(), " threads",
                world.size() > 1
-                   ? str(" per rank, ", world.size(), " ranks (", world.name(),
+                   ? str(" per rank, ", world.size(), " ranks (", group.name(),
                          "): ", world.size() / tc.ep, "-way data x ", tc.ep, "-way expert parallel",
                          tc.shard_embedding ? ", sharded embedding" : "", ", ", tc.a2a,
                          " all-to-all, scheduler ", tc.comm_scheduler)

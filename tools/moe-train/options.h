@@ -32,10 +32,7 @@ inline void add_train_options(CLI::App& app, TrainOptions& o) {
   auto group = [&](const char* name) { return app.add_option_group(name); };
 
   auto* io = group("Data and output");
-  io->add_option("--device", o.device,
-                 "cpu, cuda or cuda:N: where the model trains (CUDA: one process; checkpoints are "
-                 "the same files)")
-      ->capture_default_str();
+  add_device_option(*io, o.device, "where the model trains (several ranks: NCCL between GPUs)");
   o.train_flags.push_back(
       io->add_option("--data", t.data, "Training text (bytes are tokens) or .u16/.u32 token file"));
   o.train_flags.push_back(
