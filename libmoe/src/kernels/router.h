@@ -1,17 +1,12 @@
-// Kernel bodies of the MoE layer, one row at a time: router jitter, top-k selection and
-// renormalisation, the gate/softmax/aux/z backward of a router row, the dispatch/combine rows and
-// the experts' bias + activation rows.
-// Shapes: N tokens, D model width, F expert hidden width, E experts, k experts per token,
-// M = kept assignments (rows of the permuted buffer).
+// Kernel bodies of the router, one token row at a time: Switch jitter, top-k selection and
+// renormalisation, and the gate/softmax/aux/z backward of a row.
+// Shapes: N tokens, D model width, E experts, k experts per token.
 #pragma once
-#include "kernels/activations.h"
 #include "kernels/common.h"
 #include "kernels/philox.h"
 #include "kernels/softmax.h"
 
 namespace moe::kernels {
-
-// ---- router -------------------------------------------------------------------------------
 
 // Switch jitter: a factor uniform in (1 - jitter, 1 + jitter), a pure function of (key, index).
 MOE_HD float jitter_factor(uint64_t key, uint64_t index, float jitter) {
@@ -70,72 +65,6 @@ MOE_HD void router_backward_row(const float* p, int64_t num_experts, const int32
   softmax_backward_row(p, dp, dlogits, num_experts);
   // d lse / d logits = p
   for (int64_t e = 0; e < num_experts; ++e) dlogits[e] += z_coef * p[e];
-}
-
-// ---- dispatch / combine -------------------------------------------------------------------
-
-MOE_HD void copy_row(const float* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
-}
-
-// y = sum over the token's kept choices j (in order) of weight_of_slot[s] * rows[s], s = slots[j];
-// a slot of -1 (dropped) contributes nothing. weight_of_slot null: weight 1 (dispatch backward).
-MOE_HD void combine_row(const float* rows, const int32_t* slots, const float* weight_of_slot,
-                        int64_t k, int64_t n, float* y) {
-  for (int64_t i = 0; i < n; ++i) y[i] = 0.0f;
-  for (int64_t j = 0; j < k; ++j) {
-    int32_t s = slots[j];
-    if (s < 0) continue;
-    const float* row = rows + static_cast<int64_t>(s) * n;
-    float w = weight_of_slot ? weight_of_slot[s] : 1.0f;
-    for (int64_t i = 0; i < n; ++i) y[i] += w * row[i];
-  }
-}
-
-// Backward of one slot of combine: dy_perm = w * dy[token], returns d loss / d w = <dy, y_perm>.
-MOE_HD float combine_backward_row(const float* dy, const float* y_perm, float weight, int64_t n,
-                                  float* dy_perm) {
-  float dot = 0.0f;
-  for (int64_t i = 0; i < n; ++i) {
-    dy_perm[i] = weight * dy[i];
-    dot += dy[i] * y_perm[i];
-  }
-  return dot;
-}
-
-// ---- experts: bias and activation ---------------------------------------------------------
-
-// gelu flavour: h += bias (bias may be null); a = gelu(h). h keeps the pre-activation for backward.
-MOE_HD void bias_gelu_row(float* h, const float* bias, float* a, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    float v = bias ? h[i] + bias[i] : h[i];
-    h[i] = v;
-    a[i] = gelu_tanh(v);
-  }
-}
-MOE_HD void gelu_backward_row(const float* h, const float* da, float* dh, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dh[i] = da[i] * gelu_tanh_grad(h[i]);
-}
-
-// swiglu flavour: h1 += bias (may be null); a = silu(h1) * h3.
-MOE_HD void bias_swiglu_row(float* h1, const float* h3, const float* bias, float* a, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    float v = bias ? h1[i] + bias[i] : h1[i];
-    h1[i] = v;
-    a[i] = silu(v) * h3[i];
-  }
-}
-MOE_HD void swiglu_backward_row(const float* h1, const float* h3, const float* da, float* dh1,
-                                float* dh3, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    float g = da[i];
-    dh1[i] = g * h3[i] * silu_grad(h1[i]);
-    dh3[i] = g * silu(h1[i]);
-  }
-}
-
-MOE_HD void add_row(float* y, const float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }
 
 }  // namespace moe::kernels

@@ -2,14 +2,16 @@
 // Shapes: q, ctx [B*T, H*hd]; k, v [B*T, KV*hd]; probs [B, H, T, T]; query head h reads kv head
 // h / (H/KV). Per (batch, head) products go to BLAS (cpu::sgemm, called from serial loops:
 // OpenBLAS threads inside each call and splits only output rows/columns, never the reduction);
-// the row softmax and its backward (kernels/softmax.h) run in one OpenMP loop over all B*H*T rows.
+// the causal row softmax and its backward (kernels/attention.h, shared with CUDA) run in one
+// OpenMP loop over all B*H*T rows.
 // Scores above the diagonal are computed by the GEMM and then overwritten with exact zeros.
+#include "kernels/attention.h"
+
 #include <cmath>
 #include <vector>
 
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/parallel.h"
-#include "kernels/softmax.h"
 #include "moe/ops/core.h"
 #include "moe/ops/dense.h"
 #ifdef MOE_HAVE_CUDA
@@ -66,10 +68,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   const int64_t rows = s.batch * H * T;
 #pragma omp parallel for schedule(static) if (rows * T >= cpu::kParallelWork)
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t i = r % T;  // query position: keys 0..i are visible
-    float* p = ps + r * T;
-    kernels::softmax_row(p, p, i + 1);
-    for (int64_t j = i + 1; j < T; ++j) p[j] = 0.0f;
+    kernels::causal_softmax_row(ps + r * T, r % T + 1, T);  // query r % T sees keys 0..r % T
   }
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < H; ++h)
@@ -139,11 +138,8 @@ void attention_forward_cached(const Tensor& q, const Tensor& k_cache, const Tens
       const int64_t q_offset = first * ldq + h * hd, kv_offset = slot_offset + (h / group) * hd;
       cpu::sgemm(false, true, t, keys, hd, scale, qs + q_offset, ldq, ks + kv_offset, ldk, 0.0f, ps,
                  keys);
-      for (int64_t i = 0; i < t; ++i) {  // query i sits at start + i: keys 0..start+i visible
-        float* p = ps + i * keys;
-        kernels::softmax_row(p, p, start + i + 1);
-        for (int64_t j = start + i + 1; j < keys; ++j) p[j] = 0.0f;
-      }
+      for (int64_t i = 0; i < t; ++i)  // query i sits at start + i: keys 0..start+i visible
+        kernels::causal_softmax_row(ps + i * keys, start + i + 1, keys);
       cpu::sgemm(false, false, t, hd, keys, 1.0f, ps, keys, vs + kv_offset, ldk, 0.0f,
                  cs + q_offset, ldq);
     }
@@ -193,11 +189,7 @@ void attention_backward(const Tensor& dctx, const Tensor& q, const Tensor& k, co
   const int64_t rows = s.batch * H * T;
 #pragma omp parallel for schedule(static) if (rows * T >= cpu::kParallelWork)
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t i = r % T;
-    float* d = ds + r * T;
-    kernels::softmax_backward_row(ps + r * T, d, d, i + 1);
-    for (int64_t j = 0; j <= i; ++j) d[j] *= scale;
-    for (int64_t j = i + 1; j < T; ++j) d[j] = 0.0f;
+    kernels::causal_softmax_backward_row(ps + r * T, ds + r * T, r % T + 1, T, scale);
   }
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < H; ++h) {

@@ -6,7 +6,7 @@
 #include <algorithm>
 
 #include "backend/cpu/parallel.h"
-#include "kernels/router.h"
+#include "kernels/dispatch.h"
 #include "moe/ops/core.h"
 #include "moe/ops/moe.h"
 #ifdef MOE_HAVE_CUDA

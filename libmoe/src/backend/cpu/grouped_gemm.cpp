@@ -11,7 +11,7 @@
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/vector_math.h"
-#include "kernels/router.h"
+#include "kernels/experts.h"
 #include "moe/ops/core.h"
 #include "moe/ops/moe.h"
 #ifdef MOE_HAVE_CUDA

@@ -1,9 +1,9 @@
-// Kernel bodies of causal attention (grid.h, kernels/softmax.h): the row softmax of the scores
+// Kernel bodies of causal attention (grid.h, kernels/attention.h): the row softmax of the scores
 // and its backward, one thread per score row. The products around them are cuBLAS GEMMs
 // (attention.cu).
 #pragma once
 #include "backend/cuda/grid.h"
-#include "kernels/softmax.h"
+#include "kernels/attention.h"
 
 namespace moe::cuda::body {
 
@@ -14,10 +14,7 @@ struct CausalSoftmaxRows {
   MOE_HD static void run(Thread th, float* scores, int64_t rows, int64_t queries, int64_t keys,
                          int64_t start) {
     MOE_GRID_LOOP(r, rows, th) {
-      const int64_t visible = start + r % queries + 1;
-      float* p = scores + r * keys;
-      kernels::softmax_row(p, p, visible);
-      for (int64_t j = visible; j < keys; ++j) p[j] = 0.0f;
+      kernels::causal_softmax_row(scores + r * keys, start + r % queries + 1, keys);
     }
   }
 };
@@ -29,11 +26,8 @@ struct CausalSoftmaxBackwardRows {
   MOE_HD static void run(Thread th, const float* probs, float* dscores, int64_t rows, int64_t seq,
                          float scale) {
     MOE_GRID_LOOP(r, rows, th) {
-      const int64_t i = r % seq;
-      float* d = dscores + r * seq;
-      kernels::softmax_backward_row(probs + r * seq, d, d, i + 1);
-      for (int64_t j = 0; j <= i; ++j) d[j] *= scale;
-      for (int64_t j = i + 1; j < seq; ++j) d[j] = 0.0f;
+      kernels::causal_softmax_backward_row(probs + r * seq, dscores + r * seq, r % seq + 1, seq,
+                                           scale);
     }
   }
 };

@@ -4,7 +4,7 @@
 // routing table was built; out-of-range ids are skipped rather than read out of bounds.
 #pragma once
 #include "backend/cuda/grid.h"
-#include "kernels/router.h"
+#include "kernels/dispatch.h"
 
 namespace moe::cuda::body {
 

@@ -4,7 +4,7 @@
 // (expert, column), summing the segment's rows in order.
 #pragma once
 #include "backend/cuda/grid.h"
-#include "kernels/router.h"
+#include "kernels/experts.h"
 
 namespace moe::cuda::body {
 
