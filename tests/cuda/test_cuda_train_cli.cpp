@@ -125,9 +125,10 @@ TEST_CASE("cuda: moe-distill --device cuda distils a student the CPU can score",
   test::ScratchDir dir("cuda-cli-distill");
   auto r = test::run_command(test::tool_path("moe-distill") + " --teacher " + cpu_model() +
                              " --data " + test::fortunes_path("linux") + " --out " + dir.path() +
-                             " --student-layers 1 --steps 6 --batch 8 --device cuda");
+                             " --student-layers 1 --steps 6 --batch 8 --baseline --device cuda");
   INFO(r.err);
   REQUIRE(r.exit_code == 0);
+  REQUIRE(r.err.find("the same student from scratch") != std::string::npos);  // --baseline ran
   auto s = test::run_command(test::tool_path("moe-infer") + " score --model " + (dir / "last.h5") +
                              " --data " + test::fortunes_path("linux") + " --max-sequences 4");
   INFO(s.err);

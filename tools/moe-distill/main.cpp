@@ -226,6 +226,7 @@ int run(DistillOptions& o, int argc, char** argv) {
   if (o.baseline) {  // the same student from random weights, plain CE, the same steps and data
     MOE_LOG_INFO("baseline: the same student from scratch for ", tc.steps, " steps");
     train::Trainer scratch(student, tc, io::make_provenance("moe-distill", argc, argv));
+    scratch.to_device(device);  // on the distilled student's device, for a fair comparison
     while (scratch.steps_done() < tc.steps) {
       train::StepStats s = scratch.step();
       std::string text = str("baseline step ", s.step, "/", tc.steps, " | loss ",
