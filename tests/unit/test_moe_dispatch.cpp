@@ -9,6 +9,7 @@
 
 #include "backend/cpu/parallel.h"
 #include "moe/nn/moe_layer.h"
+#include "moe/ops/moe.h"
 #include "moe/rng.h"
 #include "moe/threads.h"
 #include "support/gradcheck.h"
@@ -114,6 +115,9 @@ TEST_CASE("moe: make_plan on a hand-made example, dropless and with capacity", "
 
   DispatchPlan capped = make_plan(idx, w, 3, 2);
   REQUIRE(capped.tokens_per_expert == std::vector<int32_t>{2, 2, 1});
+  // The load the aux loss sees counts every assignment, dropped ones too.
+  REQUIRE(capped.load == std::vector<int64_t>{4, 3, 1});
+  REQUIRE(dropless.load == capped.load);
   REQUIRE(capped.expert_offsets == std::vector<int32_t>{0, 2, 4, 5});
   REQUIRE(capped.dropped() == 3);
   REQUIRE(ints(capped.slot_of) == std::vector<int32_t>{0, 3, 1, 4, 2, -1, -1, -1});
@@ -139,6 +143,7 @@ TEST_CASE("moe: make_plan invariants on random routings, dropless keeps everythi
       DispatchPlan plan = make_plan(idx, w, 6, capacity);
       INFO("k " << k << " capacity " << capacity);
       check_plan_invariants(idx, w, plan, capacity);
+      REQUIRE(plan.load == ops::router_load(idx, 6));
       if (capacity == 0 || capacity == 1000) {
         REQUIRE(plan.dropped() == 0);
         REQUIRE(plan.num_slots() == 97 * k);

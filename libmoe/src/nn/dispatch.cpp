@@ -22,6 +22,7 @@ DispatchPlan make_plan(const Tensor& topk_idx, const Tensor& topk_weight, int64_
   plan.capacity = capacity;
   plan.tokens_per_expert = std::move(table.tokens_per_expert);
   plan.expert_offsets = std::move(table.expert_offsets);
+  plan.load = std::move(table.load);
   plan.slot_of = std::move(table.slot_of);
   plan.token_of_slot = std::move(table.token_of_slot);
   plan.weight_of_slot = std::move(table.weight_of_slot);

@@ -67,12 +67,14 @@ RouterOutput Router::forward(const Tensor& x, const RouterStep& step) const {
   out.topk_weight =
       Tensor::empty({tokens, k}, DType::f32, x.device()).set_name("router.topk_weight");
   ops::router_topk(out.probs, k, config_.normalize_topk, out.topk_idx, out.topk_weight);
-  out.load = ops::router_load(out.topk_idx, experts);
+  // The plan counts each expert's assignments while it sorts them (one pass over the ids, one
+  // copy of them to the host on a GPU); the aux loss takes its load from there.
+  out.plan = make_plan(out.topk_idx, out.topk_weight, experts,
+                       router_capacity(config_.capacity_factor, tokens, k, experts));
+  out.load = out.plan.load;
   out.load_tokens = tokens;
   out.aux_loss = ops::router_aux_loss(out.probs, out.load, out.load_tokens, k);
   out.z_loss = ops::router_z_loss(out.lse);
-  out.plan = make_plan(out.topk_idx, out.topk_weight, experts,
-                       router_capacity(config_.capacity_factor, tokens, k, experts));
   return out;
 }
 

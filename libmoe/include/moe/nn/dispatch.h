@@ -16,6 +16,7 @@ struct DispatchPlan {
   int64_t capacity = 0;                    // per-expert slots; 0 = dropless
   std::vector<int32_t> tokens_per_expert;  // [E] kept assignments per expert
   std::vector<int32_t> expert_offsets;     // [E+1] into the permuted buffer
+  std::vector<int64_t> load;               // [E] assignments per expert before capacity
   Tensor slot_of;         // [N*k] i32: slot of token t's j-th choice (t*k + j), -1 = dropped
   Tensor token_of_slot;   // [M] i32
   Tensor weight_of_slot;  // [M] f32 gate weight used by combine
