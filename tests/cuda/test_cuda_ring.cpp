@@ -12,9 +12,8 @@
 #include "moe/infer/expert_ring.h"
 #include "moe/infer/model.h"
 #include "moe/io/checkpoint.h"
-#include "moe/rng.h"
 #include "support/cuda.h"
-#include "support/models.h"
+#include "support/ring.h"
 #include "support/run.h"
 
 using namespace moe;
@@ -22,80 +21,25 @@ using infer::ExpertRing;
 using infer::RingConfig;
 using infer::RingStats;
 
+using test::largest_moe_layer_bytes;
+using test::RingBatch;
+using test::same_bytes;
+using test::save_ring_model;
+
 namespace {
 
 const Device kGpu{Device::cuda, 0};
 
-// gpt: 5 blocks, block 1 dense, MoE layers of 4, 2, 4, 3 experts (slots sized by the largest).
-// mixtral: 4 MoE blocks of 4 experts. L = 4 either way.
+// test::ring_config with the aux and z losses on, so that their values are compared too.
 ModelConfig gpu_ring_config(Arch arch, DType dtype) {
-  ModelConfig c = test::small_model_config(arch);
-  c.dtype = dtype;
-  c.seq = 16;
+  ModelConfig c = test::ring_config(arch, dtype);
   c.aux_loss_coef = 0.01;
   c.z_loss_coef = 0.001;
-  if (arch == Arch::gpt) {
-    c.layers = 5;
-    c.experts_per_layer = {4, 0, 2, 4, 3};
-  } else {
-    c.layers = 4;
-  }
-  c.resolve();
   return c;
 }
 
-// A checkpoint whose every tensor (biases and norm weights included) is perturbed off its
-// initial value, stored in config.dtype.
-void write_checkpoint(const std::string& path, const ModelConfig& config, uint64_t seed) {
-  ParamSet ps(seed, config.dtype);
-  Transformer model(config, ps);
-  io::Checkpoint ckpt;
-  ckpt.model_config = to_json(config);
-  const uint64_t key = rng_key(seed, {0xc0da});
-  uint64_t index = 0;
-  for (Param* p : ps.all()) {
-    Tensor v = p->value.to(DType::f32);
-    float* d = v.data<float>();
-    for (int64_t i = 0; i < v.numel(); ++i) d[i] += 0.05f * rng_normal(key, index++);
-    p->value.copy_from(v);
-    ckpt.params.push_back({p->name, p->value, p->expert, p->shard});
-  }
-  io::save_checkpoint(path, ckpt);
-}
-
-struct Batch {
-  Tensor ids, targets;  // on the GPU
-};
-
-Batch gpu_batch(const ModelConfig& c, int64_t B, uint64_t seed) {
-  std::vector<int32_t> ids(static_cast<size_t>(B * c.seq)), targets(ids.size());
-  const uint64_t key = rng_key(seed, {0xba7c});
-  for (size_t i = 0; i < ids.size(); ++i) {
-    ids[i] = static_cast<int32_t>(rng_below(key, 2 * i, static_cast<uint64_t>(c.vocab_size)));
-    targets[i] =
-        static_cast<int32_t>(rng_below(key, 2 * i + 1, static_cast<uint64_t>(c.vocab_size)));
-  }
-  return {Tensor::from_vector({B, c.seq}, ids).to(kGpu),
-          Tensor::from_vector({B, c.seq}, targets).to(kGpu)};
-}
-
-// Bytes of two tensors on any devices, compared on the host.
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  const Tensor ha = a.to(Device{}), hb = b.to(Device{});
-  return ha.dtype() == hb.dtype() && ha.shape() == hb.shape() &&
-         std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
-}
-
-int64_t largest_moe_layer_bytes(const ParamSet& ps, int64_t blocks) {
-  int64_t largest = 0;
-  for (int64_t b = 0; b < blocks; ++b) {
-    int64_t bytes = 0;
-    const std::string prefix = "blocks." + std::to_string(b) + ".";
-    for (const Param* p : ps.all())
-      if (p->expert && p->name.rfind(prefix, 0) == 0) bytes += p->value.numel() * 4;
-    largest = std::max(largest, bytes);
-  }
-  return largest;
+RingBatch gpu_batch(const ModelConfig& c, int64_t B, uint64_t seed) {
+  return test::ring_batch(c, B, seed, kGpu);
 }
 
 }  // namespace
@@ -107,10 +51,10 @@ TEST_CASE("cuda: ring-served experts on the GPU are bitwise the resident GPU mod
       const ModelConfig config = gpu_ring_config(arch, dtype);
       test::ScratchDir dir("cuda-ring-bitwise");
       const std::string path = dir / "model.h5";
-      write_checkpoint(path, config, 21);
+      save_ring_model(path, config, 21);
       infer::LoadedModel resident = infer::load_model(path);
       resident.params->to(kGpu);
-      std::vector<Batch> batches;
+      std::vector<RingBatch> batches;
       std::vector<Tensor> want_nll;
       std::vector<ForwardStats> want;
       for (uint64_t b = 0; b < 3; ++b) {
@@ -177,8 +121,8 @@ TEST_CASE("cuda: the GPU ring's slots are device memory, the model's on-demand p
   const ModelConfig config = gpu_ring_config(Arch::mixtral, DType::f32);
   test::ScratchDir dir("cuda-ring-memory");
   const std::string path = dir / "model.h5";
-  write_checkpoint(path, config, 5);
-  const Batch batch = gpu_batch(config, 3, 9);
+  save_ring_model(path, config, 5);
+  const RingBatch batch = gpu_batch(config, 3, 9);
   infer::LoadedModel resident = infer::load_model(path);
   resident.params->to(kGpu);
   Tensor want;
@@ -212,7 +156,7 @@ TEST_CASE("cuda: a host ring refuses expert parameters already on the GPU", "[cu
   const ModelConfig config = gpu_ring_config(Arch::mixtral, DType::f32);
   test::ScratchDir dir("cuda-ring-order");
   const std::string path = dir / "model.h5";
-  write_checkpoint(path, config, 6);
+  save_ring_model(path, config, 6);
   infer::LoadedModel m = infer::load_model(path, false);
   m.params->to(kGpu);  // the wrong order for a host ring
   RingConfig rc;
@@ -223,7 +167,7 @@ TEST_CASE("cuda: a host ring refuses expert parameters already on the GPU", "[cu
   rc.device = kGpu;
   ExpertRing ring(*m.model, *m.params, path, rc);
   REQUIRE(ring.slots() == 4);
-  const Batch batch = gpu_batch(config, 2, 4);
+  const RingBatch batch = gpu_batch(config, 2, 4);
   infer::LoadedModel resident = infer::load_model(path);
   resident.params->to(kGpu);
   Tensor want, got;

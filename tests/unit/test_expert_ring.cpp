@@ -13,8 +13,7 @@
 #include "moe/infer/expert_ring.h"
 #include "moe/infer/model.h"
 #include "moe/io/checkpoint.h"
-#include "moe/rng.h"
-#include "support/models.h"
+#include "support/ring.h"
 #include "support/run.h"
 
 using namespace moe;
@@ -22,72 +21,11 @@ using infer::ExpertRing;
 using infer::RingConfig;
 using infer::RingStats;
 
-namespace {
-
-// gpt: 5 blocks, block 1 dense, MoE layers of 4, 2, 4, 3 experts (slots sized by the largest).
-// mixtral: 4 MoE blocks of 4 experts.
-ModelConfig ring_config(Arch arch, DType dtype) {
-  ModelConfig c = test::small_model_config(arch);
-  c.dtype = dtype;
-  c.seq = 16;
-  if (arch == Arch::gpt) {
-    c.layers = 5;
-    c.experts_per_layer = {4, 0, 2, 4, 3};
-  } else {
-    c.layers = 4;
-  }
-  c.resolve();
-  return c;
-}
-
-// A checkpoint of an untrained model: parameters as the ParamSet seed draws them, biases and
-// norm weights perturbed so that every tensor matters.
-void save_model(const std::string& path, const ModelConfig& config, uint64_t seed) {
-  ParamSet ps(seed, config.dtype);
-  Transformer model(config, ps);
-  io::Checkpoint ckpt;
-  ckpt.model_config = to_json(config);
-  const uint64_t key = rng_key(seed, {0x7e57});
-  uint64_t index = 0;
-  for (Param* p : ps.all()) {
-    Tensor v = p->value.to(DType::f32);
-    float* d = v.data<float>();
-    for (int64_t i = 0; i < v.numel(); ++i) d[i] += 0.05f * rng_normal(key, index++);
-    p->value.copy_from(v);
-    ckpt.params.push_back({p->name, p->value, p->expert, p->shard});
-  }
-  io::save_checkpoint(path, ckpt);
-}
-
-struct Batch {
-  Tensor ids, targets;
-};
-
-Batch make_batch(const ModelConfig& c, int64_t B, uint64_t seed) {
-  std::vector<int32_t> ids(static_cast<size_t>(B * c.seq)), targets(ids.size());
-  const uint64_t key = rng_key(seed, {0xba7c});
-  for (size_t i = 0; i < ids.size(); ++i) {
-    ids[i] = static_cast<int32_t>(rng_below(key, 2 * i, static_cast<uint64_t>(c.vocab_size)));
-    targets[i] =
-        static_cast<int32_t>(rng_below(key, 2 * i + 1, static_cast<uint64_t>(c.vocab_size)));
-  }
-  return {Tensor::from_vector({B, c.seq}, ids), Tensor::from_vector({B, c.seq}, targets)};
-}
-
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
-         std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
-}
-
-int64_t moe_layer_bytes(const ParamSet& ps, int64_t block) {
-  int64_t bytes = 0;
-  const std::string prefix = "blocks." + std::to_string(block) + ".";
-  for (const Param* p : ps.all())
-    if (p->expert && p->name.rfind(prefix, 0) == 0) bytes += p->value.numel() * 4;
-  return bytes;
-}
-
-}  // namespace
+using test::moe_layer_bytes;
+using test::ring_batch;
+using test::ring_config;
+using test::same_bytes;
+using test::save_ring_model;
 
 TEST_CASE("ring: forward passes are bitwise those of the resident model", "[ring]") {
   for (Arch arch : {Arch::gpt, Arch::mixtral}) {
@@ -95,13 +33,13 @@ TEST_CASE("ring: forward passes are bitwise those of the resident model", "[ring
       const ModelConfig config = ring_config(arch, dtype);
       test::ScratchDir dir("ring-bitwise");
       const std::string path = dir / "model.h5";
-      save_model(path, config, 11);
+      save_ring_model(path, config, 11);
       infer::LoadedModel resident = infer::load_model(path);
-      std::vector<Batch> batches;
+      std::vector<test::RingBatch> batches;
       std::vector<Tensor> want_nll;
       std::vector<ForwardStats> want;
       for (uint64_t b = 0; b < 3; ++b) {
-        batches.push_back(make_batch(config, 2, 100 + b));
+        batches.push_back(ring_batch(config, 2, 100 + b));
         Tensor nll;
         want.push_back(resident.model->evaluate(batches.back().ids, batches.back().targets,
                                                 EvalOptions{.row_nll = &nll}));
@@ -148,7 +86,7 @@ TEST_CASE("ring: the resident expert tensors are dropped, the Params hold slot v
   const ModelConfig config = ring_config(Arch::mixtral, DType::bf16);
   test::ScratchDir dir("ring-drop");
   const std::string path = dir / "model.h5";
-  save_model(path, config, 3);
+  save_ring_model(path, config, 3);
   infer::LoadedModel m = infer::load_model(path, false);
   std::vector<Shape> shapes;
   for (const Param* p : std::as_const(*m.params).all())
@@ -177,7 +115,7 @@ TEST_CASE("ring: a budget below one layer's experts is a usage error", "[ring]")
   const ModelConfig config = ring_config(Arch::gpt, DType::f32);
   test::ScratchDir dir("ring-budget");
   const std::string path = dir / "model.h5";
-  save_model(path, config, 5);
+  save_ring_model(path, config, 5);
   infer::LoadedModel m = infer::load_model(path, false);
   const int64_t largest = moe_layer_bytes(*m.params, 0);  // 4 experts, the largest layer
   RingConfig rc;
@@ -223,8 +161,8 @@ TEST_CASE("ring: stats count slots, loads, reads, cache hits and resident bytes"
   const ModelConfig config = ring_config(Arch::mixtral, DType::f32);  // L = 4 equal layers
   test::ScratchDir dir("ring-stats");
   const std::string path = dir / "model.h5";
-  save_model(path, config, 7);
-  const Batch batch = make_batch(config, 2, 1);
+  save_ring_model(path, config, 7);
+  const test::RingBatch batch = ring_batch(config, 2, 1);
   for (bool cached : {false, true}) {
     DYNAMIC_SECTION("host cache " << cached) {
       infer::LoadedModel m = infer::load_model(path, false);
@@ -297,7 +235,7 @@ TEST_CASE("ring: a checkpoint of another model is refused", "[ring]") {
   test::ScratchDir dir("ring-mismatch");
   const ModelConfig config = ring_config(Arch::mixtral, DType::f32);
   const std::string path = dir / "model.h5";
-  save_model(path, config, 9);
+  save_ring_model(path, config, 9);
   RingConfig rc;
   rc.budget_bytes = int64_t{1} << 40;
   SECTION("another expert width") {
@@ -333,19 +271,19 @@ TEST_CASE("ring: a failed load is thrown by the hook that needs the layer", "[ri
   test::ScratchDir dir("ring-fail");
   const ModelConfig config = ring_config(Arch::mixtral, DType::f32);
   const std::string path = dir / "model.h5";
-  save_model(path, config, 13);
+  save_ring_model(path, config, 13);
   infer::LoadedModel m = infer::load_model(path, false);
   RingConfig rc;
   rc.budget_bytes = moe_layer_bytes(*m.params, 0);
   rc.overlap = false;  // nothing loads before the first pass
   ExpertRing ring(*m.model, *m.params, path, rc);
   std::filesystem::remove(path);
-  const Batch batch = make_batch(config, 1, 2);
+  const test::RingBatch batch = ring_batch(config, 1, 2);
   REQUIRE_THROWS_WITH(
       m.model->evaluate(batch.ids, batch.targets, EvalOptions{.hooks = &ring.hooks()}),
       Catch::Contains("expert ring: loading MoE layer 0 (block 0)") && Catch::Contains("model.h5"));
   // The ring stays usable once the file is back.
-  save_model(path, config, 13);
+  save_ring_model(path, config, 13);
   infer::LoadedModel resident = infer::load_model(path);
   Tensor want, got;
   resident.model->evaluate(batch.ids, batch.targets, EvalOptions{.row_nll = &want});
@@ -357,7 +295,7 @@ TEST_CASE("ring: a CUDA ring needs a usable CUDA device", "[ring]") {
   test::ScratchDir dir("ring-cuda");
   const ModelConfig config = ring_config(Arch::mixtral, DType::f32);
   const std::string path = dir / "model.h5";
-  save_model(path, config, 17);
+  save_ring_model(path, config, 17);
   infer::LoadedModel m = infer::load_model(path, false);
   RingConfig rc;
   rc.budget_bytes = moe_layer_bytes(*m.params, 0);
