@@ -116,6 +116,20 @@ TEST_CASE("tensor views, conversions and shape errors name the tensor", "[core]"
   REQUIRE_THROWS_AS(t.data<int32_t>(), Error);
 }
 
+TEST_CASE("a tensor over caller-allocated storage shares it", "[core]") {
+  auto storage = std::shared_ptr<std::byte>(new std::byte[6 * sizeof(float)],
+                                            std::default_delete<std::byte[]>());
+  Tensor t = Tensor::from_storage(storage, {2, 3}, DType::f32);
+  REQUIRE(t.raw() == storage.get());
+  REQUIRE(t.shape() == Shape{2, 3});
+  REQUIRE(storage.use_count() == 2);
+  Tensor row = t.rows(1, 2);
+  row.copy_from(Tensor::from_vector({1, 3}, std::vector<float>{1.5f, -2.0f, 4.0f}));
+  REQUIRE(reinterpret_cast<const float*>(storage.get())[4] == -2.0f);  // written through
+  REQUIRE_THROWS_WITH(Tensor::from_storage(nullptr, {2}, DType::f32),
+                      Catch::Contains("no storage"));
+}
+
 TEST_CASE("parameter shards hold the whole tensor's values", "[core]") {
   ParamSet whole(42), parts(42);
   const Param& w = whole.add("w", {4, 3, 5}, Init::normal(0.5f));

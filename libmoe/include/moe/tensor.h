@@ -26,6 +26,10 @@ class Tensor {
   static Tensor zeros(Shape shape, DType dtype = DType::f32, Device device = {});
   static Tensor from_vector(Shape shape, const std::vector<float>& values);
   static Tensor from_vector(Shape shape, const std::vector<int32_t>& values);
+  // A tensor over storage the caller allocated (pinned host buffers, say), which must hold at
+  // least shape x dtype bytes on `device`; the tensor shares its ownership.
+  static Tensor from_storage(std::shared_ptr<std::byte> storage, Shape shape, DType dtype,
+                             Device device = {});
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }

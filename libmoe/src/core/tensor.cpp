@@ -53,6 +53,19 @@ Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
   return t;
 }
 
+Tensor Tensor::from_storage(std::shared_ptr<std::byte> storage, Shape shape, DType dtype,
+                            Device device) {
+  for (int64_t d : shape)
+    MOE_CHECK(d >= 0, "tensor: negative dimension in shape ", shape_str(shape));
+  MOE_CHECK(storage != nullptr, "tensor: no storage for a tensor of shape ", shape_str(shape));
+  Tensor t;
+  t.storage_ = std::move(storage);
+  t.shape_ = std::move(shape);
+  t.dtype_ = dtype;
+  t.device_ = device;
+  return t;
+}
+
 Tensor Tensor::zeros(Shape shape, DType dtype, Device device) {
   Tensor t = empty(std::move(shape), dtype, device);
   t.zero();

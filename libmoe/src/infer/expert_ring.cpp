@@ -111,7 +111,7 @@ struct ExpertRing::Impl {
 #ifdef MOE_HAVE_CUDA
   // CUDA slots only (config.device is a CUDA device); see the top of this file.
   struct Staging {
-    std::shared_ptr<std::byte> memory;    // pinned host, slot_elems floats
+    Tensor memory;                        // pinned host f32 [slot_elems]
     std::unique_ptr<cuda::Event> copied;  // recorded after the copy that last read `memory`
     bool pending = false;                 // `copied` was recorded
   };
@@ -119,7 +119,6 @@ struct ExpertRing::Impl {
   std::vector<std::unique_ptr<cuda::Event>> released, loaded;  // per slot
   Staging staging[2];                                          // loader only
   int next_staging = 0;                                        // loader only
-  Tensor scratch;  // host f32 of the largest expert chunk: bf16/f16 chunks convert here (loader)
 #endif
 
   bool on_device() const { return config.device.kind == Device::cuda; }
@@ -235,12 +234,12 @@ struct ExpertRing::Impl {
     if (find(next) < 0) queue(s, next, false);
   }
 
-  // Reads layer m's experts (file or host cache) and hands each expert's chunk (as stored) to
-  // put(chunk, element offset in the slot, elements). Loader thread, without the lock. Returns
-  // bytes read from the file; sets hit when the cache served it.
-  template <class Put>
-  int64_t read_layer(int64_t m, bool& hit, const Put& put) {
+  // Reads layer m's experts (file or host cache) and converts them into `memory`, host f32 of a
+  // slot's size: the slot itself, or a pinned staging buffer on CUDA. Loader thread, without the
+  // lock. Returns bytes read from the file; sets hit when the cache served it.
+  int64_t read_into(Tensor& memory, int64_t m, bool& hit) {
     const Layer& layer = layers[static_cast<size_t>(m)];
+    float* base = memory.data<float>();
     auto it = cache.find(m);
     hit = it != cache.end();
     const bool keep = !hit && config.host_cache_bytes > 0;
@@ -262,7 +261,14 @@ struct ExpertRing::Impl {
                     "': expert ", layer.first[j] + e, " of '", p.name, "' is ", chunk.describe(),
                     ", the model expects ", per, " floating-point elements");
         }
-        put(chunk, layer.offsets[j] + e * per, per);
+        const int64_t offset = layer.offsets[j] + e * per;
+        if (chunk.dtype() == DType::f32) {
+          std::memcpy(base + offset, chunk.raw(), static_cast<size_t>(per) * sizeof(float));
+        } else {
+          // Tensor::copy_from: the conversion refresh_compute makes for a resident model.
+          Tensor view = memory.rows(offset, offset + per);
+          view.copy_from(chunk.reshape({per}));
+        }
         if (keep) {
           entry.bytes += static_cast<int64_t>(chunk.nbytes());
           entry.chunks.push_back(std::move(chunk));
@@ -291,17 +297,7 @@ struct ExpertRing::Impl {
 #ifdef MOE_HAVE_CUDA
     if (on_device()) return load_to_device(s, m, hit);
 #endif
-    Tensor& memory = slots[static_cast<size_t>(s)].memory;
-    float* base = memory.data<float>();
-    return read_layer(m, hit, [&](const Tensor& chunk, int64_t offset, int64_t per) {
-      if (chunk.dtype() == DType::f32) {
-        std::memcpy(base + offset, chunk.raw(), static_cast<size_t>(per) * sizeof(float));
-      } else {
-        // Tensor::copy_from: the conversion refresh_compute makes for a resident model.
-        Tensor view = memory.rows(offset, offset + per);
-        view.copy_from(chunk.reshape({per}));
-      }
-    });
+    return read_into(slots[static_cast<size_t>(s)].memory, m, hit);
   }
 
 #ifdef MOE_HAVE_CUDA
@@ -313,21 +309,12 @@ struct ExpertRing::Impl {
     next_staging = 1 - next_staging;
     if (buffer.pending) buffer.copied->synchronize();  // the copy two layers back read it
     buffer.pending = false;
-    float* base = reinterpret_cast<float*>(buffer.memory.get());
-    const int64_t read = read_layer(m, hit, [&](const Tensor& chunk, int64_t offset, int64_t per) {
-      if (chunk.dtype() == DType::f32) {
-        std::memcpy(base + offset, chunk.raw(), static_cast<size_t>(per) * sizeof(float));
-      } else {
-        Tensor view = scratch.rows(0, per);
-        view.copy_from(chunk.reshape({per}));  // as for host slots
-        std::memcpy(base + offset, view.raw(), static_cast<size_t>(per) * sizeof(float));
-      }
-    });
+    const int64_t read = read_into(buffer.memory, m, hit);
     const size_t bytes = static_cast<size_t>(layers[static_cast<size_t>(m)].elems) * sizeof(float);
     cudaStream_t stream = copy_stream->get();
     released[static_cast<size_t>(s)]->block(stream);
-    MOE_CUDA_CHECK(cudaMemcpyAsync(slots[static_cast<size_t>(s)].memory.raw(), base, bytes,
-                                   cudaMemcpyHostToDevice, stream));
+    MOE_CUDA_CHECK(cudaMemcpyAsync(slots[static_cast<size_t>(s)].memory.raw(), buffer.memory.raw(),
+                                   bytes, cudaMemcpyHostToDevice, stream));
     buffer.copied->record(stream);
     buffer.pending = true;
     loaded[static_cast<size_t>(s)]->record(stream);
@@ -483,14 +470,12 @@ ExpertRing::ExpertRing(const Transformer& model, ParamSet& params, const std::st
       r.loaded.push_back(std::make_unique<cuda::Event>());
     }
     for (Impl::Staging& buffer : r.staging) {
-      buffer.memory = cuda::allocate_pinned(static_cast<size_t>(slot_bytes));
+      buffer.memory = Tensor::from_storage(
+          cuda::allocate_pinned(static_cast<size_t>(r.slot_elems) * sizeof(float)), {r.slot_elems},
+          DType::f32);
+      buffer.memory.set_name("expert_ring.staging");
       buffer.copied = std::make_unique<cuda::Event>();
     }
-    int64_t largest_chunk = 0;
-    for (const Impl::Layer& layer : r.layers)
-      for (const Shape& shape : layer.shapes)
-        if (shape.at(0) > 0) largest_chunk = std::max(largest_chunk, shape_numel(shape) / shape[0]);
-    r.scratch = Tensor::empty({largest_chunk}, DType::f32).set_name("expert_ring.scratch");
   }
 #endif
   r.slots.resize(static_cast<size_t>(r.K));
