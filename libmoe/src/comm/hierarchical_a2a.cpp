@@ -5,7 +5,6 @@
 #include "moe/comm/hierarchical_a2a.h"
 
 #include <algorithm>
-#include <cstring>
 #include <numeric>
 
 namespace moe::comm {
@@ -24,16 +23,9 @@ std::vector<int64_t> gather_i64(Communicator& comm, std::span<const int64_t> min
 }
 
 // Copies `rows` rows of src (from row `from`) to dst (at row `to`); both [rows, width] of one dtype
-// on one device: memcpy on the host, an asynchronous copy on the GPU's stream.
+// on one device (Tensor::copy_from: memcpy on the host, an asynchronous copy on the GPU's stream).
 void copy_rows(const Tensor& src, int64_t from, Tensor& dst, int64_t to, int64_t rows) {
   if (rows == 0) return;
-  if (src.device().kind == Device::cpu && dst.device().kind == Device::cpu) {
-    const size_t row_bytes = static_cast<size_t>(row_elements(src)) * dtype_size(src.dtype());
-    std::memcpy(static_cast<std::byte*>(dst.raw()) + static_cast<size_t>(to) * row_bytes,
-                static_cast<const std::byte*>(src.raw()) + static_cast<size_t>(from) * row_bytes,
-                static_cast<size_t>(rows) * row_bytes);
-    return;
-  }
   Tensor part = dst.rows(to, to + rows);
   part.copy_from(src.rows(from, from + rows));
 }

@@ -154,25 +154,16 @@ MoELayer::Exchange MoELayer::plan_exchange(DispatchPlan& plan,
 }
 
 // dst[i] = src[index[i]] (gather) or dst[index[i]] = src[i] (scatter), whole rows; `index` is a
-// permutation of 0..n-1 when scattering. On a device: a gather by the index (scatter: by its
-// inverse) uploaded to it.
+// permutation of 0..n-1 when scattering. Both are one ops::gather_rows on the rows' device (a
+// scatter gathers by the inverse permutation).
 static Tensor move_rows(const Tensor& src, const std::vector<int32_t>& index, bool gather) {
-  const int64_t width = src.dim(1), n = static_cast<int64_t>(index.size());
-  Tensor dst = Tensor::empty({n, width}, DType::f32, src.device());
-  if (src.device().kind != Device::cpu) {
-    std::vector<int32_t> order = index;
-    if (!gather)
-      for (int64_t i = 0; i < n; ++i)
-        order[static_cast<size_t>(index[static_cast<size_t>(i)])] = static_cast<int32_t>(i);
-    ops::gather_rows(src, Tensor::from_vector({n}, order).to(src.device()), dst);
-    return dst;
-  }
-  const float* s = src.data<float>();
-  float* d = dst.data<float>();
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t j = index[static_cast<size_t>(i)];
-    std::copy_n(s + (gather ? j : i) * width, width, d + (gather ? i : j) * width);
-  }
+  const int64_t n = static_cast<int64_t>(index.size());
+  std::vector<int32_t> order = index;
+  if (!gather)
+    for (int64_t i = 0; i < n; ++i)
+      order[static_cast<size_t>(index[static_cast<size_t>(i)])] = static_cast<int32_t>(i);
+  Tensor dst = Tensor::empty({n, src.dim(1)}, DType::f32, src.device());
+  ops::gather_rows(src, Tensor::from_vector({n}, order).to(src.device()), dst);
   return dst;
 }
 

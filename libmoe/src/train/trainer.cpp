@@ -428,11 +428,14 @@ void Trainer::finish_gradients() {
   }
   const float inverse = 1.0f / static_cast<float>(world_size());
   for (int g = 0; g < 2; ++g) {
+    if (grad_fill_[g] > 0) {  // one pass over the reduced buffer, then copies back
+      Tensor reduced = grad_buffer_[g].rows(0, grad_fill_[g]);
+      ops::scale(reduced, inverse);
+    }
     for (auto [p, offset] : packed_[g]) {
       const int64_t n = p->grad.numel();
       Tensor grad = p->grad.reshape({n});
       grad.copy_from(grad_buffer_[g].rows(offset, offset + n));
-      ops::scale(grad, inverse);
     }
     packed_[g].clear();
     grad_fill_[g] = grad_sent_[g] = 0;
