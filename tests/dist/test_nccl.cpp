@@ -37,6 +37,23 @@ std::unique_ptr<Communicator> make_nccl_world() {
   return comm::make_nccl(dist_world(), comm::NcclOptions{my_gpu().index, 0});
 }
 
+// The trainer tests' model and run: small mixtral, batches of the real corpus.
+ModelConfig nccl_model() {
+  ModelConfig model = test::small_model_config(Arch::mixtral);
+  model.resolve();
+  return model;
+}
+train::TrainConfig nccl_train_config(int64_t steps) {
+  train::TrainConfig config;
+  config.data = test::fortunes_path("linux");
+  config.batch = 8;
+  config.steps = steps;
+  config.warmup = 2;
+  config.eval_batches = 1;
+  config.seed = 11;
+  return config;
+}
+
 int ranks_on_node() {
   static const int ranks = dist_world().split_node()->size();  // every rank gets here together
   return ranks;
@@ -155,15 +172,8 @@ TEST_CASE("nccl: multi-GPU training follows the MPI run on the CPU", "[nccl][cud
   Communicator& world = dist_world();
   auto nccl = make_nccl_world();
   const int R = world.size();
-  ModelConfig model = test::small_model_config(Arch::mixtral);
-  model.resolve();
-  train::TrainConfig base;
-  base.data = test::fortunes_path("linux");
-  base.batch = 8;
-  base.steps = 4;
-  base.warmup = 2;
-  base.eval_batches = 1;
-  base.seed = 11;
+  const ModelConfig model = nccl_model();
+  train::TrainConfig base = nccl_train_config(4);
   std::vector<std::pair<std::string, train::TrainConfig>> layouts;
   layouts.emplace_back("data parallel", base);
   base.ep = R;
@@ -200,12 +210,8 @@ TEST_CASE("nccl: what multi-GPU training refuses, it names", "[nccl][cuda]") {
   MOE_REQUIRE_GPU_PER_RANK();
   Communicator& world = dist_world();
   auto nccl = make_nccl_world();
-  ModelConfig model = test::small_model_config(Arch::mixtral);
-  model.resolve();
-  train::TrainConfig config;
-  config.data = test::fortunes_path("linux");
-  config.batch = 8;
-  config.steps = 2;
+  const ModelConfig model = nccl_model();
+  train::TrainConfig config = nccl_train_config(2);
   train::Trainer over_mpi(model, config, {}, &world);
   REQUIRE_THROWS_WITH(over_mpi.to_device(my_gpu()), Catch::Contains("needs an NCCL communicator"));
   config.shard_embedding = true;

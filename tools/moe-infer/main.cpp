@@ -68,6 +68,11 @@ std::unique_ptr<Engine> open_engine(const Options& o, std::unique_ptr<comm::Comm
       throw UsageError(str("--ep ", o.ep, " needs ", o.ep, " ranks (mpiexec -n ", o.ep,
                            "); this run has ", world->size()));
     if (!o.budget.empty()) throw UsageError("--expert-budget and --ep cannot be combined yet");
+    if (!o.popularity.empty() && e.device.kind != Device::cpu)
+      throw UsageError(
+          str("--popularity runs with --device cpu only (the placement reads each "
+              "batch's routing on the host); this run has --device ",
+              o.device));
     e.world = std::move(world);
     comm::Communicator* experts = e.world.get();
 #ifdef MOE_HAVE_CUDA
@@ -79,12 +84,7 @@ std::unique_ptr<Engine> open_engine(const Options& o, std::unique_ptr<comm::Comm
     e.exchange = std::make_unique<comm::AllToAllV>(*experts, comm::A2AAlgorithm::flat);
     e.parallel.experts = experts;
     e.parallel.exchange = e.exchange.get();
-    if (!o.popularity.empty()) {
-      if (e.device.kind != Device::cpu)
-        throw UsageError(
-            str("--popularity runs with --device cpu only (the placement reads each "
-                "batch's routing on the host); this run has --device ",
-                o.device));  // every rank holds every expert; Lina places them per batch
+    if (!o.popularity.empty()) {  // every rank holds every expert; Lina places them per batch
       const ModelConfig mc = model_config_from_json(io::read_model_config(o.model));
       try {
         e.placement =
