@@ -52,13 +52,15 @@ struct Shape4 {
 
 struct CeilingRow {
   int64_t m, k, n;
-  double seconds, gflops;
+  double seconds, gflops;              // the BLAS's own threaded sgemm: the machine's ceiling
+  double tiled_seconds, tiled_gflops;  // the library's deterministic tiled cpu::sgemm
 };
 
 struct MoERow {
   Shape4 shape;
   int64_t d_ff;
   double seconds, tokens_per_s, gflops, ceiling, ratio, max_rel_err;
+  double vendor_seconds;  // the same layer with every GEMM handed whole to the threaded BLAS
   int64_t iterations, dropped;
 };
 
@@ -92,16 +94,27 @@ double time_it(const std::function<void()>& fn, double min_seconds, int min_runs
   return best;
 }
 
+// Runs fn with every cpu::sgemm taking `path`, then restores the library's tiled path.
+double time_with_path(cpu::GemmPath path, const std::function<void()>& fn, double min_seconds,
+                      int min_runs, int64_t* iterations) {
+  cpu::set_gemm_path(path);
+  const double s = time_it(fn, min_seconds, min_runs, iterations);
+  cpu::set_gemm_path(cpu::GemmPath::tiled);
+  return s;
+}
+
 CeilingRow measure_ceiling(int64_t m, int64_t k, int64_t n, double min_seconds) {
   Tensor a = random_tensor({m, k}, 1, 1.0f), b = random_tensor({k, n}, 2, 1.0f);
   Tensor c = Tensor::zeros({m, n});
-  double s = time_it(
-      [&] {
-        cpu::sgemm(false, false, m, n, k, 1.0f, a.data<float>(), k, b.data<float>(), n, 0.0f,
-                   c.data<float>(), n);
-      },
-      min_seconds, 5, nullptr);
-  return {m, k, n, s, 2.0 * static_cast<double>(m) * k * n / s * 1e-9};
+  auto gemm = [&] {
+    cpu::sgemm(false, false, m, n, k, 1.0f, a.data<float>(), k, b.data<float>(), n, 0.0f,
+               c.data<float>(), n);
+  };
+  const double flops = 2.0 * static_cast<double>(m) * k * n;
+  const double vendor =
+      time_with_path(cpu::GemmPath::vendor_threaded, gemm, min_seconds, 5, nullptr);
+  const double tiled = time_with_path(cpu::GemmPath::tiled, gemm, min_seconds, 5, nullptr);
+  return {m, k, n, vendor, flops / vendor * 1e-9, tiled, flops / tiled * 1e-9};
 }
 
 MoERow measure_moe(const Shape4& shape, double ceiling, double min_seconds) {
@@ -119,17 +132,19 @@ MoERow measure_moe(const Shape4& shape, double ceiling, double min_seconds) {
   int64_t dropped = 0;
   int64_t iterations = 0;
   const RouterStep step{7, 0, 0, true};
-  double seconds = time_it(
-      [&] {
-        arena.reset();
-        ArenaScope scope(arena);
-        MoELayer::Saved saved;
-        MoEStats stats;
-        Tensor y = layer.forward(x, step, &saved, &stats);
-        Tensor dx = layer.backward(dy, saved, 0.01f, 0.001f);
-        dropped = stats.dropped;
-      },
-      min_seconds, 2, &iterations);
+  auto layer_step = [&] {
+    arena.reset();
+    ArenaScope scope(arena);
+    MoELayer::Saved saved;
+    MoEStats stats;
+    Tensor y = layer.forward(x, step, &saved, &stats);
+    Tensor dx = layer.backward(dy, saved, 0.01f, 0.001f);
+    dropped = stats.dropped;
+  };
+  const double seconds =
+      time_with_path(cpu::GemmPath::tiled, layer_step, min_seconds, 2, &iterations);
+  const double vendor_seconds =
+      time_with_path(cpu::GemmPath::vendor_threaded, layer_step, min_seconds, 2, nullptr);
   // Expert GEMMs: 2 forward + 4 backward of 2*M*D*F flops; router: 1 forward + 2 backward of
   // 2*N*D*E.
   const double flops =
@@ -153,6 +168,7 @@ MoERow measure_moe(const Shape4& shape, double ceiling, double min_seconds) {
   row.shape = shape;
   row.d_ff = F;
   row.seconds = seconds;
+  row.vendor_seconds = vendor_seconds;
   row.tokens_per_s = static_cast<double>(N) / seconds;
   row.gflops = gflops;
   row.ceiling = ceiling;
@@ -207,12 +223,18 @@ int run(const Options& opt) {
     std::printf("# BLAS: %s\n", blas_description().c_str());
     std::printf(
         "#\n# ceiling: dense sgemm C[M,N] = A[M,K] B[K,N] (the expert GEMM shape [N*k, D] x [D, "
-        "4D])\n");
-    std::printf("# %8s %8s %8s %10s %10s\n", "M", "K", "N", "time", "rate");
-    std::printf("# %8s %8s %8s %10s %10s\n", "", "", "", "(ms)", "(GFLOP/s)");
+        "4D]), one call to the BLAS with its own threads\n");
+    std::printf(
+        "# tiled: the same product through cpu::sgemm (tiles fixed by shape, single-threaded BLAS "
+        "calls from our OpenMP loop: the library's deterministic path)\n");
+    std::printf("# %8s %8s %8s %10s %10s %10s %10s %7s\n", "M", "K", "N", "time", "rate", "tiled",
+                "tiled", "ratio");
+    std::printf("# %8s %8s %8s %10s %10s %10s %10s %7s\n", "", "", "", "(ms)", "(GFLOP/s)", "(ms)",
+                "(GFLOP/s)", "(%)");
     for (const CeilingRow& c : ceilings)
-      std::printf("  %8ld %8ld %8ld %10.2f %10.1f\n", static_cast<long>(c.m),
-                  static_cast<long>(c.k), static_cast<long>(c.n), c.seconds * 1e3, c.gflops);
+      std::printf("  %8ld %8ld %8ld %10.2f %10.1f %10.2f %10.1f %7.1f\n", static_cast<long>(c.m),
+                  static_cast<long>(c.k), static_cast<long>(c.n), c.seconds * 1e3, c.gflops,
+                  c.tiled_seconds * 1e3, c.tiled_gflops, 100.0 * c.tiled_gflops / c.gflops);
     std::printf(
         "#\n# MoE layer: router + dispatch + grouped expert GEMM + combine, forward and "
         "backward\n");
@@ -221,12 +243,17 @@ int run(const Options& opt) {
         "[N*k, D] x [D, F]\n");
     std::printf("# time: best of >= 2 runs after a warm-up (ceiling: best of >= 5)\n");
     std::printf(
+        "# vendor: the same layer with every GEMM handed whole to the threaded BLAS (the path "
+        "before "
+        "2026-11-25, not thread-count deterministic); det/vendor = vendor time / time\n");
+    std::printf(
         "# correctness: max |fast - reference| / max |reference| of the forward on the first 8 "
         "tokens\n");
-    std::printf("# %7s %6s %4s %3s %7s %10s %10s %10s %10s %7s %10s\n", "d_model", "d_ff", "E", "k",
-                "tokens", "time", "rate", "rate", "ceiling", "ratio", "max_err");
-    std::printf("# %7s %6s %4s %3s %7s %10s %10s %10s %10s %7s %10s\n", "", "", "", "", "", "(ms)",
-                "(tok/s)", "(GFLOP/s)", "(GFLOP/s)", "(%)", "(rel)");
+    std::printf("# %7s %6s %4s %3s %7s %10s %10s %10s %10s %7s %10s %10s %10s\n", "d_model", "d_ff",
+                "E", "k", "tokens", "time", "rate", "rate", "ceiling", "ratio", "max_err", "vendor",
+                "det/vendor");
+    std::printf("# %7s %6s %4s %3s %7s %10s %10s %10s %10s %7s %10s %10s %10s\n", "", "", "", "",
+                "", "(ms)", "(tok/s)", "(GFLOP/s)", "(GFLOP/s)", "(%)", "(rel)", "(ms)", "(x)");
     std::fflush(stdout);
   }
   std::vector<MoERow> rows;
@@ -234,11 +261,12 @@ int run(const Options& opt) {
     MoERow r = measure_moe(s, ceiling_for(s).gflops, opt.min_seconds);
     rows.push_back(r);
     if (table) {
-      std::printf("  %7ld %6ld %4ld %3ld %7ld %10.2f %10.0f %10.1f %10.1f %7.1f %10.2e\n",
-                  static_cast<long>(s.d_model), static_cast<long>(r.d_ff),
-                  static_cast<long>(s.experts), static_cast<long>(s.top_k),
-                  static_cast<long>(s.tokens), r.seconds * 1e3, r.tokens_per_s, r.gflops, r.ceiling,
-                  100.0 * r.ratio, r.max_rel_err);
+      std::printf(
+          "  %7ld %6ld %4ld %3ld %7ld %10.2f %10.0f %10.1f %10.1f %7.1f %10.2e %10.2f %10.3f\n",
+          static_cast<long>(s.d_model), static_cast<long>(r.d_ff), static_cast<long>(s.experts),
+          static_cast<long>(s.top_k), static_cast<long>(s.tokens), r.seconds * 1e3, r.tokens_per_s,
+          r.gflops, r.ceiling, 100.0 * r.ratio, r.max_rel_err, r.vendor_seconds * 1e3,
+          r.vendor_seconds / r.seconds);
       std::fflush(stdout);
     }
   }
@@ -252,8 +280,13 @@ int run(const Options& opt) {
     const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
     out["omp_wait_policy"] = wait_policy ? wait_policy : "";
     for (const CeilingRow& c : ceilings)
-      out["ceiling"].push_back(
-          {{"m", c.m}, {"k", c.k}, {"n", c.n}, {"seconds", c.seconds}, {"gflops", c.gflops}});
+      out["ceiling"].push_back({{"m", c.m},
+                                {"k", c.k},
+                                {"n", c.n},
+                                {"seconds", c.seconds},
+                                {"gflops", c.gflops},
+                                {"tiled_seconds", c.tiled_seconds},
+                                {"tiled_gflops", c.tiled_gflops}});
     for (const MoERow& r : rows)
       out["rows"].push_back({{"d_model", r.shape.d_model},
                              {"d_ff", r.d_ff},
@@ -261,6 +294,7 @@ int run(const Options& opt) {
                              {"top_k", r.shape.top_k},
                              {"tokens", r.shape.tokens},
                              {"seconds", r.seconds},
+                             {"vendor_seconds", r.vendor_seconds},
                              {"iterations", r.iterations},
                              {"tokens_per_s", r.tokens_per_s},
                              {"gflops", r.gflops},

@@ -1,9 +1,8 @@
 // Causal scaled-dot-product attention with grouped-query heads, forward and backward.
 // Shapes: q, ctx [B*T, H*hd]; k, v [B*T, KV*hd]; probs [B, H, T, T]; query head h reads kv head
-// h / (H/KV). Per (batch, head) products go to BLAS (cpu::sgemm, called from serial loops:
-// OpenBLAS threads inside each call and splits only output rows/columns, never the reduction);
-// the causal row softmax and its backward (kernels/attention.h, shared with CUDA) run in one
-// OpenMP loop over all B*H*T rows.
+// h / (H/KV). The per (batch, head) products go to BLAS as one batch (cpu::sgemm_batch: tiles
+// fixed by the shape, one parallel loop over all heads' tiles); the causal row softmax and its
+// backward (kernels/attention.h, shared with CUDA) run in one OpenMP loop over all B*H*T rows.
 // Scores above the diagonal are computed by the GEMM and then overwritten with exact zeros.
 #include "kernels/attention.h"
 
@@ -21,7 +20,16 @@
 namespace moe::ops {
 
 namespace {
-// Loops over fewer elements than this run on the calling thread: a fork/join costs more.
+
+// One product per (batch, head): problem(b, h) for every b < batch and h < heads, as one batch.
+template <class Fn>
+void per_head_batch(int64_t batch, int64_t heads, Fn&& problem) {
+  std::vector<cpu::GemmProblem> problems;
+  problems.reserve(static_cast<size_t>(batch * heads));
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h) problems.push_back(problem(b, h));
+  cpu::sgemm_batch(problems.data(), problems.size());
+}
 
 void check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                      const AttentionShape& s) {
@@ -61,19 +69,41 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   float* ps = probs.data<float>();
   float* cs = ctx.data<float>();
 
-  for (int64_t b = 0; b < s.batch; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      cpu::sgemm(false, true, T, T, hd, scale, qs + b * T * ldq + h * hd, ldq,
-                 ks + b * T * ldk + (h / group) * hd, ldk, 0.0f, ps + (b * H + h) * T * T, T);
+  per_head_batch(s.batch, H, [&](int64_t b, int64_t h) {
+    return cpu::GemmProblem{false,
+                            true,
+                            T,
+                            T,
+                            hd,
+                            scale,
+                            qs + b * T * ldq + h * hd,
+                            ldq,
+                            ks + b * T * ldk + (h / group) * hd,
+                            ldk,
+                            0.0f,
+                            ps + (b * H + h) * T * T,
+                            T};
+  });
   const int64_t rows = s.batch * H * T;
 #pragma omp parallel for schedule(static) if (rows * T >= cpu::kParallelWork)
   for (int64_t r = 0; r < rows; ++r) {
     kernels::causal_softmax_row(ps + r * T, r % T + 1, T);  // query r % T sees keys 0..r % T
   }
-  for (int64_t b = 0; b < s.batch; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      cpu::sgemm(false, false, T, hd, T, 1.0f, ps + (b * H + h) * T * T, T,
-                 vs + b * T * ldk + (h / group) * hd, ldk, 0.0f, cs + b * T * ldq + h * hd, ldq);
+  per_head_batch(s.batch, H, [&](int64_t b, int64_t h) {
+    return cpu::GemmProblem{false,
+                            false,
+                            T,
+                            hd,
+                            T,
+                            1.0f,
+                            ps + (b * H + h) * T * T,
+                            T,
+                            vs + b * T * ldk + (h / group) * hd,
+                            ldk,
+                            0.0f,
+                            cs + b * T * ldq + h * hd,
+                            ldq};
+  });
 }
 
 int64_t CachedRows::tokens() const {
@@ -127,15 +157,26 @@ void attention_forward_cached(const Tensor& q, const Tensor& k_cache, const Tens
   const float* vs = v_cache.data<float>();
   float* cs = ctx.data<float>();
 
-  std::vector<float> scores;
-  int64_t first = 0;  // the row's first token in q/ctx
-  for (int64_t r = 0; r < rows.rows(); ++r) {
-    const int64_t t = rows.count[r], start = rows.start[r], keys = start + t;
-    const int64_t slot_offset = rows.slot[r] * capacity * ldk;
-    scores.resize(static_cast<size_t>(t * keys));
-    float* ps = scores.data();
-    for (int64_t h = 0; h < H; ++h) {
-      const int64_t q_offset = first * ldq + h * hd, kv_offset = slot_offset + (h / group) * hd;
+  // Each (row, head) is independent: one OpenMP loop over them, each with its own scores buffer
+  // (the products inside run on the calling thread; their bits do not depend on which one).
+  const int64_t n_rows = rows.rows();
+  std::vector<int64_t> first(static_cast<size_t>(n_rows) + 1, 0);  // a row's first token in q/ctx
+  int64_t work = 0;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    first[r + 1] = first[r] + rows.count[r];
+    work += rows.count[r] * (rows.start[r] + rows.count[r]) * hd * H;
+  }
+#pragma omp parallel if (n_rows * H > 1 && work >= cpu::kParallelWork)
+  {
+    std::vector<float> scores;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t rh = 0; rh < n_rows * H; ++rh) {
+      const int64_t r = rh / H, h = rh % H;
+      const int64_t t = rows.count[r], start = rows.start[r], keys = start + t;
+      const int64_t slot_offset = rows.slot[r] * capacity * ldk;
+      scores.resize(static_cast<size_t>(t * keys));
+      float* ps = scores.data();
+      const int64_t q_offset = first[r] * ldq + h * hd, kv_offset = slot_offset + (h / group) * hd;
       cpu::sgemm(false, true, t, keys, hd, scale, qs + q_offset, ldq, ks + kv_offset, ldk, 0.0f, ps,
                  keys);
       for (int64_t i = 0; i < t; ++i)  // query i sits at start + i: keys 0..start+i visible
@@ -143,7 +184,6 @@ void attention_forward_cached(const Tensor& q, const Tensor& k_cache, const Tens
       cpu::sgemm(false, false, t, hd, keys, 1.0f, ps, keys, vs + kv_offset, ldk, 0.0f,
                  cs + q_offset, ldq);
     }
-    first += t;
   }
 }
 
@@ -182,30 +222,58 @@ void attention_backward(const Tensor& dctx, const Tensor& q, const Tensor& k, co
   // dS = scale * softmax_backward(P, dctx V^T), causal part only.
   Tensor dscores = Tensor::empty({s.batch, H, T, T});
   float* ds = dscores.data<float>();
-  for (int64_t b = 0; b < s.batch; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      cpu::sgemm(false, true, T, T, hd, 1.0f, gs + b * T * ldq + h * hd, ldq,
-                 vs + b * T * ldk + (h / group) * hd, ldk, 0.0f, ds + (b * H + h) * T * T, T);
+  per_head_batch(s.batch, H, [&](int64_t b, int64_t h) {
+    return cpu::GemmProblem{false,
+                            true,
+                            T,
+                            T,
+                            hd,
+                            1.0f,
+                            gs + b * T * ldq + h * hd,
+                            ldq,
+                            vs + b * T * ldk + (h / group) * hd,
+                            ldk,
+                            0.0f,
+                            ds + (b * H + h) * T * T,
+                            T};
+  });
   const int64_t rows = s.batch * H * T;
 #pragma omp parallel for schedule(static) if (rows * T >= cpu::kParallelWork)
   for (int64_t r = 0; r < rows; ++r) {
     kernels::causal_softmax_backward_row(ps + r * T, ds + r * T, r % T + 1, T, scale);
   }
-  for (int64_t b = 0; b < s.batch; ++b)
-    for (int64_t h = 0; h < H; ++h) {
-      const float* dsh = ds + (b * H + h) * T * T;
-      const float* ph = ps + (b * H + h) * T * T;
-      const int64_t kv_offset = b * T * ldk + (h / group) * hd;
-      const int64_t q_offset = b * T * ldq + h * hd;
-      // The first query head of a group writes its kv head's gradients, the others add, in order.
-      const float beta = h % group == 0 ? 0.0f : 1.0f;
-      cpu::sgemm(false, false, T, hd, T, 1.0f, dsh, T, ks + kv_offset, ldk, 0.0f, dqs + q_offset,
-                 ldq);
-      cpu::sgemm(true, false, T, hd, T, 1.0f, dsh, T, qs + q_offset, ldq, beta, dks + kv_offset,
-                 ldk);
-      cpu::sgemm(true, false, T, hd, T, 1.0f, ph, T, gs + q_offset, ldq, beta, dvs + kv_offset,
-                 ldk);
-    }
+  per_head_batch(s.batch, H, [&](int64_t b, int64_t h) {
+    return cpu::GemmProblem{false,
+                            false,
+                            T,
+                            hd,
+                            T,
+                            1.0f,
+                            ds + (b * H + h) * T * T,
+                            T,
+                            ks + b * T * ldk + (h / group) * hd,
+                            ldk,
+                            0.0f,
+                            dqs + b * T * ldq + h * hd,
+                            ldq};
+  });
+  // The query heads of a group all add into their kv head's dk and dv: the first writes, the
+  // others add in head order, one batch (over batch x kv heads) per position in the group.
+  for (int64_t g = 0; g < group; ++g) {
+    const float beta = g == 0 ? 0.0f : 1.0f;
+    std::vector<cpu::GemmProblem> problems;
+    problems.reserve(static_cast<size_t>(2 * s.batch * KV));
+    for (int64_t b = 0; b < s.batch; ++b)
+      for (int64_t kv = 0; kv < KV; ++kv) {
+        const int64_t h = kv * group + g;
+        const int64_t kv_offset = b * T * ldk + kv * hd, q_offset = b * T * ldq + h * hd;
+        problems.push_back({true, false, T, hd, T, 1.0f, ds + (b * H + h) * T * T, T, qs + q_offset,
+                            ldq, beta, dks + kv_offset, ldk});
+        problems.push_back({true, false, T, hd, T, 1.0f, ps + (b * H + h) * T * T, T, gs + q_offset,
+                            ldq, beta, dvs + kv_offset, ldk});
+      }
+    cpu::sgemm_batch(problems.data(), problems.size());
+  }
 }
 
 }  // namespace moe::ops

@@ -3,58 +3,145 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "moe/threads.h"
 
 namespace moe::cpu {
 
 namespace {
 
-// OpenBLAS cuts a K (the summed dimension) longer than its K-block (GEMM_Q, about 450 for sgemm on
-// SkylakeX) into blocks that its serial and threaded drivers round differently unless K is a
-// multiple of twice the kernel's unroll: the same GEMM then rounds differently with 1 and 2
-// threads. So every GEMM runs as its longest K prefix that is a multiple of kKMultiple, then the
-// rest (fewer than kKMultiple, within one K-block) accumulated on top: one call when K is a
-// multiple of 64 (model widths), one more pass over C otherwise (weight gradients summed over
-// tokens). Measured cost: within noise (docs/PERFORMANCE.md, "Determinism costs nothing").
-constexpr int64_t kKMultiple = 64;
+// A product of fewer multiply-adds than this runs as one call on the calling thread: a fork/join
+// costs more. Above it, tiles are split (halving the longer side, never below kTileMin) until
+// there are kTargetTiles of them or a tile would drop under kTileWork multiply-adds. All three
+// are constants: the grid is a function of the shape alone. 8 tiles keep 2-4 threads busy with
+// dynamic scheduling (the last wave is at most 1/8 of the work); 256 x 256 tiles amortise the
+// BLAS's packing of A and B (K/256 of a tile's work each).
+constexpr double kSerialWork = double(1 << 20);
+constexpr double kTileWork = double(1 << 22);
+constexpr int64_t kTileMax = 256, kTileMin = 32, kTileAlign = 16, kTargetTiles = 8;
 
-void cblas_call(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha,
-                const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-                int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, transpose_a ? CblasTrans : CblasNoTrans,
-              transpose_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
-              static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
-              c, static_cast<int>(ldc));
+GemmPath g_path = GemmPath::tiled;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+double work(int64_t m, int64_t n, int64_t k) {
+  return static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
 }
 
+void cblas_call(const GemmProblem& p, int64_t m, int64_t n, const float* a, const float* b,
+                float* c) {
+  cblas_sgemm(CblasRowMajor, p.transpose_a ? CblasTrans : CblasNoTrans,
+              p.transpose_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
+              static_cast<int>(p.k), p.alpha, a, static_cast<int>(p.lda), b,
+              static_cast<int>(p.ldb), p.beta, c, static_cast<int>(p.ldc));
+}
+
+// BLAS may leave C untouched when K is 0; define it.
+void empty_k(const GemmProblem& p) {
+  for (int64_t i = 0; i < p.m; ++i)
+    for (int64_t j = 0; j < p.n; ++j) {
+      float& c = p.c[i * p.ldc + j];
+      c = p.beta == 0.0f ? 0.0f : p.beta * c;
+    }
+}
+
+// Tile (ti, tj) of a problem: rows ti*tile_m.., columns tj*tile_n.. of C.
+void run_tile(const GemmProblem& p, const GemmTiling& t, int64_t ti, int64_t tj) {
+  const int64_t i0 = ti * t.tile_m, j0 = tj * t.tile_n;
+  const int64_t m = std::min(t.tile_m, p.m - i0), n = std::min(t.tile_n, p.n - j0);
+  const float* a = p.transpose_a ? p.a + i0 : p.a + i0 * p.lda;  // rows i0.. of op(A)
+  const float* b = p.transpose_b ? p.b + j0 * p.ldb : p.b + j0;  // columns j0.. of op(B)
+  cblas_call(p, m, n, a, b, p.c + i0 * p.ldc + j0);
+}
+
+void run_whole_threaded(const GemmProblem& p) {
+  // The vendor's own threads for this one call (benchmark comparison only).
+  openblas_set_num_threads(omp_get_max_threads());
+  cblas_call(p, p.m, p.n, p.a, p.b, p.c);
+  openblas_set_num_threads(1);
+}
+
+// The BLAS runs single-threaded from the library's first use on; set_num_threads keeps it so.
+const bool g_blas_single_threaded = [] {
+  openblas_set_num_threads(1);
+  return true;
+}();
+
 }  // namespace
+
+GemmTiling gemm_tiling(int64_t m, int64_t n, int64_t k) {
+  if (m <= 0 || n <= 0 || work(m, n, k) <= kSerialWork)
+    return {std::max<int64_t>(m, 1), std::max<int64_t>(n, 1), 1, 1};
+  int64_t tm = std::min(m, kTileMax), tn = std::min(n, kTileMax);
+  auto halve = [](int64_t t) {
+    return std::max(kTileMin, ceil_div(ceil_div(t, 2), kTileAlign) * kTileAlign);
+  };
+  while (ceil_div(m, tm) * ceil_div(n, tn) < kTargetTiles && work(tm, tn, k) >= 2 * kTileWork) {
+    int64_t& longer = tm >= tn ? tm : tn;
+    const int64_t next = halve(longer);
+    if (next >= longer) {  // the longer side is at kTileMin: try the other one
+      int64_t& shorter = tm >= tn ? tn : tm;
+      const int64_t other = halve(shorter);
+      if (other >= shorter) break;
+      shorter = other;
+    } else {
+      longer = next;
+    }
+  }
+  return {tm, tn, ceil_div(m, tm), ceil_div(n, tn)};
+}
+
+void sgemm_batch(const GemmProblem* problems, size_t count) {
+  // Tiles of all problems, numbered problem by problem.
+  std::vector<GemmTiling> tilings(count);
+  std::vector<int64_t> first_tile(count + 1, 0);
+  double total_work = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const GemmProblem& p = problems[i];
+    int64_t tiles = 0;
+    if (p.m > 0 && p.n > 0) {
+      if (p.k == 0) {
+        empty_k(p);
+      } else if (g_path == GemmPath::vendor_threaded) {
+        run_whole_threaded(p);
+      } else {
+        tilings[i] = gemm_tiling(p.m, p.n, p.k);
+        tiles = tilings[i].tiles_m * tilings[i].tiles_n;
+        total_work += work(p.m, p.n, p.k);
+      }
+    }
+    first_tile[i + 1] = first_tile[i] + tiles;
+  }
+  const int64_t total = first_tile[count];
+  // Which thread runs a tile never changes its bits: dynamic scheduling only balances load
+  // (uneven edge tiles, a descheduled thread on a shared machine).
+#pragma omp parallel for schedule(dynamic, 1) if (total > 1 && total_work > kSerialWork)
+  for (int64_t t = 0; t < total; ++t) {
+    const size_t i = static_cast<size_t>(std::upper_bound(first_tile.begin(), first_tile.end(), t) -
+                                         first_tile.begin() - 1);
+    const int64_t within = t - first_tile[i];
+    const GemmTiling& tiling = tilings[i];
+    run_tile(problems[i], tiling, within / tiling.tiles_n, within % tiling.tiles_n);
+  }
+}
 
 void sgemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha,
            const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
            int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) {  // BLAS may leave C untouched; define it.
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
-    return;
-  }
-  const int64_t k_prefix = k / kKMultiple * kKMultiple;
-  if (k_prefix == k || k_prefix == 0) {
-    cblas_call(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    return;
-  }
-  cblas_call(transpose_a, transpose_b, m, n, k_prefix, alpha, a, lda, b, ldb, beta, c, ldc);
-  // Columns k_prefix.. of op(A) and rows k_prefix.. of op(B).
-  const float* a_rest = transpose_a ? a + k_prefix * lda : a + k_prefix;
-  const float* b_rest = transpose_b ? b + k_prefix : b + k_prefix * ldb;
-  cblas_call(transpose_a, transpose_b, m, n, k - k_prefix, alpha, a_rest, lda, b_rest, ldb, 1.0f, c,
-             ldc);
+  const GemmProblem p{transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc};
+  sgemm_batch(&p, 1);
 }
 
+void set_gemm_path(GemmPath path) { g_path = path; }
+GemmPath gemm_path() { return g_path; }
+
 void set_num_threads(int threads) {
+  (void)g_blas_single_threaded;
   if (threads <= 0) return;
   omp_set_num_threads(threads);
-  openblas_set_num_threads(threads);
+  openblas_set_num_threads(1);
 }
 
 int num_threads() { return omp_get_max_threads(); }

@@ -1,15 +1,55 @@
 // The one GEMM entry point of the CPU backend (CBLAS; OpenBLAS by default). Swap the library here.
+//
+// Determinism by construction: the BLAS always runs single-threaded, and we cut every product
+// into tiles of C whose boundaries depend only on the shape (m, n, k), never on the thread count.
+// Each tile is one BLAS call with the same operands whichever thread runs it, so every element of
+// C is computed by the same call at any thread count, whatever the BLAS kernel's blocking.
+// Threads come from our own OpenMP loop over the tiles (docs/ARCHITECTURE.md, "Determinism").
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 namespace moe::cpu {
 
 // Row-major C[M,N] = alpha * op(A)[M,K] op(B)[K,N] + beta * C.
+struct GemmProblem {
+  bool transpose_a = false, transpose_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  float alpha = 1.0f;
+  const float* a = nullptr;
+  int64_t lda = 0;
+  const float* b = nullptr;
+  int64_t ldb = 0;
+  float beta = 0.0f;
+  float* c = nullptr;
+  int64_t ldc = 0;
+};
+
 void sgemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha,
            const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
            int64_t ldc);
 
-// Threads for BLAS and OpenMP loops.
+// Independent products (their C regions must not overlap), all their tiles in one parallel loop:
+// the grouped expert GEMMs and per-head attention products use this so that many small products
+// share the threads instead of each running alone.
+void sgemm_batch(const GemmProblem* problems, size_t count);
+
+// The tile grid of a product: a pure function of (m, n, k). Exposed for tests.
+struct GemmTiling {
+  int64_t tile_m, tile_n;    // rows and columns of C per tile (the last ones may be shorter)
+  int64_t tiles_m, tiles_n;  // tiles along M and N
+};
+GemmTiling gemm_tiling(int64_t m, int64_t n, int64_t k);
+
+// Benchmarks only: how cpu::sgemm runs. `tiled` is the library's (deterministic) path;
+// `vendor_threaded` hands each product whole to the BLAS with its own threads, as this library
+// did before 2026-11-25: sometimes faster, but its rounding then depends on the BLAS kernel's
+// thread split. moe-bench times both in one run.
+enum class GemmPath { tiled, vendor_threaded };
+void set_gemm_path(GemmPath path);
+GemmPath gemm_path();
+
+// Threads for our OpenMP loops (the BLAS itself stays single-threaded).
 void set_num_threads(int threads);
 int num_threads();
 

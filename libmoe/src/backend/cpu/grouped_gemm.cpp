@@ -1,12 +1,13 @@
 // CPU grouped expert GEMM: one sgemm per non-empty expert segment on the contiguous rows of the
 // permuted buffer (no padding, no copies), plus the per-row bias / activation loops of the experts.
 // Shapes: M rows of the permuted buffer, D model width, F expert hidden width, E experts;
-// offsets [E+1] delimit the segments. OpenBLAS threads itself, so the GEMMs run outside any OpenMP
-// region; the row loops are OpenMP over rows, bias gradients sum rows in order, and every GEMM cuts
-// its K dimension at fixed places (below): results do not depend on the thread count.
+// offsets [E+1] delimit the segments. The segments' GEMMs go to cpu::sgemm_batch (tiles fixed by
+// each segment's shape, one parallel loop over all of them); the row loops are OpenMP over rows and
+// bias gradients sum rows in order: results do not depend on the thread count.
 #include <algorithm>
 #include <cmath>
 #include <utility>
+#include <vector>
 
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/parallel.h"
@@ -132,13 +133,16 @@ void grouped_gemm(const Tensor& a, const Tensor& w, bool transpose_w,
   const float* as = a.data<float>();
   const float* ws = w.data<float>();
   float* cs = c.data<float>();
-  // One GEMM per non-empty segment (cpu::sgemm keeps it thread-count independent).
+  // One GEMM per non-empty segment, all their tiles in one parallel loop.
+  std::vector<cpu::GemmProblem> problems;
+  problems.reserve(static_cast<size_t>(experts));
   for (int64_t e = 0; e < experts; ++e) {
     const int64_t begin = offsets[e], m = offsets[e + 1] - begin;
     if (m == 0) continue;
-    cpu::sgemm(false, transpose_w, m, n, k, 1.0f, as + begin * k, k, ws + e * r * s, s, beta,
-               cs + begin * n, n);
+    problems.push_back({false, transpose_w, m, n, k, 1.0f, as + begin * k, k, ws + e * r * s, s,
+                        beta, cs + begin * n, n});
   }
+  cpu::sgemm_batch(problems.data(), problems.size());
 }
 
 void grouped_gemm_weight_grad(const Tensor& dy, const Tensor& x,
@@ -162,12 +166,15 @@ void grouped_gemm_weight_grad(const Tensor& dy, const Tensor& x,
   const float* dys = dy.data<float>();
   const float* xs = x.data<float>();
   float* dws = dw.data<float>();
+  std::vector<cpu::GemmProblem> problems;
+  problems.reserve(static_cast<size_t>(experts));
   for (int64_t e = 0; e < experts; ++e) {
     const int64_t begin = offsets[e], m = offsets[e + 1] - begin;
     if (m == 0) continue;
-    cpu::sgemm(true, false, r, s, m, 1.0f, dys + begin * r, r, xs + begin * s, s, 1.0f,
-               dws + e * r * s, s);
+    problems.push_back({true, false, r, s, m, 1.0f, dys + begin * r, r, xs + begin * s, s, 1.0f,
+                        dws + e * r * s, s});
   }
+  cpu::sgemm_batch(problems.data(), problems.size());
 }
 
 void expert_activation(Tensor& h, const Tensor& h3, const Tensor& bias,
