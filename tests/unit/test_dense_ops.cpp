@@ -16,6 +16,7 @@
 #include "moe/ops/dense.h"
 #include "moe/param.h"
 #include "moe/threads.h"
+#include "support/bits.h"
 #include "support/gradcheck.h"
 
 using namespace moe;
@@ -28,15 +29,8 @@ void require_close(float a, double b, double rel) {
   REQUIRE(std::fabs(a - b) <= rel * std::max(1.0, std::fabs(b)));
 }
 
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
-}
-
-// Restores the thread count a test changed.
-struct ThreadGuard {
-  int before = num_threads();
-  ~ThreadGuard() { set_num_threads(before); }
-};
+using test::bitwise_equal;
+using test::ThreadGuard;
 
 }  // namespace
 
@@ -177,6 +171,40 @@ TEST_CASE("dense: attention backward matches finite differences of the core op",
   MOE_REQUIRE_GRAD(test::check_gradient(q, dq, loss), 1e-2);
   MOE_REQUIRE_GRAD(test::check_gradient(k, dk, loss), 1e-2);
   MOE_REQUIRE_GRAD(test::check_gradient(v, dv, loss), 1e-2);
+}
+
+TEST_CASE("dense: cross_entropy at V = 70,000 is unbiased against fp64", "[dense]") {
+  // A large vocabulary with O(1)-scale logits (HF-imported models have V = 32k-150k): the sum of
+  // exp(x - max) runs over 70,000 terms. The fp32 exps are each within ~1 ulp, so the fp64
+  // logsumexp differs from ours by about 1.2e-7 (the terms' own rounding) plus the final rounding
+  // of nll (~12 here: 1 ulp = 9.5e-7). We allow 2e-6 per row and 2e-7 for the mean over rows
+  // (rounding errors of random sign average out; a bias does not). An fp32 running sum was
+  // ~8e-5 too high on every row at this V.
+  const int64_t n = 16, vocab = 70000;
+  Tensor logits = test::random_tensor({n, vocab}, 35, 1.0f);
+  std::vector<int32_t> target_ids;
+  for (int64_t i = 0; i < n; ++i) target_ids.push_back(static_cast<int32_t>((i * 4111) % vocab));
+  Tensor targets = Tensor::from_vector({n}, target_ids);
+  Tensor dlogits, row_nll;
+  nn::cross_entropy(logits, targets, &dlogits, 1.0f, &row_nll);
+  const float* x = logits.data<float>();
+  double bias = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = x + i * vocab;
+    double mx = row[0], sum = 0;
+    for (int64_t j = 1; j < vocab; ++j) mx = std::max(mx, static_cast<double>(row[j]));
+    for (int64_t j = 0; j < vocab; ++j) sum += std::exp(row[j] - mx);
+    const double want = mx + std::log(sum) - row[target_ids[i]];
+    const double got = row_nll.data<float>()[i];
+    INFO("row " << i << " nll " << got << " fp64 " << want);
+    REQUIRE(std::fabs(got - want) <= 2e-6);
+    bias += (got - want) / n;
+    // The gradient is softmax - onehot over rows' mean: check one row's softmax mass.
+    double mass = 0;
+    for (int64_t j = 0; j < vocab; ++j) mass += dlogits.data<float>()[i * vocab + j];
+    REQUIRE(std::fabs(mass) <= 1e-6);  // sum_j (p_j - [j == t]) / n = 0
+  }
+  CHECK(std::fabs(bias) <= 2e-7);
 }
 
 TEST_CASE("dense: cross_entropy matches log-softmax in double", "[dense]") {

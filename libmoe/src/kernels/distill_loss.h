@@ -27,16 +27,18 @@ MOE_HD DistillRow distill_loss_row(const float* s, const float* t, int64_t n, in
     ms = s[j] > ms ? s[j] : ms;
     mt = t[j] > mt ? t[j] : mt;
   }
-  // Sums of exp(s - ms), exp((s - ms)/T), exp((t - mt)/T).
-  float sum_s = 0.0f, sum_st = 0.0f, sum_tt = 0.0f;
+  // Sums of exp(s - ms), exp((s - ms)/T), exp((t - mt)/T), and the KL sum, accumulated in double
+  // so that their error does not grow with V (see kernels/cross_entropy.h).
+  double sum_s = 0.0, sum_st = 0.0, sum_tt = 0.0;
   for (int64_t j = 0; j < n; ++j) {
     sum_s += expf(s[j] - ms);
     sum_st += expf((s[j] - ms) * inv_t);
     sum_tt += expf((t[j] - mt) * inv_t);
   }
-  const float log_sum_st = logf(sum_st), log_sum_tt = logf(sum_tt);
-  float kl = 0.0f;
-  const float ce_scale = grad_scale * ce_weight / sum_s;
+  const float log_sum_st = static_cast<float>(log(sum_st));
+  const float log_sum_tt = static_cast<float>(log(sum_tt));
+  double kl = 0.0;
+  const float ce_scale = static_cast<float>(grad_scale * ce_weight / sum_s);
   const float kd_scale = grad_scale * kd_weight * temperature;
   for (int64_t j = 0; j < n; ++j) {
     const float log_p = (s[j] - ms) * inv_t - log_sum_st;
@@ -47,9 +49,9 @@ MOE_HD DistillRow distill_loss_row(const float* s, const float* t, int64_t n, in
   }
   if (dx) dx[target] -= grad_scale * ce_weight;
   DistillRow row;
-  row.ce = ms + logf(sum_s) - s[target];
+  row.ce = static_cast<float>(static_cast<double>(ms - s[target]) + log(sum_s));
   // KL >= 0; rounding can leave a tiny negative value when the distributions agree.
-  row.kd = temperature * temperature * (kl > 0.0f ? kl : 0.0f);
+  row.kd = temperature * temperature * static_cast<float>(kl > 0.0 ? kl : 0.0);
   return row;
 }
 
