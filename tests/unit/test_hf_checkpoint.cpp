@@ -596,6 +596,20 @@ TEST_CASE("hf: storage dtypes are kept, or converted to f32 when mixed", "[hf]")
   REQUIRE(model_config_from_json(b.model_config).dtype == DType::bf16);
   REQUIRE(same_bytes(param(b, "embed.tokens").tensor, bf16.at("model.embed_tokens.weight")));
   REQUIRE(param(b, "blocks.0.moe.experts.w1").tensor.dtype() == DType::bf16);
+  // bf16 means bf16 storage: every activation stays f32 (the residual stream is never rounded),
+  // so the bf16 model is HF's f32 evaluation of those weights (the fp64 reference on the upcast
+  // weights) to f32 rounding, and gives the very bits of an f32 model holding the upcast values.
+  // Rounding the residual stream to bf16 after each block made it differ by 2.6e-3 of the logits.
+  std::map<std::string, Tensor> upcast;
+  for (const auto& [name, tensor] : bf16) upcast[name] = tensor.to(DType::f32);
+  const int64_t B = 2, T = 12;
+  const auto ids = random_token_ids(B * T, int32_t(t.V), 8);
+  const std::vector<float> ours = our_logits(b, dir.file("bf16.h5"), ids, B, T);
+  const double error = relative_error(ours, hf_reference_logits(t, upcast, ids, B, T, true));
+  INFO("bf16 model against the fp64 evaluation of its weights: relative error " << error);
+  REQUIRE(error < 1e-5);
+  write_hf_dir(dir.file("upcast"), mixtral_config(t), upcast, 1);
+  REQUIRE(ours == our_logits(io::import_hf(dir.file("upcast")), dir.file("upcast.h5"), ids, B, T));
 
   write_hf_dir(dir.file("mixed"), mixtral_config(t), mixed, 1);
   io::HfImportReport report;

@@ -148,7 +148,7 @@ Tensor Transformer::forward_cached(const Tensor& ids, const std::vector<int64_t>
       for (int64_t t = 0; t < rows.count[r]; ++t) p[i++] = static_cast<int32_t>(rows.start[r] + t);
     ops::axpy(1.0f, positions_->forward(pos.to(on)), x);
   }
-  ops::round_to_dtype(x, config_.dtype);
+  // bf16/f16 models store parameters in 16 bits; activations stay f32 (docs/FORMATS.md, dtypes).
   for (size_t i = 0; i < blocks_.size(); ++i) {
     nn::RouterStep step;
     step.training = false;
@@ -156,7 +156,6 @@ Tensor Transformer::forward_cached(const Tensor& ids, const std::vector<int64_t>
     if (hooks && hooks->before) hooks->before(static_cast<int64_t>(i));
     x = blocks_[i]->forward_cached(x, rows, cache.blocks[i], step, nullptr);
     if (hooks && hooks->after) hooks->after(static_cast<int64_t>(i));
-    ops::round_to_dtype(x, config_.dtype);
   }
   for (int64_t r = 0; r < num_rows; ++r)
     cache.length[static_cast<size_t>(rows.slot[r])] += rows.count[r];
@@ -200,8 +199,7 @@ Tensor Transformer::forward_blocks(const Tensor& ids, const Tensor& targets,
   MOE_CHECK(ids.ndim() == 2 && targets.shape() == ids.shape(), "batch: ids ", ids.describe(),
             " and targets ", targets.describe(), " must both be [B,T]");
   int64_t batch = ids.dim(0), seq = ids.dim(1);
-  Tensor x = embed(ids, batch, seq, sharded_saved);
-  ops::round_to_dtype(x, config_.dtype);
+  Tensor x = embed(ids, batch, seq, sharded_saved);  // f32 activations whatever the dtype
   if (saved) saved->resize(blocks_.size());
   for (size_t i = 0; i < blocks_.size(); ++i) {
     nn::RouterStep s = step;
@@ -210,7 +208,6 @@ Tensor Transformer::forward_blocks(const Tensor& ids, const Tensor& targets,
     if (hooks && hooks->before) hooks->before(static_cast<int64_t>(i));
     x = blocks_[i]->forward(x, batch, seq, s, saved ? &(*saved)[i] : nullptr, &ms);
     if (hooks && hooks->after) hooks->after(static_cast<int64_t>(i));
-    ops::round_to_dtype(x, config_.dtype);
     if (blocks_[i]->has_moe()) {
       stats.aux_loss += ms.aux_loss;
       stats.z_loss += ms.z_loss;
