@@ -449,8 +449,7 @@ void TraceWriter::Impl::finish() {
     return;
   }
   fsync_path(temp, false);
-  if (std::rename(temp.c_str(), path.c_str()) != 0)
-    throw Error(str("cannot rename '", temp, "' to '", path, "': ", std::strerror(errno)));
+  rename_into_place(temp, path);
 }
 
 TraceWriter::TraceWriter(const std::string& path, const TraceInfo& info, int64_t chunk_tokens,
@@ -464,6 +463,7 @@ TraceWriter::TraceWriter(const std::string& path, const TraceInfo& info, int64_t
   w.info = info;
   if (path.empty()) throw Error("trace: empty output path");
   if (path == "-" && !image_out) throw Error("trace '-': no FILE* to write the image to");
+  if (path != "-") check_replaceable(path);
   check_info(info, w.who());
   if (info.source != "record" && info.source != "train")
     throw Error(str(w.who(), ": source is '", info.source, "', expected 'record' or 'train'"));
