@@ -8,6 +8,7 @@
 #include "common/cli.h"
 #include "moe/io/convert.h"
 #include "moe/io/hf_checkpoint.h"
+#include "moe/io/output.h"
 #include "moe/log.h"
 
 using namespace moe;
@@ -49,6 +50,13 @@ std::string shape_text(const Shape& shape) {
 
 void refuse_stdout(const std::string& out) {
   MOE_USAGE_CHECK(out != "-", "-o -: checkpoints are written to files, not to stdout");
+}
+
+// A file output (-o FILE) is checked before any work: never a device, FIFO or link, and an
+// existing file only with --force (as partition's output directory).
+void check_file_output(const Options& o) {
+  refuse_stdout(o.out);
+  io::check_output_file(o.out, o.force);
 }
 
 // The file converted outputs take their history from: the input, or rank 0's file of it.
@@ -118,7 +126,7 @@ int run_inspect(Options& o, const Argv&) {
 // ---- dtype, freeze, merge ---------------------------------------------------------------------
 
 int run_dtype(Options& o, const Argv& a) {
-  refuse_stdout(o.out);
+  check_file_output(o);
   bool merged = false;
   io::Checkpoint in = io::load_whole(o.inputs, true, &merged);
   const DType to = parse_dtype(o.to);
@@ -137,7 +145,7 @@ int run_dtype(Options& o, const Argv& a) {
 }
 
 int run_freeze(Options& o, const Argv& a) {
-  refuse_stdout(o.out);
+  check_file_output(o);
   bool merged = false;
   io::Checkpoint in = io::load_whole(o.inputs, true, &merged);
   io::Checkpoint out = io::freeze(in);
@@ -150,7 +158,7 @@ int run_freeze(Options& o, const Argv& a) {
 }
 
 int run_merge(Options& o, const Argv& a) {
-  refuse_stdout(o.out);
+  check_file_output(o);
   const std::vector<std::string> files = io::checkpoint_files(o.inputs);
   io::Checkpoint merged = io::merge_shards(files);
   const io::Provenance source = merged.provenance;
@@ -213,7 +221,7 @@ int run_partition(Options& o, const Argv& a) {
 // ---- Hugging Face ---------------------------------------------------------------------------
 
 int run_import_hf(Options& o, const Argv& a) {
-  refuse_stdout(o.out);
+  check_file_output(o);
   io::HfImportOptions options;
   options.allow_unmapped = o.allow_unmapped;
   options.max_seq = o.max_seq;
@@ -263,8 +271,9 @@ void add_checkpoint_input(CLI::App* sub, Options& o) {
       ->required();
 }
 
-void add_output(CLI::App* sub, Options& o, const char* what) {
+void add_output(CLI::App* sub, Options& o, const char* what, bool file = true) {
   sub->add_option("-o,--out", o.out, what)->required();
+  if (file) sub->add_flag("--force", o.force, "Replace an existing output file");
 }
 
 }  // namespace
@@ -325,7 +334,7 @@ int main(int argc, char** argv) {
   part->add_flag("--shard-embedding", o.shard_embedding,
                  "Also split the token table by columns over the ranks (untied head)");
   part->add_flag("--force", o.force, "Replace an existing output directory");
-  add_output(part, o, "Output directory (rank-<5 digits>.h5 files)");
+  add_output(part, o, "Output directory (rank-<5 digits>.h5 files)", false);
   subs.push_back({part, run_partition});
 
   auto* import = app.add_subcommand(
@@ -348,7 +357,7 @@ int main(int argc, char** argv) {
   auto* exporter = app.add_subcommand(
       "export-hf", "A mixtral-flavour checkpoint as a Hugging Face Mixtral directory");
   add_checkpoint_input(exporter, o);
-  add_output(exporter, o, "Output directory (config.json, model.safetensors)");
+  add_output(exporter, o, "Output directory (config.json, model.safetensors)", false);
   subs.push_back({exporter, run_export_hf});
 
   return tools::run_tool("moe-convert", app, argc, argv, [&]() -> int {
