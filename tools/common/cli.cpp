@@ -9,6 +9,9 @@
 #include <filesystem>
 
 #include "moe/cuda.h"
+#ifdef MOE_HAVE_MPI
+#include "moe/comm/mpi.h"
+#endif
 #include "moe/log.h"
 #include "moe/threads.h"
 #include "moe/version.h"
@@ -60,7 +63,7 @@ void apply_common_options(const CommonOptions& o) {
 }
 
 int run_tool(const std::string& tool, CLI::App& app, int argc, char** argv,
-             const std::function<int()>& body) {
+             const std::function<int()>& body, Scope scope) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -70,6 +73,18 @@ int run_tool(const std::string& tool, CLI::App& app, int argc, char** argv,
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
+#ifdef MOE_HAVE_MPI
+    // The other ranks may have parsed their flags and be waiting in MPI_Init or a collective:
+    // join MPI (MPI_Abort needs it) and end the job, as a rank failing later would.
+    if (scope == Scope::job && comm::launched_under_mpi()) {
+      std::unique_ptr<comm::Communicator> world = comm::make_mpi_world();
+      if (world->size() > 1)
+        comm::abort_job(str(tool, ": error: ", e.what(), " (run '", tool, " --help' for the flags)"),
+                        2);
+    }
+#else
+    (void)scope;
+#endif
     std::fprintf(stderr, "%s: error: %s\nRun '%s --help' for the flags.\n", tool.c_str(), e.what(),
                  tool.c_str());
     return 2;

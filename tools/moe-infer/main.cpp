@@ -430,5 +430,5 @@ int main(int argc, char** argv) {
 #endif
       throw;
     }
-  });
+  }, tools::Scope::job);
 }
