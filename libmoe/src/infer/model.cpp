@@ -3,6 +3,8 @@
 #include <cstring>
 #include <filesystem>
 
+#include "moe/io/finite.h"
+
 namespace moe::infer {
 
 LoadedModel load_model(const std::string& path, bool experts, const nn::Parallel* parallel) {
@@ -20,6 +22,7 @@ LoadedModel load_model(const std::string& path, bool experts, const nn::Parallel
     MOE_CHECK(p, "'", path, "': tensor '", name, "' is not a parameter of its own model");
     MOE_CHECK(tensor.shape() == p->value.shape() && tensor.dtype() == p->value.dtype(), "'", path,
               "': tensor ", tensor.describe(), " does not match parameter ", p->value.describe());
+    io::check_finite(str("'", path, "'"), name, tensor);  // never score or serve garbage
     p->value.copy_from(tensor);
     p->refresh_compute();
     ++matched;
@@ -45,6 +48,8 @@ LoadedModel load_model(const std::string& path, bool experts, const nn::Parallel
                     "': expert ", p->shard.start + e, " of '", name, "' is ", one.describe(),
                     ", the model expects ", per_expert, " ", dtype_name(p->value.dtype()),
                     " elements");
+          io::check_finite(str("'", path, "'"), str(name, " (expert ", p->shard.start + e, ")"),
+                           one);
           std::memcpy(static_cast<std::byte*>(p->value.raw()) + e * one.nbytes(), one.raw(),
                       one.nbytes());
         }

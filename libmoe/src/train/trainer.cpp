@@ -11,6 +11,7 @@
 #include <set>
 
 #include "moe/cuda.h"
+#include "moe/io/finite.h"
 #include "moe/log.h"
 #include "moe/ops/core.h"
 #include "moe/timer.h"
@@ -91,7 +92,15 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
   MOE_USAGE_CHECK(train.batch % world_size() == 0, "--batch ", train.batch,
                   " does not divide over ", world_size(), " data-parallel ranks");
   MOE_USAGE_CHECK(train.steps >= 1, "--steps must be >= 1 (got ", train.steps, ")");
-  MOE_USAGE_CHECK(train.lr > 0, "--lr must be > 0 (got ", train.lr, ")");
+  // Every number is finite and in range (an infinite --lr trains every parameter to NaN).
+  MOE_USAGE_CHECK(train.lr > 0 && std::isfinite(train.lr), "--lr must be a finite number > 0 (got ",
+                  train.lr, ")");
+  MOE_USAGE_CHECK(train.clip >= 0 && std::isfinite(train.clip),
+                  "--clip must be a finite number >= 0 (0 = off; got ", train.clip, ")");
+  MOE_USAGE_CHECK(train.weight_decay >= 0 && std::isfinite(train.weight_decay),
+                  "--weight-decay must be a finite number >= 0 (got ", train.weight_decay, ")");
+  MOE_USAGE_CHECK(train.min_lr_ratio >= 0 && train.min_lr_ratio <= 1,
+                  "--min-lr-ratio must be in [0, 1] (got ", train.min_lr_ratio, ")");
   MOE_USAGE_CHECK(train.warmup >= 0, "--warmup must be >= 0");
   MOE_USAGE_CHECK(train.val_fraction > 0 && train.val_fraction < 1,
                   "--val-fraction must be in (0, 1)");
@@ -204,7 +213,21 @@ void Trainer::restore(const io::Checkpoint& ckpt) {
   load_tensors(ckpt);
 }
 
+// A tensor on the host, to look at its values (a copy only for device tensors).
+static Tensor on_host(const Tensor& t) { return t.device().kind == Device::cpu ? t : t.to(Device{}); }
+
+// Parameters or optimizer state holding NaN/Inf are never saved: the run diverged.
+static void check_saveable(const io::Checkpoint& c, int64_t step) {
+  const std::string where = str("step ", step, ": not saving the checkpoint");
+  for (const std::vector<io::NamedTensor>* group : {&c.params, &c.optim})
+    for (const io::NamedTensor& nt : *group) io::check_finite(where, nt.name, on_host(nt.tensor));
+}
+
 void Trainer::load_tensors(const io::Checkpoint& ckpt) {
+  // Garbage is refused at load, naming the tensor, rather than trained on.
+  const std::string where = str("checkpoint to resume (step ", ckpt.state.step, ")");
+  io::check_finite(where, ckpt.params);
+  io::check_finite(where, ckpt.optim);
   for (const io::NamedTensor& nt : ckpt.params) {
     Param* p = params_->find(nt.name);
     MOE_CHECK(p, "checkpoint tensor '", nt.name, "' is not a parameter of this model");
@@ -358,6 +381,13 @@ StepStats Trainer::step(bool capture_routing) {
                       static_cast<float>(train_.lr * train_.min_lr_ratio));
   optimizer_->step(static_cast<float>(s.lr));
   ++step_;
+  // An update that made a parameter non-finite (an infinite --lr, say) stops the run here, before
+  // it is saved or trained on. Device parameters are checked when saved (no copy every step).
+  for (const Param* p : std::as_const(*params_).all())
+    if (p->value.device().kind == Device::cpu)
+      io::check_finite(str("step ", step_, ", after the update (the run diverged; nothing saved: "
+                           "try a lower --lr or --clip)"),
+                       p->name, p->value);
   s.tokens = train_.batch * mc.seq;
   tokens_seen_ += s.tokens;
   s.step = step_;
@@ -634,7 +664,9 @@ std::string Trainer::save(const std::string& dir) const {
     world_->barrier();
     return path.string();
   }
-  io::save_checkpoint(path.string(), snapshot());
+  const io::Checkpoint c = snapshot();
+  check_saveable(c, step_);
+  io::save_checkpoint(path.string(), c);
   point_link(dir, "last.h5", name);  // last.h5 -> the newest checkpoint
   if (world_size() > 1) world_->barrier();
   return path.string();
@@ -662,7 +694,11 @@ std::string Trainer::save_sharded(const std::string& dir) const {
   bool writes = false;
   for (const Param* p : std::as_const(*params_).all()) writes |= owns(*p);
   try {
-    if (writes) io::save_checkpoint(shard_file(step_dir, rank()), snapshot_owned());
+    if (writes) {
+      const io::Checkpoint c = snapshot_owned();
+      check_saveable(c, step_);
+      io::save_checkpoint(shard_file(step_dir, rank()), c);
+    }
   } catch (const std::exception& e) {
     error = e.what();
   }
