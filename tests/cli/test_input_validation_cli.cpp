@@ -1,0 +1,235 @@
+// Garbage in is refused, loudly, by every tool (issue 14): numeric flags that are not finite or
+// out of range, non-finite weights in checkpoints and safetensors, prompt fields that are not
+// integers, damaged traces and path tables, and a training run that diverges. Each case: a clean
+// "moe-<tool>: error: ..." naming the flag, file, line or tensor; exit 1 (2 for usage errors);
+// nothing written.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "moe/io/checkpoint.h"
+#include "moe/io/hdf5.h"
+#include "moe/io/safetensors.h"
+#include "support/run.h"
+
+using namespace moe;
+using test::run_command;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string tool(const std::string& name, const std::string& args) {
+  return test::tool_path(name) + " " + args;
+}
+
+const std::string kModel =
+    " --layers 2 --d-model 16 --heads 2 --d-ff 32 --seq 16 --experts 4 --moe-every 1 --batch 4"
+    " --eval-batches 1 --threads 1 -q";
+
+// A tiny mixtral model, trained once for the cases below.
+struct Trained {
+  test::ScratchDir dir{"cli-validation"};
+  std::string ckpt;
+  Trained() {
+    auto r = run_command(tool("moe-train", "--data " + test::fortunes_path("linux") + " --out " +
+                                               (dir / "run") + kModel +
+                                               " --arch mixtral --kv-heads 1 --steps 2"));
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    ckpt = dir / "run/last.h5";
+  }
+};
+
+Trained& trained() {
+  static Trained t;
+  return t;
+}
+
+void expect_error(const test::RunResult& r, const std::string& tool_name, int code,
+                  const std::vector<std::string>& needles) {
+  INFO(r.err);
+  REQUIRE(r.exit_code == code);
+  REQUIRE(r.err.find(tool_name + ": error: ") != std::string::npos);
+  for (const std::string& n : needles) REQUIRE(r.err.find(n) != std::string::npos);
+  REQUIRE(r.err.find("terminate") == std::string::npos);
+  REQUIRE(r.err.find("bad_alloc") == std::string::npos);
+}
+
+}  // namespace
+
+TEST_CASE("cli: numeric flags must be finite and in range, in every tool", "[cli][validation]") {
+  Trained& t = trained();
+  test::ScratchDir dir("cli-validation-flags");
+  const std::string train = "--data " + test::fortunes_path("linux") + " --out " + (dir / "run") +
+                            kModel + " --steps 1 ";
+  struct Case {
+    std::string tool, args, message;
+  };
+  const std::vector<Case> cases = {
+      {"moe-train", train + "--lr inf", "--lr: must be a finite number, got inf"},
+      {"moe-train", train + "--lr nan", "--lr: must be a finite number, got nan"},
+      {"moe-train", train + "--lr 1e999", "--lr: must be a finite number"},
+      {"moe-train", train + "--lr -0.1", "--lr must be a finite number > 0"},
+      {"moe-train", train + "--clip -1", "--clip must be a finite number >= 0"},
+      {"moe-train", train + "--weight-decay -0.5", "--weight-decay must be a finite number >= 0"},
+      {"moe-train", train + "--min-lr-ratio 1.5", "--min-lr-ratio must be in [0, 1]"},
+      {"moe-train", train + "--capacity-factor inf", "--capacity-factor: must be a finite number"},
+      {"moe-train", train + "--aux-loss-coef -inf", "--aux-loss-coef: must be a finite number"},
+      {"moe-train", train + "--rope-theta 0 --arch mixtral", "--rope-theta must be a finite"},
+      {"moe-train", train + "--threads 1000000", "--threads: at most"},
+      {"moe-train", train + "--threads -1", "--threads: must be >= 0"},
+      {"moe-infer", "generate --model " + t.ckpt + " --prompts - --temperature inf",
+       "--temperature: must be a finite number"},
+      {"moe-infer", "generate --model " + t.ckpt + " --prompts - --top-p nan",
+       "--top-p: must be a finite number"},
+      {"moe-profile", "record --model " + t.ckpt + " --data x -o y --threads 99999",
+       "--threads: at most"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.tool << " " << c.args);
+    expect_error(run_command(tool(c.tool, c.args) + " </dev/null"), c.tool, 2, {c.message});
+    REQUIRE_FALSE(fs::exists(dir / "run"));
+  }
+  // A --config file goes through the same checks.
+  test::write_file(dir / "bad.toml", "lr = inf\n");
+  expect_error(run_command(tool("moe-train", train + "--config " + (dir / "bad.toml"))),
+               "moe-train", 2, {"--lr: must be a finite number"});
+  REQUIRE_FALSE(fs::exists(dir / "run"));
+}
+
+TEST_CASE("cli: a run whose update makes a parameter non-finite stops and saves nothing",
+          "[cli][validation]") {
+  test::ScratchDir dir("cli-validation-diverge");
+  // The largest finite float as --lr with no warmup: the first update overflows.
+  auto r = run_command(tool("moe-train", "--data " + test::fortunes_path("linux") + " --out " +
+                                             dir.path() + kModel +
+                                             " --steps 1 --warmup 0 --lr 3.4e38"));
+  expect_error(r, "moe-train", 1,
+               {"step 1, after the update (the run diverged", "tensor '", "non-finite value"});
+  REQUIRE_FALSE(fs::exists(dir / "step-00000001.h5"));
+  REQUIRE_FALSE(fs::exists(dir / "last.h5"));
+}
+
+TEST_CASE("cli: non-finite weights are refused at load, naming the tensor", "[cli][validation]") {
+  Trained& t = trained();
+  test::ScratchDir dir("cli-validation-nan");
+  io::Checkpoint c = io::load_checkpoint(t.ckpt);
+  io::NamedTensor* victim = nullptr;
+  for (io::NamedTensor& nt : c.params)
+    if (nt.tensor.dtype() == DType::f32 && nt.tensor.numel() > 5) victim = &nt;
+  REQUIRE(victim);
+  victim->tensor.data<float>()[5] = std::numeric_limits<float>::quiet_NaN();
+  const std::string bad = dir / "nan.h5";
+  io::save_checkpoint(bad, c);  // the file layer stores any bits; the loaders judge them
+  const std::string named = "tensor '" + victim->name + "' holds a non-finite value (NaN";
+  const std::string data = " --data " + test::fortunes_path("computers") + " --max-sequences 2";
+  expect_error(run_command(tool("moe-infer", "score --model " + bad + data)), "moe-infer", 1,
+               {bad, named});
+  expect_error(run_command(tool("moe-infer", "score --model " + bad + data + " --expert-budget 4")),
+               "moe-infer", 1, {bad, named});
+  expect_error(run_command(tool("moe-train", "--resume " + bad + " --out " + (dir / "resumed") +
+                                                 " --steps 3")),
+               "moe-train", 1, {"checkpoint to resume", named});
+  REQUIRE_FALSE(fs::exists(dir / "resumed/step-00000003.h5"));
+
+  // An Hugging Face directory whose safetensors hold an infinity.
+  const std::string hf = dir / "hf";
+  REQUIRE(run_command(tool("moe-convert", "export-hf " + t.ckpt + " -o " + hf)).exit_code == 0);
+  const std::string file = hf + "/model.safetensors";
+  std::vector<io::NamedTensor> tensors;
+  std::string poisoned;
+  {
+    io::SafetensorsReader reader(file);
+    for (const io::SafetensorsEntry& e : reader.tensors()) {
+      Tensor x = reader.read(e.name);
+      if (poisoned.empty() && x.dtype() == DType::f32 && x.numel() > 3 &&
+          e.name.find("experts") != std::string::npos) {
+        x.data<float>()[3] = -std::numeric_limits<float>::infinity();
+        poisoned = e.name;
+      }
+      tensors.push_back({e.name, x, false});
+    }
+  }
+  REQUIRE_FALSE(poisoned.empty());
+  io::write_safetensors(file, tensors);
+  expect_error(
+      run_command(tool("moe-convert", "import-hf " + hf + " -o " + (dir / "imported.h5"))),
+      "moe-convert", 1, {file, "tensor '" + poisoned + "' holds a non-finite value (-inf"});
+  REQUIRE_FALSE(fs::exists(dir / "imported.h5"));
+}
+
+TEST_CASE("cli: prompt fields that are not integers or are out of range name their line",
+          "[cli][validation]") {
+  Trained& t = trained();
+  test::ScratchDir dir("cli-validation-prompts");
+  struct Case {
+    std::string line, message;
+  };
+  const std::vector<Case> cases = {
+      {R"({"prompt": "ab", "max_new": -0.5})", "\"max_new\" must be an integer, got -0.5"},
+      {R"({"prompt": "ab", "max_new": 2.5})", "\"max_new\" must be an integer, got 2.5"},
+      {R"({"prompt": "ab", "max_new": -3})", "\"max_new\" -3 is out of range"},
+      {R"({"prompt": "ab", "max_new": "4"})", "\"max_new\" must be an integer"},
+      {R"({"tokens": [1, 2.5]})", "\"tokens\" must be an integer, got 2.5"},
+      {R"({"tokens": [1, -2]})", "\"tokens\" -2 is out of range [0, 255]"},
+      {R"({"tokens": [1, 4294967295]})", "\"tokens\" 4294967295 is out of range"},
+      {R"({"prompt": "ab", "top_k": 1.5})", "\"top_k\" must be an integer"},
+      {R"({"prompt": "ab", "top_p": 0})", "\"top_p\" 0 is out of range (0, 1]"},
+      {R"({"prompt": "ab", "temperature": -1})", "\"temperature\" -1 is out of range"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.line);
+    const std::string prompts = dir / "prompts.jsonl";
+    test::write_file(prompts, "hello\n" + c.line + "\n");
+    auto r = run_command(tool("moe-infer", "generate -q --model " + t.ckpt + " --prompts " + prompts));
+    expect_error(r, "moe-infer", 1, {prompts + ":2: " + c.message});
+    REQUIRE(r.out.empty());
+  }
+}
+
+TEST_CASE("cli: moe-profile refuses a trace with negative loads and a damaged path table",
+          "[cli][validation]") {
+  Trained& t = trained();
+  test::ScratchDir dir("cli-validation-profile");
+  const std::string trace = dir / "trace.h5", table = dir / "paths.json";
+  REQUIRE(run_command(tool("moe-profile", "record -q --model " + t.ckpt + " --data " +
+                                              test::fortunes_path("computers") +
+                                              " --max-tokens 512 -o " + trace))
+              .exit_code == 0);
+  REQUIRE(run_command(tool("moe-profile", "paths -q " + trace + " --path-length 1 -o " + table))
+              .exit_code == 0);
+  // A negative load (summary printed max_over_min inf for it).
+  const std::string negative = dir / "negative.h5";
+  fs::copy_file(trace, negative);
+  {
+    io::h5::Session session;
+    hid_t file = H5Fopen(negative.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    REQUIRE(file >= 0);
+    hid_t ds = H5Dopen2(file, "/batches/loads", H5P_DEFAULT);
+    REQUIRE(ds >= 0);
+    hid_t space = H5Dget_space(ds);
+    std::vector<int64_t> loads(static_cast<size_t>(H5Sget_simple_extent_npoints(space)));
+    H5Sclose(space);
+    REQUIRE(H5Dread(ds, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, loads.data()) >= 0);
+    loads[1] = -loads[1] - 1;
+    REQUIRE(H5Dwrite(ds, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, loads.data()) >= 0);
+    H5Dclose(ds);
+    REQUIRE(H5Fclose(file) >= 0);
+  }
+  expect_error(run_command(tool("moe-profile", "summary " + negative)), "moe-profile", 1,
+               {negative, "/batches/loads", "batch 0, layer 0, expert 1", "is negative"});
+
+  nlohmann::json j = nlohmann::json::parse(test::read_file(table));
+  j["layers"][0]["paths"][0]["path"] = {-1};
+  test::write_file(dir / "negative.json", j.dump());
+  expect_error(run_command(tool("moe-profile", "accuracy " + (dir / "negative.json") + " " + trace)),
+               "moe-profile", 1, {"negative.json", "names expert -1 at layer 0"});
+  j = nlohmann::json::parse(test::read_file(table));
+  j["layers"][0].erase("predicts");
+  test::write_file(dir / "nopredicts.json", j.dump());
+  expect_error(
+      run_command(tool("moe-profile", "accuracy " + (dir / "nopredicts.json") + " " + trace)),
+      "moe-profile", 1, {"nopredicts.json", "has no 'predicts'"});
+}
