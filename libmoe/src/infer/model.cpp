@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "moe/io/finite.h"
+#include "moe/models/memory.h"
 
 namespace moe::infer {
 
@@ -14,6 +15,13 @@ LoadedModel load_model(const std::string& path, bool experts, const nn::Parallel
                     "(a run without --ep/--shard-embedding writes one)"));
   LoadedModel m;
   m.config = model_config_from_json(io::read_model_config(path));
+  // Before allocating: the resident parameters at least (experts not read, or only this rank's
+  // slice of them, are left out of the bound).
+  const bool sliced_experts = parallel && parallel->shards_experts();
+  const double params = parameter_lower_bound(m.config, experts && !sliced_experts ? 1 : 0);
+  check_fits_in_memory(params * double(dtype_size(m.config.dtype)),
+                       str("the model in '", path, "'"),
+                       str(params, " parameters of ", dtype_name(m.config.dtype)));
   m.params = std::make_unique<ParamSet>(0, m.config.dtype);
   m.model = std::make_unique<Transformer>(m.config, *m.params, parallel);
   size_t matched = 0;

@@ -12,6 +12,7 @@
 
 #include "moe/cuda.h"
 #include "moe/io/finite.h"
+#include "moe/models/memory.h"
 #include "moe/log.h"
 #include "moe/ops/core.h"
 #include "moe/timer.h"
@@ -85,6 +86,24 @@ static void check_vocab(const std::vector<int32_t>& tokens, int64_t vocab,
                          needed, " or more)"));
 }
 
+// This rank's share of the model and of one step, at least: every parameter's value and
+// gradient in the storage dtype and AdamW's two fp32 moments, and the step's fp32 logits.
+static void check_training_memory(const ModelConfig& config, const TrainConfig& train,
+                                  int world_size) {
+  const double ranks = double(world_size), ep = double(std::max<int64_t>(train.ep, 1));
+  const double params =
+      parameter_lower_bound(config, 1 / ep, train.shard_embedding ? 1 / ranks : 1);
+  const double state = params * double(2 * dtype_size(config.dtype) + 8);
+  const double logits = double(train.batch) / ranks * double(config.seq) *
+                        double(config.vocab_size) * 4;
+  check_fits_in_memory(
+      state + logits,
+      str("training this model (vocabulary ", config.vocab_size, ", d_model ", config.d_model,
+          ", ", config.layers, " layers, ", config.experts, " experts)"),
+      str(format_bytes(state), " for ", params, " parameters' values, gradients and AdamW ",
+          "state, ", format_bytes(logits), " for a step's logits", ranks > 1 ? " on each rank" : ""));
+}
+
 Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provenance provenance,
                  comm::Communicator* world)
     : train_(train), provenance_(std::move(provenance)), world_(world) {
@@ -126,6 +145,7 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
   MOE_USAGE_CHECK(!train.shard_embedding || !flavour_of(config).tied_head,
                   "--shard-embedding needs an untied LM head, but the ", arch_name(config.arch),
                   " flavour ties it to the token table (use --arch mixtral)");
+  check_training_memory(config, train, world_size());  // before any parameter is allocated
   setup_parallel();
   params_ = std::make_unique<ParamSet>(train.seed, config.dtype);
   model_ = std::make_unique<Transformer>(config, *params_, world_size() > 1 ? &parallel_ : nullptr);
