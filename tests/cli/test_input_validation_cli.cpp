@@ -233,3 +233,66 @@ TEST_CASE("cli: moe-profile refuses a trace with negative loads and a damaged pa
       run_command(tool("moe-profile", "accuracy " + (dir / "nopredicts.json") + " " + trace)),
       "moe-profile", 1, {"nopredicts.json", "has no 'predicts'"});
 }
+
+TEST_CASE("cli: absurd model sizes are refused with the figure and the machine's memory",
+          "[cli][validation]") {
+  test::ScratchDir dir("cli-validation-sizes");
+  const std::string base = "--data " + test::fortunes_path("linux") + " --out " + (dir / "run") +
+                           " --layers 2 --heads 2 --seq 16 --moe-every 1 --batch 4"
+                           " --eval-batches 1 --steps 1 --threads 1 -q";
+  struct Case {
+    std::string args, message;
+  };
+  const std::vector<Case> cases = {
+      {" --d-model 1000000 --d-ff 32 --experts 4", "d_model 1000000"},
+      {" --d-model 128 --d-ff 512 --experts 100000", "100000 experts"},
+      {" --d-model 16 --d-ff 32 --experts 4 --vocab 2147483647", "vocabulary 2147483647"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.args);
+    expect_error(run_command(tool("moe-train", base + c.args)), "moe-train", 1,
+                 {"moe-train: error: training this model (", c.message, ") needs at least ",
+                  "more than this machine has: ", "of physical memory"});
+    REQUIRE_FALSE(fs::exists(dir / "run/last.h5"));
+  }
+  // A u32 token id of 2^31 - 2 makes the vocabulary 2^31 - 1.
+  std::string ids;
+  for (uint32_t id : {1u, 2u, 2147483646u, 3u})
+    for (int b = 0; b < 4; ++b) ids.push_back(static_cast<char>((id >> (8 * b)) & 0xff));
+  std::string data;
+  for (int i = 0; i < 16; ++i) data += ids;
+  test::write_file(dir / "ids.u32", data);
+  expect_error(run_command(tool("moe-train", "--data " + (dir / "ids.u32") + " --val " +
+                                                 (dir / "ids.u32") + " --out " + (dir / "run") +
+                                                 " --layers 2 --heads 2 --seq 4 --d-model 16"
+                                                 " --d-ff 32 --experts 4 --batch 1 -q")),
+               "moe-train", 1, {"vocabulary 2147483647", "needs at least"});
+  // Under an address-space limit the limit is the figure (4 GB here; the model needs more).
+  auto limited = run_command("ulimit -v 4000000 && " +
+                             tool("moe-train", base + " --d-model 256 --d-ff 4096 --experts 64"));
+  expect_error(limited, "moe-train", 1, {"needs at least", "by RLIMIT_AS"});
+}
+
+TEST_CASE("cli: a device, FIFO or empty file as a model is refused at once", "[cli][validation]") {
+  test::ScratchDir dir("cli-validation-nodes");
+  const std::string fifo = dir / "fifo.h5", empty = dir / "empty.h5";
+  REQUIRE(run_command("mkfifo " + fifo).exit_code == 0);
+  test::write_file(empty, "");
+  const std::string data = " --data " + test::fortunes_path("computers");
+  for (const std::string& model : {std::string("/dev/null"), fifo}) {
+    INFO(model);
+    for (const auto& [name, args] : std::vector<std::pair<std::string, std::string>>{
+             {"moe-infer", "score --model " + model + data},
+             {"moe-convert", "inspect " + model},
+             {"moe-profile", "record --model " + model + data + " -o " + (dir / "t.h5")},
+             {"moe-train", "--resume " + model + " --out " + (dir / "run")}}) {
+      INFO(args);
+      // `timeout`: reading a FIFO would block for ever.
+      auto r = run_command("timeout 20 " + tool(name, args));
+      expect_error(r, name, 1, {model, "not a regular file"});
+      REQUIRE(r.err.find("18446744073709551615") == std::string::npos);
+    }
+  }
+  expect_error(run_command(tool("moe-infer", "score --model " + empty + data)), "moe-infer", 1,
+               {empty, "empty file (0 bytes)"});
+}
