@@ -43,7 +43,8 @@ std::vector<std::string> run_checkpoints(const std::string& dir) {
   return found;
 }
 
-void check_run_directory(const std::string& dir, const std::string& resume, bool force) {
+void check_run_directory(const std::string& dir, const std::string& resume, bool force,
+                         bool resumable) {
   if (force) return;
   const std::vector<std::string> held = run_checkpoints(dir);
   if (held.empty()) return;
@@ -63,9 +64,9 @@ void check_run_directory(const std::string& dir, const std::string& resume, bool
   for (size_t i = 0; i < held.size() && i < 3; ++i) listed += (i ? ", " : "") + held[i];
   if (held.size() > 3) listed += str(", ... (", held.size(), " in all)");
   throw Error(str("output directory '", dir, "' holds the checkpoints of another run (", listed,
-                  ")", resume.empty() ? "" : str(", not of the run in '", resume, "'"),
-                  ": continue that run with --resume ", last,
-                  ", choose another --out, or pass --force to write beside them"));
+                  ")", resume.empty() ? "" : str(", not of the run in '", resume, "'"), ": ",
+                  resumable ? str("continue that run with --resume ", last, ", ") : "",
+                  "choose another --out, or pass --force to write beside them"));
 }
 
 }  // namespace moe::train

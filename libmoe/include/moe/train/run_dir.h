@@ -16,8 +16,9 @@ std::vector<std::string> run_checkpoints(const std::string& dir);
 // "Another run" is any checkpoint in `dir` unless this run resumes from a checkpoint inside `dir`
 // itself (`resume` is DIR/last.h5, DIR/step-N.h5, or a sharded DIR/step-N or DIR/last): a run
 // started afresh, or resumed from a checkpoint elsewhere, would mix its steps with those already
-// there. The message names `--resume DIR/last.h5` (DIR/last when sharded) and `--force`; `force`
-// skips the check.
-void check_run_directory(const std::string& dir, const std::string& resume, bool force);
+// there. The message names `--resume DIR/last.h5` (DIR/last when sharded; only when `resumable`,
+// the tool having --resume) and `--force`; `force` skips the check.
+void check_run_directory(const std::string& dir, const std::string& resume, bool force,
+                         bool resumable = true);
 
 }  // namespace moe::train
