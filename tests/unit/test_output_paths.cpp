@@ -2,10 +2,12 @@
 // temporary files of dead processes are removed and those of live ones kept; a run directory
 // holds one run.
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <functional>
 
 #include "moe/io/checkpoint.h"
 #include "moe/io/output.h"
@@ -36,8 +38,16 @@ TEST_CASE("io: writers refuse to replace a FIFO, a symbolic link or a directory"
   test::write_file(dir / "target", "target bytes");
   fs::create_symlink("target", link);
   fs::create_directory(sub);
+  // As root, a real character device like /dev/full (major 1, minor 7), made in the scratch
+  // directory: the case where a rename replaced /dev/full with a regular file.
+  std::vector<std::string> nodes = {fifo, link, sub};
+  const std::string device = dir / "full";
+  if (::geteuid() == 0) {
+    REQUIRE(::mknod(device.c_str(), S_IFCHR | 0600, ::makedev(1, 7)) == 0);
+    nodes.push_back(device);
+  }
   const io::Checkpoint c = small_checkpoint();
-  for (const std::string& path : {fifo, link, sub}) {
+  for (const std::string& path : nodes) {
     INFO(path);
     for (const auto& write : std::vector<std::function<void()>>{
              [&] { io::save_checkpoint(path, c); },
@@ -49,6 +59,7 @@ TEST_CASE("io: writers refuse to replace a FIFO, a symbolic link or a directory"
                             Catch::Contains("not a regular file: refusing to replace it"));
     }
   }
+  if (::geteuid() == 0) REQUIRE(fs::is_character_file(fs::symlink_status(device)));
   REQUIRE(fs::is_fifo(fs::symlink_status(fifo)));
   REQUIRE(fs::is_symlink(fs::symlink_status(link)));
   REQUIRE(test::read_file(dir / "target") == "target bytes");
