@@ -62,8 +62,8 @@ void expect_error(const test::RunResult& r, const std::string& tool_name, int co
 TEST_CASE("cli: numeric flags must be finite and in range, in every tool", "[cli][validation]") {
   Trained& t = trained();
   test::ScratchDir dir("cli-validation-flags");
-  const std::string train = "--data " + test::fortunes_path("linux") + " --out " + (dir / "run") +
-                            kModel + " --steps 1 ";
+  const std::string train =
+      "--data " + test::fortunes_path("linux") + " --out " + (dir / "run") + kModel + " --steps 1 ";
   struct Case {
     std::string tool, args, message;
   };
@@ -103,9 +103,9 @@ TEST_CASE("cli: a run whose update makes a parameter non-finite stops and saves 
           "[cli][validation]") {
   test::ScratchDir dir("cli-validation-diverge");
   // The largest finite float as --lr with no warmup: the first update overflows.
-  auto r = run_command(tool("moe-train", "--data " + test::fortunes_path("linux") + " --out " +
-                                             dir.path() + kModel +
-                                             " --steps 1 --warmup 0 --lr 3.4e38"));
+  auto r =
+      run_command(tool("moe-train", "--data " + test::fortunes_path("linux") + " --out " +
+                                        dir.path() + kModel + " --steps 1 --warmup 0 --lr 3.4e38"));
   expect_error(r, "moe-train", 1,
                {"step 1, after the update (the run diverged", "tensor '", "non-finite value"});
   REQUIRE_FALSE(fs::exists(dir / "step-00000001.h5"));
@@ -129,8 +129,8 @@ TEST_CASE("cli: non-finite weights are refused at load, naming the tensor", "[cl
                {bad, named});
   expect_error(run_command(tool("moe-infer", "score --model " + bad + data + " --expert-budget 4")),
                "moe-infer", 1, {bad, named});
-  expect_error(run_command(tool("moe-train", "--resume " + bad + " --out " + (dir / "resumed") +
-                                                 " --steps 3")),
+  expect_error(run_command(tool("moe-train",
+                                "--resume " + bad + " --out " + (dir / "resumed") + " --steps 3")),
                "moe-train", 1, {"checkpoint to resume", named});
   REQUIRE_FALSE(fs::exists(dir / "resumed/step-00000003.h5"));
 
@@ -154,9 +154,9 @@ TEST_CASE("cli: non-finite weights are refused at load, naming the tensor", "[cl
   }
   REQUIRE_FALSE(poisoned.empty());
   io::write_safetensors(file, tensors);
-  expect_error(
-      run_command(tool("moe-convert", "import-hf " + hf + " -o " + (dir / "imported.h5"))),
-      "moe-convert", 1, {file, "tensor '" + poisoned + "' holds a non-finite value (-inf"});
+  expect_error(run_command(tool("moe-convert", "import-hf " + hf + " -o " + (dir / "imported.h5"))),
+               "moe-convert", 1,
+               {file, "tensor '" + poisoned + "' holds a non-finite value (-inf"});
   REQUIRE_FALSE(fs::exists(dir / "imported.h5"));
 }
 
@@ -183,7 +183,8 @@ TEST_CASE("cli: prompt fields that are not integers or are out of range name the
     INFO(c.line);
     const std::string prompts = dir / "prompts.jsonl";
     test::write_file(prompts, "hello\n" + c.line + "\n");
-    auto r = run_command(tool("moe-infer", "generate -q --model " + t.ckpt + " --prompts " + prompts));
+    auto r =
+        run_command(tool("moe-infer", "generate -q --model " + t.ckpt + " --prompts " + prompts));
     expect_error(r, "moe-infer", 1, {prompts + ":2: " + c.message});
     REQUIRE(r.out.empty());
   }
@@ -224,8 +225,9 @@ TEST_CASE("cli: moe-profile refuses a trace with negative loads and a damaged pa
   nlohmann::json j = nlohmann::json::parse(test::read_file(table));
   j["layers"][0]["paths"][0]["path"] = {-1};
   test::write_file(dir / "negative.json", j.dump());
-  expect_error(run_command(tool("moe-profile", "accuracy " + (dir / "negative.json") + " " + trace)),
-               "moe-profile", 1, {"negative.json", "names expert -1 at layer 0"});
+  expect_error(
+      run_command(tool("moe-profile", "accuracy " + (dir / "negative.json") + " " + trace)),
+      "moe-profile", 1, {"negative.json", "names expert -1 at layer 0"});
   j = nlohmann::json::parse(test::read_file(table));
   j["layers"][0].erase("predicts");
   test::write_file(dir / "nopredicts.json", j.dump());

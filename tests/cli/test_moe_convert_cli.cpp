@@ -411,9 +411,10 @@ TEST_CASE(
   REQUIRE(missing.err.find("moe-convert: error:") != std::string::npos);
 }
 
-TEST_CASE("cli: moe-convert never replaces what is not a regular file, nor an existing file "
-          "without --force",
-          "[cli][convert][out]") {
+TEST_CASE(
+    "cli: moe-convert never replaces what is not a regular file, nor an existing file "
+    "without --force",
+    "[cli][convert][out]") {
   Trained& t = trained();
   test::ScratchDir dir("cli-convert-outputs");
   const std::string fifo = dir / "fifo", link = dir / "link.h5", sub = dir / "sub";
@@ -441,9 +442,9 @@ TEST_CASE("cli: moe-convert never replaces what is not a regular file, nor an ex
   // An existing regular file is replaced only with --force, as partition's output directory.
   const std::string existing = dir / "existing.h5";
   test::write_file(existing, "keep me");
-  for (const std::string& command : {"freeze " + t.ckpt + " -o " + existing,
-                                     "dtype " + t.ckpt + " --to bf16 -o " + existing,
-                                     "merge " + t.ckpt + " -o " + existing}) {
+  for (const std::string& command :
+       {"freeze " + t.ckpt + " -o " + existing, "dtype " + t.ckpt + " --to bf16 -o " + existing,
+        "merge " + t.ckpt + " -o " + existing}) {
     INFO(command);
     auto r = run_command(tool("moe-convert", command));
     REQUIRE(r.exit_code == 1);

@@ -319,8 +319,8 @@ TEST_CASE("cli: --out holding another run's checkpoints is refused; resuming it 
     REQUIRE_FALSE(fs::exists(dir / "run/step-00000003.h5"));
   };
   // A second, different run started in the same directory.
-  auto other = run_command(train(data + " --out " + dir / "run" + kTiny +
-                                 " --steps 3 --arch mixtral --kv-heads 1"));
+  auto other = run_command(
+      train(data + " --out " + dir / "run" + kTiny + " --steps 3 --arch mixtral --kv-heads 1"));
   INFO(other.err);
   REQUIRE(other.exit_code == 1);
   REQUIRE(other.err.rfind("moe-train: error: output directory", 0) == 0);
@@ -342,8 +342,7 @@ TEST_CASE("cli: --out holding another run's checkpoints is refused; resuming it 
   INFO(resumed.err);
   REQUIRE(resumed.exit_code == 0);
   REQUIRE(fs::read_symlink(dir / "run/last.h5") == "step-00000003.h5");
-  auto forced =
-      run_command(train(data + " --out " + dir / "b" + kTiny + " --steps 2 --force -q"));
+  auto forced = run_command(train(data + " --out " + dir / "b" + kTiny + " --steps 2 --force -q"));
   REQUIRE(forced.exit_code == 0);
   REQUIRE(fs::read_symlink(dir / "b/last.h5") == "step-00000002.h5");
 }
@@ -360,8 +359,8 @@ TEST_CASE("cli: temporary files of interrupted saves are removed on the next run
   const std::string stale_link = dir / ".last.h5.tmp-999999998";
   const std::string live = dir / ("step-00000002.h5.tmp-" + std::to_string(::getpid()));
   for (const std::string& p : {stale, stale_link, live}) test::write_file(p, "partial");
-  auto resumed = run_command(
-      train("--resume " + dir / "last.h5" + " --out " + dir.path() + " --steps 2"));
+  auto resumed =
+      run_command(train("--resume " + dir / "last.h5" + " --out " + dir.path() + " --steps 2"));
   INFO(resumed.err);
   REQUIRE(resumed.exit_code == 0);
   REQUIRE_FALSE(fs::exists(stale));

@@ -15,7 +15,8 @@ TEST_CASE("io: non-finite values are found in f32, bf16 and f16 tensors", "[io][
     INFO(dtype_name(dtype));
     const Tensor clean = test::random_tensor({3, 5}, 7).to(dtype);
     REQUIRE(io::first_non_finite(clean) == -1);
-    for (auto [value, name] : {std::pair{nan, "NaN"}, std::pair{inf, "inf"}, std::pair{-inf, "-inf"}}) {
+    for (auto [value, name] :
+         {std::pair{nan, "NaN"}, std::pair{inf, "inf"}, std::pair{-inf, "-inf"}}) {
       Tensor f = test::random_tensor({3, 5}, 7);
       f.data<float>()[11] = value;
       const Tensor t = f.to(dtype);

@@ -42,7 +42,8 @@ TEST_CASE("memory: the parameter estimate is a lower bound within 25% for every 
   }
 }
 
-TEST_CASE("memory: absurd sizes are refused with the figure and the machine's", "[memory][validation]") {
+TEST_CASE("memory: absurd sizes are refused with the figure and the machine's",
+          "[memory][validation]") {
   ModelConfig c = test::small_model_config(Arch::gpt);
   c.d_model = 1000000;
   c.heads = 1;
@@ -51,8 +52,8 @@ TEST_CASE("memory: absurd sizes are refused with the figure and the machine's", 
   REQUIRE(bound > 2e12);  // attention alone: 2 layers x 4 D^2
   MachineMemory machine;
   machine.physical_bytes = 8.0 * (1 << 30);
-  const std::string msg = test::error_of(
-      [&] { check_fits_in_memory(bound * 4, "this model", "weights", machine); });
+  const std::string msg =
+      test::error_of([&] { check_fits_in_memory(bound * 4, "this model", "weights", machine); });
   REQUIRE_THAT(msg, Catch::StartsWith("this model needs at least ") &&
                         Catch::Contains("TiB (weights), more than this machine has: 8.0 GiB of "
                                         "physical memory"));

@@ -75,8 +75,7 @@ TEST_CASE("io: writers refuse to replace a FIFO, a symbolic link or a directory"
   REQUIRE(test::error_of([&] { io::check_output_file(dir / "new", false); }) == "(no error)");
 }
 
-TEST_CASE("io: stale temporary files of dead processes are removed, live ones kept",
-          "[io][out]") {
+TEST_CASE("io: stale temporary files of dead processes are removed, live ones kept", "[io][out]") {
   test::ScratchDir dir("io-out-stale");
   const std::string own = std::to_string(::getpid());
   // PIDs above the kernel's largest (4194304) never run.

@@ -159,11 +159,20 @@ TEST_CASE("profile: a path table is refused when its paths, ids, counts or predi
   const std::vector<Case> cases = {
       {"short path", [](nlohmann::json& j) { j["layers"][1]["paths"][0]["path"] = {3}; },
        "a path of layers[1] has 1 experts, expected 2"},
-      {"long path", [](nlohmann::json& j) { j["layers"][0]["paths"][0]["path"] = {1, 2}; },
+      {"long path",
+       [](nlohmann::json& j) {
+         j["layers"][0]["paths"][0]["path"] = {1, 2};
+       },
        "a path of layers[0] has 2 experts, expected 1"},
-      {"negative id", [](nlohmann::json& j) { j["layers"][1]["paths"][0]["path"] = {-1, 2}; },
+      {"negative id",
+       [](nlohmann::json& j) {
+         j["layers"][1]["paths"][0]["path"] = {-1, 2};
+       },
        "names expert -1 at layer 0, outside [0, 8)"},
-      {"id too large", [](nlohmann::json& j) { j["layers"][1]["paths"][0]["path"] = {2, 8}; },
+      {"id too large",
+       [](nlohmann::json& j) {
+         j["layers"][1]["paths"][0]["path"] = {2, 8};
+       },
        "names expert 8 at layer 1, outside [0, 8)"},
       {"no predicts", [](nlohmann::json& j) { j["layers"][0].erase("predicts"); },
        "layers[0] has no 'predicts'"},
@@ -174,9 +183,7 @@ TEST_CASE("profile: a path table is refused when its paths, ids, counts or predi
       {"negative marginal", [](nlohmann::json& j) { j["marginal"][2][5] = -1; },
        "layer 2's marginal count of expert 5 is -1"},
       {"duplicate path",
-       [](nlohmann::json& j) {
-         j["layers"][0]["paths"].push_back(j["layers"][0]["paths"][0]);
-       },
+       [](nlohmann::json& j) { j["layers"][0]["paths"].push_back(j["layers"][0]["paths"][0]); },
        "twice"},
       {"path_length 0", [](nlohmann::json& j) { j["path_length"] = 0; },
        "path_length 0 is not >= 1"},

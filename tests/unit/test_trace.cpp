@@ -700,9 +700,9 @@ TEST_CASE("trace: the reader applies the writer's rules to loads, dropped and st
   };
   // loads [B=5, L=3, Emax=8]: batch 2, layer 1, expert 3.
   const std::string negative = poke("negative.h5", "/batches/loads", (2 * 3 + 1) * 8 + 3, -5);
-  require_error_contains([&] { io::TraceReader(negative).loads(); },
-                         {negative, "/batches/loads", "batch 2, layer 1, expert 3", "load -5",
-                          "negative"});
+  require_error_contains(
+      [&] { io::TraceReader(negative).loads(); },
+      {negative, "/batches/loads", "batch 2, layer 1, expert 3", "load -5", "negative"});
   require_error_contains([&] { io::TraceReader(negative).read_batch(2); },
                          {"/batches/loads", "load -5"});
   // /layers/experts shrunk: layer 1 said to have 2 experts while its loads name 4.

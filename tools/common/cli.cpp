@@ -34,8 +34,8 @@ void add_common_options(CLI::App& app, CommonOptions& o, const std::string& tool
             if (value < 0) return "must be >= 0, got " + text;
             if (value > max_threads())
               return str("at most ", max_threads(), " on this machine (4 x its ",
-                         ::sysconf(_SC_NPROCESSORS_ONLN), " online CPUs, and never fewer than 16), got ",
-                         text);
+                         ::sysconf(_SC_NPROCESSORS_ONLN),
+                         " online CPUs, and never fewer than 16), got ", text);
             return {};
           },
           "THREADS"));
@@ -119,8 +119,8 @@ int run_tool(const std::string& tool, CLI::App& app, int argc, char** argv,
     if (scope == Scope::job && comm::launched_under_mpi()) {
       std::unique_ptr<comm::Communicator> world = comm::make_mpi_world();
       if (world->size() > 1)
-        comm::abort_job(str(tool, ": error: ", e.what(), " (run '", tool, " --help' for the flags)"),
-                        2);
+        comm::abort_job(
+            str(tool, ": error: ", e.what(), " (run '", tool, " --help' for the flags)"), 2);
     }
 #else
     (void)scope;

@@ -280,8 +280,8 @@ double number_field(const json& value, const std::string& key, double lo, double
   if (!value.is_number()) throw Error(str("\"", key, "\" must be a number, got ", value.dump()));
   const double v = value.get<double>();
   if (!std::isfinite(v) || v < lo || v > hi || (open_low && v == lo))
-    throw Error(str("\"", key, "\" ", value.dump(), " is out of range ", open_low ? "(" : "[",
-                    lo, ", ", hi, "]"));
+    throw Error(str("\"", key, "\" ", value.dump(), " is out of range ", open_low ? "(" : "[", lo,
+                    ", ", hi, "]"));
   return v;
 }
 
@@ -322,8 +322,7 @@ std::vector<Prompt> read_prompts(const Options& o, const ModelConfig& mc) {
           p.sampling.temperature = number_field(j["temperature"], "temperature", 0, 1e6);
         if (j.contains("top_k"))
           p.sampling.top_k = integer_field(j["top_k"], "top_k", 0, mc.vocab_size);
-        if (j.contains("top_p"))
-          p.sampling.top_p = number_field(j["top_p"], "top_p", 0, 1, true);
+        if (j.contains("top_p")) p.sampling.top_p = number_field(j["top_p"], "top_p", 0, 1, true);
       } catch (const json::exception& e) {
         throw Error(str(o.prompts, ":", number, ": not a valid prompt object: ", e.what()));
       } catch (const Error& e) {
@@ -450,22 +449,25 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
 
-  return tools::run_tool("moe-infer", app, argc, argv, [&]() -> int {
-    tools::apply_common_options(o.common);
-    // MPI when started by mpiexec/srun, else one local process.
-    std::unique_ptr<comm::Communicator> world = comm::make_world();
-    const bool many = world->size() > 1;
-    if (many && world->rank() != 0) o.common.quiet = true;
-    try {
-      return *sc ? score(o, std::move(world)) : generate(o, std::move(world));
-    } catch (const std::exception& ex) {
+  return tools::run_tool(
+      "moe-infer", app, argc, argv,
+      [&]() -> int {
+        tools::apply_common_options(o.common);
+        // MPI when started by mpiexec/srun, else one local process.
+        std::unique_ptr<comm::Communicator> world = comm::make_world();
+        const bool many = world->size() > 1;
+        if (many && world->rank() != 0) o.common.quiet = true;
+        try {
+          return *sc ? score(o, std::move(world)) : generate(o, std::move(world));
+        } catch (const std::exception& ex) {
 #ifdef MOE_HAVE_MPI
-      // One rank failing must end every rank, not leave them waiting in a collective.
-      if (many)
-        comm::abort_job(str("moe-infer: error: ", ex.what()),
-                        dynamic_cast<const UsageError*>(&ex) ? 2 : 1);
+          // One rank failing must end every rank, not leave them waiting in a collective.
+          if (many)
+            comm::abort_job(str("moe-infer: error: ", ex.what()),
+                            dynamic_cast<const UsageError*>(&ex) ? 2 : 1);
 #endif
-      throw;
-    }
-  }, tools::Scope::job);
+          throw;
+        }
+      },
+      tools::Scope::job);
 }

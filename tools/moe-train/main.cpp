@@ -294,6 +294,7 @@ int main(int argc, char** argv) {
       "moe-train"};
   tools::TrainOptions options;
   tools::add_train_options(app, options);
-  return tools::run_tool("moe-train", app, argc, argv,
-                         [&] { return run(options, app, argc, argv); }, tools::Scope::job);
+  return tools::run_tool(
+      "moe-train", app, argc, argv, [&] { return run(options, app, argc, argv); },
+      tools::Scope::job);
 }

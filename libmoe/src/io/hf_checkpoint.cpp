@@ -3,8 +3,6 @@
 // H query heads, KV key/value heads, hd = D / H head dim.
 #include "moe/io/hf_checkpoint.h"
 
-#include "moe/io/finite.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -19,6 +17,7 @@
 
 #include "io/files.h"
 #include "moe/error.h"
+#include "moe/io/finite.h"
 #include "moe/io/safetensors.h"
 #include "moe/models/config.h"
 #include "moe/version.h"

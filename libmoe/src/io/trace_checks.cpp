@@ -19,8 +19,8 @@ void check_trace_loads(const std::vector<int64_t>& loads, const std::vector<int6
                           v, " is negative"));
         if (e >= E && v != 0)
           throw Error(str(dataset, ": batch ", first + b, ", layer ", l, ", expert ", e, ": load ",
-                          v, " for an expert the layer does not have (/layers/experts gives it ",
-                          E, "; entries beyond a layer's E must be 0)"));
+                          v, " for an expert the layer does not have (/layers/experts gives it ", E,
+                          "; entries beyond a layer's E must be 0)"));
       }
     }
 }

@@ -65,7 +65,8 @@ void ModelConfig::validate() const {
                       std::isfinite(z_loss_coef),
                   "loss coefficients must be finite numbers >= 0");
   MOE_USAGE_CHECK(router_jitter >= 0 && router_jitter < 1, "--router-jitter must be in [0, 1)");
-  MOE_USAGE_CHECK(norm_eps > 0 && std::isfinite(norm_eps), "--norm-eps must be a finite number > 0");
+  MOE_USAGE_CHECK(norm_eps > 0 && std::isfinite(norm_eps),
+                  "--norm-eps must be a finite number > 0");
   MOE_USAGE_CHECK(rope_theta > 0 && std::isfinite(rope_theta),
                   "--rope-theta must be a finite number > 0 (got ", rope_theta, ")");
   MOE_USAGE_CHECK(is_floating(dtype), "--dtype must be f32, bf16 or f16");

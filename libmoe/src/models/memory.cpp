@@ -17,12 +17,13 @@ double parameter_lower_bound(const ModelConfig& c, double experts_share, double 
   const double kv_width = double(c.kv_heads_resolved()) * (D / heads);
   // gpt: W1, W2; mixtral (SwiGLU): W1, W2, W3.
   const double mlp = (c.arch == Arch::mixtral ? 3 : 2) * D * F;
-  double n = embedding_share * V * D;                           // token embedding
-  if (!c.tied_embeddings()) n += embedding_share * V * D;       // untied LM head
+  double n = embedding_share * V * D;                      // token embedding
+  if (!c.tied_embeddings()) n += embedding_share * V * D;  // untied LM head
   for (int64_t l = 0; l < c.layers; ++l) {
-    n += 2 * D * D + 2 * D * kv_width;                  // q, o; k, v
-    const double E = l < int64_t(c.experts_per_layer.size()) ? double(c.experts_per_layer[size_t(l)])
-                                                             : double(c.experts);
+    n += 2 * D * D + 2 * D * kv_width;  // q, o; k, v
+    const double E = l < int64_t(c.experts_per_layer.size())
+                         ? double(c.experts_per_layer[size_t(l)])
+                         : double(c.experts);
     if (E > 0)
       n += experts_share * E * mlp + E * D;  // experts and the router
     else

@@ -214,7 +214,8 @@ PathTable load_paths(const std::string& path) {
       throw Error(str(who, ": format version ", j.at("format_version").dump(),
                       ", this build reads version 1"));
     auto integer = [&](const nlohmann::json& v, const std::string& what) {
-      if (!v.is_number_integer()) throw Error(str(who, ": ", what, " is ", v.dump(), ", not an integer"));
+      if (!v.is_number_integer())
+        throw Error(str(who, ": ", what, " is ", v.dump(), ", not an integer"));
       return v.get<int64_t>();
     };
     t.path_length = integer(j.at("path_length"), "path_length");
@@ -224,8 +225,8 @@ PathTable load_paths(const std::string& path) {
     t.experts = j.at("experts").get<std::vector<int64_t>>();
     for (size_t l = 0; l < t.experts.size(); ++l)
       if (t.experts[l] < t.top_k)
-        throw Error(str(who, ": layer ", l, " has ", t.experts[l], " experts, fewer than top_k ",
-                        t.top_k));
+        throw Error(
+            str(who, ": layer ", l, " has ", t.experts[l], " experts, fewer than top_k ", t.top_k));
     t.marginal = j.at("marginal").get<std::vector<std::vector<int64_t>>>();
     const size_t L = t.experts.size();
     const nlohmann::json& layers = j.at("layers");
@@ -249,11 +250,11 @@ PathTable load_paths(const std::string& path) {
       const nlohmann::json& layer = layers[i];
       const std::string at = str("layers[", i, "]");
       if (!layer.is_object() || !layer.contains("predicts"))
-        throw Error(str(who, ": ", at, " has no 'predicts' (the MoE layer it predicts, ", i + 1,
-                        ")"));
+        throw Error(
+            str(who, ": ", at, " has no 'predicts' (the MoE layer it predicts, ", i + 1, ")"));
       if (integer(layer.at("predicts"), at + ".predicts") != int64_t(i + 1))
-        throw Error(str(who, ": ", at, ".predicts is ", layer.at("predicts").dump(),
-                        ", expected ", i + 1));
+        throw Error(
+            str(who, ": ", at, ".predicts is ", layer.at("predicts").dump(), ", expected ", i + 1));
       // The path of layer i + 1 holds the first choices at layers max(0, i - l + 1) .. i.
       const int64_t first = std::max<int64_t>(0, int64_t(i) - t.path_length + 1);
       const size_t length = i + 1 - static_cast<size_t>(first);
@@ -261,8 +262,8 @@ PathTable load_paths(const std::string& path) {
         auto key = p.at("path").get<std::vector<int64_t>>();
         if (key.size() != length)
           throw Error(str(who, ": a path of ", at, " has ", key.size(), " experts, expected ",
-                          length, " (layers ", first, "..", i, " with path_length ",
-                          t.path_length, ")"));
+                          length, " (layers ", first, "..", i, " with path_length ", t.path_length,
+                          ")"));
         std::vector<int32_t> ids;
         for (size_t q = 0; q < key.size(); ++q) {
           const int64_t layer_of = first + int64_t(q), E = t.experts[size_t(layer_of)];
@@ -273,16 +274,16 @@ PathTable load_paths(const std::string& path) {
         }
         auto counts = p.at("counts").get<std::vector<int64_t>>();
         if (int64_t(counts.size()) != t.experts[i + 1])
-          throw Error(str(who, ": a path of layer ", i + 1, " has ", counts.size(),
-                          " counts for ", t.experts[i + 1], " experts"));
+          throw Error(str(who, ": a path of layer ", i + 1, " has ", counts.size(), " counts for ",
+                          t.experts[i + 1], " experts"));
         check_counts(counts, str("a path of ", at));
         if (!t.next[i].emplace(std::move(ids), std::move(counts)).second)
           throw Error(str(who, ": ", at, " lists the path ", p.at("path").dump(), " twice"));
       }
     }
   } catch (const nlohmann::json::exception& e) {
-    throw Error(str(who, ": not a moe.paths table (the JSON 'moe-profile paths' writes): ",
-                    e.what()));
+    throw Error(
+        str(who, ": not a moe.paths table (the JSON 'moe-profile paths' writes): ", e.what()));
   }
   return t;
 }

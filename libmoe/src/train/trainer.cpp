@@ -12,8 +12,8 @@
 
 #include "moe/cuda.h"
 #include "moe/io/finite.h"
-#include "moe/models/memory.h"
 #include "moe/log.h"
+#include "moe/models/memory.h"
 #include "moe/ops/core.h"
 #include "moe/timer.h"
 
@@ -94,14 +94,15 @@ static void check_training_memory(const ModelConfig& config, const TrainConfig& 
   const double params =
       parameter_lower_bound(config, 1 / ep, train.shard_embedding ? 1 / ranks : 1);
   const double state = params * double(2 * dtype_size(config.dtype) + 8);
-  const double logits = double(train.batch) / ranks * double(config.seq) *
-                        double(config.vocab_size) * 4;
+  const double logits =
+      double(train.batch) / ranks * double(config.seq) * double(config.vocab_size) * 4;
   check_fits_in_memory(
       state + logits,
-      str("training this model (vocabulary ", config.vocab_size, ", d_model ", config.d_model,
-          ", ", config.layers, " layers, ", config.experts, " experts)"),
+      str("training this model (vocabulary ", config.vocab_size, ", d_model ", config.d_model, ", ",
+          config.layers, " layers, ", config.experts, " experts)"),
       str(format_bytes(state), " for ", params, " parameters' values, gradients and AdamW ",
-          "state, ", format_bytes(logits), " for a step's logits", ranks > 1 ? " on each rank" : ""));
+          "state, ", format_bytes(logits), " for a step's logits",
+          ranks > 1 ? " on each rank" : ""));
 }
 
 Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provenance provenance,
@@ -234,7 +235,9 @@ void Trainer::restore(const io::Checkpoint& ckpt) {
 }
 
 // A tensor on the host, to look at its values (a copy only for device tensors).
-static Tensor on_host(const Tensor& t) { return t.device().kind == Device::cpu ? t : t.to(Device{}); }
+static Tensor on_host(const Tensor& t) {
+  return t.device().kind == Device::cpu ? t : t.to(Device{});
+}
 
 // Parameters or optimizer state holding NaN/Inf are never saved: the run diverged.
 static void check_saveable(const io::Checkpoint& c, int64_t step) {
@@ -405,7 +408,8 @@ StepStats Trainer::step(bool capture_routing) {
   // it is saved or trained on. Device parameters are checked when saved (no copy every step).
   for (const Param* p : std::as_const(*params_).all())
     if (p->value.device().kind == Device::cpu)
-      io::check_finite(str("step ", step_, ", after the update (the run diverged; nothing saved: "
+      io::check_finite(str("step ", step_,
+                           ", after the update (the run diverged; nothing saved: "
                            "try a lower --lr or --clip)"),
                        p->name, p->value);
   s.tokens = train_.batch * mc.seq;
