@@ -134,6 +134,23 @@ TEST_CASE("cli: non-finite weights are refused at load, naming the tensor", "[cl
                "moe-train", 1, {"checkpoint to resume", named});
   REQUIRE_FALSE(fs::exists(dir / "resumed/step-00000003.h5"));
 
+  // An expert tensor: the ring (--expert-budget) reads experts one by one while scoring.
+  c = io::load_checkpoint(t.ckpt);
+  victim = nullptr;
+  for (io::NamedTensor& nt : c.params)
+    if (nt.expert && nt.tensor.dtype() == DType::f32) victim = &nt;
+  REQUIRE(victim);
+  victim->tensor.data<float>()[victim->tensor.numel() - 1] = std::numeric_limits<float>::infinity();
+  const std::string bad_expert = dir / "inf-expert.h5";
+  io::save_checkpoint(bad_expert, c);
+  const std::string expert_named = "tensor '" + victim->name + " (expert ";
+  for (const std::string& ring : {std::string(""), std::string(" --expert-budget 50%")})
+    expect_error(run_command(tool("moe-infer", "score --model " + bad_expert + data + ring)),
+                 "moe-infer", 1, {bad_expert, "holds a non-finite value (inf"});
+  expect_error(
+      run_command(tool("moe-infer", "score --model " + bad_expert + data + " --expert-budget 50%")),
+      "moe-infer", 1, {expert_named});
+
   // An Hugging Face directory whose safetensors hold an infinity.
   const std::string hf = dir / "hf";
   REQUIRE(run_command(tool("moe-convert", "export-hf " + t.ckpt + " -o " + hf)).exit_code == 0);
