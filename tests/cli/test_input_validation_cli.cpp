@@ -134,6 +134,17 @@ TEST_CASE("cli: non-finite weights are refused at load, naming the tensor", "[cl
                "moe-train", 1, {"checkpoint to resume", named});
   REQUIRE_FALSE(fs::exists(dir / "resumed/step-00000003.h5"));
 
+  // moe-convert writes no checkpoint from it, whatever the conversion.
+  for (const std::string& command : {"freeze " + bad + " -o " + (dir / "out.h5"),
+                                     "dtype " + bad + " --to bf16 -o " + (dir / "out.h5"),
+                                     "partition " + bad + " --ranks 2 -o " + (dir / "parts"),
+                                     "export-hf " + bad + " -o " + (dir / "hf-out")}) {
+    INFO(command);
+    expect_error(run_command(tool("moe-convert", command)), "moe-convert", 1, {named});
+    REQUIRE_FALSE(fs::exists(dir / "out.h5"));
+    REQUIRE_FALSE(fs::exists(dir / "parts"));
+    REQUIRE_FALSE(fs::exists(dir / "hf-out"));
+  }
   // An expert tensor: the ring (--expert-budget) reads experts one by one while scoring.
   c = io::load_checkpoint(t.ckpt);
   victim = nullptr;

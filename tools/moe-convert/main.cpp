@@ -7,6 +7,7 @@
 
 #include "common/cli.h"
 #include "moe/io/convert.h"
+#include "moe/io/finite.h"
 #include "moe/io/hf_checkpoint.h"
 #include "moe/io/output.h"
 #include "moe/log.h"
@@ -57,6 +58,12 @@ void refuse_stdout(const std::string& out) {
 void check_file_output(const Options& o) {
   refuse_stdout(o.out);
   io::check_output_file(o.out, o.force);
+}
+
+// Parameters holding NaN or Inf are refused as every model loader refuses them, so that no
+// conversion writes one (change_dtype itself refuses values beyond the target's range).
+void check_finite_params(const std::string& what, const io::Checkpoint& ckpt) {
+  io::check_finite(what, ckpt.params);
 }
 
 // The file converted outputs take their history from: the input, or rank 0's file of it.
@@ -129,6 +136,7 @@ int run_dtype(Options& o, const Argv& a) {
   check_file_output(o);
   bool merged = false;
   io::Checkpoint in = io::load_whole(o.inputs, true, &merged);
+  check_finite_params(str("'", o.inputs.at(0), "'"), in);
   const DType to = parse_dtype(o.to);
   io::DTypeReport report;
   io::Checkpoint out = io::change_dtype(in, to, &report);
@@ -148,6 +156,7 @@ int run_freeze(Options& o, const Argv& a) {
   check_file_output(o);
   bool merged = false;
   io::Checkpoint in = io::load_whole(o.inputs, true, &merged);
+  check_finite_params(str("'", o.inputs.at(0), "'"), in);
   io::Checkpoint out = io::freeze(in);
   out.provenance = io::make_provenance("moe-convert", a.argc, a.argv);
   io::save_streaming(o.out, out, history_of(o.inputs, in.provenance));
@@ -161,6 +170,7 @@ int run_merge(Options& o, const Argv& a) {
   check_file_output(o);
   const std::vector<std::string> files = io::checkpoint_files(o.inputs);
   io::Checkpoint merged = io::merge_shards(files);
+  check_finite_params(str("'", o.inputs.at(0), "'"), merged);
   const io::Provenance source = merged.provenance;
   merged.provenance = io::make_provenance("moe-convert", a.argc, a.argv);
   io::save_converted(o.out, merged, history_of(o.inputs, source));
@@ -175,6 +185,7 @@ int run_partition(Options& o, const Argv& a) {
   refuse_stdout(o.out);
   bool merged = false;
   io::Checkpoint whole = io::load_whole(o.inputs, true, &merged);
+  check_finite_params(str("'", o.inputs.at(0), "'"), whole);
   io::PartitionOptions options;
   options.ranks = o.ranks;
   options.shard_embedding = o.shard_embedding;
@@ -249,6 +260,7 @@ int run_export_hf(Options& o, const Argv&) {
   refuse_stdout(o.out);
   bool merged = false;
   io::Checkpoint in = io::load_whole(o.inputs, false, &merged);
+  check_finite_params(str("'", o.inputs.at(0), "'"), in);
   io::export_hf(in, o.out);
   MOE_LOG_INFO("exported ", in.params.size(),
                " parameter tensors as a Hugging Face Mixtral "
