@@ -294,7 +294,8 @@ TEST_CASE("cli: absurd model sizes are refused with the figure and the machine's
   std::string data;
   for (int i = 0; i < 16; ++i) data += ids;
   test::write_file(dir / "ids.u32", data);
-  expect_error(run_command(tool("moe-train", "--data " + (dir / "ids.u32") + " --val " +
+  expect_error(run_command("ulimit -v 16000000 && " +
+                           tool("moe-train", "--data " + (dir / "ids.u32") + " --val " +
                                                  (dir / "ids.u32") + " --out " + (dir / "run") +
                                                  " --layers 2 --heads 2 --seq 4 --d-model 16"
                                                  " --d-ff 32 --experts 4 --batch 1 -q")),
