@@ -27,11 +27,17 @@ const char* kind_of(mode_t mode) {
   return "not a regular file";
 }
 
-// The PID of a temporary name "<name>.tmp-<PID>" or "<name>.convert-<PID>", or 0.
+// The PID of a temporary name "<name>.tmp-<PID>" or "<name>.convert-<PID>" that a moe writer
+// makes (<name> an HDF5 file, or the hidden name of the `last` link), or 0: files of other
+// programs that happen to look alike are never touched.
 long temporary_pid(const std::string& name) {
   for (const char* marker : {".tmp-", ".convert-"}) {
     const size_t at = name.rfind(marker);
     if (at == std::string::npos || at == 0) continue;
+    const std::string base = name.substr(0, at);
+    const bool ours = base == ".last" || base == ".last.h5" ||
+                      (base.size() > 3 && base.compare(base.size() - 3, 3, ".h5") == 0);
+    if (!ours) continue;
     const std::string digits = name.substr(at + std::strlen(marker));
     if (digits.empty() || digits.size() > 9 ||
         digits.find_first_not_of("0123456789") != std::string::npos)

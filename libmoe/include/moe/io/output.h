@@ -16,10 +16,11 @@ void check_replaceable(const std::string& path);
 // `replace` is false, moe::Error "'path' already exists; remove it or pass --force to replace it".
 void check_output_file(const std::string& path, bool replace);
 
-// Temporary files that interrupted writers left in `dir` (NAME.tmp-PID, .NAME.tmp-PID,
-// NAME.convert-PID) whose process PID is no longer alive on this machine: they are removed and
-// their paths returned, so that the caller can say so. Files of live processes (another run
-// writing into the same directory) are kept. A missing directory returns nothing.
+// Temporary files that interrupted moe writers left in `dir` (NAME.h5.tmp-PID,
+// NAME.h5.convert-PID, and .last.h5.tmp-PID / .last.tmp-PID of the `last` link) whose process PID
+// is no longer alive on this machine: they are removed and their paths returned, so that the
+// caller can say so. Files of live processes (another run writing into the same directory) and
+// names moe does not write are kept. A missing directory returns nothing.
 std::vector<std::string> remove_stale_temporaries(const std::string& dir);
 
 }  // namespace moe::io
