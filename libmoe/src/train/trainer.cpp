@@ -407,7 +407,7 @@ StepStats Trainer::step(bool capture_routing) {
   // An update that made a parameter non-finite (an infinite --lr, say) stops the run here, before
   // it is saved or trained on. Device parameters are checked when saved (no copy every step).
   for (const Param* p : std::as_const(*params_).all())
-    if (p->value.device().kind == Device::cpu)
+    if (p->value.device().kind == Device::cpu && io::first_non_finite(p->value) >= 0)
       io::check_finite(str("step ", step_,
                            ", after the update (the run diverged; nothing saved: "
                            "try a lower --lr or --clip)"),
