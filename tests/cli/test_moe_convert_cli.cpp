@@ -2,6 +2,8 @@
 // giving moe-infer the same scores, dtype, partition -> merge identity with and without a trace
 // from moe-profile, a real sharded checkpoint from `mpiexec -n 2 moe-train --ep 2` merged and
 // re-partitioned into the trainer's own files (and resumed), and the errors with their exit codes.
+#include <sys/stat.h>
+
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
@@ -214,7 +216,7 @@ TEST_CASE("cli: moe-convert partition then merge is the identity, with and witho
     require_same_checkpoint_tensors(t.ckpt, merged);
     // The rank files listed one by one work too.
     auto m2 = run_command(tool("moe-convert", "merge " + parts + "/rank-00001.h5 " + parts +
-                                                  "/rank-00000.h5 -o " + merged));
+                                                  "/rank-00000.h5 --force -o " + merged));
     REQUIRE(m2.exit_code == 0);
     require_same_checkpoint_tensors(t.ckpt, merged);
   }
@@ -404,7 +406,54 @@ TEST_CASE(
   REQUIRE(a.out == b.out);  // every parameter came back bitwise
   // A directory without config.json, and an export into a file that is not a directory.
   auto missing =
-      run_command(tool("moe-convert", "import-hf " + (t.dir / "nowhere") + " -o " + back));
+      run_command(tool("moe-convert", "import-hf " + (t.dir / "nowhere") + " --force -o " + back));
   REQUIRE(missing.exit_code == 1);
   REQUIRE(missing.err.find("moe-convert: error:") != std::string::npos);
+}
+
+TEST_CASE(
+    "cli: moe-convert never replaces what is not a regular file, nor an existing file "
+    "without --force",
+    "[cli][convert][out]") {
+  Trained& t = trained();
+  test::ScratchDir dir("cli-convert-outputs");
+  const std::string fifo = dir / "fifo", link = dir / "link.h5", sub = dir / "sub";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  test::write_file(dir / "target.h5", "the link's target");
+  fs::create_symlink("target.h5", link);
+  fs::create_directory(sub);
+  // A FIFO, a symbolic link and a directory stand in for device nodes such as /dev/full: a
+  // rename over them would replace the node itself.
+  for (const std::string& command :
+       {"freeze " + t.ckpt + " -o " + fifo, "dtype " + t.ckpt + " --to bf16 --force -o " + fifo,
+        "freeze " + t.ckpt + " --force -o " + link, "merge " + t.ckpt + " --force -o " + sub}) {
+    INFO(command);
+    auto r = run_command(tool("moe-convert", command));
+    INFO(r.err);
+    REQUIRE(r.exit_code == 1);
+    REQUIRE(r.err.rfind("moe-convert: error: '", 0) == 0);
+    REQUIRE(r.err.find("not a regular file: refusing to replace it") != std::string::npos);
+  }
+  REQUIRE(fs::is_fifo(fs::symlink_status(fifo)));
+  REQUIRE(fs::is_symlink(fs::symlink_status(link)));
+  REQUIRE(test::read_file(dir / "target.h5") == "the link's target");
+  REQUIRE(fs::is_directory(sub));
+  REQUIRE(fs::is_empty(sub));
+  // An existing regular file is replaced only with --force, as partition's output directory.
+  const std::string existing = dir / "existing.h5";
+  test::write_file(existing, "keep me");
+  for (const std::string& command :
+       {"freeze " + t.ckpt + " -o " + existing, "dtype " + t.ckpt + " --to bf16 -o " + existing,
+        "merge " + t.ckpt + " -o " + existing}) {
+    INFO(command);
+    auto r = run_command(tool("moe-convert", command));
+    REQUIRE(r.exit_code == 1);
+    REQUIRE(r.err.find("'" + existing + "' already exists; remove it or pass --force") !=
+            std::string::npos);
+    REQUIRE(test::read_file(existing) == "keep me");
+  }
+  auto forced = run_command(tool("moe-convert", "freeze -q " + t.ckpt + " --force -o " + existing));
+  INFO(forced.err);
+  REQUIRE(forced.exit_code == 0);
+  REQUIRE(io::load_checkpoint(existing, false).params.size() > 0);
 }

@@ -178,3 +178,22 @@ TEST_CASE("cli: moe-distill refuses a missing teacher, a bigger student, bad KD 
   REQUIRE(no_teacher.exit_code == 2);
   REQUIRE(no_teacher.err.find("--teacher") != std::string::npos);
 }
+
+TEST_CASE("cli: moe-distill into a directory holding another run's checkpoints needs --force",
+          "[cli][distill][out]") {
+  Teacher t;
+  // The teacher's own run directory: distilling into it would move its last.h5.
+  const std::string teacher_dir = t.dir / "teacher";
+  auto r = run_command(t.distill("-q --student-layers 2 --steps 2 -o " + teacher_dir));
+  INFO(r.err);
+  REQUIRE(r.exit_code == 1);
+  REQUIRE(r.err.find("moe-distill: error: output directory '" + teacher_dir +
+                     "' holds the checkpoints of another run") != std::string::npos);
+  REQUIRE(r.err.find("--force") != std::string::npos);
+  REQUIRE(r.err.find("--resume") == std::string::npos);  // moe-distill has none
+  REQUIRE(std::filesystem::read_symlink(teacher_dir + "/last.h5") == "step-00000030.h5");
+  auto forced = run_command(t.distill("-q --student-layers 2 --steps 2 --force -o " + teacher_dir));
+  INFO(forced.err);
+  REQUIRE(forced.exit_code == 0);
+  REQUIRE(std::filesystem::read_symlink(teacher_dir + "/last.h5") == "step-00000002.h5");
+}

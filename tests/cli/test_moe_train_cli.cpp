@@ -1,4 +1,6 @@
 // moe-train as a user runs it: flags, outputs, exit codes, bad input, exact resume.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
@@ -301,4 +303,70 @@ TEST_CASE("cli: --device cuda without a usable GPU stops at once with the reason
     REQUIRE(unknown.err.find("unknown device 'gpu'") != std::string::npos);
   }
   REQUIRE(!std::filesystem::exists(out / "trace.h5"));
+}
+
+TEST_CASE("cli: --out holding another run's checkpoints is refused; resuming it or --force is not",
+          "[cli][out]") {
+  namespace fs = std::filesystem;
+  test::ScratchDir dir("cli-two-runs");
+  const std::string data = " --data " + test::fortunes_path("linux");
+  auto first = run_command(train(data + " --out " + dir / "run" + kTiny + " --steps 2 -q"));
+  REQUIRE(first.exit_code == 0);
+  const std::string good = test::read_file(dir / "run/step-00000002.h5");
+  auto unchanged = [&] {
+    REQUIRE(test::read_file(dir / "run/step-00000002.h5") == good);
+    REQUIRE(fs::read_symlink(dir / "run/last.h5") == "step-00000002.h5");
+    REQUIRE_FALSE(fs::exists(dir / "run/step-00000003.h5"));
+  };
+  // A second, different run started in the same directory.
+  auto other = run_command(
+      train(data + " --out " + dir / "run" + kTiny + " --steps 3 --arch mixtral --kv-heads 1"));
+  INFO(other.err);
+  REQUIRE(other.exit_code == 1);
+  REQUIRE(other.err.rfind("moe-train: error: output directory", 0) == 0);
+  REQUIRE(other.err.find("holds the checkpoints of another run") != std::string::npos);
+  REQUIRE(other.err.find("--resume " + dir / "run/last.h5") != std::string::npos);
+  REQUIRE(other.err.find("--force") != std::string::npos);
+  unchanged();
+  // A run resumed from a checkpoint elsewhere is another run too.
+  auto elsewhere = run_command(train(data + " --out " + dir / "b" + kTiny + " --steps 1 -q"));
+  REQUIRE(elsewhere.exit_code == 0);
+  auto mixed = run_command(
+      train("--resume " + dir / "b/last.h5" + " --out " + dir / "run" + " --steps 3 -q"));
+  REQUIRE(mixed.exit_code == 1);
+  REQUIRE(mixed.err.find("holds the checkpoints of another run") != std::string::npos);
+  unchanged();
+  // Resuming the run in its own directory continues it; --force writes beside another run.
+  auto resumed = run_command(
+      train("--resume " + dir / "run/last.h5" + " --out " + dir / "run" + " --steps 3 -q"));
+  INFO(resumed.err);
+  REQUIRE(resumed.exit_code == 0);
+  REQUIRE(fs::read_symlink(dir / "run/last.h5") == "step-00000003.h5");
+  auto forced = run_command(train(data + " --out " + dir / "b" + kTiny + " --steps 2 --force -q"));
+  REQUIRE(forced.exit_code == 0);
+  REQUIRE(fs::read_symlink(dir / "b/last.h5") == "step-00000002.h5");
+}
+
+TEST_CASE("cli: temporary files of interrupted saves are removed on the next run, and said so",
+          "[cli][out]") {
+  namespace fs = std::filesystem;
+  test::ScratchDir dir("cli-stale-temp");
+  const std::string data = " --data " + test::fortunes_path("linux");
+  auto first = run_command(train(data + " --out " + dir.path() + kTiny + " --steps 1 -q"));
+  REQUIRE(first.exit_code == 0);
+  // A PID that is not running (beyond the kernel's pid_max) and one that is (this test's own).
+  const std::string stale = dir / "step-00000002.h5.tmp-999999999";
+  const std::string stale_link = dir / ".last.h5.tmp-999999998";
+  const std::string live = dir / ("step-00000002.h5.tmp-" + std::to_string(::getpid()));
+  for (const std::string& p : {stale, stale_link, live}) test::write_file(p, "partial");
+  auto resumed =
+      run_command(train("--resume " + dir / "last.h5" + " --out " + dir.path() + " --steps 2"));
+  INFO(resumed.err);
+  REQUIRE(resumed.exit_code == 0);
+  REQUIRE_FALSE(fs::exists(stale));
+  REQUIRE_FALSE(fs::exists(stale_link));
+  REQUIRE(fs::exists(live));
+  REQUIRE(resumed.err.find("removed " + stale + ", left by an interrupted save") !=
+          std::string::npos);
+  REQUIRE(resumed.err.find(live) == std::string::npos);
 }

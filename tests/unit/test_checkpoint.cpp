@@ -355,12 +355,12 @@ TEST_CASE("io: a failed save leaves the previous checkpoint byte-identical", "[i
   not_expert.params.push_back({"scalar.expert", test::random_tensor({}, 3), true});
   require_failed_save(not_expert, "leading expert dimension");
 
-  // The rename fails: the target is a non-empty directory. It stays as it was.
+  // The target is a non-empty directory: refused before anything is written. It stays as it was.
   std::string dir_target = dir.file("occupied");
   fs::create_directories(dir_target);
   write_file(dir_target + "/keep.txt", "keep");
   std::string msg = test::error_of([&] { io::save_checkpoint(dir_target, good); });
-  REQUIRE_THAT(msg, Catch::Contains("rename"));
+  REQUIRE_THAT(msg, Catch::Contains("is a directory, not a regular file"));
   REQUIRE(test::read_file(dir_target + "/keep.txt") == "keep");
   REQUIRE(count_temp_files(dir.path()) == 0);
 

@@ -1,6 +1,8 @@
 // Popularity summaries and Lina's path estimator on synthetic traces whose answers are known.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <functional>
+#include <nlohmann/json.hpp>
 
 #include "moe/profile/popularity.h"
 #include "moe/rng.h"
@@ -137,4 +139,64 @@ TEST_CASE("profile: a path table from another model, or not a table, is refused"
   test::write_file(dir / "bad.json", "{\"format\": \"something\"}");
   REQUIRE_THROWS_WITH(profile::load_paths(dir / "bad.json"), Catch::Contains("not a moe.paths"));
   REQUIRE_THROWS_WITH(profile::load_paths(dir / "missing.json"), Catch::Contains("cannot open"));
+}
+
+TEST_CASE("profile: a path table is refused when its paths, ids, counts or predicts are wrong",
+          "[profile][validation]") {
+  test::ScratchDir dir("profile-paths-garbage");
+  io::TraceReader fit(write(dir, "fit.h5", false));
+  const std::string good = dir / "good.json";
+  profile::save_paths(profile::build_paths(fit, 2), good);
+  REQUIRE(profile::load_paths(good).next.size() == 2);
+  const nlohmann::json table = nlohmann::json::parse(test::read_file(good));
+  // layers[1] predicts layer 2 from the first choices at layers 0..1: paths of 2 experts.
+  REQUIRE(table["layers"][1]["paths"][0]["path"].size() == 2);
+  struct Case {
+    const char* name;
+    std::function<void(nlohmann::json&)> edit;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"short path", [](nlohmann::json& j) { j["layers"][1]["paths"][0]["path"] = {3}; },
+       "a path of layers[1] has 1 experts, expected 2"},
+      {"long path",
+       [](nlohmann::json& j) {
+         j["layers"][0]["paths"][0]["path"] = {1, 2};
+       },
+       "a path of layers[0] has 2 experts, expected 1"},
+      {"negative id",
+       [](nlohmann::json& j) {
+         j["layers"][1]["paths"][0]["path"] = {-1, 2};
+       },
+       "names expert -1 at layer 0, outside [0, 8)"},
+      {"id too large",
+       [](nlohmann::json& j) {
+         j["layers"][1]["paths"][0]["path"] = {2, 8};
+       },
+       "names expert 8 at layer 1, outside [0, 8)"},
+      {"no predicts", [](nlohmann::json& j) { j["layers"][0].erase("predicts"); },
+       "layers[0] has no 'predicts'"},
+      {"wrong predicts", [](nlohmann::json& j) { j["layers"][1]["predicts"] = 1; },
+       "layers[1].predicts is 1, expected 2"},
+      {"negative count", [](nlohmann::json& j) { j["layers"][0]["paths"][0]["counts"][0] = -3; },
+       "count of expert 0 is -3"},
+      {"negative marginal", [](nlohmann::json& j) { j["marginal"][2][5] = -1; },
+       "layer 2's marginal count of expert 5 is -1"},
+      {"duplicate path",
+       [](nlohmann::json& j) { j["layers"][0]["paths"].push_back(j["layers"][0]["paths"][0]); },
+       "twice"},
+      {"path_length 0", [](nlohmann::json& j) { j["path_length"] = 0; },
+       "path_length 0 is not >= 1"},
+      {"fractional top_k", [](nlohmann::json& j) { j["top_k"] = 1.5; }, "not an integer"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name);
+    nlohmann::json edited = table;
+    c.edit(edited);
+    const std::string path = dir / "edited.json";
+    test::write_file(path, edited.dump());
+    const std::string msg = test::error_of([&] { profile::load_paths(path); });
+    INFO(msg);
+    REQUIRE_THAT(msg, Catch::StartsWith("path table '" + path + "'") && Catch::Contains(c.message));
+  }
 }

@@ -667,3 +667,53 @@ TEST_CASE("trace: the reader names the file and the cause of every refusal", "[t
         {dir.file("range.h5"), "/tokens/experts", "layer 1", "is outside [0, 2)"});
   }
 }
+
+TEST_CASE("trace: the reader applies the writer's rules to loads, dropped and steps",
+          "[trace][validation]") {
+  test::ScratchDir dir("trace-values");
+  const std::string good_path = dir.file("good.h5");
+  const io::TraceInfo info = make_info();
+  write_trace(good_path, info, make_batches(info));
+  const std::string good = test::read_file(good_path);
+  {
+    io::TraceReader r(good_path);  // the unedited file passes
+    REQUIRE(r.loads().size() == 5 * 3 * 8);
+    REQUIRE(r.dropped().size() == 5 * 3);
+    REQUIRE(r.batch_steps().size() == 5);
+  }
+  // Sets element `index` of an int64 dataset to `value`.
+  auto poke = [&](const char* name, const char* dataset, size_t index, int64_t value) {
+    const std::string p = dir.file(name);
+    test::write_file(p, good);
+    edit_file(p, [&](hid_t f) {
+      hid_t ds = H5Dopen2(f, dataset, H5P_DEFAULT);
+      REQUIRE(ds >= 0);
+      hid_t space = H5Dget_space(ds);
+      std::vector<int64_t> values(static_cast<size_t>(H5Sget_simple_extent_npoints(space)));
+      H5Sclose(space);
+      REQUIRE(H5Dread(ds, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) >= 0);
+      values.at(index) = value;
+      REQUIRE(H5Dwrite(ds, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) >= 0);
+      H5Dclose(ds);
+    });
+    return p;
+  };
+  // loads [B=5, L=3, Emax=8]: batch 2, layer 1, expert 3.
+  const std::string negative = poke("negative.h5", "/batches/loads", (2 * 3 + 1) * 8 + 3, -5);
+  require_error_contains(
+      [&] { io::TraceReader(negative).loads(); },
+      {negative, "/batches/loads", "batch 2, layer 1, expert 3", "load -5", "negative"});
+  require_error_contains([&] { io::TraceReader(negative).read_batch(2); },
+                         {"/batches/loads", "load -5"});
+  // /layers/experts shrunk: layer 1 said to have 2 experts while its loads name 4.
+  const std::string shrunk = poke("shrunk.h5", "/layers/experts", 1, 2);
+  require_error_contains([&] { io::TraceReader(shrunk).loads(); },
+                         {shrunk, "/batches/loads", "layer 1, expert ",
+                          "an expert the layer does not have", "/layers/experts gives it 2"});
+  const std::string dropped = poke("dropped.h5", "/batches/dropped", 4 * 3 + 2, -1);
+  require_error_contains([&] { io::TraceReader(dropped).dropped(); },
+                         {dropped, "/batches/dropped", "batch 4, layer 2", "negative"});
+  const std::string step = poke("step.h5", "/batches/step", 1, -7);
+  require_error_contains([&] { io::TraceReader(step).batch_steps(); },
+                         {step, "/batches/step", "batch 1: step -7 is negative"});
+}

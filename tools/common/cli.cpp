@@ -2,13 +2,18 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 
 #include "moe/cuda.h"
+#ifdef MOE_HAVE_MPI
+#include "moe/comm/mpi.h"
+#endif
 #include "moe/log.h"
 #include "moe/threads.h"
 #include "moe/version.h"
@@ -19,8 +24,21 @@ void add_common_options(CLI::App& app, CommonOptions& o, const std::string& tool
   app.set_version_flag(
       "--version", std::string(tool) + " " + moe::version() + " (git " + moe::git_revision() + ")");
   app.set_config("--config", "", "Read flags from a TOML/INI file (CLI11 format: key = value)");
-  app.add_option("--threads", o.threads, "CPU threads for BLAS and OpenMP (0 = all cores)")
-      ->check(non_negative());
+  app.add_option("--threads", o.threads,
+                 str("CPU threads for BLAS and OpenMP (0 = all cores; at most ", max_threads(),
+                     ", 4 x the online CPUs)"))
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            long long value = 0;
+            if (!CLI::detail::lexical_cast(text, value)) return "not an integer: " + text;
+            if (value < 0) return "must be >= 0, got " + text;
+            if (value > max_threads())
+              return str("at most ", max_threads(), " on this machine (4 x its ",
+                         ::sysconf(_SC_NPROCESSORS_ONLN),
+                         " online CPUs, and never fewer than 16), got ", text);
+            return {};
+          },
+          "THREADS"));
   app.add_option("--seed", o.seed, "Seed of every random number (init, data order, router jitter)")
       ->capture_default_str();
   app.add_flag("-v,--verbose", o.verbose, "More log output (repeat for debug)");
@@ -32,6 +50,7 @@ static CLI::Validator number_check(bool allow_zero, const char* name) {
       [allow_zero](std::string& text) -> std::string {
         double value = 0;
         if (!CLI::detail::lexical_cast(text, value)) return "not a number: " + text;
+        if (!std::isfinite(value)) return "must be a finite number, got " + text;
         if (value < 0 || (!allow_zero && value == 0))
           return std::string(allow_zero ? "must be >= 0" : "must be > 0") + ", got " + text;
         return {};
@@ -41,6 +60,29 @@ static CLI::Validator number_check(bool allow_zero, const char* name) {
 
 CLI::Validator non_negative() { return number_check(true, "NONNEGATIVE"); }
 CLI::Validator positive() { return number_check(false, "POSITIVE"); }
+
+CLI::Validator finite() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        double value = 0;
+        if (!CLI::detail::lexical_cast(text, value)) return "not a number: " + text;
+        if (!std::isfinite(value)) return "must be a finite number, got " + text;
+        return {};
+      },
+      "");  // no text in --help's type column
+}
+
+void require_finite_numbers(CLI::App& app) {
+  for (CLI::Option* option : app.get_options())
+    if (option->get_type_name().rfind("FLOAT", 0) == 0) option->check(finite());
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+    require_finite_numbers(*sub);
+}
+
+int max_threads() {
+  const long online = ::sysconf(_SC_NPROCESSORS_ONLN);
+  return static_cast<int>(std::max(16L, 4 * std::max(1L, online)));
+}
 
 int finish_stdout(const std::string& tool) {
   std::fflush(stdout);
@@ -60,7 +102,8 @@ void apply_common_options(const CommonOptions& o) {
 }
 
 int run_tool(const std::string& tool, CLI::App& app, int argc, char** argv,
-             const std::function<int()>& body) {
+             const std::function<int()>& body, Scope scope) {
+  require_finite_numbers(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -70,6 +113,18 @@ int run_tool(const std::string& tool, CLI::App& app, int argc, char** argv,
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
+#ifdef MOE_HAVE_MPI
+    // The other ranks may have parsed their flags and be waiting in MPI_Init or a collective:
+    // join MPI (MPI_Abort needs it) and end the job, as a rank failing later would.
+    if (scope == Scope::job && comm::launched_under_mpi()) {
+      std::unique_ptr<comm::Communicator> world = comm::make_mpi_world();
+      if (world->size() > 1)
+        comm::abort_job(
+            str(tool, ": error: ", e.what(), " (run '", tool, " --help' for the flags)"), 2);
+    }
+#else
+    (void)scope;
+#endif
     std::fprintf(stderr, "%s: error: %s\nRun '%s --help' for the flags.\n", tool.c_str(), e.what(),
                  tool.c_str());
     return 2;

@@ -25,11 +25,27 @@ void apply_common_options(const CommonOptions& options);
 // Number checks with plain messages ("--threads: must be >= 0, got -1").
 CLI::Validator non_negative();
 CLI::Validator positive();
+// A finite number ("inf", "nan" and overflowing "1e999" refused). run_tool adds it to every
+// floating-point flag of the tool, its subcommands and option groups, so no tool can forget it;
+// the sign and range of each flag are its own check (and the library's, for configs).
+CLI::Validator finite();
+// Adds finite() to every floating-point option of `app` and of its subcommands and groups.
+void require_finite_numbers(CLI::App& app);
+// The largest --threads accepted: 4 x the online CPUs, at least 16. More threads than that only
+// oversubscribe (and OpenBLAS, given a million, spins in its start-up under a memory limit).
+int max_threads();
+
+// Who a tool's failure ends: its own process, or, for tools whose ranks work together under an
+// MPI launcher (moe-train, moe-infer), the whole job.
+enum class Scope { process, job };
 
 // Parses and runs `body`; prints "moe-<tool>: error: ..." and returns the exit code:
-// 0 success (and --help/--version), 1 runtime error, 2 usage error.
+// 0 success (and --help/--version), 1 runtime error, 2 usage error. With Scope::job under an MPI
+// launcher, a rank whose flags do not parse ends the whole job (MPI_Abort, exit code 2) instead
+// of leaving the ranks that parsed theirs waiting for it in a collective; errors of `body` are
+// the tool's to end the job with (comm::abort_job).
 int run_tool(const std::string& tool, CLI::App& app, int argc, char** argv,
-             const std::function<int()>& body);
+             const std::function<int()>& body, Scope scope = Scope::process);
 
 // Status line on stderr: rewritten in place on a terminal, one line per call otherwise.
 class Progress {

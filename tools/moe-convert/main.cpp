@@ -7,7 +7,9 @@
 
 #include "common/cli.h"
 #include "moe/io/convert.h"
+#include "moe/io/finite.h"
 #include "moe/io/hf_checkpoint.h"
+#include "moe/io/output.h"
 #include "moe/log.h"
 
 using namespace moe;
@@ -49,6 +51,19 @@ std::string shape_text(const Shape& shape) {
 
 void refuse_stdout(const std::string& out) {
   MOE_USAGE_CHECK(out != "-", "-o -: checkpoints are written to files, not to stdout");
+}
+
+// A file output (-o FILE) is checked before any work: never a device, FIFO or link, and an
+// existing file only with --force (as partition's output directory).
+void check_file_output(const Options& o) {
+  refuse_stdout(o.out);
+  io::check_output_file(o.out, o.force);
+}
+
+// Parameters holding NaN or Inf are refused as every model loader refuses them, so that no
+// conversion writes one (change_dtype itself refuses values beyond the target's range).
+void check_finite_params(const std::string& what, const io::Checkpoint& ckpt) {
+  io::check_finite(what, ckpt.params);
 }
 
 // The file converted outputs take their history from: the input, or rank 0's file of it.
@@ -118,9 +133,10 @@ int run_inspect(Options& o, const Argv&) {
 // ---- dtype, freeze, merge ---------------------------------------------------------------------
 
 int run_dtype(Options& o, const Argv& a) {
-  refuse_stdout(o.out);
+  check_file_output(o);
   bool merged = false;
   io::Checkpoint in = io::load_whole(o.inputs, true, &merged);
+  check_finite_params(str("'", o.inputs.at(0), "'"), in);
   const DType to = parse_dtype(o.to);
   io::DTypeReport report;
   io::Checkpoint out = io::change_dtype(in, to, &report);
@@ -137,9 +153,10 @@ int run_dtype(Options& o, const Argv& a) {
 }
 
 int run_freeze(Options& o, const Argv& a) {
-  refuse_stdout(o.out);
+  check_file_output(o);
   bool merged = false;
   io::Checkpoint in = io::load_whole(o.inputs, true, &merged);
+  check_finite_params(str("'", o.inputs.at(0), "'"), in);
   io::Checkpoint out = io::freeze(in);
   out.provenance = io::make_provenance("moe-convert", a.argc, a.argv);
   io::save_streaming(o.out, out, history_of(o.inputs, in.provenance));
@@ -150,9 +167,10 @@ int run_freeze(Options& o, const Argv& a) {
 }
 
 int run_merge(Options& o, const Argv& a) {
-  refuse_stdout(o.out);
+  check_file_output(o);
   const std::vector<std::string> files = io::checkpoint_files(o.inputs);
   io::Checkpoint merged = io::merge_shards(files);
+  check_finite_params(str("'", o.inputs.at(0), "'"), merged);
   const io::Provenance source = merged.provenance;
   merged.provenance = io::make_provenance("moe-convert", a.argc, a.argv);
   io::save_converted(o.out, merged, history_of(o.inputs, source));
@@ -167,6 +185,7 @@ int run_partition(Options& o, const Argv& a) {
   refuse_stdout(o.out);
   bool merged = false;
   io::Checkpoint whole = io::load_whole(o.inputs, true, &merged);
+  check_finite_params(str("'", o.inputs.at(0), "'"), whole);
   io::PartitionOptions options;
   options.ranks = o.ranks;
   options.shard_embedding = o.shard_embedding;
@@ -213,7 +232,7 @@ int run_partition(Options& o, const Argv& a) {
 // ---- Hugging Face ---------------------------------------------------------------------------
 
 int run_import_hf(Options& o, const Argv& a) {
-  refuse_stdout(o.out);
+  check_file_output(o);
   io::HfImportOptions options;
   options.allow_unmapped = o.allow_unmapped;
   options.max_seq = o.max_seq;
@@ -241,6 +260,7 @@ int run_export_hf(Options& o, const Argv&) {
   refuse_stdout(o.out);
   bool merged = false;
   io::Checkpoint in = io::load_whole(o.inputs, false, &merged);
+  check_finite_params(str("'", o.inputs.at(0), "'"), in);
   io::export_hf(in, o.out);
   MOE_LOG_INFO("exported ", in.params.size(),
                " parameter tensors as a Hugging Face Mixtral "
@@ -263,8 +283,9 @@ void add_checkpoint_input(CLI::App* sub, Options& o) {
       ->required();
 }
 
-void add_output(CLI::App* sub, Options& o, const char* what) {
+void add_output(CLI::App* sub, Options& o, const char* what, bool file = true) {
   sub->add_option("-o,--out", o.out, what)->required();
+  if (file) sub->add_flag("--force", o.force, "Replace an existing output file");
 }
 
 }  // namespace
@@ -325,7 +346,7 @@ int main(int argc, char** argv) {
   part->add_flag("--shard-embedding", o.shard_embedding,
                  "Also split the token table by columns over the ranks (untied head)");
   part->add_flag("--force", o.force, "Replace an existing output directory");
-  add_output(part, o, "Output directory (rank-<5 digits>.h5 files)");
+  add_output(part, o, "Output directory (rank-<5 digits>.h5 files)", false);
   subs.push_back({part, run_partition});
 
   auto* import = app.add_subcommand(
@@ -348,7 +369,7 @@ int main(int argc, char** argv) {
   auto* exporter = app.add_subcommand(
       "export-hf", "A mixtral-flavour checkpoint as a Hugging Face Mixtral directory");
   add_checkpoint_input(exporter, o);
-  add_output(exporter, o, "Output directory (config.json, model.safetensors)");
+  add_output(exporter, o, "Output directory (config.json, model.safetensors)", false);
   subs.push_back({exporter, run_export_hf});
 
   return tools::run_tool("moe-convert", app, argc, argv, [&]() -> int {

@@ -7,9 +7,11 @@
 
 #include "common/cli.h"
 #include "moe/cuda.h"
+#include "moe/io/output.h"
 #include "moe/log.h"
 #include "moe/threads.h"
 #include "moe/train/distill.h"
+#include "moe/train/run_dir.h"
 
 using namespace moe;
 using nlohmann::json;
@@ -23,6 +25,7 @@ struct DistillOptions {
   std::string out, metrics, summary, device = "cpu";
   int64_t checkpoint_every = 0, eval_every = 50, log_every = 10;
   bool baseline = false;
+  bool force = false;  // write into a directory that holds another run's checkpoints
 };
 
 void add_options(CLI::App& app, DistillOptions& o) {
@@ -48,6 +51,8 @@ void add_options(CLI::App& app, DistillOptions& o) {
                  "Output directory, as moe-train's --out: step-<8 digits>.h5 checkpoints of the "
                  "student and last.h5 pointing at the newest")
       ->required();
+  io->add_flag("--force", o.force,
+               "Write into --out even when it holds the checkpoints of another run");
   io->add_option("--checkpoint-every", o.checkpoint_every,
                  "Checkpoint every N steps (0: only at the end)")
       ->check(tools::non_negative())
@@ -136,6 +141,11 @@ int run(DistillOptions& o, int argc, char** argv) {
   train::TrainConfig tc = o.train;
   tc.seed = o.common.seed;
   const Device device = tools::resolve_device(o.device);  // before any work
+  // One run per directory, as moe-train's (a distillation never resumes: any checkpoint there
+  // belongs to another run).
+  train::check_run_directory(o.out, "", o.force, /*resumable=*/false);
+  for (const std::string& path : io::remove_stale_temporaries(o.out))
+    MOE_LOG_WARN("removed ", path, ", left by an interrupted save (its process is gone)");
   train::Distiller distiller(o.distill, tc, io::make_provenance("moe-distill", argc, argv));
   if (device.kind == Device::cuda) {
     distiller.to_device(device);

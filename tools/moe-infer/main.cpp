@@ -260,8 +260,34 @@ struct Prompt {
   infer::SamplingConfig sampling;
 };
 
+// A prompt object's field: a JSON integer in [lo, hi] (JSON gives no way to ask for one, and
+// nlohmann would truncate -0.5 to 0 and wrap 2^40). Throws moe::Error naming `key`.
+int64_t integer_field(const json& value, const std::string& key, int64_t lo, int64_t hi) {
+  if (!value.is_number_integer())
+    throw Error(str("\"", key, "\" must be an integer, got ", value.dump()));
+  const bool negative = value.is_number_unsigned() ? false : value.get<int64_t>() < 0;
+  if (!negative && value.is_number_unsigned() && value.get<uint64_t>() > uint64_t(INT64_MAX))
+    throw Error(str("\"", key, "\" ", value.dump(), " is out of range [", lo, ", ", hi, "]"));
+  const int64_t v = value.get<int64_t>();
+  if (v < lo || v > hi)
+    throw Error(str("\"", key, "\" ", v, " is out of range [", lo, ", ", hi, "]"));
+  return v;
+}
+
+// A prompt object's number field, finite and in [lo, hi] (`open_low`: lo itself excluded).
+double number_field(const json& value, const std::string& key, double lo, double hi,
+                    bool open_low = false) {
+  if (!value.is_number()) throw Error(str("\"", key, "\" must be a number, got ", value.dump()));
+  const double v = value.get<double>();
+  if (!std::isfinite(v) || v < lo || v > hi || (open_low && v == lo))
+    throw Error(str("\"", key, "\" ", value.dump(), " is out of range ", open_low ? "(" : "[", lo,
+                    ", ", hi, "]"));
+  return v;
+}
+
 // One prompt per line: plain text (byte tokens), or a JSON object {"prompt": "...", or
-// "tokens": [ids], and optional "max_new", "temperature", "top_k", "top_p"}.
+// "tokens": [ids], and optional "max_new", "temperature", "top_k", "top_p"}. Every field has the
+// type and range of its flag (ids: integers in [0, vocabulary)); a bad one names its line.
 std::vector<Prompt> read_prompts(const Options& o, const ModelConfig& mc) {
   std::ifstream file;
   std::istream* in = &std::cin;
@@ -279,18 +305,28 @@ std::vector<Prompt> read_prompts(const Options& o, const ModelConfig& mc) {
     if (!line.empty() && line.front() == '{') {
       try {
         json j = json::parse(line);
+        if (!j.is_object()) throw Error("not a JSON object");
         if (j.contains("tokens")) {
-          p.tokens = j.at("tokens").get<std::vector<int32_t>>();
+          const json& ids = j.at("tokens");
+          if (!ids.is_array()) throw Error(str("\"tokens\" must be an array of token ids"));
+          for (const json& id : ids)
+            p.tokens.push_back(
+                static_cast<int32_t>(integer_field(id, "tokens", 0, mc.vocab_size - 1)));
         } else {
           p.text = j.at("prompt").get<std::string>();
           p.tokens = io::tokenize_bytes(p.text);
         }
-        p.sampling.max_new = j.value("max_new", p.sampling.max_new);
-        p.sampling.temperature = j.value("temperature", p.sampling.temperature);
-        p.sampling.top_k = j.value("top_k", p.sampling.top_k);
-        p.sampling.top_p = j.value("top_p", p.sampling.top_p);
+        if (j.contains("max_new"))
+          p.sampling.max_new = integer_field(j["max_new"], "max_new", 0, INT32_MAX);
+        if (j.contains("temperature"))
+          p.sampling.temperature = number_field(j["temperature"], "temperature", 0, 1e6);
+        if (j.contains("top_k"))
+          p.sampling.top_k = integer_field(j["top_k"], "top_k", 0, mc.vocab_size);
+        if (j.contains("top_p")) p.sampling.top_p = number_field(j["top_p"], "top_p", 0, 1, true);
       } catch (const json::exception& e) {
         throw Error(str(o.prompts, ":", number, ": not a valid prompt object: ", e.what()));
+      } catch (const Error& e) {
+        throw Error(str(o.prompts, ":", number, ": ", e.what()));
       }
     } else {
       if (mc.vocab_size < io::kByteVocab)
@@ -404,7 +440,7 @@ int main(int argc, char** argv) {
       ->check(tools::positive())
       ->capture_default_str();
   gen->add_option("--temperature", o.sampling.temperature, "0 = greedy")
-      ->check(CLI::NonNegativeNumber)
+      ->check(tools::non_negative())
       ->capture_default_str();
   gen->add_option("--top-k", o.sampling.top_k, "Sample among the k most likely (0 = off)")
       ->check(tools::non_negative())
@@ -413,22 +449,25 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
 
-  return tools::run_tool("moe-infer", app, argc, argv, [&]() -> int {
-    tools::apply_common_options(o.common);
-    // MPI when started by mpiexec/srun, else one local process.
-    std::unique_ptr<comm::Communicator> world = comm::make_world();
-    const bool many = world->size() > 1;
-    if (many && world->rank() != 0) o.common.quiet = true;
-    try {
-      return *sc ? score(o, std::move(world)) : generate(o, std::move(world));
-    } catch (const std::exception& ex) {
+  return tools::run_tool(
+      "moe-infer", app, argc, argv,
+      [&]() -> int {
+        tools::apply_common_options(o.common);
+        // MPI when started by mpiexec/srun, else one local process.
+        std::unique_ptr<comm::Communicator> world = comm::make_world();
+        const bool many = world->size() > 1;
+        if (many && world->rank() != 0) o.common.quiet = true;
+        try {
+          return *sc ? score(o, std::move(world)) : generate(o, std::move(world));
+        } catch (const std::exception& ex) {
 #ifdef MOE_HAVE_MPI
-      // One rank failing must end every rank, not leave them waiting in a collective.
-      if (many)
-        comm::abort_job(str("moe-infer: error: ", ex.what()),
-                        dynamic_cast<const UsageError*>(&ex) ? 2 : 1);
+          // One rank failing must end every rank, not leave them waiting in a collective.
+          if (many)
+            comm::abort_job(str("moe-infer: error: ", ex.what()),
+                            dynamic_cast<const UsageError*>(&ex) ? 2 : 1);
 #endif
-      throw;
-    }
-  });
+          throw;
+        }
+      },
+      tools::Scope::job);
 }

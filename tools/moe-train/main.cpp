@@ -9,9 +9,11 @@
 #include "moe/comm/nccl.h"
 #include "moe/cuda.h"
 #include "moe/io/checkpoint.h"
+#include "moe/io/output.h"
 #include "moe/log.h"
 #include "moe/profile/popularity.h"
 #include "moe/threads.h"
+#include "moe/train/run_dir.h"
 #ifdef MOE_HAVE_MPI
 #include "moe/comm/mpi.h"
 #endif
@@ -114,6 +116,12 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
   if (tc.data.empty()) throw UsageError("--data is required (the text or token file to train on)");
 
   ModelConfig mc = resolve_model(o, resume.get());
+  // One run per directory: checked after the flags, before any work, on every rank (they all
+  // see the same --out).
+  train::check_run_directory(o.out, o.resume, o.force);
+  if (lead)
+    for (const std::string& path : io::remove_stale_temporaries(o.out))
+      MOE_LOG_WARN("removed ", path, ", left by an interrupted save (its process is gone)");
   bool token_file = io::resolve_token_format(tc.data, io::parse_token_format(tc.data_format)) !=
                     io::TokenFormat::text;
   if (!resume && token_file && !app.get_option("--vocab")->count())
@@ -286,6 +294,7 @@ int main(int argc, char** argv) {
       "moe-train"};
   tools::TrainOptions options;
   tools::add_train_options(app, options);
-  return tools::run_tool("moe-train", app, argc, argv,
-                         [&] { return run(options, app, argc, argv); });
+  return tools::run_tool(
+      "moe-train", app, argc, argv, [&] { return run(options, app, argc, argv); },
+      tools::Scope::job);
 }

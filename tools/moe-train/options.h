@@ -21,6 +21,7 @@ struct TrainOptions {
   int64_t checkpoint_every = 0;  // 0: only at the end
   int64_t eval_every = 50;
   int64_t log_every = 10;
+  bool force = false;  // write into a directory that holds another run's checkpoints
   std::vector<CLI::Option*> model_flags;  // flags that a resumed run must not contradict
   std::vector<CLI::Option*> train_flags;  // flags that override a resumed run's training config
 };
@@ -46,6 +47,9 @@ inline void add_train_options(CLI::App& app, TrainOptions& o) {
           ->capture_default_str());
   io->add_option("--out", o.out, "Output directory: step-<8 digits>.h5 checkpoints and last.h5")
       ->required();
+  io->add_flag("--force", o.force,
+               "Write into --out even when it holds the checkpoints of another run (same-numbered "
+               "steps are replaced, last.h5 moves to this run)");
   io->add_option("--resume", o.resume,
                  "Continue exactly from this checkpoint: a file, or the directory of a sharded one "
                  "(DIR/last)");

@@ -37,6 +37,7 @@
 #include "moe/arena.h"
 #include "moe/cuda.h"
 #include "moe/io/checkpoint.h"
+#include "moe/io/finite.h"
 #include "moe/io/hdf5.h"
 #include "moe/log.h"
 #include "moe/timer.h"
@@ -260,6 +261,9 @@ struct ExpertRing::Impl {
           MOE_CHECK(chunk.numel() == per && is_floating(chunk.dtype()), "checkpoint '", path,
                     "': expert ", layer.first[j] + e, " of '", p.name, "' is ", chunk.describe(),
                     ", the model expects ", per, " floating-point elements");
+          // As a resident model's load: garbage is refused, not scored.
+          io::check_finite(str("checkpoint '", path, "'"),
+                           str(p.name, " (expert ", layer.first[j] + e, ")"), chunk);
         }
         const int64_t offset = layer.offsets[j] + e * per;
         if (chunk.dtype() == DType::f32) {

@@ -3,6 +3,9 @@
 #include <cstring>
 #include <filesystem>
 
+#include "moe/io/finite.h"
+#include "moe/models/memory.h"
+
 namespace moe::infer {
 
 LoadedModel load_model(const std::string& path, bool experts, const nn::Parallel* parallel) {
@@ -12,6 +15,13 @@ LoadedModel load_model(const std::string& path, bool experts, const nn::Parallel
                     "(a run without --ep/--shard-embedding writes one)"));
   LoadedModel m;
   m.config = model_config_from_json(io::read_model_config(path));
+  // Before allocating: the resident parameters at least (experts not read, or only this rank's
+  // slice of them, are left out of the bound).
+  const bool sliced_experts = parallel && parallel->shards_experts();
+  const double params = parameter_lower_bound(m.config, experts && !sliced_experts ? 1 : 0);
+  check_fits_in_memory(params * double(dtype_size(m.config.dtype)),
+                       str("the model in '", path, "'"),
+                       str(params, " parameters of ", dtype_name(m.config.dtype)));
   m.params = std::make_unique<ParamSet>(0, m.config.dtype);
   m.model = std::make_unique<Transformer>(m.config, *m.params, parallel);
   size_t matched = 0;
@@ -20,6 +30,7 @@ LoadedModel load_model(const std::string& path, bool experts, const nn::Parallel
     MOE_CHECK(p, "'", path, "': tensor '", name, "' is not a parameter of its own model");
     MOE_CHECK(tensor.shape() == p->value.shape() && tensor.dtype() == p->value.dtype(), "'", path,
               "': tensor ", tensor.describe(), " does not match parameter ", p->value.describe());
+    io::check_finite(str("'", path, "'"), name, tensor);  // never score or serve garbage
     p->value.copy_from(tensor);
     p->refresh_compute();
     ++matched;
@@ -45,6 +56,8 @@ LoadedModel load_model(const std::string& path, bool experts, const nn::Parallel
                     "': expert ", p->shard.start + e, " of '", name, "' is ", one.describe(),
                     ", the model expects ", per_expert, " ", dtype_name(p->value.dtype()),
                     " elements");
+          io::check_finite(str("'", path, "'"), str(name, " (expert ", p->shard.start + e, ")"),
+                           one);
           std::memcpy(static_cast<std::byte*>(p->value.raw()) + e * one.nbytes(), one.raw(),
                       one.nbytes());
         }

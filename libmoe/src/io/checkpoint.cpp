@@ -199,6 +199,7 @@ std::vector<std::string> list_group(const std::string& path, const char* group_n
 
 void save_checkpoint(const std::string& path, const Checkpoint& ckpt, const SaveOptions& options) {
   h5::Session session;
+  check_replaceable(path);  // before the work: never rename over a device, FIFO or link
   const std::string temp = str(path, ".tmp-", ::getpid());
   auto remove_temp = [&] {
     std::error_code ignored;
@@ -207,8 +208,7 @@ void save_checkpoint(const std::string& path, const Checkpoint& ckpt, const Save
   try {
     write_file(temp, ckpt, options);
     fsync_path(temp, false);
-    if (std::rename(temp.c_str(), path.c_str()) != 0)
-      throw Error(str("cannot rename '", temp, "' to '", path, "': ", std::strerror(errno)));
+    rename_into_place(temp, path);
   } catch (const Error& e) {
     remove_temp();
     throw Error(str("saving checkpoint '", path, "': ", e.what()));

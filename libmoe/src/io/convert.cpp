@@ -860,6 +860,7 @@ void save_converted(const std::string& path, const Checkpoint& ckpt,
   }
   // save_checkpoint writes the temporary file atomically; the attribute is added to it, then it
   // is renamed over `path`, so `path` is never seen without its history.
+  check_replaceable(path);
   const std::string temp = str(path, ".convert-", ::getpid());
   try {
     save_checkpoint(temp, ckpt);
@@ -873,8 +874,7 @@ void save_converted(const std::string& path, const Checkpoint& ckpt,
       file.close(root);
     }
     fsync_path(temp, false);
-    if (std::rename(temp.c_str(), path.c_str()) != 0)
-      throw Error(str("cannot rename '", temp, "' to '", path, "': ", std::strerror(errno)));
+    rename_into_place(temp, path);
   } catch (...) {
     std::error_code ignored;
     fs::remove(temp, ignored);
@@ -1026,6 +1026,7 @@ void write_streaming_file(const std::string& file_path, const Checkpoint& ckpt,
 
 void save_streaming(const std::string& path, const Checkpoint& ckpt,
                     const nlohmann::json& history) {
+  check_replaceable(path);
   const std::string temp = str(path, ".tmp-", ::getpid());
   try {
     {
@@ -1033,8 +1034,7 @@ void save_streaming(const std::string& path, const Checkpoint& ckpt,
       write_streaming_file(temp, ckpt, history);
     }
     fsync_path(temp, false);
-    if (std::rename(temp.c_str(), path.c_str()) != 0)
-      throw Error(str("cannot rename '", temp, "' to '", path, "': ", std::strerror(errno)));
+    rename_into_place(temp, path);
   } catch (const Error& e) {
     std::error_code ignored;
     fs::remove(temp, ignored);

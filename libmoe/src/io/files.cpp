@@ -40,6 +40,7 @@ void write_producer_attrs(hid_t file, const char* format, int version, const Pro
 }
 
 void write_text_atomic(const std::string& path, const std::string& text) {
+  check_replaceable(path);
   const std::string tmp = str(path, ".tmp-", ::getpid());
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   if (!f) throw Error(str("cannot write '", path, "': ", std::strerror(errno)));
@@ -60,10 +61,11 @@ void write_text_atomic(const std::string& path, const std::string& text) {
     std::filesystem::remove(tmp, ec);
     throw;
   }
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
+  try {
+    rename_into_place(tmp, path);
+  } catch (...) {
     std::filesystem::remove(tmp, ec);
-    throw Error(str("cannot write '", path, "': ", ec.message()));
+    throw;
   }
 }
 

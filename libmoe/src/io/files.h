@@ -5,6 +5,7 @@
 
 #include "moe/io/checkpoint.h"
 #include "moe/io/hdf5.h"
+#include "moe/io/output.h"
 
 namespace moe::io {
 
@@ -19,6 +20,9 @@ void fsync_path(const std::string& path, bool directory);
 // Writes `text` to path.tmp-<pid>, fsyncs it and renames it over `path`: readers see the old file
 // or the whole new one. Throws moe::Error naming the path and the cause; nothing is left behind.
 void write_text_atomic(const std::string& path, const std::string& text);
+// rename(temp, path) after check_replaceable(path): the one way every writer puts its temporary
+// file in place. Throws moe::Error naming both paths; `temp` is left for the caller to remove.
+void rename_into_place(const std::string& temp, const std::string& path);
 // The directory holding `path` ("." for a bare file name).
 std::string parent_directory(const std::string& path);
 

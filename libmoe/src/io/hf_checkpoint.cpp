@@ -17,6 +17,7 @@
 
 #include "io/files.h"
 #include "moe/error.h"
+#include "moe/io/finite.h"
 #include "moe/io/safetensors.h"
 #include "moe/models/config.h"
 #include "moe/version.h"
@@ -561,7 +562,9 @@ Checkpoint import_hf(const std::string& dir, const HfImportOptions& options,
       throw Error(str("'", sources.file_of(name), "': tensor '", name, "' is ", shape_str(e.shape),
                       ", but config.json implies ", shape_str(expected), " (", why, ")"));
     Tensor t = sources.read(name);
-    return t.dtype() == target ? t : t.to(target);
+    t = t.dtype() == target ? t : t.to(target);
+    check_finite(str("'", sources.file_of(name), "'"), name, t);  // NaN/Inf weights: refused
+    return t;
   };
   auto need = [&](const std::string& hf_name, const std::string& what) -> const std::string& {
     if (hf_name.empty())

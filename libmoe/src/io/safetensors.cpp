@@ -329,6 +329,7 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
   if (text.size() > kSafetensorsMaxHeader)
     fail(path, str("header of ", text.size(), " bytes exceeds the 100 MB limit"));
 
+  check_replaceable(path);
   const std::string tmp = str(path, ".tmp-", ::getpid());
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   if (!f) fail(path, str("cannot write '", tmp, "': ", std::strerror(errno)));
@@ -357,10 +358,10 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
   } catch (const Error& e) {
     abandon(e.what());
   }
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    const std::string cause = ec.message();
-    abandon(str("cannot rename '", tmp, "' over it: ", cause));
+  try {
+    rename_into_place(tmp, path);
+  } catch (const Error& e) {
+    abandon(e.what());
   }
   fsync_path(parent_directory(path), true);
 }

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "io/files.h"
+#include "io/trace_checks.h"
 #include "moe/io/hdf5.h"
 
 namespace moe::io {
@@ -449,8 +450,7 @@ void TraceWriter::Impl::finish() {
     return;
   }
   fsync_path(temp, false);
-  if (std::rename(temp.c_str(), path.c_str()) != 0)
-    throw Error(str("cannot rename '", temp, "' to '", path, "': ", std::strerror(errno)));
+  rename_into_place(temp, path);
 }
 
 TraceWriter::TraceWriter(const std::string& path, const TraceInfo& info, int64_t chunk_tokens,
@@ -464,6 +464,7 @@ TraceWriter::TraceWriter(const std::string& path, const TraceInfo& info, int64_t
   w.info = info;
   if (path.empty()) throw Error("trace: empty output path");
   if (path == "-" && !image_out) throw Error("trace '-': no FILE* to write the image to");
+  if (path != "-") check_replaceable(path);
   check_info(info, w.who());
   if (info.source != "record" && info.source != "train")
     throw Error(str(w.who(), ": source is '", info.source, "', expected 'record' or 'train'"));
@@ -672,8 +673,14 @@ std::vector<int64_t> TraceReader::Impl::read_batch_i64(const h5::Dataset& ds, co
   size_t per_row = 1;
   for (hsize_t d : rest) per_row *= static_cast<size_t>(d);
   std::vector<int64_t> values(static_cast<size_t>(count) * per_row);
+  const Where where = root.at(child(kBatchesGroup, ds_name));
   read_rows(ds, static_cast<hsize_t>(first), static_cast<hsize_t>(count), rest, H5T_NATIVE_INT64,
-            values.data(), root.at(child(kBatchesGroup, ds_name)));
+            values.data(), where);
+  // The writer's rules, checked on every read (io/trace_checks.h).
+  const std::string name(ds_name);
+  if (name == "loads") check_trace_loads(values, info.experts, Emax, first, where.describe());
+  if (name == "dropped") check_trace_dropped(values, L, first, where.describe());
+  if (name == "step") check_trace_steps(values, first, where.describe());
   return values;
 }
 

@@ -1,5 +1,6 @@
 #include "moe/models/config.h"
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "moe/error.h"
@@ -58,10 +59,16 @@ void ModelConfig::validate() const {
   MOE_USAGE_CHECK(d_ff >= 1, "--d-ff must be >= 1 (got ", d_ff, ")");
   MOE_USAGE_CHECK(seq >= 1, "--seq must be >= 1 (got ", seq, ")");
   MOE_USAGE_CHECK(top_k >= 1, "--top-k must be >= 1 (got ", top_k, ")");
-  MOE_USAGE_CHECK(capacity_factor >= 0, "--capacity-factor must be >= 0 (0 = dropless)");
-  MOE_USAGE_CHECK(aux_loss_coef >= 0 && z_loss_coef >= 0, "loss coefficients must be >= 0");
+  MOE_USAGE_CHECK(capacity_factor >= 0 && std::isfinite(capacity_factor),
+                  "--capacity-factor must be a finite number >= 0 (0 = dropless)");
+  MOE_USAGE_CHECK(aux_loss_coef >= 0 && z_loss_coef >= 0 && std::isfinite(aux_loss_coef) &&
+                      std::isfinite(z_loss_coef),
+                  "loss coefficients must be finite numbers >= 0");
   MOE_USAGE_CHECK(router_jitter >= 0 && router_jitter < 1, "--router-jitter must be in [0, 1)");
-  MOE_USAGE_CHECK(norm_eps > 0, "--norm-eps must be > 0");
+  MOE_USAGE_CHECK(norm_eps > 0 && std::isfinite(norm_eps),
+                  "--norm-eps must be a finite number > 0");
+  MOE_USAGE_CHECK(rope_theta > 0 && std::isfinite(rope_theta),
+                  "--rope-theta must be a finite number > 0 (got ", rope_theta, ")");
   MOE_USAGE_CHECK(is_floating(dtype), "--dtype must be f32, bf16 or f16");
   MOE_USAGE_CHECK(static_cast<int64_t>(experts_per_layer.size()) == layers,
                   "model config: experts_per_layer has ", experts_per_layer.size(), " entries for ",

@@ -199,40 +199,91 @@ void save_paths(const PathTable& t, const std::string& path) {
   io::write_text_atomic(path, j.dump() + "\n");
 }
 
+// Checks everything build_paths guarantees, so that a table edited by hand or damaged is refused
+// (naming the file and the place) instead of predicting from garbage.
 PathTable load_paths(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw Error(str("path table '", path, "': cannot open"));
+  const std::string who = str("path table '", path, "'");
   PathTable t;
   try {
     nlohmann::json j = nlohmann::json::parse(in);
     if (!j.is_object() || j.value("format", std::string()) != "moe.paths")
-      throw Error(str("path table '", path, "': not a moe.paths file (made by moe-profile paths)"));
+      throw Error(str(who, ": not a moe.paths file (made by moe-profile paths)"));
     if (j.at("format_version").get<int>() != 1)
-      throw Error(str("path table '", path, "': format version ", j.at("format_version").dump(),
+      throw Error(str(who, ": format version ", j.at("format_version").dump(),
                       ", this build reads version 1"));
-    t.path_length = j.at("path_length").get<int64_t>();
-    t.top_k = j.at("top_k").get<int64_t>();
+    auto integer = [&](const nlohmann::json& v, const std::string& what) {
+      if (!v.is_number_integer())
+        throw Error(str(who, ": ", what, " is ", v.dump(), ", not an integer"));
+      return v.get<int64_t>();
+    };
+    t.path_length = integer(j.at("path_length"), "path_length");
+    t.top_k = integer(j.at("top_k"), "top_k");
+    if (t.path_length < 1) throw Error(str(who, ": path_length ", t.path_length, " is not >= 1"));
+    if (t.top_k < 1) throw Error(str(who, ": top_k ", t.top_k, " is not >= 1"));
     t.experts = j.at("experts").get<std::vector<int64_t>>();
+    for (size_t l = 0; l < t.experts.size(); ++l)
+      if (t.experts[l] < t.top_k)
+        throw Error(
+            str(who, ": layer ", l, " has ", t.experts[l], " experts, fewer than top_k ", t.top_k));
     t.marginal = j.at("marginal").get<std::vector<std::vector<int64_t>>>();
     const size_t L = t.experts.size();
-    MOE_CHECK(t.marginal.size() == L && j.at("layers").size() == (L ? L - 1 : 0), "path table '",
-              path, "': ", t.marginal.size(), " marginals and ", j.at("layers").size(),
-              " layers for ", L, " MoE layers");
-    for (size_t l = 0; l < L; ++l)
-      MOE_CHECK(int64_t(t.marginal[l].size()) == t.experts[l], "path table '", path,
-                "': marginal of layer ", l, " has ", t.marginal[l].size(), " entries");
+    const nlohmann::json& layers = j.at("layers");
+    if (!layers.is_array() || t.marginal.size() != L || layers.size() != (L ? L - 1 : 0))
+      throw Error(str(who, ": ", t.marginal.size(), " marginals and ", layers.size(),
+                      " layers for ", L, " MoE layers (expected ", L, " and ", L ? L - 1 : 0, ")"));
+    // Counts are numbers of assignments: never negative.
+    auto check_counts = [&](const std::vector<int64_t>& counts, const std::string& what) {
+      for (size_t e = 0; e < counts.size(); ++e)
+        if (counts[e] < 0)
+          throw Error(str(who, ": ", what, " count of expert ", e, " is ", counts[e]));
+    };
+    for (size_t l = 0; l < L; ++l) {
+      if (int64_t(t.marginal[l].size()) != t.experts[l])
+        throw Error(str(who, ": marginal of layer ", l, " has ", t.marginal[l].size(),
+                        " entries for ", t.experts[l], " experts"));
+      check_counts(t.marginal[l], str("layer ", l, "'s marginal"));
+    }
     t.next.resize(L ? L - 1 : 0);
     for (size_t i = 0; i + 1 < L; ++i) {
-      for (const auto& p : j.at("layers")[i].at("paths")) {
+      const nlohmann::json& layer = layers[i];
+      const std::string at = str("layers[", i, "]");
+      if (!layer.is_object() || !layer.contains("predicts"))
+        throw Error(
+            str(who, ": ", at, " has no 'predicts' (the MoE layer it predicts, ", i + 1, ")"));
+      if (integer(layer.at("predicts"), at + ".predicts") != int64_t(i + 1))
+        throw Error(
+            str(who, ": ", at, ".predicts is ", layer.at("predicts").dump(), ", expected ", i + 1));
+      // The path of layer i + 1 holds the first choices at layers max(0, i - l + 1) .. i.
+      const int64_t first = std::max<int64_t>(0, int64_t(i) - t.path_length + 1);
+      const size_t length = i + 1 - static_cast<size_t>(first);
+      for (const auto& p : layer.at("paths")) {
+        auto key = p.at("path").get<std::vector<int64_t>>();
+        if (key.size() != length)
+          throw Error(str(who, ": a path of ", at, " has ", key.size(), " experts, expected ",
+                          length, " (layers ", first, "..", i, " with path_length ", t.path_length,
+                          ")"));
+        std::vector<int32_t> ids;
+        for (size_t q = 0; q < key.size(); ++q) {
+          const int64_t layer_of = first + int64_t(q), E = t.experts[size_t(layer_of)];
+          if (key[q] < 0 || key[q] >= E)
+            throw Error(str(who, ": a path of ", at, " names expert ", key[q], " at layer ",
+                            layer_of, ", outside [0, ", E, ")"));
+          ids.push_back(static_cast<int32_t>(key[q]));
+        }
         auto counts = p.at("counts").get<std::vector<int64_t>>();
-        MOE_CHECK(int64_t(counts.size()) == t.experts[i + 1], "path table '", path,
-                  "': a path of layer ", i + 1, " has ", counts.size(), " counts");
-        t.next[i][p.at("path").get<std::vector<int32_t>>()] = std::move(counts);
+        if (int64_t(counts.size()) != t.experts[i + 1])
+          throw Error(str(who, ": a path of layer ", i + 1, " has ", counts.size(), " counts for ",
+                          t.experts[i + 1], " experts"));
+        check_counts(counts, str("a path of ", at));
+        if (!t.next[i].emplace(std::move(ids), std::move(counts)).second)
+          throw Error(str(who, ": ", at, " lists the path ", p.at("path").dump(), " twice"));
       }
     }
   } catch (const nlohmann::json::exception& e) {
-    throw Error(str("path table '", path,
-                    "': not a moe.paths table (the JSON 'moe-profile paths' writes): ", e.what()));
+    throw Error(
+        str(who, ": not a moe.paths table (the JSON 'moe-profile paths' writes): ", e.what()));
   }
   return t;
 }

@@ -11,7 +11,9 @@
 #include <set>
 
 #include "moe/cuda.h"
+#include "moe/io/finite.h"
 #include "moe/log.h"
+#include "moe/models/memory.h"
 #include "moe/ops/core.h"
 #include "moe/timer.h"
 
@@ -84,6 +86,25 @@ static void check_vocab(const std::vector<int32_t>& tokens, int64_t vocab,
                          needed, " or more)"));
 }
 
+// This rank's share of the model and of one step, at least: every parameter's value and
+// gradient in the storage dtype and AdamW's two fp32 moments, and the step's fp32 logits.
+static void check_training_memory(const ModelConfig& config, const TrainConfig& train,
+                                  int world_size) {
+  const double ranks = double(world_size), ep = double(std::max<int64_t>(train.ep, 1));
+  const double params =
+      parameter_lower_bound(config, 1 / ep, train.shard_embedding ? 1 / ranks : 1);
+  const double state = params * double(2 * dtype_size(config.dtype) + 8);
+  const double logits =
+      double(train.batch) / ranks * double(config.seq) * double(config.vocab_size) * 4;
+  check_fits_in_memory(
+      state + logits,
+      str("training this model (vocabulary ", config.vocab_size, ", d_model ", config.d_model, ", ",
+          config.layers, " layers, ", config.experts, " experts)"),
+      str(format_bytes(state), " for ", params, " parameters' values, gradients and AdamW ",
+          "state, ", format_bytes(logits), " for a step's logits",
+          ranks > 1 ? " on each rank" : ""));
+}
+
 Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provenance provenance,
                  comm::Communicator* world)
     : train_(train), provenance_(std::move(provenance)), world_(world) {
@@ -91,7 +112,15 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
   MOE_USAGE_CHECK(train.batch % world_size() == 0, "--batch ", train.batch,
                   " does not divide over ", world_size(), " data-parallel ranks");
   MOE_USAGE_CHECK(train.steps >= 1, "--steps must be >= 1 (got ", train.steps, ")");
-  MOE_USAGE_CHECK(train.lr > 0, "--lr must be > 0 (got ", train.lr, ")");
+  // Every number is finite and in range (an infinite --lr trains every parameter to NaN).
+  MOE_USAGE_CHECK(train.lr > 0 && std::isfinite(train.lr), "--lr must be a finite number > 0 (got ",
+                  train.lr, ")");
+  MOE_USAGE_CHECK(train.clip >= 0 && std::isfinite(train.clip),
+                  "--clip must be a finite number >= 0 (0 = off; got ", train.clip, ")");
+  MOE_USAGE_CHECK(train.weight_decay >= 0 && std::isfinite(train.weight_decay),
+                  "--weight-decay must be a finite number >= 0 (got ", train.weight_decay, ")");
+  MOE_USAGE_CHECK(train.min_lr_ratio >= 0 && train.min_lr_ratio <= 1,
+                  "--min-lr-ratio must be in [0, 1] (got ", train.min_lr_ratio, ")");
   MOE_USAGE_CHECK(train.warmup >= 0, "--warmup must be >= 0");
   MOE_USAGE_CHECK(train.val_fraction > 0 && train.val_fraction < 1,
                   "--val-fraction must be in (0, 1)");
@@ -117,6 +146,7 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
   MOE_USAGE_CHECK(!train.shard_embedding || !flavour_of(config).tied_head,
                   "--shard-embedding needs an untied LM head, but the ", arch_name(config.arch),
                   " flavour ties it to the token table (use --arch mixtral)");
+  check_training_memory(config, train, world_size());  // before any parameter is allocated
   setup_parallel();
   params_ = std::make_unique<ParamSet>(train.seed, config.dtype);
   model_ = std::make_unique<Transformer>(config, *params_, world_size() > 1 ? &parallel_ : nullptr);
@@ -204,7 +234,23 @@ void Trainer::restore(const io::Checkpoint& ckpt) {
   load_tensors(ckpt);
 }
 
+// A tensor on the host, to look at its values (a copy only for device tensors).
+static Tensor on_host(const Tensor& t) {
+  return t.device().kind == Device::cpu ? t : t.to(Device{});
+}
+
+// Parameters or optimizer state holding NaN/Inf are never saved: the run diverged.
+static void check_saveable(const io::Checkpoint& c, int64_t step) {
+  const std::string where = str("step ", step, ": not saving the checkpoint");
+  for (const std::vector<io::NamedTensor>* group : {&c.params, &c.optim})
+    for (const io::NamedTensor& nt : *group) io::check_finite(where, nt.name, on_host(nt.tensor));
+}
+
 void Trainer::load_tensors(const io::Checkpoint& ckpt) {
+  // Garbage is refused at load, naming the tensor, rather than trained on.
+  const std::string where = str("checkpoint to resume (step ", ckpt.state.step, ")");
+  io::check_finite(where, ckpt.params);
+  io::check_finite(where, ckpt.optim);
   for (const io::NamedTensor& nt : ckpt.params) {
     Param* p = params_->find(nt.name);
     MOE_CHECK(p, "checkpoint tensor '", nt.name, "' is not a parameter of this model");
@@ -358,6 +404,14 @@ StepStats Trainer::step(bool capture_routing) {
                       static_cast<float>(train_.lr * train_.min_lr_ratio));
   optimizer_->step(static_cast<float>(s.lr));
   ++step_;
+  // An update that made a parameter non-finite (an infinite --lr, say) stops the run here, before
+  // it is saved or trained on. Device parameters are checked when saved (no copy every step).
+  for (const Param* p : std::as_const(*params_).all())
+    if (p->value.device().kind == Device::cpu && io::first_non_finite(p->value) >= 0)
+      io::check_finite(str("step ", step_,
+                           ", after the update (the run diverged; nothing saved: "
+                           "try a lower --lr or --clip)"),
+                       p->name, p->value);
   s.tokens = train_.batch * mc.seq;
   tokens_seen_ += s.tokens;
   s.step = step_;
@@ -634,7 +688,9 @@ std::string Trainer::save(const std::string& dir) const {
     world_->barrier();
     return path.string();
   }
-  io::save_checkpoint(path.string(), snapshot());
+  const io::Checkpoint c = snapshot();
+  check_saveable(c, step_);
+  io::save_checkpoint(path.string(), c);
   point_link(dir, "last.h5", name);  // last.h5 -> the newest checkpoint
   if (world_size() > 1) world_->barrier();
   return path.string();
@@ -662,7 +718,11 @@ std::string Trainer::save_sharded(const std::string& dir) const {
   bool writes = false;
   for (const Param* p : std::as_const(*params_).all()) writes |= owns(*p);
   try {
-    if (writes) io::save_checkpoint(shard_file(step_dir, rank()), snapshot_owned());
+    if (writes) {
+      const io::Checkpoint c = snapshot_owned();
+      check_saveable(c, step_);
+      io::save_checkpoint(shard_file(step_dir, rank()), c);
+    }
   } catch (const std::exception& e) {
     error = e.what();
   }

@@ -3,6 +3,7 @@
 # the same sequences in the same order, each NLL equal to float tolerance (an expert's GEMM then
 # holds other rows, and BLAS may round a row differently with another row count: 1e-6 relative).
 # 13 sequences in rounds of batch x ranks leave some ranks without a sequence in the last round.
+# A rank with an unknown flag ends the whole job.
 # Usage: infer_ep.sh MPIEXEC MOE_TRAIN MOE_INFER DATA WORKDIR
 set -u
 mpiexec=$1 train=$2 infer=$3 data=$4 work=$5
@@ -32,3 +33,9 @@ rc=$?
 printf '%s\n' "$out" | tail -3
 [ "$rc" -eq 2 ] || fail "--ep 4 on 2 ranks should be a usage error (exit $rc)"
 printf '%s' "$out" | grep -q "needs 4 ranks" || fail "no clear message for --ep 4 on 2 ranks"
+# A rank whose flags do not parse ends the job (exit 2) instead of leaving its peer waiting.
+out=$(timeout 30 "$mpiexec" -n 1 "$infer" $args --ep 2 : -n 1 "$infer" $args --ep 2 --bogus 2>&1)
+rc=$?
+printf '%s\n' "$out" | tail -3
+[ "$rc" -eq 2 ] || fail "a rank with an unknown flag: exit $rc (124: the job hung)"
+printf '%s' "$out" | grep -q "moe-infer: error: .*--bogus" || fail "no message naming --bogus"

@@ -1,0 +1,26 @@
+// Non-finite values (NaN, +-Inf) in parameters are garbage that no reader accepts and no writer
+// saves: a model holding one scores "ppl": null and trains to all-NaN. Checked by the checkpoint
+// and model loaders, by import-hf, and by the trainer after every step and before every save.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "moe/io/checkpoint.h"
+#include "moe/tensor.h"
+
+namespace moe::io {
+
+// The first element of a CPU tensor that is NaN or infinite (f32, bf16, f16), or -1 (also for
+// integer dtypes, which cannot hold one, and for empty tensors).
+int64_t first_non_finite(const Tensor& tensor);
+
+// "NaN", "inf" or "-inf": what element `index` of `tensor` is.
+std::string non_finite_name(const Tensor& tensor, int64_t index);
+
+// Throws moe::Error "<where>: tensor '<name>' holds a non-finite value (NaN at element 12 of
+// 4x8)" for the first such tensor. `where` names the file (or step) the tensor comes from.
+void check_finite(const std::string& where, const std::string& name, const Tensor& tensor);
+void check_finite(const std::string& where, const std::vector<NamedTensor>& tensors);
+
+}  // namespace moe::io

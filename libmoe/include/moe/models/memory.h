@@ -1,0 +1,38 @@
+// Memory a model needs, estimated from its config before anything is allocated, so that absurd
+// sizes (d_model 1e6, 1e5 experts, a vocabulary of 2^31) are refused with the figure and what the
+// machine has, instead of std::bad_alloc (or the OOM killer) part-way through building the model.
+// The estimates are lower bounds: they count only the large matrices (embedding, head, attention
+// and MLP/expert weights) and the step's logits, so a model they refuse can never fit.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "moe/models/config.h"
+
+namespace moe {
+
+// Parameters in the large matrices of `config` (resolved: experts_per_layer filled in), as a
+// double so that absurd configs do not overflow. `experts_share` counts that fraction of the
+// expert weights (1/ep for an expert-parallel rank, 0 when the experts are not resident),
+// `embedding_share` that of the token table and untied head (1/ranks when sharded).
+double parameter_lower_bound(const ModelConfig& config, double experts_share = 1,
+                             double embedding_share = 1);
+
+// What this process may use: physical memory (sysconf pages x page size) and RLIMIT_AS when set.
+struct MachineMemory {
+  double physical_bytes = 0;       // 0: unknown
+  double address_space_limit = 0;  // 0: no limit
+  double usable() const;           // the smaller of the known figures (0: unknown)
+  std::string describe() const;    // "7.8 GiB of physical memory (RLIMIT_AS 2.0 GiB)"
+};
+MachineMemory machine_memory();
+
+// Throws moe::Error "<what> needs at least <bytes> (<detail>), more than this machine has: ..."
+// when `bytes` exceeds `machine.usable()`. Unknown machine figures never refuse.
+void check_fits_in_memory(double bytes, const std::string& what, const std::string& detail,
+                          const MachineMemory& machine = machine_memory());
+
+// "1.5 GiB", "512 MiB", "3.0 TiB".
+std::string format_bytes(double bytes);
+
+}  // namespace moe

@@ -1,0 +1,58 @@
+// Non-finite parameter checks (see moe/io/finite.h).
+#include "moe/io/finite.h"
+
+#include <cmath>
+
+#include "moe/error.h"
+
+namespace moe::io {
+
+namespace {
+
+// bf16 and f16 keep the IEEE layout: an all-ones exponent is Inf (zero mantissa) or NaN.
+constexpr uint16_t kBf16Exponent = 0x7f80, kBf16Mantissa = 0x007f;
+constexpr uint16_t kF16Exponent = 0x7c00, kF16Mantissa = 0x03ff;
+
+}  // namespace
+
+int64_t first_non_finite(const Tensor& t) {
+  if (!t.defined() || t.numel() == 0 || !is_floating(t.dtype())) return -1;
+  MOE_CHECK(t.device().kind == Device::cpu, "first_non_finite: ", t.describe(),
+            " is not on the CPU");
+  const int64_t n = t.numel();
+  if (t.dtype() == DType::f32) {
+    const float* v = t.data<float>();
+    for (int64_t i = 0; i < n; ++i)
+      if (!std::isfinite(v[i])) return i;
+    return -1;
+  }
+  const uint16_t exponent = t.dtype() == DType::bf16 ? kBf16Exponent : kF16Exponent;
+  const uint16_t* bits = t.half_bits();
+  for (int64_t i = 0; i < n; ++i)
+    if ((bits[i] & exponent) == exponent) return i;
+  return -1;
+}
+
+std::string non_finite_name(const Tensor& t, int64_t i) {
+  if (t.dtype() == DType::f32) {
+    const float v = t.data<float>()[i];
+    return std::isnan(v) ? "NaN" : v > 0 ? "inf" : "-inf";
+  }
+  const uint16_t b = t.half_bits()[i];
+  const uint16_t mantissa = t.dtype() == DType::bf16 ? kBf16Mantissa : kF16Mantissa;
+  return (b & mantissa) ? "NaN" : (b & 0x8000) ? "-inf" : "inf";
+}
+
+void check_finite(const std::string& where, const std::string& name, const Tensor& tensor) {
+  const int64_t i = first_non_finite(tensor);
+  if (i < 0) return;
+  throw Error(str(where, ": tensor '", name, "' holds a non-finite value (",
+                  non_finite_name(tensor, i), " at element ", i, " of ", shape_str(tensor.shape()),
+                  ")"));
+}
+
+void check_finite(const std::string& where, const std::vector<NamedTensor>& tensors) {
+  for (const NamedTensor& nt : tensors) check_finite(where, nt.name, nt.tensor);
+}
+
+}  // namespace moe::io

@@ -1,0 +1,104 @@
+// Output-path rules shared by every writer (see moe/io/output.h).
+#include "moe/io/output.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "io/files.h"
+#include "moe/error.h"
+
+namespace moe::io {
+
+namespace {
+
+const char* kind_of(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  return "not a regular file";
+}
+
+// The PID of a temporary name "<name>.tmp-<PID>" or "<name>.convert-<PID>" that a moe writer
+// makes (<name> an HDF5 file, or the hidden name of the `last` link), or 0: files of other
+// programs that happen to look alike are never touched.
+long temporary_pid(const std::string& name) {
+  for (const char* marker : {".tmp-", ".convert-"}) {
+    const size_t at = name.rfind(marker);
+    if (at == std::string::npos || at == 0) continue;
+    const std::string base = name.substr(0, at);
+    const bool ours = base == ".last" || base == ".last.h5" ||
+                      (base.size() > 3 && base.compare(base.size() - 3, 3, ".h5") == 0);
+    if (!ours) continue;
+    const std::string digits = name.substr(at + std::strlen(marker));
+    if (digits.empty() || digits.size() > 9 ||
+        digits.find_first_not_of("0123456789") != std::string::npos)
+      continue;
+    return std::stol(digits);
+  }
+  return 0;
+}
+
+bool process_alive(long pid) {
+  if (pid == static_cast<long>(::getpid())) return true;
+  // EPERM: the process exists but belongs to someone else.
+  return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;
+}
+
+}  // namespace
+
+void check_replaceable(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return;
+    throw Error(str("cannot write '", path, "': ", std::strerror(errno)));
+  }
+  if (S_ISREG(st.st_mode)) return;
+  // Writers put a temporary file in place with rename(), which would replace the node itself (a
+  // device, a FIFO, a symbolic link) rather than write into it.
+  throw Error(str("'", path, "' is ", kind_of(st.st_mode),
+                  ", not a regular file: refusing to replace it (give the path of a new or "
+                  "regular file)"));
+}
+
+void check_output_file(const std::string& path, bool replace) {
+  check_replaceable(path);
+  std::error_code ec;
+  if (!replace && std::filesystem::exists(std::filesystem::symlink_status(path, ec)))
+    throw Error(str("'", path, "' already exists; remove it or pass --force to replace it"));
+}
+
+void rename_into_place(const std::string& temp, const std::string& path) {
+  check_replaceable(path);
+  if (std::rename(temp.c_str(), path.c_str()) != 0)
+    throw Error(str("cannot rename '", temp, "' to '", path, "': ", std::strerror(errno)));
+}
+
+std::vector<std::string> remove_stale_temporaries(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> removed;
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec);
+  if (ec) return removed;
+  std::vector<fs::path> stale;  // collected first: removing while iterating is unspecified
+  for (const fs::directory_entry& entry : it) {
+    const long pid = temporary_pid(entry.path().filename().string());
+    if (pid > 0 && !process_alive(pid)) stale.push_back(entry.path());
+  }
+  for (const fs::path& path : stale) {
+    std::error_code rm;
+    fs::remove_all(path, rm);
+    if (!rm) removed.push_back(path.string());
+  }
+  return removed;
+}
+
+}  // namespace moe::io

@@ -1,0 +1,36 @@
+// Non-finite parameter detection in every floating dtype (NaN, +Inf, -Inf), and the message.
+#include <catch2/catch.hpp>
+#include <limits>
+
+#include "moe/io/finite.h"
+#include "support/gradcheck.h"
+#include "support/run.h"
+
+using namespace moe;
+
+TEST_CASE("io: non-finite values are found in f32, bf16 and f16 tensors", "[io][validation]") {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+    INFO(dtype_name(dtype));
+    const Tensor clean = test::random_tensor({3, 5}, 7).to(dtype);
+    REQUIRE(io::first_non_finite(clean) == -1);
+    for (auto [value, name] :
+         {std::pair{nan, "NaN"}, std::pair{inf, "inf"}, std::pair{-inf, "-inf"}}) {
+      Tensor f = test::random_tensor({3, 5}, 7);
+      f.data<float>()[11] = value;
+      const Tensor t = f.to(dtype);
+      REQUIRE(io::first_non_finite(t) == 11);
+      REQUIRE(io::non_finite_name(t, 11) == name);
+      const std::string msg = test::error_of([&] { io::check_finite("'m.h5'", "w1", t); });
+      REQUIRE(msg == std::string("'m.h5': tensor 'w1' holds a non-finite value (") + name +
+                         " at element 11 of [3,5])");
+    }
+  }
+  // The largest finite values are finite; integer tensors never hold a non-finite value.
+  Tensor big = test::random_tensor({4}, 3);
+  big.data<float>()[2] = std::numeric_limits<float>::max();
+  REQUIRE(io::first_non_finite(big) == -1);
+  REQUIRE(io::first_non_finite(test::random_ids({6}, 1, 100)) == -1);
+  REQUIRE(io::first_non_finite(Tensor::empty({0, 3})) == -1);
+}
