@@ -67,7 +67,7 @@ void write_file(const std::string& file_path, const Checkpoint& ckpt, const Save
   std::string model_config = dump_json(ckpt.model_config, "model_config");
   std::string train_config = dump_json(ckpt.train_config, "train_config");
 
-  h5::File file = h5::create_file(file_path);
+  h5::WriteFile file = h5::create_file(file_path);
   {
     Provenance stamped = p;
     stamped.time = created;
