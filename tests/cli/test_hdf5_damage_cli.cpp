@@ -6,7 +6,9 @@
 #include <catch2/catch.hpp>
 #include <hdf5.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -271,4 +273,64 @@ TEST_CASE("cli: every HDF5 writer on a full file system exits 1 and leaves nothi
     REQUIRE(ok.exit_code == 0);
     fs::remove_all(w.output);
   }
+}
+
+TEST_CASE("cli: moe-convert inspect --verify refuses what moe-train --resume refuses",
+          "[cli][hdf5][convert]") {
+  Trained& t = trained();
+  test::ScratchDir dir("cli-hdf5-verify");
+  const io::Checkpoint good = io::load_checkpoint(t.ckpt);
+  struct Case {
+    std::string name, expected;
+    std::function<void(io::Checkpoint&)> edit;
+  };
+  const std::vector<Case> cases = {
+      {"deleted", "parameter 'blocks.1.moe.router.weight' is missing",
+       [](io::Checkpoint& c) {
+         c.params.erase(std::find_if(c.params.begin(), c.params.end(), [](const auto& nt) {
+           return nt.name == "blocks.1.moe.router.weight";
+         }));
+       }},
+      {"extra", "checkpoint tensor 'blocks.9.extra' is not a parameter of this model",
+       [](io::Checkpoint& c) {
+         c.params.push_back({"blocks.9.extra", c.params.front().tensor, false});
+       }},
+      {"reshaped", "does not match parameter",
+       [](io::Checkpoint& c) {
+         io::NamedTensor& nt = c.params.front();
+         nt.tensor = nt.tensor.reshape({nt.tensor.numel()});
+       }},
+      {"optim-reshaped", "optimizer state",
+       [](io::Checkpoint& c) {
+         io::NamedTensor& nt = c.optim.back();
+         nt.tensor = nt.tensor.reshape({nt.tensor.numel()});
+       }},
+  };
+  for (const Case& k : cases) {
+    const std::string path = dir / (k.name + ".h5");
+    io::Checkpoint c = good;
+    k.edit(c);
+    io::save_checkpoint(path, c);
+    auto v = run_command(tool("moe-convert", "inspect --verify " + path));
+    INFO(k.name << ": " << v.err);
+    REQUIRE(v.exit_code == 1);
+    REQUIRE(v.err.rfind("moe-convert: error: ", 0) == 0);
+    REQUIRE_THAT(v.err, Catch::Contains(k.expected) && Catch::Contains(path));
+    // Without --verify the file is only described (metadata is fine).
+    REQUIRE(run_command(tool("moe-convert", "inspect " + path)).exit_code == 0);
+    // And the trainer refuses it for the same reason.
+    auto r = run_command(tool("moe-train", "--data " + test::fortunes_path("linux") + " --resume " +
+                                               path + " --out " + (dir / k.name) +
+                                               " --steps 3 --threads 1 -q"));
+    INFO(r.err);
+    REQUIRE(r.exit_code == 1);
+    REQUIRE_THAT(r.err, Catch::Contains(k.expected));
+  }
+  // The untouched checkpoint, and a frozen one (no optimizer state: an inference checkpoint).
+  REQUIRE(run_command(tool("moe-convert", "inspect --verify " + t.ckpt)).exit_code == 0);
+  const std::string frozen = dir / "frozen.h5";
+  REQUIRE(run_command(tool("moe-convert", "freeze " + t.ckpt + " -o " + frozen)).exit_code == 0);
+  auto f = run_command(tool("moe-convert", "inspect --verify " + frozen));
+  INFO(f.err);
+  REQUIRE(f.exit_code == 0);
 }

@@ -273,6 +273,23 @@ Checkpoint load_checkpoint(const std::string& path, bool with_optim) {
   return ckpt;
 }
 
+void check_params_match(const ParamSet& params, const std::vector<NamedTensor>& tensors,
+                        const std::string& source) {
+  std::set<std::string> seen;
+  for (const NamedTensor& nt : tensors) {
+    const Param* p = params.find(nt.name);
+    MOE_CHECK(p, source, ": checkpoint tensor '", nt.name, "' is not a parameter of this model");
+    MOE_CHECK(nt.tensor.shape() == p->value.shape() && nt.tensor.dtype() == p->value.dtype(),
+              source, ": checkpoint tensor ", nt.tensor.describe(), " does not match parameter ",
+              p->value.describe());
+    seen.insert(nt.name);
+  }
+  for (const Param* p : params.all())
+    MOE_CHECK(seen.count(p->name), source, ": checkpoint has ", tensors.size(),
+              " parameter tensors, the model ", params.size(), ": parameter '", p->name,
+              "' is missing");
+}
+
 nlohmann::json read_model_config(const std::string& path) {
   h5::Session session;
   Opened c = open_checkpoint(path);
