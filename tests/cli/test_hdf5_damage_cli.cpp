@@ -3,10 +3,10 @@
 // and in metadata, in today's format and in the format of earlier builds), never a signal and
 // never a hang; every HDF5 writer on a full file system exits 1 with the cause and leaves neither
 // output nor temporary file. See docs/RELIABILITY.md.
-#include <catch2/catch.hpp>
 #include <hdf5.h>
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <filesystem>
 #include <functional>
 #include <string>
@@ -91,8 +91,8 @@ struct Trained {
         hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
         H5Pset_chunk(dcpl, static_cast<int>(chunk.size()), chunk.data());
         H5Pset_fletcher32(dcpl);
-        hid_t ds = H5Dcreate2(g, nt.name.c_str(), H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl,
-                              H5P_DEFAULT);
+        hid_t ds =
+            H5Dcreate2(g, nt.name.c_str(), H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
         REQUIRE(ds >= 0);
         REQUIRE(H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, nt.tensor.raw()) >=
                 0);
@@ -187,8 +187,8 @@ void require_clean_refusals(const std::string& file, const std::vector<std::stri
       if (name == "moe-train") line += " --out " + (dir / "resumed") + " --steps 3 --threads 1 -q";
       auto r = run_command(tool(name, line));
       INFO(name << " on " << file << " with " << (d.zero_block ? "4 KiB zeroed" : "a bit flipped")
-                << " at offset " << d.offset << (d.metadata ? " (metadata)" : "")
-                << ": exit " << r.exit_code << "\n"
+                << " at offset " << d.offset << (d.metadata ? " (metadata)" : "") << ": exit "
+                << r.exit_code << "\n"
                 << r.err);
       REQUIRE(r.exit_code != 124);  // no hang
       REQUIRE(r.exit_code < 128);   // no signal
@@ -205,18 +205,16 @@ void require_clean_refusals(const std::string& file, const std::vector<std::stri
 
 }  // namespace
 
-TEST_CASE("cli: damaged checkpoints give a clean error, never a crash or a hang",
-          "[cli][hdf5]") {
+TEST_CASE("cli: damaged checkpoints give a clean error, never a crash or a hang", "[cli][hdf5]") {
   Trained& t = trained();
   // Today's format: superblock, object headers (and their continuations), fixed array chunk
   // indexes; everything else is chunk data (Fletcher32).
-  require_clean_refusals(t.ckpt, {"\x89HDF", "OHDR", "OCHK", "FAHD", "FADB"},
-                         {{"moe-convert", "inspect --verify", true},
-                          {"moe-train", "--data " + test::fortunes_path("linux") + " --resume", true},
-                          {"moe-infer",
-                           "score --data " + test::fortunes_path("linux") +
-                               " --max-sequences 4 --model",
-                           false}});
+  require_clean_refusals(
+      t.ckpt, {"\x89HDF", "OHDR", "OCHK", "FAHD", "FADB"},
+      {{"moe-convert", "inspect --verify", true},
+       {"moe-train", "--data " + test::fortunes_path("linux") + " --resume", true},
+       {"moe-infer", "score --data " + test::fortunes_path("linux") + " --max-sequences 4 --model",
+        false}});
 }
 
 TEST_CASE("cli: damaged checkpoints of earlier builds give a clean error where libhdf5 crashed",
@@ -260,8 +258,7 @@ TEST_CASE("cli: every HDF5 writer on a full file system exits 1 and leaves nothi
     REQUIRE_THAT(r.err, Catch::Contains("File too large"));
     // No output, no temporary file (a training run's directory holds no checkpoint).
     if (w.name == "moe-train") {
-      for (const auto& e : fs::directory_iterator(w.output))
-        REQUIRE(e.path().extension() != ".h5");
+      for (const auto& e : fs::directory_iterator(w.output)) REQUIRE(e.path().extension() != ".h5");
     } else {
       REQUIRE_FALSE(fs::exists(w.output));
     }

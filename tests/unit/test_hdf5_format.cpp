@@ -1,9 +1,9 @@
 // What the HDF5 files we write look like inside (docs/FORMATS.md, "HDF5 object formats"): every
 // piece of metadata checksummed, no global heap, no fractal heap, strings fixed-length, and the
 // readers still taking variable-length strings.
-#include <catch2/catch.hpp>
 #include <hdf5.h>
 
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <string>
 #include <vector>

@@ -292,9 +292,10 @@ int main(int argc, char** argv) {
                          "sharding and provenance, as TSV (or --json)");
   add_checkpoint_input(inspect, o);
   inspect->add_flag("--json", o.json, "One JSON object instead of TSV");
-  inspect->add_flag("--verify", o.verify,
-                    "Also read every tensor (checksums), check that shards fit together, and make every "
-                    "check moe-train --resume makes (tensors, shapes, optimizer state)");
+  inspect->add_flag(
+      "--verify", o.verify,
+      "Also read every tensor (checksums), check that shards fit together, and make every "
+      "check moe-train --resume makes (tensors, shapes, optimizer state)");
   subs.push_back({inspect, run_inspect});
 
   auto* dtype = app.add_subcommand(

@@ -102,7 +102,6 @@ void write_file(const std::string& file_path, const Checkpoint& ckpt, const Save
   file.close(root);  // a failure to close (the last metadata write) is a failed save
 }
 
-
 // ---- reading ----------------------------------------------------------------------------------
 
 struct Opened {

@@ -155,8 +155,8 @@ void WriteFile::close(const Where& where) {
   if (closed < 0)
     for (std::string& c : take_error_stack()) causes.push_back(std::move(c));
   if (status_->error)
-    throw Error(str(where.describe(), ": ", status_->what, " failed: ",
-                    std::strerror(status_->error)));
+    throw Error(
+        str(where.describe(), ": ", status_->what, " failed: ", std::strerror(status_->error)));
   if (flushed < 0 || closed < 0)
     throw Error(str(where.describe(), ": closing the file failed: ", join(causes, "; ")));
 }
@@ -234,8 +234,8 @@ std::vector<std::string> list_links(hid_t group, const Where& where) {
   // H5Literate's table builder frees entries it never filled and crashes the process.
   std::vector<std::string> names;
   for (hsize_t i = 0; i < group_info.nlinks; ++i) {
-    ssize_t length =
-        MOE_H5(where, H5Lget_name_by_idx(group, ".", index, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT));
+    ssize_t length = MOE_H5(
+        where, H5Lget_name_by_idx(group, ".", index, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT));
     std::string name(static_cast<size_t>(length) + 1, '\0');
     MOE_H5(where, H5Lget_name_by_idx(group, ".", index, H5_ITER_INC, i, name.data(), name.size(),
                                      H5P_DEFAULT));

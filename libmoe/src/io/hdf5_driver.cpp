@@ -12,6 +12,7 @@
 #include <cstring>
 #include <limits>
 #include <new>
+#include <type_traits>
 
 #include "moe/error.h"
 #include "moe/io/hdf5.h"
@@ -35,6 +36,9 @@ struct PosixFile {
   std::string name;
 };
 
+// HDF5 hands back the H5FD_t* that open() returned; it is the first member of a standard-layout
+// PosixFile, so the two pointers are interconvertible.
+static_assert(std::is_standard_layout_v<PosixFile>);
 PosixFile* file_of(H5FD_t* f) { return reinterpret_cast<PosixFile*>(f); }
 const PosixFile* file_of(const H5FD_t* f) { return reinterpret_cast<const PosixFile*>(f); }
 
@@ -84,8 +88,8 @@ std::string check_global_heap(const unsigned char* buffer, size_t bytes, haddr_t
     const uint64_t object = little_endian(buffer + at + 8, 8);
     if (index == 0) {
       if (object != size - at || object < 16)
-        return str("free space of ", object, " bytes at ", at, ", the collection has ",
-                   size - at, " left");
+        return str("free space of ", object, " bytes at ", at, ", the collection has ", size - at,
+                   " left");
       return "";
     }
     if (object > size - at - 16) return str("object ", index, " of ", object, " bytes overruns");
@@ -208,13 +212,12 @@ herr_t read(H5FD_t* file, H5FD_mem_t type, hid_t, haddr_t addr, size_t size, voi
   // HDF5 reads global heap collections as raw data (H5F_block_read maps H5FD_MEM_GHEAP to
   // H5FD_MEM_DRAW): recognised by their signature, at the sizes HDF5 reads them (4 KiB first,
   // then the whole collection).
-  if (f->check_heaps && type == H5FD_MEM_DRAW && size >= 16 &&
-      std::memcmp(out, "GCOL", 4) == 0 &&
+  if (f->check_heaps && type == H5FD_MEM_DRAW && size >= 16 && std::memcmp(out, "GCOL", 4) == 0 &&
       (size == 4096 || size == little_endian(out + 8, 8))) {
     std::string problem = check_global_heap(out, size, addr, f->eof);
     if (!problem.empty())
-      return push_error(H5E_READERROR, str("damaged global heap at offset ", addr, " of '",
-                                           f->name, "': ", problem));
+      return push_error(H5E_READERROR, str("damaged global heap at offset ", addr, " of '", f->name,
+                                           "': ", problem));
   }
   return 0;
 }
@@ -262,9 +265,8 @@ herr_t lock(H5FD_t* file, hbool_t rw) {
   // File systems without locks (ENOSYS, ENOLCK, EOPNOTSUPP) are tolerated, like
   // H5Pset_file_locking(..., ignore_when_disabled = true) does for sec2.
   if (errno == ENOSYS || errno == ENOLCK || errno == EOPNOTSUPP) return 0;
-  return push_error(H5E_CANTLOCKFILE,
-                    str("cannot lock '", f->name, "': ", std::strerror(errno),
-                        " (is another process writing it?)"));
+  return push_error(H5E_CANTLOCKFILE, str("cannot lock '", f->name, "': ", std::strerror(errno),
+                                          " (is another process writing it?)"));
 }
 
 herr_t unlock(H5FD_t* file) {

@@ -31,7 +31,7 @@ constexpr unsigned kDeflateLevel = 1;                 // fast; ids and loads com
 constexpr size_t kBatchChunkBytes = size_t(1) << 20;  // batch datasets: chunks up to 1 MiB
 constexpr hsize_t kBatchChunkRowsMax = 64;            // ... of at most 64 batches
 constexpr size_t kImageIncrement = size_t(1) << 20;   // core driver growth step ("-")
-constexpr size_t kCompactBytes = 32 << 10;               // /layers tables stored compact up to this
+constexpr size_t kCompactBytes = 32 << 10;            // /layers tables stored compact up to this
 
 std::string join_ints(const std::vector<hsize_t>& dims) {
   std::string s = "[";
@@ -82,8 +82,8 @@ void write_i64_vector(hid_t group, const char* name, const std::vector<int64_t>&
   // storage has no checksum.
   h5::Plist dcpl(MOE_H5(where, H5Pcreate(H5P_DATASET_CREATE)));
   if (n * sizeof(int64_t) <= kCompactBytes) MOE_H5(where, H5Pset_layout(dcpl, H5D_COMPACT));
-  h5::Dataset ds(MOE_H5(
-      where, H5Dcreate2(group, name, H5T_STD_I64LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT)));
+  h5::Dataset ds(
+      MOE_H5(where, H5Dcreate2(group, name, H5T_STD_I64LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT)));
   if (n)
     MOE_H5(where, H5Dwrite(ds, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()));
   ds.close(where);
@@ -158,7 +158,6 @@ std::string image_file_name() {
   static uint64_t counter = 0;  // guarded by the h5::Session lock
   return str("/nonexistent-moe-trace-image/", ::getpid(), "-", ++counter);
 }
-
 
 bool has_hdf5_signature(const std::string& bytes) {
   static const char kSignature[8] = {'\x89', 'H', 'D', 'F', '\r', '\n', '\x1a', '\n'};

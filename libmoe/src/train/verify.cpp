@@ -28,7 +28,8 @@ void verify_loadable(const io::Checkpoint& ckpt, const std::string& source) {
 void verify_checkpoint(const std::vector<std::string>& paths) {
   const io::Checkpoint ckpt = io::load_whole(paths, true);
   std::string source;
-  for (const std::string& f : io::checkpoint_files(paths)) source += (source.empty() ? "" : ", ") + f;
+  for (const std::string& f : io::checkpoint_files(paths))
+    source += (source.empty() ? "" : ", ") + f;
   verify_loadable(ckpt, source);
 }
 
