@@ -217,6 +217,23 @@ TEST_CASE("cli: damaged checkpoints give a clean error, never a crash or a hang"
         false}});
 }
 
+TEST_CASE("cli: damaged traces give a clean error, never a crash or a hang", "[cli][hdf5]") {
+  Trained& t = trained();
+  test::ScratchDir dir("cli-hdf5-trace");
+  const std::string trace = dir / "trace.h5";
+  auto r = run_command(tool("moe-profile", "record --model " + t.ckpt + " --data " +
+                                               test::fortunes_path("linux") +
+                                               " --max-tokens 8192 -o " + trace));
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  // Object headers and the extensible-array chunk indexes of the growing datasets. `summary` and
+  // `paths` read the loads and the token rows, not every attribute: exit 0 stays allowed.
+  require_clean_refusals(
+      trace, {"\x89HDF", "OHDR", "OCHK", "EAHD", "EAIB", "EADB", "EASB"},
+      {{"moe-profile", "summary", false},
+       {"moe-profile", "paths --path-length 1 -o " + (dir / "paths.json"), false}});
+}
+
 TEST_CASE("cli: damaged checkpoints of earlier builds give a clean error where libhdf5 crashed",
           "[cli][hdf5]") {
   Trained& t = trained();
