@@ -239,10 +239,25 @@ TEST_CASE("cli: damaged checkpoints of earlier builds give a clean error where l
   Trained& t = trained();
   auto r = run_command(tool("moe-convert", "inspect --verify " + t.old_format));
   INFO(r.err);
-  REQUIRE(r.exit_code == 0);  // the old format still reads
+  REQUIRE(r.exit_code == 0);  // the old format still reads: inspected, resumed and scored
+  test::ScratchDir dir("cli-hdf5-old");
+  auto resumed = run_command(tool("moe-train", "--data " + test::fortunes_path("linux") +
+                                                   " --resume " + t.old_format + " --out " +
+                                                   dir.path() + " --steps 3 --threads 1 -q"));
+  INFO(resumed.err);
+  REQUIRE(resumed.exit_code == 0);
+  REQUIRE(io::load_checkpoint(dir / "last.h5").state.step == 3);
+  auto scored = run_command(tool("moe-infer", "score -q --data " + test::fortunes_path("linux") +
+                                                  " --max-sequences 4 --model " + t.old_format));
+  INFO(scored.err);
+  REQUIRE(scored.exit_code == 0);
   // Global heap (variable-length strings), dense link tables (fractal heap), B-trees.
-  require_clean_refusals(t.old_format, {"GCOL", "FHDB", "FRHP", "BTHD", "BTLF", "OHDR"},
-                         {{"moe-convert", "inspect --verify", true}});
+  require_clean_refusals(
+      t.old_format, {"GCOL", "FHDB", "FRHP", "BTHD", "BTLF", "OHDR"},
+      {{"moe-convert", "inspect --verify", true},
+       {"moe-train", "--data " + test::fortunes_path("linux") + " --resume", true},
+       {"moe-infer", "score --data " + test::fortunes_path("linux") + " --max-sequences 4 --model",
+        false}});
 }
 
 TEST_CASE("cli: every HDF5 writer on a full file system exits 1 and leaves nothing behind",
