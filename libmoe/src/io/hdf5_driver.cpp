@@ -173,8 +173,9 @@ int compare(const H5FD_t* a, const H5FD_t* b) {
 
 herr_t query(const H5FD_t* file, unsigned long* flags) {
   *flags = H5FD_FEAT_AGGREGATE_METADATA | H5FD_FEAT_DATA_SIEVE | H5FD_FEAT_AGGREGATE_SMALLDATA;
-  // Read-only files: no metadata accumulator, so every global heap read comes to read() below.
-  if (!file || file_of(file)->status) *flags |= H5FD_FEAT_ACCUMULATE_METADATA;
+  // Files with global heaps to check: no metadata accumulator, so every heap read comes to
+  // read() below.
+  if (!file || !file_of(file)->check_heaps) *flags |= H5FD_FEAT_ACCUMULATE_METADATA;
   return 0;
 }
 

@@ -10,8 +10,9 @@
 //
 // Reading: global heap collections (where files of earlier builds keep variable-length strings;
 // they carry no checksum) are checked for a consistent layout before HDF5 parses them, because a
-// damaged collection makes libhdf5 1.10 overrun a buffer or loop forever. Read-only files are
-// opened without HDF5's metadata accumulator so that every heap read reaches the driver.
+// damaged collection makes libhdf5 1.10 overrun a buffer or loop forever. Such files (superblock
+// older than version 3, read-only) are read without HDF5's metadata accumulator so that every
+// heap read reaches the driver.
 #pragma once
 #include <hdf5.h>
 

@@ -114,7 +114,8 @@ using Plist = Handle<H5Pclose>;
 // does not support it.
 Plist file_access_plist(const Where& where);
 // Attributes (and, for groups, links) of objects created with this plist stay in the object
-// header up to kMaxCompact of them, never in an unchecksummed-by-default fractal heap.
+// header up to kMaxCompact of them instead of moving to a fractal heap past 8: libhdf5 1.10
+// crashes on a damaged dense link table (docs/FORMATS.md, "HDF5 object formats").
 inline constexpr unsigned kMaxCompact = 65535;
 void keep_compact(hid_t object_create_plist, bool links, const Where& where);
 // File creation properties of every moe file (compact root group).
