@@ -159,3 +159,38 @@ TEST_CASE("hdf5: variable-length string attributes of earlier builds still read"
   io::h5::File file = io::h5::open_file_readonly(path);
   REQUIRE(io::h5::read_string_attr(file, "text", root) == "m\xc3\xbcnchen");
 }
+
+TEST_CASE("hdf5: a write that fails is reported once, and the file still closes", "[io][hdf5]") {
+  // /dev/full: every write() fails with ENOSPC, as on a full disk (nothing is created or renamed:
+  // h5::create_file writes in place). Here the superblock's first write already fails.
+  io::h5::Session session;
+  const Tensor t = test::random_tensor({64, 64}, 5);
+  std::string message;
+  try {
+    const std::string path = "/dev/full";
+    io::h5::WriteFile file = io::h5::create_file(path);
+    io::h5::Group group = io::h5::create_group(file, "params", {path, "/"});
+    io::h5::write_tensor(group, "w", t, false, {path, "/params"});
+    group.close({path, "/params"});
+    file.close({path, "/"});
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  INFO(message);
+  REQUIRE_THAT(message, Catch::Contains("/dev/full") && Catch::Contains("No space left on device"));
+
+  // Abandoned (an error path) with an object of the file still open: the file closes when the
+  // group does, after its WriteFile is gone.
+  test::ScratchDir dir("hdf5-abandon");
+  const std::string path = dir.file("abandoned.h5");
+  io::h5::Group group;
+  {
+    io::h5::WriteFile file = io::h5::create_file(path);
+    group = io::h5::create_group(file, "params", {path, "/"});
+    io::h5::write_tensor(group, "w", t, false, {path, "/params"});
+  }
+  io::h5::write_tensor(group, "v", t, false, {path, "/params"});  // discarded, not an error
+  group.reset();
+  // No file identifier is left for H5_term_library to close again (the crash at exit).
+  REQUIRE(H5Fget_obj_count(H5F_OBJ_ALL, H5F_OBJ_FILE) == 0);
+}

@@ -129,8 +129,8 @@ WriteFile create_file(const std::string& path, hid_t fapl) {
     own_fapl = file_access_plist(where);
     fapl = own_fapl;
   }
-  auto status = std::make_unique<WriteStatus>();
-  use_moe_driver(fapl, status.get(), where);
+  auto status = std::make_shared<WriteStatus>();
+  use_moe_driver(fapl, status, where);
   Plist fcpl = file_create_plist(where);
   File file(MOE_H5(where, H5Fcreate(path.c_str(), H5F_ACC_TRUNC, fcpl, fapl)));
   return WriteFile(std::move(file), std::move(status));
@@ -139,8 +139,8 @@ WriteFile create_file(const std::string& path, hid_t fapl) {
 WriteFile open_file_readwrite(const std::string& path) {
   Where where{path, "/"};
   Plist fapl = file_access_plist(where);
-  auto status = std::make_unique<WriteStatus>();
-  use_moe_driver(fapl, status.get(), where);
+  auto status = std::make_shared<WriteStatus>();
+  use_moe_driver(fapl, status, where);
   File file(MOE_H5(where, H5Fopen(path.c_str(), H5F_ACC_RDWR, fapl)));
   return WriteFile(std::move(file), std::move(status));
 }

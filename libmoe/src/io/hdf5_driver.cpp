@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <new>
 #include <type_traits>
 
@@ -22,7 +23,7 @@ namespace moe::io::h5 {
 namespace {
 
 struct DriverInfo {
-  WriteStatus* status = nullptr;  // null: read-only, heap reads checked
+  std::shared_ptr<WriteStatus> status;  // null: read-only, heap reads checked
 };
 
 struct PosixFile {
@@ -31,7 +32,9 @@ struct PosixFile {
   haddr_t eoa = 0, eof = 0;
   dev_t device = 0;
   ino_t inode = 0;
-  WriteStatus* status = nullptr;
+  // Shared with the WriteFile: a file whose objects outlive its WriteFile closes later, and
+  // still writes (or discards) through it.
+  std::shared_ptr<WriteStatus> status;
   bool check_heaps = false;  // read-only and written with a superblock older than version 3
   std::string name;
 };
@@ -314,8 +317,8 @@ hid_t driver_id(const Where& where) {
 
 }  // namespace
 
-void use_moe_driver(hid_t fapl, WriteStatus* status, const Where& where) {
-  DriverInfo info{status};
+void use_moe_driver(hid_t fapl, std::shared_ptr<WriteStatus> status, const Where& where) {
+  DriverInfo info{std::move(status)};
   MOE_H5(where, H5Pset_driver(fapl, driver_id(where), &info));
 }
 

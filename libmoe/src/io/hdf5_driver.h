@@ -16,12 +16,14 @@
 #pragma once
 #include <hdf5.h>
 
+#include <memory>
+
 #include "moe/io/hdf5.h"
 
 namespace moe::io::h5 {
 
 // Makes `fapl` use the driver. `status` (see moe/io/hdf5.h) receives the first write failure of a
 // file opened for writing; null for files opened read-only.
-void use_moe_driver(hid_t fapl, WriteStatus* status, const Where& where);
+void use_moe_driver(hid_t fapl, std::shared_ptr<WriteStatus> status, const Where& where);
 
 }  // namespace moe::io::h5

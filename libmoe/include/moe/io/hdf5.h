@@ -132,10 +132,11 @@ struct WriteStatus {
 // first write failure with its cause (e.g. "No space left on device"). Destroying a WriteFile
 // that was not closed (error paths) closes it discarding whatever is still unwritten: HDF5 1.10
 // crashes at exit when a file's last flush fails, so a failed file must still close cleanly.
+// (Objects of the file still open then keep it open, discarding, until they close.)
 class WriteFile {
  public:
   WriteFile() = default;
-  WriteFile(File file, std::unique_ptr<WriteStatus> status)
+  WriteFile(File file, std::shared_ptr<WriteStatus> status)
       : status_(std::move(status)), file_(std::move(file)) {}
   WriteFile(WriteFile&& other) noexcept = default;
   WriteFile& operator=(WriteFile&& other) noexcept {
@@ -155,7 +156,7 @@ class WriteFile {
   void abandon() noexcept;  // close, discarding unwritten data; the file is to be removed
 
  private:
-  std::unique_ptr<WriteStatus> status_;
+  std::shared_ptr<WriteStatus> status_;  // shared with the driver (see io/hdf5_driver.h)
   File file_;
 };
 
