@@ -4,6 +4,7 @@
 #include <hdf5.h>
 
 #include <catch2/catch.hpp>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -193,4 +194,32 @@ TEST_CASE("hdf5: a write that fails is reported once, and the file still closes"
   group.reset();
   // No file identifier is left for H5_term_library to close again (the crash at exit).
   REQUIRE(H5Fget_obj_count(H5F_OBJ_ALL, H5F_OBJ_FILE) == 0);
+}
+
+TEST_CASE("hdf5: Debian's h5py reads checkpoints as docs/FORMATS.md shows", "[io][hdf5]") {
+  const char* python = "/usr/bin/python3";
+  if (std::system((std::string(python) + " -c 'import h5py' 2>/dev/null").c_str()) != 0) {
+    WARN("python3-h5py not installed (scripts/setup installs it); skipping the h5py check");
+    return;
+  }
+  test::ScratchDir dir("hdf5-h5py");
+  const std::string path = dir.file("ckpt.h5");
+  io::save_checkpoint(path, many_tensors(12, 10));
+  const std::string script = dir.file("read.py");
+  test::write_file(script, R"(import h5py, json, sys
+text = lambda v: v.decode() if isinstance(v, bytes) else v
+f = h5py.File(sys.argv[1], "r")
+assert text(f.attrs["format"]) == "moe.checkpoint" and f.attrs["format_version"] == 1
+assert json.loads(text(f.attrs["model_config"]))["arch"] == "gpt"
+names = list(f["params"])
+assert names[:2] == ["blocks.0.w", "blocks.1.w"] and len(names) == 13, names
+w = f["params/blocks.3.w"]
+assert text(w.attrs["dtype"]) == "f32" and w.fletcher32 and w.shape == (3, 4)
+print(float(w[1, 2]))
+)");
+  auto r = test::run_command(std::string(python) + " " + script + " " + path);
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const Tensor w = io::read_param(path, "blocks.3.w");
+  REQUIRE(std::stof(r.out) == static_cast<const float*>(w.raw())[1 * 4 + 2]);
 }
