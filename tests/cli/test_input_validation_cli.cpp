@@ -133,6 +133,9 @@ TEST_CASE("cli: non-finite weights are refused at load, naming the tensor", "[cl
                                 "--resume " + bad + " --out " + (dir / "resumed") + " --steps 3")),
                "moe-train", 1, {"checkpoint to resume", named});
   REQUIRE_FALSE(fs::exists(dir / "resumed/step-00000003.h5"));
+  // inspect --verify makes the loaders' checks, this one too.
+  expect_error(run_command(tool("moe-convert", "inspect --verify " + bad)), "moe-convert", 1,
+               {named});
 
   // moe-convert writes no checkpoint from it, whatever the conversion.
   for (const std::string& command : {"freeze " + bad + " -o " + (dir / "out.h5"),

@@ -455,7 +455,7 @@ TEST_CASE("io: bad checkpoint files give errors naming the file and the cause", 
   std::string plain = dir.file("plain.h5");
   {
     io::h5::Session session;
-    io::h5::File f = io::h5::create_file(plain);
+    io::h5::WriteFile f = io::h5::create_file(plain);
     f.close({plain, "/"});
   }
   require_error(plain, "not a moe checkpoint");

@@ -341,17 +341,16 @@ TEST_CASE("convert: freeze drops training state and keeps the model's outputs bi
     REQUIRE(last_expert.size() == 2);
 
     // The streaming layout: each layer's experts one extent, each expert one run of bytes; the
-    // trainer's file has neither (HDF5 metadata between the tensors, experts split by tensor).
+    // trainer's file keeps experts split by tensor. (Whether its layer is one extent depends on
+    // where HDF5 puts metadata: with the 1.10 formats it often is, so that is not asserted.)
     io::CheckpointInfo layout = io::inspect({dir / "frozen.h5"});
     REQUIRE(layout.layers.size() == 2);
     for (const io::MoELayerInfo& l : layout.layers) {
       REQUIRE(l.contiguous());
       REQUIRE(l.experts_contiguous);
     }
-    for (const io::MoELayerInfo& l : io::inspect({dir / "train.h5"}).layers) {
-      REQUIRE_FALSE(l.contiguous());
+    for (const io::MoELayerInfo& l : io::inspect({dir / "train.h5"}).layers)
       REQUIRE_FALSE(l.experts_contiguous);
-    }
     REQUIRE(io::inspect({dir / "frozen.h5"}, true).verified);  // every checksum holds
 
     // The inference model of both files computes the same loss, bitwise.

@@ -567,7 +567,7 @@ TEST_CASE("trace: the reader names the file and the cause of every refusal", "[t
   const std::string plain = dir.file("plain.h5");
   {
     io::h5::Session session;
-    io::h5::File f = io::h5::create_file(plain);
+    io::h5::WriteFile f = io::h5::create_file(plain);
     f.close({plain, "/"});
   }
   require_error(plain, {"not a moe trace (no 'format' attribute)"});

@@ -11,6 +11,7 @@
 #include "moe/io/hf_checkpoint.h"
 #include "moe/io/output.h"
 #include "moe/log.h"
+#include "moe/train/verify.h"
 
 using namespace moe;
 
@@ -74,7 +75,11 @@ nlohmann::json history_of(const std::vector<std::string>& inputs, const io::Prov
 // ---- inspect ----------------------------------------------------------------------------------
 
 int run_inspect(Options& o, const Argv&) {
-  io::CheckpointInfo info = io::inspect(o.inputs, o.verify);
+  io::CheckpointInfo info = io::inspect(o.inputs);
+  if (o.verify) {  // every chunk checksummed, and every check moe-train --resume makes
+    train::verify_checkpoint(o.inputs);
+    info.verified = true;
+  }
   if (o.json) {
     std::printf("%s\n", io::to_json(info).dump().c_str());
     return tools::finish_stdout("moe-convert");
@@ -308,8 +313,10 @@ int main(int argc, char** argv) {
                          "sharding and provenance, as TSV (or --json)");
   add_checkpoint_input(inspect, o);
   inspect->add_flag("--json", o.json, "One JSON object instead of TSV");
-  inspect->add_flag("--verify", o.verify,
-                    "Also read every tensor (checksums) and check that shards fit together");
+  inspect->add_flag(
+      "--verify", o.verify,
+      "Also read every tensor (checksums), check that shards fit together, and make every "
+      "check moe-train --resume makes (tensors, shapes, optimizer state)");
   subs.push_back({inspect, run_inspect});
 
   auto* dtype = app.add_subcommand(

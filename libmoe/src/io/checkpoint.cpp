@@ -67,7 +67,7 @@ void write_file(const std::string& file_path, const Checkpoint& ckpt, const Save
   std::string model_config = dump_json(ckpt.model_config, "model_config");
   std::string train_config = dump_json(ckpt.train_config, "train_config");
 
-  h5::File file = h5::create_file(file_path);
+  h5::WriteFile file = h5::create_file(file_path);
   {
     Provenance stamped = p;
     stamped.time = created;
@@ -101,7 +101,6 @@ void write_file(const std::string& file_path, const Checkpoint& ckpt, const Save
   MOE_H5(root, H5Fflush(file, H5F_SCOPE_GLOBAL));
   file.close(root);  // a failure to close (the last metadata write) is a failed save
 }
-
 
 // ---- reading ----------------------------------------------------------------------------------
 
@@ -271,6 +270,23 @@ Checkpoint load_checkpoint(const std::string& path, bool with_optim) {
     }
   }
   return ckpt;
+}
+
+void check_params_match(const ParamSet& params, const std::vector<NamedTensor>& tensors,
+                        const std::string& source) {
+  std::set<std::string> seen;
+  for (const NamedTensor& nt : tensors) {
+    const Param* p = params.find(nt.name);
+    MOE_CHECK(p, source, ": checkpoint tensor '", nt.name, "' is not a parameter of this model");
+    MOE_CHECK(nt.tensor.shape() == p->value.shape() && nt.tensor.dtype() == p->value.dtype(),
+              source, ": checkpoint tensor ", nt.tensor.describe(), " does not match parameter ",
+              p->value.describe());
+    seen.insert(nt.name);
+  }
+  for (const Param* p : params.all())
+    MOE_CHECK(seen.count(p->name), source, ": checkpoint has ", tensors.size(),
+              " parameter tensors, the model ", params.size(), ": parameter '", p->name,
+              "' is missing");
 }
 
 nlohmann::json read_model_config(const std::string& path) {

@@ -867,10 +867,8 @@ void save_converted(const std::string& path, const Checkpoint& ckpt,
     {
       h5::Session session;
       h5::Where root{temp, "/"};
-      h5::Plist fapl = h5::file_access_plist(root);
-      h5::File file(MOE_H5(root, H5Fopen(temp.c_str(), H5F_ACC_RDWR, fapl)));
+      h5::WriteFile file = h5::open_file_readwrite(temp);
       h5::write_string_attr(file, "history", history.dump(), root);
-      MOE_H5(root, H5Fflush(file, H5F_SCOPE_GLOBAL));
       file.close(root);
     }
     fsync_path(temp, false);
@@ -936,11 +934,11 @@ void write_streaming_file(const std::string& file_path, const Checkpoint& ckpt,
   h5::Where root{file_path, "/"};
   h5::Plist fapl = h5::file_access_plist(root);
   // Metadata (object headers, chunk indexes, link tables) is gathered in blocks of this size
-  // instead of landing between the chunks it describes (a dataset takes 3-4 KiB: its object header
-  // and a v1 B-tree node of its chunk index). What a block leaves unused stays a hole in the file.
+  // instead of landing between the chunks it describes (a dataset takes at most 3-4 KiB: its object
+  // header and its chunk index). What a block leaves unused stays a hole in the file.
   const hsize_t datasets = ckpt.params.size() + ckpt.optim.size();
   MOE_H5(root, H5Pset_meta_block_size(fapl, (16 << 10) + datasets * (4 << 10)));
-  h5::File file(MOE_H5(root, H5Fcreate(file_path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl)));
+  h5::WriteFile file = h5::create_file(file_path, fapl);
   Provenance stamped = ckpt.provenance;
   if (stamped.time.empty()) stamped.time = utc_timestamp();
   write_producer_attrs(file, kCheckpointFormat, kCheckpointVersion, stamped, root);

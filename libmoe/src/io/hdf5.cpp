@@ -2,10 +2,12 @@
 #include "moe/io/hdf5.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <system_error>
 
+#include "io/hdf5_driver.h"
 #include "moe/arena.h"
 
 namespace moe::io::h5 {
@@ -32,15 +34,6 @@ herr_t collect_error(unsigned /*n*/, const H5E_error2_t* err, void* data) {
     std::string desc = err->desc;
     std::replace(desc.begin(), desc.end(), '\n', ' ');  // some HDF5 messages embed ctime()
     if (std::find(out->begin(), out->end(), desc) == out->end()) out->push_back(std::move(desc));
-  }
-  return 0;
-}
-
-herr_t collect_link(hid_t /*group*/, const char* name, const H5L_info_t* /*info*/, void* data) {
-  try {
-    static_cast<std::vector<std::string>*>(data)->emplace_back(name);
-  } catch (...) {
-    return -1;  // never let an exception cross the C library
   }
   return 0;
 }
@@ -108,15 +101,76 @@ void fail(const Where& where, const char* statement, const char* source_file, in
 
 Plist file_access_plist(const Where& where) {
   Plist fapl(MOE_H5(where, H5Pcreate(H5P_FILE_ACCESS)));
-  MOE_H5(where, H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_V18));
+  // 1.10 object formats: checksummed superblock (v3), object headers, B-trees and chunk indexes
+  // (the 1.8 formats index chunks with unchecksummed v1 B-trees). See docs/FORMATS.md.
+  MOE_H5(where, H5Pset_libver_bounds(fapl, H5F_LIBVER_V110, H5F_LIBVER_V110));
   MOE_H5(where, H5Pset_file_locking(fapl, true, true));
   return fapl;
 }
 
-File create_file(const std::string& path) {
+void keep_compact(hid_t object_create_plist, bool links, const Where& where) {
+  // Links and attributes stay in the (checksummed) object header instead of moving to a fractal
+  // heap past 8 of them: libhdf5 1.10 crashes on a damaged dense link table
+  // (H5G__link_release_table frees entries it never filled).
+  MOE_H5(where, H5Pset_attr_phase_change(object_create_plist, kMaxCompact, kMaxCompact));
+  if (links) MOE_H5(where, H5Pset_link_phase_change(object_create_plist, kMaxCompact, kMaxCompact));
+}
+
+Plist file_create_plist(const Where& where) {
+  Plist fcpl(MOE_H5(where, H5Pcreate(H5P_FILE_CREATE)));
+  keep_compact(fcpl, true, where);  // the root group
+  return fcpl;
+}
+
+WriteFile create_file(const std::string& path, hid_t fapl) {
+  Where where{path, "/"};
+  Plist own_fapl;
+  if (fapl < 0) {
+    own_fapl = file_access_plist(where);
+    fapl = own_fapl;
+  }
+  auto status = std::make_shared<WriteStatus>();
+  use_moe_driver(fapl, status, where);
+  Plist fcpl = file_create_plist(where);
+  File file(MOE_H5(where, H5Fcreate(path.c_str(), H5F_ACC_TRUNC, fcpl, fapl)));
+  return WriteFile(std::move(file), std::move(status));
+}
+
+WriteFile open_file_readwrite(const std::string& path) {
   Where where{path, "/"};
   Plist fapl = file_access_plist(where);
-  return File(MOE_H5(where, H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl)));
+  auto status = std::make_shared<WriteStatus>();
+  use_moe_driver(fapl, status, where);
+  File file(MOE_H5(where, H5Fopen(path.c_str(), H5F_ACC_RDWR, fapl)));
+  return WriteFile(std::move(file), std::move(status));
+}
+
+void WriteFile::close(const Where& where) {
+  if (!file_.valid()) return;
+  std::vector<std::string> causes;
+  const herr_t flushed = H5Fflush(file_, H5F_SCOPE_GLOBAL);
+  if (flushed < 0) causes = take_error_stack();
+  status_->closing = true;  // from here a failed write is recorded, and H5Fclose still succeeds
+  const herr_t closed = H5Fclose(file_.release());
+  if (closed < 0)
+    for (std::string& c : take_error_stack()) causes.push_back(std::move(c));
+  if (status_->error)
+    throw Error(
+        str(where.describe(), ": ", status_->what, " failed: ", std::strerror(status_->error)));
+  if (flushed < 0 || closed < 0)
+    throw Error(str(where.describe(), ": closing the file failed: ", join(causes, "; ")));
+}
+
+void WriteFile::abandon() noexcept {
+  if (!file_.valid()) return;
+  // Whatever is still unwritten is dropped: the caller removes the file.
+  if (status_ && !status_->error) {
+    status_->error = ECANCELED;
+    status_->what = "abandoned";
+  }
+  if (status_) status_->closing = true;
+  H5Fclose(file_.release());
+  H5Eclear2(H5E_DEFAULT);
 }
 
 File open_file_readonly(const std::string& path, const char* what) {
@@ -142,6 +196,7 @@ File open_file_readonly(const std::string& path, const char* what) {
 
   Where where{path, "/"};
   Plist fapl = file_access_plist(where);
+  use_moe_driver(fapl, nullptr, where);  // checks global heaps before HDF5 parses them
   hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl);
   if (id < 0) {
     std::vector<std::string> causes = take_error_stack();
@@ -157,6 +212,7 @@ Group create_group(hid_t parent, const std::string& name, const Where& where) {
   Where w = where.at(child_path(where.object, name));
   Plist gcpl(MOE_H5(w, H5Pcreate(H5P_GROUP_CREATE)));
   MOE_H5(w, H5Pset_link_creation_order(gcpl, H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED));
+  keep_compact(gcpl, true, w);
   return Group(MOE_H5(w, H5Gcreate2(parent, name.c_str(), H5P_DEFAULT, gcpl, H5P_DEFAULT)));
 }
 
@@ -175,9 +231,20 @@ std::vector<std::string> list_links(hid_t group, const Where& where) {
   unsigned order_flags = 0;
   MOE_H5(where, H5Pget_link_creation_order(gcpl, &order_flags));
   H5_index_t index = (order_flags & H5P_CRT_ORDER_TRACKED) ? H5_INDEX_CRT_ORDER : H5_INDEX_NAME;
+  H5G_info_t group_info{};
+  MOE_H5(where, H5Gget_info(group, &group_info));
+  // One name at a time, never H5Literate: on a damaged dense link table (files of earlier builds)
+  // H5Literate's table builder frees entries it never filled and crashes the process.
   std::vector<std::string> names;
-  hsize_t position = 0;
-  MOE_H5(where, H5Literate(group, index, H5_ITER_INC, &position, collect_link, &names));
+  for (hsize_t i = 0; i < group_info.nlinks; ++i) {
+    ssize_t length = MOE_H5(
+        where, H5Lget_name_by_idx(group, ".", index, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT));
+    std::string name(static_cast<size_t>(length) + 1, '\0');
+    MOE_H5(where, H5Lget_name_by_idx(group, ".", index, H5_ITER_INC, i, name.data(), name.size(),
+                                     H5P_DEFAULT));
+    name.resize(static_cast<size_t>(length));
+    names.push_back(std::move(name));
+  }
   return names;
 }
 
@@ -217,13 +284,18 @@ void expect_class(hid_t attr, H5T_class_t expected, const char* name, const char
 
 void write_string_attr(hid_t object, const char* name, const std::string& value,
                        const Where& where) {
+  // Fixed-length, exactly the text's size, null-padded: the bytes live in the checksummed object
+  // header. A variable-length string would put them in the global heap, which has no checksum
+  // and whose damage crashes or hangs libhdf5.
   Type type(MOE_H5(where, H5Tcopy(H5T_C_S1)));
-  MOE_H5(where, H5Tset_size(type, H5T_VARIABLE));
+  MOE_H5(where, H5Tset_size(type, std::max<size_t>(1, value.size())));
+  MOE_H5(where, H5Tset_strpad(type, H5T_STR_NULLPAD));
   MOE_H5(where, H5Tset_cset(type, H5T_CSET_UTF8));
   Space space = scalar_space(where);
   Attr attr = create_attr(object, name, type, space, where);
-  const char* text = value.c_str();
-  MOE_H5(where, H5Awrite(attr, type, &text));
+  std::string padded = value;
+  padded.resize(std::max<size_t>(1, value.size()), '\0');
+  MOE_H5(where, H5Awrite(attr, type, padded.data()));
 }
 
 std::string read_string_attr(hid_t object, const char* name, const Where& where) {
@@ -385,11 +457,16 @@ void write_tensor(hid_t parent, const std::string& name, const Tensor& device_te
           : Space(MOE_H5(w, H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr)));
   Plist dcpl(MOE_H5(w, H5Pcreate(H5P_DATASET_CREATE)));
   MOE_H5(w, H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER));
+  keep_compact(dcpl, false, w);
   std::vector<hsize_t> chunk =
       chunk_shape(shape, dtype_size(tensor.dtype()), expert, max_chunk_bytes);
   if (!chunk.empty()) {
     MOE_H5(w, H5Pset_chunk(dcpl, static_cast<int>(chunk.size()), chunk.data()));
     MOE_H5(w, H5Pset_fletcher32(dcpl));
+  } else {
+    // Rank 0 or no elements: cannot be chunked, so no Fletcher32; a compact layout keeps the
+    // (at most 8) bytes inside the checksummed object header instead.
+    MOE_H5(w, H5Pset_layout(dcpl, H5D_COMPACT));
   }
   Type type = dtype_type(tensor.dtype());
   Dataset dataset(

@@ -32,6 +32,7 @@ constexpr unsigned kDeflateLevel = 1;                 // fast; ids and loads com
 constexpr size_t kBatchChunkBytes = size_t(1) << 20;  // batch datasets: chunks up to 1 MiB
 constexpr hsize_t kBatchChunkRowsMax = 64;            // ... of at most 64 batches
 constexpr size_t kImageIncrement = size_t(1) << 20;   // core driver growth step ("-")
+constexpr size_t kCompactBytes = 32 << 10;            // /layers tables stored compact up to this
 
 std::string join_ints(const std::vector<hsize_t>& dims) {
   std::string s = "[";
@@ -78,8 +79,12 @@ void write_i64_vector(hid_t group, const char* name, const std::vector<int64_t>&
                       const Where& where) {
   hsize_t n = values.size();
   h5::Space space(MOE_H5(where, H5Screate_simple(1, &n, nullptr)));
-  h5::Dataset ds(MOE_H5(
-      where, H5Dcreate2(group, name, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)));
+  // Compact (inside the checksummed object header) while it fits a header message; contiguous
+  // storage has no checksum.
+  h5::Plist dcpl(MOE_H5(where, H5Pcreate(H5P_DATASET_CREATE)));
+  if (n * sizeof(int64_t) <= kCompactBytes) MOE_H5(where, H5Pset_layout(dcpl, H5D_COMPACT));
+  h5::Dataset ds(
+      MOE_H5(where, H5Dcreate2(group, name, H5T_STD_I64LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT)));
   if (n)
     MOE_H5(where, H5Dwrite(ds, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()));
   ds.close(where);
@@ -154,7 +159,6 @@ std::string image_file_name() {
   static uint64_t counter = 0;  // guarded by the h5::Session lock
   return str("/nonexistent-moe-trace-image/", ::getpid(), "-", ++counter);
 }
-
 
 bool has_hdf5_signature(const std::string& bytes) {
   static const char kSignature[8] = {'\x89', 'H', 'D', 'F', '\r', '\n', '\x1a', '\n'};
@@ -258,7 +262,7 @@ struct TraceWriter::Impl {
   int64_t tokens = 0, batches = 0;
   bool closed = false, failed = false;
 
-  h5::File file;
+  h5::WriteFile file;
   h5::Dataset tok_experts, tok_gates, tok_ids;
   h5::Dataset b_step, b_tokens, b_loads, b_dropped;
 
@@ -270,7 +274,7 @@ struct TraceWriter::Impl {
 
   void reset_handles() noexcept {
     for (h5::Dataset* d : datasets()) d->reset();
-    file.reset();
+    file.abandon();
   }
 
   void remove_temp() noexcept {
@@ -314,15 +318,11 @@ void TraceWriter::Impl::create(int64_t chunk_tokens) {
   const std::string created = p.time.empty() ? utc_timestamp() : p.time;
   const std::string model_config = dump_json(info.model_config, who());
 
-  Where fw{path, "/"};
-  h5::Plist fapl = h5::file_access_plist(fw);
-  hid_t id = H5Fcreate(temp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
-  if (id < 0) {
-    std::string causes;
-    for (const std::string& c : h5::take_error_stack()) causes += (causes.empty() ? "" : "; ") + c;
-    throw Error(str(who(), ": cannot create the temporary file '", temp, "': ", causes));
+  try {
+    file = h5::create_file(temp);
+  } catch (const Error& e) {
+    throw Error(str(who(), ": cannot create the temporary file '", temp, "': ", e.what()));
   }
-  file = h5::File(id);
 
   {
     Provenance stamped = p;

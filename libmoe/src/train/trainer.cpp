@@ -247,21 +247,17 @@ static void check_saveable(const io::Checkpoint& c, int64_t step) {
 }
 
 void Trainer::load_tensors(const io::Checkpoint& ckpt) {
-  // Garbage is refused at load, naming the tensor, rather than trained on.
+  // Garbage is refused at load, naming the tensor, rather than trained on; the same checks as
+  // moe-convert inspect --verify (train::verify_loadable).
   const std::string where = str("checkpoint to resume (step ", ckpt.state.step, ")");
   io::check_finite(where, ckpt.params);
   io::check_finite(where, ckpt.optim);
+  io::check_params_match(*params_, ckpt.params, "resume");
   for (const io::NamedTensor& nt : ckpt.params) {
     Param* p = params_->find(nt.name);
-    MOE_CHECK(p, "checkpoint tensor '", nt.name, "' is not a parameter of this model");
-    MOE_CHECK(nt.tensor.shape() == p->value.shape() && nt.tensor.dtype() == p->value.dtype(),
-              "checkpoint tensor ", nt.tensor.describe(), " does not match parameter ",
-              p->value.describe());
     p->value.copy_from(nt.tensor);
     p->refresh_compute();
   }
-  MOE_CHECK(ckpt.params.size() == params_->size(), "checkpoint has ", ckpt.params.size(),
-            " parameter tensors, the model ", params_->size());
   std::vector<optim::OptimizerTensor> state;
   for (const io::NamedTensor& nt : ckpt.optim) state.push_back({nt.name, nt.tensor, nt.expert});
   optimizer_->load_state(state, ckpt.state.step);

@@ -74,6 +74,11 @@ void save_checkpoint(const std::string& path, const Checkpoint& ckpt,
 // Validates format, version, and every dataset's shape/dtype metadata, then reads everything
 // (the optimizer state only when `with_optim`). Tensors keep the order they were saved in.
 Checkpoint load_checkpoint(const std::string& path, bool with_optim = true);
+// What every loader checks of a checkpoint's parameters against the model it builds (moe-train
+// --resume, moe-convert inspect --verify): each tensor is a parameter of `params` with its exact
+// shape and dtype, and no parameter is missing. Throws moe::Error naming `source` and the tensor.
+void check_params_match(const ParamSet& params, const std::vector<NamedTensor>& tensors,
+                        const std::string& source);
 
 nlohmann::json read_model_config(const std::string& path);
 // One tensor of /params.

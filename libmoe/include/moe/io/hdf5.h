@@ -14,6 +14,7 @@
 #include <hdf5.h>
 
 #include <cstddef>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -90,6 +91,7 @@ class Handle {
     hid_t id = std::exchange(id_, kInvalid);
     if (id >= 0) checked(Close(id), where, "H5*close(handle)", __FILE__, __LINE__);
   }
+  hid_t release() noexcept { return std::exchange(id_, kInvalid); }
 
  private:
   static constexpr hid_t kInvalid = -1;
@@ -106,11 +108,63 @@ using Plist = Handle<H5Pclose>;
 
 // ---- files ------------------------------------------------------------------------------------
 
-// File access properties used for every moe file: 1.8-compatible object formats (so attributes
-// may exceed 64 KiB and any HDF5 >= 1.8 reads the file), file locking that is skipped where the
-// file system does not support it.
+// File access properties used for every moe file: the HDF5 1.10 object formats, whose metadata
+// (superblock, object headers, B-trees, chunk indexes) all carry checksums, so damage is refused
+// before libhdf5 trusts it (docs/FORMATS.md); file locking that is skipped where the file system
+// does not support it.
 Plist file_access_plist(const Where& where);
-File create_file(const std::string& path);  // truncates
+// Attributes (and, for groups, links) of objects created with this plist stay in the object
+// header up to kMaxCompact of them instead of moving to a fractal heap past 8: libhdf5 1.10
+// crashes on a damaged dense link table (docs/FORMATS.md, "HDF5 object formats").
+inline constexpr unsigned kMaxCompact = 65535;
+void keep_compact(hid_t object_create_plist, bool links, const Where& where);
+// File creation properties of every moe file (compact root group).
+Plist file_create_plist(const Where& where);
+
+// What libmoe's HDF5 driver (io/hdf5_driver.h) saw of a file being written.
+struct WriteStatus {
+  int error = 0;         // errno of the first failed write or truncate; 0 = none
+  std::string what;      // "write of N bytes at offset X of 'path'"
+  bool closing = false;  // set by WriteFile::close: failures are recorded, not returned to HDF5
+};
+
+// A file being written, through libmoe's driver. close() flushes and closes it and throws the
+// first write failure with its cause (e.g. "No space left on device"). Destroying a WriteFile
+// that was not closed (error paths) closes it discarding whatever is still unwritten: HDF5 1.10
+// crashes at exit when a file's last flush fails, so a failed file must still close cleanly.
+// (Objects of the file still open then keep it open, discarding, until they close.)
+class WriteFile {
+ public:
+  WriteFile() = default;
+  WriteFile(File file, std::shared_ptr<WriteStatus> status)
+      : status_(std::move(status)), file_(std::move(file)) {}
+  WriteFile(WriteFile&& other) noexcept = default;
+  WriteFile& operator=(WriteFile&& other) noexcept {
+    if (this != &other) {
+      abandon();
+      status_ = std::move(other.status_);
+      file_ = std::move(other.file_);
+    }
+    return *this;
+  }
+  ~WriteFile() { abandon(); }
+
+  hid_t get() const { return file_.get(); }
+  operator hid_t() const { return file_.get(); }  // NOLINT: passed straight to the C API
+  bool valid() const { return file_.valid(); }
+  void close(const Where& where);
+  void abandon() noexcept;  // close, discarding unwritten data; the file is to be removed
+
+ private:
+  std::shared_ptr<WriteStatus> status_;  // shared with the driver (see io/hdf5_driver.h)
+  File file_;
+};
+
+// Creates (truncates) `path` with compact root-group storage; `fapl` defaults to
+// file_access_plist() (libmoe's driver is set on it).
+WriteFile create_file(const std::string& path, hid_t fapl = -1);
+// Opens an existing moe file for writing (e.g. to add an attribute).
+WriteFile open_file_readwrite(const std::string& path);
 // Opens read-only after checking the path: missing file, empty file, not HDF5, truncated -> Error.
 File open_file_readonly(const std::string& path, const char* what = "file");
 
@@ -121,7 +175,7 @@ bool has_link(hid_t parent, const std::string& name, const Where& where);
 // Names of the links in a group, in creation order when the group tracks it, else by name.
 std::vector<std::string> list_links(hid_t group, const Where& where);
 
-// ---- attributes (scalars unless noted; strings are variable-length UTF-8) --------------------
+// ---- attributes (scalars unless noted; strings are written fixed-length UTF-8) ----------------
 
 bool has_attr(hid_t object, const char* name, const Where& where);
 void write_string_attr(hid_t object, const char* name, const std::string& value,
