@@ -52,8 +52,10 @@ struct Shape4 {
 
 struct CeilingRow {
   int64_t m, k, n;
-  double seconds, gflops;              // the BLAS's own threaded sgemm: the machine's ceiling
+  double seconds, gflops;              // the BLAS's own threaded sgemm, one call
   double tiled_seconds, tiled_gflops;  // the library's deterministic tiled cpu::sgemm
+  // The machine's ceiling: the faster of the two ways to run the dense product.
+  double best() const { return std::max(gflops, tiled_gflops); }
 };
 
 struct MoERow {
@@ -222,13 +224,14 @@ int run(const Options& opt) {
                 bench::cpu_model().c_str(), num_threads(), wait_policy ? wait_policy : "(unset)");
     std::printf("# BLAS: %s\n", blas_description().c_str());
     std::printf(
-        "#\n# ceiling: dense sgemm C[M,N] = A[M,K] B[K,N] (the expert GEMM shape [N*k, D] x [D, "
-        "4D]), one call to the BLAS with its own threads\n");
+        "#\n# dense sgemm C[M,N] = A[M,K] B[K,N] (the expert GEMM shape [N*k, D] x [D, 4D]): "
+        "vendor = one call to the BLAS with its own threads\n");
     std::printf(
         "# tiled: the same product through cpu::sgemm (tiles fixed by shape, single-threaded BLAS "
-        "calls from our OpenMP loop: the library's deterministic path)\n");
-    std::printf("# %8s %8s %8s %10s %10s %10s %10s %7s\n", "M", "K", "N", "time", "rate", "tiled",
-                "tiled", "ratio");
+        "calls from our OpenMP loop: the library's deterministic path); ratio = tiled / vendor "
+        "rate; the ceiling below is the faster of the two\n");
+    std::printf("# %8s %8s %8s %10s %10s %10s %10s %7s\n", "M", "K", "N", "vendor", "vendor",
+                "tiled", "tiled", "ratio");
     std::printf("# %8s %8s %8s %10s %10s %10s %10s %7s\n", "", "", "", "(ms)", "(GFLOP/s)", "(ms)",
                 "(GFLOP/s)", "(%)");
     for (const CeilingRow& c : ceilings)
@@ -258,7 +261,7 @@ int run(const Options& opt) {
   }
   std::vector<MoERow> rows;
   for (const Shape4& s : shapes) {
-    MoERow r = measure_moe(s, ceiling_for(s).gflops, opt.min_seconds);
+    MoERow r = measure_moe(s, ceiling_for(s).best(), opt.min_seconds);
     rows.push_back(r);
     if (table) {
       std::printf(

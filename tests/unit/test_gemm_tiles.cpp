@@ -109,17 +109,22 @@ TEST_CASE("gemm tiles: bits do not depend on threads, nesting or batching", "[co
   // K = 1000 is longer than OpenBLAS's K block and not a multiple of its unroll; 1 x 70000 is a
   // vocabulary-sized head row; 8 x 128 x 8192 a weight gradient summed over many tokens.
   const std::vector<std::tuple<int64_t, int64_t, int64_t, bool, bool>> shapes = {
-      {1990, 48, 1000, false, true},
-      {1, 7000, 128, false, true},
-      {300, 270, 70, true, false},
-      {8, 128, 8192, true, false},
-      {513, 515, 129, false, false}};
+      {1990, 48, 1000, false, true}, {1, 7000, 128, false, true},   {300, 270, 70, true, false},
+      {8, 128, 8192, true, false},   {513, 515, 129, false, false}, {64, 64, 128, false, true}};
   for (const auto& [m, n, k, ta, tb] : shapes) {
     INFO(m << " x " << n << " x " << k);
     Operands o = make_operands(m, n, k, ta, tb, 40);
     set_num_threads(1);
     const Tensor one = run(o, 1.0f, 1.0f);
     set_num_threads(2);
+    // The library really runs 2 threads (OpenBLAS's OpenMP build resets OpenMP's thread count
+    // when told to run single-threaded: set_num_threads must undo that).
+    REQUIRE(num_threads() == 2);
+    int team = 0;
+#pragma omp parallel
+#pragma omp single
+    team = omp_get_num_threads();
+    REQUIRE(team == 2);
     const Tensor two = run(o, 1.0f, 1.0f);
     set_num_threads(3);
     const Tensor three = run(o, 1.0f, 1.0f);

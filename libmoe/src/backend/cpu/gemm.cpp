@@ -53,19 +53,37 @@ void run_tile(const GemmProblem& p, const GemmTiling& t, int64_t ti, int64_t tj)
   const int64_t m = std::min(t.tile_m, p.m - i0), n = std::min(t.tile_n, p.n - j0);
   const float* a = p.transpose_a ? p.a + i0 : p.a + i0 * p.lda;  // rows i0.. of op(A)
   const float* b = p.transpose_b ? p.b + j0 * p.ldb : p.b + j0;  // columns j0.. of op(B)
+  if (omp_in_parallel()) {
+    cblas_call(p, m, n, a, b, p.c + i0 * p.ldc + j0);
+    return;
+  }
+  // OpenBLAS's OpenMP build takes its thread count from omp_get_max_threads() on every call made
+  // outside an active parallel region, whatever openblas_set_num_threads said: make it 1 for
+  // this call (the setting is this thread's own and is restored at once).
+  const int ours = omp_get_max_threads();
+  omp_set_num_threads(1);
   cblas_call(p, m, n, a, b, p.c + i0 * p.ldc + j0);
+  omp_set_num_threads(ours);
+}
+
+// Sets the BLAS's own thread count, keeping ours: OpenBLAS's OpenMP build also calls
+// omp_set_num_threads from openblas_set_num_threads, which would change every loop of ours.
+void set_blas_threads(int threads) {
+  const int ours = omp_get_max_threads();
+  openblas_set_num_threads(threads);
+  omp_set_num_threads(ours);
 }
 
 void run_whole_threaded(const GemmProblem& p) {
   // The vendor's own threads for this one call (benchmark comparison only).
-  openblas_set_num_threads(omp_get_max_threads());
+  set_blas_threads(omp_get_max_threads());
   cblas_call(p, p.m, p.n, p.a, p.b, p.c);
-  openblas_set_num_threads(1);
+  set_blas_threads(1);
 }
 
 // The BLAS runs single-threaded from the library's first use on; set_num_threads keeps it so.
 const bool g_blas_single_threaded = [] {
-  openblas_set_num_threads(1);
+  set_blas_threads(1);
   return true;
 }();
 
@@ -140,8 +158,8 @@ GemmPath gemm_path() { return g_path; }
 void set_num_threads(int threads) {
   (void)g_blas_single_threaded;
   if (threads <= 0) return;
+  set_blas_threads(1);
   omp_set_num_threads(threads);
-  openblas_set_num_threads(1);
 }
 
 int num_threads() { return omp_get_max_threads(); }
