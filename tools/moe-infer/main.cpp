@@ -20,6 +20,7 @@
 #include "moe/infer/generate.h"
 #include "moe/infer/model.h"
 #include "moe/infer/placement.h"
+#include "moe/infer/prompts.h"
 #include "moe/io/dataset.h"
 #include "moe/log.h"
 #include "moe/timer.h"
@@ -254,58 +255,13 @@ int score(Options& o, std::unique_ptr<comm::Communicator> world) {
   return 0;
 }
 
-struct Prompt {
-  std::vector<int32_t> tokens;
-  std::string text;  // as given (text prompts)
-  infer::SamplingConfig sampling;
-};
+using infer::Prompt;
 
-// One prompt per line: plain text (byte tokens), or a JSON object {"prompt": "...", or
-// "tokens": [ids], and optional "max_new", "temperature", "top_k", "top_p"}.
 std::vector<Prompt> read_prompts(const Options& o, const ModelConfig& mc) {
-  std::ifstream file;
-  std::istream* in = &std::cin;
-  if (o.prompts != "-") {
-    file.open(o.prompts);
-    if (!file) throw Error(str("prompt file '", o.prompts, "': cannot open"));
-    in = &file;
-  }
-  std::vector<Prompt> prompts;
-  std::string line;
-  for (int64_t number = 1; std::getline(*in, line); ++number) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    Prompt p;
-    p.sampling = o.sampling;
-    if (!line.empty() && line.front() == '{') {
-      try {
-        json j = json::parse(line);
-        if (j.contains("tokens")) {
-          p.tokens = j.at("tokens").get<std::vector<int32_t>>();
-        } else {
-          p.text = j.at("prompt").get<std::string>();
-          p.tokens = io::tokenize_bytes(p.text);
-        }
-        p.sampling.max_new = j.value("max_new", p.sampling.max_new);
-        p.sampling.temperature = j.value("temperature", p.sampling.temperature);
-        p.sampling.top_k = j.value("top_k", p.sampling.top_k);
-        p.sampling.top_p = j.value("top_p", p.sampling.top_p);
-      } catch (const json::exception& e) {
-        throw Error(str(o.prompts, ":", number, ": not a valid prompt object: ", e.what()));
-      }
-    } else {
-      if (mc.vocab_size < io::kByteVocab)
-        throw Error(str(o.prompts, ":", number,
-                        ": a text prompt needs a byte-level model "
-                        "(vocabulary >= 256); give {\"tokens\": [...]}"));
-      p.text = line;
-      p.tokens = io::tokenize_bytes(line);
-    }
-    if (p.tokens.empty()) throw Error(str(o.prompts, ":", number, ": empty prompt"));
-    prompts.push_back(std::move(p));
-  }
-  if (prompts.empty())
-    throw Error(str("prompt file '", o.prompts, "' holds no prompt (one per line)"));
-  return prompts;
+  if (o.prompts == "-") return infer::read_prompts(std::cin, o.prompts, o.sampling, mc.vocab_size);
+  std::ifstream file(o.prompts);
+  if (!file) throw Error(str("prompt file '", o.prompts, "': cannot open"));
+  return infer::read_prompts(file, o.prompts, o.sampling, mc.vocab_size);
 }
 
 int generate(Options& o, std::unique_ptr<comm::Communicator> world) {
