@@ -17,6 +17,11 @@ if(MOE_SANITIZE)
     list(APPEND MOE_WARNINGS -Wno-maybe-uninitialized)
   endif()
 endif()
+# Fuzzing builds instrument all our code for libFuzzer's coverage feedback; only the fuzz targets
+# link libFuzzer itself (-fsanitize=fuzzer, tests/fuzz/CMakeLists.txt).
+if(MOE_FUZZ)
+  list(APPEND MOE_SANITIZE_FLAGS -fsanitize=fuzzer-no-link)
+endif()
 
 # nvcc gets the same host warnings (as errors) through -Xcompiler, and its own warnings as errors.
 string(REPLACE ";" "," _moe_host_warnings "${MOE_WARNINGS}")
