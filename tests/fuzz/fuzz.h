@@ -1,4 +1,4 @@
-// What every fuzz target shares (tests/fuzz/README.md, docs/RELIABILITY.md "Fuzzing").
+// What every fuzz target shares (docs/RELIABILITY.md, "Fuzzing").
 //
 // A target hands libFuzzer's bytes to one of libmoe's readers of outside input. Refusing the
 // input with moe::Error (UsageError included) is the reader doing its job; anything else that
