@@ -12,7 +12,15 @@ if(MOE_SANITIZE)
   set(MOE_SANITIZE_FLAGS -fsanitize=${MOE_SANITIZE} -fno-omit-frame-pointer -fno-sanitize-recover=all)
   # g++ 12 with -fsanitize reports false maybe-uninitialized warnings inside libstdc++'s
   # std::function (through std::regex and Catch2); the normal build keeps the warning as an error.
-  list(APPEND MOE_WARNINGS -Wno-maybe-uninitialized)
+  # (clang has no such warning and would reject the flag.)
+  if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+    list(APPEND MOE_WARNINGS -Wno-maybe-uninitialized)
+  endif()
+endif()
+# Fuzzing builds instrument all our code for libFuzzer's coverage feedback; only the fuzz targets
+# link libFuzzer itself (-fsanitize=fuzzer, tests/fuzz/CMakeLists.txt).
+if(MOE_FUZZ)
+  list(APPEND MOE_SANITIZE_FLAGS -fsanitize=fuzzer-no-link)
 endif()
 
 # nvcc gets the same host warnings (as errors) through -Xcompiler, and its own warnings as errors.

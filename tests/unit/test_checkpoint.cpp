@@ -177,6 +177,30 @@ TEST_CASE("io: checkpoint save/load round trip is bitwise", "[io]") {
                            std::regex(R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)")));
 }
 
+TEST_CASE("io: a checkpoint loads from its bytes in memory like from its file", "[io]") {
+  test::ScratchDir dir("io-ckpt-image");
+  std::string path = dir.file("ckpt.h5");
+  io::Checkpoint saved = make_checkpoint();
+  io::save_checkpoint(path, saved);
+  const std::string bytes = test::read_file(path);
+
+  io::Checkpoint loaded = io::load_checkpoint_image(bytes, "mem");
+  require_same_tensors(saved.params, loaded.params);
+  require_same_tensors(saved.optim, loaded.optim);
+  REQUIRE(loaded.model_config == saved.model_config);
+  REQUIRE(loaded.state.tokens_seen == 5678901234);
+  REQUIRE(loaded.sharding.expert_rank == std::vector<int>{0, 0, 1, 3});
+  REQUIRE(io::load_checkpoint_image(bytes, "mem", false).optim.empty());
+
+  // Bad images fail like bad files, naming the given name and the cause.
+  auto error_of = [](const std::string& image) {
+    return test::error_of([&] { io::load_checkpoint_image(image, "mem-name"); });
+  };
+  REQUIRE_THAT(error_of(""), Catch::Contains("mem-name") && Catch::Contains("empty file"));
+  REQUIRE_THAT(error_of("not HDF5 at all"), Catch::Contains("not an HDF5 file"));
+  REQUIRE_THAT(error_of(bytes.substr(0, bytes.size() / 2)), Catch::Contains("truncated"));
+}
+
 TEST_CASE("io: read_expert returns exactly one expert's chunk", "[io]") {
   test::ScratchDir dir("io-ckpt-expert");
   std::string path = dir.file("ckpt.h5");

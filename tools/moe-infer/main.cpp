@@ -20,6 +20,7 @@
 #include "moe/infer/generate.h"
 #include "moe/infer/model.h"
 #include "moe/infer/placement.h"
+#include "moe/infer/prompts.h"
 #include "moe/io/dataset.h"
 #include "moe/log.h"
 #include "moe/timer.h"
@@ -254,94 +255,13 @@ int score(Options& o, std::unique_ptr<comm::Communicator> world) {
   return 0;
 }
 
-struct Prompt {
-  std::vector<int32_t> tokens;
-  std::string text;  // as given (text prompts)
-  infer::SamplingConfig sampling;
-};
+using infer::Prompt;
 
-// A prompt object's field: a JSON integer in [lo, hi] (JSON gives no way to ask for one, and
-// nlohmann would truncate -0.5 to 0 and wrap 2^40). Throws moe::Error naming `key`.
-int64_t integer_field(const json& value, const std::string& key, int64_t lo, int64_t hi) {
-  if (!value.is_number_integer())
-    throw Error(str("\"", key, "\" must be an integer, got ", value.dump()));
-  const bool negative = value.is_number_unsigned() ? false : value.get<int64_t>() < 0;
-  if (!negative && value.is_number_unsigned() && value.get<uint64_t>() > uint64_t(INT64_MAX))
-    throw Error(str("\"", key, "\" ", value.dump(), " is out of range [", lo, ", ", hi, "]"));
-  const int64_t v = value.get<int64_t>();
-  if (v < lo || v > hi)
-    throw Error(str("\"", key, "\" ", v, " is out of range [", lo, ", ", hi, "]"));
-  return v;
-}
-
-// A prompt object's number field, finite and in [lo, hi] (`open_low`: lo itself excluded).
-double number_field(const json& value, const std::string& key, double lo, double hi,
-                    bool open_low = false) {
-  if (!value.is_number()) throw Error(str("\"", key, "\" must be a number, got ", value.dump()));
-  const double v = value.get<double>();
-  if (!std::isfinite(v) || v < lo || v > hi || (open_low && v == lo))
-    throw Error(str("\"", key, "\" ", value.dump(), " is out of range ", open_low ? "(" : "[", lo,
-                    ", ", hi, "]"));
-  return v;
-}
-
-// One prompt per line: plain text (byte tokens), or a JSON object {"prompt": "...", or
-// "tokens": [ids], and optional "max_new", "temperature", "top_k", "top_p"}. Every field has the
-// type and range of its flag (ids: integers in [0, vocabulary)); a bad one names its line.
 std::vector<Prompt> read_prompts(const Options& o, const ModelConfig& mc) {
-  std::ifstream file;
-  std::istream* in = &std::cin;
-  if (o.prompts != "-") {
-    file.open(o.prompts);
-    if (!file) throw Error(str("prompt file '", o.prompts, "': cannot open"));
-    in = &file;
-  }
-  std::vector<Prompt> prompts;
-  std::string line;
-  for (int64_t number = 1; std::getline(*in, line); ++number) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    Prompt p;
-    p.sampling = o.sampling;
-    if (!line.empty() && line.front() == '{') {
-      try {
-        json j = json::parse(line);
-        if (!j.is_object()) throw Error("not a JSON object");
-        if (j.contains("tokens")) {
-          const json& ids = j.at("tokens");
-          if (!ids.is_array()) throw Error(str("\"tokens\" must be an array of token ids"));
-          for (const json& id : ids)
-            p.tokens.push_back(
-                static_cast<int32_t>(integer_field(id, "tokens", 0, mc.vocab_size - 1)));
-        } else {
-          p.text = j.at("prompt").get<std::string>();
-          p.tokens = io::tokenize_bytes(p.text);
-        }
-        if (j.contains("max_new"))
-          p.sampling.max_new = integer_field(j["max_new"], "max_new", 0, INT32_MAX);
-        if (j.contains("temperature"))
-          p.sampling.temperature = number_field(j["temperature"], "temperature", 0, 1e6);
-        if (j.contains("top_k"))
-          p.sampling.top_k = integer_field(j["top_k"], "top_k", 0, mc.vocab_size);
-        if (j.contains("top_p")) p.sampling.top_p = number_field(j["top_p"], "top_p", 0, 1, true);
-      } catch (const json::exception& e) {
-        throw Error(str(o.prompts, ":", number, ": not a valid prompt object: ", e.what()));
-      } catch (const Error& e) {
-        throw Error(str(o.prompts, ":", number, ": ", e.what()));
-      }
-    } else {
-      if (mc.vocab_size < io::kByteVocab)
-        throw Error(str(o.prompts, ":", number,
-                        ": a text prompt needs a byte-level model "
-                        "(vocabulary >= 256); give {\"tokens\": [...]}"));
-      p.text = line;
-      p.tokens = io::tokenize_bytes(line);
-    }
-    if (p.tokens.empty()) throw Error(str(o.prompts, ":", number, ": empty prompt"));
-    prompts.push_back(std::move(p));
-  }
-  if (prompts.empty())
-    throw Error(str("prompt file '", o.prompts, "' holds no prompt (one per line)"));
-  return prompts;
+  if (o.prompts == "-") return infer::read_prompts(std::cin, o.prompts, o.sampling, mc.vocab_size);
+  std::ifstream file(o.prompts);
+  if (!file) throw Error(str("prompt file '", o.prompts, "': cannot open"));
+  return infer::read_prompts(file, o.prompts, o.sampling, mc.vocab_size);
 }
 
 int generate(Options& o, std::unique_ptr<comm::Communicator> world) {

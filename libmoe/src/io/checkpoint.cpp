@@ -12,6 +12,7 @@
 #include <ctime>
 #include <filesystem>
 #include <set>
+#include <utility>
 
 #include "io/files.h"
 #include "moe/io/hdf5.h"
@@ -109,9 +110,9 @@ struct Opened {
   Where root;
 };
 
-// Opens and checks the root attributes `format` and `format_version`.
-Opened open_checkpoint(const std::string& path) {
-  Opened c{h5::open_file_readonly(path, "checkpoint"), Where{path, "/"}};
+// Checks the root attributes `format` and `format_version` of an open checkpoint.
+Opened check_checkpoint(h5::File file, const std::string& path) {
+  Opened c{std::move(file), Where{path, "/"}};
   const Where& root = c.root;
   if (!h5::has_attr(c.file, "format", root))
     throw Error(str("checkpoint '", path, "': not a moe checkpoint (no 'format' attribute)"));
@@ -126,6 +127,10 @@ Opened open_checkpoint(const std::string& path) {
     throw Error(str("checkpoint '", path, "': checkpoint format version ", version,
                     ", this build reads version ", kCheckpointVersion));
   return c;
+}
+
+Opened open_checkpoint(const std::string& path) {
+  return check_checkpoint(h5::open_file_readonly(path, "checkpoint"), path);
 }
 
 nlohmann::json read_json_attr(hid_t object, const char* name, const Where& where) {
@@ -223,9 +228,9 @@ void save_checkpoint(const std::string& path, const Checkpoint& ckpt, const Save
   }
 }
 
-Checkpoint load_checkpoint(const std::string& path, bool with_optim) {
-  h5::Session session;
-  Opened c = open_checkpoint(path);
+namespace {
+
+Checkpoint load_opened(const Opened& c, bool with_optim) {
   const Where& root = c.root;
   Checkpoint ckpt;
   ckpt.model_config = read_json_attr(c.file, "model_config", root);
@@ -270,6 +275,19 @@ Checkpoint load_checkpoint(const std::string& path, bool with_optim) {
     }
   }
   return ckpt;
+}
+
+}  // namespace
+
+Checkpoint load_checkpoint(const std::string& path, bool with_optim) {
+  h5::Session session;
+  return load_opened(open_checkpoint(path), with_optim);
+}
+
+Checkpoint load_checkpoint_image(const std::string& bytes, const std::string& name,
+                                 bool with_optim) {
+  h5::Session session;
+  return load_opened(check_checkpoint(h5::open_image(bytes, name, "checkpoint"), name), with_optim);
 }
 
 void check_params_match(const ParamSet& params, const std::vector<NamedTensor>& tensors,

@@ -1,6 +1,8 @@
 // HDF5 helpers: checked calls, error-stack capture, files, groups, attributes, tensor datasets.
 #include "moe/io/hdf5.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -204,6 +206,48 @@ File open_file_readonly(const std::string& path, const char* what) {
       throw Error(str(what, " '", path, "': truncated file (", size,
                       " bytes, fewer than the HDF5 superblock records): ", join(causes, "; ")));
     throw Error(str(what, " '", path, "': cannot open as HDF5: ", join(causes, "; ")));
+  }
+  return File(id);
+}
+
+namespace {
+
+// Name HDF5 sees for an in-memory file. Unique per open (HDF5 treats two core-driver files with
+// the same name as the same file) and in a directory that does not exist (opening an image fails
+// when a file of that name exists on disk).
+std::string image_file_name() {
+  static uint64_t counter = 0;  // guarded by the h5::Session lock
+  return str("/nonexistent-moe-image/", ::getpid(), "-", ++counter);
+}
+
+bool has_hdf5_signature(const std::string& bytes) {
+  static const char kSignature[8] = {'\x89', 'H', 'D', 'F', '\r', '\n', '\x1a', '\n'};
+  // The superblock sits at 0, 512, 1024, 2048, ... (a user block may precede it).
+  for (size_t at = 0; at + 8 <= bytes.size(); at = at ? at * 2 : 512)
+    if (std::memcmp(bytes.data() + at, kSignature, 8) == 0) return true;
+  return false;
+}
+
+}  // namespace
+
+File open_image(const std::string& bytes, const std::string& name, const char* what) {
+  if (bytes.empty()) throw Error(str(what, " '", name, "': empty file (0 bytes), not HDF5"));
+  if (!has_hdf5_signature(bytes))
+    throw Error(str(what, " '", name, "': not an HDF5 file (no HDF5 signature in its ",
+                    bytes.size(), " bytes)"));
+  constexpr size_t kImageIncrement = size_t(1)
+                                     << 20;  // core driver growth step (unused: read-only)
+  Where where{name, "/"};
+  Plist fapl = file_access_plist(where);
+  MOE_H5(where, H5Pset_fapl_core(fapl, kImageIncrement, false));
+  MOE_H5(where, H5Pset_file_image(fapl, const_cast<char*>(bytes.data()), bytes.size()));
+  hid_t id = H5Fopen(image_file_name().c_str(), H5F_ACC_RDONLY, fapl);
+  if (id < 0) {
+    std::vector<std::string> causes = take_error_stack();
+    if (mentions(causes, "truncated"))
+      throw Error(str(what, " '", name, "': truncated file (", bytes.size(),
+                      " bytes, fewer than the HDF5 superblock records): ", join(causes, "; ")));
+    throw Error(str(what, " '", name, "': cannot open as HDF5: ", join(causes, "; ")));
   }
   return File(id);
 }

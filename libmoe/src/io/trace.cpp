@@ -31,7 +31,6 @@ const char* const kBatchesGroup = "batches";
 constexpr unsigned kDeflateLevel = 1;                 // fast; ids and loads compress well
 constexpr size_t kBatchChunkBytes = size_t(1) << 20;  // batch datasets: chunks up to 1 MiB
 constexpr hsize_t kBatchChunkRowsMax = 64;            // ... of at most 64 batches
-constexpr size_t kImageIncrement = size_t(1) << 20;   // core driver growth step ("-")
 constexpr size_t kCompactBytes = 32 << 10;            // /layers tables stored compact up to this
 
 std::string join_ints(const std::vector<hsize_t>& dims) {
@@ -151,46 +150,6 @@ void read_rows(hid_t dataset, hsize_t start, hsize_t rows, const std::vector<hsi
 }
 
 // ---- files ------------------------------------------------------------------------------------
-
-// Name HDF5 sees for an in-memory file. Unique per open (HDF5 treats two core-driver files with
-// the same name as the same file) and in a directory that does not exist (opening an image fails
-// when a file of that name exists on disk).
-std::string image_file_name() {
-  static uint64_t counter = 0;  // guarded by the h5::Session lock
-  return str("/nonexistent-moe-trace-image/", ::getpid(), "-", ++counter);
-}
-
-bool has_hdf5_signature(const std::string& bytes) {
-  static const char kSignature[8] = {'\x89', 'H', 'D', 'F', '\r', '\n', '\x1a', '\n'};
-  // The superblock sits at 0, 512, 1024, 2048, ... (a user block may precede it).
-  for (size_t at = 0; at + 8 <= bytes.size(); at = at ? at * 2 : 512)
-    if (std::memcmp(bytes.data() + at, kSignature, 8) == 0) return true;
-  return false;
-}
-
-// Opens `bytes` read-only as an in-memory HDF5 file (core driver, file image); the same checks
-// and messages as h5::open_file_readonly.
-h5::File open_image(const std::string& bytes, const std::string& name) {
-  if (bytes.empty()) throw Error(str("trace '", name, "': empty file (0 bytes), not HDF5"));
-  if (!has_hdf5_signature(bytes))
-    throw Error(str("trace '", name, "': not an HDF5 file (no HDF5 signature in its ", bytes.size(),
-                    " bytes)"));
-  Where where{name, "/"};
-  h5::Plist fapl = h5::file_access_plist(where);
-  MOE_H5(where, H5Pset_fapl_core(fapl, kImageIncrement, false));
-  MOE_H5(where, H5Pset_file_image(fapl, const_cast<char*>(bytes.data()), bytes.size()));
-  hid_t id = H5Fopen(image_file_name().c_str(), H5F_ACC_RDONLY, fapl);
-  if (id < 0) {
-    std::vector<std::string> causes = h5::take_error_stack();
-    std::string joined;
-    for (const std::string& c : causes) joined += (joined.empty() ? "" : "; ") + c;
-    if (joined.find("truncated") != std::string::npos)
-      throw Error(str("trace '", name, "': truncated file (", bytes.size(),
-                      " bytes, fewer than the HDF5 superblock records): ", joined));
-    throw Error(str("trace '", name, "': cannot open as HDF5: ", joined));
-  }
-  return h5::File(id);
-}
 
 std::string read_all(std::FILE* in, const char* what) {
   std::string bytes;
@@ -706,7 +665,7 @@ TraceReader TraceReader::from_image(std::string bytes, const std::string& name) 
   auto impl = std::make_unique<Impl>();
   impl->name = name;
   impl->root = Where{name, "/"};
-  impl->file = open_image(bytes, name);  // HDF5 keeps its own copy of the bytes
+  impl->file = h5::open_image(bytes, name, "trace");  // HDF5 keeps its own copy
   impl->load();
   return TraceReader(std::move(impl));
 }

@@ -74,6 +74,10 @@ void save_checkpoint(const std::string& path, const Checkpoint& ckpt,
 // Validates format, version, and every dataset's shape/dtype metadata, then reads everything
 // (the optimizer state only when `with_optim`). Tensors keep the order they were saved in.
 Checkpoint load_checkpoint(const std::string& path, bool with_optim = true);
+// The same from the bytes of a checkpoint file held in memory (an HDF5 file image, nothing on
+// disk); `name` stands for the file in messages.
+Checkpoint load_checkpoint_image(const std::string& bytes, const std::string& name,
+                                 bool with_optim = true);
 // What every loader checks of a checkpoint's parameters against the model it builds (moe-train
 // --resume, moe-convert inspect --verify): each tensor is a parameter of `params` with its exact
 // shape and dtype, and no parameter is missing. Throws moe::Error naming `source` and the tensor.

@@ -167,6 +167,10 @@ WriteFile create_file(const std::string& path, hid_t fapl = -1);
 WriteFile open_file_readwrite(const std::string& path);
 // Opens read-only after checking the path: missing file, empty file, not HDF5, truncated -> Error.
 File open_file_readonly(const std::string& path, const char* what = "file");
+// Opens `bytes` read-only as an in-memory HDF5 file (core driver, file image; HDF5 copies the
+// bytes), with the same checks and messages as open_file_readonly; `name` stands for the file in
+// messages ("-" for stdin).
+File open_image(const std::string& bytes, const std::string& name, const char* what = "file");
 
 // Creates a group whose links remember their creation order (iteration then follows it).
 Group create_group(hid_t parent, const std::string& name, const Where& where);

@@ -47,7 +47,7 @@ class Block {
   Tensor residual_ffn(const Tensor& x, Tensor& a, const RouterStep& step, Saved* saved,
                       MoEStats* stats) const;
 
-  int64_t index_;
+  [[maybe_unused]] int64_t index_;  // the block's position in the model (never read yet)
   std::unique_ptr<Norm> norm1_, norm2_;
   std::unique_ptr<Attention> attn_;
   std::unique_ptr<MLP> mlp_;  // dense layers, and the residual branch of residual MoE

@@ -37,7 +37,7 @@ class AdamW {
     Param* param;
     Tensor master, m, v;  // master aliases param->value when the parameter is fp32
   };
-  ParamSet& params_;
+  [[maybe_unused]] ParamSet& params_;  // the slots point into it (never read directly)
   AdamWConfig config_;
   std::vector<Slot> slots_;
   int64_t t_ = 0;

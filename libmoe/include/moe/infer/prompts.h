@@ -1,0 +1,28 @@
+// Prompt files for moe-infer generate: one prompt per line, either plain text (byte tokens) or a
+// JSON object {"prompt": "..."} or {"tokens": [ids]}, with optional per-prompt sampling settings
+// "max_new", "temperature", "top_k", "top_p" overriding the defaults (tools/moe-infer/README.md).
+// The sampling settings are checked later, by generate().
+#pragma once
+#include <cstdint>
+#include <istream>
+#include <string>
+#include <vector>
+
+#include "moe/infer/generate.h"
+
+namespace moe::infer {
+
+struct Prompt {
+  std::vector<int32_t> tokens;
+  std::string text;  // as given (text prompts)
+  SamplingConfig sampling;
+};
+
+// Reads every line of `in`; `name` stands for the file in messages ("<name>:<line>: ...").
+// A trailing '\r' is dropped. Errors (moe::Error): a line that starts with '{' but is not a valid
+// prompt object, a text prompt for a model whose vocabulary is below 256 (not byte-level), an
+// empty prompt, or no prompt at all.
+std::vector<Prompt> read_prompts(std::istream& in, const std::string& name,
+                                 const SamplingConfig& defaults, int64_t vocab_size);
+
+}  // namespace moe::infer
