@@ -23,7 +23,8 @@ std::vector<infer::Prompt> read(const std::string& text, int64_t vocab = 256) {
 TEST_CASE("infer: prompt files hold text and JSON lines with their own sampling", "[infer]") {
   auto prompts = read(
       "Hi\r\n{\"prompt\": \"ab\", \"max_new\": 3, \"top_p\": 0.25}\n{\"tokens\": [5, 300], "
-      "\"temperature\": 0, \"top_k\": 4}\n");
+      "\"temperature\": 0, \"top_k\": 4}\n",
+      512);
   REQUIRE(prompts.size() == 3);
   REQUIRE(prompts[0].text == "Hi");  // the '\r' of a CRLF line is dropped
   REQUIRE(prompts[0].tokens == std::vector<int32_t>{'H', 'i'});
@@ -50,4 +51,16 @@ TEST_CASE("infer: bad prompt files name the file, the line and the cause", "[inf
   REQUIRE_THAT(error("ok\n\n"), Catch::Contains("p.jsonl:2: empty prompt"));
   REQUIRE_THAT(error("{\"tokens\": []}\n"), Catch::Contains("empty prompt"));
   REQUIRE_THAT(error(""), Catch::Contains("holds no prompt"));
+  // Every field has its flag's type and range (nlohmann alone truncates -0.5 to 0, and converts
+  // 1e300 to an integer with undefined behaviour).
+  REQUIRE_THAT(error("{\"tokens\": [5, 300]}\n"),
+               Catch::Contains("p.jsonl:1") && Catch::Contains("300 is out of range [0, 255]"));
+  REQUIRE_THAT(error("{\"tokens\": [1e300]}\n"), Catch::Contains("must be an integer"));
+  REQUIRE_THAT(error("{\"prompt\": \"a\", \"max_new\": -0.5}\n"),
+               Catch::Contains("\"max_new\" must be an integer"));
+  REQUIRE_THAT(error("{\"prompt\": \"a\", \"max_new\": 1e300}\n"),
+               Catch::Contains("\"max_new\" must be an integer"));
+  REQUIRE_THAT(error("{\"prompt\": \"a\", \"top_k\": -1}\n"), Catch::Contains("out of range"));
+  REQUIRE_THAT(error("{\"prompt\": \"a\", \"top_p\": 0}\n"),
+               Catch::Contains("out of range (0, 1]"));
 }

@@ -58,7 +58,8 @@ std::vector<Prompt> read_prompts(std::istream& in, const std::string& name,
           const json& ids = j.at("tokens");
           if (!ids.is_array()) throw Error(str("\"tokens\" must be an array of token ids"));
           for (const json& id : ids)
-            p.tokens.push_back(static_cast<int32_t>(integer_field(id, "tokens", 0, vocab_size - 1)));
+            p.tokens.push_back(
+                static_cast<int32_t>(integer_field(id, "tokens", 0, vocab_size - 1)));
         } else {
           p.text = j.at("prompt").get<std::string>();
           p.tokens = io::tokenize_bytes(p.text);
@@ -69,8 +70,7 @@ std::vector<Prompt> read_prompts(std::istream& in, const std::string& name,
           p.sampling.temperature = number_field(j["temperature"], "temperature", 0, 1e6);
         if (j.contains("top_k"))
           p.sampling.top_k = integer_field(j["top_k"], "top_k", 0, vocab_size);
-        if (j.contains("top_p"))
-          p.sampling.top_p = number_field(j["top_p"], "top_p", 0, 1, true);
+        if (j.contains("top_p")) p.sampling.top_p = number_field(j["top_p"], "top_p", 0, 1, true);
       } catch (const json::exception& e) {
         throw Error(str(name, ":", number, ": not a valid prompt object: ", e.what()));
       } catch (const Error& e) {

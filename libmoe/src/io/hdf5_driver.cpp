@@ -322,4 +322,18 @@ void use_moe_driver(hid_t fapl, std::shared_ptr<WriteStatus> status, const Where
   MOE_H5(where, H5Pset_driver(fapl, driver_id(where), &info));
 }
 
+std::string damaged_image_heap(const std::string& bytes) {
+  const auto* data = reinterpret_cast<const unsigned char*>(bytes.data());
+  const size_t n = bytes.size();
+  if (n < 9 || std::memcmp(data, "\x89HDF\r\n\x1a\n", 8) != 0 || data[8] >= 3) return "";
+  // Collections sit anywhere; a "GCOL" of version 1 inside tensor data would be a false alarm
+  // (5 given bytes in a row), far less likely than the damage this catches.
+  for (size_t at = 0; at + 16 <= n; ++at) {
+    if (data[at] != 'G' || std::memcmp(data + at, "GCOL", 4) != 0 || data[at + 4] != 1) continue;
+    const std::string problem = check_global_heap(data + at, n - at, at, n);
+    if (!problem.empty()) return str("damaged global heap at offset ", at, ": ", problem);
+  }
+  return "";
+}
+
 }  // namespace moe::io::h5

@@ -26,4 +26,10 @@ namespace moe::io::h5 {
 // file opened for writing; null for files opened read-only.
 void use_moe_driver(hid_t fapl, std::shared_ptr<WriteStatus> status, const Where& where);
 
+// The driver's global heap check for a file held in memory (read through HDF5's core driver, not
+// ours): an image of an earlier build's file (superblock older than version 3) is scanned for
+// heap collections ("GCOL", version 1), and the first one whose objects do not tile it is
+// described. Empty when nothing is wrong (always for images of files written now).
+std::string damaged_image_heap(const std::string& bytes);
+
 }  // namespace moe::io::h5

@@ -146,6 +146,7 @@ void read_rows(hid_t dataset, hsize_t start, hsize_t rows, const std::vector<hsi
                hid_t mem_type, void* data, const Where& where) {
   if (rows == 0) return;
   auto [file_space, mem_space] = row_spaces(dataset, start, rows, rest, where);
+  h5::check_storage_fits(dataset, where);
   MOE_H5(where, H5Dread(dataset, mem_type, mem_space, file_space, H5P_DEFAULT, data));
 }
 
@@ -196,9 +197,11 @@ std::vector<int64_t> read_i64_vector(hid_t group, const std::string& group_name,
   h5::Dataset ds =
       open_checked(group, group_name, name, H5T_STD_I64LE, "H5T_STD_I64LE (int64)", 1, root, dims);
   std::vector<int64_t> values(static_cast<size_t>(dims[0]));
-  if (!values.empty())
+  if (!values.empty()) {
+    h5::check_storage_fits(ds, root.at(child(group_name, name)));
     MOE_H5(root.at(child(group_name, name)),
            H5Dread(ds, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()));
+  }
   return values;
 }
 

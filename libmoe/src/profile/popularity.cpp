@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <limits>
@@ -210,24 +211,36 @@ PathTable load_paths(const std::string& path) {
     nlohmann::json j = nlohmann::json::parse(in);
     if (!j.is_object() || j.value("format", std::string()) != "moe.paths")
       throw Error(str(who, ": not a moe.paths file (made by moe-profile paths)"));
-    if (j.at("format_version").get<int>() != 1)
-      throw Error(str(who, ": format version ", j.at("format_version").dump(),
-                      ", this build reads version 1"));
+    // Every number is read as what the writer wrote: an integer (nlohmann would convert 1e300 to
+    // an int64 with undefined behaviour, and truncate 0.5).
     auto integer = [&](const nlohmann::json& v, const std::string& what) {
-      if (!v.is_number_integer())
+      if (!v.is_number_integer() ||
+          (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)))
         throw Error(str(who, ": ", what, " is ", v.dump(), ", not an integer"));
       return v.get<int64_t>();
     };
+    auto integers = [&](const nlohmann::json& v, const std::string& what) {
+      if (!v.is_array()) throw Error(str(who, ": ", what, " is not an array"));
+      std::vector<int64_t> out;
+      for (size_t i = 0; i < v.size(); ++i) out.push_back(integer(v[i], str(what, "[", i, "]")));
+      return out;
+    };
+    if (integer(j.at("format_version"), "format_version") != 1)
+      throw Error(str(who, ": format version ", j.at("format_version").dump(),
+                      ", this build reads version 1"));
     t.path_length = integer(j.at("path_length"), "path_length");
     t.top_k = integer(j.at("top_k"), "top_k");
     if (t.path_length < 1) throw Error(str(who, ": path_length ", t.path_length, " is not >= 1"));
     if (t.top_k < 1) throw Error(str(who, ": top_k ", t.top_k, " is not >= 1"));
-    t.experts = j.at("experts").get<std::vector<int64_t>>();
+    t.experts = integers(j.at("experts"), "experts");
     for (size_t l = 0; l < t.experts.size(); ++l)
       if (t.experts[l] < t.top_k)
         throw Error(
             str(who, ": layer ", l, " has ", t.experts[l], " experts, fewer than top_k ", t.top_k));
-    t.marginal = j.at("marginal").get<std::vector<std::vector<int64_t>>>();
+    const nlohmann::json& marginal = j.at("marginal");
+    if (!marginal.is_array()) throw Error(str(who, ": marginal is not an array"));
+    for (size_t l = 0; l < marginal.size(); ++l)
+      t.marginal.push_back(integers(marginal[l], str("marginal[", l, "]")));
     const size_t L = t.experts.size();
     const nlohmann::json& layers = j.at("layers");
     if (!layers.is_array() || t.marginal.size() != L || layers.size() != (L ? L - 1 : 0))
@@ -259,7 +272,7 @@ PathTable load_paths(const std::string& path) {
       const int64_t first = std::max<int64_t>(0, int64_t(i) - t.path_length + 1);
       const size_t length = i + 1 - static_cast<size_t>(first);
       for (const auto& p : layer.at("paths")) {
-        auto key = p.at("path").get<std::vector<int64_t>>();
+        auto key = integers(p.at("path"), at + ".path");
         if (key.size() != length)
           throw Error(str(who, ": a path of ", at, " has ", key.size(), " experts, expected ",
                           length, " (layers ", first, "..", i, " with path_length ", t.path_length,
@@ -272,7 +285,7 @@ PathTable load_paths(const std::string& path) {
                             layer_of, ", outside [0, ", E, ")"));
           ids.push_back(static_cast<int32_t>(key[q]));
         }
-        auto counts = p.at("counts").get<std::vector<int64_t>>();
+        auto counts = integers(p.at("counts"), at + ".counts");
         if (int64_t(counts.size()) != t.experts[i + 1])
           throw Error(str(who, ": a path of layer ", i + 1, " has ", counts.size(), " counts for ",
                           t.experts[i + 1], " experts"));
