@@ -21,13 +21,14 @@ namespace moe::ops {
 
 namespace {
 
-// One product per (batch, head): problem(b, h) for every b < batch and h < heads, as one batch.
+// One product per (batch, head), as one batch: `shape` holds what the products share (transposes,
+// sizes, scalars, leading dimensions); operands(b, h, problem) sets its a, b and c.
 template <class Fn>
-void per_head_batch(int64_t batch, int64_t heads, Fn&& problem) {
-  std::vector<cpu::GemmProblem> problems;
-  problems.reserve(static_cast<size_t>(batch * heads));
+void per_head_batch(int64_t batch, int64_t heads, const cpu::GemmProblem& shape, Fn&& operands) {
+  std::vector<cpu::GemmProblem> problems(static_cast<size_t>(batch * heads), shape);
   for (int64_t b = 0; b < batch; ++b)
-    for (int64_t h = 0; h < heads; ++h) problems.push_back(problem(b, h));
+    for (int64_t h = 0; h < heads; ++h)
+      operands(b, h, problems[static_cast<size_t>(b * heads + h)]);
   cpu::sgemm_batch(problems.data(), problems.size());
 }
 
@@ -69,41 +70,27 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   float* ps = probs.data<float>();
   float* cs = ctx.data<float>();
 
-  per_head_batch(s.batch, H, [&](int64_t b, int64_t h) {
-    return cpu::GemmProblem{false,
-                            true,
-                            T,
-                            T,
-                            hd,
-                            scale,
-                            qs + b * T * ldq + h * hd,
-                            ldq,
-                            ks + b * T * ldk + (h / group) * hd,
-                            ldk,
-                            0.0f,
-                            ps + (b * H + h) * T * T,
-                            T};
-  });
+  per_head_batch(
+      s.batch, H,
+      cpu::GemmProblem{false, true, T, T, hd, scale, nullptr, ldq, nullptr, ldk, 0.0f, nullptr, T},
+      [&](int64_t b, int64_t h, cpu::GemmProblem& p) {
+        p.a = qs + b * T * ldq + h * hd;
+        p.b = ks + b * T * ldk + (h / group) * hd;
+        p.c = ps + (b * H + h) * T * T;
+      });
   const int64_t rows = s.batch * H * T;
 #pragma omp parallel for schedule(static) if (rows * T >= cpu::kParallelWork)
   for (int64_t r = 0; r < rows; ++r) {
     kernels::causal_softmax_row(ps + r * T, r % T + 1, T);  // query r % T sees keys 0..r % T
   }
-  per_head_batch(s.batch, H, [&](int64_t b, int64_t h) {
-    return cpu::GemmProblem{false,
-                            false,
-                            T,
-                            hd,
-                            T,
-                            1.0f,
-                            ps + (b * H + h) * T * T,
-                            T,
-                            vs + b * T * ldk + (h / group) * hd,
-                            ldk,
-                            0.0f,
-                            cs + b * T * ldq + h * hd,
-                            ldq};
-  });
+  per_head_batch(
+      s.batch, H,
+      cpu::GemmProblem{false, false, T, hd, T, 1.0f, nullptr, T, nullptr, ldk, 0.0f, nullptr, ldq},
+      [&](int64_t b, int64_t h, cpu::GemmProblem& p) {
+        p.a = ps + (b * H + h) * T * T;
+        p.b = vs + b * T * ldk + (h / group) * hd;
+        p.c = cs + b * T * ldq + h * hd;
+      });
 }
 
 int64_t CachedRows::tokens() const {
@@ -222,41 +209,27 @@ void attention_backward(const Tensor& dctx, const Tensor& q, const Tensor& k, co
   // dS = scale * softmax_backward(P, dctx V^T), causal part only.
   Tensor dscores = Tensor::empty({s.batch, H, T, T});
   float* ds = dscores.data<float>();
-  per_head_batch(s.batch, H, [&](int64_t b, int64_t h) {
-    return cpu::GemmProblem{false,
-                            true,
-                            T,
-                            T,
-                            hd,
-                            1.0f,
-                            gs + b * T * ldq + h * hd,
-                            ldq,
-                            vs + b * T * ldk + (h / group) * hd,
-                            ldk,
-                            0.0f,
-                            ds + (b * H + h) * T * T,
-                            T};
-  });
+  per_head_batch(
+      s.batch, H,
+      cpu::GemmProblem{false, true, T, T, hd, 1.0f, nullptr, ldq, nullptr, ldk, 0.0f, nullptr, T},
+      [&](int64_t b, int64_t h, cpu::GemmProblem& p) {
+        p.a = gs + b * T * ldq + h * hd;
+        p.b = vs + b * T * ldk + (h / group) * hd;
+        p.c = ds + (b * H + h) * T * T;
+      });
   const int64_t rows = s.batch * H * T;
 #pragma omp parallel for schedule(static) if (rows * T >= cpu::kParallelWork)
   for (int64_t r = 0; r < rows; ++r) {
     kernels::causal_softmax_backward_row(ps + r * T, ds + r * T, r % T + 1, T, scale);
   }
-  per_head_batch(s.batch, H, [&](int64_t b, int64_t h) {
-    return cpu::GemmProblem{false,
-                            false,
-                            T,
-                            hd,
-                            T,
-                            1.0f,
-                            ds + (b * H + h) * T * T,
-                            T,
-                            ks + b * T * ldk + (h / group) * hd,
-                            ldk,
-                            0.0f,
-                            dqs + b * T * ldq + h * hd,
-                            ldq};
-  });
+  per_head_batch(
+      s.batch, H,
+      cpu::GemmProblem{false, false, T, hd, T, 1.0f, nullptr, T, nullptr, ldk, 0.0f, nullptr, ldq},
+      [&](int64_t b, int64_t h, cpu::GemmProblem& p) {
+        p.a = ds + (b * H + h) * T * T;
+        p.b = ks + b * T * ldk + (h / group) * hd;
+        p.c = dqs + b * T * ldq + h * hd;
+      });
   // The query heads of a group all add into their kv head's dk and dv: the first writes, the
   // others add in head order, one batch (over batch x kv heads) per position in the group.
   for (int64_t g = 0; g < group; ++g) {
