@@ -35,11 +35,7 @@ struct Trained {
   test::ScratchDir dir{"cli-hdf5-damage"};
   std::string ckpt, old_format;
   Trained() {
-    auto r = run_command(tool(
-        "moe-train", "--data " + test::fortunes_path("linux") + " --out " + (dir / "run") + kTiny));
-    INFO(r.err);
-    REQUIRE(r.exit_code == 0);
-    ckpt = dir / "run/last.h5";
+    ckpt = test::train_on_fortunes(dir / "run", kTiny);
     old_format = dir / "old-format.h5";
     write_old_format(old_format, io::load_checkpoint(ckpt));
   }

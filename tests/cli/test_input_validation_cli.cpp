@@ -33,12 +33,7 @@ struct Trained {
   test::ScratchDir dir{"cli-validation"};
   std::string ckpt;
   Trained() {
-    auto r = run_command(tool("moe-train", "--data " + test::fortunes_path("linux") + " --out " +
-                                               (dir / "run") + kModel +
-                                               " --arch mixtral --kv-heads 1 --steps 2"));
-    INFO(r.err);
-    REQUIRE(r.exit_code == 0);
-    ckpt = dir / "run/last.h5";
+    ckpt = test::train_on_fortunes(dir / "run", kModel + " --arch mixtral --kv-heads 1 --steps 2");
   }
 };
 

@@ -45,13 +45,7 @@ const std::string kTiny =
 struct Trained {
   test::ScratchDir dir{"cli-convert"};
   std::string ckpt;
-  Trained() {
-    auto r = run_command(tool(
-        "moe-train", "--data " + test::fortunes_path("linux") + " --out " + (dir / "run") + kTiny));
-    INFO(r.err);
-    REQUIRE(r.exit_code == 0);
-    ckpt = dir / "run/last.h5";
-  }
+  Trained() { ckpt = test::train_on_fortunes(dir / "run", kTiny); }
 };
 
 Trained& trained() {

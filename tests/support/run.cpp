@@ -72,4 +72,12 @@ std::string fortunes_path(const std::string& name) {
   return path;
 }
 
+std::string train_on_fortunes(const std::string& out_dir, const std::string& flags) {
+  const RunResult r = run_command("timeout 300 " + tool_path("moe-train") + " --data " +
+                                  fortunes_path("linux") + " --out " + out_dir + " " + flags);
+  if (r.exit_code != 0)
+    throw Error(str("moe-train into ", out_dir, " exited ", r.exit_code, ": ", r.err));
+  return out_dir + "/last.h5";
+}
+
 }  // namespace moe::test

@@ -29,6 +29,10 @@ class ScratchDir {
 // A real English text from Debian's `fortunes` package (`name` is a file of
 // /usr/share/games/fortunes); fails the test clearly when the package is missing.
 std::string fortunes_path(const std::string& name = "computers");
+// Trains with moe-train on fortunes_path("linux") into `out_dir` with `flags` (the model and the
+// run), as the CLI fixtures do; returns out_dir/last.h5. A run that fails (or hangs past 300 s)
+// throws moe::Error with its exit status and stderr.
+std::string train_on_fortunes(const std::string& out_dir, const std::string& flags);
 std::string read_file(const std::string& path);
 // The message of the moe::Error that `f` throws, or "(no error)".
 std::string error_of(const std::function<void()>& f);
