@@ -1,0 +1,345 @@
+// Checkpoint conversions that rewrite one file (see moe/io/convert.h): dtype change, freeze for
+// inference, the conversion history every converted file carries, and the streaming layout
+// (one expert written at a time) of frozen checkpoints. Shape letters: E experts of a layer.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "io/convert_internal.h"
+#include "io/files.h"
+#include "moe/io/convert.h"
+#include "moe/io/hdf5.h"
+
+namespace moe::io {
+
+namespace fs = std::filesystem;
+
+// ---- dtype and freeze -------------------------------------------------------------------------
+
+Checkpoint change_dtype(const Checkpoint& in, DType to, DTypeReport* report) {
+  MOE_USAGE_CHECK(to == DType::f32 || to == DType::bf16 || to == DType::f16,
+                  "--to must be f32, bf16 or f16 (got ", dtype_name(to), ")");
+  MOE_USAGE_CHECK(in.sharding.rank < 0,
+                  "dtype converts a whole checkpoint; this is one rank's shard: merge it first");
+  DTypeReport r;
+  Checkpoint out = in;
+  out.model_config["dtype"] = dtype_name(to);
+  const bool has_optim = !in.optim.empty();
+  std::map<std::string, size_t> optim_index;
+  for (size_t i = 0; i < in.optim.size(); ++i) optim_index[in.optim[i].name] = i;
+  std::set<std::string> drop;  // optimizer tensors that no longer belong
+  for (NamedTensor& nt : out.params) {
+    const DType from = nt.tensor.dtype();
+    if (!is_floating(from) || from == to) continue;
+    const std::string master_name = "master." + nt.name;
+    auto master = optim_index.find(master_name);
+    const bool has_master = master != optim_index.end();
+    if (has_master) {
+      const Tensor& m = in.optim[master->second].tensor;
+      MOE_CHECK(m.shape() == nt.tensor.shape() && m.dtype() == DType::f32, "optimizer tensor '",
+                master_name, "' is ", m.describe(), ", its parameter ", nt.tensor.describe());
+    }
+    // The most precise values there are: the fp32 master when there is one.
+    const Tensor exact = has_master ? in.optim[master->second].tensor : nt.tensor.to(DType::f32);
+    Tensor converted = to == DType::f32 ? exact.clone() : exact.to(to);
+    const float* x = exact.data<float>();
+    std::vector<float> y = converted.to_vector();
+    double scale = 0, worst = 0;
+    for (int64_t i = 0; i < exact.numel(); ++i) {
+      if (std::isfinite(x[i]) && !std::isfinite(y[static_cast<size_t>(i)]))
+        throw Error(str("tensor '", nt.name, "': value ", x[i], " is beyond the range of ",
+                        dtype_name(to), " (it would become infinite)"));
+      if (std::isfinite(x[i])) {
+        scale = std::max(scale, std::fabs(static_cast<double>(x[i])));
+        worst = std::max(worst, std::fabs(static_cast<double>(y[static_cast<size_t>(i)]) - x[i]));
+      }
+    }
+    if (scale > 0) r.max_relative_error = std::max(r.max_relative_error, worst / scale);
+    converted.set_name(nt.name);
+    nt.tensor = std::move(converted);
+    ++r.tensors_converted;
+    if (!has_optim) continue;
+    if (to == DType::f32) {
+      if (has_master) {
+        drop.insert(master_name);
+        ++r.masters_dropped;
+      }
+    } else if (has_master) {
+      ++r.masters_used;
+    } else {
+      out.optim.push_back({master_name, exact.clone(), nt.expert, nt.shard});
+      ++r.masters_added;
+    }
+  }
+  std::erase_if(out.optim, [&](const NamedTensor& t) { return drop.count(t.name) > 0; });
+  if (report) *report = r;
+  return out;
+}
+
+Checkpoint freeze(const Checkpoint& in) {
+  MOE_USAGE_CHECK(in.sharding.rank < 0,
+                  "freeze needs a whole checkpoint; this is one rank's shard: merge it first");
+  Checkpoint out;
+  out.model_config = in.model_config;
+  out.train_config = nullptr;
+  out.provenance = in.provenance;
+  out.state = in.state;
+  out.state.data_cursor = 0;
+  out.sharding = Sharding{};
+  // Each block's expert tensors right after the first of them: a layer's experts are one extent.
+  std::vector<const NamedTensor*> order;
+  std::set<const NamedTensor*> placed;
+  for (size_t i = 0; i < in.params.size(); ++i) {
+    const NamedTensor& nt = in.params[i];
+    if (placed.count(&nt)) continue;
+    order.push_back(&nt);
+    placed.insert(&nt);
+    if (!nt.expert) continue;
+    const int64_t block = block_of_name(nt.name);
+    for (size_t j = i + 1; j < in.params.size(); ++j) {
+      const NamedTensor& other = in.params[j];
+      if (other.expert && block_of_name(other.name) == block && !placed.count(&other)) {
+        order.push_back(&other);
+        placed.insert(&other);
+      }
+    }
+  }
+  for (const NamedTensor* nt : order) {
+    if (nt->shard.defined())
+      throw Error(str("freeze needs a whole checkpoint, but tensor '", nt->name, "' is a slice of ",
+                      shape_str(nt->shard.global)));
+    out.params.push_back({nt->name, nt->tensor, nt->expert, {}});
+  }
+  return out;
+}
+
+// ---- provenance of conversions ----------------------------------------------------------------
+
+nlohmann::json to_json(const Provenance& p) {
+  return {{"tool", p.tool},
+          {"version", p.version},
+          {"git", p.git},
+          {"argv", p.argv},
+          {"created", p.time}};
+}
+
+nlohmann::json read_history(const std::string& path) {
+  read_model_config(path);  // checks the file is a moe checkpoint of a version we read
+  h5::Session session;
+  h5::Where root{path, "/"};
+  h5::File file = h5::open_file_readonly(path, "checkpoint");
+  if (!h5::has_attr(file, "history", root)) return nlohmann::json::array();
+  std::string text = h5::read_string_attr(file, "history", root);
+  try {
+    nlohmann::json j = nlohmann::json::parse(text);
+    if (!j.is_array()) throw Error("not a JSON array");
+    return j;
+  } catch (const std::exception& e) {
+    throw Error(str(root.describe(), ": attribute 'history' is not a JSON array: ", e.what()));
+  }
+}
+
+nlohmann::json extend_history(const nlohmann::json& source_history, const Provenance& source) {
+  nlohmann::json h = source_history.is_array() ? source_history : nlohmann::json::array();
+  h.push_back(to_json(source));
+  return h;
+}
+
+void save_converted(const std::string& path, const Checkpoint& ckpt,
+                    const nlohmann::json& history) {
+  if (!history.is_array() || history.empty()) {
+    save_checkpoint(path, ckpt);
+    return;
+  }
+  // save_checkpoint writes the temporary file atomically; the attribute is added to it, then it
+  // is renamed over `path`, so `path` is never seen without its history.
+  check_replaceable(path);
+  const std::string temp = str(path, ".convert-", ::getpid());
+  try {
+    save_checkpoint(temp, ckpt);
+    {
+      h5::Session session;
+      h5::Where root{temp, "/"};
+      h5::WriteFile file = h5::open_file_readwrite(temp);
+      h5::write_string_attr(file, "history", history.dump(), root);
+      file.close(root);
+    }
+    fsync_path(temp, false);
+    rename_into_place(temp, path);
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove(temp, ignored);
+    throw;
+  }
+  fsync_path(parent_directory(path), true);
+}
+
+// ---- the streaming layout of frozen checkpoints -----------------------------------------------
+
+namespace {
+
+// An empty expert-tensor dataset laid out as h5::write_tensor lays it out (one Fletcher32 chunk
+// per expert, attributes dtype and expert = 1); the data is written later, expert by expert.
+h5::Dataset create_expert_dataset(hid_t group, const NamedTensor& nt, const h5::Where& where) {
+  const Tensor& t = nt.tensor;
+  h5::Where w = where.at(str(where.object, "/", nt.name));
+  MOE_CHECK(t.ndim() >= 1 && t.numel() > 0, w.describe(), ": expert tensor ", t.describe(),
+            " needs a leading expert dimension and elements");
+  std::vector<hsize_t> dims(t.shape().begin(), t.shape().end());
+  h5::Space space(MOE_H5(w, H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr)));
+  h5::Plist dcpl(MOE_H5(w, H5Pcreate(H5P_DATASET_CREATE)));
+  MOE_H5(w, H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER));
+  std::vector<hsize_t> chunk = h5::chunk_shape(t.shape(), dtype_size(t.dtype()), true);
+  MOE_H5(w, H5Pset_chunk(dcpl, static_cast<int>(chunk.size()), chunk.data()));
+  MOE_H5(w, H5Pset_fletcher32(dcpl));
+  // No chunk cache: each chunk is allocated and written when its expert is written (a cache would
+  // hold the chunks back and allocate them, tensor by tensor, when the dataset closes).
+  h5::Plist dapl(MOE_H5(w, H5Pcreate(H5P_DATASET_ACCESS)));
+  MOE_H5(w, H5Pset_chunk_cache(dapl, 0, 0, H5D_CHUNK_CACHE_W0_DEFAULT));
+  h5::Type type = h5::dtype_type(t.dtype());
+  h5::Dataset dataset(
+      MOE_H5(w, H5Dcreate2(group, nt.name.c_str(), type, space, H5P_DEFAULT, dcpl, dapl)));
+  h5::write_string_attr(dataset, "dtype", dtype_name(t.dtype()), w);
+  h5::write_int_attr(dataset, "expert", 1, w, H5T_STD_U8LE);
+  return dataset;
+}
+
+// Expert `e` of nt (its row of the leading dimension) into `dataset`.
+void write_expert_row(hid_t dataset, const NamedTensor& nt, int64_t e, const h5::Where& w) {
+  const Tensor& t = nt.tensor;
+  const int rank = t.ndim();
+  std::vector<hsize_t> start(static_cast<size_t>(rank), 0),
+      count(t.shape().begin(), t.shape().end());
+  start[0] = static_cast<hsize_t>(e);
+  count[0] = 1;
+  h5::Space file_space(MOE_H5(w, H5Dget_space(dataset)));
+  MOE_H5(w, H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start.data(), nullptr, count.data(),
+                                nullptr));
+  h5::Space memory(MOE_H5(w, H5Screate_simple(rank, count.data(), nullptr)));
+  h5::Type type = h5::dtype_type(t.dtype());
+  const size_t row = t.nbytes() / static_cast<size_t>(t.dim(0));
+  MOE_H5(w, H5Dwrite(dataset, type, memory, file_space, H5P_DEFAULT,
+                     static_cast<const std::byte*>(t.raw()) + static_cast<size_t>(e) * row));
+}
+
+void write_streaming_file(const std::string& file_path, const Checkpoint& ckpt,
+                          const nlohmann::json& history) {
+  h5::Where root{file_path, "/"};
+  h5::Plist fapl = h5::file_access_plist(root);
+  // Metadata (object headers, chunk indexes, link tables) is gathered in blocks of this size
+  // instead of landing between the chunks it describes (a dataset takes at most 3-4 KiB: its object
+  // header and its chunk index). What a block leaves unused stays a hole in the file.
+  const hsize_t datasets = ckpt.params.size() + ckpt.optim.size();
+  MOE_H5(root, H5Pset_meta_block_size(fapl, (16 << 10) + datasets * (4 << 10)));
+  h5::WriteFile file = h5::create_file(file_path, fapl);
+  Provenance stamped = ckpt.provenance;
+  if (stamped.time.empty()) stamped.time = utc_timestamp();
+  write_producer_attrs(file, kCheckpointFormat, kCheckpointVersion, stamped, root);
+  {
+    h5::Group r(MOE_H5(root, H5Gopen2(file, "/", H5P_DEFAULT)));
+    h5::write_string_attr(r, "model_config", ckpt.model_config.dump(), root);
+    h5::write_string_attr(r, "train_config", ckpt.train_config.dump(), root);
+    if (history.is_array() && !history.empty())
+      h5::write_string_attr(r, "history", history.dump(), root);
+  }
+  std::set<std::string> seen;
+  auto check_name = [&](const std::string& name, const char* group) {
+    MOE_CHECK(!name.empty() && name.find('/') == std::string::npos && name != "." && name != ".." &&
+                  seen.insert(str(group, "/", name)).second,
+              root.describe(), ": tensor name '", name, "' in /", group,
+              " is empty, invalid or repeated");
+  };
+  {
+    h5::Group params = h5::create_group(file, "params", root);
+    h5::Where pw = root.at("/params");
+    // Every dataset is created first, in the checkpoint's order (the link order readers list);
+    // non-expert tensors are written whole right away, expert tensors afterwards.
+    std::vector<std::pair<const NamedTensor*, h5::Dataset>> experts;
+    for (const NamedTensor& nt : ckpt.params) {
+      check_name(nt.name, "params");
+      MOE_CHECK(!nt.shard.defined(), root.describe(), ": '", nt.name, "' is a slice");
+      if (nt.expert)
+        experts.emplace_back(&nt, create_expert_dataset(params, nt, pw));
+      else
+        h5::write_tensor(params, nt.name, nt.tensor, false, pw);
+    }
+    // Then each block's experts, expert-major: expert 0 of every tensor of the block, expert 1,
+    // ... so an expert is one run of bytes and a layer one extent.
+    std::vector<bool> done(experts.size(), false);
+    for (size_t i = 0; i < experts.size(); ++i) {
+      if (done[i]) continue;
+      const int64_t block = block_of_name(experts[i].first->name);
+      std::vector<size_t> members;
+      for (size_t j = i; j < experts.size(); ++j)
+        if (!done[j] && block_of_name(experts[j].first->name) == block) members.push_back(j);
+      int64_t count = 0;
+      for (size_t j : members) count = std::max(count, experts[j].first->tensor.dim(0));
+      for (int64_t e = 0; e < count; ++e)
+        for (size_t j : members)
+          if (e < experts[j].first->tensor.dim(0))
+            write_expert_row(experts[j].second, *experts[j].first, e,
+                             pw.at(str("/params/", experts[j].first->name)));
+      for (size_t j : members) done[j] = true;
+    }
+    for (auto& [nt, dataset] : experts) dataset.close(pw.at(str("/params/", nt->name)));
+    params.close(pw);
+  }
+  {
+    h5::Group optim = h5::create_group(file, "optim", root);
+    h5::Where ow = root.at("/optim");
+    for (const NamedTensor& nt : ckpt.optim) {
+      check_name(nt.name, "optim");
+      h5::write_tensor(optim, nt.name, nt.tensor, nt.expert, ow);
+    }
+    optim.close(ow);
+  }
+  {
+    h5::Group state = h5::create_group(file, "state", root);
+    h5::Where w = root.at("/state");
+    h5::write_int_attr(state, "step", ckpt.state.step, w);
+    h5::write_int_attr(state, "tokens_seen", ckpt.state.tokens_seen, w);
+    h5::write_int_attr(state, "data_cursor", ckpt.state.data_cursor, w);
+    h5::write_uint_attr(state, "seed", ckpt.state.seed, w);
+  }
+  {
+    MOE_CHECK(ckpt.sharding.rank < 0, root.describe(), ": a frozen checkpoint is not a shard");
+    h5::Group sharding = h5::create_group(file, "sharding", root);
+    h5::Where w = root.at("/sharding");
+    h5::write_int_attr(sharding, "world_size", ckpt.sharding.world_size, w, H5T_STD_I32LE);
+    h5::write_int_attr(sharding, "ep_size", ckpt.sharding.ep_size, w, H5T_STD_I32LE);
+    h5::write_int32_array_attr(sharding, "expert_rank", ckpt.sharding.expert_rank, w);
+  }
+  MOE_H5(root, H5Fflush(file, H5F_SCOPE_GLOBAL));
+  file.close(root);
+}
+
+}  // namespace
+
+void save_streaming(const std::string& path, const Checkpoint& ckpt,
+                    const nlohmann::json& history) {
+  check_replaceable(path);
+  const std::string temp = str(path, ".tmp-", ::getpid());
+  try {
+    {
+      h5::Session session;
+      write_streaming_file(temp, ckpt, history);
+    }
+    fsync_path(temp, false);
+    rename_into_place(temp, path);
+  } catch (const Error& e) {
+    std::error_code ignored;
+    fs::remove(temp, ignored);
+    throw Error(str("saving checkpoint '", path, "': ", e.what()));
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove(temp, ignored);
+    throw;
+  }
+  fsync_path(parent_directory(path), true);
+}
+
+}  // namespace moe::io
