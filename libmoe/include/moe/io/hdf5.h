@@ -171,9 +171,9 @@ File open_file_readonly(const std::string& path, const char* what = "file");
 // bytes), with the same checks and messages as open_file_readonly; `name` stands for the file in
 // messages ("-" for stdin).
 File open_image(const std::string& bytes, const std::string& name, const char* what = "file");
-// Before reading a dataset: the storage its chunk index claims fits in the file. A damaged chunk
-// record (files of earlier builds index chunks with unchecksummed v1 B-trees) otherwise makes
-// libhdf5 allocate whatever size it holds (2.5 GB seen) before noticing anything.
+// Before reading a dataset of a file of an earlier build (superblock older than version 3): the
+// storage its chunk index claims fits in the file. A damaged record of those unchecksummed v1
+// B-trees otherwise makes libhdf5 allocate whatever size it holds (2.5 GB seen) before noticing.
 void check_storage_fits(hid_t dataset, const Where& where);
 
 // Creates a group whose links remember their creation order (iteration then follows it).
