@@ -11,7 +11,7 @@
 #include "moe/io/trace.h"
 #include "moe/models/transformer.h"
 #include "moe/param.h"
-#include "moe/profile/popularity.h"
+#include "moe/profile/record.h"
 
 namespace moe::fuzz {
 

@@ -4,7 +4,7 @@
 #include "fixtures.h"
 #include "fuzz.h"
 #include "moe/io/trace.h"
-#include "moe/profile/popularity.h"
+#include "moe/profile/paths.h"
 
 namespace {
 

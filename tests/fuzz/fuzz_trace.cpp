@@ -2,7 +2,9 @@
 // what moe-profile summary, paths and plot do with an opened trace.
 #include "fuzz.h"
 #include "moe/io/trace.h"
-#include "moe/profile/popularity.h"
+#include "moe/profile/paths.h"
+#include "moe/profile/plot.h"
+#include "moe/profile/summary.h"
 
 namespace {
 

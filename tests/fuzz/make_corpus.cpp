@@ -14,7 +14,7 @@
 #include "moe/io/checkpoint.h"
 #include "moe/io/dataset.h"
 #include "moe/io/trace.h"
-#include "moe/profile/popularity.h"
+#include "moe/profile/paths.h"
 
 namespace fs = std::filesystem;
 using namespace moe;

@@ -18,7 +18,7 @@
 #include "moe/infer/model.h"
 #include "moe/io/convert.h"
 #include "moe/io/dataset.h"
-#include "moe/profile/popularity.h"
+#include "moe/profile/record.h"
 #include "moe/train/trainer.h"
 #include "support/models.h"
 #include "support/run.h"

@@ -4,7 +4,8 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
-#include "moe/profile/popularity.h"
+#include "moe/profile/paths.h"
+#include "moe/profile/summary.h"
 #include "moe/rng.h"
 #include "support/run.h"
 

@@ -1,6 +1,6 @@
 // moe-profile: record which experts every token takes (HDF5 routing traces), summarise expert
 // popularity, build and check Lina's path-based popularity estimator, plot. The work is in
-// libmoe (moe/io/trace.h, moe/profile/popularity.h).
+// libmoe (moe/io/trace.h, moe/profile/{record,summary,paths,plot}.h).
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -11,7 +11,10 @@
 #include "moe/infer/model.h"
 #include "moe/io/dataset.h"
 #include "moe/log.h"
-#include "moe/profile/popularity.h"
+#include "moe/profile/paths.h"
+#include "moe/profile/plot.h"
+#include "moe/profile/record.h"
+#include "moe/profile/summary.h"
 
 using namespace moe;
 

@@ -11,7 +11,7 @@
 #include "moe/io/checkpoint.h"
 #include "moe/io/output.h"
 #include "moe/log.h"
-#include "moe/profile/popularity.h"
+#include "moe/profile/record.h"
 #include "moe/threads.h"
 #include "moe/train/run_dir.h"
 #ifdef MOE_HAVE_MPI

@@ -19,7 +19,6 @@
 #include "io/convert_internal.h"
 #include "io/files.h"
 #include "moe/io/hdf5.h"
-#include "moe/profile/popularity.h"
 
 namespace moe::io {
 

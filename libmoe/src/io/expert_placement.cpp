@@ -7,7 +7,7 @@
 
 #include "io/convert_internal.h"
 #include "moe/io/convert.h"
-#include "moe/profile/popularity.h"
+#include "moe/profile/summary.h"
 
 namespace moe::io {
 

@@ -21,7 +21,7 @@
 #include "moe/comm/communicator.h"
 #include "moe/models/config.h"
 #include "moe/nn/placement.h"
-#include "moe/profile/popularity.h"
+#include "moe/profile/paths.h"
 
 namespace moe::infer {
 
