@@ -13,6 +13,7 @@
 #include "moe/log.h"
 #include "moe/profile/record.h"
 #include "moe/threads.h"
+#include "moe/train/resume.h"
 #include "moe/train/run_dir.h"
 #ifdef MOE_HAVE_MPI
 #include "moe/comm/mpi.h"
@@ -34,42 +35,16 @@ std::string join_loads(const std::vector<double>& v) {
   return s;
 }
 
-// The config key of a flag: "--d-model" -> "d_model".
-std::string flag_key(const CLI::Option* opt) {
-  std::string key = opt->get_name().substr(2);
-  for (char& c : key)
-    if (c == '-') c = '_';
-  return key == "vocab" ? "vocab_size" : key;
-}
-
-// Model config for this run: from the flags, or from the checkpoint when resuming (flags given
-// explicitly must then agree with it).
-ModelConfig resolve_model(tools::TrainOptions& o, const io::Checkpoint* resume) {
-  ModelConfig m = o.model;
-  m.arch = parse_arch(o.arch);
-  m.dtype = parse_dtype(o.dtype);
-  m.normalize_topk =
-      o.normalize_topk == "auto" ? flavour_of(m).normalize_topk : o.normalize_topk == "on";
-  if (!resume) {
-    m.resolve();
-    return m;
-  }
-  ModelConfig saved = model_config_from_json(resume->model_config);
-  bool explicit_flags = false;
-  for (CLI::Option* opt : o.model_flags) explicit_flags |= opt->count() > 0;
-  if (explicit_flags) {
-    m.resolve();
-    json a = to_json(m), b = to_json(saved);
-    for (CLI::Option* opt : o.model_flags) {
-      if (!opt->count()) continue;
-      std::string key = flag_key(opt);
-      if (a.contains(key) && a[key] != b[key])
-        throw UsageError(str("--", opt->get_name().substr(2), " ", a[key].dump(),
-                             " contradicts the checkpoint's ", b[key].dump(),
-                             " (a resumed run keeps its model)"));
-    }
-  }
-  return saved;
+// The model and training flags given explicitly (a resumed run reconciles them with its
+// checkpoint).
+train::GivenFlags given_flags(const tools::TrainOptions& o, CLI::App& app) {
+  train::GivenFlags given;
+  for (const CLI::Option* opt : o.model_flags)
+    if (opt->count()) given.model.push_back(opt->get_name());
+  for (const CLI::Option* opt : o.train_flags)
+    if (opt->count()) given.train.push_back(opt->get_name());
+  given.seed = app.get_option("--seed")->count() > 0;
+  return given;
 }
 
 // Every rank agrees on a stop: a signal may reach ranks at different steps, and saving is
@@ -91,31 +66,24 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
     if (log_level() > LogLevel::warn) set_log_level(LogLevel::warn);
   }
   std::unique_ptr<io::Checkpoint> resume;
-  train::TrainConfig tc = o.train;
-  tc.seed = o.common.seed;
   const bool sharded_resume = !o.resume.empty() && std::filesystem::is_directory(o.resume);
   if (!o.resume.empty()) {
     // A sharded checkpoint is a directory; its rank-00000.h5 holds the configurations.
     resume = std::make_unique<io::Checkpoint>(io::load_checkpoint(
         sharded_resume ? (std::filesystem::path(o.resume) / "rank-00000.h5").string() : o.resume,
         !sharded_resume));
-    // The checkpoint's training config, overridden by flags given now.
-    train::TrainConfig given = tc;
-    tc = train::train_config_from_json(resume->train_config);
-    json now = train::to_json(given), merged = train::to_json(tc);
-    for (CLI::Option* opt : o.train_flags) {
-      if (!opt->count()) continue;
-      std::string key = flag_key(opt);
-      if (now.contains(key)) merged[key] = now[key];
-    }
-    CLI::Option* seed = app.get_option("--seed");
-    if (seed->count() && given.seed != tc.seed)
-      throw UsageError(str("--seed ", given.seed, " contradicts the checkpoint's seed ", tc.seed));
-    tc = train::train_config_from_json(merged, tc);
   }
-  if (tc.data.empty()) throw UsageError("--data is required (the text or token file to train on)");
-
-  ModelConfig mc = resolve_model(o, resume.get());
+  ModelConfig flags_model = o.model;
+  flags_model.arch = parse_arch(o.arch);
+  flags_model.dtype = parse_dtype(o.dtype);
+  flags_model.normalize_topk = o.normalize_topk == "auto" ? flavour_of(flags_model).normalize_topk
+                                                          : o.normalize_topk == "on";
+  train::TrainConfig flags_train = o.train;
+  flags_train.seed = o.common.seed;
+  train::RunConfig run =
+      train::resume_config(resume.get(), flags_model, flags_train, given_flags(o, app));
+  ModelConfig& mc = run.model;
+  const train::TrainConfig& tc = run.train;
   // One run per directory: checked after the flags, before any work, on every rank (they all
   // see the same --out).
   train::check_run_directory(o.out, o.resume, o.force);

@@ -1,0 +1,40 @@
+// The configuration of a training run: from the command line, or, when the run resumes, from the
+// checkpoint it resumes reconciled with the flags given now. moe-train's rules, as a library call
+// so that every program starting or resuming a run applies the same ones.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "moe/io/checkpoint.h"
+#include "moe/models/config.h"
+#include "moe/train/trainer.h"
+
+namespace moe::train {
+
+struct RunConfig {
+  ModelConfig model;
+  TrainConfig train;
+};
+
+// The flags given explicitly on the command line, by their names ("--d-model", "--lr"): a flag
+// left at its default says nothing, one given says what the user wants.
+struct GivenFlags {
+  std::vector<std::string> model;  // flags of the model config ("--vocab" is vocab_size)
+  std::vector<std::string> train;  // flags of the training config
+  bool seed = false;               // --seed
+};
+
+// The run's configs. `model` and `train` are what the flags say (the model's arch, dtype and
+// normalize_topk already parsed; train.seed = --seed).
+//   Fresh run (`resume` null): the model is resolved (ModelConfig::resolve); train as given.
+//   Resumed run: the checkpoint's training config, each training flag given now overriding its
+//   key (a longer --steps, another --data); --seed given must equal the checkpoint's seed. The
+//   model is the checkpoint's (a resumed run keeps its model): a model flag given must agree
+//   with it.
+// Either way the run needs data. UsageError names the flag: "--seed 7 contradicts the
+// checkpoint's seed 1234", "--d-model 64 contradicts the checkpoint's 32 (a resumed run keeps
+// its model)", "--data is required (the text or token file to train on)".
+RunConfig resume_config(const io::Checkpoint* resume, ModelConfig model, TrainConfig train,
+                        const GivenFlags& given);
+
+}  // namespace moe::train
