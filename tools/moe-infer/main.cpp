@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -13,14 +12,11 @@
 
 #include "common/cli.h"
 #include "moe/comm/communicator.h"
-#include "moe/comm/hierarchical_a2a.h"
-#include "moe/comm/nccl.h"
 #include "moe/cuda.h"
-#include "moe/infer/expert_ring.h"
+#include "moe/infer/engine.h"
 #include "moe/infer/generate.h"
-#include "moe/infer/model.h"
-#include "moe/infer/placement.h"
 #include "moe/infer/prompts.h"
+#include "moe/infer/score.h"
 #include "moe/io/dataset.h"
 #include "moe/log.h"
 #include "moe/timer.h"
@@ -42,103 +38,25 @@ std::string dump(const json& j) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);  // completions may cut UTF-8
 }
 
-// The model, with its experts resident, streamed through a ring when a budget is given, or spread
-// over the MPI ranks with --ep (each rank holds E/R experts of every layer).
-struct Engine {
-  Device device;
-  std::unique_ptr<comm::Communicator> world;
-  std::unique_ptr<comm::Communicator> nccl;  // --ep on GPUs: the expert exchange
-  std::unique_ptr<comm::AllToAllV> exchange;
-  nn::Parallel parallel;
-  infer::LoadedModel loaded;
-  std::unique_ptr<infer::ExpertRing> ring;
-  std::unique_ptr<infer::LinaPlacement> placement;  // --popularity
-  const BlockHooks* hooks() const { return ring ? &ring->hooks() : nullptr; }
-  int ranks() const { return world ? world->size() : 1; }
-  int rank() const { return world ? world->rank() : 0; }
-};
-
-std::unique_ptr<Engine> open_engine(const Options& o, std::unique_ptr<comm::Communicator> world) {
-  auto engine = std::make_unique<Engine>();
-  Engine& e = *engine;
-  e.device = tools::resolve_device(o.device, world.get());
-  if (e.device.kind == Device::cuda)
-    MOE_LOG_INFO("device: ", e.device.str(), " (", cuda::device_name(e.device.index), ")");
-  if (o.ep > 1) {
-    if (world->size() != o.ep)
-      throw UsageError(str("--ep ", o.ep, " needs ", o.ep, " ranks (mpiexec -n ", o.ep,
-                           "); this run has ", world->size()));
-    if (!o.budget.empty()) throw UsageError("--expert-budget and --ep cannot be combined yet");
-    if (!o.popularity.empty() && e.device.kind != Device::cpu)
-      throw UsageError(
-          str("--popularity runs with --device cpu only (the placement reads each "
-              "batch's routing on the host); this run has --device ",
-              o.device));
-    e.world = std::move(world);
-    comm::Communicator* experts = e.world.get();
-#ifdef MOE_HAVE_CUDA
-    if (e.device.kind == Device::cuda) {  // the exchange moves device rows: NCCL
-      e.nccl = comm::make_nccl(*e.world, comm::NcclOptions{e.device.index, 0});
-      experts = e.nccl.get();
-    }
-#endif
-    e.exchange = std::make_unique<comm::AllToAllV>(*experts, comm::A2AAlgorithm::flat);
-    e.parallel.experts = experts;
-    e.parallel.exchange = e.exchange.get();
-    if (!o.popularity.empty()) {  // every rank holds every expert; Lina places them per batch
-      const ModelConfig mc = model_config_from_json(io::read_model_config(o.model));
-      try {
-        e.placement =
-            std::make_unique<infer::LinaPlacement>(profile::load_paths(o.popularity), mc, *e.world);
-      } catch (const Error& ex) {
-        throw Error(str("--popularity '", o.popularity, "' does not fit model '", o.model,
-                        "': ", ex.what()));
-      }
-      e.parallel.placement = e.placement.get();
-    }
-    e.loaded = infer::load_model(o.model, true, &e.parallel);
-    e.loaded.params->to(e.device);
-    return engine;
-  }
-  if (!o.popularity.empty())
-    throw UsageError(
-        "--popularity places experts over expert-parallel ranks: it needs --ep R "
-        "under mpiexec -n R (R > 1)");
-  if (world && world->size() > 1)
-    throw UsageError(str("moe-infer runs on one rank unless --ep ", world->size(),
-                         " spreads the experts over the ", world->size(), " ranks"));
-  e.loaded = infer::load_model(o.model, o.budget.empty());
-  if (!o.budget.empty()) {
-    infer::RingConfig rc;
-    int64_t total = 0;
-    for (const Param* p : std::as_const(*e.loaded.params).all())
-      if (p->expert) total += p->value.numel() * 4;  // fp32 in the ring
-    rc.budget_bytes = infer::parse_budget(o.budget, total);
-    rc.device = e.device;  // slots on the GPU, filled from pinned staging by a copy stream
-    e.ring = std::make_unique<infer::ExpertRing>(*e.loaded.model, *e.loaded.params, o.model, rc);
-    MOE_LOG_INFO("expert ring: ", e.ring->slots(), " slots for ", e.ring->expert_bytes(),
-                 " expert bytes (budget ", rc.budget_bytes, " bytes)");
-  }
-  e.loaded.params->to(e.device);  // with a ring: the non-expert parameters (the slots are there)
-  return engine;
-}
-
-// Windows [first, first + count) of the file (window w: tokens w*T .. w*T+T, as training
-// evaluation cuts them): ids and targets [count, T].
-void windows_of(const std::vector<int32_t>& tokens, int64_t seq, int64_t first, int64_t count,
-                Tensor& ids, Tensor& targets) {
-  ids = Tensor::empty({count, seq}, DType::i32);
-  targets = Tensor::empty({count, seq}, DType::i32);
-  for (int64_t w = 0; w < count; ++w) {
-    const int32_t* src = tokens.data() + (first + w) * seq;
-    std::copy(src, src + seq, ids.data<int32_t>() + w * seq);
-    std::copy(src + 1, src + seq + 1, targets.data<int32_t>() + w * seq);
-  }
+// The device first: a machine without a usable GPU is told so before any work.
+std::unique_ptr<infer::Engine> open_engine(const Options& o,
+                                           std::unique_ptr<comm::Communicator> world) {
+  infer::EngineOptions options;
+  options.device = tools::resolve_device(o.device, world.get());
+  if (options.device.kind == Device::cuda)
+    MOE_LOG_INFO("device: ", options.device.str(), " (", cuda::device_name(options.device.index),
+                 ")");
+  options.device_flag = o.device;
+  options.model = o.model;
+  options.budget = o.budget;
+  options.ep = o.ep;
+  options.popularity = o.popularity;
+  return infer::Engine::open(options, std::move(world));
 }
 
 // Rank 0: batch latency percentiles and, with --popularity, per-layer rank load with and without
 // the placement (stderr).
-void report_batches(const Engine& e, std::vector<double> seconds, bool quiet) {
+void report_batches(const infer::Engine& e, std::vector<double> seconds, bool quiet) {
   if (quiet || e.rank() != 0 || seconds.empty()) return;
   std::sort(seconds.begin(), seconds.end());
   auto pct = [&](double q) {  // nearest rank
@@ -147,20 +65,20 @@ void report_batches(const Engine& e, std::vector<double> seconds, bool quiet) {
   };
   std::fprintf(stderr, "moe-infer: %zu batches, latency p50 %.2f ms, p95 %.2f ms\n", seconds.size(),
                pct(0.50), pct(0.95));
-  if (!e.placement) return;
+  if (!e.placement()) return;
   std::fprintf(stderr,
                "moe-infer: placement\tblock\tbatches\treplans\tstatic_max_over_mean\t"
                "estimated_max_over_mean\tplaced_max_over_mean\tmax_replicas\n");
-  for (const infer::PlacementLayerStats& s : e.placement->stats())
+  for (const infer::PlacementLayerStats& s : e.placement()->stats())
     std::fprintf(stderr, "moe-infer: placement\t%lld\t%lld\t%lld\t%.3f\t%.3f\t%.3f\t%.2f\n",
                  static_cast<long long>(s.block), static_cast<long long>(s.batches),
                  static_cast<long long>(s.replans), s.static_max_over_mean,
                  s.estimated_max_over_mean, s.placed_max_over_mean, s.mean_max_replicas);
 }
 
-void report_ring(const Engine& e) {
-  if (!e.ring) return;
-  infer::RingStats s = e.ring->stats();
+void report_ring(const infer::Engine& e) {
+  if (!e.ring()) return;
+  infer::RingStats s = e.ring()->stats();
   char line[256];
   std::snprintf(line, sizeof line,
                 "expert ring: compute %.3f s, load %.3f s, compute waited %.3f s, overlap %.1f%%, "
@@ -172,85 +90,39 @@ void report_ring(const Engine& e) {
 }
 
 int score(Options& o, std::unique_ptr<comm::Communicator> world) {
-  std::unique_ptr<Engine> engine = open_engine(o, std::move(world));
-  Engine& e = *engine;
-  const ModelConfig& mc = e.loaded.config;
-  const int R = e.ranks(), r = e.rank();
-  std::vector<int32_t> tokens = io::load_tokens(o.data, io::parse_token_format(o.data_format));
-  io::check_tokens_fit(tokens, mc.vocab_size, o.data);
-  if (static_cast<int64_t>(tokens.size()) < mc.seq + 1)
-    throw Error(str(o.data, ": ", tokens.size(), " tokens, fewer than one sequence of ", mc.seq + 1,
-                    " (the model's context + 1)"));
-  int64_t total = (static_cast<int64_t>(tokens.size()) - 1) / mc.seq;
-  if (o.max_sequences > 0) total = std::min(total, o.max_sequences);
+  std::unique_ptr<infer::Engine> engine = open_engine(o, std::move(world));
+  const infer::Engine& e = *engine;
   std::unique_ptr<tools::OutputStream> out;
-  if (r == 0) out = std::make_unique<tools::OutputStream>(o.out);
-  tools::Progress progress(o.common.quiet || r != 0);
-  Arena arena;
-  EvalOptions eval;
-  eval.hooks = e.hooks();
-  double nll_sum = 0;
-  int64_t predicted = 0;
-  Timer timer;
-  // Each round takes batch x R windows; rank r computes its contiguous share (under --ep every
-  // rank must run every forward pass, so a rank without windows computes window 0 and drops it).
-  std::vector<double> batch_seconds;
-  for (int64_t done = 0; done < total;) {
-    Timer batch_timer;
-    const int64_t round = std::min(o.batch * R, total - done);
-    const int64_t per = (round + R - 1) / R;
-    const int64_t begin = std::min(round, r * per), mine = std::min(round, (r + 1) * per) - begin;
-    std::vector<double> sums(static_cast<size_t>(mine));
-    {
-      ArenaScope scope(arena);
-      Tensor ids, targets, row_nll;
-      windows_of(tokens, mc.seq, mine ? done + begin : 0, std::max<int64_t>(mine, 1), ids, targets);
-      eval.row_nll = &row_nll;
-      e.loaded.model->evaluate(ids.to(e.device), targets.to(e.device), eval);
-      row_nll = row_nll.to(Device{});
-      const float* nll = row_nll.data<float>();
-      for (int64_t s = 0; s < mine; ++s) {
-        double sum = 0;
-        for (int64_t t = 0; t < mc.seq; ++t) sum += nll[s * mc.seq + t];
-        sums[static_cast<size_t>(s)] = sum;
-      }
-    }
-    arena.reset();
-    if (R > 1) {  // rank 0 gathers the round's sums (as their bits), in window order
-      std::vector<int64_t> counts(static_cast<size_t>(R));
-      for (int q = 0; q < R; ++q)
-        counts[static_cast<size_t>(q)] = std::min(round, (q + 1) * per) - std::min(round, q * per);
-      Tensor send = Tensor::empty({mine}, DType::i64), all = Tensor::empty({round}, DType::i64);
-      if (mine > 0) std::memcpy(send.raw(), sums.data(), sums.size() * sizeof(double));
-      e.world->all_gatherv(send, all, counts);
-      sums.resize(static_cast<size_t>(round));
-      std::memcpy(sums.data(), all.raw(), sums.size() * sizeof(double));
-    }
-    for (size_t s = 0; s < sums.size() && out; ++s) {
-      nll_sum += sums[s];
-      predicted += mc.seq;
-      const double mean = sums[s] / double(mc.seq);
-      out->write_line(dump(json{{"index", done + static_cast<int64_t>(s)},
-                                {"tokens", mc.seq},
-                                {"logprob_sum", -sums[s]},
-                                {"nll_mean", mean},
-                                {"ppl", std::exp(mean)}}));
-    }
-    done += round;
-    batch_seconds.push_back(batch_timer.seconds());
+  tools::Progress progress(o.common.quiet || e.rank() != 0);
+  infer::ScoreCallbacks callbacks;
+  callbacks.start = [&](int64_t) {
+    if (e.rank() == 0) out = std::make_unique<tools::OutputStream>(o.out);
+  };
+  callbacks.sequence = [&](const infer::SequenceScore& s) {
+    const double mean = s.nll_sum / double(s.tokens);
+    out->write_line(dump(json{{"index", s.index},
+                              {"tokens", s.tokens},
+                              {"logprob_sum", -s.nll_sum},
+                              {"nll_mean", mean},
+                              {"ppl", std::exp(mean)}}));
+  };
+  callbacks.progress = [&](int64_t done, int64_t total) {
     progress.live(str("score: ", done, "/", total, " sequences"));
-  }
+  };
+  const infer::ScoreSummary summary = infer::score(
+      e, infer::ScoreOptions{o.data, o.data_format, o.batch, o.max_sequences}, callbacks);
   progress.finish();
   if (!out) return 0;
   out->close();
-  const double mean = nll_sum / double(std::max<int64_t>(1, predicted));
+  const double mean = summary.nll_sum / double(std::max<int64_t>(1, summary.predicted));
   char line[200];
   std::snprintf(line, sizeof line,
                 "%lld sequences, %lld predicted tokens: nll_mean %.6f, ppl %.4f, %.0f tokens/s",
-                static_cast<long long>(total), static_cast<long long>(predicted), mean,
-                std::exp(mean), double(predicted) / std::max(timer.seconds(), 1e-9));
+                static_cast<long long>(summary.sequences),
+                static_cast<long long>(summary.predicted), mean, std::exp(mean),
+                double(summary.predicted) / std::max(summary.seconds, 1e-9));
   if (!o.common.quiet) std::fprintf(stderr, "moe-infer score: %s\n", line);
-  report_batches(e, batch_seconds, o.common.quiet);
+  report_batches(e, summary.batch_seconds, o.common.quiet);
   report_ring(e);
   return 0;
 }
@@ -266,9 +138,9 @@ std::vector<Prompt> read_prompts(const Options& o, const ModelConfig& mc) {
 
 int generate(Options& o, std::unique_ptr<comm::Communicator> world) {
   if (o.ep > 1) throw UsageError("--ep: generate runs on one rank for now (score spreads experts)");
-  std::unique_ptr<Engine> engine = open_engine(o, std::move(world));
-  Engine& e = *engine;
-  const ModelConfig& mc = e.loaded.config;
+  std::unique_ptr<infer::Engine> engine = open_engine(o, std::move(world));
+  const infer::Engine& e = *engine;
+  const ModelConfig& mc = e.config();
   std::vector<Prompt> prompts = read_prompts(o, mc);
   // Prompts with the same sampling settings are generated together; outputs keep input order.
   auto key = [](const infer::SamplingConfig& s) {
@@ -284,8 +156,7 @@ int generate(Options& o, std::unique_ptr<comm::Communicator> world) {
     for (size_t i : members) batch.push_back(prompts[i].tokens);
     infer::SamplingConfig s = prompts[members.front()].sampling;
     s.seed = o.common.seed;
-    std::vector<infer::Generation> out =
-        infer::generate(*e.loaded.model, batch, s, o.batch, e.hooks());
+    std::vector<infer::Generation> out = infer::generate(e.model(), batch, s, o.batch, e.hooks());
     for (size_t j = 0; j < members.size(); ++j) {
       generated += static_cast<int64_t>(out[j].tokens.size());
       results[members[j]] = std::move(out[j]);

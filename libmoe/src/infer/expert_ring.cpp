@@ -643,4 +643,11 @@ int64_t parse_budget(const std::string& text, int64_t total_expert_bytes) {
   return static_cast<int64_t>(std::floor(bytes));
 }
 
+int64_t ring_expert_bytes(const ParamSet& params) {
+  int64_t total = 0;
+  for (const Param* p : params.all())
+    if (p->expert) total += p->value.numel() * 4;  // fp32 in the ring
+  return total;
+}
+
 }  // namespace moe::infer

@@ -110,4 +110,8 @@ class ExpertRing {
 // UsageError naming --expert-budget otherwise (empty, negative, not a number, unknown unit).
 int64_t parse_budget(const std::string& text, int64_t total_expert_bytes);
 
+// Every expert tensor of `params` in fp32 (as a ring holds them): what a budget given as a share
+// ("25%") is a share of, known before the ring is built.
+int64_t ring_expert_bytes(const ParamSet& params);
+
 }  // namespace moe::infer

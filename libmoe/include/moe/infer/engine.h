@@ -1,0 +1,65 @@
+// An inference engine: a checkpoint opened for forward passes, with its experts resident, streamed
+// through an expert ring (MoESys) under a memory budget, or spread over the ranks of an
+// expert-parallel group (optionally placed by Lina's popularity estimator). moe-infer opens one
+// from its flags; scoring (moe/infer/score.h) and generation (moe/infer/generate.h) run on it.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "moe/comm/communicator.h"
+#include "moe/comm/hierarchical_a2a.h"
+#include "moe/device.h"
+#include "moe/infer/expert_ring.h"
+#include "moe/infer/model.h"
+#include "moe/infer/placement.h"
+
+namespace moe::infer {
+
+struct EngineOptions {
+  std::string model;                // checkpoint file
+  Device device;                    // resolved by the caller (it makes the device current)
+  std::string device_flag = "cpu";  // the --device text, for messages
+  // Resident expert memory (parse_budget: "512MiB", "25%"); empty: every expert resident.
+  std::string budget;
+  int64_t ep = 1;          // > 1: the experts of every MoE layer spread over the world's ep ranks
+  std::string popularity;  // with ep > 1: a path table (moe-profile paths) placing the experts
+};
+
+// The model, with its experts resident, streamed through a ring when a budget is given, or spread
+// over the MPI ranks with ep (each rank holds E/R experts of every layer).
+class Engine {
+ public:
+  // Checks the options against the world (UsageError naming the flag: --ep R needs R ranks,
+  // --expert-budget and --ep cannot be combined, --popularity needs --ep and the CPU, one rank
+  // unless --ep), then loads the model onto options.device. The world is kept only with ep > 1.
+  // Under ep on CUDA the expert exchange runs over NCCL (bootstrapped over the world).
+  // Logs the ring's slots when a budget is given.
+  static std::unique_ptr<Engine> open(const EngineOptions& options,
+                                      std::unique_ptr<comm::Communicator> world);
+  ~Engine();
+
+  const ModelConfig& config() const { return loaded_.config; }
+  const Transformer& model() const { return *loaded_.model; }
+  const Device& device() const { return device_; }
+  // Pass to forward passes (EvalOptions::hooks, generate): the ring's, or none.
+  const BlockHooks* hooks() const { return ring_ ? &ring_->hooks() : nullptr; }
+  const ExpertRing* ring() const { return ring_.get(); }
+  const LinaPlacement* placement() const { return placement_.get(); }
+  // The expert-parallel world (null on one rank).
+  comm::Communicator* world() const { return world_.get(); }
+  int ranks() const { return world_ ? world_->size() : 1; }
+  int rank() const { return world_ ? world_->rank() : 0; }
+
+ private:
+  Engine() = default;
+  Device device_;
+  std::unique_ptr<comm::Communicator> world_;
+  std::unique_ptr<comm::Communicator> nccl_;  // ep on GPUs: the expert exchange
+  std::unique_ptr<comm::AllToAllV> exchange_;
+  nn::Parallel parallel_;
+  LoadedModel loaded_;
+  std::unique_ptr<ExpertRing> ring_;
+  std::unique_ptr<LinaPlacement> placement_;  // options.popularity
+};
+
+}  // namespace moe::infer

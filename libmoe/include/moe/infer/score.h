@@ -1,0 +1,48 @@
+// Scoring a token file with an inference engine: the log-likelihood of every window of the
+// model's context, as training evaluation cuts them (moe-infer score).
+//
+// Shapes: T the model's context, R ranks of the engine, B windows per rank and forward pass.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "moe/infer/engine.h"
+
+namespace moe::infer {
+
+struct ScoreOptions {
+  std::string data, data_format = "auto";  // text or .u16/.u32 token file (io::load_tokens)
+  int64_t batch = 8;                       // B
+  int64_t max_sequences = 0;               // 0: every window of the file
+};
+
+// One window w: tokens w*T .. w*T+T predicting w*T+1 .. w*T+T+1.
+struct SequenceScore {
+  int64_t index = 0, tokens = 0;
+  double nll_sum = 0;  // summed over the window's T predicted tokens, in position order
+};
+
+struct ScoreCallbacks {
+  std::function<void(int64_t total)> start;  // the windows to score, once the data is checked
+  std::function<void(const SequenceScore&)> sequence;         // rank 0, in window order
+  std::function<void(int64_t done, int64_t total)> progress;  // after each round
+};
+
+struct ScoreSummary {
+  int64_t sequences = 0;              // windows scored
+  int64_t predicted = 0;              // tokens predicted (rank 0's count; 0 on other ranks)
+  double nll_sum = 0;                 // over them (rank 0)
+  double seconds = 0;                 // from the first round to the last
+  std::vector<double> batch_seconds;  // per round
+};
+
+// Scores the windows of options.data. Each round takes B x R windows; rank r computes its
+// contiguous share and rank 0 gathers the sums (as their bits, so they are the ones one rank
+// computes). Collective over the engine's world. Error naming the file when its tokens do not fit
+// the model's vocabulary or make less than one window of T + 1.
+ScoreSummary score(const Engine& engine, const ScoreOptions& options,
+                   const ScoreCallbacks& callbacks);
+
+}  // namespace moe::infer

@@ -1,0 +1,76 @@
+#include "moe/infer/engine.h"
+
+#include <utility>
+
+#include "moe/comm/nccl.h"
+#include "moe/error.h"
+#include "moe/io/checkpoint.h"
+#include "moe/log.h"
+#include "moe/profile/paths.h"
+
+namespace moe::infer {
+
+Engine::~Engine() = default;
+
+std::unique_ptr<Engine> Engine::open(const EngineOptions& o,
+                                     std::unique_ptr<comm::Communicator> world) {
+  std::unique_ptr<Engine> engine(new Engine());
+  Engine& e = *engine;
+  e.device_ = o.device;
+  if (o.ep > 1) {
+    if (world->size() != o.ep)
+      throw UsageError(str("--ep ", o.ep, " needs ", o.ep, " ranks (mpiexec -n ", o.ep,
+                           "); this run has ", world->size()));
+    if (!o.budget.empty()) throw UsageError("--expert-budget and --ep cannot be combined yet");
+    if (!o.popularity.empty() && e.device_.kind != Device::cpu)
+      throw UsageError(
+          str("--popularity runs with --device cpu only (the placement reads each "
+              "batch's routing on the host); this run has --device ",
+              o.device_flag));
+    e.world_ = std::move(world);
+    comm::Communicator* experts = e.world_.get();
+#ifdef MOE_HAVE_CUDA
+    if (e.device_.kind == Device::cuda) {  // the exchange moves device rows: NCCL
+      e.nccl_ = comm::make_nccl(*e.world_, comm::NcclOptions{e.device_.index, 0});
+      experts = e.nccl_.get();
+    }
+#endif
+    e.exchange_ = std::make_unique<comm::AllToAllV>(*experts, comm::A2AAlgorithm::flat);
+    e.parallel_.experts = experts;
+    e.parallel_.exchange = e.exchange_.get();
+    if (!o.popularity.empty()) {  // every rank holds every expert; Lina places them per batch
+      const ModelConfig mc = model_config_from_json(io::read_model_config(o.model));
+      try {
+        e.placement_ =
+            std::make_unique<LinaPlacement>(profile::load_paths(o.popularity), mc, *e.world_);
+      } catch (const Error& ex) {
+        throw Error(str("--popularity '", o.popularity, "' does not fit model '", o.model,
+                        "': ", ex.what()));
+      }
+      e.parallel_.placement = e.placement_.get();
+    }
+    e.loaded_ = load_model(o.model, true, &e.parallel_);
+    e.loaded_.params->to(e.device_);
+    return engine;
+  }
+  if (!o.popularity.empty())
+    throw UsageError(
+        "--popularity places experts over expert-parallel ranks: it needs --ep R "
+        "under mpiexec -n R (R > 1)");
+  if (world && world->size() > 1)
+    throw UsageError(str("moe-infer runs on one rank unless --ep ", world->size(),
+                         " spreads the experts over the ", world->size(), " ranks"));
+  e.loaded_ = load_model(o.model, o.budget.empty());
+  if (!o.budget.empty()) {
+    RingConfig rc;
+    rc.budget_bytes = parse_budget(o.budget, ring_expert_bytes(*e.loaded_.params));
+    rc.device = e.device_;  // slots on the GPU, filled from pinned staging by a copy stream
+    e.ring_ = std::make_unique<ExpertRing>(*e.loaded_.model, *e.loaded_.params, o.model, rc);
+    MOE_LOG_INFO("expert ring: ", e.ring_->slots(), " slots for ", e.ring_->expert_bytes(),
+                 " expert bytes (budget ", rc.budget_bytes, " bytes)");
+  }
+  e.loaded_.params->to(e.device_);  // with a ring: the non-expert parameters (the slots are there)
+  return engine;
+}
+
+}  // namespace moe::infer

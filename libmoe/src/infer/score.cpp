@@ -1,0 +1,94 @@
+// Shapes: T the model's context, R ranks, B windows per rank and forward pass.
+#include "moe/infer/score.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "moe/arena.h"
+#include "moe/io/dataset.h"
+#include "moe/timer.h"
+
+namespace moe::infer {
+
+namespace {
+
+// Windows [first, first + count) of the file (window w: tokens w*T .. w*T+T, as training
+// evaluation cuts them): ids and targets [count, T].
+void windows_of(const std::vector<int32_t>& tokens, int64_t seq, int64_t first, int64_t count,
+                Tensor& ids, Tensor& targets) {
+  ids = Tensor::empty({count, seq}, DType::i32);
+  targets = Tensor::empty({count, seq}, DType::i32);
+  for (int64_t w = 0; w < count; ++w) {
+    const int32_t* src = tokens.data() + (first + w) * seq;
+    std::copy(src, src + seq, ids.data<int32_t>() + w * seq);
+    std::copy(src + 1, src + seq + 1, targets.data<int32_t>() + w * seq);
+  }
+}
+
+}  // namespace
+
+ScoreSummary score(const Engine& e, const ScoreOptions& o, const ScoreCallbacks& callbacks) {
+  const ModelConfig& mc = e.config();
+  const int R = e.ranks(), r = e.rank();
+  std::vector<int32_t> tokens = io::load_tokens(o.data, io::parse_token_format(o.data_format));
+  io::check_tokens_fit(tokens, mc.vocab_size, o.data);
+  if (static_cast<int64_t>(tokens.size()) < mc.seq + 1)
+    throw Error(str(o.data, ": ", tokens.size(), " tokens, fewer than one sequence of ", mc.seq + 1,
+                    " (the model's context + 1)"));
+  int64_t total = (static_cast<int64_t>(tokens.size()) - 1) / mc.seq;
+  if (o.max_sequences > 0) total = std::min(total, o.max_sequences);
+  if (callbacks.start) callbacks.start(total);
+  ScoreSummary summary;
+  summary.sequences = total;
+  Arena arena;
+  EvalOptions eval;
+  eval.hooks = e.hooks();
+  Timer timer;
+  // Each round takes batch x R windows; rank r computes its contiguous share (under --ep every
+  // rank must run every forward pass, so a rank without windows computes window 0 and drops it).
+  for (int64_t done = 0; done < total;) {
+    Timer batch_timer;
+    const int64_t round = std::min(o.batch * R, total - done);
+    const int64_t per = (round + R - 1) / R;
+    const int64_t begin = std::min(round, r * per), mine = std::min(round, (r + 1) * per) - begin;
+    std::vector<double> sums(static_cast<size_t>(mine));
+    {
+      ArenaScope scope(arena);
+      Tensor ids, targets, row_nll;
+      windows_of(tokens, mc.seq, mine ? done + begin : 0, std::max<int64_t>(mine, 1), ids, targets);
+      eval.row_nll = &row_nll;
+      e.model().evaluate(ids.to(e.device()), targets.to(e.device()), eval);
+      row_nll = row_nll.to(Device{});
+      const float* nll = row_nll.data<float>();
+      for (int64_t s = 0; s < mine; ++s) {
+        double sum = 0;
+        for (int64_t t = 0; t < mc.seq; ++t) sum += nll[s * mc.seq + t];
+        sums[static_cast<size_t>(s)] = sum;
+      }
+    }
+    arena.reset();
+    if (R > 1) {  // rank 0 gathers the round's sums (as their bits), in window order
+      std::vector<int64_t> counts(static_cast<size_t>(R));
+      for (int q = 0; q < R; ++q)
+        counts[static_cast<size_t>(q)] = std::min(round, (q + 1) * per) - std::min(round, q * per);
+      Tensor send = Tensor::empty({mine}, DType::i64), all = Tensor::empty({round}, DType::i64);
+      if (mine > 0) std::memcpy(send.raw(), sums.data(), sums.size() * sizeof(double));
+      e.world()->all_gatherv(send, all, counts);
+      sums.resize(static_cast<size_t>(round));
+      std::memcpy(sums.data(), all.raw(), sums.size() * sizeof(double));
+    }
+    for (size_t s = 0; s < sums.size() && r == 0; ++s) {
+      summary.nll_sum += sums[s];
+      summary.predicted += mc.seq;
+      if (callbacks.sequence)
+        callbacks.sequence(SequenceScore{done + static_cast<int64_t>(s), mc.seq, sums[s]});
+    }
+    done += round;
+    summary.batch_seconds.push_back(batch_timer.seconds());
+    if (callbacks.progress) callbacks.progress(done, total);
+  }
+  summary.seconds = timer.seconds();
+  return summary;
+}
+
+}  // namespace moe::infer
