@@ -20,7 +20,8 @@ struct DispatchPlan {
   Tensor slot_of;         // [N*k] i32: slot of token t's j-th choice (t*k + j), -1 = dropped
   Tensor token_of_slot;   // [M] i32
   Tensor weight_of_slot;  // [M] f32 gate weight used by combine
-  // [R] rows to send to / receive from each rank for expert parallelism (later issue); empty now
+  // [R] rows this rank sends to / receives from each rank of the expert-parallel group, filled
+  // by the MoE layer's expert exchange (MoELayer, nn/moe_layer.cpp); empty on one rank.
   std::vector<int64_t> send_counts, recv_counts;
 
   int64_t num_slots() const;  // M
