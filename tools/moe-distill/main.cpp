@@ -12,6 +12,7 @@
 #include "moe/threads.h"
 #include "moe/train/distill.h"
 #include "moe/train/run_dir.h"
+#include "moe/train/run_loop.h"
 
 using namespace moe;
 using nlohmann::json;
@@ -176,56 +177,48 @@ int run(DistillOptions& o, int argc, char** argv) {
   std::unique_ptr<tools::OutputStream> metrics;
   if (!o.metrics.empty()) metrics = std::make_unique<tools::OutputStream>(o.metrics);
   tools::Progress progress(o.common.quiet);
-  tools::install_stop_handler();
-  std::string last_saved;
-  double student_val = NAN;
-  while (trainer.steps_done() < tc.steps) {
-    if (tools::stop_requested()) {
-      progress.finish();
-      if (trainer.steps_done() > 0) {
-        last_saved = distiller.save(o.out);
-        MOE_LOG_WARN("stopped by signal ", tools::stop_signal(), " at step ", trainer.steps_done(),
-                     "; saved ", last_saved);
-      }
-      if (metrics) metrics->close();
-      return 128 + (tools::stop_signal() ? tools::stop_signal() : SIGTERM);
-    }
-    train::DistillStep d = distiller.step();
-    const train::StepStats& s = d.train;
-    const bool last = s.step == tc.steps;
-    const bool do_eval = last || (o.eval_every > 0 && s.step % o.eval_every == 0);
-    const double val = do_eval ? distiller.evaluate() : NAN;
-    if (do_eval) student_val = val;
-    std::string text = str("step ", s.step, "/", tc.steps, " | loss ", fixed(s.forward.loss),
-                           " | ce ", fixed(d.ce));
-    if (std::isfinite(d.kd)) text += str(" | kd ", fixed(d.kd));
-    text += str(" | kd weight ", fixed(d.kd_weight, 3), " | lr ", s.lr);
-    if (do_eval) text += str(" | val ", fixed(val));
-    if (do_eval || s.step % o.log_every == 0 || s.step == 1)
+  train::DistillStep current;  // the step the hooks report
+  train::RunLoop::Hooks hooks;
+  hooks.stop = [] { return tools::stop_requested(); };
+  hooks.step = [&] {
+    current = distiller.step();
+    return current.train;
+  };
+  hooks.log = [&](const train::StepReport& r) {
+    const train::StepStats& s = r.stats;
+    std::string text = str("step ", s.step, "/", r.steps, " | loss ", fixed(s.forward.loss),
+                           " | ce ", fixed(current.ce));
+    if (std::isfinite(current.kd)) text += str(" | kd ", fixed(current.kd));
+    text += str(" | kd weight ", fixed(current.kd_weight, 3), " | lr ", s.lr);
+    if (r.evaluated) text += str(" | val ", fixed(r.val_loss));
+    if (r.line)
       progress.line(text);
     else
       progress.live(text);
-    if (metrics && (do_eval || s.step % o.log_every == 0)) {
-      json j{{"step", s.step},
-             {"loss", s.forward.loss},
-             {"ce", d.ce},
-             {"kd", number_or_null(d.kd)},
-             {"kd_weight", d.kd_weight},
-             {"lr", s.lr},
-             {"tokens_per_s", static_cast<double>(s.tokens) / std::max(s.seconds, 1e-9)},
-             {"aux_loss", s.forward.aux_loss},
-             {"z_loss", s.forward.z_loss},
-             {"expert_load_max_over_mean", s.load_max_over_mean},
-             {"dropped_fraction", s.dropped_fraction},
-             {"grad_norm", s.grad_norm},
-             {"tokens_seen", trainer.tokens_seen()}};
-      if (do_eval) j["val_loss"] = val;
+  };
+  if (metrics)
+    hooks.metrics = [&](const train::StepReport&, json& j) {
+      j["ce"] = current.ce;
+      j["kd"] = number_or_null(current.kd);
+      j["kd_weight"] = current.kd_weight;
       metrics->write_line(j.dump());
-    }
-    if (last || (o.checkpoint_every > 0 && s.step % o.checkpoint_every == 0)) {
+    };
+  tools::install_stop_handler();
+  // The distiller's checkpoints and validation are its trainer's.
+  train::RunLoop loop(trainer, {o.out, o.eval_every, o.checkpoint_every, o.log_every},
+                      std::move(hooks));
+  const train::RunResult result = loop.run();
+  std::string last_saved = result.last_saved;
+  const double student_val = result.last_val_loss;
+  if (result.stopped) {
+    progress.finish();
+    if (trainer.steps_done() > 0) {
       last_saved = distiller.save(o.out);
-      MOE_LOG_INFO("checkpoint ", last_saved);
+      MOE_LOG_WARN("stopped by signal ", tools::stop_signal(), " at step ", trainer.steps_done(),
+                   "; saved ", last_saved);
     }
+    if (metrics) metrics->close();
+    return 128 + (tools::stop_signal() ? tools::stop_signal() : SIGTERM);
   }
   progress.finish();
   if (metrics) metrics->close();

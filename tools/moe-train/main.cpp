@@ -15,6 +15,7 @@
 #include "moe/threads.h"
 #include "moe/train/resume.h"
 #include "moe/train/run_dir.h"
+#include "moe/train/run_loop.h"
 #ifdef MOE_HAVE_MPI
 #include "moe/comm/mpi.h"
 #endif
@@ -157,22 +158,9 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
   }
   tools::Progress progress(o.common.quiet);
 
-  double elapsed = 0, ema_rate = 0;
-  int64_t first_step = trainer.steps_done();
-  std::string last_saved;
-  tools::install_stop_handler();
-  while (trainer.steps_done() < tc.steps) {
-    if (stop_agreed(world)) {
-      progress.finish();
-      if (trainer.steps_done() > first_step) {
-        last_saved = trainer.save(o.out);
-        MOE_LOG_WARN("stopped by signal ", tools::stop_signal(), " at step ", trainer.steps_done(),
-                     "; saved ", last_saved, " (continue with --resume)");
-      }
-      if (metrics) metrics->close();
-      if (trace) trace->close();
-      return 128 + (tools::stop_signal() ? tools::stop_signal() : SIGTERM);
-    }
+  train::RunLoop::Hooks hooks;
+  hooks.stop = [&] { return stop_agreed(world); };
+  hooks.step = [&] {
     // Every rank captures on the same steps (the flag changes no collective).
     const bool record = !o.trace.empty() && trainer.steps_done() % o.trace_every == 0;
     train::StepStats s = trainer.step(record);
@@ -180,52 +168,51 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
       Tensor ids = Tensor::from_vector({static_cast<int64_t>(s.token_ids.size())}, s.token_ids);
       trace->append(profile::trace_batch(trace_info, s.forward, ids, s.step));
     }
-    elapsed += s.seconds;
-    double rate = static_cast<double>(s.tokens) / std::max(s.seconds, 1e-9);
-    ema_rate = ema_rate == 0 ? rate : 0.9 * ema_rate + 0.1 * rate;
-    bool last = s.step == tc.steps;
-    bool do_eval = last || (o.eval_every > 0 && s.step % o.eval_every == 0);
-    double val = do_eval ? trainer.evaluate() : NAN;
-    double eta =
-        elapsed / static_cast<double>(s.step - first_step) * static_cast<double>(tc.steps - s.step);
+    return s;
+  };
+  hooks.log = [&](const train::StepReport& r) {
+    const train::StepStats& s = r.stats;
     char head[160];
     std::snprintf(head, sizeof head,
                   "step %lld/%lld | loss %.4f | aux %.4f | lr %.2e | %s tok/s | ETA %s",
-                  static_cast<long long>(s.step), static_cast<long long>(tc.steps), s.forward.loss,
-                  s.forward.aux_loss, s.lr, tools::format_rate(ema_rate).c_str(),
-                  tools::format_duration(eta).c_str());
+                  static_cast<long long>(s.step), static_cast<long long>(r.steps), s.forward.loss,
+                  s.forward.aux_loss, s.lr, tools::format_rate(r.ema_tokens_per_s).c_str(),
+                  tools::format_duration(r.eta_seconds).c_str());
     std::string text = head;
-    if (do_eval) text += str(" | val ", std::round(val * 1e4) / 1e4);
+    if (r.evaluated) text += str(" | val ", std::round(r.val_loss * 1e4) / 1e4);
     if (!s.load_max_over_mean.empty())
       text += " | load max/mean " + join_loads(s.load_max_over_mean) +
               str(" | dropped ", std::round(s.dropped_fraction * 1e4) / 1e2, "%");
-    if (do_eval || s.step % o.log_every == 0 || s.step == first_step + 1)
+    if (r.line)
       progress.line(text);
     else
       progress.live(text);
-    if (metrics && (do_eval || s.step % o.log_every == 0)) {
-      json j{{"step", s.step},
-             {"loss", s.forward.loss},
-             {"lr", s.lr},
-             {"tokens_per_s", rate},
-             {"aux_loss", s.forward.aux_loss},
-             {"z_loss", s.forward.z_loss},
-             {"expert_load_max_over_mean", s.load_max_over_mean},
-             {"dropped_fraction", s.dropped_fraction},
-             {"grad_norm", s.grad_norm},
-             {"tokens_seen", trainer.tokens_seen()}};
+  };
+  if (metrics)
+    hooks.metrics = [&](const train::StepReport& r, json& j) {
       if (world.size() > 1) {
-        j["a2a_seconds"] = s.a2a_seconds;
-        j["grad_sync_seconds"] = s.grad_sync_seconds;
-        j["step_seconds"] = s.seconds;
+        j["a2a_seconds"] = r.stats.a2a_seconds;
+        j["grad_sync_seconds"] = r.stats.grad_sync_seconds;
+        j["step_seconds"] = r.stats.seconds;
       }
-      if (do_eval) j["val_loss"] = val;
       metrics->write_line(j.dump());
-    }
-    if (last || (o.checkpoint_every > 0 && s.step % o.checkpoint_every == 0)) {
+    };
+  const int64_t first_step = trainer.steps_done();
+  tools::install_stop_handler();
+  train::RunLoop loop(trainer, {o.out, o.eval_every, o.checkpoint_every, o.log_every},
+                      std::move(hooks));
+  const train::RunResult result = loop.run();
+  std::string last_saved = result.last_saved;
+  if (result.stopped) {
+    progress.finish();
+    if (trainer.steps_done() > first_step) {
       last_saved = trainer.save(o.out);
-      MOE_LOG_INFO("checkpoint ", last_saved);
+      MOE_LOG_WARN("stopped by signal ", tools::stop_signal(), " at step ", trainer.steps_done(),
+                   "; saved ", last_saved, " (continue with --resume)");
     }
+    if (metrics) metrics->close();
+    if (trace) trace->close();
+    return 128 + (tools::stop_signal() ? tools::stop_signal() : SIGTERM);
   }
   progress.finish();
   if (metrics) metrics->close();
