@@ -1,4 +1,5 @@
-// Training loop as a library: data, model, optimizer, evaluation, checkpoints. moe-train drives it.
+// One training step at a time as a library: data, model, optimizer, evaluation, checkpoints. The
+// run around it (its cadence of steps, evaluations, checkpoints and logs) is train::RunLoop.
 #pragma once
 #include <memory>
 #include <nlohmann/json.hpp>
