@@ -94,3 +94,21 @@ TEST_CASE("resume_config: a resumed run keeps its model; flags given must agree"
       train::resume_config(&ckpt, flags, saved_train(), given),
       "--vocab 300 contradicts the checkpoint's 256 (a resumed run keeps its model)");
 }
+
+TEST_CASE("resume_config: a fresh run on a token file sizes its vocabulary from the data",
+          "[train]") {
+  ModelConfig flags = test::small_model_config(Arch::gpt);
+  train::TrainConfig t;
+  t.data = "tokens.u16";
+  REQUIRE(train::resume_config(nullptr, flags, t, {}).model.vocab_size == 0);
+  train::GivenFlags given;
+  given.model = {"--vocab"};
+  REQUIRE(train::resume_config(nullptr, flags, t, given).model.vocab_size == 256);
+  t.data = "tokens.bin";  // text by extension, but the format says otherwise
+  REQUIRE(train::resume_config(nullptr, flags, t, {}).model.vocab_size == 256);
+  t.data_format = "u32";
+  REQUIRE(train::resume_config(nullptr, flags, t, {}).model.vocab_size == 0);
+  // A resumed run keeps the checkpoint's vocabulary whatever its data.
+  io::Checkpoint ckpt = checkpoint_of(saved_model(), t);
+  REQUIRE(train::resume_config(&ckpt, flags, t, {}).model.vocab_size == 256);
+}

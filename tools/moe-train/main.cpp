@@ -83,7 +83,7 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
   flags_train.seed = o.common.seed;
   train::RunConfig run =
       train::resume_config(resume.get(), flags_model, flags_train, given_flags(o, app));
-  ModelConfig& mc = run.model;
+  const ModelConfig& mc = run.model;
   const train::TrainConfig& tc = run.train;
   // One run per directory: checked after the flags, before any work, on every rank (they all
   // see the same --out).
@@ -91,10 +91,6 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
   if (lead)
     for (const std::string& path : io::remove_stale_temporaries(o.out))
       MOE_LOG_WARN("removed ", path, ", left by an interrupted save (its process is gone)");
-  bool token_file = io::resolve_token_format(tc.data, io::parse_token_format(tc.data_format)) !=
-                    io::TokenFormat::text;
-  if (!resume && token_file && !app.get_option("--vocab")->count())
-    mc.vocab_size = 0;  // from the data
 
   // Ranks that disagree would train different models or deadlock in a collective: refuse at start.
   // One check per setting (the key set is the same on every rank), so the error names the setting.

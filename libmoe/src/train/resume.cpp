@@ -1,8 +1,10 @@
 #include "moe/train/resume.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "moe/error.h"
+#include "moe/io/dataset.h"
 
 namespace moe::train {
 
@@ -57,6 +59,12 @@ RunConfig resume_config(const io::Checkpoint* resume, ModelConfig model, TrainCo
   } else {
     model.resolve();
     run.model = std::move(model);
+    const bool token_file =
+        io::resolve_token_format(run.train.data, io::parse_token_format(run.train.data_format)) !=
+        io::TokenFormat::text;
+    const bool vocab_given =
+        std::find(given.model.begin(), given.model.end(), "--vocab") != given.model.end();
+    if (token_file && !vocab_given) run.model.vocab_size = 0;  // from the data
   }
   return run;
 }

@@ -26,7 +26,8 @@ struct GivenFlags {
 
 // The run's configs. `model` and `train` are what the flags say (the model's arch, dtype and
 // normalize_topk already parsed; train.seed = --seed).
-//   Fresh run (`resume` null): the model is resolved (ModelConfig::resolve); train as given.
+//   Fresh run (`resume` null): the model is resolved (ModelConfig::resolve); train as given. On a
+//   token file (.u16/.u32 or data_format) without --vocab, vocab_size is 0: sized from the data.
 //   Resumed run: the checkpoint's training config, each training flag given now overriding its
 //   key (a longer --steps, another --data); --seed given must equal the checkpoint's seed. The
 //   model is the checkpoint's (a resumed run keeps its model): a model flag given must agree
