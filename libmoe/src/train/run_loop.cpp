@@ -12,7 +12,6 @@ RunLoop::RunLoop(Trainer& trainer, RunCadence cadence, Hooks hooks)
 
 RunResult RunLoop::run() {
   RunResult result;
-  result.last_val_loss = NAN;
   const int64_t steps = trainer_.config().steps;
   const int64_t first_step = trainer_.steps_done();
   double elapsed = 0, ema_rate = 0;

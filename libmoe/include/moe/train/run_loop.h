@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -35,9 +36,9 @@ struct StepReport {
 };
 
 struct RunResult {
-  bool stopped = false;      // hooks.stop said so before the last step (nothing saved for it)
-  std::string last_saved;    // the newest checkpoint the loop wrote; empty when none
-  double last_val_loss = 0;  // the newest validation loss; NaN when none ran
+  bool stopped = false;    // hooks.stop said so before the last step (nothing saved for it)
+  std::string last_saved;  // the newest checkpoint the loop wrote; empty when none
+  double last_val_loss = std::numeric_limits<double>::quiet_NaN();  // the newest; NaN: none ran
 };
 
 class RunLoop {
