@@ -224,7 +224,7 @@ int run_partition(Options& o, const Argv& a) {
   }
   bool contiguous = true;
   for (const io::LayerPlacement& p : plan)
-    contiguous &= io::is_contiguous_placement(p.lpt, o.ranks);
+    contiguous &= balance::is_contiguous_placement(p.lpt, o.ranks);
   MOE_LOG_INFO("partitioned into ", o.ranks, " rank files", merged ? " (input shards merged)" : "",
                plan.empty() ? " (contiguous experts)"
                : contiguous ? " (LPT placement is the contiguous one)"
