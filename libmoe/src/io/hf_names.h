@@ -1,11 +1,23 @@
-// Hugging Face MoE tensor names (Mixtral, OLMoE, Qwen2/3-MoE) and where each goes in our model:
-// which block slot, which expert, or why it cannot be imported. Private to libmoe (used by
-// hf_checkpoint.cpp).
+// Hugging Face MoE checkpoint names: the files of a checkpoint directory, and the tensor names
+// (Mixtral, OLMoE, Qwen2/3-MoE) with where each goes in our model: which block slot, which expert,
+// or why it cannot be imported. Private to libmoe (hf_checkpoint.cpp, hf_export.cpp).
 #pragma once
 #include <cstdint>
+#include <filesystem>
 #include <string>
 
 namespace moe::io::hf {
+
+// The files of a Hugging Face checkpoint directory.
+inline constexpr const char* kSingleFile = "model.safetensors";
+inline constexpr const char* kIndexFile = "model.safetensors.index.json";
+inline constexpr const char* kConfigFile = "config.json";
+// Our exporter's record of the exact model config, in the safetensors metadata.
+inline constexpr const char* kMetadataConfig = "moe.model_config";
+
+inline std::string join_path(const std::string& dir, const std::string& file) {
+  return (std::filesystem::path(dir) / file).string();
+}
 
 enum class Slot { norm1, norm2, q, k, v, o, router, w1, w2, w3, gate_up, down };
 
