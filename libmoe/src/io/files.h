@@ -1,5 +1,5 @@
-// What the checkpoint and trace writers share: the file-system steps of atomic writes and the
-// root attributes every moe HDF5 file carries.
+// What the checkpoint and trace writers share: the file-system steps under AtomicFile (fsync), a
+// text file written through it, and the root attributes every moe HDF5 file carries.
 #pragma once
 #include <string>
 

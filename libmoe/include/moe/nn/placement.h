@@ -1,9 +1,9 @@
 // Dynamic expert placement for expert-parallel inference (Lina, ATC'23 §5): every rank of the
 // expert group holds all E experts of every MoE layer, and a PlacementPolicy decides, for each MoE
 // layer and batch, which ranks compute which expert's rows (an ExpertAssignment,
-// moe/balance/placement.h). A popular expert gets several ranks
-// (replicas) that split its rows; unpopular ones share a rank. Which rank computes a row never
-// changes its value: the layer's output is the same with any assignment.
+// moe/balance/placement.h). A popular expert gets several ranks (replicas) that split its rows;
+// unpopular ones share a rank. Which rank computes a row never changes its value: the layer's
+// output is the same with any assignment.
 //
 // Shape letters: E experts of a layer, P ranks of the expert group, N tokens of one rank, k
 // experts per token.
