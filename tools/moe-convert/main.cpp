@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/cli.h"
+#include "moe/balance/placement.h"
 #include "moe/io/convert.h"
 #include "moe/io/finite.h"
 #include "moe/io/hf_checkpoint.h"
