@@ -4,27 +4,17 @@
 // convert_dtype.cpp changes dtypes and freezes, convert_save.cpp writes converted files,
 // inspect.cpp describes them. Shape letters: E experts of a layer, L MoE layers, N ranks,
 // D model width.
-#include "moe/io/convert.h"
-
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
-#include <cstdio>
-#include <cstring>
-#include <filesystem>
 #include <map>
 #include <numeric>
 #include <set>
 
 #include "io/convert_internal.h"
-#include "io/files.h"
+#include "moe/io/convert.h"
 #include "moe/io/hdf5.h"
 
 namespace moe::io {
-
-namespace fs = std::filesystem;
 
 namespace {
 
