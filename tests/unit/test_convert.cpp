@@ -98,21 +98,22 @@ TEST_CASE("convert: LPT placement on hand-worked loads, capacities, contiguous a
   // Loads 8..1 over 2 ranks of 4: 8->r0, 7->r1, 6->r1 (7<8), 5->r0 (8<13), 4->r0 (tie 13: lower
   // rank), 3->r1 (13<17), 2->r1 (16<17; now full), 1->r0. Both ranks end at 18.
   std::vector<int64_t> loads{8, 7, 6, 5, 4, 3, 2, 1};
-  std::vector<int> map = io::lpt_placement(loads, 2);
+  std::vector<int> map = balance::lpt_placement(loads, 2);
   REQUIRE(map == std::vector<int>{0, 1, 1, 0, 0, 1, 1, 0});
-  REQUIRE(io::rank_loads(loads, map, 2) == std::vector<int64_t>{18, 18});
-  REQUIRE(io::max_over_mean(io::rank_loads(loads, map, 2)) == 1.0);
+  REQUIRE(balance::rank_loads(loads, map, 2) == std::vector<int64_t>{18, 18});
+  REQUIRE(balance::max_over_mean(balance::rank_loads(loads, map, 2)) == 1.0);
   // Contiguous: {8,7,6,5} = 26 vs 10; round robin: {8,6,4,2} = 20 vs 16.
-  REQUIRE(io::contiguous_placement(8, 2) == std::vector<int>{0, 0, 0, 0, 1, 1, 1, 1});
-  REQUIRE(io::round_robin_placement(8, 2) == std::vector<int>{0, 1, 0, 1, 0, 1, 0, 1});
-  REQUIRE(io::rank_loads(loads, io::contiguous_placement(8, 2), 2) == std::vector<int64_t>{26, 10});
-  REQUIRE(io::max_over_mean({26, 10}) == Approx(26.0 / 18.0));
+  REQUIRE(balance::contiguous_placement(8, 2) == std::vector<int>{0, 0, 0, 0, 1, 1, 1, 1});
+  REQUIRE(balance::round_robin_placement(8, 2) == std::vector<int>{0, 1, 0, 1, 0, 1, 0, 1});
+  REQUIRE(balance::rank_loads(loads, balance::contiguous_placement(8, 2), 2) ==
+          std::vector<int64_t>{26, 10});
+  REQUIRE(balance::max_over_mean({26, 10}) == Approx(26.0 / 18.0));
   // Capacity: a hot expert does not pull the others onto its rank; rank 1 fills up first.
-  REQUIRE(io::lpt_placement({100, 1, 1, 1}, 2) == std::vector<int>{0, 1, 1, 0});
-  REQUIRE(io::is_contiguous_placement({0, 0, 1, 1}, 2));
-  REQUIRE_FALSE(io::is_contiguous_placement({0, 1, 1, 0}, 2));
-  REQUIRE_THROWS_AS(io::lpt_placement({1, 2, 3}, 2), UsageError);
-  REQUIRE(io::max_over_mean({0, 0}) == 0.0);
+  REQUIRE(balance::lpt_placement({100, 1, 1, 1}, 2) == std::vector<int>{0, 1, 1, 0});
+  REQUIRE(balance::is_contiguous_placement({0, 0, 1, 1}, 2));
+  REQUIRE_FALSE(balance::is_contiguous_placement({0, 1, 1, 0}, 2));
+  REQUIRE_THROWS_AS(balance::lpt_placement({1, 2, 3}, 2), UsageError);
+  REQUIRE(balance::max_over_mean({0, 0}) == 0.0);
 }
 
 TEST_CASE("convert: partition then merge is the identity, contiguous, placed and sharded embedding",
@@ -135,8 +136,8 @@ TEST_CASE("convert: partition then merge is the identity, contiguous, placed and
     }
     // Rank 1's slice of an expert tensor and of its Adam moment hold exactly its experts.
     const std::vector<int> map = variant == 3   ? std::vector<int>{0, 1, 0, 1}
-                                 : variant == 2 ? io::contiguous_placement(4, 4)
-                                                : io::contiguous_placement(4, 2);
+                                 : variant == 2 ? balance::contiguous_placement(4, 4)
+                                                : balance::contiguous_placement(4, 2);
     for (const std::string& name : {w1, "adam.m." + w1}) {
       const bool optim = name != w1;
       const io::NamedTensor& slice = find(optim ? files[1].optim : files[1].params, name);

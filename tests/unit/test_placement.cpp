@@ -24,7 +24,7 @@ void check_valid(const nn::ExpertAssignment& a, int ranks) {
 
 TEST_CASE("placement: uniform popularity packs E/R experts on each rank", "[placement]") {
   for (int R : {1, 2, 4}) {
-    nn::ExpertAssignment a = infer::pack_experts(std::vector<double>(8, 1.0), R);
+    nn::ExpertAssignment a = balance::pack_experts(std::vector<double>(8, 1.0), R);
     check_valid(a, R);
     std::vector<int> held(static_cast<size_t>(R), 0);
     for (const auto& reps : a.replicas) {
@@ -39,7 +39,7 @@ TEST_CASE("placement: a popular expert gets replicas in proportion, the rest fir
           "[placement]") {
   // Expert 0 has half the load: n_0 = round(4 * 0.5) = 2 replicas of 0.25 each; experts 1..4
   // (0.125 each) pair up on the other two ranks. Every rank carries 1/4.
-  nn::ExpertAssignment a = infer::pack_experts({4, 1, 1, 1, 1}, 4);
+  nn::ExpertAssignment a = balance::pack_experts({4, 1, 1, 1, 1}, 4);
   check_valid(a, 4);
   CHECK(a.replicas[0].size() == 2);
   std::vector<std::vector<int64_t>> counts{{400, 100, 100, 100, 100}};  // one source rank
@@ -52,12 +52,12 @@ TEST_CASE("placement: a popular expert gets replicas in proportion, the rest fir
   CHECK(infer::max_over_mean(nn::ExpertAssignment::contiguous(5, 5).rank_rows(counts)) ==
         Approx(2.5));
   // An expert with all the load gets every rank, the others one each.
-  nn::ExpertAssignment b = infer::pack_experts({1, 0, 0, 0}, 4);
+  nn::ExpertAssignment b = balance::pack_experts({1, 0, 0, 0}, 4);
   check_valid(b, 4);
   CHECK(b.replicas[0].size() == 4);
   // All zero: treated as uniform.
-  check_valid(infer::pack_experts({0, 0, 0, 0}, 2), 2);
-  CHECK_THROWS_WITH(infer::pack_experts({1, -1}, 2), Catch::Contains("not >= 0"));
+  check_valid(balance::pack_experts({0, 0, 0, 0}, 2), 2);
+  CHECK_THROWS_WITH(balance::pack_experts({1, -1}, 2), Catch::Contains("not >= 0"));
 }
 
 TEST_CASE("placement: rank rows follow the chunking rule of every source", "[placement]") {

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/cli.h"
+#include "moe/balance/placement.h"
 #include "moe/io/convert.h"
 #include "moe/io/finite.h"
 #include "moe/io/hf_checkpoint.h"
@@ -224,7 +225,7 @@ int run_partition(Options& o, const Argv& a) {
   }
   bool contiguous = true;
   for (const io::LayerPlacement& p : plan)
-    contiguous &= io::is_contiguous_placement(p.lpt, o.ranks);
+    contiguous &= balance::is_contiguous_placement(p.lpt, o.ranks);
   MOE_LOG_INFO("partitioned into ", o.ranks, " rank files", merged ? " (input shards merged)" : "",
                plan.empty() ? " (contiguous experts)"
                : contiguous ? " (LPT placement is the contiguous one)"

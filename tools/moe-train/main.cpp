@@ -9,6 +9,7 @@
 #include "moe/comm/nccl.h"
 #include "moe/cuda.h"
 #include "moe/io/checkpoint.h"
+#include "moe/io/checkpoint_dir.h"
 #include "moe/io/output.h"
 #include "moe/log.h"
 #include "moe/profile/record.h"
@@ -71,8 +72,7 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
   if (!o.resume.empty()) {
     // A sharded checkpoint is a directory; its rank-00000.h5 holds the configurations.
     resume = std::make_unique<io::Checkpoint>(io::load_checkpoint(
-        sharded_resume ? (std::filesystem::path(o.resume) / "rank-00000.h5").string() : o.resume,
-        !sharded_resume));
+        sharded_resume ? io::CheckpointDir::rank_file(o.resume, 0) : o.resume, !sharded_resume));
   }
   ModelConfig flags_model = o.model;
   flags_model.arch = parse_arch(o.arch);

@@ -30,51 +30,6 @@ std::vector<int64_t> top_set(const std::vector<T>& weights, int64_t count) {
 
 }  // namespace
 
-nn::ExpertAssignment pack_experts(const std::vector<double>& popularity, int ranks) {
-  MOE_CHECK(ranks >= 1 && !popularity.empty(), "pack_experts: ", popularity.size(), " experts on ",
-            ranks, " ranks");
-  const auto E = static_cast<int64_t>(popularity.size());
-  double total = 0;
-  for (double p : popularity) {
-    MOE_CHECK(p >= 0 && std::isfinite(p), "pack_experts: popularity ", p, " is not >= 0");
-    total += p;
-  }
-  std::vector<double> share(static_cast<size_t>(E), 1.0 / double(E));
-  if (total > 0)
-    for (int64_t e = 0; e < E; ++e) share[static_cast<size_t>(e)] = popularity[e] / total;
-  struct Piece {
-    int64_t expert;
-    double size;
-  };
-  std::vector<Piece> pieces;
-  for (int64_t e = 0; e < E; ++e) {
-    const double s = share[static_cast<size_t>(e)];
-    const int64_t n = std::clamp<int64_t>(std::llround(double(ranks) * s), 1, ranks);
-    for (int64_t j = 0; j < n; ++j) pieces.push_back({e, s / double(n)});
-  }
-  std::stable_sort(pieces.begin(), pieces.end(),
-                   [](const Piece& a, const Piece& b) { return a.size > b.size; });
-  const double capacity = 1.0 / double(ranks) * (1 + 1e-9);
-  std::vector<double> load(static_cast<size_t>(ranks), 0.0);
-  nn::ExpertAssignment a;
-  a.replicas.resize(static_cast<size_t>(E));
-  for (const Piece& piece : pieces) {
-    std::vector<int32_t>& reps = a.replicas[static_cast<size_t>(piece.expert)];
-    auto holds = [&](int p) { return std::find(reps.begin(), reps.end(), p) != reps.end(); };
-    int chosen = -1;
-    for (int p = 0; p < ranks && chosen < 0; ++p)  // first fit
-      if (!holds(p) && load[static_cast<size_t>(p)] + piece.size <= capacity) chosen = p;
-    if (chosen < 0)  // nothing fits: the least-loaded rank without this expert
-      for (int p = 0; p < ranks; ++p)
-        if (!holds(p) &&
-            (chosen < 0 || load[static_cast<size_t>(p)] < load[static_cast<size_t>(chosen)]))
-          chosen = p;
-    load[static_cast<size_t>(chosen)] += piece.size;
-    reps.push_back(static_cast<int32_t>(chosen));
-  }
-  return a;
-}
-
 double max_over_mean(const std::vector<int64_t>& rank_rows) {
   int64_t total = 0, most = 0;
   for (int64_t r : rank_rows) {
@@ -173,7 +128,7 @@ nn::ExpertAssignment LinaPlacement::place(int64_t block, const Tensor& topk_idx,
       estimated[static_cast<size_t>(e)] += double(g[r * 2 * E + E + e]);
     }
   }
-  nn::ExpertAssignment plan = pack_experts(estimated, R);
+  nn::ExpertAssignment plan = balance::pack_experts(estimated, R);
   PlacementLayerStats& st = stats_[static_cast<size_t>(layer)];
   const double estimated_ratio = max_over_mean(plan.rank_rows(counts));
   // Phase 2: keep the plan unless an expert of the actual top-2k (with any rows) is outside the
@@ -184,7 +139,7 @@ nn::ExpertAssignment LinaPlacement::place(int64_t block, const Tensor& topk_idx,
     differs = differs || (actual[static_cast<size_t>(e)] > 0 &&
                           !std::binary_search(guessed.begin(), guessed.end(), e));
   if (differs) {
-    plan = pack_experts(actual, R);
+    plan = balance::pack_experts(actual, R);
     ++st.replans;
   }
   size_t widest = 0;

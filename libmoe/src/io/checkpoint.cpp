@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "io/files.h"
+#include "moe/io/atomic_file.h"
 #include "moe/io/hdf5.h"
 #include "moe/version.h"
 
@@ -203,25 +204,16 @@ std::vector<std::string> list_group(const std::string& path, const char* group_n
 
 void save_checkpoint(const std::string& path, const Checkpoint& ckpt, const SaveOptions& options) {
   h5::Session session;
-  check_replaceable(path);  // before the work: never rename over a device, FIFO or link
-  const std::string temp = str(path, ".tmp-", ::getpid());
-  auto remove_temp = [&] {
-    std::error_code ignored;
-    std::filesystem::remove(temp, ignored);
-  };
+  AtomicFile out(path);
   try {
-    write_file(temp, ckpt, options);
-    fsync_path(temp, false);
-    rename_into_place(temp, path);
+    write_file(out.temp(), ckpt, options);
+    out.commit();
   } catch (const Error& e) {
-    remove_temp();
+    out.abandon();
     throw Error(str("saving checkpoint '", path, "': ", e.what()));
-  } catch (...) {
-    remove_temp();
-    throw;
   }
   try {
-    fsync_path(parent_directory(path), true);
+    out.sync_directory();
   } catch (const Error& e) {
     throw Error(
         str("saved checkpoint '", path, "' but could not make the rename durable: ", e.what()));

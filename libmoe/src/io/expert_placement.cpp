@@ -1,83 +1,35 @@
-// Expert placement of checkpoint conversions (see moe/io/convert.h): contiguous, round-robin and
-// LPT placements, rank loads, and the per-layer plan from a routing trace. Shape letters: E
-// experts of a layer, L MoE layers, N ranks.
+// Expert placement of checkpoint conversions (see moe/io/convert.h): the per-layer plan from a
+// routing trace. The placements themselves are balance/'s (moe/balance/placement.h). Shape
+// letters: E experts of a layer, L MoE layers, N ranks.
 
 #include <algorithm>
 #include <numeric>
 
 #include "io/convert_internal.h"
 #include "moe/io/convert.h"
-#include "moe/profile/summary.h"
 
 namespace moe::io {
 
-// ---- placement --------------------------------------------------------------------------------
+namespace {
 
-int64_t per_rank(int64_t experts, int ranks) {
-  MOE_USAGE_CHECK(ranks >= 1, "--ranks must be >= 1 (got ", ranks, ")");
-  MOE_USAGE_CHECK(experts % ranks == 0, ranks, " ranks do not divide a layer of ", experts,
-                  " experts (each rank holds E/N experts of every MoE layer)");
-  return experts / ranks;
-}
-
-std::vector<int> contiguous_placement(int64_t experts, int ranks) {
-  const int64_t n = per_rank(experts, ranks);
-  std::vector<int> map(static_cast<size_t>(experts));
-  for (int64_t e = 0; e < experts; ++e) map[static_cast<size_t>(e)] = static_cast<int>(e / n);
-  return map;
-}
-
-std::vector<int> round_robin_placement(int64_t experts, int ranks) {
-  per_rank(experts, ranks);
-  std::vector<int> map(static_cast<size_t>(experts));
-  for (int64_t e = 0; e < experts; ++e) map[static_cast<size_t>(e)] = static_cast<int>(e % ranks);
-  return map;
-}
-
-std::vector<int> lpt_placement(const std::vector<int64_t>& loads, int ranks) {
-  const int64_t experts = static_cast<int64_t>(loads.size());
-  const int64_t room = per_rank(experts, ranks);
-  std::vector<int64_t> order(loads.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-    return loads[static_cast<size_t>(a)] > loads[static_cast<size_t>(b)];
-  });
-  std::vector<int64_t> load(static_cast<size_t>(ranks), 0), held(static_cast<size_t>(ranks), 0);
-  std::vector<int> map(loads.size(), -1);
-  for (int64_t e : order) {
-    int best = -1;
-    for (int r = 0; r < ranks; ++r) {
-      if (held[static_cast<size_t>(r)] >= room) continue;
-      if (best < 0 || load[static_cast<size_t>(r)] < load[static_cast<size_t>(best)]) best = r;
-    }
-    map[static_cast<size_t>(e)] = best;
-    load[static_cast<size_t>(best)] += loads[static_cast<size_t>(e)];
-    ++held[static_cast<size_t>(best)];
+// Rows routed to each expert of each MoE layer over the whole trace ([L][E_l]): the loads the
+// placements balance (the same counts moe-profile summary reports).
+std::vector<std::vector<int64_t>> summed_loads(const TraceReader& trace) {
+  const TraceInfo& info = trace.info();
+  const int64_t L = trace.layers(), B = trace.batches(), Emax = trace.max_experts();
+  const std::vector<int64_t> loads = trace.loads();
+  std::vector<std::vector<int64_t>> out(static_cast<size_t>(L));
+  for (int64_t l = 0; l < L; ++l) {
+    std::vector<int64_t>& counts = out[static_cast<size_t>(l)];
+    counts.assign(static_cast<size_t>(info.experts.at(static_cast<size_t>(l))), 0);
+    for (int64_t b = 0; b < B; ++b)
+      for (size_t e = 0; e < counts.size(); ++e)
+        counts[e] += loads[static_cast<size_t>((b * L + l) * Emax) + e];
   }
-  return map;
-}
-
-std::vector<int64_t> rank_loads(const std::vector<int64_t>& loads, const std::vector<int>& map,
-                                int ranks) {
-  MOE_CHECK(loads.size() == map.size(), "rank_loads: ", loads.size(), " loads, ", map.size(),
-            " experts placed");
-  std::vector<int64_t> out(static_cast<size_t>(ranks), 0);
-  for (size_t e = 0; e < map.size(); ++e) out.at(static_cast<size_t>(map[e])) += loads[e];
   return out;
 }
 
-double max_over_mean(const std::vector<int64_t>& loads) {
-  if (loads.empty()) return 0;
-  const int64_t total = std::accumulate(loads.begin(), loads.end(), int64_t{0});
-  if (total == 0) return 0;
-  const double mean = static_cast<double>(total) / static_cast<double>(loads.size());
-  return static_cast<double>(*std::max_element(loads.begin(), loads.end())) / mean;
-}
-
-bool is_contiguous_placement(const std::vector<int>& map, int ranks) {
-  if (ranks < 1 || map.size() % static_cast<size_t>(ranks) != 0) return false;
-  return map == contiguous_placement(static_cast<int64_t>(map.size()), ranks);
-}
+}  // namespace
 
 std::vector<LayerPlacement> plan_placement(const ModelConfig& model, const TraceReader& trace,
                                            int ranks) {
@@ -102,21 +54,23 @@ std::vector<LayerPlacement> plan_placement(const ModelConfig& model, const Trace
                     list(info.moe_blocks), " with experts ", list(info.experts), ", top-",
                     info.top_k, "; the checkpoint's MoE blocks ", list(blocks), " with experts ",
                     list(experts), ", top-", top_k));
-  std::vector<profile::LayerSummary> summary = profile::summarize(trace);
+  const std::vector<std::vector<int64_t>> summary = summed_loads(trace);
   std::vector<LayerPlacement> out;
   for (size_t l = 0; l < summary.size(); ++l) {
     LayerPlacement p;
     p.layer = static_cast<int64_t>(l);
     p.block = blocks[l];
     p.experts = experts[l];
-    p.loads = summary[l].counts;
+    p.loads = summary[l];
     p.loads.resize(static_cast<size_t>(p.experts), 0);
-    p.lpt = lpt_placement(p.loads, ranks);
-    p.contiguous = contiguous_placement(p.experts, ranks);
-    p.round_robin = round_robin_placement(p.experts, ranks);
-    p.lpt_max_over_mean = max_over_mean(rank_loads(p.loads, p.lpt, ranks));
-    p.contiguous_max_over_mean = max_over_mean(rank_loads(p.loads, p.contiguous, ranks));
-    p.round_robin_max_over_mean = max_over_mean(rank_loads(p.loads, p.round_robin, ranks));
+    p.lpt = balance::lpt_placement(p.loads, ranks);
+    p.contiguous = balance::contiguous_placement(p.experts, ranks);
+    p.round_robin = balance::round_robin_placement(p.experts, ranks);
+    p.lpt_max_over_mean = balance::max_over_mean(balance::rank_loads(p.loads, p.lpt, ranks));
+    p.contiguous_max_over_mean =
+        balance::max_over_mean(balance::rank_loads(p.loads, p.contiguous, ranks));
+    p.round_robin_max_over_mean =
+        balance::max_over_mean(balance::rank_loads(p.loads, p.round_robin, ranks));
     out.push_back(std::move(p));
   }
   return out;

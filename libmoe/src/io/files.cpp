@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "moe/error.h"
+#include "moe/io/atomic_file.h"
 
 namespace moe::io {
 
@@ -40,9 +41,8 @@ void write_producer_attrs(hid_t file, const char* format, int version, const Pro
 }
 
 void write_text_atomic(const std::string& path, const std::string& text) {
-  check_replaceable(path);
-  const std::string tmp = str(path, ".tmp-", ::getpid());
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  AtomicFile out(path);
+  std::FILE* f = std::fopen(out.temp().c_str(), "wb");
   if (!f) throw Error(str("cannot write '", path, "': ", std::strerror(errno)));
   bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
   int err = ok ? 0 : errno;
@@ -50,23 +50,8 @@ void write_text_atomic(const std::string& path, const std::string& text) {
     ok = false;
     err = errno;
   }
-  std::error_code ec;
-  if (!ok) {
-    std::filesystem::remove(tmp, ec);
-    throw Error(str("cannot write '", path, "': ", std::strerror(err)));
-  }
-  try {
-    fsync_path(tmp, false);
-  } catch (...) {
-    std::filesystem::remove(tmp, ec);
-    throw;
-  }
-  try {
-    rename_into_place(tmp, path);
-  } catch (...) {
-    std::filesystem::remove(tmp, ec);
-    throw;
-  }
+  if (!ok) throw Error(str("cannot write '", path, "': ", std::strerror(err)));
+  out.commit();  // a failure removes the temp (the destructor)
 }
 
 std::string parent_directory(const std::string& path) {

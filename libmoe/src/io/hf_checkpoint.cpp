@@ -1,4 +1,5 @@
-// Hugging Face MoE checkpoint import/export (see moe/io/hf_checkpoint.h and docs/FORMATS.md).
+// Hugging Face MoE checkpoint import (see moe/io/hf_checkpoint.h and docs/FORMATS.md); export is
+// hf_export.cpp.
 // Shape letters: V vocabulary, D hidden size, F expert hidden width, E experts of a layer,
 // H query heads, KV key/value heads, hd = D / H head dim.
 #include "moe/io/hf_checkpoint.h"
@@ -11,11 +12,11 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <set>
 #include <sstream>
 
 #include "io/files.h"
+#include "io/hf_names.h"
 #include "moe/error.h"
 #include "moe/io/finite.h"
 #include "moe/io/safetensors.h"
@@ -27,16 +28,16 @@ namespace moe::io {
 namespace {
 
 namespace fs = std::filesystem;
+using hf::Classified;
+using hf::classify;
+using hf::join_path;
+using hf::kConfigFile;
+using hf::kIndexFile;
+using hf::kMetadataConfig;
+using hf::kSingleFile;
+using hf::Slot;
+using hf::slot_name;
 using nlohmann::json;
-
-const char* const kSingleFile = "model.safetensors";
-const char* const kIndexFile = "model.safetensors.index.json";
-const char* const kConfigFile = "config.json";
-const char* const kMetadataConfig = "moe.model_config";  // our exporter's record of the config
-
-std::string join_path(const std::string& dir, const std::string& file) {
-  return (fs::path(dir) / file).string();
-}
 
 json read_json_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -244,131 +245,6 @@ HfModel parse_config(const json& j, const std::string& path,
   return m;
 }
 
-// ---- tensor names ------------------------------------------------------------------------------
-
-enum class Slot { norm1, norm2, q, k, v, o, router, w1, w2, w3, gate_up, down };
-
-struct Classified {
-  enum Kind { mapped, derived, unsupported, unmapped } kind = unmapped;
-  std::string our;  // embed.tokens, final_norm.weight, lm_head.weight, or "" for layer slots
-  int64_t layer = -1, expert = -1;
-  Slot slot = Slot::norm1;
-  std::string feature;  // unsupported: what
-};
-
-Classified classify(const std::string& name) {
-  static const std::regex layer_re(R"(model\.layers\.(\d+)\.(.+))");
-  static const std::regex attn_re(R"(self_attn\.(q|k|v|o)_proj\.weight)");
-  static const std::regex attn_bias_re(R"(self_attn\.(q|k|v|o)_proj\.bias)");
-  static const std::regex qk_norm_re(R"(self_attn\.(q_norm|k_norm)\.weight)");
-  static const std::regex router_re(R"((block_sparse_moe|mlp)\.gate\.weight)");
-  static const std::regex router_bias_re(
-      R"((block_sparse_moe|mlp)\.gate\.(bias|e_score_correction_bias))");
-  static const std::regex expert_re(
-      R"((block_sparse_moe|mlp)\.experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight)");
-  static const std::regex expert_bias_re(
-      R"((block_sparse_moe|mlp)\.experts\.((\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.bias|gate_up_proj_bias|down_proj_bias))");
-  static const std::regex fused_re(R"((block_sparse_moe|mlp)\.experts\.(gate_up_proj|down_proj))");
-  static const std::regex shared_re(R"(mlp\.shared_experts?(_gate)?\..+)");
-  static const std::regex dense_re(R"(mlp\.(gate_proj|up_proj|down_proj)\.(weight|bias))");
-  Classified c;
-  if (name == "model.embed_tokens.weight") {
-    c.kind = Classified::mapped;
-    c.our = "embed.tokens";
-    return c;
-  }
-  if (name == "model.norm.weight") {
-    c.kind = Classified::mapped;
-    c.our = "final_norm.weight";
-    return c;
-  }
-  if (name == "lm_head.weight") {
-    c.kind = Classified::mapped;
-    c.our = "lm_head.weight";
-    return c;
-  }
-  if (name == "model.rotary_emb.inv_freq") {
-    c.kind = Classified::derived;
-    return c;
-  }
-  std::smatch m;
-  if (!std::regex_match(name, m, layer_re)) return c;
-  const std::string layer_text = m[1].str();
-  if (layer_text.size() > 9) return c;
-  c.layer = std::stoll(layer_text);
-  const std::string rest = m[2].str();
-  std::smatch r;
-  auto mapped = [&](Slot slot) {
-    c.kind = Classified::mapped;
-    c.slot = slot;
-    return c;
-  };
-  auto unsupported = [&](const char* feature) {
-    c.kind = Classified::unsupported;
-    c.feature = feature;
-    return c;
-  };
-  if (rest == "input_layernorm.weight") return mapped(Slot::norm1);
-  if (rest == "post_attention_layernorm.weight") return mapped(Slot::norm2);
-  if (rest == "self_attn.rotary_emb.inv_freq") {
-    c.kind = Classified::derived;
-    return c;
-  }
-  if (std::regex_match(rest, r, attn_re)) {
-    const char p = r[1].str()[0];
-    return mapped(p == 'q' ? Slot::q : p == 'k' ? Slot::k : p == 'v' ? Slot::v : Slot::o);
-  }
-  if (std::regex_match(rest, attn_bias_re)) return unsupported("attention biases");
-  if (std::regex_match(rest, qk_norm_re)) return unsupported("qk-norm (self_attn.q_norm/k_norm)");
-  if (std::regex_match(rest, router_re)) return mapped(Slot::router);
-  if (std::regex_match(rest, router_bias_re)) return unsupported("router bias");
-  if (std::regex_match(rest, r, expert_re)) {
-    const std::string e = r[2].str();
-    if (e.size() > 9) return Classified{};
-    c.expert = std::stoll(e);
-    const std::string w = r[3].str();
-    if (w == "w1" || w == "gate_proj") return mapped(Slot::w1);
-    if (w == "w3" || w == "up_proj") return mapped(Slot::w3);
-    return mapped(Slot::w2);
-  }
-  if (std::regex_match(rest, expert_bias_re)) return unsupported("expert biases");
-  if (std::regex_match(rest, r, fused_re))
-    return mapped(r[2].str() == "gate_up_proj" ? Slot::gate_up : Slot::down);
-  if (std::regex_match(rest, shared_re)) return unsupported("shared expert");
-  if (std::regex_match(rest, dense_re)) return unsupported("dense MLP layers");
-  return Classified{};
-}
-
-const char* slot_name(Slot s) {
-  switch (s) {
-    case Slot::norm1:
-      return "norm1.weight";
-    case Slot::norm2:
-      return "norm2.weight";
-    case Slot::q:
-      return "attn.q.weight";
-    case Slot::k:
-      return "attn.k.weight";
-    case Slot::v:
-      return "attn.v.weight";
-    case Slot::o:
-      return "attn.o.weight";
-    case Slot::router:
-      return "moe.router.weight";
-    case Slot::w1:
-      return "moe.experts.w1";
-    case Slot::w2:
-      return "moe.experts.w2";
-    case Slot::w3:
-      return "moe.experts.w3";
-    case Slot::gate_up:
-      return "moe.experts.w1+w3";
-    case Slot::down:
-      return "moe.experts.w2";
-  }
-  return "?";
-}
-
 // Where each of a layer's parameters comes from (HF names; "" = not found).
 struct LayerSources {
   std::map<Slot, std::string> single;                   // norms, attention, router, fused
@@ -395,6 +271,306 @@ bool same_math(const ModelConfig& a, const ModelConfig& b) {
          a.norm_eps == b.norm_eps && a.rope_theta == b.rope_theta && a.dtype == b.dtype;
 }
 
+// ---- import_hf, step by step -------------------------------------------------------------------
+
+// Our model config from config.json's fields (the exporter's record may replace it later).
+ModelConfig model_config_of(const HfModel& hf, const HfImportOptions& options) {
+  ModelConfig mc;
+  mc.arch = Arch::mixtral;
+  mc.vocab_size = hf.vocab;
+  mc.layers = hf.layers;
+  mc.d_model = hf.hidden;
+  mc.heads = hf.heads;
+  mc.kv_heads = hf.kv_heads;
+  mc.d_ff = hf.ffn;
+  mc.experts = hf.experts;
+  mc.moe_every = 1;
+  mc.experts_per_layer.assign(static_cast<size_t>(std::max<int64_t>(hf.layers, 0)), hf.experts);
+  mc.top_k = hf.top_k;
+  mc.capacity_factor = 0;  // HF MoE layers are dropless
+  mc.aux_loss_coef = hf.aux_coef;
+  mc.z_loss_coef = 0;  // transformers' MoE models have no router z-loss
+  mc.residual_moe = false;
+  mc.normalize_topk = hf.normalize;
+  mc.router_jitter = hf.jitter;
+  mc.norm_eps = hf.eps;
+  mc.rope_theta = hf.rope_theta;
+  mc.seq = options.max_seq > 0 ? std::min(hf.max_positions, options.max_seq) : hf.max_positions;
+  return mc;
+}
+
+// Where every source tensor goes.
+struct TensorPlan {
+  std::vector<LayerSources> layers;
+  std::map<std::string, std::string> outer;  // our name -> hf name
+  std::vector<std::string> derived;          // checked against the config, not imported
+};
+
+// Sorts every tensor by classify(); unmapped ones go to rep.unmapped, the features unsupported
+// ones show to rep.unsupported (one line per feature, naming its first tensor). Throws on two
+// tensors for one slot, or a layer or expert index beyond config.json's.
+TensorPlan plan_tensors(const std::string& dir, const Sources& sources, const HfModel& hf,
+                        HfImportReport& rep) {
+  TensorPlan plan;
+  plan.layers.resize(static_cast<size_t>(std::max<int64_t>(hf.layers, 0)));
+  std::vector<std::string> features;  // unsupported features the tensors show, first seen first
+  std::map<std::string, std::pair<std::string, int>> feature_tensors;  // -> first tensor, count
+  auto claim = [&](std::string& slot, const std::string& name, const std::string& what) {
+    if (!slot.empty())
+      throw Error(str("'", dir, "': tensors '", slot, "' and '", name, "' both give ", what));
+    slot = name;
+  };
+  for (const auto& [name, where] : sources.tensors) {
+    Classified c = classify(name);
+    if (c.kind == Classified::unmapped) {
+      rep.unmapped.push_back(name);
+      continue;
+    }
+    if (c.kind == Classified::unsupported) {
+      auto [it, first] = feature_tensors.emplace(c.feature, std::make_pair(name, 0));
+      if (first) features.push_back(c.feature);
+      ++it->second.second;
+      continue;
+    }
+    if (c.kind == Classified::derived) {
+      plan.derived.push_back(name);
+      continue;
+    }
+    if (c.layer < 0) {
+      claim(plan.outer[c.our], name, c.our);
+      continue;
+    }
+    if (c.layer >= hf.layers)
+      throw Error(str("'", sources.file_of(name), "': tensor '", name, "' belongs to layer ",
+                      c.layer, ", but config.json has num_hidden_layers ", hf.layers));
+    LayerSources& ls = plan.layers[static_cast<size_t>(c.layer)];
+    const std::string what = str("blocks.", c.layer, ".", slot_name(c.slot));
+    if (c.expert < 0) {
+      claim(ls.single[c.slot], name, what);
+      continue;
+    }
+    if (c.expert >= hf.experts)
+      throw Error(str("'", sources.file_of(name), "': tensor '", name, "' is expert ", c.expert,
+                      ", but config.json has ", hf.experts, " experts per layer"));
+    auto& names = ls.per_expert[c.slot];
+    names.resize(static_cast<size_t>(hf.experts));
+    claim(names[static_cast<size_t>(c.expert)], name, str(what, " expert ", c.expert));
+  }
+  for (const std::string& feature : features) {
+    const auto& [example, count] = feature_tensors[feature];
+    add_unique(rep.unsupported,
+               count == 1 ? str(feature, " (tensor ", example, ")")
+                          : str(feature, " (tensor ", example, " and ", count - 1, " more)"));
+  }
+  return plan;
+}
+
+// Refuses a checkpoint that uses features our mixtral flavour lacks, or (unless allowed) holds
+// tensors we have no place for.
+void refuse_unsupported(const std::string& dir, const HfModel& hf, const ModelConfig& mc,
+                        const HfImportOptions& options, HfImportReport& rep) {
+  if (hf.sliding_window > 0 && hf.sliding_window < mc.seq)
+    rep.unsupported.push_back(str("sliding-window attention (sliding_window ", hf.sliding_window,
+                                  " is shorter than the context ", mc.seq,
+                                  "; a context <= the window imports exactly)"));
+  if (!rep.unsupported.empty())
+    throw Error(str("'", dir, "': the ", hf.family,
+                    " checkpoint uses features our mixtral flavour does not have: ",
+                    list_some(rep.unsupported, 16)));
+  if (!rep.unmapped.empty() && !options.allow_unmapped)
+    throw Error(str("'", dir, "': ", rep.unmapped.size(),
+                    " tensors have no counterpart in our model (pass allow_unmapped / "
+                    "--allow-unmapped to import without them): ",
+                    list_some(rep.unmapped)));
+}
+
+// The storage dtype: the checkpoint's when all mapped tensors share one, else f32.
+DType storage_dtype(const Sources& sources, const TensorPlan& plan, HfImportReport& rep) {
+  std::set<std::string> dtypes;
+  for (const auto& [name, where] : sources.tensors) {
+    if (std::find(rep.unmapped.begin(), rep.unmapped.end(), name) != rep.unmapped.end()) continue;
+    if (std::find(plan.derived.begin(), plan.derived.end(), name) != plan.derived.end()) continue;
+    const std::string& dt = where.second->dtype;
+    if (dt != "F32" && dt != "BF16" && dt != "F16")
+      throw Error(str("'", where.first->path(), "': tensor '", name, "' has dtype ", dt,
+                      "; parameters must be F32, BF16 or F16"));
+    dtypes.insert(dt);
+  }
+  DType target = DType::f32;
+  if (dtypes.size() == 1) {
+    dtype_from_safetensors(*dtypes.begin(), &target);
+  } else if (dtypes.size() > 1) {
+    rep.notes.push_back(str("mixed storage dtypes (",
+                            list_some(std::vector<std::string>(dtypes.begin(), dtypes.end())),
+                            "): every parameter converted to f32 (exact)"));
+  }
+  return target;
+}
+
+// A file our export_hf wrote records our exact model config: taken when it agrees with
+// config.json. Then the config is resolved (a model we cannot build is refused here).
+void adopt_recorded_config(const Sources& sources, const HfModel& hf,
+                           const std::string& config_path, ModelConfig& mc, HfImportReport& rep) {
+  auto meta = sources.metadata.find(kMetadataConfig);
+  if (meta != sources.metadata.end()) {
+    try {
+      ModelConfig recorded = model_config_from_json(json::parse(meta->second));
+      if (same_math(recorded, mc)) {
+        mc = recorded;
+        rep.notes.push_back("model config taken from the exporter's record (moe.model_config)");
+      } else {
+        rep.notes.push_back("moe.model_config metadata disagrees with config.json: ignored");
+      }
+    } catch (const std::exception& e) {
+      rep.notes.push_back(str("moe.model_config metadata unreadable (", e.what(), "): ignored"));
+    }
+  } else if (mc.seq < hf.max_positions) {
+    rep.notes.push_back(
+        str("context (seq) capped at ", mc.seq, " of max_position_embeddings ", hf.max_positions));
+  }
+  try {
+    mc.resolve();
+  } catch (const Error& e) {
+    throw Error(str("'", config_path, "': not a model we can build: ", e.what()));
+  }
+}
+
+// Reads source tensors with the shape the config implies, in the storage dtype, and builds the
+// checkpoint's parameters in our order, recording each mapping in the report.
+struct Importer {
+  Importer(const std::string& dir, const Sources& sources, const ModelConfig& mc, DType target,
+           int64_t experts, HfImportReport& rep)
+      : dir(dir), sources(sources), mc(mc), target(target), rep(rep), E(experts) {}
+
+  const std::string& dir;
+  const Sources& sources;
+  const ModelConfig& mc;
+  const DType target;
+  HfImportReport& rep;
+  Checkpoint ckpt;  // parameters added in our order
+  // Shape letters (see the top of the file).
+  const int64_t V = mc.vocab_size, D = mc.d_model, F = mc.d_ff, E;
+  const int64_t hd = D / mc.heads, KV = mc.kv_heads_resolved();
+
+  Tensor fetch(const std::string& name, const Shape& expected, const std::string& why) const {
+    const SafetensorsEntry& e = sources.entry(name);
+    if (e.shape != expected)
+      throw Error(str("'", sources.file_of(name), "': tensor '", name, "' is ", shape_str(e.shape),
+                      ", but config.json implies ", shape_str(expected), " (", why, ")"));
+    Tensor t = sources.read(name);
+    t = t.dtype() == target ? t : t.to(target);
+    check_finite(str("'", sources.file_of(name), "'"), name, t);  // NaN/Inf weights: refused
+    return t;
+  }
+  const std::string& need(const std::string& hf_name, const std::string& what) const {
+    if (hf_name.empty())
+      throw Error(str("'", dir, "': no tensor for ", what, " (the checkpoint is incomplete)"));
+    return hf_name;
+  }
+  void add(const std::string& our, Tensor t, bool expert) {
+    t.set_name(our);
+    ckpt.params.push_back({our, std::move(t), expert, {}});
+  }
+
+  // RoPE frequencies some checkpoints store: they must be what rope_theta gives.
+  void check_rope(const std::vector<std::string>& derived) {
+    for (const std::string& name : derived) {
+      Tensor t = fetch(name, {hd / 2}, "RoPE inverse frequencies [hd/2]").to(DType::f32);
+      const float* f = t.data<float>();
+      for (int64_t i = 0; i < hd / 2; ++i) {
+        const double want = 1.0 / std::pow(mc.rope_theta, 2.0 * double(i) / double(hd));
+        if (std::abs(f[i] - want) > 1e-3 * want)
+          throw Error(str("'", sources.file_of(name), "': tensor '", name, "' element ", i, " is ",
+                          f[i], ", but rope_theta ", mc.rope_theta, " gives ", want,
+                          " (unsupported RoPE variant)"));
+      }
+      rep.mapped.push_back(str(name, " -> (derived from rope_theta; checked)"));
+    }
+  }
+
+  // An outer tensor (embedding, final norm, LM head) under our name `our`.
+  void outer(TensorPlan& plan, const std::string& our, const std::string& what, const Shape& shape,
+             const std::string& why) {
+    add(our, fetch(need(plan.outer[our], what), shape, why), false);
+    rep.mapped.push_back(str(plan.outer[our], " -> ", our));
+  }
+
+  // Block i: norms, attention, router, then the experts (fused or one tensor per expert).
+  void layer(int64_t i, LayerSources& ls) {
+    const std::string prefix = str("blocks.", i, ".");
+    auto single = [&](Slot slot, const Shape& shape, const std::string& why) {
+      const std::string our = prefix + slot_name(slot);
+      const std::string& name = need(ls.single[slot], our);
+      add(our, fetch(name, shape, why), false);
+      rep.mapped.push_back(str(name, " -> ", our));
+    };
+    single(Slot::norm1, {D}, "[hidden_size]");
+    single(Slot::norm2, {D}, "[hidden_size]");
+    single(Slot::q, {mc.heads * hd, D}, "[num_attention_heads * head_dim, hidden_size]");
+    single(Slot::k, {KV * hd, D}, "[num_key_value_heads * head_dim, hidden_size]");
+    single(Slot::v, {KV * hd, D}, "[num_key_value_heads * head_dim, hidden_size]");
+    single(Slot::o, {D, mc.heads * hd}, "[hidden_size, num_attention_heads * head_dim]");
+    single(Slot::router, {E, D}, "[experts, hidden_size]");
+
+    const bool fused = !ls.single[Slot::gate_up].empty() || !ls.single[Slot::down].empty();
+    const bool split = !ls.per_expert.empty();
+    if (fused && split)
+      throw Error(str("'", dir, "': layer ", i,
+                      " has both per-expert and fused (gate_up_proj/down_proj) expert tensors"));
+    Tensor w1 = Tensor::empty({E, F, D}, target), w2 = Tensor::empty({E, D, F}, target),
+           w3 = Tensor::empty({E, F, D}, target);
+    if (fused)
+      fused_experts(prefix, ls, w1, w2, w3);
+    else
+      per_expert(prefix, ls, w1, w2, w3);
+    add(prefix + "moe.experts.w1", w1, true);
+    add(prefix + "moe.experts.w2", w2, true);
+    add(prefix + "moe.experts.w3", w3, true);
+  }
+
+  size_t expert_bytes() const { return static_cast<size_t>(F * D) * dtype_size(target); }
+
+  // gate_up_proj [E, 2F, D]: per expert the gate (w1) rows, then the up (w3) rows, each a linear
+  // weight [out, in] (transformers' concatenated, not transposed, layout).
+  void fused_experts(const std::string& prefix, LayerSources& ls, Tensor& w1, Tensor& w2,
+                     Tensor& w3) {
+    const size_t bytes = expert_bytes();
+    const std::string& gu =
+        need(ls.single[Slot::gate_up], prefix + "moe.experts.w1/w3 (gate_up_proj)");
+    const std::string& dn = need(ls.single[Slot::down], prefix + "moe.experts.w2 (down_proj)");
+    Tensor gate_up = fetch(gu, {E, 2 * F, D},
+                           "[experts, 2 * intermediate, hidden_size]: gate rows then up rows");
+    for (int64_t e = 0; e < E; ++e) {
+      const auto* src = static_cast<const std::byte*>(gate_up.raw()) + 2 * e * bytes;
+      std::memcpy(static_cast<std::byte*>(w1.raw()) + e * bytes, src, bytes);
+      std::memcpy(static_cast<std::byte*>(w3.raw()) + e * bytes, src + bytes, bytes);
+    }
+    w2 = fetch(dn, {E, D, F}, "[experts, hidden_size, intermediate]");
+    rep.mapped.push_back(str(gu, " -> ", prefix, "moe.experts.w1 (rows 0..F-1 of each expert), ",
+                             prefix, "moe.experts.w3 (rows F..2F-1)"));
+    rep.mapped.push_back(str(dn, " -> ", prefix, "moe.experts.w2"));
+  }
+
+  // One tensor per expert (w1/w2/w3 or gate_proj/down_proj/up_proj), stacked in expert order.
+  void per_expert(const std::string& prefix, LayerSources& ls, Tensor& w1, Tensor& w2, Tensor& w3) {
+    const size_t bytes = expert_bytes();
+    auto gather = [&](Slot slot, Tensor& into, const Shape& shape, const std::string& why) {
+      auto& names = ls.per_expert[slot];
+      names.resize(static_cast<size_t>(E));
+      for (int64_t e = 0; e < E; ++e) {
+        const std::string our = str(prefix, slot_name(slot));
+        const std::string& name = need(names[static_cast<size_t>(e)], str(our, " expert ", e));
+        Tensor t = fetch(name, shape, why);
+        std::memcpy(static_cast<std::byte*>(into.raw()) + e * bytes, t.raw(), bytes);
+        rep.mapped.push_back(str(name, " -> ", our, " expert ", e));
+      }
+    };
+    gather(Slot::w1, w1, {F, D}, "[intermediate, hidden_size]");
+    gather(Slot::w2, w2, {D, F}, "[hidden_size, intermediate]");
+    gather(Slot::w3, w3, {F, D}, "[intermediate, hidden_size]");
+  }
+};
+
 }  // namespace
 
 Checkpoint import_hf(const std::string& dir, bool allow_unmapped, HfImportReport* report) {
@@ -419,252 +595,22 @@ Checkpoint import_hf(const std::string& dir, const HfImportOptions& options,
   rep.family = hf.family;
   Sources sources = open_sources(dir);
 
-  // Our model config from config.json (and, for files our exporter wrote, its exact record).
-  ModelConfig mc;
-  mc.arch = Arch::mixtral;
-  mc.vocab_size = hf.vocab;
-  mc.layers = hf.layers;
-  mc.d_model = hf.hidden;
-  mc.heads = hf.heads;
-  mc.kv_heads = hf.kv_heads;
-  mc.d_ff = hf.ffn;
-  mc.experts = hf.experts;
-  mc.moe_every = 1;
-  mc.experts_per_layer.assign(static_cast<size_t>(std::max<int64_t>(hf.layers, 0)), hf.experts);
-  mc.top_k = hf.top_k;
-  mc.capacity_factor = 0;  // HF MoE layers are dropless
-  mc.aux_loss_coef = hf.aux_coef;
-  mc.z_loss_coef = 0;  // transformers' MoE models have no router z-loss
-  mc.residual_moe = false;
-  mc.normalize_topk = hf.normalize;
-  mc.router_jitter = hf.jitter;
-  mc.norm_eps = hf.eps;
-  mc.rope_theta = hf.rope_theta;
-  mc.seq = options.max_seq > 0 ? std::min(hf.max_positions, options.max_seq) : hf.max_positions;
-
-  // Classify every tensor.
-  std::vector<LayerSources> layers(static_cast<size_t>(std::max<int64_t>(hf.layers, 0)));
-  std::map<std::string, std::string> outer;  // our name -> hf name
-  std::vector<std::string> derived;
-  std::vector<std::string> features;  // unsupported features the tensors show, first seen first
-  std::map<std::string, std::pair<std::string, int>> feature_tensors;  // -> first tensor, count
-  auto claim = [&](std::string& slot, const std::string& name, const std::string& what) {
-    if (!slot.empty())
-      throw Error(str("'", dir, "': tensors '", slot, "' and '", name, "' both give ", what));
-    slot = name;
-  };
-  for (const auto& [name, where] : sources.tensors) {
-    Classified c = classify(name);
-    if (c.kind == Classified::unmapped) {
-      rep.unmapped.push_back(name);
-      continue;
-    }
-    if (c.kind == Classified::unsupported) {
-      auto [it, first] = feature_tensors.emplace(c.feature, std::make_pair(name, 0));
-      if (first) features.push_back(c.feature);
-      ++it->second.second;
-      continue;
-    }
-    if (c.kind == Classified::derived) {
-      derived.push_back(name);
-      continue;
-    }
-    if (c.layer < 0) {
-      claim(outer[c.our], name, c.our);
-      continue;
-    }
-    if (c.layer >= hf.layers)
-      throw Error(str("'", sources.file_of(name), "': tensor '", name, "' belongs to layer ",
-                      c.layer, ", but config.json has num_hidden_layers ", hf.layers));
-    LayerSources& ls = layers[static_cast<size_t>(c.layer)];
-    const std::string what = str("blocks.", c.layer, ".", slot_name(c.slot));
-    if (c.expert < 0) {
-      claim(ls.single[c.slot], name, what);
-      continue;
-    }
-    if (c.expert >= hf.experts)
-      throw Error(str("'", sources.file_of(name), "': tensor '", name, "' is expert ", c.expert,
-                      ", but config.json has ", hf.experts, " experts per layer"));
-    auto& names = ls.per_expert[c.slot];
-    names.resize(static_cast<size_t>(hf.experts));
-    claim(names[static_cast<size_t>(c.expert)], name, str(what, " expert ", c.expert));
-  }
-  for (const std::string& feature : features) {
-    const auto& [example, count] = feature_tensors[feature];
-    add_unique(rep.unsupported,
-               count == 1 ? str(feature, " (tensor ", example, ")")
-                          : str(feature, " (tensor ", example, " and ", count - 1, " more)"));
-  }
-  if (hf.sliding_window > 0 && hf.sliding_window < mc.seq)
-    rep.unsupported.push_back(str("sliding-window attention (sliding_window ", hf.sliding_window,
-                                  " is shorter than the context ", mc.seq,
-                                  "; a context <= the window imports exactly)"));
-  if (!rep.unsupported.empty())
-    throw Error(str("'", dir, "': the ", hf.family,
-                    " checkpoint uses features our mixtral flavour does not have: ",
-                    list_some(rep.unsupported, 16)));
-  if (!rep.unmapped.empty() && !options.allow_unmapped)
-    throw Error(str("'", dir, "': ", rep.unmapped.size(),
-                    " tensors have no counterpart in our model (pass allow_unmapped / "
-                    "--allow-unmapped to import without them): ",
-                    list_some(rep.unmapped)));
-
-  // The storage dtype: the checkpoint's when all mapped tensors share one, else f32.
-  std::set<std::string> dtypes;
-  for (const auto& [name, where] : sources.tensors) {
-    if (std::find(rep.unmapped.begin(), rep.unmapped.end(), name) != rep.unmapped.end()) continue;
-    if (std::find(derived.begin(), derived.end(), name) != derived.end()) continue;
-    const std::string& dt = where.second->dtype;
-    if (dt != "F32" && dt != "BF16" && dt != "F16")
-      throw Error(str("'", where.first->path(), "': tensor '", name, "' has dtype ", dt,
-                      "; parameters must be F32, BF16 or F16"));
-    dtypes.insert(dt);
-  }
-  DType target = DType::f32;
-  if (dtypes.size() == 1) {
-    dtype_from_safetensors(*dtypes.begin(), &target);
-  } else if (dtypes.size() > 1) {
-    rep.notes.push_back(str("mixed storage dtypes (",
-                            list_some(std::vector<std::string>(dtypes.begin(), dtypes.end())),
-                            "): every parameter converted to f32 (exact)"));
-  }
+  ModelConfig mc = model_config_of(hf, options);
+  TensorPlan plan = plan_tensors(dir, sources, hf, rep);
+  refuse_unsupported(dir, hf, mc, options, rep);
+  const DType target = storage_dtype(sources, plan, rep);
   mc.dtype = target;
+  adopt_recorded_config(sources, hf, config_path, mc, rep);
 
-  auto meta = sources.metadata.find(kMetadataConfig);
-  if (meta != sources.metadata.end()) {
-    try {
-      ModelConfig recorded = model_config_from_json(json::parse(meta->second));
-      if (same_math(recorded, mc)) {
-        mc = recorded;
-        rep.notes.push_back("model config taken from the exporter's record (moe.model_config)");
-      } else {
-        rep.notes.push_back("moe.model_config metadata disagrees with config.json: ignored");
-      }
-    } catch (const std::exception& e) {
-      rep.notes.push_back(str("moe.model_config metadata unreadable (", e.what(), "): ignored"));
-    }
-  } else if (mc.seq < hf.max_positions) {
-    rep.notes.push_back(
-        str("context (seq) capped at ", mc.seq, " of max_position_embeddings ", hf.max_positions));
-  }
-  try {
-    mc.resolve();
-  } catch (const Error& e) {
-    throw Error(str("'", config_path, "': not a model we can build: ", e.what()));
-  }
-
-  // Fetch one tensor with the shape the config implies, in the target dtype.
-  const int64_t V = mc.vocab_size, D = mc.d_model, F = mc.d_ff, E = hf.experts;
-  const int64_t hd = D / mc.heads, KV = mc.kv_heads_resolved();
-  auto fetch = [&](const std::string& name, const Shape& expected, const std::string& why) {
-    const SafetensorsEntry& e = sources.entry(name);
-    if (e.shape != expected)
-      throw Error(str("'", sources.file_of(name), "': tensor '", name, "' is ", shape_str(e.shape),
-                      ", but config.json implies ", shape_str(expected), " (", why, ")"));
-    Tensor t = sources.read(name);
-    t = t.dtype() == target ? t : t.to(target);
-    check_finite(str("'", sources.file_of(name), "'"), name, t);  // NaN/Inf weights: refused
-    return t;
-  };
-  auto need = [&](const std::string& hf_name, const std::string& what) -> const std::string& {
-    if (hf_name.empty())
-      throw Error(str("'", dir, "': no tensor for ", what, " (the checkpoint is incomplete)"));
-    return hf_name;
-  };
-
-  for (const std::string& name : derived) {  // RoPE frequencies some checkpoints store
-    Tensor t = fetch(name, {hd / 2}, "RoPE inverse frequencies [hd/2]").to(DType::f32);
-    const float* f = t.data<float>();
-    for (int64_t i = 0; i < hd / 2; ++i) {
-      const double want = 1.0 / std::pow(mc.rope_theta, 2.0 * double(i) / double(hd));
-      if (std::abs(f[i] - want) > 1e-3 * want)
-        throw Error(str("'", sources.file_of(name), "': tensor '", name, "' element ", i, " is ",
-                        f[i], ", but rope_theta ", mc.rope_theta, " gives ", want,
-                        " (unsupported RoPE variant)"));
-    }
-    rep.mapped.push_back(str(name, " -> (derived from rope_theta; checked)"));
-  }
-
-  Checkpoint ckpt;
-  auto add = [&](const std::string& our, Tensor t, bool expert) {
-    t.set_name(our);
-    ckpt.params.push_back({our, std::move(t), expert, {}});
-  };
+  Importer in(dir, sources, mc, target, hf.experts, rep);
+  in.check_rope(plan.derived);
   const std::string why_vd = "[vocab_size, hidden_size]";
-  add("embed.tokens", fetch(need(outer["embed.tokens"], "the token embedding"), {V, D}, why_vd),
-      false);
-  rep.mapped.push_back(str(outer["embed.tokens"], " -> embed.tokens"));
-  for (int64_t i = 0; i < mc.layers; ++i) {
-    LayerSources& ls = layers[static_cast<size_t>(i)];
-    const std::string prefix = str("blocks.", i, ".");
-    auto single = [&](Slot slot, const Shape& shape, const std::string& why) {
-      const std::string our = prefix + slot_name(slot);
-      const std::string& name = need(ls.single[slot], our);
-      add(our, fetch(name, shape, why), false);
-      rep.mapped.push_back(str(name, " -> ", our));
-    };
-    single(Slot::norm1, {D}, "[hidden_size]");
-    single(Slot::norm2, {D}, "[hidden_size]");
-    single(Slot::q, {mc.heads * hd, D}, "[num_attention_heads * head_dim, hidden_size]");
-    single(Slot::k, {KV * hd, D}, "[num_key_value_heads * head_dim, hidden_size]");
-    single(Slot::v, {KV * hd, D}, "[num_key_value_heads * head_dim, hidden_size]");
-    single(Slot::o, {D, mc.heads * hd}, "[hidden_size, num_attention_heads * head_dim]");
-    single(Slot::router, {E, D}, "[experts, hidden_size]");
+  in.outer(plan, "embed.tokens", "the token embedding", {in.V, in.D}, why_vd);
+  for (int64_t i = 0; i < mc.layers; ++i) in.layer(i, plan.layers[static_cast<size_t>(i)]);
+  in.outer(plan, "final_norm.weight", "the final norm", {in.D}, "[hidden_size]");
+  in.outer(plan, "lm_head.weight", "the LM head (lm_head.weight)", {in.V, in.D}, why_vd);
 
-    const bool fused = !ls.single[Slot::gate_up].empty() || !ls.single[Slot::down].empty();
-    const bool split = !ls.per_expert.empty();
-    if (fused && split)
-      throw Error(str("'", dir, "': layer ", i,
-                      " has both per-expert and fused (gate_up_proj/down_proj) expert tensors"));
-    Tensor w1 = Tensor::empty({E, F, D}, target), w2 = Tensor::empty({E, D, F}, target),
-           w3 = Tensor::empty({E, F, D}, target);
-    const size_t expert_bytes = static_cast<size_t>(F * D) * dtype_size(target);
-    if (fused) {
-      // gate_up_proj [E, 2F, D]: per expert the gate (w1) rows, then the up (w3) rows, each a
-      // linear weight [out, in] (transformers' concatenated, not transposed, layout).
-      const std::string& gu =
-          need(ls.single[Slot::gate_up], prefix + "moe.experts.w1/w3 (gate_up_proj)");
-      const std::string& dn = need(ls.single[Slot::down], prefix + "moe.experts.w2 (down_proj)");
-      Tensor gate_up = fetch(gu, {E, 2 * F, D},
-                             "[experts, 2 * intermediate, hidden_size]: gate rows then up rows");
-      for (int64_t e = 0; e < E; ++e) {
-        const auto* src = static_cast<const std::byte*>(gate_up.raw()) + 2 * e * expert_bytes;
-        std::memcpy(static_cast<std::byte*>(w1.raw()) + e * expert_bytes, src, expert_bytes);
-        std::memcpy(static_cast<std::byte*>(w3.raw()) + e * expert_bytes, src + expert_bytes,
-                    expert_bytes);
-      }
-      w2 = fetch(dn, {E, D, F}, "[experts, hidden_size, intermediate]");
-      rep.mapped.push_back(str(gu, " -> ", prefix, "moe.experts.w1 (rows 0..F-1 of each expert), ",
-                               prefix, "moe.experts.w3 (rows F..2F-1)"));
-      rep.mapped.push_back(str(dn, " -> ", prefix, "moe.experts.w2"));
-    } else {
-      auto gather = [&](Slot slot, Tensor& into, const Shape& shape, const std::string& why) {
-        auto& names = ls.per_expert[slot];
-        names.resize(static_cast<size_t>(E));
-        for (int64_t e = 0; e < E; ++e) {
-          const std::string our = str(prefix, slot_name(slot));
-          const std::string& name = need(names[static_cast<size_t>(e)], str(our, " expert ", e));
-          Tensor t = fetch(name, shape, why);
-          std::memcpy(static_cast<std::byte*>(into.raw()) + e * expert_bytes, t.raw(),
-                      expert_bytes);
-          rep.mapped.push_back(str(name, " -> ", our, " expert ", e));
-        }
-      };
-      gather(Slot::w1, w1, {F, D}, "[intermediate, hidden_size]");
-      gather(Slot::w2, w2, {D, F}, "[hidden_size, intermediate]");
-      gather(Slot::w3, w3, {F, D}, "[intermediate, hidden_size]");
-    }
-    add(prefix + "moe.experts.w1", w1, true);
-    add(prefix + "moe.experts.w2", w2, true);
-    add(prefix + "moe.experts.w3", w3, true);
-  }
-  add("final_norm.weight",
-      fetch(need(outer["final_norm.weight"], "the final norm"), {D}, "[hidden_size]"), false);
-  rep.mapped.push_back(str(outer["final_norm.weight"], " -> final_norm.weight"));
-  add("lm_head.weight",
-      fetch(need(outer["lm_head.weight"], "the LM head (lm_head.weight)"), {V, D}, why_vd), false);
-  rep.mapped.push_back(str(outer["lm_head.weight"], " -> lm_head.weight"));
-
+  Checkpoint ckpt = std::move(in.ckpt);
   ckpt.model_config = to_json(mc);
   ckpt.train_config = nullptr;
   ckpt.provenance = options.provenance;
@@ -673,125 +619,6 @@ Checkpoint import_hf(const std::string& dir, const HfImportOptions& options,
         Provenance{"libmoe import_hf", version(), git_revision(), "", utc_timestamp()};
   if (ckpt.provenance.time.empty()) ckpt.provenance.time = utc_timestamp();
   return ckpt;
-}
-
-void export_hf(const Checkpoint& ckpt, const std::string& dir) {
-  const ModelConfig mc = model_config_from_json(ckpt.model_config);
-  if (mc.arch != Arch::mixtral)
-    throw Error(str("export_hf: only the mixtral flavour has a Hugging Face form (this model is ",
-                    arch_name(mc.arch), ")"));
-  const int64_t E = mc.experts_per_layer.empty() ? 0 : mc.experts_per_layer.front();
-  for (int64_t i = 0; i < mc.layers; ++i) {
-    const int64_t experts = mc.experts_per_layer[static_cast<size_t>(i)];
-    if (experts == 0)
-      throw Error(str("export_hf: layer ", i,
-                      " is dense (no experts); HF Mixtral has experts in every layer"));
-    if (experts != E)
-      throw Error(str("export_hf: HF Mixtral has the same number of experts in every layer; layer ",
-                      i, " has ", experts, ", layer 0 has ", E));
-  }
-  if (mc.residual_moe) throw Error("export_hf: residual MoE (PR-MoE) has no HF Mixtral form");
-  if (!mc.normalize_topk)
-    throw Error(
-        "export_hf: HF Mixtral renormalises the top-k gate weights; this model does not "
-        "(normalize_topk false)");
-  if (ckpt.sharding.rank >= 0)
-    throw Error(str("export_hf: this is rank ", ckpt.sharding.rank,
-                    "'s shard of a sharded checkpoint; merge it first"));
-  std::map<std::string, const NamedTensor*> params;
-  for (const NamedTensor& nt : ckpt.params) {
-    if (nt.shard.defined())
-      throw Error(
-          str("export_hf: parameter '", nt.name, "' is a shard; merge the checkpoint first"));
-    params[nt.name] = &nt;
-  }
-  const int64_t V = mc.vocab_size, D = mc.d_model, F = mc.d_ff, H = mc.heads;
-  const int64_t KV = mc.kv_heads_resolved(), hd = D / H;
-  std::set<std::string> used;
-  auto param = [&](const std::string& name, const Shape& shape) -> const Tensor& {
-    auto it = params.find(name);
-    if (it == params.end())
-      throw Error(str("export_hf: the checkpoint has no parameter '", name, "'"));
-    const Tensor& t = it->second->tensor;
-    if (t.shape() != shape || t.dtype() != mc.dtype)
-      throw Error(str("export_hf: parameter ", t.describe(), " ('", name, "') should be ",
-                      shape_str(shape), " ", dtype_name(mc.dtype)));
-    used.insert(name);
-    return t;
-  };
-  std::vector<NamedTensor> out;
-  auto emit = [&](const std::string& hf_name, const Tensor& t) {
-    out.push_back({hf_name, t, false, {}});
-  };
-  emit("model.embed_tokens.weight", param("embed.tokens", {V, D}));
-  for (int64_t i = 0; i < mc.layers; ++i) {
-    const std::string ours = str("blocks.", i, "."), hf = str("model.layers.", i, ".");
-    emit(hf + "input_layernorm.weight", param(ours + "norm1.weight", {D}));
-    emit(hf + "self_attn.q_proj.weight", param(ours + "attn.q.weight", {H * hd, D}));
-    emit(hf + "self_attn.k_proj.weight", param(ours + "attn.k.weight", {KV * hd, D}));
-    emit(hf + "self_attn.v_proj.weight", param(ours + "attn.v.weight", {KV * hd, D}));
-    emit(hf + "self_attn.o_proj.weight", param(ours + "attn.o.weight", {D, H * hd}));
-    emit(hf + "block_sparse_moe.gate.weight", param(ours + "moe.router.weight", {E, D}));
-    const Tensor& w1 = param(ours + "moe.experts.w1", {E, F, D});
-    const Tensor& w2 = param(ours + "moe.experts.w2", {E, D, F});
-    const Tensor& w3 = param(ours + "moe.experts.w3", {E, F, D});
-    for (int64_t e = 0; e < E; ++e) {
-      const std::string ex = str(hf, "block_sparse_moe.experts.", e, ".");
-      emit(ex + "w1.weight", w1.rows(e, e + 1).reshape({F, D}));
-      emit(ex + "w2.weight", w2.rows(e, e + 1).reshape({D, F}));
-      emit(ex + "w3.weight", w3.rows(e, e + 1).reshape({F, D}));
-    }
-    emit(hf + "post_attention_layernorm.weight", param(ours + "norm2.weight", {D}));
-  }
-  emit("model.norm.weight", param("final_norm.weight", {D}));
-  emit("lm_head.weight", param("lm_head.weight", {V, D}));
-  for (const auto& [name, nt] : params)
-    if (!used.count(name))
-      throw Error(str("export_hf: parameter '", name, "' has no place in HF Mixtral"));
-
-  const char* torch_dtype = mc.dtype == DType::f32    ? "float32"
-                            : mc.dtype == DType::bf16 ? "bfloat16"
-                                                      : "float16";
-  nlohmann::ordered_json config;
-  config["architectures"] = {"MixtralForCausalLM"};
-  config["model_type"] = "mixtral";
-  config["vocab_size"] = V;
-  config["hidden_size"] = D;
-  config["intermediate_size"] = F;
-  config["num_hidden_layers"] = mc.layers;
-  config["num_attention_heads"] = H;
-  config["num_key_value_heads"] = KV;
-  config["head_dim"] = hd;
-  config["hidden_act"] = "silu";
-  config["max_position_embeddings"] = mc.seq;
-  config["rms_norm_eps"] = mc.norm_eps;
-  config["rope_theta"] = mc.rope_theta;
-  config["sliding_window"] = nullptr;
-  config["num_local_experts"] = E;
-  config["num_experts_per_tok"] = mc.top_k;
-  config["router_aux_loss_coef"] = mc.aux_loss_coef;
-  config["router_jitter_noise"] = mc.router_jitter;
-  config["output_router_logits"] = false;
-  config["attention_dropout"] = 0.0;
-  config["initializer_range"] = 0.02;
-  config["tie_word_embeddings"] = false;
-  config["use_cache"] = true;
-  config["torch_dtype"] = torch_dtype;
-
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw Error(str("export_hf: cannot create '", dir, "': ", ec.message()));
-  if (fs::exists(join_path(dir, kIndexFile)))
-    throw Error(str("export_hf: '", dir, "' already holds ", kIndexFile,
-                    " (a sharded checkpoint, which loaders would read instead); export into an "
-                    "empty directory"));
-  const std::map<std::string, std::string> metadata = {
-      {"format", "pt"},
-      {kMetadataConfig, to_json(mc).dump()},
-      {"moe.producer", str("libmoe ", version(), " (git ", git_revision(), ")")}};
-  write_safetensors(join_path(dir, kSingleFile), out, metadata);
-  write_text_atomic(join_path(dir, kConfigFile), config.dump(2) + "\n");
-  fsync_path(dir, true);
 }
 
 }  // namespace moe::io

@@ -10,8 +10,8 @@
 #include <cstring>
 #include <filesystem>
 
-#include "io/files.h"
 #include "moe/error.h"
+#include "moe/io/checkpoint_dir.h"
 
 namespace moe::io {
 
@@ -35,7 +35,8 @@ long temporary_pid(const std::string& name) {
     const size_t at = name.rfind(marker);
     if (at == std::string::npos || at == 0) continue;
     const std::string base = name.substr(0, at);
-    const bool ours = base == ".last" || base == ".last.h5" ||
+    const bool ours = base == str(".", CheckpointDir::last_name(true)) ||
+                      base == str(".", CheckpointDir::last_name(false)) ||
                       (base.size() > 3 && base.compare(base.size() - 3, 3, ".h5") == 0);
     if (!ours) continue;
     const std::string digits = name.substr(at + std::strlen(marker));
@@ -74,12 +75,6 @@ void check_output_file(const std::string& path, bool replace) {
   std::error_code ec;
   if (!replace && std::filesystem::exists(std::filesystem::symlink_status(path, ec)))
     throw Error(str("'", path, "' already exists; remove it or pass --force to replace it"));
-}
-
-void rename_into_place(const std::string& temp, const std::string& path) {
-  check_replaceable(path);
-  if (std::rename(temp.c_str(), path.c_str()) != 0)
-    throw Error(str("cannot rename '", temp, "' to '", path, "': ", std::strerror(errno)));
 }
 
 std::vector<std::string> remove_stale_temporaries(const std::string& dir) {

@@ -15,6 +15,7 @@
 
 #include "io/files.h"
 #include "moe/error.h"
+#include "moe/io/atomic_file.h"
 
 namespace moe::io {
 
@@ -329,15 +330,14 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
   if (text.size() > kSafetensorsMaxHeader)
     fail(path, str("header of ", text.size(), " bytes exceeds the 100 MB limit"));
 
-  check_replaceable(path);
-  const std::string tmp = str(path, ".tmp-", ::getpid());
+  AtomicFile out(path);
+  const std::string& tmp = out.temp();
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   if (!f) fail(path, str("cannot write '", tmp, "': ", std::strerror(errno)));
-  std::error_code ec;
   auto abandon = [&](const std::string& cause) {
     if (f) std::fclose(f);
     f = nullptr;
-    std::filesystem::remove(tmp, ec);
+    out.abandon();
     fail(path, cause);
   };
   unsigned char length_bytes[8];
@@ -354,16 +354,11 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
   f = nullptr;
   if (std::fclose(closing) != 0) abandon(str("close failed: ", std::strerror(errno)));
   try {
-    fsync_path(tmp, false);
+    out.commit();
   } catch (const Error& e) {
     abandon(e.what());
   }
-  try {
-    rename_into_place(tmp, path);
-  } catch (const Error& e) {
-    abandon(e.what());
-  }
-  fsync_path(parent_directory(path), true);
+  out.sync_directory();
 }
 
 }  // namespace moe::io

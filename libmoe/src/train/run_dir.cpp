@@ -5,21 +5,13 @@
 #include <filesystem>
 
 #include "moe/error.h"
+#include "moe/io/checkpoint_dir.h"
 
 namespace moe::train {
 
 namespace fs = std::filesystem;
 
 namespace {
-
-bool is_step_name(const std::string& name) {
-  // step-<8 digits>.h5 (one file) or step-<8 digits> (a sharded checkpoint's directory).
-  if (name.rfind("step-", 0) != 0) return false;
-  std::string digits = name.substr(5);
-  if (digits.size() >= 3 && digits.compare(digits.size() - 3, 3, ".h5") == 0)
-    digits.resize(digits.size() - 3);
-  return digits.size() == 8 && digits.find_first_not_of("0123456789") == std::string::npos;
-}
 
 // The directory a checkpoint path lives in, made absolute and normal ("" when it has none).
 fs::path resolved(const fs::path& path) {
@@ -31,16 +23,7 @@ fs::path resolved(const fs::path& path) {
 }  // namespace
 
 std::vector<std::string> run_checkpoints(const std::string& dir) {
-  std::vector<std::string> found;
-  std::error_code ec;
-  fs::directory_iterator it(dir, ec);
-  if (ec) return found;
-  for (const fs::directory_entry& entry : it) {
-    const std::string name = entry.path().filename().string();
-    if (name == "last.h5" || name == "last" || is_step_name(name)) found.push_back(name);
-  }
-  std::sort(found.begin(), found.end());
-  return found;
+  return io::CheckpointDir(dir).checkpoints();
 }
 
 void check_run_directory(const std::string& dir, const std::string& resume, bool force,
@@ -57,9 +40,12 @@ void check_run_directory(const std::string& dir, const std::string& resume, bool
     const fs::path parent = given.has_parent_path() ? given.parent_path() : fs::path(".");
     if (resolved(parent) == out) return;  // resuming this directory's own run
   }
-  const bool sharded = std::find(held.begin(), held.end(), "last") != held.end() &&
-                       std::find(held.begin(), held.end(), "last.h5") == held.end();
-  const std::string last = (fs::path(dir) / (sharded ? "last" : "last.h5")).string();
+  auto holds = [&](const char* name) {
+    return std::find(held.begin(), held.end(), name) != held.end();
+  };
+  const bool sharded =
+      holds(io::CheckpointDir::last_name(true)) && !holds(io::CheckpointDir::last_name(false));
+  const std::string last = io::CheckpointDir(dir).last(sharded);
   std::string listed;
   for (size_t i = 0; i < held.size() && i < 3; ++i) listed += (i ? ", " : "") + held[i];
   if (held.size() > 3) listed += str(", ... (", held.size(), " in all)");

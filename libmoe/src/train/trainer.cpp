@@ -11,6 +11,7 @@
 #include <set>
 
 #include "moe/cuda.h"
+#include "moe/io/checkpoint_dir.h"
 #include "moe/io/finite.h"
 #include "moe/log.h"
 #include "moe/models/memory.h"
@@ -266,19 +267,13 @@ void Trainer::load_tensors(const io::Checkpoint& ckpt) {
   sampler_->set_cursor(ckpt.state.data_cursor);
 }
 
-static std::string shard_file(const std::filesystem::path& dir, int rank) {
-  char name[32];
-  std::snprintf(name, sizeof name, "rank-%05d.h5", rank);
-  return (dir / name).string();
-}
-
 void Trainer::restore(const std::string& path) {
   namespace fs = std::filesystem;
   if (!fs::is_directory(path)) {
     restore(io::load_checkpoint(path));
     return;
   }
-  const std::string head_path = shard_file(path, 0);
+  const std::string head_path = io::CheckpointDir::rank_file(path, 0);
   if (!fs::exists(head_path))
     throw Error(str("'", path, "' is not a sharded checkpoint directory (no ", head_path, ")"));
   io::Checkpoint head = io::load_checkpoint(head_path);
@@ -316,7 +311,7 @@ void Trainer::restore(const std::string& path) {
     if (std::find(sources.begin(), sources.begin() + static_cast<std::ptrdiff_t>(i), sources[i]) !=
         sources.begin() + static_cast<std::ptrdiff_t>(i))
       continue;
-    const std::string file = shard_file(path, sources[i]);
+    const std::string file = io::CheckpointDir::rank_file(path, sources[i]);
     io::Checkpoint part = sources[i] == 0 ? std::move(head) : io::load_checkpoint(file);
     if (part.state.step != mine.state.step || part.sharding.rank != sources[i])
       throw Error(str(file, " is not rank ", sources[i], "'s shard of step ", mine.state.step,
@@ -658,28 +653,14 @@ io::Checkpoint Trainer::snapshot() const {
   return c;
 }
 
-// dir/link -> target, swapped atomically (a symlink under a temporary name, then a rename).
-static void point_link(const std::filesystem::path& dir, const std::string& link,
-                       const std::string& target) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::path tmp = dir / ("." + link + ".tmp-" + std::to_string(::getpid()));
-  fs::remove(tmp, ec);
-  fs::create_symlink(target, tmp, ec);
-  if (ec) throw Error(str("cannot create link '", tmp.string(), "': ", ec.message()));
-  fs::rename(tmp, dir / link, ec);
-  if (ec) throw Error(str("cannot update '", (dir / link).string(), "': ", ec.message()));
-}
-
 std::string Trainer::save(const std::string& dir) const {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw Error(str("cannot create output directory '", dir, "': ", ec.message()));
   if (sharded()) return save_sharded(dir);
-  char name[32];
-  std::snprintf(name, sizeof name, "step-%08lld.h5", static_cast<long long>(step_));
-  fs::path path = fs::path(dir) / name;
+  const io::CheckpointDir run(dir);
+  const fs::path path = run.step(step_);
   if (rank() != 0) {  // parameters are identical on every rank: rank 0 writes
     world_->barrier();
     return path.string();
@@ -687,7 +668,7 @@ std::string Trainer::save(const std::string& dir) const {
   const io::Checkpoint c = snapshot();
   check_saveable(c, step_);
   io::save_checkpoint(path.string(), c);
-  point_link(dir, "last.h5", name);  // last.h5 -> the newest checkpoint
+  run.point_last(step_);  // last.h5 -> the newest checkpoint
   if (world_size() > 1) world_->barrier();
   return path.string();
 }
@@ -697,9 +678,8 @@ std::string Trainer::save(const std::string& dir) const {
 // the previous checkpoint the last one, and every rank throws.
 std::string Trainer::save_sharded(const std::string& dir) const {
   namespace fs = std::filesystem;
-  char name[32];
-  std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(step_));
-  const fs::path step_dir = fs::path(dir) / name;
+  const io::CheckpointDir run(dir);
+  const fs::path step_dir = run.step(step_, /*sharded=*/true);
   std::string error;
   if (rank() == 0) {
     std::error_code ec;
@@ -717,7 +697,7 @@ std::string Trainer::save_sharded(const std::string& dir) const {
     if (writes) {
       const io::Checkpoint c = snapshot_owned();
       check_saveable(c, step_);
-      io::save_checkpoint(shard_file(step_dir, rank()), c);
+      io::save_checkpoint(io::CheckpointDir::rank_file(step_dir.string(), rank()), c);
     }
   } catch (const std::exception& e) {
     error = e.what();
@@ -728,7 +708,7 @@ std::string Trainer::save_sharded(const std::string& dir) const {
     throw Error(error.empty() ? str("rank ", bad - 1, " could not write its shard of ",
                                     step_dir.string(), "; the previous checkpoint stays the last")
                               : error);
-  if (rank() == 0) point_link(dir, "last", name);
+  if (rank() == 0) run.point_last(step_, /*sharded=*/true);
   world_->barrier();
   return step_dir.string();
 }

@@ -5,9 +5,8 @@
 //     this batch) picks a distribution over the layer's experts from the path table
 //     (moe-profile paths; unseen paths and the first MoE layer use the layer's marginal); the mean
 //     over the batch's tokens (all ranks) is the estimated popularity p_e;
-//   placement: expert e gets n_e = max(1, round(R p_e)) replicas (at most R), each carrying
-//     p_e / n_e; the pieces are packed first-fit-decreasing into R ranks of capacity 1/R (replicas
-//     of one expert on distinct ranks; a piece that fits nowhere goes to the least-loaded rank);
+//   placement: balance::pack_experts (moe/balance/placement.h) packs replicas of the experts by
+//     that popularity onto the R ranks;
 //   phase 2: after the router ran, if an expert among the actual top-2k (by the batch's global
 //     load, experts without rows left out) is not among the estimated top-2k, the placement is
 //     re-planned from the actual loads.
@@ -25,11 +24,8 @@
 
 namespace moe::infer {
 
-// The packing step alone: popularity [E] (any non-negative weights; all zero = uniform) onto
-// `ranks` ranks.
-nn::ExpertAssignment pack_experts(const std::vector<double>& popularity, int ranks);
-
-// Max over ranks of the rows a rank computes, over their mean (1 = perfect balance).
+// Max over ranks of the rows a rank computes, over their mean (1 = perfect balance; 1 also when
+// no rows: unlike balance::max_over_mean, which says 0, and is computed in another order).
 double max_over_mean(const std::vector<int64_t>& rank_rows);
 
 // Per MoE layer, over the batches seen so far.

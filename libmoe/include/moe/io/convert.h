@@ -21,20 +21,13 @@
 #include <string>
 #include <vector>
 
+#include "moe/balance/placement.h"
 #include "moe/io/checkpoint.h"
+#include "moe/io/checkpoint_dir.h"
 #include "moe/io/trace.h"
 #include "moe/models/config.h"
 
 namespace moe::io {
-
-// ---- finding a checkpoint ---------------------------------------------------------------------
-
-// The files of the checkpoint named by `paths`: one checkpoint file; a sharded checkpoint
-// directory (its rank-<5 digits>.h5 files, in rank order; temporary *.tmp-* files are ignored); a
-// training output directory (its `last` directory or `last.h5` file, followed); or several rank
-// files. Throws naming a missing path or a directory that holds no checkpoint; several paths must
-// all be files (UsageError otherwise).
-std::vector<std::string> checkpoint_files(const std::vector<std::string>& paths);
 
 // ---- merge ------------------------------------------------------------------------------------
 
@@ -62,19 +55,7 @@ Checkpoint load_whole(const std::vector<std::string>& paths, bool with_optim = t
 
 // ---- partition and expert placement -----------------------------------------------------------
 
-// Experts -> ranks for one MoE layer: map[e] is the rank holding expert e. Every rank holds E/N
-// experts (N must divide E, else UsageError).
-std::vector<int> contiguous_placement(int64_t experts, int ranks);  // e -> e / (E/N): the trainer's
-std::vector<int> round_robin_placement(int64_t experts, int ranks);  // e -> e mod N
-// Graham's LPT rule with equal capacities: experts by load descending (ties: lower id first), each
-// to the least-loaded rank that still has room for one of its E/N experts (ties: lower rank).
-std::vector<int> lpt_placement(const std::vector<int64_t>& loads, int ranks);
-// Sum of the loads of each rank's experts ([N]).
-std::vector<int64_t> rank_loads(const std::vector<int64_t>& loads, const std::vector<int>& map,
-                                int ranks);
-// max over mean of rank_loads (1 = balanced; 0 when there is no load).
-double max_over_mean(const std::vector<int64_t>& rank_loads);
-bool is_contiguous_placement(const std::vector<int>& map, int ranks);
+// The placements themselves (contiguous, round robin, LPT) are in moe/balance/placement.h.
 
 struct LayerPlacement {
   int64_t layer = 0, block = 0, experts = 0;

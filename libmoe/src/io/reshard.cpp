@@ -1,47 +1,22 @@
-// Checkpoint conversions (see moe/io/convert.h): finding checkpoint files, merge of shards,
-// partition into the trainer's sharded layout. Expert placement is in expert_placement.cpp, dtype
-// and freeze in freeze.cpp, inspect in inspect.cpp. Shape letters: E experts of a layer, L MoE
-// layers, N ranks, D model width.
-#include "moe/io/convert.h"
-
-#include <unistd.h>
-
+// Resharding checkpoints (see moe/io/convert.h): merge of shards and partition into the trainer's
+// sharded layout, and the tensor slicing both need. The other conversions: checkpoint_dir.cpp
+// finds the files, expert_placement.cpp plans placements (policies in balance/),
+// convert_dtype.cpp changes dtypes and freezes, convert_save.cpp writes converted files,
+// inspect.cpp describes them. Shape letters: E experts of a layer, L MoE layers, N ranks,
+// D model width.
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
-#include <cstdio>
-#include <cstring>
-#include <filesystem>
 #include <map>
 #include <numeric>
 #include <set>
 
 #include "io/convert_internal.h"
-#include "io/files.h"
+#include "moe/io/convert.h"
 #include "moe/io/hdf5.h"
 
 namespace moe::io {
 
-namespace fs = std::filesystem;
-
 namespace {
-
-std::string rank_file_name(int rank) {
-  char name[32];
-  std::snprintf(name, sizeof name, "rank-%05d.h5", rank);
-  return name;
-}
-
-// "rank-<digits>.h5" -> the rank, else -1.
-int rank_of_file_name(const std::string& name) {
-  if (name.size() != 13 || name.rfind("rank-", 0) != 0 || name.substr(10) != ".h5") return -1;
-  int rank = 0;
-  for (size_t i = 5; i < 10; ++i) {
-    if (name[i] < '0' || name[i] > '9') return -1;
-    rank = rank * 10 + (name[i] - '0');
-  }
-  return rank;
-}
 
 // block -> MoE layer index (-1 for dense blocks).
 std::vector<int64_t> moe_layer_of_block(const ModelConfig& config) {
@@ -200,44 +175,6 @@ int64_t block_of_name(const std::string& name) {
   return -1;
 }
 
-// ---- finding a checkpoint ---------------------------------------------------------------------
-
-std::vector<std::string> checkpoint_files(const std::vector<std::string>& paths) {
-  MOE_USAGE_CHECK(!paths.empty(), "no checkpoint given");
-  std::vector<std::string> files;
-  if (paths.size() > 1) {
-    for (const std::string& p : paths) {
-      std::error_code ec;
-      if (!fs::exists(p, ec)) throw Error(str("'", p, "': no such file or directory"));
-      MOE_USAGE_CHECK(!fs::is_directory(p, ec), "'", p,
-                      "' is a directory: give one sharded checkpoint directory, or rank files");
-      files.push_back(p);
-    }
-    return files;
-  }
-  const std::string& path = paths[0];
-  std::error_code ec;
-  if (!fs::exists(path, ec)) throw Error(str("'", path, "': no such file or directory"));
-  if (!fs::is_directory(path, ec)) return {path};
-  std::vector<std::pair<int, std::string>> ranks;
-  for (const fs::directory_entry& entry : fs::directory_iterator(path, ec)) {
-    const int r = rank_of_file_name(entry.path().filename().string());
-    if (r >= 0) ranks.emplace_back(r, entry.path().string());
-  }
-  if (ec) throw Error(str("cannot list '", path, "': ", ec.message()));
-  if (!ranks.empty()) {
-    std::sort(ranks.begin(), ranks.end());
-    for (auto& [r, f] : ranks) files.push_back(f);
-    return files;
-  }
-  const fs::path dir(path);
-  if (fs::is_directory(dir / "last", ec)) return checkpoint_files({(dir / "last").string()});
-  if (fs::is_regular_file(dir / "last.h5", ec)) return {(dir / "last.h5").string()};
-  throw Error(str("'", path,
-                  "' holds no checkpoint: no rank-<5 digits>.h5 files (a sharded checkpoint), "
-                  "no 'last' directory or 'last.h5' (a moe-train output directory)"));
-}
-
 // ---- merge ------------------------------------------------------------------------------------
 
 Checkpoint merge_shards(const std::vector<std::string>& files) {
@@ -263,7 +200,7 @@ Checkpoint merge_shards(std::vector<Checkpoint> shards, const std::vector<std::s
   }
   const size_t head_index = by_rank.count(0) ? by_rank.at(0) : shards.size();
   if (head_index == shards.size())
-    throw Error(str("missing shard: no file of rank 0 (", rank_file_name(0),
+    throw Error(str("missing shard: no file of rank 0 (", CheckpointDir::rank_file_name(0),
                     ", which holds the replicated tensors) among ", names.size(), " file(s)"));
   const Checkpoint& head = shards[head_index];
   const std::string& head_name = names[head_index];
@@ -308,7 +245,7 @@ Checkpoint merge_shards(std::vector<Checkpoint> shards, const std::vector<std::s
     for (int r = 0; r < layout.world_size; ++r) needed.insert(r);
   for (int r : needed)
     if (!by_rank.count(r))
-      throw Error(str("missing shard: rank ", r, "'s file (", rank_file_name(r),
+      throw Error(str("missing shard: rank ", r, "'s file (", CheckpointDir::rank_file_name(r),
                       ") is not among the inputs; a checkpoint of world size ", layout.world_size,
                       ", ep_size ", layout.ep_size,
                       layout.shard_embedding ? " with a sharded embedding" : "",
@@ -319,7 +256,8 @@ Checkpoint merge_shards(std::vector<Checkpoint> shards, const std::vector<std::s
   const std::vector<std::vector<int>> placement =
       split_placement(layout.expert_rank, config, str("'", head_name, "'"));
   bool placed = false;  // a non-contiguous expert placement
-  for (const auto& map : placement) placed |= !is_contiguous_placement(map, layout.ep_size);
+  for (const auto& map : placement)
+    placed |= !balance::is_contiguous_placement(map, layout.ep_size);
 
   auto merge_group = [&](bool optim) {
     struct Piece {
@@ -480,7 +418,7 @@ std::vector<Checkpoint> partition(const Checkpoint& whole, const PartitionOption
   bool placed = false;
   if (options.placement.empty()) {
     for (int64_t e : config.experts_per_layer)
-      if (e > 0) maps.push_back(contiguous_placement(e, N));
+      if (e > 0) maps.push_back(balance::contiguous_placement(e, N));
   } else {
     MOE_USAGE_CHECK(static_cast<int64_t>(options.placement.size()) == moe_layers, "placement of ",
                     options.placement.size(), " MoE layers for a model of ", moe_layers);
@@ -488,7 +426,7 @@ std::vector<Checkpoint> partition(const Checkpoint& whole, const PartitionOption
     for (int64_t e : config.experts_per_layer) {
       if (e <= 0) continue;
       const std::vector<int>& map = options.placement[l];
-      per_rank(e, N);
+      balance::per_rank(e, N);
       MOE_USAGE_CHECK(static_cast<int64_t>(map.size()) == e, "placement of MoE layer ", l, ": ",
                       map.size(), " experts, the layer has ", e);
       std::vector<int64_t> held(static_cast<size_t>(N), 0);
@@ -501,7 +439,7 @@ std::vector<Checkpoint> partition(const Checkpoint& whole, const PartitionOption
         MOE_USAGE_CHECK(held[static_cast<size_t>(r)] == e / N, "placement of MoE layer ", l,
                         ": rank ", r, " holds ", held[static_cast<size_t>(r)], " experts, not ",
                         e / N);
-      placed |= !is_contiguous_placement(map, N);
+      placed |= !balance::is_contiguous_placement(map, N);
       maps.push_back(map);
       ++l;
     }
@@ -549,7 +487,7 @@ std::vector<Checkpoint> partition(const Checkpoint& whole, const PartitionOption
                 " experts, its layer ", map.size());
       source = gather_rows(nt.tensor, rank_major_order(map, N));
     } else if (experts) {
-      per_rank(extent, N);
+      balance::per_rank(extent, N);
     }
     for (int r = 0; r < N; ++r) {
       ParamShard shard{nt.tensor.shape(), dim, r * count, count};
@@ -568,44 +506,6 @@ std::vector<Checkpoint> partition(const Checkpoint& whole, const PartitionOption
     distribute(nt, param, true);
   }
   return files;
-}
-
-void save_sharded(const std::string& dir, const std::vector<Checkpoint>& files, bool replace,
-                  const nlohmann::json& history) {
-  std::error_code ec;
-  fs::path target = fs::path(dir);
-  if (target.filename().empty()) target = target.parent_path();  // "out/" -> "out"
-  const bool exists = fs::exists(fs::symlink_status(target, ec));
-  if (exists && !replace)
-    throw Error(str("'", dir, "' already exists; remove it or pass --force to replace it"));
-  if (exists && !fs::is_directory(target, ec))
-    throw Error(str("'", dir, "' exists and is not a directory"));
-  const fs::path temp = target.string() + ".tmp-" + std::to_string(::getpid());
-  const fs::path old = target.string() + ".old-" + std::to_string(::getpid());
-  fs::remove_all(temp, ec);
-  fs::create_directories(temp, ec);
-  if (ec) throw Error(str("cannot create '", temp.string(), "': ", ec.message()));
-  try {
-    for (const Checkpoint& c : files)
-      save_converted((temp / rank_file_name(c.sharding.rank)).string(), c, history);
-    fsync_path(temp.string(), true);
-    if (exists) {
-      fs::rename(target, old, ec);
-      if (ec) throw Error(str("cannot move '", dir, "' aside: ", ec.message()));
-    }
-    fs::rename(temp, target, ec);
-    if (ec) {
-      std::error_code ignored;
-      if (exists) fs::rename(old, target, ignored);
-      throw Error(str("cannot rename '", temp.string(), "' to '", dir, "': ", ec.message()));
-    }
-  } catch (...) {
-    std::error_code ignored;
-    fs::remove_all(temp, ignored);
-    throw;
-  }
-  fsync_path(parent_directory(target.string()), true);
-  if (exists) fs::remove_all(old, ec);
 }
 
 }  // namespace moe::io

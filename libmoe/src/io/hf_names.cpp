@@ -1,0 +1,121 @@
+// Hugging Face tensor names -> our slots (see io/hf_names.h).
+#include "io/hf_names.h"
+
+#include <regex>
+
+namespace moe::io::hf {
+
+Classified classify(const std::string& name) {
+  static const std::regex layer_re(R"(model\.layers\.(\d+)\.(.+))");
+  static const std::regex attn_re(R"(self_attn\.(q|k|v|o)_proj\.weight)");
+  static const std::regex attn_bias_re(R"(self_attn\.(q|k|v|o)_proj\.bias)");
+  static const std::regex qk_norm_re(R"(self_attn\.(q_norm|k_norm)\.weight)");
+  static const std::regex router_re(R"((block_sparse_moe|mlp)\.gate\.weight)");
+  static const std::regex router_bias_re(
+      R"((block_sparse_moe|mlp)\.gate\.(bias|e_score_correction_bias))");
+  static const std::regex expert_re(
+      R"((block_sparse_moe|mlp)\.experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight)");
+  static const std::regex expert_bias_re(
+      R"((block_sparse_moe|mlp)\.experts\.((\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.bias|gate_up_proj_bias|down_proj_bias))");
+  static const std::regex fused_re(R"((block_sparse_moe|mlp)\.experts\.(gate_up_proj|down_proj))");
+  static const std::regex shared_re(R"(mlp\.shared_experts?(_gate)?\..+)");
+  static const std::regex dense_re(R"(mlp\.(gate_proj|up_proj|down_proj)\.(weight|bias))");
+  Classified c;
+  if (name == "model.embed_tokens.weight") {
+    c.kind = Classified::mapped;
+    c.our = "embed.tokens";
+    return c;
+  }
+  if (name == "model.norm.weight") {
+    c.kind = Classified::mapped;
+    c.our = "final_norm.weight";
+    return c;
+  }
+  if (name == "lm_head.weight") {
+    c.kind = Classified::mapped;
+    c.our = "lm_head.weight";
+    return c;
+  }
+  if (name == "model.rotary_emb.inv_freq") {
+    c.kind = Classified::derived;
+    return c;
+  }
+  std::smatch m;
+  if (!std::regex_match(name, m, layer_re)) return c;
+  const std::string layer_text = m[1].str();
+  if (layer_text.size() > 9) return c;
+  c.layer = std::stoll(layer_text);
+  const std::string rest = m[2].str();
+  std::smatch r;
+  auto mapped = [&](Slot slot) {
+    c.kind = Classified::mapped;
+    c.slot = slot;
+    return c;
+  };
+  auto unsupported = [&](const char* feature) {
+    c.kind = Classified::unsupported;
+    c.feature = feature;
+    return c;
+  };
+  if (rest == "input_layernorm.weight") return mapped(Slot::norm1);
+  if (rest == "post_attention_layernorm.weight") return mapped(Slot::norm2);
+  if (rest == "self_attn.rotary_emb.inv_freq") {
+    c.kind = Classified::derived;
+    return c;
+  }
+  if (std::regex_match(rest, r, attn_re)) {
+    const char p = r[1].str()[0];
+    return mapped(p == 'q' ? Slot::q : p == 'k' ? Slot::k : p == 'v' ? Slot::v : Slot::o);
+  }
+  if (std::regex_match(rest, attn_bias_re)) return unsupported("attention biases");
+  if (std::regex_match(rest, qk_norm_re)) return unsupported("qk-norm (self_attn.q_norm/k_norm)");
+  if (std::regex_match(rest, router_re)) return mapped(Slot::router);
+  if (std::regex_match(rest, router_bias_re)) return unsupported("router bias");
+  if (std::regex_match(rest, r, expert_re)) {
+    const std::string e = r[2].str();
+    if (e.size() > 9) return Classified{};
+    c.expert = std::stoll(e);
+    const std::string w = r[3].str();
+    if (w == "w1" || w == "gate_proj") return mapped(Slot::w1);
+    if (w == "w3" || w == "up_proj") return mapped(Slot::w3);
+    return mapped(Slot::w2);
+  }
+  if (std::regex_match(rest, expert_bias_re)) return unsupported("expert biases");
+  if (std::regex_match(rest, r, fused_re))
+    return mapped(r[2].str() == "gate_up_proj" ? Slot::gate_up : Slot::down);
+  if (std::regex_match(rest, shared_re)) return unsupported("shared expert");
+  if (std::regex_match(rest, dense_re)) return unsupported("dense MLP layers");
+  return Classified{};
+}
+
+const char* slot_name(Slot s) {
+  switch (s) {
+    case Slot::norm1:
+      return "norm1.weight";
+    case Slot::norm2:
+      return "norm2.weight";
+    case Slot::q:
+      return "attn.q.weight";
+    case Slot::k:
+      return "attn.k.weight";
+    case Slot::v:
+      return "attn.v.weight";
+    case Slot::o:
+      return "attn.o.weight";
+    case Slot::router:
+      return "moe.router.weight";
+    case Slot::w1:
+      return "moe.experts.w1";
+    case Slot::w2:
+      return "moe.experts.w2";
+    case Slot::w3:
+      return "moe.experts.w3";
+    case Slot::gate_up:
+      return "moe.experts.w1+w3";
+    case Slot::down:
+      return "moe.experts.w2";
+  }
+  return "?";
+}
+
+}  // namespace moe::io::hf
