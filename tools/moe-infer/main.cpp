@@ -12,8 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/cli.h"
+#include "moe/comm/all_to_all.h"
 #include "moe/comm/communicator.h"
-#include "moe/comm/hierarchical_a2a.h"
 #include "moe/comm/nccl.h"
 #include "moe/cuda.h"
 #include "moe/infer/expert_ring.h"

@@ -8,8 +8,8 @@
 #pragma once
 #include <cstdint>
 
+#include "moe/comm/all_to_all.h"
 #include "moe/comm/communicator.h"
-#include "moe/comm/hierarchical_a2a.h"
 #include "moe/comm/scheduler.h"
 #include "moe/nn/placement.h"
 

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "moe/arena.h"
+#include "moe/comm/all_to_all.h"
 #include "moe/comm/communicator.h"
-#include "moe/comm/hierarchical_a2a.h"
 #include "moe/comm/scheduler.h"
 #include "moe/io/checkpoint.h"
 #include "moe/io/dataset.h"
