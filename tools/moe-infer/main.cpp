@@ -12,9 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/cli.h"
-#include "moe/comm/all_to_all.h"
 #include "moe/comm/communicator.h"
-#include "moe/comm/nccl.h"
 #include "moe/cuda.h"
 #include "moe/infer/expert_ring.h"
 #include "moe/infer/generate.h"
@@ -23,6 +21,7 @@
 #include "moe/infer/prompts.h"
 #include "moe/io/dataset.h"
 #include "moe/log.h"
+#include "moe/parallel/layout.h"
 #include "moe/timer.h"
 
 using namespace moe;
@@ -47,8 +46,7 @@ std::string dump(const json& j) {
 struct Engine {
   Device device;
   std::unique_ptr<comm::Communicator> world;
-  std::unique_ptr<comm::Communicator> nccl;  // --ep on GPUs: the expert exchange
-  std::unique_ptr<comm::AllToAllV> exchange;
+  std::unique_ptr<parallel::Layout> layout;  // --ep: the expert group (NCCL on GPUs)
   nn::Parallel parallel;
   infer::LoadedModel loaded;
   std::unique_ptr<infer::ExpertRing> ring;
@@ -75,16 +73,8 @@ std::unique_ptr<Engine> open_engine(const Options& o, std::unique_ptr<comm::Comm
               "batch's routing on the host); this run has --device ",
               o.device));
     e.world = std::move(world);
-    comm::Communicator* experts = e.world.get();
-#ifdef MOE_HAVE_CUDA
-    if (e.device.kind == Device::cuda) {  // the exchange moves device rows: NCCL
-      e.nccl = comm::make_nccl(*e.world, comm::NcclOptions{e.device.index, 0});
-      experts = e.nccl.get();
-    }
-#endif
-    e.exchange = std::make_unique<comm::AllToAllV>(*experts, comm::A2AAlgorithm::flat);
-    e.parallel.experts = experts;
-    e.parallel.exchange = e.exchange.get();
+    e.layout = parallel::Layout::expert_world(*e.world, e.device);
+    e.parallel = nn::Parallel::of(*e.layout);
     if (!o.popularity.empty()) {  // every rank holds every expert; Lina places them per batch
       const ModelConfig mc = model_config_from_json(io::read_model_config(o.model));
       try {
