@@ -15,7 +15,6 @@
 #include "moe/log.h"
 #include "moe/models/memory.h"
 #include "moe/ops/core.h"
-#include "moe/parallel/grad_sync.h"
 #include "moe/timer.h"
 
 namespace moe::train {

@@ -12,11 +12,8 @@
 #include "moe/io/dataset.h"
 #include "moe/models/transformer.h"
 #include "moe/optim/adamw.h"
+#include "moe/parallel/grad_sync.h"
 #include "moe/parallel/layout.h"
-
-namespace moe::parallel {
-class GradSync;
-}
 
 namespace moe::train {
 
