@@ -23,6 +23,7 @@
 
 #include "common/cli.h"
 #include "machine.h"
+#include "moe/comm/all_to_all.h"
 #include "moe/comm/communicator.h"
 #include "moe/comm/hierarchical_a2a.h"
 #include "moe/cuda.h"

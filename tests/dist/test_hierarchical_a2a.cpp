@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "moe/comm/all_to_all.h"
 #include "moe/comm/communicator.h"
 #include "moe/comm/hierarchical_a2a.h"
 #include "moe/rng.h"

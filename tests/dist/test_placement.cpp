@@ -9,8 +9,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "moe/comm/all_to_all.h"
 #include "moe/comm/communicator.h"
-#include "moe/comm/hierarchical_a2a.h"
 #include "moe/infer/placement.h"
 #include "moe/models/transformer.h"
 #include "moe/rng.h"

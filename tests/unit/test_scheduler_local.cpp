@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "moe/comm/hierarchical_a2a.h"
+#include "moe/comm/all_to_all.h"
 #include "moe/comm/local.h"
 #include "moe/comm/scheduler.h"
 #include "moe/rng.h"

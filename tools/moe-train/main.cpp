@@ -6,7 +6,6 @@
 #include <nlohmann/json.hpp>
 
 #include "moe/comm/communicator.h"
-#include "moe/comm/nccl.h"
 #include "moe/cuda.h"
 #include "moe/io/checkpoint.h"
 #include "moe/io/checkpoint_dir.h"
@@ -103,16 +102,11 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
       world.check_same_everywhere(str("moe-train setting '", key, "'"), value.dump());
   }
   // The device is checked before any work: a machine without a usable GPU is told so at once.
-  // Several ranks on GPUs train over NCCL (bootstrapped over the launcher's MPI world), one GPU
-  // per rank.
+  // Several ranks on GPUs train over NCCL (the trainer's parallel::Layout bootstraps it over the
+  // launcher's MPI world), one GPU per rank.
   const Device device = tools::resolve_device(o.device, &world);
-  std::unique_ptr<comm::Communicator> nccl;
-#ifdef MOE_HAVE_CUDA
-  if (device.kind == Device::cuda && world.size() > 1)
-    nccl = comm::make_nccl(world, comm::NcclOptions{device.index, 0});
-#endif
-  comm::Communicator& group = nccl ? *nccl : world;
-  train::Trainer trainer(mc, tc, io::make_provenance("moe-train", argc, argv), &group);
+  train::Trainer trainer(mc, tc, io::make_provenance("moe-train", argc, argv), &world, device);
+  const comm::Communicator& group = *trainer.layout().world();
   tools::ensure_output_dir(o.out);  // before training: fail now, not at the first checkpoint
   if (resume) {
     if (sharded_resume)

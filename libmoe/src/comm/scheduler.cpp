@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <utility>
 
-#include "moe/comm/hierarchical_a2a.h"
+#include "moe/comm/all_to_all.h"
 #include "moe/log.h"
 #include "moe/timer.h"
 

@@ -2,7 +2,6 @@
 
 #include <utility>
 
-#include "moe/comm/nccl.h"
 #include "moe/error.h"
 #include "moe/io/checkpoint.h"
 #include "moe/log.h"
@@ -28,16 +27,8 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& o,
               "batch's routing on the host); this run has --device ",
               o.device_flag));
     e.world_ = std::move(world);
-    comm::Communicator* experts = e.world_.get();
-#ifdef MOE_HAVE_CUDA
-    if (e.device_.kind == Device::cuda) {  // the exchange moves device rows: NCCL
-      e.nccl_ = comm::make_nccl(*e.world_, comm::NcclOptions{e.device_.index, 0});
-      experts = e.nccl_.get();
-    }
-#endif
-    e.exchange_ = std::make_unique<comm::AllToAllV>(*experts, comm::A2AAlgorithm::flat);
-    e.parallel_.experts = experts;
-    e.parallel_.exchange = e.exchange_.get();
+    e.layout_ = parallel::Layout::expert_world(*e.world_, e.device_);  // NCCL on GPUs
+    e.parallel_ = nn::Parallel::of(*e.layout_);
     if (!o.popularity.empty()) {  // every rank holds every expert; Lina places them per batch
       const ModelConfig mc = model_config_from_json(io::read_model_config(o.model));
       try {

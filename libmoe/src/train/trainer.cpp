@@ -107,7 +107,7 @@ static void check_training_memory(const ModelConfig& config, const TrainConfig& 
 }
 
 Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provenance provenance,
-                 comm::Communicator* world)
+                 comm::Communicator* world, Device device)
     : train_(train), provenance_(std::move(provenance)), world_(world) {
   MOE_USAGE_CHECK(train.batch >= 1, "--batch must be >= 1 (got ", train.batch, ")");
   MOE_USAGE_CHECK(train.batch % world_size() == 0, "--batch ", train.batch,
@@ -148,71 +148,34 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
                   "--shard-embedding needs an untied LM head, but the ", arch_name(config.arch),
                   " flavour ties it to the token table (use --arch mixtral)");
   check_training_memory(config, train, world_size());  // before any parameter is allocated
-  setup_parallel();
+  setup_parallel(device);
   params_ = std::make_unique<ParamSet>(train.seed, config.dtype);
   model_ = std::make_unique<Transformer>(config, *params_, world_size() > 1 ? &parallel_ : nullptr);
   optimizer_ = std::make_unique<optim::AdamW>(*params_, adamw_config());
-  if (world_size() > 1) {
-    int64_t sizes[2] = {0, 0};
-    for (const Param* p : std::as_const(*params_).all())
-      if (reduce_of(*p) != Reduce::none) sizes[static_cast<int>(reduce_of(*p))] += p->grad.numel();
-    for (int g = 0; g < 2; ++g) grad_buffer_[g] = Tensor::empty({sizes[g]});
-  }
+  if (world_size() > 1) grad_sync_ = std::make_unique<parallel::GradSync>(*layout_, *params_);
 }
 
 Trainer::~Trainer() = default;
 
-// Stream priority of the expert all-to-all (NCCL): above the gradient all-reduce's default 0.
-constexpr int kExpertStreamPriority = -1;
+static parallel::LayoutConfig layout_config(const TrainConfig& train) {
+  parallel::LayoutConfig c;
+  c.ep = train.ep;
+  c.shard_embedding = train.shard_embedding;
+  c.a2a = train.a2a;
+  c.ranks_per_node = train.ranks_per_node;
+  c.comm_scheduler = train.comm_scheduler;
+  c.partition_mb = train.partition_mb;
+  return c;
+}
 
-void Trainer::setup_parallel() {
-  const int W = world_size();
-  MOE_USAGE_CHECK(train_.ep >= 1, "--ep must be >= 1 (got ", train_.ep, ")");
-  MOE_USAGE_CHECK(W % train_.ep == 0, "--ep ", train_.ep, " does not divide the ", W,
-                  " ranks (the world is data parallel x expert parallel)");
-  MOE_USAGE_CHECK(train_.partition_mb > 0, "--partition-mb must be > 0 (got ", train_.partition_mb,
-                  ")");
-  MOE_USAGE_CHECK(train_.ranks_per_node >= 0, "--ranks-per-node must be >= 0 (got ",
-                  train_.ranks_per_node, ")");
-  const comm::SchedulerMode mode = comm::parse_scheduler_mode(train_.comm_scheduler);
-  const comm::A2AAlgorithm algorithm = comm::parse_a2a_algorithm(train_.a2a);
-  MOE_USAGE_CHECK(algorithm != comm::A2AAlgorithm::hierarchical || train_.ep == 1 ||
-                      train_.ranks_per_node == 0 || train_.ep % train_.ranks_per_node == 0,
-                  "--ranks-per-node ", train_.ranks_per_node, " does not divide the --ep ",
-                  train_.ep,
-                  " expert-parallel ranks (the hierarchical all-to-all runs inside each "
-                  "expert-parallel group)");
-  if (W == 1) return;
-  parallel_.batch = world_;
-  parallel_.stats = &exchange_stats_;
-  const int P = static_cast<int>(train_.ep), r = rank();
-  if (P > 1) {
-    // Ranks [d P, (d + 1) P); on GPUs the expert all-to-all gets a high-priority stream.
-    ep_comm_ = world_->split_with_priority(r / P, r, kExpertStreamPriority);
-    replicas_comm_ = world_->split(r % P, r);  // the ranks holding the same experts
-    exchange_ = std::make_unique<comm::AllToAllV>(*ep_comm_, algorithm,
-                                                  static_cast<int>(train_.ranks_per_node));
-    parallel_.experts = ep_comm_.get();
-    parallel_.exchange = exchange_.get();
-  }
-  if (train_.shard_embedding) parallel_.embedding = world_;
-  if (mode == comm::SchedulerMode::priority) {
-    scheduler_ = std::make_unique<comm::CommScheduler>(
-        *world_, static_cast<size_t>(train_.partition_mb * 1024 * 1024), mode,
-        comm::Preemption::caller);
-    parallel_.scheduler = scheduler_.get();
-  }
+void Trainer::setup_parallel(Device device) {
+  layout_ = std::make_unique<parallel::Layout>(world_, layout_config(train_), device);
+  world_ = layout_->world();
+  if (world_size() > 1) parallel_ = nn::Parallel::of(*layout_);
 }
 
 bool Trainer::sharded() const {
   return world_size() > 1 && (train_.ep > 1 || train_.shard_embedding);
-}
-
-Trainer::Reduce Trainer::reduce_of(const Param& p) const {
-  if (p.expert && train_.ep > 1)
-    return replicas_comm_->size() > 1 ? Reduce::replicas : Reduce::none;
-  if (p.shard.defined()) return Reduce::none;  // the sharded token table: summed by its backward
-  return Reduce::world;
 }
 
 static bool same_shard(const ParamShard& a, const ParamShard& b) {
@@ -368,25 +331,25 @@ StepStats Trainer::step(bool capture_routing) {
     if (capture_routing) s.token_ids.assign(ids.data<int32_t>(), ids.data<int32_t>() + ids.numel());
     ids = ids.to(params_->device());
     targets = targets.to(params_->device());
-    exchange_stats_ = {};
+    if (parallel::ExchangeStats* stats = layout_->exchange_stats()) *stats = {};
     GradsReady ready;  // priority scheduling: reduce each block's gradients as backward leaves it
-    if (scheduler_) ready = [this](std::span<Param* const> ps) { pack_gradients(ps); };
+    if (layout_->scheduler()) ready = [this](std::span<Param* const> ps) { grad_sync_->pack(ps); };
     s.forward = model_->forward_backward(ids, targets, rs, ready, logits_loss_);
   }
   arena_.reset();
   if (world_size() > 1) {
     Timer sync;
-    if (!scheduler_) pack_gradients(params_->all());
-    finish_gradients();
+    if (!layout_->scheduler()) grad_sync_->pack(params_->all());
+    grad_sync_->finish(*params_);
     s.grad_sync_seconds = sync.seconds();
-    s.a2a_seconds = exchange_stats_.seconds;
-    s.a2a_calls = exchange_stats_.calls;
+    s.a2a_seconds = layout_->exchange_stats()->seconds;
+    s.a2a_calls = layout_->exchange_stats()->calls;
     reduce_stats(s);
   }
   MOE_CHECK(std::isfinite(s.forward.total), "step ", step_, ": loss is ", s.forward.total,
             " (diverged; try a lower --lr or --clip)");
   if (world_size() > 1) {
-    s.grad_norm = global_grad_norm();
+    s.grad_norm = grad_sync_->global_norm(*params_);
     optim::clip_gradients(*params_, train_.clip, s.grad_norm);
   } else {
     s.grad_norm = optim::clip_grad_norm(*params_, train_.clip);
@@ -422,105 +385,6 @@ StepStats Trainer::step(bool capture_routing) {
       assignments ? static_cast<double>(dropped) / static_cast<double>(assignments) : 0;
   s.seconds = timer.seconds();
   return s;
-}
-
-// Copies the gradients into the fused buffers in backward order. With the scheduler, every whole
-// --partition-mb of packed gradients is submitted as soon as it is complete (finish_gradients()
-// sends the rest), so the micro-ops are full-sized and start while backward goes on.
-void Trainer::pack_gradients(std::span<Param* const> params) {
-  for (int g = 0; g < 2; ++g) {
-    for (Param* p : params) {
-      if (static_cast<int>(reduce_of(*p)) != g) continue;
-      const int64_t n = p->grad.numel();
-      Tensor packed = grad_buffer_[g].rows(grad_fill_[g], grad_fill_[g] + n);
-      packed.copy_from(p->grad.reshape({n}));  // on the gradients' device
-      packed_[g].emplace_back(p, grad_fill_[g]);
-      grad_fill_[g] += n;
-    }
-    if (scheduler_) {
-      const auto piece =
-          std::max<int64_t>(1, static_cast<int64_t>(scheduler_->partition_bytes() / sizeof(float)));
-      submit_gradients(g, (grad_fill_[g] - grad_sent_[g]) / piece * piece);
-    }
-  }
-}
-
-void Trainer::submit_gradients(int group, int64_t elements) {
-  if (elements <= 0) return;
-  Tensor region = grad_buffer_[group].rows(grad_sent_[group], grad_sent_[group] + elements);
-  scheduler_->all_reduce(region, comm::ReduceOp::sum, group == 1 ? replicas_comm_.get() : nullptr);
-  grad_sent_[group] += elements;
-}
-
-// Completes the reduction of the packed gradients and averages every gradient over the world: a
-// rank's gradients carry its local mean's 1/(B/W), so the sum over all W ranks' tokens (dense:
-// all-reduce over the world; experts: each replica's group already holds its group's tokens,
-// summed over the replicas; sharded table: summed by its backward) divided by W is the gradient
-// of the global batch's mean loss.
-void Trainer::finish_gradients() {
-  if (scheduler_) {
-    for (int g = 0; g < 2; ++g) submit_gradients(g, grad_fill_[g] - grad_sent_[g]);
-    scheduler_->wait_all();
-  } else {
-    if (grad_fill_[0] > 0) {
-      Tensor region = grad_buffer_[0].rows(0, grad_fill_[0]);
-      world_->all_reduce(region, comm::ReduceOp::sum);
-    }
-    if (grad_fill_[1] > 0) {
-      Tensor region = grad_buffer_[1].rows(0, grad_fill_[1]);
-      replicas_comm_->all_reduce(region, comm::ReduceOp::sum);
-    }
-  }
-  const float inverse = 1.0f / static_cast<float>(world_size());
-  for (int g = 0; g < 2; ++g) {
-    if (grad_fill_[g] > 0) {  // one pass over the reduced buffer, then copies back
-      Tensor reduced = grad_buffer_[g].rows(0, grad_fill_[g]);
-      ops::scale(reduced, inverse);
-    }
-    for (auto [p, offset] : packed_[g]) {
-      const int64_t n = p->grad.numel();
-      Tensor grad = p->grad.reshape({n});
-      grad.copy_from(grad_buffer_[g].rows(offset, offset + n));
-    }
-    packed_[g].clear();
-    grad_fill_[g] = grad_sent_[g] = 0;
-  }
-  for (Param* p : params_->all())
-    if (reduce_of(*p) == Reduce::none) ops::scale(p->grad, inverse);
-}
-
-// The same sum on every rank of a group: each rank's value gathered (as its bits), added in rank
-// order.
-static double sum_over(comm::Communicator& group, double value) {
-  Tensor mine = Tensor::empty({1}, DType::i64);
-  std::memcpy(mine.data<int64_t>(), &value, sizeof value);
-  Tensor all = Tensor::empty({group.size()}, DType::i64);
-  group.all_gather(mine, all);
-  double sum = 0;
-  for (int r = 0; r < group.size(); ++r) {
-    double v;
-    std::memcpy(&v, all.data<int64_t>() + r, sizeof v);
-    sum += v;
-  }
-  return sum;
-}
-
-// L2 norm of the whole model's gradient: replicated parameters counted once, expert shards summed
-// over the expert-parallel group, the sharded table over the world.
-double Trainer::global_grad_norm() {
-  double replicated = 0, experts = 0, table = 0;
-  for (const Param* p : std::as_const(*params_).all()) {
-    const double sq = ops::sum_squares(p->grad);
-    if (p->expert && train_.ep > 1)
-      experts += sq;
-    else if (p->shard.defined())
-      table += sq;
-    else
-      replicated += sq;
-  }
-  if (ep_comm_) experts = sum_over(*ep_comm_, experts);
-  if (parallel_.embedding) table = sum_over(*world_, table);
-  return std::sqrt(replicated + experts + table);
 }
 
 // Losses become means over the ranks; expert loads and drops become sums: the numbers describe the
@@ -581,8 +445,7 @@ void Trainer::to_device(Device device) {
   optimizer_ = std::make_unique<optim::AdamW>(*params_, adamw_config());
   optimizer_->load_state(state, steps);
   // The fused gradient buffers the collectives reduce live with the gradients.
-  for (Tensor& buffer : grad_buffer_)
-    if (buffer.defined()) buffer = Tensor::empty(buffer.shape(), DType::f32, device);
+  if (grad_sync_) grad_sync_->to(device);
 }
 
 double Trainer::evaluate() { return evaluate(*model_); }

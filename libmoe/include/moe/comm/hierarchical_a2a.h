@@ -23,7 +23,6 @@
 #include <cstdint>
 #include <memory>
 #include <span>
-#include <string_view>
 #include <vector>
 
 #include "moe/arena.h"
@@ -83,31 +82,6 @@ class HierarchicalAllToAll {
   // The packed buffers of one call; reset at the start of the next (its chunks are reused, so a
   // steady exchange size allocates nothing after the first call).
   Arena workspace_{size_t{1} << 20};
-};
-
-// Which all-to-all-v carries expert-parallel traffic (the future `--a2a flat|hierarchical`).
-enum class A2AAlgorithm { flat, hierarchical };
-const char* a2a_algorithm_name(A2AAlgorithm algorithm);
-// "flat" or "hierarchical"; anything else throws moe::UsageError listing the choices.
-A2AAlgorithm parse_a2a_algorithm(std::string_view name);
-
-// Runs the chosen algorithm over one world: flat is world.all_to_all_v, hierarchical a
-// HierarchicalAllToAll built at construction (collective) with `ranks_per_node` as above.
-class AllToAllV {
- public:
-  AllToAllV(Communicator& world, A2AAlgorithm algorithm, int ranks_per_node = 0);
-
-  void run(const Tensor& send, std::span<const int64_t> send_counts, Tensor& recv,
-           std::span<const int64_t> recv_counts);
-
-  A2AAlgorithm algorithm() const { return algorithm_; }
-  // The hierarchical implementation, or nullptr for flat.
-  const HierarchicalAllToAll* hierarchical() const { return hierarchical_.get(); }
-
- private:
-  Communicator& world_;
-  A2AAlgorithm algorithm_;
-  std::unique_ptr<HierarchicalAllToAll> hierarchical_;
 };
 
 }  // namespace moe::comm

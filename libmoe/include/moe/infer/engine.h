@@ -7,11 +7,11 @@
 #include <string>
 
 #include "moe/comm/communicator.h"
-#include "moe/comm/hierarchical_a2a.h"
 #include "moe/device.h"
 #include "moe/infer/expert_ring.h"
 #include "moe/infer/model.h"
 #include "moe/infer/placement.h"
+#include "moe/parallel/layout.h"
 
 namespace moe::infer {
 
@@ -54,8 +54,7 @@ class Engine {
   Engine() = default;
   Device device_;
   std::unique_ptr<comm::Communicator> world_;
-  std::unique_ptr<comm::Communicator> nccl_;  // ep on GPUs: the expert exchange
-  std::unique_ptr<comm::AllToAllV> exchange_;
+  std::unique_ptr<parallel::Layout> layout_;  // ep: the expert group (NCCL on GPUs)
   nn::Parallel parallel_;
   LoadedModel loaded_;
   std::unique_ptr<ExpertRing> ring_;

@@ -11,6 +11,7 @@
 #include "moe/nn/experts.h"
 #include "moe/nn/parallel.h"
 #include "moe/nn/router.h"
+#include "moe/parallel/expert_dispatcher.h"
 
 namespace moe::nn {
 
@@ -43,9 +44,10 @@ struct MoEStats {
 //   exchange the per-expert counts ([P, E/P] integers, one all-to-all); all-to-all-v the rows to
 //   the ranks owning their experts; regroup the arrivals from (source, expert) to (expert, source)
 //   order; one grouped GEMM over the local experts; undo the regrouping; all-to-all-v back;
-//   combine. Backward mirrors it with two more all-to-all-v. The router and its gradient stay
-//   local. Rows of one expert are summed in (source rank, slot) order, a different float order
-//   than one process's (slot order over the global batch).
+//   combine (the exchange is parallel::ExpertDispatcher's dispatch and combine). Backward mirrors
+//   it with two more all-to-all-v. The router and its gradient stay local. Rows of one expert are
+//   summed in (source rank, slot) order, a different float order than one process's (slot order
+//   over the global batch).
 // - dynamic placement (parallel->placement, inference): every rank holds all E experts; after the
 //   router, the policy assigns each expert to one or more ranks (ExpertAssignment), each source
 //   sends its rows of e in chunks to e's replicas, and the same exchange as above runs over
@@ -55,16 +57,9 @@ class MoELayer {
   MoELayer(ParamSet& ps, const std::string& prefix, const MoEConfig& config,
            const Parallel* parallel = nullptr);
 
-  // Expert parallelism: the movement of one step's rows between ranks.
-  // H: the experts each rank holds (E/P static, E with a placement policy).
-  struct Exchange {
-    std::vector<int64_t> recv_per_expert;  // [P * H], source-major: rows from rank s for held h
-    std::vector<int32_t> local_offsets;    // [H + 1] segments of the regrouped buffer
-    std::vector<int32_t> arrival_of;       // [R] regrouped row i is arrival row arrival_of[i]
-    // [M] send-buffer row i is x_perm row send_of[i] (rows grouped by destination rank); empty
-    // when that is the identity (the static layout: rank p's experts are one run of x_perm).
-    std::vector<int32_t> send_of;
-  };
+  // Expert parallelism: the movement of one step's rows between ranks (planned by the
+  // dispatcher, kept for backward).
+  using Exchange = parallel::ExpertExchange;
 
   struct Saved {
     Tensor x;             // [N,D]
@@ -90,10 +85,7 @@ class MoELayer {
   static MoEConfig checked(const std::string& prefix, const MoEConfig& config,
                            const Parallel* parallel);
   void globalize_load(RouterOutput& routed) const;
-  Exchange plan_exchange(DispatchPlan& plan, const ExpertAssignment& assignment) const;
-  // All-to-all-v of rows over the expert group (through the scheduler when there is one).
-  void exchange(const Tensor& send, const std::vector<int64_t>& send_counts, Tensor& recv,
-                const std::vector<int64_t>& recv_counts) const;
+  parallel::ExpertDispatcher dispatcher() const;
   Tensor run_experts(const Tensor& x_perm, RouterOutput& routed, const RouterStep& step,
                      Saved* saved) const;
   Tensor experts_backward(const Tensor& dy_perm, const Saved& saved);

@@ -1,26 +1,23 @@
-// How a model is laid out over ranks: data parallelism (each rank its share of the global batch),
-// expert parallelism (each rank of an EP group holds E/P experts of every MoE layer), and the
-// sharded token embedding (MoESys). The trainer builds the communicators; the layers read this.
-// A null pointer everywhere is the single-process model.
+// How a model is laid out over ranks, as the layers see it: data parallelism (each rank its share
+// of the global batch), expert parallelism (each rank of an EP group holds E/P experts of every
+// MoE layer), and the sharded token embedding (MoESys). A view of pointers: parallel::Layout owns
+// the communicators and builds this with of(); tests may fill it by hand. A null pointer
+// everywhere is the single-process model.
 //
 // Shape letters: W data-parallel ranks (the world), P expert-parallel ranks (P divides W and E),
 // E experts of a layer, N tokens of one rank, M its kept assignments, D model width.
 #pragma once
 #include <cstdint>
 
+#include "moe/comm/all_to_all.h"
 #include "moe/comm/communicator.h"
-#include "moe/comm/hierarchical_a2a.h"
 #include "moe/comm/scheduler.h"
 #include "moe/nn/placement.h"
+#include "moe/parallel/layout.h"
 
 namespace moe::nn {
 
-// Time and bytes one rank spent in expert-parallel all-to-all (forward and backward). The
-// trainer reads and resets it every step.
-struct ExchangeStats {
-  int64_t calls = 0, bytes = 0;  // token exchanges (counts exchanges not included); payload sent
-  double seconds = 0;            // blocked in them, counts exchanges included
-};
+using ExchangeStats = parallel::ExchangeStats;
 
 struct Parallel {
   // The ranks whose tokens make up one global batch. The routers sum their expert loads over it
@@ -39,6 +36,18 @@ struct Parallel {
   // experts of every layer, and the policy decides per layer and batch which ranks compute which
   // expert's rows. Null: the static layout above (E/P experts per rank). Backward refuses it.
   PlacementPolicy* placement = nullptr;
+
+  // The layers' view of `layout` (no placement policy); it must outlive the view.
+  static Parallel of(parallel::Layout& layout) {
+    Parallel view;
+    view.batch = layout.batch();
+    view.experts = layout.experts();
+    view.exchange = layout.exchange();
+    view.scheduler = layout.scheduler();
+    view.embedding = layout.embedding();
+    view.stats = layout.exchange_stats();
+    return view;
+  }
 
   int ep_size() const { return experts ? experts->size() : 1; }
   int ep_rank() const { return experts ? experts->rank() : 0; }

@@ -9,12 +9,12 @@
 
 #include "moe/arena.h"
 #include "moe/comm/communicator.h"
-#include "moe/comm/hierarchical_a2a.h"
-#include "moe/comm/scheduler.h"
 #include "moe/io/checkpoint.h"
 #include "moe/io/dataset.h"
 #include "moe/models/transformer.h"
 #include "moe/optim/adamw.h"
+#include "moe/parallel/grad_sync.h"
+#include "moe/parallel/layout.h"
 
 namespace moe::train {
 
@@ -71,8 +71,10 @@ class Trainer {
   // consecutive ranks, rank p of each holding experts [p E/P, (p+1) E/P) of every MoE layer, and
   // expert gradients are averaged over their W/P replicas (the ranks with the same p). All
   // collectives of a step are agreed in order on every rank. `world` must outlive the trainer.
+  // `device` CUDA with W > 1: the rank groups are built over NCCL (parallel::Layout), bootstrapped
+  // over `world` (the launcher's MPI world); call to_device(device) after restore.
   Trainer(const ModelConfig& model, const TrainConfig& train, io::Provenance provenance,
-          comm::Communicator* world = nullptr);
+          comm::Communicator* world = nullptr, Device device = {});
   ~Trainer();
 
   // Continue from a checkpoint: parameters, optimizer moments, step, data cursor. An unsharded
@@ -114,6 +116,8 @@ class Trainer {
   std::string save(const std::string& dir) const;
   // Ranks hold different parameters (expert parallelism or a sharded embedding).
   bool sharded() const;
+  // The rank groups of the run; world() is the communicator its collectives use.
+  const parallel::Layout& layout() const { return *layout_; }
   int world_size() const { return world_ ? world_->size() : 1; }
   int rank() const { return world_ ? world_->rank() : 0; }
 
@@ -136,31 +140,16 @@ class Trainer {
   std::unique_ptr<optim::AdamW> optimizer_;
   optim::AdamWConfig adamw_config() const;
   std::unique_ptr<io::BatchSampler> sampler_;
-  // How a parameter's gradient is completed across ranks.
-  enum class Reduce { world, replicas, none };  // all ranks / expert replicas / already complete
-  Reduce reduce_of(const Param& p) const;
-  void setup_parallel();
-  void pack_gradients(std::span<Param* const> params);  // also starts their reduction (priority)
-  void submit_gradients(int group, int64_t elements);  // the next packed elements, to the scheduler
-  void finish_gradients();
-  double global_grad_norm();
+  void setup_parallel(Device device);
   void reduce_stats(StepStats& s);
   std::string save_sharded(const std::string& dir) const;
   void load_tensors(const io::Checkpoint& checkpoint);  // parameters, optimizer, position
   bool owns(const Param& p) const;        // this rank writes p in a sharded checkpoint
   io::Checkpoint snapshot_owned() const;  // this rank's file of a sharded checkpoint
-  comm::Communicator* world_ = nullptr;
-  std::unique_ptr<comm::Communicator> ep_comm_;        // the P ranks sharing the experts
-  std::unique_ptr<comm::Communicator> replicas_comm_;  // the W/P ranks holding the same experts
-  std::unique_ptr<comm::AllToAllV> exchange_;
-  std::unique_ptr<comm::CommScheduler> scheduler_;
-  nn::Parallel parallel_;
-  nn::ExchangeStats exchange_stats_;
-  // Gradients fused for their reduction: [0] over the world, [1] over the expert replicas; the
-  // parameters packed this step with their offsets, in packing (backward) order.
-  Tensor grad_buffer_[2];
-  int64_t grad_fill_[2] = {0, 0}, grad_sent_[2] = {0, 0};
-  std::vector<std::pair<Param*, int64_t>> packed_[2];
+  comm::Communicator* world_ = nullptr;   // the layout's world (NCCL on GPUs)
+  std::unique_ptr<parallel::Layout> layout_;
+  nn::Parallel parallel_;                          // the model's view of layout_
+  std::unique_ptr<parallel::GradSync> grad_sync_;  // W > 1
   Arena arena_;
   int64_t step_ = 0, tokens_seen_ = 0;
   LogitsLoss logits_loss_;

@@ -1,0 +1,57 @@
+// Completing the gradients across ranks after backward (data and expert parallelism): which
+// parameter reduces over which group of the Layout, packed into one fused buffer per group, and
+// with Lina's priority scheduler reduced in --partition-mb micro-ops while backward goes on.
+//
+//   dense parameters        summed over the world;
+//   expert parameters (P>1) summed over their W/P replicas (the ranks holding the same experts);
+//   the sharded token table already complete (its backward summed it over the world).
+//
+// Every gradient is then divided by W: a rank's gradients carry its local mean's 1/(B/W), so the
+// result is the gradient of the global batch's mean loss. The order of parameters inside a buffer
+// is the packing order (backward order), the same on every rank, so the sums are too.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "moe/parallel/layout.h"
+#include "moe/param.h"
+#include "moe/tensor.h"
+
+namespace moe::parallel {
+
+class GradSync {
+ public:
+  // How a parameter's gradient is completed across ranks.
+  enum class Reduce { world, replicas, none };  // all ranks / expert replicas / already complete
+
+  // Sizes the fused buffers for `params` (host memory; to() moves them). For layouts of W > 1
+  // ranks; `layout` must outlive this object.
+  GradSync(Layout& layout, const ParamSet& params);
+
+  Reduce reduce_of(const Param& p) const;
+  // Copies the gradients into the fused buffers, in the order given (backward order). With the
+  // scheduler, every whole --partition-mb of packed gradients is submitted at once.
+  void pack(std::span<Param* const> params);
+  // Completes the reduction of everything packed since the last call and averages every gradient
+  // of `params` over the world.
+  void finish(ParamSet& params);
+  // L2 norm of the whole model's gradient: replicated parameters counted once, expert shards
+  // summed over the expert-parallel group, the sharded table over the world. Collective.
+  double global_norm(const ParamSet& params) const;
+  // The fused buffers follow the gradients to `device`.
+  void to(Device device);
+
+ private:
+  void submit(int group, int64_t elements);  // the next packed elements, to the scheduler
+
+  Layout& layout_;
+  // Gradients fused for their reduction: [0] over the world, [1] over the expert replicas; the
+  // parameters packed this step with their offsets, in packing (backward) order.
+  Tensor buffer_[2];
+  int64_t fill_[2] = {0, 0}, sent_[2] = {0, 0};
+  std::vector<std::pair<Param*, int64_t>> packed_[2];
+};
+
+}  // namespace moe::parallel

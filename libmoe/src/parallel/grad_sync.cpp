@@ -1,0 +1,128 @@
+// Gradient reduction across the rank groups (see moe/parallel/grad_sync.h).
+#include "moe/parallel/grad_sync.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "moe/ops/core.h"
+
+namespace moe::parallel {
+
+GradSync::GradSync(Layout& layout, const ParamSet& params) : layout_(layout) {
+  int64_t sizes[2] = {0, 0};
+  for (const Param* p : params.all())
+    if (reduce_of(*p) != Reduce::none) sizes[static_cast<int>(reduce_of(*p))] += p->grad.numel();
+  for (int g = 0; g < 2; ++g) buffer_[g] = Tensor::empty({sizes[g]});
+}
+
+GradSync::Reduce GradSync::reduce_of(const Param& p) const {
+  if (p.expert && layout_.config().ep > 1)
+    return layout_.replicas()->size() > 1 ? Reduce::replicas : Reduce::none;
+  if (p.shard.defined()) return Reduce::none;  // the sharded token table: summed by its backward
+  return Reduce::world;
+}
+
+// With the scheduler, every whole --partition-mb of packed gradients is submitted as soon as it
+// is complete (finish() sends the rest), so the micro-ops are full-sized and start while backward
+// goes on.
+void GradSync::pack(std::span<Param* const> params) {
+  comm::CommScheduler* scheduler = layout_.scheduler();
+  for (int g = 0; g < 2; ++g) {
+    for (Param* p : params) {
+      if (static_cast<int>(reduce_of(*p)) != g) continue;
+      const int64_t n = p->grad.numel();
+      Tensor packed = buffer_[g].rows(fill_[g], fill_[g] + n);
+      packed.copy_from(p->grad.reshape({n}));  // on the gradients' device
+      packed_[g].emplace_back(p, fill_[g]);
+      fill_[g] += n;
+    }
+    if (scheduler) {
+      const auto piece =
+          std::max<int64_t>(1, static_cast<int64_t>(scheduler->partition_bytes() / sizeof(float)));
+      submit(g, (fill_[g] - sent_[g]) / piece * piece);
+    }
+  }
+}
+
+void GradSync::submit(int group, int64_t elements) {
+  if (elements <= 0) return;
+  Tensor region = buffer_[group].rows(sent_[group], sent_[group] + elements);
+  layout_.scheduler()->all_reduce(region, comm::ReduceOp::sum,
+                                  group == 1 ? layout_.replicas() : nullptr);
+  sent_[group] += elements;
+}
+
+// The sum over all W ranks' tokens (dense: all-reduce over the world; experts: each replica's
+// group already holds its group's tokens, summed over the replicas; sharded table: summed by its
+// backward) divided by W.
+void GradSync::finish(ParamSet& params) {
+  if (comm::CommScheduler* scheduler = layout_.scheduler()) {
+    for (int g = 0; g < 2; ++g) submit(g, fill_[g] - sent_[g]);
+    scheduler->wait_all();
+  } else {
+    if (fill_[0] > 0) {
+      Tensor region = buffer_[0].rows(0, fill_[0]);
+      layout_.world()->all_reduce(region, comm::ReduceOp::sum);
+    }
+    if (fill_[1] > 0) {
+      Tensor region = buffer_[1].rows(0, fill_[1]);
+      layout_.replicas()->all_reduce(region, comm::ReduceOp::sum);
+    }
+  }
+  const float inverse = 1.0f / static_cast<float>(layout_.size());
+  for (int g = 0; g < 2; ++g) {
+    if (fill_[g] > 0) {  // one pass over the reduced buffer, then copies back
+      Tensor reduced = buffer_[g].rows(0, fill_[g]);
+      ops::scale(reduced, inverse);
+    }
+    for (auto [p, offset] : packed_[g]) {
+      const int64_t n = p->grad.numel();
+      Tensor grad = p->grad.reshape({n});
+      grad.copy_from(buffer_[g].rows(offset, offset + n));
+    }
+    packed_[g].clear();
+    fill_[g] = sent_[g] = 0;
+  }
+  for (Param* p : params.all())
+    if (reduce_of(*p) == Reduce::none) ops::scale(p->grad, inverse);
+}
+
+// The same sum on every rank of a group: each rank's value gathered (as its bits), added in rank
+// order.
+static double sum_over(comm::Communicator& group, double value) {
+  Tensor mine = Tensor::empty({1}, DType::i64);
+  std::memcpy(mine.data<int64_t>(), &value, sizeof value);
+  Tensor all = Tensor::empty({group.size()}, DType::i64);
+  group.all_gather(mine, all);
+  double sum = 0;
+  for (int r = 0; r < group.size(); ++r) {
+    double v;
+    std::memcpy(&v, all.data<int64_t>() + r, sizeof v);
+    sum += v;
+  }
+  return sum;
+}
+
+double GradSync::global_norm(const ParamSet& params) const {
+  double replicated = 0, experts = 0, table = 0;
+  for (const Param* p : params.all()) {
+    const double sq = ops::sum_squares(p->grad);
+    if (p->expert && layout_.config().ep > 1)
+      experts += sq;
+    else if (p->shard.defined())
+      table += sq;
+    else
+      replicated += sq;
+  }
+  if (layout_.experts()) experts = sum_over(*layout_.experts(), experts);
+  if (layout_.embedding()) table = sum_over(*layout_.world(), table);
+  return std::sqrt(replicated + experts + table);
+}
+
+void GradSync::to(Device device) {
+  for (Tensor& buffer : buffer_)
+    if (buffer.defined()) buffer = Tensor::empty(buffer.shape(), DType::f32, device);
+}
+
+}  // namespace moe::parallel
