@@ -38,7 +38,7 @@ void ExpertDispatcher::exchange(const Tensor& send, const std::vector<int64_t>& 
 // every expert one replica, and the send order is x_perm's.
 ExpertExchange ExpertDispatcher::plan(std::span<const int32_t> expert_offsets,
                                       std::span<const int32_t> tokens_per_expert,
-                                      const nn::ExpertAssignment& assignment) const {
+                                      const balance::ExpertAssignment& assignment) const {
   Timer timer;
   const int P = group_.experts->size(), s = group_.experts->rank();
   const auto E = static_cast<int64_t>(tokens_per_expert.size());
@@ -60,7 +60,8 @@ ExpertExchange ExpertDispatcher::plan(std::span<const int32_t> expert_offsets,
       const int32_t p = reps[static_cast<size_t>((j + s) % n)];
       MOE_CHECK(p >= 0 && p < P, "moe layer ", layer_, ": expert ", e, " placed on rank ", p,
                 " of ", P);
-      const int64_t b = nn::split_begin(count, n, j), rows = nn::split_begin(count, n, j + 1) - b;
+      const int64_t b = balance::split_begin(count, n, j),
+                    rows = balance::split_begin(count, n, j + 1) - b;
       if (rows > 0) to[static_cast<size_t>(p)].push_back({e, first + b, rows});
     }
   }

@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
+#include "moe/balance/placement.h"
 #include "moe/comm/all_to_all.h"
 #include "moe/comm/communicator.h"
 #include "moe/comm/scheduler.h"
-#include "moe/nn/placement.h"
 #include "moe/parallel/layout.h"
 #include "moe/tensor.h"
 
@@ -56,7 +56,7 @@ class ExpertDispatcher {
   // all-to-all of [P, H] counts.
   ExpertExchange plan(std::span<const int32_t> expert_offsets,
                       std::span<const int32_t> tokens_per_expert,
-                      const nn::ExpertAssignment& assignment) const;
+                      const balance::ExpertAssignment& assignment) const;
   // rows [M,D] in slot order -> [R,D] the rows for the experts held here, held-expert-major
   // (segments ex.local_offsets). Collective: one all-to-all-v.
   Tensor dispatch(const Tensor& rows, const ExpertExchange& ex) const;
