@@ -7,12 +7,12 @@
 #include <cstdint>
 #include <vector>
 
-#include "moe/nn/common.h"
+#include "moe/op_types.h"
 #include "moe/tensor.h"
 
 namespace moe::ops {
 
-// ---- router (backend/cpu/router_ops.cpp) ----
+// ---- router (ops/router.cpp) ----
 
 // noise [N,D] = U(1 - jitter, 1 + jitter) (Philox keyed by `key`, indexed by element),
 // routed [N,D] = x * noise.
@@ -42,7 +42,7 @@ void router_backward(const Tensor& probs, const Tensor& lse, const Tensor& topk_
                      const Tensor& dtopk_weight, bool normalize, const std::vector<int64_t>& load,
                      int64_t load_tokens, float aux_scale, float z_scale, Tensor& dlogits);
 
-// ---- dispatch / combine (backend/cpu/dispatch_ops.cpp) ----
+// ---- dispatch / combine (ops/dispatch.cpp) ----
 
 // Index tables of a dispatch plan (see nn::DispatchPlan for the meaning of each field).
 struct RoutingTable {
@@ -70,7 +70,7 @@ void combine_rows_backward(const Tensor& dy, const Tensor& y_perm, const Tensor&
 // dtopk_weight [N,k] = dweight_of_slot[slot_of] (0 where dropped).
 void slot_to_choice(const Tensor& dweight_of_slot, const Tensor& slot_of, Tensor& dtopk_weight);
 
-// ---- grouped expert GEMM (backend/cpu/grouped_gemm.cpp) ----
+// ---- grouped expert GEMM (ops/grouped_gemm.cpp) ----
 
 // For every expert segment: c_seg = a_seg op(w[e]) + beta c_seg, w [E,R,S],
 // op(w[e]) = w[e]^T [S,R] when transpose_w, else w[e] [R,S]. One GEMM per non-empty segment (two
@@ -87,10 +87,10 @@ void grouped_gemm_weight_grad(const Tensor& dy, const Tensor& x,
 // gelu: h += b1[e] (kept as the pre-activation), a = gelu(h);
 // swiglu: h += b1[e], a = silu(h) * h3.
 void expert_activation(Tensor& h, const Tensor& h3, const Tensor& bias,
-                       const std::vector<int32_t>& offsets, nn::Activation activation, Tensor& a);
+                       const std::vector<int32_t>& offsets, Activation activation, Tensor& a);
 // gelu: dh = da * gelu'(h); swiglu: dh = da * h3 * silu'(h), dh3 = da * silu(h).
 void expert_activation_backward(const Tensor& da, const Tensor& h, const Tensor& h3,
-                                nn::Activation activation, Tensor& dh, Tensor& dh3);
+                                Activation activation, Tensor& dh, Tensor& dh3);
 // y[row] += bias[e] for the rows of each segment (y [M,D], bias [E,D]).
 void grouped_add_bias(Tensor& y, const Tensor& bias, const std::vector<int32_t>& offsets);
 // dbias[e] += sum of the rows of segment e of dy (fixed row order per column).
