@@ -12,7 +12,7 @@ namespace {
 
 // The routing algorithm on host tensors (checks the ids, then builds the table), shared by the CPU
 // op and the CUDA path.
-RoutingTable build_routing_on_host(const Tensor& topk_idx, const Tensor& topk_weight,
+DispatchPlan build_routing_on_host(const Tensor& topk_idx, const Tensor& topk_weight,
                                    int64_t num_experts, int64_t capacity) {
   const int64_t tokens = topk_idx.dim(0), k = topk_idx.dim(1);
   const int32_t* idx = topk_idx.data<int32_t>();
@@ -28,7 +28,11 @@ RoutingTable build_routing_on_host(const Tensor& topk_idx, const Tensor& topk_we
     }
   }
 
-  RoutingTable table;
+  DispatchPlan table;
+  table.num_tokens = tokens;
+  table.top_k = k;
+  table.num_experts = num_experts;
+  table.capacity = capacity;
   const size_t E = static_cast<size_t>(num_experts);
   table.load.assign(E, 0);
   // Position of each assignment inside its expert, in priority order (choice j, then token t).
@@ -70,7 +74,13 @@ RoutingTable build_routing_on_host(const Tensor& topk_idx, const Tensor& topk_we
 
 }  // namespace
 
-RoutingTable build_routing(const Tensor& topk_idx, const Tensor& topk_weight, int64_t num_experts,
+int64_t DispatchPlan::num_slots() const {
+  return expert_offsets.empty() ? 0 : static_cast<int64_t>(expert_offsets.back());
+}
+
+int64_t DispatchPlan::dropped() const { return num_tokens * top_k - num_slots(); }
+
+DispatchPlan build_routing(const Tensor& topk_idx, const Tensor& topk_weight, int64_t num_experts,
                            int64_t capacity) {
   const Device device = require_backend("make_plan", {&topk_idx, &topk_weight});
   MOE_CHECK(topk_idx.ndim() == 2, "make_plan: [N,k] expert ids expected, got ",
@@ -88,7 +98,7 @@ RoutingTable build_routing(const Tensor& topk_idx, const Tensor& topk_weight, in
   if (device.kind != Device::cpu) {
     // The table is built on the host: one device-to-host copy of the N*k ids and weights per
     // layer, then slot_of / token_of_slot / weight_of_slot go back to the ids' device.
-    RoutingTable table = build_routing_on_host(topk_idx.to(Device{}), topk_weight.to(Device{}),
+    DispatchPlan table = build_routing_on_host(topk_idx.to(Device{}), topk_weight.to(Device{}),
                                                num_experts, capacity);
     table.slot_of = table.slot_of.to(device);
     table.token_of_slot = table.token_of_slot.to(device);

@@ -44,19 +44,31 @@ void router_backward(const Tensor& probs, const Tensor& lse, const Tensor& topk_
 
 // ---- dispatch / combine (ops/dispatch.cpp) ----
 
-// Index tables of a dispatch plan (see nn::DispatchPlan for the meaning of each field).
-struct RoutingTable {
-  std::vector<int32_t> tokens_per_expert;  // [E] kept
-  std::vector<int32_t> expert_offsets;     // [E+1]
-  std::vector<int64_t> load;               // [E] before capacity
-  Tensor slot_of;                          // [N*k] i32, -1 = dropped
-  Tensor token_of_slot;                    // [M] i32
-  Tensor weight_of_slot;                   // [M] f32
+// The dispatch plan of one MoE layer: a dense token -> slot mapping into the permuted
+// (expert-ordered) buffer, no one-hot, no padding. A value: build_routing returns it, the MoE layer
+// (nn::make_plan, whose nn::DispatchPlan is this type) keeps it for backward.
+struct DispatchPlan {
+  int64_t num_tokens = 0, top_k = 0, num_experts = 0;
+  int64_t capacity = 0;                    // per-expert slots; 0 = dropless
+  std::vector<int32_t> tokens_per_expert;  // [E] kept assignments per expert
+  std::vector<int32_t> expert_offsets;     // [E+1] into the permuted buffer
+  std::vector<int64_t> load;               // [E] assignments per expert before capacity
+  Tensor slot_of;         // [N*k] i32: slot of token t's j-th choice (t*k + j), -1 = dropped
+  Tensor token_of_slot;   // [M] i32
+  Tensor weight_of_slot;  // [M] f32 gate weight used by combine
+  // [R] rows to send to / receive from each rank for expert parallelism (later issue); empty now
+  std::vector<int64_t> send_counts, recv_counts;
+
+  int64_t num_slots() const;  // M
+  int64_t dropped() const;    // assignments dropped by capacity: N*k - M
 };
+// The op-level name of the plan's index tables.
+using RoutingTable = DispatchPlan;
 // Slots in expert order; inside an expert in GShard priority order (every token's 1st choice in
 // token order, then every 2nd choice, ...); capacity 0 = dropless, else at most `capacity` slots
 // per expert. Throws on k > E, expert ids out of range, a token choosing one expert twice.
-RoutingTable build_routing(const Tensor& topk_idx, const Tensor& topk_weight, int64_t num_experts,
+// Every field but send_counts / recv_counts is filled in.
+DispatchPlan build_routing(const Tensor& topk_idx, const Tensor& topk_weight, int64_t num_experts,
                            int64_t capacity);
 // x_perm [M,D]: x_perm[s] = x[token_of_slot[s]].
 void gather_rows(const Tensor& x, const Tensor& token_of_slot, Tensor& x_perm);

@@ -1,4 +1,4 @@
-// LayerNorm / RMSNorm over rows: OpenMP over rows for y and dx, over column blocks (rows in
+// CPU LayerNorm / RMSNorm over rows: OpenMP over rows for y and dx, over column blocks (rows in
 // order) for the parameter gradients. Shapes: x, y, dy, dx [N, D]; weight, bias [D]; mean, rstd
 // [N].
 #include "kernels/norm.h"
@@ -11,7 +11,6 @@
 namespace moe::cpu {
 
 namespace {
-// Loops over fewer elements than this run on the calling thread: a fork/join costs more.
 
 constexpr int64_t kColumnBlock = 64;
 
