@@ -4,6 +4,7 @@
 #include "core/backend.h"
 #include "moe/ops/core.h"
 #include "moe/ops/dense.h"
+#include "ops/targets.h"
 
 namespace moe::ops {
 
@@ -12,7 +13,7 @@ double cross_entropy(const Tensor& logits, const Tensor& targets, float scale, T
   const Device device = require_backend("cross_entropy", {&logits, &targets, dlogits, row_nll});
   MOE_CHECK(logits.ndim() == 2, "cross_entropy: logits ", logits.describe(), " are not 2-D [N,V]");
   logits.expect_dtype(DType::f32, "cross_entropy logits");
-  const int64_t n = logits.dim(0), vocab = logits.dim(1);
+  const int64_t n = logits.dim(0);
   targets.expect_shape({n}, "cross_entropy targets");
   targets.expect_dtype(DType::i32, "cross_entropy targets");
   if (dlogits) {
@@ -23,17 +24,9 @@ double cross_entropy(const Tensor& logits, const Tensor& targets, float scale, T
     row_nll->expect_shape({n}, "cross_entropy row_nll");
     row_nll->expect_dtype(DType::f32, "cross_entropy row_nll");
   }
-  // Device targets are checked and counted on a host copy (N ids).
-  const Tensor host_targets = targets.to(Device{});
-  const int32_t* tg = host_targets.data<int32_t>();
-  int64_t counted = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    MOE_CHECK(tg[i] < vocab, "cross_entropy: target ", tg[i], " at row ", i, " of ",
-              targets.describe(), " is out of range for logits ", logits.describe());
-    if (tg[i] >= 0) ++counted;
-  }
-  MOE_CHECK(vocab > 0 || counted == 0, "cross_entropy: logits ", logits.describe(),
-            " have no classes");
+  const HostTargets checked = check_targets("cross_entropy", targets, logits);
+  const int32_t* tg = checked.host.data<int32_t>();
+  const int64_t counted = checked.counted;
   const float grad_scale = counted ? scale / static_cast<float>(counted) : 0.0f;
 
   Tensor nll = row_nll ? *row_nll : Tensor::empty({n}, DType::f32, device);

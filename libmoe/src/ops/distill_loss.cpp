@@ -8,6 +8,7 @@
 #include "core/backend.h"
 #include "moe/ops/core.h"
 #include "moe/ops/distill.h"
+#include "ops/targets.h"
 
 namespace moe::ops {
 
@@ -20,7 +21,7 @@ DistillLossValue distill_loss(const Tensor& student, const Tensor& teacher, cons
   student.expect_dtype(DType::f32, "distill_loss student logits");
   teacher.expect_shape(student.shape(), "distill_loss teacher logits");
   teacher.expect_dtype(DType::f32, "distill_loss teacher logits");
-  const int64_t n = student.dim(0), vocab = student.dim(1);
+  const int64_t n = student.dim(0);
   targets.expect_shape({n}, "distill_loss targets");
   targets.expect_dtype(DType::i32, "distill_loss targets");
   MOE_CHECK(std::isfinite(temperature) && temperature > 0, "distill_loss: temperature ",
@@ -31,17 +32,9 @@ DistillLossValue distill_loss(const Tensor& student, const Tensor& teacher, cons
     dlogits->expect_shape(student.shape(), "distill_loss dlogits");
     dlogits->expect_dtype(DType::f32, "distill_loss dlogits");
   }
-  // Device targets are checked and counted on the host from a copy (N ids).
-  const Tensor host_targets = targets.to(Device{});
-  const int32_t* tg = host_targets.data<int32_t>();
-  int64_t counted = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    MOE_CHECK(tg[i] < vocab, "distill_loss: target ", tg[i], " at row ", i, " of ",
-              targets.describe(), " is out of range for logits ", student.describe());
-    if (tg[i] >= 0) ++counted;
-  }
-  MOE_CHECK(vocab > 0 || counted == 0, "distill_loss: logits ", student.describe(),
-            " have no classes");
+  const HostTargets checked = check_targets("distill_loss", targets, student);
+  const int32_t* tg = checked.host.data<int32_t>();
+  const int64_t counted = checked.counted;
   const float grad_scale = counted ? scale / static_cast<float>(counted) : 0.0f;
 
   const std::vector<kernels::DistillRow> rows = backend_for(device).distill.loss_rows(
