@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "moe/cuda.h"
+#include "moe/nn/common.h"
 #include "moe/ops/distill.h"
 #include "moe/ops/moe.h"
 #include "moe/optim/adamw.h"

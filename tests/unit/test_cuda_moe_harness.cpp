@@ -12,6 +12,7 @@
 #include "backend/cuda/distill_loss.cuh"
 #include "backend/cuda/grouped_gemm.cuh"
 #include "backend/cuda/router.cuh"
+#include "moe/nn/common.h"
 #include "moe/ops/distill.h"
 #include "moe/ops/moe.h"
 #include "moe/optim/adamw.h"

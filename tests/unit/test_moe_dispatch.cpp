@@ -7,7 +7,7 @@
 #include <set>
 #include <tuple>
 
-#include "backend/cpu/parallel.h"
+#include "core/parallel.h"
 #include "moe/nn/moe_layer.h"
 #include "moe/ops/moe.h"
 #include "moe/rng.h"

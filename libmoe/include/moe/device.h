@@ -13,7 +13,8 @@ struct Device {
   static Device parse(const std::string& text);  // "cpu", "cuda", "cuda:1"
 };
 
-// True when this build has a backend for the device kind (CUDA arrives with its own issue).
+// True when this build has a backend for the device kind and, for CUDA, a usable device (the op
+// tables themselves are looked up in backend/registry.cpp).
 bool backend_available(Device::Kind kind);
 
 }  // namespace moe

@@ -2,7 +2,7 @@
 
 #include <omp.h>
 
-#include "backend/cpu/parallel.h"
+#include "core/parallel.h"
 #include "moe/rng.h"
 
 namespace moe {

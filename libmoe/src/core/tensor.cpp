@@ -2,13 +2,8 @@
 
 #include <cstring>
 
-#include "kernels/convert.h"
-#include "moe/arena.h"
+#include "core/backend.h"
 #include "moe/cuda.h"
-#ifdef MOE_HAVE_CUDA
-#include "backend/cuda/core_ops.h"
-#include "backend/cuda/runtime.h"
-#endif
 
 namespace moe {
 
@@ -38,18 +33,9 @@ Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
   t.dtype_ = dtype;
   t.device_ = device;
   size_t bytes = std::max<size_t>(t.nbytes(), 1);
-  if (device.kind == Device::cuda) {
-#ifdef MOE_HAVE_CUDA
-    // Device tensors come from the caching allocator, which already recycles a step's blocks;
-    // the host arena is not used for them.
-    t.storage_ = cuda::allocate(bytes, device.index);
-#endif
-  } else if (Arena* arena = ArenaScope::current()) {
-    t.storage_ = arena->allocate(bytes);
-  } else {
-    t.storage_ =
-        std::shared_ptr<std::byte>(new std::byte[bytes], std::default_delete<std::byte[]>());
-  }
+  // Host tensors come from the current ArenaScope's arena when one is active; device tensors from
+  // the device's own allocator (CUDA's caching allocator already recycles a step's blocks).
+  t.storage_ = backend_for(device).memory.allocate(bytes, device.index);
   return t;
 }
 
@@ -73,20 +59,15 @@ Tensor Tensor::zeros(Shape shape, DType dtype, Device device) {
 }
 
 namespace {
-// Copies the bytes of equally sized tensors between any devices.
+// Copies the bytes of equally sized tensors between any devices: the table of the side that is not
+// the host does it (the CPU's when both are).
 void copy_storage(Tensor& dst, const Tensor& src) {
-  if (dst.device().kind == Device::cpu && src.device().kind == Device::cpu) {
-    std::memcpy(dst.raw(), src.raw(), dst.nbytes());
-    return;
-  }
-#ifdef MOE_HAVE_CUDA
-  auto index = [](const Tensor& t) {
-    return t.device().kind == Device::cuda ? t.device().index : -1;
-  };
-  cuda::copy_bytes(dst.raw(), index(dst), src.raw(), index(src), dst.nbytes());
-#else
-  throw Error(str("copy into ", dst.describe(), " from ", src.describe(), ": no CUDA backend"));
-#endif
+  const Device::Kind kind =
+      dst.device().kind != Device::cpu ? dst.device().kind : src.device().kind;
+  const Backend* table = find_backend(kind);
+  if (!table)
+    throw Error(str("copy into ", dst.describe(), " from ", src.describe(), ": no CUDA backend"));
+  table->memory.copy(dst, src);
 }
 }  // namespace
 
@@ -169,48 +150,15 @@ Tensor Tensor::clone() const {
 void Tensor::copy_from(const Tensor& other) {
   MOE_CHECK(other.shape_ == shape_, "copy into ", describe(), " from ", other.describe(),
             ": shapes differ");
-  int64_t n = numel();
   if (other.dtype_ == dtype_) {
     copy_storage(*this, other);
     return;
   }
   MOE_CHECK(is_floating(dtype_) && is_floating(other.dtype_), "copy into ", describe(), " from ",
             other.describe(), ": unsupported conversion");
-  if (device_.kind == Device::cuda || other.device_.kind == Device::cuda) {
-#ifdef MOE_HAVE_CUDA
-    // Convert on the destination's device.
-    cuda::convert(other.device_ == device_ ? other : other.to(device_), *this);
-    return;
-#endif
-  }
-  // Through fp32.
-  auto load = [&](int64_t i) -> float {
-    switch (other.dtype_) {
-      case DType::f32:
-        return other.data<float>()[i];
-      case DType::bf16:
-        return kernels::bf16_to_f32(other.half_bits()[i]);
-      default:
-        return kernels::f16_to_f32(other.half_bits()[i]);
-    }
-  };
-  switch (dtype_) {
-    case DType::f32: {
-      float* d = data<float>();
-      for (int64_t i = 0; i < n; ++i) d[i] = load(i);
-      break;
-    }
-    case DType::bf16: {
-      uint16_t* d = half_bits();
-      for (int64_t i = 0; i < n; ++i) d[i] = kernels::f32_to_bf16(load(i));
-      break;
-    }
-    default: {
-      uint16_t* d = half_bits();
-      for (int64_t i = 0; i < n; ++i) d[i] = kernels::f32_to_f16(load(i));
-      break;
-    }
-  }
+  // Converted by the table of the side that is not the host, on the destination's device.
+  const Device on = device_.kind != Device::cpu ? device_ : other.device_;
+  backend_for(on).memory.convert(other.device_ == device_ ? other : other.to(device_), *this);
 }
 
 Tensor Tensor::to(DType dtype) const {
@@ -227,47 +175,9 @@ std::vector<float> Tensor::to_vector() const {
   return std::vector<float>(p, p + numel());
 }
 
-void Tensor::fill(float value) {
-  int64_t n = numel();
-  if (device_.kind == Device::cuda) {
-#ifdef MOE_HAVE_CUDA
-    cuda::fill(*this, value);
-    return;
-#endif
-  }
-  switch (dtype_) {
-    case DType::f32: {
-      float* d = data<float>();
-      for (int64_t i = 0; i < n; ++i) d[i] = value;
-      break;
-    }
-    case DType::bf16:
-    case DType::f16: {
-      uint16_t bits =
-          dtype_ == DType::bf16 ? kernels::f32_to_bf16(value) : kernels::f32_to_f16(value);
-      uint16_t* d = half_bits();
-      for (int64_t i = 0; i < n; ++i) d[i] = bits;
-      break;
-    }
-    case DType::i32: {
-      int32_t* d = data<int32_t>();
-      for (int64_t i = 0; i < n; ++i) d[i] = static_cast<int32_t>(value);
-      break;
-    }
-    default:
-      throw Error(str("fill: unsupported dtype for ", describe()));
-  }
-}
+void Tensor::fill(float value) { backend_for(device_).memory.fill(*this, value); }
 
-void Tensor::zero() {
-  if (device_.kind == Device::cuda) {
-#ifdef MOE_HAVE_CUDA
-    cuda::memset_zero(raw(), device_.index, nbytes());
-    return;
-#endif
-  }
-  std::memset(raw(), 0, nbytes());
-}
+void Tensor::zero() { backend_for(device_).memory.zero(*this); }
 
 void Tensor::expect_shape(const Shape& expected, const char* what) const {
   if (shape_ != expected)

@@ -8,13 +8,14 @@
 // The compute thread only ever changes Param objects (in the before hook); the loader only writes
 // slot memory: the mutex orders the two.
 //
-// CUDA slots: the mutex orders the host side only. The loader converts into a pinned staging
-// buffer (two, alternating, so that converting layer m + 1 overlaps the copy of layer m) and queues
-// the copy on its own stream; "ready" then means "copy queued". The GPU side is ordered by events:
-// a slot's `released` event is recorded on the compute stream when its layer's block has been
-// queued (after hook), and the copy stream waits on it before overwriting the slot; its `loaded`
-// event is recorded after the copy, and the before hook makes the compute stream wait on it. A
-// staging buffer is reused once the copy that last read it has finished (host wait, loader only).
+// Device (CUDA) slots: the mutex orders the host side only. The loader converts into a pinned
+// staging buffer (two, alternating, so that converting layer m + 1 overlaps the copy of layer m)
+// and queues the copy on its own stream; "ready" then means "copy queued". The GPU side is ordered
+// by events: a slot's `released` event is recorded on the compute stream when its layer's block has
+// been queued (after hook), and the copy stream waits on it before overwriting the slot; its
+// `loaded` event is recorded after the copy, and the before hook makes the compute stream wait on
+// it. A staging buffer is reused once the copy that last read it has finished (host wait, loader
+// only).
 #include "moe/infer/expert_ring.h"
 
 #include <omp.h>
@@ -34,6 +35,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/backend.h"
 #include "moe/arena.h"
 #include "moe/cuda.h"
 #include "moe/io/checkpoint.h"
@@ -41,9 +43,6 @@
 #include "moe/io/hdf5.h"
 #include "moe/log.h"
 #include "moe/timer.h"
-#ifdef MOE_HAVE_CUDA
-#include "backend/cuda/runtime.h"
-#endif
 
 namespace moe::infer {
 
@@ -109,20 +108,20 @@ struct ExpertRing::Impl {
   std::map<int64_t, CacheEntry> cache;
   int64_t cache_bytes = 0;
 
-#ifdef MOE_HAVE_CUDA
-  // CUDA slots only (config.device is a CUDA device); see the top of this file.
+  // Device slots only (config.device is not the host); see the top of this file. Streams and
+  // events are the handles of the device's copy engine (core/backend.h).
   struct Staging {
-    Tensor memory;                        // pinned host f32 [slot_elems]
-    std::unique_ptr<cuda::Event> copied;  // recorded after the copy that last read `memory`
-    bool pending = false;                 // `copied` was recorded
+    Tensor memory;                 // pinned host f32 [slot_elems]
+    std::shared_ptr<void> copied;  // event recorded after the copy that last read `memory`
+    bool pending = false;          // `copied` was recorded
   };
-  std::unique_ptr<cuda::Stream> copy_stream;
-  std::vector<std::unique_ptr<cuda::Event>> released, loaded;  // per slot
-  Staging staging[2];                                          // loader only
-  int next_staging = 0;                                        // loader only
-#endif
+  const Backend::CopyEngine* engine = nullptr;  // the device's, when on_device()
+  std::shared_ptr<void> copy_stream;
+  std::vector<std::shared_ptr<void>> released, loaded;  // events, per slot
+  Staging staging[2];                                   // loader only
+  int next_staging = 0;                                 // loader only
 
-  bool on_device() const { return config.device.kind == Device::cuda; }
+  bool on_device() const { return config.device.kind != Device::cpu; }
 
   int64_t find(int64_t layer) const {
     for (size_t s = 0; s < slots.size(); ++s)
@@ -157,12 +156,7 @@ struct ExpertRing::Impl {
   // slot waits for it. Called with the lock held.
   void release(size_t s) {
     slots[s].in_use = false;
-#ifdef MOE_HAVE_CUDA
-    if (on_device()) {
-      cuda::use_device(config.device.index);
-      released[s]->record(cuda::current_stream(config.device.index));
-    }
-#endif
+    if (on_device()) engine->record(released[s].get(), nullptr, config.device.index);
   }
 
   void point(int64_t s, int64_t m) {
@@ -201,12 +195,8 @@ struct ExpertRing::Impl {
         ready_cv.wait(lk);
       }
       if (waited) stats.wait_seconds += waiting.seconds();
-#ifdef MOE_HAVE_CUDA
-      if (on_device()) {  // the GPU, not the host, waits for the copy into the slot
-        cuda::use_device(config.device.index);
-        loaded[static_cast<size_t>(s)]->block(cuda::current_stream(config.device.index));
-      }
-#endif
+      if (on_device())  // the device, not the host, waits for the copy into the slot
+        engine->wait(loaded[static_cast<size_t>(s)].get(), nullptr, config.device.index);
       slots[static_cast<size_t>(s)].in_use = true;
       point(s, m);
       ++stats.forward_blocks;
@@ -298,33 +288,29 @@ struct ExpertRing::Impl {
 
   // Reads layer m's experts and converts them into slot s (loader thread, without the lock).
   int64_t load(int64_t s, int64_t m, bool& hit) {
-#ifdef MOE_HAVE_CUDA
     if (on_device()) return load_to_device(s, m, hit);
-#endif
     return read_into(slots[static_cast<size_t>(s)].memory, m, hit);
   }
 
-#ifdef MOE_HAVE_CUDA
   // The same conversion into a pinned staging buffer, then the copy into slot s queued on the copy
   // stream, after the compute stream's release of the slot.
   int64_t load_to_device(int64_t s, int64_t m, bool& hit) {
-    cuda::use_device(config.device.index);
+    const int index = config.device.index;
     Staging& buffer = staging[next_staging];
     next_staging = 1 - next_staging;
-    if (buffer.pending) buffer.copied->synchronize();  // the copy two layers back read it
-    buffer.pending = false;
+    if (buffer.pending) engine->synchronize_event(buffer.copied.get());  // the copy two layers back
+    buffer.pending = false;                                              // read it
     const int64_t read = read_into(buffer.memory, m, hit);
     const size_t bytes = static_cast<size_t>(layers[static_cast<size_t>(m)].elems) * sizeof(float);
-    cudaStream_t stream = copy_stream->get();
-    released[static_cast<size_t>(s)]->block(stream);
-    MOE_CUDA_CHECK(cudaMemcpyAsync(slots[static_cast<size_t>(s)].memory.raw(), buffer.memory.raw(),
-                                   bytes, cudaMemcpyHostToDevice, stream));
-    buffer.copied->record(stream);
+    void* stream = copy_stream.get();
+    engine->wait(released[static_cast<size_t>(s)].get(), stream, index);
+    engine->copy_to_device_async(slots[static_cast<size_t>(s)].memory.raw(), buffer.memory.raw(),
+                                 bytes, stream, index);
+    engine->record(buffer.copied.get(), stream, index);
     buffer.pending = true;
-    loaded[static_cast<size_t>(s)]->record(stream);
+    engine->record(loaded[static_cast<size_t>(s)].get(), stream, index);
     return read;
   }
-#endif
 
   void loop() {
     omp_set_num_threads(1);       // conversions here must not take the compute threads' cores
@@ -464,35 +450,31 @@ ExpertRing::ExpertRing(const Transformer& model, ParamSet& params, const std::st
                     " bytes is smaller than one MoE layer's experts (", slot_bytes, " bytes)");
     r.K = std::min(config.budget_bytes / slot_bytes, r.L);
   }
-#ifdef MOE_HAVE_CUDA
   if (r.on_device() && r.L > 0) {
     const int index = config.device.index;
-    cuda::use_device(index);  // events belong to the current device
-    r.copy_stream = std::make_unique<cuda::Stream>(index);
+    r.engine = &backend_for(config.device).copy_engine;
+    r.copy_stream = r.engine->create_stream(index);
     for (int64_t s = 0; s < r.K; ++s) {
-      r.released.push_back(std::make_unique<cuda::Event>());
-      r.loaded.push_back(std::make_unique<cuda::Event>());
+      r.released.push_back(r.engine->create_event(index));
+      r.loaded.push_back(r.engine->create_event(index));
     }
     for (Impl::Staging& buffer : r.staging) {
       buffer.memory = Tensor::from_storage(
-          cuda::allocate_pinned(static_cast<size_t>(r.slot_elems) * sizeof(float)), {r.slot_elems},
-          DType::f32);
+          r.engine->allocate_pinned(static_cast<size_t>(r.slot_elems) * sizeof(float)),
+          {r.slot_elems}, DType::f32);
       buffer.memory.set_name("expert_ring.staging");
-      buffer.copied = std::make_unique<cuda::Event>();
+      buffer.copied = r.engine->create_event(index);
     }
   }
-#endif
   r.slots.resize(static_cast<size_t>(r.K));
   for (Impl::Slot& slot : r.slots) {
     slot.memory =
         Tensor::zeros({r.slot_elems}, DType::f32, config.device).set_name("expert_ring.slot");
   }
-#ifdef MOE_HAVE_CUDA
   // The zeroing (and any earlier user of a recycled block) is queued on the compute stream: the
   // first copy into each slot waits for it.
   for (size_t s = 0; s < r.slots.size(); ++s)
-    if (r.on_device()) r.released[s]->record(cuda::current_stream(config.device.index));
-#endif
+    if (r.on_device()) r.engine->record(r.released[s].get(), nullptr, config.device.index);
   r.views.resize(static_cast<size_t>(r.K));
   for (int64_t s = 0; s < r.K; ++s) {
     auto& per_layer = r.views[static_cast<size_t>(s)];
@@ -533,16 +515,14 @@ ExpertRing::~ExpertRing() {
   }
   impl_->loader_cv.notify_all();
   if (impl_->loader.joinable()) impl_->loader.join();
-#ifdef MOE_HAVE_CUDA
   // Queued copies read the staging buffers and write the slots: both are freed below.
   if (impl_->copy_stream) {
     try {
-      impl_->copy_stream->synchronize();
+      impl_->engine->synchronize_stream(impl_->copy_stream.get());
     } catch (const std::exception& e) {
       MOE_LOG_WARN("expert ring: ", e.what());
     }
   }
-#endif
 }
 
 const BlockHooks& ExpertRing::hooks() const { return impl_->hooks; }
@@ -572,10 +552,9 @@ void ExpertRing::drain() {
       if (slot.state == SlotState::queued || slot.state == SlotState::loading) return false;
     return true;
   });
-#ifdef MOE_HAVE_CUDA
   lk.unlock();
-  if (impl_->copy_stream) impl_->copy_stream->synchronize();  // the queued copies landed
-#endif
+  if (impl_->copy_stream)  // the queued copies landed
+    impl_->engine->synchronize_stream(impl_->copy_stream.get());
 }
 
 int64_t ExpertRing::slots() const { return impl_->K; }

@@ -9,6 +9,33 @@
 
 namespace moe {
 
+namespace {
+
+// Block `index` of the model, as the values nn::Block is built from.
+nn::BlockConfig block_config(const ModelConfig& config, const Flavour& flavour, int64_t index) {
+  nn::BlockConfig b;
+  b.layers = config.layers;
+  b.d_model = config.d_model;
+  b.heads = config.heads;
+  b.kv_heads = config.kv_heads_resolved();
+  b.d_ff = config.d_ff;
+  b.experts = config.experts_per_layer.at(index);
+  b.top_k = config.top_k;
+  b.residual_moe = config.residual_moe;
+  b.normalize_topk = config.normalize_topk;
+  b.router_jitter = config.router_jitter;
+  b.capacity_factor = config.capacity_factor;
+  b.norm_eps = config.norm_eps;
+  b.rope_theta = config.rope_theta;
+  b.norm = flavour.norm;
+  b.activation = flavour.activation;
+  b.bias = flavour.bias;
+  b.learned_positions = flavour.learned_positions;
+  return b;
+}
+
+}  // namespace
+
 Transformer::Transformer(const ModelConfig& config, ParamSet& params, const nn::Parallel* parallel)
     : config_(config), flavour_(flavour_of(config)), params_(params) {
   config_.validate();
@@ -33,7 +60,8 @@ Transformer::Transformer(const ModelConfig& config, ParamSet& params, const nn::
   outer_params_.assign(all.begin() + static_cast<std::ptrdiff_t>(first_param), all.end());
   for (int64_t i = 0; i < config.layers; ++i) {
     const size_t before = params.size();
-    blocks_.push_back(std::make_unique<nn::Block>(params, config_, flavour_, i, parallel));
+    blocks_.push_back(
+        std::make_unique<nn::Block>(params, block_config(config_, flavour_, i), i, parallel));
     all = params.all();
     block_params_.emplace_back(all.begin() + static_cast<std::ptrdiff_t>(before), all.end());
   }

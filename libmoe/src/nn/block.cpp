@@ -6,35 +6,34 @@
 
 namespace moe::nn {
 
-Block::Block(ParamSet& ps, const ModelConfig& config, const Flavour& flavour, int64_t index,
-             const Parallel* parallel)
+Block::Block(ParamSet& ps, const BlockConfig& config, int64_t index, const Parallel* parallel)
     : index_(index) {
   const std::string prefix = "blocks." + std::to_string(index);
   const float init_std = 0.02f;
   // GPT-2: projections into the residual stream scaled by 1/sqrt(2 L).
   const float out_std = init_std / std::sqrt(2.0f * static_cast<float>(config.layers));
   const float eps = static_cast<float>(config.norm_eps);
-  norm1_ = std::make_unique<Norm>(ps, prefix + ".norm1", config.d_model, flavour.norm, eps);
-  norm2_ = std::make_unique<Norm>(ps, prefix + ".norm2", config.d_model, flavour.norm, eps);
+  norm1_ = std::make_unique<Norm>(ps, prefix + ".norm1", config.d_model, config.norm, eps);
+  norm2_ = std::make_unique<Norm>(ps, prefix + ".norm2", config.d_model, config.norm, eps);
 
   AttentionConfig ac;
   ac.d_model = config.d_model;
   ac.heads = config.heads;
-  ac.kv_heads = config.kv_heads_resolved();
-  ac.bias = flavour.bias;
-  ac.rope = !flavour.learned_positions;
+  ac.kv_heads = config.kv_heads;
+  ac.bias = config.bias;
+  ac.rope = !config.learned_positions;
   ac.rope_theta = static_cast<float>(config.rope_theta);
   ac.init_std = init_std;
   ac.out_init_std = out_std;
   attn_ = std::make_unique<Attention>(ps, prefix + ".attn", ac);
 
-  const int64_t experts = config.experts_per_layer.at(index);
+  const int64_t experts = config.experts;
   if (experts == 0 || config.residual_moe) {
     MlpConfig mc;
     mc.d_model = config.d_model;
     mc.d_ff = config.d_ff;
-    mc.activation = flavour.activation;
-    mc.bias = flavour.bias;
+    mc.activation = config.activation;
+    mc.bias = config.bias;
     mc.init_std = init_std;
     mc.out_init_std = out_std;
     mlp_ = std::make_unique<MLP>(ps, prefix + ".mlp", mc);
@@ -51,8 +50,8 @@ Block::Block(ParamSet& ps, const ModelConfig& config, const Flavour& flavour, in
     moe.experts.num_experts = experts;
     moe.experts.d_model = config.d_model;
     moe.experts.d_ff = config.d_ff;
-    moe.experts.activation = flavour.activation;
-    moe.experts.bias = flavour.bias;
+    moe.experts.activation = config.activation;
+    moe.experts.bias = config.bias;
     moe.experts.init_std = init_std;
     moe.experts.out_init_std = out_std;
     moe_ = std::make_unique<MoELayer>(ps, prefix + ".moe", moe, parallel);

@@ -6,27 +6,9 @@
 
 namespace moe::nn {
 
-int64_t DispatchPlan::num_slots() const {
-  return expert_offsets.empty() ? 0 : static_cast<int64_t>(expert_offsets.back());
-}
-
-int64_t DispatchPlan::dropped() const { return num_tokens * top_k - num_slots(); }
-
 DispatchPlan make_plan(const Tensor& topk_idx, const Tensor& topk_weight, int64_t num_experts,
                        int64_t capacity) {
-  ops::RoutingTable table = ops::build_routing(topk_idx, topk_weight, num_experts, capacity);
-  DispatchPlan plan;
-  plan.num_tokens = topk_idx.dim(0);
-  plan.top_k = topk_idx.dim(1);
-  plan.num_experts = num_experts;
-  plan.capacity = capacity;
-  plan.tokens_per_expert = std::move(table.tokens_per_expert);
-  plan.expert_offsets = std::move(table.expert_offsets);
-  plan.load = std::move(table.load);
-  plan.slot_of = std::move(table.slot_of);
-  plan.token_of_slot = std::move(table.token_of_slot);
-  plan.weight_of_slot = std::move(table.weight_of_slot);
-  return plan;
+  return ops::build_routing(topk_idx, topk_weight, num_experts, capacity);
 }
 
 namespace {

@@ -3,12 +3,9 @@
 #include <cmath>
 #include <map>
 
-#include "backend/cpu/parallel.h"
 #include "kernels/adamw.h"
 #include "moe/ops/core.h"
-#ifdef MOE_HAVE_CUDA
-#include "backend/cuda/moe_ops.h"
-#endif
+#include "moe/ops/optim.h"
 
 namespace moe::optim {
 
@@ -36,20 +33,7 @@ void AdamW::step(float lr) {
   for (Slot& s : slots_) {
     kernels::AdamWScalars sc = base;
     sc.weight_decay = s.param->decay ? config_.weight_decay : 0.0f;
-    const Device device = ops::require_backend("adamw", {&s.master, &s.m, &s.v, &s.param->grad});
-    if (device.kind == Device::cuda) {
-#ifdef MOE_HAVE_CUDA
-      cuda::adamw_update(s.master, s.m, s.v, s.param->grad, sc);
-#endif
-    } else {
-      float* master = s.master.data<float>();
-      float* m = s.m.data<float>();
-      float* v = s.v.data<float>();
-      const float* g = s.param->grad.data<float>();
-      int64_t n = s.master.numel();
-#pragma omp parallel for schedule(static) if (n >= cpu::kParallelWork)
-      for (int64_t i = 0; i < n; ++i) kernels::adamw_update(master[i], m[i], v[i], g[i], sc);
-    }
+    ops::adamw_update(s.master, s.m, s.v, s.param->grad, sc);
     if (s.master.raw() != s.param->value.raw()) s.param->value.copy_from(s.master);
     s.param->refresh_compute();
   }

@@ -5,20 +5,32 @@
 #include <memory>
 #include <optional>
 
-#include "moe/models/config.h"
-#include "moe/models/flavour.h"
 #include "moe/nn/attention.h"
+#include "moe/nn/common.h"
 #include "moe/nn/mlp.h"
 #include "moe/nn/moe_layer.h"
 #include "moe/nn/norm.h"
 
 namespace moe::nn {
 
+// What one block is built from: the model's shape and its flavour's choices, as values (the models
+// layer fills it in from ModelConfig and Flavour, so nn/ does not depend on models/).
+struct BlockConfig {
+  int64_t layers = 0;  // blocks in the model (scales the init of the projections into the stream)
+  int64_t d_model = 0, heads = 0, kv_heads = 0, d_ff = 0;
+  int64_t experts = 0;  // this block's experts; 0 = dense
+  int64_t top_k = 0;
+  bool residual_moe = false, normalize_topk = false;
+  double router_jitter = 0, capacity_factor = 0, norm_eps = 0, rope_theta = 0;
+  NormKind norm = NormKind::layernorm;
+  Activation activation = Activation::gelu;
+  bool bias = true, learned_positions = true;
+};
+
 class Block {
  public:
   // parallel: the layout over ranks (see moe/nn/parallel.h); null for one process.
-  Block(ParamSet& ps, const ModelConfig& config, const Flavour& flavour, int64_t index,
-        const Parallel* parallel = nullptr);
+  Block(ParamSet& ps, const BlockConfig& config, int64_t index, const Parallel* parallel = nullptr);
 
   struct Saved {
     Norm::Saved norm1, norm2;

@@ -1,10 +1,11 @@
 // Choices shared by several layers.
 #pragma once
+#include "moe/op_types.h"
 
 namespace moe::nn {
 
 enum class NormKind { layernorm, rmsnorm };
-// gelu: W2 gelu(W1 x + b1) + b2 (gpt);  swiglu: W2 (silu(W1 x) * W3 x) (mixtral)
-enum class Activation { gelu, swiglu };
+// The activation of dense and expert FFNs; the ops take it too, so it lives in core.
+using moe::Activation;
 
 }  // namespace moe::nn

@@ -7,26 +7,14 @@
 #include <cstdint>
 #include <vector>
 
+#include "moe/ops/moe.h"
 #include "moe/tensor.h"
 
 namespace moe::nn {
 
-struct DispatchPlan {
-  int64_t num_tokens = 0, top_k = 0, num_experts = 0;
-  int64_t capacity = 0;                    // per-expert slots; 0 = dropless
-  std::vector<int32_t> tokens_per_expert;  // [E] kept assignments per expert
-  std::vector<int32_t> expert_offsets;     // [E+1] into the permuted buffer
-  std::vector<int64_t> load;               // [E] assignments per expert before capacity
-  Tensor slot_of;         // [N*k] i32: slot of token t's j-th choice (t*k + j), -1 = dropped
-  Tensor token_of_slot;   // [M] i32
-  Tensor weight_of_slot;  // [M] f32 gate weight used by combine
-  // [R] rows this rank sends to / receives from each rank of the expert-parallel group, filled
-  // by the MoE layer's expert exchange (MoELayer, nn/moe_layer.cpp); empty on one rank.
-  std::vector<int64_t> send_counts, recv_counts;
-
-  int64_t num_slots() const;  // M
-  int64_t dropped() const;    // assignments dropped by capacity: N*k - M
-};
+// The plan's fields and their shapes: ops::DispatchPlan (moe/ops/moe.h), one type for the op and
+// the layer.
+using DispatchPlan = ops::DispatchPlan;
 
 // Slots are in expert order; inside one expert, in priority order: all tokens' 1st choices in
 // token order, then all 2nd choices, ... (GShard). capacity 0 = dropless; otherwise at most

@@ -7,18 +7,19 @@
 #pragma once
 #include <vector>
 
+#include "moe/op_types.h"
 #include "moe/tensor.h"
 
 namespace moe::ops {
 
-// ---- embedding (backend/cpu/embedding.cpp)
+// ---- embedding (ops/embedding.cpp)
 // out[N,dim] = table[ids[n]]; ids i32 of any shape with N elements. An id outside [0, rows)
 // throws naming the id, its position and the table.
 void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out);
 // table_grad[ids[n]] += dy[n], rows summed in token order (deterministic, no atomics).
 void embedding_backward(const Tensor& dy, const Tensor& ids, Tensor& table_grad);
 
-// ---- norms (backend/cpu/norm.cpp); x, y [N,D], weight/bias [D], mean/rstd [N] (may be null)
+// ---- norms (ops/norm.cpp); x, y [N,D], weight/bias [D], mean/rstd [N] (may be null)
 void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
                        Tensor& y, Tensor* mean, Tensor* rstd);
 // dx written; dweight (and dbias when not null) accumulated.
@@ -28,7 +29,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, Tensor& y
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
                       Tensor& dx, Tensor& dweight);
 
-// ---- bias and activations (backend/cpu/activation.cpp)
+// ---- bias and activations (ops/activation.cpp)
 // y[N,C] += bias[C]
 void bias_add(Tensor& y, const Tensor& bias);
 // dbias[C] += sum over rows of dy[N,C] (rows in order, parallel over columns)
@@ -41,7 +42,7 @@ void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& y);
 void swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up, Tensor& dgate,
                      Tensor& dup);
 
-// ---- rotary position embedding (backend/cpu/rope.cpp)
+// ---- rotary position embedding (ops/rope.cpp)
 // x, y [B*T, heads*hd]; token (b, t) sits at position position_offset + t. y may alias x.
 void rope_forward(const Tensor& x, int64_t batch, int64_t seq, int64_t heads, float theta,
                   Tensor& y, int64_t position_offset = 0);
@@ -49,10 +50,7 @@ void rope_forward(const Tensor& x, int64_t batch, int64_t seq, int64_t heads, fl
 void rope_backward(const Tensor& dy, int64_t batch, int64_t seq, int64_t heads, float theta,
                    Tensor& dx, int64_t position_offset = 0);
 
-// ---- causal self-attention core (backend/cpu/attention.cpp)
-struct AttentionShape {
-  int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
-};
+// ---- causal self-attention core (ops/attention.cpp; AttentionShape in moe/op_types.h)
 // q [B*T, H*hd], k/v [B*T, KV*hd] (query head h reads kv head h / (H/KV)),
 // probs [B,H,T,T] (softmax of scaled causal scores; zero above the diagonal), ctx [B*T, H*hd].
 // Scale 1/sqrt(hd).
@@ -64,17 +62,7 @@ void attention_backward(const Tensor& dctx, const Tensor& q, const Tensor& k, co
                         const Tensor& probs, const AttentionShape& shape, Tensor& dq, Tensor& dk,
                         Tensor& dv);
 
-// Incremental (cached) attention, for generation. A ragged batch of R rows: row r brings
-// count[r] >= 1 new tokens, consecutive in q/ctx and in row order (N = sum of counts), which sit
-// at positions start[r] .. start[r] + count[r] - 1 of cache slot slot[r] (distinct slots).
-struct CachedRows {
-  std::vector<int64_t> slot, start, count;
-  int64_t rows() const { return static_cast<int64_t>(count.size()); }
-  int64_t tokens() const;  // N
-  // Throws moe::Error unless the three have one entry per row, counts >= 1, starts >= 0, slots in
-  // [0, slots) and distinct, and start + count <= capacity.
-  void check(int64_t slots, int64_t capacity, const char* what) const;
-};
+// Incremental (cached) attention, for generation: see CachedRows (moe/op_types.h).
 // q, ctx [N, H*hd]; k_cache, v_cache [S, Tmax, KV*hd] (S slots of Tmax positions) already holding
 // each row's keys/values at positions 0 .. start[r] + count[r] - 1 (the new ones included).
 // Query i of row r sees keys 0 .. start[r] + i. Every (row, head) runs the products of
@@ -84,7 +72,7 @@ struct CachedRows {
 void attention_forward_cached(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                               int64_t heads, int64_t kv_heads, const CachedRows& rows, Tensor& ctx);
 
-// ---- cross-entropy (backend/cpu/cross_entropy.cpp)
+// ---- cross-entropy (ops/cross_entropy.cpp)
 // Mean over rows with target >= 0 of -log softmax(logits)[target]; logits [N,V] f32, targets [N]
 // i32 (negative = ignored). dlogits [N,V] (when not null) is written with
 // scale * d(mean)/d(logits), zero on ignored rows; row_nll [N] (when not null) with each row's

@@ -7,12 +7,12 @@
 #include <cstdint>
 #include <vector>
 
-#include "moe/nn/common.h"
+#include "moe/op_types.h"
 #include "moe/tensor.h"
 
 namespace moe::ops {
 
-// ---- router (backend/cpu/router_ops.cpp) ----
+// ---- router (ops/router.cpp) ----
 
 // noise [N,D] = U(1 - jitter, 1 + jitter) (Philox keyed by `key`, indexed by element),
 // routed [N,D] = x * noise.
@@ -42,21 +42,34 @@ void router_backward(const Tensor& probs, const Tensor& lse, const Tensor& topk_
                      const Tensor& dtopk_weight, bool normalize, const std::vector<int64_t>& load,
                      int64_t load_tokens, float aux_scale, float z_scale, Tensor& dlogits);
 
-// ---- dispatch / combine (backend/cpu/dispatch_ops.cpp) ----
+// ---- dispatch / combine (ops/dispatch.cpp) ----
 
-// Index tables of a dispatch plan (see nn::DispatchPlan for the meaning of each field).
-struct RoutingTable {
-  std::vector<int32_t> tokens_per_expert;  // [E] kept
-  std::vector<int32_t> expert_offsets;     // [E+1]
-  std::vector<int64_t> load;               // [E] before capacity
-  Tensor slot_of;                          // [N*k] i32, -1 = dropped
-  Tensor token_of_slot;                    // [M] i32
-  Tensor weight_of_slot;                   // [M] f32
+// The dispatch plan of one MoE layer: a dense token -> slot mapping into the permuted
+// (expert-ordered) buffer, no one-hot, no padding. A value: build_routing returns it, the MoE layer
+// (nn::make_plan, whose nn::DispatchPlan is this type) keeps it for backward.
+struct DispatchPlan {
+  int64_t num_tokens = 0, top_k = 0, num_experts = 0;
+  int64_t capacity = 0;                    // per-expert slots; 0 = dropless
+  std::vector<int32_t> tokens_per_expert;  // [E] kept assignments per expert
+  std::vector<int32_t> expert_offsets;     // [E+1] into the permuted buffer
+  std::vector<int64_t> load;               // [E] assignments per expert before capacity
+  Tensor slot_of;         // [N*k] i32: slot of token t's j-th choice (t*k + j), -1 = dropped
+  Tensor token_of_slot;   // [M] i32
+  Tensor weight_of_slot;  // [M] f32 gate weight used by combine
+  // [R] rows this rank sends to / receives from each rank of the expert-parallel group, copied
+  // from the expert exchange (parallel::ExpertDispatcher) by MoELayer; empty on one rank.
+  std::vector<int64_t> send_counts, recv_counts;
+
+  int64_t num_slots() const;  // M
+  int64_t dropped() const;    // assignments dropped by capacity: N*k - M
 };
+// The op-level name of the plan's index tables.
+using RoutingTable = DispatchPlan;
 // Slots in expert order; inside an expert in GShard priority order (every token's 1st choice in
 // token order, then every 2nd choice, ...); capacity 0 = dropless, else at most `capacity` slots
 // per expert. Throws on k > E, expert ids out of range, a token choosing one expert twice.
-RoutingTable build_routing(const Tensor& topk_idx, const Tensor& topk_weight, int64_t num_experts,
+// Every field but send_counts / recv_counts is filled in.
+DispatchPlan build_routing(const Tensor& topk_idx, const Tensor& topk_weight, int64_t num_experts,
                            int64_t capacity);
 // x_perm [M,D]: x_perm[s] = x[token_of_slot[s]].
 void gather_rows(const Tensor& x, const Tensor& token_of_slot, Tensor& x_perm);
@@ -70,7 +83,7 @@ void combine_rows_backward(const Tensor& dy, const Tensor& y_perm, const Tensor&
 // dtopk_weight [N,k] = dweight_of_slot[slot_of] (0 where dropped).
 void slot_to_choice(const Tensor& dweight_of_slot, const Tensor& slot_of, Tensor& dtopk_weight);
 
-// ---- grouped expert GEMM (backend/cpu/grouped_gemm.cpp) ----
+// ---- grouped expert GEMM (ops/grouped_gemm.cpp) ----
 
 // For every expert segment: c_seg = a_seg op(w[e]) + beta c_seg, w [E,R,S],
 // op(w[e]) = w[e]^T [S,R] when transpose_w, else w[e] [R,S]. One GEMM per non-empty segment (two
@@ -87,10 +100,10 @@ void grouped_gemm_weight_grad(const Tensor& dy, const Tensor& x,
 // gelu: h += b1[e] (kept as the pre-activation), a = gelu(h);
 // swiglu: h += b1[e], a = silu(h) * h3.
 void expert_activation(Tensor& h, const Tensor& h3, const Tensor& bias,
-                       const std::vector<int32_t>& offsets, nn::Activation activation, Tensor& a);
+                       const std::vector<int32_t>& offsets, Activation activation, Tensor& a);
 // gelu: dh = da * gelu'(h); swiglu: dh = da * h3 * silu'(h), dh3 = da * silu(h).
 void expert_activation_backward(const Tensor& da, const Tensor& h, const Tensor& h3,
-                                nn::Activation activation, Tensor& dh, Tensor& dh3);
+                                Activation activation, Tensor& dh, Tensor& dh3);
 // y[row] += bias[e] for the rows of each segment (y [M,D], bias [E,D]).
 void grouped_add_bias(Tensor& y, const Tensor& bias, const std::vector<int32_t>& offsets);
 // dbias[e] += sum of the rows of segment e of dy (fixed row order per column).

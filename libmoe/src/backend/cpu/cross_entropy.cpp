@@ -1,74 +1,23 @@
-// Mean cross-entropy over non-ignored rows, with the logits gradient in the same pass.
-// Shapes: logits / dlogits [N, V], targets / row_nll [N]. Rows run in parallel; the mean is
-// summed afterwards in double, in row order.
+// CPU cross-entropy rows: each row's nll and logits gradient in one pass, rows in parallel.
+// Shapes: logits / dlogits [N, V], targets / nll [N].
 #include "kernels/cross_entropy.h"
 
-#include <vector>
+#include "backend/cpu/backend.h"
+#include "core/parallel.h"
 
-#include "backend/cpu/parallel.h"
-#include "moe/ops/core.h"
-#include "moe/ops/dense.h"
-#ifdef MOE_HAVE_CUDA
-#include "backend/cuda/dense_ops.h"
-#endif
+namespace moe::cpu {
 
-namespace moe::ops {
-
-namespace {
-// Loops over fewer elements than this run on the calling thread: a fork/join costs more.
-}  // namespace
-
-double cross_entropy(const Tensor& logits, const Tensor& targets, float scale, Tensor* dlogits,
-                     Tensor* row_nll) {
-  [[maybe_unused]] const Device device =
-      require_backend("cross_entropy", {&logits, &targets, dlogits, row_nll});
-  MOE_CHECK(logits.ndim() == 2, "cross_entropy: logits ", logits.describe(), " are not 2-D [N,V]");
-  logits.expect_dtype(DType::f32, "cross_entropy logits");
+void cross_entropy_rows(const Tensor& logits, const Tensor& targets, float grad_scale,
+                        Tensor* dlogits, Tensor& nll) {
   const int64_t n = logits.dim(0), vocab = logits.dim(1);
-  targets.expect_shape({n}, "cross_entropy targets");
-  targets.expect_dtype(DType::i32, "cross_entropy targets");
-  if (dlogits) {
-    dlogits->expect_shape(logits.shape(), "cross_entropy dlogits");
-    dlogits->expect_dtype(DType::f32, "cross_entropy dlogits");
-  }
-  if (row_nll) {
-    row_nll->expect_shape({n}, "cross_entropy row_nll");
-    row_nll->expect_dtype(DType::f32, "cross_entropy row_nll");
-  }
-  // Device targets are checked and counted on a host copy (N ids).
-  const Tensor host_targets = targets.to(Device{});
-  const int32_t* tg = host_targets.data<int32_t>();
-  int64_t counted = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    MOE_CHECK(tg[i] < vocab, "cross_entropy: target ", tg[i], " at row ", i, " of ",
-              targets.describe(), " is out of range for logits ", logits.describe());
-    if (tg[i] >= 0) ++counted;
-  }
-  MOE_CHECK(vocab > 0 || counted == 0, "cross_entropy: logits ", logits.describe(),
-            " have no classes");
-  const float grad_scale = counted ? scale / static_cast<float>(counted) : 0.0f;
-
-  Tensor nll = row_nll ? *row_nll : Tensor::empty({n}, DType::f32, device);
-  if (device.kind == Device::cuda) {
-#ifdef MOE_HAVE_CUDA
-    cuda::cross_entropy_rows(logits, targets, grad_scale, dlogits, nll);
-#endif
-  } else {
-    const float* xs = logits.data<float>();
-    float* dxs = dlogits ? dlogits->data<float>() : nullptr;
-    float* out = nll.data<float>();
-#pragma omp parallel for schedule(static) if (n * vocab >= cpu::kParallelWork)
-    for (int64_t i = 0; i < n; ++i)
-      out[i] = kernels::cross_entropy_target_row(xs + i * vocab, vocab, tg[i],
-                                                 dxs ? dxs + i * vocab : nullptr, grad_scale);
-  }
-  // The mean in double, in row order, on the host.
-  const Tensor host_nll = nll.to(Device{});
-  const float* rows = host_nll.data<float>();
-  double sum = 0.0;
+  const int32_t* tg = targets.data<int32_t>();
+  const float* xs = logits.data<float>();
+  float* dxs = dlogits ? dlogits->data<float>() : nullptr;
+  float* out = nll.data<float>();
+#pragma omp parallel for schedule(static) if (n * vocab >= kParallelWork)
   for (int64_t i = 0; i < n; ++i)
-    if (tg[i] >= 0) sum += rows[i];
-  return counted ? sum / static_cast<double>(counted) : 0.0;
+    out[i] = kernels::cross_entropy_target_row(xs + i * vocab, vocab, tg[i],
+                                               dxs ? dxs + i * vocab : nullptr, grad_scale);
 }
 
-}  // namespace moe::ops
+}  // namespace moe::cpu

@@ -1,92 +1,39 @@
-// Knowledge-distillation loss (cross-entropy + T^2 KL to a teacher) with the student logits'
-// gradient in the same pass. Shapes: student / teacher / dlogits [N, V], targets [N]. Rows run in
-// parallel; the means are summed afterwards in double, in row order.
+// CPU knowledge-distillation loss rows (cross-entropy + T^2 KL to a teacher) with the student
+// logits' gradient in the same pass, rows in parallel. Shapes: student / teacher / dlogits [N, V],
+// targets [N].
 #include "kernels/distill_loss.h"
 
-#include <cmath>
 #include <vector>
 
-#include "backend/cpu/parallel.h"
-#include "moe/ops/core.h"
-#include "moe/ops/distill.h"
-#ifdef MOE_HAVE_CUDA
-#include "backend/cuda/moe_ops.h"
-#endif
+#include "backend/cpu/backend.h"
+#include "core/parallel.h"
 
-namespace moe::ops {
+namespace moe::cpu {
 
-DistillLossValue distill_loss(const Tensor& student, const Tensor& teacher, const Tensor& targets,
-                              float temperature, float ce_weight, float kd_weight, Tensor* dlogits,
-                              float scale) {
-  [[maybe_unused]] const Device device =
-      require_backend("distill_loss", {&student, &teacher, &targets, dlogits});
-  MOE_CHECK(student.ndim() == 2, "distill_loss: student logits ", student.describe(),
-            " are not 2-D [N,V]");
-  student.expect_dtype(DType::f32, "distill_loss student logits");
-  teacher.expect_shape(student.shape(), "distill_loss teacher logits");
-  teacher.expect_dtype(DType::f32, "distill_loss teacher logits");
+std::vector<kernels::DistillRow> distill_loss_rows(const Tensor& student, const Tensor& teacher,
+                                                   const Tensor& targets, float temperature,
+                                                   float ce_weight, float kd_weight,
+                                                   Tensor* dlogits, float grad_scale) {
   const int64_t n = student.dim(0), vocab = student.dim(1);
-  targets.expect_shape({n}, "distill_loss targets");
-  targets.expect_dtype(DType::i32, "distill_loss targets");
-  MOE_CHECK(std::isfinite(temperature) && temperature > 0, "distill_loss: temperature ",
-            temperature, " must be > 0");
-  MOE_CHECK(ce_weight >= 0 && kd_weight >= 0, "distill_loss: weights ", ce_weight, ", ", kd_weight,
-            " must be >= 0");
-  if (dlogits) {
-    dlogits->expect_shape(student.shape(), "distill_loss dlogits");
-    dlogits->expect_dtype(DType::f32, "distill_loss dlogits");
-  }
-  // Device targets are checked and counted on the host from a copy (N ids).
-  const Tensor host_targets = targets.to(Device{});
-  const int32_t* tg = host_targets.data<int32_t>();
-  int64_t counted = 0;
+  const int32_t* tg = targets.data<int32_t>();
+  std::vector<kernels::DistillRow> rows(static_cast<size_t>(n));
+  const float* s = student.data<float>();
+  const float* t = teacher.data<float>();
+  float* dxs = dlogits ? dlogits->data<float>() : nullptr;
+#pragma omp parallel for schedule(static) if (n * vocab >= kParallelWork)
   for (int64_t i = 0; i < n; ++i) {
-    MOE_CHECK(tg[i] < vocab, "distill_loss: target ", tg[i], " at row ", i, " of ",
-              targets.describe(), " is out of range for logits ", student.describe());
-    if (tg[i] >= 0) ++counted;
-  }
-  MOE_CHECK(vocab > 0 || counted == 0, "distill_loss: logits ", student.describe(),
-            " have no classes");
-  const float grad_scale = counted ? scale / static_cast<float>(counted) : 0.0f;
-
-  std::vector<kernels::DistillRow> rows;
-#ifdef MOE_HAVE_CUDA
-  if (device.kind == Device::cuda)
-    rows = cuda::distill_loss_rows(student, teacher, targets, temperature, ce_weight, kd_weight,
-                                   dlogits, grad_scale);
-#endif
-  if (device.kind == Device::cpu) {
-    rows.resize(static_cast<size_t>(n));
-    const float* s = student.data<float>();
-    const float* t = teacher.data<float>();
-    float* dxs = dlogits ? dlogits->data<float>() : nullptr;
-#pragma omp parallel for schedule(static) if (n * vocab >= cpu::kParallelWork)
-    for (int64_t i = 0; i < n; ++i) {
-      float* dx_row = dxs ? dxs + i * vocab : nullptr;
-      if (tg[i] < 0) {
-        rows[static_cast<size_t>(i)] = {0.0f, 0.0f};
-        if (dx_row)
-          for (int64_t j = 0; j < vocab; ++j) dx_row[j] = 0.0f;
-        continue;
-      }
-      rows[static_cast<size_t>(i)] =
-          kernels::distill_loss_row(s + i * vocab, t + i * vocab, vocab, tg[i], temperature,
-                                    ce_weight, kd_weight, dx_row, grad_scale);
+    float* dx_row = dxs ? dxs + i * vocab : nullptr;
+    if (tg[i] < 0) {
+      rows[static_cast<size_t>(i)] = {0.0f, 0.0f};
+      if (dx_row)
+        for (int64_t j = 0; j < vocab; ++j) dx_row[j] = 0.0f;
+      continue;
     }
+    rows[static_cast<size_t>(i)] =
+        kernels::distill_loss_row(s + i * vocab, t + i * vocab, vocab, tg[i], temperature,
+                                  ce_weight, kd_weight, dx_row, grad_scale);
   }
-  DistillLossValue value;
-  value.rows = counted;
-  if (!counted) return value;
-  for (int64_t i = 0; i < n; ++i) {
-    if (tg[i] < 0) continue;
-    value.ce += rows[static_cast<size_t>(i)].ce;
-    value.kd += rows[static_cast<size_t>(i)].kd;
-  }
-  value.ce /= static_cast<double>(counted);
-  value.kd /= static_cast<double>(counted);
-  value.total =
-      static_cast<double>(ce_weight) * value.ce + static_cast<double>(kd_weight) * value.kd;
-  return value;
+  return rows;
 }
 
-}  // namespace moe::ops
+}  // namespace moe::cpu

@@ -1,37 +1,23 @@
-// CPU grouped expert GEMM: one sgemm per non-empty expert segment on the contiguous rows of the
-// permuted buffer (no padding, no copies), plus the per-row bias / activation loops of the experts.
-// Shapes: M rows of the permuted buffer, D model width, F expert hidden width, E experts;
-// offsets [E+1] delimit the segments. The segments' GEMMs go to cpu::sgemm_batch (tiles fixed by
-// each segment's shape, one parallel loop over all of them); the row loops are OpenMP over rows and
-// bias gradients sum rows in order: results do not depend on the thread count.
+// CPU grouped expert GEMM (operand checks in ops/grouped_gemm.cpp): one sgemm per non-empty expert
+// segment on the contiguous rows of the permuted buffer (no padding, no copies), plus the per-row
+// bias / activation loops of the experts. Shapes: M rows of the permuted buffer, D model width, F
+// expert hidden width, E experts; offsets [E+1] delimit the segments. The segments' GEMMs go to
+// cpu::sgemm_batch (tiles fixed by each segment's shape, one parallel loop over all of them); the
+// row loops are OpenMP over rows and bias gradients sum rows in order: results do not depend on the
+// thread count.
 #include <algorithm>
 #include <cmath>
 #include <utility>
 #include <vector>
 
+#include "backend/cpu/backend.h"
 #include "backend/cpu/gemm.h"
-#include "backend/cpu/parallel.h"
 #include "backend/cpu/vector_math.h"
+#include "core/parallel.h"
 #include "kernels/experts.h"
-#include "moe/ops/core.h"
-#include "moe/ops/moe.h"
-#ifdef MOE_HAVE_CUDA
-#include "backend/cuda/moe_ops.h"
-#endif
 
-namespace moe::ops {
+namespace moe::cpu {
 namespace {
-
-// Segments must tile [0, rows) in order.
-void check_offsets(const char* op, const std::vector<int32_t>& offsets, int64_t experts,
-                   int64_t rows, const Tensor& t) {
-  MOE_CHECK(static_cast<int64_t>(offsets.size()) == experts + 1, op, ": ", offsets.size(),
-            " expert offsets for ", experts, " experts (", t.describe(), ")");
-  MOE_CHECK(offsets.front() == 0 && offsets.back() == rows, op, ": expert offsets span [",
-            offsets.front(), ", ", offsets.back(), ") but ", t.describe(), " has ", rows, " rows");
-  for (int64_t e = 0; e < experts; ++e)
-    MOE_CHECK(offsets[e] <= offsets[e + 1], op, ": expert offsets decrease at expert ", e);
-}
 
 // The expert whose segment holds `row` (offsets are sorted; empty segments are skipped).
 inline int64_t expert_of_row(const std::vector<int32_t>& offsets, int64_t row) {
@@ -114,27 +100,13 @@ void swiglu_backward(const float* h, const float* h3, const float* da, float* dh
 
 void grouped_gemm(const Tensor& a, const Tensor& w, bool transpose_w,
                   const std::vector<int32_t>& offsets, Tensor& c, float beta) {
-  [[maybe_unused]] const Device device = require_backend("grouped_gemm", {&a, &w, &c});
-  a.expect_dtype(DType::f32, "grouped_gemm A");
-  w.expect_dtype(DType::f32, "grouped_gemm W");
-  c.expect_dtype(DType::f32, "grouped_gemm C");
-  MOE_CHECK(a.ndim() == 2 && w.ndim() == 3 && c.ndim() == 2,
-            "grouped_gemm: A [M,K], W [E,R,S], C [M,N] expected, got ", a.describe(), ", ",
-            w.describe(), ", ", c.describe());
-  const int64_t experts = w.dim(0), r = w.dim(1), s = w.dim(2), rows = a.dim(0);
+  const int64_t experts = w.dim(0), r = w.dim(1), s = w.dim(2);
   const int64_t k = transpose_w ? s : r, n = transpose_w ? r : s;
-  MOE_CHECK(a.dim(1) == k && c.dim(0) == rows && c.dim(1) == n,
-            "grouped_gemm: shapes do not chain: ", a.describe(), " x ", w.describe(),
-            transpose_w ? "^T" : "", " -> ", c.describe());
-  check_offsets("grouped_gemm", offsets, experts, rows, a);
-#ifdef MOE_HAVE_CUDA
-  if (device.kind == Device::cuda) return cuda::grouped_gemm(a, w, transpose_w, offsets, c, beta);
-#endif
   const float* as = a.data<float>();
   const float* ws = w.data<float>();
   float* cs = c.data<float>();
   // One GEMM per non-empty segment, all their tiles in one parallel loop.
-  std::vector<cpu::GemmProblem> problems;
+  std::vector<GemmProblem> problems;
   problems.reserve(static_cast<size_t>(experts));
   for (int64_t e = 0; e < experts; ++e) {
     const int64_t begin = offsets[e], m = offsets[e + 1] - begin;
@@ -142,31 +114,16 @@ void grouped_gemm(const Tensor& a, const Tensor& w, bool transpose_w,
     problems.push_back({false, transpose_w, m, n, k, 1.0f, as + begin * k, k, ws + e * r * s, s,
                         beta, cs + begin * n, n});
   }
-  cpu::sgemm_batch(problems.data(), problems.size());
+  sgemm_batch(problems.data(), problems.size());
 }
 
 void grouped_gemm_weight_grad(const Tensor& dy, const Tensor& x,
                               const std::vector<int32_t>& offsets, Tensor& dw) {
-  [[maybe_unused]] const Device device =
-      require_backend("grouped_gemm_weight_grad", {&dy, &x, &dw});
-  dy.expect_dtype(DType::f32, "grouped_gemm_weight_grad dY");
-  x.expect_dtype(DType::f32, "grouped_gemm_weight_grad X");
-  dw.expect_dtype(DType::f32, "grouped_gemm_weight_grad dW");
-  MOE_CHECK(dy.ndim() == 2 && x.ndim() == 2 && dw.ndim() == 3,
-            "grouped_gemm_weight_grad: dY [M,R], X [M,S], dW [E,R,S] expected, got ", dy.describe(),
-            ", ", x.describe(), ", ", dw.describe());
-  const int64_t experts = dw.dim(0), r = dw.dim(1), s = dw.dim(2), rows = dy.dim(0);
-  MOE_CHECK(dy.dim(1) == r && x.dim(0) == rows && x.dim(1) == s,
-            "grouped_gemm_weight_grad: shapes do not chain: ", dy.describe(), "^T x ", x.describe(),
-            " -> ", dw.describe());
-  check_offsets("grouped_gemm_weight_grad", offsets, experts, rows, dy);
-#ifdef MOE_HAVE_CUDA
-  if (device.kind == Device::cuda) return cuda::grouped_gemm_weight_grad(dy, x, offsets, dw);
-#endif
+  const int64_t experts = dw.dim(0), r = dw.dim(1), s = dw.dim(2);
   const float* dys = dy.data<float>();
   const float* xs = x.data<float>();
   float* dws = dw.data<float>();
-  std::vector<cpu::GemmProblem> problems;
+  std::vector<GemmProblem> problems;
   problems.reserve(static_cast<size_t>(experts));
   for (int64_t e = 0; e < experts; ++e) {
     const int64_t begin = offsets[e], m = offsets[e + 1] - begin;
@@ -174,35 +131,23 @@ void grouped_gemm_weight_grad(const Tensor& dy, const Tensor& x,
     problems.push_back({true, false, r, s, m, 1.0f, dys + begin * r, r, xs + begin * s, s, 1.0f,
                         dws + e * r * s, s});
   }
-  cpu::sgemm_batch(problems.data(), problems.size());
+  sgemm_batch(problems.data(), problems.size());
 }
 
 void expert_activation(Tensor& h, const Tensor& h3, const Tensor& bias,
-                       const std::vector<int32_t>& offsets, nn::Activation activation, Tensor& a) {
-  [[maybe_unused]] const Device device = require_backend("expert_activation", {&h, &h3, &bias, &a});
-  h.expect_dtype(DType::f32, "expert_activation h");
-  MOE_CHECK(h.ndim() == 2, "expert_activation: [M,F] expected, got ", h.describe());
+                       const std::vector<int32_t>& offsets, Activation activation, Tensor& a) {
   const int64_t rows = h.dim(0), width = h.dim(1);
-  const int64_t experts = static_cast<int64_t>(offsets.size()) - 1;
-  check_offsets("expert_activation", offsets, experts, rows, h);
-  a.expect_shape(h.shape(), "expert_activation a");
-  if (bias.defined()) bias.expect_shape({experts, width}, "expert_activation bias");
-  if (activation == nn::Activation::swiglu) h3.expect_shape(h.shape(), "expert_activation h3");
-#ifdef MOE_HAVE_CUDA
-  if (device.kind == Device::cuda)
-    return cuda::expert_activation(h, h3, bias, offsets, activation, a);
-#endif
   const float* bs = bias.defined() ? bias.data<float>() : nullptr;
   float* hs = h.data<float>();
   float* as = a.data<float>();
-  if (activation == nn::Activation::gelu) {
-#pragma omp parallel for schedule(static) if (rows * width >= cpu::kParallelWork)
+  if (activation == Activation::gelu) {
+#pragma omp parallel for schedule(static) if (rows * width >= kParallelWork)
     for (int64_t i = 0; i < rows; ++i)
       bias_gelu(hs + i * width, bs ? bs + expert_of_row(offsets, i) * width : nullptr,
                 as + i * width, width);
   } else {
     const float* h3s = h3.data<float>();
-#pragma omp parallel for schedule(static) if (rows * width >= cpu::kParallelWork)
+#pragma omp parallel for schedule(static) if (rows * width >= kParallelWork)
     for (int64_t i = 0; i < rows; ++i)
       bias_swiglu(hs + i * width, h3s + i * width,
                   bs ? bs + expert_of_row(offsets, i) * width : nullptr, as + i * width, width);
@@ -210,33 +155,19 @@ void expert_activation(Tensor& h, const Tensor& h3, const Tensor& bias,
 }
 
 void expert_activation_backward(const Tensor& da, const Tensor& h, const Tensor& h3,
-                                nn::Activation activation, Tensor& dh, Tensor& dh3) {
-  [[maybe_unused]] const Device device =
-      require_backend("expert_activation_backward", {&da, &h, &h3, &dh, &dh3});
-  da.expect_dtype(DType::f32, "expert_activation_backward da");
-  MOE_CHECK(da.ndim() == 2, "expert_activation_backward: [M,F] expected, got ", da.describe());
-  h.expect_shape(da.shape(), "expert_activation_backward h");
-  dh.expect_shape(da.shape(), "expert_activation_backward dh");
-  if (activation == nn::Activation::swiglu) {
-    h3.expect_shape(da.shape(), "expert_activation_backward h3");
-    dh3.expect_shape(da.shape(), "expert_activation_backward dh3");
-  }
-#ifdef MOE_HAVE_CUDA
-  if (device.kind == Device::cuda)
-    return cuda::expert_activation_backward(da, h, h3, activation, dh, dh3);
-#endif
+                                Activation activation, Tensor& dh, Tensor& dh3) {
   const int64_t rows = da.dim(0), width = da.dim(1);
   const float* das = da.data<float>();
   const float* hs = h.data<float>();
   float* dhs = dh.data<float>();
-  if (activation == nn::Activation::gelu) {
-#pragma omp parallel for schedule(static) if (rows * width >= cpu::kParallelWork)
+  if (activation == Activation::gelu) {
+#pragma omp parallel for schedule(static) if (rows * width >= kParallelWork)
     for (int64_t i = 0; i < rows; ++i)
       gelu_backward(hs + i * width, das + i * width, dhs + i * width, width);
   } else {
     const float* h3s = h3.data<float>();
     float* dh3s = dh3.data<float>();
-#pragma omp parallel for schedule(static) if (rows * width >= cpu::kParallelWork)
+#pragma omp parallel for schedule(static) if (rows * width >= kParallelWork)
     for (int64_t i = 0; i < rows; ++i)
       swiglu_backward(hs + i * width, h3s + i * width, das + i * width, dhs + i * width,
                       dh3s + i * width, width);
@@ -244,41 +175,23 @@ void expert_activation_backward(const Tensor& da, const Tensor& h, const Tensor&
 }
 
 void grouped_add_bias(Tensor& y, const Tensor& bias, const std::vector<int32_t>& offsets) {
-  [[maybe_unused]] const Device device = require_backend("grouped_add_bias", {&y, &bias});
-  y.expect_dtype(DType::f32, "grouped_add_bias y");
-  MOE_CHECK(y.ndim() == 2, "grouped_add_bias: [M,D] expected, got ", y.describe());
   const int64_t rows = y.dim(0), width = y.dim(1);
-  const int64_t experts = static_cast<int64_t>(offsets.size()) - 1;
-  check_offsets("grouped_add_bias", offsets, experts, rows, y);
-  bias.expect_shape({experts, width}, "grouped_add_bias bias");
-#ifdef MOE_HAVE_CUDA
-  if (device.kind == Device::cuda) return cuda::grouped_add_bias(y, bias, offsets);
-#endif
   const float* bs = bias.data<float>();
   float* ys = y.data<float>();
-#pragma omp parallel for schedule(static) if (rows * width >= cpu::kParallelWork)
+#pragma omp parallel for schedule(static) if (rows * width >= kParallelWork)
   for (int64_t i = 0; i < rows; ++i)
     kernels::add_row(ys + i * width, bs + expert_of_row(offsets, i) * width, width);
 }
 
 void grouped_bias_grad(const Tensor& dy, const std::vector<int32_t>& offsets, Tensor& dbias) {
-  [[maybe_unused]] const Device device = require_backend("grouped_bias_grad", {&dy, &dbias});
-  dy.expect_dtype(DType::f32, "grouped_bias_grad dy");
-  MOE_CHECK(dy.ndim() == 2, "grouped_bias_grad: [M,D] expected, got ", dy.describe());
   const int64_t rows = dy.dim(0), width = dy.dim(1);
   const int64_t experts = static_cast<int64_t>(offsets.size()) - 1;
-  check_offsets("grouped_bias_grad", offsets, experts, rows, dy);
-  dbias.expect_shape({experts, width}, "grouped_bias_grad dbias");
-  dbias.expect_dtype(DType::f32, "grouped_bias_grad dbias");
-#ifdef MOE_HAVE_CUDA
-  if (device.kind == Device::cuda) return cuda::grouped_bias_grad(dy, offsets, dbias);
-#endif
   // Each (expert, block of columns) is summed by one thread over the segment's rows in order.
   constexpr int64_t kBlock = 64;
   const int64_t blocks = (width + kBlock - 1) / kBlock;
   const float* dys = dy.data<float>();
   float* dbs = dbias.data<float>();
-#pragma omp parallel for collapse(2) schedule(static) if (rows * width >= cpu::kParallelWork)
+#pragma omp parallel for collapse(2) schedule(static) if (rows * width >= kParallelWork)
   for (int64_t e = 0; e < experts; ++e) {
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t c0 = b * kBlock, len = std::min(kBlock, width - c0);
@@ -290,4 +203,4 @@ void grouped_bias_grad(const Tensor& dy, const std::vector<int32_t>& offsets, Te
   }
 }
 
-}  // namespace moe::ops
+}  // namespace moe::cpu

@@ -1,35 +1,21 @@
-// CPU router ops: jitter, softmax, top-k, load, aux/z losses and the router row backward.
-// Shapes: N tokens, D model width, E experts, k experts per token.
-// Every loop writes whole rows from one thread; loss sums run serially in fp64 in token order.
-#include <cmath>
+// CPU router loops: jitter, softmax, top-k and the router row backward (the load and the aux/z
+// losses run on the host in ops/router.cpp). Shapes: N tokens, D model width, E experts, k experts
+// per token. Every loop writes whole rows from one thread.
+#include <vector>
 
-#include "backend/cpu/parallel.h"
+#include "backend/cpu/backend.h"
+#include "core/parallel.h"
 #include "kernels/router.h"
-#include "moe/ops/core.h"
-#include "moe/ops/moe.h"
-#ifdef MOE_HAVE_CUDA
-#include "backend/cuda/moe_ops.h"
-#endif
 
-namespace moe::ops {
+namespace moe::cpu {
 
 void router_jitter(const Tensor& x, float jitter, uint64_t key, Tensor& noise, Tensor& routed,
                    int64_t first_row) {
-  [[maybe_unused]] const Device device = require_backend("router_jitter", {&x, &noise, &routed});
-  x.expect_dtype(DType::f32, "router_jitter x");
-  MOE_CHECK(x.ndim() == 2, "router_jitter: 2-D input expected, got ", x.describe());
-  noise.expect_shape(x.shape(), "router_jitter noise");
-  routed.expect_shape(x.shape(), "router_jitter routed");
-  MOE_CHECK(jitter >= 0.0f && jitter < 1.0f, "router_jitter: jitter ", jitter, " outside [0, 1)");
-#ifdef MOE_HAVE_CUDA
-  if (device.kind == Device::cuda)
-    return cuda::router_jitter(x, jitter, key, noise, routed, first_row);
-#endif
   const float* xs = x.data<float>();
   float* ns = noise.data<float>();
   float* rs = routed.data<float>();
   int64_t rows = x.dim(0), cols = x.dim(1);
-#pragma omp parallel for schedule(static) if (rows * cols >= cpu::kParallelWork)
+#pragma omp parallel for schedule(static) if (rows * cols >= kParallelWork)
   for (int64_t t = 0; t < rows; ++t) {
     for (int64_t d = 0; d < cols; ++d) {
       int64_t i = t * cols + d;
@@ -42,156 +28,49 @@ void router_jitter(const Tensor& x, float jitter, uint64_t key, Tensor& noise, T
 }
 
 void router_jitter_backward(const Tensor& noise, Tensor& dx) {
-  [[maybe_unused]] const Device device = require_backend("router_jitter_backward", {&noise, &dx});
-  noise.expect_dtype(DType::f32, "router_jitter_backward noise");
-  dx.expect_shape(noise.shape(), "router_jitter_backward dx");
-#ifdef MOE_HAVE_CUDA
-  if (device.kind == Device::cuda) return cuda::router_jitter_backward(noise, dx);
-#endif
   const float* ns = noise.data<float>();
   float* ds = dx.data<float>();
   int64_t n = dx.numel();
-#pragma omp parallel for schedule(static) if (n >= cpu::kParallelWork)
+#pragma omp parallel for schedule(static) if (n >= kParallelWork)
   for (int64_t i = 0; i < n; ++i) ds[i] *= ns[i];
 }
 
 void router_softmax(const Tensor& logits, Tensor& probs, Tensor& lse) {
-  [[maybe_unused]] const Device device = require_backend("router_softmax", {&logits, &probs, &lse});
-  logits.expect_dtype(DType::f32, "router_softmax logits");
-  MOE_CHECK(logits.ndim() == 2 && logits.dim(1) > 0, "router_softmax: [N,E] logits expected, got ",
-            logits.describe());
   int64_t rows = logits.dim(0), experts = logits.dim(1);
-  probs.expect_shape(logits.shape(), "router_softmax probs");
-  lse.expect_shape({rows}, "router_softmax lse");
-#ifdef MOE_HAVE_CUDA
-  if (device.kind == Device::cuda) return cuda::router_softmax(logits, probs, lse);
-#endif
   const float* ls = logits.data<float>();
   float* ps = probs.data<float>();
   float* zs = lse.data<float>();
-#pragma omp parallel for schedule(static) if (rows * experts >= cpu::kParallelWork)
+#pragma omp parallel for schedule(static) if (rows * experts >= kParallelWork)
   for (int64_t t = 0; t < rows; ++t)
     zs[t] = kernels::softmax_row(ls + t * experts, ps + t * experts, experts);
 }
 
 void router_topk(const Tensor& probs, int64_t k, bool normalize, Tensor& topk_idx,
                  Tensor& topk_weight) {
-  [[maybe_unused]] const Device device =
-      require_backend("router_topk", {&probs, &topk_idx, &topk_weight});
-  probs.expect_dtype(DType::f32, "router_topk probs");
-  MOE_CHECK(probs.ndim() == 2, "router_topk: [N,E] probabilities expected, got ", probs.describe());
   int64_t rows = probs.dim(0), experts = probs.dim(1);
-  MOE_CHECK(k >= 1 && k <= experts, "router_topk: top_k ", k, " must be in [1, ", experts, "] for ",
-            probs.describe());
-  topk_idx.expect_shape({rows, k}, "router_topk idx");
-  topk_idx.expect_dtype(DType::i32, "router_topk idx");
-  topk_weight.expect_shape({rows, k}, "router_topk weight");
-#ifdef MOE_HAVE_CUDA
-  if (device.kind == Device::cuda)
-    return cuda::router_topk(probs, k, normalize, topk_idx, topk_weight);
-#endif
   const float* ps = probs.data<float>();
   int32_t* is = topk_idx.data<int32_t>();
   float* ws = topk_weight.data<float>();
-#pragma omp parallel for schedule(static) if (rows * experts * k >= cpu::kParallelWork)
+#pragma omp parallel for schedule(static) if (rows * experts * k >= kParallelWork)
   for (int64_t t = 0; t < rows; ++t)
     kernels::topk_row(ps + t * experts, experts, k, normalize, is + t * k, ws + t * k);
 }
 
-std::vector<int64_t> router_load(const Tensor& topk_idx, int64_t num_experts) {
-  [[maybe_unused]] const Device device = require_backend("router_load", {&topk_idx});
-  topk_idx.expect_dtype(DType::i32, "router_load idx");
-  // Device ids: counted on the host from a copy (N*k ids), exactly as below.
-  if (device.kind != Device::cpu) return router_load(topk_idx.to(Device{}), num_experts);
-  std::vector<int64_t> load(static_cast<size_t>(num_experts), 0);
-  const int32_t* is = topk_idx.data<int32_t>();
-  for (int64_t i = 0, n = topk_idx.numel(); i < n; ++i) {
-    MOE_CHECK(is[i] >= 0 && is[i] < num_experts, "router_load: expert id ", is[i],
-              " out of range [0, ", num_experts, ") at element ", i, " of ", topk_idx.describe());
-    ++load[static_cast<size_t>(is[i])];
-  }
-  return load;
-}
-
-double router_aux_loss(const Tensor& probs, const std::vector<int64_t>& load, int64_t load_tokens,
-                       int64_t top_k) {
-  [[maybe_unused]] const Device device = require_backend("router_aux_loss", {&probs});
-  probs.expect_dtype(DType::f32, "router_aux_loss probs");
-  // Device probabilities: the fixed-order fp64 sums run on the host from a copy.
-  if (device.kind != Device::cpu)
-    return router_aux_loss(probs.to(Device{}), load, load_tokens, top_k);
-  MOE_CHECK(probs.ndim() == 2 && probs.dim(1) == static_cast<int64_t>(load.size()),
-            "router_aux_loss: ", probs.describe(), " vs load of ", load.size(), " experts");
-  int64_t rows = probs.dim(0), experts = probs.dim(1);
-  if (rows == 0 || top_k <= 0 || load_tokens <= 0) return 0.0;
-  std::vector<double> mean_prob(static_cast<size_t>(experts), 0.0);
-  const float* ps = probs.data<float>();
-  for (int64_t t = 0; t < rows; ++t)
-    for (int64_t e = 0; e < experts; ++e) mean_prob[e] += ps[t * experts + e];
-  double aux = 0.0;
-  for (int64_t e = 0; e < experts; ++e) {
-    double f = static_cast<double>(load[e]) / static_cast<double>(load_tokens * top_k);
-    aux += f * mean_prob[e] / static_cast<double>(rows);
-  }
-  return static_cast<double>(experts) * aux;
-}
-
-double router_z_loss(const Tensor& lse) {
-  [[maybe_unused]] const Device device = require_backend("router_z_loss", {&lse});
-  lse.expect_dtype(DType::f32, "router_z_loss lse");
-  // Device lse: the fixed-order fp64 sum runs on the host from a copy.
-  if (device.kind != Device::cpu) return router_z_loss(lse.to(Device{}));
-  int64_t rows = lse.numel();
-  if (rows == 0) return 0.0;
-  const float* zs = lse.data<float>();
-  double sum = 0.0;
-  for (int64_t t = 0; t < rows; ++t) sum += static_cast<double>(zs[t]) * zs[t];
-  return sum / static_cast<double>(rows);
-}
-
 void router_backward(const Tensor& probs, const Tensor& lse, const Tensor& topk_idx,
-                     const Tensor& dtopk_weight, bool normalize, const std::vector<int64_t>& load,
-                     int64_t load_tokens, float aux_scale, float z_scale, Tensor& dlogits) {
-  [[maybe_unused]] const Device device =
-      require_backend("router_backward", {&probs, &lse, &topk_idx, &dtopk_weight, &dlogits});
-  probs.expect_dtype(DType::f32, "router_backward probs");
-  MOE_CHECK(probs.ndim() == 2, "router_backward: [N,E] probabilities expected, got ",
-            probs.describe());
+                     const Tensor& dtopk_weight, bool normalize, const std::vector<float>& aux_coef,
+                     float z_factor, Tensor& dlogits) {
   int64_t rows = probs.dim(0), experts = probs.dim(1);
-  MOE_CHECK(topk_idx.ndim() == 2 && topk_idx.dim(0) == rows,
-            "router_backward: ", topk_idx.describe(), " does not match ", probs.describe());
   int64_t k = topk_idx.dim(1);
-  topk_idx.expect_dtype(DType::i32, "router_backward idx");
-  dtopk_weight.expect_shape({rows, k}, "router_backward dtopk_weight");
-  dtopk_weight.expect_dtype(DType::f32, "router_backward dtopk_weight");
-  lse.expect_shape({rows}, "router_backward lse");
-  dlogits.expect_shape({rows, experts}, "router_backward dlogits");
-  MOE_CHECK(static_cast<int64_t>(load.size()) == experts, "router_backward: load of ", load.size(),
-            " experts for ", probs.describe());
-  if (rows == 0) return;
-
-  // d aux / d probs[t,e] = E * f_e / N, the same for every token (f_e over load_tokens tokens).
-  std::vector<float> aux_coef(static_cast<size_t>(experts));
-  for (int64_t e = 0; e < experts; ++e)
-    aux_coef[e] =
-        static_cast<float>(static_cast<double>(aux_scale) * experts * static_cast<double>(load[e]) /
-                           (static_cast<double>(load_tokens) * k * rows));
-  const float z_factor = static_cast<float>(2.0 * z_scale / static_cast<double>(rows));
-#ifdef MOE_HAVE_CUDA
-  if (device.kind == Device::cuda)
-    return cuda::router_backward(probs, lse, topk_idx, dtopk_weight, normalize, aux_coef, z_factor,
-                                 dlogits);
-#endif
   const float* ps = probs.data<float>();
   const float* zs = lse.data<float>();
   const int32_t* is = topk_idx.data<int32_t>();
   const float* dws = dtopk_weight.data<float>();
   float* dl = dlogits.data<float>();
   const float* coef = aux_coef.data();
-#pragma omp parallel for schedule(static) if (rows * experts >= cpu::kParallelWork)
+#pragma omp parallel for schedule(static) if (rows * experts >= kParallelWork)
   for (int64_t t = 0; t < rows; ++t)
     kernels::router_backward_row(ps + t * experts, experts, is + t * k, dws + t * k, k, normalize,
                                  coef, z_factor * zs[t], dl + t * experts);
 }
 
-}  // namespace moe::ops
+}  // namespace moe::cpu

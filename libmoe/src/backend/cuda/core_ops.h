@@ -1,5 +1,6 @@
-// CUDA implementations of the core ops (moe/ops/core.h) and of the tensor conversions. Called by
-// the device-neutral op after its operand checks, with every tensor on one CUDA device.
+// CUDA implementations of the core ops (moe/ops/core.h) and of the tensor conversions, put in the
+// op table by backend/cuda/backend.cpp. Called through the table after the op's operand checks,
+// with every tensor on one CUDA device.
 #pragma once
 #include "moe/tensor.h"
 

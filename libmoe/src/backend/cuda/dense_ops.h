@@ -1,9 +1,10 @@
-// CUDA implementations of the dense-layer ops (moe/ops/dense.h). Called by the device-neutral op
+// CUDA implementations of the dense-layer ops (moe/ops/dense.h), the CUDA backend's internal
+// header: backend/cuda/backend.cpp puts them in the op table. Called through the table by the op
 // after its checks (those of index values on a host copy), with every tensor on one CUDA device.
 #pragma once
 #include <cstdint>
 
-#include "moe/ops/dense.h"
+#include "moe/op_types.h"
 #include "moe/tensor.h"
 
 namespace moe::cuda {

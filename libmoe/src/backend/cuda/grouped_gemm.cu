@@ -65,22 +65,22 @@ void grouped_gemm_weight_grad(const Tensor& dy, const Tensor& x,
 }
 
 void expert_activation(Tensor& h, const Tensor& h3, const Tensor& bias,
-                       const std::vector<int32_t>& offsets, nn::Activation activation, Tensor& a) {
+                       const std::vector<int32_t>& offsets, Activation activation, Tensor& a) {
   const int64_t n = h.numel();
   if (n == 0) return;
   const int64_t experts = static_cast<int64_t>(offsets.size()) - 1;
   const Tensor offs = upload_offsets(offsets, h.device());
-  const float* h3s = activation == nn::Activation::swiglu ? h3.data<float>() : nullptr;
+  const float* h3s = activation == Activation::swiglu ? h3.data<float>() : nullptr;
   launch<body::ExpertActivation>(launch_shape(n), stream_of(h), h.data<float>(), h3s,
                                  bias.defined() ? bias.data<float>() : nullptr,
                                  offs.data<int32_t>(), experts, h.dim(1), a.data<float>(), n);
 }
 
 void expert_activation_backward(const Tensor& da, const Tensor& h, const Tensor& h3,
-                                nn::Activation activation, Tensor& dh, Tensor& dh3) {
+                                Activation activation, Tensor& dh, Tensor& dh3) {
   const int64_t n = da.numel();
   if (n == 0) return;
-  const bool swiglu = activation == nn::Activation::swiglu;
+  const bool swiglu = activation == Activation::swiglu;
   launch<body::ExpertActivationBackward>(launch_shape(n), stream_of(da), da.data<float>(),
                                          h.data<float>(), swiglu ? h3.data<float>() : nullptr,
                                          dh.data<float>(), swiglu ? dh3.data<float>() : nullptr, n);

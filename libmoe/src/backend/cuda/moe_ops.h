@@ -1,13 +1,14 @@
 // CUDA implementations of the MoE ops (moe/ops/moe.h), the distillation loss (moe/ops/distill.h)
-// and the AdamW update (optim/adamw.cpp). Called by the device-neutral op after its operand checks,
-// with every tensor on one CUDA device. Per-row / per-element math comes from libmoe/src/kernels.
+// and the AdamW update (moe/ops/optim.h), put in the op table by backend/cuda/backend.cpp. Called
+// through the table by the op after its operand checks, with every tensor on one CUDA device.
+// Per-row / per-element math comes from libmoe/src/kernels.
 #pragma once
 #include <cstdint>
 #include <vector>
 
 #include "kernels/adamw.h"
 #include "kernels/distill_loss.h"
-#include "moe/nn/common.h"
+#include "moe/op_types.h"
 #include "moe/tensor.h"
 
 namespace moe::cuda {
@@ -38,9 +39,9 @@ void grouped_gemm(const Tensor& a, const Tensor& w, bool transpose_w,
 void grouped_gemm_weight_grad(const Tensor& dy, const Tensor& x,
                               const std::vector<int32_t>& offsets, Tensor& dw);
 void expert_activation(Tensor& h, const Tensor& h3, const Tensor& bias,
-                       const std::vector<int32_t>& offsets, nn::Activation activation, Tensor& a);
+                       const std::vector<int32_t>& offsets, Activation activation, Tensor& a);
 void expert_activation_backward(const Tensor& da, const Tensor& h, const Tensor& h3,
-                                nn::Activation activation, Tensor& dh, Tensor& dh3);
+                                Activation activation, Tensor& dh, Tensor& dh3);
 void grouped_add_bias(Tensor& y, const Tensor& bias, const std::vector<int32_t>& offsets);
 void grouped_bias_grad(const Tensor& dy, const std::vector<int32_t>& offsets, Tensor& dbias);
 

@@ -1,0 +1,34 @@
+// Value types that ops take and every backend implements against: they live in core so that the
+// op table (core/backend.h), the ops (moe/ops/*.h, which re-export them) and the backends share
+// one definition without a backend including the op layer or nn/.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace moe {
+
+// gelu: W2 gelu(W1 x + b1) + b2 (gpt);  swiglu: W2 (silu(W1 x) * W3 x) (mixtral)
+enum class Activation { gelu, swiglu };
+
+}  // namespace moe
+
+namespace moe::ops {
+
+// Causal self-attention shape: B batch, T sequence, H query heads, KV key/value heads, hd head dim.
+struct AttentionShape {
+  int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
+};
+
+// Incremental (cached) attention, for generation. A ragged batch of R rows: row r brings
+// count[r] >= 1 new tokens, consecutive in q/ctx and in row order (N = sum of counts), which sit
+// at positions start[r] .. start[r] + count[r] - 1 of cache slot slot[r] (distinct slots).
+struct CachedRows {
+  std::vector<int64_t> slot, start, count;
+  int64_t rows() const { return static_cast<int64_t>(count.size()); }
+  int64_t tokens() const;  // N
+  // Throws moe::Error unless the three have one entry per row, counts >= 1, starts >= 0, slots in
+  // [0, slots) and distinct, and start + count <= capacity.
+  void check(int64_t slots, int64_t capacity, const char* what) const;
+};
+
+}  // namespace moe::ops

@@ -1,0 +1,82 @@
+// Causal scaled-dot-product attention with grouped-query heads, forward, backward and cached:
+// operand checks, then Backend::dense.
+// Shapes: q, ctx [B*T, H*hd]; k, v [B*T, KV*hd]; probs [B, H, T, T].
+#include "core/backend.h"
+#include "moe/ops/core.h"
+#include "moe/ops/dense.h"
+
+namespace moe::ops {
+
+namespace {
+
+void check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                     const AttentionShape& s) {
+  MOE_CHECK(s.batch >= 0 && s.seq >= 0 && s.heads > 0 && s.kv_heads > 0 && s.head_dim > 0 &&
+                s.heads % s.kv_heads == 0,
+            op, ": bad shape: batch ", s.batch, ", seq ", s.seq, ", heads ", s.heads, ", kv_heads ",
+            s.kv_heads, ", head_dim ", s.head_dim);
+  const int64_t n = s.batch * s.seq;
+  q.expect_shape({n, s.heads * s.head_dim}, op);
+  k.expect_shape({n, s.kv_heads * s.head_dim}, op);
+  v.expect_shape({n, s.kv_heads * s.head_dim}, op);
+  q.expect_dtype(DType::f32, op);
+  k.expect_dtype(DType::f32, op);
+  v.expect_dtype(DType::f32, op);
+}
+
+}  // namespace
+
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionShape& s,
+                       Tensor& probs, Tensor& ctx) {
+  const Device device = require_backend("attention_forward", {&q, &k, &v, &probs, &ctx});
+  check_attention("attention_forward", q, k, v, s);
+  probs.expect_shape({s.batch, s.heads, s.seq, s.seq}, "attention_forward probs");
+  probs.expect_dtype(DType::f32, "attention_forward probs");
+  ctx.expect_shape(q.shape(), "attention_forward context");
+  ctx.expect_dtype(DType::f32, "attention_forward context");
+  backend_for(device).dense.attention_forward(q, k, v, s, probs, ctx);
+}
+
+void attention_forward_cached(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                              int64_t heads, int64_t kv_heads, const CachedRows& rows,
+                              Tensor& ctx) {
+  const char* op = "attention_forward_cached";
+  const Device device = require_backend(op, {&q, &k_cache, &v_cache, &ctx});
+  MOE_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && k_cache.ndim() == 3 &&
+                q.ndim() == 2 && q.dim(1) % heads == 0,
+            op, ": bad shape: q ", q.describe(), ", k cache ", k_cache.describe(), ", heads ",
+            heads, ", kv_heads ", kv_heads);
+  const int64_t H = heads, KV = kv_heads, hd = q.dim(1) / H;
+  const int64_t slots = k_cache.dim(0), capacity = k_cache.dim(1);
+  const int64_t ldq = H * hd, ldk = KV * hd;
+  rows.check(slots, capacity, op);
+  q.expect_shape({rows.tokens(), ldq}, op);
+  k_cache.expect_shape({slots, capacity, ldk}, "attention_forward_cached k cache");
+  v_cache.expect_shape({slots, capacity, ldk}, "attention_forward_cached v cache");
+  ctx.expect_shape(q.shape(), "attention_forward_cached context");
+  for (const Tensor* t : {&q, &k_cache, &v_cache, static_cast<const Tensor*>(&ctx)})
+    t->expect_dtype(DType::f32, op);
+  backend_for(device).dense.attention_forward_cached(q, k_cache, v_cache, heads, kv_heads, rows,
+                                                     ctx);
+}
+
+void attention_backward(const Tensor& dctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& probs, const AttentionShape& s, Tensor& dq, Tensor& dk,
+                        Tensor& dv) {
+  const Device device =
+      require_backend("attention_backward", {&dctx, &q, &k, &v, &probs, &dq, &dk, &dv});
+  check_attention("attention_backward", q, k, v, s);
+  dctx.expect_shape(q.shape(), "attention_backward dctx");
+  dctx.expect_dtype(DType::f32, "attention_backward dctx");
+  probs.expect_shape({s.batch, s.heads, s.seq, s.seq}, "attention_backward probs");
+  probs.expect_dtype(DType::f32, "attention_backward probs");
+  dq.expect_shape(q.shape(), "attention_backward dq");
+  dk.expect_shape(k.shape(), "attention_backward dk");
+  dv.expect_shape(v.shape(), "attention_backward dv");
+  dq.expect_dtype(DType::f32, "attention_backward dq");
+  dk.expect_dtype(DType::f32, "attention_backward dk");
+  dv.expect_dtype(DType::f32, "attention_backward dv");
+  backend_for(device).dense.attention_backward(dctx, q, k, v, probs, s, dq, dk, dv);
+}
+
+}  // namespace moe::ops

@@ -1,0 +1,70 @@
+// Core ops: operand checks and the device's table (Backend::core); require_backend, which every
+// op calls first.
+#include "moe/ops/core.h"
+
+#include "core/backend.h"
+
+namespace moe::ops {
+
+Device require_backend(const char* op, std::initializer_list<const Tensor*> tensors) {
+  const Tensor* first = nullptr;
+  for (const Tensor* t : tensors) {
+    if (!t || !t->defined()) continue;
+    if (!backend_available(t->device().kind))
+      throw Error(str(op, ": ", t->describe(), " is on a device this build has no backend for"));
+    if (!first) {
+      first = t;
+    } else if (!(t->device() == first->device())) {
+      throw Error(
+          str(op, ": operands on different devices: ", first->describe(), " and ", t->describe()));
+    }
+  }
+  return first ? first->device() : Device{};
+}
+
+void gemm(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, Tensor& c,
+          float alpha, float beta) {
+  const Device device = require_backend("gemm", {&a, &b, &c});
+  MOE_CHECK(a.ndim() == 2 && b.ndim() == 2 && c.ndim() == 2, "gemm: 2-D operands expected, got ",
+            a.describe(), ", ", b.describe(), ", ", c.describe());
+  a.expect_dtype(DType::f32, "gemm A");
+  b.expect_dtype(DType::f32, "gemm B");
+  c.expect_dtype(DType::f32, "gemm C");
+  int64_t m = transpose_a ? a.dim(1) : a.dim(0);
+  int64_t k = transpose_a ? a.dim(0) : a.dim(1);
+  int64_t kb = transpose_b ? b.dim(1) : b.dim(0);
+  int64_t n = transpose_b ? b.dim(0) : b.dim(1);
+  MOE_CHECK(k == kb && c.dim(0) == m && c.dim(1) == n, "gemm: shapes do not chain: ", a.describe(),
+            transpose_a ? "^T" : "", " x ", b.describe(), transpose_b ? "^T" : "", " -> ",
+            c.describe());
+  backend_for(device).core.gemm(a, transpose_a, b, transpose_b, c, alpha, beta);
+}
+
+void axpy(float alpha, const Tensor& x, Tensor& y) {
+  const Device device = require_backend("axpy", {&x, &y});
+  MOE_CHECK(x.shape() == y.shape(), "axpy: ", x.describe(), " vs ", y.describe());
+  x.expect_dtype(DType::f32, "axpy x");
+  y.expect_dtype(DType::f32, "axpy y");
+  backend_for(device).core.axpy(alpha, x, y);
+}
+
+void scale(Tensor& x, float alpha) {
+  const Device device = require_backend("scale", {&x});
+  x.expect_dtype(DType::f32, "scale");
+  backend_for(device).core.scale(x, alpha);
+}
+
+void round_to_dtype(Tensor& x, DType dtype) {
+  const Device device = require_backend("round_to_dtype", {&x});
+  if (dtype == DType::f32) return;
+  x.expect_dtype(DType::f32, "round_to_dtype");
+  backend_for(device).core.round_to_dtype(x, dtype);
+}
+
+double sum_squares(const Tensor& x) {
+  const Device device = require_backend("sum_squares", {&x});
+  x.expect_dtype(DType::f32, "sum_squares");
+  return backend_for(device).core.sum_squares(x);
+}
+
+}  // namespace moe::ops
