@@ -27,6 +27,13 @@ TEST_CASE("cuda: tensors round-trip and convert on the device", "[cuda]") {
   REQUIRE(z.to_vector() == std::vector<float>(15, 1.5f));
   Tensor c = g.clone();
   REQUIRE(c.to_vector() == x.to_vector());
+  // Copies that convert across devices, both ways.
+  Tensor host = Tensor::empty({37, 19}, DType::f32);
+  host.copy_from(g.to(DType::bf16));
+  REQUIRE(host.to_vector() == x.to(DType::bf16).to_vector());
+  Tensor device_bf16 = Tensor::empty({37, 19}, DType::bf16, kGpu);
+  device_bf16.copy_from(x);
+  REQUIRE(device_bf16.to_vector() == x.to(DType::bf16).to_vector());
 }
 
 TEST_CASE("cuda: gemm in every transpose combination matches the CPU", "[cuda]") {

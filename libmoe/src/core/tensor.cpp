@@ -156,9 +156,9 @@ void Tensor::copy_from(const Tensor& other) {
   }
   MOE_CHECK(is_floating(dtype_) && is_floating(other.dtype_), "copy into ", describe(), " from ",
             other.describe(), ": unsupported conversion");
-  // Converted by the table of the side that is not the host, on the destination's device.
-  const Device on = device_.kind != Device::cpu ? device_ : other.device_;
-  backend_for(on).memory.convert(other.device_ == device_ ? other : other.to(device_), *this);
+  // Converted on the destination's device, by its table, after the source is moved there (a host
+  // destination with a device source converts on the host).
+  backend_for(device_).memory.convert(other.device_ == device_ ? other : other.to(device_), *this);
 }
 
 Tensor Tensor::to(DType dtype) const {
