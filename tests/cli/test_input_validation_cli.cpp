@@ -16,13 +16,10 @@
 
 using namespace moe;
 using test::run_command;
+using test::tool;
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string tool(const std::string& name, const std::string& args) {
-  return test::tool_path(name) + " " + args;
-}
 
 const std::string kModel =
     " --layers 2 --d-model 16 --heads 2 --d-ff 32 --seq 16 --experts 4 --moe-every 1 --batch 4"

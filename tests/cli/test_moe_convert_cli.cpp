@@ -14,28 +14,13 @@
 #include "support/run.h"
 
 using namespace moe;
+using test::fields;
+using test::lines_of;
 using test::run_command;
+using test::tool;
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string tool(const std::string& name, const std::string& args) {
-  return test::tool_path(name) + " " + args;
-}
-
-std::vector<std::string> lines_of(const std::string& text) {
-  std::vector<std::string> out;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) out.push_back(line);
-  return out;
-}
-
-std::vector<std::string> fields(const std::string& line) {
-  std::vector<std::string> out;
-  std::istringstream in(line);
-  for (std::string f; std::getline(in, f, '\t');) out.push_back(f);
-  return out;
-}
 
 const std::string kTiny =
     " --arch mixtral --layers 2 --d-model 16 --heads 2 --kv-heads 1 --d-ff 32 --seq 16 --experts 4"

@@ -10,12 +10,9 @@
 
 using namespace moe;
 using test::run_command;
+using test::tool;
 
 namespace {
-
-std::string tool(const std::string& name, const std::string& args) {
-  return test::tool_path(name) + " " + args;
-}
 
 // A 4-layer teacher (all MoE, 4 experts) trained briefly by moe-train on the real corpus.
 struct Teacher {

@@ -11,27 +11,12 @@
 #include "support/run.h"
 
 using namespace moe;
+using test::fields;
+using test::lines_of;
 using test::run_command;
+using test::tool;
 
 namespace {
-
-std::string tool(const std::string& name, const std::string& args) {
-  return test::tool_path(name) + " " + args;
-}
-
-std::vector<std::string> lines_of(const std::string& text) {
-  std::vector<std::string> out;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) out.push_back(line);
-  return out;
-}
-
-std::vector<std::string> fields(const std::string& line) {
-  std::vector<std::string> out;
-  std::istringstream in(line);
-  for (std::string f; std::getline(in, f, '\t');) out.push_back(f);
-  return out;
-}
 
 // A small model trained for a few steps, shared by the tests below (trained once).
 struct Trained {

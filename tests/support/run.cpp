@@ -53,6 +53,24 @@ std::string tool_path(const std::string& tool) {
   return std::string(dir ? dir : MOE_TEST_BIN_DIR) + "/" + tool;
 }
 
+std::string tool(const std::string& name, const std::string& args) {
+  return tool_path(name) + " " + args;
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+std::vector<std::string> fields(const std::string& line) {
+  std::vector<std::string> out;
+  std::istringstream in(line);
+  for (std::string f; std::getline(in, f, '\t');) out.push_back(f);
+  return out;
+}
+
 ScratchDir::ScratchDir(const std::string& name) {
   path_ = std::filesystem::temp_directory_path().string() + "/moe-scratch-" + name + "-" +
           std::to_string(::getpid());

@@ -2,6 +2,7 @@
 #pragma once
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace moe::test {
 
@@ -14,6 +15,11 @@ struct RunResult {
 RunResult run_command(const std::string& command);
 // Path of a built tool ("moe-train"), from MOE_BIN_DIR.
 std::string tool_path(const std::string& tool);
+// The command line running tool `name` with `args` (a string for run_command).
+std::string tool(const std::string& name, const std::string& args);
+// The lines of a tool's output, and the tab-separated fields of one line.
+std::vector<std::string> lines_of(const std::string& text);
+std::vector<std::string> fields(const std::string& line);
 // A fresh empty directory under the build tree, removed when the object dies.
 class ScratchDir {
  public:
