@@ -168,11 +168,11 @@ void Progress::finish() {
   }
 }
 
-OutputStream::OutputStream(const std::string& path) : path_(path) {
+OutputStream::OutputStream(const std::string& path, bool append) : path_(path) {
   if (path == "-") {
     file_ = stdout;
   } else {
-    file_ = std::fopen(path.c_str(), "w");
+    file_ = std::fopen(path.c_str(), append ? "a" : "w");
     if (!file_) throw Error(str("cannot open '", path, "' for writing: ", std::strerror(errno)));
     owned_ = true;
   }

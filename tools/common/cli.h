@@ -64,7 +64,9 @@ class Progress {
 // Writes to stdout or a file ("-" = stdout); checks the write completed.
 class OutputStream {
  public:
-  explicit OutputStream(const std::string& path);
+  // "-" is stdout. A file is truncated, or with `append` (a resumed run's metrics) extended, so
+  // the lines of the run so far are never lost.
+  explicit OutputStream(const std::string& path, bool append = false);
   ~OutputStream();
   void write_line(const std::string& line);
   void close();  // throws when the data did not all reach the file

@@ -36,8 +36,9 @@ void add_options(CLI::App& app, DistillOptions& o) {
   t.steps = 300;
 
   auto* io = app.add_option_group("Teacher, data and output");
-  io->add_option("--teacher", d.teacher,
-                 "Trained teacher checkpoint file (moe-train's DIR/last.h5)")
+  io->add_option(
+        "--teacher", d.teacher,
+        "Trained teacher: a checkpoint file, or a moe-train output directory (its last.h5)")
       ->required();
   tools::add_device_option(*io, o.device, "where teacher and student run");
   io->add_option("--data", t.data, "Training text (bytes are tokens) or .u16/.u32 token file")

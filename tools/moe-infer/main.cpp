@@ -186,7 +186,9 @@ int generate(Options& o, std::unique_ptr<comm::Communicator> world) {
 }
 
 void add_engine_options(CLI::App* sub, Options& o) {
-  sub->add_option("--model", o.model, "Checkpoint file")->required();
+  sub->add_option("--model", o.model,
+                  "Checkpoint file, or a moe-train output directory (its last.h5)")
+      ->required();
   sub->add_option("--batch", o.batch, "Sequences or prompts per forward pass")
       ->check(tools::positive())
       ->capture_default_str();

@@ -157,7 +157,9 @@ int main(int argc, char** argv) {
   app.fallthrough();  // common flags (-q, --threads, ...) also after the subcommand
 
   auto* rec = app.add_subcommand("record", "Run the model over a file and record its routing");
-  rec->add_option("--model", o.model, "Checkpoint file")->required();
+  rec->add_option("--model", o.model,
+                  "Checkpoint file, or a moe-train output directory (its last.h5)")
+      ->required();
   rec->add_option("--data", o.data, "Text or .u16/.u32 token file")->required();
   rec->add_option("--data-format", o.data_format, "auto, text, u16 or u32")
       ->check(CLI::IsMember({"auto", "text", "u16", "u32"}))

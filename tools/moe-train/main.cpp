@@ -67,11 +67,14 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
     if (log_level() > LogLevel::warn) set_log_level(LogLevel::warn);
   }
   std::unique_ptr<io::Checkpoint> resume;
-  const bool sharded_resume = !o.resume.empty() && std::filesystem::is_directory(o.resume);
+  io::CheckpointRef resume_from;  // a run directory resumes from its newest checkpoint
   if (!o.resume.empty()) {
+    resume_from = io::resolve_checkpoint(o.resume);
     // A sharded checkpoint is a directory; its rank-00000.h5 holds the configurations.
     resume = std::make_unique<io::Checkpoint>(io::load_checkpoint(
-        sharded_resume ? io::CheckpointDir::rank_file(o.resume, 0) : o.resume, !sharded_resume));
+        resume_from.sharded ? io::CheckpointDir::rank_file(resume_from.path, 0) : resume_from.path,
+        !resume_from.sharded));
+    if (resume_from.sharded) train::check_resume_ranks(*resume, resume_from.path, world.size());
   }
   ModelConfig flags_model = o.model;
   flags_model.arch = parse_arch(o.arch);
@@ -86,7 +89,7 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
   const train::TrainConfig& tc = run.train;
   // One run per directory: checked after the flags, before any work, on every rank (they all
   // see the same --out).
-  train::check_run_directory(o.out, o.resume, o.force);
+  train::check_run_directory(o.out, resume_from.path, o.force);
   if (lead)
     for (const std::string& path : io::remove_stale_temporaries(o.out))
       MOE_LOG_WARN("removed ", path, ", left by an interrupted save (its process is gone)");
@@ -109,8 +112,8 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
   const comm::Communicator& group = *trainer.layout().world();
   tools::ensure_output_dir(o.out);  // before training: fail now, not at the first checkpoint
   if (resume) {
-    if (sharded_resume)
-      trainer.restore(o.resume);  // each rank reads the shards holding its parameters
+    if (resume_from.sharded)
+      trainer.restore(resume_from.path);  // each rank reads the shards holding its parameters
     else
       trainer.restore(*resume);
     MOE_LOG_INFO("resumed from ", o.resume, " at step ", trainer.steps_done());
@@ -136,7 +139,8 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
                    : std::string());
 
   std::unique_ptr<tools::OutputStream> metrics;
-  if (!o.metrics.empty()) metrics = std::make_unique<tools::OutputStream>(o.metrics);
+  if (!o.metrics.empty())
+    metrics = std::make_unique<tools::OutputStream>(o.metrics, /*append=*/!o.resume.empty());
   // Routing trace (rank 0 records its own tokens; the loads are the global batch's).
   std::unique_ptr<io::TraceWriter> trace;
   io::TraceInfo trace_info;

@@ -51,8 +51,9 @@ inline void add_train_options(CLI::App& app, TrainOptions& o) {
                "Write into --out even when it holds the checkpoints of another run (same-numbered "
                "steps are replaced, last.h5 moves to this run)");
   io->add_option("--resume", o.resume,
-                 "Continue exactly from this checkpoint: a file, or the directory of a sharded one "
-                 "(DIR/last)");
+                 "Continue exactly from this checkpoint: a file, the directory of a sharded one, "
+                 "or a run's output directory (its newest checkpoint, DIR/last.h5 or DIR/last); "
+                 "--metrics then appends");
   io->add_option("--checkpoint-every", o.checkpoint_every,
                  "Checkpoint every N steps (0: only at the end)")
       ->check(non_negative())

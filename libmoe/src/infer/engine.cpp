@@ -4,6 +4,7 @@
 
 #include "moe/error.h"
 #include "moe/io/checkpoint.h"
+#include "moe/io/checkpoint_dir.h"
 #include "moe/log.h"
 #include "moe/profile/paths.h"
 
@@ -11,8 +12,12 @@ namespace moe::infer {
 
 Engine::~Engine() = default;
 
-std::unique_ptr<Engine> Engine::open(const EngineOptions& o,
+std::unique_ptr<Engine> Engine::open(const EngineOptions& options,
                                      std::unique_ptr<comm::Communicator> world) {
+  EngineOptions o = options;
+  // A run directory serves its newest checkpoint (load_model refuses a sharded one, saying so).
+  if (const io::CheckpointRef ref = io::resolve_checkpoint(o.model); !ref.sharded)
+    o.model = ref.path;
   std::unique_ptr<Engine> engine(new Engine());
   Engine& e = *engine;
   e.device_ = o.device;

@@ -3,16 +3,19 @@
 #include <cstring>
 #include <filesystem>
 
+#include "moe/io/checkpoint_dir.h"
 #include "moe/io/finite.h"
 #include "moe/models/memory.h"
 
 namespace moe::infer {
 
-LoadedModel load_model(const std::string& path, bool experts, const nn::Parallel* parallel) {
-  if (std::filesystem::is_directory(path))
-    throw Error(str("'", path,
+LoadedModel load_model(const std::string& given, bool experts, const nn::Parallel* parallel) {
+  const io::CheckpointRef ref = io::resolve_checkpoint(given);  // a run directory: its last.h5
+  if (ref.sharded)
+    throw Error(str("'", given,
                     "' is a sharded checkpoint directory; inference reads one checkpoint file "
                     "(a run without --ep/--shard-embedding writes one)"));
+  const std::string& path = ref.path;
   LoadedModel m;
   m.config = model_config_from_json(io::read_model_config(path));
   // Before allocating: the resident parameters at least (experts not read, or only this rank's

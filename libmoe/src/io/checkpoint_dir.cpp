@@ -91,25 +91,32 @@ std::vector<std::string> checkpoint_files(const std::vector<std::string>& paths)
     }
     return files;
   }
-  const std::string& path = paths[0];
+  const CheckpointRef ref = resolve_checkpoint(paths[0]);
+  if (!ref.sharded) return {ref.path};
   std::error_code ec;
-  if (!fs::exists(path, ec)) throw Error(str("'", path, "': no such file or directory"));
-  if (!fs::is_directory(path, ec)) return {path};
   std::vector<std::pair<int, std::string>> ranks;
-  for (const fs::directory_entry& entry : fs::directory_iterator(path, ec)) {
+  for (const fs::directory_entry& entry : fs::directory_iterator(ref.path, ec)) {
     const int r = CheckpointDir::rank_of_file_name(entry.path().filename().string());
     if (r >= 0) ranks.emplace_back(r, entry.path().string());
   }
+  if (ec) throw Error(str("cannot list '", ref.path, "': ", ec.message()));
+  std::sort(ranks.begin(), ranks.end());
+  for (auto& [r, f] : ranks) files.push_back(f);
+  return files;
+}
+
+CheckpointRef resolve_checkpoint(const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw Error(str("'", path, "': no such file or directory"));
+  if (!fs::is_directory(path, ec)) return {path, false};
+  for (const fs::directory_entry& entry : fs::directory_iterator(path, ec))
+    if (CheckpointDir::rank_of_file_name(entry.path().filename().string()) >= 0)
+      return {path, true};
   if (ec) throw Error(str("cannot list '", path, "': ", ec.message()));
-  if (!ranks.empty()) {
-    std::sort(ranks.begin(), ranks.end());
-    for (auto& [r, f] : ranks) files.push_back(f);
-    return files;
-  }
   const std::string last_dir = CheckpointDir(path).last(true);
   const std::string last_file = CheckpointDir(path).last(false);
-  if (fs::is_directory(last_dir, ec)) return checkpoint_files({last_dir});
-  if (fs::is_regular_file(last_file, ec)) return {last_file};
+  if (fs::is_directory(last_dir, ec)) return resolve_checkpoint(last_dir);
+  if (fs::is_regular_file(last_file, ec)) return {last_file, false};
   throw Error(str("'", path,
                   "' holds no checkpoint: no rank-<5 digits>.h5 files (a sharded checkpoint), "
                   "no 'last' directory or 'last.h5' (a moe-train output directory)"));

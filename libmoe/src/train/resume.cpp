@@ -69,4 +69,15 @@ RunConfig resume_config(const io::Checkpoint* resume, ModelConfig model, TrainCo
   return run;
 }
 
+void check_resume_ranks(const io::Checkpoint& head, const std::string& path, int world_size) {
+  const io::Sharding& layout = head.sharding;
+  if (layout.rank < 0 || layout.world_size == world_size) return;
+  throw Error(str("'", path, "' was written by ", layout.world_size, " ranks (--ep ",
+                  layout.ep_size, layout.shard_embedding ? ", --shard-embedding" : "",
+                  "); this run has ", world_size, world_size == 1 ? " rank" : " ranks",
+                  ": resume it under mpiexec -n ", layout.world_size,
+                  ", or merge it into one file with moe-convert merge ", path,
+                  " -o FILE and resume from that"));
+}
+
 }  // namespace moe::train

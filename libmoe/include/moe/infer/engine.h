@@ -16,7 +16,7 @@
 namespace moe::infer {
 
 struct EngineOptions {
-  std::string model;                // checkpoint file
+  std::string model;                // checkpoint file, or a moe-train output directory (its last)
   Device device;                    // resolved by the caller (it makes the device current)
   std::string device_flag = "cpu";  // the --device text, for messages
   // Resident expert memory (parse_budget: "512MiB", "25%"); empty: every expert resident.

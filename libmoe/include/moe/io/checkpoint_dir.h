@@ -42,6 +42,18 @@ class CheckpointDir {
   std::string dir_;
 };
 
+// The checkpoint a user names where one is read (moe-infer --model, moe-distill --teacher,
+// moe-profile record --model, moe-train --resume, moe-convert): a checkpoint file as given; a
+// sharded checkpoint directory (rank-<5 digits>.h5 files), `sharded`; or a moe-train output
+// directory, resolved to its newest checkpoint (DIR/last.h5, or the sharded DIR/last). Throws
+// moe::Error naming a missing path, or a directory that holds no checkpoint and what was looked
+// for.
+struct CheckpointRef {
+  std::string path;  // the checkpoint file, or the sharded checkpoint's directory
+  bool sharded = false;
+};
+CheckpointRef resolve_checkpoint(const std::string& path);
+
 // The files of the checkpoint named by `paths`: one checkpoint file; a sharded checkpoint
 // directory (its rank-<5 digits>.h5 files, in rank order; temporary *.tmp-* files are ignored); a
 // training output directory (its `last` directory or `last.h5` file, followed); or several rank

@@ -38,4 +38,11 @@ struct GivenFlags {
 RunConfig resume_config(const io::Checkpoint* resume, ModelConfig model, TrainConfig train,
                         const GivenFlags& given);
 
+// A sharded checkpoint (`head`: the rank-00000.h5 of the directory `path`) resumes only on as many
+// ranks as wrote it. Otherwise throws moe::Error saying how many ranks wrote it, with which
+// layout, and what to do: run under mpiexec -n W, or merge it into one file with moe-convert
+// merge (which any number of ranks can resume). Checked before any rank group is built, so the
+// user never meets a complaint about an --ep they did not pass.
+void check_resume_ranks(const io::Checkpoint& head, const std::string& path, int world_size);
+
 }  // namespace moe::train

@@ -1,0 +1,106 @@
+// A moe-train output directory is a checkpoint wherever one is read, and resuming never loses what
+// the run wrote before: the tools as a user chains them (issue "The tools as people use them").
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <string>
+
+#include "support/run.h"
+
+using namespace moe;
+using test::lines_of;
+using test::run_command;
+using test::tool;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kTiny =
+    " --arch mixtral --layers 2 --d-model 16 --heads 2 --kv-heads 1 --d-ff 32 --seq 16 --experts 4"
+    " --moe-every 1 --batch 4 --eval-batches 1 --threads 1 -q";
+
+}  // namespace
+
+TEST_CASE("cli: every tool that reads a checkpoint accepts a run directory", "[cli][rundir]") {
+  test::ScratchDir dir("cli-rundir");
+  const std::string run = dir / "run";
+  test::train_on_fortunes(run, kTiny + " --steps 3");
+  const std::string data = test::fortunes_path("linux");
+  struct Case {
+    std::string what, command;
+  };
+  const Case cases[] = {
+      {"moe-infer score",
+       tool("moe-infer", "score --model " + run + " --data " + data + " --max-sequences 2 -q")},
+      {"moe-infer generate",
+       "printf 'abc\\n' | " +
+           tool("moe-infer", "generate --model " + run + " --prompts - --max-new 2 -q")},
+      {"moe-profile record", tool("moe-profile", "record --model " + run + " --data " + data +
+                                                     " --max-tokens 256 -o " + (dir / "t.h5"))},
+      {"moe-distill",
+       tool("moe-distill", "--teacher " + run + " --data " + data + " --out " + (dir / "student") +
+                               " --student-layers 1 --steps 1 --threads 1 -q")},
+      {"moe-convert inspect", tool("moe-convert", "inspect " + run)},
+      {"moe-train --resume",
+       tool("moe-train", "--resume " + run + " --out " + run + " --steps 4 --threads 1 -q")},
+  };
+  for (const Case& c : cases) {
+    INFO(c.what << ": " << c.command);
+    const test::RunResult r = run_command(c.command);
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+  }
+  // The resumed run continued the directory's own run, from its newest checkpoint.
+  REQUIRE(fs::exists(dir / "run/step-00000004.h5"));
+  REQUIRE(fs::read_symlink(dir / "run/last.h5") == "step-00000004.h5");
+  // A directory without checkpoints is named, with what was looked for.
+  const std::string empty = dir / "empty";
+  fs::create_directories(empty);
+  const test::RunResult none =
+      run_command(tool("moe-infer", "score --model " + empty + " --data " + data));
+  REQUIRE(none.exit_code == 1);
+  const std::string named = std::string("'") + empty + "' holds no checkpoint";
+  REQUIRE(none.err.find(named) != std::string::npos);
+}
+
+TEST_CASE("cli: a resumed run appends to its metrics file", "[cli][rundir]") {
+  test::ScratchDir dir("cli-rundir-metrics");
+  const std::string run = dir / "run", metrics = dir / "metrics.jsonl";
+  test::train_on_fortunes(run, kTiny + " --steps 4 --log-every 1 --metrics " + metrics);
+  const std::vector<std::string> before = lines_of(test::read_file(metrics));
+  REQUIRE(before.size() == 4);
+  const test::RunResult r = run_command(
+      tool("moe-train", "--resume " + run + " --out " + run +
+                            " --steps 6 --log-every 1 --metrics " + metrics + " --threads 1 -q"));
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const std::vector<std::string> after = lines_of(test::read_file(metrics));
+  REQUIRE(after.size() == 6);
+  for (size_t i = 0; i < before.size(); ++i) REQUIRE(after[i] == before[i]);
+  REQUIRE(after[4].find("\"step\":5") != std::string::npos);
+  REQUIRE(after[5].find("\"step\":6") != std::string::npos);
+}
+
+TEST_CASE("cli: a sharded checkpoint resumed on another rank count says how many wrote it",
+          "[cli][rundir]") {
+  if (run_command("command -v mpiexec").exit_code != 0) {
+    WARN("mpiexec not found: no sharded checkpoint can be written here");
+    return;
+  }
+  test::ScratchDir dir("cli-rundir-ep");
+  const std::string run = dir / "ep";
+  const test::RunResult trained =
+      run_command("OMP_NUM_THREADS=1 timeout 120 mpiexec -n 2 " +
+                  tool("moe-train", "--data " + test::fortunes_path("linux") + " --out " + run +
+                                        kTiny + " --steps 2 --ep 2"));
+  INFO(trained.err);
+  REQUIRE(trained.exit_code == 0);
+  // One process, no --ep given: the message is about the checkpoint, not about a flag.
+  const test::RunResult r = run_command(
+      tool("moe-train", "--resume " + run + " --out " + run + " --steps 3 --threads 1 -q"));
+  INFO(r.err);
+  REQUIRE(r.exit_code == 1);
+  REQUIRE(r.err.find("was written by 2 ranks (--ep 2); this run has 1 rank: resume it under "
+                     "mpiexec -n 2, or merge it into one file with moe-convert merge") !=
+          std::string::npos);
+  REQUIRE(r.err.find("does not divide") == std::string::npos);
+}
