@@ -22,9 +22,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kTiny =
-    " --arch mixtral --layers 2 --d-model 16 --heads 2 --kv-heads 1 --d-ff 32 --seq 16 --experts 4"
-    " --moe-every 1 --batch 4 --eval-batches 1 --steps 3 --threads 1 -q";
+const std::string kTiny = test::kTinyMixtral + " --steps 3";
 
 // A tiny mixtral model trained for 3 steps (trained once for the tests below).
 struct Trained {

@@ -12,18 +12,10 @@ using test::run_command;
 using test::tool;
 namespace fs = std::filesystem;
 
-namespace {
-
-const std::string kTiny =
-    " --arch mixtral --layers 2 --d-model 16 --heads 2 --kv-heads 1 --d-ff 32 --seq 16 --experts 4"
-    " --moe-every 1 --batch 4 --eval-batches 1 --threads 1 -q";
-
-}  // namespace
-
 TEST_CASE("cli: every tool that reads a checkpoint accepts a run directory", "[cli][rundir]") {
   test::ScratchDir dir("cli-rundir");
   const std::string run = dir / "run";
-  test::train_on_fortunes(run, kTiny + " --steps 3");
+  test::train_on_fortunes(run, test::kTinyMixtral + " --steps 3");
   const std::string data = test::fortunes_path("linux");
   struct Case {
     std::string what, command;
@@ -65,7 +57,8 @@ TEST_CASE("cli: every tool that reads a checkpoint accepts a run directory", "[c
 TEST_CASE("cli: a resumed run appends to its metrics file", "[cli][rundir]") {
   test::ScratchDir dir("cli-rundir-metrics");
   const std::string run = dir / "run", metrics = dir / "metrics.jsonl";
-  test::train_on_fortunes(run, kTiny + " --steps 4 --log-every 1 --metrics " + metrics);
+  test::train_on_fortunes(run,
+                          test::kTinyMixtral + " --steps 4 --log-every 1 --metrics " + metrics);
   const std::vector<std::string> before = lines_of(test::read_file(metrics));
   REQUIRE(before.size() == 4);
   const test::RunResult r = run_command(
@@ -91,7 +84,7 @@ TEST_CASE("cli: a sharded checkpoint resumed on another rank count says how many
   const test::RunResult trained =
       run_command("OMP_NUM_THREADS=1 timeout 120 mpiexec -n 2 " +
                   tool("moe-train", "--data " + test::fortunes_path("linux") + " --out " + run +
-                                        kTiny + " --steps 2 --ep 2"));
+                                        test::kTinyMixtral + " --steps 2 --ep 2"));
   INFO(trained.err);
   REQUIRE(trained.exit_code == 0);
   // One process, no --ep given: the message is about the checkpoint, not about a flag.

@@ -39,6 +39,11 @@ std::string fortunes_path(const std::string& name = "computers");
 // run), as the CLI fixtures do; returns out_dir/last.h5. A run that fails (or hangs past 300 s)
 // throws moe::Error with its exit status and stderr.
 std::string train_on_fortunes(const std::string& out_dir, const std::string& flags);
+// The smallest mixtral the CLI tests train (2 layers of 4 experts, d_model 16, 1 thread, quiet);
+// add --steps.
+inline const std::string kTinyMixtral =
+    " --arch mixtral --layers 2 --d-model 16 --heads 2 --kv-heads 1 --d-ff 32 --seq 16 --experts 4"
+    " --moe-every 1 --batch 4 --eval-batches 1 --threads 1 -q";
 std::string read_file(const std::string& path);
 // The message of the moe::Error that `f` throws, or "(no error)".
 std::string error_of(const std::function<void()>& f);
