@@ -99,6 +99,19 @@ TEST_CASE("AtomicFile: refuses to replace what a rename would destroy", "[io][at
   REQUIRE(test::read_file(dir / "target") == "target bytes");
 }
 
+TEST_CASE("AtomicFile: '-' is stdout, which a whole-or-nothing output cannot use", "[io][atomic]") {
+  test::ScratchDir dir("atomic-dash");
+  const fs::path before = fs::current_path();
+  fs::current_path(dir.path());  // a file named "-" would land here
+  REQUIRE_THROWS_AS(io::AtomicFile("-"), UsageError);
+  REQUIRE_THROWS_AS(io::AtomicFile("-", io::AtomicFile::Kind::directory), UsageError);
+  REQUIRE_THAT(test::error_of([] { io::AtomicFile out("-"); }),
+               Catch::Contains("'-' (stdout) cannot take this output"));
+  const bool made = fs::exists("-") || fs::exists("-.tmp-" + std::to_string(::getpid()));
+  fs::current_path(before);
+  REQUIRE_FALSE(made);
+}
+
 TEST_CASE("AtomicFile: a directory is replaced whole", "[io][atomic]") {
   test::ScratchDir dir("atomic-dir");
   const std::string target = dir / "shards";

@@ -269,4 +269,16 @@ std::string format_rate(double v) {
   return buf;
 }
 
+void check_one_stdout(const std::vector<std::pair<std::string, std::string>>& outputs) {
+  std::vector<std::string> to_stdout;
+  for (const auto& [flag, path] : outputs)
+    if (path == "-") to_stdout.push_back(flag + " -");
+  if (to_stdout.size() < 2) return;
+  std::string listed;
+  for (size_t i = 0; i < to_stdout.size(); ++i)
+    listed += (i == 0 ? "" : i + 1 == to_stdout.size() ? " and " : ", ") + to_stdout[i];
+  throw UsageError(str(listed, " would all write to stdout, mixing their bytes: send all but one ",
+                       "of them to a file"));
+}
+
 }  // namespace moe::tools

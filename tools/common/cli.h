@@ -99,6 +99,9 @@ void ensure_output_dir(const std::string& dir);
 
 // Flushes stdout; returns 0, or 1 with "<tool>: error: ..." when the data did not all reach it.
 int finish_stdout(const std::string& tool);
+// Outputs given as flag -> path, where "-" is stdout: at most one of them may be "-", or their
+// bytes would interleave there (an HDF5 image inside JSON lines). UsageError naming the flags.
+void check_one_stdout(const std::vector<std::pair<std::string, std::string>>& outputs);
 
 std::string format_duration(double seconds);  // "1:02:03" / "2:03"
 std::string format_rate(double per_second);   // "12.3k"

@@ -140,6 +140,7 @@ json number_or_null(double value) { return std::isfinite(value) ? json(value) : 
 
 int run(DistillOptions& o, int argc, char** argv) {
   tools::apply_common_options(o.common);
+  tools::check_one_stdout({{"--metrics", o.metrics}, {"--summary", o.summary}});
   train::TrainConfig tc = o.train;
   tc.seed = o.common.seed;
   const Device device = tools::resolve_device(o.device);  // before any work

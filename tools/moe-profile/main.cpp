@@ -118,7 +118,8 @@ int paths(Options& o) {
   size_t count = 0;
   for (const auto& layer : table.next) count += layer.size();
   MOE_LOG_INFO("path table: ", count, " paths of length <= ", o.path_length, " over ",
-               trace.tokens(), " tokens, ", table.next.size(), " predicted layers, to ", o.out);
+               trace.tokens(), " tokens, ", table.next.size(), " predicted layers, to ",
+               o.out == "-" ? std::string("stdout") : o.out);
   return 0;
 }
 
@@ -136,13 +137,13 @@ int accuracy(Options& o) {
 
 int plot(Options& o) {
   const std::string ext = std::filesystem::path(o.out).extension().string();
-  if (ext != ".svg")
+  if (ext != ".svg" && o.out != "-")
     throw UsageError(str("-o ", o.out, ": moe-profile plot writes SVG; name the file *.svg"));
   io::TraceReader trace(o.trace);
   std::string svg =
       profile::plot_svg(trace, "moe-profile: " + (o.trace == "-" ? "stdin" : o.trace));
-  io::write_text_atomic(o.out, svg);
-  MOE_LOG_INFO("wrote ", o.out);
+  io::write_text_atomic(o.out, svg);  // "-": stdout
+  MOE_LOG_INFO("wrote ", o.out == "-" ? std::string("the SVG to stdout") : o.out);
   return 0;
 }
 
@@ -184,7 +185,7 @@ int main(int argc, char** argv) {
   pth->add_option("--path-length", o.path_length, "Experts of the previous layers in a path")
       ->check(tools::positive())
       ->capture_default_str();
-  pth->add_option("-o,--out", o.out, "Path table (JSON)")->required();
+  pth->add_option("-o,--out", o.out, "Path table (JSON; '-' = stdout)")->required();
 
   auto* acc =
       app.add_subcommand("accuracy", "How often the table's top-2k set holds a token's experts");
@@ -193,7 +194,7 @@ int main(int argc, char** argv) {
 
   auto* plt = app.add_subcommand("plot", "SVG: layer x expert popularity and imbalance over time");
   plt->add_option("trace", o.trace, "Trace file ('-' = stdin)")->required();
-  plt->add_option("-o,--out", o.out, "Output .svg")->required();
+  plt->add_option("-o,--out", o.out, "Output .svg ('-' = stdout)")->required();
 
   return tools::run_tool("moe-profile", app, argc, argv, [&]() -> int {
     tools::apply_common_options(o.common);

@@ -60,6 +60,7 @@ bool stop_agreed(comm::Communicator& world) {
 int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
               comm::Communicator& world) {
   tools::apply_common_options(o.common);
+  tools::check_one_stdout({{"--metrics", o.metrics}, {"--trace", o.trace}});
   const bool lead = world.rank() == 0;  // rank 0 reports; every rank trains
   if (!lead) {
     o.common.quiet = true;

@@ -30,6 +30,12 @@ void rename_into_place(const std::string& temp, const std::string& path) {
 
 AtomicFile::AtomicFile(std::string path, Kind kind, const char* marker)
     : path_(std::move(path)), target_(path_), kind_(kind) {
+  // "-" means stdout to every tool; an output that must appear whole or not at all cannot go
+  // there, and a file literally named "-" is never what was meant (./- names one).
+  if (kind_ != Kind::link && path_ == "-")
+    throw UsageError(
+        "'-' (stdout) cannot take this output: it is written as a file that appears whole or not "
+        "at all; name a file (./- for one called '-')");
   const long pid = static_cast<long>(::getpid());
   switch (kind_) {
     case Kind::file:

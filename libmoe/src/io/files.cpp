@@ -41,6 +41,11 @@ void write_producer_attrs(hid_t file, const char* format, int version, const Pro
 }
 
 void write_text_atomic(const std::string& path, const std::string& text) {
+  if (path == "-") {  // stdout, as everywhere in the tools
+    if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() || std::fflush(stdout) != 0)
+      throw Error(str("writing to stdout: ", std::strerror(errno)));
+    return;
+  }
   AtomicFile out(path);
   std::FILE* f = std::fopen(out.temp().c_str(), "wb");
   if (!f) throw Error(str("cannot write '", path, "': ", std::strerror(errno)));

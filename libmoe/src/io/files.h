@@ -18,8 +18,8 @@ void write_producer_attrs(hid_t file, const char* format, int version, const Pro
 // are tolerated: the rename has happened). Throws moe::Error naming the path.
 void fsync_path(const std::string& path, bool directory);
 // Writes `text` through an AtomicFile (path.tmp-<pid>, fsync, rename over `path`): readers see
-// the old file or the whole new one. Throws moe::Error naming the path and the cause; nothing is
-// left behind.
+// the old file or the whole new one; "-" writes it to stdout. Throws moe::Error naming the path
+// and the cause; nothing is left behind.
 void write_text_atomic(const std::string& path, const std::string& text);
 // The directory holding `path` ("." for a bare file name).
 std::string parent_directory(const std::string& path);

@@ -1,0 +1,103 @@
+// "-" is stdout (or stdin) in every tool, as samtools users expect, and is refused where an output
+// cannot go there; two outputs never share stdout.
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <string>
+
+#include "support/run.h"
+
+using namespace moe;
+using test::run_command;
+using test::tool;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A tiny model and a routing trace of it, made once in a scratch directory.
+struct Traced {
+  test::ScratchDir dir{"cli-streams"};
+  std::string ckpt, trace;
+  Traced() {
+    ckpt = test::train_on_fortunes(dir / "run", test::kTinyMixtral + " --steps 2");
+    trace = dir / "trace.h5";
+    const test::RunResult r = run_command(
+        tool("moe-profile", "record --model " + ckpt + " --data " + test::fortunes_path("linux") +
+                                " --max-tokens 512 -q -o " + trace));
+    if (r.exit_code != 0) FAIL("moe-profile record: " << r.err);
+  }
+};
+
+Traced& traced() {
+  static Traced t;
+  return t;
+}
+
+// Runs `command` in `cwd` (so a file named "-" would land there).
+test::RunResult run_in(const std::string& cwd, const std::string& command) {
+  return run_command("cd " + cwd + " && " + command);
+}
+
+}  // namespace
+
+TEST_CASE("cli: -o - writes text outputs to stdout and no file named '-'", "[cli][streams]") {
+  Traced& t = traced();
+  const std::string cwd = t.dir / "cwd-text";
+  fs::create_directories(cwd);
+  const test::RunResult paths =
+      run_in(cwd, tool("moe-profile", "paths " + t.trace + " --path-length 1 -o - -q"));
+  INFO(paths.err);
+  REQUIRE(paths.exit_code == 0);
+  REQUIRE(paths.out.rfind("{\"experts\":", 0) == 0);
+  REQUIRE(paths.out.find("\"format\":\"moe.paths\"") != std::string::npos);
+  // The table on stdout is the table a file gets.
+  REQUIRE(run_command(tool("moe-profile",
+                           "paths " + t.trace + " --path-length 1 -q -o " + (t.dir / "paths.json")))
+              .exit_code == 0);
+  REQUIRE(paths.out == test::read_file(t.dir / "paths.json"));
+  const test::RunResult plot = run_in(cwd, tool("moe-profile", "plot " + t.trace + " -o - -q"));
+  INFO(plot.err);
+  REQUIRE(plot.exit_code == 0);
+  REQUIRE(plot.out.rfind("<svg", 0) == 0);
+  REQUIRE(plot.out.find("</svg>") != std::string::npos);
+  REQUIRE(!fs::exists(fs::path(cwd) / "-"));
+}
+
+TEST_CASE("cli: -o - is refused where the output must appear whole, leaving no file '-'",
+          "[cli][streams]") {
+  Traced& t = traced();
+  const std::string cwd = t.dir / "cwd-files";
+  fs::create_directories(cwd);
+  const std::string commands[] = {
+      tool("moe-convert", "freeze " + t.ckpt + " -o -"),
+      tool("moe-convert", "dtype " + t.ckpt + " --to bf16 -o -"),
+      tool("moe-convert", "export-hf " + t.ckpt + " -o -"),
+  };
+  for (const std::string& command : commands) {
+    INFO(command);
+    const test::RunResult r = run_in(cwd, command);
+    INFO(r.err);
+    REQUIRE(r.exit_code == 2);
+    REQUIRE(r.err.find("-o -: checkpoints are written to files, not to stdout") !=
+            std::string::npos);
+    REQUIRE(!fs::exists(fs::path(cwd) / "-"));
+  }
+}
+
+TEST_CASE("cli: two outputs on stdout are refused before any work", "[cli][streams]") {
+  test::ScratchDir dir("cli-streams-two");
+  const std::string data = " --data " + test::fortunes_path("linux");
+  const test::RunResult train =
+      run_command(tool("moe-train", data + " --out " + (dir / "run") + test::kTinyMixtral +
+                                        " --steps 2 --trace - --metrics -"));
+  REQUIRE(train.exit_code == 2);
+  REQUIRE(train.err.find("--metrics - and --trace - would all write to stdout") !=
+          std::string::npos);
+  REQUIRE(train.out.empty());
+  REQUIRE(!fs::exists(dir / "run/last.h5"));
+  const test::RunResult distill =
+      run_command(tool("moe-distill", "--teacher " + (dir / "none.h5") + data + " --out " +
+                                          (dir / "student") + " --metrics - --summary -"));
+  REQUIRE(distill.exit_code == 2);
+  REQUIRE(distill.err.find("--metrics - and --summary - would all write to stdout") !=
+          std::string::npos);
+}
