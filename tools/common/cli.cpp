@@ -20,10 +20,99 @@
 
 namespace moe::tools {
 
+namespace {
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+bool has_flag(const CLI::App& app, const std::string& name) {
+  return app.get_option_no_throw("--" + name) || app.get_option_no_throw(name);
+}
+
+// CLI11's TOML/INI reader, strict: a key may be spelt with underscores or dashes (d_model is
+// --d-model), and a key or [section] that names no flag or subcommand is an error naming the
+// nearest flag, where CLI11 would ignore it and train the default model.
+class StrictConfig : public CLI::ConfigTOML {
+ public:
+  explicit StrictConfig(const CLI::App& app) : app_(app) {}
+
+  std::vector<CLI::ConfigItem> from_config(std::istream& input) const override {
+    const auto all = [](const CLI::App*) { return true; };
+    std::vector<CLI::ConfigItem> items = CLI::ConfigTOML::from_config(input);
+    for (CLI::ConfigItem& item : items) {
+      if (item.name == "++" || item.name == "--") continue;  // CLI11's section markers
+      std::replace(item.name.begin(), item.name.end(), '_', '-');
+      const CLI::App* scope = &app_;
+      for (const std::string& section : item.parents) {
+        const CLI::App* sub = nullptr;
+        for (const CLI::App* candidate : scope->get_subcommands(all))
+          if (candidate->get_name() == section) sub = candidate;
+        if (!sub) throw CLI::ConfigError(str("--config: unknown section [", section, "]"));
+        scope = sub;
+      }
+      if (has_flag(*scope, item.name)) continue;
+      if (item.parents.empty()) {
+        // A flat key of the subcommand given on the command line (`moe-infer score --config f`
+        // or `moe-infer --config f score`: the file is read after the whole command line).
+        const CLI::App* chosen = nullptr;
+        for (const CLI::App* sub : app_.get_subcommands())
+          if (has_flag(*sub, item.name)) chosen = sub;
+        if (chosen) {
+          item.parents = {chosen->get_name()};
+          continue;
+        }
+        for (const CLI::App* sub : app_.get_subcommands(all))
+          if (!dynamic_cast<const CLI::Option_group*>(sub) && has_flag(*sub, item.name))
+            throw CLI::ConfigError(str("--config: '", item.name, "' is a flag of the ",
+                                       sub->get_name(), " subcommand, which this command does ",
+                                       "not run"));
+      }
+      std::string nearest;
+      size_t best = 3;  // suggest only a close spelling
+      auto consider = [&](const CLI::App& app) {
+        for (const CLI::Option* opt : app.get_options())
+          for (const std::string& name : opt->get_lnames())
+            if (const size_t d = edit_distance(item.name, name); d < best) {
+              best = d;
+              nearest = name;
+            }
+      };
+      consider(*scope);
+      for (const CLI::App* group : scope->get_subcommands(all))
+        if (dynamic_cast<const CLI::Option_group*>(group)) consider(*group);
+      throw CLI::ConfigError(
+          str("--config: unknown key '", item.name, "'",
+              nearest.empty() ? std::string() : str(" (did you mean '", nearest, "'?)")));
+    }
+    return items;
+  }
+
+ private:
+  const CLI::App& app_;
+};
+
+}  // namespace
+
 void add_common_options(CLI::App& app, CommonOptions& o, const std::string& tool) {
   app.set_version_flag(
       "--version", std::string(tool) + " " + moe::version() + " (git " + moe::git_revision() + ")");
-  app.set_config("--config", "", "Read flags from a TOML/INI file (CLI11 format: key = value)");
+  app.set_config("--config", "",
+                 "Read flags from a TOML/INI file (key = value, keys as the flags without '--', "
+                 "dashes or underscores; a [sub] section for a subcommand's flags); an unknown "
+                 "key is an error");
+  app.config_formatter(std::make_shared<StrictConfig>(app));
   app.add_option("--threads", o.threads,
                  str("CPU threads for BLAS and OpenMP (0 = all cores; at most ", max_threads(),
                      ", 4 x the online CPUs)"))
