@@ -101,3 +101,56 @@ TEST_CASE("cli: two outputs on stdout are refused before any work", "[cli][strea
   REQUIRE(distill.err.find("--metrics - and --summary - would all write to stdout") !=
           std::string::npos);
 }
+
+TEST_CASE(
+    "cli: moe-profile accuracy writes nothing to stdout when the inputs do not fit, and no source "
+    "place",
+    "[cli][streams]") {
+  Traced& t = traced();
+  // A path table of another model (8 experts, not 4) against this model's trace.
+  const std::string other = test::train_on_fortunes(
+      t.dir / "other",
+      " --arch mixtral --layers 2 --d-model 16 --heads 2 --kv-heads 1 --d-ff 32"
+      " --seq 16 --experts 8 --moe-every 1 --batch 4 --eval-batches 1 --steps 2"
+      " --threads 1 -q");
+  const std::string other_trace = t.dir / "other-trace.h5", table = t.dir / "other-paths.json";
+  REQUIRE(run_command(tool("moe-profile", "record --model " + other + " --data " +
+                                              test::fortunes_path("linux") +
+                                              " --max-tokens 256 -q -o " + other_trace))
+              .exit_code == 0);
+  REQUIRE(
+      run_command(tool("moe-profile", "paths " + other_trace + " --path-length 1 -q -o " + table))
+          .exit_code == 0);
+  const test::RunResult r = run_command(tool("moe-profile", "accuracy " + table + " " + t.trace));
+  INFO(r.err);
+  REQUIRE(r.exit_code != 0);
+  REQUIRE(r.err.find("moe-profile: error: ") != std::string::npos);
+  REQUIRE(r.out.empty());
+  // The source place of the check is ours, not the user's: shown with -v only.
+  REQUIRE(r.err.find(".cpp:") == std::string::npos);
+  const test::RunResult verbose =
+      run_command(tool("moe-profile", "accuracy " + table + " " + t.trace + " -v"));
+  REQUIRE(verbose.err.find("paths.cpp:") != std::string::npos);
+}
+
+TEST_CASE("cli: a mistyped flag or subcommand is named, with the nearest valid one",
+          "[cli][streams]") {
+  struct Case {
+    std::string tool, args, message;
+  };
+  const Case cases[] = {
+      {"moe-profile", "summry trace.h5", "unknown subcommand 'summry' (did you mean summary?)"},
+      {"moe-infer", "scor --model m.h5", "unknown subcommand 'scor' (did you mean score?)"},
+      {"moe-convert", "bogus x", "unknown subcommand 'bogus' (one of "},
+      {"moe-train", "--step 10 --data x", "unknown flag --step (did you mean --steps?)"},
+      {"moe-train", "--data x --stepz=3", "unknown flag --stepz (did you mean --steps?)"},
+      {"moe-infer", "score --modle m.h5 --data x", "unknown flag --modle (did you mean --model?)"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.tool << " " << c.args);
+    const test::RunResult r = run_command(tool(c.tool, c.args));
+    INFO(r.err);
+    REQUIRE(r.exit_code == 2);
+    REQUIRE(r.err.find(c.tool + ": error: " + c.message) != std::string::npos);
+  }
+}

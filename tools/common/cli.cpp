@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <regex>
 
 #include "moe/cuda.h"
 #ifdef MOE_HAVE_MPI
@@ -102,6 +103,66 @@ class StrictConfig : public CLI::ConfigTOML {
  private:
   const CLI::App& app_;
 };
+
+// The nearest of `names` to `given` within a small edit distance, or "".
+std::string nearest_name(const std::string& given, const std::vector<std::string>& names) {
+  std::string nearest;
+  size_t best = 3;
+  for (const std::string& name : names)
+    if (const size_t d = edit_distance(given, name); d < best) {
+      best = d;
+      nearest = name;
+    }
+  return nearest;
+}
+
+// The long flag names (without "--") `app` accepts: its own and its option groups'.
+void long_names(const CLI::App& app, std::vector<std::string>& into) {
+  for (const CLI::Option* opt : app.get_options())
+    for (const std::string& name : opt->get_lnames()) into.push_back(name);
+  for (const CLI::App* group : app.get_subcommands([](const CLI::App*) { return true; }))
+    if (dynamic_cast<const CLI::Option_group*>(group)) long_names(*group, into);
+}
+
+// CLI11 reports a mistyped flag or subcommand as what it missed because of it ("--out is
+// required", "A subcommand is required"); name the word that was not understood instead, with
+// the nearest valid one. Empty when nothing was left over.
+std::string unknown_words(const CLI::App& app) {
+  const std::vector<std::string> left = app.remaining(true);
+  std::vector<std::string> subcommands;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; }))
+    if (!dynamic_cast<const CLI::Option_group*>(sub)) subcommands.push_back(sub->get_name());
+  if (!subcommands.empty() && app.get_subcommands().empty() && !left.empty() &&
+      left[0].rfind('-', 0) != 0) {
+    const std::string nearest = nearest_name(left[0], subcommands);
+    std::string all;
+    for (const std::string& name : subcommands) all += (all.empty() ? "" : ", ") + name;
+    return str(
+        "unknown subcommand '", left[0], "'",
+        nearest.empty() ? str(" (one of ", all, ")") : str(" (did you mean ", nearest, "?)"));
+  }
+  std::vector<std::string> flags;
+  long_names(app, flags);
+  for (const CLI::App* sub : app.get_subcommands()) long_names(*sub, flags);
+  for (const std::string& arg : left) {
+    if (arg.rfind("--", 0) != 0 || arg.size() == 2) continue;
+    const std::string name =
+        arg.substr(2, arg.find('=') == std::string::npos ? std::string::npos : arg.find('=') - 2);
+    if (std::find(flags.begin(), flags.end(), name) != flags.end()) continue;
+    const std::string nearest = nearest_name(name, flags);
+    return str("unknown flag --", name,
+               nearest.empty() ? std::string() : str(" (did you mean --", nearest, "?)"));
+  }
+  return {};
+}
+
+// A library error as the user reads it: the " [file.cpp:123]" places MOE_CHECK appends are for
+// us, shown with -v only.
+std::string for_user(const char* what) {
+  if (log_level() >= LogLevel::debug) return what;
+  static const std::regex place(R"( \[[^\[\]]+\.(cpp|h|cu|cuh):[0-9]+\])");
+  return std::regex_replace(what, place, "");
+}
 
 }  // namespace
 
@@ -201,21 +262,23 @@ int run_tool(const std::string& tool, CLI::App& app, int argc, char** argv,
     return app.exit(e);
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::ParseError& parse_error) {
+    const std::string unknown = unknown_words(app);
+    const std::string what = unknown.empty() ? parse_error.what() : unknown;
 #ifdef MOE_HAVE_MPI
     // The other ranks may have parsed their flags and be waiting in MPI_Init or a collective:
     // join MPI (MPI_Abort needs it) and end the job, as a rank failing later would.
     if (scope == Scope::job && comm::launched_under_mpi()) {
       std::unique_ptr<comm::Communicator> world = comm::make_mpi_world();
       if (world->size() > 1)
-        comm::abort_job(
-            str(tool, ": error: ", e.what(), " (run '", tool, " --help' for the flags)"), 2);
+        comm::abort_job(str(tool, ": error: ", what, " (run '", tool, " --help' for the flags)"),
+                        2);
     }
 #else
     (void)scope;
 #endif
-    std::fprintf(stderr, "%s: error: %s\nRun '%s --help' for the flags.\n", tool.c_str(), e.what(),
-                 tool.c_str());
+    std::fprintf(stderr, "%s: error: %s\nRun '%s --help' for the flags.\n", tool.c_str(),
+                 what.c_str(), tool.c_str());
     return 2;
   }
   try {
@@ -224,7 +287,7 @@ int run_tool(const std::string& tool, CLI::App& app, int argc, char** argv,
     std::fprintf(stderr, "%s: error: %s\n", tool.c_str(), e.what());
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: error: %s\n", tool.c_str(), e.what());
+    std::fprintf(stderr, "%s: error: %s\n", tool.c_str(), for_user(e.what()).c_str());
     return 1;
   }
 }

@@ -126,8 +126,11 @@ int paths(Options& o) {
 int accuracy(Options& o) {
   profile::PathTable table = profile::load_paths(o.table);
   io::TraceReader trace(o.trace);
+  // Everything is checked and computed before the first byte of the table: a failure leaves
+  // stdout empty, not a header without rows.
+  const std::vector<profile::LayerAccuracy> layers = profile::accuracy(table, trace);
   std::printf("layer\tblock\ttokens\taccuracy\tmarginal_accuracy\tunseen_paths\n");
-  for (const profile::LayerAccuracy& a : profile::accuracy(table, trace))
+  for (const profile::LayerAccuracy& a : layers)
     std::printf("%lld\t%lld\t%lld\t%s\t%s\t%lld\n", (long long)a.layer,
                 (long long)trace.info().moe_blocks.at(static_cast<size_t>(a.layer)),
                 (long long)a.tokens, num(a.accuracy()).c_str(), num(a.marginal_accuracy()).c_str(),
