@@ -154,3 +154,24 @@ TEST_CASE("cli: a mistyped flag or subcommand is named, with the nearest valid o
     REQUIRE(r.err.find(c.tool + ": error: " + c.message) != std::string::npos);
   }
 }
+
+TEST_CASE("cli: moe-infer generate skips blank prompt lines and names an unknown prompt key",
+          "[cli][streams]") {
+  Traced& t = traced();
+  test::write_file(t.dir / "prompts.txt", "The\n\nA\n   \n");
+  const test::RunResult r =
+      run_command(tool("moe-infer", "generate --model " + t.ckpt + " --prompts " +
+                                        (t.dir / "prompts.txt") + " --max-new 2 -q"));
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const std::vector<std::string> lines = test::lines_of(r.out);
+  REQUIRE(lines.size() == 2);
+  REQUIRE(lines[0].find("\"prompt\":\"The\"") != std::string::npos);
+  REQUIRE(lines[1].find("\"prompt\":\"A\"") != std::string::npos);
+  test::write_file(t.dir / "prompts.jsonl", "{\"prompt\": \"The\", \"max_tokens\": 5}\n");
+  const test::RunResult bad = run_command(
+      tool("moe-infer", "generate --model " + t.ckpt + " --prompts " + (t.dir / "prompts.jsonl")));
+  REQUIRE(bad.exit_code == 1);
+  REQUIRE(bad.err.find("prompts.jsonl:1: unknown key \"max_tokens\"") != std::string::npos);
+  REQUIRE(bad.out.empty());
+}

@@ -40,6 +40,17 @@ TEST_CASE("infer: prompt files hold text and JSON lines with their own sampling"
   REQUIRE(read("{\"tokens\": [1]}\n", 10).size() == 1);
 }
 
+TEST_CASE("infer: blank lines in a prompt file are skipped, and line numbers still count them",
+          "[infer]") {
+  const std::vector<infer::Prompt> prompts = read("one\n\n  \ntwo\n\n", 256);
+  REQUIRE(prompts.size() == 2);
+  REQUIRE(prompts[0].text == "one");
+  REQUIRE(prompts[1].text == "two");
+  REQUIRE_THAT(test::error_of([] { read("ok\n\n{\"prompt\": 3}\n", 256); }),
+               Catch::Contains("p.jsonl:3"));
+  REQUIRE_THAT(test::error_of([] { read("\n \n", 256); }), Catch::Contains("holds no prompt"));
+}
+
 TEST_CASE("infer: bad prompt files name the file, the line and the cause", "[infer]") {
   auto error = [](const std::string& text, int64_t vocab = 256) {
     return test::error_of([&] { read(text, vocab); });
@@ -48,7 +59,8 @@ TEST_CASE("infer: bad prompt files name the file, the line and the cause", "[inf
                Catch::Contains("p.jsonl:2") && Catch::Contains("not a valid prompt object"));
   REQUIRE_THAT(error("{not json\n"), Catch::Contains("p.jsonl:1"));
   REQUIRE_THAT(error("text\n", 100), Catch::Contains("byte-level model"));
-  REQUIRE_THAT(error("ok\n\n"), Catch::Contains("p.jsonl:2: empty prompt"));
+  REQUIRE_THAT(error("{\"prompt\": \"a\", \"max_tokens\": 5}\n"),
+               Catch::Contains("p.jsonl:1: unknown key \"max_tokens\""));
   REQUIRE_THAT(error("{\"tokens\": []}\n"), Catch::Contains("empty prompt"));
   REQUIRE_THAT(error(""), Catch::Contains("holds no prompt"));
   // Every field has its flag's type and range (nlohmann alone truncates -0.5 to 0, and converts

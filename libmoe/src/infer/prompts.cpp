@@ -47,12 +47,21 @@ std::vector<Prompt> read_prompts(std::istream& in, const std::string& name,
   std::string line;
   for (int64_t number = 1; std::getline(in, line); ++number) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
+    // A blank line separates nothing and asks for nothing: skipped (line numbers still count it).
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
     Prompt p;
     p.sampling = defaults;
     if (!line.empty() && line.front() == '{') {
       try {
         json j = json::parse(line);
         if (!j.is_object()) throw Error("not a JSON object");
+        // A misspelt key ("max_tokens") would otherwise be ignored and its setting silently lost.
+        for (const auto& [key, value] : j.items())
+          if (key != "prompt" && key != "tokens" && key != "max_new" && key != "temperature" &&
+              key != "top_k" && key != "top_p")
+            throw Error(str("unknown key \"", key,
+                            "\" (a prompt object takes \"prompt\" or \"tokens\", and \"max_new\", "
+                            "\"temperature\", \"top_k\", \"top_p\")"));
         // Every field has the type and range of its flag (ids: integers in [0, vocabulary)).
         if (j.contains("tokens")) {
           const json& ids = j.at("tokens");
