@@ -97,3 +97,23 @@ TEST_CASE("cli: a sharded checkpoint resumed on another rank count says how many
           std::string::npos);
   REQUIRE(r.err.find("does not divide") == std::string::npos);
 }
+
+TEST_CASE("cli: a resumed run logs every flag that changes the checkpoint's settings",
+          "[cli][rundir]") {
+  test::ScratchDir dir("cli-rundir-overrides");
+  const std::string run = dir / "run";
+  test::train_on_fortunes(run, test::kTinyMixtral + " --steps 3 --warmup 1");
+  const test::RunResult r = run_command(
+      tool("moe-train", "--resume " + run + " --out " + run + " --steps 5 --lr 1e-3 --threads 1"));
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  REQUIRE(r.err.find("resume: --steps 3 -> 5\n") != std::string::npos);
+  REQUIRE(r.err.find("resume: --lr 0.003 -> 0.001\n") != std::string::npos);
+  REQUIRE(r.err.find("resume: the learning rate of step 4 goes from ") != std::string::npos);
+  // Nothing changed, nothing said: the run continues bit for bit.
+  const test::RunResult same = run_command(
+      tool("moe-train", "--resume " + run + " --out " + run + " --steps 5 --threads 1"));
+  INFO(same.err);
+  REQUIRE(same.exit_code == 0);
+  REQUIRE(same.err.find("resume: ") == std::string::npos);
+}

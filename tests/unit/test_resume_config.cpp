@@ -112,3 +112,27 @@ TEST_CASE("resume_config: a fresh run on a token file sizes its vocabulary from 
   io::Checkpoint ckpt = checkpoint_of(saved_model(), t);
   REQUIRE(train::resume_config(&ckpt, flags, t, {}).model.vocab_size == 256);
 }
+
+TEST_CASE("resume_config: overrides list what the flags changed and the rate's jump", "[train]") {
+  io::Checkpoint ckpt = checkpoint_of(saved_model(), saved_train());
+  ckpt.state.step = 60;
+  train::TrainConfig now = saved_train();
+  now.data = "saved.txt";
+  train::GivenFlags given;
+  given.train = {"--data", "--batch"};  // given with the checkpoint's values: nothing to say
+  REQUIRE(train::resume_config(&ckpt, saved_model(), now, given).overrides.empty());
+  now.steps = 400;
+  now.batch = saved_train().batch * 2;
+  given.train = {"--steps", "--batch"};
+  const std::vector<std::string> lines =
+      train::resume_config(&ckpt, saved_model(), now, given).overrides;
+  REQUIRE(lines.size() == 3);
+  REQUIRE(lines[0] == "--steps 100 -> 400");
+  REQUIRE(lines[1] ==
+          "--batch " + std::to_string(saved_train().batch) + " -> " + std::to_string(now.batch));
+  // Step 61 of a cosine over 100 steps vs over 400: the new rate is higher.
+  REQUIRE_THAT(lines[2], Catch::StartsWith("the learning rate of step 61 goes from "));
+  // Only --batch: the schedule is the same, no rate line.
+  given.train = {"--batch"};
+  REQUIRE(train::resume_config(&ckpt, saved_model(), now, given).overrides.size() == 1);
+}

@@ -118,6 +118,7 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
     else
       trainer.restore(*resume);
     MOE_LOG_INFO("resumed from ", o.resume, " at step ", trainer.steps_done());
+    for (const std::string& line : run.overrides) MOE_LOG_INFO("resume: ", line);
     resume.reset();
   }
   if (device.kind == Device::cuda) {

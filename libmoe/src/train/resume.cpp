@@ -1,10 +1,12 @@
 #include "moe/train/resume.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 
 #include "moe/error.h"
 #include "moe/io/dataset.h"
+#include "moe/optim/adamw.h"
 
 namespace moe::train {
 
@@ -46,6 +48,35 @@ ModelConfig resumed_model(const io::Checkpoint& resume, ModelConfig m, const Giv
   return saved;
 }
 
+// What the flags changed, for the log (RunConfig::overrides).
+std::vector<std::string> overrides_of(const io::Checkpoint& resume, const TrainConfig& now,
+                                      const GivenFlags& flags) {
+  const TrainConfig saved = train_config_from_json(resume.train_config);
+  const nlohmann::json before = to_json(saved), after = to_json(now);
+  std::vector<std::string> lines;
+  for (const std::string& flag : flags.train) {
+    const std::string key = flag_key(flag);
+    if (before.contains(key) && after.contains(key) && before[key] != after[key])
+      lines.push_back(str(flag, " ", before[key].dump(), " -> ", after[key].dump()));
+  }
+  // The schedule is a function of (step, steps, warmup, lr, min_lr): a longer --steps stretches
+  // the cosine from here on, so the next step's rate can jump. Say by how much.
+  auto lr_next = [&](const TrainConfig& c) {
+    return optim::lr_at(resume.state.step, c.steps, c.warmup, static_cast<float>(c.lr),
+                        static_cast<float>(c.lr * c.min_lr_ratio));
+  };
+  const float was = lr_next(saved), will = lr_next(now);
+  if (was != will) {
+    char text[160];
+    std::snprintf(text, sizeof text,
+                  "the learning rate of step %lld goes from %.3g to %.3g (the schedule follows "
+                  "the new settings from here on)",
+                  static_cast<long long>(resume.state.step + 1), was, will);
+    lines.push_back(text);
+  }
+  return lines;
+}
+
 }  // namespace
 
 RunConfig resume_config(const io::Checkpoint* resume, ModelConfig model, TrainConfig train,
@@ -56,6 +87,7 @@ RunConfig resume_config(const io::Checkpoint* resume, ModelConfig model, TrainCo
     throw UsageError("--data is required (the text or token file to train on)");
   if (resume) {
     run.model = resumed_model(*resume, std::move(model), given);
+    run.overrides = overrides_of(*resume, run.train, given);
   } else {
     model.resolve();
     run.model = std::move(model);

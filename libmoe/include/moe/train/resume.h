@@ -14,6 +14,10 @@ namespace moe::train {
 struct RunConfig {
   ModelConfig model;
   TrainConfig train;
+  // A resumed run: each training flag that changed the checkpoint's setting, as the user should
+  // read it before step 1 ("--lr 0.003 -> 0.0001"), and, when the learning-rate schedule changed,
+  // the rate the next step gets under the old and the new settings.
+  std::vector<std::string> overrides;
 };
 
 // The flags given explicitly on the command line, by their names ("--d-model", "--lr"): a flag
