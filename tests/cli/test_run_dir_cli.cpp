@@ -117,3 +117,33 @@ TEST_CASE("cli: a resumed run logs every flag that changes the checkpoint's sett
   REQUIRE(same.exit_code == 0);
   REQUIRE(same.err.find("resume: ") == std::string::npos);
 }
+
+TEST_CASE("cli: a checkpoint resumes from another directory, and a moved data file is named",
+          "[cli][rundir]") {
+  test::ScratchDir dir("cli-rundir-data");
+  fs::create_directories(dir / "work");
+  fs::copy_file(test::fortunes_path("linux"), dir / "work/my.txt");
+  // Trained with a relative --data inside work/ ...
+  const test::RunResult trained = run_command(
+      "cd " + (dir / "work") + " && " +
+      tool("moe-train", "--data my.txt --out ../run" + test::kTinyMixtral + " --steps 2"));
+  INFO(trained.err);
+  REQUIRE(trained.exit_code == 0);
+  // ... resumed from its parent: the checkpoint holds the file's absolute path.
+  const std::string resume = tool("moe-train", "--resume run --out run --threads 1 -q");
+  const test::RunResult here = run_command("cd " + dir.path() + " && " + resume + " --steps 3");
+  INFO(here.err);
+  REQUIRE(here.exit_code == 0);
+  // The file moved: the error names it and the flag that fixes it.
+  fs::rename(dir / "work/my.txt", dir / "moved.txt");
+  const test::RunResult moved = run_command("cd " + dir.path() + " && " + resume + " --steps 4");
+  REQUIRE(moved.exit_code == 1);
+  const std::string named = "the checkpoint trains on '" +
+                            (fs::path(dir.path()) / "work/my.txt").lexically_normal().string() +
+                            "', which is not there any more: pass --data PATH";
+  REQUIRE(moved.err.find(named) != std::string::npos);
+  const test::RunResult again =
+      run_command("cd " + dir.path() + " && " + resume + " --steps 4 --data moved.txt");
+  INFO(again.err);
+  REQUIRE(again.exit_code == 0);
+}

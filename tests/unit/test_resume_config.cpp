@@ -1,6 +1,7 @@
 // train::resume_config: which settings a resumed run takes from its checkpoint and which from the
 // flags given now (moe-train's rules).
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "moe/train/resume.h"
@@ -41,7 +42,7 @@ TEST_CASE("resume_config: a fresh run takes the flags and resolves the model", "
   t.data = "corpus.txt";
   t.seed = 5;
   train::RunConfig run = train::resume_config(nullptr, flags, t, {});
-  REQUIRE(run.train.data == "corpus.txt");
+  REQUIRE(run.train.data == std::filesystem::absolute("corpus.txt").string());  // stored absolute
   REQUIRE(run.train.seed == 5);
   REQUIRE(run.model.arch == Arch::mixtral);
   REQUIRE(run.model.experts_per_layer.size() == static_cast<size_t>(flags.layers));  // resolved
@@ -62,7 +63,7 @@ TEST_CASE("resume_config: the checkpoint's training config, overridden by the fl
   train::RunConfig run =
       train::resume_config(&ckpt, test::small_model_config(Arch::gpt), now, given);
   REQUIRE(run.train.steps == 200);
-  REQUIRE(run.train.data == "other.txt");
+  REQUIRE(run.train.data == std::filesystem::absolute("other.txt").string());
   REQUIRE(run.train.lr == 1e-3);
   REQUIRE(run.train.seed == 77);  // --seed not given: the checkpoint's, whatever the flag holds
   now.seed = 1;

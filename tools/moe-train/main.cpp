@@ -88,6 +88,10 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
       train::resume_config(resume.get(), flags_model, flags_train, given_flags(o, app));
   const ModelConfig& mc = run.model;
   const train::TrainConfig& tc = run.train;
+  if (resume && !app.get_option("--data")->count() && !std::filesystem::exists(tc.data))
+    throw Error(str("the checkpoint trains on '", tc.data,
+                    "', which is not there any more: pass --data PATH (the same file, moved) to "
+                    "resume"));
   // One run per directory: checked after the flags, before any work, on every rank (they all
   // see the same --out).
   train::check_run_directory(o.out, resume_from.path, o.force);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "moe/error.h"
@@ -48,10 +49,17 @@ ModelConfig resumed_model(const io::Checkpoint& resume, ModelConfig m, const Giv
   return saved;
 }
 
+void absolute_paths(TrainConfig& c) {
+  for (std::string* path : {&c.data, &c.val})
+    if (!path->empty() && *path != "-")
+      *path = std::filesystem::absolute(*path).lexically_normal().string();
+}
+
 // What the flags changed, for the log (RunConfig::overrides).
 std::vector<std::string> overrides_of(const io::Checkpoint& resume, const TrainConfig& now,
                                       const GivenFlags& flags) {
-  const TrainConfig saved = train_config_from_json(resume.train_config);
+  TrainConfig saved = train_config_from_json(resume.train_config);
+  absolute_paths(saved);  // a checkpoint of an earlier build may hold them relative
   const nlohmann::json before = to_json(saved), after = to_json(now);
   std::vector<std::string> lines;
   for (const std::string& flag : flags.train) {
@@ -85,6 +93,8 @@ RunConfig resume_config(const io::Checkpoint* resume, ModelConfig model, TrainCo
   run.train = resume ? resumed_train(*resume, train, given) : train;
   if (run.train.data.empty())
     throw UsageError("--data is required (the text or token file to train on)");
+  absolute_paths(run.train);  // stored absolute: the checkpoint resumes from any directory
+
   if (resume) {
     run.model = resumed_model(*resume, std::move(model), given);
     run.overrides = overrides_of(*resume, run.train, given);
