@@ -60,3 +60,21 @@ TEST_CASE("cli: moe-infer --config takes flat keys for the subcommand run, or it
   REQUIRE(section.exit_code == 2);
   REQUIRE(section.err.find("--config: unknown section [scor]") != std::string::npos);
 }
+
+TEST_CASE("cli: moe-train warns when the flags leave its model without an MoE layer",
+          "[cli][config]") {
+  test::ScratchDir dir("cli-config-dense");
+  const std::string flags = " --data " + test::fortunes_path("linux") +
+                            " --d-model 16 --heads 2 --d-ff 32 --seq 16 --batch 4 --steps 1"
+                            " --eval-batches 1 --threads 1";
+  const test::RunResult dense =
+      run_command(tool("moe-train", "--layers 1 --moe-every 2 --out " + (dir / "a") + flags));
+  INFO(dense.err);
+  REQUIRE(dense.exit_code == 0);
+  REQUIRE(dense.err.find("[warning] the model has no MoE layer (--layers 1 with --moe-every 2") !=
+          std::string::npos);
+  const test::RunResult moe =
+      run_command(tool("moe-train", "--layers 2 --moe-every 2 --out " + (dir / "b") + flags));
+  REQUIRE(moe.exit_code == 0);
+  REQUIRE(moe.err.find("no MoE layer") == std::string::npos);
+}

@@ -88,6 +88,10 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
       train::resume_config(resume.get(), flags_model, flags_train, given_flags(o, app));
   const ModelConfig& mc = run.model;
   const train::TrainConfig& tc = run.train;
+  if (!resume && mc.num_moe_layers() == 0 && !app.get_option("--experts-per-layer")->count())
+    MOE_LOG_WARN("the model has no MoE layer (--layers ", mc.layers, " with --moe-every ",
+                 mc.moe_every, ": every ", mc.moe_every,
+                 "th layer is MoE): this trains a dense transformer");
   if (resume && !app.get_option("--data")->count() && !std::filesystem::exists(tc.data))
     throw Error(str("the checkpoint trains on '", tc.data,
                     "', which is not there any more: pass --data PATH (the same file, moved) to "
