@@ -175,3 +175,35 @@ TEST_CASE("cli: moe-infer generate skips blank prompt lines and names an unknown
   REQUIRE(bad.err.find("prompts.jsonl:1: unknown key \"max_tokens\"") != std::string::npos);
   REQUIRE(bad.out.empty());
 }
+
+TEST_CASE("cli: --data - reads stdin where the data is read once, and training refuses it",
+          "[cli][streams]") {
+  Traced& t = traced();
+  const std::string data = test::fortunes_path("linux");
+  const std::string score = "score --model " + t.ckpt + " --max-sequences 3 -q --data ";
+  const test::RunResult from_file = run_command(tool("moe-infer", score + data));
+  const test::RunResult from_stdin =
+      run_command("cat " + data + " | " + tool("moe-infer", score + "-"));
+  INFO(from_stdin.err);
+  REQUIRE(from_file.exit_code == 0);
+  REQUIRE(from_stdin.exit_code == 0);
+  REQUIRE(!from_file.out.empty());
+  REQUIRE(from_stdin.out == from_file.out);
+  const test::RunResult record = run_command(
+      "cat " + data + " | " +
+      tool("moe-profile", "record --model " + t.ckpt + " --data - --max-tokens 256 -q -o " +
+                              (t.dir / "stdin-trace.h5")));
+  INFO(record.err);
+  REQUIRE(record.exit_code == 0);
+  REQUIRE(fs::exists(t.dir / "stdin-trace.h5"));
+  for (const std::string& command :
+       {tool("moe-train", "--data - --out " + (t.dir / "stdin-run") + test::kTinyMixtral),
+        tool("moe-distill", "--teacher " + t.ckpt + " --data - --out " + (t.dir / "stdin-st"))}) {
+    INFO(command);
+    const test::RunResult r = run_command("cat " + data + " | " + command);
+    REQUIRE(r.exit_code == 2);
+    REQUIRE(r.err.find("--data -: training reads its data on every rank and again when it "
+                       "resumes, so it needs a file") != std::string::npos);
+  }
+  REQUIRE(!fs::exists(t.dir / "stdin-run"));
+}

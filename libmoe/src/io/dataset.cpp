@@ -28,22 +28,26 @@ struct FileCloser {
 };
 using FilePtr = std::unique_ptr<std::FILE, FileCloser>;
 
+std::vector<unsigned char> read_all(std::FILE* file, const std::string& what, size_t expect = 0) {
+  std::vector<unsigned char> bytes;
+  bytes.reserve(expect);
+  unsigned char block[1 << 16];
+  size_t got = 0;
+  while ((got = std::fread(block, 1, sizeof block, file)) > 0)
+    bytes.insert(bytes.end(), block, block + got);
+  if (std::ferror(file)) throw Error(str(what, ": read error: ", std::strerror(errno)));
+  return bytes;
+}
+
 std::vector<unsigned char> read_bytes(const std::string& path) {
   namespace fs = std::filesystem;
+  if (path == "-") return read_all(stdin, "token file '-' (stdin)");  // read once, whole
   std::error_code ec;
   if (fs::is_directory(path, ec)) throw Error(str("token file '", path, "': is a directory"));
   FilePtr file(std::fopen(path.c_str(), "rb"));
   if (!file) throw Error(str("token file '", path, "': cannot open: ", std::strerror(errno)));
-  std::vector<unsigned char> bytes;
-  uintmax_t size = fs::file_size(path, ec);
-  if (!ec) bytes.reserve(static_cast<size_t>(size));
-  unsigned char block[1 << 16];
-  size_t got = 0;
-  while ((got = std::fread(block, 1, sizeof block, file.get())) > 0)
-    bytes.insert(bytes.end(), block, block + got);
-  if (std::ferror(file.get()))
-    throw Error(str("token file '", path, "': read error: ", std::strerror(errno)));
-  return bytes;
+  const uintmax_t size = fs::file_size(path, ec);
+  return read_all(file.get(), str("token file '", path, "'"), ec ? 0 : static_cast<size_t>(size));
 }
 
 const char* const kSamplerStream = "io.batch_sampler.epoch_permutation";

@@ -293,6 +293,7 @@ static void check_config(DistillConfig& c, const TrainConfig& train) {
 Distiller::Distiller(const DistillConfig& distill, const TrainConfig& train,
                      io::Provenance provenance)
     : config_(distill) {
+  MOE_USAGE_CHECK(train.data != "-" && train.val != "-", kNoStdinData);
   check_config(config_, train);
   namespace fs = std::filesystem;
   MOE_CHECK(!config_.teacher.empty(), "no teacher checkpoint given");

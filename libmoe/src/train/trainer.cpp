@@ -109,6 +109,7 @@ static void check_training_memory(const ModelConfig& config, const TrainConfig& 
 Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provenance provenance,
                  comm::Communicator* world, Device device)
     : train_(train), provenance_(std::move(provenance)), world_(world) {
+  MOE_USAGE_CHECK(train.data != "-" && train.val != "-", kNoStdinData);
   MOE_USAGE_CHECK(train.batch >= 1, "--batch must be >= 1 (got ", train.batch, ")");
   MOE_USAGE_CHECK(train.batch % world_size() == 0, "--batch ", train.batch,
                   " does not divide over ", world_size(), " data-parallel ranks");

@@ -18,6 +18,11 @@
 
 namespace moe::train {
 
+// Training refuses --data - (stdin): every rank reads the data, and a resumed run reads it again.
+inline constexpr const char* kNoStdinData =
+    "--data -: training reads its data on every rank and again when it resumes, so it needs a "
+    "file (save stdin first, e.g. cat > corpus.txt)";
+
 struct TrainConfig {
   std::string data, val, data_format = "auto";
   int64_t batch = 16;
