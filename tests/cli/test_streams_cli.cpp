@@ -133,6 +133,23 @@ TEST_CASE(
   REQUIRE(verbose.err.find("paths.cpp:") != std::string::npos);
 }
 
+TEST_CASE("cli: each subcommand's --help lists only its own flags", "[cli][streams]") {
+  const test::RunResult generate = run_command(tool("moe-infer", "generate --help"));
+  REQUIRE(generate.exit_code == 0);
+  REQUIRE(generate.out.find("--max-new") != std::string::npos);
+  for (const char* score_only : {"--ep", "--popularity", "--max-sequences", "--data"}) {
+    INFO(score_only);
+    REQUIRE(generate.out.find(score_only) == std::string::npos);
+  }
+  const test::RunResult score = run_command(tool("moe-infer", "score --help"));
+  REQUIRE(score.exit_code == 0);
+  for (const char* flag : {"--ep", "--popularity", "--max-sequences"}) {
+    INFO(flag);
+    REQUIRE(score.out.find(flag) != std::string::npos);
+  }
+  REQUIRE(score.out.find("--max-new") == std::string::npos);
+}
+
 TEST_CASE("cli: a mistyped flag or subcommand is named, with the nearest valid one",
           "[cli][streams]") {
   struct Case {
@@ -145,6 +162,8 @@ TEST_CASE("cli: a mistyped flag or subcommand is named, with the nearest valid o
       {"moe-train", "--step 10 --data x", "unknown flag --step (did you mean --steps?)"},
       {"moe-train", "--data x --stepz=3", "unknown flag --stepz (did you mean --steps?)"},
       {"moe-infer", "score --modle m.h5 --data x", "unknown flag --modle (did you mean --model?)"},
+      {"moe-infer", "generate --model m.h5 --prompts p --ep 2",
+       "--ep is a flag of score, not of generate"},
   };
   for (const Case& c : cases) {
     INFO(c.tool << " " << c.args);

@@ -149,6 +149,14 @@ std::string unknown_words(const CLI::App& app) {
     const std::string name =
         arg.substr(2, arg.find('=') == std::string::npos ? std::string::npos : arg.find('=') - 2);
     if (std::find(flags.begin(), flags.end(), name) != flags.end()) continue;
+    for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+      std::vector<std::string> theirs;
+      if (!dynamic_cast<const CLI::Option_group*>(sub)) long_names(*sub, theirs);
+      if (std::find(theirs.begin(), theirs.end(), name) != theirs.end() &&
+          !app.get_subcommands().empty())
+        return str("--", name, " is a flag of ", sub->get_name(), ", not of ",
+                   app.get_subcommands().front()->get_name());
+    }
     const std::string nearest = nearest_name(name, flags);
     return str("unknown flag --", name,
                nearest.empty() ? std::string() : str(" (did you mean --", nearest, "?)"));

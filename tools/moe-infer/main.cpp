@@ -137,7 +137,6 @@ std::vector<Prompt> read_prompts(const Options& o, const ModelConfig& mc) {
 }
 
 int generate(Options& o, std::unique_ptr<comm::Communicator> world) {
-  if (o.ep > 1) throw UsageError("--ep: generate runs on one rank for now (score spreads experts)");
   std::unique_ptr<infer::Engine> engine = open_engine(o, std::move(world));
   const infer::Engine& e = *engine;
   const ModelConfig& mc = e.config();
@@ -197,14 +196,6 @@ void add_engine_options(CLI::App* sub, Options& o) {
                   "the rest streams from the checkpoint through a ring of slots");
   sub->add_option("-o,--out", o.out, "JSON lines to PATH ('-' = stdout)")->capture_default_str();
   tools::add_device_option(*sub, o.device, "where the model runs");
-  sub->add_option("--ep", o.ep,
-                  "Under mpiexec -n N: spread every MoE layer's experts over the N ranks (score)")
-      ->check(tools::positive())
-      ->capture_default_str();
-  sub->add_option("--popularity", o.popularity,
-                  "With --ep: Lina's popularity-aware expert placement from a path table "
-                  "(moe-profile paths); every rank then holds every expert")
-      ->check(CLI::ExistingFile);
 }
 
 }  // namespace
@@ -225,6 +216,15 @@ int main(int argc, char** argv) {
   sc->add_option("--max-sequences", o.max_sequences, "Score at most N sequences (0 = all)")
       ->check(tools::non_negative())
       ->capture_default_str();
+  // Scoring only: generation runs on one rank.
+  sc->add_option("--ep", o.ep,
+                 "Under mpiexec -n N: spread every MoE layer's experts over the N ranks")
+      ->check(tools::positive())
+      ->capture_default_str();
+  sc->add_option("--popularity", o.popularity,
+                 "With --ep: Lina's popularity-aware expert placement from a path table "
+                 "(moe-profile paths); every rank then holds every expert")
+      ->check(CLI::ExistingFile);
 
   auto* gen = app.add_subcommand("generate", "Continue prompts (one per line, or JSON lines)");
   add_engine_options(gen, o);
