@@ -8,30 +8,11 @@ set(MOE_LAYERS kernels core backend ops optim comm balance parallel nn models io
                train tools)
 # libmoe/include/moe/<layer>/ and libmoe/src/<layer>/ are one layer; top-level moe/*.h headers and
 # src/core/ are core; backend/cpu and backend/cuda are backend; tools/ is the top.
-#
-# Temporary exceptions, "file -> included header", each with the reason it is still there. Remove
-# an entry when the include goes; a stale entry fails the check too, so the list cannot rot.
-set(MOE_LAYER_EXCEPTIONS)
+# There are no exceptions: an upward include is fixed by moving the declaration down.
 
 if(NOT SRC)
   message(FATAL_ERROR "CheckLayers.cmake: pass -DSRC=<source root>")
 endif()
-
-# The layer index of a path relative to the source root (a scanned file), or -1.
-function(layer_of_file path out)
-  set(layer "")
-  if(path MATCHES "^tools/")
-    set(layer tools)
-  elseif(path MATCHES "^libmoe/include/moe/([a-z_]+)/")
-    set(layer ${CMAKE_MATCH_1})
-  elseif(path MATCHES "^libmoe/include/moe/[^/]+$")
-    set(layer core)
-  elseif(path MATCHES "^libmoe/src/([a-z_]+)/")
-    set(layer ${CMAKE_MATCH_1})
-  endif()
-  list(FIND MOE_LAYERS "${layer}" index)
-  set(${out} ${index} PARENT_SCOPE)
-endfunction()
 
 # The layer index of an included header ("moe/<layer>/x.h", "moe/x.h", "<layer>/x.h" from
 # libmoe/src), or -1 for headers outside the layers (a tool's own, generated, third-party).
@@ -48,13 +29,26 @@ function(layer_of_include header out)
   set(${out} ${index} PARENT_SCOPE)
 endfunction()
 
+# The layer index of a scanned file (a path relative to the source root), or -1: the layer its
+# path would have as an include ("libmoe/src/nn/x.cpp" as "nn/x.cpp", "libmoe/include/moe/x.h" as
+# "moe/x.h"); tools/ is the top.
+function(layer_of_file path out)
+  if(path MATCHES "^tools/")
+    list(FIND MOE_LAYERS tools index)
+    set(${out} ${index} PARENT_SCOPE)
+    return()
+  endif()
+  string(REGEX REPLACE "^libmoe/(include|src)/" "" as_include "${path}")
+  layer_of_include("${as_include}" index)
+  set(${out} ${index} PARENT_SCOPE)
+endfunction()
+
 file(GLOB_RECURSE files RELATIVE ${SRC}
   ${SRC}/libmoe/src/*.h ${SRC}/libmoe/src/*.cpp ${SRC}/libmoe/src/*.cu ${SRC}/libmoe/src/*.cuh
   ${SRC}/libmoe/include/*.h ${SRC}/tools/*.h ${SRC}/tools/*.cpp)
 list(SORT files)
 
 set(violations "")
-set(used_exceptions "")
 foreach(file IN LISTS files)
   layer_of_file("${file}" file_layer)
   if(file_layer LESS 0)
@@ -72,20 +66,10 @@ foreach(file IN LISTS files)
     if(header_layer LESS_EQUAL file_layer)
       continue()
     endif()
-    if("${file} -> ${header}" IN_LIST MOE_LAYER_EXCEPTIONS)
-      list(APPEND used_exceptions "${file} -> ${header}")
-      continue()
-    endif()
     list(GET MOE_LAYERS ${file_layer} from)
     list(GET MOE_LAYERS ${header_layer} to)
     string(APPEND violations "  ${file}:${line_number}: ${from} includes ${to} (${header})\n")
   endforeach()
-endforeach()
-
-foreach(exception IN LISTS MOE_LAYER_EXCEPTIONS)
-  if(NOT exception IN_LIST used_exceptions)
-    string(APPEND violations "  stale exception in cmake/CheckLayers.cmake: ${exception}\n")
-  endif()
 endforeach()
 
 if(violations)

@@ -27,9 +27,7 @@ std::string tool(const std::string& name, const std::string& args) {
   return "timeout 120 " + test::tool_path(name) + " " + args;
 }
 
-const std::string kTiny =
-    " --arch mixtral --layers 2 --d-model 16 --heads 2 --kv-heads 1 --d-ff 32 --seq 16 --experts 4"
-    " --moe-every 1 --batch 4 --eval-batches 1 --steps 2 --threads 1 -q";
+const std::string kTiny = test::kTinyMixtral + " --steps 2";
 
 struct Trained {
   test::ScratchDir dir{"cli-hdf5-damage"};

@@ -42,68 +42,6 @@ bool has_flag(const CLI::App& app, const std::string& name) {
   return app.get_option_no_throw("--" + name) || app.get_option_no_throw(name);
 }
 
-// CLI11's TOML/INI reader, strict: a key may be spelt with underscores or dashes (d_model is
-// --d-model), and a key or [section] that names no flag or subcommand is an error naming the
-// nearest flag, where CLI11 would ignore it and train the default model.
-class StrictConfig : public CLI::ConfigTOML {
- public:
-  explicit StrictConfig(const CLI::App& app) : app_(app) {}
-
-  std::vector<CLI::ConfigItem> from_config(std::istream& input) const override {
-    const auto all = [](const CLI::App*) { return true; };
-    std::vector<CLI::ConfigItem> items = CLI::ConfigTOML::from_config(input);
-    for (CLI::ConfigItem& item : items) {
-      if (item.name == "++" || item.name == "--") continue;  // CLI11's section markers
-      std::replace(item.name.begin(), item.name.end(), '_', '-');
-      const CLI::App* scope = &app_;
-      for (const std::string& section : item.parents) {
-        const CLI::App* sub = nullptr;
-        for (const CLI::App* candidate : scope->get_subcommands(all))
-          if (candidate->get_name() == section) sub = candidate;
-        if (!sub) throw CLI::ConfigError(str("--config: unknown section [", section, "]"));
-        scope = sub;
-      }
-      if (has_flag(*scope, item.name)) continue;
-      if (item.parents.empty()) {
-        // A flat key of the subcommand given on the command line (`moe-infer score --config f`
-        // or `moe-infer --config f score`: the file is read after the whole command line).
-        const CLI::App* chosen = nullptr;
-        for (const CLI::App* sub : app_.get_subcommands())
-          if (has_flag(*sub, item.name)) chosen = sub;
-        if (chosen) {
-          item.parents = {chosen->get_name()};
-          continue;
-        }
-        for (const CLI::App* sub : app_.get_subcommands(all))
-          if (!dynamic_cast<const CLI::Option_group*>(sub) && has_flag(*sub, item.name))
-            throw CLI::ConfigError(str("--config: '", item.name, "' is a flag of the ",
-                                       sub->get_name(), " subcommand, which this command does ",
-                                       "not run"));
-      }
-      std::string nearest;
-      size_t best = 3;  // suggest only a close spelling
-      auto consider = [&](const CLI::App& app) {
-        for (const CLI::Option* opt : app.get_options())
-          for (const std::string& name : opt->get_lnames())
-            if (const size_t d = edit_distance(item.name, name); d < best) {
-              best = d;
-              nearest = name;
-            }
-      };
-      consider(*scope);
-      for (const CLI::App* group : scope->get_subcommands(all))
-        if (dynamic_cast<const CLI::Option_group*>(group)) consider(*group);
-      throw CLI::ConfigError(
-          str("--config: unknown key '", item.name, "'",
-              nearest.empty() ? std::string() : str(" (did you mean '", nearest, "'?)")));
-    }
-    return items;
-  }
-
- private:
-  const CLI::App& app_;
-};
-
 // The nearest of `names` to `given` within a small edit distance, or "".
 std::string nearest_name(const std::string& given, const std::vector<std::string>& names) {
   std::string nearest;
@@ -120,9 +58,68 @@ std::string nearest_name(const std::string& given, const std::vector<std::string
 void long_names(const CLI::App& app, std::vector<std::string>& into) {
   for (const CLI::Option* opt : app.get_options())
     for (const std::string& name : opt->get_lnames()) into.push_back(name);
-  for (const CLI::App* group : app.get_subcommands([](const CLI::App*) { return true; }))
-    if (dynamic_cast<const CLI::Option_group*>(group)) long_names(*group, into);
+  for (const CLI::App* group : app.get_subcommands([](const CLI::App* sub) {
+         return dynamic_cast<const CLI::Option_group*>(sub) != nullptr;
+       }))
+    long_names(*group, into);
 }
+
+// The subcommands of `app` a user can name (option groups are CLI11 subcommands too).
+std::vector<const CLI::App*> subcommands_of(const CLI::App& app) {
+  return app.get_subcommands(
+      [](const CLI::App* sub) { return dynamic_cast<const CLI::Option_group*>(sub) == nullptr; });
+}
+
+// CLI11's TOML/INI reader, strict: a key may be spelt with underscores or dashes (d_model is
+// --d-model), and a key or [section] that names no flag or subcommand is an error naming the
+// nearest flag, where CLI11 would ignore it and train the default model.
+class StrictConfig : public CLI::ConfigTOML {
+ public:
+  explicit StrictConfig(const CLI::App& app) : app_(app) {}
+
+  std::vector<CLI::ConfigItem> from_config(std::istream& input) const override {
+    std::vector<CLI::ConfigItem> items = CLI::ConfigTOML::from_config(input);
+    for (CLI::ConfigItem& item : items) {
+      if (item.name == "++" || item.name == "--") continue;  // CLI11's section markers
+      std::replace(item.name.begin(), item.name.end(), '_', '-');
+      const CLI::App* scope = &app_;
+      for (const std::string& section : item.parents) {
+        const CLI::App* sub = nullptr;
+        for (const CLI::App* candidate : subcommands_of(*scope))
+          if (candidate->get_name() == section) sub = candidate;
+        if (!sub) throw CLI::ConfigError(str("--config: unknown section [", section, "]"));
+        scope = sub;
+      }
+      if (has_flag(*scope, item.name)) continue;
+      if (item.parents.empty()) {
+        // A flat key of the subcommand given on the command line (`moe-infer score --config f`
+        // or `moe-infer --config f score`: the file is read after the whole command line).
+        const CLI::App* chosen = nullptr;
+        for (const CLI::App* sub : app_.get_subcommands())
+          if (has_flag(*sub, item.name)) chosen = sub;
+        if (chosen) {
+          item.parents = {chosen->get_name()};
+          continue;
+        }
+        for (const CLI::App* sub : subcommands_of(app_))
+          if (has_flag(*sub, item.name))
+            throw CLI::ConfigError(str("--config: '", item.name, "' is a flag of the ",
+                                       sub->get_name(), " subcommand, which this command does ",
+                                       "not run"));
+      }
+      std::vector<std::string> names;
+      long_names(*scope, names);
+      const std::string nearest = nearest_name(item.name, names);
+      throw CLI::ConfigError(
+          str("--config: unknown key '", item.name, "'",
+              nearest.empty() ? std::string() : str(" (did you mean '", nearest, "'?)")));
+    }
+    return items;
+  }
+
+ private:
+  const CLI::App& app_;
+};
 
 // CLI11 reports a mistyped flag or subcommand as what it missed because of it ("--out is
 // required", "A subcommand is required"); name the word that was not understood instead, with
@@ -130,8 +127,7 @@ void long_names(const CLI::App& app, std::vector<std::string>& into) {
 std::string unknown_words(const CLI::App& app) {
   const std::vector<std::string> left = app.remaining(true);
   std::vector<std::string> subcommands;
-  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; }))
-    if (!dynamic_cast<const CLI::Option_group*>(sub)) subcommands.push_back(sub->get_name());
+  for (const CLI::App* sub : subcommands_of(app)) subcommands.push_back(sub->get_name());
   if (!subcommands.empty() && app.get_subcommands().empty() && !left.empty() &&
       left[0].rfind('-', 0) != 0) {
     const std::string nearest = nearest_name(left[0], subcommands);
@@ -149,14 +145,11 @@ std::string unknown_words(const CLI::App& app) {
     const std::string name =
         arg.substr(2, arg.find('=') == std::string::npos ? std::string::npos : arg.find('=') - 2);
     if (std::find(flags.begin(), flags.end(), name) != flags.end()) continue;
-    for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
-      std::vector<std::string> theirs;
-      if (!dynamic_cast<const CLI::Option_group*>(sub)) long_names(*sub, theirs);
-      if (std::find(theirs.begin(), theirs.end(), name) != theirs.end() &&
-          !app.get_subcommands().empty())
-        return str("--", name, " is a flag of ", sub->get_name(), ", not of ",
-                   app.get_subcommands().front()->get_name());
-    }
+    if (!app.get_subcommands().empty())  // the subcommand run does not have it; another may
+      for (const CLI::App* sub : subcommands_of(app))
+        if (has_flag(*sub, name))
+          return str("--", name, " is a flag of ", sub->get_name(), ", not of ",
+                     app.get_subcommands().front()->get_name());
     const std::string nearest = nearest_name(name, flags);
     return str("unknown flag --", name,
                nearest.empty() ? std::string() : str(" (did you mean --", nearest, "?)"));

@@ -10,27 +10,6 @@
 
 namespace moe::io {
 
-namespace {
-
-// Rows routed to each expert of each MoE layer over the whole trace ([L][E_l]): the loads the
-// placements balance (the same counts moe-profile summary reports).
-std::vector<std::vector<int64_t>> summed_loads(const TraceReader& trace) {
-  const TraceInfo& info = trace.info();
-  const int64_t L = trace.layers(), B = trace.batches(), Emax = trace.max_experts();
-  const std::vector<int64_t> loads = trace.loads();
-  std::vector<std::vector<int64_t>> out(static_cast<size_t>(L));
-  for (int64_t l = 0; l < L; ++l) {
-    std::vector<int64_t>& counts = out[static_cast<size_t>(l)];
-    counts.assign(static_cast<size_t>(info.experts.at(static_cast<size_t>(l))), 0);
-    for (int64_t b = 0; b < B; ++b)
-      for (size_t e = 0; e < counts.size(); ++e)
-        counts[e] += loads[static_cast<size_t>((b * L + l) * Emax) + e];
-  }
-  return out;
-}
-
-}  // namespace
-
 std::vector<LayerPlacement> plan_placement(const ModelConfig& model, const TraceReader& trace,
                                            int ranks) {
   const TraceInfo& info = trace.info();
@@ -54,7 +33,9 @@ std::vector<LayerPlacement> plan_placement(const ModelConfig& model, const Trace
                     list(info.moe_blocks), " with experts ", list(info.experts), ", top-",
                     info.top_k, "; the checkpoint's MoE blocks ", list(blocks), " with experts ",
                     list(experts), ", top-", top_k));
-  const std::vector<std::vector<int64_t>> summary = summed_loads(trace);
+  // Rows routed to each expert over the whole trace: the loads the placements balance (the same
+  // counts moe-profile summary reports).
+  const std::vector<std::vector<int64_t>> summary = trace.summed_loads();
   std::vector<LayerPlacement> out;
   for (size_t l = 0; l < summary.size(); ++l) {
     LayerPlacement p;

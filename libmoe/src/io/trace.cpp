@@ -343,6 +343,20 @@ std::vector<int64_t> TraceReader::loads() const {
                           {static_cast<hsize_t>(r.L), static_cast<hsize_t>(r.Emax)});
 }
 
+std::vector<std::vector<int64_t>> TraceReader::summed_loads() const {
+  const Impl& r = impl();
+  const std::vector<int64_t> all = loads();
+  std::vector<std::vector<int64_t>> out(static_cast<size_t>(r.L));
+  for (int64_t l = 0; l < r.L; ++l) {
+    std::vector<int64_t>& counts = out[static_cast<size_t>(l)];
+    counts.assign(static_cast<size_t>(info().experts.at(static_cast<size_t>(l))), 0);
+    for (int64_t b = 0; b < r.B; ++b)
+      for (size_t e = 0; e < counts.size(); ++e)
+        counts[e] += all[static_cast<size_t>((b * r.L + l) * r.Emax) + e];
+  }
+  return out;
+}
+
 std::vector<int64_t> TraceReader::dropped() const {
   const Impl& r = impl();
   h5::Session session;

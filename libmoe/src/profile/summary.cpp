@@ -16,8 +16,9 @@ using detail::ranked;
 
 std::vector<LayerSummary> summarize(const io::TraceReader& trace) {
   const io::TraceInfo& info = trace.info();
-  const int64_t L = trace.layers(), B = trace.batches(), Emax = trace.max_experts();
-  const std::vector<int64_t> loads = trace.loads(), dropped = trace.dropped();
+  const int64_t L = trace.layers(), B = trace.batches();
+  const std::vector<std::vector<int64_t>> counts = trace.summed_loads();
+  const std::vector<int64_t> dropped = trace.dropped();
   int64_t tokens = 0;
   for (int64_t t : trace.batch_tokens()) tokens += t;
   std::vector<LayerSummary> out(static_cast<size_t>(L));
@@ -28,12 +29,8 @@ std::vector<LayerSummary> summarize(const io::TraceReader& trace) {
     s.experts = info.experts.at(static_cast<size_t>(l));
     s.tokens = tokens;
     s.assignments = tokens * info.top_k;
-    s.counts.assign(static_cast<size_t>(s.experts), 0);
-    for (int64_t b = 0; b < B; ++b) {
-      for (int64_t e = 0; e < s.experts; ++e)
-        s.counts[static_cast<size_t>(e)] += loads[static_cast<size_t>((b * L + l) * Emax + e)];
-      s.dropped += dropped[static_cast<size_t>(b * L + l)];
-    }
+    s.counts = counts[static_cast<size_t>(l)];
+    for (int64_t b = 0; b < B; ++b) s.dropped += dropped[static_cast<size_t>(b * L + l)];
     const double E = static_cast<double>(s.experts);
     double sum = 0, mx = 0, mn = std::numeric_limits<double>::infinity();
     for (int64_t c : s.counts) {

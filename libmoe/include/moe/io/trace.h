@@ -109,7 +109,9 @@ class TraceReader {
   std::vector<int64_t> batch_tokens() const;   // [B]
   std::vector<int64_t> batch_offsets() const;  // [B + 1]: first token of each batch, then N
   std::vector<int64_t> loads() const;          // [B, L, Emax]
-  std::vector<int64_t> dropped() const;        // [B, L]
+  // Each layer's expert loads summed over all batches: [L][experts of layer l].
+  std::vector<std::vector<int64_t>> summed_loads() const;
+  std::vector<int64_t> dropped() const;  // [B, L]
   // Batch b whole (its tokens, loads and dropped counts), as it was appended.
   TraceBatch read_batch(int64_t b) const;
 
