@@ -41,12 +41,19 @@ struct Param {
   bool expert = false;  // leading dimension indexes experts of one layer
   bool decay = true;    // AdamW weight decay applies (not for norms, biases)
   ParamShard shard;     // defined when this rank holds a slice of the logical tensor
+  Shape shape;          // the local shape (value's, when it has storage)
+  Init init;            // how it was initialised (an ExpertStore initialises offloaded ones)
+  // Expert state held by an nn::ExpertStore (offloaded training, moe/nn/expert_store.h): value,
+  // grad and compute stay undefined; the store holds each expert's rows and initialises them
+  // with ParamSet::initial_rows. Code that walks a ParamSet skips offloaded parameters.
+  bool offloaded = false;
 
   const Tensor& w() const { return compute; }
   // Elements of the logical tensor (the whole of a sharded one).
   int64_t logical_numel() const {
-    return shard.defined() ? shape_numel(shard.global) : value.numel();
+    return shard.defined() ? shape_numel(shard.global) : shape_numel(shape);
   }
+  int64_t numel() const { return shape_numel(shape); }
   // Call after `value` changed (optimizer step, checkpoint load).
   void refresh_compute();
 };
@@ -60,6 +67,14 @@ class ParamSet {
   // A slice of a logical tensor (see ParamShard); throws when the slice does not fit `global`.
   Param& add_shard(const std::string& name, const ParamShard& shard, Init init, bool decay = true,
                    bool expert = false);
+  // An expert parameter whose state an nn::ExpertStore holds (Param::offloaded): no memory is
+  // allocated here. `shard` as for add_shard (an undefined one: the whole `shape`).
+  Param& add_offloaded(const std::string& name, Shape shape, const ParamShard& shard, Init init,
+                       bool decay);
+  // The initial fp32 values of rows [row, row + rows) of p's leading dimension (one expert's
+  // slice when row counts experts): bitwise the values add/add_shard give those rows. `out` is
+  // f32 with rows * (numel / shape[0]) elements.
+  void initial_rows(const Param& p, int64_t row, int64_t rows, float* out) const;
   Param* find(const std::string& name);
   const Param* find(const std::string& name) const;
   Param& at(const std::string& name);  // throws naming the parameter
@@ -76,6 +91,7 @@ class ParamSet {
   std::vector<const Param*> all() const;
 
  private:
+  void fill_initial(const Param& p, int64_t begin, int64_t end, float* out) const;
   uint64_t seed_;
   DType dtype_;
   std::vector<std::unique_ptr<Param>> params_;

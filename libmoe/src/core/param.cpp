@@ -50,33 +50,74 @@ Param& ParamSet::add_shard(const std::string& name, const ParamShard& shard, Ini
   p->decay = decay;
   p->expert = expert;
   p->shard = shard;
+  p->shape = shape;
+  p->init = init;
   Tensor master = Tensor::empty(shape, DType::f32);
-  float* m = master.data<float>();
-  int64_t n = master.numel();
-  if (init.kind == InitKind::normal) {
-    // Keyed by the parameter's name and the element's index in the logical tensor: adding a
-    // parameter never changes another one's values, and a slice holds the full tensor's values.
-    uint64_t key = rng_key(seed_, {hash_name(name)});
-    int64_t inner = 1;  // elements per index of the sliced dimension
-    for (size_t d = scalar ? 0 : static_cast<size_t>(shard.dim) + 1; d < global.size(); ++d)
-      inner *= global[d];
-    const int64_t local_span = scalar ? n : shard.count * inner;
-    const int64_t global_span = scalar ? n : global[static_cast<size_t>(shard.dim)] * inner;
-    const int64_t offset = scalar ? 0 : shard.start * inner;
-#pragma omp parallel for schedule(static) if (n >= cpu::kParallelWork)
-    for (int64_t i = 0; i < n; ++i) {
-      int64_t outer = local_span ? i / local_span : 0, within = local_span ? i % local_span : 0;
-      int64_t g = outer * global_span + offset + within;
-      m[i] = init.std * rng_normal(key, static_cast<uint64_t>(g));
-    }
-  } else {
-    float v = init.kind == InitKind::ones ? 1.0f : 0.0f;
-    for (int64_t i = 0; i < n; ++i) m[i] = v;
-  }
+  fill_initial(*p, 0, master.numel(), master.data<float>());
   p->value = dtype_ == DType::f32 ? master : master.to(dtype_);
   p->value.set_name(name);
   p->grad = Tensor::zeros(shape, DType::f32).set_name(name + ".grad");
   p->refresh_compute();
+  Param& ref = *p;
+  by_name_[name] = p.get();
+  params_.push_back(std::move(p));
+  return ref;
+}
+
+// Elements [begin, end) of p's local tensor as add_shard initialises them. Normal values are keyed
+// by the parameter's name and the element's index in the logical tensor: adding a parameter never
+// changes another one's values, and a slice holds the full tensor's values.
+void ParamSet::fill_initial(const Param& p, int64_t begin, int64_t end, float* out) const {
+  const Init& init = p.init;
+  const int64_t n = end - begin;
+  if (init.kind != InitKind::normal) {
+    const float v = init.kind == InitKind::ones ? 1.0f : 0.0f;
+    for (int64_t i = 0; i < n; ++i) out[i] = v;
+    return;
+  }
+  const ParamShard& shard = p.shard;
+  const Shape& global = shard.defined() ? shard.global : p.shape;
+  const bool scalar = global.empty();
+  const int dim = shard.defined() ? shard.dim : 0;
+  const int64_t count = shard.defined() ? shard.count : (scalar ? 0 : global[0]);
+  const int64_t start = shard.defined() ? shard.start : 0;
+  const uint64_t key = rng_key(seed_, {hash_name(p.name)});
+  int64_t inner = 1;  // elements per index of the sliced dimension
+  for (size_t d = scalar ? 0 : static_cast<size_t>(dim) + 1; d < global.size(); ++d)
+    inner *= global[d];
+  const int64_t local_span = scalar ? shape_numel(p.shape) : count * inner;
+  const int64_t global_span = scalar ? local_span : global[static_cast<size_t>(dim)] * inner;
+  const int64_t offset = scalar ? 0 : start * inner;
+  const float stdev = init.std;
+#pragma omp parallel for schedule(static) if (n >= cpu::kParallelWork)
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t i = begin + j;
+    int64_t outer = local_span ? i / local_span : 0, within = local_span ? i % local_span : 0;
+    int64_t g = outer * global_span + offset + within;
+    out[j] = stdev * rng_normal(key, static_cast<uint64_t>(g));
+  }
+}
+
+void ParamSet::initial_rows(const Param& p, int64_t row, int64_t rows, float* out) const {
+  MOE_CHECK(!p.shape.empty() && row >= 0 && rows >= 0 && row + rows <= p.shape[0], "parameter '",
+            p.name, "': rows [", row, ", ", row + rows, ") are not within ", shape_str(p.shape));
+  const int64_t per_row = shape_numel(p.shape) / p.shape[0];
+  fill_initial(p, row * per_row, (row + rows) * per_row, out);
+}
+
+Param& ParamSet::add_offloaded(const std::string& name, Shape shape, const ParamShard& shard,
+                               Init init, bool decay) {
+  MOE_CHECK(!by_name_.count(name), "parameter '", name, "' defined twice");
+  MOE_CHECK(!shape.empty() && (!shard.defined() || shard.local_shape() == shape), "parameter '",
+            name, "': offloaded shape ", shape_str(shape), " is not its slice");
+  auto p = std::make_unique<Param>();
+  p->name = name;
+  p->decay = decay;
+  p->expert = true;
+  p->shard = shard;
+  p->shape = std::move(shape);
+  p->init = init;
+  p->offloaded = true;
   Param& ref = *p;
   by_name_[name] = p.get();
   params_.push_back(std::move(p));
@@ -99,12 +140,13 @@ Param& ParamSet::at(const std::string& name) {
 
 int64_t ParamSet::numel() const {
   int64_t n = 0;
-  for (const auto& p : params_) n += p->value.numel();
+  for (const auto& p : params_) n += p->numel();
   return n;
 }
 
 void ParamSet::to(Device device) {
   for (auto& p : params_) {
+    if (p->offloaded) continue;  // its store moves it
     p->value = p->value.to(device);
     if (p->grad.defined()) p->grad = p->grad.to(device);
     p->compute = Tensor();
@@ -112,7 +154,11 @@ void ParamSet::to(Device device) {
   }
 }
 
-Device ParamSet::device() const { return params_.empty() ? Device{} : params_[0]->value.device(); }
+Device ParamSet::device() const {
+  for (const auto& p : params_)
+    if (!p->offloaded) return p->value.device();
+  return Device{};
+}
 
 void ParamSet::zero_grad() {
   for (auto& p : params_)

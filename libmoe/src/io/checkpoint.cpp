@@ -288,9 +288,11 @@ void check_params_match(const ParamSet& params, const std::vector<NamedTensor>& 
   for (const NamedTensor& nt : tensors) {
     const Param* p = params.find(nt.name);
     MOE_CHECK(p, source, ": checkpoint tensor '", nt.name, "' is not a parameter of this model");
-    MOE_CHECK(nt.tensor.shape() == p->value.shape() && nt.tensor.dtype() == p->value.dtype(),
-              source, ": checkpoint tensor ", nt.tensor.describe(), " does not match parameter ",
-              p->value.describe());
+    // An offloaded parameter (its store holds the values) has the ParamSet's dtype.
+    const DType dtype = p->offloaded ? params.dtype() : p->value.dtype();
+    MOE_CHECK(nt.tensor.shape() == p->shape && nt.tensor.dtype() == dtype, source,
+              ": checkpoint tensor ", nt.tensor.describe(), " does not match parameter ", p->name,
+              shape_str(p->shape), " ", dtype_name(dtype));
     seen.insert(nt.name);
   }
   for (const Param* p : params.all())

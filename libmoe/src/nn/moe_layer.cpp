@@ -34,7 +34,8 @@ MoELayer::MoELayer(ParamSet& ps, const std::string& prefix, const MoEConfig& con
     : config_(checked(prefix, config, parallel)),
       parallel_(parallel),
       router_(ps, prefix + ".router", config_.router),
-      experts_(ps, prefix + ".experts", config_.experts) {}
+      experts_(ps, prefix + ".experts", config_.experts,
+               parallel ? parallel->expert_store : nullptr) {}
 
 // Sums the expert loads (and the token count) over the data-parallel ranks and recomputes the aux
 // loss from them: f_e then describes the global batch (see the class comment).

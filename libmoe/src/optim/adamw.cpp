@@ -11,6 +11,7 @@ namespace moe::optim {
 
 AdamW::AdamW(ParamSet& params, const AdamWConfig& config) : params_(params), config_(config) {
   for (Param* p : params.all()) {
+    if (p->offloaded) continue;  // its nn::ExpertStore updates it, expert by expert
     Slot s;
     s.param = p;
     s.master = p->value.dtype() == DType::f32 ? p->value : p->value.to(DType::f32);
@@ -69,18 +70,38 @@ void AdamW::load_state(const std::vector<OptimizerTensor>& tensors, int64_t step
   t_ = steps_taken;
 }
 
-double clip_grad_norm(ParamSet& params, double max_norm) {
+double grad_square_sum(const Param& p) {
+  MOE_CHECK(!p.offloaded, "'", p.name, "' is offloaded: its store sums its gradient");
+  if (!p.expert || p.grad.ndim() == 0) return ops::sum_squares(p.grad);
   double sum = 0;
-  for (const Param* p : std::as_const(params).all()) sum += ops::sum_squares(p->grad);
+  for (int64_t e = 0; e < p.grad.dim(0); ++e) sum += ops::sum_squares(p.grad.rows(e, e + 1));
+  return sum;
+}
+
+double clip_grad_norm(ParamSet& params, double max_norm, const OffloadedSquareSum& offloaded) {
+  double sum = 0;
+  for (const Param* p : std::as_const(params).all()) {
+    if (p->offloaded) {
+      MOE_CHECK(offloaded, "'", p->name, "' is offloaded but no store sums its gradient");
+      sum += offloaded(*p);
+    } else {
+      sum += grad_square_sum(*p);
+    }
+  }
   double norm = std::sqrt(sum);
   clip_gradients(params, max_norm, norm);
   return norm;
 }
 
+float clip_scale(double max_norm, double norm) {
+  return max_norm > 0 && norm > max_norm ? static_cast<float>(max_norm / (norm + 1e-6)) : 1.0f;
+}
+
 void clip_gradients(ParamSet& params, double max_norm, double norm) {
   if (max_norm > 0 && norm > max_norm) {
-    float scale = static_cast<float>(max_norm / (norm + 1e-6));
-    for (Param* p : params.all()) ops::scale(p->grad, scale);
+    const float scale = clip_scale(max_norm, norm);
+    for (Param* p : params.all())
+      if (!p->offloaded) ops::scale(p->grad, scale);
   }
 }
 

@@ -17,6 +17,7 @@ GradSync::GradSync(Layout& layout, const ParamSet& params) : layout_(layout) {
 }
 
 GradSync::Reduce GradSync::reduce_of(const Param& p) const {
+  if (p.offloaded) return Reduce::none;  // its store averages it (no replicas: Trainer checks)
   if (p.expert && layout_.config().ep > 1)
     return layout_.replicas()->size() > 1 ? Reduce::replicas : Reduce::none;
   if (p.shard.defined()) return Reduce::none;  // the sharded token table: summed by its backward
@@ -85,7 +86,7 @@ void GradSync::finish(ParamSet& params) {
     fill_[g] = sent_[g] = 0;
   }
   for (Param* p : params.all())
-    if (reduce_of(*p) == Reduce::none) ops::scale(p->grad, inverse);
+    if (reduce_of(*p) == Reduce::none && !p->offloaded) ops::scale(p->grad, inverse);
 }
 
 // The same sum on every rank of a group: each rank's value gathered (as its bits), added in rank
@@ -104,10 +105,13 @@ static double sum_over(comm::Communicator& group, double value) {
   return sum;
 }
 
-double GradSync::global_norm(const ParamSet& params) const {
+double GradSync::global_norm(const ParamSet& params,
+                             const optim::OffloadedSquareSum& offloaded) const {
   double replicated = 0, experts = 0, table = 0;
   for (const Param* p : params.all()) {
-    const double sq = ops::sum_squares(p->grad);
+    MOE_CHECK(!p->offloaded || offloaded, "'", p->name,
+              "' is offloaded but no store sums its gradient");
+    const double sq = p->offloaded ? offloaded(*p) : optim::grad_square_sum(*p);
     if (p->expert && layout_.config().ep > 1)
       experts += sq;
     else if (p->shard.defined())

@@ -15,6 +15,7 @@
 #include "moe/io/finite.h"
 #include "moe/log.h"
 #include "moe/models/memory.h"
+#include "moe/offload/budget.h"
 #include "moe/ops/core.h"
 #include "moe/timer.h"
 
@@ -39,7 +40,18 @@ nlohmann::json to_json(const TrainConfig& c) {
                         {"a2a", c.a2a},
                         {"ranks_per_node", c.ranks_per_node},
                         {"comm_scheduler", c.comm_scheduler},
-                        {"partition_mb", c.partition_mb}};
+                        {"partition_mb", c.partition_mb},
+                        {"offload", c.offload},
+                        {"device_budget", c.device_budget},
+                        {"host_budget", c.host_budget},
+                        {"ssd_dir", c.ssd_dir},
+                        {"pin_fraction", c.pin_fraction},
+                        {"prefetch_depth", c.prefetch_depth},
+                        {"optimizer_overlap", c.optimizer_overlap},
+                        {"expert_cache", c.expert_cache},
+                        {"lfu_threshold", c.lfu_threshold},
+                        {"lfu_beta", c.lfu_beta},
+                        {"lfu_period", c.lfu_period}};
 }
 
 TrainConfig train_config_from_json(const nlohmann::json& j, TrainConfig c) {
@@ -66,6 +78,17 @@ TrainConfig train_config_from_json(const nlohmann::json& j, TrainConfig c) {
     take("ranks_per_node", c.ranks_per_node);
     take("comm_scheduler", c.comm_scheduler);
     take("partition_mb", c.partition_mb);
+    take("offload", c.offload);
+    take("device_budget", c.device_budget);
+    take("host_budget", c.host_budget);
+    take("ssd_dir", c.ssd_dir);
+    take("pin_fraction", c.pin_fraction);
+    take("prefetch_depth", c.prefetch_depth);
+    take("optimizer_overlap", c.optimizer_overlap);
+    take("expert_cache", c.expert_cache);
+    take("lfu_threshold", c.lfu_threshold);
+    take("lfu_beta", c.lfu_beta);
+    take("lfu_period", c.lfu_period);
   } catch (const nlohmann::json::exception& e) {
     throw Error(str("training config: ", e.what()));
   }
@@ -92,8 +115,10 @@ static void check_vocab(const std::vector<int32_t>& tokens, int64_t vocab,
 static void check_training_memory(const ModelConfig& config, const TrainConfig& train,
                                   int world_size) {
   const double ranks = double(world_size), ep = double(std::max<int64_t>(train.ep, 1));
+  // Offloaded experts are the store's to budget (TieredStore::start checks its tiers).
+  const double experts = train.offload == "none" ? 1 / ep : 0;
   const double params =
-      parameter_lower_bound(config, 1 / ep, train.shard_embedding ? 1 / ranks : 1);
+      parameter_lower_bound(config, experts, train.shard_embedding ? 1 / ranks : 1);
   const double state = params * double(2 * dtype_size(config.dtype) + 8);
   const double logits =
       double(train.batch) / ranks * double(config.seq) * double(config.vocab_size) * 4;
@@ -151,7 +176,18 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
   check_training_memory(config, train, world_size());  // before any parameter is allocated
   setup_parallel(device);
   params_ = std::make_unique<ParamSet>(train.seed, config.dtype);
-  model_ = std::make_unique<Transformer>(config, *params_, world_size() > 1 ? &parallel_ : nullptr);
+  if (train.offload != "none") {
+    MOE_USAGE_CHECK(device.kind == Device::cpu, "--offload with --device ", device.str(),
+                    ": the GPU expert store is not built yet; offloaded training runs on the CPU");
+    MOE_USAGE_CHECK(world_size() == 1 || train.ep == world_size(), "--offload with ", world_size(),
+                    " ranks needs --ep ", world_size(),
+                    ": offloaded experts with data-parallel replicas are not supported yet");
+    store_ = std::make_unique<offload::TieredStore>(*params_, store_config());
+    parallel_.expert_store = store_.get();
+  }
+  model_ = std::make_unique<Transformer>(config, *params_,
+                                         world_size() > 1 || store_ ? &parallel_ : nullptr);
+  if (store_) store_->start();
   optimizer_ = std::make_unique<optim::AdamW>(*params_, adamw_config());
   if (world_size() > 1) grad_sync_ = std::make_unique<parallel::GradSync>(*layout_, *params_);
 }
@@ -218,8 +254,25 @@ void Trainer::load_tensors(const io::Checkpoint& ckpt) {
   io::check_finite(where, ckpt.params);
   io::check_finite(where, ckpt.optim);
   io::check_params_match(*params_, ckpt.params, "resume");
+  std::map<std::string, const Tensor*> optim_by_name;
+  for (const io::NamedTensor& nt : ckpt.optim) optim_by_name[nt.name] = &nt.tensor;
   for (const io::NamedTensor& nt : ckpt.params) {
     Param* p = params_->find(nt.name);
+    if (p->offloaded) {  // into the store, one expert at a time
+      for (int64_t e = 0; e < p->shape[0]; ++e) {
+        store_->write(*p, e, "value", nt.tensor.rows(e, e + 1));
+        for (const char* what : {"adam.m", "adam.v", "master"}) {
+          if (std::string(what) == "master" && params_->dtype() == DType::f32) continue;
+          auto it = optim_by_name.find(str(what, ".", p->name));
+          MOE_CHECK(it != optim_by_name.end(), "optimizer state: missing tensor '", what, ".",
+                    p->name, "'");
+          MOE_CHECK(it->second->shape() == p->shape && it->second->dtype() == DType::f32,
+                    "optimizer state: ", it->second->describe(), " does not match '", p->name, "'");
+          store_->write(*p, e, what, it->second->rows(e, e + 1));
+        }
+      }
+      continue;
+    }
     p->value.copy_from(nt.tensor);
     p->refresh_compute();
   }
@@ -270,7 +323,7 @@ void Trainer::restore(const std::string& path) {
   io::Checkpoint mine;
   mine.state = head.state;
   std::map<std::string, const Param*> param_of_state;  // optimizer tensor name -> its parameter
-  for (const optim::OptimizerTensor& t : optimizer_->state()) param_of_state[t.name] = t.param;
+  for (const optim::OptimizerTensor& t : optimizer_state()) param_of_state[t.name] = t.param;
   for (size_t i = 0; i < sources.size(); ++i) {
     if (std::find(sources.begin(), sources.begin() + static_cast<std::ptrdiff_t>(i), sources[i]) !=
         sources.begin() + static_cast<std::ptrdiff_t>(i))
@@ -323,6 +376,14 @@ StepStats Trainer::step(bool capture_routing) {
       targets = targets.rows(rank() * local, (rank() + 1) * local);
     }
     params_->zero_grad();
+    if (store_) {
+      offload::StepInfo info;
+      info.lr = static_cast<float>(learning_rate());
+      info.adam_step = optimizer_->steps_taken() + 1;
+      info.gradient_scale = world_size() > 1 ? 1.0f / static_cast<float>(world_size()) : 1.0f;
+      info.overlap = train_.clip == 0;  // a clipped step needs every gradient before any update
+      store_->begin_step(info);
+    }
     nn::RouterStep rs;
     rs.seed = train_.seed;
     rs.step = step_;
@@ -349,20 +410,25 @@ StepStats Trainer::step(bool capture_routing) {
   }
   MOE_CHECK(std::isfinite(s.forward.total), "step ", step_, ": loss is ", s.forward.total,
             " (diverged; try a lower --lr or --clip)");
+  optim::OffloadedSquareSum offloaded;
+  if (store_) offloaded = [this](const Param& p) { return store_->grad_square_sum(p); };
   if (world_size() > 1) {
-    s.grad_norm = grad_sync_->global_norm(*params_);
+    s.grad_norm = grad_sync_->global_norm(*params_, offloaded);
     optim::clip_gradients(*params_, train_.clip, s.grad_norm);
   } else {
-    s.grad_norm = optim::clip_grad_norm(*params_, train_.clip);
+    s.grad_norm = optim::clip_grad_norm(*params_, train_.clip, offloaded);
   }
-  s.lr = optim::lr_at(step_, train_.steps, train_.warmup, static_cast<float>(train_.lr),
-                      static_cast<float>(train_.lr * train_.min_lr_ratio));
+  s.lr = learning_rate();
   optimizer_->step(static_cast<float>(s.lr));
+  // The experts' updates (those not already run during backward), with the same clip factor;
+  // a non-finite expert value stops the run here too.
+  if (store_) store_->finish_step(optim::clip_scale(train_.clip, s.grad_norm));
   ++step_;
   // An update that made a parameter non-finite (an infinite --lr, say) stops the run here, before
   // it is saved or trained on. Device parameters are checked when saved (no copy every step).
   for (const Param* p : std::as_const(*params_).all())
-    if (p->value.device().kind == Device::cpu && io::first_non_finite(p->value) >= 0)
+    if (!p->offloaded && p->value.device().kind == Device::cpu &&
+        io::first_non_finite(p->value) >= 0)
       io::check_finite(str("step ", step_,
                            ", after the update (the run diverged; nothing saved: "
                            "try a lower --lr or --clip)"),
@@ -422,6 +488,30 @@ void Trainer::reduce_stats(StepStats& s) {
   }
 }
 
+offload::StoreConfig Trainer::store_config() const {
+  offload::StoreConfig c;
+  MOE_USAGE_CHECK(train_.offload == "host" || train_.offload == "ssd",
+                  "--offload must be none, host or ssd (got '", train_.offload, "')");
+  c.tier = train_.offload;
+  if (!train_.device_budget.empty())
+    c.device_budget = offload::parse_bytes("--device-budget", train_.device_budget, 0);
+  if (!train_.host_budget.empty())
+    c.host_budget = offload::parse_bytes("--host-budget", train_.host_budget, 0);
+  c.ssd_dir = train_.ssd_dir;
+  c.pin_fraction = train_.pin_fraction;
+  MOE_USAGE_CHECK(train_.prefetch_depth >= 0 && train_.prefetch_depth <= 64,
+                  "--prefetch-depth must be in [0, 64] (got ", train_.prefetch_depth, ")");
+  c.prefetch_depth = static_cast<int>(train_.prefetch_depth);
+  c.overlap_optimizer = train_.optimizer_overlap;
+  c.adamw = adamw_config();
+  return c;
+}
+
+double Trainer::learning_rate() const {
+  return optim::lr_at(step_, train_.steps, train_.warmup, static_cast<float>(train_.lr),
+                      static_cast<float>(train_.lr * train_.min_lr_ratio));
+}
+
 optim::AdamWConfig Trainer::adamw_config() const {
   optim::AdamWConfig oc;
   oc.weight_decay = static_cast<float>(train_.weight_decay);
@@ -430,6 +520,8 @@ optim::AdamWConfig Trainer::adamw_config() const {
 
 void Trainer::to_device(Device device) {
   if (device == params_->device()) return;
+  MOE_USAGE_CHECK(!store_, "--offload with --device ", device.str(),
+                  ": the GPU expert store is not built yet");
   MOE_CHECK(backend_available(device.kind), "--device ", device.str(), ": ",
             cuda::unavailable_reason());
   MOE_CHECK(device.kind == Device::cpu || world_size() == 1 || world_->name() == "nccl",
@@ -489,7 +581,7 @@ bool Trainer::owns(const Param& p) const {
 io::Checkpoint Trainer::snapshot_owned() const {
   io::Checkpoint c = snapshot();
   std::erase_if(c.params, [&](const io::NamedTensor& t) { return !owns(*params_->find(t.name)); });
-  std::vector<optim::OptimizerTensor> state = optimizer_->state();
+  std::vector<optim::OptimizerTensor> state = optimizer_state();
   c.optim.clear();
   for (const optim::OptimizerTensor& t : state)
     if (owns(*t.param)) c.optim.push_back({t.name, t.tensor, t.expert, t.param->shard});
@@ -499,6 +591,32 @@ io::Checkpoint Trainer::snapshot_owned() const {
   return c;
 }
 
+// An offloaded parameter's tensor gathered from its store, expert by expert.
+Tensor Trainer::gather_offloaded(const Param& p, const std::string& what) const {
+  Tensor whole = Tensor::empty(p.shape, what == "value" ? params_->dtype() : DType::f32);
+  for (int64_t e = 0; e < p.shape[0]; ++e) whole.rows(e, e + 1).copy_from(store_->read(p, e, what));
+  return whole;
+}
+
+// The optimizer's tensors of every parameter in parameter order, the offloaded ones gathered
+// from the store under the names optim::AdamW gives them.
+std::vector<optim::OptimizerTensor> Trainer::optimizer_state() const {
+  std::vector<optim::OptimizerTensor> resident = optimizer_->state(), out;
+  if (!store_) return resident;
+  size_t next = 0;
+  for (const Param* p : std::as_const(*params_).all()) {
+    if (!p->offloaded) {
+      while (next < resident.size() && resident[next].param == p) out.push_back(resident[next++]);
+      continue;
+    }
+    out.push_back({"adam.m." + p->name, gather_offloaded(*p, "adam.m"), true, p});
+    out.push_back({"adam.v." + p->name, gather_offloaded(*p, "adam.v"), true, p});
+    if (params_->dtype() != DType::f32)
+      out.push_back({"master." + p->name, gather_offloaded(*p, "master"), true, p});
+  }
+  return out;
+}
+
 io::Checkpoint Trainer::snapshot() const {
   io::Checkpoint c;
   c.model_config = to_json(model_->config());
@@ -506,8 +624,9 @@ io::Checkpoint Trainer::snapshot() const {
   c.train_config.update(train_config_notes_);
   c.provenance = provenance_;
   for (const Param* p : std::as_const(*params_).all())
-    c.params.push_back({p->name, p->value, p->expert, p->shard});
-  for (const optim::OptimizerTensor& t : optimizer_->state())
+    c.params.push_back(
+        {p->name, p->offloaded ? gather_offloaded(*p, "value") : p->value, p->expert, p->shard});
+  for (const optim::OptimizerTensor& t : optimizer_state())
     c.optim.push_back({t.name, t.tensor, t.expert});
   c.state.step = step_;
   c.state.tokens_seen = tokens_seen_;

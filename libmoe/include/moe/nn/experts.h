@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "moe/nn/common.h"
+#include "moe/nn/expert_store.h"
 #include "moe/param.h"
 
 namespace moe::nn {
@@ -26,9 +27,16 @@ struct ExpertsConfig {
 
 // Params (ParamSet::add(..., expert=true)): prefix.w1 [E,F,D], prefix.w2 [E,D,F],
 // prefix.w3 [E,F,D] (swiglu only), prefix.b1 [E,F], prefix.b2 [E,D] (bias only).
+//
+// With an ExpertStore (offloaded training) the Params are Param::offloaded and the store holds
+// the experts: forward and backward then run one expert at a time through the store's protocol
+// (moe/nn/expert_store.h), the same grouped ops on each expert's rows as a group of one. The
+// CPU grouped GEMM computes each segment's tiles independently of the other segments, so both
+// paths give bitwise the same outputs and gradients.
 class Experts {
  public:
-  Experts(ParamSet& ps, const std::string& prefix, const ExpertsConfig& config);
+  Experts(ParamSet& ps, const std::string& prefix, const ExpertsConfig& config,
+          ExpertStore* store = nullptr);
 
   // What backward needs; activations of one step (arena-allocated when the caller has a scope).
   struct Saved {
@@ -46,6 +54,7 @@ class Experts {
   Tensor backward(const Tensor& dy_perm, const Saved& saved);
 
   const ExpertsConfig& config() const { return config_; }
+  ExpertStore* store() const { return store_; }  // null: resident Params
   Param& w1() const { return *w1_; }
   Param& w2() const { return *w2_; }
   Param* w3() const { return w3_; }  // null unless swiglu
@@ -53,7 +62,12 @@ class Experts {
   Param* b2() const { return b2_; }
 
  private:
+  Tensor forward_stored(const Tensor& x_perm, const std::vector<int32_t>& expert_offsets,
+                        Saved* saved) const;
+  Tensor backward_stored(const Tensor& dy_perm, const Saved& saved);
   ExpertsConfig config_;
+  ExpertStore* store_ = nullptr;
+  int store_layer_ = -1;
   Param* w1_ = nullptr;
   Param* w2_ = nullptr;
   Param* w3_ = nullptr;

@@ -12,6 +12,7 @@
 #include "moe/comm/all_to_all.h"
 #include "moe/comm/communicator.h"
 #include "moe/comm/scheduler.h"
+#include "moe/nn/expert_store.h"
 #include "moe/nn/placement.h"
 #include "moe/parallel/layout.h"
 
@@ -36,6 +37,9 @@ struct Parallel {
   // experts of every layer, and the policy decides per layer and batch which ranks compute which
   // expert's rows. Null: the static layout above (E/P experts per rank). Backward refuses it.
   PlacementPolicy* placement = nullptr;
+  // Where the experts' state lives (offloaded training, moe/nn/expert_store.h): every MoE layer
+  // registers its experts with this store instead of allocating them. Null: resident Params.
+  ExpertStore* expert_store = nullptr;
 
   // The layers' view of `layout` (no placement policy); it must outlive the view.
   static Parallel of(parallel::Layout& layout) {

@@ -1,5 +1,6 @@
 // AdamW with fp32 master weights and moments, whatever dtype the parameters are stored in.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -43,9 +44,20 @@ class AdamW {
   int64_t t_ = 0;
 };
 
+// One parameter's share of the squared global gradient norm: an expert parameter's experts are
+// summed one at a time, in order (each expert's sum from zero), so that an nn::ExpertStore that
+// finishes experts one by one adds exactly the same doubles; other parameters whole.
+double grad_square_sum(const Param& p);
+// The share of a Param::offloaded parameter, from the store that holds it.
+using OffloadedSquareSum = std::function<double(const Param&)>;
+
 // Scales all gradients so their global L2 norm is at most max_norm (no-op when max_norm <= 0).
 // Returns the norm before clipping. The sum runs in a fixed order: thread-count independent.
-double clip_grad_norm(ParamSet& params, double max_norm);
+// Offloaded parameters count through `offloaded` (required when there are any) and are not
+// scaled here: their store applies clip_scale().
+double clip_grad_norm(ParamSet& params, double max_norm, const OffloadedSquareSum& offloaded = {});
+// The factor clipping multiplies every gradient by (1 when the norm is within max_norm).
+float clip_scale(double max_norm, double norm);
 // The scaling step of clip_grad_norm for a norm computed elsewhere (e.g. summed over ranks that
 // hold different parameters): scales every gradient by max_norm / norm when norm > max_norm > 0.
 void clip_gradients(ParamSet& params, double max_norm, double norm);

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "moe/optim/adamw.h"
 #include "moe/parallel/layout.h"
 #include "moe/param.h"
 #include "moe/tensor.h"
@@ -39,7 +40,9 @@ class GradSync {
   void finish(ParamSet& params);
   // L2 norm of the whole model's gradient: replicated parameters counted once, expert shards
   // summed over the expert-parallel group, the sharded table over the world. Collective.
-  double global_norm(const ParamSet& params) const;
+  // Offloaded expert parameters (Param::offloaded) count through `offloaded`; their store
+  // averages them (finish() leaves them alone) and they have no replicas to reduce over.
+  double global_norm(const ParamSet& params, const optim::OffloadedSquareSum& offloaded = {}) const;
   // The fused buffers follow the gradients to `device`.
   void to(Device device);
 

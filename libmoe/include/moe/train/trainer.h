@@ -12,6 +12,7 @@
 #include "moe/io/checkpoint.h"
 #include "moe/io/dataset.h"
 #include "moe/models/transformer.h"
+#include "moe/offload/tiered_store.h"
 #include "moe/optim/adamw.h"
 #include "moe/parallel/grad_sync.h"
 #include "moe/parallel/layout.h"
@@ -45,6 +46,17 @@ struct TrainConfig {
   int64_t ranks_per_node = 0;
   std::string comm_scheduler = "off";
   double partition_mb = 16.0;
+  // Expert state off the compute device (ES-MoE, MoESys; moe/offload/tiered_store.h): none (every
+  // expert resident) | host | ssd | auto (offload::plan picks). Budgets are byte sizes such as
+  // "512MiB" ("": the default). None of these change the numbers a run computes.
+  std::string offload = "none";
+  std::string device_budget, host_budget, ssd_dir;
+  double pin_fraction = 0.25;
+  int64_t prefetch_depth = 2;
+  bool optimizer_overlap = true;  // expert AdamW during backward when --clip 0
+  std::string expert_cache = "lru";
+  double lfu_threshold = 0, lfu_beta = 0.75;
+  int64_t lfu_period = 16;
 };
 nlohmann::json to_json(const TrainConfig& config);
 // Fields present in j override those of `base`.
@@ -133,6 +145,8 @@ class Trainer {
   const Transformer& model() const { return *model_; }
   ParamSet& params() { return *params_; }
   const optim::AdamW& optimizer() const { return *optimizer_; }
+  // The store holding the experts of an offloaded run (--offload), else null.
+  const offload::TieredStore* expert_store() const { return store_.get(); }
   int64_t train_tokens() const { return static_cast<int64_t>(train_tokens_.size()); }
   int64_t val_tokens() const { return static_cast<int64_t>(val_tokens_.size()); }
 
@@ -141,9 +155,14 @@ class Trainer {
   io::Provenance provenance_;
   std::vector<int32_t> train_tokens_, val_tokens_;
   std::unique_ptr<ParamSet> params_;
+  std::unique_ptr<offload::TieredStore> store_;  // --offload: declared before the model
   std::unique_ptr<Transformer> model_;
   std::unique_ptr<optim::AdamW> optimizer_;
   optim::AdamWConfig adamw_config() const;
+  offload::StoreConfig store_config() const;
+  double learning_rate() const;  // this step's (the schedule at step_)
+  Tensor gather_offloaded(const Param& p, const std::string& what) const;
+  std::vector<optim::OptimizerTensor> optimizer_state() const;  // every parameter's
   std::unique_ptr<io::BatchSampler> sampler_;
   void setup_parallel(Device device);
   void reduce_stats(StepStats& s);

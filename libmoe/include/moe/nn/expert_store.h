@@ -1,0 +1,66 @@
+// Where each expert's weights, gradient and optimizer state live: the seam between the experts'
+// compute (nn::Experts) and the memory that holds them. Resident training keeps every expert in
+// its layer's [E,...] Params (no store: nn::Experts runs its grouped GEMM over them); an
+// offloaded store (offload::TieredStore, ES-MoE / MoESys) keeps them off the compute device and
+// hands nn::Experts one expert at a time.
+//
+// The protocol of one MoE layer's pass, in the order nn::Experts calls it:
+//   forward:  request(layer, used, rows, forward)      used: experts with rows, ascending; rows:
+//                                                      how many rows each of them computes
+//             for e in used: acquire(layer, e) ... release(layer, e)
+//   backward: request(layer, used, rows, backward)
+//             for e in used: acquire(layer, e), gradients(layer, e) ... release(layer, e),
+//                            gradient_done(layer, e)
+// Experts that receive no rows are never acquired (their gradient stays zero; the store still
+// runs their optimizer step). A store serves one pass at a time, from one thread.
+//
+// Shapes: D model width, F expert hidden width. One expert's tensors are views shaped as a group
+// of one ([1,F,D], [1,D,F], [1,F], [1,D]) so the grouped expert ops run on them unchanged.
+#pragma once
+#include <cstdint>
+#include <span>
+
+#include "moe/param.h"
+
+namespace moe::nn {
+
+// One expert's tensors (fp32): w1 [1,F,D], w2 [1,D,F], w3 [1,F,D] (swiglu), b1 [1,F], b2 [1,D]
+// (bias); undefined when the layer has none.
+struct ExpertTensors {
+  Tensor w1, w2, w3, b1, b2;
+};
+
+// The Params of one layer's experts, as nn::Experts creates them (w3, b1, b2 may be null). A
+// store's parameters are Param::offloaded: names, shapes, shards and initialisation only.
+struct ExpertParams {
+  Param* w1 = nullptr;
+  Param* w2 = nullptr;
+  Param* w3 = nullptr;
+  Param* b1 = nullptr;
+  Param* b2 = nullptr;
+  int64_t experts() const { return w1 ? w1->shape.at(0) : 0; }
+};
+
+enum class Pass { forward, backward };
+
+class ExpertStore {
+ public:
+  virtual ~ExpertStore() = default;
+  // Called once per MoE layer by nn::Experts while the model is built, in layer order; returns
+  // the layer's id for the calls below. The store holds the layer's experts from then on.
+  virtual int add_layer(const ExpertParams& params) = 0;
+  // The experts `pass` will acquire, in that order, and the rows each computes: the store may
+  // start bringing them in (and learns which experts are busy).
+  virtual void request(int layer, std::span<const int32_t> experts, std::span<const int32_t> rows,
+                       Pass pass) = 0;
+  // The expert's weights, resident until release (blocks until they are).
+  virtual ExpertTensors acquire(int layer, int expert) = 0;
+  // Backward, between acquire and release: where the expert's gradient accumulates (+=).
+  virtual ExpertTensors gradients(int layer, int expert) = 0;
+  virtual void release(int layer, int expert) = 0;
+  // The expert's gradient of this backward pass is complete (the sink: its optimizer step may
+  // start once no later micro-batch adds to it).
+  virtual void gradient_done(int layer, int expert) = 0;
+};
+
+}  // namespace moe::nn

@@ -1,0 +1,14 @@
+// Byte sizes on the command line: the budgets of the expert stores (--device-budget,
+// --host-budget, moe-infer --expert-budget).
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace moe::offload {
+
+// "123456" (bytes), "512MiB", "1.5GB" (B, KB/MB/GB/TB powers of 1000, KiB/MiB/GiB/TiB powers of
+// 1024, case-insensitive), or "25%" of `total`; rounded down to whole bytes. UsageError naming
+// `flag` otherwise (empty, negative, not a number, unknown unit, too large).
+int64_t parse_bytes(const std::string& flag, const std::string& text, int64_t total);
+
+}  // namespace moe::offload

@@ -1,0 +1,634 @@
+// The tiered training store (see moe/offload/tiered_store.h): records in a RecordTier, fp32
+// weights in device slots filled by a loader thread, expert-wise AdamW on an optimizer thread.
+//
+// Locking: one mutex guards the slot table, the pass plan and the per-expert flags; the copies
+// into slots, the AdamW updates and the tier's I/O run outside it. Each expert is touched by one
+// thread at a time by construction: the loader uploads an expert only before compute acquires it
+// (compute waits for the upload), the optimizer updates it only after compute's gradient_done,
+// and finish_step waits for the optimizer thread before the next step can upload anything.
+#include "moe/offload/tiered_store.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "kernels/adamw.h"
+#include "moe/io/finite.h"
+#include "moe/log.h"
+#include "moe/models/memory.h"
+#include "moe/ops/core.h"
+#include "moe/ops/optim.h"
+#include "moe/timer.h"
+#include "offload/record.h"
+
+namespace moe::offload {
+namespace {
+
+struct ExpertState {
+  int slot = -1;           // device slot holding its fp32 weights, or -1
+  bool uploading = false;  // the slot is being filled
+  int64_t grad_step = -1;  // the step whose gradient the record holds (else: stale, zero it)
+  int64_t updated_step = -1;
+  bool queued = false;  // its AdamW step waits on the optimizer thread
+  bool pinned = false;  // among the busiest of the last step: keeps its slot when it can
+  int64_t tokens = 0, previous_tokens = 0;  // rows this step / last step (forward)
+  std::shared_ptr<std::byte> grad_record;   // pinned from gradients() to gradient_done()
+};
+
+struct Layer {
+  nn::ExpertParams params;
+  int64_t experts = 0;
+  RecordLayout layout;
+  std::vector<ExpertState> state;
+  std::vector<double> square_sums;  // [tensor * experts + expert], this step
+};
+
+struct Slot {
+  std::shared_ptr<std::byte> data;
+  int layer = -1;
+  int64_t expert = -1;
+  int users = 0;
+  uint64_t last_use = 0;
+};
+
+struct Key {
+  int layer;
+  int64_t expert;
+};
+
+}  // namespace
+
+struct TieredStore::Impl {
+  const ParamSet& params;
+  StoreConfig config;
+  std::vector<Layer> layers;
+  std::unique_ptr<RecordTier> tier;
+  std::vector<Slot> slots;
+  bool started = false;
+
+  std::mutex mu;
+  std::condition_variable changed;
+  // The pass in progress: the experts it will acquire, in order; cursor: the next to acquire;
+  // next_load: the next the loader looks at (it stays within prefetch_depth of the cursor).
+  std::vector<Key> plan;
+  size_t cursor = 0, next_load = 0;
+  Key waiting{-1, -1};  // the expert compute waits for in acquire
+  std::deque<Key> optimizer_queue;
+  int optimizer_busy = 0;
+  bool stopping = false;
+  uint64_t clock = 0;
+  StepInfo step_info;
+  int64_t step = 0;     // begin_step count
+  std::string failure;  // a worker's error, thrown by the next call on the compute thread
+  StoreStats stats;
+  std::thread loader, optimizer;
+
+  Impl(const ParamSet& p, const StoreConfig& c) : params(p), config(c) {}
+
+  ExpertState& state(Key k) {
+    return layers[static_cast<size_t>(k.layer)].state[static_cast<size_t>(k.expert)];
+  }
+  void rethrow_locked() {
+    if (!failure.empty()) throw Error(failure);
+  }
+
+  // The plan position at which `k` is wanted next (from `from` on), or SIZE_MAX.
+  size_t wanted_at(Key k, size_t from) const {
+    for (size_t i = from; i < plan.size(); ++i)
+      if (plan[i].layer == k.layer && plan[i].expert == k.expert) return i;
+    return SIZE_MAX;
+  }
+
+  // A slot to fill for an expert needed at plan position `need` (SIZE_MAX: now, unplanned), or
+  // -1 when every slot is busy: first a free or unwanted unpinned slot (least recently used),
+  // then an unwanted pinned one, then the one wanted farthest after `need`.
+  int victim(size_t need) {
+    int best = -1;
+    uint64_t best_use = 0;
+    int rank_best = 3;
+    size_t best_far = 0;
+    for (size_t i = 0; i < slots.size(); ++i) {
+      Slot& s = slots[i];
+      if (s.layer < 0) return static_cast<int>(i);
+      if (s.users > 0 || state({s.layer, s.expert}).uploading) continue;
+      if (s.layer == waiting.layer && s.expert == waiting.expert) continue;
+      const size_t at = wanted_at({s.layer, s.expert}, cursor);
+      int rank = at == SIZE_MAX ? (state({s.layer, s.expert}).pinned ? 1 : 0) : 2;
+      if (rank == 2 && need != SIZE_MAX && at <= need) continue;
+      if (rank < rank_best || (rank == rank_best && rank < 2 && s.last_use < best_use) ||
+          (rank == 2 && rank_best == 2 && at > best_far)) {
+        best = static_cast<int>(i);
+        rank_best = rank;
+        best_use = s.last_use;
+        best_far = at;
+      }
+    }
+    return best;
+  }
+
+  void free_slot(int i) {
+    Slot& s = slots[static_cast<size_t>(i)];
+    if (s.layer >= 0) state({s.layer, s.expert}).slot = -1;
+    s.layer = -1;
+    s.expert = -1;
+    s.users = 0;
+  }
+
+  // Converts the expert's storage values into the slot's fp32 weights (outside the lock).
+  void fill_slot(Key k, const Slot& slot) {
+    const Layer& layer = layers[static_cast<size_t>(k.layer)];
+    const std::shared_ptr<std::byte> record = tier->pin(k.layer, k.expert);
+    for (const TensorLayout& t : layer.layout.tensors) {
+      Tensor into = view(slot.data, t.slot_offset, t.shape, DType::f32);
+      into.copy_from(view(record, t.value.offset, t.shape, t.value.dtype));
+    }
+    tier->unpin(k.layer, k.expert, false);
+  }
+
+  // Claims a slot for k (the lock held; waits while every slot is busy) and uploads into it.
+  void upload(std::unique_lock<std::mutex>& lock, Key k, size_t need) {
+    int i;
+    while ((i = victim(need)) < 0) {
+      if (stopping) return;
+      changed.wait(lock);
+    }
+    free_slot(i);
+    Slot& s = slots[static_cast<size_t>(i)];
+    s.layer = k.layer;
+    s.expert = k.expert;
+    s.last_use = ++clock;
+    ExpertState& st = state(k);
+    st.slot = i;
+    st.uploading = true;
+    ++stats.uploads;
+    lock.unlock();
+    std::string error;
+    try {
+      fill_slot(k, s);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    lock.lock();
+    st.uploading = false;
+    if (!error.empty()) {
+      free_slot(i);
+      if (failure.empty()) failure = error;
+    }
+    changed.notify_all();
+  }
+
+  void loader_loop() {
+    omp_set_num_threads(1);  // compute keeps the cores; copies are memory-bound
+    std::unique_lock<std::mutex> lock(mu);
+    while (true) {
+      changed.wait(lock, [&] {
+        return stopping || (next_load < plan.size() &&
+                            next_load < cursor + static_cast<size_t>(config.prefetch_depth) + 1);
+      });
+      if (stopping) return;
+      const size_t at = next_load++;
+      const Key k = plan[at];
+      const ExpertState& st = state(k);
+      if (st.slot >= 0 || st.uploading || !failure.empty()) continue;
+      upload(lock, k, at);
+    }
+  }
+
+  // The step's AdamW scalars for one tensor, as optim::AdamW::step computes them.
+  kernels::AdamWScalars scalars(const TensorLayout& t) const {
+    const optim::AdamWConfig& c = config.adamw;
+    const float n = static_cast<float>(step_info.adam_step);
+    return {step_info.lr,
+            c.beta1,
+            c.beta2,
+            c.eps,
+            t.param->decay ? c.weight_decay : 0.0f,
+            1.0f - std::pow(c.beta1, n),
+            1.0f - std::pow(c.beta2, n)};
+  }
+
+  // One expert's AdamW step (outside the lock): zero a stale gradient, apply the clip scale,
+  // update master, m and v, round into the storage value. Bitwise optim::AdamW::step on the
+  // expert's slice: the same element-wise kernel and conversions.
+  void update(Key k, float clip_scale, bool stale_gradient) {
+    const Layer& layer = layers[static_cast<size_t>(k.layer)];
+    const std::shared_ptr<std::byte> record = tier->pin(k.layer, k.expert);
+    for (const TensorLayout& t : layer.layout.tensors) {
+      Tensor grad = view(record, t.grad.offset, t.shape, DType::f32);
+      if (stale_gradient) grad.zero();
+      if (clip_scale != 1.0f) ops::scale(grad, clip_scale);
+      Tensor value = view(record, t.value.offset, t.shape, t.value.dtype);
+      Tensor master =
+          t.master.offset >= 0 ? view(record, t.master.offset, t.shape, DType::f32) : value;
+      Tensor m = view(record, t.adam_m.offset, t.shape, DType::f32);
+      Tensor v = view(record, t.adam_v.offset, t.shape, DType::f32);
+      ops::adamw_update(master, m, v, grad, scalars(t));
+      if (t.master.offset >= 0) value.copy_from(master);
+      if (io::first_non_finite(value) >= 0)
+        io::check_finite(str("step ", step_info.adam_step,
+                             ", after the update (the run diverged; nothing saved: "
+                             "try a lower --lr or --clip)"),
+                         str(t.param->name, " (expert ", k.expert, ")"), value);
+    }
+    tier->unpin(k.layer, k.expert, true);
+  }
+
+  // After an update the slot's weights are old: drop them (the lock held).
+  void updated(Key k) {
+    ExpertState& st = state(k);
+    st.updated_step = step;
+    st.grad_step = step;
+    if (st.slot >= 0) free_slot(st.slot);
+  }
+
+  void optimizer_loop() {
+    omp_set_num_threads(1);  // runs beside backward, which keeps the cores
+    std::unique_lock<std::mutex> lock(mu);
+    while (true) {
+      changed.wait(lock, [&] { return stopping || !optimizer_queue.empty(); });
+      if (stopping) return;
+      const Key k = optimizer_queue.front();
+      optimizer_queue.pop_front();
+      ++optimizer_busy;
+      lock.unlock();
+      std::string error;
+      try {
+        update(k, 1.0f, false);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      lock.lock();
+      --optimizer_busy;
+      state(k).queued = false;
+      if (error.empty()) {
+        updated(k);
+        ++stats.optimizer_overlapped;
+      } else if (failure.empty()) {
+        failure = error;
+      }
+      changed.notify_all();
+    }
+  }
+
+  nn::ExpertTensors tensors_of(const Layer& layer, const std::shared_ptr<std::byte>& base,
+                               bool grads) const {
+    nn::ExpertTensors out;
+    Tensor* fields[5] = {&out.w1, &out.w2, &out.w3, &out.b1, &out.b2};
+    const Param* order[5] = {layer.params.w1, layer.params.w2, layer.params.w3, layer.params.b1,
+                             layer.params.b2};
+    for (const TensorLayout& t : layer.layout.tensors)
+      for (int f = 0; f < 5; ++f)
+        if (order[f] == t.param)
+          *fields[f] = grads ? view(base, t.grad.offset, t.shape, DType::f32)
+                             : view(base, t.slot_offset, t.shape, DType::f32);
+    return out;
+  }
+};
+
+TieredStore::TieredStore(const ParamSet& params, const StoreConfig& config)
+    : impl_(std::make_unique<Impl>(params, config)) {
+  MOE_USAGE_CHECK(config.tier == "host" || config.tier == "ssd", "--offload ", config.tier,
+                  ": the store's tier is host or ssd");
+  MOE_USAGE_CHECK(config.pin_fraction >= 0 && config.pin_fraction <= 1,
+                  "--pin-fraction must be in [0, 1] (got ", config.pin_fraction, ")");
+  MOE_USAGE_CHECK(config.prefetch_depth >= 0 && config.prefetch_depth <= 64,
+                  "--prefetch-depth must be in [0, 64] (got ", config.prefetch_depth, ")");
+  MOE_USAGE_CHECK(config.device_budget >= 0 && config.host_budget >= 0,
+                  "--device-budget and --host-budget must be >= 0");
+}
+
+TieredStore::~TieredStore() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stopping = true;
+  }
+  impl_->changed.notify_all();
+  if (impl_->loader.joinable()) impl_->loader.join();
+  if (impl_->optimizer.joinable()) impl_->optimizer.join();
+}
+
+const StoreConfig& TieredStore::config() const { return impl_->config; }
+
+int TieredStore::add_layer(const nn::ExpertParams& params) {
+  MOE_CHECK(!impl_->started, "expert store: a layer was added after start()");
+  Layer layer;
+  layer.params = params;
+  layer.experts = params.experts();
+  layer.layout = record_layout(params, impl_->params.dtype());
+  layer.state.resize(static_cast<size_t>(layer.experts));
+  layer.square_sums.assign(layer.layout.tensors.size() * static_cast<size_t>(layer.experts), 0.0);
+  impl_->layers.push_back(std::move(layer));
+  return static_cast<int>(impl_->layers.size()) - 1;
+}
+
+bool TieredStore::holds(const Param& param) const {
+  for (const Layer& l : impl_->layers)
+    for (const TensorLayout& t : l.layout.tensors)
+      if (t.param == &param) return true;
+  return false;
+}
+
+void TieredStore::start() {
+  Impl& s = *impl_;
+  MOE_CHECK(!s.started, "expert store: started twice");
+  MOE_CHECK(!s.layers.empty(), "expert store: the model has no MoE layer to offload");
+  std::vector<int64_t> experts, record_bytes;
+  int64_t slot_bytes = 0, total_experts = 0, total_record = 0;
+  for (const Layer& l : s.layers) {
+    experts.push_back(l.experts);
+    record_bytes.push_back(l.layout.record_bytes);
+    slot_bytes = std::max(slot_bytes, l.layout.slot_bytes);
+    total_experts += l.experts;
+    total_record += l.experts * l.layout.record_bytes;
+  }
+  // Device slots: the budget, or by default enough for the pinned experts, the prefetch window
+  // and the expert computing.
+  const int64_t depth = s.config.prefetch_depth;
+  const int64_t pinned = static_cast<int64_t>(s.config.pin_fraction * double(total_experts));
+  int64_t slots = s.config.device_budget > 0 ? s.config.device_budget / slot_bytes
+                                             : std::min(total_experts, pinned + depth + 1);
+  MOE_USAGE_CHECK(slots >= 1, "--device-budget ", s.config.device_budget,
+                  " bytes is smaller than one expert's fp32 weights (", slot_bytes,
+                  " bytes): the minimum is ", slot_bytes);
+  slots = std::max<int64_t>(1, std::min(slots, total_experts));
+  if (s.config.tier == "host") {
+    MOE_USAGE_CHECK(s.config.host_budget == 0 || total_record <= s.config.host_budget,
+                    "--offload host: the experts' state takes ", format_bytes(double(total_record)),
+                    " (", total_record, " bytes) but --host-budget is ",
+                    format_bytes(double(s.config.host_budget)),
+                    ": raise it, or keep the state on SSD with --offload ssd --ssd-dir DIR");
+    s.tier = std::make_unique<HostRecords>(experts, record_bytes);
+  } else {
+    throw UsageError("--offload ssd is not available in this build yet (issue 16 in progress)");
+  }
+  for (int64_t i = 0; i < slots; ++i) {
+    Slot slot;
+    slot.data = allocate_host(slot_bytes);
+    s.slots.push_back(std::move(slot));
+  }
+  s.stats.device_slots = slots;
+  s.stats.slot_bytes = slot_bytes;
+  s.stats.record_bytes = total_record;
+  // Every expert starts with the values its resident Param would have (rounded to the storage
+  // dtype; the master is the rounded value in fp32, as optim::AdamW starts), zero moments.
+  std::vector<float> initial;
+  for (int li = 0; li < static_cast<int>(s.layers.size()); ++li) {
+    const Layer& layer = s.layers[static_cast<size_t>(li)];
+    for (int64_t e = 0; e < layer.experts; ++e) {
+      const std::shared_ptr<std::byte> record = s.tier->pin(li, e);
+      std::memset(record.get(), 0, static_cast<size_t>(layer.layout.record_bytes));
+      for (const TensorLayout& t : layer.layout.tensors) {
+        initial.resize(static_cast<size_t>(t.elements));
+        s.params.initial_rows(*t.param, e, 1, initial.data());
+        Tensor value = view(record, t.value.offset, t.shape, t.value.dtype);
+        value.copy_from(Tensor::from_vector(t.shape, initial));
+        if (t.master.offset >= 0)
+          view(record, t.master.offset, t.shape, DType::f32).copy_from(value);
+      }
+      s.tier->unpin(li, e, true);
+    }
+  }
+  s.started = true;
+  s.loader = std::thread([&s] { s.loader_loop(); });
+  s.optimizer = std::thread([&s] { s.optimizer_loop(); });
+}
+
+void TieredStore::begin_step(const StepInfo& info) {
+  Impl& s = *impl_;
+  MOE_CHECK(s.started, "expert store: begin_step before start()");
+  std::unique_lock<std::mutex> lock(s.mu);
+  s.rethrow_locked();
+  s.step_info = info;
+  s.plan.clear();
+  s.cursor = s.next_load = 0;
+  if (!info.first_micro_batch) return;
+  ++s.step;
+  for (Layer& l : s.layers) {
+    std::fill(l.square_sums.begin(), l.square_sums.end(), 0.0);
+    for (ExpertState& st : l.state) {
+      st.previous_tokens = st.tokens;
+      st.tokens = 0;
+      st.pinned = false;
+    }
+  }
+  // Pinning (ES-MoE): the top pin_fraction of experts by the previous step's tokens keep their
+  // slots between forward and backward, as far as the slots left beside the prefetch window and
+  // the computing expert allow.
+  std::vector<std::pair<int64_t, Key>> busiest;
+  for (int li = 0; li < static_cast<int>(s.layers.size()); ++li)
+    for (int64_t e = 0; e < s.layers[static_cast<size_t>(li)].experts; ++e)
+      busiest.push_back({s.state({li, e}).previous_tokens, {li, e}});
+  const int64_t room = static_cast<int64_t>(s.slots.size()) - s.config.prefetch_depth - 1;
+  const int64_t pins = std::max<int64_t>(
+      0, std::min(room, static_cast<int64_t>(s.config.pin_fraction * double(busiest.size()))));
+  std::stable_sort(busiest.begin(), busiest.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (int64_t i = 0; i < pins; ++i)
+    if (busiest[static_cast<size_t>(i)].first > 0)
+      s.state(busiest[static_cast<size_t>(i)].second).pinned = true;
+}
+
+void TieredStore::request(int layer, std::span<const int32_t> experts,
+                          std::span<const int32_t> rows, nn::Pass pass) {
+  Impl& s = *impl_;
+  std::unique_lock<std::mutex> lock(s.mu);
+  s.rethrow_locked();
+  s.plan.clear();
+  for (size_t i = 0; i < experts.size(); ++i) {
+    s.plan.push_back({layer, experts[i]});
+    if (pass == nn::Pass::forward) s.state({layer, experts[i]}).tokens += rows[i];
+  }
+  s.cursor = s.next_load = 0;
+  s.changed.notify_all();
+}
+
+nn::ExpertTensors TieredStore::acquire(int layer, int expert) {
+  Impl& s = *impl_;
+  const Key k{layer, expert};
+  std::unique_lock<std::mutex> lock(s.mu);
+  s.rethrow_locked();
+  const bool planned = s.cursor < s.plan.size() && s.plan[s.cursor].layer == layer &&
+                       s.plan[s.cursor].expert == expert;
+  if (planned) {
+    ++s.cursor;
+    s.next_load = std::max(s.next_load, s.cursor);
+    s.changed.notify_all();
+  }
+  ExpertState& st = s.state(k);
+  if (st.slot >= 0 && !st.uploading) {
+    ++s.stats.upload_hits;
+  } else {
+    // Wait for the loader's upload, or upload it here when nobody is (not prefetched, or
+    // evicted meanwhile); while compute waits for it, the loader never picks it as a victim.
+    Timer waited;
+    s.waiting = k;
+    while (s.failure.empty() && !(st.slot >= 0 && !st.uploading)) {
+      if (st.slot < 0 && !st.uploading)
+        s.upload(lock, k, SIZE_MAX);
+      else
+        s.changed.wait(lock);
+    }
+    s.waiting = {-1, -1};
+    s.stats.wait_seconds += waited.seconds();
+    s.rethrow_locked();
+  }
+  Slot& slot = s.slots[static_cast<size_t>(st.slot)];
+  ++slot.users;
+  slot.last_use = ++s.clock;
+  return s.tensors_of(s.layers[static_cast<size_t>(layer)], slot.data, false);
+}
+
+nn::ExpertTensors TieredStore::gradients(int layer, int expert) {
+  Impl& s = *impl_;
+  const Key k{layer, expert};
+  ExpertState& st = s.state(k);
+  if (!st.grad_record) st.grad_record = s.tier->pin(layer, expert);
+  const Layer& l = s.layers[static_cast<size_t>(layer)];
+  nn::ExpertTensors g = s.tensors_of(l, st.grad_record, true);
+  if (st.grad_step != s.step) {  // the first gradient of this step: the record holds an older one
+    for (const TensorLayout& t : l.layout.tensors)
+      view(st.grad_record, t.grad.offset, t.shape, DType::f32).zero();
+    st.grad_step = s.step;
+  }
+  return g;
+}
+
+void TieredStore::release(int layer, int expert) {
+  Impl& s = *impl_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  ExpertState& st = s.state({layer, expert});
+  MOE_CHECK(st.slot >= 0, "expert store: release of layer ", layer, " expert ", expert,
+            " that was not acquired");
+  --s.slots[static_cast<size_t>(st.slot)].users;
+  s.changed.notify_all();
+}
+
+void TieredStore::gradient_done(int layer, int expert) {
+  Impl& s = *impl_;
+  const Key k{layer, expert};
+  ExpertState& st = s.state(k);
+  MOE_CHECK(st.grad_record, "expert store: gradient_done of layer ", layer, " expert ", expert,
+            " without gradients()");
+  Layer& l = s.layers[static_cast<size_t>(layer)];
+  if (s.step_info.last_micro_batch) {
+    for (size_t t = 0; t < l.layout.tensors.size(); ++t) {
+      const TensorLayout& tl = l.layout.tensors[t];
+      Tensor grad = view(st.grad_record, tl.grad.offset, tl.shape, DType::f32);
+      if (s.step_info.gradient_scale != 1.0f) ops::scale(grad, s.step_info.gradient_scale);
+      l.square_sums[t * static_cast<size_t>(l.experts) + static_cast<size_t>(expert)] =
+          ops::sum_squares(grad);
+    }
+  }
+  st.grad_record.reset();
+  s.tier->unpin(layer, expert, true);
+  if (s.step_info.last_micro_batch && s.step_info.overlap && s.config.overlap_optimizer) {
+    std::lock_guard<std::mutex> lock(s.mu);
+    st.queued = true;
+    s.optimizer_queue.push_back(k);
+    s.changed.notify_all();
+  }
+}
+
+double TieredStore::grad_square_sum(const Param& param) const {
+  const Impl& s = *impl_;
+  for (const Layer& l : s.layers)
+    for (size_t t = 0; t < l.layout.tensors.size(); ++t)
+      if (l.layout.tensors[t].param == &param) {
+        double sum = 0;
+        for (int64_t e = 0; e < l.experts; ++e)
+          sum += l.square_sums[t * static_cast<size_t>(l.experts) + static_cast<size_t>(e)];
+        return sum;
+      }
+  throw Error(str("expert store: '", param.name, "' is not one of its parameters"));
+}
+
+void TieredStore::finish_step(float clip_scale) {
+  Impl& s = *impl_;
+  Timer timer;
+  std::unique_lock<std::mutex> lock(s.mu);
+  s.changed.wait(lock, [&] { return s.optimizer_queue.empty() && s.optimizer_busy == 0; });
+  s.rethrow_locked();
+  s.plan.clear();
+  s.cursor = s.next_load = 0;
+  MOE_CHECK(clip_scale == 1.0f || s.stats.optimizer_overlapped == 0 || !s.step_info.overlap,
+            "expert store: a clipped step cannot overlap the optimizer");
+  for (int li = 0; li < static_cast<int>(s.layers.size()); ++li) {
+    for (int64_t e = 0; e < s.layers[static_cast<size_t>(li)].experts; ++e) {
+      const Key k{li, e};
+      ExpertState& st = s.state(k);
+      if (st.updated_step == s.step) continue;
+      const bool stale = st.grad_step != s.step;
+      lock.unlock();
+      s.update(k, clip_scale, stale);
+      lock.lock();
+      s.updated(k);
+      ++s.stats.optimizer_after;
+    }
+  }
+  s.tier->flush();
+  s.stats.finish_seconds += timer.seconds();
+}
+
+Tensor TieredStore::read(const Param& param, int64_t expert, const std::string& what) const {
+  Impl& s = *impl_;
+  for (int li = 0; li < static_cast<int>(s.layers.size()); ++li) {
+    const Layer& l = s.layers[static_cast<size_t>(li)];
+    for (const TensorLayout& t : l.layout.tensors) {
+      if (t.param != &param) continue;
+      MOE_CHECK(expert >= 0 && expert < l.experts, "expert store: expert ", expert, " of '",
+                param.name, "' out of range");
+      const Section& sec = what == "value"    ? t.value
+                           : what == "master" ? t.master
+                           : what == "adam.m" ? t.adam_m
+                                              : t.adam_v;
+      MOE_CHECK(sec.offset >= 0 &&
+                    (what == "value" || what == "master" || what == "adam.m" || what == "adam.v"),
+                "expert store: no '", what, "' for '", param.name, "'");
+      const std::shared_ptr<std::byte> record = s.tier->pin(li, expert);
+      Tensor out = view(record, sec.offset, t.shape, sec.dtype).clone();
+      s.tier->unpin(li, expert, false);
+      return out;
+    }
+  }
+  throw Error(str("expert store: '", param.name, "' is not one of its parameters"));
+}
+
+void TieredStore::write(const Param& param, int64_t expert, const std::string& what,
+                        const Tensor& slice) {
+  Impl& s = *impl_;
+  for (int li = 0; li < static_cast<int>(s.layers.size()); ++li) {
+    const Layer& l = s.layers[static_cast<size_t>(li)];
+    for (const TensorLayout& t : l.layout.tensors) {
+      if (t.param != &param) continue;
+      MOE_CHECK(expert >= 0 && expert < l.experts, "expert store: expert ", expert, " of '",
+                param.name, "' out of range");
+      const Section& sec = what == "value"    ? t.value
+                           : what == "master" ? t.master
+                           : what == "adam.m" ? t.adam_m
+                                              : t.adam_v;
+      MOE_CHECK(sec.offset >= 0, "expert store: no '", what, "' for '", param.name, "'");
+      const std::shared_ptr<std::byte> record = s.tier->pin(li, expert);
+      Tensor into = view(record, sec.offset, t.shape, sec.dtype);
+      into.copy_from(slice.reshape(t.shape));
+      s.tier->unpin(li, expert, true);
+      std::lock_guard<std::mutex> lock(s.mu);
+      ExpertState& st = s.state({li, expert});
+      if (st.slot >= 0) s.free_slot(st.slot);
+      return;
+    }
+  }
+  throw Error(str("expert store: '", param.name, "' is not one of its parameters"));
+}
+
+StoreStats TieredStore::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->stats;
+}
+
+}  // namespace moe::offload
