@@ -11,6 +11,7 @@
 #include "backend/cpu/adamw.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "backend/cpu/backend.h"
 #include "core/parallel.h"
@@ -62,6 +63,19 @@ template <Store kStore>
 template <Store kStore>
 [[gnu::always_inline]] inline void update_range(const AdamWArrays& a, int64_t begin, int64_t end,
                                                 const kernels::AdamWScalars& s) {
+  // A head up to the next 64-byte boundary of master: the blocks' vector loads and stores then
+  // stay within cache lines when the four arrays share their alignment (any allocator that aligns
+  // large blocks alike); 512-bit accesses that split lines cost ~10% of a memory-bound step.
+  const auto address = reinterpret_cast<uintptr_t>(a.master + begin);
+  const int64_t head = std::min<int64_t>(
+      end - begin, static_cast<int64_t>((64 - address % 64) % 64 / sizeof(float)));
+  if (head > 0) {
+    float* c = a.compute ? a.compute + begin : nullptr;
+    uint16_t* value = a.value ? a.value + begin : nullptr;
+    update_block<kStore>(a.master + begin, a.m + begin, a.v + begin, a.grad + begin, value, c, head,
+                         s);
+    begin += head;
+  }
   for (int64_t b = begin; b < end; b += kBlock) {
     float* c = a.compute ? a.compute + b : nullptr;
     uint16_t* value = a.value ? a.value + b : nullptr;
