@@ -134,6 +134,53 @@ TEST_CASE("adamw kernel: every ISA path is bitwise the per-element kernel", "[op
   }
 }
 
+TEST_CASE("adamw kernel: the fused rounding equals the conversions over the float range",
+          "[optim][adamw]") {
+  // With lr 0 and zero moments and gradient the update leaves every finite master as it is (inf
+  // becomes NaN through 0 * inf, in the reference too), so the storage and compute copies see
+  // these bit patterns: a stride through all 2^32, both signs, and every pattern within 300 ulps
+  // of the f16 thresholds (zero, subnormal, normal, overflow) and of bf16's largest finite values.
+  std::vector<uint32_t> patterns;
+  for (uint64_t u = 0; u < (uint64_t(1) << 32); u += 65521) patterns.push_back(uint32_t(u));
+  for (uint32_t t : {0x00000000u, 0x00800000u, 0x33000000u, 0x38800000u, 0x477ff000u, 0x47800000u,
+                     0x7f7f0000u, 0x7f800000u})
+    for (int d = -300; d <= 300; ++d)
+      for (uint32_t sign : {0u, 0x80000000u}) patterns.push_back(sign | (t + uint32_t(d)));
+  patterns.push_back(0x7fc00000u);  // quiet NaN
+  patterns.push_back(0xff812345u);  // signalling NaN with a payload
+  const int64_t n = static_cast<int64_t>(patterns.size());
+  kernels::AdamWScalars sc = scalars_for(1, false);
+  sc.lr = 0.0f;
+  for (DType storage : {DType::bf16, DType::f16}) {
+    for (cpu::AdamWIsa isa : cpu::adamw_isas_supported()) {
+      INFO("storage " << dtype_name(storage) << ", " << cpu::adamw_isa_name(isa));
+      State want, got;
+      for (State* s : {&want, &got}) {
+        s->master.resize(patterns.size());
+        std::memcpy(s->master.data(), patterns.data(), patterns.size() * 4);
+        s->m.assign(patterns.size(), 0.0f);
+        s->v.assign(patterns.size(), 0.0f);
+        s->grad.assign(patterns.size(), 0.0f);
+        s->value.assign(patterns.size(), 0);
+        s->compute.assign(patterns.size(), 0.0f);
+      }
+      reference(want, sc, storage);
+      cpu::AdamWArrays a{got.master.data(), got.m.data(), got.v.data(), got.grad.data()};
+      a.value = got.value.data();
+      a.value_dtype = storage;
+      a.compute = got.compute.data();
+      cpu::adamw_update_arrays(a, n, sc, isa);
+      size_t bad = 0;
+      while (bad < patterns.size() && got.value[bad] == want.value[bad]) ++bad;
+      INFO("first differing storage value at pattern "
+           << (bad < patterns.size() ? patterns[bad] : 0u));
+      CHECK(same_bits(want.master, got.master));
+      CHECK(same_bits(want.value, got.value));
+      CHECK(same_bits(want.compute, got.compute));
+    }
+  }
+}
+
 TEST_CASE("adamw kernel: storage without a compute copy is written alone", "[optim][adamw]") {
   const int64_t n = 300;
   State want = random_state(n, 5), got = random_state(n, 5);

@@ -11,6 +11,7 @@
 #include "backend/cpu/adamw.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 
 #include "backend/cpu/backend.h"
@@ -41,6 +42,49 @@ constexpr int64_t kSpan = 16384;
 
 enum class Store { none, bf16, f16 };
 
+// kernels::f32_to_f16 and f16_to_f32 without branches: the originals' early returns (and GCC's
+// reluctance to if-convert their ternaries) keep those loops scalar. Same bits for every input
+// (test_adamw_kernel.cpp sweeps the float range through both). Unselected lanes compute garbage
+// with defined unsigned arithmetic: the subnormal shift is clamped to [1, 24] (its range there).
+[[gnu::always_inline]] inline uint32_t select(bool c, uint32_t a, uint32_t b) {
+  const uint32_t mask = 0u - static_cast<uint32_t>(c);
+  return (a & mask) | (b & ~mask);
+}
+
+[[gnu::always_inline]] inline uint16_t to_f16(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t abs = u & 0x7fffffffu;
+  const uint32_t normal = (abs + 0xfffu + ((abs >> 13) & 1u) - 0x38000000u) >> 13;
+  uint32_t shift = 126u - (abs >> 23);
+  shift = select(shift > 24u, 24u, shift);
+  shift = select(shift < 1u, 1u, shift);
+  const uint32_t mantissa = (abs & 0x7fffffu) | 0x800000u;
+  const uint32_t result = mantissa >> shift;
+  // Round to nearest even on the bits shifted out (written so that GCC 12 vectorises it).
+  const uint32_t remainder = mantissa - (result << shift);
+  const uint32_t half = 0x800000u >> (24u - shift);  // 2^(shift - 1)
+  const uint32_t up =
+      select(remainder > half, 1u, 0u) | (select(remainder == half, 1u, 0u) & result & 1u);
+  uint32_t out = select(abs < 0x38800000u, result + up, normal);  // below 2^-14: subnormal
+  out = select(abs < 0x33000000u, 0u, out);                       // below 2^-25: zero
+  out = select(abs >= 0x477ff000u, 0x7c00u, out);                 // overflow and infinity
+  out = select(abs > 0x7f800000u, 0x7e00u, out);                  // NaN
+  return static_cast<uint16_t>(sign | out);
+}
+
+[[gnu::always_inline]] inline float from_f16(uint16_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1fu;
+  const uint32_t mantissa = h & 0x3ffu;
+  // mantissa * 2^-24 is exact; the sign bit on a non-negative value is its negation.
+  const float sub = static_cast<float>(static_cast<int32_t>(mantissa)) * 5.9604644775390625e-8f;
+  uint32_t bits = sign | ((exponent + 112u) << 23) | (mantissa << 13);
+  bits = select(exponent == 0, sign | std::bit_cast<uint32_t>(sub), bits);
+  bits = select(exponent == 31, sign | 0x7f800000u | (mantissa << 13), bits);
+  return std::bit_cast<float>(bits);
+}
+
 template <Store kStore>
 [[gnu::always_inline]] inline void update_block(float* __restrict master, float* __restrict m,
                                                 float* __restrict v, const float* __restrict g,
@@ -54,9 +98,9 @@ template <Store kStore>
     if (compute)
       for (int64_t i = 0; i < n; ++i) compute[i] = kernels::bf16_to_f32(value[i]);
   } else if constexpr (kStore == Store::f16) {
-    for (int64_t i = 0; i < n; ++i) value[i] = kernels::f32_to_f16(master[i]);
+    for (int64_t i = 0; i < n; ++i) value[i] = to_f16(master[i]);
     if (compute)
-      for (int64_t i = 0; i < n; ++i) compute[i] = kernels::f16_to_f32(value[i]);
+      for (int64_t i = 0; i < n; ++i) compute[i] = from_f16(value[i]);
   }
 }
 
