@@ -138,14 +138,17 @@ TEST_CASE("adamw kernel: the fused rounding equals the conversions over the floa
           "[optim][adamw]") {
   // With lr 0 and zero moments and gradient the update leaves every finite master as it is (inf
   // becomes NaN through 0 * inf, in the reference too), so the storage and compute copies see
-  // these bit patterns: a stride through all 2^32, both signs, and every pattern within 300 ulps
-  // of the f16 thresholds (zero, subnormal, normal, overflow) and of bf16's largest finite values.
+  // these bit patterns: a stride through all 2^32, both signs, every pattern within 300 ulps of
+  // the f16 thresholds (zero, subnormal, normal, overflow) and of bf16's largest finite values,
+  // and every f16 value.
   std::vector<uint32_t> patterns;
   for (uint64_t u = 0; u < (uint64_t(1) << 32); u += 65521) patterns.push_back(uint32_t(u));
   for (uint32_t t : {0x00000000u, 0x00800000u, 0x33000000u, 0x38800000u, 0x477ff000u, 0x47800000u,
                      0x7f7f0000u, 0x7f800000u})
     for (int d = -300; d <= 300; ++d)
       for (uint32_t sign : {0u, 0x80000000u}) patterns.push_back(sign | (t + uint32_t(d)));
+  for (uint32_t h = 0; h < 65536; ++h)  // every f16 value: its upcast is each one's compute copy
+    patterns.push_back(kernels::f32_bits(kernels::f16_to_f32(static_cast<uint16_t>(h))));
   patterns.push_back(0x7fc00000u);  // quiet NaN
   patterns.push_back(0xff812345u);  // signalling NaN with a payload
   const int64_t n = static_cast<int64_t>(patterns.size());

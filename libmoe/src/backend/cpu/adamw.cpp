@@ -46,7 +46,7 @@ enum class Store { none, bf16, f16 };
 // reluctance to if-convert their ternaries) keep those loops scalar. Same bits for every input
 // (test_adamw_kernel.cpp sweeps the float range through both). Unselected lanes compute garbage
 // with defined unsigned arithmetic: the subnormal shift is clamped to [1, 24] (its range there).
-[[gnu::always_inline]] inline uint32_t select(bool c, uint32_t a, uint32_t b) {
+[[gnu::always_inline]] inline uint32_t bit_select(bool c, uint32_t a, uint32_t b) {
   const uint32_t mask = 0u - static_cast<uint32_t>(c);
   return (a & mask) | (b & ~mask);
 }
@@ -57,19 +57,19 @@ enum class Store { none, bf16, f16 };
   const uint32_t abs = u & 0x7fffffffu;
   const uint32_t normal = (abs + 0xfffu + ((abs >> 13) & 1u) - 0x38000000u) >> 13;
   uint32_t shift = 126u - (abs >> 23);
-  shift = select(shift > 24u, 24u, shift);
-  shift = select(shift < 1u, 1u, shift);
+  shift = bit_select(shift > 24u, 24u, shift);
+  shift = bit_select(shift < 1u, 1u, shift);
   const uint32_t mantissa = (abs & 0x7fffffu) | 0x800000u;
   const uint32_t result = mantissa >> shift;
   // Round to nearest even on the bits shifted out (written so that GCC 12 vectorises it).
   const uint32_t remainder = mantissa - (result << shift);
   const uint32_t half = 0x800000u >> (24u - shift);  // 2^(shift - 1)
   const uint32_t up =
-      select(remainder > half, 1u, 0u) | (select(remainder == half, 1u, 0u) & result & 1u);
-  uint32_t out = select(abs < 0x38800000u, result + up, normal);  // below 2^-14: subnormal
-  out = select(abs < 0x33000000u, 0u, out);                       // below 2^-25: zero
-  out = select(abs >= 0x477ff000u, 0x7c00u, out);                 // overflow and infinity
-  out = select(abs > 0x7f800000u, 0x7e00u, out);                  // NaN
+      bit_select(remainder > half, 1u, 0u) | (bit_select(remainder == half, 1u, 0u) & result & 1u);
+  uint32_t out = bit_select(abs < 0x38800000u, result + up, normal);  // below 2^-14: subnormal
+  out = bit_select(abs < 0x33000000u, 0u, out);                       // below 2^-25: zero
+  out = bit_select(abs >= 0x477ff000u, 0x7c00u, out);                 // overflow and infinity
+  out = bit_select(abs > 0x7f800000u, 0x7e00u, out);                  // NaN
   return static_cast<uint16_t>(sign | out);
 }
 
@@ -80,8 +80,8 @@ enum class Store { none, bf16, f16 };
   // mantissa * 2^-24 is exact; the sign bit on a non-negative value is its negation.
   const float sub = static_cast<float>(static_cast<int32_t>(mantissa)) * 5.9604644775390625e-8f;
   uint32_t bits = sign | ((exponent + 112u) << 23) | (mantissa << 13);
-  bits = select(exponent == 0, sign | std::bit_cast<uint32_t>(sub), bits);
-  bits = select(exponent == 31, sign | 0x7f800000u | (mantissa << 13), bits);
+  bits = bit_select(exponent == 0, sign | std::bit_cast<uint32_t>(sub), bits);
+  bits = bit_select(exponent == 31, sign | 0x7f800000u | (mantissa << 13), bits);
   return std::bit_cast<float>(bits);
 }
 
