@@ -133,6 +133,12 @@ struct Backend {
   struct Optim {
     void (*adamw_update)(Tensor& master, Tensor& m, Tensor& v, const Tensor& grad,
                          const kernels::AdamWScalars& scalars);
+    // The same update, then value (bf16/f16, same shape) = master rounded to its dtype and, when
+    // compute is not null, compute (f32) = value upcast: one pass. Null: ops::adamw_update_rounded
+    // runs the update, Tensor::copy_from and the upcast as three passes.
+    void (*adamw_update_rounded)(Tensor& master, Tensor& m, Tensor& v, const Tensor& grad,
+                                 const kernels::AdamWScalars& scalars, Tensor& value,
+                                 Tensor* compute);
   } optim;
 
   // Host-to-device copies that overlap compute (the expert ring's loads), for devices with their

@@ -22,21 +22,65 @@ AdamW::AdamW(ParamSet& params, const AdamWConfig& config) : params_(params), con
   }
 }
 
-void AdamW::step(float lr) {
+kernels::AdamWScalars adamw_scalars(const AdamWConfig& config, float lr, int64_t step, bool decay) {
+  return {lr,
+          config.beta1,
+          config.beta2,
+          config.eps,
+          decay ? config.weight_decay : 0.0f,
+          1.0f - std::pow(config.beta1, static_cast<float>(step)),
+          1.0f - std::pow(config.beta2, static_cast<float>(step))};
+}
+
+void adamw_update(Tensor& master, Tensor& m, Tensor& v, const Tensor& grad,
+                  const kernels::AdamWScalars& scalars, Tensor* value, Tensor* compute) {
+  if (value && value->dtype() != DType::f32) {
+    ops::adamw_update_rounded(master, m, v, grad, scalars, *value, compute);
+    return;
+  }
+  MOE_CHECK(!compute && (!value || value->raw() == master.raw()),
+            "optim::adamw_update: an f32 parameter's master is its storage (", master.describe(),
+            "): pass no separate value or compute copy");
+  ops::adamw_update(master, m, v, grad, scalars);
+}
+
+kernels::AdamWScalars AdamW::scalars(float lr, int64_t step, bool decay) const {
+  return adamw_scalars(config_, lr, step, decay);
+}
+
+AdamW::ParamState AdamW::state_of(const Param& param) const {
+  for (const Slot& s : slots_)
+    if (s.param == &param) return {s.master, s.m, s.v};
+  throw Error(str("AdamW: parameter '", param.name, "' is not in this optimizer"));
+}
+
+namespace {
+
+// Whether the step may write the compute copy itself: Param::refresh_compute would keep this
+// buffer (f32, the value's shape and device, not the value itself) and only copy into it.
+bool compute_reusable(const Param& p) {
+  return p.compute.defined() && p.compute.dtype() == DType::f32 &&
+         p.compute.raw() != p.value.raw() && p.compute.shape() == p.value.shape() &&
+         p.compute.device() == p.value.device();
+}
+
+}  // namespace
+
+void AdamW::step(float lr, const Filter& include) {
   ++t_;
-  kernels::AdamWScalars base{lr,
-                             config_.beta1,
-                             config_.beta2,
-                             config_.eps,
-                             0.0f,
-                             1.0f - std::pow(config_.beta1, static_cast<float>(t_)),
-                             1.0f - std::pow(config_.beta2, static_cast<float>(t_))};
   for (Slot& s : slots_) {
-    kernels::AdamWScalars sc = base;
-    sc.weight_decay = s.param->decay ? config_.weight_decay : 0.0f;
-    ops::adamw_update(s.master, s.m, s.v, s.param->grad, sc);
-    if (s.master.raw() != s.param->value.raw()) s.param->value.copy_from(s.master);
-    s.param->refresh_compute();
+    Param& p = *s.param;
+    if (include && !include(p)) continue;
+    const kernels::AdamWScalars sc = scalars(lr, t_, p.decay);
+    if (s.master.raw() == p.value.raw()) {
+      ops::adamw_update(s.master, s.m, s.v, p.grad, sc);
+      p.refresh_compute();
+    } else if (compute_reusable(p)) {
+      ops::adamw_update_rounded(s.master, s.m, s.v, p.grad, sc, p.value, &p.compute);
+    } else {
+      ops::adamw_update_rounded(s.master, s.m, s.v, p.grad, sc, p.value, nullptr);
+      p.refresh_compute();
+    }
   }
 }
 

@@ -1,10 +1,21 @@
 // AdamW with fp32 master weights and moments, whatever dtype the parameters are stored in.
+//
+// Step counter and expert-wise updates: step(lr) advances steps_taken() from t - 1 to t and runs
+// update number t (bias corrections 1 - beta^t) on every parameter it includes. An expert-wise
+// optimizer updates expert slices itself with optim::adamw_update and the scalars of the same
+// update: scalars(lr, t, decay), i.e. t = steps_taken() after that iteration's step() (or
+// steps_taken() + 1 before it), and keeps those parameters out of step() with its filter. Slices
+// in any order, on any thread, give bitwise the values a whole-tensor step gives.
 #pragma once
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "moe/param.h"
+
+namespace moe::kernels {
+struct AdamWScalars;  // kernels/adamw.h: lr, betas, eps, weight decay, bias corrections
+}  // namespace moe::kernels
 
 namespace moe::optim {
 
@@ -20,13 +31,39 @@ struct OptimizerTensor {  // for checkpoints: "adam.m.<param>", "adam.v.<param>"
   const Param* param = nullptr;  // the parameter it belongs to (set by state())
 };
 
+// The scalars of update number `step` (1-based) with learning rate lr, for a parameter with
+// weight decay on (Param::decay) or off.
+kernels::AdamWScalars adamw_scalars(const AdamWConfig& config, float lr, int64_t step, bool decay);
+
+// One AdamW update of master, m and v (f32) with grad (f32), all the same element count: a whole
+// parameter's state or views of one contiguous range of it (Tensor::rows of an [E, F, D]
+// parameter: one expert). For a bf16/f16 parameter, `value` (its storage, the same range)
+// receives the rounded master and `compute` (not null) the fp32 upcast, in the same pass; for an
+// f32 parameter leave both null (the master is the storage). Bitwise what AdamW::step writes.
+void adamw_update(Tensor& master, Tensor& m, Tensor& v, const Tensor& grad,
+                  const kernels::AdamWScalars& scalars, Tensor* value = nullptr,
+                  Tensor* compute = nullptr);
+
 class AdamW {
  public:
+  // Which parameters a step updates (null: all).
+  using Filter = std::function<bool(const Param&)>;
+
   AdamW(ParamSet& params, const AdamWConfig& config);
   // One update with learning rate lr from the gradients in the ParamSet; writes the rounded master
-  // into each parameter's storage and refreshes its compute copy.
-  void step(float lr);
+  // into each parameter's storage and refreshes its compute copy (bf16/f16: in the same pass on
+  // the CPU). Parameters `include` rejects keep their values and state; the counter advances.
+  void step(float lr, const Filter& include = nullptr);
   int64_t steps_taken() const { return t_; }
+  const AdamWConfig& config() const { return config_; }
+  kernels::AdamWScalars scalars(float lr, int64_t step, bool decay) const;
+
+  // One parameter's optimizer state (sharing storage; master is the value itself for f32), for
+  // updates of its slices; throws naming a parameter this optimizer does not hold.
+  struct ParamState {
+    Tensor master, m, v;
+  };
+  ParamState state_of(const Param& param) const;
 
   std::vector<OptimizerTensor> state() const;  // shares storage with the optimizer
   // Restores moments (and masters for bf16/f16 parameters); throws naming a missing/mis-shaped

@@ -17,7 +17,7 @@ const Backend& table() {
        grouped_gemm_weight_grad, expert_activation, expert_activation_backward, grouped_add_bias,
        grouped_bias_grad},
       {distill_loss_rows},
-      {adamw_update},
+      {adamw_update, adamw_update_rounded},
       {}};
   return cpu;
 }

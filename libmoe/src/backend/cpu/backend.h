@@ -94,5 +94,7 @@ std::vector<kernels::DistillRow> distill_loss_rows(const Tensor& student, const 
                                                    Tensor* dlogits, float grad_scale);
 void adamw_update(Tensor& master, Tensor& m, Tensor& v, const Tensor& grad,
                   const kernels::AdamWScalars& scalars);
+void adamw_update_rounded(Tensor& master, Tensor& m, Tensor& v, const Tensor& grad,
+                          const kernels::AdamWScalars& scalars, Tensor& value, Tensor* compute);
 
 }  // namespace moe::cpu
