@@ -25,7 +25,7 @@ namespace {
 struct Options {
   std::string trace;
   std::vector<double> sizes = {10, 25, 50, 75};
-  std::vector<std::string> lfu = {"0:0.5:16", "0:1:1", "1:0.5:16"};
+  std::vector<std::string> lfu = {"0:0.75:16", "0:0.5:16", "0:1:1", "2:0.75:16"};
   int64_t flush_period = 0;
 };
 
@@ -35,7 +35,7 @@ offload::LfuConfig parse_lfu(const std::string& text) {
   char colon1 = 0, colon2 = 0;
   in >> c.threshold >> colon1 >> c.beta >> colon2 >> c.period;
   MOE_USAGE_CHECK(in && colon1 == ':' && colon2 == ':' && in.peek() == EOF, "--lfu '", text,
-                  "': expected THRESHOLD:BETA:PERIOD, e.g. 0:0.5:16");
+                  "': expected THRESHOLD:BETA:PERIOD, e.g. 0:0.75:16");
   return c;
 }
 
@@ -91,6 +91,9 @@ int run(const Options& o) {
       "writes = (dirty write-backs + uncached writes) per step; flush period %lld steps%s\n",
       static_cast<long long>(o.flush_period),
       o.flush_period == 0 ? " (write-back on eviction only)" : "");
+  const offload::LfuConfig defaults;
+  std::printf("# lfu defaults: --lfu-threshold %g --lfu-beta %g --lfu-period %lld\n",
+              defaults.threshold, defaults.beta, static_cast<long long>(defaults.period));
   std::printf("# check: hits + misses = accesses, hits <= belady, min <= belady\n#\n");
   std::printf("# %5s %7s  %-16s %9s %9s %8s %8s %8s %7s %8s %8s %6s\n", "cache", "entries",
               "policy", "hits", "misses", "bypass", "evict", "hit_rate", "ratio", "reads", "writes",

@@ -68,10 +68,12 @@ std::string to_string(CachePolicy policy);
 // "lru" or "lfu"; anything else is a moe::UsageError naming --expert-cache.
 CachePolicy parse_cache_policy(const std::string& name);
 
-// MoESys LFU settings (flags --lfu-threshold, --lfu-beta, --lfu-period).
+// MoESys LFU settings (flags --lfu-threshold, --lfu-beta, --lfu-period). The defaults had the best
+// mean hit rate relative to the optimum over the settings tried on two training traces
+// (docs/PERFORMANCE.md, "Expert cache hit rates").
 struct LfuConfig {
   double threshold = 0.0;  // cached entries with count >= threshold may be evicted (>= 0)
-  double beta = 0.5;       // decay factor, in (0, 1]; 1 = no decay
+  double beta = 0.75;      // decay factor, in (0, 1]; 1 = no decay
   int64_t period = 16;     // steps between decays (K >= 1)
 };
 
