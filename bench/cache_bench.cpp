@@ -46,7 +46,11 @@ struct Row {
 
 int run(const Options& o) {
   std::vector<offload::LfuConfig> lfus;
-  for (const std::string& s : o.lfu) lfus.push_back(parse_lfu(s));
+  for (const std::string& s : o.lfu) {
+    lfus.push_back(parse_lfu(s));
+    // Refused before any output, not when the first row gets to it.
+    offload::CacheConfig{offload::CachePolicy::lfu, 1, o.flush_period, lfus.back()}.validate();
+  }
   for (double s : o.sizes)
     MOE_USAGE_CHECK(s > 0 && s <= 100, "--sizes ", s, ": a cache size is a percentage in (0, 100]");
   io::TraceReader trace(o.trace);
