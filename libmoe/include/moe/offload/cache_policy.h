@@ -36,6 +36,13 @@
 //    misses that displaced a key; write_backs = dirty evictions + entries returned by flushes.
 //  - Cost: a hit is O(1); a miss with a full cache scans the slots (O(capacity)), small next to
 //    reading one expert from storage.
+//
+// The store's use, under its lock: r = access(k) once per use of expert k (a prefetch that claims
+// the slot is that use: pin it then and do not access k again for the same use); on a miss with
+// r.evicted and r.evicted_dirty, write slot r.slot's bytes back as *r.evicted before reading k into
+// it; r.bypass(): read k into a scratch buffer and write it straight through if it changes. pin(k)
+// while compute or the optimizer reads or writes the slot, mark_dirty(k) when its state changed,
+// unpin(k); end_step() after the optimizer step, writing back the keys it returns.
 #pragma once
 #include <compare>
 #include <cstdint>
