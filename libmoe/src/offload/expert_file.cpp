@@ -1,0 +1,463 @@
+// The SSD tier's per-(layer, expert) files (see moe/offload/expert_file.h, docs/FORMATS.md).
+// Letters: L layers, E experts of a layer.
+#include "moe/offload/expert_file.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "moe/checksum.h"
+#include "moe/error.h"
+#include "moe/models/memory.h"
+#include "moe/rng.h"
+
+namespace moe::offload {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kRunPrefix = "moe-ssd-";
+constexpr const char* kLockName = "lock";
+
+// Closes a descriptor when the scope ends (errors of close() on a read-only fd mean nothing).
+struct Fd {
+  int fd = -1;
+  explicit Fd(int f) : fd(f) {}
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int release() { return std::exchange(fd, -1); }
+};
+
+std::string bytes_text(int64_t bytes) {
+  if (bytes < 1024) return str(bytes, " bytes");
+  return str(bytes, " bytes (", format_bytes(static_cast<double>(bytes)), ")");
+}
+
+int64_t round_up(int64_t value, int64_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
+// What the caller can do about a failed write, by cause.
+std::string write_advice(int error) {
+  if (error == ENOSPC || error == EDQUOT)
+    return "the file system of --ssd-dir is full: free space there or choose another --ssd-dir "
+           "(the SSD tier needs room for every expert's file)";
+  return "check the device and file system of --ssd-dir (dmesg), or choose another --ssd-dir";
+}
+
+// One pwritev/preadv at `offset` over `iov`, resumed after short transfers and EINTR. Returns the
+// bytes moved: all of them, or fewer when a read meets the end of the file. On an error, returns
+// the bytes moved before it and sets `error` (errno); 0 otherwise.
+int64_t transfer(int fd, std::vector<iovec> iov, int64_t offset, bool writing, int& error) {
+  error = 0;
+  int64_t done = 0;
+  size_t first = 0;
+  while (first < iov.size()) {
+    if (iov[first].iov_len == 0) {
+      ++first;
+      continue;
+    }
+    const int count = static_cast<int>(iov.size() - first);
+    const ssize_t n = writing ? ::pwritev(fd, iov.data() + first, count, offset)
+                              : ::preadv(fd, iov.data() + first, count, offset);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      error = errno;
+      return done;
+    }
+    if (n == 0) {
+      if (writing) error = EIO;  // a write that moves nothing and reports no error: give up
+      return done;               // a read: end of file
+    }
+    done += n;
+    offset += n;
+    for (size_t left = static_cast<size_t>(n); left > 0;) {
+      const size_t step = std::min(left, iov[first].iov_len);
+      iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + step;
+      iov[first].iov_len -= step;
+      left -= step;
+      if (iov[first].iov_len == 0) ++first;
+    }
+  }
+  return done;
+}
+
+uint32_t header_checksum(ExpertFileHeader header) {
+  header.header_crc = 0;
+  return crc32c(&header, sizeof header);
+}
+
+uint64_t fresh_run_id() {
+  std::random_device device;
+  const uint64_t random = (static_cast<uint64_t>(device()) << 32) ^ device();
+  const auto now =
+      static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  return rng_key(random, {now, static_cast<uint64_t>(::getpid())});
+}
+
+// Run subdirectories whose lock no live process holds belong to a run that died without its
+// destructor (a crash, a kill): their files are never read again, so they only take space. A
+// directory still being set up has no `lock` yet (it is renamed into place already locked) and
+// is left alone.
+void remove_abandoned_runs(const std::string& dir) {
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind(kRunPrefix, 0) != 0 || !it->is_directory(ec) || it->is_symlink(ec)) continue;
+    Fd lock(::open((it->path() / kLockName).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+    if (lock.fd < 0 || ::flock(lock.fd, LOCK_EX | LOCK_NB) != 0) continue;
+    std::error_code ignored;
+    fs::remove_all(it->path(), ignored);
+  }
+}
+
+}  // namespace
+
+// ----------------------------------------------------------------------------- RecordLayout
+
+RecordLayout RecordLayout::packed(std::vector<RecordSection> sections, int64_t alignment) {
+  MOE_USAGE_CHECK(alignment > 0 && (alignment & (alignment - 1)) == 0,
+                  "RecordLayout::packed: alignment ", alignment, " is not a power of two");
+  RecordLayout layout;
+  int64_t end = 0;
+  for (RecordSection& s : sections) {
+    for (int64_t d : s.shape)
+      MOE_USAGE_CHECK(d >= 0, "record section '", s.name, "': negative dimension in shape ",
+                      shape_str(s.shape));
+    s.offset = round_up(end, alignment);
+    s.bytes = shape_numel(s.shape) * static_cast<int64_t>(dtype_size(s.dtype));
+    end = s.offset + s.bytes;
+  }
+  layout.sections = std::move(sections);
+  layout.payload_bytes = round_up(end, alignment);
+  layout.validate("RecordLayout::packed");
+  return layout;
+}
+
+void RecordLayout::validate(const std::string& what) const {
+  MOE_USAGE_CHECK(!sections.empty(), what, ": a record layout needs at least one section");
+  MOE_USAGE_CHECK(payload_bytes > 0, what, ": payload_bytes ", payload_bytes, " must be positive");
+  std::vector<const RecordSection*> by_offset;
+  for (const RecordSection& s : sections) {
+    MOE_USAGE_CHECK(!s.name.empty(), what, ": a record section has an empty name");
+    for (const RecordSection& t : sections)
+      MOE_USAGE_CHECK(&t == &s || t.name != s.name, what, ": record section '", s.name,
+                      "' appears twice");
+    for (int64_t d : s.shape)
+      MOE_USAGE_CHECK(d >= 0, what, ": record section '", s.name, "' has shape ",
+                      shape_str(s.shape));
+    const int64_t expected = shape_numel(s.shape) * static_cast<int64_t>(dtype_size(s.dtype));
+    MOE_USAGE_CHECK(s.bytes == expected, what, ": record section '", s.name, "' (",
+                    dtype_name(s.dtype), " ", shape_str(s.shape), ") has ", s.bytes,
+                    " bytes, expected ", expected);
+    MOE_USAGE_CHECK(s.offset >= 0 && s.offset + s.bytes <= payload_bytes, what,
+                    ": record section '", s.name, "' at [", s.offset, ", ", s.offset + s.bytes,
+                    ") leaves the payload of ", payload_bytes, " bytes");
+    by_offset.push_back(&s);
+  }
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const RecordSection* a, const RecordSection* b) { return a->offset < b->offset; });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    const RecordSection& a = *by_offset[i - 1];
+    const RecordSection& b = *by_offset[i];
+    MOE_USAGE_CHECK(a.offset + a.bytes <= b.offset, what, ": record sections '", a.name, "' and '",
+                    b.name, "' overlap");
+  }
+}
+
+uint64_t RecordLayout::hash() const {
+  // A canonical text of everything that decides how the payload's bytes are read.
+  std::string text = str("moe.ssd.layout;payload=", payload_bytes, ";");
+  for (const RecordSection& s : sections)
+    text += str(s.name, '\0', dtype_name(s.dtype), '\0', shape_str(s.shape), '\0', s.offset, '\0',
+                s.bytes, ';');
+  return hash_name(text);
+}
+
+const RecordSection& RecordLayout::section(std::string_view name) const {
+  for (const RecordSection& s : sections)
+    if (s.name == name) return s;
+  std::string names;
+  for (const RecordSection& s : sections) names += str(names.empty() ? "" : ", ", s.name);
+  throw Error(str("record layout has no section '", name, "' (it has ", names, ")"));
+}
+
+// ----------------------------------------------------------------------------- ExpertFiles
+
+class ExpertFiles::Claim {
+ public:
+  Claim(Slot& slot, const std::string& where, const char* op) : slot_(slot) {
+    bool idle = false;
+    if (!slot_.busy.compare_exchange_strong(idle, true, std::memory_order_acquire))
+      throw Error(str(where, ": ", op, " while another read or write of the same expert is in ",
+                      "progress (the store must serialise each expert's I/O)"));
+  }
+  ~Claim() { slot_.busy.store(false, std::memory_order_release); }
+  Claim(const Claim&) = delete;
+  Claim& operator=(const Claim&) = delete;
+
+ private:
+  Slot& slot_;
+};
+
+int64_t ExpertFiles::file_bytes(const RecordLayout& layout) {
+  return kHeaderBytes + layout.payload_bytes;
+}
+
+int64_t ExpertFiles::total_bytes(const std::vector<LayerRecords>& layers) {
+  int64_t total = 0;
+  // Each file takes whole file-system blocks: round up to the common 4096.
+  for (const LayerRecords& l : layers)
+    total += static_cast<int64_t>(l.experts) * round_up(file_bytes(l.layout), 4096);
+  return total;
+}
+
+ExpertFiles::ExpertFiles(const std::string& dir, std::vector<LayerRecords> layers)
+    : dir_(dir), layers_(std::move(layers)) {
+  MOE_USAGE_CHECK(!dir_.empty(), "--ssd-dir is empty: name a directory for the SSD expert tier");
+  MOE_USAGE_CHECK(!layers_.empty(), "the SSD expert tier needs at least one layer");
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const std::string what = str("SSD expert tier, layer ", l);
+    layers_[l].layout.validate(what);
+    MOE_USAGE_CHECK(layers_[l].experts > 0, what, ": ", layers_[l].experts,
+                    " experts (must be positive)");
+    layout_hashes_.push_back(layers_[l].layout.hash());
+    slots_.push_back(std::make_unique<Slot[]>(static_cast<size_t>(layers_[l].experts)));
+  }
+
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  const fs::file_status status = fs::status(dir_);
+  if (!fs::is_directory(status)) {
+    if (fs::exists(status))
+      throw Error(str("--ssd-dir '", dir_, "' is not a directory: name a directory (it is created ",
+                      "when missing)"));
+    throw Error(str("--ssd-dir '", dir_, "': cannot create it: ", ec.message(),
+                    "; name a writable directory"));
+  }
+  remove_abandoned_runs(dir_);
+
+  std::string run = str(dir_, "/", kRunPrefix, ::getpid(), "-XXXXXX");
+  if (::mkdtemp(run.data()) == nullptr)
+    throw Error(str("--ssd-dir '", dir_, "' is not writable: cannot create a run directory in it: ",
+                    std::strerror(errno), "; name a writable directory"));
+  run_dir_ = run;
+  try {
+    // After mkdtemp, so an unwritable directory is named as such, not as a full one.
+    struct statvfs fsinfo {};
+    if (::statvfs(dir_.c_str(), &fsinfo) != 0)
+      throw Error(
+          str("--ssd-dir '", dir_, "': cannot query its file system: ", std::strerror(errno)));
+    const int64_t needed = total_bytes(layers_);
+    const auto free_bytes = static_cast<int64_t>(std::min<unsigned long long>(
+        static_cast<unsigned long long>(fsinfo.f_bavail) * fsinfo.f_frsize,
+        static_cast<unsigned long long>(INT64_MAX)));
+    if (needed > free_bytes)
+      throw Error(str("--ssd-dir '", dir_, "': the SSD expert tier needs ", bytes_text(needed),
+                      " for ", layers_.size(), " layers' expert files, but its file system has ",
+                      bytes_text(free_bytes),
+                      " free; free space there, choose a larger --ssd-dir, ",
+                      "or give the host tier more memory"));
+    // Locked before it gets its name, so remove_abandoned_runs never sees it unlocked.
+    const std::string temp_lock = run_dir_ + "/.lock-new";
+    Fd lock(::open(temp_lock.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+    if (lock.fd < 0)
+      throw Error(
+          str("--ssd-dir '", dir_, "': cannot create '", temp_lock, "': ", std::strerror(errno)));
+    // A file system without flock (some network ones) leaves the run unlocked: it is then
+    // never removed by another run, which is the safe side.
+    (void)::flock(lock.fd, LOCK_EX | LOCK_NB);
+    if (std::rename(temp_lock.c_str(), (run_dir_ + "/" + kLockName).c_str()) != 0)
+      throw Error(
+          str("--ssd-dir '", dir_, "': cannot rename '", temp_lock, "': ", std::strerror(errno)));
+    lock_fd_ = lock.release();
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      char name[32];
+      std::snprintf(name, sizeof name, "/layer-%04zu", l);
+      if (::mkdir((run_dir_ + name).c_str(), 0700) != 0)
+        throw Error(str("--ssd-dir '", dir_, "': cannot create '", run_dir_, name,
+                        "': ", std::strerror(errno)));
+    }
+    run_id_ = fresh_run_id();
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(run_dir_, ignored);
+    if (lock_fd_ >= 0) ::close(lock_fd_);
+    throw;
+  }
+}
+
+ExpertFiles::~ExpertFiles() {
+  std::error_code ignored;
+  fs::remove_all(run_dir_, ignored);
+  if (lock_fd_ >= 0) ::close(lock_fd_);
+}
+
+const LayerRecords& ExpertFiles::layer(int index) const {
+  MOE_CHECK(index >= 0 && index < num_layers(), "SSD expert tier: layer ", index,
+            " out of range [0, ", num_layers(), ")");
+  return layers_[static_cast<size_t>(index)];
+}
+
+std::string ExpertFiles::path(int layer, int expert) const {
+  char name[48];
+  std::snprintf(name, sizeof name, "/layer-%04d/expert-%05d.bin", layer, expert);
+  return run_dir_ + name;
+}
+
+std::string ExpertFiles::where(int layer, int expert) const {
+  return str("SSD expert file '", path(layer, expert), "' (layer ", layer, ", expert ", expert,
+             ")");
+}
+
+ExpertFiles::Slot& ExpertFiles::slot(int layer, int expert) const {
+  const LayerRecords& records = this->layer(layer);
+  MOE_CHECK(expert >= 0 && expert < records.experts, "SSD expert tier: expert ", expert,
+            " of layer ", layer, " out of range [0, ", records.experts, ")");
+  return slots_[static_cast<size_t>(layer)][static_cast<size_t>(expert)];
+}
+
+bool ExpertFiles::written(int layer, int expert) const { return slot(layer, expert).valid; }
+
+void ExpertFiles::write(int layer, int expert, const void* payload) {
+  Slot& s = slot(layer, expert);
+  const std::string file = path(layer, expert);
+  Claim claim(s, where(layer, expert), "write");
+  const int64_t payload_bytes = layers_[static_cast<size_t>(layer)].layout.payload_bytes;
+
+  s.valid = false;  // until this write has landed whole
+  alignas(64) unsigned char block[kHeaderBytes] = {};
+  ExpertFileHeader header{};
+  std::memcpy(header.magic, ExpertFileHeader::kMagic, sizeof header.magic);
+  header.version = ExpertFileHeader::kVersion;
+  header.run_id = run_id_;
+  header.layout_hash = layout_hashes_[static_cast<size_t>(layer)];
+  header.generation = ++s.generation;
+  header.payload_bytes = payload_bytes;
+  header.layer = layer;
+  header.expert = expert;
+  header.payload_crc = crc32c(payload, static_cast<size_t>(payload_bytes));
+  header.header_crc = header_checksum(header);
+  std::memcpy(block, &header, sizeof header);
+
+  Fd fd(::open(file.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600));
+  if (fd.fd < 0) {
+    const int error = errno;
+    throw Error(str("cannot write ", where(layer, expert), ": ", std::strerror(error), "; ",
+                    write_advice(error)));
+  }
+  int error = 0;
+  std::vector<iovec> iov{{block, sizeof block},
+                         {const_cast<void*>(payload), static_cast<size_t>(payload_bytes)}};
+  const int64_t done = transfer(fd.fd, std::move(iov), 0, true, error);
+  if (error == 0 && ::close(fd.release()) != 0) error = errno;  // NFS reports late errors here
+  if (error != 0)
+    throw Error(str("cannot write ", where(layer, expert), ": ", std::strerror(error), " after ",
+                    done, " of ", file_bytes(layers_[static_cast<size_t>(layer)].layout),
+                    " bytes; ", write_advice(error)));
+  s.payload_crc = header.payload_crc;
+  s.valid = true;
+  bytes_written_.fetch_add(payload_bytes, std::memory_order_relaxed);
+  writes_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void ExpertFiles::read(int layer, int expert, void* payload) {
+  Slot& s = slot(layer, expert);
+  const std::string file = path(layer, expert);
+  const std::string at = where(layer, expert);
+  Claim claim(s, at, "read");
+  const RecordLayout& layout = layers_[static_cast<size_t>(layer)].layout;
+  if (!s.valid)
+    throw Error(str("cannot read ", at, ": ",
+                    s.generation == 0 ? "it was never written"
+                                      : "its last write failed, so it holds no valid copy",
+                    " (the store must write an expert before reading it back)"));
+  // What the caller can do about a file that is not what this run wrote.
+  const char* damaged =
+      "the SSD tier is a cache of this run: something damaged or replaced the file (a disk or "
+      "file-system error, or another program writing in --ssd-dir); restart from the last "
+      "checkpoint";
+
+  Fd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.fd < 0) {
+    const int error = errno;
+    if (error == ENOENT)
+      throw Error(str("cannot read ", at, ": the file is missing (removed while the run used it: ",
+                      "keep other programs and cleanups out of --ssd-dir); restart from the last ",
+                      "checkpoint"));
+    throw Error(str("cannot read ", at, ": ", std::strerror(error),
+                    "; check the device and file system of --ssd-dir"));
+  }
+  alignas(64) unsigned char block[kHeaderBytes];
+  const int64_t expected = file_bytes(layout);
+  int error = 0;
+  std::vector<iovec> iov{{block, sizeof block},
+                         {payload, static_cast<size_t>(layout.payload_bytes)}};
+  const int64_t done = transfer(fd.fd, std::move(iov), 0, false, error);
+  if (error != 0)
+    throw Error(str("cannot read ", at, ": ", std::strerror(error), " after ", done, " of ",
+                    expected, " bytes; check the device and file system of --ssd-dir (dmesg)"));
+  if (done < static_cast<int64_t>(sizeof(ExpertFileHeader)) ||
+      std::memcmp(block, ExpertFileHeader::kMagic, sizeof ExpertFileHeader::kMagic) != 0)
+    throw Error(str("cannot read ", at, ": not an SSD expert file (",
+                    done < static_cast<int64_t>(sizeof(ExpertFileHeader))
+                        ? str("only ", done, " bytes")
+                        : std::string("no MOESSDX magic"),
+                    "); ", damaged));
+  ExpertFileHeader header;
+  std::memcpy(&header, block, sizeof header);
+  if (header.version != ExpertFileHeader::kVersion)
+    throw Error(str("cannot read ", at, ": format version ", header.version,
+                    ", this build reads version ", ExpertFileHeader::kVersion, "; ", damaged));
+  if (header.header_crc != header_checksum(header))
+    throw Error(
+        str("cannot read ", at, ": its header is damaged (header checksum mismatch); ", damaged));
+  if (header.layer != layer || header.expert != expert)
+    throw Error(str("cannot read ", at, ": it holds layer ", header.layer, " expert ",
+                    header.expert, "; ", damaged));
+  if (header.layout_hash != layout_hashes_[static_cast<size_t>(layer)] ||
+      header.payload_bytes != layout.payload_bytes)
+    throw Error(str("cannot read ", at, ": it was written for another record layout (",
+                    header.payload_bytes, " payload bytes, layout hash ", header.layout_hash,
+                    "; this layer has ", layout.payload_bytes, " bytes, hash ",
+                    layout_hashes_[static_cast<size_t>(layer)], "): another model's file; ",
+                    damaged));
+  if (header.run_id != run_id_)
+    throw Error(str("cannot read ", at, ": it was written by another run; ", damaged));
+  if (header.generation != s.generation)
+    throw Error(str("cannot read ", at, ": it holds write ", header.generation,
+                    " of this expert, the last write was ", s.generation, " (stale data); ",
+                    damaged));
+  if (done < expected)
+    throw Error(
+        str("cannot read ", at, ": truncated (", done, " of ", expected, " bytes); ", damaged));
+  const uint32_t crc = crc32c(payload, static_cast<size_t>(layout.payload_bytes));
+  if (crc != header.payload_crc || crc != s.payload_crc)
+    throw Error(str("cannot read ", at, ": payload checksum mismatch (CRC32C ", crc,
+                    ", written as ", s.payload_crc, "): the data is damaged; ", damaged));
+  bytes_read_.fetch_add(layout.payload_bytes, std::memory_order_relaxed);
+  reads_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void ExpertFiles::will_need(int layer, int expert) const {
+  if (!slot(layer, expert).valid) return;
+  Fd fd(::open(path(layer, expert).c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.fd >= 0) (void)::posix_fadvise(fd.fd, 0, 0, POSIX_FADV_WILLNEED);
+}
+
+}  // namespace moe::offload
