@@ -89,10 +89,11 @@ TEST_CASE("crc32c: known values, the table and the instruction agree, pieces cha
   CHECK(crc32c(ones.data(), ones.size()) == 0x62A8AB43u);
   CHECK(crc32c(nullptr, 0) == 0u);
 
-  const std::vector<unsigned char> data = random_bytes(5000, 7);
-  // Every alignment and a spread of lengths, including the tails shorter than 8 bytes.
+  const std::vector<unsigned char> data = random_bytes(60000, 7);
+  // Every alignment and a spread of lengths: the tails shorter than 8 bytes, and one, two and
+  // several blocks of the instruction's three interleaved 4096-byte chains, with and without rest.
   for (size_t start : {0, 1, 3, 7, 8}) {
-    for (size_t length : {0, 1, 5, 8, 13, 64, 1000, 4991}) {
+    for (size_t length : {0, 1, 5, 8, 13, 64, 1000, 4991, 12287, 12288, 12289, 24576, 59000}) {
       const uint32_t portable = detail::crc32c_portable(data.data() + start, length);
       CHECK(crc32c(data.data() + start, length) == portable);
       if (detail::crc32c_hardware())
@@ -102,7 +103,7 @@ TEST_CASE("crc32c: known values, the table and the instruction agree, pieces cha
   const uint32_t whole = crc32c(data.data(), data.size());
   CHECK(crc32c(data.data() + 1234, data.size() - 1234, crc32c(data.data(), 1234)) == whole);
   std::vector<unsigned char> flipped = data;
-  flipped[2500] ^= 1;
+  flipped[25000] ^= 1;
   CHECK(crc32c(flipped.data(), flipped.size()) != whole);
 }
 
