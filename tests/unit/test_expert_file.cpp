@@ -18,6 +18,7 @@
 #include "moe/checksum.h"
 #include "moe/error.h"
 #include "moe/offload/expert_file.h"
+#include "moe/rng.h"
 #include "support/run.h"
 
 using namespace moe;
@@ -143,6 +144,15 @@ TEST_CASE("RecordLayout: packed offsets, validation, hash, section lookup", "[of
                                    {"w.value", DType::f32, {3, 5}},
                                    {"flag", DType::u8, {}}})
                  .hash());
+
+  // The hash is the one docs/FORMATS.md spells out.
+  const RecordLayout small =
+      RecordLayout::packed({{"a", DType::f32, {2, 3}}, {"b", DType::bf16, {}}});
+  std::string text = "moe.ssd.layout;payload=128;";
+  for (const char* field : {"a", "f32", "[2,3]", "0", "24;b", "bf16", "[]", "64"})
+    text += std::string(field) + '\0';
+  text += "2;";
+  CHECK(small.hash() == hash_name(text));
 
   // Refusals, each naming the section.
   CHECK_THROWS_AS(RecordLayout::packed({}), UsageError);

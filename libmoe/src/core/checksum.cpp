@@ -9,6 +9,7 @@
 
 #if defined(__x86_64__)
 #include <nmmintrin.h>
+#include <xmmintrin.h>
 #endif
 
 namespace moe {
@@ -94,7 +95,15 @@ __attribute__((target("sse4.2"))) uint32_t crc32c_sse42(const void* data, size_t
   uint64_t c = ~crc;
   for (; bytes >= 3 * kStream; bytes -= 3 * kStream, p += 3 * kStream) {
     uint64_t a = c, b = 0, d = 0;
+    // Out of cache the chains wait on memory (13 instead of 29 GB/s over 64 MiB on an AMD EPYC):
+    // ask for the next block's lines while this one is summed.
+    const bool more = bytes >= 6 * kStream;
     for (size_t i = 0; i < kStream; i += 8) {
+      if (more && i % 64 == 0) {
+        _mm_prefetch(reinterpret_cast<const char*>(p + 3 * kStream + i), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(p + 4 * kStream + i), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(p + 5 * kStream + i), _MM_HINT_T0);
+      }
       uint64_t wa, wb, wd;
       std::memcpy(&wa, p + i, 8);
       std::memcpy(&wb, p + kStream + i, 8);

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -25,6 +26,17 @@
 namespace moe::offload {
 
 namespace fs = std::filesystem;
+
+// The header's fields sit where docs/FORMATS.md says.
+static_assert(offsetof(ExpertFileHeader, version) == 8 &&
+              offsetof(ExpertFileHeader, header_crc) == 12 &&
+              offsetof(ExpertFileHeader, run_id) == 16 &&
+              offsetof(ExpertFileHeader, layout_hash) == 24 &&
+              offsetof(ExpertFileHeader, generation) == 32 &&
+              offsetof(ExpertFileHeader, payload_bytes) == 40 &&
+              offsetof(ExpertFileHeader, layer) == 48 && offsetof(ExpertFileHeader, expert) == 52 &&
+              offsetof(ExpertFileHeader, payload_crc) == 56 &&
+              offsetof(ExpertFileHeader, reserved) == 64);
 
 namespace {
 
