@@ -2,12 +2,14 @@
 // several layouts, threads on different experts, and every refusal on real files: --ssd-dir not
 // a directory or not writable, a file system too small, ENOSPC mid-run (/dev/full), a flipped
 // payload or header byte, a truncated, missing, stale, swapped or foreign file, another format
-// version, and abandoned run directories of crashed runs.
+// version, two operations on one expert at once, and abandoned run directories of crashed runs.
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstddef>
 #include <cstring>
 #include <filesystem>
@@ -425,6 +427,41 @@ TEST_CASE("ExpertFiles: damaged, truncated, missing, stale and foreign files are
   }
   // The other experts were never touched and still read back.
   files.read(0, 0, back.data());
+  CHECK(back == payload);
+}
+
+TEST_CASE("ExpertFiles: two operations on one expert at once are refused",
+          "[offload][ssd][errors]") {
+  test::ScratchDir scratch("ssd-busy");
+  const std::vector<LayerRecords> layers{expert_layer(4, 8, 2)};
+  ExpertFiles files(scratch.path(), layers);
+  const std::vector<unsigned char> payload = random_bytes(layers[0].layout.payload_bytes, 9);
+  std::vector<unsigned char> back(payload.size());
+  // The expert's file is a FIFO: a write blocks in open() until a reader comes, holding the
+  // expert, so the second operation meets it deterministically.
+  REQUIRE(::mkfifo(files.path(0, 0).c_str(), 0600) == 0);
+  std::string blocked_write;
+  std::thread writer(
+      [&] { blocked_write = test::error_of([&] { files.write(0, 0, payload.data()); }); });
+  std::string second;
+  for (int attempt = 0; attempt < 2000; ++attempt) {  // until the writer holds the expert (<= 20 s)
+    second = test::error_of([&] { files.read(0, 0, back.data()); });
+    if (second.find("in progress") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK_THAT(second, Catch::Contains("(layer 0, expert 0)") &&
+                         Catch::Contains("read while another read or write of the same expert"));
+  // The other expert is free meanwhile.
+  files.write(0, 1, payload.data());
+  const int reader = ::open(files.path(0, 0).c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  REQUIRE(reader >= 0);
+  writer.join();
+  ::close(reader);
+  // A FIFO cannot be written at an offset: the blocked write fails with its cause.
+  CHECK_THAT(blocked_write, Catch::Contains("cannot write SSD expert file") &&
+                                Catch::Contains(std::strerror(ESPIPE)));
+  CHECK_FALSE(files.written(0, 0));
+  files.read(0, 1, back.data());
   CHECK(back == payload);
 }
 
