@@ -1,15 +1,18 @@
 // The SSD tier's per-expert files (offload::ExpertFiles) and the CRC32C they use: round trips of
 // several layouts, threads on different experts, and every refusal on real files: --ssd-dir not
 // a directory or not writable, a file system too small, ENOSPC mid-run (/dev/full), a flipped
-// payload or header byte, a truncated, missing, stale, swapped or foreign file, another format
-// version, two operations on one expert at once, and abandoned run directories of crashed runs.
+// payload or header byte, a short write (RLIMIT_FSIZE), a truncated, missing, stale, swapped or
+// foreign file, another format version, two operations on one expert at once, and abandoned run
+// directories of crashed runs.
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <csignal>
 #include <cstddef>
 #include <cstring>
 #include <filesystem>
@@ -339,6 +342,40 @@ TEST_CASE("ExpertFiles: a write that fails with ENOSPC mid-run (/dev/full)",
   CHECK(back == payload);
   CHECK_THAT(test::error_of([&] { files.read(0, 2, back.data()); }),
              Catch::Contains("(layer 0, expert 2)") && Catch::Contains("never written"));
+}
+
+TEST_CASE("ExpertFiles: a short write is resumed, and the error after it reported (RLIMIT_FSIZE)",
+          "[offload][ssd][errors]") {
+  test::ScratchDir scratch("ssd-short");
+  const std::vector<LayerRecords> layers{expert_layer(8, 16, 1)};
+  ExpertFiles files(scratch.path(), layers);
+  const std::vector<unsigned char> payload = random_bytes(layers[0].layout.payload_bytes, 4);
+  const int64_t limit = ExpertFiles::kHeaderBytes + 1000;
+  std::string message;
+  {
+    // Past the file-size limit the kernel writes what fits (a short write), then fails the next
+    // write with EFBIG; SIGXFSZ, which would end the process, is ignored meanwhile.
+    struct rlimit before {};
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &before) == 0);
+    struct rlimit lowered = before;
+    lowered.rlim_cur = static_cast<rlim_t>(limit);
+    void (*old_handler)(int) = std::signal(SIGXFSZ, SIG_IGN);
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &lowered) == 0);
+    message = test::error_of([&] { files.write(0, 0, payload.data()); });
+    ::setrlimit(RLIMIT_FSIZE, &before);
+    std::signal(SIGXFSZ, old_handler);
+  }
+  // "after <limit>": the first, short write was resumed, and the second one's error reported.
+  CHECK_THAT(message,
+             Catch::Contains("cannot write SSD expert file") &&
+                 Catch::Contains(std::strerror(EFBIG)) &&
+                 Catch::Contains(str("after ", limit, " of ",
+                                     ExpertFiles::file_bytes(layers[0].layout), " bytes")));
+  CHECK_FALSE(files.written(0, 0));
+  files.write(0, 0, payload.data());
+  std::vector<unsigned char> back(payload.size());
+  files.read(0, 0, back.data());
+  CHECK(back == payload);
 }
 
 TEST_CASE("ExpertFiles: damaged, truncated, missing, stale and foreign files are refused",
