@@ -502,6 +502,22 @@ TEST_CASE("ExpertFiles: two operations on one expert at once are refused",
   CHECK(back == payload);
 }
 
+TEST_CASE("ExpertFiles: a run directory removed under the run is named in the errors",
+          "[offload][ssd][errors]") {
+  test::ScratchDir scratch("ssd-removed");
+  const std::vector<LayerRecords> layers{expert_layer(4, 8, 2)};
+  ExpertFiles files(scratch.path(), layers);
+  const std::vector<unsigned char> payload = random_bytes(layers[0].layout.payload_bytes, 8);
+  files.write(0, 0, payload.data());
+  fs::remove_all(files.run_directory() + "/layer-0000");  // a cleanup that went too far
+  std::vector<unsigned char> back(payload.size());
+  CHECK_THAT(test::error_of([&] { files.read(0, 0, back.data()); }),
+             Catch::Contains("(layer 0, expert 0)") && Catch::Contains("the file is missing"));
+  CHECK_THAT(test::error_of([&] { files.write(0, 1, payload.data()); }),
+             Catch::Contains("cannot write SSD expert file '" + files.path(0, 1) + "'") &&
+                 Catch::Contains("its directory was removed while the run used it"));
+}
+
 TEST_CASE("ExpertFiles: indices out of range are refused", "[offload][ssd][errors]") {
   test::ScratchDir scratch("ssd-range");
   ExpertFiles files(scratch.path(), {expert_layer(4, 8, 2)});

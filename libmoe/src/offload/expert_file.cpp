@@ -17,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <utility>
 
 #include "moe/checksum.h"
 #include "moe/error.h"
@@ -69,6 +70,9 @@ std::string write_advice(int error) {
   if (error == ENOSPC || error == EDQUOT)
     return "the file system of --ssd-dir is full: free space there or choose another --ssd-dir "
            "(the SSD tier needs room for every expert's file)";
+  if (error == ENOENT)
+    return "its directory was removed while the run used it: keep other programs and cleanups "
+           "out of --ssd-dir";
   return "check the device and file system of --ssd-dir (dmesg), or choose another --ssd-dir";
 }
 
