@@ -56,6 +56,16 @@ std::vector<unsigned char> random_bytes(int64_t n, uint32_t seed) {
   return bytes;
 }
 
+// A record of random section bytes and zero padding (what a read gives back: padding is written
+// as zeros whatever the caller's buffer holds there).
+std::vector<unsigned char> random_record(const RecordLayout& layout, uint32_t seed) {
+  const std::vector<unsigned char> noise = random_bytes(layout.payload_bytes, seed);
+  std::vector<unsigned char> record(noise.size(), 0);
+  for (const RecordSection& s : layout.sections)
+    std::copy_n(noise.begin() + s.offset, s.bytes, record.begin() + s.offset);
+  return record;
+}
+
 std::vector<unsigned char> file_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
@@ -210,7 +220,7 @@ TEST_CASE("ExpertFiles: layers of different layouts round-trip bitwise; files go
         written[l].resize(static_cast<size_t>(layers[l].experts));
         for (int e = 0; e < layers[l].experts; ++e) {
           CHECK(files.written(l, e) == (round > 0));
-          written[l][e] = random_bytes(layers[l].layout.payload_bytes, 100 * round + 10 * l + e);
+          written[l][e] = random_record(layers[l].layout, 100 * round + 10 * l + e);
           files.write(l, e, written[l][e].data());
           CHECK(files.written(l, e));
           CHECK(static_cast<int64_t>(fs::file_size(files.path(l, e))) ==
@@ -238,6 +248,85 @@ TEST_CASE("ExpertFiles: layers of different layouts round-trip bitwise; files go
   CHECK(runs_in(dir).empty());
 }
 
+TEST_CASE("ExpertFiles: read_sections reads and verifies only the sections asked for",
+          "[offload][ssd]") {
+  test::ScratchDir scratch("ssd-sections");
+  const std::vector<LayerRecords> layers{expert_layer(8, 16, 2)};
+  const RecordLayout& layout = layers[0].layout;
+  ExpertFiles files(scratch.path(), layers);
+  // The caller's padding holds noise: it is written, and read back, as zeros.
+  const std::vector<unsigned char> noisy = random_bytes(layout.payload_bytes, 11);
+  const std::vector<unsigned char> expected = random_record(layout, 11);
+  REQUIRE(noisy != expected);
+  files.write(0, 0, noisy.data());
+  std::vector<unsigned char> back(noisy.size(), 0xCD);
+  files.read(0, 0, back.data());
+  CHECK(back == expected);
+
+  // Bytes in [begin, end) equal the record, all others still hold the 0xCD of before the read.
+  const auto only = [&](int64_t begin, int64_t end) {
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < layout.payload_bytes; ++i)
+      wrong += (i >= begin && i < end) ? back[i] != expected[i] : back[i] != 0xCD;
+    return wrong;
+  };
+  const RecordSection& w2 = layout.section("w2.value");
+  std::fill(back.begin(), back.end(), 0xCD);
+  files.read_sections(0, 0, layout.index("w2.value"), layout.index("w2.value") + 1, back.data());
+  CHECK(only(w2.offset, w2.offset + w2.bytes) == 0);
+  // b1's five sections, with the padding after the bf16 value inside their span.
+  const int b1 = layout.index("b1.value");
+  const RecordSection& b1_grad = layout.sections[b1 + 4];
+  REQUIRE(b1_grad.name == "b1.grad");
+  std::fill(back.begin(), back.end(), 0xCD);
+  files.read_sections(0, 0, b1, b1 + 5, back.data());
+  CHECK(only(layout.sections[b1].offset, b1_grad.offset + b1_grad.bytes) == 0);
+  CHECK(files.bytes_read() == layout.payload_bytes + w2.bytes +
+                                  (b1_grad.offset + b1_grad.bytes - layout.sections[b1].offset));
+  CHECK(files.reads() == 3);
+
+  // A damaged section fails the reads that include it, naming it; the others still read.
+  const std::string path = files.path(0, 0);
+  const int64_t damaged = ExpertFiles::kHeaderBytes + layout.section("w2.adam_m").offset + 1;
+  flip_byte(path, damaged);
+  files.read_sections(0, 0, layout.index("w2.value"), layout.index("w2.value") + 1, back.data());
+  const int adam_m = layout.index("w2.adam_m");
+  CHECK_THAT(test::error_of([&] { files.read_sections(0, 0, adam_m, adam_m + 1, back.data()); }),
+             Catch::Contains("section 'w2.adam_m' checksum mismatch"));
+  CHECK_THAT(test::error_of([&] { files.read(0, 0, back.data()); }),
+             Catch::Contains("section 'w2.adam_m' checksum mismatch"));
+  flip_byte(path, damaged);  // repaired
+  files.read(0, 0, back.data());
+  CHECK(back == expected);
+
+  // Ranges that are empty or leave the layout.
+  const int sections = static_cast<int>(layout.sections.size());
+  CHECK_THROWS_AS(files.read_sections(0, 0, 2, 2, back.data()), UsageError);
+  CHECK_THAT(test::error_of([&] { files.read_sections(0, 0, 5, sections + 1, back.data()); }),
+             Catch::Contains(str("the layout has sections [0, ", sections, ")")));
+}
+
+TEST_CASE("ExpertFiles: read_sections refuses a span that holds another section",
+          "[offload][ssd][errors]") {
+  test::ScratchDir scratch("ssd-span");
+  // Sections out of offset order: a at 128, b at 0, c at 64 (c lies between b and a).
+  RecordLayout layout;
+  layout.sections = {{"a", DType::f32, {16}, 128, 64},
+                     {"b", DType::f32, {16}, 0, 64},
+                     {"c", DType::f32, {16}, 64, 64}};
+  layout.payload_bytes = 192;
+  ExpertFiles files(scratch.path(), {{layout, 1}});
+  const std::vector<unsigned char> payload = random_record(layout, 12);
+  files.write(0, 0, payload.data());
+  std::vector<unsigned char> back(payload.size(), 0);
+  CHECK_THAT(test::error_of([&] { files.read_sections(0, 0, 0, 2, back.data()); }),
+             Catch::Contains("section 'c' lies between them"));
+  files.read_sections(0, 0, 1, 3, back.data());  // b and c: adjacent
+  CHECK(std::equal(back.begin(), back.begin() + 128, payload.begin()));
+  files.read(0, 0, back.data());
+  CHECK(back == payload);
+}
+
 TEST_CASE("ExpertFiles: threads writing and reading different experts at once", "[offload][ssd]") {
   test::ScratchDir scratch("ssd-threads");
   const std::vector<LayerRecords> layers{expert_layer(32, 96, 8), expert_layer(16, 48, 8)};
@@ -253,8 +342,7 @@ TEST_CASE("ExpertFiles: threads writing and reading different experts at once", 
           for (int l = 0; l < 2; ++l) {
             for (int e : {t, t + kThreads}) {
               const auto seed = static_cast<uint32_t>(1000 * round + 100 * l + e);
-              const std::vector<unsigned char> payload =
-                  random_bytes(layers[l].layout.payload_bytes, seed);
+              const std::vector<unsigned char> payload = random_record(layers[l].layout, seed);
               files.write(l, e, payload.data());
               std::vector<unsigned char> back(payload.size());
               files.read(l, e, back.data());
@@ -300,6 +388,13 @@ TEST_CASE("ExpertFiles: --ssd-dir that is not a writable directory", "[offload][
     CHECK_THROWS_AS(ExpertFiles(scratch.path(), {}), UsageError);
     CHECK_THAT(test::error_of([&] { ExpertFiles files(scratch.path(), {expert_layer(4, 8, 0)}); }),
                Catch::Contains("layer 0: 0 experts"));
+    std::vector<RecordSection> many;
+    for (int i = 0; i < ExpertFileHeader::kMaxSections + 1; ++i)
+      many.push_back({str("s", i), DType::f32, {1}});
+    CHECK_THAT(test::error_of([&] {
+                 ExpertFiles files(scratch.path(), {{RecordLayout::packed(many), 1}});
+               }),
+               Catch::Contains("257 record sections, at most 256"));
     CHECK(runs_in(scratch.path()).empty());
   }
 }
@@ -321,7 +416,7 @@ TEST_CASE("ExpertFiles: a write that fails with ENOSPC mid-run (/dev/full)",
   test::ScratchDir scratch("ssd-enospc");
   const std::vector<LayerRecords> layers{expert_layer(8, 16, 3)};
   ExpertFiles files(scratch.path(), layers);
-  const std::vector<unsigned char> payload = random_bytes(layers[0].layout.payload_bytes, 3);
+  const std::vector<unsigned char> payload = random_record(layers[0].layout, 3);
   files.write(0, 1, payload.data());
   // The expert's file becomes a link to /dev/full, where every write fails with ENOSPC.
   fs::remove(files.path(0, 1));
@@ -349,7 +444,7 @@ TEST_CASE("ExpertFiles: a short write is resumed, and the error after it reporte
   test::ScratchDir scratch("ssd-short");
   const std::vector<LayerRecords> layers{expert_layer(8, 16, 1)};
   ExpertFiles files(scratch.path(), layers);
-  const std::vector<unsigned char> payload = random_bytes(layers[0].layout.payload_bytes, 4);
+  const std::vector<unsigned char> payload = random_record(layers[0].layout, 4);
   const int64_t limit = ExpertFiles::kHeaderBytes + 1000;
   std::string message;
   {
@@ -384,7 +479,7 @@ TEST_CASE("ExpertFiles: damaged, truncated, missing, stale and foreign files are
   const std::vector<LayerRecords> layers{expert_layer(8, 16, 3)};
   ExpertFiles files(scratch / "a", layers);
   const int64_t payload_bytes = layers[0].layout.payload_bytes;
-  const std::vector<unsigned char> payload = random_bytes(payload_bytes, 5);
+  const std::vector<unsigned char> payload = random_record(layers[0].layout, 5);
   for (int e = 0; e < 3; ++e) files.write(0, e, payload.data());
   const std::string path = files.path(0, 1);
   const std::vector<unsigned char> good = file_bytes(path);
@@ -393,9 +488,22 @@ TEST_CASE("ExpertFiles: damaged, truncated, missing, stale and foreign files are
   const std::string where = "SSD expert file '" + path + "' (layer 0, expert 1)";
 
   SECTION("one payload byte flipped") {
-    flip_byte(path, ExpertFiles::kHeaderBytes + payload_bytes / 2);
-    CHECK_THAT(refusal(), Catch::Contains(where) && Catch::Contains("payload checksum mismatch") &&
+    flip_byte(path, ExpertFiles::kHeaderBytes + layers[0].layout.section("w2.adam_m").offset + 5);
+    CHECK_THAT(refusal(), Catch::Contains(where) &&
+                              Catch::Contains("section 'w2.adam_m' checksum mismatch") &&
                               Catch::Contains("restart from the last checkpoint"));
+  }
+  SECTION("one padding byte flipped (written as zeros)") {
+    const RecordSection& b1 = layers[0].layout.section("b1.value");
+    REQUIRE(layers[0].layout.sections[6].offset > b1.offset + b1.bytes);  // padding after b1.value
+    flip_byte(path, ExpertFiles::kHeaderBytes + b1.offset + b1.bytes + 3);
+    CHECK_THAT(refusal(), Catch::Contains(where) &&
+                              Catch::Contains(str("padding bytes [", b1.offset + b1.bytes)) &&
+                              Catch::Contains("are not zero"));
+  }
+  SECTION("one byte of the section checksum table flipped") {
+    flip_byte(path, sizeof(ExpertFileHeader) + 4 * 7 + 2);
+    CHECK_THAT(refusal(), Catch::Contains(where) && Catch::Contains("header is damaged"));
   }
   SECTION("one header byte flipped") {
     flip_byte(path, offsetof(ExpertFileHeader, expert));
@@ -424,7 +532,8 @@ TEST_CASE("ExpertFiles: damaged, truncated, missing, stale and foreign files are
     std::memcpy(&header, bytes.data(), sizeof header);
     header.version = 2;
     header.header_crc = 0;
-    header.header_crc = crc32c(&header, sizeof header);  // a well-formed header of version 2
+    header.header_crc = crc32c(bytes.data() + sizeof header, 4 * header.sections,
+                               crc32c(&header, sizeof header));  // well-formed, of version 2
     std::memcpy(bytes.data(), &header, sizeof header);
     put_file_bytes(path, bytes);
     CHECK_THAT(refusal(), Catch::Contains(where) && Catch::Contains("format version 2") &&
@@ -435,7 +544,7 @@ TEST_CASE("ExpertFiles: damaged, truncated, missing, stale and foreign files are
     CHECK_THAT(refusal(), Catch::Contains(where) && Catch::Contains("holds layer 0 expert 2"));
   }
   SECTION("a stale copy (an earlier write of the same expert)") {
-    const std::vector<unsigned char> newer = random_bytes(payload_bytes, 6);
+    const std::vector<unsigned char> newer = random_record(layers[0].layout, 6);
     files.write(0, 1, newer.data());
     put_file_bytes(path, good);
     CHECK_THAT(refusal(), Catch::Contains(where) && Catch::Contains("holds write 1") &&
@@ -450,7 +559,7 @@ TEST_CASE("ExpertFiles: damaged, truncated, missing, stale and foreign files are
   SECTION("another model's file (another layout)") {
     const std::vector<LayerRecords> wider{expert_layer(8, 32, 3)};
     ExpertFiles other(scratch / "b", wider);
-    const std::vector<unsigned char> other_payload = random_bytes(wider[0].layout.payload_bytes, 7);
+    const std::vector<unsigned char> other_payload = random_record(wider[0].layout, 7);
     other.write(0, 1, other_payload.data());
     fs::copy_file(other.path(0, 1), path, fs::copy_options::overwrite_existing);
     CHECK_THAT(refusal(), Catch::Contains(where) && Catch::Contains("another record layout"));
@@ -472,7 +581,7 @@ TEST_CASE("ExpertFiles: two operations on one expert at once are refused",
   test::ScratchDir scratch("ssd-busy");
   const std::vector<LayerRecords> layers{expert_layer(4, 8, 2)};
   ExpertFiles files(scratch.path(), layers);
-  const std::vector<unsigned char> payload = random_bytes(layers[0].layout.payload_bytes, 9);
+  const std::vector<unsigned char> payload = random_record(layers[0].layout, 9);
   std::vector<unsigned char> back(payload.size());
   // The expert's file is a FIFO: a write blocks in open() until a reader comes, holding the
   // expert, so the second operation meets it deterministically.
@@ -507,7 +616,7 @@ TEST_CASE("ExpertFiles: a run directory removed under the run is named in the er
   test::ScratchDir scratch("ssd-removed");
   const std::vector<LayerRecords> layers{expert_layer(4, 8, 2)};
   ExpertFiles files(scratch.path(), layers);
-  const std::vector<unsigned char> payload = random_bytes(layers[0].layout.payload_bytes, 8);
+  const std::vector<unsigned char> payload = random_record(layers[0].layout, 8);
   files.write(0, 0, payload.data());
   fs::remove_all(files.run_directory() + "/layer-0000");  // a cleanup that went too far
   std::vector<unsigned char> back(payload.size());
@@ -561,8 +670,8 @@ TEST_CASE("ExpertFiles: runs sharing an --ssd-dir stay apart; a crashed run's fi
     ExpertFiles second(scratch.path(), layers);  // the first is alive: its directory stays
     CHECK(fs::exists(first.run_directory()));
     CHECK(first.run_directory() != second.run_directory());
-    const std::vector<unsigned char> a = random_bytes(layers[0].layout.payload_bytes, 1);
-    const std::vector<unsigned char> b = random_bytes(layers[0].layout.payload_bytes, 2);
+    const std::vector<unsigned char> a = random_record(layers[0].layout, 1);
+    const std::vector<unsigned char> b = random_record(layers[0].layout, 2);
     first.write(0, 0, a.data());
     second.write(0, 0, b.data());
     std::vector<unsigned char> back(a.size());

@@ -36,7 +36,7 @@ static_assert(offsetof(ExpertFileHeader, version) == 8 &&
               offsetof(ExpertFileHeader, generation) == 32 &&
               offsetof(ExpertFileHeader, payload_bytes) == 40 &&
               offsetof(ExpertFileHeader, layer) == 48 && offsetof(ExpertFileHeader, expert) == 52 &&
-              offsetof(ExpertFileHeader, payload_crc) == 56 &&
+              offsetof(ExpertFileHeader, sections) == 56 &&
               offsetof(ExpertFileHeader, reserved) == 64);
 
 namespace {
@@ -113,9 +113,15 @@ int64_t transfer(int fd, std::vector<iovec> iov, int64_t offset, bool writing, i
   return done;
 }
 
-uint32_t header_checksum(ExpertFileHeader header) {
+constexpr int64_t kTableOffset = sizeof(ExpertFileHeader);  // the section checksums
+
+// CRC32C of a header block: the 128-byte header with header_crc zero, then `sections` checksums.
+uint32_t header_checksum(const unsigned char* block, uint32_t sections) {
+  ExpertFileHeader header;
+  std::memcpy(&header, block, sizeof header);
   header.header_crc = 0;
-  return crc32c(&header, sizeof header);
+  return crc32c(block + kTableOffset, 4 * static_cast<size_t>(sections),
+                crc32c(&header, sizeof header));
 }
 
 uint64_t fresh_run_id() {
@@ -206,8 +212,12 @@ uint64_t RecordLayout::hash() const {
 }
 
 const RecordSection& RecordLayout::section(std::string_view name) const {
-  for (const RecordSection& s : sections)
-    if (s.name == name) return s;
+  return sections[static_cast<size_t>(index(name))];
+}
+
+int RecordLayout::index(std::string_view name) const {
+  for (size_t i = 0; i < sections.size(); ++i)
+    if (sections[i].name == name) return static_cast<int>(i);
   std::string names;
   for (const RecordSection& s : sections) names += str(names.empty() ? "" : ", ", s.name);
   throw Error(str("record layout has no section '", name, "' (it has ", names, ")"));
@@ -252,6 +262,28 @@ ExpertFiles::ExpertFiles(const std::string& dir, std::vector<LayerRecords> layer
     layers_[l].layout.validate(what);
     MOE_USAGE_CHECK(layers_[l].experts > 0, what, ": ", layers_[l].experts,
                     " experts (must be positive)");
+    const std::vector<RecordSection>& sections = layers_[l].layout.sections;
+    MOE_USAGE_CHECK(sections.size() <= static_cast<size_t>(ExpertFileHeader::kMaxSections), what,
+                    ": ", sections.size(), " record sections, at most ",
+                    ExpertFileHeader::kMaxSections, " (their checksums fill the file's header)");
+    std::vector<Piece> pieces;
+    for (size_t i = 0; i < sections.size(); ++i)
+      pieces.push_back({sections[i].offset, sections[i].bytes, static_cast<int>(i)});
+    std::sort(pieces.begin(), pieces.end(),
+              [](const Piece& a, const Piece& b) { return a.offset < b.offset; });
+    std::vector<Piece> cut;  // with the padding before, between and after the sections
+    int64_t end = 0;
+    for (const Piece& piece : pieces) {
+      if (piece.offset > end) cut.push_back({end, piece.offset - end, -1});
+      if (piece.bytes > 0) cut.push_back(piece);
+      end = std::max(end, piece.offset + piece.bytes);
+    }
+    if (layers_[l].layout.payload_bytes > end)
+      cut.push_back({end, layers_[l].layout.payload_bytes - end, -1});
+    for (const Piece& piece : cut)
+      if (piece.section < 0 && static_cast<size_t>(piece.bytes) > zeros_.size())
+        zeros_.resize(static_cast<size_t>(piece.bytes), 0);
+    pieces_.push_back(std::move(cut));
     layout_hashes_.push_back(layers_[l].layout.hash());
     slots_.push_back(std::make_unique<Slot[]>(static_cast<size_t>(layers_[l].experts)));
   }
@@ -354,7 +386,9 @@ void ExpertFiles::write(int layer, int expert, const void* payload) {
   Slot& s = slot(layer, expert);
   const std::string file = path(layer, expert);
   Claim claim(s, where(layer, expert), "write");
-  const int64_t payload_bytes = layers_[static_cast<size_t>(layer)].layout.payload_bytes;
+  const RecordLayout& layout = layers_[static_cast<size_t>(layer)].layout;
+  const auto* bytes = static_cast<const unsigned char*>(payload);
+  const auto sections = static_cast<uint32_t>(layout.sections.size());
 
   s.valid = false;  // until this write has landed whole
   alignas(64) unsigned char block[kHeaderBytes] = {};
@@ -364,13 +398,25 @@ void ExpertFiles::write(int layer, int expert, const void* payload) {
   header.run_id = run_id_;
   header.layout_hash = layout_hashes_[static_cast<size_t>(layer)];
   header.generation = ++s.generation;
-  header.payload_bytes = payload_bytes;
+  header.payload_bytes = layout.payload_bytes;
   header.layer = layer;
   header.expert = expert;
-  header.payload_crc = crc32c(payload, static_cast<size_t>(payload_bytes));
-  header.header_crc = header_checksum(header);
+  header.sections = sections;
+  for (uint32_t i = 0; i < sections; ++i) {
+    const RecordSection& section = layout.sections[i];
+    const uint32_t crc = crc32c(bytes + section.offset, static_cast<size_t>(section.bytes));
+    std::memcpy(block + kTableOffset + 4 * i, &crc, 4);
+  }
+  std::memcpy(block, &header, sizeof header);
+  header.header_crc = header_checksum(block, sections);
   std::memcpy(block, &header, sizeof header);
 
+  // Header block, then the sections from the caller's buffer and the padding as zeros.
+  std::vector<iovec> iov{{block, sizeof block}};
+  for (const Piece& piece : pieces_[static_cast<size_t>(layer)])
+    iov.push_back(
+        {piece.section >= 0 ? const_cast<unsigned char*>(bytes + piece.offset) : zeros_.data(),
+         static_cast<size_t>(piece.bytes)});
   Fd fd(::open(file.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600));
   if (fd.fd < 0) {
     const int error = errno;
@@ -378,26 +424,48 @@ void ExpertFiles::write(int layer, int expert, const void* payload) {
                     write_advice(error)));
   }
   int error = 0;
-  std::vector<iovec> iov{{block, sizeof block},
-                         {const_cast<void*>(payload), static_cast<size_t>(payload_bytes)}};
   const int64_t done = transfer(fd.fd, std::move(iov), 0, true, error);
   if (error == 0 && ::close(fd.release()) != 0) error = errno;  // NFS reports late errors here
   if (error != 0)
     throw Error(str("cannot write ", where(layer, expert), ": ", std::strerror(error), " after ",
-                    done, " of ", file_bytes(layers_[static_cast<size_t>(layer)].layout),
-                    " bytes; ", write_advice(error)));
-  s.payload_crc = header.payload_crc;
+                    done, " of ", file_bytes(layout), " bytes; ", write_advice(error)));
+  s.table_crc = crc32c(block + kTableOffset, 4 * static_cast<size_t>(sections));
   s.valid = true;
-  bytes_written_.fetch_add(payload_bytes, std::memory_order_relaxed);
+  bytes_written_.fetch_add(layout.payload_bytes, std::memory_order_relaxed);
   writes_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void ExpertFiles::read(int layer, int expert, void* payload) {
+  read_span(layer, expert, 0, static_cast<int>(this->layer(layer).layout.sections.size()), payload);
+}
+
+void ExpertFiles::read_sections(int layer, int expert, int begin, int end, void* payload) {
+  read_span(layer, expert, begin, end, payload);
+}
+
+void ExpertFiles::read_span(int layer, int expert, int begin, int end, void* payload) {
   Slot& s = slot(layer, expert);
   const std::string file = path(layer, expert);
   const std::string at = where(layer, expert);
-  Claim claim(s, at, "read");
   const RecordLayout& layout = layers_[static_cast<size_t>(layer)].layout;
+  const int sections = static_cast<int>(layout.sections.size());
+  MOE_USAGE_CHECK(0 <= begin && begin < end && end <= sections, "cannot read sections [", begin,
+                  ", ", end, ") of ", at, ": the layout has sections [0, ", sections, ")");
+  // The file bytes to read: the whole payload, or the span of the sections asked for.
+  const bool whole = begin == 0 && end == sections;
+  int64_t span_begin = whole ? 0 : INT64_MAX, span_end = whole ? layout.payload_bytes : 0;
+  for (int i = begin; i < end && !whole; ++i) {
+    span_begin = std::min(span_begin, layout.sections[i].offset);
+    span_end = std::max(span_end, layout.sections[i].offset + layout.sections[i].bytes);
+  }
+  for (int i = 0; i < sections; ++i) {
+    const RecordSection& other = layout.sections[i];
+    MOE_USAGE_CHECK((i >= begin && i < end) || other.bytes == 0 ||
+                        other.offset + other.bytes <= span_begin || other.offset >= span_end,
+                    "cannot read sections [", begin, ", ", end, ") of ", at, ": section '",
+                    other.name, "' lies between them (read it too, or reorder the layout)");
+  }
+  Claim claim(s, at, "read");
   if (!s.valid)
     throw Error(str("cannot read ", at, ": ",
                     s.generation == 0 ? "it was never written"
@@ -419,20 +487,33 @@ void ExpertFiles::read(int layer, int expert, void* payload) {
     throw Error(str("cannot read ", at, ": ", std::strerror(error),
                     "; check the device and file system of --ssd-dir"));
   }
+  // One preadv of header + span when the span starts the payload (a whole record), else two.
   alignas(64) unsigned char block[kHeaderBytes];
-  const int64_t expected = file_bytes(layout);
+  auto* bytes = static_cast<unsigned char*>(payload);
+  const int64_t needed = kHeaderBytes + span_end;  // the file must reach this far
   int error = 0;
-  std::vector<iovec> iov{{block, sizeof block},
-                         {payload, static_cast<size_t>(layout.payload_bytes)}};
-  const int64_t done = transfer(fd.fd, std::move(iov), 0, false, error);
+  int64_t header_got = 0, span_got = 0;
+  if (span_begin == 0) {
+    const int64_t got = transfer(
+        fd.fd, {{block, sizeof block}, {bytes, static_cast<size_t>(span_end)}}, 0, false, error);
+    header_got = std::min<int64_t>(got, kHeaderBytes);
+    span_got = got - header_got;
+  } else {
+    header_got = transfer(fd.fd, {{block, sizeof block}}, 0, false, error);
+    if (error == 0 && header_got == kHeaderBytes)
+      span_got = transfer(fd.fd, {{bytes + span_begin, static_cast<size_t>(span_end - span_begin)}},
+                          kHeaderBytes + span_begin, false, error);
+  }
+  const int64_t reached =
+      header_got < kHeaderBytes ? header_got : kHeaderBytes + span_begin + span_got;
   if (error != 0)
-    throw Error(str("cannot read ", at, ": ", std::strerror(error), " after ", done, " of ",
-                    expected, " bytes; check the device and file system of --ssd-dir (dmesg)"));
-  if (done < static_cast<int64_t>(sizeof(ExpertFileHeader)) ||
+    throw Error(str("cannot read ", at, ": ", std::strerror(error), " after byte ", reached, " of ",
+                    needed, "; check the device and file system of --ssd-dir (dmesg)"));
+  if (header_got < static_cast<int64_t>(sizeof(ExpertFileHeader)) ||
       std::memcmp(block, ExpertFileHeader::kMagic, sizeof ExpertFileHeader::kMagic) != 0)
     throw Error(str("cannot read ", at, ": not an SSD expert file (",
-                    done < static_cast<int64_t>(sizeof(ExpertFileHeader))
-                        ? str("only ", done, " bytes")
+                    header_got < static_cast<int64_t>(sizeof(ExpertFileHeader))
+                        ? str("only ", header_got, " bytes")
                         : std::string("no MOESSDX magic"),
                     "); ", damaged));
   ExpertFileHeader header;
@@ -440,33 +521,53 @@ void ExpertFiles::read(int layer, int expert, void* payload) {
   if (header.version != ExpertFileHeader::kVersion)
     throw Error(str("cannot read ", at, ": format version ", header.version,
                     ", this build reads version ", ExpertFileHeader::kVersion, "; ", damaged));
-  if (header.header_crc != header_checksum(header))
+  if (header_got < kHeaderBytes ||
+      header.sections > static_cast<uint32_t>(ExpertFileHeader::kMaxSections) ||
+      header.header_crc != header_checksum(block, header.sections))
     throw Error(
         str("cannot read ", at, ": its header is damaged (header checksum mismatch); ", damaged));
   if (header.layer != layer || header.expert != expert)
     throw Error(str("cannot read ", at, ": it holds layer ", header.layer, " expert ",
                     header.expert, "; ", damaged));
   if (header.layout_hash != layout_hashes_[static_cast<size_t>(layer)] ||
-      header.payload_bytes != layout.payload_bytes)
-    throw Error(str("cannot read ", at, ": it was written for another record layout (",
-                    header.payload_bytes, " payload bytes, layout hash ", header.layout_hash,
-                    "; this layer has ", layout.payload_bytes, " bytes, hash ",
-                    layout_hashes_[static_cast<size_t>(layer)], "): another model's file; ",
-                    damaged));
+      header.payload_bytes != layout.payload_bytes ||
+      header.sections != static_cast<uint32_t>(sections))
+    throw Error(str(
+        "cannot read ", at, ": it was written for another record layout (", header.payload_bytes,
+        " payload bytes in ", header.sections, " sections, layout hash ", header.layout_hash,
+        "; this layer has ", layout.payload_bytes, " bytes in ", sections, ", hash ",
+        layout_hashes_[static_cast<size_t>(layer)], "): another model's file; ", damaged));
   if (header.run_id != run_id_)
     throw Error(str("cannot read ", at, ": it was written by another run; ", damaged));
   if (header.generation != s.generation)
     throw Error(str("cannot read ", at, ": it holds write ", header.generation,
                     " of this expert, the last write was ", s.generation, " (stale data); ",
                     damaged));
-  if (done < expected)
-    throw Error(
-        str("cannot read ", at, ": truncated (", done, " of ", expected, " bytes); ", damaged));
-  const uint32_t crc = crc32c(payload, static_cast<size_t>(layout.payload_bytes));
-  if (crc != header.payload_crc || crc != s.payload_crc)
-    throw Error(str("cannot read ", at, ": payload checksum mismatch (CRC32C ", crc,
-                    ", written as ", s.payload_crc, "): the data is damaged; ", damaged));
-  bytes_read_.fetch_add(layout.payload_bytes, std::memory_order_relaxed);
+  if (crc32c(block + kTableOffset, 4 * static_cast<size_t>(sections)) != s.table_crc)
+    throw Error(str("cannot read ", at, ": its section checksums are not those of the last write; ",
+                    damaged));
+  if (reached < needed)
+    throw Error(str("cannot read ", at, ": truncated (it ends at byte ", reached, " of ", needed,
+                    "); ", damaged));
+  for (const Piece& piece : pieces_[static_cast<size_t>(layer)]) {
+    if (piece.offset < span_begin || piece.offset + piece.bytes > span_end) continue;
+    const unsigned char* data = bytes + piece.offset;
+    if (piece.section < 0) {  // padding: written as zeros
+      if (std::any_of(data, data + piece.bytes, [](unsigned char b) { return b != 0; }))
+        throw Error(str("cannot read ", at, ": padding bytes [", piece.offset, ", ",
+                        piece.offset + piece.bytes, ") of the payload are not zero: the data is ",
+                        "damaged; ", damaged));
+      continue;
+    }
+    uint32_t stored;
+    std::memcpy(&stored, block + kTableOffset + 4 * piece.section, 4);
+    const uint32_t crc = crc32c(data, static_cast<size_t>(piece.bytes));
+    if (crc != stored)
+      throw Error(str("cannot read ", at, ": section '", layout.sections[piece.section].name,
+                      "' checksum mismatch (CRC32C ", crc, ", written as ", stored,
+                      "): the data is damaged; ", damaged));
+  }
+  bytes_read_.fetch_add(span_end - span_begin, std::memory_order_relaxed);
   reads_.fetch_add(1, std::memory_order_relaxed);
 }
 

@@ -1,9 +1,10 @@
 // The SSD tier's files: one file per (layer, expert) under the `--ssd-dir`, each a fixed 4096-byte
 // header followed by the expert's record (its payload: weights, fp32 master, Adam moments,
 // gradient, as the store lays them out). One write() or read() is one vectored system call over
-// header + payload; a read verifies the header (format, layer, expert, layout, run, write
-// generation) and the payload's CRC32C before it returns, so damaged, stale or foreign bytes are
-// refused, never handed back. The files are a cache, not a checkpoint: they belong to one
+// header + payload; read_sections() reads only some sections (the weights for a forward pass, say).
+// A read verifies the header (format, layer, expert, layout, run, write generation) and each
+// section's CRC32C before it returns, so damaged, stale or foreign bytes are refused, never
+// handed back. The files are a cache, not a checkpoint: they belong to one
 // ExpertFiles object (one run, one process), live in a private run subdirectory, and are removed
 // when the object dies. The format is in docs/FORMATS.md ("SSD expert tier (a cache)").
 //
@@ -51,8 +52,9 @@ struct RecordLayout {
   // FNV-1a 64 of the names, dtypes, shapes, offsets and bytes (in order) and payload_bytes: files
   // of another layout (another model, another dtype) carry another hash.
   uint64_t hash() const;
-  // The section called `name`; throws Error naming the sections there are.
+  // The section called `name`, and its index; throw Error naming the sections there are.
   const RecordSection& section(std::string_view name) const;
+  int index(std::string_view name) const;
 };
 
 // One MoE layer of the store: its record layout and how many experts it has.
@@ -61,23 +63,25 @@ struct LayerRecords {
   int experts = 0;
 };
 
-// The first bytes of every file (little-endian, the host's), padded with zeros to kHeaderBytes so
-// the payload starts on a 4096-byte boundary. Public because it is the format (docs/FORMATS.md)
-// and the tests damage it field by field.
+// The first bytes of every file (little-endian, the host's); the section checksums (u32 CRC32C of
+// each section's bytes, in layout order) follow at byte 128, then zeros up to kHeaderBytes, so the
+// payload starts on a 4096-byte boundary. Public because it is the format (docs/FORMATS.md) and
+// the tests damage it field by field.
 struct ExpertFileHeader {
   static constexpr char kMagic[8] = {'M', 'O', 'E', 'S', 'S', 'D', 'X', '\0'};
   static constexpr uint32_t kVersion = 1;
+  static constexpr int kMaxSections = 256;  // their checksums fit the header block
 
   char magic[8];          // kMagic
   uint32_t version;       // kVersion
-  uint32_t header_crc;    // CRC32C of these 128 bytes with this field zero
+  uint32_t header_crc;    // CRC32C of these 128 bytes (this field zero), then the section table
   uint64_t run_id;        // random, one per ExpertFiles object: another run's file is refused
   uint64_t layout_hash;   // RecordLayout::hash() of the layer
   uint64_t generation;    // 1 for the expert's first write, +1 for each later one
   int64_t payload_bytes;  // RecordLayout::payload_bytes
   int32_t layer;          // the indices the file was written for
   int32_t expert;
-  uint32_t payload_crc;  // CRC32C of the payload
+  uint32_t sections;     // n, the layout's section count: u32 checksums at bytes 128..128+4n
   uint32_t reserved0;    // zero
   uint8_t reserved[64];  // zero
 };
@@ -113,9 +117,16 @@ class ExpertFiles {
   void write(int layer, int expert, const void* payload);
   // Reads the expert's record into `payload` (payload_bytes bytes) in one preadv and verifies it:
   // header checksum, magic, version, layer, expert, layout, run, the generation of the last
-  // write, payload checksum. Throws Error naming the path, layer, expert, what is wrong and what
-  // to do; `payload` may then hold partial bytes. Thread-safe as write().
+  // write, every section's checksum, padding between sections zero (it is written as zeros,
+  // whatever the caller's buffer held there). Throws Error naming the path, layer, expert, what
+  // is wrong (the section, when one is damaged) and what to do; `payload` may then hold partial
+  // bytes. Thread-safe as write().
   void read(int layer, int expert, void* payload);
+  // Reads and verifies sections [begin, end) (layout indices) only: their bytes land at their
+  // offsets in `payload` (a whole record's buffer); bytes outside their span are not touched. Two
+  // preads (header, span). The span from the first section's start to the last one's end must
+  // hold no other section (UsageError otherwise; packed layouts keep index order).
+  void read_sections(int layer, int expert, int begin, int end, void* payload);
   // Asks the kernel to start reading the expert's file into the page cache (posix_fadvise
   // WILLNEED), so a read() soon after finds it there. Advisory: never throws; no-op before the
   // first write.
@@ -130,7 +141,8 @@ class ExpertFiles {
   int num_layers() const { return static_cast<int>(layers_.size()); }
   const LayerRecords& layer(int index) const;
 
-  // Payload bytes moved by successful write()s and read()s, and how many there were.
+  // Payload bytes moved by successful write()s and read()s / read_sections(), and how many there
+  // were.
   int64_t bytes_written() const { return bytes_written_.load(std::memory_order_relaxed); }
   int64_t bytes_read() const { return bytes_read_.load(std::memory_order_relaxed); }
   int64_t writes() const { return writes_.load(std::memory_order_relaxed); }
@@ -141,17 +153,25 @@ class ExpertFiles {
   struct Slot {
     std::atomic<bool> busy{false};   // a read or write is in progress
     uint64_t generation = 0;         // of the last write attempted (0: never written)
-    uint32_t payload_crc = 0;        // of the last successful write
+    uint32_t table_crc = 0;          // CRC32C of the section checksums of the last write
     std::atomic<bool> valid{false};  // the last write succeeded
   };
   class Claim;  // sets and clears Slot::busy
+  // [0, payload_bytes) cut at section boundaries, in offset order: a section, or padding (-1).
+  struct Piece {
+    int64_t offset = 0, bytes = 0;
+    int section = -1;
+  };
 
   Slot& slot(int layer, int expert) const;         // checks the indices
   std::string where(int layer, int expert) const;  // "layer L expert E ('path')"
+  void read_span(int layer, int expert, int begin, int end, void* payload);
 
   std::string dir_, run_dir_;
   std::vector<LayerRecords> layers_;
   std::vector<uint64_t> layout_hashes_;
+  std::vector<std::vector<Piece>> pieces_;      // [L]
+  std::vector<unsigned char> zeros_;            // the longest padding piece, written from here
   std::vector<std::unique_ptr<Slot[]>> slots_;  // [L][E]
   uint64_t run_id_ = 0;
   int lock_fd_ = -1;
