@@ -99,7 +99,8 @@ class ExpertFiles {
   // ("moe-ssd-<pid>-XXXXXX", mode 0700, held by an advisory lock on its `lock` file), with one
   // `layer-LLLL` directory per layer; the expert files appear at their first write. Run
   // subdirectories that no live process holds (a crashed run's) are removed first. Throws
-  // UsageError when a layout is invalid or a layer has no experts; Error naming --ssd-dir when it
+  // UsageError when a layout is invalid or has more than ExpertFileHeader::kMaxSections sections,
+  // or a layer has no experts; Error naming --ssd-dir when it
   // is not a writable directory or its file system has less free space than total_bytes(layers)
   // (both numbers in the message).
   ExpertFiles(const std::string& dir, std::vector<LayerRecords> layers);
@@ -128,8 +129,8 @@ class ExpertFiles {
   // hold no other section (UsageError otherwise; packed layouts keep index order).
   void read_sections(int layer, int expert, int begin, int end, void* payload);
   // Asks the kernel to start reading the expert's file into the page cache (posix_fadvise
-  // WILLNEED), so a read() soon after finds it there. Advisory: never throws; no-op before the
-  // first write.
+  // WILLNEED), so a read() soon after finds it there. Advisory: throws only on indices out of
+  // range; a no-op before the first write.
   void will_need(int layer, int expert) const;
 
   // True after a successful write() of that expert (and no failed one since).
