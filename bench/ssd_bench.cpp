@@ -5,7 +5,8 @@
 //   - ExpertFiles::write / read (header + payload in one pwritev / preadv, CRC32C computed and
 //     verified) against raw pwrite / pread of the same bytes into plain files of the same size,
 //     with the page cache warm, and cold (each file's pages dropped first with fdatasync +
-//     posix_fadvise(DONTNEED)), and cold with will_need() asked one expert ahead.
+//     posix_fadvise(DONTNEED)), cold with will_need() asked one expert ahead, and with direct
+//     reads (ExpertFileOptions::direct_reads: O_DIRECT into a 4096-aligned buffer) cold and warm.
 // Rates count payload bytes only (the tier also moves a 4096-byte header per expert).
 // Not a test: nothing is asserted; the `bitwise` column says whether every byte read back equals
 // what was written. Shapes: E experts, P payload bytes per expert.
@@ -16,8 +17,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -122,7 +125,8 @@ void files_table(const Options& o, const std::string& dir) {
   std::printf(
       "#\n# ExpertFiles (header + payload, CRC32C) vs raw pwrite/pread of the same bytes into "
       "plain files\n# cold: each file's pages dropped before it is read (fdatasync + "
-      "DONTNEED); willneed: will_need() one expert ahead\n");
+      "DONTNEED); willneed: will_need() one expert ahead;\n# direct: O_DIRECT reads "
+      "(ExpertFileOptions::direct_reads), the ceiling stays buffered raw pread\n");
   std::printf("# %-10s %8s %7s  %-20s %9s %9s %9s %7s  %s\n", "", "expert", "experts", "op", "time",
               "rate", "ceiling", "ratio", "bitwise");
   std::printf("# %-10s %8s %7s  %-20s %9s %9s %9s %7s\n", "", "(MiB)", "", "", "(ms)", "(GB/s)",
@@ -132,7 +136,7 @@ void files_table(const Options& o, const std::string& dir) {
     const int experts = std::max(1, static_cast<int>(o.total_mib / mib));
     const offload::LayerRecords layer{
         offload::RecordLayout::packed({{"state", DType::f32, {payload / 4}}}), experts};
-    offload::ExpertFiles files(dir, {layer});
+    offload::ExpertFiles files(dir, {layer}, {/*direct_reads=*/true});
     const std::string raw_dir = files.run_directory() + "/raw";
     fs::create_directories(raw_dir);
     const auto raw_path = [&](int e) { return str(raw_dir, "/", e, ".bin"); };
@@ -146,7 +150,10 @@ void files_table(const Options& o, const std::string& dir) {
         std::memcpy(d.data() + i, &v, 4);
       }
     }
-    std::vector<unsigned char> back(static_cast<size_t>(payload));
+    // Reads into `aligned` go around the page cache (O_DIRECT); into `aligned + 64`, through it.
+    std::unique_ptr<unsigned char, decltype(&std::free)> buffer(
+        static_cast<unsigned char*>(std::aligned_alloc(4096, static_cast<size_t>(payload) + 4096)),
+        &std::free);
     const double bytes = static_cast<double>(payload) * experts;
 
     const double raw_write = best_seconds(o.passes, [&] {
@@ -157,9 +164,12 @@ void files_table(const Options& o, const std::string& dir) {
     });
     print_row("", mib, experts, "write", tier_write, bytes, bytes / raw_write / 1e9, "-");
 
-    for (const char* mode : {"read warm", "read cold", "read cold willneed"}) {
-      const bool cold = std::strcmp(mode, "read warm") != 0;
+    for (const char* mode :
+         {"read warm", "read cold", "read cold willneed", "read cold direct", "read warm direct"}) {
+      const bool cold = std::strstr(mode, "cold") != nullptr;
       const bool ahead = std::strstr(mode, "willneed") != nullptr;
+      const bool direct = std::strstr(mode, "direct") != nullptr;
+      unsigned char* back = buffer.get() + (direct ? 0 : 64);
       std::vector<unsigned char> raw_back(static_cast<size_t>(payload));
       double raw = 1e30, tier = 1e30;
       bool equal = true;
@@ -181,13 +191,16 @@ void files_table(const Options& o, const std::string& dir) {
         t.reset();
         for (int e = 0; e < experts; ++e) {
           if (ahead && e + 1 < experts) files.will_need(0, e + 1);
-          files.read(0, e, back.data());
-          if (p == 0) equal = equal && back == data[e];
+          files.read(0, e, back);
+          if (p == 0) equal = equal && std::memcmp(back, data[e].data(), data[e].size()) == 0;
         }
         tier = std::min(tier, t.seconds());
       }
       print_row("", mib, experts, mode, tier, bytes, bytes / raw / 1e9, equal ? "yes" : "NO");
     }
+    if (files.direct_reads() == 0)
+      std::printf(
+          "# (the file system refused O_DIRECT: the direct rows read through the page cache)\n");
   }
 }
 

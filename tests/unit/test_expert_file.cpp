@@ -14,9 +14,11 @@
 #include <chrono>
 #include <csignal>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <thread>
 
@@ -325,6 +327,74 @@ TEST_CASE("ExpertFiles: read_sections refuses a span that holds another section"
   CHECK(std::equal(back.begin(), back.begin() + 128, payload.begin()));
   files.read(0, 0, back.data());
   CHECK(back == payload);
+}
+
+namespace {
+
+// A buffer at a 4096-byte boundary (what O_DIRECT reads need), `bytes` long.
+struct AlignedBuffer {
+  explicit AlignedBuffer(int64_t n)
+      : bytes(static_cast<size_t>(n)),
+        data(static_cast<unsigned char*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096)),
+             &std::free) {
+    REQUIRE(data != nullptr);
+  }
+  std::vector<unsigned char> copy() const { return {data.get(), data.get() + bytes}; }
+  size_t bytes;
+  std::unique_ptr<unsigned char, decltype(&std::free)> data;
+};
+
+}  // namespace
+
+TEST_CASE("ExpertFiles: direct reads give the same bytes and the same refusals", "[offload][ssd]") {
+  test::ScratchDir scratch("ssd-direct");
+  // A payload of whole 4096-byte blocks, and one with a partial last block.
+  const std::vector<LayerRecords> layers{{RecordLayout::packed({{"w", DType::f32, {2048}}}), 2},
+                                         expert_layer(8, 16, 2)};
+  REQUIRE(layers[0].layout.payload_bytes % 4096 == 0);
+  REQUIRE(layers[1].layout.payload_bytes % 4096 != 0);
+  ExpertFiles files(scratch.path(), layers, {/*direct_reads=*/true});
+  std::vector<std::vector<unsigned char>> records;
+  for (int l = 0; l < 2; ++l)
+    for (int e = 0; e < 2; ++e) {
+      records.push_back(random_record(layers[l].layout, static_cast<uint32_t>(20 + 2 * l + e)));
+      files.write(l, e, records.back().data());
+    }
+  for (int l = 0; l < 2; ++l)
+    for (int e = 0; e < 2; ++e) {
+      AlignedBuffer back(layers[l].layout.payload_bytes);
+      std::memset(back.data.get(), 0xCD, back.bytes);
+      files.read(l, e, back.data.get());
+      CHECK(back.copy() == records[static_cast<size_t>(2 * l + e)]);
+    }
+  if (files.direct_reads() == 0) {
+    WARN("the file system of " << scratch.path() << " refuses O_DIRECT: only the fallback ran");
+  } else {
+    CHECK(files.direct_reads() == 4);
+  }
+  const int64_t direct_before = files.direct_reads();
+  // An unaligned buffer and a partial read go through the page cache.
+  std::vector<unsigned char> unaligned(static_cast<size_t>(layers[1].layout.payload_bytes) + 1);
+  files.read(1, 1, unaligned.data() + 1);
+  CHECK(std::equal(records[3].begin(), records[3].end(), unaligned.begin() + 1));
+  AlignedBuffer back(layers[1].layout.payload_bytes);
+  files.read_sections(1, 1, 0, 1, back.data.get());
+  CHECK(files.direct_reads() == direct_before);
+
+  // Damage written through the page cache is what a direct read sees.
+  const int64_t offset = ExpertFiles::kHeaderBytes + layers[1].layout.section("w2.grad").offset + 2;
+  flip_byte(files.path(1, 0), offset);
+  CHECK_THAT(test::error_of([&] { files.read(1, 0, back.data.get()); }),
+             Catch::Contains("(layer 1, expert 0)") &&
+                 Catch::Contains("section 'w2.grad' checksum mismatch"));
+  const int64_t size = ExpertFiles::file_bytes(layers[1].layout);
+  fs::resize_file(files.path(1, 0), static_cast<uintmax_t>(size - 1));
+  CHECK_THAT(test::error_of([&] { files.read(1, 0, back.data.get()); }),
+             Catch::Contains(str("truncated (it ends at byte ", size - 1, " of ", size, ")")));
+  fs::resize_file(files.path(0, 0), 4096 + 100);
+  AlignedBuffer whole_blocks(layers[0].layout.payload_bytes);
+  CHECK_THAT(test::error_of([&] { files.read(0, 0, whole_blocks.data.get()); }),
+             Catch::Contains(str("truncated (it ends at byte ", 4096 + 100)));
 }
 
 TEST_CASE("ExpertFiles: threads writing and reading different experts at once", "[offload][ssd]") {

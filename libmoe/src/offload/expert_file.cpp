@@ -78,8 +78,10 @@ std::string write_advice(int error) {
 
 // One pwritev/preadv at `offset` over `iov`, resumed after short transfers and EINTR. Returns the
 // bytes moved: all of them, or fewer when a read meets the end of the file. On an error, returns
-// the bytes moved before it and sets `error` (errno); 0 otherwise.
-int64_t transfer(int fd, std::vector<iovec> iov, int64_t offset, bool writing, int& error) {
+// the bytes moved before it and sets `error` (errno); 0 otherwise. `direct` (an O_DIRECT read of
+// whole blocks) takes a short read as the end of the file: resuming it would be unaligned.
+int64_t transfer(int fd, std::vector<iovec> iov, int64_t offset, bool writing, int& error,
+                 bool direct = false) {
   error = 0;
   int64_t done = 0;
   size_t first = 0;
@@ -102,6 +104,7 @@ int64_t transfer(int fd, std::vector<iovec> iov, int64_t offset, bool writing, i
     }
     done += n;
     offset += n;
+    if (direct) return done;
     for (size_t left = static_cast<size_t>(n); left > 0;) {
       const size_t step = std::min(left, iov[first].iov_len);
       iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + step;
@@ -253,8 +256,9 @@ int64_t ExpertFiles::total_bytes(const std::vector<LayerRecords>& layers) {
   return total;
 }
 
-ExpertFiles::ExpertFiles(const std::string& dir, std::vector<LayerRecords> layers)
-    : dir_(dir), layers_(std::move(layers)) {
+ExpertFiles::ExpertFiles(const std::string& dir, std::vector<LayerRecords> layers,
+                         ExpertFileOptions options)
+    : dir_(dir), layers_(std::move(layers)), options_(options) {
   MOE_USAGE_CHECK(!dir_.empty(), "--ssd-dir is empty: name a directory for the SSD expert tier");
   MOE_USAGE_CHECK(!layers_.empty(), "the SSD expert tier needs at least one layer");
   for (size_t l = 0; l < layers_.size(); ++l) {
@@ -477,7 +481,19 @@ void ExpertFiles::read_span(int layer, int expert, int begin, int end, void* pay
       "file-system error, or another program writing in --ssd-dir); restart from the last "
       "checkpoint";
 
-  Fd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
+  // O_DIRECT for whole records into 4096-aligned buffers when asked for (and while the file
+  // system takes it): the bytes come from the device without a copy through the page cache.
+  auto* bytes = static_cast<unsigned char*>(payload);
+  bool direct = options_.direct_reads && whole &&
+                direct_supported_.load(std::memory_order_relaxed) &&
+                reinterpret_cast<uintptr_t>(payload) % kHeaderBytes == 0;
+  int raw_fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0));
+  if (raw_fd < 0 && direct && errno == EINVAL) {  // a file system without O_DIRECT
+    direct_supported_.store(false, std::memory_order_relaxed);
+    direct = false;
+    raw_fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  }
+  Fd fd(raw_fd);
   if (fd.fd < 0) {
     const int error = errno;
     if (error == ENOENT)
@@ -487,13 +503,24 @@ void ExpertFiles::read_span(int layer, int expert, int begin, int end, void* pay
     throw Error(str("cannot read ", at, ": ", std::strerror(error),
                     "; check the device and file system of --ssd-dir"));
   }
-  // One preadv of header + span when the span starts the payload (a whole record), else two.
-  alignas(64) unsigned char block[kHeaderBytes];
-  auto* bytes = static_cast<unsigned char*>(payload);
+  alignas(4096) unsigned char block[kHeaderBytes];
   const int64_t needed = kHeaderBytes + span_end;  // the file must reach this far
   int error = 0;
   int64_t header_got = 0, span_got = 0;
-  if (span_begin == 0) {
+  if (direct) {
+    // Whole blocks only: the payload's last partial block lands in `tail` and is copied out.
+    alignas(4096) unsigned char tail[kHeaderBytes];
+    const int64_t head = span_end / kHeaderBytes * kHeaderBytes, rest = span_end - head;
+    std::vector<iovec> iov{{block, sizeof block}};
+    if (head > 0) iov.push_back({bytes, static_cast<size_t>(head)});
+    if (rest > 0) iov.push_back({tail, sizeof tail});
+    const int64_t got = transfer(fd.fd, std::move(iov), 0, false, error, true);
+    header_got = std::min<int64_t>(got, kHeaderBytes);
+    span_got = std::min(got - header_got, span_end);
+    if (span_got > head) std::memcpy(bytes + head, tail, static_cast<size_t>(span_got - head));
+    if (error == 0) direct_reads_.fetch_add(1, std::memory_order_relaxed);
+  } else if (span_begin == 0) {
+    // One preadv of header + span when the span starts the payload (a whole record), else two.
     const int64_t got = transfer(
         fd.fd, {{block, sizeof block}, {bytes, static_cast<size_t>(span_end)}}, 0, false, error);
     header_got = std::min<int64_t>(got, kHeaderBytes);

@@ -87,6 +87,17 @@ struct ExpertFileHeader {
 };
 static_assert(sizeof(ExpertFileHeader) == 128, "the header's size is part of the format");
 
+// How ExpertFiles does its I/O.
+struct ExpertFileOptions {
+  // read() of a whole record into a 4096-byte-aligned buffer with O_DIRECT: from the device, no
+  // copy through the page cache. Up to +25% on cold files (docs/PERFORMANCE.md), for when the
+  // files are many times the RAM the page cache could keep them in; much slower for files the
+  // page cache would have held (they are read from the device anyway). Other reads, unaligned
+  // buffers, and file systems that refuse O_DIRECT (checked at the first open, then never tried
+  // again) read through the page cache.
+  bool direct_reads = false;
+};
+
 class ExpertFiles {
  public:
   static constexpr int64_t kHeaderBytes = 4096;  // the payload starts here in every file
@@ -103,7 +114,8 @@ class ExpertFiles {
   // or a layer has no experts; Error naming --ssd-dir when it
   // is not a writable directory or its file system has less free space than total_bytes(layers)
   // (both numbers in the message).
-  ExpertFiles(const std::string& dir, std::vector<LayerRecords> layers);
+  ExpertFiles(const std::string& dir, std::vector<LayerRecords> layers,
+              ExpertFileOptions options = {});
   // Removes the run subdirectory and every file in it (they are a cache).
   ~ExpertFiles();
   ExpertFiles(const ExpertFiles&) = delete;
@@ -148,6 +160,8 @@ class ExpertFiles {
   int64_t bytes_read() const { return bytes_read_.load(std::memory_order_relaxed); }
   int64_t writes() const { return writes_.load(std::memory_order_relaxed); }
   int64_t reads() const { return reads_.load(std::memory_order_relaxed); }
+  // How many reads went around the page cache (ExpertFileOptions::direct_reads).
+  int64_t direct_reads() const { return direct_reads_.load(std::memory_order_relaxed); }
 
  private:
   // What this object knows about one expert's file: what its header must say at the next read.
@@ -174,9 +188,11 @@ class ExpertFiles {
   std::vector<std::vector<Piece>> pieces_;      // [L]
   std::vector<unsigned char> zeros_;            // the longest padding piece, written from here
   std::vector<std::unique_ptr<Slot[]>> slots_;  // [L][E]
+  ExpertFileOptions options_;
+  std::atomic<bool> direct_supported_{true};  // until the file system refuses O_DIRECT
   uint64_t run_id_ = 0;
   int lock_fd_ = -1;
-  std::atomic<int64_t> bytes_written_{0}, bytes_read_{0}, writes_{0}, reads_{0};
+  std::atomic<int64_t> bytes_written_{0}, bytes_read_{0}, writes_{0}, reads_{0}, direct_reads_{0};
 };
 
 }  // namespace moe::offload
