@@ -292,15 +292,16 @@ ExpertFiles::ExpertFiles(const std::string& dir, std::vector<LayerRecords> layer
     slots_.push_back(std::make_unique<Slot[]>(static_cast<size_t>(layers_[l].experts)));
   }
 
-  std::error_code ec;
+  std::error_code ec, status_error;
   fs::create_directories(dir_, ec);
-  const fs::file_status status = fs::status(dir_);
+  // The error_code forms: a failure (EACCES, ENOTDIR) is a message, never a filesystem_error.
+  const fs::file_status status = fs::status(dir_, status_error);
   if (!fs::is_directory(status)) {
     if (fs::exists(status))
       throw Error(str("--ssd-dir '", dir_, "' is not a directory: name a directory (it is created ",
                       "when missing)"));
-    throw Error(str("--ssd-dir '", dir_, "': cannot create it: ", ec.message(),
-                    "; name a writable directory"));
+    throw Error(str("--ssd-dir '", dir_, "': cannot create it: ",
+                    (ec ? ec : status_error).message(), "; name a writable directory"));
   }
   remove_abandoned_runs(dir_);
 
