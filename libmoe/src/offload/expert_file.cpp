@@ -519,18 +519,33 @@ void ExpertFiles::read_span(int layer, int expert, int begin, int end, void* pay
     header_got = std::min<int64_t>(got, kHeaderBytes);
     span_got = std::min(got - header_got, span_end);
     if (span_got > head) std::memcpy(bytes + head, tail, static_cast<size_t>(span_got - head));
-    if (error == 0) direct_reads_.fetch_add(1, std::memory_order_relaxed);
-  } else if (span_begin == 0) {
-    // One preadv of header + span when the span starts the payload (a whole record), else two.
-    const int64_t got = transfer(
-        fd.fd, {{block, sizeof block}, {bytes, static_cast<size_t>(span_end)}}, 0, false, error);
-    header_got = std::min<int64_t>(got, kHeaderBytes);
-    span_got = got - header_got;
-  } else {
-    header_got = transfer(fd.fd, {{block, sizeof block}}, 0, false, error);
-    if (error == 0 && header_got == kHeaderBytes)
-      span_got = transfer(fd.fd, {{bytes + span_begin, static_cast<size_t>(span_end - span_begin)}},
-                          kHeaderBytes + span_begin, false, error);
+    if (error == 0 && span_got == span_end) {
+      direct_reads_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      // Short or refused (EINVAL: an alignment the device wants and we do not meet): read it
+      // again through the page cache, whose path tells the end of the file from an error.
+      if (error == EINVAL) direct_supported_.store(false, std::memory_order_relaxed);
+      direct = false;
+      error = 0;
+      header_got = span_got = 0;
+      const int flags = ::fcntl(fd.fd, F_GETFL);
+      if (flags == -1 || ::fcntl(fd.fd, F_SETFL, flags & ~O_DIRECT) == -1) error = errno;
+    }
+  }
+  if (!direct && error == 0) {
+    if (span_begin == 0) {
+      // One preadv of header + span when the span starts the payload (a whole record), else two.
+      const int64_t got = transfer(
+          fd.fd, {{block, sizeof block}, {bytes, static_cast<size_t>(span_end)}}, 0, false, error);
+      header_got = std::min<int64_t>(got, kHeaderBytes);
+      span_got = got - header_got;
+    } else {
+      header_got = transfer(fd.fd, {{block, sizeof block}}, 0, false, error);
+      if (error == 0 && header_got == kHeaderBytes)
+        span_got =
+            transfer(fd.fd, {{bytes + span_begin, static_cast<size_t>(span_end - span_begin)}},
+                     kHeaderBytes + span_begin, false, error);
+    }
   }
   const int64_t reached =
       header_got < kHeaderBytes ? header_got : kHeaderBytes + span_begin + span_got;
