@@ -1,12 +1,12 @@
 // The SSD tier's files: one file per (layer, expert) under the `--ssd-dir`, each a fixed 4096-byte
 // header followed by the expert's record (its payload: weights, fp32 master, Adam moments,
 // gradient, as the store lays them out). One write() or read() is one vectored system call over
-// header + payload; read_sections() reads only some sections (the weights for a forward pass, say).
-// A read verifies the header (format, layer, expert, layout, run, write generation) and each
-// section's CRC32C before it returns, so damaged, stale or foreign bytes are refused, never
-// handed back. The files are a cache, not a checkpoint: they belong to one
-// ExpertFiles object (one run, one process), live in a private run subdirectory, and are removed
-// when the object dies. The format is in docs/FORMATS.md ("SSD expert tier (a cache)").
+// header + payload; read_sections() reads only some sections (the weights for a forward pass,
+// say). A read verifies the header (format, layer, expert, layout, run, write generation) and
+// each section's CRC32C before it returns, so damaged, stale or foreign bytes are refused, never
+// handed back. The files are a cache, not a checkpoint: they belong to one ExpertFiles object
+// (one run, one process), live in a private run subdirectory, and are removed when the object
+// dies. The format is in docs/FORMATS.md ("SSD expert tier (a cache)").
 //
 // Letters: L layers (indices into the `layers` given), E experts of a layer.
 #pragma once
