@@ -1,9 +1,10 @@
-// The SSD tier's per-expert files (offload::ExpertFiles) and the CRC32C they use: round trips of
-// several layouts, threads on different experts, and every refusal on real files: --ssd-dir not
-// a directory or not writable, a file system too small, ENOSPC mid-run (/dev/full), a flipped
-// payload or header byte, a short write (RLIMIT_FSIZE), a truncated, missing, stale, swapped or
-// foreign file, another format version, two operations on one expert at once, and abandoned run
-// directories of crashed runs.
+// The SSD tier's per-expert files (offload::ExpertFiles): round trips of several layouts, threads
+// on different experts, partial (section) reads, O_DIRECT reads, space reserved up front, and
+// every refusal on real files: --ssd-dir not a directory or not writable, a file system too small,
+// ENOSPC mid-run (/dev/full), a short write and a failed reservation (RLIMIT_FSIZE), a flipped
+// section, padding or header byte, a truncated, missing, stale, swapped or foreign file, another
+// format version, two operations on one expert at once, and abandoned run directories of crashed
+// runs.
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/resource.h>
@@ -22,7 +23,7 @@
 #include <random>
 #include <thread>
 
-#include "moe/checksum.h"
+#include "moe/checksum.h"  // to forge a header of another version
 #include "moe/error.h"
 #include "moe/offload/expert_file.h"
 #include "moe/rng.h"
@@ -96,34 +97,6 @@ std::vector<std::string> runs_in(const std::string& dir) {
 }
 
 }  // namespace
-
-TEST_CASE("crc32c: known values, the table and the instruction agree, pieces chain",
-          "[offload][checksum]") {
-  const std::string digits = "123456789";
-  CHECK(crc32c(digits.data(), digits.size()) == 0xE3069283u);
-  CHECK(detail::crc32c_portable(digits.data(), digits.size()) == 0xE3069283u);
-  const std::vector<unsigned char> zeros(32, 0), ones(32, 0xFF);
-  CHECK(crc32c(zeros.data(), zeros.size()) == 0x8A9136AAu);  // RFC 3720 B.4
-  CHECK(crc32c(ones.data(), ones.size()) == 0x62A8AB43u);
-  CHECK(crc32c(nullptr, 0) == 0u);
-
-  const std::vector<unsigned char> data = random_bytes(60000, 7);
-  // Every alignment and a spread of lengths: the tails shorter than 8 bytes, and one, two and
-  // several blocks of the instruction's three interleaved 4096-byte chains, with and without rest.
-  for (size_t start : {0, 1, 3, 7, 8}) {
-    for (size_t length : {0, 1, 5, 8, 13, 64, 1000, 4991, 12287, 12288, 12289, 24576, 59000}) {
-      const uint32_t portable = detail::crc32c_portable(data.data() + start, length);
-      CHECK(crc32c(data.data() + start, length) == portable);
-      if (detail::crc32c_hardware())
-        CHECK(detail::crc32c_sse42(data.data() + start, length) == portable);
-    }
-  }
-  const uint32_t whole = crc32c(data.data(), data.size());
-  CHECK(crc32c(data.data() + 1234, data.size() - 1234, crc32c(data.data(), 1234)) == whole);
-  std::vector<unsigned char> flipped = data;
-  flipped[25000] ^= 1;
-  CHECK(crc32c(flipped.data(), flipped.size()) != whole);
-}
 
 TEST_CASE("RecordLayout: packed offsets, validation, hash, section lookup", "[offload][layout]") {
   const RecordLayout layout = RecordLayout::packed({{"w.value", DType::bf16, {3, 5}},
@@ -484,6 +457,52 @@ TEST_CASE("ExpertFiles: a file system too small is refused before any file is ma
   CHECK(runs_in(scratch.path()).empty());
 }
 
+TEST_CASE("ExpertFiles: every file's space is reserved up front, or not when asked",
+          "[offload][ssd]") {
+  test::ScratchDir scratch("ssd-reserve");
+  const std::vector<LayerRecords> layers{expert_layer(8, 16, 3), expert_layer(4, 8, 2)};
+  {
+    ExpertFiles files(scratch.path(), layers);
+    for (int l = 0; l < 2; ++l)
+      for (int e = 0; e < layers[l].experts; ++e) {
+        const std::string path = files.path(l, e);
+        struct stat info {};
+        REQUIRE(::stat(path.c_str(), &info) == 0);
+        CHECK(info.st_size == ExpertFiles::file_bytes(layers[l].layout));
+        // Allocated, not a sparse file (where the file system can allocate ahead).
+        CHECK(static_cast<int64_t>(info.st_blocks) * 512 >= info.st_size);
+        CHECK_FALSE(files.written(l, e));  // reserved is not written
+      }
+    std::vector<unsigned char> back(static_cast<size_t>(layers[0].layout.payload_bytes));
+    CHECK_THAT(test::error_of([&] { files.read(0, 0, back.data()); }),
+               Catch::Contains("never written"));
+  }
+  ExpertFiles lazy(scratch.path(), layers, {.direct_reads = false, .reserve_space = false});
+  CHECK_FALSE(fs::exists(lazy.path(0, 0)));
+  CHECK(fs::is_directory(lazy.run_directory() + "/layer-0001"));
+
+  // A reservation that fails is refused with the bytes, and leaves nothing behind. Past the
+  // file-size limit fallocate fails (EFBIG) as it would on a full disk (ENOSPC).
+  const LayerRecords big{RecordLayout::packed({{"w", DType::u8, {1 << 20}}}), 2};
+  std::string message;
+  {
+    struct rlimit before {};
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &before) == 0);
+    struct rlimit lowered = before;
+    lowered.rlim_cur = 1 << 19;
+    void (*old_handler)(int) = std::signal(SIGXFSZ, SIG_IGN);
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &lowered) == 0);
+    message = test::error_of([&] { ExpertFiles files(scratch / "big", {big}); });
+    ::setrlimit(RLIMIT_FSIZE, &before);
+    std::signal(SIGXFSZ, old_handler);
+  }
+  CHECK_THAT(message, Catch::Contains("--ssd-dir '" + (scratch / "big") + "'") &&
+                          Catch::Contains("cannot reserve the SSD expert tier's") &&
+                          Catch::Contains(std::strerror(EFBIG)) &&
+                          Catch::Contains("layer-0000/expert-00000.bin"));
+  CHECK(runs_in(scratch / "big").empty());
+}
+
 TEST_CASE("ExpertFiles: a write that fails with ENOSPC mid-run (/dev/full)",
           "[offload][ssd][errors]") {
   test::ScratchDir scratch("ssd-enospc");
@@ -658,6 +677,7 @@ TEST_CASE("ExpertFiles: two operations on one expert at once are refused",
   std::vector<unsigned char> back(payload.size());
   // The expert's file is a FIFO: a write blocks in open() until a reader comes, holding the
   // expert, so the second operation meets it deterministically.
+  fs::remove(files.path(0, 0));  // the reserved file
   REQUIRE(::mkfifo(files.path(0, 0).c_str(), 0600) == 0);
   std::string blocked_write;
   std::thread writer(

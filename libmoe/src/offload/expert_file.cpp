@@ -346,12 +346,39 @@ ExpertFiles::ExpertFiles(const std::string& dir, std::vector<LayerRecords> layer
         throw Error(str("--ssd-dir '", dir_, "': cannot create '", run_dir_, name,
                         "': ", std::strerror(errno)));
     }
+    if (options_.reserve_space) reserve_space();
     run_id_ = fresh_run_id();
   } catch (...) {
     std::error_code ignored;
     fs::remove_all(run_dir_, ignored);
     if (lock_fd_ >= 0) ::close(lock_fd_);
     throw;
+  }
+}
+
+void ExpertFiles::reserve_space() {
+  // fallocate(2), not posix_fallocate: where the file system cannot allocate without writing,
+  // glibc's emulation would write every byte; there the reservation is skipped instead.
+  const int64_t total = total_bytes(layers_);
+  int64_t reserved = 0;
+  for (int l = 0; l < num_layers(); ++l) {
+    const int64_t bytes = file_bytes(layers_[static_cast<size_t>(l)].layout);
+    for (int e = 0; e < layers_[static_cast<size_t>(l)].experts; ++e) {
+      const std::string file = path(l, e);
+      Fd fd(::open(file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+      if (fd.fd < 0)
+        throw Error(
+            str("--ssd-dir '", dir_, "': cannot create '", file, "': ", std::strerror(errno)));
+      if (::fallocate(fd.fd, 0, 0, static_cast<off_t>(bytes)) != 0) {
+        const int error = errno;
+        if (error == EOPNOTSUPP || error == ENOSYS) return;  // files grow at their first write
+        throw Error(str("--ssd-dir '", dir_, "': cannot reserve the SSD expert tier's ",
+                        bytes_text(total), ": ", std::strerror(error), " at '", file, "' after ",
+                        bytes_text(reserved), " (other runs or ranks filling the same disk?); ",
+                        write_advice(error)));
+      }
+      reserved += round_up(bytes, 4096);
+    }
   }
 }
 

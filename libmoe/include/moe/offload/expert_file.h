@@ -96,6 +96,10 @@ struct ExpertFileOptions {
   // buffers, and file systems that refuse O_DIRECT (checked at the first open, then never tried
   // again) read through the page cache.
   bool direct_reads = false;
+  // Every expert's file is created and its blocks allocated (fallocate) when ExpertFiles is
+  // made, so that a disk too small, or filled by other runs or ranks sharing it, is refused then
+  // rather than by a write hours later. Skipped where the file system cannot allocate ahead.
+  bool reserve_space = true;
 };
 
 class ExpertFiles {
@@ -108,7 +112,8 @@ class ExpertFiles {
 
   // Creates `dir` (the --ssd-dir) if needed and a private run subdirectory in it
   // ("moe-ssd-<pid>-XXXXXX", mode 0700, held by an advisory lock on its `lock` file), with one
-  // `layer-LLLL` directory per layer; the expert files appear at their first write. Run
+  // `layer-LLLL` directory per layer and, by default, every expert's file allocated
+  // (ExpertFileOptions::reserve_space; otherwise they appear at their first write). Run
   // subdirectories that no live process holds (a crashed run's) are removed first. Throws
   // UsageError when a layout is invalid or has more than ExpertFileHeader::kMaxSections sections,
   // or a layer has no experts; Error naming --ssd-dir when it
@@ -180,6 +185,7 @@ class ExpertFiles {
 
   Slot& slot(int layer, int expert) const;         // checks the indices
   std::string where(int layer, int expert) const;  // "layer L expert E ('path')"
+  void reserve_space();                            // ExpertFileOptions::reserve_space
   void read_span(int layer, int expert, int begin, int end, void* payload);
 
   std::string dir_, run_dir_;
