@@ -52,6 +52,8 @@ TEST_CASE("cli: moe-train --help documents every flag; --version answers", "[cli
                            "--warmup",
                            "--weight-decay",
                            "--clip",
+                           "--grad-accum",
+                           "--recompute",
                            "--dtype",
                            "--checkpoint-every",
                            "--eval-every",
@@ -179,6 +181,9 @@ TEST_CASE("cli: bad input gives a clear error and exit code 1 or 2", "[cli]") {
       {data + out + " --comm-scheduler fifo", 2, "--comm-scheduler"},
       {data + out + " --a2a ring", 2, "--a2a"},
       {data + out + " --partition-mb 0", 2, "--partition-mb must be > 0"},
+      {data + out + " --grad-accum 3", 2, "--batch 16 does not split into --grad-accum 3"},
+      {data + out + " --grad-accum 0", 2, "--grad-accum"},
+      {data + out + " --recompute layers", 2, "--recompute"},
   };
   for (const Case& c : cases) {
     INFO(c.args);

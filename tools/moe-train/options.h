@@ -158,6 +158,18 @@ inline void add_train_options(CLI::App& app, TrainOptions& o) {
   o.train_flags.push_back(
       og->add_option("--clip", t.clip, "Clip the global gradient norm to this (0 = off)")
           ->capture_default_str());
+  o.train_flags.push_back(
+      og->add_option("--grad-accum", t.grad_accum,
+                     "Micro-batches per step: N forward/backward passes over --batch/N sequences "
+                     "each, one update (--batch divides by N x the ranks)")
+          ->check(positive())
+          ->capture_default_str());
+  o.train_flags.push_back(
+      og->add_option("--recompute", t.recompute,
+                     "Activation recomputation: none; moe (the experts' hidden activations); "
+                     "block (keep each block's input only). Bitwise the same training")
+          ->check(CLI::IsMember({"none", "moe", "block"}))
+          ->capture_default_str());
 
   auto* dg = group("Distributed (under mpiexec/srun; world = data parallel x expert parallel)");
   o.train_flags.push_back(

@@ -15,7 +15,8 @@ class Arena {
   std::shared_ptr<std::byte> allocate(size_t bytes, size_t alignment = 64);
   void reset();
   size_t used_bytes() const { return used_; }
-  size_t peak_bytes() const { return peak_; }
+  size_t peak_bytes() const { return peak_; }  // the high-water mark of used_bytes()
+  void reset_peak() { peak_ = used_; }         // start a new high-water mark from here
   size_t reserved_bytes() const;
 
  private:

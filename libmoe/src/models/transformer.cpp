@@ -1,6 +1,7 @@
 #include "moe/models/transformer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "moe/nn/loss.h"
@@ -223,7 +224,8 @@ ForwardStats Transformer::evaluate(const Tensor& ids, const Tensor& targets,
 Tensor Transformer::forward_blocks(const Tensor& ids, const Tensor& targets,
                                    const nn::RouterStep& step, std::vector<nn::Block::Saved>* saved,
                                    nn::ShardedEmbedding::Saved* sharded_saved, ForwardStats& stats,
-                                   const BlockHooks* hooks) const {
+                                   const BlockHooks* hooks,
+                                   std::vector<Tensor>* block_inputs) const {
   MOE_CHECK(ids.ndim() == 2 && targets.shape() == ids.shape(), "batch: ids ", ids.describe(),
             " and targets ", targets.describe(), " must both be [B,T]");
   int64_t batch = ids.dim(0), seq = ids.dim(1);
@@ -234,7 +236,16 @@ Tensor Transformer::forward_blocks(const Tensor& ids, const Tensor& targets,
     s.layer = static_cast<int64_t>(i);
     nn::MoEStats ms;
     if (hooks && hooks->before) hooks->before(static_cast<int64_t>(i));
-    x = blocks_[i]->forward(x, batch, seq, s, saved ? &(*saved)[i] : nullptr, &ms);
+    if (block_inputs) {  // --recompute block: keep the input, the block's activations are scratch
+      block_inputs->push_back(x);
+      // A throwaway Saved: the block runs exactly as when saving (the same kernels and bits).
+      x = scratch_.run([&] {
+        nn::Block::Saved unused;
+        return blocks_[i]->forward(x, batch, seq, s, &unused, &ms);
+      });
+    } else {
+      x = blocks_[i]->forward(x, batch, seq, s, saved ? &(*saved)[i] : nullptr, &ms);
+    }
     if (hooks && hooks->after) hooks->after(static_cast<int64_t>(i));
     if (blocks_[i]->has_moe()) {
       stats.aux_loss += ms.aux_loss;
@@ -259,20 +270,40 @@ ForwardStats Transformer::forward_backward(const Tensor& ids, const Tensor& targ
 ForwardStats Transformer::forward_backward(const Tensor& ids, const Tensor& targets,
                                            const nn::RouterStep& step,
                                            const GradsReady& grads_ready, const LogitsLoss& loss) {
-  int64_t seq = ids.dim(1), n = ids.numel();
+  TrainPass pass;
+  pass.grads_ready = grads_ready;
+  pass.loss = loss;
+  return forward_backward(ids, targets, step, pass);
+}
+
+ForwardStats Transformer::forward_backward(const Tensor& ids, const Tensor& targets,
+                                           const nn::RouterStep& step, const TrainPass& pass) {
+  MOE_CHECK(pass.loss_scale > 0 && std::isfinite(pass.loss_scale), "forward_backward: loss_scale ",
+            pass.loss_scale, " must be finite and > 0");
+  const GradsReady& grads_ready = pass.grads_ready;
+  const LogitsLoss& loss = pass.loss;
+  const bool block_recompute = pass.recompute == nn::Recompute::block;
+  int64_t batch = ids.dim(0), seq = ids.dim(1), n = ids.numel();
   ForwardStats stats;
-  std::vector<nn::Block::Saved> saved;
+  std::vector<nn::Block::Saved> saved(blocks_.size());
+  std::vector<Tensor> block_inputs;
+  if (pass.recompute == nn::Recompute::moe)
+    for (nn::Block::Saved& s : saved) s.moe.recompute_experts = &scratch_;
+  scratch_.reset_peak();
   nn::ShardedEmbedding::Saved sharded_saved;
-  Tensor x = forward_blocks(ids, targets, step, &saved, &sharded_saved, stats);
+  Tensor x = forward_blocks(ids, targets, step, block_recompute ? nullptr : &saved, &sharded_saved,
+                            stats, nullptr, block_recompute ? &block_inputs : nullptr);
   nn::Norm::Saved final_saved;
   Tensor h = final_norm_->forward(x, &final_saved);
   Tensor logits = head(h);
   Tensor dlogits = Tensor::empty(logits.shape(), DType::f32, logits.device());
   Tensor flat_targets = targets.reshape({n});
-  if (loss)
+  if (loss) {
     stats.loss = loss(ids, flat_targets, logits, dlogits);
-  else
-    stats.loss = nn::cross_entropy(logits, flat_targets, &dlogits, 1.0f);
+    if (pass.loss_scale != 1.0f) ops::scale(dlogits, pass.loss_scale);
+  } else {
+    stats.loss = nn::cross_entropy(logits, flat_targets, &dlogits, pass.loss_scale);
+  }
   finish_stats(stats);
 
   // Backward, in reverse.
@@ -280,10 +311,26 @@ ForwardStats Transformer::forward_backward(const Tensor& ids, const Tensor& targ
   Tensor dh = Tensor::empty(h.shape(), DType::f32, h.device());
   ops::gemm(dlogits, false, head_->w(), false, dh);
   Tensor dx = final_norm_->backward(dh, final_saved);
-  const float aux_scale = static_cast<float>(config_.aux_loss_coef);
-  const float z_scale = static_cast<float>(config_.z_loss_coef);
+  const float aux_scale = static_cast<float>(config_.aux_loss_coef * pass.loss_scale);
+  const float z_scale = static_cast<float>(config_.z_loss_coef * pass.loss_scale);
   for (size_t i = blocks_.size(); i-- > 0;) {
-    dx = blocks_[i]->backward(dx, saved[i], aux_scale, z_scale);
+    if (block_recompute) {
+      // The block's forward again, saving, in the scratch (its statistics were taken the first
+      // time), then its backward; dx is overwritten in place with the block's input gradient.
+      nn::RouterStep again = step;
+      again.layer = static_cast<int64_t>(i);
+      again.capture_routing = false;
+      scratch_.run(
+          [&] {
+            nn::Block::Saved s;
+            nn::MoEStats unused;
+            blocks_[i]->forward(block_inputs[i], batch, seq, again, &s, &unused);
+            return blocks_[i]->backward(dx, s, aux_scale, z_scale);
+          },
+          &dx);
+    } else {
+      dx = blocks_[i]->backward(dx, saved[i], aux_scale, z_scale);
+    }
     if (grads_ready) grads_ready(block_params_[i]);
   }
   Tensor flat_ids = ids.reshape({n});
@@ -295,6 +342,7 @@ ForwardStats Transformer::forward_backward(const Tensor& ids, const Tensor& targ
     positions_->backward(dx, position_ids(n, seq).to(ids.device()));
   }
   if (grads_ready) grads_ready(outer_params_);
+  stats.activation_peak_bytes = scratch_.peak_bytes();
   return stats;
 }
 

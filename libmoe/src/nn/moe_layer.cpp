@@ -55,9 +55,8 @@ void MoELayer::globalize_load(RouterOutput& routed) const {
 Tensor MoELayer::run_experts(const Tensor& x_perm, RouterOutput& routed, const RouterStep& step,
                              Saved* saved) const {
   DispatchPlan& plan = routed.plan;
-  Experts::Saved* es = saved ? &saved->experts : nullptr;
   if (!parallel_ || !parallel_->expert_parallel())
-    return experts_.forward(x_perm, plan.expert_offsets, es);
+    return experts_forward(x_perm, plan.expert_offsets, saved);
   const ExpertAssignment assignment =
       parallel_->placement
           ? parallel_->placement->place(step.layer, routed.topk_idx, plan.tokens_per_expert)
@@ -66,18 +65,43 @@ Tensor MoELayer::run_experts(const Tensor& x_perm, RouterOutput& routed, const R
   Exchange ex = dispatcher.plan(plan.expert_offsets, plan.tokens_per_expert, assignment);
   plan.send_counts = ex.send_counts;  // the plan states the step's exchange too
   plan.recv_counts = ex.recv_counts;
-  Tensor y_local = experts_.forward(dispatcher.dispatch(x_perm, ex), ex.local_offsets, es);
+  Tensor y_local = experts_forward(dispatcher.dispatch(x_perm, ex), ex.local_offsets, saved);
   Tensor y_perm = dispatcher.combine(y_local, ex);
   if (saved) saved->exchange = std::move(ex);
   return y_perm;
 }
 
+// The experts on the rows this rank computes. Under --recompute moe their activations live in
+// the scratch only (a throwaway Saved, so that forward runs exactly as when saving) and only the
+// input rows and segments are kept.
+Tensor MoELayer::experts_forward(const Tensor& x_local, const std::vector<int32_t>& offsets,
+                                 Saved* saved) const {
+  if (!saved || !saved->recompute_experts)
+    return experts_.forward(x_local, offsets, saved ? &saved->experts : nullptr);
+  return saved->recompute_experts->run([&] {
+    Experts::Saved full;
+    Tensor y = experts_.forward(x_local, offsets, &full);
+    saved->experts.x_perm = full.x_perm;  // x_local itself: caller's memory, not the scratch
+    saved->experts.expert_offsets = full.expert_offsets;
+    return y;
+  });
+}
+
+Tensor MoELayer::experts_backward_local(const Tensor& dy_local, const Saved& saved) {
+  if (!saved.recompute_experts) return experts_.backward(dy_local, saved.experts);
+  return saved.recompute_experts->run([&] {
+    Experts::Saved full;
+    experts_.forward(saved.experts.x_perm, saved.experts.expert_offsets, &full);
+    return experts_.backward(dy_local, full);
+  });
+}
+
 Tensor MoELayer::experts_backward(const Tensor& dy_perm, const Saved& saved) {
-  if (!parallel_ || !parallel_->expert_parallel()) return experts_.backward(dy_perm, saved.experts);
+  if (!parallel_ || !parallel_->expert_parallel()) return experts_backward_local(dy_perm, saved);
   MOE_CHECK(!parallel_->placement, "moe layer ", router_.weight().name,
             ": dynamic expert placement is for inference; backward needs the static layout");
   const parallel::ExpertDispatcher dispatcher = this->dispatcher();
-  Tensor dx_local = experts_.backward(dispatcher.dispatch(dy_perm, saved.exchange), saved.experts);
+  Tensor dx_local = experts_backward_local(dispatcher.dispatch(dy_perm, saved.exchange), saved);
   return dispatcher.combine(dx_local, saved.exchange);
 }
 

@@ -49,6 +49,7 @@ RunResult RunLoop::run() {
                        {"expert_load_max_over_mean", s.load_max_over_mean},
                        {"dropped_fraction", s.dropped_fraction},
                        {"grad_norm", s.grad_norm},
+                       {"activation_peak_bytes", s.activation_peak_bytes},
                        {"tokens_seen", trainer_.tokens_seen()}};
       if (do_eval) j["val_loss"] = val;
       hooks_.metrics(report, j);

@@ -51,7 +51,9 @@ nlohmann::json to_json(const TrainConfig& c) {
                         {"expert_cache", c.expert_cache},
                         {"lfu_threshold", c.lfu_threshold},
                         {"lfu_beta", c.lfu_beta},
-                        {"lfu_period", c.lfu_period}};
+                        {"lfu_period", c.lfu_period},
+                        {"grad_accum", c.grad_accum},
+                        {"recompute", c.recompute}};
 }
 
 TrainConfig train_config_from_json(const nlohmann::json& j, TrainConfig c) {
@@ -89,6 +91,8 @@ TrainConfig train_config_from_json(const nlohmann::json& j, TrainConfig c) {
     take("lfu_threshold", c.lfu_threshold);
     take("lfu_beta", c.lfu_beta);
     take("lfu_period", c.lfu_period);
+    take("grad_accum", c.grad_accum);
+    take("recompute", c.recompute);
   } catch (const nlohmann::json::exception& e) {
     throw Error(str("training config: ", e.what()));
   }
@@ -120,14 +124,15 @@ static void check_training_memory(const ModelConfig& config, const TrainConfig& 
   const double params =
       parameter_lower_bound(config, experts, train.shard_embedding ? 1 / ranks : 1);
   const double state = params * double(2 * dtype_size(config.dtype) + 8);
-  const double logits =
-      double(train.batch) / ranks * double(config.seq) * double(config.vocab_size) * 4;
+  const double logits = double(train.batch) / ranks /
+                        double(std::max<int64_t>(train.grad_accum, 1)) * double(config.seq) *
+                        double(config.vocab_size) * 4;
   check_fits_in_memory(
       state + logits,
       str("training this model (vocabulary ", config.vocab_size, ", d_model ", config.d_model, ", ",
           config.layers, " layers, ", config.experts, " experts)"),
       str(format_bytes(state), " for ", params, " parameters' values, gradients and AdamW ",
-          "state, ", format_bytes(logits), " for a step's logits",
+          "state, ", format_bytes(logits), " for a micro-batch's logits",
           ranks > 1 ? " on each rank" : ""));
 }
 
@@ -138,6 +143,12 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
   MOE_USAGE_CHECK(train.batch >= 1, "--batch must be >= 1 (got ", train.batch, ")");
   MOE_USAGE_CHECK(train.batch % world_size() == 0, "--batch ", train.batch,
                   " does not divide over ", world_size(), " data-parallel ranks");
+  MOE_USAGE_CHECK(train.grad_accum >= 1, "--grad-accum must be >= 1 (got ", train.grad_accum, ")");
+  MOE_USAGE_CHECK(train.batch % (train.grad_accum * world_size()) == 0, "--batch ", train.batch,
+                  " does not split into --grad-accum ", train.grad_accum, " equal micro-batches",
+                  world_size() > 1 ? str(" on each of ", world_size(), " data-parallel ranks") : "",
+                  ": use a --batch that is a multiple of ", train.grad_accum * world_size());
+  nn::parse_recompute(train.recompute);  // a UsageError naming the flag
   MOE_USAGE_CHECK(train.steps >= 1, "--steps must be >= 1 (got ", train.steps, ")");
   // Every number is finite and in range (an infinite --lr trains every parameter to NaN).
   MOE_USAGE_CHECK(train.lr > 0 && std::isfinite(train.lr), "--lr must be a finite number > 0 (got ",
@@ -362,43 +373,105 @@ void Trainer::restore(const std::string& path) {
   load_tensors(mine);  // exactly this rank's parameters and their optimizer state now
 }
 
+// Adds micro-batch `f` of a step's `micro` to the step's statistics: losses weighted 1/micro
+// (a mean over equal micro-batches), counts summed, routing concatenated in token order.
+static void accumulate(ForwardStats& step, ForwardStats&& f, int64_t index, int64_t micro) {
+  if (micro == 1) {  // exactly the pass's statistics
+    step = std::move(f);
+    return;
+  }
+  const double weight = 1.0 / static_cast<double>(micro);
+  step.loss += weight * f.loss;
+  step.aux_loss += weight * f.aux_loss;
+  step.z_loss += weight * f.z_loss;
+  step.activation_peak_bytes = std::max(step.activation_peak_bytes, f.activation_peak_bytes);
+  if (index == 0) {
+    step.moe = std::move(f.moe);
+    for (nn::MoEStats& m : step.moe) {
+      m.aux_loss *= weight;
+      m.z_loss *= weight;
+    }
+    return;
+  }
+  MOE_CHECK(step.moe.size() == f.moe.size(), "micro-batch ", index, ": ", f.moe.size(),
+            " MoE layers, the step's first had ", step.moe.size());
+  for (size_t i = 0; i < step.moe.size(); ++i) {
+    nn::MoEStats &into = step.moe[i], &m = f.moe[i];
+    into.aux_loss += weight * m.aux_loss;
+    into.z_loss += weight * m.z_loss;
+    for (size_t e = 0; e < into.load.size() && e < m.load.size(); ++e) into.load[e] += m.load[e];
+    for (size_t e = 0; e < into.tokens_per_expert.size() && e < m.tokens_per_expert.size(); ++e)
+      into.tokens_per_expert[e] += m.tokens_per_expert[e];
+    into.assignments += m.assignments;
+    into.dropped += m.dropped;
+    into.choices.insert(into.choices.end(), m.choices.begin(), m.choices.end());
+    into.gates.insert(into.gates.end(), m.gates.begin(), m.gates.end());
+  }
+}
+
 StepStats Trainer::step(bool capture_routing) {
   Timer timer;
   StepStats s;
   const ModelConfig& mc = model_->config();
+  // The global batch, the same on every rank whatever --grad-accum, drawn outside the activation
+  // arena: the arena is reset after every micro-batch.
   Tensor ids, targets;
-  {
-    ArenaScope scope(arena_);
-    sampler_->next(train_.batch, ids, targets);  // the global batch, the same on every rank
-    if (world_size() > 1) {                      // this rank's contiguous share of it
-      const int64_t local = train_.batch / world_size();
-      ids = ids.rows(rank() * local, (rank() + 1) * local);
-      targets = targets.rows(rank() * local, (rank() + 1) * local);
-    }
-    params_->zero_grad();
-    if (store_) {
-      offload::StepInfo info;
-      info.lr = static_cast<float>(learning_rate());
-      info.adam_step = optimizer_->steps_taken() + 1;
-      info.gradient_scale = world_size() > 1 ? 1.0f / static_cast<float>(world_size()) : 1.0f;
-      info.overlap = train_.clip == 0;  // a clipped step needs every gradient before any update
-      store_->begin_step(info);
-    }
-    nn::RouterStep rs;
-    rs.seed = train_.seed;
-    rs.step = step_;
-    rs.training = true;
-    rs.first_token = rank() * ids.numel();  // this rank's share starts there in the global batch
-    rs.capture_routing = capture_routing;
-    if (capture_routing) s.token_ids.assign(ids.data<int32_t>(), ids.data<int32_t>() + ids.numel());
-    ids = ids.to(params_->device());
-    targets = targets.to(params_->device());
-    if (parallel::ExchangeStats* stats = layout_->exchange_stats()) *stats = {};
-    GradsReady ready;  // priority scheduling: reduce each block's gradients as backward leaves it
-    if (layout_->scheduler()) ready = [this](std::span<Param* const> ps) { grad_sync_->pack(ps); };
-    s.forward = model_->forward_backward(ids, targets, rs, ready, logits_loss_);
+  sampler_->next(train_.batch, ids, targets);
+  if (world_size() > 1) {  // this rank's contiguous share of it
+    const int64_t local = train_.batch / world_size();
+    ids = ids.rows(rank() * local, (rank() + 1) * local);
+    targets = targets.rows(rank() * local, (rank() + 1) * local);
   }
-  arena_.reset();
+  if (capture_routing) s.token_ids.assign(ids.data<int32_t>(), ids.data<int32_t>() + ids.numel());
+  params_->zero_grad();
+  if (parallel::ExchangeStats* stats = layout_->exchange_stats()) *stats = {};
+  // Micro-batch m is rows [m R, (m+1) R) of this rank's share: every rank runs the same number
+  // of passes, so their collectives stay in the same order. Gradients accumulate (+=) over the
+  // passes, each scaled by 1/micro; the gradient reduction runs once, after the last pass.
+  const int64_t micro = train_.grad_accum, rows = ids.dim(0) / micro;
+  const nn::Recompute recompute = nn::parse_recompute(train_.recompute);
+  arena_.reset_peak();
+  for (int64_t m = 0; m < micro; ++m) {
+    {
+      ArenaScope scope(arena_);
+      Tensor micro_ids = micro == 1 ? ids : ids.rows(m * rows, (m + 1) * rows);
+      Tensor micro_targets = micro == 1 ? targets : targets.rows(m * rows, (m + 1) * rows);
+      nn::RouterStep rs;
+      rs.seed = train_.seed;
+      rs.step = step_;
+      rs.training = true;
+      // This pass's tokens start there in the global batch (router jitter is keyed by it).
+      rs.first_token = rank() * ids.numel() + m * micro_ids.numel();
+      rs.capture_routing = capture_routing;
+      TrainPass pass;
+      pass.loss = logits_loss_;
+      pass.loss_scale = static_cast<float>(1.0 / static_cast<double>(micro));
+      pass.recompute = recompute;
+      // Priority scheduling: reduce each block's gradients as the last pass's backward leaves it
+      // (only then are they final).
+      if (layout_->scheduler() && m + 1 == micro)
+        pass.grads_ready = [this](std::span<Param* const> ps) { grad_sync_->pack(ps); };
+      if (store_) {  // the experts' state follows the micro-batches
+        offload::StepInfo info;
+        info.first_micro_batch = m == 0;
+        info.last_micro_batch = m + 1 == micro;
+        info.lr = static_cast<float>(learning_rate());
+        info.adam_step = optimizer_->steps_taken() + 1;
+        info.gradient_scale = world_size() > 1 ? 1.0f / static_cast<float>(world_size()) : 1.0f;
+        info.overlap = train_.clip == 0;  // a clipped step needs every gradient before any update
+        store_->begin_step(info);
+      }
+      const Device on = params_->device();
+      accumulate(s.forward,
+                 model_->forward_backward(micro_ids.to(on), micro_targets.to(on), rs, pass), m,
+                 micro);
+    }
+    arena_.reset();
+  }
+  s.forward.total =
+      s.forward.loss + mc.aux_loss_coef * s.forward.aux_loss + mc.z_loss_coef * s.forward.z_loss;
+  s.activation_peak_bytes =
+      static_cast<int64_t>(std::max(arena_.peak_bytes(), s.forward.activation_peak_bytes));
   if (world_size() > 1) {
     Timer sync;
     if (!layout_->scheduler()) grad_sync_->pack(params_->all());

@@ -12,6 +12,7 @@
 #include "moe/nn/embedding.h"
 #include "moe/nn/norm.h"
 #include "moe/nn/parallel.h"
+#include "moe/nn/recompute.h"
 #include "moe/nn/sharded_embedding.h"
 #include "moe/param.h"
 
@@ -23,6 +24,10 @@ struct ForwardStats {
   double z_loss = 0;              // sum over MoE layers of the router z-loss
   double total = 0;               // loss + aux_coef * aux_loss + z_coef * z_loss
   std::vector<nn::MoEStats> moe;  // one per MoE layer, in layer order
+  // forward_backward with recomputation: the most bytes the caller's activation arena and the
+  // recomputation scratch held together (0 without recomputation; the caller's arena alone
+  // tells the rest).
+  size_t activation_peak_bytes = 0;
 };
 
 // Called during backward with parameters whose gradients are final for this step (a block's,
@@ -37,6 +42,20 @@ using GradsReady = std::function<void(std::span<Param* const>)>;
 // must write every element of dlogits with d(loss)/d(logits). Backward starts from there.
 using LogitsLoss = std::function<double(const Tensor& ids, const Tensor& targets,
                                         const Tensor& logits, Tensor& dlogits)>;
+
+// How a training pass runs beyond its batch: gradient accumulation and activation recomputation.
+struct TrainPass {
+  GradsReady grads_ready;  // may be empty
+  LogitsLoss loss;         // empty: the cross-entropy
+  // The gradients accumulated are those of loss_scale x (the pass's loss + aux_coef x aux_loss +
+  // z_coef x z_loss): 1/N for each of the N equal micro-batches of a step, so that their sum is
+  // the gradient of the step's mean loss. ForwardStats report the unscaled values.
+  float loss_scale = 1.0f;
+  // What backward recomputes instead of keeping (moe/nn/recompute.h). The parameters' gradients
+  // are bitwise those of Recompute::none; under data or expert parallelism `block` runs the
+  // block's collectives (load all-reduce, expert all-to-all) again in backward, `moe` none.
+  nn::Recompute recompute = nn::Recompute::none;
+};
 
 // Called around each block of a forward pass with the block's index (expert offload: make the
 // block's experts resident before, release them after). Either may be empty.
@@ -82,6 +101,9 @@ class Transformer {
   ForwardStats forward_backward(const Tensor& ids, const Tensor& targets,
                                 const nn::RouterStep& step, const GradsReady& grads_ready,
                                 const LogitsLoss& loss);
+  // The same under `pass` (ForwardStats::activation_peak_bytes reports recomputation's memory).
+  ForwardStats forward_backward(const Tensor& ids, const Tensor& targets,
+                                const nn::RouterStep& step, const TrainPass& pass);
   // Forward only (no jitter, nothing saved). When row_nll is non-null it receives [B*T] per-token
   // NLL.
   ForwardStats evaluate(const Tensor& ids, const Tensor& targets, Tensor* row_nll = nullptr) const;
@@ -122,7 +144,8 @@ class Transformer {
   Tensor forward_blocks(const Tensor& ids, const Tensor& targets, const nn::RouterStep& step,
                         std::vector<nn::Block::Saved>* saved,
                         nn::ShardedEmbedding::Saved* sharded_saved, ForwardStats& stats,
-                        const BlockHooks* hooks = nullptr) const;
+                        const BlockHooks* hooks = nullptr,
+                        std::vector<Tensor>* block_inputs = nullptr) const;
   void finish_stats(ForwardStats& stats) const;
 
   ModelConfig config_;
@@ -135,6 +158,9 @@ class Transformer {
   std::vector<std::unique_ptr<nn::Block>> blocks_;
   std::unique_ptr<nn::Norm> final_norm_;
   Param* head_ = nullptr;  // [V, D]: the token table when tied
+  // Recomputed activations of forward_backward (mutable: forward_blocks is const but with
+  // block_inputs runs each block in it).
+  mutable nn::Scratch scratch_;
 };
 
 }  // namespace moe

@@ -10,6 +10,7 @@
 
 #include "moe/nn/experts.h"
 #include "moe/nn/parallel.h"
+#include "moe/nn/recompute.h"
 #include "moe/nn/router.h"
 #include "moe/parallel/expert_dispatcher.h"
 
@@ -68,6 +69,12 @@ class MoELayer {
     Exchange exchange;    // expert parallel only
     Experts::Saved experts;
     Tensor y_perm;  // [M,D]
+    // Set by the caller before forward to recompute the experts (--recompute moe): forward then
+    // keeps only experts.x_perm (the rows this rank computes, after the all-to-all under expert
+    // parallelism) and experts.expert_offsets, and backward runs Experts::forward on them again
+    // in this scratch before Experts::backward. The exchange is not repeated; the recomputed
+    // activations are bitwise the first ones (same rows, same weights, deterministic kernels).
+    Scratch* recompute_experts = nullptr;
   };
 
   // [N,D]; saved and stats may be null.
@@ -88,6 +95,9 @@ class MoELayer {
   parallel::ExpertDispatcher dispatcher() const;
   Tensor run_experts(const Tensor& x_perm, RouterOutput& routed, const RouterStep& step,
                      Saved* saved) const;
+  Tensor experts_forward(const Tensor& x_local, const std::vector<int32_t>& offsets,
+                         Saved* saved) const;
+  Tensor experts_backward_local(const Tensor& dy_local, const Saved& saved);
   Tensor experts_backward(const Tensor& dy_perm, const Saved& saved);
   MoEConfig config_;
   const Parallel* parallel_ = nullptr;

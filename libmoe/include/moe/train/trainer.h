@@ -57,6 +57,13 @@ struct TrainConfig {
   std::string expert_cache = "lru";
   double lfu_threshold = 0, lfu_beta = 0.75;
   int64_t lfu_period = 16;
+  // Memory. grad_accum: each optimizer step runs N forward/backward passes over N equal
+  // micro-batches of its batch (split after the data-parallel split: batch divides by N x the
+  // world), accumulates their gradients and steps once; the step's tokens do not depend on N.
+  // recompute: none | moe | block (nn::Recompute; bitwise the same parameters as none). A resumed
+  // run may change either (neither is part of the model or of the optimizer's state).
+  int64_t grad_accum = 1;
+  std::string recompute = "none";
 };
 nlohmann::json to_json(const TrainConfig& config);
 // Fields present in j override those of `base`.
@@ -74,6 +81,9 @@ struct StepStats {
   // finishing the gradient reduction after backward; the all-to-all exchanges of the step.
   double a2a_seconds = 0, grad_sync_seconds = 0;
   int64_t a2a_calls = 0;
+  // The most bytes of activations this rank held at once during the step (the activation
+  // arena's high-water mark, recomputation's scratch included; host memory: CPU training).
+  int64_t activation_peak_bytes = 0;
   // step(true) only: this rank's token ids of the step ([B/W * T]); forward.moe[i].choices/gates
   // hold their routing (routing traces).
   std::vector<int32_t> token_ids;
@@ -110,7 +120,11 @@ class Trainer {
   void to_device(Device device);
   Device device() const { return params_->device(); }
 
-  // One optimizer step. capture_routing: also record every token's experts (moe-train --trace).
+  // One optimizer step: --grad-accum micro-batches, then one clip and update. StepStats then
+  // describe the whole step: the losses are the means over its micro-batches (each a mean over
+  // its tokens, so the step's loss is the mean over its tokens), the expert loads, drops and
+  // routing the sums / concatenation of the micro-batches'. capture_routing: also record every
+  // token's experts (moe-train --trace).
   StepStats step(bool capture_routing = false);
   double evaluate();  // mean validation cross-entropy over up to eval_batches batches
   // The same for another model over the same validation batches (a distillation teacher); its
