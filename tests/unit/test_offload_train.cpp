@@ -3,6 +3,8 @@
 // pinning, prefetch, optimizer overlap, gradient accumulation or recomputation.
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 
 #include "moe/io/checkpoint.h"
 #include "moe/train/trainer.h"
@@ -173,4 +175,114 @@ TEST_CASE("offload: resume of an offloaded run equals the uninterrupted run (bit
       require_same(straight, resident);
     }
   }
+}
+
+namespace {
+
+// Bytes of one expert's state in the store (f32: value, m, v, gradient; bf16 adds the master),
+// each section 64-byte aligned: what a host budget of n records must hold.
+int64_t record_bytes(Arch arch, DType dtype) {
+  const ModelConfig mc = model(arch, dtype);
+  const int64_t D = mc.d_model, F = mc.d_ff;
+  std::vector<int64_t> tensors = arch == Arch::gpt ? std::vector<int64_t>{F * D, D * F, F, D}
+                                                   : std::vector<int64_t>{F * D, D * F, F * D};
+  const int64_t per_element = dtype == DType::f32 ? 16 : 18;
+  int64_t bytes = 0;
+  for (int64_t n : tensors) bytes += n * per_element + 5 * 64;
+  return bytes;
+}
+
+}  // namespace
+
+TEST_CASE("offload: the SSD tier trains bitwise as resident (LRU, LFU, bypass)", "[offload]") {
+  struct Case {
+    Arch arch;
+    DType dtype;
+    const char* cache;
+    double clip;
+    int64_t records;  // host cache, in records
+    int64_t accum;
+  };
+  const Case cases[] = {
+      {Arch::gpt, DType::f32, "lru", 1.0, 3, 1},     {Arch::gpt, DType::f32, "lfu", 0.0, 3, 1},
+      {Arch::mixtral, DType::f32, "lru", 0.0, 1, 1}, {Arch::mixtral, DType::bf16, "lfu", 1.0, 5, 2},
+      {Arch::gpt, DType::bf16, "lru", 0.0, 2, 2},
+  };
+  for (const Case& c : cases) {
+    DYNAMIC_SECTION(arch_name(c.arch)
+                    << " " << dtype_name(c.dtype) << " " << c.cache << " clip " << c.clip
+                    << " cache of " << c.records << " accum " << c.accum) {
+      test::ScratchDir dir("offload-ssd");
+      train::TrainConfig base = training(4);
+      base.clip = c.clip;
+      base.grad_accum = c.accum;
+      train::Trainer resident(model(c.arch, c.dtype), base, {});
+      train::TrainConfig off = base;
+      off.offload = "ssd";
+      off.ssd_dir = dir.path();
+      off.expert_cache = c.cache;
+      off.lfu_period = 2;
+      off.host_budget = str(c.records * record_bytes(c.arch, c.dtype) + 1024);
+      train::Trainer offloaded(model(c.arch, c.dtype), off, {});
+      run(resident, 4);
+      run(offloaded, 4);
+      require_same(resident, offloaded);
+      const offload::StoreStats st = offloaded.expert_store()->stats();
+      INFO("host bytes " << st.host_bytes << ", ssd read " << st.ssd_bytes_read);
+      REQUIRE(st.cache.misses > 0);
+      REQUIRE(st.ssd_bytes_read > 0);
+      REQUIRE(st.ssd_bytes_written > 0);
+      REQUIRE(st.host_bytes <= (c.records + 3) * record_bytes(c.arch, c.dtype));
+    }
+  }
+}
+
+TEST_CASE("offload: SSD tier errors are clear", "[offload]") {
+  test::ScratchDir dir("offload-ssd-errors");
+  train::TrainConfig t = training(2);
+  t.offload = "ssd";
+  REQUIRE_THROWS_WITH(train::Trainer(model(Arch::gpt), t, {}), Catch::Contains("--ssd-dir"));
+  // Under a regular file: not a directory anyone can create.
+  const std::string file = dir.path() + "/plain";
+  { std::ofstream(file) << "x"; }
+  t.ssd_dir = file + "/cache";
+  REQUIRE_THROWS_WITH(train::Trainer(model(Arch::gpt), t, {}), Catch::Contains("--ssd-dir"));
+  t.ssd_dir = dir.path();
+  t.host_budget = "100";
+  REQUIRE_THROWS_WITH(train::Trainer(model(Arch::gpt), t, {}),
+                      Catch::Contains("--host-budget 100 bytes is smaller than one expert") &&
+                          Catch::Contains("the minimum is"));
+}
+
+TEST_CASE("offload: a damaged SSD expert file stops the run clearly; the checkpoint survives",
+          "[offload]") {
+  namespace fs = std::filesystem;
+  test::ScratchDir ssd("offload-ssd-damage"), out("offload-ssd-damage-out");
+  train::TrainConfig t = training(4);
+  t.offload = "ssd";
+  t.ssd_dir = ssd.path();
+  t.host_budget = str(2 * record_bytes(Arch::gpt, DType::f32) + 1024);
+  train::Trainer trainer(model(Arch::gpt), t, {});
+  run(trainer, 2);
+  const std::string saved = trainer.save(out.path());
+  // Flip one payload byte of every expert file (past the 4096-byte header).
+  int damaged = 0;
+  for (const auto& entry : fs::recursive_directory_iterator(ssd.path())) {
+    if (entry.path().extension() != ".bin") continue;
+    std::fstream f(entry.path(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(4096 + 100);
+    char byte = 0;
+    f.read(&byte, 1);
+    byte = static_cast<char>(byte ^ 0x5a);
+    f.seekp(4096 + 100);
+    f.write(&byte, 1);
+    ++damaged;
+  }
+  REQUIRE(damaged > 0);
+  REQUIRE_THROWS_WITH(run(trainer, 2), Catch::Contains("expert") && Catch::Contains("checksum"));
+  // The checkpoint written before is whole and resumes (into a fresh SSD cache).
+  train::Trainer resumed(model(Arch::gpt), t, {});
+  resumed.restore(saved);
+  REQUIRE(resumed.steps_done() == 2);
+  run(resumed, 1);
 }

@@ -12,8 +12,8 @@ static int64_t aligned(int64_t bytes) {
   return (bytes + kSectionAlign - 1) / kSectionAlign * kSectionAlign;
 }
 
-RecordLayout record_layout(const nn::ExpertParams& params, DType storage) {
-  RecordLayout layout;
+StoreLayout record_layout(const nn::ExpertParams& params, DType storage) {
+  StoreLayout layout;
   for (Param* p : {params.w1, params.w2, params.w3, params.b1, params.b2}) {
     if (!p) continue;
     TensorLayout t;
@@ -43,6 +43,31 @@ RecordLayout record_layout(const nn::ExpertParams& params, DType storage) {
   return layout;
 }
 
+RecordLayout file_layout(const StoreLayout& layout) {
+  std::vector<RecordSection> sections;
+  for (const TensorLayout& t : layout.tensors) {
+    const std::string name = t.param->name.substr(t.param->name.rfind('.') + 1);
+    auto add = [&](const char* what, const Section& s) {
+      if (s.offset >= 0) sections.push_back({name + "." + what, s.dtype, t.shape, s.offset, 0});
+    };
+    add("value", t.value);
+    add("master", t.master);
+    add("adam_m", t.adam_m);
+    add("adam_v", t.adam_v);
+    add("grad", t.grad);
+  }
+  std::vector<int64_t> offsets;
+  for (const RecordSection& s : sections) offsets.push_back(s.offset);
+  RecordLayout packed = RecordLayout::packed(std::move(sections), kSectionAlign);
+  for (size_t i = 0; i < offsets.size(); ++i)
+    MOE_CHECK(packed.sections[i].offset == offsets[i], "expert store: section ",
+              packed.sections[i].name, " packs at ", packed.sections[i].offset, ", not ",
+              offsets[i]);
+  MOE_CHECK(packed.payload_bytes == layout.record_bytes, "expert store: a record of ",
+            layout.record_bytes, " bytes packs into ", packed.payload_bytes);
+  return packed;
+}
+
 Tensor view(const std::shared_ptr<std::byte>& base, int64_t offset, const Shape& shape,
             DType dtype) {
   return Tensor::from_storage(std::shared_ptr<std::byte>(base, base.get() + offset), shape, dtype);
@@ -65,10 +90,131 @@ HostRecords::HostRecords(const std::vector<int64_t>& experts_per_layer,
   }
 }
 
-std::shared_ptr<std::byte> HostRecords::pin(int layer, int64_t expert) {
+std::shared_ptr<std::byte> HostRecords::pin(int layer, int64_t expert, bool) {
   const auto& base = layers_.at(static_cast<size_t>(layer));
   return std::shared_ptr<std::byte>(
       base, base.get() + expert * record_bytes_[static_cast<size_t>(layer)]);
+}
+
+CachedRecords::CachedRecords(std::unique_ptr<ExpertFiles> files, const CacheConfig& cache,
+                             int64_t slot_bytes)
+    : files_(std::move(files)), cache_(cache), slot_bytes_(slot_bytes) {
+  for (int64_t i = 0; i < cache.capacity; ++i) slots_.push_back(allocate_host(slot_bytes));
+}
+
+int64_t CachedRecords::resident_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t bytes = static_cast<int64_t>(slots_.size()) * slot_bytes_;
+  bytes += static_cast<int64_t>(bypassed_.size()) * slot_bytes_;
+  return bytes;
+}
+
+CacheStats CachedRecords::cache_stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cache_.stats();
+}
+
+// Writes `data` (the key's record) to its file; the key is busy meanwhile (the lock released).
+void CachedRecords::write_back(std::unique_lock<std::mutex>& lock, const ExpertKey& key,
+                               const std::byte* data) {
+  busy_.insert(key);
+  lock.unlock();
+  std::exception_ptr failed;
+  try {
+    files_->write(key.layer, key.expert, data);
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  lock.lock();
+  busy_.erase(key);
+  changed_.notify_all();
+  if (failed) std::rethrow_exception(failed);
+}
+
+std::shared_ptr<std::byte> CachedRecords::pin(int layer, int64_t expert, bool fresh) {
+  const ExpertKey key{layer, static_cast<int32_t>(expert)};
+  std::unique_lock<std::mutex> lock(mu_);
+  changed_.wait(lock, [&] { return !busy_.count(key); });
+  if (auto b = bypassed_.find(key); b != bypassed_.end()) {  // served uncached already
+    ++b->second.pins;
+    return b->second.data;
+  }
+  const Lookup looked = cache_.access(key);
+  if (looked.hit) {
+    cache_.pin(key);
+    return slots_[static_cast<size_t>(looked.slot)];
+  }
+  std::shared_ptr<std::byte> data;
+  if (looked.bypass()) {
+    data = allocate_host(slot_bytes_);
+    bypassed_[key] = {data, 1, false};
+  } else {
+    data = slots_[static_cast<size_t>(looked.slot)];
+    cache_.pin(key);
+    if (looked.evicted && looked.evicted_dirty) {
+      // The displaced record leaves before the slot is refilled; whoever wants it next waits.
+      busy_.insert(key);
+      try {
+        write_back(lock, *looked.evicted, data.get());
+      } catch (...) {
+        busy_.erase(key);
+        cache_.unpin(key);
+        changed_.notify_all();
+        throw;
+      }
+    }
+  }
+  if (!fresh) {
+    busy_.insert(key);
+    lock.unlock();
+    std::exception_ptr failed;
+    try {
+      files_->read(layer, static_cast<int>(expert), data.get());
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    lock.lock();
+    busy_.erase(key);
+    changed_.notify_all();
+    if (failed) {
+      if (looked.bypass())
+        bypassed_.erase(key);
+      else
+        cache_.unpin(key);
+      std::rethrow_exception(failed);
+    }
+  }
+  busy_.erase(key);
+  changed_.notify_all();
+  return data;
+}
+
+void CachedRecords::unpin(int layer, int64_t expert, bool dirty) {
+  const ExpertKey key{layer, static_cast<int32_t>(expert)};
+  std::unique_lock<std::mutex> lock(mu_);
+  if (auto b = bypassed_.find(key); b != bypassed_.end()) {
+    b->second.dirty |= dirty;
+    if (--b->second.pins > 0) return;
+    const Bypassed gone = b->second;
+    bypassed_.erase(b);
+    if (gone.dirty) write_back(lock, key, gone.data.get());
+    return;
+  }
+  if (dirty) cache_.mark_dirty(key);
+  cache_.unpin(key);
+  changed_.notify_all();
+}
+
+void CachedRecords::flush() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (const ExpertKey& key : cache_.flush())
+    write_back(lock, key, slots_[static_cast<size_t>(cache_.slot_of(key))].get());
+}
+
+void CachedRecords::end_step() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (const ExpertKey& key : cache_.end_step())
+    write_back(lock, key, slots_[static_cast<size_t>(cache_.slot_of(key))].get());
 }
 
 }  // namespace moe::offload

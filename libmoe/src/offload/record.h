@@ -3,13 +3,19 @@
 // tensors, and the tiers that hold records (host memory; the SSD tier behind a host cache).
 // Internal to offload/.
 #pragma once
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "moe/nn/expert_store.h"
+#include "moe/offload/cache_policy.h"
+#include "moe/offload/expert_file.h"
 #include "moe/tensor.h"
 
 namespace moe::offload {
@@ -30,7 +36,7 @@ struct TensorLayout {
   int64_t slot_offset = 0;  // bytes into a device slot (fp32)
 };
 
-struct RecordLayout {
+struct StoreLayout {
   std::vector<TensorLayout> tensors;  // in nn::ExpertTensors order, present ones only
   int64_t record_bytes = 0;           // one expert's state
   int64_t slot_bytes = 0;             // one expert's fp32 weights
@@ -38,7 +44,9 @@ struct RecordLayout {
 
 // The layout of one layer's experts (all experts of a layer share it); `storage`: the
 // parameters' dtype.
-RecordLayout record_layout(const nn::ExpertParams& params, DType storage);
+StoreLayout record_layout(const nn::ExpertParams& params, DType storage);
+// The same layout as the SSD tier's files describe it (sections "w1.value", "w1.master", ...).
+RecordLayout file_layout(const StoreLayout& layout);
 
 // A typed view into a record or slot held alive by `base`.
 Tensor view(const std::shared_ptr<std::byte>& base, int64_t offset, const Shape& shape,
@@ -50,11 +58,13 @@ Tensor view(const std::shared_ptr<std::byte>& base, int64_t offset, const Shape&
 class RecordTier {
  public:
   virtual ~RecordTier() = default;
-  virtual std::shared_ptr<std::byte> pin(int layer, int64_t expert) = 0;
+  // fresh: the caller overwrites the whole record (nothing is read).
+  virtual std::shared_ptr<std::byte> pin(int layer, int64_t expert, bool fresh = false) = 0;
   virtual void unpin(int layer, int64_t expert, bool dirty) = 0;
   // A hint that the record will be pinned soon (the SSD tier reads it ahead).
   virtual void prefetch(int /*layer*/, int64_t /*expert*/) {}
   virtual void flush() {}
+  virtual void end_step() {}
   virtual int64_t resident_bytes() const = 0;  // host memory the tier holds
 };
 
@@ -63,7 +73,7 @@ class HostRecords final : public RecordTier {
  public:
   HostRecords(const std::vector<int64_t>& experts_per_layer,
               const std::vector<int64_t>& record_bytes);
-  std::shared_ptr<std::byte> pin(int layer, int64_t expert) override;
+  std::shared_ptr<std::byte> pin(int layer, int64_t expert, bool fresh = false) override;
   void unpin(int, int64_t, bool) override {}
   int64_t resident_bytes() const override { return bytes_; }
 
@@ -71,6 +81,39 @@ class HostRecords final : public RecordTier {
   std::vector<std::shared_ptr<std::byte>> layers_;
   std::vector<int64_t> record_bytes_;
   int64_t bytes_ = 0;
+};
+
+// Records on the SSD tier (ExpertFiles) behind a bounded host cache of `capacity` records
+// (ExpertCache: LRU or the MoESys LFU variant). A miss reads the expert's file into the slot the
+// cache gives it, after writing back the dirty record it displaces; a bypass (no evictable slot)
+// serves the record from a private buffer, written back at its unpin when dirty. Thread-safe:
+// one record is read or written back by one thread at a time, others wait for it.
+class CachedRecords final : public RecordTier {
+ public:
+  CachedRecords(std::unique_ptr<ExpertFiles> files, const CacheConfig& cache, int64_t slot_bytes);
+  std::shared_ptr<std::byte> pin(int layer, int64_t expert, bool fresh = false) override;
+  void unpin(int layer, int64_t expert, bool dirty) override;
+  void flush() override;
+  void end_step() override;
+  int64_t resident_bytes() const override;
+  CacheStats cache_stats() const;
+  const ExpertFiles& files() const { return *files_; }
+
+ private:
+  void write_back(std::unique_lock<std::mutex>& lock, const ExpertKey& key, const std::byte* data);
+  std::unique_ptr<ExpertFiles> files_;
+  ExpertCache cache_;
+  int64_t slot_bytes_;
+  std::vector<std::shared_ptr<std::byte>> slots_;
+  std::set<ExpertKey> busy_;  // being read or written back: others wait
+  struct Bypassed {
+    std::shared_ptr<std::byte> data;
+    int pins = 0;
+    bool dirty = false;
+  };
+  std::map<ExpertKey, Bypassed> bypassed_;
+  mutable std::mutex mu_;
+  std::condition_variable changed_;
 };
 
 // 64-byte aligned host bytes (not from an arena).

@@ -44,7 +44,7 @@ struct ExpertState {
 struct Layer {
   nn::ExpertParams params;
   int64_t experts = 0;
-  RecordLayout layout;
+  StoreLayout layout;
   std::vector<ExpertState> state;
   std::vector<double> square_sums;  // [tensor * experts + expert], this step
 };
@@ -202,15 +202,7 @@ struct TieredStore::Impl {
 
   // The step's AdamW scalars for one tensor, as optim::AdamW::step computes them.
   kernels::AdamWScalars scalars(const TensorLayout& t) const {
-    const optim::AdamWConfig& c = config.adamw;
-    const float n = static_cast<float>(step_info.adam_step);
-    return {step_info.lr,
-            c.beta1,
-            c.beta2,
-            c.eps,
-            t.param->decay ? c.weight_decay : 0.0f,
-            1.0f - std::pow(c.beta1, n),
-            1.0f - std::pow(c.beta2, n)};
+    return optim::adamw_scalars(config.adamw, step_info.lr, step_info.adam_step, t.param->decay);
   }
 
   // One expert's AdamW step (outside the lock): zero a stale gradient, apply the clip scale,
@@ -365,7 +357,27 @@ void TieredStore::start() {
                     ": raise it, or keep the state on SSD with --offload ssd --ssd-dir DIR");
     s.tier = std::make_unique<HostRecords>(experts, record_bytes);
   } else {
-    throw UsageError("--offload ssd is not available in this build yet (issue 16 in progress)");
+    MOE_USAGE_CHECK(!s.config.ssd_dir.empty(),
+                    "--offload ssd needs --ssd-dir DIR: a directory on local storage for the "
+                    "experts' state (",
+                    format_bytes(double(total_record)), ")");
+    int64_t record = 0;
+    std::vector<LayerRecords> files;
+    for (const Layer& l : s.layers) {
+      record = std::max(record, l.layout.record_bytes);
+      files.push_back({file_layout(l.layout), static_cast<int>(l.experts)});
+    }
+    // The host cache: --host-budget, or a quarter of the experts' state by default.
+    const int64_t budget = s.config.host_budget > 0 ? s.config.host_budget : total_record / 4;
+    CacheConfig cache;
+    cache.policy = parse_cache_policy(s.config.expert_cache);
+    cache.capacity = std::min(budget / record, total_experts);
+    cache.lfu = s.config.lfu;
+    MOE_USAGE_CHECK(cache.capacity >= 1, "--host-budget ", budget,
+                    " bytes is smaller than one expert's state (", record,
+                    " bytes): the minimum is ", record);
+    s.tier = std::make_unique<CachedRecords>(
+        std::make_unique<ExpertFiles>(s.config.ssd_dir, std::move(files)), cache, record);
   }
   for (int64_t i = 0; i < slots; ++i) {
     Slot slot;
@@ -381,7 +393,7 @@ void TieredStore::start() {
   for (int li = 0; li < static_cast<int>(s.layers.size()); ++li) {
     const Layer& layer = s.layers[static_cast<size_t>(li)];
     for (int64_t e = 0; e < layer.experts; ++e) {
-      const std::shared_ptr<std::byte> record = s.tier->pin(li, e);
+      const std::shared_ptr<std::byte> record = s.tier->pin(li, e, /*fresh=*/true);
       std::memset(record.get(), 0, static_cast<size_t>(layer.layout.record_bytes));
       for (const TensorLayout& t : layer.layout.tensors) {
         initial.resize(static_cast<size_t>(t.elements));
@@ -571,7 +583,7 @@ void TieredStore::finish_step(float clip_scale) {
       ++s.stats.optimizer_after;
     }
   }
-  s.tier->flush();
+  s.tier->end_step();
   s.stats.finish_seconds += timer.seconds();
 }
 
@@ -628,7 +640,14 @@ void TieredStore::write(const Param& param, int64_t expert, const std::string& w
 
 StoreStats TieredStore::stats() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->stats;
+  StoreStats out = impl_->stats;
+  if (impl_->tier) out.host_bytes = impl_->tier->resident_bytes();
+  if (const auto* cached = dynamic_cast<const CachedRecords*>(impl_->tier.get())) {
+    out.cache = cached->cache_stats();
+    out.ssd_bytes_read = cached->files().bytes_read();
+    out.ssd_bytes_written = cached->files().bytes_written();
+  }
+  return out;
 }
 
 }  // namespace moe::offload

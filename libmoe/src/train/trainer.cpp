@@ -571,6 +571,10 @@ offload::StoreConfig Trainer::store_config() const {
   if (!train_.host_budget.empty())
     c.host_budget = offload::parse_bytes("--host-budget", train_.host_budget, 0);
   c.ssd_dir = train_.ssd_dir;
+  c.expert_cache = train_.expert_cache;
+  c.lfu.threshold = train_.lfu_threshold;
+  c.lfu.beta = train_.lfu_beta;
+  c.lfu.period = train_.lfu_period;
   c.pin_fraction = train_.pin_fraction;
   MOE_USAGE_CHECK(train_.prefetch_depth >= 0 && train_.prefetch_depth <= 64,
                   "--prefetch-depth must be in [0, 64] (got ", train_.prefetch_depth, ")");

@@ -34,15 +34,18 @@
 #include <vector>
 
 #include "moe/nn/expert_store.h"
+#include "moe/offload/cache_policy.h"
 #include "moe/optim/adamw.h"
 
 namespace moe::offload {
 
 struct StoreConfig {
-  std::string tier = "host";   // host | ssd (offload::plan resolves `auto`)
-  int64_t device_budget = 0;   // bytes of device slots (fp32 weights of the experts computing)
-  int64_t host_budget = 0;     // bytes of expert state in host memory (ssd: the host cache)
-  std::string ssd_dir;         // ssd: where the per-expert files go
+  std::string tier = "host";  // host | ssd (offload::plan resolves `auto`)
+  int64_t device_budget = 0;  // bytes of device slots (fp32 weights of the experts computing)
+  int64_t host_budget = 0;    // bytes of expert state in host memory (ssd: the host cache)
+  std::string ssd_dir;        // ssd: where the per-expert files go (offload::ExpertFiles)
+  std::string expert_cache = "lru";  // ssd: the host cache's policy (lru | lfu, MoESys)
+  LfuConfig lfu;
   double pin_fraction = 0.25;  // of this process's experts, kept resident from forward to backward
   int prefetch_depth = 2;      // experts uploaded ahead of the one computing (0: on demand)
   bool overlap_optimizer = true;  // each expert's AdamW as soon as its gradient is final
@@ -68,6 +71,9 @@ struct StoreStats {
   int64_t optimizer_after = 0;           // expert updates run in finish_step
   double wait_seconds = 0;               // compute waited for an upload
   double finish_seconds = 0;             // time in finish_step
+  int64_t host_bytes = 0;                // expert state in host memory (ssd: the cache)
+  CacheStats cache;                      // ssd: the host cache's hits, misses, write-backs
+  int64_t ssd_bytes_read = 0, ssd_bytes_written = 0;
 };
 
 class TieredStore final : public nn::ExpertStore {
