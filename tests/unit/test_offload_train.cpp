@@ -286,3 +286,33 @@ TEST_CASE("offload: a damaged SSD expert file stops the run clearly; the checkpo
   REQUIRE(resumed.steps_done() == 2);
   run(resumed, 1);
 }
+
+TEST_CASE("offload: auto keeps everything resident when it fits, else picks SSD, else refuses",
+          "[offload]") {
+  test::ScratchDir ssd("offload-auto");
+  train::TrainConfig t = training(2);
+  t.offload = "auto";
+  {  // this small model fits the machine's memory: no store at all
+    train::Trainer fits(model(Arch::gpt), t, {});
+    REQUIRE(fits.expert_store() == nullptr);
+  }
+  // The whole state is about 1.05 MB (experts 0.52 MB, dense state and logits 0.53 MB): a
+  // "device" of 800 kB holds the dense state and a few expert slots but not every expert, and
+  // without an SSD nothing fits.
+  t.device_budget = "800KB";
+  REQUIRE_THROWS_WITH(train::Trainer(model(Arch::gpt), t, {}),
+                      Catch::Contains("--offload auto") && Catch::Contains("--ssd-dir"));
+  t.ssd_dir = ssd.path();
+  train::Trainer on_ssd(model(Arch::gpt), t, {});
+  REQUIRE(on_ssd.expert_store() != nullptr);
+  REQUIRE(on_ssd.expert_store()->config().tier == "ssd");
+  train::TrainConfig resident_config = training(2);
+  train::Trainer resident(model(Arch::gpt), resident_config, {});
+  run(resident, 2);
+  run(on_ssd, 2);
+  require_same(resident, on_ssd);
+  // A device too small for even the dense state is refused naming the shortfall.
+  t.device_budget = "64KiB";
+  REQUIRE_THROWS_WITH(train::Trainer(model(Arch::gpt), t, {}),
+                      Catch::Contains("dense state alone") && Catch::Contains("short"));
+}

@@ -16,6 +16,7 @@
 #include "moe/log.h"
 #include "moe/models/memory.h"
 #include "moe/offload/budget.h"
+#include "moe/offload/plan.h"
 #include "moe/ops/core.h"
 #include "moe/timer.h"
 
@@ -187,7 +188,8 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
   check_training_memory(config, train, world_size());  // before any parameter is allocated
   setup_parallel(device);
   params_ = std::make_unique<ParamSet>(train.seed, config.dtype);
-  if (train.offload != "none") {
+  if (train.offload == "auto") plan_offload(config, device);
+  if (train_.offload != "none" && offload_tier_ != "none") {
     MOE_USAGE_CHECK(device.kind == Device::cpu, "--offload with --device ", device.str(),
                     ": the GPU expert store is not built yet; offloaded training runs on the CPU");
     MOE_USAGE_CHECK(world_size() == 1 || train.ep == world_size(), "--offload with ", world_size(),
@@ -561,15 +563,55 @@ void Trainer::reduce_stats(StepStats& s) {
   }
 }
 
+// --offload auto: the tier the plan picks (offload::plan_offload), printed before step 1.
+void Trainer::plan_offload(const ModelConfig& config, Device device) {
+  const double ep = double(std::max<int64_t>(train_.ep, 1));
+  const double table = train_.shard_embedding ? 1.0 / world_size() : 1.0;
+  const double dense = parameter_lower_bound(config, 0, table);
+  const double experts = parameter_lower_bound(config, 1 / ep, table) - dense;
+  double local_experts = 0;
+  for (int64_t e : config.experts_per_layer) local_experts += double(e) / ep;
+  const double storage = double(dtype_size(config.dtype));
+  const double per_param = storage + (config.dtype == DType::f32 ? 0 : 4) + 12;
+  offload::PlanInput in;
+  in.dense_bytes = dense * (2 * storage + 8) + double(train_.batch) / world_size() /
+                                                   double(std::max<int64_t>(train_.grad_accum, 1)) *
+                                                   double(config.seq) * double(config.vocab_size) *
+                                                   4;
+  in.expert_state_bytes = experts * per_param;
+  in.expert_weight_bytes = experts * 4;
+  in.slot_bytes = local_experts > 0 ? experts * 4 / local_experts : 0;
+  in.record_bytes = local_experts > 0 ? in.expert_state_bytes / local_experts : 0;
+  in.ssd_file_bytes = in.expert_state_bytes + 4096 * local_experts;
+  const double machine = machine_memory().usable();
+  in.device_capacity =
+      !train_.device_budget.empty()
+          ? double(offload::parse_bytes("--device-budget", train_.device_budget, 0))
+          : machine;
+  in.host_capacity = !train_.host_budget.empty()
+                         ? double(offload::parse_bytes("--host-budget", train_.host_budget, 0))
+                         : machine;
+  in.device_is_host = device.kind == Device::cpu;
+  in.device_name = device.kind == Device::cpu ? "CPU memory" : "GPU memory";
+  if (!train_.ssd_dir.empty()) in.ssd_capacity = offload::free_bytes(train_.ssd_dir);
+  const offload::OffloadPlan plan = offload::plan_offload(in);
+  for (const std::string& line : plan.lines) MOE_LOG_INFO(line);
+  offload_tier_ = plan.tier;
+  auto_host_budget_ = static_cast<int64_t>(plan.host_budget);
+}
+
 offload::StoreConfig Trainer::store_config() const {
   offload::StoreConfig c;
-  MOE_USAGE_CHECK(train_.offload == "host" || train_.offload == "ssd",
-                  "--offload must be none, host or ssd (got '", train_.offload, "')");
-  c.tier = train_.offload;
+  const std::string& tier = train_.offload == "auto" ? offload_tier_ : train_.offload;
+  MOE_USAGE_CHECK(tier == "host" || tier == "ssd",
+                  "--offload must be none, host, ssd or auto (got '", train_.offload, "')");
+  c.tier = tier;
   if (!train_.device_budget.empty())
     c.device_budget = offload::parse_bytes("--device-budget", train_.device_budget, 0);
   if (!train_.host_budget.empty())
     c.host_budget = offload::parse_bytes("--host-budget", train_.host_budget, 0);
+  if (train_.offload == "auto" && tier == "ssd" && train_.host_budget.empty())
+    c.host_budget = auto_host_budget_;
   c.ssd_dir = train_.ssd_dir;
   c.expert_cache = train_.expert_cache;
   c.lfu.threshold = train_.lfu_threshold;

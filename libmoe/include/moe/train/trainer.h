@@ -174,7 +174,10 @@ class Trainer {
   std::unique_ptr<optim::AdamW> optimizer_;
   optim::AdamWConfig adamw_config() const;
   offload::StoreConfig store_config() const;
-  double learning_rate() const;  // this step's (the schedule at step_)
+  void plan_offload(const ModelConfig& config, Device device);
+  std::string offload_tier_;      // --offload auto: the plan's choice
+  int64_t auto_host_budget_ = 0;  // --offload auto with ssd: the plan's host cache
+  double learning_rate() const;   // this step's (the schedule at step_)
   Tensor gather_offloaded(const Param& p, const std::string& what) const;
   std::vector<optim::OptimizerTensor> optimizer_state() const;  // every parameter's
   std::unique_ptr<io::BatchSampler> sampler_;
