@@ -268,6 +268,19 @@ struct TieredStore::Impl {
     }
   }
 
+  // Applies the data-parallel scale to the expert's final gradient and records its squared sums
+  // (each tensor's, for the global norm).
+  void finalize_gradient(Key k, const std::shared_ptr<std::byte>& record) {
+    Layer& l = layers[static_cast<size_t>(k.layer)];
+    for (size_t t = 0; t < l.layout.tensors.size(); ++t) {
+      const TensorLayout& tl = l.layout.tensors[t];
+      Tensor grad = view(record, tl.grad.offset, tl.shape, DType::f32);
+      if (step_info.gradient_scale != 1.0f) ops::scale(grad, step_info.gradient_scale);
+      l.square_sums[t * static_cast<size_t>(l.experts) + static_cast<size_t>(k.expert)] =
+          ops::sum_squares(grad);
+    }
+  }
+
   nn::ExpertTensors tensors_of(const Layer& layer, const std::shared_ptr<std::byte>& base,
                                bool grads) const {
     nn::ExpertTensors out;
@@ -527,23 +540,42 @@ void TieredStore::gradient_done(int layer, int expert) {
   ExpertState& st = s.state(k);
   MOE_CHECK(st.grad_record, "expert store: gradient_done of layer ", layer, " expert ", expert,
             " without gradients()");
-  Layer& l = s.layers[static_cast<size_t>(layer)];
-  if (s.step_info.last_micro_batch) {
-    for (size_t t = 0; t < l.layout.tensors.size(); ++t) {
-      const TensorLayout& tl = l.layout.tensors[t];
-      Tensor grad = view(st.grad_record, tl.grad.offset, tl.shape, DType::f32);
-      if (s.step_info.gradient_scale != 1.0f) ops::scale(grad, s.step_info.gradient_scale);
-      l.square_sums[t * static_cast<size_t>(l.experts) + static_cast<size_t>(expert)] =
-          ops::sum_squares(grad);
-    }
-  }
+  // The gradient is final: scaled and squared-summed now, unless replicas must add theirs first
+  // (reduce_gradients does it then).
+  const bool final = s.step_info.last_micro_batch && !s.step_info.replicas;
+  if (final) s.finalize_gradient(k, st.grad_record);
   st.grad_record.reset();
   s.tier->unpin(layer, expert, true);
-  if (s.step_info.last_micro_batch && s.step_info.overlap && s.config.overlap_optimizer) {
+  if (final && s.step_info.overlap && s.config.overlap_optimizer) {
     std::lock_guard<std::mutex> lock(s.mu);
     st.queued = true;
     s.optimizer_queue.push_back(k);
     s.changed.notify_all();
+  }
+}
+
+void TieredStore::reduce_gradients() {
+  Impl& s = *impl_;
+  comm::Communicator* replicas = s.step_info.replicas;
+  MOE_CHECK(replicas, "expert store: reduce_gradients without replicas");
+  for (int li = 0; li < static_cast<int>(s.layers.size()); ++li) {
+    const Layer& layer = s.layers[static_cast<size_t>(li)];
+    for (int64_t e = 0; e < layer.experts; ++e) {
+      const Key k{li, e};
+      ExpertState& st = s.state(k);
+      const std::shared_ptr<std::byte> record = s.tier->pin(li, e);
+      // An expert with no rows here holds an older gradient: this step's is zero.
+      if (st.grad_step != s.step)
+        for (const TensorLayout& t : layer.layout.tensors)
+          view(record, t.grad.offset, t.shape, DType::f32).zero();
+      st.grad_step = s.step;
+      for (const TensorLayout& t : layer.layout.tensors) {
+        Tensor grad = view(record, t.grad.offset, t.shape, DType::f32);
+        replicas->all_reduce(grad, comm::ReduceOp::sum);
+      }
+      s.finalize_gradient(k, record);
+      s.tier->unpin(li, e, true);
+    }
   }
 }
 

@@ -192,9 +192,6 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
   if (train_.offload != "none" && offload_tier_ != "none") {
     MOE_USAGE_CHECK(device.kind == Device::cpu, "--offload with --device ", device.str(),
                     ": the GPU expert store is not built yet; offloaded training runs on the CPU");
-    MOE_USAGE_CHECK(world_size() == 1 || train.ep == world_size(), "--offload with ", world_size(),
-                    " ranks needs --ep ", world_size(),
-                    ": offloaded experts with data-parallel replicas are not supported yet");
     store_ = std::make_unique<offload::TieredStore>(*params_, store_config());
     parallel_.expert_store = store_.get();
   }
@@ -461,6 +458,7 @@ StepStats Trainer::step(bool capture_routing) {
         info.adam_step = optimizer_->steps_taken() + 1;
         info.gradient_scale = world_size() > 1 ? 1.0f / static_cast<float>(world_size()) : 1.0f;
         info.overlap = train_.clip == 0;  // a clipped step needs every gradient before any update
+        info.replicas = expert_replicas();
         store_->begin_step(info);
       }
       const Device on = params_->device();
@@ -485,6 +483,7 @@ StepStats Trainer::step(bool capture_routing) {
   }
   MOE_CHECK(std::isfinite(s.forward.total), "step ", step_, ": loss is ", s.forward.total,
             " (diverged; try a lower --lr or --clip)");
+  if (store_ && expert_replicas()) store_->reduce_gradients();
   optim::OffloadedSquareSum offloaded;
   if (store_) offloaded = [this](const Param& p) { return store_->grad_square_sum(p); };
   if (world_size() > 1) {
@@ -624,6 +623,14 @@ offload::StoreConfig Trainer::store_config() const {
   c.overlap_optimizer = train_.optimizer_overlap;
   c.adamw = adamw_config();
   return c;
+}
+
+// The ranks holding the same experts as this one (their expert gradients are summed), or null.
+comm::Communicator* Trainer::expert_replicas() const {
+  if (world_size() == 1) return nullptr;
+  if (train_.ep == 1) return world_;
+  comm::Communicator* replicas = layout_->replicas();
+  return replicas && replicas->size() > 1 ? replicas : nullptr;
 }
 
 double Trainer::learning_rate() const {

@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "moe/comm/communicator.h"
 #include "moe/nn/expert_store.h"
 #include "moe/offload/cache_policy.h"
 #include "moe/optim/adamw.h"
@@ -60,7 +61,10 @@ struct StepInfo {
   int64_t adam_step = 1;         // AdamW's t after this step (bias corrections)
   bool last_micro_batch = true;  // gradients are final after this backward
   float gradient_scale = 1.0f;  // data parallelism: 1/W applied to the final gradient (as GradSync)
-  bool overlap = true;          // optimizer may run during backward (no clipping this step)
+  // Other ranks hold the same experts (data-parallel replicas): the gradients are summed over
+  // them in reduce_gradients(), every expert in order, before the norm; no update overlaps.
+  comm::Communicator* replicas = nullptr;
+  bool overlap = true;  // optimizer may run during backward (no clipping this step)
 };
 
 struct StoreStats {
@@ -98,6 +102,9 @@ class TieredStore final : public nn::ExpertStore {
   // when one does not fit) and initialises every expert's state.
   void start();
   void begin_step(const StepInfo& info);
+  // With replicas (StepInfo::replicas): after backward, every expert's gradient summed over the
+  // replicas (in expert order, the same collectives on every rank), scaled and squared-summed.
+  void reduce_gradients();
   double grad_square_sum(const Param& param) const;
   void finish_step(float clip_scale);
   bool holds(const Param& param) const;
