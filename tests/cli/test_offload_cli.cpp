@@ -113,6 +113,17 @@ TEST_CASE(
   REQUIRE(b.train_config["optimizer_overlap"] == false);
   REQUIRE(first_difference(a.params, b.params) == "");
   REQUIRE(first_difference(a.optim, b.optim) == "");
+  // The checkpoint of an offloaded run resumes resident (--offload none), to the same bits.
+  const test::RunResult resident =
+      run_command(test::tool_path("moe-train") + " --resume " + dir / "a/step-00000002.h5" +
+                  " --out " + dir / "c" + " --threads 1 --offload none");
+  INFO(resident.err);
+  REQUIRE(resident.exit_code == 0);
+  REQUIRE(!contains(resident.err, "offload: host tier"));
+  const io::Checkpoint c = io::load_checkpoint(dir / "c/step-00000004.h5");
+  REQUIRE(c.train_config["offload"] == "none");
+  REQUIRE(first_difference(a.params, c.params) == "");
+  REQUIRE(first_difference(a.optim, c.optim) == "");
 }
 
 TEST_CASE("cli: moe-train --config takes the offload keys", "[cli][offload][config]") {
