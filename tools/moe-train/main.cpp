@@ -13,6 +13,7 @@
 #include "moe/log.h"
 #include "moe/profile/record.h"
 #include "moe/threads.h"
+#include "moe/train/offload_report.h"
 #include "moe/train/resume.h"
 #include "moe/train/run_dir.h"
 #include "moe/train/run_loop.h"
@@ -116,6 +117,7 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
   // The device is checked before any work: a machine without a usable GPU is told so at once.
   // Several ranks on GPUs train over NCCL (the trainer's parallel::Layout bootstraps it over the
   // launcher's MPI world), one GPU per rank.
+  train::check_offload_device(tc, Device::parse(o.device));  // before the driver is asked
   const Device device = tools::resolve_device(o.device, &world);
   train::Trainer trainer(mc, tc, io::make_provenance("moe-train", argc, argv), &world, device);
   const comm::Communicator& group = *trainer.layout().world();
@@ -147,6 +149,8 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
                          tc.shard_embedding ? ", sharded embedding" : "", ", ", tc.a2a,
                          " all-to-all, scheduler ", tc.comm_scheduler)
                    : std::string());
+  if (const offload::TieredStore* store = trainer.expert_store())
+    MOE_LOG_INFO(train::offload_layout(tc, *store));
 
   std::unique_ptr<tools::OutputStream> metrics;
   if (!o.metrics.empty())
@@ -206,6 +210,9 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
   train::RunLoop loop(trainer, {o.out, o.eval_every, o.checkpoint_every, o.log_every},
                       std::move(hooks));
   const train::RunResult result = loop.run();
+  progress.finish();  // the store's counters on a line of their own
+  if (const offload::TieredStore* store = trainer.expert_store())
+    MOE_LOG_INFO(train::offload_stats(store->stats()));
   std::string last_saved = result.last_saved;
   if (result.stopped) {
     progress.finish();

@@ -6,6 +6,7 @@
 
 #include "common/cli.h"
 #include "moe/models/config.h"
+#include "moe/offload/budget.h"
 #include "moe/train/trainer.h"
 
 namespace moe::tools {
@@ -169,6 +170,75 @@ inline void add_train_options(CLI::App& app, TrainOptions& o) {
                      "Activation recomputation: none; moe (the experts' hidden activations); "
                      "block (keep each block's input only). Bitwise the same training")
           ->check(CLI::IsMember({"none", "moe", "block"}))
+          ->capture_default_str());
+
+  // Expert offload: none of these changes the numbers a run computes, so a resumed run may change
+  // any of them (train_flags) and the checkpoint is the same whatever they are.
+  auto* xg = group("Expert offload (ES-MoE, MoESys)");
+  // A byte size, checked while parsing (exit 2). A share ("25%") needs a total that training
+  // does not have, so it is refused rather than read as 0.
+  const CLI::Validator bytes(
+      [](std::string& text) -> std::string {
+        if (text.find('%') != std::string::npos)
+          return "a share (%) has no total here: give bytes such as 512MiB or 1.5GB";
+        try {
+          offload::parse_bytes("size", text, 0);
+        } catch (const std::exception& e) {
+          return e.what();
+        }
+        return {};
+      },
+      "SIZE");
+  o.train_flags.push_back(
+      xg->add_option("--offload", t.offload,
+                     "Where expert weights and AdamW state live: none (resident), host (RAM), "
+                     "ssd (files under --ssd-dir behind a --host-budget cache), auto (plan by "
+                     "the budgets)")
+          ->check(CLI::IsMember({"none", "host", "ssd", "auto"}))
+          ->capture_default_str());
+  o.train_flags.push_back(
+      xg->add_option("--device-budget", t.device_budget,
+                     "Bytes of expert slots that compute reads (e.g. 64MiB; default: the pinned "
+                     "experts + the prefetch window + 1)")
+          ->check(bytes));
+  o.train_flags.push_back(xg->add_option("--host-budget", t.host_budget,
+                                         "Bytes of expert state in RAM (host: a limit checked at "
+                                         "start; ssd: the cache; default: no limit)")
+                              ->check(bytes));
+  o.train_flags.push_back(xg->add_option(
+      "--ssd-dir", t.ssd_dir, "Directory of the per-expert files of --offload ssd (a cache)"));
+  o.train_flags.push_back(
+      xg->add_option("--pin-fraction", t.pin_fraction,
+                     "Share of experts kept on the device from forward to backward, the most "
+                     "loaded of the previous step")
+          ->check(CLI::Range(0.0, 1.0))
+          ->capture_default_str());
+  o.train_flags.push_back(
+      xg->add_option("--prefetch-depth", t.prefetch_depth,
+                     "Experts uploaded ahead of the one computing (0: on demand)")
+          ->check(CLI::Range(int64_t{0}, int64_t{64}))
+          ->capture_default_str());
+  o.train_flags.push_back(xg->add_flag(
+      "--optimizer-overlap,!--no-optimizer-overlap", t.optimizer_overlap,
+      "Each expert's AdamW as soon as its gradient is final, during backward (needs --clip 0; "
+      "default on; --no-optimizer-overlap: after backward, an ablation)"));
+  o.train_flags.push_back(
+      xg->add_option("--expert-cache", t.expert_cache,
+                     "Host cache policy of --offload ssd: lru, or lfu (MoESys: hit counts)")
+          ->check(CLI::IsMember({"lru", "lfu"}))
+          ->capture_default_str());
+  o.train_flags.push_back(
+      xg->add_option("--lfu-threshold", t.lfu_threshold,
+                     "lfu: only experts with at least this count may be evicted")
+          ->check(non_negative())
+          ->capture_default_str());
+  o.train_flags.push_back(xg->add_option("--lfu-beta", t.lfu_beta,
+                                         "lfu: every count is multiplied by this each --lfu-period")
+                              ->check(CLI::Range(0.0, 1.0))
+                              ->capture_default_str());
+  o.train_flags.push_back(
+      xg->add_option("--lfu-period", t.lfu_period, "lfu: steps between decays of the counts")
+          ->check(positive())
           ->capture_default_str());
 
   auto* dg = group("Distributed (under mpiexec/srun; world = data parallel x expert parallel)");

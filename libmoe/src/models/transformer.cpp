@@ -89,7 +89,8 @@ int64_t Transformer::active_params_per_token() const {
     if (!p->expert) {
       total += p->logical_numel();
     } else {  // the leading dimension indexes the E experts; a token uses k of them
-      total += p->value.numel() / p->value.dim(0) * (config_.residual_moe ? 1 : config_.top_k);
+      // p->shape, not p->value: an offloaded expert parameter has no value tensor.
+      total += p->numel() / p->shape[0] * (config_.residual_moe ? 1 : config_.top_k);
     }
   }
   return total;

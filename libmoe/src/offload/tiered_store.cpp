@@ -158,6 +158,10 @@ struct TieredStore::Impl {
       if (stopping) return;
       changed.wait(lock);
     }
+    // The wait let go of the lock: another thread may have uploaded k meanwhile (compute's
+    // acquire while the loader waited, or the reverse). A second slot for k would split its
+    // users between two slots.
+    if (state(k).slot >= 0 || state(k).uploading) return;
     free_slot(i);
     Slot& s = slots[static_cast<size_t>(i)];
     s.layer = k.layer;

@@ -1,0 +1,63 @@
+// The log lines of an offloaded run (see moe/train/offload_report.h).
+#include "moe/train/offload_report.h"
+
+#include <cstdio>
+
+#include "moe/error.h"
+#include "moe/models/memory.h"
+
+namespace moe::train {
+
+void check_offload_device(const TrainConfig& config, Device device) {
+  MOE_USAGE_CHECK(config.offload == "none" || device.kind == Device::cpu, "--offload ",
+                  config.offload, " with --device ", device.str(),
+                  ": the GPU expert store is not built yet; offloaded training runs on the CPU "
+                  "(--device cpu), or train resident on the GPU (--offload none)");
+}
+
+std::string offload_layout(const TrainConfig& config, const offload::TieredStore& store) {
+  const offload::StoreStats s = store.stats();
+  const offload::StoreConfig& c = store.config();
+  std::string line =
+      str("offload: ", c.tier, " tier, experts' state ", format_bytes(double(s.record_bytes)));
+  if (c.tier == "ssd")
+    line += str(" in ", c.ssd_dir, " behind a host cache of ",
+                c.host_budget > 0 ? format_bytes(double(c.host_budget)) : std::string("no limit"));
+  else
+    line += c.host_budget > 0
+                ? str(" in RAM (--host-budget ", format_bytes(double(c.host_budget)), ")")
+                : std::string(" in RAM");
+  line += str(", ", s.device_slots, " device slot", s.device_slots == 1 ? "" : "s", " of ",
+              format_bytes(double(s.slot_bytes)));
+  line += c.device_budget > 0
+              ? str(" (--device-budget ", format_bytes(double(c.device_budget)), ")")
+              : std::string(" (default --device-budget)");
+  char pin[32];
+  std::snprintf(pin, sizeof pin, "%.0f%%", c.pin_fraction * 100);
+  line += str(", prefetch depth ", c.prefetch_depth, ", pin ", pin);
+  // When each expert's AdamW runs: only an unclipped step can update an expert before every
+  // gradient is known.
+  if (!c.overlap_optimizer)
+    line += ", expert AdamW after backward (--no-optimizer-overlap)";
+  else if (config.clip > 0)
+    line += str(", expert AdamW after backward (--clip ", config.clip,
+                ": a global-norm clip needs every gradient first; --clip 0 overlaps it)");
+  else
+    line += ", expert AdamW during backward (--clip 0)";
+  return line;
+}
+
+std::string offload_stats(const offload::StoreStats& s) {
+  const int64_t acquires = s.uploads + s.upload_hits;
+  char rate[32] = "";
+  if (acquires > 0)
+    std::snprintf(rate, sizeof rate, " (%.1f%%)", 100.0 * double(s.upload_hits) / double(acquires));
+  char times[96];
+  std::snprintf(times, sizeof times, "%.3f s waiting for uploads, %.3f s finishing steps",
+                s.wait_seconds, s.finish_seconds);
+  return str("offload: ", s.uploads, " uploads, ", s.upload_hits, " slot hits", rate, ", ",
+             s.optimizer_overlapped, " expert updates during backward, ", s.optimizer_after,
+             " after, ", times);
+}
+
+}  // namespace moe::train

@@ -1,0 +1,110 @@
+// Offloaded experts under expert parallelism (train::Trainer with --offload host and --ep W on W
+// ranks): each rank's store holds its own experts and trains them bitwise as the same run with
+// every expert resident; layouts with expert replicas are refused on every rank.
+// Runs on 2 ranks (EP=2) and 4 ranks (EP=4; DP2 x EP2 refused).
+#include <catch2/catch.hpp>
+#include <cstring>
+
+#include "moe/comm/communicator.h"
+#include "moe/train/trainer.h"
+#include "support/models.h"
+#include "support/run.h"
+
+moe::comm::Communicator& dist_world();
+
+using namespace moe;
+
+namespace {
+
+ModelConfig offload_model(Arch arch) {
+  ModelConfig c = test::small_model_config(arch);
+  if (arch == Arch::gpt) c.router_jitter = 0.05;  // keyed by each token's place: the same noise
+  c.resolve();
+  return c;
+}
+
+train::TrainConfig offload_train(int64_t ep, double clip, const std::string& offload) {
+  train::TrainConfig t;
+  t.data = test::fortunes_path("linux");
+  t.batch = 8;
+  t.steps = 3;
+  t.warmup = 1;
+  t.eval_batches = 1;
+  t.seed = 5;
+  t.ep = ep;
+  t.clip = clip;
+  t.offload = offload;
+  return t;
+}
+
+// The first parameter of `offloaded` whose values differ from `resident`'s ("" when none): the
+// offloaded run's experts are read back from its store, one expert at a time.
+std::string first_difference(train::Trainer& resident, train::Trainer& offloaded) {
+  const offload::TieredStore* store = offloaded.expert_store();
+  for (Param* p : offloaded.params().all()) {
+    const Param& q = resident.params().at(p->name);
+    if (!p->offloaded) {
+      if (p->value.nbytes() != q.value.nbytes() ||
+          std::memcmp(p->value.raw(), q.value.raw(), p->value.nbytes()) != 0)
+        return p->name;
+      continue;
+    }
+    if (p->shape != q.value.shape()) return p->name + " (shape)";
+    for (int64_t e = 0; e < p->shape[0]; ++e) {
+      const Tensor mine = store->read(*p, e, "value");
+      const Tensor want = q.value.rows(e, e + 1).clone();
+      if (mine.nbytes() != want.nbytes() || std::memcmp(mine.raw(), want.raw(), want.nbytes()) != 0)
+        return str(p->name, " expert ", e);
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("offload: --ep W with --offload host trains bitwise as resident on every rank",
+          "[dist][offload]") {
+  comm::Communicator& world = dist_world();
+  const int64_t ep = world.size();
+  for (Arch arch : {Arch::gpt, Arch::mixtral}) {
+    // clip 1: each expert's AdamW after backward (the norm needs every gradient); clip 0: during
+    // backward, as each expert's gradient is final.
+    for (double clip : {1.0, 0.0}) {
+      DYNAMIC_SECTION(arch_name(arch) << ", clip " << clip << ", " << ep << " ranks") {
+        train::Trainer resident(offload_model(arch), offload_train(ep, clip, "none"), {}, &world);
+        train::Trainer offloaded(offload_model(arch), offload_train(ep, clip, "host"), {}, &world);
+        REQUIRE(offloaded.expert_store() != nullptr);
+        REQUIRE(offloaded.params().at("blocks.0.moe.experts.w1").offloaded);
+        REQUIRE(offloaded.params().at("blocks.0.moe.experts.w1").shape[0] == 4 / ep);
+        REQUIRE(first_difference(resident, offloaded) == "");
+        for (int i = 0; i < 3; ++i) {
+          const train::StepStats a = resident.step(), b = offloaded.step();
+          INFO("step " << i + 1);
+          REQUIRE(a.forward.loss == b.forward.loss);
+          REQUIRE(a.grad_norm == b.grad_norm);
+        }
+        const std::string where = first_difference(resident, offloaded);
+        INFO("rank " << world.rank() << ": first differing parameter: " << where);
+        REQUIRE(where.empty());
+        const offload::StoreStats s = offloaded.expert_store()->stats();
+        const int64_t updates = 3 * 2 * (4 / ep);  // steps x MoE layers x this rank's experts
+        REQUIRE(s.optimizer_overlapped + s.optimizer_after == updates);
+        REQUIRE(s.optimizer_overlapped == (clip == 0 ? updates : 0));
+      }
+    }
+  }
+}
+
+TEST_CASE("offload: expert replicas (data parallelism over the experts) are refused on every rank",
+          "[dist][offload]") {
+  comm::Communicator& world = dist_world();
+  const std::string want = str("--offload with ", world.size(), " ranks needs --ep ", world.size());
+  // Every rank throws the same message (none waits in a collective for another).
+  REQUIRE_THROWS_WITH(
+      train::Trainer(offload_model(Arch::mixtral), offload_train(1, 1.0, "host"), {}, &world),
+      Catch::Contains(want));
+  if (world.size() == 4)  // 2-way data x 2-way expert parallel
+    REQUIRE_THROWS_WITH(
+        train::Trainer(offload_model(Arch::gpt), offload_train(2, 0.0, "host"), {}, &world),
+        Catch::Contains(want));
+}
