@@ -3,7 +3,8 @@
 # own experts) every rank's shard of the checkpoint holds bitwise the parameters and optimizer
 # state of the same run with every expert resident, for gpt and mixtral, clipped (each expert's
 # AdamW after backward) and with --clip 0 (AdamW overlapping backward); without --ep (expert
-# replicas) every rank refuses with the library's message and the job ends (exit 2), no hang.
+# replicas, their gradients summed by the store) the checkpoint equals the resident run's too; a
+# refused setting ends the job on every rank with the reason (exit 2), no hang.
 # Usage: offload_ep.sh MPIEXEC MOE_TRAIN DATA WORKDIR_PARENT
 set -u
 mpiexec=$1 train=$2 data=$3 parent=$4
@@ -39,15 +40,26 @@ for model in gpt mixtral; do
   done
 done
 
-# Expert replicas (2-way data parallel): refused on every rank before any step.
-out=$(run --arch mixtral --kv-heads 1 --offload host --out "$work/replicas" 2>&1)
+# Expert replicas (2-way data parallel, no --ep): each expert's gradient is summed over both
+# ranks before the updates; the checkpoint equals the resident run's bitwise.
+run --arch mixtral --kv-heads 1 --out "$work/replicas-resident" || fail "replicas: resident run"
+run --arch mixtral --kv-heads 1 --offload host --out "$work/replicas-host" ||
+  fail "replicas: offloaded run"
+for group in /params /optim; do
+  h5diff "$work/replicas-resident/step-00000003.h5" "$work/replicas-host/step-00000003.h5" \
+    "$group" "$group" || fail "replicas: $group differs"
+done
+echo "replicas: offloaded equals resident bitwise"
+
+# A refused setting ends the job on every rank with the reason (exit 2), no hang.
+out=$(run --arch mixtral --kv-heads 1 --offload ssd --out "$work/refused" 2>&1)
 rc=$?
 printf '%s\nexit code %s\n' "$out" "$rc"
 [ "$rc" -ne 124 ] || fail "the job hung until the timeout"
 [ "$rc" -eq 2 ] || fail "expected exit 2 (a usage error)"
 for rank in 0 1; do
-  printf '%s' "$out" | grep -q "rank $rank: moe-train: error: --offload with 2 ranks needs --ep 2" ||
+  printf '%s' "$out" | grep -q "rank $rank: moe-train: error: --offload ssd needs --ssd-dir" ||
     fail "rank $rank does not say why"
 done
-[ ! -e "$work/replicas/last.h5" ] && [ ! -e "$work/replicas/last" ] || fail "a checkpoint was written"
+[ ! -e "$work/refused/last.h5" ] && [ ! -e "$work/refused/last" ] || fail "a checkpoint was written"
 rm -rf "$work"
