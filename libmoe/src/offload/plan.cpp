@@ -41,6 +41,7 @@ OffloadPlan plan_offload(const PlanInput& in) {
       in.device_is_host ? in.device_capacity - offloaded_device : in.host_capacity;
   if (in.expert_state_bytes <= host_room && !in.device_is_host) {
     plan.tier = "host";
+    plan.device_budget = in.device_capacity - in.dense_bytes;
     line(str("  -> host: experts' state in host memory (", bytes(in.expert_state_bytes), " of ",
              bytes(host_room), "), dense state on the device"));
     return plan;
@@ -49,6 +50,8 @@ OffloadPlan plan_offload(const PlanInput& in) {
   if (in.ssd_capacity >= in.ssd_file_bytes && cache >= in.record_bytes) {
     plan.tier = "ssd";
     plan.host_budget = cache;
+    plan.device_budget =
+        in.device_is_host ? 4 * in.slot_bytes : in.device_capacity - in.dense_bytes;
     line(str("  -> ssd: experts' state on SSD (", bytes(in.ssd_file_bytes), " of ",
              bytes(in.ssd_capacity), " free) behind a host cache of ", bytes(cache), " (",
              static_cast<long long>(cache / in.record_bytes), " of ",

@@ -597,6 +597,7 @@ void Trainer::plan_offload(const ModelConfig& config, Device device) {
   for (const std::string& line : plan.lines) MOE_LOG_INFO(line);
   offload_tier_ = plan.tier;
   auto_host_budget_ = static_cast<int64_t>(plan.host_budget);
+  auto_device_budget_ = static_cast<int64_t>(plan.device_budget);
 }
 
 offload::StoreConfig Trainer::store_config() const {
@@ -609,8 +610,10 @@ offload::StoreConfig Trainer::store_config() const {
     c.device_budget = offload::parse_bytes("--device-budget", train_.device_budget, 0);
   if (!train_.host_budget.empty())
     c.host_budget = offload::parse_bytes("--host-budget", train_.host_budget, 0);
-  if (train_.offload == "auto" && tier == "ssd" && train_.host_budget.empty())
+  if (train_.offload == "auto") {  // the plan's split of the budgets
     c.host_budget = auto_host_budget_;
+    c.device_budget = auto_device_budget_;
+  }
   c.ssd_dir = train_.ssd_dir;
   c.expert_cache = train_.expert_cache;
   c.lfu.threshold = train_.lfu_threshold;

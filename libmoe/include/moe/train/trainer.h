@@ -175,9 +175,10 @@ class Trainer {
   optim::AdamWConfig adamw_config() const;
   offload::StoreConfig store_config() const;
   void plan_offload(const ModelConfig& config, Device device);
-  std::string offload_tier_;      // --offload auto: the plan's choice
-  int64_t auto_host_budget_ = 0;  // --offload auto with ssd: the plan's host cache
-  double learning_rate() const;   // this step's (the schedule at step_)
+  std::string offload_tier_;                    // --offload auto: the plan's choice
+  int64_t auto_host_budget_ = 0;                // --offload auto with ssd: the plan's host cache
+  int64_t auto_device_budget_ = 0;              // --offload auto: the plan's device slots
+  double learning_rate() const;                 // this step's (the schedule at step_)
   comm::Communicator* expert_replicas() const;  // ranks holding the same experts (or null)
   Tensor gather_offloaded(const Param& p, const std::string& what) const;
   std::vector<optim::OptimizerTensor> optimizer_state() const;  // every parameter's
