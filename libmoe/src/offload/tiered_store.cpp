@@ -35,8 +35,9 @@ struct ExpertState {
   bool uploading = false;  // the slot is being filled
   int64_t grad_step = -1;  // the step whose gradient the record holds (else: stale, zero it)
   int64_t updated_step = -1;
-  bool queued = false;  // its AdamW step waits on the optimizer thread
-  bool pinned = false;  // among the busiest of the last step: keeps its slot when it can
+  bool queued = false;          // its AdamW step waits on the optimizer thread
+  int64_t finalized_step = -1;  // the step whose gradient was scaled and squared-summed
+  bool pinned = false;          // among the busiest of the last step: keeps its slot when it can
   int64_t tokens = 0, previous_tokens = 0;  // rows this step / last step (forward)
   std::shared_ptr<std::byte> grad_record;   // pinned from gradients() to gradient_done()
 };
@@ -79,7 +80,13 @@ struct TieredStore::Impl {
   std::vector<Key> plan;
   size_t cursor = 0, next_load = 0;
   Key waiting{-1, -1};  // the expert compute waits for in acquire
-  std::deque<Key> optimizer_queue;
+  struct Update {
+    Key key;
+    float clip_scale = 1.0f;
+    bool stale_gradient = false;
+    bool during_backward = true;
+  };
+  std::deque<Update> optimizer_queue;
   int optimizer_busy = 0;
   bool stopping = false;
   uint64_t clock = 0;
@@ -243,33 +250,39 @@ struct TieredStore::Impl {
     if (st.slot >= 0) free_slot(st.slot);
   }
 
-  void optimizer_loop() {
-    omp_set_num_threads(1);  // runs beside backward, which keeps the cores
-    std::unique_lock<std::mutex> lock(mu);
+  // Runs queued updates until the queue is empty (finish_step: on the compute thread too) or,
+  // for the optimizer thread, until the store stops.
+  void run_updates(std::unique_lock<std::mutex>& lock, bool until_stopped) {
     while (true) {
-      changed.wait(lock, [&] { return stopping || !optimizer_queue.empty(); });
-      if (stopping) return;
-      const Key k = optimizer_queue.front();
+      if (until_stopped) changed.wait(lock, [&] { return stopping || !optimizer_queue.empty(); });
+      if (stopping || optimizer_queue.empty()) return;
+      const Update u = optimizer_queue.front();
       optimizer_queue.pop_front();
       ++optimizer_busy;
       lock.unlock();
       std::string error;
       try {
-        update(k, 1.0f, false);
+        update(u.key, u.clip_scale, u.stale_gradient);
       } catch (const std::exception& e) {
         error = e.what();
       }
       lock.lock();
       --optimizer_busy;
-      state(k).queued = false;
+      state(u.key).queued = false;
       if (error.empty()) {
-        updated(k);
-        ++stats.optimizer_overlapped;
+        updated(u.key);
+        ++(u.during_backward ? stats.optimizer_overlapped : stats.optimizer_after);
       } else if (failure.empty()) {
         failure = error;
       }
       changed.notify_all();
     }
+  }
+
+  void optimizer_loop() {
+    omp_set_num_threads(1);  // runs beside backward, which keeps the cores
+    std::unique_lock<std::mutex> lock(mu);
+    run_updates(lock, true);
   }
 
   // Applies the data-parallel scale to the expert's final gradient and records its squared sums
@@ -545,39 +558,46 @@ void TieredStore::gradient_done(int layer, int expert) {
   MOE_CHECK(st.grad_record, "expert store: gradient_done of layer ", layer, " expert ", expert,
             " without gradients()");
   // The gradient is final: scaled and squared-summed now, unless replicas must add theirs first
-  // (reduce_gradients does it then).
+  // (complete_gradients does it then).
   const bool final = s.step_info.last_micro_batch && !s.step_info.replicas;
-  if (final) s.finalize_gradient(k, st.grad_record);
+  if (final) {
+    s.finalize_gradient(k, st.grad_record);
+    st.finalized_step = s.step;
+  }
   st.grad_record.reset();
   s.tier->unpin(layer, expert, true);
   if (final && s.step_info.overlap && s.config.overlap_optimizer) {
     std::lock_guard<std::mutex> lock(s.mu);
     st.queued = true;
-    s.optimizer_queue.push_back(k);
+    s.optimizer_queue.push_back({k, 1.0f, false, true});
     s.changed.notify_all();
   }
 }
 
-void TieredStore::reduce_gradients() {
+void TieredStore::complete_gradients() {
   Impl& s = *impl_;
   comm::Communicator* replicas = s.step_info.replicas;
-  MOE_CHECK(replicas, "expert store: reduce_gradients without replicas");
   for (int li = 0; li < static_cast<int>(s.layers.size()); ++li) {
     const Layer& layer = s.layers[static_cast<size_t>(li)];
     for (int64_t e = 0; e < layer.experts; ++e) {
       const Key k{li, e};
       ExpertState& st = s.state(k);
+      // Without replicas only the experts whose last rows came in an earlier micro-batch are
+      // left; with replicas every expert joins the sum, in order (the same calls on every rank).
+      if (!replicas && (st.grad_step != s.step || st.finalized_step == s.step)) continue;
       const std::shared_ptr<std::byte> record = s.tier->pin(li, e);
       // An expert with no rows here holds an older gradient: this step's is zero.
       if (st.grad_step != s.step)
         for (const TensorLayout& t : layer.layout.tensors)
           view(record, t.grad.offset, t.shape, DType::f32).zero();
       st.grad_step = s.step;
-      for (const TensorLayout& t : layer.layout.tensors) {
-        Tensor grad = view(record, t.grad.offset, t.shape, DType::f32);
-        replicas->all_reduce(grad, comm::ReduceOp::sum);
-      }
+      if (replicas)
+        for (const TensorLayout& t : layer.layout.tensors) {
+          Tensor grad = view(record, t.grad.offset, t.shape, DType::f32);
+          replicas->all_reduce(grad, comm::ReduceOp::sum);
+        }
       s.finalize_gradient(k, record);
+      st.finalized_step = s.step;
       s.tier->unpin(li, e, true);
     }
   }
@@ -604,21 +624,21 @@ void TieredStore::finish_step(float clip_scale) {
   s.rethrow_locked();
   s.plan.clear();
   s.cursor = s.next_load = 0;
-  MOE_CHECK(clip_scale == 1.0f || s.stats.optimizer_overlapped == 0 || !s.step_info.overlap,
-            "expert store: a clipped step cannot overlap the optimizer");
-  for (int li = 0; li < static_cast<int>(s.layers.size()); ++li) {
+  MOE_CHECK(clip_scale == 1.0f || !s.step_info.overlap,
+            "expert store: a clipped step cannot have overlapped the optimizer");
+  // The experts not yet updated, shared by this thread and the optimizer thread: on the SSD tier
+  // one's file I/O overlaps the other's update.
+  for (int li = 0; li < static_cast<int>(s.layers.size()); ++li)
     for (int64_t e = 0; e < s.layers[static_cast<size_t>(li)].experts; ++e) {
-      const Key k{li, e};
-      ExpertState& st = s.state(k);
+      ExpertState& st = s.state({li, e});
       if (st.updated_step == s.step) continue;
-      const bool stale = st.grad_step != s.step;
-      lock.unlock();
-      s.update(k, clip_scale, stale);
-      lock.lock();
-      s.updated(k);
-      ++s.stats.optimizer_after;
+      st.queued = true;
+      s.optimizer_queue.push_back({{li, e}, clip_scale, st.grad_step != s.step, false});
     }
-  }
+  s.changed.notify_all();
+  s.run_updates(lock, false);
+  s.changed.wait(lock, [&] { return s.optimizer_queue.empty() && s.optimizer_busy == 0; });
+  s.rethrow_locked();
   s.tier->end_step();
   s.stats.finish_seconds += timer.seconds();
 }

@@ -483,7 +483,7 @@ StepStats Trainer::step(bool capture_routing) {
   }
   MOE_CHECK(std::isfinite(s.forward.total), "step ", step_, ": loss is ", s.forward.total,
             " (diverged; try a lower --lr or --clip)");
-  if (store_ && expert_replicas()) store_->reduce_gradients();
+  if (store_) store_->complete_gradients();
   optim::OffloadedSquareSum offloaded;
   if (store_) offloaded = [this](const Param& p) { return store_->grad_square_sum(p); };
   if (world_size() > 1) {

@@ -62,7 +62,7 @@ struct StepInfo {
   bool last_micro_batch = true;  // gradients are final after this backward
   float gradient_scale = 1.0f;  // data parallelism: 1/W applied to the final gradient (as GradSync)
   // Other ranks hold the same experts (data-parallel replicas): the gradients are summed over
-  // them in reduce_gradients(), every expert in order, before the norm; no update overlaps.
+  // them in complete_gradients(), every expert in order, before the norm; no update overlaps.
   comm::Communicator* replicas = nullptr;
   bool overlap = true;  // optimizer may run during backward (no clipping this step)
 };
@@ -102,9 +102,11 @@ class TieredStore final : public nn::ExpertStore {
   // when one does not fit) and initialises every expert's state.
   void start();
   void begin_step(const StepInfo& info);
-  // With replicas (StepInfo::replicas): after backward, every expert's gradient summed over the
-  // replicas (in expert order, the same collectives on every rank), scaled and squared-summed.
-  void reduce_gradients();
+  // After the last micro-batch's backward, before grad_square_sum: completes the gradients whose
+  // last rows came in an earlier micro-batch (scaled and squared-summed), and with replicas
+  // (StepInfo::replicas) sums every expert's gradient over them first (in expert order, the same
+  // collectives on every rank).
+  void complete_gradients();
   double grad_square_sum(const Param& param) const;
   void finish_step(float clip_scale);
   bool holds(const Param& param) const;
