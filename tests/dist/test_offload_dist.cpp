@@ -62,7 +62,7 @@ std::string first_difference(train::Trainer& resident, train::Trainer& offloaded
 
 }  // namespace
 
-TEST_CASE("offload: --ep W with --offload host trains bitwise as resident on every rank",
+TEST_CASE("offload: --ep W with --offload host|ssd trains bitwise as resident on every rank",
           "[dist][offload]") {
   comm::Communicator& world = dist_world();
   const int64_t ep = world.size();
@@ -72,7 +72,12 @@ TEST_CASE("offload: --ep W with --offload host trains bitwise as resident on eve
     for (double clip : {1.0, 0.0}) {
       DYNAMIC_SECTION(arch_name(arch) << ", clip " << clip << ", " << ep << " ranks") {
         train::Trainer resident(offload_model(arch), offload_train(ep, clip, "none"), {}, &world);
-        train::Trainer offloaded(offload_model(arch), offload_train(ep, clip, "host"), {}, &world);
+        // gpt on the host tier, mixtral on the SSD tier (each rank its own files and cache).
+        train::TrainConfig off = offload_train(ep, clip, arch == Arch::gpt ? "host" : "ssd");
+        test::ScratchDir ssd(str("offload-dist-rank", world.rank()));
+        off.ssd_dir = ssd.path();
+        if (arch != Arch::gpt) off.host_budget = "200KiB";  // two experts: the cache evicts
+        train::Trainer offloaded(offload_model(arch), off, {}, &world);
         REQUIRE(offloaded.expert_store() != nullptr);
         REQUIRE(offloaded.params().at("blocks.0.moe.experts.w1").offloaded);
         REQUIRE(offloaded.params().at("blocks.0.moe.experts.w1").shape[0] == 4 / ep);
