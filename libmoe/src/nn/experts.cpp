@@ -42,6 +42,56 @@ Experts::Experts(ParamSet& ps, const std::string& prefix, const ExpertsConfig& c
   if (store) store_layer_ = store->add_layer({w1_, w2_, w3_, b1_, b2_});
 }
 
+// The expert ops over one group of experts: all of a layer's (resident, offsets [E+1]) or one
+// expert's rows as a group of one (a store, offsets {0, rows}). Both paths run exactly these
+// calls, so their results differ only in how the GEMM segments are batched, which the CPU grouped
+// GEMM makes bitwise irrelevant.
+static void forward_group(const ExpertTensors& w, const std::vector<int32_t>& offsets,
+                          Activation activation, Tensor x, Tensor h, Tensor h3, Tensor a,
+                          Tensor y) {
+  ops::grouped_gemm(x, w.w1, true, offsets, h);
+  if (activation == Activation::swiglu) ops::grouped_gemm(x, w.w3, true, offsets, h3);
+  ops::expert_activation(h, h3, w.b1, offsets, activation, a);
+  ops::grouped_gemm(a, w.w2, true, offsets, y);
+  if (w.b2.defined()) ops::grouped_add_bias(y, w.b2, offsets);
+}
+
+// dy, and the forward's x, h, h3, a in; the gradients accumulate into g; dh, dh3 scratch; dx out.
+static void backward_group(const ExpertTensors& w, ExpertTensors& g,
+                           const std::vector<int32_t>& offsets, Activation activation,
+                           const Tensor& dy, const Tensor& x, const Tensor& h, const Tensor& h3,
+                           const Tensor& a, Tensor dh, Tensor dh3, Tensor dx) {
+  if (g.b2.defined()) ops::grouped_bias_grad(dy, offsets, g.b2);
+  ops::grouped_gemm_weight_grad(dy, a, offsets, g.w2);
+  // dA = dY W2 (reuses no buffer: `a` stays valid for the caller).
+  ops::grouped_gemm(dy, w.w2, false, offsets, dh);
+  ops::expert_activation_backward(dh, h, h3, activation, dh, dh3);
+  if (g.b1.defined()) ops::grouped_bias_grad(dh, offsets, g.b1);
+  ops::grouped_gemm_weight_grad(dh, x, offsets, g.w1);
+  ops::grouped_gemm(dh, w.w1, false, offsets, dx);
+  if (activation == Activation::swiglu) {
+    ops::grouped_gemm_weight_grad(dh3, x, offsets, g.w3);
+    ops::grouped_gemm(dh3, w.w3, false, offsets, dx, 1.0f);
+  }
+}
+
+// The experts with rows in this pass, ascending (the ones a store is asked for), and their rows.
+static std::vector<int32_t> experts_with_rows(const std::vector<int32_t>& offsets,
+                                              std::vector<int32_t>& rows) {
+  std::vector<int32_t> used;
+  rows.clear();
+  for (size_t e = 0; e + 1 < offsets.size(); ++e)
+    if (offsets[e + 1] > offsets[e]) {
+      used.push_back(static_cast<int32_t>(e));
+      rows.push_back(offsets[e + 1] - offsets[e]);
+    }
+  return used;
+}
+
+static Tensor optional(const Tensor& t, int32_t r0, int32_t r1) {
+  return t.defined() ? t.rows(r0, r1) : Tensor();
+}
+
 Tensor Experts::forward(const Tensor& x_perm, const std::vector<int32_t>& expert_offsets,
                         Saved* saved) const {
   const int64_t D = config_.d_model, F = config_.d_ff;
@@ -50,21 +100,29 @@ Tensor Experts::forward(const Tensor& x_perm, const std::vector<int32_t>& expert
   MOE_CHECK(static_cast<int64_t>(expert_offsets.size()) == config_.num_experts + 1, "experts ",
             w1_->name, ": ", expert_offsets.size(), " offsets for ", config_.num_experts,
             " experts");
-  if (store_) return forward_stored(x_perm, expert_offsets, saved);
   const int64_t M = x_perm.dim(0);
-  const bool swiglu = config_.activation == Activation::swiglu;
-  Tensor h = Tensor::empty({M, F}, DType::f32, x_perm.device()).set_name("experts.h");
-  ops::grouped_gemm(x_perm, w1_->w(), true, expert_offsets, h);
+  const Device device = x_perm.device();
+  Tensor h = Tensor::empty({M, F}, DType::f32, device).set_name("experts.h");
   Tensor h3;
-  if (swiglu) {
-    h3 = Tensor::empty({M, F}, DType::f32, x_perm.device()).set_name("experts.h3");
-    ops::grouped_gemm(x_perm, w3_->w(), true, expert_offsets, h3);
+  if (config_.activation == Activation::swiglu)
+    h3 = Tensor::empty({M, F}, DType::f32, device).set_name("experts.h3");
+  Tensor a = Tensor::empty({M, F}, DType::f32, device).set_name("experts.a");
+  Tensor y = Tensor::empty({M, D}, DType::f32, device).set_name("experts.y_perm");
+  if (!store_) {
+    forward_group(resident(), expert_offsets, config_.activation, x_perm, h, h3, a, y);
+  } else {  // one expert at a time through the store, each a group of one
+    std::vector<int32_t> rows;
+    const std::vector<int32_t> used = experts_with_rows(expert_offsets, rows);
+    store_->request(store_layer_, used, rows, Pass::forward);
+    for (int32_t e : used) {
+      const int32_t r0 = expert_offsets[static_cast<size_t>(e)],
+                    r1 = expert_offsets[static_cast<size_t>(e) + 1];
+      const ExpertTensors w = store_->acquire(store_layer_, e);
+      forward_group(w, {0, r1 - r0}, config_.activation, x_perm.rows(r0, r1), h.rows(r0, r1),
+                    optional(h3, r0, r1), a.rows(r0, r1), y.rows(r0, r1));
+      store_->release(store_layer_, e);
+    }
   }
-  Tensor a = Tensor::empty({M, F}, DType::f32, x_perm.device()).set_name("experts.a");
-  ops::expert_activation(h, h3, b1_ ? b1_->w() : Tensor(), expert_offsets, config_.activation, a);
-  Tensor y = Tensor::empty({M, D}, DType::f32, x_perm.device()).set_name("experts.y_perm");
-  ops::grouped_gemm(a, w2_->w(), true, expert_offsets, y);
-  if (b2_) ops::grouped_add_bias(y, b2_->w(), expert_offsets);
   if (saved) {
     saved->x_perm = x_perm;
     saved->expert_offsets = expert_offsets;
@@ -81,119 +139,43 @@ Tensor Experts::backward(const Tensor& dy_perm, const Saved& saved) {
             ": backward without a saved forward");
   const int64_t M = saved.x_perm.dim(0);
   dy_perm.expect_shape({M, D}, "experts backward dy_perm");
-  if (store_) return backward_stored(dy_perm, saved);
   const auto& offsets = saved.expert_offsets;
-  const bool swiglu = config_.activation == Activation::swiglu;
-
-  if (b2_) ops::grouped_bias_grad(dy_perm, offsets, b2_->grad);
-  ops::grouped_gemm_weight_grad(dy_perm, saved.a, offsets, w2_->grad);
-  // dA = dY W2 (reuses no buffer: `a` stays valid for the caller).
-  Tensor dh = Tensor::empty({M, F}, DType::f32, dy_perm.device()).set_name("experts.dh");
-  ops::grouped_gemm(dy_perm, w2_->w(), false, offsets, dh);
+  const Device device = dy_perm.device();
+  Tensor dh = Tensor::empty({M, F}, DType::f32, device).set_name("experts.dh");
   Tensor dh3;
-  if (swiglu) dh3 = Tensor::empty({M, F}, DType::f32, dy_perm.device()).set_name("experts.dh3");
-  ops::expert_activation_backward(dh, saved.h, saved.h3, config_.activation, dh, dh3);
-  if (b1_) ops::grouped_bias_grad(dh, offsets, b1_->grad);
-  ops::grouped_gemm_weight_grad(dh, saved.x_perm, offsets, w1_->grad);
-  Tensor dx = Tensor::empty({M, D}, DType::f32, dy_perm.device()).set_name("experts.dx_perm");
-  ops::grouped_gemm(dh, w1_->w(), false, offsets, dx);
-  if (swiglu) {
-    ops::grouped_gemm_weight_grad(dh3, saved.x_perm, offsets, w3_->grad);
-    ops::grouped_gemm(dh3, w3_->w(), false, offsets, dx, 1.0f);
+  if (config_.activation == Activation::swiglu)
+    dh3 = Tensor::empty({M, F}, DType::f32, device).set_name("experts.dh3");
+  Tensor dx = Tensor::empty({M, D}, DType::f32, device).set_name("experts.dx_perm");
+  if (!store_) {
+    ExpertTensors g = resident_gradients();
+    backward_group(resident(), g, offsets, config_.activation, dy_perm, saved.x_perm, saved.h,
+                   saved.h3, saved.a, dh, dh3, dx);
+    return dx;
   }
-  return dx;
-}
-
-// The experts with rows in this pass, ascending (the ones a store is asked for), and their rows.
-static std::vector<int32_t> experts_with_rows(const std::vector<int32_t>& offsets,
-                                              std::vector<int32_t>& rows) {
-  std::vector<int32_t> used;
-  rows.clear();
-  for (size_t e = 0; e + 1 < offsets.size(); ++e)
-    if (offsets[e + 1] > offsets[e]) {
-      used.push_back(static_cast<int32_t>(e));
-      rows.push_back(offsets[e + 1] - offsets[e]);
-    }
-  return used;
-}
-
-// One expert at a time through the store: the same ops as the grouped path on each expert's
-// rows, with the expert as a group of one (offsets {0, rows}).
-Tensor Experts::forward_stored(const Tensor& x_perm, const std::vector<int32_t>& expert_offsets,
-                               Saved* saved) const {
-  const int64_t D = config_.d_model, F = config_.d_ff, M = x_perm.dim(0);
-  const bool swiglu = config_.activation == Activation::swiglu;
-  Tensor h = Tensor::empty({M, F}, DType::f32, x_perm.device()).set_name("experts.h");
-  Tensor h3;
-  if (swiglu) h3 = Tensor::empty({M, F}, DType::f32, x_perm.device()).set_name("experts.h3");
-  Tensor a = Tensor::empty({M, F}, DType::f32, x_perm.device()).set_name("experts.a");
-  Tensor y = Tensor::empty({M, D}, DType::f32, x_perm.device()).set_name("experts.y_perm");
-  std::vector<int32_t> rows;
-  const std::vector<int32_t> used = experts_with_rows(expert_offsets, rows);
-  store_->request(store_layer_, used, rows, Pass::forward);
-  for (int32_t e : used) {
-    const int32_t r0 = expert_offsets[static_cast<size_t>(e)],
-                  r1 = expert_offsets[static_cast<size_t>(e) + 1];
-    const std::vector<int32_t> one{0, r1 - r0};
-    const ExpertTensors w = store_->acquire(store_layer_, e);
-    const Tensor x_e = x_perm.rows(r0, r1);
-    Tensor h_e = h.rows(r0, r1), a_e = a.rows(r0, r1), y_e = y.rows(r0, r1), h3_e;
-    ops::grouped_gemm(x_e, w.w1, true, one, h_e);
-    if (swiglu) {
-      h3_e = h3.rows(r0, r1);
-      ops::grouped_gemm(x_e, w.w3, true, one, h3_e);
-    }
-    ops::expert_activation(h_e, h3_e, w.b1, one, config_.activation, a_e);
-    ops::grouped_gemm(a_e, w.w2, true, one, y_e);
-    if (w.b2.defined()) ops::grouped_add_bias(y_e, w.b2, one);
-    store_->release(store_layer_, e);
-  }
-  if (saved) {
-    saved->x_perm = x_perm;
-    saved->expert_offsets = expert_offsets;
-    saved->h = h;
-    saved->h3 = h3;
-    saved->a = a;
-  }
-  return y;
-}
-
-Tensor Experts::backward_stored(const Tensor& dy_perm, const Saved& saved) {
-  const int64_t D = config_.d_model, F = config_.d_ff, M = saved.x_perm.dim(0);
-  const auto& offsets = saved.expert_offsets;
-  const bool swiglu = config_.activation == Activation::swiglu;
-  Tensor dh = Tensor::empty({M, F}, DType::f32, dy_perm.device()).set_name("experts.dh");
-  Tensor dh3;
-  if (swiglu) dh3 = Tensor::empty({M, F}, DType::f32, dy_perm.device()).set_name("experts.dh3");
-  Tensor dx = Tensor::empty({M, D}, DType::f32, dy_perm.device()).set_name("experts.dx_perm");
   std::vector<int32_t> rows;
   const std::vector<int32_t> used = experts_with_rows(offsets, rows);
   store_->request(store_layer_, used, rows, Pass::backward);
   for (int32_t e : used) {
     const int32_t r0 = offsets[static_cast<size_t>(e)], r1 = offsets[static_cast<size_t>(e) + 1];
-    const std::vector<int32_t> one{0, r1 - r0};
     const ExpertTensors w = store_->acquire(store_layer_, e);
     ExpertTensors g = store_->gradients(store_layer_, e);
-    const Tensor dy_e = dy_perm.rows(r0, r1), x_e = saved.x_perm.rows(r0, r1),
-                 a_e = saved.a.rows(r0, r1), h_e = saved.h.rows(r0, r1);
-    const Tensor h3_e = swiglu ? saved.h3.rows(r0, r1) : Tensor();
-    Tensor dh_e = dh.rows(r0, r1), dx_e = dx.rows(r0, r1), dh3_e;
-    if (swiglu) dh3_e = dh3.rows(r0, r1);
-    if (g.b2.defined()) ops::grouped_bias_grad(dy_e, one, g.b2);
-    ops::grouped_gemm_weight_grad(dy_e, a_e, one, g.w2);
-    ops::grouped_gemm(dy_e, w.w2, false, one, dh_e);
-    ops::expert_activation_backward(dh_e, h_e, h3_e, config_.activation, dh_e, dh3_e);
-    if (g.b1.defined()) ops::grouped_bias_grad(dh_e, one, g.b1);
-    ops::grouped_gemm_weight_grad(dh_e, x_e, one, g.w1);
-    ops::grouped_gemm(dh_e, w.w1, false, one, dx_e);
-    if (swiglu) {
-      ops::grouped_gemm_weight_grad(dh3_e, x_e, one, g.w3);
-      ops::grouped_gemm(dh3_e, w.w3, false, one, dx_e, 1.0f);
-    }
+    backward_group(w, g, {0, r1 - r0}, config_.activation, dy_perm.rows(r0, r1),
+                   saved.x_perm.rows(r0, r1), saved.h.rows(r0, r1), optional(saved.h3, r0, r1),
+                   saved.a.rows(r0, r1), dh.rows(r0, r1), optional(dh3, r0, r1), dx.rows(r0, r1));
     store_->release(store_layer_, e);
     store_->gradient_done(store_layer_, e);
   }
   return dx;
+}
+
+ExpertTensors Experts::resident() const {
+  auto w = [](const Param* p) { return p ? p->w() : Tensor(); };
+  return {w(w1_), w(w2_), w(w3_), w(b1_), w(b2_)};
+}
+
+ExpertTensors Experts::resident_gradients() const {
+  auto g = [](const Param* p) { return p ? p->grad : Tensor(); };
+  return {g(w1_), g(w2_), g(w3_), g(b1_), g(b2_)};
 }
 
 }  // namespace moe::nn

@@ -298,6 +298,33 @@ struct TieredStore::Impl {
     }
   }
 
+  // Where a parameter's section `what` ("value", "master", "adam.m", "adam.v") of one expert
+  // lives; throws naming the parameter when the store does not hold it.
+  struct Located {
+    int layer = -1;
+    const TensorLayout* tensor = nullptr;
+    const Section* section = nullptr;
+  };
+  Located locate(const Param& param, int64_t expert, const std::string& what) const {
+    for (int li = 0; li < static_cast<int>(layers.size()); ++li) {
+      const Layer& l = layers[static_cast<size_t>(li)];
+      for (const TensorLayout& t : l.layout.tensors) {
+        if (t.param != &param) continue;
+        MOE_CHECK(expert >= 0 && expert < l.experts, "expert store: expert ", expert, " of '",
+                  param.name, "' out of range");
+        const Section* section = what == "value"    ? &t.value
+                                 : what == "master" ? &t.master
+                                 : what == "adam.m" ? &t.adam_m
+                                 : what == "adam.v" ? &t.adam_v
+                                                    : nullptr;
+        MOE_CHECK(section && section->offset >= 0, "expert store: no '", what, "' for '",
+                  param.name, "'");
+        return {li, &t, section};
+      }
+    }
+    throw Error(str("expert store: '", param.name, "' is not one of its parameters"));
+  }
+
   nn::ExpertTensors tensors_of(const Layer& layer, const std::shared_ptr<std::byte>& base,
                                bool grads) const {
     nn::ExpertTensors out;
@@ -645,53 +672,24 @@ void TieredStore::finish_step(float clip_scale) {
 
 Tensor TieredStore::read(const Param& param, int64_t expert, const std::string& what) const {
   Impl& s = *impl_;
-  for (int li = 0; li < static_cast<int>(s.layers.size()); ++li) {
-    const Layer& l = s.layers[static_cast<size_t>(li)];
-    for (const TensorLayout& t : l.layout.tensors) {
-      if (t.param != &param) continue;
-      MOE_CHECK(expert >= 0 && expert < l.experts, "expert store: expert ", expert, " of '",
-                param.name, "' out of range");
-      const Section& sec = what == "value"    ? t.value
-                           : what == "master" ? t.master
-                           : what == "adam.m" ? t.adam_m
-                                              : t.adam_v;
-      MOE_CHECK(sec.offset >= 0 &&
-                    (what == "value" || what == "master" || what == "adam.m" || what == "adam.v"),
-                "expert store: no '", what, "' for '", param.name, "'");
-      const std::shared_ptr<std::byte> record = s.tier->pin(li, expert);
-      Tensor out = view(record, sec.offset, t.shape, sec.dtype).clone();
-      s.tier->unpin(li, expert, false);
-      return out;
-    }
-  }
-  throw Error(str("expert store: '", param.name, "' is not one of its parameters"));
+  const Impl::Located at = s.locate(param, expert, what);
+  const std::shared_ptr<std::byte> record = s.tier->pin(at.layer, expert);
+  Tensor out = view(record, at.section->offset, at.tensor->shape, at.section->dtype).clone();
+  s.tier->unpin(at.layer, expert, false);
+  return out;
 }
 
 void TieredStore::write(const Param& param, int64_t expert, const std::string& what,
                         const Tensor& slice) {
   Impl& s = *impl_;
-  for (int li = 0; li < static_cast<int>(s.layers.size()); ++li) {
-    const Layer& l = s.layers[static_cast<size_t>(li)];
-    for (const TensorLayout& t : l.layout.tensors) {
-      if (t.param != &param) continue;
-      MOE_CHECK(expert >= 0 && expert < l.experts, "expert store: expert ", expert, " of '",
-                param.name, "' out of range");
-      const Section& sec = what == "value"    ? t.value
-                           : what == "master" ? t.master
-                           : what == "adam.m" ? t.adam_m
-                                              : t.adam_v;
-      MOE_CHECK(sec.offset >= 0, "expert store: no '", what, "' for '", param.name, "'");
-      const std::shared_ptr<std::byte> record = s.tier->pin(li, expert);
-      Tensor into = view(record, sec.offset, t.shape, sec.dtype);
-      into.copy_from(slice.reshape(t.shape));
-      s.tier->unpin(li, expert, true);
-      std::lock_guard<std::mutex> lock(s.mu);
-      ExpertState& st = s.state({li, expert});
-      if (st.slot >= 0) s.free_slot(st.slot);
-      return;
-    }
-  }
-  throw Error(str("expert store: '", param.name, "' is not one of its parameters"));
+  const Impl::Located at = s.locate(param, expert, what);
+  const std::shared_ptr<std::byte> record = s.tier->pin(at.layer, expert);
+  Tensor into = view(record, at.section->offset, at.tensor->shape, at.section->dtype);
+  into.copy_from(slice.reshape(at.tensor->shape));
+  s.tier->unpin(at.layer, expert, true);
+  std::lock_guard<std::mutex> lock(s.mu);
+  ExpertState& st = s.state({at.layer, expert});
+  if (st.slot >= 0) s.free_slot(st.slot);  // its weights changed
 }
 
 StoreStats TieredStore::stats() const {

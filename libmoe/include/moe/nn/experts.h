@@ -62,9 +62,8 @@ class Experts {
   Param* b2() const { return b2_; }
 
  private:
-  Tensor forward_stored(const Tensor& x_perm, const std::vector<int32_t>& expert_offsets,
-                        Saved* saved) const;
-  Tensor backward_stored(const Tensor& dy_perm, const Saved& saved);
+  ExpertTensors resident() const;  // the Params' fp32 views, [E,...]
+  ExpertTensors resident_gradients() const;
   ExpertsConfig config_;
   ExpertStore* store_ = nullptr;
   int store_layer_ = -1;
