@@ -91,6 +91,8 @@ struct SaveOptions {
 
 // Atomic save (see above). Tensor names must be non-empty, unique within params (and within
 // optim), and contain no '/'; an empty provenance.time is filled with the current UTC time.
+// Streamed tensors (NamedTensor::source) are written one expert at a time into the dataset the
+// whole tensor would give; whatever a source throws fails the save like an I/O error.
 void save_checkpoint(const std::string& path, const Checkpoint& ckpt,
                      const SaveOptions& options = {});
 
