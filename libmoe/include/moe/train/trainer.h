@@ -106,7 +106,8 @@ class Trainer {
 
   // Continue from a checkpoint: parameters, optimizer moments, step, data cursor. An unsharded
   // checkpoint (one file) restores a run that holds every parameter on every rank. An offloaded
-  // run's store is refilled expert by expert (streamed tensors are read one expert at a time).
+  // run's store is refilled expert by expert (streamed tensors are read one expert at a time);
+  // a damaged or non-finite expert found then fails the restore part-way: do not train on.
   void restore(const io::Checkpoint& checkpoint);
   // The same from a path: a checkpoint file, or a sharded checkpoint directory written by save()
   // of a run with the same world size, --ep and --shard-embedding (collective; each rank reads
