@@ -187,6 +187,16 @@ TEST_CASE("checkpoint: a streamed expert tensor is the dataset of the whole tens
         same_bytes(s.params[1].expert_slice(e), a.params[1].tensor.rows(e, e + 1).reshape({3, 4})));
   require_same(a.params, s.params);
   require_same(a.optim, s.optim);
+  // Slices above the chunk limit are cut below their leading 1, streamed or whole alike.
+  io::SaveOptions small;
+  small.max_chunk_bytes = 16;  // 4 f32: a [1,3,4] slice becomes chunks [1,1,4]
+  io::save_checkpoint(dir / "whole-cut.h5", small_checkpoint(false), small);
+  io::save_checkpoint(dir / "streamed-cut.h5", small_checkpoint(true), small);
+  REQUIRE(layout_of(dir / "streamed-cut.h5", "/params/w") == "rank 3 filters 1 chunk 1 1 4 3");
+  REQUIRE(layout_of(dir / "whole-cut.h5", "/params/w") ==
+          layout_of(dir / "streamed-cut.h5", "/params/w"));
+  require_same(io::load_checkpoint(dir / "whole-cut.h5").params,
+               io::load_checkpoint(dir / "streamed-cut.h5").params);
   // A streamed checkpoint saves again as the same file contents.
   io::save_checkpoint(dir / "again.h5", s);
   require_same(a.params, io::load_checkpoint(dir / "again.h5").params);
