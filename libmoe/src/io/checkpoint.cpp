@@ -345,8 +345,9 @@ Checkpoint load_checkpoint_image(const std::string& bytes, const std::string& na
 }
 
 Tensor NamedTensor::expert_slice(int64_t e) const {
-  MOE_CHECK(expert && shape().size() >= 1 && e >= 0 && e < shape()[0], "tensor '", name,
-            "': no expert ", e, " (", expert ? "expert tensor " : "not an expert tensor ",
+  // A whole tensor need not be marked `expert` (files of other writers): its rows are its experts.
+  MOE_CHECK((expert || !source) && shape().size() >= 1 && e >= 0 && e < shape()[0], "tensor '",
+            name, "': no expert ", e, " (", expert ? "expert tensor " : "tensor ",
             shape_str(shape()), ")");
   const Shape rest(shape().begin() + 1, shape().end());
   if (!source) return tensor.rows(e, e + 1).reshape(rest);
