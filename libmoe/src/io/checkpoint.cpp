@@ -12,6 +12,7 @@
 #include <ctime>
 #include <filesystem>
 #include <set>
+#include <string_view>
 #include <utility>
 
 #include "io/files.h"
@@ -54,7 +55,14 @@ void write_tensors(hid_t file, const char* group_name, const std::vector<NamedTe
   // temporary file is removed) exactly like an I/O error would.
   for (const NamedTensor& t : tensors) {
     check_tensor_name(t.name, where, seen);
-    h5::write_tensor(group, t.name, t.tensor, t.expert, where, options.max_chunk_bytes, &t.shard);
+    if (t.streamed()) {
+      MOE_CHECK(t.expert, where.describe(), ": streamed tensor '", t.name,
+                "' is not marked as an expert tensor");
+      h5::write_expert_rows(group, t.name, t.source->shape, t.source->dtype, t.source->read, where,
+                            options.max_chunk_bytes, &t.shard);
+    } else {
+      h5::write_tensor(group, t.name, t.tensor, t.expert, where, options.max_chunk_bytes, &t.shard);
+    }
   }
   group.close(where);
 }
@@ -148,11 +156,57 @@ std::string optional_string_attr(hid_t object, const char* name, const Where& wh
                                            : std::string();
 }
 
-std::vector<NamedTensor> read_tensors(const Opened& c, const char* group_name) {
+// An open checkpoint file shared by the sources of its streamed tensors: it closes when the last
+// of them goes (under the HDF5 lock, like every HDF5 call).
+struct SharedFile {
+  explicit SharedFile(Opened c) : opened(std::move(c)) {}
+  SharedFile(const SharedFile&) = delete;
+  SharedFile& operator=(const SharedFile&) = delete;
+  Opened opened;
+  ~SharedFile() {
+    h5::Session session;
+    opened.file.reset();
+  }
+};
+
+// Expert e of dataset /group/name of an open checkpoint, reading that chunk only.
+std::shared_ptr<const ExpertSource> expert_source(std::shared_ptr<SharedFile> shared,
+                                                  const char* group_name, const std::string& name,
+                                                  const h5::DatasetInfo& info) {
+  auto source = std::make_shared<ExpertSource>();
+  source->shape = info.shape;
+  source->dtype = info.dtype;
+  source->read = [shared = std::move(shared), group_name, name](int64_t expert) {
+    h5::Session session;
+    const Opened& c = shared->opened;
+    h5::Group group = h5::open_group(c.file, group_name, c.root);
+    return h5::read_tensor_row(group, name, expert, c.root.at(str("/", group_name)));
+  };
+  return source;
+}
+
+// `shared`: set when some tensors may be streamed (see load_checkpoint).
+std::vector<NamedTensor> read_tensors(const Opened& c, const char* group_name,
+                                      const StreamFilter* stream = nullptr,
+                                      const std::shared_ptr<SharedFile>& shared = nullptr) {
   h5::Group group = h5::open_group(c.file, group_name, c.root);
   Where where = c.root.at(str("/", group_name));
+  const bool optim = std::string_view(group_name) == kOptimGroup;
   std::vector<NamedTensor> tensors;
   for (const std::string& name : h5::list_links(group, where)) {
+    if (stream && *stream && (*stream)(optim, name)) {
+      Where w = c.root.at(str("/", group_name, "/", name));
+      h5::DatasetInfo info;
+      {
+        h5::Dataset dataset(MOE_H5(w, H5Dopen2(group, name.c_str(), H5P_DEFAULT)));
+        info = h5::dataset_info(dataset, w);
+      }
+      if (info.expert) {
+        tensors.push_back(NamedTensor{name, Tensor(), true, info.shard,
+                                      expert_source(shared, group_name, name, info)});
+        continue;
+      }
+    }
     h5::DatasetInfo info;
     Tensor t = h5::read_tensor(group, name, where, &info);
     tensors.push_back(NamedTensor{name, std::move(t), info.expert, info.shard});
@@ -222,7 +276,8 @@ void save_checkpoint(const std::string& path, const Checkpoint& ckpt, const Save
 
 namespace {
 
-Checkpoint load_opened(const Opened& c, bool with_optim) {
+Checkpoint load_opened(const Opened& c, bool with_optim, const StreamFilter* stream = nullptr,
+                       const std::shared_ptr<SharedFile>& shared = nullptr) {
   const Where& root = c.root;
   Checkpoint ckpt;
   ckpt.model_config = read_json_attr(c.file, "model_config", root);
@@ -233,9 +288,9 @@ Checkpoint load_opened(const Opened& c, bool with_optim) {
   ckpt.provenance.argv = optional_string_attr(c.file, "argv", root);
   ckpt.provenance.time = optional_string_attr(c.file, "created", root);
 
-  ckpt.params = read_tensors(c, kParamsGroup);
+  ckpt.params = read_tensors(c, kParamsGroup, stream, shared);
   if (with_optim && h5::has_link(c.file, kOptimGroup, root))
-    ckpt.optim = read_tensors(c, kOptimGroup);
+    ckpt.optim = read_tensors(c, kOptimGroup, stream, shared);
 
   {
     h5::Group state = h5::open_group(c.file, "state", root);
@@ -276,10 +331,42 @@ Checkpoint load_checkpoint(const std::string& path, bool with_optim) {
   return load_opened(open_checkpoint(path), with_optim);
 }
 
+Checkpoint load_checkpoint(const std::string& path, bool with_optim, const StreamFilter& stream) {
+  h5::Session session;
+  // The sources of streamed tensors read from this very handle, after this call returns.
+  auto shared = std::make_shared<SharedFile>(open_checkpoint(path));
+  return load_opened(shared->opened, with_optim, &stream, shared);
+}
+
 Checkpoint load_checkpoint_image(const std::string& bytes, const std::string& name,
                                  bool with_optim) {
   h5::Session session;
   return load_opened(check_checkpoint(h5::open_image(bytes, name, "checkpoint"), name), with_optim);
+}
+
+Tensor NamedTensor::expert_slice(int64_t e) const {
+  // A whole tensor need not be marked `expert` (files of other writers): its rows are its experts.
+  MOE_CHECK((expert || !source) && shape().size() >= 1 && e >= 0 && e < shape()[0], "tensor '",
+            name, "': no expert ", e, " (", expert ? "expert tensor " : "tensor ",
+            shape_str(shape()), ")");
+  const Shape rest(shape().begin() + 1, shape().end());
+  if (!source) return tensor.rows(e, e + 1).reshape(rest);
+  Tensor slice = source->read(e);
+  MOE_CHECK(slice.defined() && slice.dtype() == dtype() &&
+                shape_numel(slice.shape()) == shape_numel(rest),
+            "tensor '", name, "': expert ", e, "'s slice is ",
+            slice.defined() ? slice.describe() : std::string("undefined"), ", expected ",
+            shape_str(rest), " ", dtype_name(dtype()));
+  return slice.reshape(rest);
+}
+
+Tensor NamedTensor::whole() const {
+  if (!source) return tensor;
+  Tensor all = Tensor::empty(shape(), dtype());
+  all.set_name(name);
+  for (int64_t e = 0; e < shape()[0]; ++e)
+    all.rows(e, e + 1).copy_from(expert_slice(e).reshape(all.rows(e, e + 1).shape()));
+  return all;
 }
 
 void check_params_match(const ParamSet& params, const std::vector<NamedTensor>& tensors,
@@ -290,9 +377,10 @@ void check_params_match(const ParamSet& params, const std::vector<NamedTensor>& 
     MOE_CHECK(p, source, ": checkpoint tensor '", nt.name, "' is not a parameter of this model");
     // An offloaded parameter (its store holds the values) has the ParamSet's dtype.
     const DType dtype = p->offloaded ? params.dtype() : p->value.dtype();
-    MOE_CHECK(nt.tensor.shape() == p->shape && nt.tensor.dtype() == dtype, source,
-              ": checkpoint tensor ", nt.tensor.describe(), " does not match parameter ", p->name,
-              shape_str(p->shape), " ", dtype_name(dtype));
+    MOE_CHECK(nt.shape() == p->shape && nt.dtype() == dtype, source, ": checkpoint tensor ",
+              nt.streamed() ? str(nt.name, shape_str(nt.shape()), " ", dtype_name(nt.dtype()))
+                            : nt.tensor.describe(),
+              " does not match parameter ", p->name, shape_str(p->shape), " ", dtype_name(dtype));
     seen.insert(nt.name);
   }
   for (const Param* p : params.all())

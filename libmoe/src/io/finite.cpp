@@ -51,8 +51,25 @@ void check_finite(const std::string& where, const std::string& name, const Tenso
                   ")"));
 }
 
+void check_finite_expert(const std::string& where, const std::string& name, const Tensor& slice,
+                         int64_t expert, const Shape& whole) {
+  const Tensor host = slice.device().kind == Device::cpu ? slice : slice.to(Device{});
+  const int64_t i = first_non_finite(host);
+  if (i < 0) return;
+  throw Error(str(where, ": tensor '", name, "' holds a non-finite value (",
+                  non_finite_name(host, i), " at element ", expert * host.numel() + i, " of ",
+                  shape_str(whole), ", expert ", expert, ")"));
+}
+
 void check_finite(const std::string& where, const std::vector<NamedTensor>& tensors) {
-  for (const NamedTensor& nt : tensors) check_finite(where, nt.name, nt.tensor);
+  for (const NamedTensor& nt : tensors) {
+    if (!nt.streamed()) {
+      check_finite(where, nt.name, nt.tensor);
+      continue;
+    }
+    for (int64_t e = 0; e < nt.shape()[0]; ++e)
+      check_finite_expert(where, nt.name, nt.expert_slice(e), e, nt.shape());
+  }
 }
 
 }  // namespace moe::io

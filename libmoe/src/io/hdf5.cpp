@@ -487,16 +487,11 @@ std::vector<hsize_t> chunk_shape(const Shape& shape, size_t element_size, bool e
   return chunk;
 }
 
-void write_tensor(hid_t parent, const std::string& name, const Tensor& device_tensor, bool expert,
-                  const Where& where, size_t max_chunk_bytes, const ParamShard* shard) {
-  Where w = where.at(child_path(where.object, name));
-  MOE_CHECK(device_tensor.defined(), w.describe(), ": tensor is undefined");
-  // A device tensor is written from a host copy.
-  const Tensor tensor = device_tensor.to(Device{});
-  MOE_CHECK(!expert || tensor.ndim() >= 1, w.describe(), ": expert tensor ", tensor.describe(),
-            " needs a leading expert dimension");
+namespace {
 
-  const Shape& shape = tensor.shape();
+// A tensor dataset as write_tensor creates it (layout, filter), its data not yet written.
+Dataset create_tensor_dataset(hid_t parent, const std::string& name, const Shape& shape,
+                              DType dtype, bool expert, const Where& w, size_t max_chunk_bytes) {
   std::vector<hsize_t> dims(shape.begin(), shape.end());
   Space space =
       shape.empty()
@@ -505,8 +500,7 @@ void write_tensor(hid_t parent, const std::string& name, const Tensor& device_te
   Plist dcpl(MOE_H5(w, H5Pcreate(H5P_DATASET_CREATE)));
   MOE_H5(w, H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER));
   keep_compact(dcpl, false, w);
-  std::vector<hsize_t> chunk =
-      chunk_shape(shape, dtype_size(tensor.dtype()), expert, max_chunk_bytes);
+  std::vector<hsize_t> chunk = chunk_shape(shape, dtype_size(dtype), expert, max_chunk_bytes);
   if (!chunk.empty()) {
     MOE_H5(w, H5Pset_chunk(dcpl, static_cast<int>(chunk.size()), chunk.data()));
     MOE_H5(w, H5Pset_fletcher32(dcpl));
@@ -515,17 +509,21 @@ void write_tensor(hid_t parent, const std::string& name, const Tensor& device_te
     // (at most 8) bytes inside the checksummed object header instead.
     MOE_H5(w, H5Pset_layout(dcpl, H5D_COMPACT));
   }
-  Type type = dtype_type(tensor.dtype());
-  Dataset dataset(
+  Type type = dtype_type(dtype);
+  return Dataset(
       MOE_H5(w, H5Dcreate2(parent, name.c_str(), type, space, H5P_DEFAULT, dcpl, H5P_DEFAULT)));
-  if (tensor.numel() > 0)
-    MOE_H5(w, H5Dwrite(dataset, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, tensor.raw()));
-  write_string_attr(dataset, "dtype", dtype_name(tensor.dtype()), w);
+}
+
+// The attributes of a tensor dataset (written after its data, for streamed and whole alike).
+void write_tensor_attrs(hid_t dataset, const Shape& shape, DType dtype, bool expert, const Where& w,
+                        const ParamShard* shard) {
+  write_string_attr(dataset, "dtype", dtype_name(dtype), w);
   write_int_attr(dataset, "expert", expert ? 1 : 0, w, H5T_STD_U8LE);
   if (shard && shard->defined()) {
-    MOE_CHECK(shard->local_shape() == shape, w.describe(), ": ", tensor.describe(),
-              " is not the shard [", shard->start, ", ", shard->start + shard->count,
-              ") of dimension ", shard->dim, " of ", shape_str(shard->global));
+    MOE_CHECK(shard->local_shape() == shape, w.describe(), ": ", shape_str(shape), " ",
+              dtype_name(dtype), " is not the shard [", shard->start, ", ",
+              shard->start + shard->count, ") of dimension ", shard->dim, " of ",
+              shape_str(shard->global));
     std::vector<hsize_t> n{shard->global.size()};
     Space attr_space(MOE_H5(w, H5Screate_simple(1, n.data(), nullptr)));
     Attr attr(MOE_H5(w, H5Acreate2(dataset, "shard_shape", H5T_STD_I64LE, attr_space, H5P_DEFAULT,
@@ -535,6 +533,60 @@ void write_tensor(hid_t parent, const std::string& name, const Tensor& device_te
     write_int_attr(dataset, "shard_dim", shard->dim, w, H5T_STD_I32LE);
     write_int_attr(dataset, "shard_start", shard->start, w, H5T_STD_I64LE);
   }
+}
+
+}  // namespace
+
+void write_tensor(hid_t parent, const std::string& name, const Tensor& device_tensor, bool expert,
+                  const Where& where, size_t max_chunk_bytes, const ParamShard* shard) {
+  Where w = where.at(child_path(where.object, name));
+  MOE_CHECK(device_tensor.defined(), w.describe(), ": tensor is undefined");
+  // A device tensor is written from a host copy.
+  const Tensor tensor = device_tensor.to(Device{});
+  MOE_CHECK(!expert || tensor.ndim() >= 1, w.describe(), ": expert tensor ", tensor.describe(),
+            " needs a leading expert dimension");
+  Dataset dataset = create_tensor_dataset(parent, name, tensor.shape(), tensor.dtype(), expert, w,
+                                          max_chunk_bytes);
+  if (tensor.numel() > 0) {
+    Type type = dtype_type(tensor.dtype());
+    MOE_H5(w, H5Dwrite(dataset, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, tensor.raw()));
+  }
+  write_tensor_attrs(dataset, tensor.shape(), tensor.dtype(), expert, w, shard);
+}
+
+void write_expert_rows(hid_t parent, const std::string& name, const Shape& shape, DType dtype,
+                       const std::function<Tensor(int64_t)>& expert, const Where& where,
+                       size_t max_chunk_bytes, const ParamShard* shard) {
+  Where w = where.at(child_path(where.object, name));
+  MOE_CHECK(!shape.empty(), w.describe(),
+            ": a streamed expert tensor needs a leading expert "
+            "dimension, its shape is ",
+            shape_str(shape));
+  MOE_CHECK(expert, w.describe(), ": a streamed tensor has no source of expert slices");
+  Dataset dataset = create_tensor_dataset(parent, name, shape, dtype, true, w, max_chunk_bytes);
+  const Shape rest(shape.begin() + 1, shape.end());
+  if (shape_numel(shape) > 0) {
+    Type type = dtype_type(dtype);
+    std::vector<hsize_t> start(shape.size(), 0), count(shape.begin(), shape.end());
+    count[0] = 1;
+    Space file_space(MOE_H5(w, H5Dget_space(dataset)));
+    Space mem_space(
+        MOE_H5(w, H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr)));
+    for (int64_t e = 0; e < shape[0]; ++e) {
+      // One slice alive at a time: the previous one is released before the next is read.
+      const Tensor slice = expert(e).to(Device{});
+      MOE_CHECK(slice.defined() && slice.dtype() == dtype &&
+                    (slice.shape() == rest || slice.shape() == Shape(count.begin(), count.end())),
+                w.describe(), ": expert ", e, "'s slice is ",
+                slice.defined() ? slice.describe() : std::string("undefined"), ", expected ",
+                shape_str(rest), " ", dtype_name(dtype));
+      start[0] = static_cast<hsize_t>(e);
+      MOE_H5(w, H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start.data(), nullptr, count.data(),
+                                    nullptr));
+      MOE_H5(w, H5Dwrite(dataset, type, mem_space, file_space, H5P_DEFAULT, slice.raw()));
+    }
+  }
+  write_tensor_attrs(dataset, shape, dtype, true, w, shard);
 }
 
 DatasetInfo dataset_info(hid_t dataset, const Where& w) {

@@ -12,6 +12,8 @@
 // outlive any step, so these functions refuse to run inside an ArenaScope.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -26,11 +28,32 @@ struct Provenance {
   std::string tool, version, git, argv, time;  // argv: shell-quoted, joined by spaces;
 };                                             // time: ISO 8601 UTC ("2024-05-01T12:34:56Z")
 
+// An expert tensor [E, ...rest] that is never held whole, produced one expert at a time (the
+// experts of an offloaded run, which live in a store; or an expert dataset of a checkpoint being
+// loaded with streaming). read(e) returns expert e's slice, shaped [...rest] or [1, ...rest], of
+// `dtype`, on any device; whatever it throws fails the save (or load) that asked.
+struct ExpertSource {
+  Shape shape;  // the whole tensor's
+  DType dtype = DType::f32;
+  std::function<Tensor(int64_t expert)> read;
+};
+
 struct NamedTensor {
   std::string name;
   Tensor tensor;
   bool expert = false;  // leading dim indexes experts -> one HDF5 chunk per expert
   ParamShard shard{};   // defined: this tensor is that slice of a larger one (sharded checkpoints)
+  // Set (and `tensor` undefined): a streamed expert tensor (`expert` is true). save_checkpoint
+  // writes it expert by expert into the very dataset the whole tensor would give.
+  std::shared_ptr<const ExpertSource> source{};
+
+  bool streamed() const { return source != nullptr; }
+  const Shape& shape() const { return source ? source->shape : tensor.shape(); }
+  DType dtype() const { return source ? source->dtype : tensor.dtype(); }
+  // Expert e's slice [...rest], from the source or the whole tensor (a view of it then).
+  Tensor expert_slice(int64_t e) const;
+  // The whole tensor: `tensor`, or the source's slices gathered (tests, small tensors).
+  Tensor whole() const;
 };
 
 struct TrainState {
@@ -68,12 +91,20 @@ struct SaveOptions {
 
 // Atomic save (see above). Tensor names must be non-empty, unique within params (and within
 // optim), and contain no '/'; an empty provenance.time is filled with the current UTC time.
+// Streamed tensors (NamedTensor::source) are written one expert at a time into the dataset the
+// whole tensor would give; whatever a source throws fails the save like an I/O error.
 void save_checkpoint(const std::string& path, const Checkpoint& ckpt,
                      const SaveOptions& options = {});
 
 // Validates format, version, and every dataset's shape/dtype metadata, then reads everything
 // (the optimizer state only when `with_optim`). Tensors keep the order they were saved in.
 Checkpoint load_checkpoint(const std::string& path, bool with_optim = true);
+// The same, except that the expert tensors for which stream(optim, name) is true (`optim`: the
+// tensor is under /optim) come back streamed: their metadata is validated, and each read(e) of
+// their source reads and checksums expert e's chunk only (the file stays open while a source
+// does). Resuming an offloaded run fills its store this way, never holding a whole tensor.
+using StreamFilter = std::function<bool(bool optim, const std::string& name)>;
+Checkpoint load_checkpoint(const std::string& path, bool with_optim, const StreamFilter& stream);
 // The same from the bytes of a checkpoint file held in memory (an HDF5 file image, nothing on
 // disk); `name` stands for the file in messages.
 Checkpoint load_checkpoint_image(const std::string& bytes, const std::string& name,

@@ -21,6 +21,11 @@ std::string non_finite_name(const Tensor& tensor, int64_t index);
 // Throws moe::Error "<where>: tensor '<name>' holds a non-finite value (NaN at element 12 of
 // 4x8)" for the first such tensor. `where` names the file (or step) the tensor comes from.
 void check_finite(const std::string& where, const std::string& name, const Tensor& tensor);
+// Streamed tensors (NamedTensor::source) are read and checked one expert at a time.
 void check_finite(const std::string& where, const std::vector<NamedTensor>& tensors);
+// The same check of expert e's slice of a tensor of `whole` shape [E, ...rest], with the
+// message the whole tensor would give (the element's index in the whole tensor).
+void check_finite_expert(const std::string& where, const std::string& name, const Tensor& slice,
+                         int64_t expert, const Shape& whole);
 
 }  // namespace moe::io

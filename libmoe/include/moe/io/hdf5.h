@@ -14,6 +14,7 @@
 #include <hdf5.h>
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -225,6 +226,15 @@ std::vector<hsize_t> chunk_shape(const Shape& shape, size_t element_size, bool e
 void write_tensor(hid_t parent, const std::string& name, const Tensor& tensor, bool expert,
                   const Where& where, size_t max_chunk_bytes = kMaxChunkBytes,
                   const ParamShard* shard = nullptr);
+
+// The same dataset write_tensor writes for an expert tensor of `shape` (E = shape[0]) and
+// `dtype` (same chunks, filter, attributes and bytes), its data written one expert at a time:
+// expert(e) returns expert e's slice, [...rest] or [1, ...rest], on any device, and only that
+// slice is held while its chunk is written (a hyperslab write). A slice of the wrong shape or
+// dtype, or whatever expert(e) throws, fails the write.
+void write_expert_rows(hid_t parent, const std::string& name, const Shape& shape, DType dtype,
+                       const std::function<Tensor(int64_t expert)>& expert, const Where& where,
+                       size_t max_chunk_bytes = kMaxChunkBytes, const ParamShard* shard = nullptr);
 
 struct DatasetInfo {
   Shape shape;

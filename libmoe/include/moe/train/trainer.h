@@ -105,7 +105,9 @@ class Trainer {
   ~Trainer();
 
   // Continue from a checkpoint: parameters, optimizer moments, step, data cursor. An unsharded
-  // checkpoint (one file) restores a run that holds every parameter on every rank.
+  // checkpoint (one file) restores a run that holds every parameter on every rank. An offloaded
+  // run's store is refilled expert by expert (streamed tensors are read one expert at a time);
+  // a damaged or non-finite expert found then fails the restore part-way: do not train on.
   void restore(const io::Checkpoint& checkpoint);
   // The same from a path: a checkpoint file, or a sharded checkpoint directory written by save()
   // of a run with the same world size, --ep and --shard-embedding (collective; each rank reads
@@ -138,8 +140,13 @@ class Trainer {
   // model was made); the keys of TrainConfig itself are refused.
   void set_train_config_notes(nlohmann::json notes);
 
+  // Every tensor of the run, whole: an offloaded run's experts are gathered from its store (all
+  // of them at once: for tests and small models; save() streams them instead).
   io::Checkpoint snapshot() const;
   // Writes dir/step-<8 digits>.h5 atomically and points dir/last.h5 at it; returns the path.
+  // An offloaded run's expert tensors (values, AdamW moments, fp32 masters) are written one
+  // expert at a time from whatever tier holds them, each slice checked finite as it goes: the
+  // file is the one a resident run writes, and no whole expert tensor is ever held.
   // Collective under data parallelism: rank 0 writes (parameters are identical on every rank).
   // A sharded run (sharded()) writes dir/step-<8 digits>/rank-<5 digits>.h5, one file per rank
   // that owns parameters (docs/FORMATS.md), then points dir/last at the directory once every rank
@@ -178,17 +185,28 @@ class Trainer {
   std::string offload_tier_;                    // --offload auto: the plan's choice
   int64_t auto_host_budget_ = 0;                // --offload auto with ssd: the plan's host cache
   int64_t auto_device_budget_ = 0;              // --offload auto: the plan's device slots
-  double learning_rate() const;                 // this step's (the schedule at step_)
   comm::Communicator* expert_replicas() const;  // ranks holding the same experts (or null)
-  Tensor gather_offloaded(const Param& p, const std::string& what) const;
-  std::vector<optim::OptimizerTensor> optimizer_state() const;  // every parameter's
+  double learning_rate() const;                 // this step's (the schedule at step_)
+  // Expert e of offloaded parameter p's `what` ("value", "adam.m", ...) read from the store.
+  std::shared_ptr<const io::ExpertSource> offloaded_source(const Param& p,
+                                                           const std::string& what) const;
+  struct StateTensor {
+    io::NamedTensor tensor;
+    const Param* param = nullptr;
+  };
+  // Every parameter's optimizer tensors, offloaded ones streamed from the store.
+  std::vector<StateTensor> optimizer_state() const;
+  // snapshot() with the offloaded tensors streamed (`stream`) or gathered.
+  io::Checkpoint checkpoint(bool stream) const;
+  // Names of the offloaded parameters and of their optimizer tensors (what a resume streams).
+  io::StreamFilter offloaded_filter() const;
   std::unique_ptr<io::BatchSampler> sampler_;
   void setup_parallel(Device device);
   void reduce_stats(StepStats& s);
   std::string save_sharded(const std::string& dir) const;
   void load_tensors(const io::Checkpoint& checkpoint);  // parameters, optimizer, position
   bool owns(const Param& p) const;        // this rank writes p in a sharded checkpoint
-  io::Checkpoint snapshot_owned() const;  // this rank's file of a sharded checkpoint
+  io::Checkpoint snapshot_owned() const;  // this rank's file of a sharded checkpoint (streamed)
   comm::Communicator* world_ = nullptr;   // the layout's world (NCCL on GPUs)
   std::unique_ptr<parallel::Layout> layout_;
   nn::Parallel parallel_;                          // the model's view of layout_

@@ -1,0 +1,369 @@
+// The trainer's checkpoints: snapshot, save (one file, or a sharded directory: one file per rank
+// that owns parameters) and restore. An offloaded run's experts (--offload) live in its store:
+// save streams each expert tensor from the store into its dataset one expert at a time, and
+// restore reads each expert's chunk straight into the store, so neither ever holds a whole
+// expert tensor (docs/FORMATS.md: the file is the one a resident run writes).
+// Shape letters: E experts of a layer (the leading dimension of an expert tensor).
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <set>
+#include <utility>
+
+#include "moe/io/checkpoint_dir.h"
+#include "moe/io/finite.h"
+#include "moe/train/trainer.h"
+
+namespace moe::train {
+
+bool Trainer::sharded() const {
+  return world_size() > 1 && (train_.ep > 1 || train_.shard_embedding);
+}
+
+static bool same_shard(const ParamShard& a, const ParamShard& b) {
+  return a.global == b.global && a.dim == b.dim && a.start == b.start && a.count == b.count;
+}
+
+static std::string layout_text(int world, int64_t ep, bool shard_embedding) {
+  return str(world, world == 1 ? " rank" : " ranks", " with --ep ", ep,
+             shard_embedding ? " and --shard-embedding" : "");
+}
+
+void Trainer::restore(const io::Checkpoint& ckpt) {
+  if (ckpt.sharding.rank >= 0)
+    throw Error(str("this checkpoint file is rank ", ckpt.sharding.rank,
+                    "'s shard of a sharded checkpoint: resume from its directory"));
+  if (sharded())
+    throw Error(str("an unsharded checkpoint cannot resume a run of ",
+                    layout_text(world_size(), train_.ep, train_.shard_embedding),
+                    ": resume with the layout that wrote it"));
+  load_tensors(ckpt);
+}
+
+// A tensor on the host, to look at its values (a copy only for device tensors).
+static Tensor on_host(const Tensor& t) {
+  return t.device().kind == Device::cpu ? t : t.to(Device{});
+}
+
+// Parameters or optimizer state holding NaN/Inf are never saved: the run diverged. Whole tensors
+// are checked now; a streamed one's source is wrapped to check each expert's slice as the save
+// reads it (a failure then abandons the file being written, so the previous checkpoint stays).
+static void check_saveable(io::Checkpoint& c, int64_t step) {
+  const std::string where = str("step ", step, ": not saving the checkpoint");
+  for (std::vector<io::NamedTensor>* group : {&c.params, &c.optim})
+    for (io::NamedTensor& nt : *group) {
+      if (!nt.streamed()) {
+        io::check_finite(where, nt.name, on_host(nt.tensor));
+        continue;
+      }
+      auto checked = std::make_shared<io::ExpertSource>(*nt.source);
+      checked->read = [where, name = nt.name, inner = nt.source](int64_t e) {
+        Tensor slice = inner->read(e);
+        io::check_finite_expert(where, name, slice, e, inner->shape);
+        return slice;
+      };
+      nt.source = std::move(checked);
+    }
+}
+
+void Trainer::load_tensors(const io::Checkpoint& ckpt) {
+  // Garbage is refused at load, naming the tensor, rather than trained on; the same checks as
+  // moe-convert inspect --verify (train::verify_loadable). Whole tensors are checked before
+  // anything is loaded; streamed ones expert by expert as they go into the store (a failure then
+  // leaves the store part-filled: the run is not to be used, as after any failed restore).
+  const std::string where = str("checkpoint to resume (step ", ckpt.state.step, ")");
+  for (const std::vector<io::NamedTensor>* group : {&ckpt.params, &ckpt.optim})
+    for (const io::NamedTensor& nt : *group)
+      if (!nt.streamed()) io::check_finite(where, nt.name, nt.tensor);
+  io::check_params_match(*params_, ckpt.params, "resume");
+  std::map<std::string, const io::NamedTensor*> optim_by_name;
+  for (const io::NamedTensor& nt : ckpt.optim) optim_by_name[nt.name] = &nt;
+  // An offloaded parameter's optimizer tensors, all present and of its shape before any is read.
+  auto offloaded_state = [&](const Param& p) {
+    std::vector<std::pair<std::string, const io::NamedTensor*>> state;
+    for (const char* what : {"adam.m", "adam.v", "master"}) {
+      if (std::string(what) == "master" && params_->dtype() == DType::f32) continue;
+      auto it = optim_by_name.find(str(what, ".", p.name));
+      MOE_CHECK(it != optim_by_name.end(), "optimizer state: missing tensor '", what, ".", p.name,
+                "'");
+      const io::NamedTensor& nt = *it->second;
+      MOE_CHECK(nt.shape() == p.shape && nt.dtype() == DType::f32 && (nt.expert || !nt.streamed()),
+                "optimizer state: ", nt.name, shape_str(nt.shape()), " ", dtype_name(nt.dtype()),
+                " does not match '", p.name, "'");
+      state.emplace_back(what, &nt);
+    }
+    return state;
+  };
+  for (const io::NamedTensor& nt : ckpt.params) {
+    const Param* p = params_->find(nt.name);
+    if (p->offloaded) offloaded_state(*p);
+  }
+  for (const io::NamedTensor& nt : ckpt.params) {
+    Param* p = params_->find(nt.name);
+    if (p->offloaded) {  // into the store, one expert at a time, one slice held at a time
+      Shape one = p->shape;
+      one[0] = 1;
+      const auto state = offloaded_state(*p);
+      for (int64_t e = 0; e < p->shape[0]; ++e) {
+        auto put = [&](const std::string& what, const io::NamedTensor& from) {
+          const Tensor slice = from.expert_slice(e);
+          io::check_finite_expert(where, from.name, slice, e, from.shape());
+          store_->write(*p, e, what, slice.reshape(one));
+        };
+        put("value", nt);
+        for (const auto& [what, from] : state) put(what, *from);
+      }
+      continue;
+    }
+    MOE_CHECK(!nt.streamed(), "resume: tensor '", nt.name,
+              "' was streamed but its parameter is resident");
+    p->value.copy_from(nt.tensor);
+    p->refresh_compute();
+  }
+  // The optimizer holds the resident parameters' state only; streamed tensors are offloaded ones'.
+  std::vector<optim::OptimizerTensor> state;
+  for (const io::NamedTensor& nt : ckpt.optim)
+    if (!nt.streamed()) state.push_back({nt.name, nt.tensor, nt.expert});
+  optimizer_->load_state(state, ckpt.state.step);
+  step_ = ckpt.state.step;
+  tokens_seen_ = ckpt.state.tokens_seen;
+  sampler_->set_cursor(ckpt.state.data_cursor);
+}
+
+void Trainer::restore(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (!fs::is_directory(path)) {
+    restore(io::load_checkpoint(path, true, offloaded_filter()));
+    return;
+  }
+  const std::string head_path = io::CheckpointDir::rank_file(path, 0);
+  if (!fs::exists(head_path))
+    throw Error(str("'", path, "' is not a sharded checkpoint directory (no ", head_path, ")"));
+  const io::StreamFilter stream = offloaded_filter();
+  io::Checkpoint head = io::load_checkpoint(head_path, true, stream);
+  const io::Sharding& layout = head.sharding;
+  if (layout.rank != 0 || layout.world_size != world_size() || layout.ep_size != train_.ep ||
+      layout.shard_embedding != train_.shard_embedding || !sharded())
+    throw Error(str("'", path, "' was written by ",
+                    layout_text(layout.world_size, layout.ep_size, layout.shard_embedding),
+                    "; this run has ", layout_text(world_size(), train_.ep, train_.shard_embedding),
+                    ": resume with the same layout"));
+  // moe-convert partition --trace places experts by load (/sharding expert_rank); this trainer
+  // holds experts [p E/P, (p+1) E/P) on rank p, so any other placement would load wrong experts.
+  if (!layout.expert_rank.empty()) {
+    std::vector<int> contiguous;
+    for (int64_t experts : model_->config().experts_per_layer)
+      for (int64_t e = 0; e < experts; ++e)
+        contiguous.push_back(static_cast<int>(e / (experts / train_.ep)));
+    if (layout.expert_rank != contiguous)
+      throw Error(str("'", path,
+                      "' places experts on ranks by load (/sharding expert_rank, written by "
+                      "moe-convert partition --trace); moe-train holds experts contiguously "
+                      "(rank p: [p E/P, (p+1) E/P)): merge it (moe-convert merge) and resume "
+                      "from the merged file or a partition without --trace"));
+  }
+  // This rank's tensors: replicated ones from rank 0's file, its experts from the file of the rank
+  // of the first expert-parallel group that holds them, its table columns from its own file.
+  std::vector<int> sources{0};
+  if (train_.ep > 1) sources.push_back(rank() % static_cast<int>(train_.ep));
+  if (train_.shard_embedding) sources.push_back(rank());
+  io::Checkpoint mine;
+  mine.state = head.state;
+  std::map<std::string, const Param*> param_of_state;  // optimizer tensor name -> its parameter
+  for (const StateTensor& t : optimizer_state()) param_of_state[t.tensor.name] = t.param;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    if (std::find(sources.begin(), sources.begin() + static_cast<std::ptrdiff_t>(i), sources[i]) !=
+        sources.begin() + static_cast<std::ptrdiff_t>(i))
+      continue;
+    const std::string file = io::CheckpointDir::rank_file(path, sources[i]);
+    io::Checkpoint part =
+        sources[i] == 0 ? std::move(head) : io::load_checkpoint(file, true, stream);
+    if (part.state.step != mine.state.step || part.sharding.rank != sources[i])
+      throw Error(str(file, " is not rank ", sources[i], "'s shard of step ", mine.state.step,
+                      " (a mixed or partly written checkpoint directory)"));
+    auto take = [&](std::vector<io::NamedTensor>& from, std::vector<io::NamedTensor>& into,
+                    bool optim) {
+      for (io::NamedTensor& nt : from) {
+        const Param* p = nullptr;
+        if (optim) {
+          auto it = param_of_state.find(nt.name);
+          if (it != param_of_state.end()) p = it->second;
+        } else {
+          p = params_->find(nt.name);
+        }
+        if (p && same_shard(p->shard, nt.shard)) into.push_back(std::move(nt));
+      }
+    };
+    take(part.params, mine.params, false);
+    take(part.optim, mine.optim, true);
+  }
+  std::set<std::string> found_params;
+  for (const io::NamedTensor& nt : mine.params) found_params.insert(nt.name);
+  for (const Param* p : std::as_const(*params_).all()) {
+    if (!found_params.count(p->name))
+      throw Error(str("'", path, "' holds no tensor '", p->name, "'",
+                      p->shard.defined() ? str(" for slice ", p->shard.start, "..",
+                                               p->shard.start + p->shard.count - 1)
+                                         : std::string(),
+                      " for rank ", rank()));
+  }
+  load_tensors(mine);  // exactly this rank's parameters and their optimizer state now
+}
+
+bool Trainer::owns(const Param& p) const {
+  if (p.expert && train_.ep > 1) return rank() < train_.ep;  // the first expert-parallel group
+  if (p.shard.defined()) return true;                        // this rank's table columns
+  return rank() == 0;                                        // replicated
+}
+
+io::Checkpoint Trainer::snapshot_owned() const {
+  io::Checkpoint c = checkpoint(/*stream=*/true);
+  std::erase_if(c.params, [&](const io::NamedTensor& t) { return !owns(*params_->find(t.name)); });
+  c.optim.clear();
+  for (StateTensor& t : optimizer_state())
+    if (owns(*t.param)) {
+      t.tensor.shard = t.param->shard;
+      c.optim.push_back(std::move(t.tensor));
+    }
+  c.sharding.ep_size = static_cast<int>(train_.ep);
+  c.sharding.rank = rank();
+  c.sharding.shard_embedding = train_.shard_embedding;
+  return c;
+}
+
+std::shared_ptr<const io::ExpertSource> Trainer::offloaded_source(const Param& p,
+                                                                  const std::string& what) const {
+  auto source = std::make_shared<io::ExpertSource>();
+  source->shape = p.shape;
+  source->dtype = what == "value" ? params_->dtype() : DType::f32;
+  // The store outlives every checkpoint the trainer hands out for writing (save() is synchronous);
+  // snapshot() gathers before returning, so its checkpoints hold no source.
+  source->read = [store = store_.get(), param = &p, what](int64_t e) {
+    return store->read(*param, e, what);
+  };
+  return source;
+}
+
+// The optimizer's tensors of every parameter in parameter order, the offloaded ones streamed
+// from the store under the names optim::AdamW gives them.
+std::vector<Trainer::StateTensor> Trainer::optimizer_state() const {
+  std::vector<StateTensor> out;
+  std::vector<optim::OptimizerTensor> resident = optimizer_->state();
+  size_t next = 0;
+  for (const Param* p : std::as_const(*params_).all()) {
+    if (!p->offloaded) {
+      for (; next < resident.size() && resident[next].param == p; ++next)
+        out.push_back({{resident[next].name, resident[next].tensor, resident[next].expert}, p});
+      continue;
+    }
+    for (const char* what : {"adam.m", "adam.v", "master"}) {
+      if (std::string(what) == "master" && params_->dtype() == DType::f32) continue;
+      out.push_back({{str(what, ".", p->name), Tensor(), true, {}, offloaded_source(*p, what)}, p});
+    }
+  }
+  return out;
+}
+
+io::StreamFilter Trainer::offloaded_filter() const {
+  std::set<std::string> params, optim;
+  for (const Param* p : std::as_const(*params_).all())
+    if (p->offloaded) params.insert(p->name);
+  for (const StateTensor& t : optimizer_state())
+    if (t.tensor.streamed()) optim.insert(t.tensor.name);
+  return [params = std::move(params), optim = std::move(optim)](bool is_optim,
+                                                                const std::string& name) {
+    return (is_optim ? optim : params).count(name) > 0;
+  };
+}
+
+io::Checkpoint Trainer::checkpoint(bool stream) const {
+  io::Checkpoint c;
+  c.model_config = to_json(model_->config());
+  c.train_config = to_json(train_);
+  c.train_config.update(train_config_notes_);
+  c.provenance = provenance_;
+  for (const Param* p : std::as_const(*params_).all()) {
+    if (p->offloaded)
+      c.params.push_back({p->name, Tensor(), true, p->shard, offloaded_source(*p, "value")});
+    else
+      c.params.push_back({p->name, p->value, p->expert, p->shard});
+  }
+  for (StateTensor& t : optimizer_state()) c.optim.push_back(std::move(t.tensor));
+  if (!stream)
+    for (std::vector<io::NamedTensor>* group : {&c.params, &c.optim})
+      for (io::NamedTensor& nt : *group) {
+        nt.tensor = nt.whole();
+        nt.source.reset();
+      }
+  c.state.step = step_;
+  c.state.tokens_seen = tokens_seen_;
+  c.state.data_cursor = sampler_->cursor();
+  c.state.seed = train_.seed;
+  c.sharding.world_size = world_size();  // data parallel: every rank holds every parameter
+  return c;
+}
+
+io::Checkpoint Trainer::snapshot() const { return checkpoint(/*stream=*/false); }
+
+std::string Trainer::save(const std::string& dir) const {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw Error(str("cannot create output directory '", dir, "': ", ec.message()));
+  if (sharded()) return save_sharded(dir);
+  const io::CheckpointDir run(dir);
+  const fs::path path = run.step(step_);
+  if (rank() != 0) {  // parameters are identical on every rank: rank 0 writes
+    world_->barrier();
+    return path.string();
+  }
+  io::Checkpoint c = checkpoint(/*stream=*/true);
+  check_saveable(c, step_);
+  io::save_checkpoint(path.string(), c);
+  run.point_last(step_);  // last.h5 -> the newest checkpoint
+  if (world_size() > 1) world_->barrier();
+  return path.string();
+}
+
+// Every rank writes the file of what it owns (each file atomic), the ranks agree that all of them
+// succeeded, and only then does `last` move to the new directory: a failure on any rank leaves
+// the previous checkpoint the last one, and every rank throws.
+std::string Trainer::save_sharded(const std::string& dir) const {
+  namespace fs = std::filesystem;
+  const io::CheckpointDir run(dir);
+  const fs::path step_dir = run.step(step_, /*sharded=*/true);
+  std::string error;
+  if (rank() == 0) {
+    std::error_code ec;
+    fs::remove_all(step_dir, ec);  // files of an earlier run of another layout must not mix in
+    fs::create_directories(step_dir, ec);
+    if (ec) error = str("cannot create '", step_dir.string(), "': ", ec.message());
+  }
+  Tensor failed = Tensor::from_vector({1}, std::vector<int32_t>{error.empty() ? 0 : 1});
+  world_->all_reduce(failed, comm::ReduceOp::max);
+  if (failed.data<int32_t>()[0])
+    throw Error(error.empty() ? str("rank 0 could not create ", step_dir.string()) : error);
+  bool writes = false;
+  for (const Param* p : std::as_const(*params_).all()) writes |= owns(*p);
+  try {
+    if (writes) {
+      io::Checkpoint c = snapshot_owned();
+      check_saveable(c, step_);
+      io::save_checkpoint(io::CheckpointDir::rank_file(step_dir.string(), rank()), c);
+    }
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  failed.data<int32_t>()[0] = error.empty() ? 0 : rank() + 1;
+  world_->all_reduce(failed, comm::ReduceOp::max);
+  if (const int bad = failed.data<int32_t>()[0])
+    throw Error(error.empty() ? str("rank ", bad - 1, " could not write its shard of ",
+                                    step_dir.string(), "; the previous checkpoint stays the last")
+                              : error);
+  if (rank() == 0) run.point_last(step_, /*sharded=*/true);
+  world_->barrier();
+  return step_dir.string();
+}
+
+}  // namespace moe::train
