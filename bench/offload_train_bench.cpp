@@ -46,7 +46,8 @@ constexpr double MiB = 1024.0 * 1024.0;
 
 struct Options {
   std::string data = "/usr/share/games/fortunes/linux", arch = "mixtral", dir;
-  std::string ram_budget = "256MiB", host_budget = "64MiB", sweep = "8,16,32,64,128";
+  std::string only = "1,2,3", ram_budget = "256MiB", host_budget = "64MiB",
+              sweep = "8,16,32,64,128";
   int64_t layers = 2, d_model = 128, d_ff = 256, batch = 8, seq = 128, mem_slots = 8;
   int64_t tp_d_model = 256, tp_d_ff = 512, tp_experts = 8, tp_batch = 16, tp_seq = 128;
   int64_t small_batch = 1, small_seq = 16, ab_experts = 16, ab_slots = 6;
@@ -436,7 +437,7 @@ void memory_table(const Options& o, Scratch& scratch, int64_t ram_budget, int64_
       if (mi == 0) ref = r;
       const double in_ram = mi == 0   ? double(r.expert_state)
                             : mi == 1 ? double(r.host_bytes)
-                                      : double(host_budget);
+                                      : double(std::min(host_budget, r.expert_state));
       const double slots = double(r.device_slots * r.slot_bytes);
       const double bound = double(r.start_rss) + in_ram + slots + double(r.dense_state) +
                            double(r.activation_peak) + o.overhead_mib * MiB;
@@ -559,16 +560,18 @@ void ablation_table(const Options& o, Scratch& scratch) {
       results[i].push_back(run(s, scratch));
       fail(results[i].back(), rows[i].name);
     }
-  std::vector<double> tps(rows.size());
+  std::vector<double> tps(rows.size()), lo(rows.size()), hi(rows.size());
   for (size_t i = 0; i < rows.size(); ++i) {
     std::vector<double> v;
     for (const Result& r : results[i]) v.push_back(r.tokens_per_s);
     tps[i] = median(v);
+    lo[i] = *std::min_element(v.begin(), v.end());
+    hi[i] = *std::max_element(v.begin(), v.end());
   }
-  std::printf("# %-18s %9s %7s %8s %8s %8s %8s %8s %8s %7s\n", "config", "tokens/s", "vs",
-              "uploads", "hits", "overlap", "after", "wait", "finish", "params");
-  std::printf("# %-18s %9s %7s %8s %8s %8s %8s %8s %8s %7s\n", "", "(median)", "full", "(/step)",
-              "(/step)", "(/step)", "(/step)", "(s/step)", "(s/step)", "=resid");
+  std::printf("# %-18s %9s %13s %7s %8s %8s %8s %8s %8s %8s %7s\n", "config", "tokens/s",
+              "tokens/s", "vs", "uploads", "hits", "overlap", "after", "wait", "finish", "params");
+  std::printf("# %-18s %9s %13s %7s %8s %8s %8s %8s %8s %8s %7s\n", "", "(median)", "(min-max)",
+              "full", "(/step)", "(/step)", "(/step)", "(/step)", "(s/step)", "(s/step)", "=resid");
   for (size_t i = 0; i < rows.size(); ++i) {
     const Result& r = results[i].back();  // counters: the last round's run
     const double steps = double(o.steps);
@@ -576,8 +579,9 @@ void ablation_table(const Options& o, Scratch& scratch) {
     for (size_t k = 0; k < results[i].size(); ++k)
       all_same = all_same &&
                  std::string(same(results[i][k], results[size_t(rows[i].reference)][k])) == "yes";
-    std::printf("  %-18s %9.0f %7.3f %8.1f %8.1f %8.1f %8.1f %8.3f %8.3f %7s\n", rows[i].name,
-                tps[i], tps[i] / tps[2], double(r.uploads) / steps, double(r.upload_hits) / steps,
+    std::printf("  %-18s %9.0f %13s %7.3f %8.1f %8.1f %8.1f %8.1f %8.3f %8.3f %7s\n", rows[i].name,
+                tps[i], str(int64_t(lo[i]), "-", int64_t(hi[i])).c_str(), tps[i] / tps[2],
+                double(r.uploads) / steps, double(r.upload_hits) / steps,
                 double(r.overlapped) / steps, double(r.after) / steps, r.wait_seconds / steps,
                 r.finish_seconds / steps, rows[i].resident ? "-" : (all_same ? "yes" : "NO"));
   }
@@ -627,11 +631,11 @@ int run_all(const Options& o) {
       "# params =resid: the run's final parameters (every tensor's bytes, FNV-1a) and last "
       "loss equal the resident run's with the same flags\n");
   std::fflush(stdout);
-  memory_table(opt, scratch, ram_budget, host_budget);
+  if (o.only.find('1') != std::string::npos) memory_table(opt, scratch, ram_budget, host_budget);
   std::fflush(stdout);
-  throughput_table(opt, scratch);
+  if (o.only.find('2') != std::string::npos) throughput_table(opt, scratch);
   std::fflush(stdout);
-  ablation_table(opt, scratch);
+  if (o.only.find('3') != std::string::npos) ablation_table(opt, scratch);
   std::printf("# load average %s at the end\n", load_average().c_str());
   return tools::finish_stdout("moe-offload-train-bench");
 }
@@ -645,6 +649,13 @@ int main(int argc, char** argv) {
       "training on the CPU: peak RSS against a RAM budget as the experts grow, throughput "
       "ratios, and an ablation of pinning, optimizer overlap and prefetch"};
   app.add_option("--data", opt.data, "Training corpus")->capture_default_str();
+  app.add_option("--tables", opt.only, "Which tables to run (1 memory, 2 throughput, 3 ablation)")
+      ->capture_default_str()
+      ->check([](const std::string& v) {
+        return !v.empty() && v.find_first_not_of("123,") == std::string::npos
+                   ? std::string()
+                   : std::string("a comma-separated list of 1, 2, 3");
+      });
   app.add_option("--arch", opt.arch, "gpt or mixtral")->capture_default_str();
   app.add_option("--ram-budget", opt.ram_budget, "Table 1: the RAM budget (bytes, e.g. 256MiB)")
       ->capture_default_str();
