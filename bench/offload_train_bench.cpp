@@ -46,7 +46,7 @@ constexpr double MiB = 1024.0 * 1024.0;
 
 struct Options {
   std::string data = "/usr/share/games/fortunes/linux", arch = "mixtral", dir;
-  std::string only = "1,2,3", ram_budget = "256MiB", host_budget = "64MiB",
+  std::string ab_tier = "host", only = "1,2,3", ram_budget = "256MiB", host_budget = "64MiB",
               sweep = "8,16,32,64,128";
   int64_t layers = 2, d_model = 128, d_ff = 256, batch = 8, seq = 128, mem_slots = 8;
   int64_t tp_d_model = 256, tp_d_ff = 512, tp_experts = 8, tp_batch = 16, tp_seq = 128;
@@ -531,9 +531,14 @@ void throughput_table(const Options& o, Scratch& scratch) {
 void ablation_table(const Options& o, Scratch& scratch) {
   const ModelConfig m = model(o, o.tp_d_model, o.tp_d_ff, o.ab_experts, o.tp_seq);
   std::printf(
-      "#\n# 3. ablation in ES-MoE's order, host tier, device budget %ld slots of %ld experts: "
+      "#\n# 3. ablation in ES-MoE's order, %s tier%s, device budget %ld slots of %ld experts: "
       "L=%ld D=%ld F=%ld E=%ld k=2 B=%ld T=%ld, f32; median tokens/s over %ld rounds (rows "
       "alternated within a round); store counters per timed step\n",
+      o.ab_tier == "host" ? "host" : "ssd",
+      o.ab_tier == "host"  ? ""
+      : o.ab_tier == "ssd" ? " (cache: a quarter of the state)"
+                           : " (cache: a quarter of the state; files dropped from the page cache "
+                             "every --drop-ms)",
       long(o.ab_slots), long(o.layers * o.ab_experts), long(o.layers), long(o.tp_d_model),
       long(o.tp_d_ff), long(o.ab_experts), long(o.tp_batch), long(o.tp_seq), long(o.rounds));
   struct Row {
@@ -554,8 +559,13 @@ void ablation_table(const Options& o, Scratch& scratch) {
   std::vector<std::vector<Result>> results(rows.size());
   for (int64_t round = 0; round < o.rounds; ++round)
     for (size_t i = 0; i < rows.size(); ++i) {
-      Spec s = spec(o, m, o.tp_batch, rows[i].resident ? "none" : "host", "");
+      Spec s = spec(o, m, o.tp_batch,
+                    rows[i].resident      ? "none"
+                    : o.ab_tier == "host" ? "host"
+                                          : "ssd",
+                    "");
       if (!rows[i].resident) s.train.device_budget = str(o.ab_slots * slot_bytes(m));
+      if (!rows[i].resident && o.ab_tier == "ssd-cold") s.drop_ms = o.drop_ms;
       rows[i].apply(s.train);
       results[i].push_back(run(s, scratch));
       fail(results[i].back(), rows[i].name);
@@ -685,6 +695,11 @@ int main(int argc, char** argv) {
   app.add_option("--ab-experts", opt.ab_experts, "Table 3: experts per layer")
       ->capture_default_str();
   app.add_option("--ab-slots", opt.ab_slots, "Table 3: device slots")->capture_default_str();
+  app.add_option("--ab-tier", opt.ab_tier,
+                 "Table 3: the store's tier (host, ssd, or ssd-cold: ssd with the files dropped "
+                 "from the page cache every --drop-ms)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"host", "ssd", "ssd-cold"}));
   app.add_option("--steps", opt.steps, "Timed steps per run")->capture_default_str();
   app.add_option("--warmup", opt.warmup, "Untimed steps per run first")->capture_default_str();
   app.add_option("--rounds", opt.rounds, "Tables 2, 3: alternated rounds (median)")
