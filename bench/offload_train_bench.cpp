@@ -489,10 +489,12 @@ void throughput_table(const Options& o, Scratch& scratch) {
         "fp32 weights %.2f MiB (a slot's upload), its state %.2f MiB (an ssd record)\n",
         g.name, long(g.batch), long(g.seq), per_expert, double(slot_bytes(m) - 4096) / MiB,
         double(slot_bytes(m) - 4096) * 4 / MiB);
-    std::printf("# %-7s %5s %-8s %9s %8s %8s %8s %8s %9s %9s %9s %7s\n", "regime", "round", "mode",
-                "tokens/s", "step", "vs", "wait", "uploads", "ssd r+w", "ssd", "device", "params");
-    std::printf("# %-7s %5s %-8s %9s %8s %8s %8s %8s %9s %9s %9s %7s\n", "", "", "", "", "(s)",
-                "resident", "(s/step)", "(/step)", "(MB/step)", "(MB/s)", "(MB/step)", "=resid");
+    std::printf("# %-7s %5s %-8s %9s %8s %8s %8s %8s %8s %9s %9s %9s %7s\n", "regime", "round",
+                "mode", "tokens/s", "step", "vs", "wait", "finish", "uploads", "ssd r+w", "ssd",
+                "device", "params");
+    std::printf("# %-7s %5s %-8s %9s %8s %8s %8s %8s %8s %9s %9s %9s %7s\n", "", "", "", "", "(s)",
+                "resident", "(s/step)", "(s/step)", "(/step)", "(MB/step)", "(MB/s)", "(MB/step)",
+                "=resid");
     std::vector<double> ratio[4];
     for (int64_t round = 1; round <= o.rounds; ++round) {
       Result ref;
@@ -505,12 +507,12 @@ void throughput_table(const Options& o, Scratch& scratch) {
         ratio[mi].push_back(r.tokens_per_s / ref.tokens_per_s);
         const double steps = double(o.steps);
         const double io = double(r.ssd_read + r.ssd_written) / 1e6 / steps;
-        std::printf("  %-7s %5ld %-8s %9.0f %8.3f %8.3f %8.3f %8.1f %9.1f %9.0f %9.1f %7s\n",
-                    g.name, long(round), modes[mi], r.tokens_per_s, r.step_seconds,
-                    r.tokens_per_s / ref.tokens_per_s, r.wait_seconds / steps,
-                    double(r.uploads) / steps, io, mi >= 2 ? io / r.step_seconds : 0.0,
-                    double(r.disk_read + r.disk_written) / 1e6 / steps,
-                    mi == 0 ? "-" : same(r, ref));
+        std::printf(
+            "  %-7s %5ld %-8s %9.0f %8.3f %8.3f %8.3f %8.3f %8.1f %9.1f %9.0f %9.1f %7s\n", g.name,
+            long(round), modes[mi], r.tokens_per_s, r.step_seconds,
+            r.tokens_per_s / ref.tokens_per_s, r.wait_seconds / steps, r.finish_seconds / steps,
+            double(r.uploads) / steps, io, mi >= 2 ? io / r.step_seconds : 0.0,
+            double(r.disk_read + r.disk_written) / 1e6 / steps, mi == 0 ? "-" : same(r, ref));
       }
     }
     const bool compute = g.name[0] == 'c';
