@@ -3,9 +3,12 @@
 //   1. memory: E experts per layer (fixed F, so the experts' state grows with E) x resident / host
 //      / ssd: each run's peak RSS against a bound (its terms printed) and a fixed RAM budget;
 //   2. throughput: offloaded / resident tokens/s in a compute-bound regime (many tokens per
-//      expert) and a load-bound one (few), runs alternated R H S R H S ..., median ratios;
+//      expert) and a load-bound one (few), runs alternated resident, host, ssd, ssd-cold (the ssd
+//      tier with its files dropped from the page cache every --drop-ms: the storage's speed),
+//      median ratios;
 //   3. ablation in ES-MoE's order (full system, then pinning, optimizer overlap, prefetch off,
-//      and the clipped default), each with the store's statistics.
+//      and the clipped default), each with the store's statistics (--ab-tier host | ssd |
+//      ssd-cold). --tables picks which run.
 // Every run happens in a forked child, so its peak RSS (ru_maxrss from wait4) is its own and no
 // run's heap or page faults disturb the next; the parent builds no model. Every offloaded row
 // carries a correctness column: a checksum of its final parameters (every tensor's storage
