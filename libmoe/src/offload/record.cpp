@@ -1,7 +1,9 @@
 // Record layouts and the host-memory record tier (see record.h).
 #include "offload/record.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <new>
 
 #include "moe/error.h"
@@ -29,8 +31,11 @@ StoreLayout record_layout(const nn::ExpertParams& params, DType storage) {
     s.dtype = dtype;
     at += aligned(elements * static_cast<int64_t>(dtype_size(dtype)));
   };
+  // The storage values first, together: an upload reads only them (one contiguous span).
+  for (TensorLayout& t : layout.tensors) place(t.value, storage, t.elements);
+  layout.values_bytes = at;
+  layout.value_sections = static_cast<int>(layout.tensors.size());
   for (TensorLayout& t : layout.tensors) {
-    place(t.value, storage, t.elements);
     if (storage != DType::f32) place(t.master, DType::f32, t.elements);
     place(t.adam_m, DType::f32, t.elements);
     place(t.adam_v, DType::f32, t.elements);
@@ -56,6 +61,10 @@ RecordLayout file_layout(const StoreLayout& layout) {
     add("adam_v", t.adam_v);
     add("grad", t.grad);
   }
+  // In record order (the values first): the file's sections are packed in the order given.
+  std::stable_sort(
+      sections.begin(), sections.end(),
+      [](const RecordSection& a, const RecordSection& b) { return a.offset < b.offset; });
   std::vector<int64_t> offsets;
   for (const RecordSection& s : sections) offsets.push_back(s.offset);
   RecordLayout packed = RecordLayout::packed(std::move(sections), kSectionAlign);
@@ -96,9 +105,18 @@ std::shared_ptr<std::byte> HostRecords::pin(int layer, int64_t expert, bool) {
       base, base.get() + expert * record_bytes_[static_cast<size_t>(layer)]);
 }
 
+void RecordTier::read_values(int layer, int64_t expert, int64_t bytes, std::byte* into) {
+  const std::shared_ptr<std::byte> record = pin(layer, expert);
+  std::memcpy(into, record.get(), static_cast<size_t>(bytes));
+  unpin(layer, expert, false);
+}
+
 CachedRecords::CachedRecords(std::unique_ptr<ExpertFiles> files, const CacheConfig& cache,
-                             int64_t slot_bytes)
-    : files_(std::move(files)), cache_(cache), slot_bytes_(slot_bytes) {
+                             int64_t slot_bytes, std::vector<int> value_sections)
+    : files_(std::move(files)),
+      cache_(cache),
+      slot_bytes_(slot_bytes),
+      value_sections_(std::move(value_sections)) {
   for (int64_t i = 0; i < cache.capacity; ++i) slots_.push_back(allocate_host(slot_bytes));
 }
 
@@ -187,6 +205,36 @@ std::shared_ptr<std::byte> CachedRecords::pin(int layer, int64_t expert, bool fr
   busy_.erase(key);
   changed_.notify_all();
   return data;
+}
+
+// The values of a cached (or bypassed) record come from memory; otherwise only the value sections
+// are read from the expert's file (a quarter or less of the record), and nothing is cached: the
+// upload needs the weights, the update that needs the rest reads the whole record later.
+void CachedRecords::read_values(int layer, int64_t expert, int64_t bytes, std::byte* into) {
+  const ExpertKey key{layer, static_cast<int32_t>(expert)};
+  std::unique_lock<std::mutex> lock(mu_);
+  changed_.wait(lock, [&] { return !busy_.count(key); });
+  if (auto b = bypassed_.find(key); b != bypassed_.end()) {
+    std::memcpy(into, b->second.data.get(), static_cast<size_t>(bytes));
+    return;
+  }
+  if (const int32_t slot = cache_.slot_of(key); slot >= 0) {
+    std::memcpy(into, slots_[static_cast<size_t>(slot)].get(), static_cast<size_t>(bytes));
+    return;
+  }
+  busy_.insert(key);
+  lock.unlock();
+  std::exception_ptr failed;
+  try {
+    files_->read_sections(layer, static_cast<int>(expert), 0,
+                          value_sections_[static_cast<size_t>(layer)], into);
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  lock.lock();
+  busy_.erase(key);
+  changed_.notify_all();
+  if (failed) std::rethrow_exception(failed);
 }
 
 void CachedRecords::unpin(int layer, int64_t expert, bool dirty) {

@@ -39,6 +39,8 @@ struct TensorLayout {
 struct StoreLayout {
   std::vector<TensorLayout> tensors;  // in nn::ExpertTensors order, present ones only
   int64_t record_bytes = 0;           // one expert's state
+  int64_t values_bytes = 0;           // the storage values, first in the record: [0, values_bytes)
+  int value_sections = 0;             // one per tensor
   int64_t slot_bytes = 0;             // one expert's fp32 weights
 };
 
@@ -65,6 +67,9 @@ class RecordTier {
   virtual void prefetch(int /*layer*/, int64_t /*expert*/) {}
   virtual void flush() {}
   virtual void end_step() {}
+  // The record's first `bytes` bytes (its storage values) into `into` (a record-sized buffer),
+  // for an upload: the SSD tier reads only those sections when the record is not in memory.
+  virtual void read_values(int layer, int64_t expert, int64_t bytes, std::byte* into);
   virtual int64_t resident_bytes() const = 0;  // host memory the tier holds
 };
 
@@ -90,9 +95,12 @@ class HostRecords final : public RecordTier {
 // one record is read or written back by one thread at a time, others wait for it.
 class CachedRecords final : public RecordTier {
  public:
-  CachedRecords(std::unique_ptr<ExpertFiles> files, const CacheConfig& cache, int64_t slot_bytes);
+  // value_sections: per layer, how many sections (the first ones) hold the storage values.
+  CachedRecords(std::unique_ptr<ExpertFiles> files, const CacheConfig& cache, int64_t slot_bytes,
+                std::vector<int> value_sections);
   std::shared_ptr<std::byte> pin(int layer, int64_t expert, bool fresh = false) override;
   void unpin(int layer, int64_t expert, bool dirty) override;
+  void read_values(int layer, int64_t expert, int64_t bytes, std::byte* into) override;
   void flush() override;
   void end_step() override;
   int64_t resident_bytes() const override;
@@ -104,6 +112,7 @@ class CachedRecords final : public RecordTier {
   std::unique_ptr<ExpertFiles> files_;
   ExpertCache cache_;
   int64_t slot_bytes_;
+  std::vector<int> value_sections_;
   std::vector<std::shared_ptr<std::byte>> slots_;
   std::set<ExpertKey> busy_;  // being read or written back: others wait
   struct Bypassed {

@@ -150,12 +150,12 @@ struct TieredStore::Impl {
   // Converts the expert's storage values into the slot's fp32 weights (outside the lock).
   void fill_slot(Key k, const Slot& slot) {
     const Layer& layer = layers[static_cast<size_t>(k.layer)];
-    const std::shared_ptr<std::byte> record = tier->pin(k.layer, k.expert);
+    const std::shared_ptr<std::byte> values = allocate_host(layer.layout.record_bytes);
+    tier->read_values(k.layer, k.expert, layer.layout.values_bytes, values.get());
     for (const TensorLayout& t : layer.layout.tensors) {
       Tensor into = view(slot.data, t.slot_offset, t.shape, DType::f32);
-      into.copy_from(view(record, t.value.offset, t.shape, t.value.dtype));
+      into.copy_from(view(values, t.value.offset, t.shape, t.value.dtype));
     }
-    tier->unpin(k.layer, k.expert, false);
   }
 
   // Claims a slot for k (the lock held; waits while every slot is busy) and uploads into it.
@@ -420,9 +420,11 @@ void TieredStore::start() {
                     format_bytes(double(total_record)), ")");
     int64_t record = 0;
     std::vector<LayerRecords> files;
+    std::vector<int> value_sections;
     for (const Layer& l : s.layers) {
       record = std::max(record, l.layout.record_bytes);
       files.push_back({file_layout(l.layout), static_cast<int>(l.experts)});
+      value_sections.push_back(l.layout.value_sections);
     }
     // The host cache: --host-budget, or a quarter of the experts' state by default.
     const int64_t budget = s.config.host_budget > 0 ? s.config.host_budget : total_record / 4;
@@ -434,7 +436,8 @@ void TieredStore::start() {
                     " bytes is smaller than one expert's state (", record,
                     " bytes): the minimum is ", record);
     s.tier = std::make_unique<CachedRecords>(
-        std::make_unique<ExpertFiles>(s.config.ssd_dir, std::move(files)), cache, record);
+        std::make_unique<ExpertFiles>(s.config.ssd_dir, std::move(files)), cache, record,
+        std::move(value_sections));
   }
   for (int64_t i = 0; i < slots; ++i) {
     Slot slot;
@@ -654,9 +657,10 @@ void TieredStore::finish_step(float clip_scale) {
   MOE_CHECK(clip_scale == 1.0f || !s.step_info.overlap,
             "expert store: a clipped step cannot have overlapped the optimizer");
   // The experts not yet updated, shared by this thread and the optimizer thread: on the SSD tier
-  // one's file I/O overlaps the other's update.
+  // one's file I/O overlaps the other's update. Backward ended with the first layer's last
+  // experts, so those go first, while the host cache still holds them.
   for (int li = 0; li < static_cast<int>(s.layers.size()); ++li)
-    for (int64_t e = 0; e < s.layers[static_cast<size_t>(li)].experts; ++e) {
+    for (int64_t e = s.layers[static_cast<size_t>(li)].experts - 1; e >= 0; --e) {
       ExpertState& st = s.state({li, e});
       if (st.updated_step == s.step) continue;
       st.queued = true;

@@ -55,9 +55,18 @@ std::string offload_stats(const offload::StoreStats& s) {
   char times[96];
   std::snprintf(times, sizeof times, "%.3f s waiting for uploads, %.3f s finishing steps",
                 s.wait_seconds, s.finish_seconds);
+  std::string ssd;
+  if (s.ssd_bytes_read > 0 || s.ssd_bytes_written > 0) {
+    char hits[32] = "";
+    if (s.cache.accesses > 0)
+      std::snprintf(hits, sizeof hits, " (%.1f%% hits)", 100.0 * s.cache.hit_rate());
+    ssd = str("; SSD ", format_bytes(double(s.ssd_bytes_read)), " read, ",
+              format_bytes(double(s.ssd_bytes_written)), " written, host cache ", s.cache.hits,
+              " hits of ", s.cache.accesses, hits);
+  }
   return str("offload: ", s.uploads, " uploads, ", s.upload_hits, " slot hits", rate, ", ",
              s.optimizer_overlapped, " expert updates during backward, ", s.optimizer_after,
-             " after, ", times);
+             " after, ", times, ssd);
 }
 
 }  // namespace moe::train
