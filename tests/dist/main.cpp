@@ -22,6 +22,18 @@ moe::comm::Communicator& dist_world() {
   return *g_world;
 }
 
+// A scratch directory path for one test of this job, the same on every rank: named after rank 0's
+// pid, so the np2 and np4 jobs that ctest runs at once (and other checkouts' jobs) never share it.
+std::string dist_scratch_dir(const std::string& name) {
+  moe::comm::Communicator& world = dist_world();
+  moe::Tensor job =
+      moe::Tensor::from_vector({1}, std::vector<int32_t>{world.rank() == 0 ? getpid() : 0});
+  world.all_reduce(job, moe::comm::ReduceOp::max);
+  return (std::filesystem::temp_directory_path() /
+          (name + "-" + std::to_string(job.data<int32_t>()[0])))
+      .string();
+}
+
 int main(int argc, char** argv) {
   std::unique_ptr<moe::comm::Communicator> world;
   try {

@@ -11,6 +11,7 @@
 #include "support/run.h"
 
 moe::comm::Communicator& dist_world();
+std::string dist_scratch_dir(const std::string& name);
 
 using namespace moe;
 
@@ -96,8 +97,8 @@ TEST_CASE("dp: data-parallel training equals one process on the same global batc
 TEST_CASE("dp: a data-parallel checkpoint is written once and resumes on every rank", "[dist]") {
   comm::Communicator& world = dist_world();
   if (dp_train().batch % world.size() != 0) return;
-  // One directory for all ranks: rank 0 names it and broadcasts nothing but the agreement.
-  std::string dir = (std::filesystem::temp_directory_path() / "moe-dist-dp-ckpt").string();
+  // One directory for all ranks of this job.
+  const std::string dir = dist_scratch_dir("moe-dist-dp-ckpt");
   if (world.rank() == 0) std::filesystem::remove_all(dir);
   world.barrier();
   train::Trainer straight(dp_model(Arch::gpt), dp_train(), {}, &world);

@@ -1,8 +1,6 @@
 // Expert parallelism, hierarchical all-to-all, the priority scheduler and the sharded embedding in
 // train::Trainer, against one process training on the same global batch, on every rank.
 // Runs on 2 ranks (EP=2; DP=2) and 4 ranks (EP=4; DP2 x EP2; DP=4).
-#include <unistd.h>
-
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -14,6 +12,7 @@
 #include "support/run.h"
 
 moe::comm::Communicator& dist_world();
+std::string dist_scratch_dir(const std::string& name);
 
 using namespace moe;
 
@@ -205,13 +204,7 @@ TEST_CASE("ep: bad layouts are refused with the flag to change", "[dist]") {
 
 TEST_CASE("ep: a sharded checkpoint resumes bitwise, and only with its own layout", "[dist]") {
   comm::Communicator& world = dist_world();
-  // One directory per job (rank 0's pid): np2 and np4 run at once under ctest -j, and other
-  // checkouts' runs may share /tmp.
-  Tensor job = Tensor::from_vector({1}, std::vector<int32_t>{world.rank() == 0 ? getpid() : 0});
-  world.all_reduce(job, comm::ReduceOp::max);
-  const std::string dir =
-      (std::filesystem::temp_directory_path() / str("moe-dist-ep-ckpt-", job.data<int32_t>()[0]))
-          .string();
+  const std::string dir = dist_scratch_dir("moe-dist-ep-ckpt");
   if (world.rank() == 0) std::filesystem::remove_all(dir);
   world.barrier();
   train::TrainConfig t = ep_train(world.size() >= 4 ? 2 : world.size());

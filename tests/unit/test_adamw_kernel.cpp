@@ -78,7 +78,8 @@ void reference(State& s, const kernels::AdamWScalars& sc, DType storage) {
 
 template <class T>
 bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
 }
 
 // Index of the first element whose bits differ (for the failure message), -1 when none.

@@ -83,7 +83,7 @@ Tensor Tensor::from_vector(Shape shape, const std::vector<float>& values) {
   Tensor t = empty(std::move(shape), DType::f32);
   MOE_CHECK(static_cast<int64_t>(values.size()) == t.numel(), "from_vector: ", values.size(),
             " values for shape ", shape_str(t.shape()));
-  std::memcpy(t.raw(), values.data(), t.nbytes());
+  if (t.nbytes() > 0) std::memcpy(t.raw(), values.data(), t.nbytes());  // empty: no pointers
   return t;
 }
 
@@ -91,7 +91,7 @@ Tensor Tensor::from_vector(Shape shape, const std::vector<int32_t>& values) {
   Tensor t = empty(std::move(shape), DType::i32);
   MOE_CHECK(static_cast<int64_t>(values.size()) == t.numel(), "from_vector: ", values.size(),
             " values for shape ", shape_str(t.shape()));
-  std::memcpy(t.raw(), values.data(), t.nbytes());
+  if (t.nbytes() > 0) std::memcpy(t.raw(), values.data(), t.nbytes());  // empty: no pointers
   return t;
 }
 
