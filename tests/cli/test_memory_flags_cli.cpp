@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "moe/io/checkpoint.h"
+#include "support/bits.h"
 #include "support/run.h"
 
 using namespace moe;
@@ -20,8 +21,8 @@ std::string train(const std::string& args) { return test::tool_path("moe-train")
 bool same_params(const io::Checkpoint& x, const io::Checkpoint& y) {
   if (x.params.size() != y.params.size()) return false;
   for (size_t i = 0; i < x.params.size(); ++i)
-    if (std::memcmp(x.params[i].tensor.raw(), y.params[i].tensor.raw(),
-                    x.params[i].tensor.nbytes()) != 0)
+    if (x.params[i].name != y.params[i].name ||
+        !test::bitwise_equal(x.params[i].tensor, y.params[i].tensor))
       return false;
   return true;
 }

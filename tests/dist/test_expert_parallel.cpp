@@ -154,9 +154,11 @@ TEST_CASE("ep: hierarchical all-to-all and the priority scheduler give bitwise t
     REQUIRE(a.a2a_calls == 4 * 2);  // 2 MoE layers x (2 forward + 2 backward)
   }
   std::string where;
-  INFO("first differing parameter: " << where);
-  REQUIRE(bitwise_equal(flat, hier, where));
-  REQUIRE(bitwise_equal(flat, priority, where));
+  const bool same1 = bitwise_equal(flat, hier, where);
+  const bool same2 = bitwise_equal(flat, priority, where);
+  INFO("first differing parameter: " << where);  // filled by the comparisons
+  REQUIRE(same1);
+  REQUIRE(same2);
 }
 
 TEST_CASE("ep: the sharded embedding trains the same model as the replicated one", "[dist]") {
@@ -225,8 +227,9 @@ TEST_CASE("ep: a sharded checkpoint resumes bitwise, and only with its own layou
   REQUIRE(resumed.steps_done() == 2);
   for (int i = 0; i < 2; ++i) resumed.step();
   std::string where;
-  INFO("first differing parameter: " << where);
-  REQUIRE(bitwise_equal(straight, resumed, where));
+  const bool same = bitwise_equal(straight, resumed, where);
+  INFO("first differing parameter: " << where);  // filled by the comparisons
+  REQUIRE(same);
 
   train::TrainConfig other = t;
   other.ep = 1;

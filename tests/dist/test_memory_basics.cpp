@@ -75,9 +75,11 @@ TEST_CASE("memory: --recompute moe and block train bitwise like none across rank
           }
         }
         std::string where;
-        INFO("first differing parameter: " << where);
-        REQUIRE(bitwise_equal(none, moe, where));
-        REQUIRE(bitwise_equal(none, block, where));
+        const bool same1 = bitwise_equal(none, moe, where);
+        const bool same2 = bitwise_equal(none, block, where);
+        INFO("first differing parameter: " << where);  // filled by the comparisons
+        REQUIRE(same1);
+        REQUIRE(same2);
       }
     }
   }
@@ -106,8 +108,9 @@ TEST_CASE("memory: --grad-accum across ranks follows one process, reducing once 
     REQUIRE(a.forward.loss == Approx(c.forward.loss).epsilon(1e-3));
   }
   std::string where;
-  INFO("first differing parameter: " << where);
-  REQUIRE(bitwise_equal(plain, priority, where));
+  const bool same = bitwise_equal(plain, priority, where);
+  INFO("first differing parameter: " << where);  // filled by the comparisons
+  REQUIRE(same);
 }
 
 TEST_CASE("memory: a batch that does not split over ranks x micro-batches is refused everywhere",

@@ -14,6 +14,7 @@
 #include "support/run.h"
 
 moe::comm::Communicator& dist_world();
+std::string dist_scratch_dir(const std::string& name);
 
 using namespace moe;
 
@@ -64,9 +65,7 @@ TEST_CASE("offload ep: a sharded checkpoint streams each rank's experts and resu
           "[dist]") {
   comm::Communicator& world = dist_world();
   for (DType dtype : {DType::f32, DType::bf16}) {
-    const std::string dir =
-        (std::filesystem::temp_directory_path() / str("moe-dist-offload-ckpt-", dtype_name(dtype)))
-            .string();
+    const std::string dir = dist_scratch_dir(str("moe-dist-offload-ckpt-", dtype_name(dtype)));
     if (world.rank() == 0) std::filesystem::remove_all(dir);
     world.barrier();
     const train::TrainConfig t = offload_train(world.size(), "host");

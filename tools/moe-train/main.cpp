@@ -72,10 +72,12 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
   io::CheckpointRef resume_from;  // a run directory resumes from its newest checkpoint
   if (!o.resume.empty()) {
     resume_from = io::resolve_checkpoint(o.resume);
-    // A sharded checkpoint is a directory; its rank-00000.h5 holds the configurations.
+    // The configurations and the position only (a sharded checkpoint's rank-00000.h5 holds
+    // them): expert tensors come back as sources, not read; Trainer::restore(path) below reads
+    // the tensors, the offloaded experts one at a time.
     resume = std::make_unique<io::Checkpoint>(io::load_checkpoint(
         resume_from.sharded ? io::CheckpointDir::rank_file(resume_from.path, 0) : resume_from.path,
-        !resume_from.sharded));
+        false, [](bool, const std::string&) { return true; }));
     if (resume_from.sharded) train::check_resume_ranks(*resume, resume_from.path, world.size());
   }
   ModelConfig flags_model = o.model;
@@ -123,10 +125,8 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
   const comm::Communicator& group = *trainer.layout().world();
   tools::ensure_output_dir(o.out);  // before training: fail now, not at the first checkpoint
   if (resume) {
-    if (resume_from.sharded)
-      trainer.restore(resume_from.path);  // each rank reads the shards holding its parameters
-    else
-      trainer.restore(*resume);
+    // A file, or the shards of a sharded directory holding this rank's parameters.
+    trainer.restore(resume_from.path);
     MOE_LOG_INFO("resumed from ", o.resume, " at step ", trainer.steps_done());
     for (const std::string& line : run.overrides) MOE_LOG_INFO("resume: ", line);
     resume.reset();

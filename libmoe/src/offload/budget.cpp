@@ -1,9 +1,13 @@
 // Byte sizes on the command line (see moe/offload/budget.h).
 #include "moe/offload/budget.h"
 
+#include <sys/statvfs.h>
+
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 
 #include "moe/error.h"
@@ -40,6 +44,7 @@ int64_t parse_bytes(const std::string& flag, const std::string& text, int64_t to
       unit += static_cast<char>(std::tolower(static_cast<unsigned char>(t[j])));
   double bytes = 0;
   if (unit == "%") {
+    if (total <= 0) throw bad("a share (%) needs a total to be a share of; give bytes");
     bytes = value / 100.0 * static_cast<double>(total);
   } else {
     static const std::map<std::string, double> units = {{"", 1},
@@ -58,6 +63,17 @@ int64_t parse_bytes(const std::string& flag, const std::string& text, int64_t to
   }
   if (!std::isfinite(bytes) || bytes >= 9.2e18) throw bad("too large");
   return static_cast<int64_t>(std::floor(bytes));
+}
+
+int64_t free_bytes(const std::string& dir) {
+  namespace fs = std::filesystem;
+  fs::path p = dir.empty() ? fs::path(".") : fs::path(dir);
+  std::error_code ec;
+  while (!p.empty() && !fs::exists(p, ec)) p = p.parent_path();
+  struct statvfs s {};
+  if (::statvfs(p.empty() ? "." : p.c_str(), &s) != 0) return -1;
+  return static_cast<int64_t>(std::min<unsigned long long>(
+      static_cast<unsigned long long>(s.f_bavail) * s.f_frsize, INT64_MAX));
 }
 
 }  // namespace moe::offload

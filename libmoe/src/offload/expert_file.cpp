@@ -5,7 +5,6 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -22,6 +21,7 @@
 #include "moe/checksum.h"
 #include "moe/error.h"
 #include "moe/models/memory.h"
+#include "moe/offload/budget.h"
 #include "moe/rng.h"
 
 namespace moe::offload {
@@ -312,19 +312,15 @@ ExpertFiles::ExpertFiles(const std::string& dir, std::vector<LayerRecords> layer
   run_dir_ = run;
   try {
     // After mkdtemp, so an unwritable directory is named as such, not as a full one.
-    struct statvfs fsinfo {};
-    if (::statvfs(dir_.c_str(), &fsinfo) != 0)
+    const int64_t free = offload::free_bytes(dir_);
+    if (free < 0)
       throw Error(
           str("--ssd-dir '", dir_, "': cannot query its file system: ", std::strerror(errno)));
     const int64_t needed = total_bytes(layers_);
-    const auto free_bytes = static_cast<int64_t>(std::min<unsigned long long>(
-        static_cast<unsigned long long>(fsinfo.f_bavail) * fsinfo.f_frsize,
-        static_cast<unsigned long long>(INT64_MAX)));
-    if (needed > free_bytes)
+    if (needed > free)
       throw Error(str("--ssd-dir '", dir_, "': the SSD expert tier needs ", bytes_text(needed),
                       " for ", layers_.size(), " layers' expert files, but its file system has ",
-                      bytes_text(free_bytes),
-                      " free; free space there, choose a larger --ssd-dir, ",
+                      bytes_text(free), " free; free space there, choose a larger --ssd-dir, ",
                       "or give the host tier more memory"));
     // Locked before it gets its name, so remove_abandoned_runs never sees it unlocked.
     const std::string temp_lock = run_dir_ + "/.lock-new";

@@ -1,12 +1,9 @@
 // The adaptive offload choice (see moe/offload/plan.h).
 #include "moe/offload/plan.h"
 
-#include <sys/statvfs.h>
-
-#include <filesystem>
-
 #include "moe/error.h"
 #include "moe/models/memory.h"
+#include "moe/offload/budget.h"
 
 namespace moe::offload {
 
@@ -67,16 +64,6 @@ OffloadPlan plan_offload(const PlanInput& in) {
                            ? str("the SSD: --ssd-dir has ", bytes(in.ssd_capacity), " free, ",
                                  bytes(in.ssd_file_bytes - in.ssd_capacity), " short")
                            : std::string("an SSD (give --ssd-dir DIR on local storage)")));
-}
-
-double free_bytes(const std::string& dir) {
-  namespace fs = std::filesystem;
-  fs::path p = dir.empty() ? fs::path(".") : fs::path(dir);
-  std::error_code ec;
-  while (!p.empty() && !fs::exists(p, ec)) p = p.parent_path();
-  struct statvfs s {};
-  if (statvfs(p.empty() ? "." : p.c_str(), &s) != 0) return 0;
-  return static_cast<double>(s.f_bavail) * static_cast<double>(s.f_frsize);
 }
 
 }  // namespace moe::offload

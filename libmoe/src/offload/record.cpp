@@ -14,6 +14,9 @@ static int64_t aligned(int64_t bytes) {
   return (bytes + kSectionAlign - 1) / kSectionAlign * kSectionAlign;
 }
 
+// The record is packed once, by the SSD tier's own rule (RecordLayout::packed: each section at
+// the next 64-byte boundary, in the order given), and the store reads its offsets from it, so
+// the host records and the files can never disagree.
 StoreLayout record_layout(const nn::ExpertParams& params, DType storage) {
   StoreLayout layout;
   for (Param* p : {params.w1, params.w2, params.w3, params.b1, params.b2}) {
@@ -23,58 +26,40 @@ StoreLayout record_layout(const nn::ExpertParams& params, DType storage) {
     t.shape = p->shape;
     t.shape[0] = 1;
     t.elements = shape_numel(t.shape);
+    t.slot_offset = layout.slot_bytes;
+    layout.slot_bytes += aligned(t.elements * 4);
     layout.tensors.push_back(std::move(t));
   }
-  int64_t at = 0, slot = 0;
-  auto place = [&](Section& s, DType dtype, int64_t elements) {
-    s.offset = at;
-    s.dtype = dtype;
-    at += aligned(elements * static_cast<int64_t>(dtype_size(dtype)));
+  auto name = [](const TensorLayout& t, const char* what) {
+    return t.param->name.substr(t.param->name.rfind('.') + 1) + "." + what;
   };
   // The storage values first, together: an upload reads only them (one contiguous span).
-  for (TensorLayout& t : layout.tensors) place(t.value, storage, t.elements);
-  layout.values_bytes = at;
-  layout.value_sections = static_cast<int>(layout.tensors.size());
-  for (TensorLayout& t : layout.tensors) {
-    if (storage != DType::f32) place(t.master, DType::f32, t.elements);
-    place(t.adam_m, DType::f32, t.elements);
-    place(t.adam_v, DType::f32, t.elements);
-    place(t.grad, DType::f32, t.elements);
-    t.slot_offset = slot;
-    slot += aligned(t.elements * 4);
-  }
-  layout.record_bytes = at;
-  layout.slot_bytes = slot;
-  return layout;
-}
-
-RecordLayout file_layout(const StoreLayout& layout) {
   std::vector<RecordSection> sections;
+  for (const TensorLayout& t : layout.tensors)
+    sections.push_back({name(t, "value"), storage, t.shape, 0, 0});
   for (const TensorLayout& t : layout.tensors) {
-    const std::string name = t.param->name.substr(t.param->name.rfind('.') + 1);
-    auto add = [&](const char* what, const Section& s) {
-      if (s.offset >= 0) sections.push_back({name + "." + what, s.dtype, t.shape, s.offset, 0});
-    };
-    add("value", t.value);
-    add("master", t.master);
-    add("adam_m", t.adam_m);
-    add("adam_v", t.adam_v);
-    add("grad", t.grad);
+    if (storage != DType::f32) sections.push_back({name(t, "master"), DType::f32, t.shape, 0, 0});
+    for (const char* what : {"adam_m", "adam_v", "grad"})
+      sections.push_back({name(t, what), DType::f32, t.shape, 0, 0});
   }
-  // In record order (the values first): the file's sections are packed in the order given.
-  std::stable_sort(
-      sections.begin(), sections.end(),
-      [](const RecordSection& a, const RecordSection& b) { return a.offset < b.offset; });
-  std::vector<int64_t> offsets;
-  for (const RecordSection& s : sections) offsets.push_back(s.offset);
-  RecordLayout packed = RecordLayout::packed(std::move(sections), kSectionAlign);
-  for (size_t i = 0; i < offsets.size(); ++i)
-    MOE_CHECK(packed.sections[i].offset == offsets[i], "expert store: section ",
-              packed.sections[i].name, " packs at ", packed.sections[i].offset, ", not ",
-              offsets[i]);
-  MOE_CHECK(packed.payload_bytes == layout.record_bytes, "expert store: a record of ",
-            layout.record_bytes, " bytes packs into ", packed.payload_bytes);
-  return packed;
+  layout.file = RecordLayout::packed(std::move(sections), kSectionAlign);
+  auto at = [&](const TensorLayout& t, const char* what) -> Section {
+    const std::string n = name(t, what);
+    for (const RecordSection& s : layout.file.sections)
+      if (s.name == n) return {s.offset, s.dtype};
+    return {};
+  };
+  for (TensorLayout& t : layout.tensors) {
+    t.value = at(t, "value");
+    t.master = at(t, "master");
+    t.adam_m = at(t, "adam_m");
+    t.adam_v = at(t, "adam_v");
+    t.grad = at(t, "grad");
+  }
+  layout.value_sections = static_cast<int>(layout.tensors.size());
+  layout.values_bytes = layout.file.sections[static_cast<size_t>(layout.value_sections)].offset;
+  layout.record_bytes = layout.file.payload_bytes;
+  return layout;
 }
 
 Tensor view(const std::shared_ptr<std::byte>& base, int64_t offset, const Shape& shape,
@@ -251,12 +236,6 @@ void CachedRecords::unpin(int layer, int64_t expert, bool dirty) {
   if (dirty) cache_.mark_dirty(key);
   cache_.unpin(key);
   changed_.notify_all();
-}
-
-void CachedRecords::flush() {
-  std::unique_lock<std::mutex> lock(mu_);
-  for (const ExpertKey& key : cache_.flush())
-    write_back(lock, key, slots_[static_cast<size_t>(cache_.slot_of(key))].get());
 }
 
 void CachedRecords::end_step() {

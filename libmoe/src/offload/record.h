@@ -42,13 +42,12 @@ struct StoreLayout {
   int64_t values_bytes = 0;           // the storage values, first in the record: [0, values_bytes)
   int value_sections = 0;             // one per tensor
   int64_t slot_bytes = 0;             // one expert's fp32 weights
+  RecordLayout file;                  // the same sections as the SSD tier's files name them
 };
 
 // The layout of one layer's experts (all experts of a layer share it); `storage`: the
 // parameters' dtype.
 StoreLayout record_layout(const nn::ExpertParams& params, DType storage);
-// The same layout as the SSD tier's files describe it (sections "w1.value", "w1.master", ...).
-RecordLayout file_layout(const StoreLayout& layout);
 
 // A typed view into a record or slot held alive by `base`.
 Tensor view(const std::shared_ptr<std::byte>& base, int64_t offset, const Shape& shape,
@@ -63,11 +62,8 @@ class RecordTier {
   // fresh: the caller overwrites the whole record (nothing is read).
   virtual std::shared_ptr<std::byte> pin(int layer, int64_t expert, bool fresh = false) = 0;
   virtual void unpin(int layer, int64_t expert, bool dirty) = 0;
-  // A hint that the record will be pinned soon (the SSD tier reads it ahead).
-  virtual void prefetch(int /*layer*/, int64_t /*expert*/) {}
-  virtual void flush() {}
   virtual void end_step() {}
-  // The record's first `bytes` bytes (its storage values) into `into` (a record-sized buffer),
+  // The record's first `bytes` bytes (its storage values) into `into` (at least `bytes` long),
   // for an upload: the SSD tier reads only those sections when the record is not in memory.
   virtual void read_values(int layer, int64_t expert, int64_t bytes, std::byte* into);
   virtual int64_t resident_bytes() const = 0;  // host memory the tier holds
@@ -101,7 +97,6 @@ class CachedRecords final : public RecordTier {
   std::shared_ptr<std::byte> pin(int layer, int64_t expert, bool fresh = false) override;
   void unpin(int layer, int64_t expert, bool dirty) override;
   void read_values(int layer, int64_t expert, int64_t bytes, std::byte* into) override;
-  void flush() override;
   void end_step() override;
   int64_t resident_bytes() const override;
   CacheStats cache_stats() const;

@@ -15,6 +15,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -35,7 +36,6 @@ struct ExpertState {
   bool uploading = false;  // the slot is being filled
   int64_t grad_step = -1;  // the step whose gradient the record holds (else: stale, zero it)
   int64_t updated_step = -1;
-  bool queued = false;          // its AdamW step waits on the optimizer thread
   int64_t finalized_step = -1;  // the step whose gradient was scaled and squared-summed
   bool pinned = false;          // among the busiest of the last step: keeps its slot when it can
   int64_t tokens = 0, previous_tokens = 0;  // rows this step / last step (forward)
@@ -69,6 +69,7 @@ struct TieredStore::Impl {
   const ParamSet& params;
   StoreConfig config;
   std::vector<Layer> layers;
+  std::map<const Param*, std::pair<int, size_t>> where;  // parameter -> (layer, tensor index)
   std::unique_ptr<RecordTier> tier;
   std::vector<Slot> slots;
   bool started = false;
@@ -150,7 +151,7 @@ struct TieredStore::Impl {
   // Converts the expert's storage values into the slot's fp32 weights (outside the lock).
   void fill_slot(Key k, const Slot& slot) {
     const Layer& layer = layers[static_cast<size_t>(k.layer)];
-    const std::shared_ptr<std::byte> values = allocate_host(layer.layout.record_bytes);
+    const std::shared_ptr<std::byte> values = allocate_host(layer.layout.values_bytes);
     tier->read_values(k.layer, k.expert, layer.layout.values_bytes, values.get());
     for (const TensorLayout& t : layer.layout.tensors) {
       Tensor into = view(slot.data, t.slot_offset, t.shape, DType::f32);
@@ -268,7 +269,6 @@ struct TieredStore::Impl {
       }
       lock.lock();
       --optimizer_busy;
-      state(u.key).queued = false;
       if (error.empty()) {
         updated(u.key);
         ++(u.during_backward ? stats.optimizer_overlapped : stats.optimizer_after);
@@ -305,24 +305,28 @@ struct TieredStore::Impl {
     const TensorLayout* tensor = nullptr;
     const Section* section = nullptr;
   };
+  // The layer and tensor index of one of the store's parameters (throws naming it otherwise).
+  std::pair<int, size_t> find(const Param& param) const {
+    auto it = where.find(&param);
+    if (it == where.end())
+      throw Error(str("expert store: '", param.name, "' is not one of its parameters"));
+    return it->second;
+  }
+
   Located locate(const Param& param, int64_t expert, const std::string& what) const {
-    for (int li = 0; li < static_cast<int>(layers.size()); ++li) {
-      const Layer& l = layers[static_cast<size_t>(li)];
-      for (const TensorLayout& t : l.layout.tensors) {
-        if (t.param != &param) continue;
-        MOE_CHECK(expert >= 0 && expert < l.experts, "expert store: expert ", expert, " of '",
-                  param.name, "' out of range");
-        const Section* section = what == "value"    ? &t.value
-                                 : what == "master" ? &t.master
-                                 : what == "adam.m" ? &t.adam_m
-                                 : what == "adam.v" ? &t.adam_v
-                                                    : nullptr;
-        MOE_CHECK(section && section->offset >= 0, "expert store: no '", what, "' for '",
-                  param.name, "'");
-        return {li, &t, section};
-      }
-    }
-    throw Error(str("expert store: '", param.name, "' is not one of its parameters"));
+    const auto [li, ti] = find(param);
+    const Layer& l = layers[static_cast<size_t>(li)];
+    const TensorLayout& t = l.layout.tensors[ti];
+    MOE_CHECK(expert >= 0 && expert < l.experts, "expert store: expert ", expert, " of '",
+              param.name, "' out of range");
+    const Section* section = what == "value"    ? &t.value
+                             : what == "master" ? &t.master
+                             : what == "adam.m" ? &t.adam_m
+                             : what == "adam.v" ? &t.adam_v
+                                                : nullptr;
+    MOE_CHECK(section && section->offset >= 0, "expert store: no '", what, "' for '", param.name,
+              "'");
+    return {li, &t, section};
   }
 
   nn::ExpertTensors tensors_of(const Layer& layer, const std::shared_ptr<std::byte>& base,
@@ -372,15 +376,11 @@ int TieredStore::add_layer(const nn::ExpertParams& params) {
   layer.layout = record_layout(params, impl_->params.dtype());
   layer.state.resize(static_cast<size_t>(layer.experts));
   layer.square_sums.assign(layer.layout.tensors.size() * static_cast<size_t>(layer.experts), 0.0);
+  const int id = static_cast<int>(impl_->layers.size());
+  for (size_t t = 0; t < layer.layout.tensors.size(); ++t)
+    impl_->where[layer.layout.tensors[t].param] = {id, t};
   impl_->layers.push_back(std::move(layer));
-  return static_cast<int>(impl_->layers.size()) - 1;
-}
-
-bool TieredStore::holds(const Param& param) const {
-  for (const Layer& l : impl_->layers)
-    for (const TensorLayout& t : l.layout.tensors)
-      if (t.param == &param) return true;
-  return false;
+  return id;
 }
 
 void TieredStore::start() {
@@ -423,7 +423,7 @@ void TieredStore::start() {
     std::vector<int> value_sections;
     for (const Layer& l : s.layers) {
       record = std::max(record, l.layout.record_bytes);
-      files.push_back({file_layout(l.layout), static_cast<int>(l.experts)});
+      files.push_back({l.layout.file, static_cast<int>(l.experts)});
       value_sections.push_back(l.layout.value_sections);
     }
     // The host cache: --host-budget, or a quarter of the experts' state by default.
@@ -598,7 +598,6 @@ void TieredStore::gradient_done(int layer, int expert) {
   s.tier->unpin(layer, expert, true);
   if (final && s.step_info.overlap && s.config.overlap_optimizer) {
     std::lock_guard<std::mutex> lock(s.mu);
-    st.queued = true;
     s.optimizer_queue.push_back({k, 1.0f, false, true});
     s.changed.notify_all();
   }
@@ -634,16 +633,12 @@ void TieredStore::complete_gradients() {
 }
 
 double TieredStore::grad_square_sum(const Param& param) const {
-  const Impl& s = *impl_;
-  for (const Layer& l : s.layers)
-    for (size_t t = 0; t < l.layout.tensors.size(); ++t)
-      if (l.layout.tensors[t].param == &param) {
-        double sum = 0;
-        for (int64_t e = 0; e < l.experts; ++e)
-          sum += l.square_sums[t * static_cast<size_t>(l.experts) + static_cast<size_t>(e)];
-        return sum;
-      }
-  throw Error(str("expert store: '", param.name, "' is not one of its parameters"));
+  const auto [li, t] = impl_->find(param);
+  const Layer& l = impl_->layers[static_cast<size_t>(li)];
+  double sum = 0;  // expert by expert from zero, as optim::grad_square_sum sums a resident one
+  for (int64_t e = 0; e < l.experts; ++e)
+    sum += l.square_sums[t * static_cast<size_t>(l.experts) + static_cast<size_t>(e)];
+  return sum;
 }
 
 void TieredStore::finish_step(float clip_scale) {
@@ -663,7 +658,6 @@ void TieredStore::finish_step(float clip_scale) {
     for (int64_t e = s.layers[static_cast<size_t>(li)].experts - 1; e >= 0; --e) {
       ExpertState& st = s.state({li, e});
       if (st.updated_step == s.step) continue;
-      st.queued = true;
       s.optimizer_queue.push_back({{li, e}, clip_scale, st.grad_step != s.step, false});
     }
   s.changed.notify_all();

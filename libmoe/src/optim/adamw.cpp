@@ -116,7 +116,10 @@ void AdamW::load_state(const std::vector<OptimizerTensor>& tensors, int64_t step
 
 double grad_square_sum(const Param& p) {
   MOE_CHECK(!p.offloaded, "'", p.name, "' is offloaded: its store sums its gradient");
-  if (!p.expert || p.grad.ndim() == 0) return ops::sum_squares(p.grad);
+  // Per expert only where a store can hold the experts (the CPU): on a device each sum is a
+  // launch and a copy back, and no store adds device sums.
+  if (!p.expert || p.grad.ndim() == 0 || p.grad.device().kind != Device::cpu)
+    return ops::sum_squares(p.grad);
   double sum = 0;
   for (int64_t e = 0; e < p.grad.dim(0); ++e) sum += ops::sum_squares(p.grad.rows(e, e + 1));
   return sum;

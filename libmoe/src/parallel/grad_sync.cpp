@@ -17,7 +17,7 @@ GradSync::GradSync(Layout& layout, const ParamSet& params) : layout_(layout) {
 }
 
 GradSync::Reduce GradSync::reduce_of(const Param& p) const {
-  if (p.offloaded) return Reduce::none;  // its store averages it (no replicas: Trainer checks)
+  if (p.offloaded) return Reduce::none;  // its store sums and averages it (TieredStore)
   if (p.expert && layout_.config().ep > 1)
     return layout_.replicas()->size() > 1 ? Reduce::replicas : Reduce::none;
   if (p.shard.defined()) return Reduce::none;  // the sharded token table: summed by its backward

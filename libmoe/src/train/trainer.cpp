@@ -278,6 +278,13 @@ StepStats Trainer::step(bool capture_routing) {
   // passes, each scaled by 1/micro; the gradient reduction runs once, after the last pass.
   const int64_t micro = train_.grad_accum, rows = ids.dim(0) / micro;
   const nn::Recompute recompute = nn::parse_recompute(train_.recompute);
+  const double lr = learning_rate();
+  offload::StepInfo store_info;  // what the expert store needs of this step
+  store_info.lr = static_cast<float>(lr);
+  store_info.adam_step = optimizer_->steps_taken() + 1;
+  store_info.gradient_scale = world_size() > 1 ? 1.0f / static_cast<float>(world_size()) : 1.0f;
+  store_info.overlap = train_.clip == 0;  // a clipped step needs every gradient before any update
+  store_info.replicas = expert_replicas();
   arena_.reset_peak();
   for (int64_t m = 0; m < micro; ++m) {
     {
@@ -300,15 +307,9 @@ StepStats Trainer::step(bool capture_routing) {
       if (layout_->scheduler() && m + 1 == micro)
         pass.grads_ready = [this](std::span<Param* const> ps) { grad_sync_->pack(ps); };
       if (store_) {  // the experts' state follows the micro-batches
-        offload::StepInfo info;
-        info.first_micro_batch = m == 0;
-        info.last_micro_batch = m + 1 == micro;
-        info.lr = static_cast<float>(learning_rate());
-        info.adam_step = optimizer_->steps_taken() + 1;
-        info.gradient_scale = world_size() > 1 ? 1.0f / static_cast<float>(world_size()) : 1.0f;
-        info.overlap = train_.clip == 0;  // a clipped step needs every gradient before any update
-        info.replicas = expert_replicas();
-        store_->begin_step(info);
+        store_info.first_micro_batch = m == 0;
+        store_info.last_micro_batch = m + 1 == micro;
+        store_->begin_step(store_info);
       }
       const Device on = params_->device();
       accumulate(s.forward,
@@ -341,7 +342,7 @@ StepStats Trainer::step(bool capture_routing) {
   } else {
     s.grad_norm = optim::clip_grad_norm(*params_, train_.clip, offloaded);
   }
-  s.lr = learning_rate();
+  s.lr = lr;
   optimizer_->step(static_cast<float>(s.lr));
   // The experts' updates (those not already run during backward), with the same clip factor;
   // a non-finite expert value stops the run here too.
@@ -441,7 +442,8 @@ void Trainer::plan_offload(const ModelConfig& config, Device device) {
                          : machine;
   in.device_is_host = device.kind == Device::cpu;
   in.device_name = device.kind == Device::cpu ? "CPU memory" : "GPU memory";
-  if (!train_.ssd_dir.empty()) in.ssd_capacity = offload::free_bytes(train_.ssd_dir);
+  if (!train_.ssd_dir.empty())
+    in.ssd_capacity = double(std::max<int64_t>(0, offload::free_bytes(train_.ssd_dir)));
   const offload::OffloadPlan plan = offload::plan_offload(in);
   for (const std::string& line : plan.lines) MOE_LOG_INFO(line);
   offload_tier_ = plan.tier;

@@ -11,4 +11,9 @@ namespace moe::offload {
 // `flag` otherwise (empty, negative, not a number, unknown unit, too large).
 int64_t parse_bytes(const std::string& flag, const std::string& text, int64_t total);
 
+// Bytes an unprivileged writer may still use on the file system holding `dir` (or its nearest
+// existing ancestor: the --ssd-dir a run will create), at most INT64_MAX; -1 when it cannot be
+// queried.
+int64_t free_bytes(const std::string& dir);
+
 }  // namespace moe::offload

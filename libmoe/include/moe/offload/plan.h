@@ -34,7 +34,4 @@ struct OffloadPlan {
 // Throws UsageError "--offload auto: ... does not fit: <tier> needs N more" when no tier fits.
 OffloadPlan plan_offload(const PlanInput& input);
 
-// Free bytes of the file system holding `dir` (its nearest existing ancestor); 0 when unknown.
-double free_bytes(const std::string& dir);
-
 }  // namespace moe::offload

@@ -109,7 +109,6 @@ class TieredStore final : public nn::ExpertStore {
   void complete_gradients();
   double grad_square_sum(const Param& param) const;
   void finish_step(float clip_scale);
-  bool holds(const Param& param) const;
 
   // Checkpoints, one expert at a time. `what`: "value" (storage dtype), "master", "adam.m",
   // "adam.v" (fp32); a tensor shaped [1, ...] (the expert's slice of the parameter).

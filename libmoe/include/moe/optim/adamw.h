@@ -83,7 +83,8 @@ class AdamW {
 
 // One parameter's share of the squared global gradient norm: an expert parameter's experts are
 // summed one at a time, in order (each expert's sum from zero), so that an nn::ExpertStore that
-// finishes experts one by one adds exactly the same doubles; other parameters whole.
+// finishes experts one by one adds exactly the same doubles; other parameters, and device
+// gradients (no store holds device experts; each sum there is a launch), whole.
 double grad_square_sum(const Param& p);
 // The share of a Param::offloaded parameter, from the store that holds it.
 using OffloadedSquareSum = std::function<double(const Param&)>;
