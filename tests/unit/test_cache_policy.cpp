@@ -447,3 +447,24 @@ TEST_CASE("cache: bad configurations name the flag", "[cache]") {
                       Catch::Contains("--expert-cache 'lfru'"));
   REQUIRE_THROWS_AS(offload::belady_hits(keys({A}), 0), UsageError);
 }
+
+TEST_CASE("cache: erase frees its slot for the next admission, never a pinned entry", "[cache]") {
+  ExpertCache cache({CachePolicy::lru, 3, 0, {}});
+  const std::vector<Row> fill = {
+      {A, false, 0, kNone},  // A - -
+      {B, false, 1, kNone},  // A B -
+      {C, false, 2, kNone},  // A B C
+  };
+  for (size_t i = 0; i < fill.size(); ++i) check(cache, fill[i], static_cast<int>(i));
+  cache.mark_dirty(key(B));
+  cache.erase(key(B));  // A - C: dropped without a write-back
+  CHECK_FALSE(cache.contains(key(B)));
+  CHECK(cache.size() == 2);
+  CHECK(cache.stats().write_backs == 0);
+  // The freed middle slot is taken before any eviction; then the cache is full again.
+  check(cache, {D, false, 1, kNone}, 3);  // A D C
+  check(cache, {E, false, 0, A}, 4);      // E D C
+  cache.pin(key(D));
+  REQUIRE_THROWS_WITH(cache.erase(key(D)), Catch::Contains("pinned"));
+  REQUIRE_THROWS_WITH(cache.erase(key(A)), Catch::Contains("layer 0 expert 0"));
+}

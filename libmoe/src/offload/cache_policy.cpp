@@ -133,8 +133,10 @@ Lookup ExpertCache::access(const ExpertKey& key) {
   }
   stats_.misses++;
   int32_t slot = -1;
-  if (used_ < config_.capacity) {
-    slot = static_cast<int32_t>(used_++);
+  if (used_ < config_.capacity) {  // the lowest free slot (erase() may free any)
+    while (slots_[static_cast<size_t>(++slot)].key) {
+    }
+    ++used_;
   } else {
     slot = choose_victim();
     if (slot < 0) {
@@ -153,6 +155,14 @@ Lookup ExpertCache::access(const ExpertKey& key) {
   slot_of_.emplace(key, slot);
   r.slot = slot;
   return r;
+}
+
+void ExpertCache::erase(const ExpertKey& key) {
+  Slot& s = cached_slot(key, "erase");
+  MOE_CHECK(s.pins == 0, "expert cache: erase of ", to_string(key), ", which is pinned");
+  slot_of_.erase(key);
+  s = Slot{};
+  --used_;
 }
 
 std::vector<ExpertKey> ExpertCache::flush() {

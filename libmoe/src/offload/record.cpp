@@ -19,10 +19,13 @@ static int64_t aligned(int64_t bytes) {
 // the host records and the files can never disagree.
 StoreLayout record_layout(const nn::ExpertParams& params, DType storage) {
   StoreLayout layout;
-  for (Param* p : {params.w1, params.w2, params.w3, params.b1, params.b2}) {
+  Param* const fields[5] = {params.w1, params.w2, params.w3, params.b1, params.b2};
+  for (int f = 0; f < 5; ++f) {
+    Param* p = fields[f];
     if (!p) continue;
     TensorLayout t;
     t.param = p;
+    t.field = f;
     t.shape = p->shape;
     t.shape[0] = 1;
     t.elements = shape_numel(t.shape);
@@ -117,14 +120,15 @@ CacheStats CachedRecords::cache_stats() const {
   return cache_.stats();
 }
 
-// Writes `data` (the key's record) to its file; the key is busy meanwhile (the lock released).
-void CachedRecords::write_back(std::unique_lock<std::mutex>& lock, const ExpertKey& key,
-                               const std::byte* data) {
+// Runs `io` on the key's file with the lock released and the key busy (others wait for it), then
+// rethrows what it threw, with the lock held again.
+template <class Io>
+void CachedRecords::unlocked(std::unique_lock<std::mutex>& lock, const ExpertKey& key, Io&& io) {
   busy_.insert(key);
   lock.unlock();
   std::exception_ptr failed;
   try {
-    files_->write(key.layer, key.expert, data);
+    io();
   } catch (...) {
     failed = std::current_exception();
   }
@@ -132,6 +136,11 @@ void CachedRecords::write_back(std::unique_lock<std::mutex>& lock, const ExpertK
   busy_.erase(key);
   changed_.notify_all();
   if (failed) std::rethrow_exception(failed);
+}
+
+void CachedRecords::write_back(std::unique_lock<std::mutex>& lock, const ExpertKey& key,
+                               const std::byte* data) {
+  unlocked(lock, key, [&] { files_->write(key.layer, key.expert, data); });
 }
 
 std::shared_ptr<std::byte> CachedRecords::pin(int layer, int64_t expert, bool fresh) {
@@ -154,38 +163,29 @@ std::shared_ptr<std::byte> CachedRecords::pin(int layer, int64_t expert, bool fr
   } else {
     data = slots_[static_cast<size_t>(looked.slot)];
     cache_.pin(key);
-    if (looked.evicted && looked.evicted_dirty) {
-      // The displaced record leaves before the slot is refilled; whoever wants it next waits.
-      busy_.insert(key);
-      try {
-        write_back(lock, *looked.evicted, data.get());
-      } catch (...) {
-        busy_.erase(key);
-        cache_.unpin(key);
-        changed_.notify_all();
-        throw;
-      }
-    }
   }
-  if (!fresh) {
-    busy_.insert(key);
-    lock.unlock();
-    std::exception_ptr failed;
-    try {
-      files_->read(layer, static_cast<int>(expert), data.get());
-    } catch (...) {
-      failed = std::current_exception();
+  // A failure leaves nothing behind: the slot it took is freed (its bytes are not the expert's).
+  auto forget = [&] {
+    if (looked.bypass()) {
+      bypassed_.erase(key);
+    } else {
+      cache_.unpin(key);
+      cache_.erase(key);
     }
-    lock.lock();
+  };
+  try {
+    if (looked.evicted && looked.evicted_dirty) {
+      // The displaced record leaves before the slot is refilled; whoever wants `key` waits.
+      busy_.insert(key);
+      write_back(lock, *looked.evicted, data.get());
+    }
+    if (!fresh)
+      unlocked(lock, key, [&] { files_->read(layer, static_cast<int>(expert), data.get()); });
+  } catch (...) {
     busy_.erase(key);
+    forget();
     changed_.notify_all();
-    if (failed) {
-      if (looked.bypass())
-        bypassed_.erase(key);
-      else
-        cache_.unpin(key);
-      std::rethrow_exception(failed);
-    }
+    throw;
   }
   busy_.erase(key);
   changed_.notify_all();
@@ -207,19 +207,10 @@ void CachedRecords::read_values(int layer, int64_t expert, int64_t bytes, std::b
     std::memcpy(into, slots_[static_cast<size_t>(slot)].get(), static_cast<size_t>(bytes));
     return;
   }
-  busy_.insert(key);
-  lock.unlock();
-  std::exception_ptr failed;
-  try {
+  unlocked(lock, key, [&] {
     files_->read_sections(layer, static_cast<int>(expert), 0,
                           value_sections_[static_cast<size_t>(layer)], into);
-  } catch (...) {
-    failed = std::current_exception();
-  }
-  lock.lock();
-  busy_.erase(key);
-  changed_.notify_all();
-  if (failed) std::rethrow_exception(failed);
+  });
 }
 
 void CachedRecords::unpin(int layer, int64_t expert, bool dirty) {

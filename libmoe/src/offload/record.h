@@ -30,6 +30,7 @@ struct Section {
 // One of the expert's tensors (w1, w2, w3, b1, b2) in the record and in a device slot.
 struct TensorLayout {
   Param* param = nullptr;
+  int field = 0;         // its place in nn::ExpertTensors: w1, w2, w3, b1, b2 = 0..4
   Shape shape;           // [1, ...]: the expert as a group of one
   int64_t elements = 0;  // per expert
   Section value, master, adam_m, adam_v, grad;
@@ -103,6 +104,8 @@ class CachedRecords final : public RecordTier {
   const ExpertFiles& files() const { return *files_; }
 
  private:
+  template <class Io>
+  void unlocked(std::unique_lock<std::mutex>& lock, const ExpertKey& key, Io&& io);
   void write_back(std::unique_lock<std::mutex>& lock, const ExpertKey& key, const std::byte* data);
   std::unique_ptr<ExpertFiles> files_;
   ExpertCache cache_;

@@ -43,7 +43,6 @@ struct ExpertState {
 };
 
 struct Layer {
-  nn::ExpertParams params;
   int64_t experts = 0;
   StoreLayout layout;
   std::vector<ExpertState> state;
@@ -333,13 +332,9 @@ struct TieredStore::Impl {
                                bool grads) const {
     nn::ExpertTensors out;
     Tensor* fields[5] = {&out.w1, &out.w2, &out.w3, &out.b1, &out.b2};
-    const Param* order[5] = {layer.params.w1, layer.params.w2, layer.params.w3, layer.params.b1,
-                             layer.params.b2};
     for (const TensorLayout& t : layer.layout.tensors)
-      for (int f = 0; f < 5; ++f)
-        if (order[f] == t.param)
-          *fields[f] = grads ? view(base, t.grad.offset, t.shape, DType::f32)
-                             : view(base, t.slot_offset, t.shape, DType::f32);
+      *fields[t.field] = grads ? view(base, t.grad.offset, t.shape, DType::f32)
+                               : view(base, t.slot_offset, t.shape, DType::f32);
     return out;
   }
 };
@@ -371,7 +366,6 @@ const StoreConfig& TieredStore::config() const { return impl_->config; }
 int TieredStore::add_layer(const nn::ExpertParams& params) {
   MOE_CHECK(!impl_->started, "expert store: a layer was added after start()");
   Layer layer;
-  layer.params = params;
   layer.experts = params.experts();
   layer.layout = record_layout(params, impl_->params.dtype());
   layer.state.resize(static_cast<size_t>(layer.experts));

@@ -22,78 +22,55 @@
 
 namespace moe::train {
 
+// Every TrainConfig field with its JSON key, once: to_json and train_config_from_json both walk
+// this list (a new field is one line here).
+template <class Config, class Visit>
+static void for_each_field(Config& c, Visit&& f) {
+  f("data", c.data);
+  f("val", c.val);
+  f("data_format", c.data_format);
+  f("batch", c.batch);
+  f("steps", c.steps);
+  f("lr", c.lr);
+  f("min_lr_ratio", c.min_lr_ratio);
+  f("warmup", c.warmup);
+  f("weight_decay", c.weight_decay);
+  f("clip", c.clip);
+  f("val_fraction", c.val_fraction);
+  f("eval_batches", c.eval_batches);
+  f("seed", c.seed);
+  f("ep", c.ep);
+  f("shard_embedding", c.shard_embedding);
+  f("a2a", c.a2a);
+  f("ranks_per_node", c.ranks_per_node);
+  f("comm_scheduler", c.comm_scheduler);
+  f("partition_mb", c.partition_mb);
+  f("offload", c.offload);
+  f("device_budget", c.device_budget);
+  f("host_budget", c.host_budget);
+  f("ssd_dir", c.ssd_dir);
+  f("pin_fraction", c.pin_fraction);
+  f("prefetch_depth", c.prefetch_depth);
+  f("optimizer_overlap", c.optimizer_overlap);
+  f("expert_cache", c.expert_cache);
+  f("lfu_threshold", c.lfu_threshold);
+  f("lfu_beta", c.lfu_beta);
+  f("lfu_period", c.lfu_period);
+  f("grad_accum", c.grad_accum);
+  f("recompute", c.recompute);
+}
+
 nlohmann::json to_json(const TrainConfig& c) {
-  return nlohmann::json{{"data", c.data},
-                        {"val", c.val},
-                        {"data_format", c.data_format},
-                        {"batch", c.batch},
-                        {"steps", c.steps},
-                        {"lr", c.lr},
-                        {"min_lr_ratio", c.min_lr_ratio},
-                        {"warmup", c.warmup},
-                        {"weight_decay", c.weight_decay},
-                        {"clip", c.clip},
-                        {"val_fraction", c.val_fraction},
-                        {"eval_batches", c.eval_batches},
-                        {"seed", c.seed},
-                        {"ep", c.ep},
-                        {"shard_embedding", c.shard_embedding},
-                        {"a2a", c.a2a},
-                        {"ranks_per_node", c.ranks_per_node},
-                        {"comm_scheduler", c.comm_scheduler},
-                        {"partition_mb", c.partition_mb},
-                        {"offload", c.offload},
-                        {"device_budget", c.device_budget},
-                        {"host_budget", c.host_budget},
-                        {"ssd_dir", c.ssd_dir},
-                        {"pin_fraction", c.pin_fraction},
-                        {"prefetch_depth", c.prefetch_depth},
-                        {"optimizer_overlap", c.optimizer_overlap},
-                        {"expert_cache", c.expert_cache},
-                        {"lfu_threshold", c.lfu_threshold},
-                        {"lfu_beta", c.lfu_beta},
-                        {"lfu_period", c.lfu_period},
-                        {"grad_accum", c.grad_accum},
-                        {"recompute", c.recompute}};
+  nlohmann::json j = nlohmann::json::object();
+  for_each_field(c, [&](const char* key, const auto& field) { j[key] = field; });
+  return j;
 }
 
 TrainConfig train_config_from_json(const nlohmann::json& j, TrainConfig c) {
   try {
-    auto take = [&](const char* key, auto& field) {
+    for_each_field(c, [&](const char* key, auto& field) {
       if (j.contains(key)) field = j.at(key).get<std::decay_t<decltype(field)>>();
-    };
-    take("data", c.data);
-    take("val", c.val);
-    take("data_format", c.data_format);
-    take("batch", c.batch);
-    take("steps", c.steps);
-    take("lr", c.lr);
-    take("min_lr_ratio", c.min_lr_ratio);
-    take("warmup", c.warmup);
-    take("weight_decay", c.weight_decay);
-    take("clip", c.clip);
-    take("val_fraction", c.val_fraction);
-    take("eval_batches", c.eval_batches);
-    take("seed", c.seed);
-    take("ep", c.ep);
-    take("shard_embedding", c.shard_embedding);
-    take("a2a", c.a2a);
-    take("ranks_per_node", c.ranks_per_node);
-    take("comm_scheduler", c.comm_scheduler);
-    take("partition_mb", c.partition_mb);
-    take("offload", c.offload);
-    take("device_budget", c.device_budget);
-    take("host_budget", c.host_budget);
-    take("ssd_dir", c.ssd_dir);
-    take("pin_fraction", c.pin_fraction);
-    take("prefetch_depth", c.prefetch_depth);
-    take("optimizer_overlap", c.optimizer_overlap);
-    take("expert_cache", c.expert_cache);
-    take("lfu_threshold", c.lfu_threshold);
-    take("lfu_beta", c.lfu_beta);
-    take("lfu_period", c.lfu_period);
-    take("grad_accum", c.grad_accum);
-    take("recompute", c.recompute);
+    });
   } catch (const nlohmann::json::exception& e) {
     throw Error(str("training config: ", e.what()));
   }

@@ -120,6 +120,9 @@ class ExpertCache {
   void pin(const ExpertKey& key);
   void unpin(const ExpertKey& key);
   void mark_dirty(const ExpertKey& key);
+  // Drops an unpinned cached key without a write-back (its slot's bytes are not the expert's:
+  // a failed read); the slot is free for the next admission. Not counted in the stats.
+  void erase(const ExpertKey& key);
 
   // Ends a step: decay when due (lfu), then the periodic flush when due; returns the keys to write
   // back (sorted, empty when no flush was due).
