@@ -11,6 +11,7 @@
 #include "support/gradcheck.h"
 #include "support/models.h"
 #include "support/run.h"
+#include "support/state.h"
 
 using namespace moe;
 
@@ -89,12 +90,7 @@ double max_relative_difference(const Tensor& a, const Tensor& b) {
 }
 
 bool same_bits(const std::vector<io::NamedTensor>& x, const std::vector<io::NamedTensor>& y) {
-  if (x.size() != y.size()) return false;
-  for (size_t i = 0; i < x.size(); ++i)
-    if (x[i].name != y[i].name || x[i].tensor.nbytes() != y[i].tensor.nbytes() ||
-        std::memcmp(x[i].tensor.raw(), y[i].tensor.raw(), x[i].tensor.nbytes()) != 0)
-      return false;
-  return true;
+  return test::first_difference(x, y).empty();
 }
 
 }  // namespace

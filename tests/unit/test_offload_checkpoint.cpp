@@ -21,6 +21,7 @@
 #include "support/gradcheck.h"
 #include "support/models.h"
 #include "support/run.h"
+#include "support/state.h"
 
 using namespace moe;
 
@@ -52,21 +53,11 @@ void run(train::Trainer& t, int steps) {
   for (int i = 0; i < steps; ++i) t.step();
 }
 
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && a.dtype() == b.dtype() &&
-         std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
-}
-
-// Every tensor of two tensor lists, by position: name, shape, dtype, expert flag, shard, bytes.
+// Every tensor of two tensor lists, by position: name, expert flag, shard, shape, dtype, bytes.
 void require_same(const std::vector<io::NamedTensor>& x, const std::vector<io::NamedTensor>& y) {
-  REQUIRE(x.size() == y.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    INFO(x[i].name);
-    REQUIRE(x[i].name == y[i].name);
-    REQUIRE(x[i].expert == y[i].expert);
-    REQUIRE(x[i].shard.global == y[i].shard.global);
-    REQUIRE(same_bytes(x[i].whole(), y[i].whole()));
-  }
+  const std::string where = test::first_difference(x, y);
+  INFO("first difference: " << where);
+  REQUIRE(where.empty());
 }
 
 void require_same(const train::Trainer& a, const train::Trainer& b) {
@@ -185,8 +176,8 @@ TEST_CASE("checkpoint: a streamed expert tensor is the dataset of the whole tens
   REQUIRE(s.params[1].shape() == Shape{5, 3, 4});
   REQUIRE(s.optim[0].dtype() == DType::bf16);
   for (int64_t e = 0; e < 5; ++e)
-    REQUIRE(
-        same_bytes(s.params[1].expert_slice(e), a.params[1].tensor.rows(e, e + 1).reshape({3, 4})));
+    REQUIRE(test::bitwise_equal(s.params[1].expert_slice(e),
+                                a.params[1].tensor.rows(e, e + 1).reshape({3, 4})));
   require_same(a.params, s.params);
   require_same(a.optim, s.optim);
   // Slices above the chunk limit are cut below their leading 1, streamed or whole alike.

@@ -10,6 +10,7 @@
 #include "moe/train/trainer.h"
 #include "support/models.h"
 #include "support/run.h"
+#include "support/state.h"
 
 using namespace moe;
 
@@ -38,19 +39,9 @@ train::TrainConfig training(int64_t steps) {
 
 // Every parameter and optimizer tensor, by name, bitwise.
 void require_same(const train::Trainer& a, const train::Trainer& b) {
-  const io::Checkpoint ca = a.snapshot(), cb = b.snapshot();
-  auto same = [](const std::vector<io::NamedTensor>& x, const std::vector<io::NamedTensor>& y) {
-    REQUIRE(x.size() == y.size());
-    for (size_t i = 0; i < x.size(); ++i) {
-      INFO(x[i].name);
-      REQUIRE(x[i].name == y[i].name);
-      REQUIRE(x[i].tensor.shape() == y[i].tensor.shape());
-      REQUIRE(x[i].tensor.dtype() == y[i].tensor.dtype());
-      REQUIRE(std::memcmp(x[i].tensor.raw(), y[i].tensor.raw(), x[i].tensor.nbytes()) == 0);
-    }
-  };
-  same(ca.params, cb.params);
-  same(ca.optim, cb.optim);
+  const std::string where = test::first_difference(a.snapshot(), b.snapshot());
+  INFO("first difference: " << where);
+  REQUIRE(where.empty());
 }
 
 void run(train::Trainer& t, int steps, std::vector<double>* losses = nullptr) {
