@@ -51,6 +51,22 @@ void run(train::Trainer& t, int steps, std::vector<double>* losses = nullptr) {
   }
 }
 
+// Bytes of one expert's state in the store (its record) and of one expert's fp32 weights (a device
+// slot), as a host-tier store of this model lays them out: what budgets of n experts must hold.
+struct ExpertBytes {
+  int64_t record = 0, slot = 0;
+};
+ExpertBytes expert_bytes(Arch arch, DType dtype = DType::f32) {
+  const ModelConfig mc = model(arch, dtype);
+  train::TrainConfig t = training(1);
+  t.offload = "host";
+  const train::Trainer probe(mc, t, {});
+  const offload::StoreStats s = probe.expert_store()->stats();
+  return {s.record_bytes / (mc.num_moe_layers() * mc.experts), s.slot_bytes};
+}
+
+int64_t record_bytes(Arch arch, DType dtype) { return expert_bytes(arch, dtype).record; }
+
 }  // namespace
 
 TEST_CASE("offload: host tier trains bitwise as resident (gpt, mixtral; f32, bf16)", "[offload]") {
@@ -109,12 +125,8 @@ TEST_CASE("offload: every store setting trains bitwise as resident", "[offload]"
         train::Trainer resident(model(arch), base, {});
         train::TrainConfig off = base;
         off.offload = "host";
-        if (setting.one_slot) {  // exactly one slot: one expert's fp32 weights
-          const ModelConfig mc = model(arch);
-          const int64_t D = mc.d_model, F = mc.d_ff;
-          const int64_t one = (arch == Arch::gpt ? 2 * F * D + F + D : 3 * F * D) * 4;
-          off.device_budget = str(one + 256);  // slack for section alignment
-        }
+        if (setting.one_slot)  // exactly one slot: one expert's fp32 weights
+          off.device_budget = str(expert_bytes(arch).slot);
         train::Trainer offloaded(model(arch), off, {});
         run(resident, 4);
         run(offloaded, 4);
@@ -167,23 +179,6 @@ TEST_CASE("offload: resume of an offloaded run equals the uninterrupted run (bit
     }
   }
 }
-
-namespace {
-
-// Bytes of one expert's state in the store (f32: value, m, v, gradient; bf16 adds the master),
-// each section 64-byte aligned: what a host budget of n records must hold.
-int64_t record_bytes(Arch arch, DType dtype) {
-  const ModelConfig mc = model(arch, dtype);
-  const int64_t D = mc.d_model, F = mc.d_ff;
-  std::vector<int64_t> tensors = arch == Arch::gpt ? std::vector<int64_t>{F * D, D * F, F, D}
-                                                   : std::vector<int64_t>{F * D, D * F, F * D};
-  const int64_t per_element = dtype == DType::f32 ? 16 : 18;
-  int64_t bytes = 0;
-  for (int64_t n : tensors) bytes += n * per_element + 5 * 64;
-  return bytes;
-}
-
-}  // namespace
 
 TEST_CASE("offload: the SSD tier trains bitwise as resident (LRU, LFU, bypass)", "[offload]") {
   struct Case {
