@@ -1,5 +1,5 @@
 // moe-offload-bench: inference throughput of expert offload through the ring memory
-// (infer::ExpertRing, MoESys §III-C2) against the fully resident model, on the CPU backend.
+// (offload::ExpertRing, MoESys §III-C2) against the fully resident model, on the CPU backend.
 // It builds a model whose experts exceed the budgets (untrained: the seed's parameters), saves it
 // to a scratch directory, and times Transformer::evaluate over the same batches for: the resident
 // model; the ring at 50% and 25% of the expert bytes; naive on-demand loading (no overlap) at 25%.
@@ -31,9 +31,9 @@
 
 #include "common/cli.h"
 #include "machine.h"
-#include "moe/infer/expert_ring.h"
 #include "moe/infer/model.h"
 #include "moe/io/checkpoint.h"
+#include "moe/offload/budget.h"
 #include "moe/rng.h"
 #include "moe/threads.h"
 #include "moe/timer.h"
@@ -182,8 +182,9 @@ struct Row {
 };
 
 // Times `passes` consecutive evaluate() calls (after one warm-up pass) with the cache dropper on.
-// ring: null for the resident model (hooks then only time the blocks).
-Row measure(const std::string& name, const Transformer& model, infer::ExpertRing* ring,
+// ring: null for the resident model. Hooks time the blocks; a ring row's compute is its block
+// time less what compute waited for a layer (the wait happens inside the block, at the experts).
+Row measure(const std::string& name, const Transformer& model, offload::ExpertRing* ring,
             const std::vector<Batch>& batches, const std::string& path, const Options& o,
             int64_t moe_layers) {
   Row row;
@@ -193,10 +194,9 @@ Row measure(const std::string& name, const Transformer& model, infer::ExpertRing
   BlockHooks timing;
   timing.before = [&](int64_t) { block.reset(); };
   timing.after = [&](int64_t) { block_seconds += block.seconds(); };
-  const BlockHooks* hooks = ring ? &ring->hooks() : &timing;
   auto pass = [&](int i) {
     const Batch& b = batches[static_cast<size_t>(i) % batches.size()];
-    return model.evaluate(b.ids, b.targets, EvalOptions{.hooks = hooks}).loss;
+    return model.evaluate(b.ids, b.targets, EvalOptions{.hooks = &timing}).loss;
   };
   drop_cache(path);
   row.loss = pass(0);  // warm-up (the ring's first pass also loads its first K layers)
@@ -221,11 +221,12 @@ Row measure(const std::string& name, const Transformer& model, infer::ExpertRing
   row.disk_mb = disk0 >= 0 ? static_cast<double>(disk1 - disk0) / 1e6 / o.passes : -1;
   if (ring) {
     ring->drain();
-    infer::RingStats s = ring->stats();
+    offload::RingStats s = ring->stats();
     row.slots = s.slots;
     row.budget_percent = 100.0 * static_cast<double>(s.peak_resident_bytes) /
                          static_cast<double>(ring->expert_bytes());
-    row.compute_ms = 1e3 * s.compute_seconds / static_cast<double>(o.passes * moe_layers);
+    row.compute_ms = 1e3 * std::max(0.0, block_seconds - s.wait_seconds) /
+                     static_cast<double>(o.passes * moe_layers);
     row.load_ms = s.layers_loaded ? 1e3 * s.load_seconds / static_cast<double>(s.layers_loaded) : 0;
     row.wait_ms = 1e3 * s.wait_seconds / o.passes;
     row.overlap = s.overlap_percent;
@@ -284,10 +285,8 @@ int run(const Options& o) {
       bench::now_utc().c_str(), bench::cpu_model().c_str(), num_threads(),
       wait_policy ? wait_policy : "(unset)", load_average().c_str());
   {
-    infer::LoadedModel m = infer::load_model(path, false);
-    infer::RingConfig rc;
-    rc.budget_bytes = int64_t{1} << 50;
-    infer::ExpertRing probe(*m.model, *m.params, path, rc);
+    infer::LoadedModel m = infer::load_ring_model(path);
+    const offload::ExpertRing& probe = *m.ring;
     std::printf(
         "# model: %s %s, L=%ld layers (all MoE), D=%ld, F=%ld, E=%ld, k=%ld, %ld heads; "
         "experts %.1f MB fp32 (%.1f MB per layer), checkpoint %.1f MB, saved in %.1f s\n",
@@ -363,15 +362,12 @@ int run(const Options& o) {
     };
     for (const Variant& v : {Variant{"ring 50%", "50%", true}, Variant{"ring 25%", "25%", true},
                              Variant{"on-demand 25%", "25%", false}}) {
-      infer::LoadedModel m = infer::load_model(path, false);
-      int64_t total = 0;
-      for (const Param* p : std::as_const(*m.params).all())
-        if (p->expert) total += p->value.numel() * 4;
-      infer::RingConfig rc;
-      rc.budget_bytes = infer::parse_budget(v.budget, total);
+      infer::LoadedModel m = infer::load_ring_model(path);
+      offload::RingConfig rc;
+      rc.budget_bytes = offload::parse_bytes("--expert-budget", v.budget, m.ring->expert_bytes());
       rc.overlap = v.overlap;
-      infer::ExpertRing ring(*m.model, *m.params, path, rc);
-      print(measure(v.name, *m.model, &ring, batches, path, o, config.num_moe_layers()));
+      m.ring->start(rc);
+      print(measure(v.name, *m.model, m.ring.get(), batches, path, o, config.num_moe_layers()));
     }
   }
   std::printf("# load average %s at the end\n", load_average().c_str());

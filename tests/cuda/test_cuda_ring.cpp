@@ -1,7 +1,7 @@
-// [cuda] ExpertRing with its slots on a GPU: pinned staging, a copy stream and events in place of
-// host waits. Forward passes give bitwise the resident GPU model's per-token NLL and losses for
-// K = 1, 2 and L slots, overlap on and off, gpt and mixtral, f32 and bf16 checkpoints, over
-// consecutive passes; the expert Params are device views that ParamSet::to leaves alone.
+// [cuda] offload::ExpertRing with its slots on a GPU: pinned staging, a copy stream and events in
+// place of host waits. Forward passes give bitwise the resident GPU model's per-token NLL and
+// losses for K = 1, 2 and L slots, overlap on and off, gpt and mixtral, f32 and bf16 checkpoints,
+// over consecutive passes; the experts are the ring's (offloaded Params ParamSet::to leaves alone).
 // Shapes: L MoE layers, K slots, B batch, T sequence.
 #include <catch2/catch.hpp>
 #include <cstring>
@@ -9,17 +9,17 @@
 #include <vector>
 
 #include "moe/cuda.h"
-#include "moe/infer/expert_ring.h"
 #include "moe/infer/model.h"
 #include "moe/io/checkpoint.h"
+#include "moe/offload/expert_ring.h"
 #include "support/cuda.h"
 #include "support/ring.h"
 #include "support/run.h"
 
 using namespace moe;
-using infer::ExpertRing;
-using infer::RingConfig;
-using infer::RingStats;
+using offload::ExpertRing;
+using offload::RingConfig;
+using offload::RingStats;
 
 using test::largest_moe_layer_bytes;
 using test::RingBatch;
@@ -69,31 +69,28 @@ TEST_CASE("cuda: ring-served experts on the GPU are bitwise the resident GPU mod
         for (bool overlap : {true, false}) {
           DYNAMIC_SECTION(arch_name(arch) << " " << dtype_name(dtype) << " K " << layers_budget
                                           << " overlap " << overlap) {
-            infer::LoadedModel m = infer::load_model(path, false);
-            const int64_t largest = largest_moe_layer_bytes(*m.params, config.layers);
+            infer::LoadedModel m = infer::load_ring_model(path);
+            ExpertRing& ring = *m.ring;
+            const int64_t largest = largest_moe_layer_bytes(*resident.params, config.layers);
+            REQUIRE(ring.layer_bytes() == largest);
             RingConfig rc;
             rc.budget_bytes = largest * layers_budget + largest / 2;
             rc.overlap = overlap;
             rc.device = kGpu;
-            ExpertRing ring(*m.model, *m.params, path, rc);
-            m.params->to(kGpu);  // the non-expert parameters; the experts are slot views already
+            ring.start(rc);
+            m.params->to(kGpu);  // the non-expert parameters; the experts are the ring's
             REQUIRE(ring.slots() == layers_budget);
             REQUIRE(m.model->device() == kGpu);
             for (const Param* p : std::as_const(*m.params).all()) {
               INFO(p->name);
-              REQUIRE(p->value.device() == kGpu);
-              REQUIRE(p->compute.device() == kGpu);
-              if (p->expert) {
-                REQUIRE(p->value.dtype() == DType::f32);
-                REQUIRE(p->compute.raw() == p->value.raw());
-              }
+              REQUIRE(p->offloaded == p->expert);
+              if (!p->expert) REQUIRE(p->value.device() == kGpu);
             }
             for (int round = 0; round < 2; ++round) {
               for (size_t b = 0; b < batches.size(); ++b) {
                 Tensor nll;
-                ForwardStats got =
-                    m.model->evaluate(batches[b].ids, batches[b].targets,
-                                      EvalOptions{.row_nll = &nll, .hooks = &ring.hooks()});
+                ForwardStats got = m.model->evaluate(batches[b].ids, batches[b].targets,
+                                                     EvalOptions{.row_nll = &nll});
                 INFO("round " << round << " batch " << b);
                 REQUIRE(nll.device() == kGpu);
                 REQUIRE(same_bytes(nll, want_nll[b]));
@@ -104,7 +101,7 @@ TEST_CASE("cuda: ring-served experts on the GPU are bitwise the resident GPU mod
             }
             ring.drain();
             RingStats s = ring.stats();
-            REQUIRE(s.forward_blocks == 6 * 4);
+            REQUIRE(s.layers_served == 6 * 4);
             REQUIRE(s.layers_loaded >= 4);
             REQUIRE(s.peak_resident_bytes == layers_budget * largest);
             REQUIRE(s.load_seconds > 0);
@@ -128,22 +125,22 @@ TEST_CASE("cuda: the GPU ring's slots are device memory, the model's on-demand p
   Tensor want;
   resident.model->evaluate(batch.ids, batch.targets, EvalOptions{.row_nll = &want});
 
-  infer::LoadedModel m = infer::load_model(path, false);
-  const int64_t layer = largest_moe_layer_bytes(*m.params, config.layers);
+  infer::LoadedModel m = infer::load_ring_model(path);
+  ExpertRing& ring = *m.ring;
+  const int64_t layer = ring.layer_bytes();
   RingConfig rc;
   rc.budget_bytes = 2 * layer;  // K = 2
   rc.device = kGpu;
   const size_t in_use_before = cuda::memory_stats(0).in_use;
-  ExpertRing ring(*m.model, *m.params, path, rc);
+  ring.start(rc);
   // Two slots of the allocator's rounded size, at least their bytes.
   REQUIRE(cuda::memory_stats(0).in_use >= in_use_before + static_cast<size_t>(2 * layer));
   ring.drain();
-  REQUIRE(ring.stats().layers_loaded == 2);  // the first K layers load at construction
+  REQUIRE(ring.stats().layers_loaded == 2);  // the first K layers load at start
   m.params->to(kGpu);
   for (int pass = 1; pass <= 3; ++pass) {
     Tensor got;
-    m.model->evaluate(batch.ids, batch.targets,
-                      EvalOptions{.row_nll = &got, .hooks = &ring.hooks()});
+    m.model->evaluate(batch.ids, batch.targets, EvalOptions{.row_nll = &got});
     INFO("pass " << pass);
     REQUIRE(same_bytes(got, want));
     ring.drain();
@@ -151,27 +148,24 @@ TEST_CASE("cuda: the GPU ring's slots are device memory, the model's on-demand p
   }
 }
 
-TEST_CASE("cuda: a host ring refuses expert parameters already on the GPU", "[cuda]") {
+TEST_CASE("cuda: the non-expert parameters may move to the GPU before the ring starts", "[cuda]") {
   MOE_REQUIRE_CUDA_DEVICE();
   const ModelConfig config = gpu_ring_config(Arch::mixtral, DType::f32);
   test::ScratchDir dir("cuda-ring-order");
   const std::string path = dir / "model.h5";
   save_ring_model(path, config, 6);
-  infer::LoadedModel m = infer::load_model(path, false);
-  m.params->to(kGpu);  // the wrong order for a host ring
+  infer::LoadedModel m = infer::load_ring_model(path);
+  m.params->to(kGpu);  // the experts are the ring's: ParamSet::to leaves them alone
   RingConfig rc;
   rc.budget_bytes = int64_t{1} << 40;
-  REQUIRE_THROWS_WITH(ExpertRing(*m.model, *m.params, path, rc),
-                      Catch::Contains("lives on cuda:0, the ring serves cpu"));
-  // A GPU ring takes them where they are.
   rc.device = kGpu;
-  ExpertRing ring(*m.model, *m.params, path, rc);
-  REQUIRE(ring.slots() == 4);
+  m.ring->start(rc);
+  REQUIRE(m.ring->slots() == 4);
   const RingBatch batch = gpu_batch(config, 2, 4);
   infer::LoadedModel resident = infer::load_model(path);
   resident.params->to(kGpu);
   Tensor want, got;
   resident.model->evaluate(batch.ids, batch.targets, EvalOptions{.row_nll = &want});
-  m.model->evaluate(batch.ids, batch.targets, EvalOptions{.row_nll = &got, .hooks = &ring.hooks()});
+  m.model->evaluate(batch.ids, batch.targets, EvalOptions{.row_nll = &got});
   REQUIRE(same_bytes(got, want));
 }

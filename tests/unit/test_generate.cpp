@@ -10,10 +10,10 @@
 #include <utility>
 #include <vector>
 
-#include "moe/infer/expert_ring.h"
 #include "moe/infer/generate.h"
 #include "moe/infer/model.h"
 #include "moe/io/checkpoint.h"
+#include "moe/offload/expert_ring.h"
 #include "moe/rng.h"
 #include "support/bits.h"
 #include "support/models.h"
@@ -444,7 +444,7 @@ TEST_CASE("generate: sampling rules", "[generate]") {
 }
 
 TEST_CASE("generate: through an expert ring equals the resident model", "[generate]") {
-  // One slot for two MoE layers: every step of every pass loads experts through the hooks.
+  // One slot for two MoE layers: every step of every pass loads experts through the ring.
   TestModel m(Arch::mixtral);
   test::ScratchDir dir("generate_ring");
   const std::string path = dir / "model.h5";
@@ -456,15 +456,13 @@ TEST_CASE("generate: through an expert ring equals the resident model", "[genera
   const auto prompts = mixed_prompts(m.config.vocab_size);
   for (const SamplingConfig& s : {SamplingConfig{6, 0, 0, 1.0, 0}, sampled(4, 6)}) {
     const auto resident = infer::generate(m.model, prompts, s, 3);
-    infer::RingConfig rc;  // one layer's experts (fp32): one slot
-    for (const Param* p : std::as_const(m.params).all())
-      if (p->expert && p->name.rfind("blocks.0.", 0) == 0)
-        rc.budget_bytes += p->value.numel() * static_cast<int64_t>(sizeof(float));
-    infer::LoadedModel offloaded = infer::load_model(path, /*experts=*/false);
-    infer::ExpertRing ring(*offloaded.model, *offloaded.params, path, rc);
-    REQUIRE(ring.slots() == 1);
-    const auto streamed = infer::generate(*offloaded.model, prompts, s, 3, &ring.hooks());
+    infer::LoadedModel offloaded = infer::load_ring_model(path);
+    offload::RingConfig rc;
+    rc.budget_bytes = offloaded.ring->layer_bytes();  // one layer's experts (fp32): one slot
+    offloaded.ring->start(rc);
+    REQUIRE(offloaded.ring->slots() == 1);
+    const auto streamed = infer::generate(*offloaded.model, prompts, s, 3);
     for (size_t p = 0; p < prompts.size(); ++p) CHECK(streamed[p].tokens == resident[p].tokens);
-    CHECK(ring.stats().layers_loaded > 0);
+    CHECK(offloaded.ring->stats().layers_loaded > 0);
   }
 }

@@ -78,7 +78,7 @@ void report_batches(const infer::Engine& e, std::vector<double> seconds, bool qu
 
 void report_ring(const infer::Engine& e) {
   if (!e.ring()) return;
-  infer::RingStats s = e.ring()->stats();
+  offload::RingStats s = e.ring()->stats();
   char line[256];
   std::snprintf(line, sizeof line,
                 "expert ring: compute %.3f s, load %.3f s, compute waited %.3f s, overlap %.1f%%, "
@@ -155,7 +155,7 @@ int generate(Options& o, std::unique_ptr<comm::Communicator> world) {
     for (size_t i : members) batch.push_back(prompts[i].tokens);
     infer::SamplingConfig s = prompts[members.front()].sampling;
     s.seed = o.common.seed;
-    std::vector<infer::Generation> out = infer::generate(e.model(), batch, s, o.batch, e.hooks());
+    std::vector<infer::Generation> out = infer::generate(e.model(), batch, s, o.batch);
     for (size_t j = 0; j < members.size(); ++j) {
       generated += static_cast<int64_t>(out[j].tokens.size());
       results[members[j]] = std::move(out[j]);

@@ -35,8 +35,8 @@ struct ParamShard {
 struct Param {
   std::string name;  // e.g. "blocks.3.moe.experts.w1"
   Tensor value;      // storage dtype (f32, bf16, f16)
-  Tensor grad;       // fp32, same shape; backward accumulates (+=); undefined once an
-                     // infer::ExpertRing serves the parameter (zero_grad skips it)
+  Tensor grad;       // fp32, same shape; backward accumulates (+=); undefined for an
+                     // offloaded parameter (zero_grad skips it)
   Tensor compute;    // fp32 values the kernels read: `value` itself when f32, else an upcast copy
   bool expert = false;  // leading dimension indexes experts of one layer
   bool decay = true;    // AdamW weight decay applies (not for norms, biases)

@@ -6,6 +6,7 @@
 #include "moe/io/checkpoint.h"
 #include "moe/io/checkpoint_dir.h"
 #include "moe/log.h"
+#include "moe/offload/budget.h"
 #include "moe/profile/paths.h"
 
 namespace moe::infer {
@@ -56,13 +57,16 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& options,
   if (world && world->size() > 1)
     throw UsageError(str("moe-infer runs on one rank unless --ep ", world->size(),
                          " spreads the experts over the ", world->size(), " ranks"));
-  e.loaded_ = load_model(o.model, o.budget.empty());
-  if (!o.budget.empty()) {
-    RingConfig rc;
-    rc.budget_bytes = parse_budget(o.budget, ring_expert_bytes(*e.loaded_.params));
+  if (o.budget.empty()) {
+    e.loaded_ = load_model(o.model);
+  } else {
+    e.loaded_ = load_ring_model(o.model);
+    offload::ExpertRing& ring = *e.loaded_.ring;
+    offload::RingConfig rc;
+    rc.budget_bytes = offload::parse_bytes("--expert-budget", o.budget, ring.expert_bytes());
     rc.device = e.device_;  // slots on the GPU, filled from pinned staging by a copy stream
-    e.ring_ = std::make_unique<ExpertRing>(*e.loaded_.model, *e.loaded_.params, o.model, rc);
-    MOE_LOG_INFO("expert ring: ", e.ring_->slots(), " slots for ", e.ring_->expert_bytes(),
+    ring.start(rc);
+    MOE_LOG_INFO("expert ring: ", ring.slots(), " slots for ", ring.expert_bytes(),
                  " expert bytes (budget ", rc.budget_bytes, " bytes)");
   }
   e.loaded_.params->to(e.device_);  // with a ring: the non-expert parameters (the slots are there)

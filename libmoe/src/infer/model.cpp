@@ -75,4 +75,15 @@ LoadedModel load_model(const std::string& given, bool experts, const nn::Paralle
   return m;
 }
 
+LoadedModel load_ring_model(const std::string& path) {
+  const io::CheckpointRef ref = io::resolve_checkpoint(path);
+  auto ring = std::make_unique<offload::ExpertRing>(ref.path);
+  auto view = std::make_unique<nn::Parallel>();
+  view->expert_store = ring.get();
+  LoadedModel m = load_model(path, false, view.get());
+  m.ring = std::move(ring);
+  m.view = std::move(view);
+  return m;
+}
+
 }  // namespace moe::infer

@@ -42,7 +42,6 @@ ScoreSummary score(const Engine& e, const ScoreOptions& o, const ScoreCallbacks&
   summary.sequences = total;
   Arena arena;
   EvalOptions eval;
-  eval.hooks = e.hooks();
   Timer timer;
   // Each round takes batch x R windows; rank r computes its contiguous share (under --ep every
   // rank must run every forward pass, so a rank without windows computes window 0 and drops it).

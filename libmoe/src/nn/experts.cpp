@@ -110,6 +110,13 @@ Tensor Experts::forward(const Tensor& x_perm, const std::vector<int32_t>& expert
   Tensor y = Tensor::empty({M, D}, DType::f32, device).set_name("experts.y_perm");
   if (!store_) {
     forward_group(resident(), expert_offsets, config_.activation, x_perm, h, h3, a, y);
+  } else if (store_->whole_layers()) {  // the layer's experts at once, as resident ones
+    std::vector<int32_t> rows;
+    const std::vector<int32_t> used = experts_with_rows(expert_offsets, rows);
+    store_->request(store_layer_, used, rows, Pass::forward);
+    forward_group(store_->acquire_layer(store_layer_), expert_offsets, config_.activation, x_perm,
+                  h, h3, a, y);
+    store_->release_layer(store_layer_);
   } else {  // one expert at a time through the store, each a group of one
     std::vector<int32_t> rows;
     const std::vector<int32_t> used = experts_with_rows(expert_offsets, rows);
@@ -152,6 +159,8 @@ Tensor Experts::backward(const Tensor& dy_perm, const Saved& saved) {
                    saved.h3, saved.a, dh, dh3, dx);
     return dx;
   }
+  MOE_CHECK(!store_->whole_layers(), "experts ", w1_->name,
+            ": the expert store serves forward passes only (inference)");
   std::vector<int32_t> rows;
   const std::vector<int32_t> used = experts_with_rows(offsets, rows);
   store_->request(store_layer_, used, rows, Pass::backward);
@@ -166,6 +175,14 @@ Tensor Experts::backward(const Tensor& dy_perm, const Saved& saved) {
     store_->gradient_done(store_layer_, e);
   }
   return dx;
+}
+
+ExpertTensors ExpertStore::acquire_layer(int layer) {
+  throw Error(str("expert store: layer ", layer, " is served one expert at a time, not whole"));
+}
+
+void ExpertStore::release_layer(int layer) {
+  throw Error(str("expert store: layer ", layer, " is served one expert at a time, not whole"));
 }
 
 ExpertTensors Experts::resident() const {

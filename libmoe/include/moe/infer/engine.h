@@ -8,7 +8,6 @@
 
 #include "moe/comm/communicator.h"
 #include "moe/device.h"
-#include "moe/infer/expert_ring.h"
 #include "moe/infer/model.h"
 #include "moe/infer/placement.h"
 #include "moe/parallel/layout.h"
@@ -19,7 +18,7 @@ struct EngineOptions {
   std::string model;                // checkpoint file, or a moe-train output directory (its last)
   Device device;                    // resolved by the caller (it makes the device current)
   std::string device_flag = "cpu";  // the --device text, for messages
-  // Resident expert memory (parse_budget: "512MiB", "25%"); empty: every expert resident.
+  // Resident expert memory (offload::parse_bytes: "512MiB", "25%"); empty: every expert resident.
   std::string budget;
   int64_t ep = 1;          // > 1: the experts of every MoE layer spread over the world's ep ranks
   std::string popularity;  // with ep > 1: a path table (moe-profile paths) placing the experts
@@ -41,9 +40,8 @@ class Engine {
   const ModelConfig& config() const { return loaded_.config; }
   const Transformer& model() const { return *loaded_.model; }
   const Device& device() const { return device_; }
-  // Pass to forward passes (EvalOptions::hooks, generate): the ring's, or none.
-  const BlockHooks* hooks() const { return ring_ ? &ring_->hooks() : nullptr; }
-  const ExpertRing* ring() const { return ring_.get(); }
+  // The expert ring serving the experts when a budget was given (the model calls it by itself).
+  const offload::ExpertRing* ring() const { return loaded_.ring.get(); }
   const LinaPlacement* placement() const { return placement_.get(); }
   // The expert-parallel world (null on one rank).
   comm::Communicator* world() const { return world_.get(); }
@@ -57,7 +55,6 @@ class Engine {
   std::unique_ptr<parallel::Layout> layout_;  // ep: the expert group (NCCL on GPUs)
   nn::Parallel parallel_;
   LoadedModel loaded_;
-  std::unique_ptr<ExpertRing> ring_;
   std::unique_ptr<LinaPlacement> placement_;  // options.popularity
 };
 

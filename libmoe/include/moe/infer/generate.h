@@ -31,15 +31,14 @@ struct Generation {
 // batch); returns in input order. Uses a KV cache: one prefill of each prompt, then one token per
 // step. Sampling randomness is Philox keyed by (seed, prompt index, position) (see sample_token),
 // so a prompt's output does not depend on `batch` or on the other prompts. hooks (may be null)
-// are called around every block of every forward step (expert offload uses them). Outputs are
-// bitwise independent of `batch` as long as BLAS computes a GEMM row the same whatever the other
-// rows (OpenBLAS does; the tests check it) and the model is dropless: with capacity_factor > 0 the
-// MoE layers drop by capacity over each step's tokens, so the batch then matters (as it does for
-// the full forward).
-// Errors (moe::UsageError): batch < 1, a bad sampling setting (max_new < 0, temperature < 0,
-// top_k < 0, top_p outside (0, 1]), an empty prompt ("prompt N is empty"), a prompt of
-// config().seq tokens or more ("prompt N has T tokens; the model's context is S"), a token id
-// outside the vocabulary. Prompt indices N count from 0. Non-finite logits: moe::Error.
+// are called around every block of every forward step (benchmarks time blocks with them). Outputs
+// are bitwise independent of `batch` as long as BLAS computes a GEMM row the same whatever the
+// other rows (OpenBLAS does; the tests check it) and the model is dropless: with capacity_factor >
+// 0 the MoE layers drop by capacity over each step's tokens, so the batch then matters (as it does
+// for the full forward). Errors (moe::UsageError): batch < 1, a bad sampling setting (max_new < 0,
+// temperature < 0, top_k < 0, top_p outside (0, 1]), an empty prompt ("prompt N is empty"), a
+// prompt of config().seq tokens or more ("prompt N has T tokens; the model's context is S"), a
+// token id outside the vocabulary. Prompt indices N count from 0. Non-finite logits: moe::Error.
 std::vector<Generation> generate(const Transformer& model,
                                  const std::vector<std::vector<int32_t>>& prompts,
                                  const SamplingConfig& sampling, int64_t batch,

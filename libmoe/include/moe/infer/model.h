@@ -5,10 +5,15 @@
 
 #include "moe/io/checkpoint.h"
 #include "moe/models/transformer.h"
+#include "moe/offload/expert_ring.h"
 
 namespace moe::infer {
 
 struct LoadedModel {
+  // With an expert ring (load_ring_model): the store serving the experts, and the layers' view
+  // that names it (the model keeps a pointer to it). Null otherwise.
+  std::unique_ptr<offload::ExpertRing> ring;
+  std::unique_ptr<nn::Parallel> view;
   ModelConfig config;
   std::unique_ptr<ParamSet> params;
   std::unique_ptr<Transformer> model;
@@ -17,13 +22,21 @@ struct LoadedModel {
 };
 
 // Reads `path` (one checkpoint file; a sharded checkpoint directory is refused with a message)
-// and builds its model. With `experts` false the expert tensors are not read (an ExpertRing
-// streams them); they keep their initial values until something replaces them.
+// and builds its model. With `experts` false the expert tensors are not read; they keep their
+// initial values until something replaces them (or, with nn::Parallel::expert_store, a store
+// holds them: see load_ring_model).
 // Throws moe::Error naming the file for a missing/damaged file or a tensor that does not fit.
 // With `parallel` (expert parallelism: nn::Parallel::experts set), this rank's experts are read
 // one chunk each (io::read_expert) into its slices of the expert tensors; with a placement policy
 // (nn::Parallel::placement) every rank holds and reads every expert.
 LoadedModel load_model(const std::string& path, bool experts = true,
                        const nn::Parallel* parallel = nullptr);
+
+// The model of `path` with its experts served by an offload::ExpertRing (MoESys) that reads them
+// from the same file: the experts are Param::offloaded, nothing of them is read or allocated
+// here. The ring is not started: call m.ring->start(config) (the budget may be a share of
+// m.ring->expert_bytes()) before the first forward pass. On a CUDA device, start the ring on it,
+// then move the non-expert parameters (m.params->to(device)).
+LoadedModel load_ring_model(const std::string& path);
 
 }  // namespace moe::infer

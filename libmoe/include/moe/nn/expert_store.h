@@ -14,8 +14,15 @@
 // Experts that receive no rows are never acquired (their gradient stays zero; the store still
 // runs their optimizer step). A store serves one pass at a time, from one thread.
 //
-// Shapes: D model width, F expert hidden width. One expert's tensors are views shaped as a group
-// of one ([1,F,D], [1,D,F], [1,F], [1,D]) so the grouped expert ops run on them unchanged.
+// A store that holds each layer's experts together (whole_layers(): the inference ring) serves a
+// forward pass as one group instead:
+//   forward:  request(layer, used, rows, forward); acquire_layer(layer) ... release_layer(layer)
+// and nn::Experts runs the layer's grouped ops over all its experts at once, as over resident
+// Params. Such a store serves forward passes only.
+//
+// Shapes: D model width, F expert hidden width, E experts. One expert's tensors are views shaped as
+// a group of one ([1,F,D], [1,D,F], [1,F], [1,D]) so the grouped expert ops run on them unchanged;
+// a whole layer's are [E,F,D], [E,D,F], [E,F], [E,D].
 #pragma once
 #include <cstdint>
 #include <span>
@@ -61,6 +68,12 @@ class ExpertStore {
   // The expert's gradient of this backward pass is complete (the sink: its optimizer step may
   // start once no later micro-batch adds to it).
   virtual void gradient_done(int layer, int expert) = 0;
+
+  // Whole layers (see the top of this file): the layer's experts as [E,...] tensors, resident
+  // until release_layer. Stores that serve one expert at a time keep these defaults.
+  virtual bool whole_layers() const { return false; }
+  virtual ExpertTensors acquire_layer(int layer);
+  virtual void release_layer(int layer);
 };
 
 }  // namespace moe::nn

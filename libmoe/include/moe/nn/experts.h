@@ -28,11 +28,13 @@ struct ExpertsConfig {
 // Params (ParamSet::add(..., expert=true)): prefix.w1 [E,F,D], prefix.w2 [E,D,F],
 // prefix.w3 [E,F,D] (swiglu only), prefix.b1 [E,F], prefix.b2 [E,D] (bias only).
 //
-// With an ExpertStore (offloaded training) the Params are Param::offloaded and the store holds
-// the experts: forward and backward then run one expert at a time through the store's protocol
+// With an ExpertStore the Params are Param::offloaded and the store holds the experts: forward
+// and backward then run one expert at a time through the store's protocol
 // (moe/nn/expert_store.h), the same grouped ops on each expert's rows as a group of one. The
 // CPU grouped GEMM computes each segment's tiles independently of the other segments, so both
-// paths give bitwise the same outputs and gradients.
+// paths give bitwise the same outputs and gradients. A store that serves whole layers (the
+// inference ring) hands over all the layer's experts at once, and forward runs exactly the
+// resident path's calls on them.
 class Experts {
  public:
   Experts(ParamSet& ps, const std::string& prefix, const ExpertsConfig& config,

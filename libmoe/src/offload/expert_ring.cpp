@@ -1,22 +1,22 @@
-// Expert ring memory (see moe/infer/expert_ring.h).
+// Expert ring memory (see moe/offload/expert_ring.h).
 // Shapes: L MoE layers, K slots, E experts of a layer.
 //
 // State, all under one mutex: each slot holds a layer (or none) in one of the states empty,
-// queued, loading, ready, and is in use while its layer's block computes. The loader thread takes
-// the queued slot with the smallest sequence number (requests the compute thread waits on get
-// negative numbers, so they go first), reads and converts without the lock, then marks it ready.
-// The compute thread only ever changes Param objects (in the before hook); the loader only writes
-// slot memory: the mutex orders the two.
+// queued, loading, ready, and is in use from acquire_layer to release_layer. The loader thread
+// takes the queued slot with the smallest sequence number (requests the compute thread waits on
+// get negative numbers, so they go first), reads and converts without the lock, then marks it
+// ready. The compute thread only reads a slot between acquire and release; the loader only writes
+// one no layer is using: the mutex orders the two.
 //
 // Device (CUDA) slots: the mutex orders the host side only. The loader converts into a pinned
 // staging buffer (two, alternating, so that converting layer m + 1 overlaps the copy of layer m)
 // and queues the copy on its own stream; "ready" then means "copy queued". The GPU side is ordered
-// by events: a slot's `released` event is recorded on the compute stream when its layer's block has
-// been queued (after hook), and the copy stream waits on it before overwriting the slot; its
-// `loaded` event is recorded after the copy, and the before hook makes the compute stream wait on
-// it. A staging buffer is reused once the copy that last read it has finished (host wait, loader
-// only).
-#include "moe/infer/expert_ring.h"
+// by events: a slot's `released` event is recorded on the compute stream when its layer's expert
+// work has been queued (release_layer), and the copy stream waits on it before overwriting the
+// slot; its `loaded` event is recorded after the copy, and acquire_layer makes the compute stream
+// wait on it. A staging buffer is reused once the copy that last read it has finished (host wait,
+// loader only).
+#include "moe/offload/expert_ring.h"
 
 #include <omp.h>
 #include <sys/resource.h>
@@ -42,10 +42,9 @@
 #include "moe/io/finite.h"
 #include "moe/io/hdf5.h"
 #include "moe/log.h"
-#include "moe/offload/budget.h"
 #include "moe/timer.h"
 
-namespace moe::infer {
+namespace moe::offload {
 
 namespace {
 
@@ -66,10 +65,13 @@ int64_t block_of(const std::string& name) {
 struct ExpertRing::Impl {
   struct Layer {
     int64_t block = 0;
-    std::vector<Param*> params;    // creation order
-    std::vector<int64_t> offsets;  // element offset of each param in a slot
-    std::vector<Shape> shapes;     // each param's (local) shape
-    std::vector<int64_t> first;    // index in the checkpoint tensor of the param's expert 0
+    // The layer's tensors, in nn::ExpertTensors order (w1, w2, w3, b1, b2 as it has them).
+    std::vector<std::string> names;
+    std::vector<int> field;        // which ExpertTensors member each one is (0 w1 .. 4 b2)
+    std::vector<Shape> shapes;     // local shape [E, ...]
+    std::vector<Shape> global;     // the checkpoint tensor's shape (the whole tensor's)
+    std::vector<int64_t> offsets;  // element offset of each tensor in a slot
+    std::vector<int64_t> first;    // index in the checkpoint tensor of the tensor's expert 0
     int64_t elems = 0;             // fp32 elements of the layer's experts
   };
   struct Slot {
@@ -86,12 +88,11 @@ struct ExpertRing::Impl {
 
   std::string path;
   RingConfig config;
+  bool started = false;
   std::vector<Layer> layers;
-  std::vector<int64_t> layer_of_block;  // -1: dense block
   int64_t slot_elems = 0, K = 0, L = 0;
   std::vector<Slot> slots;
-  std::vector<std::vector<std::vector<Tensor>>> views;  // [slot][layer][param]
-  BlockHooks hooks;
+  std::vector<std::vector<nn::ExpertTensors>> views;  // [slot][layer]
 
   mutable std::mutex mu;
   std::condition_variable loader_cv, ready_cv;
@@ -101,7 +102,7 @@ struct ExpertRing::Impl {
   int64_t error_layer = -1;
   RingStats stats;
   Timer compute_timer;
-  int64_t computing_block = -1;
+  int64_t computing_layer = -1;
   std::thread loader;
 
   // Loader-only state.
@@ -160,60 +161,45 @@ struct ExpertRing::Impl {
     if (on_device()) engine->record(released[s].get(), nullptr, config.device.index);
   }
 
-  void point(int64_t s, int64_t m) {
-    Layer& layer = layers[static_cast<size_t>(m)];
-    const auto& v = views[static_cast<size_t>(s)][static_cast<size_t>(m)];
-    for (size_t j = 0; j < layer.params.size(); ++j) {
-      layer.params[j]->value = v[j];
-      layer.params[j]->compute = v[j];
-    }
-  }
-
-  void before(int64_t block) {
-    if (block < 0 || block >= static_cast<int64_t>(layer_of_block.size())) return;
-    const int64_t m = layer_of_block[static_cast<size_t>(block)];
-    if (m >= 0) {
-      std::unique_lock lk(mu);
-      for (size_t i = 0; i < slots.size(); ++i)  // a pass that threw left one in use
-        if (slots[i].in_use) release(i);
-      Timer waiting;
-      bool waited = false;
-      int64_t s = -1;
-      for (;;) {
-        if (error_layer == m) {
-          std::string message = std::move(error);
-          error.clear();
-          error_layer = -1;
-          throw Error(message);
-        }
-        s = find(m);
-        if (s < 0) {
-          s = victim(m);
-          if (s >= 0) queue(s, m, true);
-        }
-        if (s >= 0 && slots[static_cast<size_t>(s)].state == SlotState::ready) break;
-        waited = true;
-        ready_cv.wait(lk);
+  nn::ExpertTensors acquire_layer(int64_t m) {
+    MOE_CHECK(started, "expert ring: start() it before the first forward pass");
+    MOE_CHECK(m >= 0 && m < L, "expert ring: no MoE layer ", m, " (", L, " layers)");
+    std::unique_lock lk(mu);
+    for (size_t i = 0; i < slots.size(); ++i)  // a pass that threw left one in use
+      if (slots[i].in_use) release(i);
+    Timer waiting;
+    bool waited = false;
+    int64_t s = -1;
+    for (;;) {
+      if (error_layer == m) {
+        std::string message = std::move(error);
+        error.clear();
+        error_layer = -1;
+        throw Error(message);
       }
-      if (waited) stats.wait_seconds += waiting.seconds();
-      if (on_device())  // the device, not the host, waits for the copy into the slot
-        engine->wait(loaded[static_cast<size_t>(s)].get(), nullptr, config.device.index);
-      slots[static_cast<size_t>(s)].in_use = true;
-      point(s, m);
-      ++stats.forward_blocks;
+      s = find(m);
+      if (s < 0) {
+        s = victim(m);
+        if (s >= 0) queue(s, m, true);
+      }
+      if (s >= 0 && slots[static_cast<size_t>(s)].state == SlotState::ready) break;
+      waited = true;
+      ready_cv.wait(lk);
     }
-    computing_block = block;
+    if (waited) stats.wait_seconds += waiting.seconds();
+    if (on_device())  // the device, not the host, waits for the copy into the slot
+      engine->wait(loaded[static_cast<size_t>(s)].get(), nullptr, config.device.index);
+    slots[static_cast<size_t>(s)].in_use = true;
+    ++stats.layers_served;
+    computing_layer = m;
     compute_timer.reset();
+    return views[static_cast<size_t>(s)][static_cast<size_t>(m)];
   }
 
-  void after(int64_t block) {
-    if (block < 0 || block >= static_cast<int64_t>(layer_of_block.size())) return;
-    const double seconds = computing_block == block ? compute_timer.seconds() : 0.0;
-    computing_block = -1;
-    const int64_t m = layer_of_block[static_cast<size_t>(block)];
+  void release_layer(int64_t m) {
     std::lock_guard lk(mu);
-    stats.compute_seconds += seconds;
-    if (m < 0) return;
+    if (computing_layer == m) stats.compute_seconds += compute_timer.seconds();
+    computing_layer = -1;
     int64_t s = -1;
     for (size_t i = 0; i < slots.size(); ++i)
       if (slots[i].in_use && slots[i].layer == m) s = static_cast<int64_t>(i);
@@ -238,8 +224,8 @@ struct ExpertRing::Impl {
     CacheEntry entry;
     int64_t read = 0;
     size_t c = 0;
-    for (size_t j = 0; j < layer.params.size(); ++j) {
-      const Param& p = *layer.params[j];
+    for (size_t j = 0; j < layer.names.size(); ++j) {
+      const std::string& name = layer.names[j];
       const int64_t experts = layer.shapes[j].at(0);
       const int64_t per = experts ? shape_numel(layer.shapes[j]) / experts : 0;
       for (int64_t e = 0; e < experts; ++e) {
@@ -247,14 +233,14 @@ struct ExpertRing::Impl {
         if (hit) {
           chunk = it->second.chunks.at(c++);
         } else {
-          chunk = io::read_expert(path, p.name, layer.first[j] + e);
+          chunk = io::read_expert(path, name, layer.first[j] + e);
           read += static_cast<int64_t>(chunk.nbytes());
           MOE_CHECK(chunk.numel() == per && is_floating(chunk.dtype()), "checkpoint '", path,
-                    "': expert ", layer.first[j] + e, " of '", p.name, "' is ", chunk.describe(),
+                    "': expert ", layer.first[j] + e, " of '", name, "' is ", chunk.describe(),
                     ", the model expects ", per, " floating-point elements");
           // As a resident model's load: garbage is refused, not scored.
           io::check_finite(str("checkpoint '", path, "'"),
-                           str(p.name, " (expert ", layer.first[j] + e, ")"), chunk);
+                           str(name, " (expert ", layer.first[j] + e, ")"), chunk);
         }
         const int64_t offset = layer.offsets[j] + e * per;
         if (chunk.dtype() == DType::f32) {
@@ -364,15 +350,72 @@ struct ExpertRing::Impl {
   }
 };
 
-ExpertRing::ExpertRing(const Transformer& model, ParamSet& params, const std::string& checkpoint,
-                       const RingConfig& config)
-    : impl_(std::make_unique<Impl>()) {
+ExpertRing::ExpertRing(std::string checkpoint) : impl_(std::make_unique<Impl>()) {
+  impl_->path = std::move(checkpoint);
+}
+
+int ExpertRing::add_layer(const nn::ExpertParams& params) {
   Impl& r = *impl_;
-  r.path = checkpoint;
-  r.config = config;
+  MOE_CHECK(!r.started, "expert ring: a MoE layer was added after start()");
+  Impl::Layer layer;
+  const Param* tensors[] = {params.w1, params.w2, params.w3, params.b1, params.b2};
+  for (int field = 0; field < 5; ++field) {
+    const Param* p = tensors[field];
+    if (!p) continue;
+    MOE_CHECK(p->offloaded && !p->shape.empty(), "expert ring: expert parameter '", p->name,
+              "' is not offloaded to the ring (build the model with it as its expert store)");
+    MOE_CHECK(!p->shard.defined() || p->shard.dim == 0, "expert ring: '", p->name,
+              "' is sliced along dimension ", p->shard.dim, ", not its experts");
+    if (layer.names.empty()) layer.block = block_of(p->name);
+    layer.names.push_back(p->name);
+    layer.field.push_back(field);
+    layer.shapes.push_back(p->shape);
+    layer.global.push_back(p->shard.defined() ? p->shard.global : p->shape);
+    layer.first.push_back(p->shard.defined() ? p->shard.start : 0);
+    layer.offsets.push_back(layer.elems);
+    layer.elems += shape_numel(p->shape);
+  }
+  r.slot_elems = std::max(r.slot_elems, layer.elems);
+  r.layers.push_back(std::move(layer));
+  r.L = static_cast<int64_t>(r.layers.size());
+  return static_cast<int>(r.L - 1);
+}
+
+void ExpertRing::request(int layer, std::span<const int32_t>, std::span<const int32_t>,
+                         nn::Pass pass) {
+  // The ring loads whole layers ahead of the one computing, whatever the routing.
+  MOE_CHECK(pass == nn::Pass::forward, "expert ring: MoE layer ", layer,
+            ": the ring serves inference (forward passes) only; train with --offload");
+}
+
+nn::ExpertTensors ExpertRing::acquire_layer(int layer) { return impl_->acquire_layer(layer); }
+
+void ExpertRing::release_layer(int layer) { impl_->release_layer(layer); }
+
+nn::ExpertTensors ExpertRing::acquire(int layer, int expert) {
+  throw Error(str("expert ring: serves whole layers (acquire_layer), not expert ", expert,
+                  " of MoE layer ", layer));
+}
+
+nn::ExpertTensors ExpertRing::gradients(int layer, int) {
+  throw Error(str("expert ring: MoE layer ", layer, ": the ring holds no gradients"));
+}
+
+void ExpertRing::release(int layer, int expert) {
+  throw Error(str("expert ring: serves whole layers (release_layer), not expert ", expert,
+                  " of MoE layer ", layer));
+}
+
+void ExpertRing::gradient_done(int layer, int) {
+  throw Error(str("expert ring: MoE layer ", layer, ": the ring holds no gradients"));
+}
+
+void ExpertRing::start(const RingConfig& config) {
+  Impl& r = *impl_;
+  MOE_CHECK(!r.started, "expert ring: started twice");
   MOE_CHECK(!ArenaScope::current(),
-            "expert ring: construct it outside an ArenaScope (its slots "
-            "must outlive every step)");
+            "expert ring: start it outside an ArenaScope (its slots must outlive every step)");
+  const std::string& checkpoint = r.path;
   if (config.device.kind == Device::cuda) {
     // Without the backend cuda::available() is false too, and unavailable_reason() says why.
     MOE_CHECK(cuda::available(), "expert ring: device ", config.device.str(), ": ",
@@ -381,64 +424,28 @@ ExpertRing::ExpertRing(const Transformer& model, ParamSet& params, const std::st
               "expert ring: device ", config.device.str(), " does not exist (",
               cuda::device_count(), " CUDA devices visible)");
   }
-  const ModelConfig& mc = model.config();
-  const int64_t blocks = mc.layers;
-  r.layer_of_block.assign(static_cast<size_t>(blocks), -1);
-
-  // The MoE layers and their expert parameters, in block order.
-  std::map<int64_t, std::vector<Param*>> by_block;
-  for (Param* p : params.all()) {
-    if (!p->expert) continue;
-    const int64_t b = block_of(p->name);
-    MOE_CHECK(b >= 0 && b < blocks && mc.is_moe_layer(b), "expert ring: expert parameter '",
-              p->name, "' is not in a MoE block of the model");
-    MOE_CHECK(p->value.defined() && p->value.ndim() >= 1, "expert ring: expert parameter '",
-              p->name, "' holds no tensor (is another ring serving it?)");
-    MOE_CHECK(!p->shard.defined() || p->shard.dim == 0, "expert ring: '", p->name,
-              "' is sliced along dimension ", p->shard.dim, ", not its experts");
-    MOE_CHECK(p->value.device() == Device{} || p->value.device() == config.device,
-              "expert ring: expert parameter '", p->name, "' lives on ", p->value.device().str(),
-              ", the ring serves ", config.device.str(),
-              " (construct the ring before moving the parameters)");
-    by_block[b].push_back(p);
-  }
-  for (auto& [b, ps] : by_block) {
-    Impl::Layer layer;
-    layer.block = b;
-    layer.params = ps;
-    for (Param* p : ps) {
-      layer.offsets.push_back(layer.elems);
-      layer.shapes.push_back(p->value.shape());
-      layer.first.push_back(p->shard.defined() ? p->shard.start : 0);
-      layer.elems += p->value.numel();
-    }
-    r.layer_of_block[static_cast<size_t>(b)] = static_cast<int64_t>(r.layers.size());
-    r.slot_elems = std::max(r.slot_elems, layer.elems);
-    r.layers.push_back(std::move(layer));
-  }
-  r.L = static_cast<int64_t>(r.layers.size());
 
   // The checkpoint must hold every expert tensor with the model's (whole) shape.
   if (r.L > 0) {
-    std::vector<std::string> names = io::list_params(checkpoint);  // checks format and version
+    (void)io::list_params(checkpoint);  // checks the format and version
     io::h5::Session session;
     io::h5::Where root{checkpoint, "/"};
     io::h5::File file = io::h5::open_file_readonly(checkpoint, "checkpoint");
     io::h5::Group group = io::h5::open_group(file, "params", root);
-    io::h5::Where where = root.at("/params");
     for (const Impl::Layer& layer : r.layers) {
-      for (const Param* p : layer.params) {
-        MOE_CHECK(io::h5::has_link(group, p->name, where), "checkpoint '", checkpoint,
-                  "' does not match the model: no tensor '", p->name, "'");
-        io::h5::Where w = root.at("/params/" + p->name);
-        io::h5::Dataset dataset(MOE_H5(w, H5Dopen2(group, p->name.c_str(), H5P_DEFAULT)));
+      for (size_t j = 0; j < layer.names.size(); ++j) {
+        const std::string& name = layer.names[j];
+        MOE_CHECK(io::h5::has_link(group, name, root.at("/params")), "checkpoint '", checkpoint,
+                  "' does not match the model: no tensor '", name, "'");
+        io::h5::Where w = root.at("/params/" + name);
+        io::h5::Dataset dataset(MOE_H5(w, H5Dopen2(group, name.c_str(), H5P_DEFAULT)));
         io::h5::DatasetInfo info = io::h5::dataset_info(dataset, w);
-        const Shape& want = p->shard.defined() ? p->shard.global : p->value.shape();
-        MOE_CHECK(info.shape == want, "checkpoint '", checkpoint, "' does not match the model: '",
-                  p->name, "' is ", shape_str(info.shape), ", the model's is ", shape_str(want));
-        MOE_CHECK(info.expert, "checkpoint '", checkpoint, "': '", p->name,
+        MOE_CHECK(info.shape == layer.global[j], "checkpoint '", checkpoint,
+                  "' does not match the model: '", name, "' is ", shape_str(info.shape),
+                  ", the model's is ", shape_str(layer.global[j]));
+        MOE_CHECK(info.expert, "checkpoint '", checkpoint, "': '", name,
                   "' is not stored as an expert tensor (one chunk per expert)");
-        MOE_CHECK(is_floating(info.dtype), "checkpoint '", checkpoint, "': '", p->name, "' is ",
+        MOE_CHECK(is_floating(info.dtype), "checkpoint '", checkpoint, "': '", name, "' is ",
                   dtype_name(info.dtype), ", not a floating-point tensor");
       }
     }
@@ -446,11 +453,14 @@ ExpertRing::ExpertRing(const Transformer& model, ParamSet& params, const std::st
 
   // Budget -> K slots of the largest layer's fp32 bytes.
   const int64_t slot_bytes = r.slot_elems * static_cast<int64_t>(sizeof(float));
+  int64_t K = 0;
   if (r.L > 0) {
     MOE_USAGE_CHECK(config.budget_bytes >= slot_bytes, "--expert-budget ", config.budget_bytes,
                     " bytes is smaller than one MoE layer's experts (", slot_bytes, " bytes)");
-    r.K = std::min(config.budget_bytes / slot_bytes, r.L);
+    K = std::min(config.budget_bytes / slot_bytes, r.L);
   }
+  r.config = config;
+  r.K = K;
   if (r.on_device() && r.L > 0) {
     const int index = config.device.index;
     r.engine = &backend_for(config.device).copy_engine;
@@ -476,32 +486,25 @@ ExpertRing::ExpertRing(const Transformer& model, ParamSet& params, const std::st
   // first copy into each slot waits for it.
   for (size_t s = 0; s < r.slots.size(); ++s)
     if (r.on_device()) r.engine->record(r.released[s].get(), nullptr, config.device.index);
-  r.views.resize(static_cast<size_t>(r.K));
+  // Each slot's views of every layer's tensors, shaped as the layer's Params.
+  r.views.assign(static_cast<size_t>(r.K), std::vector<nn::ExpertTensors>(r.layers.size()));
   for (int64_t s = 0; s < r.K; ++s) {
-    auto& per_layer = r.views[static_cast<size_t>(s)];
-    per_layer.resize(static_cast<size_t>(r.L));
     for (int64_t m = 0; m < r.L; ++m) {
       const Impl::Layer& layer = r.layers[static_cast<size_t>(m)];
-      for (size_t j = 0; j < layer.params.size(); ++j) {
+      nn::ExpertTensors& v = r.views[static_cast<size_t>(s)][static_cast<size_t>(m)];
+      Tensor* fields[] = {&v.w1, &v.w2, &v.w3, &v.b1, &v.b2};
+      for (size_t j = 0; j < layer.names.size(); ++j) {
         const int64_t n = shape_numel(layer.shapes[j]);
-        per_layer[static_cast<size_t>(m)].push_back(
-            r.slots[static_cast<size_t>(s)]
-                .memory.rows(layer.offsets[j], layer.offsets[j] + n)
-                .reshape(layer.shapes[j])
-                .set_name(layer.params[j]->name));
+        *fields[layer.field[j]] = r.slots[static_cast<size_t>(s)]
+                                      .memory.rows(layer.offsets[j], layer.offsets[j] + n)
+                                      .reshape(layer.shapes[j])
+                                      .set_name(layer.names[j]);
       }
     }
   }
-  // Drop the resident expert tensors: the Params hold slot views from here on.
-  for (int64_t m = 0; m < r.L; ++m) {
-    r.point(m % std::max<int64_t>(r.K, 1), m);
-    for (Param* p : r.layers[static_cast<size_t>(m)].params) p->grad = Tensor();
-  }
   r.stats.slots = r.K;
   r.stats.peak_resident_bytes = r.K * slot_bytes;
-
-  r.hooks.before = [impl = impl_.get()](int64_t block) { impl->before(block); };
-  r.hooks.after = [impl = impl_.get()](int64_t block) { impl->after(block); };
+  r.started = true;
   if (r.L > 0) {
     if (config.overlap)
       for (int64_t m = 0; m < r.K; ++m) r.queue(m, m, false);
@@ -525,8 +528,6 @@ ExpertRing::~ExpertRing() {
     }
   }
 }
-
-const BlockHooks& ExpertRing::hooks() const { return impl_->hooks; }
 
 RingStats ExpertRing::stats() const {
   std::lock_guard lk(impl_->mu);
@@ -573,15 +574,4 @@ int64_t ExpertRing::layer_bytes() const {
 
 int64_t ExpertRing::moe_layers() const { return impl_->L; }
 
-int64_t parse_budget(const std::string& text, int64_t total_expert_bytes) {
-  return offload::parse_bytes("--expert-budget", text, total_expert_bytes);
-}
-
-int64_t ring_expert_bytes(const ParamSet& params) {
-  int64_t total = 0;
-  for (const Param* p : params.all())
-    if (p->expert) total += p->value.numel() * 4;  // fp32 in the ring
-  return total;
-}
-
-}  // namespace moe::infer
+}  // namespace moe::offload
