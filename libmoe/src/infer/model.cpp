@@ -1,7 +1,12 @@
+// Models for inference from a checkpoint file or a sharded checkpoint directory (see
+// moe/infer/model.h). Shapes: E experts of a layer, R ranks of the expert-parallel group.
 #include "moe/infer/model.h"
 
+#include <cctype>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
 
 #include "moe/io/checkpoint_dir.h"
 #include "moe/io/finite.h"
@@ -9,12 +14,185 @@
 
 namespace moe::infer {
 
+namespace {
+
+// "blocks.<n>.<rest>" -> n, else -1.
+int64_t block_of(const std::string& name) {
+  const std::string prefix = "blocks.";
+  if (name.rfind(prefix, 0) != 0) return -1;
+  size_t i = prefix.size(), j = i;
+  while (j < name.size() && std::isdigit(static_cast<unsigned char>(name[j]))) ++j;
+  if (j == i || j >= name.size() || name[j] != '.') return -1;
+  return std::strtoll(name.substr(i, j - i).c_str(), nullptr, 10);
+}
+
+// A sharded checkpoint directory (moe-train --ep, moe-convert partition), opened with every
+// expert tensor streamed: rank 0's file gives the configurations, the position and the
+// replicated tensors; the files together hold each expert tensor's slices. The slices index the
+// rank-major order of the experts (rank 0's, then rank 1's, ...): position g of MoE block b is
+// expert order[b][g] (/sharding expert_rank; the identity for the trainer's contiguous layout).
+struct Sharded {
+  std::vector<io::Checkpoint> heads;  // per file
+  struct Slice {
+    const io::NamedTensor* tensor = nullptr;
+    int64_t local = 0;
+  };
+  std::map<std::string, std::vector<Slice>> positions;  // expert tensor -> [E] by position
+  std::map<int64_t, std::vector<int>> order;            // MoE block -> expert at each position
+
+  const io::Checkpoint& head() const { return heads.front(); }
+};
+
+Sharded open_sharded(const std::string& dir, const ModelConfig& mc) {
+  Sharded s;
+  const std::vector<std::string> files = io::checkpoint_files({dir});
+  for (const std::string& file : files)
+    s.heads.push_back(
+        io::load_checkpoint(file, false, [](bool, const std::string&) { return true; }));
+  const io::Sharding& layout = s.head().sharding;
+  MOE_CHECK(!layout.shard_embedding, "'", dir,
+            "' splits the token embedding over its ranks (--shard-embedding); inference needs "
+            "it whole: merge it first (moe-convert merge ",
+            dir, " -o merged.h5)");
+  for (size_t f = 0; f < s.heads.size(); ++f) {
+    for (const io::NamedTensor& nt : s.heads[f].params) {
+      if (!nt.expert) continue;
+      const int64_t count = nt.shape().at(0);
+      const int64_t start = nt.shard.defined() ? nt.shard.start : 0;
+      const int64_t total = nt.shard.defined() ? nt.shard.global.at(0) : count;
+      std::vector<Sharded::Slice>& at = s.positions[nt.name];
+      at.resize(static_cast<size_t>(total));
+      for (int64_t i = 0; i < count && start + i < total; ++i)
+        if (!at[static_cast<size_t>(start + i)].tensor)  // replicas (data parallelism): the first
+          at[static_cast<size_t>(start + i)] = {&nt, i};
+    }
+  }
+  for (const auto& [name, at] : s.positions)
+    for (size_t g = 0; g < at.size(); ++g)
+      MOE_CHECK(at[g].tensor, "'", dir, "' holds no file with expert position ", g, " of '", name,
+                "' (a rank file is missing?)");
+  // expert_rank: the per-layer maps (expert -> rank), concatenated over the MoE blocks in order.
+  size_t next = 0;
+  for (int64_t b = 0; b < mc.layers; ++b) {
+    if (!mc.is_moe_layer(b)) continue;
+    const int64_t E = mc.experts_per_layer.at(static_cast<size_t>(b));
+    std::vector<int>& order = s.order[b];
+    if (layout.expert_rank.empty()) {
+      for (int64_t e = 0; e < E; ++e) order.push_back(static_cast<int>(e));
+      continue;
+    }
+    MOE_CHECK(next + static_cast<size_t>(E) <= layout.expert_rank.size(), "'", dir,
+              "': /sharding expert_rank has ", layout.expert_rank.size(),
+              " entries, fewer than the model's experts");
+    for (int r = 0; r < layout.ep_size; ++r)
+      for (int64_t e = 0; e < E; ++e)
+        if (layout.expert_rank[next + static_cast<size_t>(e)] == r)
+          order.push_back(static_cast<int>(e));
+    MOE_CHECK(static_cast<int64_t>(order.size()) == E, "'", dir,
+              "': /sharding expert_rank of block ", b, " places experts on ranks outside [0, ",
+              layout.ep_size, ")");
+    next += static_cast<size_t>(E);
+  }
+  return s;
+}
+
+bool identity(const std::vector<int>& order) {
+  for (size_t g = 0; g < order.size(); ++g)
+    if (order[g] != static_cast<int>(g)) return false;
+  return true;
+}
+
+// One expert's chunk, checked as every loader checks it, copied into row `row` of p's value.
+void put_expert(Param& p, int64_t row, const Tensor& one, const std::string& source,
+                int64_t expert) {
+  const int64_t per_expert = p.value.numel() / p.value.dim(0);
+  MOE_CHECK(one.numel() == per_expert && one.dtype() == p.value.dtype(), "'", source, "': expert ",
+            expert, " of '", p.name, "' is ", one.describe(), ", the model expects ", per_expert,
+            " ", dtype_name(p.value.dtype()), " elements");
+  io::check_finite(str("'", source, "'"), str(p.name, " (expert ", expert, ")"), one);
+  std::memcpy(static_cast<std::byte*>(p.value.raw()) + row * one.nbytes(), one.raw(), one.nbytes());
+}
+
+// Sets m.params, m.model from a sharded directory (see load_model).
+void load_sharded(LoadedModel& m, const std::string& dir, bool experts,
+                  const nn::Parallel* parallel) {
+  m.config = model_config_from_json(io::read_model_config(io::checkpoint_files({dir}).front()));
+  const Sharded s = open_sharded(dir, m.config);
+  m.provenance = s.head().provenance;
+  m.step = s.head().state.step;
+  // Each rank of an expert-parallel group holds a contiguous range of positions: rank r's range
+  // is then exactly the experts the files put on r. The router's rows are reordered the same way,
+  // so position g scores as expert order[g] did: the same model with its experts relabelled.
+  const bool relabel = parallel && parallel->shards_experts();
+  const double params = parameter_lower_bound(m.config, experts && !relabel ? 1 : 0);
+  check_fits_in_memory(params * double(dtype_size(m.config.dtype)), str("the model in '", dir, "'"),
+                       str(params, " parameters of ", dtype_name(m.config.dtype)));
+  m.params = std::make_unique<ParamSet>(0, m.config.dtype);
+  m.model = std::make_unique<Transformer>(m.config, *m.params, parallel);
+  size_t matched = 0;
+  for (const io::NamedTensor& nt : s.head().params) {
+    if (nt.expert) continue;
+    Param* p = m.params->find(nt.name);
+    MOE_CHECK(p, "'", dir, "': tensor '", nt.name, "' is not a parameter of its own model");
+    MOE_CHECK(!nt.shard.defined(), "'", dir, "': '", nt.name, "' is split over the ranks");
+    Tensor tensor = nt.tensor;
+    const int64_t b = block_of(nt.name);
+    if (relabel && s.order.count(b) && !identity(s.order.at(b)) &&
+        nt.name == str("blocks.", b, ".moe.router.weight")) {
+      const std::vector<int>& order = s.order.at(b);
+      Tensor rows = Tensor::empty(tensor.shape(), tensor.dtype());
+      const size_t row_bytes = tensor.nbytes() / order.size();
+      for (size_t g = 0; g < order.size(); ++g)
+        std::memcpy(static_cast<std::byte*>(rows.raw()) + g * row_bytes,
+                    static_cast<const std::byte*>(tensor.raw()) + order[g] * row_bytes, row_bytes);
+      tensor = rows;
+    }
+    MOE_CHECK(tensor.shape() == p->value.shape() && tensor.dtype() == p->value.dtype(), "'", dir,
+              "': tensor ", tensor.describe(), " does not match parameter ", p->value.describe());
+    io::check_finite(str("'", dir, "'"), nt.name, tensor);
+    p->value.copy_from(tensor);
+    p->refresh_compute();
+    ++matched;
+  }
+  for (Param* p : m.params->all()) {
+    if (!p->expert) continue;
+    auto it = s.positions.find(p->name);
+    MOE_CHECK(it != s.positions.end(), "'", dir, "' holds no tensor '", p->name, "'");
+    const Shape& global = p->shard.defined() ? p->shard.global : p->value.shape();
+    MOE_CHECK(static_cast<int64_t>(it->second.size()) == global.at(0), "'", dir, "': '", p->name,
+              "' has ", it->second.size(), " experts, the model ", global.at(0));
+    ++matched;
+    if (!experts) continue;
+    const std::vector<int>& order = s.order.at(block_of(p->name));
+    std::vector<int64_t> position_of(order.size());
+    for (size_t g = 0; g < order.size(); ++g) position_of[static_cast<size_t>(order[g])] = g;
+    const int64_t first = p->shard.defined() ? p->shard.start : 0;
+    for (int64_t row = 0; row < p->value.dim(0); ++row) {
+      // relabelled: this rank's positions; otherwise every expert in id order.
+      const int64_t g = relabel ? first + row : position_of[static_cast<size_t>(first + row)];
+      const Sharded::Slice& slice = it->second[static_cast<size_t>(g)];
+      put_expert(*p, row, slice.tensor->expert_slice(slice.local), dir,
+                 order[static_cast<size_t>(g)]);
+    }
+    p->refresh_compute();
+  }
+  MOE_CHECK(matched == m.params->size(), "'", dir, "' holds ", matched, " of the model's ",
+            m.params->size(), " parameters");
+}
+
+}  // namespace
+
 LoadedModel load_model(const std::string& given, bool experts, const nn::Parallel* parallel) {
   const io::CheckpointRef ref = io::resolve_checkpoint(given);  // a run directory: its last.h5
-  if (ref.sharded)
-    throw Error(str("'", given,
-                    "' is a sharded checkpoint directory; inference reads one checkpoint file "
-                    "(a run without --ep/--shard-embedding writes one)"));
+  if (ref.sharded) {
+    MOE_CHECK(!(parallel && parallel->placement), "'", given,
+              "' is a sharded checkpoint directory; --popularity places the experts of one "
+              "checkpoint file: merge it first (moe-convert merge ",
+              given, " -o merged.h5)");
+    LoadedModel m;
+    load_sharded(m, ref.path, experts, parallel);
+    return m;
+  }
   const std::string& path = ref.path;
   LoadedModel m;
   m.config = model_config_from_json(io::read_model_config(path));
@@ -52,18 +230,9 @@ LoadedModel load_model(const std::string& given, bool experts, const nn::Paralle
       if (p && p->expert) {
         ++matched;
         if (!experts || !p->shard.defined()) continue;
-        const int64_t per_expert = p->value.numel() / p->value.dim(0);
-        for (int64_t e = 0; e < p->shard.count; ++e) {
-          Tensor one = io::read_expert(path, name, p->shard.start + e);
-          MOE_CHECK(one.numel() == per_expert && one.dtype() == p->value.dtype(), "'", path,
-                    "': expert ", p->shard.start + e, " of '", name, "' is ", one.describe(),
-                    ", the model expects ", per_expert, " ", dtype_name(p->value.dtype()),
-                    " elements");
-          io::check_finite(str("'", path, "'"), str(name, " (expert ", p->shard.start + e, ")"),
-                           one);
-          std::memcpy(static_cast<std::byte*>(p->value.raw()) + e * one.nbytes(), one.raw(),
-                      one.nbytes());
-        }
+        for (int64_t e = 0; e < p->shard.count; ++e)
+          put_expert(*p, e, io::read_expert(path, name, p->shard.start + e), path,
+                     p->shard.start + e);
         p->refresh_compute();
         continue;
       }
@@ -77,6 +246,10 @@ LoadedModel load_model(const std::string& given, bool experts, const nn::Paralle
 
 LoadedModel load_ring_model(const std::string& path) {
   const io::CheckpointRef ref = io::resolve_checkpoint(path);
+  MOE_CHECK(!ref.sharded, "'", path,
+            "' is a sharded checkpoint directory; the expert ring streams the experts of one "
+            "checkpoint file: merge it first (moe-convert merge ",
+            path, " -o merged.h5)");
   auto ring = std::make_unique<offload::ExpertRing>(ref.path);
   auto view = std::make_unique<nn::Parallel>();
   view->expert_store = ring.get();

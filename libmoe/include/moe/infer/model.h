@@ -21,14 +21,22 @@ struct LoadedModel {
   int64_t step = 0;           // training steps it had taken
 };
 
-// Reads `path` (one checkpoint file; a sharded checkpoint directory is refused with a message)
-// and builds its model. With `experts` false the expert tensors are not read; they keep their
+// Reads `path` (a checkpoint file, a run directory's newest checkpoint, or a sharded checkpoint
+// directory written by moe-train --ep or moe-convert partition) and builds its model. With `experts` false the expert tensors are not read; they keep their
 // initial values until something replaces them (or, with nn::Parallel::expert_store, a store
 // holds them: see load_ring_model).
 // Throws moe::Error naming the file for a missing/damaged file or a tensor that does not fit.
 // With `parallel` (expert parallelism: nn::Parallel::experts set), this rank's experts are read
 // one chunk each (io::read_expert) into its slices of the expert tensors; with a placement policy
 // (nn::Parallel::placement) every rank holds and reads every expert.
+// A sharded directory holds each layer's experts in the rank-major order of its placement
+// (/sharding expert_rank: moe-convert partition --trace places them by load). One process, or
+// a placement policy, reads every expert back to its id. Under expert parallelism rank r holds
+// the contiguous positions [r E/R, (r+1) E/R) of that order, so it serves the experts the files
+// put on it, and the router's rows are reordered to match: the same model with its experts
+// relabelled (scores equal one process's to float rounding; ties between router logits, which
+// pick the lower index, could pick another expert). A split token embedding (--shard-embedding),
+// and --popularity with a sharded directory, are refused, saying how to merge.
 LoadedModel load_model(const std::string& path, bool experts = true,
                        const nn::Parallel* parallel = nullptr);
 
