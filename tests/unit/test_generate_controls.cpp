@@ -157,6 +157,9 @@ TEST_CASE("generate controls: left truncation keeps the last context - max_new t
   p = prompt;
   CHECK(infer::truncate_left(p, 16, 20) == 39);  // no room at all: the last token stays
   CHECK(p == std::vector<int32_t>{39});
+  p = prompt;
+  CHECK(infer::truncate_left(p, 16, 0) == 25);  // nothing to generate: still a prompt that fits
+  CHECK(p.size() == 15);
   p = {1, 2, 3};
   CHECK(infer::truncate_left(p, 16, 6) == 0);  // fits: unchanged
   CHECK(p == std::vector<int32_t>{1, 2, 3});

@@ -142,7 +142,8 @@ bool StopMatcher::feed(std::string_view piece) {
 }
 
 int64_t truncate_left(std::vector<int32_t>& prompt, int64_t context, int64_t max_new) {
-  const int64_t keep = std::max<int64_t>(1, context - max_new);
+  // At least one token to continue from; at most context - 1 (a prefill must leave room for one).
+  const int64_t keep = std::max<int64_t>(1, std::min(context - 1, context - max_new));
   const int64_t drop = static_cast<int64_t>(prompt.size()) - keep;
   if (drop <= 0) return 0;
   prompt.erase(prompt.begin(), prompt.begin() + drop);

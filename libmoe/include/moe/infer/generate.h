@@ -101,9 +101,10 @@ class StopMatcher {
   std::string text_, matched_;
 };
 
-// --truncate left: cuts `prompt` to its last max(1, context - max_new) tokens when it is longer,
-// so that max_new new tokens fit in the context (a prompt of `context` tokens or more is refused
-// by generate()). Returns the number of tokens dropped (0: unchanged).
+// --truncate left: cuts `prompt` to its last max(1, context - max_new) tokens (at most
+// context - 1, for max_new 0) when it is longer, so that max_new new tokens fit in the context (a
+// prompt of `context` tokens or more is refused by generate()). Returns the number of tokens
+// dropped (0: unchanged).
 int64_t truncate_left(std::vector<int32_t>& prompt, int64_t context, int64_t max_new);
 
 }  // namespace moe::infer
