@@ -272,7 +272,7 @@ TEST_CASE("cli: every HDF5 writer on a full file system exits 1 and leaves nothi
       {"moe-convert", "dtype " + t.ckpt + " --to bf16 -o " + (dir / "bf16.h5"), dir / "bf16.h5"},
       {"moe-convert", "partition " + t.ckpt + " --ranks 2 -o " + (dir / "parts"), dir / "parts"},
       {"moe-profile",
-       "record --model " + t.ckpt + " --data " + data + " --max-tokens 65536 -o " +
+       "record -q --model " + t.ckpt + " --data " + data + " --max-tokens 65536 -o " +
            (dir / "trace.h5"),
        dir / "trace.h5"},
   };

@@ -293,34 +293,6 @@ int run_tool(const std::string& tool, CLI::App& app, int argc, char** argv,
   }
 }
 
-Progress::Progress(bool quiet) : quiet_(quiet), tty_(::isatty(STDERR_FILENO) == 1) {}
-
-void Progress::live(const std::string& text) {
-  if (quiet_ || !tty_) return;
-  std::string padded = text;
-  if (padded.size() < last_width_) padded.append(last_width_ - padded.size(), ' ');
-  std::fprintf(stderr, "\r%s", padded.c_str());
-  std::fflush(stderr);
-  last_width_ = text.size();
-}
-
-void Progress::line(const std::string& text) {
-  if (quiet_) return;
-  if (tty_ && last_width_) {
-    std::fprintf(stderr, "\r%s\r", std::string(last_width_, ' ').c_str());
-    last_width_ = 0;
-  }
-  std::fprintf(stderr, "%s\n", text.c_str());
-  std::fflush(stderr);
-}
-
-void Progress::finish() {
-  if (!quiet_ && tty_ && last_width_) {
-    std::fprintf(stderr, "\n");
-    last_width_ = 0;
-  }
-}
-
 OutputStream::OutputStream(const std::string& path, bool append) : path_(path) {
   if (path == "-") {
     file_ = stdout;
@@ -399,27 +371,6 @@ void ensure_output_dir(const std::string& dir) {
   if (!f) throw Error(str("output directory '", dir, "' is not writable: ", std::strerror(errno)));
   std::fclose(f);
   fs::remove(probe, ec);
-}
-
-std::string format_duration(double seconds) {
-  long s = static_cast<long>(seconds + 0.5);
-  char buf[32];
-  if (s >= 3600)
-    std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
-  else
-    std::snprintf(buf, sizeof buf, "%ld:%02ld", s / 60, s % 60);
-  return buf;
-}
-
-std::string format_rate(double v) {
-  char buf[32];
-  if (v >= 1e6)
-    std::snprintf(buf, sizeof buf, "%.2fM", v / 1e6);
-  else if (v >= 1e3)
-    std::snprintf(buf, sizeof buf, "%.1fk", v / 1e3);
-  else
-    std::snprintf(buf, sizeof buf, "%.0f", v);
-  return buf;
 }
 
 void check_one_stdout(const std::vector<std::pair<std::string, std::string>>& outputs) {

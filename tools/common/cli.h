@@ -1,9 +1,11 @@
-// What every moe tool shares: common flags, error/exit handling, provenance, progress lines.
+// What every moe tool shares: common flags, error/exit handling, provenance, progress lines
+// (common/progress.h).
 #pragma once
 #include <CLI/CLI.hpp>
 #include <functional>
 #include <string>
 
+#include "common/progress.h"
 #include "moe/comm/communicator.h"
 #include "moe/device.h"
 #include "moe/io/checkpoint.h"
@@ -47,20 +49,6 @@ enum class Scope { process, job };
 int run_tool(const std::string& tool, CLI::App& app, int argc, char** argv,
              const std::function<int()>& body, Scope scope = Scope::process);
 
-// Status line on stderr: rewritten in place on a terminal, one line per call otherwise.
-class Progress {
- public:
-  explicit Progress(bool quiet);
-  void live(const std::string& line);  // on a terminal only
-  void line(const std::string& line);  // always (unless quiet)
-  void finish();
-  bool is_terminal() const { return tty_; }
-
- private:
-  bool quiet_, tty_;
-  size_t last_width_ = 0;
-};
-
 // Writes to stdout or a file ("-" = stdout); checks the write completed.
 class OutputStream {
  public:
@@ -102,8 +90,5 @@ int finish_stdout(const std::string& tool);
 // Outputs given as flag -> path, where "-" is stdout: at most one of them may be "-", or their
 // bytes would interleave there (an HDF5 image inside JSON lines). UsageError naming the flags.
 void check_one_stdout(const std::vector<std::pair<std::string, std::string>>& outputs);
-
-std::string format_duration(double seconds);  // "1:02:03" / "2:03"
-std::string format_rate(double per_second);   // "12.3k"
 
 }  // namespace moe::tools

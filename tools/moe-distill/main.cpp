@@ -130,11 +130,7 @@ void add_options(CLI::App& app, DistillOptions& o) {
       ->capture_default_str();
 }
 
-std::string fixed(double value, int digits = 4) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, value);
-  return buf;
-}
+using tools::fixed;
 
 json number_or_null(double value) { return std::isfinite(value) ? json(value) : json(nullptr); }
 
@@ -187,12 +183,11 @@ int run(DistillOptions& o, int argc, char** argv) {
     return current.train;
   };
   hooks.log = [&](const train::StepReport& r) {
-    const train::StepStats& s = r.stats;
-    std::string text = str("step ", s.step, "/", r.steps, " | loss ", fixed(s.forward.loss),
-                           " | ce ", fixed(current.ce));
-    if (std::isfinite(current.kd)) text += str(" | kd ", fixed(current.kd));
-    text += str(" | kd weight ", fixed(current.kd_weight, 3), " | lr ", s.lr);
-    if (r.evaluated) text += str(" | val ", fixed(r.val_loss));
+    // moe-train's line (rate, ETA, number formats) with the distillation's own terms.
+    std::vector<std::pair<std::string, std::string>> terms = {{"ce", fixed(current.ce)}};
+    if (std::isfinite(current.kd)) terms.emplace_back("kd", fixed(current.kd));
+    terms.emplace_back("kd weight", fixed(current.kd_weight, 3));
+    const std::string text = tools::step_line(r, terms);
     if (r.line)
       progress.line(text);
     else
@@ -232,14 +227,14 @@ int run(DistillOptions& o, int argc, char** argv) {
     MOE_LOG_INFO("baseline: the same student from scratch for ", tc.steps, " steps");
     train::Trainer scratch(student, tc, io::make_provenance("moe-distill", argc, argv));
     scratch.to_device(device);  // on the distilled student's device, for a fair comparison
+    tools::Meter meter(progress, /*line_seconds=*/0);  // lines every --log-every steps
+    int64_t tokens = 0;
     while (scratch.steps_done() < tc.steps) {
       train::StepStats s = scratch.step();
-      std::string text = str("baseline step ", s.step, "/", tc.steps, " | loss ",
-                             fixed(s.forward.loss), " | lr ", s.lr);
-      if (s.step % o.log_every == 0 || s.step == tc.steps)
-        progress.line(text);
-      else
-        progress.live(text);
+      tokens += s.tokens;
+      meter.update(str("baseline step ", s.step, "/", tc.steps, " | loss ", fixed(s.forward.loss),
+                       " | lr ", tools::format_lr(s.lr)),
+                   s.step, tc.steps, tokens, s.step % o.log_every == 0);
     }
     progress.finish();
     baseline_val = scratch.evaluate();

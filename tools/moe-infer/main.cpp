@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -29,7 +30,7 @@ namespace {
 struct Options {
   tools::CommonOptions common;
   std::string model, data, data_format = "auto", prompts, out = "-", budget, popularity,
-                           device = "cpu";
+                           device = "cpu", summary, truncate = "none";
   int64_t batch = 8, max_sequences = 0, ep = 1;
   infer::SamplingConfig sampling;
 };
@@ -90,10 +91,13 @@ void report_ring(const infer::Engine& e) {
 }
 
 int score(Options& o, std::unique_ptr<comm::Communicator> world) {
+  tools::check_one_stdout({{"-o", o.out}, {"--summary", o.summary}});
   std::unique_ptr<infer::Engine> engine = open_engine(o, std::move(world));
   const infer::Engine& e = *engine;
   std::unique_ptr<tools::OutputStream> out;
   tools::Progress progress(o.common.quiet || e.rank() != 0);
+  tools::Meter meter(progress);
+  const int64_t seq = e.config().seq;
   infer::ScoreCallbacks callbacks;
   callbacks.start = [&](int64_t) {
     if (e.rank() == 0) out = std::make_unique<tools::OutputStream>(o.out);
@@ -107,7 +111,7 @@ int score(Options& o, std::unique_ptr<comm::Communicator> world) {
                               {"ppl", std::exp(mean)}}));
   };
   callbacks.progress = [&](int64_t done, int64_t total) {
-    progress.live(str("score: ", done, "/", total, " sequences"));
+    meter.update(str("score ", done, "/", total, " sequences"), done, total, done * seq);
   };
   const infer::ScoreSummary summary = infer::score(
       e, infer::ScoreOptions{o.data, o.data_format, o.batch, o.max_sequences}, callbacks);
@@ -122,6 +126,20 @@ int score(Options& o, std::unique_ptr<comm::Communicator> world) {
                 static_cast<long long>(summary.predicted), mean, std::exp(mean),
                 double(summary.predicted) / std::max(summary.seconds, 1e-9));
   if (!o.common.quiet) std::fprintf(stderr, "moe-infer score: %s\n", line);
+  if (!o.summary.empty()) {  // what the stderr line says, for scripts (and under -q)
+    tools::OutputStream summary_out(o.summary);
+    summary_out.write_line(
+        dump(json{{"model", o.model},
+                  {"data", o.data},
+                  {"sequences", summary.sequences},
+                  {"predicted_tokens", summary.predicted},
+                  {"logprob_sum", -summary.nll_sum},
+                  {"nll_mean", mean},
+                  {"ppl", std::exp(mean)},
+                  {"seconds", summary.seconds},
+                  {"tokens_per_s", double(summary.predicted) / std::max(summary.seconds, 1e-9)}}));
+    summary_out.close();
+  }
   report_batches(e, summary.batch_seconds, o.common.quiet);
   report_ring(e);
   return 0;
@@ -136,14 +154,61 @@ std::vector<Prompt> read_prompts(const Options& o, const ModelConfig& mc) {
   return infer::read_prompts(file, o.prompts, o.sampling, mc.vocab_size);
 }
 
+// --stop's escapes, as llama.cpp's: \n \r \t \\ \" \' (a stop at a newline is the common case,
+// and a shell passes "\n" as two characters). Any other backslash stays as it is.
+std::string unescape(const std::string& text) {
+  std::string out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i], next = i + 1 < text.size() ? text[i + 1] : '\0';
+    const char* known = "nrt\\\"'";
+    if (c != '\\' || next == '\0' || !std::strchr(known, next)) {
+      out += c;
+      continue;
+    }
+    out += next == 'n' ? '\n' : next == 'r' ? '\r' : next == 't' ? '\t' : next;
+    ++i;
+  }
+  return out;
+}
+
+// --truncate: with "left" cuts every prompt that leaves less than its max_new tokens of context to
+// its last context - max_new tokens and says so once; with "none" refuses one that does not fit at
+// all (as generate() would), naming its line and the flag.
+void fit_prompts(std::vector<Prompt>& prompts, const Options& o, int64_t seq) {
+  int64_t cut = 0;
+  std::string first;
+  for (Prompt& p : prompts) {
+    const int64_t n = static_cast<int64_t>(p.tokens.size());
+    if (o.truncate == "left") {
+      if (const int64_t dropped = infer::truncate_left(p.tokens, seq, p.sampling.max_new)) {
+        p.truncated = dropped;
+        if (cut++ == 0)
+          first = str(o.prompts, ":", p.line, ", ", n, " -> ", p.tokens.size(), " tokens");
+      }
+    } else if (n >= seq) {
+      throw UsageError(str(
+          o.prompts, ":", p.line, ": the prompt has ", n, " tokens; the model's context is ", seq,
+          ": shorten it, or pass --truncate left to keep its last ",
+          std::max<int64_t>(1, seq - p.sampling.max_new), " tokens (the context minus --max-new)"));
+    }
+  }
+  if (cut > 0)
+    MOE_LOG_WARN("--truncate left: ", cut, " prompt", cut == 1 ? "" : "s",
+                 " longer than the context (", seq,
+                 " tokens) minus the new tokens lost their first tokens (first: ", first, ")");
+}
+
 int generate(Options& o, std::unique_ptr<comm::Communicator> world) {
   std::unique_ptr<infer::Engine> engine = open_engine(o, std::move(world));
   const infer::Engine& e = *engine;
   const ModelConfig& mc = e.config();
+  for (std::string& stop : o.sampling.stop) stop = unescape(stop);  // the prompts' defaults
   std::vector<Prompt> prompts = read_prompts(o, mc);
+  fit_prompts(prompts, o, mc.seq);
   // Prompts with the same sampling settings are generated together; outputs keep input order.
   auto key = [](const infer::SamplingConfig& s) {
-    return std::make_tuple(s.max_new, s.temperature, s.top_k, s.top_p);
+    return std::make_tuple(s.max_new, s.temperature, s.top_k, s.top_p, s.repeat_penalty,
+                           s.repeat_last_n, s.stop);
   };
   std::map<decltype(key(o.sampling)), std::vector<size_t>> groups;
   for (size_t i = 0; i < prompts.size(); ++i) groups[key(prompts[i].sampling)].push_back(i);
@@ -164,7 +229,12 @@ int generate(Options& o, std::unique_ptr<comm::Communicator> world) {
   tools::OutputStream out(o.out);
   for (size_t i = 0; i < prompts.size(); ++i) {
     const infer::Generation& g = results[i];
-    json j{{"index", i}, {"tokens", g.tokens.size()}, {"stop", g.stop}};
+    json j{{"index", i},
+           {"tokens", g.tokens.size()},
+           {"stop", g.stop},
+           {"finish_reason", g.finish_reason()}};
+    if (g.stop == "stop") j["stop_string"] = g.stop_text;
+    if (o.truncate == "left") j["prompt_tokens_dropped"] = prompts[i].truncated;
     if (mc.vocab_size <= io::kByteVocab) {
       j["prompt"] = io::detokenize_bytes(prompts[i].tokens);
       j["completion"] = io::detokenize_bytes(g.tokens);
@@ -213,6 +283,11 @@ int main(int argc, char** argv) {
   sc->add_option("--data-format", o.data_format, "auto, text, u16 or u32")
       ->check(CLI::IsMember({"auto", "text", "u16", "u32"}))
       ->capture_default_str();
+  sc->add_option("--summary", o.summary,
+                 "The perplexity summary as one JSON object to PATH ('-' = stdout, then -o must "
+                 "name a file): sequences, predicted_tokens, logprob_sum, nll_mean, ppl, "
+                 "tokens_per_s; written under -q too")
+      ->capture_default_str();
   sc->add_option("--max-sequences", o.max_sequences, "Score at most N sequences (0 = all)")
       ->check(tools::non_negative())
       ->capture_default_str();
@@ -240,6 +315,26 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   gen->add_option("--top-p", o.sampling.top_p, "Nucleus sampling mass (1 = off)")
       ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  gen->add_option("--repeat-penalty", o.sampling.repeat_penalty,
+                  "Divide the logits of the tokens seen in the last --repeat-last-n by P when "
+                  "positive, multiply when negative (llama.cpp's; 1 = off)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  gen->add_option(
+         "--repeat-last-n", o.sampling.repeat_last_n,
+         "Tokens of the sequence (prompt included) the penalty looks at (0 = off, -1 = all)")
+      ->check(CLI::Range(int64_t{-1}, int64_t{INT32_MAX}))
+      ->capture_default_str();
+  gen->add_option("--stop", o.sampling.stop,
+                  "Stop string, repeatable: generation ends when the output contains one, which "
+                  "is left out (escapes \\n \\t \\r \\\\; a JSON prompt's \"stop\" replaces these)")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  gen->add_option("--truncate", o.truncate,
+                  "A prompt too long for the context: none (refuse) or left (keep its last "
+                  "context - max-new tokens, and say so)")
+      ->check(CLI::IsMember({"none", "left"}))
       ->capture_default_str();
 
   return tools::run_tool(

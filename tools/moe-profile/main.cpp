@@ -52,6 +52,7 @@ int record(Options& o, int argc, char** argv) {
   if (info.moe_blocks.empty()) throw UsageError(str(o.model, ": the model has no MoE layer"));
   io::TraceWriter writer(o.out, info);
   tools::Progress progress(o.common.quiet);
+  tools::Meter meter(progress);  // the trainer's cadence, rate and ETA
   Arena arena;
   EvalOptions eval;
   eval.capture_routing = true;
@@ -66,7 +67,7 @@ int record(Options& o, int argc, char** argv) {
     }
     arena.reset();
     done += b;
-    progress.live(str("record: ", done, "/", total, " sequences"));
+    meter.update(str("record ", done, "/", total, " sequences"), done, total, done * m.config.seq);
   }
   writer.close();
   progress.finish();

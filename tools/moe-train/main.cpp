@@ -180,14 +180,7 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
   };
   hooks.log = [&](const train::StepReport& r) {
     const train::StepStats& s = r.stats;
-    char head[160];
-    std::snprintf(head, sizeof head,
-                  "step %lld/%lld | loss %.4f | aux %.4f | lr %.2e | %s tok/s | ETA %s",
-                  static_cast<long long>(s.step), static_cast<long long>(r.steps), s.forward.loss,
-                  s.forward.aux_loss, s.lr, tools::format_rate(r.ema_tokens_per_s).c_str(),
-                  tools::format_duration(r.eta_seconds).c_str());
-    std::string text = head;
-    if (r.evaluated) text += str(" | val ", std::round(r.val_loss * 1e4) / 1e4);
+    std::string text = tools::step_line(r, {{"aux", tools::fixed(s.forward.aux_loss)}});
     if (!s.load_max_over_mean.empty())
       text += " | load max/mean " + join_loads(s.load_max_over_mean) +
               str(" | dropped ", std::round(s.dropped_fraction * 1e4) / 1e2, "%");

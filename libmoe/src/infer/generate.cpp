@@ -1,12 +1,13 @@
 // Batched generation: per batch of prompts, a ragged prefill then one decode step per new token,
 // every row at its own position in its own KV cache slot. Sampling per row from Philox keyed by
-// (seed, prompt index, position).
+// (seed, prompt index, position), after the repetition penalty; stop strings end a row early.
 #include "moe/infer/generate.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 
+#include "moe/io/dataset.h"
 #include "moe/rng.h"
 
 namespace moe::infer {
@@ -21,7 +22,15 @@ void check_inputs(const Transformer& model, const std::vector<std::vector<int32_
                   " must be >= 0");
   MOE_USAGE_CHECK(s.top_k >= 0, "top_k ", s.top_k, " is negative");
   MOE_USAGE_CHECK(s.top_p > 0 && s.top_p <= 1, "top_p ", s.top_p, " must be in (0, 1]");
+  MOE_USAGE_CHECK(std::isfinite(s.repeat_penalty) && s.repeat_penalty > 0, "repeat_penalty ",
+                  s.repeat_penalty, " must be > 0 (1 = off)");
+  MOE_USAGE_CHECK(s.repeat_last_n >= -1, "repeat_last_n ", s.repeat_last_n,
+                  " must be >= -1 (-1 = the whole sequence, 0 = off)");
   const int64_t seq = model.config().seq, vocab = model.config().vocab_size;
+  for (const std::string& stop : s.stop) MOE_USAGE_CHECK(!stop.empty(), "a stop string is empty");
+  MOE_USAGE_CHECK(s.stop.empty() || vocab <= io::kByteVocab,
+                  "stop strings need a byte-level model (vocabulary <= ", io::kByteVocab,
+                  "); this one has ", vocab, " tokens and no decoding to match them in");
   for (size_t p = 0; p < prompts.size(); ++p) {
     const auto& prompt = prompts[p];
     const int64_t n = static_cast<int64_t>(prompt.size());
@@ -83,6 +92,64 @@ int32_t sample_token(const float* logits, int64_t vocab, const SamplingConfig& s
   return order[keep - 1];  // u rounded up to the total
 }
 
+void apply_repeat_penalty(float* logits, int64_t vocab, std::span<const int32_t> recent,
+                          double penalty) {
+  if (penalty == 1.0) return;
+  const float p = static_cast<float>(penalty);
+  std::vector<bool> seen(static_cast<size_t>(vocab), false);  // each token penalised once
+  for (int32_t t : recent) {
+    if (t < 0 || t >= vocab || seen[static_cast<size_t>(t)]) continue;
+    seen[static_cast<size_t>(t)] = true;
+    float& l = logits[t];
+    l = l > 0 ? l / p : l * p;
+  }
+}
+
+std::vector<int32_t> recent_tokens(std::span<const int32_t> prompt,
+                                   std::span<const int32_t> generated, int64_t last_n) {
+  const size_t total = prompt.size() + generated.size();
+  const size_t n = last_n < 0 ? total : std::min(total, static_cast<size_t>(last_n));
+  std::vector<int32_t> out;
+  out.reserve(n);
+  const size_t skip = total - n;  // of the sequence's first tokens
+  if (skip < prompt.size()) out.insert(out.end(), prompt.begin() + skip, prompt.end());
+  const size_t from = skip > prompt.size() ? skip - prompt.size() : 0;
+  out.insert(out.end(), generated.begin() + from, generated.end());
+  return out;
+}
+
+StopMatcher::StopMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {
+  for (const std::string& s : stops_) longest_ = std::max(longest_, s.size());
+}
+
+bool StopMatcher::feed(std::string_view piece) {
+  const size_t before = text_.size();
+  text_.append(piece);
+  // A stop string not found before ends in the new piece, so it starts at most longest - 1
+  // bytes before it.
+  const size_t from = before + 1 > longest_ ? before + 1 - longest_ : 0;
+  size_t best = std::string::npos;
+  for (const std::string& s : stops_) {
+    const size_t at = text_.find(s, from);
+    if (at < best) {
+      best = at;
+      matched_ = s;
+    }
+  }
+  if (best == std::string::npos) return false;
+  cut_ = best;
+  return true;
+}
+
+int64_t truncate_left(std::vector<int32_t>& prompt, int64_t context, int64_t max_new) {
+  // At least one token to continue from; at most context - 1 (a prefill must leave room for one).
+  const int64_t keep = std::max<int64_t>(1, std::min(context - 1, context - max_new));
+  const int64_t drop = static_cast<int64_t>(prompt.size()) - keep;
+  if (drop <= 0) return 0;
+  prompt.erase(prompt.begin(), prompt.begin() + drop);
+  return drop;
+}
+
 std::vector<Generation> generate(const Transformer& model,
                                  const std::vector<std::vector<int32_t>>& prompts,
                                  const SamplingConfig& sampling, int64_t batch,
@@ -96,12 +163,14 @@ std::vector<Generation> generate(const Transformer& model,
     for (Generation& g : out) g.stop = "max_new";
     return out;
   }
+  const bool penalise = sampling.repeat_penalty != 1.0 && sampling.repeat_last_n != 0;
   const int64_t slots = std::min(batch, num_prompts);
   KVCache cache = model.make_cache(slots);  // allocated once, reused by every batch
 
   for (int64_t first = 0; first < num_prompts; first += slots) {
     const int64_t n = std::min(slots, num_prompts - first);
     cache.clear();
+    std::vector<StopMatcher> stops(static_cast<size_t>(n), StopMatcher(sampling.stop));
     // Prefill: the batch's prompts as one ragged batch, prompt first + s in slot s.
     std::vector<int32_t> ids;
     std::vector<int64_t> counts, active;
@@ -118,7 +187,7 @@ std::vector<Generation> generate(const Transformer& model,
       // Sample one token per active row (row r of logits is slot active[r]).
       const int64_t rows = static_cast<int64_t>(active.size());
       logits = logits.to(Device{});  // sampling runs on the host
-      const float* l = logits.data<float>();
+      float* l = logits.data<float>();
       for (int64_t i = 0; i < rows * vocab; ++i)
         MOE_CHECK(std::isfinite(l[i]), "generation: logits of prompt ",
                   first + active[static_cast<size_t>(i / vocab)], " are not finite");
@@ -126,6 +195,12 @@ std::vector<Generation> generate(const Transformer& model,
 #pragma omp parallel for schedule(static) if (rows > 1 && sampling.temperature > 0)
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t slot = active[static_cast<size_t>(r)];
+        if (penalise)
+          apply_repeat_penalty(
+              l + r * vocab, vocab,
+              recent_tokens(prompts[static_cast<size_t>(first + slot)],
+                            out[static_cast<size_t>(first + slot)].tokens, sampling.repeat_last_n),
+              sampling.repeat_penalty);
         next[static_cast<size_t>(r)] =
             sample_token(l + r * vocab, vocab, sampling, sampling_key(sampling.seed, first + slot),
                          cache.length[static_cast<size_t>(slot)]);
@@ -137,8 +212,14 @@ std::vector<Generation> generate(const Transformer& model,
         const int64_t slot = active[static_cast<size_t>(r)];
         Generation& g = out[static_cast<size_t>(first + slot)];
         g.tokens.push_back(next[static_cast<size_t>(r)]);
+        StopMatcher& stop = stops[static_cast<size_t>(slot)];
+        const char byte = static_cast<char>(next[static_cast<size_t>(r)]);  // byte-level: checked
         // Tokens of the sequence: those cached plus the one just drawn.
-        if (static_cast<int64_t>(g.tokens.size()) >= sampling.max_new) {
+        if (!sampling.stop.empty() && stop.feed(std::string_view(&byte, 1))) {
+          g.tokens.resize(stop.cut());  // one token per byte: the stop text starts at a token
+          g.stop = "stop";
+          g.stop_text = stop.matched();
+        } else if (static_cast<int64_t>(g.tokens.size()) >= sampling.max_new) {
           g.stop = "max_new";
         } else if (cache.length[static_cast<size_t>(slot)] + 1 >= seq) {
           g.stop = "context";

@@ -39,6 +39,26 @@ double number_field(const json& value, const std::string& key, double lo, double
   return v;
 }
 
+// "stop": a string or a list of non-empty strings; replaces the --stop defaults for this prompt
+// (an empty list: no stop string).
+std::vector<std::string> stop_field(const json& value) {
+  std::vector<std::string> stops;
+  if (value.is_string()) {
+    stops.push_back(value.get<std::string>());
+  } else if (value.is_array()) {
+    for (const json& s : value) {
+      if (!s.is_string())
+        throw Error(str("\"stop\" must be a string or a list of strings, got ", value.dump()));
+      stops.push_back(s.get<std::string>());
+    }
+  } else {
+    throw Error(str("\"stop\" must be a string or a list of strings, got ", value.dump()));
+  }
+  for (const std::string& s : stops)
+    if (s.empty()) throw Error("\"stop\" holds an empty string (it would end every generation)");
+  return stops;
+}
+
 }  // namespace
 
 std::vector<Prompt> read_prompts(std::istream& in, const std::string& name,
@@ -50,6 +70,7 @@ std::vector<Prompt> read_prompts(std::istream& in, const std::string& name,
     // A blank line separates nothing and asks for nothing: skipped (line numbers still count it).
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     Prompt p;
+    p.line = number;
     p.sampling = defaults;
     if (!line.empty() && line.front() == '{') {
       try {
@@ -58,10 +79,12 @@ std::vector<Prompt> read_prompts(std::istream& in, const std::string& name,
         // A misspelt key ("max_tokens") would otherwise be ignored and its setting silently lost.
         for (const auto& [key, value] : j.items())
           if (key != "prompt" && key != "tokens" && key != "max_new" && key != "temperature" &&
-              key != "top_k" && key != "top_p")
+              key != "top_k" && key != "top_p" && key != "stop" && key != "repeat_penalty" &&
+              key != "repeat_last_n")
             throw Error(str("unknown key \"", key,
                             "\" (a prompt object takes \"prompt\" or \"tokens\", and \"max_new\", "
-                            "\"temperature\", \"top_k\", \"top_p\")"));
+                            "\"temperature\", \"top_k\", \"top_p\", \"stop\", "
+                            "\"repeat_penalty\", \"repeat_last_n\")"));
         // Every field has the type and range of its flag (ids: integers in [0, vocabulary)).
         if (j.contains("tokens")) {
           const json& ids = j.at("tokens");
@@ -80,6 +103,13 @@ std::vector<Prompt> read_prompts(std::istream& in, const std::string& name,
         if (j.contains("top_k"))
           p.sampling.top_k = integer_field(j["top_k"], "top_k", 0, vocab_size);
         if (j.contains("top_p")) p.sampling.top_p = number_field(j["top_p"], "top_p", 0, 1, true);
+        if (j.contains("repeat_penalty"))
+          p.sampling.repeat_penalty =
+              number_field(j["repeat_penalty"], "repeat_penalty", 0, 1e6, true);
+        if (j.contains("repeat_last_n"))
+          p.sampling.repeat_last_n =
+              integer_field(j["repeat_last_n"], "repeat_last_n", -1, INT32_MAX);
+        if (j.contains("stop")) p.sampling.stop = stop_field(j["stop"]);
       } catch (const json::exception& e) {
         throw Error(str(name, ":", number, ": not a valid prompt object: ", e.what()));
       } catch (const Error& e) {

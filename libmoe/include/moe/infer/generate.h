@@ -1,11 +1,14 @@
 // Batched autoregressive generation with a KV cache (moe-infer generate). Prompts go through the
 // model `batch` at a time: one prefill of the batch's prompts (a ragged batch: no padding, every
 // token routed is a real one), then one token per unfinished prompt per step, each row attending
-// to its own cached prefix (Transformer::forward_cached).
-// Shapes: P prompts, B batch, V vocabulary.
+// to its own cached prefix (Transformer::forward_cached). Before sampling, llama.cpp's repetition
+// penalty may reshape a row's logits; after it, stop strings may end the row.
+// Shapes: P prompts, B batch, V vocabulary, S the model's context (config().seq).
 #pragma once
 #include <cstdint>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "moe/models/transformer.h"
@@ -18,13 +21,25 @@ struct SamplingConfig {
   int64_t top_k = 0;       // 0: off
   double top_p = 1.0;      // nucleus; 1: off
   uint64_t seed = 0;
+  // llama.cpp's repetition penalty: the logits of the tokens among the last repeat_last_n of the
+  // sequence (prompt included) are divided by repeat_penalty when positive, multiplied when not.
+  double repeat_penalty = 1.0;  // 1: off (the logits are not touched)
+  int64_t repeat_last_n = 64;   // 0: off; -1: the whole sequence
+  // Generation ends when the byte-level decoding of the new tokens contains one of these; the
+  // output stops before it. Byte-level models only (vocabulary <= 256: token t is byte t).
+  std::vector<std::string> stop = {};  // "= {}": brace-initialised configs may leave it out
 };
 
 struct Generation {
-  std::vector<int32_t> tokens;  // the new tokens
-  // "max_new" (max_new tokens generated; also when the context fills at the same token), or
-  // "context" (prompt + new tokens reached the model's context length config().seq).
+  // The new tokens; with a stop string, those before it (it starts at a token: one byte each).
+  std::vector<int32_t> tokens;
+  // "max_new" (max_new tokens generated; also when the context fills at the same token),
+  // "context" (prompt + new tokens reached the model's context length config().seq), or "stop"
+  // (a stop string appeared; it wins over the other two at the same token).
   std::string stop;
+  std::string stop_text;  // the stop string that ended it ("stop" only)
+  // OpenAI's and llama.cpp's name for why it ended: "stop" (a stop string) or "length".
+  const char* finish_reason() const { return stop == "stop" ? "stop" : "length"; }
 };
 
 // Generates for every prompt, `batch` prompts at a time (prompts of different lengths share a
@@ -38,7 +53,10 @@ struct Generation {
 // for the full forward). Errors (moe::UsageError): batch < 1, a bad sampling setting (max_new < 0,
 // temperature < 0, top_k < 0, top_p outside (0, 1]), an empty prompt ("prompt N is empty"), a
 // prompt of config().seq tokens or more ("prompt N has T tokens; the model's context is S"), a
-// token id outside the vocabulary. Prompt indices N count from 0. Non-finite logits: moe::Error.
+// token id outside the vocabulary, repeat_penalty not > 0, repeat_last_n < -1, an empty stop
+// string, stop strings for a model that is not byte-level. Prompt indices N count from 0.
+// Non-finite logits: moe::Error. With the defaults (repeat_penalty 1, no stop) the outputs are
+// bitwise those of generation without these features.
 std::vector<Generation> generate(const Transformer& model,
                                  const std::vector<std::vector<int32_t>>& prompts,
                                  const SamplingConfig& sampling, int64_t batch,
@@ -53,5 +71,39 @@ uint64_t sampling_key(uint64_t seed, int64_t prompt);
 // drawn with rng_uniform(key, position). `position` is the new token's position in its sequence.
 int32_t sample_token(const float* logits, int64_t vocab, const SamplingConfig& sampling,
                      uint64_t key, int64_t position);
+
+// llama.cpp's repetition penalty on logits[vocab]: every distinct token of `recent` (ids outside
+// [0, vocab) ignored) has its logit divided by `penalty` when positive, multiplied when negative
+// or zero, once however often it occurs. In float, as llama.cpp. penalty 1: nothing changes.
+void apply_repeat_penalty(float* logits, int64_t vocab, std::span<const int32_t> recent,
+                          double penalty);
+
+// The tokens the penalty looks at: the last `last_n` of prompt + generated (-1: all of them).
+std::vector<int32_t> recent_tokens(std::span<const int32_t> prompt,
+                                   std::span<const int32_t> generated, int64_t last_n);
+
+// Stop strings over a text that grows a piece at a time (the decoded new tokens): finds a stop
+// string as soon as the text holds one, wherever the pieces cut it.
+class StopMatcher {
+ public:
+  explicit StopMatcher(std::vector<std::string> stops);
+  // Appends `piece`; true when the text now contains a stop string (then see cut(), matched()).
+  // Only the tail a match could end in is searched, so a whole generation costs O(text x stops).
+  bool feed(std::string_view piece);
+  size_t cut() const { return cut_; }  // the text's length before the earliest stop string
+  const std::string& matched() const { return matched_; }
+  const std::string& text() const { return text_; }
+
+ private:
+  std::vector<std::string> stops_;
+  size_t longest_ = 0, cut_ = 0;
+  std::string text_, matched_;
+};
+
+// --truncate left: cuts `prompt` to its last max(1, context - max_new) tokens (at most
+// context - 1, for max_new 0) when it is longer, so that max_new new tokens fit in the context (a
+// prompt of `context` tokens or more is refused by generate()). Returns the number of tokens
+// dropped (0: unchanged).
+int64_t truncate_left(std::vector<int32_t>& prompt, int64_t context, int64_t max_new);
 
 }  // namespace moe::infer

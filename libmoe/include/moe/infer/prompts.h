@@ -1,6 +1,8 @@
 // Prompt files for moe-infer generate: one prompt per line, either plain text (byte tokens) or a
 // JSON object {"prompt": "..."} or {"tokens": [ids]}, with optional per-prompt sampling settings
-// "max_new", "temperature", "top_k", "top_p" overriding the defaults (tools/moe-infer/README.md).
+// "max_new", "temperature", "top_k", "top_p", "repeat_penalty", "repeat_last_n" and "stop" (a
+// string or a list of strings, replacing the default stop strings) overriding the defaults
+// (tools/moe-infer/README.md).
 // The sampling settings are checked later, by generate().
 #pragma once
 #include <cstdint>
@@ -14,7 +16,9 @@ namespace moe::infer {
 
 struct Prompt {
   std::vector<int32_t> tokens;
-  std::string text;  // as given (text prompts)
+  std::string text;       // as given (text prompts)
+  int64_t line = 0;       // in the file, from 1 (blank lines counted), for messages
+  int64_t truncated = 0;  // tokens cut from its start (infer::truncate_left), for the output
   SamplingConfig sampling;
 };
 
