@@ -165,11 +165,15 @@ std::string for_user(const char* what) {
   return std::regex_replace(what, place, "");
 }
 
+// "moe-train 0.1.0 (git 1a2b3c4d5e6f)": what --version prints.
+std::string version_text(const std::string& tool) {
+  return tool + " " + moe::version() + " (git " + moe::git_revision() + ")";
+}
+
 }  // namespace
 
 void add_common_options(CLI::App& app, CommonOptions& o, const std::string& tool) {
-  app.set_version_flag(
-      "--version", std::string(tool) + " " + moe::version() + " (git " + moe::git_revision() + ")");
+  app.set_version_flag("--version", version_text(tool));
   app.set_config("--config", "",
                  "Read flags from a TOML/INI file (key = value, keys as the flags without '--', "
                  "dashes or underscores; a [sub] section for a subcommand's flags); an unknown "
@@ -255,6 +259,9 @@ void apply_common_options(const CommonOptions& o) {
 int run_tool(const std::string& tool, CLI::App& app, int argc, char** argv,
              const std::function<int()>& body, Scope scope) {
   require_finite_numbers(app);
+  // Every tool and benchmark answers --version, whether or not it took the common options.
+  if (app.get_option_no_throw("--version") == nullptr)
+    app.set_version_flag("--version", version_text(tool));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
