@@ -32,11 +32,12 @@ struct Row {
 };
 
 const char* type_of(const nlohmann::json& v) {
-  return v.is_string()    ? "a string"
-         : v.is_boolean() ? "a boolean"
-         : v.is_array()   ? "a list"
-         : v.is_object()  ? "an object"
-                          : "not a number";
+  if (v.is_number()) return "a number";
+  if (v.is_string()) return "a string";
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_array()) return "a list";
+  if (v.is_object()) return "an object";
+  return "null";
 }
 
 Row parse_row(const nlohmann::json& j, const std::string& where) {
@@ -213,7 +214,9 @@ std::string plot_metrics_svg(const std::vector<MetricsRun>& runs, const std::str
   }
   const std::string key_color = runs.size() == 1 ? svg::series_stroke(0).color : "#444444";
   loss.series.push_back({"training", {key_color, ""}, {}, {}, false});
-  loss.series.push_back({"validation", {key_color, "5 3"}, {}, {}, false});
+  if (std::any_of(loss.series.begin(), loss.series.end(),
+                  [](const svg::Series& s) { return s.markers && !s.y.empty(); }))
+    loss.series.push_back({"validation", {key_color, "5 3"}, {}, {}, false});
 
   // Each MoE layer's max/mean load: one colour per layer for one run; for several, the run's
   // colour and one dash pattern per layer (the legend shows the patterns in grey).

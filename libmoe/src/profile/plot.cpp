@@ -37,9 +37,8 @@ std::string plot_svg(const io::TraceReader& trace, const std::string& title) {
   svg::Document doc;
   doc.text(0, 16, title, {16});
   doc.text(0, 38,
-           svg::format("Share of each MoE layer's assignments per expert (%.0f tokens, ",
-                       double(trace.tokens())) +
-               str("top-", trace.info().top_k, ")"));
+           str("Share of each MoE layer's assignments per expert (", trace.tokens(),
+               " tokens, top-", trace.info().top_k, ")"));
 
   // The heatmap: one row per MoE layer, labelled by its block; its max/mean to the right.
   double label_w = 0, ratio_w = 0;

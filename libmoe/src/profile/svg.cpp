@@ -235,16 +235,18 @@ std::vector<double> nice_ticks(double lo, double hi, int count, bool integer) {
     }
   if (integer) step = std::max(1.0, std::round(step));
   std::vector<double> ticks;
-  // Multiples of the step, computed from their index (no accumulated rounding).
-  for (double k = std::ceil(lo / step - 1e-9); k * step <= hi + step * 1e-9; k += 1)
-    ticks.push_back(k * step == 0 ? 0.0 : k * step);
+  // Multiples of the step, computed from their index (no accumulated rounding). At most 100:
+  // where lo is huge next to the range (steps near 2^63), k + i may round back to k.
+  const double first = std::ceil(lo / step - 1e-9);
+  for (int i = 0; i < 100 && (first + i) * step <= hi + step * 1e-9; ++i)
+    ticks.push_back((first + i) * step == 0 ? 0.0 : (first + i) * step);
   return ticks;
 }
 
 std::string tick_label(double value, double spacing) {
   if (value == 0) return "0";
   const double a = std::fabs(value);
-  if (a >= 1e6 || spacing < 1e-3) {
+  if (a >= 1e6 || spacing < 1e-4) {  // 0.0035 still reads well; 0.00035 less so
     const int digits = std::clamp(
         static_cast<int>(std::floor(std::log10(a)) - std::floor(std::log10(spacing) + 1e-9)), 0, 3);
     const std::string s = format(("%." + std::to_string(digits) + "e").c_str(), value);

@@ -100,7 +100,8 @@ Box line_chart(Document& doc, double x, double y, const LineChart& chart);
 // Round-number ticks (1, 2 or 5 times a power of ten) covering [lo, hi], about `count` of them;
 // `integer`: a step of at least 1.
 std::vector<double> nice_ticks(double lo, double hi, int count, bool integer = false);
-// A tick label: as few digits as the tick spacing needs; exponent form for tiny or huge values.
+// A tick label: as few digits as the tick spacing needs; exponent form for huge values and for
+// spacings below 1e-4.
 std::string tick_label(double value, double spacing);
 
 }  // namespace moe::profile::svg
