@@ -8,6 +8,7 @@
 #include <regex>
 
 #include "moe/io/trace.h"
+#include "moe/profile/svg.h"
 #include "support/render.h"
 #include "support/run.h"
 
@@ -95,6 +96,25 @@ TEST_CASE("render check: text past the canvas is seen, a picture that fits passe
   bare.replace(bare.find("<rect"), bare.find("/>", bare.find("<rect")) + 2 - bare.find("<rect"),
                "");
   CHECK(test::drawn_outside_canvas(bare, dir.path()).find("unpainted") != std::string::npos);
+}
+
+TEST_CASE("render check: the text width estimate covers every printable character as rendered",
+          "[cli]") {
+  // One row of 40 copies per character (so a shortfall of 1% is 3 pixels), at the sizes and
+  // weights the pictures use. Each row starts where its estimated width makes it end at x = 0, so
+  // a row wider than its estimate runs past the right edge of the canvas (1 pixel of padding).
+  test::ScratchDir dir("cli-text-width");
+  profile::svg::Document doc;
+  double y = 0;
+  auto row = [&](const std::string& text, double size, bool bold) {
+    y += size * 1.5;
+    doc.text(-profile::svg::text_width(text, size, bold), y, text,
+             {size, profile::svg::Anchor::start, "", bold});
+  };
+  for (auto [size, bold] : {std::pair{12.0, false}, {13.0, true}, {16.0, false}})
+    for (char c = '!'; c <= '~'; ++c) row(std::string(40, c), size, bold);
+  row("moe-profile: runs/2024-05-01_lr=3e-4 (top-2) 100% {WWW} `mmm` ~~~", 16, true);
+  CHECK(test::drawn_outside_canvas(doc.finish(1), dir.path(), 100) == "");
 }
 
 TEST_CASE(
