@@ -1,7 +1,9 @@
 // moe-profile's pictures as a person sees them: `plot` of a training trace and of a recorded one,
 // `plot-metrics` of one run and of runs overlaid, and scripts/demo's pictures, each rendered to
 // PNG by librsvg (support/render.h) with nothing painted past the canvas; the colour bar and the
-// trace's step numbers; plot-metrics' refusals (file and line named, exit 1; usage, exit 2).
+// trace's step numbers; plot-metrics' refusals (file and line named, exit 1; usage, exit 2). The
+// render check itself is tested first: it sees text past the edge, and the text width estimate
+// covers every printable character as librsvg draws it.
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <nlohmann/json.hpp>
