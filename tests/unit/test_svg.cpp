@@ -35,7 +35,9 @@ TEST_CASE("svg: ticks at round numbers inside the range, labels with the digits 
   REQUIRE(lr.size() == 4);
   CHECK(lr[3] == Approx(0.003).epsilon(1e-12));
   // Steps near 2^63 with a range of ten: the loop ends (k + 1 rounds back to k there).
-  CHECK(svg::nice_ticks(9.2e18, 9.2e18 + 10, 5, true).size() <= 100);
+  const std::vector<double> huge = svg::nice_ticks(9.2e18, 9.2e18 + 10, 5, true);
+  CHECK(huge.size() <= 100);
+  for (size_t i = 1; i < huge.size(); ++i) CHECK(huge[i] > huge[i - 1]);  // no zero spacing
   CHECK(svg::nice_ticks(5, 5, 5) == std::vector<double>{5});
 
   CHECK(svg::tick_label(0, 1) == "0");
@@ -46,6 +48,9 @@ TEST_CASE("svg: ticks at round numbers inside the range, labels with the digits 
   CHECK(svg::tick_label(3e-5, 1e-5) == "3e-5");
   CHECK(svg::tick_label(1.5e-4, 5e-5) == "1.5e-4");
   CHECK(svg::tick_label(2.5e6, 5e5) == "2.5e6");
+  CHECK(svg::tick_label(7, 0) == "7");                 // a single tick
+  CHECK(svg::tick_label(0.25, 1e-320) == "2.500e-1");  // a denormal spacing: 3 digits at most
+  CHECK(svg::tick_label(9.2e18, 1) == "9.200e18");
 }
 
 TEST_CASE("svg: the canvas holds everything drawn, text by its estimated width", "[unit]") {

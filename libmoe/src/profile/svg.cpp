@@ -196,24 +196,30 @@ std::vector<double> nice_ticks(double lo, double hi, int count, bool integer) {
   // Multiples of the step, computed from their index (no accumulated rounding). At most 100:
   // where lo is huge next to the range (steps near 2^63), k + i may round back to k.
   const double first = std::ceil(lo / step - 1e-9);
-  for (int i = 0; i < 100 && (first + i) * step <= hi + step * 1e-9; ++i)
-    ticks.push_back((first + i) * step == 0 ? 0.0 : (first + i) * step);
+  for (int i = 0; i < 100 && (first + i) * step <= hi + step * 1e-9; ++i) {
+    const double v = (first + i) * step == 0 ? 0.0 : (first + i) * step;
+    if (ticks.empty() || v > ticks.back()) ticks.push_back(v);
+  }
   return ticks;
 }
 
 std::string tick_label(double value, double spacing) {
   if (value == 0) return "0";
+  if (!std::isfinite(value)) return format("%g", value);
   const double a = std::fabs(value);
+  if (!(spacing > 0) || !std::isfinite(spacing)) spacing = a;  // one tick: its own magnitude
+  // Digits are clamped as doubles, before the cast (log10 of a denormal spacing is about -320).
   if (a >= 1e6 || spacing < 1e-4) {  // 0.0035 still reads well; 0.00035 less so
-    const int digits = std::clamp(
-        static_cast<int>(std::floor(std::log10(a)) - std::floor(std::log10(spacing) + 1e-9)), 0, 3);
-    const std::string s = format(("%." + std::to_string(digits) + "e").c_str(), value);
+    const double digits =
+        std::clamp(std::floor(std::log10(a)) - std::floor(std::log10(spacing) + 1e-9), 0.0, 3.0);
+    const std::string s =
+        format(("%." + std::to_string(static_cast<int>(digits)) + "e").c_str(), value);
     // 3.0e-04 -> 3.0e-4: the exponent without its padding.
     const size_t e = s.find('e');
     return s.substr(0, e) + "e" + std::to_string(std::stoi(s.substr(e + 1)));
   }
-  const int decimals = std::max(0, static_cast<int>(-std::floor(std::log10(spacing) + 1e-9)));
-  return format(("%." + std::to_string(decimals) + "f").c_str(), value);
+  const double decimals = std::clamp(-std::floor(std::log10(spacing) + 1e-9), 0.0, 4.0);
+  return format(("%." + std::to_string(static_cast<int>(decimals)) + "f").c_str(), value);
 }
 
 Box line_chart(Document& doc, double x, double y, const LineChart& chart) {
