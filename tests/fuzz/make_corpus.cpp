@@ -36,6 +36,20 @@ void write_file(const fs::path& path, const std::string& bytes) {
   std::cerr << "  " << path.string() << " (" << bytes.size() << " bytes)\n";
 }
 
+const char* const kTrainMetrics =
+    "{\"activation_peak_bytes\":547840,\"aux_loss\":2.007,\"dropped_fraction\":0.0,"
+    "\"expert_load_max_over_mean\":[1.28125,1.46875],\"grad_norm\":1.13,\"loss\":5.51,"
+    "\"lr\":0.001,\"step\":10,\"tokens_per_s\":136612.6,\"tokens_seen\":640,\"z_loss\":3.78}\n"
+    "{\"dropped_fraction\":0.0625,\"expert_load_max_over_mean\":[1.5,1.78125],\"loss\":5.22,"
+    "\"lr\":0.002,\"step\":20,\"tokens_per_s\":138516.4}\n"
+    "{\"dropped_fraction\":0.03125,\"expert_load_max_over_mean\":[1.25,2.0],\"loss\":4.9,"
+    "\"lr\":0.0015,\"step\":20,\"tokens_per_s\":137000.0,\"val_loss\":4.95}\n";
+const char* const kDistillMetrics =
+    "{\"ce\":5.4,\"kd\":null,\"kd_weight\":0.5,\"loss\":5.4,\"lr\":0.001,\"step\":1}\r\n"
+    "\n"
+    "{\"ce\":5.1,\"kd\":0.7,\"kd_weight\":0.5,\"loss\":2.9,\"lr\":0.0009,\"step\":2,"
+    "\"val_loss\":3.1}\n";
+
 void make(const fs::path& out, const fs::path& work) {
   // Checkpoints: both flavours (one block, to keep the files small), one with optimizer state,
   // and one holding only a dense and an expert tensor.
@@ -98,6 +112,11 @@ void make(const fs::path& out, const fs::path& work) {
              "\x01{\"prompt\": \"Linux is\", \"max_new\": 20, \"temperature\": 0.8}\n"
              "{\"tokens\": [1, 2, 3], \"top_k\": 5, \"top_p\": 0.9}\n");
   write_file(out / "prompts" / "tokens.jsonl", "\x02{\"tokens\": [7, 8, 99], \"max_new\": 3}\n");
+
+  // Metrics files: lines as moe-train and moe-distill --metrics write them (a validation loss on
+  // the last step, a null kd, a step written twice by a resumed run).
+  write_file(out / "metrics" / "train.jsonl", kTrainMetrics);
+  write_file(out / "metrics" / "distill.jsonl", kDistillMetrics);
 
   // --config files: moe-train's own flags as CLI11 writes them.
   CLI::App app("moe-train", "moe-train");

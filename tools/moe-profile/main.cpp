@@ -1,6 +1,7 @@
 // moe-profile: record which experts every token takes (HDF5 routing traces), summarise expert
-// popularity, build and check Lina's path-based popularity estimator, plot. The work is in
-// libmoe (moe/io/trace.h, moe/profile/{record,summary,paths,plot}.h).
+// popularity, build and check Lina's path-based popularity estimator, plot traces and training
+// curves. The work is in libmoe (moe/io/trace.h, moe/profile/{record,summary,paths,plot,curves}.h).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include "moe/infer/model.h"
 #include "moe/io/dataset.h"
 #include "moe/log.h"
+#include "moe/profile/curves.h"
 #include "moe/profile/paths.h"
 #include "moe/profile/plot.h"
 #include "moe/profile/record.h"
@@ -27,6 +29,7 @@ struct Options {
   int64_t batch = 8, max_tokens = 0;
   // summary / paths / accuracy / plot
   std::string trace, table;
+  std::vector<std::string> metrics;  // plot-metrics
   bool json = false, per_expert = false;
   int64_t path_length = 2;
 };
@@ -139,15 +142,33 @@ int accuracy(Options& o) {
   return tools::finish_stdout("moe-profile");
 }
 
+void check_svg_name(const std::string& out, const char* subcommand) {
+  const std::string ext = std::filesystem::path(out).extension().string();
+  if (ext != ".svg" && out != "-")
+    throw UsageError(
+        str("-o ", out, ": moe-profile ", subcommand, " writes SVG; name the file *.svg"));
+}
+
 int plot(Options& o) {
-  const std::string ext = std::filesystem::path(o.out).extension().string();
-  if (ext != ".svg" && o.out != "-")
-    throw UsageError(str("-o ", o.out, ": moe-profile plot writes SVG; name the file *.svg"));
+  check_svg_name(o.out, "plot");
   io::TraceReader trace(o.trace);
   std::string svg =
       profile::plot_svg(trace, "moe-profile: " + (o.trace == "-" ? "stdin" : o.trace));
   io::write_text_atomic(o.out, svg);  // "-": stdout
   MOE_LOG_INFO("wrote ", o.out == "-" ? std::string("the SVG to stdout") : o.out);
+  return 0;
+}
+
+int plot_metrics(Options& o) {
+  check_svg_name(o.out, "plot-metrics");
+  if (std::count(o.metrics.begin(), o.metrics.end(), "-") > 1)
+    throw UsageError("plot-metrics: '-' (stdin) can be given once");
+  std::vector<profile::MetricsRun> runs;
+  for (const std::string& path : o.metrics) runs.push_back(profile::read_metrics(path));
+  const std::string svg = profile::plot_metrics_svg(runs, "moe-profile: training curves");
+  io::write_text_atomic(o.out, svg);  // "-": stdout
+  MOE_LOG_INFO("wrote ", runs.size() == 1 ? std::string("1 run") : str(runs.size(), " runs"),
+               " to ", o.out == "-" ? std::string("stdout") : o.out);
   return 0;
 }
 
@@ -200,12 +221,20 @@ int main(int argc, char** argv) {
   plt->add_option("trace", o.trace, "Trace file ('-' = stdin)")->required();
   plt->add_option("-o,--out", o.out, "Output .svg ('-' = stdout)")->required();
 
+  auto* pm = app.add_subcommand(
+      "plot-metrics", "SVG: training curves of metrics.jsonl files (several runs overlaid)");
+  pm->add_option("metrics", o.metrics,
+                 "metrics.jsonl of moe-train or moe-distill --metrics ('-' = stdin), one per run")
+      ->required();
+  pm->add_option("-o,--out", o.out, "Output .svg ('-' = stdout)")->required();
+
   return tools::run_tool("moe-profile", app, argc, argv, [&]() -> int {
     tools::apply_common_options(o.common);
     if (*rec) return record(o, argc, argv);
     if (*sum) return summary(o);
     if (*pth) return paths(o);
     if (*acc) return accuracy(o);
+    if (*pm) return plot_metrics(o);
     return plot(o);
   });
 }

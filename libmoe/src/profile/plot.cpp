@@ -1,4 +1,5 @@
-// The SVG picture of a trace (see moe/profile/plot.h).
+// The SVG picture of a trace (see moe/profile/plot.h), drawn with the shared writer
+// (moe/profile/svg.h), which sizes the canvas from what is drawn.
 // Shape letters: L MoE layers, E experts of a layer, B batches.
 #include "moe/profile/plot.h"
 
@@ -6,42 +7,17 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
-#include <limits>
-#include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "moe/error.h"
 #include "moe/profile/summary.h"
+#include "moe/profile/svg.h"
 
 namespace moe::profile {
 
 namespace {
 
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, v);
-  return buf;
-}
-
-std::string escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '<')
-      o += "&lt;";
-    else if (c == '>')
-      o += "&gt;";
-    else if (c == '&')
-      o += "&amp;";
-    else if (c == '"')
-      o += "&quot;";
-    else
-      o += c;
-  }
-  return o;
-}
-
-// White -> dark blue for v in [0, 1].
+// White -> dark blue for v in [0, 1]; linear in each channel, so a two-stop SVG gradient between
+// blue(0) and blue(1) shows exactly the cells' colours.
 std::string blue(double v) {
   v = std::clamp(v, 0.0, 1.0);
   auto ch = [&](double lo) { return static_cast<int>(std::lround(255.0 - (255.0 - lo) * v)); };
@@ -50,57 +26,84 @@ std::string blue(double v) {
   return buf;
 }
 
+std::string percent(double share) { return svg::format("%.1f%%", 100 * share); }
+
 }  // namespace
 
 std::string plot_svg(const io::TraceReader& trace, const std::string& title) {
+  using svg::Anchor;
   const std::vector<LayerSummary> layers = summarize(trace);
   const int64_t L = trace.layers(), B = trace.batches(), Emax = trace.max_experts();
+  svg::Document doc;
+  doc.text(0, 16, title, {16});
+  doc.text(0, 38,
+           str("Share of each MoE layer's assignments per expert (", trace.tokens(),
+               " tokens, top-", trace.info().top_k, ")"));
+
+  // The heatmap: one row per MoE layer, labelled by its block; its max/mean to the right.
+  double label_w = 0, ratio_w = 0;
+  for (const LayerSummary& s : layers) {
+    label_w = std::max(label_w, svg::text_width(str("block ", s.block), 12));
+    ratio_w =
+        std::max(ratio_w, svg::text_width("max/mean " + svg::format("%.2f", s.max_over_mean), 12));
+  }
   const double cell = std::clamp(720.0 / double(std::max<int64_t>(1, Emax)), 8.0, 40.0);
-  const double left = 90, top = 60, heat_w = cell * double(Emax), heat_h = 24.0 * double(L);
-  const double chart_top = top + heat_h + 90, chart_h = 220, chart_w = std::max(heat_w, 480.0);
-  const double width = left + std::max(heat_w + 150, chart_w + 40),
-               height = chart_top + chart_h + 70;
-  std::ostringstream o;
-  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
-    << "\" font-family=\"sans-serif\" font-size=\"12\">\n";
-  o << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  o << "<text x=\"" << left << "\" y=\"24\" font-size=\"16\">" << escape(title) << "</text>\n";
-  o << "<text x=\"" << left << "\" y=\"44\">Share of each MoE layer's assignments per expert ("
-    << trace.tokens() << " tokens, top-" << trace.info().top_k << "; darker = more)</text>\n";
+  const double heat_x = label_w + 8, heat_y = 56, heat_w = cell * double(Emax),
+               heat_h = 24.0 * double(L);
   double max_share = 0;
   for (const LayerSummary& s : layers)
     for (int64_t c : s.counts)
       if (s.assignments) max_share = std::max(max_share, double(c) / double(s.assignments));
   for (const LayerSummary& s : layers) {
-    const double y = top + 24.0 * double(s.layer);
-    o << "<text x=\"" << left - 8 << "\" y=\"" << y + 16 << "\" text-anchor=\"end\">block "
-      << s.block << "</text>\n";
+    const double y = heat_y + 24.0 * double(s.layer);
+    doc.text(heat_x - 8, y + 16, str("block ", s.block), {12, Anchor::end});
     for (int64_t e = 0; e < s.experts; ++e) {
-      const double share =
-          s.assignments ? double(s.counts[static_cast<size_t>(e)]) / double(s.assignments) : 0;
-      o << "<rect x=\"" << left + cell * double(e) << "\" y=\"" << y << "\" width=\"" << cell
-        << "\" height=\"24\" fill=\"" << blue(max_share > 0 ? share / max_share : 0)
-        << "\" stroke=\"#dddddd\"><title>block " << s.block << ", expert " << e << ": "
-        << s.counts[static_cast<size_t>(e)] << " (" << fmt("%.1f", 100 * share)
-        << "%)</title></rect>\n";
+      const int64_t count = s.counts[static_cast<size_t>(e)];
+      const double share = s.assignments ? double(count) / double(s.assignments) : 0;
+      doc.rect(heat_x + cell * double(e), y, cell, 24, blue(max_share > 0 ? share / max_share : 0),
+               "#dddddd",
+               str("block ", s.block, ", expert ", e, ": ", count, " (", percent(share), ")"));
     }
-    o << "<text x=\"" << left + heat_w + 8 << "\" y=\"" << y + 16 << "\">max/mean "
-      << fmt("%.2f", s.max_over_mean) << "</text>\n";
+    doc.text(heat_x + heat_w + 8, y + 16, "max/mean " + svg::format("%.2f", s.max_over_mean));
   }
   for (int64_t e = 0; e < Emax; e += std::max<int64_t>(1, Emax / 16))
-    o << "<text x=\"" << left + cell * (double(e) + 0.5) << "\" y=\"" << top + heat_h + 16
-      << "\" text-anchor=\"middle\">" << e << "</text>\n";
-  o << "<text x=\"" << left + heat_w / 2 << "\" y=\"" << top + heat_h + 34
-    << "\" text-anchor=\"middle\">expert</text>\n";
+    doc.text(heat_x + cell * (double(e) + 0.5), heat_y + heat_h + 16, std::to_string(e),
+             {12, Anchor::middle});
+  doc.text(heat_x + heat_w / 2, heat_y + heat_h + 34, "expert", {12, Anchor::middle});
 
-  // Load imbalance over time: max/mean of each layer's loads per batch.
-  o << "<text x=\"" << left << "\" y=\"" << chart_top - 16
-    << "\">Load imbalance over the trace: max/mean of each layer's expert loads per batch</text>\n";
+  // The colour scale: white = no assignment, darkest = the largest share in the picture.
+  const double bar_x = heat_x + heat_w + 8 + ratio_w + 24, bar_h = std::max(heat_h, 100.0);
+  doc.gradient_rect(bar_x, heat_y, 14, bar_h, blue(1), blue(0));
+  for (double f : {0.0, 0.5, 1.0}) {
+    const double y = heat_y + bar_h * (1 - f);
+    doc.line(bar_x + 14, y, bar_x + 18, y, "#888888");
+    doc.text(bar_x + 21, y + 4, percent(f * max_share));
+  }
+  doc.text(bar_x, heat_y + bar_h + 18, "share of the layer");
+
+  // Load imbalance over the trace, against the trace's own step numbers (training traces store
+  // the optimizer step of each batch; moe-profile record traces number their batches 1..B).
+  const std::vector<int64_t> steps = trace.batch_steps();
+  const bool by_step =
+      !steps.empty() && std::all_of(steps.begin(), steps.end(), [](int64_t s) { return s >= 0; });
+  std::vector<double> x(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b)
+    x[static_cast<size_t>(b)] = by_step ? double(steps[static_cast<size_t>(b)]) : double(b + 1);
   const std::vector<int64_t> loads = trace.loads();
-  std::vector<std::vector<double>> ratio(static_cast<size_t>(L));
-  double ymax = 1;
+  svg::LineChart chart;
+  chart.title = "Load imbalance over the trace: max/mean of each layer's expert loads per batch";
+  chart.x_label = by_step ? "training step" : "batch";
+  chart.integer_x = true;
+  chart.has_y_floor = true;
+  chart.y_floor = 1;
+  chart.width = std::max(heat_w + 120, 480.0);
   for (int64_t l = 0; l < L; ++l) {
     const int64_t E = layers[static_cast<size_t>(l)].experts;
+    svg::Series s{str("block ", layers[static_cast<size_t>(l)].block),
+                  svg::series_stroke(static_cast<size_t>(l)),
+                  x,
+                  {},
+                  false};
     for (int64_t b = 0; b < B; ++b) {
       double sum = 0, mx = 0;
       for (int64_t e = 0; e < E; ++e) {
@@ -108,37 +111,14 @@ std::string plot_svg(const io::TraceReader& trace, const std::string& title) {
         sum += v;
         mx = std::max(mx, v);
       }
-      ratio[static_cast<size_t>(l)].push_back(sum > 0 ? mx / (sum / double(E)) : 1);
-      ymax = std::max(ymax, ratio[static_cast<size_t>(l)].back());
+      s.y.push_back(sum > 0 ? mx / (sum / double(E)) : 1);
     }
+    s.markers = B <= 1;
+    chart.series.push_back(std::move(s));
   }
-  ymax = std::ceil(ymax * 2) / 2;
-  auto px = [&](int64_t b) { return left + (B > 1 ? chart_w * double(b) / double(B - 1) : 0.0); };
-  auto py = [&](double v) {
-    return chart_top + chart_h - chart_h * (v - 1) / std::max(ymax - 1, 1e-9);
-  };
-  o << "<rect x=\"" << left << "\" y=\"" << chart_top << "\" width=\"" << chart_w << "\" height=\""
-    << chart_h << "\" fill=\"none\" stroke=\"#888888\"/>\n";
-  for (double v : {1.0, (1 + ymax) / 2, ymax})
-    o << "<text x=\"" << left - 6 << "\" y=\"" << py(v) + 4 << "\" text-anchor=\"end\">"
-      << fmt("%.2f", v) << "</text>\n";
-  o << "<text x=\"" << left + chart_w / 2 << "\" y=\"" << chart_top + chart_h + 20
-    << "\" text-anchor=\"middle\">batch (1.." << B << ")</text>\n";
-  static const char* colors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
-                                 "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
-  for (int64_t l = 0; l < L; ++l) {
-    const char* color = colors[l % 10];
-    o << "<polyline fill=\"none\" stroke=\"" << color << "\" stroke-width=\"1.5\" points=\"";
-    for (int64_t b = 0; b < B; ++b)
-      o << fmt("%.1f", px(b)) << ','
-        << fmt("%.1f", py(ratio[static_cast<size_t>(l)][static_cast<size_t>(b)])) << ' ';
-    o << "\"/>\n";
-    o << "<text x=\"" << left + chart_w + 8 << "\" y=\"" << chart_top + 14 + 16 * double(l)
-      << "\" fill=\"" << color << "\">block " << layers[static_cast<size_t>(l)].block
-      << "</text>\n";
-  }
-  o << "</svg>\n";
-  return o.str();
+  const double chart_y = std::max(heat_y + heat_h + 34, heat_y + bar_h + 18) + 30;
+  svg::line_chart(doc, 0, chart_y, chart);
+  return doc.finish();
 }
 
 }  // namespace moe::profile
