@@ -6,7 +6,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include "moe/cuda.h"
 #include "moe/io/checkpoint.h"
+#include "moe/train/offload_report.h"
 #include "moe/train/trainer.h"
 #include "support/models.h"
 #include "support/run.h"
@@ -332,4 +334,24 @@ TEST_CASE("offload: experts routed only in an earlier micro-batch keep their gra
       require_same(resident, offloaded);
     }
   }
+}
+
+TEST_CASE("offload: the GPU store is one process only, and needs a usable GPU", "[offload]") {
+  // Several ranks are refused before the device is opened, as a usage error naming the flags.
+  train::TrainConfig t = training(2);
+  t.offload = "host";
+  const Device gpu{Device::cuda, 0};
+  REQUIRE_THROWS_AS(train::check_offload_device(t, gpu, 2), UsageError);
+  REQUIRE_THROWS_WITH(train::check_offload_device(t, gpu, 2),
+                      Catch::Contains("--offload host with --device cuda:0 on 2 ranks") &&
+                          Catch::Contains("one process only"));
+  REQUIRE_NOTHROW(train::check_offload_device(t, gpu, 1));
+  REQUIRE_NOTHROW(train::check_offload_device(t, Device{}, 2));
+  t.offload = "none";
+  REQUIRE_NOTHROW(train::check_offload_device(t, gpu, 2));
+  // The library refuses a store on a GPU it cannot use with the driver's (or the build's) reason.
+  if (cuda::available()) return;  // tests/cuda/test_cuda_offload.cpp trains there
+  t.offload = "host";
+  REQUIRE_THROWS_WITH(train::Trainer(model(Arch::gpt), t, {}, nullptr, gpu),
+                      Catch::Contains("cuda:0") && Catch::Contains(cuda::unavailable_reason()));
 }

@@ -65,9 +65,10 @@ StoreLayout record_layout(const nn::ExpertParams& params, DType storage) {
   return layout;
 }
 
-Tensor view(const std::shared_ptr<std::byte>& base, int64_t offset, const Shape& shape,
-            DType dtype) {
-  return Tensor::from_storage(std::shared_ptr<std::byte>(base, base.get() + offset), shape, dtype);
+Tensor view(const std::shared_ptr<std::byte>& base, int64_t offset, const Shape& shape, DType dtype,
+            Device device) {
+  return Tensor::from_storage(std::shared_ptr<std::byte>(base, base.get() + offset), shape, dtype,
+                              device);
 }
 
 std::shared_ptr<std::byte> allocate_host(int64_t bytes) {

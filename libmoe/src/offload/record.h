@@ -50,9 +50,9 @@ struct StoreLayout {
 // parameters' dtype.
 StoreLayout record_layout(const nn::ExpertParams& params, DType storage);
 
-// A typed view into a record or slot held alive by `base`.
-Tensor view(const std::shared_ptr<std::byte>& base, int64_t offset, const Shape& shape,
-            DType dtype);
+// A typed view into a record or slot held alive by `base` (memory on `device`).
+Tensor view(const std::shared_ptr<std::byte>& base, int64_t offset, const Shape& shape, DType dtype,
+            Device device = {});
 
 // Where records live. pin() returns the record's bytes and keeps them in memory until the
 // matching unpin(); `dirty` says the record changed (a cache writes it back before dropping it).

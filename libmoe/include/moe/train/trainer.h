@@ -180,7 +180,7 @@ class Trainer {
   std::unique_ptr<Transformer> model_;
   std::unique_ptr<optim::AdamW> optimizer_;
   optim::AdamWConfig adamw_config() const;
-  offload::StoreConfig store_config() const;
+  offload::StoreConfig store_config(Device device) const;
   void plan_offload(const ModelConfig& config, Device device);
   std::string offload_tier_;                    // --offload auto: the plan's choice
   int64_t auto_host_budget_ = 0;                // --offload auto with ssd: the plan's host cache
