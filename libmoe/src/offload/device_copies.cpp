@@ -153,10 +153,15 @@ void DeviceCopies::download_gradient(int g) {
   engine_->record(buffer.copied.get(), stream, index);
 }
 
-const std::byte* DeviceCopies::downloaded(int g) {
+void DeviceCopies::drain(int g, const std::function<void(const std::byte* host)>& read) {
+  struct Release {
+    DeviceCopies* copies;
+    int g;
+    ~Release() { copies->release_gradient(g); }
+  } release{this, g};
   Gradient& buffer = gradients_[static_cast<size_t>(g)];
   engine_->synchronize_event(buffer.copied.get());
-  return buffer.host.get();
+  read(buffer.host.get());
 }
 
 void DeviceCopies::release_gradient(int g) {

@@ -59,9 +59,10 @@ class DeviceCopies {
   }
   // Backward's work on buffer g is queued: download it (after that work) to its pinned copy.
   void download_gradient(int g);
-  // Waits for buffer g's download; returns its pinned host copy (valid until release_gradient).
-  const std::byte* downloaded(int g);
-  void release_gradient(int g);  // the host copy was read: the buffer is free again
+  // Waits for buffer g's download, hands its pinned host copy (slot layout) to `read`, and frees
+  // the buffer (also when `read` throws).
+  void drain(int g, const std::function<void(const std::byte* host)>& read);
+  void release_gradient(int g);  // frees buffer g (drain does it)
 
  private:
   struct Staging {

@@ -338,18 +338,12 @@ struct TieredStore::Impl {
   void drain(Key k, int g, bool final) {
     const Layer& l = layers[static_cast<size_t>(k.layer)];
     std::shared_ptr<std::byte> record;
-    try {
-      const std::byte* host = device->downloaded(g);
+    device->drain(g, [&](const std::byte* host) {
       record = tier->pin(k.layer, k.expert);
       for (const TensorLayout& t : l.layout.tensors)
         std::memcpy(record.get() + t.grad.offset, host + t.slot_offset,
                     static_cast<size_t>(t.elements) * sizeof(float));
-    } catch (...) {
-      device->release_gradient(g);
-      if (record) tier->unpin(k.layer, k.expert, false);
-      throw;
-    }
-    device->release_gradient(g);
+    });
     if (final) finalize_gradient(k, record);
     tier->unpin(k.layer, k.expert, true);
   }
@@ -443,11 +437,10 @@ void TieredStore::start() {
   Impl& s = *impl_;
   MOE_CHECK(!s.started, "expert store: started twice");
   MOE_CHECK(!s.layers.empty(), "expert store: the model has no MoE layer to offload");
-  std::vector<int64_t> experts, record_bytes;
+  std::vector<int64_t> experts;
   int64_t slot_bytes = 0, total_experts = 0, total_record = 0;
   for (const Layer& l : s.layers) {
     experts.push_back(l.experts);
-    record_bytes.push_back(l.layout.record_bytes);
     slot_bytes = std::max(slot_bytes, l.layout.slot_bytes);
     total_experts += l.experts;
     total_record += l.experts * l.layout.record_bytes;
@@ -462,39 +455,9 @@ void TieredStore::start() {
                   " bytes is smaller than one expert's fp32 weights (", slot_bytes,
                   " bytes): the minimum is ", slot_bytes);
   slots = std::max<int64_t>(1, std::min(slots, total_experts));
-  if (s.config.tier == "host") {
-    MOE_USAGE_CHECK(s.config.host_budget == 0 || total_record <= s.config.host_budget,
-                    "--offload host: the experts' state takes ", format_bytes(double(total_record)),
-                    " (", total_record, " bytes) but --host-budget is ",
-                    format_bytes(double(s.config.host_budget)),
-                    ": raise it, or keep the state on SSD with --offload ssd --ssd-dir DIR");
-    s.tier = std::make_unique<HostRecords>(experts, record_bytes);
-  } else {
-    MOE_USAGE_CHECK(!s.config.ssd_dir.empty(),
-                    "--offload ssd needs --ssd-dir DIR: a directory on local storage for the "
-                    "experts' state (",
-                    format_bytes(double(total_record)), ")");
-    int64_t record = 0;
-    std::vector<LayerRecords> files;
-    std::vector<int> value_sections;
-    for (const Layer& l : s.layers) {
-      record = std::max(record, l.layout.record_bytes);
-      files.push_back({l.layout.file, static_cast<int>(l.experts)});
-      value_sections.push_back(l.layout.value_sections);
-    }
-    // The host cache: --host-budget, or a quarter of the experts' state by default.
-    const int64_t budget = s.config.host_budget > 0 ? s.config.host_budget : total_record / 4;
-    CacheConfig cache;
-    cache.policy = parse_cache_policy(s.config.expert_cache);
-    cache.capacity = std::min(budget / record, total_experts);
-    cache.lfu = s.config.lfu;
-    MOE_USAGE_CHECK(cache.capacity >= 1, "--host-budget ", budget,
-                    " bytes is smaller than one expert's state (", record,
-                    " bytes): the minimum is ", record);
-    s.tier = std::make_unique<CachedRecords>(
-        std::make_unique<ExpertFiles>(s.config.ssd_dir, std::move(files)), cache, record,
-        std::move(value_sections));
-  }
+  std::vector<const StoreLayout*> layouts;
+  for (const Layer& l : s.layers) layouts.push_back(&l.layout);
+  s.tier = make_record_tier(s.config, layouts, experts);
   // The device slots; on CUDA also two gradient buffers of a slot's size (one expert's backward
   // accumulates into one while the other drains), so the GPU holds slots + 2 experts' weights.
   if (s.config.device.kind == Device::cuda)
