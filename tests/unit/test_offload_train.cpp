@@ -71,7 +71,8 @@ int64_t record_bytes(Arch arch, DType dtype) { return expert_bytes(arch, dtype).
 
 }  // namespace
 
-TEST_CASE("offload: host tier trains bitwise as resident (gpt, mixtral; f32, bf16)", "[offload]") {
+TEST_CASE("offload: host tier trains bitwise as resident (gpt and mixtral, f32 and bf16)",
+          "[offload]") {
   for (Arch arch : {Arch::gpt, Arch::mixtral}) {
     for (DType dtype : {DType::f32, DType::bf16}) {
       for (double clip : {1.0, 0.0}) {
