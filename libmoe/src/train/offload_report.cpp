@@ -30,6 +30,8 @@ std::string offload_layout(const TrainConfig& config, const offload::TieredStore
                 : std::string(" in RAM");
   line += str(", ", s.device_slots, " device slot", s.device_slots == 1 ? "" : "s", " of ",
               format_bytes(double(s.slot_bytes)));
+  if (c.device.kind == Device::cuda)  // and the two gradient buffers beside them
+    line += str(" on ", c.device.str(), " (+2 gradient buffers)");
   line += c.device_budget > 0
               ? str(" (--device-budget ", format_bytes(double(c.device_budget)), ")")
               : std::string(" (default --device-budget)");
