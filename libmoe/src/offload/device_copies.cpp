@@ -1,9 +1,12 @@
 // The tiered store's device slots, gradient buffers and their copies (see device_copies.h).
 #include "offload/device_copies.h"
 
+#include <cstring>
+
 #include "moe/cuda.h"
 #include "moe/error.h"
 #include "moe/log.h"
+#include "offload/record.h"
 
 namespace moe::offload {
 
@@ -12,17 +15,36 @@ namespace {
 // third lets an upload on the compute thread (an expert the loader did not prefetch) proceed
 // while the loader holds two.
 constexpr int kStagingBuffers = 3;
+
+// The CPU's stand-in for a copy engine: host buffers, synchronous copies (so streams and events
+// have nothing to order). Compute on the CPU has finished when it returns, so a copy made at once
+// is ordered exactly as the events order it on a GPU.
+const Backend::CopyEngine& host_copies() {
+  static const Backend::CopyEngine engine{
+      [](size_t bytes) { return allocate_host(static_cast<int64_t>(bytes)); },
+      [](int) -> std::shared_ptr<void> { return std::make_shared<int>(0); },
+      [](int) -> std::shared_ptr<void> { return std::make_shared<int>(0); },
+      [](void*, void*, int) {},
+      [](void*, void*, int) {},
+      [](void*) {},
+      [](void*) {},
+      [](void* dst, const void* src, size_t bytes, void*, int) { std::memcpy(dst, src, bytes); },
+      [](void* dst, const void* src, size_t bytes, void*, int) { std::memcpy(dst, src, bytes); }};
+  return engine;
+}
 }  // namespace
 
 DeviceCopies::DeviceCopies(Device device, int64_t slot_bytes, int64_t slots, int gradient_buffers)
     : device_(device), slot_bytes_(static_cast<size_t>(slot_bytes)) {
-  // Without the backend cuda::available() is false too, and unavailable_reason() says why.
-  MOE_CHECK(device.kind == Device::cuda && cuda::available(), "expert store: device ", device.str(),
-            ": ", cuda::unavailable_reason());
-  MOE_CHECK(device.index >= 0 && device.index < cuda::device_count(), "expert store: device ",
-            device.str(), " does not exist (", cuda::device_count(), " CUDA devices visible)");
+  if (device.kind != Device::cpu) {
+    // Without the backend cuda::available() is false too, and unavailable_reason() says why.
+    MOE_CHECK(cuda::available(), "expert store: device ", device.str(), ": ",
+              cuda::unavailable_reason());
+    MOE_CHECK(device.index >= 0 && device.index < cuda::device_count(), "expert store: device ",
+              device.str(), " does not exist (", cuda::device_count(), " CUDA devices visible)");
+  }
   const Backend& backend = backend_for(device);
-  engine_ = &backend.copy_engine;
+  engine_ = device.kind == Device::cpu ? &host_copies() : &backend.copy_engine;
   const int index = device.index;
   upload_stream_ = engine_->create_stream(index);
   download_stream_ = engine_->create_stream(index);

@@ -34,7 +34,9 @@ namespace moe::offload {
 class DeviceCopies {
  public:
   // `slots` device slots and `gradient_buffers` gradient buffers of `slot_bytes` each on
-  // `device` (a CUDA device; throws naming it when it is not usable).
+  // `device`: a CUDA device (throws naming it when it is not usable), or the CPU, where the
+  // copies are synchronous memcpy and events have nothing to order (StoreConfig::stage_on_host:
+  // the CPU tests run this path).
   DeviceCopies(Device device, int64_t slot_bytes, int64_t slots, int gradient_buffers);
   ~DeviceCopies();  // waits for the queued copies (they read and write the buffers freed here)
   DeviceCopies(const DeviceCopies&) = delete;

@@ -460,7 +460,7 @@ void TieredStore::start() {
   s.tier = make_record_tier(s.config, layouts, experts);
   // The device slots; on CUDA also two gradient buffers of a slot's size (one expert's backward
   // accumulates into one while the other drains), so the GPU holds slots + 2 experts' weights.
-  if (s.config.device.kind == Device::cuda)
+  if (s.config.device.kind == Device::cuda || s.config.stage_on_host)
     s.device = std::make_unique<DeviceCopies>(s.config.device, slot_bytes, slots, 2);
   for (int64_t i = 0; i < slots; ++i) {
     Slot slot;

@@ -445,6 +445,7 @@ void Trainer::plan_offload(const ModelConfig& config, Device device) {
 offload::StoreConfig Trainer::store_config(Device device) const {
   offload::StoreConfig c;
   c.device = device;  // the slots and gradient buffers live where compute runs
+  c.stage_on_host = train_.offload_stage_on_host;
   const std::string& tier = train_.offload == "auto" ? offload_tier_ : train_.offload;
   MOE_USAGE_CHECK(tier == "host" || tier == "ssd",
                   "--offload must be none, host, ssd or auto (got '", train_.offload, "')");

@@ -50,6 +50,9 @@ namespace moe::offload {
 struct StoreConfig {
   std::string tier = "host";  // host | ssd (offload::plan resolves `auto`)
   Device device;              // where compute reads the slots: the CPU, or a CUDA device
+  // Tests: on the CPU, run the CUDA path (staging buffers, gradient buffers drained on the
+  // optimizer thread) with host memory and synchronous copies, so the CPU tests cover its logic.
+  bool stage_on_host = false;
   int64_t device_budget = 0;  // bytes of device slots (fp32 weights of the experts computing)
   int64_t host_budget = 0;    // bytes of expert state in host memory (ssd: the host cache)
   std::string ssd_dir;        // ssd: where the per-expert files go (offload::ExpertFiles)

@@ -57,6 +57,8 @@ struct TrainConfig {
   std::string expert_cache = "lru";
   double lfu_threshold = 0, lfu_beta = 0.75;
   int64_t lfu_period = 16;
+  // Tests only, not saved: StoreConfig::stage_on_host (the GPU store's path run on the CPU).
+  bool offload_stage_on_host = false;
   // Memory. grad_accum: each optimizer step runs N forward/backward passes over N equal
   // micro-batches of its batch (split after the data-parallel split: batch divides by N x the
   // world), accumulates their gradients and steps once; the step's tokens do not depend on N.
