@@ -71,13 +71,13 @@ DeviceCopies::DeviceCopies(Device device, int64_t slot_bytes, int64_t slots, int
 }
 
 DeviceCopies::~DeviceCopies() {
-  for (const std::shared_ptr<void>& stream : {upload_stream_, download_stream_}) {
-    if (!stream) continue;
-    try {
-      engine_->synchronize_stream(stream.get());
-    } catch (const std::exception& e) {
-      MOE_LOG_WARN("expert store: ", e.what());
-    }
+  // Queued copies read the pinned buffers and write the slots and gradient buffers, on the
+  // store's streams and (a gradient's upload) on the compute stream: all of the device's work.
+  if (device_.kind != Device::cuda) return;
+  try {
+    cuda::synchronize(device_.index);
+  } catch (const std::exception& e) {
+    MOE_LOG_WARN("expert store: ", e.what());
   }
 }
 

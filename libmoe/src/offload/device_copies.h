@@ -38,7 +38,7 @@ class DeviceCopies {
   // copies are synchronous memcpy and events have nothing to order (StoreConfig::stage_on_host:
   // the CPU tests run this path).
   DeviceCopies(Device device, int64_t slot_bytes, int64_t slots, int gradient_buffers);
-  ~DeviceCopies();  // waits for the queued copies (they read and write the buffers freed here)
+  ~DeviceCopies();  // waits for the device (its copies read and write the buffers freed here)
   DeviceCopies(const DeviceCopies&) = delete;
   DeviceCopies& operator=(const DeviceCopies&) = delete;
 
