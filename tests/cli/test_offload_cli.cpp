@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "moe/cuda.h"
 #include "moe/io/checkpoint.h"
 #include "support/run.h"
 
@@ -179,9 +180,6 @@ TEST_CASE("cli: bad offload flags are refused before any work, naming the flag",
       {"--offload host --host-budget 1KB", 2,
        "--offload host: the experts' state takes 192.0 KiB (196608 bytes) but --host-budget is "
        "1000 bytes: raise it, or keep the state on SSD with --offload ssd --ssd-dir DIR"},
-      // Refused before the driver is asked, so a CPU-only build says the same.
-      {"--offload host --device cuda", 2,
-       "--offload host with --device cuda:0: the GPU expert store is not built yet"},
   };
   for (const Case& c : cases) {
     INFO(c.flags);
@@ -190,6 +188,27 @@ TEST_CASE("cli: bad offload flags are refused before any work, naming the flag",
     INFO(r.err);
     REQUIRE(r.exit_code == c.exit_code);
     REQUIRE(contains(r.err, c.message));
+    REQUIRE(!fs::exists(dir / "run/last.h5"));
+  }
+}
+
+// --offload with --device cuda is the GPU store; without a usable GPU it is refused as every
+// --device cuda run is (exit 1, the driver's or the build's reason), before any file is written.
+TEST_CASE("cli: moe-train --offload host --device cuda without a GPU names the device and why",
+          "[cli][offload]") {
+  if (cuda::available()) {  // the [cuda] tests train it (tests/cuda/test_cuda_offload.cpp)
+    WARN("a CUDA device is usable here: the refusal cannot happen");
+    return;
+  }
+  test::ScratchDir dir("cli-offload-cuda");
+  for (const std::string& offload : {std::string("host"), "ssd --ssd-dir " + dir / "ssd"}) {
+    const std::string flags = "--offload " + offload + " --device cuda";
+    INFO(flags);
+    const test::RunResult r = run_command(
+        train(" --arch mixtral --kv-heads 1 --steps 1 " + flags + " --out " + dir / "run"));
+    INFO(r.err);
+    REQUIRE(r.exit_code == 1);
+    REQUIRE(contains(r.err, "moe-train: error: --device cuda: " + cuda::unavailable_reason()));
     REQUIRE(!fs::exists(dir / "run/last.h5"));
   }
 }

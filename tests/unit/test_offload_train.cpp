@@ -6,7 +6,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include "moe/cuda.h"
 #include "moe/io/checkpoint.h"
+#include "moe/train/offload_report.h"
 #include "moe/train/trainer.h"
 #include "support/models.h"
 #include "support/run.h"
@@ -69,7 +71,8 @@ int64_t record_bytes(Arch arch, DType dtype) { return expert_bytes(arch, dtype).
 
 }  // namespace
 
-TEST_CASE("offload: host tier trains bitwise as resident (gpt, mixtral; f32, bf16)", "[offload]") {
+TEST_CASE("offload: host tier trains bitwise as resident (gpt and mixtral, f32 and bf16)",
+          "[offload]") {
   for (Arch arch : {Arch::gpt, Arch::mixtral}) {
     for (DType dtype : {DType::f32, DType::bf16}) {
       for (double clip : {1.0, 0.0}) {
@@ -330,6 +333,84 @@ TEST_CASE("offload: experts routed only in an earlier micro-batch keep their gra
         REQUIRE(a.grad_norm == b.grad_norm);
       }
       require_same(resident, offloaded);
+    }
+  }
+}
+
+TEST_CASE("offload: the GPU store is one process only, and needs a usable GPU", "[offload]") {
+  // Several ranks are refused before the device is opened, as a usage error naming the flags.
+  train::TrainConfig t = training(2);
+  t.offload = "host";
+  const Device gpu{Device::cuda, 0};
+  REQUIRE_THROWS_AS(train::check_offload_device(t, gpu, 2), UsageError);
+  REQUIRE_THROWS_WITH(train::check_offload_device(t, gpu, 2),
+                      Catch::Contains("--offload host with --device cuda:0 on 2 ranks") &&
+                          Catch::Contains("one process only"));
+  REQUIRE_NOTHROW(train::check_offload_device(t, gpu, 1));
+  REQUIRE_NOTHROW(train::check_offload_device(t, Device{}, 2));
+  t.offload = "none";
+  REQUIRE_NOTHROW(train::check_offload_device(t, gpu, 2));
+  // The library refuses a store on a GPU it cannot use with the driver's (or the build's) reason.
+  if (cuda::available()) return;  // tests/cuda/test_cuda_offload.cpp trains there
+  t.offload = "host";
+  REQUIRE_THROWS_WITH(train::Trainer(model(Arch::gpt), t, {}, nullptr, gpu),
+                      Catch::Contains("cuda:0") && Catch::Contains(cuda::unavailable_reason()));
+}
+
+// The GPU store's own logic (StoreConfig::stage_on_host): staging buffers, gradient buffers that
+// start as zero or as the expert's gradient so far this step, downloads drained into the records
+// on the optimizer thread, complete_gradients waiting for them. On the CPU the copies are
+// synchronous, so this checks the bookkeeping, not the GPU's ordering ([cuda] tests do that).
+TEST_CASE("offload: the GPU store's path staged on the host trains bitwise as resident",
+          "[offload]") {
+  struct Case {
+    Arch arch;
+    DType dtype;
+    const char* tier;
+    double clip;
+    int64_t accum;
+    int prefetch;
+    double pin;
+    bool one_slot;
+  };
+  const Case cases[] = {
+      {Arch::gpt, DType::f32, "host", 1.0, 1, 2, 0.25, false},
+      {Arch::gpt, DType::bf16, "host", 0.0, 2, 0, 0.0, true},
+      {Arch::mixtral, DType::f32, "host", 0.0, 1, 2, 1.0, false},
+      {Arch::mixtral, DType::f32, "ssd", 1.0, 2, 2, 0.25, false},
+      {Arch::mixtral, DType::bf16, "ssd", 0.0, 2, 0, 0.0, true},
+  };
+  for (const Case& c : cases) {
+    DYNAMIC_SECTION(arch_name(c.arch)
+                    << " " << dtype_name(c.dtype) << " " << c.tier << " clip " << c.clip
+                    << " accum " << c.accum << " prefetch " << c.prefetch << " pin " << c.pin
+                    << " one slot " << c.one_slot) {
+      test::ScratchDir dir("offload-staged");
+      train::TrainConfig base = training(4);
+      base.clip = c.clip;
+      base.grad_accum = c.accum;
+      train::Trainer resident(model(c.arch, c.dtype), base, {});
+      train::TrainConfig off = base;
+      off.offload = c.tier;
+      off.ssd_dir = dir.path();
+      off.prefetch_depth = c.prefetch;
+      off.pin_fraction = c.pin;
+      if (c.one_slot) off.device_budget = str(expert_bytes(c.arch, c.dtype).slot);
+      off.offload_stage_on_host = true;
+      train::Trainer offloaded(model(c.arch, c.dtype), off, {});
+      for (int i = 0; i < 4; ++i) {
+        const train::StepStats a = resident.step(), b = offloaded.step();
+        REQUIRE(a.forward.total == b.forward.total);
+        REQUIRE(a.grad_norm == b.grad_norm);
+      }
+      require_same(resident, offloaded);
+      const offload::StoreStats st = offloaded.expert_store()->stats();
+      REQUIRE(st.uploads > 0);
+      if (c.clip == 0)
+        REQUIRE(st.optimizer_overlapped > 0);
+      else
+        REQUIRE(st.optimizer_overlapped == 0);
+      if (c.one_slot) REQUIRE(st.device_slots == 1);
     }
   }
 }

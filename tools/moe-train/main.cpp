@@ -119,7 +119,7 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
   // The device is checked before any work: a machine without a usable GPU is told so at once.
   // Several ranks on GPUs train over NCCL (the trainer's parallel::Layout bootstraps it over the
   // launcher's MPI world), one GPU per rank.
-  train::check_offload_device(tc, Device::parse(o.device));  // before the driver is asked
+  train::check_offload_device(tc, Device::parse(o.device), world.size());  // before the driver
   const Device device = tools::resolve_device(o.device, &world);
   train::Trainer trainer(mc, tc, io::make_provenance("moe-train", argc, argv), &world, device);
   const comm::Communicator& group = *trainer.layout().world();

@@ -2,7 +2,8 @@
 // piece of work the library does -- memory, the ops' loops, the optimizer update, asynchronous
 // copies -- is a function pointer here, filled in by a backend (backend/cpu, backend/cuda) and
 // looked up by device in backend/registry.cpp. Callers (core/tensor.cpp, ops/*.cpp,
-// optim/adamw.cpp, infer/expert_ring.cpp) never name a backend: a third one is one more table.
+// optim/adamw.cpp, infer/expert_ring.cpp, offload/device_copies.cpp) never name a backend: a third
+// one is one more table.
 //
 // Entries run after the op's operand checks (ops/*.cpp), with every tensor on the table's device
 // kind; their shapes and dtypes are already right. Index values that live on the device (ids,
@@ -141,11 +142,11 @@ struct Backend {
                                  Tensor* compute);
   } optim;
 
-  // Host-to-device copies that overlap compute (the expert ring's loads), for devices with their
-  // own queues. Streams and events are opaque handles owned by the shared_ptrs create_* return;
-  // a null stream means the queue ops on `device` run on now (its compute stream). Every call
-  // makes `device` current on the calling thread first. Null entries on the CPU table: host
-  // memory needs no staging.
+  // Copies between host and device that overlap compute (the expert ring's loads, the tiered
+  // store's uploads and gradient downloads), for devices with their own queues. Streams and events
+  // are opaque handles owned by the shared_ptrs create_* return; a null stream means the queue ops
+  // on `device` run on now (its compute stream). Every call makes `device` current on the calling
+  // thread first. Null entries on the CPU table: host memory needs no staging.
   struct CopyEngine {
     // Page-locked host memory, for staging buffers a copy reads while the host fills another.
     std::shared_ptr<std::byte> (*allocate_pinned)(size_t bytes);
@@ -161,6 +162,9 @@ struct Backend {
     // Queues a copy of `bytes` from host `src` to device memory `dst` on `stream`.
     void (*copy_to_device_async)(void* dst, const void* src, size_t bytes, void* stream,
                                  int device);
+    // Queues a copy of `bytes` from device memory `src` to host `dst` (pinned, so that the copy
+    // is asynchronous) on `stream`; `dst` may be read once an event recorded after it completed.
+    void (*copy_to_host_async)(void* dst, const void* src, size_t bytes, void* stream, int device);
   } copy_engine;
 };
 

@@ -7,6 +7,7 @@
 #include <new>
 
 #include "moe/error.h"
+#include "moe/models/memory.h"
 
 namespace moe::offload {
 
@@ -65,9 +66,51 @@ StoreLayout record_layout(const nn::ExpertParams& params, DType storage) {
   return layout;
 }
 
-Tensor view(const std::shared_ptr<std::byte>& base, int64_t offset, const Shape& shape,
-            DType dtype) {
-  return Tensor::from_storage(std::shared_ptr<std::byte>(base, base.get() + offset), shape, dtype);
+Tensor view(const std::shared_ptr<std::byte>& base, int64_t offset, const Shape& shape, DType dtype,
+            Device device) {
+  return Tensor::from_storage(std::shared_ptr<std::byte>(base, base.get() + offset), shape, dtype,
+                              device);
+}
+
+std::unique_ptr<RecordTier> make_record_tier(const StoreConfig& config,
+                                             const std::vector<const StoreLayout*>& layouts,
+                                             const std::vector<int64_t>& experts) {
+  int64_t total_record = 0, total_experts = 0, record = 0;
+  std::vector<int64_t> record_bytes;
+  std::vector<LayerRecords> files;
+  std::vector<int> value_sections;
+  for (size_t l = 0; l < layouts.size(); ++l) {
+    total_record += experts[l] * layouts[l]->record_bytes;
+    total_experts += experts[l];
+    record = std::max(record, layouts[l]->record_bytes);
+    record_bytes.push_back(layouts[l]->record_bytes);
+    files.push_back({layouts[l]->file, static_cast<int>(experts[l])});
+    value_sections.push_back(layouts[l]->value_sections);
+  }
+  if (config.tier == "host") {
+    MOE_USAGE_CHECK(config.host_budget == 0 || total_record <= config.host_budget,
+                    "--offload host: the experts' state takes ", format_bytes(double(total_record)),
+                    " (", total_record, " bytes) but --host-budget is ",
+                    format_bytes(double(config.host_budget)),
+                    ": raise it, or keep the state on SSD with --offload ssd --ssd-dir DIR");
+    return std::make_unique<HostRecords>(experts, record_bytes);
+  }
+  MOE_USAGE_CHECK(!config.ssd_dir.empty(),
+                  "--offload ssd needs --ssd-dir DIR: a directory on local storage for the "
+                  "experts' state (",
+                  format_bytes(double(total_record)), ")");
+  // The host cache: --host-budget, or a quarter of the experts' state by default.
+  const int64_t budget = config.host_budget > 0 ? config.host_budget : total_record / 4;
+  CacheConfig cache;
+  cache.policy = parse_cache_policy(config.expert_cache);
+  cache.capacity = std::min(budget / record, total_experts);
+  cache.lfu = config.lfu;
+  MOE_USAGE_CHECK(cache.capacity >= 1, "--host-budget ", budget,
+                  " bytes is smaller than one expert's state (", record, " bytes): the minimum is ",
+                  record);
+  return std::make_unique<CachedRecords>(
+      std::make_unique<ExpertFiles>(config.ssd_dir, std::move(files)), cache, record,
+      std::move(value_sections));
 }
 
 std::shared_ptr<std::byte> allocate_host(int64_t bytes) {

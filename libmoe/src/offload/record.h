@@ -16,6 +16,7 @@
 #include "moe/nn/expert_store.h"
 #include "moe/offload/cache_policy.h"
 #include "moe/offload/expert_file.h"
+#include "moe/offload/tiered_store.h"
 #include "moe/tensor.h"
 
 namespace moe::offload {
@@ -50,9 +51,9 @@ struct StoreLayout {
 // parameters' dtype.
 StoreLayout record_layout(const nn::ExpertParams& params, DType storage);
 
-// A typed view into a record or slot held alive by `base`.
-Tensor view(const std::shared_ptr<std::byte>& base, int64_t offset, const Shape& shape,
-            DType dtype);
+// A typed view into a record or slot held alive by `base` (memory on `device`).
+Tensor view(const std::shared_ptr<std::byte>& base, int64_t offset, const Shape& shape, DType dtype,
+            Device device = {});
 
 // Where records live. pin() returns the record's bytes and keeps them in memory until the
 // matching unpin(); `dirty` says the record changed (a cache writes it back before dropping it).
@@ -122,6 +123,13 @@ class CachedRecords final : public RecordTier {
   mutable std::mutex mu_;
   std::condition_variable changed_;
 };
+
+// The tier a store's config names: HostRecords (refused when --host-budget is set and too small),
+// or CachedRecords over ExpertFiles in ssd_dir behind a cache of host_budget bytes (by default a
+// quarter of the experts' state). layouts[l] and experts[l]: layer l's record layout and experts.
+std::unique_ptr<RecordTier> make_record_tier(const StoreConfig& config,
+                                             const std::vector<const StoreLayout*>& layouts,
+                                             const std::vector<int64_t>& experts);
 
 // 64-byte aligned host bytes (not from an arena).
 std::shared_ptr<std::byte> allocate_host(int64_t bytes);

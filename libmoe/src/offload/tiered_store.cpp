@@ -6,6 +6,12 @@
 // thread at a time by construction: the loader uploads an expert only before compute acquires it
 // (compute waits for the upload), the optimizer updates it only after compute's gradient_done,
 // and finish_step waits for the optimizer thread before the next step can upload anything.
+//
+// On a CUDA device (device_copies.h) compute's side of an expert is queued, not finished, when
+// its call returns; events order the copies after it. A gradient buffer goes from gradients()
+// to gradient_done() on the compute thread, then to the optimizer thread, which waits for its
+// download, moves it into the record (a "drain") and frees it; an expert with a drain pending
+// is not handed out again (gradients() waits) and complete_gradients waits for all of them.
 #include "moe/offload/tiered_store.h"
 
 #include <omp.h>
@@ -15,17 +21,20 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
 
 #include "kernels/adamw.h"
+#include "moe/cuda.h"
 #include "moe/io/finite.h"
 #include "moe/log.h"
 #include "moe/models/memory.h"
 #include "moe/ops/core.h"
 #include "moe/ops/optim.h"
 #include "moe/timer.h"
+#include "offload/device_copies.h"
 #include "offload/record.h"
 
 namespace moe::offload {
@@ -40,6 +49,8 @@ struct ExpertState {
   bool pinned = false;          // among the busiest of the last step: keeps its slot when it can
   int64_t tokens = 0, previous_tokens = 0;  // rows this step / last step (forward)
   std::shared_ptr<std::byte> grad_record;   // pinned from gradients() to gradient_done()
+  int grad_buffer = -1;                     // CUDA: its device gradient buffer, likewise
+  int drains = 0;                           // CUDA: downloads not yet moved into the record
 };
 
 struct Layer {
@@ -70,6 +81,7 @@ struct TieredStore::Impl {
   std::vector<Layer> layers;
   std::map<const Param*, std::pair<int, size_t>> where;  // parameter -> (layer, tensor index)
   std::unique_ptr<RecordTier> tier;
+  std::unique_ptr<DeviceCopies> device;  // CUDA slots and gradient buffers; null on the CPU
   std::vector<Slot> slots;
   bool started = false;
 
@@ -80,14 +92,19 @@ struct TieredStore::Impl {
   std::vector<Key> plan;
   size_t cursor = 0, next_load = 0;
   Key waiting{-1, -1};  // the expert compute waits for in acquire
+  // An expert's AdamW step, and (CUDA) first the drain of its downloaded gradient buffer.
   struct Update {
     Key key;
     float clip_scale = 1.0f;
     bool stale_gradient = false;
     bool during_backward = true;
+    int drain = -1;         // CUDA: the gradient buffer to move into the record first
+    bool finalize = false;  // after the drain: the gradient is final (scale, squared sums)
+    bool adamw = true;      // run the update (false: a drain only)
   };
   std::deque<Update> optimizer_queue;
   int optimizer_busy = 0;
+  int draining = 0;  // CUDA: drains queued or running
   bool stopping = false;
   uint64_t clock = 0;
   StepInfo step_info;
@@ -147,15 +164,21 @@ struct TieredStore::Impl {
     s.users = 0;
   }
 
-  // Converts the expert's storage values into the slot's fp32 weights (outside the lock).
-  void fill_slot(Key k, const Slot& slot) {
+  // Converts the expert's storage values into slot i's fp32 weights (outside the lock); on CUDA
+  // into a pinned staging buffer, whose copy into the slot is queued.
+  void fill_slot(Key k, int i) {
     const Layer& layer = layers[static_cast<size_t>(k.layer)];
     const std::shared_ptr<std::byte> values = allocate_host(layer.layout.values_bytes);
     tier->read_values(k.layer, k.expert, layer.layout.values_bytes, values.get());
-    for (const TensorLayout& t : layer.layout.tensors) {
-      Tensor into = view(slot.data, t.slot_offset, t.shape, DType::f32);
-      into.copy_from(view(values, t.value.offset, t.shape, t.value.dtype));
-    }
+    auto convert = [&](const std::shared_ptr<std::byte>& into) {
+      for (const TensorLayout& t : layer.layout.tensors)
+        view(into, t.slot_offset, t.shape, DType::f32)
+            .copy_from(view(values, t.value.offset, t.shape, t.value.dtype));
+    };
+    if (!device) return convert(slots[static_cast<size_t>(i)].data);
+    device->upload(i, [&](std::byte* staging) {
+      convert(std::shared_ptr<std::byte>(values, staging));  // a non-owning alias
+    });
   }
 
   // Claims a slot for k (the lock held; waits while every slot is busy) and uploads into it.
@@ -181,7 +204,7 @@ struct TieredStore::Impl {
     lock.unlock();
     std::string error;
     try {
-      fill_slot(k, s);
+      fill_slot(k, i);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -262,17 +285,27 @@ struct TieredStore::Impl {
       lock.unlock();
       std::string error;
       try {
-        update(u.key, u.clip_scale, u.stale_gradient);
+        if (u.drain >= 0) drain(u.key, u.drain, u.finalize);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      try {
+        if (u.adamw && error.empty()) update(u.key, u.clip_scale, u.stale_gradient);
       } catch (const std::exception& e) {
         error = e.what();
       }
       lock.lock();
       --optimizer_busy;
-      if (error.empty()) {
+      if (u.drain >= 0) {
+        --state(u.key).drains;
+        --draining;
+        if (u.finalize && error.empty()) state(u.key).finalized_step = step;
+      }
+      if (!error.empty()) {
+        if (failure.empty()) failure = error;
+      } else if (u.adamw) {
         updated(u.key);
         ++(u.during_backward ? stats.optimizer_overlapped : stats.optimizer_after);
-      } else if (failure.empty()) {
-        failure = error;
       }
       changed.notify_all();
     }
@@ -295,6 +328,24 @@ struct TieredStore::Impl {
       l.square_sums[t * static_cast<size_t>(l.experts) + static_cast<size_t>(k.expert)] =
           ops::sum_squares(grad);
     }
+  }
+
+  nn::ExpertTensors device_gradients(Key k);  // gradients() and gradient_done() on CUDA
+  void device_gradient_done(Key k);
+
+  // CUDA: moves gradient buffer g's download into the expert's record (outside the lock) and
+  // frees the buffer; `final`: then scales and squared-sums it (finalize_gradient).
+  void drain(Key k, int g, bool final) {
+    const Layer& l = layers[static_cast<size_t>(k.layer)];
+    std::shared_ptr<std::byte> record;
+    device->drain(g, [&](const std::byte* host) {
+      record = tier->pin(k.layer, k.expert);
+      for (const TensorLayout& t : l.layout.tensors)
+        std::memcpy(record.get() + t.grad.offset, host + t.slot_offset,
+                    static_cast<size_t>(t.elements) * sizeof(float));
+    });
+    if (final) finalize_gradient(k, record);
+    tier->unpin(k.layer, k.expert, true);
   }
 
   // Where a parameter's section `what` ("value", "master", "adam.m", "adam.v") of one expert
@@ -328,13 +379,15 @@ struct TieredStore::Impl {
     return {li, &t, section};
   }
 
+  // The expert's tensors in a record's gradient sections (record = true) or in slot-shaped
+  // memory on `on` (a slot, or a CUDA gradient buffer).
   nn::ExpertTensors tensors_of(const Layer& layer, const std::shared_ptr<std::byte>& base,
-                               bool grads) const {
+                               bool record, Device on = {}) const {
     nn::ExpertTensors out;
     Tensor* fields[5] = {&out.w1, &out.w2, &out.w3, &out.b1, &out.b2};
     for (const TensorLayout& t : layer.layout.tensors)
-      *fields[t.field] = grads ? view(base, t.grad.offset, t.shape, DType::f32)
-                               : view(base, t.slot_offset, t.shape, DType::f32);
+      *fields[t.field] = record ? view(base, t.grad.offset, t.shape, DType::f32)
+                                : view(base, t.slot_offset, t.shape, DType::f32, on);
     return out;
   }
 };
@@ -349,6 +402,9 @@ TieredStore::TieredStore(const ParamSet& params, const StoreConfig& config)
                   "--prefetch-depth must be in [0, 64] (got ", config.prefetch_depth, ")");
   MOE_USAGE_CHECK(config.device_budget >= 0 && config.host_budget >= 0,
                   "--device-budget and --host-budget must be >= 0");
+  if (config.device.kind == Device::cuda)  // before any work: without a GPU, say so at once
+    MOE_CHECK(cuda::available(), "expert store: device ", config.device.str(), ": ",
+              cuda::unavailable_reason());
 }
 
 TieredStore::~TieredStore() {
@@ -381,11 +437,10 @@ void TieredStore::start() {
   Impl& s = *impl_;
   MOE_CHECK(!s.started, "expert store: started twice");
   MOE_CHECK(!s.layers.empty(), "expert store: the model has no MoE layer to offload");
-  std::vector<int64_t> experts, record_bytes;
+  std::vector<int64_t> experts;
   int64_t slot_bytes = 0, total_experts = 0, total_record = 0;
   for (const Layer& l : s.layers) {
     experts.push_back(l.experts);
-    record_bytes.push_back(l.layout.record_bytes);
     slot_bytes = std::max(slot_bytes, l.layout.slot_bytes);
     total_experts += l.experts;
     total_record += l.experts * l.layout.record_bytes;
@@ -400,42 +455,16 @@ void TieredStore::start() {
                   " bytes is smaller than one expert's fp32 weights (", slot_bytes,
                   " bytes): the minimum is ", slot_bytes);
   slots = std::max<int64_t>(1, std::min(slots, total_experts));
-  if (s.config.tier == "host") {
-    MOE_USAGE_CHECK(s.config.host_budget == 0 || total_record <= s.config.host_budget,
-                    "--offload host: the experts' state takes ", format_bytes(double(total_record)),
-                    " (", total_record, " bytes) but --host-budget is ",
-                    format_bytes(double(s.config.host_budget)),
-                    ": raise it, or keep the state on SSD with --offload ssd --ssd-dir DIR");
-    s.tier = std::make_unique<HostRecords>(experts, record_bytes);
-  } else {
-    MOE_USAGE_CHECK(!s.config.ssd_dir.empty(),
-                    "--offload ssd needs --ssd-dir DIR: a directory on local storage for the "
-                    "experts' state (",
-                    format_bytes(double(total_record)), ")");
-    int64_t record = 0;
-    std::vector<LayerRecords> files;
-    std::vector<int> value_sections;
-    for (const Layer& l : s.layers) {
-      record = std::max(record, l.layout.record_bytes);
-      files.push_back({l.layout.file, static_cast<int>(l.experts)});
-      value_sections.push_back(l.layout.value_sections);
-    }
-    // The host cache: --host-budget, or a quarter of the experts' state by default.
-    const int64_t budget = s.config.host_budget > 0 ? s.config.host_budget : total_record / 4;
-    CacheConfig cache;
-    cache.policy = parse_cache_policy(s.config.expert_cache);
-    cache.capacity = std::min(budget / record, total_experts);
-    cache.lfu = s.config.lfu;
-    MOE_USAGE_CHECK(cache.capacity >= 1, "--host-budget ", budget,
-                    " bytes is smaller than one expert's state (", record,
-                    " bytes): the minimum is ", record);
-    s.tier = std::make_unique<CachedRecords>(
-        std::make_unique<ExpertFiles>(s.config.ssd_dir, std::move(files)), cache, record,
-        std::move(value_sections));
-  }
+  std::vector<const StoreLayout*> layouts;
+  for (const Layer& l : s.layers) layouts.push_back(&l.layout);
+  s.tier = make_record_tier(s.config, layouts, experts);
+  // The device slots; on CUDA also two gradient buffers of a slot's size (one expert's backward
+  // accumulates into one while the other drains), so the GPU holds slots + 2 experts' weights.
+  if (s.config.device.kind == Device::cuda || s.config.stage_on_host)
+    s.device = std::make_unique<DeviceCopies>(s.config.device, slot_bytes, slots, 2);
   for (int64_t i = 0; i < slots; ++i) {
     Slot slot;
-    slot.data = allocate_host(slot_bytes);
+    slot.data = s.device ? s.device->slot(static_cast<int>(i)) : allocate_host(slot_bytes);
     s.slots.push_back(std::move(slot));
   }
   s.stats.device_slots = slots;
@@ -547,13 +576,15 @@ nn::ExpertTensors TieredStore::acquire(int layer, int expert) {
   Slot& slot = s.slots[static_cast<size_t>(st.slot)];
   ++slot.users;
   slot.last_use = ++s.clock;
-  return s.tensors_of(s.layers[static_cast<size_t>(layer)], slot.data, false);
+  if (s.device) s.device->acquired(st.slot);  // the GPU, not the host, waits for the upload
+  return s.tensors_of(s.layers[static_cast<size_t>(layer)], slot.data, false, s.config.device);
 }
 
 nn::ExpertTensors TieredStore::gradients(int layer, int expert) {
   Impl& s = *impl_;
   const Key k{layer, expert};
   ExpertState& st = s.state(k);
+  if (s.device) return s.device_gradients(k);
   if (!st.grad_record) st.grad_record = s.tier->pin(layer, expert);
   const Layer& l = s.layers[static_cast<size_t>(layer)];
   nn::ExpertTensors g = s.tensors_of(l, st.grad_record, true);
@@ -571,6 +602,7 @@ void TieredStore::release(int layer, int expert) {
   ExpertState& st = s.state({layer, expert});
   MOE_CHECK(st.slot >= 0, "expert store: release of layer ", layer, " expert ", expert,
             " that was not acquired");
+  if (s.device) s.device->released(st.slot);  // the next upload into the slot waits for compute
   --s.slots[static_cast<size_t>(st.slot)].users;
   s.changed.notify_all();
 }
@@ -579,6 +611,7 @@ void TieredStore::gradient_done(int layer, int expert) {
   Impl& s = *impl_;
   const Key k{layer, expert};
   ExpertState& st = s.state(k);
+  if (s.device) return s.device_gradient_done(k);
   MOE_CHECK(st.grad_record, "expert store: gradient_done of layer ", layer, " expert ", expert,
             " without gradients()");
   // The gradient is final: scaled and squared-summed now, unless replicas must add theirs first
@@ -597,9 +630,63 @@ void TieredStore::gradient_done(int layer, int expert) {
   }
 }
 
+// CUDA: a gradient buffer for the expert, starting as its gradient so far this step (an earlier
+// micro-batch's, uploaded once its drain is in the record) or zero, as resident backward finds
+// the parameter's gradient: backward accumulates (+=) into it.
+nn::ExpertTensors TieredStore::Impl::device_gradients(Key k) {
+  Impl& s = *this;
+  ExpertState& st = s.state(k);
+  const Layer& l = s.layers[static_cast<size_t>(k.layer)];
+  MOE_CHECK(st.grad_buffer < 0, "expert store: gradients of layer ", k.layer, " expert ", k.expert,
+            " twice before gradient_done");
+  bool earlier = false;
+  {
+    std::unique_lock<std::mutex> lock(s.mu);
+    s.changed.wait(lock, [&] { return st.drains == 0 || !s.failure.empty(); });
+    s.rethrow_locked();
+    earlier = st.grad_step == s.step;
+    st.grad_step = s.step;
+  }
+  std::function<void(std::byte*)> initial;
+  if (earlier)
+    initial = [&](std::byte* pinned) {
+      const std::shared_ptr<std::byte> record = s.tier->pin(k.layer, k.expert);
+      for (const TensorLayout& t : l.layout.tensors)
+        std::memcpy(pinned + t.slot_offset, record.get() + t.grad.offset,
+                    static_cast<size_t>(t.elements) * sizeof(float));
+      s.tier->unpin(k.layer, k.expert, false);
+    };
+  st.grad_buffer = s.device->take_gradient(initial);
+  return s.tensors_of(l, s.device->gradient(st.grad_buffer), false, s.config.device);
+}
+
+// CUDA: queues the buffer's download after backward's work on it, and its drain (then, when the
+// gradient is final and nothing forbids it, the expert's AdamW) on the optimizer thread.
+void TieredStore::Impl::device_gradient_done(Key k) {
+  Impl& s = *this;
+  ExpertState& st = s.state(k);
+  MOE_CHECK(st.grad_buffer >= 0, "expert store: gradient_done of layer ", k.layer, " expert ",
+            k.expert, " without gradients()");
+  const int g = st.grad_buffer;
+  st.grad_buffer = -1;
+  s.device->download_gradient(g);
+  const bool final = s.step_info.last_micro_batch && !s.step_info.replicas;
+  const bool adamw = final && s.step_info.overlap && s.config.overlap_optimizer;
+  std::lock_guard<std::mutex> lock(s.mu);
+  ++st.drains;
+  ++s.draining;
+  s.optimizer_queue.push_back({k, 1.0f, false, true, g, final, adamw});
+  s.changed.notify_all();
+}
+
 void TieredStore::complete_gradients() {
   Impl& s = *impl_;
   comm::Communicator* replicas = s.step_info.replicas;
+  {  // CUDA: every download of this backward is in its record
+    std::unique_lock<std::mutex> lock(s.mu);
+    s.changed.wait(lock, [&] { return s.draining == 0 || !s.failure.empty(); });
+    s.rethrow_locked();
+  }
   for (int li = 0; li < static_cast<int>(s.layers.size()); ++li) {
     const Layer& layer = s.layers[static_cast<size_t>(li)];
     for (int64_t e = 0; e < layer.experts; ++e) {

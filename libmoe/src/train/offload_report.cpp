@@ -8,11 +8,12 @@
 
 namespace moe::train {
 
-void check_offload_device(const TrainConfig& config, Device device) {
-  MOE_USAGE_CHECK(config.offload == "none" || device.kind == Device::cpu, "--offload ",
-                  config.offload, " with --device ", device.str(),
-                  ": the GPU expert store is not built yet; offloaded training runs on the CPU "
-                  "(--device cpu), or train resident on the GPU (--offload none)");
+void check_offload_device(const TrainConfig& config, Device device, int world_size) {
+  MOE_USAGE_CHECK(config.offload == "none" || device.kind == Device::cpu || world_size == 1,
+                  "--offload ", config.offload, " with --device ", device.str(), " on ", world_size,
+                  " ranks: the GPU expert store trains in one process only (no data or expert "
+                  "parallelism yet); offload on the CPU under mpiexec (--device cpu), or train "
+                  "resident on the GPUs (--offload none)");
 }
 
 std::string offload_layout(const TrainConfig& config, const offload::TieredStore& store) {
@@ -29,6 +30,8 @@ std::string offload_layout(const TrainConfig& config, const offload::TieredStore
                 : std::string(" in RAM");
   line += str(", ", s.device_slots, " device slot", s.device_slots == 1 ? "" : "s", " of ",
               format_bytes(double(s.slot_bytes)));
+  if (c.device.kind == Device::cuda)  // and the two gradient buffers beside them
+    line += str(" on ", c.device.str(), " (+2 gradient buffers)");
   line += c.device_budget > 0
               ? str(" (--device-budget ", format_bytes(double(c.device_budget)), ")")
               : std::string(" (default --device-budget)");

@@ -167,9 +167,14 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
   params_ = std::make_unique<ParamSet>(train.seed, config.dtype);
   if (train.offload == "auto") plan_offload(config, device);
   if (train_.offload != "none" && offload_tier_ != "none") {
-    MOE_USAGE_CHECK(device.kind == Device::cpu, "--offload with --device ", device.str(),
-                    ": the GPU expert store is not built yet; offloaded training runs on the CPU");
-    store_ = std::make_unique<offload::TieredStore>(*params_, store_config());
+    // The GPU store's data-parallel paths (expert replicas summed over NCCL, the 1/W scale of
+    // downloaded gradients) have not run on GPUs: one process only, until they have.
+    MOE_USAGE_CHECK(device.kind == Device::cpu || world_size() == 1, "--offload ", train_.offload,
+                    " with --device ", device.str(), " on ", world_size(),
+                    " ranks: the GPU expert store trains in one process only (no data or expert "
+                    "parallelism yet); offload on the CPU under mpiexec (--device cpu), or train "
+                    "resident on the GPUs (--offload none)");
+    store_ = std::make_unique<offload::TieredStore>(*params_, store_config(device));
     parallel_.expert_store = store_.get();
   }
   model_ = std::make_unique<Transformer>(config, *params_,
@@ -238,6 +243,10 @@ StepStats Trainer::step(bool capture_routing) {
   Timer timer;
   StepStats s;
   const ModelConfig& mc = model_->config();
+  MOE_CHECK(!store_ || store_->config().device == params_->device(),
+            "the expert store computes on ", store_ ? store_->config().device.str() : std::string(),
+            " but the parameters are on ", params_->device().str(), ": call to_device(",
+            params_->device().str(), ") before training");
   // The global batch, the same on every rank whatever --grad-accum, drawn outside the activation
   // arena: the arena is reset after every micro-batch.
   Tensor ids, targets;
@@ -417,6 +426,11 @@ void Trainer::plan_offload(const ModelConfig& config, Device device) {
   in.host_capacity = !train_.host_budget.empty()
                          ? double(offload::parse_bytes("--host-budget", train_.host_budget, 0))
                          : machine;
+  // The library cannot ask a GPU how much memory is free for this run: the budget says.
+  MOE_USAGE_CHECK(device.kind == Device::cpu || !train_.device_budget.empty(),
+                  "--offload auto with --device ", device.str(),
+                  " needs --device-budget SIZE: the GPU memory the plan may give the dense state "
+                  "and the expert slots");
   in.device_is_host = device.kind == Device::cpu;
   in.device_name = device.kind == Device::cpu ? "CPU memory" : "GPU memory";
   if (!train_.ssd_dir.empty())
@@ -428,8 +442,10 @@ void Trainer::plan_offload(const ModelConfig& config, Device device) {
   auto_device_budget_ = static_cast<int64_t>(plan.device_budget);
 }
 
-offload::StoreConfig Trainer::store_config() const {
+offload::StoreConfig Trainer::store_config(Device device) const {
   offload::StoreConfig c;
+  c.device = device;  // the slots and gradient buffers live where compute runs
+  c.stage_on_host = train_.offload_stage_on_host;
   const std::string& tier = train_.offload == "auto" ? offload_tier_ : train_.offload;
   MOE_USAGE_CHECK(tier == "host" || tier == "ssd",
                   "--offload must be none, host, ssd or auto (got '", train_.offload, "')");
@@ -477,8 +493,11 @@ optim::AdamWConfig Trainer::adamw_config() const {
 
 void Trainer::to_device(Device device) {
   if (device == params_->device()) return;
-  MOE_USAGE_CHECK(!store_, "--offload with --device ", device.str(),
-                  ": the GPU expert store is not built yet");
+  // The store's slots were allocated on the device the Trainer was built for.
+  MOE_USAGE_CHECK(!store_ || store_->config().device == device, "--offload with --device ",
+                  device.str(), ": the expert store was built for ",
+                  store_ ? store_->config().device.str() : std::string(),
+                  " (pass the device to the Trainer's constructor)");
   MOE_CHECK(backend_available(device.kind), "--device ", device.str(), ": ",
             cuda::unavailable_reason());
   MOE_CHECK(device.kind == Device::cpu || world_size() == 1 || world_->name() == "nccl",

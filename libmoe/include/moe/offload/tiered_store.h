@@ -27,6 +27,12 @@
 // nobody waits for, least recently used first; the pinned experts (the top pin_fraction by the
 // previous step's tokens, ES-MoE) stay resident between forward and backward. An update makes an
 // expert's slot stale: it is uploaded again when next used.
+//
+// On a CUDA device (StoreConfig::device) the slots are GPU memory, filled from pinned staging
+// buffers on a copy stream of the store's own and ordered by events (offload/device_copies.h);
+// gradients() hands out device buffers (two, beside the slots), which gradient_done downloads to
+// pinned memory; the optimizer thread moves each into its record and runs the same CPU AdamW.
+// Records, the host cache and the SSD tier are the same on either device.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -34,6 +40,7 @@
 #include <vector>
 
 #include "moe/comm/communicator.h"
+#include "moe/device.h"
 #include "moe/nn/expert_store.h"
 #include "moe/offload/cache_policy.h"
 #include "moe/optim/adamw.h"
@@ -42,6 +49,10 @@ namespace moe::offload {
 
 struct StoreConfig {
   std::string tier = "host";  // host | ssd (offload::plan resolves `auto`)
+  Device device;              // where compute reads the slots: the CPU, or a CUDA device
+  // Tests: on the CPU, run the CUDA path (staging buffers, gradient buffers drained on the
+  // optimizer thread) with host memory and synchronous copies, so the CPU tests cover its logic.
+  bool stage_on_host = false;
   int64_t device_budget = 0;  // bytes of device slots (fp32 weights of the experts computing)
   int64_t host_budget = 0;    // bytes of expert state in host memory (ssd: the host cache)
   std::string ssd_dir;        // ssd: where the per-expert files go (offload::ExpertFiles)

@@ -10,10 +10,11 @@
 
 namespace moe::train {
 
-// Refuses --offload other than none on a device other than the CPU (UsageError naming both flags)
-// before the device is opened: the GPU expert store is not built yet, and a CPU-only build would
-// otherwise answer with the driver's reason instead of the flag to change.
-void check_offload_device(const TrainConfig& config, Device device);
+// Refuses --offload other than none on a GPU with more than one rank (UsageError naming the
+// flags) before the device is opened: the GPU expert store trains in one process only, and a
+// machine without a GPU would otherwise answer with the driver's reason instead of the flag to
+// change. One process on a GPU is accepted here (the device itself is checked next).
+void check_offload_device(const TrainConfig& config, Device device, int world_size);
 
 // "offload: host tier, experts' state 1.5 MiB in RAM (--host-budget 4 MiB), 3 device slots of
 // 12 KiB (--device-budget 36 KiB), prefetch depth 2, pin 25%, expert AdamW after backward

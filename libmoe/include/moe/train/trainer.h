@@ -57,6 +57,8 @@ struct TrainConfig {
   std::string expert_cache = "lru";
   double lfu_threshold = 0, lfu_beta = 0.75;
   int64_t lfu_period = 16;
+  // Tests only, not saved: StoreConfig::stage_on_host (the GPU store's path run on the CPU).
+  bool offload_stage_on_host = false;
   // Memory. grad_accum: each optimizer step runs N forward/backward passes over N equal
   // micro-batches of its batch (split after the data-parallel split: batch divides by N x the
   // world), accumulates their gradients and steps once; the step's tokens do not depend on N.
@@ -180,7 +182,7 @@ class Trainer {
   std::unique_ptr<Transformer> model_;
   std::unique_ptr<optim::AdamW> optimizer_;
   optim::AdamWConfig adamw_config() const;
-  offload::StoreConfig store_config() const;
+  offload::StoreConfig store_config(Device device) const;
   void plan_offload(const ModelConfig& config, Device device);
   std::string offload_tier_;                    // --offload auto: the plan's choice
   int64_t auto_host_budget_ = 0;                // --offload auto with ssd: the plan's host cache

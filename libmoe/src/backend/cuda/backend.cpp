@@ -43,6 +43,11 @@ void copy_to_device_async(void* dst, const void* src, size_t bytes, void* stream
   MOE_CUDA_CHECK(
       cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_on(stream, device)));
 }
+void copy_to_host_async(void* dst, const void* src, size_t bytes, void* stream, int device) {
+  use_device(device);
+  MOE_CUDA_CHECK(
+      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_on(stream, device)));
+}
 
 }  // namespace
 
@@ -62,7 +67,7 @@ const Backend& table() {
       {distill_loss_rows},
       {adamw_update, nullptr},  // the rounded update runs as three passes (ops/optim.cpp)
       {allocate_pinned, create_stream, create_event, record, wait, synchronize_event,
-       synchronize_stream, copy_to_device_async}};
+       synchronize_stream, copy_to_device_async, copy_to_host_async}};
   return cuda;
 }
 

@@ -1,6 +1,14 @@
 // CUDA grouped expert GEMM (one cublasSgemm per non-empty segment on the current stream; the
 // offsets are host vectors) and the experts' bias / activation kernels (offsets uploaded once
 // per call). cuBLAS is deterministic for a fixed shape, so no K split is needed.
+//
+// Each segment's result depends on that segment alone: its cublasSgemm sees only the segment's
+// m, n, k, leading dimensions (functions of the weight's shape) and beta, and the bias and
+// activation kernels work per element or per (expert, column) over the segment's rows. So one
+// expert run as a group of one (offsets {0, rows}: the tiered store, nn/experts.cpp) gives the
+// whole-layer call's bits, provided cuBLAS picks the same kernel for both weight pointers: the
+// store's slot sections are 64-byte aligned, a resident expert's slice at least 16-byte aligned
+// when its F x D (or D x F) elements are a multiple of 4 (tests/cuda/test_cuda_offload.cpp).
 #include "backend/cuda/grouped_gemm.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/moe_ops.h"
