@@ -169,7 +169,7 @@ TEST_CASE("cli: moe-infer generate --stop ends at a stop string and leaves it ou
   REQUIRE_THAT(refused.err, Catch::Contains("stop string is empty"));
 }
 
-TEST_CASE("cli: moe-infer generate --repeat-penalty changes greedy output; bad values refused",
+TEST_CASE("cli: moe-infer generate --repeat-penalty changes greedy output, bad values refused",
           "[cli][generate]") {
   Model& m = model();
   const std::string prompts = m.dir / "repeat.txt";
@@ -234,7 +234,7 @@ TEST_CASE("cli: moe-infer score prints progress with rate and ETA, --summary wri
   REQUIRE_THAT(both.err, Catch::Contains("-o - and --summary -"));
 }
 
-TEST_CASE("cli: moe-profile record prints progress with rate and ETA; -q silences it",
+TEST_CASE("cli: moe-profile record prints progress with rate and ETA, -q silences it",
           "[cli][progress]") {
   Model& m = model();
   const std::string args = "record --model " + m.ckpt + " --data " + test::fortunes_path("linux") +

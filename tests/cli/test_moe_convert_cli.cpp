@@ -98,7 +98,7 @@ TEST_CASE("cli: moe-convert inspect prints config, tensors, counts and provenanc
           std::string::npos);
 }
 
-TEST_CASE("cli: moe-convert freeze gives moe-infer the same scores; dtype bf16 stays close",
+TEST_CASE("cli: moe-convert freeze gives moe-infer the same scores, dtype bf16 stays close",
           "[cli][convert]") {
   Trained& t = trained();
   const std::string frozen = t.dir / "frozen.h5", bf16 = t.dir / "bf16.h5";
@@ -208,7 +208,7 @@ TEST_CASE("cli: moe-convert partition then merge is the identity, with and witho
 }
 
 TEST_CASE(
-    "cli: moe-convert merges a real --ep 2 checkpoint; partition rebuilds the trainer's files",
+    "cli: moe-convert merges a real --ep 2 checkpoint, partition rebuilds the trainer's files",
     "[cli][convert]") {
   if (run_command("command -v mpiexec").exit_code != 0) {
     WARN("mpiexec not found: the real sharded checkpoint part is skipped");

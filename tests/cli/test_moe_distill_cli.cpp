@@ -47,7 +47,7 @@ std::vector<nlohmann::json> json_lines(const std::string& text) {
 
 }  // namespace
 
-TEST_CASE("cli: moe-distill --help documents its flags; --version answers", "[cli][distill]") {
+TEST_CASE("cli: moe-distill --help documents its flags, --version answers", "[cli][distill]") {
   auto r = run_command(tool("moe-distill", "--help"));
   REQUIRE(r.exit_code == 0);
   for (const char* flag : {"--teacher",

@@ -24,7 +24,7 @@ std::string train(const std::string& args) { return test::tool_path("moe-train")
 
 }  // namespace
 
-TEST_CASE("cli: moe-train --help documents every flag; --version answers", "[cli]") {
+TEST_CASE("cli: moe-train --help documents every flag, --version answers", "[cli]") {
   auto r = run_command(train("--help"));
   REQUIRE(r.exit_code == 0);
   for (const char* flag : {"--data",
@@ -310,7 +310,7 @@ TEST_CASE("cli: --device cuda without a usable GPU stops at once with the reason
   REQUIRE(!std::filesystem::exists(out / "trace.h5"));
 }
 
-TEST_CASE("cli: --out holding another run's checkpoints is refused; resuming it or --force is not",
+TEST_CASE("cli: --out holding another run's checkpoints is refused, resuming it or --force is not",
           "[cli][out]") {
   namespace fs = std::filesystem;
   test::ScratchDir dir("cli-two-runs");

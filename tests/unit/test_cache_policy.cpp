@@ -70,7 +70,7 @@ CacheConfig lfu_config(int64_t capacity, double threshold, double beta, int64_t 
 
 }  // namespace
 
-TEST_CASE("cache: LRU evicts the least recently used entry; dirty victims are reported",
+TEST_CASE("cache: LRU evicts the least recently used entry, dirty victims are reported",
           "[cache]") {
   ExpertCache cache({CachePolicy::lru, 3, 0, {}});
   // Cache after each access (slot 0, 1, 2), recency oldest -> newest in brackets.
@@ -165,7 +165,7 @@ TEST_CASE("cache: LFU threshold, decay every K steps and the no-candidate bypass
   CHECK(s.write_backs == 0);
 }
 
-TEST_CASE("cache: pinned entries are never evicted; all pinned is a bypass", "[cache]") {
+TEST_CASE("cache: pinned entries are never evicted, all pinned is a bypass", "[cache]") {
   for (CachePolicy policy : {CachePolicy::lru, CachePolicy::lfu}) {
     INFO(offload::to_string(policy));
     CacheConfig config = policy == CachePolicy::lfu ? lfu_config(2, 0.0, 1.0, 1)
@@ -312,7 +312,7 @@ offload::AccessSequence random_sequence(uint32_t seed, int layers, int experts, 
 
 }  // namespace
 
-TEST_CASE("cache: Belady bounds LRU and LFU; a cache of every key only misses cold", "[cache]") {
+TEST_CASE("cache: Belady bounds LRU and LFU, a cache of every key only misses cold", "[cache]") {
   const offload::AccessSequence seq = random_sequence(7, 3, 10, 40, 12);
   const std::vector<ExpertKey> ks = seq.keys();
   std::vector<CacheConfig> configs;

@@ -313,7 +313,7 @@ TEST_CASE("distill: the student starts at the teacher's weights (f32 and bf16 ma
   }
 }
 
-TEST_CASE("distill: a short deterministic run lowers the KD loss; the output loads and scores",
+TEST_CASE("distill: a short deterministic run lowers the KD loss, the output loads and scores",
           "[distill]") {
   test::ScratchDir dir("distill-run");
   const std::string teacher = make_teacher(dir, 200);  // trained enough that its layers matter

@@ -173,7 +173,7 @@ TEST_CASE("RecordLayout: packed offsets, validation, hash, section lookup", "[of
              Catch::Contains("'w.master'") && Catch::Contains("leaves the payload of 100 bytes"));
 }
 
-TEST_CASE("ExpertFiles: layers of different layouts round-trip bitwise; files go with the object",
+TEST_CASE("ExpertFiles: layers of different layouts round-trip bitwise, files go with the object",
           "[offload][ssd]") {
   test::ScratchDir scratch("ssd-roundtrip");
   const std::string dir = scratch / "ssd";  // created by ExpertFiles
@@ -745,7 +745,7 @@ TEST_CASE("ExpertFiles: indices out of range are refused", "[offload][ssd][error
              Catch::Contains("expert -1 of layer 0 out of range"));
 }
 
-TEST_CASE("ExpertFiles: runs sharing an --ssd-dir stay apart; a crashed run's files are removed",
+TEST_CASE("ExpertFiles: runs sharing an --ssd-dir stay apart, a crashed run's files are removed",
           "[offload][ssd]") {
   test::ScratchDir scratch("ssd-runs");
   const std::vector<LayerRecords> layers{expert_layer(4, 8, 2)};

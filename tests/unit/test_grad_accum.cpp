@@ -130,7 +130,7 @@ TEST_CASE("grad-accum: N micro-batches scaled 1/N give one batch's gradient (flo
   }
 }
 
-TEST_CASE("grad-accum: a run equals --grad-accum 1's to float32 order; steps see the same tokens",
+TEST_CASE("grad-accum: a run equals --grad-accum 1's to float32 order, steps see the same tokens",
           "[train][grad_accum]") {
   for (Arch arch : {Arch::gpt, Arch::mixtral}) {
     DYNAMIC_SECTION(arch_name(arch)) {

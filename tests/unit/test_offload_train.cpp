@@ -243,7 +243,7 @@ TEST_CASE("offload: SSD tier errors are clear", "[offload]") {
                           Catch::Contains("the minimum is"));
 }
 
-TEST_CASE("offload: a damaged SSD expert file stops the run clearly; the checkpoint survives",
+TEST_CASE("offload: a damaged SSD expert file stops the run clearly, the checkpoint survives",
           "[offload]") {
   namespace fs = std::filesystem;
   test::ScratchDir ssd("offload-ssd-damage"), out("offload-ssd-damage-out");

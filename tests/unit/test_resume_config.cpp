@@ -74,7 +74,7 @@ TEST_CASE("resume_config: the checkpoint's training config, overridden by the fl
                       "--seed 1 contradicts the checkpoint's seed 77");
 }
 
-TEST_CASE("resume_config: a resumed run keeps its model; flags given must agree", "[train]") {
+TEST_CASE("resume_config: a resumed run keeps its model, flags given must agree", "[train]") {
   const io::Checkpoint ckpt = checkpoint_of(saved_model(), saved_train());
   ModelConfig flags = test::small_model_config(Arch::gpt);
   flags.d_model = 64;  // differs, but not given: ignored
