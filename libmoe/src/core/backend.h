@@ -2,8 +2,8 @@
 // piece of work the library does -- memory, the ops' loops, the optimizer update, asynchronous
 // copies -- is a function pointer here, filled in by a backend (backend/cpu, backend/cuda) and
 // looked up by device in backend/registry.cpp. Callers (core/tensor.cpp, ops/*.cpp,
-// optim/adamw.cpp, infer/expert_ring.cpp, offload/device_copies.cpp) never name a backend: a third
-// one is one more table.
+// optim/adamw.cpp, offload/expert_ring.cpp, offload/device_copies.cpp) never name a backend: a
+// third one is one more table.
 //
 // Entries run after the op's operand checks (ops/*.cpp), with every tensor on the table's device
 // kind; their shapes and dtypes are already right. Index values that live on the device (ids,

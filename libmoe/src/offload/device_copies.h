@@ -1,7 +1,7 @@
 // The device side of the tiered store (offload::TieredStore) when compute runs on a GPU: the
 // device slots compute reads, the gradient buffers backward accumulates into, and the copies
 // that fill and drain them, ordered by events instead of host waits (the approach of the
-// inference ring, infer/expert_ring.cpp). Internal to offload/.
+// inference ring, offload/expert_ring.cpp). Internal to offload/.
 //
 // Uploads (host record -> slot): the caller converts an expert's storage values into a pinned
 // staging buffer (a small pool: converting one expert overlaps the copy of the previous one),
