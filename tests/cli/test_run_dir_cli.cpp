@@ -146,4 +146,45 @@ TEST_CASE("cli: a checkpoint resumes from another directory, and a moved data fi
       run_command("cd " + dir.path() + " && " + resume + " --steps 4 --data moved.txt");
   INFO(again.err);
   REQUIRE(again.exit_code == 0);
+  REQUIRE(again.err.find("is not the file the checkpoint trained on") == std::string::npos);
+}
+
+TEST_CASE("cli: a resumed run whose data file changed is refused, or told with --data",
+          "[cli][rundir]") {
+  test::ScratchDir dir("cli-rundir-changed");
+  fs::copy_file(test::fortunes_path("linux"), dir / "my.txt");
+  const std::string data = (fs::path(dir.path()) / "my.txt").lexically_normal().string();
+  const test::RunResult trained =
+      run_command(tool("moe-train", "--data " + data + " --out " + (dir / "run") +
+                                        test::kTinyMixtral + " --steps 2"));
+  INFO(trained.err);
+  REQUIRE(trained.exit_code == 0);
+  const std::string resume =
+      tool("moe-train", "--resume " + (dir / "run") + " --out " + (dir / "run") + " --threads 1");
+  // The same bytes under a new modification time: the same file.
+  fs::last_write_time(dir / "my.txt", fs::file_time_type::clock::now());
+  const test::RunResult same = run_command(resume + " --steps 3 -q");
+  INFO(same.err);
+  REQUIRE(same.exit_code == 0);
+  // One byte changed, the size kept: the checksum tells.
+  std::string text = test::read_file(dir / "my.txt");
+  text[text.size() / 2] = text[text.size() / 2] == 'x' ? 'y' : 'x';
+  test::write_file(dir / "my.txt", text);
+  const test::RunResult edited = run_command(resume + " --steps 4 -q");
+  REQUIRE(edited.exit_code == 1);
+  REQUIRE(edited.err.find("the checkpoint trained on '" + data + "' as it was then (" +
+                          std::to_string(text.size()) + " bytes, CRC-32C ") != std::string::npos);
+  REQUIRE(edited.err.find("pass --data " + data + " to train on it as it is now") !=
+          std::string::npos);
+  // Asked for with --data: trained on, and said so in the log.
+  const test::RunResult told = run_command(resume + " --steps 4 --data " + data);
+  INFO(told.err);
+  REQUIRE(told.exit_code == 0);
+  REQUIRE(told.err.find("resume: --data " + data + " is not the file the checkpoint trained on") !=
+          std::string::npos);
+  // The new checkpoint records the file as it is now: resuming it again says nothing.
+  const test::RunResult after = run_command(resume + " --steps 5");
+  INFO(after.err);
+  REQUIRE(after.exit_code == 0);
+  REQUIRE(after.err.find("is not the file") == std::string::npos);
 }

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <regex>
+#include <thread>
 
 #include "moe/cuda.h"
 #ifdef MOE_HAVE_MPI
@@ -173,6 +174,7 @@ std::string version_text(const std::string& tool) {
 }  // namespace
 
 void add_common_options(CLI::App& app, CommonOptions& o, const std::string& tool) {
+  o.tool = tool;
   app.set_version_flag("--version", version_text(tool));
   app.set_config("--config", "",
                  "Read flags from a TOML/INI file (key = value, keys as the flags without '--', "
@@ -254,6 +256,9 @@ void apply_common_options(const CommonOptions& o) {
   else if (o.verbose > 0)
     set_log_level(LogLevel::debug);
   if (o.threads > 0) set_num_threads(o.threads);
+  // -v: what is running, on what (then the library's debug lines: files read and written, ...).
+  MOE_LOG_DEBUG(version_text(o.tool.empty() ? "moe" : o.tool), ": ", num_threads(), " threads of ",
+                std::thread::hardware_concurrency(), " CPUs");
 }
 
 int run_tool(const std::string& tool, CLI::App& app, int argc, char** argv,

@@ -13,7 +13,8 @@
 namespace moe::tools {
 
 struct CommonOptions {
-  int threads = 0;  // 0 = OpenMP default
+  std::string tool;  // set by add_common_options (for -v's first line)
+  int threads = 0;   // 0 = OpenMP default
   uint64_t seed = 1234;
   int verbose = 0;
   bool quiet = false;

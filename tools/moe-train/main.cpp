@@ -89,16 +89,18 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
   flags_train.seed = o.common.seed;
   train::RunConfig run =
       train::resume_config(resume.get(), flags_model, flags_train, given_flags(o, app));
+  // The data file is the checkpoint's (or recorded now): a changed file would not continue the
+  // token stream.
+  const std::string data_note =
+      train::check_data_file(run.train, resume != nullptr, app.get_option("--data")->count() > 0);
   const ModelConfig& mc = run.model;
   const train::TrainConfig& tc = run.train;
+  MOE_LOG_DEBUG("model config: ", to_json(mc).dump());
+  MOE_LOG_DEBUG("training config: ", train::to_json(tc).dump());
   if (!resume && mc.num_moe_layers() == 0 && !app.get_option("--experts-per-layer")->count())
     MOE_LOG_WARN("the model has no MoE layer (--layers ", mc.layers, " with --moe-every ",
                  mc.moe_every, ": every ", mc.moe_every,
                  "th layer is MoE): this trains a dense transformer");
-  if (resume && !app.get_option("--data")->count() && !std::filesystem::exists(tc.data))
-    throw Error(str("the checkpoint trains on '", tc.data,
-                    "', which is not there any more: pass --data PATH (the same file, moved) to "
-                    "resume"));
   // One run per directory: checked after the flags, before any work, on every rank (they all
   // see the same --out).
   train::check_run_directory(o.out, resume_from.path, o.force);
@@ -129,6 +131,7 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
     trainer.restore(resume_from.path);
     MOE_LOG_INFO("resumed from ", o.resume, " at step ", trainer.steps_done());
     for (const std::string& line : run.overrides) MOE_LOG_INFO("resume: ", line);
+    if (!data_note.empty()) MOE_LOG_WARN(data_note);
     resume.reset();
   }
   if (device.kind == Device::cuda) {

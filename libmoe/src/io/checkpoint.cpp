@@ -18,6 +18,8 @@
 #include "io/files.h"
 #include "moe/io/atomic_file.h"
 #include "moe/io/hdf5.h"
+#include "moe/log.h"
+#include "moe/timer.h"
 #include "moe/version.h"
 
 namespace moe::io {
@@ -258,6 +260,7 @@ std::vector<std::string> list_group(const std::string& path, const char* group_n
 
 void save_checkpoint(const std::string& path, const Checkpoint& ckpt, const SaveOptions& options) {
   h5::Session session;
+  Timer timer;
   AtomicFile out(path);
   try {
     write_file(out.temp(), ckpt, options);
@@ -272,6 +275,10 @@ void save_checkpoint(const std::string& path, const Checkpoint& ckpt, const Save
     throw Error(
         str("saved checkpoint '", path, "' but could not make the rename durable: ", e.what()));
   }
+  std::error_code ec;
+  MOE_LOG_DEBUG("wrote checkpoint ", path, " (step ", ckpt.state.step, "): ", ckpt.params.size(),
+                " parameter and ", ckpt.optim.size(), " optimizer tensors, ",
+                std::filesystem::file_size(path, ec), " bytes in ", timer.seconds(), " s");
 }
 
 namespace {
@@ -328,7 +335,11 @@ Checkpoint load_opened(const Opened& c, bool with_optim, const StreamFilter* str
 
 Checkpoint load_checkpoint(const std::string& path, bool with_optim) {
   h5::Session session;
-  return load_opened(open_checkpoint(path), with_optim);
+  Timer timer;
+  Checkpoint c = load_opened(open_checkpoint(path), with_optim);
+  MOE_LOG_DEBUG("read checkpoint ", path, " (step ", c.state.step, "): ", c.params.size(),
+                " parameter and ", c.optim.size(), " optimizer tensors in ", timer.seconds(), " s");
+  return c;
 }
 
 Checkpoint load_checkpoint(const std::string& path, bool with_optim, const StreamFilter& stream) {

@@ -11,8 +11,11 @@
 #include <limits>
 #include <memory>
 
+#include "moe/checksum.h"
 #include "moe/error.h"
+#include "moe/log.h"
 #include "moe/rng.h"
+#include "moe/timer.h"
 
 namespace moe::io {
 
@@ -54,6 +57,22 @@ const char* const kSamplerStream = "io.batch_sampler.epoch_permutation";
 
 }  // namespace
 
+FileFingerprint fingerprint_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw Error(str("'", path, "': is a directory"));
+  FilePtr file(std::fopen(path.c_str(), "rb"));
+  if (!file) throw Error(str("'", path, "': cannot open: ", std::strerror(errno)));
+  FileFingerprint f;
+  std::vector<unsigned char> block(size_t{1} << 20);
+  size_t got = 0;
+  while ((got = std::fread(block.data(), 1, block.size(), file.get())) > 0) {
+    f.crc32c = crc32c(block.data(), got, f.crc32c);
+    f.bytes += static_cast<int64_t>(got);
+  }
+  if (std::ferror(file.get())) throw Error(str("'", path, "': read error: ", std::strerror(errno)));
+  return f;
+}
+
 TokenFormat parse_token_format(std::string_view name) {
   if (name == "auto") return TokenFormat::automatic;
   if (name == "text") return TokenFormat::text;
@@ -84,6 +103,7 @@ TokenFormat resolve_token_format(const std::string& path, TokenFormat format) {
 }
 
 std::vector<int32_t> load_tokens(const std::string& path, TokenFormat format) {
+  Timer timer;
   format = resolve_token_format(path, format);
   std::vector<unsigned char> bytes = read_bytes(path);
   const char* fmt = token_format_name(format);
@@ -120,6 +140,8 @@ std::vector<int32_t> load_tokens(const std::string& path, TokenFormat format) {
       tokens.assign(bytes.begin(), bytes.end());
       break;
   }
+  MOE_LOG_DEBUG("token file ", path, " (", fmt, "): ", tokens.size(), " tokens in ",
+                timer.seconds(), " s");
   return tokens;
 }
 

@@ -111,6 +111,35 @@ RunConfig resume_config(const io::Checkpoint* resume, ModelConfig model, TrainCo
   return run;
 }
 
+std::string check_data_file(TrainConfig& train, bool resumed, bool data_given) {
+  if (train.data == "-") return "";  // refused by the Trainer (kNoStdinData), saying why
+  const bool recorded = train.data_bytes >= 0 && !train.data_crc32c.empty();
+  if (resumed && !data_given && !std::filesystem::exists(train.data))
+    throw Error(str("the checkpoint trains on '", train.data,
+                    "', which is not there any more: pass --data PATH (the same file, moved) to "
+                    "resume"));
+  const io::FileFingerprint now = io::fingerprint_file(train.data);
+  char hex[9];
+  std::snprintf(hex, sizeof hex, "%08x", now.crc32c);
+  const std::string was = str(train.data_bytes, " bytes, CRC-32C ", train.data_crc32c);
+  const std::string is = str(now.bytes, " bytes, CRC-32C ", hex);
+  const bool same = now.bytes == train.data_bytes && train.data_crc32c == hex;
+  std::string note;
+  if (resumed && recorded && !same) {
+    if (!data_given)
+      throw Error(str("the checkpoint trained on '", train.data, "' as it was then (", was,
+                      "); the file there now is another (", is,
+                      "), so the token stream would not continue: restore the file, or pass "
+                      "--data ",
+                      train.data, " to train on it as it is now"));
+    note = str("resume: --data ", train.data, " is not the file the checkpoint trained on (", was,
+               "; now ", is, "): the token stream starts over on it");
+  }
+  train.data_bytes = now.bytes;
+  train.data_crc32c = hex;
+  return note;
+}
+
 void check_resume_ranks(const io::Checkpoint& head, const std::string& path, int world_size) {
   const io::Sharding& layout = head.sharding;
   if (layout.rank < 0 || layout.world_size == world_size) return;

@@ -29,6 +29,8 @@ static void for_each_field(Config& c, Visit&& f) {
   f("data", c.data);
   f("val", c.val);
   f("data_format", c.data_format);
+  f("data_bytes", c.data_bytes);
+  f("data_crc32c", c.data_crc32c);
   f("batch", c.batch);
   f("steps", c.steps);
   f("lr", c.lr);

@@ -26,6 +26,14 @@ TokenFormat resolve_token_format(const std::string& path, TokenFormat format);
 
 inline constexpr int32_t kByteVocab = 256;  // the byte-level tokenizer's vocabulary
 
+// A file's size and CRC-32C (its identity for a resumed run), read in blocks. moe::Error naming
+// the path when it cannot be read.
+struct FileFingerprint {
+  int64_t bytes = 0;
+  uint32_t crc32c = 0;
+};
+FileFingerprint fingerprint_file(const std::string& path);
+
 // text: every byte is a token (0..255); u16/u32: little-endian token ids.
 // Missing / empty file, u16 file of odd length, u32 file whose length is not a multiple of 4, or
 // a u32 id above INT32_MAX -> moe::Error naming the path and the cause.

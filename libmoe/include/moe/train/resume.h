@@ -42,6 +42,16 @@ struct GivenFlags {
 RunConfig resume_config(const io::Checkpoint* resume, ModelConfig model, TrainConfig train,
                         const GivenFlags& given);
 
+// The data file's identity (TrainConfig::data_bytes, data_crc32c): a resumed run that read another
+// file (moved and edited, replaced, appended to) would not continue the token stream. A fresh run,
+// or a resumed one given --data (`data_given`), records the file's size and CRC-32C; when the
+// resumed run's file is not the checkpoint's, that is returned as a line for the log ("resume:
+// --data FILE is not the file the checkpoint trained on (...)"). A run resumed without --data
+// checks the file is the checkpoint's: moe::Error naming the file and what differs (missing, its
+// size, its checksum) and saying to pass --data to train on it anyway (or on the moved file).
+// A checkpoint of an earlier build (nothing recorded) is only recorded. Returns "" otherwise.
+std::string check_data_file(TrainConfig& train, bool resumed, bool data_given);
+
 // A sharded checkpoint (`head`: the rank-00000.h5 of the directory `path`) resumes only on as many
 // ranks as wrote it. Otherwise throws moe::Error saying how many ranks wrote it, with which
 // layout, and what to do: run under mpiexec -n W, or merge it into one file with moe-convert

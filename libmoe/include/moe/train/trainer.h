@@ -26,6 +26,11 @@ inline constexpr const char* kNoStdinData =
 
 struct TrainConfig {
   std::string data, val, data_format = "auto";
+  // Not flags: the identity of the file at `data` when the run started (or was last resumed with
+  // --data), checked when it resumes (train::check_data_file). -1 / "": not recorded (a
+  // checkpoint of an earlier build).
+  int64_t data_bytes = -1;
+  std::string data_crc32c;  // 8 lower-case hex digits
   int64_t batch = 16;
   int64_t steps = 600;  // total optimizer steps of the run (the schedule's length)
   double lr = 3e-3, min_lr_ratio = 0.1;
