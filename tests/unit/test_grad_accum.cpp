@@ -12,6 +12,7 @@
 #include "support/models.h"
 #include "support/run.h"
 #include "support/state.h"
+#include "support/training.h"
 
 using namespace moe;
 
@@ -31,23 +32,10 @@ ModelConfig exact_model(Arch arch) {
 }
 
 // The default routing settings of a real run: drops, aux and z losses, jitter.
-ModelConfig routed_model(Arch arch) {
-  ModelConfig c = test::small_model_config(arch);
-  c.capacity_factor = 1.0;
-  c.router_jitter = 0.01;
-  c.resolve();
-  return c;
-}
+ModelConfig routed_model(Arch arch) { return test::routed_model(arch); }
 
 train::TrainConfig small_train(int64_t steps, int64_t grad_accum) {
-  train::TrainConfig t;
-  t.data = test::fortunes_path("computers");
-  t.batch = 8;
-  t.steps = steps;
-  t.lr = 3e-3;
-  t.warmup = 2;
-  t.eval_batches = 2;
-  t.seed = 7;
+  train::TrainConfig t = test::short_run(steps);
   t.grad_accum = grad_accum;
   return t;
 }

@@ -13,31 +13,15 @@
 #include "support/models.h"
 #include "support/run.h"
 #include "support/state.h"
+#include "support/training.h"
 
 using namespace moe;
 
 namespace {
 
-ModelConfig model(Arch arch, DType dtype = DType::f32) {
-  ModelConfig c = test::small_model_config(arch);
-  c.capacity_factor = 1.0;  // drops too
-  c.router_jitter = 0.01;
-  c.dtype = dtype;
-  c.resolve();
-  return c;
-}
+ModelConfig model(Arch arch, DType dtype = DType::f32) { return test::routed_model(arch, dtype); }
 
-train::TrainConfig training(int64_t steps) {
-  train::TrainConfig t;
-  t.data = test::fortunes_path("computers");
-  t.batch = 8;
-  t.steps = steps;
-  t.lr = 3e-3;
-  t.warmup = 2;
-  t.eval_batches = 2;
-  t.seed = 7;
-  return t;
-}
+train::TrainConfig training(int64_t steps) { return test::short_run(steps); }
 
 // Every parameter and optimizer tensor, by name, bitwise.
 void require_same(const train::Trainer& a, const train::Trainer& b) {

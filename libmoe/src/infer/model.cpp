@@ -2,8 +2,6 @@
 // moe/infer/model.h). Shapes: E experts of a layer, R ranks of the expert-parallel group.
 #include "moe/infer/model.h"
 
-#include <cctype>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -15,16 +13,6 @@
 namespace moe::infer {
 
 namespace {
-
-// "blocks.<n>.<rest>" -> n, else -1.
-int64_t block_of(const std::string& name) {
-  const std::string prefix = "blocks.";
-  if (name.rfind(prefix, 0) != 0) return -1;
-  size_t i = prefix.size(), j = i;
-  while (j < name.size() && std::isdigit(static_cast<unsigned char>(name[j]))) ++j;
-  if (j == i || j >= name.size() || name[j] != '.') return -1;
-  return std::strtoll(name.substr(i, j - i).c_str(), nullptr, 10);
-}
 
 // A sharded checkpoint directory (moe-train --ep, moe-convert partition), opened with every
 // expert tensor streamed: rank 0's file gives the configurations, the position and the
@@ -136,7 +124,7 @@ void load_sharded(LoadedModel& m, const std::string& dir, bool experts,
     MOE_CHECK(p, "'", dir, "': tensor '", nt.name, "' is not a parameter of its own model");
     MOE_CHECK(!nt.shard.defined(), "'", dir, "': '", nt.name, "' is split over the ranks");
     Tensor tensor = nt.tensor;
-    const int64_t b = block_of(nt.name);
+    const int64_t b = block_of_name(nt.name);
     if (relabel && s.order.count(b) && !identity(s.order.at(b)) &&
         nt.name == str("blocks.", b, ".moe.router.weight")) {
       const std::vector<int>& order = s.order.at(b);
@@ -163,7 +151,7 @@ void load_sharded(LoadedModel& m, const std::string& dir, bool experts,
               "' has ", it->second.size(), " experts, the model ", global.at(0));
     ++matched;
     if (!experts) continue;
-    const std::vector<int>& order = s.order.at(block_of(p->name));
+    const std::vector<int>& order = s.order.at(block_of_name(p->name));
     std::vector<int64_t> position_of(order.size());
     for (size_t g = 0; g < order.size(); ++g) position_of[static_cast<size_t>(order[g])] = g;
     const int64_t first = p->shard.defined() ? p->shard.start : 0;

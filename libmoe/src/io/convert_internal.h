@@ -4,9 +4,11 @@
 #include <cstdint>
 #include <string>
 
+#include "moe/models/transformer.h"
+
 namespace moe::io {
 
-// The block index of the first "blocks.<n>." in a (parameter or optimizer tensor) name, else -1.
-int64_t block_of_name(const std::string& name);
+// The block index of a tensor name: moe::block_of_name (moe/models/transformer.h).
+using moe::block_of_name;
 
 }  // namespace moe::io

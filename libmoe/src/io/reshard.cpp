@@ -163,18 +163,6 @@ std::string range_text(const ParamShard& s) { return str(s.start, "..", s.start 
 
 }  // namespace
 
-// The block index of the first "blocks.<n>." in a (parameter or optimizer tensor) name, else -1.
-int64_t block_of_name(const std::string& name) {
-  for (size_t at = name.find("blocks."); at != std::string::npos;
-       at = name.find("blocks.", at + 1)) {
-    if (at > 0 && name[at - 1] != '.') continue;
-    size_t i = at + 7, j = i;
-    while (j < name.size() && name[j] >= '0' && name[j] <= '9') ++j;
-    if (j > i && j < name.size() && name[j] == '.') return std::stoll(name.substr(i, j - i));
-  }
-  return -1;
-}
-
 // ---- merge ------------------------------------------------------------------------------------
 
 Checkpoint merge_shards(const std::vector<std::string>& files) {

@@ -24,10 +24,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cmath>
 #include <condition_variable>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <list>
@@ -42,6 +40,7 @@
 #include "moe/io/finite.h"
 #include "moe/io/hdf5.h"
 #include "moe/log.h"
+#include "moe/models/transformer.h"
 #include "moe/timer.h"
 
 namespace moe::offload {
@@ -49,16 +48,6 @@ namespace moe::offload {
 namespace {
 
 enum class SlotState { empty, queued, loading, ready };
-
-// "blocks.<n>." -> n, else -1.
-int64_t block_of(const std::string& name) {
-  const std::string prefix = "blocks.";
-  if (name.rfind(prefix, 0) != 0) return -1;
-  size_t i = prefix.size(), j = i;
-  while (j < name.size() && std::isdigit(static_cast<unsigned char>(name[j]))) ++j;
-  if (j == i || j >= name.size() || name[j] != '.') return -1;
-  return std::strtoll(name.substr(i, j - i).c_str(), nullptr, 10);
-}
 
 }  // namespace
 
@@ -366,7 +355,7 @@ int ExpertRing::add_layer(const nn::ExpertParams& params) {
               "' is not offloaded to the ring (build the model with it as its expert store)");
     MOE_CHECK(!p->shard.defined() || p->shard.dim == 0, "expert ring: '", p->name,
               "' is sliced along dimension ", p->shard.dim, ", not its experts");
-    if (layer.names.empty()) layer.block = block_of(p->name);
+    if (layer.names.empty()) layer.block = block_of_name(p->name);
     layer.names.push_back(p->name);
     layer.field.push_back(field);
     layer.shapes.push_back(p->shape);

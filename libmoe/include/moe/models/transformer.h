@@ -163,4 +163,8 @@ class Transformer {
   mutable nn::Scratch scratch_;
 };
 
+// The block index of the first "blocks.<n>." in a parameter name (also inside an optimizer
+// tensor's name, "adam.m.blocks.3.attn.wq"), else -1: where a tensor sits in the model.
+int64_t block_of_name(const std::string& name);
+
 }  // namespace moe
