@@ -68,27 +68,80 @@ std::vector<int> round_robin_placement(int64_t experts, int ranks) {
   return map;
 }
 
-std::vector<int> lpt_placement(const std::vector<int64_t>& loads, int ranks) {
-  const int64_t experts = static_cast<int64_t>(loads.size());
-  const int64_t room = per_rank(experts, ranks);
-  std::vector<int64_t> order(loads.size());
+namespace {
+
+// Graham's LPT, the one loop behind both LPT placements: items by key descending (ties: lower id),
+// each to the rank with room minimising load_r + time(item, r) (ties: lower rank). room <= 0: no
+// cap. With time independent of r this is "the least-loaded rank", as Graham's rule.
+template <class T, class Time>
+std::vector<int> lpt_assign(const std::vector<T>& key, int ranks, int64_t room, Time time,
+                            std::vector<T>& load) {
+  std::vector<int64_t> order(key.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-    return loads[static_cast<size_t>(a)] > loads[static_cast<size_t>(b)];
+    return key[static_cast<size_t>(a)] > key[static_cast<size_t>(b)];
   });
-  std::vector<int64_t> load(static_cast<size_t>(ranks), 0), held(static_cast<size_t>(ranks), 0);
-  std::vector<int> map(loads.size(), -1);
+  load.assign(static_cast<size_t>(ranks), T{0});
+  std::vector<int64_t> held(static_cast<size_t>(ranks), 0);
+  std::vector<int> map(key.size(), -1);
   for (int64_t e : order) {
     int best = -1;
+    T best_finish{};
     for (int r = 0; r < ranks; ++r) {
-      if (held[static_cast<size_t>(r)] >= room) continue;
-      if (best < 0 || load[static_cast<size_t>(r)] < load[static_cast<size_t>(best)]) best = r;
+      if (room > 0 && held[static_cast<size_t>(r)] >= room) continue;
+      const T finish = load[static_cast<size_t>(r)] + time(e, r);
+      if (best < 0 || finish < best_finish) {
+        best = r;
+        best_finish = finish;
+      }
     }
     map[static_cast<size_t>(e)] = best;
-    load[static_cast<size_t>(best)] += loads[static_cast<size_t>(e)];
+    load[static_cast<size_t>(best)] = best_finish;
     ++held[static_cast<size_t>(best)];
   }
   return map;
+}
+
+}  // namespace
+
+std::vector<int> lpt_placement(const std::vector<int64_t>& loads, int ranks) {
+  const int64_t room = per_rank(static_cast<int64_t>(loads.size()), ranks);
+  std::vector<int64_t> load;
+  return lpt_assign(
+      loads, ranks, room, [&](int64_t e, int) { return loads[static_cast<size_t>(e)]; }, load);
+}
+
+double processing_s(double compute_s, double upload_s, UploadOverlap overlap) {
+  return overlap == UploadOverlap::max ? std::max(compute_s, upload_s) : compute_s + upload_s;
+}
+
+BatchLptPlacement lpt_batch_placement(const BatchLptInput& in, int ranks) {
+  MOE_USAGE_CHECK(ranks >= 1, "LPT placement: ranks must be >= 1 (got ", ranks, ")");
+  const size_t E = in.compute_s.size();
+  MOE_CHECK(in.upload_s.size() == E, "LPT placement: ", in.upload_s.size(), " upload times for ", E,
+            " experts");
+  MOE_CHECK(in.resident.empty() || in.resident.size() == E, "LPT placement: ", in.resident.size(),
+            " resident ranks for ", E, " experts");
+  std::vector<double> key(E);
+  for (size_t e = 0; e < E; ++e) {
+    MOE_CHECK(in.compute_s[e] >= 0 && std::isfinite(in.compute_s[e]) && in.upload_s[e] >= 0 &&
+                  std::isfinite(in.upload_s[e]),
+              "LPT placement: expert ", e, " has compute ", in.compute_s[e], " s and upload ",
+              in.upload_s[e], " s; times must be finite and >= 0");
+    MOE_CHECK(in.resident.empty() || (in.resident[e] >= -1 && in.resident[e] < ranks),
+              "LPT placement: expert ", e, " is resident on rank ", in.resident[e],
+              ", outside [0, ", ranks, ") (-1: none)");
+    key[e] = processing_s(in.compute_s[e], in.upload_s[e], in.overlap);
+  }
+  auto time = [&](int64_t e, int r) {
+    const auto i = static_cast<size_t>(e);
+    const bool here = !in.resident.empty() && in.resident[i] == r;
+    return here ? processing_s(in.compute_s[i], 0, in.overlap) : key[i];
+  };
+  BatchLptPlacement out;
+  out.rank_of_expert = lpt_assign(key, ranks, 0, time, out.rank_s);
+  out.makespan_s = *std::max_element(out.rank_s.begin(), out.rank_s.end());
+  return out;
 }
 
 std::vector<int64_t> rank_loads(const std::vector<int64_t>& loads, const std::vector<int>& map,

@@ -9,7 +9,8 @@
 // Policies:
 //   contiguous   expert e on rank e / (E/N)   the trainer's layout of plain expert parallelism
 //   round robin  expert e on rank e mod N
-//   LPT          Graham's longest-processing-time rule over profiled loads (ES-MoE), E/N per rank
+//   LPT          Graham's longest-processing-time rule over profiled loads (ES-MoE), E/N per rank;
+//                per batch without a cap, over compute + upload times (lpt_batch_placement)
 //   Lina         popularity-weighted replicas packed first-fit-decreasing (ATC'23 §5); the
 //                path-table estimate and its two phases are infer::LinaPlacement's
 //
@@ -48,6 +49,28 @@ std::vector<int> round_robin_placement(int64_t experts, int ranks);  // e -> e m
 // Graham's LPT rule with equal capacities: experts by load descending (ties: lower id first), each
 // to the least-loaded rank that still has room for one of its E/N experts (ties: lower rank).
 std::vector<int> lpt_placement(const std::vector<int64_t>& loads, int ranks);
+// ES-MoE's per-batch placement (issue 17): every expert of the batch to one rank by Graham's LPT,
+// no per-rank cap. Expert e's processing time on rank r is
+//   p_e(r) = combine(compute_s[e], resident[e] == r ? 0 : upload_s[e]),
+// combine = max (the upload overlaps compute) or sum (it does not). Experts are taken by
+// p_e = combine(compute_s[e], upload_s[e]) descending (ties: lower id) and each goes to the rank
+// where it finishes first, load_r + p_e(r) (ties: lower rank). With no expert resident that is
+// Graham's rule exactly: the least-loaded rank, and a makespan within 4/3 - 1/(3R) of optimal.
+enum class UploadOverlap { max, sum };
+struct BatchLptInput {
+  std::vector<double> compute_s;  // [E] seconds to compute e's tokens of this batch (>= 0)
+  std::vector<double> upload_s;   // [E] seconds to bring e's state to a rank (>= 0)
+  std::vector<int> resident;      // [E] the rank already holding e, -1 none; empty: none resident
+  UploadOverlap overlap = UploadOverlap::sum;
+};
+struct BatchLptPlacement {
+  std::vector<int> rank_of_expert;  // [E]
+  std::vector<double> rank_s;       // [N] the sum of p_e(r) of the experts placed on rank r
+  double makespan_s = 0;            // max_r rank_s[r]
+};
+double processing_s(double compute_s, double upload_s, UploadOverlap overlap);
+BatchLptPlacement lpt_batch_placement(const BatchLptInput& input, int ranks);
+
 // Sum of the loads of each rank's experts ([N]).
 std::vector<int64_t> rank_loads(const std::vector<int64_t>& loads, const std::vector<int>& map,
                                 int ranks);
