@@ -424,7 +424,7 @@ TEST_CASE("flexmoe: the policy maker on random layers keeps every expert, V slot
     // Replaying the actions on the start map gives the plan's map.
     VExpertMap replay = m;
     for (const PlanAction& a : p.actions) {
-      if (a.kind == PlanAction::Kind::shrink) replay.remove_replica(a.rank, a.expert);
+      if (a.kind != PlanAction::Kind::expand) replay.remove_replica(a.rank, a.expert);
       if (a.kind == PlanAction::Kind::expand) {
         REQUIRE(replay.holds(a.from, a.expert));
         replay.add_replica(a.rank, a.expert);
@@ -441,4 +441,42 @@ TEST_CASE("flexmoe: the policy maker on random layers keeps every expert, V slot
     REQUIRE(again.step_s == p.step_s);
   }
   REQUIRE(moves > 0);  // the hot expert was expanded somewhere
+}
+
+TEST_CASE("flexmoe: the policy maker migrates a replica whose sync costs more than it saves",
+          "[balance]") {
+  // Slots {0, 1} on rank 0 and {1, -} on rank 1: expert 1 is replicated, its sync costs 10 s (10
+  // gradient bytes at 1 B/s). I_0 = 20 (10 from rank 1), I_1 = 4 (2 from each rank).
+  // Before: rank 0 processes 20 + 2 tokens: 2.2 + 4*10/1000 + 10 = 12.24 s; balance 22/12.
+  // Expand(0 -> rank 1, the free slot): both experts replicated, 1.2 + 20 s: rejected.
+  // Migrate: dropping expert 1 on rank 0 leaves rank 0 at 20 tokens, 10 from rank 1: 2.04 s;
+  // dropping it on rank 1 leaves 24 tokens, 12 from rank 1: 2.448 s. The first is applied. Then
+  // the expand still costs a 10 s sync, and nothing is replicated: the policy stops.
+  const VExpertMap m = VExpertMap::from_slots(2, 2, 2, {0, 1, 1, -1});
+  const TokenMatrix I{{10, 2}, {10, 2}};
+  const CostModel c = uniform_cost(2, 10, 1000, 1);
+  const Plan p = make_plan(m, I, c, {1.1, 0});
+  REQUIRE(p.actions.size() == 1);
+  REQUIRE(p.actions[0].kind == PlanAction::Kind::migrate);
+  REQUIRE(p.actions[0].expert == 1);
+  REQUIRE(p.actions[0].rank == 0);
+  REQUIRE(p.actions[0].cost_s == 0.0);
+  REQUIRE(p.step_s.size() == 2);
+  REQUIRE(p.step_s[0] == Approx(12.24).epsilon(1e-12));
+  REQUIRE(p.step_s[1] == Approx(2.04).epsilon(1e-12));
+  REQUIRE(p.balance[1] == Approx(20.0 / 12.0).epsilon(1e-12));
+  REQUIRE(p.map.slots() == std::vector<int32_t>{0, -1, 1, -1});
+  // Balanced already and migrate off: nothing to do; migrate on: the replica goes anyway.
+  const Plan off = make_plan(m, I, c, {2.0, 0, false});
+  REQUIRE(off.actions.empty());
+  const Plan on = make_plan(m, I, c, {2.0, 0, true});
+  REQUIRE(on.map == p.map);
+  // A fast allreduce (1000 B/s: 0.01 s) makes the replica worth keeping: then Expand(0 -> rank 1)
+  // balances the layer (12 tokens each: 1.2 + 0.02 sync + a2a 0) and nothing migrates.
+  const Plan fast = make_plan(m, I, uniform_cost(2, 10, 1000, 1000), {1.1, 0});
+  REQUIRE(fast.actions.size() == 1);
+  REQUIRE(fast.actions[0].kind == PlanAction::Kind::expand);
+  REQUIRE(fast.actions[0].expert == 0);
+  REQUIRE(fast.actions[0].rank == 1);
+  REQUIRE(fast.step_s[1] == Approx(1.22).epsilon(1e-12));
 }

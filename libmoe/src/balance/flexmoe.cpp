@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 
 #include "moe/error.h"
 
@@ -372,6 +373,64 @@ double adjustment_s(const CostModel& cost, int from, int to) {
 
 double balance_ratio(const FlexRoute& route) { return max_over_mean(route.rank_tokens()); }
 
+namespace {
+
+// One candidate move of the policy maker: the map after it and the actions that lead there.
+struct Move {
+  VExpertMap map;
+  std::vector<PlanAction> actions;
+};
+
+// FlexMoE's Expand(e0) (+ Shrink(e1) when no slot is free), as documented at make_plan; none when
+// no target rank exists.
+std::optional<Move> expand_move(const VExpertMap& map, const FlexRoute& route,
+                                const std::vector<int64_t>& expert_tokens, const CostModel& cost) {
+  const int R = map.ranks();
+  const int64_t E = map.experts();
+  const std::vector<int64_t> load = route.rank_tokens();
+  // Tokens per replica compared exactly: a/n_a vs b/n_b as a*n_b vs b*n_a.
+  auto per_replica_less = [&](int64_t a, int64_t b) {
+    return expert_tokens[idx(a)] * map.replicas(b) < expert_tokens[idx(b)] * map.replicas(a);
+  };
+  int64_t e0 = 0;
+  for (int64_t e = 1; e < E; ++e)
+    if (per_replica_less(e0, e)) e0 = e;
+  // The least-loaded rank (ties: lower rank) among those `ok` accepts.
+  auto least_loaded = [&](auto ok) {
+    int best = -1;
+    for (int r = 0; r < R; ++r)
+      if (ok(r) && (best < 0 || load[idx(r)] < load[idx(best)])) best = r;
+    return best;
+  };
+  int target = least_loaded([&](int r) { return !map.holds(r, e0) && map.free_slots(r) > 0; });
+  int64_t e1 = -1;
+  if (target < 0) {
+    for (int64_t e = 0; e < E; ++e) {
+      if (e == e0 || map.replicas(e) < 2) continue;
+      bool movable = false;
+      for (int r = 0; r < R; ++r) movable = movable || (map.holds(r, e) && !map.holds(r, e0));
+      if (movable && (e1 < 0 || per_replica_less(e, e1))) e1 = e;
+    }
+    if (e1 < 0) return std::nullopt;  // no slot can be freed for e0
+    target = least_loaded([&](int r) { return map.holds(r, e1) && !map.holds(r, e0); });
+  }
+  if (target < 0) return std::nullopt;  // e0 is on every rank
+  int from = -1;
+  for (int32_t h : map.holders(e0))
+    if (from < 0 || cost.link(h, target) > cost.link(from, target)) from = h;
+  Move move{map, {}};
+  if (e1 >= 0) {
+    move.map.remove_replica(target, e1);
+    move.actions.push_back({PlanAction::Kind::shrink, e1, target, -1, 0.0});
+  }
+  move.map.add_replica(target, e0);
+  move.actions.push_back(
+      {PlanAction::Kind::expand, e0, target, from, adjustment_s(cost, from, target)});
+  return move;
+}
+
+}  // namespace
+
 Plan make_plan(const VExpertMap& start, const TokenMatrix& tokens, const CostModel& cost,
                const PolicyOptions& options) {
   start.validate();
@@ -393,53 +452,48 @@ Plan make_plan(const VExpertMap& start, const TokenMatrix& tokens, const CostMod
   double t0 = estimate_step(plan.map, route, cost).step_s;
   plan.step_s.push_back(t0);
   plan.balance.push_back(balance_ratio(route));
-  for (int step = 0; step < max_steps && plan.balance.back() > options.threshold; ++step) {
-    const VExpertMap& map = plan.map;
-    const std::vector<int64_t> load = route.rank_tokens();
-    // Tokens per replica compared exactly: a/n_a vs b/n_b as a*n_b vs b*n_a.
-    auto per_replica_less = [&](int64_t a, int64_t b) {
-      return expert_tokens[idx(a)] * map.replicas(b) < expert_tokens[idx(b)] * map.replicas(a);
-    };
-    int64_t e0 = 0;
-    for (int64_t e = 1; e < E; ++e)
-      if (per_replica_less(e0, e)) e0 = e;
-    // The least-loaded rank (ties: lower rank) among those `ok` accepts.
-    auto least_loaded = [&](auto ok) {
-      int best = -1;
-      for (int r = 0; r < R; ++r)
-        if (ok(r) && (best < 0 || load[idx(r)] < load[idx(best)])) best = r;
-      return best;
-    };
-    int target = least_loaded([&](int r) { return !map.holds(r, e0) && map.free_slots(r) > 0; });
-    int64_t e1 = -1;
-    if (target < 0) {
-      for (int64_t e = 0; e < E; ++e) {
-        if (e == e0 || map.replicas(e) < 2) continue;
-        bool movable = false;
-        for (int r = 0; r < R; ++r) movable = movable || (map.holds(r, e) && !map.holds(r, e0));
-        if (movable && (e1 < 0 || per_replica_less(e, e1))) e1 = e;
+  for (int step = 0; step < max_steps; ++step) {
+    std::optional<Move> best;
+    FlexRoute best_route;
+    double best_t = t0;
+    if (plan.balance.back() > options.threshold) {
+      if (auto move = expand_move(plan.map, route, expert_tokens, cost)) {
+        FlexRoute r = flexible_route(move->map, tokens);
+        const double t1 = estimate_step(move->map, r, cost).step_s;
+        if (t1 < best_t) {
+          best = std::move(move);
+          best_route = std::move(r);
+          best_t = t1;
+        }
       }
-      if (e1 < 0) break;  // no slot can be freed for e0
-      target = least_loaded([&](int r) { return map.holds(r, e1) && !map.holds(r, e0); });
     }
-    if (target < 0) break;  // e0 is on every rank
-    int from = -1;
-    for (int32_t h : map.holders(e0))
-      if (from < 0 || cost.link(h, target) > cost.link(from, target)) from = h;
-    VExpertMap next = map;
-    if (e1 >= 0) next.remove_replica(target, e1);
-    next.add_replica(target, e0);
-    FlexRoute next_route = flexible_route(next, tokens);
-    const double t1 = estimate_step(next, next_route, cost).step_s;
-    if (!(t1 < t0)) break;
-    if (e1 >= 0) plan.actions.push_back({PlanAction::Kind::shrink, e1, target, -1, 0.0});
-    const double copy_s = adjustment_s(cost, from, target);
-    plan.actions.push_back({PlanAction::Kind::expand, e0, target, from, copy_s});
-    plan.adjustment_s += copy_s;
-    plan.map = std::move(next);
-    route = std::move(next_route);
-    t0 = t1;
-    plan.step_s.push_back(t1);
+    if (!best && options.migrate) {
+      // Migrate: merge a replica into the other holders of its expert (its tokens are routed to
+      // them), the one that cuts the step time most (ties: lower expert, then lower rank).
+      for (int64_t e = 0; e < E; ++e) {
+        if (plan.map.replicas(e) < 2) continue;
+        for (int32_t r : plan.map.holders(e)) {
+          VExpertMap next = plan.map;
+          next.remove_replica(r, e);
+          FlexRoute next_route = flexible_route(next, tokens);
+          const double t1 = estimate_step(next, next_route, cost).step_s;
+          if (t1 < best_t) {
+            best = Move{std::move(next), {{PlanAction::Kind::migrate, e, r, -1, 0.0}}};
+            best_route = std::move(next_route);
+            best_t = t1;
+          }
+        }
+      }
+    }
+    if (!best) break;
+    for (const PlanAction& a : best->actions) {
+      plan.actions.push_back(a);
+      plan.adjustment_s += a.cost_s;
+    }
+    plan.map = std::move(best->map);
+    route = std::move(best_route);
+    t0 = best_t;
+    plan.step_s.push_back(t0);
     plan.balance.push_back(balance_ratio(route));
   }
   return plan;

@@ -1,8 +1,11 @@
 // FlexMoE's planning core (SIGMOD'23, issue 17): the vExpert map of one MoE layer, flexible
 // routing of tokens to replicas (Alg. 3), the step-time cost model (eqs. 5, 7-9) and the greedy
-// policy maker (Expand/Shrink). Pure functions of integers and profiled rates, no communication:
-// every rank that feeds them the same all-gathered token counts computes the same plan, bit for
-// bit (all ties are broken by index, never by floating-point luck).
+// policy maker (Expand, Shrink, Migrate). Pure functions of integers and profiled rates, no
+// communication: every rank that feeds them the same all-gathered token counts computes the same
+// plan, bit for bit: routing and the choice of experts and ranks use integers only, all ties are
+// broken by index, and the few floating-point decisions (is t1 < t0, which migrate is cheapest)
+// are the same expressions over the same inputs in the same order on every rank (as long as every
+// rank runs the same build; otherwise broadcast rank 0's plan).
 //
 // Shape letters: R ranks of the expert-parallel group, V vExpert slots per rank, E logical experts
 // of the layer. Token matrix I [R][E]: I[s][e] = tokens source rank s sends to expert e (after the
@@ -139,15 +142,21 @@ StepEstimate estimate_step(const VExpertMap& map, const FlexRoute& route, const 
 // Seconds to copy one expert's state from rank `from` to rank `to`: state bytes / bandwidth.
 double adjustment_s(const CostModel& cost, int from, int to);
 
-// ---- the policy maker (greedy Expand + Shrink) ------------------------------------------------
+// ---- the policy maker (greedy Expand + Shrink, Migrate)
+// ------------------------------------------------
 
 struct PolicyOptions {
   double threshold = 1.1;  // replan while max_g load_g / mean_g load_g (eq. 6) is above this
-  int max_steps = 0;       // at most this many Expand(+Shrink) moves; 0 = R*V
+  int max_steps = 0;       // at most this many moves (Expand(+Shrink) or Migrate); 0 = R*V
+  bool migrate = true;     // try Migrate when no Expand pays (see make_plan)
 };
 
 struct PlanAction {
-  enum class Kind { expand, shrink };
+  // expand: copy parameters and optimizer state from `from` into a free slot of `rank`.
+  // shrink: drop the replica of `expert` on `rank` (its slot is then free for an expand).
+  // migrate: the same change as shrink (drop the replica on `rank`), chosen for the sync cost:
+  //   the replica is merged into the other holders, which take its tokens.
+  enum class Kind { expand, shrink, migrate };
   Kind kind;
   int64_t expert;
   int rank;           // where the replica is added (expand) or dropped (shrink)
@@ -157,8 +166,8 @@ struct PlanAction {
 
 struct Plan {
   VExpertMap map;  // the map after every applied action
-  std::vector<PlanAction>
-      actions;                  // in order; each move is an expand, maybe preceded by its shrink
+  // In order; a move is an expand (after its shrink when no slot was free) or a migrate.
+  std::vector<PlanAction> actions;
   std::vector<double> step_s;   // predicted step time: [0] before, then after each move
   std::vector<double> balance;  // balance ratio (eq. 6): [0] before, then after each move
   double adjustment_s = 0;      // sum of the actions' cost_s
@@ -175,8 +184,15 @@ double balance_ratio(const FlexRoute& route);
 //            and the target is the least-loaded such rank holding e1, whose e1 replica is shrunk;
 //   t1 = the step time after Shrink(e1) + Expand(e0 -> target), copying from the holder of e0
 //        with the fastest link to the target (ties: lower rank);
-//   apply when t1 < t0, else stop. It also stops when e0 is on every rank or no target exists.
-// Migrate (moving replicas to fewer ranks to cut sync cost) is not implemented.
+//   apply when t1 < t0. No target (e0 on every rank, or nothing to shrink) counts as t1 >= t0.
+// Migrate (FlexMoE moves replicas to fewer ranks to cut their gradient sync): with replicas of
+// one expert on one rank forbidden, moving a replica onto another holder of its expert is dropping
+// it, its tokens routed to the remaining holders. When no Expand was applied in a round (balanced
+// already, or it did not pay) and options.migrate is set, the policy tries dropping each replica
+// of every expert with n_e >= 2 and applies the one with the lowest step time (ties: lower expert,
+// then lower rank) when that is below t0. It stops when neither move pays or after max_steps
+// moves; so it can stop above the threshold, and migrate below it. Every applied move lowers the
+// predicted step time strictly.
 Plan make_plan(const VExpertMap& map, const TokenMatrix& tokens, const CostModel& cost,
                const PolicyOptions& options = {});
 
