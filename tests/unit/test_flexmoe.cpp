@@ -326,6 +326,7 @@ TEST_CASE("flexmoe: the cost model against hand-computed step times", "[balance]
   REQUIRE(adjustment_s(c, 0, 1) == Approx(4.0).epsilon(1e-12));
   REQUIRE(adjustment_s(c, 1, 0) == Approx(8.0).epsilon(1e-12));
   REQUIRE(adjustment_s(c, 1, 1) == 0.0);
+  REQUIRE_THROWS_WITH(adjustment_s(c, 0, 2), Catch::Contains("no bandwidth from rank 0 to rank 2"));
   // Without the replica there is no sync, and rank 0 takes all 9 tokens of expert 0.
   const VExpertMap single = VExpertMap::from_slots(2, 2, 2, {0, 1, -1, -1});
   const StepEstimate est1 = estimate_step(single, flexible_route(single, {{7, 4}, {2, 3}}), c);

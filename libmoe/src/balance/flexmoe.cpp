@@ -300,6 +300,9 @@ FlexRoute flexible_route(const VExpertMap& map, const TokenMatrix& tokens) {
 
 double CostModel::link(int from, int to) const {
   const auto R = static_cast<int64_t>(gemm_tokens_per_s.size());
+  MOE_CHECK(from >= 0 && from < R && to >= 0 && to < R && bandwidth.size() == idx(R * R),
+            "cost model: no bandwidth from rank ", from, " to rank ", to, " (", R, " ranks, ",
+            bandwidth.size(), " bandwidth entries)");
   return bandwidth[idx(from * R + to)];
 }
 
