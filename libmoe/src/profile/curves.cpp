@@ -104,7 +104,7 @@ MetricsRun parse_metrics(const std::string& text, const std::string& name) {
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // also a number too large for a double
       throw Error(str(where, ": not a JSON line (", e.what(),
                       "); a metrics file holds one JSON object per line"));
     }
