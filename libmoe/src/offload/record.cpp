@@ -235,6 +235,11 @@ std::shared_ptr<std::byte> CachedRecords::pin(int layer, int64_t expert, bool fr
   return data;
 }
 
+void CachedRecords::prefetch(int layer, int64_t expert) {
+  pin(layer, expert);
+  unpin(layer, expert, false);
+}
+
 // The values of a cached (or bypassed) record come from memory; otherwise only the value sections
 // are read from the expert's file (a quarter or less of the record), and nothing is cached: the
 // upload needs the weights, the update that needs the rest reads the whole record later.

@@ -68,6 +68,10 @@ class RecordTier {
   // The record's first `bytes` bytes (its storage values) into `into` (at least `bytes` long),
   // for an upload: the SSD tier reads only those sections when the record is not in memory.
   virtual void read_values(int layer, int64_t expert, int64_t bytes, std::byte* into);
+  // The whole record will be pinned soon (backward: gradients(), then its update): bring it into
+  // memory now, on the caller's thread (the store's loader), so that pin finds it there. Nothing
+  // to do when every record is in memory.
+  virtual void prefetch(int /*layer*/, int64_t /*expert*/) {}
   virtual int64_t resident_bytes() const = 0;  // host memory the tier holds
 };
 
@@ -99,6 +103,8 @@ class CachedRecords final : public RecordTier {
   std::shared_ptr<std::byte> pin(int layer, int64_t expert, bool fresh = false) override;
   void unpin(int layer, int64_t expert, bool dirty) override;
   void read_values(int layer, int64_t expert, int64_t bytes, std::byte* into) override;
+  // Pins and unpins the record (a cache access: it counts for the policy like any other).
+  void prefetch(int layer, int64_t expert) override;
   void end_step() override;
   int64_t resident_bytes() const override;
   CacheStats cache_stats() const;

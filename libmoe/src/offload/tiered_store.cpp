@@ -73,6 +73,17 @@ struct Key {
   int64_t expert;
 };
 
+// Runs f on a worker thread's behalf: what it threw, as text ("" when nothing).
+template <class F>
+std::string attempt(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
 }  // namespace
 
 struct TieredStore::Impl {
@@ -90,6 +101,8 @@ struct TieredStore::Impl {
   // The pass in progress: the experts it will acquire, in order; cursor: the next to acquire;
   // next_load: the next the loader looks at (it stays within prefetch_depth of the cursor).
   std::vector<Key> plan;
+  bool plan_backward = false;  // the pass in progress is a backward pass
+  uint64_t plan_number = 0;    // request() count: the loader notices a new plan
   size_t cursor = 0, next_load = 0;
   Key waiting{-1, -1};  // the expert compute waits for in acquire
   // An expert's AdamW step, and (CUDA) first the drain of its downloaded gradient buffer.
@@ -202,12 +215,7 @@ struct TieredStore::Impl {
     st.uploading = true;
     ++stats.uploads;
     lock.unlock();
-    std::string error;
-    try {
-      fill_slot(k, i);
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
+    const std::string error = attempt([&] { fill_slot(k, i); });
     lock.lock();
     st.uploading = false;
     if (!error.empty()) {
@@ -229,7 +237,23 @@ struct TieredStore::Impl {
       const size_t at = next_load++;
       const Key k = plan[at];
       const ExpertState& st = state(k);
-      if (st.slot >= 0 || st.uploading || !failure.empty()) continue;
+      if (!failure.empty()) continue;
+      // Backward pins the expert's whole record next (gradients(), then its update): on the SSD
+      // tier, read it into the host cache here rather than on the compute thread (MoESys's
+      // sparse prefetch); the upload below then copies the weights from it.
+      if (plan_backward) {
+        const uint64_t number = plan_number;
+        lock.unlock();
+        const std::string error = attempt([&] { tier->prefetch(k.layer, k.expert); });
+        lock.lock();
+        if (!error.empty()) {
+          if (failure.empty()) failure = error;
+          changed.notify_all();
+          continue;
+        }
+        if (number != plan_number) continue;  // a new pass began meanwhile: k is not next
+      }
+      if (st.slot >= 0 || st.uploading) continue;
       upload(lock, k, at);
     }
   }
@@ -283,17 +307,13 @@ struct TieredStore::Impl {
       optimizer_queue.pop_front();
       ++optimizer_busy;
       lock.unlock();
-      std::string error;
-      try {
+      std::string error = attempt([&] {
         if (u.drain >= 0) drain(u.key, u.drain, u.finalize);
-      } catch (const std::exception& e) {
-        error = e.what();
-      }
-      try {
-        if (u.adamw && error.empty()) update(u.key, u.clip_scale, u.stale_gradient);
-      } catch (const std::exception& e) {
-        error = e.what();
-      }
+      });
+      if (error.empty())
+        error = attempt([&] {
+          if (u.adamw) update(u.key, u.clip_scale, u.stale_gradient);
+        });
       lock.lock();
       --optimizer_busy;
       if (u.drain >= 0) {
@@ -535,6 +555,8 @@ void TieredStore::request(int layer, std::span<const int32_t> experts,
   std::unique_lock<std::mutex> lock(s.mu);
   s.rethrow_locked();
   s.plan.clear();
+  s.plan_backward = pass == nn::Pass::backward;
+  ++s.plan_number;
   for (size_t i = 0; i < experts.size(); ++i) {
     s.plan.push_back({layer, experts[i]});
     if (pass == nn::Pass::forward) s.state({layer, experts[i]}).tokens += rows[i];
