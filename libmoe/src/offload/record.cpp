@@ -6,8 +6,12 @@
 #include <cstring>
 #include <new>
 
+#include "kernels/adamw.h"
 #include "moe/error.h"
+#include "moe/io/finite.h"
 #include "moe/models/memory.h"
+#include "moe/ops/core.h"
+#include "moe/ops/optim.h"
 
 namespace moe::offload {
 
@@ -134,6 +138,28 @@ std::shared_ptr<std::byte> HostRecords::pin(int layer, int64_t expert, bool) {
   const auto& base = layers_.at(static_cast<size_t>(layer));
   return std::shared_ptr<std::byte>(
       base, base.get() + expert * record_bytes_[static_cast<size_t>(layer)]);
+}
+
+void adamw_record(const StoreLayout& layout, const std::shared_ptr<std::byte>& record,
+                  int64_t expert, const RecordUpdate& u) {
+  for (const TensorLayout& t : layout.tensors) {
+    Tensor grad = view(record, t.grad.offset, t.shape, DType::f32);
+    if (u.stale_gradient) grad.zero();
+    if (u.clip_scale != 1.0f) ops::scale(grad, u.clip_scale);
+    Tensor value = view(record, t.value.offset, t.shape, t.value.dtype);
+    Tensor master =
+        t.master.offset >= 0 ? view(record, t.master.offset, t.shape, DType::f32) : value;
+    Tensor m = view(record, t.adam_m.offset, t.shape, DType::f32);
+    Tensor v = view(record, t.adam_v.offset, t.shape, DType::f32);
+    ops::adamw_update(master, m, v, grad,
+                      optim::adamw_scalars(*u.adamw, u.lr, u.adam_step, t.param->decay));
+    if (t.master.offset >= 0) value.copy_from(master);
+    if (io::first_non_finite(value) >= 0)
+      io::check_finite(str("step ", u.adam_step,
+                           ", after the update (the run diverged; nothing saved: "
+                           "try a lower --lr or --clip)"),
+                       str(t.param->name, " (expert ", expert, ")"), value);
+  }
 }
 
 void RecordTier::read_values(int layer, int64_t expert, int64_t bytes, std::byte* into) {

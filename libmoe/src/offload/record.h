@@ -55,6 +55,20 @@ StoreLayout record_layout(const nn::ExpertParams& params, DType storage);
 Tensor view(const std::shared_ptr<std::byte>& base, int64_t offset, const Shape& shape, DType dtype,
             Device device = {});
 
+// One expert's AdamW step on its record (pinned by the caller): zero a stale gradient, apply the
+// clip scale, update master, m and v, round into the storage value; then check the new values
+// are finite (moe::Error naming the step and the expert). Bitwise optim::AdamW::step on the
+// expert's slice: the same element-wise kernel (ops::adamw_update) and conversions.
+struct RecordUpdate {
+  const optim::AdamWConfig* adamw = nullptr;
+  float lr = 0;
+  int64_t adam_step = 1;
+  float clip_scale = 1.0f;
+  bool stale_gradient = false;
+};
+void adamw_record(const StoreLayout& layout, const std::shared_ptr<std::byte>& record,
+                  int64_t expert, const RecordUpdate& u);
+
 // Where records live. pin() returns the record's bytes and keeps them in memory until the
 // matching unpin(); `dirty` says the record changed (a cache writes it back before dropping it).
 // Different experts may be pinned from different threads at once.

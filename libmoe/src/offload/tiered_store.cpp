@@ -26,13 +26,10 @@
 #include <mutex>
 #include <thread>
 
-#include "kernels/adamw.h"
 #include "moe/cuda.h"
-#include "moe/io/finite.h"
 #include "moe/log.h"
 #include "moe/models/memory.h"
 #include "moe/ops/core.h"
-#include "moe/ops/optim.h"
 #include "moe/timer.h"
 #include "offload/device_copies.h"
 #include "offload/record.h"
@@ -258,34 +255,11 @@ struct TieredStore::Impl {
     }
   }
 
-  // The step's AdamW scalars for one tensor, as optim::AdamW::step computes them.
-  kernels::AdamWScalars scalars(const TensorLayout& t) const {
-    return optim::adamw_scalars(config.adamw, step_info.lr, step_info.adam_step, t.param->decay);
-  }
-
-  // One expert's AdamW step (outside the lock): zero a stale gradient, apply the clip scale,
-  // update master, m and v, round into the storage value. Bitwise optim::AdamW::step on the
-  // expert's slice: the same element-wise kernel and conversions.
+  // One expert's AdamW step (outside the lock; record.h: adamw_record).
   void update(Key k, float clip_scale, bool stale_gradient) {
-    const Layer& layer = layers[static_cast<size_t>(k.layer)];
     const std::shared_ptr<std::byte> record = tier->pin(k.layer, k.expert);
-    for (const TensorLayout& t : layer.layout.tensors) {
-      Tensor grad = view(record, t.grad.offset, t.shape, DType::f32);
-      if (stale_gradient) grad.zero();
-      if (clip_scale != 1.0f) ops::scale(grad, clip_scale);
-      Tensor value = view(record, t.value.offset, t.shape, t.value.dtype);
-      Tensor master =
-          t.master.offset >= 0 ? view(record, t.master.offset, t.shape, DType::f32) : value;
-      Tensor m = view(record, t.adam_m.offset, t.shape, DType::f32);
-      Tensor v = view(record, t.adam_v.offset, t.shape, DType::f32);
-      ops::adamw_update(master, m, v, grad, scalars(t));
-      if (t.master.offset >= 0) value.copy_from(master);
-      if (io::first_non_finite(value) >= 0)
-        io::check_finite(str("step ", step_info.adam_step,
-                             ", after the update (the run diverged; nothing saved: "
-                             "try a lower --lr or --clip)"),
-                         str(t.param->name, " (expert ", k.expert, ")"), value);
-    }
+    adamw_record(layers[static_cast<size_t>(k.layer)].layout, record, k.expert,
+                 {&config.adamw, step_info.lr, step_info.adam_step, clip_scale, stale_gradient});
     tier->unpin(k.layer, k.expert, true);
   }
 
