@@ -205,6 +205,8 @@ TEST_CASE("offload: the SSD tier trains bitwise as resident (LRU, LFU, bypass)",
       REQUIRE(st.cache.misses > 0);
       REQUIRE(st.ssd_bytes_read > 0);
       REQUIRE(st.ssd_bytes_written > 0);
+      REQUIRE(st.ssd_read_seconds > 0);
+      REQUIRE(st.ssd_write_seconds > 0);
       REQUIRE(st.host_bytes <= (c.records + 3) * record_bytes(c.arch, c.dtype));
     }
   }

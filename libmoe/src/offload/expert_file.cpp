@@ -410,7 +410,16 @@ ExpertFiles::Slot& ExpertFiles::slot(int layer, int expert) const {
 
 bool ExpertFiles::written(int layer, int expert) const { return slot(layer, expert).valid; }
 
+namespace {
+int64_t nanos_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                              start)
+      .count();
+}
+}  // namespace
+
 void ExpertFiles::write(int layer, int expert, const void* payload) {
+  const auto start = std::chrono::steady_clock::now();
   Slot& s = slot(layer, expert);
   const std::string file = path(layer, expert);
   Claim claim(s, where(layer, expert), "write");
@@ -461,6 +470,7 @@ void ExpertFiles::write(int layer, int expert, const void* payload) {
   s.valid = true;
   bytes_written_.fetch_add(layout.payload_bytes, std::memory_order_relaxed);
   writes_.fetch_add(1, std::memory_order_relaxed);
+  write_ns_.fetch_add(nanos_since(start), std::memory_order_relaxed);
 }
 
 void ExpertFiles::read(int layer, int expert, void* payload) {
@@ -472,6 +482,7 @@ void ExpertFiles::read_sections(int layer, int expert, int begin, int end, void*
 }
 
 void ExpertFiles::read_span(int layer, int expert, int begin, int end, void* payload) {
+  const auto start = std::chrono::steady_clock::now();
   Slot& s = slot(layer, expert);
   const std::string file = path(layer, expert);
   const std::string at = where(layer, expert);
@@ -635,6 +646,7 @@ void ExpertFiles::read_span(int layer, int expert, int begin, int end, void* pay
   }
   bytes_read_.fetch_add(span_end - span_begin, std::memory_order_relaxed);
   reads_.fetch_add(1, std::memory_order_relaxed);
+  read_ns_.fetch_add(nanos_since(start), std::memory_order_relaxed);
 }
 
 void ExpertFiles::will_need(int layer, int expert) const {

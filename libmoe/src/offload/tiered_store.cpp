@@ -775,6 +775,8 @@ StoreStats TieredStore::stats() const {
     out.cache = cached->cache_stats();
     out.ssd_bytes_read = cached->files().bytes_read();
     out.ssd_bytes_written = cached->files().bytes_written();
+    out.ssd_read_seconds = cached->files().read_seconds();
+    out.ssd_write_seconds = cached->files().write_seconds();
   }
   return out;
 }

@@ -63,9 +63,12 @@ std::string offload_stats(const offload::StoreStats& s) {
     char hits[32] = "";
     if (s.cache.accesses > 0)
       std::snprintf(hits, sizeof hits, " (%.1f%% hits)", 100.0 * s.cache.hit_rate());
+    char io[96];
+    std::snprintf(io, sizeof io, " (%.3f s reading, %.3f s writing, all threads)",
+                  s.ssd_read_seconds, s.ssd_write_seconds);
     ssd = str("; SSD ", format_bytes(double(s.ssd_bytes_read)), " read, ",
-              format_bytes(double(s.ssd_bytes_written)), " written, host cache ", s.cache.hits,
-              " hits of ", s.cache.accesses, hits);
+              format_bytes(double(s.ssd_bytes_written)), " written", io, ", host cache ",
+              s.cache.hits, " hits of ", s.cache.accesses, hits);
   }
   return str("offload: ", s.uploads, " uploads, ", s.upload_hits, " slot hits", rate, ", ",
              s.optimizer_overlapped, " expert updates during backward, ", s.optimizer_after,

@@ -167,6 +167,10 @@ class ExpertFiles {
   int64_t reads() const { return reads_.load(std::memory_order_relaxed); }
   // How many reads went around the page cache (ExpertFileOptions::direct_reads).
   int64_t direct_reads() const { return direct_reads_.load(std::memory_order_relaxed); }
+  // Seconds spent in successful write()s and read()s / read_sections() (opening, I/O and
+  // checksums; summed over the threads that called them).
+  double write_seconds() const { return 1e-9 * double(write_ns_.load(std::memory_order_relaxed)); }
+  double read_seconds() const { return 1e-9 * double(read_ns_.load(std::memory_order_relaxed)); }
 
  private:
   // What this object knows about one expert's file: what its header must say at the next read.
@@ -199,6 +203,7 @@ class ExpertFiles {
   uint64_t run_id_ = 0;
   int lock_fd_ = -1;
   std::atomic<int64_t> bytes_written_{0}, bytes_read_{0}, writes_{0}, reads_{0}, direct_reads_{0};
+  std::atomic<int64_t> write_ns_{0}, read_ns_{0};
 };
 
 }  // namespace moe::offload

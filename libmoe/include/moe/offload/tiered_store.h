@@ -89,6 +89,9 @@ struct StoreStats {
   int64_t host_bytes = 0;                // expert state in host memory (ssd: the cache)
   CacheStats cache;                      // ssd: the host cache's hits, misses, write-backs
   int64_t ssd_bytes_read = 0, ssd_bytes_written = 0;
+  // Time in the SSD files' reads and writes (write-backs included), summed over the store's
+  // threads: compute's, the loader's and the optimizer's.
+  double ssd_read_seconds = 0, ssd_write_seconds = 0;
 };
 
 class TieredStore final : public nn::ExpertStore {
