@@ -60,6 +60,19 @@ std::string first_difference(train::Trainer& resident, train::Trainer& offloaded
   return "";
 }
 
+// Three steps of both runs: the same losses and norms every step, the same parameters after.
+void train_side_by_side(train::Trainer& resident, train::Trainer& offloaded, int rank) {
+  for (int i = 0; i < 3; ++i) {
+    const train::StepStats a = resident.step(), b = offloaded.step();
+    INFO("step " << i + 1);
+    REQUIRE(a.forward.loss == b.forward.loss);
+    REQUIRE(a.grad_norm == b.grad_norm);
+  }
+  const std::string where = first_difference(resident, offloaded);
+  INFO("rank " << rank << ": first differing parameter: " << where);
+  REQUIRE(where.empty());
+}
+
 }  // namespace
 
 TEST_CASE("offload: --ep W with --offload host|ssd trains bitwise as resident on every rank",
@@ -82,15 +95,7 @@ TEST_CASE("offload: --ep W with --offload host|ssd trains bitwise as resident on
         REQUIRE(offloaded.params().at("blocks.0.moe.experts.w1").offloaded);
         REQUIRE(offloaded.params().at("blocks.0.moe.experts.w1").shape[0] == 4 / ep);
         REQUIRE(first_difference(resident, offloaded) == "");
-        for (int i = 0; i < 3; ++i) {
-          const train::StepStats a = resident.step(), b = offloaded.step();
-          INFO("step " << i + 1);
-          REQUIRE(a.forward.loss == b.forward.loss);
-          REQUIRE(a.grad_norm == b.grad_norm);
-        }
-        const std::string where = first_difference(resident, offloaded);
-        INFO("rank " << world.rank() << ": first differing parameter: " << where);
-        REQUIRE(where.empty());
+        train_side_by_side(resident, offloaded, world.rank());
         const offload::StoreStats s = offloaded.expert_store()->stats();
         const int64_t updates = 3 * 2 * (4 / ep);  // steps x MoE layers x this rank's experts
         REQUIRE(s.optimizer_overlapped + s.optimizer_after == updates);
@@ -113,15 +118,7 @@ TEST_CASE("offload: expert replicas sum their gradients and train bitwise as res
                               &world);
       train::Trainer offloaded(offload_model(Arch::mixtral), offload_train(ep, clip, "host"), {},
                                &world);
-      for (int i = 0; i < 3; ++i) {
-        const train::StepStats a = resident.step(), b = offloaded.step();
-        INFO("step " << i + 1);
-        REQUIRE(a.forward.loss == b.forward.loss);
-        REQUIRE(a.grad_norm == b.grad_norm);
-      }
-      const std::string where = first_difference(resident, offloaded);
-      INFO("rank " << world.rank() << ": first differing parameter: " << where);
-      REQUIRE(where.empty());
+      train_side_by_side(resident, offloaded, world.rank());
       // The replicas' sum comes first: no update overlaps backward.
       REQUIRE(offloaded.expert_store()->stats().optimizer_overlapped == 0);
     }

@@ -31,7 +31,7 @@ struct Sharded {
   const io::Checkpoint& head() const { return heads.front(); }
 };
 
-Sharded open_sharded(const std::string& dir, const ModelConfig& mc) {
+Sharded open_sharded(const std::string& dir) {
   Sharded s;
   const std::vector<std::string> files = io::checkpoint_files({dir});
   for (const std::string& file : files)
@@ -60,6 +60,7 @@ Sharded open_sharded(const std::string& dir, const ModelConfig& mc) {
       MOE_CHECK(at[g].tensor, "'", dir, "' holds no file with expert position ", g, " of '", name,
                 "' (a rank file is missing?)");
   // expert_rank: the per-layer maps (expert -> rank), concatenated over the MoE blocks in order.
+  const ModelConfig mc = model_config_from_json(s.head().model_config);
   size_t next = 0;
   for (int64_t b = 0; b < mc.layers; ++b) {
     if (!mc.is_moe_layer(b)) continue;
@@ -101,27 +102,48 @@ void put_expert(Param& p, int64_t row, const Tensor& one, const std::string& sou
   std::memcpy(static_cast<std::byte*>(p.value.raw()) + row * one.nbytes(), one.raw(), one.nbytes());
 }
 
-// Sets m.params, m.model from a sharded directory (see load_model).
+// Builds m.params and m.model for m.config, after checking they fit in memory: the resident
+// parameters at least (experts not read, or only this rank's slice of them, are left out of the
+// bound).
+void build_model(LoadedModel& m, const std::string& source, bool experts,
+                 const nn::Parallel* parallel) {
+  const bool sliced_experts = parallel && parallel->shards_experts();
+  const double params = parameter_lower_bound(m.config, experts && !sliced_experts ? 1 : 0);
+  check_fits_in_memory(params * double(dtype_size(m.config.dtype)),
+                       str("the model in '", source, "'"),
+                       str(params, " parameters of ", dtype_name(m.config.dtype)));
+  m.params = std::make_unique<ParamSet>(0, m.config.dtype);
+  m.model = std::make_unique<Transformer>(m.config, *m.params, parallel);
+}
+
+// A whole (non-expert or unsliced) tensor of `source` into its parameter, checked as every loader
+// checks it: a parameter of the model, its shape and dtype, finite (never score or serve garbage).
+void put_param(ParamSet& params, const std::string& name, const Tensor& tensor,
+               const std::string& source) {
+  Param* p = params.find(name);
+  MOE_CHECK(p, "'", source, "': tensor '", name, "' is not a parameter of its own model");
+  MOE_CHECK(tensor.shape() == p->value.shape() && tensor.dtype() == p->value.dtype(), "'", source,
+            "': tensor ", tensor.describe(), " does not match parameter ", p->value.describe());
+  io::check_finite(str("'", source, "'"), name, tensor);
+  p->value.copy_from(tensor);
+  p->refresh_compute();
+}
+
+// Sets m from a sharded directory (see load_model).
 void load_sharded(LoadedModel& m, const std::string& dir, bool experts,
                   const nn::Parallel* parallel) {
-  m.config = model_config_from_json(io::read_model_config(io::checkpoint_files({dir}).front()));
-  const Sharded s = open_sharded(dir, m.config);
+  const Sharded s = open_sharded(dir);
+  m.config = model_config_from_json(s.head().model_config);
   m.provenance = s.head().provenance;
   m.step = s.head().state.step;
+  build_model(m, dir, experts, parallel);
   // Each rank of an expert-parallel group holds a contiguous range of positions: rank r's range
   // is then exactly the experts the files put on r. The router's rows are reordered the same way,
   // so position g scores as expert order[g] did: the same model with its experts relabelled.
   const bool relabel = parallel && parallel->shards_experts();
-  const double params = parameter_lower_bound(m.config, experts && !relabel ? 1 : 0);
-  check_fits_in_memory(params * double(dtype_size(m.config.dtype)), str("the model in '", dir, "'"),
-                       str(params, " parameters of ", dtype_name(m.config.dtype)));
-  m.params = std::make_unique<ParamSet>(0, m.config.dtype);
-  m.model = std::make_unique<Transformer>(m.config, *m.params, parallel);
   size_t matched = 0;
   for (const io::NamedTensor& nt : s.head().params) {
     if (nt.expert) continue;
-    Param* p = m.params->find(nt.name);
-    MOE_CHECK(p, "'", dir, "': tensor '", nt.name, "' is not a parameter of its own model");
     MOE_CHECK(!nt.shard.defined(), "'", dir, "': '", nt.name, "' is split over the ranks");
     Tensor tensor = nt.tensor;
     const int64_t b = block_of_name(nt.name);
@@ -135,11 +157,7 @@ void load_sharded(LoadedModel& m, const std::string& dir, bool experts,
                     static_cast<const std::byte*>(tensor.raw()) + order[g] * row_bytes, row_bytes);
       tensor = rows;
     }
-    MOE_CHECK(tensor.shape() == p->value.shape() && tensor.dtype() == p->value.dtype(), "'", dir,
-              "': tensor ", tensor.describe(), " does not match parameter ", p->value.describe());
-    io::check_finite(str("'", dir, "'"), nt.name, tensor);
-    p->value.copy_from(tensor);
-    p->refresh_compute();
+    put_param(*m.params, nt.name, tensor, dir);
     ++matched;
   }
   for (Param* p : m.params->all()) {
@@ -184,28 +202,13 @@ LoadedModel load_model(const std::string& given, bool experts, const nn::Paralle
   const std::string& path = ref.path;
   LoadedModel m;
   m.config = model_config_from_json(io::read_model_config(path));
-  // Before allocating: the resident parameters at least (experts not read, or only this rank's
-  // slice of them, are left out of the bound).
-  const bool sliced_experts = parallel && parallel->shards_experts();
-  const double params = parameter_lower_bound(m.config, experts && !sliced_experts ? 1 : 0);
-  check_fits_in_memory(params * double(dtype_size(m.config.dtype)),
-                       str("the model in '", path, "'"),
-                       str(params, " parameters of ", dtype_name(m.config.dtype)));
-  m.params = std::make_unique<ParamSet>(0, m.config.dtype);
-  m.model = std::make_unique<Transformer>(m.config, *m.params, parallel);
+  build_model(m, path, experts, parallel);
   size_t matched = 0;
   auto take = [&](const std::string& name, const Tensor& tensor) {
-    Param* p = m.params->find(name);
-    MOE_CHECK(p, "'", path, "': tensor '", name, "' is not a parameter of its own model");
-    MOE_CHECK(tensor.shape() == p->value.shape() && tensor.dtype() == p->value.dtype(), "'", path,
-              "': tensor ", tensor.describe(), " does not match parameter ", p->value.describe());
-    io::check_finite(str("'", path, "'"), name, tensor);  // never score or serve garbage
-    p->value.copy_from(tensor);
-    p->refresh_compute();
+    put_param(*m.params, name, tensor, path);
     ++matched;
   };
-  const bool sliced = parallel && parallel->shards_experts();
-  if (experts && !sliced) {
+  if (experts && !(parallel && parallel->shards_experts())) {
     io::Checkpoint ckpt = io::load_checkpoint(path, false);  // parameters, no optimizer state
     MOE_CHECK(ckpt.sharding.rank < 0, "'", path, "' is rank ", ckpt.sharding.rank,
               "'s shard of a sharded checkpoint; inference needs a whole checkpoint");
@@ -241,7 +244,7 @@ LoadedModel load_ring_model(const std::string& path) {
   auto ring = std::make_unique<offload::ExpertRing>(ref.path);
   auto view = std::make_unique<nn::Parallel>();
   view->expert_store = ring.get();
-  LoadedModel m = load_model(path, false, view.get());
+  LoadedModel m = load_model(ref.path, false, view.get());
   m.ring = std::move(ring);
   m.view = std::move(view);
   return m;
