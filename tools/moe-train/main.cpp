@@ -149,8 +149,9 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
                world.size() > 1
                    ? str(" per rank, ", world.size(), " ranks (", group.name(),
                          "): ", world.size() / tc.ep, "-way data x ", tc.ep, "-way expert parallel",
-                         tc.shard_embedding ? ", sharded embedding" : "", ", ", tc.a2a,
-                         " all-to-all, scheduler ", tc.comm_scheduler)
+                         tc.shard_embedding ? ", sharded embedding" : "",
+                         tc.placement != "static" ? ", placement " + tc.placement : "", ", ",
+                         tc.a2a, " all-to-all, scheduler ", tc.comm_scheduler)
                    : std::string());
   if (const offload::TieredStore* store = trainer.expert_store())
     MOE_LOG_INFO(train::offload_layout(tc, *store));
@@ -187,10 +188,17 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
     if (!s.load_max_over_mean.empty())
       text += " | load max/mean " + join_loads(s.load_max_over_mean) +
               str(" | dropped ", std::round(s.dropped_fraction * 1e4) / 1e2, "%");
+    if (!s.rank_load_max_over_mean.empty())
+      text += " | ranks max/mean " + join_loads(s.rank_load_max_over_mean);
     if (r.line)
       progress.line(text);
     else
       progress.live(text);
+    for (const train::Replan& replan : s.replans) {  // every replan, whatever --log-every
+      progress.line(str("step ", s.step, ": ", train::describe(replan)));
+      if (metrics)
+        metrics->write_line(json{{"step", s.step}, {"replan", train::to_json(replan)}}.dump());
+    }
   };
   if (metrics)
     hooks.metrics = [&](const train::StepReport& r, json& j) {
@@ -198,6 +206,8 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
         j["a2a_seconds"] = r.stats.a2a_seconds;
         j["grad_sync_seconds"] = r.stats.grad_sync_seconds;
         j["step_seconds"] = r.stats.seconds;
+        if (!r.stats.rank_load_max_over_mean.empty())
+          j["rank_load_max_over_mean"] = r.stats.rank_load_max_over_mean;
       }
       metrics->write_line(j.dump());
     };

@@ -268,6 +268,28 @@ inline void add_train_options(CLI::App& app, TrainOptions& o) {
           ->check(CLI::IsMember({"off", "priority"}))
           ->capture_default_str());
   o.train_flags.push_back(
+      dg->add_option("--placement", t.placement,
+                     "Which ranks compute which experts: static (rank p: experts [p E/P, (p+1) "
+                     "E/P)), lpt (ES-MoE: per batch, Graham's LPT over the group's tokens) or "
+                     "flexmoe (vExpert replicas, flexible routing, cost-model replans); lpt and "
+                     "flexmoe need --ep > 1 and hold every expert on every rank")
+          ->check(CLI::IsMember({"static", "lpt", "flexmoe"}))
+          ->capture_default_str());
+  o.train_flags.push_back(
+      dg->add_option("--vexperts-per-rank", t.vexperts_per_rank,
+                     "flexmoe: vExpert slots per rank and MoE layer (0: ceil(E/P) + 1)")
+          ->check(non_negative())
+          ->capture_default_str());
+  o.train_flags.push_back(
+      dg->add_option("--balance-threshold", t.balance_threshold,
+                     "flexmoe: replan while max/mean rank tokens is above this (>= 1)")
+          ->check(CLI::Range(1.0, 1e9))
+          ->capture_default_str());
+  o.train_flags.push_back(
+      dg->add_option("--replan-every", t.replan_every, "flexmoe: optimizer steps between replans")
+          ->check(positive())
+          ->capture_default_str());
+  o.train_flags.push_back(
       dg->add_option("--partition-mb", t.partition_mb,
                      "Largest gradient all-reduce micro-op with --comm-scheduler priority (MiB)")
           ->capture_default_str());

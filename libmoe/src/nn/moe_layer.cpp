@@ -53,8 +53,9 @@ void MoELayer::globalize_load(RouterOutput& routed) const {
 }
 
 Tensor MoELayer::run_experts(const Tensor& x_perm, RouterOutput& routed, const RouterStep& step,
-                             Saved* saved) const {
+                             Saved* saved, int64_t& rows_computed) const {
   DispatchPlan& plan = routed.plan;
+  rows_computed = x_perm.dim(0);
   if (!parallel_ || !parallel_->expert_parallel())
     return experts_forward(x_perm, plan.expert_offsets, saved);
   const ExpertAssignment assignment =
@@ -65,6 +66,7 @@ Tensor MoELayer::run_experts(const Tensor& x_perm, RouterOutput& routed, const R
   Exchange ex = dispatcher.plan(plan.expert_offsets, plan.tokens_per_expert, assignment);
   plan.send_counts = ex.send_counts;  // the plan states the step's exchange too
   plan.recv_counts = ex.recv_counts;
+  rows_computed = static_cast<int64_t>(ex.arrival_of.size());
   Tensor y_local = experts_forward(dispatcher.dispatch(x_perm, ex), ex.local_offsets, saved);
   Tensor y_perm = dispatcher.combine(y_local, ex);
   if (saved) saved->exchange = std::move(ex);
@@ -98,8 +100,6 @@ Tensor MoELayer::experts_backward_local(const Tensor& dy_local, const Saved& sav
 
 Tensor MoELayer::experts_backward(const Tensor& dy_perm, const Saved& saved) {
   if (!parallel_ || !parallel_->expert_parallel()) return experts_backward_local(dy_perm, saved);
-  MOE_CHECK(!parallel_->placement, "moe layer ", router_.weight().name,
-            ": dynamic expert placement is for inference; backward needs the static layout");
   const parallel::ExpertDispatcher dispatcher = this->dispatcher();
   Tensor dx_local = experts_backward_local(dispatcher.dispatch(dy_perm, saved.exchange), saved);
   return dispatcher.combine(dx_local, saved.exchange);
@@ -117,7 +117,8 @@ Tensor MoELayer::forward(const Tensor& x, const RouterStep& step, Saved* saved,
   RouterOutput routed = router_.forward(x, step);
   if (parallel_ && parallel_->data_parallel()) globalize_load(routed);
   Tensor x_perm = dispatch(x, routed.plan);
-  Tensor y_perm = run_experts(x_perm, routed, step, saved);
+  int64_t rows_computed = 0;
+  Tensor y_perm = run_experts(x_perm, routed, step, saved, rows_computed);
   Tensor y = combine(y_perm, routed.plan);
   if (stats) {
     stats->aux_loss = routed.aux_loss;
@@ -127,6 +128,7 @@ Tensor MoELayer::forward(const Tensor& x, const RouterStep& step, Saved* saved,
     stats->tokens_per_expert = routed.plan.tokens_per_expert;
     stats->assignments = routed.plan.num_tokens * routed.plan.top_k;
     stats->dropped = routed.plan.dropped();
+    stats->rows_computed = rows_computed;
     if (step.capture_routing) {
       const Tensor idx = routed.topk_idx.to(Device{}), gates = routed.topk_weight.to(Device{});
       const int32_t* c = idx.data<int32_t>();

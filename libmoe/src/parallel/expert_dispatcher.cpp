@@ -56,6 +56,23 @@ ExpertExchange ExpertDispatcher::plan(std::span<const int32_t> expert_offsets,
     MOE_CHECK(n >= 1, "moe layer ", layer_, ": expert ", e, " has no rank");
     const int64_t first = expert_offsets[static_cast<size_t>(e)];
     const int64_t count = tokens_per_expert[static_cast<size_t>(e)];
+    if (!assignment.rows.empty()) {  // an explicit split, chunks in replica order
+      const std::vector<int64_t>& split = assignment.rows.at(static_cast<size_t>(e));
+      MOE_CHECK(static_cast<int64_t>(split.size()) == n, "moe layer ", layer_, ": expert ", e,
+                " has ", n, " replicas but a split of ", split.size());
+      int64_t b = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        const int32_t p = reps[static_cast<size_t>(j)];
+        const int64_t rows = split[static_cast<size_t>(j)];
+        MOE_CHECK(p >= 0 && p < P && rows >= 0, "moe layer ", layer_, ": expert ", e, " sends ",
+                  rows, " rows to rank ", p, " of ", P);
+        if (rows > 0) to[static_cast<size_t>(p)].push_back({e, first + b, rows});
+        b += rows;
+      }
+      MOE_CHECK(b == count, "moe layer ", layer_, ": expert ", e, " split ", b,
+                " rows of this rank's ", count);
+      continue;
+    }
     for (int64_t j = 0; j < n; ++j) {
       const int32_t p = reps[static_cast<size_t>((j + s) % n)];
       MOE_CHECK(p >= 0 && p < P, "moe layer ", layer_, ": expert ", e, " placed on rank ", p,

@@ -18,7 +18,9 @@ GradSync::GradSync(Layout& layout, const ParamSet& params) : layout_(layout) {
 
 GradSync::Reduce GradSync::reduce_of(const Param& p) const {
   if (p.offloaded) return Reduce::none;  // its store sums and averages it (TieredStore)
-  if (p.expert && layout_.config().ep > 1)
+  // A slice of the experts (plain expert parallelism). Under a placement policy every rank holds
+  // whole expert tensors and computed some of their rows: they sum over the world like dense ones.
+  if (p.expert && p.shard.defined())
     return layout_.replicas()->size() > 1 ? Reduce::replicas : Reduce::none;
   if (p.shard.defined()) return Reduce::none;  // the sharded token table: summed by its backward
   return Reduce::world;
@@ -112,7 +114,7 @@ double GradSync::global_norm(const ParamSet& params,
     MOE_CHECK(!p->offloaded || offloaded, "'", p->name,
               "' is offloaded but no store sums its gradient");
     const double sq = p->offloaded ? offloaded(*p) : optim::grad_square_sum(*p);
-    if (p->expert && layout_.config().ep > 1)
+    if (p->expert && p->shard.defined())
       experts += sq;
     else if (p->shard.defined())
       table += sq;

@@ -47,6 +47,10 @@ static void for_each_field(Config& c, Visit&& f) {
   f("ranks_per_node", c.ranks_per_node);
   f("comm_scheduler", c.comm_scheduler);
   f("partition_mb", c.partition_mb);
+  f("placement", c.placement);
+  f("vexperts_per_rank", c.vexperts_per_rank);
+  f("balance_threshold", c.balance_threshold);
+  f("replan_every", c.replan_every);
   f("offload", c.offload);
   f("device_budget", c.device_budget);
   f("host_budget", c.host_budget);
@@ -100,7 +104,8 @@ static void check_training_memory(const ModelConfig& config, const TrainConfig& 
                                   int world_size) {
   const double ranks = double(world_size), ep = double(std::max<int64_t>(train.ep, 1));
   // Offloaded experts are the store's to budget (TieredStore::start checks its tiers).
-  const double experts = train.offload == "none" ? 1 / ep : 0;
+  // Under --placement lpt/flexmoe every rank holds every expert.
+  const double experts = train.offload != "none" ? 0 : train.placement == "static" ? 1 / ep : 1;
   const double params =
       parameter_lower_bound(config, experts, train.shard_embedding ? 1 / ranks : 1);
   const double state = params * double(2 * dtype_size(config.dtype) + 8);
@@ -184,6 +189,17 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
   if (store_) store_->start();
   optimizer_ = std::make_unique<optim::AdamW>(*params_, adamw_config());
   if (world_size() > 1) grad_sync_ = std::make_unique<parallel::GradSync>(*layout_, *params_);
+  if (placement_) {  // TEMPORARY nominal rates until the start-up profile lands
+    const int P = layout_->experts()->size();
+    balance::CostModel c;
+    c.gemm_tokens_per_s.assign(static_cast<size_t>(P), 1e6);
+    c.bandwidth.assign(static_cast<size_t>(P * P), 1e9);
+    c.allreduce_bytes_per_s.assign(static_cast<size_t>(P + 1), 1e9);
+    c.bytes_per_token = static_cast<double>(config.d_model * 4);
+    c.grad_bytes_per_expert = static_cast<double>(3 * config.d_model * config.d_ff * 4);
+    c.state_bytes_per_expert = 3 * c.grad_bytes_per_expert;
+    placement_->set_cost(c);
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -200,9 +216,23 @@ static parallel::LayoutConfig layout_config(const TrainConfig& train) {
 }
 
 void Trainer::setup_parallel(Device device) {
+  PlacementConfig placement{train_.placement, train_.vexperts_per_rank, train_.balance_threshold,
+                            train_.replan_every};
+  check_placement_config(placement);
+  if (placement.policy != "static") {
+    MOE_USAGE_CHECK(train_.ep > 1, "--placement ", placement.policy,
+                    " places experts over the expert-parallel ranks: it needs --ep > 1");
+    MOE_USAGE_CHECK(train_.offload == "none", "--placement ", placement.policy,
+                    " holds every expert on every rank; it does not combine with --offload ",
+                    train_.offload, " yet");
+  }
   layout_ = std::make_unique<parallel::Layout>(world_, layout_config(train_), device);
   world_ = layout_->world();
   if (world_size() > 1) parallel_ = nn::Parallel::of(*layout_);
+  if (layout_->experts()) {
+    placement_ = TrainingPlacement::make(placement, *layout_->experts());
+    parallel_.placement = placement_.get();
+  }
 }
 
 // Adds micro-batch `f` of a step's `micro` to the step's statistics: losses weighted 1/micro
@@ -236,6 +266,7 @@ static void accumulate(ForwardStats& step, ForwardStats&& f, int64_t index, int6
       into.tokens_per_expert[e] += m.tokens_per_expert[e];
     into.assignments += m.assignments;
     into.dropped += m.dropped;
+    into.rows_computed += m.rows_computed;
     into.choices.insert(into.choices.end(), m.choices.begin(), m.choices.end());
     into.gates.insert(into.gates.end(), m.gates.begin(), m.gates.end());
   }
@@ -294,6 +325,7 @@ StepStats Trainer::step(bool capture_routing) {
       // (only then are they final).
       if (layout_->scheduler() && m + 1 == micro)
         pass.grads_ready = [this](std::span<Param* const> ps) { grad_sync_->pack(ps); };
+      if (placement_) placement_->begin_pass();
       if (store_) {  // the experts' state follows the micro-batches
         store_info.first_micro_batch = m == 0;
         store_info.last_micro_batch = m + 1 == micro;
@@ -336,6 +368,7 @@ StepStats Trainer::step(bool capture_routing) {
   // a non-finite expert value stops the run here too.
   if (store_) store_->finish_step(optim::clip_scale(train_.clip, s.grad_norm));
   ++step_;
+  if (placement_) s.replans = placement_->end_step(step_);
   // An update that made a parameter non-finite (an infinite --lr, say) stops the run here, before
   // it is saved or trained on. Device parameters are checked when saved (no copy every step).
   for (const Param* p : std::as_const(*params_).all())
@@ -388,6 +421,19 @@ void Trainer::reduce_stats(StepStats& s) {
     counts.push_back(m.assignments);
   }
   if (counts.empty()) return;
+  if (comm::Communicator* group = layout_->experts()) {  // rows each expert rank computed
+    const auto L = static_cast<int64_t>(f.moe.size());
+    const int P = group->size();
+    Tensor mine = Tensor::empty({L}, DType::i64), all = Tensor::empty({P * L}, DType::i64);
+    for (int64_t l = 0; l < L; ++l)
+      mine.data<int64_t>()[l] = f.moe[static_cast<size_t>(l)].rows_computed;
+    group->all_gather(mine, all);
+    for (int64_t l = 0; l < L; ++l) {
+      std::vector<int64_t> rows(static_cast<size_t>(P));
+      for (int r = 0; r < P; ++r) rows[static_cast<size_t>(r)] = all.data<int64_t>()[r * L + l];
+      s.rank_load_max_over_mean.push_back(balance::max_over_mean(rows));
+    }
+  }
   Tensor summed = Tensor::empty({static_cast<int64_t>(counts.size())}, DType::i64);
   std::copy(counts.begin(), counts.end(), summed.data<int64_t>());
   world_->all_reduce(summed, comm::ReduceOp::sum);

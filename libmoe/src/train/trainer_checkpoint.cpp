@@ -13,12 +13,15 @@
 
 #include "moe/io/checkpoint_dir.h"
 #include "moe/io/finite.h"
+#include "moe/log.h"
 #include "moe/train/trainer.h"
 
 namespace moe::train {
 
 bool Trainer::sharded() const {
-  return world_size() > 1 && (train_.ep > 1 || train_.shard_embedding);
+  // Under --placement lpt/flexmoe every rank holds whole expert tensors: only the table shards.
+  return world_size() > 1 &&
+         ((train_.ep > 1 && train_.placement == "static") || train_.shard_embedding);
 }
 
 static bool same_shard(const ParamShard& a, const ParamShard& b) {
@@ -127,6 +130,12 @@ void Trainer::load_tensors(const io::Checkpoint& ckpt) {
     if (!nt.streamed()) state.push_back({nt.name, nt.tensor, nt.expert});
   optimizer_->load_state(state, ckpt.state.step);
   step_ = ckpt.state.step;
+  if (placement_) {
+    const std::string note = placement_->load_state(
+        ckpt.train_config.is_object() ? ckpt.train_config.value("placement_state", nlohmann::json())
+                                      : nlohmann::json());
+    if (!note.empty()) MOE_LOG_WARN("resume: ", note);
+  }
   tokens_seen_ = ckpt.state.tokens_seen;
   sampler_->set_cursor(ckpt.state.data_cursor);
 }
@@ -166,10 +175,12 @@ void Trainer::restore(const std::string& path) {
   // This rank's tensors: replicated ones from rank 0's file, its experts from the file of the rank
   // of the first expert-parallel group that holds them, its table columns from its own file.
   std::vector<int> sources{0};
-  if (train_.ep > 1) sources.push_back(rank() % static_cast<int>(train_.ep));
+  if (train_.ep > 1 && train_.placement == "static")
+    sources.push_back(rank() % static_cast<int>(train_.ep));
   if (train_.shard_embedding) sources.push_back(rank());
   io::Checkpoint mine;
   mine.state = head.state;
+  mine.train_config = head.train_config;
   std::map<std::string, const Param*> param_of_state;  // optimizer tensor name -> its parameter
   for (const StateTensor& t : optimizer_state()) param_of_state[t.tensor.name] = t.param;
   for (size_t i = 0; i < sources.size(); ++i) {
@@ -212,9 +223,9 @@ void Trainer::restore(const std::string& path) {
 }
 
 bool Trainer::owns(const Param& p) const {
-  if (p.expert && train_.ep > 1) return rank() < train_.ep;  // the first expert-parallel group
-  if (p.shard.defined()) return true;                        // this rank's table columns
-  return rank() == 0;                                        // replicated
+  if (p.expert && p.shard.defined()) return rank() < train_.ep;  // the first expert group
+  if (p.shard.defined()) return true;                            // this rank's table columns
+  return rank() == 0;                                            // replicated
 }
 
 io::Checkpoint Trainer::snapshot_owned() const {
@@ -282,6 +293,7 @@ io::Checkpoint Trainer::checkpoint(bool stream) const {
   c.model_config = to_json(model_->config());
   c.train_config = to_json(train_);
   c.train_config.update(train_config_notes_);
+  if (placement_) c.train_config["placement_state"] = placement_->state();
   c.provenance = provenance_;
   for (const Param* p : std::as_const(*params_).all()) {
     if (p->offloaded)

@@ -26,6 +26,10 @@ struct ExpertAssignment {
   // its rows of e into n_e = replicas[e].size() contiguous chunks (split_rows) and sends chunk j
   // to replicas[e][(j + s) % n_e], so the rounding remainders land on different replicas.
   std::vector<std::vector<int32_t>> replicas;
+  // Optional explicit split (FlexMoE's flexible routing): rows[e][j] is how many of this rank's
+  // rows of e go to replicas[e][j], taken in replica order as contiguous chunks; they sum to this
+  // rank's rows of e. Empty: the even chunking above. Per rank, unlike `replicas`.
+  std::vector<std::vector<int64_t>> rows;
 
   // The static layout of plain expert parallelism: expert e on rank e / (E/P).
   static ExpertAssignment contiguous(int64_t experts, int ranks);

@@ -31,6 +31,8 @@ struct MoEStats {
   std::vector<float> gates;
   std::vector<int32_t> tokens_per_expert;  // [E] kept
   int64_t assignments = 0, dropped = 0;    // N*k and dropped by capacity
+  // Rows this rank's experts computed (under expert parallelism: the rows that arrived here).
+  int64_t rows_computed = 0;
 };
 
 // prefix e.g. "blocks.1.moe": router at prefix + ".router", experts at prefix + ".experts"
@@ -49,10 +51,12 @@ struct MoEStats {
 //   it with two more all-to-all-v. The router and its gradient stay local. Rows of one expert are
 //   summed in (source rank, slot) order, a different float order than one process's (slot order
 //   over the global batch).
-// - dynamic placement (parallel->placement, inference): every rank holds all E experts; after the
-//   router, the policy assigns each expert to one or more ranks (ExpertAssignment), each source
-//   sends its rows of e in chunks to e's replicas, and the same exchange as above runs over
-//   "held" experts that are now all E (most segments empty). Forward only.
+// - dynamic placement (parallel->placement: Lina in inference, FlexMoE and LPT in training):
+//   every rank holds all E experts; after the router, the policy assigns each expert to one or
+//   more ranks (ExpertAssignment), each source sends its rows of e in chunks to e's replicas, and
+//   the same exchange as above runs over "held" experts that are now all E (most segments empty).
+//   Backward reuses the forward's exchange, so a rank's expert gradients cover the rows it
+//   computed; the trainer sums them over the ranks (parallel::GradSync).
 class MoELayer {
  public:
   MoELayer(ParamSet& ps, const std::string& prefix, const MoEConfig& config,
@@ -94,7 +98,7 @@ class MoELayer {
   void globalize_load(RouterOutput& routed) const;
   parallel::ExpertDispatcher dispatcher() const;
   Tensor run_experts(const Tensor& x_perm, RouterOutput& routed, const RouterStep& step,
-                     Saved* saved) const;
+                     Saved* saved, int64_t& rows_computed) const;
   Tensor experts_forward(const Tensor& x_local, const std::vector<int32_t>& offsets,
                          Saved* saved) const;
   Tensor experts_backward_local(const Tensor& dy_local, const Saved& saved);

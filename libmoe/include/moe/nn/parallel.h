@@ -33,9 +33,10 @@ struct Parallel {
   // Shard the token embedding by columns over this group (MoESys §IV-C). Null: replicated.
   comm::Communicator* embedding = nullptr;
   ExchangeStats* stats = nullptr;  // accumulated when set
-  // Dynamic placement (inference only, moe/nn/placement.h): every rank of `experts` holds all E
-  // experts of every layer, and the policy decides per layer and batch which ranks compute which
-  // expert's rows. Null: the static layout above (E/P experts per rank). Backward refuses it.
+  // Dynamic placement (moe/nn/placement.h; Lina in inference, FlexMoE and LPT in training): every
+  // rank of `experts` holds all E experts of every layer, and the policy decides per layer and
+  // batch which ranks compute which expert's rows. Null: the static layout above (E/P experts
+  // per rank).
   PlacementPolicy* placement = nullptr;
   // Where the experts' state lives (offloaded training, moe/nn/expert_store.h): every MoE layer
   // registers its experts with this store instead of allocating them. Null: resident Params.

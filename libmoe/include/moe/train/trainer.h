@@ -16,6 +16,7 @@
 #include "moe/optim/adamw.h"
 #include "moe/parallel/grad_sync.h"
 #include "moe/parallel/layout.h"
+#include "moe/train/placement.h"
 
 namespace moe::train {
 
@@ -51,6 +52,14 @@ struct TrainConfig {
   int64_t ranks_per_node = 0;
   std::string comm_scheduler = "off";
   double partition_mb = 16.0;
+  // Expert placement while training (moe/train/placement.h): static | lpt | flexmoe, and
+  // flexmoe's vExpert slots, balance threshold and replanning period. lpt and flexmoe need
+  // --ep > 1 and hold every expert on every rank; they change which rank computes a row, never
+  // its value. The flexmoe maps are saved with each checkpoint (train config, placement_state).
+  std::string placement = "static";
+  int64_t vexperts_per_rank = 0;
+  double balance_threshold = 1.1;
+  int64_t replan_every = 10;
   // Expert state off the compute device (ES-MoE, MoESys; moe/offload/tiered_store.h): none (every
   // expert resident) | host | ssd | auto (offload::plan picks). Budgets are byte sizes such as
   // "512MiB" ("": the default). None of these change the numbers a run computes.
@@ -83,6 +92,11 @@ struct StepStats {
   int64_t tokens = 0;
   // Per MoE layer: max / mean of the tokens routed to each expert (before capacity).
   std::vector<double> load_max_over_mean;
+  // Per MoE layer, with expert parallelism: max / mean over the expert-parallel ranks of the rows
+  // each computed (the balance ratio of FlexMoE's eq. 6; this rank's expert group).
+  std::vector<double> rank_load_max_over_mean;
+  // What --placement flexmoe changed after this step (empty otherwise).
+  std::vector<Replan> replans;
   double dropped_fraction = 0;
   // Distributed runs: time this rank was blocked in expert all-to-all (counts included) and in
   // finishing the gradient reduction after backward; the all-to-all exchanges of the step.
@@ -175,6 +189,8 @@ class Trainer {
   const optim::AdamW& optimizer() const { return *optimizer_; }
   // The store holding the experts of an offloaded run (--offload), else null.
   const offload::TieredStore* expert_store() const { return store_.get(); }
+  // The --placement policy (null: static); tests set its cost model.
+  TrainingPlacement* placement() { return placement_.get(); }
   int64_t train_tokens() const { return static_cast<int64_t>(train_tokens_.size()); }
   int64_t val_tokens() const { return static_cast<int64_t>(val_tokens_.size()); }
 
@@ -218,6 +234,7 @@ class Trainer {
   std::unique_ptr<parallel::Layout> layout_;
   nn::Parallel parallel_;                          // the model's view of layout_
   std::unique_ptr<parallel::GradSync> grad_sync_;  // W > 1
+  std::unique_ptr<TrainingPlacement> placement_;   // --placement lpt | flexmoe
   Arena arena_;
   int64_t step_ = 0, tokens_seen_ = 0;
   LogitsLoss logits_loss_;

@@ -1,0 +1,129 @@
+// Expert placement while training (issue 17; moe-train --placement): the policies that decide,
+// for each MoE layer and micro-batch, which ranks of the expert-parallel group compute which
+// expert's rows, so that no rank is the straggler holding the hot experts.
+//
+//   static   plain expert parallelism: rank p holds and computes experts [p E/P, (p+1) E/P)
+//            (no policy object; the model is built sharded).
+//   lpt      ES-MoE's per-batch placement: every expert of the batch to one rank by Graham's LPT
+//            over its tokens in the whole group (balance::lpt_batch_placement), no per-rank cap.
+//   flexmoe  FlexMoE's vExperts: each rank has V slots per layer, each a replica of one expert;
+//            tokens go to replicas by flexible routing (balance::flexible_route, Alg. 3), and every
+//            --replan-every steps the greedy policy maker (balance::make_plan) expands, shrinks
+//            and migrates replicas by the cost model while the balance ratio is above threshold.
+//
+// Under lpt and flexmoe every rank of the group holds every expert's state (as ES-MoE's ranks
+// share one host store) and computes the rows the policy sends it; the trainer sums the expert
+// gradients over the world like dense ones (parallel::GradSync), so every replica applies the same
+// update and the model computed is the static one's, up to float summation order. A replica
+// therefore needs no copy when the map changes: Expand's parameter and optimizer-state copy is
+// already in place (see docs/ARCHITECTURE.md for what that costs and what is left).
+//
+// Every rank calls place() in the same order (once per MoE layer and pass; it all-gathers the
+// group's token counts) and computes the same assignment from the same integers.
+//
+// Shape letters: P ranks of the expert group, E experts of a layer, V vExpert slots per rank.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "moe/balance/flexmoe.h"
+#include "moe/comm/communicator.h"
+#include "moe/nn/placement.h"
+
+namespace moe::train {
+
+struct PlacementConfig {
+  std::string policy = "static";   // static | lpt | flexmoe
+  int64_t vexperts_per_rank = 0;   // flexmoe: V slots per rank and layer (0: ceil(E/P) + 1)
+  double balance_threshold = 1.1;  // flexmoe: replan while max/mean rank tokens is above this
+  int64_t replan_every = 10;       // flexmoe: optimizer steps between replans
+};
+// UsageError naming the flag for a policy name or value out of range.
+void check_placement_config(const PlacementConfig& config);
+
+// What one replan did to one MoE layer (logged by moe-train and written to its metrics).
+struct Replan {
+  int64_t block = 0;
+  std::vector<balance::PlanAction> actions;
+  double predicted_before_s = 0, predicted_after_s = 0;  // the cost model's step of the layer
+  double balance_before = 0, balance_after = 0;          // max/mean rank tokens (eq. 6)
+  double adjustment_s = 0;                               // the actions' predicted copy time
+};
+std::string describe(const Replan& replan);  // one line: what moved, predicted times
+nlohmann::json to_json(const Replan& replan);
+
+class TrainingPlacement : public nn::PlacementPolicy {
+ public:
+  // A policy over `group` (the expert-parallel ranks; it must outlive the policy). Null for
+  // "static".
+  static std::unique_ptr<TrainingPlacement> make(const PlacementConfig& config,
+                                                 comm::Communicator& group);
+
+  // All-gathers this rank's kept rows per expert over the group (collective), then assigns.
+  nn::ExpertAssignment place(int64_t block, const Tensor& topk_idx,
+                             const std::vector<int32_t>& tokens_per_expert) final;
+  // A forward pass (micro-batch) starts: the first place() of each layer in it adds its token
+  // counts to the step's (a recomputed block places again with the same counts, not counted).
+  void begin_pass() { seen_.clear(); }
+  // The optimizer step `step` (steps done, counting it) ended; the step's token counts are then
+  // dropped. flexmoe replans here every --replan-every steps, with cost().
+  virtual std::vector<Replan> end_step(int64_t step);
+  // flexmoe's cost model: the start-up profile, or the one saved with the checkpoint resumed
+  // (so a resumed run makes the plans the uninterrupted one would).
+  void set_cost(const balance::CostModel& cost) { cost_ = cost; }
+  const balance::CostModel& cost() const { return cost_; }
+  // The placement's state for a checkpoint (null when it has none) and its restore, which
+  // returns a note when the state does not fit this run (another P or V): it then starts afresh.
+  virtual nlohmann::json state() const { return nullptr; }
+  virtual std::string load_state(const nlohmann::json&) { return {}; }
+
+  const PlacementConfig& config() const { return config_; }
+
+ protected:
+  TrainingPlacement(const PlacementConfig& config, comm::Communicator& group)
+      : config_(config), group_(group) {}
+  // The assignment of one layer's rows from the whole group's counts tokens[s][e].
+  virtual nn::ExpertAssignment assign(int64_t block, const balance::TokenMatrix& tokens) = 0;
+
+  PlacementConfig config_;
+  comm::Communicator& group_;
+  std::map<int64_t, balance::TokenMatrix> step_tokens_;  // per MoE block, summed over passes
+  balance::CostModel cost_;
+
+ private:
+  std::set<int64_t> seen_;  // blocks placed in this pass
+};
+
+// ES-MoE's per-batch LPT (see above).
+class LptPlacement final : public TrainingPlacement {
+ public:
+  LptPlacement(const PlacementConfig& config, comm::Communicator& group)
+      : TrainingPlacement(config, group) {}
+
+ private:
+  nn::ExpertAssignment assign(int64_t block, const balance::TokenMatrix& tokens) override;
+};
+
+// FlexMoE's vExperts (see above). A layer's map starts as plain expert parallelism in vExpert
+// form (balance::VExpertMap::contiguous) at its first pass.
+class FlexMoEPlacement final : public TrainingPlacement {
+ public:
+  FlexMoEPlacement(const PlacementConfig& config, comm::Communicator& group)
+      : TrainingPlacement(config, group) {}
+  std::vector<Replan> end_step(int64_t step) override;
+  nlohmann::json state() const override;
+  std::string load_state(const nlohmann::json& state) override;
+  const std::map<int64_t, balance::VExpertMap>& maps() const { return maps_; }
+
+ private:
+  nn::ExpertAssignment assign(int64_t block, const balance::TokenMatrix& tokens) override;
+  balance::VExpertMap& map_of(int64_t block, int64_t experts);
+  std::map<int64_t, balance::VExpertMap> maps_;
+};
+
+}  // namespace moe::train

@@ -1,0 +1,245 @@
+// Expert placement while training (see moe/train/placement.h).
+// Shapes: P ranks of the expert group, E experts of a layer, V vExpert slots per rank.
+#include "moe/train/placement.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "moe/error.h"
+
+namespace moe::train {
+
+void check_placement_config(const PlacementConfig& c) {
+  MOE_USAGE_CHECK(c.policy == "static" || c.policy == "lpt" || c.policy == "flexmoe",
+                  "--placement must be static, lpt or flexmoe (got '", c.policy, "')");
+  MOE_USAGE_CHECK(c.vexperts_per_rank >= 0,
+                  "--vexperts-per-rank must be >= 0 (0: ceil(E/P)+1; got ", c.vexperts_per_rank,
+                  ")");
+  MOE_USAGE_CHECK(std::isfinite(c.balance_threshold) && c.balance_threshold >= 1,
+                  "--balance-threshold must be >= 1 (max/mean rank tokens; got ",
+                  c.balance_threshold, ")");
+  MOE_USAGE_CHECK(c.replan_every >= 1, "--replan-every must be >= 1 (got ", c.replan_every, ")");
+}
+
+std::unique_ptr<TrainingPlacement> TrainingPlacement::make(const PlacementConfig& config,
+                                                           comm::Communicator& group) {
+  check_placement_config(config);
+  if (config.policy == "lpt") return std::make_unique<LptPlacement>(config, group);
+  if (config.policy == "flexmoe") return std::make_unique<FlexMoEPlacement>(config, group);
+  return nullptr;
+}
+
+nn::ExpertAssignment TrainingPlacement::place(int64_t block, const Tensor&,
+                                              const std::vector<int32_t>& tokens_per_expert) {
+  const int P = group_.size();
+  const auto E = static_cast<int64_t>(tokens_per_expert.size());
+  Tensor mine = Tensor::empty({E}, DType::i64);
+  std::copy(tokens_per_expert.begin(), tokens_per_expert.end(), mine.data<int64_t>());
+  Tensor all = Tensor::empty({P * E}, DType::i64);
+  group_.all_gather(mine, all);
+  balance::TokenMatrix tokens(static_cast<size_t>(P));
+  for (int s = 0; s < P; ++s)
+    tokens[static_cast<size_t>(s)].assign(all.data<int64_t>() + s * E,
+                                          all.data<int64_t>() + (s + 1) * E);
+  if (seen_.insert(block).second) {
+    balance::TokenMatrix& sum = step_tokens_[block];
+    if (sum.empty()) sum.assign(static_cast<size_t>(P), std::vector<int64_t>(E, 0));
+    for (int s = 0; s < P; ++s)
+      for (int64_t e = 0; e < E; ++e)
+        sum[static_cast<size_t>(s)][static_cast<size_t>(e)] +=
+            tokens[static_cast<size_t>(s)][static_cast<size_t>(e)];
+  }
+  return assign(block, tokens);
+}
+
+std::vector<Replan> TrainingPlacement::end_step(int64_t) {
+  step_tokens_.clear();
+  return {};
+}
+
+// ---- lpt --------------------------------------------------------------------------------------
+
+// Every rank holds every expert (nothing to upload), and the ranks are alike: an expert's
+// processing time is its token count, and LPT gives it to the rank with the fewest tokens so far.
+nn::ExpertAssignment LptPlacement::assign(int64_t, const balance::TokenMatrix& tokens) {
+  const size_t E = tokens.empty() ? 0 : tokens[0].size();
+  balance::BatchLptInput in;
+  in.compute_s.assign(E, 0);
+  in.upload_s.assign(E, 0);
+  for (const std::vector<int64_t>& row : tokens)
+    for (size_t e = 0; e < E; ++e) in.compute_s[e] += static_cast<double>(row[e]);
+  const balance::BatchLptPlacement placed = balance::lpt_batch_placement(in, group_.size());
+  nn::ExpertAssignment a;
+  a.replicas.reserve(E);
+  for (size_t e = 0; e < E; ++e) a.replicas.push_back({placed.rank_of_expert[e]});
+  return a;
+}
+
+// ---- flexmoe ----------------------------------------------------------------------------------
+
+balance::VExpertMap& FlexMoEPlacement::map_of(int64_t block, int64_t experts) {
+  auto it = maps_.find(block);
+  if (it == maps_.end()) {
+    const int P = group_.size();
+    const int64_t least = (experts + P - 1) / P;
+    const int64_t V = config_.vexperts_per_rank > 0 ? config_.vexperts_per_rank : least + 1;
+    MOE_USAGE_CHECK(V >= least, "--vexperts-per-rank ", V, ": ", P, " ranks x ", V,
+                    " slots cannot hold the ", experts, " experts of block ", block,
+                    " (needs at least ", least, ")");
+    it = maps_.emplace(block, balance::VExpertMap::contiguous(P, static_cast<int>(V), experts))
+             .first;
+  }
+  MOE_CHECK(it->second.experts() == experts, "block ", block, ": the vExpert map holds ",
+            it->second.experts(), " experts, the layer routes to ", experts);
+  return it->second;
+}
+
+nn::ExpertAssignment FlexMoEPlacement::assign(int64_t block, const balance::TokenMatrix& tokens) {
+  const auto E = static_cast<int64_t>(tokens.empty() ? 0 : tokens[0].size());
+  const balance::VExpertMap& map = map_of(block, E);
+  const balance::FlexRoute route = balance::flexible_route(map, tokens);
+  const int s = group_.rank();
+  nn::ExpertAssignment a;
+  a.replicas.resize(static_cast<size_t>(E));
+  a.rows.resize(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) {
+    a.replicas[static_cast<size_t>(e)] = map.holders(e);
+    for (int32_t d : a.replicas[static_cast<size_t>(e)])
+      a.rows[static_cast<size_t>(e)].push_back(route.at(s, e, d));
+  }
+  return a;
+}
+
+std::vector<Replan> FlexMoEPlacement::end_step(int64_t step) {
+  std::vector<Replan> out;
+  if (step % config_.replan_every == 0) {
+    balance::PolicyOptions options;
+    options.threshold = config_.balance_threshold;
+    for (auto& [block, tokens] : step_tokens_) {
+      balance::VExpertMap& map = map_of(block, static_cast<int64_t>(tokens[0].size()));
+      balance::Plan plan = balance::make_plan(map, tokens, cost_, options);
+      if (plan.actions.empty()) continue;
+      Replan r;
+      r.block = block;
+      r.actions = plan.actions;
+      r.predicted_before_s = plan.step_s.front();
+      r.predicted_after_s = plan.step_s.back();
+      r.balance_before = plan.balance.front();
+      r.balance_after = plan.balance.back();
+      r.adjustment_s = plan.adjustment_s;
+      map = plan.map;
+      out.push_back(std::move(r));
+    }
+  }
+  step_tokens_.clear();
+  return out;
+}
+
+nlohmann::json FlexMoEPlacement::state() const {
+  nlohmann::json layers = nlohmann::json::object();
+  for (const auto& [block, map] : maps_)
+    layers[std::to_string(block)] = {{"experts", map.experts()},
+                                     {"slots_per_rank", map.slots_per_rank()},
+                                     {"slots", map.slots()}};
+  const balance::CostModel& c = cost_;
+  const nlohmann::json cost = {{"gemm_tokens_per_s", c.gemm_tokens_per_s},
+                               {"bandwidth", c.bandwidth},
+                               {"allreduce_bytes_per_s", c.allreduce_bytes_per_s},
+                               {"bytes_per_token", c.bytes_per_token},
+                               {"grad_bytes_per_expert", c.grad_bytes_per_expert},
+                               {"state_bytes_per_expert", c.state_bytes_per_expert}};
+  return {{"policy", "flexmoe"}, {"ranks", group_.size()}, {"layers", layers}, {"cost", cost}};
+}
+
+std::string FlexMoEPlacement::load_state(const nlohmann::json& state) {
+  if (state.is_null()) return {};
+  try {
+    if (state.value("policy", "") != "flexmoe")
+      return str("the checkpoint's placement is ", state.value("policy", "?"),
+                 ": the vExpert maps start from plain expert parallelism");
+    if (state.at("ranks").get<int>() != group_.size())
+      return str("the checkpoint's vExpert maps are for ", state.at("ranks").get<int>(),
+                 " expert-parallel ranks, this run has ", group_.size(),
+                 ": they start again from plain expert parallelism");
+    std::map<int64_t, balance::VExpertMap> maps;
+    for (const auto& [key, layer] : state.at("layers").items()) {
+      const int V = layer.at("slots_per_rank").get<int>();
+      if (config_.vexperts_per_rank > 0 && V != config_.vexperts_per_rank)
+        return str("the checkpoint's vExpert maps have ", V, " slots per rank, this run asks for ",
+                   config_.vexperts_per_rank, ": they start again from plain expert parallelism");
+      maps.emplace(std::stoll(key), balance::VExpertMap::from_slots(
+                                        group_.size(), V, layer.at("experts").get<int64_t>(),
+                                        layer.at("slots").get<std::vector<int32_t>>()));
+    }
+    const nlohmann::json& j = state.at("cost");
+    balance::CostModel cost;
+    cost.gemm_tokens_per_s = j.at("gemm_tokens_per_s").get<std::vector<double>>();
+    cost.bandwidth = j.at("bandwidth").get<std::vector<double>>();
+    cost.allreduce_bytes_per_s = j.at("allreduce_bytes_per_s").get<std::vector<double>>();
+    cost.bytes_per_token = j.at("bytes_per_token").get<double>();
+    cost.grad_bytes_per_expert = j.at("grad_bytes_per_expert").get<double>();
+    cost.state_bytes_per_expert = j.at("state_bytes_per_expert").get<double>();
+    cost.validate(group_.size());
+    maps_ = std::move(maps);
+    cost_ = std::move(cost);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(str("checkpoint placement state: ", e.what()));
+  } catch (const std::exception& e) {  // a map that breaks VExpertMap's rules, a bad key
+    throw Error(str("checkpoint placement state: ", e.what()));
+  }
+  return {};
+}
+
+// ---- reports ----------------------------------------------------------------------------------
+
+static const char* kind_name(balance::PlanAction::Kind k) {
+  switch (k) {
+    case balance::PlanAction::Kind::expand:
+      return "expand";
+    case balance::PlanAction::Kind::shrink:
+      return "shrink";
+    case balance::PlanAction::Kind::migrate:
+      return "migrate";
+  }
+  return "?";
+}
+
+static std::string fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+std::string describe(const Replan& r) {
+  std::string text = str("replan block ", r.block, ":");
+  for (const balance::PlanAction& a : r.actions) {
+    text += str(" ", kind_name(a.kind), " e", a.expert,
+                a.kind == balance::PlanAction::Kind::expand
+                    ? str(" -> rank ", a.rank, " (from ", a.from, ")")
+                    : str(" on rank ", a.rank),
+                ";");
+  }
+  text += str(" balance ", fixed(r.balance_before, 2), " -> ", fixed(r.balance_after, 2),
+              ", predicted layer step ", fixed(r.predicted_before_s * 1e3, 3), " -> ",
+              fixed(r.predicted_after_s * 1e3, 3), " ms");
+  return text;
+}
+
+nlohmann::json to_json(const Replan& r) {
+  nlohmann::json actions = nlohmann::json::array();
+  for (const balance::PlanAction& a : r.actions)
+    actions.push_back({{"kind", kind_name(a.kind)},
+                       {"expert", a.expert},
+                       {"rank", a.rank},
+                       {"from", a.from},
+                       {"cost_s", a.cost_s}});
+  return {{"block", r.block},
+          {"actions", actions},
+          {"predicted_before_s", r.predicted_before_s},
+          {"predicted_after_s", r.predicted_after_s},
+          {"balance_before", r.balance_before},
+          {"balance_after", r.balance_after},
+          {"adjustment_s", r.adjustment_s}};
+}
+
+}  // namespace moe::train
