@@ -159,6 +159,21 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
   std::unique_ptr<tools::OutputStream> metrics;
   if (!o.metrics.empty())
     metrics = std::make_unique<tools::OutputStream>(o.metrics, /*append=*/!o.resume.empty());
+  if (tc.placement == "flexmoe" && trainer.placement()) {
+    // The measured profile, and the model the replans use (the resumed run's own, if any).
+    const balance::CostProfile& profile = trainer.placement_profile();
+    const bool measured =
+        trainer.placement()->cost().gemm_tokens_per_s == profile.model.gemm_tokens_per_s;
+    MOE_LOG_INFO("flexmoe cost model ",
+                 measured ? str("(profiled in ", tools::fixed(profile.seconds, 3), " s)")
+                          : std::string("(the resumed checkpoint's)"),
+                 ":\n", balance::describe(trainer.placement()->cost()));
+    if (metrics)
+      metrics->write_line(json{{"step", trainer.steps_done()},
+                               {"cost_profile", balance::to_json(profile)},
+                               {"cost_model", balance::to_json(trainer.placement()->cost())}}
+                              .dump());
+  }
   // Routing trace (rank 0 records its own tokens; the loads are the global batch's).
   std::unique_ptr<io::TraceWriter> trace;
   io::TraceInfo trace_info;

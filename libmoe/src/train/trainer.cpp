@@ -14,6 +14,7 @@
 #include "moe/io/checkpoint_dir.h"
 #include "moe/io/finite.h"
 #include "moe/log.h"
+#include "moe/models/flavour.h"
 #include "moe/models/memory.h"
 #include "moe/offload/budget.h"
 #include "moe/offload/plan.h"
@@ -189,16 +190,16 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
   if (store_) store_->start();
   optimizer_ = std::make_unique<optim::AdamW>(*params_, adamw_config());
   if (world_size() > 1) grad_sync_ = std::make_unique<parallel::GradSync>(*layout_, *params_);
-  if (placement_) {  // TEMPORARY nominal rates until the start-up profile lands
-    const int P = layout_->experts()->size();
-    balance::CostModel c;
-    c.gemm_tokens_per_s.assign(static_cast<size_t>(P), 1e6);
-    c.bandwidth.assign(static_cast<size_t>(P * P), 1e9);
-    c.allreduce_bytes_per_s.assign(static_cast<size_t>(P + 1), 1e9);
-    c.bytes_per_token = static_cast<double>(config.d_model * 4);
-    c.grad_bytes_per_expert = static_cast<double>(3 * config.d_model * config.d_ff * 4);
-    c.state_bytes_per_expert = 3 * c.grad_bytes_per_expert;
-    placement_->set_cost(c);
+  if (placement_ && train_.placement == "flexmoe") {  // the cost model, measured on this group
+    balance::CostProfileSpec spec;
+    spec.d_model = config.d_model;
+    spec.d_ff = config.d_ff;
+    spec.gated = flavour_of(config).activation == nn::Activation::swiglu;
+    spec.dtype_bytes = static_cast<int64_t>(dtype_size(config.dtype));
+    spec.device = device;
+    spec.comm_device = layout_->experts()->name() == "nccl" ? device : Device{};
+    placement_profile_ = balance::profile_costs(layout_->experts(), spec);
+    placement_->set_cost(placement_profile_.model);
   }
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "moe/arena.h"
+#include "moe/balance/cost_profile.h"
 #include "moe/comm/communicator.h"
 #include "moe/io/checkpoint.h"
 #include "moe/io/dataset.h"
@@ -191,6 +192,9 @@ class Trainer {
   const offload::TieredStore* expert_store() const { return store_.get(); }
   // The --placement policy (null: static); tests set its cost model.
   TrainingPlacement* placement() { return placement_.get(); }
+  // --placement flexmoe: the start-up profile of the expert group (its model drives the replans
+  // unless a resumed checkpoint brought the one its run measured).
+  const balance::CostProfile& placement_profile() const { return placement_profile_; }
   int64_t train_tokens() const { return static_cast<int64_t>(train_tokens_.size()); }
   int64_t val_tokens() const { return static_cast<int64_t>(val_tokens_.size()); }
 
@@ -235,6 +239,7 @@ class Trainer {
   nn::Parallel parallel_;                          // the model's view of layout_
   std::unique_ptr<parallel::GradSync> grad_sync_;  // W > 1
   std::unique_ptr<TrainingPlacement> placement_;   // --placement lpt | flexmoe
+  balance::CostProfile placement_profile_;         // flexmoe: measured at start-up
   Arena arena_;
   int64_t step_ = 0, tokens_seen_ = 0;
   LogitsLoss logits_loss_;
