@@ -80,11 +80,49 @@ TEST_CASE("placement: lpt and flexmoe train what static and one process train", 
           // gpt one does all three too; on 4 ranks it only expands in these 4 steps).
           if (arch == Arch::mixtral) REQUIRE((kinds.count("shrink") || kinds.count("migrate")));
         }
+        // flexmoe keeps an expert current only on its holders: first bring every copy current.
+        parallel.synchronize_experts();
         const double worst = worst_difference(parallel, single, where);
         INFO("worst parameter difference relative to its scale: " << worst << " in " << where);
         REQUIRE(worst < 1e-3);
       }
     }
+}
+
+TEST_CASE("placement: flexmoe keeps an expert current on its holders only", "[dist]") {
+  comm::Communicator& world = dist_world();
+  const int64_t ep = world.size();
+  train::TrainConfig t = placed(ep, "flexmoe");
+  t.replan_every = 1000;  // the initial maps throughout: rank p holds experts [p E/P, ...)
+  train::Trainer a(ep_model(Arch::mixtral), t, {}, &world);
+  train::Trainer single(ep_model(Arch::mixtral), ep_train(1), {});
+  for (int i = 0; i < 2; ++i) {
+    a.step();
+    single.step();
+  }
+  const int64_t per = 4 / ep, mine = world.rank() * per;
+  const Tensor w = a.params().at("blocks.0.moe.experts.w1").value;
+  const Tensor ref = single.params().at("blocks.0.moe.experts.w1").value;
+  const Tensor init = train::Trainer(ep_model(Arch::mixtral), ep_train(1), {})
+                          .params()
+                          .at("blocks.0.moe.experts.w1")
+                          .value;
+  auto diff = [](const Tensor& x, const Tensor& y) {
+    double d = 0;
+    std::vector<float> u = x.to_vector(), v = y.to_vector();
+    for (size_t i = 0; i < u.size(); ++i) d = std::max(d, std::fabs(double(u[i]) - v[i]));
+    return d;
+  };
+  for (int64_t e = 0; e < 4; ++e) {
+    INFO("expert " << e);
+    const bool held = e >= mine && e < mine + per;
+    // A held expert trained as one process trains it; another rank's expert is still the copy
+    // every rank started from (its gradient never came here, and AdamW never moved it).
+    if (held) REQUIRE(diff(w.rows(e, e + 1), ref.rows(e, e + 1)) < 1e-4);
+    if (!held) REQUIRE(diff(w.rows(e, e + 1), init.rows(e, e + 1)) > 0);
+  }
+  a.synchronize_experts();
+  REQUIRE(diff(a.params().at("blocks.0.moe.experts.w1").value, ref) < 1e-4);
 }
 
 TEST_CASE("placement: flexmoe's maps are saved and restored with the checkpoint", "[dist]") {
@@ -115,9 +153,19 @@ TEST_CASE("placement: bad settings are refused with the flag to change", "[dist]
                       Catch::Contains("needs --ep > 1"));
   t = placed(world.size(), "flexmoe");
   t.vexperts_per_rank = 1;  // 4 experts need 2 slots per rank on 2 ranks
-  if (world.size() == 2) {
-    train::Trainer trainer(ep_model(Arch::gpt), t, {}, &world);
-    REQUIRE_THROWS_WITH(trainer.step(), Catch::Contains("--vexperts-per-rank 1"));
+  if (world.size() == 2)
+    REQUIRE_THROWS_WITH(train::Trainer(ep_model(Arch::gpt), t, {}, &world),
+                        Catch::Contains("--vexperts-per-rank 1: 2 ranks x 1 slots cannot hold"));
+  if (world.size() == 4) {  // 2 expert groups of 2: replicas would span groups
+    t = placed(2, "flexmoe");
+    REQUIRE_THROWS_WITH(train::Trainer(ep_model(Arch::gpt), t, {}, &world),
+                        Catch::Contains("needs --ep equal to the number of ranks (4), not 2"));
+    t = placed(2, "lpt");  // lpt keeps every expert current everywhere: any --ep
+    train::Trainer lpt(ep_model(Arch::gpt), t, {}, &world);
+    train::Trainer single(ep_model(Arch::gpt), ep_train(1), {});
+    step_both(lpt, single, 2);
+    std::string where;
+    REQUIRE(worst_difference(lpt, single, where) < 1e-3);
   }
   t = placed(world.size(), "sideways");
   REQUIRE_THROWS_WITH(train::Trainer(ep_model(Arch::gpt), t, {}, &world),

@@ -12,12 +12,14 @@ namespace moe::parallel {
 GradSync::GradSync(Layout& layout, const ParamSet& params) : layout_(layout) {
   int64_t sizes[2] = {0, 0};
   for (const Param* p : params.all())
-    if (reduce_of(*p) != Reduce::none) sizes[static_cast<int>(reduce_of(*p))] += p->grad.numel();
+    if (reduce_of(*p) == Reduce::world || reduce_of(*p) == Reduce::replicas)
+      sizes[static_cast<int>(reduce_of(*p))] += p->grad.numel();
   for (int g = 0; g < 2; ++g) buffer_[g] = Tensor::empty({sizes[g]});
 }
 
 GradSync::Reduce GradSync::reduce_of(const Param& p) const {
   if (p.offloaded) return Reduce::none;  // its store sums and averages it (TieredStore)
+  if (held_of_.count(&p)) return Reduce::holders;
   // A slice of the experts (plain expert parallelism). Under a placement policy every rank holds
   // whole expert tensors and computed some of their rows: they sum over the world like dense ones.
   if (p.expert && p.shard.defined())
@@ -73,6 +75,7 @@ void GradSync::finish(ParamSet& params) {
       layout_.replicas()->all_reduce(region, comm::ReduceOp::sum);
     }
   }
+  reduce_held();
   const float inverse = 1.0f / static_cast<float>(layout_.size());
   for (int g = 0; g < 2; ++g) {
     if (fill_[g] > 0) {  // one pass over the reduced buffer, then copies back
@@ -88,7 +91,8 @@ void GradSync::finish(ParamSet& params) {
     fill_[g] = sent_[g] = 0;
   }
   for (Param* p : params.all())
-    if (reduce_of(*p) == Reduce::none && !p->offloaded) ops::scale(p->grad, inverse);
+    if ((reduce_of(*p) == Reduce::none || reduce_of(*p) == Reduce::holders) && !p->offloaded)
+      ops::scale(p->grad, inverse);
 }
 
 // The same sum on every rank of a group: each rank's value gathered (as its bits), added in rank
@@ -113,6 +117,16 @@ double GradSync::global_norm(const ParamSet& params,
   for (const Param* p : params.all()) {
     MOE_CHECK(!p->offloaded || offloaded, "'", p->name,
               "' is offloaded but no store sums its gradient");
+    if (auto it = held_of_.find(p); it != held_of_.end()) {  // each expert on its first holder
+      const HeldLayer& layer = held_[it->second];
+      const int me = layout_.experts()->rank();
+      for (size_t e = 0; e < layer.holders.size(); ++e)
+        if (layer.holders[e].front() == me) {
+          const auto row = static_cast<int64_t>(e);
+          experts += ops::sum_squares(p->grad.rows(row, row + 1));
+        }
+      continue;
+    }
     const double sq = p->offloaded ? offloaded(*p) : optim::grad_square_sum(*p);
     if (p->expert && p->shard.defined())
       experts += sq;
@@ -124,6 +138,62 @@ double GradSync::global_norm(const ParamSet& params,
   if (layout_.experts()) experts = sum_over(*layout_.experts(), experts);
   if (layout_.embedding()) table = sum_over(*layout_.world(), table);
   return std::sqrt(replicated + experts + table);
+}
+
+void GradSync::set_expert_holders(std::span<Param* const> params,
+                                  const std::vector<std::vector<int32_t>>& holders) {
+  comm::Communicator* group = layout_.experts();
+  MOE_CHECK(group && group->size() == layout_.size(),
+            "expert holders need one expert group spanning the world");
+  MOE_CHECK(!params.empty(), "set_expert_holders: no parameters");
+  const auto E = static_cast<int64_t>(holders.size());
+  for (Param* p : params)
+    MOE_CHECK(p->expert && !p->shard.defined() && p->grad.dim(0) == E, "'", p->name,
+              "' is not a whole expert tensor of ", E, " experts");
+  auto it = held_of_.find(params.front());
+  size_t index = it != held_of_.end() ? it->second : held_.size();
+  if (index == held_.size()) held_.push_back({{params.begin(), params.end()}, {}});
+  for (Param* p : params) held_of_[p] = index;
+  held_[index].holders = holders;
+  const int me = group->rank();
+  for (const std::vector<int32_t>& h : holders) {  // same order on every rank: split together
+    MOE_CHECK(!h.empty() && std::is_sorted(h.begin(), h.end()),
+              "expert holders must be a "
+              "non-empty ascending list of ranks");
+    if (h.size() < 2 || groups_.count(h)) continue;
+    const bool member = std::binary_search(h.begin(), h.end(), me);
+    groups_[h] = group->split(member ? 0 : -1, me);
+  }
+}
+
+// Layer by layer in the order they were set, expert by expert ascending: every rank meets the
+// groups it belongs to in the same relative order, so the all-reduces cannot deadlock. One
+// message per replicated expert: its rows of every tensor of the layer, packed.
+void GradSync::reduce_held() {
+  const int me = layout_.experts() ? layout_.experts()->rank() : 0;
+  for (const HeldLayer& layer : held_)
+    for (size_t e = 0; e < layer.holders.size(); ++e) {
+      const std::vector<int32_t>& h = layer.holders[e];
+      if (h.size() < 2 || !std::binary_search(h.begin(), h.end(), me)) continue;
+      const auto row = static_cast<int64_t>(e);
+      int64_t total = 0;
+      for (const Param* p : layer.params) total += p->grad.numel() / p->grad.dim(0);
+      Tensor packed = Tensor::empty({total}, DType::f32, layer.params.front()->grad.device());
+      int64_t at = 0;
+      for (const Param* p : layer.params) {
+        const int64_t n = p->grad.numel() / p->grad.dim(0);
+        packed.rows(at, at + n).copy_from(p->grad.rows(row, row + 1).reshape({n}));
+        at += n;
+      }
+      groups_.at(h)->all_reduce(packed, comm::ReduceOp::sum);
+      at = 0;
+      for (Param* p : layer.params) {
+        const int64_t n = p->grad.numel() / p->grad.dim(0);
+        Tensor dst = p->grad.rows(row, row + 1).reshape({n});
+        dst.copy_from(packed.rows(at, at + n));
+        at += n;
+      }
+    }
 }
 
 void GradSync::to(Device device) {

@@ -21,11 +21,12 @@ void check_placement_config(const PlacementConfig& c) {
   MOE_USAGE_CHECK(c.replan_every >= 1, "--replan-every must be >= 1 (got ", c.replan_every, ")");
 }
 
-std::unique_ptr<TrainingPlacement> TrainingPlacement::make(const PlacementConfig& config,
-                                                           comm::Communicator& group) {
+std::unique_ptr<TrainingPlacement> TrainingPlacement::make(
+    const PlacementConfig& config, comm::Communicator& group,
+    const std::map<int64_t, int64_t>& experts) {
   check_placement_config(config);
   if (config.policy == "lpt") return std::make_unique<LptPlacement>(config, group);
-  if (config.policy == "flexmoe") return std::make_unique<FlexMoEPlacement>(config, group);
+  if (config.policy == "flexmoe") return std::make_unique<FlexMoEPlacement>(config, group, experts);
   return nullptr;
 }
 
@@ -77,18 +78,25 @@ nn::ExpertAssignment LptPlacement::assign(int64_t, const balance::TokenMatrix& t
 
 // ---- flexmoe ----------------------------------------------------------------------------------
 
+FlexMoEPlacement::FlexMoEPlacement(const PlacementConfig& config, comm::Communicator& group,
+                                   const std::map<int64_t, int64_t>& experts)
+    : TrainingPlacement(config, group) {
+  for (const auto& [block, count] : experts) maps_.emplace(block, initial_map(block, count));
+}
+
+balance::VExpertMap FlexMoEPlacement::initial_map(int64_t block, int64_t experts) const {
+  const int P = group_.size();
+  const int64_t least = (experts + P - 1) / P;
+  const int64_t V = config_.vexperts_per_rank > 0 ? config_.vexperts_per_rank : least + 1;
+  MOE_USAGE_CHECK(V >= least, "--vexperts-per-rank ", V, ": ", P, " ranks x ", V,
+                  " slots cannot hold the ", experts, " experts of block ", block,
+                  " (needs at least ", least, ")");
+  return balance::VExpertMap::contiguous(P, static_cast<int>(V), experts);
+}
+
 balance::VExpertMap& FlexMoEPlacement::map_of(int64_t block, int64_t experts) {
   auto it = maps_.find(block);
-  if (it == maps_.end()) {
-    const int P = group_.size();
-    const int64_t least = (experts + P - 1) / P;
-    const int64_t V = config_.vexperts_per_rank > 0 ? config_.vexperts_per_rank : least + 1;
-    MOE_USAGE_CHECK(V >= least, "--vexperts-per-rank ", V, ": ", P, " ranks x ", V,
-                    " slots cannot hold the ", experts, " experts of block ", block,
-                    " (needs at least ", least, ")");
-    it = maps_.emplace(block, balance::VExpertMap::contiguous(P, static_cast<int>(V), experts))
-             .first;
-  }
+  MOE_CHECK(it != maps_.end(), "block ", block, " has no vExpert map (not a MoE block?)");
   MOE_CHECK(it->second.experts() == experts, "block ", block, ": the vExpert map holds ",
             it->second.experts(), " experts, the layer routes to ", experts);
   return it->second;
@@ -180,6 +188,10 @@ std::string FlexMoEPlacement::load_state(const nlohmann::json& state) {
     cost.grad_bytes_per_expert = j.at("grad_bytes_per_expert").get<double>();
     cost.state_bytes_per_expert = j.at("state_bytes_per_expert").get<double>();
     cost.validate(group_.size());
+    for (const auto& [block, map] : maps_)
+      if (!maps.count(block) || maps.at(block).experts() != map.experts())
+        return str("the checkpoint's vExpert maps do not cover block ", block, " with ",
+                   map.experts(), " experts: they start again from plain expert parallelism");
     maps_ = std::move(maps);
     cost_ = std::move(cost);
   } catch (const nlohmann::json::exception& e) {
@@ -188,6 +200,43 @@ std::string FlexMoEPlacement::load_state(const nlohmann::json& state) {
     throw Error(str("checkpoint placement state: ", e.what()));
   }
   return {};
+}
+
+// ---- state movement ---------------------------------------------------------------------------
+
+std::vector<Param*> expert_params(ParamSet& params, int64_t block) {
+  const std::string prefix = str("blocks.", block, ".moe.experts.");
+  std::vector<Param*> out;
+  for (Param* p : params.all())
+    if (p->name.starts_with(prefix)) out.push_back(p);
+  MOE_CHECK(!out.empty(), "block ", block, " has no expert parameters");
+  return out;
+}
+
+void copy_expert(comm::Communicator& group, const std::vector<Param*>& params,
+                 const optim::AdamW& optimizer, int64_t expert, int from, int to) {
+  const int me = group.rank();
+  if (me != from && me != to) return;
+  MOE_CHECK(from != to && from >= 0 && to >= 0 && from < group.size() && to < group.size(),
+            "copy of expert ", expert, " from rank ", from, " to rank ", to, " of ", group.size());
+  constexpr int kTag = 0x4d4f;  // every copy of a pair in order: MPI keeps one tag's order
+  std::vector<Tensor> rows;
+  for (Param* p : params) {
+    MOE_CHECK(p->value.device().kind == Device::cpu || group.name() == "nccl",
+              "copying expert state on ", p->value.device().str(), " needs NCCL");
+    rows.push_back(p->value.rows(expert, expert + 1));
+    const optim::AdamW::ParamState state = optimizer.state_of(*p);
+    if (state.master.raw() != p->value.raw()) rows.push_back(state.master.rows(expert, expert + 1));
+    rows.push_back(state.m.rows(expert, expert + 1));
+    rows.push_back(state.v.rows(expert, expert + 1));
+  }
+  std::vector<comm::Request> requests;
+  requests.reserve(rows.size());
+  for (Tensor& t : rows)
+    requests.push_back(me == from ? group.isend(t, to, kTag) : group.irecv(t, from, kTag));
+  comm::wait_all(requests);
+  if (me == to)
+    for (Param* p : params) p->refresh_compute();
 }
 
 // ---- reports ----------------------------------------------------------------------------------

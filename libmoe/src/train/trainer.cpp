@@ -171,7 +171,7 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
                   "--shard-embedding needs an untied LM head, but the ", arch_name(config.arch),
                   " flavour ties it to the token table (use --arch mixtral)");
   check_training_memory(config, train, world_size());  // before any parameter is allocated
-  setup_parallel(device);
+  setup_parallel(config, device);
   params_ = std::make_unique<ParamSet>(train.seed, config.dtype);
   if (train.offload == "auto") plan_offload(config, device);
   if (train_.offload != "none" && offload_tier_ != "none") {
@@ -200,6 +200,7 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
     spec.comm_device = layout_->experts()->name() == "nccl" ? device : Device{};
     placement_profile_ = balance::profile_costs(layout_->experts(), spec);
     placement_->set_cost(placement_profile_.model);
+    sync_holders();
   }
 }
 
@@ -216,7 +217,7 @@ static parallel::LayoutConfig layout_config(const TrainConfig& train) {
   return c;
 }
 
-void Trainer::setup_parallel(Device device) {
+void Trainer::setup_parallel(const ModelConfig& config, Device device) {
   PlacementConfig placement{train_.placement, train_.vexperts_per_rank, train_.balance_threshold,
                             train_.replan_every};
   check_placement_config(placement);
@@ -226,15 +227,71 @@ void Trainer::setup_parallel(Device device) {
     MOE_USAGE_CHECK(train_.offload == "none", "--placement ", placement.policy,
                     " holds every expert on every rank; it does not combine with --offload ",
                     train_.offload, " yet");
+    // Replicas of one group keep their experts current among themselves; a second group's
+    // replicas of the same expert would need the sum over both groups' holders.
+    MOE_USAGE_CHECK(placement.policy != "flexmoe" || train_.ep == world_size(),
+                    "--placement flexmoe plans replicas in one expert group: it needs --ep equal "
+                    "to the number of ranks (",
+                    world_size(), "), not ", train_.ep);
   }
   layout_ = std::make_unique<parallel::Layout>(world_, layout_config(train_), device);
   world_ = layout_->world();
   if (world_size() > 1) parallel_ = nn::Parallel::of(*layout_);
   if (layout_->experts()) {
-    placement_ = TrainingPlacement::make(placement, *layout_->experts());
+    std::map<int64_t, int64_t> moe_blocks;  // block -> its experts
+    for (int64_t i = 0; i < config.layers; ++i)
+      if (config.is_moe_layer(i)) moe_blocks[i] = config.experts_per_layer[static_cast<size_t>(i)];
+    placement_ = TrainingPlacement::make(placement, *layout_->experts(), moe_blocks);
     parallel_.placement = placement_.get();
   }
 }
+
+// ---- FlexMoE's replicas ------------------------------------------------------------------------
+
+const std::map<int64_t, balance::VExpertMap>* Trainer::vexpert_maps() const {
+  const auto* flex = dynamic_cast<const FlexMoEPlacement*>(placement_.get());
+  return flex ? &flex->maps() : nullptr;
+}
+
+// Tells the gradient sync each expert's holders (collective: the same maps on every rank).
+void Trainer::sync_holders() {
+  const auto* maps = vexpert_maps();
+  if (!maps) return;
+  for (const auto& [block, map] : *maps) {
+    std::vector<std::vector<int32_t>> holders;
+    for (int64_t e = 0; e < map.experts(); ++e) holders.push_back(map.holders(e));
+    grad_sync_->set_expert_holders(expert_params(*params_, block), holders);
+  }
+}
+
+// Expand copies the expert's parameters and Adam state from its source holder, one action after
+// another (a replica added by one action may be the source of the next); Shrink and Migrate move
+// nothing (the dropped copy goes stale).
+void Trainer::apply_replans(const std::vector<Replan>& replans) {
+  comm::Communicator& group = *layout_->experts();
+  for (const Replan& r : replans) {
+    const std::vector<Param*> params = expert_params(*params_, r.block);
+    for (const balance::PlanAction& a : r.actions)
+      if (a.kind == balance::PlanAction::Kind::expand)
+        copy_expert(group, params, *optimizer_, a.expert, a.from, a.rank);
+  }
+  sync_holders();
+}
+
+void Trainer::bring_experts_current(int rank) const {
+  const auto* maps = vexpert_maps();
+  if (!maps) return;
+  comm::Communicator& group = *layout_->experts();
+  for (const auto& [block, map] : *maps) {
+    const std::vector<Param*> params = expert_params(*params_, block);
+    for (int64_t e = 0; e < map.experts(); ++e)
+      for (int to = 0; to < group.size(); ++to)
+        if ((rank < 0 || to == rank) && !map.holds(to, e))
+          copy_expert(group, params, *optimizer_, e, map.holders(e).front(), to);
+  }
+}
+
+void Trainer::synchronize_experts() { bring_experts_current(-1); }
 
 // Adds micro-batch `f` of a step's `micro` to the step's statistics: losses weighted 1/micro
 // (a mean over equal micro-batches), counts summed, routing concatenated in token order.
@@ -369,7 +426,10 @@ StepStats Trainer::step(bool capture_routing) {
   // a non-finite expert value stops the run here too.
   if (store_) store_->finish_step(optim::clip_scale(train_.clip, s.grad_norm));
   ++step_;
-  if (placement_) s.replans = placement_->end_step(step_);
+  if (placement_) {
+    s.replans = placement_->end_step(step_);
+    if (!s.replans.empty()) apply_replans(s.replans);
+  }
   // An update that made a parameter non-finite (an infinite --lr, say) stops the run here, before
   // it is saved or trained on. Device parameters are checked when saved (no copy every step).
   for (const Param* p : std::as_const(*params_).all())

@@ -135,6 +135,7 @@ void Trainer::load_tensors(const io::Checkpoint& ckpt) {
         ckpt.train_config.is_object() ? ckpt.train_config.value("placement_state", nlohmann::json())
                                       : nlohmann::json());
     if (!note.empty()) MOE_LOG_WARN("resume: ", note);
+    sync_holders();  // every rank read every expert: all current, whatever the maps say
   }
   tokens_seen_ = ckpt.state.tokens_seen;
   sampler_->set_cursor(ckpt.state.data_cursor);
@@ -323,6 +324,7 @@ std::string Trainer::save(const std::string& dir) const {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw Error(str("cannot create output directory '", dir, "': ", ec.message()));
+  bring_experts_current(0);  // flexmoe: rank 0 writes every expert, and holds only some
   if (sharded()) return save_sharded(dir);
   const io::CheckpointDir run(dir);
   const fs::path path = run.step(step_);

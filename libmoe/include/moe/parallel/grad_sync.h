@@ -4,13 +4,18 @@
 //
 //   dense parameters        summed over the world;
 //   expert parameters (P>1) summed over their W/P replicas (the ranks holding the same experts);
-//   the sharded token table already complete (its backward summed it over the world).
+//   the sharded token table already complete (its backward summed it over the world);
+//   whole expert tensors under a placement policy: over the world (lpt: every rank keeps every
+//   expert current), or, once set_expert_holders() names each expert's replicas (FlexMoE), each
+//   expert's rows over its holders only, expert by expert in ascending id, layer by layer.
 //
 // Every gradient is then divided by W: a rank's gradients carry its local mean's 1/(B/W), so the
 // result is the gradient of the global batch's mean loss. The order of parameters inside a buffer
 // is the packing order (backward order), the same on every rank, so the sums are too.
 #pragma once
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <span>
 #include <utility>
 #include <vector>
@@ -25,7 +30,8 @@ namespace moe::parallel {
 class GradSync {
  public:
   // How a parameter's gradient is completed across ranks.
-  enum class Reduce { world, replicas, none };  // all ranks / expert replicas / already complete
+  // All ranks / expert replicas / already complete / each expert's holders (set_expert_holders).
+  enum class Reduce { world, replicas, none, holders };
 
   // Sizes the fused buffers for `params` (host memory; to() moves them). For layouts of W > 1
   // ranks; `layout` must outlive this object.
@@ -46,8 +52,27 @@ class GradSync {
   // The fused buffers follow the gradients to `device`.
   void to(Device device);
 
+  // FlexMoE's replicas (--placement flexmoe, one expert group = the world): `params` are one MoE
+  // layer's whole expert tensors ([E, ...]) and holders[e] the ranks (ascending) whose copy of
+  // expert e is current and computes its rows. From now on their gradients sum over each
+  // expert's holders only (no message for an expert with one holder), and the norm counts each
+  // expert once (on its first holder). Collective over the expert group: every rank calls it
+  // with the same holders, in the same order; a replica group not seen before is split off then.
+  void set_expert_holders(std::span<Param* const> params,
+                          const std::vector<std::vector<int32_t>>& holders);
+
  private:
   void submit(int group, int64_t elements);  // the next packed elements, to the scheduler
+  void reduce_held();                        // each expert's rows over its holders
+
+  struct HeldLayer {
+    std::vector<Param*> params;
+    std::vector<std::vector<int32_t>> holders;  // [E]
+  };
+  std::vector<HeldLayer> held_;             // in the order first set: the reduction order
+  std::map<const Param*, size_t> held_of_;  // param -> its layer in held_
+  // The sub-communicator of each replica group seen (null on ranks outside it).
+  std::map<std::vector<int32_t>, std::unique_ptr<comm::Communicator>> groups_;
 
   Layout& layout_;
   // Gradients fused for their reduction: [0] over the world, [1] over the expert replicas; the

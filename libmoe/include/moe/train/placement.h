@@ -11,12 +11,17 @@
 //            --replan-every steps the greedy policy maker (balance::make_plan) expands, shrinks
 //            and migrates replicas by the cost model while the balance ratio is above threshold.
 //
-// Under lpt and flexmoe every rank of the group holds every expert's state (as ES-MoE's ranks
-// share one host store) and computes the rows the policy sends it; the trainer sums the expert
-// gradients over the world like dense ones (parallel::GradSync), so every replica applies the same
-// update and the model computed is the static one's, up to float summation order. A replica
-// therefore needs no copy when the map changes: Expand's parameter and optimizer-state copy is
-// already in place (see docs/ARCHITECTURE.md for what that costs and what is left).
+// Every rank of the group has storage for every expert's state ([E, ...] tensors), and computes
+// the rows the policy sends it.
+//   lpt:     the trainer sums the expert gradients over the world like dense ones, so every rank
+//            keeps every expert current (ES-MoE's ranks share one host store; an expert can go to
+//            any rank in the next batch).
+//   flexmoe: only an expert's holders keep it current. Its gradient sums over its holders
+//            (parallel::GradSync::set_expert_holders, ascending expert id), Expand copies the
+//            parameters and Adam state from a holder to the new one (copy_expert), Shrink and
+//            Migrate drop a replica (its copy goes stale), and before a checkpoint the writer
+//            receives the current copy of every expert it does not hold. The model computed is
+//            the static one's, up to float summation order.
 //
 // Every rank calls place() in the same order (once per MoE layer and pass; it all-gathers the
 // group's token counts) and computes the same assignment from the same integers.
@@ -34,6 +39,8 @@
 #include "moe/balance/flexmoe.h"
 #include "moe/comm/communicator.h"
 #include "moe/nn/placement.h"
+#include "moe/optim/adamw.h"
+#include "moe/param.h"
 
 namespace moe::train {
 
@@ -59,10 +66,11 @@ nlohmann::json to_json(const Replan& replan);
 
 class TrainingPlacement : public nn::PlacementPolicy {
  public:
-  // A policy over `group` (the expert-parallel ranks; it must outlive the policy). Null for
-  // "static".
+  // A policy over `group` (the expert-parallel ranks; it must outlive the policy) for the MoE
+  // blocks `experts` (block index -> its experts). Null for "static".
   static std::unique_ptr<TrainingPlacement> make(const PlacementConfig& config,
-                                                 comm::Communicator& group);
+                                                 comm::Communicator& group,
+                                                 const std::map<int64_t, int64_t>& experts);
 
   // All-gathers this rank's kept rows per expert over the group (collective), then assigns.
   nn::ExpertAssignment place(int64_t block, const Tensor& topk_idx,
@@ -109,12 +117,13 @@ class LptPlacement final : public TrainingPlacement {
   nn::ExpertAssignment assign(int64_t block, const balance::TokenMatrix& tokens) override;
 };
 
-// FlexMoE's vExperts (see above). A layer's map starts as plain expert parallelism in vExpert
-// form (balance::VExpertMap::contiguous) at its first pass.
+// FlexMoE's vExperts (see above).
 class FlexMoEPlacement final : public TrainingPlacement {
  public:
-  FlexMoEPlacement(const PlacementConfig& config, comm::Communicator& group)
-      : TrainingPlacement(config, group) {}
+  // Every MoE block's map starts as plain expert parallelism in vExpert form
+  // (balance::VExpertMap::contiguous); UsageError when V slots per rank cannot hold a layer.
+  FlexMoEPlacement(const PlacementConfig& config, comm::Communicator& group,
+                   const std::map<int64_t, int64_t>& experts);
   std::vector<Replan> end_step(int64_t step) override;
   nlohmann::json state() const override;
   std::string load_state(const nlohmann::json& state) override;
@@ -123,7 +132,16 @@ class FlexMoEPlacement final : public TrainingPlacement {
  private:
   nn::ExpertAssignment assign(int64_t block, const balance::TokenMatrix& tokens) override;
   balance::VExpertMap& map_of(int64_t block, int64_t experts);
+  balance::VExpertMap initial_map(int64_t block, int64_t experts) const;
   std::map<int64_t, balance::VExpertMap> maps_;
 };
+
+// The expert tensors of MoE block `block` ("blocks.B.moe.experts.*", in ParamSet order).
+std::vector<Param*> expert_params(ParamSet& params, int64_t block);
+// Copies expert e's rows of `params` (values, and their fp32 master, Adam m and v) from rank
+// `from` to rank `to` of `group` (point to point; other ranks return at once). The receiver's
+// compute copies are refreshed.
+void copy_expert(comm::Communicator& group, const std::vector<Param*>& params,
+                 const optim::AdamW& optimizer, int64_t expert, int from, int to);
 
 }  // namespace moe::train

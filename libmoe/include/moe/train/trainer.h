@@ -192,6 +192,9 @@ class Trainer {
   const offload::TieredStore* expert_store() const { return store_.get(); }
   // The --placement policy (null: static); tests set its cost model.
   TrainingPlacement* placement() { return placement_.get(); }
+  // --placement flexmoe keeps an expert current only on its holders; this brings every rank's
+  // copy of every expert current (collective; save() does it for the rank that writes).
+  void synchronize_experts();
   // --placement flexmoe: the start-up profile of the expert group (its model drives the replans
   // unless a resumed checkpoint brought the one its run measured).
   const balance::CostProfile& placement_profile() const { return placement_profile_; }
@@ -228,7 +231,14 @@ class Trainer {
   // Names of the offloaded parameters and of their optimizer tensors (what a resume streams).
   io::StreamFilter offloaded_filter() const;
   std::unique_ptr<io::BatchSampler> sampler_;
-  void setup_parallel(Device device);
+  void setup_parallel(const ModelConfig& config, Device device);
+  // --placement flexmoe (moe/train/placement.h): the maps (null otherwise), the holders told to
+  // the gradient sync, a replan's state copies, and every expert's current copy brought to
+  // `rank` (-1: every rank) from its first holder. Collective over the expert group.
+  const std::map<int64_t, balance::VExpertMap>* vexpert_maps() const;
+  void sync_holders();
+  void apply_replans(const std::vector<Replan>& replans);
+  void bring_experts_current(int rank) const;
   void reduce_stats(StepStats& s);
   std::string save_sharded(const std::string& dir) const;
   void load_tensors(const io::Checkpoint& checkpoint);  // parameters, optimizer, position
