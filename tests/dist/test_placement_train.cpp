@@ -5,6 +5,7 @@
 // where compute dominates, replans every step): expand, shrink and migrate all run. Runs on 2
 // and 4 ranks.
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <set>
 
 #include "moe/comm/communicator.h"
@@ -12,6 +13,7 @@
 #include "support/ep_compare.h"
 
 moe::comm::Communicator& dist_world();
+std::string dist_scratch_dir(const std::string& name);
 
 using namespace moe;
 using namespace moe::test;
@@ -174,4 +176,48 @@ TEST_CASE("placement: bad settings are refused with the flag to change", "[dist]
   t.offload = "host";
   REQUIRE_THROWS_WITH(train::Trainer(ep_model(Arch::gpt), t, {}, &world),
                       Catch::Contains("does not combine with --offload"));
+}
+
+TEST_CASE("placement: a placed run's checkpoint is one whole file that every layout resumes",
+          "[dist]") {
+  comm::Communicator& world = dist_world();
+  const int64_t ep = world.size();
+  const std::string dir = dist_scratch_dir("placement-whole");
+  train::Trainer a(ep_model(Arch::mixtral), placed(ep, "flexmoe"), {}, &world);
+  a.placement()->set_cost(compute_bound(static_cast<int>(ep)));
+  for (int i = 0; i < 3; ++i) a.step();
+  const std::string file = a.save(dir);
+  REQUIRE(std::filesystem::is_regular_file(file));  // every logical expert once, whole
+  a.synchronize_experts();                          // the reference: every copy current
+  std::string where;
+  SECTION("flexmoe again, with its maps") {
+    train::Trainer b(ep_model(Arch::mixtral), placed(ep, "flexmoe"), {}, &world);
+    b.restore(file);
+    REQUIRE(b.placement()->state() == a.placement()->state());
+    REQUIRE(worst_difference(b, a, where) == 0);
+  }
+  SECTION("static expert parallelism takes its slices") {
+    train::Trainer b(ep_model(Arch::mixtral), ep_train(ep), {}, &world);
+    b.restore(file);
+    REQUIRE(b.params().at("blocks.0.moe.experts.w1").value.dim(0) == 4 / ep);
+    REQUIRE(worst_difference(b, a, where) == 0);
+    REQUIRE(b.steps_done() == 3);
+  }
+  SECTION("static with the sharded embedding") {
+    train::TrainConfig t = ep_train(ep);
+    t.shard_embedding = true;
+    train::Trainer b(ep_model(Arch::mixtral), t, {}, &world);
+    b.restore(file);
+    REQUIRE(worst_difference(b, a, where) == 0);
+  }
+  SECTION("lpt, and one process") {
+    train::Trainer b(ep_model(Arch::mixtral), placed(ep, "lpt"), {}, &world);
+    b.restore(file);
+    REQUIRE(worst_difference(b, a, where) == 0);
+    train::Trainer c(ep_model(Arch::mixtral), ep_train(1), {});
+    c.restore(file);
+    REQUIRE(worst_difference(c, a, where) == 0);
+  }
+  world.barrier();
+  if (world.rank() == 0) std::filesystem::remove_all(dir);
 }

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "moe/io/checkpoint_dir.h"
+#include "moe/io/convert.h"
 #include "moe/io/finite.h"
 #include "moe/log.h"
 #include "moe/train/trainer.h"
@@ -37,11 +38,30 @@ void Trainer::restore(const io::Checkpoint& ckpt) {
   if (ckpt.sharding.rank >= 0)
     throw Error(str("this checkpoint file is rank ", ckpt.sharding.rank,
                     "'s shard of a sharded checkpoint: resume from its directory"));
-  if (sharded())
-    throw Error(str("an unsharded checkpoint cannot resume a run of ",
-                    layout_text(world_size(), train_.ep, train_.shard_embedding),
-                    ": resume with the layout that wrote it"));
-  load_tensors(ckpt);
+  if (!sharded()) {
+    load_tensors(ckpt);
+    return;
+  }
+  // A whole checkpoint (one process, data parallel, or a placed run: every logical expert once)
+  // resumes a sharded run: cut in memory as moe-convert partition would cut it, then this rank
+  // takes its slices as from a sharded directory.
+  MOE_CHECK(!train_.shard_embedding || train_.ep == world_size(),
+            "a whole checkpoint resumes --shard-embedding only with --ep equal to the number of "
+            "ranks (",
+            world_size(), "); this run has --ep ", train_.ep,
+            ": cut it first (moe-convert partition) or resume with that layout");
+  MOE_CHECK(train_.placement == "static", "a whole checkpoint resumes --placement ",
+            train_.placement,
+            " with --shard-embedding only from a sharded directory of that layout; resume "
+            "without --shard-embedding, or with --placement static");
+  for (const io::NamedTensor& nt : ckpt.params)
+    MOE_CHECK(!nt.streamed(), "resume: tensor '", nt.name, "' was streamed");
+  io::PartitionOptions options;
+  options.ranks = static_cast<int>(train_.shard_embedding ? world_size() : train_.ep);
+  options.shard_embedding = train_.shard_embedding;
+  std::vector<io::Checkpoint> parts = io::partition(ckpt, options);
+  restore_sharded(std::move(parts[0]), "the whole checkpoint",
+                  [&](int source) { return std::move(parts.at(static_cast<size_t>(source))); });
 }
 
 // A tensor on the host, to look at its values (a copy only for device tensors).
@@ -173,8 +193,16 @@ void Trainer::restore(const std::string& path) {
                       "(rank p: [p E/P, (p+1) E/P)): merge it (moe-convert merge) and resume "
                       "from the merged file or a partition without --trace"));
   }
-  // This rank's tensors: replicated ones from rank 0's file, its experts from the file of the rank
-  // of the first expert-parallel group that holds them, its table columns from its own file.
+  restore_sharded(std::move(head), path, [&](int source) {
+    return io::load_checkpoint(io::CheckpointDir::rank_file(path, source), true, stream);
+  });
+}
+
+// This rank's tensors from the parts of a sharded checkpoint: replicated ones from part 0 (`head`),
+// its experts from the part of the rank of the first expert-parallel group that holds them, its
+// table columns from its own part. `load(r)` gives part r (r > 0).
+void Trainer::restore_sharded(io::Checkpoint head, const std::string& where,
+                              const std::function<io::Checkpoint(int)>& load) {
   std::vector<int> sources{0};
   if (train_.ep > 1 && train_.placement == "static")
     sources.push_back(rank() % static_cast<int>(train_.ep));
@@ -188,11 +216,10 @@ void Trainer::restore(const std::string& path) {
     if (std::find(sources.begin(), sources.begin() + static_cast<std::ptrdiff_t>(i), sources[i]) !=
         sources.begin() + static_cast<std::ptrdiff_t>(i))
       continue;
-    const std::string file = io::CheckpointDir::rank_file(path, sources[i]);
-    io::Checkpoint part =
-        sources[i] == 0 ? std::move(head) : io::load_checkpoint(file, true, stream);
+    io::Checkpoint part = sources[i] == 0 ? std::move(head) : load(sources[i]);
     if (part.state.step != mine.state.step || part.sharding.rank != sources[i])
-      throw Error(str(file, " is not rank ", sources[i], "'s shard of step ", mine.state.step,
+      throw Error(str(where, ": part ", sources[i], " is not rank ", sources[i],
+                      "'s shard of step ", mine.state.step,
                       " (a mixed or partly written checkpoint directory)"));
     auto take = [&](std::vector<io::NamedTensor>& from, std::vector<io::NamedTensor>& into,
                     bool optim) {
@@ -214,7 +241,7 @@ void Trainer::restore(const std::string& path) {
   for (const io::NamedTensor& nt : mine.params) found_params.insert(nt.name);
   for (const Param* p : std::as_const(*params_).all()) {
     if (!found_params.count(p->name))
-      throw Error(str("'", path, "' holds no tensor '", p->name, "'",
+      throw Error(str("'", where, "' holds no tensor '", p->name, "'",
                       p->shard.defined() ? str(" for slice ", p->shard.start, "..",
                                                p->shard.start + p->shard.count - 1)
                                          : std::string(),

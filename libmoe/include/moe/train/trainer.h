@@ -1,6 +1,7 @@
 // One training step at a time as a library: data, model, optimizer, evaluation, checkpoints. The
 // run around it (its cadence of steps, evaluations, checkpoints and logs) is train::RunLoop.
 #pragma once
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <span>
@@ -127,7 +128,8 @@ class Trainer {
   ~Trainer();
 
   // Continue from a checkpoint: parameters, optimizer moments, step, data cursor. An unsharded
-  // checkpoint (one file) restores a run that holds every parameter on every rank. An offloaded
+  // checkpoint (one file: every logical tensor whole) restores any layout: a sharded run (--ep,
+  // --shard-embedding with --ep = W) takes its slices of it. An offloaded
   // run's store is refilled expert by expert (streamed tensors are read one expert at a time);
   // a damaged or non-finite expert found then fails the restore part-way: do not train on.
   void restore(const io::Checkpoint& checkpoint);
@@ -242,6 +244,8 @@ class Trainer {
   void reduce_stats(StepStats& s);
   std::string save_sharded(const std::string& dir) const;
   void load_tensors(const io::Checkpoint& checkpoint);  // parameters, optimizer, position
+  void restore_sharded(io::Checkpoint head, const std::string& where,
+                       const std::function<io::Checkpoint(int)>& load);
   bool owns(const Param& p) const;        // this rank writes p in a sharded checkpoint
   io::Checkpoint snapshot_owned() const;  // this rank's file of a sharded checkpoint (streamed)
   comm::Communicator* world_ = nullptr;   // the layout's world (NCCL on GPUs)
