@@ -37,6 +37,16 @@ std::string join_loads(const std::vector<double>& v) {
   return s;
 }
 
+// ", measured 0.412 ms" for a replan of `block`: the step's slowest expert rank in that layer,
+// next to the cost model's prediction (for the step before the plan changed).
+std::string measured_text(const train::StepStats& s, const ModelConfig& model, int64_t block) {
+  size_t layer = 0;
+  for (int64_t i = 0; i < block; ++i) layer += model.is_moe_layer(i) ? 1 : 0;
+  if (layer >= s.moe_seconds.size() || layer >= s.moe_predicted_seconds.size()) return {};
+  return str(" (this step: predicted ", tools::fixed(s.moe_predicted_seconds[layer] * 1e3, 3),
+             ", measured ", tools::fixed(s.moe_seconds[layer] * 1e3, 3), " ms)");
+}
+
 // The model and training flags given explicitly (a resumed run reconciles them with its
 // checkpoint).
 train::GivenFlags given_flags(const tools::TrainOptions& o, CLI::App& app) {
@@ -210,7 +220,8 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
     else
       progress.live(text);
     for (const train::Replan& replan : s.replans) {  // every replan, whatever --log-every
-      progress.line(str("step ", s.step, ": ", train::describe(replan)));
+      progress.line(str("step ", s.step, ": ", train::describe(replan),
+                        measured_text(s, trainer.model_config(), replan.block)));
       if (metrics)
         metrics->write_line(json{{"step", s.step}, {"replan", train::to_json(replan)}}.dump());
     }
@@ -223,6 +234,9 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
         j["step_seconds"] = r.stats.seconds;
         if (!r.stats.rank_load_max_over_mean.empty())
           j["rank_load_max_over_mean"] = r.stats.rank_load_max_over_mean;
+        if (!r.stats.moe_seconds.empty()) j["moe_seconds"] = r.stats.moe_seconds;
+        if (!r.stats.moe_predicted_seconds.empty())
+          j["moe_predicted_seconds"] = r.stats.moe_predicted_seconds;
       }
       metrics->write_line(j.dump());
     };

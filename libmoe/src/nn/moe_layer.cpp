@@ -6,6 +6,7 @@
 
 #include "moe/ops/core.h"
 #include "moe/ops/moe.h"
+#include "moe/timer.h"
 
 namespace moe::nn {
 
@@ -58,6 +59,7 @@ Tensor MoELayer::run_experts(const Tensor& x_perm, RouterOutput& routed, const R
   rows_computed = x_perm.dim(0);
   if (!parallel_ || !parallel_->expert_parallel())
     return experts_forward(x_perm, plan.expert_offsets, saved);
+  Timer timer;
   const ExpertAssignment assignment =
       parallel_->placement
           ? parallel_->placement->place(step.layer, routed.topk_idx, plan.tokens_per_expert)
@@ -69,7 +71,11 @@ Tensor MoELayer::run_experts(const Tensor& x_perm, RouterOutput& routed, const R
   rows_computed = static_cast<int64_t>(ex.arrival_of.size());
   Tensor y_local = experts_forward(dispatcher.dispatch(x_perm, ex), ex.local_offsets, saved);
   Tensor y_perm = dispatcher.combine(y_local, ex);
-  if (saved) saved->exchange = std::move(ex);
+  if (saved) {
+    saved->exchange = std::move(ex);
+    saved->block = step.layer;
+  }
+  add_seconds(step.layer, timer.seconds());
   return y_perm;
 }
 
@@ -100,9 +106,20 @@ Tensor MoELayer::experts_backward_local(const Tensor& dy_local, const Saved& sav
 
 Tensor MoELayer::experts_backward(const Tensor& dy_perm, const Saved& saved) {
   if (!parallel_ || !parallel_->expert_parallel()) return experts_backward_local(dy_perm, saved);
+  Timer timer;
   const parallel::ExpertDispatcher dispatcher = this->dispatcher();
   Tensor dx_local = experts_backward_local(dispatcher.dispatch(dy_perm, saved.exchange), saved);
-  return dispatcher.combine(dx_local, saved.exchange);
+  Tensor dx = dispatcher.combine(dx_local, saved.exchange);
+  add_seconds(saved.block, timer.seconds());
+  return dx;
+}
+
+void MoELayer::add_seconds(int64_t block, double seconds) const {
+  parallel::ExchangeStats* stats = parallel_->stats;
+  if (!stats || block < 0) return;
+  if (stats->moe_seconds.size() <= static_cast<size_t>(block))
+    stats->moe_seconds.resize(static_cast<size_t>(block) + 1, 0.0);
+  stats->moe_seconds[static_cast<size_t>(block)] += seconds;
 }
 
 // The exchange over parallel_'s expert group for this layer's held experts.

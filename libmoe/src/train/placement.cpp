@@ -120,6 +120,12 @@ nn::ExpertAssignment FlexMoEPlacement::assign(int64_t block, const balance::Toke
 
 std::vector<Replan> FlexMoEPlacement::end_step(int64_t step) {
   std::vector<Replan> out;
+  predicted_s_.clear();
+  for (auto& [block, tokens] : step_tokens_) {
+    const balance::VExpertMap& map = map_of(block, static_cast<int64_t>(tokens[0].size()));
+    predicted_s_[block] =
+        balance::estimate_step(map, balance::flexible_route(map, tokens), cost_).step_s;
+  }
   if (step % config_.replan_every == 0) {
     balance::PolicyOptions options;
     options.threshold = config_.balance_threshold;

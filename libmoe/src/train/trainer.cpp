@@ -238,12 +238,21 @@ void Trainer::setup_parallel(const ModelConfig& config, Device device) {
   world_ = layout_->world();
   if (world_size() > 1) parallel_ = nn::Parallel::of(*layout_);
   if (layout_->experts()) {
-    std::map<int64_t, int64_t> moe_blocks;  // block -> its experts
+    std::map<int64_t, int64_t> experts_of_block;  // block -> its experts
     for (int64_t i = 0; i < config.layers; ++i)
-      if (config.is_moe_layer(i)) moe_blocks[i] = config.experts_per_layer[static_cast<size_t>(i)];
-    placement_ = TrainingPlacement::make(placement, *layout_->experts(), moe_blocks);
+      if (config.is_moe_layer(i))
+        experts_of_block[i] = config.experts_per_layer[static_cast<size_t>(i)];
+    placement_ = TrainingPlacement::make(placement, *layout_->experts(), experts_of_block);
     parallel_.placement = placement_.get();
   }
+}
+
+// Block index of each MoE layer, in order.
+static std::vector<int64_t> moe_blocks(const ModelConfig& config) {
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < config.layers; ++i)
+    if (config.is_moe_layer(i)) out.push_back(i);
+  return out;
 }
 
 // ---- FlexMoE's replicas ------------------------------------------------------------------------
@@ -428,6 +437,8 @@ StepStats Trainer::step(bool capture_routing) {
   ++step_;
   if (placement_) {
     s.replans = placement_->end_step(step_);
+    for (const auto& [block, predicted] : placement_->predicted_s())
+      s.moe_predicted_seconds.push_back(predicted);
     if (!s.replans.empty()) apply_replans(s.replans);
   }
   // An update that made a parameter non-finite (an infinite --lr, say) stops the run here, before
@@ -482,17 +493,32 @@ void Trainer::reduce_stats(StepStats& s) {
     counts.push_back(m.assignments);
   }
   if (counts.empty()) return;
-  if (comm::Communicator* group = layout_->experts()) {  // rows each expert rank computed
+  if (comm::Communicator* group = layout_->experts()) {
+    // Per MoE layer, from every expert rank: the rows it computed, and its seconds in the layer's
+    // expert part (as bits).
+    const std::vector<int64_t> blocks = moe_blocks(model_->config());
     const auto L = static_cast<int64_t>(f.moe.size());
     const int P = group->size();
-    Tensor mine = Tensor::empty({L}, DType::i64), all = Tensor::empty({P * L}, DType::i64);
-    for (int64_t l = 0; l < L; ++l)
+    const std::vector<double>& seconds = layout_->exchange_stats()->moe_seconds;
+    Tensor mine = Tensor::empty({2 * L}, DType::i64), all = Tensor::empty({P * 2 * L}, DType::i64);
+    for (int64_t l = 0; l < L; ++l) {
       mine.data<int64_t>()[l] = f.moe[static_cast<size_t>(l)].rows_computed;
+      const auto b = static_cast<size_t>(blocks.at(static_cast<size_t>(l)));
+      const double t = b < seconds.size() ? seconds[b] : 0.0;
+      std::memcpy(mine.data<int64_t>() + L + l, &t, sizeof t);
+    }
     group->all_gather(mine, all);
     for (int64_t l = 0; l < L; ++l) {
       std::vector<int64_t> rows(static_cast<size_t>(P));
-      for (int r = 0; r < P; ++r) rows[static_cast<size_t>(r)] = all.data<int64_t>()[r * L + l];
+      double slowest = 0;
+      for (int r = 0; r < P; ++r) {
+        rows[static_cast<size_t>(r)] = all.data<int64_t>()[r * 2 * L + l];
+        double t;
+        std::memcpy(&t, all.data<int64_t>() + r * 2 * L + L + l, sizeof t);
+        slowest = std::max(slowest, t);
+      }
       s.rank_load_max_over_mean.push_back(balance::max_over_mean(rows));
+      s.moe_seconds.push_back(slowest);
     }
   }
   Tensor summed = Tensor::empty({static_cast<int64_t>(counts.size())}, DType::i64);

@@ -71,6 +71,7 @@ class MoELayer {
     RouterOutput router;  // plan (with send/recv counts under EP), probs, choices, jitter noise
     Tensor x_perm;        // [M,D]
     Exchange exchange;    // expert parallel only
+    int64_t block = 0;    // RouterStep::layer of the forward (for the exchange statistics)
     Experts::Saved experts;
     Tensor y_perm;  // [M,D]
     // Set by the caller before forward to recompute the experts (--recompute moe): forward then
@@ -97,6 +98,7 @@ class MoELayer {
                            const Parallel* parallel);
   void globalize_load(RouterOutput& routed) const;
   parallel::ExpertDispatcher dispatcher() const;
+  void add_seconds(int64_t block, double seconds) const;  // into parallel_->stats, when set
   Tensor run_experts(const Tensor& x_perm, RouterOutput& routed, const RouterStep& step,
                      Saved* saved, int64_t& rows_computed) const;
   Tensor experts_forward(const Tensor& x_local, const std::vector<int32_t>& offsets,

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "moe/comm/all_to_all.h"
 #include "moe/comm/communicator.h"
@@ -28,6 +29,9 @@ namespace moe::parallel {
 struct ExchangeStats {
   int64_t calls = 0, bytes = 0;  // token exchanges (counts exchanges not included); payload sent
   double seconds = 0;            // blocked in them, counts exchanges included
+  // Per block index (MoE blocks only): seconds from dispatch to combine, forward and backward
+  // (the exchanges and the experts' GEMMs: what FlexMoE's cost model predicts, less the sync).
+  std::vector<double> moe_seconds;
 };
 
 // The sizes of a layout, as moe-train's flags give them (train::TrainConfig holds the same).

@@ -91,6 +91,9 @@ class TrainingPlacement : public nn::PlacementPolicy {
   virtual std::string load_state(const nlohmann::json&) { return {}; }
 
   const PlacementConfig& config() const { return config_; }
+  // flexmoe: the cost model's prediction of each MoE block's time in the step end_step() last
+  // closed (its tokens under the map they were routed with), seconds; empty for lpt.
+  const std::map<int64_t, double>& predicted_s() const { return predicted_s_; }
 
  protected:
   TrainingPlacement(const PlacementConfig& config, comm::Communicator& group)
@@ -102,6 +105,7 @@ class TrainingPlacement : public nn::PlacementPolicy {
   comm::Communicator& group_;
   std::map<int64_t, balance::TokenMatrix> step_tokens_;  // per MoE block, summed over passes
   balance::CostModel cost_;
+  std::map<int64_t, double> predicted_s_;
 
  private:
   std::set<int64_t> seen_;  // blocks placed in this pass

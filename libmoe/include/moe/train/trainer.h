@@ -97,6 +97,9 @@ struct StepStats {
   // Per MoE layer, with expert parallelism: max / mean over the expert-parallel ranks of the rows
   // each computed (the balance ratio of FlexMoE's eq. 6; this rank's expert group).
   std::vector<double> rank_load_max_over_mean;
+  // Per MoE layer, with expert parallelism: the slowest expert rank's seconds from dispatch to
+  // combine (forward + backward), and --placement flexmoe's cost-model prediction of it.
+  std::vector<double> moe_seconds, moe_predicted_seconds;
   // What --placement flexmoe changed after this step (empty otherwise).
   std::vector<Replan> replans;
   double dropped_fraction = 0;
