@@ -7,7 +7,8 @@
 # must have replanned at least once). The flexmoe step-3 file (one file, every logical expert
 # once) then resumes on 1 process (--ep 1 --placement static: without them the checkpoint's
 # --ep 2 is refused) and on 4 ranks under --placement lpt --ep 4: both continue from step 3. Resuming it under --placement static --ep 2 (a sharded layout) is
-# refused today with a message and exit 1: asserted, so a change of that rule is seen.
+# refused today with a message and exit 1: asserted, so a change of that rule is seen; sharded by
+# moe-convert partition --ranks 2 it resumes there.
 # Usage: placement_resume.sh MPIEXEC MOE_TRAIN DATA WORKDIR
 set -u
 mpiexec=$1 train=$2 data=$3 work=$4
@@ -51,7 +52,8 @@ loss4() { sed -n 's/^step 4\/[0-9]* | loss \([0-9.]*\) .*/\1/p' "$1"; }
 want=$(loss4 "$work/flexmoe-a.log")
 resumed() {  # resumed NAME LOG: the run went on from step 3 to 5, with step 4's loss, and saved
   grep -q "^step 5/5 " "$2" && ! grep -q "^step [1-3]/" "$2" &&
-    [ -f "$work/$1/step-00000005.h5" ] || { cat "$2"; fail "$1: did not continue from step 3"; }
+    [ -e "$work/$1/step-00000005.h5" -o -d "$work/$1/step-00000005" ] ||
+    { cat "$2"; fail "$1: did not continue from step 3"; }
   got=$(loss4 "$2")
   awk -v a="$got" -v b="$want" 'BEGIN { d = a - b; exit !(a != "" && d <= 1e-3 && d >= -1e-3) }' ||
     { cat "$2"; fail "$1: step 4 loss '$got', the uninterrupted run's is $want"; }
@@ -79,3 +81,10 @@ cat "$work/static.log"
 grep -q "unsharded checkpoint cannot resume" "$work/static.log" ||
   fail "--placement static --ep 2 from a flexmoe file: no message saying why"
 echo "--placement static --ep 2 refuses the unsharded file (exit 1) with a message"
+# ... and the way there: moe-convert partition shards the file for static expert parallelism.
+"$(dirname "$train")/moe-convert" partition "$ckpt" --ranks 2 -o "$work/shards" -q ||
+  fail "moe-convert partition --ranks 2 of the flexmoe file"
+run 2 --steps 5 --resume "$work/shards" --placement static --ep 2 --out "$work/static-shards" \
+  > "$work/static-shards.log" ||
+  { cat "$work/static-shards.log"; fail "static --ep 2 from the partitioned file"; }
+resumed static-shards "$work/static-shards.log"
