@@ -14,7 +14,8 @@
 # model's), the balance before -> after, and the measured median step before -> after the
 # replan steps (the --replan-every steps on either side).
 # Usage: bench/train_placement.sh [BUILD_DIR] (default build); STEPS=100 RANKS="2 4"
-# POLICIES="static lpt flexmoe" REPLAN_EVERY=10 override; WORK=run/bench-train-placement.
+# POLICIES="static lpt flexmoe" REPLAN_EVERY=10 override; WORK=run/bench-train-placement. Needs
+# mpiexec and python3 (scripts/setup installs it, with python3-h5py).
 set -euo pipefail
 bin=${1:-build}/bin
 work=${WORK:-run/bench-train-placement}
