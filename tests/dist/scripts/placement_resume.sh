@@ -28,8 +28,18 @@ placed="--ep 2 --replan-every 1 --balance-threshold 1.0"
 
 for policy in flexmoe lpt; do
   a=$work/$policy-a b=$work/$policy-b
-  run 2 $placed --placement "$policy" --steps 6 --checkpoint-every 3 --out "$a" > "$a.log" ||
-    { cat "$a.log"; fail "$policy: 6-step run"; }
+  # flexmoe's cost model is timed at start-up: on a loaded machine a rank descheduled while the
+  # all-reduce rate is measured can make every replica look too costly to sync, and the run then
+  # never replans (seen under ctest -j2). Up to 3 tries for a run that replans; the resume below
+  # keeps that run's model, so its own check does not depend on timing.
+  for try in 1 2 3; do
+    rm -rf "$a"
+    run 2 $placed --placement "$policy" --steps 6 --checkpoint-every 3 --out "$a" > "$a.log" ||
+      { cat "$a.log"; fail "$policy: 6-step run"; }
+    [ "$policy" != flexmoe ] || grep -q "replan block" "$a.log" && break
+    echo "flexmoe try $try did not replan; its cost model:"
+    sed -n '/cost model over/,/bytes: per token/p' "$a.log"
+  done
   [ -f "$a/step-00000003.h5" ] && [ -f "$a/step-00000006.h5" ] ||
     { ls -R "$work"; fail "$policy: expected one checkpoint file at steps 3 and 6"; }
   run 2 $placed --placement "$policy" --steps 6 --resume "$a/step-00000003.h5" --out "$b" \
