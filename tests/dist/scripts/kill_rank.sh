@@ -2,8 +2,8 @@
 # A rank that dies without a word (SIGKILL, as the OOM killer does) ends the whole moe-train job
 # with a non-zero exit and a message, within seconds, instead of leaving the others waiting in a
 # collective. Further arguments are moe-train flags for the job (e.g. --placement flexmoe with
-# --checkpoint-every: the kill then lands amid replans and saves); the run's last checkpoint, when
-# it wrote one, must still pass `moe-convert inspect --verify` (moe-convert beside MOE_TRAIN).
+# --checkpoint-every: the kill may then land amid replans and saves); the run's last checkpoint,
+# when it wrote one, must still pass `moe-convert inspect --verify` (moe-convert beside MOE_TRAIN).
 # Usage: kill_rank.sh MPIEXEC MOE_TRAIN DATA WORKDIR [MOE_TRAIN_FLAGS...]
 set -u
 mpiexec=$1 train=$2 data=$3 work=$4

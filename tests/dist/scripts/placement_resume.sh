@@ -6,9 +6,10 @@
 # (flexmoe's saved replica maps and cost model make the resumed run replan as the first did; it
 # must have replanned at least once). The flexmoe step-3 file (one file, every logical expert
 # once) then resumes on 1 process (--ep 1 --placement static: without them the checkpoint's
-# --ep 2 is refused) and on 4 ranks under --placement lpt --ep 4: both continue from step 3. Resuming it under --placement static --ep 2 (a sharded layout) is
-# refused today with a message and exit 1: asserted, so a change of that rule is seen; sharded by
-# moe-convert partition --ranks 2 it resumes there.
+# --ep 2 is refused) and on 4 ranks under --placement lpt --ep 4: both continue from step 3.
+# Resuming it under --placement static --ep 2 (a sharded layout) is refused today with a message
+# and exit 1: asserted, so a change of that rule is seen; sharded by moe-convert partition
+# --ranks 2 it resumes there.
 # Usage: placement_resume.sh MPIEXEC MOE_TRAIN DATA WORKDIR
 set -u
 mpiexec=$1 train=$2 data=$3 work=$4
@@ -16,8 +17,8 @@ rm -rf "$work" && mkdir -p "$work" || exit 1
 fail() { echo "FAIL: $*"; exit 1; }
 # run N [flags]: moe-train on N ranks with a small model; the log on stdout. Its experts are wide
 # enough (d_ff 256) and its batch large enough (1024 tokens) that the start-up cost model predicts
-# a replica halves a skewed layer's step, whatever the machine's timings; the high learning rate
-# without warm-up skews the routing within the first steps.
+# a replica cuts a skewed layer's step by a wide margin on any unloaded machine; the high learning
+# rate without warm-up skews the routing within the first steps.
 run() {
   n=$1; shift
   timeout 120 "$mpiexec" -n "$n" "$train" --data "$data" --arch mixtral --layers 2 --d-model 32 \
