@@ -4,20 +4,21 @@
 # collective. Further arguments are moe-train flags for the job (e.g. --placement flexmoe with
 # --checkpoint-every: the kill may then land amid replans and saves); the run's last checkpoint,
 # when it wrote one, must still pass `moe-convert inspect --verify` (moe-convert beside MOE_TRAIN).
-# Usage: kill_rank.sh MPIEXEC MOE_TRAIN DATA WORKDIR [MOE_TRAIN_FLAGS...]
+# Usage: [EP=2] kill_rank.sh MPIEXEC MOE_TRAIN DATA WORKDIR [MOE_TRAIN_FLAGS...]
 set -u
 mpiexec=$1 train=$2 data=$3 work=$4
 shift 4
 rm -rf "$work" && mkdir -p "$work" || exit 1
 fail() { echo "FAIL: $*"; exit 1; }
 timeout 120 "$mpiexec" -n 4 "$train" --data "$data" --layers 2 --d-model 32 --heads 2 --d-ff 64 \
-  --seq 32 --experts 4 --moe-every 1 --batch 8 --steps 100000 --threads 1 --ep 2 \
+  --seq 32 --experts 4 --moe-every 1 --batch 8 --steps 100000 --threads 1 --ep "${EP:-2}" \
   --metrics "$work/metrics.jsonl" --log-every 1 --out "$work/run" "$@" > "$work/out.txt" 2>&1 &
 job=$!
 # Wait until training runs (a step's metrics line appears), at most 60 s.
 i=0
 while ! grep -q '"loss"' "$work/metrics.jsonl" 2>/dev/null; do
   i=$((i + 1)); [ $i -le 600 ] || { kill $job; fail "training did not start"; }
+  kill -0 $job 2>/dev/null || { cat "$work/out.txt"; fail "the job ended before training"; }
   sleep 0.1
 done
 # One rank of this job (other tests may run beside it): timeout -> mpiexec -> proxy -> ranks.

@@ -7,9 +7,8 @@
 # must have replanned at least once). The flexmoe step-3 file (one file, every logical expert
 # once) then resumes on 1 process (--ep 1 --placement static: without them the checkpoint's
 # --ep 2 is refused) and on 4 ranks under --placement lpt --ep 4: both continue from step 3.
-# Resuming it under --placement static --ep 2 (a sharded layout) is refused today with a message
-# and exit 1: asserted, so a change of that rule is seen; sharded by moe-convert partition
-# --ranks 2 it resumes there.
+# It also resumes under --placement static --ep 2 (a sharded layout: each rank takes its slices),
+# directly and after moe-convert partition --ranks 2.
 # Usage: placement_resume.sh MPIEXEC MOE_TRAIN DATA WORKDIR
 set -u
 mpiexec=$1 train=$2 data=$3 work=$4
@@ -74,7 +73,7 @@ resumed() {  # resumed NAME LOG: the run went on from step 3 to 5, with step 4's
 # --ep 1 (which needs --placement static) resumes.
 run 1 --steps 5 --resume "$ckpt" --out "$work/one" > "$work/one.log"
 rc=$?
-[ "$rc" -eq 2 ] && grep -q "\-\-ep 2" "$work/one.log" ||
+[ "$rc" -eq 2 ] && grep -q "needs --ep equal to the number of ranks (1), not 2" "$work/one.log" ||
   { cat "$work/one.log"; fail "1 process, the checkpoint's --ep 2: exit $rc, expected 2 naming --ep"; }
 run 1 --steps 5 --resume "$ckpt" --ep 1 --placement static --out "$work/one" > "$work/one.log" ||
   { cat "$work/one.log"; fail "flexmoe checkpoint on 1 process"; }
@@ -83,16 +82,12 @@ run 4 --steps 5 --resume "$ckpt" --placement lpt --ep 4 --out "$work/lpt4" > "$w
   { cat "$work/lpt4.log"; fail "flexmoe checkpoint on 4 ranks with --placement lpt --ep 4"; }
 resumed lpt4 "$work/lpt4.log"
 
-# Static expert parallelism writes sharded checkpoints and reads only those (today's rule).
+# Static expert parallelism takes its slices of the whole file (each rank its experts)...
 run 2 --steps 5 --resume "$ckpt" --placement static --ep 2 --out "$work/static" \
-  > "$work/static.log"
-rc=$?
-cat "$work/static.log"
-[ "$rc" -eq 1 ] || fail "--placement static --ep 2 from a flexmoe file: exit $rc, expected 1"
-grep -q "unsharded checkpoint cannot resume" "$work/static.log" ||
-  fail "--placement static --ep 2 from a flexmoe file: no message saying why"
-echo "--placement static --ep 2 refuses the unsharded file (exit 1) with a message"
-# ... and the way there: moe-convert partition shards the file for static expert parallelism.
+  > "$work/static.log" || { cat "$work/static.log"; fail "static --ep 2 from the flexmoe file"; }
+[ -d "$work/static/step-00000005" ] || fail "static --ep 2 did not write a sharded checkpoint"
+resumed static "$work/static.log"
+# ... as it does from the file moe-convert partition shards for it.
 "$(dirname "$train")/moe-convert" partition "$ckpt" --ranks 2 -o "$work/shards" -q ||
   fail "moe-convert partition --ranks 2 of the flexmoe file"
 run 2 --steps 5 --resume "$work/shards" --placement static --ep 2 --out "$work/static-shards" \
