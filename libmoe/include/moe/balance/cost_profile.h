@@ -14,12 +14,12 @@
 // - bandwidth[a*R + b]: a round-robin (circle) schedule of pairs, every rank in at most one pair
 //   per round, every rank walking the rounds in the same order; in pair (a, b), a < b, rank a
 //   sends `bandwidth_bytes` to b and b sends them back (isend/irecv), one warm-up round trip, then
-//   `repeats` timed ones; bytes / (median round trip / 2) is the one-way rate, set for both
+//   `repeats` timed ones; bytes / (fastest round trip / 2) is the one-way rate, set for both
 //   directions (a ping-pong cannot tell them apart). The diagonal is 0 (local tokens are free).
 //   Each pair's rate is what its lower rank measured, all-gathered.
 // - allreduce_bytes_per_s[g], g = 2..R: the first g ranks (a split of the group; the others wait
 //   at the next collective) all-reduce grad_bytes_per_expert bytes of f32, one warm-up, then
-//   `repeats` timed ones, each after a barrier of the g ranks; bytes / rank 0's median seconds,
+//   `repeats` timed ones, each after a barrier of the g ranks; bytes / rank 0's fastest seconds,
 //   broadcast from rank 0. Entries 0 and 1 are 0 (a single replica needs no sync).
 // - bytes_per_token = D * dtype_bytes (one activation row of the exchange).
 // - parameters P = F * D * (3 when gated: w1, w3, w2; else 2: w1, w2); biases are left out (they
@@ -51,7 +51,9 @@ struct CostProfileSpec {
   int64_t dtype_bytes = 4;        // bytes per activation / parameter element
   std::vector<int64_t> token_counts = {64, 256, 1024};  // GEMM probe sizes
   int64_t bandwidth_bytes = 1 << 20;                    // message size for the pairwise probe
-  int repeats = 3;                                      // take the median of this many timings
+  // Timings per probe: the GEMM rate is the median's, the bandwidths and all-reduce rates the
+  // fastest try's (a descheduled rank only ever slows a transfer down).
+  int repeats = 5;
   // Where the expert GEMMs run (the training's device). The GPU is synchronised around each timed
   // pass, so a rate includes the kernels, not only their launches.
   Device device = {};
