@@ -106,4 +106,19 @@ for n in ranks_list:
                      f"{len(measured_before)} replan steps) {statistics.median(measured_before):.1f}"
                      f" -> {statistics.median(measured_after):.1f} ms")
         print(line)
+    # The cost model against the clock: per step and MoE layer, the slowest expert rank's time
+    # from dispatch to combine (forward + backward) against the model's estimate for the same
+    # tokens and map (the estimate also holds the replica sync, which the measured span does not).
+    for p, (steps, _) in runs.items():
+        errors = []
+        for rec in steps.values():
+            for pred, meas in zip(rec.get("moe_predicted_seconds", []), rec.get("moe_seconds", [])):
+                if meas > 0:
+                    errors.append(abs(pred - meas) / meas)
+        if errors:
+            errors.sort()
+            print(f"{p}, {n} ranks: cost model vs measured MoE layer time over {len(errors)} "
+                  f"layer-steps: median error {statistics.median(errors) * 100:.1f}%, "
+                  f"90th percentile {errors[int(0.9 * (len(errors) - 1))] * 100:.1f}%, "
+                  f"worst {errors[-1] * 100:.1f}%")
 EOF
