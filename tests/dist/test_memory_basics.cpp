@@ -8,21 +8,18 @@
 
 #include "moe/comm/communicator.h"
 #include "moe/train/trainer.h"
+#include "support/ep_compare.h"
 #include "support/models.h"
 #include "support/run.h"
 
 moe::comm::Communicator& dist_world();
 
 using namespace moe;
+using test::bitwise_equal;
 
 namespace {
 
-ModelConfig model(Arch arch) {
-  ModelConfig c = test::small_model_config(arch);
-  if (arch == Arch::gpt) c.router_jitter = 0.05;
-  c.resolve();
-  return c;
-}
+ModelConfig model(Arch arch) { return test::ep_model(arch); }
 
 train::TrainConfig config(int64_t ep, int64_t grad_accum, const std::string& recompute) {
   train::TrainConfig t;
@@ -36,18 +33,6 @@ train::TrainConfig config(int64_t ep, int64_t grad_accum, const std::string& rec
   t.grad_accum = grad_accum;
   t.recompute = recompute;
   return t;
-}
-
-bool bitwise_equal(train::Trainer& a, train::Trainer& b, std::string& where) {
-  for (Param* p : a.params().all()) {
-    const Param& q = b.params().at(p->name);
-    if (p->value.nbytes() != q.value.nbytes() ||
-        std::memcmp(p->value.raw(), q.value.raw(), p->value.nbytes()) != 0) {
-      where = p->name;
-      return false;
-    }
-  }
-  return true;
 }
 
 }  // namespace
