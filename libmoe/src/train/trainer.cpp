@@ -273,16 +273,40 @@ void Trainer::sync_holders() {
   }
 }
 
-// Expand copies the expert's parameters and Adam state from its source holder, one action after
-// another (a replica added by one action may be the source of the next); Shrink and Migrate move
-// nothing (the dropped copy goes stale).
+// Expand copies the expert's parameters and Adam state to the new holder, one action after
+// another; Shrink and Migrate move nothing (the dropped copy goes stale). The greedy planner can
+// add a replica and drop it again within one plan: only replicas the final map keeps are copied,
+// each from a rank whose copy is current at that point (a holder when the plan began, or one that
+// received a copy before), the planned source when it is one.
 void Trainer::apply_replans(const std::vector<Replan>& replans) {
   comm::Communicator& group = *layout_->experts();
+  const auto& maps = *vexpert_maps();
   for (const Replan& r : replans) {
+    const balance::VExpertMap& final_map = maps.at(r.block);
     const std::vector<Param*> params = expert_params(*params_, r.block);
-    for (const balance::PlanAction& a : r.actions)
-      if (a.kind == balance::PlanAction::Kind::expand)
-        copy_expert(group, params, *optimizer_, a.expert, a.from, a.rank);
+    std::map<int64_t, std::set<int>> current;  // expert -> ranks whose copy is current
+    for (const balance::PlanAction& a : r.actions)  // the holders when the plan began
+      if (!current.count(a.expert)) {
+        std::vector<int32_t> now = final_map.holders(a.expert);
+        std::set<int>& c = current[a.expert];
+        c.insert(now.begin(), now.end());
+        for (auto it = r.actions.rbegin(); it != r.actions.rend(); ++it)  // undo, last first
+          if (it->expert == a.expert) {
+            if (it->kind == balance::PlanAction::Kind::expand)
+              c.erase(it->rank);
+            else
+              c.insert(it->rank);
+          }
+      }
+    for (const balance::PlanAction& a : r.actions) {
+      if (a.kind != balance::PlanAction::Kind::expand || !final_map.holds(a.rank, a.expert))
+        continue;
+      std::set<int>& c = current[a.expert];
+      if (c.count(a.rank)) continue;  // dropped and added back: its copy never went stale
+      const int from = c.count(a.from) ? a.from : *c.begin();
+      copy_expert(group, params, *optimizer_, a.expert, from, a.rank);
+      c.insert(a.rank);
+    }
   }
   sync_holders();
 }
