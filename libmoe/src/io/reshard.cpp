@@ -59,21 +59,6 @@ Strides strides_of(const Shape& shape, int dim, size_t element) {
   return s;
 }
 
-// Elements [start, start + count) of dimension `dim` of t.
-Tensor slice_dim(const Tensor& t, int dim, int64_t start, int64_t count) {
-  Shape shape = t.shape();
-  const int64_t extent = shape.at(static_cast<size_t>(dim));
-  shape[static_cast<size_t>(dim)] = count;
-  Tensor out = Tensor::empty(shape, t.dtype());
-  const Strides s = strides_of(t.shape(), dim, dtype_size(t.dtype()));
-  const auto* src = static_cast<const std::byte*>(t.raw());
-  auto* dst = static_cast<std::byte*>(out.raw());
-  for (int64_t o = 0; o < s.outer; ++o)
-    std::memcpy(dst + o * count * s.inner_bytes, src + (o * extent + start) * s.inner_bytes,
-                static_cast<size_t>(count * s.inner_bytes));
-  return out;
-}
-
 // Concatenation of `parts` along `dim` into a tensor of `shape`.
 Tensor concat_dim(const std::vector<const Tensor*>& parts, int dim, const Shape& shape) {
   Tensor out = Tensor::empty(shape, parts.at(0)->dtype());
@@ -162,6 +147,20 @@ std::string json_difference(const nlohmann::json& a, const nlohmann::json& b) {
 std::string range_text(const ParamShard& s) { return str(s.start, "..", s.start + s.count - 1); }
 
 }  // namespace
+
+Tensor slice_dim(const Tensor& t, int dim, int64_t start, int64_t count) {
+  Shape shape = t.shape();
+  const int64_t extent = shape.at(static_cast<size_t>(dim));
+  shape[static_cast<size_t>(dim)] = count;
+  Tensor out = Tensor::empty(shape, t.dtype());
+  const Strides s = strides_of(t.shape(), dim, dtype_size(t.dtype()));
+  const auto* src = static_cast<const std::byte*>(t.raw());
+  auto* dst = static_cast<std::byte*>(out.raw());
+  for (int64_t o = 0; o < s.outer; ++o)
+    std::memcpy(dst + o * count * s.inner_bytes, src + (o * extent + start) * s.inner_bytes,
+                static_cast<size_t>(count * s.inner_bytes));
+  return out;
+}
 
 // ---- merge ------------------------------------------------------------------------------------
 

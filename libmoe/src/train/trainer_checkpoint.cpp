@@ -42,26 +42,31 @@ void Trainer::restore(const io::Checkpoint& ckpt) {
     load_tensors(ckpt);
     return;
   }
-  // A whole checkpoint (one process, data parallel, or a placed run: every logical expert once)
-  // resumes a sharded run: cut in memory as moe-convert partition would cut it, then this rank
-  // takes its slices as from a sharded directory.
-  MOE_CHECK(!train_.shard_embedding || train_.ep == world_size(),
-            "a whole checkpoint resumes --shard-embedding only with --ep equal to the number of "
-            "ranks (",
-            world_size(), "); this run has --ep ", train_.ep,
-            ": cut it first (moe-convert partition) or resume with that layout");
-  MOE_CHECK(train_.placement == "static", "a whole checkpoint resumes --placement ",
-            train_.placement,
-            " with --shard-embedding only from a sharded directory of that layout; resume "
-            "without --shard-embedding, or with --placement static");
+  // A whole checkpoint (one process, data parallel, a placed run, or a sharded directory of
+  // another layout merged in memory: every logical tensor once) resumes a sharded run too: each
+  // rank takes its slice of every sliced parameter and of its optimizer tensors.
+  std::map<std::string, const Param*> param_of_state;  // optimizer tensor name -> its parameter
+  for (const StateTensor& t : optimizer_state()) param_of_state[t.tensor.name] = t.param;
+  auto cut = [&](const io::NamedTensor& nt, const Param* p) {
+    if (!p || !p->shard.defined()) return nt;
+    MOE_CHECK(!nt.streamed() && nt.shape() == p->shard.global, "resume: '", nt.name, "' ",
+              shape_str(nt.shape()), " is not the whole tensor ", shape_str(p->shard.global),
+              " this rank takes a slice of");
+    io::NamedTensor slice = nt;
+    slice.tensor = io::slice_dim(nt.tensor, p->shard.dim, p->shard.start, p->shard.count);
+    slice.shard = p->shard;
+    return slice;
+  };
+  io::Checkpoint mine;
+  mine.state = ckpt.state;
+  mine.train_config = ckpt.train_config;
   for (const io::NamedTensor& nt : ckpt.params)
-    MOE_CHECK(!nt.streamed(), "resume: tensor '", nt.name, "' was streamed");
-  io::PartitionOptions options;
-  options.ranks = static_cast<int>(train_.shard_embedding ? world_size() : train_.ep);
-  options.shard_embedding = train_.shard_embedding;
-  std::vector<io::Checkpoint> parts = io::partition(ckpt, options);
-  restore_sharded(std::move(parts[0]), "the whole checkpoint",
-                  [&](int source) { return std::move(parts.at(static_cast<size_t>(source))); });
+    mine.params.push_back(cut(nt, params_->find(nt.name)));
+  for (const io::NamedTensor& nt : ckpt.optim) {
+    auto it = param_of_state.find(nt.name);
+    mine.optim.push_back(cut(nt, it == param_of_state.end() ? nullptr : it->second));
+  }
+  load_tensors(mine);
 }
 
 // A tensor on the host, to look at its values (a copy only for device tensors).
@@ -163,8 +168,9 @@ void Trainer::load_tensors(const io::Checkpoint& ckpt) {
 
 void Trainer::restore(const std::string& path) {
   namespace fs = std::filesystem;
-  if (!fs::is_directory(path)) {
-    restore(io::load_checkpoint(path, true, offloaded_filter()));
+  if (!fs::is_directory(path)) {  // a sharded run slices whole tensors: nothing streams then
+    restore(sharded() ? io::load_checkpoint(path)
+                      : io::load_checkpoint(path, true, offloaded_filter()));
     return;
   }
   const std::string head_path = io::CheckpointDir::rank_file(path, 0);
@@ -173,25 +179,25 @@ void Trainer::restore(const std::string& path) {
   const io::StreamFilter stream = offloaded_filter();
   io::Checkpoint head = io::load_checkpoint(head_path, true, stream);
   const io::Sharding& layout = head.sharding;
-  if (layout.rank != 0 || layout.world_size != world_size() || layout.ep_size != train_.ep ||
-      layout.shard_embedding != train_.shard_embedding || !sharded())
-    throw Error(str("'", path, "' was written by ",
-                    layout_text(layout.world_size, layout.ep_size, layout.shard_embedding),
-                    "; this run has ", layout_text(world_size(), train_.ep, train_.shard_embedding),
-                    ": resume with the same layout"));
-  // moe-convert partition --trace places experts by load (/sharding expert_rank); this trainer
-  // holds experts [p E/P, (p+1) E/P) on rank p, so any other placement would load wrong experts.
-  if (!layout.expert_rank.empty()) {
-    std::vector<int> contiguous;
+  std::vector<int> contiguous;  // the expert -> rank map of this run's static layout
+  if (train_.ep > 1)
     for (int64_t experts : model_->config().experts_per_layer)
       for (int64_t e = 0; e < experts; ++e)
         contiguous.push_back(static_cast<int>(e / (experts / train_.ep)));
-    if (layout.expert_rank != contiguous)
-      throw Error(str("'", path,
-                      "' places experts on ranks by load (/sharding expert_rank, written by "
-                      "moe-convert partition --trace); moe-train holds experts contiguously "
-                      "(rank p: [p E/P, (p+1) E/P)): merge it (moe-convert merge) and resume "
-                      "from the merged file or a partition without --trace"));
+  // Another layout (rank count, --ep, --shard-embedding, placement), or experts placed by load
+  // (moe-convert partition --trace): every rank merges the directory's files in memory into the
+  // whole checkpoint (as moe-convert merge does; each rank then holds the whole model once, for
+  // the time of the restore) and resumes from that, which fits any layout.
+  if (layout.rank != 0 || layout.world_size != world_size() || layout.ep_size != train_.ep ||
+      layout.shard_embedding != train_.shard_embedding || !sharded() ||
+      (!layout.expert_rank.empty() && layout.expert_rank != contiguous)) {
+    MOE_LOG_INFO("resume: '", path, "' was written by ",
+                 layout_text(layout.world_size, layout.ep_size, layout.shard_embedding),
+                 "; this run has ", layout_text(world_size(), train_.ep, train_.shard_embedding),
+                 " and ", train_.placement, " placement: re-sharding it on load");
+    head = io::Checkpoint();  // its tensors are read again with the other files
+    restore(io::merge_shards(io::checkpoint_files({path})));
+    return;
   }
   restore_sharded(std::move(head), path, [&](int source) {
     return io::load_checkpoint(io::CheckpointDir::rank_file(path, source), true, stream);

@@ -45,6 +45,9 @@ namespace moe::io {
 // the training configuration's `ep` becomes 1 and `shard_embedding` false, so one process can
 // resume it. Provenance is rank 0's.
 Checkpoint merge_shards(const std::vector<std::string>& files);
+// Elements [start, start + count) of dimension `dim` of a host tensor (a ParamShard's slice of a
+// whole tensor), as a new tensor.
+Tensor slice_dim(const Tensor& t, int dim, int64_t start, int64_t count);
 // The same for checkpoints already in memory; names[i] names shards[i] in messages.
 Checkpoint merge_shards(std::vector<Checkpoint> shards, const std::vector<std::string>& names);
 
