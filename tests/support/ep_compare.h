@@ -6,6 +6,7 @@
 #include <cstring>
 #include <string>
 
+#include "moe/io/checkpoint.h"
 #include "moe/train/trainer.h"
 #include "support/models.h"
 #include "support/run.h"
@@ -65,6 +66,30 @@ inline double worst_difference(train::Trainer& parallel, train::Trainer& single,
     if (diff / scale > worst) {
       worst = diff / scale;
       where = p->name;
+    }
+  }
+  return worst;
+}
+
+// The same for a run's whole tensors (a snapshot: a placed run's experts gathered from its
+// ranks' slots) against a reference's (maybe sliced) parameters or another snapshot's tensors.
+inline double worst_difference(const io::Checkpoint& run, const io::Checkpoint& reference,
+                               std::string& where) {
+  double worst = 0;
+  for (const io::NamedTensor& a : run.params) {
+    if (a.name.ends_with("attn.k.bias")) continue;
+    const io::NamedTensor* b = nullptr;
+    for (const io::NamedTensor& t : reference.params)
+      if (t.name == a.name) b = &t;
+    REQUIRE(b);
+    REQUIRE(a.tensor.shape() == b->tensor.shape());
+    std::vector<float> x = a.tensor.to_vector(), y = b->tensor.to_vector();
+    double scale = 1e-12, diff = 0;
+    for (float v : y) scale = std::max(scale, std::fabs(double(v)));
+    for (size_t i = 0; i < x.size(); ++i) diff = std::max(diff, std::fabs(double(x[i]) - y[i]));
+    if (diff / scale > worst) {
+      worst = diff / scale;
+      where = a.name;
     }
   }
   return worst;

@@ -67,6 +67,12 @@ class ParamSet {
   // A slice of a logical tensor (see ParamShard); throws when the slice does not fit `global`.
   Param& add_shard(const std::string& name, const ParamShard& shard, Init init, bool decay = true,
                    bool expert = false);
+  // Expert slots (FlexMoE's vExperts): a [rows.size(), ...] parameter whose row i starts as row
+  // rows[i] of the logical tensor `global` (its single-process initial values), zeros where
+  // rows[i] < 0 (an empty slot). Not a ParamShard: which logical row a slot holds changes while
+  // training, and the caller keeps that map.
+  Param& add_rows(const std::string& name, const Shape& global, const std::vector<int64_t>& rows,
+                  Init init, bool decay, bool expert);
   // An expert parameter whose state an nn::ExpertStore holds (Param::offloaded): no memory is
   // allocated here. `shard` as for add_shard (an undefined one: the whole `shape`).
   Param& add_offloaded(const std::string& name, Shape shape, const ParamShard& shard, Init init,

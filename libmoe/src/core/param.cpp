@@ -64,6 +64,31 @@ Param& ParamSet::add_shard(const std::string& name, const ParamShard& shard, Ini
   return ref;
 }
 
+Param& ParamSet::add_rows(const std::string& name, const Shape& global,
+                          const std::vector<int64_t>& rows, Init init, bool decay, bool expert) {
+  MOE_CHECK(!global.empty(), "parameter '", name, "': slots of a scalar");
+  for (int64_t r : rows)
+    MOE_CHECK(r < global[0], "parameter '", name, "': slot of row ", r, " of ", shape_str(global));
+  Shape shape = global;
+  shape[0] = static_cast<int64_t>(rows.size());
+  Param& p = add(name, shape, Init::zeros(), decay, expert);
+  p.init = init;
+  const int64_t per_row = shape_numel(global) / global[0];
+  Tensor master = Tensor::zeros(shape, DType::f32);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] < 0) continue;
+    Param logical;  // row rows[i] of the logical tensor, as add_shard would give it
+    logical.name = name;
+    logical.init = init;
+    logical.shard = ParamShard{global, 0, rows[i], 1};
+    logical.shape = logical.shard.local_shape();
+    fill_initial(logical, 0, per_row, master.data<float>() + static_cast<int64_t>(i) * per_row);
+  }
+  p.value.copy_from(dtype_ == DType::f32 ? master : master.to(dtype_));
+  p.refresh_compute();
+  return p;
+}
+
 // Elements [begin, end) of p's local tensor as add_shard initialises them. Normal values are keyed
 // by the parameter's name and the element's index in the logical tensor: adding a parameter never
 // changes another one's values, and a slice holds the full tensor's values.

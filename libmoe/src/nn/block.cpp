@@ -54,6 +54,7 @@ Block::Block(ParamSet& ps, const BlockConfig& config, int64_t index, const Paral
     moe.experts.bias = config.bias;
     moe.experts.init_std = init_std;
     moe.experts.out_init_std = out_std;
+    moe.block = index;
     moe_ = std::make_unique<MoELayer>(ps, prefix + ".moe", moe, parallel);
   }
 }

@@ -14,9 +14,14 @@ Experts::Experts(ParamSet& ps, const std::string& prefix, const ExpertsConfig& c
                   config.num_experts, ", ", config.d_model, ", ", config.d_ff, ")");
   const int64_t E = config.num_experts, D = config.d_model, F = config.d_ff;
   const int64_t G = config.global_experts ? config.global_experts : E;
-  MOE_USAGE_CHECK(config.first_expert >= 0 && config.first_expert + E <= G, "experts ", prefix,
-                  ": experts [", config.first_expert, ", ", config.first_expert + E,
-                  ") are not within the layer's ", G);
+  MOE_USAGE_CHECK(
+      !config.slot_experts.empty() || (config.first_expert >= 0 && config.first_expert + E <= G),
+      "experts ", prefix, ": experts [", config.first_expert, ", ", config.first_expert + E,
+      ") are not within the layer's ", G);
+  MOE_CHECK(config.slot_experts.empty() ||
+                (!store && static_cast<int64_t>(config.slot_experts.size()) == E),
+            "experts ", prefix, ": ", config.slot_experts.size(), " slot experts for ", E, " slots",
+            store ? " (slots cannot be offloaded)" : "");
   auto add = [&](const char* name, Shape rest, Init init, bool decay) -> Param* {
     Shape global{G};
     global.insert(global.end(), rest.begin(), rest.end());
@@ -27,6 +32,8 @@ Experts::Experts(ParamSet& ps, const std::string& prefix, const ExpertsConfig& c
           G == E ? ParamShard{} : ParamShard{global, 0, config.first_expert, E};
       return &ps.add_offloaded(prefix + name, local, shard, init, decay);
     }
+    if (!config.slot_experts.empty())
+      return &ps.add_rows(prefix + name, global, config.slot_experts, init, decay, true);
     if (G == E) return &ps.add(prefix + name, global, init, decay, true);
     return &ps.add_shard(prefix + name, ParamShard{global, 0, config.first_expert, E}, init, decay,
                          true);

@@ -27,6 +27,15 @@ MoEConfig MoELayer::checked(const std::string& prefix, const MoEConfig& config,
     c.experts.num_experts = E / P;
     c.experts.first_expert = parallel->ep_rank() * (E / P);
   }
+  if (parallel && parallel->placement && parallel->expert_parallel()) {
+    const int64_t E = config.experts.num_experts;
+    std::vector<int64_t> rows = parallel->placement->held_rows(config.block, E);
+    if (!rows.empty()) {  // vExpert slots: this rank stores only those
+      c.experts.global_experts = E;
+      c.experts.num_experts = static_cast<int64_t>(rows.size());
+      c.experts.slot_experts = std::move(rows);
+    }
+  }
   return c;
 }
 

@@ -82,6 +82,17 @@ ExpertExchange ExpertDispatcher::plan(std::span<const int32_t> expert_offsets,
       if (rows > 0) to[static_cast<size_t>(p)].push_back({e, first + b, rows});
     }
   }
+  // The receiver lays out each source's rows held-index by held-index: with vExpert slots that is
+  // slot order, not expert order.
+  if (!assignment.held_index.empty())
+    for (int p = 0; p < P; ++p) {
+      const std::vector<int32_t>& slot = assignment.held_index.at(static_cast<size_t>(p));
+      std::stable_sort(to[static_cast<size_t>(p)].begin(), to[static_cast<size_t>(p)].end(),
+                       [&](const Chunk& a, const Chunk& b) {
+                         return slot.at(static_cast<size_t>(a.expert)) <
+                                slot.at(static_cast<size_t>(b.expert));
+                       });
+    }
   Tensor mine = Tensor::empty({P, H}, DType::i64);
   int64_t* m = mine.data<int64_t>();
   std::fill_n(m, P * H, 0);
@@ -92,7 +103,11 @@ ExpertExchange ExpertDispatcher::plan(std::span<const int32_t> expert_offsets,
   int64_t next = 0;
   for (int p = 0; p < P; ++p)
     for (const Chunk& c : to[static_cast<size_t>(p)]) {
-      const int64_t h = placed_ ? c.expert : c.expert - p * H;  // held index on rank p
+      const int64_t h =  // held index on rank p
+          !assignment.held_index.empty()
+              ? assignment.held_index.at(static_cast<size_t>(p)).at(static_cast<size_t>(c.expert))
+          : placed_ ? c.expert
+                    : c.expert - p * H;
       MOE_CHECK(h >= 0 && h < H, "moe layer ", layer_, ": expert ", c.expert,
                 " is not held by rank ", p);
       m[p * H + h] += c.rows;

@@ -122,7 +122,7 @@ double GradSync::global_norm(const ParamSet& params,
       const int me = layout_.experts()->rank();
       for (size_t e = 0; e < layer.holders.size(); ++e)
         if (layer.holders[e].front() == me) {
-          const auto row = static_cast<int64_t>(e);
+          const int64_t row = layer.row[e];
           experts += ops::sum_squares(p->grad.rows(row, row + 1));
         }
       continue;
@@ -141,20 +141,30 @@ double GradSync::global_norm(const ParamSet& params,
 }
 
 void GradSync::set_expert_holders(std::span<Param* const> params,
-                                  const std::vector<std::vector<int32_t>>& holders) {
+                                  const std::vector<std::vector<int32_t>>& holders,
+                                  const std::vector<int32_t>& row) {
   comm::Communicator* group = layout_.experts();
   MOE_CHECK(group && group->size() == layout_.size(),
             "expert holders need one expert group spanning the world");
   MOE_CHECK(!params.empty(), "set_expert_holders: no parameters");
   const auto E = static_cast<int64_t>(holders.size());
+  MOE_CHECK(static_cast<int64_t>(row.size()) == E, "set_expert_holders: ", row.size(), " rows for ",
+            E, " experts");
   for (Param* p : params)
-    MOE_CHECK(p->expert && !p->shard.defined() && p->grad.dim(0) == E, "'", p->name,
-              "' is not a whole expert tensor of ", E, " experts");
+    for (int64_t e = 0; e < E; ++e) {
+      const std::vector<int32_t>& h = holders[static_cast<size_t>(e)];
+      const bool mine = std::binary_search(h.begin(), h.end(), group->rank());
+      const int32_t r = row[static_cast<size_t>(e)];
+      MOE_CHECK(p->expert && !p->shard.defined() && (mine ? r >= 0 && r < p->grad.dim(0) : r < 0),
+                "'", p->name, "': expert ", e, " at row ", r, " of ", p->grad.dim(0),
+                mine ? " (held here)" : " (not held here)");
+    }
   auto it = held_of_.find(params.front());
   size_t index = it != held_of_.end() ? it->second : held_.size();
-  if (index == held_.size()) held_.push_back({{params.begin(), params.end()}, {}});
+  if (index == held_.size()) held_.push_back({{params.begin(), params.end()}, {}, {}});
   for (Param* p : params) held_of_[p] = index;
   held_[index].holders = holders;
+  held_[index].row = row;
   const int me = group->rank();
   for (const std::vector<int32_t>& h : holders) {  // same order on every rank: split together
     MOE_CHECK(!h.empty() && std::is_sorted(h.begin(), h.end()),
@@ -167,15 +177,15 @@ void GradSync::set_expert_holders(std::span<Param* const> params,
 }
 
 // Layer by layer in the order they were set, expert by expert ascending: every rank meets the
-// groups it belongs to in the same relative order, so the all-reduces cannot deadlock. One
-// message per replicated expert: its rows of every tensor of the layer, packed.
+// groups it belongs to in the same relative order, so the collectives cannot deadlock. One
+// all-gather per replicated expert: its rows of every tensor of the layer, packed.
 void GradSync::reduce_held() {
   const int me = layout_.experts() ? layout_.experts()->rank() : 0;
   for (const HeldLayer& layer : held_)
     for (size_t e = 0; e < layer.holders.size(); ++e) {
       const std::vector<int32_t>& h = layer.holders[e];
       if (h.size() < 2 || !std::binary_search(h.begin(), h.end(), me)) continue;
-      const auto row = static_cast<int64_t>(e);
+      const int64_t row = layer.row[e];
       int64_t total = 0;
       for (const Param* p : layer.params) total += p->grad.numel() / p->grad.dim(0);
       Tensor packed = Tensor::empty({total}, DType::f32, layer.params.front()->grad.device());
@@ -185,7 +195,15 @@ void GradSync::reduce_held() {
         packed.rows(at, at + n).copy_from(p->grad.rows(row, row + 1).reshape({n}));
         at += n;
       }
-      groups_.at(h)->all_reduce(packed, comm::ReduceOp::sum);
+      // Every holder must end with the same bits (its replica's update is the others'), which an
+      // all-reduce does not promise for 3 or more ranks: gather the partial sums and add them in
+      // rank order on every holder.
+      comm::Communicator& replicas = *groups_.at(h);
+      Tensor partial = Tensor::empty({replicas.size() * total}, DType::f32, packed.device());
+      replicas.all_gather(packed, partial);
+      packed.copy_from(partial.rows(0, total));
+      for (int r = 1; r < replicas.size(); ++r)
+        ops::axpy(1.0f, partial.rows(r * total, (r + 1) * total), packed);
       at = 0;
       for (Param* p : layer.params) {
         const int64_t n = p->grad.numel() / p->grad.dim(0);

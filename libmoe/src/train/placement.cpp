@@ -102,6 +102,13 @@ balance::VExpertMap& FlexMoEPlacement::map_of(int64_t block, int64_t experts) {
   return it->second;
 }
 
+std::vector<int64_t> FlexMoEPlacement::held_rows(int64_t block, int64_t experts) const {
+  auto it = maps_.find(block);
+  MOE_CHECK(it != maps_.end() && it->second.experts() == experts, "block ", block,
+            " has no vExpert map of ", experts, " experts");
+  return slot_experts(it->second, group_.rank());
+}
+
 nn::ExpertAssignment FlexMoEPlacement::assign(int64_t block, const balance::TokenMatrix& tokens) {
   const auto E = static_cast<int64_t>(tokens.empty() ? 0 : tokens[0].size());
   const balance::VExpertMap& map = map_of(block, E);
@@ -115,6 +122,11 @@ nn::ExpertAssignment FlexMoEPlacement::assign(int64_t block, const balance::Toke
     for (int32_t d : a.replicas[static_cast<size_t>(e)])
       a.rows[static_cast<size_t>(e)].push_back(route.at(s, e, d));
   }
+  a.held_index.assign(static_cast<size_t>(map.ranks()), std::vector<int32_t>(E, -1));
+  for (int p = 0; p < map.ranks(); ++p)
+    for (int v = 0; v < map.slots_per_rank(); ++v)
+      if (const int32_t e = map.slot(p, v); e >= 0)
+        a.held_index[static_cast<size_t>(p)][static_cast<size_t>(e)] = v;
   return a;
 }
 
@@ -141,6 +153,7 @@ std::vector<Replan> FlexMoEPlacement::end_step(int64_t step) {
       r.balance_before = plan.balance.front();
       r.balance_after = plan.balance.back();
       r.adjustment_s = plan.adjustment_s;
+      r.slots_before = map.slots();
       map = plan.map;
       out.push_back(std::move(r));
     }
@@ -219,30 +232,116 @@ std::vector<Param*> expert_params(ParamSet& params, int64_t block) {
   return out;
 }
 
-void copy_expert(comm::Communicator& group, const std::vector<Param*>& params,
-                 const optim::AdamW& optimizer, int64_t expert, int from, int to) {
+int32_t slot_of(const balance::VExpertMap& map, int rank, int64_t expert) {
+  for (int v = 0; v < map.slots_per_rank(); ++v)
+    if (map.slot(rank, v) == expert) return v;
+  return -1;
+}
+
+std::vector<int64_t> slot_experts(const balance::VExpertMap& map, int rank) {
+  std::vector<int64_t> out;
+  for (int v = 0; v < map.slots_per_rank(); ++v) out.push_back(map.slot(rank, v));
+  return out;
+}
+
+std::vector<ExpertMove> plan_moves(const balance::VExpertMap& before,
+                                   const balance::VExpertMap& after,
+                                   const std::vector<balance::PlanAction>& actions) {
+  std::vector<ExpertMove> moves;
+  for (int64_t e = 0; e < after.experts(); ++e)
+    for (int to = 0; to < after.ranks(); ++to) {
+      if (!after.holds(to, e) || before.holds(to, e)) continue;
+      const std::vector<int32_t> sources = before.holders(e);
+      int from = sources.front();
+      for (const balance::PlanAction& a : actions)
+        if (a.kind == balance::PlanAction::Kind::expand && a.expert == e && a.rank == to &&
+            before.holds(a.from, e))
+          from = a.from;
+      moves.push_back({e, from, slot_of(before, from, e), to, slot_of(after, to, e)});
+    }
+  return moves;
+}
+
+// The tensors of `p` that hold per-slot state: the value, its fp32 master when that is another
+// tensor, Adam's m and v.
+static std::vector<Tensor> state_tensors(const Param& p, const optim::AdamW& optimizer) {
+  const optim::AdamW::ParamState state = optimizer.state_of(p);
+  std::vector<Tensor> out{p.value};
+  if (state.master.raw() != p.value.raw()) out.push_back(state.master);
+  out.push_back(state.m);
+  out.push_back(state.v);
+  return out;
+}
+
+void move_experts(comm::Communicator& group, const std::vector<Param*>& params,
+                  const optim::AdamW& optimizer, const std::vector<ExpertMove>& moves) {
   const int me = group.rank();
-  if (me != from && me != to) return;
-  MOE_CHECK(from != to && from >= 0 && to >= 0 && from < group.size() && to < group.size(),
-            "copy of expert ", expert, " from rank ", from, " to rank ", to, " of ", group.size());
-  constexpr int kTag = 0x4d4f;  // every copy of a pair in order: MPI keeps one tag's order
-  std::vector<Tensor> rows;
-  for (Param* p : params) {
+  constexpr int kTag = 0x4d4f;  // one tag: MPI keeps a pair's messages in posting order
+  std::vector<std::vector<Tensor>> tensors;
+  for (const Param* p : params) {
     MOE_CHECK(p->value.device().kind == Device::cpu || group.name() == "nccl",
-              "copying expert state on ", p->value.device().str(), " needs NCCL");
-    rows.push_back(p->value.rows(expert, expert + 1));
-    const optim::AdamW::ParamState state = optimizer.state_of(*p);
-    if (state.master.raw() != p->value.raw()) rows.push_back(state.master.rows(expert, expert + 1));
-    rows.push_back(state.m.rows(expert, expert + 1));
-    rows.push_back(state.v.rows(expert, expert + 1));
+              "moving expert state on ", p->value.device().str(), " needs NCCL");
+    tensors.push_back(state_tensors(*p, optimizer));
   }
   std::vector<comm::Request> requests;
-  requests.reserve(rows.size());
-  for (Tensor& t : rows)
-    requests.push_back(me == from ? group.isend(t, to, kTag) : group.irecv(t, from, kTag));
-  comm::wait_all(requests);
-  if (me == to)
+  std::vector<std::pair<Tensor, Tensor>> arrivals;  // (received row, its slot)
+  for (const ExpertMove& m : moves) {               // the same order on every rank
+    MOE_CHECK(m.from != m.to && m.from_row >= 0 && m.to_row >= 0, "expert ", m.expert,
+              ": a move from rank ", m.from, " row ", m.from_row, " to rank ", m.to, " row ",
+              m.to_row);
+    if (me != m.from && me != m.to) continue;
+    for (std::vector<Tensor>& list : tensors)
+      for (Tensor& t : list) {
+        if (me == m.from) {
+          requests.push_back(group.isend(t.rows(m.from_row, m.from_row + 1), m.to, kTag));
+        } else {
+          Tensor row = Tensor::empty(t.rows(m.to_row, m.to_row + 1).shape(), t.dtype(), t.device());
+          requests.push_back(group.irecv(row, m.from, kTag));
+          arrivals.emplace_back(row, t.rows(m.to_row, m.to_row + 1));
+        }
+      }
+  }
+  comm::wait_all(requests);  // every source read before any slot below is written
+  for (auto& [row, slot] : arrivals) slot.copy_from(row);
+  if (!arrivals.empty())
     for (Param* p : params) p->refresh_compute();
+}
+
+Tensor gather_experts(comm::Communicator& group, const Tensor& slots,
+                      const balance::VExpertMap& map, int root) {
+  const int me = group.rank();
+  constexpr int kTag = 0x4d50;
+  Shape shape = slots.shape();
+  shape[0] = map.experts();
+  Tensor logical = me == root ? Tensor::empty(shape, slots.dtype(), slots.device()) : Tensor();
+  std::vector<comm::Request> requests;
+  for (int64_t e = 0; e < map.experts(); ++e) {
+    const int from = map.holders(e).front();
+    const int32_t row = slot_of(map, from, e);
+    if (me == root && from == root)
+      logical.rows(e, e + 1).copy_from(slots.rows(row, row + 1));
+    else if (me == root) {
+      Tensor into = logical.rows(e, e + 1);  // a view: the request keeps the storage alive
+      requests.push_back(group.irecv(into, from, kTag));
+    } else if (me == from)
+      requests.push_back(group.isend(slots.rows(row, row + 1), root, kTag));
+  }
+  comm::wait_all(requests);
+  return logical;
+}
+
+Tensor take_slots(const Tensor& logical, const std::vector<int64_t>& slot_experts) {
+  Shape shape = logical.shape();
+  shape[0] = static_cast<int64_t>(slot_experts.size());
+  Tensor out = Tensor::zeros(shape, logical.dtype());
+  for (size_t v = 0; v < slot_experts.size(); ++v) {
+    const int64_t e = slot_experts[v];
+    if (e < 0) continue;
+    MOE_CHECK(e < logical.dim(0), "slot of expert ", e, " of ", logical.dim(0));
+    const auto row = static_cast<int64_t>(v);
+    out.rows(row, row + 1).copy_from(logical.rows(e, e + 1));
+  }
+  return out;
 }
 
 // ---- reports ----------------------------------------------------------------------------------

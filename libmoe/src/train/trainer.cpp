@@ -105,8 +105,14 @@ static void check_training_memory(const ModelConfig& config, const TrainConfig& 
                                   int world_size) {
   const double ranks = double(world_size), ep = double(std::max<int64_t>(train.ep, 1));
   // Offloaded experts are the store's to budget (TieredStore::start checks its tiers).
-  // Under --placement lpt/flexmoe every rank holds every expert.
-  const double experts = train.offload != "none" ? 0 : train.placement == "static" ? 1 / ep : 1;
+  // lpt: every rank holds every expert; flexmoe: V slots of each layer's E.
+  const double E = double(std::max<int64_t>(config.experts, 1));
+  const double slots =
+      train.vexperts_per_rank > 0 ? double(train.vexperts_per_rank) : std::ceil(E / ep) + 1;
+  const double experts = train.offload != "none"        ? 0
+                         : train.placement == "static"  ? 1 / ep
+                         : train.placement == "flexmoe" ? std::min(1.0, slots / E)
+                                                        : 1;
   const double params =
       parameter_lower_bound(config, experts, train.shard_embedding ? 1 / ranks : 1);
   const double state = params * double(2 * dtype_size(config.dtype) + 8);
@@ -262,69 +268,57 @@ const std::map<int64_t, balance::VExpertMap>* Trainer::vexpert_maps() const {
   return flex ? &flex->maps() : nullptr;
 }
 
-// Tells the gradient sync each expert's holders (collective: the same maps on every rank).
+// Tells the gradient sync each expert's holders and this rank's slot of it (collective: the same
+// maps on every rank).
 void Trainer::sync_holders() {
   const auto* maps = vexpert_maps();
   if (!maps) return;
+  const int me = layout_->experts()->rank();
   for (const auto& [block, map] : *maps) {
     std::vector<std::vector<int32_t>> holders;
-    for (int64_t e = 0; e < map.experts(); ++e) holders.push_back(map.holders(e));
-    grad_sync_->set_expert_holders(expert_params(*params_, block), holders);
+    std::vector<int32_t> rows;
+    for (int64_t e = 0; e < map.experts(); ++e) {
+      holders.push_back(map.holders(e));
+      rows.push_back(slot_of(map, me, e));
+    }
+    grad_sync_->set_expert_holders(expert_params(*params_, block), holders, rows);
   }
 }
 
-// Expand copies the expert's parameters and Adam state to the new holder, one action after
-// another; Shrink and Migrate move nothing (the dropped copy goes stale). The greedy planner can
-// add a replica and drop it again within one plan: only replicas the final map keeps are copied,
-// each from a rank whose copy is current at that point (a holder when the plan began, or one that
-// received a copy before), the planned source when it is one.
+// Every replica a plan adds gets the expert's parameters and Adam state from a rank that held it
+// before the plan (move_experts); Shrink and Migrate only free slots.
 void Trainer::apply_replans(const std::vector<Replan>& replans) {
-  comm::Communicator& group = *layout_->experts();
   const auto& maps = *vexpert_maps();
   for (const Replan& r : replans) {
-    const balance::VExpertMap& final_map = maps.at(r.block);
-    const std::vector<Param*> params = expert_params(*params_, r.block);
-    std::map<int64_t, std::set<int>> current;  // expert -> ranks whose copy is current
-    for (const balance::PlanAction& a : r.actions)  // the holders when the plan began
-      if (!current.count(a.expert)) {
-        std::vector<int32_t> now = final_map.holders(a.expert);
-        std::set<int>& c = current[a.expert];
-        c.insert(now.begin(), now.end());
-        for (auto it = r.actions.rbegin(); it != r.actions.rend(); ++it)  // undo, last first
-          if (it->expert == a.expert) {
-            if (it->kind == balance::PlanAction::Kind::expand)
-              c.erase(it->rank);
-            else
-              c.insert(it->rank);
-          }
-      }
-    for (const balance::PlanAction& a : r.actions) {
-      if (a.kind != balance::PlanAction::Kind::expand || !final_map.holds(a.rank, a.expert))
-        continue;
-      std::set<int>& c = current[a.expert];
-      if (c.count(a.rank)) continue;  // dropped and added back: its copy never went stale
-      const int from = c.count(a.from) ? a.from : *c.begin();
-      copy_expert(group, params, *optimizer_, a.expert, from, a.rank);
-      c.insert(a.rank);
-    }
+    const balance::VExpertMap& after = maps.at(r.block);
+    const balance::VExpertMap before = balance::VExpertMap::from_slots(
+        after.ranks(), after.slots_per_rank(), after.experts(), r.slots_before);
+    move_experts(*layout_->experts(), expert_params(*params_, r.block), *optimizer_,
+                 plan_moves(before, after, r.actions));
   }
   sync_holders();
 }
 
-void Trainer::bring_experts_current(int rank) const {
+std::map<std::string, Tensor> Trainer::logical_experts(int root) const {
+  std::map<std::string, Tensor> out;
   const auto* maps = vexpert_maps();
-  if (!maps) return;
+  if (!maps) return out;
   comm::Communicator& group = *layout_->experts();
-  for (const auto& [block, map] : *maps) {
-    const std::vector<Param*> params = expert_params(*params_, block);
-    for (int64_t e = 0; e < map.experts(); ++e)
-      for (int to = 0; to < group.size(); ++to)
-        if ((rank < 0 || to == rank) && !map.holds(to, e))
-          copy_expert(group, params, *optimizer_, e, map.holders(e).front(), to);
-  }
+  const std::vector<StateTensor> state = optimizer_state();
+  for (const auto& [block, map] : *maps)
+    for (Param* p : expert_params(*params_, block)) {
+      std::vector<std::pair<std::string, Tensor>> tensors{{p->name, p->value}};
+      for (const StateTensor& t : state)
+        if (t.param == p) tensors.emplace_back(t.tensor.name, t.tensor.tensor);
+      for (const auto& [name, slots] : tensors)
+        for (int r = 0; r < group.size(); ++r)
+          if (root < 0 || r == root) {
+            Tensor whole = gather_experts(group, slots, map, r);
+            if (r == group.rank()) out[name] = whole;
+          }
+    }
+  return out;
 }
-
-void Trainer::synchronize_experts() { bring_experts_current(-1); }
 
 // Adds micro-batch `f` of a step's `micro` to the step's statistics: losses weighted 1/micro
 // (a mean over equal micro-batches), counts summed, routing concatenated in token order.

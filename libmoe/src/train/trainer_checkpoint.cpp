@@ -38,24 +38,35 @@ void Trainer::restore(const io::Checkpoint& ckpt) {
   if (ckpt.sharding.rank >= 0)
     throw Error(str("this checkpoint file is rank ", ckpt.sharding.rank,
                     "'s shard of a sharded checkpoint: resume from its directory"));
-  if (!sharded()) {
+  restore_placement(ckpt);  // flexmoe: the maps say which experts this rank's slots hold
+  const auto* maps = vexpert_maps();
+  if (!sharded() && !maps) {
     load_tensors(ckpt);
     return;
   }
   // A whole checkpoint (one process, data parallel, a placed run, or a sharded directory of
   // another layout merged in memory: every logical tensor once) resumes a sharded run too: each
-  // rank takes its slice of every sliced parameter and of its optimizer tensors.
+  // rank takes its slice of every sliced parameter and of its optimizer tensors, and under
+  // flexmoe the rows of its vExpert slots.
+  std::map<const Param*, std::vector<int64_t>> slots;  // flexmoe: slot tensor -> its experts
+  if (maps)
+    for (const auto& [block, map] : *maps)
+      for (const Param* p : expert_params(*params_, block))
+        slots[p] = slot_experts(map, layout_->experts()->rank());
   std::map<std::string, const Param*> param_of_state;  // optimizer tensor name -> its parameter
   for (const StateTensor& t : optimizer_state()) param_of_state[t.tensor.name] = t.param;
   auto cut = [&](const io::NamedTensor& nt, const Param* p) {
-    if (!p || !p->shard.defined()) return nt;
-    MOE_CHECK(!nt.streamed() && nt.shape() == p->shard.global, "resume: '", nt.name, "' ",
-              shape_str(nt.shape()), " is not the whole tensor ", shape_str(p->shard.global),
-              " this rank takes a slice of");
-    io::NamedTensor slice = nt;
-    slice.tensor = io::slice_dim(nt.tensor, p->shard.dim, p->shard.start, p->shard.count);
-    slice.shard = p->shard;
-    return slice;
+    if (!p || (!p->shard.defined() && !slots.count(p))) return nt;
+    const Shape whole = p->shard.defined() ? p->shard.global : nt.shape();
+    MOE_CHECK(!nt.streamed() && nt.shape() == whole && (p->shard.defined() || !whole.empty()),
+              "resume: '", nt.name, "' ", shape_str(nt.shape()), " is not the whole tensor ",
+              shape_str(whole), " this rank takes a part of");
+    io::NamedTensor part = nt;
+    part.tensor = p->shard.defined()
+                      ? io::slice_dim(nt.tensor, p->shard.dim, p->shard.start, p->shard.count)
+                      : take_slots(nt.tensor, slots.at(p));
+    part.shard = p->shard;
+    return part;
   };
   io::Checkpoint mine;
   mine.state = ckpt.state;
@@ -155,13 +166,6 @@ void Trainer::load_tensors(const io::Checkpoint& ckpt) {
     if (!nt.streamed()) state.push_back({nt.name, nt.tensor, nt.expert});
   optimizer_->load_state(state, ckpt.state.step);
   step_ = ckpt.state.step;
-  if (placement_) {
-    const std::string note = placement_->load_state(
-        ckpt.train_config.is_object() ? ckpt.train_config.value("placement_state", nlohmann::json())
-                                      : nlohmann::json());
-    if (!note.empty()) MOE_LOG_WARN("resume: ", note);
-    sync_holders();  // every rank read every expert: all current, whatever the maps say
-  }
   tokens_seen_ = ckpt.state.tokens_seen;
   sampler_->set_cursor(ckpt.state.data_cursor);
 }
@@ -189,7 +193,7 @@ void Trainer::restore(const std::string& path) {
   // whole checkpoint (as moe-convert merge does; each rank then holds the whole model once, for
   // the time of the restore) and resumes from that, which fits any layout.
   if (layout.rank != 0 || layout.world_size != world_size() || layout.ep_size != train_.ep ||
-      layout.shard_embedding != train_.shard_embedding || !sharded() ||
+      layout.shard_embedding != train_.shard_embedding || !sharded() || vexpert_maps() ||
       (!layout.expert_rank.empty() && layout.expert_rank != contiguous)) {
     MOE_LOG_INFO("resume: '", path, "' was written by ",
                  layout_text(layout.world_size, layout.ep_size, layout.shard_embedding),
@@ -336,6 +340,9 @@ io::Checkpoint Trainer::checkpoint(bool stream) const {
       c.params.push_back({p->name, p->value, p->expert, p->shard});
   }
   for (StateTensor& t : optimizer_state()) c.optim.push_back(std::move(t.tensor));
+  for (std::vector<io::NamedTensor>* group : {&c.params, &c.optim})
+    for (io::NamedTensor& nt : *group)
+      if (auto it = logical_.find(nt.name); it != logical_.end()) nt.tensor = it->second;
   if (!stream)
     for (std::vector<io::NamedTensor>* group : {&c.params, &c.optim})
       for (io::NamedTensor& nt : *group) {
@@ -350,14 +357,33 @@ io::Checkpoint Trainer::checkpoint(bool stream) const {
   return c;
 }
 
-io::Checkpoint Trainer::snapshot() const { return checkpoint(/*stream=*/false); }
+io::Checkpoint Trainer::snapshot() const {
+  logical_ = logical_experts(-1);  // flexmoe: the slots gathered into logical experts
+  io::Checkpoint c = checkpoint(/*stream=*/false);
+  logical_.clear();
+  return c;
+}
+
+void Trainer::restore_placement(const io::Checkpoint& ckpt) {
+  if (!placement_) return;
+  const std::string note = placement_->load_state(
+      ckpt.train_config.is_object() ? ckpt.train_config.value("placement_state", nlohmann::json())
+                                    : nlohmann::json());
+  if (!note.empty() && rank() == 0) MOE_LOG_WARN("resume: ", note);
+  sync_holders();
+}
 
 std::string Trainer::save(const std::string& dir) const {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw Error(str("cannot create output directory '", dir, "': ", ec.message()));
-  bring_experts_current(0);  // flexmoe: rank 0 writes every expert, and holds only some
+  // flexmoe: rank 0 writes every logical expert, gathered from the ranks' slots.
+  logical_ = logical_experts(0);
+  struct Clear {
+    std::map<std::string, Tensor>& logical;
+    ~Clear() { logical.clear(); }
+  } clear{logical_};
   if (sharded()) return save_sharded(dir);
   const io::CheckpointDir run(dir);
   const fs::path path = run.step(step_);

@@ -30,6 +30,10 @@ struct ExpertAssignment {
   // rows of e go to replicas[e][j], taken in replica order as contiguous chunks; they sum to this
   // rank's rows of e. Empty: the even chunking above. Per rank, unlike `replicas`.
   std::vector<std::vector<int64_t>> rows;
+  // Optional (FlexMoE's vExpert slots): held_index[p][e] is the row of rank p's expert tensors
+  // that holds expert e (-1: p does not hold it). Empty: rank p stores every expert in expert
+  // order (placed) or its contiguous share (static).
+  std::vector<std::vector<int32_t>> held_index;
 
   // The static layout of plain expert parallelism: expert e on rank e / (E/P).
   static ExpertAssignment contiguous(int64_t experts, int ranks);

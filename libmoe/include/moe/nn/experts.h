@@ -23,6 +23,10 @@ struct ExpertsConfig {
   // layer of global_experts (0 = num_experts: all of them). Parameters are then ParamShards of the
   // [global_experts, ...] tensors, with the single-process initial values.
   int64_t global_experts = 0, first_expert = 0;
+  // FlexMoE's vExpert slots (training with --placement flexmoe): num_experts slots, slot i
+  // starting as logical expert slot_experts[i] of global_experts (-1: empty). Parameters are then
+  // [num_experts, ...] tensors made by ParamSet::add_rows.
+  std::vector<int64_t> slot_experts = {};
 };
 
 // Params (ParamSet::add(..., expert=true)): prefix.w1 [E,F,D], prefix.w2 [E,D,F],

@@ -19,6 +19,7 @@ namespace moe::nn {
 struct MoEConfig {
   RouterConfig router;  // router.num_experts == experts.num_experts, d_model equal
   ExpertsConfig experts;
+  int64_t block = -1;  // the block's index in the model (a placement policy's key; -1: none)
 };
 
 struct MoEStats {

@@ -29,6 +29,15 @@ class PlacementPolicy {
   // assignment on every rank of the group.
   virtual ExpertAssignment place(int64_t block, const Tensor& topk_idx,
                                  const std::vector<int32_t>& tokens_per_expert) = 0;
+  // The experts whose state this rank stores for block `block` of `experts`, one per row of the
+  // layer's expert tensors (FlexMoE's vExpert slots; -1: an empty slot), when the policy keeps
+  // only some; empty (the default): every rank stores all E in expert order. Then place() must
+  // give ExpertAssignment::held_index.
+  virtual std::vector<int64_t> held_rows(int64_t block, int64_t experts) const {
+    (void)block;
+    (void)experts;
+    return {};
+  }
 };
 
 }  // namespace moe::nn

@@ -53,13 +53,15 @@ class GradSync {
   void to(Device device);
 
   // FlexMoE's replicas (--placement flexmoe, one expert group = the world): `params` are one MoE
-  // layer's whole expert tensors ([E, ...]) and holders[e] the ranks (ascending) whose copy of
-  // expert e is current and computes its rows. From now on their gradients sum over each
-  // expert's holders only (no message for an expert with one holder), and the norm counts each
-  // expert once (on its first holder). Collective over the expert group: every rank calls it
-  // with the same holders, in the same order; a replica group not seen before is split off then.
+  // layer's expert tensors on this rank (its vExpert slots, [V, ...]), holders[e] the ranks
+  // (ascending) holding a replica of expert e, and row[e] the row of `params` holding it here
+  // (-1: not held here). From now on their gradients sum over each expert's holders only (no
+  // message for an expert with one holder), and the norm counts each expert once (on its first
+  // holder). Collective over the expert group: every rank calls it with the same holders, in the
+  // same order; a replica group not seen before is split off then.
   void set_expert_holders(std::span<Param* const> params,
-                          const std::vector<std::vector<int32_t>>& holders);
+                          const std::vector<std::vector<int32_t>>& holders,
+                          const std::vector<int32_t>& row);
 
  private:
   void submit(int group, int64_t elements);  // the next packed elements, to the scheduler
@@ -68,6 +70,7 @@ class GradSync {
   struct HeldLayer {
     std::vector<Param*> params;
     std::vector<std::vector<int32_t>> holders;  // [E]
+    std::vector<int32_t> row;                   // [E] this rank's row of each expert, or -1
   };
   std::vector<HeldLayer> held_;             // in the order first set: the reduction order
   std::map<const Param*, size_t> held_of_;  // param -> its layer in held_

@@ -11,17 +11,15 @@
 //            --replan-every steps the greedy policy maker (balance::make_plan) expands, shrinks
 //            and migrates replicas by the cost model while the balance ratio is above threshold.
 //
-// Every rank of the group has storage for every expert's state ([E, ...] tensors), and computes
-// the rows the policy sends it.
-//   lpt:     the trainer sums the expert gradients over the world like dense ones, so every rank
-//            keeps every expert current (ES-MoE's ranks share one host store; an expert can go to
-//            any rank in the next batch).
-//   flexmoe: only an expert's holders keep it current. Its gradient sums over its holders
-//            (parallel::GradSync::set_expert_holders, ascending expert id), Expand copies the
-//            parameters and Adam state from a holder to the new one (copy_expert), Shrink and
-//            Migrate drop a replica (its copy goes stale), and before a checkpoint the writer
-//            receives the current copy of every expert it does not hold. The model computed is
-//            the static one's, up to float summation order.
+//   lpt:     every rank stores every expert ([E, ...] tensors) and the trainer sums the expert
+//            gradients over the world like dense ones, so every rank keeps every expert current
+//            (ES-MoE's ranks share one host store; an expert can go to any rank next batch).
+//   flexmoe: a rank stores its V vExpert slots ([V, ...] tensors, held_rows()). An expert's
+//            gradient sums over its holders (parallel::GradSync::set_expert_holders, ascending
+//            expert id), Expand copies the parameters and Adam state from a holder into the new
+//            slot (move_experts), Shrink and Migrate free a slot, and a checkpoint gathers every
+//            logical expert from its first holder (gather_experts). The model computed is the
+//            static one's, up to float summation order.
 //
 // Every rank calls place() in the same order (once per MoE layer and pass; it all-gathers the
 // group's token counts) and computes the same assignment from the same integers.
@@ -60,6 +58,7 @@ struct Replan {
   double predicted_before_s = 0, predicted_after_s = 0;  // the cost model's step of the layer
   double balance_before = 0, balance_after = 0;          // max/mean rank tokens (eq. 6)
   double adjustment_s = 0;                               // the actions' predicted copy time
+  std::vector<int32_t> slots_before;                     // the layer's map before (its slots)
 };
 std::string describe(const Replan& replan);  // one line: what moved, predicted times
 nlohmann::json to_json(const Replan& replan);
@@ -129,6 +128,7 @@ class FlexMoEPlacement final : public TrainingPlacement {
   FlexMoEPlacement(const PlacementConfig& config, comm::Communicator& group,
                    const std::map<int64_t, int64_t>& experts);
   std::vector<Replan> end_step(int64_t step) override;
+  std::vector<int64_t> held_rows(int64_t block, int64_t experts) const override;
   nlohmann::json state() const override;
   std::string load_state(const nlohmann::json& state) override;
   const std::map<int64_t, balance::VExpertMap>& maps() const { return maps_; }
@@ -142,10 +142,35 @@ class FlexMoEPlacement final : public TrainingPlacement {
 
 // The expert tensors of MoE block `block` ("blocks.B.moe.experts.*", in ParamSet order).
 std::vector<Param*> expert_params(ParamSet& params, int64_t block);
-// Copies expert e's rows of `params` (values, and their fp32 master, Adam m and v) from rank
-// `from` to rank `to` of `group` (point to point; other ranks return at once). The receiver's
-// compute copies are refreshed.
-void copy_expert(comm::Communicator& group, const std::vector<Param*>& params,
-                 const optim::AdamW& optimizer, int64_t expert, int from, int to);
+
+// The slot (row of its expert tensors) holding `expert` on `rank`, -1 when it holds none; and a
+// rank's slots as held_rows gives them.
+int32_t slot_of(const balance::VExpertMap& map, int rank, int64_t expert);
+std::vector<int64_t> slot_experts(const balance::VExpertMap& map, int rank);
+
+// One replica's state to copy at a replan: expert `expert` from row `from_row` of rank `from`'s
+// expert tensors to row `to_row` of rank `to`'s.
+struct ExpertMove {
+  int64_t expert;
+  int from, from_row, to, to_row;
+};
+// The copies that take map `before` to `after`: one per replica `after` holds and `before` did
+// not, from a rank holding the expert in `before` (the planned source of its Expand when that is
+// one, else the lowest), in expert then rank order.
+std::vector<ExpertMove> plan_moves(const balance::VExpertMap& before,
+                                   const balance::VExpertMap& after,
+                                   const std::vector<balance::PlanAction>& actions);
+// Runs `moves` for `params` (values, fp32 masters, Adam m and v) over `group`: every source row
+// is sent before any row is written (a slot freed and refilled by one plan is read first), then
+// the receivers copy into their slots and refresh the compute copies. Collective for the ranks
+// named in moves; every rank passes the same list.
+void move_experts(comm::Communicator& group, const std::vector<Param*>& params,
+                  const optim::AdamW& optimizer, const std::vector<ExpertMove>& moves);
+// The logical [E, ...] tensor of a slot tensor ([V, ...] on every rank, rows by `map`), each
+// expert from its first holder, on `root` (undefined elsewhere). Collective over `group`.
+Tensor gather_experts(comm::Communicator& group, const Tensor& slots,
+                      const balance::VExpertMap& map, int root);
+// This rank's slot rows of a logical [E, ...] tensor (zeros for an empty slot).
+Tensor take_slots(const Tensor& logical, const std::vector<int64_t>& slot_experts);
 
 }  // namespace moe::train

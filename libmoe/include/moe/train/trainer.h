@@ -197,9 +197,10 @@ class Trainer {
   const offload::TieredStore* expert_store() const { return store_.get(); }
   // The --placement policy (null: static); tests set its cost model.
   TrainingPlacement* placement() { return placement_.get(); }
-  // --placement flexmoe keeps an expert current only on its holders; this brings every rank's
-  // copy of every expert current (collective; save() does it for the rank that writes).
-  void synchronize_experts();
+  // --placement flexmoe: each logical expert tensor ([E, ...]: values and their optimizer
+  // tensors, by name) gathered from the ranks' vExpert slots, on `root` (-1: every rank); empty
+  // otherwise. Collective over the expert group.
+  std::map<std::string, Tensor> logical_experts(int root) const;
   // --placement flexmoe: the start-up profile of the expert group (its model drives the replans
   // unless a resumed checkpoint brought the one its run measured).
   const balance::CostProfile& placement_profile() const { return placement_profile_; }
@@ -238,12 +239,15 @@ class Trainer {
   std::unique_ptr<io::BatchSampler> sampler_;
   void setup_parallel(const ModelConfig& config, Device device);
   // --placement flexmoe (moe/train/placement.h): the maps (null otherwise), the holders told to
-  // the gradient sync, a replan's state copies, and every expert's current copy brought to
-  // `rank` (-1: every rank) from its first holder. Collective over the expert group.
+  // the gradient sync, a replan's state copies (collective over the expert group), and the
+  // placement state of a checkpoint taken (then the holders again).
   const std::map<int64_t, balance::VExpertMap>* vexpert_maps() const;
   void sync_holders();
   void apply_replans(const std::vector<Replan>& replans);
-  void bring_experts_current(int rank) const;
+  void restore_placement(const io::Checkpoint& checkpoint);
+  // Logical expert tensors checkpoint() writes instead of the slots (flexmoe; set by save() and
+  // snapshot() for the call).
+  mutable std::map<std::string, Tensor> logical_;
   void reduce_stats(StepStats& s);
   std::string save_sharded(const std::string& dir) const;
   void load_tensors(const io::Checkpoint& checkpoint);  // parameters, optimizer, position
