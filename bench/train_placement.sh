@@ -9,7 +9,8 @@
 #   worst     the largest such per-step ratio
 #   step      median step_seconds (rank 0's) and its ratio to static's, with the medians of
 #             a2a_seconds and grad_sync_seconds: indicative only when the ranks share cores
-#   replans   replan actions logged (one per MoE layer replanned) and their predicted copy time
+#   replans   replan actions logged (one per MoE layer replanned), the state copies made and their
+#             copy time, predicted (state bytes / profiled bandwidth) and measured (rank 0)
 # and per flexmoe run a line with the replans' predicted layer step before -> after (the cost
 # model's), the balance before -> after, and the measured median step before -> after the
 # replan steps (the --replan-every steps on either side).
@@ -63,8 +64,9 @@ for n in ranks_list:
     print(f"{n} ranks (--ep {n}):")
     print()
     print("| placement | balance (median) | worst step | expert load (median) | step (median, ms) "
-          "| vs static | a2a (ms) | grad sync (ms) | replans | adjustment (ms) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| vs static | a2a (ms) | grad sync (ms) | replans | copies | adjustment predicted / "
+          "measured (ms) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     static_step = None
     if "static" in runs:
         static_step = statistics.median(s["step_seconds"] for s in runs["static"][0].values())
@@ -76,9 +78,11 @@ for n in ranks_list:
         a2a = statistics.median(s["a2a_seconds"] for s in steps.values())
         sync = statistics.median(s["grad_sync_seconds"] for s in steps.values())
         adjust = sum(r["adjustment_s"] for _, r in replans) * 1e3
+        measured = sum(r.get("measured_adjustment_s", 0) for _, r in replans) * 1e3
+        copies = sum(r.get("copies", 0) for _, r in replans)
         print(f"| {p} | {statistics.median(balance):.3f} | {max(balance):.3f} "
               f"| {statistics.median(expert):.2f} | {step * 1e3:.1f} | {vs} | {a2a * 1e3:.1f} "
-              f"| {sync * 1e3:.1f} | {len(replans)} | {adjust:.3f} |")
+              f"| {sync * 1e3:.1f} | {len(replans)} | {copies} | {adjust:.3f} / {measured:.3f} |")
     for p, (steps, replans) in runs.items():
         if not replans:
             continue

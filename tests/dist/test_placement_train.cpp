@@ -126,14 +126,21 @@ TEST_CASE("placement: flexmoe stores a rank's vExpert slots, and replicas stay e
       }
   };
   check_slots(true);  // empty slots start as zeros
-  int64_t expands = 0;
+  int64_t expands = 0, copies = 0;
   for (int i = 0; i < 4; ++i) {
-    for (const train::Replan& r : a.step().replans)
+    for (const train::Replan& r : a.step().replans) {
+      int64_t planned = 0;
       for (const balance::PlanAction& act : r.actions)
-        expands += act.kind == balance::PlanAction::Kind::expand;
+        planned += act.kind == balance::PlanAction::Kind::expand;
+      REQUIRE(r.copies <= planned);  // at most one per Expand, none for a replica dropped again
+      REQUIRE(r.measured_adjustment_s >= 0);
+      expands += planned;
+      copies += r.copies;
+    }
     check_slots(false);
   }
   REQUIRE(expands > 0);
+  REQUIRE(copies > 0);
 }
 
 TEST_CASE("placement: flexmoe's maps are saved and restored with the checkpoint", "[dist]") {

@@ -375,7 +375,9 @@ std::string describe(const Replan& r) {
   }
   text += str(" balance ", fixed(r.balance_before, 2), " -> ", fixed(r.balance_after, 2),
               ", predicted layer step ", fixed(r.predicted_before_s * 1e3, 3), " -> ",
-              fixed(r.predicted_after_s * 1e3, 3), " ms");
+              fixed(r.predicted_after_s * 1e3, 3), " ms; ", r.copies,
+              r.copies == 1 ? " copy" : " copies", " in ", fixed(r.measured_adjustment_s * 1e3, 3),
+              " ms (predicted ", fixed(r.adjustment_s * 1e3, 3), ")");
   return text;
 }
 
@@ -393,7 +395,9 @@ nlohmann::json to_json(const Replan& r) {
           {"predicted_after_s", r.predicted_after_s},
           {"balance_before", r.balance_before},
           {"balance_after", r.balance_after},
-          {"adjustment_s", r.adjustment_s}};
+          {"adjustment_s", r.adjustment_s},
+          {"copies", r.copies},
+          {"measured_adjustment_s", r.measured_adjustment_s}};
 }
 
 }  // namespace moe::train

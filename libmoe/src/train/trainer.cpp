@@ -287,14 +287,17 @@ void Trainer::sync_holders() {
 
 // Every replica a plan adds gets the expert's parameters and Adam state from a rank that held it
 // before the plan (move_experts); Shrink and Migrate only free slots.
-void Trainer::apply_replans(const std::vector<Replan>& replans) {
+void Trainer::apply_replans(std::vector<Replan>& replans) {
   const auto& maps = *vexpert_maps();
-  for (const Replan& r : replans) {
+  for (Replan& r : replans) {
+    Timer timer;
     const balance::VExpertMap& after = maps.at(r.block);
     const balance::VExpertMap before = balance::VExpertMap::from_slots(
         after.ranks(), after.slots_per_rank(), after.experts(), r.slots_before);
-    move_experts(*layout_->experts(), expert_params(*params_, r.block), *optimizer_,
-                 plan_moves(before, after, r.actions));
+    const std::vector<ExpertMove> moves = plan_moves(before, after, r.actions);
+    move_experts(*layout_->experts(), expert_params(*params_, r.block), *optimizer_, moves);
+    r.copies = static_cast<int64_t>(moves.size());
+    r.measured_adjustment_s = timer.seconds();
   }
   sync_holders();
 }

@@ -58,7 +58,11 @@ struct Replan {
   double predicted_before_s = 0, predicted_after_s = 0;  // the cost model's step of the layer
   double balance_before = 0, balance_after = 0;          // max/mean rank tokens (eq. 6)
   double adjustment_s = 0;                               // the actions' predicted copy time
-  std::vector<int32_t> slots_before;                     // the layer's map before (its slots)
+  // Filled by the trainer once the replicas moved: the state copies made (a replica added and
+  // dropped within the plan is not copied) and this rank's seconds in them.
+  int64_t copies = 0;
+  double measured_adjustment_s = 0;
+  std::vector<int32_t> slots_before;  // the layer's map before (its slots)
 };
 std::string describe(const Replan& replan);  // one line: what moved, predicted times
 nlohmann::json to_json(const Replan& replan);

@@ -243,7 +243,7 @@ class Trainer {
   // placement state of a checkpoint taken (then the holders again).
   const std::map<int64_t, balance::VExpertMap>* vexpert_maps() const;
   void sync_holders();
-  void apply_replans(const std::vector<Replan>& replans);
+  void apply_replans(std::vector<Replan>& replans);  // fills their copies and measured time
   void restore_placement(const io::Checkpoint& checkpoint);
   // Logical expert tensors checkpoint() writes instead of the slots (flexmoe; set by save() and
   // snapshot() for the call).
