@@ -1,4 +1,5 @@
 // moe-train: train an MoE transformer language model. All the work is libmoe's train::Trainer.
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -40,8 +41,9 @@ std::string join_loads(const std::vector<double>& v) {
 // ", measured 0.412 ms" for a replan of `block`: the step's slowest expert rank in that layer,
 // next to the cost model's prediction (for the step before the plan changed).
 std::string measured_text(const train::StepStats& s, const ModelConfig& model, int64_t block) {
-  size_t layer = 0;
-  for (int64_t i = 0; i < block; ++i) layer += model.is_moe_layer(i) ? 1 : 0;
+  const std::vector<int64_t> blocks = model.moe_blocks();
+  const auto layer =
+      static_cast<size_t>(std::find(blocks.begin(), blocks.end(), block) - blocks.begin());
   if (layer >= s.moe_seconds.size() || layer >= s.moe_predicted_seconds.size()) return {};
   return str(" (this step: predicted ", tools::fixed(s.moe_predicted_seconds[layer] * 1e3, 3),
              ", measured ", tools::fixed(s.moe_seconds[layer] * 1e3, 3), " ms)");

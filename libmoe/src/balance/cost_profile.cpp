@@ -345,6 +345,24 @@ nlohmann::json to_json(const CostModel& m) {
           {"state_bytes_per_expert", m.state_bytes_per_expert}};
 }
 
+CostModel cost_model_from_json(const nlohmann::json& j) {
+  try {
+    CostModel m;
+    m.gemm_tokens_per_s = j.at("gemm_tokens_per_s").get<std::vector<double>>();
+    for (const nlohmann::json& row : j.at("bandwidth_bytes_per_s")) {
+      const std::vector<double> r = row.get<std::vector<double>>();
+      m.bandwidth.insert(m.bandwidth.end(), r.begin(), r.end());
+    }
+    m.allreduce_bytes_per_s = j.at("allreduce_bytes_per_s").get<std::vector<double>>();
+    m.bytes_per_token = j.at("bytes_per_token").get<double>();
+    m.grad_bytes_per_expert = j.at("grad_bytes_per_expert").get<double>();
+    m.state_bytes_per_expert = j.at("state_bytes_per_expert").get<double>();
+    return m;
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(str("cost model: ", e.what()));
+  }
+}
+
 nlohmann::json to_json(const CostProfile& profile) {
   nlohmann::json j = to_json(profile.model);
   nlohmann::json points = nlohmann::json::array();

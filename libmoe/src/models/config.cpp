@@ -21,6 +21,13 @@ int64_t ModelConfig::num_moe_layers() const {
   return n;
 }
 
+std::vector<int64_t> ModelConfig::moe_blocks() const {
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < experts_per_layer.size(); ++i)
+    if (experts_per_layer[i] > 0) out.push_back(static_cast<int64_t>(i));
+  return out;
+}
+
 void ModelConfig::resolve() {
   MOE_USAGE_CHECK(layers >= 1, "--layers must be >= 1 (got ", layers, ")");
   MOE_USAGE_CHECK(moe_every >= 1, "--moe-every must be >= 1 (got ", moe_every, ")");

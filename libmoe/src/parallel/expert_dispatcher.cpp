@@ -45,11 +45,23 @@ ExpertExchange ExpertDispatcher::plan(std::span<const int32_t> expert_offsets,
   const int64_t H = held_;
   MOE_CHECK(static_cast<int64_t>(assignment.replicas.size()) == E, "moe layer ", layer_,
             ": placement for ", assignment.replicas.size(), " experts, the layer has ", E);
-  // Chunks per destination: (expert, first x_perm row, rows).
+  // Chunks per destination: (expert, its held index there, first x_perm row, rows).
   struct Chunk {
-    int64_t expert, begin, rows;
+    int64_t expert, held, begin, rows;
   };
   std::vector<std::vector<Chunk>> to(static_cast<size_t>(P));
+  auto send = [&](int32_t p, int64_t e, int64_t begin, int64_t rows) {
+    MOE_CHECK(p >= 0 && p < P && rows >= 0, "moe layer ", layer_, ": expert ", e, " sends ", rows,
+              " rows to rank ", p, " of ", P);
+    if (rows == 0) return;
+    const int64_t h =  // held index on rank p: its vExpert slot, e (placed), or its local expert
+        !assignment.held_index.empty()
+            ? assignment.held_index.at(static_cast<size_t>(p)).at(static_cast<size_t>(e))
+        : placed_ ? e
+                  : e - p * H;
+    MOE_CHECK(h >= 0 && h < H, "moe layer ", layer_, ": expert ", e, " is not held by rank ", p);
+    to[static_cast<size_t>(p)].push_back({e, h, begin, rows});
+  };
   for (int64_t e = 0; e < E; ++e) {
     const std::vector<int32_t>& reps = assignment.replicas[static_cast<size_t>(e)];
     const auto n = static_cast<int64_t>(reps.size());
@@ -62,37 +74,25 @@ ExpertExchange ExpertDispatcher::plan(std::span<const int32_t> expert_offsets,
                 " has ", n, " replicas but a split of ", split.size());
       int64_t b = 0;
       for (int64_t j = 0; j < n; ++j) {
-        const int32_t p = reps[static_cast<size_t>(j)];
-        const int64_t rows = split[static_cast<size_t>(j)];
-        MOE_CHECK(p >= 0 && p < P && rows >= 0, "moe layer ", layer_, ": expert ", e, " sends ",
-                  rows, " rows to rank ", p, " of ", P);
-        if (rows > 0) to[static_cast<size_t>(p)].push_back({e, first + b, rows});
-        b += rows;
+        send(reps[static_cast<size_t>(j)], e, first + b, split[static_cast<size_t>(j)]);
+        b += split[static_cast<size_t>(j)];
       }
       MOE_CHECK(b == count, "moe layer ", layer_, ": expert ", e, " split ", b,
                 " rows of this rank's ", count);
       continue;
     }
     for (int64_t j = 0; j < n; ++j) {
-      const int32_t p = reps[static_cast<size_t>((j + s) % n)];
-      MOE_CHECK(p >= 0 && p < P, "moe layer ", layer_, ": expert ", e, " placed on rank ", p,
-                " of ", P);
-      const int64_t b = balance::split_begin(count, n, j),
-                    rows = balance::split_begin(count, n, j + 1) - b;
-      if (rows > 0) to[static_cast<size_t>(p)].push_back({e, first + b, rows});
+      const int64_t b = balance::split_begin(count, n, j);
+      send(reps[static_cast<size_t>((j + s) % n)], e, first + b,
+           balance::split_begin(count, n, j + 1) - b);
     }
   }
-  // The receiver lays out each source's rows held-index by held-index: with vExpert slots that is
-  // slot order, not expert order.
-  if (!assignment.held_index.empty())
-    for (int p = 0; p < P; ++p) {
-      const std::vector<int32_t>& slot = assignment.held_index.at(static_cast<size_t>(p));
-      std::stable_sort(to[static_cast<size_t>(p)].begin(), to[static_cast<size_t>(p)].end(),
-                       [&](const Chunk& a, const Chunk& b) {
-                         return slot.at(static_cast<size_t>(a.expert)) <
-                                slot.at(static_cast<size_t>(b.expert));
-                       });
-    }
+  // The receiver lays out each source's rows held index by held index. Chunks were made in
+  // expert order, which is held order except with vExpert slots (a slot holds any expert).
+  auto by_held = [](const Chunk& a, const Chunk& b) { return a.held < b.held; };
+  for (std::vector<Chunk>& chunks : to)
+    if (!std::is_sorted(chunks.begin(), chunks.end(), by_held))
+      std::stable_sort(chunks.begin(), chunks.end(), by_held);
   Tensor mine = Tensor::empty({P, H}, DType::i64);
   int64_t* m = mine.data<int64_t>();
   std::fill_n(m, P * H, 0);
@@ -103,14 +103,7 @@ ExpertExchange ExpertDispatcher::plan(std::span<const int32_t> expert_offsets,
   int64_t next = 0;
   for (int p = 0; p < P; ++p)
     for (const Chunk& c : to[static_cast<size_t>(p)]) {
-      const int64_t h =  // held index on rank p
-          !assignment.held_index.empty()
-              ? assignment.held_index.at(static_cast<size_t>(p)).at(static_cast<size_t>(c.expert))
-          : placed_ ? c.expert
-                    : c.expert - p * H;
-      MOE_CHECK(h >= 0 && h < H, "moe layer ", layer_, ": expert ", c.expert,
-                " is not held by rank ", p);
-      m[p * H + h] += c.rows;
+      m[p * H + c.held] += c.rows;
       ex.send_counts[static_cast<size_t>(p)] += c.rows;
       identity = identity && c.begin == next;
       next = c.begin + c.rows;

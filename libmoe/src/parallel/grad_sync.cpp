@@ -9,12 +9,18 @@
 
 namespace moe::parallel {
 
-GradSync::GradSync(Layout& layout, const ParamSet& params) : layout_(layout) {
+GradSync::GradSync(Layout& layout, const ParamSet& params) : layout_(layout), params_(params) {
+  size_buffers(Device{});
+}
+
+// Each fused buffer holds the gradients of the parameters that reduce over its group.
+void GradSync::size_buffers(Device device) {
+  MOE_CHECK(fill_[0] == 0 && fill_[1] == 0, "gradient buffers resized while gradients are packed");
   int64_t sizes[2] = {0, 0};
-  for (const Param* p : params.all())
+  for (const Param* p : params_.all())
     if (reduce_of(*p) == Reduce::world || reduce_of(*p) == Reduce::replicas)
       sizes[static_cast<int>(reduce_of(*p))] += p->grad.numel();
-  for (int g = 0; g < 2; ++g) buffer_[g] = Tensor::empty({sizes[g]});
+  for (int g = 0; g < 2; ++g) buffer_[g] = Tensor::empty({sizes[g]}, DType::f32, device);
 }
 
 GradSync::Reduce GradSync::reduce_of(const Param& p) const {
@@ -161,8 +167,11 @@ void GradSync::set_expert_holders(std::span<Param* const> params,
     }
   auto it = held_of_.find(params.front());
   size_t index = it != held_of_.end() ? it->second : held_.size();
-  if (index == held_.size()) held_.push_back({{params.begin(), params.end()}, {}, {}});
-  for (Param* p : params) held_of_[p] = index;
+  if (index == held_.size()) {  // these no longer go through the world buffer
+    held_.push_back({{params.begin(), params.end()}, {}, {}});
+    for (Param* p : params) held_of_[p] = index;
+    size_buffers(buffer_[0].device());
+  }
   held_[index].holders = holders;
   held_[index].row = row;
   const int me = group->rank();
@@ -214,9 +223,6 @@ void GradSync::reduce_held() {
     }
 }
 
-void GradSync::to(Device device) {
-  for (Tensor& buffer : buffer_)
-    if (buffer.defined()) buffer = Tensor::empty(buffer.shape(), DType::f32, device);
-}
+void GradSync::to(Device device) { size_buffers(device); }
 
 }  // namespace moe::parallel

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "moe/balance/cost_profile.h"
 #include "moe/error.h"
 
 namespace moe::train {
@@ -168,14 +169,10 @@ nlohmann::json FlexMoEPlacement::state() const {
     layers[std::to_string(block)] = {{"experts", map.experts()},
                                      {"slots_per_rank", map.slots_per_rank()},
                                      {"slots", map.slots()}};
-  const balance::CostModel& c = cost_;
-  const nlohmann::json cost = {{"gemm_tokens_per_s", c.gemm_tokens_per_s},
-                               {"bandwidth", c.bandwidth},
-                               {"allreduce_bytes_per_s", c.allreduce_bytes_per_s},
-                               {"bytes_per_token", c.bytes_per_token},
-                               {"grad_bytes_per_expert", c.grad_bytes_per_expert},
-                               {"state_bytes_per_expert", c.state_bytes_per_expert}};
-  return {{"policy", "flexmoe"}, {"ranks", group_.size()}, {"layers", layers}, {"cost", cost}};
+  return {{"policy", "flexmoe"},
+          {"ranks", group_.size()},
+          {"layers", layers},
+          {"cost", balance::to_json(cost_)}};
 }
 
 std::string FlexMoEPlacement::load_state(const nlohmann::json& state) {
@@ -198,14 +195,7 @@ std::string FlexMoEPlacement::load_state(const nlohmann::json& state) {
                                         group_.size(), V, layer.at("experts").get<int64_t>(),
                                         layer.at("slots").get<std::vector<int32_t>>()));
     }
-    const nlohmann::json& j = state.at("cost");
-    balance::CostModel cost;
-    cost.gemm_tokens_per_s = j.at("gemm_tokens_per_s").get<std::vector<double>>();
-    cost.bandwidth = j.at("bandwidth").get<std::vector<double>>();
-    cost.allreduce_bytes_per_s = j.at("allreduce_bytes_per_s").get<std::vector<double>>();
-    cost.bytes_per_token = j.at("bytes_per_token").get<double>();
-    cost.grad_bytes_per_expert = j.at("grad_bytes_per_expert").get<double>();
-    cost.state_bytes_per_expert = j.at("state_bytes_per_expert").get<double>();
+    balance::CostModel cost = balance::cost_model_from_json(state.at("cost"));
     cost.validate(group_.size());
     for (const auto& [block, map] : maps_)
       if (!maps.count(block) || maps.at(block).experts() != map.experts())
@@ -213,9 +203,7 @@ std::string FlexMoEPlacement::load_state(const nlohmann::json& state) {
                    map.experts(), " experts: they start again from plain expert parallelism");
     maps_ = std::move(maps);
     cost_ = std::move(cost);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(str("checkpoint placement state: ", e.what()));
-  } catch (const std::exception& e) {  // a map that breaks VExpertMap's rules, a bad key
+  } catch (const std::exception& e) {  // bad JSON, a map that breaks VExpertMap's rules, a bad key
     throw Error(str("checkpoint placement state: ", e.what()));
   }
   return {};

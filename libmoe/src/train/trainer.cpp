@@ -245,20 +245,11 @@ void Trainer::setup_parallel(const ModelConfig& config, Device device) {
   if (world_size() > 1) parallel_ = nn::Parallel::of(*layout_);
   if (layout_->experts()) {
     std::map<int64_t, int64_t> experts_of_block;  // block -> its experts
-    for (int64_t i = 0; i < config.layers; ++i)
-      if (config.is_moe_layer(i))
-        experts_of_block[i] = config.experts_per_layer[static_cast<size_t>(i)];
+    for (int64_t block : config.moe_blocks())
+      experts_of_block[block] = config.experts_per_layer[static_cast<size_t>(block)];
     placement_ = TrainingPlacement::make(placement, *layout_->experts(), experts_of_block);
     parallel_.placement = placement_.get();
   }
-}
-
-// Block index of each MoE layer, in order.
-static std::vector<int64_t> moe_blocks(const ModelConfig& config) {
-  std::vector<int64_t> out;
-  for (int64_t i = 0; i < config.layers; ++i)
-    if (config.is_moe_layer(i)) out.push_back(i);
-  return out;
 }
 
 // ---- FlexMoE's replicas ------------------------------------------------------------------------
@@ -517,7 +508,7 @@ void Trainer::reduce_stats(StepStats& s) {
   if (comm::Communicator* group = layout_->experts()) {
     // Per MoE layer, from every expert rank: the rows it computed, and its seconds in the layer's
     // expert part (as bits).
-    const std::vector<int64_t> blocks = moe_blocks(model_->config());
+    const std::vector<int64_t> blocks = model_->config().moe_blocks();
     const auto L = static_cast<int64_t>(f.moe.size());
     const int P = group->size();
     const std::vector<double>& seconds = layout_->exchange_stats()->moe_seconds;

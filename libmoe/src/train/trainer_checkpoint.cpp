@@ -34,6 +34,12 @@ static std::string layout_text(int world, int64_t ep, bool shard_embedding) {
              shard_embedding ? " and --shard-embedding" : "");
 }
 
+std::map<std::string, const Param*> Trainer::params_of_optimizer_tensors() const {
+  std::map<std::string, const Param*> out;
+  for (const StateTensor& t : optimizer_state()) out[t.tensor.name] = t.param;
+  return out;
+}
+
 void Trainer::restore(const io::Checkpoint& ckpt) {
   if (ckpt.sharding.rank >= 0)
     throw Error(str("this checkpoint file is rank ", ckpt.sharding.rank,
@@ -53,8 +59,7 @@ void Trainer::restore(const io::Checkpoint& ckpt) {
     for (const auto& [block, map] : *maps)
       for (const Param* p : expert_params(*params_, block))
         slots[p] = slot_experts(map, layout_->experts()->rank());
-  std::map<std::string, const Param*> param_of_state;  // optimizer tensor name -> its parameter
-  for (const StateTensor& t : optimizer_state()) param_of_state[t.tensor.name] = t.param;
+  const std::map<std::string, const Param*> param_of_state = params_of_optimizer_tensors();
   auto cut = [&](const io::NamedTensor& nt, const Param* p) {
     if (!p || (!p->shard.defined() && !slots.count(p))) return nt;
     const Shape whole = p->shard.defined() ? p->shard.global : nt.shape();
@@ -220,8 +225,7 @@ void Trainer::restore_sharded(io::Checkpoint head, const std::string& where,
   io::Checkpoint mine;
   mine.state = head.state;
   mine.train_config = head.train_config;
-  std::map<std::string, const Param*> param_of_state;  // optimizer tensor name -> its parameter
-  for (const StateTensor& t : optimizer_state()) param_of_state[t.tensor.name] = t.param;
+  const std::map<std::string, const Param*> param_of_state = params_of_optimizer_tensors();
   for (size_t i = 0; i < sources.size(); ++i) {
     if (std::find(sources.begin(), sources.begin() + static_cast<std::ptrdiff_t>(i), sources[i]) !=
         sources.begin() + static_cast<std::ptrdiff_t>(i))

@@ -83,6 +83,9 @@ std::string describe(const CostModel& m);
 // from, column to), "allreduce_bytes_per_s" [R+1], "bytes_per_token", "grad_bytes_per_expert",
 // "state_bytes_per_expert"}.
 nlohmann::json to_json(const CostModel& m);
+// The model to_json wrote, bit for bit (JSON keeps a double's 17 significant digits); throws
+// moe::Error naming the key that is missing or of the wrong type.
+CostModel cost_model_from_json(const nlohmann::json& j);
 // to_json(profile.model) plus "gemm_points" [[tokens, tokens/s], ...] and "seconds" (this rank's).
 nlohmann::json to_json(const CostProfile& profile);
 

@@ -40,6 +40,8 @@ struct ModelConfig {
   int64_t kv_heads_resolved() const { return kv_heads ? kv_heads : heads; }
   bool is_moe_layer(int64_t layer) const { return experts_per_layer.at(layer) > 0; }
   int64_t num_moe_layers() const;
+  // The block index of each MoE layer, in order (MoE layer l is block moe_blocks()[l]).
+  std::vector<int64_t> moe_blocks() const;
   bool tied_embeddings() const { return arch == Arch::gpt; }
 
   // Fill experts_per_layer from experts/moe_every (or expand a per-MoE-layer list), then check

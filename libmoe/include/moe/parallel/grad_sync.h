@@ -34,7 +34,7 @@ class GradSync {
   enum class Reduce { world, replicas, none, holders };
 
   // Sizes the fused buffers for `params` (host memory; to() moves them). For layouts of W > 1
-  // ranks; `layout` must outlive this object.
+  // ranks; `layout` and `params` must outlive this object.
   GradSync(Layout& layout, const ParamSet& params);
 
   Reduce reduce_of(const Param& p) const;
@@ -77,7 +77,10 @@ class GradSync {
   // The sub-communicator of each replica group seen (null on ranks outside it).
   std::map<std::vector<int32_t>, std::unique_ptr<comm::Communicator>> groups_;
 
+  void size_buffers(Device device);  // buffer_ for the current reductions, on `device`
+
   Layout& layout_;
+  const ParamSet& params_;
   // Gradients fused for their reduction: [0] over the world, [1] over the expert replicas; the
   // parameters packed this step with their offsets, in packing (backward) order.
   Tensor buffer_[2];

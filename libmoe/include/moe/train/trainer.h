@@ -232,6 +232,8 @@ class Trainer {
   };
   // Every parameter's optimizer tensors, offloaded ones streamed from the store.
   std::vector<StateTensor> optimizer_state() const;
+  // Optimizer tensor name ("adam.m.<param>", ...) -> its parameter.
+  std::map<std::string, const Param*> params_of_optimizer_tensors() const;
   // snapshot() with the offloaded tensors streamed (`stream`) or gathered.
   io::Checkpoint checkpoint(bool stream) const;
   // Names of the offloaded parameters and of their optimizer tensors (what a resume streams).
