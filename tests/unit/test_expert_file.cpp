@@ -282,6 +282,60 @@ TEST_CASE("ExpertFiles: read_sections reads and verifies only the sections asked
              Catch::Contains(str("the layout has sections [0, ", sections, ")")));
 }
 
+TEST_CASE("ExpertFiles: write_prefix writes the first sections, the rest keep the last write's",
+          "[offload][ssd]") {
+  test::ScratchDir scratch("ssd-prefix");
+  const std::vector<LayerRecords> layers{expert_layer(8, 16, 2)};
+  const RecordLayout& layout = layers[0].layout;
+  const int sections = static_cast<int>(layout.sections.size());
+  const int end = layout.index("w2.value");          // w1's and b1's five sections each
+  const int64_t span = layout.sections[end].offset;  // padding before w2.value included
+  ExpertFiles files(scratch.path(), layers);
+
+  // Before any whole write there is nothing to keep: the whole record is written.
+  const std::vector<unsigned char> first = random_record(layout, 21);
+  files.write_prefix(0, 0, end, first.data());
+  CHECK(files.bytes_written() == layout.payload_bytes);
+  std::vector<unsigned char> back(first.size(), 0);
+  files.read(0, 0, back.data());
+  CHECK(back == first);
+
+  // Now only [0, span) moves; the file's other sections are the first write's, and still verify
+  // (whole reads, and reads of the tail alone).
+  const std::vector<unsigned char> second = random_record(layout, 22);
+  files.write_prefix(0, 0, end, second.data());
+  CHECK(files.bytes_written() == layout.payload_bytes + span);
+  std::vector<unsigned char> expected = first;
+  std::copy_n(second.begin(), span, expected.begin());
+  REQUIRE(expected != first);
+  REQUIRE(expected != second);
+  files.read(0, 0, back.data());
+  CHECK(back == expected);
+  std::fill(back.begin(), back.end(), 0);
+  files.read_sections(0, 0, end, sections, back.data());
+  CHECK(std::equal(back.begin() + span, back.end(), first.begin() + span));
+  CHECK(std::all_of(back.begin(), back.begin() + span, [](unsigned char b) { return b == 0; }));
+  // A whole write after it replaces everything; -1 is the whole record too.
+  files.write_prefix(0, 0, -1, second.data());
+  files.read(0, 0, back.data());
+  CHECK(back == second);
+
+  // A damaged byte of the kept tail is still found.
+  files.write_prefix(0, 0, end, first.data());
+  const int64_t tail_byte = ExpertFiles::kHeaderBytes + layout.section("w2.grad").offset + 3;
+  flip_byte(files.path(0, 0), tail_byte);
+  CHECK_THAT(test::error_of([&] { files.read(0, 0, back.data()); }),
+             Catch::Contains("section 'w2.grad' checksum mismatch"));
+  // After a failed read the next prefix write still keeps (and checks) the old tail's checksum.
+  flip_byte(files.path(0, 0), tail_byte);
+  files.read(0, 0, back.data());
+
+  // Ranges that leave the layout or are empty.
+  CHECK_THAT(test::error_of([&] { files.write_prefix(0, 1, 0, first.data()); }),
+             Catch::Contains(str("the layout has sections [0, ", sections, ")")));
+  CHECK_THROWS_AS(files.write_prefix(0, 1, sections + 1, first.data()), UsageError);
+}
+
 TEST_CASE("ExpertFiles: read_sections refuses a span that holds another section",
           "[offload][ssd][errors]") {
   test::ScratchDir scratch("ssd-span");

@@ -418,7 +418,7 @@ int64_t nanos_since(std::chrono::steady_clock::time_point start) {
 }
 }  // namespace
 
-void ExpertFiles::write(int layer, int expert, const void* payload) {
+void ExpertFiles::write_prefix(int layer, int expert, int end, const void* payload) {
   const auto start = std::chrono::steady_clock::now();
   Slot& s = slot(layer, expert);
   const std::string file = path(layer, expert);
@@ -426,6 +426,18 @@ void ExpertFiles::write(int layer, int expert, const void* payload) {
   const RecordLayout& layout = layers_[static_cast<size_t>(layer)].layout;
   const auto* bytes = static_cast<const unsigned char*>(payload);
   const auto sections = static_cast<uint32_t>(layout.sections.size());
+  MOE_USAGE_CHECK(end == -1 || (end >= 1 && end <= static_cast<int>(sections)),
+                  "cannot write sections [0, ", end, ") of ", where(layer, expert),
+                  ": the layout has sections [0, ", sections, ")");
+  // Sections [0, written) get new bytes; without a valid copy in the file, all of them.
+  const uint32_t written = end < 0 || !s.valid ? sections : static_cast<uint32_t>(end);
+  const int64_t span_end = written == sections ? layout.payload_bytes
+                                               : layout.sections[written - 1].offset +
+                                                     layout.sections[written - 1].bytes;
+  for (uint32_t i = written; i < sections; ++i)  // packed layouts keep index order
+    MOE_USAGE_CHECK(layout.sections[i].offset >= span_end, "cannot write sections [0, ", end,
+                    ") of ", where(layer, expert), ": section '", layout.sections[i].name,
+                    "' lies among them");
 
   s.valid = false;  // until this write has landed whole
   alignas(64) unsigned char block[kHeaderBytes] = {};
@@ -439,11 +451,12 @@ void ExpertFiles::write(int layer, int expert, const void* payload) {
   header.layer = layer;
   header.expert = expert;
   header.sections = sections;
-  for (uint32_t i = 0; i < sections; ++i) {
+  s.crcs.resize(sections);
+  for (uint32_t i = 0; i < written; ++i) {
     const RecordSection& section = layout.sections[i];
-    const uint32_t crc = crc32c(bytes + section.offset, static_cast<size_t>(section.bytes));
-    std::memcpy(block + kTableOffset + 4 * i, &crc, 4);
+    s.crcs[i] = crc32c(bytes + section.offset, static_cast<size_t>(section.bytes));
   }
+  std::memcpy(block + kTableOffset, s.crcs.data(), 4 * static_cast<size_t>(sections));
   std::memcpy(block, &header, sizeof header);
   header.header_crc = header_checksum(block, sections);
   std::memcpy(block, &header, sizeof header);
@@ -451,9 +464,10 @@ void ExpertFiles::write(int layer, int expert, const void* payload) {
   // Header block, then the sections from the caller's buffer and the padding as zeros.
   std::vector<iovec> iov{{block, sizeof block}};
   for (const Piece& piece : pieces_[static_cast<size_t>(layer)])
-    iov.push_back(
-        {piece.section >= 0 ? const_cast<unsigned char*>(bytes + piece.offset) : zeros_.data(),
-         static_cast<size_t>(piece.bytes)});
+    if (piece.offset < span_end)
+      iov.push_back(
+          {piece.section >= 0 ? const_cast<unsigned char*>(bytes + piece.offset) : zeros_.data(),
+           static_cast<size_t>(piece.bytes)});
   Fd fd(::open(file.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600));
   if (fd.fd < 0) {
     const int error = errno;
@@ -465,10 +479,10 @@ void ExpertFiles::write(int layer, int expert, const void* payload) {
   if (error == 0 && ::close(fd.release()) != 0) error = errno;  // NFS reports late errors here
   if (error != 0)
     throw Error(str("cannot write ", where(layer, expert), ": ", std::strerror(error), " after ",
-                    done, " of ", file_bytes(layout), " bytes; ", write_advice(error)));
+                    done, " of ", kHeaderBytes + span_end, " bytes; ", write_advice(error)));
   s.table_crc = crc32c(block + kTableOffset, 4 * static_cast<size_t>(sections));
   s.valid = true;
-  bytes_written_.fetch_add(layout.payload_bytes, std::memory_order_relaxed);
+  bytes_written_.fetch_add(span_end, std::memory_order_relaxed);
   writes_.fetch_add(1, std::memory_order_relaxed);
   write_ns_.fetch_add(nanos_since(start), std::memory_order_relaxed);
 }

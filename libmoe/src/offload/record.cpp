@@ -47,9 +47,14 @@ StoreLayout record_layout(const nn::ExpertParams& params, DType storage) {
     sections.push_back({name(t, "value"), storage, t.shape, 0, 0});
   for (const TensorLayout& t : layout.tensors) {
     if (storage != DType::f32) sections.push_back({name(t, "master"), DType::f32, t.shape, 0, 0});
-    for (const char* what : {"adam_m", "adam_v", "grad"})
+    for (const char* what : {"adam_m", "adam_v"})
       sections.push_back({name(t, what), DType::f32, t.shape, 0, 0});
   }
+  // The gradients last: once an update has spent them, the rest of the record (its state) is
+  // one prefix that the SSD tier reads and writes without them.
+  const int state_sections = static_cast<int>(sections.size());
+  for (const TensorLayout& t : layout.tensors)
+    sections.push_back({name(t, "grad"), DType::f32, t.shape, 0, 0});
   layout.file = RecordLayout::packed(std::move(sections), kSectionAlign);
   auto at = [&](const TensorLayout& t, const char* what) -> Section {
     const std::string n = name(t, what);
@@ -66,6 +71,8 @@ StoreLayout record_layout(const nn::ExpertParams& params, DType storage) {
   }
   layout.value_sections = static_cast<int>(layout.tensors.size());
   layout.values_bytes = layout.file.sections[static_cast<size_t>(layout.value_sections)].offset;
+  layout.state_sections = state_sections;
+  layout.state_bytes = layout.file.sections[static_cast<size_t>(state_sections)].offset;
   layout.record_bytes = layout.file.payload_bytes;
   return layout;
 }
@@ -82,14 +89,15 @@ std::unique_ptr<RecordTier> make_record_tier(const StoreConfig& config,
   int64_t total_record = 0, total_experts = 0, record = 0;
   std::vector<int64_t> record_bytes;
   std::vector<LayerRecords> files;
-  std::vector<int> value_sections;
+  std::vector<CachedRecords::Spans> spans;
   for (size_t l = 0; l < layouts.size(); ++l) {
     total_record += experts[l] * layouts[l]->record_bytes;
     total_experts += experts[l];
     record = std::max(record, layouts[l]->record_bytes);
     record_bytes.push_back(layouts[l]->record_bytes);
     files.push_back({layouts[l]->file, static_cast<int>(experts[l])});
-    value_sections.push_back(layouts[l]->value_sections);
+    spans.push_back({layouts[l]->value_sections, layouts[l]->state_sections,
+                     layouts[l]->state_bytes, layouts[l]->record_bytes});
   }
   if (config.tier == "host") {
     MOE_USAGE_CHECK(config.host_budget == 0 || total_record <= config.host_budget,
@@ -114,7 +122,7 @@ std::unique_ptr<RecordTier> make_record_tier(const StoreConfig& config,
                   record);
   return std::make_unique<CachedRecords>(
       std::make_unique<ExpertFiles>(config.ssd_dir, std::move(files)), cache, record,
-      std::move(value_sections));
+      std::move(spans));
 }
 
 std::shared_ptr<std::byte> allocate_host(int64_t bytes) {
@@ -165,16 +173,20 @@ void adamw_record(const StoreLayout& layout, const std::shared_ptr<std::byte>& r
 void RecordTier::read_values(int layer, int64_t expert, int64_t bytes, std::byte* into) {
   const std::shared_ptr<std::byte> record = pin(layer, expert);
   std::memcpy(into, record.get(), static_cast<size_t>(bytes));
-  unpin(layer, expert, false);
+  unpin(layer, expert, Dirty::clean);
 }
 
 CachedRecords::CachedRecords(std::unique_ptr<ExpertFiles> files, const CacheConfig& cache,
-                             int64_t slot_bytes, std::vector<int> value_sections)
-    : files_(std::move(files)),
-      cache_(cache),
-      slot_bytes_(slot_bytes),
-      value_sections_(std::move(value_sections)) {
+                             int64_t slot_bytes, std::vector<Spans> spans)
+    : files_(std::move(files)), cache_(cache), slot_bytes_(slot_bytes), spans_(std::move(spans)) {
   for (int64_t i = 0; i < cache.capacity; ++i) slots_.push_back(allocate_host(slot_bytes));
+  for (int l = 0; l < files_->num_layers(); ++l)
+    spent_.emplace_back(static_cast<size_t>(files_->layer(l).experts), char{1});
+}
+
+bool& CachedRecords::spent(const ExpertKey& key) {
+  return reinterpret_cast<bool&>(
+      spent_[static_cast<size_t>(key.layer)][static_cast<size_t>(key.expert)]);
 }
 
 int64_t CachedRecords::resident_bytes() const {
@@ -207,9 +219,27 @@ void CachedRecords::unlocked(std::unique_lock<std::mutex>& lock, const ExpertKey
   if (failed) std::rethrow_exception(failed);
 }
 
+// Without a live gradient only the state prefix goes to the file (its gradient sections keep
+// the bytes of an earlier write, which nobody reads as a gradient again).
 void CachedRecords::write_back(std::unique_lock<std::mutex>& lock, const ExpertKey& key,
                                const std::byte* data) {
-  unlocked(lock, key, [&] { files_->write(key.layer, key.expert, data); });
+  const int end = spent(key) ? spans_[static_cast<size_t>(key.layer)].state_sections : -1;
+  unlocked(lock, key, [&] { files_->write_prefix(key.layer, key.expert, end, data); });
+}
+
+// The file's record into `data`; a spent gradient is not read but zeroed (so a cached record
+// holds no stale bytes of whatever the slot held before).
+void CachedRecords::read_in(std::unique_lock<std::mutex>& lock, const ExpertKey& key,
+                            std::byte* data) {
+  const Spans& sp = spans_[static_cast<size_t>(key.layer)];
+  if (!spent(key)) {
+    unlocked(lock, key, [&] { files_->read(key.layer, key.expert, data); });
+    return;
+  }
+  unlocked(lock, key, [&] {
+    files_->read_sections(key.layer, key.expert, 0, sp.state_sections, data);
+    std::memset(data + sp.state_bytes, 0, static_cast<size_t>(sp.record_bytes - sp.state_bytes));
+  });
 }
 
 std::shared_ptr<std::byte> CachedRecords::pin(int layer, int64_t expert, bool fresh) {
@@ -248,8 +278,7 @@ std::shared_ptr<std::byte> CachedRecords::pin(int layer, int64_t expert, bool fr
       busy_.insert(key);
       write_back(lock, *looked.evicted, data.get());
     }
-    if (!fresh)
-      unlocked(lock, key, [&] { files_->read(layer, static_cast<int>(expert), data.get()); });
+    if (!fresh) read_in(lock, key, data.get());
   } catch (...) {
     busy_.erase(key);
     forget();
@@ -263,7 +292,7 @@ std::shared_ptr<std::byte> CachedRecords::pin(int layer, int64_t expert, bool fr
 
 void CachedRecords::prefetch(int layer, int64_t expert) {
   pin(layer, expert);
-  unpin(layer, expert, false);
+  unpin(layer, expert, Dirty::clean);
 }
 
 // The values of a cached (or bypassed) record come from memory; otherwise only the value sections
@@ -283,13 +312,15 @@ void CachedRecords::read_values(int layer, int64_t expert, int64_t bytes, std::b
   }
   unlocked(lock, key, [&] {
     files_->read_sections(layer, static_cast<int>(expert), 0,
-                          value_sections_[static_cast<size_t>(layer)], into);
+                          spans_[static_cast<size_t>(layer)].value_sections, into);
   });
 }
 
-void CachedRecords::unpin(int layer, int64_t expert, bool dirty) {
+void CachedRecords::unpin(int layer, int64_t expert, Dirty how) {
   const ExpertKey key{layer, static_cast<int32_t>(expert)};
+  const bool dirty = how != Dirty::clean;
   std::unique_lock<std::mutex> lock(mu_);
+  if (dirty) spent(key) = how == Dirty::spent;
   if (auto b = bypassed_.find(key); b != bypassed_.end()) {
     b->second.dirty |= dirty;
     if (--b->second.pins > 0) return;

@@ -43,6 +43,8 @@ struct StoreLayout {
   int64_t record_bytes = 0;           // one expert's state
   int64_t values_bytes = 0;           // the storage values, first in the record: [0, values_bytes)
   int value_sections = 0;             // one per tensor
+  int64_t state_bytes = 0;            // all but the gradients, first: [0, state_bytes)
+  int state_sections = 0;             // the sections in it (the gradients follow, one per tensor)
   int64_t slot_bytes = 0;             // one expert's fp32 weights
   RecordLayout file;                  // the same sections as the SSD tier's files name them
 };
@@ -69,15 +71,21 @@ struct RecordUpdate {
 void adamw_record(const StoreLayout& layout, const std::shared_ptr<std::byte>& record,
                   int64_t expert, const RecordUpdate& u);
 
+// What an unpin says of the record. clean: nothing changed. dirty: anything may have changed,
+// and its gradient is live (backward wrote it; the update will read it). spent: an update read
+// the gradient and changed the state; the gradient's bytes are dead until the next backward
+// writes them (it zeroes them first), so a cache need not write them back nor read them again.
+enum class Dirty { clean, dirty, spent };
+
 // Where records live. pin() returns the record's bytes and keeps them in memory until the
-// matching unpin(); `dirty` says the record changed (a cache writes it back before dropping it).
+// matching unpin(); a cache writes back what an unpin marked changed before dropping it.
 // Different experts may be pinned from different threads at once.
 class RecordTier {
  public:
   virtual ~RecordTier() = default;
   // fresh: the caller overwrites the whole record (nothing is read).
   virtual std::shared_ptr<std::byte> pin(int layer, int64_t expert, bool fresh = false) = 0;
-  virtual void unpin(int layer, int64_t expert, bool dirty) = 0;
+  virtual void unpin(int layer, int64_t expert, Dirty dirty) = 0;
   virtual void end_step() {}
   // The record's first `bytes` bytes (its storage values) into `into` (at least `bytes` long),
   // for an upload: the SSD tier reads only those sections when the record is not in memory.
@@ -95,7 +103,7 @@ class HostRecords final : public RecordTier {
   HostRecords(const std::vector<int64_t>& experts_per_layer,
               const std::vector<int64_t>& record_bytes);
   std::shared_ptr<std::byte> pin(int layer, int64_t expert, bool fresh = false) override;
-  void unpin(int, int64_t, bool) override {}
+  void unpin(int, int64_t, Dirty) override {}
   int64_t resident_bytes() const override { return bytes_; }
 
  private:
@@ -107,15 +115,23 @@ class HostRecords final : public RecordTier {
 // Records on the SSD tier (ExpertFiles) behind a bounded host cache of `capacity` records
 // (ExpertCache: LRU or the MoESys LFU variant). A miss reads the expert's file into the slot the
 // cache gives it, after writing back the dirty record it displaces; a bypass (no evictable slot)
-// serves the record from a private buffer, written back at its unpin when dirty. Thread-safe:
-// one record is read or written back by one thread at a time, others wait for it.
+// serves the record from a private buffer, written back at its unpin when dirty. A record whose
+// gradient is spent (Dirty::spent, and no dirty unpin since) moves without it: written back as
+// its state prefix, read back with the gradient zeroed (MoESys's 12 bytes per parameter on the
+// SSD rather than 16). Thread-safe: one record is read or written back by one thread at a time,
+// others wait for it.
 class CachedRecords final : public RecordTier {
  public:
-  // value_sections: per layer, how many sections (the first ones) hold the storage values.
+  // How each layer's records split (from its StoreLayout).
+  struct Spans {
+    int value_sections = 0;  // the first sections: the storage values
+    int state_sections = 0;  // the first sections: everything but the gradients
+    int64_t state_bytes = 0, record_bytes = 0;
+  };
   CachedRecords(std::unique_ptr<ExpertFiles> files, const CacheConfig& cache, int64_t slot_bytes,
-                std::vector<int> value_sections);
+                std::vector<Spans> spans);
   std::shared_ptr<std::byte> pin(int layer, int64_t expert, bool fresh = false) override;
-  void unpin(int layer, int64_t expert, bool dirty) override;
+  void unpin(int layer, int64_t expert, Dirty dirty) override;
   void read_values(int layer, int64_t expert, int64_t bytes, std::byte* into) override;
   // Pins and unpins the record (a cache access: it counts for the policy like any other).
   void prefetch(int layer, int64_t expert) override;
@@ -128,10 +144,15 @@ class CachedRecords final : public RecordTier {
   template <class Io>
   void unlocked(std::unique_lock<std::mutex>& lock, const ExpertKey& key, Io&& io);
   void write_back(std::unique_lock<std::mutex>& lock, const ExpertKey& key, const std::byte* data);
+  void read_in(std::unique_lock<std::mutex>& lock, const ExpertKey& key, std::byte* data);
+  bool& spent(const ExpertKey& key);
   std::unique_ptr<ExpertFiles> files_;
   ExpertCache cache_;
   int64_t slot_bytes_;
-  std::vector<int> value_sections_;
+  std::vector<Spans> spans_;
+  // [L][E]: the record's gradient is dead (its last unpin that changed it said spent), in
+  // whichever copy is current, cached or on file; true before the first write.
+  std::vector<std::vector<char>> spent_;
   std::vector<std::shared_ptr<std::byte>> slots_;
   std::set<ExpertKey> busy_;  // being read or written back: others wait
   struct Bypassed {

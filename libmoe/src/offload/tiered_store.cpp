@@ -260,7 +260,7 @@ struct TieredStore::Impl {
     const std::shared_ptr<std::byte> record = tier->pin(k.layer, k.expert);
     adamw_record(layers[static_cast<size_t>(k.layer)].layout, record, k.expert,
                  {&config.adamw, step_info.lr, step_info.adam_step, clip_scale, stale_gradient});
-    tier->unpin(k.layer, k.expert, true);
+    tier->unpin(k.layer, k.expert, Dirty::spent);
   }
 
   // After an update the slot's weights are old: drop them (the lock held).
@@ -339,7 +339,7 @@ struct TieredStore::Impl {
                     static_cast<size_t>(t.elements) * sizeof(float));
     });
     if (final) finalize_gradient(k, record);
-    tier->unpin(k.layer, k.expert, true);
+    tier->unpin(k.layer, k.expert, Dirty::dirty);
   }
 
   // Where a parameter's section `what` ("value", "master", "adam.m", "adam.v") of one expert
@@ -480,7 +480,7 @@ void TieredStore::start() {
         if (t.master.offset >= 0)
           view(record, t.master.offset, t.shape, DType::f32).copy_from(value);
       }
-      s.tier->unpin(li, e, true);
+      s.tier->unpin(li, e, Dirty::spent);
     }
   }
   s.started = true;
@@ -618,7 +618,7 @@ void TieredStore::gradient_done(int layer, int expert) {
     st.finalized_step = s.step;
   }
   st.grad_record.reset();
-  s.tier->unpin(layer, expert, true);
+  s.tier->unpin(layer, expert, Dirty::dirty);
   if (final && s.step_info.overlap && s.config.overlap_optimizer) {
     std::lock_guard<std::mutex> lock(s.mu);
     s.optimizer_queue.push_back({k, 1.0f, false, true});
@@ -650,7 +650,7 @@ nn::ExpertTensors TieredStore::Impl::device_gradients(Key k) {
       for (const TensorLayout& t : l.layout.tensors)
         std::memcpy(pinned + t.slot_offset, record.get() + t.grad.offset,
                     static_cast<size_t>(t.elements) * sizeof(float));
-      s.tier->unpin(k.layer, k.expert, false);
+      s.tier->unpin(k.layer, k.expert, Dirty::clean);
     };
   st.grad_buffer = s.device->take_gradient(initial);
   return s.tensors_of(l, s.device->gradient(st.grad_buffer), false, s.config.device);
@@ -704,7 +704,7 @@ void TieredStore::complete_gradients() {
         }
       s.finalize_gradient(k, record);
       st.finalized_step = s.step;
-      s.tier->unpin(li, e, true);
+      s.tier->unpin(li, e, Dirty::dirty);
     }
   }
 }
@@ -750,7 +750,7 @@ Tensor TieredStore::read(const Param& param, int64_t expert, const std::string& 
   const Impl::Located at = s.locate(param, expert, what);
   const std::shared_ptr<std::byte> record = s.tier->pin(at.layer, expert);
   Tensor out = view(record, at.section->offset, at.tensor->shape, at.section->dtype).clone();
-  s.tier->unpin(at.layer, expert, false);
+  s.tier->unpin(at.layer, expert, Dirty::clean);
   return out;
 }
 
@@ -761,7 +761,7 @@ void TieredStore::write(const Param& param, int64_t expert, const std::string& w
   const std::shared_ptr<std::byte> record = s.tier->pin(at.layer, expert);
   Tensor into = view(record, at.section->offset, at.tensor->shape, at.section->dtype);
   into.copy_from(slice.reshape(at.tensor->shape));
-  s.tier->unpin(at.layer, expert, true);
+  s.tier->unpin(at.layer, expert, Dirty::dirty);
   std::lock_guard<std::mutex> lock(s.mu);
   ExpertState& st = s.state({at.layer, expert});
   if (st.slot >= 0) s.free_slot(st.slot);  // its weights changed

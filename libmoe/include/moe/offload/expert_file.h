@@ -132,7 +132,16 @@ class ExpertFiles {
   // throws Error naming the path, layer, expert and the cause; the expert then has no valid
   // copy until a later write succeeds. Thread-safe for different experts; one expert must not be
   // read or written by two threads at once (refused with an Error).
-  void write(int layer, int expert, const void* payload);
+  void write(int layer, int expert, const void* payload) {
+    write_prefix(layer, expert, -1, payload);
+  }
+  // Writes sections [0, end) only (a prefix in layout order; -1: all), with the padding between
+  // them: the header gets their new checksums and keeps the others' from the last write, whose
+  // bytes stay in the file. For a record whose tail is dead (the store's spent gradient): the
+  // write moves fewer bytes and a later read of the tail still verifies (as the old bytes). The
+  // whole record is written instead while the file holds no valid copy (before the first write,
+  // after a failed one). Errors as write().
+  void write_prefix(int layer, int expert, int end, const void* payload);
   // Reads the expert's record into `payload` (payload_bytes bytes) in one preadv and verifies it:
   // header checksum, magic, version, layer, expert, layout, run, the generation of the last
   // write, every section's checksum, padding between sections zero (it is written as zeros,
@@ -178,6 +187,7 @@ class ExpertFiles {
     std::atomic<bool> busy{false};   // a read or write is in progress
     uint64_t generation = 0;         // of the last write attempted (0: never written)
     uint32_t table_crc = 0;          // CRC32C of the section checksums of the last write
+    std::vector<uint32_t> crcs;      // the section checksums in the file's header
     std::atomic<bool> valid{false};  // the last write succeeded
   };
   class Claim;  // sets and clears Slot::busy
