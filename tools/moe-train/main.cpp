@@ -244,7 +244,7 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
       }
       metrics->write_line(j.dump());
     };
-  std::string start_saved;  // the state before any step, in this run's layout
+  std::string start_saved;      // the state before any step, in this run's layout
   if (o.checkpoint_at_start) {  // collective: not inside a log macro that may skip it
     start_saved = trainer.save(o.out);
     MOE_LOG_INFO("checkpoint ", start_saved);
