@@ -73,7 +73,7 @@ TEST_CASE("cli: a resumed run appends to its metrics file", "[cli][rundir]") {
   REQUIRE(after[5].find("\"step\":6") != std::string::npos);
 }
 
-TEST_CASE("cli: a sharded checkpoint resumed on another rank count says how many wrote it",
+TEST_CASE("cli: a sharded checkpoint resumes on another rank count, re-sharded on load",
           "[cli][rundir]") {
   if (run_command("command -v mpiexec").exit_code != 0) {
     WARN("mpiexec not found: no sharded checkpoint can be written here");
@@ -87,15 +87,30 @@ TEST_CASE("cli: a sharded checkpoint resumed on another rank count says how many
                                         test::kTinyMixtral + " --steps 2 --ep 2"));
   INFO(trained.err);
   REQUIRE(trained.exit_code == 0);
-  // One process, no --ep given: the message is about the checkpoint, not about a flag.
+  REQUIRE(fs::is_directory(run + "/step-00000002"));
+  // --ep 2 given on one process: refused, naming the flag.
+  const test::RunResult refused = run_command(
+      tool("moe-train", "--resume " + run + " --out " + run + " --steps 3 --ep 2 --threads 1 -q"));
+  INFO(refused.err);
+  REQUIRE(refused.exit_code == 2);
+  REQUIRE(refused.err.find("--ep 2 does not divide the 1 ranks") != std::string::npos);
+  // Not given: the checkpoint's --ep 2 falls back to one process's --ep 1, the log says so, and
+  // the run continues in place from step 2 (one file now; `last` names it alone).
   const test::RunResult r = run_command(
-      tool("moe-train", "--resume " + run + " --out " + run + " --steps 3 --threads 1 -q"));
+      tool("moe-train", "--resume " + run + " --out " + run + " --steps 3 --threads 1"));
   INFO(r.err);
-  REQUIRE(r.exit_code == 1);
-  REQUIRE(r.err.find("was written by 2 ranks (--ep 2); this run has 1 rank: resume it under "
-                     "mpiexec -n 2, or merge it into one file with moe-convert merge") !=
-          std::string::npos);
-  REQUIRE(r.err.find("does not divide") == std::string::npos);
+  REQUIRE(r.exit_code == 0);
+  REQUIRE(r.err.find("resume: --ep 2 -> 1 (one process holds every expert)") != std::string::npos);
+  REQUIRE(r.err.find("re-sharding it on load") != std::string::npos);
+  REQUIRE(r.err.find("resumed from " + run + " at step 2") != std::string::npos);
+  REQUIRE(fs::is_regular_file(run + "/step-00000003.h5"));
+  REQUIRE_FALSE(fs::exists(fs::symlink_status(run + "/last")));
+  // ... and once more: the run directory resolves to step 3, not to the older sharded step 2.
+  const test::RunResult again = run_command(
+      tool("moe-train", "--resume " + run + " --out " + run + " --steps 4 --threads 1"));
+  INFO(again.err);
+  REQUIRE(again.exit_code == 0);
+  REQUIRE(again.err.find("resumed from " + run + " at step 3") != std::string::npos);
 }
 
 TEST_CASE("cli: a resumed run logs every flag that changes the checkpoint's settings",

@@ -208,3 +208,32 @@ TEST_CASE("CheckpointDir: checkpoint_files resolves a run, a file and a sharded 
   REQUIRE_THROWS_AS(io::checkpoint_files({files_run.step(2), step_dir}), UsageError);
   REQUIRE_THROWS_AS(io::checkpoint_files({}), UsageError);
 }
+
+TEST_CASE("CheckpointDir: a run that changes layout keeps one last link, the newest",
+          "[io][checkpoint_dir]") {
+  test::ScratchDir dir("checkpoint-dir-relayout");
+  const io::CheckpointDir run(dir.path());
+  // 4 ranks wrote a sharded step 2; one process resumed into the same directory and wrote step 4.
+  fs::create_directories(run.step(2, true));
+  test::write_file(io::CheckpointDir::rank_file(run.step(2, true), 0), "shard");
+  run.point_last(2, true);
+  test::write_file(run.step(4), "four");
+  run.point_last(4);
+  REQUIRE_FALSE(fs::exists(fs::symlink_status(run.last(true))));
+  REQUIRE(io::resolve_checkpoint(run.path()).path == run.last());
+  // ... and back: 4 ranks resumed step 4 and wrote a sharded step 6.
+  fs::create_directories(run.step(6, true));
+  test::write_file(io::CheckpointDir::rank_file(run.step(6, true), 0), "shard");
+  run.point_last(6, true);
+  REQUIRE_FALSE(fs::exists(fs::symlink_status(run.last())));
+  const io::CheckpointRef six = io::resolve_checkpoint(run.path());
+  REQUIRE(six.sharded);
+  REQUIRE(fs::read_symlink(run.last(true)) == "step-00000006");
+  // Both links left (a crash between the rename and the removal, or an earlier build): the one
+  // naming the later step wins, whichever form it has.
+  fs::create_symlink("step-00000004.h5", run.last());
+  REQUIRE(io::resolve_checkpoint(run.path()).sharded);
+  fs::remove(run.last(true));
+  fs::create_symlink("step-00000002", run.last(true));
+  REQUIRE(io::resolve_checkpoint(run.path()).path == run.last());
+}

@@ -90,7 +90,6 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
     resume = std::make_unique<io::Checkpoint>(io::load_checkpoint(
         resume_from.sharded ? io::CheckpointDir::rank_file(resume_from.path, 0) : resume_from.path,
         false, [](bool, const std::string&) { return true; }));
-    if (resume_from.sharded) train::check_resume_ranks(*resume, resume_from.path, world.size());
   }
   ModelConfig flags_model = o.model;
   flags_model.arch = parse_arch(o.arch);
@@ -99,8 +98,11 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
                                                           : o.normalize_topk == "on";
   train::TrainConfig flags_train = o.train;
   flags_train.seed = o.common.seed;
-  train::RunConfig run =
-      train::resume_config(resume.get(), flags_model, flags_train, given_flags(o, app));
+  const train::GivenFlags given = given_flags(o, app);
+  train::RunConfig run = train::resume_config(resume.get(), flags_model, flags_train, given);
+  if (resume)  // another number of ranks re-shards on load; the layout flags must fit it
+    for (std::string& line : train::fit_layout(run.train, *resume, world.size(), given))
+      run.overrides.push_back(std::move(line));
   // The data file is the checkpoint's (or recorded now): a changed file would not continue the
   // token stream.
   const std::string data_note =
@@ -242,6 +244,11 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
       }
       metrics->write_line(j.dump());
     };
+  std::string start_saved;      // the state before any step, in this run's layout
+  if (o.checkpoint_at_start) {  // collective: not inside a log macro that may skip it
+    start_saved = trainer.save(o.out);
+    MOE_LOG_INFO("checkpoint ", start_saved);
+  }
   const int64_t first_step = trainer.steps_done();
   tools::install_stop_handler();
   train::RunLoop loop(trainer, {o.out, o.eval_every, o.checkpoint_every, o.log_every},
@@ -265,7 +272,7 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
   progress.finish();
   if (metrics) metrics->close();
   if (trace) trace->close();
-  if (last_saved.empty()) {
+  if (last_saved.empty() && start_saved.empty()) {
     MOE_LOG_WARN("nothing to do: the checkpoint is already at step ", trainer.steps_done(),
                  " of --steps ", tc.steps);
   }

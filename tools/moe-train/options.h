@@ -23,6 +23,8 @@ struct TrainOptions {
   int64_t eval_every = 50;
   int64_t log_every = 10;
   bool force = false;  // write into a directory that holds another run's checkpoints
+  // Also before the first step (a resumed run: the state it restored, in this run's layout).
+  bool checkpoint_at_start = false;
   std::vector<CLI::Option*> model_flags;  // flags that a resumed run must not contradict
   std::vector<CLI::Option*> train_flags;  // flags that override a resumed run's training config
 };
@@ -59,6 +61,10 @@ inline void add_train_options(CLI::App& app, TrainOptions& o) {
                  "Checkpoint every N steps (0: only at the end)")
       ->check(non_negative())
       ->capture_default_str();
+  io->add_flag("--checkpoint-at-start", o.checkpoint_at_start,
+               "Also checkpoint before the first step: a resumed run writes the state it "
+               "restored, in this run's layout (with --steps at the checkpoint's step it only "
+               "re-shards)");
   io->add_option("--eval-every", o.eval_every, "Validation loss every N steps (0: only at the end)")
       ->check(non_negative())
       ->capture_default_str();

@@ -62,6 +62,11 @@ void CheckpointDir::point_last(int64_t step, bool sharded) const {
   AtomicFile link(last(sharded), AtomicFile::Kind::link);
   link.link_to(step_name(step, sharded));
   link.commit();
+  // A run resumed on another layout switches between last.h5 and last: the other link would
+  // still name an older step, and resolve_checkpoint would have to guess which is the newest.
+  std::error_code ec;
+  fs::remove(last(!sharded), ec);
+  if (ec) throw Error(str("cannot remove the stale link '", last(!sharded), "': ", ec.message()));
 }
 
 std::vector<std::string> CheckpointDir::checkpoints() const {
@@ -115,8 +120,15 @@ CheckpointRef resolve_checkpoint(const std::string& path) {
   if (ec) throw Error(str("cannot list '", path, "': ", ec.message()));
   const std::string last_dir = CheckpointDir(path).last(true);
   const std::string last_file = CheckpointDir(path).last(false);
-  if (fs::is_directory(last_dir, ec)) return resolve_checkpoint(last_dir);
-  if (fs::is_regular_file(last_file, ec)) return {last_file, false};
+  const bool dir = fs::is_directory(last_dir, ec), file = fs::is_regular_file(last_file, ec);
+  // Both only after a crash between point_last's rename and its removal of the other link (or
+  // from an earlier build): the newer step wins, whichever layout wrote it.
+  if (dir && file &&
+      fs::read_symlink(last_file, ec).filename().string().substr(0, 13) >
+          fs::read_symlink(last_dir, ec).filename().string())
+    return {last_file, false};
+  if (dir) return resolve_checkpoint(last_dir);
+  if (file) return {last_file, false};
   throw Error(str("'", path,
                   "' holds no checkpoint: no rank-<5 digits>.h5 files (a sharded checkpoint), "
                   "no 'last' directory or 'last.h5' (a moe-train output directory)"));

@@ -15,7 +15,9 @@ ShardedEmbedding::ShardedEmbedding(ParamSet& ps, const std::string& name, int64_
   MOE_USAGE_CHECK(rows > 0 && dim > 0, "embedding ", name, ": rows ", rows, " and dim ", dim,
                   " must be positive");
   MOE_USAGE_CHECK(dim % W == 0, "--shard-embedding: embedding ", name, " dim ", dim,
-                  " does not divide over the W = ", W, " ranks of the data-parallel group");
+                  " does not divide over the W = ", W,
+                  " ranks of the data-parallel group: run on a number of ranks that divides it, "
+                  "or without (--shard-embedding=false when a resumed checkpoint carries it)");
   columns_ = dim / W;
   start_ = group.rank() * columns_;
   table_ = &ps.add_shard(name, ParamShard{{rows, dim}, /*dim=*/1, start_, columns_},

@@ -140,15 +140,39 @@ std::string check_data_file(TrainConfig& train, bool resumed, bool data_given) {
   return note;
 }
 
-void check_resume_ranks(const io::Checkpoint& head, const std::string& path, int world_size) {
-  const io::Sharding& layout = head.sharding;
-  if (layout.rank < 0 || layout.world_size == world_size) return;
-  throw Error(str("'", path, "' was written by ", layout.world_size, " ranks (--ep ",
-                  layout.ep_size, layout.shard_embedding ? ", --shard-embedding" : "",
-                  "); this run has ", world_size, world_size == 1 ? " rank" : " ranks",
-                  ": resume it under mpiexec -n ", layout.world_size,
-                  ", or merge it into one file with moe-convert merge ", path,
-                  " -o FILE and resume from that"));
+std::vector<std::string> fit_layout(TrainConfig& train, const io::Checkpoint& resume,
+                                    int world_size, const GivenFlags& given) {
+  auto was_given = [&](const char* flag) {
+    return std::find(given.train.begin(), given.train.end(), flag) != given.train.end();
+  };
+  const int written = resume.sharding.world_size;
+  std::vector<std::string> lines;
+  if (world_size == 1) {  // one layout only: every expert here, nothing to place
+    if (train.ep > 1 && !was_given("--ep")) {
+      lines.push_back(str("--ep ", train.ep, " -> 1 (one process holds every expert)"));
+      train.ep = 1;
+    }
+    if (train.placement != "static" && !was_given("--placement")) {
+      lines.push_back(
+          str("--placement ", train.placement, " -> static (one process places nothing)"));
+      train.placement = "static";
+    }
+    if (train.shard_embedding && !was_given("--shard-embedding")) {
+      lines.push_back("--shard-embedding -> off (one process holds the whole table)");
+      train.shard_embedding = false;
+    }
+    return lines;
+  }
+  if (world_size % train.ep != 0 && !was_given("--ep")) {
+    std::string fits;
+    for (int n = 1; n <= world_size; ++n)
+      if (world_size % n == 0) fits += str(fits.empty() ? "" : ", ", n);
+    throw UsageError(str("the checkpoint's --ep ", train.ep, " (it was written by ", written,
+                         written == 1 ? " rank" : " ranks", ") does not divide this run's ",
+                         world_size, " ranks: pass --ep N with N one of ", fits,
+                         " (the experts are re-sharded on load)"));
+  }
+  return lines;
 }
 
 }  // namespace moe::train

@@ -363,18 +363,22 @@ StepStats Trainer::step(bool capture_routing) {
   // arena: the arena is reset after every micro-batch.
   Tensor ids, targets;
   sampler_->next(train_.batch, ids, targets);
-  if (world_size() > 1) {  // this rank's contiguous share of it
-    const int64_t local = train_.batch / world_size();
-    ids = ids.rows(rank() * local, (rank() + 1) * local);
-    targets = targets.rows(rank() * local, (rank() + 1) * local);
-  }
-  if (capture_routing) s.token_ids.assign(ids.data<int32_t>(), ids.data<int32_t>() + ids.numel());
   params_->zero_grad();
   if (parallel::ExchangeStats* stats = layout_->exchange_stats()) *stats = {};
-  // Micro-batch m is rows [m R, (m+1) R) of this rank's share: every rank runs the same number
-  // of passes, so their collectives stay in the same order. Gradients accumulate (+=) over the
-  // passes, each scaled by 1/micro; the gradient reduction runs once, after the last pass.
-  const int64_t micro = train_.grad_accum, rows = ids.dim(0) / micro;
+  // Micro-batch m is rows [m B/A, (m+1) B/A) of the global batch, on any number of ranks, and
+  // rank r trains the r-th of its W equal shares: so each micro-batch holds the same tokens
+  // whatever W (the routers' load summed over the ranks, hence the aux loss, is the same, and a
+  // run resumed on another rank count continues the same objective). Every rank runs the same
+  // number of passes, so their collectives stay in the same order. Gradients accumulate (+=)
+  // over the passes, each scaled by 1/micro; the gradient reduction runs once, after the last.
+  const int64_t micro = train_.grad_accum, rows = train_.batch / micro / world_size();
+  auto first_row = [&](int64_t m) { return (m * world_size() + rank()) * rows; };
+  if (capture_routing)  // this rank's tokens in the order its passes see them
+    for (int64_t m = 0; m < micro; ++m) {
+      const Tensor part = ids.rows(first_row(m), first_row(m) + rows);
+      s.token_ids.insert(s.token_ids.end(), part.data<int32_t>(),
+                         part.data<int32_t>() + part.numel());
+    }
   const nn::Recompute recompute = nn::parse_recompute(train_.recompute);
   const double lr = learning_rate();
   offload::StepInfo store_info;  // what the expert store needs of this step
@@ -387,14 +391,14 @@ StepStats Trainer::step(bool capture_routing) {
   for (int64_t m = 0; m < micro; ++m) {
     {
       ArenaScope scope(arena_);
-      Tensor micro_ids = micro == 1 ? ids : ids.rows(m * rows, (m + 1) * rows);
-      Tensor micro_targets = micro == 1 ? targets : targets.rows(m * rows, (m + 1) * rows);
+      Tensor micro_ids = ids.rows(first_row(m), first_row(m) + rows);
+      Tensor micro_targets = targets.rows(first_row(m), first_row(m) + rows);
       nn::RouterStep rs;
       rs.seed = train_.seed;
       rs.step = step_;
       rs.training = true;
       // This pass's tokens start there in the global batch (router jitter is keyed by it).
-      rs.first_token = rank() * ids.numel() + m * micro_ids.numel();
+      rs.first_token = first_row(m) * ids.dim(1);
       rs.capture_routing = capture_routing;
       TrainPass pass;
       pass.loss = logits_loss_;

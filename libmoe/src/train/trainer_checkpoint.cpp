@@ -277,6 +277,10 @@ io::Checkpoint Trainer::snapshot_owned() const {
   for (StateTensor& t : optimizer_state())
     if (owns(*t.param)) {
       t.tensor.shard = t.param->shard;
+      // flexmoe under --shard-embedding: its slots' state gathered into logical experts, as
+      // checkpoint() does for the values (rank 0 writes them).
+      if (auto it = logical_.find(t.tensor.name); it != logical_.end())
+        t.tensor.tensor = it->second;
       c.optim.push_back(std::move(t.tensor));
     }
   c.sharding.ep_size = static_cast<int>(train_.ep);

@@ -5,8 +5,8 @@
 # step-3 file into another directory, write the same step-6 /params and /optim bit for bit
 # (flexmoe's saved replica maps and cost model make the resumed run replan as the first did; it
 # must have replanned at least once). The flexmoe step-3 file (one file, every logical expert
-# once) then resumes on 1 process (--ep 1 --placement static: without them the checkpoint's
-# --ep 2 is refused) and on 4 ranks under --placement lpt --ep 4: both continue from step 3.
+# once) then resumes on 1 process (the checkpoint's --ep 2 and placement fall back to --ep 1,
+# static) and on 4 ranks under --placement lpt --ep 4: both continue from step 3.
 # It also resumes under --placement static --ep 2 (a sharded layout: each rank takes its slices),
 # directly and after moe-convert partition --ranks 2.
 # Usage: placement_resume.sh MPIEXEC MOE_TRAIN DATA WORKDIR
@@ -69,14 +69,18 @@ resumed() {  # resumed NAME LOG: the run went on from step 3 to 5, with step 4's
     { cat "$2"; fail "$1: step 4 loss '$got', the uninterrupted run's is $want"; }
   echo "$1: continued from step 3 (step 4 loss $got, uninterrupted $want)"
 }
-# The checkpoint's training settings carry over: its --ep 2 on 1 process is refused by name, and
-# --ep 1 (which needs --placement static) resumes.
-run 1 --steps 5 --resume "$ckpt" --out "$work/one" > "$work/one.log"
+# The checkpoint's training settings carry over, but on 1 process its --ep 2 and --placement
+# flexmoe place nothing: they fall back to --ep 1 and static, and the log says so. An --ep 2
+# given on 1 process is refused by name.
+run 1 --steps 5 --resume "$ckpt" --ep 2 --out "$work/one" > "$work/one.log"
 rc=$?
-[ "$rc" -eq 2 ] && grep -q "needs --ep equal to the number of ranks (1), not 2" "$work/one.log" ||
-  { cat "$work/one.log"; fail "1 process, the checkpoint's --ep 2: exit $rc, expected 2 naming --ep"; }
-run 1 --steps 5 --resume "$ckpt" --ep 1 --placement static --out "$work/one" > "$work/one.log" ||
+[ "$rc" -eq 2 ] && grep -q "\-\-ep 2 does not divide the 1 ranks" "$work/one.log" ||
+  { cat "$work/one.log"; fail "1 process, --ep 2 given: exit $rc, expected 2 naming --ep"; }
+run 1 --steps 5 --resume "$ckpt" --out "$work/one" > "$work/one.log" ||
   { cat "$work/one.log"; fail "flexmoe checkpoint on 1 process"; }
+grep -q "resume: --ep 2 -> 1 (one process holds every expert)" "$work/one.log" &&
+  grep -q "resume: --placement flexmoe -> static" "$work/one.log" ||
+  { cat "$work/one.log"; fail "1 process: the layout's fallback is not in the log"; }
 resumed one "$work/one.log"
 run 4 --steps 5 --resume "$ckpt" --placement lpt --ep 4 --out "$work/lpt4" > "$work/lpt4.log" ||
   { cat "$work/lpt4.log"; fail "flexmoe checkpoint on 4 ranks with --placement lpt --ep 4"; }

@@ -21,8 +21,9 @@ class CheckpointDir {
   std::string step(int64_t step, bool sharded = false) const;
   // DIR/last.h5, or DIR/last when sharded.
   std::string last(bool sharded = false) const;
-  // Points last.h5 (last) at step's checkpoint; the link is relative, so the run directory can
-  // move. Throws moe::Error naming the link.
+  // Points last.h5 (last) at step's checkpoint and removes the other form's link, so a run that
+  // changed layout (one file <-> a sharded directory) has one `last`; the link is relative, so
+  // the run directory can move. Throws moe::Error naming the link.
   void point_last(int64_t step, bool sharded = false) const;
   // The checkpoint names found in DIR (last.h5, last, step-<8 digits>.h5, step-<8 digits>),
   // sorted; empty when DIR is missing or holds none.
@@ -45,7 +46,8 @@ class CheckpointDir {
 // The checkpoint a user names where one is read (moe-infer --model, moe-distill --teacher,
 // moe-profile record --model, moe-train --resume, moe-convert): a checkpoint file as given; a
 // sharded checkpoint directory (rank-<5 digits>.h5 files), `sharded`; or a moe-train output
-// directory, resolved to its newest checkpoint (DIR/last.h5, or the sharded DIR/last). Throws
+// directory, resolved to its newest checkpoint (DIR/last.h5, or the sharded DIR/last; when both
+// are there, the one naming the later step). Throws
 // moe::Error naming a missing path, or a directory that holds no checkpoint and what was looked
 // for.
 struct CheckpointRef {

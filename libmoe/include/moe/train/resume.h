@@ -52,11 +52,16 @@ RunConfig resume_config(const io::Checkpoint* resume, ModelConfig model, TrainCo
 // A checkpoint of an earlier build (nothing recorded) is only recorded. Returns "" otherwise.
 std::string check_data_file(TrainConfig& train, bool resumed, bool data_given);
 
-// A sharded checkpoint (`head`: the rank-00000.h5 of the directory `path`) resumes only on as many
-// ranks as wrote it. Otherwise throws moe::Error saying how many ranks wrote it, with which
-// layout, and what to do: run under mpiexec -n W, or merge it into one file with moe-convert
-// merge (which any number of ranks can resume). Checked before any rank group is built, so the
-// user never meets a complaint about an --ep they did not pass.
-void check_resume_ranks(const io::Checkpoint& head, const std::string& path, int world_size);
+// A checkpoint resumes on any number of ranks with any layout: Trainer::restore re-shards its
+// tensors on load. Its layout settings (--ep, --placement, --shard-embedding, ...) carry over into
+// `train` like every training setting unless given again; this fits them to `world_size` ranks.
+// On one process, --ep, --placement and --shard-embedding not given fall back to one process's
+// (1, static, off: there is nothing to place or shard), and the returned lines say so ("--ep 2 -> 1
+// (one process holds every expert)", for the log beside RunConfig::overrides). On several ranks, a
+// carried --ep that does not divide the world throws UsageError naming the --ep values that do (the
+// user picks the layout; nothing guesses it). `resume` needs its configs and sharding only (a
+// sharded checkpoint's rank-00000.h5 holds them).
+std::vector<std::string> fit_layout(TrainConfig& train, const io::Checkpoint& resume,
+                                    int world_size, const GivenFlags& given);
 
 }  // namespace moe::train
