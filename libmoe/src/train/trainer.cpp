@@ -65,6 +65,8 @@ static void for_each_field(Config& c, Visit&& f) {
   f("lfu_period", c.lfu_period);
   f("grad_accum", c.grad_accum);
   f("recompute", c.recompute);
+  f("tasks", c.tasks);
+  f("task_replan_every", c.task_replan_every);
 }
 
 nlohmann::json to_json(const TrainConfig& c) {
@@ -132,12 +134,14 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
                  comm::Communicator* world, Device device)
     : train_(train), provenance_(std::move(provenance)), world_(world) {
   MOE_USAGE_CHECK(train.data != "-" && train.val != "-", kNoStdinData);
+  if (!train.tasks.empty()) setup_tasks(model, train.data_format);  // sets train_.batch
   MOE_USAGE_CHECK(train.batch >= 1, "--batch must be >= 1 (got ", train.batch, ")");
-  MOE_USAGE_CHECK(train.batch % world_size() == 0, "--batch ", train.batch,
+  MOE_USAGE_CHECK(tasks_ || train.batch % world_size() == 0, "--batch ", train.batch,
                   " does not divide over ", world_size(), " data-parallel ranks");
   MOE_USAGE_CHECK(train.grad_accum >= 1, "--grad-accum must be >= 1 (got ", train.grad_accum, ")");
-  MOE_USAGE_CHECK(train.batch % (train.grad_accum * world_size()) == 0, "--batch ", train.batch,
-                  " does not split into --grad-accum ", train.grad_accum, " equal micro-batches",
+  MOE_USAGE_CHECK(tasks_ || train.batch % (train.grad_accum * world_size()) == 0, "--batch ",
+                  train.batch, " does not split into --grad-accum ", train.grad_accum,
+                  " equal micro-batches",
                   world_size() > 1 ? str(" on each of ", world_size(), " data-parallel ranks") : "",
                   ": use a --batch that is a multiple of ", train.grad_accum * world_size());
   nn::parse_recompute(train.recompute);  // a UsageError naming the flag
@@ -155,8 +159,10 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
   MOE_USAGE_CHECK(train.val_fraction > 0 && train.val_fraction < 1,
                   "--val-fraction must be in (0, 1)");
   io::TokenFormat format = io::parse_token_format(train.data_format);
-  std::vector<int32_t> tokens = io::load_tokens(train.data, format);
-  if (train.val.empty()) {
+  if (tasks_) {  // each task's held-out tail, or --val
+    val_tokens_ =
+        train.val.empty() ? tasks_->validation_tokens() : io::load_tokens(train.val, format);
+  } else if (std::vector<int32_t> tokens = io::load_tokens(train.data, format); train.val.empty()) {
     auto split = io::split_tail(std::move(tokens), train.val_fraction, model.seq);
     train_tokens_ = std::move(split.first);
     val_tokens_ = std::move(split.second);
@@ -166,17 +172,23 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
   }
   ModelConfig config = model;
   if (config.vocab_size == 0)  // pre-tokenized data: the vocabulary covers every id it holds
-    config.vocab_size = std::max(vocab_needed(train_tokens_), vocab_needed(val_tokens_));
+    config.vocab_size = std::max({vocab_needed(train_tokens_), vocab_needed(val_tokens_),
+                                  tasks_ ? tasks_->vocab_needed() : 0});
+  MOE_USAGE_CHECK(!tasks_ || tasks_->vocab_needed() <= config.vocab_size, "--tasks ", train.tasks,
+                  ": a task's data holds token id ", tasks_ ? tasks_->vocab_needed() - 1 : 0,
+                  ", outside the model's vocabulary of ", config.vocab_size, " (use --vocab ",
+                  tasks_ ? tasks_->vocab_needed() : 0, " or more)");
   check_vocab(train_tokens_, config.vocab_size, train.data);
   check_vocab(val_tokens_, config.vocab_size, train.val.empty() ? train.data : train.val);
-  sampler_ = std::make_unique<io::BatchSampler>(&train_tokens_, model.seq, train.seed, true);
+  if (!tasks_)
+    sampler_ = std::make_unique<io::BatchSampler>(&train_tokens_, model.seq, train.seed, true);
   // Validation must hold at least one window (the sampler says so clearly otherwise).
   io::BatchSampler probe(&val_tokens_, model.seq, train.seed, false);
 
   MOE_USAGE_CHECK(!train.shard_embedding || !flavour_of(config).tied_head,
                   "--shard-embedding needs an untied LM head, but the ", arch_name(config.arch),
                   " flavour ties it to the token table (use --arch mixtral)");
-  check_training_memory(config, train, world_size());  // before any parameter is allocated
+  check_training_memory(config, train_, world_size());  // before any parameter is allocated
   setup_parallel(config, device);
   params_ = std::make_unique<ParamSet>(train.seed, config.dtype);
   if (train.offload == "auto") plan_offload(config, device);
@@ -250,6 +262,31 @@ void Trainer::setup_parallel(const ModelConfig& config, Device device) {
     placement_ = TrainingPlacement::make(placement, *layout_->experts(), experts_of_block);
     parallel_.placement = placement_.get();
   }
+}
+
+// --tasks (moe/train/tasks.h): the tasks' data and allocation, and the global batch becomes their
+// total. What has not been made to work with it is refused by name.
+void Trainer::setup_tasks(const ModelConfig& model, const std::string& format) {
+  const TrainConfig& t = train_;
+  MOE_USAGE_CHECK(t.data.empty(), "--tasks ", t.tasks,
+                  " replaces --data (each task names its data file): drop --data ", t.data);
+  auto refuse = [&](bool bad, const std::string& what, const std::string& why) {
+    MOE_USAGE_CHECK(!bad, "--tasks does not combine with ", what, ": ", why);
+  };
+  refuse(t.grad_accum > 1, str("--grad-accum ", t.grad_accum),
+         "a rank's rows are one pass (lower the tasks' batches instead)");
+  refuse(t.placement != "static", str("--placement ", t.placement),
+         "its replans and cost model assume every rank computes the same number of rows");
+  refuse(t.offload != "none", str("--offload ", t.offload),
+         "the expert store's gradient scaling has not been made to follow the tasks' weights");
+  refuse(t.shard_embedding, "--shard-embedding", "not tested with ranks of different batches");
+  refuse(t.comm_scheduler != "off", str("--comm-scheduler ", t.comm_scheduler),
+         "not tested with ranks of different batches");
+  MOE_USAGE_CHECK(t.task_replan_every >= 0, "--task-replan-every must be >= 0 (got ",
+                  t.task_replan_every, ")");
+  tasks_ = std::make_unique<TaskSet>(read_tasks_file(t.tasks), io::parse_token_format(format),
+                                     model.seq, t.seed, t.val_fraction, world_size(), rank());
+  train_.batch = tasks_->total_batch();
 }
 
 // ---- FlexMoE's replicas ------------------------------------------------------------------------
@@ -362,8 +399,15 @@ StepStats Trainer::step(bool capture_routing) {
   // The global batch, the same on every rank whatever --grad-accum, drawn outside the activation
   // arena: the arena is reset after every micro-batch.
   Tensor ids, targets;
-  sampler_->next(train_.batch, ids, targets);
-  if (world_size() > 1) {  // this rank's contiguous share of it
+  TaskBatch task_batch;  // --tasks: this rank's rows of the tasks' batches
+  if (tasks_) {
+    task_batch = tasks_->next();
+    ids = task_batch.ids;
+    targets = task_batch.targets;
+  } else {
+    sampler_->next(train_.batch, ids, targets);
+  }
+  if (!tasks_ && world_size() > 1) {  // this rank's contiguous share of it
     const int64_t local = train_.batch / world_size();
     ids = ids.rows(rank() * local, (rank() + 1) * local);
     targets = targets.rows(rank() * local, (rank() + 1) * local);
@@ -394,11 +438,13 @@ StepStats Trainer::step(bool capture_routing) {
       rs.step = step_;
       rs.training = true;
       // This pass's tokens start there in the global batch (router jitter is keyed by it).
-      rs.first_token = rank() * ids.numel() + m * micro_ids.numel();
+      rs.first_token =
+          tasks_ ? task_batch.first_token : rank() * ids.numel() + m * micro_ids.numel();
       rs.capture_routing = capture_routing;
       TrainPass pass;
-      pass.loss = logits_loss_;
-      pass.loss_scale = static_cast<float>(1.0 / static_cast<double>(micro));
+      pass.loss = tasks_ ? tasks_->loss() : logits_loss_;
+      pass.loss_scale =
+          tasks_ ? task_batch.loss_scale : static_cast<float>(1.0 / static_cast<double>(micro));
       pass.recompute = recompute;
       // Priority scheduling: reduce each block's gradients as the last pass's backward leaves it
       // (only then are they final).
@@ -411,9 +457,11 @@ StepStats Trainer::step(bool capture_routing) {
         store_->begin_step(store_info);
       }
       const Device on = params_->device();
+      Timer pass_timer;
       accumulate(s.forward,
                  model_->forward_backward(micro_ids.to(on), micro_targets.to(on), rs, pass), m,
                  micro);
+      if (tasks_) tasks_->add_seconds(pass_timer.seconds());
     }
     arena_.reset();
   }
@@ -430,6 +478,7 @@ StepStats Trainer::step(bool capture_routing) {
     s.a2a_calls = layout_->exchange_stats()->calls;
     reduce_stats(s);
   }
+  if (tasks_) s.tasks = tasks_->finish_step(world_size() > 1 ? world_ : nullptr);
   MOE_CHECK(std::isfinite(s.forward.total), "step ", step_, ": loss is ", s.forward.total,
             " (diverged; try a lower --lr or --clip)");
   if (store_) store_->complete_gradients();
@@ -447,6 +496,8 @@ StepStats Trainer::step(bool capture_routing) {
   // a non-finite expert value stops the run here too.
   if (store_) store_->finish_step(optim::clip_scale(train_.clip, s.grad_norm));
   ++step_;
+  if (tasks_ && train_.task_replan_every > 0 && step_ % train_.task_replan_every == 0)
+    s.task_replan = tasks_->replan();
   if (placement_) {
     s.replans = placement_->end_step(step_);
     for (const auto& [block, predicted] : placement_->predicted_s())
