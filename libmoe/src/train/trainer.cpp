@@ -469,6 +469,13 @@ StepStats Trainer::step(bool capture_routing) {
       s.forward.loss + mc.aux_loss_coef * s.forward.aux_loss + mc.z_loss_coef * s.forward.z_loss;
   s.activation_peak_bytes =
       static_cast<int64_t>(std::max(arena_.peak_bytes(), s.forward.activation_peak_bytes));
+  if (tasks_ && world_size() > 1) {
+    // Ranks compute different numbers of rows: their aux and z losses count by their share of
+    // the step's rows (the mean over the ranks below is then the whole batch's, as the gradients'
+    // weighting is).
+    s.forward.aux_loss *= task_batch.loss_scale;
+    s.forward.z_loss *= task_batch.loss_scale;
+  }
   if (world_size() > 1) {
     Timer sync;
     if (!layout_->scheduler()) grad_sync_->pack(params_->all());
