@@ -1,8 +1,10 @@
 // Multi-task training's inputs and one-process runs (moe/train/tasks.h): the allocation rule on
 // hand-worked workloads, the tasks file's errors, and a one-task run against a plain --data run.
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstring>
 
+#include "moe/io/dataset.h"
 #include "moe/train/tasks.h"
 #include "moe/train/trainer.h"
 #include "support/models.h"
@@ -176,4 +178,75 @@ TEST_CASE("tasks: one task of weight 1 trains bitwise as --data does", "[tasks]"
   accum.grad_accum = 2;
   CHECK_THROWS_WITH(train::Trainer(model, accum, {}),
                     Catch::Contains("--tasks does not combine with --grad-accum 2"));
+}
+
+TEST_CASE("tasks: the step's gradient is the weighted objective's", "[tasks]") {
+  // Oracle: each task's batch in its own pass of a fresh model with the same initial parameters,
+  // the plain cross-entropy scaled by lambda_t B_t / sum B (the mean over a task's rows times its
+  // share), gradients accumulated. The router losses are off: their f_e depends on which rows
+  // share a pass, so they are not additive over passes.
+  test::ScratchDir dir("tasks-gradient");
+  test::write_file(dir / "tasks.toml",
+                   str("[[task]]\nname = \"a\"\ndata = \"", test::fortunes_path("computers"),
+                       "\"\nbatch = 4\nweight = 1.0\n[[task]]\nname = \"b\"\n"
+                       "data = \"",
+                       test::fortunes_path("linux"), "\"\nbatch = 2\nweight = 3.0\n"));
+  ModelConfig model = test::small_model_config(Arch::gpt);
+  model.aux_loss_coef = 0;
+  model.z_loss_coef = 0;
+  model.resolve();
+  train::TrainConfig config;
+  config.tasks = dir / "tasks.toml";
+  config.steps = 1;
+  config.clip = 0;  // the gradients stay as computed
+  config.seed = 3;
+  train::Trainer trainer(model, config, {});
+  const train::StepStats stats = trainer.step();
+
+  ParamSet params(config.seed, model.dtype);
+  Transformer oracle(model, params, nullptr);
+  params.zero_grad();
+  const std::vector<std::pair<std::string, double>> tasks{{"computers", 1.0}, {"linux", 3.0}};
+  const int64_t batches[] = {4, 2};
+  double objective = 0;
+  int64_t first_row = 0;
+  for (size_t t = 0; t < 2; ++t) {
+    std::vector<int32_t> tokens =
+        io::split_tail(io::load_tokens(test::fortunes_path(tasks[t].first)), config.val_fraction,
+                       model.seq)
+            .first;
+    io::BatchSampler sampler(&tokens, model.seq, config.seed + t, true);
+    Tensor ids, targets;
+    sampler.next(batches[t], ids, targets);
+    nn::RouterStep rs;
+    rs.seed = config.seed;
+    rs.first_token = first_row * model.seq;
+    TrainPass pass;
+    const double share = tasks[t].second * double(batches[t]) / 6.0;
+    pass.loss_scale = static_cast<float>(share);
+    objective += share * oracle.forward_backward(ids, targets, rs, pass).loss;
+    first_row += batches[t];
+  }
+  CHECK(stats.forward.loss == Approx(objective).epsilon(1e-6));
+  double worst = 0;
+  std::string worst_name;
+  for (Param* p : trainer.params().all()) {
+    // The key bias's exact gradient is zero (softmax cancels it): what backward leaves is noise.
+    if (p->name.ends_with("attn.k.bias")) continue;
+    const std::vector<float> x = p->grad.to_vector(), y = params.at(p->name).grad.to_vector();
+    double scale = 0, diff = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      scale = std::max(scale, std::fabs(double(y[i])));
+      diff = std::max(diff, std::fabs(double(x[i]) - y[i]));
+    }
+    if (scale > 0 && diff / scale > worst) {
+      worst = diff / scale;
+      worst_name = p->name;
+    }
+  }
+  INFO("worst gradient difference relative to its tensor's largest: " << worst << " in "
+                                                                      << worst_name);
+  // fp32 sums over other row groupings (~1e-6 relative); a weight or share off by any factor is
+  // a relative difference of order 1.
+  CHECK(worst < 1e-4);
 }
