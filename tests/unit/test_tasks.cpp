@@ -77,6 +77,16 @@ TEST_CASE("tasks: each task's batch splits evenly over its consecutive ranks", "
                     Catch::Contains("task 't0': batch 3 does not split evenly over the 2 ranks"));
 }
 
+TEST_CASE("tasks: the equal baseline gives R / T ranks each", "[tasks]") {
+  // 2, 2, 12 on 4 ranks: equal 2/1/1 (one left over, to the first); by workload the shares are
+  // 0.5, 0.5, 3 -> 1, 1, 3 (sum 5), task 2 gives one back: 1/1/2.
+  const std::vector<TaskSpec> tasks = specs({2, 2, 12});
+  CHECK(train::allocate_equally(tasks, 4).ranks_of_task == std::vector<int64_t>{2, 1, 1});
+  CHECK(train::allocate_by_tokens(tasks, 16, 4).ranks_of_task == std::vector<int64_t>{1, 1, 2});
+  CHECK(train::allocate_equally(tasks, 4).segments[1][0].first_row == 1);
+  CHECK_THROWS_WITH(train::allocate_equally(tasks, 2), Catch::Contains("3 tasks on 2 ranks"));
+}
+
 TEST_CASE("tasks: more tasks than ranks share ranks by LPT", "[tasks]") {
   const std::vector<TaskSpec> tasks = specs({8, 4, 2, 2});
   // 8 -> rank 0; 4 -> rank 1; 2 -> rank 1 (4 < 8); 2 -> rank 1 (6 < 8).

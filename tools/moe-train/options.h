@@ -56,6 +56,12 @@ inline void add_train_options(CLI::App& app, TrainOptions& o) {
                      "(0: never; the allocation is saved in every checkpoint)")
           ->check(non_negative())
           ->capture_default_str());
+  o.train_flags.push_back(
+      io->add_option("--task-allocation", t.task_allocation,
+                     "--tasks: ranks per task by workload (tokens per step) or equal (the "
+                     "baseline: ranks / tasks each)")
+          ->check(CLI::IsMember({"workload", "equal"}))
+          ->capture_default_str());
   io->add_option("--out", o.out, "Output directory: step-<8 digits>.h5 checkpoints and last.h5")
       ->required();
   io->add_flag("--force", o.force,

@@ -161,6 +161,22 @@ std::vector<int64_t> workload_ranks(std::span<const double> work, int ranks) {
   return n;
 }
 
+// Task t on n_t consecutive ranks (in task order), its batch split evenly in rank order.
+static void split_batches(TaskAllocation& a, const std::vector<TaskSpec>& tasks) {
+  const int ranks = a.ranks();
+  int rank = 0;
+  for (size_t t = 0; t < tasks.size(); ++t) {
+    const TaskSpec& task = tasks[t];
+    const int64_t n = a.ranks_of_task[t];
+    MOE_USAGE_CHECK(task.batch % n == 0, "task '", task.name, "': batch ", task.batch,
+                    " does not split evenly over the ", n, " ranks it is given (of ", ranks,
+                    "): use a batch that is a multiple of ", n);
+    const int64_t rows = task.batch / n;
+    for (int64_t j = 0; j < n; ++j)
+      a.segments[static_cast<size_t>(rank++)].push_back({static_cast<int64_t>(t), j * rows, rows});
+  }
+}
+
 TaskAllocation allocate_tasks(const std::vector<TaskSpec>& tasks, std::span<const double> work,
                               int ranks) {
   MOE_CHECK(work.size() == tasks.size(), "allocate_tasks: ", work.size(), " workloads for ",
@@ -171,17 +187,7 @@ TaskAllocation allocate_tasks(const std::vector<TaskSpec>& tasks, std::span<cons
   const auto T = static_cast<int>(tasks.size());
   if (T <= ranks) {
     a.ranks_of_task = workload_ranks(work, ranks);
-    int rank = 0;
-    for (int t = 0; t < T; ++t) {
-      const TaskSpec& task = tasks[static_cast<size_t>(t)];
-      const int64_t n = a.ranks_of_task[static_cast<size_t>(t)];
-      MOE_USAGE_CHECK(task.batch % n == 0, "task '", task.name, "': batch ", task.batch,
-                      " does not split evenly over the ", n, " ranks its workload gets (of ", ranks,
-                      "): use a batch that is a multiple of ", n);
-      const int64_t rows = task.batch / n;
-      for (int64_t j = 0; j < n; ++j)
-        a.segments[static_cast<size_t>(rank++)].push_back({t, j * rows, rows});
-    }
+    split_batches(a, tasks);
     return a;
   }
   // More tasks than ranks: light tasks share ranks. LPT over the workloads.
@@ -207,6 +213,17 @@ TaskAllocation allocate_by_tokens(const std::vector<TaskSpec>& tasks, int64_t se
   std::vector<double> work;
   for (const TaskSpec& t : tasks) work.push_back(static_cast<double>(t.batch * seq));
   return allocate_tasks(tasks, work, ranks);
+}
+
+TaskAllocation allocate_equally(const std::vector<TaskSpec>& tasks, int ranks) {
+  const auto T = static_cast<int64_t>(tasks.size());
+  MOE_USAGE_CHECK(T <= ranks, "--task-allocation equal: ", T, " tasks on ", ranks,
+                  " ranks (it gives every task its own ranks)");
+  TaskAllocation a;
+  a.segments.resize(static_cast<size_t>(ranks));
+  for (int64_t t = 0; t < T; ++t) a.ranks_of_task.push_back(ranks / T + (t < ranks % T ? 1 : 0));
+  split_batches(a, tasks);
+  return a;
 }
 
 nlohmann::json to_json(const TaskAllocation& a) {

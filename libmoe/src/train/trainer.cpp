@@ -67,6 +67,7 @@ static void for_each_field(Config& c, Visit&& f) {
   f("recompute", c.recompute);
   f("tasks", c.tasks);
   f("task_replan_every", c.task_replan_every);
+  f("task_allocation", c.task_allocation);
 }
 
 nlohmann::json to_json(const TrainConfig& c) {
@@ -284,8 +285,13 @@ void Trainer::setup_tasks(const ModelConfig& model, const std::string& format) {
          "not tested with ranks of different batches");
   MOE_USAGE_CHECK(t.task_replan_every >= 0, "--task-replan-every must be >= 0 (got ",
                   t.task_replan_every, ")");
-  tasks_ = std::make_unique<TaskSet>(read_tasks_file(t.tasks), io::parse_token_format(format),
-                                     model.seq, t.seed, t.val_fraction, world_size(), rank());
+  MOE_USAGE_CHECK(t.task_replan_every == 0 || t.task_allocation == "workload",
+                  "--task-replan-every reallocates by workload: it needs --task-allocation "
+                  "workload, not ",
+                  t.task_allocation);
+  tasks_ =
+      std::make_unique<TaskSet>(read_tasks_file(t.tasks), io::parse_token_format(format), model.seq,
+                                t.seed, t.val_fraction, world_size(), rank(), t.task_allocation);
   train_.batch = tasks_->total_batch();
 }
 

@@ -66,6 +66,9 @@ TaskAllocation allocate_tasks(const std::vector<TaskSpec>& tasks, std::span<cons
                               int ranks);
 // Work = tokens per step (batch x seq); the allocation a run starts with.
 TaskAllocation allocate_by_tokens(const std::vector<TaskSpec>& tasks, int64_t seq, int ranks);
+// The baseline the workload rule is measured against (--task-allocation equal): R / T ranks per
+// task, one more for each of the first R mod T tasks (T <= R), batches split as above.
+TaskAllocation allocate_equally(const std::vector<TaskSpec>& tasks, int ranks);
 nlohmann::json to_json(const TaskAllocation& allocation);
 TaskAllocation task_allocation_from_json(const nlohmann::json& j);
 // "a:4 b:2 c:1 d:1" (ranks per task) or, with shared ranks, "rank 0: a b | rank 1: c".
@@ -91,8 +94,9 @@ struct TaskBatch {
 class TaskSet {
  public:
   // Loads every task's data (its held-out tail, val_fraction, is the task's validation part).
+  // `allocation`: workload (allocate_by_tokens) or equal (allocate_equally).
   TaskSet(std::vector<TaskSpec> tasks, io::TokenFormat format, int64_t seq, uint64_t seed,
-          double val_fraction, int ranks, int rank);
+          double val_fraction, int ranks, int rank, const std::string& allocation = "workload");
 
   const std::vector<TaskSpec>& tasks() const { return tasks_; }
   const TaskAllocation& allocation() const { return allocation_; }

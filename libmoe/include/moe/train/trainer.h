@@ -86,8 +86,10 @@ struct TrainConfig {
   // Multi-task training (moe/train/tasks.h): the tasks file (replaces data; batch becomes the
   // tasks' total), and the steps between reallocations of ranks to tasks by measured time (0:
   // the allocation by tokens stays).
+  // task_allocation: workload (the rule of moe/train/tasks.h) | equal (the baseline: R / T each).
   std::string tasks;
   int64_t task_replan_every = 0;
+  std::string task_allocation = "workload";
 };
 nlohmann::json to_json(const TrainConfig& config);
 // Fields present in j override those of `base`.
