@@ -7,6 +7,7 @@
 #include "moe/error.h"
 #include "moe/io/checkpoint.h"
 #include "support/run.h"
+#include "support/state.h"
 
 using namespace moe;
 using test::run_command;
@@ -64,13 +65,7 @@ TEST_CASE("cli: moe-train --tasks logs and meters every task, and resumes exactl
   REQUIRE(r2.exit_code == 0);
   io::Checkpoint x = io::load_checkpoint(a / "step-00000004.h5");
   io::Checkpoint y = io::load_checkpoint(b / "step-00000004.h5");
-  REQUIRE(x.params.size() == y.params.size());
-  for (size_t i = 0; i < x.params.size(); ++i)
-    CHECK(std::memcmp(x.params[i].tensor.raw(), y.params[i].tensor.raw(),
-                      x.params[i].tensor.nbytes()) == 0);
-  for (size_t i = 0; i < x.optim.size(); ++i)
-    CHECK(std::memcmp(x.optim[i].tensor.raw(), y.optim[i].tensor.raw(),
-                      x.optim[i].tensor.nbytes()) == 0);
+  CHECK(test::first_difference(x, y) == "");
   CHECK(x.train_config["tasks_state"]["cursors"] == nlohmann::json{16, 8, 8});
   // The tasks file changed under the checkpoint: refused, naming the task and the key.
   test::write_file(a / "tasks.toml", task("computers", "computers", 8, 1.0) +
@@ -105,6 +100,7 @@ TEST_CASE("cli: bad tasks files and combinations give clear errors", "[cli]") {
       {"[[task]\n", "", path + ":1:"},
       {three_tasks(), " --data " + test::fortunes_path("art"), "replaces --data"},
       {three_tasks(), " --grad-accum 2", "--tasks does not combine with --grad-accum 2"},
+      {three_tasks(), " --batch 8", "--batch does not apply with --tasks"},
       {three_tasks(), " --comm-scheduler priority",
        "--tasks does not combine with --comm-scheduler priority"},
   };

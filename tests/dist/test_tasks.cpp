@@ -9,6 +9,7 @@
 #include "moe/comm/communicator.h"
 #include "moe/io/checkpoint.h"
 #include "moe/train/trainer.h"
+#include "support/ep_compare.h"
 #include "support/models.h"
 #include "support/run.h"
 
@@ -83,23 +84,9 @@ TEST_CASE("tasks: a multi-task run equals the same weighted objective in one pro
     // The reported loss is the objective sum_t lambda_t sum_s loss_s / sum_t B_t.
     CHECK(a.forward.loss == Approx(objective / 8).epsilon(1e-6));
   }
-  double worst = 0;
-  for (Param* p : parallel.params().all()) {
-    if (p->name.ends_with("attn.k.bias")) continue;  // rounding noise, see test_data_parallel
-    // With --ep a rank holds rows [start, start + count) of an expert tensor.
-    Tensor whole = single.params().at(p->name).value;
-    CHECK((!p->shard.defined() || p->shard.dim == 0));
-    if (p->shard.defined()) whole = whole.rows(p->shard.start, p->shard.start + p->shard.count);
-    std::vector<float> x = p->value.to_vector(), y = whole.to_vector();
-    CHECK(x.size() == y.size());
-    double scale = 0, diff = 0;
-    for (size_t i = 0; i < x.size(); ++i) {
-      scale = std::max(scale, std::fabs(double(y[i])));
-      diff = std::max(diff, std::fabs(double(x[i]) - y[i]));
-    }
-    worst = std::max(worst, diff / std::max(scale, 1e-12));
-  }
-  INFO("worst parameter difference relative to its scale: " << worst);
+  std::string where;
+  const double worst = test::worst_difference(parallel, single, where);  // slices under --ep
+  INFO("worst parameter difference relative to its scale: " << worst << " in " << where);
   // The data-parallel test's bound: Adam turns ~1e-7 gradient rounding into ~1e-4 after 5 steps;
   // a wrong weighting (a task's lambda or rows off by any factor) moves parameters by lr-sized
   // steps, far above it.
@@ -130,10 +117,10 @@ TEST_CASE("tasks: a multi-task run resumes bitwise (cursors and allocation)", "[
   train::Trainer resumed(tasks_model(), config, {}, &world);
   resumed.restore(path);
   for (int i = 2; i < 4; ++i) CHECK(resumed.step().forward.loss == losses[size_t(i)]);
-  for (Param* p : straight.params().all()) {
-    const Param& q = resumed.params().at(p->name);
-    CHECK(std::memcmp(p->value.raw(), q.value.raw(), p->value.nbytes()) == 0);
-  }
+  std::string where;
+  const bool same = test::bitwise_equal(straight, resumed, where);
+  INFO("first parameter that differs: " << where);
+  CHECK(same);
   world.barrier();
   if (world.rank() == 0) std::filesystem::remove_all(dir);
 }

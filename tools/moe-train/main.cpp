@@ -108,6 +108,10 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
   flags_model.dtype = parse_dtype(o.dtype);
   flags_model.normalize_topk = o.normalize_topk == "auto" ? flavour_of(flags_model).normalize_topk
                                                           : o.normalize_topk == "on";
+  // Each task's batch is in its tasks file: a --batch beside --tasks would be ignored.
+  if (!o.train.tasks.empty() && app.get_option("--batch")->count())
+    throw UsageError("--batch does not apply with --tasks: each task's batch is in " +
+                     o.train.tasks + " (the step's batch is their total)");
   train::TrainConfig flags_train = o.train;
   flags_train.seed = o.common.seed;
   train::RunConfig run =
