@@ -444,13 +444,16 @@ StepStats Trainer::step(bool capture_routing) {
       rs.step = step_;
       rs.training = true;
       // This pass's tokens start there in the global batch (router jitter is keyed by it).
-      rs.first_token =
-          tasks_ ? task_batch.first_token : rank() * ids.numel() + m * micro_ids.numel();
+      rs.first_token = rank() * ids.numel() + m * micro_ids.numel();
+      if (tasks_) rs.first_token = task_batch.first_token;  // its rows' place in the tasks' batches
       rs.capture_routing = capture_routing;
       TrainPass pass;
-      pass.loss = tasks_ ? tasks_->loss() : logits_loss_;
-      pass.loss_scale =
-          tasks_ ? task_batch.loss_scale : static_cast<float>(1.0 / static_cast<double>(micro));
+      pass.loss = logits_loss_;
+      pass.loss_scale = static_cast<float>(1.0 / static_cast<double>(micro));
+      if (tasks_) {  // the objective's weighting of this rank's rows (moe/train/tasks.h)
+        pass.loss = tasks_->loss();
+        pass.loss_scale = task_batch.loss_scale;
+      }
       pass.recompute = recompute;
       // Priority scheduling: reduce each block's gradients as the last pass's backward leaves it
       // (only then are they final).
