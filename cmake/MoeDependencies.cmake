@@ -3,6 +3,7 @@ find_package(OpenMP REQUIRED COMPONENTS CXX)
 find_package(HDF5 REQUIRED COMPONENTS C)
 find_package(CLI11 CONFIG REQUIRED)
 find_package(nlohmann_json 3.10 CONFIG REQUIRED)
+find_package(tomlplusplus 3 CONFIG REQUIRED)  # --tasks files (libmoe/src/train/tasks.cpp)
 
 # One gemm entry point (libmoe/src/backend/cpu/gemm.cpp); OpenBLAS by default, any CBLAS otherwise.
 # Debian's OpenMP build of OpenBLAS is preferred: it shares libgomp's thread pool with our OpenMP

@@ -61,6 +61,17 @@ train::GivenFlags given_flags(const tools::TrainOptions& o, CLI::App& app) {
   return given;
 }
 
+// "tasks: a (batch 8, weight 1, 2 ranks), ...; allocation a:2 b:1 c:1 ranks".
+std::string task_summary(const train::TaskSet& tasks) {
+  std::string text = "tasks:";
+  for (size_t t = 0; t < tasks.tasks().size(); ++t) {
+    const train::TaskSpec& spec = tasks.tasks()[t];
+    text += str(t ? ", " : " ", spec.name, " (", spec.data, ", batch ", spec.batch, ", weight ",
+                spec.weight, ")");
+  }
+  return text + "; allocation " + train::describe(tasks.allocation(), tasks.tasks());
+}
+
 // Every rank agrees on a stop: a signal may reach ranks at different steps, and saving is
 // collective.
 bool stop_agreed(comm::Communicator& world) {
@@ -96,6 +107,10 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
   flags_model.dtype = parse_dtype(o.dtype);
   flags_model.normalize_topk = o.normalize_topk == "auto" ? flavour_of(flags_model).normalize_topk
                                                           : o.normalize_topk == "on";
+  // Each task's batch is in its tasks file: a --batch beside --tasks would be ignored.
+  if (!o.train.tasks.empty() && app.get_option("--batch")->count())
+    throw UsageError("--batch does not apply with --tasks: each task's batch is in " +
+                     o.train.tasks + " (the step's batch is their total)");
   train::TrainConfig flags_train = o.train;
   flags_train.seed = o.common.seed;
   const train::GivenFlags given = given_flags(o, app);
@@ -169,6 +184,7 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
                    : std::string());
   if (const offload::TieredStore* store = trainer.expert_store())
     MOE_LOG_INFO(train::offload_layout(tc, *store));
+  if (const train::TaskSet* tasks = trainer.tasks()) MOE_LOG_INFO(task_summary(*tasks));
 
   std::unique_ptr<tools::OutputStream> metrics;
   if (!o.metrics.empty())
@@ -219,6 +235,9 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
               str(" | dropped ", std::round(s.dropped_fraction * 1e4) / 1e2, "%");
     if (!s.rank_load_max_over_mean.empty())
       text += " | ranks max/mean " + join_loads(s.rank_load_max_over_mean);
+    for (const train::TaskStepStats& t : s.tasks)
+      text += str(" | ", t.name, " ", tools::fixed(t.loss), " ",
+                  tools::fixed(double(t.samples) / std::max(s.seconds, 1e-9), 1), "/s");
     if (r.line)
       progress.line(text);
     else
@@ -228,6 +247,14 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
                         measured_text(s, trainer.model_config(), replan.block)));
       if (metrics)
         metrics->write_line(json{{"step", s.step}, {"replan", train::to_json(replan)}}.dump());
+    }
+    if (!s.task_replan.empty()) {  // whatever --log-every
+      progress.line(str("step ", s.step, ": ", s.task_replan));
+      if (metrics)
+        metrics->write_line(json{{"step", s.step},
+                                 {"task_replan", s.task_replan},
+                                 {"allocation", train::to_json(trainer.tasks()->allocation())}}
+                                .dump());
     }
   };
   if (metrics)
@@ -241,6 +268,15 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
         if (!r.stats.moe_seconds.empty()) j["moe_seconds"] = r.stats.moe_seconds;
         if (!r.stats.moe_predicted_seconds.empty())
           j["moe_predicted_seconds"] = r.stats.moe_predicted_seconds;
+      }
+      if (!r.stats.tasks.empty()) {
+        json tasks = json::object();
+        for (const train::TaskStepStats& t : r.stats.tasks)
+          tasks[t.name] = {{"loss", t.loss},
+                           {"samples", t.samples},
+                           {"samples_per_s", double(t.samples) / std::max(r.stats.seconds, 1e-9)},
+                           {"seconds", t.seconds}};
+        j["tasks"] = tasks;
       }
       metrics->write_line(j.dump());
     };

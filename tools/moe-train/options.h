@@ -48,6 +48,22 @@ inline void add_train_options(CLI::App& app, TrainOptions& o) {
   o.train_flags.push_back(
       io->add_option("--val-fraction", t.val_fraction, "Held-out tail of --data when no --val")
           ->capture_default_str());
+  o.train_flags.push_back(
+      io->add_option("--tasks", t.tasks,
+                     "Multi-task training: a TOML file of [[task]] tables (name, data, batch, "
+                     "weight) replacing --data and --batch; ranks are given to tasks by workload"));
+  o.train_flags.push_back(
+      io->add_option("--task-replan-every", t.task_replan_every,
+                     "--tasks: reallocate ranks to tasks by their measured time every N steps "
+                     "(0: never; the allocation is saved in every checkpoint)")
+          ->check(non_negative())
+          ->capture_default_str());
+  o.train_flags.push_back(
+      io->add_option("--task-allocation", t.task_allocation,
+                     "--tasks: ranks per task by workload (tokens per step) or equal (the "
+                     "baseline: ranks / tasks each)")
+          ->check(CLI::IsMember({"workload", "equal"}))
+          ->capture_default_str());
   io->add_option("--out", o.out, "Output directory: step-<8 digits>.h5 checkpoints and last.h5")
       ->required();
   io->add_flag("--force", o.force,

@@ -50,7 +50,7 @@ ModelConfig resumed_model(const io::Checkpoint& resume, ModelConfig m, const Giv
 }
 
 void absolute_paths(TrainConfig& c) {
-  for (std::string* path : {&c.data, &c.val})
+  for (std::string* path : {&c.data, &c.val, &c.tasks})
     if (!path->empty() && *path != "-")
       *path = std::filesystem::absolute(*path).lexically_normal().string();
 }
@@ -91,7 +91,7 @@ RunConfig resume_config(const io::Checkpoint* resume, ModelConfig model, TrainCo
                         const GivenFlags& given) {
   RunConfig run;
   run.train = resume ? resumed_train(*resume, train, given) : train;
-  if (run.train.data.empty())
+  if (run.train.data.empty() && run.train.tasks.empty())  // --tasks names a file per task
     throw UsageError("--data is required (the text or token file to train on)");
   absolute_paths(run.train);  // stored absolute: the checkpoint resumes from any directory
 
@@ -112,7 +112,8 @@ RunConfig resume_config(const io::Checkpoint* resume, ModelConfig model, TrainCo
 }
 
 std::string check_data_file(TrainConfig& train, bool resumed, bool data_given) {
-  if (train.data == "-") return "";  // refused by the Trainer (kNoStdinData), saying why
+  if (train.data == "-") return "";     // refused by the Trainer (kNoStdinData), saying why
+  if (!train.tasks.empty()) return "";  // --tasks: each task names its file (TaskSet reads them)
   const bool recorded = train.data_bytes >= 0 && !train.data_crc32c.empty();
   if (resumed && !data_given && !std::filesystem::exists(train.data))
     throw Error(str("the checkpoint trains on '", train.data,

@@ -65,6 +65,9 @@ static void for_each_field(Config& c, Visit&& f) {
   f("lfu_period", c.lfu_period);
   f("grad_accum", c.grad_accum);
   f("recompute", c.recompute);
+  f("tasks", c.tasks);
+  f("task_replan_every", c.task_replan_every);
+  f("task_allocation", c.task_allocation);
 }
 
 nlohmann::json to_json(const TrainConfig& c) {
@@ -132,12 +135,14 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
                  comm::Communicator* world, Device device)
     : train_(train), provenance_(std::move(provenance)), world_(world) {
   MOE_USAGE_CHECK(train.data != "-" && train.val != "-", kNoStdinData);
+  if (!train.tasks.empty()) setup_tasks(model, train.data_format);  // sets train_.batch
   MOE_USAGE_CHECK(train.batch >= 1, "--batch must be >= 1 (got ", train.batch, ")");
-  MOE_USAGE_CHECK(train.batch % world_size() == 0, "--batch ", train.batch,
+  MOE_USAGE_CHECK(tasks_ || train.batch % world_size() == 0, "--batch ", train.batch,
                   " does not divide over ", world_size(), " data-parallel ranks");
   MOE_USAGE_CHECK(train.grad_accum >= 1, "--grad-accum must be >= 1 (got ", train.grad_accum, ")");
-  MOE_USAGE_CHECK(train.batch % (train.grad_accum * world_size()) == 0, "--batch ", train.batch,
-                  " does not split into --grad-accum ", train.grad_accum, " equal micro-batches",
+  MOE_USAGE_CHECK(tasks_ || train.batch % (train.grad_accum * world_size()) == 0, "--batch ",
+                  train.batch, " does not split into --grad-accum ", train.grad_accum,
+                  " equal micro-batches",
                   world_size() > 1 ? str(" on each of ", world_size(), " data-parallel ranks") : "",
                   ": use a --batch that is a multiple of ", train.grad_accum * world_size());
   nn::parse_recompute(train.recompute);  // a UsageError naming the flag
@@ -155,8 +160,10 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
   MOE_USAGE_CHECK(train.val_fraction > 0 && train.val_fraction < 1,
                   "--val-fraction must be in (0, 1)");
   io::TokenFormat format = io::parse_token_format(train.data_format);
-  std::vector<int32_t> tokens = io::load_tokens(train.data, format);
-  if (train.val.empty()) {
+  if (tasks_) {  // each task's held-out tail, or --val
+    val_tokens_ =
+        train.val.empty() ? tasks_->validation_tokens() : io::load_tokens(train.val, format);
+  } else if (std::vector<int32_t> tokens = io::load_tokens(train.data, format); train.val.empty()) {
     auto split = io::split_tail(std::move(tokens), train.val_fraction, model.seq);
     train_tokens_ = std::move(split.first);
     val_tokens_ = std::move(split.second);
@@ -166,17 +173,23 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
   }
   ModelConfig config = model;
   if (config.vocab_size == 0)  // pre-tokenized data: the vocabulary covers every id it holds
-    config.vocab_size = std::max(vocab_needed(train_tokens_), vocab_needed(val_tokens_));
+    config.vocab_size = std::max({vocab_needed(train_tokens_), vocab_needed(val_tokens_),
+                                  tasks_ ? tasks_->vocab_needed() : 0});
+  MOE_USAGE_CHECK(!tasks_ || tasks_->vocab_needed() <= config.vocab_size, "--tasks ", train.tasks,
+                  ": a task's data holds token id ", tasks_ ? tasks_->vocab_needed() - 1 : 0,
+                  ", outside the model's vocabulary of ", config.vocab_size, " (use --vocab ",
+                  tasks_ ? tasks_->vocab_needed() : 0, " or more)");
   check_vocab(train_tokens_, config.vocab_size, train.data);
   check_vocab(val_tokens_, config.vocab_size, train.val.empty() ? train.data : train.val);
-  sampler_ = std::make_unique<io::BatchSampler>(&train_tokens_, model.seq, train.seed, true);
+  if (!tasks_)
+    sampler_ = std::make_unique<io::BatchSampler>(&train_tokens_, model.seq, train.seed, true);
   // Validation must hold at least one window (the sampler says so clearly otherwise).
   io::BatchSampler probe(&val_tokens_, model.seq, train.seed, false);
 
   MOE_USAGE_CHECK(!train.shard_embedding || !flavour_of(config).tied_head,
                   "--shard-embedding needs an untied LM head, but the ", arch_name(config.arch),
                   " flavour ties it to the token table (use --arch mixtral)");
-  check_training_memory(config, train, world_size());  // before any parameter is allocated
+  check_training_memory(config, train_, world_size());  // before any parameter is allocated
   setup_parallel(config, device);
   params_ = std::make_unique<ParamSet>(train.seed, config.dtype);
   if (train.offload == "auto") plan_offload(config, device);
@@ -250,6 +263,36 @@ void Trainer::setup_parallel(const ModelConfig& config, Device device) {
     placement_ = TrainingPlacement::make(placement, *layout_->experts(), experts_of_block);
     parallel_.placement = placement_.get();
   }
+}
+
+// --tasks (moe/train/tasks.h): the tasks' data and allocation, and the global batch becomes their
+// total. What has not been made to work with it is refused by name.
+void Trainer::setup_tasks(const ModelConfig& model, const std::string& format) {
+  const TrainConfig& t = train_;
+  MOE_USAGE_CHECK(t.data.empty(), "--tasks ", t.tasks,
+                  " replaces --data (each task names its data file): drop --data ", t.data);
+  auto refuse = [&](bool bad, const std::string& what, const std::string& why) {
+    MOE_USAGE_CHECK(!bad, "--tasks does not combine with ", what, ": ", why);
+  };
+  refuse(t.grad_accum > 1, str("--grad-accum ", t.grad_accum),
+         "a rank's rows are one pass (lower the tasks' batches instead)");
+  refuse(t.placement != "static", str("--placement ", t.placement),
+         "its replans and cost model assume every rank computes the same number of rows");
+  refuse(t.offload != "none", str("--offload ", t.offload),
+         "the expert store's gradient scaling has not been made to follow the tasks' weights");
+  refuse(t.shard_embedding, "--shard-embedding", "not tested with ranks of different batches");
+  refuse(t.comm_scheduler != "off", str("--comm-scheduler ", t.comm_scheduler),
+         "not tested with ranks of different batches");
+  MOE_USAGE_CHECK(t.task_replan_every >= 0, "--task-replan-every must be >= 0 (got ",
+                  t.task_replan_every, ")");
+  MOE_USAGE_CHECK(t.task_replan_every == 0 || t.task_allocation == "workload",
+                  "--task-replan-every reallocates by workload: it needs --task-allocation "
+                  "workload, not ",
+                  t.task_allocation);
+  tasks_ =
+      std::make_unique<TaskSet>(read_tasks_file(t.tasks), io::parse_token_format(format), model.seq,
+                                t.seed, t.val_fraction, world_size(), rank(), t.task_allocation);
+  train_.batch = tasks_->total_batch();
 }
 
 // ---- FlexMoE's replicas ------------------------------------------------------------------------
@@ -362,7 +405,14 @@ StepStats Trainer::step(bool capture_routing) {
   // The global batch, the same on every rank whatever --grad-accum, drawn outside the activation
   // arena: the arena is reset after every micro-batch.
   Tensor ids, targets;
-  sampler_->next(train_.batch, ids, targets);
+  TaskBatch task_batch;  // --tasks: this rank's rows of the tasks' batches (one pass)
+  if (tasks_) {
+    task_batch = tasks_->next();
+    ids = task_batch.ids;
+    targets = task_batch.targets;
+  } else {
+    sampler_->next(train_.batch, ids, targets);
+  }
   params_->zero_grad();
   if (parallel::ExchangeStats* stats = layout_->exchange_stats()) *stats = {};
   // Micro-batch m is rows [m B/A, (m+1) B/A) of the global batch, on any number of ranks, and
@@ -371,8 +421,12 @@ StepStats Trainer::step(bool capture_routing) {
   // run resumed on another rank count continues the same objective). Every rank runs the same
   // number of passes, so their collectives stay in the same order. Gradients accumulate (+=)
   // over the passes, each scaled by 1/micro; the gradient reduction runs once, after the last.
-  const int64_t micro = train_.grad_accum, rows = train_.batch / micro / world_size();
-  auto first_row = [&](int64_t m) { return (m * world_size() + rank()) * rows; };
+  // --tasks: ids are this rank's rows already, in one pass (--grad-accum is refused).
+  const int64_t micro = train_.grad_accum,
+                rows = tasks_ ? ids.dim(0) : train_.batch / micro / world_size();
+  auto first_row = [&](int64_t m) {
+    return tasks_ ? int64_t{0} : (m * world_size() + rank()) * rows;
+  };
   if (capture_routing)  // this rank's tokens in the order its passes see them
     for (int64_t m = 0; m < micro; ++m) {
       const Tensor part = ids.rows(first_row(m), first_row(m) + rows);
@@ -399,10 +453,15 @@ StepStats Trainer::step(bool capture_routing) {
       rs.training = true;
       // This pass's tokens start there in the global batch (router jitter is keyed by it).
       rs.first_token = first_row(m) * ids.dim(1);
+      if (tasks_) rs.first_token = task_batch.first_token;  // its rows' place in the tasks' batches
       rs.capture_routing = capture_routing;
       TrainPass pass;
       pass.loss = logits_loss_;
       pass.loss_scale = static_cast<float>(1.0 / static_cast<double>(micro));
+      if (tasks_) {  // the objective's weighting of this rank's rows (moe/train/tasks.h)
+        pass.loss = tasks_->loss();
+        pass.loss_scale = task_batch.loss_scale;
+      }
       pass.recompute = recompute;
       // Priority scheduling: reduce each block's gradients as the last pass's backward leaves it
       // (only then are they final).
@@ -415,9 +474,11 @@ StepStats Trainer::step(bool capture_routing) {
         store_->begin_step(store_info);
       }
       const Device on = params_->device();
+      Timer pass_timer;
       accumulate(s.forward,
                  model_->forward_backward(micro_ids.to(on), micro_targets.to(on), rs, pass), m,
                  micro);
+      if (tasks_) tasks_->add_seconds(pass_timer.seconds());
     }
     arena_.reset();
   }
@@ -425,6 +486,13 @@ StepStats Trainer::step(bool capture_routing) {
       s.forward.loss + mc.aux_loss_coef * s.forward.aux_loss + mc.z_loss_coef * s.forward.z_loss;
   s.activation_peak_bytes =
       static_cast<int64_t>(std::max(arena_.peak_bytes(), s.forward.activation_peak_bytes));
+  if (tasks_ && world_size() > 1) {
+    // Ranks compute different numbers of rows: their aux and z losses count by their share of
+    // the step's rows (the mean over the ranks below is then the whole batch's, as the gradients'
+    // weighting is).
+    s.forward.aux_loss *= task_batch.loss_scale;
+    s.forward.z_loss *= task_batch.loss_scale;
+  }
   if (world_size() > 1) {
     Timer sync;
     if (!layout_->scheduler()) grad_sync_->pack(params_->all());
@@ -434,6 +502,7 @@ StepStats Trainer::step(bool capture_routing) {
     s.a2a_calls = layout_->exchange_stats()->calls;
     reduce_stats(s);
   }
+  if (tasks_) s.tasks = tasks_->finish_step(world_size() > 1 ? world_ : nullptr);
   MOE_CHECK(std::isfinite(s.forward.total), "step ", step_, ": loss is ", s.forward.total,
             " (diverged; try a lower --lr or --clip)");
   if (store_) store_->complete_gradients();
@@ -451,6 +520,8 @@ StepStats Trainer::step(bool capture_routing) {
   // a non-finite expert value stops the run here too.
   if (store_) store_->finish_step(optim::clip_scale(train_.clip, s.grad_norm));
   ++step_;
+  if (tasks_ && train_.task_replan_every > 0 && step_ % train_.task_replan_every == 0)
+    s.task_replan = tasks_->replan();
   if (placement_) {
     s.replans = placement_->end_step(step_);
     for (const auto& [block, predicted] : placement_->predicted_s())

@@ -172,7 +172,11 @@ void Trainer::load_tensors(const io::Checkpoint& ckpt) {
   optimizer_->load_state(state, ckpt.state.step);
   step_ = ckpt.state.step;
   tokens_seen_ = ckpt.state.tokens_seen;
-  sampler_->set_cursor(ckpt.state.data_cursor);
+  if (sampler_) sampler_->set_cursor(ckpt.state.data_cursor);
+  if (tasks_)
+    tasks_->load_state(ckpt.train_config.is_object()
+                           ? ckpt.train_config.value("tasks_state", nlohmann::json())
+                           : nlohmann::json());
 }
 
 void Trainer::restore(const std::string& path) {
@@ -340,6 +344,7 @@ io::Checkpoint Trainer::checkpoint(bool stream) const {
   c.train_config = to_json(train_);
   c.train_config.update(train_config_notes_);
   if (placement_) c.train_config["placement_state"] = placement_->state();
+  if (tasks_) c.train_config["tasks_state"] = tasks_->state();
   c.provenance = provenance_;
   for (const Param* p : std::as_const(*params_).all()) {
     if (p->offloaded)
@@ -359,7 +364,7 @@ io::Checkpoint Trainer::checkpoint(bool stream) const {
       }
   c.state.step = step_;
   c.state.tokens_seen = tokens_seen_;
-  c.state.data_cursor = sampler_->cursor();
+  c.state.data_cursor = sampler_ ? sampler_->cursor() : 0;  // --tasks: in tasks_state
   c.state.seed = train_.seed;
   c.sharding.world_size = world_size();  // data parallel: every rank holds every parameter
   return c;

@@ -19,6 +19,7 @@
 #include "moe/parallel/grad_sync.h"
 #include "moe/parallel/layout.h"
 #include "moe/train/placement.h"
+#include "moe/train/tasks.h"
 
 namespace moe::train {
 
@@ -82,6 +83,13 @@ struct TrainConfig {
   // run may change either (neither is part of the model or of the optimizer's state).
   int64_t grad_accum = 1;
   std::string recompute = "none";
+  // Multi-task training (moe/train/tasks.h): the tasks file (replaces data; batch becomes the
+  // tasks' total), and the steps between reallocations of ranks to tasks by measured time (0:
+  // the allocation by tokens stays).
+  // task_allocation: workload (the rule of moe/train/tasks.h) | equal (the baseline: R / T each).
+  std::string tasks;
+  int64_t task_replan_every = 0;
+  std::string task_allocation = "workload";
 };
 nlohmann::json to_json(const TrainConfig& config);
 // Fields present in j override those of `base`.
@@ -110,6 +118,9 @@ struct StepStats {
   // The most bytes of activations this rank held at once during the step (the activation
   // arena's high-water mark, recomputation's scratch included; host memory: CPU training).
   int64_t activation_peak_bytes = 0;
+  // --tasks: every task's loss and samples this step; a reallocation made after it ("" if none).
+  std::vector<TaskStepStats> tasks;
+  std::string task_replan;
   // step(true) only: this rank's token ids of the step ([B/W * T]); forward.moe[i].choices/gates
   // hold their routing (routing traces).
   std::vector<int32_t> token_ids;
@@ -204,7 +215,11 @@ class Trainer {
   // --placement flexmoe: the start-up profile of the expert group (its model drives the replans
   // unless a resumed checkpoint brought the one its run measured).
   const balance::CostProfile& placement_profile() const { return placement_profile_; }
-  int64_t train_tokens() const { return static_cast<int64_t>(train_tokens_.size()); }
+  int64_t train_tokens() const {
+    return tasks_ ? tasks_->train_tokens() : static_cast<int64_t>(train_tokens_.size());
+  }
+  // --tasks: the run's tasks and their allocation (null otherwise).
+  const TaskSet* tasks() const { return tasks_.get(); }
   int64_t val_tokens() const { return static_cast<int64_t>(val_tokens_.size()); }
 
  private:
@@ -238,7 +253,9 @@ class Trainer {
   io::Checkpoint checkpoint(bool stream) const;
   // Names of the offloaded parameters and of their optimizer tensors (what a resume streams).
   io::StreamFilter offloaded_filter() const;
-  std::unique_ptr<io::BatchSampler> sampler_;
+  std::unique_ptr<io::BatchSampler> sampler_;  // null under --tasks (each task has its own)
+  std::unique_ptr<TaskSet> tasks_;
+  void setup_tasks(const ModelConfig& model, const std::string& format);
   void setup_parallel(const ModelConfig& config, Device device);
   // --placement flexmoe (moe/train/placement.h): the maps (null otherwise), the holders told to
   // the gradient sync, a replan's state copies (collective over the expert group), and the
