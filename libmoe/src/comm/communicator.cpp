@@ -103,6 +103,17 @@ void Communicator::all_to_all_v(const Tensor& send, std::span<const int64_t> sen
   iall_to_all_v(send, send_counts, recv, recv_counts).wait();
 }
 void Communicator::broadcast(Tensor& buf, int root) { ibroadcast(buf, root).wait(); }
+void Communicator::reduce_scatterv(const Tensor& send, Tensor& recv,
+                                   std::span<const int64_t> recv_counts, ReduceOp op) {
+  ireduce_scatterv(send, recv, recv_counts, op).wait();
+}
+
+Request Communicator::ireduce_scatterv(const Tensor& send, Tensor& recv,
+                                       std::span<const int64_t> recv_counts, ReduceOp op) {
+  check_reduce_scatterv(send, recv, recv_counts, op);
+  throw Error(str("reduce_scatterv on ", describe(), ": the ", name(),
+                  " communicator has no reduce-scatter"));
+}
 void Communicator::send(const Tensor& buf, int peer, int tag) { isend(buf, peer, tag).wait(); }
 void Communicator::recv(Tensor& buf, int peer, int tag) { irecv(buf, peer, tag).wait(); }
 
@@ -169,6 +180,25 @@ void Communicator::check_all_gatherv(const Tensor& send, const Tensor& recv,
   int64_t total = checked_sum(op, "recv_counts", recv_counts, describe());
   MOE_CHECK(total == recv.dim(0), op, " on ", describe(), ": recv counts sum to ", total,
             " rows but recv is ", recv.describe());
+}
+
+void Communicator::check_reduce_scatterv(const Tensor& send, const Tensor& recv,
+                                         std::span<const int64_t> recv_counts,
+                                         ReduceOp reduce) const {
+  const char* op = "reduce_scatterv";
+  check_reducible(op, send, reduce);
+  check_buffer(op, recv);
+  MOE_CHECK(send.dtype() == recv.dtype(), op, " on ", describe(), ": send ", send.describe(),
+            " and recv ", recv.describe(), " differ in dtype");
+  MOE_CHECK(static_cast<int64_t>(recv_counts.size()) == size(), op, " on ", describe(), ": ",
+            recv_counts.size(), " recv counts for ", size(), " ranks");
+  MOE_CHECK(row_elements(send) == row_elements(recv), op, " on ", describe(), ": rows of send ",
+            send.describe(), " and recv ", recv.describe(), " differ in width");
+  MOE_CHECK(recv_counts[rank()] == recv.dim(0), op, " on ", describe(), ": recv_counts[", rank(),
+            "] = ", recv_counts[rank()], " but recv is ", recv.describe());
+  int64_t total = checked_sum(op, "recv_counts", recv_counts, describe());
+  MOE_CHECK(total == send.dim(0), op, " on ", describe(), ": recv counts sum to ", total,
+            " rows but send is ", send.describe());
 }
 
 void Communicator::check_all_to_all_v(const Tensor& send, std::span<const int64_t> send_counts,

@@ -9,9 +9,11 @@
 
 namespace moe::optim {
 
-AdamW::AdamW(ParamSet& params, const AdamWConfig& config) : params_(params), config_(config) {
+AdamW::AdamW(ParamSet& params, const AdamWConfig& config, const Filter& holds)
+    : params_(params), config_(config) {
   for (Param* p : params.all()) {
     if (p->offloaded) continue;  // its nn::ExpertStore updates it, expert by expert
+    if (holds && !holds(*p)) continue;
     Slot s;
     s.param = p;
     s.master = p->value.dtype() == DType::f32 ? p->value : p->value.to(DType::f32);

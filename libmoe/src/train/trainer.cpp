@@ -65,6 +65,7 @@ static void for_each_field(Config& c, Visit&& f) {
   f("lfu_period", c.lfu_period);
   f("grad_accum", c.grad_accum);
   f("recompute", c.recompute);
+  f("zero", c.zero);
 }
 
 nlohmann::json to_json(const TrainConfig& c) {
@@ -97,6 +98,16 @@ static void check_vocab(const std::vector<int32_t>& tokens, int64_t vocab,
     throw UsageError(str(path, ": token id ", needed - 1,
                          " does not fit the model's vocabulary of ", vocab, " (use --vocab ",
                          needed, " or more)"));
+}
+
+// --zero: the stages built, and the flags they cannot work with yet (see README "Scaling the dense
+// model").
+static void check_zero(const TrainConfig& train) {
+  MOE_USAGE_CHECK(train.zero >= 0 && train.zero <= 3, "--zero must be 0, 1, 2 or 3 (got ",
+                  train.zero, ")");
+  MOE_USAGE_CHECK(train.zero != 3,
+                  "--zero 3 (dense parameters sharded and gathered around each layer) is not "
+                  "built yet: use --zero 2 (AdamW state and gradients sharded)");
 }
 
 // This rank's share of the model and of one step, at least: every parameter's value and
@@ -141,6 +152,7 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
                   world_size() > 1 ? str(" on each of ", world_size(), " data-parallel ranks") : "",
                   ": use a --batch that is a multiple of ", train.grad_accum * world_size());
   nn::parse_recompute(train.recompute);  // a UsageError naming the flag
+  check_zero(train);
   MOE_USAGE_CHECK(train.steps >= 1, "--steps must be >= 1 (got ", train.steps, ")");
   // Every number is finite and in range (an infinite --lr trains every parameter to NaN).
   MOE_USAGE_CHECK(train.lr > 0 && std::isfinite(train.lr), "--lr must be a finite number > 0 (got ",
@@ -194,8 +206,12 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
   model_ = std::make_unique<Transformer>(config, *params_,
                                          world_size() > 1 || store_ ? &parallel_ : nullptr);
   if (store_) store_->start();
-  optimizer_ = std::make_unique<optim::AdamW>(*params_, adamw_config());
+  if (world_size() > 1 && train_.zero > 0)
+    zero_ = std::make_unique<parallel::DenseShards>(*world_, *params_,
+                                                    static_cast<int>(train_.zero), adamw_config());
+  optimizer_ = std::make_unique<optim::AdamW>(*params_, adamw_config(), optimizer_holds());
   if (world_size() > 1) grad_sync_ = std::make_unique<parallel::GradSync>(*layout_, *params_);
+  if (zero_) grad_sync_->set_dense_shards(zero_.get());
   if (placement_ && train_.placement == "flexmoe") {  // the cost model, measured on this group
     balance::CostProfileSpec spec;
     spec.d_model = config.d_model;
@@ -443,6 +459,9 @@ StepStats Trainer::step(bool capture_routing) {
   }
   s.lr = lr;
   optimizer_->step(static_cast<float>(s.lr));
+  if (zero_)  // the dense slices, then the values all-gathered
+    zero_->step(static_cast<float>(s.lr), optimizer_->steps_taken(),
+                optim::clip_scale(train_.clip, s.grad_norm));
   // The experts' updates (those not already run during backward), with the same clip factor;
   // a non-finite expert value stops the run here too.
   if (store_) store_->finish_step(optim::clip_scale(train_.clip, s.grad_norm));
@@ -632,6 +651,11 @@ double Trainer::learning_rate() const {
                       static_cast<float>(train_.lr * train_.min_lr_ratio));
 }
 
+optim::AdamW::Filter Trainer::optimizer_holds() const {
+  if (!zero_) return nullptr;
+  return [zero = zero_.get()](const Param& p) { return !zero->covers(p); };
+}
+
 optim::AdamWConfig Trainer::adamw_config() const {
   optim::AdamWConfig oc;
   oc.weight_decay = static_cast<float>(train_.weight_decay);
@@ -658,8 +682,9 @@ void Trainer::to_device(Device device) {
   const std::vector<optim::OptimizerTensor> state = optimizer_->state();
   const int64_t steps = optimizer_->steps_taken();
   params_->to(device);
-  optimizer_ = std::make_unique<optim::AdamW>(*params_, adamw_config());
+  optimizer_ = std::make_unique<optim::AdamW>(*params_, adamw_config(), optimizer_holds());
   optimizer_->load_state(state, steps);
+  if (zero_) zero_->to(device);
   // The fused gradient buffers the collectives reduce live with the gradients.
   if (grad_sync_) grad_sync_->to(device);
 }

@@ -170,6 +170,7 @@ void Trainer::load_tensors(const io::Checkpoint& ckpt) {
   for (const io::NamedTensor& nt : ckpt.optim)
     if (!nt.streamed()) state.push_back({nt.name, nt.tensor, nt.expert});
   optimizer_->load_state(state, ckpt.state.step);
+  if (zero_) zero_->load_state(state);  // this rank's slices of the dense state
   step_ = ckpt.state.step;
   tokens_seen_ = ckpt.state.tokens_seen;
   sampler_->set_cursor(ckpt.state.data_cursor);
@@ -305,6 +306,12 @@ std::vector<Trainer::StateTensor> Trainer::optimizer_state() const {
   std::vector<optim::OptimizerTensor> resident = optimizer_->state();
   size_t next = 0;
   for (const Param* p : std::as_const(*params_).all()) {
+    if (zero_ && zero_->covers(*p)) {  // sharded: save() and snapshot() gather them (logical_)
+      for (const char* what : {"adam.m", "adam.v", "master"})
+        if (std::string(what) != "master" || params_->dtype() != DType::f32)
+          out.push_back({{str(what, ".", p->name), Tensor(), false}, p});
+      continue;
+    }
     if (!p->offloaded) {
       for (; next < resident.size() && resident[next].param == p; ++next)
         out.push_back({{resident[next].name, resident[next].tensor, resident[next].expert}, p});
@@ -363,9 +370,16 @@ io::Checkpoint Trainer::checkpoint(bool stream) const {
 
 io::Checkpoint Trainer::snapshot() const {
   logical_ = logical_experts(-1);  // flexmoe: the slots gathered into logical experts
+  gather_dense_state();
   io::Checkpoint c = checkpoint(/*stream=*/false);
   logical_.clear();
   return c;
+}
+
+// --zero: the dense optimizer tensors, whole, for the checkpoint (collective).
+void Trainer::gather_dense_state() const {
+  if (zero_)
+    for (const optim::OptimizerTensor& t : zero_->gather_state()) logical_[t.name] = t.tensor;
 }
 
 void Trainer::restore_placement(const io::Checkpoint& ckpt) {
@@ -384,6 +398,7 @@ std::string Trainer::save(const std::string& dir) const {
   if (ec) throw Error(str("cannot create output directory '", dir, "': ", ec.message()));
   // flexmoe: rank 0 writes every logical expert, gathered from the ranks' slots.
   logical_ = logical_experts(0);
+  gather_dense_state();
   struct Clear {
     std::map<std::string, Tensor>& logical;
     ~Clear() { logical.clear(); }

@@ -1,0 +1,93 @@
+// ZeRO for the dense parameters (--zero 1|2): their AdamW state, and at stage 2 their reduced
+// gradients, sharded over the ranks that sum the dense gradients (the world). Expert parameters
+// stay with their expert-parallel owners or the offload store; the sharded token table
+// (--shard-embedding) is already split and stays out.
+//
+// The dense parameters, in ParamSet order, are laid end to end in one flat space of S elements;
+// rank r of R owns the contiguous slice [S r / R, S (r + 1) / R) (balanced to one element,
+// whatever the parameter boundaries). A step then:
+//   stage 1: GradSync all-reduces every gradient as without ZeRO; this rank updates its slice;
+//   stage 2: the dense gradients are reduce-scattered (in buckets of the flat space) into this
+//            rank's slice instead, divided by R, and each parameter's sum of squares (for the
+//            global norm) is computed along the slices in rank order, so it is the same double
+//            a whole-tensor sum gives;
+// and then the updated values (storage dtype) are all-gathered so every rank holds the whole
+// dense model again. AdamW is elementwise: a slice's update is bitwise the whole tensor's
+// (optim::adamw_update), so stage 1 equals --zero 0 bitwise; stage 2 does too where the
+// reduce-scatter adds in the all-reduce's order (always at 2 ranks; see docs/PERFORMANCE.md).
+// Checkpoints stay logical: gather_state() gives whole tensors under AdamW's names.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "moe/comm/communicator.h"
+#include "moe/optim/adamw.h"
+#include "moe/param.h"
+
+namespace moe::parallel {
+
+class DenseShards {
+ public:
+  // The parameters ZeRO shards: resident, neither experts nor slices of a logical tensor.
+  static bool shardable(const Param& p);
+
+  // stage 1 or 2 over `group` (every rank of it holds the same dense parameters). Allocates this
+  // rank's slice of the fp32 masters (bf16/f16 parameters), Adam moments and (stage 2) gradient.
+  // `bucket_bytes`: the largest piece of the flat space one collective moves. `params` and
+  // `group` must outlive this object.
+  DenseShards(comm::Communicator& group, ParamSet& params, int stage,
+              const optim::AdamWConfig& config, int64_t bucket_bytes = 16 << 20);
+
+  int stage() const { return stage_; }
+  bool covers(const Param& p) const;
+  int64_t total() const { return offsets_.empty() ? 0 : offsets_.back(); }  // S
+  int64_t begin(int rank) const;  // the flat slice of `rank`
+  int64_t end(int rank) const { return begin(rank + 1); }
+
+  // Stage 2: reduce-scatters the covered gradients into this rank's slice and divides it by the
+  // group's size, then computes every covered parameter's sum of squares (collective). Stage 1:
+  // nothing (GradSync reduced them whole).
+  void reduce_gradients();
+  // Stage 2, after reduce_gradients(): p's share of the squared global norm, bitwise
+  // optim::grad_square_sum of the whole reduced gradient on the CPU.
+  double square_sum(const Param& p) const;
+
+  // Updates this rank's slice (update number `t`, learning rate lr) and all-gathers the values
+  // (collective). `clip`: the clip factor of the step; stage 2 applies it to its gradient slice
+  // (stage 1's gradients are the parameters', already scaled by optim::clip_gradients).
+  void step(float lr, int64_t t, float clip);
+
+  // Every covered parameter's optimizer tensors, whole ("adam.m.<p>", "adam.v.<p>", and
+  // "master.<p>" for 16-bit parameters), gathered on every rank (collective).
+  std::vector<optim::OptimizerTensor> gather_state() const;
+  // Takes this rank's slice of the whole tensors gather_state() names; throws naming a missing
+  // or mis-shaped one.
+  void load_state(const std::vector<optim::OptimizerTensor>& tensors);
+  // The state tensors follow the parameters to `device`.
+  void to(Device device);
+  // Bytes of sharded state this rank holds (masters, moments, stage 2's gradient slice).
+  int64_t state_bytes() const;
+
+ private:
+  struct Piece {  // the part of one parameter inside a range of the flat space
+    Param* param;
+    int64_t param_offset, flat_offset, count;
+  };
+  std::vector<Piece> pieces(int64_t begin, int64_t end) const;
+  Tensor flat_of(const Param& p) const;  // p's gradient or value as one row, see .cpp
+  void square_sums();                    // stage 2: sums_ along the slices in rank order
+  std::vector<int64_t> counts(int64_t begin, int64_t end) const;  // overlap with each rank
+
+  comm::Communicator& group_;
+  int stage_;
+  optim::AdamWConfig config_;
+  int64_t bucket_;                // elements
+  std::vector<Param*> params_;    // covered, ParamSet order
+  std::vector<int64_t> offsets_;  // [params_.size() + 1]: each one's start in the flat space
+  int64_t mine_ = 0, mine_end_ = 0;
+  Tensor master_, m_, v_, grad_;  // [mine_end_ - mine_]; master_ only for 16-bit parameters
+  std::vector<double> sums_;      // stage 2: per covered parameter
+};
+
+}  // namespace moe::parallel

@@ -1,0 +1,253 @@
+// ZeRO for the dense parameters (--zero 1|2, parallel::DenseShards) against --zero 0 on the same
+// ranks: the same losses, gradient norms and parameters bit for bit (stage 1 always: the
+// gradients are all-reduced as before and AdamW is elementwise; stage 2 where the reduce-scatter
+// adds in the all-reduce's order, which 2 ranks guarantee), with --ep, --shard-embedding,
+// --comm-scheduler priority and --offload host; checkpoints the same file as --zero 0's, resumed
+// bitwise at the same layout and by --zero 0 and one process. Registered at 2 and 4 ranks.
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+#include "moe/comm/communicator.h"
+#include "moe/io/checkpoint.h"
+#include "moe/train/trainer.h"
+#include "support/models.h"
+#include "support/run.h"
+
+moe::comm::Communicator& dist_world();
+std::string dist_scratch_dir(const std::string& name);
+
+using namespace moe;
+
+namespace {
+
+ModelConfig zero_model(Arch arch, DType dtype = DType::f32) {
+  ModelConfig c = test::small_model_config(arch);
+  c.dtype = dtype;
+  c.resolve();
+  return c;
+}
+
+train::TrainConfig zero_train(int64_t zero) {
+  train::TrainConfig t;
+  t.data = test::fortunes_path("linux");
+  t.batch = 8;
+  t.steps = 6;
+  t.warmup = 1;
+  t.eval_batches = 1;
+  t.seed = 11;
+  t.clip = 0.5;  // active: the norm and the clip factor must agree too
+  t.zero = zero;
+  return t;
+}
+
+// The first parameter whose values differ in any bit ("" when none).
+std::string first_difference(train::Trainer& a, train::Trainer& b) {
+  for (Param* p : a.params().all()) {
+    if (p->offloaded) continue;
+    const Param& q = b.params().at(p->name);
+    if (p->value.nbytes() != q.value.nbytes() ||
+        std::memcmp(p->value.raw(), q.value.raw(), p->value.nbytes()) != 0)
+      return p->name;
+  }
+  return "";
+}
+
+// The first tensor (parameter or optimizer state) of two checkpoints that differs in any bit or
+// is missing from one of them.
+std::string first_difference(const io::Checkpoint& a, const io::Checkpoint& b) {
+  for (auto [x, y] : {std::pair{&a.params, &b.params}, std::pair{&a.optim, &b.optim}}) {
+    std::map<std::string, Tensor> theirs;
+    for (const io::NamedTensor& nt : *y) theirs[nt.name] = nt.whole();
+    if (x->size() != y->size()) return str(x->size(), " tensors against ", y->size());
+    for (const io::NamedTensor& nt : *x) {
+      auto it = theirs.find(nt.name);
+      if (it == theirs.end()) return nt.name + " (missing)";
+      const Tensor s = nt.whole();
+      if (s.nbytes() != it->second.nbytes() ||
+          std::memcmp(s.raw(), it->second.raw(), s.nbytes()) != 0)
+        return nt.name;
+    }
+  }
+  return "";
+}
+
+// Steps both runs `steps` times, requiring the same statistics and parameters bit for bit.
+void require_same_run(train::Trainer& zero, train::Trainer& plain, int steps) {
+  for (int i = 0; i < steps; ++i) {
+    const train::StepStats a = zero.step(), b = plain.step();
+    INFO("step " << i + 1);
+    CHECK(a.forward.loss == b.forward.loss);
+    CHECK(a.grad_norm == b.grad_norm);
+  }
+  CHECK(first_difference(zero, plain) == "");
+}
+
+}  // namespace
+
+TEST_CASE("zero: stages 1 and 2 train bitwise as --zero 0 on the same ranks", "[dist][zero]") {
+  comm::Communicator& world = dist_world();
+  struct Case {
+    Arch arch;
+    DType dtype;
+    int64_t ep;
+  };
+  std::vector<Case> cases{{Arch::gpt, DType::f32, 1}, {Arch::mixtral, DType::bf16, 1}};
+  if (world.size() % 2 == 0) cases.push_back({Arch::mixtral, DType::f32, 2});
+  for (const Case& c : cases)
+    for (int64_t stage : {1, 2}) {
+      DYNAMIC_SECTION(arch_name(c.arch)
+                      << " " << dtype_name(c.dtype) << " --ep " << c.ep << " --zero " << stage) {
+        train::TrainConfig tz = zero_train(stage), t0 = zero_train(0);
+        tz.ep = t0.ep = c.ep;
+        train::Trainer zero(zero_model(c.arch, c.dtype), tz, {}, &world);
+        train::Trainer plain(zero_model(c.arch, c.dtype), t0, {}, &world);
+        REQUIRE(zero.dense_shards() != nullptr);
+        // Every rank holds about 1/W of the dense moments (to one element).
+        const parallel::DenseShards& shards = *zero.dense_shards();
+        const int64_t slice = shards.end(world.rank()) - shards.begin(world.rank());
+        CHECK(slice >= shards.total() / world.size());
+        CHECK(slice <= shards.total() / world.size() + 1);
+        if (stage == 2 && world.size() > 2) {
+          // MPICH's reduce-scatter may add 4 partial sums in another order than its all-reduce:
+          // equal to float rounding of the sums (1e-7 relative), which Adam can amplify to
+          // ~1e-4 of a parameter's scale within a few steps (as in test_data_parallel).
+          for (int i = 0; i < 4; ++i) {
+            const train::StepStats a = zero.step(), b = plain.step();
+            CHECK(a.forward.loss == Approx(b.forward.loss).epsilon(1e-5));
+            CHECK(a.grad_norm == Approx(b.grad_norm).epsilon(1e-4));
+          }
+          continue;
+        }
+        require_same_run(zero, plain, 4);
+      }
+    }
+}
+
+TEST_CASE("zero: with a sharded table, the priority scheduler and offloaded experts",
+          "[dist][zero]") {
+  comm::Communicator& world = dist_world();
+  if (world.size() != 2) return;  // bitwise needs the 2-rank sum (see above)
+  for (const char* with : {"shard-embedding", "comm-scheduler", "offload"}) {
+    DYNAMIC_SECTION(with) {
+      train::TrainConfig tz = zero_train(2), t0 = zero_train(0);
+      for (train::TrainConfig* t : {&tz, &t0}) {
+        if (std::string(with) == "shard-embedding") t->shard_embedding = true;
+        if (std::string(with) == "comm-scheduler") {
+          t->comm_scheduler = "priority";
+          t->partition_mb = 0.01;  // several micro-ops
+        }
+        if (std::string(with) == "offload") {
+          t->offload = "host";
+          t->ep = 2;
+        }
+      }
+      train::Trainer zero(zero_model(Arch::mixtral), tz, {}, &world);
+      train::Trainer plain(zero_model(Arch::mixtral), t0, {}, &world);
+      // The sharded table stays out of ZeRO: its columns are already this rank's alone.
+      for (const Param* p : std::as_const(zero.params()).all())
+        CHECK(zero.dense_shards()->covers(*p) == parallel::DenseShards::shardable(*p));
+      require_same_run(zero, plain, 3);
+      CHECK(first_difference(zero.snapshot(), plain.snapshot()) == "");
+    }
+  }
+}
+
+TEST_CASE("zero: one process accepts --zero and changes nothing", "[dist][zero]") {
+  comm::Communicator& world = dist_world();
+  if (world.rank() != 0) return;  // no collectives here
+  train::Trainer zero(zero_model(Arch::gpt), zero_train(2), {});
+  train::Trainer plain(zero_model(Arch::gpt), zero_train(0), {});
+  CHECK(zero.dense_shards() == nullptr);
+  require_same_run(zero, plain, 2);
+}
+
+TEST_CASE("zero: checkpoints are --zero 0's and resume under any stage and one process",
+          "[dist][zero]") {
+  comm::Communicator& world = dist_world();
+  const std::string dir = dist_scratch_dir("moe-dist-zero-ckpt");
+  if (world.rank() == 0) std::filesystem::remove_all(dir);
+  world.barrier();
+  const ModelConfig model = zero_model(Arch::mixtral, DType::bf16);  // masters are saved too
+  train::Trainer straight(model, zero_train(2), {}, &world);
+  train::Trainer plain(model, zero_train(0), {}, &world);
+  for (int i = 0; i < 2; ++i) {
+    straight.step();
+    plain.step();
+  }
+  // The logical state, gathered: the file --zero 0 writes (bitwise where the runs are).
+  const io::Checkpoint gathered = straight.snapshot();
+  if (world.size() == 2) CHECK(first_difference(gathered, plain.snapshot()) == "");
+  const std::string path = straight.save(dir + "/z2");
+  const io::Checkpoint file = io::load_checkpoint(path);
+  CHECK(first_difference(file, gathered) == "");
+  for (int i = 0; i < 2; ++i) straight.step();
+  SECTION("the same layout resumes bitwise") {
+    train::Trainer resumed(model, zero_train(2), {}, &world);
+    resumed.restore(path);
+    for (int i = 0; i < 2; ++i) resumed.step();
+    CHECK(first_difference(resumed, straight) == "");
+    CHECK(first_difference(resumed.snapshot(), straight.snapshot()) == "");
+  }
+  SECTION("--zero 1 and --zero 0 resume it; their state at the handover is the file's") {
+    for (int64_t stage : {1, 0}) {
+      train::Trainer resumed(model, zero_train(stage), {}, &world);
+      resumed.restore(path);
+      CHECK(first_difference(resumed.snapshot(), file) == "");
+      for (int i = 0; i < 2; ++i) resumed.step();
+      if (world.size() == 2) CHECK(first_difference(resumed, straight) == "");
+    }
+  }
+  SECTION("one process resumes it") {
+    if (world.rank() == 0) {
+      train::Trainer single(model, zero_train(0), {});
+      single.restore(path);
+      CHECK(first_difference(single.snapshot(), file) == "");
+      const train::StepStats s = single.step();
+      CHECK(std::isfinite(s.forward.loss));
+    }
+  }
+  world.barrier();
+  if (world.rank() == 0) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("zero: bad settings are refused naming the flag", "[dist][zero]") {
+  comm::Communicator& world = dist_world();
+  for (int64_t bad : {-1, 3, 4}) {
+    INFO("--zero " << bad);
+    try {
+      train::Trainer t(zero_model(Arch::gpt), zero_train(bad), {}, &world);
+      FAIL("accepted");
+    } catch (const UsageError& e) {
+      CHECK(std::string(e.what()).find("--zero") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("zero: reduce_scatterv sums every rank's rows for each rank, counts varying",
+          "[dist][zero]") {
+  comm::Communicator& world = dist_world();
+  const int R = world.size(), me = world.rank();
+  // Rank r receives r + 1 rows of width 2, except the last rank: none.
+  std::vector<int64_t> counts(static_cast<size_t>(R));
+  for (int r = 0; r < R; ++r) counts[static_cast<size_t>(r)] = r + 1 < R ? r + 1 : 0;
+  int64_t rows = 0;
+  for (int64_t c : counts) rows += c;
+  Tensor send = Tensor::empty({rows, 2});
+  for (int64_t i = 0; i < rows * 2; ++i) send.data<float>()[i] = float(i) + 0.25f * float(me + 1);
+  Tensor recv = Tensor::empty({counts[static_cast<size_t>(me)], 2});
+  world.reduce_scatterv(send, recv, counts, comm::ReduceOp::sum);
+  int64_t first = 0;
+  for (int r = 0; r < me; ++r) first += counts[static_cast<size_t>(r)];
+  float ranks = 0;
+  for (int r = 0; r < R; ++r) ranks += 0.25f * float(r + 1);
+  for (int64_t i = 0; i < recv.numel(); ++i)
+    CHECK(recv.data<float>()[i] == float(R) * float(first * 2 + i) + ranks);
+  // Counts that do not add up to send's rows are refused before any message.
+  std::vector<int64_t> wrong = counts;
+  wrong[0] += 1;
+  Tensor bigger = Tensor::empty({wrong[static_cast<size_t>(me)], 2});
+  CHECK_THROWS_WITH(world.reduce_scatterv(send, bigger, wrong, comm::ReduceOp::sum),
+                    Catch::Contains("recv counts sum to"));
+}
