@@ -34,10 +34,12 @@ class DenseShards {
 
   // stage 1 or 2 over `group` (every rank of it holds the same dense parameters). Allocates this
   // rank's slice of the fp32 masters (bf16/f16 parameters), Adam moments and (stage 2) gradient.
-  // `bucket_bytes`: the largest piece of the flat space one collective moves. `params` and
+  // `bucket_bytes`: the largest piece of the flat space one collective moves (its send and
+  // receive buffers are the transient memory of a step: small, unlike a whole-space buffer,
+  // at the price of one collective per bucket). `params` and
   // `group` must outlive this object.
   DenseShards(comm::Communicator& group, ParamSet& params, int stage,
-              const optim::AdamWConfig& config, int64_t bucket_bytes = 16 << 20);
+              const optim::AdamWConfig& config, int64_t bucket_bytes = 2 << 20);
 
   int stage() const { return stage_; }
   bool covers(const Param& p) const;
