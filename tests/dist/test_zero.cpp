@@ -11,6 +11,8 @@
 
 #include "moe/comm/communicator.h"
 #include "moe/io/checkpoint.h"
+#include "moe/optim/adamw.h"
+#include "moe/parallel/zero.h"
 #include "moe/train/trainer.h"
 #include "support/models.h"
 #include "support/run.h"
@@ -250,4 +252,76 @@ TEST_CASE("zero: reduce_scatterv sums every rank's rows for each rank, counts va
   Tensor bigger = Tensor::empty({wrong[static_cast<size_t>(me)], 2});
   CHECK_THROWS_WITH(world.reduce_scatterv(send, bigger, wrong, comm::ReduceOp::sum),
                     Catch::Contains("recv counts sum to"));
+}
+
+TEST_CASE("zero: DenseShards in buckets smaller than a parameter equal a whole-model AdamW",
+          "[dist][zero]") {
+  comm::Communicator& world = dist_world();
+  const int R = world.size();
+  auto build = [](ParamSet& ps) {
+    ps.add("a", {7, 5}, Init::normal(0.5f));
+    ps.add("b.bias", {3}, Init::normal(0.5f), /*decay=*/false);
+    ps.add("e", {2, 3}, Init::normal(0.5f), true, /*expert=*/true);  // not ZeRO's
+    ps.add("c", {11, 3}, Init::normal(0.5f));
+  };
+  // Gradients whose sums over the ranks and whose 1/R are exact (multiples of 1/16, R a power
+  // of 2): every reduction order gives the same bits, so the reference is exact.
+  auto grad_of = [](int64_t i, int rank, int step) {
+    return static_cast<float>((i * 7 + rank * 3 + step * 5) % 17 - 8) / 16.0f;
+  };
+  for (int stage : {1, 2}) {
+    DYNAMIC_SECTION("--zero " << stage) {
+      ParamSet ps(3), ref(3);
+      build(ps);
+      build(ref);
+      optim::AdamWConfig config;
+      parallel::DenseShards shards(world, ps, stage, config, /*bucket_bytes=*/20);  // 5 elements
+      CHECK(shards.total() == 35 + 3 + 33);
+      CHECK_FALSE(shards.covers(ps.at("e")));
+      optim::AdamW opt(ps, config, [&](const Param& p) { return !shards.covers(p); });
+      optim::AdamW whole(ref, config);
+      for (int step = 1; step <= 3; ++step) {
+        for (Param* p : ref.all()) {
+          Param& q = ps.at(p->name);
+          for (int64_t i = 0; i < p->numel(); ++i) {
+            float sum = 0;
+            for (int r = 0; r < R; ++r) sum += grad_of(i, r, step);
+            p->grad.data<float>()[i] = sum / static_cast<float>(R);
+            // Stage 2 reduces them itself; stage 1 (and the expert tensor) get GradSync's result.
+            q.grad.data<float>()[i] = stage == 2 && shards.covers(q)
+                                          ? grad_of(i, world.rank(), step)
+                                          : p->grad.data<float>()[i];
+          }
+        }
+        shards.reduce_gradients();
+        if (stage == 2)
+          for (const Param* p : std::as_const(ref).all())
+            if (shards.covers(ps.at(p->name)))
+              CHECK(shards.square_sum(ps.at(p->name)) == optim::grad_square_sum(*p));
+        opt.step(1e-2f);
+        shards.step(1e-2f, opt.steps_taken(), 1.0f);
+        whole.step(1e-2f);
+        for (const Param* p : std::as_const(ref).all())
+          CHECK(std::memcmp(p->value.raw(), ps.at(p->name).value.raw(), p->value.nbytes()) == 0);
+      }
+      // The gathered state is the whole-model optimizer's, and a fresh shard set loads it.
+      const std::vector<optim::OptimizerTensor> gathered = shards.gather_state();
+      std::map<std::string, Tensor> want;
+      for (const optim::OptimizerTensor& t : whole.state()) want[t.name] = t.tensor;
+      CHECK(gathered.size() == 2 * 3);
+      for (const optim::OptimizerTensor& t : gathered)
+        CHECK(std::memcmp(t.tensor.raw(), want.at(t.name).raw(), t.tensor.nbytes()) == 0);
+      parallel::DenseShards again(world, ps, stage, config, 20);
+      again.load_state(whole.state());
+      const std::vector<optim::OptimizerTensor> reloaded = again.gather_state();
+      for (const optim::OptimizerTensor& t : reloaded)
+        CHECK(std::memcmp(t.tensor.raw(), want.at(t.name).raw(), t.tensor.nbytes()) == 0);
+      // A tensor of a parameter this rank's slice holds part of, missing: refused, named.
+      const int64_t at = again.begin(world.rank());
+      const std::string name = at < 35 ? "adam.v.a" : at < 38 ? "adam.v.b.bias" : "adam.v.c";
+      std::vector<optim::OptimizerTensor> missing = whole.state();
+      std::erase_if(missing, [&](const optim::OptimizerTensor& t) { return t.name == name; });
+      CHECK_THROWS_WITH(again.load_state(missing), Catch::Contains("missing tensor '" + name));
+    }
+  }
 }
