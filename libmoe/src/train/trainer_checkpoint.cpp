@@ -277,6 +277,8 @@ io::Checkpoint Trainer::snapshot_owned() const {
   c.optim.clear();
   for (StateTensor& t : optimizer_state())
     if (owns(*t.param)) {
+      // --zero / flexmoe: the gathered logical tensor instead of this rank's part.
+      if (auto it = logical_.find(t.tensor.name); it != logical_.end()) t.tensor.tensor = it->second;
       t.tensor.shard = t.param->shard;
       c.optim.push_back(std::move(t.tensor));
     }
