@@ -1,10 +1,11 @@
-// ZeRO stages 1 and 2 for the dense parameters (see moe/parallel/zero.h). S: elements of the flat
-// dense space; R ranks; this rank's slice [mine_, mine_end_).
+// ZeRO stages 1, 2 and 3 for the dense parameters (see moe/parallel/zero.h). S: elements of the
+// flat dense space; R ranks; this rank's slice [mine_, mine_end_).
 #include "moe/parallel/zero.h"
 
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <set>
 
 #include "kernels/adamw.h"
 #include "moe/ops/core.h"
@@ -35,12 +36,16 @@ bool DenseShards::shardable(const Param& p) {
 }
 
 DenseShards::DenseShards(comm::Communicator& group, ParamSet& params, int stage,
-                         const optim::AdamWConfig& config, int64_t bucket_bytes)
+                         const optim::AdamWConfig& config, int64_t bucket_bytes,
+                         const GroupOf& group_of)
     : group_(group),
       stage_(stage),
       config_(config),
-      bucket_(std::max<int64_t>(1, bucket_bytes / static_cast<int64_t>(sizeof(float)))) {
-  MOE_USAGE_CHECK(stage == 1 || stage == 2, "DenseShards: stage ", stage, " (1 or 2)");
+      bucket_(std::max<int64_t>(1, bucket_bytes / static_cast<int64_t>(sizeof(float)))),
+      dtype_(params.dtype()),
+      device_(params.device()) {
+  MOE_USAGE_CHECK(stage >= 1 && stage <= 3, "DenseShards: stage ", stage, " (1, 2 or 3)");
+  MOE_CHECK(stage < 3 || group_of, "DenseShards: stage 3 needs each parameter's gather group");
   offsets_.push_back(0);
   for (Param* p : params.all())
     if (shardable(*p)) {
@@ -60,7 +65,95 @@ DenseShards::DenseShards(comm::Communicator& group, ParamSet& params, int stage,
           .copy_from(pc.param->value.reshape({pc.param->numel()})
                          .rows(pc.param_offset, pc.param_offset + pc.count));
   }
-  if (stage == 2) grad_ = Tensor::zeros({n}, DType::f32, device);
+  if (stage >= 2) grad_ = Tensor::zeros({n}, DType::f32, device);
+  if (stage < 3) return;
+  // Stage 3: this rank keeps its slice of the values; the parameters' own storage goes.
+  values_ = Tensor::empty({n}, dtype_, device);
+  for (const Piece& pc : pieces(mine_, mine_end_))
+    values_.rows(pc.flat_offset - mine_, pc.flat_offset - mine_ + pc.count)
+        .copy_from(pc.param->value.reshape({pc.param->numel()})
+                       .rows(pc.param_offset, pc.param_offset + pc.count));
+  for (Param* p : params_) {
+    group_of_.push_back(group_of(*p));
+    p->value = Tensor();
+    p->compute = Tensor();
+  }
+}
+
+// ---- stage 3: values materialised around their use --------------------------------------------
+
+// Flat positions [begin, end) of every rank's values into `into` (end - begin elements), bucket
+// by bucket; `from` is this rank's slice.
+void DenseShards::gather_range(int64_t begin, int64_t end, const Tensor& from, Tensor& into) const {
+  for (int64_t a = begin; a < end; a += bucket_) {
+    const int64_t b = std::min(end, a + bucket_);
+    const int64_t lo = std::max(a, mine_), hi = std::min(b, mine_end_);
+    Tensor send = lo < hi ? from.rows(lo - mine_, hi - mine_) : from.rows(0, 0);
+    Tensor recv = into.rows(a - begin, b - begin);
+    group_.all_gatherv(send, recv, counts(a, b));
+  }
+}
+
+void DenseShards::gather(int64_t g) {
+  if (stage_ < 3 || gathered_[g]) return;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (group_of_[i] != g) continue;
+    Param& p = *params_[i];
+    Tensor whole = Tensor::empty(p.shape, dtype_, device_);
+    Tensor flat = whole.reshape({p.numel()});
+    gather_range(offsets_[i], offsets_[i + 1], values_, flat);
+    p.value = whole;
+    p.refresh_compute();
+  }
+  gathered_[g] = true;
+}
+
+void DenseShards::release(int64_t g) {
+  if (stage_ < 3) return;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (group_of_[i] == g) {
+      params_[i]->value = Tensor();
+      params_[i]->compute = Tensor();
+    }
+  gathered_[g] = false;
+}
+
+void DenseShards::gather_all() {
+  for (int64_t g : std::set<int64_t>(group_of_.begin(), group_of_.end())) gather(g);
+}
+
+void DenseShards::release_all() {
+  for (int64_t g : std::set<int64_t>(group_of_.begin(), group_of_.end())) release(g);
+}
+
+std::vector<std::pair<std::string, Tensor>> DenseShards::gather_values() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  if (stage_ < 3) return out;
+  Tensor whole = Tensor::empty({total()}, dtype_, device_);
+  gather_range(0, total(), values_, whole);
+  for (size_t i = 0; i < params_.size(); ++i)
+    out.emplace_back(params_[i]->name,
+                     whole.rows(offsets_[i], offsets_[i + 1]).reshape(params_[i]->shape));
+  return out;
+}
+
+void DenseShards::load_values(const std::map<std::string, Tensor>& whole) {
+  if (stage_ < 3) return;
+  for (const Piece& pc : pieces(mine_, mine_end_)) {
+    auto it = whole.find(pc.param->name);
+    MOE_CHECK(it != whole.end(), "resume: missing tensor '", pc.param->name, "'");
+    MOE_CHECK(it->second.shape() == pc.param->shape, "resume: ", it->second.describe(),
+              " does not match '", pc.param->name, "' ", shape_str(pc.param->shape));
+    values_.rows(pc.flat_offset - mine_, pc.flat_offset - mine_ + pc.count)
+        .copy_from(it->second.reshape({pc.param->numel()})
+                       .rows(pc.param_offset, pc.param_offset + pc.count));
+  }
+}
+
+Tensor DenseShards::value_of(const Piece& pc) const {
+  if (stage_ >= 3) return values_.rows(pc.flat_offset - mine_, pc.flat_offset - mine_ + pc.count);
+  return pc.param->value.reshape({pc.param->numel()})
+      .rows(pc.param_offset, pc.param_offset + pc.count);
 }
 
 bool DenseShards::covers(const Param& p) const {
@@ -171,7 +264,7 @@ void DenseShards::step(float lr, int64_t t, float clip) {
                       ? grad_.rows(off, off + pc.count)
                       : p.grad.reshape({n}).rows(pc.param_offset, pc.param_offset + pc.count);
     Tensor m = m_.rows(off, off + pc.count), v = v_.rows(off, off + pc.count);
-    Tensor value = p.value.reshape({n}).rows(pc.param_offset, pc.param_offset + pc.count);
+    Tensor value = value_of(pc);
     const auto scalars = optim::adamw_scalars(config_, lr, t, p.decay);
     if (master_.defined()) {
       Tensor master = master_.rows(off, off + pc.count);
@@ -180,10 +273,11 @@ void DenseShards::step(float lr, int64_t t, float clip) {
       optim::adamw_update(value, m, v, grad, scalars);
     }
   }
-  // Every rank's updated slice, bucket by bucket, into every rank's parameters.
-  if (params_.empty()) return;
-  const DType dtype = params_.front()->value.dtype();
-  const Device device = params_.front()->value.device();
+  // Stage 3: the slice is the value; the next gather() reads it. Otherwise every rank's updated
+  // slice, bucket by bucket, into every rank's parameters.
+  if (params_.empty() || stage_ >= 3) return;
+  const DType dtype = dtype_;
+  const Device device = device_;
   for (int64_t a = 0; a < total(); a += bucket_) {
     const int64_t b = std::min(total(), a + bucket_);
     const int64_t lo = std::max(a, mine_), hi = std::max(lo, std::min(b, mine_end_));
@@ -241,14 +335,15 @@ void DenseShards::load_state(const std::vector<optim::OptimizerTensor>& tensors)
 }
 
 void DenseShards::to(Device device) {
-  for (Tensor* t : {&master_, &m_, &v_, &grad_})
+  for (Tensor* t : {&master_, &m_, &v_, &grad_, &values_})
     if (t->defined()) *t = t->to(device);
+  device_ = device;
 }
 
 int64_t DenseShards::state_bytes() const {
   int64_t bytes = 0;
-  for (const Tensor* t : {&master_, &m_, &v_, &grad_})
-    if (t->defined()) bytes += t->nbytes();
+  for (const Tensor* t : {&master_, &m_, &v_, &grad_, &values_})
+    if (t->defined()) bytes += static_cast<int64_t>(t->nbytes());
   return bytes;
 }
 

@@ -105,9 +105,6 @@ static void check_vocab(const std::vector<int32_t>& tokens, int64_t vocab,
 static void check_zero(const TrainConfig& train) {
   MOE_USAGE_CHECK(train.zero >= 0 && train.zero <= 3, "--zero must be 0, 1, 2 or 3 (got ",
                   train.zero, ")");
-  MOE_USAGE_CHECK(train.zero != 3,
-                  "--zero 3 (dense parameters sharded and gathered around each layer) is not "
-                  "built yet: use --zero 2 (AdamW state and gradients sharded)");
 }
 
 // This rank's share of the model and of one step, at least: every parameter's value and
@@ -207,8 +204,9 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
                                          world_size() > 1 || store_ ? &parallel_ : nullptr);
   if (store_) store_->start();
   if (world_size() > 1 && train_.zero > 0)
-    zero_ = std::make_unique<parallel::DenseShards>(*world_, *params_,
-                                                    static_cast<int>(train_.zero), adamw_config());
+    zero_ = std::make_unique<parallel::DenseShards>(
+        *world_, *params_, static_cast<int>(train_.zero), adamw_config(), 2 << 20,
+        [](const Param& p) { return block_of_name(p.name); });  // stage 3: gathered per block
   optimizer_ = std::make_unique<optim::AdamW>(*params_, adamw_config(), optimizer_holds());
   if (world_size() > 1) grad_sync_ = std::make_unique<parallel::GradSync>(*layout_, *params_);
   if (zero_) grad_sync_->set_dense_shards(zero_.get());
@@ -416,6 +414,9 @@ StepStats Trainer::step(bool capture_routing) {
       pass.loss = logits_loss_;
       pass.loss_scale = static_cast<float>(1.0 / static_cast<double>(micro));
       pass.recompute = recompute;
+      if (zero_ && zero_->stage() >= 3)  // the dense values exist only around their use
+        pass.params = {[this](int64_t g) { zero_->gather(g); },
+                       [this](int64_t g) { zero_->release(g); }};
       // Priority scheduling: reduce each block's gradients as the last pass's backward leaves it
       // (only then are they final).
       if (layout_->scheduler() && m + 1 == micro)
@@ -475,7 +476,7 @@ StepStats Trainer::step(bool capture_routing) {
   // An update that made a parameter non-finite (an infinite --lr, say) stops the run here, before
   // it is saved or trained on. Device parameters are checked when saved (no copy every step).
   for (const Param* p : std::as_const(*params_).all())
-    if (!p->offloaded && p->value.device().kind == Device::cpu &&
+    if (!p->offloaded && p->value.defined() && p->value.device().kind == Device::cpu &&
         io::first_non_finite(p->value) >= 0)
       io::check_finite(str("step ", step_,
                            ", after the update (the run diverged; nothing saved: "
@@ -675,6 +676,9 @@ void Trainer::to_device(Device device) {
             "--device ", device.str(), " with ", world_size(),
             " ranks needs an NCCL communicator (", world_->name(),
             " collectives read host memory)");
+  MOE_USAGE_CHECK(device.kind == Device::cpu || !zero_ || zero_->stage() < 3,
+                  "--zero 3 with --device ", device.str(),
+                  ": sharded dense values have run on the CPU only (use --zero 2)");
   MOE_USAGE_CHECK(device.kind == Device::cpu || !parallel_.embedding, "--device ", device.str(),
                   ": --shard-embedding runs on the CPU only (its table exchange is host code)");
   // The optimizer's tensors follow the parameters: the new optimizer copies the old one's state
@@ -704,7 +708,17 @@ double Trainer::evaluate(const Transformer& model) {
       Tensor ids, targets;
       sampler.next(batch, ids, targets);
       const Device device = model.device();
-      sum += model.evaluate(ids.to(device), targets.to(device)).loss;
+      if (&model == model_.get() && zero_ && zero_->stage() >= 3) {  // gathered around each block
+        EvalOptions options;
+        const BlockHooks hooks{[this](int64_t g) { zero_->gather(g); },
+                               [this](int64_t g) { zero_->release(g); }};
+        options.hooks = &hooks;
+        zero_->gather(-1);
+        sum += model.evaluate(ids.to(device), targets.to(device), options).loss;
+        zero_->release(-1);
+      } else {
+        sum += model.evaluate(ids.to(device), targets.to(device)).loss;
+      }
     }
     arena_.reset();
   }

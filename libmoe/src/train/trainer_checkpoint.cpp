@@ -143,6 +143,7 @@ void Trainer::load_tensors(const io::Checkpoint& ckpt) {
     const Param* p = params_->find(nt.name);
     if (p->offloaded) offloaded_state(*p);
   }
+  std::map<std::string, Tensor> sharded_values;  // --zero 3
   for (const io::NamedTensor& nt : ckpt.params) {
     Param* p = params_->find(nt.name);
     if (p->offloaded) {  // into the store, one expert at a time, one slice held at a time
@@ -162,6 +163,10 @@ void Trainer::load_tensors(const io::Checkpoint& ckpt) {
     }
     MOE_CHECK(!nt.streamed(), "resume: tensor '", nt.name,
               "' was streamed but its parameter is resident");
+    if (zero_ && zero_->stage() >= 3 && zero_->covers(*p)) {  // this rank's slice, below
+      sharded_values[nt.name] = nt.tensor;
+      continue;
+    }
     p->value.copy_from(nt.tensor);
     p->refresh_compute();
   }
@@ -170,7 +175,10 @@ void Trainer::load_tensors(const io::Checkpoint& ckpt) {
   for (const io::NamedTensor& nt : ckpt.optim)
     if (!nt.streamed()) state.push_back({nt.name, nt.tensor, nt.expert});
   optimizer_->load_state(state, ckpt.state.step);
-  if (zero_) zero_->load_state(state);  // this rank's slices of the dense state
+  if (zero_) {  // this rank's slices of the dense state
+    zero_->load_state(state);
+    zero_->load_values(sharded_values);
+  }
   step_ = ckpt.state.step;
   tokens_seen_ = ckpt.state.tokens_seen;
   sampler_->set_cursor(ckpt.state.data_cursor);
@@ -278,7 +286,8 @@ io::Checkpoint Trainer::snapshot_owned() const {
   for (StateTensor& t : optimizer_state())
     if (owns(*t.param)) {
       // --zero / flexmoe: the gathered logical tensor instead of this rank's part.
-      if (auto it = logical_.find(t.tensor.name); it != logical_.end()) t.tensor.tensor = it->second;
+      if (auto it = logical_.find(t.tensor.name); it != logical_.end())
+        t.tensor.tensor = it->second;
       t.tensor.shard = t.param->shard;
       c.optim.push_back(std::move(t.tensor));
     }
@@ -380,8 +389,9 @@ io::Checkpoint Trainer::snapshot() const {
 
 // --zero: the dense optimizer tensors, whole, for the checkpoint (collective).
 void Trainer::gather_dense_state() const {
-  if (zero_)
-    for (const optim::OptimizerTensor& t : zero_->gather_state()) logical_[t.name] = t.tensor;
+  if (!zero_) return;
+  for (const optim::OptimizerTensor& t : zero_->gather_state()) logical_[t.name] = t.tensor;
+  for (const auto& [name, value] : zero_->gather_values()) logical_[name] = value;  // stage 3
 }
 
 void Trainer::restore_placement(const io::Checkpoint& ckpt) {

@@ -1,5 +1,6 @@
-// ZeRO for the dense parameters (--zero 1|2): their AdamW state, and at stage 2 their reduced
-// gradients, sharded over the ranks that sum the dense gradients (the world). Expert parameters
+// ZeRO for the dense parameters (--zero 1|2|3): their AdamW state, from stage 2 their reduced
+// gradients, and at stage 3 their values too, sharded over the ranks that sum the dense gradients
+// (the world). Expert parameters
 // stay with their expert-parallel owners or the offload store; the sharded token table
 // (--shard-embedding) is already split and stays out.
 //
@@ -11,14 +12,20 @@
 //            rank's slice instead, divided by R, and each parameter's sum of squares (for the
 //            global norm) is computed along the slices in rank order, so it is the same double
 //            a whole-tensor sum gives;
-// and then the updated values (storage dtype) are all-gathered so every rank holds the whole
-// dense model again. AdamW is elementwise: a slice's update is bitwise the whole tensor's
-// (optim::adamw_update), so stage 1 equals --zero 0 bitwise; stage 2 does too where the
+//   stage 3: as stage 2, and the values stay sharded: each parameter's storage exists only between
+//            gather(group) and release(group), which the model calls around each block's forward
+//            and backward (models/transformer.h, ParamHooks); the rank's slice is its master copy;
+// and then (stages 1 and 2) the updated values (storage dtype) are all-gathered so every rank
+// holds the whole dense model again. AdamW is elementwise: a slice's update is bitwise the whole
+// tensor's (optim::adamw_update), so stage 1 equals --zero 0 bitwise; stage 2 does too where the
 // reduce-scatter adds in the all-reduce's order (always at 2 ranks; see docs/PERFORMANCE.md).
 // Checkpoints stay logical: gather_state() gives whole tensors under AdamW's names.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "moe/comm/communicator.h"
@@ -32,14 +39,20 @@ class DenseShards {
   // The parameters ZeRO shards: resident, neither experts nor slices of a logical tensor.
   static bool shardable(const Param& p);
 
-  // stage 1 or 2 over `group` (every rank of it holds the same dense parameters). Allocates this
-  // rank's slice of the fp32 masters (bf16/f16 parameters), Adam moments and (stage 2) gradient.
+  // Which gather group a parameter belongs to (stage 3): a block's index, or -1.
+  using GroupOf = std::function<int64_t(const Param&)>;
+
+  // stage 1, 2 or 3 over `group` (every rank of it holds the same dense parameters). Allocates
+  // this rank's slice of the fp32 masters (bf16/f16 parameters), Adam moments, (stage 2 and 3)
+  // gradient and (stage 3) values; stage 3 then releases every covered parameter's value and
+  // compute copy (Param::value undefined until gather()).
   // `bucket_bytes`: the largest piece of the flat space one collective moves (its send and
   // receive buffers are the transient memory of a step: small, unlike a whole-space buffer,
   // at the price of one collective per bucket). `params` and
   // `group` must outlive this object.
   DenseShards(comm::Communicator& group, ParamSet& params, int stage,
-              const optim::AdamWConfig& config, int64_t bucket_bytes = 2 << 20);
+              const optim::AdamWConfig& config, int64_t bucket_bytes = 2 << 20,
+              const GroupOf& group_of = nullptr);
 
   int stage() const { return stage_; }
   bool covers(const Param& p) const;
@@ -60,6 +73,18 @@ class DenseShards {
   // (stage 1's gradients are the parameters', already scaled by optim::clip_gradients).
   void step(float lr, int64_t t, float clip);
 
+  // Stage 3: materialise the values of every covered parameter of gather group `g` (an
+  // all-gather each; collective, every rank the same groups in the same order), and drop them.
+  // Groups already gathered are left alone. gather_all / release_all: every group.
+  void gather(int64_t g);
+  void release(int64_t g);
+  void gather_all();
+  void release_all();
+  // Stage 3: every covered parameter's value, whole, in its storage dtype (collective), and this
+  // rank's slice of them from whole tensors by parameter name (a missing one throws, named).
+  std::vector<std::pair<std::string, Tensor>> gather_values() const;
+  void load_values(const std::map<std::string, Tensor>& whole);
+
   // Every covered parameter's optimizer tensors, whole ("adam.m.<p>", "adam.v.<p>", and
   // "master.<p>" for 16-bit parameters), gathered on every rank (collective).
   std::vector<optim::OptimizerTensor> gather_state() const;
@@ -68,7 +93,7 @@ class DenseShards {
   void load_state(const std::vector<optim::OptimizerTensor>& tensors);
   // The state tensors follow the parameters to `device`.
   void to(Device device);
-  // Bytes of sharded state this rank holds (masters, moments, stage 2's gradient slice).
+  // Bytes of sharded state this rank holds (masters, moments, gradient and value slices).
   int64_t state_bytes() const;
 
  private:
@@ -77,8 +102,9 @@ class DenseShards {
     int64_t param_offset, flat_offset, count;
   };
   std::vector<Piece> pieces(int64_t begin, int64_t end) const;
-  Tensor flat_of(const Param& p) const;  // p's gradient or value as one row, see .cpp
-  void square_sums();                    // stage 2: sums_ along the slices in rank order
+  Tensor value_of(const Piece& pc) const;  // where the piece's value is updated (stage 3: slice)
+  void gather_range(int64_t begin, int64_t end, const Tensor& from, Tensor& into) const;
+  void square_sums();  // stage 2: sums_ along the slices in rank order
   std::vector<int64_t> counts(int64_t begin, int64_t end) const;  // overlap with each rank
 
   comm::Communicator& group_;
@@ -89,7 +115,12 @@ class DenseShards {
   std::vector<int64_t> offsets_;  // [params_.size() + 1]: each one's start in the flat space
   int64_t mine_ = 0, mine_end_ = 0;
   Tensor master_, m_, v_, grad_;  // [mine_end_ - mine_]; master_ only for 16-bit parameters
-  std::vector<double> sums_;      // stage 2: per covered parameter
+  Tensor values_;                 // stage 3: this slice's values (storage dtype)
+  DType dtype_;                   // the parameters' storage dtype
+  Device device_;
+  std::vector<double> sums_;          // stage 2 and 3: per covered parameter
+  std::vector<int64_t> group_of_;     // stage 3: per covered parameter
+  std::map<int64_t, bool> gathered_;  // stage 3: group -> materialised now
 };
 
 }  // namespace moe::parallel
