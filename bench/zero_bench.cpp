@@ -1,10 +1,10 @@
 // moe-zero-bench: one training run under mpiexec with --zero N (ZeRO for the dense parameters,
 // parallel::DenseShards), printing one line for bench/zero.sh to tabulate: this run's peak RSS
 // (getrusage, the largest over the ranks), the bytes of dense state each rank holds (values and
-// their compute copies, gradients, GradSync's fused all-reduce buffer, AdamW masters and moments:
-// counted from the tensors the run allocated), tokens/s, and a checksum of the final parameters
-// (every tensor's bytes) so the table can show which stages trained the same bits. Not a test:
-// nothing is asserted. Shapes: L layers, D model width, E experts (every other block MoE).
+// their compute copies, gradients, GradSync's fused all-reduce buffer, AdamW masters and moments,
+// ZeRO's slices: counted from the tensors the run allocated), tokens/s, and a checksum of the final
+// parameters (every tensor's bytes) so the table can show which stages trained the same bits. Not a
+// test: nothing is asserted. Shapes: L layers, D model width, E experts (every other block MoE).
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -29,11 +29,12 @@ struct Options {
   bool quick = false;
 };
 
-uint64_t checksum(train::Trainer& t) {  // FNV-1a over every parameter's storage bytes
+// FNV-1a over every parameter's bytes, gathered (--zero 3 holds no whole value; collective).
+uint64_t checksum(const train::Trainer& t) {
   uint64_t h = 1469598103934665603ull;
-  for (const Param* p : std::as_const(t.params()).all()) {
-    const auto* b = static_cast<const unsigned char*>(p->value.raw());
-    for (size_t i = 0; i < p->value.nbytes(); ++i) h = (h ^ b[i]) * 1099511628211ull;
+  for (const io::NamedTensor& nt : t.snapshot().params) {
+    const auto* b = static_cast<const unsigned char*>(nt.tensor.raw());
+    for (size_t i = 0; i < nt.tensor.nbytes(); ++i) h = (h ^ b[i]) * 1099511628211ull;
   }
   return h;
 }
@@ -52,7 +53,7 @@ int main(int argc, char** argv) {
   Options o;
   CLI::App app{"moe-zero-bench: one --zero N training run (bench/zero.sh tabulates them)",
                "moe-zero-bench"};
-  app.add_option("--zero", o.zero, "ZeRO stage (0, 1, 2)")->capture_default_str();
+  app.add_option("--zero", o.zero, "ZeRO stage (0, 1, 2, 3)")->capture_default_str();
   app.add_option("--data", o.data, "Training text");
   app.add_option("--steps", o.steps, "Timed steps")->check(tools::positive());
   app.add_option("--d-model", o.d_model, "Model width")->check(tools::positive());
@@ -94,7 +95,11 @@ int main(int argc, char** argv) {
         for (const Param* p : std::as_const(trainer.params()).all())
           if (parallel::DenseShards::shardable(*p)) dense += p->numel();
         const int64_t storage = dtype_size(m.dtype), copy = m.dtype == DType::f32 ? 0 : 4;
-        const int64_t values = dense * (storage + copy), grads = dense * 4;
+        // Stage 3 keeps no whole value or gradient between uses (its slices are in state_bytes());
+        // one block's gathered values and gradients at a time are transient and not counted.
+        const bool sharded_values = shards && shards->stage() >= 3;
+        const int64_t values = sharded_values ? 0 : dense * (storage + copy);
+        const int64_t grads = sharded_values ? 0 : dense * 4;
         const bool all_reduced = world->size() > 1 && (!shards || shards->stage() < 2);
         const int64_t fused = all_reduced ? dense * 4 : 0;
         const int64_t adam = shards ? shards->state_bytes() : dense * (8 + copy);

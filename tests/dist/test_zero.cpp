@@ -100,9 +100,11 @@ TEST_CASE("zero: stages 1 and 2 train bitwise as --zero 0 on the same ranks", "[
         const int64_t slice = shards.end(world.rank()) - shards.begin(world.rank());
         CHECK(slice >= shards.total() / world.size());
         CHECK(slice <= shards.total() / world.size() + 1);
-        if (stage == 3)  // the values live in the slices: no parameter holds storage now
-          for (const Param* p : std::as_const(zero.params()).all())
+        if (stage == 3)  // values and gradients live in the slices: no whole one now
+          for (const Param* p : std::as_const(zero.params()).all()) {
             CHECK(p->value.defined() != shards.covers(*p));
+            CHECK(p->grad.defined() != shards.covers(*p));
+          }
         if (stage >= 2 && world.size() > 2) {
           // MPICH's reduce-scatter may add 4 partial sums in another order than its all-reduce:
           // equal to float rounding of the sums (1e-7 relative), which Adam can amplify to
@@ -123,7 +125,7 @@ TEST_CASE("zero: with a sharded table, the priority scheduler and offloaded expe
           "[dist][zero]") {
   comm::Communicator& world = dist_world();
   if (world.size() != 2) return;  // bitwise needs the 2-rank sum (see above)
-  for (const char* with : {"shard-embedding", "comm-scheduler", "offload"}) {
+  for (const char* with : {"shard-embedding", "comm-scheduler", "offload", "recompute"}) {
     DYNAMIC_SECTION(with) {
       train::TrainConfig tz = zero_train(3), t0 = zero_train(0);
       for (train::TrainConfig* t : {&tz, &t0}) {
@@ -131,6 +133,10 @@ TEST_CASE("zero: with a sharded table, the priority scheduler and offloaded expe
         if (std::string(with) == "comm-scheduler") {
           t->comm_scheduler = "priority";
           t->partition_mb = 0.01;  // several micro-ops
+        }
+        if (std::string(with) == "recompute") {  // blocks gathered for the forward again
+          t->recompute = "block";
+          t->grad_accum = 2;  // gradients kept over the micro-batches, reduced after the last
         }
         if (std::string(with) == "offload") {
           t->offload = "host";
@@ -143,6 +149,11 @@ TEST_CASE("zero: with a sharded table, the priority scheduler and offloaded expe
       for (const Param* p : std::as_const(zero.params()).all())
         CHECK(zero.dense_shards()->covers(*p) == parallel::DenseShards::shardable(*p));
       require_same_run(zero, plain, 3);
+      for (const Param* p : std::as_const(zero.params()).all()) {  // between steps: slices only
+        if (p->offloaded) continue;                                // the store's
+        CHECK(p->value.defined() != zero.dense_shards()->covers(*p));
+        CHECK(p->grad.defined() != zero.dense_shards()->covers(*p));
+      }
       CHECK(zero.evaluate() == plain.evaluate());  // evaluation gathers block by block too
     }
   }
@@ -278,6 +289,7 @@ TEST_CASE("zero: DenseShards in buckets smaller than a parameter equal a whole-m
       for (int step = 1; step <= 3; ++step) {
         for (Param* p : ref.all()) {
           Param& q = ps.at(p->name);
+          if (!q.grad.defined()) q.grad = Tensor::zeros(q.shape);  // stage 3 drops them
           for (int64_t i = 0; i < p->numel(); ++i) {
             float sum = 0;
             for (int r = 0; r < R; ++r) sum += grad_of(i, r, step);

@@ -20,7 +20,7 @@ void GradSync::size_buffers(Device device) {
   int64_t sizes[2] = {0, 0};
   for (const Param* p : params_.all())
     if (reduce_of(*p) == Reduce::world || reduce_of(*p) == Reduce::replicas)
-      sizes[static_cast<int>(reduce_of(*p))] += p->grad.numel();
+      sizes[static_cast<int>(reduce_of(*p))] += p->numel();  // (--zero 3 may have no grad yet)
   for (int g = 0; g < 2; ++g) buffer_[g] = Tensor::empty({sizes[g]}, DType::f32, device);
 }
 

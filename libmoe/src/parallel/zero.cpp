@@ -8,6 +8,7 @@
 #include <set>
 
 #include "kernels/adamw.h"
+#include "moe/arena.h"
 #include "moe/ops/core.h"
 
 namespace moe::parallel {
@@ -77,6 +78,7 @@ DenseShards::DenseShards(comm::Communicator& group, ParamSet& params, int stage,
     group_of_.push_back(group_of(*p));
     p->value = Tensor();
     p->compute = Tensor();
+    p->grad = Tensor();  // made for each backward (gather(g, true)), reduced and dropped after
   }
 }
 
@@ -94,8 +96,14 @@ void DenseShards::gather_range(int64_t begin, int64_t end, const Tensor& from, T
   }
 }
 
-void DenseShards::gather(int64_t g) {
-  if (stage_ < 3 || gathered_[g]) return;
+void DenseShards::gather(int64_t g, bool with_grads) {
+  if (stage_ < 3) return;
+  HeapScope heap;  // not the pass's activation arena: grads outlive its micro-batch
+  if (with_grads)  // backward accumulates into them (kept across the step's micro-batches)
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (group_of_[i] == g && !params_[i]->grad.defined())
+        params_[i]->grad = Tensor::zeros(params_[i]->shape, DType::f32, device_);
+  if (gathered_[g]) return;
   for (size_t i = 0; i < params_.size(); ++i) {
     if (group_of_[i] != g) continue;
     Param& p = *params_[i];
@@ -108,14 +116,32 @@ void DenseShards::gather(int64_t g) {
   gathered_[g] = true;
 }
 
-void DenseShards::release(int64_t g) {
+void DenseShards::release(int64_t g, bool reduce_grads) {
   if (stage_ < 3) return;
   for (size_t i = 0; i < params_.size(); ++i)
     if (group_of_[i] == g) {
       params_[i]->value = Tensor();
       params_[i]->compute = Tensor();
+      if (reduce_grads) reduce_param(i);
     }
   gathered_[g] = false;
+}
+
+// Parameter i's gradient, reduce-scattered into the slice bucket by bucket straight from its
+// storage (contiguous in the flat space), then dropped: each element of the slice is written
+// once per step, as the whole-space reduce-scatter writes it.
+void DenseShards::reduce_param(size_t i) {
+  Param& p = *params_[i];
+  if (!p.grad.defined()) return;
+  const Tensor flat = p.grad.reshape({p.numel()});
+  for (int64_t a = offsets_[i]; a < offsets_[i + 1]; a += bucket_) {
+    const int64_t b = std::min(offsets_[i + 1], a + bucket_);
+    const int64_t lo = std::max(a, mine_), hi = std::min(b, mine_end_);
+    Tensor recv = lo < hi ? grad_.rows(lo - mine_, hi - mine_) : grad_.rows(0, 0);
+    group_.reduce_scatterv(flat.rows(a - offsets_[i], b - offsets_[i]), recv, counts(a, b),
+                           comm::ReduceOp::sum);
+  }
+  p.grad = Tensor();
 }
 
 void DenseShards::gather_all() {
@@ -123,7 +149,7 @@ void DenseShards::gather_all() {
 }
 
 void DenseShards::release_all() {
-  for (int64_t g : std::set<int64_t>(group_of_.begin(), group_of_.end())) release(g);
+  for (int64_t g : std::set<int64_t>(group_of_.begin(), group_of_.end())) release(g, false);
 }
 
 std::vector<std::pair<std::string, Tensor>> DenseShards::gather_values() const {
@@ -186,7 +212,10 @@ std::vector<int64_t> DenseShards::counts(int64_t begin, int64_t end) const {
 void DenseShards::reduce_gradients() {
   if (stage_ < 2) return;
   const Device device = grad_.device();
-  for (int64_t a = 0; a < total(); a += bucket_) {
+  // Stage 3: each group's gradients went when its backward released it; any left (a pass
+  // without hooks) go now, one parameter at a time.
+  for (size_t i = 0; stage_ >= 3 && i < params_.size(); ++i) reduce_param(i);
+  for (int64_t a = 0; stage_ < 3 && a < total(); a += bucket_) {
     const int64_t b = std::min(total(), a + bucket_);
     Tensor send = Tensor::empty({b - a}, DType::f32, device);
     for (const Piece& pc : pieces(a, b))

@@ -415,8 +415,10 @@ StepStats Trainer::step(bool capture_routing) {
       pass.loss_scale = static_cast<float>(1.0 / static_cast<double>(micro));
       pass.recompute = recompute;
       if (zero_ && zero_->stage() >= 3)  // the dense values exist only around their use
-        pass.params = {[this](int64_t g) { zero_->gather(g); },
-                       [this](int64_t g) { zero_->release(g); }};
+        pass.params = {[this](int64_t g, bool backward) { zero_->gather(g, backward); },
+                       [this, last = m + 1 == micro](int64_t g, bool backward) {
+                         zero_->release(g, backward && last);
+                       }};
       // Priority scheduling: reduce each block's gradients as the last pass's backward leaves it
       // (only then are they final).
       if (layout_->scheduler() && m + 1 == micro)

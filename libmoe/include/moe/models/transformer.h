@@ -46,9 +46,10 @@ using LogitsLoss = std::function<double(const Tensor& ids, const Tensor& targets
 // Parameters materialised around their use (--zero 3, parallel::DenseShards): gather(g) before
 // group g's parameters are read, release(g) after; g is a block's index, or -1 for the embeddings,
 // final norm and head (gathered from the start of forward to the end of backward). A block is
-// gathered for its forward and again for its backward (recomputation included).
+// gathered for its forward and again for its backward (recomputation included); `backward` says
+// which (backward accumulates into the group's gradients between the two calls).
 struct ParamHooks {
-  std::function<void(int64_t group)> gather, release;
+  std::function<void(int64_t group, bool backward)> gather, release;
 };
 
 // How a training pass runs beyond its batch: gradient accumulation and activation recomputation.

@@ -75,9 +75,12 @@ class DenseShards {
 
   // Stage 3: materialise the values of every covered parameter of gather group `g` (an
   // all-gather each; collective, every rank the same groups in the same order), and drop them.
-  // Groups already gathered are left alone. gather_all / release_all: every group.
-  void gather(int64_t g);
-  void release(int64_t g);
+  // Groups already gathered are left alone. For backward, `with_grads` gives the group's
+  // parameters zeroed gradients where they have none, and `reduce_grads` (the step's last
+  // micro-batch) reduce-scatters them into the slice and drops them, so no rank holds the whole
+  // dense gradient either. gather_all / release_all: every group, values only.
+  void gather(int64_t g, bool with_grads = false);
+  void release(int64_t g, bool reduce_grads = false);
   void gather_all();
   void release_all();
   // Stage 3: every covered parameter's value, whole, in its storage dtype (collective), and this
@@ -104,7 +107,8 @@ class DenseShards {
   std::vector<Piece> pieces(int64_t begin, int64_t end) const;
   Tensor value_of(const Piece& pc) const;  // where the piece's value is updated (stage 3: slice)
   void gather_range(int64_t begin, int64_t end, const Tensor& from, Tensor& into) const;
-  void square_sums();  // stage 2: sums_ along the slices in rank order
+  void square_sums();           // stage 2: sums_ along the slices in rank order
+  void reduce_param(size_t i);  // stage 3: one parameter's gradient into the slice
   std::vector<int64_t> counts(int64_t begin, int64_t end) const;  // overlap with each rank
 
   comm::Communicator& group_;
