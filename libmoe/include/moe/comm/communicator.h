@@ -144,6 +144,10 @@ class Communicator {
                           const Tensor& recv, std::span<const int64_t> recv_counts) const;
   void check_reduce_scatterv(const Tensor& send, const Tensor& recv,
                              std::span<const int64_t> recv_counts, ReduceOp op) const;
+
+ private:
+  void check_parts(const char* op, const Tensor& send, const Tensor& recv,
+                   std::span<const int64_t> recv_counts, bool part_is_send) const;
 };
 
 // Elements per row of the leading dimension (1 for a 1-D tensor; a 0-d tensor has no rows).
