@@ -74,6 +74,14 @@ DenseShards::DenseShards(comm::Communicator& group, ParamSet& params, int stage,
     values_.rows(pc.flat_offset - mine_, pc.flat_offset - mine_ + pc.count)
         .copy_from(pc.param->value.reshape({pc.param->numel()})
                        .rows(pc.param_offset, pc.param_offset + pc.count));
+  for (size_t i = 0; i < params_.size(); ++i) {  // consecutive parameters of a group: one run
+    const int64_t g = group_of(*params_[i]);
+    std::vector<std::pair<size_t, size_t>>& runs = runs_[g];
+    if (!runs.empty() && runs.back().second == i)
+      runs.back().second = i + 1;
+    else
+      runs.emplace_back(i, i + 1);
+  }
   for (Param* p : params_) {
     group_of_.push_back(group_of(*p));
     p->value = Tensor();
@@ -96,51 +104,72 @@ void DenseShards::gather_range(int64_t begin, int64_t end, const Tensor& from, T
   }
 }
 
+// One buffer per run of a group's parameters (consecutive in the flat space: a block's dense
+// parameters are), the parameters' tensors views of it: one collective per run and bucket.
 void DenseShards::gather(int64_t g, bool with_grads) {
   if (stage_ < 3) return;
   HeapScope heap;  // not the pass's activation arena: grads outlive its micro-batch
-  if (with_grads)  // backward accumulates into them (kept across the step's micro-batches)
-    for (size_t i = 0; i < params_.size(); ++i)
-      if (group_of_[i] == g && !params_[i]->grad.defined())
-        params_[i]->grad = Tensor::zeros(params_[i]->shape, DType::f32, device_);
+  const std::vector<std::pair<size_t, size_t>>& runs = runs_[g];
+  std::vector<Tensor>& grads = grad_buffers_[g];
+  if (with_grads && grads.empty())  // backward accumulates into them, over the micro-batches
+    for (auto [first, last] : runs) {
+      grads.push_back(Tensor::zeros({offsets_[last] - offsets_[first]}, DType::f32, device_));
+      for (size_t i = first; i < last; ++i)
+        params_[i]->grad =
+            grads.back()
+                .rows(offsets_[i] - offsets_[first], offsets_[i + 1] - offsets_[first])
+                .reshape(params_[i]->shape);
+    }
   if (gathered_[g]) return;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (group_of_[i] != g) continue;
-    Param& p = *params_[i];
-    Tensor whole = Tensor::empty(p.shape, dtype_, device_);
-    Tensor flat = whole.reshape({p.numel()});
-    gather_range(offsets_[i], offsets_[i + 1], values_, flat);
-    p.value = whole;
-    p.refresh_compute();
+  for (auto [first, last] : runs) {
+    Tensor values = Tensor::empty({offsets_[last] - offsets_[first]}, dtype_, device_);
+    gather_range(offsets_[first], offsets_[last], values_, values);
+    for (size_t i = first; i < last; ++i) {
+      Param& p = *params_[i];
+      p.value = values.rows(offsets_[i] - offsets_[first], offsets_[i + 1] - offsets_[first])
+                    .reshape(p.shape);
+      p.refresh_compute();
+    }
   }
   gathered_[g] = true;
 }
 
 void DenseShards::release(int64_t g, bool reduce_grads) {
   if (stage_ < 3) return;
-  for (size_t i = 0; i < params_.size(); ++i)
-    if (group_of_[i] == g) {
+  const std::vector<std::pair<size_t, size_t>>& runs = runs_[g];
+  std::vector<Tensor>& grads = grad_buffers_[g];
+  for (size_t r = 0; r < runs.size(); ++r) {
+    const auto [first, last] = runs[r];
+    for (size_t i = first; i < last; ++i) {
       params_[i]->value = Tensor();
       params_[i]->compute = Tensor();
-      if (reduce_grads) reduce_param(i);
     }
+    if (!reduce_grads || grads.empty()) continue;
+    reduce_range(offsets_[first], offsets_[last], grads[r]);
+    for (size_t i = first; i < last; ++i) params_[i]->grad = Tensor();
+  }
+  if (reduce_grads) grads.clear();
   gathered_[g] = false;
 }
 
-// Parameter i's gradient, reduce-scattered into the slice bucket by bucket straight from its
-// storage (contiguous in the flat space), then dropped: each element of the slice is written
-// once per step, as the whole-space reduce-scatter writes it.
+// The gradients of flat positions [begin, end) (`flat`, contiguous), reduce-scattered into the
+// slice bucket by bucket: each element of the slice is written once per step, as the
+// whole-space reduce-scatter of stage 2 writes it.
+void DenseShards::reduce_range(int64_t begin, int64_t end, const Tensor& flat) {
+  for (int64_t a = begin; a < end; a += bucket_) {
+    const int64_t b = std::min(end, a + bucket_);
+    const int64_t lo = std::max(a, mine_), hi = std::min(b, mine_end_);
+    Tensor recv = lo < hi ? grad_.rows(lo - mine_, hi - mine_) : grad_.rows(0, 0);
+    group_.reduce_scatterv(flat.rows(a - begin, b - begin), recv, counts(a, b),
+                           comm::ReduceOp::sum);
+  }
+}
+
+// A gradient no release() reduced (a pass without hooks): now, and dropped.
 void DenseShards::reduce_param(size_t i) {
   Param& p = *params_[i];
   if (!p.grad.defined()) return;
-  const Tensor flat = p.grad.reshape({p.numel()});
-  for (int64_t a = offsets_[i]; a < offsets_[i + 1]; a += bucket_) {
-    const int64_t b = std::min(offsets_[i + 1], a + bucket_);
-    const int64_t lo = std::max(a, mine_), hi = std::min(b, mine_end_);
-    Tensor recv = lo < hi ? grad_.rows(lo - mine_, hi - mine_) : grad_.rows(0, 0);
-    group_.reduce_scatterv(flat.rows(a - offsets_[i], b - offsets_[i]), recv, counts(a, b),
-                           comm::ReduceOp::sum);
-  }
+  reduce_range(offsets_[i], offsets_[i + 1], p.grad.reshape({p.numel()}));
   p.grad = Tensor();
 }
 
@@ -215,6 +244,7 @@ void DenseShards::reduce_gradients() {
   // Stage 3: each group's gradients went when its backward released it; any left (a pass
   // without hooks) go now, one parameter at a time.
   for (size_t i = 0; stage_ >= 3 && i < params_.size(); ++i) reduce_param(i);
+  grad_buffers_.clear();
   for (int64_t a = 0; stage_ < 3 && a < total(); a += bucket_) {
     const int64_t b = std::min(total(), a + bucket_);
     Tensor send = Tensor::empty({b - a}, DType::f32, device);

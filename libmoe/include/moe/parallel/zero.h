@@ -109,7 +109,8 @@ class DenseShards {
   void gather_range(int64_t begin, int64_t end, const Tensor& from, Tensor& into) const;
   void square_sums();           // stage 2: sums_ along the slices in rank order
   void reduce_param(size_t i);  // stage 3: one parameter's gradient into the slice
-  std::vector<int64_t> counts(int64_t begin, int64_t end) const;  // overlap with each rank
+  void reduce_range(int64_t begin, int64_t end, const Tensor& flat);  // stage 3 gradients
+  std::vector<int64_t> counts(int64_t begin, int64_t end) const;      // overlap with each rank
 
   comm::Communicator& group_;
   int stage_;
@@ -125,6 +126,10 @@ class DenseShards {
   std::vector<double> sums_;          // stage 2 and 3: per covered parameter
   std::vector<int64_t> group_of_;     // stage 3: per covered parameter
   std::map<int64_t, bool> gathered_;  // stage 3: group -> materialised now
+  // Stage 3: per group, its runs of consecutive covered parameters [first, last), and the
+  // gradient buffer of each run while backward fills it.
+  std::map<int64_t, std::vector<std::pair<size_t, size_t>>> runs_;
+  std::map<int64_t, std::vector<Tensor>> grad_buffers_;
 };
 
 }  // namespace moe::parallel
