@@ -23,7 +23,7 @@ ranks_list=${RANKS:-1 2 4}
 export OMP_NUM_THREADS=1
 fail() { echo "FAIL: $*"; exit 1; }
 cpu=$(sed -n 's/^model name\t*: //p' /proc/cpuinfo | head -1)
-echo "# moe-zero-bench $quick: gpt, every other block MoE (4 experts top-2), 1 thread per rank"
+echo "# moe-zero-bench${quick:+ $quick}: gpt, every other block MoE (4 experts top-2), 1 thread per rank"
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), ${cpu:-unknown CPU}, $(getconf _NPROCESSORS_ONLN) online cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
 echo "| ranks | zero | peak RSS MiB | dense state MiB/rank | ideal MiB | vs 0 | tokens/s | vs 0 | params |"
