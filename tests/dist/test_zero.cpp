@@ -1,9 +1,10 @@
-// ZeRO for the dense parameters (--zero 1|2, parallel::DenseShards) against --zero 0 on the same
-// ranks: the same losses, gradient norms and parameters bit for bit (stage 1 always: the
-// gradients are all-reduced as before and AdamW is elementwise; stage 2 where the reduce-scatter
-// adds in the all-reduce's order, which 2 ranks guarantee), with --ep, --shard-embedding,
-// --comm-scheduler priority and --offload host; checkpoints the same file as --zero 0's, resumed
-// bitwise at the same layout and by --zero 0 and one process. Registered at 2 and 4 ranks.
+// ZeRO for the dense parameters (--zero 1|2|3, parallel::DenseShards) against --zero 0 on the
+// same ranks: the same losses, gradient norms, parameters and optimizer state bit for bit (stage
+// 1 always: the gradients are all-reduced as before and AdamW is elementwise; stages 2 and 3
+// where the reduce-scatter adds in the all-reduce's order, which 2 ranks guarantee), with --ep,
+// --shard-embedding, --comm-scheduler priority, --offload host, --recompute block and
+// --grad-accum; a stage-3 checkpoint is --zero 0's file, resumed bitwise at the same layout and
+// by --zero 2/1/0 and one process. Registered at 2 and 4 ranks (dist_zero_np2/np4).
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>

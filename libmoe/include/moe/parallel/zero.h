@@ -1,8 +1,7 @@
 // ZeRO for the dense parameters (--zero 1|2|3): their AdamW state, from stage 2 their reduced
-// gradients, and at stage 3 their values too, sharded over the ranks that sum the dense gradients
-// (the world). Expert parameters
-// stay with their expert-parallel owners or the offload store; the sharded token table
-// (--shard-embedding) is already split and stays out.
+// gradients, and at stage 3 their values and gradients too, sharded over the ranks that sum the
+// dense gradients (the world). Expert parameters stay with their expert-parallel owners or the
+// offload store; the sharded token table (--shard-embedding) is already split and stays out.
 //
 // The dense parameters, in ParamSet order, are laid end to end in one flat space of S elements;
 // rank r of R owns the contiguous slice [S r / R, S (r + 1) / R) (balanced to one element,
@@ -14,11 +13,13 @@
 //            a whole-tensor sum gives;
 //   stage 3: as stage 2, and the values stay sharded: each parameter's storage exists only between
 //            gather(group) and release(group), which the model calls around each block's forward
-//            and backward (models/transformer.h, ParamHooks); the rank's slice is its master copy;
+//            and backward (models/transformer.h, ParamHooks); the rank's slice is its master copy.
+//            Its gradients exist from the backward gather to the release that reduce-scatters
+//            them into the slice (the step's last micro-batch), so no rank holds a whole one;
 // and then (stages 1 and 2) the updated values (storage dtype) are all-gathered so every rank
 // holds the whole dense model again. AdamW is elementwise: a slice's update is bitwise the whole
-// tensor's (optim::adamw_update), so stage 1 equals --zero 0 bitwise; stage 2 does too where the
-// reduce-scatter adds in the all-reduce's order (always at 2 ranks; see docs/PERFORMANCE.md).
+// tensor's (optim::adamw_update), so stage 1 equals --zero 0 bitwise; stages 2 and 3 do too where
+// the reduce-scatter adds in the all-reduce's order (always at 2 ranks; see docs/PERFORMANCE.md).
 // Checkpoints stay logical: gather_state() gives whole tensors under AdamW's names.
 #pragma once
 #include <cstdint>
