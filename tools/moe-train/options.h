@@ -274,6 +274,12 @@ inline void add_train_options(CLI::App& app, TrainOptions& o) {
       "--shard-embedding", t.shard_embedding,
       "Split the token table by columns over the ranks (MoESys); needs --arch mixtral"));
   o.train_flags.push_back(
+      dg->add_option("--zero", t.zero,
+                     "ZeRO for the dense parameters over the ranks: 0 off, 1 AdamW state "
+                     "sharded, 2 and gradients reduce-scattered, 3 and values sharded (gathered "
+                     "around each block's use)")
+          ->capture_default_str());
+  o.train_flags.push_back(
       dg->add_option("--a2a", t.a2a,
                      "Expert all-to-all: flat, or hierarchical (intra-node, then across nodes)")
           ->check(CLI::IsMember({"flat", "hierarchical"}))

@@ -43,4 +43,17 @@ class ArenaScope {
   Arena* previous_;
 };
 
+// The opposite, for tensors that outlive the arena's reset (ZeRO-3's gathered parameters and
+// their gradients, kept across micro-batches): while alive, this thread allocates from the heap.
+class HeapScope {
+ public:
+  HeapScope();
+  ~HeapScope();
+  HeapScope(const HeapScope&) = delete;
+  HeapScope& operator=(const HeapScope&) = delete;
+
+ private:
+  Arena* previous_;
+};
+
 }  // namespace moe

@@ -103,6 +103,17 @@ void Communicator::all_to_all_v(const Tensor& send, std::span<const int64_t> sen
   iall_to_all_v(send, send_counts, recv, recv_counts).wait();
 }
 void Communicator::broadcast(Tensor& buf, int root) { ibroadcast(buf, root).wait(); }
+void Communicator::reduce_scatterv(const Tensor& send, Tensor& recv,
+                                   std::span<const int64_t> recv_counts, ReduceOp op) {
+  ireduce_scatterv(send, recv, recv_counts, op).wait();
+}
+
+Request Communicator::ireduce_scatterv(const Tensor& send, Tensor& recv,
+                                       std::span<const int64_t> recv_counts, ReduceOp op) {
+  check_reduce_scatterv(send, recv, recv_counts, op);
+  throw Error(str("reduce_scatterv on ", describe(), ": the ", name(),
+                  " communicator has no reduce-scatter"));
+}
 void Communicator::send(const Tensor& buf, int peer, int tag) { isend(buf, peer, tag).wait(); }
 void Communicator::recv(Tensor& buf, int peer, int tag) { irecv(buf, peer, tag).wait(); }
 
@@ -153,9 +164,11 @@ void Communicator::check_all_gather(const Tensor& send, const Tensor& recv) cons
             send.describe());
 }
 
-void Communicator::check_all_gatherv(const Tensor& send, const Tensor& recv,
-                                     std::span<const int64_t> recv_counts) const {
-  const char* op = "all_gatherv";
+// all_gatherv and reduce_scatterv mirror each other: this rank's `part` (counts[rank()] rows) and
+// every rank's rows, rank-major, in `whole` (the counts' sum); all_gatherv sends the part,
+// reduce_scatterv receives it.
+void Communicator::check_parts(const char* op, const Tensor& send, const Tensor& recv,
+                               std::span<const int64_t> recv_counts, bool part_is_send) const {
   check_buffer(op, send);
   check_buffer(op, recv);
   MOE_CHECK(send.dtype() == recv.dtype(), op, " on ", describe(), ": send ", send.describe(),
@@ -164,11 +177,26 @@ void Communicator::check_all_gatherv(const Tensor& send, const Tensor& recv,
             recv_counts.size(), " recv counts for ", size(), " ranks");
   MOE_CHECK(row_elements(send) == row_elements(recv), op, " on ", describe(), ": rows of send ",
             send.describe(), " and recv ", recv.describe(), " differ in width");
-  MOE_CHECK(recv_counts[rank()] == send.dim(0), op, " on ", describe(), ": recv_counts[", rank(),
-            "] = ", recv_counts[rank()], " but this rank sends ", send.describe());
+  const Tensor& part = part_is_send ? send : recv;
+  const Tensor& whole = part_is_send ? recv : send;
+  MOE_CHECK(recv_counts[rank()] == part.dim(0), op, " on ", describe(), ": recv_counts[", rank(),
+            "] = ", recv_counts[rank()], part_is_send ? " but this rank sends " : " but recv is ",
+            part.describe());
   int64_t total = checked_sum(op, "recv_counts", recv_counts, describe());
-  MOE_CHECK(total == recv.dim(0), op, " on ", describe(), ": recv counts sum to ", total,
-            " rows but recv is ", recv.describe());
+  MOE_CHECK(total == whole.dim(0), op, " on ", describe(), ": recv counts sum to ", total,
+            " rows but ", part_is_send ? "recv" : "send", " is ", whole.describe());
+}
+
+void Communicator::check_all_gatherv(const Tensor& send, const Tensor& recv,
+                                     std::span<const int64_t> recv_counts) const {
+  check_parts("all_gatherv", send, recv, recv_counts, true);
+}
+
+void Communicator::check_reduce_scatterv(const Tensor& send, const Tensor& recv,
+                                         std::span<const int64_t> recv_counts,
+                                         ReduceOp reduce) const {
+  check_reducible("reduce_scatterv", send, reduce);
+  check_parts("reduce_scatterv", send, recv, recv_counts, false);
 }
 
 void Communicator::check_all_to_all_v(const Tensor& send, std::span<const int64_t> send_counts,

@@ -335,6 +335,23 @@ class MpiCommunicator final : public Communicator {
     return Request(std::move(pending));
   }
 
+  // MPICH's reduce-scatter adds in an order of its own (not promised to be the all-reduce's):
+  // bitwise equal to an all-reduce's slice only where one addition decides it (2 ranks).
+  Request ireduce_scatterv(const Tensor& send, Tensor& recv, std::span<const int64_t> recv_counts,
+                           ReduceOp op) override {
+    check_reduce_scatterv(send, recv, recv_counts, op);
+    check_host("reduce_scatterv", send);
+    check_host("reduce_scatterv", recv);
+    auto pending = std::make_unique<MpiPendingOp>(
+        what("reduce_scatterv"), std::vector<Tensor>{send, recv}, CountsAndDispls{},
+        to_elements(recv_counts, row_elements(send)));
+    CountsAndDispls& r = pending->recv_counts();
+    MOE_MPI_CHECK(MPI_Ireduce_scatter_c(send.raw(), recv.raw(), r.counts.data(),
+                                        mpi_type(send.dtype()), mpi_op(op), comm_,
+                                        pending->handle()));
+    return Request(std::move(pending));
+  }
+
   Request isend(const Tensor& buf, int peer, int tag) override {
     check_buffer("send", buf);
     check_host("send", buf);

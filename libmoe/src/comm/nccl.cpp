@@ -218,6 +218,29 @@ class NcclCommunicator final : public Communicator {
     return o.finish();
   }
 
+  // One ncclReduce per destination rank (its rows of send, rooted there) in one group: NCCL's
+  // reduce-scatter takes equal counts only.
+  Request ireduce_scatterv(const Tensor& send, Tensor& recv, std::span<const int64_t> recv_counts,
+                           ReduceOp op) override {
+    check_reduce_scatterv(send, recv, recv_counts, op);
+    Op o = begin("reduce_scatterv");
+    const auto* s = static_cast<const std::byte*>(o.device_buffer(send, true, false));
+    void* r = o.device_buffer(recv, false, true);
+    const size_t row = row_bytes(send);
+    const int64_t width = row_elements(send);
+    MOE_NCCL_CHECK(ncclGroupStart());
+    size_t offset = 0;
+    for (int peer = 0; peer < size_; ++peer) {
+      const auto elements = static_cast<size_t>(recv_counts[peer] * width);
+      if (elements > 0)
+        MOE_NCCL_CHECK(ncclReduce(s + offset, r, elements, nccl_type(send, "reduce_scatterv"),
+                                  nccl_op(op), peer, comm_, stream_.get()));
+      offset += static_cast<size_t>(recv_counts[peer]) * row;
+    }
+    MOE_NCCL_CHECK(ncclGroupEnd());
+    return o.finish();
+  }
+
   // All-to-all-v as one group of sends and receives (zero counts skipped).
   Request iall_to_all_v(const Tensor& send, std::span<const int64_t> send_counts, Tensor& recv,
                         std::span<const int64_t> recv_counts) override {

@@ -54,4 +54,7 @@ ArenaScope::ArenaScope(Arena& arena) : previous_(t_current) { t_current = &arena
 ArenaScope::~ArenaScope() { t_current = previous_; }
 Arena* ArenaScope::current() { return t_current; }
 
+HeapScope::HeapScope() : previous_(t_current) { t_current = nullptr; }
+HeapScope::~HeapScope() { t_current = previous_; }
+
 }  // namespace moe

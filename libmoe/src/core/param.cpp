@@ -180,8 +180,11 @@ void ParamSet::to(Device device) {
 }
 
 Device ParamSet::device() const {
-  for (const auto& p : params_)
-    if (!p->offloaded) return p->value.device();
+  for (const auto& p : params_) {
+    if (p->offloaded) continue;
+    if (p->value.defined()) return p->value.device();
+    if (p->grad.defined()) return p->grad.device();  // a value released by --zero 3
+  }
   return Device{};
 }
 

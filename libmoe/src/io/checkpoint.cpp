@@ -386,8 +386,9 @@ void check_params_match(const ParamSet& params, const std::vector<NamedTensor>& 
   for (const NamedTensor& nt : tensors) {
     const Param* p = params.find(nt.name);
     MOE_CHECK(p, source, ": checkpoint tensor '", nt.name, "' is not a parameter of this model");
-    // An offloaded parameter (its store holds the values) has the ParamSet's dtype.
-    const DType dtype = p->offloaded ? params.dtype() : p->value.dtype();
+    // An offloaded parameter (its store holds the values) or one whose value is released between
+    // uses (--zero 3) has the ParamSet's dtype.
+    const DType dtype = p->offloaded || !p->value.defined() ? params.dtype() : p->value.dtype();
     MOE_CHECK(nt.shape() == p->shape && nt.dtype() == dtype, source, ": checkpoint tensor ",
               nt.streamed() ? str(nt.name, shape_str(nt.shape()), " ", dtype_name(nt.dtype()))
                             : nt.tensor.describe(),

@@ -292,8 +292,13 @@ ForwardStats Transformer::forward_backward(const Tensor& ids, const Tensor& targ
     for (nn::Block::Saved& s : saved) s.moe.recompute_experts = &scratch_;
   scratch_.reset_peak();
   nn::ShardedEmbedding::Saved sharded_saved;
+  const ParamHooks& params = pass.params;
+  BlockHooks around;  // the forward's
+  if (params.gather) around.before = [&](int64_t g) { params.gather(g, false); };
+  if (params.release) around.after = [&](int64_t g) { params.release(g, false); };
+  if (params.gather) params.gather(-1, true);
   Tensor x = forward_blocks(ids, targets, step, block_recompute ? nullptr : &saved, &sharded_saved,
-                            stats, nullptr, block_recompute ? &block_inputs : nullptr);
+                            stats, &around, block_recompute ? &block_inputs : nullptr);
   nn::Norm::Saved final_saved;
   Tensor h = final_norm_->forward(x, &final_saved);
   Tensor logits = head(h);
@@ -315,6 +320,7 @@ ForwardStats Transformer::forward_backward(const Tensor& ids, const Tensor& targ
   const float aux_scale = static_cast<float>(config_.aux_loss_coef * pass.loss_scale);
   const float z_scale = static_cast<float>(config_.z_loss_coef * pass.loss_scale);
   for (size_t i = blocks_.size(); i-- > 0;) {
+    if (params.gather) params.gather(static_cast<int64_t>(i), true);
     if (block_recompute) {
       // The block's forward again, saving, in the scratch (its statistics were taken the first
       // time), then its backward; dx is overwritten in place with the block's input gradient.
@@ -333,6 +339,7 @@ ForwardStats Transformer::forward_backward(const Tensor& ids, const Tensor& targ
       dx = blocks_[i]->backward(dx, saved[i], aux_scale, z_scale);
     }
     if (grads_ready) grads_ready(block_params_[i]);
+    if (params.release) params.release(static_cast<int64_t>(i), true);
   }
   Tensor flat_ids = ids.reshape({n});
   if (sharded_tokens_)
@@ -343,6 +350,7 @@ ForwardStats Transformer::forward_backward(const Tensor& ids, const Tensor& targ
     positions_->backward(dx, position_ids(n, seq).to(ids.device()));
   }
   if (grads_ready) grads_ready(outer_params_);
+  if (params.release) params.release(-1, true);
   stats.activation_peak_bytes = scratch_.peak_bytes();
   return stats;
 }

@@ -9,9 +9,11 @@
 
 namespace moe::optim {
 
-AdamW::AdamW(ParamSet& params, const AdamWConfig& config) : params_(params), config_(config) {
+AdamW::AdamW(ParamSet& params, const AdamWConfig& config, const Filter& holds)
+    : params_(params), config_(config) {
   for (Param* p : params.all()) {
     if (p->offloaded) continue;  // its nn::ExpertStore updates it, expert by expert
+    if (holds && !holds(*p)) continue;
     Slot s;
     s.param = p;
     s.master = p->value.dtype() == DType::f32 ? p->value : p->value.to(DType::f32);
@@ -147,8 +149,8 @@ float clip_scale(double max_norm, double norm) {
 void clip_gradients(ParamSet& params, double max_norm, double norm) {
   if (max_norm > 0 && norm > max_norm) {
     const float scale = clip_scale(max_norm, norm);
-    for (Param* p : params.all())
-      if (!p->offloaded) ops::scale(p->grad, scale);
+    for (Param* p : params.all())  // --zero 3 keeps no whole dense gradient: undefined ones
+      if (!p->offloaded && p->grad.defined()) ops::scale(p->grad, scale);
   }
 }
 

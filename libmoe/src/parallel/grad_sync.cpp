@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "moe/ops/core.h"
+#include "moe/parallel/zero.h"
 
 namespace moe::parallel {
 
@@ -19,13 +20,14 @@ void GradSync::size_buffers(Device device) {
   int64_t sizes[2] = {0, 0};
   for (const Param* p : params_.all())
     if (reduce_of(*p) == Reduce::world || reduce_of(*p) == Reduce::replicas)
-      sizes[static_cast<int>(reduce_of(*p))] += p->grad.numel();
+      sizes[static_cast<int>(reduce_of(*p))] += p->numel();  // (--zero 3 may have no grad yet)
   for (int g = 0; g < 2; ++g) buffer_[g] = Tensor::empty({sizes[g]}, DType::f32, device);
 }
 
 GradSync::Reduce GradSync::reduce_of(const Param& p) const {
   if (p.offloaded) return Reduce::none;  // its store sums and averages it (TieredStore)
   if (held_of_.count(&p)) return Reduce::holders;
+  if (shards_ && shards_->stage() >= 2 && shards_->covers(p)) return Reduce::sharded;
   // A slice of the experts (plain expert parallelism). Under a placement policy every rank holds
   // whole expert tensors and computed some of their rows: they sum over the world like dense ones.
   if (p.expert && p.shard.defined())
@@ -82,6 +84,7 @@ void GradSync::finish(ParamSet& params) {
     }
   }
   reduce_held();
+  if (shards_) shards_->reduce_gradients();  // stage 2: its slices, already averaged
   const float inverse = 1.0f / static_cast<float>(layout_.size());
   for (int g = 0; g < 2; ++g) {
     if (fill_[g] > 0) {  // one pass over the reduced buffer, then copies back
@@ -133,7 +136,9 @@ double GradSync::global_norm(const ParamSet& params,
         }
       continue;
     }
-    const double sq = p->offloaded ? offloaded(*p) : optim::grad_square_sum(*p);
+    const double sq = p->offloaded                       ? offloaded(*p)
+                      : reduce_of(*p) == Reduce::sharded ? shards_->square_sum(*p)
+                                                         : optim::grad_square_sum(*p);
     if (p->expert && p->shard.defined())
       experts += sq;
     else if (p->shard.defined())
@@ -224,5 +229,10 @@ void GradSync::reduce_held() {
 }
 
 void GradSync::to(Device device) { size_buffers(device); }
+
+void GradSync::set_dense_shards(DenseShards* shards) {
+  shards_ = shards;
+  size_buffers(buffer_[0].device());
+}
 
 }  // namespace moe::parallel

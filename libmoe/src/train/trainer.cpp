@@ -68,6 +68,7 @@ static void for_each_field(Config& c, Visit&& f) {
   f("tasks", c.tasks);
   f("task_replan_every", c.task_replan_every);
   f("task_allocation", c.task_allocation);
+  f("zero", c.zero);
 }
 
 nlohmann::json to_json(const TrainConfig& c) {
@@ -100,6 +101,13 @@ static void check_vocab(const std::vector<int32_t>& tokens, int64_t vocab,
     throw UsageError(str(path, ": token id ", needed - 1,
                          " does not fit the model's vocabulary of ", vocab, " (use --vocab ",
                          needed, " or more)"));
+}
+
+// --zero: the stages built, and the flags they cannot work with yet (see README "Scaling the dense
+// model").
+static void check_zero(const TrainConfig& train) {
+  MOE_USAGE_CHECK(train.zero >= 0 && train.zero <= 3, "--zero must be 0, 1, 2 or 3 (got ",
+                  train.zero, ")");
 }
 
 // This rank's share of the model and of one step, at least: every parameter's value and
@@ -146,6 +154,7 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
                   world_size() > 1 ? str(" on each of ", world_size(), " data-parallel ranks") : "",
                   ": use a --batch that is a multiple of ", train.grad_accum * world_size());
   nn::parse_recompute(train.recompute);  // a UsageError naming the flag
+  check_zero(train);
   MOE_USAGE_CHECK(train.steps >= 1, "--steps must be >= 1 (got ", train.steps, ")");
   // Every number is finite and in range (an infinite --lr trains every parameter to NaN).
   MOE_USAGE_CHECK(train.lr > 0 && std::isfinite(train.lr), "--lr must be a finite number > 0 (got ",
@@ -207,8 +216,13 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
   model_ = std::make_unique<Transformer>(config, *params_,
                                          world_size() > 1 || store_ ? &parallel_ : nullptr);
   if (store_) store_->start();
-  optimizer_ = std::make_unique<optim::AdamW>(*params_, adamw_config());
+  if (world_size() > 1 && train_.zero > 0)
+    zero_ = std::make_unique<parallel::DenseShards>(
+        *world_, *params_, static_cast<int>(train_.zero), adamw_config(), 2 << 20,
+        [](const Param& p) { return block_of_name(p.name); });  // stage 3: gathered per block
+  optimizer_ = std::make_unique<optim::AdamW>(*params_, adamw_config(), optimizer_holds());
   if (world_size() > 1) grad_sync_ = std::make_unique<parallel::GradSync>(*layout_, *params_);
+  if (zero_) grad_sync_->set_dense_shards(zero_.get());
   if (placement_ && train_.placement == "flexmoe") {  // the cost model, measured on this group
     balance::CostProfileSpec spec;
     spec.d_model = config.d_model;
@@ -463,6 +477,11 @@ StepStats Trainer::step(bool capture_routing) {
         pass.loss_scale = task_batch.loss_scale;
       }
       pass.recompute = recompute;
+      if (zero_ && zero_->stage() >= 3)  // the dense values exist only around their use
+        pass.params = {[this](int64_t g, bool backward) { zero_->gather(g, backward); },
+                       [this, last = m + 1 == micro](int64_t g, bool backward) {
+                         zero_->release(g, backward && last);
+                       }};
       // Priority scheduling: reduce each block's gradients as the last pass's backward leaves it
       // (only then are they final).
       if (layout_->scheduler() && m + 1 == micro)
@@ -516,6 +535,9 @@ StepStats Trainer::step(bool capture_routing) {
   }
   s.lr = lr;
   optimizer_->step(static_cast<float>(s.lr));
+  if (zero_)  // the dense slices, then the values all-gathered
+    zero_->step(static_cast<float>(s.lr), optimizer_->steps_taken(),
+                optim::clip_scale(train_.clip, s.grad_norm));
   // The experts' updates (those not already run during backward), with the same clip factor;
   // a non-finite expert value stops the run here too.
   if (store_) store_->finish_step(optim::clip_scale(train_.clip, s.grad_norm));
@@ -531,7 +553,7 @@ StepStats Trainer::step(bool capture_routing) {
   // An update that made a parameter non-finite (an infinite --lr, say) stops the run here, before
   // it is saved or trained on. Device parameters are checked when saved (no copy every step).
   for (const Param* p : std::as_const(*params_).all())
-    if (!p->offloaded && p->value.device().kind == Device::cpu &&
+    if (!p->offloaded && p->value.defined() && p->value.device().kind == Device::cpu &&
         io::first_non_finite(p->value) >= 0)
       io::check_finite(str("step ", step_,
                            ", after the update (the run diverged; nothing saved: "
@@ -707,6 +729,11 @@ double Trainer::learning_rate() const {
                       static_cast<float>(train_.lr * train_.min_lr_ratio));
 }
 
+optim::AdamW::Filter Trainer::optimizer_holds() const {
+  if (!zero_) return nullptr;
+  return [zero = zero_.get()](const Param& p) { return !zero->covers(p); };
+}
+
 optim::AdamWConfig Trainer::adamw_config() const {
   optim::AdamWConfig oc;
   oc.weight_decay = static_cast<float>(train_.weight_decay);
@@ -726,6 +753,9 @@ void Trainer::to_device(Device device) {
             "--device ", device.str(), " with ", world_size(),
             " ranks needs an NCCL communicator (", world_->name(),
             " collectives read host memory)");
+  MOE_USAGE_CHECK(device.kind == Device::cpu || !zero_ || zero_->stage() < 3,
+                  "--zero 3 with --device ", device.str(),
+                  ": sharded dense values have run on the CPU only (use --zero 2)");
   MOE_USAGE_CHECK(device.kind == Device::cpu || !parallel_.embedding, "--device ", device.str(),
                   ": --shard-embedding runs on the CPU only (its table exchange is host code)");
   // The optimizer's tensors follow the parameters: the new optimizer copies the old one's state
@@ -733,8 +763,9 @@ void Trainer::to_device(Device device) {
   const std::vector<optim::OptimizerTensor> state = optimizer_->state();
   const int64_t steps = optimizer_->steps_taken();
   params_->to(device);
-  optimizer_ = std::make_unique<optim::AdamW>(*params_, adamw_config());
+  optimizer_ = std::make_unique<optim::AdamW>(*params_, adamw_config(), optimizer_holds());
   optimizer_->load_state(state, steps);
+  if (zero_) zero_->to(device);
   // The fused gradient buffers the collectives reduce live with the gradients.
   if (grad_sync_) grad_sync_->to(device);
 }
@@ -754,7 +785,17 @@ double Trainer::evaluate(const Transformer& model) {
       Tensor ids, targets;
       sampler.next(batch, ids, targets);
       const Device device = model.device();
-      sum += model.evaluate(ids.to(device), targets.to(device)).loss;
+      if (&model == model_.get() && zero_ && zero_->stage() >= 3) {  // gathered around each block
+        EvalOptions options;
+        const BlockHooks hooks{[this](int64_t g) { zero_->gather(g); },
+                               [this](int64_t g) { zero_->release(g); }};
+        options.hooks = &hooks;
+        zero_->gather(-1);
+        sum += model.evaluate(ids.to(device), targets.to(device), options).loss;
+        zero_->release(-1);
+      } else {
+        sum += model.evaluate(ids.to(device), targets.to(device)).loss;
+      }
     }
     arena_.reset();
   }

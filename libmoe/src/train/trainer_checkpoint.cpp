@@ -143,6 +143,7 @@ void Trainer::load_tensors(const io::Checkpoint& ckpt) {
     const Param* p = params_->find(nt.name);
     if (p->offloaded) offloaded_state(*p);
   }
+  std::map<std::string, Tensor> sharded_values;  // --zero 3
   for (const io::NamedTensor& nt : ckpt.params) {
     Param* p = params_->find(nt.name);
     if (p->offloaded) {  // into the store, one expert at a time, one slice held at a time
@@ -162,6 +163,10 @@ void Trainer::load_tensors(const io::Checkpoint& ckpt) {
     }
     MOE_CHECK(!nt.streamed(), "resume: tensor '", nt.name,
               "' was streamed but its parameter is resident");
+    if (zero_ && zero_->stage() >= 3 && zero_->covers(*p)) {  // this rank's slice, below
+      sharded_values[nt.name] = nt.tensor;
+      continue;
+    }
     p->value.copy_from(nt.tensor);
     p->refresh_compute();
   }
@@ -170,6 +175,10 @@ void Trainer::load_tensors(const io::Checkpoint& ckpt) {
   for (const io::NamedTensor& nt : ckpt.optim)
     if (!nt.streamed()) state.push_back({nt.name, nt.tensor, nt.expert});
   optimizer_->load_state(state, ckpt.state.step);
+  if (zero_) {  // this rank's slices of the dense state
+    zero_->load_state(state);
+    zero_->load_values(sharded_values);
+  }
   step_ = ckpt.state.step;
   tokens_seen_ = ckpt.state.tokens_seen;
   if (sampler_) sampler_->set_cursor(ckpt.state.data_cursor);
@@ -280,6 +289,9 @@ io::Checkpoint Trainer::snapshot_owned() const {
   c.optim.clear();
   for (StateTensor& t : optimizer_state())
     if (owns(*t.param)) {
+      // --zero / flexmoe: the gathered logical tensor instead of this rank's part.
+      if (auto it = logical_.find(t.tensor.name); it != logical_.end())
+        t.tensor.tensor = it->second;
       t.tensor.shard = t.param->shard;
       // flexmoe under --shard-embedding: its slots' state gathered into logical experts, as
       // checkpoint() does for the values (rank 0 writes them).
@@ -313,6 +325,12 @@ std::vector<Trainer::StateTensor> Trainer::optimizer_state() const {
   std::vector<optim::OptimizerTensor> resident = optimizer_->state();
   size_t next = 0;
   for (const Param* p : std::as_const(*params_).all()) {
+    if (zero_ && zero_->covers(*p)) {  // sharded: save() and snapshot() gather them (logical_)
+      for (const char* what : {"adam.m", "adam.v", "master"})
+        if (std::string(what) != "master" || params_->dtype() != DType::f32)
+          out.push_back({{str(what, ".", p->name), Tensor(), false}, p});
+      continue;
+    }
     if (!p->offloaded) {
       for (; next < resident.size() && resident[next].param == p; ++next)
         out.push_back({{resident[next].name, resident[next].tensor, resident[next].expert}, p});
@@ -372,9 +390,17 @@ io::Checkpoint Trainer::checkpoint(bool stream) const {
 
 io::Checkpoint Trainer::snapshot() const {
   logical_ = logical_experts(-1);  // flexmoe: the slots gathered into logical experts
+  gather_dense_state();
   io::Checkpoint c = checkpoint(/*stream=*/false);
   logical_.clear();
   return c;
+}
+
+// --zero: the dense optimizer tensors, whole, for the checkpoint (collective).
+void Trainer::gather_dense_state() const {
+  if (!zero_) return;
+  for (const optim::OptimizerTensor& t : zero_->gather_state()) logical_[t.name] = t.tensor;
+  for (const auto& [name, value] : zero_->gather_values()) logical_[name] = value;  // stage 3
 }
 
 void Trainer::restore_placement(const io::Checkpoint& ckpt) {
@@ -393,6 +419,7 @@ std::string Trainer::save(const std::string& dir) const {
   if (ec) throw Error(str("cannot create output directory '", dir, "': ", ec.message()));
   // flexmoe: rank 0 writes every logical expert, gathered from the ranks' slots.
   logical_ = logical_experts(0);
+  gather_dense_state();
   struct Clear {
     std::map<std::string, Tensor>& logical;
     ~Clear() { logical.clear(); }

@@ -101,6 +101,11 @@ class Communicator {
   virtual Request iall_to_all_v(const Tensor& send, std::span<const int64_t> send_counts,
                                 Tensor& recv, std::span<const int64_t> recv_counts) = 0;
   virtual Request ibroadcast(Tensor& buf, int root) = 0;
+  // Reduce-scatter with variable counts: send holds sum(recv_counts) rows, rank-major (rows for
+  // rank 0 first); rank r receives into recv (recv_counts[r] rows) the `op` over every rank's rows
+  // for r. f32, i32, i64. Backends that have none throw (the base class's default).
+  virtual Request ireduce_scatterv(const Tensor& send, Tensor& recv,
+                                   std::span<const int64_t> recv_counts, ReduceOp op);
   // Point to point; the received message must fill buf exactly (a size mismatch throws).
   virtual Request isend(const Tensor& buf, int peer, int tag) = 0;
   virtual Request irecv(Tensor& buf, int peer, int tag) = 0;
@@ -113,6 +118,8 @@ class Communicator {
   void all_to_all_v(const Tensor& send, std::span<const int64_t> send_counts, Tensor& recv,
                     std::span<const int64_t> recv_counts);
   void broadcast(Tensor& buf, int root);
+  void reduce_scatterv(const Tensor& send, Tensor& recv, std::span<const int64_t> recv_counts,
+                       ReduceOp op);
   void send(const Tensor& buf, int peer, int tag);
   void recv(Tensor& buf, int peer, int tag);
 
@@ -135,6 +142,12 @@ class Communicator {
                          std::span<const int64_t> recv_counts) const;
   void check_all_to_all_v(const Tensor& send, std::span<const int64_t> send_counts,
                           const Tensor& recv, std::span<const int64_t> recv_counts) const;
+  void check_reduce_scatterv(const Tensor& send, const Tensor& recv,
+                             std::span<const int64_t> recv_counts, ReduceOp op) const;
+
+ private:
+  void check_parts(const char* op, const Tensor& send, const Tensor& recv,
+                   std::span<const int64_t> recv_counts, bool part_is_send) const;
 };
 
 // Elements per row of the leading dimension (1 for a 1-D tensor; a 0-d tensor has no rows).

@@ -28,6 +28,8 @@ class LocalCommunicator final : public Communicator {
   Request iall_to_all_v(const Tensor& send, std::span<const int64_t> send_counts, Tensor& recv,
                         std::span<const int64_t> recv_counts) override;
   Request ibroadcast(Tensor& buf, int root) override;
+  Request ireduce_scatterv(const Tensor& send, Tensor& recv, std::span<const int64_t> recv_counts,
+                           ReduceOp op) override;
   Request isend(const Tensor& buf, int peer, int tag) override;
   Request irecv(Tensor& buf, int peer, int tag) override;
   void barrier() override {}

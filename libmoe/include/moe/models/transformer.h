@@ -43,6 +43,15 @@ using GradsReady = std::function<void(std::span<Param* const>)>;
 using LogitsLoss = std::function<double(const Tensor& ids, const Tensor& targets,
                                         const Tensor& logits, Tensor& dlogits)>;
 
+// Parameters materialised around their use (--zero 3, parallel::DenseShards): gather(g) before
+// group g's parameters are read, release(g) after; g is a block's index, or -1 for the embeddings,
+// final norm and head (gathered from the start of forward to the end of backward). A block is
+// gathered for its forward and again for its backward (recomputation included); `backward` says
+// which (backward accumulates into the group's gradients between the two calls).
+struct ParamHooks {
+  std::function<void(int64_t group, bool backward)> gather, release;
+};
+
 // How a training pass runs beyond its batch: gradient accumulation and activation recomputation.
 struct TrainPass {
   GradsReady grads_ready;  // may be empty
@@ -55,6 +64,7 @@ struct TrainPass {
   // are bitwise those of Recompute::none; under data or expert parallelism `block` runs the
   // block's collectives (load all-reduce, expert all-to-all) again in backward, `moe` none.
   nn::Recompute recompute = nn::Recompute::none;
+  ParamHooks params;  // both empty: every parameter is always resident
 };
 
 // Called around each block of a forward pass with the block's index (expert offload: make the

@@ -49,7 +49,9 @@ class AdamW {
   // Which parameters a step updates (null: all).
   using Filter = std::function<bool(const Param&)>;
 
-  AdamW(ParamSet& params, const AdamWConfig& config);
+  // `holds` (null: all) says which parameters get state here at all: the others (dense
+  // parameters whose state ZeRO shards, parallel::DenseShards) are neither stepped nor saved.
+  AdamW(ParamSet& params, const AdamWConfig& config, const Filter& holds = nullptr);
   // One update with learning rate lr from the gradients in the ParamSet; writes the rounded master
   // into each parameter's storage and refreshes its compute copy (bf16/f16: in the same pass on
   // the CPU). Parameters `include` rejects keep their values and state; the counter advances.

@@ -5,6 +5,7 @@
 //   dense parameters        summed over the world;
 //   expert parameters (P>1) summed over their W/P replicas (the ranks holding the same experts);
 //   the sharded token table already complete (its backward summed it over the world);
+//   dense parameters under --zero 2: reduce-scattered into each rank's slice (DenseShards);
 //   whole expert tensors under a placement policy: over the world (lpt: every rank keeps every
 //   expert current), or, once set_expert_holders() names each expert's replicas (FlexMoE), each
 //   expert's rows over its holders only, expert by expert in ascending id, layer by layer.
@@ -27,11 +28,14 @@
 
 namespace moe::parallel {
 
+class DenseShards;
+
 class GradSync {
  public:
   // How a parameter's gradient is completed across ranks.
-  // All ranks / expert replicas / already complete / each expert's holders (set_expert_holders).
-  enum class Reduce { world, replicas, none, holders };
+  // All ranks / expert replicas / already complete / each expert's holders (set_expert_holders) /
+  // reduce-scattered into ZeRO's slices (set_dense_shards, stage 2).
+  enum class Reduce { world, replicas, none, holders, sharded };
 
   // Sizes the fused buffers for `params` (host memory; to() moves them). For layouts of W > 1
   // ranks; `layout` and `params` must outlive this object.
@@ -51,6 +55,10 @@ class GradSync {
   double global_norm(const ParamSet& params, const optim::OffloadedSquareSum& offloaded = {}) const;
   // The fused buffers follow the gradients to `device`.
   void to(Device device);
+  // ZeRO (--zero): at stage 2 the parameters `shards` covers leave the world buffer; finish()
+  // reduce-scatters them into its slices and global_norm() takes their sums of squares from it.
+  // Stage 1 changes nothing here. `shards` must outlive this object (null: none).
+  void set_dense_shards(DenseShards* shards);
 
   // FlexMoE's replicas (--placement flexmoe, one expert group = the world): `params` are one MoE
   // layer's expert tensors on this rank (its vExpert slots, [V, ...]), holders[e] the ranks
@@ -81,6 +89,7 @@ class GradSync {
 
   Layout& layout_;
   const ParamSet& params_;
+  DenseShards* shards_ = nullptr;
   // Gradients fused for their reduction: [0] over the world, [1] over the expert replicas; the
   // parameters packed this step with their offsets, in packing (backward) order.
   Tensor buffer_[2];

@@ -18,6 +18,7 @@
 #include "moe/optim/adamw.h"
 #include "moe/parallel/grad_sync.h"
 #include "moe/parallel/layout.h"
+#include "moe/parallel/zero.h"
 #include "moe/train/placement.h"
 #include "moe/train/tasks.h"
 
@@ -90,6 +91,10 @@ struct TrainConfig {
   std::string tasks;
   int64_t task_replan_every = 0;
   std::string task_allocation = "workload";
+  // ZeRO for the dense parameters over the ranks that sum their gradients (moe/parallel/zero.h):
+  // 0 off, 1 AdamW state sharded, 2 and gradients reduce-scattered. One process: no effect.
+  // Neither changes the checkpoint (state is gathered on save), so a resume may change it.
+  int64_t zero = 0;
 };
 nlohmann::json to_json(const TrainConfig& config);
 // Fields present in j override those of `base`.
@@ -204,6 +209,8 @@ class Trainer {
   const Transformer& model() const { return *model_; }
   ParamSet& params() { return *params_; }
   const optim::AdamW& optimizer() const { return *optimizer_; }
+  // --zero 1|2 with more than one rank: the dense state's shards, else null.
+  const parallel::DenseShards* dense_shards() const { return zero_.get(); }
   // The store holding the experts of an offloaded run (--offload), else null.
   const offload::TieredStore* expert_store() const { return store_.get(); }
   // The --placement policy (null: static); tests set its cost model.
@@ -267,6 +274,7 @@ class Trainer {
   // Logical expert tensors checkpoint() writes instead of the slots (flexmoe; set by save() and
   // snapshot() for the call).
   mutable std::map<std::string, Tensor> logical_;
+  void gather_dense_state() const;  // --zero: the dense optimizer tensors into logical_
   void reduce_stats(StepStats& s);
   std::string save_sharded(const std::string& dir) const;
   void load_tensors(const io::Checkpoint& checkpoint);  // parameters, optimizer, position
@@ -278,6 +286,8 @@ class Trainer {
   std::unique_ptr<parallel::Layout> layout_;
   nn::Parallel parallel_;                          // the model's view of layout_
   std::unique_ptr<parallel::GradSync> grad_sync_;  // W > 1
+  std::unique_ptr<parallel::DenseShards> zero_;    // --zero >= 1, W > 1
+  optim::AdamW::Filter optimizer_holds() const;    // the parameters AdamW keeps state for
   std::unique_ptr<TrainingPlacement> placement_;   // --placement lpt | flexmoe
   balance::CostProfile placement_profile_;         // flexmoe: measured at start-up
   Arena arena_;
