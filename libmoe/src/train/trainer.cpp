@@ -17,7 +17,6 @@
 #include "moe/models/flavour.h"
 #include "moe/models/memory.h"
 #include "moe/offload/budget.h"
-#include "moe/offload/plan.h"
 #include "moe/ops/core.h"
 #include "moe/timer.h"
 
@@ -309,68 +308,6 @@ void Trainer::setup_tasks(const ModelConfig& model, const std::string& format) {
   train_.batch = tasks_->total_batch();
 }
 
-// ---- FlexMoE's replicas ------------------------------------------------------------------------
-
-const std::map<int64_t, balance::VExpertMap>* Trainer::vexpert_maps() const {
-  const auto* flex = dynamic_cast<const FlexMoEPlacement*>(placement_.get());
-  return flex ? &flex->maps() : nullptr;
-}
-
-// Tells the gradient sync each expert's holders and this rank's slot of it (collective: the same
-// maps on every rank).
-void Trainer::sync_holders() {
-  const auto* maps = vexpert_maps();
-  if (!maps) return;
-  const int me = layout_->experts()->rank();
-  for (const auto& [block, map] : *maps) {
-    std::vector<std::vector<int32_t>> holders;
-    std::vector<int32_t> rows;
-    for (int64_t e = 0; e < map.experts(); ++e) {
-      holders.push_back(map.holders(e));
-      rows.push_back(slot_of(map, me, e));
-    }
-    grad_sync_->set_expert_holders(expert_params(*params_, block), holders, rows);
-  }
-}
-
-// Every replica a plan adds gets the expert's parameters and Adam state from a rank that held it
-// before the plan (move_experts); Shrink and Migrate only free slots.
-void Trainer::apply_replans(std::vector<Replan>& replans) {
-  const auto& maps = *vexpert_maps();
-  for (Replan& r : replans) {
-    Timer timer;
-    const balance::VExpertMap& after = maps.at(r.block);
-    const balance::VExpertMap before = balance::VExpertMap::from_slots(
-        after.ranks(), after.slots_per_rank(), after.experts(), r.slots_before);
-    const std::vector<ExpertMove> moves = plan_moves(before, after, r.actions);
-    move_experts(*layout_->experts(), expert_params(*params_, r.block), *optimizer_, moves);
-    r.copies = static_cast<int64_t>(moves.size());
-    r.measured_adjustment_s = timer.seconds();
-  }
-  sync_holders();
-}
-
-std::map<std::string, Tensor> Trainer::logical_experts(int root) const {
-  std::map<std::string, Tensor> out;
-  const auto* maps = vexpert_maps();
-  if (!maps) return out;
-  comm::Communicator& group = *layout_->experts();
-  const std::vector<StateTensor> state = optimizer_state();
-  for (const auto& [block, map] : *maps)
-    for (Param* p : expert_params(*params_, block)) {
-      std::vector<std::pair<std::string, Tensor>> tensors{{p->name, p->value}};
-      for (const StateTensor& t : state)
-        if (t.param == p) tensors.emplace_back(t.tensor.name, t.tensor.tensor);
-      for (const auto& [name, slots] : tensors)
-        for (int r = 0; r < group.size(); ++r)
-          if (root < 0 || r == root) {
-            Tensor whole = gather_experts(group, slots, map, r);
-            if (r == group.rank()) out[name] = whole;
-          }
-    }
-  return out;
-}
-
 // Adds micro-batch `f` of a step's `micro` to the step's statistics: losses weighted 1/micro
 // (a mean over equal micro-batches), counts summed, routing concatenated in token order.
 static void accumulate(ForwardStats& step, ForwardStats&& f, int64_t index, int64_t micro) {
@@ -640,88 +577,6 @@ void Trainer::reduce_stats(StepStats& s) {
     m.dropped = *c++;
     m.assignments = *c++;
   }
-}
-
-// --offload auto: the tier the plan picks (offload::plan_offload), printed before step 1.
-void Trainer::plan_offload(const ModelConfig& config, Device device) {
-  const double ep = double(std::max<int64_t>(train_.ep, 1));
-  const double table = train_.shard_embedding ? 1.0 / world_size() : 1.0;
-  const double dense = parameter_lower_bound(config, 0, table);
-  const double experts = parameter_lower_bound(config, 1 / ep, table) - dense;
-  double local_experts = 0;
-  for (int64_t e : config.experts_per_layer) local_experts += double(e) / ep;
-  const double storage = double(dtype_size(config.dtype));
-  const double per_param = storage + (config.dtype == DType::f32 ? 0 : 4) + 12;
-  offload::PlanInput in;
-  in.dense_bytes = dense * (2 * storage + 8) + double(train_.batch) / world_size() /
-                                                   double(std::max<int64_t>(train_.grad_accum, 1)) *
-                                                   double(config.seq) * double(config.vocab_size) *
-                                                   4;
-  in.expert_state_bytes = experts * per_param;
-  in.expert_weight_bytes = experts * 4;
-  in.slot_bytes = local_experts > 0 ? experts * 4 / local_experts : 0;
-  in.record_bytes = local_experts > 0 ? in.expert_state_bytes / local_experts : 0;
-  in.ssd_file_bytes = in.expert_state_bytes + 4096 * local_experts;
-  const double machine = machine_memory().usable();
-  in.device_capacity =
-      !train_.device_budget.empty()
-          ? double(offload::parse_bytes("--device-budget", train_.device_budget, 0))
-          : machine;
-  in.host_capacity = !train_.host_budget.empty()
-                         ? double(offload::parse_bytes("--host-budget", train_.host_budget, 0))
-                         : machine;
-  // The library cannot ask a GPU how much memory is free for this run: the budget says.
-  MOE_USAGE_CHECK(device.kind == Device::cpu || !train_.device_budget.empty(),
-                  "--offload auto with --device ", device.str(),
-                  " needs --device-budget SIZE: the GPU memory the plan may give the dense state "
-                  "and the expert slots");
-  in.device_is_host = device.kind == Device::cpu;
-  in.device_name = device.kind == Device::cpu ? "CPU memory" : "GPU memory";
-  if (!train_.ssd_dir.empty())
-    in.ssd_capacity = double(std::max<int64_t>(0, offload::free_bytes(train_.ssd_dir)));
-  const offload::OffloadPlan plan = offload::plan_offload(in);
-  for (const std::string& line : plan.lines) MOE_LOG_INFO(line);
-  offload_tier_ = plan.tier;
-  auto_host_budget_ = static_cast<int64_t>(plan.host_budget);
-  auto_device_budget_ = static_cast<int64_t>(plan.device_budget);
-}
-
-offload::StoreConfig Trainer::store_config(Device device) const {
-  offload::StoreConfig c;
-  c.device = device;  // the slots and gradient buffers live where compute runs
-  c.stage_on_host = train_.offload_stage_on_host;
-  const std::string& tier = train_.offload == "auto" ? offload_tier_ : train_.offload;
-  MOE_USAGE_CHECK(tier == "host" || tier == "ssd",
-                  "--offload must be none, host, ssd or auto (got '", train_.offload, "')");
-  c.tier = tier;
-  if (!train_.device_budget.empty())
-    c.device_budget = offload::parse_bytes("--device-budget", train_.device_budget, 0);
-  if (!train_.host_budget.empty())
-    c.host_budget = offload::parse_bytes("--host-budget", train_.host_budget, 0);
-  if (train_.offload == "auto") {  // the plan's split of the budgets
-    c.host_budget = auto_host_budget_;
-    c.device_budget = auto_device_budget_;
-  }
-  c.ssd_dir = train_.ssd_dir;
-  c.expert_cache = train_.expert_cache;
-  c.lfu.threshold = train_.lfu_threshold;
-  c.lfu.beta = train_.lfu_beta;
-  c.lfu.period = train_.lfu_period;
-  c.pin_fraction = train_.pin_fraction;
-  MOE_USAGE_CHECK(train_.prefetch_depth >= 0 && train_.prefetch_depth <= 64,
-                  "--prefetch-depth must be in [0, 64] (got ", train_.prefetch_depth, ")");
-  c.prefetch_depth = static_cast<int>(train_.prefetch_depth);
-  c.overlap_optimizer = train_.optimizer_overlap;
-  c.adamw = adamw_config();
-  return c;
-}
-
-// The ranks holding the same experts as this one (their expert gradients are summed), or null.
-comm::Communicator* Trainer::expert_replicas() const {
-  if (world_size() == 1) return nullptr;
-  if (train_.ep == 1) return world_;
-  comm::Communicator* replicas = layout_->replicas();
-  return replicas && replicas->size() > 1 ? replicas : nullptr;
 }
 
 double Trainer::learning_rate() const {

@@ -1,0 +1,97 @@
+// Trainer's side of --offload (the expert store, moe/offload/tiered_store.h): the auto plan
+// printed before step 1, the store's configuration from the training flags, and the ranks whose
+// expert gradients the store sums.
+#include <algorithm>
+#include <string>
+
+#include "moe/log.h"
+#include "moe/models/memory.h"
+#include "moe/offload/budget.h"
+#include "moe/offload/plan.h"
+#include "moe/train/trainer.h"
+
+namespace moe::train {
+
+// --offload auto: the tier the plan picks (offload::plan_offload), printed before step 1.
+void Trainer::plan_offload(const ModelConfig& config, Device device) {
+  const double ep = double(std::max<int64_t>(train_.ep, 1));
+  const double table = train_.shard_embedding ? 1.0 / world_size() : 1.0;
+  const double dense = parameter_lower_bound(config, 0, table);
+  const double experts = parameter_lower_bound(config, 1 / ep, table) - dense;
+  double local_experts = 0;
+  for (int64_t e : config.experts_per_layer) local_experts += double(e) / ep;
+  const double storage = double(dtype_size(config.dtype));
+  const double per_param = storage + (config.dtype == DType::f32 ? 0 : 4) + 12;
+  offload::PlanInput in;
+  in.dense_bytes = dense * (2 * storage + 8) + double(train_.batch) / world_size() /
+                                                   double(std::max<int64_t>(train_.grad_accum, 1)) *
+                                                   double(config.seq) * double(config.vocab_size) *
+                                                   4;
+  in.expert_state_bytes = experts * per_param;
+  in.expert_weight_bytes = experts * 4;
+  in.slot_bytes = local_experts > 0 ? experts * 4 / local_experts : 0;
+  in.record_bytes = local_experts > 0 ? in.expert_state_bytes / local_experts : 0;
+  in.ssd_file_bytes = in.expert_state_bytes + 4096 * local_experts;
+  const double machine = machine_memory().usable();
+  in.device_capacity =
+      !train_.device_budget.empty()
+          ? double(offload::parse_bytes("--device-budget", train_.device_budget, 0))
+          : machine;
+  in.host_capacity = !train_.host_budget.empty()
+                         ? double(offload::parse_bytes("--host-budget", train_.host_budget, 0))
+                         : machine;
+  // The library cannot ask a GPU how much memory is free for this run: the budget says.
+  MOE_USAGE_CHECK(device.kind == Device::cpu || !train_.device_budget.empty(),
+                  "--offload auto with --device ", device.str(),
+                  " needs --device-budget SIZE: the GPU memory the plan may give the dense state "
+                  "and the expert slots");
+  in.device_is_host = device.kind == Device::cpu;
+  in.device_name = device.kind == Device::cpu ? "CPU memory" : "GPU memory";
+  if (!train_.ssd_dir.empty())
+    in.ssd_capacity = double(std::max<int64_t>(0, offload::free_bytes(train_.ssd_dir)));
+  const offload::OffloadPlan plan = offload::plan_offload(in);
+  for (const std::string& line : plan.lines) MOE_LOG_INFO(line);
+  offload_tier_ = plan.tier;
+  auto_host_budget_ = static_cast<int64_t>(plan.host_budget);
+  auto_device_budget_ = static_cast<int64_t>(plan.device_budget);
+}
+
+offload::StoreConfig Trainer::store_config(Device device) const {
+  offload::StoreConfig c;
+  c.device = device;  // the slots and gradient buffers live where compute runs
+  c.stage_on_host = train_.offload_stage_on_host;
+  const std::string& tier = train_.offload == "auto" ? offload_tier_ : train_.offload;
+  MOE_USAGE_CHECK(tier == "host" || tier == "ssd",
+                  "--offload must be none, host, ssd or auto (got '", train_.offload, "')");
+  c.tier = tier;
+  if (!train_.device_budget.empty())
+    c.device_budget = offload::parse_bytes("--device-budget", train_.device_budget, 0);
+  if (!train_.host_budget.empty())
+    c.host_budget = offload::parse_bytes("--host-budget", train_.host_budget, 0);
+  if (train_.offload == "auto") {  // the plan's split of the budgets
+    c.host_budget = auto_host_budget_;
+    c.device_budget = auto_device_budget_;
+  }
+  c.ssd_dir = train_.ssd_dir;
+  c.expert_cache = train_.expert_cache;
+  c.lfu.threshold = train_.lfu_threshold;
+  c.lfu.beta = train_.lfu_beta;
+  c.lfu.period = train_.lfu_period;
+  c.pin_fraction = train_.pin_fraction;
+  MOE_USAGE_CHECK(train_.prefetch_depth >= 0 && train_.prefetch_depth <= 64,
+                  "--prefetch-depth must be in [0, 64] (got ", train_.prefetch_depth, ")");
+  c.prefetch_depth = static_cast<int>(train_.prefetch_depth);
+  c.overlap_optimizer = train_.optimizer_overlap;
+  c.adamw = adamw_config();
+  return c;
+}
+
+// The ranks holding the same experts as this one (their expert gradients are summed), or null.
+comm::Communicator* Trainer::expert_replicas() const {
+  if (world_size() == 1) return nullptr;
+  if (train_.ep == 1) return world_;
+  comm::Communicator* replicas = layout_->replicas();
+  return replicas && replicas->size() > 1 ? replicas : nullptr;
+}
+
+}  // namespace moe::train
