@@ -14,6 +14,7 @@
 #include "support/models.h"
 #include "support/run.h"
 #include "support/state.h"
+#include "support/training.h"
 
 moe::comm::Communicator& dist_world();
 
@@ -21,14 +22,9 @@ using namespace moe;
 
 namespace {
 
+// A short run (tests/support/training.h) under --zero 3, clipped: the norm must agree too.
 train::TrainConfig prefetch_train(int64_t depth) {
-  train::TrainConfig t;
-  t.data = test::fortunes_path("linux");
-  t.batch = 8;
-  t.steps = 6;
-  t.warmup = 1;
-  t.eval_batches = 1;
-  t.seed = 13;
+  train::TrainConfig t = test::short_run(6);
   t.clip = 0.5;
   t.zero = 3;
   t.zero_prefetch = depth;
