@@ -8,6 +8,9 @@
 #include <exception>
 #include <mutex>
 
+#ifdef MOE_HAVE_MPI
+#include "moe/comm/mpi.h"
+#endif
 #include "moe/error.h"
 #include "moe/log.h"
 #include "moe/timer.h"
@@ -75,7 +78,15 @@ ZeroPrefetch::ZeroPrefetch(DenseShards& shards, comm::Communicator& group, int64
                   ")");
   MOE_CHECK(shards.stage() >= 3, "ZeroPrefetch: --zero-prefetch needs --zero 3 (stage ",
             shards.stage(), ")");
-  if (depth == 0) return;
+#ifdef MOE_HAVE_MPI
+  if (depth > 0 && group.name() == "mpi" && !comm::mpi_thread_multiple()) {
+    // Two threads may not call MPI at once: the all-gathers stay on the caller's thread.
+    MOE_LOG_WARN("--zero-prefetch ", depth, ": MPI granted thread level ", comm::mpi_thread_level(),
+                 ", not MPI_THREAD_MULTIPLE; the dense all-gathers run synchronously (as 0)");
+    depth_ = 0;
+  }
+#endif
+  if (depth_ == 0) return;
   // A duplicate, so that our all-gathers never interleave with the caller's collectives.
   shared_->comm = group.split(0, group.rank());
   MOE_CHECK(shared_->comm != nullptr, "--zero-prefetch: duplicating ", group.describe(), " failed");

@@ -14,13 +14,14 @@
 //
 // Threads: the prefetch thread calls MPI on its communicator while the caller's thread calls it
 // on others (the expert all-to-all, the reduce-scatter of a backward's release): that needs
-// MPI_THREAD_MULTIPLE, which comm::make_mpi_world asks for and MPICH grants, as the
-// CommScheduler's thread does (NCCL would give the duplicate a stream of its own). Errors of a
-// prefetched all-gather are rethrown by the gather() that wanted its group. A pass that ends early
-// (an exception on this rank) leaves prefetches in flight: the next begin_pass() waits for them
-// (the peers run them too) and discards their buffers; destroying this object during stack
-// unwinding detaches the thread instead of joining it (its job owns what it touches), so a rank
-// that fails alone never hangs in a join: the tool's abort ends it.
+// MPI_THREAD_MULTIPLE, which comm::make_mpi_world asks for and MPICH grants (where MPI grants
+// less, ZeroPrefetch warns and gathers synchronously, as N = 0); NCCL would give the duplicate a
+// stream of its own. Errors of a prefetched all-gather are rethrown by the gather() that wanted
+// its group. A pass that ends early (an exception on this rank) leaves prefetches in flight: the
+// next begin_pass() waits for them (the peers run them too) and discards their buffers;
+// destroying this object during stack unwinding detaches the thread instead of joining it (its
+// job owns what it touches), so a rank that fails alone never hangs in a join: the tool's abort
+// ends it.
 #pragma once
 #include <cstdint>
 #include <memory>
