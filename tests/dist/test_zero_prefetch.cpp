@@ -214,6 +214,13 @@ TEST_CASE("zero prefetch: the order it prefetches is the model's order of gather
         for (int64_t i = 0; i < ids.numel(); ++i) ids.data<int32_t>()[i] = int32_t(i % 7 + 1);
         model.forward_backward(ids, ids, nn::RouterStep{}, pass);
         CHECK(gathers == parallel::ZeroPrefetch::pass_order(config.layers));
+        // An evaluation's block hooks (Trainer::evaluate gathers group -1 around it).
+        gathers.clear();
+        const BlockHooks hooks{[&](int64_t g) { gathers.push_back(g); }, [](int64_t) {}};
+        EvalOptions options;
+        options.hooks = &hooks;
+        model.evaluate(ids, ids, options);
+        CHECK(gathers == parallel::ZeroPrefetch::pass_order(config.layers, false));
       }
     }
 }

@@ -116,17 +116,18 @@ ZeroPrefetch::~ZeroPrefetch() {
       }
 }
 
-std::vector<int64_t> ZeroPrefetch::pass_order(int64_t blocks) {
-  std::vector<int64_t> order{-1};
+std::vector<int64_t> ZeroPrefetch::pass_order(int64_t blocks, bool training) {
+  std::vector<int64_t> order;
+  if (training) order.push_back(-1);
   for (int64_t i = 0; i < blocks; ++i) order.push_back(i);
-  for (int64_t i = blocks; i-- > 0;) order.push_back(i);
+  for (int64_t i = blocks; training && i-- > 0;) order.push_back(i);
   return order;
 }
 
-void ZeroPrefetch::begin_pass(int64_t blocks) {
+void ZeroPrefetch::begin_pass(int64_t blocks, bool training) {
   if (depth_ == 0) return;
   drain();  // a pass that ended early (its peers ran the same prefetches: they completed)
-  order_ = pass_order(blocks);
+  order_ = pass_order(blocks, training);
   next_ = submitted_ = 0;
   submit_through(static_cast<size_t>(depth_));
 }

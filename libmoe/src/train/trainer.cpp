@@ -463,6 +463,7 @@ StepStats Trainer::step(bool capture_routing) {
   store_info.replicas = expert_replicas();
   arena_.reset_peak();
   const offload::StoreStats store_before = store_ ? store_->stats() : offload::StoreStats{};
+  if (zero_prefetch_) zero_prefetch_->take_stats();  // this step's only (not an evaluation's)
   for (int64_t m = 0; m < micro; ++m) {
     {
       ArenaScope scope(arena_);
@@ -806,10 +807,11 @@ double Trainer::evaluate(const Transformer& model) {
       const Device device = model.device();
       if (&model == model_.get() && zero_ && zero_->stage() >= 3) {  // gathered around each block
         EvalOptions options;
-        const BlockHooks hooks{[this](int64_t g) { zero_->gather(g); },
-                               [this](int64_t g) { zero_->release(g); }};
+        const BlockHooks hooks{[this](int64_t g) { zero_prefetch_->gather(g, false); },
+                               [this](int64_t g) { zero_prefetch_->release(g, false); }};
         options.hooks = &hooks;
         zero_->gather(-1);
+        zero_prefetch_->begin_pass(model.config().layers, false);
         sum += model.evaluate(ids.to(device), targets.to(device), options).loss;
         zero_->release(-1);
       } else {

@@ -51,10 +51,11 @@ class ZeroPrefetch {
   ZeroPrefetch& operator=(const ZeroPrefetch&) = delete;
 
   // The gathers of a training pass of `blocks` blocks, in the order Transformer::forward_backward
-  // makes them: -1, 0..L-1, L-1..0.
-  static std::vector<int64_t> pass_order(int64_t blocks);
-  // A training pass of `blocks` blocks starts; the first N + 1 entries are started now.
-  void begin_pass(int64_t blocks);
+  // makes them: -1, 0..L-1, L-1..0; of an evaluation (its BlockHooks; group -1 gathered by the
+  // caller around it): 0..L-1.
+  static std::vector<int64_t> pass_order(int64_t blocks, bool training = true);
+  // A pass of `blocks` blocks starts; the first N + 1 entries of its order are started now.
+  void begin_pass(int64_t blocks, bool training = true);
   // ParamHooks of the pass: gather waits for (or runs) group g's all-gather and installs it;
   // release is DenseShards::release. A call out of the expected order falls back to the
   // synchronous gather (prefetches already started are waited for and dropped).
