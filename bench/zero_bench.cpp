@@ -3,8 +3,11 @@
 // (getrusage, the largest over the ranks), the bytes of dense state each rank holds (values and
 // their compute copies, gradients, GradSync's fused all-reduce buffer, AdamW masters and moments,
 // ZeRO's slices: counted from the tensors the run allocated), tokens/s, and a checksum of the final
-// parameters (every tensor's bytes) so the table can show which stages trained the same bits. Not a
-// test: nothing is asserted. Shapes: L layers, D model width, E experts (every other block MoE).
+// parameters (every tensor's bytes) so the table can show which stages trained the same bits, and
+// the overlap of the timed steps (rank 0's seconds: compute waiting for the dense all-gathers and
+// the all-gathers themselves, --zero-prefetch; compute waiting for expert uploads and the uploads,
+// --offload; bench/zero_prefetch.sh tabulates them). Not a test: nothing is asserted. Shapes: L
+// layers, D model width, E experts (every other block MoE).
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -25,7 +28,8 @@ namespace {
 struct Options {
   std::string data = "/usr/share/games/fortunes/linux";
   int64_t zero = 0, steps = 6, warmup = 2, batch = 8, layers = 4, d_model = 256, experts = 4;
-  int64_t seq = 64;
+  int64_t seq = 64, zero_prefetch = train::TrainConfig{}.zero_prefetch;
+  std::string offload = "none", ssd_dir;
   bool quick = false;
 };
 
@@ -54,6 +58,11 @@ int main(int argc, char** argv) {
   CLI::App app{"moe-zero-bench: one --zero N training run (bench/zero.sh tabulates them)",
                "moe-zero-bench"};
   app.add_option("--zero", o.zero, "ZeRO stage (0, 1, 2, 3)")->capture_default_str();
+  app.add_option("--zero-prefetch", o.zero_prefetch, "--zero 3: blocks gathered ahead (0: off)")
+      ->capture_default_str();
+  app.add_option("--offload", o.offload, "Experts' state: none, host or ssd")
+      ->capture_default_str();
+  app.add_option("--ssd-dir", o.ssd_dir, "--offload ssd: this rank's files go under DIR");
   app.add_option("--data", o.data, "Training text");
   app.add_option("--steps", o.steps, "Timed steps")->check(tools::positive());
   app.add_option("--d-model", o.d_model, "Model width")->check(tools::positive());
@@ -89,6 +98,9 @@ int main(int argc, char** argv) {
         t.warmup = 1;
         t.eval_batches = 1;
         t.zero = o.zero;
+        t.zero_prefetch = o.zero_prefetch;
+        t.offload = o.offload;
+        if (!o.ssd_dir.empty()) t.ssd_dir = str(o.ssd_dir, "/rank-", world->rank());
         train::Trainer trainer(m, t, {}, world.get());
         const parallel::DenseShards* shards = trainer.dense_shards();
         int64_t dense = 0;
@@ -106,7 +118,15 @@ int main(int argc, char** argv) {
         for (int64_t i = 0; i < o.warmup; ++i) trainer.step();
         int64_t tokens = 0;
         Timer timer;
-        for (int64_t i = 0; i < o.steps; ++i) tokens += trainer.step().tokens;
+        double dense_wait = 0, dense_gather = 0, expert_wait = 0, expert_load = 0;
+        for (int64_t i = 0; i < o.steps; ++i) {
+          const train::StepStats s = trainer.step();
+          tokens += s.tokens;
+          dense_wait += s.dense_wait_seconds;
+          dense_gather += s.dense_gather_seconds;
+          expert_wait += s.expert_wait_seconds;
+          expert_load += s.expert_load_seconds;
+        }
         const double tokens_per_s = static_cast<double>(tokens) / timer.seconds();
         struct rusage usage {};
         getrusage(RUSAGE_SELF, &usage);
@@ -117,11 +137,13 @@ int main(int argc, char** argv) {
           std::printf(
               "ranks=%d zero=%lld peak_rss=%.0f dense_params=%lld dense_state=%.0f "
               "values=%lld grads=%lld fused=%lld sharded=%lld tokens_per_s=%.1f "
-              "checksum=%016llx\n",
+              "checksum=%016llx dense_wait=%.6f dense_gather=%.6f expert_wait=%.6f "
+              "expert_load=%.6f\n",
               world->size(), static_cast<long long>(o.zero), rss, static_cast<long long>(dense),
               state, static_cast<long long>(values), static_cast<long long>(grads),
               static_cast<long long>(fused), static_cast<long long>(adam), tokens_per_s,
-              static_cast<unsigned long long>(sum));
+              static_cast<unsigned long long>(sum), dense_wait, dense_gather, expert_wait,
+              expert_load);
         return 0;
       },
       tools::Scope::job);

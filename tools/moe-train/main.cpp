@@ -235,6 +235,14 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
               str(" | dropped ", std::round(s.dropped_fraction * 1e4) / 1e2, "%");
     if (!s.rank_load_max_over_mean.empty())
       text += " | ranks max/mean " + join_loads(s.rank_load_max_over_mean);
+    // The share of the step's transfers compute did not wait for (1 - wait / transfer).
+    auto hidden = [](double wait, double transfer) {
+      return str(std::lround(100 * std::clamp(1 - wait / transfer, 0.0, 1.0)), "%");
+    };
+    if (s.dense_gather_seconds > 0)
+      text += " | gathers hidden " + hidden(s.dense_wait_seconds, s.dense_gather_seconds);
+    if (s.expert_load_seconds > 0)
+      text += " | loads hidden " + hidden(s.expert_wait_seconds, s.expert_load_seconds);
     for (const train::TaskStepStats& t : s.tasks)
       text += str(" | ", t.name, " ", tools::fixed(t.loss), " ",
                   tools::fixed(double(t.samples) / std::max(s.seconds, 1e-9), 1), "/s");
@@ -268,6 +276,14 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
         if (!r.stats.moe_seconds.empty()) j["moe_seconds"] = r.stats.moe_seconds;
         if (!r.stats.moe_predicted_seconds.empty())
           j["moe_predicted_seconds"] = r.stats.moe_predicted_seconds;
+      }
+      if (trainer.dense_shards() && trainer.dense_shards()->stage() >= 3) {
+        j["dense_wait_seconds"] = r.stats.dense_wait_seconds;
+        j["dense_gather_seconds"] = r.stats.dense_gather_seconds;
+      }
+      if (trainer.expert_store()) {
+        j["expert_wait_seconds"] = r.stats.expert_wait_seconds;
+        j["expert_load_seconds"] = r.stats.expert_load_seconds;
       }
       if (!r.stats.tasks.empty()) {
         json tasks = json::object();

@@ -280,6 +280,12 @@ inline void add_train_options(CLI::App& app, TrainOptions& o) {
                      "around each block's use)")
           ->capture_default_str());
   o.train_flags.push_back(
+      dg->add_option("--zero-prefetch", t.zero_prefetch,
+                     "--zero 3: all-gather the dense parameters this many blocks ahead of "
+                     "compute, on a thread of their own (0: just before each block)")
+          ->check(non_negative())
+          ->capture_default_str());
+  o.train_flags.push_back(
       dg->add_option("--a2a", t.a2a,
                      "Expert all-to-all: flat, or hierarchical (intra-node, then across nodes)")
           ->check(CLI::IsMember({"flat", "hierarchical"}))

@@ -417,6 +417,8 @@ std::unique_ptr<Communicator> make_mpi_world() {
 
 int mpi_thread_level() { return g_thread_level; }
 
+bool mpi_thread_multiple() { return g_thread_level >= MPI_THREAD_MULTIPLE; }
+
 bool launched_under_mpi() {
   // Hydra (MPICH) and Slurm's PMI/PMI2 set PMI_RANK/PMI_SIZE; PMIx launchers set PMIX_RANK;
   // Open MPI's mpirun sets OMPI_COMM_WORLD_SIZE; Hydra also sets MPI_LOCALNRANKS.

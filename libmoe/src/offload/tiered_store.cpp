@@ -212,8 +212,10 @@ struct TieredStore::Impl {
     st.uploading = true;
     ++stats.uploads;
     lock.unlock();
+    Timer filling;
     const std::string error = attempt([&] { fill_slot(k, i); });
     lock.lock();
+    stats.load_seconds += filling.seconds();
     st.uploading = false;
     if (!error.empty()) {
       free_slot(i);
@@ -241,8 +243,10 @@ struct TieredStore::Impl {
       if (plan_backward) {
         const uint64_t number = plan_number;
         lock.unlock();
+        Timer reading;
         const std::string error = attempt([&] { tier->prefetch(k.layer, k.expert); });
         lock.lock();
+        stats.load_seconds += reading.seconds();
         if (!error.empty()) {
           if (failure.empty()) failure = error;
           changed.notify_all();

@@ -92,16 +92,52 @@ DenseShards::DenseShards(comm::Communicator& group, ParamSet& params, int stage,
 
 // ---- stage 3: values materialised around their use --------------------------------------------
 
-// Flat positions [begin, end) of every rank's values into `into` (end - begin elements), bucket
-// by bucket; `from` is this rank's slice.
-void DenseShards::gather_range(int64_t begin, int64_t end, const Tensor& from, Tensor& into) const {
-  for (int64_t a = begin; a < end; a += bucket_) {
-    const int64_t b = std::min(end, a + bucket_);
-    const int64_t lo = std::max(a, mine_), hi = std::min(b, mine_end_);
-    Tensor send = lo < hi ? from.rows(lo - mine_, hi - mine_) : from.rows(0, 0);
-    Tensor recv = into.rows(a - begin, b - begin);
-    group_.all_gatherv(send, recv, counts(a, b));
+// Each range bucket by bucket: every rank's part of [a, b) of the flat space, this rank's from
+// its slice.
+std::vector<Tensor> GatherJob::run(comm::Communicator& comm) const {
+  const auto R = static_cast<int64_t>(bounds.size()) - 1;
+  const int64_t mine_end = mine + slice.numel();
+  std::vector<Tensor> out;
+  for (auto [begin, end] : ranges) {
+    Tensor into = Tensor::empty({end - begin}, dtype, device);
+    for (int64_t a = begin; a < end; a += bucket) {
+      const int64_t b = std::min(end, a + bucket);
+      const int64_t lo = std::max(a, mine), hi = std::min(b, mine_end);
+      Tensor send = lo < hi ? slice.rows(lo - mine, hi - mine) : slice.rows(0, 0);
+      Tensor recv = into.rows(a - begin, b - begin);
+      std::vector<int64_t> counts(static_cast<size_t>(R));
+      for (int64_t r = 0; r < R; ++r)
+        counts[static_cast<size_t>(r)] =
+            std::max<int64_t>(0, std::min(b, bounds[static_cast<size_t>(r) + 1]) -
+                                     std::max(a, bounds[static_cast<size_t>(r)]));
+      comm.all_gatherv(send, recv, counts);
+    }
+    out.push_back(std::move(into));
   }
+  return out;
+}
+
+const std::vector<std::pair<size_t, size_t>>& DenseShards::runs_of(int64_t g) const {
+  static const std::vector<std::pair<size_t, size_t>> none;
+  const auto it = runs_.find(g);  // never inserts: a prefetch thread may read runs_ meanwhile
+  return it == runs_.end() ? none : it->second;
+}
+
+GatherJob DenseShards::job(int64_t g) const {
+  GatherJob j;
+  j.slice = values_;
+  j.mine = mine_;
+  for (auto [first, last] : runs_of(g)) j.ranges.emplace_back(offsets_[first], offsets_[last]);
+  for (int r = 0; r <= group_.size(); ++r) j.bounds.push_back(begin(r));
+  j.bucket = bucket_;
+  j.dtype = dtype_;
+  j.device = device_;
+  return j;
+}
+
+bool DenseShards::gathered(int64_t g) const {
+  const auto it = gathered_.find(g);
+  return it != gathered_.end() && it->second;
 }
 
 // One buffer per run of a group's parameters (consecutive in the flat space: a block's dense
@@ -109,7 +145,13 @@ void DenseShards::gather_range(int64_t begin, int64_t end, const Tensor& from, T
 void DenseShards::gather(int64_t g, bool with_grads) {
   if (stage_ < 3) return;
   HeapScope heap;  // not the pass's activation arena: grads outlive its micro-batch
-  const std::vector<std::pair<size_t, size_t>>& runs = runs_[g];
+  install(g, gathered(g) ? std::vector<Tensor>{} : job(g).run(group_), with_grads);
+}
+
+void DenseShards::install(int64_t g, std::vector<Tensor> values, bool with_grads) {
+  if (stage_ < 3) return;
+  HeapScope heap;
+  const std::vector<std::pair<size_t, size_t>>& runs = runs_of(g);
   std::vector<Tensor>& grads = grad_buffers_[g];
   if (with_grads && grads.empty())  // backward accumulates into them, over the micro-batches
     for (auto [first, last] : runs) {
@@ -120,13 +162,15 @@ void DenseShards::gather(int64_t g, bool with_grads) {
                 .rows(offsets_[i] - offsets_[first], offsets_[i + 1] - offsets_[first])
                 .reshape(params_[i]->shape);
     }
-  if (gathered_[g]) return;
-  for (auto [first, last] : runs) {
-    Tensor values = Tensor::empty({offsets_[last] - offsets_[first]}, dtype_, device_);
-    gather_range(offsets_[first], offsets_[last], values_, values);
+  if (gathered(g)) return;
+  MOE_CHECK(values.size() == runs.size(), "DenseShards::install: group ", g, " has ", runs.size(),
+            " runs, got ", values.size(), " buffers");
+  for (size_t r = 0; r < runs.size(); ++r) {
+    const auto [first, last] = runs[r];
     for (size_t i = first; i < last; ++i) {
       Param& p = *params_[i];
-      p.value = values.rows(offsets_[i] - offsets_[first], offsets_[i + 1] - offsets_[first])
+      p.value = values[r]
+                    .rows(offsets_[i] - offsets_[first], offsets_[i + 1] - offsets_[first])
                     .reshape(p.shape);
       p.refresh_compute();
     }
@@ -136,7 +180,7 @@ void DenseShards::gather(int64_t g, bool with_grads) {
 
 void DenseShards::release(int64_t g, bool reduce_grads) {
   if (stage_ < 3) return;
-  const std::vector<std::pair<size_t, size_t>>& runs = runs_[g];
+  const std::vector<std::pair<size_t, size_t>>& runs = runs_of(g);
   std::vector<Tensor>& grads = grad_buffers_[g];
   for (size_t r = 0; r < runs.size(); ++r) {
     const auto [first, last] = runs[r];
@@ -184,8 +228,9 @@ void DenseShards::release_all() {
 std::vector<std::pair<std::string, Tensor>> DenseShards::gather_values() const {
   std::vector<std::pair<std::string, Tensor>> out;
   if (stage_ < 3) return out;
-  Tensor whole = Tensor::empty({total()}, dtype_, device_);
-  gather_range(0, total(), values_, whole);
+  GatherJob all = job(0);
+  all.ranges = {{0, total()}};
+  const Tensor whole = all.run(group_).front();
   for (size_t i = 0; i < params_.size(); ++i)
     out.emplace_back(params_[i]->name,
                      whole.rows(offsets_[i], offsets_[i + 1]).reshape(params_[i]->shape));

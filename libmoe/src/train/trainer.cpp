@@ -68,6 +68,7 @@ static void for_each_field(Config& c, Visit&& f) {
   f("task_replan_every", c.task_replan_every);
   f("task_allocation", c.task_allocation);
   f("zero", c.zero);
+  f("zero_prefetch", c.zero_prefetch);
 }
 
 nlohmann::json to_json(const TrainConfig& c) {
@@ -107,6 +108,8 @@ static void check_vocab(const std::vector<int32_t>& tokens, int64_t vocab,
 static void check_zero(const TrainConfig& train) {
   MOE_USAGE_CHECK(train.zero >= 0 && train.zero <= 3, "--zero must be 0, 1, 2 or 3 (got ",
                   train.zero, ")");
+  MOE_USAGE_CHECK(train.zero_prefetch >= 0, "--zero-prefetch must be 0 (off) or more (got ",
+                  train.zero_prefetch, ")");
 }
 
 // This rank's share of the model and of one step, at least: every parameter's value and
@@ -219,6 +222,9 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
     zero_ = std::make_unique<parallel::DenseShards>(
         *world_, *params_, static_cast<int>(train_.zero), adamw_config(), 2 << 20,
         [](const Param& p) { return block_of_name(p.name); });  // stage 3: gathered per block
+  if (zero_ && zero_->stage() >= 3)
+    zero_prefetch_ =
+        std::make_unique<parallel::ZeroPrefetch>(*zero_, *world_, train_.zero_prefetch);
   optimizer_ = std::make_unique<optim::AdamW>(*params_, adamw_config(), optimizer_holds());
   if (world_size() > 1) grad_sync_ = std::make_unique<parallel::GradSync>(*layout_, *params_);
   if (zero_) grad_sync_->set_dense_shards(zero_.get());
@@ -393,6 +399,8 @@ StepStats Trainer::step(bool capture_routing) {
   store_info.overlap = train_.clip == 0;  // a clipped step needs every gradient before any update
   store_info.replicas = expert_replicas();
   arena_.reset_peak();
+  const offload::StoreStats store_before = store_ ? store_->stats() : offload::StoreStats{};
+  if (zero_prefetch_) zero_prefetch_->take_stats();  // this step's only (not an evaluation's)
   for (int64_t m = 0; m < micro; ++m) {
     {
       ArenaScope scope(arena_);
@@ -414,11 +422,13 @@ StepStats Trainer::step(bool capture_routing) {
         pass.loss_scale = task_batch.loss_scale;
       }
       pass.recompute = recompute;
-      if (zero_ && zero_->stage() >= 3)  // the dense values exist only around their use
-        pass.params = {[this](int64_t g, bool backward) { zero_->gather(g, backward); },
+      if (zero_prefetch_) {  // the dense values exist only around their use
+        zero_prefetch_->begin_pass(mc.layers);
+        pass.params = {[this](int64_t g, bool backward) { zero_prefetch_->gather(g, backward); },
                        [this, last = m + 1 == micro](int64_t g, bool backward) {
-                         zero_->release(g, backward && last);
+                         zero_prefetch_->release(g, backward && last);
                        }};
+      }
       // Priority scheduling: reduce each block's gradients as the last pass's backward leaves it
       // (only then are they final).
       if (layout_->scheduler() && m + 1 == micro)
@@ -437,6 +447,16 @@ StepStats Trainer::step(bool capture_routing) {
       if (tasks_) tasks_->add_seconds(pass_timer.seconds());
     }
     arena_.reset();
+  }
+  if (zero_prefetch_) {
+    const parallel::PrefetchStats p = zero_prefetch_->take_stats();
+    s.dense_wait_seconds = p.wait_seconds;
+    s.dense_gather_seconds = p.gather_seconds;
+  }
+  if (store_) {
+    const offload::StoreStats after = store_->stats();
+    s.expert_wait_seconds = after.wait_seconds - store_before.wait_seconds;
+    s.expert_load_seconds = after.load_seconds - store_before.load_seconds;
   }
   s.forward.total =
       s.forward.loss + mc.aux_loss_coef * s.forward.aux_loss + mc.z_loss_coef * s.forward.z_loss;
@@ -642,10 +662,11 @@ double Trainer::evaluate(const Transformer& model) {
       const Device device = model.device();
       if (&model == model_.get() && zero_ && zero_->stage() >= 3) {  // gathered around each block
         EvalOptions options;
-        const BlockHooks hooks{[this](int64_t g) { zero_->gather(g); },
-                               [this](int64_t g) { zero_->release(g); }};
+        const BlockHooks hooks{[this](int64_t g) { zero_prefetch_->gather(g, false); },
+                               [this](int64_t g) { zero_prefetch_->release(g, false); }};
         options.hooks = &hooks;
         zero_->gather(-1);
+        zero_prefetch_->begin_pass(model.config().layers, false);
         sum += model.evaluate(ids.to(device), targets.to(device), options).loss;
         zero_->release(-1);
       } else {

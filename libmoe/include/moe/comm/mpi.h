@@ -16,6 +16,8 @@ std::unique_ptr<Communicator> make_mpi_world();
 
 // The thread level MPI granted (MPI_THREAD_*), once make_mpi_world() has run.
 int mpi_thread_level();
+// Whether that level lets several threads call MPI at once (MPI_THREAD_MULTIPLE).
+bool mpi_thread_multiple();
 
 // True when this process was started by an MPI launcher (mpiexec/hydra, srun with PMI/PMIx,
 // Open MPI's mpirun): tools pick MPI only then, so a plain `moe-train` stays launcher-free.

@@ -85,6 +85,7 @@ struct StoreStats {
   int64_t optimizer_overlapped = 0;      // expert updates run during backward
   int64_t optimizer_after = 0;           // expert updates run in finish_step
   double wait_seconds = 0;               // compute waited for an upload
+  double load_seconds = 0;               // uploads (any thread) and loader's SSD reads: transfers
   double finish_seconds = 0;             // time in finish_step
   int64_t host_bytes = 0;                // expert state in host memory (ssd: the cache)
   CacheStats cache;                      // ssd: the host cache's hits, misses, write-backs

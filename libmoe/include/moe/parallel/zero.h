@@ -35,6 +35,22 @@
 
 namespace moe::parallel {
 
+// One group's all-gather of stage 3, self-contained (it holds a reference to this rank's value
+// slice and copies of the layout, nothing of its DenseShards), so that another thread may run it
+// over its own communicator while compute goes on (parallel::ZeroPrefetch), and outlive the
+// shards if it must. The same collectives, in the same order, as DenseShards::gather(g).
+struct GatherJob {
+  Tensor slice;                                     // this rank's values (storage dtype)
+  int64_t mine = 0;                                 // the slice's first flat position
+  std::vector<std::pair<int64_t, int64_t>> ranges;  // the group's runs, flat [begin, end)
+  std::vector<int64_t> bounds;                      // [R + 1]: each rank's slice start, then S
+  int64_t bucket = 1;                               // elements per collective
+  DType dtype = DType::f32;
+  Device device;
+  // One buffer per run, gathered over `comm` (this group's ranks in the same order).
+  std::vector<Tensor> run(comm::Communicator& comm) const;
+};
+
 class DenseShards {
  public:
   // The parameters ZeRO shards: resident, neither experts nor slices of a logical tensor.
@@ -84,6 +100,13 @@ class DenseShards {
   void release(int64_t g, bool reduce_grads = false);
   void gather_all();
   void release_all();
+  // gather(g) in two halves, for a prefetch: job(g) describes the all-gather (run it on any
+  // thread, over this group's communicator or a duplicate of it, before the next step()), and
+  // install(g, values) makes its buffers the parameters' values as gather(g) would (a group
+  // already gathered keeps its own and only gets gradients).
+  GatherJob job(int64_t g) const;
+  void install(int64_t g, std::vector<Tensor> values, bool with_grads = false);
+  bool gathered(int64_t g) const;
   // Stage 3: every covered parameter's value, whole, in its storage dtype (collective), and this
   // rank's slice of them from whole tensors by parameter name (a missing one throws, named).
   std::vector<std::pair<std::string, Tensor>> gather_values() const;
@@ -107,7 +130,7 @@ class DenseShards {
   };
   std::vector<Piece> pieces(int64_t begin, int64_t end) const;
   Tensor value_of(const Piece& pc) const;  // where the piece's value is updated (stage 3: slice)
-  void gather_range(int64_t begin, int64_t end, const Tensor& from, Tensor& into) const;
+  const std::vector<std::pair<size_t, size_t>>& runs_of(int64_t g) const;
   void square_sums();           // stage 2: sums_ along the slices in rank order
   void reduce_param(size_t i);  // stage 3: one parameter's gradient into the slice
   void reduce_range(int64_t begin, int64_t end, const Tensor& flat);  // stage 3 gradients

@@ -19,6 +19,7 @@
 #include "moe/parallel/grad_sync.h"
 #include "moe/parallel/layout.h"
 #include "moe/parallel/zero.h"
+#include "moe/parallel/zero_prefetch.h"
 #include "moe/train/placement.h"
 #include "moe/train/tasks.h"
 
@@ -95,6 +96,9 @@ struct TrainConfig {
   // 0 off, 1 AdamW state sharded, 2 and gradients reduce-scattered. One process: no effect.
   // Neither changes the checkpoint (state is gathered on save), so a resume may change it.
   int64_t zero = 0;
+  // --zero 3: the dense all-gathers run this many blocks ahead of compute on a thread of their
+  // own (moe/parallel/zero_prefetch.h; at most N + 1 blocks gathered at once); 0: synchronous.
+  int64_t zero_prefetch = 1;
 };
 nlohmann::json to_json(const TrainConfig& config);
 // Fields present in j override those of `base`.
@@ -123,6 +127,12 @@ struct StepStats {
   // The most bytes of activations this rank held at once during the step (the activation
   // arena's high-water mark, recomputation's scratch included; host memory: CPU training).
   int64_t activation_peak_bytes = 0;
+  // Overlap of the step's transfers with compute (fraction hidden = 1 - wait / transfer):
+  // --zero 3: seconds compute waited for dense all-gathers, and the all-gathers' own seconds
+  // (on the prefetch thread with --zero-prefetch N > 0); --offload: seconds compute waited for
+  // expert uploads, and the uploads' own seconds (loader thread or compute's).
+  double dense_wait_seconds = 0, dense_gather_seconds = 0;
+  double expert_wait_seconds = 0, expert_load_seconds = 0;
   // --tasks: every task's loss and samples this step; a reallocation made after it ("" if none).
   std::vector<TaskStepStats> tasks;
   std::string task_replan;
@@ -290,6 +300,8 @@ class Trainer {
   optim::AdamW::Filter optimizer_holds() const;    // the parameters AdamW keeps state for
   std::unique_ptr<TrainingPlacement> placement_;   // --placement lpt | flexmoe
   balance::CostProfile placement_profile_;         // flexmoe: measured at start-up
+  // --zero 3: its all-gathers, ahead of compute or not (destroyed before zero_)
+  std::unique_ptr<parallel::ZeroPrefetch> zero_prefetch_;
   Arena arena_;
   int64_t step_ = 0, tokens_seen_ = 0;
   LogitsLoss logits_loss_;
