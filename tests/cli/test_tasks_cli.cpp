@@ -78,6 +78,42 @@ TEST_CASE("cli: moe-train --tasks logs and meters every task, and resumes exactl
                     "says 8") != std::string::npos);
 }
 
+TEST_CASE("cli: a task's data file that changed since the checkpoint is refused, naming the task",
+          "[cli]") {
+  test::ScratchDir a("cli-tasks-data");
+  // The tasks train on copies, so one can change under the checkpoint.
+  const std::string art = a / "art.txt", linux = a / "linux.txt";
+  test::write_file(art, test::read_file(test::fortunes_path("art")));
+  test::write_file(linux, test::read_file(test::fortunes_path("linux")));
+  const std::string toml =
+      str("[[task]]\nname = \"art\"\ndata = \"", art,
+          "\"\nbatch = 2\n\n[[task]]\nname = \"linux\"\ndata = \"", linux, "\"\nbatch = 2\n");
+  test::write_file(a / "tasks.toml", toml);
+  auto r1 = run_command(train("--tasks " + a / "tasks.toml" + " --out " + a / "run" + kTiny +
+                              " --steps 2 --checkpoint-every 1"));
+  INFO(r1.err);
+  REQUIRE(r1.exit_code == 0);
+  const io::Checkpoint c = io::load_checkpoint(a / "run/step-00000001.h5");
+  CHECK(c.train_config["tasks_state"]["data_crc32c"].size() == 2);
+  // Untouched: it resumes.
+  auto resume = [&] {
+    return run_command(train("--resume " + a / "run/step-00000001.h5" + " --out " + a / "again" +
+                             " --steps 2 --force"));
+  };
+  auto r2 = resume();
+  INFO(r2.err);
+  CHECK(r2.exit_code == 0);
+  // One byte of the second task's file changed (the same size): refused, naming it.
+  std::string text = test::read_file(linux);
+  text[text.size() / 2] = text[text.size() / 2] == 'x' ? 'y' : 'x';
+  test::write_file(linux, text);
+  auto r3 = resume();
+  INFO(r3.err);
+  CHECK(r3.exit_code == 1);
+  CHECK(r3.err.find("task 'linux' trained on '" + linux + "' as it was then") != std::string::npos);
+  CHECK(r3.err.find("restore the file") != std::string::npos);
+}
+
 TEST_CASE("cli: bad tasks files and combinations give clear errors", "[cli]") {
   test::ScratchDir dir("cli-tasks-bad");
   auto run = [&](const std::string& toml, const std::string& flags = "") {

@@ -3,6 +3,7 @@
 // statistics and replanning. Shape letters: T tasks, R ranks, S sequence length, V vocabulary.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "moe/error.h"
@@ -10,6 +11,14 @@
 #include "moe/train/tasks.h"
 
 namespace moe::train {
+
+namespace {
+std::string crc_hex(uint32_t crc) {  // as TrainConfig::data_crc32c: 8 lower-case hex digits
+  char hex[9];
+  std::snprintf(hex, sizeof hex, "%08x", crc);
+  return hex;
+}
+}  // namespace
 
 TaskSet::TaskSet(std::vector<TaskSpec> tasks, io::TokenFormat format, int64_t seq, uint64_t seed,
                  double val_fraction, int ranks, int rank, const std::string& allocation)
@@ -20,6 +29,7 @@ TaskSet::TaskSet(std::vector<TaskSpec> tasks, io::TokenFormat format, int64_t se
       auto split = io::split_tail(io::load_tokens(t.data, format), val_fraction, seq);
       train_.push_back(std::move(split.first));
       val_.push_back(std::move(split.second));
+      fingerprints_.push_back(io::fingerprint_file(t.data));
     } catch (const Error& e) {
       throw Error(str("task '", t.name, "': ", e.what()));
     }
@@ -182,10 +192,14 @@ std::string TaskSet::replan() {
 nlohmann::json TaskSet::state() const {
   std::vector<int64_t> cursors;
   for (const io::BatchSampler& s : samplers_) cursors.push_back(s.cursor());
-  return {{"tasks", to_json(tasks_)},
-          {"world_size", ranks_},
-          {"allocation", to_json(allocation_)},
-          {"cursors", cursors}};
+  std::vector<int64_t> bytes;
+  std::vector<std::string> crcs;
+  for (const io::FileFingerprint& f : fingerprints_) {
+    bytes.push_back(f.bytes);
+    crcs.push_back(crc_hex(f.crc32c));
+  }
+  return {{"tasks", to_json(tasks_)}, {"world_size", ranks_}, {"allocation", to_json(allocation_)},
+          {"cursors", cursors},       {"data_bytes", bytes},  {"data_crc32c", crcs}};
 }
 
 void TaskSet::load_state(const nlohmann::json& state) {
@@ -202,6 +216,25 @@ void TaskSet::load_state(const nlohmann::json& state) {
                       now[t].at("name").get<std::string>(), "'): ", key, " was ",
                       was[t].at(key).dump(), " in the checkpoint, the tasks file now says ",
                       now[t].at(key).dump(), " (resume with the run's tasks file)");
+  // Each task's data file as the checkpoint trained on it (absent: written before this was
+  // recorded): another file would not continue the task's token stream.
+  if (state.contains("data_bytes") && state.contains("data_crc32c")) {
+    const auto bytes = state.at("data_bytes").get<std::vector<int64_t>>();
+    const auto crcs = state.at("data_crc32c").get<std::vector<std::string>>();
+    MOE_CHECK(bytes.size() == tasks_.size() && crcs.size() == tasks_.size(),
+              "tasks_state: ", bytes.size(), " data sizes and ", crcs.size(), " checksums for ",
+              tasks_.size(), " tasks");
+    for (size_t t = 0; t < tasks_.size(); ++t) {
+      const std::string now = crc_hex(fingerprints_[t].crc32c);
+      if (bytes[t] != fingerprints_[t].bytes || crcs[t] != now)
+        throw Error(str("--tasks: task '", tasks_[t].name, "' trained on '", tasks_[t].data,
+                        "' as it was then (", bytes[t], " bytes, CRC-32C ", crcs[t],
+                        "); the file there now is another (", fingerprints_[t].bytes,
+                        " bytes, CRC-32C ", now,
+                        "), so the task's token stream would not continue: restore the file, "
+                        "or start a new run on it"));
+    }
+  }
   const auto cursors = state.at("cursors").get<std::vector<int64_t>>();
   MOE_CHECK(cursors.size() == samplers_.size(), "tasks_state: ", cursors.size(), " cursors for ",
             samplers_.size(), " tasks");

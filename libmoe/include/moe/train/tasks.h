@@ -119,10 +119,11 @@ class TaskSet {
   // one (work = seconds per sample x B_t). Returns what changed ("" when the allocation stays).
   std::string replan();
 
-  // Checkpoint state: the tasks, the allocation and every task's cursor.
+  // Checkpoint state: the tasks, the allocation, every task's cursor and data file identity.
   nlohmann::json state() const;
   // Continues from state(): the cursors, and the allocation when the world size is the same
-  // (another world size starts from the token allocation). Refuses a tasks file that changed.
+  // (another world size starts from the token allocation). Refuses a tasks file that changed
+  // (UsageError) and a task's data file whose size or CRC-32C changed (Error naming the task).
   void load_state(const nlohmann::json& state);
 
  private:
@@ -131,6 +132,7 @@ class TaskSet {
   int ranks_, rank_;
   std::vector<std::vector<int32_t>> train_, val_;
   std::vector<io::BatchSampler> samplers_;
+  std::vector<io::FileFingerprint> fingerprints_;  // [T] each data file as loaded (resume check)
   TaskAllocation allocation_;
   int64_t rank_rows_ = 0;
   std::vector<double> loss_sums_;  // [T] this rank's sum of loss_s this step
