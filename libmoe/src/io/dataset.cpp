@@ -57,6 +57,12 @@ const char* const kSamplerStream = "io.batch_sampler.epoch_permutation";
 
 }  // namespace
 
+std::string FileFingerprint::crc32c_hex() const {
+  char hex[9];
+  std::snprintf(hex, sizeof hex, "%08x", crc32c);
+  return hex;
+}
+
 FileFingerprint fingerprint_file(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) throw Error(str("'", path, "': is a directory"));

@@ -181,12 +181,11 @@ CachedRecords::CachedRecords(std::unique_ptr<ExpertFiles> files, const CacheConf
     : files_(std::move(files)), cache_(cache), slot_bytes_(slot_bytes), spans_(std::move(spans)) {
   for (int64_t i = 0; i < cache.capacity; ++i) slots_.push_back(allocate_host(slot_bytes));
   for (int l = 0; l < files_->num_layers(); ++l)
-    spent_.emplace_back(static_cast<size_t>(files_->layer(l).experts), char{1});
+    spent_.emplace_back(static_cast<size_t>(files_->layer(l).experts), uint8_t{1});
 }
 
-bool& CachedRecords::spent(const ExpertKey& key) {
-  return reinterpret_cast<bool&>(
-      spent_[static_cast<size_t>(key.layer)][static_cast<size_t>(key.expert)]);
+uint8_t& CachedRecords::spent(const ExpertKey& key) {
+  return spent_[static_cast<size_t>(key.layer)][static_cast<size_t>(key.expert)];
 }
 
 int64_t CachedRecords::resident_bytes() const {

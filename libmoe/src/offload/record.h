@@ -145,14 +145,14 @@ class CachedRecords final : public RecordTier {
   void unlocked(std::unique_lock<std::mutex>& lock, const ExpertKey& key, Io&& io);
   void write_back(std::unique_lock<std::mutex>& lock, const ExpertKey& key, const std::byte* data);
   void read_in(std::unique_lock<std::mutex>& lock, const ExpertKey& key, std::byte* data);
-  bool& spent(const ExpertKey& key);
+  uint8_t& spent(const ExpertKey& key);
   std::unique_ptr<ExpertFiles> files_;
   ExpertCache cache_;
   int64_t slot_bytes_;
   std::vector<Spans> spans_;
   // [L][E]: the record's gradient is dead (its last unpin that changed it said spent), in
   // whichever copy is current, cached or on file; true before the first write.
-  std::vector<std::vector<char>> spent_;
+  std::vector<std::vector<uint8_t>> spent_;
   std::vector<std::shared_ptr<std::byte>> slots_;
   std::set<ExpertKey> busy_;  // being read or written back: others wait
   struct Bypassed {

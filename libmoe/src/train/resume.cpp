@@ -120,8 +120,7 @@ std::string check_data_file(TrainConfig& train, bool resumed, bool data_given) {
                     "', which is not there any more: pass --data PATH (the same file, moved) to "
                     "resume"));
   const io::FileFingerprint now = io::fingerprint_file(train.data);
-  char hex[9];
-  std::snprintf(hex, sizeof hex, "%08x", now.crc32c);
+  const std::string hex = now.crc32c_hex();
   const std::string was = str(train.data_bytes, " bytes, CRC-32C ", train.data_crc32c);
   const std::string is = str(now.bytes, " bytes, CRC-32C ", hex);
   const bool same = now.bytes == train.data_bytes && train.data_crc32c == hex;

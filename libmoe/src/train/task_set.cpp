@@ -3,7 +3,6 @@
 // statistics and replanning. Shape letters: T tasks, R ranks, S sequence length, V vocabulary.
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 
 #include "moe/error.h"
@@ -11,14 +10,6 @@
 #include "moe/train/tasks.h"
 
 namespace moe::train {
-
-namespace {
-std::string crc_hex(uint32_t crc) {  // as TrainConfig::data_crc32c: 8 lower-case hex digits
-  char hex[9];
-  std::snprintf(hex, sizeof hex, "%08x", crc);
-  return hex;
-}
-}  // namespace
 
 TaskSet::TaskSet(std::vector<TaskSpec> tasks, io::TokenFormat format, int64_t seq, uint64_t seed,
                  double val_fraction, int ranks, int rank, const std::string& allocation)
@@ -196,7 +187,7 @@ nlohmann::json TaskSet::state() const {
   std::vector<std::string> crcs;
   for (const io::FileFingerprint& f : fingerprints_) {
     bytes.push_back(f.bytes);
-    crcs.push_back(crc_hex(f.crc32c));
+    crcs.push_back(f.crc32c_hex());
   }
   return {{"tasks", to_json(tasks_)}, {"world_size", ranks_}, {"allocation", to_json(allocation_)},
           {"cursors", cursors},       {"data_bytes", bytes},  {"data_crc32c", crcs}};
@@ -225,7 +216,7 @@ void TaskSet::load_state(const nlohmann::json& state) {
               "tasks_state: ", bytes.size(), " data sizes and ", crcs.size(), " checksums for ",
               tasks_.size(), " tasks");
     for (size_t t = 0; t < tasks_.size(); ++t) {
-      const std::string now = crc_hex(fingerprints_[t].crc32c);
+      const std::string now = fingerprints_[t].crc32c_hex();
       if (bytes[t] != fingerprints_[t].bytes || crcs[t] != now)
         throw Error(str("--tasks: task '", tasks_[t].name, "' trained on '", tasks_[t].data,
                         "' as it was then (", bytes[t], " bytes, CRC-32C ", crcs[t],

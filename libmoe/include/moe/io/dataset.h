@@ -31,6 +31,7 @@ inline constexpr int32_t kByteVocab = 256;  // the byte-level tokenizer's vocabu
 struct FileFingerprint {
   int64_t bytes = 0;
   uint32_t crc32c = 0;
+  std::string crc32c_hex() const;  // 8 lower-case hex digits, as checkpoints record it
 };
 FileFingerprint fingerprint_file(const std::string& path);
 
