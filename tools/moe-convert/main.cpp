@@ -9,6 +9,7 @@
 #include "moe/balance/placement.h"
 #include "moe/io/convert.h"
 #include "moe/io/finite.h"
+#include "moe/io/gguf.h"
 #include "moe/io/hf_checkpoint.h"
 #include "moe/io/output.h"
 #include "moe/log.h"
@@ -26,6 +27,7 @@ struct Options {
   bool json = false, verify = false, shard_embedding = false, force = false;
   bool allow_unmapped = false;  // import-hf
   int64_t max_seq = io::kHfDefaultMaxSeq;
+  std::string gguf_type, gguf_name;  // export-gguf
 };
 
 // The command line, for the provenance of every file written.
@@ -275,6 +277,24 @@ int run_export_hf(Options& o, const Argv&) {
   return 0;
 }
 
+int run_export_gguf(Options& o, const Argv&) {
+  check_file_output(o);
+  bool merged = false;
+  io::Checkpoint in = io::load_whole(o.inputs, false, &merged);
+  check_finite_params(str("'", o.inputs.at(0), "'"), in);
+  io::GgufExportOptions options;
+  // Default: the checkpoint's own dtype (a bf16 model stays bf16).
+  const ModelConfig mc = model_config_from_json(in.model_config);
+  options.type = io::parse_gguf_type(o.gguf_type.empty() ? dtype_name(mc.dtype) : o.gguf_type);
+  options.name = o.gguf_name;
+  const io::GgufExportSummary s = io::export_gguf(in, o.out, options);
+  for (const std::string& f : s.fallbacks) MOE_LOG_WARN("export-gguf: ", f);
+  MOE_LOG_INFO("exported ", s.tensors, " tensors (", io::gguf_type_name(options.type),
+               " matrices) and ", s.keys, " keys as GGUF v3 for llama.cpp",
+               merged ? ", shards merged" : "", "; wrote ", o.out, " (", s.bytes, " bytes)");
+  return 0;
+}
+
 // ---- the subcommand table ---------------------------------------------------------------------
 
 struct Subcommand {
@@ -379,6 +399,19 @@ int main(int argc, char** argv) {
   add_checkpoint_input(exporter, o);
   add_output(exporter, o, "Output directory (config.json, model.safetensors)", false);
   subs.push_back({exporter, run_export_hf});
+
+  auto* gguf =
+      app.add_subcommand("export-gguf",
+                         "A mixtral-flavour checkpoint as a GGUF v3 file for llama.cpp (its llama "
+                         "architecture with experts)");
+  add_checkpoint_input(gguf, o);
+  gguf->add_option("--type", o.gguf_type,
+                   "Type of the matrices: f32, f16, bf16 or q8_0 (default: the checkpoint's "
+                   "dtype); norms and the router stay f32")
+      ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}));
+  gguf->add_option("--name", o.gguf_name, "general.name in the file (default: moe)");
+  add_output(gguf, o, "Output .gguf file");
+  subs.push_back({gguf, run_export_gguf});
 
   return tools::run_tool("moe-convert", app, argc, argv, [&]() -> int {
     tools::apply_common_options(o.common);

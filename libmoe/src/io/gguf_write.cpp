@@ -1,0 +1,388 @@
+// GGUF export of the mixtral flavour (see moe/io/gguf.h and docs/FORMATS.md "GGUF export"):
+// llama.cpp's "llama" architecture with experts. The header (keys and tensor infos) is built in
+// memory first, so every refusal happens before a byte is written; the tensors are then converted
+// and written one at a time (an expert tensor expert by expert) into an AtomicFile.
+// Shape letters: V vocabulary, D hidden size, F expert hidden width, E experts of a layer,
+// H query heads, KV key/value heads, hd = D / H head dim.
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <set>
+
+#include "kernels/convert.h"
+#include "moe/error.h"
+#include "moe/io/atomic_file.h"
+#include "moe/io/gguf.h"
+#include "moe/models/config.h"
+#include "moe/version.h"
+
+namespace moe::io {
+
+namespace {
+
+constexpr uint64_t kAlignment = 32;
+constexpr int64_t kByteVocabSize = 256;
+
+// Value types of the GGUF key/value section.
+enum ValueType : uint32_t { u32 = 4, i32 = 5, f32v = 6, boolean = 7, string = 8, array = 9 };
+
+class Header {
+ public:
+  void put_u32(uint32_t v) { put(&v, 4); }
+  void put_u64(uint64_t v) { put(&v, 8); }
+  void put_string(const std::string& s) {
+    put_u64(s.size());
+    put(s.data(), s.size());
+  }
+  void key(const std::string& k, ValueType type) {
+    put_string(k);
+    put_u32(type);
+    ++keys_;
+  }
+  void kv_u32(const std::string& k, uint32_t v) {
+    key(k, u32);
+    put_u32(v);
+  }
+  void kv_i32(const std::string& k, int32_t v) {
+    key(k, i32);
+    put(&v, 4);
+  }
+  void kv_f32(const std::string& k, float v) {
+    key(k, f32v);
+    put(&v, 4);
+  }
+  void kv_bool(const std::string& k, bool v) {
+    key(k, boolean);
+    const uint8_t b = v ? 1 : 0;
+    put(&b, 1);
+  }
+  void kv_string(const std::string& k, const std::string& v) {
+    key(k, string);
+    put_string(v);
+  }
+  void kv_strings(const std::string& k, const std::vector<std::string>& v) {
+    key(k, array);
+    put_u32(string);
+    put_u64(v.size());
+    for (const std::string& s : v) put_string(s);
+  }
+  void kv_i32s(const std::string& k, const std::vector<int32_t>& v) {
+    key(k, array);
+    put_u32(i32);
+    put_u64(v.size());
+    put(v.data(), v.size() * 4);
+  }
+  uint64_t keys() const { return keys_; }
+  std::string& bytes() { return bytes_; }
+
+ private:
+  void put(const void* p, size_t n) { bytes_.append(static_cast<const char*>(p), n); }
+  std::string bytes_;
+  uint64_t keys_ = 0;
+};
+
+// GPT-2's byte-level alphabet: the printable bytes stand for themselves as code points, the
+// others (controls, space, ...) for 256 + their rank among them; as UTF-8. llama.cpp's "gpt2"
+// tokenizer maps these characters back to bytes, so token b is byte b.
+std::string byte_token(int byte) {
+  auto printable = [](int b) {
+    return (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
+  };
+  int code = byte;
+  if (!printable(byte)) {
+    code = 256;
+    for (int b = 0; b < byte; ++b)
+      if (!printable(b)) ++code;
+  }
+  std::string s;
+  if (code < 0x80) {
+    s += static_cast<char>(code);
+  } else {
+    s += static_cast<char>(0xc0 | (code >> 6));
+    s += static_cast<char>(0x80 | (code & 0x3f));
+  }
+  return s;
+}
+
+// llama.cpp's file types (general.file_type) for the matrices' type.
+uint32_t file_type(GgufType t) {
+  switch (t) {
+    case GgufType::f32:
+      return 0;
+    case GgufType::f16:
+      return 1;
+    case GgufType::q8_0:
+      return 7;
+    case GgufType::bf16:
+      return 32;
+  }
+  return 0;
+}
+
+// One tensor of the output: its info, and how to produce its values as rows of f32.
+struct Planned {
+  std::string name;
+  std::vector<int64_t> dims;  // fastest-varying first
+  GgufType type;
+  int64_t parts = 1;                                  // produce(p) for p < parts, in order
+  std::function<std::vector<float>(int64_t)> values;  // part p's values, row-major
+  int64_t nbytes() const {
+    GgufTensorInfo info{name, dims, type, 0};
+    return info.nbytes();
+  }
+};
+
+// Query/key rows of one projection [heads * hd, D], permuted within each head: output row
+// 2i + j of a head is input row j * hd/2 + i (j = 0, 1). llama.cpp rotates adjacent pairs
+// (2i, 2i + 1) by frequency i; we rotate (i, i + hd/2): after the permutation they are the same
+// pairs, rotated by the same angles.
+std::vector<float> permute_rope_rows(const std::vector<float>& w, int64_t heads, int64_t hd,
+                                     int64_t D) {
+  std::vector<float> out(w.size());
+  const int64_t half = hd / 2;
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t i = 0; i < half; ++i)
+      for (int64_t j = 0; j < 2; ++j) {
+        const float* from = w.data() + (h * hd + j * half + i) * D;
+        std::memcpy(out.data() + (h * hd + 2 * i + j) * D, from, static_cast<size_t>(D) * 4);
+      }
+  return out;
+}
+
+// Encodes f32 values in `type`, refusing values the type cannot hold (f16's range).
+void encode(const std::string& name, GgufType type, const std::vector<float>& v,
+            std::vector<uint8_t>& out) {
+  const size_t n = v.size();
+  switch (type) {
+    case GgufType::f32:
+      out.resize(n * 4);
+      std::memcpy(out.data(), v.data(), n * 4);
+      return;
+    case GgufType::f16:
+    case GgufType::bf16:
+      out.resize(n * 2);
+      for (size_t i = 0; i < n; ++i) {
+        const uint16_t h =
+            type == GgufType::f16 ? kernels::f32_to_f16(v[i]) : kernels::f32_to_bf16(v[i]);
+        if (type == GgufType::f16 && (h & 0x7c00u) == 0x7c00u)
+          throw Error(str("export_gguf: tensor '", name, "' holds ", v[i],
+                          ", beyond f16's range (65504): export it as bf16 or f32"));
+        std::memcpy(out.data() + 2 * i, &h, 2);
+      }
+      return;
+    case GgufType::q8_0:
+      out.resize(n / kQ8Block * kQ8BlockBytes);
+      quantize_q8_0(v.data(), static_cast<int64_t>(n), out.data());
+      return;
+  }
+}
+
+}  // namespace
+
+GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
+                              const GgufExportOptions& options) {
+  const ModelConfig mc = model_config_from_json(ckpt.model_config);
+  if (mc.arch != Arch::mixtral)
+    throw Error(
+        str("export_gguf: only the mixtral flavour maps onto llama.cpp's llama "
+            "architecture (this model is ",
+            arch_name(mc.arch), ": learned positions, LayerNorm, GELU)"));
+  if (ckpt.sharding.rank >= 0)
+    throw Error(str("export_gguf: this is rank ", ckpt.sharding.rank,
+                    "'s shard of a sharded checkpoint; merge it first"));
+  const int64_t E = mc.experts_per_layer.empty() ? 0 : mc.experts_per_layer.front();
+  for (int64_t i = 0; i < mc.layers; ++i) {
+    const int64_t experts = mc.experts_per_layer[static_cast<size_t>(i)];
+    if (experts == 0)
+      throw Error(str("export_gguf: layer ", i,
+                      " is dense (no experts); llama.cpp's llama MoE has experts in every layer"));
+    if (experts != E)
+      throw Error(
+          str("export_gguf: llama.cpp's llama architecture has the same number of experts "
+              "in every layer; layer ",
+              i, " has ", experts, ", layer 0 has ", E));
+  }
+  if (mc.residual_moe) throw Error("export_gguf: residual MoE (PR-MoE) has no llama.cpp form");
+  if (!mc.normalize_topk)
+    throw Error(
+        "export_gguf: llama.cpp renormalises the top-k gate weights of a llama MoE; this "
+        "model does not (normalize_topk false)");
+  if (mc.vocab_size != kByteVocabSize)
+    throw Error(str("export_gguf: the model has a vocabulary of ", mc.vocab_size,
+                    " tokens and the checkpoint stores no tokenizer to describe them (only "
+                    "byte-level models, 256 tokens, carry an implied one)"));
+  const int64_t V = mc.vocab_size, D = mc.d_model, F = mc.d_ff, H = mc.heads;
+  const int64_t KV = mc.kv_heads_resolved(), hd = D / H;
+  MOE_CHECK(hd % 2 == 0, "export_gguf: head dim ", hd, " is odd");
+
+  std::map<std::string, const NamedTensor*> params;
+  for (const NamedTensor& nt : ckpt.params) {
+    if (nt.shard.defined())
+      throw Error(str("export_gguf: parameter '", nt.name, "' is a shard; merge the checkpoint"));
+    params[nt.name] = &nt;
+  }
+  std::set<std::string> used;
+  auto param = [&](const std::string& name, const Shape& shape) -> const NamedTensor& {
+    auto it = params.find(name);
+    if (it == params.end())
+      throw Error(str("export_gguf: the checkpoint has no parameter '", name, "'"));
+    if (it->second->shape() != shape)
+      throw Error(str("export_gguf: parameter '", name, "' is ", shape_str(it->second->shape()),
+                      ", expected ", shape_str(shape)));
+    used.insert(name);
+    return *it->second;
+  };
+
+  GgufExportSummary summary;
+  std::vector<Planned> plan;
+  // A matrix of rows of `row` values in the asked type (q8_0 needs whole blocks per row).
+  auto matrix_type = [&](const std::string& name, int64_t row) {
+    if (options.type == GgufType::q8_0 && row % kQ8Block != 0) {
+      summary.fallbacks.push_back(
+          str(name, ": f16 (rows of ", row, " values are not whole q8_0 blocks of 32)"));
+      return GgufType::f16;
+    }
+    return options.type;
+  };
+  auto whole = [&](const std::string& gguf, const NamedTensor& nt, std::vector<int64_t> dims,
+                   GgufType type) {
+    plan.push_back(
+        {gguf, std::move(dims), type, 1, [&nt](int64_t) { return nt.whole().to_vector(); }});
+  };
+  auto matrix = [&](const std::string& gguf, const std::string& ours, int64_t rows, int64_t cols) {
+    whole(gguf, param(ours, {rows, cols}), {cols, rows}, matrix_type(gguf, cols));
+  };
+  auto vector = [&](const std::string& gguf, const std::string& ours) {
+    whole(gguf, param(ours, {D}), {D}, GgufType::f32);
+  };
+  auto rope_matrix = [&](const std::string& gguf, const std::string& ours, int64_t heads) {
+    const NamedTensor& nt = param(ours, {heads * hd, D});
+    plan.push_back({gguf, {D, heads * hd}, matrix_type(gguf, D), 1, [&nt, heads, hd, D](int64_t) {
+                      return permute_rope_rows(nt.whole().to_vector(), heads, hd, D);
+                    }});
+  };
+  auto experts = [&](const std::string& gguf, const std::string& ours, int64_t rows, int64_t cols) {
+    const NamedTensor& nt = param(ours, {E, rows, cols});
+    plan.push_back({gguf, {cols, rows, E}, matrix_type(gguf, cols), E, [&nt](int64_t e) {
+                      return nt.expert_slice(e).to_vector();
+                    }});
+  };
+
+  matrix("token_embd.weight", "embed.tokens", V, D);
+  for (int64_t i = 0; i < mc.layers; ++i) {
+    const std::string ours = str("blocks.", i, "."), blk = str("blk.", i, ".");
+    vector(blk + "attn_norm.weight", ours + "norm1.weight");
+    rope_matrix(blk + "attn_q.weight", ours + "attn.q.weight", H);
+    rope_matrix(blk + "attn_k.weight", ours + "attn.k.weight", KV);
+    matrix(blk + "attn_v.weight", ours + "attn.v.weight", KV * hd, D);
+    matrix(blk + "attn_output.weight", ours + "attn.o.weight", D, H * hd);
+    vector(blk + "ffn_norm.weight", ours + "norm2.weight");
+    whole(blk + "ffn_gate_inp.weight", param(ours + "moe.router.weight", {E, D}), {D, E},
+          GgufType::f32);
+    experts(blk + "ffn_gate_exps.weight", ours + "moe.experts.w1", F, D);
+    experts(blk + "ffn_down_exps.weight", ours + "moe.experts.w2", D, F);
+    experts(blk + "ffn_up_exps.weight", ours + "moe.experts.w3", F, D);
+  }
+  vector("output_norm.weight", "final_norm.weight");
+  matrix("output.weight", "lm_head.weight", V, D);
+  for (const auto& [name, nt] : params)
+    if (!used.count(name))
+      throw Error(str("export_gguf: parameter '", name,
+                      "' has no place in llama.cpp's llama "
+                      "architecture"));
+
+  Header h;
+  h.kv_string("general.architecture", "llama");
+  h.kv_string("general.name", options.name.empty() ? "moe" : options.name);
+  h.kv_u32("general.file_type", file_type(options.type));
+  if (options.type == GgufType::q8_0) h.kv_u32("general.quantization_version", 2);
+  h.kv_u32("general.alignment", static_cast<uint32_t>(kAlignment));
+  h.kv_u32("llama.vocab_size", static_cast<uint32_t>(V));
+  h.kv_u32("llama.context_length", static_cast<uint32_t>(mc.seq));
+  h.kv_u32("llama.embedding_length", static_cast<uint32_t>(D));
+  h.kv_u32("llama.block_count", static_cast<uint32_t>(mc.layers));
+  h.kv_u32("llama.feed_forward_length", static_cast<uint32_t>(F));
+  h.kv_u32("llama.attention.head_count", static_cast<uint32_t>(H));
+  h.kv_u32("llama.attention.head_count_kv", static_cast<uint32_t>(KV));
+  h.kv_f32("llama.attention.layer_norm_rms_epsilon", static_cast<float>(mc.norm_eps));
+  h.kv_f32("llama.rope.freq_base", static_cast<float>(mc.rope_theta));
+  h.kv_u32("llama.rope.dimension_count", static_cast<uint32_t>(hd));
+  h.kv_u32("llama.expert_count", static_cast<uint32_t>(E));
+  h.kv_u32("llama.expert_used_count", static_cast<uint32_t>(mc.top_k));
+  // The byte-level vocabulary: token b is byte b, no merges, no BOS; token 0 (NUL, which text
+  // never holds) is named the end of text so that llama.cpp has one.
+  std::vector<std::string> tokens;
+  for (int b = 0; b < kByteVocabSize; ++b) tokens.push_back(byte_token(b));
+  h.kv_string("tokenizer.ggml.model", "gpt2");
+  h.kv_string("tokenizer.ggml.pre", "default");
+  h.kv_strings("tokenizer.ggml.tokens", tokens);
+  h.kv_i32s("tokenizer.ggml.token_type", std::vector<int32_t>(kByteVocabSize, 1));
+  h.kv_strings("tokenizer.ggml.merges", {});
+  h.kv_u32("tokenizer.ggml.eos_token_id", 0);
+  h.kv_bool("tokenizer.ggml.add_bos_token", false);
+  h.kv_string("moe.model_config", to_json(mc).dump());
+  h.kv_string("moe.producer", str("libmoe ", version(), " (git ", git_revision(), ")"));
+
+  Header infos;
+  uint64_t offset = 0;
+  for (const Planned& p : plan) {
+    infos.put_string(p.name);
+    infos.put_u32(static_cast<uint32_t>(p.dims.size()));
+    for (int64_t d : p.dims) infos.put_u64(static_cast<uint64_t>(d));
+    infos.put_u32(static_cast<uint32_t>(p.type));
+    infos.put_u64(offset);
+    offset += (static_cast<uint64_t>(p.nbytes()) + kAlignment - 1) / kAlignment * kAlignment;
+  }
+  Header top;
+  top.bytes() = "GGUF";
+  top.put_u32(3);
+  top.put_u64(plan.size());
+  top.put_u64(h.keys());
+  std::string header = top.bytes() + h.bytes() + infos.bytes();
+  header.append((kAlignment - header.size() % kAlignment) % kAlignment, '\0');
+
+  AtomicFile out(path);
+  std::FILE* f = std::fopen(out.temp().c_str(), "wb");
+  if (!f) throw Error(str("export_gguf: cannot write '", out.temp(), "': ", std::strerror(errno)));
+  auto write = [&](const void* p, size_t n) {
+    if (n && std::fwrite(p, 1, n, f) != n) {
+      const int err = errno;
+      std::fclose(f);
+      f = nullptr;
+      throw Error(str("export_gguf: writing '", path, "' failed: ", std::strerror(err)));
+    }
+  };
+  try {
+    write(header.data(), header.size());
+    std::vector<uint8_t> bytes;
+    const std::vector<uint8_t> zeros(kAlignment, 0);
+    for (const Planned& p : plan) {
+      uint64_t written = 0;
+      for (int64_t part = 0; part < p.parts; ++part) {
+        encode(p.name, p.type, p.values(part), bytes);
+        write(bytes.data(), bytes.size());
+        written += bytes.size();
+      }
+      MOE_CHECK(written == static_cast<uint64_t>(p.nbytes()), "export_gguf: tensor '", p.name,
+                "' came to ", written, " bytes, expected ", p.nbytes());
+      write(zeros.data(), (kAlignment - written % kAlignment) % kAlignment);
+    }
+    std::FILE* closing = f;
+    f = nullptr;
+    if (std::fclose(closing) != 0)
+      throw Error(str("export_gguf: closing '", path, "' failed: ", std::strerror(errno)));
+    out.commit();
+    out.sync_directory();
+  } catch (...) {
+    if (f) std::fclose(f);
+    throw;  // the AtomicFile removes the temp; an existing `path` is untouched
+  }
+  summary.tensors = static_cast<int64_t>(plan.size());
+  summary.keys = static_cast<int64_t>(h.keys());
+  summary.bytes = static_cast<int64_t>(header.size() + offset);
+  return summary;
+}
+
+}  // namespace moe::io

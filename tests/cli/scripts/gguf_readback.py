@@ -1,0 +1,137 @@
+"""Reads a GGUF file written by `moe-convert export-gguf` with the `gguf` package (llama.cpp's own
+reader, from PyPI) and checks it against the checkpoint it came from, read with h5py: every key
+this script expects with its value, no other tensor than expected, every tensor's shape and type,
+and every tensor's bytes equal to what the package itself encodes from the checkpoint's values
+(f16, bf16, and Q8_0 with the package's own quantiser: the layout is llama.cpp's to the byte).
+The name table and the q/k row permutation are written here from llama.cpp's conventions, not
+shared with the exporter.
+Usage: gguf_readback.py CHECKPOINT.h5 MODEL.gguf TYPE   (TYPE: f32, f16, bf16, q8_0)"""
+import json
+import sys
+
+import gguf
+import h5py
+import numpy as np
+
+ckpt_path, gguf_path, type_name = sys.argv[1:4]
+QT = gguf.GGMLQuantizationType
+want_type = {"f32": QT.F32, "f16": QT.F16, "bf16": QT.BF16, "q8_0": QT.Q8_0}[type_name]
+failures = []
+
+
+def fail(msg):
+    failures.append(msg)
+
+
+with h5py.File(ckpt_path, "r") as f:
+    config = json.loads(f.attrs["model_config"])
+    params = {name: np.asarray(f["params"][name][()], dtype=np.float32) for name in f["params"]}
+
+D, H, F, L = config["d_model"], config["heads"], config["d_ff"], config["layers"]
+KV = config.get("kv_heads") or H
+hd = D // H
+E = config["experts_per_layer"][0]
+V = config["vocab_size"]
+
+reader = gguf.GGUFReader(gguf_path)
+fields = {name: field for name, field in reader.fields.items() if not name.startswith("GGUF.")}
+
+
+def value(key):
+    field = fields.get(key)
+    if field is None:
+        fail(f"key {key} missing")
+        return None
+    return field.contents()
+
+
+expected_keys = {
+    "general.architecture": "llama",
+    "llama.embedding_length": D,
+    "llama.block_count": L,
+    "llama.feed_forward_length": F,
+    "llama.attention.head_count": H,
+    "llama.attention.head_count_kv": KV,
+    "llama.rope.dimension_count": hd,
+    "llama.expert_count": E,
+    "llama.expert_used_count": config["top_k"],
+    "llama.context_length": config["seq"],
+    "llama.vocab_size": V,
+    "tokenizer.ggml.model": "gpt2",
+    "general.file_type": {"f32": 0, "f16": 1, "q8_0": 7, "bf16": 32}[type_name],
+}
+for key, want in expected_keys.items():
+    got = value(key)
+    if got != want:
+        fail(f"{key} = {got!r}, expected {want!r}")
+for key, want in (("llama.rope.freq_base", config["rope_theta"]),
+                  ("llama.attention.layer_norm_rms_epsilon", config["norm_eps"])):
+    got = value(key)
+    if got is None or np.float32(got) != np.float32(want):
+        fail(f"{key} = {got!r}, expected {want!r}")
+tokens = value("tokenizer.ggml.tokens")
+# GPT-2's byte alphabet, written here from its definition: printable bytes are themselves.
+if tokens is None or len(tokens) != V or tokens[ord("a")] != "a" or tokens[ord(" ")] != "\u0120":
+    fail(f"tokenizer.ggml.tokens: {None if tokens is None else tokens[:40]!r}")
+elif len(set(tokens)) != V:
+    fail("tokenizer.ggml.tokens: not all distinct")
+if value("tokenizer.ggml.merges") != []:
+    fail("tokenizer.ggml.merges is not an empty list")
+if json.loads(value("moe.model_config"))["d_model"] != D:
+    fail("moe.model_config does not hold the model's config")
+
+
+def rope_permuted(w, heads):
+    # llama.cpp rotates adjacent pairs; our rows pair (i, i + hd/2): row 2i + j <- row j*hd/2 + i.
+    return w.reshape(heads, 2, hd // 2, -1).swapaxes(1, 2).reshape(w.shape)
+
+
+expected = {"token_embd.weight": (params["embed.tokens"], True),
+            "output.weight": (params["lm_head.weight"], True),
+            "output_norm.weight": (params["final_norm.weight"], False)}
+for i in range(L):
+    b, blk = f"blocks.{i}.", f"blk.{i}."
+    expected.update({
+        blk + "attn_norm.weight": (params[b + "norm1.weight"], False),
+        blk + "ffn_norm.weight": (params[b + "norm2.weight"], False),
+        blk + "attn_q.weight": (rope_permuted(params[b + "attn.q.weight"], H), True),
+        blk + "attn_k.weight": (rope_permuted(params[b + "attn.k.weight"], KV), True),
+        blk + "attn_v.weight": (params[b + "attn.v.weight"], True),
+        blk + "attn_output.weight": (params[b + "attn.o.weight"], True),
+        blk + "ffn_gate_inp.weight": (params[b + "moe.router.weight"], False),
+        blk + "ffn_gate_exps.weight": (params[b + "moe.experts.w1"], True),
+        blk + "ffn_down_exps.weight": (params[b + "moe.experts.w2"], True),
+        blk + "ffn_up_exps.weight": (params[b + "moe.experts.w3"], True),
+    })
+
+seen = set()
+for t in reader.tensors:
+    seen.add(t.name)
+    if t.name not in expected:
+        fail(f"unexpected tensor {t.name}")
+        continue
+    values, matrix = expected[t.name]
+    if list(t.shape) != list(reversed(values.shape)):
+        fail(f"{t.name}: shape {list(t.shape)}, expected {list(reversed(values.shape))}")
+        continue
+    qtype = want_type if matrix else QT.F32
+    if qtype == QT.Q8_0 and values.shape[-1] % 32 != 0:
+        qtype = QT.F16
+    if t.tensor_type != qtype:
+        fail(f"{t.name}: type {t.tensor_type.name}, expected {qtype.name}")
+        continue
+    want_bytes = gguf.quants.quantize(values, qtype).tobytes()
+    if t.data.tobytes() != want_bytes:
+        fail(f"{t.name}: bytes differ from gguf's own {qtype.name} encoding")
+    back = gguf.quants.dequantize(t.data, qtype).reshape(values.shape)
+    if qtype == QT.F32 and not np.array_equal(back, values):
+        fail(f"{t.name}: f32 values differ")
+missing = set(expected) - seen
+if missing:
+    fail(f"tensors missing: {sorted(missing)}")
+
+for msg in failures:
+    print("FAIL:", msg)
+print(f"{gguf_path}: {len(reader.tensors)} tensors, {len(fields)} keys read by gguf; "
+      f"{len(failures)} failures")
+sys.exit(1 if failures else 0)

@@ -1,0 +1,46 @@
+#!/bin/sh
+# moe-convert export-gguf, read back by an independent reader: a tiny mixtral model trained on a
+# real corpus, exported as f32, f16, bf16 and q8_0, each file read by the `gguf` Python package
+# (llama.cpp's own reader; scripts/setup installs it in /opt/moe-python) and checked against the
+# checkpoint by gguf_readback.py (every key, every tensor's shape, type and bytes). An existing
+# output is refused without --force. Exits 77 (skipped) where the package is not installed.
+# Usage: gguf_readback.sh MOE_TRAIN MOE_CONVERT CORPUS
+set -u
+train=$1 convert=$2 corpus=$3
+python=${MOE_GGUF_PYTHON:-/opt/moe-python/bin/python}
+here=$(dirname "$0")
+fail() { echo "FAIL: $*"; exit 1; }
+if ! "$python" -c 'import gguf, h5py, numpy' 2>/dev/null; then
+  echo "skipped: $python cannot import gguf, h5py and numpy (scripts/setup installs them)"
+  exit 77
+fi
+work=$(mktemp -d) || exit 1
+trap 'rm -rf "$work"' EXIT
+
+"$train" --data "$corpus" --out "$work/run" --arch mixtral --layers 2 --moe-every 1 --d-model 64 --heads 4 \
+  --kv-heads 2 --d-ff 96 --experts 4 --top-k 2 --batch 2 --seq 32 --steps 3 --eval-every 0 \
+  --threads 1 -q > /dev/null 2> "$work/train.err" || fail "moe-train: $(cat "$work/train.err")"
+ckpt=$work/run/last.h5
+[ -f "$ckpt" ] || fail "no last.h5 under $work/run: $(ls "$work/run")"
+
+for type in f32 f16 bf16 q8_0; do
+  "$convert" export-gguf "$ckpt" -o "$work/model-$type.gguf" --type "$type" -q 2> "$work/err" ||
+    fail "export-gguf --type $type: $(cat "$work/err")"
+  "$python" "$here/gguf_readback.py" "$ckpt" "$work/model-$type.gguf" "$type" || fail "read-back of $type"
+done
+# The checkpoint's own dtype (f32) is the default type.
+"$convert" export-gguf "$ckpt" -o "$work/default.gguf" -q 2> "$work/err" || fail "default: $(cat "$work/err")"
+cmp -s "$work/default.gguf" "$work/model-f32.gguf" || fail "the default type is not the checkpoint's f32"
+# An existing output is kept unless --force.
+"$convert" export-gguf "$ckpt" -o "$work/model-f16.gguf" --type q8_0 -q 2> "$work/err"
+rc=$?
+[ "$rc" -ne 0 ] || fail "an existing output was overwritten without --force"
+grep -q -- "--force" "$work/err" || fail "the refusal does not mention --force: $(cat "$work/err")"
+"$python" "$here/gguf_readback.py" "$ckpt" "$work/model-f16.gguf" f16 > /dev/null || fail "the refused export changed the file"
+# A type llama.cpp has but we do not write is a usage error (exit 2) naming the flag.
+"$convert" export-gguf "$ckpt" -o "$work/q4.gguf" --type q4_0 2> "$work/err"
+rc=$?
+[ "$rc" -eq 2 ] || fail "--type q4_0: exit $rc, expected 2"
+grep -q -- "--type" "$work/err" || fail "--type q4_0: $(cat "$work/err")"
+[ ! -e "$work/q4.gguf" ] || fail "--type q4_0 wrote a file"
+echo "ok"
