@@ -4,6 +4,12 @@ find_package(HDF5 REQUIRED COMPONENTS C)
 find_package(CLI11 CONFIG REQUIRED)
 find_package(nlohmann_json 3.10 CONFIG REQUIRED)
 find_package(tomlplusplus 3 CONFIG REQUIRED)  # --tasks files (libmoe/src/train/tasks.cpp)
+# Tokenizers (libmoe/src/io/tokenizer*.cpp): PCRE2 runs tokenizer.json's pre-tokenizer
+# expressions, ICU its NFC normaliser, libsentencepiece reads tokenizer.model.
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(MOE_PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+pkg_check_modules(MOE_SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)
+find_package(ICU REQUIRED COMPONENTS uc)
 
 # One gemm entry point (libmoe/src/backend/cpu/gemm.cpp); OpenBLAS by default, any CBLAS otherwise.
 # Debian's OpenMP build of OpenBLAS is preferred: it shares libgomp's thread pool with our OpenMP

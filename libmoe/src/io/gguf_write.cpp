@@ -15,6 +15,7 @@
 #include "moe/error.h"
 #include "moe/io/atomic_file.h"
 #include "moe/io/gguf.h"
+#include "moe/io/tokenizer.h"
 #include "moe/models/config.h"
 #include "moe/version.h"
 
@@ -82,29 +83,6 @@ class Header {
   std::string bytes_;
   uint64_t keys_ = 0;
 };
-
-// GPT-2's byte-level alphabet: the printable bytes stand for themselves as code points, the
-// others (controls, space, ...) for 256 + their rank among them; as UTF-8. llama.cpp's "gpt2"
-// tokenizer maps these characters back to bytes, so token b is byte b.
-std::string byte_token(int byte) {
-  auto printable = [](int b) {
-    return (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
-  };
-  int code = byte;
-  if (!printable(byte)) {
-    code = 256;
-    for (int b = 0; b < byte; ++b)
-      if (!printable(b)) ++code;
-  }
-  std::string s;
-  if (code < 0x80) {
-    s += static_cast<char>(code);
-  } else {
-    s += static_cast<char>(0xc0 | (code >> 6));
-    s += static_cast<char>(0x80 | (code & 0x3f));
-  }
-  return s;
-}
 
 // llama.cpp's file types (general.file_type) for the matrices' type.
 uint32_t file_type(GgufType t) {
@@ -314,7 +292,8 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
   // The byte-level vocabulary: token b is byte b, no merges, no BOS; token 0 (NUL, which text
   // never holds) is named the end of text so that llama.cpp has one.
   std::vector<std::string> tokens;
-  for (int b = 0; b < kByteVocabSize; ++b) tokens.push_back(byte_token(b));
+  for (int b = 0; b < kByteVocabSize; ++b)
+    tokens.push_back(byte_level_char(static_cast<uint8_t>(b)));
   h.kv_string("tokenizer.ggml.model", "gpt2");
   h.kv_string("tokenizer.ggml.pre", "default");
   h.kv_strings("tokenizer.ggml.tokens", tokens);
