@@ -18,7 +18,9 @@
 #include "moe/infer/generate.h"
 #include "moe/infer/prompts.h"
 #include "moe/infer/score.h"
+#include "moe/io/checkpoint_dir.h"
 #include "moe/io/dataset.h"
+#include "moe/io/tokenizer.h"
 #include "moe/log.h"
 #include "moe/timer.h"
 
@@ -30,7 +32,7 @@ namespace {
 struct Options {
   tools::CommonOptions common;
   std::string model, data, data_format = "auto", prompts, out = "-", budget, popularity,
-                           device = "cpu", summary, truncate = "none";
+                           device = "cpu", summary, truncate = "none", tokenizer;
   int64_t batch = 8, max_sequences = 0, ep = 1;
   infer::SamplingConfig sampling;
 };
@@ -53,6 +55,24 @@ std::unique_ptr<infer::Engine> open_engine(const Options& o,
   options.ep = o.ep;
   options.popularity = o.popularity;
   return infer::Engine::open(options, std::move(world));
+}
+
+// --tokenizer PATH, else the one stored in the checkpoint (import-hf keeps it), else none (a
+// byte-level model reads text as bytes). One with more tokens than the model is refused.
+std::unique_ptr<io::Tokenizer> open_tokenizer(const Options& o, const ModelConfig& mc) {
+  std::unique_ptr<io::Tokenizer> tok;
+  if (!o.tokenizer.empty()) {
+    tok = io::load_tokenizer(o.tokenizer);
+  } else {
+    const std::string file = io::checkpoint_files({o.model}).at(0);
+    io::StoredTokenizer stored = io::read_tokenizer(file);
+    if (stored.empty()) return nullptr;
+    tok = io::tokenizer_from_bytes(stored.file, std::move(stored.bytes), file);
+  }
+  MOE_USAGE_CHECK(tok->vocab_size() <= mc.vocab_size, "--tokenizer: ", tok->describe(),
+                  " has more tokens than the model's vocabulary (", mc.vocab_size, ")");
+  MOE_LOG_INFO("tokenizer: ", tok->describe(), o.tokenizer.empty() ? " (stored in the model)" : "");
+  return tok;
 }
 
 // Rank 0: batch latency percentiles and, with --popularity, per-layer rank load with and without
@@ -113,8 +133,10 @@ int score(Options& o, std::unique_ptr<comm::Communicator> world) {
   callbacks.progress = [&](int64_t done, int64_t total) {
     meter.update(str("score ", done, "/", total, " sequences"), done, total, done * seq);
   };
+  const std::unique_ptr<io::Tokenizer> tokenizer = open_tokenizer(o, e.config());
   const infer::ScoreSummary summary = infer::score(
-      e, infer::ScoreOptions{o.data, o.data_format, o.batch, o.max_sequences}, callbacks);
+      e, infer::ScoreOptions{o.data, o.data_format, o.batch, o.max_sequences, tokenizer.get()},
+      callbacks);
   progress.finish();
   if (!out) return 0;
   out->close();
@@ -147,11 +169,13 @@ int score(Options& o, std::unique_ptr<comm::Communicator> world) {
 
 using infer::Prompt;
 
-std::vector<Prompt> read_prompts(const Options& o, const ModelConfig& mc) {
-  if (o.prompts == "-") return infer::read_prompts(std::cin, o.prompts, o.sampling, mc.vocab_size);
+std::vector<Prompt> read_prompts(const Options& o, const ModelConfig& mc,
+                                 const io::Tokenizer* tokenizer) {
+  if (o.prompts == "-")
+    return infer::read_prompts(std::cin, o.prompts, o.sampling, mc.vocab_size, tokenizer);
   std::ifstream file(o.prompts);
   if (!file) throw Error(str("prompt file '", o.prompts, "': cannot open"));
-  return infer::read_prompts(file, o.prompts, o.sampling, mc.vocab_size);
+  return infer::read_prompts(file, o.prompts, o.sampling, mc.vocab_size, tokenizer);
 }
 
 // --stop's escapes, as llama.cpp's: \n \r \t \\ \" \' (a stop at a newline is the common case,
@@ -203,7 +227,9 @@ int generate(Options& o, std::unique_ptr<comm::Communicator> world) {
   const infer::Engine& e = *engine;
   const ModelConfig& mc = e.config();
   for (std::string& stop : o.sampling.stop) stop = unescape(stop);  // the prompts' defaults
-  std::vector<Prompt> prompts = read_prompts(o, mc);
+  const std::unique_ptr<io::Tokenizer> tokenizer = open_tokenizer(o, mc);
+  o.sampling.tokenizer = tokenizer.get();
+  std::vector<Prompt> prompts = read_prompts(o, mc, tokenizer.get());
   fit_prompts(prompts, o, mc.seq);
   // Prompts with the same sampling settings are generated together; outputs keep input order.
   auto key = [](const infer::SamplingConfig& s) {
@@ -235,7 +261,10 @@ int generate(Options& o, std::unique_ptr<comm::Communicator> world) {
            {"finish_reason", g.finish_reason()}};
     if (g.stop == "stop") j["stop_string"] = g.stop_text;
     if (o.truncate == "left") j["prompt_tokens_dropped"] = prompts[i].truncated;
-    if (mc.vocab_size <= io::kByteVocab) {
+    if (tokenizer) {
+      j["prompt"] = tokenizer->decode(prompts[i].tokens);
+      j["completion"] = g.text;
+    } else if (mc.vocab_size <= io::kByteVocab) {
       j["prompt"] = io::detokenize_bytes(prompts[i].tokens);
       j["completion"] = io::detokenize_bytes(g.tokens);
     } else {
@@ -266,6 +295,10 @@ void add_engine_options(CLI::App* sub, Options& o) {
                   "the rest streams from the checkpoint through a ring of slots");
   sub->add_option("-o,--out", o.out, "JSON lines to PATH ('-' = stdout)")->capture_default_str();
   tools::add_device_option(*sub, o.device, "where the model runs");
+  sub->add_option("--tokenizer", o.tokenizer,
+                  "tokenizer.json or tokenizer.model (or a model directory holding one) for text "
+                  "data and prompts; default: the one stored in the checkpoint (import-hf keeps "
+                  "it), else text is read as bytes (byte-level models)");
 }
 
 }  // namespace

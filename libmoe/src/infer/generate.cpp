@@ -28,9 +28,10 @@ void check_inputs(const Transformer& model, const std::vector<std::vector<int32_
                   " must be >= -1 (-1 = the whole sequence, 0 = off)");
   const int64_t seq = model.config().seq, vocab = model.config().vocab_size;
   for (const std::string& stop : s.stop) MOE_USAGE_CHECK(!stop.empty(), "a stop string is empty");
-  MOE_USAGE_CHECK(s.stop.empty() || vocab <= io::kByteVocab,
+  MOE_USAGE_CHECK(s.stop.empty() || s.tokenizer || vocab <= io::kByteVocab,
                   "stop strings need a byte-level model (vocabulary <= ", io::kByteVocab,
-                  "); this one has ", vocab, " tokens and no decoding to match them in");
+                  ") or a tokenizer; this one has ", vocab,
+                  " tokens and no decoding to match them in");
   for (size_t p = 0; p < prompts.size(); ++p) {
     const auto& prompt = prompts[p];
     const int64_t n = static_cast<int64_t>(prompt.size());
@@ -213,10 +214,29 @@ std::vector<Generation> generate(const Transformer& model,
         Generation& g = out[static_cast<size_t>(first + slot)];
         g.tokens.push_back(next[static_cast<size_t>(r)]);
         StopMatcher& stop = stops[static_cast<size_t>(slot)];
-        const char byte = static_cast<char>(next[static_cast<size_t>(r)]);  // byte-level: checked
+        const io::Tokenizer* tok = sampling.tokenizer;
+        if (tok && next[static_cast<size_t>(r)] == tok->eos_id()) {
+          g.tokens.pop_back();  // the end-of-text token itself is not output
+          g.text = tok->decode(g.tokens);
+          g.stop = "eos";
+          continue;
+        }
+        bool stopped = false;
+        if (tok) {
+          // The decoding of every new token so far; its growth is fed to the stop matcher.
+          const std::string text = tok->decode(g.tokens);
+          const size_t fed = g.text.size();
+          g.text = text;
+          if (!sampling.stop.empty())
+            stopped = stop.feed(text.size() > fed ? std::string_view(text).substr(fed) : "");
+          if (stopped) g.text.resize(stop.cut());
+        } else if (!sampling.stop.empty()) {
+          const char byte = static_cast<char>(next[static_cast<size_t>(r)]);  // byte-level
+          stopped = stop.feed(std::string_view(&byte, 1));
+          if (stopped) g.tokens.resize(stop.cut());  // one token per byte: it starts at a token
+        }
         // Tokens of the sequence: those cached plus the one just drawn.
-        if (!sampling.stop.empty() && stop.feed(std::string_view(&byte, 1))) {
-          g.tokens.resize(stop.cut());  // one token per byte: the stop text starts at a token
+        if (stopped) {
           g.stop = "stop";
           g.stop_text = stop.matched();
         } else if (static_cast<int64_t>(g.tokens.size()) >= sampling.max_new) {

@@ -62,7 +62,13 @@ std::vector<std::string> stop_field(const json& value) {
 }  // namespace
 
 std::vector<Prompt> read_prompts(std::istream& in, const std::string& name,
-                                 const SamplingConfig& defaults, int64_t vocab_size) {
+                                 const SamplingConfig& defaults, int64_t vocab_size,
+                                 const io::Tokenizer* tokenizer) {
+  // Text by the tokenizer (with its special tokens: a generation continues a whole text), else
+  // byte by byte.
+  auto encode = [tokenizer](const std::string& text) {
+    return tokenizer ? tokenizer->encode(text, true) : io::tokenize_bytes(text);
+  };
   std::vector<Prompt> prompts;
   std::string line;
   for (int64_t number = 1; std::getline(in, line); ++number) {
@@ -94,7 +100,7 @@ std::vector<Prompt> read_prompts(std::istream& in, const std::string& name,
                 static_cast<int32_t>(integer_field(id, "tokens", 0, vocab_size - 1)));
         } else {
           p.text = j.at("prompt").get<std::string>();
-          p.tokens = io::tokenize_bytes(p.text);
+          p.tokens = encode(p.text);
         }
         if (j.contains("max_new"))
           p.sampling.max_new = integer_field(j["max_new"], "max_new", 0, INT32_MAX);
@@ -116,12 +122,12 @@ std::vector<Prompt> read_prompts(std::istream& in, const std::string& name,
         throw Error(str(name, ":", number, ": ", e.what()));
       }
     } else {
-      if (vocab_size < io::kByteVocab)
+      if (!tokenizer && vocab_size < io::kByteVocab)
         throw Error(str(name, ":", number,
                         ": a text prompt needs a byte-level model "
-                        "(vocabulary >= 256); give {\"tokens\": [...]}"));
+                        "(vocabulary >= 256) or a tokenizer; give {\"tokens\": [...]}"));
       p.text = line;
-      p.tokens = io::tokenize_bytes(line);
+      p.tokens = encode(line);
     }
     if (p.tokens.empty()) throw Error(str(name, ":", number, ": empty prompt"));
     prompts.push_back(std::move(p));

@@ -30,7 +30,14 @@ void windows_of(const std::vector<int32_t>& tokens, int64_t seq, int64_t first, 
 ScoreSummary score(const Engine& e, const ScoreOptions& o, const ScoreCallbacks& callbacks) {
   const ModelConfig& mc = e.config();
   const int R = e.ranks(), r = e.rank();
-  std::vector<int32_t> tokens = io::load_tokens(o.data, io::parse_token_format(o.data_format));
+  const io::TokenFormat format =
+      io::resolve_token_format(o.data, io::parse_token_format(o.data_format));
+  std::vector<int32_t> tokens;
+  if (format == io::TokenFormat::text && o.tokenizer) {
+    tokens = o.tokenizer->encode(io::read_text_file(o.data));
+  } else {
+    tokens = io::load_tokens(o.data, format);
+  }
   io::check_tokens_fit(tokens, mc.vocab_size, o.data);
   if (static_cast<int64_t>(tokens.size()) < mc.seq + 1)
     throw Error(str(o.data, ": ", tokens.size(), " tokens, fewer than one sequence of ", mc.seq + 1,

@@ -18,6 +18,7 @@
 #include "io/files.h"
 #include "moe/io/atomic_file.h"
 #include "moe/io/hdf5.h"
+#include "moe/io/tokenizer.h"
 #include "moe/log.h"
 #include "moe/timer.h"
 #include "moe/version.h"
@@ -69,6 +70,22 @@ void write_tensors(hid_t file, const char* group_name, const std::vector<NamedTe
   group.close(where);
 }
 
+}  // namespace
+
+void write_stored_tokenizer(hid_t file, const StoredTokenizer& tokenizer, const h5::Where& root) {
+  if (tokenizer.empty()) return;
+  MOE_CHECK(tokenizer.file == kTokenizerJson || tokenizer.file == kTokenizerModel, root.describe(),
+            ": tokenizer file '", tokenizer.file, "' is not ", kTokenizerJson, " or ",
+            kTokenizerModel);
+  h5::Group group = h5::create_group(file, "tokenizer", root);
+  Tensor bytes = Tensor::empty({static_cast<int64_t>(tokenizer.bytes.size())}, DType::u8);
+  if (!tokenizer.bytes.empty())
+    std::memcpy(bytes.raw(), tokenizer.bytes.data(), tokenizer.bytes.size());
+  h5::write_tensor(group, tokenizer.file, bytes, false, root.at("/tokenizer"));
+}
+
+namespace {
+
 void write_file(const std::string& file_path, const Checkpoint& ckpt, const SaveOptions& options) {
   Where root{file_path, "/"};
   MOE_CHECK(ckpt.sharding.world_size >= 1 && ckpt.sharding.ep_size >= 1, root.describe(),
@@ -110,6 +127,7 @@ void write_file(const std::string& file_path, const Checkpoint& ckpt, const Save
                          H5T_STD_U8LE);
     }
   }
+  write_stored_tokenizer(file, ckpt.tokenizer, root);
   MOE_H5(root, H5Fflush(file, H5F_SCOPE_GLOBAL));
   file.close(root);  // a failure to close (the last metadata write) is a failed save
 }
@@ -283,6 +301,24 @@ void save_checkpoint(const std::string& path, const Checkpoint& ckpt, const Save
 
 namespace {
 
+// /tokenizer: one u8 dataset named for its file (tokenizer.json or tokenizer.model), or nothing.
+StoredTokenizer read_stored_tokenizer(hid_t file, const Where& root) {
+  StoredTokenizer t;
+  if (!h5::has_link(file, "tokenizer", root)) return t;
+  h5::Group group = h5::open_group(file, "tokenizer", root);
+  const Where w = root.at("/tokenizer");
+  const std::vector<std::string> names = h5::list_links(group, w);
+  MOE_CHECK(names.size() == 1 && (names[0] == kTokenizerJson || names[0] == kTokenizerModel),
+            w.describe(), ": expected one dataset, ", kTokenizerJson, " or ", kTokenizerModel,
+            "; found ", names.size(), names.empty() ? "" : str(" ('", names[0], "'...)"));
+  const Tensor bytes = h5::read_tensor(group, names[0], w);
+  MOE_CHECK(bytes.dtype() == DType::u8 && bytes.ndim() == 1, w.describe(), "/", names[0], ": ",
+            bytes.describe(), " is not a byte string (u8, one dimension)");
+  t.file = names[0];
+  t.bytes.assign(static_cast<const char*>(bytes.raw()), static_cast<size_t>(bytes.numel()));
+  return t;
+}
+
 Checkpoint load_opened(const Opened& c, bool with_optim, const StreamFilter* stream = nullptr,
                        const std::shared_ptr<SharedFile>& shared = nullptr) {
   const Where& root = c.root;
@@ -328,6 +364,7 @@ Checkpoint load_opened(const Opened& c, bool with_optim, const StreamFilter* str
                           h5::read_int_attr(sharding, "shard_embedding", w) != 0;
     }
   }
+  ckpt.tokenizer = read_stored_tokenizer(c.file, root);
   return ckpt;
 }
 
@@ -405,6 +442,12 @@ nlohmann::json read_model_config(const std::string& path) {
   h5::Session session;
   Opened c = open_checkpoint(path);
   return read_json_attr(c.file, "model_config", c.root);
+}
+
+StoredTokenizer read_tokenizer(const std::string& path) {
+  h5::Session session;
+  Opened c = open_checkpoint(path);
+  return read_stored_tokenizer(c.file, c.root);
 }
 
 Tensor read_param(const std::string& path, const std::string& name) {

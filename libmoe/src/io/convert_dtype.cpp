@@ -83,6 +83,7 @@ Checkpoint freeze(const Checkpoint& in) {
   out.state = in.state;
   out.state.data_cursor = 0;
   out.sharding = Sharding{};
+  out.tokenizer = in.tokenizer;
   // Each block's expert tensors right after the first of them: a layer's experts are one extent.
   std::vector<const NamedTensor*> order;
   std::set<const NamedTensor*> placed;

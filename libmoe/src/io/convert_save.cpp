@@ -207,6 +207,7 @@ void write_streaming_file(const std::string& file_path, const Checkpoint& ckpt,
     h5::write_int_attr(sharding, "ep_size", ckpt.sharding.ep_size, w, H5T_STD_I32LE);
     h5::write_int32_array_attr(sharding, "expert_rank", ckpt.sharding.expert_rank, w);
   }
+  write_stored_tokenizer(file, ckpt.tokenizer, root);
   MOE_H5(root, H5Fflush(file, H5F_SCOPE_GLOBAL));
   file.close(root);
 }

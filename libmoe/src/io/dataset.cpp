@@ -108,6 +108,12 @@ TokenFormat resolve_token_format(const std::string& path, TokenFormat format) {
   return TokenFormat::text;
 }
 
+std::string read_text_file(const std::string& path) {
+  const std::vector<unsigned char> bytes = read_bytes(path);
+  if (bytes.empty()) throw Error(str("text file '", path, "': empty file, no text"));
+  return std::string(bytes.begin(), bytes.end());
+}
+
 std::vector<int32_t> load_tokens(const std::string& path, TokenFormat format) {
   Timer timer;
   format = resolve_token_format(path, format);

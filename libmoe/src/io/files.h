@@ -14,6 +14,10 @@ namespace moe::io {
 void write_producer_attrs(hid_t file, const char* format, int version, const Provenance& p,
                           const h5::Where& root);
 
+// /tokenizer/<file>: the tokenizer's bytes as one u8 dataset (nothing when it is empty); every
+// checkpoint writer calls this (io/checkpoint.cpp, io/convert_save.cpp).
+void write_stored_tokenizer(hid_t file, const StoredTokenizer& tokenizer, const h5::Where& root);
+
 // fsync a file, or a directory after a rename in it (file systems that cannot fsync a directory
 // are tolerated: the rename has happened). Throws moe::Error naming the path.
 void fsync_path(const std::string& path, bool directory);

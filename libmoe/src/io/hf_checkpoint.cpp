@@ -20,6 +20,7 @@
 #include "moe/error.h"
 #include "moe/io/finite.h"
 #include "moe/io/safetensors.h"
+#include "moe/io/tokenizer.h"
 #include "moe/models/config.h"
 #include "moe/version.h"
 
@@ -579,6 +580,35 @@ Checkpoint import_hf(const std::string& dir, bool allow_unmapped, HfImportReport
   return import_hf(dir, options, report);
 }
 
+namespace {
+
+// The directory's tokenizer (tokenizer.model preferred, else tokenizer.json), kept verbatim when
+// we can run it; one we cannot (another model type, normaliser, ...) is left out with a note, as
+// the model itself still scores token files. A tokenizer with more tokens than the model's
+// vocabulary would give ids the model has no row for: left out too, with a note.
+StoredTokenizer import_tokenizer(const std::string& dir, int64_t vocab, HfImportReport& rep) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(fs::path(dir) / kTokenizerModel, ec) &&
+      !fs::exists(fs::path(dir) / kTokenizerJson, ec))
+    return {};
+  try {
+    const std::unique_ptr<Tokenizer> tok = load_tokenizer(dir);
+    if (tok->vocab_size() > vocab) {
+      rep.notes.push_back(str("tokenizer left out: ", tok->describe(), " has more tokens than the ",
+                              "model's vocabulary (", vocab, ")"));
+      return {};
+    }
+    rep.notes.push_back(str("tokenizer kept: ", tok->describe()));
+    return {tok->file_name(), tok->file_bytes()};
+  } catch (const Error& e) {
+    rep.notes.push_back(str("tokenizer left out: ", e.what()));
+    return {};
+  }
+}
+
+}  // namespace
+
 Checkpoint import_hf(const std::string& dir, const HfImportOptions& options,
                      HfImportReport* report) {
   HfImportReport local;
@@ -618,6 +648,7 @@ Checkpoint import_hf(const std::string& dir, const HfImportOptions& options,
     ckpt.provenance =
         Provenance{"libmoe import_hf", version(), git_revision(), "", utc_timestamp()};
   if (ckpt.provenance.time.empty()) ckpt.provenance.time = utc_timestamp();
+  ckpt.tokenizer = import_tokenizer(dir, mc.vocab_size, rep);
   return ckpt;
 }
 

@@ -140,6 +140,9 @@ void export_hf(const Checkpoint& ckpt, const std::string& dir) {
       {"moe.producer", str("libmoe ", version(), " (git ", git_revision(), ")")}};
   write_safetensors(join_path(dir, kSingleFile), out, metadata);
   write_text_atomic(join_path(dir, kConfigFile), config.dump(2) + "\n");
+  // The tokenizer an import kept goes back out beside the model, verbatim.
+  if (!ckpt.tokenizer.empty())
+    write_text_atomic(join_path(dir, ckpt.tokenizer.file), ckpt.tokenizer.bytes);
   fsync_path(dir, true);
 }
 

@@ -360,6 +360,7 @@ Checkpoint merge_shards(std::vector<Checkpoint> shards, const std::vector<std::s
   out.params = merge_group(false);
   out.optim = merge_group(true);
   out.sharding = Sharding{};
+  out.tokenizer = head.tokenizer;
   return out;
 }
 
@@ -440,6 +441,7 @@ std::vector<Checkpoint> partition(const Checkpoint& whole, const PartitionOption
     set_train_layout(c.train_config, N, options.shard_embedding);
     c.provenance = whole.provenance;
     c.state = whole.state;
+    c.tokenizer = whole.tokenizer;
     c.sharding.world_size = N;
     c.sharding.ep_size = N;
     c.sharding.rank = r;

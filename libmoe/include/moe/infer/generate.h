@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "moe/io/tokenizer.h"
 #include "moe/models/transformer.h"
 
 namespace moe::infer {
@@ -25,21 +26,29 @@ struct SamplingConfig {
   // sequence (prompt included) are divided by repeat_penalty when positive, multiplied when not.
   double repeat_penalty = 1.0;  // 1: off (the logits are not touched)
   int64_t repeat_last_n = 64;   // 0: off; -1: the whole sequence
-  // Generation ends when the byte-level decoding of the new tokens contains one of these; the
-  // output stops before it. Byte-level models only (vocabulary <= 256: token t is byte t).
+  // Generation ends when the decoding of the new tokens contains one of these; the output stops
+  // before it. The decoding is the tokenizer's, or without one byte-level (vocabulary <= 256:
+  // token t is byte t; other models need a tokenizer for stop strings).
   std::vector<std::string> stop = {};  // "= {}": brace-initialised configs may leave it out
+  // The model's tokenizer (may be null): decodes for stop strings and Generation::text, and its
+  // end-of-text token (Tokenizer::eos_id) ends a generation.
+  const io::Tokenizer* tokenizer = nullptr;
 };
 
 struct Generation {
-  // The new tokens; with a stop string, those before it (it starts at a token: one byte each).
+  // The new tokens. With a stop string: byte-level, those before it (it starts at a token: one
+  // byte each); with a tokenizer, through the token that completed it (text is cut before it).
+  // The end-of-text token is not included.
   std::vector<int32_t> tokens;
+  std::string text;  // with a tokenizer: the decoded new tokens, cut before a stop string
   // "max_new" (max_new tokens generated; also when the context fills at the same token),
-  // "context" (prompt + new tokens reached the model's context length config().seq), or "stop"
-  // (a stop string appeared; it wins over the other two at the same token).
+  // "context" (prompt + new tokens reached the model's context length config().seq), "stop"
+  // (a stop string appeared; it wins over the other two at the same token), or "eos" (the
+  // tokenizer's end-of-text token was drawn).
   std::string stop;
   std::string stop_text;  // the stop string that ended it ("stop" only)
   // OpenAI's and llama.cpp's name for why it ended: "stop" (a stop string) or "length".
-  const char* finish_reason() const { return stop == "stop" ? "stop" : "length"; }
+  const char* finish_reason() const { return stop == "stop" || stop == "eos" ? "stop" : "length"; }
 };
 
 // Generates for every prompt, `batch` prompts at a time (prompts of different lengths share a

@@ -22,9 +22,9 @@ struct LoadedModel {
 };
 
 // Reads `path` (a checkpoint file, a run directory's newest checkpoint, or a sharded checkpoint
-// directory written by moe-train --ep or moe-convert partition) and builds its model. With `experts` false the expert tensors are not read; they keep their
-// initial values until something replaces them (or, with nn::Parallel::expert_store, a store
-// holds them: see load_ring_model).
+// directory written by moe-train --ep or moe-convert partition) and builds its model. With
+// `experts` false the expert tensors are not read; they keep their initial values until something
+// replaces them (or, with nn::Parallel::expert_store, a store holds them: see load_ring_model).
 // Throws moe::Error naming the file for a missing/damaged file or a tensor that does not fit.
 // With `parallel` (expert parallelism: nn::Parallel::experts set), this rank's experts are read
 // one chunk each (io::read_expert) into its slices of the expert tensors; with a placement policy

@@ -1,4 +1,5 @@
-// Prompt files for moe-infer generate: one prompt per line, either plain text (byte tokens) or a
+// Prompt files for moe-infer generate: one prompt per line, either plain text (encoded by the
+// model's tokenizer with its special tokens, e.g. a BOS; without one, byte tokens) or a
 // JSON object {"prompt": "..."} or {"tokens": [ids]}, with optional per-prompt sampling settings
 // "max_new", "temperature", "top_k", "top_p", "repeat_penalty", "repeat_last_n" and "stop" (a
 // string or a list of strings, replacing the default stop strings) overriding the defaults
@@ -25,8 +26,9 @@ struct Prompt {
 // Reads every line of `in`; `name` stands for the file in messages ("<name>:<line>: ...").
 // A trailing '\r' is dropped. Errors (moe::Error): a line that starts with '{' but is not a valid
 // prompt object, a text prompt for a model whose vocabulary is below 256 (not byte-level), an
-// empty prompt, or no prompt at all.
+// empty prompt, or no prompt at all. `tokenizer` (may be null) encodes text prompts.
 std::vector<Prompt> read_prompts(std::istream& in, const std::string& name,
-                                 const SamplingConfig& defaults, int64_t vocab_size);
+                                 const SamplingConfig& defaults, int64_t vocab_size,
+                                 const io::Tokenizer* tokenizer = nullptr);
 
 }  // namespace moe::infer

@@ -72,6 +72,14 @@ struct Sharding {
   bool shard_embedding = false;
 };
 
+// A tokenizer travelling with the model (import-hf keeps the source directory's): its file name
+// (tokenizer.json or tokenizer.model, moe/io/tokenizer.h) and bytes, verbatim. Empty: none (a
+// byte-level model needs none).
+struct StoredTokenizer {
+  std::string file, bytes;
+  bool empty() const { return file.empty(); }
+};
+
 struct Checkpoint {
   nlohmann::json model_config, train_config;  // stored as JSON string attributes
   Provenance provenance;
@@ -79,6 +87,7 @@ struct Checkpoint {
   std::vector<NamedTensor> optim;   // fp32 optimizer state, any names; stored under /optim
   TrainState state;
   Sharding sharding;
+  StoredTokenizer tokenizer;  // /tokenizer/<file>
 };
 
 inline constexpr int kCheckpointVersion = 1;
@@ -116,6 +125,8 @@ void check_params_match(const ParamSet& params, const std::vector<NamedTensor>& 
                         const std::string& source);
 
 nlohmann::json read_model_config(const std::string& path);
+// The tokenizer stored in a checkpoint file (empty when it holds none); nothing else is read.
+StoredTokenizer read_tokenizer(const std::string& path);
 // One tensor of /params.
 Tensor read_param(const std::string& path, const std::string& name);
 // One expert's slice [...rest] of an expert tensor of /params, reading only that chunk.

@@ -40,6 +40,8 @@ FileFingerprint fingerprint_file(const std::string& path);
 // a u32 id above INT32_MAX -> moe::Error naming the path and the cause.
 std::vector<int32_t> load_tokens(const std::string& path,
                                  TokenFormat format = TokenFormat::automatic);
+// A text file's bytes (for a tokenizer to encode); errors as load_tokens's ("-": stdin).
+std::string read_text_file(const std::string& path);
 // Every token id below `vocab`, else moe::Error "<path>: token i is X, outside the model's
 // vocabulary of V" (files read for an existing model).
 void check_tokens_fit(const std::vector<int32_t>& tokens, int64_t vocab, const std::string& path);
