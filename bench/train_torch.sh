@@ -72,5 +72,19 @@ for r in $(seq 1 "$rounds"); do
   printf '%-6s %14.0f %14.0f %8.2f\n' "$r" "$moe" "$torch" "$ratio"
 done
 echo "# median ratio: $("$python" -c "import statistics; print(round(statistics.median([${ratios[*]// /,}]), 2))")"
-echo "# moe-train step breakdown (last round, -v):"
-grep 'time per step' "$work/moe.log" | tail -1 | sed 's/^ */# /'
+# Where moe-train's timed steps went (its -v breakdown, --metrics step_breakdown), last round:
+# each part's median over the steps (a step the OS preempted adds its stall to one part; the
+# median leaves such outliers out, so the parts need not add up to the median step exactly).
+"$python" - "$work/metrics.jsonl" "$warmup" <<'EOF'
+import json, statistics, sys
+lines = [j for j in map(json.loads, open(sys.argv[1]))
+         if "step_breakdown" in j and j["step"] > int(sys.argv[2])]
+parts = {k: statistics.median(j["step_breakdown"][k] for j in lines)
+         for k in lines[0]["step_breakdown"]}
+total = sum(parts.values())
+print(f"# moe-train step breakdown (last round, median of {len(lines)} steps per part, "
+      f"sum {total:.4f} s):")
+print("# " + " | ".join(f"{k} {v:.4f} s {100 * v / total:.0f}%"
+                        for k, v in sorted(parts.items(), key=lambda kv: -kv[1])
+                        if v >= 0.005 * total))
+EOF
