@@ -71,7 +71,8 @@ for r in $(seq 1 "$rounds"); do
   ratios+=("$ratio")
   printf '%-6s %14.0f %14.0f %8.2f\n' "$r" "$moe" "$torch" "$ratio"
 done
-echo "# median ratio: $("$python" -c "import statistics; print(round(statistics.median([${ratios[*]// /,}]), 2))")"
+joined=$(IFS=,; echo "${ratios[*]}")
+echo "# median ratio: $("$python" -c "import statistics; print(round(statistics.median([$joined]), 2))")"
 # Where moe-train's timed steps went (its -v breakdown, --metrics step_breakdown), last round:
 # each part's median over the steps (a step the OS preempted adds its stall to one part; the
 # median leaves such outliers out, so the parts need not add up to the median step exactly).
