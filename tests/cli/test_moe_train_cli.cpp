@@ -121,6 +121,37 @@ TEST_CASE("cli: --metrics writes JSON lines with the contract's keys", "[cli]") 
   REQUIRE(lines[1]["step"] == 4);
 }
 
+TEST_CASE("cli: -v prints where the steps' time goes, and --metrics gets it per step", "[cli]") {
+  test::ScratchDir dir("cli-breakdown");
+  const std::string base = "--data " + test::fortunes_path("linux") + kTiny + " --steps 4" +
+                           " --log-every 2 --eval-every 0 --metrics - --out ";
+  auto plain = run_command(train(base + (dir / "plain")));
+  INFO(plain.err);
+  REQUIRE(plain.exit_code == 0);
+  CHECK(plain.err.find("time per step") == std::string::npos);
+  CHECK(plain.out.find("step_breakdown") == std::string::npos);
+  auto r = run_command(train(base + (dir / "loud") + " -v"));
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  // Lines at steps 1, 2 and 4: the step since the first line, then 2 steps each.
+  CHECK(r.err.find("time per step (1 step): ") != std::string::npos);
+  CHECK(r.err.find("time per step (2 steps): ") != std::string::npos);
+  CHECK(r.err.find("gemm ") != std::string::npos);
+  nlohmann::json last =
+      nlohmann::json::parse(r.out.substr(r.out.rfind('\n', r.out.size() - 2) + 1));
+  REQUIRE(last.contains("step_breakdown"));
+  double sum = 0;
+  for (const char* part : {"gemm", "attention", "elementwise", "router", "dispatch", "loss",
+                           "optimizer", "memory", "comm", "other"}) {
+    INFO(part);
+    REQUIRE(last["step_breakdown"].contains(part));
+    sum += last["step_breakdown"][part].get<double>();
+  }
+  CHECK(last["step_breakdown"]["gemm"].get<double>() > 0);
+  CHECK(sum > 0);
+  CHECK(sum <= 1.0 / last["tokens_per_s"].get<double>() * 4 * 16 * 1.01);  // the step's seconds
+}
+
 TEST_CASE("cli: resuming from a checkpoint continues exactly", "[cli]") {
   test::ScratchDir a("cli-resume-a"), b("cli-resume-b");
   std::string data = " --data " + test::fortunes_path("linux");

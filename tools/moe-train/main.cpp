@@ -13,6 +13,7 @@
 #include "moe/io/output.h"
 #include "moe/log.h"
 #include "moe/profile/record.h"
+#include "moe/step_breakdown.h"
 #include "moe/threads.h"
 #include "moe/train/offload_report.h"
 #include "moe/train/resume.h"
@@ -214,6 +215,12 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
     trace = std::make_unique<io::TraceWriter>(o.trace, trace_info);
   }
   tools::Progress progress(o.common.quiet);
+  // -v: where each step's time goes (moe/step_breakdown.h), summed over the steps since the last
+  // printed line and printed as seconds per step and shares under it.
+  const bool breakdown = o.common.verbose > 0 && lead;
+  trainer.record_breakdown(breakdown);
+  StepBreakdown breakdown_sum;
+  int64_t breakdown_steps = 0;
 
   train::RunLoop::Hooks hooks;
   hooks.stop = [&] { return stop_agreed(world); };
@@ -246,10 +253,21 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
     for (const train::TaskStepStats& t : s.tasks)
       text += str(" | ", t.name, " ", tools::fixed(t.loss), " ",
                   tools::fixed(double(t.samples) / std::max(s.seconds, 1e-9), 1), "/s");
+    if (breakdown) {
+      breakdown_sum += s.breakdown;
+      ++breakdown_steps;
+    }
     if (r.line)
       progress.line(text);
     else
       progress.live(text);
+    if (r.line && breakdown_steps > 0) {
+      progress.line(str("  time per step (", breakdown_steps,
+                        breakdown_steps > 1 ? " steps" : " step",
+                        "): ", breakdown_sum.describe(static_cast<double>(breakdown_steps))));
+      breakdown_sum = {};
+      breakdown_steps = 0;
+    }
     for (const train::Replan& replan : s.replans) {  // every replan, whatever --log-every
       progress.line(str("step ", s.step, ": ", train::describe(replan),
                         measured_text(s, trainer.model_config(), replan.block)));
@@ -284,6 +302,13 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
       if (trainer.expert_store()) {
         j["expert_wait_seconds"] = r.stats.expert_wait_seconds;
         j["expert_load_seconds"] = r.stats.expert_load_seconds;
+      }
+      if (!r.stats.breakdown.empty()) {  // -v: this step's seconds by kind of work
+        json parts = json::object();
+        for (int i = 0; i < kStepParts; ++i)
+          parts[step_part_name(static_cast<StepPart>(i))] =
+              r.stats.breakdown.seconds[static_cast<size_t>(i)];
+        j["step_breakdown"] = parts;
       }
       if (!r.stats.tasks.empty()) {
         json tasks = json::object();

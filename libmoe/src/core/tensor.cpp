@@ -4,6 +4,7 @@
 
 #include "core/backend.h"
 #include "moe/cuda.h"
+#include "moe/step_breakdown.h"
 
 namespace moe {
 
@@ -24,6 +25,7 @@ int64_t shape_numel(const Shape& shape) {
 }
 
 Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
+  const PartScope part(StepPart::memory);
   for (int64_t d : shape)
     MOE_CHECK(d >= 0, "tensor: negative dimension in shape ", shape_str(shape));
   MOE_CHECK(backend_available(device.kind), "tensor: no backend for ", device.str(), ": ",
@@ -148,6 +150,7 @@ Tensor Tensor::clone() const {
 }
 
 void Tensor::copy_from(const Tensor& other) {
+  const PartScope part(StepPart::memory);
   MOE_CHECK(other.shape_ == shape_, "copy into ", describe(), " from ", other.describe(),
             ": shapes differ");
   if (other.dtype_ == dtype_) {
@@ -175,9 +178,15 @@ std::vector<float> Tensor::to_vector() const {
   return std::vector<float>(p, p + numel());
 }
 
-void Tensor::fill(float value) { backend_for(device_).memory.fill(*this, value); }
+void Tensor::fill(float value) {
+  const PartScope part(StepPart::memory);
+  backend_for(device_).memory.fill(*this, value);
+}
 
-void Tensor::zero() { backend_for(device_).memory.zero(*this); }
+void Tensor::zero() {
+  const PartScope part(StepPart::memory);
+  backend_for(device_).memory.zero(*this);
+}
 
 void Tensor::expect_shape(const Shape& expected, const char* what) const {
   if (shape_ != expected)

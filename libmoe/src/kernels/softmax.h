@@ -8,12 +8,11 @@ namespace moe::kernels {
 MOE_HD float softmax_row(const float* x, float* out, int64_t n) {
   float m = x[0];
   for (int64_t j = 1; j < n; ++j) m = x[j] > m ? x[j] : m;
+  // The exponentials first, then their sum in index order: the first loop has no carried
+  // dependence, so the CPU build vectorises it (libmvec's expf, backend/cpu/vector_math.h).
+  for (int64_t j = 0; j < n; ++j) out[j] = expf(x[j] - m);
   float s = 0.0f;
-  for (int64_t j = 0; j < n; ++j) {
-    float e = expf(x[j] - m);
-    out[j] = e;
-    s += e;
-  }
+  for (int64_t j = 0; j < n; ++j) s += out[j];
   float inv = 1.0f / s;
   for (int64_t j = 0; j < n; ++j) out[j] *= inv;
   return m + logf(s);

@@ -3,6 +3,7 @@
 #include "core/backend.h"
 #include "moe/ops/core.h"
 #include "moe/ops/dense.h"
+#include "moe/step_breakdown.h"
 
 namespace moe::ops {
 
@@ -16,6 +17,7 @@ void check_same(const Tensor& a, const Tensor& b, const char* what) {
 }  // namespace
 
 void bias_add(Tensor& y, const Tensor& bias) {
+  const PartScope part(StepPart::elementwise);
   const Device device = require_backend("bias_add", {&y, &bias});
   MOE_CHECK(y.ndim() == 2, "bias_add: ", y.describe(), " is not 2-D [N,C]");
   y.expect_dtype(DType::f32, "bias_add output");
@@ -26,6 +28,7 @@ void bias_add(Tensor& y, const Tensor& bias) {
 }
 
 void bias_grad(const Tensor& dy, Tensor& dbias) {
+  const PartScope part(StepPart::elementwise);
   const Device device = require_backend("bias_grad", {&dy, &dbias});
   MOE_CHECK(dy.ndim() == 2, "bias_grad: ", dy.describe(), " is not 2-D [N,C]");
   dy.expect_dtype(DType::f32, "bias_grad dy");
@@ -36,6 +39,7 @@ void bias_grad(const Tensor& dy, Tensor& dbias) {
 }
 
 void gelu_forward(const Tensor& x, Tensor& y) {
+  const PartScope part(StepPart::elementwise);
   const Device device = require_backend("gelu_forward", {&x, &y});
   x.expect_dtype(DType::f32, "gelu_forward input");
   check_same(x, y, "gelu_forward output");
@@ -43,6 +47,7 @@ void gelu_forward(const Tensor& x, Tensor& y) {
 }
 
 void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
+  const PartScope part(StepPart::elementwise);
   const Device device = require_backend("gelu_backward", {&dy, &x, &dx});
   x.expect_dtype(DType::f32, "gelu_backward input");
   check_same(x, dy, "gelu_backward dy");
@@ -51,6 +56,7 @@ void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
 }
 
 void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& y) {
+  const PartScope part(StepPart::elementwise);
   const Device device = require_backend("swiglu_forward", {&gate, &up, &y});
   gate.expect_dtype(DType::f32, "swiglu_forward gate");
   check_same(gate, up, "swiglu_forward up");
@@ -60,6 +66,7 @@ void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& y) {
 
 void swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up, Tensor& dgate,
                      Tensor& dup) {
+  const PartScope part(StepPart::elementwise);
   const Device device = require_backend("swiglu_backward", {&dy, &gate, &up, &dgate, &dup});
   gate.expect_dtype(DType::f32, "swiglu_backward gate");
   check_same(gate, up, "swiglu_backward up");

@@ -4,6 +4,7 @@
 #include "core/backend.h"
 #include "moe/ops/core.h"
 #include "moe/ops/dense.h"
+#include "moe/step_breakdown.h"
 
 namespace moe::ops {
 
@@ -28,6 +29,7 @@ void check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionShape& s,
                        Tensor& probs, Tensor& ctx) {
+  const PartScope part(StepPart::attention);
   const Device device = require_backend("attention_forward", {&q, &k, &v, &probs, &ctx});
   check_attention("attention_forward", q, k, v, s);
   probs.expect_shape({s.batch, s.heads, s.seq, s.seq}, "attention_forward probs");
@@ -40,6 +42,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
 void attention_forward_cached(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                               int64_t heads, int64_t kv_heads, const CachedRows& rows,
                               Tensor& ctx) {
+  const PartScope part(StepPart::attention);
   const char* op = "attention_forward_cached";
   const Device device = require_backend(op, {&q, &k_cache, &v_cache, &ctx});
   MOE_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && k_cache.ndim() == 3 &&
@@ -63,6 +66,7 @@ void attention_forward_cached(const Tensor& q, const Tensor& k_cache, const Tens
 void attention_backward(const Tensor& dctx, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& probs, const AttentionShape& s, Tensor& dq, Tensor& dk,
                         Tensor& dv) {
+  const PartScope part(StepPart::attention);
   const Device device =
       require_backend("attention_backward", {&dctx, &q, &k, &v, &probs, &dq, &dk, &dv});
   check_attention("attention_backward", q, k, v, s);

@@ -3,6 +3,7 @@
 #include "moe/ops/core.h"
 
 #include "core/backend.h"
+#include "moe/step_breakdown.h"
 
 namespace moe::ops {
 
@@ -24,6 +25,7 @@ Device require_backend(const char* op, std::initializer_list<const Tensor*> tens
 
 void gemm(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, Tensor& c,
           float alpha, float beta) {
+  const PartScope part(StepPart::gemm);
   const Device device = require_backend("gemm", {&a, &b, &c});
   MOE_CHECK(a.ndim() == 2 && b.ndim() == 2 && c.ndim() == 2, "gemm: 2-D operands expected, got ",
             a.describe(), ", ", b.describe(), ", ", c.describe());
@@ -41,6 +43,7 @@ void gemm(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, 
 }
 
 void axpy(float alpha, const Tensor& x, Tensor& y) {
+  const PartScope part(StepPart::elementwise);
   const Device device = require_backend("axpy", {&x, &y});
   MOE_CHECK(x.shape() == y.shape(), "axpy: ", x.describe(), " vs ", y.describe());
   x.expect_dtype(DType::f32, "axpy x");
@@ -49,12 +52,14 @@ void axpy(float alpha, const Tensor& x, Tensor& y) {
 }
 
 void scale(Tensor& x, float alpha) {
+  const PartScope part(StepPart::elementwise);
   const Device device = require_backend("scale", {&x});
   x.expect_dtype(DType::f32, "scale");
   backend_for(device).core.scale(x, alpha);
 }
 
 void round_to_dtype(Tensor& x, DType dtype) {
+  const PartScope part(StepPart::elementwise);
   const Device device = require_backend("round_to_dtype", {&x});
   if (dtype == DType::f32) return;
   x.expect_dtype(DType::f32, "round_to_dtype");
@@ -62,6 +67,7 @@ void round_to_dtype(Tensor& x, DType dtype) {
 }
 
 double sum_squares(const Tensor& x) {
+  const PartScope part(StepPart::optimizer);
   const Device device = require_backend("sum_squares", {&x});
   x.expect_dtype(DType::f32, "sum_squares");
   return backend_for(device).core.sum_squares(x);

@@ -4,12 +4,14 @@
 #include "core/backend.h"
 #include "moe/ops/core.h"
 #include "moe/ops/dense.h"
+#include "moe/step_breakdown.h"
 #include "ops/targets.h"
 
 namespace moe::ops {
 
 double cross_entropy(const Tensor& logits, const Tensor& targets, float scale, Tensor* dlogits,
                      Tensor* row_nll) {
+  const PartScope part(StepPart::loss);
   const Device device = require_backend("cross_entropy", {&logits, &targets, dlogits, row_nll});
   MOE_CHECK(logits.ndim() == 2, "cross_entropy: logits ", logits.describe(), " are not 2-D [N,V]");
   logits.expect_dtype(DType::f32, "cross_entropy logits");

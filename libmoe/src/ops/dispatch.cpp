@@ -6,6 +6,7 @@
 #include "core/backend.h"
 #include "moe/ops/core.h"
 #include "moe/ops/moe.h"
+#include "moe/step_breakdown.h"
 
 namespace moe::ops {
 namespace {
@@ -82,6 +83,7 @@ int64_t DispatchPlan::dropped() const { return num_tokens * top_k - num_slots();
 
 DispatchPlan build_routing(const Tensor& topk_idx, const Tensor& topk_weight, int64_t num_experts,
                            int64_t capacity) {
+  const PartScope part(StepPart::dispatch);
   const Device device = require_backend("make_plan", {&topk_idx, &topk_weight});
   MOE_CHECK(topk_idx.ndim() == 2, "make_plan: [N,k] expert ids expected, got ",
             topk_idx.describe());
@@ -109,6 +111,7 @@ DispatchPlan build_routing(const Tensor& topk_idx, const Tensor& topk_weight, in
 }
 
 void gather_rows(const Tensor& x, const Tensor& token_of_slot, Tensor& x_perm) {
+  const PartScope part(StepPart::dispatch);
   const Device device = require_backend("dispatch", {&x, &token_of_slot, &x_perm});
   x.expect_dtype(DType::f32, "dispatch x");
   MOE_CHECK(x.ndim() == 2, "dispatch: [N,D] input expected, got ", x.describe());
@@ -120,6 +123,7 @@ void gather_rows(const Tensor& x, const Tensor& token_of_slot, Tensor& x_perm) {
 
 void combine_rows(const Tensor& rows, const Tensor& slot_of, const Tensor& weight_of_slot,
                   int64_t top_k, Tensor& y) {
+  const PartScope part(StepPart::dispatch);
   const Device device = require_backend("combine", {&rows, &slot_of, &weight_of_slot, &y});
   rows.expect_dtype(DType::f32, "combine rows");
   MOE_CHECK(rows.ndim() == 2, "combine: [M,D] rows expected, got ", rows.describe());
@@ -134,6 +138,7 @@ void combine_rows(const Tensor& rows, const Tensor& slot_of, const Tensor& weigh
 
 void combine_rows_backward(const Tensor& dy, const Tensor& y_perm, const Tensor& token_of_slot,
                            const Tensor& weight_of_slot, Tensor& dy_perm, Tensor& dweight_of_slot) {
+  const PartScope part(StepPart::dispatch);
   const Device device =
       require_backend("combine_backward",
                       {&dy, &y_perm, &token_of_slot, &weight_of_slot, &dy_perm, &dweight_of_slot});
@@ -150,6 +155,7 @@ void combine_rows_backward(const Tensor& dy, const Tensor& y_perm, const Tensor&
 }
 
 void slot_to_choice(const Tensor& dweight_of_slot, const Tensor& slot_of, Tensor& dtopk_weight) {
+  const PartScope part(StepPart::dispatch);
   const Device device =
       require_backend("slot_to_choice", {&dweight_of_slot, &slot_of, &dtopk_weight});
   dweight_of_slot.expect_dtype(DType::f32, "slot_to_choice dweight_of_slot");

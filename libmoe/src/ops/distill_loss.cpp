@@ -8,6 +8,7 @@
 #include "core/backend.h"
 #include "moe/ops/core.h"
 #include "moe/ops/distill.h"
+#include "moe/step_breakdown.h"
 #include "ops/targets.h"
 
 namespace moe::ops {
@@ -15,6 +16,7 @@ namespace moe::ops {
 DistillLossValue distill_loss(const Tensor& student, const Tensor& teacher, const Tensor& targets,
                               float temperature, float ce_weight, float kd_weight, Tensor* dlogits,
                               float scale) {
+  const PartScope part(StepPart::loss);
   const Device device = require_backend("distill_loss", {&student, &teacher, &targets, dlogits});
   MOE_CHECK(student.ndim() == 2, "distill_loss: student logits ", student.describe(),
             " are not 2-D [N,V]");

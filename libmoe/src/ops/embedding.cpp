@@ -3,6 +3,7 @@
 #include "core/backend.h"
 #include "moe/ops/core.h"
 #include "moe/ops/dense.h"
+#include "moe/step_breakdown.h"
 
 namespace moe::ops {
 
@@ -21,6 +22,7 @@ void check_ids(const Tensor& host_ids, const Tensor& ids, const Tensor& table, c
 }  // namespace
 
 void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out) {
+  const PartScope part(StepPart::elementwise);
   const Device device = require_backend("embedding_forward", {&table, &ids, &out});
   MOE_CHECK(table.ndim() == 2, "embedding_forward: table ", table.describe(), " is not 2-D");
   table.expect_dtype(DType::f32, "embedding_forward table");
@@ -32,6 +34,7 @@ void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out) {
 }
 
 void embedding_backward(const Tensor& dy, const Tensor& ids, Tensor& table_grad) {
+  const PartScope part(StepPart::elementwise);
   const Device device = require_backend("embedding_backward", {&dy, &ids, &table_grad});
   MOE_CHECK(table_grad.ndim() == 2, "embedding_backward: gradient ", table_grad.describe(),
             " is not 2-D");

@@ -6,6 +6,7 @@
 #include "core/backend.h"
 #include "moe/ops/core.h"
 #include "moe/ops/moe.h"
+#include "moe/step_breakdown.h"
 
 namespace moe::ops {
 namespace {
@@ -25,6 +26,7 @@ void check_offsets(const char* op, const std::vector<int32_t>& offsets, int64_t 
 
 void grouped_gemm(const Tensor& a, const Tensor& w, bool transpose_w,
                   const std::vector<int32_t>& offsets, Tensor& c, float beta) {
+  const PartScope part(StepPart::gemm);
   const Device device = require_backend("grouped_gemm", {&a, &w, &c});
   a.expect_dtype(DType::f32, "grouped_gemm A");
   w.expect_dtype(DType::f32, "grouped_gemm W");
@@ -43,6 +45,7 @@ void grouped_gemm(const Tensor& a, const Tensor& w, bool transpose_w,
 
 void grouped_gemm_weight_grad(const Tensor& dy, const Tensor& x,
                               const std::vector<int32_t>& offsets, Tensor& dw) {
+  const PartScope part(StepPart::gemm);
   const Device device = require_backend("grouped_gemm_weight_grad", {&dy, &x, &dw});
   dy.expect_dtype(DType::f32, "grouped_gemm_weight_grad dY");
   x.expect_dtype(DType::f32, "grouped_gemm_weight_grad X");
@@ -60,6 +63,7 @@ void grouped_gemm_weight_grad(const Tensor& dy, const Tensor& x,
 
 void expert_activation(Tensor& h, const Tensor& h3, const Tensor& bias,
                        const std::vector<int32_t>& offsets, Activation activation, Tensor& a) {
+  const PartScope part(StepPart::elementwise);
   const Device device = require_backend("expert_activation", {&h, &h3, &bias, &a});
   h.expect_dtype(DType::f32, "expert_activation h");
   MOE_CHECK(h.ndim() == 2, "expert_activation: [M,F] expected, got ", h.describe());
@@ -74,6 +78,7 @@ void expert_activation(Tensor& h, const Tensor& h3, const Tensor& bias,
 
 void expert_activation_backward(const Tensor& da, const Tensor& h, const Tensor& h3,
                                 Activation activation, Tensor& dh, Tensor& dh3) {
+  const PartScope part(StepPart::elementwise);
   const Device device = require_backend("expert_activation_backward", {&da, &h, &h3, &dh, &dh3});
   da.expect_dtype(DType::f32, "expert_activation_backward da");
   MOE_CHECK(da.ndim() == 2, "expert_activation_backward: [M,F] expected, got ", da.describe());
@@ -87,6 +92,7 @@ void expert_activation_backward(const Tensor& da, const Tensor& h, const Tensor&
 }
 
 void grouped_add_bias(Tensor& y, const Tensor& bias, const std::vector<int32_t>& offsets) {
+  const PartScope part(StepPart::elementwise);
   const Device device = require_backend("grouped_add_bias", {&y, &bias});
   y.expect_dtype(DType::f32, "grouped_add_bias y");
   MOE_CHECK(y.ndim() == 2, "grouped_add_bias: [M,D] expected, got ", y.describe());
@@ -98,6 +104,7 @@ void grouped_add_bias(Tensor& y, const Tensor& bias, const std::vector<int32_t>&
 }
 
 void grouped_bias_grad(const Tensor& dy, const std::vector<int32_t>& offsets, Tensor& dbias) {
+  const PartScope part(StepPart::elementwise);
   const Device device = require_backend("grouped_bias_grad", {&dy, &dbias});
   dy.expect_dtype(DType::f32, "grouped_bias_grad dy");
   MOE_CHECK(dy.ndim() == 2, "grouped_bias_grad: [M,D] expected, got ", dy.describe());

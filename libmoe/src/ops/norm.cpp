@@ -3,6 +3,7 @@
 #include "core/backend.h"
 #include "moe/ops/core.h"
 #include "moe/ops/dense.h"
+#include "moe/step_breakdown.h"
 
 namespace moe::ops {
 
@@ -23,6 +24,7 @@ void check_f32(const Tensor& t, const Shape& shape, const char* what) {
 
 void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
                        Tensor& y, Tensor* mean, Tensor* rstd) {
+  const PartScope part(StepPart::elementwise);
   const Device device = require_backend("layernorm_forward", {&x, &weight, &bias, &y, mean, rstd});
   const int64_t n = check_rows(x, "layernorm_forward"), d = x.dim(1);
   check_f32(weight, {d}, "layernorm_forward weight");
@@ -35,6 +37,7 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
 
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor* dbias) {
+  const PartScope part(StepPart::elementwise);
   const Device device =
       require_backend("layernorm_backward", {&dy, &x, &weight, &mean, &rstd, &dx, &dweight, dbias});
   const int64_t n = check_rows(x, "layernorm_backward"), d = x.dim(1);
@@ -49,6 +52,7 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
 }
 
 void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, Tensor& y, Tensor* rstd) {
+  const PartScope part(StepPart::elementwise);
   const Device device = require_backend("rmsnorm_forward", {&x, &weight, &y, rstd});
   const int64_t n = check_rows(x, "rmsnorm_forward"), d = x.dim(1);
   check_f32(weight, {d}, "rmsnorm_forward weight");
@@ -59,6 +63,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, Tensor& y
 
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
                       Tensor& dx, Tensor& dweight) {
+  const PartScope part(StepPart::elementwise);
   const Device device =
       require_backend("rmsnorm_backward", {&dy, &x, &weight, &rstd, &dx, &dweight});
   const int64_t n = check_rows(x, "rmsnorm_backward"), d = x.dim(1);

@@ -3,6 +3,7 @@
 
 #include "core/backend.h"
 #include "moe/ops/core.h"
+#include "moe/step_breakdown.h"
 
 namespace moe::ops {
 namespace {
@@ -21,6 +22,7 @@ void check_adamw(const char* op, const Tensor& master, const Tensor& m, const Te
 
 void adamw_update(Tensor& master, Tensor& m, Tensor& v, const Tensor& grad,
                   const kernels::AdamWScalars& scalars) {
+  const PartScope part(StepPart::optimizer);
   const Device device = require_backend("adamw", {&master, &m, &v, &grad});
   check_adamw("adamw", master, m, v, grad);
   backend_for(device).optim.adamw_update(master, m, v, grad, scalars);
@@ -28,6 +30,7 @@ void adamw_update(Tensor& master, Tensor& m, Tensor& v, const Tensor& grad,
 
 void adamw_update_rounded(Tensor& master, Tensor& m, Tensor& v, const Tensor& grad,
                           const kernels::AdamWScalars& scalars, Tensor& value, Tensor* compute) {
+  const PartScope part(StepPart::optimizer);
   const Device device = require_backend("adamw", {&master, &m, &v, &grad, &value, compute});
   check_adamw("adamw", master, m, v, grad);
   MOE_CHECK(value.dtype() == DType::bf16 || value.dtype() == DType::f16,

@@ -3,6 +3,7 @@
 #include "core/backend.h"
 #include "moe/ops/core.h"
 #include "moe/ops/dense.h"
+#include "moe/step_breakdown.h"
 
 namespace moe::ops {
 
@@ -29,11 +30,13 @@ void rope_apply(const char* op, const Tensor& x, int64_t batch, int64_t seq, int
 
 void rope_forward(const Tensor& x, int64_t batch, int64_t seq, int64_t heads, float theta,
                   Tensor& y, int64_t position_offset) {
+  const PartScope part(StepPart::elementwise);
   rope_apply("rope_forward", x, batch, seq, heads, theta, y, position_offset, false);
 }
 
 void rope_backward(const Tensor& dy, int64_t batch, int64_t seq, int64_t heads, float theta,
                    Tensor& dx, int64_t position_offset) {
+  const PartScope part(StepPart::elementwise);
   rope_apply("rope_backward", dy, batch, seq, heads, theta, dx, position_offset, true);
 }
 

@@ -8,11 +8,13 @@
 #include "core/backend.h"
 #include "moe/ops/core.h"
 #include "moe/ops/moe.h"
+#include "moe/step_breakdown.h"
 
 namespace moe::ops {
 
 void router_jitter(const Tensor& x, float jitter, uint64_t key, Tensor& noise, Tensor& routed,
                    int64_t first_row) {
+  const PartScope part(StepPart::router);
   const Device device = require_backend("router_jitter", {&x, &noise, &routed});
   x.expect_dtype(DType::f32, "router_jitter x");
   MOE_CHECK(x.ndim() == 2, "router_jitter: 2-D input expected, got ", x.describe());
@@ -23,6 +25,7 @@ void router_jitter(const Tensor& x, float jitter, uint64_t key, Tensor& noise, T
 }
 
 void router_jitter_backward(const Tensor& noise, Tensor& dx) {
+  const PartScope part(StepPart::router);
   const Device device = require_backend("router_jitter_backward", {&noise, &dx});
   noise.expect_dtype(DType::f32, "router_jitter_backward noise");
   dx.expect_shape(noise.shape(), "router_jitter_backward dx");
@@ -30,6 +33,7 @@ void router_jitter_backward(const Tensor& noise, Tensor& dx) {
 }
 
 void router_softmax(const Tensor& logits, Tensor& probs, Tensor& lse) {
+  const PartScope part(StepPart::router);
   const Device device = require_backend("router_softmax", {&logits, &probs, &lse});
   logits.expect_dtype(DType::f32, "router_softmax logits");
   MOE_CHECK(logits.ndim() == 2 && logits.dim(1) > 0, "router_softmax: [N,E] logits expected, got ",
@@ -42,6 +46,7 @@ void router_softmax(const Tensor& logits, Tensor& probs, Tensor& lse) {
 
 void router_topk(const Tensor& probs, int64_t k, bool normalize, Tensor& topk_idx,
                  Tensor& topk_weight) {
+  const PartScope part(StepPart::router);
   const Device device = require_backend("router_topk", {&probs, &topk_idx, &topk_weight});
   probs.expect_dtype(DType::f32, "router_topk probs");
   MOE_CHECK(probs.ndim() == 2, "router_topk: [N,E] probabilities expected, got ", probs.describe());
@@ -55,6 +60,7 @@ void router_topk(const Tensor& probs, int64_t k, bool normalize, Tensor& topk_id
 }
 
 std::vector<int64_t> router_load(const Tensor& topk_idx, int64_t num_experts) {
+  const PartScope part(StepPart::router);
   [[maybe_unused]] const Device device = require_backend("router_load", {&topk_idx});
   topk_idx.expect_dtype(DType::i32, "router_load idx");
   // Device ids: counted on the host from a copy (N*k ids), exactly as below.
@@ -71,6 +77,7 @@ std::vector<int64_t> router_load(const Tensor& topk_idx, int64_t num_experts) {
 
 double router_aux_loss(const Tensor& probs, const std::vector<int64_t>& load, int64_t load_tokens,
                        int64_t top_k) {
+  const PartScope part(StepPart::router);
   [[maybe_unused]] const Device device = require_backend("router_aux_loss", {&probs});
   probs.expect_dtype(DType::f32, "router_aux_loss probs");
   // Device probabilities: the fixed-order fp64 sums run on the host from a copy.
@@ -93,6 +100,7 @@ double router_aux_loss(const Tensor& probs, const std::vector<int64_t>& load, in
 }
 
 double router_z_loss(const Tensor& lse) {
+  const PartScope part(StepPart::router);
   [[maybe_unused]] const Device device = require_backend("router_z_loss", {&lse});
   lse.expect_dtype(DType::f32, "router_z_loss lse");
   // Device lse: the fixed-order fp64 sum runs on the host from a copy.
@@ -108,6 +116,7 @@ double router_z_loss(const Tensor& lse) {
 void router_backward(const Tensor& probs, const Tensor& lse, const Tensor& topk_idx,
                      const Tensor& dtopk_weight, bool normalize, const std::vector<int64_t>& load,
                      int64_t load_tokens, float aux_scale, float z_scale, Tensor& dlogits) {
+  const PartScope part(StepPart::router);
   const Device device =
       require_backend("router_backward", {&probs, &lse, &topk_idx, &dtopk_weight, &dlogits});
   probs.expect_dtype(DType::f32, "router_backward probs");

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "moe/cuda.h"
@@ -354,6 +355,8 @@ static void accumulate(ForwardStats& step, ForwardStats&& f, int64_t index, int6
 StepStats Trainer::step(bool capture_routing) {
   Timer timer;
   StepStats s;
+  std::optional<StepRecording> recording;
+  if (record_breakdown_) recording.emplace(s.breakdown);
   const ModelConfig& mc = model_->config();
   MOE_CHECK(!store_ || store_->config().device == params_->device(),
             "the expert store computes on ", store_ ? store_->config().device.str() : std::string(),
@@ -470,6 +473,7 @@ StepStats Trainer::step(bool capture_routing) {
     s.forward.z_loss *= task_batch.loss_scale;
   }
   if (world_size() > 1) {
+    const PartScope part(StepPart::comm);
     Timer sync;
     if (!layout_->scheduler()) grad_sync_->pack(params_->all());
     grad_sync_->finish(*params_);
@@ -481,6 +485,7 @@ StepStats Trainer::step(bool capture_routing) {
   if (tasks_) s.tasks = tasks_->finish_step(world_size() > 1 ? world_ : nullptr);
   MOE_CHECK(std::isfinite(s.forward.total), "step ", step_, ": loss is ", s.forward.total,
             " (diverged; try a lower --lr or --clip)");
+  std::optional<PartScope> optimizer_part(std::in_place, StepPart::optimizer);
   if (store_) store_->complete_gradients();
   optim::OffloadedSquareSum offloaded;
   if (store_) offloaded = [this](const Param& p) { return store_->grad_square_sum(p); };
@@ -516,6 +521,7 @@ StepStats Trainer::step(bool capture_routing) {
                            ", after the update (the run diverged; nothing saved: "
                            "try a lower --lr or --clip)"),
                        p->name, p->value);
+  optimizer_part.reset();
   s.tokens = train_.batch * mc.seq;
   tokens_seen_ += s.tokens;
   s.step = step_;
@@ -533,6 +539,7 @@ StepStats Trainer::step(bool capture_routing) {
   }
   s.dropped_fraction =
       assignments ? static_cast<double>(dropped) / static_cast<double>(assignments) : 0;
+  recording.reset();  // before the clock stops: the parts then sum to at most `seconds`
   s.seconds = timer.seconds();
   return s;
 }

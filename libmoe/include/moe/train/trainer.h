@@ -20,6 +20,7 @@
 #include "moe/parallel/layout.h"
 #include "moe/parallel/zero.h"
 #include "moe/parallel/zero_prefetch.h"
+#include "moe/step_breakdown.h"
 #include "moe/train/placement.h"
 #include "moe/train/tasks.h"
 
@@ -139,6 +140,9 @@ struct StepStats {
   // step(true) only: this rank's token ids of the step ([B/W * T]); forward.moe[i].choices/gates
   // hold their routing (routing traces).
   std::vector<int32_t> token_ids;
+  // With record_breakdown(true): the step's wall time by kind of work (moe/step_breakdown.h),
+  // summing to `seconds` up to the clock reads around it; all zero otherwise.
+  StepBreakdown breakdown;
 };
 
 class Trainer {
@@ -181,6 +185,9 @@ class Trainer {
   // routing the sums / concatenation of the micro-batches'. capture_routing: also record every
   // token's experts (moe-train --trace).
   StepStats step(bool capture_routing = false);
+  // Time each step by kind of work into StepStats::breakdown (moe-train -v). Off by default; the
+  // scopes then cost a thread-local load and a branch per op.
+  void record_breakdown(bool on) { record_breakdown_ = on; }
   double evaluate();  // mean validation cross-entropy over up to eval_batches batches
   // The same for another model over the same validation batches (a distillation teacher); its
   // vocabulary must cover the data and its context be at least the run's sequence length.
@@ -304,6 +311,7 @@ class Trainer {
   std::unique_ptr<parallel::ZeroPrefetch> zero_prefetch_;
   Arena arena_;
   int64_t step_ = 0, tokens_seen_ = 0;
+  bool record_breakdown_ = false;
   LogitsLoss logits_loss_;
   nlohmann::json train_config_notes_ = nlohmann::json::object();
 };

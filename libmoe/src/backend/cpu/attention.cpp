@@ -11,6 +11,7 @@
 
 #include "backend/cpu/backend.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/vector_math.h"
 #include "core/parallel.h"
 
 namespace moe::cpu {

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Training tokens/s of moe-train against the same model and step in PyTorch eager
+# (bench/train_torch.py), same flags, same threads, same machine, run in turn (moe, torch, moe,
+# torch, ...) so a drift of the machine's speed hits both. Prints a table: per round each one's
+# median tokens/s over the timed steps and their ratio, then the median ratio, and moe-train's
+# step breakdown (-v) of its last round.
+#
+#   bench/train_torch.sh [--bin DIR] [--data FILE] [--threads N] [--rounds R] [--steps S]
+#                        [--warmup W] [--python PY] [-- MODEL FLAGS...]
+#
+# MODEL FLAGS are moe-train's model and batch flags that bench/train_torch.py also takes
+# (--arch --layers --d-model --heads --kv-heads --d-ff --seq --experts --moe-every --top-k
+# --batch --aux-loss-coef --z-loss-coef); with none, the demo model (README). The d 512 row of
+# docs/PERFORMANCE.md:  bench/train_torch.sh -- --d-model 512 --d-ff 2048 --moe-every 1
+# Optional: the torch column needs python3 with torch (Debian: python3-torch), which is not a
+# project dependency (without it the script prints moe-train's rates and breakdown alone); it
+# never runs in scripts/test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=build/bin data="" threads=2 rounds=3 steps=20 warmup=3 python=${PYTHON:-/usr/bin/python3}
+while [ $# -gt 0 ]; do
+  case $1 in
+    --bin) bin=$2; shift 2 ;;
+    --data) data=$2; shift 2 ;;
+    --threads) threads=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
+    --warmup) warmup=$2; shift 2 ;;
+    --python) python=$2; shift 2 ;;
+    --) shift; break ;;
+    *) echo "train_torch.sh: unknown argument $1 (model flags go after --)" >&2; exit 2 ;;
+  esac
+done
+model=("$@")
+# Without torch the moe-train column and its breakdown still come out (the torch column reads -).
+have_torch=1
+if ! "$python" -c 'import torch' 2>/dev/null; then
+  have_torch=0
+  echo "train_torch.sh: $python has no torch (Debian: apt-get install python3-torch): moe-train only" >&2
+fi
+[ -x "$bin/moe-train" ] || { echo "train_torch.sh: no $bin/moe-train (build first)" >&2; exit 2; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+if [ -z "$data" ]; then
+  data=$work/corpus.txt
+  scripts/corpus "$data" >/dev/null
+fi
+
+# The median of the per-step tokens/s of moe-train's metrics after the warm-up steps.
+moe_rate() {
+  "$python" - "$1" "$warmup" <<'EOF'
+import json, statistics, sys
+rates = [j["tokens_per_s"] for j in map(json.loads, open(sys.argv[1]))
+         if "tokens_per_s" in j and j["step"] > int(sys.argv[2])]
+print(statistics.median(rates))
+EOF
+}
+
+torch_version=$([ $have_torch = 1 ] && "$python" -c 'import torch; print(torch.__version__)' || echo "not installed")
+echo "# training tokens/s: moe-train vs PyTorch eager ($torch_version), same model and step"
+echo "# cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -1), threads $threads, steps $steps (+$warmup warm-up), model flags: ${model[*]:-(demo defaults)}"
+printf '%-6s %14s %14s %8s\n' round moe torch ratio
+printf '%-6s %14s %14s %8s\n' "" tok/s tok/s moe/torch
+ratios=()
+for r in $(seq 1 "$rounds"); do
+  rm -rf "$work/run" "$work/metrics.jsonl"
+  "$bin/moe-train" --data "$data" --out "$work/run" --steps $((steps + warmup)) --warmup 1 \
+    --eval-every 0 --eval-batches 1 --log-every 1 --metrics "$work/metrics.jsonl" \
+    --threads "$threads" -v "${model[@]}" 2>"$work/moe.log"
+  moe=$(moe_rate "$work/metrics.jsonl")
+  if [ $have_torch = 0 ]; then
+    printf '%-6s %14.0f %14s %8s\n' "$r" "$moe" - -
+    continue
+  fi
+  torch=$(OPENBLAS_NUM_THREADS=$threads OMP_NUM_THREADS=$threads "$python" bench/train_torch.py \
+    --data "$data" --threads "$threads" --steps "$steps" --warmup "$warmup" "${model[@]}" |
+    "$python" -c 'import json,sys; print(json.load(sys.stdin)["tokens_per_s"])')
+  ratio=$("$python" -c "print($moe / $torch)")
+  ratios+=("$ratio")
+  printf '%-6s %14.0f %14.0f %8.2f\n' "$r" "$moe" "$torch" "$ratio"
+done
+if [ $have_torch = 1 ]; then
+  joined=$(IFS=,; echo "${ratios[*]}")
+  echo "# median ratio: $("$python" -c "import statistics; print(round(statistics.median([$joined]), 2))")"
+fi
+# Where moe-train's timed steps went (its -v breakdown, --metrics step_breakdown), last round:
+# each part's median over the steps (a step the OS preempted adds its stall to one part; the
+# median leaves such outliers out, so the parts need not add up to the median step exactly).
+"$python" - "$work/metrics.jsonl" "$warmup" <<'EOF'
+import json, statistics, sys
+lines = [j for j in map(json.loads, open(sys.argv[1]))
+         if "step_breakdown" in j and j["step"] > int(sys.argv[2])]
+parts = {k: statistics.median(j["step_breakdown"][k] for j in lines)
+         for k in lines[0]["step_breakdown"]}
+total = sum(parts.values())
+print(f"# moe-train step breakdown (last round, median of {len(lines)} steps per part, "
+      f"sum {total:.4f} s):")
+print("# " + " | ".join(f"{k} {v:.4f} s {100 * v / total:.0f}%"
+                        for k, v in sorted(parts.items(), key=lambda kv: -kv[1])
+                        if v >= 0.005 * total))
+EOF

@@ -1,0 +1,98 @@
+// Where a training step's time goes: wall seconds per kind of work (GEMMs, attention, elementwise
+// passes, routing, dispatch/combine, loss, optimizer, memory, communication), measured by
+// steady_clock scopes that the ops open around their work.
+//
+// Accounting is exclusive: a scope opened inside another charges its time to its own part and
+// pauses the outer one, so the parts add up to the recorded span (time outside every scope is
+// `other`). Only the thread that opened a StepRecording records; everywhere else (and on that
+// thread when no recording is open) a PartScope costs one thread-local load and a branch, so the
+// scopes stay in the ops for good.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <string>
+
+namespace moe {
+
+enum class StepPart : int {
+  gemm,         // dense and grouped (expert) GEMMs, LM head included
+  attention,    // the attention core: scores, causal softmax, contexts (their GEMMs included)
+  elementwise,  // norms, activations, bias, RoPE, residual adds, embeddings
+  router,       // router softmax, top-k, load, aux and z losses and their backward
+  dispatch,     // the routing plan, dispatch gathers, combine and its backward
+  loss,         // cross-entropy over the vocabulary
+  optimizer,    // zeroing and clipping gradients, AdamW, the finiteness check
+  memory,       // tensor allocation, zero fills, copies
+  comm,         // gradient reduction and other collectives waited for
+  other,        // everything outside the scopes above (framework overhead, sampling)
+  count
+};
+constexpr int kStepParts = static_cast<int>(StepPart::count);
+
+const char* step_part_name(StepPart part);
+
+struct StepBreakdown {
+  std::array<double, kStepParts> seconds{};
+  double& operator[](StepPart p) { return seconds[static_cast<size_t>(p)]; }
+  double operator[](StepPart p) const { return seconds[static_cast<size_t>(p)]; }
+  double total() const;
+  bool empty() const { return total() == 0; }
+  StepBreakdown& operator+=(const StepBreakdown& other);
+  // "gemm 0.041 s 52% | attention 0.012 s 15% | ...", parts over 0.5% of the total, largest
+  // first, each divided by `per` (steps) first.
+  std::string describe(double per = 1) const;
+};
+
+namespace detail {
+struct StepRecorder {
+  StepBreakdown* into = nullptr;
+  StepPart current = StepPart::other;
+  std::chrono::steady_clock::time_point mark;
+  void charge(std::chrono::steady_clock::time_point now) {
+    (*into)[current] += std::chrono::duration<double>(now - mark).count();
+    mark = now;
+  }
+};
+extern thread_local StepRecorder* t_step_recorder;
+}  // namespace detail
+
+// Records this thread's time into `into` (added to what it holds) for its lifetime.
+class StepRecording {
+ public:
+  explicit StepRecording(StepBreakdown& into);
+  ~StepRecording();
+  StepRecording(const StepRecording&) = delete;
+  StepRecording& operator=(const StepRecording&) = delete;
+
+ private:
+  detail::StepRecorder recorder_;
+  detail::StepRecorder* outer_;
+};
+
+// Charges the time until its end to `part` when this thread records; nothing otherwise.
+class PartScope {
+ public:
+  explicit PartScope(StepPart part) {
+    if (detail::StepRecorder* r = detail::t_step_recorder) {
+      r->charge(std::chrono::steady_clock::now());
+      previous_ = r->current;
+      r->current = part;
+      recorder_ = r;
+    }
+  }
+  ~PartScope() {
+    if (recorder_) {
+      recorder_->charge(std::chrono::steady_clock::now());
+      recorder_->current = previous_;
+    }
+  }
+  PartScope(const PartScope&) = delete;
+  PartScope& operator=(const PartScope&) = delete;
+
+ private:
+  detail::StepRecorder* recorder_ = nullptr;
+  StepPart previous_ = StepPart::other;
+};
+
+}  // namespace moe

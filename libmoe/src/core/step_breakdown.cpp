@@ -1,0 +1,71 @@
+// StepBreakdown's names, sums and text; the thread's recorder (moe/step_breakdown.h).
+#include "moe/step_breakdown.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+namespace moe {
+
+namespace detail {
+thread_local StepRecorder* t_step_recorder = nullptr;
+}
+
+const char* step_part_name(StepPart part) {
+  static const char* const names[kStepParts] = {"gemm",     "attention", "elementwise", "router",
+                                                "dispatch", "loss",      "optimizer",   "memory",
+                                                "comm",     "other"};
+  const int i = static_cast<int>(part);
+  return i >= 0 && i < kStepParts ? names[i] : "?";
+}
+
+double StepBreakdown::total() const {
+  double sum = 0;
+  for (double s : seconds) sum += s;
+  return sum;
+}
+
+StepBreakdown& StepBreakdown::operator+=(const StepBreakdown& other) {
+  for (size_t i = 0; i < seconds.size(); ++i) seconds[i] += other.seconds[i];
+  return *this;
+}
+
+std::string StepBreakdown::describe(double per) const {
+  const double sum = total();
+  if (sum <= 0) return "(nothing recorded)";
+  std::vector<int> order;
+  for (int i = 0; i < kStepParts; ++i)
+    if (seconds[static_cast<size_t>(i)] >= 0.005 * sum) order.push_back(i);
+  // Largest first: the line is read for where the time goes.
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return seconds[static_cast<size_t>(a)] > seconds[static_cast<size_t>(b)];
+  });
+  std::string text;
+  char buf[96];
+  for (int i : order) {
+    const double s = seconds[static_cast<size_t>(i)];
+    std::snprintf(buf, sizeof buf, "%s%s %.4f s %.0f%%", text.empty() ? "" : " | ",
+                  step_part_name(static_cast<StepPart>(i)), s / std::max(per, 1e-300),
+                  100 * s / sum);
+    text += buf;
+  }
+  return text;
+}
+
+StepRecording::StepRecording(StepBreakdown& into) : outer_(detail::t_step_recorder) {
+  const auto now = std::chrono::steady_clock::now();
+  if (outer_) outer_->charge(now);  // a nested recording takes over until it ends
+  recorder_.into = &into;
+  recorder_.mark = now;
+  detail::t_step_recorder = &recorder_;
+}
+
+StepRecording::~StepRecording() {
+  const auto now = std::chrono::steady_clock::now();
+  recorder_.charge(now);
+  detail::t_step_recorder = outer_;
+  if (outer_) outer_->mark = now;
+}
+
+}  // namespace moe

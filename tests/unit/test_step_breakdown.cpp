@@ -1,0 +1,101 @@
+// StepBreakdown (moe/step_breakdown.h): exclusive accounting of nested scopes, parts that add up
+// to the recorded span, nothing recorded off the recording thread or without a recording, and a
+// training step's breakdown (Trainer::record_breakdown) whose parts are the step's own time.
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <thread>
+
+#include "moe/step_breakdown.h"
+#include "moe/train/trainer.h"
+#include "support/models.h"
+#include "support/run.h"
+
+using namespace moe;
+
+namespace {
+
+// At least `ms` milliseconds of wall time (the clock the breakdown reads).
+void spend(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
+
+}  // namespace
+
+TEST_CASE("step breakdown: nested scopes charge their own part, the parts add up", "[unit]") {
+  StepBreakdown b;
+  const auto start = std::chrono::steady_clock::now();
+  {
+    StepRecording recording(b);
+    spend(5);  // other
+    {
+      PartScope gemm(StepPart::gemm);
+      spend(20);
+      {
+        PartScope mem(StepPart::memory);  // paused gemm while it runs
+        spend(10);
+      }
+      spend(20);
+    }
+  }
+  const double span =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK(b[StepPart::gemm] >= 0.040);
+  CHECK(b[StepPart::gemm] <= span - 0.015);  // not the memory part's (nor other's) time
+  CHECK(b[StepPart::memory] >= 0.010);
+  CHECK(b[StepPart::memory] < b[StepPart::gemm]);
+  CHECK(b[StepPart::other] >= 0.005);
+  CHECK(b[StepPart::attention] == 0);
+  // Exclusive: the parts are the span, not more.
+  CHECK(b.total() <= span);
+  CHECK(b.total() >= 0.055);
+  const std::string text = b.describe();
+  CHECK(text.rfind("gemm ", 0) == 0);  // the largest first
+  CHECK(text.find("memory ") != std::string::npos);
+  CHECK(text.find("attention") == std::string::npos);  // parts under 0.5% are left out
+}
+
+TEST_CASE("step breakdown: nothing is recorded without a recording or on other threads", "[unit]") {
+  StepBreakdown b;
+  {
+    PartScope scope(StepPart::gemm);  // no recording open: a no-op
+    spend(2);
+  }
+  CHECK(b.empty());
+  {
+    StepRecording recording(b);
+    std::thread other([] {
+      PartScope scope(StepPart::attention);  // this thread does not record
+      spend(5);
+    });
+    other.join();
+  }
+  CHECK(b[StepPart::attention] == 0);
+  CHECK(b[StepPart::other] >= 0.005);  // the recording thread waited in join
+  CHECK(std::string(step_part_name(StepPart::dispatch)) == "dispatch");
+  StepBreakdown sum;
+  sum += b;
+  sum += b;
+  CHECK(sum.total() == Approx(2 * b.total()));
+}
+
+TEST_CASE("step breakdown: a training step's parts are its own seconds", "[unit]") {
+  ModelConfig model = test::small_model_config(Arch::gpt);
+  model.resolve();
+  train::TrainConfig config;
+  config.data = test::fortunes_path("computers");
+  config.batch = 4;
+  config.steps = 3;
+  config.eval_batches = 1;
+  train::Trainer trainer(model, config, io::Provenance{});
+  const train::StepStats off = trainer.step();
+  CHECK(off.breakdown.empty());
+  trainer.record_breakdown(true);
+  const train::StepStats on = trainer.step();
+  CHECK(on.breakdown.total() <= on.seconds);
+  CHECK(on.breakdown.total() >= 0.9 * on.seconds);
+  for (StepPart part :
+       {StepPart::gemm, StepPart::attention, StepPart::elementwise, StepPart::router,
+        StepPart::dispatch, StepPart::loss, StepPart::optimizer}) {
+    INFO(step_part_name(part));
+    CHECK(on.breakdown[part] > 0);
+  }
+  CHECK(on.breakdown[StepPart::comm] == 0);  // one process
+}
