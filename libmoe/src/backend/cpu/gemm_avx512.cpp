@@ -1,0 +1,239 @@
+// The AVX-512 tile kernel of cpu::sgemm (gemm_kernel.h): the tile's rows of op(A) and columns of
+// op(B) are copied into panels (kRows rows of A, kCols columns of B, k-major, zero-padded at the
+// edges), and a register-blocked micro-kernel keeps a kRows x kCols block of C in 28 zmm
+// registers while it runs over k, one broadcast of A times two vectors of B per row and k.
+// Shapes: C [M,N] = alpha op(A) [M,K] op(B) [K,N] + beta C, row-major; kc = the k block.
+//
+// Why our own: the environment pins OpenBLAS to its AVX2 kernels on AVX-512 hosts
+// (OPENBLAS_CORETYPE), which halves GEMM speed there, and the environment is not ours to change.
+//
+// Bits: K is cut into blocks of at most kMaxKc only so that the panels stay in cache; a block's
+// sums are stored to a per-thread buffer as fp32 and reloaded, which continues the same FMA chain.
+// So every element is fma(a[k], b[k], sum) for k = 0 .. K-1 in order, then alpha * sum (+ beta *
+// C by one more FMA): the same bits whatever the tile, the block sizes or the thread.
+//
+// The whole file is compiled for AVX-512 through target attributes, not -m flags, so that nothing
+// it instantiates from headers can be picked by the linker for code that runs on other CPUs; it
+// is only called after gemm_avx512_supported() said yes.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
+#include <new>
+
+#include "backend/cpu/gemm_kernel.h"
+#include "moe/error.h"
+
+namespace moe::cpu {
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+
+#define MOE_TARGET_AVX512 __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma")))
+
+namespace {
+
+// 14 x 32: 28 accumulators + 2 vectors of B + 1 broadcast of A fit the 32 zmm registers, and
+// 28 independent FMA chains cover the FMA latency of two pipes.
+constexpr int64_t kVectors = 2;  // zmm vectors along a row of the C block
+constexpr int64_t kRows = 14, kCols = 16 * kVectors;
+// The k block: a 14 x 256 panel of A (14 KiB) and a 256 x 32 panel of B (32 KiB) share L1, and a
+// tile's packed B (at most 256 x 256 floats) stays in L2.
+constexpr int64_t kMaxKc = 256;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// A 64-byte aligned, growing, per-thread buffer (reused by every tile a thread runs).
+class Buffer {
+ public:
+  float* get(int64_t floats) {
+    if (floats > capacity_) {
+      const size_t bytes = static_cast<size_t>(ceil_div(floats * 4, 64) * 64);
+      float* p = static_cast<float*>(std::aligned_alloc(64, bytes));
+      if (!p) throw std::bad_alloc();
+      data_.reset(p);
+      capacity_ = floats;
+    }
+    return data_.get();
+  }
+
+ private:
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  std::unique_ptr<float, Free> data_;
+  int64_t capacity_ = 0;
+};
+
+struct Workspace {
+  Buffer a, b, sums;
+};
+thread_local Workspace t_workspace;
+
+// Lanes [0, count) of a 16-lane vector (count may be <= 0 or >= 16).
+MOE_TARGET_AVX512 inline __mmask16 lanes(int64_t count) {
+  if (count <= 0) return 0;
+  if (count >= 16) return 0xffff;
+  return static_cast<__mmask16>((1u << count) - 1u);
+}
+
+// Rows [0, m) of op(A), k in [k0, k0 + kc), as panels of kRows rows: panel p holds rows
+// p * kRows.. as [kc][kRows] (row r of k at k * kRows + r), rows past m zero.
+MOE_TARGET_AVX512 void pack_a(const GemmProblem& p, const float* a, int64_t m, int64_t k0,
+                              int64_t kc, float* out) {
+  for (int64_t i0 = 0; i0 < m; i0 += kRows) {
+    const int64_t rows = std::min(kRows, m - i0);
+    float* panel = out + i0 * kc;
+    if (p.transpose_a) {  // A is [K, M]: a panel's rows are contiguous for each k
+      for (int64_t k = 0; k < kc; ++k) {
+        const float* src = a + (k0 + k) * p.lda + i0;
+        float* dst = panel + k * kRows;
+        for (int64_t r = 0; r < rows; ++r) dst[r] = src[r];
+        for (int64_t r = rows; r < kRows; ++r) dst[r] = 0.0f;
+      }
+    } else {  // A is [M, K]: read each row along k
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* src = a + (i0 + r) * p.lda + k0;
+        for (int64_t k = 0; k < kc; ++k) panel[k * kRows + r] = src[k];
+      }
+      for (int64_t r = rows; r < kRows; ++r)
+        for (int64_t k = 0; k < kc; ++k) panel[k * kRows + r] = 0.0f;
+    }
+  }
+}
+
+// Columns [0, n) of op(B), k in [k0, k0 + kc), as panels of kCols columns: panel p holds columns
+// p * kCols.. as [kc][kCols], columns past n zero.
+MOE_TARGET_AVX512 void pack_b(const GemmProblem& p, const float* b, int64_t n, int64_t k0,
+                              int64_t kc, float* out) {
+  for (int64_t j0 = 0; j0 < n; j0 += kCols) {
+    const int64_t cols = std::min(kCols, n - j0);
+    float* panel = out + j0 * kc;
+    if (!p.transpose_b) {  // B is [K, N]: a panel's row of k is contiguous
+      __mmask16 mask[kVectors];
+      for (int64_t v = 0; v < kVectors; ++v) mask[v] = lanes(cols - 16 * v);
+      for (int64_t k = 0; k < kc; ++k) {
+        const float* src = b + (k0 + k) * p.ldb + j0;
+        float* dst = panel + k * kCols;
+        for (int64_t v = 0; v < kVectors; ++v)
+          _mm512_store_ps(dst + 16 * v, _mm512_maskz_loadu_ps(mask[v], src + 16 * v));
+      }
+    } else {  // B is [N, K]: read each column of op(B) (a row of B) along k
+      for (int64_t c = 0; c < cols; ++c) {
+        const float* src = b + (j0 + c) * p.ldb + k0;
+        for (int64_t k = 0; k < kc; ++k) panel[k * kCols + c] = src[k];
+      }
+      for (int64_t c = cols; c < kCols; ++c)
+        for (int64_t k = 0; k < kc; ++k) panel[k * kCols + c] = 0.0f;
+    }
+  }
+}
+
+// Where a block of C goes when the last k block is done.
+struct Epilogue {
+  float* c;
+  int64_t ldc, rows, cols;  // the valid part of the kRows x kCols block
+  float alpha, beta;
+};
+
+// One kRows x kCols block of C over one k block. `sums` holds the block's running sums between k
+// blocks ([kRows][kCols]); the first block starts from zero, the last one writes C.
+template <bool kFirst, bool kLast>
+MOE_TARGET_AVX512 void micro_kernel(const float* __restrict a, const float* __restrict b,
+                                    int64_t kc, float* __restrict sums, const Epilogue& e) {
+  __m512 acc[kRows][kVectors];
+#pragma GCC unroll 16
+  for (int64_t r = 0; r < kRows; ++r)
+#pragma GCC unroll 4
+    for (int64_t v = 0; v < kVectors; ++v)
+      acc[r][v] = kFirst ? _mm512_setzero_ps() : _mm512_load_ps(sums + r * kCols + 16 * v);
+  for (int64_t k = 0; k < kc; ++k) {
+    __m512 bv[kVectors];
+#pragma GCC unroll 4
+    for (int64_t v = 0; v < kVectors; ++v) bv[v] = _mm512_load_ps(b + 16 * v);
+#pragma GCC unroll 16
+    for (int64_t r = 0; r < kRows; ++r) {
+      const __m512 av = _mm512_set1_ps(a[r]);
+#pragma GCC unroll 4
+      for (int64_t v = 0; v < kVectors; ++v) acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
+    }
+    a += kRows;
+    b += kCols;
+  }
+  if constexpr (!kLast) {
+#pragma GCC unroll 16
+    for (int64_t r = 0; r < kRows; ++r)
+#pragma GCC unroll 4
+      for (int64_t v = 0; v < kVectors; ++v) _mm512_store_ps(sums + r * kCols + 16 * v, acc[r][v]);
+  } else {
+    const __m512 alpha = _mm512_set1_ps(e.alpha), beta = _mm512_set1_ps(e.beta);
+    __mmask16 mask[kVectors];
+#pragma GCC unroll 4
+    for (int64_t v = 0; v < kVectors; ++v) mask[v] = lanes(e.cols - 16 * v);
+#pragma GCC unroll 16
+    for (int64_t r = 0; r < kRows; ++r) {
+      if (r >= e.rows) break;
+      float* c = e.c + r * e.ldc;
+#pragma GCC unroll 4
+      for (int64_t v = 0; v < kVectors; ++v) {
+        __m512 out = _mm512_mul_ps(alpha, acc[r][v]);
+        // beta == 0 never reads C (BLAS semantics: C may hold NaN).
+        if (e.beta != 0.0f)
+          out = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(mask[v], c + 16 * v), out);
+        _mm512_mask_storeu_ps(c + 16 * v, mask[v], out);
+      }
+    }
+  }
+}
+
+using MicroKernel = void (*)(const float*, const float*, int64_t, float*, const Epilogue&);
+
+}  // namespace
+
+bool gemm_avx512_supported() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+MOE_TARGET_AVX512 void sgemm_tile_avx512(const GemmProblem& p, int64_t m, int64_t n, const float* a,
+                                         const float* b, float* c) {
+  const int64_t row_panels = ceil_div(m, kRows), col_panels = ceil_div(n, kCols);
+  const int64_t blocks = ceil_div(p.k, kMaxKc);
+  const int64_t kc_max = ceil_div(p.k, blocks);  // even blocks (the bits do not depend on it)
+  Workspace& w = t_workspace;
+  float* a_packed = w.a.get(row_panels * kRows * kc_max);
+  float* b_packed = w.b.get(col_panels * kCols * kc_max);
+  float* sums = blocks > 1 ? w.sums.get(row_panels * col_panels * kRows * kCols) : nullptr;
+  constexpr int64_t kBlock = kRows * kCols;
+  for (int64_t block = 0; block < blocks; ++block) {
+    const int64_t k0 = block * kc_max, kc = std::min(kc_max, p.k - k0);
+    pack_a(p, a, m, k0, kc, a_packed);
+    pack_b(p, b, n, k0, kc, b_packed);
+    const bool first = block == 0, last = block == blocks - 1;
+    const MicroKernel kernel =
+        first ? (last ? micro_kernel<true, true> : micro_kernel<true, false>)
+              : (last ? micro_kernel<false, true> : micro_kernel<false, false>);
+    // A column panel of B (32 KiB) stays in L1 while every row panel of A passes over it.
+    for (int64_t jp = 0; jp < col_panels; ++jp)
+      for (int64_t ip = 0; ip < row_panels; ++ip) {
+        const int64_t i0 = ip * kRows, j0 = jp * kCols;
+        const Epilogue e{c + i0 * p.ldc + j0,     p.ldc,   std::min(kRows, m - i0),
+                         std::min(kCols, n - j0), p.alpha, p.beta};
+        kernel(a_packed + i0 * kc, b_packed + j0 * kc, kc,
+               sums ? sums + (ip * col_panels + jp) * kBlock : nullptr, e);
+      }
+  }
+}
+
+#else  // not x86-64 with GCC or Clang: no AVX-512 kernel
+
+bool gemm_avx512_supported() { return false; }
+void sgemm_tile_avx512(const GemmProblem&, int64_t, int64_t, const float*, const float*, float*) {
+  throw Error("cpu sgemm: the avx512 kernel is not built for this CPU architecture");
+}
+
+#endif
+
+}  // namespace moe::cpu
