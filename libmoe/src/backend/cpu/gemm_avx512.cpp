@@ -31,6 +31,12 @@ namespace moe::cpu {
 
 #define MOE_TARGET_AVX512 __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma")))
 
+// GCC 12's unpack intrinsics start from _mm512_undefined_ps(), which -Wmaybe-uninitialized reports
+// once inlined here (a false positive: every lane is written).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
 namespace {
 
 // 14 x 32: 28 accumulators + 2 vectors of B + 1 broadcast of A fit the 32 zmm registers, and
@@ -77,27 +83,64 @@ MOE_TARGET_AVX512 inline __mmask16 lanes(int64_t count) {
   return static_cast<__mmask16>((1u << count) - 1u);
 }
 
+// The 16 x 16 block at `src` (row stride lds; rows [0, rows) and columns [0, cols) read, the
+// rest taken as zero) transposed: out[c] holds column c. Three rounds of in-lane and cross-lane
+// shuffles instead of 256 scalar loads and stores: packing reads A along k and B^T along k, and
+// both panels want k-major rows.
+MOE_TARGET_AVX512 inline void transpose_16x16(const float* src, int64_t lds, int64_t rows,
+                                              int64_t cols, __m512 out[16]) {
+  const __mmask16 mask = lanes(cols);
+  __m512 r[16], t[16];
+  for (int64_t i = 0; i < 16; ++i)
+    r[i] = i < rows ? _mm512_maskz_loadu_ps(mask, src + i * lds) : _mm512_setzero_ps();
+  // Pairs of rows interleaved, then pairs of pairs: per 128-bit lane l, t[4g + j] holds column
+  // 4l + j of rows 4g .. 4g + 3.
+  for (int64_t i = 0; i < 16; i += 2) {
+    out[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    out[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int64_t g = 0; g < 4; ++g) {
+    const __m512d a = _mm512_castps_pd(out[4 * g]), b = _mm512_castps_pd(out[4 * g + 1]),
+                  c = _mm512_castps_pd(out[4 * g + 2]), d = _mm512_castps_pd(out[4 * g + 3]);
+    t[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    t[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    t[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    t[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  // Gather lane l of the four row groups: column 4l + j.
+  for (int64_t j = 0; j < 4; ++j) {
+    const __m512 even_lo = _mm512_shuffle_f32x4(t[j], t[4 + j], 0x88);       // lanes 0, 2: rows 0-7
+    const __m512 odd_lo = _mm512_shuffle_f32x4(t[j], t[4 + j], 0xdd);        // lanes 1, 3: rows 0-7
+    const __m512 even_hi = _mm512_shuffle_f32x4(t[8 + j], t[12 + j], 0x88);  // rows 8-15
+    const __m512 odd_hi = _mm512_shuffle_f32x4(t[8 + j], t[12 + j], 0xdd);
+    out[j] = _mm512_shuffle_f32x4(even_lo, even_hi, 0x88);
+    out[8 + j] = _mm512_shuffle_f32x4(even_lo, even_hi, 0xdd);
+    out[4 + j] = _mm512_shuffle_f32x4(odd_lo, odd_hi, 0x88);
+    out[12 + j] = _mm512_shuffle_f32x4(odd_lo, odd_hi, 0xdd);
+  }
+}
+
 // Rows [0, m) of op(A), k in [k0, k0 + kc), as panels of kRows rows: panel p holds rows
 // p * kRows.. as [kc][kRows] (row r of k at k * kRows + r), rows past m zero.
 MOE_TARGET_AVX512 void pack_a(const GemmProblem& p, const float* a, int64_t m, int64_t k0,
                               int64_t kc, float* out) {
+  constexpr __mmask16 kPanelLanes = (1u << kRows) - 1u;
   for (int64_t i0 = 0; i0 < m; i0 += kRows) {
     const int64_t rows = std::min(kRows, m - i0);
     float* panel = out + i0 * kc;
     if (p.transpose_a) {  // A is [K, M]: a panel's rows are contiguous for each k
-      for (int64_t k = 0; k < kc; ++k) {
-        const float* src = a + (k0 + k) * p.lda + i0;
-        float* dst = panel + k * kRows;
-        for (int64_t r = 0; r < rows; ++r) dst[r] = src[r];
-        for (int64_t r = rows; r < kRows; ++r) dst[r] = 0.0f;
+      const __mmask16 mask = lanes(rows);
+      for (int64_t k = 0; k < kc; ++k)
+        _mm512_mask_storeu_ps(panel + k * kRows, kPanelLanes,
+                              _mm512_maskz_loadu_ps(mask, a + (k0 + k) * p.lda + i0));
+    } else {  // A is [M, K]: 16 k of the panel's rows at a time, transposed
+      __m512 columns[16];
+      for (int64_t k = 0; k < kc; k += 16) {
+        const int64_t count = std::min<int64_t>(16, kc - k);
+        transpose_16x16(a + i0 * p.lda + k0 + k, p.lda, rows, count, columns);
+        for (int64_t c = 0; c < count; ++c)
+          _mm512_mask_storeu_ps(panel + (k + c) * kRows, kPanelLanes, columns[c]);
       }
-    } else {  // A is [M, K]: read each row along k
-      for (int64_t r = 0; r < rows; ++r) {
-        const float* src = a + (i0 + r) * p.lda + k0;
-        for (int64_t k = 0; k < kc; ++k) panel[k * kRows + r] = src[k];
-      }
-      for (int64_t r = rows; r < kRows; ++r)
-        for (int64_t k = 0; k < kc; ++k) panel[k * kRows + r] = 0.0f;
     }
   }
 }
@@ -118,13 +161,17 @@ MOE_TARGET_AVX512 void pack_b(const GemmProblem& p, const float* b, int64_t n, i
         for (int64_t v = 0; v < kVectors; ++v)
           _mm512_store_ps(dst + 16 * v, _mm512_maskz_loadu_ps(mask[v], src + 16 * v));
       }
-    } else {  // B is [N, K]: read each column of op(B) (a row of B) along k
-      for (int64_t c = 0; c < cols; ++c) {
-        const float* src = b + (j0 + c) * p.ldb + k0;
-        for (int64_t k = 0; k < kc; ++k) panel[k * kCols + c] = src[k];
+    } else {  // B is [N, K]: 16 columns of op(B) by 16 k at a time, transposed
+      __m512 rows[16];
+      for (int64_t v = 0; v < kVectors; ++v) {
+        const int64_t count = std::max<int64_t>(0, std::min<int64_t>(16, cols - 16 * v));
+        for (int64_t k = 0; k < kc; k += 16) {
+          const int64_t depth = std::min<int64_t>(16, kc - k);
+          transpose_16x16(b + (j0 + 16 * v) * p.ldb + k0 + k, p.ldb, count, depth, rows);
+          for (int64_t c = 0; c < depth; ++c)
+            _mm512_store_ps(panel + (k + c) * kCols + 16 * v, rows[c]);
+        }
       }
-      for (int64_t c = cols; c < kCols; ++c)
-        for (int64_t k = 0; k < kc; ++k) panel[k * kCols + c] = 0.0f;
     }
   }
 }
