@@ -114,10 +114,15 @@ struct GemmMode {
   cpu::GemmPath path;
   cpu::GemmKernel kernel;
 };
-const cpu::GemmKernel kHostKernel = cpu::gemm_kernel();  // this host's (CPU features, MOE_GEMM)
-const GemmMode kTiled{cpu::GemmPath::tiled, kHostKernel};
-const GemmMode kTiledBlas{cpu::GemmPath::tiled, cpu::GemmKernel::blas};
-const GemmMode kVendor{cpu::GemmPath::vendor_threaded, cpu::GemmKernel::blas};
+// This host's kernel (CPU features, MOE_GEMM), first asked inside run_tool: a bad MOE_GEMM is
+// a usage error there.
+cpu::GemmKernel host_kernel() {
+  static const cpu::GemmKernel kernel = cpu::gemm_kernel();
+  return kernel;
+}
+GemmMode tiled_mode() { return {cpu::GemmPath::tiled, host_kernel()}; }
+GemmMode tiled_blas_mode() { return {cpu::GemmPath::tiled, cpu::GemmKernel::blas}; }
+GemmMode vendor_mode() { return {cpu::GemmPath::vendor_threaded, cpu::GemmKernel::blas}; }
 
 // Runs fn with every cpu::sgemm in `mode`, then restores the library's tiled path and kernel.
 double time_with(GemmMode mode, const std::function<void()>& fn, double min_seconds, int min_runs,
@@ -126,7 +131,7 @@ double time_with(GemmMode mode, const std::function<void()>& fn, double min_seco
   cpu::set_gemm_kernel(mode.kernel);
   const double s = time_it(fn, min_seconds, min_runs, iterations);
   cpu::set_gemm_path(cpu::GemmPath::tiled);
-  cpu::set_gemm_kernel(kHostKernel);
+  cpu::set_gemm_kernel(host_kernel());
   return s;
 }
 
@@ -138,11 +143,11 @@ CeilingRow measure_ceiling(int64_t m, int64_t k, int64_t n, double min_seconds) 
                c.data<float>(), n);
   };
   const double flops = 2.0 * static_cast<double>(m) * k * n;
-  const double vendor = time_with(kVendor, gemm, min_seconds, 5, nullptr);
-  const double tiled = time_with(kTiled, gemm, min_seconds, 5, nullptr);
-  const double blas = kHostKernel == cpu::GemmKernel::blas
+  const double vendor = time_with(vendor_mode(), gemm, min_seconds, 5, nullptr);
+  const double tiled = time_with(tiled_mode(), gemm, min_seconds, 5, nullptr);
+  const double blas = host_kernel() == cpu::GemmKernel::blas
                           ? tiled
-                          : time_with(kTiledBlas, gemm, min_seconds, 5, nullptr);
+                          : time_with(tiled_blas_mode(), gemm, min_seconds, 5, nullptr);
   return {m,
           k,
           n,
@@ -168,8 +173,8 @@ KernelRow measure_kernels(const char* what, bool ta, bool tb, int64_t m, int64_t
     };
   };
   const double flops = 2.0 * static_cast<double>(m) * n * k;
-  const double blas = time_with(kTiledBlas, gemm_into(c_blas), min_seconds, 5, nullptr);
-  const double host = time_with(kTiled, gemm_into(c), min_seconds, 5, nullptr);
+  const double blas = time_with(tiled_blas_mode(), gemm_into(c_blas), min_seconds, 5, nullptr);
+  const double host = time_with(tiled_mode(), gemm_into(c), min_seconds, 5, nullptr);
   double diff = 0, scale = 0;
   for (int64_t i = 0; i < m * n; ++i) {
     diff = std::max(diff, std::fabs(double(c.data<float>()[i]) - c_blas.data<float>()[i]));
@@ -210,11 +215,12 @@ MoERow measure_moe(const Shape4& shape, double ceiling, double min_seconds) {
     Tensor dx = layer.backward(dy, saved, 0.01f, 0.001f);
     dropped = stats.dropped;
   };
-  const double seconds = time_with(kTiled, layer_step, min_seconds, 2, &iterations);
-  const double vendor_seconds = time_with(kVendor, layer_step, min_seconds, 2, nullptr);
-  const double blas_seconds = kHostKernel == cpu::GemmKernel::blas
-                                  ? seconds
-                                  : time_with(kTiledBlas, layer_step, min_seconds, 2, nullptr);
+  const double seconds = time_with(tiled_mode(), layer_step, min_seconds, 2, &iterations);
+  const double vendor_seconds = time_with(vendor_mode(), layer_step, min_seconds, 2, nullptr);
+  const double blas_seconds =
+      host_kernel() == cpu::GemmKernel::blas
+          ? seconds
+          : time_with(tiled_blas_mode(), layer_step, min_seconds, 2, nullptr);
   // Expert GEMMs: 2 forward + 4 backward of 2*M*D*F flops; router: 1 forward + 2 backward of
   // 2*N*D*E.
   const double flops =
@@ -309,7 +315,7 @@ int run(const Options& opt) {
     std::printf("# BLAS: %s\n", blas_description().c_str());
     const char* gemm_env = std::getenv("MOE_GEMM");
     std::printf("# GEMM tile kernel: %s (CPU features; MOE_GEMM=%s)\n",
-                cpu::gemm_kernel_name(kHostKernel), gemm_env ? gemm_env : "(unset)");
+                cpu::gemm_kernel_name(host_kernel()), gemm_env ? gemm_env : "(unset)");
     std::printf(
         "#\n# dense sgemm C[M,N] = A[M,K] B[K,N] (the expert GEMM shape [N*k, D] x [D, 4D]): "
         "vendor = one call to the BLAS with its own threads\n");
@@ -333,9 +339,9 @@ int run(const Options& opt) {
     std::printf(
         "#\n# GEMM tile kernels by product (tiled path): C[M,N] = op(A)[M,K] op(B)[K,N], N/T = "
         "op is identity/transpose; %s = this host's kernel; diff = max |%s - blas| / max |blas|\n",
-        cpu::gemm_kernel_name(kHostKernel), cpu::gemm_kernel_name(kHostKernel));
+        cpu::gemm_kernel_name(host_kernel()), cpu::gemm_kernel_name(host_kernel()));
     std::printf("# %-12s %2s %6s %6s %6s %10s %10s %7s %10s\n", "product", "op", "M", "N", "K",
-                "blas", cpu::gemm_kernel_name(kHostKernel), "ratio", "diff");
+                "blas", cpu::gemm_kernel_name(host_kernel()), "ratio", "diff");
     std::printf("# %-12s %2s %6s %6s %6s %10s %10s %7s %10s\n", "", "", "", "", "", "(GFLOP/s)",
                 "(GFLOP/s)", "(x)", "(rel)");
     for (const KernelRow& r : kernel_rows)
@@ -390,7 +396,7 @@ int run(const Options& opt) {
     out["cpu"] = bench::cpu_model();
     out["blas"] = blas_description();
     out["threads"] = num_threads();
-    out["gemm_kernel"] = cpu::gemm_kernel_name(kHostKernel);
+    out["gemm_kernel"] = cpu::gemm_kernel_name(host_kernel());
     const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
     out["omp_wait_policy"] = wait_policy ? wait_policy : "";
     for (const CeilingRow& c : ceilings)
