@@ -114,8 +114,8 @@ struct GemmMode {
   cpu::GemmPath path;
   cpu::GemmKernel kernel;
 };
-// This host's kernel (CPU features, MOE_GEMM), first asked inside run_tool: a bad MOE_GEMM is
-// a usage error there.
+// This host's kernel (CPU features, MOE_GEMM), first asked at the start of run(), inside
+// run_tool (a bad MOE_GEMM is a usage error there) and before time_with switches kernels.
 cpu::GemmKernel host_kernel() {
   static const cpu::GemmKernel kernel = cpu::gemm_kernel();
   return kernel;
@@ -267,6 +267,7 @@ std::string blas_description() {
 }
 
 int run(const Options& opt) {
+  host_kernel();  // settled before any measurement switches kernels
   if (opt.threads > 0) set_num_threads(opt.threads);
   std::vector<Shape4> shapes;
   if (!opt.shape.empty()) {

@@ -138,7 +138,8 @@ TEST_CASE("gemm kernel: avx512 matches fp64 and its FMA chain over awkward shape
     return;
   }
   // 1s, odd sizes, sizes around the 14 x 32 register block and the 256 k block (one more, one
-  // less, several blocks), a single row and a single column.
+  // less, several blocks), a single row and a single column; last row panels of 1, 3, 4, 6, 8,
+  // 13 rows (the 4-, 7-, 10- and 14-row edge kernels).
   const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = {
       {1, 1, 1},     {1, 37, 5},    {13, 1, 9},  {14, 32, 256}, {15, 33, 257},
       {27, 63, 255}, {29, 65, 513}, {3, 100, 1}, {50, 17, 700}, {130, 31, 64}};

@@ -183,14 +183,16 @@ struct Epilogue {
   float alpha, beta;
 };
 
-// One kRows x kCols block of C over one k block. `sums` holds the block's running sums between k
-// blocks ([kRows][kCols]); the first block starts from zero, the last one writes C.
-template <bool kFirst, bool kLast>
+// The first kR rows of a kRows x kCols block of C over one k block (kR < kRows for the last row
+// panel of a tile, so that a ragged edge does not multiply a whole panel of padding; the rows
+// are the same FMA chains whichever kR computes them). `sums` holds the block's running sums
+// between k blocks ([kRows][kCols]); the first block starts from zero, the last one writes C.
+template <int64_t kR, bool kFirst, bool kLast>
 MOE_TARGET_AVX512 void micro_kernel(const float* __restrict a, const float* __restrict b,
                                     int64_t kc, float* __restrict sums, const Epilogue& e) {
-  __m512 acc[kRows][kVectors];
+  __m512 acc[kR][kVectors];
 #pragma GCC unroll 16
-  for (int64_t r = 0; r < kRows; ++r)
+  for (int64_t r = 0; r < kR; ++r)
 #pragma GCC unroll 4
     for (int64_t v = 0; v < kVectors; ++v)
       acc[r][v] = kFirst ? _mm512_setzero_ps() : _mm512_load_ps(sums + r * kCols + 16 * v);
@@ -199,7 +201,7 @@ MOE_TARGET_AVX512 void micro_kernel(const float* __restrict a, const float* __re
 #pragma GCC unroll 4
     for (int64_t v = 0; v < kVectors; ++v) bv[v] = _mm512_load_ps(b + 16 * v);
 #pragma GCC unroll 16
-    for (int64_t r = 0; r < kRows; ++r) {
+    for (int64_t r = 0; r < kR; ++r) {
       const __m512 av = _mm512_set1_ps(a[r]);
 #pragma GCC unroll 4
       for (int64_t v = 0; v < kVectors; ++v) acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
@@ -209,7 +211,7 @@ MOE_TARGET_AVX512 void micro_kernel(const float* __restrict a, const float* __re
   }
   if constexpr (!kLast) {
 #pragma GCC unroll 16
-    for (int64_t r = 0; r < kRows; ++r)
+    for (int64_t r = 0; r < kR; ++r)
 #pragma GCC unroll 4
       for (int64_t v = 0; v < kVectors; ++v) _mm512_store_ps(sums + r * kCols + 16 * v, acc[r][v]);
   } else {
@@ -218,7 +220,7 @@ MOE_TARGET_AVX512 void micro_kernel(const float* __restrict a, const float* __re
 #pragma GCC unroll 4
     for (int64_t v = 0; v < kVectors; ++v) mask[v] = lanes(e.cols - 16 * v);
 #pragma GCC unroll 16
-    for (int64_t r = 0; r < kRows; ++r) {
+    for (int64_t r = 0; r < kR; ++r) {
       if (r >= e.rows) break;
       float* c = e.c + r * e.ldc;
 #pragma GCC unroll 4
@@ -234,6 +236,21 @@ MOE_TARGET_AVX512 void micro_kernel(const float* __restrict a, const float* __re
 }
 
 using MicroKernel = void (*)(const float*, const float*, int64_t, float*, const Epilogue&);
+
+template <int64_t kR>
+MicroKernel micro_kernel_for(bool first, bool last) {
+  return first ? (last ? micro_kernel<kR, true, true> : micro_kernel<kR, true, false>)
+               : (last ? micro_kernel<kR, false, true> : micro_kernel<kR, false, false>);
+}
+
+// The kernel for a panel of `rows` (<= kRows) rows: the smallest of 4, 7, 10, 14 rows that
+// covers them (under 4 rows, fewer than 8 FMA chains would not fill two FMA pipes anyway).
+MicroKernel micro_kernel_for_rows(int64_t rows, bool first, bool last) {
+  if (rows <= 4) return micro_kernel_for<4>(first, last);
+  if (rows <= 7) return micro_kernel_for<7>(first, last);
+  if (rows <= 10) return micro_kernel_for<10>(first, last);
+  return micro_kernel_for<kRows>(first, last);
+}
 
 }  // namespace
 
@@ -259,17 +276,17 @@ MOE_TARGET_AVX512 void sgemm_tile_avx512(const GemmProblem& p, int64_t m, int64_
     pack_a(p, a, m, k0, kc, a_packed);
     pack_b(p, b, n, k0, kc, b_packed);
     const bool first = block == 0, last = block == blocks - 1;
-    const MicroKernel kernel =
-        first ? (last ? micro_kernel<true, true> : micro_kernel<true, false>)
-              : (last ? micro_kernel<false, true> : micro_kernel<false, false>);
+    const MicroKernel full = micro_kernel_for_rows(kRows, first, last);
+    const MicroKernel edge = micro_kernel_for_rows(m - (row_panels - 1) * kRows, first, last);
     // A column panel of B (32 KiB) stays in L1 while every row panel of A passes over it.
     for (int64_t jp = 0; jp < col_panels; ++jp)
       for (int64_t ip = 0; ip < row_panels; ++ip) {
         const int64_t i0 = ip * kRows, j0 = jp * kCols;
         const Epilogue e{c + i0 * p.ldc + j0,     p.ldc,   std::min(kRows, m - i0),
                          std::min(kCols, n - j0), p.alpha, p.beta};
-        kernel(a_packed + i0 * kc, b_packed + j0 * kc, kc,
-               sums ? sums + (ip * col_panels + jp) * kBlock : nullptr, e);
+        (ip + 1 < row_panels ? full : edge)(a_packed + i0 * kc, b_packed + j0 * kc, kc,
+                                            sums ? sums + (ip * col_panels + jp) * kBlock : nullptr,
+                                            e);
       }
   }
 }
