@@ -141,8 +141,8 @@ TEST_CASE("gemm kernel: avx512 matches fp64 and its FMA chain over awkward shape
   // less, several blocks), a single row and a single column; last row panels of 1, 3, 4, 6, 8,
   // 13 rows (the 4-, 7-, 10- and 14-row edge kernels).
   const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = {
-      {1, 1, 1},     {1, 37, 5},    {13, 1, 9},  {14, 32, 256}, {15, 33, 257},
-      {27, 63, 255}, {29, 65, 513}, {3, 100, 1}, {50, 17, 700}, {130, 31, 64}};
+      {1, 1, 1},     {1, 37, 5},  {13, 1, 9},    {14, 32, 256}, {15, 33, 257}, {27, 63, 255},
+      {29, 65, 513}, {3, 100, 1}, {50, 17, 700}, {130, 31, 64}, {20, 45, 300}};
   const std::vector<std::pair<float, float>> scalars = {
       {1.0f, 0.0f}, {1.0f, 1.0f}, {0.5f, -2.0f}, {0.0f, 1.5f}, {-1.25f, 0.0f}};
   uint64_t seed = 100;
