@@ -116,6 +116,14 @@ double check_product(const Operands& o, float alpha, float beta, const Tensor& c
   return worst;
 }
 
+// True where this CPU runs the AVX-512 kernel; elsewhere checks that asking for it is refused
+// (so the kernel tests assert something on every host).
+bool avx512_here() {
+  if (cpu::gemm_avx512_supported()) return true;
+  CHECK_THROWS_AS(cpu::set_gemm_kernel(cpu::GemmKernel::avx512), UsageError);
+  return false;
+}
+
 }  // namespace
 
 TEST_CASE("gemm kernel: the choice follows the CPU, and avx512 is refused without AVX-512",
@@ -133,10 +141,7 @@ TEST_CASE("gemm kernel: the choice follows the CPU, and avx512 is refused withou
 }
 
 TEST_CASE("gemm kernel: avx512 matches fp64 and its FMA chain over awkward shapes", "[core]") {
-  if (!cpu::gemm_avx512_supported()) {
-    CHECK_THROWS_AS(cpu::set_gemm_kernel(cpu::GemmKernel::avx512), UsageError);
-    return;
-  }
+  if (!avx512_here()) return;
   // 1s, odd sizes, sizes around the 14 x 32 register block and the 256 k block (one more, one
   // less, several blocks), a single row and a single column; last row panels of 1, 3, 4, 6, 8,
   // 13 rows (the 4-, 7-, 10- and 14-row edge kernels).
@@ -158,10 +163,7 @@ TEST_CASE("gemm kernel: avx512 matches fp64 and its FMA chain over awkward shape
 }
 
 TEST_CASE("gemm kernel: through sgemm, k = 0, beta = 0 over NaN, and many tiles", "[core]") {
-  if (!cpu::gemm_avx512_supported()) {
-    CHECK_THROWS_AS(cpu::set_gemm_kernel(cpu::GemmKernel::avx512), UsageError);
-    return;
-  }
+  if (!avx512_here()) return;
   KernelGuard guard;
   cpu::set_gemm_kernel(cpu::GemmKernel::avx512);
   // k = 0: C = beta C (alpha times an empty sum).
@@ -182,10 +184,7 @@ TEST_CASE("gemm kernel: through sgemm, k = 0, beta = 0 over NaN, and many tiles"
 
 TEST_CASE("gemm kernel: avx512 bits at 1 and 2 threads, and a row's bits whatever shares the call",
           "[core]") {
-  if (!cpu::gemm_avx512_supported()) {
-    CHECK_THROWS_AS(cpu::set_gemm_kernel(cpu::GemmKernel::avx512), UsageError);
-    return;
-  }
+  if (!avx512_here()) return;
   KernelGuard guard;
   test::ThreadGuard threads;
   cpu::set_gemm_kernel(cpu::GemmKernel::avx512);
@@ -217,10 +216,7 @@ TEST_CASE("gemm kernel: avx512 bits at 1 and 2 threads, and a row's bits whateve
 }
 
 TEST_CASE("gemm kernel: the CBLAS and AVX-512 kernels agree to fp32 accuracy", "[core]") {
-  if (!cpu::gemm_avx512_supported()) {
-    CHECK_THROWS_AS(cpu::set_gemm_kernel(cpu::GemmKernel::avx512), UsageError);
-    return;
-  }
+  if (!avx512_here()) return;
   KernelGuard guard;
   // Each kernel sums in its own order (the BLAS's blocking is its own), so they differ by
   // rounding: each is within the (K + 2) u bound of the exact sum (check_product checks ours),
