@@ -1,6 +1,7 @@
 // The AVX-512 tile kernel of cpu::sgemm (backend/cpu/gemm_avx512.cpp) against an fp64 loop and
-// against the scalar FMA chain it promises (each element: fma over k = 0..K-1 in order, then
-// alpha * sum, then + beta * C by one FMA), over awkward shapes; its bits at 1 and 2 threads; a
+// against the scalar sums it promises (each element: per k block, an FMA chain from zero over
+// the block's k in order; block sums added in order; then alpha * sum, then + beta * C by one
+// FMA), over awkward shapes; its bits at 1 and 2 threads; a
 // row's bits whatever rows share the call; the CBLAS kernel and ours agreeing to fp32 accuracy;
 // and the kernel choice (CPU features, MOE_GEMM). On a CPU without AVX-512 the kernel tests check
 // that asking for it is refused. Shapes: C [M,N] = alpha op(A) [M,K] op(B) [K,N] + beta C.
@@ -83,20 +84,26 @@ Tensor run_tile(const Operands& o, float alpha, float beta) {
 double check_product(const Operands& o, float alpha, float beta, const Tensor& c) {
   const float* C0 = o.c.data<float>();
   const float* C = c.data<float>();
-  // fp32 sums of K products, one rounding per FMA, then alpha and beta: below (K + 2) u times
-  // the sum of magnitudes (u = FLT_EPSILON / 2, to first order; the usual gamma bound).
+  // fp32 sums of K products, one rounding per FMA or block addition, then alpha and beta: below
+  // (K + 2) u times the sum of magnitudes (u = FLT_EPSILON / 2, to first order; the usual gamma
+  // bound, which the blocked sum also meets).
   const double u = FLT_EPSILON / 2;
+  const int64_t k_block = cpu::gemm_avx512_k_block(o.k);
   double worst = 0;
   int64_t chain_mismatches = 0;
   for (int64_t i = 0; i < o.m; ++i) {
     for (int64_t j = 0; j < o.n; ++j) {
       double exact = 0, magnitude = 0;
-      float chain = 0.0f;
+      float chain = 0.0f, block = 0.0f;
       for (int64_t p = 0; p < o.k; ++p) {
         const float x = a_at(o, i, p), y = b_at(o, p, j);
         exact += double(x) * double(y);
         magnitude += std::fabs(double(x) * double(y));
-        chain = std::fma(x, y, chain);
+        block = std::fma(x, y, block);
+        if ((p + 1) % k_block == 0 || p + 1 == o.k) {  // the block's sum joins the total
+          chain = p + 1 <= k_block ? block : chain + block;
+          block = 0.0f;
+        }
       }
       const float c0 = C0[i * o.ldc + j];
       float promised = alpha * chain;
@@ -140,7 +147,8 @@ TEST_CASE("gemm kernel: the choice follows the CPU, and avx512 is refused withou
   CHECK(std::string(cpu::gemm_kernel_name(cpu::GemmKernel::avx512)) == "avx512");
 }
 
-TEST_CASE("gemm kernel: avx512 matches fp64 and its FMA chain over awkward shapes", "[core]") {
+TEST_CASE("gemm kernel: avx512 matches fp64 and its blocked FMA chains over awkward shapes",
+          "[core]") {
   if (!avx512_here()) return;
   // 1s, odd sizes, sizes around the 14 x 32 register block and the 256 k block (one more, one
   // less, several blocks), a single row and a single column; last row panels of 1, 3, 4, 6, 8,
@@ -202,7 +210,7 @@ TEST_CASE("gemm kernel: avx512 bits at 1 and 2 threads, and a row's bits whateve
     const Tensor two = run_sgemm(o, 1.0f, 1.0f);
     CHECK(test::bitwise_equal(one, two));
     // Rows 5..11 of op(A) alone (a different tile grid, a different place in the register
-    // block): each element is the same FMA chain, so the same bits.
+    // block): each element is the same sums, so the same bits.
     Tensor part = o.c.clone();
     const float* a_rows = o.a.data<float>() + (ta ? 5 : 5 * o.lda);
     cpu::sgemm(ta, tb, 7, n, k, 1.0f, a_rows, o.lda, o.b.data<float>(), o.ldb, 1.0f,

@@ -7,10 +7,12 @@
 // Why our own: the environment pins OpenBLAS to its AVX2 kernels on AVX-512 hosts
 // (OPENBLAS_CORETYPE), which halves GEMM speed there, and the environment is not ours to change.
 //
-// Bits: K is cut into blocks of at most kMaxKc only so that the panels stay in cache; a block's
-// sums are stored to a per-thread buffer as fp32 and reloaded, which continues the same FMA chain.
-// So every element is fma(a[k], b[k], sum) for k = 0 .. K-1 in order, then alpha * sum (+ beta *
-// C by one more FMA): the same bits whatever the tile, the block sizes or the thread.
+// Bits: K is cut into gemm_avx512_k_block(K)-sized blocks (a function of K alone, at most 256:
+// the panels stay in cache). Each element is, per block, one FMA chain from zero over the block's
+// k in order; the block sums are added in block order (kept in a per-thread buffer between
+// blocks); then alpha * sum (+ beta * C by one more FMA). The same bits whatever the tile, the
+// rows beside it or the thread. (Adding block sums rather than continuing one chain over all K
+// keeps the rounding error near (256 + K / 256) u rather than K u.)
 //
 // The whole file is compiled for AVX-512 through target attributes, not -m flags, so that nothing
 // it instantiates from headers can be picked by the linker for code that runs on other CPUs; it
@@ -185,8 +187,9 @@ struct Epilogue {
 
 // The first kR rows of a kRows x kCols block of C over one k block (kR < kRows for the last row
 // panel of a tile, so that a ragged edge does not multiply a whole panel of padding; the rows
-// are the same FMA chains whichever kR computes them). `sums` holds the block's running sums
-// between k blocks ([kRows][kCols]); the first block starts from zero, the last one writes C.
+// are the same FMA chains whichever kR computes them). `sums` holds the sums of the k blocks so
+// far ([kRows][kCols]): the block's own chains start from zero and are added to them (not for the
+// first block); the last block writes C.
 template <int64_t kR, bool kFirst, bool kLast>
 MOE_TARGET_AVX512 void micro_kernel(const float* __restrict a, const float* __restrict b,
                                     int64_t kc, float* __restrict sums, const Epilogue& e) {
@@ -194,8 +197,7 @@ MOE_TARGET_AVX512 void micro_kernel(const float* __restrict a, const float* __re
 #pragma GCC unroll 16
   for (int64_t r = 0; r < kR; ++r)
 #pragma GCC unroll 4
-    for (int64_t v = 0; v < kVectors; ++v)
-      acc[r][v] = kFirst ? _mm512_setzero_ps() : _mm512_load_ps(sums + r * kCols + 16 * v);
+    for (int64_t v = 0; v < kVectors; ++v) acc[r][v] = _mm512_setzero_ps();
   for (int64_t k = 0; k < kc; ++k) {
     __m512 bv[kVectors];
 #pragma GCC unroll 4
@@ -208,6 +210,13 @@ MOE_TARGET_AVX512 void micro_kernel(const float* __restrict a, const float* __re
     }
     a += kRows;
     b += kCols;
+  }
+  if constexpr (!kFirst) {
+#pragma GCC unroll 16
+    for (int64_t r = 0; r < kR; ++r)
+#pragma GCC unroll 4
+      for (int64_t v = 0; v < kVectors; ++v)
+        acc[r][v] = _mm512_add_ps(_mm512_load_ps(sums + r * kCols + 16 * v), acc[r][v]);
   }
   if constexpr (!kLast) {
 #pragma GCC unroll 16
@@ -254,6 +263,11 @@ MicroKernel micro_kernel_for_rows(int64_t rows, bool first, bool last) {
 
 }  // namespace
 
+int64_t gemm_avx512_k_block(int64_t k) {
+  const int64_t blocks = ceil_div(std::max<int64_t>(k, 1), kMaxKc);
+  return ceil_div(std::max<int64_t>(k, 1), blocks);  // even blocks
+}
+
 bool gemm_avx512_supported() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
@@ -264,8 +278,7 @@ bool gemm_avx512_supported() {
 MOE_TARGET_AVX512 void sgemm_tile_avx512(const GemmProblem& p, int64_t m, int64_t n, const float* a,
                                          const float* b, float* c) {
   const int64_t row_panels = ceil_div(m, kRows), col_panels = ceil_div(n, kCols);
-  const int64_t blocks = ceil_div(p.k, kMaxKc);
-  const int64_t kc_max = ceil_div(p.k, blocks);  // even blocks (the bits do not depend on it)
+  const int64_t kc_max = gemm_avx512_k_block(p.k), blocks = ceil_div(p.k, kc_max);
   Workspace& w = t_workspace;
   float* a_packed = w.a.get(row_panels * kRows * kc_max);
   float* b_packed = w.b.get(col_panels * kCols * kc_max);
@@ -294,6 +307,7 @@ MOE_TARGET_AVX512 void sgemm_tile_avx512(const GemmProblem& p, int64_t m, int64_
 #else  // not x86-64 with GCC or Clang: no AVX-512 kernel
 
 bool gemm_avx512_supported() { return false; }
+int64_t gemm_avx512_k_block(int64_t k) { return k; }
 void sgemm_tile_avx512(const GemmProblem&, int64_t, int64_t, const float*, const float*, float*) {
   throw Error("cpu sgemm: the avx512 kernel is not built for this CPU architecture");
 }
