@@ -115,7 +115,7 @@ struct GemmMode {
   cpu::GemmKernel kernel;
 };
 // This host's kernel (CPU features, MOE_GEMM), first asked at the start of run(), inside
-// run_tool (a bad MOE_GEMM is a usage error there) and before time_with switches kernels.
+// run_tool (a bad MOE_GEMM is a usage error there) and before time_modes switches kernels.
 cpu::GemmKernel host_kernel() {
   static const cpu::GemmKernel kernel = cpu::gemm_kernel();
   return kernel;
@@ -124,15 +124,34 @@ GemmMode tiled_mode() { return {cpu::GemmPath::tiled, host_kernel()}; }
 GemmMode tiled_blas_mode() { return {cpu::GemmPath::tiled, cpu::GemmKernel::blas}; }
 GemmMode vendor_mode() { return {cpu::GemmPath::vendor_threaded, cpu::GemmKernel::blas}; }
 
-// Runs fn with every cpu::sgemm in `mode`, then restores the library's tiled path and kernel.
-double time_with(GemmMode mode, const std::function<void()>& fn, double min_seconds, int min_runs,
-                 int64_t* iterations) {
-  cpu::set_gemm_path(mode.path);
-  cpu::set_gemm_kernel(mode.kernel);
-  const double s = time_it(fn, min_seconds, min_runs, iterations);
+// Times fn under each mode, the modes taking turns (A B C A B C ...: on a shared machine a
+// slow spell then hits every mode alike, so their ratios hold), after one warm-up run each, for
+// at least `min_runs` rounds and min_seconds per mode; returns each mode's best seconds per call
+// and restores the library's tiled path and kernel.
+std::vector<double> time_modes(const std::vector<GemmMode>& modes, const std::function<void()>& fn,
+                               double min_seconds, int min_runs, int64_t* rounds = nullptr) {
+  auto run_in = [&](const GemmMode& mode) {
+    cpu::set_gemm_path(mode.path);
+    cpu::set_gemm_kernel(mode.kernel);
+    Timer one;
+    fn();
+    return one.seconds();
+  };
+  for (const GemmMode& mode : modes) run_in(mode);
+  std::vector<double> best(modes.size(), 0.0);
+  Timer total;
+  int64_t n = 0;
+  do {
+    for (size_t i = 0; i < modes.size(); ++i) {
+      const double s = run_in(modes[i]);
+      best[i] = n == 0 ? s : std::min(best[i], s);
+    }
+    ++n;
+  } while (n < min_runs || total.seconds() < min_seconds * static_cast<double>(modes.size()));
   cpu::set_gemm_path(cpu::GemmPath::tiled);
   cpu::set_gemm_kernel(host_kernel());
-  return s;
+  if (rounds) *rounds = n;
+  return best;
 }
 
 CeilingRow measure_ceiling(int64_t m, int64_t k, int64_t n, double min_seconds) {
@@ -143,11 +162,9 @@ CeilingRow measure_ceiling(int64_t m, int64_t k, int64_t n, double min_seconds) 
                c.data<float>(), n);
   };
   const double flops = 2.0 * static_cast<double>(m) * k * n;
-  const double vendor = time_with(vendor_mode(), gemm, min_seconds, 5, nullptr);
-  const double tiled = time_with(tiled_mode(), gemm, min_seconds, 5, nullptr);
-  const double blas = host_kernel() == cpu::GemmKernel::blas
-                          ? tiled
-                          : time_with(tiled_blas_mode(), gemm, min_seconds, 5, nullptr);
+  const std::vector<double> t =
+      time_modes({vendor_mode(), tiled_mode(), tiled_blas_mode()}, gemm, min_seconds, 5);
+  const double vendor = t[0], tiled = t[1], blas = t[2];
   return {m,
           k,
           n,
@@ -166,15 +183,15 @@ KernelRow measure_kernels(const char* what, bool ta, bool tb, int64_t m, int64_t
   Tensor a = random_tensor({ta ? k : m, ta ? m : k}, 11, 1.0f);
   Tensor b = random_tensor({tb ? n : k, tb ? k : n}, 12, 1.0f);
   Tensor c = Tensor::zeros({m, n}), c_blas = Tensor::zeros({m, n});
-  auto gemm_into = [&](Tensor& out) {
-    return [&, ta, tb] {
-      cpu::sgemm(ta, tb, m, n, k, 1.0f, a.data<float>(), ta ? m : k, b.data<float>(), tb ? k : n,
-                 0.0f, out.data<float>(), n);
-    };
+  auto gemm = [&] {
+    // Each kernel writes its own C, compared below.
+    Tensor& out = cpu::gemm_kernel() == cpu::GemmKernel::blas ? c_blas : c;
+    cpu::sgemm(ta, tb, m, n, k, 1.0f, a.data<float>(), ta ? m : k, b.data<float>(), tb ? k : n,
+               0.0f, out.data<float>(), n);
   };
   const double flops = 2.0 * static_cast<double>(m) * n * k;
-  const double blas = time_with(tiled_blas_mode(), gemm_into(c_blas), min_seconds, 5, nullptr);
-  const double host = time_with(tiled_mode(), gemm_into(c), min_seconds, 5, nullptr);
+  const std::vector<double> t = time_modes({tiled_blas_mode(), tiled_mode()}, gemm, min_seconds, 5);
+  const double blas = t[0], host = t[1];
   double diff = 0, scale = 0;
   for (int64_t i = 0; i < m * n; ++i) {
     diff = std::max(diff, std::fabs(double(c.data<float>()[i]) - c_blas.data<float>()[i]));
@@ -215,12 +232,9 @@ MoERow measure_moe(const Shape4& shape, double ceiling, double min_seconds) {
     Tensor dx = layer.backward(dy, saved, 0.01f, 0.001f);
     dropped = stats.dropped;
   };
-  const double seconds = time_with(tiled_mode(), layer_step, min_seconds, 2, &iterations);
-  const double vendor_seconds = time_with(vendor_mode(), layer_step, min_seconds, 2, nullptr);
-  const double blas_seconds =
-      host_kernel() == cpu::GemmKernel::blas
-          ? seconds
-          : time_with(tiled_blas_mode(), layer_step, min_seconds, 2, nullptr);
+  const std::vector<double> t = time_modes({tiled_mode(), vendor_mode(), tiled_blas_mode()},
+                                           layer_step, min_seconds, 2, &iterations);
+  const double seconds = t[0], vendor_seconds = t[1], blas_seconds = t[2];
   // Expert GEMMs: 2 forward + 4 backward of 2*M*D*F flops; router: 1 forward + 2 backward of
   // 2*N*D*E.
   const double flops =
@@ -356,7 +370,9 @@ int run(const Options& opt) {
     std::printf(
         "# flops: 12 N k D F (expert GEMMs) + 6 N D E (router); ratio = rate / ceiling of the same "
         "[N*k, D] x [D, F]\n");
-    std::printf("# time: best of >= 2 runs after a warm-up (ceiling: best of >= 5)\n");
+    std::printf(
+        "# time: best of >= 2 runs after a warm-up (ceiling: best of >= 5); the GEMM modes of a "
+        "row take turns run by run\n");
     std::printf(
         "# vendor: the same layer with every GEMM handed whole to the threaded BLAS (the path "
         "before "
