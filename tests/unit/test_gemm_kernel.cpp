@@ -181,12 +181,16 @@ TEST_CASE("gemm kernel: through sgemm, k = 0, beta = 0 over NaN, and many tiles"
     for (int64_t j = 0; j < 40; ++j)
       REQUIRE(scaled.data<float>()[i * empty.ldc + j] ==
               0.5f * empty.c.data<float>()[i * empty.ldc + j]);
-  // beta = 0 never reads C: NaN there must not come through.
-  Operands o = make_operands(300, 270, 600, true, false, 9);
+  // beta = 0 never reads C: NaN there must not come through. Ragged tiles, every one wide and
+  // tall enough for our kernel (narrower ones go to CBLAS), so check_product's bits apply.
+  Operands o = make_operands(300, 290, 600, true, false, 9);
+  const cpu::GemmTiling t = cpu::gemm_tiling(o.m, o.n, o.k);
+  REQUIRE(t.tiles_m * t.tiles_n > 1);
+  REQUIRE(o.m - (t.tiles_m - 1) * t.tile_m >= cpu::kGemmAvx512MinRows);
+  REQUIRE(o.n - (t.tiles_n - 1) * t.tile_n >= cpu::kGemmAvx512MinCols);
   float* c0 = o.c.data<float>();
   for (int64_t i = 0; i < o.m; ++i) c0[i * o.ldc + 5] = std::numeric_limits<float>::quiet_NaN();
   const Tensor c = run_sgemm(o, 1.0f, 0.0f);
-  REQUIRE(cpu::gemm_tiling(o.m, o.n, o.k).tiles_m * cpu::gemm_tiling(o.m, o.n, o.k).tiles_n > 1);
   CHECK(check_product(o, 1.0f, 0.0f, c) <= 1.0);
 }
 
@@ -199,10 +203,13 @@ TEST_CASE("gemm kernel: avx512 bits at 1 and 2 threads, and a row's bits whateve
   for (const auto& [m, n, k, ta, tb] :
        std::vector<std::tuple<int64_t, int64_t, int64_t, bool, bool>>{
            {1990, 48, 1000, false, true},
-           {513, 515, 129, false, false},
+           {513, 530, 129, false, false},
            {16, 700, 8192, true, false}}) {
     INFO(m << " x " << n << " x " << k);
     REQUIRE(m >= 12);  // rows 5..11 are taken below
+    // Every tile is one of ours (none narrower than kGemmAvx512MinCols, which go to CBLAS).
+    const cpu::GemmTiling t = cpu::gemm_tiling(m, n, k);
+    REQUIRE(n - (t.tiles_n - 1) * t.tile_n >= cpu::kGemmAvx512MinCols);
     const Operands o = make_operands(m, n, k, ta, tb, 40);
     set_num_threads(1);
     const Tensor one = run_sgemm(o, 1.0f, 1.0f);

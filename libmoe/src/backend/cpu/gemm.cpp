@@ -82,7 +82,7 @@ void run_tile(const GemmProblem& p, const GemmTiling& t, int64_t ti, int64_t tj,
   const int64_t m = std::min(t.tile_m, p.m - i0), n = std::min(t.tile_n, p.n - j0);
   const float* a = p.transpose_a ? p.a + i0 : p.a + i0 * p.lda;  // rows i0.. of op(A)
   const float* b = p.transpose_b ? p.b + j0 * p.ldb : p.b + j0;  // columns j0.. of op(B)
-  if (kernel == GemmKernel::avx512 && m >= kGemmAvx512MinRows) {
+  if (kernel == GemmKernel::avx512 && m >= kGemmAvx512MinRows && n >= kGemmAvx512MinCols) {
     sgemm_tile_avx512(p, m, n, a, b, p.c + i0 * p.ldc + j0);
     return;
   }

@@ -53,12 +53,13 @@ GemmPath gemm_path();
 
 // The tile kernel: `avx512` (ours, gemm_avx512.cpp) on CPUs with AVX-512 F/VL/DQ/BW and FMA,
 // `blas` (a single-threaded CBLAS call) elsewhere, and for tiles of fewer than
-// kGemmAvx512MinRows rows (the 14-row micro-kernel would mostly multiply padding there). Chosen
+// kGemmAvx512MinRows rows or kGemmAvx512MinCols columns (ours computes 4+ rows by 32 columns at
+// a time: it would mostly multiply padding there; decode's single rows, router logits). Chosen
 // by CPU features only, never by timings, so a host always computes the same bits. The
 // environment variable MOE_GEMM=blas forces the CBLAS kernel (benchmarks, comparisons);
 // MOE_GEMM=avx512 asks for ours and fails on a CPU without it; unset or `auto`: the default.
 enum class GemmKernel { blas, avx512 };
-constexpr int64_t kGemmAvx512MinRows = 4;
+constexpr int64_t kGemmAvx512MinRows = 4, kGemmAvx512MinCols = 16;
 const char* gemm_kernel_name(GemmKernel kernel);
 GemmKernel gemm_kernel();  // the kernel in use (first call: CPU features and MOE_GEMM)
 // Benchmarks and tests: switch kernels in this process. Throws moe::UsageError for avx512 on a
