@@ -1,7 +1,8 @@
 // moe-bench: MoE layer forward+backward throughput on the CPU backend, against the dense sgemm
 // rate of a comparable GEMM measured in the same run (the ceiling), with a correctness column
-// (fast forward vs the per-token reference on a slice of tokens). nccl-tests-style table on
-// stdout, or one JSON object with --json. Not a test: nothing is asserted.
+// (fast forward vs the per-token reference on a slice of tokens), and the GEMM tile kernels
+// (this host's and CBLAS) side by side on the products the library runs. nccl-tests-style
+// tables on stdout, or one JSON object with --json. Not a test: nothing is asserted.
 // Shapes: N tokens, D model width, F = 4D expert hidden width, E experts, k top-k, M = N*k rows.
 #include <algorithm>
 #include <cmath>
@@ -53,9 +54,19 @@ struct Shape4 {
 struct CeilingRow {
   int64_t m, k, n;
   double seconds, gflops;              // the BLAS's own threaded sgemm, one call
-  double tiled_seconds, tiled_gflops;  // the library's deterministic tiled cpu::sgemm
-  // The machine's ceiling: the faster of the two ways to run the dense product.
-  double best() const { return std::max(gflops, tiled_gflops); }
+  double tiled_seconds, tiled_gflops;  // the library's deterministic tiled cpu::sgemm (its kernel)
+  double blas_seconds, blas_gflops;    // the same tiles, each one single-threaded CBLAS call
+  // The machine's ceiling: the fastest of the ways to run the dense product.
+  double best() const { return std::max({gflops, tiled_gflops, blas_gflops}); }
+};
+
+// One product of the GEMM kernel table: each tile kernel on the same operands, in the same run.
+struct KernelRow {
+  const char* what;
+  bool transpose_a, transpose_b;
+  int64_t m, n, k;
+  double blas_gflops, host_gflops;
+  double max_rel_diff;  // max |host - blas| / max |blas|
 };
 
 struct MoERow {
@@ -63,6 +74,7 @@ struct MoERow {
   int64_t d_ff;
   double seconds, tokens_per_s, gflops, ceiling, ratio, max_rel_err;
   double vendor_seconds;  // the same layer with every GEMM handed whole to the threaded BLAS
+  double blas_seconds;    // the same layer, tiled, with the CBLAS tile kernel
   int64_t iterations, dropped;
 };
 
@@ -96,13 +108,50 @@ double time_it(const std::function<void()>& fn, double min_seconds, int min_runs
   return best;
 }
 
-// Runs fn with every cpu::sgemm taking `path`, then restores the library's tiled path.
-double time_with_path(cpu::GemmPath path, const std::function<void()>& fn, double min_seconds,
-                      int min_runs, int64_t* iterations) {
-  cpu::set_gemm_path(path);
-  const double s = time_it(fn, min_seconds, min_runs, iterations);
+// How cpu::sgemm runs during one measurement: tiled (the library's path) with a tile kernel, or
+// each product whole to the threaded BLAS (`vendor`).
+struct GemmMode {
+  cpu::GemmPath path;
+  cpu::GemmKernel kernel;
+};
+// This host's kernel (CPU features, MOE_GEMM), first asked at the start of run(), inside
+// run_tool (a bad MOE_GEMM is a usage error there) and before time_modes switches kernels.
+cpu::GemmKernel host_kernel() {
+  static const cpu::GemmKernel kernel = cpu::gemm_kernel();
+  return kernel;
+}
+GemmMode tiled_mode() { return {cpu::GemmPath::tiled, host_kernel()}; }
+GemmMode tiled_blas_mode() { return {cpu::GemmPath::tiled, cpu::GemmKernel::blas}; }
+GemmMode vendor_mode() { return {cpu::GemmPath::vendor_threaded, cpu::GemmKernel::blas}; }
+
+// Times fn under each mode, the modes taking turns (A B C A B C ...: on a shared machine a
+// slow spell then hits every mode alike, so their ratios hold), after one warm-up run each, for
+// at least `min_runs` rounds and min_seconds per mode; returns each mode's best seconds per call
+// and restores the library's tiled path and kernel.
+std::vector<double> time_modes(const std::vector<GemmMode>& modes, const std::function<void()>& fn,
+                               double min_seconds, int min_runs, int64_t* rounds = nullptr) {
+  auto run_in = [&](const GemmMode& mode) {
+    cpu::set_gemm_path(mode.path);
+    cpu::set_gemm_kernel(mode.kernel);
+    Timer one;
+    fn();
+    return one.seconds();
+  };
+  for (const GemmMode& mode : modes) run_in(mode);
+  std::vector<double> best(modes.size(), 0.0);
+  Timer total;
+  int64_t n = 0;
+  do {
+    for (size_t i = 0; i < modes.size(); ++i) {
+      const double s = run_in(modes[i]);
+      best[i] = n == 0 ? s : std::min(best[i], s);
+    }
+    ++n;
+  } while (n < min_runs || total.seconds() < min_seconds * static_cast<double>(modes.size()));
   cpu::set_gemm_path(cpu::GemmPath::tiled);
-  return s;
+  cpu::set_gemm_kernel(host_kernel());
+  if (rounds) *rounds = n;
+  return best;
 }
 
 CeilingRow measure_ceiling(int64_t m, int64_t k, int64_t n, double min_seconds) {
@@ -113,10 +162,50 @@ CeilingRow measure_ceiling(int64_t m, int64_t k, int64_t n, double min_seconds) 
                c.data<float>(), n);
   };
   const double flops = 2.0 * static_cast<double>(m) * k * n;
-  const double vendor =
-      time_with_path(cpu::GemmPath::vendor_threaded, gemm, min_seconds, 5, nullptr);
-  const double tiled = time_with_path(cpu::GemmPath::tiled, gemm, min_seconds, 5, nullptr);
-  return {m, k, n, vendor, flops / vendor * 1e-9, tiled, flops / tiled * 1e-9};
+  const std::vector<double> t =
+      time_modes({vendor_mode(), tiled_mode(), tiled_blas_mode()}, gemm, min_seconds, 5);
+  const double vendor = t[0], tiled = t[1], blas = t[2];
+  return {m,
+          k,
+          n,
+          vendor,
+          flops / vendor * 1e-9,
+          tiled,
+          flops / tiled * 1e-9,
+          blas,
+          flops / blas * 1e-9};
+}
+
+// One product through the tiled path with each kernel (the library calls these: expert forward
+// NN, expert dX NT, expert dW TN, attention scores NT and context NN).
+KernelRow measure_kernels(const char* what, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                          double min_seconds) {
+  Tensor a = random_tensor({ta ? k : m, ta ? m : k}, 11, 1.0f);
+  Tensor b = random_tensor({tb ? n : k, tb ? k : n}, 12, 1.0f);
+  Tensor c = Tensor::zeros({m, n}), c_blas = Tensor::zeros({m, n});
+  auto gemm = [&] {
+    // Each kernel writes its own C, compared below.
+    Tensor& out = cpu::gemm_kernel() == cpu::GemmKernel::blas ? c_blas : c;
+    cpu::sgemm(ta, tb, m, n, k, 1.0f, a.data<float>(), ta ? m : k, b.data<float>(), tb ? k : n,
+               0.0f, out.data<float>(), n);
+  };
+  const double flops = 2.0 * static_cast<double>(m) * n * k;
+  const std::vector<double> t = time_modes({tiled_blas_mode(), tiled_mode()}, gemm, min_seconds, 5);
+  const double blas = t[0], host = t[1];
+  double diff = 0, scale = 0;
+  for (int64_t i = 0; i < m * n; ++i) {
+    diff = std::max(diff, std::fabs(double(c.data<float>()[i]) - c_blas.data<float>()[i]));
+    scale = std::max(scale, std::fabs(double(c_blas.data<float>()[i])));
+  }
+  return {what,
+          ta,
+          tb,
+          m,
+          n,
+          k,
+          flops / blas * 1e-9,
+          flops / host * 1e-9,
+          scale > 0 ? diff / scale : diff};
 }
 
 MoERow measure_moe(const Shape4& shape, double ceiling, double min_seconds) {
@@ -143,10 +232,9 @@ MoERow measure_moe(const Shape4& shape, double ceiling, double min_seconds) {
     Tensor dx = layer.backward(dy, saved, 0.01f, 0.001f);
     dropped = stats.dropped;
   };
-  const double seconds =
-      time_with_path(cpu::GemmPath::tiled, layer_step, min_seconds, 2, &iterations);
-  const double vendor_seconds =
-      time_with_path(cpu::GemmPath::vendor_threaded, layer_step, min_seconds, 2, nullptr);
+  const std::vector<double> t = time_modes({tiled_mode(), vendor_mode(), tiled_blas_mode()},
+                                           layer_step, min_seconds, 2, &iterations);
+  const double seconds = t[0], vendor_seconds = t[1], blas_seconds = t[2];
   // Expert GEMMs: 2 forward + 4 backward of 2*M*D*F flops; router: 1 forward + 2 backward of
   // 2*N*D*E.
   const double flops =
@@ -171,6 +259,7 @@ MoERow measure_moe(const Shape4& shape, double ceiling, double min_seconds) {
   row.d_ff = F;
   row.seconds = seconds;
   row.vendor_seconds = vendor_seconds;
+  row.blas_seconds = blas_seconds;
   row.tokens_per_s = static_cast<double>(N) / seconds;
   row.gflops = gflops;
   row.ceiling = ceiling;
@@ -192,6 +281,7 @@ std::string blas_description() {
 }
 
 int run(const Options& opt) {
+  host_kernel();  // settled before any measurement switches kernels
   if (opt.threads > 0) set_num_threads(opt.threads);
   std::vector<Shape4> shapes;
   if (!opt.shape.empty()) {
@@ -214,6 +304,21 @@ int run(const Options& opt) {
     return ceilings.back();
   };
   for (const Shape4& s : shapes) ceiling_for(s);
+  // The products the library runs at each distinct d_model (T = 256-token attention, 64 per head).
+  std::vector<KernelRow> kernel_rows;
+  std::vector<int64_t> widths;
+  for (const Shape4& s : shapes)
+    if (std::find(widths.begin(), widths.end(), s.d_model) == widths.end())
+      widths.push_back(s.d_model);
+  for (int64_t D : widths) {
+    const int64_t M = opt.quick ? 512 : 4096, F = 4 * D, T = opt.quick ? 64 : 256, hd = 64;
+    kernel_rows.push_back(measure_kernels("expert x W1", false, false, M, F, D, opt.min_seconds));
+    kernel_rows.push_back(measure_kernels("expert dX", false, true, M, D, F, opt.min_seconds));
+    kernel_rows.push_back(measure_kernels("expert dW", true, false, D, F, M, opt.min_seconds));
+    kernel_rows.push_back(measure_kernels("dense x W^T", false, true, M, D, D, opt.min_seconds));
+    kernel_rows.push_back(measure_kernels("attn Q K^T", false, true, T, T, hd, opt.min_seconds));
+    kernel_rows.push_back(measure_kernels("attn P V", false, false, T, hd, T, opt.min_seconds));
+  }
   const bool table = !opt.json;
   if (table) {
     std::printf(
@@ -223,40 +328,67 @@ int run(const Options& opt) {
     std::printf("# %s, %s, %d threads, OMP_WAIT_POLICY=%s\n", bench::now_utc().c_str(),
                 bench::cpu_model().c_str(), num_threads(), wait_policy ? wait_policy : "(unset)");
     std::printf("# BLAS: %s\n", blas_description().c_str());
+    const char* gemm_env = std::getenv("MOE_GEMM");
+    std::printf("# GEMM tile kernel: %s (CPU features; MOE_GEMM=%s)\n",
+                cpu::gemm_kernel_name(host_kernel()), gemm_env ? gemm_env : "(unset)");
     std::printf(
         "#\n# dense sgemm C[M,N] = A[M,K] B[K,N] (the expert GEMM shape [N*k, D] x [D, 4D]): "
         "vendor = one call to the BLAS with its own threads\n");
     std::printf(
-        "# tiled: the same product through cpu::sgemm (tiles fixed by shape, single-threaded BLAS "
-        "calls from our OpenMP loop: the library's deterministic path); ratio = tiled / vendor "
-        "rate; the ceiling below is the faster of the two\n");
-    std::printf("# %8s %8s %8s %10s %10s %10s %10s %7s\n", "M", "K", "N", "vendor", "vendor",
-                "tiled", "tiled", "ratio");
-    std::printf("# %8s %8s %8s %10s %10s %10s %10s %7s\n", "", "", "", "(ms)", "(GFLOP/s)", "(ms)",
-                "(GFLOP/s)", "(%)");
+        "# tiled: the same product through cpu::sgemm (tiles fixed by shape, one tile kernel call "
+        "each from our OpenMP loop: the library's deterministic path) with this host's kernel; "
+        "blas: the same tiles, each a single-threaded CBLAS call\n");
+    std::printf(
+        "# tiled/vendor, tiled/blas: rate ratios; the ceiling below is the fastest of the "
+        "three\n");
+    std::printf("# %8s %8s %8s %10s %10s %10s %10s %10s %10s %7s %7s\n", "M", "K", "N", "vendor",
+                "vendor", "blas", "blas", "tiled", "tiled", "t/vend", "t/blas");
+    std::printf("# %8s %8s %8s %10s %10s %10s %10s %10s %10s %7s %7s\n", "", "", "", "(ms)",
+                "(GFLOP/s)", "(ms)", "(GFLOP/s)", "(ms)", "(GFLOP/s)", "(%)", "(%)");
     for (const CeilingRow& c : ceilings)
-      std::printf("  %8ld %8ld %8ld %10.2f %10.1f %10.2f %10.1f %7.1f\n", static_cast<long>(c.m),
-                  static_cast<long>(c.k), static_cast<long>(c.n), c.seconds * 1e3, c.gflops,
-                  c.tiled_seconds * 1e3, c.tiled_gflops, 100.0 * c.tiled_gflops / c.gflops);
+      std::printf("  %8ld %8ld %8ld %10.2f %10.1f %10.2f %10.1f %10.2f %10.1f %7.1f %7.1f\n",
+                  static_cast<long>(c.m), static_cast<long>(c.k), static_cast<long>(c.n),
+                  c.seconds * 1e3, c.gflops, c.blas_seconds * 1e3, c.blas_gflops,
+                  c.tiled_seconds * 1e3, c.tiled_gflops, 100.0 * c.tiled_gflops / c.gflops,
+                  100.0 * c.tiled_gflops / c.blas_gflops);
+    std::printf(
+        "#\n# GEMM tile kernels by product (tiled path): C[M,N] = op(A)[M,K] op(B)[K,N], N/T = "
+        "op is identity/transpose; %s = this host's kernel; diff = max |%s - blas| / max |blas|\n",
+        cpu::gemm_kernel_name(host_kernel()), cpu::gemm_kernel_name(host_kernel()));
+    std::printf("# %-12s %2s %6s %6s %6s %10s %10s %7s %10s\n", "product", "op", "M", "N", "K",
+                "blas", cpu::gemm_kernel_name(host_kernel()), "ratio", "diff");
+    std::printf("# %-12s %2s %6s %6s %6s %10s %10s %7s %10s\n", "", "", "", "", "", "(GFLOP/s)",
+                "(GFLOP/s)", "(x)", "(rel)");
+    for (const KernelRow& r : kernel_rows)
+      std::printf("  %-12s %c%c %6ld %6ld %6ld %10.1f %10.1f %7.2f %10.2e\n", r.what,
+                  r.transpose_a ? 'T' : 'N', r.transpose_b ? 'T' : 'N', static_cast<long>(r.m),
+                  static_cast<long>(r.n), static_cast<long>(r.k), r.blas_gflops, r.host_gflops,
+                  r.host_gflops / r.blas_gflops, r.max_rel_diff);
     std::printf(
         "#\n# MoE layer: router + dispatch + grouped expert GEMM + combine, forward and "
         "backward\n");
     std::printf(
         "# flops: 12 N k D F (expert GEMMs) + 6 N D E (router); ratio = rate / ceiling of the same "
         "[N*k, D] x [D, F]\n");
-    std::printf("# time: best of >= 2 runs after a warm-up (ceiling: best of >= 5)\n");
+    std::printf(
+        "# time: best of >= 2 runs after a warm-up (ceiling: best of >= 5); the GEMM modes of a "
+        "row take turns run by run\n");
     std::printf(
         "# vendor: the same layer with every GEMM handed whole to the threaded BLAS (the path "
         "before "
         "2026-11-25, not thread-count deterministic); det/vendor = vendor time / time\n");
     std::printf(
+        "# blas: the same layer, tiled, with the CBLAS tile kernel; blas/tiled = blas time / "
+        "time\n");
+    std::printf(
         "# correctness: max |fast - reference| / max |reference| of the forward on the first 8 "
         "tokens\n");
-    std::printf("# %7s %6s %4s %3s %7s %10s %10s %10s %10s %7s %10s %10s %10s\n", "d_model", "d_ff",
-                "E", "k", "tokens", "time", "rate", "rate", "ceiling", "ratio", "max_err", "vendor",
-                "det/vendor");
-    std::printf("# %7s %6s %4s %3s %7s %10s %10s %10s %10s %7s %10s %10s %10s\n", "", "", "", "",
-                "", "(ms)", "(tok/s)", "(GFLOP/s)", "(GFLOP/s)", "(%)", "(rel)", "(ms)", "(x)");
+    std::printf("# %7s %6s %4s %3s %7s %10s %10s %10s %10s %7s %10s %10s %10s %10s %10s\n",
+                "d_model", "d_ff", "E", "k", "tokens", "time", "rate", "rate", "ceiling", "ratio",
+                "max_err", "vendor", "det/vendor", "blas", "blas/tiled");
+    std::printf("# %7s %6s %4s %3s %7s %10s %10s %10s %10s %7s %10s %10s %10s %10s %10s\n", "", "",
+                "", "", "", "(ms)", "(tok/s)", "(GFLOP/s)", "(GFLOP/s)", "(%)", "(rel)", "(ms)",
+                "(x)", "(ms)", "(x)");
     std::fflush(stdout);
   }
   std::vector<MoERow> rows;
@@ -265,11 +397,12 @@ int run(const Options& opt) {
     rows.push_back(r);
     if (table) {
       std::printf(
-          "  %7ld %6ld %4ld %3ld %7ld %10.2f %10.0f %10.1f %10.1f %7.1f %10.2e %10.2f %10.3f\n",
+          "  %7ld %6ld %4ld %3ld %7ld %10.2f %10.0f %10.1f %10.1f %7.1f %10.2e %10.2f %10.3f "
+          "%10.2f %10.3f\n",
           static_cast<long>(s.d_model), static_cast<long>(r.d_ff), static_cast<long>(s.experts),
           static_cast<long>(s.top_k), static_cast<long>(s.tokens), r.seconds * 1e3, r.tokens_per_s,
           r.gflops, r.ceiling, 100.0 * r.ratio, r.max_rel_err, r.vendor_seconds * 1e3,
-          r.vendor_seconds / r.seconds);
+          r.vendor_seconds / r.seconds, r.blas_seconds * 1e3, r.blas_seconds / r.seconds);
       std::fflush(stdout);
     }
   }
@@ -280,6 +413,7 @@ int run(const Options& opt) {
     out["cpu"] = bench::cpu_model();
     out["blas"] = blas_description();
     out["threads"] = num_threads();
+    out["gemm_kernel"] = cpu::gemm_kernel_name(host_kernel());
     const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
     out["omp_wait_policy"] = wait_policy ? wait_policy : "";
     for (const CeilingRow& c : ceilings)
@@ -289,7 +423,19 @@ int run(const Options& opt) {
                                 {"seconds", c.seconds},
                                 {"gflops", c.gflops},
                                 {"tiled_seconds", c.tiled_seconds},
-                                {"tiled_gflops", c.tiled_gflops}});
+                                {"tiled_gflops", c.tiled_gflops},
+                                {"blas_seconds", c.blas_seconds},
+                                {"blas_gflops", c.blas_gflops}});
+    for (const KernelRow& r : kernel_rows)
+      out["gemm_kernels"].push_back({{"product", r.what},
+                                     {"transpose_a", r.transpose_a},
+                                     {"transpose_b", r.transpose_b},
+                                     {"m", r.m},
+                                     {"n", r.n},
+                                     {"k", r.k},
+                                     {"blas_gflops", r.blas_gflops},
+                                     {"host_gflops", r.host_gflops},
+                                     {"max_rel_diff", r.max_rel_diff}});
     for (const MoERow& r : rows)
       out["rows"].push_back({{"d_model", r.shape.d_model},
                              {"d_ff", r.d_ff},
@@ -298,6 +444,7 @@ int run(const Options& opt) {
                              {"tokens", r.shape.tokens},
                              {"seconds", r.seconds},
                              {"vendor_seconds", r.vendor_seconds},
+                             {"blas_seconds", r.blas_seconds},
                              {"iterations", r.iterations},
                              {"tokens_per_s", r.tokens_per_s},
                              {"gflops", r.gflops},

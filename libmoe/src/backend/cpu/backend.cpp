@@ -1,9 +1,16 @@
 // The CPU's op table. Host memory needs no staging, so the copy engine is empty.
 #include "backend/cpu/backend.h"
 
+#include "backend/cpu/gemm.h"
+
 namespace moe::cpu {
 
 const Backend& table() {
+  // The GEMM tile kernel of this host (AVX-512 or CBLAS: backend/cpu/gemm.h) is settled with the
+  // table, on the thread of the first op: a bad MOE_GEMM fails there, as a usage error, rather
+  // than inside a parallel loop.
+  static const GemmKernel gemm_tile_kernel = gemm_kernel();
+  (void)gemm_tile_kernel;
   static const Backend cpu{
       "cpu",
       {allocate, copy, convert, fill, zero},

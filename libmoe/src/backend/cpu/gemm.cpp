@@ -4,8 +4,12 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
+#include "backend/cpu/gemm_kernel.h"
+#include "moe/error.h"
 #include "moe/threads.h"
 
 namespace moe::cpu {
@@ -23,6 +27,29 @@ constexpr double kTileWork = double(1 << 22);
 constexpr int64_t kTileMax = 256, kTileMin = 32, kTileAlign = 16, kTargetTiles = 8;
 
 GemmPath g_path = GemmPath::tiled;
+
+// The host's kernel: CPU features, then MOE_GEMM (read once; a bad value is a usage error that
+// names the variable).
+GemmKernel default_kernel() {
+  const char* env = std::getenv("MOE_GEMM");
+  const std::string want = env ? env : "";
+  if (want.empty() || want == "auto")
+    return gemm_avx512_supported() ? GemmKernel::avx512 : GemmKernel::blas;
+  if (want == "blas") return GemmKernel::blas;
+  if (want == "avx512") {
+    if (!gemm_avx512_supported())
+      throw UsageError(
+          "MOE_GEMM=avx512: this CPU lacks AVX-512 (F, VL, DQ, BW) or FMA; unset MOE_GEMM or set "
+          "it to blas");
+    return GemmKernel::avx512;
+  }
+  throw UsageError(str("MOE_GEMM=", want, ": unknown GEMM kernel; use auto, blas or avx512"));
+}
+
+GemmKernel& kernel_in_use() {
+  static GemmKernel kernel = default_kernel();
+  return kernel;
+}
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -47,12 +74,18 @@ void empty_k(const GemmProblem& p) {
     }
 }
 
-// Tile (ti, tj) of a problem: rows ti*tile_m.., columns tj*tile_n.. of C.
-void run_tile(const GemmProblem& p, const GemmTiling& t, int64_t ti, int64_t tj) {
+// Tile (ti, tj) of a problem: rows ti*tile_m.., columns tj*tile_n.. of C. Which kernel runs it is
+// a function of the host and the tile's shape only.
+void run_tile(const GemmProblem& p, const GemmTiling& t, int64_t ti, int64_t tj,
+              GemmKernel kernel) {
   const int64_t i0 = ti * t.tile_m, j0 = tj * t.tile_n;
   const int64_t m = std::min(t.tile_m, p.m - i0), n = std::min(t.tile_n, p.n - j0);
   const float* a = p.transpose_a ? p.a + i0 : p.a + i0 * p.lda;  // rows i0.. of op(A)
   const float* b = p.transpose_b ? p.b + j0 * p.ldb : p.b + j0;  // columns j0.. of op(B)
+  if (kernel == GemmKernel::avx512 && m >= kGemmAvx512MinRows && n >= kGemmAvx512MinCols) {
+    sgemm_tile_avx512(p, m, n, a, b, p.c + i0 * p.ldc + j0);
+    return;
+  }
   if (omp_in_parallel()) {
     cblas_call(p, m, n, a, b, p.c + i0 * p.ldc + j0);
     return;
@@ -112,6 +145,9 @@ GemmTiling gemm_tiling(int64_t m, int64_t n, int64_t k) {
 }
 
 void sgemm_batch(const GemmProblem* problems, size_t count) {
+  // Read here, outside the parallel loop: the first call may throw (a bad MOE_GEMM), and an
+  // exception must not leave an OpenMP region.
+  const GemmKernel kernel = kernel_in_use();
   // Tiles of all problems, numbered problem by problem.
   std::vector<GemmTiling> tilings(count);
   std::vector<int64_t> first_tile(count + 1, 0);
@@ -141,7 +177,7 @@ void sgemm_batch(const GemmProblem* problems, size_t count) {
                                          first_tile.begin() - 1);
     const int64_t within = t - first_tile[i];
     const GemmTiling& tiling = tilings[i];
-    run_tile(problems[i], tiling, within / tiling.tiles_n, within % tiling.tiles_n);
+    run_tile(problems[i], tiling, within / tiling.tiles_n, within % tiling.tiles_n, kernel);
   }
 }
 
@@ -150,6 +186,23 @@ void sgemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, 
            int64_t ldc) {
   const GemmProblem p{transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc};
   sgemm_batch(&p, 1);
+}
+
+const char* gemm_kernel_name(GemmKernel kernel) {
+  return kernel == GemmKernel::avx512 ? "avx512" : "blas";
+}
+
+GemmKernel gemm_kernel() { return kernel_in_use(); }
+
+bool gemm_kernel_supported(GemmKernel kernel) {
+  return kernel == GemmKernel::blas || gemm_avx512_supported();
+}
+
+void set_gemm_kernel(GemmKernel kernel) {
+  if (!gemm_kernel_supported(kernel))
+    throw UsageError(str("cpu sgemm: the ", gemm_kernel_name(kernel),
+                         " kernel needs AVX-512 (F, VL, DQ, BW) and FMA, which this CPU lacks"));
+  kernel_in_use() = kernel;
 }
 
 void set_gemm_path(GemmPath path) { g_path = path; }

@@ -1,4 +1,6 @@
-// The one GEMM entry point of the CPU backend (CBLAS; OpenBLAS by default). Swap the library here.
+// The one GEMM entry point of the CPU backend. Each tile runs one tile kernel (gemm_kernel.h): our
+// AVX-512 kernel where the CPU has AVX-512, else one CBLAS call (OpenBLAS by default; swap the
+// library here). The choice is made once per process from the CPU's features (GemmKernel below).
 //
 // Determinism by construction: the BLAS always runs single-threaded, and we cut every product
 // into tiles of C whose boundaries depend only on the shape (m, n, k), never on the thread count.
@@ -48,6 +50,22 @@ GemmTiling gemm_tiling(int64_t m, int64_t n, int64_t k);
 enum class GemmPath { tiled, vendor_threaded };
 void set_gemm_path(GemmPath path);
 GemmPath gemm_path();
+
+// The tile kernel: `avx512` (ours, gemm_avx512.cpp) on CPUs with AVX-512 F/VL/DQ/BW and FMA,
+// `blas` (a single-threaded CBLAS call) elsewhere, and for tiles of fewer than
+// kGemmAvx512MinRows rows or kGemmAvx512MinCols columns (ours computes 4+ rows by 32 columns at
+// a time: it would mostly multiply padding there; decode's single rows, router logits). Chosen
+// by CPU features only, never by timings, so a host always computes the same bits. The
+// environment variable MOE_GEMM=blas forces the CBLAS kernel (benchmarks, comparisons);
+// MOE_GEMM=avx512 asks for ours and fails on a CPU without it; unset or `auto`: the default.
+enum class GemmKernel { blas, avx512 };
+constexpr int64_t kGemmAvx512MinRows = 4, kGemmAvx512MinCols = 16;
+const char* gemm_kernel_name(GemmKernel kernel);
+GemmKernel gemm_kernel();  // the kernel in use (first call: CPU features and MOE_GEMM)
+// Benchmarks and tests: switch kernels in this process. Throws moe::UsageError for avx512 on a
+// CPU without it. Not thread-safe with GEMMs in flight.
+void set_gemm_kernel(GemmKernel kernel);
+bool gemm_kernel_supported(GemmKernel kernel);
 
 // Threads for our OpenMP loops (the BLAS itself stays single-threaded).
 void set_num_threads(int threads);
