@@ -16,6 +16,7 @@
 #include "kernels/convert.h"
 #include "moe/io/checkpoint.h"
 #include "moe/io/gguf.h"
+#include "moe/io/tokenizer.h"
 #include "moe/models/transformer.h"
 #include "moe/ops/dense.h"
 #include "support/models.h"
@@ -324,4 +325,51 @@ TEST_CASE("gguf: truncated and corrupted files are refused with where they go wr
   for (int i = 8; i < 16; ++i) counts[static_cast<size_t>(i)] = '\xff';  // 2^64 - 1 tensors
   REQUIRE_THAT(with("counts.gguf", counts), Catch::Contains("cannot fit"));
   REQUIRE_THAT(with("empty.gguf", ""), Catch::Contains("ends inside"));
+}
+
+TEST_CASE("gguf: a stored SentencePiece tokenizer becomes llama.cpp's llama vocabulary",
+          "[gguf][tokenizer]") {
+  test::ScratchDir dir("gguf-spm");
+  ModelConfig c = test::small_model_config(Arch::mixtral);
+  c.vocab_size = 608;  // the tokenizer's 600 pieces and 8 padding ids
+  c.resolve();
+  ParamSet params(5);
+  Transformer model(c, params);
+  io::Checkpoint ckpt;
+  ckpt.model_config = to_json(c);
+  for (const Param* p : std::as_const(params).all())
+    ckpt.params.push_back({p->name, p->value, p->expert, {}});
+  const std::string spm = std::string(MOE_TEST_DATA_DIR) + "/tokenizers/spm/tokenizer.model";
+  const auto tok = io::load_tokenizer(spm);
+  ckpt.tokenizer = {tok->file_name(), tok->file_bytes()};
+  const std::string path = dir.file("spm.gguf");
+  io::export_gguf(ckpt, path, {io::GgufType::f32, ""});
+  const io::GgufFile g = io::read_gguf(path);
+  const auto& m = g.metadata;
+  REQUIRE(m["tokenizer.ggml.model"]["value"] == "llama");
+  const auto& tokens = m["tokenizer.ggml.tokens"]["value"];
+  const auto& kinds = m["tokenizer.ggml.token_type"]["value"];
+  const auto& scores = m["tokenizer.ggml.scores"]["value"];
+  REQUIRE(tokens.size() == 608);
+  REQUIRE(kinds.size() == 608);
+  REQUIRE(scores.size() == 608);
+  REQUIRE(tokens[0] == "<unk>");  // spm_train's defaults: unk 0, bos 1, eos 2
+  REQUIRE(kinds[0] == 2);
+  REQUIRE(kinds[1] == 3);
+  REQUIRE(m["tokenizer.ggml.bos_token_id"]["value"] == 1);
+  REQUIRE(m["tokenizer.ggml.eos_token_id"]["value"] == 2);
+  REQUIRE(m["tokenizer.ggml.unknown_token_id"]["value"] == 0);
+  REQUIRE(m["tokenizer.ggml.add_bos_token"]["value"] == true);
+  // Byte fallback pieces are BYTE tokens; the padding is unused.
+  int bytes = 0;
+  for (size_t i = 0; i < 600; ++i)
+    if (tokens[i].get<std::string>().rfind("<0x", 0) == 0 && kinds[i] == 6) ++bytes;
+  REQUIRE(bytes == 256);
+  REQUIRE(tokens[600] == "[PAD600]");
+  REQUIRE(kinds[607] == 5);
+  // The pieces are the tokenizer's own, with its scores: "▁the" encodes as one piece.
+  const std::vector<int32_t> the = tok->encode("the");
+  REQUIRE(the.size() == 1);
+  REQUIRE(tokens[static_cast<size_t>(the[0])] == "\xe2\x96\x81the");
+  REQUIRE(scores[static_cast<size_t>(the[0])].get<float>() < 0);
 }

@@ -113,6 +113,7 @@ int run_inspect(Options& o, const Argv&) {
   }
   std::printf("# model_config\t%s\n", info.model_config.dump().c_str());
   std::printf("# train_config\t%s\n", info.train_config.dump().c_str());
+  std::printf("# tokenizer\t%s\n", info.tokenizer.empty() ? "-" : info.tokenizer.c_str());
   std::printf("# params_total\t%lld\n", (long long)info.params_total);
   std::printf("# params_active_per_token\t%lld\n", (long long)info.params_active_per_token);
   std::printf("# bytes\tparams %lld\toptim %lld\n", (long long)info.param_bytes,

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
 #include <set>
 
 #include "kernels/convert.h"
@@ -69,6 +70,12 @@ class Header {
     put_u64(v.size());
     for (const std::string& s : v) put_string(s);
   }
+  void kv_f32s(const std::string& k, const std::vector<float>& v) {
+    key(k, array);
+    put_u32(f32v);
+    put_u64(v.size());
+    put(v.data(), v.size() * 4);
+  }
   void kv_i32s(const std::string& k, const std::vector<int32_t>& v) {
     key(k, array);
     put_u32(i32);
@@ -83,6 +90,66 @@ class Header {
   std::string bytes_;
   uint64_t keys_ = 0;
 };
+
+// tokenizer.ggml.*: the stored tokenizer's vocabulary (padded to the model's V with unused
+// "[PAD<id>]" tokens, as llama.cpp's converter pads), or without one the byte-level vocabulary:
+// token b is byte b, no merges, no BOS, and token 0 (NUL, which text never holds) named the end of
+// text so that llama.cpp has one.
+void write_vocabulary(Header& h, const Tokenizer* tok, int64_t V) {
+  if (!tok) {
+    std::vector<std::string> tokens;
+    for (int b = 0; b < kByteVocabSize; ++b)
+      tokens.push_back(byte_level_char(static_cast<uint8_t>(b)));
+    h.kv_string("tokenizer.ggml.model", "gpt2");
+    h.kv_string("tokenizer.ggml.pre", "default");
+    h.kv_strings("tokenizer.ggml.tokens", tokens);
+    h.kv_i32s("tokenizer.ggml.token_type", std::vector<int32_t>(kByteVocabSize, 1));
+    h.kv_strings("tokenizer.ggml.merges", {});
+    h.kv_u32("tokenizer.ggml.eos_token_id", 0);
+    h.kv_bool("tokenizer.ggml.add_bos_token", false);
+    return;
+  }
+  std::vector<Tokenizer::VocabEntry> vocab = tok->vocabulary();
+  MOE_CHECK(static_cast<int64_t>(vocab.size()) <= V, "export_gguf: the tokenizer has ",
+            vocab.size(), " tokens, more than the model's vocabulary (", V, ")");
+  for (int64_t id = static_cast<int64_t>(vocab.size()); id < V; ++id)
+    vocab.push_back({str("[PAD", id, "]"), 0, Tokenizer::TokenKind::unused});
+  std::vector<std::string> tokens;
+  std::vector<int32_t> kinds;
+  std::vector<float> scores;
+  for (const Tokenizer::VocabEntry& v : vocab) {
+    tokens.push_back(v.text);
+    kinds.push_back(static_cast<int32_t>(v.kind));
+    scores.push_back(v.score);
+  }
+  if (tok->sentencepiece()) {
+    h.kv_string("tokenizer.ggml.model", "llama");
+    h.kv_strings("tokenizer.ggml.tokens", tokens);
+    h.kv_f32s("tokenizer.ggml.scores", scores);
+    h.kv_i32s("tokenizer.ggml.token_type", kinds);
+  } else {
+    const std::string pre = tok->llama_pre_tokenizer();
+    if (pre.empty())
+      throw Error(
+          "export_gguf: the tokenizer's pre-tokenizer is none llama.cpp names (GPT-2's "
+          "byte-level expression or Qwen2's split); llama.cpp would cut text otherwise");
+    h.kv_string("tokenizer.ggml.model", "gpt2");
+    h.kv_string("tokenizer.ggml.pre", pre);
+    h.kv_strings("tokenizer.ggml.tokens", tokens);
+    h.kv_i32s("tokenizer.ggml.token_type", kinds);
+    h.kv_strings("tokenizer.ggml.merges", tok->merges());
+  }
+  if (tok->bos_id() >= 0)
+    h.kv_u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(tok->bos_id()));
+  if (tok->eos_id() >= 0)
+    h.kv_u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(tok->eos_id()));
+  if (tok->unk_id() >= 0)
+    h.kv_u32("tokenizer.ggml.unknown_token_id", static_cast<uint32_t>(tok->unk_id()));
+  // A BOS is added when the tokenizer's own encoding of a text adds one.
+  const std::vector<int32_t> probe = tok->encode("a", true);
+  h.kv_bool("tokenizer.ggml.add_bos_token",
+            tok->bos_id() >= 0 && !probe.empty() && probe.front() == tok->bos_id());
+}
 
 // llama.cpp's file types (general.file_type) for the matrices' type.
 uint32_t file_type(GgufType t) {
@@ -187,10 +254,15 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
     throw Error(
         "export_gguf: llama.cpp renormalises the top-k gate weights of a llama MoE; this "
         "model does not (normalize_topk false)");
-  if (mc.vocab_size != kByteVocabSize)
+  if (mc.vocab_size != kByteVocabSize && ckpt.tokenizer.empty())
     throw Error(str("export_gguf: the model has a vocabulary of ", mc.vocab_size,
                     " tokens and the checkpoint stores no tokenizer to describe them (only "
-                    "byte-level models, 256 tokens, carry an implied one)"));
+                    "byte-level models, 256 tokens, carry an implied one; import-hf keeps a "
+                    "model directory's tokenizer)"));
+  // Read before any tensor is planned: a tokenizer llama.cpp cannot take is refused up front.
+  std::unique_ptr<Tokenizer> tokenizer;
+  if (!ckpt.tokenizer.empty())
+    tokenizer = tokenizer_from_bytes(ckpt.tokenizer.file, ckpt.tokenizer.bytes, "the checkpoint");
   const int64_t V = mc.vocab_size, D = mc.d_model, F = mc.d_ff, H = mc.heads;
   const int64_t KV = mc.kv_heads_resolved(), hd = D / H;
   MOE_CHECK(hd % 2 == 0, "export_gguf: head dim ", hd, " is odd");
@@ -289,18 +361,7 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
   h.kv_u32("llama.rope.dimension_count", static_cast<uint32_t>(hd));
   h.kv_u32("llama.expert_count", static_cast<uint32_t>(E));
   h.kv_u32("llama.expert_used_count", static_cast<uint32_t>(mc.top_k));
-  // The byte-level vocabulary: token b is byte b, no merges, no BOS; token 0 (NUL, which text
-  // never holds) is named the end of text so that llama.cpp has one.
-  std::vector<std::string> tokens;
-  for (int b = 0; b < kByteVocabSize; ++b)
-    tokens.push_back(byte_level_char(static_cast<uint8_t>(b)));
-  h.kv_string("tokenizer.ggml.model", "gpt2");
-  h.kv_string("tokenizer.ggml.pre", "default");
-  h.kv_strings("tokenizer.ggml.tokens", tokens);
-  h.kv_i32s("tokenizer.ggml.token_type", std::vector<int32_t>(kByteVocabSize, 1));
-  h.kv_strings("tokenizer.ggml.merges", {});
-  h.kv_u32("tokenizer.ggml.eos_token_id", 0);
-  h.kv_bool("tokenizer.ggml.add_bos_token", false);
+  write_vocabulary(h, tokenizer.get(), V);
   h.kv_string("moe.model_config", to_json(mc).dump());
   h.kv_string("moe.producer", str("libmoe ", version(), " (git ", git_revision(), ")"));
 

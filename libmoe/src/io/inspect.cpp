@@ -8,6 +8,7 @@
 #include "io/convert_internal.h"
 #include "moe/io/convert.h"
 #include "moe/io/hdf5.h"
+#include "moe/io/tokenizer.h"
 
 namespace moe::io {
 
@@ -77,6 +78,20 @@ void storage_of(hid_t dataset, const h5::Where& w, TensorInfo& t,
   }
 }
 
+// What inspect says of the stored tokenizer (CheckpointInfo::tokenizer).
+std::string describe_tokenizer(const std::string& path, bool verify) {
+  StoredTokenizer stored = read_tokenizer(path);
+  if (stored.empty()) return "";
+  const std::string file = stored.file;
+  const size_t bytes = stored.bytes.size();
+  try {
+    return tokenizer_from_bytes(file, std::move(stored.bytes), path)->describe();
+  } catch (const Error& e) {
+    if (verify) throw;
+    return str(file, " (", bytes, " bytes): ", e.what());
+  }
+}
+
 }  // namespace
 
 CheckpointInfo inspect(const std::vector<std::string>& paths, bool verify) {
@@ -101,6 +116,7 @@ CheckpointInfo inspect(const std::vector<std::string>& paths, bool verify) {
     if (fi == 0) {
       info.model_config = model_config;
       info.train_config = train_config;
+      info.tokenizer = describe_tokenizer(path, verify);
     } else if (model_config != info.model_config) {
       throw Error(str("'", path, "' does not belong with '", files[0], "': model_config differs"));
     }
@@ -277,6 +293,7 @@ nlohmann::json to_json(const CheckpointInfo& info) {
           {"param_bytes", info.param_bytes},
           {"optim_bytes", info.optim_bytes},
           {"verified", info.verified},
+          {"tokenizer", info.tokenizer.empty() ? json(nullptr) : json(info.tokenizer)},
           {"moe_layers", layers},
           {"tensors", tensors}};
 }

@@ -35,6 +35,9 @@ using nlohmann::json;
 
 // GPT-2's pre-tokenizer expression (ByteLevel with use_regex): contractions, letters, numbers,
 // other symbols, each with an optional leading space, then runs of white space.
+// Qwen2's (and Qwen3's): llama.cpp calls the pre-tokenizer that runs it "qwen2".
+constexpr const char* kQwen2Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 constexpr const char* kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
@@ -207,6 +210,20 @@ class BpeTokenizer final : public Tokenizer {
     return out;
   }
 
+  std::vector<VocabEntry> vocabulary() const override {
+    std::vector<VocabEntry> out(tokens_.size());
+    for (size_t id = 0; id < tokens_.size(); ++id) out[id].text = tokens_[id].text;
+    for (const AddedToken& t : added_)
+      out[static_cast<size_t>(t.id)].kind =
+          t.special ? TokenKind::control : TokenKind::user_defined;
+    if (unk_ >= 0) out[static_cast<size_t>(unk_)].kind = TokenKind::unknown;
+    return out;
+  }
+  std::vector<std::string> merges() const override { return merge_list_; }
+  bool sentencepiece() const override { return false; }
+  std::string llama_pre_tokenizer() const override { return llama_pre_; }
+  int32_t unk_id() const override { return unk_; }
+
   int64_t vocab_size() const override { return static_cast<int64_t>(tokens_.size()); }
   int32_t bos_id() const override { return bos_; }
   int32_t eos_id() const override { return eos_; }
@@ -215,6 +232,7 @@ class BpeTokenizer final : public Tokenizer {
   struct AddedToken {
     int32_t id;
     std::string content;
+    bool special = false;
   };
   struct Token {
     std::string text;
@@ -257,7 +275,11 @@ class BpeTokenizer final : public Tokenizer {
         a = m.at(0).get<std::string>();
         b = m.at(1).get<std::string>();
       }
-      rank_.emplace(a + '\0' + b, rank++);  // the first of a repeated merge keeps its rank
+      if (rank_.emplace(a + '\0' + b, rank).second)
+        ++rank;  // a repeated merge keeps its first rank
+      else
+        continue;
+      merge_list_.push_back(a + ' ' + b);
     }
     if (model.contains("unk_token") && !model["unk_token"].is_null()) {
       auto it = vocab_.find(model["unk_token"].get<std::string>());
@@ -267,7 +289,8 @@ class BpeTokenizer final : public Tokenizer {
       for (const json& t : j["added_tokens"]) {
         for (const char* key : {"lstrip", "rstrip", "single_word"})
           if (t.value(key, false)) refuse(str("an added token with ", key));
-        added_.push_back({t.at("id").get<int32_t>(), t.at("content").get<std::string>()});
+        added_.push_back({t.at("id").get<int32_t>(), t.at("content").get<std::string>(),
+                          t.value("special", false)});
         if (added_.back().content.empty()) refuse("an empty added token");
         starts_added_[static_cast<unsigned char>(added_.back().content[0])] = true;
         set_token(added_.back().id, added_.back().content);
@@ -314,6 +337,8 @@ class BpeTokenizer final : public Tokenizer {
       const json& pattern = p.at("pattern");
       const bool literal = pattern.contains("String");
       const std::string text = pattern.at(literal ? "String" : "Regex").get<std::string>();
+      // llama.cpp names the pre-tokenizers it implements; ours runs any expression.
+      llama_pre_ = !literal && text == kQwen2Pattern ? "qwen2" : "";
       steps_.push_back({std::make_shared<Regex>(text, literal, where_), false, false});
     } else if (type == "ByteLevel") {
       PreStep step{nullptr, true, p.value("add_prefix_space", false)};
@@ -436,6 +461,8 @@ class BpeTokenizer final : public Tokenizer {
   std::array<bool, 256> starts_added_{};  // first bytes of the added tokens
   std::vector<PreStep> steps_;
   std::vector<int32_t> prefix_, suffix_;  // TemplateProcessing's tokens around a single text
+  std::vector<std::string> merge_list_;   // "a b", by rank
+  std::string llama_pre_;                 // llama_pre_tokenizer()
   bool nfc_ = false, ignore_merges_ = false;
   int32_t unk_ = -1, bos_ = -1, eos_ = -1;
 };

@@ -45,6 +45,23 @@ class SpmTokenizer final : public Tokenizer {
     return text;
   }
 
+  std::vector<VocabEntry> vocabulary() const override {
+    std::vector<VocabEntry> out(static_cast<size_t>(sp_.GetPieceSize()));
+    for (int id = 0; id < sp_.GetPieceSize(); ++id) {
+      VocabEntry& v = out[static_cast<size_t>(id)];
+      v.text = sp_.IdToPiece(id);
+      v.score = sp_.GetScore(id);
+      v.kind = sp_.IsUnknown(id)   ? TokenKind::unknown
+               : sp_.IsControl(id) ? TokenKind::control
+               : sp_.IsUnused(id)  ? TokenKind::unused
+               : sp_.IsByte(id)    ? TokenKind::byte
+                                   : TokenKind::normal;
+    }
+    return out;
+  }
+  bool sentencepiece() const override { return true; }
+  int32_t unk_id() const override { return sp_.unk_id(); }
+
   int64_t vocab_size() const override { return sp_.GetPieceSize(); }
   int32_t bos_id() const override { return sp_.bos_id(); }
   int32_t eos_id() const override { return sp_.eos_id(); }

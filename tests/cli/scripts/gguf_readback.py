@@ -5,7 +5,9 @@ and every tensor's bytes equal to what the package itself encodes from the check
 (f16, bf16, and Q8_0 with the package's own quantiser: the layout is llama.cpp's to the byte).
 The name table and the q/k row permutation are written here from llama.cpp's conventions, not
 shared with the exporter.
-Usage: gguf_readback.py CHECKPOINT.h5 MODEL.gguf TYPE   (TYPE: f32, f16, bf16, q8_0)"""
+With a tokenizer.json (the one the checkpoint stores), its vocabulary, special tokens, merges and
+pre-tokenizer name are checked too; without, the byte-level vocabulary.
+Usage: gguf_readback.py CHECKPOINT.h5 MODEL.gguf TYPE [TOKENIZER.json]   (TYPE: f32 f16 bf16 q8_0)"""
 import json
 import sys
 
@@ -14,6 +16,7 @@ import h5py
 import numpy as np
 
 ckpt_path, gguf_path, type_name = sys.argv[1:4]
+tokenizer_json = json.load(open(sys.argv[4], encoding="utf-8")) if len(sys.argv) > 4 else None
 QT = gguf.GGMLQuantizationType
 want_type = {"f32": QT.F32, "f16": QT.F16, "bf16": QT.BF16, "q8_0": QT.Q8_0}[type_name]
 failures = []
@@ -70,13 +73,38 @@ for key, want in (("llama.rope.freq_base", config["rope_theta"]),
     if got is None or np.float32(got) != np.float32(want):
         fail(f"{key} = {got!r}, expected {want!r}")
 tokens = value("tokenizer.ggml.tokens")
-# GPT-2's byte alphabet, written here from its definition: printable bytes are themselves.
-if tokens is None or len(tokens) != V or tokens[ord("a")] != "a" or tokens[ord(" ")] != "\u0120":
-    fail(f"tokenizer.ggml.tokens: {None if tokens is None else tokens[:40]!r}")
-elif len(set(tokens)) != V:
-    fail("tokenizer.ggml.tokens: not all distinct")
-if value("tokenizer.ggml.merges") != []:
-    fail("tokenizer.ggml.merges is not an empty list")
+if tokenizer_json is None:
+    # GPT-2's byte alphabet, written here from its definition: printable bytes are themselves.
+    if tokens is None or len(tokens) != V or tokens[ord("a")] != "a" or tokens[ord(" ")] != "\u0120":
+        fail(f"tokenizer.ggml.tokens: {None if tokens is None else tokens[:40]!r}")
+    elif len(set(tokens)) != V:
+        fail("tokenizer.ggml.tokens: not all distinct")
+    if value("tokenizer.ggml.merges") != []:
+        fail("tokenizer.ggml.merges is not an empty list")
+else:
+    # The tokenizer's own vocabulary by id, then [PAD<id>] up to the model's V; special added
+    # tokens are control (3), padding unused (5), merges in rank order as "a b".
+    want = [None] * V
+    kinds = [1] * V
+    for text, i in tokenizer_json["model"]["vocab"].items():
+        want[i] = text
+    for t in tokenizer_json.get("added_tokens", []):
+        want[t["id"]] = t["content"]
+        kinds[t["id"]] = 3 if t["special"] else 4
+    for i in range(V):
+        if want[i] is None:
+            want[i], kinds[i] = f"[PAD{i}]", 5
+    if tokens != want:
+        fail("tokenizer.ggml.tokens differ from tokenizer.json's vocabulary")
+    if value("tokenizer.ggml.token_type") != kinds:
+        fail("tokenizer.ggml.token_type differs")
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tokenizer_json["model"]["merges"]]
+    if value("tokenizer.ggml.merges") != merges:
+        fail("tokenizer.ggml.merges differ from tokenizer.json's")
+    if value("tokenizer.ggml.pre") != "qwen2":
+        fail(f"tokenizer.ggml.pre = {value('tokenizer.ggml.pre')!r}, expected 'qwen2'")
+    if value("tokenizer.ggml.eos_token_id") != 0:
+        fail("tokenizer.ggml.eos_token_id is not <|endoftext|>'s id 0")
 if json.loads(value("moe.model_config"))["d_model"] != D:
     fail("moe.model_config does not hold the model's config")
 

@@ -43,4 +43,16 @@ rc=$?
 [ "$rc" -eq 2 ] || fail "--type q4_0: exit $rc, expected 2"
 grep -q -- "--type" "$work/err" || fail "--type q4_0: $(cat "$work/err")"
 [ ! -e "$work/q4.gguf" ] || fail "--type q4_0 wrote a file"
+# An imported model with a tokenizer: its vocabulary, merges and pre-tokenizer go into the file.
+tokenizers=$here/../../data/tokenizers
+"$train" --data "$corpus" --out "$work/run704" --arch mixtral --layers 1 --moe-every 1 --d-model 64 \
+  --heads 4 --kv-heads 2 --d-ff 64 --experts 2 --top-k 1 --batch 2 --seq 32 --steps 1 --vocab 704 \
+  --eval-every 0 --threads 1 -q > /dev/null 2> "$work/train.err" || fail "moe-train --vocab 704: $(cat "$work/train.err")"
+"$convert" export-hf "$work/run704/last.h5" -o "$work/hf" -q 2> "$work/err" || fail "export-hf: $(cat "$work/err")"
+cp "$tokenizers/bpe-qwen/tokenizer.json" "$work/hf/" || fail "copy tokenizer"
+"$convert" import-hf "$work/hf" -o "$work/imported.h5" -q 2> "$work/err" || fail "import-hf: $(cat "$work/err")"
+"$convert" export-gguf "$work/imported.h5" -o "$work/imported.gguf" --type f16 -q 2> "$work/err" ||
+  fail "export-gguf of the imported model: $(cat "$work/err")"
+"$python" "$here/gguf_readback.py" "$work/imported.h5" "$work/imported.gguf" f16 \
+  "$tokenizers/bpe-qwen/tokenizer.json" || fail "read-back of the imported model"
 echo "ok"

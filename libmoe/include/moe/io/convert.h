@@ -191,6 +191,9 @@ struct CheckpointInfo {
   int64_t params_active_per_token = 0;  // experts counted k times per MoE layer (1 residual MoE)
   int64_t param_bytes = 0, optim_bytes = 0;  // of the datasets (all files)
   bool verified = false;                     // every tensor was read and checksummed
+  // The stored tokenizer (first file): "tokenizer.json (byte-level BPE, 700 tokens)"; empty: none.
+  // One libmoe cannot run reads "<file> (N bytes): <why>" (an error under verify).
+  std::string tokenizer;
 };
 // Metadata only (no tensor data is read) unless `verify`: then every file is also loaded whole,
 // so a damaged chunk is an Error naming it. Same inputs as checkpoint_files.

@@ -35,6 +35,27 @@ class Tokenizer {
   const std::string& file_bytes() const { return bytes_; }
   std::string describe() const;  // e.g. "tokenizer.json (byte-level BPE, 151665 tokens)"
 
+  // The vocabulary as llama.cpp's GGUF files describe it (io/gguf_write.cpp).
+  enum class TokenKind : int32_t {
+    normal = 1,
+    unknown = 2,
+    control = 3,
+    user_defined = 4,
+    unused = 5,
+    byte = 6
+  };
+  struct VocabEntry {
+    std::string text;  // as the tokenizer spells it (byte-level characters; "▁" pieces)
+    float score = 0;   // SentencePiece's piece score; 0 for BPE
+    TokenKind kind = TokenKind::normal;
+  };
+  virtual std::vector<VocabEntry> vocabulary() const = 0;         // by id
+  virtual std::vector<std::string> merges() const { return {}; }  // BPE: "a b", by rank
+  virtual bool sentencepiece() const = 0;
+  // llama.cpp's name for the BPE pre-tokenizer ("gpt-2", "qwen2"), "" when it has none for it.
+  virtual std::string llama_pre_tokenizer() const { return ""; }
+  virtual int32_t unk_id() const { return -1; }
+
  protected:
   Tokenizer(std::string file_name, std::string bytes, std::string kind)
       : file_name_(std::move(file_name)), bytes_(std::move(bytes)), kind_(std::move(kind)) {}
