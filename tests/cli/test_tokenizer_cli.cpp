@@ -111,3 +111,23 @@ TEST_CASE("cli: a tokenizer travels with an imported model and moe-infer reads t
   REQUIRE(refused.exit_code == 2);
   REQUIRE(refused.err.find("more tokens than the model's vocabulary (256)") != std::string::npos);
 }
+
+TEST_CASE("cli: a resumed run keeps the tokenizer of the checkpoint it resumed from",
+          "[cli][tokenizer]") {
+  test::ScratchDir dir("cli-tokenizer-resume");
+  const std::string flags = test::kTinyMixtral + " --vocab 704";
+  const std::string first = test::train_on_fortunes(dir / "run", flags + " --steps 2");
+  io::Checkpoint ckpt = io::load_checkpoint(first);
+  const std::string bytes = test::read_file(kTokenizers + "/bpe-qwen/tokenizer.json");
+  ckpt.tokenizer = {"tokenizer.json", bytes};
+  const std::string with = dir / "with-tokenizer.h5";
+  io::save_checkpoint(with, ckpt);
+  auto r =
+      run_command(tool("moe-train", "--resume " + with + " --data " + test::fortunes_path("linux") +
+                                        " --out " + (dir / "run2") + flags + " --steps 4"));
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const io::StoredTokenizer kept = io::read_tokenizer(dir / "run2/last.h5");
+  REQUIRE(kept.file == "tokenizer.json");
+  REQUIRE(kept.bytes == bytes);
+}

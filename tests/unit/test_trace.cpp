@@ -255,8 +255,7 @@ TEST_CASE("trace: round trip of several batches across chunks, unequal experts p
 
   const char* h5dump = "/usr/bin/h5dump";
   if (!fs::exists(h5dump)) {
-    WARN("h5dump not installed; skipping the h5dump check");
-    return;
+    FAIL("h5dump is not installed: run scripts/setup (hdf5-tools; the h5dump check cannot run)");
   }
   test::RunResult dump = test::run_command(str(h5dump, " -H -p '", path, "'"));
   INFO(dump.out << dump.err);

@@ -76,6 +76,7 @@ void Trainer::restore(const io::Checkpoint& ckpt) {
   io::Checkpoint mine;
   mine.state = ckpt.state;
   mine.train_config = ckpt.train_config;
+  mine.tokenizer = ckpt.tokenizer;
   for (const io::NamedTensor& nt : ckpt.params)
     mine.params.push_back(cut(nt, params_->find(nt.name)));
   for (const io::NamedTensor& nt : ckpt.optim) {
@@ -112,6 +113,7 @@ static void check_saveable(io::Checkpoint& c, int64_t step) {
 }
 
 void Trainer::load_tensors(const io::Checkpoint& ckpt) {
+  tokenizer_ = ckpt.tokenizer;  // carried into every checkpoint this run writes
   // Garbage is refused at load, naming the tensor, rather than trained on; the same checks as
   // moe-convert inspect --verify (train::verify_loadable). Whole tensors are checked before
   // anything is loaded; streamed ones expert by expert as they go into the store (a failure then
@@ -238,6 +240,7 @@ void Trainer::restore_sharded(io::Checkpoint head, const std::string& where,
   io::Checkpoint mine;
   mine.state = head.state;
   mine.train_config = head.train_config;
+  mine.tokenizer = head.tokenizer;
   const std::map<std::string, const Param*> param_of_state = params_of_optimizer_tensors();
   for (size_t i = 0; i < sources.size(); ++i) {
     if (std::find(sources.begin(), sources.begin() + static_cast<std::ptrdiff_t>(i), sources[i]) !=
@@ -364,6 +367,7 @@ io::Checkpoint Trainer::checkpoint(bool stream) const {
   if (placement_) c.train_config["placement_state"] = placement_->state();
   if (tasks_) c.train_config["tasks_state"] = tasks_->state();
   c.provenance = provenance_;
+  c.tokenizer = tokenizer_;
   for (const Param* p : std::as_const(*params_).all()) {
     if (p->offloaded)
       c.params.push_back({p->name, Tensor(), true, p->shard, offloaded_source(*p, "value")});

@@ -249,6 +249,7 @@ class Trainer {
  private:
   TrainConfig train_;
   io::Provenance provenance_;
+  io::StoredTokenizer tokenizer_;  // of the checkpoint resumed from (import-hf keeps one)
   std::vector<int32_t> train_tokens_, val_tokens_;
   std::unique_ptr<ParamSet> params_;
   std::unique_ptr<offload::TieredStore> store_;  // --offload: declared before the model
