@@ -33,6 +33,10 @@ inline void add_train_options(CLI::App& app, TrainOptions& o) {
   add_common_options(app, o.common, "moe-train");
   auto& m = o.model;
   auto& t = o.train;
+  // moe-train's default, not the library's (ModelConfig keeps Switch's 0.01): at the default
+  // --lr and --warmup a byte-level model's routing collapses onto 2 of 8 experts within its first
+  // steps, and 0.05 spreads it again sooner (docs/PERFORMANCE.md, "Routing balance").
+  m.aux_loss_coef = 0.05;
   auto group = [&](const char* name) { return app.add_option_group(name); };
 
   auto* io = group("Data and output");

@@ -46,7 +46,11 @@ Block::Block(ParamSet& ps, const BlockConfig& config, int64_t index, const Paral
     moe.router.normalize_topk = config.normalize_topk;
     moe.router.jitter = static_cast<float>(config.router_jitter);
     moe.router.capacity_factor = static_cast<float>(config.capacity_factor);
-    moe.router.init_std = init_std;
+    // Switch Transformer's router scale: normal(sqrt(0.1 / D)). The router reads a normalised
+    // (unit-RMS) stream, so its logits start with std ~sqrt(0.1) at every width; a fixed 0.02
+    // gives 0.02 sqrt(D) (0.45 at D 512), sharper gates the wider the model. It does not change
+    // which experts a token picks at initialisation: top-k is invariant to scaling the weights.
+    moe.router.init_std = static_cast<float>(std::sqrt(0.1 / static_cast<double>(config.d_model)));
     moe.experts.num_experts = experts;
     moe.experts.d_model = config.d_model;
     moe.experts.d_ff = config.d_ff;
