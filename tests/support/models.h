@@ -1,7 +1,11 @@
 // A small model for tests that train: 2 blocks, both MoE (4 experts, top-2), d_model 32, seq 32,
 // the flavour's own router renormalisation. Callers adjust fields, then call resolve().
 #pragma once
+#include <utility>
+
+#include "moe/io/checkpoint.h"
 #include "moe/models/config.h"
+#include "moe/models/transformer.h"
 
 namespace moe::test {
 
@@ -19,6 +23,20 @@ inline ModelConfig small_model_config(Arch arch) {
   c.top_k = 2;
   c.normalize_topk = arch == Arch::mixtral;
   return c;
+}
+
+// The checkpoint of a freshly initialised model of config `c` (seed, storage dtype): parameters
+// only, as an inference checkpoint; for tests of converters and exporters.
+inline io::Checkpoint initial_checkpoint(const ModelConfig& c, uint64_t seed,
+                                         DType dtype = DType::f32) {
+  ParamSet params(seed, dtype);
+  Transformer model(c, params);
+  io::Checkpoint ckpt;
+  ckpt.model_config = to_json(c);
+  ckpt.train_config = nullptr;
+  for (const Param* p : std::as_const(params).all())
+    ckpt.params.push_back({p->name, p->value, p->expert, {}});
+  return ckpt;
 }
 
 }  // namespace moe::test

@@ -36,15 +36,8 @@ io::Checkpoint tiny_checkpoint(DType dtype, ModelConfig* config = nullptr) {
   c.kv_heads = 2;
   c.d_ff = 96;
   c.resolve();
-  ParamSet params(7, dtype);
-  Transformer model(c, params);
-  io::Checkpoint ckpt;
-  ckpt.model_config = to_json(c);
-  ckpt.train_config = nullptr;
-  for (const Param* p : std::as_const(params).all())
-    ckpt.params.push_back({p->name, p->value, p->expert, {}});
   if (config) *config = c;
-  return ckpt;
+  return test::initial_checkpoint(c, 7, dtype);
 }
 
 const io::NamedTensor& param(const io::Checkpoint& c, const std::string& name) {
@@ -249,12 +242,7 @@ TEST_CASE("gguf: Q8_0 writes rows that are not whole blocks as f16, and says so"
   ModelConfig c = test::small_model_config(Arch::mixtral);
   c.d_ff = 40;  // the down projection's rows (F values) are not whole blocks of 32
   c.resolve();
-  ParamSet params(3);
-  Transformer model(c, params);
-  io::Checkpoint ckpt;
-  ckpt.model_config = to_json(c);
-  for (const Param* p : std::as_const(params).all())
-    ckpt.params.push_back({p->name, p->value, p->expert, {}});
+  const io::Checkpoint ckpt = test::initial_checkpoint(c, 3);
   REQUIRE(c.d_model % 32 == 0);  // every other matrix's rows are whole blocks
   const io::GgufExportSummary s =
       io::export_gguf(ckpt, dir.file("q8.gguf"), {io::GgufType::q8_0, ""});
@@ -333,12 +321,7 @@ TEST_CASE("gguf: a stored SentencePiece tokenizer becomes llama.cpp's llama voca
   ModelConfig c = test::small_model_config(Arch::mixtral);
   c.vocab_size = 608;  // the tokenizer's 600 pieces and 8 padding ids
   c.resolve();
-  ParamSet params(5);
-  Transformer model(c, params);
-  io::Checkpoint ckpt;
-  ckpt.model_config = to_json(c);
-  for (const Param* p : std::as_const(params).all())
-    ckpt.params.push_back({p->name, p->value, p->expert, {}});
+  io::Checkpoint ckpt = test::initial_checkpoint(c, 5);
   const std::string spm = std::string(MOE_TEST_DATA_DIR) + "/tokenizers/spm/tokenizer.model";
   const auto tok = io::load_tokenizer(spm);
   ckpt.tokenizer = {tok->file_name(), tok->file_bytes()};

@@ -533,13 +533,7 @@ TEST_CASE("hf: a model of our own (f32 and bf16) survives export -> import bitwi
     c.z_loss_coef = 0.005;  // not in HF's config: kept through the exporter's metadata record
     c.seq = 24;
     c.resolve();
-    ParamSet params(11, dtype);
-    Transformer model(c, params);
-    io::Checkpoint ckpt;
-    ckpt.model_config = to_json(c);
-    ckpt.train_config = nullptr;
-    for (const Param* p : std::as_const(params).all())
-      ckpt.params.push_back({p->name, p->value, p->expert, {}});
+    const io::Checkpoint ckpt = test::initial_checkpoint(c, 11, dtype);
 
     const std::string out = dir.file(std::string("own-") + dtype_name(dtype));
     io::export_hf(ckpt, out);
