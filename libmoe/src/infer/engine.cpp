@@ -48,6 +48,7 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& options,
     }
     e.loaded_ = load_model(o.model, true, &e.parallel_);
     e.loaded_.params->to(e.device_);
+    if (e.device_.kind == Device::cpu) lean_for_inference(*e.loaded_.params);
     return engine;
   }
   if (!o.popularity.empty())
@@ -70,6 +71,7 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& options,
                  " expert bytes (budget ", rc.budget_bytes, " bytes)");
   }
   e.loaded_.params->to(e.device_);  // with a ring: the non-expert parameters (the slots are there)
+  if (e.device_.kind == Device::cpu) lean_for_inference(*e.loaded_.params);
   return engine;
 }
 

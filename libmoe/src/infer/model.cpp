@@ -235,6 +235,26 @@ LoadedModel load_model(const std::string& given, bool experts, const nn::Paralle
   return m;
 }
 
+size_t lean_for_inference(ParamSet& params) {
+  size_t released = 0;
+  for (Param* p : params.all()) {
+    if (p->offloaded) continue;
+    MOE_CHECK(p->value.device().kind == Device::cpu, "lean_for_inference: '", p->name, "' is on ",
+              p->value.device().str(), "; 16-bit weights are read in place on the CPU");
+    if (p->grad.defined()) released += p->grad.nbytes();
+    p->grad = Tensor();
+    const DType dtype = p->value.dtype();
+    const bool matrix = p->value.ndim() >= 2 && p->name.rfind("embed.", 0) != 0 &&
+                        p->name.find(".router.") == std::string::npos;
+    if (matrix && (dtype == DType::bf16 || dtype == DType::f16) &&
+        p->compute.raw() != p->value.raw()) {
+      released += p->compute.nbytes();
+      p->compute = p->value;  // the kernels read the 16-bit values (ops::gemm, grouped_gemm)
+    }
+  }
+  return released;
+}
+
 LoadedModel load_ring_model(const std::string& path) {
   const io::CheckpointRef ref = io::resolve_checkpoint(path);
   MOE_CHECK(!ref.sharded, "'", path,

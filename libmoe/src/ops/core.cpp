@@ -28,7 +28,12 @@ void gemm(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, 
   MOE_CHECK(a.ndim() == 2 && b.ndim() == 2 && c.ndim() == 2, "gemm: 2-D operands expected, got ",
             a.describe(), ", ", b.describe(), ", ", c.describe());
   a.expect_dtype(DType::f32, "gemm A");
-  b.expect_dtype(DType::f32, "gemm B");
+  // A 16-bit B is a weight kept in 16 bits for inference (the CPU widens it on the fly).
+  MOE_CHECK(b.dtype() == DType::f32 ||
+                ((b.dtype() == DType::bf16 || b.dtype() == DType::f16) && !transpose_a &&
+                 transpose_b && alpha == 1.0f && device.kind == Device::cpu),
+            "gemm: B ", b.describe(),
+            " must be f32 (a bf16/f16 weight only as x W^T on the CPU, for inference)");
   c.expect_dtype(DType::f32, "gemm C");
   int64_t m = transpose_a ? a.dim(1) : a.dim(0);
   int64_t k = transpose_a ? a.dim(0) : a.dim(1);

@@ -27,7 +27,10 @@ void grouped_gemm(const Tensor& a, const Tensor& w, bool transpose_w,
                   const std::vector<int32_t>& offsets, Tensor& c, float beta) {
   const Device device = require_backend("grouped_gemm", {&a, &w, &c});
   a.expect_dtype(DType::f32, "grouped_gemm A");
-  w.expect_dtype(DType::f32, "grouped_gemm W");
+  MOE_CHECK(w.dtype() == DType::f32 || ((w.dtype() == DType::bf16 || w.dtype() == DType::f16) &&
+                                        transpose_w && device.kind == Device::cpu),
+            "grouped_gemm: W ", w.describe(),
+            " must be f32 (a bf16/f16 weight only as x W^T on the CPU, for inference)");
   c.expect_dtype(DType::f32, "grouped_gemm C");
   MOE_CHECK(a.ndim() == 2 && w.ndim() == 3 && c.ndim() == 2,
             "grouped_gemm: A [M,K], W [E,R,S], C [M,N] expected, got ", a.describe(), ", ",

@@ -22,9 +22,9 @@ struct LoadedModel {
 };
 
 // Reads `path` (a checkpoint file, a run directory's newest checkpoint, or a sharded checkpoint
-// directory written by moe-train --ep or moe-convert partition) and builds its model. With `experts` false the expert tensors are not read; they keep their
-// initial values until something replaces them (or, with nn::Parallel::expert_store, a store
-// holds them: see load_ring_model).
+// directory written by moe-train --ep or moe-convert partition) and builds its model. With
+// `experts` false the expert tensors are not read; they keep their initial values until something
+// replaces them (or, with nn::Parallel::expert_store, a store holds them: see load_ring_model).
 // Throws moe::Error naming the file for a missing/damaged file or a tensor that does not fit.
 // With `parallel` (expert parallelism: nn::Parallel::experts set), this rank's experts are read
 // one chunk each (io::read_expert) into its slices of the expert tensors; with a placement policy
@@ -37,6 +37,14 @@ struct LoadedModel {
 // relabelled (scores equal one process's to float rounding; ties between router logits, which
 // pick the lower index, could pick another expert). A split token embedding (--shard-embedding),
 // and --popularity with a sharded directory, are refused, saying how to merge.
+// Makes a loaded model lean for inference on the CPU: drops every gradient (nothing is trained)
+// and, for a bf16/f16 model, keeps the weight matrices (attention, dense MLP, experts, untied LM
+// head) in 16 bits with no f32 copy: the CPU GEMV and GEMM widen them on the fly (bf16 is
+// exact; f16 too), so the model takes about half the memory of f32 and decode reads half the
+// bytes. Embeddings, norms, biases and routers keep their f32 copy (small; router math is f32).
+// Call after ParamSet::to (which would widen them again). Returns the bytes released.
+size_t lean_for_inference(ParamSet& params);
+
 LoadedModel load_model(const std::string& path, bool experts = true,
                        const nn::Parallel* parallel = nullptr);
 
