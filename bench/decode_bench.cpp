@@ -17,12 +17,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/gemv.h"
 #include "machine.h"
 #include "moe/arena.h"
 #include "moe/infer/model.h"
+#include "moe/io/convert.h"
 #include "moe/models/transformer.h"
 #include "moe/threads.h"
 #include "moe/timer.h"
@@ -136,12 +138,35 @@ struct Model {
   std::unique_ptr<Transformer> model;
 };
 
-Model make_model(const ModelConfig& c, DType dtype, bool lean) {
+// Q8_0: the f32 model's weight matrices quantised as moe-convert quantize does. `lean`: kept as
+// Q8_0 rows (what moe-infer serves); otherwise their dequantised values in f32 (the reference).
+void quantize_weights(ParamSet& params, bool lean) {
+  for (Param* p : params.all()) {
+    if (!io::quantizable(p->name, p->value.shape())) continue;
+    const int64_t in = p->value.shape().back(), rows = p->value.numel() / in;
+    Shape shape = p->value.shape();
+    shape.back() = cpu::q8_row_bytes(in);
+    Tensor q = Tensor::empty(shape, DType::u8);
+    for (int64_t r = 0; r < rows; ++r)
+      cpu::quantize_q8_0_row(p->value.data<float>() + r * in, in,
+                             q.data<uint8_t>() + r * cpu::q8_row_bytes(in));
+    if (lean) {
+      p->value = q;
+    } else {
+      const cpu::WeightMatrix w{cpu::WeightFormat::q8_0, q.raw(), rows, in};
+      cpu::widen_rows(w, 0, rows, p->value.data<float>());
+    }
+    p->refresh_compute();
+  }
+}
+
+Model make_model(const ModelConfig& c, DType dtype, bool lean, bool q8 = false) {
   Model m;
   m.config = c;
   m.config.dtype = dtype;
   m.params = std::make_unique<ParamSet>(7, dtype);
   m.model = std::make_unique<Transformer>(m.config, *m.params);
+  if (q8) quantize_weights(*m.params, lean);
   if (lean) infer::lean_for_inference(*m.params);
   return m;
 }
@@ -210,6 +235,17 @@ double prefill_rate(const Model& m, int64_t n, double min_seconds) {
   return best;
 }
 
+// Bytes of parameter storage the model holds: values, distinct compute copies, gradients.
+double held_bytes(const ParamSet& params) {
+  double bytes = 0;
+  for (const Param* p : params.all()) {
+    bytes += double(p->value.nbytes()) + double(p->grad.defined() ? p->grad.nbytes() : 0);
+    if (p->compute.defined() && p->compute.raw() != p->value.raw())
+      bytes += double(p->compute.nbytes());
+  }
+  return bytes;
+}
+
 double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
   double d = 0;
   for (size_t i = 0; i < a.size() && i < b.size(); ++i)
@@ -220,6 +256,8 @@ double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
 }  // namespace
 
 int run_decode(const DecodeOptions& o) {
+  for (const std::string& name : o.dtypes)  // refused before any work (UsageError: exit 2)
+    if (name != "q8_0") parse_dtype(name);
   if (o.threads > 0) set_num_threads(o.threads);
   const ModelConfig c = bench_model(o.quick);
   const double min_s = o.quick ? std::min(o.min_seconds, 0.05) : o.min_seconds;
@@ -261,22 +299,23 @@ int run_decode(const DecodeOptions& o) {
   };
 
   for (const std::string& name : o.dtypes) {
-    const DType dtype = parse_dtype(name);
+    const bool q8 = name == "q8_0";
+    const DType dtype = q8 ? DType::f32 : parse_dtype(name);
     // The reference: the same values, widened to f32 (no lean step), through the tiled sgemm.
-    const Model wide = dtype == DType::f32 ? Model{} : make_model(c, dtype, false);
-    const Model& ref = dtype == DType::f32 ? f32 : wide;
+    const Model wide = dtype == DType::f32 && !q8 ? Model{} : make_model(c, dtype, false, q8);
+    const Model& ref = dtype == DType::f32 && !q8 ? f32 : wide;
     std::vector<float> expect, got;
     cpu::set_gemv_enabled(false);
     const double sgemm1 = decode_rate(ref, 1, min_s, &expect);
-    if (dtype == DType::f32) {
+    if (dtype == DType::f32 && !q8) {
       const double sgemm8 = decode_rate(ref, 8, min_s, nullptr);
       row("f32", "sgemm", "decode batch 1", sgemm1, bandwidth / step_bytes(*ref.params, c, 1), -1);
       row("f32", "sgemm", "decode batch 8", sgemm8, 8 * bandwidth / step_bytes(*ref.params, c, 8),
           -1);
     }
     cpu::set_gemv_enabled(true);
-    const Model lean_model = dtype == DType::f32 ? Model{} : make_model(c, dtype, true);
-    const Model& m = dtype == DType::f32 ? f32 : lean_model;
+    const Model lean_model = dtype == DType::f32 && !q8 ? Model{} : make_model(c, dtype, true, q8);
+    const Model& m = dtype == DType::f32 && !q8 ? f32 : lean_model;
     const double d1 = decode_rate(m, 1, min_s, &got);
     const double d8 = decode_rate(m, 8, min_s, nullptr);
     const double pf = prefill_rate(m, prefill, min_s);
@@ -284,6 +323,8 @@ int run_decode(const DecodeOptions& o) {
         max_diff(got, expect));
     row(name.c_str(), "gemv", "decode batch 8", d8, 8 * bandwidth / step_bytes(*m.params, c, 8),
         -1);
+    std::printf("# %s: parameter storage held %.1f MB (the same weights widened to f32: %.1f MB)\n",
+                name.c_str(), held_bytes(*m.params) / 1e6, held_bytes(*ref.params) / 1e6);
     char what[32];
     std::snprintf(what, sizeof what, "prefill %lld", (long long)prefill);
     row(name.c_str(), "sgemm", what, pf, 0, -1);

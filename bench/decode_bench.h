@@ -10,7 +10,7 @@ struct DecodeOptions {
   bool quick = false;
   int threads = 0;           // 0: the library default
   double min_seconds = 1.0;  // per measurement
-  std::vector<std::string> dtypes = {"f32", "bf16", "f16"};
+  std::vector<std::string> dtypes = {"f32", "bf16", "f16", "q8_0"};
 };
 
 int run_decode(const DecodeOptions& options);

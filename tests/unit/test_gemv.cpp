@@ -23,10 +23,9 @@ namespace {
 struct Weights {
   WeightFormat format;
   int64_t out, in;
-  std::vector<float> f32;        // f32 format: the values; also the widened copy of any format
-  std::vector<uint16_t> half;    // bf16 / f16 bits
-  std::vector<int8_t> q;         // q8_0 values
-  std::vector<uint16_t> scales;  // q8_0 block scales (f16 bits)
+  std::vector<float> f32;      // f32 format: the values; also the widened copy of any format
+  std::vector<uint16_t> half;  // bf16 / f16 bits
+  std::vector<uint8_t> q8;     // q8_0 rows (values, then block scales)
 
   Weights(WeightFormat f, int64_t o, int64_t i, uint64_t seed) : format(f), out(o), in(i) {
     std::vector<float> v(static_cast<size_t>(o * i));
@@ -34,11 +33,9 @@ struct Weights {
     if (f == WeightFormat::f32) {
       f32 = v;
     } else if (f == WeightFormat::q8_0) {
-      q.resize(v.size());
-      scales.resize(static_cast<size_t>(o * cpu::q8_blocks(i)));
+      q8.resize(static_cast<size_t>(o * cpu::q8_row_bytes(i)));
       for (int64_t r = 0; r < o; ++r)
-        cpu::quantize_q8_0_row(v.data() + r * i, i, q.data() + r * i,
-                               scales.data() + r * cpu::q8_blocks(i));
+        cpu::quantize_q8_0_row(v.data() + r * i, i, q8.data() + r * cpu::q8_row_bytes(i));
     } else {
       half.resize(v.size());
       for (size_t j = 0; j < v.size(); ++j)
@@ -54,9 +51,8 @@ struct Weights {
     m.out = out;
     m.in = in;
     m.data = format == WeightFormat::f32    ? static_cast<const void*>(f32.data())
-             : format == WeightFormat::q8_0 ? static_cast<const void*>(q.data())
+             : format == WeightFormat::q8_0 ? static_cast<const void*>(q8.data())
                                             : static_cast<const void*>(half.data());
-    m.scales = scales.data();
     return m;
   }
   cpu::WeightMatrix widened() const {
@@ -165,7 +161,7 @@ TEST_CASE("gemv: a batch of problems gives the same bits at 1 and 2 threads", "[
   CHECK(same_bits(std::vector<float>(one.begin() + 600, one.end()), run(c.matrix(), x, 2)));
 }
 
-TEST_CASE("gemv: beta accumulates into y; bad row counts are refused", "[gemv]") {
+TEST_CASE("gemv: beta accumulates into y, bad row counts are refused", "[gemv]") {
   const Weights w(WeightFormat::f16, 9, 40, 8);
   const std::vector<float> x = inputs(1, 40, 2);
   const std::vector<float> fresh = run(w.matrix(), x, 1);
@@ -186,25 +182,23 @@ TEST_CASE("q8_0: |x - dequantised| <= scale / 2, zero blocks exact, non-finite r
     for (int64_t j = 0; j < n; ++j) x[static_cast<size_t>(j)] = rng_normal(17, uint64_t(j)) * 3.0f;
     if (n >= 64)  // one block of zeros among others
       for (int64_t j = 32; j < 64; ++j) x[static_cast<size_t>(j)] = 0.0f;
-    std::vector<int8_t> q(static_cast<size_t>(n));
-    std::vector<uint16_t> s(static_cast<size_t>(cpu::q8_blocks(n)));
-    cpu::quantize_q8_0_row(x.data(), n, q.data(), s.data());
+    std::vector<uint8_t> row(static_cast<size_t>(cpu::q8_row_bytes(n)));
+    cpu::quantize_q8_0_row(x.data(), n, row.data());
     for (int64_t j = 0; j < n; ++j) {
-      const float scale = kernels::f16_to_f32(s[static_cast<size_t>(j / cpu::kQ8Block)]);
-      const float deq = scale * float(q[static_cast<size_t>(j)]);
+      const float scale = cpu::q8_scale(row.data(), n, j / cpu::kQ8Block);
+      const int8_t q = static_cast<int8_t>(row[static_cast<size_t>(j)]);
+      const float deq = scale * float(q);
       REQUIRE(std::fabs(x[static_cast<size_t>(j)] - deq) <= scale / 2);
-      REQUIRE(q[static_cast<size_t>(j)] >= -127);
+      REQUIRE(q >= -127);
       if (x[static_cast<size_t>(j)] == 0.0f) REQUIRE(deq == 0.0f);
     }
-    if (n >= 64) CHECK(s[1] == 0);
+    if (n >= 64) CHECK(cpu::q8_scale(row.data(), n, 1) == 0.0f);
   }
   std::vector<float> zeros(40, 0.0f);
-  std::vector<int8_t> q(40, 5);
-  std::vector<uint16_t> s(2, 1);
-  cpu::quantize_q8_0_row(zeros.data(), 40, q.data(), s.data());
-  for (int8_t v : q) CHECK(v == 0);
-  CHECK((s[0] == 0 && s[1] == 0));
+  std::vector<uint8_t> row(static_cast<size_t>(cpu::q8_row_bytes(40)), 5);
+  cpu::quantize_q8_0_row(zeros.data(), 40, row.data());
+  for (uint8_t v : row) CHECK(v == 0);
   zeros[3] = std::nanf("");
-  CHECK_THROWS_WITH(cpu::quantize_q8_0_row(zeros.data(), 40, q.data(), s.data()),
+  CHECK_THROWS_WITH(cpu::quantize_q8_0_row(zeros.data(), 40, row.data()),
                     Catch::Contains("element 3 is not finite"));
 }

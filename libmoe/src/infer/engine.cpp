@@ -60,6 +60,9 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& options,
                          " spreads the experts over the ", world->size(), " ranks"));
   if (o.budget.empty()) {
     e.loaded_ = load_model(o.model);
+    if (!e.loaded_.quantization.empty() && e.device_.kind != Device::cpu)
+      throw UsageError(str("'", o.model, "' is ", e.loaded_.quantization,
+                           "-quantised: its kernels run on the CPU only (--device cpu)"));
   } else {
     e.loaded_ = load_ring_model(o.model);
     offload::ExpertRing& ring = *e.loaded_.ring;

@@ -19,6 +19,7 @@ struct LoadedModel {
   std::unique_ptr<Transformer> model;
   io::Provenance provenance;  // of the checkpoint
   int64_t step = 0;           // training steps it had taken
+  std::string quantization;   // "q8_0" for a moe-convert quantize checkpoint (CPU only), else ""
 };
 
 // Reads `path` (a checkpoint file, a run directory's newest checkpoint, or a sharded checkpoint

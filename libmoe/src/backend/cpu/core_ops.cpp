@@ -17,7 +17,7 @@ void gemm(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, 
   // x W^T with a [out, in] weight: a few rows (decode) stream the weight once through the GEMV;
   // 16-bit weights are widened into a reused scratch for the tiled sgemm (gemv.h).
   if (!transpose_a && transpose_b && alpha == 1.0f) {
-    const WeightMatrix w = weight_matrix(b);
+    const WeightMatrix w = weight_matrix(b, 0, k);
     if (gemv_applies(m)) {
       const GemvProblem p{w, a.data<float>(), a.dim(1), m, c.data<float>(), c.dim(1), beta};
       gemv_batch(&p, 1);

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "backend/cpu/gemm.h"
@@ -35,6 +36,16 @@ inline float reduce_lanes(float* lane) {
   return lane[0];
 }
 
+inline float f16_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, sizeof h);  // a row's scales may sit at an odd address
+  return kernels::f16_to_f32(h);
+}
+
+inline const uint8_t* q8_row(const WeightMatrix& w, int64_t o) {
+  return static_cast<const uint8_t*>(w.data) + o * q8_row_bytes(w.in);
+}
+
 // Element j of row o widened to f32 (exact).
 inline float weight_at(const WeightMatrix& w, int64_t o, int64_t j) {
   const int64_t at = o * w.in + j;
@@ -45,9 +56,11 @@ inline float weight_at(const WeightMatrix& w, int64_t o, int64_t j) {
       return kernels::bf16_to_f32(static_cast<const uint16_t*>(w.data)[at]);
     case WeightFormat::f16:
       return kernels::f16_to_f32(static_cast<const uint16_t*>(w.data)[at]);
-    case WeightFormat::q8_0:
-      return kernels::f16_to_f32(w.scales[o * q8_blocks(w.in) + j / kQ8Block]) *
-             static_cast<float>(static_cast<const int8_t*>(w.data)[at]);
+    case WeightFormat::q8_0: {
+      const uint8_t* row = q8_row(w, o);
+      return f16_at(row + w.in + 2 * (j / kQ8Block)) *
+             static_cast<float>(static_cast<int8_t>(row[j]));
+    }
   }
   return 0.0f;
 }
@@ -91,8 +104,9 @@ MOE_TARGET_GEMV512 inline __m512 load_weights(const WeightMatrix& w, int64_t o, 
     return _mm512_cvtph_ps(
         _mm256_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(w.data) + at));
   } else {
-    const __m128i q = _mm_maskz_loadu_epi8(mask, static_cast<const int8_t*>(w.data) + at);
-    const float scale = kernels::f16_to_f32(w.scales[o * q8_blocks(w.in) + j / kQ8Block]);
+    const uint8_t* row = q8_row(w, o);
+    const __m128i q = _mm_maskz_loadu_epi8(mask, row + j);
+    const float scale = f16_at(row + w.in + 2 * (j / kQ8Block));
     return _mm512_mul_ps(_mm512_set1_ps(scale), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
   }
 }
@@ -251,7 +265,9 @@ void widen_rows(const WeightMatrix& w, int64_t row, int64_t rows, float* out) {
     for (int64_t j = 0; j < w.in; ++j) out[r * w.in + j] = weight_at(w, row + r, j);
 }
 
-void quantize_q8_0_row(const float* x, int64_t n, int8_t* q, uint16_t* scales) {
+float q8_scale(const uint8_t* row, int64_t n, int64_t b) { return f16_at(row + n + 2 * b); }
+
+void quantize_q8_0_row(const float* x, int64_t n, uint8_t* row) {
   for (int64_t b = 0; b < q8_blocks(n); ++b) {
     const int64_t begin = b * kQ8Block, end = std::min(n, begin + kQ8Block);
     float amax = 0;
@@ -265,10 +281,10 @@ void quantize_q8_0_row(const float* x, int64_t n, int8_t* q, uint16_t* scales) {
     const float scale = kernels::f16_to_f32(bits);
     MOE_CHECK(std::isfinite(scale), "q8_0: a block's largest magnitude ", amax,
               " exceeds what an f16 scale holds (", 65504.0f * 127.0f, ")");
-    scales[b] = bits;
+    std::memcpy(row + n + 2 * b, &bits, sizeof bits);
     for (int64_t j = begin; j < end; ++j) {
       const float v = scale > 0 ? std::nearbyint(x[j] / scale) : 0.0f;
-      q[j] = static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f));
+      row[j] = static_cast<uint8_t>(static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f)));
     }
   }
 }
@@ -288,21 +304,27 @@ WeightFormat format_of(DType dtype, const Tensor& w) {
       return WeightFormat::bf16;
     case DType::f16:
       return WeightFormat::f16;
+    case DType::u8:
+      return WeightFormat::q8_0;
     default:
       break;
   }
-  throw Error(str("gemm: weight ", w.describe(), " is not f32, bf16 or f16"));
+  throw Error(str("gemm: weight ", w.describe(), " is not f32, bf16, f16 or Q8_0 rows (u8)"));
 }
 }  // namespace
 
-WeightMatrix weight_matrix(const Tensor& w, int64_t index) {
+WeightMatrix weight_matrix(const Tensor& w, int64_t index, int64_t in) {
   MOE_CHECK(w.ndim() >= 2, "gemm: weight ", w.describe(), " is not a matrix");
   WeightMatrix m;
   m.format = format_of(w.dtype(), w);
   m.out = w.dim(w.ndim() - 2);
-  m.in = w.dim(w.ndim() - 1);
+  const int64_t row = w.dim(w.ndim() - 1);
+  m.in = m.format == WeightFormat::q8_0 ? in : row;
+  MOE_CHECK(m.format != WeightFormat::q8_0 || (in > 0 && q8_row_bytes(in) == row),
+            "gemm: Q8_0 weight ", w.describe(), " does not hold rows of ", in, " elements (",
+            q8_row_bytes(in), " bytes each)");
   m.data = static_cast<const std::byte*>(w.raw()) +
-           index * m.out * m.in * static_cast<int64_t>(dtype_size(w.dtype()));
+           index * m.out * row * static_cast<int64_t>(dtype_size(w.dtype()));
   return m;
 }
 

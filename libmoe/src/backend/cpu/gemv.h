@@ -22,18 +22,21 @@ namespace moe::cpu {
 enum class WeightFormat : uint8_t { f32, bf16, f16, q8_0 };
 const char* weight_format_name(WeightFormat format);
 
-// Q8_0 (llama.cpp's layout, in two planes): blocks of kQ8Block consecutive elements along `in`,
-// each with one f16 scale; value = scale * q, q int8 in [-127, 127]. A row's last block may be
-// shorter when `in` is not a multiple of kQ8Block.
+// Q8_0 (llama.cpp's block format): blocks of kQ8Block consecutive elements along `in`, each with
+// one f16 scale; value = scale * q, q int8 in [-127, 127]. A row's last block may be shorter when
+// `in` is not a multiple of kQ8Block. A row is stored as its `in` int8 values followed by its
+// q8_blocks(in) scales (f16 bits, little-endian): q8_row_bytes(in) bytes, rows back to back.
+// (llama.cpp interleaves scale and values per block; values first keeps the int8 loads of a row
+// contiguous and a row's bytes a function of `in` alone.)
 inline constexpr int64_t kQ8Block = 32;
 inline int64_t q8_blocks(int64_t in) { return (in + kQ8Block - 1) / kQ8Block; }
+inline int64_t q8_row_bytes(int64_t in) { return in + 2 * q8_blocks(in); }
 
-// A weight matrix [out, in], row-major with a row stride of `in` elements. Q8_0: `data` holds the
-// int8 values [out, in], `scales` the f16 bits [out, q8_blocks(in)].
+// A weight matrix [out, in], row-major, rows back to back: `in` elements each (f32, bf16, f16)
+// or q8_row_bytes(in) bytes (Q8_0).
 struct WeightMatrix {
   WeightFormat format = WeightFormat::f32;
   const void* data = nullptr;
-  const uint16_t* scales = nullptr;
   int64_t out = 0, in = 0;
 };
 
@@ -61,10 +64,14 @@ bool gemv_isa_supported(GemvIsa isa);
 // Rows [row, row + rows) of w widened to f32 into out [rows, in] (exact for every format).
 void widen_rows(const WeightMatrix& w, int64_t row, int64_t rows, float* out);
 
-// Q8_0 quantisation of one row of n floats: per block, scale = max|x| / 127 rounded to f16 (the
-// stored scale, so dequantisation uses exactly it), q = round-to-nearest(x / scale) clamped to
-// [-127, 127]; an all-zero block has scale 0 and q 0. Non-finite input throws.
-void quantize_q8_0_row(const float* x, int64_t n, int8_t* q, uint16_t* scales);
+// Q8_0 quantisation of one row of n floats into q8_row_bytes(n) bytes: per block, scale =
+// max|x| / 127 rounded to f16 (the stored scale, so dequantisation uses exactly it), q =
+// round-to-nearest-even(x / scale) clamped to [-127, 127]; then |x - scale q| <= scale / 2. An
+// all-zero block has scale 0 and q 0 (as does a block below 127 * 2^-25, where the f16 scale
+// underflows). Non-finite input, or a block beyond 127 * 65504, throws.
+void quantize_q8_0_row(const float* x, int64_t n, uint8_t* row);
+// The scale of block b of a Q8_0 row of n elements.
+float q8_scale(const uint8_t* row, int64_t n, int64_t b);
 
 }  // namespace moe::cpu
 
@@ -74,8 +81,9 @@ class Tensor;
 }
 namespace moe::cpu {
 
-// Matrix `index` of a weight tensor [.., out, in] (f32, bf16 or f16), as the kernels read it.
-WeightMatrix weight_matrix(const Tensor& w, int64_t index = 0);
+// Matrix `index` of a weight tensor [.., out, in] (f32, bf16 or f16) or of a u8 tensor
+// [.., out, q8_row_bytes(in)] holding Q8_0 rows (`in` given), as the kernels read it.
+WeightMatrix weight_matrix(const Tensor& w, int64_t index = 0, int64_t in = 0);
 
 // Whether a product of m rows by a transposed weight goes to the GEMV. Benchmarks may turn the
 // path off (set_gemv_enabled(false)) to time the tiled sgemm it replaces in the same run.

@@ -102,7 +102,8 @@ void swiglu_backward(const float* h, const float* h3, const float* da, float* dh
 void grouped_gemm(const Tensor& a, const Tensor& w, bool transpose_w,
                   const std::vector<int32_t>& offsets, Tensor& c, float beta) {
   const int64_t experts = w.dim(0), r = w.dim(1), s = w.dim(2);
-  const int64_t k = transpose_w ? s : r, n = transpose_w ? r : s;
+  // k from A: a Q8_0 weight's last dimension counts bytes, not elements.
+  const int64_t k = a.dim(1), n = transpose_w ? r : s;
   const float* as = a.data<float>();
   float* cs = c.data<float>();
   if (transpose_w) {  // forward: x W_e^T; W may be 16-bit (inference)
@@ -116,7 +117,7 @@ void grouped_gemm(const Tensor& a, const Tensor& w, bool transpose_w,
     for (int64_t e = 0; e < experts; ++e) {
       const int64_t begin = offsets[e], m = offsets[e + 1] - begin;
       if (m == 0) continue;
-      const WeightMatrix we = weight_matrix(w, e);
+      const WeightMatrix we = weight_matrix(w, e, k);
       if (gemv_applies(m)) {
         narrow.push_back({we, as + begin * k, k, m, cs + begin * n, n, beta});
       } else {
