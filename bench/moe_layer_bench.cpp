@@ -19,6 +19,7 @@
 
 #include "backend/cpu/gemm.h"
 #include "common/cli.h"
+#include "decode_bench.h"
 #include "machine.h"
 #include "moe/arena.h"
 #include "moe/cuda.h"
@@ -565,7 +566,21 @@ int main(int argc, char** argv) {
       ->expected(4)
       ->type_name("D,E,k,N")
       ->check(tools::positive());
+  // --decode: the decode/prefill table instead (bench/decode_bench.cpp).
+  bool decode = false;
+  bench::DecodeOptions decode_opt;
+  app.add_flag("--decode", decode,
+               "Decode (batch 1, 8) and prefill tokens/s of a Mixtral-shaped model per weight "
+               "dtype, against the memory-bandwidth bound");
+  app.add_option("--dtypes", decode_opt.dtypes, "--decode: weight dtypes (default f32,bf16,f16,q8_0)")
+      ->delimiter(',');
   return tools::run_tool("moe-bench", app, argc, argv, [&] {
+    if (decode) {
+      decode_opt.quick = opt.quick;
+      decode_opt.threads = opt.threads;
+      if (min_time->count()) decode_opt.min_seconds = opt.min_seconds;
+      return bench::run_decode(decode_opt);
+    }
     if (!opt.shape.empty() && opt.shape[2] > opt.shape[1])
       throw UsageError(
           str("--shape: top-k ", opt.shape[2], " exceeds the ", opt.shape[1], " experts"));

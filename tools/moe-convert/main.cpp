@@ -25,6 +25,7 @@ struct Options {
   std::string out, to, trace;
   int ranks = 0;
   bool json = false, verify = false, shard_embedding = false, force = false;
+  std::string type = "q8_0";    // quantize --type
   bool allow_unmapped = false;  // import-hf
   int64_t max_seq = io::kHfDefaultMaxSeq;
   std::string gguf_type, gguf_name;  // export-gguf
@@ -68,6 +69,11 @@ void check_file_output(const Options& o) {
 // conversion writes one (change_dtype itself refuses values beyond the target's range).
 void check_finite_params(const std::string& what, const io::Checkpoint& ckpt) {
   io::check_finite(what, ckpt.params);
+}
+
+// A Q8_0 checkpoint (moe-convert quantize) is for moe-infer only: the other conversions refuse it.
+void refuse_quantized(const io::Checkpoint& c, const Options& o, const char* command) {
+  io::refuse_quantized(c.model_config, o.inputs.at(0), str("moe-convert ", command));
 }
 
 // The file converted outputs take their history from: the input, or rank 0's file of it.
@@ -145,6 +151,7 @@ int run_dtype(Options& o, const Argv& a) {
   check_file_output(o);
   bool merged = false;
   io::Checkpoint in = io::load_whole(o.inputs, true, &merged);
+  refuse_quantized(in, o, "dtype");
   check_finite_params(str("'", o.inputs.at(0), "'"), in);
   const DType to = parse_dtype(o.to);
   io::DTypeReport report;
@@ -165,6 +172,7 @@ int run_freeze(Options& o, const Argv& a) {
   check_file_output(o);
   bool merged = false;
   io::Checkpoint in = io::load_whole(o.inputs, true, &merged);
+  refuse_quantized(in, o, "freeze");
   check_finite_params(str("'", o.inputs.at(0), "'"), in);
   io::Checkpoint out = io::freeze(in);
   out.provenance = io::make_provenance("moe-convert", a.argc, a.argv);
@@ -179,6 +187,7 @@ int run_merge(Options& o, const Argv& a) {
   check_file_output(o);
   const std::vector<std::string> files = io::checkpoint_files(o.inputs);
   io::Checkpoint merged = io::merge_shards(files);
+  refuse_quantized(merged, o, "merge");
   check_finite_params(str("'", o.inputs.at(0), "'"), merged);
   const io::Provenance source = merged.provenance;
   merged.provenance = io::make_provenance("moe-convert", a.argc, a.argv);
@@ -188,12 +197,29 @@ int run_merge(Options& o, const Argv& a) {
   return 0;
 }
 
+int run_quantize(Options& o, const Argv& a) {
+  check_file_output(o);
+  bool merged = false;
+  io::Checkpoint in = io::load_whole(o.inputs, true, &merged);
+  check_finite_params(str("'", o.inputs.at(0), "'"), in);
+  io::QuantReport report;
+  io::Checkpoint out = io::quantize(in, o.type, &report);
+  out.provenance = io::make_provenance("moe-convert", a.argc, a.argv);
+  io::save_streaming(o.out, out, history_of(o.inputs, in.provenance));
+  MOE_LOG_INFO("quantize ", o.type, ": ", report.tensors_quantized, " weight tensors, parameters ",
+               report.bytes_before, " -> ", report.bytes_after, " bytes (max |error| ",
+               num(report.max_error_over_scale), " of a block's scale)",
+               merged ? ", shards merged" : "", "; wrote ", o.out);
+  return 0;
+}
+
 // ---- partition --------------------------------------------------------------------------------
 
 int run_partition(Options& o, const Argv& a) {
   refuse_stdout(o.out);
   bool merged = false;
   io::Checkpoint whole = io::load_whole(o.inputs, true, &merged);
+  refuse_quantized(whole, o, "partition");
   check_finite_params(str("'", o.inputs.at(0), "'"), whole);
   io::PartitionOptions options;
   options.ranks = o.ranks;
@@ -269,6 +295,7 @@ int run_export_hf(Options& o, const Argv&) {
   refuse_stdout(o.out);
   bool merged = false;
   io::Checkpoint in = io::load_whole(o.inputs, false, &merged);
+  refuse_quantized(in, o, "export-hf");
   check_finite_params(str("'", o.inputs.at(0), "'"), in);
   io::export_hf(in, o.out);
   MOE_LOG_INFO("exported ", in.params.size(),
@@ -355,6 +382,17 @@ int main(int argc, char** argv) {
   add_checkpoint_input(freeze, o);
   add_output(freeze, o, "Output checkpoint file");
   subs.push_back({freeze, run_freeze});
+
+  auto* quantize = app.add_subcommand(
+      "quantize",
+      "An inference checkpoint with the weight matrices in Q8_0 (blocks of 32, one f16 scale "
+      "each, int8 values): read by moe-infer only");
+  add_checkpoint_input(quantize, o);
+  quantize->add_option("--type", o.type, "Quantisation")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"q8_0"}));
+  add_output(quantize, o, "Output checkpoint file");
+  subs.push_back({quantize, run_quantize});
 
   auto* merge = app.add_subcommand(
       "merge", "A sharded checkpoint (its directory or every rank file) into one file");

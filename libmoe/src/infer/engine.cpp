@@ -48,6 +48,7 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& options,
     }
     e.loaded_ = load_model(o.model, true, &e.parallel_);
     e.loaded_.params->to(e.device_);
+    if (e.device_.kind == Device::cpu) lean_for_inference(*e.loaded_.params);
     return engine;
   }
   if (!o.popularity.empty())
@@ -59,6 +60,9 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& options,
                          " spreads the experts over the ", world->size(), " ranks"));
   if (o.budget.empty()) {
     e.loaded_ = load_model(o.model);
+    if (!e.loaded_.quantization.empty() && e.device_.kind != Device::cpu)
+      throw UsageError(str("'", o.model, "' is ", e.loaded_.quantization,
+                           "-quantised: its kernels run on the CPU only (--device cpu)"));
   } else {
     e.loaded_ = load_ring_model(o.model);
     offload::ExpertRing& ring = *e.loaded_.ring;
@@ -70,6 +74,7 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& options,
                  " expert bytes (budget ", rc.budget_bytes, " bytes)");
   }
   e.loaded_.params->to(e.device_);  // with a ring: the non-expert parameters (the slots are there)
+  if (e.device_.kind == Device::cpu) lean_for_inference(*e.loaded_.params);
   return engine;
 }
 

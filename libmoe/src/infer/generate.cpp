@@ -7,6 +7,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "moe/arena.h"
 #include "moe/io/dataset.h"
 #include "moe/rng.h"
 
@@ -167,6 +168,16 @@ std::vector<Generation> generate(const Transformer& model,
   const bool penalise = sampling.repeat_penalty != 1.0 && sampling.repeat_last_n != 0;
   const int64_t slots = std::min(batch, num_prompts);
   KVCache cache = model.make_cache(slots);  // allocated once, reused by every batch
+  // Each forward pass's activations come from one arena, reset before the next pass: decode
+  // steps reuse the same memory instead of allocating (the logits are read before the reset).
+  Arena arena;
+  auto forward = [&](const std::vector<int32_t>& tokens, const std::vector<int64_t>& counts,
+                     const std::vector<int64_t>& rows) {
+    arena.reset();
+    ArenaScope scope(arena);
+    return model.forward_cached(Tensor::from_vector({static_cast<int64_t>(tokens.size())}, tokens),
+                                counts, rows, cache, hooks);
+  };
 
   for (int64_t first = 0; first < num_prompts; first += slots) {
     const int64_t n = std::min(slots, num_prompts - first);
@@ -181,8 +192,7 @@ std::vector<Generation> generate(const Transformer& model,
       counts.push_back(static_cast<int64_t>(prompt.size()));
       active.push_back(s);
     }
-    Tensor logits = model.forward_cached(
-        Tensor::from_vector({static_cast<int64_t>(ids.size())}, ids), counts, active, cache, hooks);
+    Tensor logits = forward(ids, counts, active);
 
     while (!active.empty()) {
       // Sample one token per active row (row r of logits is slot active[r]).
@@ -250,8 +260,7 @@ std::vector<Generation> generate(const Transformer& model,
       }
       active = std::move(still);
       if (active.empty()) break;
-      logits = model.forward_cached(Tensor::from_vector({static_cast<int64_t>(feed.size())}, feed),
-                                    std::vector<int64_t>(active.size(), 1), active, cache, hooks);
+      logits = forward(feed, std::vector<int64_t>(active.size(), 1), active);
     }
   }
   return out;

@@ -2,11 +2,17 @@
 // moe/infer/model.h). Shapes: E experts of a layer, R ranks of the expert-parallel group.
 #include "moe/infer/model.h"
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <map>
 
+#include "backend/cpu/gemv.h"
 #include "moe/io/checkpoint_dir.h"
+#include "moe/io/convert.h"
 #include "moe/io/finite.h"
 #include "moe/models/memory.h"
 
@@ -116,12 +122,41 @@ void build_model(LoadedModel& m, const std::string& source, bool experts,
   m.model = std::make_unique<Transformer>(m.config, *m.params, parallel);
 }
 
+// A Q8_0 weight (moe-convert quantize): u8 rows [.., out, q8_row_bytes(in)] become the
+// parameter's value and what the kernels read (ops::gemm / grouped_gemm take them as x W^T).
+// Every block scale is checked finite (a corrupted scale would score garbage silently).
+void put_q8_0(Param& p, const Tensor& tensor, const std::string& source) {
+  const Shape& shape = p.value.shape();
+  Shape expect = shape;
+  expect.back() = cpu::q8_row_bytes(shape.back());
+  MOE_CHECK(tensor.shape() == expect, "'", source, "': Q8_0 tensor ", tensor.describe(),
+            " does not hold parameter ", p.name, shape_str(shape), " (expected u8",
+            shape_str(expect), ")");
+  const int64_t in = shape.back(), rows = p.value.numel() / in, row_bytes = expect.back();
+  const uint8_t* bytes = tensor.data<uint8_t>();
+  for (int64_t row = 0; row < rows; ++row)
+    for (int64_t b = 0; b < cpu::q8_blocks(in); ++b) {
+      const float scale = cpu::q8_scale(bytes + row * row_bytes, in, b);
+      MOE_CHECK(std::isfinite(scale) && scale >= 0, "'", source, "': tensor '", p.name, "' row ",
+                row, " block ", b, " has scale ", scale,
+                " (a Q8_0 scale is finite and >= 0): the file is damaged");
+    }
+  p.value = tensor;
+  p.value.set_name(p.name);
+  p.compute = p.value;
+  p.grad = Tensor();
+}
+
 // A whole (non-expert or unsliced) tensor of `source` into its parameter, checked as every loader
 // checks it: a parameter of the model, its shape and dtype, finite (never score or serve garbage).
 void put_param(ParamSet& params, const std::string& name, const Tensor& tensor,
                const std::string& source) {
   Param* p = params.find(name);
   MOE_CHECK(p, "'", source, "': tensor '", name, "' is not a parameter of its own model");
+  if (tensor.dtype() == DType::u8 && io::quantizable(name, p->value.shape())) {
+    put_q8_0(*p, tensor, source);
+    return;
+  }
   MOE_CHECK(tensor.shape() == p->value.shape() && tensor.dtype() == p->value.dtype(), "'", source,
             "': tensor ", tensor.describe(), " does not match parameter ", p->value.describe());
   io::check_finite(str("'", source, "'"), name, tensor);
@@ -133,6 +168,7 @@ void put_param(ParamSet& params, const std::string& name, const Tensor& tensor,
 void load_sharded(LoadedModel& m, const std::string& dir, bool experts,
                   const nn::Parallel* parallel) {
   const Sharded s = open_sharded(dir);
+  io::refuse_quantized(s.head().model_config, dir, "a sharded checkpoint directory");
   m.config = model_config_from_json(s.head().model_config);
   m.provenance = s.head().provenance;
   m.step = s.head().state.step;
@@ -201,7 +237,12 @@ LoadedModel load_model(const std::string& given, bool experts, const nn::Paralle
   }
   const std::string& path = ref.path;
   LoadedModel m;
-  m.config = model_config_from_json(io::read_model_config(path));
+  const nlohmann::json config = io::read_model_config(path);
+  m.quantization = io::quantization_of(config);
+  if (parallel && !m.quantization.empty())
+    io::refuse_quantized(config, path,
+                         "expert parallelism (--ep) and the expert ring (--expert-budget)");
+  m.config = model_config_from_json(config);
   build_model(m, path, experts, parallel);
   size_t matched = 0;
   auto take = [&](const std::string& name, const Tensor& tensor) {
@@ -233,6 +274,30 @@ LoadedModel load_model(const std::string& given, bool experts, const nn::Paralle
   MOE_CHECK(matched == m.params->size(), "'", path, "' holds ", matched, " of the model's ",
             m.params->size(), " parameters");
   return m;
+}
+
+size_t lean_for_inference(ParamSet& params) {
+  size_t released = 0;
+  for (Param* p : params.all()) {
+    if (p->offloaded) continue;
+    MOE_CHECK(p->value.device().kind == Device::cpu, "lean_for_inference: '", p->name, "' is on ",
+              p->value.device().str(), "; 16-bit weights are read in place on the CPU");
+    if (p->grad.defined()) released += p->grad.nbytes();
+    p->grad = Tensor();
+    const DType dtype = p->value.dtype();
+    const bool matrix = io::quantizable(p->name, p->value.shape());  // weight matrices only
+    if (matrix && (dtype == DType::bf16 || dtype == DType::f16) &&
+        p->compute.raw() != p->value.raw()) {
+      released += p->compute.nbytes();
+      p->compute = p->value;  // the kernels read the 16-bit values (ops::gemm, grouped_gemm)
+    }
+  }
+#if defined(__GLIBC__)
+  // glibc keeps freed heap memory (its mmap threshold grows with each large free): hand it back,
+  // or the process's resident set would not shrink with the model.
+  malloc_trim(0);
+#endif
+  return released;
 }
 
 LoadedModel load_ring_model(const std::string& path) {

@@ -426,6 +426,10 @@ void check_params_match(const ParamSet& params, const std::vector<NamedTensor>& 
     // An offloaded parameter (its store holds the values) or one whose value is released between
     // uses (--zero 3) has the ParamSet's dtype.
     const DType dtype = p->offloaded || !p->value.defined() ? params.dtype() : p->value.dtype();
+    MOE_CHECK(nt.dtype() != DType::u8 || dtype == DType::u8, source, ": checkpoint tensor '",
+              nt.name,
+              "' holds Q8_0-quantised rows (moe-convert quantize): only moe-infer reads them; "
+              "use the checkpoint that was quantised");
     MOE_CHECK(nt.shape() == p->shape && nt.dtype() == dtype, source, ": checkpoint tensor ",
               nt.streamed() ? str(nt.name, shape_str(nt.shape()), " ", dtype_name(nt.dtype()))
                             : nt.tensor.describe(),

@@ -3,6 +3,7 @@
 // Shapes: M rows of the permuted buffer, D model width, F expert hidden width, E experts.
 #include <vector>
 
+#include "backend/cpu/gemv.h"
 #include "core/backend.h"
 #include "moe/ops/core.h"
 #include "moe/ops/moe.h"
@@ -29,13 +30,19 @@ void grouped_gemm(const Tensor& a, const Tensor& w, bool transpose_w,
   const PartScope part(StepPart::gemm);
   const Device device = require_backend("grouped_gemm", {&a, &w, &c});
   a.expect_dtype(DType::f32, "grouped_gemm A");
-  w.expect_dtype(DType::f32, "grouped_gemm W");
+  const bool low_bit =
+      w.dtype() == DType::bf16 || w.dtype() == DType::f16 || w.dtype() == DType::u8;
+  MOE_CHECK(w.dtype() == DType::f32 || (low_bit && transpose_w && device.kind == Device::cpu),
+            "grouped_gemm: W ", w.describe(),
+            " must be f32 (a bf16/f16/Q8_0 weight only as x W^T on the CPU, for inference)");
   c.expect_dtype(DType::f32, "grouped_gemm C");
   MOE_CHECK(a.ndim() == 2 && w.ndim() == 3 && c.ndim() == 2,
             "grouped_gemm: A [M,K], W [E,R,S], C [M,N] expected, got ", a.describe(), ", ",
             w.describe(), ", ", c.describe());
   const int64_t experts = w.dim(0), r = w.dim(1), s = w.dim(2), rows = a.dim(0);
-  const int64_t k = transpose_w ? s : r, n = transpose_w ? r : s;
+  int64_t k = transpose_w ? s : r;
+  const int64_t n = transpose_w ? r : s;
+  if (w.dtype() == DType::u8 && k == cpu::q8_row_bytes(a.dim(1))) k = a.dim(1);  // Q8_0 rows
   MOE_CHECK(a.dim(1) == k && c.dim(0) == rows && c.dim(1) == n,
             "grouped_gemm: shapes do not chain: ", a.describe(), " x ", w.describe(),
             transpose_w ? "^T" : "", " -> ", c.describe());

@@ -301,6 +301,11 @@ Distiller::Distiller(const DistillConfig& distill, const TrainConfig& train,
   if (!fs::exists(config_.teacher, ec))
     throw Error(str("teacher checkpoint '", config_.teacher, "' does not exist"));
   teacher_ = infer::load_model(config_.teacher);
+  MOE_CHECK(
+      teacher_.quantization.empty(), "--teacher '", config_.teacher, "' is a ",
+      teacher_.quantization,
+      "-quantised checkpoint (moe-convert quantize): moe-distill cannot use it (only "
+      "moe-infer and moe-profile record read one); give it the checkpoint that was quantised");
   const ModelConfig& tc = teacher_.config;
 
   // The teacher scores every token of the data: its vocabulary must cover them.

@@ -19,6 +19,7 @@ struct LoadedModel {
   std::unique_ptr<Transformer> model;
   io::Provenance provenance;  // of the checkpoint
   int64_t step = 0;           // training steps it had taken
+  std::string quantization;   // "q8_0" for a moe-convert quantize checkpoint (CPU only), else ""
 };
 
 // Reads `path` (a checkpoint file, a run directory's newest checkpoint, or a sharded checkpoint
@@ -37,6 +38,14 @@ struct LoadedModel {
 // relabelled (scores equal one process's to float rounding; ties between router logits, which
 // pick the lower index, could pick another expert). A split token embedding (--shard-embedding),
 // and --popularity with a sharded directory, are refused, saying how to merge.
+// Makes a loaded model lean for inference on the CPU: drops every gradient (nothing is trained)
+// and, for a bf16/f16 model, keeps the weight matrices (attention, dense MLP, experts, untied LM
+// head) in 16 bits with no f32 copy: the CPU GEMV and GEMM widen them on the fly (bf16 is
+// exact; f16 too), so the model takes about half the memory of f32 and decode reads half the
+// bytes. Embeddings, norms, biases and routers keep their f32 copy (small; router math is f32).
+// Call after ParamSet::to (which would widen them again). Returns the bytes released.
+size_t lean_for_inference(ParamSet& params);
+
 LoadedModel load_model(const std::string& path, bool experts = true,
                        const nn::Parallel* parallel = nullptr);
 

@@ -122,6 +122,33 @@ Checkpoint change_dtype(const Checkpoint& in, DType to, DTypeReport* report = nu
 // kept). Parameter bytes are unchanged. Write it with save_streaming for the streaming layout.
 Checkpoint freeze(const Checkpoint& in);
 
+// ---- Q8_0 quantisation (moe-convert quantize) --------------------------------------------------
+
+// The model_config key a quantised checkpoint carries ("quantization": "q8_0"), and the weights
+// it quantises: weight matrices (".weight", ".w1", ".w2", ".w3"; 2-D or more; not biases) other
+// than the embeddings ("embed.*") and the routers (router math stays f32), the same weights
+// infer::lean_for_inference keeps in 16 bits.
+inline constexpr const char* kQuantizationKey = "quantization";
+bool quantizable(const std::string& name, const Shape& shape);
+// "q8_0" for a quantised checkpoint's model_config, "" otherwise.
+std::string quantization_of(const nlohmann::json& model_config);
+// Throws Error naming `source` when model_config is quantised: `who` cannot use it.
+void refuse_quantized(const nlohmann::json& model_config, const std::string& source,
+                      const std::string& who);
+
+struct QuantReport {
+  int64_t tensors_quantized = 0;
+  int64_t bytes_before = 0, bytes_after = 0;  // of all parameters
+  double max_error_over_scale = 0;            // max |x - dequantised| / block scale (<= 0.5)
+};
+// Each quantizable weight [.., out, in] becomes a u8 tensor [.., out, q8_row_bytes(in)] of Q8_0
+// rows (backend/cpu/gemv.h: blocks of 32 along `in`, one f16 scale each, int8 values rounded to
+// nearest) from its f32 values (the fp32 master when the optimizer state has one); the other
+// parameters are kept as they are. The result is an inference checkpoint (freeze: no optimizer
+// or training state) with model_config.quantization = "q8_0". Refuses a quantised input, a
+// rank's shard, and `type` other than "q8_0" (UsageError).
+Checkpoint quantize(const Checkpoint& in, const std::string& type, QuantReport* report = nullptr);
+
 // ---- provenance of conversions ----------------------------------------------------------------
 
 // {"tool", "version", "git", "argv", "created"} of a provenance.

@@ -3,6 +3,7 @@
 
 #include "backend/cpu/backend.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/gemv.h"
 #include "core/parallel.h"
 #include "kernels/convert.h"
 
@@ -13,6 +14,19 @@ void gemm(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, 
   int64_t m = transpose_a ? a.dim(1) : a.dim(0);
   int64_t k = transpose_a ? a.dim(0) : a.dim(1);
   int64_t n = transpose_b ? b.dim(0) : b.dim(1);
+  // x W^T with a [out, in] weight: a few rows (decode) stream the weight once through the GEMV;
+  // 16-bit weights are widened into a reused scratch for the tiled sgemm (gemv.h).
+  if (!transpose_a && transpose_b && alpha == 1.0f) {
+    const WeightMatrix w = weight_matrix(b, 0, k);
+    if (gemv_applies(m)) {
+      const GemvProblem p{w, a.data<float>(), a.dim(1), m, c.data<float>(), c.dim(1), beta};
+      gemv_batch(&p, 1);
+      return;
+    }
+    sgemm(false, true, m, n, k, alpha, a.data<float>(), a.dim(1), widened(w), k, beta,
+          c.data<float>(), c.dim(1));
+    return;
+  }
   sgemm(transpose_a, transpose_b, m, n, k, alpha, a.data<float>(), a.dim(1), b.data<float>(),
         b.dim(1), beta, c.data<float>(), c.dim(1));
 }

@@ -12,6 +12,7 @@
 
 #include "backend/cpu/backend.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/gemv.h"
 #include "backend/cpu/vector_math.h"
 #include "core/parallel.h"
 #include "kernels/experts.h"
@@ -101,10 +102,35 @@ void swiglu_backward(const float* h, const float* h3, const float* da, float* dh
 void grouped_gemm(const Tensor& a, const Tensor& w, bool transpose_w,
                   const std::vector<int32_t>& offsets, Tensor& c, float beta) {
   const int64_t experts = w.dim(0), r = w.dim(1), s = w.dim(2);
-  const int64_t k = transpose_w ? s : r, n = transpose_w ? r : s;
+  // k from A: a Q8_0 weight's last dimension counts bytes, not elements.
+  const int64_t k = a.dim(1), n = transpose_w ? r : s;
   const float* as = a.data<float>();
-  const float* ws = w.data<float>();
   float* cs = c.data<float>();
+  if (transpose_w) {  // forward: x W_e^T; W may be 16-bit (inference)
+    // Segments of a few rows (decode) go to the GEMV, all in one parallel loop over their output
+    // rows (a token's k experts share the threads); the others widen their expert once into a
+    // reused scratch and run the tiled sgemm, all their tiles in one loop. The lists are reused.
+    thread_local std::vector<GemvProblem> narrow;
+    thread_local std::vector<GemmProblem> wide;
+    narrow.clear();
+    wide.clear();
+    for (int64_t e = 0; e < experts; ++e) {
+      const int64_t begin = offsets[e], m = offsets[e + 1] - begin;
+      if (m == 0) continue;
+      const WeightMatrix we = weight_matrix(w, e, k);
+      if (gemv_applies(m)) {
+        narrow.push_back({we, as + begin * k, k, m, cs + begin * n, n, beta});
+      } else {
+        wide.push_back({false, true, m, n, k, 1.0f, as + begin * k, k,
+                        widened(we, static_cast<int64_t>(wide.size())), k, beta, cs + begin * n,
+                        n});
+      }
+    }
+    if (!narrow.empty()) gemv_batch(narrow.data(), narrow.size());
+    if (!wide.empty()) sgemm_batch(wide.data(), wide.size());
+    return;
+  }
+  const float* ws = w.data<float>();
   // One GEMM per non-empty segment, all their tiles in one parallel loop.
   std::vector<GemmProblem> problems;
   problems.reserve(static_cast<size_t>(experts));

@@ -1,0 +1,335 @@
+// moe-bench --decode: tokens/s of a Mixtral-shaped model (random weights, no file) at batch-1 and
+// batch-8 decode and at a 512-token prefill, per weight dtype, against the memory-bandwidth bound
+// measured in the same run: a streaming read over a buffer far larger than the caches (all
+// threads, best of several passes) divided by the weight bytes one decode step must read.
+//
+// Decode reads every active weight once per step: the non-expert matrices whole, k of each MoE
+// layer's E experts per token (batch 1), and at batch B the experts the B tokens touch (expected
+// E (1 - (1 - k/E)^B) under uniform routing; that is the bound's assumption). KV-cache reads are
+// left out of the bound (a few KB per token here). Prefill is compute-bound: no bandwidth bound.
+// Rows "f32 sgemm" run the tiled sgemm the GEMV replaced (cpu::set_gemv_enabled(false)) in the
+// same run. Check column: max |logit - reference| of the first decode step, reference = the same
+// weights widened to f32 through the tiled sgemm (16-bit rows: bf16/f16 values widened exactly).
+#include "decode_bench.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/gemv.h"
+#include "machine.h"
+#include "moe/arena.h"
+#include "moe/infer/model.h"
+#include "moe/io/convert.h"
+#include "moe/models/transformer.h"
+#include "moe/threads.h"
+#include "moe/timer.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define MOE_BENCH_X86 1
+#endif
+
+namespace moe::bench {
+namespace {
+
+ModelConfig bench_model(bool quick) {
+  ModelConfig c;
+  c.arch = Arch::mixtral;
+  c.vocab_size = 256;
+  c.normalize_topk = true;
+  c.moe_every = 1;
+  c.top_k = 2;
+  c.experts = 8;
+  if (quick) {
+    c.layers = 2, c.d_model = 64, c.heads = 4, c.kv_heads = 2, c.d_ff = 128, c.seq = 64;
+  } else {  // 144.7M parameters, 40.9M active per token
+    c.layers = 8, c.d_model = 512, c.heads = 8, c.kv_heads = 4, c.d_ff = 1408, c.seq = 1024;
+  }
+  c.resolve();
+  return c;
+}
+
+#if MOE_BENCH_X86
+__attribute__((target("avx512f"))) float sum_avx512(const float* p, int64_t n) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t i = 0; i + 64 <= n; i += 64) {
+    a0 = _mm512_add_ps(a0, _mm512_loadu_ps(p + i));
+    a1 = _mm512_add_ps(a1, _mm512_loadu_ps(p + i + 16));
+    a2 = _mm512_add_ps(a2, _mm512_loadu_ps(p + i + 32));
+    a3 = _mm512_add_ps(a3, _mm512_loadu_ps(p + i + 48));
+  }
+  float lane[16];
+  _mm512_storeu_ps(lane, _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+  float s = 0;
+  for (float v : lane) s += v;
+  return s;
+}
+#endif
+
+float sum_plain(const float* p, int64_t n) {
+  float a[16] = {};
+  for (int64_t i = 0; i + 16 <= n; i += 16)
+    for (int l = 0; l < 16; ++l) a[l] += p[i + l];
+  float s = 0;
+  for (float v : a) s += v;
+  return s;
+}
+
+// Bytes/s of a streaming read over `bytes` (all OpenMP threads, each its contiguous share), the
+// best of `passes`.
+double read_bandwidth(size_t bytes, int passes) {
+  const int64_t n = static_cast<int64_t>(bytes / sizeof(float)) / 1024 * 1024;
+  std::vector<float> buf(static_cast<size_t>(n));
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) buf[static_cast<size_t>(i)] = 1.0f + float(i % 7);
+  bool wide = false;
+#if MOE_BENCH_X86
+  __builtin_cpu_init();
+  wide = __builtin_cpu_supports("avx512f");
+#endif
+  double best = 0;
+  volatile float sink = 0;
+  for (int p = 0; p < passes; ++p) {
+    Timer t;
+    float total = 0;
+#pragma omp parallel reduction(+ : total)
+    {
+      const int64_t threads = omp_get_num_threads(), me = omp_get_thread_num();
+      const int64_t per = n / threads / 1024 * 1024;
+      const int64_t begin = me * per, count = me + 1 == threads ? n - begin : per;
+#if MOE_BENCH_X86
+      total += wide ? sum_avx512(buf.data() + begin, count) : sum_plain(buf.data() + begin, count);
+#else
+      total += sum_plain(buf.data() + begin, count);
+#endif
+    }
+    sink = sink + total;
+    best = std::max(best, double(n) * sizeof(float) / t.seconds());
+  }
+  return best;
+}
+
+// Weight bytes one decode step of `batch` tokens reads (see the header comment).
+double step_bytes(const ParamSet& params, const ModelConfig& c, int64_t batch) {
+  const double k = double(c.top_k), E = double(c.experts);
+  const double touched = E * (1.0 - std::pow(1.0 - k / E, double(batch)));
+  double bytes = 0;
+  for (const Param* p : params.all()) {
+    const double b = double(p->compute.nbytes());
+    if (p->expert) {
+      bytes += b / E * touched;
+    } else if (p->name.rfind("embed.", 0) == 0) {
+      bytes += double(batch) * b / double(p->value.dim(0));  // one row per token
+    } else {
+      bytes += b;
+    }
+  }
+  return bytes;
+}
+
+struct Model {
+  ModelConfig config;
+  std::unique_ptr<ParamSet> params;
+  std::unique_ptr<Transformer> model;
+};
+
+// Q8_0: the f32 model's weight matrices quantised as moe-convert quantize does. `lean`: kept as
+// Q8_0 rows (what moe-infer serves); otherwise their dequantised values in f32 (the reference).
+void quantize_weights(ParamSet& params, bool lean) {
+  for (Param* p : params.all()) {
+    if (!io::quantizable(p->name, p->value.shape())) continue;
+    const int64_t in = p->value.shape().back(), rows = p->value.numel() / in;
+    Shape shape = p->value.shape();
+    shape.back() = cpu::q8_row_bytes(in);
+    Tensor q = Tensor::empty(shape, DType::u8);
+    for (int64_t r = 0; r < rows; ++r)
+      cpu::quantize_q8_0_row(p->value.data<float>() + r * in, in,
+                             q.data<uint8_t>() + r * cpu::q8_row_bytes(in));
+    if (lean) {
+      p->value = q;
+    } else {
+      const cpu::WeightMatrix w{cpu::WeightFormat::q8_0, q.raw(), rows, in};
+      cpu::widen_rows(w, 0, rows, p->value.data<float>());
+    }
+    p->refresh_compute();
+  }
+}
+
+Model make_model(const ModelConfig& c, DType dtype, bool lean, bool q8 = false) {
+  Model m;
+  m.config = c;
+  m.config.dtype = dtype;
+  m.params = std::make_unique<ParamSet>(7, dtype);
+  m.model = std::make_unique<Transformer>(m.config, *m.params);
+  if (q8) quantize_weights(*m.params, lean);
+  if (lean) infer::lean_for_inference(*m.params);
+  return m;
+}
+
+std::vector<int32_t> tokens(int64_t n, int64_t vocab, int64_t salt) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = int32_t((i * 37 + salt * 11) % vocab);
+  return t;
+}
+
+// One forward pass through an arena reset first (as infer::generate runs them).
+Tensor step(const Model& m, Arena& arena, KVCache& cache, const std::vector<int32_t>& ids,
+            const std::vector<int64_t>& counts, const std::vector<int64_t>& slots) {
+  arena.reset();
+  ArenaScope scope(arena);
+  return m.model->forward_cached(Tensor::from_vector({int64_t(ids.size())}, ids), counts, slots,
+                                 cache);
+}
+
+// Decode tokens/s at `batch` over the median step (prompts of 8 tokens prefilled untimed; the cache
+// is refilled when full), and the logits of the first decode step.
+double decode_rate(const Model& m, int64_t batch, double min_seconds, std::vector<float>* first) {
+  const int64_t prompt = 8;
+  KVCache cache = m.model->make_cache(batch);
+  Arena arena;
+  std::vector<int64_t> slots(static_cast<size_t>(batch));
+  for (int64_t s = 0; s < batch; ++s) slots[static_cast<size_t>(s)] = s;
+  auto refill = [&] {
+    cache.clear();
+    step(m, arena, cache, tokens(prompt * batch, m.config.vocab_size, 1),
+         std::vector<int64_t>(static_cast<size_t>(batch), prompt), slots);
+  };
+  refill();
+  const std::vector<int64_t> ones(static_cast<size_t>(batch), 1);
+  int64_t steps = 0;
+  double seconds = 0;
+  std::vector<double> times;
+  while (seconds < min_seconds || steps < 5) {
+    if (cache.length[0] + 1 >= m.config.seq) refill();
+    const std::vector<int32_t> ids = tokens(batch, m.config.vocab_size, steps);
+    Timer t;
+    Tensor logits = step(m, arena, cache, ids, ones, slots);
+    const double s = t.seconds();
+    if (steps == 0 && first)
+      first->assign(logits.data<float>(), logits.data<float>() + logits.numel());
+    if (steps > 0) seconds += s, times.push_back(s);  // the first step warms arena and caches
+    ++steps;
+  }
+  // The median step: on a shared machine one descheduled step must not move the figure.
+  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+  return double(batch) / times[times.size() / 2];
+}
+
+double prefill_rate(const Model& m, int64_t n, double min_seconds) {
+  KVCache cache = m.model->make_cache(1);
+  Arena arena;
+  const std::vector<int32_t> ids = tokens(n, m.config.vocab_size, 3);
+  double best = 0, total = 0;
+  for (int r = 0; r < 2 || total < min_seconds; ++r) {
+    cache.clear();
+    Timer t;
+    step(m, arena, cache, ids, {n}, {0});
+    const double s = t.seconds();
+    if (r > 0) best = std::max(best, double(n) / s), total += s;
+  }
+  return best;
+}
+
+// Bytes of parameter storage the model holds: values, distinct compute copies, gradients.
+double held_bytes(const ParamSet& params) {
+  double bytes = 0;
+  for (const Param* p : params.all()) {
+    bytes += double(p->value.nbytes()) + double(p->grad.defined() ? p->grad.nbytes() : 0);
+    if (p->compute.defined() && p->compute.raw() != p->value.raw())
+      bytes += double(p->compute.nbytes());
+  }
+  return bytes;
+}
+
+double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double d = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
+    d = std::max(d, std::fabs(double(a[i]) - double(b[i])));
+  return d;
+}
+
+}  // namespace
+
+int run_decode(const DecodeOptions& o) {
+  for (const std::string& name : o.dtypes)  // refused before any work (UsageError: exit 2)
+    if (name != "q8_0") parse_dtype(name);
+  if (o.threads > 0) set_num_threads(o.threads);
+  const ModelConfig c = bench_model(o.quick);
+  const double min_s = o.quick ? std::min(o.min_seconds, 0.05) : o.min_seconds;
+  const int64_t prefill = o.quick ? 32 : 512;
+  const double bandwidth =
+      read_bandwidth(o.quick ? size_t(64) << 20 : size_t(1) << 30, o.quick ? 2 : 5);
+  Model f32 = make_model(c, DType::f32, true);
+  int64_t total = 0, active = 0;
+  for (const Param* p : f32.params->all()) {
+    total += p->numel();
+    active += p->expert                         ? p->numel() / c.experts * c.top_k
+              : p->name.rfind("embed.", 0) == 0 ? c.d_model
+                                                : p->numel();
+  }
+  std::printf("# moe-bench --decode: %s, %s, %d threads\n", cpu_model().c_str(), now_utc().c_str(),
+              num_threads());
+  std::printf(
+      "# model: mixtral d %lld, %lld layers all MoE, heads %lld (kv %lld), F %lld, E %lld "
+      "top-%lld, "
+      "vocab %lld: %.1fM parameters, %.1fM active per token\n",
+      (long long)c.d_model, (long long)c.layers, (long long)c.heads, (long long)c.kv_heads,
+      (long long)c.d_ff, (long long)c.experts, (long long)c.top_k, (long long)c.vocab_size,
+      double(total) / 1e6, double(active) / 1e6);
+  std::printf("# read bandwidth (streaming read, %d threads, best pass): %.1f GB/s\n",
+              num_threads(), bandwidth / 1e9);
+  std::printf(
+      "# bound = bandwidth / weight bytes a step reads (batch 8: expected experts touched)\n");
+  std::printf("# %-5s %-6s %-15s %10s %10s %7s %12s\n", "dtype", "path", "measure", "tok/s",
+              "bound", "ratio", "max|dlogit|");
+
+  auto row = [&](const char* dtype, const char* path, const char* measure, double rate,
+                 double bound, double check) {
+    char b[32] = "-", r[32] = "-", ch[32] = "-";
+    if (bound > 0) std::snprintf(b, sizeof b, "%.1f", bound);
+    if (bound > 0) std::snprintf(r, sizeof r, "%.2f", rate / bound);
+    if (check >= 0) std::snprintf(ch, sizeof ch, "%.2e", check);
+    std::printf("  %-5s %-6s %-15s %10.1f %10s %7s %12s\n", dtype, path, measure, rate, b, r, ch);
+    std::fflush(stdout);
+  };
+
+  for (const std::string& name : o.dtypes) {
+    const bool q8 = name == "q8_0";
+    const DType dtype = q8 ? DType::f32 : parse_dtype(name);
+    // The reference: the same values, widened to f32 (no lean step), through the tiled sgemm.
+    const Model wide = dtype == DType::f32 && !q8 ? Model{} : make_model(c, dtype, false, q8);
+    const Model& ref = dtype == DType::f32 && !q8 ? f32 : wide;
+    std::vector<float> expect, got;
+    cpu::set_gemv_enabled(false);
+    const double sgemm1 = decode_rate(ref, 1, min_s, &expect);
+    if (dtype == DType::f32 && !q8) {
+      const double sgemm8 = decode_rate(ref, 8, min_s, nullptr);
+      row("f32", "sgemm", "decode batch 1", sgemm1, bandwidth / step_bytes(*ref.params, c, 1), -1);
+      row("f32", "sgemm", "decode batch 8", sgemm8, 8 * bandwidth / step_bytes(*ref.params, c, 8),
+          -1);
+    }
+    cpu::set_gemv_enabled(true);
+    const Model lean_model = dtype == DType::f32 && !q8 ? Model{} : make_model(c, dtype, true, q8);
+    const Model& m = dtype == DType::f32 && !q8 ? f32 : lean_model;
+    const double d1 = decode_rate(m, 1, min_s, &got);
+    const double d8 = decode_rate(m, 8, min_s, nullptr);
+    const double pf = prefill_rate(m, prefill, min_s);
+    row(name.c_str(), "gemv", "decode batch 1", d1, bandwidth / step_bytes(*m.params, c, 1),
+        max_diff(got, expect));
+    row(name.c_str(), "gemv", "decode batch 8", d8, 8 * bandwidth / step_bytes(*m.params, c, 8),
+        -1);
+    std::printf("# %s: parameter storage held %.1f MB (the same weights widened to f32: %.1f MB)\n",
+                name.c_str(), held_bytes(*m.params) / 1e6, held_bytes(*ref.params) / 1e6);
+    char what[32];
+    std::snprintf(what, sizeof what, "prefill %lld", (long long)prefill);
+    row(name.c_str(), "sgemm", what, pf, 0, -1);
+  }
+  return 0;
+}
+
+}  // namespace moe::bench

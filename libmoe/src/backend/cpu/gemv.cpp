@@ -1,0 +1,346 @@
+// Decode GEMV over f32 / bf16 / f16 / Q8_0 weights (see gemv.h): a scalar path and an AVX-512
+// path (F, BW, VL; picked at run time, the library targets baseline x86-64) with the same lanes,
+// the same fused multiply-adds and the same final tree, so both give the same bits.
+// Shapes: m input rows, out x in weights, 16 lanes.
+#include "backend/cpu/gemv.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backend/cpu/gemm.h"
+#include "core/parallel.h"
+#include "kernels/convert.h"
+#include "moe/error.h"
+#include "moe/tensor.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define MOE_GEMV_X86 1
+#include <immintrin.h>
+#define MOE_TARGET_GEMV512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#endif
+
+namespace moe::cpu {
+namespace {
+
+constexpr int64_t kLanes = 16;
+// Output rows per parallel task: small enough that a 512-row matrix still feeds 2+ threads,
+// large enough that the fork's cost is spread over some 100 KB of weights.
+constexpr int64_t kRowsPerTask = 16;
+
+// The fixed reduction of the 16 lanes (halves: 8, 4, 2, 1), shared by both paths.
+inline float reduce_lanes(float* lane) {
+  for (int64_t half = kLanes / 2; half >= 1; half /= 2)
+    for (int64_t l = 0; l < half; ++l) lane[l] += lane[l + half];
+  return lane[0];
+}
+
+inline float f16_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, sizeof h);  // a row's scales may sit at an odd address
+  return kernels::f16_to_f32(h);
+}
+
+inline const uint8_t* q8_row(const WeightMatrix& w, int64_t o) {
+  return static_cast<const uint8_t*>(w.data) + o * q8_row_bytes(w.in);
+}
+
+// Element j of row o widened to f32 (exact).
+inline float weight_at(const WeightMatrix& w, int64_t o, int64_t j) {
+  const int64_t at = o * w.in + j;
+  switch (w.format) {
+    case WeightFormat::f32:
+      return static_cast<const float*>(w.data)[at];
+    case WeightFormat::bf16:
+      return kernels::bf16_to_f32(static_cast<const uint16_t*>(w.data)[at]);
+    case WeightFormat::f16:
+      return kernels::f16_to_f32(static_cast<const uint16_t*>(w.data)[at]);
+    case WeightFormat::q8_0: {
+      const uint8_t* row = q8_row(w, o);
+      return f16_at(row + w.in + 2 * (j / kQ8Block)) *
+             static_cast<float>(static_cast<int8_t>(row[j]));
+    }
+  }
+  return 0.0f;
+}
+
+void rows_scalar(const GemvProblem& p, int64_t begin, int64_t end) {
+  const int64_t in = p.w.in;
+  for (int64_t o = begin; o < end; ++o) {
+    float lanes[kGemvMaxRows][kLanes] = {};
+    for (int64_t j0 = 0; j0 < in; j0 += kLanes) {
+      const int64_t n = std::min(kLanes, in - j0);
+      for (int64_t l = 0; l < n; ++l) {
+        const float wv = weight_at(p.w, o, j0 + l);
+        for (int64_t i = 0; i < p.m; ++i)
+          lanes[i][l] = std::fma(wv, p.x[i * p.ldx + j0 + l], lanes[i][l]);
+      }
+    }
+    for (int64_t i = 0; i < p.m; ++i) {
+      const float dot = reduce_lanes(lanes[i]);
+      float& y = p.y[i * p.ldy + o];
+      y = p.beta == 0.0f ? dot : dot + p.beta * y;
+    }
+  }
+}
+
+#if MOE_GEMV_X86
+// GCC 12 reports its own _mm512_undefined_epi32() inside the conversion intrinsics as maybe
+// uninitialised (a false positive: every lane is written).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// 16 weights of row `row` from element j (n <= 16 valid, the rest zero) widened to f32.
+template <WeightFormat F>
+MOE_TARGET_GEMV512 inline __m512 load_weights(const WeightMatrix& w, int64_t o, int64_t j,
+                                              __mmask16 mask) {
+  const int64_t at = o * w.in + j;
+  if constexpr (F == WeightFormat::f32) {
+    return _mm512_maskz_loadu_ps(mask, static_cast<const float*>(w.data) + at);
+  } else if constexpr (F == WeightFormat::bf16) {
+    const __m256i h = _mm256_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(w.data) + at);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  } else if constexpr (F == WeightFormat::f16) {
+    return _mm512_cvtph_ps(
+        _mm256_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(w.data) + at));
+  } else {
+    const uint8_t* row = q8_row(w, o);
+    const __m128i q = _mm_maskz_loadu_epi8(mask, row + j);
+    uint16_t h;
+    std::memcpy(&h, row + w.in + 2 * (j / kQ8Block), sizeof h);
+    const float scale = _cvtsh_ss(h);  // one vcvtph2ps; the same (exact) value as f16_to_f32
+    return _mm512_mul_ps(_mm512_set1_ps(scale), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
+  }
+}
+
+// R weight rows at a time (R x M independent accumulator chains hide the FMA latency); each
+// output element still sums its lanes in the one order of the scalar path.
+template <WeightFormat F, int M, int R>
+MOE_TARGET_GEMV512 void rows_avx512_block(const GemvProblem& p, int64_t o) {
+  const int64_t in = p.w.in, full = in / kLanes * kLanes;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (in - full)) - 1u);
+  __m512 acc[R][M];
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < M; ++i) acc[r][i] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < full; j += kLanes) {
+    __m512 xv[M];
+    for (int i = 0; i < M; ++i) xv[i] = _mm512_loadu_ps(p.x + i * p.ldx + j);
+    for (int r = 0; r < R; ++r) {
+      const __m512 wv = load_weights<F>(p.w, o + r, j, 0xffff);
+      for (int i = 0; i < M; ++i) acc[r][i] = _mm512_fmadd_ps(wv, xv[i], acc[r][i]);
+    }
+  }
+  if (tail) {
+    __m512 xv[M];
+    for (int i = 0; i < M; ++i) xv[i] = _mm512_maskz_loadu_ps(tail, p.x + i * p.ldx + full);
+    for (int r = 0; r < R; ++r) {
+      const __m512 wv = load_weights<F>(p.w, o + r, full, tail);
+      for (int i = 0; i < M; ++i) acc[r][i] = _mm512_fmadd_ps(wv, xv[i], acc[r][i]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < M; ++i) {
+      alignas(64) float lane[kLanes];
+      _mm512_store_ps(lane, acc[r][i]);
+      const float dot = reduce_lanes(lane);
+      float& y = p.y[i * p.ldy + o + r];
+      y = p.beta == 0.0f ? dot : dot + p.beta * y;
+    }
+}
+
+template <WeightFormat F, int M>
+void rows_avx512_m(const GemvProblem& p, int64_t begin, int64_t end) {
+  constexpr int R = M <= 2 ? 4 : M <= 4 ? 2 : 1;
+  int64_t o = begin;
+  for (; o + R <= end; o += R) rows_avx512_block<F, M, R>(p, o);
+  for (; o < end; ++o) rows_avx512_block<F, M, 1>(p, o);
+}
+
+template <WeightFormat F>
+void rows_avx512_f(const GemvProblem& p, int64_t begin, int64_t end) {
+  switch (p.m) {
+    case 1:
+      return rows_avx512_m<F, 1>(p, begin, end);
+    case 2:
+      return rows_avx512_m<F, 2>(p, begin, end);
+    case 3:
+      return rows_avx512_m<F, 3>(p, begin, end);
+    case 4:
+      return rows_avx512_m<F, 4>(p, begin, end);
+    case 5:
+      return rows_avx512_m<F, 5>(p, begin, end);
+    case 6:
+      return rows_avx512_m<F, 6>(p, begin, end);
+    case 7:
+      return rows_avx512_m<F, 7>(p, begin, end);
+    default:
+      return rows_avx512_m<F, 8>(p, begin, end);
+  }
+}
+
+void rows_avx512(const GemvProblem& p, int64_t begin, int64_t end) {
+  switch (p.w.format) {
+    case WeightFormat::f32:
+      return rows_avx512_f<WeightFormat::f32>(p, begin, end);
+    case WeightFormat::bf16:
+      return rows_avx512_f<WeightFormat::bf16>(p, begin, end);
+    case WeightFormat::f16:
+      return rows_avx512_f<WeightFormat::f16>(p, begin, end);
+    case WeightFormat::q8_0:
+      return rows_avx512_f<WeightFormat::q8_0>(p, begin, end);
+  }
+}
+#pragma GCC diagnostic pop
+#endif
+
+bool avx512_available() {
+#if MOE_GEMV_X86
+  static const bool ok = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+  }();
+  return ok;
+#else
+  return false;
+#endif
+}
+
+struct Task {
+  const GemvProblem* problem;
+  int64_t begin, end;
+};
+
+}  // namespace
+
+const char* weight_format_name(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::f32:
+      return "f32";
+    case WeightFormat::bf16:
+      return "bf16";
+    case WeightFormat::f16:
+      return "f16";
+    case WeightFormat::q8_0:
+      return "q8_0";
+  }
+  return "?";
+}
+
+bool gemv_isa_supported(GemvIsa isa) { return isa != GemvIsa::avx512 || avx512_available(); }
+
+void gemv_batch(const GemvProblem* problems, size_t count, GemvIsa isa) {
+  if (isa == GemvIsa::best) isa = avx512_available() ? GemvIsa::avx512 : GemvIsa::scalar;
+  MOE_CHECK(gemv_isa_supported(isa), "gemv: this CPU lacks the AVX-512 subset the path needs");
+  // The task list is reused between calls (decode steps allocate nothing here once warm).
+  thread_local std::vector<Task> tasks;
+  tasks.clear();
+  double work = 0;
+  for (size_t p = 0; p < count; ++p) {
+    const GemvProblem& pr = problems[p];
+    MOE_CHECK(pr.m >= 1 && pr.m <= kGemvMaxRows, "gemv: ", pr.m, " input rows (1 to ", kGemvMaxRows,
+              ")");
+    for (int64_t o = 0; o < pr.w.out; o += kRowsPerTask)
+      tasks.push_back({&pr, o, std::min(pr.w.out, o + kRowsPerTask)});
+    work += double(pr.w.out) * double(pr.w.in) * double(pr.m);
+  }
+  const int64_t n = static_cast<int64_t>(tasks.size());
+  const Task* t = tasks.data();
+  const bool wide = isa == GemvIsa::avx512;
+#pragma omp parallel for schedule(static) if (work >= double(kParallelWork) && n > 1)
+  for (int64_t i = 0; i < n; ++i) {
+#if MOE_GEMV_X86
+    if (wide) {
+      rows_avx512(*t[i].problem, t[i].begin, t[i].end);
+      continue;
+    }
+#endif
+    (void)wide;
+    rows_scalar(*t[i].problem, t[i].begin, t[i].end);
+  }
+}
+
+void widen_rows(const WeightMatrix& w, int64_t row, int64_t rows, float* out) {
+#pragma omp parallel for schedule(static) if (rows * w.in >= kParallelWork)
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < w.in; ++j) out[r * w.in + j] = weight_at(w, row + r, j);
+}
+
+float q8_scale(const uint8_t* row, int64_t n, int64_t b) { return f16_at(row + n + 2 * b); }
+
+void quantize_q8_0_row(const float* x, int64_t n, uint8_t* row) {
+  for (int64_t b = 0; b < q8_blocks(n); ++b) {
+    const int64_t begin = b * kQ8Block, end = std::min(n, begin + kQ8Block);
+    float amax = 0;
+    for (int64_t j = begin; j < end; ++j) {
+      MOE_CHECK(std::isfinite(x[j]), "q8_0: element ", j, " is not finite (", x[j], ")");
+      amax = std::max(amax, std::fabs(x[j]));
+    }
+    // The stored (f16) scale is the one values are rounded against: dequantisation then errs by
+    // at most half a step, scale / 2 (clamping at 127 errs less: the f16 rounding is 2^-11).
+    const uint16_t bits = kernels::f32_to_f16(amax / 127.0f);
+    const float scale = kernels::f16_to_f32(bits);
+    MOE_CHECK(std::isfinite(scale), "q8_0: a block's largest magnitude ", amax,
+              " exceeds what an f16 scale holds (", 65504.0f * 127.0f, ")");
+    std::memcpy(row + n + 2 * b, &bits, sizeof bits);
+    for (int64_t j = begin; j < end; ++j) {
+      const float v = scale > 0 ? std::nearbyint(x[j] / scale) : 0.0f;
+      row[j] = static_cast<uint8_t>(static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f)));
+    }
+  }
+}
+
+}  // namespace moe::cpu
+
+// ---- glue (gemv.h) ----
+namespace moe::cpu {
+namespace {
+bool gemv_enabled = true;
+
+WeightFormat format_of(DType dtype, const Tensor& w) {
+  switch (dtype) {
+    case DType::f32:
+      return WeightFormat::f32;
+    case DType::bf16:
+      return WeightFormat::bf16;
+    case DType::f16:
+      return WeightFormat::f16;
+    case DType::u8:
+      return WeightFormat::q8_0;
+    default:
+      break;
+  }
+  throw Error(str("gemm: weight ", w.describe(), " is not f32, bf16, f16 or Q8_0 rows (u8)"));
+}
+}  // namespace
+
+WeightMatrix weight_matrix(const Tensor& w, int64_t index, int64_t in) {
+  MOE_CHECK(w.ndim() >= 2, "gemm: weight ", w.describe(), " is not a matrix");
+  WeightMatrix m;
+  m.format = format_of(w.dtype(), w);
+  m.out = w.dim(w.ndim() - 2);
+  const int64_t row = w.dim(w.ndim() - 1);
+  m.in = m.format == WeightFormat::q8_0 ? in : row;
+  MOE_CHECK(m.format != WeightFormat::q8_0 || (in > 0 && q8_row_bytes(in) == row),
+            "gemm: Q8_0 weight ", w.describe(), " does not hold rows of ", in, " elements (",
+            q8_row_bytes(in), " bytes each)");
+  m.data = static_cast<const std::byte*>(w.raw()) +
+           index * m.out * row * static_cast<int64_t>(dtype_size(w.dtype()));
+  return m;
+}
+
+bool gemv_applies(int64_t m) { return gemv_enabled && m >= 1 && m <= kGemvMaxRows; }
+void set_gemv_enabled(bool enabled) { gemv_enabled = enabled; }
+
+const float* widened(const WeightMatrix& w, int64_t slot) {
+  if (w.format == WeightFormat::f32) return static_cast<const float*>(w.data);
+  thread_local std::vector<std::vector<float>> scratch;
+  if (static_cast<int64_t>(scratch.size()) <= slot) scratch.resize(static_cast<size_t>(slot) + 1);
+  std::vector<float>& s = scratch[static_cast<size_t>(slot)];
+  if (static_cast<int64_t>(s.size()) < w.out * w.in) s.resize(static_cast<size_t>(w.out * w.in));
+  widen_rows(w, 0, w.out, s.data());
+  return s.data();
+}
+
+}  // namespace moe::cpu
