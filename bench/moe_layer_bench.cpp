@@ -572,7 +572,8 @@ int main(int argc, char** argv) {
   app.add_flag("--decode", decode,
                "Decode (batch 1, 8) and prefill tokens/s of a Mixtral-shaped model per weight "
                "dtype, against the memory-bandwidth bound");
-  app.add_option("--dtypes", decode_opt.dtypes, "--decode: weight dtypes (default f32,bf16,f16,q8_0)")
+  app.add_option("--dtypes", decode_opt.dtypes,
+                 "--decode: weight dtypes (default f32,bf16,f16,q8_0)")
       ->delimiter(',');
   return tools::run_tool("moe-bench", app, argc, argv, [&] {
     if (decode) {
