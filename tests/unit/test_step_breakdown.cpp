@@ -40,14 +40,18 @@ TEST_CASE("step breakdown: nested scopes charge their own part, the parts add up
   CHECK(b[StepPart::gemm] >= 0.040);
   CHECK(b[StepPart::gemm] <= span - 0.015);  // not the memory part's (nor other's) time
   CHECK(b[StepPart::memory] >= 0.010);
-  CHECK(b[StepPart::memory] < b[StepPart::gemm]);
   CHECK(b[StepPart::other] >= 0.005);
   CHECK(b[StepPart::attention] == 0);
   // Exclusive: the parts are the span, not more.
   CHECK(b.total() <= span);
   CHECK(b.total() >= 0.055);
   const std::string text = b.describe();
-  CHECK(text.rfind("gemm ", 0) == 0);  // the largest first
+  // The largest part first: gemm slept 40 ms against 10 and 5, but a loaded machine may oversleep
+  // any of them, so the order is taken from the measured parts, not assumed.
+  StepPart largest = StepPart::gemm;
+  for (StepPart p : {StepPart::memory, StepPart::other})
+    if (b[p] > b[largest]) largest = p;
+  CHECK(text.rfind(std::string(step_part_name(largest)) + " ", 0) == 0);
   CHECK(text.find("memory ") != std::string::npos);
   CHECK(text.find("attention") == std::string::npos);  // parts under 0.5% are left out
 }
