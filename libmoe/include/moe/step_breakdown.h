@@ -54,7 +54,14 @@ struct StepRecorder {
     mark = now;
   }
 };
-extern thread_local StepRecorder* t_step_recorder;
+// This thread's recorder (null: not recording). A thread_local inside an inline function is one
+// variable per thread across every translation unit; an `extern thread_local` would be reached
+// through GCC's TLS wrapper function, whose address UBSan's null check rejects (a false "load of
+// null pointer" in the sanitizer build).
+inline StepRecorder*& current_recorder() {
+  thread_local StepRecorder* recorder = nullptr;
+  return recorder;
+}
 }  // namespace detail
 
 // Records this thread's time into `into` (added to what it holds) for its lifetime.
@@ -74,7 +81,7 @@ class StepRecording {
 class PartScope {
  public:
   explicit PartScope(StepPart part) {
-    if (detail::StepRecorder* r = detail::t_step_recorder) {
+    if (detail::StepRecorder* r = detail::current_recorder()) {
       r->charge(std::chrono::steady_clock::now());
       previous_ = r->current;
       r->current = part;

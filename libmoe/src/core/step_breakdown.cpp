@@ -8,10 +8,6 @@
 
 namespace moe {
 
-namespace detail {
-thread_local StepRecorder* t_step_recorder = nullptr;
-}
-
 const char* step_part_name(StepPart part) {
   static const char* const names[kStepParts] = {"gemm",     "attention", "elementwise", "router",
                                                 "dispatch", "loss",      "optimizer",   "memory",
@@ -53,18 +49,18 @@ std::string StepBreakdown::describe(double per) const {
   return text;
 }
 
-StepRecording::StepRecording(StepBreakdown& into) : outer_(detail::t_step_recorder) {
+StepRecording::StepRecording(StepBreakdown& into) : outer_(detail::current_recorder()) {
   const auto now = std::chrono::steady_clock::now();
   if (outer_) outer_->charge(now);  // a nested recording takes over until it ends
   recorder_.into = &into;
   recorder_.mark = now;
-  detail::t_step_recorder = &recorder_;
+  detail::current_recorder() = &recorder_;
 }
 
 StepRecording::~StepRecording() {
   const auto now = std::chrono::steady_clock::now();
   recorder_.charge(now);
-  detail::t_step_recorder = outer_;
+  detail::current_recorder() = outer_;
   if (outer_) outer_->mark = now;
 }
 
