@@ -105,6 +105,7 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
   }
   ModelConfig flags_model = o.model;
   flags_model.arch = parse_arch(o.arch);
+  flags_model.router_scoring = parse_router_scoring(o.router);
   flags_model.dtype = parse_dtype(o.dtype);
   flags_model.normalize_topk = o.normalize_topk == "auto" ? flavour_of(flags_model).normalize_topk
                                                           : o.normalize_topk == "on";

@@ -16,6 +16,7 @@ struct TrainOptions {
   std::string out, resume, metrics, trace, arch = "gpt", dtype = "f32";
   int64_t trace_every = 1;
   std::string normalize_topk = "auto";
+  std::string router = "softmax";
   ModelConfig model;
   train::TrainConfig train;
   std::string device = "cpu";    // cpu | cuda | cuda:N
@@ -109,8 +110,9 @@ inline void add_train_options(CLI::App& app, TrainOptions& o) {
     return opt;
   };
   model_opt(mg->add_option("--arch", o.arch,
-                           "gpt (GPT-2/Switch numerics) or mixtral (HF Mixtral numerics)")
-                ->check(CLI::IsMember({"gpt", "mixtral"}))
+                           "gpt (GPT-2/Switch numerics), mixtral (HF Mixtral numerics), or the "
+                           "HF families on mixtral's layers: qwen2_moe, qwen3_moe, olmoe")
+                ->check(CLI::IsMember({"gpt", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe"}))
                 ->capture_default_str());
   model_opt(mg->add_option("--vocab", m.vocab_size,
                            "Vocabulary size (256 for text; token files: max id + 1 by default)")
@@ -125,6 +127,12 @@ inline void add_train_options(CLI::App& app, TrainOptions& o) {
             "Key/value heads for grouped-query attention (mixtral; divides --heads; 0 = --heads)")
           ->capture_default_str());
   model_opt(mg->add_option("--d-ff", m.d_ff, "Hidden width of dense MLPs and of each expert")
+                ->capture_default_str());
+  model_opt(mg->add_option("--head-dim", m.head_dim,
+                           "Attention head width (0 = d-model/heads; RoPE architectures)")
+                ->capture_default_str());
+  model_opt(mg->add_option("--shared-expert-ff", m.shared_expert_ff,
+                           "Hidden width of each MoE layer's always-on shared expert (0 = none)")
                 ->capture_default_str());
   model_opt(mg->add_option("--seq", m.seq, "Context length T (tokens per sequence)")
                 ->capture_default_str());
@@ -147,11 +155,20 @@ inline void add_train_options(CLI::App& app, TrainOptions& o) {
                 ->capture_default_str());
   model_opt(mg->add_flag("--residual-moe", m.residual_moe,
                          "PR-MoE residual MoE: dense MLP + one (top-1) expert"));
-  model_opt(
-      mg->add_option("--normalize-topk", o.normalize_topk,
-                     "Renormalise the top-k gate weights: on, off, auto (mixtral on, gpt off)")
-          ->check(CLI::IsMember({"auto", "on", "off"}))
-          ->capture_default_str());
+  model_opt(mg->add_option("--normalize-topk", o.normalize_topk,
+                           "Renormalise the top-k gate weights: on, off, auto (the --arch default: "
+                           "mixtral, qwen3_moe on)")
+                ->check(CLI::IsMember({"auto", "on", "off"}))
+                ->capture_default_str());
+  model_opt(mg->add_option("--router", o.router,
+                           "Router scores: softmax over the experts, or a sigmoid per expert "
+                           "(DeepSeek-V3)")
+                ->check(CLI::IsMember({"softmax", "sigmoid"}))
+                ->capture_default_str());
+  model_opt(mg->add_option("--balance-bias-rate", m.balance_bias_rate,
+                           "Aux-loss-free balancing: after each step, each expert's selection "
+                           "bias += rate * sign(mean load - its load) (0 = off)")
+                ->capture_default_str());
   model_opt(mg->add_option("--router-jitter", m.router_jitter,
                            "Multiplicative router input noise U(1-j, 1+j) in training")
                 ->capture_default_str());

@@ -7,13 +7,39 @@
 
 namespace moe {
 
+namespace {
+constexpr struct {
+  Arch arch;
+  const char* name;
+} kArchs[] = {{Arch::gpt, "gpt"},
+              {Arch::mixtral, "mixtral"},
+              {Arch::qwen2_moe, "qwen2_moe"},
+              {Arch::qwen3_moe, "qwen3_moe"},
+              {Arch::olmoe, "olmoe"}};
+}  // namespace
+
 Arch parse_arch(const std::string& name) {
-  if (name == "gpt") return Arch::gpt;
-  if (name == "mixtral") return Arch::mixtral;
-  throw UsageError(str("unknown --arch '", name, "' (expected gpt or mixtral)"));
+  for (const auto& a : kArchs)
+    if (name == a.name) return a.arch;
+  throw UsageError(
+      str("unknown --arch '", name, "' (expected gpt, mixtral, qwen2_moe, qwen3_moe or olmoe)"));
 }
 
-const char* arch_name(Arch arch) { return arch == Arch::gpt ? "gpt" : "mixtral"; }
+const char* arch_name(Arch arch) {
+  for (const auto& a : kArchs)
+    if (arch == a.arch) return a.name;
+  return "?";
+}
+
+nn::RouterScoring parse_router_scoring(const std::string& name) {
+  if (name == "softmax") return nn::RouterScoring::softmax;
+  if (name == "sigmoid") return nn::RouterScoring::sigmoid;
+  throw UsageError(str("unknown --router '", name, "' (expected softmax or sigmoid)"));
+}
+
+const char* router_scoring_name(nn::RouterScoring scoring) {
+  return scoring == nn::RouterScoring::sigmoid ? "sigmoid" : "softmax";
+}
 
 int64_t ModelConfig::num_moe_layers() const {
   int64_t n = 0;
@@ -54,15 +80,23 @@ void ModelConfig::resolve() {
 void ModelConfig::validate() const {
   MOE_USAGE_CHECK(vocab_size >= 2, "vocabulary size must be >= 2 (got ", vocab_size, ")");
   MOE_USAGE_CHECK(d_model >= 1 && heads >= 1, "--d-model and --heads must be >= 1");
-  MOE_USAGE_CHECK(d_model % heads == 0, "--heads ", heads, " does not divide --d-model ", d_model);
-  int64_t head_dim = d_model / heads;
+  MOE_USAGE_CHECK(head_dim >= 0, "--head-dim must be >= 0 (0 = d-model/heads; got ", head_dim, ")");
+  MOE_USAGE_CHECK(head_dim > 0 || d_model % heads == 0, "--heads ", heads,
+                  " does not divide --d-model ", d_model, " (or give --head-dim)");
+  const int64_t hd = head_dim_resolved();
   int64_t kv = kv_heads_resolved();
   MOE_USAGE_CHECK(kv >= 1 && heads % kv == 0, "--kv-heads ", kv, " does not divide --heads ",
                   heads);
-  MOE_USAGE_CHECK(arch == Arch::mixtral || kv == heads,
-                  "--kv-heads (grouped-query attention) needs --arch mixtral");
-  MOE_USAGE_CHECK(arch != Arch::mixtral || head_dim % 2 == 0,
-                  "RoPE needs an even head dimension (d-model/heads = ", head_dim, ")");
+  MOE_USAGE_CHECK(arch != Arch::gpt || kv == heads,
+                  "--kv-heads (grouped-query attention) needs a RoPE architecture, not --arch gpt");
+  MOE_USAGE_CHECK(arch != Arch::gpt || head_dim == 0 || head_dim * heads == d_model,
+                  "--head-dim needs a RoPE architecture, not --arch gpt");
+  MOE_USAGE_CHECK(arch == Arch::gpt || hd % 2 == 0, "RoPE needs an even head dimension (got ", hd,
+                  ")");
+  MOE_USAGE_CHECK(shared_expert_ff >= 0, "--shared-expert-ff must be >= 0 (0 = none; got ",
+                  shared_expert_ff, ")");
+  MOE_USAGE_CHECK(balance_bias_rate >= 0 && std::isfinite(balance_bias_rate),
+                  "--balance-bias-rate must be a finite number >= 0 (got ", balance_bias_rate, ")");
   MOE_USAGE_CHECK(d_ff >= 1, "--d-ff must be >= 1 (got ", d_ff, ")");
   MOE_USAGE_CHECK(seq >= 1, "--seq must be >= 1 (got ", seq, ")");
   MOE_USAGE_CHECK(top_k >= 1, "--top-k must be >= 1 (got ", top_k, ")");
@@ -99,6 +133,10 @@ nlohmann::json to_json(const ModelConfig& c) {
                         {"heads", c.heads},
                         {"kv_heads", c.kv_heads_resolved()},
                         {"d_ff", c.d_ff},
+                        {"head_dim", c.head_dim_resolved()},
+                        {"shared_expert_ff", c.shared_expert_ff},
+                        {"router_scoring", router_scoring_name(c.router_scoring)},
+                        {"balance_bias_rate", c.balance_bias_rate},
                         {"seq", c.seq},
                         {"experts", c.experts},
                         {"experts_per_layer", c.experts_per_layer},
@@ -139,6 +177,12 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
     c.norm_eps = j.at("norm_eps").get<double>();
     c.rope_theta = j.at("rope_theta").get<double>();
     c.dtype = parse_dtype(j.at("dtype").get<std::string>());
+    // Keys added after the first checkpoints: absent means the old meaning.
+    c.head_dim = j.value("head_dim", int64_t{0});
+    if (c.heads > 0 && c.head_dim * c.heads == c.d_model) c.head_dim = 0;
+    c.shared_expert_ff = j.value("shared_expert_ff", int64_t{0});
+    c.router_scoring = parse_router_scoring(j.value("router_scoring", std::string("softmax")));
+    c.balance_bias_rate = j.value("balance_bias_rate", 0.0);
   } catch (const nlohmann::json::exception& e) {
     throw Error(str("model config: ", e.what()));
   }

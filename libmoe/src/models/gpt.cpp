@@ -16,7 +16,19 @@ Flavour gpt_flavour(const ModelConfig&) {
 }
 
 Flavour flavour_of(const ModelConfig& config) {
-  return config.arch == Arch::gpt ? gpt_flavour(config) : mixtral_flavour(config);
+  switch (config.arch) {
+    case Arch::gpt:
+      return gpt_flavour(config);
+    case Arch::mixtral:
+      return mixtral_flavour(config);
+    case Arch::qwen2_moe:
+      return qwen2_moe_flavour(config);
+    case Arch::qwen3_moe:
+      return qwen3_moe_flavour(config);
+    case Arch::olmoe:
+      return olmoe_flavour(config);
+  }
+  return mixtral_flavour(config);
 }
 
 }  // namespace moe

@@ -8,24 +8,26 @@
 #include <cstdio>
 
 #include "moe/error.h"
+#include "moe/models/flavour.h"
 
 namespace moe {
 
 double parameter_lower_bound(const ModelConfig& c, double experts_share, double embedding_share) {
   const double V = double(c.vocab_size), D = double(c.d_model), F = double(c.d_ff);
-  const double heads = double(std::max<int64_t>(c.heads, 1));
-  const double kv_width = double(c.kv_heads_resolved()) * (D / heads);
+  const double hd = c.heads > 0 ? double(c.head_dim_resolved()) : D;
+  const double q_width = double(std::max<int64_t>(c.heads, 1)) * hd;
+  const double kv_width = double(c.kv_heads_resolved()) * hd;
   // gpt: W1, W2; mixtral (SwiGLU): W1, W2, W3.
-  const double mlp = (c.arch == Arch::mixtral ? 3 : 2) * D * F;
+  const double mlp = (flavour_of(c).activation == nn::Activation::swiglu ? 3 : 2) * D * F;
   double n = embedding_share * V * D;                      // token embedding
   if (!c.tied_embeddings()) n += embedding_share * V * D;  // untied LM head
   for (int64_t l = 0; l < c.layers; ++l) {
-    n += 2 * D * D + 2 * D * kv_width;  // q, o; k, v
+    n += 2 * D * q_width + 2 * D * kv_width;  // q, o; k, v
     const double E = l < int64_t(c.experts_per_layer.size())
                          ? double(c.experts_per_layer[size_t(l)])
                          : double(c.experts);
-    if (E > 0)
-      n += experts_share * E * mlp + E * D;  // experts and the router
+    if (E > 0)  // experts, the router, the shared expert (SwiGLU)
+      n += experts_share * E * mlp + E * D + 3 * D * double(c.shared_expert_ff);
     else
       n += mlp;
   }

@@ -20,6 +20,7 @@ nn::BlockConfig block_config(const ModelConfig& config, const Flavour& flavour, 
   b.heads = config.heads;
   b.kv_heads = config.kv_heads_resolved();
   b.d_ff = config.d_ff;
+  b.head_dim = config.head_dim_resolved();
   b.experts = config.experts_per_layer.at(index);
   b.top_k = config.top_k;
   b.residual_moe = config.residual_moe;
@@ -32,6 +33,11 @@ nn::BlockConfig block_config(const ModelConfig& config, const Flavour& flavour, 
   b.activation = flavour.activation;
   b.bias = flavour.bias;
   b.learned_positions = flavour.learned_positions;
+  b.qk_norm = flavour.qk_norm;
+  b.qkv_bias = flavour.qkv_bias;
+  b.shared_expert_ff = config.shared_expert_ff;
+  b.shared_expert_gate = flavour.shared_expert_gate;
+  b.router_scoring = config.router_scoring;
   return b;
 }
 

@@ -8,6 +8,15 @@ namespace moe::nn {
 
 Block::Block(ParamSet& ps, const BlockConfig& config, int64_t index, const Parallel* parallel)
     : index_(index) {
+  // Features whose layers are being built (issue 21); refused by name until they land.
+  MOE_USAGE_CHECK(config.head_dim == 0 || config.head_dim * config.heads == config.d_model,
+                  "a head dimension other than d-model/heads is not built yet");
+  MOE_USAGE_CHECK(config.qk_norm == QkNorm::none, "qk-norm is not built yet");
+  MOE_USAGE_CHECK(!config.qkv_bias, "q/k/v biases without an o bias are not built yet");
+  MOE_USAGE_CHECK(config.shared_expert_ff == 0 && !config.shared_expert_gate,
+                  "shared experts are not built yet");
+  MOE_USAGE_CHECK(config.router_scoring == RouterScoring::softmax,
+                  "sigmoid routing is not built yet");
   const std::string prefix = "blocks." + std::to_string(index);
   const float init_std = 0.02f;
   // GPT-2: projections into the residual stream scaled by 1/sqrt(2 L).

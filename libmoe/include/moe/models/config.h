@@ -10,9 +10,14 @@
 
 namespace moe {
 
-enum class Arch { gpt, mixtral };
+// gpt: GPT-2/Switch; mixtral and the families built on its layers (RMSNorm, RoPE, SwiGLU experts,
+// untied head): qwen2_moe (q/k/v biases, gated shared expert), qwen3_moe (per-head qk-norm),
+// olmoe (full-width qk-norm). One file per family under models/ says what differs.
+enum class Arch { gpt, mixtral, qwen2_moe, qwen3_moe, olmoe };
 Arch parse_arch(const std::string& name);  // UsageError naming the accepted values
 const char* arch_name(Arch arch);
+nn::RouterScoring parse_router_scoring(const std::string& name);  // softmax | sigmoid
+const char* router_scoring_name(nn::RouterScoring scoring);
 
 struct ModelConfig {
   Arch arch = Arch::gpt;
@@ -22,8 +27,12 @@ struct ModelConfig {
   int64_t heads = 4;
   int64_t kv_heads = 0;  // 0 = heads (no grouping); mixtral may use fewer
   int64_t d_ff = 512;    // hidden width of dense MLPs and of each expert
-  int64_t seq = 128;     // context length (learned positions for gpt)
-  int64_t experts = 8;   // experts per MoE layer unless experts_per_layer says otherwise
+  int64_t head_dim = 0;  // 0 = d_model / heads; else q is heads*head_dim wide (Qwen3-MoE)
+  // Hidden width of the always-on shared expert of every MoE layer (its output is added to the
+  // routed experts'); 0 = none. n shared experts of width F are one of width n F.
+  int64_t shared_expert_ff = 0;
+  int64_t seq = 128;    // context length (learned positions for gpt)
+  int64_t experts = 8;  // experts per MoE layer unless experts_per_layer says otherwise
   std::vector<int64_t> experts_per_layer;  // resolved by resolve(): one entry per layer, 0 = dense
   int64_t moe_every = 2;                   // every K-th layer (layers K-1, 2K-1, ...) is MoE
   int64_t top_k = 2;
@@ -33,11 +42,16 @@ struct ModelConfig {
   bool residual_moe = false;    // PR-MoE: dense MLP + one (top-1) expert
   bool normalize_topk = false;  // renormalise top-k gate weights (mixtral default)
   double router_jitter = 0;
+  nn::RouterScoring router_scoring = nn::RouterScoring::softmax;
+  // Aux-loss-free balancing (DeepSeek-V3): after each training step every MoE layer's selection
+  // bias moves by u * sign(mean load - load_e); 0 = off.
+  double balance_bias_rate = 0;
   double norm_eps = 1e-5;
   double rope_theta = 10000;
   DType dtype = DType::f32;  // parameter and activation storage
 
   int64_t kv_heads_resolved() const { return kv_heads ? kv_heads : heads; }
+  int64_t head_dim_resolved() const { return head_dim ? head_dim : d_model / heads; }
   bool is_moe_layer(int64_t layer) const { return experts_per_layer.at(layer) > 0; }
   int64_t num_moe_layers() const;
   // The block index of each MoE layer, in order (MoE layer l is block moe_blocks()[l]).

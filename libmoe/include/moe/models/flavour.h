@@ -8,14 +8,20 @@ namespace moe {
 struct Flavour {
   nn::NormKind norm = nn::NormKind::layernorm;
   nn::Activation activation = nn::Activation::gelu;
-  bool bias = true;               // biases in attention, MLPs and experts
-  bool learned_positions = true;  // else RoPE inside attention
-  bool tied_head = true;          // LM head shares the token embedding
-  bool normalize_topk = false;    // default for the router's top-k renormalisation
+  bool bias = true;                       // biases in attention, MLPs and experts
+  bool learned_positions = true;          // else RoPE inside attention
+  bool tied_head = true;                  // LM head shares the token embedding
+  bool normalize_topk = false;            // default for the router's top-k renormalisation
+  nn::QkNorm qk_norm = nn::QkNorm::none;  // RMSNorm of q and k before RoPE
+  bool qkv_bias = false;                  // q/k/v biases without an o bias (when !bias)
+  bool shared_expert_gate = false;        // shared expert output * sigmoid(x . w) per token
 };
 
-Flavour gpt_flavour(const ModelConfig& config);      // models/gpt.cpp
-Flavour mixtral_flavour(const ModelConfig& config);  // models/mixtral.cpp
+Flavour gpt_flavour(const ModelConfig& config);        // models/gpt.cpp
+Flavour mixtral_flavour(const ModelConfig& config);    // models/mixtral.cpp
+Flavour qwen2_moe_flavour(const ModelConfig& config);  // models/qwen2_moe.cpp
+Flavour qwen3_moe_flavour(const ModelConfig& config);  // models/qwen3_moe.cpp
+Flavour olmoe_flavour(const ModelConfig& config);      // models/olmoe.cpp
 Flavour flavour_of(const ModelConfig& config);
 
 }  // namespace moe

@@ -18,13 +18,19 @@ namespace moe::nn {
 struct BlockConfig {
   int64_t layers = 0;  // blocks in the model (scales the init of the projections into the stream)
   int64_t d_model = 0, heads = 0, kv_heads = 0, d_ff = 0;
-  int64_t experts = 0;  // this block's experts; 0 = dense
+  int64_t head_dim = 0;  // 0 = d_model / heads
+  int64_t experts = 0;   // this block's experts; 0 = dense
   int64_t top_k = 0;
   bool residual_moe = false, normalize_topk = false;
   double router_jitter = 0, capacity_factor = 0, norm_eps = 0, rope_theta = 0;
   NormKind norm = NormKind::layernorm;
   Activation activation = Activation::gelu;
   bool bias = true, learned_positions = true;
+  QkNorm qk_norm = QkNorm::none;
+  bool qkv_bias = false;            // q/k/v biases without an o bias (when !bias)
+  int64_t shared_expert_ff = 0;     // MoE blocks: the shared expert's hidden width (0 = none)
+  bool shared_expert_gate = false;  // its output scaled by sigmoid(x . w) per token
+  RouterScoring router_scoring = RouterScoring::softmax;
 };
 
 class Block {
