@@ -13,8 +13,7 @@ Block::Block(ParamSet& ps, const BlockConfig& config, int64_t index, const Paral
                   "a head dimension other than d-model/heads is not built yet");
   MOE_USAGE_CHECK(config.qk_norm == QkNorm::none, "qk-norm is not built yet");
   MOE_USAGE_CHECK(!config.qkv_bias, "q/k/v biases without an o bias are not built yet");
-  MOE_USAGE_CHECK(config.shared_expert_ff == 0 && !config.shared_expert_gate,
-                  "shared experts are not built yet");
+  MOE_USAGE_CHECK(config.shared_expert_ff == 0, "shared experts are not built yet");
   MOE_USAGE_CHECK(config.router_scoring == RouterScoring::softmax,
                   "sigmoid routing is not built yet");
   const std::string prefix = "blocks." + std::to_string(index);

@@ -29,7 +29,7 @@ struct BlockConfig {
   QkNorm qk_norm = QkNorm::none;
   bool qkv_bias = false;            // q/k/v biases without an o bias (when !bias)
   int64_t shared_expert_ff = 0;     // MoE blocks: the shared expert's hidden width (0 = none)
-  bool shared_expert_gate = false;  // its output scaled by sigmoid(x . w) per token
+  bool shared_expert_gate = false;  // its output scaled by sigmoid(x . w) per token (when ff > 0)
   RouterScoring router_scoring = RouterScoring::softmax;
 };
 
