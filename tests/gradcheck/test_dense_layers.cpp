@@ -131,7 +131,9 @@ void check_attention(const AttentionConfig& config, int64_t batch, int64_t seq) 
   ps.zero_grad();
   Tensor dx = attention.backward(r, saved);
   MOE_REQUIRE_GRAD(test::check_gradient(x, dx, loss), kTolerance);
-  check_params(ps, loss, "attn.k.bias");
+  // The key bias has a zero gradient only when q.b_k is the same for every key of a query: no
+  // RoPE (which rotates b_k by the key's position).
+  check_params(ps, loss, config.rope ? "" : "attn.k.bias");
 }
 
 }  // namespace
@@ -157,6 +159,29 @@ TEST_CASE("dense: Attention gradients, mixtral flavour (rope, GQA 4 heads / 2 kv
   config.rope = true;
   config.rope_theta = 100.0f;  // low theta: every pair rotates noticeably over 6 positions
   check_attention(config, 2, 6);
+}
+
+// Qwen3-MoE's shape: H*hd wider than D (q [H*hd, D], o [D, H*hd]), grouped-query heads.
+TEST_CASE("dense: Attention gradients with head_dim != d_model / heads (GQA, rope)",
+          "[dense][gradcheck]") {
+  AttentionConfig config;
+  config.d_model = 12;
+  config.heads = 4;
+  config.kv_heads = 2;
+  config.head_dim = 6;  // H*hd = 24 != D = 12
+  config.rope = true;
+  config.rope_theta = 100.0f;
+  ParamSet shapes(1);
+  Attention attention(shapes, "attn", config);
+  REQUIRE(attention.head_dim() == 6);
+  REQUIRE(shapes.at("attn.q.weight").value.shape() == Shape{24, 12});
+  REQUIRE(shapes.at("attn.k.weight").value.shape() == Shape{12, 12});
+  REQUIRE(shapes.at("attn.o.weight").value.shape() == Shape{12, 24});
+  check_attention(config, 2, 5);
+  // An odd head dim (no RoPE) narrower than D / H.
+  config.rope = false;
+  config.head_dim = 3;
+  check_attention(config, 2, 5);
 }
 
 TEST_CASE("dense: Attention is causal (a later token never changes earlier outputs)",

@@ -13,13 +13,20 @@ namespace {
 
 AttentionConfig resolved(const std::string& prefix, AttentionConfig c) {
   if (c.kv_heads == 0) c.kv_heads = c.heads;
-  MOE_USAGE_CHECK(c.d_model > 0 && c.heads > 0 && c.d_model % c.heads == 0, "attention ", prefix,
-                  ": d_model ", c.d_model, " must be a positive multiple of heads ", c.heads);
+  MOE_USAGE_CHECK(c.d_model > 0 && c.heads > 0, "attention ", prefix, ": d_model ", c.d_model,
+                  " and heads ", c.heads, " must be positive");
+  MOE_USAGE_CHECK(c.head_dim >= 0, "attention ", prefix, ": head_dim ", c.head_dim,
+                  " must be positive (or 0 for d_model / heads)");
+  if (c.head_dim == 0) {
+    MOE_USAGE_CHECK(c.d_model % c.heads == 0, "attention ", prefix, ": d_model ", c.d_model,
+                    " must be a multiple of heads ", c.heads, " (or give head_dim)");
+    c.head_dim = c.d_model / c.heads;
+  }
   MOE_USAGE_CHECK(c.kv_heads > 0 && c.heads % c.kv_heads == 0, "attention ", prefix, ": kv_heads ",
                   c.kv_heads, " must divide heads ", c.heads);
-  MOE_USAGE_CHECK(!c.rope || ((c.d_model / c.heads) % 2 == 0 && c.rope_theta > 0.0f), "attention ",
-                  prefix, ": RoPE needs an even head dim (got ", c.d_model / c.heads,
-                  ") and theta > 0 (got ", c.rope_theta, ")");
+  MOE_USAGE_CHECK(!c.rope || (c.head_dim % 2 == 0 && c.rope_theta > 0.0f), "attention ", prefix,
+                  ": RoPE needs an even head dim (got ", c.head_dim, ") and theta > 0 (got ",
+                  c.rope_theta, ")");
   return c;
 }
 
@@ -27,7 +34,7 @@ AttentionConfig resolved(const std::string& prefix, AttentionConfig c) {
 
 Attention::Attention(ParamSet& ps, const std::string& prefix, const AttentionConfig& config)
     : config_(resolved(prefix, config)),
-      head_dim_(config_.d_model / config_.heads),
+      head_dim_(config_.head_dim),
       q_(ps, prefix + ".q", config_.d_model, config_.heads * head_dim_, config_.bias,
          config_.init_std),
       k_(ps, prefix + ".k", config_.d_model, config_.kv_heads * head_dim_, config_.bias,

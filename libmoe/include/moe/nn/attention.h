@@ -1,6 +1,6 @@
 // Causal multi-head self-attention with grouped-query heads and optional RoPE.
 // Shape letters: B batch, T sequence, N = B*T tokens, D model width, H query heads, KV key/value
-// heads (dividing H), hd = D / H head dim.
+// heads (dividing H), hd head dim (D / H unless given: Qwen3-MoE has H*hd != D).
 #pragma once
 #include <string>
 
@@ -12,6 +12,7 @@ namespace moe::nn {
 
 struct AttentionConfig {
   int64_t d_model = 0, heads = 0, kv_heads = 0;  // kv_heads 0 means kv_heads = heads
+  int64_t head_dim = 0;                          // 0 means d_model / heads (which must divide)
   bool bias = false;                             // gpt: true, mixtral: false
   // HF convention: rotate halves (pairs (i, i + hd/2)), inv_freq = theta^(-2i/hd),
   // position = index in the sequence.
