@@ -132,8 +132,9 @@ void check_attention(const AttentionConfig& config, int64_t batch, int64_t seq) 
   Tensor dx = attention.backward(r, saved);
   MOE_REQUIRE_GRAD(test::check_gradient(x, dx, loss), kTolerance);
   // The key bias has a zero gradient only when q.b_k is the same for every key of a query: no
-  // RoPE (which rotates b_k by the key's position).
-  check_params(ps, loss, config.rope ? "" : "attn.k.bias");
+  // RoPE (which rotates b_k by the key's position), no qk-norm (which is not linear).
+  const bool k_bias_inert = !config.rope && config.qk_norm == QkNorm::none;
+  check_params(ps, loss, k_bias_inert ? "attn.k.bias" : "");
 }
 
 }  // namespace
@@ -182,6 +183,27 @@ TEST_CASE("dense: Attention gradients with head_dim != d_model / heads (GQA, rop
   config.rope = false;
   config.head_dim = 3;
   check_attention(config, 2, 5);
+}
+
+// qk-norm (Qwen3-MoE per head, OLMoE full width) alone, with RoPE and GQA, and with an odd hd
+// (no RoPE). eps 0.05 so that the norm's eps term is not negligible in the gradient either.
+TEST_CASE("dense: Attention gradients with qk-norm, per head and full width",
+          "[dense][gradcheck]") {
+  for (QkNorm qk : {QkNorm::head, QkNorm::full}) {
+    for (int64_t hd : {6, 3}) {
+      INFO((qk == QkNorm::head ? "per-head" : "full-width") << " qk-norm, head_dim " << hd);
+      AttentionConfig config;
+      config.d_model = 12;
+      config.heads = 4;
+      config.kv_heads = 2;
+      config.head_dim = hd;
+      config.rope = hd % 2 == 0;
+      config.rope_theta = 100.0f;
+      config.qk_norm = qk;
+      config.norm_eps = 0.05f;
+      check_attention(config, 2, 5);
+    }
+  }
 }
 
 TEST_CASE("dense: Attention is causal (a later token never changes earlier outputs)",

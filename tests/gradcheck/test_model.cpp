@@ -85,3 +85,24 @@ TEST_CASE("model: residual MoE (dense MLP + one expert) gradient matches finite 
   c.validate();
   check_model(c);
 }
+
+// The HF families' attention through the whole model, grouped-query heads and RoPE in both
+// (one TEST_CASE each: check_model's sections are named by parameter, the same in both).
+TEST_CASE(
+    "model: qwen3_moe (per-head qk-norm, head_dim 6 != D/H 4) gradient matches finite "
+    "differences",
+    "[gradcheck][model]") {
+  ModelConfig c = tiny(Arch::qwen3_moe);
+  c.kv_heads = 1;
+  c.head_dim = 6;
+  c.validate();
+  check_model(c);
+}
+
+TEST_CASE("model: olmoe (full-width qk-norm) gradient matches finite differences",
+          "[gradcheck][model]") {
+  ModelConfig c = tiny(Arch::olmoe);
+  c.kv_heads = 1;
+  c.validate();
+  check_model(c);
+}

@@ -1,8 +1,9 @@
 // The attention features of the HF families (issue 21), at the layer and through whole models:
-// head_dim != D / H (Qwen3-MoE), the parameters each creates, the cached (incremental) forward
-// equal to the full forward, and bad configurations refused by name. Gradients are checked in
-// tests/gradcheck/test_dense_layers.cpp.
-// Shape letters: T sequence, D model width, H query heads, KV kv heads, hd head dim, V vocabulary.
+// head_dim != D / H (Qwen3-MoE), qk-norm per head (Qwen3-MoE) and full width (OLMoE) against a
+// reference written from the published math, the parameters each creates, the cached (incremental)
+// forward equal to the full forward, and bad configurations refused by name. Gradients are checked
+// in tests/gradcheck/test_dense_layers.cpp. Shape letters: T sequence, D model width, H query
+// heads, KV kv heads, hd head dim, V vocabulary.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -47,6 +48,12 @@ std::vector<Variant> variants() {
   narrow.head_dim = 2;
   narrow.kv_heads = 1;
   v.push_back({"head_dim 2 < D / H, one kv head", narrow});
+  AttentionConfig head_norm = wide;
+  head_norm.qk_norm = QkNorm::head;
+  v.push_back({"per-head qk-norm, head_dim 6", head_norm});
+  AttentionConfig full_norm = base_config();
+  full_norm.qk_norm = QkNorm::full;
+  v.push_back({"full-width qk-norm", full_norm});
   return v;
 }
 
@@ -83,6 +90,20 @@ TEST_CASE("attention features: q, k, v, o shapes follow head_dim", "[attention]"
     CHECK(ps.at("blocks.0.attn.k.weight").value.shape() == Shape{KV * hd, D});
     CHECK(ps.at("blocks.0.attn.v.weight").value.shape() == Shape{KV * hd, D});
     CHECK(ps.at("blocks.0.attn.o.weight").value.shape() == Shape{D, H * hd});
+    if (v.config.qk_norm == QkNorm::none) {
+      CHECK(ps.size() == 4);
+    } else {
+      const bool per_head = v.config.qk_norm == QkNorm::head;
+      CHECK(ps.size() == 6);
+      const Param& qn = ps.at("blocks.0.attn.q_norm.weight");
+      const Param& kn = ps.at("blocks.0.attn.k_norm.weight");
+      CHECK(qn.value.shape() == Shape{per_head ? hd : H * hd});
+      CHECK(kn.value.shape() == Shape{per_head ? hd : KV * hd});
+      for (const Param* p : {&qn, &kn}) {
+        CHECK_FALSE(p->decay);
+        for (float w : p->value.to_vector()) CHECK(w == 1.0f);
+      }
+    }
     AttentionCache cache = attention.make_cache(2, 5);
     CHECK(cache.k.shape() == Shape{2, 5, KV * hd});
   }
@@ -119,6 +140,67 @@ TEST_CASE("attention features: the cached forward equals the full forward", "[at
     }
     // Slot 0 was never written.
     for (float value : cache.k.rows(0, 1).to_vector()) REQUIRE(value == 0.0f);
+  }
+}
+
+namespace {
+
+// HF's RMSNorm of one group of n values: y = w * g / sqrt(mean(g^2) + eps), in double.
+void rms_normalize(double* g, const float* w, int64_t n, double eps) {
+  double sq = 0;
+  for (int64_t j = 0; j < n; ++j) sq += g[j] * g[j];
+  const double r = 1.0 / std::sqrt(sq / static_cast<double>(n) + eps);
+  for (int64_t j = 0; j < n; ++j) g[j] = g[j] * r * w[j];
+}
+
+// The queries or keys the layer saved (no RoPE: they are the normed projection) against a double
+// reference: proj = x W^T, then RMSNorm of each head's hd values (weight [hd]) or of the whole
+// row (weight [heads*hd]). The norm weights are random and eps large (0.5), so a norm over the
+// wrong group, a weight indexed per head instead of shared, or the block's eps are all caught.
+void check_normed(const Tensor& saved, const Tensor& x, const Param& weight, const Param& norm,
+                  int64_t heads, int64_t hd, bool per_head, double eps) {
+  const int64_t n = x.dim(0), d = x.dim(1), width = heads * hd;
+  REQUIRE(saved.shape() == Shape{n, width});
+  const float* w = weight.value.data<float>();
+  const float* nw = norm.value.data<float>();
+  double worst = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    std::vector<double> row(static_cast<size_t>(width), 0.0);
+    for (int64_t o = 0; o < width; ++o)
+      for (int64_t j = 0; j < d; ++j) row[o] += double(w[o * d + j]) * x.data<float>()[i * d + j];
+    if (per_head) {
+      for (int64_t h = 0; h < heads; ++h) rms_normalize(row.data() + h * hd, nw, hd, eps);
+    } else {
+      rms_normalize(row.data(), nw, width, eps);
+    }
+    for (int64_t o = 0; o < width; ++o)
+      worst = std::max(worst, std::fabs(row[o] - saved.data<float>()[i * width + o]));
+  }
+  // Outputs O(1) (weights ~0.4, normalised groups): f32 rounding leaves ~1e-6.
+  CHECK(worst <= 1e-5);
+}
+
+}  // namespace
+
+TEST_CASE("attention features: qk-norm matches the published RMSNorm math", "[attention]") {
+  for (QkNorm qk : {QkNorm::head, QkNorm::full}) {
+    const bool per_head = qk == QkNorm::head;
+    INFO((per_head ? "per head" : "full width"));
+    AttentionConfig c = base_config();
+    c.head_dim = 6;
+    c.rope = false;  // RoPE is checked elsewhere; here q and k as saved are the normed projections
+    c.qk_norm = qk;
+    c.norm_eps = 0.5f;
+    ParamSet ps(6);
+    Attention attention(ps, "attn", c);
+    randomize(ps, 60);
+    Tensor x = test::random_tensor({5, c.d_model}, 61);
+    Attention::Saved saved;
+    attention.forward(x, 1, 5, &saved);
+    check_normed(saved.q, x, ps.at("attn.q.weight"), ps.at("attn.q_norm.weight"), c.heads, 6,
+                 per_head, 0.5);
+    check_normed(saved.k, x, ps.at("attn.k.weight"), ps.at("attn.k_norm.weight"), c.kv_heads, 6,
+                 per_head, 0.5);
   }
 }
 
@@ -177,7 +259,8 @@ TEST_CASE("attention features: each family's cached logits equal its full forwar
     Arch arch;
     int64_t head_dim;
   };
-  for (const Case& c : {Case{Arch::mixtral, 16}, Case{Arch::mixtral, 4}}) {
+  for (const Case& c : {Case{Arch::mixtral, 16}, Case{Arch::mixtral, 4}, Case{Arch::qwen3_moe, 16},
+                        Case{Arch::qwen3_moe, 0}, Case{Arch::olmoe, 0}}) {
     INFO(arch_name(c.arch) << " head_dim " << c.head_dim);
     FamilyModel m(c.arch, c.head_dim);
     const int64_t v = m.config.vocab_size, T = m.config.seq;
