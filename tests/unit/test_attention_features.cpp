@@ -1,9 +1,9 @@
 // The attention features of the HF families (issue 21), at the layer and through whole models:
-// head_dim != D / H (Qwen3-MoE), qk-norm per head (Qwen3-MoE) and full width (OLMoE) against a
-// reference written from the published math, the parameters each creates, the cached (incremental)
-// forward equal to the full forward, and bad configurations refused by name. Gradients are checked
-// in tests/gradcheck/test_dense_layers.cpp. Shape letters: T sequence, D model width, H query
-// heads, KV kv heads, hd head dim, V vocabulary.
+// head_dim != D / H (Qwen3-MoE), q/k/v biases without an o bias (Qwen2-MoE), qk-norm per head
+// (Qwen3-MoE) and full width (OLMoE) against a reference written from the published math, the
+// parameters each creates, the cached (incremental) forward equal to the full forward, and bad
+// configurations refused by name. Gradients are checked in tests/gradcheck/test_dense_layers.cpp.
+// Shape letters: T sequence, D model width, H query heads, KV kv heads, hd head dim, V vocabulary.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -54,6 +54,12 @@ std::vector<Variant> variants() {
   AttentionConfig full_norm = base_config();
   full_norm.qk_norm = QkNorm::full;
   v.push_back({"full-width qk-norm", full_norm});
+  AttentionConfig biases = base_config();
+  biases.qkv_bias = true;
+  v.push_back({"q/k/v biases, no o bias", biases});
+  AttentionConfig all = head_norm;
+  all.qkv_bias = true;
+  v.push_back({"biases, per-head qk-norm, head_dim 6", all});
   return v;
 }
 
@@ -90,11 +96,18 @@ TEST_CASE("attention features: q, k, v, o shapes follow head_dim", "[attention]"
     CHECK(ps.at("blocks.0.attn.k.weight").value.shape() == Shape{KV * hd, D});
     CHECK(ps.at("blocks.0.attn.v.weight").value.shape() == Shape{KV * hd, D});
     CHECK(ps.at("blocks.0.attn.o.weight").value.shape() == Shape{D, H * hd});
+    const size_t biases = v.config.qkv_bias ? 3 : 0;
+    CHECK(ps.find("blocks.0.attn.o.bias") == nullptr);
+    if (v.config.qkv_bias) {
+      CHECK(ps.at("blocks.0.attn.q.bias").value.shape() == Shape{H * hd});
+      CHECK(ps.at("blocks.0.attn.k.bias").value.shape() == Shape{KV * hd});
+      CHECK(ps.at("blocks.0.attn.v.bias").value.shape() == Shape{KV * hd});
+    }
     if (v.config.qk_norm == QkNorm::none) {
-      CHECK(ps.size() == 4);
+      CHECK(ps.size() == 4 + biases);
     } else {
       const bool per_head = v.config.qk_norm == QkNorm::head;
-      CHECK(ps.size() == 6);
+      CHECK(ps.size() == 6 + biases);
       const Param& qn = ps.at("blocks.0.attn.q_norm.weight");
       const Param& kn = ps.at("blocks.0.attn.k_norm.weight");
       CHECK(qn.value.shape() == Shape{per_head ? hd : H * hd});
@@ -260,7 +273,7 @@ TEST_CASE("attention features: each family's cached logits equal its full forwar
     int64_t head_dim;
   };
   for (const Case& c : {Case{Arch::mixtral, 16}, Case{Arch::mixtral, 4}, Case{Arch::qwen3_moe, 16},
-                        Case{Arch::qwen3_moe, 0}, Case{Arch::olmoe, 0}}) {
+                        Case{Arch::qwen3_moe, 0}, Case{Arch::olmoe, 0}, Case{Arch::qwen2_moe, 0}}) {
     INFO(arch_name(c.arch) << " head_dim " << c.head_dim);
     FamilyModel m(c.arch, c.head_dim);
     const int64_t v = m.config.vocab_size, T = m.config.seq;

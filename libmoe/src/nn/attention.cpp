@@ -35,13 +35,13 @@ AttentionConfig resolved(const std::string& prefix, AttentionConfig c) {
 Attention::Attention(ParamSet& ps, const std::string& prefix, const AttentionConfig& config)
     : config_(resolved(prefix, config)),
       head_dim_(config_.head_dim),
-      q_(ps, prefix + ".q", config_.d_model, config_.heads * head_dim_, config_.bias,
+      q_(ps, prefix + ".q", config_.d_model, config_.heads * head_dim_, config_.qkv_bias,
          config_.init_std),
-      k_(ps, prefix + ".k", config_.d_model, config_.kv_heads * head_dim_, config_.bias,
+      k_(ps, prefix + ".k", config_.d_model, config_.kv_heads * head_dim_, config_.qkv_bias,
          config_.init_std),
-      v_(ps, prefix + ".v", config_.d_model, config_.kv_heads * head_dim_, config_.bias,
+      v_(ps, prefix + ".v", config_.d_model, config_.kv_heads * head_dim_, config_.qkv_bias,
          config_.init_std),
-      o_(ps, prefix + ".o", config_.heads * head_dim_, config_.d_model, config_.bias,
+      o_(ps, prefix + ".o", config_.heads * head_dim_, config_.d_model, config_.o_bias,
          config_.out_init_std) {
   if (config_.qk_norm != QkNorm::none) {
     // The per-head norm is the ordinary row RMSNorm over [N*heads, hd]: its one weight [hd] then

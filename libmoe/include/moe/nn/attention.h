@@ -16,7 +16,8 @@ namespace moe::nn {
 struct AttentionConfig {
   int64_t d_model = 0, heads = 0, kv_heads = 0;  // kv_heads 0 means kv_heads = heads
   int64_t head_dim = 0;                          // 0 means d_model / heads (which must divide)
-  bool bias = false;                             // gpt: true, mixtral: false
+  bool qkv_bias = false;                         // biases on q, k and v: gpt and qwen2_moe
+  bool o_bias = false;                           // a bias on o: gpt (qwen2_moe has none)
   // RMSNorm of the projected queries and keys (after their biases, before RoPE), with eps
   // norm_eps: per head (weights [hd], shared by the heads) or over the whole projection
   // (weights [H*hd] and [KV*hd]).
@@ -36,7 +37,8 @@ struct AttentionCache {
 };
 
 // Params prefix.q.weight [H*hd, D], prefix.k.weight [KV*hd, D], prefix.v.weight [KV*hd, D],
-// prefix.o.weight [D, H*hd] (+ ".bias" of each when bias); with qk-norm prefix.q_norm.weight and
+// prefix.o.weight [D, H*hd] (+ prefix.{q,k,v}.bias [H*hd], [KV*hd], [KV*hd] when qkv_bias,
+// prefix.o.bias [D] when o_bias); with qk-norm prefix.q_norm.weight and
 // prefix.k_norm.weight ([hd] each per head; [H*hd] and [KV*hd] full width; ones, no decay).
 // q = RoPE(qk_norm(x Wq^T + bq)), k likewise, v = x Wv^T + bv; scale 1/sqrt(hd).
 class Attention {
