@@ -53,6 +53,53 @@ TEST_CASE("cuda: model forward/backward equals the CPU (gpt and mixtral)", "[cud
   }
 }
 
+// The HF families' attention on the GPU: qk-norm through the rmsnorm ops over [N*H, hd] views
+// (qwen3_moe, with head_dim 16 != D/H 8) and over the whole projections (olmoe), q/k/v biases
+// without an o bias (qwen2_moe). One TEST_CASE per family: sections are named by parameter.
+namespace {
+
+void check_family_on_gpu(Arch arch, int64_t head_dim) {
+  ModelConfig config = test::small_model_config(arch);
+  config.head_dim = head_dim;
+  config.resolve();
+  ParamSet cpu_ps(9), gpu_ps(9);
+  Transformer cpu_model(config, cpu_ps), gpu_model(config, gpu_ps);
+  gpu_ps.to(kGpu);
+  Tensor ids = test::random_ids({2, config.seq}, 3, static_cast<int32_t>(config.vocab_size));
+  Tensor targets = test::random_ids({2, config.seq}, 4, static_cast<int32_t>(config.vocab_size));
+  nn::RouterStep step;
+  step.training = false;
+  cpu_ps.zero_grad();
+  gpu_ps.zero_grad();
+  ForwardStats a = cpu_model.forward_backward(ids, targets, step);
+  ForwardStats b = gpu_model.forward_backward(ids.to(kGpu), targets.to(kGpu), step);
+  CHECK(b.loss == Approx(a.loss).epsilon(1e-5));
+  for (Param* p : cpu_ps.all()) {
+    DYNAMIC_SECTION(p->name) {
+      CHECK(test::normalised_error(gpu_ps.at(p->name).grad.to_vector(), p->grad.to_vector()) <
+            1e-4);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cuda: qwen3_moe (per-head qk-norm, head_dim 16) forward/backward equals the CPU",
+          "[cuda]") {
+  MOE_REQUIRE_CUDA_DEVICE();
+  check_family_on_gpu(Arch::qwen3_moe, 16);
+}
+
+TEST_CASE("cuda: olmoe (full-width qk-norm) forward/backward equals the CPU", "[cuda]") {
+  MOE_REQUIRE_CUDA_DEVICE();
+  check_family_on_gpu(Arch::olmoe, 0);
+}
+
+TEST_CASE("cuda: qwen2_moe (q/k/v biases) forward/backward equals the CPU", "[cuda]") {
+  MOE_REQUIRE_CUDA_DEVICE();
+  check_family_on_gpu(Arch::qwen2_moe, 0);
+}
+
 TEST_CASE("cuda: a short training run on one GPU follows the CPU's losses", "[cuda]") {
   MOE_REQUIRE_CUDA_DEVICE();
   const ModelConfig config = config_of(Arch::mixtral);

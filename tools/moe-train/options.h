@@ -124,7 +124,8 @@ inline void add_train_options(CLI::App& app, TrainOptions& o) {
                 ->capture_default_str());
   model_opt(mg->add_option("--layers", m.layers, "Transformer blocks")->capture_default_str());
   model_opt(mg->add_option("--d-model", m.d_model, "Model width D")->capture_default_str());
-  model_opt(mg->add_option("--heads", m.heads, "Attention heads (must divide --d-model)")
+  model_opt(mg->add_option("--heads", m.heads,
+                           "Attention heads (must divide --d-model unless --head-dim is given)")
                 ->capture_default_str());
   model_opt(
       mg->add_option(
