@@ -185,18 +185,21 @@ TEST_CASE("dense: Attention gradients with head_dim != d_model / heads (GQA, rop
   check_attention(config, 2, 5);
 }
 
-// qk-norm (Qwen3-MoE per head, OLMoE full width) alone, with RoPE and GQA, and with an odd hd
-// (no RoPE). eps 0.05 so that the norm's eps term is not negligible in the gradient either.
-TEST_CASE("dense: Attention gradients with qk-norm, per head and full width",
-          "[dense][gradcheck]") {
+namespace {
+
+// qk-norm, per head (Qwen3-MoE) and full width (OLMoE), with GQA and hd != D/H: with RoPE at an
+// even hd, without RoPE at the odd `odd_hd`. eps 0.05 so that the norm's eps term is not
+// negligible in the gradient either.
+void check_qk_norm_attention(bool qkv_bias, int64_t odd_hd) {
   for (QkNorm qk : {QkNorm::head, QkNorm::full}) {
-    for (int64_t hd : {6, 3}) {
+    for (int64_t hd : {int64_t{6}, odd_hd}) {
       INFO((qk == QkNorm::head ? "per-head" : "full-width") << " qk-norm, head_dim " << hd);
       AttentionConfig config;
       config.d_model = 12;
       config.heads = 4;
       config.kv_heads = 2;
       config.head_dim = hd;
+      config.qkv_bias = qkv_bias;
       config.rope = hd % 2 == 0;
       config.rope_theta = 100.0f;
       config.qk_norm = qk;
@@ -204,6 +207,13 @@ TEST_CASE("dense: Attention gradients with qk-norm, per head and full width",
       check_attention(config, 2, 5);
     }
   }
+}
+
+}  // namespace
+
+TEST_CASE("dense: Attention gradients with qk-norm, per head and full width",
+          "[dense][gradcheck]") {
+  check_qk_norm_attention(false, 3);
 }
 
 // Qwen2-MoE: biases on q, k and v, none on o, with RoPE (the key bias then has a gradient).
@@ -225,26 +235,10 @@ TEST_CASE("dense: Attention gradients with q/k/v biases and no o bias", "[dense]
   check_attention(config, 2, 6);
 }
 
-// Every feature at once: q/k/v biases, per-head or full qk-norm, hd != D/H, GQA; with RoPE (even
-// hd) and without (odd hd).
+// Every feature at once: q/k/v biases, qk-norm, hd != D/H, GQA, RoPE (and an odd hd without).
 TEST_CASE("dense: Attention gradients with biases, qk-norm and head_dim together",
           "[dense][gradcheck]") {
-  for (QkNorm qk : {QkNorm::head, QkNorm::full}) {
-    for (int64_t hd : {6, 5}) {
-      INFO((qk == QkNorm::head ? "per-head" : "full-width") << " qk-norm, head_dim " << hd);
-      AttentionConfig config;
-      config.d_model = 12;
-      config.heads = 4;
-      config.kv_heads = 2;
-      config.head_dim = hd;
-      config.qkv_bias = true;
-      config.rope = hd % 2 == 0;
-      config.rope_theta = 100.0f;
-      config.qk_norm = qk;
-      config.norm_eps = 0.05f;
-      check_attention(config, 2, 5);
-    }
-  }
+  check_qk_norm_attention(true, 5);
 }
 
 TEST_CASE("dense: Attention is causal (a later token never changes earlier outputs)",

@@ -87,31 +87,33 @@ TEST_CASE("model: residual MoE (dense MLP + one expert) gradient matches finite 
   check_model(c);
 }
 
-// The HF families' attention through the whole model, grouped-query heads and RoPE in both
-// (one TEST_CASE each: check_model's sections are named by parameter, the same in both).
+// The HF families' attention through the whole model: tiny() with one kv head (GQA) and
+// head_dim `hd` (0: D/H). One TEST_CASE each: check_model's sections are named by parameter.
+namespace {
+
+ModelConfig family(Arch arch, int64_t hd) {
+  ModelConfig c = tiny(arch);
+  c.kv_heads = 1;
+  c.head_dim = hd;
+  c.validate();
+  return c;
+}
+
+}  // namespace
+
 TEST_CASE(
     "model: qwen3_moe (per-head qk-norm, head_dim 6 != D/H 4) gradient matches finite "
     "differences",
     "[gradcheck][model]") {
-  ModelConfig c = tiny(Arch::qwen3_moe);
-  c.kv_heads = 1;
-  c.head_dim = 6;
-  c.validate();
-  check_model(c);
+  check_model(family(Arch::qwen3_moe, 6));
 }
 
 TEST_CASE("model: olmoe (full-width qk-norm) gradient matches finite differences",
           "[gradcheck][model]") {
-  ModelConfig c = tiny(Arch::olmoe);
-  c.kv_heads = 1;
-  c.validate();
-  check_model(c);
+  check_model(family(Arch::olmoe, 0));
 }
 
 TEST_CASE("model: qwen2_moe (q/k/v biases, no o bias) gradient matches finite differences",
           "[gradcheck][model]") {
-  ModelConfig c = tiny(Arch::qwen2_moe);
-  c.kv_heads = 1;
-  c.validate();
-  check_model(c);
+  check_model(family(Arch::qwen2_moe, 0));
 }

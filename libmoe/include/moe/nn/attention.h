@@ -1,4 +1,4 @@
-// Causal multi-head self-attention with grouped-query heads and optional RoPE.
+// Causal multi-head self-attention: grouped-query heads, q/k/v and o biases, qk-norm, RoPE.
 // Shape letters: B batch, T sequence, N = B*T tokens, D model width, H query heads, KV key/value
 // heads (dividing H), hd head dim (D / H unless given: Qwen3-MoE has H*hd != D).
 #pragma once
