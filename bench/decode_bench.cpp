@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,7 @@
 #include "moe/infer/model.h"
 #include "moe/io/convert.h"
 #include "moe/models/transformer.h"
+#include "moe/step_breakdown.h"
 #include "moe/threads.h"
 #include "moe/timer.h"
 
@@ -187,8 +189,14 @@ Tensor step(const Model& m, Arena& arena, KVCache& cache, const std::vector<int3
 }
 
 // Decode tokens/s at `batch` over the median step (prompts of 8 tokens prefilled untimed; the cache
-// is refilled when full), and the logits of the first decode step.
-double decode_rate(const Model& m, int64_t batch, double min_seconds, std::vector<float>* first) {
+// is refilled when full), and the logits of the first decode step. `parts`: the timed steps' wall
+// time by kind of work (moe/step_breakdown.h), summed, and their count.
+struct Profile {
+  StepBreakdown parts;
+  int64_t steps = 0;
+};
+double decode_rate(const Model& m, int64_t batch, double min_seconds, std::vector<float>* first,
+                   Profile* parts = nullptr) {
   const int64_t prompt = 8;
   KVCache cache = m.model->make_cache(batch);
   Arena arena;
@@ -207,9 +215,15 @@ double decode_rate(const Model& m, int64_t batch, double min_seconds, std::vecto
   while (seconds < min_seconds || steps < 5) {
     if (cache.length[0] + 1 >= m.config.seq) refill();
     const std::vector<int32_t> ids = tokens(batch, m.config.vocab_size, steps);
+    StepBreakdown step_parts;
     Timer t;
-    Tensor logits = step(m, arena, cache, ids, ones, slots);
+    Tensor logits;
+    {
+      StepRecording recording(step_parts);
+      logits = step(m, arena, cache, ids, ones, slots);
+    }
     const double s = t.seconds();
+    if (parts && steps > 0) parts->parts += step_parts, ++parts->steps;
     if (steps == 0 && first)
       first->assign(logits.data<float>(), logits.data<float>() + logits.numel());
     if (steps > 0) seconds += s, times.push_back(s);  // the first step warms arena and caches
@@ -231,6 +245,25 @@ double prefill_rate(const Model& m, int64_t n, double min_seconds) {
     step(m, arena, cache, ids, {n}, {0});
     const double s = t.seconds();
     if (r > 0) best = std::max(best, double(n) / s), total += s;
+  }
+  return best;
+}
+
+// Seconds one empty OpenMP parallel region costs (fork, join) on all threads: the best mean over
+// a few runs of many regions. A decode step pays it once per region it opens.
+double fork_join_seconds() {
+  double best = 1e9;
+  for (int run = 0; run < 5; ++run) {
+    const int regions = 2000;
+    Timer t;
+    for (int i = 0; i < regions; ++i) {
+#pragma omp parallel
+      {
+        volatile int sink = omp_get_thread_num();
+        (void)sink;
+      }
+    }
+    best = std::min(best, t.seconds() / regions);
   }
   return best;
 }
@@ -284,6 +317,11 @@ int run_decode(const DecodeOptions& o) {
   std::printf("# read bandwidth (streaming read, %d threads, best pass): %.1f GB/s\n",
               num_threads(), bandwidth / 1e9);
   std::printf(
+      "# OpenMP fork/join (an empty parallel region, %d threads, best mean): %.2f us, "
+      "OMP_WAIT_POLICY=%s\n",
+      num_threads(), 1e6 * fork_join_seconds(),
+      std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "(unset)");
+  std::printf(
       "# bound = bandwidth / weight bytes a step reads (batch 8: expected experts touched)\n");
   std::printf("# %-5s %-6s %-15s %10s %10s %7s %12s\n", "dtype", "path", "measure", "tok/s",
               "bound", "ratio", "max|dlogit|");
@@ -316,13 +354,17 @@ int run_decode(const DecodeOptions& o) {
     cpu::set_gemv_enabled(true);
     const Model lean_model = dtype == DType::f32 && !q8 ? Model{} : make_model(c, dtype, true, q8);
     const Model& m = dtype == DType::f32 && !q8 ? f32 : lean_model;
-    const double d1 = decode_rate(m, 1, min_s, &got);
+    Profile parts;
+    const double d1 = decode_rate(m, 1, min_s, &got, &parts);
     const double d8 = decode_rate(m, 8, min_s, nullptr);
     const double pf = prefill_rate(m, prefill, min_s);
     row(name.c_str(), "gemv", "decode batch 1", d1, bandwidth / step_bytes(*m.params, c, 1),
         max_diff(got, expect));
     row(name.c_str(), "gemv", "decode batch 8", d8, 8 * bandwidth / step_bytes(*m.params, c, 8),
         -1);
+    std::printf("# %s: batch-1 step %.3f ms (mean): %s\n", name.c_str(),
+                1e3 * parts.parts.total() / double(std::max<int64_t>(parts.steps, 1)),
+                parts.parts.describe(double(std::max<int64_t>(parts.steps, 1))).c_str());
     std::printf("# %s: parameter storage held %.1f MB (the same weights widened to f32: %.1f MB)\n",
                 name.c_str(), held_bytes(*m.params) / 1e6, held_bytes(*ref.params) / 1e6);
     char what[32];

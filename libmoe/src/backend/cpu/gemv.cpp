@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/task_pool.h"
 #include "core/parallel.h"
 #include "kernels/convert.h"
 #include "moe/error.h"
@@ -254,17 +255,16 @@ void gemv_batch(const GemvProblem* problems, size_t count, GemvIsa isa) {
   const int64_t n = static_cast<int64_t>(tasks.size());
   const Task* t = tasks.data();
   const bool wide = isa == GemvIsa::avx512;
-#pragma omp parallel for schedule(static) if (work >= double(kParallelWork) && n > 1)
-  for (int64_t i = 0; i < n; ++i) {
+  auto run = [t, wide](int64_t i) {
 #if MOE_GEMV_X86
-    if (wide) {
-      rows_avx512(*t[i].problem, t[i].begin, t[i].end);
-      continue;
-    }
+    if (wide) return rows_avx512(*t[i].problem, t[i].begin, t[i].end);
 #endif
     (void)wide;
     rows_scalar(*t[i].problem, t[i].begin, t[i].end);
-  }
+  };
+  // The task pool, not an OpenMP loop: a decode step makes ~60 of these calls, each tens of
+  // microseconds of work, and a late thread must not hold the others up (task_pool.h).
+  run_tasks(n, work >= double(kParallelWork) ? num_threads() : 1, run);
 }
 
 void widen_rows(const WeightMatrix& w, int64_t row, int64_t rows, float* out) {
