@@ -26,6 +26,7 @@ namespace moe::cpu {
 namespace {
 
 thread_local bool in_worker = false;
+bool pool_enabled = true;
 
 // How long an idle worker spins before it sleeps, from OMP_WAIT_POLICY (see task_pool.h).
 std::chrono::microseconds idle_spin() {
@@ -34,7 +35,7 @@ std::chrono::microseconds idle_spin() {
     return std::chrono::microseconds(0);
   if (policy && (std::strcmp(policy, "active") == 0 || std::strcmp(policy, "ACTIVE") == 0))
     return std::chrono::microseconds(1000);
-  return std::chrono::microseconds(100);
+  return std::chrono::microseconds(20);
 }
 
 // A child of fork() has none of its parent's workers (and maybe a mutex a worker held): it runs
@@ -142,8 +143,16 @@ Pool& pool() {
 }  // namespace
 
 void run_tasks(int64_t count, int threads, TaskFn fn, void* context) {
+  if (!pool_enabled) {
+#pragma omp parallel for schedule(static) \
+    num_threads(threads > 1 ? threads : 1) if (threads > 1 && count > 1)
+    for (int64_t i = 0; i < count; ++i) fn(context, i);
+    return;
+  }
   pool().run(count, threads, fn, context);
 }
+
+void set_task_pool_enabled(bool enabled) { pool_enabled = enabled; }
 
 int task_pool_workers() { return pool().workers(); }
 

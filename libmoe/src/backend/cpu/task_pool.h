@@ -12,9 +12,11 @@
 // fixed order), so callers stay bitwise reproducible at any thread count.
 //
 // Waiting: a worker spins for a while after its last task before it sleeps (none with
-// OMP_WAIT_POLICY=passive, 100 us when unset, 1 ms with active: the policy the user chose for
-// OpenMP's threads, read, never set). Calls from inside an OpenMP parallel region, from a worker,
-// or while another thread's batch is running, run their tasks inline on the calling thread.
+// OMP_WAIT_POLICY=passive, 20 us when unset, 1 ms with active: the policy the user chose for
+// OpenMP's threads, read, never set). 20 us spans the gaps between a decode step's batches; longer
+// spins lost on a loaded machine (a spinning worker takes the core its caller needs). Calls from
+// inside an OpenMP parallel region, from a worker, or while another thread's batch is running, run
+// their tasks inline on the calling thread.
 #pragma once
 #include <cstdint>
 
@@ -34,5 +36,9 @@ void run_tasks(int64_t count, int threads, F& f) {
 
 // Workers started so far (tests).
 int task_pool_workers();
+
+// Benchmarks: false runs each batch as an OpenMP loop (schedule static, `threads` threads), the
+// path before the pool, to time both in one run. Not thread-safe with batches in flight.
+void set_task_pool_enabled(bool enabled);
 
 }  // namespace moe::cpu
