@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cpu/gemm.h"
@@ -181,18 +182,25 @@ void rows_avx512_f(const GemvProblem& p, int64_t begin, int64_t end) {
   }
 }
 
-void rows_avx512(const GemvProblem& p, int64_t begin, int64_t end) {
-  switch (p.w.format) {
+// Calls fn with the format as a compile-time constant (std::integral_constant).
+template <class Fn>
+void with_format(WeightFormat format, Fn&& fn) {
+  switch (format) {
     case WeightFormat::f32:
-      return rows_avx512_f<WeightFormat::f32>(p, begin, end);
+      return fn(std::integral_constant<WeightFormat, WeightFormat::f32>{});
     case WeightFormat::bf16:
-      return rows_avx512_f<WeightFormat::bf16>(p, begin, end);
+      return fn(std::integral_constant<WeightFormat, WeightFormat::bf16>{});
     case WeightFormat::f16:
-      return rows_avx512_f<WeightFormat::f16>(p, begin, end);
+      return fn(std::integral_constant<WeightFormat, WeightFormat::f16>{});
     case WeightFormat::q8_0:
-      return rows_avx512_f<WeightFormat::q8_0>(p, begin, end);
+      return fn(std::integral_constant<WeightFormat, WeightFormat::q8_0>{});
   }
 }
+
+void rows_avx512(const GemvProblem& p, int64_t begin, int64_t end) {
+  with_format(p.w.format, [&](auto f) { rows_avx512_f<decltype(f)::value>(p, begin, end); });
+}
+
 // Row o of w widened to f32 into dst (prefill's scratch): the kernel's own loads, 16 at a time.
 template <WeightFormat F>
 MOE_TARGET_GEMV512 void widen_row_avx512_f(const WeightMatrix& w, int64_t o, float* dst) {
@@ -204,16 +212,7 @@ MOE_TARGET_GEMV512 void widen_row_avx512_f(const WeightMatrix& w, int64_t o, flo
 }
 
 void widen_row_avx512(const WeightMatrix& w, int64_t o, float* dst) {
-  switch (w.format) {
-    case WeightFormat::f32:
-      return widen_row_avx512_f<WeightFormat::f32>(w, o, dst);
-    case WeightFormat::bf16:
-      return widen_row_avx512_f<WeightFormat::bf16>(w, o, dst);
-    case WeightFormat::f16:
-      return widen_row_avx512_f<WeightFormat::f16>(w, o, dst);
-    case WeightFormat::q8_0:
-      return widen_row_avx512_f<WeightFormat::q8_0>(w, o, dst);
-  }
+  with_format(w.format, [&](auto f) { widen_row_avx512_f<decltype(f)::value>(w, o, dst); });
 }
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
