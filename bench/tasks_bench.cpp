@@ -106,10 +106,10 @@ int run_bench(Options o) {
   const int64_t heavy_batch = (R - 1) * o.rows, light_batch = o.rows;
   const int64_t samples = heavy_batch + light_batch;
   // The tasks file, written by rank 0 into a scratch directory every rank sees.
-  const std::string dir = (std::filesystem::temp_directory_path() / "moe-tasks-bench").string() +
-                          "-" +
-                          std::to_string(static_cast<long long>(
-                              reduce(*world, lead ? double(::getpid()) : 0, comm::ReduceOp::max)));
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / "moe-tasks-bench").string() + "-" +
+      std::to_string(static_cast<long long>(reduce(*world, lead ? double(::getpid()) : 0,
+                                                   comm::ReduceOp::max)));
   const std::string file = dir + "/tasks.toml";
   if (lead) {
     std::filesystem::create_directories(dir);
@@ -171,24 +171,25 @@ int run_bench(Options o) {
         rows_max = std::max(rows_max, rows);
       }
     }
-    const double rate = trainer ? static_cast<double>(samples) / r.step / ranks
-                                : static_cast<double>(o.rows) / r.step;
+    const double rate =
+        trainer ? static_cast<double>(samples) / r.step / ranks : static_cast<double>(o.rows) / r.step;
     if (label == "equal") equal_rate = rate;
     if (trainer && std::isnan(reference_loss)) reference_loss = r.first_loss;
-    const bool same =
-        !trainer || std::fabs(r.first_loss - reference_loss) <= 1e-5 * std::fabs(reference_loss);
-    std::printf(
-        "  %-18s %6d %10s %10lld %9.1f %13.2f %8.1f %9s %9s\n", label.c_str(), ranks, split.c_str(),
-        static_cast<long long>(rows_max), r.step * 1e3, rate, 100.0 * rate / ceiling_rate,
-        equal_rate > 0 && trainer ? str(std::round(rate / equal_rate * 100) / 100).c_str() : "-",
-        trainer ? (same ? "yes" : "NO") : "-");
+    const bool same = !trainer || std::fabs(r.first_loss - reference_loss) <=
+                                      1e-5 * std::fabs(reference_loss);
+    std::printf("  %-18s %6d %10s %10lld %9.1f %13.2f %8.1f %9s %9s\n", label.c_str(), ranks,
+                split.c_str(), static_cast<long long>(rows_max), r.step * 1e3, rate,
+                100.0 * rate / ceiling_rate,
+                equal_rate > 0 && trainer ? str(std::round(rate / equal_rate * 100) / 100).c_str()
+                                          : "-",
+                trainer ? (same ? "yes" : "NO") : "-");
     std::fflush(stdout);
   };
   row("ceiling", R, nullptr, Result{ceiling, 0});
   {
     // One rank per task: ranks 0 and 1 train, the others wait at the barrier below.
-    std::unique_ptr<comm::Communicator> pair =
-        world->split(world->rank() < 2 ? 0 : 1, world->rank());
+    std::unique_ptr<comm::Communicator> pair = world->split(world->rank() < 2 ? 0 : 1,
+                                                            world->rank());
     if (world->rank() < 2) {
       train::TrainConfig t = training(o);
       t.tasks = file;
