@@ -1,7 +1,9 @@
 // The decode task pool (backend/cpu/task_pool.h): every task runs exactly once whatever the thread
 // count, over many batches back to back (a late worker must never run a task of a later batch);
-// calls from an OpenMP region and from two threads at once run correctly; and the GEMV that runs
-// on it gives the same bits at 1, 2, 3 and 4 threads. Shapes: out x in weights.
+// calls from an OpenMP region and from two threads at once run correctly; the GEMV that runs on it
+// gives the same bits at 1, 2, 3 and 4 threads; and a model's decode steps (GEMVs and cached
+// attention on the pool) give the bits of the OpenMP loops they replaced, at 1-3 threads.
+// Shapes: out x in weights.
 #include <omp.h>
 
 #include <atomic>
@@ -12,6 +14,8 @@
 
 #include "backend/cpu/gemv.h"
 #include "backend/cpu/task_pool.h"
+#include "moe/infer/model.h"
+#include "moe/models/transformer.h"
 #include "moe/rng.h"
 #include "moe/threads.h"
 
@@ -91,4 +95,45 @@ TEST_CASE("task pool: the GEMV gives the same bits at 1, 2, 3 and 4 threads", "[
   for (int64_t j = 0; j < in; ++j)
     expect += double(w[static_cast<size_t>(j)]) * x[static_cast<size_t>(j)];
   CHECK(one[0] == Approx(expect).epsilon(1e-4));
+}
+
+TEST_CASE("task pool: decode steps give the OpenMP path's bits at 1-3 threads", "[task_pool]") {
+  // Large enough that the pool is used: expert and LM-head GEMVs of 32K+ multiply-adds, and the
+  // attention over 270+ cached positions (4 heads of 32: 128 per position).
+  ModelConfig c;
+  c.arch = Arch::mixtral;
+  c.layers = 2, c.d_model = 128, c.heads = 4, c.kv_heads = 2, c.d_ff = 256, c.seq = 320;
+  c.experts = 4, c.top_k = 2, c.moe_every = 1, c.normalize_topk = true, c.vocab_size = 256;
+  c.dtype = DType::bf16;
+  c.resolve();
+  ParamSet params(5, c.dtype);
+  Transformer model(c, params);
+  infer::lean_for_inference(params);
+  auto decode = [&] {
+    KVCache cache = model.make_cache(1);
+    std::vector<int32_t> prompt;
+    for (int32_t i = 0; i < 270; ++i) prompt.push_back((i * 37 + 11) % 256);
+    model.forward_cached(Tensor::from_vector({270}, prompt), {270}, {0}, cache);
+    std::vector<float> out;
+    for (int32_t step = 0; step < 4; ++step) {
+      Tensor logits = model.forward_cached(
+          Tensor::from_vector({1}, std::vector<int32_t>{step * 13 + 2}), {1}, {0}, cache);
+      out.insert(out.end(), logits.data<float>(), logits.data<float>() + logits.numel());
+    }
+    return out;
+  };
+  const int before = num_threads();
+  set_num_threads(2);
+  cpu::set_task_pool_enabled(false);
+  const std::vector<float> omp = decode();
+  cpu::set_task_pool_enabled(true);
+  for (int threads : {1, 2, 3}) {
+    set_num_threads(threads);
+    const std::vector<float> pool = decode();
+    INFO("threads " << threads);
+    REQUIRE(pool.size() == omp.size());
+    CHECK(std::memcmp(pool.data(), omp.data(), omp.size() * sizeof(float)) == 0);
+  }
+  set_num_threads(before);
+  CHECK(omp.size() == 4 * 256);
 }
