@@ -136,12 +136,20 @@ TEST_CASE("moe: layer gradcheck, gpt and mixtral, k 1 and 2, dropless and with d
     bool mixtral;
     int64_t k;
     float capacity_factor;
+    int64_t shared_ff = 0;  // a shared expert (its params: w1, w2, w3 or b1, b2; and the gate)
+    bool shared_gate = false;
   };
   const LayerCase cases[] = {
-      {"gpt k1 dropless", false, 1, 0.0f},    {"gpt k1 drops", false, 1, 0.75f},
-      {"gpt k2 dropless", false, 2, 0.0f},    {"gpt k2 drops", false, 2, 0.75f},
-      {"mixtral k1 dropless", true, 1, 0.0f}, {"mixtral k1 drops", true, 1, 0.75f},
-      {"mixtral k2 dropless", true, 2, 0.0f}, {"mixtral k2 drops", true, 2, 0.75f},
+      {"gpt k1 dropless", false, 1, 0.0f},
+      {"gpt k1 drops", false, 1, 0.75f},
+      {"gpt k2 dropless", false, 2, 0.0f},
+      {"gpt k2 drops", false, 2, 0.75f},
+      {"mixtral k1 dropless", true, 1, 0.0f},
+      {"mixtral k1 drops", true, 1, 0.75f},
+      {"mixtral k2 dropless", true, 2, 0.0f},
+      {"mixtral k2 drops", true, 2, 0.75f},
+      {"gpt k2 drops, shared expert", false, 2, 0.75f, 10},
+      {"mixtral k2 dropless, gated shared expert", true, 2, 0.0f, 10, true},
   };
   const int64_t N = 24, D = 8, E = 4, F = 12;
   const float aux_scale = 0.5f, z_scale = 0.05f;
@@ -158,6 +166,8 @@ TEST_CASE("moe: layer gradcheck, gpt and mixtral, k 1 and 2, dropless and with d
     config.router.jitter = c.mixtral ? 0.0f : 0.05f;
     config.experts =
         ExpertsConfig{E, D, F, c.mixtral ? Activation::swiglu : Activation::gelu, !c.mixtral};
+    config.shared_ff = c.shared_ff;
+    config.shared_gate = c.shared_gate;
     ParamSet ps(seed);
     MoELayer layer(ps, "blocks.1.moe", config);
     test::randomize_moe_params(ps, D, F, 0.2f, 0x5eed);
@@ -186,7 +196,8 @@ TEST_CASE("moe: layer gradcheck, gpt and mixtral, k 1 and 2, dropless and with d
     ps.zero_grad();
     Tensor dx = layer.backward(r, saved, aux_scale, z_scale);
     MOE_REQUIRE_GRAD(test::check_gradient(x, dx, loss, 2e-3), kTol);
-    REQUIRE(ps.size() == (c.mixtral ? 4u : 5u));
+    const size_t shared_params = c.shared_ff == 0 ? 0 : (c.mixtral ? 3u : 4u) + c.shared_gate;
+    REQUIRE(ps.size() == (c.mixtral ? 4u : 5u) + shared_params);
     for (Param* p : ps.all()) {
       INFO(p->name);
       MOE_REQUIRE_GRAD(test::check_gradient(p->value, p->grad, loss, 2e-3), kTol);

@@ -76,7 +76,8 @@ TEST_CASE("cuda harness: router jitter, softmax, top-k and backward match the CP
       std::vector<int32_t> is(N * k, -2);
       std::vector<float> ws(N * k, -1);
       cuda::run_grid_on_cpu<body::RouterTopk>(shape, static_cast<const float*>(ps.data()), N, E, k,
-                                              normalize, is.data(), ws.data());
+                                              normalize, is.data(), ws.data(),
+                                              static_cast<const float*>(nullptr));
       REQUIRE(is == test::int_values(idx));
       REQUIRE(ws == values(w));
 

@@ -33,6 +33,8 @@ struct Case {
   int64_t experts, top_k;
   float capacity_factor, jitter;
   bool bias = false;  // swiglu only; gelu always has biases
+  int64_t shared_ff = 0;
+  bool shared_gate = false;
 };
 
 MoEConfig make_config(const Case& c, int64_t d_model, int64_t d_ff) {
@@ -45,6 +47,8 @@ MoEConfig make_config(const Case& c, int64_t d_model, int64_t d_ff) {
   config.router.capacity_factor = c.capacity_factor;
   config.router.jitter = c.jitter;
   config.experts = ExpertsConfig{c.experts, d_model, d_ff, c.activation, gpt || c.bias};
+  config.shared_ff = c.shared_ff;
+  config.shared_gate = c.shared_gate;
   return config;
 }
 
@@ -64,6 +68,11 @@ TEST_CASE("moe: fast layer equals the per-token reference (forward, losses, ever
       {"mixtral k3 E4 dropless", Activation::swiglu, 4, 3, 0.0f, 0.0f},
       {"mixtral k3 E4 capacity", Activation::swiglu, 4, 3, 0.7f, 0.0f},
       {"swiglu with biases k2 capacity", Activation::swiglu, 6, 2, 0.9f, 0.0f, true},
+      {"gpt k2 capacity, shared expert", Activation::gelu, 6, 2, 0.8f, 0.0f, false, 20},
+      {"mixtral k2 dropless, gated shared expert", Activation::swiglu, 8, 2, 0.0f, 0.0f, false, 36,
+       true},
+      {"swiglu with biases k1 capacity jitter, gated shared expert", Activation::swiglu, 5, 1, 0.9f,
+       0.1f, true, 12, true},
   };
   const int64_t N = 48, D = 24, F = 40;
   const float aux_scale = 0.5f, z_scale = 0.05f;

@@ -13,7 +13,6 @@ Block::Block(ParamSet& ps, const BlockConfig& config, int64_t index, const Paral
                   "a head dimension other than d-model/heads is not built yet");
   MOE_USAGE_CHECK(config.qk_norm == QkNorm::none, "qk-norm is not built yet");
   MOE_USAGE_CHECK(!config.qkv_bias, "q/k/v biases without an o bias are not built yet");
-  MOE_USAGE_CHECK(config.shared_expert_ff == 0, "shared experts are not built yet");
   MOE_USAGE_CHECK(config.router_scoring == RouterScoring::softmax,
                   "sigmoid routing is not built yet");
   const std::string prefix = "blocks." + std::to_string(index);
@@ -67,6 +66,10 @@ Block::Block(ParamSet& ps, const BlockConfig& config, int64_t index, const Paral
     moe.experts.init_std = init_std;
     moe.experts.out_init_std = out_std;
     moe.block = index;
+    moe.shared_ff = config.shared_expert_ff;
+    // Qwen2-MoE's gate scales the shared expert; without one (--shared-expert-ff 0) it has nothing
+    // to scale.
+    moe.shared_gate = config.shared_expert_gate && config.shared_expert_ff > 0;
     moe_ = std::make_unique<MoELayer>(ps, prefix + ".moe", moe, parallel);
   }
 }
