@@ -13,8 +13,6 @@ Block::Block(ParamSet& ps, const BlockConfig& config, int64_t index, const Paral
                   "a head dimension other than d-model/heads is not built yet");
   MOE_USAGE_CHECK(config.qk_norm == QkNorm::none, "qk-norm is not built yet");
   MOE_USAGE_CHECK(!config.qkv_bias, "q/k/v biases without an o bias are not built yet");
-  MOE_USAGE_CHECK(config.router_scoring == RouterScoring::softmax,
-                  "sigmoid routing is not built yet");
   const std::string prefix = "blocks." + std::to_string(index);
   const float init_std = 0.02f;
   // GPT-2: projections into the residual stream scaled by 1/sqrt(2 L).
@@ -53,6 +51,8 @@ Block::Block(ParamSet& ps, const BlockConfig& config, int64_t index, const Paral
     moe.router.normalize_topk = config.normalize_topk;
     moe.router.jitter = static_cast<float>(config.router_jitter);
     moe.router.capacity_factor = static_cast<float>(config.capacity_factor);
+    moe.router.scoring = config.router_scoring;
+    moe.router.selection_bias = config.router_selection_bias;
     // Switch Transformer's router scale: normal(sqrt(0.1 / D)). The router reads a normalised
     // (unit-RMS) stream, so its logits start with std ~sqrt(0.1) at every width; a fixed 0.02
     // gives 0.02 sqrt(D) (0.45 at D 512), sharper gates the wider the model. It does not change

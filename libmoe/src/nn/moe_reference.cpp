@@ -141,8 +141,13 @@ MoEReferenceResult moe_reference(const ParamSet& ps, const std::string& prefix,
       noise[i] = (1.0f - j) + 2.0f * j * rng_uniform(key, static_cast<uint64_t>(i));
   }
 
-  // Router: logits, probabilities, top-k, weights.
-  std::vector<Vec> probs(N, Vec(E));
+  // Router: logits, scores (softmax, or sigmoid with probs their normalisation), top-k on the
+  // scores plus the selection bias, weights from the scores.
+  const bool sigmoid_scoring = config.router.scoring == RouterScoring::sigmoid;
+  const std::string bname = prefix + ".router.bias";
+  const float* selection_bias =
+      config.router.selection_bias ? values(ps, bname, true, {E}) : nullptr;
+  std::vector<Vec> probs(N, Vec(E)), scores(N, Vec(E)), logits_of(N, Vec(E));
   Vec lse(N);
   std::vector<std::vector<int64_t>> choice(N, std::vector<int64_t>(k));
   std::vector<Vec> gate(N, Vec(k));
@@ -159,15 +164,23 @@ MoEReferenceResult moe_reference(const ParamSet& ps, const std::string& prefix,
     double z = 0;
     for (double l : logits) z += std::exp(l - m);
     lse[t] = m + std::log(z);
-    for (int64_t e = 0; e < E; ++e) probs[t][e] = std::exp(logits[e] - lse[t]);
+    logits_of[t] = logits;
+    double score_sum = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      scores[t][e] = sigmoid_scoring ? sigmoid(logits[e]) : std::exp(logits[e] - lse[t]);
+      score_sum += scores[t][e];
+    }
+    for (int64_t e = 0; e < E; ++e)
+      probs[t][e] = sigmoid_scoring ? scores[t][e] / score_sum : scores[t][e];
+    auto key = [&](int64_t e) { return scores[t][e] + (selection_bias ? selection_bias[e] : 0.0); };
     std::vector<bool> taken(E, false);
     for (int64_t j = 0; j < k; ++j) {
       int64_t best = -1;
       for (int64_t e = 0; e < E; ++e)
-        if (!taken[e] && (best < 0 || probs[t][e] > probs[t][best])) best = e;
+        if (!taken[e] && (best < 0 || key(e) > key(best))) best = e;
       taken[best] = true;
       choice[t][j] = best;
-      gate[t][j] = probs[t][best];
+      gate[t][j] = scores[t][best];
       ++load[best];
     }
     if (config.router.normalize_topk) {
@@ -295,22 +308,33 @@ MoEReferenceResult moe_reference(const ParamSet& ps, const std::string& prefix,
         }
       }
     }
-    // Router: d loss / d probs of this token, then through the softmax.
-    Vec dp(E);
-    for (int64_t e = 0; e < E; ++e) dp[e] = aux_scale * E * f[e] / static_cast<double>(N);
+    // Router: d loss / d scores of this token (through the aux loss's probs and the gates), then
+    // through the softmax or the sigmoids; the z loss through lse.
+    Vec dprob(E), ds(E);
+    for (int64_t e = 0; e < E; ++e) dprob[e] = aux_scale * E * f[e] / static_cast<double>(N);
+    if (sigmoid_scoring) {  // probs = scores / S
+      double S = 0, qdq = 0;
+      for (int64_t e = 0; e < E; ++e) S += scores[t][e];
+      for (int64_t e = 0; e < E; ++e) qdq += probs[t][e] * dprob[e];
+      for (int64_t e = 0; e < E; ++e) ds[e] = (dprob[e] - qdq) / S;
+    } else {
+      ds = dprob;
+    }
     if (config.router.normalize_topk) {
       double s = 0, mean = 0;
-      for (int64_t j = 0; j < k; ++j) s += probs[t][choice[t][j]];
+      for (int64_t j = 0; j < k; ++j) s += scores[t][choice[t][j]];
       for (int64_t j = 0; j < k; ++j) mean += dgate[j] * gate[t][j];
-      for (int64_t j = 0; j < k; ++j) dp[choice[t][j]] += (dgate[j] - mean) / s;
+      for (int64_t j = 0; j < k; ++j) ds[choice[t][j]] += (dgate[j] - mean) / s;
     } else {
-      for (int64_t j = 0; j < k; ++j) dp[choice[t][j]] += dgate[j];
+      for (int64_t j = 0; j < k; ++j) ds[choice[t][j]] += dgate[j];
     }
-    double pdp = 0;
-    for (int64_t e = 0; e < E; ++e) pdp += probs[t][e] * dp[e];
+    double sds = 0;
+    for (int64_t e = 0; e < E; ++e) sds += scores[t][e] * ds[e];
     for (int64_t e = 0; e < E; ++e) {
-      double dlogit = probs[t][e] * (dp[e] - pdp) +
-                      z_scale * 2.0 * lse[t] / static_cast<double>(N) * probs[t][e];
+      const double s = scores[t][e];
+      const double dscore = sigmoid_scoring ? ds[e] * s * (1.0 - s) : s * (ds[e] - sds);
+      double dlogit = dscore + z_scale * 2.0 * lse[t] / static_cast<double>(N) *
+                                   std::exp(logits_of[t][e] - lse[t]);
       for (int64_t d = 0; d < D; ++d) {
         dwg[e * D + d] += dlogit * xs[t * D + d] * noise[t * D + d];
         dx[t * D + d] += dlogit * wg[e * D + d] * noise[t * D + d];
@@ -319,6 +343,8 @@ MoEReferenceResult moe_reference(const ParamSet& ps, const std::string& prefix,
   }
   result.dx = to_tensor(dx, {N, D}, "reference.dx");
   result.grads[rname] = to_tensor(dwg, {E, D}, rname);
+  // The loss is piecewise constant in the selection bias (it only moves the choice).
+  if (selection_bias) result.grads[bname] = to_tensor(Vec(E, 0.0), {E}, bname);
   result.grads[ename + ".w1"] = to_tensor(dw1, {E, F, D}, ename + ".w1");
   result.grads[ename + ".w2"] = to_tensor(dw2, {E, D, F}, ename + ".w2");
   if (swiglu) result.grads[ename + ".w3"] = to_tensor(dw3, {E, F, D}, ename + ".w3");
