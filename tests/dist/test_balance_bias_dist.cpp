@@ -1,4 +1,4 @@
-// Issue 21's MoE features across ranks: a gated shared expert, sigmoid routing with a selection
+// Issue 21's MoE features across ranks: a shared expert, sigmoid routing with a selection
 // bias and the aux-loss-free bias update, under data x expert parallelism, against one process on
 // the same global batch, and with the biases bitwise equal on every rank (each applies the update
 // of the global batch's loads). Runs on 2 ranks (DP=2; EP=2) and 4 (DP=4; DP2 x EP2; EP=4).
