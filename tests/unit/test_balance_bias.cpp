@@ -99,7 +99,7 @@ TEST_CASE("balance: AdamW keeps no state for the selection bias and leaves it bi
     REQUIRE(t.name.find("router.bias") == std::string::npos);
 }
 
-TEST_CASE("balance: each step moves the biases by its loads; a checkpoint carries them",
+TEST_CASE("balance: each step moves the biases by its loads, and a checkpoint carries them",
           "[balance_bias][train]") {
   test::ScratchDir dir("balance_bias_resume");
   const ModelConfig m = balanced_model();
