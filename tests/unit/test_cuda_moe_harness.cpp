@@ -26,6 +26,18 @@ namespace {
 
 std::vector<float> values(const Tensor& t) { return t.to_vector(); }
 
+// The router backward's coefficients as the ops compute them on the host, for aux_scale 0.01 and
+// z_scale 0.001 over N tokens (the load counts those N).
+std::vector<float> aux_coefficients(const std::vector<int64_t>& load, int64_t N, int64_t k) {
+  const auto E = static_cast<int64_t>(load.size());
+  std::vector<float> coef(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e)
+    coef[e] = static_cast<float>(static_cast<double>(0.01f) * E * static_cast<double>(load[e]) /
+                                 (static_cast<double>(N) * k * N));
+  return coef;
+}
+float z_factor_of(int64_t N) { return static_cast<float>(2.0 * 0.001f / static_cast<double>(N)); }
+
 }  // namespace
 
 TEST_CASE("cuda harness: router jitter, softmax, top-k and backward match the CPU ops",
@@ -48,12 +60,8 @@ TEST_CASE("cuda harness: router jitter, softmax, top-k and backward match the CP
     Tensor dw = test::random_tensor({N, k}, 4);
     Tensor dlogits = Tensor::empty({N, E});
     ops::router_backward(probs, lse, idx, dw, normalize, load, N, 0.01f, 0.001f, dlogits);
-    // The coefficients as router_backward computes them on the host.
-    std::vector<float> coef(E);
-    for (int64_t e = 0; e < E; ++e)
-      coef[e] = static_cast<float>(static_cast<double>(0.01f) * E * static_cast<double>(load[e]) /
-                                   (static_cast<double>(N) * k * N));
-    const float z_factor = static_cast<float>(2.0 * 0.001f / static_cast<double>(N));
+    const std::vector<float> coef = aux_coefficients(load, N, k);
+    const float z_factor = z_factor_of(N);
 
     for (auto shape : test::kHarnessGrids) {
       std::vector<float> xs = values(x), ns(N * D, -1), rs(N * D, -1);
@@ -113,11 +121,8 @@ TEST_CASE(
     Tensor dlogits = Tensor::empty({N, E});
     ops::router_backward_sigmoid(scores, logits, lse, idx, dw, normalize, load, N, 0.01f, 0.001f,
                                  dlogits);
-    std::vector<float> coef(E);
-    for (int64_t e = 0; e < E; ++e)
-      coef[e] = static_cast<float>(static_cast<double>(0.01f) * E * static_cast<double>(load[e]) /
-                                   (static_cast<double>(N) * k * N));
-    const float z_factor = static_cast<float>(2.0 * 0.001f / static_cast<double>(N));
+    const std::vector<float> coef = aux_coefficients(load, N, k);
+    const float z_factor = z_factor_of(N);
     for (auto shape : test::kHarnessGrids) {
       const std::vector<float> ls = values(logits), bs = values(bias), dws = values(dw);
       std::vector<float> ss(N * E, -1), ps(N * E, -1), zs(N, -1);
