@@ -85,6 +85,12 @@ TEST_CASE("cli: moe-train --init starts a fresh run from a checkpoint's weights"
     REQUIRE(bad.exit_code == 2);
     REQUIRE(bad.err.find("--init keeps the model") != std::string::npos);
   }
+  SECTION("turning the selection-bias update on would add a parameter: refused") {
+    auto bias = run_command(tool("moe-train", "--init " + source + " --out " + dir / "bias" +
+                                                  common + " --balance-bias-rate 0.01"));
+    REQUIRE(bias.exit_code == 2);
+    REQUIRE(bias.err.find("selection bias") != std::string::npos);
+  }
   SECTION("--init and --resume exclude each other") {
     auto both = run_command(tool("moe-train", "--init " + source + " --resume " + source +
                                                   " --out " + dir / "both" + common));
