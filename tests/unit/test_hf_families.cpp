@@ -1,0 +1,226 @@
+// Qwen2-MoE, Qwen3-MoE and OLMoE in Hugging Face form (issue 21). The tiny writers and the
+// double-precision family reference live in support/hf_families.h; here:
+//   - each writer creates every tensor the family's transformers classes create, at their shapes;
+//   - the reference's family features each change the logits (the comparisons below can fail);
+//   - import-hf sets the family's arch, head_dim, shared expert width and norm_topk_prob, and maps
+//     every tensor bitwise under our names; what we cannot express stays refused by name;
+//   - export-hf writes the family back (its config keys and names): import -> export -> import
+//     is tensor-identical, f32 and bf16, single file and sharded.
+// Shape letters: V vocabulary, D hidden, H heads, KV kv heads, hd head dim, F expert hidden,
+// Fs shared expert hidden, E experts, L layers, B batch, T sequence.
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "moe/io/checkpoint.h"
+#include "moe/io/hf_checkpoint.h"
+#include "moe/io/safetensors.h"
+#include "support/hf_families.h"
+#include "support/run.h"
+
+using namespace moe;
+using namespace moe::test::hf;
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+const std::vector<std::string> kFamilies = {"qwen2_moe", "qwen3_moe", "olmoe"};
+
+// The per-layer tensors each family's decoder layer creates, beyond Mixtral's (under mlp.*).
+size_t extra_per_layer(const std::string& family) {
+  return family == "qwen2_moe" ? 3 + 3 + 1 : 2;  // biases, shared expert, its gate | q/k norm
+}
+
+std::map<std::string, Tensor> without(std::map<std::string, Tensor> w, const std::string& part) {
+  for (auto it = w.begin(); it != w.end();)
+    it = it->first.find(part) != std::string::npos ? w.erase(it) : std::next(it);
+  return w;
+}
+
+}  // namespace
+
+TEST_CASE("hf families: the writers create every tensor of the transformers classes", "[hf]") {
+  for (const std::string& family : kFamilies) {
+    INFO("family " << family);
+    const Tiny t = tiny_of(family);
+    const auto w = family_weights(t, 1);
+    // Mixtral's tensors (embedding, final norm, head; per layer 2 norms, q/k/v/o, router and 3
+    // per expert) plus the family's own.
+    REQUIRE(w.size() == size_t(3 + t.L * (7 + 3 * t.E) + t.L * extra_per_layer(family)));
+    const std::string p = "model.layers.1.";
+    REQUIRE(w.count(p + "mlp.gate.weight"));
+    REQUIRE(w.at(p + "self_attn.q_proj.weight").shape() == Shape{t.H * t.hd(), t.D});
+    REQUIRE(w.at(p + "self_attn.o_proj.weight").shape() == Shape{t.D, t.H * t.hd()});
+    const json c = family_config(t);
+    REQUIRE(c["model_type"] == family);
+    if (family == "qwen2_moe") {
+      REQUIRE(w.at(p + "self_attn.k_proj.bias").shape() == Shape{t.KV * t.hd()});
+      REQUIRE_FALSE(w.count(p + "self_attn.o_proj.bias"));
+      REQUIRE(w.at(p + "mlp.shared_expert.down_proj.weight").shape() == Shape{t.D, t.shared_F});
+      REQUIRE(w.at(p + "mlp.shared_expert_gate.weight").shape() == Shape{1, t.D});
+      REQUIRE(c["shared_expert_intermediate_size"] == t.shared_F);
+      REQUIRE(c["moe_intermediate_size"] == t.F);
+    } else if (family == "qwen3_moe") {
+      REQUIRE(t.hd() * t.H != t.D);  // head_dim is not hidden / heads: the import must read it
+      REQUIRE(w.at(p + "self_attn.q_norm.weight").shape() == Shape{t.hd()});
+      REQUIRE(w.at(p + "self_attn.k_norm.weight").shape() == Shape{t.hd()});
+      REQUIRE(c["head_dim"] == t.hd());
+    } else {
+      REQUIRE(w.at(p + "self_attn.q_norm.weight").shape() == Shape{t.H * t.hd()});
+      REQUIRE(w.at(p + "self_attn.k_norm.weight").shape() == Shape{t.KV * t.hd()});
+      REQUIRE(c["intermediate_size"] == t.F);
+      REQUIRE(c["clip_qkv"].is_null());
+    }
+  }
+}
+
+TEST_CASE("hf families: each feature of the reference changes the logits", "[hf]") {
+  const int64_t B = 1, T = 9;
+  for (const std::string& family : kFamilies) {
+    INFO("family " << family);
+    const Tiny t = tiny_of(family);
+    const auto w = family_weights(t, 2);
+    const auto ids = random_token_ids(B * T, int32_t(t.V), 3);
+    const Vec full = hf_reference_logits(t, w, ids, B, T, t.norm_topk);
+    // The renormalisation of the top-k gates matters.
+    REQUIRE(relative_gap(hf_reference_logits(t, w, ids, B, T, !t.norm_topk), full) > 1e-3);
+    // So does each family tensor: dropping it changes the model.
+    const std::vector<std::string> features =
+        family == "qwen2_moe" ? std::vector<std::string>{"_proj.bias", "shared_expert."}
+                              : std::vector<std::string>{"q_norm", "k_norm"};
+    for (const std::string& feature : features) {
+      INFO("without " << feature);
+      REQUIRE(relative_gap(hf_reference_logits(t, without(w, feature), ids, B, T, t.norm_topk),
+                           full) > 1e-3);
+    }
+    if (family == "qwen2_moe") {
+      // A 0-wide shared expert (its tensors empty, its gate still there) adds nothing.
+      Tiny narrow = t;
+      narrow.shared_F = 0;
+      const auto w0 = family_weights(narrow, 2);
+      REQUIRE(w0.at("model.layers.0.mlp.shared_expert.gate_proj.weight").numel() == 0);
+      REQUIRE(relative_gap(hf_reference_logits(narrow, w0, ids, B, T, t.norm_topk),
+                           hf_reference_logits(narrow, without(w0, "shared_expert"), ids, B, T,
+                                               t.norm_topk)) == 0);
+    }
+  }
+}
+
+TEST_CASE("hf families: import-hf maps every tensor and the family's config", "[hf]") {
+  test::ScratchDir dir("hf-families-import");
+  for (const std::string& family : kFamilies) {
+    INFO("family " << family);
+    const Tiny t = tiny_of(family);
+    const auto w = family_weights(t, 4);
+    write_hf_dir(dir.file(family), family_config(t), w, family == "olmoe" ? 1 : 3);
+    io::HfImportReport report;
+    const io::Checkpoint ckpt = io::import_hf(dir.file(family), {}, &report);
+    REQUIRE(report.family == family);
+    REQUIRE(report.mapped.size() == w.size());  // every source tensor accounted for
+    REQUIRE(report.unmapped.empty());
+    REQUIRE(report.unsupported.empty());
+    const ModelConfig mc = model_config_from_json(ckpt.model_config);
+    REQUIRE(arch_name(mc.arch) == family);
+    REQUIRE(mc.head_dim_resolved() == t.hd());
+    REQUIRE(mc.shared_expert_ff == t.shared_F);
+    REQUIRE(mc.normalize_topk == t.norm_topk);
+    REQUIRE(mc.d_ff == t.F);
+    REQUIRE(mc.kv_heads_resolved() == t.KV);
+    // embed, norm, head; per block 2 norms, q/k/v/o, router, 3 expert tensors, and the family's.
+    REQUIRE(ckpt.params.size() == size_t(3 + t.L * (10 + extra_per_layer(family))));
+    const std::string p = "model.layers.1.", ours = "blocks.1.";
+    REQUIRE(same_bytes(param(ckpt, ours + "attn.q.weight").tensor,
+                       w.at(p + "self_attn.q_proj.weight")));
+    REQUIRE(same_bytes(param(ckpt, ours + "attn.o.weight").tensor,
+                       w.at(p + "self_attn.o_proj.weight")));
+    REQUIRE(same_bytes(param(ckpt, ours + "moe.experts.w2").tensor.rows(3, 4).reshape({t.D, t.F}),
+                       w.at(p + "mlp.experts.3.down_proj.weight")));
+    if (family == "qwen2_moe") {
+      for (const char* x : {"q", "k", "v"})
+        REQUIRE(same_bytes(param(ckpt, ours + "attn." + x + ".bias").tensor,
+                           w.at(p + "self_attn." + x + "_proj.bias")));
+      REQUIRE(same_bytes(param(ckpt, ours + "moe.shared.w1").tensor,
+                         w.at(p + "mlp.shared_expert.gate_proj.weight")));
+      REQUIRE(same_bytes(param(ckpt, ours + "moe.shared.w2").tensor,
+                         w.at(p + "mlp.shared_expert.down_proj.weight")));
+      REQUIRE(same_bytes(param(ckpt, ours + "moe.shared.w3").tensor,
+                         w.at(p + "mlp.shared_expert.up_proj.weight")));
+      REQUIRE(same_bytes(param(ckpt, ours + "moe.shared_gate.weight").tensor,
+                         w.at(p + "mlp.shared_expert_gate.weight")));
+      REQUIRE_FALSE(param(ckpt, ours + "moe.shared.w1").expert);
+    } else {
+      REQUIRE(same_bytes(param(ckpt, ours + "attn.q_norm.weight").tensor,
+                         w.at(p + "self_attn.q_norm.weight")));
+      REQUIRE(same_bytes(param(ckpt, ours + "attn.k_norm.weight").tensor,
+                         w.at(p + "self_attn.k_norm.weight")));
+    }
+  }
+
+  // Qwen2-MoE with a 0-wide shared expert: its empty tensors and gate are checked and left out.
+  Tiny narrow = tiny_of("qwen2_moe");
+  narrow.shared_F = 0;
+  write_hf_dir(dir.file("narrow"), family_config(narrow), family_weights(narrow, 5), 1);
+  io::HfImportReport report;
+  const io::Checkpoint ckpt = io::import_hf(dir.file("narrow"), {}, &report);
+  REQUIRE(model_config_from_json(ckpt.model_config).shared_expert_ff == 0);
+  for (const io::NamedTensor& p : ckpt.params) REQUIRE(p.name.find("shared") == std::string::npos);
+  REQUIRE(report.mapped.size() == family_weights(narrow, 5).size());
+}
+
+TEST_CASE("hf families: what our families cannot express is refused by name", "[hf]") {
+  test::ScratchDir dir("hf-families-refused");
+  auto refusal = [&](const std::string& name, const json& config,
+                     const std::map<std::string, Tensor>& w) {
+    write_hf_dir(dir.file(name), config, w, 1);
+    return test::error_of([&] { io::import_hf(dir.file(name)); });
+  };
+  const Tiny q3 = tiny_of("qwen3_moe"), q2 = tiny_of("qwen2_moe"), ol = tiny_of("olmoe");
+  json c = family_config(q3);
+  c["mlp_only_layers"] = {1};
+  REQUIRE_THAT(refusal("dense", c, family_weights(q3, 6)),
+               Catch::Contains("dense MLP layers (decoder_sparse_step / mlp_only_layers)"));
+  c = family_config(q2);
+  c["decoder_sparse_step"] = 2;
+  REQUIRE_THAT(refusal("sparse-step", c, family_weights(q2, 6)),
+               Catch::Contains("dense MLP layers"));
+  c = family_config(q3);
+  c["use_sliding_window"] = true;
+  c["sliding_window"] = 16;
+  REQUIRE_THAT(refusal("window", c, family_weights(q3, 6)),
+               Catch::Contains("sliding-window attention (sliding_window 16"));
+  c = family_config(ol);
+  c["clip_qkv"] = 8.0;
+  REQUIRE_THAT(refusal("clip", c, family_weights(ol, 6)),
+               Catch::Contains("q/k/v clipping (clip_qkv)"));
+  c = family_config(ol);
+  c["attention_bias"] = true;
+  REQUIRE_THAT(refusal("bias", c, family_weights(ol, 6)),
+               Catch::Contains("attention biases (attention_bias: true)"));
+  c = family_config(ol);
+  c["head_dim"] = 16;
+  REQUIRE_THAT(refusal("head-dim", c, family_weights(ol, 6)),
+               Catch::Contains("head_dim 16 different from hidden_size / num_attention_heads"));
+  json mla = family_config(q3);
+  mla["model_type"] = "deepseek_v2";
+  REQUIRE_THAT(refusal("mla", mla, family_weights(q3, 6)),
+               Catch::Contains("model_type 'deepseek_v2' is not supported"));
+  // A family tensor that is missing or of the wrong shape is named.
+  auto w = family_weights(q2, 6);
+  w.erase("model.layers.1.self_attn.v_proj.bias");
+  REQUIRE_THAT(refusal("no-bias", family_config(q2), w),
+               Catch::Contains("no tensor for blocks.1.attn.v.bias"));
+  w = family_weights(q3, 6);
+  w["model.layers.0.self_attn.k_norm.weight"] = test::random_tensor({q3.KV * q3.hd()}, 1);
+  REQUIRE_THAT(refusal("k-norm", family_config(q3), w),
+               Catch::Contains("'model.layers.0.self_attn.k_norm.weight' is [32], but config.json "
+                               "implies [16]"));
+  Tiny narrow = q2;
+  narrow.shared_F = 0;
+  w = family_weights(q2, 6);  // 40 wide, config says 0
+  REQUIRE_THAT(refusal("shared", family_config(narrow), w),
+               Catch::Contains("(shared_expert_intermediate_size 0)"));
+}
