@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -223,4 +224,101 @@ TEST_CASE("hf families: what our families cannot express is refused by name", "[
   w = family_weights(q2, 6);  // 40 wide, config says 0
   REQUIRE_THAT(refusal("shared", family_config(narrow), w),
                Catch::Contains("(shared_expert_intermediate_size 0)"));
+}
+
+TEST_CASE("hf families: import -> export -> import is tensor-identical, f32 and bf16", "[hf]") {
+  test::ScratchDir dir("hf-families-export");
+  for (const std::string& family : kFamilies)
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      INFO("family " << family << ", " << dtype_name(dtype));
+      const Tiny t = tiny_of(family);
+      std::map<std::string, Tensor> w;
+      for (const auto& [name, tensor] : family_weights(t, 7)) w[name] = tensor.to(dtype);
+      const std::string src = dir.file(family + "-" + dtype_name(dtype));
+      write_hf_dir(src, family_config(t), w, 2);
+      const io::Checkpoint imported = io::import_hf(src);
+
+      // Sharded: several files named by the index, the family's names and the source bytes.
+      const std::string out = src + "-out";
+      io::export_hf(imported, out, {20000});
+      REQUIRE(fs::exists(out + "/model.safetensors.index.json"));
+      REQUIRE_FALSE(fs::exists(out + "/model.safetensors"));
+      const json index = json::parse(test::read_file(out + "/model.safetensors.index.json"));
+      REQUIRE(index["weight_map"].size() == w.size());
+      std::set<std::string> files;
+      for (const auto& [name, tensor] : w) {
+        INFO("tensor " << name);
+        REQUIRE(index["weight_map"].contains(name));
+        const std::string file = index["weight_map"][name].get<std::string>();
+        files.insert(file);
+        io::SafetensorsReader shard(out + "/" + file);
+        REQUIRE(same_bytes(shard.read(name), tensor));
+      }
+      REQUIRE(files.size() > 1);
+      // config.json: the family's keys, read back by a fresh import as the same model.
+      const json c = json::parse(test::read_file(out + "/config.json"));
+      const json want = family_config(t);
+      for (const char* key :
+           {"model_type", "num_experts", "num_key_value_heads", "norm_topk_prob", "vocab_size",
+            "max_position_embeddings", "tie_word_embeddings", "rope_theta", "architectures"})
+        REQUIRE(c[key] == want[key]);
+      if (family != "olmoe") REQUIRE(c["moe_intermediate_size"] == t.F);
+      if (family == "qwen2_moe") REQUIRE(c["shared_expert_intermediate_size"] == t.shared_F);
+      if (family == "qwen3_moe") REQUIRE(c["head_dim"] == t.hd());
+      if (family == "olmoe") REQUIRE(c["intermediate_size"] == t.F);
+      REQUIRE(c["torch_dtype"] == (dtype == DType::bf16 ? "bfloat16" : "float32"));
+      const io::Checkpoint again = io::import_hf(out);
+      require_same_params(imported, again);
+      REQUIRE(again.model_config == imported.model_config);
+
+      // One file, into a directory of its own; a directory holding the other form is refused.
+      io::export_hf(again, out + "-single");
+      require_same_params(imported, io::import_hf(out + "-single"));
+      REQUIRE_THAT(test::error_of([&] { io::export_hf(again, out + "-single", {20000}); }),
+                   Catch::Contains("already holds model.safetensors"));
+      REQUIRE_THAT(test::error_of([&] { io::export_hf(again, out); }),
+                   Catch::Contains("already holds model.safetensors.index.json"));
+    }
+
+  // A 0-wide Qwen2-MoE shared expert goes out as transformers has it (empty, zero gate) and comes
+  // back as nothing.
+  Tiny narrow = tiny_of("qwen2_moe");
+  narrow.shared_F = 0;
+  write_hf_dir(dir.file("narrow"), family_config(narrow), family_weights(narrow, 8), 1);
+  const io::Checkpoint imported = io::import_hf(dir.file("narrow"));
+  io::export_hf(imported, dir.file("narrow-out"));
+  io::SafetensorsReader st(dir.file("narrow-out/model.safetensors"));
+  REQUIRE(st.find("model.layers.1.mlp.shared_expert.down_proj.weight")->shape ==
+          Shape{narrow.D, 0});
+  const std::vector<float> gate =
+      st.read("model.layers.1.mlp.shared_expert_gate.weight").to_vector();
+  REQUIRE(gate == std::vector<float>(size_t(narrow.D), 0.0f));
+  require_same_params(imported, io::import_hf(dir.file("narrow-out")));
+}
+
+TEST_CASE("hf families: export refuses what a family cannot hold, by name", "[hf]") {
+  test::ScratchDir dir("hf-families-export-refused");
+  const Tiny t = tiny_of("olmoe");
+  write_hf_dir(dir.file("olmoe"), family_config(t), family_weights(t, 9), 1);
+  const io::Checkpoint ckpt = io::import_hf(dir.file("olmoe"));
+  auto refusal = [&](auto&& change) {
+    io::Checkpoint c = ckpt;
+    ModelConfig mc = model_config_from_json(c.model_config);
+    change(mc);
+    c.model_config = to_json(mc);
+    return test::error_of([&] { io::export_hf(c, dir.file("out")); });
+  };
+  REQUIRE_THAT(refusal([](ModelConfig& mc) { mc.router_scoring = nn::RouterScoring::sigmoid; }),
+               Catch::Contains("HF OLMoE routes by a softmax"));
+  REQUIRE_THAT(refusal([](ModelConfig& mc) { mc.shared_expert_ff = 8; }),
+               Catch::Contains("HF OLMoE has no shared expert"));
+  REQUIRE_THAT(refusal([](ModelConfig& mc) { mc.head_dim = 16; }),
+               Catch::Contains("heads of hidden_size / num_attention_heads"));
+  REQUIRE_THAT(refusal([](ModelConfig& mc) { mc.arch = Arch::qwen2_moe; }),
+               Catch::Contains("no parameter 'blocks.0.attn.q.bias'"));
+  io::Checkpoint extra = ckpt;
+  extra.params.push_back({"blocks.0.moe.shared.w1", Tensor::zeros({2, 2}), false, {}});
+  REQUIRE_THAT(test::error_of([&] { io::export_hf(extra, dir.file("out")); }),
+               Catch::Contains("'blocks.0.moe.shared.w1' has no place in HF OLMoE"));
+  REQUIRE_FALSE(fs::exists(dir.file("out/config.json")));
 }

@@ -64,13 +64,23 @@ Checkpoint import_hf(const std::string& dir, const HfImportOptions& options = {}
                      HfImportReport* report = nullptr);
 Checkpoint import_hf(const std::string& dir, bool allow_unmapped, HfImportReport* report);
 
-// Writes a mixtral-flavour checkpoint (every layer MoE with the same expert count, renormalised
-// top-k, whole tensors: not a shard) as `dir`/config.json + `dir`/model.safetensors with HF
-// Mixtral naming (per-expert w1/w2/w3), tensors in their stored dtype. The directory is created
-// if needed; one holding model.safetensors.index.json is refused (a loader would prefer the old
-// shards). Our model config is also recorded in the safetensors metadata ("moe.model_config"), so
+struct HfExportOptions {
+  // Shards of at most this many bytes (a tensor is never split) named by
+  // model.safetensors.index.json, as transformers' save_pretrained writes; 0 = one
+  // model.safetensors.
+  int64_t max_shard_bytes = 0;
+};
+
+// Writes a checkpoint of the mixtral, qwen2_moe, qwen3_moe or olmoe flavour (every layer MoE with
+// the same expert count, softmax routing, whole tensors: not a shard; Mixtral renormalises its
+// top-k) as `dir`/config.json with the keys of that family's transformers config class, and the
+// tensors under the family's names (per-expert gate/up/down or w1/w2/w3; Qwen2-MoE's shared expert
+// even when 0 wide, then empty with a zero gate, as transformers creates it) in their stored
+// dtype: one model.safetensors, or shards (options). The directory is created if needed; one
+// holding the other form (an index, or model.safetensors) is refused (a loader would prefer it).
+// Our model config is also recorded in the safetensors metadata ("moe.model_config"), so
 // import_hf(export_hf(x)) gives x back: every parameter bitwise and the same model config.
 // Each file is written atomically.
-void export_hf(const Checkpoint& ckpt, const std::string& dir);
+void export_hf(const Checkpoint& ckpt, const std::string& dir, const HfExportOptions& options = {});
 
 }  // namespace moe::io
