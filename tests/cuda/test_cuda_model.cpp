@@ -24,33 +24,58 @@ ModelConfig config_of(Arch arch) {
   return c;
 }
 
+// One forward/backward (training mode, aux and z losses on) on the CPU and on the GPU: the same
+// losses and every parameter's gradient.
+void check_model_on_gpu(const ModelConfig& config) {
+  ParamSet cpu_ps(7), gpu_ps(7);
+  Transformer cpu_model(config, cpu_ps), gpu_model(config, gpu_ps);
+  gpu_ps.to(kGpu);
+  Tensor ids = test::random_ids({2, config.seq}, 1, static_cast<int32_t>(config.vocab_size));
+  Tensor targets = test::random_ids({2, config.seq}, 2, static_cast<int32_t>(config.vocab_size));
+  nn::RouterStep step;
+  step.training = true;
+  cpu_ps.zero_grad();
+  gpu_ps.zero_grad();
+  ForwardStats a = cpu_model.forward_backward(ids, targets, step);
+  ForwardStats b = gpu_model.forward_backward(ids.to(kGpu), targets.to(kGpu), step);
+  CHECK(b.loss == Approx(a.loss).epsilon(1e-5));
+  CHECK(b.aux_loss == Approx(a.aux_loss).epsilon(1e-4));
+  CHECK(b.z_loss == Approx(a.z_loss).epsilon(1e-4));
+  for (Param* p : cpu_ps.all()) {
+    DYNAMIC_SECTION(p->name) {
+      CHECK(test::normalised_error(gpu_ps.at(p->name).grad.to_vector(), p->grad.to_vector()) <
+            1e-4);
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("cuda: model forward/backward equals the CPU (gpt and mixtral)", "[cuda]") {
   MOE_REQUIRE_CUDA_DEVICE();
-  for (Arch arch : {Arch::gpt, Arch::mixtral}) {
-    const ModelConfig config = config_of(arch);
-    ParamSet cpu_ps(7), gpu_ps(7);
-    Transformer cpu_model(config, cpu_ps), gpu_model(config, gpu_ps);
-    gpu_ps.to(kGpu);
-    Tensor ids = test::random_ids({2, config.seq}, 1, static_cast<int32_t>(config.vocab_size));
-    Tensor targets = test::random_ids({2, config.seq}, 2, static_cast<int32_t>(config.vocab_size));
-    nn::RouterStep step;
-    step.training = true;
-    cpu_ps.zero_grad();
-    gpu_ps.zero_grad();
-    ForwardStats a = cpu_model.forward_backward(ids, targets, step);
-    ForwardStats b = gpu_model.forward_backward(ids.to(kGpu), targets.to(kGpu), step);
-    CHECK(b.loss == Approx(a.loss).epsilon(1e-5));
-    CHECK(b.aux_loss == Approx(a.aux_loss).epsilon(1e-4));
-    CHECK(b.z_loss == Approx(a.z_loss).epsilon(1e-4));
-    for (Param* p : cpu_ps.all()) {
-      DYNAMIC_SECTION(p->name) {
-        CHECK(test::normalised_error(gpu_ps.at(p->name).grad.to_vector(), p->grad.to_vector()) <
-              1e-4);
-      }
-    }
-  }
+  for (Arch arch : {Arch::gpt, Arch::mixtral}) check_model_on_gpu(config_of(arch));
+}
+
+// The HF families' attention on the GPU: qk-norm through the rmsnorm ops over [N*H, hd] views
+// (qwen3_moe, with head_dim 16 != D/H 8) and over the whole projections (olmoe), q/k/v biases
+// without an o bias (qwen2_moe). One TEST_CASE per family: sections are named by parameter.
+TEST_CASE("cuda: qwen3_moe (per-head qk-norm, head_dim 16) forward/backward equals the CPU",
+          "[cuda]") {
+  MOE_REQUIRE_CUDA_DEVICE();
+  ModelConfig c = config_of(Arch::qwen3_moe);
+  c.head_dim = 16;
+  c.validate();
+  check_model_on_gpu(c);
+}
+
+TEST_CASE("cuda: olmoe (full-width qk-norm) forward/backward equals the CPU", "[cuda]") {
+  MOE_REQUIRE_CUDA_DEVICE();
+  check_model_on_gpu(config_of(Arch::olmoe));
+}
+
+TEST_CASE("cuda: qwen2_moe (q/k/v biases) forward/backward equals the CPU", "[cuda]") {
+  MOE_REQUIRE_CUDA_DEVICE();
+  check_model_on_gpu(config_of(Arch::qwen2_moe));
 }
 
 TEST_CASE("cuda: a short training run on one GPU follows the CPU's losses", "[cuda]") {

@@ -24,7 +24,9 @@ TEST_CASE("ep: expert x data parallel training equals one process on the same gl
   comm::Communicator& world = dist_world();
   for (int64_t ep : {int64_t{1}, int64_t{2}, int64_t{4}}) {
     if (world.size() % ep != 0) continue;
-    for (Arch arch : {Arch::gpt, Arch::mixtral}) {
+    // qwen3_moe and qwen2_moe: the qk-norm weights and q/k/v biases are reduced like every
+    // dense parameter.
+    for (Arch arch : {Arch::gpt, Arch::mixtral, Arch::qwen3_moe, Arch::qwen2_moe}) {
       DYNAMIC_SECTION(arch_name(arch) << ", " << world.size() / ep << "-way data x " << ep
                                       << "-way expert parallel") {
         train::Trainer parallel(ep_model(arch), ep_train(ep), {}, &world);

@@ -131,7 +131,10 @@ void check_attention(const AttentionConfig& config, int64_t batch, int64_t seq) 
   ps.zero_grad();
   Tensor dx = attention.backward(r, saved);
   MOE_REQUIRE_GRAD(test::check_gradient(x, dx, loss), kTolerance);
-  check_params(ps, loss, "attn.k.bias");
+  // The key bias has a zero gradient only when q.b_k is the same for every key of a query: no
+  // RoPE (which rotates b_k by the key's position), no qk-norm (which is not linear).
+  const bool k_bias_inert = !config.rope && config.qk_norm == QkNorm::none;
+  check_params(ps, loss, k_bias_inert ? "attn.k.bias" : "");
 }
 
 }  // namespace
@@ -142,7 +145,8 @@ TEST_CASE("dense: Attention gradients, gpt flavour (bias, no rope, kv_heads == h
   config.d_model = 16;
   config.heads = 4;
   config.kv_heads = 4;
-  config.bias = true;
+  config.qkv_bias = true;
+  config.o_bias = true;
   config.rope = false;
   check_attention(config, 2, 5);
 }
@@ -153,10 +157,88 @@ TEST_CASE("dense: Attention gradients, mixtral flavour (rope, GQA 4 heads / 2 kv
   config.d_model = 16;
   config.heads = 4;
   config.kv_heads = 2;
-  config.bias = false;
   config.rope = true;
   config.rope_theta = 100.0f;  // low theta: every pair rotates noticeably over 6 positions
   check_attention(config, 2, 6);
+}
+
+// Qwen3-MoE's shape: H*hd wider than D (q [H*hd, D], o [D, H*hd]), grouped-query heads.
+TEST_CASE("dense: Attention gradients with head_dim != d_model / heads (GQA, rope)",
+          "[dense][gradcheck]") {
+  AttentionConfig config;
+  config.d_model = 12;
+  config.heads = 4;
+  config.kv_heads = 2;
+  config.head_dim = 6;  // H*hd = 24 != D = 12
+  config.rope = true;
+  config.rope_theta = 100.0f;
+  ParamSet shapes(1);
+  Attention attention(shapes, "attn", config);
+  REQUIRE(attention.head_dim() == 6);
+  REQUIRE(shapes.at("attn.q.weight").value.shape() == Shape{24, 12});
+  REQUIRE(shapes.at("attn.k.weight").value.shape() == Shape{12, 12});
+  REQUIRE(shapes.at("attn.o.weight").value.shape() == Shape{12, 24});
+  check_attention(config, 2, 5);
+  // An odd head dim (no RoPE) narrower than D / H.
+  config.rope = false;
+  config.head_dim = 3;
+  check_attention(config, 2, 5);
+}
+
+namespace {
+
+// qk-norm, per head (Qwen3-MoE) and full width (OLMoE), with GQA and hd != D/H: with RoPE at an
+// even hd, without RoPE at the odd `odd_hd`. eps 0.05 so that the norm's eps term is not
+// negligible in the gradient either.
+void check_qk_norm_attention(bool qkv_bias, int64_t odd_hd) {
+  for (QkNorm qk : {QkNorm::head, QkNorm::full}) {
+    for (int64_t hd : {int64_t{6}, odd_hd}) {
+      INFO((qk == QkNorm::head ? "per-head" : "full-width") << " qk-norm, head_dim " << hd);
+      AttentionConfig config;
+      config.d_model = 12;
+      config.heads = 4;
+      config.kv_heads = 2;
+      config.head_dim = hd;
+      config.qkv_bias = qkv_bias;
+      config.rope = hd % 2 == 0;
+      config.rope_theta = 100.0f;
+      config.qk_norm = qk;
+      config.norm_eps = 0.05f;
+      check_attention(config, 2, 5);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("dense: Attention gradients with qk-norm, per head and full width",
+          "[dense][gradcheck]") {
+  check_qk_norm_attention(false, 3);
+}
+
+// Qwen2-MoE: biases on q, k and v, none on o, with RoPE (the key bias then has a gradient).
+TEST_CASE("dense: Attention gradients with q/k/v biases and no o bias", "[dense][gradcheck]") {
+  AttentionConfig config;
+  config.d_model = 16;
+  config.heads = 4;
+  config.kv_heads = 2;
+  config.qkv_bias = true;
+  config.rope = true;
+  config.rope_theta = 100.0f;
+  ParamSet shapes(1);
+  Attention attention(shapes, "attn", config);
+  REQUIRE(shapes.at("attn.q.bias").value.shape() == Shape{16});
+  REQUIRE(shapes.at("attn.k.bias").value.shape() == Shape{8});
+  REQUIRE(shapes.at("attn.v.bias").value.shape() == Shape{8});
+  REQUIRE(shapes.find("attn.o.bias") == nullptr);
+  REQUIRE(shapes.size() == 7u);
+  check_attention(config, 2, 6);
+}
+
+// Every feature at once: q/k/v biases, qk-norm, hd != D/H, GQA, RoPE (and an odd hd without).
+TEST_CASE("dense: Attention gradients with biases, qk-norm and head_dim together",
+          "[dense][gradcheck]") {
+  check_qk_norm_attention(true, 5);
 }
 
 TEST_CASE("dense: Attention is causal (a later token never changes earlier outputs)",
@@ -167,7 +249,7 @@ TEST_CASE("dense: Attention is causal (a later token never changes earlier outpu
     config.d_model = 24;
     config.heads = 4;
     config.kv_heads = mixtral ? 1 : 4;
-    config.bias = !mixtral;
+    config.qkv_bias = config.o_bias = !mixtral;
     config.rope = mixtral;
     ParamSet ps(15);
     Attention attention(ps, "attn", config);

@@ -360,7 +360,8 @@ TEST_CASE("dense: layers create the documented parameters", "[dense]") {
   ac.d_model = 16;
   ac.heads = 4;
   ac.kv_heads = 2;
-  ac.bias = true;
+  ac.qkv_bias = true;
+  ac.o_bias = true;
   nn::Attention attention(ps, "a", ac);
   REQUIRE(attention.head_dim() == 4);
   REQUIRE(ps.at("a.q.weight").value.shape() == Shape{16, 16});

@@ -10,6 +10,7 @@
 
 #include "moe/infer/generate.h"
 #include "moe/infer/prompts.h"
+#include "moe/io/tokenizer.h"
 #include "moe/rng.h"
 #include "support/models.h"
 #include "support/run.h"
@@ -309,4 +310,50 @@ TEST_CASE("generate controls: prompt files carry stop strings and the penalty", 
              Catch::Contains("out of range"));
   CHECK_THAT(error("{\"prompt\": \"a\", \"stops\": [\"a\"]}\n"),
              Catch::Contains("unknown key \"stops\""));
+}
+
+// With a tokenizer, the completion's text grows by decoding a short window of the newest tokens,
+// not the whole completion each step; the text it builds must still be the decoder's text of the
+// tokens. A stop string taken from the middle of each free-running completion ends that row
+// with exactly the decoding of its tokens up to the stop string (sampling is keyed by prompt and
+// position, and the batches are the same, so the run with stops draws the same tokens until it
+// stops). The SentencePiece model
+// has byte-fallback tokens, so multi-byte characters arrive over several tokens; its decoder
+// drops the first piece's leading space, which a window starting mid-text must not repeat.
+TEST_CASE("generate: text decoded incrementally equals the tokenizer's decoding, stops included",
+          "[generate][tokenizer]") {
+  for (const char* name : {"spm", "bpe-qwen"}) {
+    INFO(name);
+    const auto tok = io::load_tokenizer(std::string(MOE_TEST_DATA_DIR) + "/tokenizers/" + name);
+    ModelConfig c = test::small_model_config(Arch::mixtral);
+    c.vocab_size = tok->vocab_size();
+    c.seq = 64;
+    c.resolve();
+    ParamSet params(11, c.dtype);
+    Transformer model(c, params);
+    SamplingConfig s;
+    s.temperature = 1.5;  // spread the draws over the vocabulary (byte tokens included)
+    s.max_new = 40;
+    s.tokenizer = tok.get();
+    const auto prompts = prompts_of(c.vocab_size);
+    const std::vector<Generation> free = infer::generate(model, prompts, s, 2);
+    int stopped = 0;
+    for (size_t p = 0; p < prompts.size(); ++p) {
+      const Generation& g = free[p];
+      REQUIRE(g.text == tok->decode(g.tokens));
+      if (g.stop != "max_new" || g.text.size() < 12) continue;
+      // A stop string from the middle of the text, starting at its first occurrence.
+      size_t at = g.text.size() / 2;
+      while (at < g.text.size() && (static_cast<unsigned char>(g.text[at]) & 0xc0) == 0x80) ++at;
+      const std::string stop = g.text.substr(at, 3);
+      const size_t first = g.text.find(stop);
+      SamplingConfig with_stop = s;
+      with_stop.stop = {stop};
+      const Generation cut = infer::generate(model, prompts, with_stop, 2).at(p);
+      CHECK(cut.stop == "stop");
+      CHECK(cut.text == g.text.substr(0, first));
+      ++stopped;
+    }
+    REQUIRE(stopped >= 2);
+  }
 }

@@ -103,6 +103,14 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
         resume_from.sharded ? io::CheckpointDir::rank_file(resume_from.path, 0) : resume_from.path,
         false, [](bool, const std::string&) { return true; }));
   }
+  std::unique_ptr<io::Checkpoint> init;  // --init: its model config here, its weights below
+  io::CheckpointRef init_from;
+  if (!o.init.empty()) {
+    init_from = io::resolve_checkpoint(o.init);
+    init = std::make_unique<io::Checkpoint>(io::load_checkpoint(
+        init_from.sharded ? io::CheckpointDir::rank_file(init_from.path, 0) : init_from.path, false,
+        [](bool, const std::string&) { return true; }));
+  }
   ModelConfig flags_model = o.model;
   flags_model.arch = parse_arch(o.arch);
   flags_model.router_scoring = parse_router_scoring(o.router);
@@ -116,7 +124,8 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
   train::TrainConfig flags_train = o.train;
   flags_train.seed = o.common.seed;
   const train::GivenFlags given = given_flags(o, app);
-  train::RunConfig run = train::resume_config(resume.get(), flags_model, flags_train, given);
+  train::RunConfig run = init ? train::init_config(*init, flags_model, flags_train, given)
+                              : train::resume_config(resume.get(), flags_model, flags_train, given);
   if (resume)  // another number of ranks re-shards on load; the layout flags must fit it
     for (std::string& line : train::fit_layout(run.train, *resume, world.size(), given))
       run.overrides.push_back(std::move(line));
@@ -128,7 +137,8 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
   const train::TrainConfig& tc = run.train;
   MOE_LOG_DEBUG("model config: ", to_json(mc).dump());
   MOE_LOG_DEBUG("training config: ", train::to_json(tc).dump());
-  if (!resume && mc.num_moe_layers() == 0 && !app.get_option("--experts-per-layer")->count())
+  if (!resume && !init && mc.num_moe_layers() == 0 &&
+      !app.get_option("--experts-per-layer")->count())
     MOE_LOG_WARN("the model has no MoE layer (--layers ", mc.layers, " with --moe-every ",
                  mc.moe_every, ": every ", mc.moe_every,
                  "th layer is MoE): this trains a dense transformer");
@@ -144,8 +154,10 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
   if (world.size() > 1) {
     json settings = to_json(mc);
     settings.update(train::to_json(tc));
-    settings.update(
-        json{{"out", o.out}, {"resume", o.resume}, {"checkpoint_every", o.checkpoint_every}});
+    settings.update(json{{"out", o.out},
+                         {"resume", o.resume},
+                         {"init", o.init},
+                         {"checkpoint_every", o.checkpoint_every}});
     for (const auto& [key, value] : settings.items())
       world.check_same_everywhere(str("moe-train setting '", key, "'"), value.dump());
   }
@@ -154,7 +166,12 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
   // launcher's MPI world), one GPU per rank.
   train::check_offload_device(tc, Device::parse(o.device), world.size());  // before the driver
   const Device device = tools::resolve_device(o.device, &world);
-  train::Trainer trainer(mc, tc, io::make_provenance("moe-train", argc, argv), &world, device);
+  // The model's tokenizer (of the checkpoint resumed or started from) reads text data.
+  const io::StoredTokenizer* tokenizer = init     ? &init->tokenizer
+                                         : resume ? &resume->tokenizer
+                                                  : nullptr;
+  train::Trainer trainer(mc, tc, io::make_provenance("moe-train", argc, argv), &world, device,
+                         tokenizer);
   const comm::Communicator& group = *trainer.layout().world();
   tools::ensure_output_dir(o.out);  // before training: fail now, not at the first checkpoint
   if (resume) {
@@ -164,6 +181,12 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
     for (const std::string& line : run.overrides) MOE_LOG_INFO("resume: ", line);
     if (!data_note.empty()) MOE_LOG_WARN(data_note);
     resume.reset();
+  }
+  if (init) {
+    trainer.initialize(init_from.path);
+    MOE_LOG_INFO("initialised from ", o.init, " (its step ", init->state.step,
+                 "): fresh optimizer, step 0");
+    init.reset();
   }
   if (device.kind == Device::cuda) {
     trainer.to_device(device);

@@ -13,7 +13,7 @@ namespace moe::tools {
 
 struct TrainOptions {
   CommonOptions common;
-  std::string out, resume, metrics, trace, arch = "gpt", dtype = "f32";
+  std::string out, resume, init, metrics, trace, arch = "gpt", dtype = "f32";
   int64_t trace_every = 1;
   std::string normalize_topk = "auto";
   std::string router = "softmax";
@@ -78,6 +78,11 @@ inline void add_train_options(CLI::App& app, TrainOptions& o) {
                  "Continue exactly from this checkpoint: a file, the directory of a sharded one, "
                  "or a run's output directory (its newest checkpoint, DIR/last.h5 or DIR/last); "
                  "--metrics then appends");
+  io->add_option("--init", o.init,
+                 "Start from this checkpoint's weights (and tokenizer) with a fresh optimizer at "
+                 "step 0: fine-tune an imported or trained model (its model is kept; the "
+                 "training flags are this run's)")
+      ->excludes("--resume");
   io->add_option("--checkpoint-every", o.checkpoint_every,
                  "Checkpoint every N steps (0: only at the end)")
       ->check(non_negative())
@@ -104,7 +109,7 @@ inline void add_train_options(CLI::App& app, TrainOptions& o) {
       ->check(positive())
       ->capture_default_str();
 
-  auto* mg = group("Model (taken from the checkpoint with --resume)");
+  auto* mg = group("Model (taken from the checkpoint with --resume or --init)");
   auto model_opt = [&](CLI::Option* opt) {
     o.model_flags.push_back(opt);
     return opt;
@@ -119,7 +124,8 @@ inline void add_train_options(CLI::App& app, TrainOptions& o) {
                 ->capture_default_str());
   model_opt(mg->add_option("--layers", m.layers, "Transformer blocks")->capture_default_str());
   model_opt(mg->add_option("--d-model", m.d_model, "Model width D")->capture_default_str());
-  model_opt(mg->add_option("--heads", m.heads, "Attention heads (must divide --d-model)")
+  model_opt(mg->add_option("--heads", m.heads,
+                           "Attention heads (must divide --d-model unless --head-dim is given)")
                 ->capture_default_str());
   model_opt(
       mg->add_option(

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <span>
 
 #include "moe/arena.h"
 #include "moe/io/dataset.h"
@@ -43,6 +44,37 @@ void check_inputs(const Transformer& model, const std::vector<std::vector<int32_
                       " at position ", i, " is outside the vocabulary (", vocab, " tokens)");
   }
 }
+
+// Incremental detokenisation of one row: the text grows by the part of the newest tokens that is
+// settled, decoding a short window instead of the whole completion each step (which made a
+// generation O(n^2) in its length). Both decodings start at the same token (`prefix`), so what a
+// decoder does to a text's first token (SentencePiece drops its leading space) cancels in their
+// difference. A window that ends in an unfinished UTF-8 sequence, or in U+FFFD (a decoder's
+// stand-in for one), waits for the next token.
+struct Detokenizer {
+  size_t prefix = 0, read = 0;
+
+  static bool unfinished(const std::string& s) {
+    if (s.size() >= 3 && s.compare(s.size() - 3, 3, "\xEF\xBF\xBD") == 0) return true;
+    for (size_t back = 1; back <= 4 && back <= s.size(); ++back) {
+      const auto c = static_cast<unsigned char>(s[s.size() - back]);
+      if ((c & 0xc0) == 0x80) continue;  // a continuation byte: look further back
+      const size_t need = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : 4;
+      return need > back;
+    }
+    return false;
+  }
+
+  // The settled growth of the text after `tokens` gained one token ("" while it is unsettled).
+  std::string grow(const io::Tokenizer& tok, std::span<const int32_t> tokens) {
+    const std::string before = tok.decode(tokens.subspan(prefix, read - prefix));
+    const std::string now = tok.decode(tokens.subspan(prefix));
+    if (now.size() <= before.size() || unfinished(now)) return {};
+    prefix = read;
+    read = tokens.size();
+    return now.substr(before.size());
+  }
+};
 
 }  // namespace
 
@@ -183,6 +215,7 @@ std::vector<Generation> generate(const Transformer& model,
     const int64_t n = std::min(slots, num_prompts - first);
     cache.clear();
     std::vector<StopMatcher> stops(static_cast<size_t>(n), StopMatcher(sampling.stop));
+    std::vector<Detokenizer> detok(static_cast<size_t>(n));
     // Prefill: the batch's prompts as one ragged batch, prompt first + s in slot s.
     std::vector<int32_t> ids;
     std::vector<int64_t> counts, active;
@@ -233,12 +266,9 @@ std::vector<Generation> generate(const Transformer& model,
         }
         bool stopped = false;
         if (tok) {
-          // The decoding of every new token so far; its growth is fed to the stop matcher.
-          const std::string text = tok->decode(g.tokens);
-          const size_t fed = g.text.size();
-          g.text = text;
-          if (!sampling.stop.empty())
-            stopped = stop.feed(text.size() > fed ? std::string_view(text).substr(fed) : "");
+          const std::string grown = detok[static_cast<size_t>(slot)].grow(*tok, g.tokens);
+          g.text += grown;
+          if (!sampling.stop.empty()) stopped = stop.feed(grown);
           if (stopped) g.text.resize(stop.cut());
         } else if (!sampling.stop.empty()) {
           const char byte = static_cast<char>(next[static_cast<size_t>(r)]);  // byte-level
@@ -253,7 +283,10 @@ std::vector<Generation> generate(const Transformer& model,
           g.stop = "max_new";
         } else if (cache.length[static_cast<size_t>(slot)] + 1 >= seq) {
           g.stop = "context";
-        } else {
+        }
+        if (tok && (g.stop == "max_new" || g.stop == "context"))
+          g.text = tok->decode(g.tokens);  // what is still unsettled, as the decoder gives it
+        if (g.stop.empty()) {
           still.push_back(slot);
           feed.push_back(next[static_cast<size_t>(r)]);
         }

@@ -9,8 +9,8 @@
 //      spelled in GPT-2's byte alphabet);
 //   4. each piece is merged by BPE: the adjacent pair of lowest merge rank, leftmost first, until
 //      no pair has a rank (with ignore_merges, a piece that is itself a token is taken whole);
-//   5. decoding spells each token: a token made only of byte-alphabet characters is those bytes,
-//      any other (an added token such as "<|im_end|>") its own UTF-8.
+//   5. decoding spells each token (once, at load): a token made only of byte-alphabet characters
+//      is those bytes, any other (an added token such as "<|im_end|>") its own UTF-8.
 // Anything else the file asks for is refused by name when it is loaded.
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -154,7 +154,10 @@ class BpeTokenizer final : public Tokenizer {
     } catch (const json::exception& e) {
       throw Error(str("tokenizer '", where, "': a field has the wrong type (", e.what(), ")"));
     }
-    for (int b = 0; b < 256; ++b) byte_of_char_[byte_level_char(static_cast<uint8_t>(b))] = b;
+    std::unordered_map<std::string, char> byte_of_char;
+    for (int b = 0; b < 256; ++b)
+      byte_of_char[byte_level_char(static_cast<uint8_t>(b))] = static_cast<char>(b);
+    for (Token& token : tokens_) token.bytes = spelled_bytes(token.text, byte_of_char);
   }
 
   std::vector<int32_t> encode(std::string_view text, bool add_special) const override {
@@ -193,19 +196,7 @@ class BpeTokenizer final : public Tokenizer {
       MOE_CHECK(id >= 0 && static_cast<size_t>(id) < tokens_.size() && tokens_[size_t(id)].set,
                 "tokenizer '", where_, "': token id ", id, " at position ", i,
                 " is outside the vocabulary (", vocab_size(), " tokens)");
-      const std::string& t = tokens_[static_cast<size_t>(id)].text;
-      std::string bytes;
-      bool all_bytes = true;
-      for (size_t k = 0; k < t.size() && all_bytes;) {
-        const size_t n = char_length(static_cast<unsigned char>(t[k]));
-        auto it = byte_of_char_.find(t.substr(k, n));
-        if (it == byte_of_char_.end())
-          all_bytes = false;
-        else
-          bytes += static_cast<char>(it->second);
-        k += n;
-      }
-      out += all_bytes ? bytes : t;
+      out += tokens_[static_cast<size_t>(id)].bytes;
     }
     return out;
   }
@@ -237,6 +228,7 @@ class BpeTokenizer final : public Tokenizer {
   struct Token {
     std::string text;
     bool set = false;
+    std::string bytes;  // what decoding it gives (spelled once at load)
   };
 
   [[noreturn]] void refuse(const std::string& what) const {
@@ -245,10 +237,25 @@ class BpeTokenizer final : public Tokenizer {
                     "OLMoE ship, are; a SentencePiece model reads from its tokenizer.model)"));
   }
 
+  // A token made only of byte-alphabet characters decodes to those bytes; any other (an added
+  // token such as "<|im_end|>") to its own UTF-8.
+  static std::string spelled_bytes(const std::string& t,
+                                   const std::unordered_map<std::string, char>& byte_of_char) {
+    std::string bytes;
+    for (size_t k = 0; k < t.size();) {
+      const size_t n = char_length(static_cast<unsigned char>(t[k]));
+      auto it = byte_of_char.find(t.substr(k, n));
+      if (it == byte_of_char.end()) return t;
+      bytes += it->second;
+      k += n;
+    }
+    return bytes;
+  }
+
   void set_token(int32_t id, const std::string& text) {
     if (id < 0 || id > (1 << 30)) refuse(str("token id ", id));
     if (tokens_.size() <= static_cast<size_t>(id)) tokens_.resize(static_cast<size_t>(id) + 1);
-    tokens_[static_cast<size_t>(id)] = {text, true};
+    tokens_[static_cast<size_t>(id)] = {text, true, {}};
   }
 
   void load(const json& j) {
@@ -411,8 +418,21 @@ class BpeTokenizer final : public Tokenizer {
     for (const std::string& piece : pieces) merge(piece, ids);
   }
 
-  // BPE on one piece (byte-alphabet characters).
+  // BPE on one piece (byte-alphabet characters). Text repeats its words, so each piece's ids are
+  // remembered (HF tokenizers caches words too); the cache is emptied when it grows past a bound.
   void merge(const std::string& piece, std::vector<int32_t>& ids) const {
+    if (auto hit = cache_.find(piece); hit != cache_.end()) {
+      ids.insert(ids.end(), hit->second.begin(), hit->second.end());
+      return;
+    }
+    const size_t first = ids.size();
+    merge_uncached(piece, ids);
+    if (cache_.size() >= kCacheEntries) cache_.clear();
+    cache_.emplace(
+        piece, std::vector<int32_t>(ids.begin() + static_cast<std::ptrdiff_t>(first), ids.end()));
+  }
+
+  void merge_uncached(const std::string& piece, std::vector<int32_t>& ids) const {
     if (ignore_merges_) {
       auto whole = vocab_.find(piece);
       if (whole != vocab_.end()) {
@@ -452,13 +472,16 @@ class BpeTokenizer final : public Tokenizer {
     }
   }
 
+  static constexpr size_t kCacheEntries = 1 << 16;
+
   std::string where_;
+  // Piece -> its ids (merge()); one tokenizer is used by one thread at a time, as its Regex is.
+  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
   std::unordered_map<std::string, int32_t> vocab_;
   std::unordered_map<std::string, int> rank_;  // "a\0b" -> merge rank
-  std::unordered_map<std::string, int> byte_of_char_;
-  std::vector<Token> tokens_;             // by id: vocabulary and added tokens
-  std::vector<AddedToken> added_;         // longest content first
-  std::array<bool, 256> starts_added_{};  // first bytes of the added tokens
+  std::vector<Token> tokens_;                  // by id: vocabulary and added tokens
+  std::vector<AddedToken> added_;              // longest content first
+  std::array<bool, 256> starts_added_{};       // first bytes of the added tokens
   std::vector<PreStep> steps_;
   std::vector<int32_t> prefix_, suffix_;  // TemplateProcessing's tokens around a single text
   std::vector<std::string> merge_list_;   // "a b", by rank

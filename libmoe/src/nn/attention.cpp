@@ -1,6 +1,6 @@
-// Causal self-attention layer: q/k/v projections, RoPE (mixtral), the attention core op, and the
-// output projection. Shape letters: B batch, T sequence, N = B*T, D model width, H query heads,
-// KV key/value heads, hd head dim.
+// Causal self-attention layer: q/k/v projections, qk-norm (qwen3_moe, olmoe), RoPE (mixtral and
+// the HF families), the attention core op, and the output projection. Shape letters: B batch, T
+// sequence, N = B*T, D model width, H query heads, KV key/value heads, hd head dim.
 #include "moe/nn/attention.h"
 
 #include <cstring>
@@ -13,13 +13,20 @@ namespace {
 
 AttentionConfig resolved(const std::string& prefix, AttentionConfig c) {
   if (c.kv_heads == 0) c.kv_heads = c.heads;
-  MOE_USAGE_CHECK(c.d_model > 0 && c.heads > 0 && c.d_model % c.heads == 0, "attention ", prefix,
-                  ": d_model ", c.d_model, " must be a positive multiple of heads ", c.heads);
+  MOE_USAGE_CHECK(c.d_model > 0 && c.heads > 0, "attention ", prefix, ": d_model ", c.d_model,
+                  " and heads ", c.heads, " must be positive");
+  MOE_USAGE_CHECK(c.head_dim >= 0, "attention ", prefix, ": head_dim ", c.head_dim,
+                  " must be positive (or 0 for d_model / heads)");
+  if (c.head_dim == 0) {
+    MOE_USAGE_CHECK(c.d_model % c.heads == 0, "attention ", prefix, ": d_model ", c.d_model,
+                    " must be a multiple of heads ", c.heads, " (or give head_dim)");
+    c.head_dim = c.d_model / c.heads;
+  }
   MOE_USAGE_CHECK(c.kv_heads > 0 && c.heads % c.kv_heads == 0, "attention ", prefix, ": kv_heads ",
                   c.kv_heads, " must divide heads ", c.heads);
-  MOE_USAGE_CHECK(!c.rope || ((c.d_model / c.heads) % 2 == 0 && c.rope_theta > 0.0f), "attention ",
-                  prefix, ": RoPE needs an even head dim (got ", c.d_model / c.heads,
-                  ") and theta > 0 (got ", c.rope_theta, ")");
+  MOE_USAGE_CHECK(!c.rope || (c.head_dim % 2 == 0 && c.rope_theta > 0.0f), "attention ", prefix,
+                  ": RoPE needs an even head dim (got ", c.head_dim, ") and theta > 0 (got ",
+                  c.rope_theta, ")");
   return c;
 }
 
@@ -27,22 +34,54 @@ AttentionConfig resolved(const std::string& prefix, AttentionConfig c) {
 
 Attention::Attention(ParamSet& ps, const std::string& prefix, const AttentionConfig& config)
     : config_(resolved(prefix, config)),
-      head_dim_(config_.d_model / config_.heads),
-      q_(ps, prefix + ".q", config_.d_model, config_.heads * head_dim_, config_.bias,
+      head_dim_(config_.head_dim),
+      q_(ps, prefix + ".q", config_.d_model, config_.heads * head_dim_, config_.qkv_bias,
          config_.init_std),
-      k_(ps, prefix + ".k", config_.d_model, config_.kv_heads * head_dim_, config_.bias,
+      k_(ps, prefix + ".k", config_.d_model, config_.kv_heads * head_dim_, config_.qkv_bias,
          config_.init_std),
-      v_(ps, prefix + ".v", config_.d_model, config_.kv_heads * head_dim_, config_.bias,
+      v_(ps, prefix + ".v", config_.d_model, config_.kv_heads * head_dim_, config_.qkv_bias,
          config_.init_std),
-      o_(ps, prefix + ".o", config_.heads * head_dim_, config_.d_model, config_.bias,
-         config_.out_init_std) {}
+      o_(ps, prefix + ".o", config_.heads * head_dim_, config_.d_model, config_.o_bias,
+         config_.out_init_std) {
+  if (config_.qk_norm != QkNorm::none) {
+    // The per-head norm is the ordinary row RMSNorm over [N*heads, hd]: its one weight [hd] then
+    // gets the gradient summed over every head, as a weight shared by the heads must.
+    const bool per_head = config_.qk_norm == QkNorm::head;
+    q_norm_ = std::make_unique<Norm>(ps, prefix + ".q_norm",
+                                     per_head ? head_dim_ : config_.heads * head_dim_,
+                                     NormKind::rmsnorm, config_.norm_eps);
+    k_norm_ = std::make_unique<Norm>(ps, prefix + ".k_norm",
+                                     per_head ? head_dim_ : config_.kv_heads * head_dim_,
+                                     NormKind::rmsnorm, config_.norm_eps);
+  }
+}
+
+Tensor Attention::qk_normed(const Norm* norm, const Tensor& t, int64_t heads,
+                            Norm::Saved* saved) const {
+  if (!norm) return t;
+  const Tensor rows =
+      config_.qk_norm == QkNorm::head ? t.reshape({t.dim(0) * heads, head_dim_}) : t;
+  return norm->forward(rows, saved).reshape(t.shape());
+}
+
+Tensor Attention::qk_norm_backward(Norm* norm, const Tensor& dt, int64_t heads,
+                                   const Norm::Saved& saved) const {
+  if (!norm) return dt;
+  const Tensor rows =
+      config_.qk_norm == QkNorm::head ? dt.reshape({dt.dim(0) * heads, head_dim_}) : dt;
+  return norm->backward(rows, saved).reshape(dt.shape());
+}
 
 Tensor Attention::forward(const Tensor& x, int64_t batch, int64_t seq, Saved* saved) const {
   MOE_CHECK(batch >= 0 && seq >= 0 && x.ndim() == 2 && x.dim(0) == batch * seq &&
                 x.dim(1) == config_.d_model,
             "attention ", q_.weight().name, ": input ", x.describe(), " expected [", batch * seq,
             ",", config_.d_model, "] for batch ", batch, ", seq ", seq);
-  Tensor q = q_.forward(x), k = k_.forward(x), v = v_.forward(x);
+  Tensor q =
+      qk_normed(q_norm_.get(), q_.forward(x), config_.heads, saved ? &saved->q_norm : nullptr);
+  Tensor k =
+      qk_normed(k_norm_.get(), k_.forward(x), config_.kv_heads, saved ? &saved->k_norm : nullptr);
+  Tensor v = v_.forward(x);
   if (config_.rope) {
     ops::rope_forward(q, batch, seq, config_.heads, config_.rope_theta, q);
     ops::rope_forward(k, batch, seq, config_.kv_heads, config_.rope_theta, k);
@@ -87,7 +126,9 @@ Tensor Attention::forward_cached(const Tensor& x, const ops::CachedRows& rows,
             config_.kv_heads, " kv heads of ", head_dim_);
   const int64_t capacity = cache.k.dim(1);
   rows.check(cache.k.dim(0), capacity, "attention cache");
-  Tensor q = q_.forward(x), k = k_.forward(x), v = v_.forward(x);
+  Tensor q = qk_normed(q_norm_.get(), q_.forward(x), config_.heads, nullptr);
+  Tensor k = qk_normed(k_norm_.get(), k_.forward(x), config_.kv_heads, nullptr);
+  Tensor v = v_.forward(x);
   int64_t first = 0;
   for (int64_t r = 0; r < rows.rows(); ++r) {
     const int64_t t = rows.count[r], start = rows.start[r];
@@ -121,6 +162,8 @@ Tensor Attention::backward(const Tensor& dy, const Saved& saved) {
     ops::rope_backward(dq, batch, seq, config_.heads, config_.rope_theta, dq);
     ops::rope_backward(dk, batch, seq, config_.kv_heads, config_.rope_theta, dk);
   }
+  dq = qk_norm_backward(q_norm_.get(), dq, config_.heads, saved.q_norm);
+  dk = qk_norm_backward(k_norm_.get(), dk, config_.kv_heads, saved.k_norm);
   Tensor dx = Tensor::empty(saved.x.shape(), DType::f32, saved.x.device());
   q_.backward_into(dq, saved.x, dx, false);
   k_.backward_into(dk, saved.x, dx, true);

@@ -9,10 +9,6 @@ namespace moe::nn {
 Block::Block(ParamSet& ps, const BlockConfig& config, int64_t index, const Parallel* parallel)
     : index_(index) {
   // Features whose layers are being built (issue 21); refused by name until they land.
-  MOE_USAGE_CHECK(config.head_dim == 0 || config.head_dim * config.heads == config.d_model,
-                  "a head dimension other than d-model/heads is not built yet");
-  MOE_USAGE_CHECK(config.qk_norm == QkNorm::none, "qk-norm is not built yet");
-  MOE_USAGE_CHECK(!config.qkv_bias, "q/k/v biases without an o bias are not built yet");
   MOE_USAGE_CHECK(config.shared_expert_ff == 0, "shared experts are not built yet");
   MOE_USAGE_CHECK(config.router_scoring == RouterScoring::softmax,
                   "sigmoid routing is not built yet");
@@ -28,7 +24,11 @@ Block::Block(ParamSet& ps, const BlockConfig& config, int64_t index, const Paral
   ac.d_model = config.d_model;
   ac.heads = config.heads;
   ac.kv_heads = config.kv_heads;
-  ac.bias = config.bias;
+  ac.head_dim = config.head_dim;
+  ac.qk_norm = config.qk_norm;
+  ac.norm_eps = eps;
+  ac.qkv_bias = config.bias || config.qkv_bias;
+  ac.o_bias = config.bias;
   ac.rope = !config.learned_positions;
   ac.rope_theta = static_cast<float>(config.rope_theta);
   ac.init_std = init_std;

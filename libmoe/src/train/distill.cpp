@@ -9,6 +9,7 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <set>
 
 #include "moe/io/dataset.h"
 #include "moe/ops/distill.h"
@@ -330,17 +331,12 @@ Distiller::Distiller(const DistillConfig& distill, const TrainConfig& train,
   // Start from the teacher's weights: parameters, fresh moments, fp32 masters of the same values.
   io::Checkpoint init;
   init.params = student_params(*teacher_.params, tc, plan_);
-  std::map<std::string, const Tensor*> value_of;
-  for (const io::NamedTensor& nt : init.params) value_of[nt.name] = &nt.tensor;
-  for (const optim::OptimizerTensor& t : trainer_->optimizer().state()) {
-    auto it = value_of.find(t.param->name);
-    MOE_CHECK(it != value_of.end(), "student parameter '", t.param->name,
+  std::set<std::string> given;
+  for (const io::NamedTensor& nt : init.params) given.insert(nt.name);
+  for (const optim::OptimizerTensor& t : trainer_->optimizer().state())
+    MOE_CHECK(given.count(t.param->name), "student parameter '", t.param->name,
               "' has no teacher weights");
-    const bool master = t.name == "master." + t.param->name;
-    init.optim.push_back(
-        {t.name, master ? it->second->to(DType::f32) : Tensor::zeros(t.tensor.shape()), t.expert});
-  }
-  trainer_->restore(init);
+  trainer_->initialize(std::move(init));
 
   nlohmann::json notes = to_json(plan_);
   notes["teacher"] = config_.teacher;

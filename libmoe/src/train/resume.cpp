@@ -6,12 +6,18 @@
 #include <nlohmann/json.hpp>
 
 #include "moe/error.h"
+#include "moe/io/convert.h"
 #include "moe/io/dataset.h"
 #include "moe/optim/adamw.h"
 
 namespace moe::train {
 
 namespace {
+
+// Model settings that change how a model trains, not its parameters: a run started from a
+// checkpoint's weights (--init) may set them anew.
+constexpr const char* kTrainingModelKeys[] = {"aux_loss_coef", "z_loss_coef", "router_jitter",
+                                              "capacity_factor", "balance_bias_rate"};
 
 // The config key of a flag: "--d-model" -> "d_model" ("--vocab" sets vocab_size).
 std::string flag_key(const std::string& flag) {
@@ -34,17 +40,28 @@ TrainConfig resumed_train(const io::Checkpoint& resume, const TrainConfig& given
   return train_config_from_json(merged, tc);
 }
 
-ModelConfig resumed_model(const io::Checkpoint& resume, ModelConfig m, const GivenFlags& flags) {
-  ModelConfig saved = model_config_from_json(resume.model_config);
+// The checkpoint's model; each model flag given must agree with it, except (`fresh`: a run that
+// starts from the checkpoint's weights) the settings that shape training, not the parameters.
+ModelConfig kept_model(const io::Checkpoint& ckpt, ModelConfig m, const GivenFlags& flags,
+                       bool fresh) {
+  ModelConfig saved = model_config_from_json(ckpt.model_config);
   if (!flags.model.empty()) {
     m.resolve();
     nlohmann::json a = to_json(m), b = to_json(saved);
     for (const std::string& flag : flags.model) {
       std::string key = flag_key(flag);
+      if (fresh && std::find(std::begin(kTrainingModelKeys), std::end(kTrainingModelKeys), key) !=
+                       std::end(kTrainingModelKeys)) {
+        b[key] = a[key];
+        continue;
+      }
       if (a.contains(key) && a[key] != b[key])
         throw UsageError(str(flag, " ", a[key].dump(), " contradicts the checkpoint's ",
-                             b[key].dump(), " (a resumed run keeps its model)"));
+                             b[key].dump(),
+                             fresh ? " (--init keeps the model whose weights it starts from)"
+                                   : " (a resumed run keeps its model)"));
     }
+    saved = model_config_from_json(b);
   }
   return saved;
 }
@@ -96,7 +113,7 @@ RunConfig resume_config(const io::Checkpoint* resume, ModelConfig model, TrainCo
   absolute_paths(run.train);  // stored absolute: the checkpoint resumes from any directory
 
   if (resume) {
-    run.model = resumed_model(*resume, std::move(model), given);
+    run.model = kept_model(*resume, std::move(model), given, false);
     run.overrides = overrides_of(*resume, run.train, given);
   } else {
     model.resolve();
@@ -108,6 +125,14 @@ RunConfig resume_config(const io::Checkpoint* resume, ModelConfig model, TrainCo
         std::find(given.model.begin(), given.model.end(), "--vocab") != given.model.end();
     if (token_file && !vocab_given) run.model.vocab_size = 0;  // from the data
   }
+  return run;
+}
+
+RunConfig init_config(const io::Checkpoint& init, ModelConfig model, TrainConfig train,
+                      const GivenFlags& given) {
+  io::refuse_quantized(init.model_config, "--init", "moe-train");
+  RunConfig run = resume_config(nullptr, model, std::move(train), given);  // training as given
+  run.model = kept_model(init, std::move(model), given, true);
   return run;
 }
 

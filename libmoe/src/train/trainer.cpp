@@ -13,7 +13,9 @@
 
 #include "moe/cuda.h"
 #include "moe/io/checkpoint_dir.h"
+#include "moe/io/dataset.h"
 #include "moe/io/finite.h"
+#include "moe/io/tokenizer.h"
 #include "moe/log.h"
 #include "moe/models/flavour.h"
 #include "moe/models/memory.h"
@@ -143,9 +145,21 @@ static void check_training_memory(const ModelConfig& config, const TrainConfig& 
 }
 
 Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provenance provenance,
-                 comm::Communicator* world, Device device)
+                 comm::Communicator* world, Device device, const io::StoredTokenizer* tokenizer)
     : train_(train), provenance_(std::move(provenance)), world_(world) {
   MOE_USAGE_CHECK(train.data != "-" && train.val != "-", kNoStdinData);
+  std::unique_ptr<io::Tokenizer> text_tokenizer;
+  if (tokenizer && !tokenizer->empty()) {
+    tokenizer_ = *tokenizer;
+    text_tokenizer = io::tokenizer_from_bytes(tokenizer->file, tokenizer->bytes, "the model's");
+    MOE_USAGE_CHECK(train.tasks.empty(),
+                    "--tasks reads each task's text as bytes, but the model "
+                    "reads text through its tokenizer (",
+                    text_tokenizer->describe(), "): give the tasks token files");
+    MOE_USAGE_CHECK(text_tokenizer->vocab_size() <= model.vocab_size, "the model's tokenizer (",
+                    text_tokenizer->describe(), ") has more tokens than its vocabulary (",
+                    model.vocab_size, ")");
+  }
   if (!train.tasks.empty()) setup_tasks(model, train.data_format);  // sets train_.batch
   MOE_USAGE_CHECK(train.batch >= 1, "--batch must be >= 1 (got ", train.batch, ")");
   MOE_USAGE_CHECK(tasks_ || train.batch % world_size() == 0, "--batch ", train.batch,
@@ -171,17 +185,24 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
   MOE_USAGE_CHECK(train.warmup >= 0, "--warmup must be >= 0");
   MOE_USAGE_CHECK(train.val_fraction > 0 && train.val_fraction < 1,
                   "--val-fraction must be in (0, 1)");
-  io::TokenFormat format = io::parse_token_format(train.data_format);
+  const io::TokenFormat format = io::parse_token_format(train.data_format);
+  // Text through the model's tokenizer when it has one, else every byte a token.
+  auto load_tokens = [&](const std::string& path) {
+    if (!text_tokenizer || io::resolve_token_format(path, format) != io::TokenFormat::text)
+      return io::load_tokens(path, format);
+    std::vector<int32_t> ids = text_tokenizer->encode(io::read_text_file(path));
+    MOE_CHECK(!ids.empty(), "'", path, "': no tokens (an empty text)");
+    return ids;
+  };
   if (tasks_) {  // each task's held-out tail, or --val
-    val_tokens_ =
-        train.val.empty() ? tasks_->validation_tokens() : io::load_tokens(train.val, format);
-  } else if (std::vector<int32_t> tokens = io::load_tokens(train.data, format); train.val.empty()) {
+    val_tokens_ = train.val.empty() ? tasks_->validation_tokens() : load_tokens(train.val);
+  } else if (std::vector<int32_t> tokens = load_tokens(train.data); train.val.empty()) {
     auto split = io::split_tail(std::move(tokens), train.val_fraction, model.seq);
     train_tokens_ = std::move(split.first);
     val_tokens_ = std::move(split.second);
   } else {
     train_tokens_ = std::move(tokens);
-    val_tokens_ = io::load_tokens(train.val, format);
+    val_tokens_ = load_tokens(train.val);
   }
   ModelConfig config = model;
   if (config.vocab_size == 0)  // pre-tokenized data: the vocabulary covers every id it holds

@@ -190,6 +190,39 @@ void Trainer::load_tensors(const io::Checkpoint& ckpt) {
                            : nlohmann::json());
 }
 
+void Trainer::initialize(io::Checkpoint weights) {
+  if (weights.sharding.rank >= 0)
+    throw Error(str("this checkpoint file is rank ", weights.sharding.rank,
+                    "'s shard of a sharded checkpoint: start from its directory"));
+  io::Checkpoint init;
+  init.params = std::move(weights.params);
+  init.tokenizer = std::move(weights.tokenizer);
+  init.state.seed = train_.seed;
+  // The moments start at zero and the fp32 masters hold the loaded values, as a fresh run's do;
+  // the names and whole shapes restore() expects (it slices them for a sharded run): the
+  // optimizer's own tensors, and those of the offloaded experts (their state is in the store).
+  std::set<std::string> wanted;
+  for (const optim::OptimizerTensor& t : optimizer().state()) wanted.insert(t.name);
+  for (const io::NamedTensor& nt : init.params) {
+    const Param* p = params_->find(nt.name);
+    if (!p) continue;  // restore names what does not belong to this model
+    MOE_CHECK(!nt.streamed(), "initialize: '", nt.name, "' was not read");
+    auto add = [&](const std::string& name, Tensor t) {
+      if (wanted.count(name) || p->offloaded) init.optim.push_back({name, std::move(t), p->expert});
+    };
+    add("adam.m." + nt.name, Tensor::zeros(nt.shape()));
+    add("adam.v." + nt.name, Tensor::zeros(nt.shape()));
+    if (params_->dtype() != DType::f32) add("master." + nt.name, nt.tensor.to(DType::f32));
+  }
+  restore(init);
+}
+
+void Trainer::initialize(const std::string& path) {
+  namespace fs = std::filesystem;
+  initialize(fs::is_directory(path) ? io::merge_shards(io::checkpoint_files({path}))
+                                    : io::load_checkpoint(path));
+}
+
 void Trainer::restore(const std::string& path) {
   namespace fs = std::filesystem;
   if (!fs::is_directory(path)) {  // a sharded run slices whole tensors: nothing streams then

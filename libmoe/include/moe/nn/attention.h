@@ -1,10 +1,13 @@
-// Causal multi-head self-attention with grouped-query heads and optional RoPE.
+// Causal multi-head self-attention: grouped-query heads, q/k/v and o biases, qk-norm, RoPE.
 // Shape letters: B batch, T sequence, N = B*T tokens, D model width, H query heads, KV key/value
-// heads (dividing H), hd = D / H head dim.
+// heads (dividing H), hd head dim (D / H unless given: Qwen3-MoE has H*hd != D).
 #pragma once
+#include <memory>
 #include <string>
 
+#include "moe/nn/common.h"
 #include "moe/nn/linear.h"
+#include "moe/nn/norm.h"
 #include "moe/ops/dense.h"
 #include "moe/param.h"
 
@@ -12,7 +15,14 @@ namespace moe::nn {
 
 struct AttentionConfig {
   int64_t d_model = 0, heads = 0, kv_heads = 0;  // kv_heads 0 means kv_heads = heads
-  bool bias = false;                             // gpt: true, mixtral: false
+  int64_t head_dim = 0;                          // 0 means d_model / heads (which must divide)
+  bool qkv_bias = false;                         // biases on q, k and v: gpt and qwen2_moe
+  bool o_bias = false;                           // a bias on o: gpt (qwen2_moe has none)
+  // RMSNorm of the projected queries and keys (after their biases, before RoPE), with eps
+  // norm_eps: per head (weights [hd], shared by the heads) or over the whole projection
+  // (weights [H*hd] and [KV*hd]).
+  QkNorm qk_norm = QkNorm::none;
+  float norm_eps = 1e-5f;
   // HF convention: rotate halves (pairs (i, i + hd/2)), inv_freq = theta^(-2i/hd),
   // position = index in the sequence.
   bool rope = false;
@@ -27,16 +37,20 @@ struct AttentionCache {
 };
 
 // Params prefix.q.weight [H*hd, D], prefix.k.weight [KV*hd, D], prefix.v.weight [KV*hd, D],
-// prefix.o.weight [D, H*hd] (+ ".bias" of each when bias). Scale 1/sqrt(hd).
+// prefix.o.weight [D, H*hd] (+ prefix.{q,k,v}.bias [H*hd], [KV*hd], [KV*hd] when qkv_bias,
+// prefix.o.bias [D] when o_bias); with qk-norm prefix.q_norm.weight and
+// prefix.k_norm.weight ([hd] each per head; [H*hd] and [KV*hd] full width; ones, no decay).
+// q = RoPE(qk_norm(x Wq^T + bq)), k likewise, v = x Wv^T + bv; scale 1/sqrt(hd).
 class Attention {
  public:
   Attention(ParamSet& ps, const std::string& prefix, const AttentionConfig& config);
 
   struct Saved {
-    Tensor x;        // [N, D] input
-    Tensor q, k, v;  // [N, H*hd], [N, KV*hd] x2, after RoPE
-    Tensor probs;    // [B, H, T, T] softmax of the causal scores
-    Tensor ctx;      // [N, H*hd] input of the output projection
+    Tensor x;                    // [N, D] input
+    Norm::Saved q_norm, k_norm;  // qk-norm: its input is the projection (after the bias)
+    Tensor q, k, v;              // [N, H*hd], [N, KV*hd] x2, after RoPE
+    Tensor probs;                // [B, H, T, T] softmax of the causal scores
+    Tensor ctx;                  // [N, H*hd] input of the output projection
     int64_t batch = 0, seq = 0;
   };
   // x [B*T, D] -> [B*T, D]; saved == nullptr for inference.
@@ -56,9 +70,15 @@ class Attention {
   int64_t head_dim() const { return head_dim_; }
 
  private:
+  // q or k [N, heads*hd] through its qk-norm (t itself without one), and the backward.
+  Tensor qk_normed(const Norm* norm, const Tensor& t, int64_t heads, Norm::Saved* saved) const;
+  Tensor qk_norm_backward(Norm* norm, const Tensor& dt, int64_t heads,
+                          const Norm::Saved& saved) const;
+
   AttentionConfig config_;
   int64_t head_dim_;
   Linear q_, k_, v_, o_;
+  std::unique_ptr<Norm> q_norm_, k_norm_;  // null without qk-norm
 };
 
 }  // namespace moe::nn

@@ -42,6 +42,14 @@ struct GivenFlags {
 RunConfig resume_config(const io::Checkpoint* resume, ModelConfig model, TrainConfig train,
                         const GivenFlags& given);
 
+// A fresh run that starts from a checkpoint's weights (moe-train --init: fine-tuning an imported
+// or trained model): training as the flags say (as a fresh run), the model the checkpoint's, each
+// model flag given agreeing with it, except the settings that shape training rather than the
+// parameters (--aux-loss-coef, --z-loss-coef, --router-jitter, --capacity-factor,
+// --balance-bias-rate), which the flags may set anew. A quantised checkpoint is refused.
+RunConfig init_config(const io::Checkpoint& init, ModelConfig model, TrainConfig train,
+                      const GivenFlags& given);
+
 // The data file's identity (TrainConfig::data_bytes, data_crc32c): a resumed run that read another
 // file (moved and edited, replaced, appended to) would not continue the token stream. A fresh run,
 // or a resumed one given --data (`data_given`), records the file's size and CRC-32C; when the

@@ -156,8 +156,11 @@ class Trainer {
   // collectives of a step are agreed in order on every rank. `world` must outlive the trainer.
   // `device` CUDA with W > 1: the rank groups are built over NCCL (parallel::Layout), bootstrapped
   // over `world` (the launcher's MPI world); call to_device(device) after restore.
+  // `tokenizer` (may be null or empty): the model's (that of the checkpoint the run resumes or
+  // starts from); text data is read through it instead of as bytes.
   Trainer(const ModelConfig& model, const TrainConfig& train, io::Provenance provenance,
-          comm::Communicator* world = nullptr, Device device = {});
+          comm::Communicator* world = nullptr, Device device = {},
+          const io::StoredTokenizer* tokenizer = nullptr);
   ~Trainer();
 
   // Continue from a checkpoint: parameters, optimizer moments, step, data cursor. An unsharded
@@ -170,6 +173,13 @@ class Trainer {
   // of a run with the same world size, --ep and --shard-embedding (collective; each rank reads
   // the files holding its parameters).
   void restore(const std::string& path);
+  // Start from a checkpoint's weights instead (fine-tuning: moe-train --init): its parameters
+  // and tokenizer, fresh optimizer moments, fp32 masters of the same values, step 0 and the
+  // data from the start. `weights` holds every parameter of this model, whole (a sharded run
+  // takes its slices); its optimizer state and position are ignored.
+  void initialize(io::Checkpoint weights);
+  // The same from a path: a checkpoint file or a sharded checkpoint directory (merged in memory).
+  void initialize(const std::string& path);
 
   // Moves the parameters, the optimizer state and the fused gradient buffers to `device` (call
   // after restore); batches are uploaded there each step. With W > 1 ranks on CUDA each rank
