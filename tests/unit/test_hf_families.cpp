@@ -320,3 +320,44 @@ TEST_CASE("hf families: export refuses what a family cannot hold, by name", "[hf
                Catch::Contains("'blocks.0.moe.shared.w1' has no place in HF OLMoE"));
   REQUIRE_FALSE(fs::exists(dir.file("out/config.json")));
 }
+
+TEST_CASE("hf families: an imported model scores like the family reference", "[hf]") {
+  test::ScratchDir dir("hf-families-score");
+  const int64_t B = 2, T = 11;
+  // qwen2_moe with its shared expert joins once that layer lands (nn/moe_layer); below, without.
+  for (const std::string family : {"qwen3_moe", "olmoe"})
+    for (bool normalize : {false, true}) {
+      INFO("family " << family << ", norm_topk_prob " << normalize);
+      Tiny t = tiny_of(family);
+      t.norm_topk = normalize;
+      const auto w = family_weights(t, 13);
+      const std::string src = dir.file(family + (normalize ? "-norm" : ""));
+      write_hf_dir(src, family_config(t), w, 2);
+      const io::Checkpoint ckpt = io::import_hf(src);
+      const auto ids = random_token_ids(B * T, int32_t(t.V), 14);
+      const std::vector<float> ours = our_logits(ckpt, src + ".h5", ids, B, T);
+      // Per window (sequence), f32 logits within 1e-4 of the fp64 reference, relative to their
+      // scale: float rounding through a few blocks, far below what a feature left out costs.
+      const Vec reference = hf_reference_logits(t, w, ids, B, T, normalize);
+      for (int64_t b = 0; b < B; ++b) {
+        const size_t n = size_t(T * t.V), at = size_t(b) * n;
+        const std::vector<float> mine(ours.begin() + long(at), ours.begin() + long(at + n));
+        const Vec want(reference.begin() + long(at), reference.begin() + long(at + n));
+        const double error = relative_error(mine, want);
+        INFO("window " << b << ": relative error " << error);
+        REQUIRE(error < 1e-4);
+      }
+      // The comparison can fail: the reference with the other renormalisation choice is another
+      // model.
+      REQUIRE(relative_error(ours, hf_reference_logits(t, w, ids, B, T, !normalize)) > 1e-3);
+    }
+  // Qwen2-MoE with a 0-wide shared expert (the tensors left out at import): q/k/v biases.
+  Tiny narrow = tiny_of("qwen2_moe");
+  narrow.shared_F = 0;
+  const auto w = family_weights(narrow, 15);
+  write_hf_dir(dir.file("narrow"), family_config(narrow), w, 1);
+  const auto ids = random_token_ids(T, int32_t(narrow.V), 16);
+  const std::vector<float> ours =
+      our_logits(io::import_hf(dir.file("narrow")), dir.file("narrow.h5"), ids, 1, T);
+  REQUIRE(relative_error(ours, hf_reference_logits(narrow, w, ids, 1, T, narrow.norm_topk)) < 1e-4);
+}
