@@ -134,5 +134,11 @@ TEST_CASE("gguf families: what llama.cpp hard-codes otherwise is refused by name
   Tiny ol = tiny_of("olmoe");
   ol.norm_topk = true;
   REQUIRE_THAT(refusal(ol), Catch::Contains("llama.cpp's olmoe does not renormalise"));
+  io::Checkpoint shared = imported(tiny_of("qwen3_moe"));
+  ModelConfig mc = model_config_from_json(shared.model_config);
+  mc.shared_expert_ff = 8;
+  shared.model_config = to_json(mc);
+  REQUIRE_THAT(test::error_of([&] { io::export_gguf(shared, dir.file("x.gguf"), {}); }),
+               Catch::Contains("llama.cpp's qwen3moe has no shared expert"));
   REQUIRE_FALSE(std::filesystem::exists(dir.file("x.gguf")));
 }

@@ -260,6 +260,10 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
                     " the top-k gate weights; this model ", mc.normalize_topk ? "does" : "does not",
                     " (normalize_topk ", mc.normalize_topk ? "true" : "false", ")"));
   const Flavour flavour = flavour_of(mc);
+  if (!flavour.shared_expert_gate && mc.shared_expert_ff > 0)
+    throw Error(str("export_gguf: llama.cpp's ", arch.name,
+                    " has no shared expert; this model's is ", mc.shared_expert_ff,
+                    " wide (qwen2moe has one, gated)"));
   if (flavour.shared_expert_gate && mc.shared_expert_ff == 0)
     throw Error(
         "export_gguf: llama.cpp's qwen2moe always runs a shared expert; this model has none "
