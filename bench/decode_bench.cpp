@@ -6,10 +6,14 @@
 // Decode reads every active weight once per step: the non-expert matrices whole, k of each MoE
 // layer's E experts per token (batch 1), and at batch B the experts the B tokens touch (expected
 // E (1 - (1 - k/E)^B) under uniform routing; that is the bound's assumption). KV-cache reads are
-// left out of the bound (a few KB per token here). Prefill is compute-bound: no bandwidth bound.
-// Rows "f32 sgemm" run the tiled sgemm the GEMV replaced (cpu::set_gemv_enabled(false)) in the
-// same run. Check column: max |logit - reference| of the first decode step, reference = the same
-// weights widened to f32 through the tiled sgemm (16-bit rows: bf16/f16 values widened exactly).
+// left out of the bound, which makes it stricter (2 KB per layer and cached position here: about
+// 1.6 MB a token at the ~100 positions a 1 s measurement reaches). Prefill is compute-bound: no
+// bandwidth bound. Rows "f32 sgemm" run the tiled sgemm the GEMV replaced
+// (cpu::set_gemv_enabled(false)); rows "omp" run the GEMV and cached attention as OpenMP loops (the
+// path before the task pool, cpu::set_task_pool_enabled(false)), "pool" on the task pool (the
+// library's path), the two taking turns. Check column: max |logit - reference| of the first decode
+// step, reference = the same weights widened to f32 through the tiled sgemm (16-bit rows: bf16/f16
+// values widened exactly).
 #include "decode_bench.h"
 
 #include <omp.h>
@@ -17,15 +21,18 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "backend/cpu/gemv.h"
+#include "backend/cpu/task_pool.h"
 #include "machine.h"
 #include "moe/arena.h"
 #include "moe/infer/model.h"
 #include "moe/io/convert.h"
 #include "moe/models/transformer.h"
+#include "moe/step_breakdown.h"
 #include "moe/threads.h"
 #include "moe/timer.h"
 
@@ -187,8 +194,14 @@ Tensor step(const Model& m, Arena& arena, KVCache& cache, const std::vector<int3
 }
 
 // Decode tokens/s at `batch` over the median step (prompts of 8 tokens prefilled untimed; the cache
-// is refilled when full), and the logits of the first decode step.
-double decode_rate(const Model& m, int64_t batch, double min_seconds, std::vector<float>* first) {
+// is refilled when full), and the logits of the first decode step. `parts`: the timed steps' wall
+// time by kind of work (moe/step_breakdown.h), summed, and their count.
+struct Profile {
+  StepBreakdown parts;
+  int64_t steps = 0;
+};
+double decode_rate(const Model& m, int64_t batch, double min_seconds, std::vector<float>* first,
+                   Profile* parts = nullptr) {
   const int64_t prompt = 8;
   KVCache cache = m.model->make_cache(batch);
   Arena arena;
@@ -207,9 +220,15 @@ double decode_rate(const Model& m, int64_t batch, double min_seconds, std::vecto
   while (seconds < min_seconds || steps < 5) {
     if (cache.length[0] + 1 >= m.config.seq) refill();
     const std::vector<int32_t> ids = tokens(batch, m.config.vocab_size, steps);
+    StepBreakdown step_parts;
     Timer t;
-    Tensor logits = step(m, arena, cache, ids, ones, slots);
+    Tensor logits;
+    {
+      StepRecording recording(step_parts);
+      logits = step(m, arena, cache, ids, ones, slots);
+    }
     const double s = t.seconds();
+    if (parts && steps > 0) parts->parts += step_parts, ++parts->steps;
     if (steps == 0 && first)
       first->assign(logits.data<float>(), logits.data<float>() + logits.numel());
     if (steps > 0) seconds += s, times.push_back(s);  // the first step warms arena and caches
@@ -235,6 +254,25 @@ double prefill_rate(const Model& m, int64_t n, double min_seconds) {
   return best;
 }
 
+// Seconds one empty OpenMP parallel region costs (fork, join) on all threads: the best mean over
+// a few runs of many regions. A decode step pays it once per region it opens.
+double fork_join_seconds() {
+  double best = 1e9;
+  for (int run = 0; run < 5; ++run) {
+    const int regions = 2000;
+    Timer t;
+    for (int i = 0; i < regions; ++i) {
+#pragma omp parallel
+      {
+        volatile int sink = omp_get_thread_num();
+        (void)sink;
+      }
+    }
+    best = std::min(best, t.seconds() / regions);
+  }
+  return best;
+}
+
 // Bytes of parameter storage the model holds: values, distinct compute copies, gradients.
 double held_bytes(const ParamSet& params) {
   double bytes = 0;
@@ -244,6 +282,31 @@ double held_bytes(const ParamSet& params) {
       bytes += double(p->compute.nbytes());
   }
   return bytes;
+}
+
+// "# f32: pool batch-1 step 3.10 ms (mean of 120): gemm 2.81 ms 91% | attention ...", parts over
+// 0.5% of the step, largest first.
+void print_parts(const std::string& dtype, const Profile& p) {
+  const double steps = double(std::max<int64_t>(p.steps, 1)), total = p.parts.total();
+  std::vector<std::pair<double, int>> order;
+  for (int i = 0; i < kStepParts; ++i)
+    order.push_back({p.parts.seconds[static_cast<size_t>(i)], i});
+  std::sort(order.rbegin(), order.rend());
+  std::printf("# %s: pool batch-1 step %.3f ms (mean of %lld):", dtype.c_str(), 1e3 * total / steps,
+              static_cast<long long>(p.steps));
+  const char* sep = " ";
+  for (const auto& [seconds, i] : order) {
+    if (total <= 0 || seconds < 0.005 * total) continue;
+    std::printf("%s%s %.3f ms %.0f%%", sep, step_part_name(static_cast<StepPart>(i)),
+                1e3 * seconds / steps, 100 * seconds / total);
+    sep = " | ";
+  }
+  std::printf("\n");
+}
+
+double median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
 }
 
 double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
@@ -265,6 +328,7 @@ int run_decode(const DecodeOptions& o) {
   const double bandwidth =
       read_bandwidth(o.quick ? size_t(64) << 20 : size_t(1) << 30, o.quick ? 2 : 5);
   Model f32 = make_model(c, DType::f32, true);
+  double f32_prefill = 0;  // prefill rows of the other dtypes are compared with it
   int64_t total = 0, active = 0;
   for (const Param* p : f32.params->all()) {
     total += p->numel();
@@ -272,8 +336,8 @@ int run_decode(const DecodeOptions& o) {
               : p->name.rfind("embed.", 0) == 0 ? c.d_model
                                                 : p->numel();
   }
-  std::printf("# moe-bench --decode: %s, %s, %d threads\n", cpu_model().c_str(), now_utc().c_str(),
-              num_threads());
+  std::printf("# moe-bench --decode: %s, %s, %d threads, load average %s\n", cpu_model().c_str(),
+              now_utc().c_str(), num_threads(), load_average().c_str());
   std::printf(
       "# model: mixtral d %lld, %lld layers all MoE, heads %lld (kv %lld), F %lld, E %lld "
       "top-%lld, "
@@ -283,6 +347,11 @@ int run_decode(const DecodeOptions& o) {
       double(total) / 1e6, double(active) / 1e6);
   std::printf("# read bandwidth (streaming read, %d threads, best pass): %.1f GB/s\n",
               num_threads(), bandwidth / 1e9);
+  std::printf(
+      "# OpenMP fork/join (an empty parallel region, %d threads, best mean): %.2f us, "
+      "OMP_WAIT_POLICY=%s\n",
+      num_threads(), 1e6 * fork_join_seconds(),
+      std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "(unset)");
   std::printf(
       "# bound = bandwidth / weight bytes a step reads (batch 8: expected experts touched)\n");
   std::printf("# %-5s %-6s %-15s %10s %10s %7s %12s\n", "dtype", "path", "measure", "tok/s",
@@ -316,19 +385,35 @@ int run_decode(const DecodeOptions& o) {
     cpu::set_gemv_enabled(true);
     const Model lean_model = dtype == DType::f32 && !q8 ? Model{} : make_model(c, dtype, true, q8);
     const Model& m = dtype == DType::f32 && !q8 ? f32 : lean_model;
-    const double d1 = decode_rate(m, 1, min_s, &got);
-    const double d8 = decode_rate(m, 8, min_s, nullptr);
+    // The GEMV on OpenMP regions (before) and on the task pool (the library's path), taking
+    // turns over three rounds (a shared machine's speed drifts); each the median of its rounds.
+    Profile parts;
+    std::vector<double> omp1, omp8, pool1, pool8;
+    for (int round = 0; round < 3; ++round) {
+      cpu::set_task_pool_enabled(false);
+      omp1.push_back(decode_rate(m, 1, min_s / 3, nullptr));
+      omp8.push_back(decode_rate(m, 8, min_s / 3, nullptr));
+      cpu::set_task_pool_enabled(true);
+      pool1.push_back(decode_rate(m, 1, min_s / 3, round == 0 ? &got : nullptr, &parts));
+      pool8.push_back(decode_rate(m, 8, min_s / 3, nullptr));
+    }
     const double pf = prefill_rate(m, prefill, min_s);
-    row(name.c_str(), "gemv", "decode batch 1", d1, bandwidth / step_bytes(*m.params, c, 1),
-        max_diff(got, expect));
-    row(name.c_str(), "gemv", "decode batch 8", d8, 8 * bandwidth / step_bytes(*m.params, c, 8),
-        -1);
+    const double bound1 = bandwidth / step_bytes(*m.params, c, 1),
+                 bound8 = 8 * bandwidth / step_bytes(*m.params, c, 8);
+    row(name.c_str(), "omp", "decode batch 1", median(omp1), bound1, -1);
+    row(name.c_str(), "omp", "decode batch 8", median(omp8), bound8, -1);
+    row(name.c_str(), "pool", "decode batch 1", median(pool1), bound1, max_diff(got, expect));
+    row(name.c_str(), "pool", "decode batch 8", median(pool8), bound8, -1);
+    print_parts(name, parts);
     std::printf("# %s: parameter storage held %.1f MB (the same weights widened to f32: %.1f MB)\n",
                 name.c_str(), held_bytes(*m.params) / 1e6, held_bytes(*ref.params) / 1e6);
     char what[32];
     std::snprintf(what, sizeof what, "prefill %lld", (long long)prefill);
-    row(name.c_str(), "sgemm", what, pf, 0, -1);
+    // Prefill has no bandwidth bound: its "bound" is f32's prefill in this run (ratio: vs f32).
+    if (name == "f32") f32_prefill = pf;
+    row(name.c_str(), "sgemm", what, pf, name == "f32" ? 0 : f32_prefill, -1);
   }
+  std::printf("# load average %s at the end\n", load_average().c_str());
   return 0;
 }
 

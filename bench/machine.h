@@ -1,4 +1,4 @@
-// What a benchmark table's header says about the run: the CPU and the time.
+// What a benchmark table's header says about the run: the CPU, the time and the load.
 #pragma once
 #include <ctime>
 #include <fstream>
@@ -23,6 +23,14 @@ inline std::string now_utc() {
   char buf[64];
   std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", std::gmtime(&t));
   return buf;
+}
+
+// "1.23 0.98 0.75": the 1, 5 and 15 minute load averages (a shared machine disturbs every row).
+inline std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string a, b, c;
+  in >> a >> b >> c;
+  return a + " " + b + " " + c;
 }
 
 }  // namespace moe::bench

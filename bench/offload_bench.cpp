@@ -53,13 +53,6 @@ struct Options {
 
 // ---- page cache ---------------------------------------------------------------------------------
 
-std::string load_average() {
-  std::ifstream in("/proc/loadavg");
-  std::string a, b, c;
-  in >> a >> b >> c;
-  return a + " " + b + " " + c;
-}
-
 int64_t device_read_bytes() {  // bytes this process made the kernel fetch from storage
   std::ifstream in("/proc/self/io");
   std::string key;
@@ -283,7 +276,7 @@ int run(const Options& o) {
       "# %s, %s, %d threads (+1 loader thread), OMP_WAIT_POLICY=%s, load average %s "
       "at start (other processes on a shared machine disturb every row)\n",
       bench::now_utc().c_str(), bench::cpu_model().c_str(), num_threads(),
-      wait_policy ? wait_policy : "(unset)", load_average().c_str());
+      wait_policy ? wait_policy : "(unset)", bench::load_average().c_str());
   {
     infer::LoadedModel m = infer::load_ring_model(path);
     const offload::ExpertRing& probe = *m.ring;
@@ -370,7 +363,7 @@ int run(const Options& o) {
       print(measure(v.name, *m.model, m.ring.get(), batches, path, o, config.num_moe_layers()));
     }
   }
-  std::printf("# load average %s at the end\n", load_average().c_str());
+  std::printf("# load average %s at the end\n", bench::load_average().c_str());
   return tools::finish_stdout("moe-offload-bench");
 }
 

@@ -393,13 +393,6 @@ void file_ceiling(const std::string& dir, int64_t bytes, double& write_mbs, doub
   fs::remove(path);
 }
 
-std::string load_average() {
-  std::ifstream in("/proc/loadavg");
-  std::string a, b, c;
-  in >> a >> b >> c;
-  return a + " " + b + " " + c;
-}
-
 // ---- 1. memory --------------------------------------------------------------------------------
 
 void memory_table(const Options& o, Scratch& scratch, int64_t ram_budget, int64_t host_budget) {
@@ -641,7 +634,7 @@ int run_all(const Options& o) {
       "besides), OMP_WAIT_POLICY=%s, load average %s at start (other processes on a shared "
       "machine disturb every row)\n",
       bench::now_utc().c_str(), bench::cpu_model().c_str(), std::thread::hardware_concurrency(),
-      threads, wait_policy ? wait_policy : "(unset)", load_average().c_str());
+      threads, wait_policy ? wait_policy : "(unset)", bench::load_average().c_str());
   std::printf(
       "# data %s; ceilings (this run): memcpy %.1f GB/s (one thread: a host-tier upload), "
       "scratch dir %s: sequential write+fsync %.0f MB/s, read after a page-cache drop %.0f "
@@ -656,7 +649,7 @@ int run_all(const Options& o) {
   if (o.only.find('2') != std::string::npos) throughput_table(opt, scratch);
   std::fflush(stdout);
   if (o.only.find('3') != std::string::npos) ablation_table(opt, scratch);
-  std::printf("# load average %s at the end\n", load_average().c_str());
+  std::printf("# load average %s at the end\n", bench::load_average().c_str());
   return tools::finish_stdout("moe-offload-train-bench");
 }
 

@@ -12,6 +12,12 @@
 # FLAGS="--aux-loss-coef 0.01" (the previous default, less the router's previous init) and
 # CONFIGS="demo-gpt demo-mixtral d512-gpt d512-mixtral" override; WORK=run/bench-routing. Needs
 # python3 and the fortunes corpus (scripts/setup installs both).
+# Aux-loss-free balancing (issue 21) against the aux loss, the same steps and seed:
+#   WORK=run/bench-aux bench/routing_balance.sh
+#   WORK=run/bench-free FLAGS="--router sigmoid --balance-bias-rate 0.01 --aux-loss-coef 0" \
+#     bench/routing_balance.sh
+# Each table's row is labelled with its FLAGS; "mean 26+ (all layers)" averages every MoE layer's
+# max/mean (not only the worst one's) over the steps after the first 25.
 set -euo pipefail
 bin=${1:-build}/bin
 work=${WORK:-run/bench-routing}
@@ -37,22 +43,25 @@ for c in $configs; do
     2> "$work/$c.log" || { tail -5 "$work/$c.log" >&2; exit 1; }
 done
 # shellcheck disable=SC2086 # configs is a word list
-python3 - "$work" $configs <<'EOF'
+python3 - "$work" "${FLAGS:-defaults}" $configs <<'EOF'
 import json, sys
-work, configs = sys.argv[1], sys.argv[2:]
+work, label, configs = sys.argv[1], sys.argv[2], sys.argv[3:]
 for c in configs:
     rows = [json.loads(line) for line in open(f"{work}/{c}.jsonl")]
     steps = [r for r in rows if "expert_load_max_over_mean" in r]
     worst = {r["step"]: max(r["expert_load_max_over_mean"]) for r in steps}
     shown = [s for s in sorted(worst) if s == 1 or s % 25 == 0]
     late = [v for s, v in worst.items() if s > 25]
+    layers = [sum(r["expert_load_max_over_mean"]) / len(r["expert_load_max_over_mean"])
+              for r in steps if r["step"] > 25]
     high = sum(1 for v in worst.values() if v >= 3.5)
     val = [r["val_loss"] for r in rows if "val_loss" in r]
     print(f"\n{c}: worst layer's max/mean load")
     print("| step | " + " | ".join(str(s) for s in shown) +
-          " | mean 26+ | steps at 3.5+ | loss | val |")
-    print("|---" * (len(shown) + 5) + "|")
-    print("| load | " + " | ".join(f"{worst[s]:.2f}" for s in shown) + " | " +
-          (f"{sum(late) / len(late):.2f}" if late else "-") + f" | {high} | " +
+          " | mean 26+ | mean 26+ (all layers) | steps at 3.5+ | loss | val |")
+    print("|---" * (len(shown) + 6) + "|")
+    print(f"| {label} | " + " | ".join(f"{worst[s]:.2f}" for s in shown) + " | " +
+          (f"{sum(late) / len(late):.2f}" if late else "-") + " | " +
+          (f"{sum(layers) / len(layers):.2f}" if layers else "-") + f" | {high} | " +
           f"{steps[-1]['loss']:.3f} | " + (f"{val[-1]:.3f}" if val else "-") + " |")
 EOF

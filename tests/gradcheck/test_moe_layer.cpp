@@ -1,6 +1,7 @@
 // Finite-difference checks of the MoE layer's backward: the router (gate weights, aux loss,
-// z-loss), the grouped-GEMM experts (gelu + bias, swiglu) and the whole layer for k = 1, 2,
-// dropless and with capacity drops, gpt and mixtral flavours, w.r.t. x and every parameter.
+// z-loss; softmax or sigmoid scoring), the grouped-GEMM experts (gelu + bias, swiglu) and the whole
+// layer for k = 1, 2, dropless and with capacity drops, gpt and mixtral flavours, with a shared
+// expert (gated or not) and sigmoid scoring with a selection bias, w.r.t. x and every parameter.
 //
 // Top-k is piecewise constant: the router weights give well-separated logits, eps is small, and
 // every perturbed forward must reproduce the unperturbed routing (checked).
@@ -29,6 +30,7 @@ struct RouterCase {
   int64_t k;
   bool normalize;
   float capacity_factor, jitter;
+  bool sigmoid = false;  // sigmoid scoring with a random selection bias
 };
 
 void check_router(const RouterCase& rc_case, double gate_scale, float aux_scale, float z_scale) {
@@ -40,9 +42,12 @@ void check_router(const RouterCase& rc_case, double gate_scale, float aux_scale,
   rc.normalize_topk = rc_case.normalize;
   rc.capacity_factor = rc_case.capacity_factor;
   rc.jitter = rc_case.jitter;
+  rc.scoring = rc_case.sigmoid ? RouterScoring::sigmoid : RouterScoring::softmax;
+  rc.selection_bias = rc_case.sigmoid;
   ParamSet ps(17);
   Router router(ps, "blocks.0.moe.router", rc);
   test::randomize_param(router.weight(), 18, 3.0f / std::sqrt(float(D)));
+  if (rc_case.sigmoid) test::randomize_param(*router.selection_bias(), 21, 0.3f);
   Tensor x = test::random_tensor({N, D}, 19);
   RouterStep step{4, 5, 0, true};
   RouterOutput base = router.forward(x, step);
@@ -72,12 +77,13 @@ void check_router(const RouterCase& rc_case, double gate_scale, float aux_scale,
 TEST_CASE("moe: router gradcheck (gate weights, aux loss, z-loss) w.r.t. x and weight",
           "[moe][gradcheck]") {
   const RouterCase cases[] = {
-      {1, false, 0.0f, 0.0f}, {2, false, 0.0f, 0.1f}, {2, true, 0.0f, 0.0f},
-      {2, true, 0.8f, 0.0f},  {3, true, 0.0f, 0.1f},
+      {1, false, 0.0f, 0.0f},      {2, false, 0.0f, 0.1f},       {2, true, 0.0f, 0.0f},
+      {2, true, 0.8f, 0.0f},       {3, true, 0.0f, 0.1f},        {1, false, 0.0f, 0.0f, true},
+      {2, true, 0.0f, 0.1f, true}, {2, false, 0.8f, 0.0f, true},
   };
   for (const RouterCase& c : cases) {
     INFO("k " << c.k << " normalize " << c.normalize << " cf " << c.capacity_factor << " jitter "
-              << c.jitter);
+              << c.jitter << " sigmoid " << c.sigmoid);
     {
       INFO("gate only");
       check_router(c, 1.0, 0.0f, 0.0f);
@@ -136,12 +142,23 @@ TEST_CASE("moe: layer gradcheck, gpt and mixtral, k 1 and 2, dropless and with d
     bool mixtral;
     int64_t k;
     float capacity_factor;
+    int64_t shared_ff = 0;  // a shared expert (its params: w1, w2, w3 or b1, b2; and the gate)
+    bool shared_gate = false;
+    bool sigmoid = false;  // sigmoid scoring and a (random) selection bias
   };
   const LayerCase cases[] = {
-      {"gpt k1 dropless", false, 1, 0.0f},    {"gpt k1 drops", false, 1, 0.75f},
-      {"gpt k2 dropless", false, 2, 0.0f},    {"gpt k2 drops", false, 2, 0.75f},
-      {"mixtral k1 dropless", true, 1, 0.0f}, {"mixtral k1 drops", true, 1, 0.75f},
-      {"mixtral k2 dropless", true, 2, 0.0f}, {"mixtral k2 drops", true, 2, 0.75f},
+      {"gpt k1 dropless", false, 1, 0.0f},
+      {"gpt k1 drops", false, 1, 0.75f},
+      {"gpt k2 dropless", false, 2, 0.0f},
+      {"gpt k2 drops", false, 2, 0.75f},
+      {"mixtral k1 dropless", true, 1, 0.0f},
+      {"mixtral k1 drops", true, 1, 0.75f},
+      {"mixtral k2 dropless", true, 2, 0.0f},
+      {"mixtral k2 drops", true, 2, 0.75f},
+      {"gpt k2 drops, shared expert", false, 2, 0.75f, 10},
+      {"mixtral k2 dropless, gated shared expert", true, 2, 0.0f, 10, true},
+      {"gpt k2 drops, sigmoid + bias", false, 2, 0.75f, 0, false, true},
+      {"mixtral k2 dropless, sigmoid + bias, gated shared expert", true, 2, 0.0f, 10, true, true},
   };
   const int64_t N = 24, D = 8, E = 4, F = 12;
   const float aux_scale = 0.5f, z_scale = 0.05f;
@@ -158,6 +175,10 @@ TEST_CASE("moe: layer gradcheck, gpt and mixtral, k 1 and 2, dropless and with d
     config.router.jitter = c.mixtral ? 0.0f : 0.05f;
     config.experts =
         ExpertsConfig{E, D, F, c.mixtral ? Activation::swiglu : Activation::gelu, !c.mixtral};
+    config.shared_ff = c.shared_ff;
+    config.shared_gate = c.shared_gate;
+    config.router.scoring = c.sigmoid ? RouterScoring::sigmoid : RouterScoring::softmax;
+    config.router.selection_bias = c.sigmoid;
     ParamSet ps(seed);
     MoELayer layer(ps, "blocks.1.moe", config);
     test::randomize_moe_params(ps, D, F, 0.2f, 0x5eed);
@@ -186,9 +207,16 @@ TEST_CASE("moe: layer gradcheck, gpt and mixtral, k 1 and 2, dropless and with d
     ps.zero_grad();
     Tensor dx = layer.backward(r, saved, aux_scale, z_scale);
     MOE_REQUIRE_GRAD(test::check_gradient(x, dx, loss, 2e-3), kTol);
-    REQUIRE(ps.size() == (c.mixtral ? 4u : 5u));
+    const size_t shared_params = c.shared_ff == 0 ? 0 : (c.mixtral ? 3u : 4u) + c.shared_gate;
+    REQUIRE(ps.size() == (c.mixtral ? 4u : 5u) + shared_params + c.sigmoid);
     for (Param* p : ps.all()) {
       INFO(p->name);
+      if (p->frozen) {  // the selection bias only moves choices: no gradient, numerically none
+        const test::GradCheckResult g = test::check_gradient(p->value, p->grad, loss, 2e-3);
+        REQUIRE(g.grad_scale == 0.0);
+        REQUIRE(g.max_error == 0.0);
+        continue;
+      }
       MOE_REQUIRE_GRAD(test::check_gradient(p->value, p->grad, loss, 2e-3), kTol);
     }
     REQUIRE_FALSE(routing_changed);

@@ -26,6 +26,18 @@ namespace {
 
 std::vector<float> values(const Tensor& t) { return t.to_vector(); }
 
+// The router backward's coefficients as the ops compute them on the host, for aux_scale 0.01 and
+// z_scale 0.001 over N tokens (the load counts those N).
+std::vector<float> aux_coefficients(const std::vector<int64_t>& load, int64_t N, int64_t k) {
+  const auto E = static_cast<int64_t>(load.size());
+  std::vector<float> coef(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e)
+    coef[e] = static_cast<float>(static_cast<double>(0.01f) * E * static_cast<double>(load[e]) /
+                                 (static_cast<double>(N) * k * N));
+  return coef;
+}
+float z_factor_of(int64_t N) { return static_cast<float>(2.0 * 0.001f / static_cast<double>(N)); }
+
 }  // namespace
 
 TEST_CASE("cuda harness: router jitter, softmax, top-k and backward match the CPU ops",
@@ -48,12 +60,8 @@ TEST_CASE("cuda harness: router jitter, softmax, top-k and backward match the CP
     Tensor dw = test::random_tensor({N, k}, 4);
     Tensor dlogits = Tensor::empty({N, E});
     ops::router_backward(probs, lse, idx, dw, normalize, load, N, 0.01f, 0.001f, dlogits);
-    // The coefficients as router_backward computes them on the host.
-    std::vector<float> coef(E);
-    for (int64_t e = 0; e < E; ++e)
-      coef[e] = static_cast<float>(static_cast<double>(0.01f) * E * static_cast<double>(load[e]) /
-                                   (static_cast<double>(N) * k * N));
-    const float z_factor = static_cast<float>(2.0 * 0.001f / static_cast<double>(N));
+    const std::vector<float> coef = aux_coefficients(load, N, k);
+    const float z_factor = z_factor_of(N);
 
     for (auto shape : test::kHarnessGrids) {
       std::vector<float> xs = values(x), ns(N * D, -1), rs(N * D, -1);
@@ -76,7 +84,8 @@ TEST_CASE("cuda harness: router jitter, softmax, top-k and backward match the CP
       std::vector<int32_t> is(N * k, -2);
       std::vector<float> ws(N * k, -1);
       cuda::run_grid_on_cpu<body::RouterTopk>(shape, static_cast<const float*>(ps.data()), N, E, k,
-                                              normalize, is.data(), ws.data());
+                                              normalize, is.data(), ws.data(),
+                                              static_cast<const float*>(nullptr));
       REQUIRE(is == test::int_values(idx));
       REQUIRE(ws == values(w));
 
@@ -86,6 +95,65 @@ TEST_CASE("cuda harness: router jitter, softmax, top-k and backward match the CP
           static_cast<const int32_t*>(is.data()), static_cast<const float*>(dws.data()), N, E, k,
           normalize, static_cast<const float*>(coef.data()), z_factor, dl.data());
       REQUIRE(dl == values(dlogits));
+    }
+  }
+}
+
+TEST_CASE(
+    "cuda harness: sigmoid scoring, biased top-k, their backward and the gate's sigmoid "
+    "match the CPU ops",
+    "[cuda-harness]") {
+  const int64_t N = 31, E = 7, k = 2;
+  Tensor logits = test::router_logits(N, E, 13);
+  Tensor scores = Tensor::empty({N, E}), probs = Tensor::empty({N, E}), lse = Tensor::empty({N});
+  ops::router_sigmoid(logits, scores, probs, lse);
+  Tensor bias = test::random_tensor({E}, 14);
+  Tensor y = Tensor::empty({N, E}), dx = Tensor::empty({N, E});
+  Tensor dy = test::random_tensor({N, E}, 16);
+  ops::sigmoid(logits, y);
+  ops::sigmoid_backward(dy, y, dx);
+  for (bool normalize : {false, true}) {
+    INFO("normalize " << normalize);
+    Tensor idx = Tensor::empty({N, k}, DType::i32), w = Tensor::empty({N, k});
+    ops::router_topk(scores, k, normalize, idx, w, bias);
+    const std::vector<int64_t> load = ops::router_load(idx, E);
+    Tensor dw = test::random_tensor({N, k}, 15);
+    Tensor dlogits = Tensor::empty({N, E});
+    ops::router_backward_sigmoid(scores, logits, lse, idx, dw, normalize, load, N, 0.01f, 0.001f,
+                                 dlogits);
+    const std::vector<float> coef = aux_coefficients(load, N, k);
+    const float z_factor = z_factor_of(N);
+    for (auto shape : test::kHarnessGrids) {
+      const std::vector<float> ls = values(logits), bs = values(bias), dws = values(dw);
+      std::vector<float> ss(N * E, -1), ps(N * E, -1), zs(N, -1);
+      cuda::run_grid_on_cpu<body::RouterSigmoid>(shape, static_cast<const float*>(ls.data()),
+                                                 ss.data(), ps.data(), zs.data(), N, E);
+      REQUIRE(ss == values(scores));
+      REQUIRE(ps == values(probs));
+      REQUIRE(zs == values(lse));
+      std::vector<int32_t> is(N * k, -2);
+      std::vector<float> ws(N * k, -1);
+      cuda::run_grid_on_cpu<body::RouterTopk>(shape, static_cast<const float*>(ss.data()), N, E, k,
+                                              normalize, is.data(), ws.data(),
+                                              static_cast<const float*>(bs.data()));
+      REQUIRE(is == test::int_values(idx));
+      REQUIRE(ws == values(w));
+      std::vector<float> dl(N * E, -1);
+      cuda::run_grid_on_cpu<body::RouterBackwardSigmoid>(
+          shape, static_cast<const float*>(ss.data()), static_cast<const float*>(ls.data()),
+          static_cast<const float*>(zs.data()), static_cast<const int32_t*>(is.data()),
+          static_cast<const float*>(dws.data()), N, E, k, normalize,
+          static_cast<const float*>(coef.data()), z_factor, dl.data());
+      REQUIRE(dl == values(dlogits));
+      std::vector<float> ys(N * E, -1), gs(N * E, -1);
+      const std::vector<float> dys = values(dy);
+      cuda::run_grid_on_cpu<body::Sigmoid>(shape, static_cast<const float*>(ls.data()), ys.data(),
+                                           N * E);
+      REQUIRE(ys == values(y));
+      cuda::run_grid_on_cpu<body::SigmoidBackward>(shape, static_cast<const float*>(dys.data()),
+                                                   static_cast<const float*>(ys.data()), gs.data(),
+                                                   N * E);
+      REQUIRE(gs == values(dx));
     }
   }
 }

@@ -202,3 +202,40 @@ TEST_CASE("q8_0: |x - dequantised| <= scale / 2, zero blocks exact, non-finite r
   CHECK_THROWS_WITH(cpu::quantize_q8_0_row(zeros.data(), 40, row.data()),
                     Catch::Contains("element 3 is not finite"));
 }
+
+TEST_CASE("gemv: widen_rows gives each element's exact value (vector and tail paths)", "[gemv]") {
+  // Checked element by element against the scalar conversions, over rows whose length leaves a
+  // tail of every size class, with f16 subnormals and zeros among the values.
+  for (const int64_t in : {1, 15, 16, 17, 40, 95}) {
+    for (WeightFormat f : kFormats) {
+      Weights w(f, 3, in, 20 + static_cast<uint64_t>(in));
+      if (f == WeightFormat::f16) {
+        w.half[0] = 0x0001;                            // the smallest subnormal
+        w.half[static_cast<size_t>(in) - 1] = 0x83ff;  // the largest negative subnormal
+        w.half[static_cast<size_t>(in)] = 0x8000;      // -0
+      }
+      std::vector<float> got(static_cast<size_t>(3 * in), std::nanf(""));
+      cpu::widen_rows(w.matrix(), 0, 3, got.data());
+      bool exact = true;
+      for (int64_t o = 0; o < 3; ++o)
+        for (int64_t j = 0; j < in; ++j) {
+          const size_t at = static_cast<size_t>(o * in + j);
+          float expect = 0;
+          if (f == WeightFormat::f32) {
+            expect = w.f32[at];
+          } else if (f == WeightFormat::bf16) {
+            expect = kernels::bf16_to_f32(w.half[at]);
+          } else if (f == WeightFormat::f16) {
+            expect = kernels::f16_to_f32(w.half[at]);
+          } else {
+            const uint8_t* row = w.q8.data() + o * cpu::q8_row_bytes(in);
+            expect = cpu::q8_scale(row, in, j / cpu::kQ8Block) *
+                     static_cast<float>(static_cast<int8_t>(row[j]));
+          }
+          exact = exact && std::memcmp(&expect, &got[at], sizeof(float)) == 0;
+        }
+      INFO(cpu::weight_format_name(f) << ", in " << in);
+      CHECK(exact);
+    }
+  }
+}

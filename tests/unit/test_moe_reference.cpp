@@ -7,6 +7,7 @@
 #include "moe/nn/moe_reference.h"
 #include "moe/ops/core.h"
 #include "moe/rng.h"
+#include "support/cuda.h"
 #include "support/gradcheck.h"
 
 using namespace moe;
@@ -33,6 +34,10 @@ struct Case {
   int64_t experts, top_k;
   float capacity_factor, jitter;
   bool bias = false;  // swiglu only; gelu always has biases
+  int64_t shared_ff = 0;
+  bool shared_gate = false;
+  bool sigmoid = false;       // sigmoid scoring with a (random) selection bias
+  bool softmax_bias = false;  // softmax scoring with a (random) selection bias
 };
 
 MoEConfig make_config(const Case& c, int64_t d_model, int64_t d_ff) {
@@ -45,6 +50,10 @@ MoEConfig make_config(const Case& c, int64_t d_model, int64_t d_ff) {
   config.router.capacity_factor = c.capacity_factor;
   config.router.jitter = c.jitter;
   config.experts = ExpertsConfig{c.experts, d_model, d_ff, c.activation, gpt || c.bias};
+  config.router.scoring = c.sigmoid ? RouterScoring::sigmoid : RouterScoring::softmax;
+  config.router.selection_bias = c.sigmoid || c.softmax_bias;
+  config.shared_ff = c.shared_ff;
+  config.shared_gate = c.shared_gate;
   return config;
 }
 
@@ -64,6 +73,19 @@ TEST_CASE("moe: fast layer equals the per-token reference (forward, losses, ever
       {"mixtral k3 E4 dropless", Activation::swiglu, 4, 3, 0.0f, 0.0f},
       {"mixtral k3 E4 capacity", Activation::swiglu, 4, 3, 0.7f, 0.0f},
       {"swiglu with biases k2 capacity", Activation::swiglu, 6, 2, 0.9f, 0.0f, true},
+      {"gpt k2 capacity, shared expert", Activation::gelu, 6, 2, 0.8f, 0.0f, false, 20},
+      {"mixtral k2 dropless, gated shared expert", Activation::swiglu, 8, 2, 0.0f, 0.0f, false, 36,
+       true},
+      {"swiglu with biases k1 capacity jitter, gated shared expert", Activation::swiglu, 5, 1, 0.9f,
+       0.1f, true, 12, true},
+      {"gpt k2 capacity, sigmoid + bias", Activation::gelu, 6, 2, 0.8f, 0.0f, false, 0, false,
+       true},
+      {"mixtral k2 dropless, sigmoid + bias, gated shared expert", Activation::swiglu, 8, 2, 0.0f,
+       0.0f, false, 24, true, true},
+      {"mixtral k3 E4 capacity jitter, sigmoid + bias", Activation::swiglu, 4, 3, 0.8f, 0.1f, false,
+       0, false, true},
+      {"mixtral k2 dropless, softmax + bias", Activation::swiglu, 8, 2, 0.0f, 0.0f, false, 0, false,
+       false, true},
   };
   const int64_t N = 48, D = 24, F = 40;
   const float aux_scale = 0.5f, z_scale = 0.05f;
@@ -88,6 +110,18 @@ TEST_CASE("moe: fast layer equals the per-token reference (forward, losses, ever
         moe_reference(ps, "blocks.2.moe", config, x, step, dy, aux_scale, z_scale);
 
     if (c.capacity_factor > 0) REQUIRE(stats.dropped > 0);
+    if (config.router.selection_bias) {  // the bias must have moved some token's first choice
+      const std::vector<float> s = saved.router.scores.to_vector();
+      const std::vector<int32_t> idx = test::int_values(saved.router.topk_idx);
+      int64_t moved = 0;
+      for (int64_t t = 0; t < N; ++t) {
+        int64_t best = 0;
+        for (int64_t e = 1; e < c.experts; ++e)
+          if (s[t * c.experts + e] > s[t * c.experts + best]) best = e;
+        moved += idx[t * c.top_k] != best;
+      }
+      CHECK(moved > 0);
+    }
     REQUIRE(stats.dropped == ref.stats.dropped);
     REQUIRE(stats.assignments == N * c.top_k);
     REQUIRE(stats.load == ref.stats.load);
@@ -100,6 +134,11 @@ TEST_CASE("moe: fast layer equals the per-token reference (forward, losses, ever
     for (Param* p : ps.all()) {
       INFO(p->name);
       REQUIRE(ref.grads.count(p->name) == 1);
+      if (p->frozen) {  // the selection bias: no gradient, in both
+        CHECK(ops::sum_squares(p->grad) == 0.0);
+        CHECK(ops::sum_squares(ref.grads.at(p->name)) == 0.0);
+        continue;
+      }
       CHECK(rel_error(p->grad, ref.grads.at(p->name)) < tol);
     }
   }

@@ -72,6 +72,26 @@ TEST_CASE("recompute: moe and block train bitwise like none (gpt, mixtral, f32, 
   }
 }
 
+TEST_CASE(
+    "recompute: a shared expert, sigmoid routing and the bias update train bitwise "
+    "like none",
+    "[train][recompute]") {
+  ModelConfig c = routed_model(Arch::mixtral);
+  c.shared_expert_ff = 24;
+  c.router_scoring = nn::RouterScoring::sigmoid;
+  c.balance_bias_rate = 0.01;
+  c.resolve();
+  train::Trainer none(c, small_train("none", 2), {});
+  for (int i = 0; i < 3; ++i) none.step();
+  for (const char* mode : {"moe", "block"}) {
+    INFO("--recompute " << mode);
+    train::Trainer again(c, small_train(mode, 2), {});
+    for (int i = 0; i < 3; ++i) again.step();
+    REQUIRE(same_bits(none.snapshot().params, again.snapshot().params));
+    REQUIRE(same_bits(none.snapshot().optim, again.snapshot().optim));
+  }
+}
+
 TEST_CASE("recompute: the activation high-water mark falls from none to moe to block",
           "[train][recompute]") {
   // Long sequences and wide experts, so that attention's [B,H,T,T] probabilities and the experts'

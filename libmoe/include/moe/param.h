@@ -40,9 +40,14 @@ struct Param {
   Tensor compute;    // fp32 values the kernels read: `value` itself when f32, else an upcast copy
   bool expert = false;  // leading dimension indexes experts of one layer
   bool decay = true;    // AdamW weight decay applies (not for norms, biases)
-  ParamShard shard;     // defined when this rank holds a slice of the logical tensor
-  Shape shape;          // the local shape (value's, when it has storage)
-  Init init;            // how it was initialised (an ExpertStore initialises offloaded ones)
+  // No optimizer update and no gradient reduction: AdamW keeps no state for it, GradSync and ZeRO
+  // leave it alone, and its gradient stays zero (no backward writes it). Explicit code changes it
+  // the same way on every rank (the routers' selection bias: nn::update_selection_bias). Saved and
+  // loaded like any parameter.
+  bool frozen = false;
+  ParamShard shard;  // defined when this rank holds a slice of the logical tensor
+  Shape shape;       // the local shape (value's, when it has storage)
+  Init init;         // how it was initialised (an ExpertStore initialises offloaded ones)
   // Expert state held by an nn::ExpertStore (offloaded training, moe/nn/expert_store.h): value,
   // grad and compute stay undefined; the store holds each expert's rows and initialises them
   // with ParamSet::initial_rows. Code that walks a ParamSet skips offloaded parameters.

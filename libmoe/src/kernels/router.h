@@ -1,7 +1,9 @@
-// Kernel bodies of the router, one token row at a time: Switch jitter, top-k selection and
-// renormalisation, and the gate/softmax/aux/z backward of a row.
+// Kernel bodies of the router, one token row at a time: Switch jitter, sigmoid scores
+// (DeepSeek-V3), top-k selection (optionally on scores plus a per-expert selection bias) and
+// renormalisation, and the gate/softmax/aux/z backward of a row (and its sigmoid counterpart).
 // Shapes: N tokens, D model width, E experts, k experts per token.
 #pragma once
+#include "kernels/activations.h"
 #include "kernels/common.h"
 #include "kernels/philox.h"
 #include "kernels/softmax.h"
@@ -14,17 +16,40 @@ MOE_HD float jitter_factor(uint64_t key, uint64_t index, float jitter) {
   return (1.0f - jitter) + 2.0f * jitter * u;
 }
 
-// The k largest of p[0..E) (ties: the lower expert index first), in descending order, into idx;
-// their probabilities into weight, renormalised to sum to 1 when `normalize`. k <= E.
+// Sigmoid scoring of one row: scores[e] = sigmoid(logits[e]), probs[e] = scores[e] / sum of the
+// row's scores (what the aux loss's P_e averages); returns logsumexp(logits) (the z-loss reads it
+// as under softmax scoring).
+MOE_HD float sigmoid_row(const float* logits, float* scores, float* probs, int64_t n) {
+  float m = logits[0];
+  for (int64_t j = 1; j < n; ++j) m = logits[j] > m ? logits[j] : m;
+  float z = 0.0f, sum = 0.0f;
+  for (int64_t j = 0; j < n; ++j) {
+    z += expf(logits[j] - m);
+    scores[j] = sigmoid(logits[j]);
+    sum += scores[j];
+  }
+  const float inv = 1.0f / sum;  // sum > 0: every score is
+  for (int64_t j = 0; j < n; ++j) probs[j] = scores[j] * inv;
+  return m + logf(z);
+}
+
+// The k largest of p[0..E) + bias[0..E) (bias may be null; ties: the lower expert index first), in
+// descending order, into idx; their p (never the bias) into weight, renormalised to sum to 1 when
+// `normalize`. k <= E.
 MOE_HD void topk_row(const float* p, int64_t num_experts, int64_t k, bool normalize, int32_t* idx,
-                     float* weight) {
+                     float* weight, const float* bias = nullptr) {
   for (int64_t j = 0; j < k; ++j) {
     int64_t best = -1;
+    float best_key = 0.0f;
     for (int64_t e = 0; e < num_experts; ++e) {
       bool taken = false;
       for (int64_t i = 0; i < j; ++i) taken = taken || idx[i] == e;
       if (taken) continue;
-      if (best < 0 || p[e] > p[best]) best = e;
+      const float key = bias ? p[e] + bias[e] : p[e];
+      if (best < 0 || key > best_key) {
+        best = e;
+        best_key = key;
+      }
     }
     idx[j] = static_cast<int32_t>(best);
     weight[j] = p[best];
@@ -44,11 +69,9 @@ MOE_HD void topk_row(const float* p, int64_t num_experts, int64_t k, bool normal
 //   aux_coef [E]  d loss / d probs[e] through the aux loss (aux_scale * E * f_e / N), may be null,
 //   z_coef        d loss / d lse of this row through the z loss (z_scale * 2 * lse / N).
 // p [E] are the row's probabilities, idx [k] its choices. Writes dlogits [E].
-MOE_HD void router_backward_row(const float* p, int64_t num_experts, const int32_t* idx,
-                                const float* dweight, int64_t k, bool normalize,
-                                const float* aux_coef, float z_coef, float* dlogits) {
-  float* dp = dlogits;  // d loss / d probs, then turned into d loss / d logits in place
-  for (int64_t e = 0; e < num_experts; ++e) dp[e] = aux_coef ? aux_coef[e] : 0.0f;
+// Adds d loss / d p[e] through the gate weights (topk_row's weights from p) into dp [E].
+MOE_HD void gate_backward_row(const float* p, const int32_t* idx, const float* dweight, int64_t k,
+                              bool normalize, float* dp) {
   if (normalize) {
     // w_j = p_j / S, S = sum of the chosen p: d/dp_i = (dw_i - sum_j dw_j w_j) / S
     float sum = 0.0f;
@@ -62,9 +85,43 @@ MOE_HD void router_backward_row(const float* p, int64_t num_experts, const int32
   } else {
     for (int64_t j = 0; j < k; ++j) dp[idx[j]] += dweight[j];
   }
+}
+
+MOE_HD void router_backward_row(const float* p, int64_t num_experts, const int32_t* idx,
+                                const float* dweight, int64_t k, bool normalize,
+                                const float* aux_coef, float z_coef, float* dlogits) {
+  float* dp = dlogits;  // d loss / d probs, then turned into d loss / d logits in place
+  for (int64_t e = 0; e < num_experts; ++e) dp[e] = aux_coef ? aux_coef[e] : 0.0f;
+  gate_backward_row(p, idx, dweight, k, normalize, dp);
   softmax_backward_row(p, dp, dlogits, num_experts);
   // d lse / d logits = p
   for (int64_t e = 0; e < num_experts; ++e) dlogits[e] += z_coef * p[e];
+}
+
+// The sigmoid counterpart of router_backward_row: s [E] the row's sigmoid scores, logits [E] and
+// lse its logits and their logsumexp (z loss), aux_coef [E] d loss / d probs[e] where probs are the
+// normalised scores q = s / S. Writes dlogits [E]:
+//   d/ds_i = gates' part + (aux_coef[i] - sum_e aux_coef[e] q_e) / S,
+//   dlogits_i = d/ds_i * s_i (1 - s_i) + z_coef * exp(logits_i - lse).
+MOE_HD void router_backward_sigmoid_row(const float* s, const float* logits, float lse,
+                                        int64_t num_experts, const int32_t* idx,
+                                        const float* dweight, int64_t k, bool normalize,
+                                        const float* aux_coef, float z_coef, float* dlogits) {
+  float* ds = dlogits;  // d loss / d scores, then turned into d loss / d logits in place
+  for (int64_t e = 0; e < num_experts; ++e) ds[e] = 0.0f;
+  if (aux_coef) {
+    float sum = 0.0f, dot = 0.0f;
+    for (int64_t e = 0; e < num_experts; ++e) {
+      sum += s[e];
+      dot += aux_coef[e] * s[e];
+    }
+    const float inv = 1.0f / sum;
+    dot *= inv;  // sum_e aux_coef[e] q_e
+    for (int64_t e = 0; e < num_experts; ++e) ds[e] = (aux_coef[e] - dot) * inv;
+  }
+  gate_backward_row(s, idx, dweight, k, normalize, ds);
+  for (int64_t e = 0; e < num_experts; ++e)
+    dlogits[e] = ds[e] * s[e] * (1.0f - s[e]) + z_coef * expf(logits[e] - lse);
 }
 
 }  // namespace moe::kernels

@@ -8,10 +8,6 @@ namespace moe::nn {
 
 Block::Block(ParamSet& ps, const BlockConfig& config, int64_t index, const Parallel* parallel)
     : index_(index) {
-  // Features whose layers are being built (issue 21); refused by name until they land.
-  MOE_USAGE_CHECK(config.shared_expert_ff == 0, "shared experts are not built yet");
-  MOE_USAGE_CHECK(config.router_scoring == RouterScoring::softmax,
-                  "sigmoid routing is not built yet");
   const std::string prefix = "blocks." + std::to_string(index);
   const float init_std = 0.02f;
   // GPT-2: projections into the residual stream scaled by 1/sqrt(2 L).
@@ -54,6 +50,8 @@ Block::Block(ParamSet& ps, const BlockConfig& config, int64_t index, const Paral
     moe.router.normalize_topk = config.normalize_topk;
     moe.router.jitter = static_cast<float>(config.router_jitter);
     moe.router.capacity_factor = static_cast<float>(config.capacity_factor);
+    moe.router.scoring = config.router_scoring;
+    moe.router.selection_bias = config.router_selection_bias;
     // Switch Transformer's router scale: normal(sqrt(0.1 / D)). The router reads a normalised
     // (unit-RMS) stream, so its logits start with std ~sqrt(0.1) at every width; a fixed 0.02
     // gives 0.02 sqrt(D) (0.45 at D 512), sharper gates the wider the model. It does not change
@@ -67,6 +65,10 @@ Block::Block(ParamSet& ps, const BlockConfig& config, int64_t index, const Paral
     moe.experts.init_std = init_std;
     moe.experts.out_init_std = out_std;
     moe.block = index;
+    moe.shared_ff = config.shared_expert_ff;
+    // Qwen2-MoE's gate scales the shared expert; without one (--shared-expert-ff 0) it has nothing
+    // to scale.
+    moe.shared_gate = config.shared_expert_gate && config.shared_expert_ff > 0;
     moe_ = std::make_unique<MoELayer>(ps, prefix + ".moe", moe, parallel);
   }
 }

@@ -1,5 +1,6 @@
 // MoE layer forward/backward (see moe/nn/moe_layer.h).
-// Shapes: N tokens, D model width, E experts, k experts per token, M kept assignments.
+// Shapes: N tokens, D model width, E experts, k experts per token, M kept assignments, S the
+// shared expert's hidden width.
 #include "moe/nn/moe_layer.h"
 
 #include <algorithm>
@@ -45,7 +46,71 @@ MoELayer::MoELayer(ParamSet& ps, const std::string& prefix, const MoEConfig& con
       parallel_(parallel),
       router_(ps, prefix + ".router", config_.router),
       experts_(ps, prefix + ".experts", config_.experts,
-               parallel ? parallel->expert_store : nullptr) {}
+               parallel ? parallel->expert_store : nullptr) {
+  MOE_USAGE_CHECK(config_.shared_ff >= 0, "moe layer ", prefix, ": shared expert width ",
+                  config_.shared_ff, " is negative");
+  MOE_USAGE_CHECK(!config_.shared_gate || config_.shared_ff > 0, "moe layer ", prefix,
+                  ": a shared expert gate needs a shared expert (shared_ff > 0)");
+  if (config_.shared_ff == 0) return;
+  MlpConfig mc;
+  mc.d_model = config_.experts.d_model;
+  mc.d_ff = config_.shared_ff;
+  mc.activation = config_.experts.activation;
+  mc.bias = config_.experts.bias;
+  mc.init_std = config_.experts.init_std;
+  mc.out_init_std = config_.experts.out_init_std;
+  shared_ = std::make_unique<MLP>(ps, prefix + ".shared", mc);
+  if (config_.shared_gate)
+    shared_gate_ = std::make_unique<Linear>(ps, LinearNames{prefix + ".shared_gate.weight", ""},
+                                            config_.experts.d_model, 1, config_.experts.init_std);
+}
+
+namespace {
+
+// [N] i32 0, 1, ..., N-1: the slot table under which combine_rows scales each row by its own
+// weight.
+Tensor identity_rows(int64_t n, Device device) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  return Tensor::from_vector({n}, ids).to(device);
+}
+
+}  // namespace
+
+void MoELayer::shared_forward(const Tensor& x, Tensor& y, Saved* saved) const {
+  Tensor s = shared_->forward(x, saved ? &saved->shared : nullptr);
+  if (!shared_gate_) {
+    ops::axpy(1.0f, s, y);
+    return;
+  }
+  const int64_t tokens = x.dim(0);
+  Tensor g = shared_gate_->forward(x);  // [N,1] logits, then the gate in place
+  ops::sigmoid(g, g);
+  Tensor gated = Tensor::empty(s.shape(), DType::f32, s.device());
+  ops::combine_rows(s, identity_rows(tokens, s.device()), g.reshape({tokens}), 1, gated);
+  ops::axpy(1.0f, gated, y);
+  if (saved) {
+    saved->shared_y = s;
+    saved->shared_g = g;
+  }
+}
+
+void MoELayer::shared_backward(const Tensor& dy, const Saved& saved, Tensor& dx) {
+  Tensor ds = dy;
+  if (shared_gate_) {
+    const int64_t tokens = dy.dim(0);
+    MOE_CHECK(saved.shared_y.defined() && saved.shared_g.defined(), "moe layer ",
+              router_.weight().name, ": backward without the shared expert gate's forward");
+    const Tensor g = saved.shared_g.reshape({tokens});
+    ds = Tensor::empty(dy.shape(), DType::f32, dy.device());
+    Tensor dg = Tensor::empty({tokens}, DType::f32, dy.device());
+    // ds = g * dy, dg = <dy, shared output> per token; then through the sigmoid to the logit.
+    ops::combine_rows_backward(dy, saved.shared_y, identity_rows(tokens, dy.device()), g, ds, dg);
+    ops::sigmoid_backward(dg, g, dg);
+    shared_gate_->backward_into(dg.reshape({tokens, 1}), saved.x, dx, true);
+  }
+  ops::axpy(1.0f, shared_->backward(ds, saved.shared), dx);
+}
 
 // Sums the expert loads (and the token count) over the data-parallel ranks and recomputes the aux
 // loss from them: f_e then describes the global batch (see the class comment).
@@ -146,6 +211,7 @@ Tensor MoELayer::forward(const Tensor& x, const RouterStep& step, Saved* saved,
   int64_t rows_computed = 0;
   Tensor y_perm = run_experts(x_perm, routed, step, saved, rows_computed);
   Tensor y = combine(y_perm, routed.plan);
+  if (shared_) shared_forward(x, y, saved);
   if (stats) {
     stats->aux_loss = routed.aux_loss;
     stats->z_loss = routed.z_loss;
@@ -183,6 +249,7 @@ Tensor MoELayer::backward(const Tensor& dy, const Saved& saved, float aux_scale,
   Tensor dx = dispatch_backward(dx_perm, plan);
   Tensor dx_router = router_.backward(dweight_of_slot, saved.router, saved.x, aux_scale, z_scale);
   ops::axpy(1.0f, dx_router, dx);
+  if (shared_) shared_backward(dy, saved, dx);
   return dx;
 }
 

@@ -48,6 +48,70 @@ struct ExpertPass {
   Vec h, h3, a, out;  // [F], [F], [F], [D]
 };
 
+// The weights of one feed-forward network (one expert's slice of the layer's tensors, or the shared
+// expert): w1 [F,D], w2 [D,F], w3 [F,D] (swiglu), b1 [F], b3 [F], b2 [D] (null when absent).
+struct Ffn {
+  const float *w1, *w2, *w3, *b1, *b3, *b2;
+  int64_t F;
+};
+// Where its gradients go (same layout; null where the weight is absent).
+struct FfnGrads {
+  double *w1, *w2, *w3, *b1, *b3, *b2;
+};
+
+ExpertPass ffn_forward(const Ffn& w, const float* x, int64_t D, bool swiglu) {
+  const int64_t F = w.F;
+  ExpertPass p{Vec(F), Vec(F), Vec(F), Vec(D)};
+  for (int64_t i = 0; i < F; ++i) {
+    double s = w.b1 ? w.b1[i] : 0.0;
+    double s3 = w.b3 ? w.b3[i] : 0.0;
+    for (int64_t d = 0; d < D; ++d) {
+      s += w.w1[i * D + d] * static_cast<double>(x[d]);
+      if (swiglu) s3 += w.w3[i * D + d] * static_cast<double>(x[d]);
+    }
+    p.h[i] = s;
+    p.h3[i] = s3;
+    p.a[i] = swiglu ? silu(s) * s3 : gelu(s);
+  }
+  for (int64_t d = 0; d < D; ++d) {
+    double s = w.b2 ? w.b2[d] : 0.0;
+    for (int64_t i = 0; i < F; ++i) s += w.w2[d * F + i] * p.a[i];
+    p.out[d] = s;
+  }
+  return p;
+}
+
+// The gradients of <dout, out> for the pass p of input x: into g, and d/dx into dx [D] (+=).
+void ffn_backward(const Ffn& w, const ExpertPass& p, const Vec& dout, const float* x, int64_t D,
+                  bool swiglu, const FfnGrads& g, double* dx) {
+  const int64_t F = w.F;
+  Vec da(F, 0.0);
+  for (int64_t d = 0; d < D; ++d) {
+    if (g.b2) g.b2[d] += dout[d];
+    for (int64_t i = 0; i < F; ++i) {
+      g.w2[d * F + i] += dout[d] * p.a[i];
+      da[i] += w.w2[d * F + i] * dout[d];
+    }
+  }
+  for (int64_t i = 0; i < F; ++i) {
+    double dh =
+        swiglu ? da[i] * p.h3[i] * silu_derivative(p.h[i]) : da[i] * gelu_derivative(p.h[i]);
+    double dh3 = swiglu ? da[i] * silu(p.h[i]) : 0.0;
+    if (g.b1) g.b1[i] += dh;
+    if (g.b3) g.b3[i] += dh3;
+    for (int64_t d = 0; d < D; ++d) {
+      g.w1[i * D + d] += dh * x[d];
+      dx[d] += w.w1[i * D + d] * dh;
+      if (swiglu) {
+        g.w3[i * D + d] += dh3 * x[d];
+        dx[d] += w.w3[i * D + d] * dh3;
+      }
+    }
+  }
+}
+
+double* or_null(Vec& v, int64_t offset) { return v.empty() ? nullptr : v.data() + offset; }
+
 }  // namespace
 
 MoEReferenceResult moe_reference(const ParamSet& ps, const std::string& prefix,
@@ -77,8 +141,13 @@ MoEReferenceResult moe_reference(const ParamSet& ps, const std::string& prefix,
       noise[i] = (1.0f - j) + 2.0f * j * rng_uniform(key, static_cast<uint64_t>(i));
   }
 
-  // Router: logits, probabilities, top-k, weights.
-  std::vector<Vec> probs(N, Vec(E));
+  // Router: logits, scores (softmax, or sigmoid with probs their normalisation), top-k on the
+  // scores plus the selection bias, weights from the scores.
+  const bool sigmoid_scoring = config.router.scoring == RouterScoring::sigmoid;
+  const std::string bname = prefix + ".router.bias";
+  const float* selection_bias =
+      config.router.selection_bias ? values(ps, bname, true, {E}) : nullptr;
+  std::vector<Vec> probs(N, Vec(E)), scores(N, Vec(E)), logits_of(N, Vec(E));
   Vec lse(N);
   std::vector<std::vector<int64_t>> choice(N, std::vector<int64_t>(k));
   std::vector<Vec> gate(N, Vec(k));
@@ -95,15 +164,23 @@ MoEReferenceResult moe_reference(const ParamSet& ps, const std::string& prefix,
     double z = 0;
     for (double l : logits) z += std::exp(l - m);
     lse[t] = m + std::log(z);
-    for (int64_t e = 0; e < E; ++e) probs[t][e] = std::exp(logits[e] - lse[t]);
+    logits_of[t] = logits;
+    double score_sum = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      scores[t][e] = sigmoid_scoring ? sigmoid(logits[e]) : std::exp(logits[e] - lse[t]);
+      score_sum += scores[t][e];
+    }
+    for (int64_t e = 0; e < E; ++e)
+      probs[t][e] = sigmoid_scoring ? scores[t][e] / score_sum : scores[t][e];
+    auto key = [&](int64_t e) { return scores[t][e] + (selection_bias ? selection_bias[e] : 0.0); };
     std::vector<bool> taken(E, false);
     for (int64_t j = 0; j < k; ++j) {
       int64_t best = -1;
       for (int64_t e = 0; e < E; ++e)
-        if (!taken[e] && (best < 0 || probs[t][e] > probs[t][best])) best = e;
+        if (!taken[e] && (best < 0 || key(e) > key(best))) best = e;
       taken[best] = true;
       choice[t][j] = best;
-      gate[t][j] = probs[t][best];
+      gate[t][j] = scores[t][best];
       ++load[best];
     }
     if (config.router.normalize_topk) {
@@ -143,34 +220,50 @@ MoEReferenceResult moe_reference(const ParamSet& ps, const std::string& prefix,
   }
 
   // Experts, token by token.
-  auto expert_forward = [&](int64_t e, int64_t t) {
-    ExpertPass p{Vec(F), Vec(F), Vec(F), Vec(D)};
-    for (int64_t i = 0; i < F; ++i) {
-      double s = b1 ? b1[e * F + i] : 0.0;
-      double s3 = 0.0;
-      for (int64_t d = 0; d < D; ++d) {
-        s += w1[(e * F + i) * D + d] * static_cast<double>(xs[t * D + d]);
-        if (swiglu) s3 += w3[(e * F + i) * D + d] * static_cast<double>(xs[t * D + d]);
-      }
-      p.h[i] = s;
-      p.h3[i] = s3;
-      p.a[i] = swiglu ? silu(s) * s3 : gelu(s);
-    }
-    for (int64_t d = 0; d < D; ++d) {
-      double s = b2 ? b2[e * D + d] : 0.0;
-      for (int64_t i = 0; i < F; ++i) s += w2[(e * D + d) * F + i] * p.a[i];
-      p.out[d] = s;
-    }
-    return p;
+  auto expert = [&](int64_t e) {
+    return Ffn{w1 + e * F * D,
+               w2 + e * D * F,
+               swiglu ? w3 + e * F * D : nullptr,
+               b1 ? b1 + e * F : nullptr,
+               nullptr,
+               b2 ? b2 + e * D : nullptr,
+               F};
   };
   Vec y(N * D, 0.0);
   std::vector<std::vector<ExpertPass>> passes(N, std::vector<ExpertPass>(k));
   for (int64_t t = 0; t < N; ++t)
     for (int64_t j = 0; j < k; ++j) {
       if (!kept[t][j]) continue;
-      passes[t][j] = expert_forward(choice[t][j], t);
+      passes[t][j] = ffn_forward(expert(choice[t][j]), &xs[t * D], D, swiglu);
       for (int64_t d = 0; d < D; ++d) y[t * D + d] += gate[t][j] * passes[t][j].out[d];
     }
+
+  // The shared expert (and its gate), on every token.
+  const int64_t S = config.shared_ff;
+  const std::string sname = prefix + ".shared", gname = prefix + ".shared_gate.weight";
+  Ffn shared{};
+  const float* wsg = nullptr;
+  std::vector<ExpertPass> shared_pass(S > 0 ? N : 0);
+  Vec shared_gate(N, 1.0);
+  if (S > 0) {
+    shared = Ffn{values(ps, sname + ".w1", true, {S, D}),
+                 values(ps, sname + ".w2", true, {D, S}),
+                 swiglu ? values(ps, sname + ".w3", true, {S, D}) : nullptr,
+                 bias ? values(ps, sname + ".b1", true, {S}) : nullptr,
+                 bias && swiglu ? values(ps, sname + ".b3", true, {S}) : nullptr,
+                 bias ? values(ps, sname + ".b2", true, {D}) : nullptr,
+                 S};
+    if (config.shared_gate) wsg = values(ps, gname, true, {1, D});
+    for (int64_t t = 0; t < N; ++t) {
+      shared_pass[t] = ffn_forward(shared, &xs[t * D], D, swiglu);
+      if (wsg) {
+        double s = 0;
+        for (int64_t d = 0; d < D; ++d) s += wsg[d] * static_cast<double>(xs[t * D + d]);
+        shared_gate[t] = sigmoid(s);
+      }
+      for (int64_t d = 0; d < D; ++d) y[t * D + d] += shared_gate[t] * shared_pass[t].out[d];
+    }
+  }
   result.y = to_tensor(y, {N, D}, "reference.y");
   if (!dy.defined()) return result;
 
@@ -179,53 +272,69 @@ MoEReferenceResult moe_reference(const ParamSet& ps, const std::string& prefix,
   const std::vector<float> g = dy.to_vector();
   Vec dx(N * D, 0.0), dwg(E * D, 0.0), dw1(E * F * D, 0.0), dw2(E * D * F, 0.0),
       dw3(swiglu ? E * F * D : 0, 0.0), db1(bias ? E * F : 0, 0.0), db2(bias ? E * D : 0, 0.0);
+  Vec ds1(S * D, 0.0), ds2(D * S, 0.0), ds3(swiglu ? S * D : 0, 0.0), dsb1(bias ? S : 0, 0.0),
+      dsb3(bias && swiglu ? S : 0, 0.0), dsb2(bias && S > 0 ? D : 0, 0.0), dwsg(wsg ? D : 0, 0.0);
   for (int64_t t = 0; t < N; ++t) {
     Vec dgate(k, 0.0);
     for (int64_t j = 0; j < k; ++j) {
       if (!kept[t][j]) continue;
       const int64_t e = choice[t][j];
-      const ExpertPass& p = passes[t][j];
-      Vec dout(D), da(F, 0.0);
+      Vec dout(D);
       for (int64_t d = 0; d < D; ++d) {
-        dgate[j] += g[t * D + d] * p.out[d];
+        dgate[j] += g[t * D + d] * passes[t][j].out[d];
         dout[d] = gate[t][j] * g[t * D + d];
-        if (bias) db2[e * D + d] += dout[d];
-        for (int64_t i = 0; i < F; ++i) {
-          dw2[(e * D + d) * F + i] += dout[d] * p.a[i];
-          da[i] += w2[(e * D + d) * F + i] * dout[d];
-        }
       }
-      for (int64_t i = 0; i < F; ++i) {
-        double dh =
-            swiglu ? da[i] * p.h3[i] * silu_derivative(p.h[i]) : da[i] * gelu_derivative(p.h[i]);
-        double dh3 = swiglu ? da[i] * silu(p.h[i]) : 0.0;
-        if (bias) db1[e * F + i] += dh;
+      ffn_backward(expert(e), passes[t][j], dout, &xs[t * D], D, swiglu,
+                   FfnGrads{&dw1[e * F * D], &dw2[e * D * F], or_null(dw3, e * F * D),
+                            or_null(db1, e * F), nullptr, or_null(db2, e * D)},
+                   &dx[t * D]);
+    }
+    if (S > 0) {
+      Vec dout(D);
+      double dg = 0;
+      for (int64_t d = 0; d < D; ++d) {
+        dg += g[t * D + d] * shared_pass[t].out[d];
+        dout[d] = shared_gate[t] * g[t * D + d];
+      }
+      ffn_backward(shared, shared_pass[t], dout, &xs[t * D], D, swiglu,
+                   FfnGrads{ds1.data(), ds2.data(), or_null(ds3, 0), or_null(dsb1, 0),
+                            or_null(dsb3, 0), or_null(dsb2, 0)},
+                   &dx[t * D]);
+      if (wsg) {
+        const double dlogit = dg * shared_gate[t] * (1.0 - shared_gate[t]);
         for (int64_t d = 0; d < D; ++d) {
-          dw1[(e * F + i) * D + d] += dh * xs[t * D + d];
-          dx[t * D + d] += w1[(e * F + i) * D + d] * dh;
-          if (swiglu) {
-            dw3[(e * F + i) * D + d] += dh3 * xs[t * D + d];
-            dx[t * D + d] += w3[(e * F + i) * D + d] * dh3;
-          }
+          dwsg[d] += dlogit * xs[t * D + d];
+          dx[t * D + d] += dlogit * wsg[d];
         }
       }
     }
-    // Router: d loss / d probs of this token, then through the softmax.
-    Vec dp(E);
-    for (int64_t e = 0; e < E; ++e) dp[e] = aux_scale * E * f[e] / static_cast<double>(N);
+    // Router: d loss / d scores of this token (through the aux loss's probs and the gates), then
+    // through the softmax or the sigmoids; the z loss through lse.
+    Vec dprob(E), ds(E);
+    for (int64_t e = 0; e < E; ++e) dprob[e] = aux_scale * E * f[e] / static_cast<double>(N);
+    if (sigmoid_scoring) {  // probs = scores / S
+      double S = 0, qdq = 0;
+      for (int64_t e = 0; e < E; ++e) S += scores[t][e];
+      for (int64_t e = 0; e < E; ++e) qdq += probs[t][e] * dprob[e];
+      for (int64_t e = 0; e < E; ++e) ds[e] = (dprob[e] - qdq) / S;
+    } else {
+      ds = dprob;
+    }
     if (config.router.normalize_topk) {
       double s = 0, mean = 0;
-      for (int64_t j = 0; j < k; ++j) s += probs[t][choice[t][j]];
+      for (int64_t j = 0; j < k; ++j) s += scores[t][choice[t][j]];
       for (int64_t j = 0; j < k; ++j) mean += dgate[j] * gate[t][j];
-      for (int64_t j = 0; j < k; ++j) dp[choice[t][j]] += (dgate[j] - mean) / s;
+      for (int64_t j = 0; j < k; ++j) ds[choice[t][j]] += (dgate[j] - mean) / s;
     } else {
-      for (int64_t j = 0; j < k; ++j) dp[choice[t][j]] += dgate[j];
+      for (int64_t j = 0; j < k; ++j) ds[choice[t][j]] += dgate[j];
     }
-    double pdp = 0;
-    for (int64_t e = 0; e < E; ++e) pdp += probs[t][e] * dp[e];
+    double sds = 0;
+    for (int64_t e = 0; e < E; ++e) sds += scores[t][e] * ds[e];
     for (int64_t e = 0; e < E; ++e) {
-      double dlogit = probs[t][e] * (dp[e] - pdp) +
-                      z_scale * 2.0 * lse[t] / static_cast<double>(N) * probs[t][e];
+      const double s = scores[t][e];
+      const double dscore = sigmoid_scoring ? ds[e] * s * (1.0 - s) : s * (ds[e] - sds);
+      double dlogit = dscore + z_scale * 2.0 * lse[t] / static_cast<double>(N) *
+                                   std::exp(logits_of[t][e] - lse[t]);
       for (int64_t d = 0; d < D; ++d) {
         dwg[e * D + d] += dlogit * xs[t * D + d] * noise[t * D + d];
         dx[t * D + d] += dlogit * wg[e * D + d] * noise[t * D + d];
@@ -234,12 +343,25 @@ MoEReferenceResult moe_reference(const ParamSet& ps, const std::string& prefix,
   }
   result.dx = to_tensor(dx, {N, D}, "reference.dx");
   result.grads[rname] = to_tensor(dwg, {E, D}, rname);
+  // The loss is piecewise constant in the selection bias (it only moves the choice).
+  if (selection_bias) result.grads[bname] = to_tensor(Vec(E, 0.0), {E}, bname);
   result.grads[ename + ".w1"] = to_tensor(dw1, {E, F, D}, ename + ".w1");
   result.grads[ename + ".w2"] = to_tensor(dw2, {E, D, F}, ename + ".w2");
   if (swiglu) result.grads[ename + ".w3"] = to_tensor(dw3, {E, F, D}, ename + ".w3");
   if (bias) {
     result.grads[ename + ".b1"] = to_tensor(db1, {E, F}, ename + ".b1");
     result.grads[ename + ".b2"] = to_tensor(db2, {E, D}, ename + ".b2");
+  }
+  if (S > 0) {
+    result.grads[sname + ".w1"] = to_tensor(ds1, {S, D}, sname + ".w1");
+    result.grads[sname + ".w2"] = to_tensor(ds2, {D, S}, sname + ".w2");
+    if (swiglu) result.grads[sname + ".w3"] = to_tensor(ds3, {S, D}, sname + ".w3");
+    if (bias) {
+      result.grads[sname + ".b1"] = to_tensor(dsb1, {S}, sname + ".b1");
+      result.grads[sname + ".b2"] = to_tensor(dsb2, {D}, sname + ".b2");
+      if (swiglu) result.grads[sname + ".b3"] = to_tensor(dsb3, {S}, sname + ".b3");
+    }
+    if (wsg) result.grads[gname] = to_tensor(dwsg, {1, D}, gname);
   }
   return result;
 }

@@ -36,6 +36,29 @@ Router::Router(ParamSet& ps, const std::string& prefix, const RouterConfig& conf
                   config.capacity_factor, " is negative");
   weight_ = &ps.add(prefix + ".weight", {config.num_experts, config.d_model},
                     Init::normal(config.init_std));
+  if (config.selection_bias) {
+    bias_ = &ps.add(prefix + ".bias", {config.num_experts}, Init::zeros(), /*decay=*/false);
+    bias_->frozen = true;
+  }
+}
+
+void update_selection_bias(Param& bias, const std::vector<int64_t>& load, double rate) {
+  const auto experts = static_cast<int64_t>(load.size());
+  MOE_CHECK(bias.numel() == experts && bias.value.defined(), "selection bias '", bias.name, "' of ",
+            bias.numel(), " experts updated with a load of ", experts);
+  int64_t total = 0;
+  for (int64_t l : load) total += l;
+  Tensor b = bias.w().to(Device{}).clone();
+  float* bs = b.data<float>();
+  const float step = static_cast<float>(rate);
+  for (int64_t e = 0; e < experts; ++e) {
+    // sign(mean - load_e) = sign(total - E load_e), exact in integers.
+    const int64_t diff = total - experts * load[static_cast<size_t>(e)];
+    if (diff > 0) bs[e] += step;
+    if (diff < 0) bs[e] -= step;
+  }
+  bias.value.copy_from(b.to(bias.value.device()));
+  bias.refresh_compute();
 }
 
 RouterOutput Router::forward(const Tensor& x, const RouterStep& step) const {
@@ -62,11 +85,18 @@ RouterOutput Router::forward(const Tensor& x, const RouterStep& step) const {
                     all_tokens, out.logits);
   out.probs = Tensor::empty({tokens, experts}, DType::f32, x.device()).set_name("router.probs");
   out.lse = Tensor::empty({tokens}, DType::f32, x.device()).set_name("router.lse");
-  ops::router_softmax(out.logits, out.probs, out.lse);
+  if (config_.scoring == RouterScoring::sigmoid) {
+    out.scores = Tensor::empty({tokens, experts}, DType::f32, x.device()).set_name("router.scores");
+    ops::router_sigmoid(out.logits, out.scores, out.probs, out.lse);
+  } else {
+    ops::router_softmax(out.logits, out.probs, out.lse);
+    out.scores = out.probs;
+  }
   out.topk_idx = Tensor::empty({tokens, k}, DType::i32, x.device()).set_name("router.topk_idx");
   out.topk_weight =
       Tensor::empty({tokens, k}, DType::f32, x.device()).set_name("router.topk_weight");
-  ops::router_topk(out.probs, k, config_.normalize_topk, out.topk_idx, out.topk_weight);
+  ops::router_topk(out.scores, k, config_.normalize_topk, out.topk_idx, out.topk_weight,
+                   bias_ ? bias_->w() : Tensor());
   // The plan counts each expert's assignments while it sorts them (one pass over the ids, one
   // copy of them to the host on a GPU); the aux loss takes its load from there.
   out.plan = make_plan(out.topk_idx, out.topk_weight, experts,
@@ -88,8 +118,13 @@ Tensor Router::backward(const Tensor& dweight_of_slot, const RouterOutput& out, 
   ops::slot_to_choice(dweight_of_slot, out.plan.slot_of, dtopk);
   Tensor dlogits =
       Tensor::empty({tokens, experts}, DType::f32, out.probs.device()).set_name("router.dlogits");
-  ops::router_backward(out.probs, out.lse, out.topk_idx, dtopk, config_.normalize_topk, out.load,
-                       out.load_tokens, aux_scale, z_scale, dlogits);
+  if (config_.scoring == RouterScoring::sigmoid)
+    ops::router_backward_sigmoid(out.scores, out.logits, out.lse, out.topk_idx, dtopk,
+                                 config_.normalize_topk, out.load, out.load_tokens, aux_scale,
+                                 z_scale, dlogits);
+  else
+    ops::router_backward(out.probs, out.lse, out.topk_idx, dtopk, config_.normalize_topk, out.load,
+                         out.load_tokens, aux_scale, z_scale, dlogits);
   // dWg += dlogits^T routed_input and dx = dlogits Wg, through the grouped GEMMs of one group (a
   // sum over tokens and one over experts, both cut at fixed places: thread-count independent).
   const std::vector<int32_t> all_tokens{0, static_cast<int32_t>(tokens)};

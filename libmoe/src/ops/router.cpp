@@ -1,4 +1,5 @@
-// Router ops: operand checks, then Backend::moe for the row loops; the load, the aux/z losses and
+// Router ops (softmax or sigmoid scoring) and the shared expert gate's sigmoid: operand checks,
+// then Backend::moe for the row loops; the load, the aux/z losses and
 // the aux coefficients of the backward are computed here, on the host (device tensors are copied).
 // Shapes: N tokens, D model width, E experts, k experts per token. Loss sums run serially in fp64
 // in token order.
@@ -45,7 +46,7 @@ void router_softmax(const Tensor& logits, Tensor& probs, Tensor& lse) {
 }
 
 void router_topk(const Tensor& probs, int64_t k, bool normalize, Tensor& topk_idx,
-                 Tensor& topk_weight) {
+                 Tensor& topk_weight, const Tensor& bias) {
   const PartScope part(StepPart::router);
   const Device device = require_backend("router_topk", {&probs, &topk_idx, &topk_weight});
   probs.expect_dtype(DType::f32, "router_topk probs");
@@ -56,7 +57,44 @@ void router_topk(const Tensor& probs, int64_t k, bool normalize, Tensor& topk_id
   topk_idx.expect_shape({rows, k}, "router_topk idx");
   topk_idx.expect_dtype(DType::i32, "router_topk idx");
   topk_weight.expect_shape({rows, k}, "router_topk weight");
-  backend_for(device).moe.router_topk(probs, k, normalize, topk_idx, topk_weight);
+  if (bias.defined()) {
+    bias.expect_shape({experts}, "router_topk selection bias");
+    bias.expect_dtype(DType::f32, "router_topk selection bias");
+    require_backend("router_topk", {&probs, &bias});
+  }
+  backend_for(device).moe.router_topk(probs, k, normalize, bias, topk_idx, topk_weight);
+}
+
+void router_sigmoid(const Tensor& logits, Tensor& scores, Tensor& probs, Tensor& lse) {
+  const PartScope part(StepPart::router);
+  const Device device = require_backend("router_sigmoid", {&logits, &scores, &probs, &lse});
+  logits.expect_dtype(DType::f32, "router_sigmoid logits");
+  MOE_CHECK(logits.ndim() == 2 && logits.dim(1) > 0, "router_sigmoid: [N,E] logits expected, got ",
+            logits.describe());
+  scores.expect_shape(logits.shape(), "router_sigmoid scores");
+  probs.expect_shape(logits.shape(), "router_sigmoid probs");
+  lse.expect_shape({logits.dim(0)}, "router_sigmoid lse");
+  backend_for(device).moe.router_sigmoid(logits, scores, probs, lse);
+}
+
+void sigmoid(const Tensor& x, Tensor& y) {
+  const PartScope part(StepPart::elementwise);
+  const Device device = require_backend("sigmoid", {&x, &y});
+  x.expect_dtype(DType::f32, "sigmoid input");
+  y.expect_shape(x.shape(), "sigmoid output");
+  y.expect_dtype(DType::f32, "sigmoid output");
+  backend_for(device).moe.sigmoid(x, y);
+}
+
+void sigmoid_backward(const Tensor& dy, const Tensor& y, Tensor& dx) {
+  const PartScope part(StepPart::elementwise);
+  const Device device = require_backend("sigmoid_backward", {&dy, &y, &dx});
+  y.expect_dtype(DType::f32, "sigmoid_backward output");
+  dy.expect_shape(y.shape(), "sigmoid_backward dy");
+  dy.expect_dtype(DType::f32, "sigmoid_backward dy");
+  dx.expect_shape(y.shape(), "sigmoid_backward dx");
+  dx.expect_dtype(DType::f32, "sigmoid_backward dx");
+  backend_for(device).moe.sigmoid_backward(dy, y, dx);
 }
 
 std::vector<int64_t> router_load(const Tensor& topk_idx, int64_t num_experts) {
@@ -113,37 +151,72 @@ double router_z_loss(const Tensor& lse) {
   return sum / static_cast<double>(rows);
 }
 
-void router_backward(const Tensor& probs, const Tensor& lse, const Tensor& topk_idx,
-                     const Tensor& dtopk_weight, bool normalize, const std::vector<int64_t>& load,
-                     int64_t load_tokens, float aux_scale, float z_scale, Tensor& dlogits) {
-  const PartScope part(StepPart::router);
-  const Device device =
-      require_backend("router_backward", {&probs, &lse, &topk_idx, &dtopk_weight, &dlogits});
-  probs.expect_dtype(DType::f32, "router_backward probs");
-  MOE_CHECK(probs.ndim() == 2, "router_backward: [N,E] probabilities expected, got ",
-            probs.describe());
-  int64_t rows = probs.dim(0), experts = probs.dim(1);
-  MOE_CHECK(topk_idx.ndim() == 2 && topk_idx.dim(0) == rows,
-            "router_backward: ", topk_idx.describe(), " does not match ", probs.describe());
-  int64_t k = topk_idx.dim(1);
-  topk_idx.expect_dtype(DType::i32, "router_backward idx");
-  dtopk_weight.expect_shape({rows, k}, "router_backward dtopk_weight");
-  dtopk_weight.expect_dtype(DType::f32, "router_backward dtopk_weight");
-  lse.expect_shape({rows}, "router_backward lse");
-  dlogits.expect_shape({rows, experts}, "router_backward dlogits");
-  MOE_CHECK(static_cast<int64_t>(load.size()) == experts, "router_backward: load of ", load.size(),
-            " experts for ", probs.describe());
-  if (rows == 0) return;
+namespace {
 
-  // d aux / d probs[t,e] = E * f_e / N, the same for every token (f_e over load_tokens tokens).
+// Operand checks of both router backwards; returns the device.
+Device check_router_backward(const char* op, const Tensor& probs, const Tensor& lse,
+                             const Tensor& topk_idx, const Tensor& dtopk_weight,
+                             const std::vector<int64_t>& load, Tensor& dlogits) {
+  const Device device = require_backend(op, {&probs, &lse, &topk_idx, &dtopk_weight, &dlogits});
+  probs.expect_dtype(DType::f32, op);
+  MOE_CHECK(probs.ndim() == 2, op, ": [N,E] probabilities expected, got ", probs.describe());
+  int64_t rows = probs.dim(0), experts = probs.dim(1);
+  MOE_CHECK(topk_idx.ndim() == 2 && topk_idx.dim(0) == rows, op, ": ", topk_idx.describe(),
+            " does not match ", probs.describe());
+  int64_t k = topk_idx.dim(1);
+  topk_idx.expect_dtype(DType::i32, op);
+  dtopk_weight.expect_shape({rows, k}, op);
+  dtopk_weight.expect_dtype(DType::f32, op);
+  lse.expect_shape({rows}, op);
+  dlogits.expect_shape({rows, experts}, op);
+  MOE_CHECK(static_cast<int64_t>(load.size()) == experts, op, ": load of ", load.size(),
+            " experts for ", probs.describe());
+  return device;
+}
+
+// d aux / d probs[t,e] = E * f_e / N, the same for every token (f_e over load_tokens tokens).
+std::vector<float> aux_coefficients(const std::vector<int64_t>& load, int64_t load_tokens,
+                                    int64_t k, int64_t rows, float aux_scale) {
+  const auto experts = static_cast<int64_t>(load.size());
   std::vector<float> aux_coef(static_cast<size_t>(experts));
   for (int64_t e = 0; e < experts; ++e)
     aux_coef[e] =
         static_cast<float>(static_cast<double>(aux_scale) * experts * static_cast<double>(load[e]) /
                            (static_cast<double>(load_tokens) * k * rows));
+  return aux_coef;
+}
+
+}  // namespace
+
+void router_backward(const Tensor& probs, const Tensor& lse, const Tensor& topk_idx,
+                     const Tensor& dtopk_weight, bool normalize, const std::vector<int64_t>& load,
+                     int64_t load_tokens, float aux_scale, float z_scale, Tensor& dlogits) {
+  const PartScope part(StepPart::router);
+  const Device device =
+      check_router_backward("router_backward", probs, lse, topk_idx, dtopk_weight, load, dlogits);
+  const int64_t rows = probs.dim(0);
+  if (rows == 0) return;
   const float z_factor = static_cast<float>(2.0 * z_scale / static_cast<double>(rows));
-  backend_for(device).moe.router_backward(probs, lse, topk_idx, dtopk_weight, normalize, aux_coef,
-                                          z_factor, dlogits);
+  backend_for(device).moe.router_backward(
+      probs, lse, topk_idx, dtopk_weight, normalize,
+      aux_coefficients(load, load_tokens, topk_idx.dim(1), rows, aux_scale), z_factor, dlogits);
+}
+
+void router_backward_sigmoid(const Tensor& scores, const Tensor& logits, const Tensor& lse,
+                             const Tensor& topk_idx, const Tensor& dtopk_weight, bool normalize,
+                             const std::vector<int64_t>& load, int64_t load_tokens, float aux_scale,
+                             float z_scale, Tensor& dlogits) {
+  const PartScope part(StepPart::router);
+  const Device device = check_router_backward("router_backward_sigmoid", scores, lse, topk_idx,
+                                              dtopk_weight, load, dlogits);
+  logits.expect_shape(scores.shape(), "router_backward_sigmoid logits");
+  require_backend("router_backward_sigmoid", {&scores, &logits});
+  const int64_t rows = scores.dim(0);
+  if (rows == 0) return;
+  const float z_factor = static_cast<float>(2.0 * z_scale / static_cast<double>(rows));
+  backend_for(device).moe.router_backward_sigmoid(
+      scores, logits, lse, topk_idx, dtopk_weight, normalize,
+      aux_coefficients(load, load_tokens, topk_idx.dim(1), rows, aux_scale), z_factor, dlogits);
 }
 
 }  // namespace moe::ops

@@ -13,6 +13,7 @@ AdamW::AdamW(ParamSet& params, const AdamWConfig& config, const Filter& holds)
     : params_(params), config_(config) {
   for (Param* p : params.all()) {
     if (p->offloaded) continue;  // its nn::ExpertStore updates it, expert by expert
+    if (p->frozen) continue;     // changed by explicit code, never by the optimizer
     if (holds && !holds(*p)) continue;
     Slot s;
     s.param = p;

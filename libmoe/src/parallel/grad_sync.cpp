@@ -26,6 +26,7 @@ void GradSync::size_buffers(Device device) {
 
 GradSync::Reduce GradSync::reduce_of(const Param& p) const {
   if (p.offloaded) return Reduce::none;  // its store sums and averages it (TieredStore)
+  if (p.frozen) return Reduce::none;     // no gradient to reduce (a router's selection bias)
   if (held_of_.count(&p)) return Reduce::holders;
   if (shards_ && shards_->stage() >= 2 && shards_->covers(p)) return Reduce::sharded;
   // A slice of the experts (plain expert parallelism). Under a placement policy every rank holds

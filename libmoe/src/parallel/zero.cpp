@@ -33,7 +33,7 @@ double add_squares(double s, const Tensor& t) {
 }  // namespace
 
 bool DenseShards::shardable(const Param& p) {
-  return !p.offloaded && !p.expert && !p.shard.defined();
+  return !p.offloaded && !p.frozen && !p.expert && !p.shard.defined();
 }
 
 DenseShards::DenseShards(comm::Communicator& group, ParamSet& params, int stage,

@@ -19,6 +19,7 @@
 #include "moe/log.h"
 #include "moe/models/flavour.h"
 #include "moe/models/memory.h"
+#include "moe/nn/router.h"
 #include "moe/offload/budget.h"
 #include "moe/ops/core.h"
 #include "moe/timer.h"
@@ -524,6 +525,15 @@ StepStats Trainer::step(bool capture_routing) {
   // The experts' updates (those not already run during backward), with the same clip factor;
   // a non-finite expert value stops the run here too.
   if (store_) store_->finish_step(optim::clip_scale(train_.clip, s.grad_norm));
+  // Aux-loss-free balancing (DeepSeek-V3): each MoE layer's selection bias moves against the
+  // step's loads. Those are the global batch's (summed over micro-batches and, by reduce_stats or
+  // the router, over the ranks), so every rank applies the same change and the biases stay equal.
+  if (mc.balance_bias_rate > 0) {
+    const std::vector<int64_t> blocks = mc.moe_blocks();
+    for (size_t l = 0; l < s.forward.moe.size(); ++l)
+      nn::update_selection_bias(params_->at(str("blocks.", blocks.at(l), ".moe.router.bias")),
+                                s.forward.moe[l].load, mc.balance_bias_rate);
+  }
   ++step_;
   if (tasks_ && train_.task_replan_every > 0 && step_ % train_.task_replan_every == 0)
     s.task_replan = tasks_->replan();

@@ -31,6 +31,8 @@ struct BlockConfig {
   int64_t shared_expert_ff = 0;     // MoE blocks: the shared expert's hidden width (0 = none)
   bool shared_expert_gate = false;  // its output scaled by sigmoid(x . w) per token (when ff > 0)
   RouterScoring router_scoring = RouterScoring::softmax;
+  // MoE blocks: the router's per-expert selection bias (RouterConfig::selection_bias).
+  bool router_selection_bias = false;
 };
 
 class Block {

@@ -1,14 +1,18 @@
-// The MoE layer: Router -> DispatchPlan -> dispatch -> Experts (grouped GEMM) -> combine, and its
+// The MoE layer: Router -> DispatchPlan -> dispatch -> Experts (grouped GEMM) -> combine, plus an
+// optional always-on shared expert (DeepSeek-MoE, Qwen2-MoE; gated per token in Qwen2-MoE), and its
 // backward. Tokens whose every choice was dropped by capacity get 0 (the block's residual carries
 // them). The plan and every activation backward needs travel in Saved, never on `this`.
 // Shapes: N tokens, D model width, F expert hidden width, E experts, k experts per token,
-// M kept assignments.
+// M kept assignments, S the shared expert's hidden width.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "moe/nn/experts.h"
+#include "moe/nn/linear.h"
+#include "moe/nn/mlp.h"
 #include "moe/nn/parallel.h"
 #include "moe/nn/recompute.h"
 #include "moe/nn/router.h"
@@ -20,6 +24,13 @@ struct MoEConfig {
   RouterConfig router;  // router.num_experts == experts.num_experts, d_model equal
   ExpertsConfig experts;
   int64_t block = -1;  // the block's index in the model (a placement policy's key; -1: none)
+  // Shared expert: an MLP of hidden width shared_ff (0 = none) with the experts' activation and
+  // biases (nn::MLP, params prefix.shared.w1 [S,D], w3 [S,D] (swiglu), w2 [D,S]), every token's
+  // output added to the routed output. With shared_gate (Qwen2-MoE) it is scaled per token by
+  // sigmoid(x . w), w = prefix.shared_gate.weight [1,D]. Dense: not an expert, never sharded or
+  // offloaded; each rank computes it on its own tokens, its gradients are data-parallel.
+  int64_t shared_ff = 0;
+  bool shared_gate = false;
 };
 
 struct MoEStats {
@@ -74,7 +85,10 @@ class MoELayer {
     Exchange exchange;    // expert parallel only
     int64_t block = 0;    // RouterStep::layer of the forward (for the exchange statistics)
     Experts::Saved experts;
-    Tensor y_perm;  // [M,D]
+    Tensor y_perm;      // [M,D]
+    MLP::Saved shared;  // the shared expert's activations
+    Tensor shared_y;    // [N,D] its output before the gate (gated only)
+    Tensor shared_g;    // [N,1] sigmoid(x . w) (gated only)
     // Set by the caller before forward to recompute the experts (--recompute moe): forward then
     // keeps only experts.x_perm (the rows this rank computes, after the all-to-all under expert
     // parallelism) and experts.expert_offsets, and backward runs Experts::forward on them again
@@ -93,6 +107,7 @@ class MoELayer {
   const Router& router() const { return router_; }
   Experts& experts() { return experts_; }
   const Experts& experts() const { return experts_; }
+  const MLP* shared() const { return shared_.get(); }
 
  private:
   static MoEConfig checked(const std::string& prefix, const MoEConfig& config,
@@ -106,10 +121,14 @@ class MoELayer {
                          Saved* saved) const;
   Tensor experts_backward_local(const Tensor& dy_local, const Saved& saved);
   Tensor experts_backward(const Tensor& dy_perm, const Saved& saved);
+  void shared_forward(const Tensor& x, Tensor& y, Saved* saved) const;     // y += shared(x)
+  void shared_backward(const Tensor& dy, const Saved& saved, Tensor& dx);  // dx += ...
   MoEConfig config_;
   const Parallel* parallel_ = nullptr;
   Router router_;
   Experts experts_;
+  std::unique_ptr<MLP> shared_;          // shared_ff > 0
+  std::unique_ptr<Linear> shared_gate_;  // shared_gate
 };
 
 }  // namespace moe::nn

@@ -18,7 +18,8 @@ struct MoEReferenceResult {
   std::map<std::string, Tensor> grads;  // parameter name -> d loss / d parameter, when dy was given
 };
 
-// Forward of the layer at `prefix` (parameters prefix.router.weight, prefix.experts.w1, ...) and,
+// Forward of the layer at `prefix` (parameters prefix.router.weight (and .bias), prefix.experts.w1,
+// ..., prefix.shared.w1, ..., prefix.shared_gate.weight) and,
 // when dy is defined, the gradients of  loss = <dy, y> + aux_scale * aux_loss + z_scale * z_loss
 // with respect to x and every parameter of the layer (not accumulated anywhere).
 MoEReferenceResult moe_reference(const ParamSet& ps, const std::string& prefix,

@@ -1,12 +1,14 @@
-// Top-k router of an MoE layer (Switch/GShard): logits = x Wg^T, softmax over all experts in fp32,
-// top-k (optionally renormalised), capacity, aux load-balancing loss and z-loss, and the
-// DispatchPlan handed to dispatch/combine.
+// Top-k router of an MoE layer (Switch/GShard): logits = x Wg^T, scores in fp32 (softmax over all
+// experts, or DeepSeek-V3's sigmoid per expert), top-k (optionally on scores plus a per-expert
+// selection bias; optionally renormalised), capacity, aux load-balancing loss and z-loss, and the
+// DispatchPlan handed to dispatch/combine; and the aux-loss-free bias update.
 // Shapes: N tokens, D model width, E experts, k experts per token, M kept assignments.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "moe/nn/common.h"
 #include "moe/nn/dispatch.h"
 #include "moe/param.h"
 
@@ -20,6 +22,11 @@ struct RouterConfig {
   float jitter = 0.0f;
   float capacity_factor = 0.0f;  // 0 = dropless
   float init_std = 0.02f;
+  RouterScoring scoring = RouterScoring::softmax;
+  // A per-expert selection bias b [E] (DeepSeek-V3): top-k picks the largest scores + b, the gate
+  // weights stay the scores. Param prefix + ".bias", zeros at first, frozen (Param::frozen: no
+  // gradient, no optimizer update); update_selection_bias moves it after each training step.
+  bool selection_bias = false;
 };
 
 struct RouterStep {
@@ -36,9 +43,11 @@ struct RouterStep {
 
 struct RouterOutput {
   DispatchPlan plan;
-  Tensor logits, probs;          // [N,E] fp32 (probs = softmax over all E experts, fp32)
+  // [N,E] fp32. softmax: probs = softmax over all E experts, scores = probs (the same tensor).
+  // sigmoid: scores = sigmoid(logits), probs = scores / their row sum (the aux loss's P_e).
+  Tensor logits, probs, scores;
   Tensor lse;                    // [N] logsumexp of each logits row (z-loss)
-  Tensor topk_idx, topk_weight;  // [N,k] i32 / f32 (after optional renormalisation)
+  Tensor topk_idx, topk_weight;  // [N,k] i32 / f32: the chosen scores (optionally renormalised)
   Tensor routed_input;           // x after jitter (x itself without jitter)
   Tensor jitter_noise;           // [N,D] or undefined
   double aux_loss = 0, z_loss = 0;
@@ -58,9 +67,12 @@ int64_t router_capacity(float capacity_factor, int64_t num_tokens, int64_t top_k
 // aux_loss = E * sum_e f_e * P_e (Switch/GShard; f is constant for the gradient), where
 //   f_e = load_e / (load_tokens*k): assignments to e over all k choices, before capacity, of the
 //   load_tokens tokens counted (N, or the global batch under data parallelism),
-//   P_e = mean over this call's N tokens of probs[t,e];
-// z_loss = mean_t logsumexp(logits_t)^2.
-// Params: prefix + ".weight" [E, D] (router linear, no bias), e.g. "blocks.1.moe.router.weight".
+//   P_e = mean over this call's N tokens of probs[t,e] (under sigmoid scoring the scores
+//   normalised to sum 1 per token, as DeepSeek-V3's sequence-wise balance loss does, here over
+//   the call's tokens);
+// z_loss = mean_t logsumexp(logits_t)^2 (under either scoring).
+// Params: prefix + ".weight" [E, D] (router linear, no bias), e.g. "blocks.1.moe.router.weight";
+// with selection_bias prefix + ".bias" [E].
 class Router {
  public:
   Router(ParamSet& ps, const std::string& prefix, const RouterConfig& config);
@@ -71,10 +83,18 @@ class Router {
                   float aux_scale, float z_scale);
   const RouterConfig& config() const { return config_; }
   Param& weight() const { return *weight_; }
+  Param* selection_bias() const { return bias_; }  // null without one
 
  private:
   RouterConfig config_;
   Param* weight_;
+  Param* bias_ = nullptr;
 };
+
+// Aux-loss-free balancing (DeepSeek-V3), after an optimizer step: b_e += rate * sign(mean load -
+// load_e) with load [E] the step's assignments per expert over the global batch (so that every
+// rank applies the same change), sign(0) = 0 (compared exactly, in integers). The sum runs in
+// fp32 on the stored values (bf16/f16 parameters round the result to their dtype).
+void update_selection_bias(Param& bias, const std::vector<int64_t>& load, double rate);
 
 }  // namespace moe::nn

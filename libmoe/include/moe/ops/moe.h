@@ -25,9 +25,13 @@ void router_jitter_backward(const Tensor& noise, Tensor& dx);
 // probs [N,E] = softmax(logits) per row, lse [N] = logsumexp per row (fp32).
 void router_softmax(const Tensor& logits, Tensor& probs, Tensor& lse);
 // topk_idx [N,k] i32 (descending probability, ties to the lower index), topk_weight [N,k] f32
-// (the probabilities, renormalised to sum 1 per row when `normalize`).
+// (the probabilities, renormalised to sum 1 per row when `normalize`). With a selection bias
+// [E] f32 (DeepSeek-V3), the choice is by probs + bias and the weights stay the probabilities.
 void router_topk(const Tensor& probs, int64_t k, bool normalize, Tensor& topk_idx,
-                 Tensor& topk_weight);
+                 Tensor& topk_weight, const Tensor& bias = Tensor());
+// Sigmoid scoring (DeepSeek-V3): scores [N,E] = sigmoid(logits), probs [N,E] = scores / their row
+// sum (the aux loss's P_e averages these), lse [N] = logsumexp of each logits row (z-loss).
+void router_sigmoid(const Tensor& logits, Tensor& scores, Tensor& probs, Tensor& lse);
 // Assignments per expert [E] over all N*k choices (before capacity).
 std::vector<int64_t> router_load(const Tensor& topk_idx, int64_t num_experts);
 // E * sum_e f_e P_e, f_e = load_e / (load_tokens k), P_e = mean over the N rows of probs[t,e];
@@ -41,6 +45,16 @@ double router_z_loss(const Tensor& lse);
 void router_backward(const Tensor& probs, const Tensor& lse, const Tensor& topk_idx,
                      const Tensor& dtopk_weight, bool normalize, const std::vector<int64_t>& load,
                      int64_t load_tokens, float aux_scale, float z_scale, Tensor& dlogits);
+// router_backward under sigmoid scoring: the gate weights came from `scores` (router_topk on
+// them), the aux loss from their normalisation (router_sigmoid's probs), the z loss from lse.
+void router_backward_sigmoid(const Tensor& scores, const Tensor& logits, const Tensor& lse,
+                             const Tensor& topk_idx, const Tensor& dtopk_weight, bool normalize,
+                             const std::vector<int64_t>& load, int64_t load_tokens, float aux_scale,
+                             float z_scale, Tensor& dlogits);
+// y = sigmoid(x), dx = dy * y * (1 - y) (from the output): the shared expert's gate. Same shapes;
+// y / dx may alias x / dy.
+void sigmoid(const Tensor& x, Tensor& y);
+void sigmoid_backward(const Tensor& dy, const Tensor& y, Tensor& dx);
 
 // ---- dispatch / combine (ops/dispatch.cpp) ----
 

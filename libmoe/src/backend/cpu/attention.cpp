@@ -11,6 +11,8 @@
 
 #include "backend/cpu/backend.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/gemv.h"
+#include "backend/cpu/task_pool.h"
 #include "backend/cpu/vector_math.h"
 #include "core/parallel.h"
 
@@ -77,34 +79,43 @@ void attention_forward_cached(const Tensor& q, const Tensor& k_cache, const Tens
   const float* vs = v_cache.data<float>();
   float* cs = ctx.data<float>();
 
-  // Each (row, head) is independent: one OpenMP loop over them, each with its own scores buffer
-  // (the products inside run on the calling thread; their bits do not depend on which one).
+  // Each (row, head) is independent, each with its thread's own scores buffer, kept between
+  // calls (no per-step allocation). The products inside run on the calling thread; their bits do
+  // not depend on which one. Decode steps (a few new tokens per row, products too small for
+  // sgemm to split) run the pairs on the decode task pool (task_pool.h), the threads their GEMVs
+  // run on, where no thread waits for a late one; prefill keeps an OpenMP loop.
   const int64_t n_rows = rows.rows();
-  std::vector<int64_t> first(static_cast<size_t>(n_rows) + 1, 0);  // a row's first token in q/ctx
+  thread_local std::vector<int64_t> first;  // a row's first token in q/ctx
+  first.assign(static_cast<size_t>(n_rows) + 1, 0);
   int64_t work = 0;
+  bool decode = true;
   for (int64_t r = 0; r < n_rows; ++r) {
     first[r + 1] = first[r] + rows.count[r];
-    work += rows.count[r] * (rows.start[r] + rows.count[r]) * hd * H;
+    const int64_t keys = rows.start[r] + rows.count[r];
+    work += rows.count[r] * keys * hd * H;
+    decode = decode && rows.count[r] <= kGemvMaxRows && rows.count[r] * keys * hd < (1 << 20);
   }
-#pragma omp parallel if (n_rows * H > 1 && work >= kParallelWork)
-  {
-    std::vector<float> scores;
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t rh = 0; rh < n_rows * H; ++rh) {
-      const int64_t r = rh / H, h = rh % H;
-      const int64_t t = rows.count[r], start = rows.start[r], keys = start + t;
-      const int64_t slot_offset = rows.slot[r] * capacity * ldk;
-      scores.resize(static_cast<size_t>(t * keys));
-      float* ps = scores.data();
-      const int64_t q_offset = first[r] * ldq + h * hd, kv_offset = slot_offset + (h / group) * hd;
-      sgemm(false, true, t, keys, hd, scale, qs + q_offset, ldq, ks + kv_offset, ldk, 0.0f, ps,
-            keys);
-      for (int64_t i = 0; i < t; ++i)  // query i sits at start + i: keys 0..start+i visible
-        kernels::causal_softmax_row(ps + i * keys, start + i + 1, keys);
-      sgemm(false, false, t, hd, keys, 1.0f, ps, keys, vs + kv_offset, ldk, 0.0f, cs + q_offset,
-            ldq);
-    }
+  const int64_t* firsts = first.data();
+  auto row_head = [&, firsts](int64_t rh) {
+    thread_local std::vector<float> scores;
+    const int64_t r = rh / H, h = rh % H;
+    const int64_t t = rows.count[r], start = rows.start[r], keys = start + t;
+    const int64_t slot_offset = rows.slot[r] * capacity * ldk;
+    if (scores.size() < static_cast<size_t>(t * keys)) scores.resize(static_cast<size_t>(t * keys));
+    float* ps = scores.data();
+    const int64_t q_offset = firsts[r] * ldq + h * hd, kv_offset = slot_offset + (h / group) * hd;
+    sgemm(false, true, t, keys, hd, scale, qs + q_offset, ldq, ks + kv_offset, ldk, 0.0f, ps, keys);
+    for (int64_t i = 0; i < t; ++i)  // query i sits at start + i: keys 0..start+i visible
+      kernels::causal_softmax_row(ps + i * keys, start + i + 1, keys);
+    sgemm(false, false, t, hd, keys, 1.0f, ps, keys, vs + kv_offset, ldk, 0.0f, cs + q_offset, ldq);
+  };
+  const int64_t pairs = n_rows * H;
+  if (decode) {
+    run_tasks(pairs, work >= kParallelWork ? num_threads() : 1, row_head);
+    return;
   }
+#pragma omp parallel for schedule(dynamic, 1) if (pairs > 1 && work >= kParallelWork)
+  for (int64_t rh = 0; rh < pairs; ++rh) row_head(rh);
 }
 
 void attention_backward(const Tensor& dctx, const Tensor& q, const Tensor& k, const Tensor& v,

@@ -6,7 +6,8 @@
 // memory bandwidth, not arithmetic, so the kernel streams each weight row once, widens it to f32
 // in registers (bf16: a shift; f16: vcvtph2ps; Q8_0: int8 times the block's f16 scale, exact in
 // f32) and multiplies it with all m input rows while it is there. Threads split the output rows
-// of every problem of a batch together (the two routed experts of a token share both threads).
+// of every problem of a batch together (the two routed experts of a token share both threads), as
+// tasks of the decode task pool (task_pool.h), not an OpenMP loop.
 //
 // Determinism by construction: each output element is computed by one thread with one fixed order
 // (16 lanes, lane l summing elements l, l + 16, ... with fused multiply-adds, then a fixed tree
@@ -22,12 +23,13 @@ namespace moe::cpu {
 enum class WeightFormat : uint8_t { f32, bf16, f16, q8_0 };
 const char* weight_format_name(WeightFormat format);
 
-// Q8_0 (llama.cpp's block format): blocks of kQ8Block consecutive elements along `in`, each with
-// one f16 scale; value = scale * q, q int8 in [-127, 127]. A row's last block may be shorter when
-// `in` is not a multiple of kQ8Block. A row is stored as its `in` int8 values followed by its
-// q8_blocks(in) scales (f16 bits, little-endian): q8_row_bytes(in) bytes, rows back to back.
-// (llama.cpp interleaves scale and values per block; values first keeps the int8 loads of a row
-// contiguous and a row's bytes a function of `in` alone.)
+// Q8_0-like (see docs/ARCHITECTURE.md): blocks of kQ8Block consecutive elements along `in`, each
+// with one f16 scale; value = scale * q, q int8 in [-127, 127]. A row's last block may be shorter
+// when `in` is not a multiple of kQ8Block. A row is stored as its `in` int8 values followed by its
+// q8_blocks(in) scales (f16 bits, little-endian): q8_row_bytes(in) bytes, rows back to back. Not
+// llama.cpp's bytes: its blocks interleave scale and values (values first keeps the int8 loads of
+// a row contiguous and a row's bytes a function of `in` alone), and q rounds to nearest even
+// against the stored f16 scale (quantize_q8_0_row); the GGUF export writes llama.cpp's own.
 inline constexpr int64_t kQ8Block = 32;
 inline int64_t q8_blocks(int64_t in) { return (in + kQ8Block - 1) / kQ8Block; }
 inline int64_t q8_row_bytes(int64_t in) { return in + 2 * q8_blocks(in); }

@@ -1,10 +1,12 @@
-// CPU router loops: jitter, softmax, top-k and the router row backward (the load and the aux/z
-// losses run on the host in ops/router.cpp). Shapes: N tokens, D model width, E experts, k experts
-// per token. Every loop writes whole rows from one thread.
+// CPU router loops: jitter, softmax or sigmoid scores, top-k and the router row backward (the load
+// and the aux/z losses run on the host in ops/router.cpp), and the shared expert gate's sigmoid.
+// Shapes: N tokens, D model width, E experts, k experts per token. Every loop writes whole rows
+// from one thread.
 #include <vector>
 
 #include "backend/cpu/backend.h"
 #include "core/parallel.h"
+#include "kernels/activations.h"
 #include "kernels/router.h"
 
 namespace moe::cpu {
@@ -45,15 +47,16 @@ void router_softmax(const Tensor& logits, Tensor& probs, Tensor& lse) {
     zs[t] = kernels::softmax_row(ls + t * experts, ps + t * experts, experts);
 }
 
-void router_topk(const Tensor& probs, int64_t k, bool normalize, Tensor& topk_idx,
-                 Tensor& topk_weight) {
+void router_topk(const Tensor& probs, int64_t k, bool normalize, const Tensor& bias,
+                 Tensor& topk_idx, Tensor& topk_weight) {
   int64_t rows = probs.dim(0), experts = probs.dim(1);
   const float* ps = probs.data<float>();
+  const float* bs = bias.defined() ? bias.data<float>() : nullptr;
   int32_t* is = topk_idx.data<int32_t>();
   float* ws = topk_weight.data<float>();
 #pragma omp parallel for schedule(static) if (rows * experts * k >= kParallelWork)
   for (int64_t t = 0; t < rows; ++t)
-    kernels::topk_row(ps + t * experts, experts, k, normalize, is + t * k, ws + t * k);
+    kernels::topk_row(ps + t * experts, experts, k, normalize, is + t * k, ws + t * k, bs);
 }
 
 void router_backward(const Tensor& probs, const Tensor& lse, const Tensor& topk_idx,
@@ -71,6 +74,53 @@ void router_backward(const Tensor& probs, const Tensor& lse, const Tensor& topk_
   for (int64_t t = 0; t < rows; ++t)
     kernels::router_backward_row(ps + t * experts, experts, is + t * k, dws + t * k, k, normalize,
                                  coef, z_factor * zs[t], dl + t * experts);
+}
+
+void router_sigmoid(const Tensor& logits, Tensor& scores, Tensor& probs, Tensor& lse) {
+  int64_t rows = logits.dim(0), experts = logits.dim(1);
+  const float* ls = logits.data<float>();
+  float* ss = scores.data<float>();
+  float* ps = probs.data<float>();
+  float* zs = lse.data<float>();
+#pragma omp parallel for schedule(static) if (rows * experts >= kParallelWork)
+  for (int64_t t = 0; t < rows; ++t)
+    zs[t] = kernels::sigmoid_row(ls + t * experts, ss + t * experts, ps + t * experts, experts);
+}
+
+void router_backward_sigmoid(const Tensor& scores, const Tensor& logits, const Tensor& lse,
+                             const Tensor& topk_idx, const Tensor& dtopk_weight, bool normalize,
+                             const std::vector<float>& aux_coef, float z_factor, Tensor& dlogits) {
+  int64_t rows = scores.dim(0), experts = scores.dim(1);
+  int64_t k = topk_idx.dim(1);
+  const float* ss = scores.data<float>();
+  const float* ls = logits.data<float>();
+  const float* zs = lse.data<float>();
+  const int32_t* is = topk_idx.data<int32_t>();
+  const float* dws = dtopk_weight.data<float>();
+  float* dl = dlogits.data<float>();
+  const float* coef = aux_coef.data();
+#pragma omp parallel for schedule(static) if (rows * experts >= kParallelWork)
+  for (int64_t t = 0; t < rows; ++t)
+    kernels::router_backward_sigmoid_row(ss + t * experts, ls + t * experts, zs[t], experts,
+                                         is + t * k, dws + t * k, k, normalize, coef,
+                                         z_factor * zs[t], dl + t * experts);
+}
+
+void sigmoid(const Tensor& x, Tensor& y) {
+  const float* xs = x.data<float>();
+  float* ys = y.data<float>();
+  const int64_t n = x.numel();
+#pragma omp parallel for schedule(static) if (n >= kParallelWork)
+  for (int64_t i = 0; i < n; ++i) ys[i] = kernels::sigmoid(xs[i]);
+}
+
+void sigmoid_backward(const Tensor& dy, const Tensor& y, Tensor& dx) {
+  const float* g = dy.data<float>();
+  const float* ys = y.data<float>();
+  float* dxs = dx.data<float>();
+  const int64_t n = y.numel();
+#pragma omp parallel for schedule(static) if (n >= kParallelWork)
+  for (int64_t i = 0; i < n; ++i) dxs[i] = g[i] * ys[i] * (1.0f - ys[i]);
 }
 
 }  // namespace moe::cpu

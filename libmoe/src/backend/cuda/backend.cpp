@@ -61,9 +61,9 @@ const Backend& table() {
        swiglu_forward, swiglu_backward, rope_apply, attention_forward, attention_backward,
        attention_forward_cached, cross_entropy_rows},
       {router_jitter, router_jitter_backward, router_softmax, router_topk, router_backward,
-       gather_rows, combine_rows, combine_rows_backward, slot_to_choice, grouped_gemm,
-       grouped_gemm_weight_grad, expert_activation, expert_activation_backward, grouped_add_bias,
-       grouped_bias_grad},
+       router_sigmoid, router_backward_sigmoid, sigmoid, sigmoid_backward, gather_rows,
+       combine_rows, combine_rows_backward, slot_to_choice, grouped_gemm, grouped_gemm_weight_grad,
+       expert_activation, expert_activation_backward, grouped_add_bias, grouped_bias_grad},
       {distill_loss_rows},
       {adamw_update, nullptr},  // the rounded update runs as three passes (ops/optim.cpp)
       {allocate_pinned, create_stream, create_event, record, wait, synchronize_event,

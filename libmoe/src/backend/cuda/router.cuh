@@ -36,11 +36,13 @@ struct RouterSoftmax {
   }
 };
 
+// bias [E] (may be null) shifts the choice, not the weights.
 struct RouterTopk {
   MOE_HD static void run(Thread th, const float* probs, int64_t rows, int64_t experts, int64_t k,
-                         bool normalize, int32_t* idx, float* weight) {
+                         bool normalize, int32_t* idx, float* weight, const float* bias) {
     MOE_GRID_LOOP(t, rows, th) {
-      kernels::topk_row(probs + t * experts, experts, k, normalize, idx + t * k, weight + t * k);
+      kernels::topk_row(probs + t * experts, experts, k, normalize, idx + t * k, weight + t * k,
+                        bias);
     }
   }
 };
@@ -54,6 +56,42 @@ struct RouterBackward {
       kernels::router_backward_row(probs + t * experts, experts, idx + t * k, dweight + t * k, k,
                                    normalize, aux_coef, z_factor * lse[t], dlogits + t * experts);
     }
+  }
+};
+
+struct RouterSigmoid {
+  MOE_HD static void run(Thread th, const float* logits, float* scores, float* probs, float* lse,
+                         int64_t rows, int64_t experts) {
+    MOE_GRID_LOOP(t, rows, th) {
+      lse[t] = kernels::sigmoid_row(logits + t * experts, scores + t * experts, probs + t * experts,
+                                    experts);
+    }
+  }
+};
+
+struct RouterBackwardSigmoid {
+  MOE_HD static void run(Thread th, const float* scores, const float* logits, const float* lse,
+                         const int32_t* idx, const float* dweight, int64_t rows, int64_t experts,
+                         int64_t k, bool normalize, const float* aux_coef, float z_factor,
+                         float* dlogits) {
+    MOE_GRID_LOOP(t, rows, th) {
+      kernels::router_backward_sigmoid_row(scores + t * experts, logits + t * experts, lse[t],
+                                           experts, idx + t * k, dweight + t * k, k, normalize,
+                                           aux_coef, z_factor * lse[t], dlogits + t * experts);
+    }
+  }
+};
+
+// One thread per element; y may alias x, dx may alias dy.
+struct Sigmoid {
+  MOE_HD static void run(Thread th, const float* x, float* y, int64_t n) {
+    MOE_GRID_LOOP(i, n, th) { y[i] = kernels::sigmoid(x[i]); }
+  }
+};
+
+struct SigmoidBackward {
+  MOE_HD static void run(Thread th, const float* dy, const float* y, float* dx, int64_t n) {
+    MOE_GRID_LOOP(i, n, th) { dx[i] = dy[i] * y[i] * (1.0f - y[i]); }
   }
 };
 

@@ -1,0 +1,159 @@
+// The decode task pool (see task_pool.h). One batch at a time: the batch's generation and its next
+// unclaimed task share one 64-bit word, so a worker that wakes late and claims with the generation
+// it saw cannot take a task of a later batch (its compare-and-swap fails).
+#include "backend/cpu/task_pool.h"
+
+#include <omp.h>
+#include <pthread.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define MOE_POOL_PAUSE() _mm_pause()
+#else
+#define MOE_POOL_PAUSE() ((void)0)
+#endif
+
+namespace moe::cpu {
+namespace {
+
+thread_local bool in_worker = false;
+bool pool_enabled = true;
+
+// How long an idle worker spins before it sleeps, from OMP_WAIT_POLICY (see task_pool.h).
+std::chrono::microseconds idle_spin() {
+  const char* policy = std::getenv("OMP_WAIT_POLICY");
+  if (policy && (std::strcmp(policy, "passive") == 0 || std::strcmp(policy, "PASSIVE") == 0))
+    return std::chrono::microseconds(0);
+  if (policy && (std::strcmp(policy, "active") == 0 || std::strcmp(policy, "ACTIVE") == 0))
+    return std::chrono::microseconds(1000);
+  return std::chrono::microseconds(20);
+}
+
+// A child of fork() has none of its parent's workers (and maybe a mutex a worker held): it runs
+// every batch inline.
+std::atomic<bool> forked{false};
+
+// Never destroyed: its workers sleep until the process ends (joining them at exit would race
+// with other static destructors, and a forked child could not join its parent's threads).
+class Pool {
+ public:
+  Pool() {
+    pthread_atfork(nullptr, nullptr, [] { forked.store(true, std::memory_order_relaxed); });
+  }
+
+  void run(int64_t count, int threads, TaskFn fn, void* context) {
+    std::unique_lock<std::mutex> batch(batch_mutex_, std::try_to_lock);
+    if (!batch.owns_lock() || in_worker || threads <= 1 || count <= 1 || omp_in_parallel() ||
+        forked.load(std::memory_order_relaxed) || count >= (int64_t(1) << 31)) {
+      for (int64_t i = 0; i < count; ++i) fn(context, i);
+      return;
+    }
+    for (int id = workers_.load(); id < threads - 1; workers_.store(++id))
+      std::thread([this, id] { work(id); }).detach();
+    fn_.store(fn, std::memory_order_relaxed);
+    context_.store(context, std::memory_order_relaxed);
+    count_.store(count, std::memory_order_relaxed);
+    helpers_.store(threads - 1, std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
+    const uint64_t generation = (claim_.load(std::memory_order_relaxed) >> 32) + 1;
+    claim_.store(generation << 32, std::memory_order_release);  // publishes the fields above
+    {
+      std::lock_guard<std::mutex> lock(sleep_mutex_);  // a sleeper checks its wait under it
+      if (sleepers_ > 0) wake_.notify_all();
+    }
+    take(generation);
+    // Only tasks that another thread has claimed are left: wait for those.
+    for (int spins = 0; done_.load(std::memory_order_acquire) < count; ++spins) {
+      if (spins < 4096) {
+        MOE_POOL_PAUSE();
+      } else {
+        std::this_thread::yield();  // its claimer was descheduled: let it run
+      }
+    }
+  }
+
+  int workers() const { return workers_.load(); }
+
+ private:
+  // Claims and runs tasks of `generation` until none is left.
+  void take(uint64_t generation) {
+    for (;;) {
+      uint64_t c = claim_.load(std::memory_order_acquire);
+      if ((c >> 32) != generation) return;
+      const int64_t task = static_cast<int64_t>(c & 0xffffffffu);
+      // count_ may already be a later batch's: then the generation has moved and the CAS fails.
+      if (task >= count_.load(std::memory_order_relaxed)) return;
+      if (!claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel)) continue;
+      // The claimed task pins the batch: its fields cannot change until done_ counts it.
+      fn_.load(std::memory_order_relaxed)(context_.load(std::memory_order_relaxed), task);
+      done_.fetch_add(1, std::memory_order_release);
+    }
+  }
+
+  void work(int id) {
+    in_worker = true;
+    const std::chrono::microseconds spin = idle_spin();
+    uint64_t seen = 0;  // the last generation this worker looked at
+    for (;;) {
+      auto moved = [&] { return (claim_.load(std::memory_order_acquire) >> 32) != seen; };
+      if (!moved()) {
+        const auto until = std::chrono::steady_clock::now() + spin;
+        for (int i = 1; !moved(); ++i) {
+          MOE_POOL_PAUSE();
+          if (i % 64 == 0 && std::chrono::steady_clock::now() >= until) break;
+        }
+      }
+      if (!moved()) {
+        std::unique_lock<std::mutex> lock(sleep_mutex_);
+        ++sleepers_;
+        wake_.wait(lock, moved);
+        --sleepers_;
+      }
+      seen = claim_.load(std::memory_order_acquire) >> 32;
+      if (id < helpers_.load(std::memory_order_relaxed)) take(seen);
+    }
+  }
+
+  std::mutex batch_mutex_;          // one batch at a time
+  std::atomic<int> workers_{0};     // started (detached), ids 0 .. workers_ - 1
+  std::atomic<uint64_t> claim_{0};  // generation << 32 | next task
+  std::atomic<int64_t> done_{0}, count_{0};
+  std::atomic<int> helpers_{0};
+  std::atomic<TaskFn> fn_{nullptr};
+  std::atomic<void*> context_{nullptr};
+  std::mutex sleep_mutex_;
+  std::condition_variable wake_;
+  int sleepers_ = 0;
+};
+
+Pool& pool() {
+  static Pool* p = new Pool;
+  return *p;
+}
+
+}  // namespace
+
+void run_tasks(int64_t count, int threads, TaskFn fn, void* context) {
+  if (!pool_enabled) {
+#pragma omp parallel for schedule(static) \
+    num_threads(threads > 1 ? threads : 1) if (threads > 1 && count > 1)
+    for (int64_t i = 0; i < count; ++i) fn(context, i);
+    return;
+  }
+  pool().run(count, threads, fn, context);
+}
+
+void set_task_pool_enabled(bool enabled) { pool_enabled = enabled; }
+
+int task_pool_workers() { return pool().workers(); }
+
+}  // namespace moe::cpu

@@ -1,0 +1,44 @@
+// A persistent pool of worker threads for short batches of independent tasks (decode GEMVs):
+// the calling thread works through the tasks itself, and the workers that are awake help it.
+//
+// Why not an OpenMP loop: a decode step opens ~60 parallel regions of 10-100 us of work each, and
+// an OpenMP region ends with a join that waits for every thread of the team. A worker that sleeps
+// (OMP_WAIT_POLICY=passive: a futex wake-up, tens of microseconds) or has been descheduled (a
+// shared machine) holds up each region for its whole delay, whether or not it found work to do.
+// Here tasks are claimed one at a time from a shared counter, and the caller waits only for the
+// tasks another thread has claimed: a late worker finds nothing left and holds no one up.
+//
+// Results do not depend on which thread runs a task (each task computes its own outputs in a
+// fixed order), so callers stay bitwise reproducible at any thread count.
+//
+// Waiting: a worker spins for a while after its last task before it sleeps (none with
+// OMP_WAIT_POLICY=passive, 20 us when unset, 1 ms with active: the policy the user chose for
+// OpenMP's threads, read, never set). 20 us spans the gaps between a decode step's batches; longer
+// spins lost on a loaded machine (a spinning worker takes the core its caller needs). Calls from
+// inside an OpenMP parallel region, from a worker, or while another thread's batch is running, run
+// their tasks inline on the calling thread.
+#pragma once
+#include <cstdint>
+
+namespace moe::cpu {
+
+using TaskFn = void (*)(void* context, int64_t task);
+
+// Calls fn(context, i) exactly once for every i in [0, count), on the calling thread and up to
+// `threads` - 1 workers; returns when all have returned. fn must not throw.
+void run_tasks(int64_t count, int threads, TaskFn fn, void* context);
+
+template <class F>
+void run_tasks(int64_t count, int threads, F& f) {
+  run_tasks(
+      count, threads, [](void* c, int64_t i) { (*static_cast<F*>(c))(i); }, &f);
+}
+
+// Workers started so far (tests).
+int task_pool_workers();
+
+// Benchmarks: false runs each batch as an OpenMP loop (schedule static, `threads` threads), the
+// path before the pool, to time both in one run. Not thread-safe with batches in flight.
+void set_task_pool_enabled(bool enabled);
+
+}  // namespace moe::cpu
