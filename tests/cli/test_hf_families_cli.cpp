@@ -57,15 +57,15 @@ std::vector<int32_t> reference_greedy(const Tiny& t, const std::map<std::string,
 
 }  // namespace
 
-TEST_CASE("cli: an imported Qwen3-MoE and OLMoE generate text through the tokenizer", "[cli][hf]") {
+TEST_CASE("cli: an imported Qwen2-MoE, Qwen3-MoE and OLMoE generate text through the tokenizer",
+          "[cli][hf]") {
   test::ScratchDir dir("cli-hf-families");
   const auto tok = io::load_tokenizer(kQwenTokenizer);
   const std::string prompt = "The quick brown fox";
   const std::vector<int32_t> prompt_ids = tok->encode(prompt, true);
   const std::string prompts = dir / "prompts.txt";
   test::write_file(prompts, prompt + "\n");
-  // qwen2_moe joins once its shared expert's layer lands (nn/moe_layer).
-  for (const std::string family : {"qwen3_moe", "olmoe"}) {
+  for (const std::string family : {"qwen2_moe", "qwen3_moe", "olmoe"}) {
     INFO("family " << family);
     Tiny t = tiny_of(family);
     t.V = 704;  // room for the tokenizer's 700 ids
@@ -106,10 +106,11 @@ TEST_CASE("cli: an imported Qwen3-MoE and OLMoE generate text through the tokeni
   }
 }
 
-TEST_CASE("cli: a model trained with --arch qwen3_moe or olmoe exports and imports", "[cli][hf]") {
+TEST_CASE("cli: a model trained with --arch qwen2_moe, qwen3_moe or olmoe exports and imports",
+          "[cli][hf]") {
   test::ScratchDir dir("cli-hf-trained");
-  // qwen2_moe (--shared-expert-ff 32) joins once its shared expert's layer lands.
-  const std::map<std::string, std::string> flags = {{"qwen3_moe", " --head-dim 16"}, {"olmoe", ""}};
+  const std::map<std::string, std::string> flags = {
+      {"qwen2_moe", " --shared-expert-ff 32"}, {"qwen3_moe", " --head-dim 16"}, {"olmoe", ""}};
   for (const auto& [family, extra] : flags) {
     INFO("family " << family);
     const std::string run = dir / family;
