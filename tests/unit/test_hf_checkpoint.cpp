@@ -27,6 +27,7 @@
 #include "moe/io/hf_checkpoint.h"
 #include "moe/io/safetensors.h"
 #include "support/gradcheck.h"
+#include "support/hf_families.h"
 #include "support/models.h"
 #include "support/run.h"
 
@@ -36,67 +37,7 @@ using nlohmann::json;
 
 namespace {
 
-struct Tiny {
-  int64_t V = 256, D = 32, H = 4, KV = 2, F = 48, L = 2, E = 4, k = 2, max_pos = 64;
-  double theta = 10000, eps = 1e-5;
-  int64_t hd() const { return D / H; }
-};
-
-// HF Mixtral config.json for `t`.
-json mixtral_config(const Tiny& t) {
-  return json{{"architectures", {"MixtralForCausalLM"}},
-              {"model_type", "mixtral"},
-              {"vocab_size", t.V},
-              {"hidden_size", t.D},
-              {"intermediate_size", t.F},
-              {"num_hidden_layers", t.L},
-              {"num_attention_heads", t.H},
-              {"num_key_value_heads", t.KV},
-              {"num_local_experts", t.E},
-              {"num_experts_per_tok", t.k},
-              {"rope_theta", t.theta},
-              {"rms_norm_eps", t.eps},
-              {"max_position_embeddings", t.max_pos},
-              {"hidden_act", "silu"},
-              {"sliding_window", nullptr},
-              {"router_aux_loss_coef", 0.02},
-              {"tie_word_embeddings", false},
-              {"torch_dtype", "float32"}};
-}
-
-// Random weights under HF Mixtral names (per-expert w1/w2/w3), at scales that keep activations
-// O(1) and the router's choices well apart.
-std::map<std::string, Tensor> mixtral_weights(const Tiny& t, uint64_t seed) {
-  std::map<std::string, Tensor> w;
-  uint64_t s = seed * 1000;
-  const float in_scale = 1.0f / std::sqrt(float(t.D));
-  auto norm = [&](int64_t n) {
-    Tensor x = test::random_tensor({n}, ++s, 0.1f);
-    float* p = x.data<float>();
-    for (int64_t i = 0; i < n; ++i) p[i] += 1.0f;
-    return x;
-  };
-  w["model.embed_tokens.weight"] = test::random_tensor({t.V, t.D}, ++s);
-  for (int64_t i = 0; i < t.L; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
-    w[p + "input_layernorm.weight"] = norm(t.D);
-    w[p + "post_attention_layernorm.weight"] = norm(t.D);
-    w[p + "self_attn.q_proj.weight"] = test::random_tensor({t.H * t.hd(), t.D}, ++s, in_scale);
-    w[p + "self_attn.k_proj.weight"] = test::random_tensor({t.KV * t.hd(), t.D}, ++s, in_scale);
-    w[p + "self_attn.v_proj.weight"] = test::random_tensor({t.KV * t.hd(), t.D}, ++s, in_scale);
-    w[p + "self_attn.o_proj.weight"] = test::random_tensor({t.D, t.H * t.hd()}, ++s, in_scale);
-    w[p + "block_sparse_moe.gate.weight"] = test::random_tensor({t.E, t.D}, ++s, 3 * in_scale);
-    for (int64_t e = 0; e < t.E; ++e) {
-      const std::string x = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
-      w[x + "w1.weight"] = test::random_tensor({t.F, t.D}, ++s, in_scale);
-      w[x + "w2.weight"] = test::random_tensor({t.D, t.F}, ++s, 1.0f / std::sqrt(float(t.F)));
-      w[x + "w3.weight"] = test::random_tensor({t.F, t.D}, ++s, in_scale);
-    }
-  }
-  w["model.norm.weight"] = norm(t.D);
-  w["lm_head.weight"] = test::random_tensor({t.V, t.D}, ++s, in_scale);
-  return w;
-}
+using namespace moe::test::hf;
 
 // The same weights in the fused layout newer transformers write: per layer
 // mlp.experts.gate_up_proj [E, 2F, D] (w1 rows then w3 rows), mlp.experts.down_proj [E, D, F],
@@ -122,236 +63,6 @@ std::map<std::string, Tensor> fused_form(const Tiny& t, const std::map<std::stri
     out[p + "mlp.experts.down_proj"] = down;
   }
   return out;
-}
-
-// OLMoE / Qwen naming of the same weights: mlp.gate, mlp.experts.E.{gate,up,down}_proj.
-std::map<std::string, Tensor> olmoe_form(const std::map<std::string, Tensor>& w) {
-  std::map<std::string, Tensor> out;
-  for (const auto& [name, tensor] : w) {
-    std::string n = name;
-    auto replace = [&](const std::string& from, const std::string& to) {
-      size_t at = n.find(from);
-      if (at != std::string::npos) n.replace(at, from.size(), to);
-    };
-    replace("block_sparse_moe.", "mlp.");
-    replace(".w1.weight", ".gate_proj.weight");
-    replace(".w3.weight", ".up_proj.weight");
-    replace(".w2.weight", ".down_proj.weight");
-    out[n] = tensor;
-  }
-  return out;
-}
-
-// Writes config.json and the tensors: one model.safetensors, or `shards` files named by an index.
-void write_hf_dir(const std::string& dir, const json& config,
-                  const std::map<std::string, Tensor>& tensors, int shards = 1) {
-  fs::create_directories(dir);
-  test::write_file(dir + "/config.json", config.dump(2));
-  std::vector<io::NamedTensor> all;
-  for (const auto& [name, t] : tensors) all.push_back({name, t, false, {}});
-  if (shards == 1) {
-    io::write_safetensors(dir + "/model.safetensors", all, {{"format", "pt"}});
-    return;
-  }
-  json weight_map = json::object();
-  size_t per = (all.size() + size_t(shards) - 1) / size_t(shards), total = 0;
-  for (int s = 0; s < shards; ++s) {
-    char file[64];
-    std::snprintf(file, sizeof file, "model-%05d-of-%05d.safetensors", s + 1, shards);
-    std::vector<io::NamedTensor> part(all.begin() + std::min(all.size(), s * per),
-                                      all.begin() + std::min(all.size(), (s + 1) * per));
-    for (const auto& nt : part) {
-      weight_map[nt.name] = file;
-      total += nt.tensor.nbytes();
-    }
-    io::write_safetensors(dir + "/" + file, part, {{"format", "pt"}});
-  }
-  json index{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-  test::write_file(dir + "/model.safetensors.index.json", index.dump(2));
-}
-
-// ---- an independent reference of HF Mixtral's forward pass, in double ------------------------
-
-using Vec = std::vector<double>;
-
-Vec values(const std::map<std::string, Tensor>& w, const std::string& name) {
-  std::vector<float> f = w.at(name).to(DType::f32).to_vector();
-  return Vec(f.begin(), f.end());
-}
-
-// y = W x for W [rows, cols] row-major (nn.Linear without bias).
-Vec linear(const Vec& W, const Vec& x, int64_t rows) {
-  const int64_t cols = int64_t(x.size());
-  Vec y(size_t(rows), 0.0);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) y[size_t(r)] += W[size_t(r * cols + c)] * x[size_t(c)];
-  return y;
-}
-
-Vec rms_norm(const Vec& x, const Vec& weight, double eps) {
-  double ms = 0;
-  for (double v : x) ms += v * v;
-  ms /= double(x.size());
-  Vec y(x.size());
-  for (size_t i = 0; i < x.size(); ++i) y[i] = weight[i] * (x[i] / std::sqrt(ms + eps));
-  return y;
-}
-
-// HF's apply_rotary_pos_emb on one head: x * cos + rotate_half(x) * sin, with
-// cos/sin = cat(freqs, freqs), freqs[i] = position * theta^(-2i/hd), rotate_half(x) = cat(-x2, x1).
-void hf_rotary(double* x, int64_t hd, int64_t position, double theta) {
-  const int64_t half = hd / 2;
-  Vec rotated(static_cast<size_t>(hd)), out(static_cast<size_t>(hd));
-  for (int64_t j = 0; j < hd; ++j) rotated[size_t(j)] = j < half ? -x[j + half] : x[j - half];
-  for (int64_t j = 0; j < hd; ++j) {
-    const double freq = double(position) / std::pow(theta, double(2 * (j % half)) / double(hd));
-    out[size_t(j)] = x[j] * std::cos(freq) + rotated[size_t(j)] * std::sin(freq);
-  }
-  for (int64_t j = 0; j < hd; ++j) x[j] = out[size_t(j)];
-}
-
-// Logits [B*T, V] of HF Mixtral (MixtralForCausalLM) for ids [B, T], from HF-named tensors.
-Vec hf_reference_logits(const Tiny& t, const std::map<std::string, Tensor>& w,
-                        const std::vector<int32_t>& ids, int64_t B, int64_t T, bool normalize) {
-  const int64_t D = t.D, hd = t.hd(), n_rep = t.H / t.KV;
-  const Vec embed = values(w, "model.embed_tokens.weight");
-  std::vector<Vec> h(size_t(B * T));
-  for (int64_t r = 0; r < B * T; ++r)
-    h[size_t(r)] =
-        Vec(embed.begin() + ids[size_t(r)] * D, embed.begin() + (ids[size_t(r)] + 1) * D);
-  for (int64_t l = 0; l < t.L; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    const Vec ln1 = values(w, p + "input_layernorm.weight"),
-              ln2 = values(w, p + "post_attention_layernorm.weight");
-    const Vec Wq = values(w, p + "self_attn.q_proj.weight"),
-              Wk = values(w, p + "self_attn.k_proj.weight");
-    const Vec Wv = values(w, p + "self_attn.v_proj.weight"),
-              Wo = values(w, p + "self_attn.o_proj.weight");
-    const Vec Wg = values(w, p + "block_sparse_moe.gate.weight");
-    std::vector<Vec> q(size_t(B * T)), k(size_t(B * T)), v(size_t(B * T));
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t s = 0; s < T; ++s) {
-        const size_t r = size_t(b * T + s);
-        Vec x = rms_norm(h[r], ln1, t.eps);
-        q[r] = linear(Wq, x, t.H * hd);
-        k[r] = linear(Wk, x, t.KV * hd);
-        v[r] = linear(Wv, x, t.KV * hd);
-        for (int64_t head = 0; head < t.H; ++head)
-          hf_rotary(&q[r][size_t(head * hd)], hd, s, t.theta);
-        for (int64_t head = 0; head < t.KV; ++head)
-          hf_rotary(&k[r][size_t(head * hd)], hd, s, t.theta);
-      }
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t s = 0; s < T; ++s) {
-        const size_t r = size_t(b * T + s);
-        Vec ctx(size_t(t.H * hd), 0.0);
-        for (int64_t head = 0; head < t.H; ++head) {
-          const int64_t kv = head / n_rep;  // repeat_kv: each kv head serves n_rep query heads
-          Vec scores(size_t(s + 1));
-          double top = -1e300;
-          for (int64_t u = 0; u <= s; ++u) {
-            double dot = 0;
-            for (int64_t j = 0; j < hd; ++j)
-              dot += q[r][size_t(head * hd + j)] * k[size_t(b * T + u)][size_t(kv * hd + j)];
-            scores[size_t(u)] = dot / std::sqrt(double(hd));
-            top = std::max(top, scores[size_t(u)]);
-          }
-          double sum = 0;
-          for (double& sc : scores) sum += (sc = std::exp(sc - top));
-          for (int64_t u = 0; u <= s; ++u)
-            for (int64_t j = 0; j < hd; ++j)
-              ctx[size_t(head * hd + j)] +=
-                  scores[size_t(u)] / sum * v[size_t(b * T + u)][size_t(kv * hd + j)];
-        }
-        Vec attn = linear(Wo, ctx, D);
-        for (int64_t i = 0; i < D; ++i) h[r][size_t(i)] += attn[size_t(i)];
-      }
-    for (int64_t r = 0; r < B * T; ++r) {
-      Vec x = rms_norm(h[size_t(r)], ln2, t.eps);
-      Vec logits = linear(Wg, x, t.E);
-      double top = *std::max_element(logits.begin(), logits.end()), sum = 0;
-      Vec probs(logits.size());
-      for (size_t e = 0; e < logits.size(); ++e) sum += (probs[e] = std::exp(logits[e] - top));
-      for (double& pr : probs) pr /= sum;
-      std::vector<int64_t> chosen;
-      for (int64_t j = 0; j < t.k; ++j) {
-        int64_t best = -1;
-        for (int64_t e = 0; e < t.E; ++e)
-          if (std::find(chosen.begin(), chosen.end(), e) == chosen.end() &&
-              (best < 0 || probs[size_t(e)] > probs[size_t(best)]))
-            best = e;
-        chosen.push_back(best);
-      }
-      double chosen_sum = 0;
-      for (int64_t e : chosen) chosen_sum += probs[size_t(e)];
-      for (int64_t e : chosen) {
-        const double gate = normalize ? probs[size_t(e)] / chosen_sum : probs[size_t(e)];
-        const std::string x_name = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
-        Vec a = linear(values(w, x_name + "w1.weight"), x, t.F);
-        Vec u = linear(values(w, x_name + "w3.weight"), x, t.F);
-        for (int64_t f = 0; f < t.F; ++f) {
-          const double g = a[size_t(f)];
-          a[size_t(f)] = g / (1.0 + std::exp(-g)) * u[size_t(f)];  // silu(w1 x) * w3 x
-        }
-        Vec y = linear(values(w, x_name + "w2.weight"), a, D);
-        for (int64_t i = 0; i < D; ++i) h[size_t(r)][size_t(i)] += gate * y[size_t(i)];
-      }
-    }
-  }
-  const Vec final_norm = values(w, "model.norm.weight"), head = values(w, "lm_head.weight");
-  Vec out;
-  for (int64_t r = 0; r < B * T; ++r) {
-    Vec logits = linear(head, rms_norm(h[size_t(r)], final_norm, t.eps), t.V);
-    out.insert(out.end(), logits.begin(), logits.end());
-  }
-  return out;
-}
-
-// Our logits [B*T, V]: the checkpoint saved as a file and loaded the way moe-infer loads models.
-std::vector<float> our_logits(const io::Checkpoint& ckpt, const std::string& path,
-                              const std::vector<int32_t>& ids, int64_t B, int64_t T) {
-  io::save_checkpoint(path, ckpt);
-  infer::LoadedModel m = infer::load_model(path);
-  return m.model->logits(Tensor::from_vector({B, T}, ids)).to_vector();
-}
-
-// max |a - b| / max |b|.
-double relative_error(const std::vector<float>& a, const Vec& b) {
-  REQUIRE(a.size() == b.size());
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::abs(double(a[i]) - b[i]));
-    scale = std::max(scale, std::abs(b[i]));
-  }
-  REQUIRE(scale > 0.1);  // logits far from zero: the comparison means something
-  return diff / scale;
-}
-
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
-         std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
-}
-
-const io::NamedTensor& param(const io::Checkpoint& c, const std::string& name) {
-  for (const auto& p : c.params)
-    if (p.name == name) return p;
-  FAIL("no parameter " << name);
-  throw 0;
-}
-
-void require_same_params(const io::Checkpoint& a, const io::Checkpoint& b) {
-  REQUIRE(a.params.size() == b.params.size());
-  for (size_t i = 0; i < a.params.size(); ++i) {
-    INFO("parameter " << a.params[i].name);
-    REQUIRE(a.params[i].name == b.params[i].name);
-    REQUIRE(a.params[i].expert == b.params[i].expert);
-    REQUIRE(same_bytes(a.params[i].tensor, b.params[i].tensor));
-  }
-}
-
-std::vector<int32_t> random_token_ids(int64_t n, int32_t vocab, uint64_t seed) {
-  Tensor t = test::random_ids({n}, seed, vocab);
-  return std::vector<int32_t>(t.data<int32_t>(), t.data<int32_t>() + n);
 }
 
 std::string import_error(const std::string& dir, io::HfImportReport* report = nullptr,
@@ -711,44 +422,45 @@ TEST_CASE("hf: unsupported features are refused naming the feature", "[hf]") {
     return c;
   };
 
-  // Qwen2-MoE: shared expert (config and tensors) and q/k/v biases.
-  json qwen = base("qwen2_moe");
-  qwen.erase("intermediate_size");
-  qwen["moe_intermediate_size"] = t.F;
-  qwen["intermediate_size"] = 4 * t.F;
-  qwen["shared_expert_intermediate_size"] = 2 * t.F;
-  auto qwen_weights = olmoe_weights;
+  // A Mixtral checkpoint with the tensors of other families' features (a shared expert,
+  // q/k/v biases, qk-norm): our mixtral flavour has none of them.
+  auto extra = mixtral_weights(t, 7);
   for (int64_t l = 0; l < t.L; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    qwen_weights[p + "mlp.shared_expert.gate_proj.weight"] = test::random_tensor({2 * t.F, t.D}, 1);
-    qwen_weights[p + "mlp.shared_expert.up_proj.weight"] = test::random_tensor({2 * t.F, t.D}, 2);
-    qwen_weights[p + "mlp.shared_expert.down_proj.weight"] = test::random_tensor({t.D, 2 * t.F}, 3);
-    qwen_weights[p + "mlp.shared_expert_gate.weight"] = test::random_tensor({1, t.D}, 4);
-    qwen_weights[p + "self_attn.q_proj.bias"] = test::random_tensor({t.D}, 5);
+    extra[p + "mlp.shared_expert.gate_proj.weight"] = test::random_tensor({2 * t.F, t.D}, 1);
+    extra[p + "mlp.shared_expert.up_proj.weight"] = test::random_tensor({2 * t.F, t.D}, 2);
+    extra[p + "mlp.shared_expert.down_proj.weight"] = test::random_tensor({t.D, 2 * t.F}, 3);
+    extra[p + "mlp.shared_expert_gate.weight"] = test::random_tensor({1, t.D}, 4);
+    extra[p + "self_attn.q_proj.bias"] = test::random_tensor({t.D}, 5);
   }
-  write_hf_dir(dir.file("qwen"), qwen, qwen_weights, 2);
+  extra["model.layers.0.self_attn.q_norm.weight"] = test::random_tensor({t.hd()}, 6);
+  write_hf_dir(dir.file("extra"), mixtral_config(t), extra, 2);
   io::HfImportReport report;
-  std::string message = import_error(dir.file("qwen"), &report);
-  REQUIRE_THAT(message, Catch::Contains("shared expert"));
-  REQUIRE_THAT(message, Catch::Contains("attention biases"));
-  REQUIRE(report.family == "qwen2_moe");
-  // One line per feature, from the config and from the tensors (named, with how many more).
+  std::string message = import_error(dir.file("extra"), &report);
+  REQUIRE_THAT(message, Catch::Contains("our mixtral flavour does not have"));
+  REQUIRE(report.family == "mixtral");
+  // One line per feature (named by its first tensor, with how many more).
   REQUIRE(report.unsupported ==
           std::vector<std::string>{
-              "shared expert (shared_expert_intermediate_size 96)",
               "shared expert (tensor model.layers.0.mlp.shared_expert.down_proj.weight and 7 more)",
+              "qk-norm (self_attn.q_norm/k_norm) (tensor model.layers.0.self_attn.q_norm.weight)",
               "attention biases (tensor model.layers.0.self_attn.q_proj.bias and 1 more)"});
   // Refused even with allow_unmapped: unsupported features are never dropped.
   io::HfImportOptions lenient;
   lenient.allow_unmapped = true;
-  REQUIRE_THAT(import_error(dir.file("qwen"), nullptr, lenient), Catch::Contains("shared expert"));
+  REQUIRE_THAT(import_error(dir.file("extra"), nullptr, lenient), Catch::Contains("shared expert"));
 
-  // OLMoE with qk-norm.
-  auto qk = olmoe_weights;
-  qk["model.layers.0.self_attn.q_norm.weight"] = test::random_tensor({t.D}, 6);
-  qk["model.layers.0.self_attn.k_norm.weight"] = test::random_tensor({t.KV * t.hd()}, 7);
-  write_hf_dir(dir.file("qk"), base("olmoe"), qk, 1);
-  REQUIRE_THAT(import_error(dir.file("qk")), Catch::Contains("qk-norm"));
+  // A shared expert in a family that has none (config), and an o_proj bias (tensor).
+  json shared = base("olmoe");
+  shared["shared_expert_intermediate_size"] = 2 * t.F;
+  auto o_bias = olmoe_weights;
+  o_bias["model.layers.1.self_attn.o_proj.bias"] = test::random_tensor({t.D}, 8);
+  write_hf_dir(dir.file("shared"), shared, o_bias, 1);
+  REQUIRE(import_error(dir.file("shared"), &report) != "");
+  REQUIRE(report.unsupported ==
+          std::vector<std::string>{"shared expert (shared_expert_intermediate_size 96)",
+                                   "attention output bias (self_attn.o_proj.bias) (tensor "
+                                   "model.layers.1.self_attn.o_proj.bias)"});
 
   // Tied embeddings, an unknown family, RoPE scaling.
   json tied = mixtral_config(t);
@@ -775,26 +487,4 @@ TEST_CASE("hf: unsupported features are refused naming the feature", "[hf]") {
   REQUIRE(
       model_config_from_json(io::import_hf(dir.file("window"), short_context).model_config).seq ==
       16);
-}
-
-TEST_CASE("hf: OLMoE naming with norm_topk_prob false imports its router math", "[hf]") {
-  test::ScratchDir dir("hf-olmoe");
-  const Tiny t;
-  const auto weights = mixtral_weights(t, 9);
-  json c = mixtral_config(t);
-  c.erase("num_local_experts");
-  c["model_type"] = "olmoe";
-  c["num_experts"] = t.E;
-  c["norm_topk_prob"] = false;
-  write_hf_dir(dir.file("olmoe"), c, olmoe_form(weights), 2);
-  io::HfImportReport report;
-  const io::Checkpoint ckpt = io::import_hf(dir.file("olmoe"), {}, &report);
-  REQUIRE(report.family == "olmoe");
-  REQUIRE_FALSE(model_config_from_json(ckpt.model_config).normalize_topk);
-
-  const int64_t B = 1, T = 10;
-  const auto ids = random_token_ids(B * T, int32_t(t.V), 8);
-  const std::vector<float> ours = our_logits(ckpt, dir.file("ours.h5"), ids, B, T);
-  REQUIRE(relative_error(ours, hf_reference_logits(t, weights, ids, B, T, false)) < 1e-5);
-  REQUIRE(relative_error(ours, hf_reference_logits(t, weights, ids, B, T, true)) > 1e-3);
 }

@@ -29,6 +29,7 @@ struct Options {
   bool allow_unmapped = false;  // import-hf
   int64_t max_seq = io::kHfDefaultMaxSeq;
   std::string gguf_type, gguf_name;  // export-gguf
+  int64_t max_shard_mb = 0;          // export-hf
 };
 
 // The command line, for the provenance of every file written.
@@ -297,11 +298,14 @@ int run_export_hf(Options& o, const Argv&) {
   io::Checkpoint in = io::load_whole(o.inputs, false, &merged);
   refuse_quantized(in, o, "export-hf");
   check_finite_params(str("'", o.inputs.at(0), "'"), in);
-  io::export_hf(in, o.out);
-  MOE_LOG_INFO("exported ", in.params.size(),
-               " parameter tensors as a Hugging Face Mixtral "
-               "directory (config.json, model.safetensors)",
-               merged ? ", shards merged" : "", "; wrote ", o.out);
+  io::HfExportOptions options;
+  options.max_shard_bytes = o.max_shard_mb * 1000 * 1000;
+  io::export_hf(in, o.out, options);
+  MOE_LOG_INFO(
+      "exported ", in.params.size(), " parameter tensors as a Hugging Face ",
+      arch_name(model_config_from_json(in.model_config).arch), " directory (config.json, ",
+      options.max_shard_bytes > 0 ? "safetensors shards and their index" : "model.safetensors", ")",
+      merged ? ", shards merged" : "", "; wrote ", o.out);
   return 0;
 }
 
@@ -434,15 +438,25 @@ int main(int argc, char** argv) {
   subs.push_back({import, run_import_hf});
 
   auto* exporter = app.add_subcommand(
-      "export-hf", "A mixtral-flavour checkpoint as a Hugging Face Mixtral directory");
+      "export-hf",
+      "A mixtral, qwen2_moe, qwen3_moe or olmoe checkpoint as a Hugging Face directory of that "
+      "family");
   add_checkpoint_input(exporter, o);
+  exporter
+      ->add_option("--max-shard-size", o.max_shard_mb,
+                   "Write safetensors shards of at most this many MB (10^6 bytes) and "
+                   "model.safetensors.index.json, as save_pretrained does (0: one "
+                   "model.safetensors)")
+      ->check(tools::non_negative())
+      ->capture_default_str();
   add_output(exporter, o, "Output directory (config.json, model.safetensors)", false);
   subs.push_back({exporter, run_export_hf});
 
   auto* gguf =
       app.add_subcommand("export-gguf",
-                         "A mixtral-flavour checkpoint as a GGUF v3 file for llama.cpp (its llama "
-                         "architecture with experts)");
+                         "A mixtral, qwen2_moe, qwen3_moe or olmoe checkpoint as a GGUF v3 file "
+                         "for llama.cpp (its llama (with experts), qwen2moe, qwen3moe or olmoe "
+                         "architecture)");
   add_checkpoint_input(gguf, o);
   gguf->add_option("--type", o.gguf_type,
                    "Type of the matrices: f32, f16, bf16 or q8_0 (default: the checkpoint's "

@@ -1,9 +1,10 @@
-// GGUF export of the mixtral flavour (see moe/io/gguf.h and docs/FORMATS.md "GGUF export"):
-// llama.cpp's "llama" architecture with experts. The header (keys and tensor infos) is built in
+// GGUF export (see moe/io/gguf.h and docs/FORMATS.md "GGUF export") of the mixtral flavour as
+// llama.cpp's "llama" architecture with experts, and of qwen2_moe, qwen3_moe and olmoe as its
+// "qwen2moe", "qwen3moe" and "olmoe" architectures. The header (keys and tensor infos) is built in
 // memory first, so every refusal happens before a byte is written; the tensors are then converted
 // and written one at a time (an expert tensor expert by expert) into an AtomicFile.
-// Shape letters: V vocabulary, D hidden size, F expert hidden width, E experts of a layer,
-// H query heads, KV key/value heads, hd = D / H head dim.
+// Shape letters: V vocabulary, D hidden size, F expert hidden width, Fs shared expert hidden
+// width, E experts of a layer, H query heads, KV key/value heads, hd head dim.
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -12,12 +13,15 @@
 #include <memory>
 #include <set>
 
+#include "io/export_model.h"
 #include "kernels/convert.h"
 #include "moe/error.h"
 #include "moe/io/atomic_file.h"
+#include "moe/io/dataset.h"
 #include "moe/io/gguf.h"
 #include "moe/io/tokenizer.h"
 #include "moe/models/config.h"
+#include "moe/models/flavour.h"
 #include "moe/version.h"
 
 namespace moe::io {
@@ -25,7 +29,6 @@ namespace moe::io {
 namespace {
 
 constexpr uint64_t kAlignment = 32;
-constexpr int64_t kByteVocabSize = 256;
 
 // Value types of the GGUF key/value section.
 enum ValueType : uint32_t { u32 = 4, i32 = 5, f32v = 6, boolean = 7, string = 8, array = 9 };
@@ -98,12 +101,11 @@ class Header {
 void write_vocabulary(Header& h, const Tokenizer* tok, int64_t V) {
   if (!tok) {
     std::vector<std::string> tokens;
-    for (int b = 0; b < kByteVocabSize; ++b)
-      tokens.push_back(byte_level_char(static_cast<uint8_t>(b)));
+    for (int b = 0; b < kByteVocab; ++b) tokens.push_back(byte_level_char(static_cast<uint8_t>(b)));
     h.kv_string("tokenizer.ggml.model", "gpt2");
     h.kv_string("tokenizer.ggml.pre", "default");
     h.kv_strings("tokenizer.ggml.tokens", tokens);
-    h.kv_i32s("tokenizer.ggml.token_type", std::vector<int32_t>(kByteVocabSize, 1));
+    h.kv_i32s("tokenizer.ggml.token_type", std::vector<int32_t>(kByteVocab, 1));
     h.kv_strings("tokenizer.ggml.merges", {});
     h.kv_u32("tokenizer.ggml.eos_token_id", 0);
     h.kv_bool("tokenizer.ggml.add_bos_token", false);
@@ -224,37 +226,49 @@ void encode(const std::string& name, GgufType type, const std::vector<float>& v,
   }
 }
 
+// llama.cpp's architecture for our flavour, and what it hard-codes that our config may vary.
+struct LlamaArch {
+  const char* name;     // general.architecture, and the prefix of its keys
+  bool normalize_topk;  // its MoE renormalises the top-k gate weights
+  bool permute_qk;      // "llama" rotates adjacent pairs (NORM rope): q/k rows permuted; the
+                    // others rotate (i, i + hd/2) like us and HF (NEOX rope): copied as they are
+};
+
+LlamaArch llama_arch(Arch arch) {
+  switch (arch) {
+    case Arch::qwen2_moe:
+      return {"qwen2moe", false, false};
+    case Arch::qwen3_moe:
+      return {"qwen3moe", true, false};
+    case Arch::olmoe:
+      return {"olmoe", false, false};
+    default:
+      return {"llama", true, true};
+  }
+}
+
 }  // namespace
 
 GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
                               const GgufExportOptions& options) {
-  const ModelConfig mc = model_config_from_json(ckpt.model_config);
-  if (mc.arch != Arch::mixtral)
+  const LlamaArch arch = llama_arch(model_config_from_json(ckpt.model_config).arch);
+  ExportModel m(ckpt, "export_gguf", str("llama.cpp's ", arch.name, " architecture"));
+  const ModelConfig& mc = m.config();
+  if (mc.normalize_topk != arch.normalize_topk)
+    throw Error(str("export_gguf: llama.cpp's ", arch.name,
+                    arch.normalize_topk ? " renormalises" : " does not renormalise",
+                    " the top-k gate weights; this model ", mc.normalize_topk ? "does" : "does not",
+                    " (normalize_topk ", mc.normalize_topk ? "true" : "false", ")"));
+  const Flavour flavour = flavour_of(mc);
+  if (!flavour.shared_expert_gate && mc.shared_expert_ff > 0)
+    throw Error(str("export_gguf: llama.cpp's ", arch.name,
+                    " has no shared expert; this model's is ", mc.shared_expert_ff,
+                    " wide (qwen2moe has one, gated)"));
+  if (flavour.shared_expert_gate && mc.shared_expert_ff == 0)
     throw Error(
-        str("export_gguf: only the mixtral flavour maps onto llama.cpp's llama "
-            "architecture (this model is ",
-            arch_name(mc.arch), ": learned positions, LayerNorm, GELU)"));
-  if (ckpt.sharding.rank >= 0)
-    throw Error(str("export_gguf: this is rank ", ckpt.sharding.rank,
-                    "'s shard of a sharded checkpoint; merge it first"));
-  const int64_t E = mc.experts_per_layer.empty() ? 0 : mc.experts_per_layer.front();
-  for (int64_t i = 0; i < mc.layers; ++i) {
-    const int64_t experts = mc.experts_per_layer[static_cast<size_t>(i)];
-    if (experts == 0)
-      throw Error(str("export_gguf: layer ", i,
-                      " is dense (no experts); llama.cpp's llama MoE has experts in every layer"));
-    if (experts != E)
-      throw Error(
-          str("export_gguf: llama.cpp's llama architecture has the same number of experts "
-              "in every layer; layer ",
-              i, " has ", experts, ", layer 0 has ", E));
-  }
-  if (mc.residual_moe) throw Error("export_gguf: residual MoE (PR-MoE) has no llama.cpp form");
-  if (!mc.normalize_topk)
-    throw Error(
-        "export_gguf: llama.cpp renormalises the top-k gate weights of a llama MoE; this "
-        "model does not (normalize_topk false)");
-  if (mc.vocab_size != kByteVocabSize && ckpt.tokenizer.empty())
+        "export_gguf: llama.cpp's qwen2moe always runs a shared expert; this model has none "
+        "(shared_expert_ff 0)");
+  if (mc.vocab_size != kByteVocab && ckpt.tokenizer.empty())
     throw Error(str("export_gguf: the model has a vocabulary of ", mc.vocab_size,
                     " tokens and the checkpoint stores no tokenizer to describe them (only "
                     "byte-level models, 256 tokens, carry an implied one; import-hf keeps a "
@@ -263,26 +277,12 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
   std::unique_ptr<Tokenizer> tokenizer;
   if (!ckpt.tokenizer.empty())
     tokenizer = tokenizer_from_bytes(ckpt.tokenizer.file, ckpt.tokenizer.bytes, "the checkpoint");
-  const int64_t V = mc.vocab_size, D = mc.d_model, F = mc.d_ff, H = mc.heads;
-  const int64_t KV = mc.kv_heads_resolved(), hd = D / H;
+  const int64_t V = mc.vocab_size, D = mc.d_model, F = mc.d_ff, H = mc.heads, E = m.experts();
+  const int64_t KV = mc.kv_heads_resolved(), hd = mc.head_dim_resolved();
+  const int64_t Fs = mc.shared_expert_ff;
   MOE_CHECK(hd % 2 == 0, "export_gguf: head dim ", hd, " is odd");
-
-  std::map<std::string, const NamedTensor*> params;
-  for (const NamedTensor& nt : ckpt.params) {
-    if (nt.shard.defined())
-      throw Error(str("export_gguf: parameter '", nt.name, "' is a shard; merge the checkpoint"));
-    params[nt.name] = &nt;
-  }
-  std::set<std::string> used;
   auto param = [&](const std::string& name, const Shape& shape) -> const NamedTensor& {
-    auto it = params.find(name);
-    if (it == params.end())
-      throw Error(str("export_gguf: the checkpoint has no parameter '", name, "'"));
-    if (it->second->shape() != shape)
-      throw Error(str("export_gguf: parameter '", name, "' is ", shape_str(it->second->shape()),
-                      ", expected ", shape_str(shape)));
-    used.insert(name);
-    return *it->second;
+    return m.param(name, shape);
   };
 
   GgufExportSummary summary;
@@ -304,10 +304,11 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
   auto matrix = [&](const std::string& gguf, const std::string& ours, int64_t rows, int64_t cols) {
     whole(gguf, param(ours, {rows, cols}), {cols, rows}, matrix_type(gguf, cols));
   };
-  auto vector = [&](const std::string& gguf, const std::string& ours) {
-    whole(gguf, param(ours, {D}), {D}, GgufType::f32);
+  auto vector = [&](const std::string& gguf, const std::string& ours, int64_t n) {
+    whole(gguf, param(ours, {n}), {n}, GgufType::f32);
   };
   auto rope_matrix = [&](const std::string& gguf, const std::string& ours, int64_t heads) {
+    if (!arch.permute_qk) return matrix(gguf, ours, heads * hd, D);
     const NamedTensor& nt = param(ours, {heads * hd, D});
     plan.push_back({gguf, {D, heads * hd}, matrix_type(gguf, D), 1, [&nt, heads, hd, D](int64_t) {
                       return permute_rope_rows(nt.whole().to_vector(), heads, hd, D);
@@ -323,44 +324,64 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
   matrix("token_embd.weight", "embed.tokens", V, D);
   for (int64_t i = 0; i < mc.layers; ++i) {
     const std::string ours = str("blocks.", i, "."), blk = str("blk.", i, ".");
-    vector(blk + "attn_norm.weight", ours + "norm1.weight");
+    vector(blk + "attn_norm.weight", ours + "norm1.weight", D);
     rope_matrix(blk + "attn_q.weight", ours + "attn.q.weight", H);
     rope_matrix(blk + "attn_k.weight", ours + "attn.k.weight", KV);
     matrix(blk + "attn_v.weight", ours + "attn.v.weight", KV * hd, D);
     matrix(blk + "attn_output.weight", ours + "attn.o.weight", D, H * hd);
-    vector(blk + "ffn_norm.weight", ours + "norm2.weight");
+    if (flavour.qkv_bias) {  // biases stay f32, as llama.cpp's converter keeps 1-D tensors
+      vector(blk + "attn_q.bias", ours + "attn.q.bias", H * hd);
+      vector(blk + "attn_k.bias", ours + "attn.k.bias", KV * hd);
+      vector(blk + "attn_v.bias", ours + "attn.v.bias", KV * hd);
+    }
+    if (flavour.qk_norm != nn::QkNorm::none) {  // per head [hd] (qwen3moe) or full width (olmoe)
+      const bool head = flavour.qk_norm == nn::QkNorm::head;
+      vector(blk + "attn_q_norm.weight", ours + "attn.q_norm.weight", head ? hd : H * hd);
+      vector(blk + "attn_k_norm.weight", ours + "attn.k_norm.weight", head ? hd : KV * hd);
+    }
+    vector(blk + "ffn_norm.weight", ours + "norm2.weight", D);
     whole(blk + "ffn_gate_inp.weight", param(ours + "moe.router.weight", {E, D}), {D, E},
           GgufType::f32);
     experts(blk + "ffn_gate_exps.weight", ours + "moe.experts.w1", F, D);
     experts(blk + "ffn_down_exps.weight", ours + "moe.experts.w2", D, F);
     experts(blk + "ffn_up_exps.weight", ours + "moe.experts.w3", F, D);
+    if (Fs > 0) {  // qwen2moe's shared expert; its gate [1, D] is llama.cpp's vector {D}
+      whole(blk + "ffn_gate_inp_shexp.weight", param(ours + "moe.shared_gate.weight", {1, D}), {D},
+            GgufType::f32);
+      matrix(blk + "ffn_gate_shexp.weight", ours + "moe.shared.w1", Fs, D);
+      matrix(blk + "ffn_down_shexp.weight", ours + "moe.shared.w2", D, Fs);
+      matrix(blk + "ffn_up_shexp.weight", ours + "moe.shared.w3", Fs, D);
+    }
   }
-  vector("output_norm.weight", "final_norm.weight");
+  vector("output_norm.weight", "final_norm.weight", D);
   matrix("output.weight", "lm_head.weight", V, D);
-  for (const auto& [name, nt] : params)
-    if (!used.count(name))
-      throw Error(str("export_gguf: parameter '", name,
-                      "' has no place in llama.cpp's llama "
-                      "architecture"));
+  m.refuse_unused();
 
   Header h;
-  h.kv_string("general.architecture", "llama");
+  const std::string a = arch.name;
+  h.kv_string("general.architecture", a);
   h.kv_string("general.name", options.name.empty() ? "moe" : options.name);
   h.kv_u32("general.file_type", file_type(options.type));
   if (options.type == GgufType::q8_0) h.kv_u32("general.quantization_version", 2);
   h.kv_u32("general.alignment", static_cast<uint32_t>(kAlignment));
-  h.kv_u32("llama.vocab_size", static_cast<uint32_t>(V));
-  h.kv_u32("llama.context_length", static_cast<uint32_t>(mc.seq));
-  h.kv_u32("llama.embedding_length", static_cast<uint32_t>(D));
-  h.kv_u32("llama.block_count", static_cast<uint32_t>(mc.layers));
-  h.kv_u32("llama.feed_forward_length", static_cast<uint32_t>(F));
-  h.kv_u32("llama.attention.head_count", static_cast<uint32_t>(H));
-  h.kv_u32("llama.attention.head_count_kv", static_cast<uint32_t>(KV));
-  h.kv_f32("llama.attention.layer_norm_rms_epsilon", static_cast<float>(mc.norm_eps));
-  h.kv_f32("llama.rope.freq_base", static_cast<float>(mc.rope_theta));
-  h.kv_u32("llama.rope.dimension_count", static_cast<uint32_t>(hd));
-  h.kv_u32("llama.expert_count", static_cast<uint32_t>(E));
-  h.kv_u32("llama.expert_used_count", static_cast<uint32_t>(mc.top_k));
+  h.kv_u32(a + ".vocab_size", static_cast<uint32_t>(V));
+  h.kv_u32(a + ".context_length", static_cast<uint32_t>(mc.seq));
+  h.kv_u32(a + ".embedding_length", static_cast<uint32_t>(D));
+  h.kv_u32(a + ".block_count", static_cast<uint32_t>(mc.layers));
+  h.kv_u32(a + ".feed_forward_length", static_cast<uint32_t>(F));
+  // The qwen architectures size their experts by this key (else feed_forward_length / k).
+  if (a != "llama") h.kv_u32(a + ".expert_feed_forward_length", static_cast<uint32_t>(F));
+  if (Fs > 0) h.kv_u32(a + ".expert_shared_feed_forward_length", static_cast<uint32_t>(Fs));
+  h.kv_u32(a + ".attention.head_count", static_cast<uint32_t>(H));
+  h.kv_u32(a + ".attention.head_count_kv", static_cast<uint32_t>(KV));
+  // Head width (llama.cpp's default is embedding_length / head_count; Qwen3-MoE's differs).
+  h.kv_u32(a + ".attention.key_length", static_cast<uint32_t>(hd));
+  h.kv_u32(a + ".attention.value_length", static_cast<uint32_t>(hd));
+  h.kv_f32(a + ".attention.layer_norm_rms_epsilon", static_cast<float>(mc.norm_eps));
+  h.kv_f32(a + ".rope.freq_base", static_cast<float>(mc.rope_theta));
+  h.kv_u32(a + ".rope.dimension_count", static_cast<uint32_t>(hd));
+  h.kv_u32(a + ".expert_count", static_cast<uint32_t>(E));
+  h.kv_u32(a + ".expert_used_count", static_cast<uint32_t>(mc.top_k));
   write_vocabulary(h, tokenizer.get(), V);
   h.kv_string("moe.model_config", to_json(mc).dump());
   h.kv_string("moe.producer", str("libmoe ", version(), " (git ", git_revision(), ")"));

@@ -1,7 +1,8 @@
 // Hugging Face MoE checkpoint import (see moe/io/hf_checkpoint.h and docs/FORMATS.md); export is
 // hf_export.cpp.
-// Shape letters: V vocabulary, D hidden size, F expert hidden width, E experts of a layer,
-// H query heads, KV key/value heads, hd = D / H head dim.
+// Shape letters: V vocabulary, D hidden size, F expert hidden width, Fs shared expert hidden
+// width, E experts of a layer, H query heads, KV key/value heads, hd head dim (D / H unless
+// config.json's head_dim says otherwise).
 #include "moe/io/hf_checkpoint.h"
 
 #include <algorithm>
@@ -22,6 +23,7 @@
 #include "moe/io/safetensors.h"
 #include "moe/io/tokenizer.h"
 #include "moe/models/config.h"
+#include "moe/models/flavour.h"
 #include "moe/version.h"
 
 namespace moe::io {
@@ -166,8 +168,11 @@ struct ConfigReader {
 
 struct HfModel {
   std::string family;
+  Arch arch = Arch::mixtral;
   int64_t vocab = 0, hidden = 0, ffn = 0, layers = 0, heads = 0, kv_heads = 0, experts = 0,
           top_k = 0, max_positions = 0, sliding_window = 0;  // 0: none
+  int64_t head_dim = 0;                                      // 0: hidden / heads
+  int64_t shared_ff = 0;  // Qwen2-MoE shared_expert_intermediate_size
   double rope_theta = 10000, eps = 1e-6, aux_coef = 0, jitter = 0;
   bool normalize = true;
 };
@@ -178,11 +183,9 @@ HfModel parse_config(const json& j, const std::string& path,
   ConfigReader c{j, path};
   HfModel m;
   m.family = c.string_or("model_type", "");
-  const bool mixtral = m.family == "mixtral";
-  const bool qwen = m.family == "qwen2_moe" || m.family == "qwen3_moe";
-  if (!mixtral && !qwen && m.family != "olmoe")
-    throw Error(str("'", path, "': model_type '", m.family,
-                    "' is not supported (supported: mixtral, olmoe, qwen2_moe, qwen3_moe)"));
+  m.arch = hf::arch_of_family(m.family, path);
+  const bool mixtral = m.arch == Arch::mixtral;
+  const bool qwen = m.arch == Arch::qwen2_moe || m.arch == Arch::qwen3_moe;
   m.vocab = c.integer("vocab_size");
   m.hidden = c.integer("hidden_size");
   m.layers = c.integer("num_hidden_layers");
@@ -225,15 +228,29 @@ HfModel parse_config(const json& j, const std::string& path,
   if (c.boolean_or("tie_word_embeddings", false))
     unsupported.push_back(
         "tied word embeddings (tie_word_embeddings: true; our LM head is untied)");
-  if (c.has("head_dim") && m.heads > 0 && c.integer("head_dim") * m.heads != m.hidden)
-    unsupported.push_back(str("head_dim ", c.integer("head_dim"),
-                              " different from hidden_size / num_attention_heads"));
+  // head_dim: Qwen3-MoE (and newer Mixtral configs) may make the heads wider or narrower than
+  // hidden_size / num_attention_heads; Qwen2-MoE and OLMoE derive it.
+  if (c.has("head_dim") && m.heads > 0 && c.integer("head_dim") * m.heads != m.hidden) {
+    if (m.arch == Arch::qwen3_moe || mixtral)
+      m.head_dim = c.integer("head_dim");
+    else
+      unsupported.push_back(str("head_dim ", c.integer("head_dim"),
+                                " different from hidden_size / num_attention_heads"));
+  }
+  if (m.head_dim < 0) throw Error(str("'", path, "': \"head_dim\" must be >= 1"));
+  // attention_bias puts biases on q, k, v and o; we have q/k/v biases only (Qwen2-MoE's, which
+  // its classes create without a config key).
   if (c.boolean_or("attention_bias", false))
     unsupported.push_back("attention biases (attention_bias: true)");
   if (c.has("clip_qkv")) unsupported.push_back("q/k/v clipping (clip_qkv)");
-  if (c.integer_or("shared_expert_intermediate_size", 0) > 0)
+  if (m.arch == Arch::qwen2_moe) {
+    m.shared_ff = c.integer_or("shared_expert_intermediate_size", 0);
+    if (m.shared_ff < 0)
+      throw Error(str("'", path, "': \"shared_expert_intermediate_size\" must be >= 0"));
+  } else if (c.integer_or("shared_expert_intermediate_size", 0) > 0) {
     unsupported.push_back(str("shared expert (shared_expert_intermediate_size ",
                               c.integer("shared_expert_intermediate_size"), ")"));
+  }
   if (c.integer_or("n_shared_experts", 0) > 0)
     unsupported.push_back("shared expert (n_shared_experts)");
   if (c.integer_or("decoder_sparse_step", 1) != 1 ||
@@ -266,6 +283,8 @@ std::string list_some(const std::vector<std::string>& items, size_t limit = 8) {
 bool same_math(const ModelConfig& a, const ModelConfig& b) {
   return a.arch == b.arch && a.vocab_size == b.vocab_size && a.layers == b.layers &&
          a.d_model == b.d_model && a.heads == b.heads &&
+         a.head_dim_resolved() == b.head_dim_resolved() &&
+         a.shared_expert_ff == b.shared_expert_ff && a.router_scoring == b.router_scoring &&
          a.kv_heads_resolved() == b.kv_heads_resolved() && a.d_ff == b.d_ff &&
          a.experts_per_layer == b.experts_per_layer && a.top_k == b.top_k &&
          a.normalize_topk == b.normalize_topk && a.residual_moe == b.residual_moe &&
@@ -277,12 +296,14 @@ bool same_math(const ModelConfig& a, const ModelConfig& b) {
 // Our model config from config.json's fields (the exporter's record may replace it later).
 ModelConfig model_config_of(const HfModel& hf, const HfImportOptions& options) {
   ModelConfig mc;
-  mc.arch = Arch::mixtral;
+  mc.arch = hf.arch;
   mc.vocab_size = hf.vocab;
   mc.layers = hf.layers;
   mc.d_model = hf.hidden;
   mc.heads = hf.heads;
   mc.kv_heads = hf.kv_heads;
+  mc.head_dim = hf.head_dim;
+  mc.shared_expert_ff = hf.shared_ff;
   mc.d_ff = hf.ffn;
   mc.experts = hf.experts;
   mc.moe_every = 1;
@@ -311,7 +332,7 @@ struct TensorPlan {
 // ones show to rep.unsupported (one line per feature, naming its first tensor). Throws on two
 // tensors for one slot, or a layer or expert index beyond config.json's.
 TensorPlan plan_tensors(const std::string& dir, const Sources& sources, const HfModel& hf,
-                        HfImportReport& rep) {
+                        const Flavour& flavour, HfImportReport& rep) {
   TensorPlan plan;
   plan.layers.resize(static_cast<size_t>(std::max<int64_t>(hf.layers, 0)));
   std::vector<std::string> features;  // unsupported features the tensors show, first seen first
@@ -344,6 +365,12 @@ TensorPlan plan_tensors(const std::string& dir, const Sources& sources, const Hf
     if (c.layer >= hf.layers)
       throw Error(str("'", sources.file_of(name), "': tensor '", name, "' belongs to layer ",
                       c.layer, ", but config.json has num_hidden_layers ", hf.layers));
+    if (!hf::flavour_has(flavour, c.slot)) {  // e.g. q_norm in a Mixtral checkpoint
+      auto [it, first] = feature_tensors.emplace(hf::slot_feature(c.slot), std::make_pair(name, 0));
+      if (first) features.push_back(hf::slot_feature(c.slot));
+      ++it->second.second;
+      continue;
+    }
     LayerSources& ls = plan.layers[static_cast<size_t>(c.layer)];
     const std::string what = str("blocks.", c.layer, ".", slot_name(c.slot));
     if (c.expert < 0) {
@@ -366,8 +393,8 @@ TensorPlan plan_tensors(const std::string& dir, const Sources& sources, const Hf
   return plan;
 }
 
-// Refuses a checkpoint that uses features our mixtral flavour lacks, or (unless allowed) holds
-// tensors we have no place for.
+// Refuses a checkpoint that uses features our flavour of its family lacks, or (unless allowed)
+// holds tensors we have no place for.
 void refuse_unsupported(const std::string& dir, const HfModel& hf, const ModelConfig& mc,
                         const HfImportOptions& options, HfImportReport& rep) {
   if (hf.sliding_window > 0 && hf.sliding_window < mc.seq)
@@ -375,9 +402,9 @@ void refuse_unsupported(const std::string& dir, const HfModel& hf, const ModelCo
                                   " is shorter than the context ", mc.seq,
                                   "; a context <= the window imports exactly)"));
   if (!rep.unsupported.empty())
-    throw Error(str("'", dir, "': the ", hf.family,
-                    " checkpoint uses features our mixtral flavour does not have: ",
-                    list_some(rep.unsupported, 16)));
+    throw Error(str("'", dir, "': the ", hf.family, " checkpoint uses features our ",
+                    arch_name(mc.arch),
+                    " flavour does not have: ", list_some(rep.unsupported, 16)));
   if (!rep.unmapped.empty() && !options.allow_unmapped)
     throw Error(str("'", dir, "': ", rep.unmapped.size(),
                     " tensors have no counterpart in our model (pass allow_unmapped / "
@@ -451,7 +478,9 @@ struct Importer {
   Checkpoint ckpt;  // parameters added in our order
   // Shape letters (see the top of the file).
   const int64_t V = mc.vocab_size, D = mc.d_model, F = mc.d_ff, E;
-  const int64_t hd = D / mc.heads, KV = mc.kv_heads_resolved();
+  const int64_t hd = mc.head_dim_resolved(), KV = mc.kv_heads_resolved();
+  const int64_t Fs = mc.shared_expert_ff;
+  const Flavour flavour = flavour_of(mc);
 
   Tensor fetch(const std::string& name, const Shape& expected, const std::string& why) const {
     const SafetensorsEntry& e = sources.entry(name);
@@ -496,14 +525,20 @@ struct Importer {
     rep.mapped.push_back(str(plan.outer[our], " -> ", our));
   }
 
+  // The tensor of `slot` in the block under `prefix`, as our parameter.
+  void take(const std::string& prefix, LayerSources& ls, Slot slot, const Shape& shape,
+            const std::string& why) {
+    const std::string our = prefix + slot_name(slot);
+    const std::string& name = need(ls.single[slot], our);
+    add(our, fetch(name, shape, why), false);
+    rep.mapped.push_back(str(name, " -> ", our));
+  }
+
   // Block i: norms, attention, router, then the experts (fused or one tensor per expert).
   void layer(int64_t i, LayerSources& ls) {
     const std::string prefix = str("blocks.", i, ".");
     auto single = [&](Slot slot, const Shape& shape, const std::string& why) {
-      const std::string our = prefix + slot_name(slot);
-      const std::string& name = need(ls.single[slot], our);
-      add(our, fetch(name, shape, why), false);
-      rep.mapped.push_back(str(name, " -> ", our));
+      take(prefix, ls, slot, shape, why);
     };
     single(Slot::norm1, {D}, "[hidden_size]");
     single(Slot::norm2, {D}, "[hidden_size]");
@@ -511,6 +546,18 @@ struct Importer {
     single(Slot::k, {KV * hd, D}, "[num_key_value_heads * head_dim, hidden_size]");
     single(Slot::v, {KV * hd, D}, "[num_key_value_heads * head_dim, hidden_size]");
     single(Slot::o, {D, mc.heads * hd}, "[hidden_size, num_attention_heads * head_dim]");
+    if (flavour.qkv_bias) {
+      single(Slot::q_bias, {mc.heads * hd}, "[num_attention_heads * head_dim]");
+      single(Slot::k_bias, {KV * hd}, "[num_key_value_heads * head_dim]");
+      single(Slot::v_bias, {KV * hd}, "[num_key_value_heads * head_dim]");
+    }
+    if (flavour.qk_norm == nn::QkNorm::head) {
+      single(Slot::q_norm, {hd}, "[head_dim]: one RMSNorm weight shared by the heads");
+      single(Slot::k_norm, {hd}, "[head_dim]: one RMSNorm weight shared by the heads");
+    } else if (flavour.qk_norm == nn::QkNorm::full) {
+      single(Slot::q_norm, {mc.heads * hd}, "[num_attention_heads * head_dim]");
+      single(Slot::k_norm, {KV * hd}, "[num_key_value_heads * head_dim]");
+    }
     single(Slot::router, {E, D}, "[experts, hidden_size]");
 
     const bool fused = !ls.single[Slot::gate_up].empty() || !ls.single[Slot::down].empty();
@@ -527,6 +574,35 @@ struct Importer {
     add(prefix + "moe.experts.w1", w1, true);
     add(prefix + "moe.experts.w2", w2, true);
     add(prefix + "moe.experts.w3", w3, true);
+    if (flavour.shared_expert_gate) shared_expert(prefix, ls);
+  }
+
+  // Qwen2-MoE's shared expert (an MLP of width Fs) and its sigmoid gate [1, D]. transformers
+  // creates them even when Fs is 0; then they are empty and the gate scales nothing: checked and
+  // left out (our model has no shared expert then).
+  void shared_expert(const std::string& prefix, LayerSources& ls) {
+    const char* why_up = "[shared_expert_intermediate_size, hidden_size]";
+    const char* why_down = "[hidden_size, shared_expert_intermediate_size]";
+    if (Fs == 0) {
+      for (auto [slot, shape] : {std::pair<Slot, Shape>{Slot::shared_w1, {0, D}},
+                                 {Slot::shared_w2, {D, 0}},
+                                 {Slot::shared_w3, {0, D}},
+                                 {Slot::shared_gate, {1, D}}}) {
+        const std::string& name = ls.single[slot];
+        if (name.empty()) continue;  // a writer that leaves the empty ones out: nothing lost
+        const SafetensorsEntry& e = sources.entry(name);
+        if (e.shape != shape)
+          throw Error(str("'", sources.file_of(name), "': tensor '", name, "' is ",
+                          shape_str(e.shape), ", but config.json implies ", shape_str(shape),
+                          " (shared_expert_intermediate_size 0)"));
+        rep.mapped.push_back(str(name, " -> (none: the shared expert is 0 wide; left out)"));
+      }
+      return;
+    }
+    take(prefix, ls, Slot::shared_w1, {Fs, D}, why_up);
+    take(prefix, ls, Slot::shared_w2, {D, Fs}, why_down);
+    take(prefix, ls, Slot::shared_w3, {Fs, D}, why_up);
+    take(prefix, ls, Slot::shared_gate, {1, D}, "[1, hidden_size]");
   }
 
   size_t expert_bytes() const { return static_cast<size_t>(F * D) * dtype_size(target); }
@@ -626,7 +702,7 @@ Checkpoint import_hf(const std::string& dir, const HfImportOptions& options,
   Sources sources = open_sources(dir);
 
   ModelConfig mc = model_config_of(hf, options);
-  TensorPlan plan = plan_tensors(dir, sources, hf, rep);
+  TensorPlan plan = plan_tensors(dir, sources, hf, flavour_of(mc), rep);
   refuse_unsupported(dir, hf, mc, options, rep);
   const DType target = storage_dtype(sources, plan, rep);
   mc.dtype = target;

@@ -1,21 +1,27 @@
-// Hugging Face Mixtral export (see moe/io/hf_checkpoint.h and docs/FORMATS.md): our mixtral
-// flavour as config.json + model.safetensors with per-expert HF names, each written atomically.
-// Shape letters: V vocabulary, D hidden size, F expert hidden width, E experts of a layer,
-// H query heads, KV key/value heads, hd = D / H head dim.
+// Hugging Face export (see moe/io/hf_checkpoint.h and docs/FORMATS.md): a model of the mixtral,
+// qwen2_moe, qwen3_moe or olmoe flavour as config.json (that family's keys) + model.safetensors
+// (or shards named by model.safetensors.index.json) with the family's tensor names, each file
+// written atomically.
+// Shape letters: V vocabulary, D hidden size, F expert hidden width, Fs shared expert hidden
+// width, E experts of a layer, H query heads, KV key/value heads, hd head dim.
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <set>
 
+#include "io/export_model.h"
 #include "io/files.h"
 #include "io/hf_names.h"
 #include "moe/error.h"
 #include "moe/io/hf_checkpoint.h"
 #include "moe/io/safetensors.h"
 #include "moe/models/config.h"
+#include "moe/models/flavour.h"
 #include "moe/version.h"
 
 namespace moe::io {
+
+namespace {
 
 namespace fs = std::filesystem;
 using hf::join_path;
@@ -24,49 +30,90 @@ using hf::kIndexFile;
 using hf::kMetadataConfig;
 using hf::kSingleFile;
 
-void export_hf(const Checkpoint& ckpt, const std::string& dir) {
-  const ModelConfig mc = model_config_from_json(ckpt.model_config);
-  if (mc.arch != Arch::mixtral)
-    throw Error(str("export_hf: only the mixtral flavour has a Hugging Face form (this model is ",
-                    arch_name(mc.arch), ")"));
-  const int64_t E = mc.experts_per_layer.empty() ? 0 : mc.experts_per_layer.front();
-  for (int64_t i = 0; i < mc.layers; ++i) {
-    const int64_t experts = mc.experts_per_layer[static_cast<size_t>(i)];
-    if (experts == 0)
-      throw Error(str("export_hf: layer ", i,
-                      " is dense (no experts); HF Mixtral has experts in every layer"));
-    if (experts != E)
-      throw Error(str("export_hf: HF Mixtral has the same number of experts in every layer; layer ",
-                      i, " has ", experts, ", layer 0 has ", E));
+const char* hf_model_name(Arch arch) {
+  switch (arch) {
+    case Arch::qwen2_moe:
+      return "HF Qwen2-MoE";
+    case Arch::qwen3_moe:
+      return "HF Qwen3-MoE";
+    case Arch::olmoe:
+      return "HF OLMoE";
+    default:
+      return "HF Mixtral";
   }
-  if (mc.residual_moe) throw Error("export_hf: residual MoE (PR-MoE) has no HF Mixtral form");
-  if (!mc.normalize_topk)
-    throw Error(
-        "export_hf: HF Mixtral renormalises the top-k gate weights; this model does not "
-        "(normalize_topk false)");
-  if (ckpt.sharding.rank >= 0)
-    throw Error(str("export_hf: this is rank ", ckpt.sharding.rank,
-                    "'s shard of a sharded checkpoint; merge it first"));
-  std::map<std::string, const NamedTensor*> params;
-  for (const NamedTensor& nt : ckpt.params) {
-    if (nt.shard.defined())
-      throw Error(
-          str("export_hf: parameter '", nt.name, "' is a shard; merge the checkpoint first"));
-    params[nt.name] = &nt;
+}
+
+// config.json with the keys the family's transformers config class writes.
+nlohmann::ordered_json family_config(const ModelConfig& mc, int64_t E) {
+  const int64_t D = mc.d_model, H = mc.heads, hd = mc.head_dim_resolved();
+  nlohmann::ordered_json c;
+  const bool mixtral = mc.arch == Arch::mixtral, qwen2 = mc.arch == Arch::qwen2_moe;
+  const bool qwen3 = mc.arch == Arch::qwen3_moe, olmoe = mc.arch == Arch::olmoe;
+  c["architectures"] = {mixtral ? "MixtralForCausalLM"
+                        : qwen2 ? "Qwen2MoeForCausalLM"
+                        : qwen3 ? "Qwen3MoeForCausalLM"
+                                : "OlmoeForCausalLM"};
+  c["model_type"] = arch_name(mc.arch);
+  c["vocab_size"] = mc.vocab_size;
+  c["hidden_size"] = D;
+  // Mixtral, OLMoE: the experts' width. Qwen: the dense MLP of mlp_only_layers, which we never
+  // have; the experts are moe_intermediate_size wide.
+  c["intermediate_size"] = mc.d_ff;
+  if (qwen2 || qwen3) c["moe_intermediate_size"] = mc.d_ff;
+  c["num_hidden_layers"] = mc.layers;
+  c["num_attention_heads"] = H;
+  c["num_key_value_heads"] = mc.kv_heads_resolved();
+  if (mixtral || qwen3) c["head_dim"] = hd;
+  c["hidden_act"] = "silu";
+  c["max_position_embeddings"] = mc.seq;
+  c["initializer_range"] = 0.02;
+  c["rms_norm_eps"] = mc.norm_eps;
+  c["use_cache"] = true;
+  c["tie_word_embeddings"] = false;
+  c["rope_theta"] = mc.rope_theta;
+  c["rope_scaling"] = nullptr;
+  c["attention_dropout"] = 0.0;
+  if (olmoe || qwen3) c["attention_bias"] = false;
+  if (olmoe) c["clip_qkv"] = nullptr;
+  if (mixtral) {
+    c["sliding_window"] = nullptr;
+    c["num_local_experts"] = E;
+    c["router_jitter_noise"] = mc.router_jitter;
+  } else {
+    c["num_experts"] = E;
+    c["norm_topk_prob"] = mc.normalize_topk;
   }
-  const int64_t V = mc.vocab_size, D = mc.d_model, F = mc.d_ff, H = mc.heads;
-  const int64_t KV = mc.kv_heads_resolved(), hd = D / H;
-  std::set<std::string> used;
+  if (qwen2 || qwen3) {
+    c["use_sliding_window"] = false;
+    c["sliding_window"] = nullptr;
+    c["max_window_layers"] = mc.layers;
+    c["decoder_sparse_step"] = 1;
+    c["mlp_only_layers"] = nlohmann::json::array();
+  }
+  if (qwen2) c["shared_expert_intermediate_size"] = mc.shared_expert_ff;
+  c["num_experts_per_tok"] = mc.top_k;
+  c["output_router_logits"] = false;
+  c["router_aux_loss_coef"] = mc.aux_loss_coef;
+  c["torch_dtype"] = mc.dtype == DType::f32    ? "float32"
+                     : mc.dtype == DType::bf16 ? "bfloat16"
+                                               : "float16";
+  return c;
+}
+
+// The HF tensors of the model, in HF's order, viewing our parameters (expert slices included).
+std::vector<NamedTensor> hf_tensors(ExportModel& m) {
+  const ModelConfig& mc = m.config();
+  const Flavour flavour = flavour_of(mc);
+  const int64_t V = mc.vocab_size, D = mc.d_model, F = mc.d_ff, H = mc.heads, E = m.experts();
+  const int64_t KV = mc.kv_heads_resolved(), hd = mc.head_dim_resolved();
+  const int64_t Fs = mc.shared_expert_ff;
+  const bool mixtral = mc.arch == Arch::mixtral;
   auto param = [&](const std::string& name, const Shape& shape) -> const Tensor& {
-    auto it = params.find(name);
-    if (it == params.end())
-      throw Error(str("export_hf: the checkpoint has no parameter '", name, "'"));
-    const Tensor& t = it->second->tensor;
-    if (t.shape() != shape || t.dtype() != mc.dtype)
-      throw Error(str("export_hf: parameter ", t.describe(), " ('", name, "') should be ",
-                      shape_str(shape), " ", dtype_name(mc.dtype)));
-    used.insert(name);
-    return t;
+    const NamedTensor& nt = m.param(name, shape);
+    if (nt.dtype() != mc.dtype)
+      throw Error(str("export_hf: parameter '", name, "' is ", dtype_name(nt.dtype()),
+                      ", but the model's dtype is ", dtype_name(mc.dtype)));
+    return nt.tensor;
   };
   std::vector<NamedTensor> out;
   auto emit = [&](const std::string& hf_name, const Tensor& t) {
@@ -75,71 +122,131 @@ void export_hf(const Checkpoint& ckpt, const std::string& dir) {
   emit("model.embed_tokens.weight", param("embed.tokens", {V, D}));
   for (int64_t i = 0; i < mc.layers; ++i) {
     const std::string ours = str("blocks.", i, "."), hf = str("model.layers.", i, ".");
+    const std::string moe = hf + (mixtral ? "block_sparse_moe." : "mlp.");
     emit(hf + "input_layernorm.weight", param(ours + "norm1.weight", {D}));
     emit(hf + "self_attn.q_proj.weight", param(ours + "attn.q.weight", {H * hd, D}));
     emit(hf + "self_attn.k_proj.weight", param(ours + "attn.k.weight", {KV * hd, D}));
     emit(hf + "self_attn.v_proj.weight", param(ours + "attn.v.weight", {KV * hd, D}));
     emit(hf + "self_attn.o_proj.weight", param(ours + "attn.o.weight", {D, H * hd}));
-    emit(hf + "block_sparse_moe.gate.weight", param(ours + "moe.router.weight", {E, D}));
+    if (flavour.qkv_bias) {
+      emit(hf + "self_attn.q_proj.bias", param(ours + "attn.q.bias", {H * hd}));
+      emit(hf + "self_attn.k_proj.bias", param(ours + "attn.k.bias", {KV * hd}));
+      emit(hf + "self_attn.v_proj.bias", param(ours + "attn.v.bias", {KV * hd}));
+    }
+    if (flavour.qk_norm != nn::QkNorm::none) {
+      const bool head = flavour.qk_norm == nn::QkNorm::head;
+      emit(hf + "self_attn.q_norm.weight",
+           param(ours + "attn.q_norm.weight", {head ? hd : H * hd}));
+      emit(hf + "self_attn.k_norm.weight",
+           param(ours + "attn.k_norm.weight", {head ? hd : KV * hd}));
+    }
+    emit(moe + "gate.weight", param(ours + "moe.router.weight", {E, D}));
     const Tensor& w1 = param(ours + "moe.experts.w1", {E, F, D});
     const Tensor& w2 = param(ours + "moe.experts.w2", {E, D, F});
     const Tensor& w3 = param(ours + "moe.experts.w3", {E, F, D});
     for (int64_t e = 0; e < E; ++e) {
-      const std::string ex = str(hf, "block_sparse_moe.experts.", e, ".");
-      emit(ex + "w1.weight", w1.rows(e, e + 1).reshape({F, D}));
-      emit(ex + "w2.weight", w2.rows(e, e + 1).reshape({D, F}));
-      emit(ex + "w3.weight", w3.rows(e, e + 1).reshape({F, D}));
+      const std::string ex = str(moe, "experts.", e, ".");
+      emit(ex + (mixtral ? "w1.weight" : "gate_proj.weight"), w1.rows(e, e + 1).reshape({F, D}));
+      emit(ex + (mixtral ? "w2.weight" : "down_proj.weight"), w2.rows(e, e + 1).reshape({D, F}));
+      emit(ex + (mixtral ? "w3.weight" : "up_proj.weight"), w3.rows(e, e + 1).reshape({F, D}));
+    }
+    if (flavour.shared_expert_gate) {
+      // transformers' Qwen2-MoE always has the shared expert and its gate: a 0-wide one is
+      // written empty, with a zero gate (it adds nothing, as ours).
+      const std::string sh = moe + "shared_expert.";
+      if (Fs > 0) {
+        emit(sh + "gate_proj.weight", param(ours + "moe.shared.w1", {Fs, D}));
+        emit(sh + "up_proj.weight", param(ours + "moe.shared.w3", {Fs, D}));
+        emit(sh + "down_proj.weight", param(ours + "moe.shared.w2", {D, Fs}));
+        emit(moe + "shared_expert_gate.weight", param(ours + "moe.shared_gate.weight", {1, D}));
+      } else {
+        emit(sh + "gate_proj.weight", Tensor::zeros({0, D}, mc.dtype));
+        emit(sh + "up_proj.weight", Tensor::zeros({0, D}, mc.dtype));
+        emit(sh + "down_proj.weight", Tensor::zeros({D, 0}, mc.dtype));
+        emit(moe + "shared_expert_gate.weight", Tensor::zeros({1, D}, mc.dtype));
+      }
     }
     emit(hf + "post_attention_layernorm.weight", param(ours + "norm2.weight", {D}));
   }
   emit("model.norm.weight", param("final_norm.weight", {D}));
   emit("lm_head.weight", param("lm_head.weight", {V, D}));
-  for (const auto& [name, nt] : params)
-    if (!used.count(name))
-      throw Error(str("export_hf: parameter '", name, "' has no place in HF Mixtral"));
+  m.refuse_unused();
+  return out;
+}
 
-  const char* torch_dtype = mc.dtype == DType::f32    ? "float32"
-                            : mc.dtype == DType::bf16 ? "bfloat16"
-                                                      : "float16";
-  nlohmann::ordered_json config;
-  config["architectures"] = {"MixtralForCausalLM"};
-  config["model_type"] = "mixtral";
-  config["vocab_size"] = V;
-  config["hidden_size"] = D;
-  config["intermediate_size"] = F;
-  config["num_hidden_layers"] = mc.layers;
-  config["num_attention_heads"] = H;
-  config["num_key_value_heads"] = KV;
-  config["head_dim"] = hd;
-  config["hidden_act"] = "silu";
-  config["max_position_embeddings"] = mc.seq;
-  config["rms_norm_eps"] = mc.norm_eps;
-  config["rope_theta"] = mc.rope_theta;
-  config["sliding_window"] = nullptr;
-  config["num_local_experts"] = E;
-  config["num_experts_per_tok"] = mc.top_k;
-  config["router_aux_loss_coef"] = mc.aux_loss_coef;
-  config["router_jitter_noise"] = mc.router_jitter;
-  config["output_router_logits"] = false;
-  config["attention_dropout"] = 0.0;
-  config["initializer_range"] = 0.02;
-  config["tie_word_embeddings"] = false;
-  config["use_cache"] = true;
-  config["torch_dtype"] = torch_dtype;
+// Writes `tensors` as one file, or as shards of at most max_bytes each (a tensor never split)
+// named by an index, as transformers' save_pretrained does.
+void write_tensors(const std::string& dir, const std::vector<NamedTensor>& tensors,
+                   const std::map<std::string, std::string>& metadata, int64_t max_bytes) {
+  std::vector<std::vector<NamedTensor>> shards(1);
+  int64_t in_shard = 0, total = 0;
+  for (const NamedTensor& nt : tensors) {
+    const int64_t bytes = static_cast<int64_t>(nt.tensor.nbytes());
+    if (max_bytes > 0 && in_shard > 0 && in_shard + bytes > max_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(nt);
+    in_shard += bytes;
+    total += bytes;
+  }
+  if (max_bytes <= 0) {
+    if (fs::exists(join_path(dir, kIndexFile)))
+      throw Error(str("export_hf: '", dir, "' already holds ", kIndexFile,
+                      " (a sharded checkpoint, which loaders would read instead); export into an "
+                      "empty directory"));
+    write_safetensors(join_path(dir, kSingleFile), shards.front(), metadata);
+    return;
+  }
+  if (fs::exists(join_path(dir, kSingleFile)))
+    throw Error(str("export_hf: '", dir, "' already holds ", kSingleFile,
+                    " (which loaders would read instead of the shards); export into an empty "
+                    "directory"));
+  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  for (size_t s = 0; s < shards.size(); ++s) {
+    char file[64];
+    std::snprintf(file, sizeof file, "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
+    for (const NamedTensor& nt : shards[s]) weight_map[nt.name] = file;
+    write_safetensors(join_path(dir, file), shards[s], metadata);
+  }
+  nlohmann::ordered_json index;
+  index["metadata"] = {{"total_size", total}};
+  index["weight_map"] = weight_map;
+  write_text_atomic(join_path(dir, kIndexFile), index.dump(2) + "\n");
+}
+
+}  // namespace
+
+void export_hf(const Checkpoint& ckpt, const std::string& dir, const HfExportOptions& options) {
+  const ModelConfig peek = model_config_from_json(ckpt.model_config);
+  ExportModel m(ckpt, "export_hf", hf_model_name(peek.arch));
+  const ModelConfig& mc = m.config();
+  if (mc.arch == Arch::mixtral && !mc.normalize_topk)
+    throw Error(
+        "export_hf: HF Mixtral renormalises the top-k gate weights; this model does not "
+        "(normalize_topk false)");
+  if ((mc.arch == Arch::qwen2_moe || mc.arch == Arch::olmoe) &&
+      mc.head_dim_resolved() * mc.heads != mc.d_model)
+    throw Error(str("export_hf: ", hf_model_name(mc.arch),
+                    " has heads of hidden_size / "
+                    "num_attention_heads; this model's are ",
+                    mc.head_dim_resolved(), " wide"));
+  if (mc.shared_expert_ff > 0 && mc.arch != Arch::qwen2_moe)
+    throw Error(str("export_hf: ", hf_model_name(mc.arch),
+                    " has no shared expert; this model's "
+                    "is ",
+                    mc.shared_expert_ff, " wide (qwen2_moe has one)"));
+  const std::vector<NamedTensor> out = hf_tensors(m);
 
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw Error(str("export_hf: cannot create '", dir, "': ", ec.message()));
-  if (fs::exists(join_path(dir, kIndexFile)))
-    throw Error(str("export_hf: '", dir, "' already holds ", kIndexFile,
-                    " (a sharded checkpoint, which loaders would read instead); export into an "
-                    "empty directory"));
   const std::map<std::string, std::string> metadata = {
       {"format", "pt"},
       {kMetadataConfig, to_json(mc).dump()},
       {"moe.producer", str("libmoe ", version(), " (git ", git_revision(), ")")}};
-  write_safetensors(join_path(dir, kSingleFile), out, metadata);
-  write_text_atomic(join_path(dir, kConfigFile), config.dump(2) + "\n");
+  write_tensors(dir, out, metadata, options.max_shard_bytes);
+  write_text_atomic(join_path(dir, kConfigFile), family_config(mc, m.experts()).dump(2) + "\n");
   // The tokenizer an import kept goes back out beside the model, verbatim.
   if (!ckpt.tokenizer.empty())
     write_text_atomic(join_path(dir, ckpt.tokenizer.file), ckpt.tokenizer.bytes);

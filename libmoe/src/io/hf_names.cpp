@@ -3,7 +3,54 @@
 
 #include <regex>
 
+#include "moe/error.h"
+
 namespace moe::io::hf {
+
+Arch arch_of_family(const std::string& model_type, const std::string& config_path) {
+  for (Arch arch : {Arch::mixtral, Arch::qwen2_moe, Arch::qwen3_moe, Arch::olmoe})
+    if (model_type == arch_name(arch)) return arch;
+  throw Error(str("'", config_path, "': model_type '", model_type,
+                  "' is not supported (supported: mixtral, olmoe, qwen2_moe, qwen3_moe)"));
+}
+
+const char* slot_feature(Slot s) {
+  switch (s) {
+    case Slot::q_bias:
+    case Slot::k_bias:
+    case Slot::v_bias:
+      return "attention biases";
+    case Slot::q_norm:
+    case Slot::k_norm:
+      return "qk-norm (self_attn.q_norm/k_norm)";
+    case Slot::shared_w1:
+    case Slot::shared_w2:
+    case Slot::shared_w3:
+    case Slot::shared_gate:
+      return "shared expert";
+    default:
+      return nullptr;
+  }
+}
+
+bool flavour_has(const Flavour& flavour, Slot s) {
+  switch (s) {
+    case Slot::q_bias:
+    case Slot::k_bias:
+    case Slot::v_bias:
+      return flavour.qkv_bias;
+    case Slot::q_norm:
+    case Slot::k_norm:
+      return flavour.qk_norm != nn::QkNorm::none;
+    case Slot::shared_w1:
+    case Slot::shared_w2:
+    case Slot::shared_w3:
+    case Slot::shared_gate:
+      return flavour.shared_expert_gate;
+    default:
+      return true;
+  }
+}
 
 Classified classify(const std::string& name) {
   static const std::regex layer_re(R"(model\.layers\.(\d+)\.(.+))");
@@ -18,6 +65,8 @@ Classified classify(const std::string& name) {
   static const std::regex expert_bias_re(
       R"((block_sparse_moe|mlp)\.experts\.((\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.bias|gate_up_proj_bias|down_proj_bias))");
   static const std::regex fused_re(R"((block_sparse_moe|mlp)\.experts\.(gate_up_proj|down_proj))");
+  static const std::regex qwen_shared_re(
+      R"(mlp\.shared_expert\.(gate_proj|up_proj|down_proj)\.weight)");
   static const std::regex shared_re(R"(mlp\.shared_experts?(_gate)?\..+)");
   static const std::regex dense_re(R"(mlp\.(gate_proj|up_proj|down_proj)\.(weight|bias))");
   Classified c;
@@ -67,8 +116,13 @@ Classified classify(const std::string& name) {
     const char p = r[1].str()[0];
     return mapped(p == 'q' ? Slot::q : p == 'k' ? Slot::k : p == 'v' ? Slot::v : Slot::o);
   }
-  if (std::regex_match(rest, attn_bias_re)) return unsupported("attention biases");
-  if (std::regex_match(rest, qk_norm_re)) return unsupported("qk-norm (self_attn.q_norm/k_norm)");
+  if (std::regex_match(rest, r, attn_bias_re)) {
+    const char p = r[1].str()[0];
+    if (p == 'o') return unsupported("attention output bias (self_attn.o_proj.bias)");
+    return mapped(p == 'q' ? Slot::q_bias : p == 'k' ? Slot::k_bias : Slot::v_bias);
+  }
+  if (std::regex_match(rest, r, qk_norm_re))
+    return mapped(r[1].str() == "q_norm" ? Slot::q_norm : Slot::k_norm);
   if (std::regex_match(rest, router_re)) return mapped(Slot::router);
   if (std::regex_match(rest, router_bias_re)) return unsupported("router bias");
   if (std::regex_match(rest, r, expert_re)) {
@@ -83,6 +137,13 @@ Classified classify(const std::string& name) {
   if (std::regex_match(rest, expert_bias_re)) return unsupported("expert biases");
   if (std::regex_match(rest, r, fused_re))
     return mapped(r[2].str() == "gate_up_proj" ? Slot::gate_up : Slot::down);
+  if (std::regex_match(rest, r, qwen_shared_re)) {
+    const std::string w = r[1].str();
+    return mapped(w == "gate_proj" ? Slot::shared_w1
+                  : w == "up_proj" ? Slot::shared_w3
+                                   : Slot::shared_w2);
+  }
+  if (rest == "mlp.shared_expert_gate.weight") return mapped(Slot::shared_gate);
   if (std::regex_match(rest, shared_re)) return unsupported("shared expert");
   if (std::regex_match(rest, dense_re)) return unsupported("dense MLP layers");
   return Classified{};
@@ -102,6 +163,16 @@ const char* slot_name(Slot s) {
       return "attn.v.weight";
     case Slot::o:
       return "attn.o.weight";
+    case Slot::q_bias:
+      return "attn.q.bias";
+    case Slot::k_bias:
+      return "attn.k.bias";
+    case Slot::v_bias:
+      return "attn.v.bias";
+    case Slot::q_norm:
+      return "attn.q_norm.weight";
+    case Slot::k_norm:
+      return "attn.k_norm.weight";
     case Slot::router:
       return "moe.router.weight";
     case Slot::w1:
@@ -114,6 +185,14 @@ const char* slot_name(Slot s) {
       return "moe.experts.w1+w3";
     case Slot::down:
       return "moe.experts.w2";
+    case Slot::shared_w1:
+      return "moe.shared.w1";
+    case Slot::shared_w2:
+      return "moe.shared.w2";
+    case Slot::shared_w3:
+      return "moe.shared.w3";
+    case Slot::shared_gate:
+      return "moe.shared_gate.weight";
   }
   return "?";
 }

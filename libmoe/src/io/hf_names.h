@@ -6,6 +6,9 @@
 #include <filesystem>
 #include <string>
 
+#include "moe/models/config.h"
+#include "moe/models/flavour.h"
+
 namespace moe::io::hf {
 
 // The files of a Hugging Face checkpoint directory.
@@ -19,7 +22,31 @@ inline std::string join_path(const std::string& dir, const std::string& file) {
   return (std::filesystem::path(dir) / file).string();
 }
 
-enum class Slot { norm1, norm2, q, k, v, o, router, w1, w2, w3, gate_up, down };
+// A layer's tensors. q/k/v_bias (Qwen2-MoE), q/k_norm (Qwen3-MoE per head, OLMoE full width) and
+// the shared_* ones (Qwen2-MoE's shared expert and its sigmoid gate) belong to some families only.
+enum class Slot {
+  norm1,
+  norm2,
+  q,
+  k,
+  v,
+  o,
+  q_bias,
+  k_bias,
+  v_bias,
+  q_norm,
+  k_norm,
+  router,
+  w1,
+  w2,
+  w3,
+  gate_up,
+  down,
+  shared_w1,
+  shared_w2,
+  shared_w3,
+  shared_gate
+};
 
 struct Classified {
   enum Kind { mapped, derived, unsupported, unmapped } kind = unmapped;
@@ -28,6 +55,16 @@ struct Classified {
   Slot slot = Slot::norm1;
   std::string feature;  // unsupported: what
 };
+
+// Our architecture of a config.json model_type (mixtral, qwen2_moe, qwen3_moe, olmoe: the names
+// agree), and back; other types throw naming the supported ones.
+Arch arch_of_family(const std::string& model_type, const std::string& config_path);
+inline const char* family_of(Arch arch) { return arch_name(arch); }
+
+// The family feature a slot belongs to ("attention biases", "qk-norm (...)", "shared expert"),
+// or nullptr for the slots every family has; and whether `flavour` has that feature.
+const char* slot_feature(Slot s);
+bool flavour_has(const Flavour& flavour, Slot s);
 
 // What `name` is: one of our outer tensors (embed.tokens, final_norm.weight, lm_head.weight), a
 // block slot (layer, and expert for per-expert tensors), a tensor derived from the config (RoPE

@@ -4,7 +4,9 @@ this script expects with its value, no other tensor than expected, every tensor'
 and every tensor's bytes equal to what the package itself encodes from the checkpoint's values
 (f16, bf16, and Q8_0 with the package's own quantiser: the layout is llama.cpp's to the byte).
 The name table and the q/k row permutation are written here from llama.cpp's conventions, not
-shared with the exporter.
+shared with the exporter: mixtral is its "llama" architecture (NORM rope: q/k rows permuted),
+qwen2_moe, qwen3_moe and olmoe its "qwen2moe", "qwen3moe" and "olmoe" (NEOX rope: rows as they
+are), with their biases, q/k norms and shared expert.
 With a tokenizer.json (the one the checkpoint stores), its vocabulary, special tokens, merges and
 pre-tokenizer name are checked too; without, the byte-level vocabulary.
 Usage: gguf_readback.py CHECKPOINT.h5 MODEL.gguf TYPE [TOKENIZER.json]   (TYPE: f32 f16 bf16 q8_0)"""
@@ -32,7 +34,10 @@ with h5py.File(ckpt_path, "r") as f:
 
 D, H, F, L = config["d_model"], config["heads"], config["d_ff"], config["layers"]
 KV = config.get("kv_heads") or H
-hd = D // H
+hd = config.get("head_dim") or D // H
+Fs = config.get("shared_expert_ff", 0)
+arch = {"mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe",
+        "olmoe": "olmoe"}[config["arch"]]
 E = config["experts_per_layer"][0]
 V = config["vocab_size"]
 
@@ -49,26 +54,32 @@ def value(key):
 
 
 expected_keys = {
-    "general.architecture": "llama",
-    "llama.embedding_length": D,
-    "llama.block_count": L,
-    "llama.feed_forward_length": F,
-    "llama.attention.head_count": H,
-    "llama.attention.head_count_kv": KV,
-    "llama.rope.dimension_count": hd,
-    "llama.expert_count": E,
-    "llama.expert_used_count": config["top_k"],
-    "llama.context_length": config["seq"],
-    "llama.vocab_size": V,
+    "general.architecture": arch,
+    arch + ".embedding_length": D,
+    arch + ".block_count": L,
+    arch + ".feed_forward_length": F,
+    arch + ".attention.head_count": H,
+    arch + ".attention.head_count_kv": KV,
+    arch + ".attention.key_length": hd,
+    arch + ".attention.value_length": hd,
+    arch + ".rope.dimension_count": hd,
+    arch + ".expert_count": E,
+    arch + ".expert_used_count": config["top_k"],
+    arch + ".context_length": config["seq"],
+    arch + ".vocab_size": V,
     "tokenizer.ggml.model": "gpt2",
     "general.file_type": {"f32": 0, "f16": 1, "q8_0": 7, "bf16": 32}[type_name],
 }
+if arch != "llama":  # the qwen and olmoe architectures size their experts by this key
+    expected_keys[arch + ".expert_feed_forward_length"] = F
+if Fs > 0:
+    expected_keys[arch + ".expert_shared_feed_forward_length"] = Fs
 for key, want in expected_keys.items():
     got = value(key)
     if got != want:
         fail(f"{key} = {got!r}, expected {want!r}")
-for key, want in (("llama.rope.freq_base", config["rope_theta"]),
-                  ("llama.attention.layer_norm_rms_epsilon", config["norm_eps"])):
+for key, want in ((arch + ".rope.freq_base", config["rope_theta"]),
+                  (arch + ".attention.layer_norm_rms_epsilon", config["norm_eps"])):
     got = value(key)
     if got is None or np.float32(got) != np.float32(want):
         fail(f"{key} = {got!r}, expected {want!r}")
@@ -110,7 +121,10 @@ if json.loads(value("moe.model_config"))["d_model"] != D:
 
 
 def rope_permuted(w, heads):
-    # llama.cpp rotates adjacent pairs; our rows pair (i, i + hd/2): row 2i + j <- row j*hd/2 + i.
+    # llama rotates adjacent pairs; our rows pair (i, i + hd/2): row 2i + j <- row j*hd/2 + i.
+    # The NEOX architectures pair (i, i + hd/2) as we do: rows as they are.
+    if arch != "llama":
+        return w
     return w.reshape(heads, 2, hd // 2, -1).swapaxes(1, 2).reshape(w.shape)
 
 
@@ -131,6 +145,20 @@ for i in range(L):
         blk + "ffn_down_exps.weight": (params[b + "moe.experts.w2"], True),
         blk + "ffn_up_exps.weight": (params[b + "moe.experts.w3"], True),
     })
+    for x in "qkv":  # qwen2moe's q/k/v biases
+        if b + f"attn.{x}.bias" in params:
+            expected[blk + f"attn_{x}.bias"] = (params[b + f"attn.{x}.bias"], False)
+    for x in "qk":  # qwen3moe's per-head, olmoe's full-width q/k norms
+        if b + f"attn.{x}_norm.weight" in params:
+            expected[blk + f"attn_{x}_norm.weight"] = (params[b + f"attn.{x}_norm.weight"], False)
+    if Fs > 0:  # qwen2moe's shared expert; its gate [1, D] is a vector of D there
+        expected.update({
+            blk + "ffn_gate_inp_shexp.weight": (params[b + "moe.shared_gate.weight"].reshape(D),
+                                                False),
+            blk + "ffn_gate_shexp.weight": (params[b + "moe.shared.w1"], True),
+            blk + "ffn_down_shexp.weight": (params[b + "moe.shared.w2"], True),
+            blk + "ffn_up_shexp.weight": (params[b + "moe.shared.w3"], True),
+        })
 
 seen = set()
 for t in reader.tensors:

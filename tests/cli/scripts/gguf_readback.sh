@@ -1,6 +1,7 @@
 #!/bin/sh
 # moe-convert export-gguf, read back by an independent reader: a tiny mixtral model trained on a
-# real corpus, exported as f32, f16, bf16 and q8_0, each file read by the `gguf` Python package
+# real corpus (and a tiny Qwen2-MoE imported from a Hugging Face directory), exported as f32, f16,
+# bf16 and q8_0, each file read by the `gguf` Python package
 # (llama.cpp's own reader; scripts/setup installs it in /opt/moe-python) and checked against the
 # checkpoint by gguf_readback.py (every key, every tensor's shape, type and bytes). An existing
 # output is refused without --force. Exits 77 (skipped) where the package is not installed.
@@ -55,4 +56,14 @@ cp "$tokenizers/bpe-qwen/tokenizer.json" "$work/hf/" || fail "copy tokenizer"
   fail "export-gguf of the imported model: $(cat "$work/err")"
 "$python" "$here/gguf_readback.py" "$work/imported.h5" "$work/imported.gguf" f16 \
   "$tokenizers/bpe-qwen/tokenizer.json" || fail "read-back of the imported model"
+# A Qwen2-MoE (q/k/v biases, shared expert and its gate) imported from a Hugging Face directory:
+# llama.cpp's qwen2moe architecture, its keys and tensors, q/k rows unpermuted (NEOX rope).
+"$python" "$here/hf_tiny_qwen2_moe.py" "$work/qwen" || fail "writing the tiny Qwen2-MoE"
+"$convert" import-hf "$work/qwen" -o "$work/qwen.h5" -q 2> "$work/err" || fail "import-hf qwen2_moe: $(cat "$work/err")"
+for type in f32 q8_0; do
+  "$convert" export-gguf "$work/qwen.h5" -o "$work/qwen-$type.gguf" --type "$type" -q 2> "$work/err" ||
+    fail "export-gguf qwen2_moe --type $type: $(cat "$work/err")"
+  "$python" "$here/gguf_readback.py" "$work/qwen.h5" "$work/qwen-$type.gguf" "$type" ||
+    fail "read-back of the qwen2moe $type file"
+done
 echo "ok"

@@ -1,5 +1,7 @@
-// Hugging Face MoE checkpoints (config.json + safetensors) <-> our checkpoints, for the `mixtral`
-// flavour. docs/FORMATS.md ("Hugging Face safetensors import/export") has the name mapping table.
+// Hugging Face MoE checkpoints (config.json + safetensors) <-> our checkpoints, for the families
+// that share our RoPE/RMSNorm/SwiGLU layers: Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE (our arch is
+// the config.json model_type). docs/FORMATS.md ("Hugging Face safetensors import/export") has the
+// name mapping table.
 //
 // Import reads a directory holding config.json and either model.safetensors or the shards that
 // model.safetensors.index.json names in its "weight_map". Families (config.json "model_type"):
@@ -7,9 +9,14 @@
 //              experts.gate_up_proj [E, 2F, D] (gate rows 0..F-1 = w1, up rows F..2F-1 = w3) and
 //              experts.down_proj [E, D, F] = w2, under block_sparse_moe. or mlp.
 //   olmoe, qwen2_moe, qwen3_moe
-//              the same math with mlp.gate / mlp.experts.E.{gate,up,down}_proj naming and
-//              norm_topk_prob for the router's renormalisation; their extra features (shared
-//              experts, qk-norm, attention biases, dense MLP layers, ...) are not supported.
+//              mlp.gate / mlp.experts.E.{gate,up,down}_proj naming and norm_topk_prob for the
+//              router's renormalisation, plus their own tensors: Qwen2-MoE's q/k/v biases and
+//              shared expert (mlp.shared_expert.*, shared_expert_intermediate_size wide) with its
+//              sigmoid gate mlp.shared_expert_gate [1, D]; Qwen3-MoE's per-head q_norm/k_norm
+//              [hd] (and head_dim, which may differ from D / H); OLMoE's full-width q_norm
+//              [H*hd] and k_norm [KV*hd]. What we cannot express (dense MLP layers, sliding
+//              windows shorter than the context, clip_qkv, o_proj biases, DeepSeek's MLA) is
+//              refused by name.
 // Every source tensor is mapped (listed in the report), or unmapped (an error unless
 // allow_unmapped; then listed), or evidence of an unsupported feature (always an error naming
 // the feature, never dropped). Config and tensor shapes must agree exactly.
@@ -50,20 +57,30 @@ struct HfImportReport {
 };
 
 // Reads the HF directory `dir` into a checkpoint our tools load: model_config as
-// moe::to_json(ModelConfig) writes it (arch mixtral), parameters under our names with `expert`
+// moe::to_json(ModelConfig) writes it (arch = the family), parameters under our names with `expert`
 // set on expert tensors, provenance set, no optimizer state, train_config null. `report` (may be
 // null) is filled as far as the import got, also when it throws.
 Checkpoint import_hf(const std::string& dir, const HfImportOptions& options = {},
                      HfImportReport* report = nullptr);
 Checkpoint import_hf(const std::string& dir, bool allow_unmapped, HfImportReport* report);
 
-// Writes a mixtral-flavour checkpoint (every layer MoE with the same expert count, renormalised
-// top-k, whole tensors: not a shard) as `dir`/config.json + `dir`/model.safetensors with HF
-// Mixtral naming (per-expert w1/w2/w3), tensors in their stored dtype. The directory is created
-// if needed; one holding model.safetensors.index.json is refused (a loader would prefer the old
-// shards). Our model config is also recorded in the safetensors metadata ("moe.model_config"), so
+struct HfExportOptions {
+  // Shards of at most this many bytes (a tensor is never split) named by
+  // model.safetensors.index.json, as transformers' save_pretrained writes; 0 = one
+  // model.safetensors.
+  int64_t max_shard_bytes = 0;
+};
+
+// Writes a checkpoint of the mixtral, qwen2_moe, qwen3_moe or olmoe flavour (every layer MoE with
+// the same expert count, softmax routing, whole tensors: not a shard; Mixtral renormalises its
+// top-k) as `dir`/config.json with the keys of that family's transformers config class, and the
+// tensors under the family's names (per-expert gate/up/down or w1/w2/w3; Qwen2-MoE's shared expert
+// even when 0 wide, then empty with a zero gate, as transformers creates it) in their stored
+// dtype: one model.safetensors, or shards (options). The directory is created if needed; one
+// holding the other form (an index, or model.safetensors) is refused (a loader would prefer it).
+// Our model config is also recorded in the safetensors metadata ("moe.model_config"), so
 // import_hf(export_hf(x)) gives x back: every parameter bitwise and the same model config.
 // Each file is written atomically.
-void export_hf(const Checkpoint& ckpt, const std::string& dir);
+void export_hf(const Checkpoint& ckpt, const std::string& dir, const HfExportOptions& options = {});
 
 }  // namespace moe::io

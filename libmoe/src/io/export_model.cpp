@@ -1,0 +1,58 @@
+// The checks export_hf and export_gguf share (see io/export_model.h).
+#include "io/export_model.h"
+
+#include "moe/error.h"
+
+namespace moe::io {
+
+ExportModel::ExportModel(const Checkpoint& ckpt, const std::string& who, const std::string& target)
+    : who_(who), target_(target), mc_(model_config_from_json(ckpt.model_config)) {
+  if (mc_.arch == Arch::gpt)
+    throw Error(str(who,
+                    ": only the mixtral flavour and the families built on it (qwen2_moe, "
+                    "qwen3_moe, olmoe) have a form there (this model is gpt: learned "
+                    "positions, LayerNorm, GELU)"));
+  if (ckpt.sharding.rank >= 0)
+    throw Error(str(who, ": this is rank ", ckpt.sharding.rank,
+                    "'s shard of a sharded checkpoint; merge "
+                    "it first"));
+  experts_ = mc_.experts_per_layer.empty() ? 0 : mc_.experts_per_layer.front();
+  for (int64_t i = 0; i < mc_.layers; ++i) {
+    const int64_t experts = mc_.experts_per_layer[static_cast<size_t>(i)];
+    if (experts == 0)
+      throw Error(str(who, ": layer ", i, " is dense (no experts); ", target,
+                      " has experts in every layer"));
+    if (experts != experts_)
+      throw Error(str(who, ": ", target, " has the same number of experts in every layer; layer ",
+                      i, " has ", experts, ", layer 0 has ", experts_));
+  }
+  if (mc_.residual_moe) throw Error(str(who, ": residual MoE (PR-MoE) has no ", target, " form"));
+  if (mc_.router_scoring != nn::RouterScoring::softmax)
+    throw Error(str(who, ": ", target,
+                    " routes by a softmax over the experts; this model's "
+                    "router scores with a sigmoid (router_scoring ",
+                    router_scoring_name(mc_.router_scoring), ")"));
+  for (const NamedTensor& nt : ckpt.params) {
+    if (nt.shard.defined())
+      throw Error(str(who, ": parameter '", nt.name, "' is a shard; merge the checkpoint first"));
+    params_[nt.name] = &nt;
+  }
+}
+
+const NamedTensor& ExportModel::param(const std::string& name, const Shape& shape) {
+  auto it = params_.find(name);
+  if (it == params_.end()) throw Error(str(who_, ": the checkpoint has no parameter '", name, "'"));
+  if (it->second->shape() != shape)
+    throw Error(str(who_, ": parameter '", name, "' is ", shape_str(it->second->shape()),
+                    ", expected ", shape_str(shape)));
+  used_.insert(name);
+  return *it->second;
+}
+
+void ExportModel::refuse_unused() const {
+  for (const auto& [name, nt] : params_)
+    if (!used_.count(name))
+      throw Error(str(who_, ": parameter '", name, "' has no place in ", target_));
+}
+
+}  // namespace moe::io

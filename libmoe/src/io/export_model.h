@@ -1,0 +1,41 @@
+// What the exporters to other formats share (export_hf: Hugging Face safetensors; export_gguf:
+// llama.cpp): the checks that a checkpoint is a model those formats can hold, and its parameters
+// by name, each taken once with its shape checked, so that a parameter no output tensor took is
+// refused by name rather than silently dropped. Private to libmoe (io/hf_export.cpp,
+// io/gguf_write.cpp).
+// Shape letters: E experts of a layer.
+#pragma once
+#include <map>
+#include <set>
+#include <string>
+
+#include "moe/io/checkpoint.h"
+#include "moe/models/config.h"
+
+namespace moe::io {
+
+class ExportModel {
+ public:
+  // Checks that `ckpt` is a whole checkpoint (not a rank's shard, no sharded parameter) of one of
+  // the RoPE families (mixtral, qwen2_moe, qwen3_moe, olmoe) with softmax routing, experts in every
+  // layer and the same number E in each, and no PR-MoE. `who` prefixes every message
+  // ("export_hf"), `target` names the output's model in them ("HF Mixtral", "llama.cpp's
+  // qwen2moe").
+  ExportModel(const Checkpoint& ckpt, const std::string& who, const std::string& target);
+
+  const ModelConfig& config() const { return mc_; }
+  int64_t experts() const { return experts_; }
+  // The parameter `name`, which must have `shape`; marks it used.
+  const NamedTensor& param(const std::string& name, const Shape& shape);
+  // Throws naming the first parameter no call to param() took.
+  void refuse_unused() const;
+
+ private:
+  std::string who_, target_;
+  ModelConfig mc_;
+  int64_t experts_ = 0;
+  std::map<std::string, const NamedTensor*> params_;
+  std::set<std::string> used_;
+};
+
+}  // namespace moe::io
