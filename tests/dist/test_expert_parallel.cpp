@@ -162,3 +162,43 @@ TEST_CASE("ep: a sharded checkpoint resumes bitwise, and on another layout too",
   world.barrier();
   if (world.rank() == 0) std::filesystem::remove_all(dir);
 }
+
+// moe-train --init (Trainer::initialize): a sharded checkpoint's weights start a fresh run on any
+// layout. Expert parallel and one process take the same values (the slices of the same tensors),
+// start at step 0 with fresh moments, and train on alike.
+TEST_CASE("ep: initialize from a sharded checkpoint starts every layout from the same weights",
+          "[dist]") {
+  comm::Communicator& world = dist_world();
+  const std::string dir = dist_scratch_dir("moe-dist-ep-init");
+  if (world.rank() == 0) std::filesystem::remove_all(dir);
+  world.barrier();
+  const int64_t ep = world.size() >= 4 ? 2 : world.size();
+  ModelConfig model = ep_model(Arch::qwen2_moe);  // q/k/v biases, a gated shared expert
+  model.shared_expert_ff = 16;
+  model.resolve();
+  std::string path;
+  {
+    train::Trainer first(model, ep_train(ep), {}, &world);
+    for (int i = 0; i < 2; ++i) first.step();
+    path = first.save(dir);
+  }
+  train::TrainConfig t = ep_train(ep);
+  t.seed = 99;  // a run of its own: another seed, another data order
+  train::Trainer parallel(model, t, {}, &world);
+  parallel.initialize(path);
+  train::TrainConfig one = ep_train(1);
+  one.seed = 99;
+  train::Trainer single(model, one, {});
+  single.initialize(path);
+  // CHECK, not REQUIRE, before the collective steps: a rank that left would hang the others.
+  CHECK(parallel.steps_done() == 0);
+  CHECK(single.steps_done() == 0);
+  std::string where;
+  CHECK(worst_difference(parallel, single, where) == 0);
+  // The weights are the checkpoint's, not a fresh initialisation's.
+  train::Trainer fresh(model, one, {});
+  CHECK(worst_difference(single, fresh, where) > 0);
+  step_both(parallel, single, 2);
+  world.barrier();
+  if (world.rank() == 0) std::filesystem::remove_all(dir);
+}
