@@ -349,9 +349,10 @@ int run_decode(const DecodeOptions& o) {
               num_threads(), bandwidth / 1e9);
   std::printf(
       "# OpenMP fork/join (an empty parallel region, %d threads, best mean): %.2f us, "
-      "OMP_WAIT_POLICY=%s\n",
+      "OMP_WAIT_POLICY=%s; the library's decode path under it: %s\n",
       num_threads(), 1e6 * fork_join_seconds(),
-      std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "(unset)");
+      std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "(unset)",
+      cpu::task_pool_default() ? "pool" : "omp");
   std::printf(
       "# bound = bandwidth / weight bytes a step reads (batch 8: expected experts touched)\n");
   std::printf("# %-5s %-6s %-15s %10s %10s %7s %12s\n", "dtype", "path", "measure", "tok/s",
@@ -397,6 +398,7 @@ int run_decode(const DecodeOptions& o) {
       pool1.push_back(decode_rate(m, 1, min_s / 3, round == 0 ? &got : nullptr, &parts));
       pool8.push_back(decode_rate(m, 8, min_s / 3, nullptr));
     }
+    cpu::set_task_pool_enabled(cpu::task_pool_default());
     const double pf = prefill_rate(m, prefill, min_s);
     const double bound1 = bandwidth / step_bytes(*m.params, c, 1),
                  bound8 = 8 * bandwidth / step_bytes(*m.params, c, 8);

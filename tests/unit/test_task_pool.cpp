@@ -39,9 +39,17 @@ bool each_once(int64_t count, int threads, int batches) {
   return true;
 }
 
+// The pool on for one test whatever OMP_WAIT_POLICY says (it is the default only under
+// passive), the default again after it.
+struct PoolOn {
+  PoolOn() { cpu::set_task_pool_enabled(true); }
+  ~PoolOn() { cpu::set_task_pool_enabled(cpu::task_pool_default()); }
+};
+
 }  // namespace
 
 TEST_CASE("task pool: every task runs exactly once at any thread count", "[task_pool]") {
+  PoolOn on;
   for (int threads : {1, 2, 3, 4})
     for (int64_t count : {0, 1, 2, 7, 64, 513}) {
       INFO("threads " << threads << ", tasks " << count);
@@ -51,6 +59,7 @@ TEST_CASE("task pool: every task runs exactly once at any thread count", "[task_
 }
 
 TEST_CASE("task pool: calls from an OpenMP region and from two threads at once", "[task_pool]") {
+  PoolOn on;
   // Inside a parallel region each thread's batch runs inline on that thread.
   std::atomic<int> failures{0};
 #pragma omp parallel num_threads(2)
@@ -69,6 +78,7 @@ TEST_CASE("task pool: calls from an OpenMP region and from two threads at once",
 }
 
 TEST_CASE("task pool: the GEMV gives the same bits at 1, 2, 3 and 4 threads", "[task_pool]") {
+  PoolOn on;
   const int64_t out = 700, in = 333, m = 3;
   std::vector<float> w(static_cast<size_t>(out * in)), x(static_cast<size_t>(m * in));
   for (size_t j = 0; j < w.size(); ++j) w[j] = rng_normal(11, j);
@@ -126,7 +136,7 @@ TEST_CASE("task pool: decode steps give the OpenMP path's bits at 1-3 threads", 
   set_num_threads(2);
   cpu::set_task_pool_enabled(false);
   const std::vector<float> omp = decode();
-  cpu::set_task_pool_enabled(true);
+  PoolOn on;
   for (int threads : {1, 2, 3}) {
     set_num_threads(threads);
     const std::vector<float> pool = decode();

@@ -26,15 +26,18 @@ namespace moe::cpu {
 namespace {
 
 thread_local bool in_worker = false;
-bool pool_enabled = true;
+
+bool policy_is(const char* lower, const char* upper) {
+  const char* policy = std::getenv("OMP_WAIT_POLICY");
+  return policy && (std::strcmp(policy, lower) == 0 || std::strcmp(policy, upper) == 0);
+}
+
+bool pool_enabled = task_pool_default();
 
 // How long an idle worker spins before it sleeps, from OMP_WAIT_POLICY (see task_pool.h).
 std::chrono::microseconds idle_spin() {
-  const char* policy = std::getenv("OMP_WAIT_POLICY");
-  if (policy && (std::strcmp(policy, "passive") == 0 || std::strcmp(policy, "PASSIVE") == 0))
-    return std::chrono::microseconds(0);
-  if (policy && (std::strcmp(policy, "active") == 0 || std::strcmp(policy, "ACTIVE") == 0))
-    return std::chrono::microseconds(1000);
+  if (policy_is("passive", "PASSIVE")) return std::chrono::microseconds(0);
+  if (policy_is("active", "ACTIVE")) return std::chrono::microseconds(1000);
   return std::chrono::microseconds(20);
 }
 
@@ -153,6 +156,8 @@ void run_tasks(int64_t count, int threads, TaskFn fn, void* context) {
 }
 
 void set_task_pool_enabled(bool enabled) { pool_enabled = enabled; }
+
+bool task_pool_default() { return policy_is("passive", "PASSIVE"); }
 
 int task_pool_workers() { return pool().workers(); }
 

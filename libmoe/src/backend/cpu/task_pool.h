@@ -37,8 +37,14 @@ void run_tasks(int64_t count, int threads, F& f) {
 // Workers started so far (tests).
 int task_pool_workers();
 
-// Benchmarks: false runs each batch as an OpenMP loop (schedule static, `threads` threads), the
-// path before the pool, to time both in one run. Not thread-safe with batches in flight.
+// Whether batches run on the pool (else each batch is an OpenMP loop, schedule static,
+// `threads` threads). The default, task_pool_default(), is the pool only under
+// OMP_WAIT_POLICY=passive: there OpenMP's threads sleep and every region's join waits for a
+// wake-up (8-30 us), which the pool avoids; with spinning OpenMP threads (unset, active) a join
+// costs about 1 us and the pool's workers would compete with the spinning threads for the cores
+// (measured: docs/PERFORMANCE.md, "Decode"). Benchmarks and tests switch it to time or check
+// both paths. Not thread-safe with batches in flight.
 void set_task_pool_enabled(bool enabled);
+bool task_pool_default();
 
 }  // namespace moe::cpu
