@@ -117,8 +117,20 @@ MOE_TARGET_GEMV512 inline __m512 load_weights(const WeightMatrix& w, int64_t o, 
   }
 }
 
-// R weight rows at a time (R x M independent accumulator chains hide the FMA latency); each
-// output element still sums its lanes in the one order of the scalar path.
+// Where element j of row o starts in memory.
+template <WeightFormat F>
+inline const char* weight_address(const WeightMatrix& w, int64_t o, int64_t j) {
+  if constexpr (F == WeightFormat::q8_0) {
+    return reinterpret_cast<const char*>(q8_row(w, o)) + j;
+  } else {
+    constexpr int64_t bytes = F == WeightFormat::f32 ? 4 : 2;
+    return static_cast<const char*>(w.data) + (o * w.in + j) * bytes;
+  }
+}
+
+// R weight rows at a time (R x M independent accumulator chains hide the FMA latency, and R
+// streams keep more of memory's bandwidth in flight); each output element still sums its lanes
+// in the one order of the scalar path.
 template <WeightFormat F, int M, int R>
 MOE_TARGET_GEMV512 void rows_avx512_block(const GemvProblem& p, int64_t o) {
   const int64_t in = p.w.in, full = in / kLanes * kLanes;
@@ -130,6 +142,9 @@ MOE_TARGET_GEMV512 void rows_avx512_block(const GemvProblem& p, int64_t o) {
     __m512 xv[M];
     for (int i = 0; i < M; ++i) xv[i] = _mm512_loadu_ps(p.x + i * p.ldx + j);
     for (int r = 0; r < R; ++r) {
+      // The next block's row r, at the same column: its lines arrive while this block computes
+      // (a row is only a few KB, too short for the hardware prefetcher to ramp up on its own).
+      if (o + R + r < p.w.out) _mm_prefetch(weight_address<F>(p.w, o + R + r, j), _MM_HINT_T0);
       const __m512 wv = load_weights<F>(p.w, o + r, j, 0xffff);
       for (int i = 0; i < M; ++i) acc[r][i] = _mm512_fmadd_ps(wv, xv[i], acc[r][i]);
     }
@@ -154,7 +169,7 @@ MOE_TARGET_GEMV512 void rows_avx512_block(const GemvProblem& p, int64_t o) {
 
 template <WeightFormat F, int M>
 void rows_avx512_m(const GemvProblem& p, int64_t begin, int64_t end) {
-  constexpr int R = M <= 2 ? 4 : M <= 4 ? 2 : 1;
+  constexpr int R = M <= 2 ? 8 : M <= 4 ? 2 : 1;
   int64_t o = begin;
   for (; o + R <= end; o += R) rows_avx512_block<F, M, R>(p, o);
   for (; o < end; ++o) rows_avx512_block<F, M, 1>(p, o);
