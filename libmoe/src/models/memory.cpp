@@ -26,8 +26,8 @@ double parameter_lower_bound(const ModelConfig& c, double experts_share, double 
     const double E = l < int64_t(c.experts_per_layer.size())
                          ? double(c.experts_per_layer[size_t(l)])
                          : double(c.experts);
-    if (E > 0)  // experts, the router, the shared expert (SwiGLU)
-      n += experts_share * E * mlp + E * D + 3 * D * double(c.shared_expert_ff);
+    if (E > 0)  // experts, the router, the shared expert (the experts' activation)
+      n += experts_share * E * mlp + E * D + mlp / F * double(c.shared_expert_ff);
     else
       n += mlp;
   }

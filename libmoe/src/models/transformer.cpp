@@ -38,10 +38,7 @@ nn::BlockConfig block_config(const ModelConfig& config, const Flavour& flavour, 
   b.shared_expert_ff = config.shared_expert_ff;
   b.shared_expert_gate = flavour.shared_expert_gate;
   b.router_scoring = config.router_scoring;
-  // Sigmoid routers carry DeepSeek-V3's selection bias (zeros unless trained or imported); softmax
-  // ones only when the aux-loss-free update moves it.
-  b.router_selection_bias =
-      config.router_scoring == nn::RouterScoring::sigmoid || config.balance_bias_rate > 0;
+  b.router_selection_bias = config.router_selection_bias();
   return b;
 }
 

@@ -62,18 +62,15 @@ ModelConfig kept_model(const io::Checkpoint& ckpt, ModelConfig m, const GivenFla
                                    : " (a resumed run keeps its model)"));
     }
     ModelConfig now = model_config_from_json(b);
-    // A softmax router carries its selection bias only when the bias moves
-    // (models/transformer.cpp): turning the update on or off would add or drop a parameter the
-    // checkpoint has or lacks.
-    auto has_bias = [](const ModelConfig& c) {
-      return c.router_scoring == nn::RouterScoring::sigmoid || c.balance_bias_rate > 0;
-    };
-    if (has_bias(now) != has_bias(saved))
-      throw UsageError(str("--balance-bias-rate ", now.balance_bias_rate,
-                           has_bias(now) ? " needs the routers' selection bias, which"
-                                         : " would drop the routers' selection bias, which",
-                           " the checkpoint's model (softmax routing, rate ",
-                           saved.balance_bias_rate, ") ", has_bias(now) ? "does not have" : "has"));
+    // Turning a softmax router's bias update on or off would add or drop a parameter the
+    // checkpoint has or lacks (ModelConfig::router_selection_bias).
+    if (now.router_selection_bias() != saved.router_selection_bias())
+      throw UsageError(
+          str("--balance-bias-rate ", now.balance_bias_rate,
+              now.router_selection_bias() ? " needs the routers' selection bias, which"
+                                          : " would drop the routers' selection bias, which",
+              " the checkpoint's model (softmax routing, rate ", saved.balance_bias_rate, ") ",
+              now.router_selection_bias() ? "does not have" : "has"));
     saved = now;
   }
   return saved;

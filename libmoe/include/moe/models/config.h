@@ -52,6 +52,11 @@ struct ModelConfig {
 
   int64_t kv_heads_resolved() const { return kv_heads ? kv_heads : heads; }
   int64_t head_dim_resolved() const { return head_dim ? head_dim : d_model / heads; }
+  // Whether the routers carry a per-expert selection bias (moe.router.bias): sigmoid routers
+  // always (DeepSeek-V3), softmax ones only while the aux-loss-free update moves it.
+  bool router_selection_bias() const {
+    return router_scoring == nn::RouterScoring::sigmoid || balance_bias_rate > 0;
+  }
   bool is_moe_layer(int64_t layer) const { return experts_per_layer.at(layer) > 0; }
   int64_t num_moe_layers() const;
   // The block index of each MoE layer, in order (MoE layer l is block moe_blocks()[l]).
