@@ -42,6 +42,7 @@ namespace {
 
 struct Options {
   bool quick = false, json = false;
+  int streams = 0;  // --device cuda: cuda::set_expert_streams (0: the library's default)
   int threads = 0;
   double min_seconds = 0.5;
   std::vector<int64_t> shape;  // --shape D,E,k,N: one row only
@@ -467,6 +468,7 @@ int run_cuda(const Options& opt) {
   const Device gpu = Device::parse(opt.device);
   MOE_CHECK(cuda::available(), "--device ", gpu.str(), ": ", cuda::unavailable_reason());
   cuda::set_device(gpu.index);
+  if (opt.streams > 0) cuda::set_expert_streams(opt.streams);
   auto timed = [&](const std::function<void()>& fn, int runs, int64_t* iterations) {
     return time_it(
         [&] {
@@ -484,11 +486,13 @@ int run_cuda(const Options& opt) {
     for (int64_t d : {1024, 2048, 4096})
       for (int64_t e : {8, 64}) shapes.push_back({d, e, 2, 8192});
   }
-  std::printf("# moe-bench --device %s: %s, %s\n", gpu.str().c_str(),
-              cuda::device_name(gpu.index).c_str(), bench::now_utc().c_str());
+  std::printf("# moe-bench --device %s: %s, %s, expert streams %d\n", gpu.str().c_str(),
+              cuda::device_name(gpu.index).c_str(), bench::now_utc().c_str(),
+              cuda::expert_streams());
   std::printf("# dense: cuBLAS sgemm [M,D]x[D,F], M = N*k, F = 4D (the ceiling, same run)\n");
   std::printf(
-      "# grouped: the same FLOPs as E expert segments (sizes skewed 1:3), one sgemm each\n");
+      "# grouped: the same FLOPs as E expert segments (sizes skewed 1:3), one sgemm each, spread "
+      "over the expert streams\n");
   std::printf(
       "# layer: MoE layer forward+backward (gpt flavour, dropless), GFLOP/s as moe-bench\n");
   std::printf("# %6s %4s %3s %7s %10s %10s %7s %10s %7s\n", "D", "E", "k", "N", "dense", "grouped",
@@ -561,6 +565,10 @@ int main(int argc, char** argv) {
   app.add_option("--device", opt.device,
                  "cpu, or cuda[:N]: grouped expert GEMM and the layer against cuBLAS on that GPU")
       ->capture_default_str();
+  app.add_option("--streams", opt.streams,
+                 "--device cuda: streams the grouped GEMM spreads its per-expert calls over (1-16; "
+                 "default: the library's, 4)")
+      ->check(CLI::Range(1, 16));
   app.add_option("--shape", opt.shape, "One row: d_model D, E experts, top-k k, N tokens")
       ->delimiter(',')
       ->expected(4)

@@ -42,6 +42,7 @@ def parse_args():
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--compile", action="store_true", help="torch.compile the model")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (timings synchronise the device)")
     ap.add_argument("--seed", type=int, default=1234)
     return ap.parse_args()
 
@@ -68,8 +69,8 @@ def build(args, torch):
 
     def rope(x, T):  # x [B, h, T, hd]; HF convention: rotate the two halves
         half = hd // 2
-        inv = 1.0 / (10000.0 ** (torch.arange(0, half, dtype=torch.float32) / half))
-        ang = torch.arange(T, dtype=torch.float32)[:, None] * inv[None, :]
+        inv = 1.0 / (10000.0 ** (torch.arange(0, half, dtype=torch.float32, device=x.device) / half))
+        ang = torch.arange(T, dtype=torch.float32, device=x.device)[:, None] * inv[None, :]
         cos, sin = torch.cos(ang).repeat(1, 2), torch.sin(ang).repeat(1, 2)
         x1, x2 = x[..., :half], x[..., half:]
         return x * cos + torch.cat([-x2, x1], dim=-1) * sin
@@ -94,7 +95,7 @@ def build(args, torch):
                 v = v.repeat_interleave(H // KV, dim=1)
             # Eager attention materialising the [B, H, T, T] probabilities, as moe does.
             s = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
-            mask = torch.ones(T, T, dtype=torch.bool).triu(1)
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
             p = torch.softmax(s.masked_fill(mask, float("-inf")), dim=-1)
             return self.o((p @ v).transpose(1, 2).reshape(B, T, H * hd))
 
@@ -168,7 +169,7 @@ def build(args, torch):
             B, T = ids.shape
             x = self.tokens(ids)
             if self.positions is not None:
-                x = x + self.positions(torch.arange(T))
+                x = x + self.positions(torch.arange(T, device=ids.device))
             aux = z = 0.0
             for b in self.blocks:
                 x, a, zz = b(x)
@@ -207,7 +208,8 @@ def main():
         data = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8).long()
     if data.numel() < args.seq + 2:
         raise SystemExit(f"train_torch.py: {args.data} holds fewer than {args.seq + 2} bytes")
-    model = build(args, torch)
+    model = build(args, torch).to(args.device)
+    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
@@ -219,12 +221,13 @@ def main():
     for step in range(args.warmup + args.steps):
         start = time.perf_counter()
         at = torch.randint(0, data.numel() - args.seq - 1, (args.batch,), generator=gen)
-        win = torch.stack([data[i:i + args.seq + 1] for i in at.tolist()])
+        win = torch.stack([data[i:i + args.seq + 1] for i in at.tolist()]).to(args.device)
         loss = step_fn(win[:, :-1], win[:, 1:])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        sync()
         if step >= args.warmup:
             times.append(time.perf_counter() - start)
     tokens = args.batch * args.seq

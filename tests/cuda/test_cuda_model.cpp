@@ -43,8 +43,22 @@ void check_model_on_gpu(const ModelConfig& config) {
   CHECK(b.z_loss == Approx(a.z_loss).epsilon(1e-4));
   for (Param* p : cpu_ps.all()) {
     DYNAMIC_SECTION(p->name) {
-      CHECK(test::normalised_error(gpu_ps.at(p->name).grad.to_vector(), p->grad.to_vector()) <
-            1e-4);
+      const std::vector<float> got = gpu_ps.at(p->name).grad.to_vector(),
+                               want = p->grad.to_vector();
+      if (flavour_of(config).learned_positions && p->name.ends_with("attn.k.bias")) {
+        // Without RoPE the key bias's exact gradient is zero (softmax cancels it): both devices
+        // hold rounding noise, so the difference is measured against the key weight's gradient,
+        // the scale of the terms that cancelled.
+        const std::string weight = p->name.substr(0, p->name.size() - 4) + "weight";
+        double diff = 0, scale = 1e-30;
+        for (size_t i = 0; i < got.size(); ++i)
+          diff = std::max(diff, double(std::fabs(got[i] - want[i])));
+        for (float g : cpu_ps.at(weight).grad.to_vector())
+          scale = std::max(scale, double(std::fabs(g)));
+        CHECK(diff / scale < 1e-4);
+      } else {
+        CHECK(test::normalised_error(got, want) < 1e-4);
+      }
     }
   }
 }

@@ -7,6 +7,7 @@
 
 #include "moe/cuda.h"
 #include "moe/nn/common.h"
+#include "moe/ops/core.h"
 #include "moe/ops/distill.h"
 #include "moe/ops/moe.h"
 #include "moe/optim/adamw.h"
@@ -148,6 +149,49 @@ TEST_CASE("cuda: grouped GEMM and its weight gradient match the CPU", "[cuda]") 
       CHECK(test::normalised_error(gdw.to_vector(), dw.to_vector()) <= 1e-5);
     }
   }
+}
+
+// The segments run on several streams (cuda::set_expert_streams); each segment's cuBLAS call is
+// the same on any of them, so the bits do not depend on the count. 64 experts of uneven sizes,
+// some empty, and work queued before the call (it must wait for it) and after it (it must wait).
+TEST_CASE("cuda: grouped GEMM gives the same bits on 1, 4 and 16 expert streams", "[cuda]") {
+  MOE_REQUIRE_CUDA_DEVICE();
+  const int64_t E = 64, K = 96, N = 80;
+  std::vector<int32_t> offsets{0};
+  for (int64_t e = 0; e < E; ++e)
+    offsets.push_back(offsets.back() + static_cast<int32_t>(e % 5 == 0 ? 0 : 3 + (e * 7) % 29));
+  const int64_t M = offsets.back();
+  Tensor a = test::random_tensor({M, K}, 21).to(kGpu),
+         w = test::random_tensor({E, N, K}, 22).to(kGpu);
+  Tensor dy = test::random_tensor({M, N}, 23).to(kGpu);
+  const int before = cuda::expert_streams();
+  std::vector<float> first_c, first_dw;
+  for (int streams : {1, 4, 16}) {
+    INFO("streams " << streams);
+    cuda::set_expert_streams(streams);
+    Tensor c = Tensor::zeros({M, N}, DType::f32, kGpu),
+           dw = Tensor::zeros({E, N, K}, DType::f32, kGpu);
+    ops::axpy(1.0f, test::random_tensor({M, N}, 24).to(kGpu), c);  // queued before, read by beta
+    ops::grouped_gemm(a, w, true, offsets, c, 0.5f);
+    ops::grouped_gemm_weight_grad(dy, a, offsets, dw);
+    ops::scale(c, 2.0f);  // queued after: must see the finished products
+    const std::vector<float> got_c = c.to_vector(), got_dw = dw.to_vector();
+    if (first_c.empty()) {  // one stream: the products the CPU computes
+      Tensor cc = test::random_tensor({M, N}, 24), cdw = Tensor::zeros({E, N, K});
+      ops::grouped_gemm(a.to(Device{}), w.to(Device{}), true, offsets, cc, 0.5f);
+      ops::grouped_gemm_weight_grad(dy.to(Device{}), a.to(Device{}), offsets, cdw);
+      ops::scale(cc, 2.0f);
+      CHECK(test::normalised_error(got_c, cc.to_vector()) <= 1e-5);
+      CHECK(test::normalised_error(got_dw, cdw.to_vector()) <= 1e-5);
+      first_c = got_c;
+      first_dw = got_dw;
+      continue;
+    }
+    CHECK(got_c == first_c);
+    CHECK(got_dw == first_dw);
+  }
+  cuda::set_expert_streams(before);
+  REQUIRE_THROWS_WITH(cuda::set_expert_streams(0), Catch::Contains("between 1 and 16"));
 }
 
 TEST_CASE("cuda: expert bias, activation and their gradients match the CPU", "[cuda]") {

@@ -24,6 +24,11 @@ int device_for_local_rank(int local_rank);
 // Waits for all work on the device.
 void synchronize(int device);
 
+// How many streams the grouped expert GEMM spreads its per-expert cuBLAS calls over (1 to 16;
+// default 4; 1 runs them one after the other on the calling stream). The bits do not depend on it.
+void set_expert_streams(int streams);
+int expert_streams();
+
 // The caching device allocator's counters (bytes).
 struct MemoryStats {
   size_t in_use = 0, cached = 0, peak_in_use = 0, device_allocations = 0;

@@ -49,6 +49,8 @@ std::string device_name(int) { no_cuda(); }
 void set_device(int) { no_cuda(); }
 int device_for_local_rank(int) { no_cuda(); }
 void synchronize(int) { no_cuda(); }
+void set_expert_streams(int) {}
+int expert_streams() { return 1; }
 MemoryStats memory_stats(int) { return {}; }
 void empty_cache() {}
 }  // namespace cuda

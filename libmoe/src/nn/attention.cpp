@@ -3,8 +3,6 @@
 // sequence, N = B*T, D model width, H query heads, KV key/value heads, hd head dim.
 #include "moe/nn/attention.h"
 
-#include <cstring>
-
 #include "moe/ops/dense.h"
 
 namespace moe::nn {
@@ -137,10 +135,13 @@ Tensor Attention::forward_cached(const Tensor& x, const ops::CachedRows& rows,
       ops::rope_forward(qr, 1, t, config_.heads, config_.rope_theta, qr, start);
       ops::rope_forward(kr, 1, t, config_.kv_heads, config_.rope_theta, kr, start);
     }
-    const size_t offset = static_cast<size_t>((rows.slot[r] * capacity + start) * width);
-    const size_t bytes = static_cast<size_t>(t * width) * sizeof(float);
-    std::memcpy(cache.k.data<float>() + offset, k.data<float>() + first * width, bytes);
-    std::memcpy(cache.v.data<float>() + offset, v.data<float>() + first * width, bytes);
+    // The row's new keys and values into its slot, on the cache's device (a copy, not memcpy: the
+    // cache may be in GPU memory).
+    const int64_t at = rows.slot[r] * capacity + start;
+    for (auto [to, from] : {std::pair{&cache.k, &k}, std::pair{&cache.v, &v}})
+      to->reshape({to->dim(0) * capacity, width})
+          .rows(at, at + t)
+          .copy_from(from->reshape({n, width}).rows(first, first + t));
     first += t;
   }
   Tensor ctx = Tensor::empty(q.shape(), DType::f32, q.device());
