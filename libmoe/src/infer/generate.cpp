@@ -8,6 +8,7 @@
 #include <numeric>
 #include <span>
 
+#include "io/utf8.h"
 #include "moe/arena.h"
 #include "moe/io/dataset.h"
 #include "moe/rng.h"
@@ -54,15 +55,11 @@ void check_inputs(const Transformer& model, const std::vector<std::vector<int32_
 struct Detokenizer {
   size_t prefix = 0, read = 0;
 
+  // The replacement character (a decoder's mark for bytes it could not finish) or a character cut
+  // short: the text is not settled yet.
   static bool unfinished(const std::string& s) {
     if (s.size() >= 3 && s.compare(s.size() - 3, 3, "\xEF\xBF\xBD") == 0) return true;
-    for (size_t back = 1; back <= 4 && back <= s.size(); ++back) {
-      const auto c = static_cast<unsigned char>(s[s.size() - back]);
-      if ((c & 0xc0) == 0x80) continue;  // a continuation byte: look further back
-      const size_t need = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : 4;
-      return need > back;
-    }
-    return false;
+    return io::utf8_ends_unfinished(s);
   }
 
   // The settled growth of the text after `tokens` gained one token ("" while it is unsettled).

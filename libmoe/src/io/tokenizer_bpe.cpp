@@ -25,6 +25,7 @@
 #include <unordered_map>
 
 #include "io/tokenizer_impl.h"
+#include "io/utf8.h"
 #include "moe/error.h"
 
 namespace moe::io::detail {
@@ -40,48 +41,6 @@ constexpr const char* kQwen2Pattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 constexpr const char* kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
-
-// Byte offset of the first invalid UTF-8 sequence of `s` (a bad lead or continuation byte, a
-// truncated, overlong or surrogate sequence, a code point past U+10FFFF), or npos.
-size_t invalid_utf8(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    size_t n = 0;
-    uint32_t least = 0;
-    if ((c & 0xe0) == 0xc0) {
-      n = 1;
-      least = 0x80;
-    } else if ((c & 0xf0) == 0xe0) {
-      n = 2;
-      least = 0x800;
-    } else if ((c & 0xf8) == 0xf0) {
-      n = 3;
-      least = 0x10000;
-    } else {
-      return i;
-    }
-    if (i + n >= s.size()) return i;
-    uint32_t code = c & (0x3fu >> n);
-    for (size_t k = 1; k <= n; ++k) {
-      const auto b = static_cast<unsigned char>(s[i + k]);
-      if ((b & 0xc0) != 0x80) return i;
-      code = (code << 6) | (b & 0x3fu);
-    }
-    if (code < least || code > 0x10ffff || (code >= 0xd800 && code <= 0xdfff)) return i;
-    i += n + 1;
-  }
-  return std::string_view::npos;
-}
-
-// Length in bytes of the UTF-8 character starting with `lead`.
-size_t char_length(unsigned char lead) {
-  return lead < 0x80 ? 1 : (lead >> 5) == 0x6 ? 2 : (lead >> 4) == 0xe ? 3 : 4;
-}
 
 class Regex {
  public:
@@ -119,7 +78,7 @@ class Regex {
       const size_t begin = ov[0], end = ov[1];
       if (end == begin) {  // an empty match: no piece; move on by one character
         if (begin >= s.size()) break;
-        at = begin + char_length(static_cast<unsigned char>(s[begin]));
+        at = begin + utf8_length(static_cast<unsigned char>(s[begin]));
         continue;
       }
       if (begin > gap) out.push_back(s.substr(gap, begin - gap));
@@ -243,7 +202,7 @@ class BpeTokenizer final : public Tokenizer {
                                    const std::unordered_map<std::string, char>& byte_of_char) {
     std::string bytes;
     for (size_t k = 0; k < t.size();) {
-      const size_t n = char_length(static_cast<unsigned char>(t[k]));
+      const size_t n = utf8_length(static_cast<unsigned char>(t[k]));
       auto it = byte_of_char.find(t.substr(k, n));
       if (it == byte_of_char.end()) return t;
       bytes += it->second;
@@ -442,7 +401,7 @@ class BpeTokenizer final : public Tokenizer {
     }
     std::vector<std::string> symbols;
     for (size_t k = 0; k < piece.size();) {
-      const size_t n = char_length(static_cast<unsigned char>(piece[k]));
+      const size_t n = utf8_length(static_cast<unsigned char>(piece[k]));
       symbols.push_back(piece.substr(k, n));
       k += n;
     }

@@ -112,15 +112,21 @@ std::vector<std::string> overrides_of(const io::Checkpoint& resume, const TrainC
   return lines;
 }
 
+// The training settings a run starts with: some data named, paths stored absolute (the checkpoint
+// resumes from any directory).
+TrainConfig checked_train(TrainConfig train) {
+  if (train.data.empty() && train.tasks.empty())  // --tasks names a file per task
+    throw UsageError("--data is required (the text or token file to train on)");
+  absolute_paths(train);
+  return train;
+}
+
 }  // namespace
 
 RunConfig resume_config(const io::Checkpoint* resume, ModelConfig model, TrainConfig train,
                         const GivenFlags& given) {
   RunConfig run;
-  run.train = resume ? resumed_train(*resume, train, given) : train;
-  if (run.train.data.empty() && run.train.tasks.empty())  // --tasks names a file per task
-    throw UsageError("--data is required (the text or token file to train on)");
-  absolute_paths(run.train);  // stored absolute: the checkpoint resumes from any directory
+  run.train = checked_train(resume ? resumed_train(*resume, train, given) : std::move(train));
 
   if (resume) {
     run.model = kept_model(*resume, std::move(model), given, false);
@@ -141,7 +147,8 @@ RunConfig resume_config(const io::Checkpoint* resume, ModelConfig model, TrainCo
 RunConfig init_config(const io::Checkpoint& init, ModelConfig model, TrainConfig train,
                       const GivenFlags& given) {
   io::refuse_quantized(init.model_config, "--init", "moe-train");
-  RunConfig run = resume_config(nullptr, model, std::move(train), given);  // training as given
+  RunConfig run;
+  run.train = checked_train(std::move(train));  // training as given; the model is the checkpoint's
   run.model = kept_model(init, std::move(model), given, true);
   return run;
 }

@@ -135,6 +135,8 @@ template <WeightFormat F, int M, int R>
 MOE_TARGET_GEMV512 void rows_avx512_block(const GemvProblem& p, int64_t o) {
   const int64_t in = p.w.in, full = in / kLanes * kLanes;
   const __mmask16 tail = static_cast<__mmask16>((1u << (in - full)) - 1u);
+  // Elements per 64-byte line: 16-bit rows span a line every 2 steps of kLanes, Q8_0 rows every 4.
+  constexpr int64_t kLine = F == WeightFormat::f32 ? 16 : F == WeightFormat::q8_0 ? 64 : 32;
   __m512 acc[R][M];
   for (int r = 0; r < R; ++r)
     for (int i = 0; i < M; ++i) acc[r][i] = _mm512_setzero_ps();
@@ -144,7 +146,8 @@ MOE_TARGET_GEMV512 void rows_avx512_block(const GemvProblem& p, int64_t o) {
     for (int r = 0; r < R; ++r) {
       // The next block's row r, at the same column: its lines arrive while this block computes
       // (a row is only a few KB, too short for the hardware prefetcher to ramp up on its own).
-      if (o + R + r < p.w.out) _mm_prefetch(weight_address<F>(p.w, o + R + r, j), _MM_HINT_T0);
+      if (j % kLine == 0 && o + R + r < p.w.out)
+        _mm_prefetch(weight_address<F>(p.w, o + R + r, j), _MM_HINT_T0);
       const __m512 wv = load_weights<F>(p.w, o + r, j, 0xffff);
       for (int i = 0; i < M; ++i) acc[r][i] = _mm512_fmadd_ps(wv, xv[i], acc[r][i]);
     }
