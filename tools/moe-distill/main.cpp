@@ -120,7 +120,10 @@ void add_options(CLI::App& app, DistillOptions& o) {
   og->add_option("--batch", t.batch, "Sequences per step")->capture_default_str();
   og->add_option("--steps", t.steps, "Total optimizer steps (the schedule's length)")
       ->capture_default_str();
-  og->add_option("--lr", t.lr, "Peak learning rate (AdamW)")->capture_default_str();
+  og->add_option("--lr", t.lr,
+                 "Peak learning rate (AdamW); default 3e-3 up to the student's d_model 128, then "
+                 "3e-3 x 128 / d_model")
+      ->check(tools::positive());
   og->add_option("--min-lr-ratio", t.min_lr_ratio, "Cosine decay floor as a fraction of --lr")
       ->capture_default_str();
   og->add_option("--warmup", t.warmup, "Linear warmup steps")->capture_default_str();

@@ -196,7 +196,10 @@ inline void add_train_options(CLI::App& app, TrainOptions& o) {
       og->add_option("--steps", t.steps, "Total optimizer steps (the schedule's length)")
           ->capture_default_str());
   o.train_flags.push_back(
-      og->add_option("--lr", t.lr, "Peak learning rate (AdamW)")->capture_default_str());
+      og->add_option("--lr", t.lr,
+                     "Peak learning rate (AdamW); default 3e-3 up to --d-model 128, then "
+                     "3e-3 x 128 / d_model")
+          ->check(positive()));
   o.train_flags.push_back(
       og->add_option("--min-lr-ratio", t.min_lr_ratio, "Cosine decay floor as a fraction of --lr")
           ->capture_default_str());

@@ -145,9 +145,23 @@ static void check_training_memory(const ModelConfig& config, const TrainConfig& 
           ranks > 1 ? " on each rank" : ""));
 }
 
+double default_lr(const ModelConfig& model) {
+  constexpr double kBase = 3e-3, kBaseWidth = 128;
+  return kBase * std::min(1.0, kBaseWidth / static_cast<double>(model.d_model));
+}
+
+namespace {
+
+TrainConfig with_default_lr(TrainConfig train, const ModelConfig& model) {
+  if (train.lr == 0) train.lr = default_lr(model);
+  return train;
+}
+
+}  // namespace
+
 Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provenance provenance,
                  comm::Communicator* world, Device device, const io::StoredTokenizer* tokenizer)
-    : train_(train), provenance_(std::move(provenance)), world_(world) {
+    : train_(with_default_lr(train, model)), provenance_(std::move(provenance)), world_(world) {
   MOE_USAGE_CHECK(train.data != "-" && train.val != "-", kNoStdinData);
   std::unique_ptr<io::Tokenizer> text_tokenizer;
   if (tokenizer && !tokenizer->empty()) {
@@ -175,8 +189,8 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
   check_zero(train);
   MOE_USAGE_CHECK(train.steps >= 1, "--steps must be >= 1 (got ", train.steps, ")");
   // Every number is finite and in range (an infinite --lr trains every parameter to NaN).
-  MOE_USAGE_CHECK(train.lr > 0 && std::isfinite(train.lr), "--lr must be a finite number > 0 (got ",
-                  train.lr, ")");
+  MOE_USAGE_CHECK(train_.lr > 0 && std::isfinite(train_.lr),
+                  "--lr must be a finite number > 0 (got ", train_.lr, ")");
   MOE_USAGE_CHECK(train.clip >= 0 && std::isfinite(train.clip),
                   "--clip must be a finite number >= 0 (0 = off; got ", train.clip, ")");
   MOE_USAGE_CHECK(train.weight_decay >= 0 && std::isfinite(train.weight_decay),

@@ -40,7 +40,9 @@ struct TrainConfig {
   std::string data_crc32c;  // 8 lower-case hex digits
   int64_t batch = 16;
   int64_t steps = 600;  // total optimizer steps of the run (the schedule's length)
-  double lr = 3e-3, min_lr_ratio = 0.1;
+  // Peak learning rate; 0 = the size-aware default (default_lr), resolved when the Trainer is made
+  // and saved with its checkpoints.
+  double lr = 0, min_lr_ratio = 0.1;
   int64_t warmup = 30;
   double weight_decay = 0.1, clip = 1.0;
   double val_fraction = 0.1;  // held-out tail of --data when there is no --val
@@ -101,6 +103,12 @@ struct TrainConfig {
   // own (moe/parallel/zero_prefetch.h; at most N + 1 blocks gathered at once); 0: synchronous.
   int64_t zero_prefetch = 1;
 };
+// The default peak learning rate for a model: 3e-3 up to d_model 128, then 3e-3 x 128 / d_model
+// (an Adam step moves every weight by about lr, and a wider matrix sums more of those moves). At
+// d_model 512 a fixed 3e-3 collapsed the routing more often and trained to a worse loss
+// (docs/PERFORMANCE.md, "Routing balance over training").
+double default_lr(const ModelConfig& model);
+
 nlohmann::json to_json(const TrainConfig& config);
 // Fields present in j override those of `base`.
 TrainConfig train_config_from_json(const nlohmann::json& j, TrainConfig base = {});
