@@ -2,6 +2,7 @@
 // (the exact change, sign(0) = 0), AdamW leaving the frozen bias bitwise alone, a training step
 // applying exactly the update its loads call for, and a checkpoint carrying the bias through a
 // resume. Shapes: E experts.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <vector>
@@ -142,4 +143,44 @@ TEST_CASE("balance: each step moves the biases by its loads, and a checkpoint ca
   }
   REQUIRE(test::first_difference(run.snapshot().params, resumed.snapshot().params).empty());
   REQUIRE(test::first_difference(run.snapshot().optim, resumed.snapshot().optim).empty());
+}
+
+// A 16-bit model keeps its selection biases in f32: an update far below bf16's spacing (2^-7 near
+// 1) still moves them, a checkpoint keeps f32, and a file that holds them in the model's dtype
+// (moe-convert dtype, or one written before they were f32) loads, converted.
+TEST_CASE("balance: a bf16 model keeps its selection biases in f32", "[balance_bias][train]") {
+  test::ScratchDir dir("balance_bias_bf16");
+  ParamSet ps(3, DType::bf16);
+  Router router(ps, "blocks.0.moe.router", biased_router(4));
+  Param& b = *router.selection_bias();
+  REQUIRE(b.value.dtype() == DType::f32);
+  REQUIRE(router.weight().value.dtype() == DType::bf16);
+  b.value.copy_from(Tensor::from_vector({4}, std::vector<float>{1.0f, 1.0f, -1.0f, 0.0f}));
+  b.refresh_compute();
+  update_selection_bias(b, {0, 4, 2, 2}, 1e-3);  // mean 2: +u, -u, 0, 0
+  REQUIRE(same_bits(host_values(b), {1.0f + 1e-3f, 1.0f - 1e-3f, -1.0f, 0.0f}));
+
+  ModelConfig m = balanced_model();
+  m.dtype = DType::bf16;
+  m.resolve();
+  const std::string name = bias_name(m.moe_blocks().front());
+  train::Trainer run(m, test::short_run(4), {});
+  REQUIRE(run.params().at(name).value.dtype() == DType::f32);
+  for (int i = 0; i < 2; ++i) run.step();
+  run.save(dir.path());
+  io::Checkpoint saved = io::load_checkpoint(dir / "last.h5");
+  const auto stored = std::find_if(saved.params.begin(), saved.params.end(),
+                                   [&](const io::NamedTensor& nt) { return nt.name == name; });
+  REQUIRE(stored != saved.params.end());
+  REQUIRE(stored->dtype() == DType::f32);
+  // The same checkpoint with every selection bias rounded to bf16: it resumes, the bias converted.
+  for (io::NamedTensor& nt : saved.params)
+    if (nt.name.ends_with(".moe.router.bias")) nt.tensor = nt.tensor.to(DType::bf16);
+  train::Trainer resumed(model_config_from_json(saved.model_config),
+                         train::train_config_from_json(saved.train_config), {});
+  resumed.restore(saved);
+  const Param& loaded = resumed.params().at(name);
+  REQUIRE(loaded.value.dtype() == DType::f32);
+  REQUIRE(same_bits(host_values(loaded), stored->tensor.to(DType::f32).to_vector()));
+  resumed.step();  // trains on
 }

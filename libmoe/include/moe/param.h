@@ -3,6 +3,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -67,11 +68,13 @@ struct Param {
 class ParamSet {
  public:
   explicit ParamSet(uint64_t seed = 0, DType dtype = DType::f32) : seed_(seed), dtype_(dtype) {}
+  // `storage`: the value's dtype when it must not be the set's (the routers' selection bias is
+  // always f32: its updates are far below a 16-bit value's spacing); none = dtype().
   Param& add(const std::string& name, Shape shape, Init init, bool decay = true,
-             bool expert = false);
+             bool expert = false, std::optional<DType> storage = std::nullopt);
   // A slice of a logical tensor (see ParamShard); throws when the slice does not fit `global`.
   Param& add_shard(const std::string& name, const ParamShard& shard, Init init, bool decay = true,
-                   bool expert = false);
+                   bool expert = false, std::optional<DType> storage = std::nullopt);
   // Expert slots (FlexMoE's vExperts): a [rows.size(), ...] parameter whose row i starts as row
   // rows[i] of the logical tensor `global` (its single-process initial values), zeros where
   // rows[i] < 0 (an empty slot). Not a ParamShard: which logical row a slot holds changes while

@@ -28,17 +28,18 @@ Shape ParamShard::local_shape() const {
   return s;
 }
 
-Param& ParamSet::add(const std::string& name, Shape shape, Init init, bool decay, bool expert) {
+Param& ParamSet::add(const std::string& name, Shape shape, Init init, bool decay, bool expert,
+                     std::optional<DType> storage) {
   ParamShard whole;
   whole.global = std::move(shape);
   whole.count = whole.global.empty() ? 0 : whole.global[0];
-  Param& p = add_shard(name, whole, init, decay, expert);
+  Param& p = add_shard(name, whole, init, decay, expert, storage);
   p.shard = {};
   return p;
 }
 
 Param& ParamSet::add_shard(const std::string& name, const ParamShard& shard, Init init, bool decay,
-                           bool expert) {
+                           bool expert, std::optional<DType> storage) {
   MOE_CHECK(!by_name_.count(name), "parameter '", name, "' defined twice");
   const Shape& global = shard.global;
   const bool scalar = global.empty();
@@ -57,7 +58,8 @@ Param& ParamSet::add_shard(const std::string& name, const ParamShard& shard, Ini
   p->init = init;
   Tensor master = Tensor::empty(shape, DType::f32);
   fill_initial(*p, 0, master.numel(), master.data<float>());
-  p->value = dtype_ == DType::f32 ? master : master.to(dtype_);
+  const DType dtype = storage.value_or(dtype_);
+  p->value = dtype == DType::f32 ? master : master.to(dtype);
   p->value.set_name(name);
   p->grad = Tensor::zeros(shape, DType::f32).set_name(name + ".grad");
   p->refresh_compute();

@@ -157,8 +157,10 @@ void put_param(ParamSet& params, const std::string& name, const Tensor& tensor,
     put_q8_0(*p, tensor, source);
     return;
   }
-  MOE_CHECK(tensor.shape() == p->value.shape() && tensor.dtype() == p->value.dtype(), "'", source,
-            "': tensor ", tensor.describe(), " does not match parameter ", p->value.describe());
+  MOE_CHECK(tensor.shape() == p->value.shape() &&
+                (tensor.dtype() == p->value.dtype() || io::converts_on_load(*p, tensor.dtype())),
+            "'", source, "': tensor ", tensor.describe(), " does not match parameter ",
+            p->value.describe());
   io::check_finite(str("'", source, "'"), name, tensor);
   p->value.copy_from(tensor);
   p->refresh_compute();
@@ -183,8 +185,10 @@ void load_sharded(LoadedModel& m, const std::string& dir, bool experts,
     MOE_CHECK(!nt.shard.defined(), "'", dir, "': '", nt.name, "' is split over the ranks");
     Tensor tensor = nt.tensor;
     const int64_t b = block_of_name(nt.name);
+    // The router's rows, and its selection bias's entries, follow their experts.
     if (relabel && s.order.count(b) && !identity(s.order.at(b)) &&
-        nt.name == str("blocks.", b, ".moe.router.weight")) {
+        (nt.name == str("blocks.", b, ".moe.router.weight") ||
+         nt.name == str("blocks.", b, ".moe.router.bias"))) {
       const std::vector<int>& order = s.order.at(b);
       Tensor rows = Tensor::empty(tensor.shape(), tensor.dtype());
       const size_t row_bytes = tensor.nbytes() / order.size();

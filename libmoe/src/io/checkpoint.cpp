@@ -417,6 +417,10 @@ Tensor NamedTensor::whole() const {
   return all;
 }
 
+bool converts_on_load(const Param& p, DType stored) {
+  return p.frozen && p.value.defined() && is_floating(stored) && is_floating(p.value.dtype());
+}
+
 void check_params_match(const ParamSet& params, const std::vector<NamedTensor>& tensors,
                         const std::string& source) {
   std::set<std::string> seen;
@@ -430,7 +434,8 @@ void check_params_match(const ParamSet& params, const std::vector<NamedTensor>& 
               nt.name,
               "' holds Q8_0-quantised rows (moe-convert quantize): only moe-infer reads them; "
               "use the checkpoint that was quantised");
-    MOE_CHECK(nt.shape() == p->shape && nt.dtype() == dtype, source, ": checkpoint tensor ",
+    MOE_CHECK(nt.shape() == p->shape && (nt.dtype() == dtype || converts_on_load(*p, nt.dtype())),
+              source, ": checkpoint tensor ",
               nt.streamed() ? str(nt.name, shape_str(nt.shape()), " ", dtype_name(nt.dtype()))
                             : nt.tensor.describe(),
               " does not match parameter ", p->name, shape_str(p->shape), " ", dtype_name(dtype));

@@ -37,7 +37,10 @@ Router::Router(ParamSet& ps, const std::string& prefix, const RouterConfig& conf
   weight_ = &ps.add(prefix + ".weight", {config.num_experts, config.d_model},
                     Init::normal(config.init_std));
   if (config.selection_bias) {
-    bias_ = &ps.add(prefix + ".bias", {config.num_experts}, Init::zeros(), /*decay=*/false);
+    // Stored in f32 whatever the model's dtype: each update moves it by the rate (1e-3 to 1e-2),
+    // which a 16-bit value near 1 would round away (bf16's spacing there is 2^-7).
+    bias_ = &ps.add(prefix + ".bias", {config.num_experts}, Init::zeros(), /*decay=*/false,
+                    /*expert=*/false, DType::f32);
     bias_->frozen = true;
   }
 }

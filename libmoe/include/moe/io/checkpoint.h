@@ -118,9 +118,14 @@ Checkpoint load_checkpoint(const std::string& path, bool with_optim, const Strea
 // disk); `name` stands for the file in messages.
 Checkpoint load_checkpoint_image(const std::string& bytes, const std::string& name,
                                  bool with_optim = true);
+// Whether a stored tensor of another floating dtype loads into `p`, converted: only a frozen
+// parameter (the routers' selection bias, kept in f32 in every model; a file from moe-convert
+// dtype, or written before it was, holds it in the model's dtype).
+bool converts_on_load(const Param& p, DType stored);
 // What every loader checks of a checkpoint's parameters against the model it builds (moe-train
 // --resume, moe-convert inspect --verify): each tensor is a parameter of `params` with its exact
-// shape and dtype, and no parameter is missing. Throws moe::Error naming `source` and the tensor.
+// shape and dtype (but converts_on_load), and no parameter is missing. Throws moe::Error naming
+// `source` and the tensor.
 void check_params_match(const ParamSet& params, const std::vector<NamedTensor>& tensors,
                         const std::string& source);
 
