@@ -1,6 +1,5 @@
 #include "moe/nn/block.h"
 
-#include <algorithm>
 #include <cmath>
 
 #include "moe/ops/core.h"
@@ -15,8 +14,7 @@ Block::Block(ParamSet& ps, const BlockConfig& config, int64_t index, const Paral
   // with a fixed 0.02 a wide model starts with a residual stream that is mostly one vector shared
   // by every token (attention averages its values), and its routers send every token to the same
   // experts (max/mean load 2.8-3.2 at step 1 at d_model 512, 2.06 with this scale; PERFORMANCE.md).
-  const float init_std =
-      0.02f * std::min(1.0f, std::sqrt(128.0f / static_cast<float>(config.d_model)));
+  const float init_std = 0.02f * std::sqrt(static_cast<float>(width_ratio(config.d_model)));
   // GPT-2: projections into the residual stream scaled by 1/sqrt(2 L).
   const float out_std = init_std / std::sqrt(2.0f * static_cast<float>(config.layers));
   const float eps = static_cast<float>(config.norm_eps);

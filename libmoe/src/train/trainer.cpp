@@ -145,10 +145,7 @@ static void check_training_memory(const ModelConfig& config, const TrainConfig& 
           ranks > 1 ? " on each rank" : ""));
 }
 
-double default_lr(const ModelConfig& model) {
-  constexpr double kBase = 3e-3, kBaseWidth = 128;
-  return kBase * std::min(1.0, kBaseWidth / static_cast<double>(model.d_model));
-}
+double default_lr(const ModelConfig& model) { return 3e-3 * nn::width_ratio(model.d_model); }
 
 namespace {
 

@@ -13,6 +13,13 @@
 
 namespace moe::nn {
 
+// min(1, 128 / d_model): how the size-aware defaults shrink with width above d_model 128, the
+// width they were tuned at (the blocks' init std scales by its square root, nn/block.cpp; the
+// default learning rate by it, train::default_lr). Exactly 1 up to 128.
+inline double width_ratio(int64_t d_model) {
+  return d_model > 128 ? 128.0 / static_cast<double>(d_model) : 1.0;
+}
+
 // What one block is built from: the model's shape and its flavour's choices, as values (the models
 // layer fills it in from ModelConfig and Flavour, so nn/ does not depend on models/).
 struct BlockConfig {

@@ -64,9 +64,10 @@ SideStreams& side_streams(int device) {
   return *side;
 }
 
-// call(e, stream) for each expert with rows: on `stream` itself when one has rows, else spread
-// round-robin over the side streams, which start after the work queued on `stream` so far and
-// which `stream` waits for before anything queued after this call.
+// call(e, stream) for each expert with rows: on `stream` itself when at most one expert has rows
+// or one stream is set (cuda::set_expert_streams), else spread round-robin over the side streams,
+// which start after the work queued on `stream` so far and which `stream` waits for before anything
+// queued after this call.
 template <class Call>
 void per_segment(int device, cudaStream_t stream, const std::vector<int32_t>& offsets,
                  int64_t experts, const Call& call) {
