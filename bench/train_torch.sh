@@ -64,9 +64,10 @@ printf '%-6s %14s %14s %8s\n' "" tok/s tok/s moe/torch
 ratios=()
 for r in $(seq 1 "$rounds"); do
   rm -rf "$work/run" "$work/metrics.jsonl"
+  # Plain routers, as bench/train_torch.py builds them (moe-train centres its routers by default).
   "$bin/moe-train" --data "$data" --out "$work/run" --steps $((steps + warmup)) --warmup 1 \
     --eval-every 0 --eval-batches 1 --log-every 1 --metrics "$work/metrics.jsonl" \
-    --threads "$threads" -v "${model[@]}" 2>"$work/moe.log"
+    --threads "$threads" -v --router-center-rate 0 "${model[@]}" 2>"$work/moe.log"
   moe=$(moe_rate "$work/metrics.jsonl")
   if [ $have_torch = 0 ]; then
     printf '%-6s %14.0f %14s %8s\n' "$r" "$moe" - -

@@ -76,7 +76,12 @@ TEST_CASE("cli: moe-train --init starts a fresh run from a checkpoint's weights"
       for (int64_t i = 0; i < f.numel(); ++i) REQUIRE(v[i] == 0.0f);
     }
   }
-  REQUIRE(masters == static_cast<int>(source_params.size()));
+  // Every parameter has a master but the routers' centers (frozen: no optimizer state).
+  int centers = 0;
+  for (const auto& [name, t] : source_params)
+    if (name.ends_with(".moe.router.center")) ++centers;
+  REQUIRE(centers == 2);  // moe-train centres its routers by default
+  REQUIRE(masters == static_cast<int>(source_params.size()) - centers);
   REQUIRE(io::load_checkpoint(dir / "tuned/last.h5").state.step == 2);
 
   SECTION("the model is the checkpoint's: a contradicting model flag is refused") {
@@ -90,6 +95,12 @@ TEST_CASE("cli: moe-train --init starts a fresh run from a checkpoint's weights"
                                                   common + " --balance-bias-rate 0.01"));
     REQUIRE(bias.exit_code == 2);
     REQUIRE(bias.err.find("selection bias") != std::string::npos);
+  }
+  SECTION("turning router centring off would drop a parameter: refused") {
+    auto off = run_command(tool("moe-train", "--init " + source + " --out " + dir / "center" +
+                                                 common + " --router-center-rate 0"));
+    REQUIRE(off.exit_code == 2);
+    REQUIRE(off.err.find("running mean") != std::string::npos);
   }
   SECTION("--init and --resume exclude each other") {
     auto both = run_command(tool("moe-train", "--init " + source + " --resume " + source +

@@ -28,6 +28,9 @@ namespace {
 ModelConfig zero_model(Arch arch, DType dtype = DType::f32) {
   ModelConfig c = test::small_model_config(arch);
   c.dtype = dtype;
+  // Centred routers, as moe-train trains them: a frozen whole parameter beside the slices, and a
+  // router weight gathered again for the backward.
+  c.router_center_rate = 1.0;
   c.resolve();
   return c;
 }

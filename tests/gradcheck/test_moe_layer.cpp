@@ -1,7 +1,8 @@
 // Finite-difference checks of the MoE layer's backward: the router (gate weights, aux loss,
 // z-loss; softmax or sigmoid scoring), the grouped-GEMM experts (gelu + bias, swiglu) and the whole
 // layer for k = 1, 2, dropless and with capacity drops, gpt and mixtral flavours, with a shared
-// expert (gated or not) and sigmoid scoring with a selection bias, w.r.t. x and every parameter.
+// expert (gated or not), sigmoid scoring with a selection bias, and a centred router (its weight
+// acts through the projection W' = W - C (W c) c^T / |c|^2), w.r.t. x and every parameter.
 //
 // Top-k is piecewise constant: the router weights give well-separated logits, eps is small, and
 // every perturbed forward must reproduce the unperturbed routing (checked).
@@ -31,6 +32,7 @@ struct RouterCase {
   bool normalize;
   float capacity_factor, jitter;
   bool sigmoid = false;  // sigmoid scoring with a random selection bias
+  bool center = false;   // a centred router (RouterConfig::center) with a random center
 };
 
 void check_router(const RouterCase& rc_case, double gate_scale, float aux_scale, float z_scale) {
@@ -44,10 +46,12 @@ void check_router(const RouterCase& rc_case, double gate_scale, float aux_scale,
   rc.jitter = rc_case.jitter;
   rc.scoring = rc_case.sigmoid ? RouterScoring::sigmoid : RouterScoring::softmax;
   rc.selection_bias = rc_case.sigmoid;
+  rc.center = rc_case.center;
   ParamSet ps(17);
   Router router(ps, "blocks.0.moe.router", rc);
   test::randomize_param(router.weight(), 18, 3.0f / std::sqrt(float(D)));
   if (rc_case.sigmoid) test::randomize_param(*router.selection_bias(), 21, 0.3f);
+  if (rc_case.center) test::randomize_param(*router.center(), 23, 1.0f);
   Tensor x = test::random_tensor({N, D}, 19);
   RouterStep step{4, 5, 0, true};
   RouterOutput base = router.forward(x, step);
@@ -77,13 +81,21 @@ void check_router(const RouterCase& rc_case, double gate_scale, float aux_scale,
 TEST_CASE("moe: router gradcheck (gate weights, aux loss, z-loss) w.r.t. x and weight",
           "[moe][gradcheck]") {
   const RouterCase cases[] = {
-      {1, false, 0.0f, 0.0f},      {2, false, 0.0f, 0.1f},       {2, true, 0.0f, 0.0f},
-      {2, true, 0.8f, 0.0f},       {3, true, 0.0f, 0.1f},        {1, false, 0.0f, 0.0f, true},
-      {2, true, 0.0f, 0.1f, true}, {2, false, 0.8f, 0.0f, true},
+      {1, false, 0.0f, 0.0f},
+      {2, false, 0.0f, 0.1f},
+      {2, true, 0.0f, 0.0f},
+      {2, true, 0.8f, 0.0f},
+      {3, true, 0.0f, 0.1f},
+      {1, false, 0.0f, 0.0f, true},
+      {2, true, 0.0f, 0.1f, true},
+      {2, false, 0.8f, 0.0f, true},
+      {2, false, 0.0f, 0.1f, false, true},
+      {2, true, 0.8f, 0.0f, false, true},
+      {2, true, 0.0f, 0.0f, true, true},
   };
   for (const RouterCase& c : cases) {
     INFO("k " << c.k << " normalize " << c.normalize << " cf " << c.capacity_factor << " jitter "
-              << c.jitter << " sigmoid " << c.sigmoid);
+              << c.jitter << " sigmoid " << c.sigmoid << " center " << c.center);
     {
       INFO("gate only");
       check_router(c, 1.0, 0.0f, 0.0f);

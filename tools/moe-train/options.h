@@ -38,6 +38,10 @@ inline void add_train_options(CLI::App& app, TrainOptions& o) {
   // --lr and --warmup a byte-level model's routing collapses onto 2 of 8 experts within its first
   // steps, and 0.05 spreads it again sooner (docs/PERFORMANCE.md, "Routing balance").
   m.aux_loss_coef = 0.05;
+  // Router centring is on in moe-train (the library's ModelConfig leaves it off, so imported and
+  // older models keep plain routers): routing ignores the part of the stream every token shares,
+  // which at d_model 512 otherwise sends most tokens to the same experts (PERFORMANCE.md).
+  m.router_center_rate = 1.0;
   auto group = [&](const char* name) { return app.add_option_group(name); };
 
   auto* io = group("Data and output");
@@ -174,6 +178,11 @@ inline void add_train_options(CLI::App& app, TrainOptions& o) {
   model_opt(mg->add_option("--balance-bias-rate", m.balance_bias_rate,
                            "Aux-loss-free balancing: after each step, each expert's selection "
                            "bias += rate * sign(mean load - its load) (0 = off)")
+                ->capture_default_str());
+  model_opt(mg->add_option("--router-center-rate", m.router_center_rate,
+                           "Router centring: each router ignores the direction of its input's "
+                           "running mean, which moves toward each step's mean input by this rate "
+                           "(1 = the last step's mean; 0 = off)")
                 ->capture_default_str());
   model_opt(mg->add_option("--router-jitter", m.router_jitter,
                            "Multiplicative router input noise U(1-j, 1+j) in training")

@@ -2,6 +2,7 @@
 #include "io/export_model.h"
 
 #include "moe/error.h"
+#include "moe/nn/router.h"
 
 namespace moe::io {
 
@@ -47,6 +48,24 @@ const NamedTensor& ExportModel::param(const std::string& name, const Shape& shap
                     ", expected ", shape_str(shape)));
   used_.insert(name);
   return *it->second;
+}
+
+const NamedTensor& ExportModel::router_weight(const std::string& block, int64_t experts,
+                                              int64_t d_model) {
+  const NamedTensor& w = param(block + "moe.router.weight", {experts, d_model});
+  const std::string center = block + "moe.router.center";
+  if (!params_.count(center)) return w;
+  const NamedTensor& c = param(center, {d_model});
+  NamedTensor& folded = folded_[w.name];
+  folded = w;
+  folded.tensor = nn::center_router_weight(w.tensor, c.tensor);
+  return folded;
+}
+
+ModelConfig ExportModel::recorded_config() const {
+  ModelConfig c = mc_;
+  c.router_center_rate = 0;
+  return c;
 }
 
 void ExportModel::refuse_unused() const {

@@ -27,6 +27,13 @@ class ExportModel {
   int64_t experts() const { return experts_; }
   // The parameter `name`, which must have `shape`; marks it used.
   const NamedTensor& param(const std::string& name, const Shape& shape);
+  // The router weight [E, D] of the MoE block whose names start with `block` ("blocks.3."): with a
+  // center (a centred router, ModelConfig::router_center_rate) the weight its logits use,
+  // nn::center_router_weight(W, c), in W's dtype; marks both used. Exports write it as a plain
+  // router, and record the model with router_center_rate 0 (recorded_config).
+  const NamedTensor& router_weight(const std::string& block, int64_t experts, int64_t d_model);
+  // The model config an export records: config() as the files hold it (no centring).
+  ModelConfig recorded_config() const;
   // Throws naming the first parameter no call to param() took.
   void refuse_unused() const;
 
@@ -36,6 +43,7 @@ class ExportModel {
   int64_t experts_ = 0;
   std::map<std::string, const NamedTensor*> params_;
   std::set<std::string> used_;
+  std::map<std::string, NamedTensor> folded_;  // router weights with their center folded in
 };
 
 }  // namespace moe::io

@@ -340,8 +340,7 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
       vector(blk + "attn_k_norm.weight", ours + "attn.k_norm.weight", head ? hd : KV * hd);
     }
     vector(blk + "ffn_norm.weight", ours + "norm2.weight", D);
-    whole(blk + "ffn_gate_inp.weight", param(ours + "moe.router.weight", {E, D}), {D, E},
-          GgufType::f32);
+    whole(blk + "ffn_gate_inp.weight", m.router_weight(ours, E, D), {D, E}, GgufType::f32);
     experts(blk + "ffn_gate_exps.weight", ours + "moe.experts.w1", F, D);
     experts(blk + "ffn_down_exps.weight", ours + "moe.experts.w2", D, F);
     experts(blk + "ffn_up_exps.weight", ours + "moe.experts.w3", F, D);
@@ -383,7 +382,7 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
   h.kv_u32(a + ".expert_count", static_cast<uint32_t>(E));
   h.kv_u32(a + ".expert_used_count", static_cast<uint32_t>(mc.top_k));
   write_vocabulary(h, tokenizer.get(), V);
-  h.kv_string("moe.model_config", to_json(mc).dump());
+  h.kv_string("moe.model_config", to_json(m.recorded_config()).dump());
   h.kv_string("moe.producer", str("libmoe ", version(), " (git ", git_revision(), ")"));
 
   Header infos;

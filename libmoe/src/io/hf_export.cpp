@@ -140,7 +140,11 @@ std::vector<NamedTensor> hf_tensors(ExportModel& m) {
       emit(hf + "self_attn.k_norm.weight",
            param(ours + "attn.k_norm.weight", {head ? hd : KV * hd}));
     }
-    emit(moe + "gate.weight", param(ours + "moe.router.weight", {E, D}));
+    const NamedTensor& gate = m.router_weight(ours, E, D);
+    if (gate.dtype() != mc.dtype)
+      throw Error(str("export_hf: parameter '", gate.name, "' is ", dtype_name(gate.dtype()),
+                      ", but the model's dtype is ", dtype_name(mc.dtype)));
+    emit(moe + "gate.weight", gate.tensor);
     const Tensor& w1 = param(ours + "moe.experts.w1", {E, F, D});
     const Tensor& w2 = param(ours + "moe.experts.w2", {E, D, F});
     const Tensor& w3 = param(ours + "moe.experts.w3", {E, F, D});
@@ -243,7 +247,7 @@ void export_hf(const Checkpoint& ckpt, const std::string& dir, const HfExportOpt
   if (ec) throw Error(str("export_hf: cannot create '", dir, "': ", ec.message()));
   const std::map<std::string, std::string> metadata = {
       {"format", "pt"},
-      {kMetadataConfig, to_json(mc).dump()},
+      {kMetadataConfig, to_json(m.recorded_config()).dump()},
       {"moe.producer", str("libmoe ", version(), " (git ", git_revision(), ")")}};
   write_tensors(dir, out, metadata, options.max_shard_bytes);
   write_text_atomic(join_path(dir, kConfigFile), family_config(mc, m.experts()).dump(2) + "\n");

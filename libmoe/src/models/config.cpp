@@ -97,6 +97,8 @@ void ModelConfig::validate() const {
                   shared_expert_ff, ")");
   MOE_USAGE_CHECK(balance_bias_rate >= 0 && std::isfinite(balance_bias_rate),
                   "--balance-bias-rate must be a finite number >= 0 (got ", balance_bias_rate, ")");
+  MOE_USAGE_CHECK(router_center_rate >= 0 && router_center_rate <= 1,
+                  "--router-center-rate must be in [0, 1] (0 = off; got ", router_center_rate, ")");
   MOE_USAGE_CHECK(d_ff >= 1, "--d-ff must be >= 1 (got ", d_ff, ")");
   MOE_USAGE_CHECK(seq >= 1, "--seq must be >= 1 (got ", seq, ")");
   MOE_USAGE_CHECK(top_k >= 1, "--top-k must be >= 1 (got ", top_k, ")");
@@ -137,6 +139,7 @@ nlohmann::json to_json(const ModelConfig& c) {
                         {"shared_expert_ff", c.shared_expert_ff},
                         {"router_scoring", router_scoring_name(c.router_scoring)},
                         {"balance_bias_rate", c.balance_bias_rate},
+                        {"router_center_rate", c.router_center_rate},
                         {"seq", c.seq},
                         {"experts", c.experts},
                         {"experts_per_layer", c.experts_per_layer},
@@ -183,6 +186,7 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
     c.shared_expert_ff = j.value("shared_expert_ff", int64_t{0});
     c.router_scoring = parse_router_scoring(j.value("router_scoring", std::string("softmax")));
     c.balance_bias_rate = j.value("balance_bias_rate", 0.0);
+    c.router_center_rate = j.value("router_center_rate", 0.0);
   } catch (const nlohmann::json::exception& e) {
     throw Error(str("model config: ", e.what()));
   }

@@ -39,6 +39,7 @@ nn::BlockConfig block_config(const ModelConfig& config, const Flavour& flavour, 
   b.shared_expert_gate = flavour.shared_expert_gate;
   b.router_scoring = config.router_scoring;
   b.router_selection_bias = config.router_selection_bias();
+  b.router_center = config.router_center();
   return b;
 }
 

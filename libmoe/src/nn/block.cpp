@@ -57,6 +57,7 @@ Block::Block(ParamSet& ps, const BlockConfig& config, int64_t index, const Paral
     moe.router.capacity_factor = static_cast<float>(config.capacity_factor);
     moe.router.scoring = config.router_scoring;
     moe.router.selection_bias = config.router_selection_bias;
+    moe.router.center = config.router_center;
     // Switch Transformer's router scale: normal(sqrt(0.1 / D)). The router reads a normalised
     // (unit-RMS) stream, so its logits start with std ~sqrt(0.1) at every width; a fixed 0.02
     // gives 0.02 sqrt(D) (0.45 at D 512), sharper gates the wider the model. It does not change

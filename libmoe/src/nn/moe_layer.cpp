@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "moe/ops/core.h"
+#include "moe/ops/dense.h"
 #include "moe/ops/moe.h"
 #include "moe/timer.h"
 
@@ -221,6 +222,14 @@ Tensor MoELayer::forward(const Tensor& x, const RouterStep& step, Saved* saved,
     stats->assignments = routed.plan.num_tokens * routed.plan.top_k;
     stats->dropped = routed.plan.dropped();
     stats->rows_computed = rows_computed;
+    if (router_.center() && step.training) {
+      // Column sums, rows in order (a fixed order whatever the thread count).
+      Tensor sum = Tensor::zeros({x.dim(1)}, DType::f32, x.device());
+      ops::bias_grad(x, sum);
+      const Tensor host = sum.to(Device{});
+      stats->input_sum.assign(host.data<float>(), host.data<float>() + host.numel());
+      stats->input_tokens = x.dim(0);
+    }
     if (step.capture_routing) {
       const Tensor idx = routed.topk_idx.to(Device{}), gates = routed.topk_weight.to(Device{});
       const int32_t* c = idx.data<int32_t>();

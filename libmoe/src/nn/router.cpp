@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "moe/ops/core.h"
 #include "moe/ops/moe.h"
 #include "moe/rng.h"
 
@@ -43,6 +44,57 @@ Router::Router(ParamSet& ps, const std::string& prefix, const RouterConfig& conf
                     /*expert=*/false, DType::f32);
     bias_->frozen = true;
   }
+  if (config.center) {  // f32 for the same reason: the rate moves it by small steps
+    center_ = &ps.add(prefix + ".center", {config.d_model}, Init::zeros(), /*decay=*/false,
+                      /*expert=*/false, DType::f32);
+    center_->frozen = true;
+  }
+}
+
+Tensor center_router_weight(const Tensor& m, const Tensor& center) {
+  MOE_CHECK(m.ndim() == 2 && center.ndim() == 1 && center.dim(0) == m.dim(1),
+            "center_router_weight: weight ", m.describe(), " and center ", center.describe());
+  const Tensor c32 = center.to(Device{}).to(DType::f32);
+  const float* c = c32.data<float>();
+  const int64_t experts = m.dim(0), d = m.dim(1);
+  double cc = 0;
+  for (int64_t i = 0; i < d; ++i) cc += static_cast<double>(c[i]) * c[i];
+  if (cc == 0) return m;
+  Tensor w = m.to(Device{}).to(DType::f32).clone();
+  float* ws = w.data<float>();
+  std::vector<double> proj(static_cast<size_t>(experts), 0.0);  // (W c)_e / |c|^2
+  double mean = 0;
+  for (int64_t e = 0; e < experts; ++e) {
+    double a = 0;
+    for (int64_t i = 0; i < d; ++i) a += static_cast<double>(ws[e * d + i]) * c[i];
+    proj[static_cast<size_t>(e)] = a / cc;
+    mean += a / cc;
+  }
+  mean /= static_cast<double>(experts);
+  for (int64_t e = 0; e < experts; ++e) {
+    const auto k = static_cast<float>(proj[static_cast<size_t>(e)] - mean);
+    for (int64_t i = 0; i < d; ++i) ws[e * d + i] -= k * c[i];
+  }
+  return w.to(m.dtype());
+}
+
+void update_router_center(Param& center, const std::vector<double>& input_sum, int64_t tokens,
+                          double rate) {
+  const int64_t d = center.numel();
+  MOE_CHECK(static_cast<int64_t>(input_sum.size()) == d && tokens > 0 && center.value.defined(),
+            "router center '", center.name, "' of ", d, " features updated with a sum of ",
+            input_sum.size(), " over ", tokens, " tokens");
+  Tensor c = center.w().to(Device{}).clone();
+  float* cs = c.data<float>();
+  bool zero = true;
+  for (int64_t i = 0; i < d; ++i) zero = zero && cs[i] == 0.0f;
+  const double r = zero ? 1.0 : rate;
+  for (int64_t i = 0; i < d; ++i) {
+    const double mean = input_sum[static_cast<size_t>(i)] / static_cast<double>(tokens);
+    cs[i] = static_cast<float>(cs[i] + r * (mean - cs[i]));
+  }
+  center.value.copy_from(c.to(center.value.device()));
+  center.refresh_compute();
 }
 
 void update_selection_bias(Param& bias, const std::vector<int64_t>& load, double rate) {
@@ -62,6 +114,12 @@ void update_selection_bias(Param& bias, const std::vector<int64_t>& load, double
   }
   bias.value.copy_from(b.to(bias.value.device()));
   bias.refresh_compute();
+}
+
+Tensor Router::effective_weight() const {
+  if (!center_) return weight_->w();
+  const Tensor w = center_router_weight(weight_->w(), center_->w());
+  return w.raw() == weight_->w().raw() ? w : w.to(weight_->w().device());
 }
 
 RouterOutput Router::forward(const Tensor& x, const RouterStep& step) const {
@@ -84,7 +142,9 @@ RouterOutput Router::forward(const Tensor& x, const RouterStep& step) const {
   // logits = routed_input Wg^T, as a grouped GEMM of one group: its sum over D is cut at fixed
   // places, so the logits (and the routing) do not depend on the thread count.
   const std::vector<int32_t> all_tokens{0, static_cast<int32_t>(tokens)};
-  ops::grouped_gemm(out.routed_input, weight_->w().reshape({1, experts, config_.d_model}), true,
+  out.weight = effective_weight();
+  out.centred = center_ && out.weight.raw() != weight_->w().raw();
+  ops::grouped_gemm(out.routed_input, out.weight.reshape({1, experts, config_.d_model}), true,
                     all_tokens, out.logits);
   out.probs = Tensor::empty({tokens, experts}, DType::f32, x.device()).set_name("router.probs");
   out.lse = Tensor::empty({tokens}, DType::f32, x.device()).set_name("router.lse");
@@ -131,12 +191,22 @@ Tensor Router::backward(const Tensor& dweight_of_slot, const RouterOutput& out, 
   // dWg += dlogits^T routed_input and dx = dlogits Wg, through the grouped GEMMs of one group (a
   // sum over tokens and one over experts, both cut at fixed places: thread-count independent).
   const std::vector<int32_t> all_tokens{0, static_cast<int32_t>(tokens)};
+  const bool centred = out.centred;
   Tensor dweight = weight_->grad.reshape({1, experts, config_.d_model});
-  ops::grouped_gemm_weight_grad(dlogits, out.routed_input, all_tokens, dweight);
+  if (centred) {  // dW += the projection of dW' (W' is linear in W: the same map)
+    Tensor dw = Tensor::zeros({1, experts, config_.d_model}, DType::f32, out.probs.device());
+    ops::grouped_gemm_weight_grad(dlogits, out.routed_input, all_tokens, dw);
+    const Tensor projected =
+        center_router_weight(dw.reshape({experts, config_.d_model}), center_->w());
+    ops::axpy(1.0f, projected.to(dweight.device()).reshape(dweight.shape()), dweight);
+  } else {
+    ops::grouped_gemm_weight_grad(dlogits, out.routed_input, all_tokens, dweight);
+  }
   Tensor dx = Tensor::empty({tokens, config_.d_model}, DType::f32, out.probs.device())
                   .set_name("router.dx");
-  ops::grouped_gemm(dlogits, weight_->w().reshape({1, experts, config_.d_model}), false, all_tokens,
-                    dx);
+  ops::grouped_gemm(dlogits,
+                    (centred ? out.weight : weight_->w()).reshape({1, experts, config_.d_model}),
+                    false, all_tokens, dx);
   if (out.jitter_noise.defined()) ops::router_jitter_backward(out.jitter_noise, dx);
   return dx;
 }

@@ -16,8 +16,9 @@ namespace {
 
 // Model settings that change how a model trains, not its parameters: a run started from a
 // checkpoint's weights (--init) may set them anew.
-constexpr const char* kTrainingModelKeys[] = {"aux_loss_coef", "z_loss_coef", "router_jitter",
-                                              "capacity_factor", "balance_bias_rate"};
+constexpr const char* kTrainingModelKeys[] = {"aux_loss_coef",     "z_loss_coef",
+                                              "router_jitter",     "capacity_factor",
+                                              "balance_bias_rate", "router_center_rate"};
 
 // The config key of a flag: "--d-model" -> "d_model" ("--vocab" sets vocab_size).
 std::string flag_key(const std::string& flag) {
@@ -71,6 +72,13 @@ ModelConfig kept_model(const io::Checkpoint& ckpt, ModelConfig m, const GivenFla
                                           : " would drop the routers' selection bias, which",
               " the checkpoint's model (softmax routing, rate ", saved.balance_bias_rate, ") ",
               now.router_selection_bias() ? "does not have" : "has"));
+    // Likewise the routers' running mean (ModelConfig::router_center).
+    if (now.router_center() != saved.router_center())
+      throw UsageError(str("--router-center-rate ", now.router_center_rate,
+                           now.router_center() ? " needs the routers' running mean, which"
+                                               : " would drop the routers' running mean, which",
+                           " the checkpoint's model (rate ", saved.router_center_rate, ") ",
+                           now.router_center() ? "does not have" : "has"));
     saved = now;
   }
   return saved;

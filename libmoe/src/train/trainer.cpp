@@ -380,6 +380,9 @@ static void accumulate(ForwardStats& step, ForwardStats&& f, int64_t index, int6
     into.assignments += m.assignments;
     into.dropped += m.dropped;
     into.rows_computed += m.rows_computed;
+    for (size_t i = 0; i < into.input_sum.size() && i < m.input_sum.size(); ++i)
+      into.input_sum[i] += m.input_sum[i];
+    into.input_tokens += m.input_tokens;
     into.choices.insert(into.choices.end(), m.choices.begin(), m.choices.end());
     into.gates.insert(into.gates.end(), m.gates.begin(), m.gates.end());
   }
@@ -545,6 +548,16 @@ StepStats Trainer::step(bool capture_routing) {
       nn::update_selection_bias(params_->at(str("blocks.", blocks.at(l), ".moe.router.bias")),
                                 s.forward.moe[l].load, mc.balance_bias_rate);
   }
+  // Router centring: each centred router's running mean moves toward the step's mean input (the
+  // global batch's: summed over micro-batches and, by reduce_stats, over the ranks).
+  if (mc.router_center()) {
+    const std::vector<int64_t> blocks = mc.moe_blocks();
+    for (size_t l = 0; l < s.forward.moe.size(); ++l)
+      if (s.forward.moe[l].input_tokens > 0)
+        nn::update_router_center(params_->at(str("blocks.", blocks.at(l), ".moe.router.center")),
+                                 s.forward.moe[l].input_sum, s.forward.moe[l].input_tokens,
+                                 mc.router_center_rate);
+  }
   ++step_;
   if (tasks_ && train_.task_replan_every > 0 && step_ % train_.task_replan_every == 0)
     s.task_replan = tasks_->replan();
@@ -606,6 +619,7 @@ void Trainer::reduce_stats(StepStats& s) {
     if (!m.load_global) counts.insert(counts.end(), m.load.begin(), m.load.end());
     counts.push_back(m.dropped);
     counts.push_back(m.assignments);
+    counts.push_back(m.input_tokens);
   }
   if (counts.empty()) return;
   if (comm::Communicator* group = layout_->experts()) {
@@ -645,7 +659,18 @@ void Trainer::reduce_stats(StepStats& s) {
       for (int64_t& l : m.load) l = *c++;
     m.dropped = *c++;
     m.assignments = *c++;
+    m.input_tokens = *c++;
   }
+  // Centred routers' input sums (f32 over the wire: each rank's sum is already a float sum).
+  std::vector<float> sums;
+  for (const nn::MoEStats& m : f.moe)
+    sums.insert(sums.end(), m.input_sum.begin(), m.input_sum.end());
+  if (sums.empty()) return;
+  Tensor all = Tensor::from_vector({static_cast<int64_t>(sums.size())}, sums);
+  world_->all_reduce(all, comm::ReduceOp::sum);
+  const float* v = all.data<float>();
+  for (nn::MoEStats& m : f.moe)
+    for (double& x : m.input_sum) x = *v++;
 }
 
 double Trainer::learning_rate() const {

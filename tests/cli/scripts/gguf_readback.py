@@ -116,8 +116,42 @@ else:
         fail(f"tokenizer.ggml.pre = {value('tokenizer.ggml.pre')!r}, expected 'qwen2'")
     if value("tokenizer.ggml.eos_token_id") != 0:
         fail("tokenizer.ggml.eos_token_id is not <|endoftext|>'s id 0")
-if json.loads(value("moe.model_config"))["d_model"] != D:
+recorded = json.loads(value("moe.model_config"))
+if recorded["d_model"] != D:
     fail("moe.model_config does not hold the model's config")
+if recorded.get("router_center_rate", 0) != 0:
+    fail("moe.model_config records router centring, which the file's plain routers do not have")
+
+
+def centred(w, c):
+    # A centred router (moe-train's default) is written as the weight its logits use:
+    # W' = W - C (W c) c^T / |c|^2, C centring over the experts. The same operations in the same
+    # order as nn::center_router_weight: sums in double, index order; the update in f32.
+    cc = 0.0
+    for x in c:
+        cc += float(x) * float(x)
+    if cc == 0.0:
+        return w
+    proj = []
+    for row in w:
+        a = 0.0
+        for x, y in zip(row, c):
+            a += float(x) * float(y)
+        proj.append(a / cc)
+    mean = 0.0
+    for p in proj:
+        mean += p
+    mean /= len(proj)
+    out = w.copy()
+    for e, p in enumerate(proj):
+        out[e] = w[e] - np.float32(p - mean) * c
+    return out
+
+
+def router(b):
+    w = params[b + "moe.router.weight"]
+    c = params.get(b + "moe.router.center")
+    return w if c is None else centred(w, c)
 
 
 def rope_permuted(w, heads):
@@ -140,7 +174,7 @@ for i in range(L):
         blk + "attn_k.weight": (rope_permuted(params[b + "attn.k.weight"], KV), True),
         blk + "attn_v.weight": (params[b + "attn.v.weight"], True),
         blk + "attn_output.weight": (params[b + "attn.o.weight"], True),
-        blk + "ffn_gate_inp.weight": (params[b + "moe.router.weight"], False),
+        blk + "ffn_gate_inp.weight": (router(b), False),
         blk + "ffn_gate_exps.weight": (params[b + "moe.experts.w1"], True),
         blk + "ffn_down_exps.weight": (params[b + "moe.experts.w2"], True),
         blk + "ffn_up_exps.weight": (params[b + "moe.experts.w3"], True),

@@ -46,6 +46,10 @@ struct ModelConfig {
   // Aux-loss-free balancing (DeepSeek-V3): after each training step every MoE layer's selection
   // bias moves by u * sign(mean load - load_e); 0 = off.
   double balance_bias_rate = 0;
+  // Router centring: each router's weight acts as W - C (W c) c^T / |c|^2, c the running mean of
+  // its input (moe.router.center, moved toward each training step's mean by this rate; 0 = off).
+  // Routing then ignores the part of the input every token shares (nn::RouterConfig::center).
+  double router_center_rate = 0;
   double norm_eps = 1e-5;
   double rope_theta = 10000;
   DType dtype = DType::f32;  // parameter and activation storage
@@ -57,6 +61,7 @@ struct ModelConfig {
   bool router_selection_bias() const {
     return router_scoring == nn::RouterScoring::sigmoid || balance_bias_rate > 0;
   }
+  bool router_center() const { return router_center_rate > 0; }
   bool is_moe_layer(int64_t layer) const { return experts_per_layer.at(layer) > 0; }
   int64_t num_moe_layers() const;
   // The block index of each MoE layer, in order (MoE layer l is block moe_blocks()[l]).

@@ -40,6 +40,7 @@ struct BlockConfig {
   RouterScoring router_scoring = RouterScoring::softmax;
   // MoE blocks: the router's per-expert selection bias (RouterConfig::selection_bias).
   bool router_selection_bias = false;
+  bool router_center = false;  // MoE blocks: RouterConfig::center
 };
 
 class Block {

@@ -45,6 +45,10 @@ struct MoEStats {
   int64_t assignments = 0, dropped = 0;    // N*k and dropped by capacity
   // Rows this rank's experts computed (under expert parallelism: the rows that arrived here).
   int64_t rows_computed = 0;
+  // A centred router in training (RouterConfig::center): the sum over this pass's tokens of the
+  // router's input [D] (before jitter), and their count; update_router_center's mean.
+  std::vector<double> input_sum;
+  int64_t input_tokens = 0;
 };
 
 // prefix e.g. "blocks.1.moe": router at prefix + ".router", experts at prefix + ".experts"

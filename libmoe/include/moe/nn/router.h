@@ -27,6 +27,14 @@ struct RouterConfig {
   // weights stay the scores. Param prefix + ".bias", zeros at first, frozen (Param::frozen: no
   // gradient, no optimizer update); update_selection_bias moves it after each training step.
   bool selection_bias = false;
+  // Centring: a running mean c [D] of the router's input (param prefix + ".center", f32, zeros at
+  // first, frozen; update_router_center moves it after each training step). The logits use the
+  // weight W' = W - C (W c) c^T / |c|^2, C = I - 1 1^T / E (centring over the experts): moving a
+  // token along c changes all its logits alike, so routing ignores the component every token
+  // shares (at d_model 512 most of the normalised residual stream; without this the shared part
+  // sends every token to the same experts). W' is a plain linear map: exports write it as the
+  // router weight. The gradient reaching W is dW' projected the same way. c = 0: W' = W.
+  bool center = false;
 };
 
 struct RouterStep {
@@ -49,6 +57,8 @@ struct RouterOutput {
   Tensor lse;                    // [N] logsumexp of each logits row (z-loss)
   Tensor topk_idx, topk_weight;  // [N,k] i32 / f32: the chosen scores (optionally renormalised)
   Tensor routed_input;           // x after jitter (x itself without jitter)
+  Tensor weight;                 // [E,D] the weight the logits used (W', or W itself)
+  bool centred = false;          // weight is W' (a center, not zero): backward projects dW'
   Tensor jitter_noise;           // [N,D] or undefined
   double aux_loss = 0, z_loss = 0;
   std::vector<int64_t> load;  // [E] assignments per expert before capacity
@@ -72,7 +82,7 @@ int64_t router_capacity(float capacity_factor, int64_t num_tokens, int64_t top_k
 //   the call's tokens);
 // z_loss = mean_t logsumexp(logits_t)^2 (under either scoring).
 // Params: prefix + ".weight" [E, D] (router linear, no bias), e.g. "blocks.1.moe.router.weight";
-// with selection_bias prefix + ".bias" [E].
+// with selection_bias prefix + ".bias" [E]; with center prefix + ".center" [D].
 class Router {
  public:
   Router(ParamSet& ps, const std::string& prefix, const RouterConfig& config);
@@ -84,11 +94,15 @@ class Router {
   const RouterConfig& config() const { return config_; }
   Param& weight() const { return *weight_; }
   Param* selection_bias() const { return bias_; }  // null without one
+  Param* center() const { return center_; }        // null without one
+  // The weight the logits use: W' (RouterConfig::center) when the center is nonzero, else W.
+  Tensor effective_weight() const;
 
  private:
   RouterConfig config_;
   Param* weight_;
   Param* bias_ = nullptr;
+  Param* center_ = nullptr;
 };
 
 // Aux-loss-free balancing (DeepSeek-V3), after an optimizer step: b_e += rate * sign(mean load -
@@ -96,5 +110,16 @@ class Router {
 // rank applies the same change), sign(0) = 0 (compared exactly, in integers). The sum runs in
 // fp32 on the stored values (bf16/f16 parameters round the result to their dtype).
 void update_selection_bias(Param& bias, const std::vector<int64_t>& load, double rate);
+
+// m - C (m c) c^T / |c|^2 for m [E,D] and c [D] on the host, any float dtype (f32 arithmetic, sums
+// in double in index order; the result in m's dtype). c = 0: m unchanged. The router's effective
+// weight, its gradient's projection, and what exports write as the router weight.
+Tensor center_router_weight(const Tensor& m, const Tensor& center);
+
+// Router centring, after an optimizer step: c = mean while c is all zero (the first step), then
+// c += rate (mean - c), where mean = input_sum / tokens is the step's mean router input over the
+// global batch (summed over micro-batches and ranks, so every rank applies the same change).
+void update_router_center(Param& center, const std::vector<double>& input_sum, int64_t tokens,
+                          double rate);
 
 }  // namespace moe::nn
