@@ -221,6 +221,7 @@ ForwardStats Transformer::evaluate(const Tensor& ids, const Tensor& targets,
   nn::RouterStep step;
   step.training = false;
   step.capture_routing = options.capture_routing;
+  step.input_sums = options.router_input_sums;
   ForwardStats stats;
   Tensor x = forward_blocks(ids, targets, step, nullptr, nullptr, stats, options.hooks);
   Tensor logits = head(final_norm_->forward(x, nullptr));

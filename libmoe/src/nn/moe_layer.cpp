@@ -222,7 +222,7 @@ Tensor MoELayer::forward(const Tensor& x, const RouterStep& step, Saved* saved,
     stats->assignments = routed.plan.num_tokens * routed.plan.top_k;
     stats->dropped = routed.plan.dropped();
     stats->rows_computed = rows_computed;
-    if (router_.center() && step.training) {
+    if (router_.center() && (step.training || step.input_sums)) {
       // Column sums, rows in order (a fixed order whatever the thread count).
       Tensor sum = Tensor::zeros({x.dim(1)}, DType::f32, x.device());
       ops::bias_grad(x, sum);

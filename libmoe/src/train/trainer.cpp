@@ -429,6 +429,13 @@ StepStats Trainer::step(bool capture_routing) {
       s.token_ids.insert(s.token_ids.end(), part.data<int32_t>(),
                          part.data<int32_t>() + part.numel());
     }
+  if (mc.router_center() && step_ == 0) {
+    std::vector<std::pair<Tensor, Tensor>> parts;
+    for (int64_t m = 0; m < micro; ++m)
+      parts.emplace_back(ids.rows(first_row(m), first_row(m) + rows),
+                         targets.rows(first_row(m), first_row(m) + rows));
+    calibrate_router_centers(parts);
+  }
   const nn::Recompute recompute = nn::parse_recompute(train_.recompute);
   const double lr = learning_rate();
   offload::StepInfo store_info;  // what the expert store needs of this step
@@ -548,16 +555,7 @@ StepStats Trainer::step(bool capture_routing) {
       nn::update_selection_bias(params_->at(str("blocks.", blocks.at(l), ".moe.router.bias")),
                                 s.forward.moe[l].load, mc.balance_bias_rate);
   }
-  // Router centring: each centred router's running mean moves toward the step's mean input (the
-  // global batch's: summed over micro-batches and, by reduce_stats, over the ranks).
-  if (mc.router_center()) {
-    const std::vector<int64_t> blocks = mc.moe_blocks();
-    for (size_t l = 0; l < s.forward.moe.size(); ++l)
-      if (s.forward.moe[l].input_tokens > 0)
-        nn::update_router_center(params_->at(str("blocks.", blocks.at(l), ".moe.router.center")),
-                                 s.forward.moe[l].input_sum, s.forward.moe[l].input_tokens,
-                                 mc.router_center_rate);
-  }
+  if (mc.router_center()) update_router_centers(s.forward);
   ++step_;
   if (tasks_ && train_.task_replan_every > 0 && step_ % train_.task_replan_every == 0)
     s.task_replan = tasks_->replan();
@@ -721,6 +719,22 @@ void Trainer::to_device(Device device) {
 
 double Trainer::evaluate() { return evaluate(*model_); }
 
+ForwardStats Trainer::forward_only(const Transformer& model, const Tensor& ids,
+                                   const Tensor& targets, EvalOptions options) {
+  const Device device = model.device();
+  if (&model == model_.get() && zero_ && zero_->stage() >= 3) {  // gathered around each block
+    const BlockHooks hooks{[this](int64_t g) { zero_prefetch_->gather(g, false); },
+                           [this](int64_t g) { zero_prefetch_->release(g, false); }};
+    options.hooks = &hooks;
+    zero_->gather(-1);
+    zero_prefetch_->begin_pass(model.config().layers, false);
+    ForwardStats f = model.evaluate(ids.to(device), targets.to(device), options);
+    zero_->release(-1);
+    return f;
+  }
+  return model.evaluate(ids.to(device), targets.to(device), options);
+}
+
 double Trainer::evaluate(const Transformer& model) {
   const int64_t seq = model_->config().seq;
   io::BatchSampler sampler(&val_tokens_, seq, train_.seed, false);
@@ -733,19 +747,7 @@ double Trainer::evaluate(const Transformer& model) {
       ArenaScope scope(arena_);
       Tensor ids, targets;
       sampler.next(batch, ids, targets);
-      const Device device = model.device();
-      if (&model == model_.get() && zero_ && zero_->stage() >= 3) {  // gathered around each block
-        EvalOptions options;
-        const BlockHooks hooks{[this](int64_t g) { zero_prefetch_->gather(g, false); },
-                               [this](int64_t g) { zero_prefetch_->release(g, false); }};
-        options.hooks = &hooks;
-        zero_->gather(-1);
-        zero_prefetch_->begin_pass(model.config().layers, false);
-        sum += model.evaluate(ids.to(device), targets.to(device), options).loss;
-        zero_->release(-1);
-      } else {
-        sum += model.evaluate(ids.to(device), targets.to(device)).loss;
-      }
+      sum += forward_only(model, ids, targets, {}).loss;
     }
     arena_.reset();
   }

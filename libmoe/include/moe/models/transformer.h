@@ -75,8 +75,9 @@ struct BlockHooks {
 
 // Options of an evaluation forward pass.
 struct EvalOptions {
-  Tensor* row_nll = nullptr;     // receives [B*T] per-token NLL when non-null
-  bool capture_routing = false;  // fill ForwardStats::moe[i].choices / gates (traces)
+  Tensor* row_nll = nullptr;       // receives [B*T] per-token NLL when non-null
+  bool capture_routing = false;    // fill ForwardStats::moe[i].choices / gates (traces)
+  bool router_input_sums = false;  // centred routers: fill ForwardStats::moe[i].input_sum
   const BlockHooks* hooks = nullptr;
 };
 

@@ -47,6 +47,9 @@ struct RouterStep {
   int64_t first_token = 0;
   // Copy each token's chosen experts and gate weights into MoEStats (routing traces).
   bool capture_routing = false;
+  // Centred routers: sum the router's input into MoEStats (always so in training; evaluation
+  // passes ask for it to calibrate the centers, Trainer's first step).
+  bool input_sums = false;
 };
 
 struct RouterOutput {

@@ -312,6 +312,14 @@ class Trainer {
   mutable std::map<std::string, Tensor> logical_;
   void gather_dense_state() const;  // --zero: the dense optimizer tensors into logical_
   void reduce_stats(StepStats& s);
+  // An evaluation pass of `model` (with ZeRO-3's gathers when it is this run's model).
+  ForwardStats forward_only(const Transformer& model, const Tensor& ids, const Tensor& targets,
+                            EvalOptions options);
+  // The first step of a fresh run with centred routers: each center starts as the mean of its
+  // router's input over the step's global batch (this rank's micro-batches `parts`: ids, targets).
+  void calibrate_router_centers(const std::vector<std::pair<Tensor, Tensor>>& parts);
+  // After the optimizer step: each center moves toward the step's mean router input.
+  void update_router_centers(const ForwardStats& f);
   std::string save_sharded(const std::string& dir) const;
   void load_tensors(const io::Checkpoint& checkpoint);  // parameters, optimizer, position
   void restore_sharded(io::Checkpoint head, const std::string& where,
