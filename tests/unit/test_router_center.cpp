@@ -11,6 +11,7 @@
 #include <cstring>
 #include <vector>
 
+#include "moe/infer/model.h"
 #include "moe/io/checkpoint.h"
 #include "moe/io/hf_checkpoint.h"
 #include "moe/nn/router.h"
@@ -324,4 +325,30 @@ TEST_CASE("router center: HF export writes W' as a plain router that scores the 
   INFO("worst " << worst << " of " << scale);
   // W' computed once (export) or per forward (ours) is the same f32 tensor: equal logits.
   REQUIRE(worst == 0);
+}
+
+TEST_CASE("router center: serving folds the centers into plain routers, the same logits",
+          "[router_center][infer]") {
+  test::ScratchDir dir("router_center_fold");
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    INFO(dtype_name(dtype));
+    ModelConfig m = centred_model(1.0);
+    m.dtype = dtype;
+    train::Trainer run(m, test::short_run(1), {});
+    run.step();
+    run.save(dir.file(dtype_name(dtype)));
+    infer::LoadedModel loaded = infer::load_model(dir.file(dtype_name(dtype)) + "/last.h5");
+    std::vector<int32_t> ids(2 * 16);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 53 + 7) % 256);
+    const Tensor batch = Tensor::from_vector({2, 16}, ids);
+    const std::vector<float> centred = loaded.model->logits(batch).to_vector();
+    infer::lean_for_inference(*loaded.params);
+    infer::fold_router_centers(*loaded.params);
+    for (int64_t b : m.moe_blocks()) {
+      const std::vector<float> c = host_values(loaded.params->at(center_name(b)).value);
+      REQUIRE(c == std::vector<float>(c.size(), 0.0f));
+    }
+    // The folded weight is the tensor each forward computed: the same logits, bit for bit.
+    REQUIRE(same_bits(loaded.model->logits(batch).to_vector(), centred));
+  }
 }

@@ -49,6 +49,7 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& options,
     e.loaded_ = load_model(o.model, true, &e.parallel_);
     e.loaded_.params->to(e.device_);
     if (e.device_.kind == Device::cpu) lean_for_inference(*e.loaded_.params);
+    fold_router_centers(*e.loaded_.params);
     return engine;
   }
   if (!o.popularity.empty())
@@ -75,6 +76,7 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& options,
   }
   e.loaded_.params->to(e.device_);  // with a ring: the non-expert parameters (the slots are there)
   if (e.device_.kind == Device::cpu) lean_for_inference(*e.loaded_.params);
+  fold_router_centers(*e.loaded_.params);
   return engine;
 }
 

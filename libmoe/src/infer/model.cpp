@@ -15,6 +15,7 @@
 #include "moe/io/convert.h"
 #include "moe/io/finite.h"
 #include "moe/models/memory.h"
+#include "moe/nn/router.h"
 
 namespace moe::infer {
 
@@ -278,6 +279,23 @@ LoadedModel load_model(const std::string& given, bool experts, const nn::Paralle
   MOE_CHECK(matched == m.params->size(), "'", path, "' holds ", matched, " of the model's ",
             m.params->size(), " parameters");
   return m;
+}
+
+void fold_router_centers(ParamSet& params) {
+  for (Param* c : params.all()) {
+    const std::string suffix = ".moe.router.center";
+    if (c->name.size() <= suffix.size() ||
+        c->name.compare(c->name.size() - suffix.size(), suffix.size(), suffix) != 0)
+      continue;
+    Param& w = params.at(c->name.substr(0, c->name.size() - suffix.size()) + ".moe.router.weight");
+    const Tensor host = nn::center_router_weight(w.w(), c->w());
+    if (host.raw() == w.w().raw()) continue;  // a zero center: W' = W
+    const Tensor folded = host.to(w.value.device());
+    if (w.compute.raw() == w.value.raw()) w.value = folded;  // f32: the value is the compute copy
+    w.compute = folded;
+    c->value.copy_from(Tensor::zeros(c->value.shape(), c->value.dtype()).to(c->value.device()));
+    c->refresh_compute();
+  }
 }
 
 size_t lean_for_inference(ParamSet& params) {

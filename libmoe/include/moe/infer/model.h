@@ -46,6 +46,14 @@ struct LoadedModel {
 // Call after ParamSet::to (which would widen them again). Returns the bytes released.
 size_t lean_for_inference(ParamSet& params);
 
+// Centred routers (moe.router.center) serve as the plain routers their logits use: each router's
+// f32 compute copy becomes W' = nn::center_router_weight(W, c) and its center zero, so a forward
+// pays no projection (on a GPU: no host round trip per layer and token). The logits are bit for
+// bit the centred model's. A 16-bit router's stored value is left as loaded (only `compute` is
+// W'): for serving only, not for saving or training. Call last (after ParamSet::to, which would
+// widen a 16-bit value again, and lean_for_inference).
+void fold_router_centers(ParamSet& params);
+
 LoadedModel load_model(const std::string& path, bool experts = true,
                        const nn::Parallel* parallel = nullptr);
 
