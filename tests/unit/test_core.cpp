@@ -62,6 +62,23 @@ TEST_CASE("parameter init does not depend on thread count", "[core]") {
   REQUIRE(std::memcmp(one.data(), two.data(), one.size() * 4) == 0);
 }
 
+TEST_CASE("parameters added while initial values are skipped start as zeros", "[core]") {
+  ParamSet ps(7, DType::bf16), plain(7, DType::bf16);
+  ps.skip_initial_values(true);
+  Param& skipped = ps.add("a.weight", {16, 8}, Init::normal(0.02f));
+  ps.skip_initial_values(false);
+  Param& after = ps.add("b.weight", {16, 8}, Init::normal(0.02f));
+  plain.add("a.weight", {16, 8}, Init::normal(0.02f));
+  plain.add("b.weight", {16, 8}, Init::normal(0.02f));
+  REQUIRE(skipped.value.dtype() == DType::bf16);
+  REQUIRE(skipped.value.to_vector() == std::vector<float>(16 * 8, 0.0f));
+  REQUIRE(skipped.grad.to_vector() == std::vector<float>(16 * 8, 0.0f));
+  // Initial values are keyed by name: the next parameter's are a plain set's, bit for bit.
+  const std::vector<float> a = after.value.to_vector(), b = plain.at("b.weight").value.to_vector();
+  REQUIRE(std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
+  REQUIRE(plain.at("a.weight").value.to_vector() != std::vector<float>(16 * 8, 0.0f));
+}
+
 TEST_CASE("gemm matches a naive loop for all transposes", "[core]") {
   for (int ta = 0; ta < 2; ++ta)
     for (int tb = 0; tb < 2; ++tb) {

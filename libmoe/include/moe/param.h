@@ -89,6 +89,10 @@ class ParamSet {
   // slice when row counts experts): bitwise the values add/add_shard give those rows. `out` is
   // f32 with rows * (numel / shape[0]) elements.
   void initial_rows(const Param& p, int64_t row, int64_t rows, float* out) const;
+  // Parameters added while this is on start as zeros instead of their Init's values: for a loader
+  // that overwrites every one (infer::load_model), whose start would otherwise draw and discard
+  // a normal value per weight (most of moe-infer's start-up on a 145M-parameter model).
+  void skip_initial_values(bool on) { skip_initial_values_ = on; }
   Param* find(const std::string& name);
   const Param* find(const std::string& name) const;
   Param& at(const std::string& name);  // throws naming the parameter
@@ -107,6 +111,7 @@ class ParamSet {
  private:
   void fill_initial(const Param& p, int64_t begin, int64_t end, float* out) const;
   uint64_t seed_;
+  bool skip_initial_values_ = false;
   DType dtype_;
   std::vector<std::unique_ptr<Param>> params_;
   std::map<std::string, Param*> by_name_;

@@ -56,10 +56,14 @@ Param& ParamSet::add_shard(const std::string& name, const ParamShard& shard, Ini
   p->shard = shard;
   p->shape = shape;
   p->init = init;
-  Tensor master = Tensor::empty(shape, DType::f32);
-  fill_initial(*p, 0, master.numel(), master.data<float>());
   const DType dtype = storage.value_or(dtype_);
-  p->value = dtype == DType::f32 ? master : master.to(dtype);
+  if (skip_initial_values_) {
+    p->value = Tensor::zeros(shape, dtype);
+  } else {
+    Tensor master = Tensor::empty(shape, DType::f32);
+    fill_initial(*p, 0, master.numel(), master.data<float>());
+    p->value = dtype == DType::f32 ? master : master.to(dtype);
+  }
   p->value.set_name(name);
   p->grad = Tensor::zeros(shape, DType::f32).set_name(name + ".grad");
   p->refresh_compute();

@@ -120,7 +120,9 @@ void build_model(LoadedModel& m, const std::string& source, bool experts,
                        str("the model in '", source, "'"),
                        str(params, " parameters of ", dtype_name(m.config.dtype)));
   m.params = std::make_unique<ParamSet>(0, m.config.dtype);
+  m.params->skip_initial_values(true);  // every parameter is read from the file next
   m.model = std::make_unique<Transformer>(m.config, *m.params, parallel);
+  m.params->skip_initial_values(false);
 }
 
 // A Q8_0 weight (moe-convert quantize): u8 rows [.., out, q8_row_bytes(in)] become the
