@@ -13,7 +13,8 @@
 // path before the task pool, cpu::set_task_pool_enabled(false)), "pool" on the task pool (the
 // library's path), the two taking turns. Check column: max |logit - reference| of the first decode
 // step, reference = the same weights widened to f32 through the tiled sgemm (16-bit rows: bf16/f16
-// values widened exactly).
+// values widened exactly): f32 rounding, except for Q8_0, whose GEMV multiplies 8-bit inputs
+// (backend/cpu/gemv.h) and prints its check against the logits' largest magnitude too.
 #include "decode_bench.h"
 
 #include <omp.h>
@@ -407,6 +408,14 @@ int run_decode(const DecodeOptions& o) {
     row(name.c_str(), "pool", "decode batch 1", median(pool1), bound1, max_diff(got, expect));
     row(name.c_str(), "pool", "decode batch 8", median(pool8), bound8, -1);
     print_parts(name, parts);
+    if (q8) {  // its check is not f32 rounding: the GEMV multiplies 8-bit inputs (gemv.h)
+      double largest = 0;
+      for (float v : expect) largest = std::max(largest, std::fabs(double(v)));
+      std::printf(
+          "# q8_0: 8-bit inputs in the GEMV: check %.2e against the reference's largest "
+          "|logit| %.3g (%.2f%%)\n",
+          max_diff(got, expect), largest, 100 * max_diff(got, expect) / largest);
+    }
     std::printf("# %s: parameter storage held %.1f MB (the same weights widened to f32: %.1f MB)\n",
                 name.c_str(), held_bytes(*m.params) / 1e6, held_bytes(*ref.params) / 1e6);
     char what[32];

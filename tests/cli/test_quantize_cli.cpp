@@ -1,7 +1,8 @@
 // moe-convert quantize as a user runs it, on a model moe-train just trained: the Q8_0 file's
 // layout (u8 rows, the config's "quantization"), moe-infer score within a Q8_0 tolerance of the
-// f32 scores and generate running on it, and the refusals: quantising twice, an existing output
-// without --force, moe-train --resume, moe-distill --teacher and the other conversions.
+// f32 scores (also through the decode path, score --incremental) and generate running on it, and
+// the refusals: quantising twice, an existing output without --force, moe-train --resume,
+// moe-distill --teacher and the other conversions.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <nlohmann/json.hpp>
@@ -53,6 +54,30 @@ TEST_CASE("cli: moe-convert quantize q8_0 is served by moe-infer and refused els
   // well under 1% of its value at this size; it does move (the weights did change).
   CHECK(worst > 0);
   CHECK(worst < 0.02);
+  // --incremental scores through the decode path (a token at a time, 8 windows as 8 cache
+  // slots): the f32 model's scores are the full pass's up to summation order (the GEMV's fixed
+  // lanes against a BLAS tile: 1e-4, as test_decode bounds the logits); the Q8_0 model's move
+  // further, as its decode GEMV multiplies 8-bit inputs, but stay within the same 0.02.
+  auto ai = run_command(tool("moe-infer", "score -q --incremental --model " + ckpt + data));
+  auto bi = run_command(tool("moe-infer", "score -q --incremental --model " + q8 + data));
+  INFO(ai.err << bi.err);
+  REQUIRE(ai.exit_code == 0);
+  REQUIRE(bi.exit_code == 0);
+  const std::vector<std::string> lai = lines_of(ai.out), lbi = lines_of(bi.out);
+  REQUIRE(lai.size() == la.size());
+  REQUIRE(lbi.size() == la.size());
+  double f32_moved = 0, q8_moved = 0, q8_worst = 0;
+  for (size_t i = 0; i < la.size(); ++i) {
+    auto nll = [&](const std::vector<std::string>& lines) -> double {
+      return nlohmann::json::parse(lines[i])["nll_mean"];
+    };
+    f32_moved = std::max(f32_moved, std::fabs(nll(lai) - nll(la)));
+    q8_moved = std::max(q8_moved, std::fabs(nll(lbi) - nll(lb)));
+    q8_worst = std::max(q8_worst, std::fabs(nll(lbi) - nll(la)));
+  }
+  CHECK(f32_moved < 1e-4);
+  CHECK(q8_moved > 0);
+  CHECK(q8_worst < 0.02);
   auto g = run_command("printf 'hello\\n' | " +
                        tool("moe-infer", "generate -q --model " + q8 + " --prompts - --max-new 5"));
   INFO(g.err);

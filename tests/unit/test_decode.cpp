@@ -1,7 +1,7 @@
 // Decode on the CPU with the GEMV path and low-bit weights, model level: the GEMV's logits equal
 // the tiled sgemm's to fp32 rounding; a lean bf16/f16 model (weights kept in 16 bits) gives the
-// bits of the same values widened to f32; a Q8_0 checkpoint gives the bits of its dequantised
-// weights; generation is bitwise the same at 1 and 2 threads; damaged or misused Q8_0 files are
+// bits of the same values widened to f32; a Q8_0 checkpoint's logits stay within its 8-bit
+// inputs' rounding of its dequantised weights'; generation is bitwise the same at 1 and 2 threads; damaged or misused Q8_0 files are
 // refused by name. Shapes: a tiny mixtral (d 32, F 48, 4 experts top-2, 2 layers).
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -130,7 +130,7 @@ TEST_CASE("decode: generation gives the same bits at 1 and 2 threads", "[decode]
   CHECK(one[0].tokens.size() == 8);
 }
 
-TEST_CASE("decode: a Q8_0 checkpoint scores as its dequantised weights, bad ones are refused",
+TEST_CASE("decode: a Q8_0 checkpoint scores near its dequantised weights, bad ones are refused",
           "[decode]") {
   test::ScratchDir dir("decode-q8");
   {  // gpt: its 2-D expert biases stay f32; it serves as its dequantised weights too
@@ -184,7 +184,24 @@ TEST_CASE("decode: a Q8_0 checkpoint scores as its dequantised weights, bad ones
   CHECK(m.quantization == "q8_0");
   infer::lean_for_inference(*m.params);
   CHECK(m.params->at("blocks.0.moe.experts.w1").compute.dtype() == DType::u8);
-  CHECK(same_bits(run(*m.model), run(*deq.model)));
+  {
+    // Products of at most 8 rows with Q8_0 weights multiply 8-bit inputs (gemv.h; here the
+    // single-token steps and the prompt's experts, 3 rows each on average), the others f32 rows
+    // by the widened weights. Each input of a Q8_0 product is rounded by at most 1/254 of its
+    // block's largest magnitude, so each product moves by at most 0.4% of sum |w| |x| max;
+    // through two blocks' residual streams, norms and softmaxes the logits (O(1) here) move by a
+    // few of those: bound 2% of the largest logit (0.6% measured), and never 0 (quantised).
+    const std::vector<float> q8 = run(*m.model), f32 = run(*deq.model);
+    REQUIRE(q8.size() == f32.size());
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < q8.size(); ++i) {
+      worst = std::max(worst, std::fabs(double(q8[i]) - double(f32[i])));
+      scale = std::max(scale, std::fabs(double(f32[i])));
+    }
+    INFO("Q8_0: max |logit difference| " << worst << " of max |logit| " << scale);
+    CHECK(worst > 0);
+    CHECK(worst <= 0.02 * scale);
+  }
 
   // Quantising twice, another type, a shard: usage errors naming the problem.
   CHECK_THROWS_WITH(io::quantize(q, "q8_0"), Catch::Contains("already quantised"));

@@ -1,7 +1,10 @@
 // The decode GEMV (backend/cpu/gemv.h) over f32 / bf16 / f16 / Q8_0 weights: against a double
-// reference over awkward shapes, each format bitwise equal to the f32 GEMV of its widened
-// weights, the scalar and AVX-512 paths bitwise equal, the same bits at 1 and 2 threads, and the
-// Q8_0 quantiser's error bound. Shapes: m input rows, out x in weights.
+// reference over awkward shapes (Q8_0: the exact integer products of its quantised inputs), the
+// 16-bit formats bitwise equal to the f32 GEMV of their widened weights and Q8_0 within its
+// inputs' rounding of it, the scalar and AVX-512 (with and without VNNI) paths bitwise equal, the
+// same bits at 1 and 2 threads, and the Q8_0 quantisers' error bounds. Shapes: m input rows,
+// out x in weights.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -9,6 +12,7 @@
 #include <vector>
 
 #include "backend/cpu/gemv.h"
+#include "backend/cpu/gemv_q8.h"
 #include "kernels/convert.h"
 #include "moe/error.h"
 #include "moe/rng.h"
@@ -86,12 +90,32 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 const WeightFormat kFormats[] = {WeightFormat::f32, WeightFormat::bf16, WeightFormat::f16,
                                  WeightFormat::q8_0};
 
+// Q8_0's exact value: each block's integer sum of its weights and its quantised inputs
+// (quantize_q8_input_row), times both scales, in double; mag sums the terms' magnitudes.
+void q8_reference(const Weights& w, const std::vector<float>& x, int64_t i, int64_t o, double& ref,
+                  double& mag) {
+  const int64_t in = w.in, blocks = cpu::q8_blocks(in);
+  std::vector<int8_t> q(static_cast<size_t>(in));
+  std::vector<float> s(static_cast<size_t>(blocks));
+  cpu::quantize_q8_input_row(x.data() + i * in, in, q.data(), s.data());
+  const uint8_t* row = w.q8.data() + o * cpu::q8_row_bytes(in);
+  ref = mag = 0;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const double scale = double(cpu::q8_scale(row, in, b)) * double(s[static_cast<size_t>(b)]);
+    for (int64_t j = b * cpu::kQ8Block; j < std::min(in, (b + 1) * cpu::kQ8Block); ++j) {
+      const double t = scale * double(static_cast<int8_t>(row[j])) * double(q[size_t(j)]);
+      ref += t;
+      mag += std::fabs(t);
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("gemv: every format against a double reference over awkward shapes", "[gemv]") {
   const float eps = std::numeric_limits<float>::epsilon();
   for (WeightFormat f : kFormats)
-    for (int64_t in : {1, 15, 16, 17, 31, 32, 33, 100})
+    for (int64_t in : {1, 15, 16, 17, 31, 32, 33, 64, 65, 100, 129})
       for (int64_t out : {1, 3, 17, 37})
         for (int64_t m : {1, 2, 5, 8}) {
           CAPTURE(cpu::weight_format_name(f), in, out, m);
@@ -100,20 +124,29 @@ TEST_CASE("gemv: every format against a double reference over awkward shapes", "
           const std::vector<float> y = run(w.matrix(), x, m);
           for (int64_t i = 0; i < m; ++i)
             for (int64_t o = 0; o < out; ++o) {
-              double ref = 0, mag = 0;
-              for (int64_t j = 0; j < in; ++j) {
-                const double t = double(w.f32[o * in + j]) * double(x[i * in + j]);
-                ref += t;
-                mag += std::fabs(t);
+              double ref = 0, mag = 0, bound = 0;
+              if (f == WeightFormat::q8_0) {
+                // Integer sums are exact; each lane rounds its pairs' scale products and fused
+                // adds (pairs + 1 roundings of eps / 2), the tree 4 more: (pairs + 5) eps / 2,
+                // doubled for second-order terms.
+                q8_reference(w, x, i, o, ref, mag);
+                bound = double(cpu::q8_blocks(in) / 2 + 6) * eps * mag;
+              } else {
+                for (int64_t j = 0; j < in; ++j) {
+                  const double t = double(w.f32[o * in + j]) * double(x[i * in + j]);
+                  ref += t;
+                  mag += std::fabs(t);
+                }
+                // Recursive summation of `in` terms in f32: |error| <= in * eps * sum |terms|.
+                bound = double(in) * eps * mag;
               }
-              // Recursive summation of `in` terms in f32: |error| <= in * eps * sum |terms|.
-              REQUIRE(std::fabs(double(y[i * out + o]) - ref) <= double(in) * eps * mag + 1e-30);
+              REQUIRE(std::fabs(double(y[i * out + o]) - ref) <= bound + 1e-30);
             }
         }
 }
 
-TEST_CASE("gemv: each format is bitwise the f32 GEMV of its widened weights", "[gemv]") {
-  for (WeightFormat f : kFormats)
+TEST_CASE("gemv: f32, bf16 and f16 are bitwise the f32 GEMV of their widened weights", "[gemv]") {
+  for (WeightFormat f : {WeightFormat::f32, WeightFormat::bf16, WeightFormat::f16})
     for (int64_t in : {33, 64, 257}) {
       CAPTURE(cpu::weight_format_name(f), in);
       const Weights w(f, 29, in, 5);
@@ -122,19 +155,58 @@ TEST_CASE("gemv: each format is bitwise the f32 GEMV of its widened weights", "[
     }
 }
 
+TEST_CASE("gemv: Q8_0 is the f32 GEMV of its dequantised weights up to the inputs' rounding",
+          "[gemv]") {
+  // Quantising an input errs by at most half its block's step (scale / 2), so the products of
+  // a block move by at most scale / 2 x sum |w| over it; both GEMVs' own f32 rounding comes on
+  // top (in eps sum |terms| each).
+  const float eps = std::numeric_limits<float>::epsilon();
+  for (int64_t in : {40, 256, 1000}) {
+    CAPTURE(in);
+    const Weights w(WeightFormat::q8_0, 23, in, 31);
+    const std::vector<float> x = inputs(2, in, 32);
+    const std::vector<float> y = run(w.matrix(), x, 2), wide = run(w.widened(), x, 2);
+    bool moved = false;
+    for (int64_t i = 0; i < 2; ++i) {
+      std::vector<int8_t> q(static_cast<size_t>(in));
+      std::vector<float> s(static_cast<size_t>(cpu::q8_blocks(in)));
+      cpu::quantize_q8_input_row(x.data() + i * in, in, q.data(), s.data());
+      for (int64_t o = 0; o < w.out; ++o) {
+        double bound = 0, mag = 0;
+        for (int64_t j = 0; j < in; ++j) {
+          const double wj = std::fabs(double(w.f32[o * in + j]));
+          bound += double(s[size_t(j / cpu::kQ8Block)]) / 2 * wj;
+          mag += wj * std::fabs(double(x[i * in + j]));
+        }
+        const double d = std::fabs(double(y[i * w.out + o]) - double(wide[i * w.out + o]));
+        REQUIRE(d <= bound + 2.0 * double(in) * eps * (mag + bound));
+        moved = moved || d > 0;
+      }
+    }
+    CHECK(moved);  // the inputs were quantised: not the f32 path
+  }
+}
+
 TEST_CASE("gemv: the scalar and AVX-512 paths give the same bits", "[gemv]") {
   if (!cpu::gemv_isa_supported(cpu::GemvIsa::avx512)) {
     WARN("no AVX-512 on this CPU: only the scalar path runs");
     return;
   }
+  std::vector<cpu::GemvIsa> wide = {cpu::GemvIsa::avx512};
+  if (cpu::gemv_isa_supported(cpu::GemvIsa::avx512_vnni))
+    wide.push_back(cpu::GemvIsa::avx512_vnni);
+  else
+    WARN("no AVX-512 VNNI on this CPU: its Q8_0 path is not compared");
   for (WeightFormat f : kFormats)
-    for (int64_t m = 1; m <= cpu::kGemvMaxRows; ++m) {
-      CAPTURE(cpu::weight_format_name(f), m);
-      const Weights w(f, 21, 77, 3);
-      const std::vector<float> x = inputs(m, 77, 4);
-      CHECK(same_bits(run(w.matrix(), x, m, cpu::GemvIsa::scalar),
-                      run(w.matrix(), x, m, cpu::GemvIsa::avx512)));
-    }
+    for (int64_t in : {77, 64, 130})
+      for (int64_t m = 1; m <= cpu::kGemvMaxRows; ++m)
+        for (cpu::GemvIsa isa : wide) {
+          CAPTURE(cpu::weight_format_name(f), in, m, int(isa));
+          Weights w(f, 21, in, 3);
+          if (f == WeightFormat::q8_0) w.q8[5] = 0x80;  // -128, outside the quantiser's range
+          const std::vector<float> x = inputs(m, in, 4);
+          CHECK(same_bits(run(w.matrix(), x, m, cpu::GemvIsa::scalar), run(w.matrix(), x, m, isa)));
+        }
 }
 
 TEST_CASE("gemv: a batch of problems gives the same bits at 1 and 2 threads", "[gemv]") {
@@ -201,6 +273,78 @@ TEST_CASE("q8_0: |x - dequantised| <= scale / 2, zero blocks exact, non-finite r
   zeros[3] = std::nanf("");
   CHECK_THROWS_WITH(cpu::quantize_q8_0_row(zeros.data(), 40, row.data()),
                     Catch::Contains("element 3 is not finite"));
+}
+
+TEST_CASE("gemv: Q8_0 problems sharing input rows give the bits of each alone", "[gemv]") {
+  // An expert's w1 and w3 share their input rows; a third problem reads the same memory with
+  // another stride and row count: one quantisation serves the first two only.
+  const Weights a(WeightFormat::q8_0, 40, 64, 1), b(WeightFormat::q8_0, 33, 64, 2),
+      c(WeightFormat::q8_0, 20, 32, 3);
+  const std::vector<float> x = inputs(2, 64, 6);
+  std::vector<float> y(2 * 40 + 2 * 33 + 3 * 20);
+  const cpu::GemvProblem p[3] = {{a.matrix(), x.data(), 64, 2, y.data(), 40, 0.0f},
+                                 {b.matrix(), x.data(), 64, 2, y.data() + 80, 33, 0.0f},
+                                 {c.matrix(), x.data(), 32, 3, y.data() + 146, 20, 0.0f}};
+  cpu::gemv_batch(p, 3);
+  CHECK(same_bits(std::vector<float>(y.begin(), y.begin() + 80), run(a.matrix(), x, 2)));
+  CHECK(same_bits(std::vector<float>(y.begin() + 80, y.begin() + 146), run(b.matrix(), x, 2)));
+  CHECK(same_bits(std::vector<float>(y.begin() + 146, y.end()), run(c.matrix(), x, 3)));
+}
+
+TEST_CASE("q8_0 inputs: |x - scale q| <= scale / 2, zero blocks exact, non-finite gives NaN",
+          "[gemv]") {
+  for (int64_t n : {1, 31, 32, 33, 100}) {
+    CAPTURE(n);
+    std::vector<float> x(static_cast<size_t>(n));
+    for (int64_t j = 0; j < n; ++j) x[size_t(j)] = rng_normal(19, uint64_t(j)) * 5.0f;
+    if (n >= 64)
+      for (int64_t j = 32; j < 64; ++j) x[size_t(j)] = 0.0f;
+    std::vector<int8_t> q(static_cast<size_t>(n));
+    std::vector<float> s(static_cast<size_t>(cpu::q8_blocks(n)));
+    cpu::quantize_q8_input_row(x.data(), n, q.data(), s.data());
+    for (int64_t j = 0; j < n; ++j) {
+      const float scale = s[size_t(j / cpu::kQ8Block)];
+      REQUIRE(std::fabs(double(x[size_t(j)]) - double(scale) * q[size_t(j)]) <=
+              double(scale) / 2 * (1 + 1e-6));
+      REQUIRE(q[size_t(j)] >= -127);
+      if (x[size_t(j)] == 0.0f) REQUIRE(q[size_t(j)] == 0);
+    }
+    if (n >= 64) CHECK(s[1] == 0.0f);
+  }
+  // The AVX-512 quantiser the GEMV uses gives the scalar one's bytes and scales: ties (x / s an
+  // odd multiple of 0.5: block max 127 makes s = 1), tails, zero and non-finite blocks.
+  if (cpu::gemv_isa_supported(cpu::GemvIsa::avx512)) {
+    for (int64_t n : {1, 16, 17, 32, 45, 64, 100}) {
+      CAPTURE(n);
+      std::vector<float> x(static_cast<size_t>(n));
+      for (int64_t j = 0; j < n; ++j)
+        x[size_t(j)] = j % 3 == 0 ? float(j % 40) - 20.5f : rng_normal(23, uint64_t(j)) * 9.0f;
+      x[0] = 127.0f;
+      if (n > 40) x[40] = std::nanf("");
+      if (n >= 96)
+        for (int64_t j = 64; j < 96; ++j) x[size_t(j)] = 0.0f;
+      const size_t blocks = static_cast<size_t>(cpu::q8_blocks(n));
+      std::vector<int8_t> q1(x.size(), 9), q2(x.size(), 7);
+      std::vector<float> s1(blocks, 1.0f), s2(blocks, 2.0f);
+      cpu::gemv_detail::quantize_input_row(x.data(), n, q1.data(), s1.data(), false);
+      cpu::gemv_detail::quantize_input_row(x.data(), n, q2.data(), s2.data(), true);
+      CHECK(q1 == q2);
+      CHECK(std::memcmp(s1.data(), s2.data(), blocks * sizeof(float)) == 0);
+      CHECK(s1[0] == 1.0f);
+      if (n > 3) CHECK(q1[3] == -18);  // 3 - 20.5 = -17.5: to even
+    }
+  }
+  // A NaN or an infinity in an input row: that row's outputs are NaN, the other row's are not.
+  const Weights w(WeightFormat::q8_0, 5, 70, 8);
+  for (float bad : {std::nanf(""), std::numeric_limits<float>::infinity()}) {
+    std::vector<float> x = inputs(2, 70, 9);
+    x[70 + 40] = bad;
+    const std::vector<float> y = run(w.matrix(), x, 2);
+    for (int64_t o = 0; o < 5; ++o) {
+      CHECK(std::isfinite(y[size_t(o)]));
+      CHECK(std::isnan(y[size_t(5 + o)]));
+    }
+  }
 }
 
 TEST_CASE("gemv: widen_rows gives each element's exact value (vector and tail paths)", "[gemv]") {

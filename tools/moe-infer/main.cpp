@@ -34,6 +34,7 @@ struct Options {
   std::string model, data, data_format = "auto", prompts, out = "-", budget, popularity,
                            device = "cpu", summary, truncate = "none", tokenizer;
   int64_t batch = 8, max_sequences = 0, ep = 1;
+  bool incremental = false;
   infer::SamplingConfig sampling;
 };
 
@@ -134,9 +135,9 @@ int score(Options& o, std::unique_ptr<comm::Communicator> world) {
     meter.update(str("score ", done, "/", total, " sequences"), done, total, done * seq);
   };
   const std::unique_ptr<io::Tokenizer> tokenizer = open_tokenizer(o, e.config());
-  const infer::ScoreSummary summary = infer::score(
-      e, infer::ScoreOptions{o.data, o.data_format, o.batch, o.max_sequences, tokenizer.get()},
-      callbacks);
+  infer::ScoreOptions options{o.data, o.data_format, o.batch, o.max_sequences, tokenizer.get()};
+  options.incremental = o.incremental;
+  const infer::ScoreSummary summary = infer::score(e, options, callbacks);
   progress.finish();
   if (!out) return 0;
   out->close();
@@ -324,6 +325,10 @@ int main(int argc, char** argv) {
   sc->add_option("--max-sequences", o.max_sequences, "Score at most N sequences (0 = all)")
       ->check(tools::non_negative())
       ->capture_default_str();
+  sc->add_flag("--incremental", o.incremental,
+               "Score through the decode path: each window a token at a time through the KV "
+               "cache, --batch windows per step (what generation computes; Q8_0 weights then "
+               "multiply 8-bit inputs); one process");
   // Scoring only: generation runs on one rank.
   sc->add_option("--ep", o.ep,
                  "Under mpiexec -n N: spread every MoE layer's experts over the N ranks")

@@ -6,6 +6,7 @@
 
 #include "moe/arena.h"
 #include "moe/io/dataset.h"
+#include "moe/nn/loss.h"
 #include "moe/timer.h"
 
 namespace moe::infer {
@@ -23,6 +24,33 @@ void windows_of(const std::vector<int32_t>& tokens, int64_t seq, int64_t first, 
     std::copy(src, src + seq, ids.data<int32_t>() + w * seq);
     std::copy(src + 1, src + seq + 1, targets.data<int32_t>() + w * seq);
   }
+}
+
+// Per-window NLL sums of windows [first, first + count) through the KV cache, a token at a time.
+std::vector<double> incremental_sums(const Engine& e, const std::vector<int32_t>& tokens,
+                                     int64_t first, int64_t count, KVCache& cache, Arena& arena) {
+  const int64_t seq = e.config().seq;
+  std::vector<double> sums(static_cast<size_t>(count), 0.0);
+  cache.clear();
+  std::vector<int32_t> ids(static_cast<size_t>(count)), next(static_cast<size_t>(count));
+  for (int64_t t = 0; t < seq; ++t) {
+    {
+      ArenaScope scope(arena);
+      for (int64_t w = 0; w < count; ++w) {
+        ids[static_cast<size_t>(w)] = tokens[static_cast<size_t>((first + w) * seq + t)];
+        next[static_cast<size_t>(w)] = tokens[static_cast<size_t>((first + w) * seq + t + 1)];
+      }
+      const Tensor logits =
+          e.model().forward_cached(Tensor::from_vector({count, 1}, ids).to(e.device()), cache);
+      Tensor row_nll;
+      nn::cross_entropy(logits, Tensor::from_vector({count}, next).to(e.device()), nullptr, 1.0f,
+                        &row_nll);
+      row_nll = row_nll.to(Device{});
+      for (int64_t w = 0; w < count; ++w) sums[static_cast<size_t>(w)] += row_nll.data<float>()[w];
+    }
+    arena.reset();
+  }
+  return sums;
 }
 
 }  // namespace
@@ -45,9 +73,13 @@ ScoreSummary score(const Engine& e, const ScoreOptions& o, const ScoreCallbacks&
   int64_t total = (static_cast<int64_t>(tokens.size()) - 1) / mc.seq;
   if (o.max_sequences > 0) total = std::min(total, o.max_sequences);
   if (callbacks.start) callbacks.start(total);
+  MOE_USAGE_CHECK(!o.incremental || R == 1,
+                  "score --incremental runs in one process (not under --ep with ", R, " ranks)");
   ScoreSummary summary;
   summary.sequences = total;
   Arena arena;
+  // The cache lives outside the arena (its tensors outlast every step's scope).
+  KVCache cache = o.incremental ? e.model().make_cache(o.batch) : KVCache{};
   EvalOptions eval;
   Timer timer;
   // Each round takes batch x R windows; rank r computes its contiguous share (under --ep every
@@ -58,7 +90,9 @@ ScoreSummary score(const Engine& e, const ScoreOptions& o, const ScoreCallbacks&
     const int64_t per = (round + R - 1) / R;
     const int64_t begin = std::min(round, r * per), mine = std::min(round, (r + 1) * per) - begin;
     std::vector<double> sums(static_cast<size_t>(mine));
-    {
+    if (o.incremental) {
+      sums = incremental_sums(e, tokens, done, mine, cache, arena);
+    } else {
       ArenaScope scope(arena);
       Tensor ids, targets, row_nll;
       windows_of(tokens, mc.seq, mine ? done + begin : 0, std::max<int64_t>(mine, 1), ids, targets);
@@ -71,8 +105,8 @@ ScoreSummary score(const Engine& e, const ScoreOptions& o, const ScoreCallbacks&
         for (int64_t t = 0; t < mc.seq; ++t) sum += nll[s * mc.seq + t];
         sums[static_cast<size_t>(s)] = sum;
       }
+      arena.reset();
     }
-    arena.reset();
     if (R > 1) {  // rank 0 gathers the round's sums (as their bits), in window order
       std::vector<int64_t> counts(static_cast<size_t>(R));
       for (int q = 0; q < R; ++q)

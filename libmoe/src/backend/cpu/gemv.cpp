@@ -11,42 +11,17 @@
 #include <vector>
 
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/gemv_internal.h"
+#include "backend/cpu/gemv_q8.h"
 #include "backend/cpu/task_pool.h"
 #include "core/parallel.h"
 #include "kernels/convert.h"
 #include "moe/error.h"
 #include "moe/tensor.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define MOE_GEMV_X86 1
-#include <immintrin.h>
-#define MOE_TARGET_GEMV512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
-#endif
-
 namespace moe::cpu {
+using namespace gemv_detail;
 namespace {
-
-constexpr int64_t kLanes = 16;
-// Output rows per parallel task: small enough that a 512-row matrix still feeds 2+ threads,
-// large enough that the fork's cost is spread over some 100 KB of weights.
-constexpr int64_t kRowsPerTask = 16;
-
-// The fixed reduction of the 16 lanes (halves: 8, 4, 2, 1), shared by both paths.
-inline float reduce_lanes(float* lane) {
-  for (int64_t half = kLanes / 2; half >= 1; half /= 2)
-    for (int64_t l = 0; l < half; ++l) lane[l] += lane[l + half];
-  return lane[0];
-}
-
-inline float f16_at(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, sizeof h);  // a row's scales may sit at an odd address
-  return kernels::f16_to_f32(h);
-}
-
-inline const uint8_t* q8_row(const WeightMatrix& w, int64_t o) {
-  return static_cast<const uint8_t*>(w.data) + o * q8_row_bytes(w.in);
-}
 
 // Element j of row o widened to f32 (exact).
 inline float weight_at(const WeightMatrix& w, int64_t o, int64_t j) {
@@ -79,11 +54,7 @@ void rows_scalar(const GemvProblem& p, int64_t begin, int64_t end) {
           lanes[i][l] = std::fma(wv, p.x[i * p.ldx + j0 + l], lanes[i][l]);
       }
     }
-    for (int64_t i = 0; i < p.m; ++i) {
-      const float dot = reduce_lanes(lanes[i]);
-      float& y = p.y[i * p.ldy + o];
-      y = p.beta == 0.0f ? dot : dot + p.beta * y;
-    }
+    for (int64_t i = 0; i < p.m; ++i) store_output(p, i, o, reduce_lanes(lanes[i]));
   }
 }
 
@@ -164,9 +135,7 @@ MOE_TARGET_GEMV512 void rows_avx512_block(const GemvProblem& p, int64_t o) {
     for (int i = 0; i < M; ++i) {
       alignas(64) float lane[kLanes];
       _mm512_store_ps(lane, acc[r][i]);
-      const float dot = reduce_lanes(lane);
-      float& y = p.y[i * p.ldy + o + r];
-      y = p.beta == 0.0f ? dot : dot + p.beta * y;
+      store_output(p, i, o + r, reduce_lanes(lane));
     }
 }
 
@@ -180,24 +149,7 @@ void rows_avx512_m(const GemvProblem& p, int64_t begin, int64_t end) {
 
 template <WeightFormat F>
 void rows_avx512_f(const GemvProblem& p, int64_t begin, int64_t end) {
-  switch (p.m) {
-    case 1:
-      return rows_avx512_m<F, 1>(p, begin, end);
-    case 2:
-      return rows_avx512_m<F, 2>(p, begin, end);
-    case 3:
-      return rows_avx512_m<F, 3>(p, begin, end);
-    case 4:
-      return rows_avx512_m<F, 4>(p, begin, end);
-    case 5:
-      return rows_avx512_m<F, 5>(p, begin, end);
-    case 6:
-      return rows_avx512_m<F, 6>(p, begin, end);
-    case 7:
-      return rows_avx512_m<F, 7>(p, begin, end);
-    default:
-      return rows_avx512_m<F, 8>(p, begin, end);
-  }
+  with_rows(p.m, [&](auto m) { rows_avx512_m<F, decltype(m)::value>(p, begin, end); });
 }
 
 // Calls fn with the format as a compile-time constant (std::integral_constant).
@@ -237,6 +189,9 @@ void widen_row_avx512(const WeightMatrix& w, int64_t o, float* dst) {
 #endif
 #endif
 
+}  // namespace
+
+namespace gemv_detail {
 bool avx512_available() {
 #if MOE_GEMV_X86
   static const bool ok = [] {
@@ -253,8 +208,20 @@ bool avx512_available() {
 #endif
 }
 
+bool avx512_vnni_available() {
+#if MOE_GEMV_X86
+  static const bool ok = avx512_available() && __builtin_cpu_supports("avx512vnni");
+  return ok;
+#else
+  return false;
+#endif
+}
+}  // namespace gemv_detail
+
+namespace {
 struct Task {
   const GemvProblem* problem;
+  const Q8Input* q8;  // Q8_0 weights: the problem's quantised input rows
   int64_t begin, end;
 };
 
@@ -274,32 +241,62 @@ const char* weight_format_name(WeightFormat format) {
   return "?";
 }
 
-bool gemv_isa_supported(GemvIsa isa) { return isa != GemvIsa::avx512 || avx512_available(); }
+bool gemv_isa_supported(GemvIsa isa) {
+  return isa == GemvIsa::avx512_vnni ? avx512_vnni_available()
+                                     : isa != GemvIsa::avx512 || avx512_available();
+}
 
 void gemv_batch(const GemvProblem* problems, size_t count, GemvIsa isa) {
-  if (isa == GemvIsa::best) isa = avx512_available() ? GemvIsa::avx512 : GemvIsa::scalar;
+  if (isa == GemvIsa::best)
+    isa = avx512_vnni_available() ? GemvIsa::avx512_vnni
+          : avx512_available()    ? GemvIsa::avx512
+                                  : GemvIsa::scalar;
   MOE_CHECK(gemv_isa_supported(isa), "gemv: this CPU lacks the AVX-512 subset the path needs");
-  // The task list is reused between calls (decode steps allocate nothing here once warm).
+  // The task list and the quantised input rows are reused between calls (decode steps allocate
+  // nothing here once warm). Problems of a batch that share their input rows (an expert's w1
+  // and w3, attention's q, k and v) share one quantisation of them.
   thread_local std::vector<Task> tasks;
+  thread_local std::vector<Q8Input> inputs;
+  thread_local std::vector<size_t> input_of;  // problem -> its entry of `inputs` (Q8_0)
   tasks.clear();
+  input_of.assign(count, 0);
+  size_t quantised = 0;
   double work = 0;
   for (size_t p = 0; p < count; ++p) {
     const GemvProblem& pr = problems[p];
     MOE_CHECK(pr.m >= 1 && pr.m <= kGemvMaxRows, "gemv: ", pr.m, " input rows (1 to ", kGemvMaxRows,
               ")");
-    for (int64_t o = 0; o < pr.w.out; o += kRowsPerTask)
-      tasks.push_back({&pr, o, std::min(pr.w.out, o + kRowsPerTask)});
+    if (pr.w.format == WeightFormat::q8_0) {
+      size_t k = 0;
+      while (k < quantised && !inputs[k].holds(pr.x, pr.ldx, pr.m, pr.w.in)) ++k;
+      if (k == quantised) {
+        if (inputs.size() <= k) inputs.resize(k + 1);
+        inputs[k].build(pr.x, pr.ldx, pr.m, pr.w.in, isa != GemvIsa::scalar);
+        ++quantised;
+      }
+      input_of[p] = k;
+    }
     work += double(pr.w.out) * double(pr.w.in) * double(pr.m);
+  }
+  for (size_t p = 0; p < count; ++p) {  // pointers into `inputs` once it has stopped growing
+    const GemvProblem& pr = problems[p];
+    const Q8Input* q8 = pr.w.format == WeightFormat::q8_0 ? &inputs[input_of[p]] : nullptr;
+    for (int64_t o = 0; o < pr.w.out; o += kRowsPerTask)
+      tasks.push_back({&pr, q8, o, std::min(pr.w.out, o + kRowsPerTask)});
   }
   const int64_t n = static_cast<int64_t>(tasks.size());
   const Task* t = tasks.data();
-  const bool wide = isa == GemvIsa::avx512;
-  auto run = [t, wide](int64_t i) {
+  const bool wide = isa != GemvIsa::scalar, vnni = isa == GemvIsa::avx512_vnni;
+  auto run = [t, wide, vnni](int64_t i) {
+    const Task& task = t[i];
 #if MOE_GEMV_X86
-    if (wide) return rows_avx512(*t[i].problem, t[i].begin, t[i].end);
+    if (wide && task.q8) return q8_rows_avx512(*task.problem, *task.q8, task.begin, task.end, vnni);
+    if (wide) return rows_avx512(*task.problem, task.begin, task.end);
 #endif
     (void)wide;
-    rows_scalar(*t[i].problem, t[i].begin, t[i].end);
+    (void)vnni;
+    if (task.q8) return q8_rows_scalar(*task.problem, *task.q8, task.begin, task.end);
+    rows_scalar(*task.problem, task.begin, task.end);
   };
   // The task pool, not an OpenMP loop: a decode step makes ~60 of these calls, each tens of
   // microseconds of work, and a late thread must not hold the others up (task_pool.h).

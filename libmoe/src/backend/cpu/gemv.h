@@ -12,8 +12,18 @@
 // Determinism by construction: each output element is computed by one thread with one fixed order
 // (16 lanes, lane l summing elements l, l + 16, ... with fused multiply-adds, then a fixed tree
 // over the lanes), whatever the thread count, m, or the instruction set (the scalar fallback
-// computes the same lanes with std::fma). Widening is exact, so every format's result equals,
-// bit for bit, the f32 GEMV of its widened (dequantised) weights.
+// computes the same lanes with std::fma). Widening is exact, so the f32, bf16 and f16 results
+// equal, bit for bit, the f32 GEMV of the widened weights.
+//
+// Q8_0 weights multiply 8-bit input rows instead (as llama.cpp does): each input row is quantised
+// once per call, per block of 32 (quantize_q8_input_row), and a block's products are summed in
+// integers, exactly (AVX-512 VNNI vpdpbusd, or vpmaddubsw + vpmaddwd without VNNI, or scalar).
+// Lane l of block pair t holds the integer sum over elements 64 t + 4 l .. + 3; it is scaled by
+// (weight scale x input scale) of its block and added to an f32 lane with a fused multiply-add,
+// pair after pair; the same tree ends it. Every path computes those exact integers and the same
+// f32 operations, so the bits agree across paths and thread counts; against the f32 GEMV of the
+// dequantised weights the result differs by the input rows' rounding (at most half a step of
+// each block, |x| max / 254), which bounds the error by sum over blocks of step / 2 x sum |w|.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -59,7 +69,8 @@ inline constexpr int64_t kGemvMaxRows = 8;
 
 // Independent problems (their y regions must not overlap) in one parallel loop over blocks of
 // output rows. `isa` forces a path (tests, benchmarks); the default is the best this CPU has.
-enum class GemvIsa { best, scalar, avx512 };
+// avx512 and avx512_vnni differ only for Q8_0 (how the integer sums are formed; same values).
+enum class GemvIsa { best, scalar, avx512, avx512_vnni };
 void gemv_batch(const GemvProblem* problems, size_t count, GemvIsa isa = GemvIsa::best);
 bool gemv_isa_supported(GemvIsa isa);
 
@@ -74,6 +85,13 @@ void widen_rows(const WeightMatrix& w, int64_t row, int64_t rows, float* out);
 void quantize_q8_0_row(const float* x, int64_t n, uint8_t* row);
 // The scale of block b of a Q8_0 row of n elements.
 float q8_scale(const uint8_t* row, int64_t n, int64_t b);
+
+// An input row of n floats as the Q8_0 GEMV multiplies it: per block b of kQ8Block, scale[b] =
+// max|x| / 127 (f32, not rounded further), q = round-to-nearest-even(x / scale) clamped to
+// [-127, 127] (|x - scale q| <= scale / 2); an all-zero block has scale 0 and q 0. A block holding
+// a NaN or an infinity gets q 0 and scale NaN, so the products it enters come out NaN (as the f32
+// GEMV's would be non-finite). q has n elements, scale q8_blocks(n).
+void quantize_q8_input_row(const float* x, int64_t n, int8_t* q, float* scale);
 
 }  // namespace moe::cpu
 

@@ -1,0 +1,217 @@
+// The Q8_0 decode GEMV against 8-bit input rows (gemv.h): the input rows' quantiser, the scalar
+// path, and the AVX-512 path (with VNNI's vpdpbusd, or vpmaddubsw + vpmaddwd without it). All
+// three form the same exact integer sums and the same f32 operations on them, so their bits agree.
+// Shapes: m input rows, out x in weights; a block is kQ8Block = 32 elements, a pair of blocks 64.
+#include "backend/cpu/gemv_q8.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+// GCC 12 reports its own _mm512_undefined_ps() inside the AVX-512 intrinsics as maybe
+// uninitialised (a false positive: every lane is written), as in gemv.cpp.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+namespace moe::cpu {
+
+void quantize_q8_input_row(const float* x, int64_t n, int8_t* q, float* scale) {
+  for (int64_t b = 0; b < q8_blocks(n); ++b) {
+    const int64_t begin = b * kQ8Block, end = std::min(n, begin + kQ8Block);
+    float amax = 0;
+    bool finite = true;
+    for (int64_t j = begin; j < end; ++j) {
+      finite = finite && std::isfinite(x[j]);
+      amax = std::max(amax, std::fabs(x[j]));
+    }
+    const float s = amax / 127.0f;
+    if (!finite || !std::isfinite(s)) {
+      std::fill(q + begin, q + end, int8_t{0});
+      scale[b] = std::numeric_limits<float>::quiet_NaN();
+      continue;
+    }
+    scale[b] = s;
+    for (int64_t j = begin; j < end; ++j) {
+      const float v = s > 0 ? std::nearbyint(x[j] / s) : 0.0f;
+      q[j] = static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f));
+    }
+  }
+}
+
+namespace gemv_detail {
+
+#if MOE_GEMV_X86
+namespace {
+// round-to-nearest-even(v / s) clamped to [-127, 127] (s 0: zeros), as int32 lanes.
+MOE_TARGET_GEMV512 inline __m512i quantise16(__m512 v, float s) {
+  if (s == 0.0f) return _mm512_setzero_si512();
+  const __m512 r = _mm512_roundscale_ps(_mm512_div_ps(v, _mm512_set1_ps(s)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  return _mm512_cvtps_epi32(
+      _mm512_min_ps(_mm512_max_ps(r, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f)));
+}
+
+// quantize_q8_input_row with 16 lanes: the same largest magnitude (max is exact in any order),
+// the same f32 division and round-to-nearest-even, the same clamp: the same bytes and scales.
+MOE_TARGET_GEMV512 void quantize_row_avx512(const float* x, int64_t n, int8_t* q, float* scale) {
+  const __m512 zero = _mm512_setzero_ps();
+  for (int64_t b = 0; b < q8_blocks(n); ++b) {
+    const int64_t begin = b * kQ8Block, len = std::min(kQ8Block, n - begin);
+    const auto mask = [](int64_t k) {
+      return static_cast<__mmask16>(k >= 16 ? 0xffff : k <= 0 ? 0 : (1u << k) - 1u);
+    };
+    const __mmask16 m0 = mask(len), m1 = mask(len - 16);
+    const __m512 v0 = _mm512_maskz_loadu_ps(m0, x + begin),
+                 v1 = _mm512_maskz_loadu_ps(m1, x + begin + 16);
+    // x - x is NaN exactly for a NaN or an infinity.
+    if (_mm512_cmp_ps_mask(_mm512_sub_ps(v0, v0), zero, _CMP_NEQ_UQ) |
+        _mm512_cmp_ps_mask(_mm512_sub_ps(v1, v1), zero, _CMP_NEQ_UQ)) {
+      std::fill(q + begin, q + begin + len, int8_t{0});
+      scale[b] = std::numeric_limits<float>::quiet_NaN();
+      continue;
+    }
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    const float s = amax / 127.0f;
+    scale[b] = s;
+    _mm512_mask_cvtepi32_storeu_epi8(q + begin, m0, quantise16(v0, s));
+    _mm512_mask_cvtepi32_storeu_epi8(q + begin + 16, m1, quantise16(v1, s));
+  }
+}
+}  // namespace
+#endif
+
+void quantize_input_row(const float* x, int64_t n, int8_t* q, float* scale, bool wide) {
+#if MOE_GEMV_X86
+  if (wide) return quantize_row_avx512(x, n, q, scale);
+#endif
+  (void)wide;
+  quantize_q8_input_row(x, n, q, scale);
+}
+
+void Q8Input::build(const float* rows, int64_t ld, int64_t count, int64_t n, bool wide) {
+  x = rows;
+  ldx = ld;
+  m = count;
+  in = n;
+  pairs = (q8_blocks(n) + 1) / 2;
+  padded = pairs * 2 * kQ8Block;
+  // assign() keeps the vectors' capacity: no allocation once warm.
+  q.assign(static_cast<size_t>(m * padded), 0);
+  scale.assign(static_cast<size_t>(m * pairs * 16), 0.0f);
+  block.assign(static_cast<size_t>(2 * pairs), 0.0f);
+  for (int64_t i = 0; i < m; ++i) {
+    quantize_input_row(rows + i * ld, n, q.data() + i * padded, block.data(), wide);
+    float* s = scale.data() + i * pairs * 16;
+    for (int64_t l = 0; l < pairs * 16; ++l) s[l] = block[static_cast<size_t>(l / 8)];
+  }
+}
+
+namespace {
+// The weight scale of block b of row `row` (0 past the last block: the padding's lanes).
+inline float weight_scale(const uint8_t* row, int64_t in, int64_t b) {
+  return b < q8_blocks(in) ? f16_at(row + in + 2 * b) : 0.0f;
+}
+}  // namespace
+
+void q8_rows_scalar(const GemvProblem& p, const Q8Input& x, int64_t begin, int64_t end) {
+  const int64_t in = p.w.in;
+  for (int64_t o = begin; o < end; ++o) {
+    const uint8_t* row = q8_row(p.w, o);
+    float lanes[kGemvMaxRows][kLanes] = {};
+    for (int64_t t = 0; t < x.pairs; ++t) {
+      const float dw[2] = {weight_scale(row, in, 2 * t), weight_scale(row, in, 2 * t + 1)};
+      for (int64_t i = 0; i < p.m; ++i) {
+        const int8_t* xq = x.q_row(i);
+        const float* xs = x.scale_row(i) + t * kLanes;
+        for (int64_t l = 0; l < kLanes; ++l) {
+          int32_t sum = 0;
+          for (int64_t j = t * 64 + 4 * l; j < std::min(in, t * 64 + 4 * l + 4); ++j)
+            sum += static_cast<int32_t>(static_cast<int8_t>(row[j])) * xq[j];
+          lanes[i][l] = std::fma(dw[l / 8] * xs[l], static_cast<float>(sum), lanes[i][l]);
+        }
+      }
+    }
+    for (int64_t i = 0; i < p.m; ++i) store_output(p, i, o, reduce_lanes(lanes[i]));
+  }
+}
+
+#if MOE_GEMV_X86
+// Both instantiations carry the VNNI target, but only the VNNI one writes a VNNI instruction
+// (vpdpbusd); the other is called on AVX-512 CPUs without VNNI (checked: objdump shows no
+// vpdpbusd in it). The sums' values are the same: |w| (u8) times x with w's sign, in 4s.
+#define MOE_TARGET_Q8 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+
+// R weight rows by M input rows: per pair of blocks, 64 weights of each row against the same 64
+// inputs of each input row, R x M accumulators (their chains hide the latency), the next R rows
+// prefetched a line at a time (a decode row is too short for the hardware prefetcher).
+template <int M, int R, bool VNNI>
+MOE_TARGET_Q8 void q8_block(const GemvProblem& p, const Q8Input& x, int64_t o) {
+  const int64_t in = p.w.in, blocks = q8_blocks(in);
+  const __m512i zero = _mm512_setzero_si512(), ones = _mm512_set1_epi16(1);
+  __m512 acc[R][M];
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < M; ++i) acc[r][i] = _mm512_setzero_ps();
+  const uint8_t* rows[R];
+  for (int r = 0; r < R; ++r) rows[r] = q8_row(p.w, o + r);
+  for (int64_t t = 0; t < x.pairs; ++t) {
+    const int64_t j = t * 64;
+    const __mmask64 mask = in - j >= 64 ? ~__mmask64{0} : (__mmask64{1} << (in - j)) - 1;
+    __m512i xq[M];
+    __m512 xs[M];
+    for (int i = 0; i < M; ++i) {
+      xq[i] = _mm512_loadu_si512(x.q_row(i) + j);
+      xs[i] = _mm512_loadu_ps(x.scale_row(i) + t * kLanes);
+    }
+    for (int r = 0; r < R; ++r) {
+      if (o + R + r < p.w.out)
+        _mm_prefetch(reinterpret_cast<const char*>(rows[r] + R * q8_row_bytes(in) + j),
+                     _MM_HINT_T0);
+      const __m512i w = _mm512_maskz_loadu_epi8(mask, rows[r] + j);
+      const __m512i wabs = _mm512_abs_epi8(w);
+      const __mmask64 negative = _mm512_movepi8_mask(w);
+      uint16_t h[2] = {0, 0};
+      std::memcpy(h, rows[r] + in + 4 * t, 2 * t + 1 < blocks ? 4 : 2);
+      const __m512 dw =
+          _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(_cvtsh_ss(h[0])),
+                               _mm512_set1_ps(2 * t + 1 < blocks ? _cvtsh_ss(h[1]) : 0.0f));
+      for (int i = 0; i < M; ++i) {
+        const __m512i sx = _mm512_mask_sub_epi8(xq[i], negative, zero, xq[i]);
+        __m512i sum;
+        if constexpr (VNNI)
+          sum = _mm512_dpbusd_epi32(zero, wabs, sx);
+        else
+          sum = _mm512_madd_epi16(_mm512_maddubs_epi16(wabs, sx), ones);
+        acc[r][i] = _mm512_fmadd_ps(_mm512_mul_ps(dw, xs[i]), _mm512_cvtepi32_ps(sum), acc[r][i]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < M; ++i) {
+      alignas(64) float lane[kLanes];
+      _mm512_store_ps(lane, acc[r][i]);
+      store_output(p, i, o + r, reduce_lanes(lane));
+    }
+}
+
+template <int M, bool VNNI>
+void q8_rows_m(const GemvProblem& p, const Q8Input& x, int64_t begin, int64_t end) {
+  constexpr int R = M <= 2 ? 8 : M <= 4 ? 2 : 1;
+  int64_t o = begin;
+  for (; o + R <= end; o += R) q8_block<M, R, VNNI>(p, x, o);
+  for (; o < end; ++o) q8_block<M, 1, VNNI>(p, x, o);
+}
+
+template <bool VNNI>
+void q8_rows_v(const GemvProblem& p, const Q8Input& x, int64_t begin, int64_t end) {
+  with_rows(p.m, [&](auto m) { q8_rows_m<decltype(m)::value, VNNI>(p, x, begin, end); });
+}
+
+void q8_rows_avx512(const GemvProblem& p, const Q8Input& x, int64_t begin, int64_t end, bool vnni) {
+  if (vnni) return q8_rows_v<true>(p, x, begin, end);
+  q8_rows_v<false>(p, x, begin, end);
+}
+#endif
+
+}  // namespace gemv_detail
+}  // namespace moe::cpu
