@@ -3,8 +3,9 @@
 // router's logits moving alike for every expert when a token moves along c (so its routing
 // ignores the shared part of the stream), the running-mean update from hand-made sums, a training
 // step applying exactly the update its statistics call for, the first step's calibration (a
-// near-uniform load where plain routers' is not), a checkpoint carrying the centers through a
-// resume, --grad-accum agreeing with one pass, and exports writing W' as a plain router.
+// near-uniform load where plain routers' is not; its passes stopped after a layer see the full
+// pass's inputs), a checkpoint carrying the centers through a resume and --init, --grad-accum
+// agreeing with one pass, and exports writing W' as a plain router.
 // Shapes: E experts, D model width, N tokens.
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -251,6 +252,75 @@ TEST_CASE("router center: the first step calibrates the centers, its load is nea
     // 1.30).
     REQUIRE(plain > 1.7);
     REQUIRE(centred <= 1.5);
+  }
+}
+
+TEST_CASE("router center: a pass over the first blocks has the full pass's statistics",
+          "[router_center][train]") {
+  // The calibration stops each of its passes after the MoE layer it calibrates
+  // (EvalOptions::blocks); the layers it ran see exactly the full pass's inputs.
+  ModelConfig m = test::small_model_config(Arch::mixtral);
+  m.layers = 4;
+  m.router_center_rate = 1;
+  m.resolve();
+  const std::vector<int64_t> blocks = m.moe_blocks();
+  REQUIRE(blocks.size() == 4);
+  train::Trainer run(m, test::short_run(2), {});
+  run.step();  // calibrated and moved: centers that are not zero
+  const Tensor ids = test::random_ids({3, m.seq}, 7, int32_t(m.vocab_size)),
+               targets = test::random_ids({3, m.seq}, 8, int32_t(m.vocab_size));
+  EvalOptions full;
+  full.router_input_sums = true;
+  const ForwardStats all = run.model().evaluate(ids, targets, full);
+  REQUIRE(all.moe.size() == 4);
+  REQUIRE(all.loss > 0);
+  for (int64_t k : {1, 2, 3}) {
+    INFO(k << " blocks");
+    EvalOptions part = full;
+    part.blocks = k;
+    const ForwardStats f = run.model().evaluate(ids, targets, part);
+    REQUIRE(f.moe.size() == static_cast<size_t>(k));
+    CHECK(f.loss == 0);
+    for (int64_t l = 0; l < k; ++l) {
+      CHECK(f.moe[size_t(l)].input_sum == all.moe[size_t(l)].input_sum);
+      CHECK(f.moe[size_t(l)].load == all.moe[size_t(l)].load);
+    }
+  }
+  Tensor row_nll;
+  EvalOptions cut = full;
+  cut.blocks = 2;
+  cut.row_nll = &row_nll;
+  CHECK_THROWS_WITH(run.model().evaluate(ids, targets, cut),
+                    Catch::Contains("has no per-token loss"));
+}
+
+TEST_CASE("router center: a run started from a checkpoint's weights keeps its centers",
+          "[router_center][train]") {
+  // --init: the centers come with the weights, so the first step only moves them by its mean
+  // input (no calibration from the first batch).
+  test::ScratchDir dir("router_center_init");
+  const ModelConfig m = centred_model(0.5);
+  const train::TrainConfig t = test::short_run(3);
+  train::Trainer first(m, t, {});
+  first.step();
+  first.save(dir.path());
+  train::Trainer fine(m, t, {});
+  fine.initialize(dir / "last.h5");
+  const std::vector<int64_t> blocks = m.moe_blocks();
+  std::vector<std::vector<float>> before;
+  for (int64_t b : blocks) {
+    before.push_back(host_values(fine.params().at(center_name(b)).value));
+    REQUIRE(same_bits(before.back(), host_values(first.params().at(center_name(b)).value)));
+  }
+  const train::StepStats s = fine.step();
+  for (size_t l = 0; l < blocks.size(); ++l) {
+    const nn::MoEStats& stats = s.forward.moe[l];
+    std::vector<float> expected = before[l];
+    for (size_t i = 0; i < expected.size(); ++i) {
+      const double mean = stats.input_sum[i] / static_cast<double>(stats.input_tokens);
+      expected[i] = static_cast<float>(expected[i] + 0.5 * (mean - expected[i]));
+    }
+    CHECK(same_bits(host_values(fine.params().at(center_name(blocks[l])).value), expected));
   }
 }
 

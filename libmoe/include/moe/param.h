@@ -89,10 +89,16 @@ class ParamSet {
   // slice when row counts experts): bitwise the values add/add_shard give those rows. `out` is
   // f32 with rows * (numel / shape[0]) elements.
   void initial_rows(const Param& p, int64_t row, int64_t rows, float* out) const;
-  // Parameters added while this is on start as zeros instead of their Init's values: for a loader
-  // that overwrites every one (infer::load_model), whose start would otherwise draw and discard
-  // a normal value per weight (most of moe-infer's start-up on a 145M-parameter model).
+  // Parameters added while this is on start unwritten (not even zeroed) instead of their Init's
+  // values, and a 16-bit one without its f32 compute copy: for a loader that overwrites every
+  // one and then sets its compute tensor (infer::load_model), whose start would otherwise draw
+  // and discard a normal value per weight (most of moe-infer's start-up on a 145M-parameter
+  // model) and touch memory it replaces.
   void skip_initial_values(bool on) { skip_initial_values_ = on; }
+  // Parameters added while this is on have no gradient (Param::grad undefined): for a model that
+  // only runs forward passes (infer::load_model), which would otherwise hold an f32 gradient the
+  // size of every parameter until lean_for_inference dropped it.
+  void skip_gradients(bool on) { skip_gradients_ = on; }
   Param* find(const std::string& name);
   const Param* find(const std::string& name) const;
   Param& at(const std::string& name);  // throws naming the parameter
@@ -111,7 +117,7 @@ class ParamSet {
  private:
   void fill_initial(const Param& p, int64_t begin, int64_t end, float* out) const;
   uint64_t seed_;
-  bool skip_initial_values_ = false;
+  bool skip_initial_values_ = false, skip_gradients_ = false;
   DType dtype_;
   std::vector<std::unique_ptr<Param>> params_;
   std::map<std::string, Param*> by_name_;

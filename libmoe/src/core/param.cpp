@@ -58,15 +58,18 @@ Param& ParamSet::add_shard(const std::string& name, const ParamShard& shard, Ini
   p->init = init;
   const DType dtype = storage.value_or(dtype_);
   if (skip_initial_values_) {
-    p->value = Tensor::zeros(shape, dtype);
+    // Not even zeroed: the pages stay untouched until the loader writes them (a Q8_0 weight's
+    // placeholder is replaced, never written). No compute copy yet for a 16-bit value: the
+    // loader makes the one it needs once the value is in.
+    p->value = Tensor::empty(shape, dtype);
   } else {
     Tensor master = Tensor::empty(shape, DType::f32);
     fill_initial(*p, 0, master.numel(), master.data<float>());
     p->value = dtype == DType::f32 ? master : master.to(dtype);
   }
   p->value.set_name(name);
-  p->grad = Tensor::zeros(shape, DType::f32).set_name(name + ".grad");
-  p->refresh_compute();
+  if (!skip_gradients_) p->grad = Tensor::zeros(shape, DType::f32).set_name(name + ".grad");
+  if (!skip_initial_values_ || dtype == DType::f32) p->refresh_compute();
   Param& ref = *p;
   by_name_[name] = p.get();
   params_.push_back(std::move(p));

@@ -98,6 +98,18 @@ bool identity(const std::vector<int>& order) {
   return true;
 }
 
+// The compute tensor of a parameter whose value the loader has written: a bf16/f16 weight matrix
+// is its own (the CPU kernels widen it on the fly, as lean_for_inference leaves it; moving the
+// model to a GPU makes f32 copies there), so loading never holds an f32 copy of the matrices;
+// anything else gets its f32 copy.
+void finish_loaded(Param& p) {
+  const DType dtype = p.value.dtype();
+  if ((dtype == DType::bf16 || dtype == DType::f16) && io::quantizable(p.name, p.value.shape()))
+    p.compute = p.value;
+  else
+    p.refresh_compute();
+}
+
 // One expert's chunk, checked as every loader checks it, copied into row `row` of p's value.
 void put_expert(Param& p, int64_t row, const Tensor& one, const std::string& source,
                 int64_t expert) {
@@ -121,8 +133,10 @@ void build_model(LoadedModel& m, const std::string& source, bool experts,
                        str(params, " parameters of ", dtype_name(m.config.dtype)));
   m.params = std::make_unique<ParamSet>(0, m.config.dtype);
   m.params->skip_initial_values(true);  // every parameter is read from the file next
+  m.params->skip_gradients(true);       // forward passes only
   m.model = std::make_unique<Transformer>(m.config, *m.params, parallel);
   m.params->skip_initial_values(false);
+  m.params->skip_gradients(false);
 }
 
 // A Q8_0 weight (moe-convert quantize): u8 rows [.., out, q8_row_bytes(in)] become the
@@ -166,7 +180,7 @@ void put_param(ParamSet& params, const std::string& name, const Tensor& tensor,
             p->value.describe());
   io::check_finite(str("'", source, "'"), name, tensor);
   p->value.copy_from(tensor);
-  p->refresh_compute();
+  finish_loaded(*p);
 }
 
 // Sets m from a sharded directory (see load_model).
@@ -223,7 +237,7 @@ void load_sharded(LoadedModel& m, const std::string& dir, bool experts,
       put_expert(*p, row, slice.tensor->expert_slice(slice.local), dir,
                  order[static_cast<size_t>(g)]);
     }
-    p->refresh_compute();
+    finish_loaded(*p);
   }
   MOE_CHECK(matched == m.params->size(), "'", dir, "' holds ", matched, " of the model's ",
             m.params->size(), " parameters");
@@ -257,12 +271,32 @@ LoadedModel load_model(const std::string& given, bool experts, const nn::Paralle
     ++matched;
   };
   if (experts && !(parallel && parallel->shards_experts())) {
-    io::Checkpoint ckpt = io::load_checkpoint(path, false);  // parameters, no optimizer state
+    // Parameters, no optimizer state; the experts (most of an MoE model) streamed into their
+    // parameters one expert at a time, and each other tensor released once copied, so the
+    // process never holds a second copy of the model (Q8_0 tensors become the parameters
+    // themselves: read whole).
+    const bool stream = m.quantization.empty();
+    io::Checkpoint ckpt =
+        io::load_checkpoint(path, false, [stream](bool, const std::string&) { return stream; });
     MOE_CHECK(ckpt.sharding.rank < 0, "'", path, "' is rank ", ckpt.sharding.rank,
               "'s shard of a sharded checkpoint; inference needs a whole checkpoint");
     m.provenance = ckpt.provenance;
     m.step = ckpt.state.step;
-    for (const io::NamedTensor& nt : ckpt.params) take(nt.name, nt.tensor);
+    for (io::NamedTensor& nt : ckpt.params) {
+      if (!nt.streamed()) {
+        take(nt.name, nt.tensor);
+        nt.tensor = Tensor();
+        continue;
+      }
+      Param* p = m.params->find(nt.name);
+      MOE_CHECK(p && p->expert && !p->shard.defined() && nt.shape() == p->value.shape(), "'", path,
+                "': expert tensor '", nt.name, "' ", shape_str(nt.shape()),
+                p ? str(" does not match parameter ", p->value.describe())
+                  : std::string(" is not a parameter of its own model"));
+      for (int64_t e = 0; e < p->value.dim(0); ++e) put_expert(*p, e, nt.source->read(e), path, e);
+      finish_loaded(*p);
+      ++matched;
+    }
   } else {  // one tensor at a time; experts not read, or only this rank's slice
     for (const std::string& name : io::list_params(path)) {
       Param* p = m.params->find(name);
@@ -272,7 +306,7 @@ LoadedModel load_model(const std::string& given, bool experts, const nn::Paralle
         for (int64_t e = 0; e < p->shard.count; ++e)
           put_expert(*p, e, io::read_expert(path, name, p->shard.start + e), path,
                      p->shard.start + e);
-        p->refresh_compute();
+        finish_loaded(*p);
         continue;
       }
       take(name, io::read_param(path, name));
@@ -284,12 +318,10 @@ LoadedModel load_model(const std::string& given, bool experts, const nn::Paralle
 }
 
 void fold_router_centers(ParamSet& params) {
+  const std::string suffix = ".center";  // blocks.i.moe.router.center
   for (Param* c : params.all()) {
-    const std::string suffix = ".moe.router.center";
-    if (c->name.size() <= suffix.size() ||
-        c->name.compare(c->name.size() - suffix.size(), suffix.size(), suffix) != 0)
-      continue;
-    Param& w = params.at(c->name.substr(0, c->name.size() - suffix.size()) + ".moe.router.weight");
+    if (!c->name.ends_with(".moe.router" + suffix)) continue;
+    Param& w = params.at(c->name.substr(0, c->name.size() - suffix.size()) + ".weight");
     const Tensor host = nn::center_router_weight(w.w(), c->w());
     if (host.raw() == w.w().raw()) continue;  // a zero center: W' = W
     const Tensor folded = host.to(w.value.device());

@@ -383,7 +383,15 @@ Checkpoint load_checkpoint(const std::string& path, bool with_optim, const Strea
   h5::Session session;
   // The sources of streamed tensors read from this very handle, after this call returns.
   auto shared = std::make_shared<SharedFile>(open_checkpoint(path));
-  return load_opened(shared->opened, with_optim, &stream, shared);
+  Timer timer;
+  Checkpoint c = load_opened(shared->opened, with_optim, &stream, shared);
+  size_t streamed = 0;
+  for (const NamedTensor& nt : c.params) streamed += nt.streamed();
+  for (const NamedTensor& nt : c.optim) streamed += nt.streamed();
+  MOE_LOG_DEBUG("read checkpoint ", path, " (step ", c.state.step, "): ", c.params.size(),
+                " parameter and ", c.optim.size(), " optimizer tensors in ", timer.seconds(),
+                " s, ", streamed, " of them streamed (read an expert at a time later)");
+  return c;
 }
 
 Checkpoint load_checkpoint_image(const std::string& bytes, const std::string& name,

@@ -108,12 +108,15 @@ std::vector<NamedTensor> hf_tensors(ExportModel& m) {
   const int64_t KV = mc.kv_heads_resolved(), hd = mc.head_dim_resolved();
   const int64_t Fs = mc.shared_expert_ff;
   const bool mixtral = mc.arch == Arch::mixtral;
-  auto param = [&](const std::string& name, const Shape& shape) -> const Tensor& {
-    const NamedTensor& nt = m.param(name, shape);
+  // Every tensor written is in the model's dtype (HF's config has one torch_dtype).
+  auto checked = [&](const NamedTensor& nt) -> const Tensor& {
     if (nt.dtype() != mc.dtype)
-      throw Error(str("export_hf: parameter '", name, "' is ", dtype_name(nt.dtype()),
+      throw Error(str("export_hf: parameter '", nt.name, "' is ", dtype_name(nt.dtype()),
                       ", but the model's dtype is ", dtype_name(mc.dtype)));
     return nt.tensor;
+  };
+  auto param = [&](const std::string& name, const Shape& shape) -> const Tensor& {
+    return checked(m.param(name, shape));
   };
   std::vector<NamedTensor> out;
   auto emit = [&](const std::string& hf_name, const Tensor& t) {
@@ -140,11 +143,7 @@ std::vector<NamedTensor> hf_tensors(ExportModel& m) {
       emit(hf + "self_attn.k_norm.weight",
            param(ours + "attn.k_norm.weight", {head ? hd : KV * hd}));
     }
-    const NamedTensor& gate = m.router_weight(ours, E, D);
-    if (gate.dtype() != mc.dtype)
-      throw Error(str("export_hf: parameter '", gate.name, "' is ", dtype_name(gate.dtype()),
-                      ", but the model's dtype is ", dtype_name(mc.dtype)));
-    emit(moe + "gate.weight", gate.tensor);
+    emit(moe + "gate.weight", checked(m.router_weight(ours, E, D)));
     const Tensor& w1 = param(ours + "moe.experts.w1", {E, F, D});
     const Tensor& w2 = param(ours + "moe.experts.w2", {E, D, F});
     const Tensor& w3 = param(ours + "moe.experts.w3", {E, F, D});

@@ -223,7 +223,14 @@ ForwardStats Transformer::evaluate(const Tensor& ids, const Tensor& targets,
   step.capture_routing = options.capture_routing;
   step.input_sums = options.router_input_sums;
   ForwardStats stats;
-  Tensor x = forward_blocks(ids, targets, step, nullptr, nullptr, stats, options.hooks);
+  Tensor x = forward_blocks(ids, targets, step, nullptr, nullptr, stats, options.hooks, nullptr,
+                            options.blocks);
+  if (options.blocks > 0 && options.blocks < config_.layers) {
+    MOE_CHECK(!options.row_nll, "evaluate: a pass of ", options.blocks, " of ", config_.layers,
+              " blocks has no per-token loss");
+    finish_stats(stats);
+    return stats;
+  }
   Tensor logits = head(final_norm_->forward(x, nullptr));
   stats.loss =
       nn::cross_entropy(logits, targets.reshape({ids.numel()}), nullptr, 1.0f, options.row_nll);
@@ -234,14 +241,16 @@ ForwardStats Transformer::evaluate(const Tensor& ids, const Tensor& targets,
 Tensor Transformer::forward_blocks(const Tensor& ids, const Tensor& targets,
                                    const nn::RouterStep& step, std::vector<nn::Block::Saved>* saved,
                                    nn::ShardedEmbedding::Saved* sharded_saved, ForwardStats& stats,
-                                   const BlockHooks* hooks,
-                                   std::vector<Tensor>* block_inputs) const {
+                                   const BlockHooks* hooks, std::vector<Tensor>* block_inputs,
+                                   int64_t blocks) const {
   MOE_CHECK(ids.ndim() == 2 && targets.shape() == ids.shape(), "batch: ids ", ids.describe(),
             " and targets ", targets.describe(), " must both be [B,T]");
   int64_t batch = ids.dim(0), seq = ids.dim(1);
   Tensor x = embed(ids, batch, seq, sharded_saved);  // f32 activations whatever the dtype
   if (saved) saved->resize(blocks_.size());
-  for (size_t i = 0; i < blocks_.size(); ++i) {
+  const size_t run =
+      blocks > 0 ? std::min(blocks_.size(), static_cast<size_t>(blocks)) : blocks_.size();
+  for (size_t i = 0; i < run; ++i) {
     nn::RouterStep s = step;
     s.layer = static_cast<int64_t>(i);
     nn::MoEStats ms;
@@ -306,6 +315,12 @@ ForwardStats Transformer::forward_backward(const Tensor& ids, const Tensor& targ
   if (params.gather) around.before = [&](int64_t g) { params.gather(g, false); };
   if (params.release) around.after = [&](int64_t g) { params.release(g, false); };
   if (params.gather) params.gather(-1, true);
+  // A model built for forward passes only (infer::load_model) holds no gradients: say so, rather
+  // than fail inside the first backward kernel (checked once group -1 is gathered: ZeRO-3's
+  // gradients exist only then).
+  for (const Param* p : outer_params_)
+    MOE_CHECK(p->grad.defined() || p->frozen || p->offloaded, "forward_backward: parameter '",
+              p->name, "' holds no gradient: this model was built for forward passes only");
   Tensor x = forward_blocks(ids, targets, step, block_recompute ? nullptr : &saved, &sharded_saved,
                             stats, &around, block_recompute ? &block_inputs : nullptr);
   nn::Norm::Saved final_saved;

@@ -78,23 +78,33 @@ Tensor center_router_weight(const Tensor& m, const Tensor& center) {
   return w.to(m.dtype());
 }
 
+namespace {
+// Changes a small f32 parameter (a center, a selection bias) on the host: fn edits a host copy of
+// its values, which then goes back to the parameter's device.
+template <class Fn>
+void edit_on_host(Param& p, Fn&& fn) {
+  Tensor host = p.w().to(Device{}).clone();
+  fn(host.data<float>());
+  p.value.copy_from(host.to(p.value.device()));
+  p.refresh_compute();
+}
+}  // namespace
+
 void update_router_center(Param& center, const std::vector<double>& input_sum, int64_t tokens,
                           double rate) {
   const int64_t d = center.numel();
   MOE_CHECK(static_cast<int64_t>(input_sum.size()) == d && tokens > 0 && center.value.defined(),
             "router center '", center.name, "' of ", d, " features updated with a sum of ",
             input_sum.size(), " over ", tokens, " tokens");
-  Tensor c = center.w().to(Device{}).clone();
-  float* cs = c.data<float>();
-  bool zero = true;
-  for (int64_t i = 0; i < d; ++i) zero = zero && cs[i] == 0.0f;
-  const double r = zero ? 1.0 : rate;
-  for (int64_t i = 0; i < d; ++i) {
-    const double mean = input_sum[static_cast<size_t>(i)] / static_cast<double>(tokens);
-    cs[i] = static_cast<float>(cs[i] + r * (mean - cs[i]));
-  }
-  center.value.copy_from(c.to(center.value.device()));
-  center.refresh_compute();
+  edit_on_host(center, [&](float* cs) {
+    bool zero = true;
+    for (int64_t i = 0; i < d; ++i) zero = zero && cs[i] == 0.0f;
+    const double r = zero ? 1.0 : rate;
+    for (int64_t i = 0; i < d; ++i) {
+      const double mean = input_sum[static_cast<size_t>(i)] / static_cast<double>(tokens);
+      cs[i] = static_cast<float>(cs[i] + r * (mean - cs[i]));
+    }
+  });
 }
 
 void update_selection_bias(Param& bias, const std::vector<int64_t>& load, double rate) {
@@ -103,17 +113,15 @@ void update_selection_bias(Param& bias, const std::vector<int64_t>& load, double
             bias.numel(), " experts updated with a load of ", experts);
   int64_t total = 0;
   for (int64_t l : load) total += l;
-  Tensor b = bias.w().to(Device{}).clone();
-  float* bs = b.data<float>();
   const float step = static_cast<float>(rate);
-  for (int64_t e = 0; e < experts; ++e) {
-    // sign(mean - load_e) = sign(total - E load_e), exact in integers.
-    const int64_t diff = total - experts * load[static_cast<size_t>(e)];
-    if (diff > 0) bs[e] += step;
-    if (diff < 0) bs[e] -= step;
-  }
-  bias.value.copy_from(b.to(bias.value.device()));
-  bias.refresh_compute();
+  edit_on_host(bias, [&](float* bs) {
+    for (int64_t e = 0; e < experts; ++e) {
+      // sign(mean - load_e) = sign(total - E load_e), exact in integers.
+      const int64_t diff = total - experts * load[static_cast<size_t>(e)];
+      if (diff > 0) bs[e] += step;
+      if (diff < 0) bs[e] -= step;
+    }
+  });
 }
 
 Tensor Router::effective_weight() const {

@@ -429,7 +429,7 @@ StepStats Trainer::step(bool capture_routing) {
       s.token_ids.insert(s.token_ids.end(), part.data<int32_t>(),
                          part.data<int32_t>() + part.numel());
     }
-  if (mc.router_center() && step_ == 0) {
+  if (mc.router_center() && step_ == 0 && !centers_given_) {
     std::vector<std::pair<Tensor, Tensor>> parts;
     for (int64_t m = 0; m < micro; ++m)
       parts.emplace_back(ids.rows(first_row(m), first_row(m) + rows),
@@ -659,16 +659,24 @@ void Trainer::reduce_stats(StepStats& s) {
     m.assignments = *c++;
     m.input_tokens = *c++;
   }
-  // Centred routers' input sums (f32 over the wire: each rank's sum is already a float sum).
-  std::vector<float> sums;
+  // Centred routers' input sums.
+  std::vector<double> sums;
   for (const nn::MoEStats& m : f.moe)
     sums.insert(sums.end(), m.input_sum.begin(), m.input_sum.end());
   if (sums.empty()) return;
-  Tensor all = Tensor::from_vector({static_cast<int64_t>(sums.size())}, sums);
-  world_->all_reduce(all, comm::ReduceOp::sum);
-  const float* v = all.data<float>();
+  all_reduce_sums(sums);
+  auto v = sums.begin();
   for (nn::MoEStats& m : f.moe)
     for (double& x : m.input_sum) x = *v++;
+}
+
+void Trainer::all_reduce_sums(std::vector<double>& sums) const {
+  if (world_size() == 1 || sums.empty()) return;
+  Tensor all = Tensor::from_vector({static_cast<int64_t>(sums.size())},
+                                   std::vector<float>(sums.begin(), sums.end()));
+  world_->all_reduce(all, comm::ReduceOp::sum);
+  const float* v = all.data<float>();
+  for (double& x : sums) x = *v++;
 }
 
 double Trainer::learning_rate() const {
@@ -727,7 +735,9 @@ ForwardStats Trainer::forward_only(const Transformer& model, const Tensor& ids,
                            [this](int64_t g) { zero_prefetch_->release(g, false); }};
     options.hooks = &hooks;
     zero_->gather(-1);
-    zero_prefetch_->begin_pass(model.config().layers, false);
+    const int64_t layers = model.config().layers;
+    zero_prefetch_->begin_pass(options.blocks > 0 ? std::min(options.blocks, layers) : layers,
+                               false);
     ForwardStats f = model.evaluate(ids.to(device), targets.to(device), options);
     zero_->release(-1);
     return f;

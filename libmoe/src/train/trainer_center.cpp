@@ -8,20 +8,16 @@
 
 namespace moe::train {
 
-// Router centring, the first step of a fresh run (every center still zero): each centred router's
-// center starts as the mean of its input over this step's global batch, so routing is centred
-// from the first step. A layer's input depends on the centers before it, so they are set layer by
-// layer: one evaluation pass (no jitter) over this rank's micro-batches per MoE layer, the sums
-// all-reduced like the step's statistics (the same centers on every rank, whatever --grad-accum).
+// Router centring, the first step of a fresh run (no checkpoint gave the centers): each centred
+// router's center starts as the mean of its input over this step's global batch, so routing is
+// centred from the first step. A layer's input depends on the centers before it, so they are set
+// layer by layer: per MoE layer one evaluation pass (no jitter) over this rank's micro-batches,
+// stopped after that layer's block, the sums all-reduced like the step's statistics (the same
+// centers on every rank, whatever --grad-accum).
 void Trainer::calibrate_router_centers(const std::vector<std::pair<Tensor, Tensor>>& parts) {
   const std::vector<int64_t> blocks = model_->config().moe_blocks();
   std::vector<Param*> centers;
-  for (int64_t b : blocks) {
-    Param& c = params_->at(str("blocks.", b, ".moe.router.center"));
-    for (float v : c.value.to_vector())
-      if (v != 0.0f) return;  // restored, or set by --init's checkpoint
-    centers.push_back(&c);
-  }
+  for (int64_t b : blocks) centers.push_back(&params_->at(str("blocks.", b, ".moe.router.center")));
   for (size_t l = 0; l < blocks.size(); ++l) {
     std::vector<double> sum(static_cast<size_t>(centers[l]->numel()), 0.0);
     int64_t tokens = 0;
@@ -30,6 +26,7 @@ void Trainer::calibrate_router_centers(const std::vector<std::pair<Tensor, Tenso
         ArenaScope scope(arena_);
         EvalOptions options;
         options.router_input_sums = true;
+        options.blocks = blocks[l] + 1;
         const ForwardStats f = forward_only(*model_, ids, targets, options);
         const nn::MoEStats& m = f.moe.at(l);
         for (size_t i = 0; i < sum.size() && i < m.input_sum.size(); ++i) sum[i] += m.input_sum[i];
@@ -37,12 +34,8 @@ void Trainer::calibrate_router_centers(const std::vector<std::pair<Tensor, Tenso
       }
       arena_.reset();
     }
+    all_reduce_sums(sum);
     if (world_size() > 1) {
-      std::vector<float> all(sum.begin(), sum.end());
-      Tensor t = Tensor::from_vector({static_cast<int64_t>(all.size())}, all);
-      world_->all_reduce(t, comm::ReduceOp::sum);
-      const float* v = t.data<float>();
-      for (double& x : sum) x = *v++;
       Tensor n = Tensor::empty({1}, DType::i64);
       n.data<int64_t>()[0] = tokens;
       world_->all_reduce(n, comm::ReduceOp::sum);

@@ -114,6 +114,7 @@ static void check_saveable(io::Checkpoint& c, int64_t step) {
 
 void Trainer::load_tensors(const io::Checkpoint& ckpt) {
   tokenizer_ = ckpt.tokenizer;  // carried into every checkpoint this run writes
+  centers_given_ = true;        // resumed, or --init: no first-step calibration of the centers
   // Garbage is refused at load, naming the tensor, rather than trained on; the same checks as
   // moe-convert inspect --verify (train::verify_loadable). Whole tensors are checked before
   // anything is loaded; streamed ones expert by expert as they go into the store (a failure then

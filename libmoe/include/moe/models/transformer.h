@@ -79,6 +79,9 @@ struct EvalOptions {
   bool capture_routing = false;    // fill ForwardStats::moe[i].choices / gates (traces)
   bool router_input_sums = false;  // centred routers: fill ForwardStats::moe[i].input_sum
   const BlockHooks* hooks = nullptr;
+  // Run only the first `blocks` blocks (0: all): no head, no loss (ForwardStats::loss 0), the
+  // statistics of the MoE layers among them (router-centre calibration: layer by layer).
+  int64_t blocks = 0;
 };
 
 // Key/value caches of incremental forward passes (generation, Transformer::forward_cached): per
@@ -151,12 +154,13 @@ class Transformer {
   Tensor embed(const Tensor& ids, int64_t batch, int64_t seq,
                nn::ShardedEmbedding::Saved* sharded_saved) const;
   Tensor head(const Tensor& h) const;
-  // Embedding and blocks; MoE statistics go into stats, activations into saved when non-null.
+  // Embedding and blocks (the first `blocks` of them; <= 0: all); MoE statistics go into stats,
+  // activations into saved when non-null.
   Tensor forward_blocks(const Tensor& ids, const Tensor& targets, const nn::RouterStep& step,
                         std::vector<nn::Block::Saved>* saved,
                         nn::ShardedEmbedding::Saved* sharded_saved, ForwardStats& stats,
                         const BlockHooks* hooks = nullptr,
-                        std::vector<Tensor>* block_inputs = nullptr) const;
+                        std::vector<Tensor>* block_inputs = nullptr, int64_t blocks = 0) const;
   void finish_stats(ForwardStats& stats) const;
 
   ModelConfig config_;

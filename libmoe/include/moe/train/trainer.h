@@ -312,12 +312,15 @@ class Trainer {
   mutable std::map<std::string, Tensor> logical_;
   void gather_dense_state() const;  // --zero: the dense optimizer tensors into logical_
   void reduce_stats(StepStats& s);
+  // Sums over the ranks, in place (f32 over the wire: each rank's sums are already float sums).
+  void all_reduce_sums(std::vector<double>& sums) const;
   // An evaluation pass of `model` (with ZeRO-3's gathers when it is this run's model).
   ForwardStats forward_only(const Transformer& model, const Tensor& ids, const Tensor& targets,
                             EvalOptions options);
   // The first step of a fresh run with centred routers: each center starts as the mean of its
   // router's input over the step's global batch (this rank's micro-batches `parts`: ids, targets).
   void calibrate_router_centers(const std::vector<std::pair<Tensor, Tensor>>& parts);
+  bool centers_given_ = false;  // parameters came from a checkpoint (resume or --init)
   // After the optimizer step: each center moves toward the step's mean router input.
   void update_router_centers(const ForwardStats& f);
   std::string save_sharded(const std::string& dir) const;
