@@ -5,6 +5,7 @@
 # 13 sequences in rounds of batch x ranks leave some ranks without a sequence in the last round.
 # A rank with an unknown flag ends the whole job. Shards placed by a routing trace
 # (moe-convert partition --trace) serve under --ep 2 and in one process with the same scores.
+# score --incremental under --ep is refused by name.
 # Usage: infer_ep.sh MPIEXEC MOE_TRAIN MOE_INFER DATA WORKDIR MOE_PROFILE MOE_CONVERT
 set -u
 mpiexec=$1 train=$2 infer=$3 data=$4 work=$5 profile=$6 convert=$7
@@ -54,6 +55,13 @@ rc=$?
 printf '%s\n' "$out" | tail -3
 [ "$rc" -eq 2 ] || fail "--ep 4 on 2 ranks should be a usage error (exit $rc)"
 printf '%s' "$out" | grep -q "needs 4 ranks" || fail "no clear message for --ep 4 on 2 ranks"
+# score --incremental (a token at a time through the KV cache) runs in one process: under --ep it
+# is a usage error on every rank, not a hang.
+out=$(timeout 60 "$mpiexec" -n 2 "$infer" $args --ep 2 --incremental 2>&1)
+rc=$?
+printf '%s\n' "$out" | tail -2
+[ "$rc" -eq 2 ] || fail "--incremental under --ep 2 should be a usage error (exit $rc)"
+printf '%s' "$out" | grep -q "incremental runs in one process" || fail "no message for --incremental"
 # A rank whose flags do not parse ends the job (exit 2) instead of leaving its peer waiting.
 out=$(timeout 30 "$mpiexec" -n 1 "$infer" $args --ep 2 : -n 1 "$infer" $args --ep 2 --bogus 2>&1)
 rc=$?
