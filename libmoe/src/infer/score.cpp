@@ -72,9 +72,9 @@ ScoreSummary score(const Engine& e, const ScoreOptions& o, const ScoreCallbacks&
                     " (the model's context + 1)"));
   int64_t total = (static_cast<int64_t>(tokens.size()) - 1) / mc.seq;
   if (o.max_sequences > 0) total = std::min(total, o.max_sequences);
-  if (callbacks.start) callbacks.start(total);
   MOE_USAGE_CHECK(!o.incremental || R == 1,
                   "score --incremental runs in one process (not under --ep with ", R, " ranks)");
+  if (callbacks.start) callbacks.start(total);
   ScoreSummary summary;
   summary.sequences = total;
   Arena arena;

@@ -22,10 +22,10 @@ struct ScoreOptions {
   const io::Tokenizer* tokenizer = nullptr;
   // Score through the decode path: each window's tokens one at a time through the KV cache
   // (Transformer::forward_cached), the round's B windows as B cache slots, so every product has
-  // B rows (the decode GEMV's, <= 8) instead of B x T. The scores equal the full pass's up to
-  // float rounding, except where a kernel differs by design at few rows (Q8_0 weights multiply
-  // 8-bit inputs there, backend/cpu/gemv.h): this is how to measure what a generation sees.
-  // One process (not under --ep).
+  // at most B rows (the decode GEMV's when B <= 8) instead of B x T. The scores equal the full
+  // pass's up to float rounding, except where a kernel differs by design at few rows (Q8_0 weights
+  // multiply 8-bit inputs there, backend/cpu/gemv.h): this is how to measure what a generation
+  // sees. One process (not under --ep).
   bool incremental = false;
 };
 
