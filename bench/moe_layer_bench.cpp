@@ -20,6 +20,7 @@
 #include "backend/cpu/gemm.h"
 #include "common/cli.h"
 #include "decode_bench.h"
+#include "fma_peak.h"
 #include "machine.h"
 #include "moe/arena.h"
 #include "moe/cuda.h"
@@ -321,6 +322,7 @@ int run(const Options& opt) {
     kernel_rows.push_back(measure_kernels("attn Q K^T", false, true, T, T, hd, opt.min_seconds));
     kernel_rows.push_back(measure_kernels("attn P V", false, false, T, hd, T, opt.min_seconds));
   }
+  const double fma_peak = bench::fma_peak_gflops();
   const bool table = !opt.json;
   if (table) {
     std::printf(
@@ -333,6 +335,10 @@ int run(const Options& opt) {
     const char* gemm_env = std::getenv("MOE_GEMM");
     std::printf("# GEMM tile kernel: %s (CPU features; MOE_GEMM=%s)\n",
                 cpu::gemm_kernel_name(host_kernel()), gemm_env ? gemm_env : "(unset)");
+    std::printf(
+        "# FMA peak: %.1f GFLOP/s (fused multiply-adds on registers only, every thread: no GEMM "
+        "can run faster)\n",
+        fma_peak);
     std::printf(
         "#\n# dense sgemm C[M,N] = A[M,K] B[K,N] (the expert GEMM shape [N*k, D] x [D, 4D]): "
         "vendor = one call to the BLAS with its own threads\n");
@@ -416,6 +422,7 @@ int run(const Options& opt) {
     out["blas"] = blas_description();
     out["threads"] = num_threads();
     out["gemm_kernel"] = cpu::gemm_kernel_name(host_kernel());
+    out["fma_peak_gflops"] = fma_peak;
     const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
     out["omp_wait_policy"] = wait_policy ? wait_policy : "";
     for (const CeilingRow& c : ceilings)

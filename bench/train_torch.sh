@@ -2,8 +2,10 @@
 # Training tokens/s of moe-train against the same model and step in PyTorch eager
 # (bench/train_torch.py), same flags, same threads, same machine, run in turn (moe, torch, moe,
 # torch, ...) so a drift of the machine's speed hits both. Prints a table: per round each one's
-# median tokens/s over the timed steps and their ratio, then the median ratio, and moe-train's
-# step breakdown (-v) of its last round.
+# median tokens/s over the timed steps and their ratio, then the median ratio, the GEMM bounds
+# (the step's GEMM operations at this machine's best sgemm rate and FMA peak, from moe-bench in
+# the same run: the most tokens/s any kernel could reach), and moe-train's step breakdown (-v)
+# of its last round.
 #
 #   bench/train_torch.sh [--bin DIR] [--data FILE] [--threads N] [--rounds R] [--steps S]
 #                        [--warmup W] [--python PY] [-- MODEL FLAGS...]
@@ -61,7 +63,7 @@ echo "# training tokens/s: moe-train vs PyTorch eager ($torch_version), same mod
 echo "# cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -1), threads $threads, steps $steps (+$warmup warm-up), model flags: ${model[*]:-(demo defaults)}"
 printf '%-6s %14s %14s %8s\n' round moe torch ratio
 printf '%-6s %14s %14s %8s\n' "" tok/s tok/s moe/torch
-ratios=()
+ratios=() torch_rates=()
 for r in $(seq 1 "$rounds"); do
   rm -rf "$work/run" "$work/metrics.jsonl"
   # Plain routers, as bench/train_torch.py builds them (moe-train centres its routers by default).
@@ -78,11 +80,49 @@ for r in $(seq 1 "$rounds"); do
     "$python" -c 'import json,sys; print(json.load(sys.stdin)["tokens_per_s"])')
   ratio=$("$python" -c "print($moe / $torch)")
   ratios+=("$ratio")
+  torch_rates+=("$torch")
   printf '%-6s %14.0f %14.0f %8.2f\n' "$r" "$moe" "$torch" "$ratio"
 done
+torch_median=0
 if [ $have_torch = 1 ]; then
   joined=$(IFS=,; echo "${ratios[*]}")
   echo "# median ratio: $("$python" -c "import statistics; print(round(statistics.median([$joined]), 2))")"
+  joined=$(IFS=,; echo "${torch_rates[*]}")
+  torch_median=$("$python" -c "import statistics; print(statistics.median([$joined]))")
+fi
+# The GEMM bounds, in the same run: the step's GEMM operations (moe-train's gemm_gflop, counted
+# from the shapes) over the best sgemm rate this machine reaches (moe-bench at the d 512 expert
+# shapes: the fastest of its dense and per-product rows), and over its FMA peak (moe-bench's
+# register-only multiply-adds: no GEMM can go faster), are the least time a step can take even
+# if everything else took none; tokens per step over them are the most tokens/s any kernel of
+# ours could reach. moe-train's own GEMM rate in the step is beside them.
+if [ -x "$bin/moe-bench" ]; then
+  "$bin/moe-bench" --threads "$threads" --shape 512,8,2,2048 --json >"$work/bench.json"
+  "$python" - "$work/metrics.jsonl" "$warmup" "$work/bench.json" "$torch_median" <<'EOF'
+import json, statistics, sys
+lines = [j for j in map(json.loads, open(sys.argv[1]))
+         if "gemm_gflop" in j and j["step"] > int(sys.argv[2])]
+bench = json.load(open(sys.argv[3]))
+rates = [r[k] for r in bench["ceiling"] for k in ("gflops", "blas_gflops", "tiled_gflops")]
+rates += [r[k] for r in bench["gemm_kernels"] for k in ("blas_gflops", "host_gflops")]
+gflop = statistics.median(j["gemm_gflop"] for j in lines)
+gemm_s = statistics.median(j["step_breakdown"]["gemm"] for j in lines)
+tokens = lines[-1]["tokens_seen"] / lines[-1]["step"]
+rate = statistics.median(j["tokens_per_s"] for j in lines)
+torch = float(sys.argv[4])
+print(f"# GEMM bound: {gflop:.1f} GFLOP of GEMMs per step ({tokens:.0f} tokens), which "
+      f"moe-train ran at {gflop / gemm_s:.0f} GFLOP/s (last round)")
+for name, ceiling in (("best sgemm rate", max(rates)), ("FMA peak", bench["fma_peak_gflops"])):
+    if ceiling <= 0:
+        continue
+    bound = tokens / (gflop / ceiling)
+    line = (f"#   at the {name} ({ceiling:.0f} GFLOP/s) the GEMMs alone take "
+            f"{gflop / ceiling:.3f} s a step: at most {bound:.0f} tok/s (moe-train reached "
+            f"{rate / bound:.2f} of it)")
+    if torch > 0:
+        line += f", {bound / torch:.2f}x torch's median ({torch:.0f} tok/s)"
+    print(line)
+EOF
 fi
 # Where moe-train's timed steps went (its -v breakdown, --metrics step_breakdown), last round:
 # each part's median over the steps (a step the OS preempted adds its stall to one part; the

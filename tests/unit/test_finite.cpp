@@ -1,6 +1,8 @@
 // Non-finite parameter detection in every floating dtype (NaN, +Inf, -Inf), and the message.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <limits>
+#include <vector>
 
 #include "moe/io/finite.h"
 #include "support/gradcheck.h"
@@ -33,4 +35,24 @@ TEST_CASE("io: non-finite values are found in f32, bf16 and f16 tensors", "[io][
   REQUIRE(io::first_non_finite(big) == -1);
   REQUIRE(io::first_non_finite(test::random_ids({6}, 1, 100)) == -1);
   REQUIRE(io::first_non_finite(Tensor::empty({0, 3})) == -1);
+}
+
+TEST_CASE("io: the first non-finite value is found across the scan's blocks", "[io][validation]") {
+  // The scan tests blocks of 2048 elements at a time, then searches a block with a hit: the
+  // first index must come back wherever it falls (a block's first and last element, the tail
+  // after the last whole block, two hits in one block, a later block's hit not taken first).
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const int64_t n = 3 * 2048 + 5;
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+    INFO(dtype_name(dtype));
+    for (std::vector<int64_t> at :
+         {std::vector<int64_t>{0}, {2047}, {2048}, {4095, 4100}, {n - 1}, {2050, 2049, 6000}}) {
+      Tensor f = test::random_tensor({n}, 11);
+      for (size_t i = 0; i < at.size(); ++i) f.data<float>()[at[i]] = i % 2 ? -inf : nan;
+      INFO("first planted at " << at.front());
+      REQUIRE(io::first_non_finite(f.to(dtype)) == *std::min_element(at.begin(), at.end()));
+    }
+    REQUIRE(io::first_non_finite(test::random_tensor({n}, 11).to(dtype)) == -1);
+  }
 }

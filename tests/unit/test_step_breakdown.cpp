@@ -102,4 +102,16 @@ TEST_CASE("step breakdown: a training step's parts are its own seconds", "[unit]
     CHECK(on.breakdown[part] > 0);
   }
   CHECK(on.breakdown[StepPart::comm] == 0);  // one process
+  // The GEMM part's operations, counted from the shapes alone: per token, each layer's q, k, v
+  // and output projections (4 D^2 multiply-adds: kv heads = heads here), its router (D E) and
+  // its k experts' two products (2 k D F), and the LM head (D V); the backward does two products
+  // (dX, dW) per forward one, and a multiply-add is 2 operations. Exact: integers well inside
+  // a double's 53 bits.
+  const double D = double(model.d_model), E = double(model.experts), F = double(model.d_ff),
+               k = double(model.top_k), V = double(model.vocab_size), L = double(model.layers);
+  const double tokens = double(config.batch) * double(model.seq);
+  const double macs = tokens * (L * (4 * D * D + D * E + 2 * k * D * F) + D * V);
+  CHECK(on.breakdown.gemm_flops == 3 * 2 * macs);
+  CHECK(off.breakdown.gemm_flops == 0);  // not recorded
+  CHECK(on.breakdown.describe().find(" GFLOP/s") != std::string::npos);
 }

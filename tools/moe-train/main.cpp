@@ -333,6 +333,7 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
           parts[step_part_name(static_cast<StepPart>(i))] =
               r.stats.breakdown.seconds[static_cast<size_t>(i)];
         j["step_breakdown"] = parts;
+        j["gemm_gflop"] = r.stats.breakdown.gemm_flops / 1e9;  // the gemm part's products
       }
       if (!r.stats.tasks.empty()) {
         json tasks = json::object();

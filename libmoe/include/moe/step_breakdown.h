@@ -11,6 +11,7 @@
 
 #include <array>
 #include <chrono>
+#include <cstdint>
 #include <string>
 
 namespace moe {
@@ -34,13 +35,16 @@ const char* step_part_name(StepPart part);
 
 struct StepBreakdown {
   std::array<double, kStepParts> seconds{};
+  // Floating-point operations of the `gemm` part's products (2 m n k each; the attention core's
+  // products are not counted): with seconds[gemm], the rate the step's GEMMs ran at.
+  double gemm_flops = 0;
   double& operator[](StepPart p) { return seconds[static_cast<size_t>(p)]; }
   double operator[](StepPart p) const { return seconds[static_cast<size_t>(p)]; }
   double total() const;
   bool empty() const { return total() == 0; }
   StepBreakdown& operator+=(const StepBreakdown& other);
-  // "gemm 0.041 s 52% | attention 0.012 s 15% | ...", parts over 0.5% of the total, largest
-  // first, each divided by `per` (steps) first.
+  // "gemm 0.041 s 52% 310 GFLOP/s | attention 0.012 s 15% | ...", parts over 0.5% of the total,
+  // largest first, each divided by `per` (steps) first.
   std::string describe(double per = 1) const;
 };
 
@@ -76,6 +80,13 @@ class StepRecording {
   detail::StepRecorder recorder_;
   detail::StepRecorder* outer_;
 };
+
+// Adds a GEMM's 2 m n k to the recording of this thread (nothing when it does not record).
+inline void count_gemm_flops(int64_t m, int64_t n, int64_t k) {
+  if (detail::StepRecorder* r = detail::current_recorder())
+    r->into->gemm_flops +=
+        2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+}
 
 // Charges the time until its end to `part` when this thread records; nothing otherwise.
 class PartScope {

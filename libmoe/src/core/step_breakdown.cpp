@@ -24,6 +24,7 @@ double StepBreakdown::total() const {
 
 StepBreakdown& StepBreakdown::operator+=(const StepBreakdown& other) {
   for (size_t i = 0; i < seconds.size(); ++i) seconds[i] += other.seconds[i];
+  gemm_flops += other.gemm_flops;
   return *this;
 }
 
@@ -38,13 +39,17 @@ std::string StepBreakdown::describe(double per) const {
     return seconds[static_cast<size_t>(a)] > seconds[static_cast<size_t>(b)];
   });
   std::string text;
-  char buf[96];
+  char buf[128];
   for (int i : order) {
     const double s = seconds[static_cast<size_t>(i)];
     std::snprintf(buf, sizeof buf, "%s%s %.4f s %.0f%%", text.empty() ? "" : " | ",
                   step_part_name(static_cast<StepPart>(i)), s / std::max(per, 1e-300),
                   100 * s / sum);
     text += buf;
+    if (static_cast<StepPart>(i) == StepPart::gemm && gemm_flops > 0) {
+      std::snprintf(buf, sizeof buf, " %.0f GFLOP/s", gemm_flops / s / 1e9);
+      text += buf;
+    }
   }
   return text;
 }

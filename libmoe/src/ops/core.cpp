@@ -48,6 +48,7 @@ void gemm(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, 
   MOE_CHECK(k == kb && c.dim(0) == m && c.dim(1) == n, "gemm: shapes do not chain: ", a.describe(),
             transpose_a ? "^T" : "", " x ", b.describe(), transpose_b ? "^T" : "", " -> ",
             c.describe());
+  count_gemm_flops(m, n, k);
   backend_for(device).core.gemm(a, transpose_a, b, transpose_b, c, alpha, beta);
 }
 

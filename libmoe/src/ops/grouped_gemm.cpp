@@ -47,6 +47,7 @@ void grouped_gemm(const Tensor& a, const Tensor& w, bool transpose_w,
             "grouped_gemm: shapes do not chain: ", a.describe(), " x ", w.describe(),
             transpose_w ? "^T" : "", " -> ", c.describe());
   check_offsets("grouped_gemm", offsets, experts, rows, a);
+  count_gemm_flops(rows, n, k);
   backend_for(device).moe.grouped_gemm(a, w, transpose_w, offsets, c, beta);
 }
 
@@ -65,6 +66,7 @@ void grouped_gemm_weight_grad(const Tensor& dy, const Tensor& x,
             "grouped_gemm_weight_grad: shapes do not chain: ", dy.describe(), "^T x ", x.describe(),
             " -> ", dw.describe());
   check_offsets("grouped_gemm_weight_grad", offsets, experts, rows, dy);
+  count_gemm_flops(r, s, rows);
   backend_for(device).moe.grouped_gemm_weight_grad(dy, x, offsets, dw);
 }
 
