@@ -188,3 +188,21 @@ TEST_CASE("parameter shards hold the whole tensor's values", "[core]") {
                       Catch::Contains("dimension 2"));
   REQUIRE_FALSE(w.shard.defined());
 }
+
+TEST_CASE("ParamSet::to the device the parameters are on leaves them as they are", "[core]") {
+  // A loaded 16-bit model reads its matrices in place (compute = value, no f32 copy): moving it
+  // to the CPU it is on must not make the f32 copies again, nor copy any value or gradient.
+  ParamSet ps(7, DType::bf16);
+  Param& matrix = ps.add("a.weight", {16, 8}, Init::normal(0.02f));
+  Param& plain = ps.add("b.weight", {16, 8}, Init::normal(0.02f));
+  matrix.compute = matrix.value;  // as infer::lean_for_inference leaves it
+  const void* value = matrix.value.raw();
+  const void* grad = plain.grad.raw();
+  const void* compute = plain.compute.raw();
+  REQUIRE(plain.compute.dtype() == DType::f32);
+  ps.to(Device{});
+  REQUIRE(matrix.compute.raw() == value);
+  REQUIRE(matrix.value.raw() == value);
+  REQUIRE(plain.grad.raw() == grad);
+  REQUIRE(plain.compute.raw() == compute);
+}

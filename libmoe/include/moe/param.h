@@ -108,7 +108,8 @@ class ParamSet {
   uint64_t seed() const { return seed_; }
   void zero_grad();
   // Moves every parameter (value, gradient, compute copy) to `device`; optimizer state made
-  // afterwards follows them. Names and order do not change.
+  // afterwards follows them. Names and order do not change. A parameter already on `device` is
+  // left as it is, its compute copy too (so moving a loaded CPU model to the CPU costs nothing).
   void to(Device device);
   Device device() const;  // where the parameters live (cpu when there are none)
   std::vector<Param*> all();

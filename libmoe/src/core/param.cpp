@@ -184,6 +184,11 @@ int64_t ParamSet::numel() const {
 void ParamSet::to(Device device) {
   for (auto& p : params_) {
     if (p->offloaded) continue;  // its store moves it
+    // Already there: left as it is. Rebuilding its compute copy would undo a 16-bit matrix read
+    // in place (infer::lean_for_inference) by making an f32 copy of it again.
+    if ((!p->value.defined() || p->value.device() == device) &&
+        (!p->grad.defined() || p->grad.device() == device))
+      continue;
     p->value = p->value.to(device);
     if (p->grad.defined()) p->grad = p->grad.to(device);
     p->compute = Tensor();

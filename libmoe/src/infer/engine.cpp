@@ -47,7 +47,7 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& options,
       e.parallel_.placement = e.placement_.get();
     }
     e.loaded_ = load_model(o.model, true, &e.parallel_);
-    if (e.device_ != e.loaded_.params->device()) e.loaded_.params->to(e.device_);
+    e.loaded_.params->to(e.device_);
     if (e.device_.kind == Device::cpu) lean_for_inference(*e.loaded_.params);
     fold_router_centers(*e.loaded_.params);
     return engine;
@@ -75,8 +75,9 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& options,
                  " expert bytes (budget ", rc.budget_bytes, " bytes)");
   }
   // With a ring: the non-expert parameters (the slots are there). Loaded on the CPU already, a
-  // model stays as the loader left it (its 16-bit matrices without f32 copies).
-  if (e.device_ != e.loaded_.params->device()) e.loaded_.params->to(e.device_);
+  // model stays as the loader left it (its 16-bit matrices without f32 copies): ParamSet::to
+  // leaves parameters already on the device alone.
+  e.loaded_.params->to(e.device_);
   if (e.device_.kind == Device::cpu) lean_for_inference(*e.loaded_.params);
   fold_router_centers(*e.loaded_.params);
   return engine;

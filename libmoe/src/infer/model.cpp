@@ -98,13 +98,19 @@ bool identity(const std::vector<int>& order) {
   return true;
 }
 
-// The compute tensor of a parameter whose value the loader has written: a bf16/f16 weight matrix
-// is its own (the CPU kernels widen it on the fly, as lean_for_inference leaves it; moving the
-// model to a GPU makes f32 copies there), so loading never holds an f32 copy of the matrices;
-// anything else gets its f32 copy.
-void finish_loaded(Param& p) {
+// Whether the CPU kernels read the parameter's stored value in place, with no f32 compute copy:
+// bf16/f16 weight matrices (ops::gemm and grouped_gemm widen them on the fly). The loader and
+// lean_for_inference both follow this rule.
+bool reads_in_place(const Param& p) {
   const DType dtype = p.value.dtype();
-  if ((dtype == DType::bf16 || dtype == DType::f16) && io::quantizable(p.name, p.value.shape()))
+  return (dtype == DType::bf16 || dtype == DType::f16) && io::quantizable(p.name, p.value.shape());
+}
+
+// The compute tensor of a parameter whose value the loader has written: its value where the
+// kernels read it in place (moving the model to a GPU makes f32 copies there), so loading never
+// holds an f32 copy of the matrices; anything else gets its f32 copy.
+void finish_loaded(Param& p) {
+  if (reads_in_place(p))
     p.compute = p.value;
   else
     p.refresh_compute();
@@ -272,9 +278,9 @@ LoadedModel load_model(const std::string& given, bool experts, const nn::Paralle
   };
   if (experts && !(parallel && parallel->shards_experts())) {
     // Parameters, no optimizer state; the experts (most of an MoE model) streamed into their
-    // parameters one expert at a time, and each other tensor released once copied, so the
-    // process never holds a second copy of the model (Q8_0 tensors become the parameters
-    // themselves: read whole).
+    // parameters one expert at a time, so the process never holds a second copy of them (Q8_0
+    // tensors become the parameters themselves: read whole). The other tensors are read whole
+    // first and each released once copied: they are held twice until then.
     const bool stream = m.quantization.empty();
     io::Checkpoint ckpt =
         io::load_checkpoint(path, false, [stream](bool, const std::string&) { return stream; });
@@ -340,10 +346,7 @@ size_t lean_for_inference(ParamSet& params) {
               p->value.device().str(), "; 16-bit weights are read in place on the CPU");
     if (p->grad.defined()) released += p->grad.nbytes();
     p->grad = Tensor();
-    const DType dtype = p->value.dtype();
-    const bool matrix = io::quantizable(p->name, p->value.shape());  // weight matrices only
-    if (matrix && (dtype == DType::bf16 || dtype == DType::f16) &&
-        p->compute.raw() != p->value.raw()) {
+    if (reads_in_place(*p) && p->compute.raw() != p->value.raw()) {
       released += p->compute.nbytes();
       p->compute = p->value;  // the kernels read the 16-bit values (ops::gemm, grouped_gemm)
     }

@@ -23,7 +23,8 @@ namespace moe::cpu {
 using namespace gemv_detail;
 namespace {
 
-// Element j of row o widened to f32 (exact).
+// Element j of row o widened to f32 (exact). The float formats only: a Q8_0 product runs
+// q8_rows_* (gemv_q8.cpp) on its quantised inputs, never the f32-input rows below.
 inline float weight_at(const WeightMatrix& w, int64_t o, int64_t j) {
   const int64_t at = o * w.in + j;
   switch (w.format) {
@@ -33,11 +34,8 @@ inline float weight_at(const WeightMatrix& w, int64_t o, int64_t j) {
       return kernels::bf16_to_f32(static_cast<const uint16_t*>(w.data)[at]);
     case WeightFormat::f16:
       return kernels::f16_to_f32(static_cast<const uint16_t*>(w.data)[at]);
-    case WeightFormat::q8_0: {
-      const uint8_t* row = q8_row(w, o);
-      return f16_at(row + w.in + 2 * (j / kQ8Block)) *
-             static_cast<float>(static_cast<int8_t>(row[j]));
-    }
+    case WeightFormat::q8_0:  // never here: Q8_0 products take the 8-bit-input kernels
+      break;
   }
   return 0.0f;
 }
@@ -88,15 +86,12 @@ MOE_TARGET_GEMV512 inline __m512 load_weights(const WeightMatrix& w, int64_t o, 
   }
 }
 
-// Where element j of row o starts in memory.
+// Where element j of row o starts in memory (the float formats).
 template <WeightFormat F>
 inline const char* weight_address(const WeightMatrix& w, int64_t o, int64_t j) {
-  if constexpr (F == WeightFormat::q8_0) {
-    return reinterpret_cast<const char*>(q8_row(w, o)) + j;
-  } else {
-    constexpr int64_t bytes = F == WeightFormat::f32 ? 4 : 2;
-    return static_cast<const char*>(w.data) + (o * w.in + j) * bytes;
-  }
+  static_assert(F != WeightFormat::q8_0, "Q8_0 rows run the 8-bit-input kernels (gemv_q8.cpp)");
+  constexpr int64_t bytes = F == WeightFormat::f32 ? 4 : 2;
+  return static_cast<const char*>(w.data) + (o * w.in + j) * bytes;
 }
 
 // R weight rows at a time (R x M independent accumulator chains hide the FMA latency, and R
@@ -106,8 +101,8 @@ template <WeightFormat F, int M, int R>
 MOE_TARGET_GEMV512 void rows_avx512_block(const GemvProblem& p, int64_t o) {
   const int64_t in = p.w.in, full = in / kLanes * kLanes;
   const __mmask16 tail = static_cast<__mmask16>((1u << (in - full)) - 1u);
-  // Elements per 64-byte line: 16-bit rows span a line every 2 steps of kLanes, Q8_0 rows every 4.
-  constexpr int64_t kLine = F == WeightFormat::f32 ? 16 : F == WeightFormat::q8_0 ? 64 : 32;
+  // Elements per 64-byte line: 16-bit rows span a line every 2 steps of kLanes.
+  constexpr int64_t kLine = F == WeightFormat::f32 ? 16 : 32;
   __m512 acc[R][M];
   for (int r = 0; r < R; ++r)
     for (int i = 0; i < M; ++i) acc[r][i] = _mm512_setzero_ps();
@@ -167,8 +162,18 @@ void with_format(WeightFormat format, Fn&& fn) {
   }
 }
 
+// The float formats' rows (a Q8_0 task runs q8_rows_avx512 on its quantised inputs instead).
 void rows_avx512(const GemvProblem& p, int64_t begin, int64_t end) {
-  with_format(p.w.format, [&](auto f) { rows_avx512_f<decltype(f)::value>(p, begin, end); });
+  switch (p.w.format) {
+    case WeightFormat::f32:
+      return rows_avx512_f<WeightFormat::f32>(p, begin, end);
+    case WeightFormat::bf16:
+      return rows_avx512_f<WeightFormat::bf16>(p, begin, end);
+    case WeightFormat::f16:
+      return rows_avx512_f<WeightFormat::f16>(p, begin, end);
+    case WeightFormat::q8_0:  // never here
+      return;
+  }
 }
 
 // Row o of w widened to f32 into dst (prefill's scratch): the kernel's own loads, 16 at a time.
@@ -368,10 +373,7 @@ void quantize_q8_0_row(const float* x, int64_t n, uint8_t* row) {
     MOE_CHECK(std::isfinite(scale), "q8_0: a block's largest magnitude ", amax,
               " exceeds what an f16 scale holds (", 65504.0f * 127.0f, ")");
     std::memcpy(row + n + 2 * b, &bits, sizeof bits);
-    for (int64_t j = begin; j < end; ++j) {
-      const float v = scale > 0 ? std::nearbyint(x[j] / scale) : 0.0f;
-      row[j] = static_cast<uint8_t>(static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f)));
-    }
+    for (int64_t j = begin; j < end; ++j) row[j] = static_cast<uint8_t>(q8_quantize(x[j], scale));
   }
 }
 

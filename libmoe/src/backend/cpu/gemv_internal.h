@@ -1,6 +1,8 @@
 // Pieces the decode GEMV's files share (gemv.cpp: f32/bf16/f16 and Q8_0 widened to f32;
 // gemv_q8.cpp: Q8_0 against 8-bit input rows). Not part of the library's interface.
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -32,6 +34,14 @@ inline float f16_at(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, sizeof h);  // a row's scales may sit at an odd address
   return kernels::f16_to_f32(h);
+}
+
+// One value of a Q8_0 block: x / scale rounded to nearest even and clamped to [-127, 127], 0
+// for a zero scale. The one rule of both quantisers: stored weights (quantize_q8_0_row, scale
+// the stored f16 one) and decode's inputs (quantize_q8_input_row, scale in f32).
+inline int8_t q8_quantize(float x, float scale) {
+  const float v = scale > 0 ? std::nearbyint(x / scale) : 0.0f;
+  return static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f));
 }
 
 inline const uint8_t* q8_row(const WeightMatrix& w, int64_t o) {

@@ -32,10 +32,7 @@ void quantize_q8_input_row(const float* x, int64_t n, int8_t* q, float* scale) {
       continue;
     }
     scale[b] = s;
-    for (int64_t j = begin; j < end; ++j) {
-      const float v = s > 0 ? std::nearbyint(x[j] / s) : 0.0f;
-      q[j] = static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f));
-    }
+    for (int64_t j = begin; j < end; ++j) q[j] = gemv_detail::q8_quantize(x[j], s);
   }
 }
 
