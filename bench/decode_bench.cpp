@@ -62,64 +62,145 @@ ModelConfig bench_model(bool quick) {
   return c;
 }
 
+constexpr int kMaxStreams = 8;
+
+// Sum of `streams` equal contiguous parts of p[0, n) read side by side, 16 floats of each in
+// turn: several streams in flight per thread, as the GEMV reads several weight rows at once.
+// One stream is a plain sequential read.
 #if MOE_BENCH_X86
-__attribute__((target("avx512f"))) float sum_avx512(const float* p, int64_t n) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  for (int64_t i = 0; i + 64 <= n; i += 64) {
-    a0 = _mm512_add_ps(a0, _mm512_loadu_ps(p + i));
-    a1 = _mm512_add_ps(a1, _mm512_loadu_ps(p + i + 16));
-    a2 = _mm512_add_ps(a2, _mm512_loadu_ps(p + i + 32));
-    a3 = _mm512_add_ps(a3, _mm512_loadu_ps(p + i + 48));
-  }
+__attribute__((target("avx512f"))) float sum_streams_avx512(const float* p, int64_t n,
+                                                            int streams) {
+  __m512 acc[kMaxStreams];
+  for (int s = 0; s < streams; ++s) acc[s] = _mm512_setzero_ps();
+  const int64_t per = n / streams / 16 * 16;
+  for (int64_t i = 0; i < per; i += 16)
+    for (int s = 0; s < streams; ++s)
+      acc[s] = _mm512_add_ps(acc[s], _mm512_loadu_ps(p + s * per + i));
+  __m512 total = _mm512_setzero_ps();
+  for (int s = 0; s < streams; ++s) total = _mm512_add_ps(total, acc[s]);
   float lane[16];
-  _mm512_storeu_ps(lane, _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-  float s = 0;
-  for (float v : lane) s += v;
-  return s;
+  _mm512_storeu_ps(lane, total);
+  float sum = 0;
+  for (float v : lane) sum += v;
+  return sum;
 }
 #endif
 
-float sum_plain(const float* p, int64_t n) {
+float sum_streams_plain(const float* p, int64_t n, int streams) {
   float a[16] = {};
-  for (int64_t i = 0; i + 16 <= n; i += 16)
-    for (int l = 0; l < 16; ++l) a[l] += p[i + l];
-  float s = 0;
-  for (float v : a) s += v;
-  return s;
+  const int64_t per = n / streams / 16 * 16;
+  for (int64_t i = 0; i < per; i += 16)
+    for (int s = 0; s < streams; ++s)
+      for (int l = 0; l < 16; ++l) a[l] += p[s * per + i + l];
+  float sum = 0;
+  for (float v : a) sum += v;
+  return sum;
 }
 
-// Bytes/s of a streaming read over `bytes` (all OpenMP threads, each its contiguous share), the
-// best of `passes`.
-double read_bandwidth(size_t bytes, int passes) {
-  const int64_t n = static_cast<int64_t>(bytes / sizeof(float)) / 1024 * 1024;
-  std::vector<float> buf(static_cast<size_t>(n));
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) buf[static_cast<size_t>(i)] = 1.0f + float(i % 7);
+// The memory-bandwidth ceiling: bytes/s of a streaming read over a buffer far beyond the caches
+// (all OpenMP threads, each its contiguous share), read with 1, 4 and 8 streams per thread, the
+// best of `passes` each. How many reads a thread keeps in flight decides what a host gives: on
+// a 2-vCPU AMD EPYC one stream a thread read 37 GB/s where 8 read 49 (and 1 thread alone, 41),
+// so a single pattern can under-read the ceiling and overstate a kernel's share of it.
+struct ReadBandwidth {
+  std::vector<std::pair<int, double>> by_streams;  // (streams per thread, bytes/s)
+  double best() const {
+    double b = 0;
+    for (const auto& [streams, rate] : by_streams) b = std::max(b, rate);
+    return b;
+  }
+  std::string describe() const {
+    std::string text;
+    char buf[64];
+    for (const auto& [streams, rate] : by_streams) {
+      std::snprintf(buf, sizeof buf, "%s%d stream%s %.1f GB/s", text.empty() ? "" : ", ", streams,
+                    streams == 1 ? "" : "s", rate / 1e9);
+      text += buf;
+    }
+    return text;
+  }
+};
+
+// Floats [p, p + n) a bandwidth read covers (a tensor's storage read as 4-byte words).
+struct Region {
+  const float* p;
+  int64_t n;
+};
+
+// Each thread reads its contiguous share of the regions laid end to end, with `streams` streams
+// over each piece of a region it covers. Returns the bytes read.
+double read_regions(const std::vector<Region>& regions, int streams, bool wide, float& total) {
+  int64_t all = 0;
+  for (const Region& r : regions) all += r.n;
+  double read = 0;
+  float sum = 0;
+#pragma omp parallel reduction(+ : sum, read)
+  {
+    const int64_t threads = omp_get_num_threads(), me = omp_get_thread_num();
+    const int64_t begin = all * me / threads, end = all * (me + 1) / threads;
+    int64_t at = 0;  // where the current region starts in the concatenation
+    for (const Region& r : regions) {
+      const int64_t lo = std::max(begin, at), hi = std::min(end, at + r.n);
+      if (lo < hi) {
+        const float* piece = r.p + (lo - at);
+        const int64_t n = hi - lo;
+#if MOE_BENCH_X86
+        sum += wide ? sum_streams_avx512(piece, n, streams) : sum_streams_plain(piece, n, streams);
+#else
+        (void)wide;
+        sum += sum_streams_plain(piece, n, streams);
+#endif
+        read += double(n / streams / 16 * 16 * streams) * 4.0;  // what the sums covered
+      }
+      at += r.n;
+    }
+  }
+  total += sum;
+  return read;
+}
+
+ReadBandwidth read_bandwidth(const std::vector<Region>& regions, int passes) {
   bool wide = false;
 #if MOE_BENCH_X86
   __builtin_cpu_init();
   wide = __builtin_cpu_supports("avx512f");
 #endif
-  double best = 0;
+  ReadBandwidth out;
   volatile float sink = 0;
-  for (int p = 0; p < passes; ++p) {
-    Timer t;
-    float total = 0;
-#pragma omp parallel reduction(+ : total)
-    {
-      const int64_t threads = omp_get_num_threads(), me = omp_get_thread_num();
-      const int64_t per = n / threads / 1024 * 1024;
-      const int64_t begin = me * per, count = me + 1 == threads ? n - begin : per;
-#if MOE_BENCH_X86
-      total += wide ? sum_avx512(buf.data() + begin, count) : sum_plain(buf.data() + begin, count);
-#else
-      total += sum_plain(buf.data() + begin, count);
-#endif
+  for (int streams : {1, 4, kMaxStreams}) {
+    double best = 0;
+    for (int p = 0; p < passes; ++p) {
+      float total = 0;
+      Timer t;
+      const double read = read_regions(regions, streams, wide, total);
+      best = std::max(best, read / t.seconds());
+      sink = sink + total;
     }
-    sink = sink + total;
-    best = std::max(best, double(n) * sizeof(float) / t.seconds());
+    out.by_streams.emplace_back(streams, best);
   }
-  return best;
+  return out;
+}
+
+// The read bandwidth of a fresh buffer of `bytes`, far beyond the caches.
+ReadBandwidth fresh_read_bandwidth(size_t bytes, int passes) {
+  const int64_t n = static_cast<int64_t>(bytes / sizeof(float)) / 1024 * 1024;
+  std::vector<float> buf(static_cast<size_t>(n));
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) buf[static_cast<size_t>(i)] = 1.0f + float(i % 7);
+  return read_bandwidth({{buf.data(), n}}, passes);
+}
+
+// The read bandwidth of a model's own parameter storage: the very pages a decode step reads. A
+// host's memory need not read alike everywhere (on a VM, pages can sit on near or far host
+// memory): this 2-vCPU AMD EPYC read fresh buffers at 37-47 or 58-70 GB/s from one allocation to
+// the next, so a ceiling from another buffer can say little about the weights'.
+ReadBandwidth weights_read_bandwidth(const ParamSet& params, int passes) {
+  std::vector<Region> regions;
+  for (const Param* p : params.all())
+    if (p->value.defined())
+      regions.push_back({static_cast<const float*>(p->value.raw()),
+                         static_cast<int64_t>(p->value.nbytes() / sizeof(float))});
+  return read_bandwidth(regions, passes);
 }
 
 // Weight bytes one decode step of `batch` tokens reads (see the header comment).
@@ -326,8 +407,9 @@ int run_decode(const DecodeOptions& o) {
   const ModelConfig c = bench_model(o.quick);
   const double min_s = o.quick ? std::min(o.min_seconds, 0.05) : o.min_seconds;
   const int64_t prefill = o.quick ? 32 : 512;
-  const double bandwidth =
-      read_bandwidth(o.quick ? size_t(64) << 20 : size_t(1) << 30, o.quick ? 2 : 5);
+  const size_t read_bytes = o.quick ? size_t(64) << 20 : size_t(1) << 30;
+  const int read_passes = o.quick ? 2 : 5;
+  const ReadBandwidth read = fresh_read_bandwidth(read_bytes, read_passes);
   Model f32 = make_model(c, DType::f32, true);
   double f32_prefill = 0;  // prefill rows of the other dtypes are compared with it
   int64_t total = 0, active = 0;
@@ -346,8 +428,10 @@ int run_decode(const DecodeOptions& o) {
       (long long)c.d_model, (long long)c.layers, (long long)c.heads, (long long)c.kv_heads,
       (long long)c.d_ff, (long long)c.experts, (long long)c.top_k, (long long)c.vocab_size,
       double(total) / 1e6, double(active) / 1e6);
-  std::printf("# read bandwidth (streaming read, %d threads, best pass): %.1f GB/s\n",
-              num_threads(), bandwidth / 1e9);
+  std::printf(
+      "# read bandwidth (streaming read, %d threads, best pass of each pattern): a fresh %.0f MB "
+      "buffer %.1f GB/s (%s per thread)\n",
+      num_threads(), double(read_bytes) / 1e6, read.best() / 1e9, read.describe().c_str());
   std::printf(
       "# OpenMP fork/join (an empty parallel region, %d threads, best mean): %.2f us, "
       "OMP_WAIT_POLICY=%s; the library's decode path under it: %s\n",
@@ -355,7 +439,9 @@ int run_decode(const DecodeOptions& o) {
       std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "(unset)",
       cpu::task_pool_default() ? "pool" : "omp");
   std::printf(
-      "# bound = bandwidth / weight bytes a step reads (batch 8: expected experts touched)\n");
+      "# bound = bandwidth / weight bytes a step reads (batch 8: expected experts touched); "
+      "bandwidth: the larger of the fresh buffer's and the dtype's own weights' (read the same "
+      "way just before its rows), so a ratio never rests on the slower pages\n");
   std::printf("# %-5s %-6s %-15s %10s %10s %7s %12s\n", "dtype", "path", "measure", "tok/s",
               "bound", "ratio", "max|dlogit|");
 
@@ -378,15 +464,21 @@ int run_decode(const DecodeOptions& o) {
     std::vector<float> expect, got;
     cpu::set_gemv_enabled(false);
     const double sgemm1 = decode_rate(ref, 1, min_s, &expect);
+    const double sgemm8 = dtype == DType::f32 && !q8 ? decode_rate(ref, 8, min_s, nullptr) : 0;
+    cpu::set_gemv_enabled(true);
+    const Model lean_model = dtype == DType::f32 && !q8 ? Model{} : make_model(c, dtype, true, q8);
+    const Model& m = dtype == DType::f32 && !q8 ? f32 : lean_model;
+    const ReadBandwidth own = weights_read_bandwidth(*m.params, read_passes);
+    const double bandwidth = std::max(read.best(), own.best());
+    std::printf(
+        "# %s: its weights (%.1f MB) read at %.1f GB/s (%s per thread); bound at %.1f GB/s\n",
+        name.c_str(), held_bytes(*m.params) / 1e6, own.best() / 1e9, own.describe().c_str(),
+        bandwidth / 1e9);
     if (dtype == DType::f32 && !q8) {
-      const double sgemm8 = decode_rate(ref, 8, min_s, nullptr);
       row("f32", "sgemm", "decode batch 1", sgemm1, bandwidth / step_bytes(*ref.params, c, 1), -1);
       row("f32", "sgemm", "decode batch 8", sgemm8, 8 * bandwidth / step_bytes(*ref.params, c, 8),
           -1);
     }
-    cpu::set_gemv_enabled(true);
-    const Model lean_model = dtype == DType::f32 && !q8 ? Model{} : make_model(c, dtype, true, q8);
-    const Model& m = dtype == DType::f32 && !q8 ? f32 : lean_model;
     // The GEMV on OpenMP regions (before) and on the task pool (the library's path), taking
     // turns over three rounds (a shared machine's speed drifts); each the median of its rounds.
     Profile parts;
@@ -424,6 +516,11 @@ int run_decode(const DecodeOptions& o) {
     if (name == "f32") f32_prefill = pf;
     row(name.c_str(), "sgemm", what, pf, name == "f32" ? 0 : f32_prefill, -1);
   }
+  // The host's bandwidth can move during a run: measured again, so a drift shows beside the rows'
+  // bounds (which use the start's).
+  const ReadBandwidth after = fresh_read_bandwidth(read_bytes, read_passes);
+  std::printf("# read bandwidth at the end: a fresh buffer %.1f GB/s (%s per thread)\n",
+              after.best() / 1e9, after.describe().c_str());
   std::printf("# load average %s at the end\n", load_average().c_str());
   return 0;
 }
