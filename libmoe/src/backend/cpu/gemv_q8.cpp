@@ -1,6 +1,7 @@
 // The Q8_0 decode GEMV against 8-bit input rows (gemv.h): the input rows' quantiser, the scalar
-// path, and the AVX-512 path (with VNNI's vpdpbusd, or vpmaddubsw + vpmaddwd without it). All
-// three form the same exact integer sums and the same f32 operations on them, so their bits agree.
+// path, and the choice of AVX-512 rows (gemv_q8_rows.h, compiled with VNNI's vpdpbusd in
+// gemv_q8_vnni.cpp and with vpmaddubsw + vpmaddwd in gemv_q8_avx512.cpp). All three form the
+// same exact integer sums and the same f32 operations on them, so their bits agree.
 // Shapes: m input rows, out x in weights; a block is kQ8Block = 32 elements, a pair of blocks 64.
 #include "backend/cpu/gemv_q8.h"
 
@@ -134,79 +135,9 @@ void q8_rows_scalar(const GemvProblem& p, const Q8Input& x, int64_t begin, int64
 }
 
 #if MOE_GEMV_X86
-// Both instantiations carry the VNNI target, but only the VNNI one writes a VNNI instruction
-// (vpdpbusd); the other is called on AVX-512 CPUs without VNNI (checked: objdump shows no
-// vpdpbusd in it). The sums' values are the same: |w| (u8) times x with w's sign, in 4s.
-#define MOE_TARGET_Q8 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
-
-// R weight rows by M input rows: per pair of blocks, 64 weights of each row against the same 64
-// inputs of each input row, R x M accumulators (their chains hide the latency), the next R rows
-// prefetched a line at a time (a decode row is too short for the hardware prefetcher).
-template <int M, int R, bool VNNI>
-MOE_TARGET_Q8 void q8_block(const GemvProblem& p, const Q8Input& x, int64_t o) {
-  const int64_t in = p.w.in, blocks = q8_blocks(in);
-  const __m512i zero = _mm512_setzero_si512(), ones = _mm512_set1_epi16(1);
-  __m512 acc[R][M];
-  for (int r = 0; r < R; ++r)
-    for (int i = 0; i < M; ++i) acc[r][i] = _mm512_setzero_ps();
-  const uint8_t* rows[R];
-  for (int r = 0; r < R; ++r) rows[r] = q8_row(p.w, o + r);
-  for (int64_t t = 0; t < x.pairs; ++t) {
-    const int64_t j = t * 64;
-    const __mmask64 mask = in - j >= 64 ? ~__mmask64{0} : (__mmask64{1} << (in - j)) - 1;
-    __m512i xq[M];
-    __m512 xs[M];
-    for (int i = 0; i < M; ++i) {
-      xq[i] = _mm512_loadu_si512(x.q_row(i) + j);
-      xs[i] = _mm512_loadu_ps(x.scale_row(i) + t * kLanes);
-    }
-    for (int r = 0; r < R; ++r) {
-      if (o + R + r < p.w.out)
-        _mm_prefetch(reinterpret_cast<const char*>(rows[r] + R * q8_row_bytes(in) + j),
-                     _MM_HINT_T0);
-      const __m512i w = _mm512_maskz_loadu_epi8(mask, rows[r] + j);
-      const __m512i wabs = _mm512_abs_epi8(w);
-      const __mmask64 negative = _mm512_movepi8_mask(w);
-      uint16_t h[2] = {0, 0};
-      std::memcpy(h, rows[r] + in + 4 * t, 2 * t + 1 < blocks ? 4 : 2);
-      const __m512 dw =
-          _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(_cvtsh_ss(h[0])),
-                               _mm512_set1_ps(2 * t + 1 < blocks ? _cvtsh_ss(h[1]) : 0.0f));
-      for (int i = 0; i < M; ++i) {
-        const __m512i sx = _mm512_mask_sub_epi8(xq[i], negative, zero, xq[i]);
-        __m512i sum;
-        if constexpr (VNNI)
-          sum = _mm512_dpbusd_epi32(zero, wabs, sx);
-        else
-          sum = _mm512_madd_epi16(_mm512_maddubs_epi16(wabs, sx), ones);
-        acc[r][i] = _mm512_fmadd_ps(_mm512_mul_ps(dw, xs[i]), _mm512_cvtepi32_ps(sum), acc[r][i]);
-      }
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int i = 0; i < M; ++i) {
-      alignas(64) float lane[kLanes];
-      _mm512_store_ps(lane, acc[r][i]);
-      store_output(p, i, o + r, reduce_lanes(lane));
-    }
-}
-
-template <int M, bool VNNI>
-void q8_rows_m(const GemvProblem& p, const Q8Input& x, int64_t begin, int64_t end) {
-  constexpr int R = M <= 2 ? 8 : M <= 4 ? 2 : 1;
-  int64_t o = begin;
-  for (; o + R <= end; o += R) q8_block<M, R, VNNI>(p, x, o);
-  for (; o < end; ++o) q8_block<M, 1, VNNI>(p, x, o);
-}
-
-template <bool VNNI>
-void q8_rows_v(const GemvProblem& p, const Q8Input& x, int64_t begin, int64_t end) {
-  with_rows(p.m, [&](auto m) { q8_rows_m<decltype(m)::value, VNNI>(p, x, begin, end); });
-}
-
 void q8_rows_avx512(const GemvProblem& p, const Q8Input& x, int64_t begin, int64_t end, bool vnni) {
-  if (vnni) return q8_rows_v<true>(p, x, begin, end);
-  q8_rows_v<false>(p, x, begin, end);
+  if (vnni) return q8_rows_avx512_vnni(p, x, begin, end);
+  q8_rows_avx512_plain(p, x, begin, end);
 }
 #endif
 

@@ -35,7 +35,11 @@ void quantize_input_row(const float* x, int64_t n, int8_t* q, float* scale, bool
 // Output rows [begin, end) of problem p (Q8_0 weights) against its quantised input rows x.
 void q8_rows_scalar(const GemvProblem& p, const Q8Input& x, int64_t begin, int64_t end);
 #if MOE_GEMV_X86
+// The AVX-512 rows: with VNNI (only where the CPU has it) or without (gemv_q8_rows.h); the same
+// bits either way.
 void q8_rows_avx512(const GemvProblem& p, const Q8Input& x, int64_t begin, int64_t end, bool vnni);
+void q8_rows_avx512_plain(const GemvProblem& p, const Q8Input& x, int64_t begin, int64_t end);
+void q8_rows_avx512_vnni(const GemvProblem& p, const Q8Input& x, int64_t begin, int64_t end);
 #endif
 
 }  // namespace moe::cpu::gemv_detail
