@@ -14,7 +14,9 @@
 // library's path), the two taking turns. Check column: max |logit - reference| of the first decode
 // step, reference = the same weights widened to f32 through the tiled sgemm (16-bit rows: bf16/f16
 // values widened exactly): f32 rounding, except for Q8_0, whose GEMV multiplies 8-bit inputs
-// (backend/cpu/gemv.h) and prints its check against the logits' largest magnitude too.
+// (backend/cpu/gemv.h) and prints its check against the logits' largest magnitude too. Per dtype,
+// a line gives the GEMV alone over every weight matrix of the model (one input row, one call
+// each): the kernel's own read rate, apart from what a decode step adds around its calls.
 #include "decode_bench.h"
 
 #include <omp.h>
@@ -100,8 +102,8 @@ float sum_streams_plain(const float* p, int64_t n, int streams) {
 // The memory-bandwidth ceiling: bytes/s of a streaming read over a buffer far beyond the caches
 // (all OpenMP threads, each its contiguous share), read with 1, 4 and 8 streams per thread, the
 // best of `passes` each. How many reads a thread keeps in flight decides what a host gives: on
-// a 2-vCPU AMD EPYC one stream a thread read 37 GB/s where 8 read 49 (and 1 thread alone, 41),
-// so a single pattern can under-read the ceiling and overstate a kernel's share of it.
+// a 2-vCPU AMD EPYC one stream a thread read 37 GB/s where 8 read 49, so a single pattern can
+// under-read the ceiling and overstate a kernel's share of it.
 struct ReadBandwidth {
   std::vector<std::pair<int, double>> by_streams;  // (streams per thread, bytes/s)
   double best() const {
@@ -181,13 +183,14 @@ ReadBandwidth read_bandwidth(const std::vector<Region>& regions, int passes) {
   return out;
 }
 
-// The read bandwidth of a fresh buffer of `bytes`, far beyond the caches.
-ReadBandwidth fresh_read_bandwidth(size_t bytes, int passes) {
+// A buffer of `bytes`, far beyond the caches, not the model's: read at the start of a run and
+// again at the end (filled once, by all threads, as the weights were).
+std::vector<float> fresh_buffer(size_t bytes) {
   const int64_t n = static_cast<int64_t>(bytes / sizeof(float)) / 1024 * 1024;
   std::vector<float> buf(static_cast<size_t>(n));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) buf[static_cast<size_t>(i)] = 1.0f + float(i % 7);
-  return read_bandwidth({{buf.data(), n}}, passes);
+  return buf;
 }
 
 // The read bandwidth of a model's own parameter storage: the very pages a decode step reads. A
@@ -386,6 +389,41 @@ void print_parts(const std::string& dtype, const Profile& p) {
   std::printf("\n");
 }
 
+// The GEMV alone: every weight matrix of `m` (all experts, not just a step's; no embedding
+// table) multiplied by one input row, one gemv_batch call per matrix, the threads the library
+// uses. Bytes/s of its weights, the best of `passes` passes over all of them (each pass reads far
+// more than the caches hold). Against the step's rate this separates the kernel's reading speed
+// from what a step adds around it (small calls, joins, the work between them).
+double gemv_alone_rate(const Model& m, const Model& f32, int passes) {
+  std::vector<cpu::WeightMatrix> matrices;
+  double bytes = 0;
+  for (const Param* p : m.params->all()) {
+    if (p->value.ndim() < 2 || p->name.rfind("embed.", 0) == 0) continue;
+    const Param* plain = f32.params->find(p->name);
+    MOE_CHECK(plain, "decode bench: no f32 parameter ", p->name);
+    const int64_t in = plain->value.shape().back(), out = p->value.dim(p->value.ndim() - 2);
+    const int64_t count = p->value.numel() / (out * p->value.shape().back());
+    for (int64_t e = 0; e < count; ++e) matrices.push_back(cpu::weight_matrix(p->value, e, in));
+    bytes += double(p->value.nbytes());
+  }
+  int64_t widest = 0;
+  for (const cpu::WeightMatrix& w : matrices) widest = std::max({widest, w.in, w.out});
+  std::vector<float> x(static_cast<size_t>(widest), 0.5f), y(static_cast<size_t>(widest));
+  double best = 0;
+  for (int pass = 0; pass < passes; ++pass) {
+    Timer t;
+    for (const cpu::WeightMatrix& w : matrices) {
+      cpu::GemvProblem problem;
+      problem.w = w;
+      problem.x = x.data(), problem.ldx = w.in, problem.m = 1;
+      problem.y = y.data(), problem.ldy = w.out;
+      cpu::gemv_batch(&problem, 1);
+    }
+    best = std::max(best, bytes / t.seconds());
+  }
+  return best;
+}
+
 double median(std::vector<double> v) {
   std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
   return v[v.size() / 2];
@@ -409,7 +447,9 @@ int run_decode(const DecodeOptions& o) {
   const int64_t prefill = o.quick ? 32 : 512;
   const size_t read_bytes = o.quick ? size_t(64) << 20 : size_t(1) << 30;
   const int read_passes = o.quick ? 2 : 5;
-  const ReadBandwidth read = fresh_read_bandwidth(read_bytes, read_passes);
+  const std::vector<float> fresh = fresh_buffer(read_bytes);
+  const std::vector<Region> fresh_region = {{fresh.data(), static_cast<int64_t>(fresh.size())}};
+  const ReadBandwidth read = read_bandwidth(fresh_region, read_passes);
   Model f32 = make_model(c, DType::f32, true);
   double f32_prefill = 0;  // prefill rows of the other dtypes are compared with it
   int64_t total = 0, active = 0;
@@ -442,16 +482,22 @@ int run_decode(const DecodeOptions& o) {
       "# bound = bandwidth / weight bytes a step reads (batch 8: expected experts touched); "
       "bandwidth: the larger of the fresh buffer's and the dtype's own weights' (read the same "
       "way just before its rows), so a ratio never rests on the slower pages\n");
-  std::printf("# %-5s %-6s %-15s %10s %10s %7s %12s\n", "dtype", "path", "measure", "tok/s",
-              "bound", "ratio", "max|dlogit|");
+  std::printf(
+      "# paired: the median over the rounds of each round's tok/s over its own bound, from the "
+      "dtype's weights read just before that round (the host's bandwidth drifts within seconds; "
+      "this pairs each rate with the bandwidth of its moment)\n");
+  std::printf("# %-5s %-6s %-15s %10s %10s %7s %7s %12s\n", "dtype", "path", "measure", "tok/s",
+              "bound", "ratio", "paired", "max|dlogit|");
 
   auto row = [&](const char* dtype, const char* path, const char* measure, double rate,
-                 double bound, double check) {
-    char b[32] = "-", r[32] = "-", ch[32] = "-";
+                 double bound, double check, double paired = -1) {
+    char b[32] = "-", r[32] = "-", pr[32] = "-", ch[32] = "-";
     if (bound > 0) std::snprintf(b, sizeof b, "%.1f", bound);
     if (bound > 0) std::snprintf(r, sizeof r, "%.2f", rate / bound);
+    if (paired >= 0) std::snprintf(pr, sizeof pr, "%.2f", paired);
     if (check >= 0) std::snprintf(ch, sizeof ch, "%.2e", check);
-    std::printf("  %-5s %-6s %-15s %10.1f %10s %7s %12s\n", dtype, path, measure, rate, b, r, ch);
+    std::printf("  %-5s %-6s %-15s %10.1f %10s %7s %7s %12s\n", dtype, path, measure, rate, b, r,
+                pr, ch);
     std::fflush(stdout);
   };
 
@@ -482,8 +528,9 @@ int run_decode(const DecodeOptions& o) {
     // The GEMV on OpenMP regions (before) and on the task pool (the library's path), taking
     // turns over three rounds (a shared machine's speed drifts); each the median of its rounds.
     Profile parts;
-    std::vector<double> omp1, omp8, pool1, pool8;
+    std::vector<double> omp1, omp8, pool1, pool8, round_bandwidth;
     for (int round = 0; round < 3; ++round) {
+      round_bandwidth.push_back(weights_read_bandwidth(*m.params, 2).best());
       cpu::set_task_pool_enabled(false);
       omp1.push_back(decode_rate(m, 1, min_s / 3, nullptr));
       omp8.push_back(decode_rate(m, 8, min_s / 3, nullptr));
@@ -495,11 +542,27 @@ int run_decode(const DecodeOptions& o) {
     const double pf = prefill_rate(m, prefill, min_s);
     const double bound1 = bandwidth / step_bytes(*m.params, c, 1),
                  bound8 = 8 * bandwidth / step_bytes(*m.params, c, 8);
-    row(name.c_str(), "omp", "decode batch 1", median(omp1), bound1, -1);
-    row(name.c_str(), "omp", "decode batch 8", median(omp8), bound8, -1);
-    row(name.c_str(), "pool", "decode batch 1", median(pool1), bound1, max_diff(got, expect));
-    row(name.c_str(), "pool", "decode batch 8", median(pool8), bound8, -1);
+    // Each round's rate over the bound of its own moment's bandwidth, the median over rounds.
+    auto paired = [&](const std::vector<double>& rates, int64_t batch) {
+      std::vector<double> ratios;
+      for (size_t r = 0; r < rates.size(); ++r)
+        ratios.push_back(rates[r] * step_bytes(*m.params, c, batch) /
+                         (double(batch) * round_bandwidth[r]));
+      return median(ratios);
+    };
+    row(name.c_str(), "omp", "decode batch 1", median(omp1), bound1, -1, paired(omp1, 1));
+    row(name.c_str(), "omp", "decode batch 8", median(omp8), bound8, -1, paired(omp8, 8));
+    row(name.c_str(), "pool", "decode batch 1", median(pool1), bound1, max_diff(got, expect),
+        paired(pool1, 1));
+    row(name.c_str(), "pool", "decode batch 8", median(pool8), bound8, -1, paired(pool8, 8));
     print_parts(name, parts);
+    const double before = weights_read_bandwidth(*m.params, 2).best();
+    const double alone = gemv_alone_rate(m, f32, read_passes);
+    std::printf(
+        "# %s: the GEMV alone (every weight matrix, one input row, one call each) read its "
+        "weights at %.1f GB/s: %.2f of the bound's bandwidth, %.2f of its weights' read just "
+        "before (%.1f GB/s)\n",
+        name.c_str(), alone / 1e9, alone / bandwidth, alone / before, before / 1e9);
     if (q8) {  // its check is not f32 rounding: the GEMV multiplies 8-bit inputs (gemv.h)
       double largest = 0;
       for (float v : expect) largest = std::max(largest, std::fabs(double(v)));
@@ -518,7 +581,7 @@ int run_decode(const DecodeOptions& o) {
   }
   // The host's bandwidth can move during a run: measured again, so a drift shows beside the rows'
   // bounds (which use the start's).
-  const ReadBandwidth after = fresh_read_bandwidth(read_bytes, read_passes);
+  const ReadBandwidth after = read_bandwidth(fresh_region, read_passes);
   std::printf("# read bandwidth at the end: a fresh buffer %.1f GB/s (%s per thread)\n",
               after.best() / 1e9, after.describe().c_str());
   std::printf("# load average %s at the end\n", load_average().c_str());
