@@ -1,11 +1,14 @@
-// The decode task pool (see task_pool.h). One batch at a time: the batch's generation and its next
-// unclaimed task share one 64-bit word, so a worker that wakes late and claims with the generation
-// it saw cannot take a task of a later batch (its compare-and-swap fails).
+// The decode task pool (see task_pool.h). One batch at a time. The tasks are cut into one
+// contiguous range per thread (the caller's first); each thread claims its own range's tasks in
+// order, then helps the other ranges the same way. A range's generation and its next unclaimed
+// task share one 64-bit word, so a worker that wakes late and claims with the generation it saw
+// cannot take a task of a later batch (its compare-and-swap fails).
 #include "backend/cpu/task_pool.h"
 
 #include <omp.h>
 #include <pthread.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -49,6 +52,9 @@ std::atomic<bool> forked{false};
 // with other static destructors, and a forked child could not join its parent's threads).
 class Pool {
  public:
+  // Threads a batch may use (caller included); more run as this many.
+  static constexpr int kMaxThreads = 64;
+
   Pool() {
     pthread_atfork(nullptr, nullptr, [] { forked.store(true, std::memory_order_relaxed); });
   }
@@ -60,20 +66,27 @@ class Pool {
       for (int64_t i = 0; i < count; ++i) fn(context, i);
       return;
     }
+    threads = std::min(threads, kMaxThreads);
     for (int id = workers_.load(); id < threads - 1; workers_.store(++id))
       std::thread([this, id] { work(id); }).detach();
+    const uint64_t generation = generation_.load(std::memory_order_relaxed) + 1;
     fn_.store(fn, std::memory_order_relaxed);
     context_.store(context, std::memory_order_relaxed);
-    count_.store(count, std::memory_order_relaxed);
-    helpers_.store(threads - 1, std::memory_order_relaxed);
+    ranges_.store(threads, std::memory_order_relaxed);
     done_.store(0, std::memory_order_relaxed);
-    const uint64_t generation = (claim_.load(std::memory_order_relaxed) >> 32) + 1;
-    claim_.store(generation << 32, std::memory_order_release);  // publishes the fields above
+    // Range r: tasks [count r / threads, count (r + 1) / threads), each thread's reads one
+    // sequential stream through memory as far as its own range lasts.
+    for (int r = 0; r < threads; ++r) {
+      range_[r].end.store(count * (r + 1) / threads, std::memory_order_relaxed);
+      range_[r].claim.store(generation << 32 | uint64_t(count * r / threads),
+                            std::memory_order_relaxed);
+    }
+    generation_.store(generation, std::memory_order_release);  // publishes the fields above
     {
       std::lock_guard<std::mutex> lock(sleep_mutex_);  // a sleeper checks its wait under it
       if (sleepers_ > 0) wake_.notify_all();
     }
-    take(generation);
+    take(generation, 0);
     // Only tasks that another thread has claimed are left: wait for those.
     for (int spins = 0; done_.load(std::memory_order_acquire) < count; ++spins) {
       if (spins < 4096) {
@@ -87,18 +100,24 @@ class Pool {
   int workers() const { return workers_.load(); }
 
  private:
-  // Claims and runs tasks of `generation` until none is left.
-  void take(uint64_t generation) {
-    for (;;) {
-      uint64_t c = claim_.load(std::memory_order_acquire);
-      if ((c >> 32) != generation) return;
-      const int64_t task = static_cast<int64_t>(c & 0xffffffffu);
-      // count_ may already be a later batch's: then the generation has moved and the CAS fails.
-      if (task >= count_.load(std::memory_order_relaxed)) return;
-      if (!claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel)) continue;
-      // The claimed task pins the batch: its fields cannot change until done_ counts it.
-      fn_.load(std::memory_order_relaxed)(context_.load(std::memory_order_relaxed), task);
-      done_.fetch_add(1, std::memory_order_release);
+  // Claims and runs tasks of `generation`: range `own`'s in order, then each other range's, until
+  // none is left.
+  void take(uint64_t generation, int own) {
+    const int ranges = ranges_.load(std::memory_order_relaxed);
+    if (own >= ranges) own = 0;  // more workers awake than the batch asked for: help from 0
+    for (int k = 0; k < ranges; ++k) {
+      Range& range = range_[(own + k) % ranges];
+      for (;;) {
+        uint64_t c = range.claim.load(std::memory_order_acquire);
+        if ((c >> 32) != generation) return;  // a later batch: nothing of ours is left
+        const int64_t task = static_cast<int64_t>(c & 0xffffffffu);
+        // end may already be a later batch's: then the generation has moved and the CAS fails.
+        if (task >= range.end.load(std::memory_order_relaxed)) break;
+        if (!range.claim.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel)) continue;
+        // The claimed task pins the batch: its fields cannot change until done_ counts it.
+        fn_.load(std::memory_order_relaxed)(context_.load(std::memory_order_relaxed), task);
+        done_.fetch_add(1, std::memory_order_release);
+      }
     }
   }
 
@@ -107,7 +126,7 @@ class Pool {
     const std::chrono::microseconds spin = idle_spin();
     uint64_t seen = 0;  // the last generation this worker looked at
     for (;;) {
-      auto moved = [&] { return (claim_.load(std::memory_order_acquire) >> 32) != seen; };
+      auto moved = [&] { return generation_.load(std::memory_order_acquire) != seen; };
       if (!moved()) {
         const auto until = std::chrono::steady_clock::now() + spin;
         for (int i = 1; !moved(); ++i) {
@@ -121,16 +140,25 @@ class Pool {
         wake_.wait(lock, moved);
         --sleepers_;
       }
-      seen = claim_.load(std::memory_order_acquire) >> 32;
-      if (id < helpers_.load(std::memory_order_relaxed)) take(seen);
+      seen = generation_.load(std::memory_order_acquire);
+      // Worker id owns range id + 1 (the caller's is 0); a worker beyond the batch's threads
+      // stays out of it.
+      if (id + 1 < ranges_.load(std::memory_order_relaxed)) take(seen, id + 1);
     }
   }
 
-  std::mutex batch_mutex_;          // one batch at a time
-  std::atomic<int> workers_{0};     // started (detached), ids 0 .. workers_ - 1
-  std::atomic<uint64_t> claim_{0};  // generation << 32 | next task
-  std::atomic<int64_t> done_{0}, count_{0};
-  std::atomic<int> helpers_{0};
+  // One thread's contiguous share of a batch; a cache line each (the claims are contended).
+  struct alignas(64) Range {
+    std::atomic<uint64_t> claim{0};  // generation << 32 | next task
+    std::atomic<int64_t> end{0};     // one past the range's last task
+  };
+
+  std::mutex batch_mutex_;               // one batch at a time
+  std::atomic<int> workers_{0};          // started (detached), ids 0 .. workers_ - 1
+  std::atomic<uint64_t> generation_{0};  // the latest batch's; a worker waits for it to move
+  Range range_[kMaxThreads];
+  std::atomic<int> ranges_{0};  // the batch's threads, caller included
+  std::atomic<int64_t> done_{0};
   std::atomic<TaskFn> fn_{nullptr};
   std::atomic<void*> context_{nullptr};
   std::mutex sleep_mutex_;

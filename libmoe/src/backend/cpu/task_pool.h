@@ -5,8 +5,12 @@
 // an OpenMP region ends with a join that waits for every thread of the team. A worker that sleeps
 // (OMP_WAIT_POLICY=passive: a futex wake-up, tens of microseconds) or has been descheduled (a
 // shared machine) holds up each region for its whole delay, whether or not it found work to do.
-// Here tasks are claimed one at a time from a shared counter, and the caller waits only for the
-// tasks another thread has claimed: a late worker finds nothing left and holds no one up.
+// Here the tasks are cut into one contiguous range per thread; each thread claims its own range's
+// tasks one at a time, in order, then helps with the others' (so a GEMV's threads each read one
+// sequential stream of weight rows, as under OpenMP's static schedule, where one shared counter
+// dealt neighbouring tasks to alternate threads and read 0.6-0.9x as fast; docs/PERFORMANCE.md,
+// "Decode"). The caller waits only for the tasks another thread has claimed: a late worker finds
+// its range taken over and holds no one up.
 //
 // Results do not depend on which thread runs a task (each task computes its own outputs in a
 // fixed order), so callers stay bitwise reproducible at any thread count.
