@@ -98,9 +98,11 @@ inline const char* weight_address(const WeightMatrix& w, int64_t o, int64_t j) {
 // element sums its lanes in the one order of the scalar path, whatever R. R x M accumulator
 // chains hide the FMA latency, and R streams keep reads in flight. The rows of a task are back
 // to back in memory: f32 reads them one after the other (R 1), one sequential stream, which
-// read about 1.2x the rate of 8 rows side by side (moe-bench --decode, 2026-11-26); 16-bit rows
-// keep 8 side by side for one or two input rows (their conversions need the overlap: R 1 read
-// them about 0.9x as fast on the task pool).
+// read about 1.2x the rate of 8 rows side by side (moe-bench --decode, 2026-11-26), and so do
+// 16-bit rows against one input row (f16's GEMV alone 1.1-1.3x, bf16's level, once the task pool
+// gave each thread a contiguous range, 2026-11-27; before it, 0.9x). 16-bit rows go 8 side by
+// side against 2 input rows (R 1 there read batch-8 decode 0.95-1.0x as fast) and 2 side by side
+// against 3-4.
 template <WeightFormat F, int M, int R>
 MOE_TARGET_GEMV512 void rows_avx512_block(const GemvProblem& p, int64_t o) {
   const int64_t in = p.w.in, full = in / kLanes * kLanes;
@@ -110,7 +112,7 @@ MOE_TARGET_GEMV512 void rows_avx512_block(const GemvProblem& p, int64_t o) {
   // The rows kAhead ahead (the next block's, at least 4 rows on), at the same column, are asked
   // for while these compute: a row is only a few KB, and the prefetcher alone ramps up too late
   // on each task's rows.
-  constexpr int64_t kAhead = F == WeightFormat::f32 ? 4 : R;
+  constexpr int64_t kAhead = R == 1 ? 4 : R;
   __m512 acc[R][M];
   for (int r = 0; r < R; ++r)
     for (int i = 0; i < M; ++i) acc[r][i] = _mm512_setzero_ps();
@@ -142,7 +144,7 @@ MOE_TARGET_GEMV512 void rows_avx512_block(const GemvProblem& p, int64_t o) {
 
 template <WeightFormat F, int M>
 void rows_avx512_m(const GemvProblem& p, int64_t begin, int64_t end) {
-  constexpr int R = F == WeightFormat::f32 ? 1 : M <= 2 ? 8 : M <= 4 ? 2 : 1;
+  constexpr int R = F == WeightFormat::f32 || M == 1 ? 1 : M <= 2 ? 8 : M <= 4 ? 2 : 1;
   int64_t o = begin;
   for (; o + R <= end; o += R) rows_avx512_block<F, M, R>(p, o);
   for (; o < end; ++o) rows_avx512_block<F, M, 1>(p, o);
