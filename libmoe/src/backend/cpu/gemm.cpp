@@ -148,9 +148,16 @@ void sgemm_batch(const GemmProblem* problems, size_t count) {
   // Read here, outside the parallel loop: the first call may throw (a bad MOE_GEMM), and an
   // exception must not leave an OpenMP region.
   const GemmKernel kernel = kernel_in_use();
-  // Tiles of all problems, numbered problem by problem.
-  std::vector<GemmTiling> tilings(count);
-  std::vector<int64_t> first_tile(count + 1, 0);
+  // Tiles of all problems, numbered problem by problem. The lists are the calling thread's,
+  // reused between calls (decode's attention makes 2 small products per head and token): no
+  // allocation once warm. The loop below reads them through pointers, since inside the parallel
+  // region a thread_local name is each thread's own.
+  thread_local std::vector<GemmTiling> tiling_list;
+  thread_local std::vector<int64_t> first_tile_list;
+  tiling_list.assign(count, GemmTiling{});
+  first_tile_list.assign(count + 1, 0);
+  GemmTiling* const tilings = tiling_list.data();
+  int64_t* const first_tile = first_tile_list.data();
   double total_work = 0;
   for (size_t i = 0; i < count; ++i) {
     const GemmProblem& p = problems[i];
@@ -173,8 +180,8 @@ void sgemm_batch(const GemmProblem* problems, size_t count) {
   // (uneven edge tiles, a descheduled thread on a shared machine).
 #pragma omp parallel for schedule(dynamic, 1) if (total > 1 && total_work > kSerialWork)
   for (int64_t t = 0; t < total; ++t) {
-    const size_t i = static_cast<size_t>(std::upper_bound(first_tile.begin(), first_tile.end(), t) -
-                                         first_tile.begin() - 1);
+    const size_t i = static_cast<size_t>(std::upper_bound(first_tile, first_tile + count + 1, t) -
+                                         first_tile - 1);
     const int64_t within = t - first_tile[i];
     const GemmTiling& tiling = tilings[i];
     run_tile(problems[i], tiling, within / tiling.tiles_n, within % tiling.tiles_n, kernel);
