@@ -1,15 +1,16 @@
 // The AVX-512 Q8_0 row kernel (gemv_q8.h), compiled once per instruction set. Not a header for
 // general use: a file includes it once, after defining
-//   MOE_Q8_TARGET  the target attribute every function here carries, and
+//   MOE_Q8_TARGET  the target attribute the kernels here carry,
 //   MOE_Q8_VNNI    1 where that target has AVX-512 VNNI (the integer sums by vpdpbusd), else 0
 //                  (vpmaddubsw + vpmaddwd),
-// and gets q8_rows() in an unnamed namespace. gemv_q8_avx512.cpp compiles it without VNNI in the
-// target, so no VNNI instruction can appear in the path AVX-512 CPUs without VNNI run (Skylake-SP,
-// Cascade Lake's older siblings); gemv_q8_vnni.cpp compiles it with. Both form the same exact
-// integer sums (|w| as u8 times x with w's sign, in 4s) and the same f32 operations on them.
-// Shapes: m input rows, out x in weights; a pair of blocks is 64 elements.
-#if !defined(MOE_Q8_TARGET) || !defined(MOE_Q8_VNNI)
-#error "define MOE_Q8_TARGET and MOE_Q8_VNNI before including gemv_q8_rows.h"
+//   MOE_Q8_ENTRY   the name of the entry point it defines (declared in gemv_q8.h),
+// and gets that function (the rows of one task) over kernels in an unnamed namespace.
+// gemv_q8_avx512.cpp compiles it without VNNI in the target, so no VNNI instruction can appear in
+// the path AVX-512 CPUs without VNNI run (Skylake-SP); gemv_q8_vnni.cpp compiles it with. Both
+// form the same exact integer sums (|w| as u8 times x with w's sign, in 4s) and the same f32
+// operations on them. Shapes: m input rows, out x in weights; a pair of blocks is 64 elements.
+#if !defined(MOE_Q8_TARGET) || !defined(MOE_Q8_VNNI) || !defined(MOE_Q8_ENTRY)
+#error "define MOE_Q8_TARGET, MOE_Q8_VNNI and MOE_Q8_ENTRY before including gemv_q8_rows.h"
 #endif
 #include <immintrin.h>
 
@@ -89,10 +90,11 @@ void q8_rows_m(const GemvProblem& p, const Q8Input& x, int64_t begin, int64_t en
   for (; o < end; ++o) q8_block<M, 1>(p, x, o);
 }
 
+}  // namespace
+
 // Output rows [begin, end) of problem p against its quantised input rows x.
-void q8_rows(const GemvProblem& p, const Q8Input& x, int64_t begin, int64_t end) {
+void MOE_Q8_ENTRY(const GemvProblem& p, const Q8Input& x, int64_t begin, int64_t end) {
   with_rows(p.m, [&](auto m) { q8_rows_m<decltype(m)::value>(p, x, begin, end); });
 }
 
-}  // namespace
 }  // namespace moe::cpu::gemv_detail

@@ -5,11 +5,6 @@
 #if MOE_GEMV_X86
 #define MOE_Q8_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 #define MOE_Q8_VNNI 1
+#define MOE_Q8_ENTRY q8_rows_avx512_vnni
 #include "backend/cpu/gemv_q8_rows.h"
-
-namespace moe::cpu::gemv_detail {
-void q8_rows_avx512_vnni(const GemvProblem& p, const Q8Input& x, int64_t begin, int64_t end) {
-  q8_rows(p, x, begin, end);
-}
-}  // namespace moe::cpu::gemv_detail
 #endif
