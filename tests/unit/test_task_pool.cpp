@@ -103,6 +103,17 @@ TEST_CASE("task pool: each thread works through its own contiguous range first",
   WARN("batches the worker joined: " << batches_with_worker << " of 20");
 }
 
+TEST_CASE("task pool: batches go on across the batch counter's wrap at 2^32", "[task_pool]") {
+  // A server decoding for days passes 2^32 batches (~60 a token). Just below the wrap, batches
+  // must still run every task once; a counter that outgrew the claim words' 32 bits would hang
+  // here (ctest's timeout reports it).
+  PoolOn on;
+  CHECK(each_once(64, 2, 10));  // the worker exists and has seen a batch
+  cpu::task_pool_set_generation(0xffffffffu - 3);
+  CHECK(each_once(64, 2, 20));
+  CHECK(each_once(513, 4, 20));
+}
+
 TEST_CASE("task pool: calls from an OpenMP region and from two threads at once", "[task_pool]") {
   PoolOn on;
   // Inside a parallel region each thread's batch runs inline on that thread.

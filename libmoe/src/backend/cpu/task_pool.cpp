@@ -69,7 +69,9 @@ class Pool {
     threads = std::min(threads, kMaxThreads);
     for (int id = workers_.load(); id < threads - 1; workers_.store(++id))
       std::thread([this, id] { work(id); }).detach();
-    const uint64_t generation = generation_.load(std::memory_order_relaxed) + 1;
+    // 32 bits, as the claim words hold it (a long-running server passes 2^32 batches: a count
+    // that outgrew them would never match a claim word again).
+    const uint64_t generation = (generation_.load(std::memory_order_relaxed) + 1) & 0xffffffffu;
     fn_.store(fn, std::memory_order_relaxed);
     context_.store(context, std::memory_order_relaxed);
     ranges_.store(threads, std::memory_order_relaxed);
@@ -98,6 +100,11 @@ class Pool {
   }
 
   int workers() const { return workers_.load(); }
+
+  void set_generation(uint32_t batches) {
+    std::lock_guard<std::mutex> batch(batch_mutex_);
+    generation_.store(batches);
+  }
 
  private:
   // Claims and runs tasks of `generation`: range `own`'s in order, then each other range's, until
@@ -155,7 +162,7 @@ class Pool {
 
   std::mutex batch_mutex_;               // one batch at a time
   std::atomic<int> workers_{0};          // started (detached), ids 0 .. workers_ - 1
-  std::atomic<uint64_t> generation_{0};  // the latest batch's; a worker waits for it to move
+  std::atomic<uint64_t> generation_{0};  // the latest batch's (32 bits); workers wait for a change
   Range range_[kMaxThreads];
   std::atomic<int> ranges_{0};  // the batch's threads, caller included
   std::atomic<int64_t> done_{0};
@@ -188,5 +195,7 @@ void set_task_pool_enabled(bool enabled) { pool_enabled = enabled; }
 bool task_pool_default() { return policy_is("passive", "PASSIVE"); }
 
 int task_pool_workers() { return pool().workers(); }
+
+void task_pool_set_generation(uint32_t batches) { pool().set_generation(batches); }
 
 }  // namespace moe::cpu

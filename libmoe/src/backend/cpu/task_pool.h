@@ -40,6 +40,9 @@ void run_tasks(int64_t count, int threads, F& f) {
 
 // Workers started so far (tests).
 int task_pool_workers();
+// Tests: sets the pool's batch counter, as if `batches` batches (mod 2^32) had run. The counter
+// wraps at 2^32, which a long-running server passes; tests start just below it.
+void task_pool_set_generation(uint32_t batches);
 
 // Whether batches run on the pool (else each batch is an OpenMP loop, schedule static,
 // `threads` threads). The default, task_pool_default(), is the pool only under
