@@ -68,10 +68,11 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
       });
 }
 
-// A decode step's products for one head, without the tiled sgemm (whose set-up outweighed a
-// product of one query by some 100 keys of 64: 2 us a head, 10% of a Q8_0 decode step):
-// scores s[i, j] = scale * (q_i . k_j) over the keys query i sees (16 lanes, lane l summing
-// elements l, l + 16, ..., then the GEMV's fixed tree over the lanes), the causal softmax, then
+// A decode step's products for one head by plain loops instead of two tiled-sgemm calls (their
+// tiling and packing for a product of one query by ~100 keys of 64; the attention part of a
+// Q8_0 batch-1 step fell from ~0.21 to ~0.16 ms, docs/PERFORMANCE.md). Scores
+// s[i, j] = scale * (q_i . k_j) over the keys query i sees (16 lanes, lane l summing elements l,
+// l + 16, ..., then the GEMV's fixed tree over the lanes), the causal softmax, then
 // ctx_i[e] = sum over the visible keys, in order, of p[i, j] v_j[e]. One order whatever thread
 // runs it. q rows ldq apart, k and v rows ldk apart from key 0, ps [t, start + t], ctx rows ldq
 // apart.
