@@ -2,8 +2,10 @@
 // every parameter gradient, and a short AdamW training run on one GPU follows the CPU's losses.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <functional>
 
 #include "moe/models/transformer.h"
+#include "moe/nn/router.h"
 #include "moe/optim/adamw.h"
 #include "support/cuda.h"
 #include "support/gradcheck.h"
@@ -25,10 +27,16 @@ ModelConfig config_of(Arch arch) {
 }
 
 // One forward/backward (training mode, aux and z losses on) on the CPU and on the GPU: the same
-// losses and every parameter's gradient.
-void check_model_on_gpu(const ModelConfig& config) {
+// losses, every parameter's gradient and, for centred routers, the sums of their inputs. prepare,
+// when given, edits each model's parameters (on the host) before the GPU's move there.
+void check_model_on_gpu(const ModelConfig& config,
+                        const std::function<void(ParamSet&)>& prepare = {}) {
   ParamSet cpu_ps(7), gpu_ps(7);
   Transformer cpu_model(config, cpu_ps), gpu_model(config, gpu_ps);
+  if (prepare) {
+    prepare(cpu_ps);
+    prepare(gpu_ps);
+  }
   gpu_ps.to(kGpu);
   Tensor ids = test::random_ids({2, config.seq}, 1, static_cast<int32_t>(config.vocab_size));
   Tensor targets = test::random_ids({2, config.seq}, 2, static_cast<int32_t>(config.vocab_size));
@@ -41,6 +49,16 @@ void check_model_on_gpu(const ModelConfig& config) {
   CHECK(b.loss == Approx(a.loss).epsilon(1e-5));
   CHECK(b.aux_loss == Approx(a.aux_loss).epsilon(1e-4));
   CHECK(b.z_loss == Approx(a.z_loss).epsilon(1e-4));
+  REQUIRE(b.moe.size() == a.moe.size());
+  for (size_t l = 0; l < a.moe.size(); ++l) {
+    CHECK(b.moe[l].input_tokens == a.moe[l].input_tokens);
+    CHECK(b.moe[l].input_sum.size() == a.moe[l].input_sum.size());
+    if (!a.moe[l].input_sum.empty()) {
+      const std::vector<float> got(b.moe[l].input_sum.begin(), b.moe[l].input_sum.end()),
+          want(a.moe[l].input_sum.begin(), a.moe[l].input_sum.end());
+      CHECK(test::normalised_error(got, want) < 1e-5);
+    }
+  }
   for (Param* p : cpu_ps.all()) {
     DYNAMIC_SECTION(p->name) {
       const std::vector<float> got = gpu_ps.at(p->name).grad.to_vector(),
@@ -90,6 +108,63 @@ TEST_CASE("cuda: olmoe (full-width qk-norm) forward/backward equals the CPU", "[
 TEST_CASE("cuda: qwen2_moe (q/k/v biases) forward/backward equals the CPU", "[cuda]") {
   MOE_REQUIRE_CUDA_DEVICE();
   check_model_on_gpu(config_of(Arch::qwen2_moe));
+}
+
+// Centred routers (W' = W - C (W c) c^T / |c|^2 with a nonzero center) under softmax scoring, and
+// sigmoid scoring with a nonzero selection bias: the center's projection runs through a host copy
+// of the center, the bias through the router kernels' top-k. Then update_router_center and
+// update_selection_bias edit GPU parameters through the host: the CPU's values.
+TEST_CASE("cuda: centred routers and sigmoid routing with a selection bias equal the CPU",
+          "[cuda]") {
+  MOE_REQUIRE_CUDA_DEVICE();
+  for (const nn::RouterScoring scoring : {nn::RouterScoring::softmax, nn::RouterScoring::sigmoid}) {
+    INFO("scoring " << router_scoring_name(scoring));
+    ModelConfig c = test::small_model_config(Arch::mixtral);
+    c.aux_loss_coef = 0.01;
+    c.z_loss_coef = 0.001;
+    c.router_center_rate = 0.5;
+    c.router_scoring = scoring;
+    c.resolve();
+    REQUIRE(c.router_selection_bias() == (scoring == nn::RouterScoring::sigmoid));
+    const auto prepare = [&](ParamSet& ps) {
+      for (Param* p : ps.all()) {
+        float* v = p->value.data<float>();
+        if (p->name.ends_with("moe.router.center"))
+          for (int64_t i = 0; i < p->numel(); ++i) v[i] = 0.05f * std::sin(1.0f + float(i));
+        if (p->name.ends_with("moe.router.bias"))
+          for (int64_t i = 0; i < p->numel(); ++i) v[i] = 0.02f * float(i % 3) - 0.02f;
+        if (p->name.ends_with(".center") || p->name.ends_with("router.bias")) p->refresh_compute();
+      }
+    };
+    check_model_on_gpu(c, prepare);
+
+    ParamSet cpu_ps(7), gpu_ps(7);
+    Transformer cpu_model(c, cpu_ps), gpu_model(c, gpu_ps);
+    prepare(cpu_ps);
+    prepare(gpu_ps);
+    gpu_ps.to(kGpu);
+    const std::vector<double> sum = {0.5, -1.25, 2.0, 0.125, -0.75, 1.0, 0.25, -2.5};
+    const std::vector<int64_t> load = {3, 9, 5, 7};
+    for (Param* p : cpu_ps.all()) {
+      Param& g = gpu_ps.at(p->name);
+      if (p->name.ends_with("moe.router.center")) {
+        std::vector<double> s(static_cast<size_t>(p->numel()));
+        for (size_t i = 0; i < s.size(); ++i) s[i] = sum[i % sum.size()] * double(i + 1);
+        nn::update_router_center(*p, s, 6, c.router_center_rate);
+        nn::update_router_center(g, s, 6, c.router_center_rate);
+      } else if (p->name.ends_with("moe.router.bias")) {
+        std::vector<int64_t> l(static_cast<size_t>(p->numel()));
+        for (size_t i = 0; i < l.size(); ++i) l[i] = load[i % load.size()];
+        nn::update_selection_bias(*p, l, 0.01);
+        nn::update_selection_bias(g, l, 0.01);
+      } else {
+        continue;
+      }
+      INFO(p->name);
+      CHECK(g.value.device() == kGpu);
+      CHECK(g.w().to_vector() == p->w().to_vector());
+    }
+  }
 }
 
 TEST_CASE("cuda: a short training run on one GPU follows the CPU's losses", "[cuda]") {
