@@ -108,10 +108,10 @@ class Pool {
 
  private:
   // Claims and runs tasks of `generation`: range `own`'s in order, then each other range's, until
-  // none is left.
+  // none is left. A worker beyond the batch's ranges (more awake than it asked for) starts at range
+  // own % ranges, which spreads such helpers over the ranges.
   void take(uint64_t generation, int own) {
     const int ranges = ranges_.load(std::memory_order_relaxed);
-    if (own >= ranges) own = 0;  // more workers awake than the batch asked for: help from 0
     for (int k = 0; k < ranges; ++k) {
       Range& range = range_[(own + k) % ranges];
       for (;;) {

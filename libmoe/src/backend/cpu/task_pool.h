@@ -8,7 +8,7 @@
 // Here the tasks are cut into one contiguous range per thread; each thread claims its own range's
 // tasks one at a time, in order, then helps with the others' (so a GEMV's threads each read one
 // sequential stream of weight rows, as under OpenMP's static schedule, where one shared counter
-// dealt neighbouring tasks to alternate threads and read 0.6-0.9x as fast; docs/PERFORMANCE.md,
+// dealt neighbouring tasks to alternate threads and read 0.73-0.95x as fast; docs/PERFORMANCE.md,
 // "Decode"). The caller waits only for the tasks another thread has claimed: a late worker finds
 // its range taken over and holds no one up.
 //
