@@ -68,39 +68,32 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
       });
 }
 
-// A decode step's products for one head by plain loops instead of two tiled-sgemm calls (their
-// tiling and packing for a product of one query by ~100 keys of 64; the attention part of a
-// Q8_0 batch-1 step fell from ~0.21 to ~0.16 ms, docs/PERFORMANCE.md). Scores
-// s[i, j] = scale * (q_i . k_j) over the keys query i sees (16 lanes, lane l summing elements l,
-// l + 16, ..., then the GEMV's fixed tree over the lanes), the causal softmax, then
-// ctx_i[e] = sum over the visible keys, in order, of p[i, j] v_j[e]. One order whatever thread
-// runs it. q rows ldq apart, k and v rows ldk apart from key 0, ps [t, start + t], ctx rows ldq
-// apart.
-void decode_head(const float* q, const float* k, const float* v, int64_t ldq, int64_t ldk,
-                 int64_t t, int64_t start, int64_t hd, float scale, float* ps, float* ctx) {
+// A decode step's products for one head and its one new query by plain loops instead of two
+// tiled-sgemm calls (their tiling and packing for a product of one query by ~100 keys of 64; the
+// attention part of a Q8_0 batch-1 step fell from ~0.21 to ~0.16 ms, docs/PERFORMANCE.md). The
+// query sits at position start, so it sees keys 0..start: scores s[j] = scale * (q . k_j) (16
+// lanes, lane l summing elements l, l + 16, ..., then the GEMV's fixed tree over the lanes), the
+// causal softmax, then ctx[e] = sum over the keys, in order, of p[j] v_j[e]. One order whatever
+// thread runs it. k and v rows ldk apart from key 0, ps [start + 1].
+void decode_head(const float* q, const float* k, const float* v, int64_t ldk, int64_t start,
+                 int64_t hd, float scale, float* ps, float* ctx) {
   using gemv_detail::kLanes;
-  const int64_t keys = start + t;
-  for (int64_t i = 0; i < t; ++i) {
-    const float* qi = q + i * ldq;
-    float* pi = ps + i * keys;
-    const int64_t visible = start + i + 1;  // query i sits at start + i
-    for (int64_t j = 0; j < visible; ++j) {
-      const float* kj = k + j * ldk;
-      float lane[kLanes] = {};
-      int64_t e = 0;
-      for (; e + kLanes <= hd; e += kLanes)
-        for (int64_t l = 0; l < kLanes; ++l) lane[l] += qi[e + l] * kj[e + l];
-      for (int64_t l = 0; e + l < hd; ++l) lane[l] += qi[e + l] * kj[e + l];
-      pi[j] = scale * gemv_detail::reduce_lanes(lane);
-    }
-    kernels::causal_softmax_row(pi, visible, keys);
-    float* ci = ctx + i * ldq;
-    for (int64_t e = 0; e < hd; ++e) ci[e] = 0.0f;
-    for (int64_t j = 0; j < visible; ++j) {
-      const float pj = pi[j];
-      const float* vj = v + j * ldk;
-      for (int64_t e = 0; e < hd; ++e) ci[e] += pj * vj[e];
-    }
+  const int64_t keys = start + 1;
+  for (int64_t j = 0; j < keys; ++j) {
+    const float* kj = k + j * ldk;
+    float lane[kLanes] = {};
+    int64_t e = 0;
+    for (; e + kLanes <= hd; e += kLanes)
+      for (int64_t l = 0; l < kLanes; ++l) lane[l] += q[e + l] * kj[e + l];
+    for (int64_t l = 0; e + l < hd; ++l) lane[l] += q[e + l] * kj[e + l];
+    ps[j] = scale * gemv_detail::reduce_lanes(lane);
+  }
+  kernels::causal_softmax_row(ps, keys, keys);
+  for (int64_t e = 0; e < hd; ++e) ctx[e] = 0.0f;
+  for (int64_t j = 0; j < keys; ++j) {
+    const float pj = ps[j];
+    const float* vj = v + j * ldk;
+    for (int64_t e = 0; e < hd; ++e) ctx[e] += pj * vj[e];
   }
 }
 
@@ -144,7 +137,7 @@ void attention_forward_cached(const Tensor& q, const Tensor& k_cache, const Tens
     // One new token after cached ones: decode_head. A prefill (start 0) keeps the full
     // forward's products, so its logits equal the full forward's bit for bit.
     if (t == 1 && start > 0) {
-      decode_head(qs + q_offset, ks + kv_offset, vs + kv_offset, ldq, ldk, t, start, hd, scale, ps,
+      decode_head(qs + q_offset, ks + kv_offset, vs + kv_offset, ldk, start, hd, scale, ps,
                   cs + q_offset);
       return;
     }
