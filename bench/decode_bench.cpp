@@ -394,15 +394,14 @@ void print_parts(const std::string& dtype, const Profile& p) {
 // uses. Bytes/s of its weights, the best of `passes` passes over all of them (each pass reads far
 // more than the caches hold). Against the step's rate this separates the kernel's reading speed
 // from what a step adds around it (small calls, joins, the work between them).
-double gemv_alone_rate(const Model& m, const Model& f32, int passes) {
+double gemv_alone_rate(const Model& m, int passes) {
   std::vector<cpu::WeightMatrix> matrices;
   double bytes = 0;
   for (const Param* p : m.params->all()) {
     if (p->value.ndim() < 2 || p->name.rfind("embed.", 0) == 0) continue;
-    const Param* plain = f32.params->find(p->name);
-    MOE_CHECK(plain, "decode bench: no f32 parameter ", p->name);
-    const int64_t in = plain->value.shape().back(), out = p->value.dim(p->value.ndim() - 2);
-    const int64_t count = p->value.numel() / (out * p->value.shape().back());
+    const int64_t row = p->value.shape().back(), out = p->value.dim(p->value.ndim() - 2);
+    const int64_t in = p->value.dtype() == DType::u8 ? cpu::q8_in_of_row_bytes(row) : row;
+    const int64_t count = p->value.numel() / (out * row);
     for (int64_t e = 0; e < count; ++e) matrices.push_back(cpu::weight_matrix(p->value, e, in));
     bytes += double(p->value.nbytes());
   }
@@ -484,8 +483,10 @@ int run_decode(const DecodeOptions& o) {
       "way just before its rows), so a ratio never rests on the slower pages\n");
   std::printf(
       "# paired: the median over the rounds of each round's tok/s over its own bound, from the "
-      "dtype's weights read just before that round (the host's bandwidth drifts within seconds; "
-      "this pairs each rate with the bandwidth of its moment)\n");
+      "dtype's weights read just before that round (best of 2 passes, where the bandwidth above "
+      "takes the best of %d; the host's bandwidth drifts within seconds, and this pairs each rate "
+      "with the bandwidth of its moment)\n",
+      read_passes);
   std::printf("# %-5s %-6s %-15s %10s %10s %7s %7s %12s\n", "dtype", "path", "measure", "tok/s",
               "bound", "ratio", "paired", "max|dlogit|");
 
@@ -544,10 +545,10 @@ int run_decode(const DecodeOptions& o) {
                  bound8 = 8 * bandwidth / step_bytes(*m.params, c, 8);
     // Each round's rate over the bound of its own moment's bandwidth, the median over rounds.
     auto paired = [&](const std::vector<double>& rates, int64_t batch) {
+      const double bytes = step_bytes(*m.params, c, batch);
       std::vector<double> ratios;
       for (size_t r = 0; r < rates.size(); ++r)
-        ratios.push_back(rates[r] * step_bytes(*m.params, c, batch) /
-                         (double(batch) * round_bandwidth[r]));
+        ratios.push_back(rates[r] * bytes / (double(batch) * round_bandwidth[r]));
       return median(ratios);
     };
     row(name.c_str(), "omp", "decode batch 1", median(omp1), bound1, -1, paired(omp1, 1));
@@ -557,7 +558,7 @@ int run_decode(const DecodeOptions& o) {
     row(name.c_str(), "pool", "decode batch 8", median(pool8), bound8, -1, paired(pool8, 8));
     print_parts(name, parts);
     const double before = weights_read_bandwidth(*m.params, 2).best();
-    const double alone = gemv_alone_rate(m, f32, read_passes);
+    const double alone = gemv_alone_rate(m, read_passes);
     std::printf(
         "# %s: the GEMV alone (every weight matrix, one input row, one call each) read its "
         "weights at %.1f GB/s: %.2f of the bound's bandwidth, %.2f of its weights' read just "

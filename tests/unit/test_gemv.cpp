@@ -247,6 +247,17 @@ TEST_CASE("gemv: beta accumulates into y, bad row counts are refused", "[gemv]")
   CHECK_THROWS_AS(cpu::gemv_batch(&p, 1), Error);
 }
 
+TEST_CASE("q8_0: a row's bytes give back its length, and no other byte count does", "[gemv]") {
+  std::vector<int64_t> in_of(5000, 0);
+  for (int64_t in = 1; cpu::q8_row_bytes(in) < int64_t(in_of.size()); ++in)
+    in_of[size_t(cpu::q8_row_bytes(in))] = in;
+  for (int64_t bytes = -2; bytes < int64_t(in_of.size()); ++bytes) {
+    INFO("bytes " << bytes);
+    CHECK(cpu::q8_in_of_row_bytes(bytes) == (bytes > 0 ? in_of[size_t(bytes)] : 0));
+  }
+  CHECK(cpu::q8_in_of_row_bytes(cpu::q8_row_bytes(4096)) == 4096);
+}
+
 TEST_CASE("q8_0: |x - dequantised| <= scale / 2, zero blocks exact, non-finite refused", "[gemv]") {
   for (int64_t n : {1, 31, 32, 33, 100}) {
     CAPTURE(n);

@@ -43,6 +43,13 @@ const char* weight_format_name(WeightFormat format);
 inline constexpr int64_t kQ8Block = 32;
 inline int64_t q8_blocks(int64_t in) { return (in + kQ8Block - 1) / kQ8Block; }
 inline int64_t q8_row_bytes(int64_t in) { return in + 2 * q8_blocks(in); }
+// The inverse: the `in` whose rows take `bytes`, or 0 when no row does. Rows of b blocks take
+// (34 b - 32, 34 b] bytes, so b = ceil(bytes / 34).
+inline int64_t q8_in_of_row_bytes(int64_t bytes) {
+  if (bytes <= 0) return 0;
+  const int64_t in = bytes - 2 * ((bytes + kQ8Block + 1) / (kQ8Block + 2));
+  return q8_row_bytes(in) == bytes ? in : 0;
+}
 
 // A weight matrix [out, in], row-major, rows back to back: `in` elements each (f32, bf16, f16)
 // or q8_row_bytes(in) bytes (Q8_0).
