@@ -6,6 +6,7 @@
 
 #include "moe/models/transformer.h"
 #include "moe/nn/router.h"
+#include "moe/ops/moe.h"
 #include "moe/optim/adamw.h"
 #include "support/cuda.h"
 #include "support/gradcheck.h"
@@ -111,12 +112,20 @@ TEST_CASE("cuda: qwen2_moe (q/k/v biases) forward/backward equals the CPU", "[cu
 }
 
 // Centred routers (W' = W - C (W c) c^T / |c|^2 with a nonzero center) under softmax scoring, and
-// sigmoid scoring with a nonzero selection bias: the center's projection runs through a host copy
-// of the center, the bias through the router kernels' top-k. Then update_router_center and
-// update_selection_bias edit GPU parameters through the host: the CPU's values.
+// sigmoid scoring with a nonzero selection bias: W' and the gradient's projection are computed on
+// the GPU (ops::router_center_weight), the bias acts through the router kernels' top-k. Then
+// update_router_center and update_selection_bias edit GPU parameters through the host: the CPU's
+// values.
 TEST_CASE("cuda: centred routers and sigmoid routing with a selection bias equal the CPU",
           "[cuda]") {
   MOE_REQUIRE_CUDA_DEVICE();
+  {  // W' itself, computed on the GPU (sums in double in one order, no FMA): the CPU's bits
+    const Tensor w = test::random_tensor({8, 72}, 41), c = test::random_tensor({72}, 42);
+    Tensor want = Tensor::empty({8, 72}), got = Tensor::empty({8, 72}, DType::f32, kGpu);
+    ops::router_center_weight(w, c, want);
+    ops::router_center_weight(w.to(kGpu), c.to(kGpu), got);
+    CHECK(got.to_vector() == want.to_vector());
+  }
   for (const nn::RouterScoring scoring : {nn::RouterScoring::softmax, nn::RouterScoring::sigmoid}) {
     INFO("scoring " << router_scoring_name(scoring));
     ModelConfig c = test::small_model_config(Arch::mixtral);

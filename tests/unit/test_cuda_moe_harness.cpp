@@ -158,6 +158,41 @@ TEST_CASE(
   }
 }
 
+// A centred router's weight: the three bodies (projections and |c|^2, the shift, the update) give
+// the CPU op's bits, for a nonzero center and for c = 0 (W' = W, -0 included); in place as well.
+TEST_CASE("cuda harness: a centred router's weight matches the CPU op", "[cuda-harness]") {
+  for (const auto& [E, D] : {std::pair<int64_t, int64_t>{8, 48}, {5, 33}, {1, 7}}) {
+    INFO("E " << E << ", D " << D);
+    Tensor w = test::random_tensor({E, D}, 31);
+    w.data<float>()[0] = -0.0f;
+    for (const bool zero : {false, true}) {
+      INFO("zero center " << zero);
+      Tensor c = zero ? Tensor::zeros({D}) : test::random_tensor({D}, 32);
+      Tensor want = Tensor::empty({E, D});
+      ops::router_center_weight(w, c, want);
+      if (zero) REQUIRE(values(want) == values(w));
+      if (!zero && E > 1) REQUIRE(values(want) != values(w));  // one expert: C W = 0
+      Tensor in_place = w.clone();
+      ops::router_center_weight(in_place, c, in_place);
+      REQUIRE(values(in_place) == values(want));
+      for (auto shape : test::kHarnessGrids) {
+        const std::vector<float> ws = values(w), cs = values(c);
+        std::vector<double> scratch(static_cast<size_t>(E + 1), -1.0);
+        std::vector<float> k(static_cast<size_t>(E), -1.0f), out(static_cast<size_t>(E * D), -1.0f);
+        cuda::run_grid_on_cpu<body::RouterCenterProject>(shape, ws.data(), cs.data(), E, D,
+                                                         scratch.data());
+        cuda::run_grid_on_cpu<body::RouterCenterShift>(
+            shape, static_cast<const double*>(scratch.data()), E, k.data());
+        cuda::run_grid_on_cpu<body::RouterCenterApply>(
+            shape, ws.data(), cs.data(), static_cast<const double*>(scratch.data()),
+            static_cast<const float*>(k.data()), E, D, out.data());
+        REQUIRE(out == values(want));
+        REQUIRE(std::signbit(out[0]) == std::signbit(values(want)[0]));
+      }
+    }
+  }
+}
+
 TEST_CASE("cuda harness: gather, combine, their backward and slot_to_choice match the CPU ops",
           "[cuda-harness]") {
   const int64_t N = 29, D = 11, E = 5, k = 2;

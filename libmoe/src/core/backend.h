@@ -106,6 +106,8 @@ struct Backend {
                                     const Tensor& topk_idx, const Tensor& dtopk_weight,
                                     bool normalize, const std::vector<float>& aux_coef,
                                     float z_factor, Tensor& dlogits);
+    // A centred router's weight W' [E,D] from W [E,D] and its center [D] (out may alias w).
+    void (*router_center_weight)(const Tensor& w, const Tensor& center, Tensor& out);
     // The shared expert's gate: y = sigmoid(x); dx = dy * y * (1 - y) (dx may alias dy).
     void (*sigmoid)(const Tensor& x, Tensor& y);
     void (*sigmoid_backward)(const Tensor& dy, const Tensor& y, Tensor& dx);

@@ -10,6 +10,21 @@
 
 namespace moe::kernels {
 
+// Router centring (nn::RouterConfig::center), W' = W - C (W c) c^T / |c|^2 with C the centring
+// over experts: |c|^2 and expert e's projection (w_e . c) / |c|^2, in double, elements in order.
+// Then k_e = (float)(p_e - mean over experts of p, summed in order) and W'[e, i] = W[e, i] - k_e
+// c[i]; W' = W exactly when c = 0.
+MOE_HD double center_norm2(const float* c, int64_t d) {
+  double cc = 0;
+  for (int64_t i = 0; i < d; ++i) cc += static_cast<double>(c[i]) * c[i];
+  return cc;
+}
+MOE_HD double center_projection(const float* w_row, const float* c, int64_t d, double cc) {
+  double a = 0;
+  for (int64_t i = 0; i < d; ++i) a += static_cast<double>(w_row[i]) * c[i];
+  return a / cc;
+}
+
 // Switch jitter: a factor uniform in (1 - jitter, 1 + jitter), a pure function of (key, index).
 MOE_HD float jitter_factor(uint64_t key, uint64_t index, float jitter) {
   float u = uniform_from_bits(philox4x32(key, index).v[0]);

@@ -55,28 +55,26 @@ Tensor center_router_weight(const Tensor& m, const Tensor& center) {
   MOE_CHECK(m.ndim() == 2 && center.ndim() == 1 && center.dim(0) == m.dim(1),
             "center_router_weight: weight ", m.describe(), " and center ", center.describe());
   const Tensor c32 = center.to(Device{}).to(DType::f32);
-  const float* c = c32.data<float>();
-  const int64_t experts = m.dim(0), d = m.dim(1);
-  double cc = 0;
-  for (int64_t i = 0; i < d; ++i) cc += static_cast<double>(c[i]) * c[i];
-  if (cc == 0) return m;
-  Tensor w = m.to(Device{}).to(DType::f32).clone();
-  float* ws = w.data<float>();
-  std::vector<double> proj(static_cast<size_t>(experts), 0.0);  // (W c)_e / |c|^2
-  double mean = 0;
-  for (int64_t e = 0; e < experts; ++e) {
-    double a = 0;
-    for (int64_t i = 0; i < d; ++i) a += static_cast<double>(ws[e * d + i]) * c[i];
-    proj[static_cast<size_t>(e)] = a / cc;
-    mean += a / cc;
-  }
-  mean /= static_cast<double>(experts);
-  for (int64_t e = 0; e < experts; ++e) {
-    const auto k = static_cast<float>(proj[static_cast<size_t>(e)] - mean);
-    for (int64_t i = 0; i < d; ++i) ws[e * d + i] -= k * c[i];
-  }
+  if (ops::sum_squares(c32) == 0) return m;  // zero iff every element is (squares in double)
+  const Tensor w32 = m.to(Device{}).to(DType::f32);
+  Tensor w = Tensor::empty(w32.shape());
+  ops::router_center_weight(w32, c32, w);
   return w.to(m.dtype());
 }
+
+namespace {
+// W' on W's device: an f32 weight on a GPU is centred there (no host round trip); a host weight,
+// or a 16-bit compute copy, by center_router_weight (returns W itself while c = 0).
+Tensor centred_on_device(const Tensor& w, const Tensor& center) {
+  if (w.device().kind == Device::cpu || w.dtype() != DType::f32) {
+    const Tensor r = center_router_weight(w, center);
+    return r.raw() == w.raw() ? r : r.to(w.device());
+  }
+  Tensor out = Tensor::empty(w.shape(), DType::f32, w.device()).set_name("router.centred_weight");
+  ops::router_center_weight(w, center.to(w.device()), out);
+  return out;
+}
+}  // namespace
 
 namespace {
 // Changes a small f32 parameter (a center, a selection bias) on the host: fn edits a host copy of
@@ -126,8 +124,7 @@ void update_selection_bias(Param& bias, const std::vector<int64_t>& load, double
 
 Tensor Router::effective_weight() const {
   if (!center_) return weight_->w();
-  const Tensor w = center_router_weight(weight_->w(), center_->w());
-  return w.raw() == weight_->w().raw() ? w : w.to(weight_->w().device());
+  return centred_on_device(weight_->w(), center_->w());
 }
 
 RouterOutput Router::forward(const Tensor& x, const RouterStep& step) const {
@@ -205,8 +202,8 @@ Tensor Router::backward(const Tensor& dweight_of_slot, const RouterOutput& out, 
     Tensor dw = Tensor::zeros({1, experts, config_.d_model}, DType::f32, out.probs.device());
     ops::grouped_gemm_weight_grad(dlogits, out.routed_input, all_tokens, dw);
     const Tensor projected =
-        center_router_weight(dw.reshape({experts, config_.d_model}), center_->w());
-    ops::axpy(1.0f, projected.to(dweight.device()).reshape(dweight.shape()), dweight);
+        centred_on_device(dw.reshape({experts, config_.d_model}), center_->w());
+    ops::axpy(1.0f, projected.reshape(dweight.shape()), dweight);
   } else {
     ops::grouped_gemm_weight_grad(dlogits, out.routed_input, all_tokens, dweight);
   }

@@ -77,6 +77,18 @@ void router_sigmoid(const Tensor& logits, Tensor& scores, Tensor& probs, Tensor&
   backend_for(device).moe.router_sigmoid(logits, scores, probs, lse);
 }
 
+void router_center_weight(const Tensor& w, const Tensor& center, Tensor& out) {
+  const PartScope part(StepPart::router);
+  const Device device = require_backend("router_center_weight", {&w, &center, &out});
+  MOE_CHECK(w.ndim() == 2, "router_center_weight: [E,D] weight expected, got ", w.describe());
+  w.expect_dtype(DType::f32, "router_center_weight weight");
+  center.expect_shape({w.dim(1)}, "router_center_weight center");
+  center.expect_dtype(DType::f32, "router_center_weight center");
+  out.expect_shape(w.shape(), "router_center_weight output");
+  out.expect_dtype(DType::f32, "router_center_weight output");
+  backend_for(device).moe.router_center_weight(w, center, out);
+}
+
 void sigmoid(const Tensor& x, Tensor& y) {
   const PartScope part(StepPart::elementwise);
   const Device device = require_backend("sigmoid", {&x, &y});

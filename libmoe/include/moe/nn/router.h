@@ -61,8 +61,9 @@ struct RouterOutput {
   Tensor topk_idx, topk_weight;  // [N,k] i32 / f32: the chosen scores (optionally renormalised)
   Tensor routed_input;           // x after jitter (x itself without jitter)
   Tensor weight;                 // [E,D] the weight the logits used (W', or W itself)
-  bool centred = false;          // weight is W' (a center, not zero): backward projects dW'
-  Tensor jitter_noise;           // [N,D] or undefined
+  bool centred = false;  // weight is W' (on a GPU always; on the host while c != 0): backward
+                         // projects dW'
+  Tensor jitter_noise;   // [N,D] or undefined
   double aux_loss = 0, z_loss = 0;
   std::vector<int64_t> load;  // [E] assignments per expert before capacity
   // Tokens `load` counts (N here; the global batch once MoELayer sums load over data-parallel
@@ -115,8 +116,9 @@ class Router {
 void update_selection_bias(Param& bias, const std::vector<int64_t>& load, double rate);
 
 // m - C (m c) c^T / |c|^2 for m [E,D] and c [D] on the host, any float dtype (f32 arithmetic, sums
-// in double in index order; the result in m's dtype). c = 0: m unchanged. The router's effective
-// weight, its gradient's projection, and what exports write as the router weight.
+// in double in index order, ops::router_center_weight; the result in m's dtype). c = 0: m itself.
+// What exports write as the router weight, and the router's effective weight and its gradient's
+// projection on the host (an f32 router on a GPU runs ops::router_center_weight there, same bits).
 Tensor center_router_weight(const Tensor& m, const Tensor& center);
 
 // Router centring, after an optimizer step: c = mean while c is all zero (the first step), then

@@ -51,6 +51,11 @@ void router_backward_sigmoid(const Tensor& scores, const Tensor& logits, const T
                              const Tensor& topk_idx, const Tensor& dtopk_weight, bool normalize,
                              const std::vector<int64_t>& load, int64_t load_tokens, float aux_scale,
                              float z_scale, Tensor& dlogits);
+// A centred router's weight (nn::RouterConfig::center): out = W' = W - C (W c) c^T / |c|^2, C the
+// centring over experts, sums in double in index order (kernels/router.h); out = W exactly when
+// c = 0. w, out [E,D] f32 (out may alias w), center [D] f32, one device: a GPU computes it there,
+// with no host round trip.
+void router_center_weight(const Tensor& w, const Tensor& center, Tensor& out);
 // y = sigmoid(x), dx = dy * y * (1 - y) (from the output): the shared expert's gate. Same shapes;
 // y / dx may alias x / dy.
 void sigmoid(const Tensor& x, Tensor& y);

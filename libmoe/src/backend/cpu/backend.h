@@ -74,6 +74,7 @@ void router_sigmoid(const Tensor& logits, Tensor& scores, Tensor& probs, Tensor&
 void router_backward_sigmoid(const Tensor& scores, const Tensor& logits, const Tensor& lse,
                              const Tensor& topk_idx, const Tensor& dtopk_weight, bool normalize,
                              const std::vector<float>& aux_coef, float z_factor, Tensor& dlogits);
+void router_center_weight(const Tensor& w, const Tensor& center, Tensor& out);
 void sigmoid(const Tensor& x, Tensor& y);
 void sigmoid_backward(const Tensor& dy, const Tensor& y, Tensor& dx);
 void gather_rows(const Tensor& x, const Tensor& token_of_slot, Tensor& x_perm);

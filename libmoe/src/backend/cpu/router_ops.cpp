@@ -1,7 +1,9 @@
 // CPU router loops: jitter, softmax or sigmoid scores, top-k and the router row backward (the load
-// and the aux/z losses run on the host in ops/router.cpp), and the shared expert gate's sigmoid.
+// and the aux/z losses run on the host in ops/router.cpp), a centred router's weight, and the
+// shared expert gate's sigmoid.
 // Shapes: N tokens, D model width, E experts, k experts per token. Every loop writes whole rows
 // from one thread.
+#include <algorithm>
 #include <vector>
 
 #include "backend/cpu/backend.h"
@@ -104,6 +106,29 @@ void router_backward_sigmoid(const Tensor& scores, const Tensor& logits, const T
     kernels::router_backward_sigmoid_row(ss + t * experts, ls + t * experts, zs[t], experts,
                                          is + t * k, dws + t * k, k, normalize, coef,
                                          z_factor * zs[t], dl + t * experts);
+}
+
+void router_center_weight(const Tensor& w, const Tensor& center, Tensor& out) {
+  const int64_t experts = w.dim(0), d = w.dim(1);
+  const float* ws = w.data<float>();
+  const float* c = center.data<float>();
+  float* os = out.data<float>();
+  const double cc = kernels::center_norm2(c, d);
+  if (cc == 0) {
+    if (os != ws) std::copy(ws, ws + experts * d, os);
+    return;
+  }
+  std::vector<double> p(static_cast<size_t>(experts));
+  double mean = 0;
+  for (int64_t e = 0; e < experts; ++e) {
+    p[static_cast<size_t>(e)] = kernels::center_projection(ws + e * d, c, d, cc);
+    mean += p[static_cast<size_t>(e)];
+  }
+  mean /= static_cast<double>(experts);
+  for (int64_t e = 0; e < experts; ++e) {
+    const auto k = static_cast<float>(p[static_cast<size_t>(e)] - mean);
+    for (int64_t i = 0; i < d; ++i) os[e * d + i] = ws[e * d + i] - k * c[i];
+  }
 }
 
 void sigmoid(const Tensor& x, Tensor& y) {

@@ -1,5 +1,5 @@
-// CUDA router ops: jitter, softmax or sigmoid scores, top-k and the router row backward, and the
-// shared expert gate's sigmoid. Loads and the fp64 aux / z
+// CUDA router ops: jitter, softmax or sigmoid scores, top-k and the router row backward, a centred
+// router's weight, and the shared expert gate's sigmoid. Loads and the fp64 aux / z
 // losses are computed on the host by the CPU op from a device-to-host copy (router_ops.cpp).
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/moe_ops.h"
@@ -71,6 +71,24 @@ void router_backward_sigmoid(const Tensor& scores, const Tensor& logits, const T
       launch_shape(rows), stream_of(scores), scores.data<float>(), logits.data<float>(),
       lse.data<float>(), topk_idx.data<int32_t>(), dtopk_weight.data<float>(), rows, experts, k,
       normalize, coef.data<float>(), z_factor, dlogits.data<float>());
+}
+
+void router_center_weight(const Tensor& w, const Tensor& center, Tensor& out) {
+  const int64_t experts = w.dim(0), d = w.dim(1);
+  if (experts == 0) return;
+  // E + 1 doubles (the projections, then |c|^2) in an 8-byte tensor; k [E] in f32.
+  Tensor scratch = Tensor::empty({experts + 1}, DType::i64, w.device());
+  Tensor k = Tensor::empty({experts}, DType::f32, w.device());
+  auto* s = reinterpret_cast<double*>(scratch.data<int64_t>());
+  const cudaStream_t stream = stream_of(out);
+  launch<body::RouterCenterProject>(launch_shape(experts + 1), stream, w.data<float>(),
+                                    center.data<float>(), experts, d, s);
+  launch<body::RouterCenterShift>(launch_shape(experts), stream, static_cast<const double*>(s),
+                                  experts, k.data<float>());
+  launch<body::RouterCenterApply>(launch_shape(experts * d), stream, w.data<float>(),
+                                  center.data<float>(), static_cast<const double*>(s),
+                                  static_cast<const float*>(k.data<float>()), experts, d,
+                                  out.data<float>());
 }
 
 void sigmoid(const Tensor& x, Tensor& y) {

@@ -82,6 +82,42 @@ struct RouterBackwardSigmoid {
   }
 };
 
+// Router centring (kernels::center_norm2): three grid loops, one launch each. scratch holds E + 1
+// doubles: the projections p_e, then |c|^2. Project: one thread per expert (and one for |c|^2).
+struct RouterCenterProject {
+  MOE_HD static void run(Thread th, const float* w, const float* c, int64_t experts, int64_t d,
+                         double* scratch) {
+    MOE_GRID_LOOP(e, experts + 1, th) {
+      const double cc = kernels::center_norm2(c, d);
+      if (e == experts)
+        scratch[e] = cc;
+      else
+        scratch[e] = cc == 0 ? 0.0 : kernels::center_projection(w + e * d, c, d, cc);
+    }
+  }
+};
+
+// k_e = p_e - the mean of p (each thread sums every p in order, as the CPU's loop).
+struct RouterCenterShift {
+  MOE_HD static void run(Thread th, const double* scratch, int64_t experts, float* k) {
+    MOE_GRID_LOOP(e, experts, th) {
+      double mean = 0;
+      for (int64_t j = 0; j < experts; ++j) mean += scratch[j];
+      mean /= static_cast<double>(experts);
+      k[e] = static_cast<float>(scratch[e] - mean);
+    }
+  }
+};
+
+// W'[e, i] = W[e, i] - k_e c[i], or W[e, i] itself when c = 0.
+struct RouterCenterApply {
+  MOE_HD static void run(Thread th, const float* w, const float* c, const double* scratch,
+                         const float* k, int64_t experts, int64_t d, float* out) {
+    const bool zero = scratch[experts] == 0;
+    MOE_GRID_LOOP(i, experts * d, th) { out[i] = zero ? w[i] : w[i] - k[i / d] * c[i % d]; }
+  }
+};
+
 // One thread per element; y may alias x, dx may alias dy.
 struct Sigmoid {
   MOE_HD static void run(Thread th, const float* x, float* y, int64_t n) {
