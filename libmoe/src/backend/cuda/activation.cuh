@@ -16,11 +16,7 @@ struct BiasAdd {
 // dbias[j] += dy[i, j] for i = 0 .. n-1 in order.
 struct BiasGrad {
   MOE_HD static void run(Thread th, const float* dy, float* dbias, int64_t n, int64_t c) {
-    MOE_GRID_LOOP(j, c, th) {
-      float acc = dbias[j];
-      for (int64_t i = 0; i < n; ++i) acc += dy[i * c + j];
-      dbias[j] = acc;
-    }
+    MOE_GRID_LOOP(j, c, th) { dbias[j] = kernels::add_strided(dbias[j], dy + j, n, c); }
   }
 };
 

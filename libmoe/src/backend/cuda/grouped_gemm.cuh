@@ -71,9 +71,8 @@ struct GroupedBiasGrad {
                          int64_t width, float* dbias) {
     MOE_GRID_LOOP(i, experts * width, th) {
       const int64_t e = i / width, c = i % width;
-      float acc = 0.0f;
-      for (int64_t row = offsets[e]; row < offsets[e + 1]; ++row)
-        kernels::add_row(&acc, dy + row * width + c, 1);
+      const float acc = kernels::add_strided(0.0f, dy + int64_t{offsets[e]} * width + c,
+                                             offsets[e + 1] - offsets[e], width);
       kernels::add_row(dbias + i, &acc, 1);
     }
   }
