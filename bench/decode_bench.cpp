@@ -7,7 +7,9 @@
 // layer's E experts per token (batch 1), and at batch B the experts the B tokens touch (expected
 // E (1 - (1 - k/E)^B) under uniform routing; that is the bound's assumption). KV-cache reads are
 // left out of the bound, which makes it stricter (2 KB per layer and cached position here: about
-// 1.6 MB a token at the ~100 positions a 1 s measurement reaches). Prefill is compute-bound: no
+// 1.2 MB a token at the mean position 72). Every dtype decodes over the same positions, as
+// llama-bench's tg128 does: an 8-token prompt, then 128 steps, again (a faster dtype would
+// otherwise reach longer contexts within the same seconds). Prefill is compute-bound: no
 // bandwidth bound. Rows "f32 sgemm" run the tiled sgemm the GEMV replaced
 // (cpu::set_gemv_enabled(false)); rows "omp" run the GEMV and cached attention as OpenMP loops (the
 // path before the task pool, cpu::set_task_pool_enabled(false)), "pool" on the task pool (the
@@ -278,13 +280,16 @@ Tensor step(const Model& m, Arena& arena, KVCache& cache, const std::vector<int3
                                  cache);
 }
 
-// Decode tokens/s at `batch` over the median step (prompts of 8 tokens prefilled untimed; the cache
-// is refilled when full), and the logits of the first decode step. `parts`: the timed steps' wall
-// time by kind of work (moe/step_breakdown.h), summed, and their count.
+// Decode tokens/s at `batch` over the median step (prompts of 8 tokens prefilled untimed, then
+// kDecodeWindow steps, then again from a new prompt), and the logits of the first decode step.
+// `parts`: the timed steps' wall time by kind of work (moe/step_breakdown.h), summed, and their
+// count.
 struct Profile {
   StepBreakdown parts;
   int64_t steps = 0;
 };
+constexpr int64_t kDecodeWindow = 128;  // steps after each prompt (llama-bench -n 128)
+
 double decode_rate(const Model& m, int64_t batch, double min_seconds, std::vector<float>* first,
                    Profile* parts = nullptr) {
   const int64_t prompt = 8;
@@ -303,7 +308,7 @@ double decode_rate(const Model& m, int64_t batch, double min_seconds, std::vecto
   double seconds = 0;
   std::vector<double> times;
   while (seconds < min_seconds || steps < 5) {
-    if (cache.length[0] + 1 >= m.config.seq) refill();
+    if (cache.length[0] >= std::min(prompt + kDecodeWindow, m.config.seq - 1)) refill();
     const std::vector<int32_t> ids = tokens(batch, m.config.vocab_size, steps);
     StepBreakdown step_parts;
     Timer t;
@@ -467,6 +472,10 @@ int run_decode(const DecodeOptions& o) {
       (long long)c.d_model, (long long)c.layers, (long long)c.heads, (long long)c.kv_heads,
       (long long)c.d_ff, (long long)c.experts, (long long)c.top_k, (long long)c.vocab_size,
       double(total) / 1e6, double(active) / 1e6);
+  std::printf(
+      "# decode: an 8-token prompt, then %lld steps, repeated (every dtype at the same positions, "
+      "as llama-bench -n %lld)\n",
+      (long long)kDecodeWindow, (long long)kDecodeWindow);
   std::printf(
       "# read bandwidth (streaming read, %d threads, best pass of each pattern): a fresh %.0f MB "
       "buffer %.1f GB/s (%s per thread)\n",
