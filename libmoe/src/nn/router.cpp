@@ -74,9 +74,7 @@ Tensor centred_on_device(const Tensor& w, const Tensor& center) {
   ops::router_center_weight(w, center.to(w.device()), out);
   return out;
 }
-}  // namespace
 
-namespace {
 // Changes a small f32 parameter (a center, a selection bias) on the host: fn edits a host copy of
 // its values, which then goes back to the parameter's device.
 template <class Fn>
