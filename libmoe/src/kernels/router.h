@@ -24,6 +24,16 @@ MOE_HD double center_projection(const float* w_row, const float* c, int64_t d, d
   for (int64_t i = 0; i < d; ++i) a += static_cast<double>(w_row[i]) * c[i];
   return a / cc;
 }
+// The mean of the experts' projections p, summed in expert order, and expert e's shift
+// k_e = (float)(p_e - mean).
+MOE_HD double center_mean(const double* p, int64_t experts) {
+  double mean = 0;
+  for (int64_t e = 0; e < experts; ++e) mean += p[e];
+  return mean / static_cast<double>(experts);
+}
+MOE_HD float center_shift(double p_e, double mean) { return static_cast<float>(p_e - mean); }
+// One element of W': W[e, i] - k_e c[i].
+MOE_HD float centred_element(float w, float k_e, float c_i) { return w - k_e * c_i; }
 
 // Switch jitter: a factor uniform in (1 - jitter, 1 + jitter), a pure function of (key, index).
 MOE_HD float jitter_factor(uint64_t key, uint64_t index, float jitter) {

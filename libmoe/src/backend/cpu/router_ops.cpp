@@ -119,15 +119,13 @@ void router_center_weight(const Tensor& w, const Tensor& center, Tensor& out) {
     return;
   }
   std::vector<double> p(static_cast<size_t>(experts));
-  double mean = 0;
-  for (int64_t e = 0; e < experts; ++e) {
+  for (int64_t e = 0; e < experts; ++e)
     p[static_cast<size_t>(e)] = kernels::center_projection(ws + e * d, c, d, cc);
-    mean += p[static_cast<size_t>(e)];
-  }
-  mean /= static_cast<double>(experts);
+  const double mean = kernels::center_mean(p.data(), experts);
   for (int64_t e = 0; e < experts; ++e) {
-    const auto k = static_cast<float>(p[static_cast<size_t>(e)] - mean);
-    for (int64_t i = 0; i < d; ++i) os[e * d + i] = ws[e * d + i] - k * c[i];
+    const float k = kernels::center_shift(p[static_cast<size_t>(e)], mean);
+    for (int64_t i = 0; i < d; ++i)
+      os[e * d + i] = kernels::centred_element(ws[e * d + i], k, c[i]);
   }
 }
 

@@ -101,10 +101,7 @@ struct RouterCenterProject {
 struct RouterCenterShift {
   MOE_HD static void run(Thread th, const double* scratch, int64_t experts, float* k) {
     MOE_GRID_LOOP(e, experts, th) {
-      double mean = 0;
-      for (int64_t j = 0; j < experts; ++j) mean += scratch[j];
-      mean /= static_cast<double>(experts);
-      k[e] = static_cast<float>(scratch[e] - mean);
+      k[e] = kernels::center_shift(scratch[e], kernels::center_mean(scratch, experts));
     }
   }
 };
@@ -114,7 +111,9 @@ struct RouterCenterApply {
   MOE_HD static void run(Thread th, const float* w, const float* c, const double* scratch,
                          const float* k, int64_t experts, int64_t d, float* out) {
     const bool zero = scratch[experts] == 0;
-    MOE_GRID_LOOP(i, experts * d, th) { out[i] = zero ? w[i] : w[i] - k[i / d] * c[i % d]; }
+    MOE_GRID_LOOP(i, experts * d, th) {
+      out[i] = zero ? w[i] : kernels::centred_element(w[i], k[i / d], c[i % d]);
+    }
   }
 };
 
