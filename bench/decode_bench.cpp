@@ -27,6 +27,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -230,25 +231,31 @@ struct Model {
   ModelConfig config;
   std::unique_ptr<ParamSet> params;
   std::unique_ptr<Transformer> model;
+  std::map<std::string, int64_t> q8_in;  // a Q8_0 weight's `in` (its tensor holds row groups)
 };
 
 // Q8_0: the f32 model's weight matrices quantised as moe-convert quantize does. `lean`: kept as
-// Q8_0 rows (what moe-infer serves); otherwise their dequantised values in f32 (the reference).
-void quantize_weights(ParamSet& params, bool lean) {
-  for (Param* p : params.all()) {
+// Q8_0 row groups (what moe-infer serves, packed as its loader packs them); otherwise their
+// dequantised values in f32 (the reference).
+void quantize_weights(Model& m, bool lean) {
+  for (Param* p : m.params->all()) {
     if (!io::quantizable(p->name, p->value.shape())) continue;
     const int64_t in = p->value.shape().back(), rows = p->value.numel() / in;
-    Shape shape = p->value.shape();
-    shape.back() = cpu::q8_row_bytes(in);
-    Tensor q = Tensor::empty(shape, DType::u8);
+    const int64_t out = p->value.dim(p->value.ndim() - 2), row_bytes = cpu::q8_row_bytes(in);
+    std::vector<uint8_t> q(static_cast<size_t>(rows * row_bytes));
     for (int64_t r = 0; r < rows; ++r)
-      cpu::quantize_q8_0_row(p->value.data<float>() + r * in, in,
-                             q.data<uint8_t>() + r * cpu::q8_row_bytes(in));
+      cpu::quantize_q8_0_row(p->value.data<float>() + r * in, in, q.data() + r * row_bytes);
     if (lean) {
-      p->value = q;
+      Shape shape = p->value.shape();
+      shape.back() = cpu::q8_group_row_bytes(in);
+      p->value = Tensor::empty(shape, DType::q8_0);
+      for (int64_t matrix = 0; matrix < rows / out; ++matrix)
+        cpu::pack_q8_0(q.data() + matrix * out * row_bytes, out, in,
+                       static_cast<uint8_t*>(p->value.raw()) + matrix * out * shape.back());
+      m.q8_in[p->name] = in;
     } else {
-      const cpu::WeightMatrix w{cpu::WeightFormat::q8_0, q.raw(), rows, in};
-      cpu::widen_rows(w, 0, rows, p->value.data<float>());
+      for (int64_t r = 0; r < rows; ++r)
+        cpu::dequantize_q8_0_row(q.data() + r * row_bytes, in, p->value.data<float>() + r * in);
     }
     p->refresh_compute();
   }
@@ -260,7 +267,7 @@ Model make_model(const ModelConfig& c, DType dtype, bool lean, bool q8 = false) 
   m.config.dtype = dtype;
   m.params = std::make_unique<ParamSet>(7, dtype);
   m.model = std::make_unique<Transformer>(m.config, *m.params);
-  if (q8) quantize_weights(*m.params, lean);
+  if (q8) quantize_weights(m, lean);
   if (lean) infer::lean_for_inference(*m.params);
   return m;
 }
@@ -405,7 +412,7 @@ double gemv_alone_rate(const Model& m, int passes) {
   for (const Param* p : m.params->all()) {
     if (p->value.ndim() < 2 || p->name.rfind("embed.", 0) == 0) continue;
     const int64_t row = p->value.shape().back(), out = p->value.dim(p->value.ndim() - 2);
-    const int64_t in = p->value.dtype() == DType::u8 ? cpu::q8_in_of_row_bytes(row) : row;
+    const int64_t in = p->value.dtype() == DType::q8_0 ? m.q8_in.at(p->name) : row;
     const int64_t count = p->value.numel() / (out * row);
     for (int64_t e = 0; e < count; ++e) matrices.push_back(cpu::weight_matrix(p->value, e, in));
     bytes += double(p->value.nbytes());

@@ -1,8 +1,9 @@
 // Decode on the CPU with the GEMV path and low-bit weights, model level: the GEMV's logits equal
 // the tiled sgemm's to fp32 rounding; a lean bf16/f16 model (weights kept in 16 bits) gives the
 // bits of the same values widened to f32; a Q8_0 checkpoint's logits stay within its 8-bit
-// inputs' rounding of its dequantised weights'; generation is bitwise the same at 1 and 2 threads; damaged or misused Q8_0 files are
-// refused by name. Shapes: a tiny mixtral (d 32, F 48, 4 experts top-2, 2 layers).
+// inputs' rounding of its dequantised weights'; generation is bitwise the same at 1 and 2 threads;
+// damaged or misused Q8_0 files are refused by name. Shapes: a tiny mixtral (d 32, F 48, 4 experts
+// top-2, 2 layers).
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include "moe/io/checkpoint.h"
 #include "moe/io/convert.h"
 #include "moe/models/transformer.h"
+#include "moe/ops/core.h"
 #include "moe/threads.h"
 #include "support/run.h"
 
@@ -172,18 +174,16 @@ TEST_CASE("decode: a Q8_0 checkpoint scores near its dequantised weights, bad on
   for (const io::NamedTensor& nt : q.params) {
     if (nt.tensor.dtype() != DType::u8) continue;
     Param& p = deq.params->at(nt.name);
-    cpu::WeightMatrix w;
-    w.format = cpu::WeightFormat::q8_0;
-    w.data = nt.tensor.raw();
-    w.in = p.value.shape().back();
-    w.out = p.value.numel() / w.in;
-    cpu::widen_rows(w, 0, w.out, p.value.data<float>());
+    const int64_t in = p.value.shape().back(), rows = p.value.numel() / in;
+    for (int64_t r = 0; r < rows; ++r)
+      cpu::dequantize_q8_0_row(nt.tensor.data<uint8_t>() + r * cpu::q8_row_bytes(in), in,
+                               p.value.data<float>() + r * in);
     p.refresh_compute();
   }
   infer::LoadedModel m = infer::load_model(dir / "q.h5");
   CHECK(m.quantization == "q8_0");
   infer::lean_for_inference(*m.params);
-  CHECK(m.params->at("blocks.0.moe.experts.w1").compute.dtype() == DType::u8);
+  CHECK(m.params->at("blocks.0.moe.experts.w1").compute.dtype() == DType::q8_0);
   {
     // Products of at most 8 rows with Q8_0 weights multiply 8-bit inputs (gemv.h; here the
     // single-token steps and the prompt's experts, 3 rows each on average), the others f32 rows
@@ -233,4 +233,23 @@ TEST_CASE("decode: a Q8_0 checkpoint scores near its dequantised weights, bad on
   CHECK(test::error_of([&] {
           infer::load_model(dir / "cut.h5");
         }).find("does not hold parameter blocks.1.attn.o.weight") != std::string::npos);
+
+  // The loaded weights are row groups (DType::q8_0), which exist in memory only: writing them is
+  // refused by name; a file's u8 rows handed to the ops unpacked are refused too.
+  const Tensor& groups = m.params->at("blocks.1.attn.o.weight").value;
+  REQUIRE(groups.dtype() == DType::q8_0);
+  io::Checkpoint packed = q;
+  for (io::NamedTensor& nt : packed.params)
+    if (nt.name == "blocks.1.attn.o.weight") nt.tensor = groups;
+  CHECK(test::error_of([&] {
+          io::save_checkpoint(dir / "packed.h5", packed);
+        }).find("in memory only") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(dir / "packed.h5"));
+  for (const io::NamedTensor& nt : q.params)
+    if (nt.name == "blocks.1.attn.o.weight") {
+      const int64_t d = b.config.d_model;
+      Tensor x = Tensor::zeros({1, d}), y = Tensor::zeros({1, nt.tensor.dim(0)});
+      CHECK(test::error_of([&] { ops::gemm(x, false, nt.tensor, true, y); }).find("pack_q8_0") !=
+            std::string::npos);
+    }
 }

@@ -27,9 +27,10 @@ namespace {
 struct Weights {
   WeightFormat format;
   int64_t out, in;
-  std::vector<float> f32;      // f32 format: the values; also the widened copy of any format
-  std::vector<uint16_t> half;  // bf16 / f16 bits
-  std::vector<uint8_t> q8;     // q8_0 rows (values, then block scales)
+  std::vector<float> f32;       // f32 format: the values; also the widened copy of any format
+  std::vector<uint16_t> half;   // bf16 / f16 bits
+  std::vector<uint8_t> q8;      // q8_0 rows (values, then block scales), as files hold them
+  std::vector<uint8_t> groups;  // the same as the kernels' row groups (pack_q8_0)
 
   Weights(WeightFormat f, int64_t o, int64_t i, uint64_t seed) : format(f), out(o), in(i) {
     std::vector<float> v(static_cast<size_t>(o * i));
@@ -40,6 +41,7 @@ struct Weights {
       q8.resize(static_cast<size_t>(o * cpu::q8_row_bytes(i)));
       for (int64_t r = 0; r < o; ++r)
         cpu::quantize_q8_0_row(v.data() + r * i, i, q8.data() + r * cpu::q8_row_bytes(i));
+      pack();
     } else {
       half.resize(v.size());
       for (size_t j = 0; j < v.size(); ++j)
@@ -49,13 +51,18 @@ struct Weights {
     cpu::widen_rows(matrix(), 0, o, wide.data());
     f32 = wide;
   }
+  // Row groups of the rows in q8 (again after an edit of q8).
+  void pack() {
+    groups.resize(static_cast<size_t>(out * cpu::q8_group_row_bytes(in)));
+    cpu::pack_q8_0(q8.data(), out, in, groups.data());
+  }
   cpu::WeightMatrix matrix() const {
     cpu::WeightMatrix m;
     m.format = format;
     m.out = out;
     m.in = in;
     m.data = format == WeightFormat::f32    ? static_cast<const void*>(f32.data())
-             : format == WeightFormat::q8_0 ? static_cast<const void*>(q8.data())
+             : format == WeightFormat::q8_0 ? static_cast<const void*>(groups.data())
                                             : static_cast<const void*>(half.data());
     return m;
   }
@@ -205,7 +212,10 @@ TEST_CASE("gemv: the scalar and AVX-512 paths give the same bits", "[gemv]") {
         for (cpu::GemvIsa isa : wide) {
           CAPTURE(cpu::weight_format_name(f), in, m, int(isa));
           Weights w(f, 21, in, 3);
-          if (f == WeightFormat::q8_0) w.q8[5] = 0x80;  // -128, outside the quantiser's range
+          if (f == WeightFormat::q8_0) {
+            w.q8[5] = 0x80;  // -128, outside the quantiser's range
+            w.pack();
+          }
           const std::vector<float> x = inputs(m, in, 4);
           CHECK(same_bits(run(w.matrix(), x, m, cpu::GemvIsa::scalar), run(w.matrix(), x, m, isa)));
         }
@@ -258,6 +268,42 @@ TEST_CASE("q8_0: a row's bytes give back its length, and no other byte count doe
     CHECK(cpu::q8_in_of_row_bytes(bytes) == (bytes > 0 ? in_of[size_t(bytes)] : 0));
   }
   CHECK(cpu::q8_in_of_row_bytes(cpu::q8_row_bytes(4096)) == 4096);
+}
+
+TEST_CASE("q8_0: row groups hold every row's bytes where the layout says, and unpack back",
+          "[gemv]") {
+  // Row counts with no group, one partial group, whole groups and a partial last one; row lengths
+  // with a partial block, a partial pair and whole pairs.
+  for (const int64_t out : {1, 5, 8, 9, 16, 21})
+    for (const int64_t in : {1, 31, 32, 33, 64, 77, 130, 192}) {
+      CAPTURE(out, in);
+      const int64_t row_bytes = cpu::q8_row_bytes(in), group_row = cpu::q8_group_row_bytes(in);
+      std::vector<uint8_t> rows(static_cast<size_t>(out * row_bytes));
+      for (size_t b = 0; b < rows.size(); ++b) rows[b] = static_cast<uint8_t>(b * 7 + 1);
+      std::vector<uint8_t> groups(static_cast<size_t>(out * group_row), 0xee);
+      cpu::pack_q8_0(rows.data(), out, in, groups.data());
+      std::vector<uint8_t> back(rows.size());
+      cpu::unpack_q8_0(groups.data(), out, in, back.data());
+      CHECK(back == rows);
+      if (in % 64 == 0) CHECK(group_row == row_bytes);
+      // Byte by byte from the layout's description (gemv.h), independently of the code's offsets:
+      // group G of g rows at 8 G rows' share, pair t at t g 68, row r's values at r 64, then the
+      // g rows' scales 4 bytes each; everything else (padding) 0.
+      std::vector<int> expect(groups.size(), 0);  // 0: padding; else the rows' byte + 1
+      for (int64_t o = 0; o < out; ++o) {
+        const int64_t first = o / 8 * 8, g = std::min<int64_t>(8, out - first), r = o - first;
+        for (int64_t j = 0; j < in; ++j)
+          expect[size_t(first * group_row + (j / 64) * g * 68 + r * 64 + j % 64)] =
+              rows[size_t(o * row_bytes + j)] + 1;
+        for (int64_t b = 0; b < 2 * cpu::q8_blocks(in); ++b)  // the scales' bytes, 2 a block
+          expect[size_t(first * group_row + (b / 4) * g * 68 + g * 64 + r * 4 + b % 4)] =
+              rows[size_t(o * row_bytes + in + b)] + 1;
+      }
+      bool placed = true;
+      for (size_t b = 0; b < groups.size(); ++b)
+        placed = placed && int(groups[b]) == (expect[b] ? expect[b] - 1 : 0);
+      CHECK(placed);
+    }
 }
 
 TEST_CASE("q8_0: |x - dequantised| <= scale / 2, zero blocks exact, non-finite refused", "[gemv]") {
@@ -388,6 +434,9 @@ TEST_CASE("gemv: widen_rows gives each element's exact value (vector and tail pa
             const uint8_t* row = w.q8.data() + o * cpu::q8_row_bytes(in);
             expect = cpu::q8_scale(row, in, j / cpu::kQ8Block) *
                      static_cast<float>(static_cast<int8_t>(row[j]));
+            float one[128];  // and the same from the row as a file holds it
+            cpu::dequantize_q8_0_row(row, in, one);
+            exact = exact && std::memcmp(&expect, &one[j], sizeof(float)) == 0;
           }
           exact = exact && std::memcmp(&expect, &got[at], sizeof(float)) == 0;
         }

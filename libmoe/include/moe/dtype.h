@@ -1,4 +1,6 @@
-// Element types of tensors. Compute is fp32; bf16/f16 are storage types.
+// Element types of tensors. Compute is fp32; bf16/f16 are storage types. q8_0: the bytes of Q8_0
+// weights in the decode kernels' row groups (backend/cpu/gemv.h), in memory only: files hold Q8_0
+// rows as u8, and a loaded model packs them (one byte per element of the tensor's bytes).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -7,7 +9,7 @@
 
 namespace moe {
 
-enum class DType : uint8_t { f32, bf16, f16, i32, i64, u8 };
+enum class DType : uint8_t { f32, bf16, f16, i32, i64, u8, q8_0 };
 
 size_t dtype_size(DType dtype);
 const char* dtype_name(DType dtype);

@@ -113,6 +113,7 @@ MPI_Datatype mpi_type(DType dtype) {
     case DType::i64:
       return MPI_INT64_T;
     case DType::u8:
+    case DType::q8_0:  // bytes
       return MPI_UINT8_T;
   }
   throw Error("MPI communicator: unknown dtype");

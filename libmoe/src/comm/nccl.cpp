@@ -40,6 +40,7 @@ ncclDataType_t nccl_type(const Tensor& t, const char* op) {
     case DType::i64:
       return ncclInt64;
     case DType::u8:
+    case DType::q8_0:  // bytes
       return ncclUint8;
     case DType::bf16:
       return ncclBfloat16;

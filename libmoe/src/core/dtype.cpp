@@ -17,6 +17,7 @@ size_t dtype_size(DType dtype) {
     case DType::i64:
       return 8;
     case DType::u8:
+    case DType::q8_0:
       return 1;
   }
   throw Error("dtype_size: unknown dtype");
@@ -36,6 +37,8 @@ const char* dtype_name(DType dtype) {
       return "i64";
     case DType::u8:
       return "u8";
+    case DType::q8_0:
+      return "q8_0";
   }
   return "?";
 }

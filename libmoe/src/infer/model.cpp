@@ -145,8 +145,9 @@ void build_model(LoadedModel& m, const std::string& source, bool experts,
   m.params->skip_gradients(false);
 }
 
-// A Q8_0 weight (moe-convert quantize): u8 rows [.., out, q8_row_bytes(in)] become the
-// parameter's value and what the kernels read (ops::gemm / grouped_gemm take them as x W^T).
+// A Q8_0 weight (moe-convert quantize): u8 rows [.., out, q8_row_bytes(in)], packed into the
+// kernels' row groups (DType::q8_0 [.., out, q8_group_row_bytes(in)], backend/cpu/gemv.h), become
+// the parameter's value and what the kernels read (ops::gemm / grouped_gemm take them as x W^T).
 // Every block scale is checked finite (a corrupted scale would score garbage silently).
 void put_q8_0(Param& p, const Tensor& tensor, const std::string& source) {
   const Shape& shape = p.value.shape();
@@ -164,7 +165,13 @@ void put_q8_0(Param& p, const Tensor& tensor, const std::string& source) {
                 row, " block ", b, " has scale ", scale,
                 " (a Q8_0 scale is finite and >= 0): the file is damaged");
     }
-  p.value = tensor;
+  const int64_t out = shape[shape.size() - 2];
+  Shape packed = shape;
+  packed.back() = cpu::q8_group_row_bytes(in);
+  p.value = Tensor::empty(packed, DType::q8_0);
+  for (int64_t matrix = 0; matrix < rows / out; ++matrix)
+    cpu::pack_q8_0(bytes + matrix * out * row_bytes, out, in,
+                   static_cast<uint8_t*>(p.value.raw()) + matrix * out * packed.back());
   p.value.set_name(p.name);
   p.compute = p.value;
   p.grad = Tensor();
@@ -279,8 +286,9 @@ LoadedModel load_model(const std::string& given, bool experts, const nn::Paralle
   if (experts && !(parallel && parallel->shards_experts())) {
     // Parameters, no optimizer state; the experts (most of an MoE model) streamed into their
     // parameters one expert at a time, so the process never holds a second copy of them (Q8_0
-    // tensors become the parameters themselves: read whole). The other tensors are read whole
-    // first and each released once copied: they are held twice until then.
+    // tensors are read whole and packed into their parameters, each held twice until packed).
+    // The other tensors are read whole first and each released once copied: they are held twice
+    // until then.
     const bool stream = m.quantization.empty();
     io::Checkpoint ckpt =
         io::load_checkpoint(path, false, [stream](bool, const std::string&) { return stream; });

@@ -455,6 +455,10 @@ Type dtype_type(DType dtype) {
       return copy(H5T_STD_I64LE);
     case DType::u8:
       return copy(H5T_STD_U8LE);
+    case DType::q8_0:
+      throw Error(
+          "no HDF5 type for q8_0 row groups: they exist in memory only (files hold Q8_0 rows as "
+          "u8)");
   }
   throw Error(str("no HDF5 type for dtype ", static_cast<int>(dtype)));
 }

@@ -93,6 +93,8 @@ const char* safetensors_dtype_name(DType dtype) {
       return "I64";
     case DType::u8:
       return "U8";
+    case DType::q8_0:
+      break;  // in memory only (moe/dtype.h)
   }
   throw Error(str("safetensors: no name for dtype ", static_cast<int>(dtype)));
 }

@@ -31,10 +31,13 @@ void gemm(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, 
   MOE_CHECK(a.ndim() == 2 && b.ndim() == 2 && c.ndim() == 2, "gemm: 2-D operands expected, got ",
             a.describe(), ", ", b.describe(), ", ", c.describe());
   a.expect_dtype(DType::f32, "gemm A");
-  // A bf16/f16 B is a weight kept in 16 bits for inference, a u8 B one kept as Q8_0 rows
-  // [N, q8_row_bytes(K)] (backend/cpu/gemv.h); the CPU widens them on the fly.
+  // A bf16/f16 B is a weight kept in 16 bits for inference, a q8_0 B one kept as Q8_0 row groups
+  // [N, q8_group_row_bytes(K)] (backend/cpu/gemv.h); the CPU widens them on the fly.
+  MOE_CHECK(b.dtype() != DType::u8, "gemm: B ", b.describe(),
+            " holds Q8_0 rows as a file does; the kernels read row groups (DType::q8_0: "
+            "cpu::pack_q8_0, as infer::load_model packs them)");
   const bool low_bit =
-      b.dtype() == DType::bf16 || b.dtype() == DType::f16 || b.dtype() == DType::u8;
+      b.dtype() == DType::bf16 || b.dtype() == DType::f16 || b.dtype() == DType::q8_0;
   MOE_CHECK(b.dtype() == DType::f32 || (low_bit && !transpose_a && transpose_b && alpha == 1.0f &&
                                         device.kind == Device::cpu),
             "gemm: B ", b.describe(),
@@ -43,7 +46,7 @@ void gemm(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, 
   int64_t m = transpose_a ? a.dim(1) : a.dim(0);
   int64_t k = transpose_a ? a.dim(0) : a.dim(1);
   int64_t kb = transpose_b ? b.dim(1) : b.dim(0);
-  if (b.dtype() == DType::u8 && kb == cpu::q8_row_bytes(k)) kb = k;  // Q8_0 rows of K elements
+  if (b.dtype() == DType::q8_0 && kb == cpu::q8_group_row_bytes(k)) kb = k;  // K elements a row
   int64_t n = transpose_b ? b.dim(0) : b.dim(1);
   MOE_CHECK(k == kb && c.dim(0) == m && c.dim(1) == n, "gemm: shapes do not chain: ", a.describe(),
             transpose_a ? "^T" : "", " x ", b.describe(), transpose_b ? "^T" : "", " -> ",

@@ -76,13 +76,8 @@ MOE_TARGET_GEMV512 inline __m512 load_weights(const WeightMatrix& w, int64_t o, 
   } else if constexpr (F == WeightFormat::f16) {
     return _mm512_cvtph_ps(
         _mm256_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(w.data) + at));
-  } else {
-    const uint8_t* row = q8_row(w, o);
-    const __m128i q = _mm_maskz_loadu_epi8(mask, row + j);
-    uint16_t h;
-    std::memcpy(&h, row + w.in + 2 * (j / kQ8Block), sizeof h);
-    const float scale = _cvtsh_ss(h);  // one vcvtph2ps; the same (exact) value as f16_to_f32
-    return _mm512_mul_ps(_mm512_set1_ps(scale), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
+  } else {  // never called: Q8_0 widens by pairs (widen_row_avx512_f), multiplies in gemv_q8
+    return _mm512_setzero_ps();
   }
 }
 
@@ -192,6 +187,27 @@ MOE_TARGET_GEMV512 void widen_row_avx512_f(const WeightMatrix& w, int64_t o, flo
     const __mmask16 mask = static_cast<__mmask16>((1u << n) - 1u);
     _mm512_mask_storeu_ps(dst + j, mask, load_weights<F>(w, o, j, mask));
   }
+}
+
+// Q8_0 rows [begin, end) of one row group, widened pair by pair (the group's bytes in order), 16
+// values of a block at a time times the block's scale, into dst [end - begin, in].
+MOE_TARGET_GEMV512 void widen_q8_group_avx512(const WeightMatrix& w, int64_t begin, int64_t end,
+                                              float* dst) {
+  for (int64_t t = 0; t < q8_pairs(w.in); ++t)
+    for (int64_t o = begin; o < end; ++o) {
+      const Q8Pair pair = q8_pair(w, o, t);
+      for (int64_t c = 0, j = 2 * kQ8Block * t; c < 4 && j < w.in; ++c, j += kLanes) {
+        const int64_t n = std::min(kLanes, w.in - j);
+        const __mmask16 mask = static_cast<__mmask16>((1u << n) - 1u);
+        const __m128i q = _mm_maskz_loadu_epi8(mask, pair.values + c * kLanes);
+        uint16_t h;
+        std::memcpy(&h, pair.scales + 2 * (c / 2), sizeof h);
+        const float scale = _cvtsh_ss(h);  // one vcvtph2ps; the same (exact) value as f16_to_f32
+        _mm512_mask_storeu_ps(
+            dst + (o - begin) * w.in + j, mask,
+            _mm512_mul_ps(_mm512_set1_ps(scale), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q))));
+      }
+    }
 }
 
 void widen_row_avx512(const WeightMatrix& w, int64_t o, float* dst) {
@@ -323,6 +339,18 @@ void widen_rows(const WeightMatrix& w, int64_t row, int64_t rows, float* out) {
   // the scalar conversion made f16 prefill 0.65x of f32's); the values are the same, exactly.
   const int64_t in = w.in;
   const bool wide = w.format != WeightFormat::f32 && avx512_available();
+#if MOE_GEMV_X86
+  if (wide && w.format == WeightFormat::q8_0 && rows > 0) {  // a row group at a time, in order
+    const int64_t first = row / kQ8Group, last = (row + rows - 1) / kQ8Group;
+#pragma omp parallel for schedule(static) if (rows * in >= kParallelWork)
+    for (int64_t g = first; g <= last; ++g) {
+      const int64_t begin = std::max(row, g * kQ8Group);
+      widen_q8_group_avx512(w, begin, std::min(row + rows, (g + 1) * kQ8Group),
+                            out + (begin - row) * in);
+    }
+    return;
+  }
+#endif
 #pragma omp parallel for schedule(static) if (rows * in >= kParallelWork)
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t o = row + r;
@@ -350,21 +378,53 @@ void widen_rows(const WeightMatrix& w, int64_t row, int64_t rows, float* out) {
         for (int64_t j = 0; j < in; ++j) dst[j] = kernels::f16_to_f32(src[j]);
         break;
       }
-      case WeightFormat::q8_0: {
-        const uint8_t* src = q8_row(w, o);
+      case WeightFormat::q8_0:
         for (int64_t b = 0; b < q8_blocks(in); ++b) {
-          const float scale = f16_at(src + in + 2 * b);
+          const Q8Pair pair = q8_pair(w, o, b / 2);
+          const float scale = f16_at(pair.scales + 2 * (b % 2));
           const int64_t end = std::min(in, (b + 1) * kQ8Block);
           for (int64_t j = b * kQ8Block; j < end; ++j)
-            dst[j] = scale * static_cast<float>(static_cast<int8_t>(src[j]));
+            dst[j] = scale * static_cast<float>(static_cast<int8_t>(pair.values[j % 64]));
         }
         break;
-      }
     }
   }
 }
 
 float q8_scale(const uint8_t* row, int64_t n, int64_t b) { return f16_at(row + n + 2 * b); }
+
+void dequantize_q8_0_row(const uint8_t* row, int64_t n, float* out) {
+  for (int64_t j = 0; j < n; ++j)
+    out[j] = q8_scale(row, n, j / kQ8Block) * static_cast<float>(static_cast<int8_t>(row[j]));
+}
+
+// pack_q8_0 and unpack_q8_0: each pair of each row copied from one layout to the other.
+template <bool kPack>
+void move_q8_0(const uint8_t* from, int64_t out, int64_t in, uint8_t* to) {
+  const int64_t row_bytes = q8_row_bytes(in), blocks = q8_blocks(in);
+  if (kPack) std::fill(to, to + out * q8_group_row_bytes(in), uint8_t{0});  // the padding
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t t = 0; t < q8_pairs(in); ++t) {
+      const Q8PairOffsets g = q8_pair_offsets(out, in, o, t);
+      const int64_t values = o * row_bytes + 2 * kQ8Block * t, scales = o * row_bytes + in + 4 * t;
+      const auto n = static_cast<size_t>(std::min(2 * kQ8Block, in - 2 * kQ8Block * t));
+      const size_t s = 2 * t + 1 < blocks ? 4 : 2;  // the pair's scale bytes (its last: 1 block)
+      if (kPack) {
+        std::memcpy(to + g.values, from + values, n);
+        std::memcpy(to + g.scales, from + scales, s);
+      } else {
+        std::memcpy(to + values, from + g.values, n);
+        std::memcpy(to + scales, from + g.scales, s);
+      }
+    }
+}
+
+void pack_q8_0(const uint8_t* rows, int64_t out, int64_t in, uint8_t* groups) {
+  move_q8_0<true>(rows, out, in, groups);
+}
+void unpack_q8_0(const uint8_t* groups, int64_t out, int64_t in, uint8_t* rows) {
+  move_q8_0<false>(groups, out, in, rows);
+}
 
 void quantize_q8_0_row(const float* x, int64_t n, uint8_t* row) {
   for (int64_t b = 0; b < q8_blocks(n); ++b) {
@@ -400,12 +460,12 @@ WeightFormat format_of(DType dtype, const Tensor& w) {
       return WeightFormat::bf16;
     case DType::f16:
       return WeightFormat::f16;
-    case DType::u8:
+    case DType::q8_0:
       return WeightFormat::q8_0;
     default:
       break;
   }
-  throw Error(str("gemm: weight ", w.describe(), " is not f32, bf16, f16 or Q8_0 rows (u8)"));
+  throw Error(str("gemm: weight ", w.describe(), " is not f32, bf16, f16 or Q8_0 row groups"));
 }
 }  // namespace
 
@@ -416,9 +476,9 @@ WeightMatrix weight_matrix(const Tensor& w, int64_t index, int64_t in) {
   m.out = w.dim(w.ndim() - 2);
   const int64_t row = w.dim(w.ndim() - 1);
   m.in = m.format == WeightFormat::q8_0 ? in : row;
-  MOE_CHECK(m.format != WeightFormat::q8_0 || (in > 0 && q8_row_bytes(in) == row),
+  MOE_CHECK(m.format != WeightFormat::q8_0 || (in > 0 && q8_group_row_bytes(in) == row),
             "gemm: Q8_0 weight ", w.describe(), " does not hold rows of ", in, " elements (",
-            q8_row_bytes(in), " bytes each)");
+            q8_group_row_bytes(in), " bytes each in row groups)");
   m.data = static_cast<const std::byte*>(w.raw()) +
            index * m.out * row * static_cast<int64_t>(dtype_size(w.dtype()));
   return m;

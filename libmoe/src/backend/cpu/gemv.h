@@ -36,10 +36,11 @@ const char* weight_format_name(WeightFormat format);
 // Q8_0-like (see docs/ARCHITECTURE.md): blocks of kQ8Block consecutive elements along `in`, each
 // with one f16 scale; value = scale * q, q int8 in [-127, 127]. A row's last block may be shorter
 // when `in` is not a multiple of kQ8Block. A row is stored as its `in` int8 values followed by its
-// q8_blocks(in) scales (f16 bits, little-endian): q8_row_bytes(in) bytes, rows back to back. Not
-// llama.cpp's bytes: its blocks interleave scale and values (values first keeps the int8 loads of
-// a row contiguous and a row's bytes a function of `in` alone), and q rounds to nearest even
-// against the stored f16 scale (quantize_q8_0_row); the GGUF export writes llama.cpp's own.
+// q8_blocks(in) scales (f16 bits, little-endian): q8_row_bytes(in) bytes, rows back to back, as
+// files hold them (the kernels read row groups, below). Not llama.cpp's bytes: its blocks
+// interleave scale and values (values first keeps a row sliceable and its bytes a function of
+// `in` alone), and q rounds to nearest even against the stored f16 scale (quantize_q8_0_row); the
+// GGUF export writes llama.cpp's own.
 inline constexpr int64_t kQ8Block = 32;
 inline int64_t q8_blocks(int64_t in) { return (in + kQ8Block - 1) / kQ8Block; }
 inline int64_t q8_row_bytes(int64_t in) { return in + 2 * q8_blocks(in); }
@@ -51,8 +52,23 @@ inline int64_t q8_in_of_row_bytes(int64_t bytes) {
   return q8_row_bytes(in) == bytes ? in : 0;
 }
 
+// Q8_0 row groups: the same blocks as the kernels read them (WeightFormat::q8_0, DType::q8_0
+// tensors; files keep the rows above, pack_q8_0 turns them into groups when a model is loaded).
+// The kernels take a pair of blocks (64 elements) of 8 rows at a time; in rows those are 8 reads
+// a row apart, which the hardware prefetchers do not follow, so a matrix's rows are stored in
+// groups of kQ8Group (the last group of a matrix holds the out % 8 left, if any), each group pair
+// after pair: for pair t, the g rows' 64 values (int8, row after row; 0 past `in`), then their
+// scales (2 f16 each: blocks 2 t and 2 t + 1, 0 for a block past the last). A pair of g rows
+// takes g * 68 bytes, so a row takes q8_group_row_bytes(in) = 68 * q8_pairs(in) bytes (its rows'
+// q8_row_bytes(in) when `in` is a multiple of 64), and group G of a matrix starts at row 8 G's
+// share. One decode GEMV then reads each group front to back: a single stream.
+inline constexpr int64_t kQ8Group = 8;
+inline constexpr int64_t kQ8PairBytes = 2 * kQ8Block + 4;  // one row's pair: 64 values, 2 scales
+inline int64_t q8_pairs(int64_t in) { return (in + 2 * kQ8Block - 1) / (2 * kQ8Block); }
+inline int64_t q8_group_row_bytes(int64_t in) { return kQ8PairBytes * q8_pairs(in); }
+
 // A weight matrix [out, in], row-major, rows back to back: `in` elements each (f32, bf16, f16)
-// or q8_row_bytes(in) bytes (Q8_0).
+// or Q8_0 row groups of q8_group_row_bytes(in) bytes a row.
 struct WeightMatrix {
   WeightFormat format = WeightFormat::f32;
   const void* data = nullptr;
@@ -84,6 +100,12 @@ bool gemv_isa_supported(GemvIsa isa);
 // Rows [row, row + rows) of w widened to f32 into out [rows, in] (exact for every format).
 void widen_rows(const WeightMatrix& w, int64_t row, int64_t rows, float* out);
 
+// One matrix [out, in] of Q8_0 rows (q8_row_bytes(in) bytes each) as row groups
+// (q8_group_row_bytes(in) bytes a row, `groups` holds out times that), and back.
+void pack_q8_0(const uint8_t* rows, int64_t out, int64_t in, uint8_t* groups);
+void unpack_q8_0(const uint8_t* groups, int64_t out, int64_t in, uint8_t* rows);
+// One Q8_0 row of n elements (q8_row_bytes(n) bytes) dequantised: scale * q, exact in f32.
+void dequantize_q8_0_row(const uint8_t* row, int64_t n, float* out);
 // Q8_0 quantisation of one row of n floats into q8_row_bytes(n) bytes: per block, scale =
 // max|x| / 127 rounded to f16 (the stored scale, so dequantisation uses exactly it), q =
 // round-to-nearest-even(x / scale) clamped to [-127, 127]; then |x - scale q| <= scale / 2. An
@@ -108,8 +130,8 @@ class Tensor;
 }
 namespace moe::cpu {
 
-// Matrix `index` of a weight tensor [.., out, in] (f32, bf16 or f16) or of a u8 tensor
-// [.., out, q8_row_bytes(in)] holding Q8_0 rows (`in` given), as the kernels read it.
+// Matrix `index` of a weight tensor [.., out, in] (f32, bf16 or f16) or of a DType::q8_0 tensor
+// [.., out, q8_group_row_bytes(in)] holding Q8_0 row groups (`in` given), as the kernels read it.
 WeightMatrix weight_matrix(const Tensor& w, int64_t index = 0, int64_t in = 0);
 
 // Whether a product of m rows by a transposed weight goes to the GEMV. Benchmarks may turn the

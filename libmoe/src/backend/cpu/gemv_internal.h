@@ -44,8 +44,29 @@ inline int8_t q8_quantize(float x, float scale) {
   return static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f));
 }
 
-inline const uint8_t* q8_row(const WeightMatrix& w, int64_t o) {
-  return static_cast<const uint8_t*>(w.data) + o * q8_row_bytes(w.in);
+// Q8_0 row groups (gemv.h): the byte offsets, from a matrix's start, of row o's pair t (its 64
+// values) and of that pair's two block scales (f16, maybe at an odd address).
+struct Q8PairOffsets {
+  int64_t values, scales;
+};
+// The bytes from a row's pair to its next: its group's pair (g rows of 68 bytes).
+inline int64_t q8_pair_stride(int64_t out, int64_t o) {
+  return std::min(kQ8Group, out - (o - o % kQ8Group)) * kQ8PairBytes;
+}
+inline Q8PairOffsets q8_pair_offsets(int64_t out, int64_t in, int64_t o, int64_t t) {
+  const int64_t first = o - o % kQ8Group, stride = q8_pair_stride(out, o);
+  const int64_t pair = first * q8_group_row_bytes(in) + t * stride;
+  return {pair + (o - first) * 2 * kQ8Block,
+          pair + stride / kQ8PairBytes * 2 * kQ8Block + (o - first) * 4};
+}
+struct Q8Pair {
+  const uint8_t* values;
+  const uint8_t* scales;
+};
+inline Q8Pair q8_pair(const WeightMatrix& w, int64_t o, int64_t t) {
+  const Q8PairOffsets at = q8_pair_offsets(w.out, w.in, o, t);
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  return {base + at.values, base + at.scales};
 }
 
 // y = dot + beta y (beta 0: y is not read).

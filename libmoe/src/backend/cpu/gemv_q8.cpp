@@ -105,27 +105,21 @@ void Q8Input::build(const float* rows, int64_t ld, int64_t count, int64_t n, boo
   }
 }
 
-namespace {
-// The weight scale of block b of row `row` (0 past the last block: the padding's lanes).
-inline float weight_scale(const uint8_t* row, int64_t in, int64_t b) {
-  return b < q8_blocks(in) ? f16_at(row + in + 2 * b) : 0.0f;
-}
-}  // namespace
-
 void q8_rows_scalar(const GemvProblem& p, const Q8Input& x, int64_t begin, int64_t end) {
-  const int64_t in = p.w.in;
+  const int64_t in = p.w.in, blocks = q8_blocks(in);
   for (int64_t o = begin; o < end; ++o) {
-    const uint8_t* row = q8_row(p.w, o);
     float lanes[kGemvMaxRows][kLanes] = {};
     for (int64_t t = 0; t < x.pairs; ++t) {
-      const float dw[2] = {weight_scale(row, in, 2 * t), weight_scale(row, in, 2 * t + 1)};
+      const Q8Pair pair = q8_pair(p.w, o, t);
+      // The weight scales of blocks 2 t and 2 t + 1 (0 past the last block: the padding's lanes).
+      const float dw[2] = {f16_at(pair.scales), 2 * t + 1 < blocks ? f16_at(pair.scales + 2) : 0};
       for (int64_t i = 0; i < p.m; ++i) {
-        const int8_t* xq = x.q_row(i);
+        const int8_t* xq = x.q_row(i) + t * 64;
         const float* xs = x.scale_row(i) + t * kLanes;
         for (int64_t l = 0; l < kLanes; ++l) {
           int32_t sum = 0;
-          for (int64_t j = t * 64 + 4 * l; j < std::min(in, t * 64 + 4 * l + 4); ++j)
-            sum += static_cast<int32_t>(static_cast<int8_t>(row[j])) * xq[j];
+          for (int64_t j = 4 * l; j < std::min(in - t * 64, 4 * l + 4); ++j)
+            sum += static_cast<int32_t>(static_cast<int8_t>(pair.values[j])) * xq[j];
           lanes[i][l] = std::fma(dw[l / 8] * xs[l], static_cast<float>(sum), lanes[i][l]);
         }
       }
