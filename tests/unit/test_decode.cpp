@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <limits>
 
+#include "backend/cpu/backend.h"
 #include "backend/cpu/gemv.h"
 #include "kernels/convert.h"
 #include "moe/arena.h"
@@ -19,6 +20,7 @@
 #include "moe/io/convert.h"
 #include "moe/models/transformer.h"
 #include "moe/ops/core.h"
+#include "moe/rng.h"
 #include "moe/threads.h"
 #include "support/run.h"
 
@@ -130,6 +132,46 @@ TEST_CASE("decode: generation gives the same bits at 1 and 2 threads", "[decode]
   REQUIRE(one.size() == two.size());
   for (size_t i = 0; i < one.size(); ++i) CHECK(one[i].tokens == two[i].tokens);
   CHECK(one[0].tokens.size() == 8);
+}
+
+TEST_CASE("decode: one head's cached attention gives the same bits with AVX-512 and without",
+          "[decode]") {
+  if (!cpu::gemv_isa_supported(cpu::GemvIsa::avx512)) {
+    WARN("no AVX-512 on this CPU: the wide decode head is not compared");
+    return;
+  }
+  // Head widths with and without a partial 16-lane step, contexts of 1 key to 300, keys ldk
+  // apart (two kv heads side by side), values of both signs and magnitudes.
+  for (const int64_t hd : {64, 40, 16, 7, 100})
+    for (const int64_t start : {0, 1, 17, 299}) {
+      CAPTURE(hd, start);
+      const int64_t ldk = 2 * hd, keys = start + 1;
+      std::vector<float> q(static_cast<size_t>(hd)), k(static_cast<size_t>(keys * ldk)),
+          v(static_cast<size_t>(keys * ldk));
+      for (size_t i = 0; i < q.size(); ++i) q[i] = rng_normal(11, i);
+      for (size_t i = 0; i < k.size(); ++i) k[i] = rng_normal(12, i) * (i % 7 == 0 ? 30.0f : 1.0f);
+      for (size_t i = 0; i < v.size(); ++i) v[i] = rng_normal(13, i);
+      const auto nk = static_cast<size_t>(keys), nh = static_cast<size_t>(hd);
+      std::vector<float> ps1(nk), ps2(nk), c1(nh), c2(nh);
+      const float scale = 1.0f / std::sqrt(float(hd));
+      cpu::decode_head(q.data(), k.data(), v.data(), ldk, start, hd, scale, ps1.data(), c1.data(),
+                       false);
+      cpu::decode_head(q.data(), k.data(), v.data(), ldk, start, hd, scale, ps2.data(), c2.data(),
+                       true);
+      CHECK(std::memcmp(ps1.data(), ps2.data(), ps1.size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(c1.data(), c2.data(), c1.size() * sizeof(float)) == 0);
+      // and the context is the probabilities' weighted sum of the values (a reference in double)
+      double worst = 0;
+      for (int64_t e = 0; e < hd; ++e) {
+        double ref = 0, mag = 0;
+        for (int64_t j = 0; j < keys; ++j) {
+          ref += double(ps1[size_t(j)]) * double(v[size_t(j * ldk + e)]);
+          mag += std::fabs(double(ps1[size_t(j)]) * double(v[size_t(j * ldk + e)]));
+        }
+        worst = std::max(worst, std::fabs(double(c1[size_t(e)]) - ref) / std::max(mag, 1e-30));
+      }
+      CHECK(worst <= double(keys) * 6e-8);  // f32 sums of `keys` terms: <= keys ulp/2 each
+    }
 }
 
 TEST_CASE("decode: a Q8_0 checkpoint scores near its dequantised weights, bad ones are refused",

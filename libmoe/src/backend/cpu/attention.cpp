@@ -72,13 +72,17 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
 // tiled-sgemm calls (their tiling and packing for a product of one query by ~100 keys of 64; the
 // attention part of a Q8_0 batch-1 step fell from ~0.21 to ~0.16 ms, docs/PERFORMANCE.md). The
 // query sits at position start, so it sees keys 0..start: scores s[j] = scale * (q . k_j) (16
-// lanes, lane l summing elements l, l + 16, ..., then the GEMV's fixed tree over the lanes), the
-// causal softmax, then ctx[e] = sum over the keys, in order, of p[j] v_j[e]. One order whatever
-// thread runs it. k and v rows ldk apart from key 0, ps [start + 1].
-void decode_head(const float* q, const float* k, const float* v, int64_t ldk, int64_t start,
-                 int64_t hd, float scale, float* ps, float* ctx) {
+// lanes, lane l summing elements l, l + 16, ... by a multiply then an add, then the GEMV's fixed
+// tree over the lanes), the causal softmax, then ctx[e] = sum over the keys, in order, of p[j]
+// v_j[e] (a multiply then an add). One order whatever thread runs it, and whatever the vector
+// width: this file builds without contraction into FMAs (libmoe/CMakeLists.txt), so the AVX-512
+// loops (where the CPU has them) give the baseline loops' bits; the softmax stays the baseline's
+// (its expf is libmvec's, whose AVX-512 variant rounds differently). k and v rows ldk apart from
+// key 0, ps [start + 1].
+namespace {
+void decode_scores_plain(const float* q, const float* k, int64_t ldk, int64_t keys, int64_t hd,
+                         float scale, float* ps) {
   using gemv_detail::kLanes;
-  const int64_t keys = start + 1;
   for (int64_t j = 0; j < keys; ++j) {
     const float* kj = k + j * ldk;
     float lane[kLanes] = {};
@@ -88,13 +92,67 @@ void decode_head(const float* q, const float* k, const float* v, int64_t ldk, in
     for (int64_t l = 0; e + l < hd; ++l) lane[l] += q[e + l] * kj[e + l];
     ps[j] = scale * gemv_detail::reduce_lanes(lane);
   }
-  kernels::causal_softmax_row(ps, keys, keys);
+}
+
+void decode_context_plain(const float* ps, const float* v, int64_t ldk, int64_t keys, int64_t hd,
+                          float* ctx) {
   for (int64_t e = 0; e < hd; ++e) ctx[e] = 0.0f;
   for (int64_t j = 0; j < keys; ++j) {
     const float pj = ps[j];
     const float* vj = v + j * ldk;
     for (int64_t e = 0; e < hd; ++e) ctx[e] += pj * vj[e];
   }
+}
+
+#if MOE_GEMV_X86
+// The same operations, 16 lanes in one register. A lane past hd adds +0 (0 x 0) to a lane that
+// started at +0 and only ever had products added: it stays what the plain loop leaves it.
+MOE_TARGET_GEMV512 void decode_scores_avx512(const float* q, const float* k, int64_t ldk,
+                                             int64_t keys, int64_t hd, float scale, float* ps) {
+  using gemv_detail::kLanes;
+  for (int64_t j = 0; j < keys; ++j) {
+    const float* kj = k + j * ldk;
+    __m512 lanes = _mm512_setzero_ps();
+    for (int64_t e = 0; e < hd; e += kLanes) {
+      const __mmask16 m = hd - e >= kLanes ? __mmask16(0xffff) : __mmask16((1u << (hd - e)) - 1u);
+      lanes = _mm512_add_ps(
+          lanes, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, q + e), _mm512_maskz_loadu_ps(m, kj + e)));
+    }
+    alignas(64) float lane[kLanes];
+    _mm512_store_ps(lane, lanes);
+    ps[j] = scale * gemv_detail::reduce_lanes(lane);
+  }
+}
+
+MOE_TARGET_GEMV512 void decode_context_avx512(const float* ps, const float* v, int64_t ldk,
+                                              int64_t keys, int64_t hd, float* ctx) {
+  using gemv_detail::kLanes;
+  for (int64_t e = 0; e < hd; e += kLanes) {
+    const __mmask16 m = hd - e >= kLanes ? __mmask16(0xffff) : __mmask16((1u << (hd - e)) - 1u);
+    __m512 c = _mm512_setzero_ps();
+    for (int64_t j = 0; j < keys; ++j)
+      c = _mm512_add_ps(
+          c, _mm512_mul_ps(_mm512_set1_ps(ps[j]), _mm512_maskz_loadu_ps(m, v + j * ldk + e)));
+    _mm512_mask_storeu_ps(ctx + e, m, c);
+  }
+}
+#endif
+}  // namespace
+
+void decode_head(const float* q, const float* k, const float* v, int64_t ldk, int64_t start,
+                 int64_t hd, float scale, float* ps, float* ctx, bool wide) {
+  const int64_t keys = start + 1;
+#if MOE_GEMV_X86
+  if (wide) {
+    decode_scores_avx512(q, k, ldk, keys, hd, scale, ps);
+    kernels::causal_softmax_row(ps, keys, keys);
+    decode_context_avx512(ps, v, ldk, keys, hd, ctx);
+    return;
+  }
+#endif
+  decode_scores_plain(q, k, ldk, keys, hd, scale, ps);
+  kernels::causal_softmax_row(ps, keys, keys);
+  decode_context_plain(ps, v, ldk, keys, hd, ctx);
 }
 
 void attention_forward_cached(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
@@ -138,7 +196,7 @@ void attention_forward_cached(const Tensor& q, const Tensor& k_cache, const Tens
     // forward's products, so its logits equal the full forward's bit for bit.
     if (t == 1 && start > 0) {
       decode_head(qs + q_offset, ks + kv_offset, vs + kv_offset, ldk, start, hd, scale, ps,
-                  cs + q_offset);
+                  cs + q_offset, gemv_detail::avx512_available());
       return;
     }
     sgemm(false, true, t, keys, hd, scale, qs + q_offset, ldq, ks + kv_offset, ldk, 0.0f, ps, keys);

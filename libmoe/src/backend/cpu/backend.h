@@ -57,6 +57,10 @@ void attention_backward(const Tensor& dctx, const Tensor& q, const Tensor& k, co
 void attention_forward_cached(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                               int64_t heads, int64_t kv_heads, const ops::CachedRows& rows,
                               Tensor& ctx);
+// One head of one decode query (attention.cpp): scores against keys 0..start, the causal
+// softmax, the context. wide: the AVX-512 loops (same bits; only where avx512_available()).
+void decode_head(const float* q, const float* k, const float* v, int64_t ldk, int64_t start,
+                 int64_t hd, float scale, float* ps, float* ctx, bool wide);
 void cross_entropy_rows(const Tensor& logits, const Tensor& targets, float grad_scale,
                         Tensor* dlogits, Tensor& nll);
 
