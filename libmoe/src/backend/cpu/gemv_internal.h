@@ -22,6 +22,7 @@ inline constexpr int64_t kLanes = 16;
 // Output rows per parallel task: small enough that a 512-row matrix still feeds 2+ threads,
 // large enough that the fork's cost is spread over some 100 KB of weights.
 inline constexpr int64_t kRowsPerTask = 16;
+static_assert(kRowsPerTask % kQ8Group == 0, "a task's rows start a Q8_0 row group (gemv.h)");
 
 // The fixed reduction of the 16 lanes (halves: 8, 4, 2, 1), shared by every path.
 inline float reduce_lanes(float* lane) {
