@@ -94,7 +94,9 @@ const char* safetensors_dtype_name(DType dtype) {
     case DType::u8:
       return "U8";
     case DType::q8_0:
-      break;  // in memory only (moe/dtype.h)
+      throw Error(
+          "safetensors: q8_0 row groups exist in memory only (a quantised checkpoint's files "
+          "hold Q8_0 rows as u8)");
   }
   throw Error(str("safetensors: no name for dtype ", static_cast<int>(dtype)));
 }
