@@ -76,7 +76,7 @@ MOE_TARGET_GEMV512 inline __m512 load_weights(const WeightMatrix& w, int64_t o, 
   } else if constexpr (F == WeightFormat::f16) {
     return _mm512_cvtph_ps(
         _mm256_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(w.data) + at));
-  } else {  // never called: Q8_0 widens by pairs (widen_row_avx512_f), multiplies in gemv_q8
+  } else {  // never here: Q8_0 widens by pairs (widen_q8_group_avx512), multiplies in gemv_q8
     return _mm512_setzero_ps();
   }
 }
@@ -180,15 +180,6 @@ void rows_avx512(const GemvProblem& p, int64_t begin, int64_t end) {
 }
 
 // Row o of w widened to f32 into dst (prefill's scratch): the kernel's own loads, 16 at a time.
-template <WeightFormat F>
-MOE_TARGET_GEMV512 void widen_row_avx512_f(const WeightMatrix& w, int64_t o, float* dst) {
-  for (int64_t j = 0; j < w.in; j += kLanes) {
-    const int64_t n = std::min(kLanes, w.in - j);
-    const __mmask16 mask = static_cast<__mmask16>((1u << n) - 1u);
-    _mm512_mask_storeu_ps(dst + j, mask, load_weights<F>(w, o, j, mask));
-  }
-}
-
 // Q8_0 rows [begin, end) of one row group, widened pair by pair (the group's bytes in order), 16
 // values of a block at a time times the block's scale, into dst [end - begin, in].
 MOE_TARGET_GEMV512 void widen_q8_group_avx512(const WeightMatrix& w, int64_t begin, int64_t end,
@@ -208,6 +199,19 @@ MOE_TARGET_GEMV512 void widen_q8_group_avx512(const WeightMatrix& w, int64_t beg
             _mm512_mul_ps(_mm512_set1_ps(scale), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q))));
       }
     }
+}
+
+template <WeightFormat F>
+MOE_TARGET_GEMV512 void widen_row_avx512_f(const WeightMatrix& w, int64_t o, float* dst) {
+  if constexpr (F == WeightFormat::q8_0) {
+    widen_q8_group_avx512(w, o, o + 1, dst);  // widen_rows takes whole groups instead
+  } else {
+    for (int64_t j = 0; j < w.in; j += kLanes) {
+      const int64_t n = std::min(kLanes, w.in - j);
+      const __mmask16 mask = static_cast<__mmask16>((1u << n) - 1u);
+      _mm512_mask_storeu_ps(dst + j, mask, load_weights<F>(w, o, j, mask));
+    }
+  }
 }
 
 void widen_row_avx512(const WeightMatrix& w, int64_t o, float* dst) {
