@@ -241,21 +241,19 @@ void quantize_weights(Model& m, bool lean) {
   for (Param* p : m.params->all()) {
     if (!io::quantizable(p->name, p->value.shape())) continue;
     const int64_t in = p->value.shape().back(), rows = p->value.numel() / in;
-    const int64_t out = p->value.dim(p->value.ndim() - 2), row_bytes = cpu::q8_row_bytes(in);
-    std::vector<uint8_t> q(static_cast<size_t>(rows * row_bytes));
+    const int64_t row_bytes = cpu::q8_row_bytes(in);
+    Shape shape = p->value.shape();
+    shape.back() = row_bytes;
+    Tensor q = Tensor::empty(shape, DType::u8);
+    uint8_t* qs = q.data<uint8_t>();
     for (int64_t r = 0; r < rows; ++r)
-      cpu::quantize_q8_0_row(p->value.data<float>() + r * in, in, q.data() + r * row_bytes);
+      cpu::quantize_q8_0_row(p->value.data<float>() + r * in, in, qs + r * row_bytes);
     if (lean) {
-      Shape shape = p->value.shape();
-      shape.back() = cpu::q8_group_row_bytes(in);
-      p->value = Tensor::empty(shape, DType::q8_0);
-      for (int64_t matrix = 0; matrix < rows / out; ++matrix)
-        cpu::pack_q8_0(q.data() + matrix * out * row_bytes, out, in,
-                       static_cast<uint8_t*>(p->value.raw()) + matrix * out * shape.back());
+      p->value = cpu::pack_q8_0(q, in);
       m.q8_in[p->name] = in;
     } else {
       for (int64_t r = 0; r < rows; ++r)
-        cpu::dequantize_q8_0_row(q.data() + r * row_bytes, in, p->value.data<float>() + r * in);
+        cpu::dequantize_q8_0_row(qs + r * row_bytes, in, p->value.data<float>() + r * in);
     }
     p->refresh_compute();
   }

@@ -165,13 +165,7 @@ void put_q8_0(Param& p, const Tensor& tensor, const std::string& source) {
                 row, " block ", b, " has scale ", scale,
                 " (a Q8_0 scale is finite and >= 0): the file is damaged");
     }
-  const int64_t out = shape[shape.size() - 2];
-  Shape packed = shape;
-  packed.back() = cpu::q8_group_row_bytes(in);
-  p.value = Tensor::empty(packed, DType::q8_0);
-  for (int64_t matrix = 0; matrix < rows / out; ++matrix)
-    cpu::pack_q8_0(bytes + matrix * out * row_bytes, out, in,
-                   static_cast<uint8_t*>(p.value.raw()) + matrix * out * packed.back());
+  p.value = cpu::pack_q8_0(tensor, in);
   p.value.set_name(p.name);
   p.compute = p.value;
   p.grad = Tensor();

@@ -488,6 +488,19 @@ WeightMatrix weight_matrix(const Tensor& w, int64_t index, int64_t in) {
   return m;
 }
 
+Tensor pack_q8_0(const Tensor& rows, int64_t in) {
+  MOE_CHECK(rows.ndim() >= 2 && rows.dim(rows.ndim() - 1) == q8_row_bytes(in),
+            "pack_q8_0: ", rows.describe(), " does not hold Q8_0 rows of ", in, " elements");
+  const int64_t out = rows.dim(rows.ndim() - 2), matrices = rows.numel() / (out * q8_row_bytes(in));
+  Shape shape = rows.shape();
+  shape.back() = q8_group_row_bytes(in);
+  Tensor groups = Tensor::empty(shape, DType::q8_0);
+  for (int64_t m = 0; m < matrices; ++m)
+    pack_q8_0(rows.data<uint8_t>() + m * out * q8_row_bytes(in), out, in,
+              static_cast<uint8_t*>(groups.raw()) + m * out * shape.back());
+  return groups;
+}
+
 bool gemv_applies(int64_t m) { return gemv_enabled && m >= 1 && m <= kGemvMaxRows; }
 void set_gemv_enabled(bool enabled) { gemv_enabled = enabled; }
 

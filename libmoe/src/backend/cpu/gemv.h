@@ -130,6 +130,10 @@ class Tensor;
 }
 namespace moe::cpu {
 
+// A u8 tensor of Q8_0 rows [.., out, q8_row_bytes(in)] (as files hold them) as a DType::q8_0
+// tensor of row groups [.., out, q8_group_row_bytes(in)], each matrix packed on its own.
+Tensor pack_q8_0(const Tensor& rows, int64_t in);
+
 // Matrix `index` of a weight tensor [.., out, in] (f32, bf16 or f16) or of a DType::q8_0 tensor
 // [.., out, q8_group_row_bytes(in)] holding Q8_0 row groups (`in` given), as the kernels read it.
 WeightMatrix weight_matrix(const Tensor& w, int64_t index = 0, int64_t in = 0);
