@@ -102,6 +102,43 @@ TEST_CASE("dense: rope matches the rotate-half formula and inverts", "[dense]") 
   REQUIRE_THROWS_WITH(ops::rope_forward(odd, 1, 2, 2, theta, odd), Catch::Contains("odd"));
 }
 
+// The CPU keeps the last call's cos/sin table (a decode step rotates q and k of every layer at the
+// same positions): a call that differs from the one before in any of positions, length, head width
+// or theta must still get its own angles.
+TEST_CASE("dense: rope after a call at other positions, lengths, widths or theta", "[dense]") {
+  struct Call {
+    int64_t seq, heads, offset;
+    float theta;
+  };
+  const int64_t width = 24;
+  const Call calls[] = {{2, 3, 7, 10000.0f}, {2, 3, 8, 10000.0f}, {3, 3, 8, 10000.0f},
+                        {3, 6, 8, 10000.0f}, {3, 6, 8, 500.0f},   {2, 3, 7, 10000.0f}};
+  Tensor first;
+  for (const Call& c : calls) {
+    INFO("seq " << c.seq << " heads " << c.heads << " offset " << c.offset << " theta " << c.theta);
+    const int64_t hd = width / c.heads;
+    Tensor x = test::random_tensor({c.seq, width}, 26), y = Tensor::empty(x.shape());
+    ops::rope_forward(x, 1, c.seq, c.heads, c.theta, y, c.offset);
+    const float* xs = x.data<float>();
+    const float* ys = y.data<float>();
+    for (int64_t t = 0; t < c.seq; ++t)
+      for (int64_t h = 0; h < c.heads; ++h)
+        for (int64_t i = 0; i < hd / 2; ++i) {
+          const double angle =
+              (c.offset + t) * std::pow(static_cast<double>(c.theta), -2.0 * i / hd);
+          const int64_t base = t * width + h * hd;
+          const double x1 = xs[base + i], x2 = xs[base + i + hd / 2];
+          require_close(ys[base + i], x1 * std::cos(angle) - x2 * std::sin(angle), 1e-5);
+          require_close(ys[base + i + hd / 2], x2 * std::cos(angle) + x1 * std::sin(angle), 1e-5);
+        }
+    if (!first.defined()) {
+      first = y;
+    } else if (&c == &calls[5]) {  // the first call again: the same bits
+      REQUIRE(bitwise_equal(y, first));
+    }
+  }
+}
+
 TEST_CASE("dense: causal GQA attention matches a naive triple loop", "[dense]") {
   const ops::AttentionShape s{2, 7, 4, 2, 8};
   const int64_t n = s.batch * s.seq, group = s.heads / s.kv_heads;

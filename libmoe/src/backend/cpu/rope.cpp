@@ -1,5 +1,6 @@
 // Rotary position embedding over [B*T, heads*hd] activations (HF "rotate half" convention).
-// A cos/sin table [T, hd/2] is built once per call; rows are rotated in parallel.
+// A cos/sin table [T, hd/2] is built when the positions change (kept per thread); rows are
+// rotated in parallel.
 #include "kernels/rope.h"
 
 #include <vector>
@@ -9,18 +10,47 @@
 
 namespace moe::cpu {
 
+namespace {
+
+// The cos/sin table [T, hd/2] of the last call on this thread, kept with what it was built for: a
+// decode step rotates q and k of every layer at the same positions, and each of those 2 x layers
+// calls used to build the same table again (hd/2 powf, hd cosf/sinf, two heap vectors). A rebuilt
+// table holds the same values: the same calls in the same order.
+struct RopeTable {
+  int64_t seq = -1, half = 0, head_dim = 0, position_offset = 0;
+  float theta = 0.0f;
+  std::vector<float> cos, sin;  // kept between calls: a warm step allocates nothing here
+
+  bool holds(int64_t s, int64_t h, int64_t hd, int64_t offset, float t) const {
+    return seq == s && half == h && head_dim == hd && position_offset == offset && theta == t;
+  }
+  void build(int64_t s, int64_t h, int64_t hd, int64_t offset, float t) {
+    seq = -1;  // not valid until filled
+    cos.resize(static_cast<size_t>(s * h));
+    sin.resize(static_cast<size_t>(s * h));
+    float* cs = cos.data();
+    float* ss = sin.data();
+#pragma omp parallel for schedule(static) if (s * h >= kParallelWork)
+    for (int64_t p = 0; p < s; ++p)
+      for (int64_t i = 0; i < h; ++i) {
+        const float angle = kernels::rope_angle(offset + p, i, hd, t);
+        cs[p * h + i] = cosf(angle);
+        ss[p * h + i] = sinf(angle);
+      }
+    seq = s, half = h, head_dim = hd, position_offset = offset, theta = t;
+  }
+};
+
+}  // namespace
+
 void rope_apply(const Tensor& x, int64_t batch, int64_t seq, int64_t heads, float theta, Tensor& y,
                 int64_t position_offset, bool inverse) {
   const int64_t width = x.dim(1), head_dim = width / heads, half = head_dim / 2;
-  std::vector<float> cos_table(static_cast<size_t>(seq * half)),
-      sin_table(static_cast<size_t>(seq * half));
-#pragma omp parallel for schedule(static) if (seq * half >= kParallelWork)
-  for (int64_t t = 0; t < seq; ++t)
-    for (int64_t i = 0; i < half; ++i) {
-      const float angle = kernels::rope_angle(position_offset + t, i, head_dim, theta);
-      cos_table[t * half + i] = cosf(angle);
-      sin_table[t * half + i] = sinf(angle);
-    }
+  thread_local RopeTable table;
+  if (!table.holds(seq, half, head_dim, position_offset, theta))
+    table.build(seq, half, head_dim, position_offset, theta);
+  const std::vector<float>& cos_table = table.cos;
+  const std::vector<float>& sin_table = table.sin;
   const float* xs = x.data<float>();
   float* ys = y.data<float>();
   const int64_t rows = batch * seq;
