@@ -171,8 +171,9 @@ TEST_CASE("decode: one head's cached attention gives the same bits with AVX-512 
         worst = std::max(worst, std::fabs(double(c1[size_t(e)]) - ref) / std::max(mag, 1e-30));
       }
       // f32: `keys` rounded products and keys - 1 rounded additions (the first adds to 0
-      // exactly), each within 2^-24 of sum |terms|; the worst case, (2 keys - 1) x 2^-24, needs
-      // every rounding to go one way, and this bound is half of it (see the issue note).
+      // exactly), each within 2^-24 of sum |terms|. The worst case, (2 keys - 1) x 2^-24, needs
+      // every rounding to go the same way; this bound is about half of it, and it holds because
+      // independent roundings cancel in part (their sum grows like sqrt(keys), far below it).
       CHECK(worst <= double(keys) * 6e-8);
     }
 }

@@ -29,6 +29,25 @@ void require_close(float a, double b, double rel) {
   REQUIRE(std::fabs(a - b) <= rel * std::max(1.0, std::fabs(b)));
 }
 
+// y = rope(x) by the rotate-half formula in double: rows are [batch * seq, heads * hd], row
+// (b, t) at position offset + t.
+void check_rope(const Tensor& x, const Tensor& y, int64_t batch, int64_t seq, int64_t heads,
+                int64_t offset, float theta) {
+  const int64_t width = x.dim(1), hd = width / heads;
+  const float* xs = x.data<float>();
+  const float* ys = y.data<float>();
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t t = 0; t < seq; ++t)
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t i = 0; i < hd / 2; ++i) {
+          const double angle = (offset + t) * std::pow(static_cast<double>(theta), -2.0 * i / hd);
+          const int64_t base = (b * seq + t) * width + h * hd;
+          const double x1 = xs[base + i], x2 = xs[base + i + hd / 2];
+          require_close(ys[base + i], x1 * std::cos(angle) - x2 * std::sin(angle), 1e-5);
+          require_close(ys[base + i + hd / 2], x2 * std::cos(angle) + x1 * std::sin(angle), 1e-5);
+        }
+}
+
 using test::bitwise_equal;
 using test::ThreadGuard;
 
@@ -75,18 +94,8 @@ TEST_CASE("dense: rope matches the rotate-half formula and inverts", "[dense]") 
   Tensor x = test::random_tensor({batch * seq, heads * hd}, 24);
   Tensor y = Tensor::empty(x.shape());
   ops::rope_forward(x, batch, seq, heads, theta, y, offset);
+  check_rope(x, y, batch, seq, heads, offset, theta);
   const float* xs = x.data<float>();
-  const float* ys = y.data<float>();
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t t = 0; t < seq; ++t)
-      for (int64_t h = 0; h < heads; ++h)
-        for (int64_t i = 0; i < hd / 2; ++i) {
-          const double angle = (offset + t) * std::pow(static_cast<double>(theta), -2.0 * i / hd);
-          const int64_t base = (b * seq + t) * heads * hd + h * hd;
-          const double x1 = xs[base + i], x2 = xs[base + i + hd / 2];
-          require_close(ys[base + i], x1 * std::cos(angle) - x2 * std::sin(angle), 1e-5);
-          require_close(ys[base + i + hd / 2], x2 * std::cos(angle) + x1 * std::sin(angle), 1e-5);
-        }
   // The backward is the inverse rotation; in place gives the same bits as out of place.
   Tensor back = Tensor::empty(x.shape());
   ops::rope_backward(y, batch, seq, heads, theta, back, offset);
@@ -116,21 +125,9 @@ TEST_CASE("dense: rope after a call at other positions, lengths, widths or theta
   Tensor first;
   for (const Call& c : calls) {
     INFO("seq " << c.seq << " heads " << c.heads << " offset " << c.offset << " theta " << c.theta);
-    const int64_t hd = width / c.heads;
     Tensor x = test::random_tensor({c.seq, width}, 26), y = Tensor::empty(x.shape());
     ops::rope_forward(x, 1, c.seq, c.heads, c.theta, y, c.offset);
-    const float* xs = x.data<float>();
-    const float* ys = y.data<float>();
-    for (int64_t t = 0; t < c.seq; ++t)
-      for (int64_t h = 0; h < c.heads; ++h)
-        for (int64_t i = 0; i < hd / 2; ++i) {
-          const double angle =
-              (c.offset + t) * std::pow(static_cast<double>(c.theta), -2.0 * i / hd);
-          const int64_t base = t * width + h * hd;
-          const double x1 = xs[base + i], x2 = xs[base + i + hd / 2];
-          require_close(ys[base + i], x1 * std::cos(angle) - x2 * std::sin(angle), 1e-5);
-          require_close(ys[base + i + hd / 2], x2 * std::cos(angle) + x1 * std::sin(angle), 1e-5);
-        }
+    check_rope(x, y, 1, c.seq, c.heads, c.offset, c.theta);
     if (!first.defined()) {
       first = y;
     } else if (&c == &calls[5]) {  // the first call again: the same bits

@@ -17,14 +17,16 @@ namespace {
 // calls used to build the same table again (hd/2 powf, hd cosf/sinf, two heap vectors). A rebuilt
 // table holds the same values: the same calls in the same order.
 struct RopeTable {
-  int64_t seq = -1, half = 0, head_dim = 0, position_offset = 0;
+  int64_t seq = -1, head_dim = 0, position_offset = 0;
   float theta = 0.0f;
-  std::vector<float> cos, sin;  // kept between calls: a warm step allocates nothing here
+  // [seq, head_dim / 2] each, kept between calls: a warm step allocates nothing here
+  std::vector<float> cos, sin;
 
-  bool holds(int64_t s, int64_t h, int64_t hd, int64_t offset, float t) const {
-    return seq == s && half == h && head_dim == hd && position_offset == offset && theta == t;
+  bool holds(int64_t s, int64_t hd, int64_t offset, float t) const {
+    return seq == s && head_dim == hd && position_offset == offset && theta == t;
   }
-  void build(int64_t s, int64_t h, int64_t hd, int64_t offset, float t) {
+  void build(int64_t s, int64_t hd, int64_t offset, float t) {
+    const int64_t h = hd / 2;
     seq = -1;  // not valid until filled
     cos.resize(static_cast<size_t>(s * h));
     sin.resize(static_cast<size_t>(s * h));
@@ -37,7 +39,7 @@ struct RopeTable {
         cs[p * h + i] = cosf(angle);
         ss[p * h + i] = sinf(angle);
       }
-    seq = s, half = h, head_dim = hd, position_offset = offset, theta = t;
+    seq = s, head_dim = hd, position_offset = offset, theta = t;
   }
 };
 
@@ -47,10 +49,8 @@ void rope_apply(const Tensor& x, int64_t batch, int64_t seq, int64_t heads, floa
                 int64_t position_offset, bool inverse) {
   const int64_t width = x.dim(1), head_dim = width / heads, half = head_dim / 2;
   thread_local RopeTable table;
-  if (!table.holds(seq, half, head_dim, position_offset, theta))
-    table.build(seq, half, head_dim, position_offset, theta);
-  const std::vector<float>& cos_table = table.cos;
-  const std::vector<float>& sin_table = table.sin;
+  if (!table.holds(seq, head_dim, position_offset, theta))
+    table.build(seq, head_dim, position_offset, theta);
   const float* xs = x.data<float>();
   float* ys = y.data<float>();
   const int64_t rows = batch * seq;
@@ -59,7 +59,7 @@ void rope_apply(const Tensor& x, int64_t batch, int64_t seq, int64_t heads, floa
     const int64_t t = r % seq;
     for (int64_t h = 0; h < heads; ++h)
       kernels::rope_rotate_head(xs + r * width + h * head_dim, ys + r * width + h * head_dim,
-                                cos_table.data() + t * half, sin_table.data() + t * half, head_dim,
+                                table.cos.data() + t * half, table.sin.data() + t * half, head_dim,
                                 inverse);
   }
 }
