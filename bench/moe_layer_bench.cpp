@@ -490,8 +490,12 @@ int run_cuda(const Options& opt) {
   } else if (opt.quick) {
     shapes.push_back({256, 8, 2, 2048});
   } else {
-    for (int64_t d : {1024, 2048, 4096})
+    // D 4096 with 64 experts is left out: its weights (64 x 16384 x 4096 floats, 17 GB for the
+    // GEMM rows and twice that in the layer) are about 50 GB of host memory to fill before they
+    // reach the GPU, which took longer than the rest of the table. --shape runs it.
+    for (int64_t d : {1024, 2048})
       for (int64_t e : {8, 64}) shapes.push_back({d, e, 2, 8192});
+    shapes.push_back({4096, 8, 2, 8192});
   }
   std::printf("# moe-bench --device %s: %s, %s, expert streams %d\n", gpu.str().c_str(),
               cuda::device_name(gpu.index).c_str(), bench::now_utc().c_str(),
@@ -549,6 +553,7 @@ int run_cuda(const Options& opt) {
                 static_cast<long>(E), static_cast<long>(s.top_k), static_cast<long>(s.tokens),
                 dense_rate, grouped_rate, grouped_rate / dense_rate, layer_rate,
                 layer_rate / dense_rate);
+    std::fflush(stdout);  // each row as it is measured, also through a pipe
   }
   return tools::finish_stdout("moe-bench");
 }

@@ -95,8 +95,19 @@ fi
 # shapes: the fastest of its dense and per-product rows), and over its FMA peak (moe-bench's
 # register-only multiply-adds: no GEMM can go faster), are the least time a step can take even
 # if everything else took none; tokens per step over them are the most tokens/s any kernel of
-# ours could reach. moe-train's own GEMM rate in the step is beside them.
-if [ -x "$bin/moe-bench" ]; then
+# ours could reach. moe-train's own GEMM rate in the step is beside them. Under --device cuda
+# both are the host CPU's, not the GPU's, and the -v parts are host times (a part that waits on
+# the GPU holds the work queued before it), so the bound is left out there.
+on_gpu=0
+prev=""
+for f in "${model[@]}"; do
+  case "$prev=$f" in --device=cuda*|*=--device=cuda*) on_gpu=1 ;; esac
+  prev=$f
+done
+if [ $on_gpu = 1 ]; then
+  echo "# GEMM bound: not printed under --device cuda (moe-bench's rates are the host CPU's);"
+  echo "# the breakdown below is host time: a part that waits on the GPU holds the work queued before it"
+elif [ -x "$bin/moe-bench" ]; then
   "$bin/moe-bench" --threads "$threads" --shape 512,8,2,2048 --json >"$work/bench.json"
   "$python" - "$work/metrics.jsonl" "$warmup" "$work/bench.json" "$torch_median" <<'EOF'
 import json, statistics, sys
