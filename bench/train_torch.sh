@@ -107,6 +107,7 @@ done
 if [ $on_gpu = 1 ]; then
   echo "# GEMM bound: not printed under --device cuda (moe-bench's rates are the host CPU's);"
   echo "# the breakdown below is host time: a part that waits on the GPU holds the work queued before it"
+  echo "# (moe-train -v --breakdown-sync gives each part its GPU time, at the cost of the step's overlap)"
 elif [ -x "$bin/moe-bench" ]; then
   "$bin/moe-bench" --threads "$threads" --shape 512,8,2,2048 --json >"$work/bench.json"
   "$python" - "$work/metrics.jsonl" "$warmup" "$work/bench.json" "$torch_median" <<'EOF'

@@ -58,6 +58,7 @@ TEST_CASE("cli: moe-train --help documents every flag, --version answers", "[cli
                            "--checkpoint-every",
                            "--eval-every",
                            "--metrics",
+                           "--breakdown-sync",
                            "--threads",
                            "--seed",
                            "--config",
@@ -150,6 +151,20 @@ TEST_CASE("cli: -v prints where the steps' time goes, and --metrics gets it per 
   CHECK(last["step_breakdown"]["gemm"].get<double>() > 0);
   CHECK(sum > 0);
   CHECK(sum <= 1.0 / last["tokens_per_s"].get<double>() * 4 * 16 * 1.01);  // the step's seconds
+}
+
+TEST_CASE("cli: --breakdown-sync needs -v and a GPU", "[cli]") {
+  test::ScratchDir dir("cli-breakdown-sync");
+  const std::string base =
+      "--data " + test::fortunes_path("linux") + kTiny + " --steps 1 --out " + dir.path();
+  auto quiet = run_command(train(base + " --breakdown-sync --device cuda"));
+  CHECK(quiet.exit_code == 2);
+  CHECK(quiet.err.find("--breakdown-sync times the step breakdown that -v prints") !=
+        std::string::npos);
+  auto cpu = run_command(train(base + " -v --breakdown-sync"));
+  CHECK(cpu.exit_code == 2);
+  CHECK(cpu.err.find("--breakdown-sync applies to --device cuda") != std::string::npos);
+  CHECK(!std::filesystem::exists(dir / "last.h5"));  // refused before any work
 }
 
 TEST_CASE("cli: resuming from a checkpoint continues exactly", "[cli]") {

@@ -137,6 +137,29 @@ TEST_CASE("cuda: moe-distill --device cuda distils a student the CPU can score",
     REQUIRE(std::isfinite(j["nll_mean"].get<double>()));
 }
 
+TEST_CASE("cuda: moe-train -v --breakdown-sync trains with the device waited for at each part",
+          "[cuda]") {
+  MOE_REQUIRE_CUDA_DEVICE();
+  test::ScratchDir dir("cuda-cli-breakdown-sync");
+  auto r = test::run_command(test::tool_path("moe-train") + " --data " +
+                             test::fortunes_path("linux") + " --out " + dir.path() + kTiny +
+                             " --steps 4 --log-every 2 --eval-every 0 --metrics - --device cuda" +
+                             " -v --breakdown-sync");
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.err.find("time per step (2 steps): ") != std::string::npos);
+  nlohmann::json last =
+      nlohmann::json::parse(r.out.substr(r.out.rfind('\n', r.out.size() - 2) + 1));
+  REQUIRE(last.contains("step_breakdown"));
+  // The waits go through the trainer's device (the order of wait and clock read is the unit
+  // test's): the parts, waits included, are still the step's own seconds.
+  double sum = 0;
+  for (const auto& [part, seconds] : last["step_breakdown"].items()) sum += seconds.get<double>();
+  CHECK(last["step_breakdown"]["gemm"].get<double>() > 0);
+  CHECK(sum <= 1.0 / last["tokens_per_s"].get<double>() * last["tokens_seen"].get<double>() /
+                   last["step"].get<double>() * 1.01);
+}
+
 TEST_CASE("cuda: mpiexec -n 2 moe-train --device cuda trains over NCCL, one GPU per rank",
           "[cuda]") {
   MOE_REQUIRE_CUDA_DEVICE();

@@ -1,6 +1,7 @@
 // StepBreakdown (moe/step_breakdown.h): exclusive accounting of nested scopes, parts that add up
-// to the recorded span, nothing recorded off the recording thread or without a recording, and a
-// training step's breakdown (Trainer::record_breakdown) whose parts are the step's own time.
+// to the recorded span, nothing recorded off the recording thread or without a recording, a wait
+// (a GPU's synchronize) before every clock read when asked, and a training step's breakdown
+// (Trainer::record_breakdown) whose parts are the step's own time.
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <thread>
@@ -78,6 +79,49 @@ TEST_CASE("step breakdown: nothing is recorded without a recording or on other t
   sum += b;
   sum += b;
   CHECK(sum.total() == Approx(2 * b.total()));
+}
+
+namespace {
+// A stand-in for a GPU's synchronize: `queued` milliseconds of work wait until the next call.
+int waits = 0, wait_arg_seen = -1, queued_ms = 0;
+void wait_for_queue(int arg) {
+  ++waits;
+  wait_arg_seen = arg;
+  spend(queued_ms);
+  queued_ms = 0;
+}
+}  // namespace
+
+TEST_CASE("step breakdown: with a wait, a part holds the work it queued", "[unit]") {
+  StepBreakdown b;
+  waits = 0, queued_ms = 0;
+  {
+    StepRecording recording(b, &wait_for_queue, 3);
+    {
+      PartScope gemm(StepPart::gemm);
+      queued_ms = 30;  // queued, not done: the wait at the part's end does it
+    }
+    {
+      PartScope elementwise(StepPart::elementwise);  // waits for nothing
+    }
+  }
+  // Every clock read waited first: the recording's start and end, each scope's start and end.
+  CHECK(waits == 6);
+  CHECK(wait_arg_seen == 3);
+  // The wait runs before the clock is read, so the queued work is charged to the part that
+  // queued it (read the clock first and it would go to the next part).
+  CHECK(b[StepPart::gemm] >= 0.030);
+  // Without a wait nothing waits for the queue.
+  StepBreakdown plain;
+  waits = 0;
+  {
+    StepRecording recording(plain);
+    PartScope gemm(StepPart::gemm);
+    queued_ms = 30;
+  }
+  CHECK(waits == 0);
+  CHECK(queued_ms == 30);
+  queued_ms = 0;
 }
 
 TEST_CASE("step breakdown: a training step's parts are its own seconds", "[unit]") {

@@ -121,6 +121,12 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
   if (!o.train.tasks.empty() && app.get_option("--batch")->count())
     throw UsageError("--batch does not apply with --tasks: each task's batch is in " +
                      o.train.tasks + " (the step's batch is their total)");
+  if (o.breakdown_sync && o.common.verbose == 0)
+    throw UsageError("--breakdown-sync times the step breakdown that -v prints: add -v");
+  if (o.breakdown_sync && Device::parse(o.device).kind != Device::cuda)
+    throw UsageError(
+        "--breakdown-sync applies to --device cuda (on the CPU every part of -v's "
+        "breakdown is already its own time)");
   train::TrainConfig flags_train = o.train;
   flags_train.seed = o.common.seed;
   const train::GivenFlags given = given_flags(o, app);
@@ -242,7 +248,7 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
   // -v: where each step's time goes (moe/step_breakdown.h), summed over the steps since the last
   // printed line and printed as seconds per step and shares under it.
   const bool breakdown = o.common.verbose > 0 && lead;
-  trainer.record_breakdown(breakdown);
+  trainer.record_breakdown(breakdown, o.breakdown_sync);
   StepBreakdown breakdown_sum;
   int64_t breakdown_steps = 0;
 

@@ -26,6 +26,7 @@ struct TrainOptions {
   bool force = false;  // write into a directory that holds another run's checkpoints
   // Also before the first step (a resumed run: the state it restored, in this run's layout).
   bool checkpoint_at_start = false;
+  bool breakdown_sync = false;            // -v on a GPU: synchronise at every part boundary
   std::vector<CLI::Option*> model_flags;  // flags that a resumed run must not contradict
   std::vector<CLI::Option*> train_flags;  // flags that override a resumed run's training config
 };
@@ -112,6 +113,10 @@ inline void add_train_options(CLI::App& app, TrainOptions& o) {
   io->add_option("--log-every", o.log_every, "Progress/metrics line every N steps")
       ->check(positive())
       ->capture_default_str();
+  io->add_flag("--breakdown-sync", o.breakdown_sync,
+               "With -v and --device cuda: wait for the GPU at each part of the step breakdown, "
+               "so each part holds its own GPU time (slower steps; without it the parts are "
+               "host times)");
 
   auto* mg = group("Model (taken from the checkpoint with --resume or --init)");
   auto model_opt = [&](CLI::Option* opt) {

@@ -53,9 +53,17 @@ struct StepRecorder {
   StepBreakdown* into = nullptr;
   StepPart current = StepPart::other;
   std::chrono::steady_clock::time_point mark;
+  // Called before each reading of the clock when set (a GPU's synchronize, with its index): the
+  // work a part queued on the device is then charged to that part, not to the next one that waits.
+  void (*wait)(int) = nullptr;
+  int wait_arg = 0;
   void charge(std::chrono::steady_clock::time_point now) {
     (*into)[current] += std::chrono::duration<double>(now - mark).count();
     mark = now;
+  }
+  std::chrono::steady_clock::time_point settle_now() const {
+    if (wait) wait(wait_arg);
+    return std::chrono::steady_clock::now();
   }
 };
 // This thread's recorder (null: not recording). A thread_local inside an inline function is one
@@ -68,10 +76,12 @@ inline StepRecorder*& current_recorder() {
 }
 }  // namespace detail
 
-// Records this thread's time into `into` (added to what it holds) for its lifetime.
+// Records this thread's time into `into` (added to what it holds) for its lifetime. With `wait`,
+// every part boundary first calls wait(wait_arg) (e.g. cuda::synchronize and the device), so the
+// parts hold the device's time of their own work; the waits slow the step down.
 class StepRecording {
  public:
-  explicit StepRecording(StepBreakdown& into);
+  explicit StepRecording(StepBreakdown& into, void (*wait)(int) = nullptr, int wait_arg = 0);
   ~StepRecording();
   StepRecording(const StepRecording&) = delete;
   StepRecording& operator=(const StepRecording&) = delete;
@@ -93,7 +103,7 @@ class PartScope {
  public:
   explicit PartScope(StepPart part) {
     if (detail::StepRecorder* r = detail::current_recorder()) {
-      r->charge(std::chrono::steady_clock::now());
+      r->charge(r->settle_now());
       previous_ = r->current;
       r->current = part;
       recorder_ = r;
@@ -101,7 +111,7 @@ class PartScope {
   }
   ~PartScope() {
     if (recorder_) {
-      recorder_->charge(std::chrono::steady_clock::now());
+      recorder_->charge(recorder_->settle_now());
       recorder_->current = previous_;
     }
   }

@@ -54,8 +54,11 @@ std::string StepBreakdown::describe(double per) const {
   return text;
 }
 
-StepRecording::StepRecording(StepBreakdown& into) : outer_(detail::current_recorder()) {
-  const auto now = std::chrono::steady_clock::now();
+StepRecording::StepRecording(StepBreakdown& into, void (*wait)(int), int wait_arg)
+    : outer_(detail::current_recorder()) {
+  recorder_.wait = wait;
+  recorder_.wait_arg = wait_arg;
+  const auto now = recorder_.settle_now();
   if (outer_) outer_->charge(now);  // a nested recording takes over until it ends
   recorder_.into = &into;
   recorder_.mark = now;
@@ -63,7 +66,7 @@ StepRecording::StepRecording(StepBreakdown& into) : outer_(detail::current_recor
 }
 
 StepRecording::~StepRecording() {
-  const auto now = std::chrono::steady_clock::now();
+  const auto now = recorder_.settle_now();
   recorder_.charge(now);
   detail::current_recorder() = outer_;
   if (outer_) outer_->mark = now;

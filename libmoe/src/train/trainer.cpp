@@ -392,7 +392,13 @@ StepStats Trainer::step(bool capture_routing) {
   Timer timer;
   StepStats s;
   std::optional<StepRecording> recording;
-  if (record_breakdown_) recording.emplace(s.breakdown);
+  if (record_breakdown_) {
+    const Device device = params_->device();
+    if (breakdown_waits_ && device.kind == Device::cuda)
+      recording.emplace(s.breakdown, &cuda::synchronize, device.index);
+    else
+      recording.emplace(s.breakdown);
+  }
   const ModelConfig& mc = model_->config();
   MOE_CHECK(!store_ || store_->config().device == params_->device(),
             "the expert store computes on ", store_ ? store_->config().device.str() : std::string(),

@@ -204,8 +204,14 @@ class Trainer {
   // token's experts (moe-train --trace).
   StepStats step(bool capture_routing = false);
   // Time each step by kind of work into StepStats::breakdown (moe-train -v). Off by default; the
-  // scopes then cost a thread-local load and a branch per op.
-  void record_breakdown(bool on) { record_breakdown_ = on; }
+  // scopes then cost a thread-local load and a branch per op. On a GPU the parts are host times
+  // (a part that waits on the device holds the work queued before it) unless wait_for_device,
+  // which synchronises the device at every part boundary: each part then holds its own GPU
+  // time, and the step is slower by the waits (moe-train --breakdown-sync). No effect on the CPU.
+  void record_breakdown(bool on, bool wait_for_device = false) {
+    record_breakdown_ = on;
+    breakdown_waits_ = wait_for_device;
+  }
   double evaluate();  // mean validation cross-entropy over up to eval_batches batches
   // The same for another model over the same validation batches (a distillation teacher); its
   // vocabulary must cover the data and its context be at least the run's sequence length.
@@ -341,7 +347,7 @@ class Trainer {
   std::unique_ptr<parallel::ZeroPrefetch> zero_prefetch_;
   Arena arena_;
   int64_t step_ = 0, tokens_seen_ = 0;
-  bool record_breakdown_ = false;
+  bool record_breakdown_ = false, breakdown_waits_ = false;
   LogitsLoss logits_loss_;
   nlohmann::json train_config_notes_ = nlohmann::json::object();
 };
