@@ -109,6 +109,13 @@ TEST_CASE("dense: rope matches the rotate-half formula and inverts", "[dense]") 
   REQUIRE(bitwise_equal(first, first_y));
   Tensor odd = test::random_tensor({2, 6}, 25);
   REQUIRE_THROWS_WITH(ops::rope_forward(odd, 1, 2, 2, theta, odd), Catch::Contains("odd"));
+  // Rows enough for the parallel loop (64 x 512 values), on 2 threads: the workers rotate with
+  // the calling thread's cos/sin table, not with their own.
+  ThreadGuard guard;
+  set_num_threads(2);
+  Tensor wide = test::random_tensor({64, 8 * 64}, 27), wide_y = Tensor::empty(wide.shape());
+  ops::rope_forward(wide, 1, 64, 8, theta, wide_y, offset);
+  check_rope(wide, wide_y, 1, 64, 8, offset, theta);
 }
 
 // The CPU keeps the last call's cos/sin table (a decode step rotates q and k of every layer at the

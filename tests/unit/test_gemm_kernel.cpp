@@ -259,8 +259,7 @@ TEST_CASE("gemm kernel: the CBLAS and AVX-512 kernels agree to fp32 accuracy", "
         worst = std::max(worst, diff / (2 * (k + 2) * u * magnitude));
       }
     CHECK(worst <= 1.0);
-    // And they are different code: not every element has the same bits (else this test would
-    // compare a kernel with itself).
-    CHECK_FALSE(test::bitwise_equal(blas, ours));
+    // Whether the bits differ depends on the BLAS's kernel: with OpenBLAS left to choose its own
+    // on an AMD Zen 4, every element was the same, so the test asks for the bound alone.
   }
 }

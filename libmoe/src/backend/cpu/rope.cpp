@@ -51,6 +51,10 @@ void rope_apply(const Tensor& x, int64_t batch, int64_t seq, int64_t heads, floa
   thread_local RopeTable table;
   if (!table.holds(seq, head_dim, position_offset, theta))
     table.build(seq, head_dim, position_offset, theta);
+  // Pointers into this thread's table: inside the parallel loop below, `table` would name each
+  // worker thread's own (empty or stale) table.
+  const float* cos_table = table.cos.data();
+  const float* sin_table = table.sin.data();
   const float* xs = x.data<float>();
   float* ys = y.data<float>();
   const int64_t rows = batch * seq;
@@ -59,8 +63,7 @@ void rope_apply(const Tensor& x, int64_t batch, int64_t seq, int64_t heads, floa
     const int64_t t = r % seq;
     for (int64_t h = 0; h < heads; ++h)
       kernels::rope_rotate_head(xs + r * width + h * head_dim, ys + r * width + h * head_dim,
-                                table.cos.data() + t * half, table.sin.data() + t * half, head_dim,
-                                inverse);
+                                cos_table + t * half, sin_table + t * half, head_dim, inverse);
   }
 }
 
