@@ -244,9 +244,12 @@ TEST_CASE("gemm kernel: the CBLAS and AVX-512 kernels agree to fp32 accuracy", "
            {128, 512, 256, true, false}}) {
     INFO(m << " x " << n << " x " << k);
     const Operands o = make_operands(m, n, k, ta, tb, 70);
+    // Each product is the kernel named (so this never compares a kernel with itself).
     cpu::set_gemm_kernel(cpu::GemmKernel::blas);
+    REQUIRE(cpu::gemm_kernel() == cpu::GemmKernel::blas);
     const Tensor blas = run_sgemm(o, 1.0f, 0.0f);
     cpu::set_gemm_kernel(cpu::GemmKernel::avx512);
+    REQUIRE(cpu::gemm_kernel() == cpu::GemmKernel::avx512);
     const Tensor ours = run_sgemm(o, 1.0f, 0.0f);
     double worst = 0;
     for (int64_t i = 0; i < m; ++i)

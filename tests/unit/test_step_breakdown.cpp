@@ -6,6 +6,7 @@
 #include <chrono>
 #include <thread>
 
+#include "moe/cuda.h"
 #include "moe/step_breakdown.h"
 #include "moe/train/trainer.h"
 #include "support/models.h"
@@ -122,6 +123,17 @@ TEST_CASE("step breakdown: with a wait, a part holds the work it queued", "[unit
   CHECK(waits == 0);
   CHECK(queued_ms == 30);
   queued_ms = 0;
+}
+
+TEST_CASE("step breakdown: a step waits for the GPU only under --breakdown-sync", "[unit]") {
+  // Trainer::step records with this wait: cuda::synchronize on a GPU when asked (each part then
+  // holds its own device time), none otherwise. Only the choice runs here (no GPU is needed to
+  // compare function addresses); the [cuda] suite trains with it.
+  const Device gpu{Device::cuda, 1}, cpu{};
+  CHECK(train::breakdown_wait(gpu, true) == &cuda::synchronize);
+  CHECK(train::breakdown_wait(gpu, false) == nullptr);
+  CHECK(train::breakdown_wait(cpu, true) == nullptr);
+  CHECK(train::breakdown_wait(cpu, false) == nullptr);
 }
 
 TEST_CASE("step breakdown: a training step's parts are its own seconds", "[unit]") {

@@ -388,16 +388,18 @@ static void accumulate(ForwardStats& step, ForwardStats&& f, int64_t index, int6
   }
 }
 
+DeviceWait breakdown_wait(Device device, bool wait_for_device) {
+  if (wait_for_device && device.kind == Device::cuda) return &cuda::synchronize;
+  return nullptr;
+}
+
 StepStats Trainer::step(bool capture_routing) {
   Timer timer;
   StepStats s;
   std::optional<StepRecording> recording;
   if (record_breakdown_) {
     const Device device = params_->device();
-    if (breakdown_waits_ && device.kind == Device::cuda)
-      recording.emplace(s.breakdown, &cuda::synchronize, device.index);
-    else
-      recording.emplace(s.breakdown);
+    recording.emplace(s.breakdown, breakdown_wait(device, breakdown_waits_), device.index);
   }
   const ModelConfig& mc = model_->config();
   MOE_CHECK(!store_ || store_->config().device == params_->device(),

@@ -153,6 +153,12 @@ struct StepStats {
   StepBreakdown breakdown;
 };
 
+// The wait a step's breakdown recording calls at each part boundary (StepRecording): the
+// device's synchronize when asked to wait (moe-train --breakdown-sync) and the parameters live
+// on a GPU; null otherwise (host times; on the CPU there is nothing to wait for).
+using DeviceWait = void (*)(int);
+DeviceWait breakdown_wait(Device device, bool wait_for_device);
+
 class Trainer {
  public:
   // A fresh run. `model.vocab_size` must cover every token id of the data (0: sized from the data).
