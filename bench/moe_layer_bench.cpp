@@ -24,6 +24,7 @@
 #include "machine.h"
 #include "moe/arena.h"
 #include "moe/cuda.h"
+#include "moe/models/memory.h"
 #include "moe/nn/moe_layer.h"
 #include "moe/nn/moe_reference.h"
 #include "moe/ops/core.h"
@@ -211,6 +212,22 @@ KernelRow measure_kernels(const char* what, bool ta, bool tb, int64_t m, int64_t
           scale > 0 ? diff / scale : diff};
 }
 
+// Refuses a row whose host memory cannot fit before anything is allocated (moe/models/memory.h),
+// instead of std::bad_alloc or the OOM killer part-way through the table. A lower bound: the
+// layer's expert weights w1 and w2 [E, 4D, D] in fp32 live on the host in both runs (on a GPU
+// until they are copied over); the CPU run also holds the routed tokens' hidden activations
+// [N k, 4D] and the ceiling product's output of the same size.
+void check_shape_fits(const Shape4& s, bool on_gpu) {
+  const double D = double(s.d_model), F = 4 * D, E = double(s.experts);
+  const double M = double(s.tokens) * double(s.top_k);
+  const double floats = 2 * E * F * D + (on_gpu ? 0 : 2 * M * F);
+  check_fits_in_memory(
+      4 * floats,
+      str("moe-bench row D ", s.d_model, ", E ", s.experts, ", k ", s.top_k, ", N ", s.tokens),
+      on_gpu ? "fp32 expert weights, filled on the host"
+             : "fp32 expert weights and hidden activations");
+}
+
 MoERow measure_moe(const Shape4& shape, double ceiling, double min_seconds) {
   const int64_t D = shape.d_model, F = 4 * D, E = shape.experts, k = shape.top_k, N = shape.tokens;
   MoEConfig config;
@@ -297,6 +314,7 @@ int run(const Options& opt) {
       for (int64_t e : {8, 32})
         for (int64_t k : {1, 2}) shapes.push_back({d, e, k, 4096});
   }
+  for (const Shape4& s : shapes) check_shape_fits(s, false);
   // One ceiling per distinct expert-GEMM shape [N*k, D] x [D, F].
   std::vector<CeilingRow> ceilings;
   auto ceiling_for = [&](const Shape4& s) -> const CeilingRow& {
@@ -497,6 +515,7 @@ int run_cuda(const Options& opt) {
       for (int64_t e : {8, 64}) shapes.push_back({d, e, 2, 8192});
     shapes.push_back({4096, 8, 2, 8192});
   }
+  for (const Shape4& s : shapes) check_shape_fits(s, true);
   std::printf("# moe-bench --device %s: %s, %s, expert streams %d\n", gpu.str().c_str(),
               cuda::device_name(gpu.index).c_str(), bench::now_utc().c_str(),
               cuda::expert_streams());

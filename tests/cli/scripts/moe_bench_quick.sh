@@ -3,7 +3,8 @@
 # forward NN, dX NT, dW TN, dense NT, attention NT and NN), each kernel's result within fp32
 # rounding of the CBLAS kernel's (max |diff| / max |C| under 1e-5: K <= 512 sums of O(1) terms);
 # the host kernel is avx512 exactly where /proc/cpuinfo lists AVX-512 F/VL/DQ/BW and FMA;
-# MOE_GEMM=blas makes it the CBLAS one; a bad MOE_GEMM is a usage error (exit 2).
+# MOE_GEMM=blas makes it the CBLAS one; a bad MOE_GEMM is a usage error (exit 2); a --shape
+# whose weights cannot fit in this machine's memory is refused before anything runs (exit 1).
 # Usage: moe_bench_quick.sh MOE_BENCH
 set -u
 bench=$1
@@ -37,4 +38,11 @@ MOE_GEMM=fastest "$bench" --quick > "$work/bad" 2> "$work/err"
 rc=$?
 [ "$rc" -eq 2 ] || fail "MOE_GEMM=fastest: exit $rc, expected 2"
 grep -q 'MOE_GEMM=fastest' "$work/err" || fail "MOE_GEMM=fastest: $(cat "$work/err")"
+# D 2^20 with 64 experts: 2 x 64 x 4 x 2^40 fp32 weights, 2 PiB, more than any machine here has.
+"$bench" --shape 1048576,64,2,8192 > "$work/huge" 2> "$work/err"
+rc=$?
+[ "$rc" -eq 1 ] || fail "--shape 1048576,64,2,8192: exit $rc, expected 1: $(cat "$work/err")"
+grep -q 'moe-bench row D 1048576, E 64, k 2, N 8192 needs at least .* more than this machine has' \
+  "$work/err" || fail "--shape 1048576,64,2,8192: $(cat "$work/err")"
+[ -s "$work/huge" ] && fail "--shape 1048576,64,2,8192 printed a table: $(head -3 "$work/huge")"
 echo "moe-bench --quick: ok (kernel $kernel)"
