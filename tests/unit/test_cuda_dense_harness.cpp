@@ -1,9 +1,10 @@
 // The CUDA dense-op kernels' index mapping, run on the CPU over odd grids (run_grid_on_cpu) and
-// compared bitwise with the CPU backend (GELU and SwiGLU within 1e-6: see below). Attention runs the CUDA op's
-// step sequence (attention.cuh) with CPU GEMMs in place of cuBLAS, so its offsets and strides are
-// checked too. The same bodies run on the GPU (backend/cuda/*.cu).
+// compared bitwise with the CPU backend (GELU and SwiGLU within 1e-6: see below). Attention runs
+// the CUDA op's step sequence (attention.cuh) with CPU GEMMs in place of cuBLAS, so its offsets and
+// strides are checked too. The same bodies run on the GPU (backend/cuda/*.cu).
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <cfloat>
 #include <cmath>
 #include <vector>
 
@@ -270,6 +271,88 @@ TEST_CASE("cuda harness: attention steps with CPU GEMMs match the CPU op, GQA in
       REQUIRE(dk == dk_ref.to_vector());
       REQUIRE(dv == dv_ref.to_vector());
     }
+  }
+}
+
+TEST_CASE("cuda harness: long causal attention cut into row blocks gives the full products'",
+          "[cuda-harness]") {
+  // The CPU op cuts each head's products into blocks of query rows that skip what lies above the
+  // diagonal (backend/cpu/attention.cpp); the CUDA step sequence with CPU GEMMs computes the whole
+  // T x T products. With the AVX-512 tile kernel an element is one FMA chain over K while K fits
+  // one k block: at T 100 (4 blocks of 32 rows) the backward, run on the same probabilities, is
+  // the whole products' bits (the skipped terms are exactly 0 x finite). At T 300 (8 blocks of
+  // 38) the k blocks of the long sums move: the two are different fp32 orders of the same terms,
+  // each within (K + 2) u of the exact sum of their magnitudes, so within twice that of each
+  // other (a head group's dk and dv add `group` more roundings). Shapes with head_dim 16, so that
+  // every tile is the AVX-512 kernel's (narrower ones go to CBLAS, which sums its own way).
+  if (!cpu::gemm_kernel_supported(cpu::GemmKernel::avx512)) {
+    WARN("no AVX-512 here: the row blocks' bits are checked where the AVX-512 tile kernel runs");
+    return;
+  }
+  struct Guard {
+    cpu::GemmKernel before = cpu::gemm_kernel();
+    ~Guard() { cpu::set_gemm_kernel(before); }
+  } guard;
+  cpu::set_gemm_kernel(cpu::GemmKernel::avx512);
+  const double u = FLT_EPSILON / 2;
+  for (const ops::AttentionShape& a :
+       {ops::AttentionShape{2, 100, 4, 2, 16}, ops::AttentionShape{1, 300, 2, 1, 16}}) {
+    INFO("B " << a.batch << " T " << a.seq << " H " << a.heads << " KV " << a.kv_heads);
+    const int64_t n = a.batch * a.seq, T = a.seq, hd = a.head_dim, group = a.heads / a.kv_heads;
+    const Shape qs{n, a.heads * hd}, ks{n, a.kv_heads * hd}, ps{a.batch, a.heads, T, T};
+    const std::vector<float> q = values(qs, 40), k = values(ks, 41), v = values(ks, 42),
+                             dctx = values(qs, 43);
+    Tensor probs_ref = Tensor::empty(ps), ctx_ref = Tensor::empty(qs);
+    ops::attention_forward(tensor(qs, q), tensor(ks, k), tensor(ks, v), a, probs_ref, ctx_ref);
+    Tensor dq_ref = Tensor::empty(qs), dk_ref = Tensor::empty(ks), dv_ref = Tensor::empty(ks);
+    ops::attention_backward(tensor(qs, dctx), tensor(qs, q), tensor(ks, k), tensor(ks, v),
+                            probs_ref, a, dq_ref, dk_ref, dv_ref);
+    const std::vector<float> probs = probs_ref.to_vector();
+    std::vector<float> dscores(count_of(ps), -7.0f), dq(count_of(qs), -7.0f),
+        dk(count_of(ks), -7.0f), dv(count_of(ks), -7.0f);
+    auto softmax_backward = [](const float* p, float* ds, int64_t rows, int64_t seq, float sc) {
+      cuda::run_grid_on_cpu<body::CausalSoftmaxBackwardRows>(test::kHarnessGrids[0], p, ds, rows,
+                                                             seq, sc);
+    };
+    cuda::attention_backward_steps(dctx.data(), q.data(), k.data(), v.data(), probs.data(),
+                                   dscores.data(), dq.data(), dk.data(), dv.data(), a.batch, T,
+                                   a.heads, a.kv_heads, hd, 1.0f / std::sqrt(float(hd)),
+                                   cpu_batched, softmax_backward);
+    if (T <= 256) {
+      REQUIRE(dq == dq_ref.to_vector());
+      REQUIRE(dk == dk_ref.to_vector());
+      REQUIRE(dv == dv_ref.to_vector());
+      continue;
+    }
+    // The sums' magnitudes: dq = dS K over keys, dk = dS^T Q and dv = P^T dctx over queries and
+    // the group's heads.
+    const int64_t ldq = a.heads * hd, ldk = a.kv_heads * hd;
+    std::vector<double> mq(count_of(qs), 0.0), mk(count_of(ks), 0.0), mv(count_of(ks), 0.0);
+    for (int64_t b = 0; b < a.batch; ++b)
+      for (int64_t h = 0; h < a.heads; ++h)
+        for (int64_t i = 0; i < T; ++i)
+          for (int64_t j = 0; j <= i; ++j) {
+            const size_t at = static_cast<size_t>(((b * a.heads + h) * T + i) * T + j);
+            const double ds = std::fabs(dscores[at]), p = probs[at];
+            for (int64_t c = 0; c < hd; ++c) {
+              const int64_t qi = (b * T + i) * ldq + h * hd + c;
+              const int64_t kj = (b * T + j) * ldk + (h / group) * hd + c;
+              mq[qi] += ds * std::fabs(k[kj]);
+              mk[kj] += ds * std::fabs(q[qi]);
+              mv[kj] += p * std::fabs(dctx[qi]);
+            }
+          }
+    auto within = [&](const std::vector<float>& got, const Tensor& ref,
+                      const std::vector<double>& magnitude, double terms) {
+      const std::vector<float> want = ref.to_vector();
+      for (size_t i = 0; i < got.size(); ++i) {
+        INFO("index " << i << ": " << got[i] << " vs " << want[i]);
+        REQUIRE(std::fabs(double(got[i]) - want[i]) <= 2 * (terms + 2) * u * magnitude[i]);
+      }
+    };
+    within(dq, dq_ref, mq, double(T));
+    within(dk, dk_ref, mk, double(T + group));
+    within(dv, dv_ref, mv, double(T + group));
   }
 }
 

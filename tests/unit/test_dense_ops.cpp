@@ -144,74 +144,90 @@ TEST_CASE("dense: rope after a call at other positions, lengths, widths or theta
 }
 
 TEST_CASE("dense: causal GQA attention matches a naive triple loop", "[dense]") {
-  const ops::AttentionShape s{2, 7, 4, 2, 8};
-  const int64_t n = s.batch * s.seq, group = s.heads / s.kv_heads;
-  Tensor q = test::random_tensor({n, s.heads * s.head_dim}, 26);
-  Tensor k = test::random_tensor({n, s.kv_heads * s.head_dim}, 27);
-  Tensor v = test::random_tensor({n, s.kv_heads * s.head_dim}, 28);
-  Tensor probs = Tensor::empty({s.batch, s.heads, s.seq, s.seq});
-  Tensor ctx = Tensor::empty(q.shape());
-  ops::attention_forward(q, k, v, s, probs, ctx);
-  const float* qs = q.data<float>();
-  const float* ks = k.data<float>();
-  const float* vs = v.data<float>();
-  const double scale = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
-  for (int64_t b = 0; b < s.batch; ++b)
-    for (int64_t h = 0; h < s.heads; ++h)
-      for (int64_t i = 0; i < s.seq; ++i) {
-        const int64_t g = h / group;
-        std::vector<double> p(s.seq, 0.0);
-        double mx = -1e300, sum = 0;
-        for (int64_t j = 0; j <= i; ++j) {
-          double dot = 0;
-          for (int64_t c = 0; c < s.head_dim; ++c)
-            dot += static_cast<double>(
-                       qs[(b * s.seq + i) * s.heads * s.head_dim + h * s.head_dim + c]) *
-                   ks[(b * s.seq + j) * s.kv_heads * s.head_dim + g * s.head_dim + c];
-          p[j] = dot * scale;
-          mx = std::max(mx, p[j]);
+  // T 100: the op cuts each head's products into 4 blocks of 32 query rows that skip what lies
+  // above the diagonal (backend/cpu/attention.cpp); T 7 is one block.
+  for (const ops::AttentionShape& s :
+       {ops::AttentionShape{2, 7, 4, 2, 8}, ops::AttentionShape{1, 100, 4, 2, 16}}) {
+    INFO("T " << s.seq);
+    const int64_t n = s.batch * s.seq, group = s.heads / s.kv_heads;
+    Tensor q = test::random_tensor({n, s.heads * s.head_dim}, 26);
+    Tensor k = test::random_tensor({n, s.kv_heads * s.head_dim}, 27);
+    Tensor v = test::random_tensor({n, s.kv_heads * s.head_dim}, 28);
+    Tensor probs = Tensor::empty({s.batch, s.heads, s.seq, s.seq});
+    Tensor ctx = Tensor::empty(q.shape());
+    ops::attention_forward(q, k, v, s, probs, ctx);
+    const float* qs = q.data<float>();
+    const float* ks = k.data<float>();
+    const float* vs = v.data<float>();
+    const double scale = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
+    for (int64_t b = 0; b < s.batch; ++b)
+      for (int64_t h = 0; h < s.heads; ++h)
+        for (int64_t i = 0; i < s.seq; ++i) {
+          const int64_t g = h / group;
+          std::vector<double> p(s.seq, 0.0);
+          double mx = -1e300, sum = 0;
+          for (int64_t j = 0; j <= i; ++j) {
+            double dot = 0;
+            for (int64_t c = 0; c < s.head_dim; ++c)
+              dot += static_cast<double>(
+                         qs[(b * s.seq + i) * s.heads * s.head_dim + h * s.head_dim + c]) *
+                     ks[(b * s.seq + j) * s.kv_heads * s.head_dim + g * s.head_dim + c];
+            p[j] = dot * scale;
+            mx = std::max(mx, p[j]);
+          }
+          for (int64_t j = 0; j <= i; ++j) sum += (p[j] = std::exp(p[j] - mx));
+          for (int64_t j = 0; j <= i; ++j) p[j] /= sum;
+          const float* prow = probs.data<float>() + ((b * s.heads + h) * s.seq + i) * s.seq;
+          for (int64_t j = 0; j < s.seq; ++j) {
+            if (j > i)
+              REQUIRE(prow[j] == 0.0f);
+            else
+              require_close(prow[j], p[j], 1e-5);
+          }
+          for (int64_t c = 0; c < s.head_dim; ++c) {
+            // Each p within 1e-5 (above) moves the sum by at most 1e-5 sum p |v|; the fp32 sum of
+            // i + 1 terms adds at most (i + 3) u sum p |v| (u = 2^-24).
+            double o = 0, magnitude = 0;
+            for (int64_t j = 0; j <= i; ++j) {
+              const double vj = vs[(b * s.seq + j) * s.kv_heads * s.head_dim + g * s.head_dim + c];
+              o += p[j] * vj;
+              magnitude += p[j] * std::fabs(vj);
+            }
+            const float got =
+                ctx.data<float>()[(b * s.seq + i) * s.heads * s.head_dim + h * s.head_dim + c];
+            INFO("ctx " << got << " expected " << o);
+            REQUIRE(std::fabs(got - o) <= (1e-5 + (i + 3) * 0x1p-24) * std::max(1.0, magnitude));
+          }
         }
-        for (int64_t j = 0; j <= i; ++j) sum += (p[j] = std::exp(p[j] - mx));
-        for (int64_t j = 0; j <= i; ++j) p[j] /= sum;
-        const float* prow = probs.data<float>() + ((b * s.heads + h) * s.seq + i) * s.seq;
-        for (int64_t j = 0; j < s.seq; ++j) {
-          if (j > i)
-            REQUIRE(prow[j] == 0.0f);
-          else
-            require_close(prow[j], p[j], 1e-5);
-        }
-        for (int64_t c = 0; c < s.head_dim; ++c) {
-          double o = 0;
-          for (int64_t j = 0; j <= i; ++j)
-            o += p[j] * vs[(b * s.seq + j) * s.kv_heads * s.head_dim + g * s.head_dim + c];
-          require_close(
-              ctx.data<float>()[(b * s.seq + i) * s.heads * s.head_dim + h * s.head_dim + c], o,
-              1e-5);
-        }
-      }
-  // Wrong operand shape: the message names the tensor.
-  Tensor bad = test::random_tensor({n, 3}, 29).set_name("blocks.0.attn.k");
-  REQUIRE_THROWS_WITH(ops::attention_forward(q, bad, v, s, probs, ctx),
-                      Catch::Contains("blocks.0.attn.k[14,3]"));
+    if (s.seq != 7) continue;
+    // Wrong operand shape: the message names the tensor.
+    Tensor bad = test::random_tensor({n, 3}, 29).set_name("blocks.0.attn.k");
+    REQUIRE_THROWS_WITH(ops::attention_forward(q, bad, v, s, probs, ctx),
+                        Catch::Contains("blocks.0.attn.k[14,3]"));
+  }
 }
 
 TEST_CASE("dense: attention backward matches finite differences of the core op", "[dense]") {
-  const ops::AttentionShape s{2, 5, 4, 2, 4};
-  const int64_t n = s.batch * s.seq;
-  Tensor q = test::random_tensor({n, 16}, 30), k = test::random_tensor({n, 8}, 31),
-         v = test::random_tensor({n, 8}, 32), r = test::random_tensor({n, 16}, 33);
-  Tensor probs = Tensor::empty({s.batch, s.heads, s.seq, s.seq}), ctx = Tensor::empty({n, 16});
-  auto loss = [&] {
-    ops::attention_forward(q, k, v, s, probs, ctx);
-    return test::dot(ctx, r);
-  };
-  loss();
-  Tensor dq = Tensor::empty(q.shape()), dk = Tensor::empty(k.shape()),
-         dv = Tensor::empty(v.shape());
-  ops::attention_backward(r, q, k, v, probs, s, dq, dk, dv);
-  MOE_REQUIRE_GRAD(test::check_gradient(q, dq, loss), 1e-2);
-  MOE_REQUIRE_GRAD(test::check_gradient(k, dk, loss), 1e-2);
-  MOE_REQUIRE_GRAD(test::check_gradient(v, dv, loss), 1e-2);
+  // T 40: two blocks of query rows (32 and 8), each product cut at the diagonal.
+  for (const ops::AttentionShape& s :
+       {ops::AttentionShape{2, 5, 4, 2, 4}, ops::AttentionShape{1, 40, 4, 2, 4}}) {
+    INFO("T " << s.seq);
+    const int64_t n = s.batch * s.seq;
+    Tensor q = test::random_tensor({n, 16}, 30), k = test::random_tensor({n, 8}, 31),
+           v = test::random_tensor({n, 8}, 32), r = test::random_tensor({n, 16}, 33);
+    Tensor probs = Tensor::empty({s.batch, s.heads, s.seq, s.seq}), ctx = Tensor::empty({n, 16});
+    auto loss = [&] {
+      ops::attention_forward(q, k, v, s, probs, ctx);
+      return test::dot(ctx, r);
+    };
+    loss();
+    Tensor dq = Tensor::empty(q.shape()), dk = Tensor::empty(k.shape()),
+           dv = Tensor::empty(v.shape());
+    ops::attention_backward(r, q, k, v, probs, s, dq, dk, dv);
+    MOE_REQUIRE_GRAD(test::check_gradient(q, dq, loss), 1e-2);
+    MOE_REQUIRE_GRAD(test::check_gradient(k, dk, loss), 1e-2);
+    MOE_REQUIRE_GRAD(test::check_gradient(v, dv, loss), 1e-2);
+  }
 }
 
 TEST_CASE("dense: cross_entropy at V = 70,000 is unbiased against fp64", "[dense]") {

@@ -3,7 +3,9 @@
 // h / (H/KV). The per (batch, head) products go to BLAS as one batch (sgemm_batch: tiles
 // fixed by the shape, one parallel loop over all heads' tiles); the causal row softmax and its
 // backward (kernels/attention.h, shared with CUDA) run in one OpenMP loop over all B*H*T rows.
-// Scores above the diagonal are computed by the GEMM and then overwritten with exact zeros.
+// Each product is cut into blocks of query rows (push_causal) that skip what lies wholly above
+// the diagonal; scores above it inside a block are computed and then overwritten with exact
+// zeros, as the softmax writes zeros past the visible keys.
 #include "kernels/attention.h"
 
 #include <cmath>
@@ -21,14 +23,64 @@ namespace moe::cpu {
 
 namespace {
 
+// How a product of one head meets the causal mask (T x T, query i sees keys 0..i):
+// - scores: C [T, T] = A [T, K] op(B), only C[i, j <= i] wanted (Q K^T, dctx V^T);
+// - left: C [T, N] = P [T, T] B [T, N] with P zero above the diagonal (P V, dS K);
+// - left_transposed: C [T, N] = P^T B, P^T zero below it (dS^T Q, P^T dctx).
+enum class Causal { scores, left, left_transposed };
+
+// Query rows per block: at least 32 (each block packs its keys again, so smaller blocks trade
+// more packing for less work left out; 32 was not tuned), at most 8 blocks a head (a block of rows
+// r0..r1 does the work of r1 rows of the full product, so 8 blocks do 9/16 of it, 4 blocks 5/8).
+int64_t causal_block_rows(int64_t T) { return std::max<int64_t>(32, (T + 7) / 8); }
+
+// Appends `p` (one head's whole product) cut into row blocks that leave out the zero or unwanted
+// part: block r0..r1 of scores stops at column r1; of left, at key r1 (P's later columns are zero
+// in its rows); of left_transposed, it starts at query r0 (P^T's rows r0.. are zero before it).
+// Bits: with the AVX-512 tile kernel (gemm_kernel.h), which sums each element in one FMA chain
+// from +0 while K fits one k block (T <= 256), an element is the full product's sum less terms
+// that are exactly 0 x finite (leading or trailing), which leave such a chain as it is. Longer T
+// moves the k-block boundaries, and the CBLAS kernel sums as the BLAS does: the results are then
+// as accurate but not the full product's bits (the same at every thread count either way).
+void push_causal(std::vector<GemmProblem>& out, const GemmProblem& p, Causal kind, int64_t T) {
+  const int64_t rows = causal_block_rows(T);
+  for (int64_t r0 = 0; r0 < T; r0 += rows) {
+    const int64_t r1 = std::min(T, r0 + rows);
+    GemmProblem q = p;
+    q.m = r1 - r0;
+    q.c = p.c + r0 * p.ldc;
+    switch (kind) {
+      case Causal::scores:  // rows r0..r1 of A; columns 0..r1 of op(B) start where B does
+        q.a = p.a + r0 * p.lda;
+        q.n = r1;
+        break;
+      case Causal::left:  // rows r0..r1 and keys 0..r1 of P; B's rows 0..r1
+        q.a = p.a + r0 * p.lda;
+        q.k = r1;
+        break;
+      case Causal::left_transposed:  // P^T rows r0..r1 = P's columns, queries r0..T = P's rows
+        q.a = p.a + r0 * p.lda + r0;
+        q.b = p.b + r0 * p.ldb;
+        q.k = T - r0;
+        break;
+    }
+    out.push_back(q);
+  }
+}
+
 // One product per (batch, head), as one batch: `shape` holds what the products share (transposes,
 // sizes, scalars, leading dimensions); operands(b, h, problem) sets its a, b and c.
 template <class Fn>
-void per_head_batch(int64_t batch, int64_t heads, const GemmProblem& shape, Fn&& operands) {
-  std::vector<GemmProblem> problems(static_cast<size_t>(batch * heads), shape);
+void per_head_batch(int64_t batch, int64_t heads, const GemmProblem& shape, Causal kind,
+                    Fn&& operands) {
+  std::vector<GemmProblem> problems;
+  problems.reserve(static_cast<size_t>(batch * heads * ((shape.m + 31) / 32)));
   for (int64_t b = 0; b < batch; ++b)
-    for (int64_t h = 0; h < heads; ++h)
-      operands(b, h, problems[static_cast<size_t>(b * heads + h)]);
+    for (int64_t h = 0; h < heads; ++h) {
+      GemmProblem p = shape;
+      operands(b, h, p);
+      push_causal(problems, p, kind, shape.m);
+    }
   sgemm_batch(problems.data(), problems.size());
 }
 
@@ -48,7 +100,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
   per_head_batch(
       s.batch, H,
       GemmProblem{false, true, T, T, hd, scale, nullptr, ldq, nullptr, ldk, 0.0f, nullptr, T},
-      [&](int64_t b, int64_t h, GemmProblem& p) {
+      Causal::scores, [&](int64_t b, int64_t h, GemmProblem& p) {
         p.a = qs + b * T * ldq + h * hd;
         p.b = ks + b * T * ldk + (h / group) * hd;
         p.c = ps + (b * H + h) * T * T;
@@ -61,7 +113,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
   per_head_batch(
       s.batch, H,
       GemmProblem{false, false, T, hd, T, 1.0f, nullptr, T, nullptr, ldk, 0.0f, nullptr, ldq},
-      [&](int64_t b, int64_t h, GemmProblem& p) {
+      Causal::left, [&](int64_t b, int64_t h, GemmProblem& p) {
         p.a = ps + (b * H + h) * T * T;
         p.b = vs + b * T * ldk + (h / group) * hd;
         p.c = cs + b * T * ldq + h * hd;
@@ -251,7 +303,7 @@ void attention_backward(const Tensor& dctx, const Tensor& q, const Tensor& k, co
   per_head_batch(
       s.batch, H,
       GemmProblem{false, true, T, T, hd, 1.0f, nullptr, ldq, nullptr, ldk, 0.0f, nullptr, T},
-      [&](int64_t b, int64_t h, GemmProblem& p) {
+      Causal::scores, [&](int64_t b, int64_t h, GemmProblem& p) {
         p.a = gs + b * T * ldq + h * hd;
         p.b = vs + b * T * ldk + (h / group) * hd;
         p.c = ds + (b * H + h) * T * T;
@@ -264,7 +316,7 @@ void attention_backward(const Tensor& dctx, const Tensor& q, const Tensor& k, co
   per_head_batch(
       s.batch, H,
       GemmProblem{false, false, T, hd, T, 1.0f, nullptr, T, nullptr, ldk, 0.0f, nullptr, ldq},
-      [&](int64_t b, int64_t h, GemmProblem& p) {
+      Causal::left, [&](int64_t b, int64_t h, GemmProblem& p) {
         p.a = ds + (b * H + h) * T * T;
         p.b = ks + b * T * ldk + (h / group) * hd;
         p.c = dqs + b * T * ldq + h * hd;
@@ -274,15 +326,19 @@ void attention_backward(const Tensor& dctx, const Tensor& q, const Tensor& k, co
   for (int64_t g = 0; g < group; ++g) {
     const float beta = g == 0 ? 0.0f : 1.0f;
     std::vector<GemmProblem> problems;
-    problems.reserve(static_cast<size_t>(2 * s.batch * KV));
+    problems.reserve(static_cast<size_t>(2 * s.batch * KV * ((T + 31) / 32)));
     for (int64_t b = 0; b < s.batch; ++b)
       for (int64_t kv = 0; kv < KV; ++kv) {
         const int64_t h = kv * group + g;
         const int64_t kv_offset = b * T * ldk + kv * hd, q_offset = b * T * ldq + h * hd;
-        problems.push_back({true, false, T, hd, T, 1.0f, ds + (b * H + h) * T * T, T, qs + q_offset,
-                            ldq, beta, dks + kv_offset, ldk});
-        problems.push_back({true, false, T, hd, T, 1.0f, ps + (b * H + h) * T * T, T, gs + q_offset,
-                            ldq, beta, dvs + kv_offset, ldk});
+        push_causal(problems,
+                    {true, false, T, hd, T, 1.0f, ds + (b * H + h) * T * T, T, qs + q_offset, ldq,
+                     beta, dks + kv_offset, ldk},
+                    Causal::left_transposed, T);
+        push_causal(problems,
+                    {true, false, T, hd, T, 1.0f, ps + (b * H + h) * T * T, T, gs + q_offset, ldq,
+                     beta, dvs + kv_offset, ldk},
+                    Causal::left_transposed, T);
       }
     sgemm_batch(problems.data(), problems.size());
   }
