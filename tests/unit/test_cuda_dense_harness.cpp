@@ -56,6 +56,56 @@ void cpu_batched(const cuda::BatchedGemm& g) {
                g.b + i * g.stride_b, g.ldb, g.beta, g.c + i * g.stride_c, g.ldc);
 }
 
+// Random attention operands of shape `a` (seeds from `seed` on), the CPU op's forward and
+// backward on them, and the CUDA backward step sequence (CPU GEMMs) on the op's probabilities:
+// what the attention harness tests compare.
+struct AttentionCase {
+  ops::AttentionShape a;
+  Shape qs, ks, ps;
+  std::vector<float> q, k, v, dctx;
+  Tensor probs, ctx, dq, dk, dv;
+
+  AttentionCase(const ops::AttentionShape& shape, uint64_t seed)
+      : a(shape),
+        qs{a.batch * a.seq, a.heads * a.head_dim},
+        ks{a.batch * a.seq, a.kv_heads * a.head_dim},
+        ps{a.batch, a.heads, a.seq, a.seq},
+        q(values(qs, seed)),
+        k(values(ks, seed + 1)),
+        v(values(ks, seed + 2)),
+        dctx(values(qs, seed + 3)),
+        probs(Tensor::empty(ps)),
+        ctx(Tensor::empty(qs)),
+        dq(Tensor::empty(qs)),
+        dk(Tensor::empty(ks)),
+        dv(Tensor::empty(ks)) {
+    ops::attention_forward(tensor(qs, q), tensor(ks, k), tensor(ks, v), a, probs, ctx);
+    ops::attention_backward(tensor(qs, dctx), tensor(qs, q), tensor(ks, k), tensor(ks, v), probs, a,
+                            dq, dk, dv);
+  }
+
+  float scale() const { return 1.0f / std::sqrt(static_cast<float>(a.head_dim)); }
+
+  // The CUDA backward's outputs, from the op's own probabilities; its row kernels on `grid`.
+  struct Grads {
+    std::vector<float> dscores, dq, dk, dv;
+  };
+  Grads cuda_backward(cuda::LaunchShape grid) const {
+    Grads g{std::vector<float>(count_of(ps), -7.0f), std::vector<float>(count_of(qs), -7.0f),
+            std::vector<float>(count_of(ks), -7.0f), std::vector<float>(count_of(ks), -7.0f)};
+    const std::vector<float> p = probs.to_vector();
+    auto softmax_backward = [grid](const float* pr, float* ds, int64_t rows, int64_t seq,
+                                   float sc) {
+      cuda::run_grid_on_cpu<body::CausalSoftmaxBackwardRows>(grid, pr, ds, rows, seq, sc);
+    };
+    cuda::attention_backward_steps(dctx.data(), q.data(), k.data(), v.data(), p.data(),
+                                   g.dscores.data(), g.dq.data(), g.dk.data(), g.dv.data(), a.batch,
+                                   a.seq, a.heads, a.kv_heads, a.head_dim, scale(), cpu_batched,
+                                   softmax_backward);
+    return g;
+  }
+};
+
 }  // namespace
 
 TEST_CASE("cuda harness: embedding gather and grouped scatter-add match the CPU",
@@ -228,48 +278,27 @@ TEST_CASE("cuda harness: attention steps with CPU GEMMs match the CPU op, GQA in
           "[cuda-harness]") {
   const ops::AttentionShape shapes[] = {{2, 7, 4, 2, 5}, {1, 9, 3, 3, 4}, {3, 5, 4, 1, 6}};
   for (const ops::AttentionShape& a : shapes) {
-    const int64_t n = a.batch * a.seq;
-    const Shape qs{n, a.heads * a.head_dim}, ks{n, a.kv_heads * a.head_dim},
-        ps{a.batch, a.heads, a.seq, a.seq};
-    const std::vector<float> q = values(qs, 20), k = values(ks, 21), v = values(ks, 22),
-                             dctx = values(qs, 23);
-    Tensor probs_ref = Tensor::empty(ps), ctx_ref = Tensor::empty(qs);
-    ops::attention_forward(tensor(qs, q), tensor(ks, k), tensor(ks, v), a, probs_ref, ctx_ref);
-    Tensor dq_ref = Tensor::empty(qs), dk_ref = Tensor::empty(ks), dv_ref = Tensor::empty(ks);
-    ops::attention_backward(tensor(qs, dctx), tensor(qs, q), tensor(ks, k), tensor(ks, v),
-                            probs_ref, a, dq_ref, dk_ref, dv_ref);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(a.head_dim));
+    const AttentionCase c(a, 20);
     for (auto shape : test::kHarnessGrids) {
       INFO("B " << a.batch << " T " << a.seq << " H " << a.heads << " KV " << a.kv_heads << " grid "
                 << shape.blocks << "x" << shape.threads);
-      std::vector<float> probs(count_of(ps), -7.0f), ctx(count_of(qs), -7.0f);
+      std::vector<float> probs(count_of(c.ps), -7.0f), ctx(count_of(c.qs), -7.0f);
       auto softmax = [shape](float* scores, int64_t rows, int64_t queries, int64_t keys,
                              int64_t start) {
         cuda::run_grid_on_cpu<body::CausalSoftmaxRows>(shape, scores, rows, queries, keys, start);
       };
-      cuda::attention_forward_steps(q.data(), k.data(), v.data(), probs.data(), ctx.data(), a.batch,
-                                    a.seq, a.heads, a.kv_heads, a.head_dim, scale, cpu_batched,
-                                    softmax);
+      cuda::attention_forward_steps(c.q.data(), c.k.data(), c.v.data(), probs.data(), ctx.data(),
+                                    a.batch, a.seq, a.heads, a.kv_heads, a.head_dim, c.scale(),
+                                    cpu_batched, softmax);
       // The CPU op's softmax calls glibc's SIMD expf (backend/cpu/vector_math.h), the bodies here
       // the scalar one: a few ulp apart, so the forward compares within 1e-6; the backward (no
       // exponential) then runs on the op's own probabilities and must give its bits.
-      require_near(probs, probs_ref.to_vector(), 1e-6);
-      require_near(ctx, ctx_ref.to_vector(), 1e-6);
-      probs = probs_ref.to_vector();
-
-      std::vector<float> dscores(count_of(ps), -7.0f), dq(count_of(qs), -7.0f),
-          dk(count_of(ks), -7.0f), dv(count_of(ks), -7.0f);
-      auto softmax_backward = [shape](const float* p, float* ds, int64_t rows, int64_t seq,
-                                      float sc) {
-        cuda::run_grid_on_cpu<body::CausalSoftmaxBackwardRows>(shape, p, ds, rows, seq, sc);
-      };
-      cuda::attention_backward_steps(dctx.data(), q.data(), k.data(), v.data(), probs.data(),
-                                     dscores.data(), dq.data(), dk.data(), dv.data(), a.batch,
-                                     a.seq, a.heads, a.kv_heads, a.head_dim, scale, cpu_batched,
-                                     softmax_backward);
-      REQUIRE(dq == dq_ref.to_vector());
-      REQUIRE(dk == dk_ref.to_vector());
-      REQUIRE(dv == dv_ref.to_vector());
+      require_near(probs, c.probs.to_vector(), 1e-6);
+      require_near(ctx, c.ctx.to_vector(), 1e-6);
+      const AttentionCase::Grads g = c.cuda_backward(shape);
+      REQUIRE(g.dq == c.dq.to_vector());
+      REQUIRE(g.dk == c.dk.to_vector());
+      REQUIRE(g.dv == c.dv.to_vector());
     }
   }
 }
@@ -298,48 +327,32 @@ TEST_CASE("cuda harness: long causal attention cut into row blocks gives the ful
   for (const ops::AttentionShape& a :
        {ops::AttentionShape{2, 100, 4, 2, 16}, ops::AttentionShape{1, 300, 2, 1, 16}}) {
     INFO("B " << a.batch << " T " << a.seq << " H " << a.heads << " KV " << a.kv_heads);
-    const int64_t n = a.batch * a.seq, T = a.seq, hd = a.head_dim, group = a.heads / a.kv_heads;
-    const Shape qs{n, a.heads * hd}, ks{n, a.kv_heads * hd}, ps{a.batch, a.heads, T, T};
-    const std::vector<float> q = values(qs, 40), k = values(ks, 41), v = values(ks, 42),
-                             dctx = values(qs, 43);
-    Tensor probs_ref = Tensor::empty(ps), ctx_ref = Tensor::empty(qs);
-    ops::attention_forward(tensor(qs, q), tensor(ks, k), tensor(ks, v), a, probs_ref, ctx_ref);
-    Tensor dq_ref = Tensor::empty(qs), dk_ref = Tensor::empty(ks), dv_ref = Tensor::empty(ks);
-    ops::attention_backward(tensor(qs, dctx), tensor(qs, q), tensor(ks, k), tensor(ks, v),
-                            probs_ref, a, dq_ref, dk_ref, dv_ref);
-    const std::vector<float> probs = probs_ref.to_vector();
-    std::vector<float> dscores(count_of(ps), -7.0f), dq(count_of(qs), -7.0f),
-        dk(count_of(ks), -7.0f), dv(count_of(ks), -7.0f);
-    auto softmax_backward = [](const float* p, float* ds, int64_t rows, int64_t seq, float sc) {
-      cuda::run_grid_on_cpu<body::CausalSoftmaxBackwardRows>(test::kHarnessGrids[0], p, ds, rows,
-                                                             seq, sc);
-    };
-    cuda::attention_backward_steps(dctx.data(), q.data(), k.data(), v.data(), probs.data(),
-                                   dscores.data(), dq.data(), dk.data(), dv.data(), a.batch, T,
-                                   a.heads, a.kv_heads, hd, 1.0f / std::sqrt(float(hd)),
-                                   cpu_batched, softmax_backward);
+    const int64_t T = a.seq, hd = a.head_dim, group = a.heads / a.kv_heads;
+    const AttentionCase c(a, 40);
+    const AttentionCase::Grads g = c.cuda_backward(test::kHarnessGrids[0]);
     if (T <= 256) {
-      REQUIRE(dq == dq_ref.to_vector());
-      REQUIRE(dk == dk_ref.to_vector());
-      REQUIRE(dv == dv_ref.to_vector());
+      REQUIRE(g.dq == c.dq.to_vector());
+      REQUIRE(g.dk == c.dk.to_vector());
+      REQUIRE(g.dv == c.dv.to_vector());
       continue;
     }
     // The sums' magnitudes: dq = dS K over keys, dk = dS^T Q and dv = P^T dctx over queries and
     // the group's heads.
     const int64_t ldq = a.heads * hd, ldk = a.kv_heads * hd;
-    std::vector<double> mq(count_of(qs), 0.0), mk(count_of(ks), 0.0), mv(count_of(ks), 0.0);
+    std::vector<double> mq(count_of(c.qs), 0.0), mk(count_of(c.ks), 0.0), mv(count_of(c.ks), 0.0);
+    const std::vector<float> probs = c.probs.to_vector();
     for (int64_t b = 0; b < a.batch; ++b)
       for (int64_t h = 0; h < a.heads; ++h)
         for (int64_t i = 0; i < T; ++i)
           for (int64_t j = 0; j <= i; ++j) {
             const size_t at = static_cast<size_t>(((b * a.heads + h) * T + i) * T + j);
-            const double ds = std::fabs(dscores[at]), p = probs[at];
-            for (int64_t c = 0; c < hd; ++c) {
-              const int64_t qi = (b * T + i) * ldq + h * hd + c;
-              const int64_t kj = (b * T + j) * ldk + (h / group) * hd + c;
-              mq[qi] += ds * std::fabs(k[kj]);
-              mk[kj] += ds * std::fabs(q[qi]);
-              mv[kj] += p * std::fabs(dctx[qi]);
+            const double ds = std::fabs(g.dscores[at]), p = probs[at];
+            for (int64_t e = 0; e < hd; ++e) {
+              const int64_t qi = (b * T + i) * ldq + h * hd + e;
+              const int64_t kj = (b * T + j) * ldk + (h / group) * hd + e;
+              mq[qi] += ds * std::fabs(c.k[kj]);
+              mk[kj] += ds * std::fabs(c.q[qi]);
+              mv[kj] += p * std::fabs(c.dctx[qi]);
             }
           }
     auto within = [&](const std::vector<float>& got, const Tensor& ref,
@@ -350,9 +363,9 @@ TEST_CASE("cuda harness: long causal attention cut into row blocks gives the ful
         REQUIRE(std::fabs(double(got[i]) - want[i]) <= 2 * (terms + 2) * u * magnitude[i]);
       }
     };
-    within(dq, dq_ref, mq, double(T));
-    within(dk, dk_ref, mk, double(T + group));
-    within(dv, dv_ref, mv, double(T + group));
+    within(g.dq, c.dq, mq, double(T));
+    within(g.dk, c.dk, mk, double(T + group));
+    within(g.dv, c.dv, mv, double(T + group));
   }
 }
 
