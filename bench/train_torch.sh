@@ -61,6 +61,23 @@ EOF
 torch_version=$([ $have_torch = 1 ] && "$python" -c 'import torch; print(torch.__version__)' || echo "not installed")
 echo "# training tokens/s: moe-train vs PyTorch eager ($torch_version), same model and step"
 echo "# cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -1), threads $threads, steps $steps (+$warmup warm-up), model flags: ${model[*]:-(demo defaults)}"
+# Which GEMM kernels torch gets decides much of the ratio: Debian's torch calls OpenBLAS, whose
+# kernel family follows the CPU unless the environment sets OPENBLAS_CORETYPE (which can pin AVX2
+# kernels on an AVX-512 CPU). Read in a process that has loaded torch, so it is torch's own.
+if [ $have_torch = 1 ]; then
+  torch_blas=$("$python" - 2>/dev/null <<'EOF' || echo "unknown"
+import ctypes, torch
+if "libopenblas" in open("/proc/self/maps").read():
+    lib = ctypes.CDLL("libopenblas.so.0")
+    lib.openblas_get_corename.restype = ctypes.c_char_p
+    print("OpenBLAS, " + lib.openblas_get_corename().decode() + " kernels")
+else:
+    info = [w for w in torch.__config__.show().split() if w.startswith("BLAS_INFO=")]
+    print("not OpenBLAS (" + (info[0].rstrip(",") if info else "BLAS unknown") + ")")
+EOF
+)
+  echo "# torch's GEMMs: $torch_blas (OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset})"
+fi
 printf '%-6s %14s %14s %8s\n' round moe torch ratio
 printf '%-6s %14s %14s %8s\n' "" tok/s tok/s moe/torch
 ratios=() torch_rates=()
