@@ -266,3 +266,25 @@ TEST_CASE("gemm kernel: the CBLAS and AVX-512 kernels agree to fp32 accuracy", "
     // on an AMD Zen 4, every element was the same, so the test asks for the bound alone.
   }
 }
+
+TEST_CASE("gemm kernel: panels kept from tile to tile are never reused by a later call", "[core]") {
+  if (!avx512_here()) return;
+  KernelGuard guard;
+  test::ThreadGuard threads;
+  cpu::set_gemm_kernel(cpu::GemmKernel::avx512);
+  // One thread runs every tile, so each tile after the first finds the panels of its tile row
+  // (A) or column (B) kept: here 8 tiles in one column share op(B), and K 600 keeps 3 k blocks.
+  set_num_threads(1);
+  Operands o = make_operands(2048, 64, 600, false, true, 60);
+  const cpu::GemmTiling t = cpu::gemm_tiling(o.m, o.n, o.k);
+  REQUIRE(t.tiles_m > 1);
+  REQUIRE(t.tiles_n == 1);
+  CHECK(check_product(o, 1.0f, 0.0f, run_sgemm(o, 1.0f, 0.0f)) <= 1.0);
+  // New values at the same addresses (an optimizer's update, an arena's next step): a call that
+  // found the last call's panels kept would multiply the old values.
+  for (Tensor* x : {&o.a, &o.b}) {
+    float* v = x->data<float>();
+    for (int64_t i = 0; i < x->numel(); ++i) v[i] = 0.5f - v[i];
+  }
+  CHECK(check_product(o, 1.0f, 0.0f, run_sgemm(o, 1.0f, 0.0f)) <= 1.0);
+}

@@ -76,14 +76,14 @@ void empty_k(const GemmProblem& p) {
 
 // Tile (ti, tj) of a problem: rows ti*tile_m.., columns tj*tile_n.. of C. Which kernel runs it is
 // a function of the host and the tile's shape only.
-void run_tile(const GemmProblem& p, const GemmTiling& t, int64_t ti, int64_t tj,
-              GemmKernel kernel) {
+void run_tile(const GemmProblem& p, const GemmTiling& t, int64_t ti, int64_t tj, GemmKernel kernel,
+              uint64_t call) {
   const int64_t i0 = ti * t.tile_m, j0 = tj * t.tile_n;
   const int64_t m = std::min(t.tile_m, p.m - i0), n = std::min(t.tile_n, p.n - j0);
   const float* a = p.transpose_a ? p.a + i0 : p.a + i0 * p.lda;  // rows i0.. of op(A)
   const float* b = p.transpose_b ? p.b + j0 * p.ldb : p.b + j0;  // columns j0.. of op(B)
   if (kernel == GemmKernel::avx512 && m >= kGemmAvx512MinRows && n >= kGemmAvx512MinCols) {
-    sgemm_tile_avx512(p, m, n, a, b, p.c + i0 * p.ldc + j0);
+    sgemm_tile_avx512(p, m, n, a, b, p.c + i0 * p.ldc + j0, call);
     return;
   }
   if (omp_in_parallel()) {
@@ -176,6 +176,7 @@ void sgemm_batch(const GemmProblem* problems, size_t count) {
     first_tile[i + 1] = first_tile[i] + tiles;
   }
   const int64_t total = first_tile[count];
+  const uint64_t call = gemm_next_call();  // the tile kernel's packed panels, kept within it
   // Which thread runs a tile never changes its bits: dynamic scheduling only balances load
   // (uneven edge tiles, a descheduled thread on a shared machine).
 #pragma omp parallel for schedule(dynamic, 1) if (total > 1 && total_work > kSerialWork)
@@ -184,7 +185,7 @@ void sgemm_batch(const GemmProblem* problems, size_t count) {
                                          first_tile - 1);
     const int64_t within = t - first_tile[i];
     const GemmTiling& tiling = tilings[i];
-    run_tile(problems[i], tiling, within / tiling.tiles_n, within % tiling.tiles_n, kernel);
+    run_tile(problems[i], tiling, within / tiling.tiles_n, within % tiling.tiles_n, kernel, call);
   }
 }
 

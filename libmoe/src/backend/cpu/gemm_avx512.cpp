@@ -1,7 +1,9 @@
 // The AVX-512 tile kernel of cpu::sgemm (gemm_kernel.h): the tile's rows of op(A) and columns of
 // op(B) are copied into panels (kRows rows of A, kCols columns of B, k-major, zero-padded at the
 // edges), and a register-blocked micro-kernel keeps a kRows x kCols block of C in 28 zmm
-// registers while it runs over k, one broadcast of A times two vectors of B per row and k.
+// registers while it runs over k, one broadcast of A times two vectors of B per row and k. The
+// panels of a tile's whole K are kept for the thread's next tile of the same sgemm_batch call that
+// shares them (the tiles of one tile row share op(A)'s, of one column op(B)'s).
 // Shapes: C [M,N] = alpha op(A) [M,K] op(B) [K,N] + beta C, row-major; kc = the k block.
 //
 // Why our own: the environment pins OpenBLAS to its AVX2 kernels on AVX-512 hosts
@@ -20,6 +22,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <memory>
 #include <new>
@@ -73,10 +76,25 @@ class Buffer {
   int64_t capacity_ = 0;
 };
 
+// What a packed buffer holds: the whole K of `extent` rows of op(A) (or columns of op(B)) from
+// `src`, packed in sgemm_batch call `call` (0: nothing kept).
+struct PackedKey {
+  const float* src = nullptr;
+  int64_t extent = 0, k = 0, ld = 0;
+  bool transpose = false;
+  uint64_t call = 0;
+  bool operator==(const PackedKey&) const = default;
+};
+
 struct Workspace {
   Buffer a, b, sums;
+  PackedKey a_key, b_key;
 };
 thread_local Workspace t_workspace;
+
+// Whole-K panels are kept for the next tile up to this many floats per operand (4 MiB: a tile's
+// 256 rows by K 4096); longer ones are packed a k block at a time, as they are used.
+constexpr int64_t kKeepFloats = int64_t(1) << 20;
 
 // Lanes [0, count) of a 16-lane vector (count may be <= 0 or >= 16).
 MOE_TARGET_AVX512 inline __mmask16 lanes(int64_t count) {
@@ -276,18 +294,30 @@ bool gemm_avx512_supported() {
 }
 
 MOE_TARGET_AVX512 void sgemm_tile_avx512(const GemmProblem& p, int64_t m, int64_t n, const float* a,
-                                         const float* b, float* c) {
+                                         const float* b, float* c, uint64_t call) {
   const int64_t row_panels = ceil_div(m, kRows), col_panels = ceil_div(n, kCols);
   const int64_t kc_max = gemm_avx512_k_block(p.k), blocks = ceil_div(p.k, kc_max);
+  const int64_t a_block = row_panels * kRows * kc_max, b_block = col_panels * kCols * kc_max;
   Workspace& w = t_workspace;
-  float* a_packed = w.a.get(row_panels * kRows * kc_max);
-  float* b_packed = w.b.get(col_panels * kCols * kc_max);
+  // Kept panels: every k block in its own slot, reused when this thread's previous tile of the
+  // same call packed the same operand part (the key); otherwise one slot, packed block by block.
+  const bool keep_a = call != 0 && a_block * blocks <= kKeepFloats;
+  const bool keep_b = call != 0 && b_block * blocks <= kKeepFloats;
+  const PackedKey a_key{a, m, p.k, p.lda, p.transpose_a, call};
+  const PackedKey b_key{b, n, p.k, p.ldb, p.transpose_b, call};
+  const bool a_ready = keep_a && w.a_key == a_key, b_ready = keep_b && w.b_key == b_key;
+  float* a_packed = w.a.get(keep_a ? a_block * blocks : a_block);
+  float* b_packed = w.b.get(keep_b ? b_block * blocks : b_block);
+  w.a_key = keep_a ? a_key : PackedKey{};
+  w.b_key = keep_b ? b_key : PackedKey{};
   float* sums = blocks > 1 ? w.sums.get(row_panels * col_panels * kRows * kCols) : nullptr;
   constexpr int64_t kBlock = kRows * kCols;
   for (int64_t block = 0; block < blocks; ++block) {
     const int64_t k0 = block * kc_max, kc = std::min(kc_max, p.k - k0);
-    pack_a(p, a, m, k0, kc, a_packed);
-    pack_b(p, b, n, k0, kc, b_packed);
+    float* const a_slot = a_packed + (keep_a ? block * a_block : 0);
+    float* const b_slot = b_packed + (keep_b ? block * b_block : 0);
+    if (!a_ready) pack_a(p, a, m, k0, kc, a_slot);
+    if (!b_ready) pack_b(p, b, n, k0, kc, b_slot);
     const bool first = block == 0, last = block == blocks - 1;
     const MicroKernel full = micro_kernel_for_rows(kRows, first, last);
     const MicroKernel edge = micro_kernel_for_rows(m - (row_panels - 1) * kRows, first, last);
@@ -297,7 +327,7 @@ MOE_TARGET_AVX512 void sgemm_tile_avx512(const GemmProblem& p, int64_t m, int64_
         const int64_t i0 = ip * kRows, j0 = jp * kCols;
         const Epilogue e{c + i0 * p.ldc + j0,     p.ldc,   std::min(kRows, m - i0),
                          std::min(kCols, n - j0), p.alpha, p.beta};
-        (ip + 1 < row_panels ? full : edge)(a_packed + i0 * kc, b_packed + j0 * kc, kc,
+        (ip + 1 < row_panels ? full : edge)(a_slot + i0 * kc, b_slot + j0 * kc, kc,
                                             sums ? sums + (ip * col_panels + jp) * kBlock : nullptr,
                                             e);
       }
@@ -308,10 +338,16 @@ MOE_TARGET_AVX512 void sgemm_tile_avx512(const GemmProblem& p, int64_t m, int64_
 
 bool gemm_avx512_supported() { return false; }
 int64_t gemm_avx512_k_block(int64_t k) { return k; }
-void sgemm_tile_avx512(const GemmProblem&, int64_t, int64_t, const float*, const float*, float*) {
+void sgemm_tile_avx512(const GemmProblem&, int64_t, int64_t, const float*, const float*, float*,
+                       uint64_t) {
   throw Error("cpu sgemm: the avx512 kernel is not built for this CPU architecture");
 }
 
 #endif
+
+uint64_t gemm_next_call() {
+  static std::atomic<uint64_t> calls{0};
+  return calls.fetch_add(1, std::memory_order_relaxed) + 1;
+}
 
 }  // namespace moe::cpu

@@ -26,7 +26,14 @@ int64_t gemm_avx512_k_block(int64_t k);
 // One tile of `p`: rows [0, m) and columns [0, n) of C at `c`, with `a` at row 0 of op(A) and `b`
 // at column 0 of op(B) (leading dimensions, transposes, K, alpha and beta from `p`). K >= 1.
 // Needs gemm_avx512_supported(). Scratch is per thread and reused.
+// `call` (non-zero: one sgemm_batch call, numbered by gemm_next_call) lets a thread keep the
+// packed panels of a tile for its next tile of the same call with the same rows of op(A) or
+// columns of op(B) (the tiles of one tile row or column), instead of packing them again: within a
+// call the operands are read only, between calls the same address may hold other values. 0 packs
+// every time. Packing copies values, so this never changes a bit of C.
 void sgemm_tile_avx512(const GemmProblem& p, int64_t m, int64_t n, const float* a, const float* b,
-                       float* c);
+                       float* c, uint64_t call = 0);
+// A fresh call number for sgemm_tile_avx512 (never 0; thread-safe).
+uint64_t gemm_next_call();
 
 }  // namespace moe::cpu
