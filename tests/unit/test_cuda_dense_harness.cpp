@@ -18,6 +18,7 @@
 #include "backend/embedding_order.h"
 #include "moe/ops/dense.h"
 #include "support/cuda.h"
+#include "support/gemm_kernel.h"
 #include "support/gradcheck.h"
 
 using namespace moe;
@@ -318,10 +319,7 @@ TEST_CASE("cuda harness: long causal attention cut into row blocks gives the ful
     WARN("no AVX-512 here: the row blocks' bits are checked where the AVX-512 tile kernel runs");
     return;
   }
-  struct Guard {
-    cpu::GemmKernel before = cpu::gemm_kernel();
-    ~Guard() { cpu::set_gemm_kernel(before); }
-  } guard;
+  test::GemmKernelGuard guard;
   cpu::set_gemm_kernel(cpu::GemmKernel::avx512);
   const double u = FLT_EPSILON / 2;
   for (const ops::AttentionShape& a :

@@ -17,17 +17,12 @@
 #include "backend/cpu/gemm_kernel.h"
 #include "moe/error.h"
 #include "support/bits.h"
+#include "support/gemm_kernel.h"
 #include "support/gradcheck.h"
 
 using namespace moe;
 
 namespace {
-
-// Restores the process's kernel after a test switched it.
-struct KernelGuard {
-  cpu::GemmKernel before = cpu::gemm_kernel();
-  ~KernelGuard() { cpu::set_gemm_kernel(before); }
-};
 
 // Operands with leading dimensions wider than needed (views into larger rows); C's padding
 // columns must be left alone.
@@ -135,7 +130,7 @@ bool avx512_here() {
 
 TEST_CASE("gemm kernel: the choice follows the CPU, and avx512 is refused without AVX-512",
           "[core]") {
-  KernelGuard guard;
+  test::GemmKernelGuard guard;
   CHECK(cpu::gemm_kernel_supported(cpu::GemmKernel::blas));
   CHECK(cpu::gemm_kernel_supported(cpu::GemmKernel::avx512) == cpu::gemm_avx512_supported());
   if (!cpu::gemm_avx512_supported()) {
@@ -172,7 +167,7 @@ TEST_CASE("gemm kernel: avx512 matches fp64 and its blocked FMA chains over awkw
 
 TEST_CASE("gemm kernel: through sgemm, k = 0, beta = 0 over NaN, and many tiles", "[core]") {
   if (!avx512_here()) return;
-  KernelGuard guard;
+  test::GemmKernelGuard guard;
   cpu::set_gemm_kernel(cpu::GemmKernel::avx512);
   // k = 0: C = beta C (alpha times an empty sum).
   Operands empty = make_operands(20, 40, 0, false, false, 7);
@@ -197,7 +192,7 @@ TEST_CASE("gemm kernel: through sgemm, k = 0, beta = 0 over NaN, and many tiles"
 TEST_CASE("gemm kernel: avx512 bits at 1 and 2 threads, and a row's bits whatever shares the call",
           "[core]") {
   if (!avx512_here()) return;
-  KernelGuard guard;
+  test::GemmKernelGuard guard;
   test::ThreadGuard threads;
   cpu::set_gemm_kernel(cpu::GemmKernel::avx512);
   for (const auto& [m, n, k, ta, tb] :
@@ -232,7 +227,7 @@ TEST_CASE("gemm kernel: avx512 bits at 1 and 2 threads, and a row's bits whateve
 
 TEST_CASE("gemm kernel: the CBLAS and AVX-512 kernels agree to fp32 accuracy", "[core]") {
   if (!avx512_here()) return;
-  KernelGuard guard;
+  test::GemmKernelGuard guard;
   // Each kernel sums in its own order (the BLAS's blocking is its own), so they differ by
   // rounding: each is within the (K + 2) u bound of the exact sum (check_product checks ours),
   // so they are within twice that of each other. Shapes of an expert GEMM (forward, dX, dW).
@@ -269,7 +264,7 @@ TEST_CASE("gemm kernel: the CBLAS and AVX-512 kernels agree to fp32 accuracy", "
 
 TEST_CASE("gemm kernel: panels kept from tile to tile are never reused by a later call", "[core]") {
   if (!avx512_here()) return;
-  KernelGuard guard;
+  test::GemmKernelGuard guard;
   test::ThreadGuard threads;
   cpu::set_gemm_kernel(cpu::GemmKernel::avx512);
   // One thread runs every tile, so each tile after the first finds the panels of its tile row

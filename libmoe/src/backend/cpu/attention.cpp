@@ -33,6 +33,10 @@ enum class Causal { scores, left, left_transposed };
 // more packing for less work left out; 32 was not tuned), at most 8 blocks a head (a block of rows
 // r0..r1 does the work of r1 rows of the full product, so 8 blocks do 9/16 of it, 4 blocks 5/8).
 int64_t causal_block_rows(int64_t T) { return std::max<int64_t>(32, (T + 7) / 8); }
+int64_t causal_blocks(int64_t T) {
+  const int64_t rows = causal_block_rows(T);
+  return (T + rows - 1) / rows;
+}
 
 // Appends `p` (one head's whole product) cut into row blocks that leave out the zero or unwanted
 // part: block r0..r1 of scores stops at column r1; of left, at key r1 (P's later columns are zero
@@ -74,7 +78,7 @@ template <class Fn>
 void per_head_batch(int64_t batch, int64_t heads, const GemmProblem& shape, Causal kind,
                     Fn&& operands) {
   std::vector<GemmProblem> problems;
-  problems.reserve(static_cast<size_t>(batch * heads * ((shape.m + 31) / 32)));
+  problems.reserve(static_cast<size_t>(batch * heads * causal_blocks(shape.m)));
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t h = 0; h < heads; ++h) {
       GemmProblem p = shape;
@@ -326,7 +330,7 @@ void attention_backward(const Tensor& dctx, const Tensor& q, const Tensor& k, co
   for (int64_t g = 0; g < group; ++g) {
     const float beta = g == 0 ? 0.0f : 1.0f;
     std::vector<GemmProblem> problems;
-    problems.reserve(static_cast<size_t>(2 * s.batch * KV * ((T + 31) / 32)));
+    problems.reserve(static_cast<size_t>(2 * s.batch * KV * causal_blocks(T)));
     for (int64_t b = 0; b < s.batch; ++b)
       for (int64_t kv = 0; kv < KV; ++kv) {
         const int64_t h = kv * group + g;

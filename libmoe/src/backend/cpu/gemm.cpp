@@ -176,7 +176,9 @@ void sgemm_batch(const GemmProblem* problems, size_t count) {
     first_tile[i + 1] = first_tile[i] + tiles;
   }
   const int64_t total = first_tile[count];
-  const uint64_t call = gemm_next_call();  // the tile kernel's packed panels, kept within it
+  // The tile kernel's packed panels are kept within a call of several tiles; a single tile
+  // (decode's per-head products) has no next tile to share them, and takes no call number.
+  const uint64_t call = total > 1 ? gemm_next_call() : 0;
   // Which thread runs a tile never changes its bits: dynamic scheduling only balances load
   // (uneven edge tiles, a descheduled thread on a shared machine).
 #pragma omp parallel for schedule(dynamic, 1) if (total > 1 && total_work > kSerialWork)
