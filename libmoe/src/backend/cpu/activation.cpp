@@ -1,17 +1,28 @@
 // CPU loops of the elementwise ops of the dense layers: bias add / bias gradient (Linear) and the
-// GELU / SwiGLU activations (MLP), looping over the kernel bodies of kernels/activations.h. Shapes:
-// y, dy [N, C]; bias [C]; activations elementwise on any shape.
+// GELU / SwiGLU activations (MLP), the latter through the experts' activation spans
+// (activation_rows.h) with an empty bias. Shapes: y, dy [N, C]; bias [C]; activations elementwise
+// on any shape.
 #include <algorithm>
 
+#include "backend/cpu/activation_rows.h"
 #include "backend/cpu/backend.h"
-#include "backend/cpu/vector_math.h"
 #include "core/parallel.h"
-#include "kernels/activations.h"
 
 namespace moe::cpu {
 
 namespace {
 constexpr int64_t kColumnBlock = 64;
+
+// The activations of a whole tensor: spans of kSpan floats (a multiple of the spans' block, so
+// every element sits at the same place of a block whatever the thread count), OpenMP over spans.
+constexpr int64_t kSpan = 64 * kActivationLanes;
+
+template <class Fn>
+void for_each_span(int64_t numel, const Fn& fn) {
+  const int64_t spans = (numel + kSpan - 1) / kSpan;
+#pragma omp parallel for schedule(static) if (numel >= kParallelWork)
+  for (int64_t s = 0; s < spans; ++s) fn(s * kSpan, std::min(kSpan, numel - s * kSpan));
+}
 
 }  // namespace
 
@@ -40,27 +51,25 @@ void bias_grad(const Tensor& dy, Tensor& dbias) {
 void gelu_forward(const Tensor& x, Tensor& y) {
   const float* xs = x.data<float>();
   float* ys = y.data<float>();
-  const int64_t n = x.numel();
-#pragma omp parallel for schedule(static) if (n >= kParallelWork)
-  for (int64_t i = 0; i < n; ++i) ys[i] = kernels::gelu_tanh(xs[i]);
+  for_each_span(x.numel(),
+                [&](int64_t b, int64_t n) { bias_gelu_span(xs + b, nullptr, nullptr, ys + b, n); });
 }
 
 void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
   const float* g = dy.data<float>();
   const float* xs = x.data<float>();
   float* dxs = dx.data<float>();
-  const int64_t n = x.numel();
-#pragma omp parallel for schedule(static) if (n >= kParallelWork)
-  for (int64_t i = 0; i < n; ++i) dxs[i] = g[i] * kernels::gelu_tanh_grad(xs[i]);
+  for_each_span(x.numel(),
+                [&](int64_t b, int64_t n) { gelu_backward_span(xs + b, g + b, dxs + b, n); });
 }
 
 void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& y) {
   const float* gs = gate.data<float>();
   const float* us = up.data<float>();
   float* ys = y.data<float>();
-  const int64_t n = gate.numel();
-#pragma omp parallel for schedule(static) if (n >= kParallelWork)
-  for (int64_t i = 0; i < n; ++i) ys[i] = kernels::silu(gs[i]) * us[i];
+  for_each_span(gate.numel(), [&](int64_t b, int64_t n) {
+    bias_swiglu_span(gs + b, us + b, nullptr, nullptr, ys + b, n);
+  });
 }
 
 void swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up, Tensor& dgate,
@@ -70,13 +79,10 @@ void swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up, Ten
   const float* us = up.data<float>();
   float* dg = dgate.data<float>();
   float* du = dup.data<float>();
-  const int64_t n = gate.numel();
-#pragma omp parallel for schedule(static) if (n >= kParallelWork)
-  for (int64_t i = 0; i < n; ++i) {
-    const float gi = g[i], gate_i = gs[i], up_i = us[i];  // read before writing: outputs may alias
-    dg[i] = gi * up_i * kernels::silu_grad(gate_i);
-    du[i] = gi * kernels::silu(gate_i);
-  }
+  // The span reads a block's inputs before it writes its outputs: dgate / dup may alias them.
+  for_each_span(gate.numel(), [&](int64_t b, int64_t n) {
+    swiglu_backward_span(gs + b, us + b, g + b, dg + b, du + b, n);
+  });
 }
 
 }  // namespace moe::cpu

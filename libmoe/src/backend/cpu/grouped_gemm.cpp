@@ -10,10 +10,10 @@
 #include <utility>
 #include <vector>
 
+#include "backend/cpu/activation_rows.h"
 #include "backend/cpu/backend.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/gemv.h"
-#include "backend/cpu/vector_math.h"
 #include "core/parallel.h"
 #include "kernels/experts.h"
 
@@ -24,77 +24,6 @@ namespace {
 inline int64_t expert_of_row(const std::vector<int32_t>& offsets, int64_t row) {
   auto it = std::upper_bound(offsets.begin(), offsets.end(), static_cast<int32_t>(row));
   return static_cast<int64_t>(it - offsets.begin()) - 1;
-}
-
-// The activation rows run in blocks of kLanes elements through local buffers: with a
-// compile-time length and no possible aliasing the compiler vectorises each block completely and
-// needs no scalar fallback, and the last partial block is zero-padded. Every element thus takes
-// the same code path whatever the row length, alignment, aliasing or thread: results are bitwise
-// reproducible.
-constexpr int64_t kLanes = 16;
-
-struct Block {
-  int64_t begin, count;
-  void load(const float* src, float* dst) const {
-    if (count == kLanes) {
-      std::copy(src + begin, src + begin + kLanes, dst);
-    } else {
-      std::fill(dst, dst + kLanes, 0.0f);
-      std::copy(src + begin, src + begin + count, dst);
-    }
-  }
-  void store(const float* src, float* dst) const { std::copy(src, src + count, dst + begin); }
-};
-
-template <class Fn>
-void for_each_block(int64_t n, Fn&& fn) {
-  for (int64_t j = 0; j < n; j += kLanes) fn(Block{j, std::min(kLanes, n - j)});
-}
-
-void bias_gelu(float* h, const float* bias, float* a, int64_t n) {
-  for_each_block(n, [&](const Block& b) {
-    alignas(64) float hb[kLanes], bb[kLanes], ab[kLanes];
-    b.load(h, hb);
-    if (bias) b.load(bias, bb);
-    kernels::bias_gelu_row(hb, bias ? bb : nullptr, ab, kLanes);
-    b.store(hb, h);
-    b.store(ab, a);
-  });
-}
-
-void gelu_backward(const float* h, const float* da, float* dh, int64_t n) {
-  for_each_block(n, [&](const Block& b) {
-    alignas(64) float hb[kLanes], gb[kLanes], db[kLanes];
-    b.load(h, hb);
-    b.load(da, gb);
-    kernels::gelu_backward_row(hb, gb, db, kLanes);
-    b.store(db, dh);
-  });
-}
-
-void bias_swiglu(float* h, const float* h3, const float* bias, float* a, int64_t n) {
-  for_each_block(n, [&](const Block& b) {
-    alignas(64) float hb[kLanes], h3b[kLanes], bb[kLanes], ab[kLanes];
-    b.load(h, hb);
-    b.load(h3, h3b);
-    if (bias) b.load(bias, bb);
-    kernels::bias_swiglu_row(hb, h3b, bias ? bb : nullptr, ab, kLanes);
-    b.store(hb, h);
-    b.store(ab, a);
-  });
-}
-
-void swiglu_backward(const float* h, const float* h3, const float* da, float* dh, float* dh3,
-                     int64_t n) {
-  for_each_block(n, [&](const Block& b) {
-    alignas(64) float hb[kLanes], h3b[kLanes], gb[kLanes], db[kLanes], d3b[kLanes];
-    b.load(h, hb);
-    b.load(h3, h3b);
-    b.load(da, gb);
-    kernels::swiglu_backward_row(hb, h3b, gb, db, d3b, kLanes);
-    b.store(db, dh);
-    b.store(d3b, dh3);
-  });
 }
 
 }  // namespace
@@ -169,14 +98,15 @@ void expert_activation(Tensor& h, const Tensor& h3, const Tensor& bias,
   if (activation == Activation::gelu) {
 #pragma omp parallel for schedule(static) if (rows * width >= kParallelWork)
     for (int64_t i = 0; i < rows; ++i)
-      bias_gelu(hs + i * width, bs ? bs + expert_of_row(offsets, i) * width : nullptr,
-                as + i * width, width);
+      bias_gelu_span(hs + i * width, bs ? bs + expert_of_row(offsets, i) * width : nullptr,
+                     hs + i * width, as + i * width, width);
   } else {
     const float* h3s = h3.data<float>();
 #pragma omp parallel for schedule(static) if (rows * width >= kParallelWork)
     for (int64_t i = 0; i < rows; ++i)
-      bias_swiglu(hs + i * width, h3s + i * width,
-                  bs ? bs + expert_of_row(offsets, i) * width : nullptr, as + i * width, width);
+      bias_swiglu_span(hs + i * width, h3s + i * width,
+                       bs ? bs + expert_of_row(offsets, i) * width : nullptr, hs + i * width,
+                       as + i * width, width);
   }
 }
 
@@ -189,14 +119,14 @@ void expert_activation_backward(const Tensor& da, const Tensor& h, const Tensor&
   if (activation == Activation::gelu) {
 #pragma omp parallel for schedule(static) if (rows * width >= kParallelWork)
     for (int64_t i = 0; i < rows; ++i)
-      gelu_backward(hs + i * width, das + i * width, dhs + i * width, width);
+      gelu_backward_span(hs + i * width, das + i * width, dhs + i * width, width);
   } else {
     const float* h3s = h3.data<float>();
     float* dh3s = dh3.data<float>();
 #pragma omp parallel for schedule(static) if (rows * width >= kParallelWork)
     for (int64_t i = 0; i < rows; ++i)
-      swiglu_backward(hs + i * width, h3s + i * width, das + i * width, dhs + i * width,
-                      dh3s + i * width, width);
+      swiglu_backward_span(hs + i * width, h3s + i * width, das + i * width, dhs + i * width,
+                           dh3s + i * width, width);
   }
 }
 
