@@ -316,6 +316,9 @@ TEST_CASE("cuda harness: long causal attention cut into row blocks gives the ful
   // other (a head group's dk and dv add `group` more roundings). Shapes with head_dim 16, so that
   // every tile is the AVX-512 kernel's (narrower ones go to CBLAS, which sums its own way).
   if (!cpu::gemm_kernel_supported(cpu::GemmKernel::avx512)) {
+    // Asking for the kernel is refused (the T 100 naive-loop and T 40 finite-difference tests of
+    // test_dense_ops.cpp check the blocks on every host).
+    CHECK_THROWS_AS(cpu::set_gemm_kernel(cpu::GemmKernel::avx512), UsageError);
     WARN("no AVX-512 here: the row blocks' bits are checked where the AVX-512 tile kernel runs");
     return;
   }

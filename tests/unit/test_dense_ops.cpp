@@ -199,12 +199,14 @@ TEST_CASE("dense: causal GQA attention matches a naive triple loop", "[dense]") 
             REQUIRE(std::fabs(got - o) <= (1e-5 + (i + 3) * 0x1p-24) * std::max(1.0, magnitude));
           }
         }
-    if (s.seq != 7) continue;
-    // Wrong operand shape: the message names the tensor.
-    Tensor bad = test::random_tensor({n, 3}, 29).set_name("blocks.0.attn.k");
-    REQUIRE_THROWS_WITH(ops::attention_forward(q, bad, v, s, probs, ctx),
-                        Catch::Contains("blocks.0.attn.k[14,3]"));
   }
+  // Wrong operand shape: the message names the tensor.
+  const ops::AttentionShape s{2, 7, 4, 2, 8};
+  Tensor q = test::random_tensor({14, 32}, 26), v = test::random_tensor({14, 16}, 28);
+  Tensor probs = Tensor::empty({2, 4, 7, 7}), ctx = Tensor::empty(q.shape());
+  Tensor bad = test::random_tensor({14, 3}, 29).set_name("blocks.0.attn.k");
+  REQUIRE_THROWS_WITH(ops::attention_forward(q, bad, v, s, probs, ctx),
+                      Catch::Contains("blocks.0.attn.k[14,3]"));
 }
 
 TEST_CASE("dense: attention backward matches finite differences of the core op", "[dense]") {
