@@ -1,11 +1,13 @@
 // The CPU's activation spans (activation_rows.h): blocks of kActivationLanes floats through local
-// buffers. With a compile-time block length the kernel bodies' loops vectorise whole.
+// buffers. With a compile-time block length the kernel bodies' loops vectorise whole. The GELU
+// spans come in three copies (baseline x86-64, AVX2, AVX-512), one chosen by the CPU.
 #include "backend/cpu/activation_rows.h"
 
 #include <algorithm>
 
 #include "backend/cpu/vector_math.h"
 #include "kernels/experts.h"
+#include "moe/error.h"
 
 namespace moe::cpu {
 namespace {
@@ -25,21 +27,29 @@ inline void store(const float* block, int64_t count, float* dst) {
   std::copy(block, block + count, dst);
 }
 
-}  // namespace
-
-void bias_gelu_span(const float* h_in, const float* bias, float* h_out, float* a, int64_t n) {
+// The GELU bodies, inlined into each instruction set's copy below: with a compile-time block
+// length the loops vectorise whole, at the width of the function they are inlined into.
+[[gnu::always_inline]] inline void bias_gelu_body(const float* h_in, const float* bias,
+                                                  float* h_out, float* a, int64_t n) {
   for (int64_t j = 0; j < n; j += kLanes) {
     const int64_t count = std::min(kLanes, n - j);
     alignas(64) float hb[kLanes], bb[kLanes], ab[kLanes];
     load(h_in + j, count, hb);
-    if (bias) load(bias + j, count, bb);
-    kernels::bias_gelu_row(hb, bias ? bb : nullptr, ab, kLanes);
+    // Two calls rather than one with `bias ? bb : nullptr`: each inlined loop then knows its bias
+    // and has no conditional load, which the baseline copy could not vectorise.
+    if (bias) {
+      load(bias + j, count, bb);
+      kernels::bias_gelu_row(hb, bb, ab, kLanes);
+    } else {
+      kernels::bias_gelu_row(hb, nullptr, ab, kLanes);
+    }
     if (h_out) store(hb, count, h_out + j);
     store(ab, count, a + j);
   }
 }
 
-void gelu_backward_span(const float* h, const float* da, float* dh, int64_t n) {
+[[gnu::always_inline]] inline void gelu_backward_body(const float* h, const float* da, float* dh,
+                                                      int64_t n) {
   for (int64_t j = 0; j < n; j += kLanes) {
     const int64_t count = std::min(kLanes, n - j);
     alignas(64) float hb[kLanes], gb[kLanes], db[kLanes];
@@ -48,6 +58,99 @@ void gelu_backward_span(const float* h, const float* da, float* dh, int64_t n) {
     kernels::gelu_backward_row(hb, gb, db, kLanes);
     store(db, count, dh + j);
   }
+}
+
+#define MOE_GELU_COPY(suffix, target)                                                          \
+  target void bias_gelu_##suffix(const float* h_in, const float* bias, float* h_out, float* a, \
+                                 int64_t n) {                                                  \
+    bias_gelu_body(h_in, bias, h_out, a, n);                                                   \
+  }                                                                                            \
+  target void gelu_backward_##suffix(const float* h, const float* da, float* dh, int64_t n) {  \
+    gelu_backward_body(h, da, dh, n);                                                          \
+  }
+
+MOE_GELU_COPY(baseline, )
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+MOE_GELU_COPY(avx2, __attribute__((target("avx2"))))
+MOE_GELU_COPY(avx512, __attribute__((target("avx512f"))))
+bool isa_here(ActivationIsa isa) {
+  __builtin_cpu_init();
+  switch (isa) {
+    case ActivationIsa::avx512:
+      return __builtin_cpu_supports("avx512f");
+    case ActivationIsa::avx2:
+      return __builtin_cpu_supports("avx2");
+    default:
+      return true;
+  }
+}
+#else  // one copy
+#define bias_gelu_avx2 bias_gelu_baseline
+#define bias_gelu_avx512 bias_gelu_baseline
+#define gelu_backward_avx2 gelu_backward_baseline
+#define gelu_backward_avx512 gelu_backward_baseline
+bool isa_here(ActivationIsa isa) { return isa == ActivationIsa::baseline; }
+#endif
+
+ActivationIsa& isa_in_use() {
+  static ActivationIsa isa = isa_here(ActivationIsa::avx512) ? ActivationIsa::avx512
+                             : isa_here(ActivationIsa::avx2) ? ActivationIsa::avx2
+                                                             : ActivationIsa::baseline;
+  return isa;
+}
+
+void bias_gelu_unchecked(ActivationIsa isa, const float* h_in, const float* bias, float* h_out,
+                         float* a, int64_t n) {
+  switch (isa) {
+    case ActivationIsa::avx512:
+      return bias_gelu_avx512(h_in, bias, h_out, a, n);
+    case ActivationIsa::avx2:
+      return bias_gelu_avx2(h_in, bias, h_out, a, n);
+    default:
+      return bias_gelu_baseline(h_in, bias, h_out, a, n);
+  }
+}
+
+void gelu_backward_unchecked(ActivationIsa isa, const float* h, const float* da, float* dh,
+                             int64_t n) {
+  switch (isa) {
+    case ActivationIsa::avx512:
+      return gelu_backward_avx512(h, da, dh, n);
+    case ActivationIsa::avx2:
+      return gelu_backward_avx2(h, da, dh, n);
+    default:
+      return gelu_backward_baseline(h, da, dh, n);
+  }
+}
+
+void require_supported(ActivationIsa isa) {
+  if (!isa_here(isa))
+    throw UsageError(str("cpu activations: the ", activation_isa_name(isa),
+                         " copy of the GELU spans needs a CPU (and a GCC or Clang x86-64 build) "
+                         "with ",
+                         activation_isa_name(isa)));
+}
+
+}  // namespace
+
+void bias_gelu_span(const float* h_in, const float* bias, float* h_out, float* a, int64_t n) {
+  bias_gelu_unchecked(isa_in_use(), h_in, bias, h_out, a, n);
+}
+
+void gelu_backward_span(const float* h, const float* da, float* dh, int64_t n) {
+  gelu_backward_unchecked(isa_in_use(), h, da, dh, n);
+}
+
+void bias_gelu_span_on(ActivationIsa isa, const float* h_in, const float* bias, float* h_out,
+                       float* a, int64_t n) {
+  require_supported(isa);
+  bias_gelu_unchecked(isa, h_in, bias, h_out, a, n);
+}
+
+void gelu_backward_span_on(ActivationIsa isa, const float* h, const float* da, float* dh,
+                           int64_t n) {
+  require_supported(isa);
+  gelu_backward_unchecked(isa, h, da, dh, n);
 }
 
 void bias_swiglu_span(const float* h1_in, const float* h3, const float* bias, float* h1_out,
@@ -76,6 +179,26 @@ void swiglu_backward_span(const float* h1, const float* h3, const float* da, flo
     store(db, count, dh1 + j);
     store(d3b, count, dh3 + j);
   }
+}
+
+const char* activation_isa_name(ActivationIsa isa) {
+  switch (isa) {
+    case ActivationIsa::avx512:
+      return "avx512";
+    case ActivationIsa::avx2:
+      return "avx2";
+    default:
+      return "baseline";
+  }
+}
+
+bool activation_isa_supported(ActivationIsa isa) { return isa_here(isa); }
+
+ActivationIsa activation_isa() { return isa_in_use(); }
+
+void set_activation_isa(ActivationIsa isa) {
+  require_supported(isa);
+  isa_in_use() = isa;
 }
 
 }  // namespace moe::cpu
