@@ -1,8 +1,9 @@
-// The CPU activation spans (backend/cpu/activation_rows.h) and GELU's tanh (kernels::tanh_f): its
-// accuracy; the AVX2 and AVX-512 copies of the GELU spans give the baseline copy's bits; the dense
-// activation ops give every element the spans' bits whatever the thread count and the tensor's
-// length (a plain OpenMP loop sent the elements at the end of a thread's chunk through libm's
-// scalar expf / tanhf, whose bits differ from libmvec's vector ones).
+// The CPU activation spans (backend/cpu/activation_rows.h) and their math (kernels::exp_f,
+// kernels::tanh_f): its accuracy; the AVX2 and AVX-512 copies of the spans give the baseline
+// copy's bits; the dense activation ops give every element the scalar kernel body's bits whatever
+// the thread count and the tensor's length (plain OpenMP loops once sent the elements at the end
+// of a thread's chunk through libm's scalar expf / tanhf, whose bits differ from libmvec's vector
+// ones).
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
@@ -20,12 +21,6 @@ using namespace moe;
 
 namespace {
 
-uint32_t bits_of(float v) {
-  uint32_t b;
-  std::memcpy(&b, &v, 4);
-  return b;
-}
-
 float float_of(uint32_t b) {
   float v;
   std::memcpy(&v, &b, 4);
@@ -37,33 +32,64 @@ struct IsaGuard {
   ~IsaGuard() { cpu::set_activation_isa(before); }
 };
 
-// Runs of 65,536 consecutive bit patterns; taking every 32nd or 64th covers all signs and
-// exponents.
+// Runs of 65,536 consecutive bit patterns; taking every 64th covers all signs and exponents.
 constexpr int64_t kRun = int64_t(1) << 16, kRuns = (int64_t(1) << 32) / kRun;
 
-}  // namespace
-
-TEST_CASE("activation spans: tanh_f is within 1.5 ulp of tanh, and exact at the edges",
-          "[activation]") {
+// The worst error of f against `exact` (in double) over every 64th run, in ulp of the correctly
+// rounded result (the subnormals' spacing below 2^-126); results that round to infinity must be
+// infinite. NaN inputs are skipped (checked apart).
+template <class F, class Exact>
+double worst_ulp(F f, Exact exact, uint32_t& worst_bits) {
   double worst = 0;
-  uint32_t worst_bits = 0;
   for (int64_t run = 0; run < kRuns; run += 64)
     for (int64_t i = 0; i < kRun; ++i) {
       const uint32_t bits = static_cast<uint32_t>(run * kRun + i);
       const float x = float_of(bits);
       if (std::isnan(x)) continue;
-      const double want = std::tanh(static_cast<double>(x));
-      const float rounded = static_cast<float>(want);
-      // One ulp of the correctly rounded result (the smallest subnormal at 0).
-      const double ulp = rounded == 0.0f ? 0x1p-149 : std::ldexp(1.0, std::ilogb(rounded) - 23);
-      const double err = std::fabs(kernels::tanh_f(x) - want) / ulp;
+      const double want = exact(static_cast<double>(x));
+      const float rounded = static_cast<float>(want), got = f(x);
+      double err;
+      if (std::isinf(rounded)) {
+        err = got == rounded ? 0.0 : 1e9;
+      } else {
+        const int e = rounded == 0.0f ? -126 : std::max(std::ilogb(rounded), -126);
+        err = std::fabs(static_cast<double>(got) - want) / std::ldexp(1.0, e - 23);
+      }
       if (err > worst) {
         worst = err;
         worst_bits = bits;
       }
     }
-  INFO("worst " << worst << " ulp at bits 0x" << std::hex << worst_bits);
-  CHECK(worst <= 1.5);
+  return worst;
+}
+
+// kRun floats: the same bits, or both NaN.
+bool same_bits_or_nans(const float* a, const float* b) {
+  for (int64_t i = 0; i < kRun; ++i)
+    if (std::memcmp(a + i, b + i, 4) != 0 && !(std::isnan(a[i]) && std::isnan(b[i]))) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("activation spans: exp_f within 1 ulp of exp, tanh_f within 1.5 of tanh, edges exact",
+          "[activation]") {
+  uint32_t at = 0;
+  const double exp_worst = worst_ulp(
+      kernels::exp_f, [](double x) { return std::exp(x); }, at);
+  INFO("exp_f: worst " << exp_worst << " ulp at bits 0x" << std::hex << at);
+  CHECK(exp_worst <= 1.0);  // 0.99 over all floats
+  const double tanh_worst = worst_ulp(
+      kernels::tanh_f, [](double x) { return std::tanh(x); }, at);
+  INFO("tanh_f: worst " << tanh_worst << " ulp at bits 0x" << std::hex << at);
+  CHECK(tanh_worst <= 1.5);  // 1.46 over all floats
+  CHECK(kernels::exp_f(0.0f) == 1.0f);
+  CHECK(kernels::exp_f(-INFINITY) == 0.0f);
+  CHECK(kernels::exp_f(INFINITY) == INFINITY);
+  CHECK(kernels::exp_f(89.0f) == INFINITY);
+  CHECK(kernels::exp_f(-200.0f) == 0.0f);
+  CHECK(std::isnan(kernels::exp_f(NAN)));
+  CHECK(std::fpclassify(kernels::exp_f(-100.0f)) == FP_SUBNORMAL);
   CHECK(kernels::tanh_f(0.0f) == 0.0f);
   CHECK(std::signbit(kernels::tanh_f(-0.0f)));
   CHECK(kernels::tanh_f(INFINITY) == 1.0f);
@@ -74,7 +100,7 @@ TEST_CASE("activation spans: tanh_f is within 1.5 ulp of tanh, and exact at the 
   CHECK(kernels::tanh_f(-0.3f) == -kernels::tanh_f(0.3f));
 }
 
-TEST_CASE("activation spans: the CPU picks its widest GELU copy and refuses one it lacks",
+TEST_CASE("activation spans: the CPU picks its widest copy and refuses one it lacks",
           "[activation]") {
   using cpu::ActivationIsa;
   IsaGuard guard;
@@ -95,9 +121,14 @@ TEST_CASE("activation spans: the CPU picks its widest GELU copy and refuses one 
   CHECK(cpu::activation_isa() == ActivationIsa::baseline);
 }
 
-// The copies run the same IEEE operations lane by lane, so they must agree bit for bit (NaN
-// payloads too); a compiler that fused, reordered or approximated in one copy would show here.
-TEST_CASE("activation spans: every GELU copy this CPU has gives the baseline copy's bits",
+// The copies run the same IEEE operations lane by lane, so they must agree bit for bit; a
+// compiler that fused, reordered or approximated in one copy would show here. NaN results need
+// only be NaN: where both operands of a product are NaN, x86 returns the first one, and the
+// vectoriser may order a commutative product's operands differently at each width (SiLU's
+// x * sigmoid(x) on a NaN x: the sigmoid's NaN has the sign flipped).
+// Every 64th run of bit patterns (1/64 of all floats) through each span: GELU and SwiGLU forward
+// with and without a bias (the pre-activation written back), and both backwards.
+TEST_CASE("activation spans: every copy this CPU has gives the baseline copy's bits",
           "[activation]") {
   using cpu::ActivationIsa;
   std::vector<ActivationIsa> wide;
@@ -107,81 +138,65 @@ TEST_CASE("activation spans: every GELU copy this CPU has gives the baseline cop
     WARN("only the baseline copy on this CPU: nothing to compare");
     return;
   }
-  std::vector<float> x(kRun), da(kRun), bias(kRun), got(kRun), h_got(kRun);
-  std::vector<float> base(kRun), base_biased(kRun), base_h(kRun), base_backward(kRun);
+  // Each span on one copy, its outputs appended to `out`.
+  std::vector<float> x(kRun), other(kRun), bias(kRun);
   for (int64_t i = 0; i < kRun; ++i) {
-    da[i] = 1.0f + static_cast<float>(i % 7) * 0.25f;
+    other[i] = 1.0f + static_cast<float>(i % 7) * 0.25f;  // da, or h3
     bias[i] = static_cast<float>(i % 13) * 0.125f - 0.75f;
   }
-  std::vector<int64_t> forward(wide.size()), with_bias(wide.size()), backward(wide.size());
-  for (int64_t run = 0; run < kRuns; run += 32) {
+  auto run_all = [&](ActivationIsa isa, std::vector<float>& out) {
+    out.assign(10 * kRun, 0.0f);
+    float* o = out.data();
+    cpu::bias_gelu_span_on(isa, x.data(), nullptr, nullptr, o, kRun);
+    cpu::bias_gelu_span_on(isa, x.data(), bias.data(), o + kRun, o + 2 * kRun, kRun);
+    cpu::gelu_backward_span_on(isa, x.data(), other.data(), o + 3 * kRun, kRun);
+    cpu::bias_swiglu_span_on(isa, x.data(), other.data(), nullptr, nullptr, o + 4 * kRun, kRun);
+    cpu::bias_swiglu_span_on(isa, x.data(), other.data(), bias.data(), o + 5 * kRun, o + 6 * kRun,
+                             kRun);
+    cpu::swiglu_backward_span_on(isa, x.data(), other.data(), bias.data(), o + 7 * kRun,
+                                 o + 8 * kRun, kRun);
+    cpu::gelu_backward_span_on(isa, other.data(), x.data(), o + 9 * kRun, kRun);  // da = x
+  };
+  std::vector<float> base, got;
+  std::vector<std::vector<int64_t>> differ(wide.size(), std::vector<int64_t>(10, 0));
+  for (int64_t run = 0; run < kRuns; run += 64) {
     for (int64_t i = 0; i < kRun; ++i) x[i] = float_of(static_cast<uint32_t>(run * kRun + i));
-    const auto baseline = ActivationIsa::baseline;
-    cpu::bias_gelu_span_on(baseline, x.data(), nullptr, nullptr, base.data(), kRun);
-    cpu::bias_gelu_span_on(baseline, x.data(), bias.data(), base_h.data(), base_biased.data(),
-                           kRun);
-    cpu::gelu_backward_span_on(baseline, x.data(), da.data(), base_backward.data(), kRun);
+    run_all(ActivationIsa::baseline, base);
     for (size_t w = 0; w < wide.size(); ++w) {
-      cpu::bias_gelu_span_on(wide[w], x.data(), nullptr, nullptr, got.data(), kRun);
-      forward[w] += std::memcmp(base.data(), got.data(), kRun * 4) != 0;
-      cpu::bias_gelu_span_on(wide[w], x.data(), bias.data(), h_got.data(), got.data(), kRun);
-      with_bias[w] += std::memcmp(base_biased.data(), got.data(), kRun * 4) != 0 ||
-                      std::memcmp(base_h.data(), h_got.data(), kRun * 4) != 0;
-      cpu::gelu_backward_span_on(wide[w], x.data(), da.data(), got.data(), kRun);
-      backward[w] += std::memcmp(base_backward.data(), got.data(), kRun * 4) != 0;
+      run_all(wide[w], got);
+      for (int64_t part = 0; part < 10; ++part)
+        differ[w][part] += !same_bits_or_nans(base.data() + part * kRun, got.data() + part * kRun);
     }
   }
-  for (size_t w = 0; w < wide.size(); ++w) {
-    INFO(cpu::activation_isa_name(wide[w]) << ": runs that differ");
-    CHECK(forward[w] == 0);
-    CHECK(with_bias[w] == 0);
-    CHECK(backward[w] == 0);
-  }
+  for (size_t w = 0; w < wide.size(); ++w)
+    for (int64_t part = 0; part < 10; ++part) {
+      INFO(cpu::activation_isa_name(wide[w]) << ", output " << part << ": runs that differ");
+      CHECK(differ[w][part] == 0);
+    }
 }
 
-// The inputs: values whose GELU (or SiLU) through libm's scalar function differs from the spans'
-// (found here, on this libm; the random ones where none is found), repeated over an odd length.
-// Run at 1 to 4 threads, the dense ops must give each element the spans' bits: with a plain loop
-// the elements at the end of a thread's chunk went through the scalar function.
-TEST_CASE("dense: gelu and swiglu give every element the spans' bits at any thread count",
+// Odd lengths at 1 to 4 threads: every element of the dense ops must be the scalar kernel body's
+// result (kernels/activations.h, run here one element at a time): the spans' math has no libm call,
+// so a span, a scalar call and every thread split agree. With plain loops the elements at the end
+// of a thread's chunk went through libm's scalar tanhf / expf, and the rest through libmvec's.
+TEST_CASE("dense: gelu and swiglu give every element the kernel body's bits at any thread count",
           "[activation][dense]") {
   test::ThreadGuard threads_guard;
   const int64_t n = 100003;
-  Tensor random = test::random_tensor({n}, 21, 3.0f);
-  const float* r = random.data<float>();
-  std::vector<float> gelu_values, silu_values;
-  std::vector<float> span(n);
-  cpu::bias_gelu_span(r, nullptr, nullptr, span.data(), n);
-  for (int64_t i = 0; i < n && gelu_values.size() < 64; ++i)
-    if (bits_of(kernels::gelu_tanh(r[i])) != bits_of(span[i])) gelu_values.push_back(r[i]);
-  std::vector<float> ones(n, 1.0f);
-  cpu::bias_swiglu_span(r, ones.data(), nullptr, nullptr, span.data(), n);
-  for (int64_t i = 0; i < n && silu_values.size() < 64; ++i)
-    if (bits_of(kernels::silu(r[i])) != bits_of(span[i])) silu_values.push_back(r[i]);
-  INFO("values whose scalar GELU / SiLU differ from the spans': " << gelu_values.size() << " / "
-                                                                  << silu_values.size());
-  if (gelu_values.empty() || silu_values.empty())
-    WARN(
-        "libm's scalar GELU or SiLU agrees with the spans on these inputs: the check below cannot "
-        "tell a plain loop from the spans on this host");
-  auto filled = [&](const std::vector<float>& values, uint64_t seed) {
-    Tensor t = test::random_tensor({n}, seed, 3.0f);
-    if (!values.empty())
-      for (int64_t i = 0; i < n; ++i) t.data<float>()[i] = values[i % values.size()];
-    return t;
-  };
-  const Tensor x = filled(gelu_values, 22), gate = filled(silu_values, 23);
+  const Tensor x = test::random_tensor({n}, 22, 3.0f), gate = test::random_tensor({n}, 23, 3.0f);
   const Tensor up = test::random_tensor({n}, 24), dy = test::random_tensor({n}, 25);
-  // The spans over the whole tensor, on one thread.
   Tensor gelu_want = Tensor::empty({n}), dgelu_want = Tensor::empty({n});
   Tensor swiglu_want = Tensor::empty({n}), dgate_want = Tensor::empty({n}),
          dup_want = Tensor::empty({n});
-  cpu::bias_gelu_span(x.data<float>(), nullptr, nullptr, gelu_want.data<float>(), n);
-  cpu::gelu_backward_span(x.data<float>(), dy.data<float>(), dgelu_want.data<float>(), n);
-  cpu::bias_swiglu_span(gate.data<float>(), up.data<float>(), nullptr, nullptr,
-                        swiglu_want.data<float>(), n);
-  cpu::swiglu_backward_span(gate.data<float>(), up.data<float>(), dy.data<float>(),
-                            dgate_want.data<float>(), dup_want.data<float>(), n);
+  for (int64_t i = 0; i < n; ++i) {
+    const float xi = x.data<float>()[i], g = gate.data<float>()[i], u = up.data<float>()[i],
+                d = dy.data<float>()[i];
+    gelu_want.data<float>()[i] = kernels::gelu_tanh(xi);
+    dgelu_want.data<float>()[i] = d * kernels::gelu_tanh_grad(xi);
+    swiglu_want.data<float>()[i] = kernels::silu(g) * u;
+    dgate_want.data<float>()[i] = d * u * kernels::silu_grad(g);
+    dup_want.data<float>()[i] = d * kernels::silu(g);
+  }
   for (int threads = 1; threads <= 4; ++threads) {
     INFO("threads " << threads);
     set_num_threads(threads);
@@ -196,9 +211,13 @@ TEST_CASE("dense: gelu and swiglu give every element the spans' bits at any thre
     CHECK(test::bitwise_equal(sw, swiglu_want));
     CHECK(test::bitwise_equal(dgate, dgate_want));
     CHECK(test::bitwise_equal(dup, dup_want));
-    // In place, as the MLP's backward calls it (dy and dx one tensor).
+    // In place, as the MLP's backward calls them (dy and dx one tensor; dgate over dy).
     Tensor in_place = dy.clone();
     ops::gelu_backward(in_place, x, in_place);
     CHECK(test::bitwise_equal(in_place, dgelu_want));
+    Tensor dgate_in_place = dy.clone(), dup2 = Tensor::empty({n});
+    ops::swiglu_backward(dgate_in_place, gate, up, dgate_in_place, dup2);
+    CHECK(test::bitwise_equal(dgate_in_place, dgate_want));
+    CHECK(test::bitwise_equal(dup2, dup_want));
   }
 }

@@ -1,5 +1,5 @@
 // The CUDA dense-op kernels' index mapping, run on the CPU over odd grids (run_grid_on_cpu) and
-// compared bitwise with the CPU backend (SwiGLU within 1e-6: see below). Attention runs
+// compared bitwise with the CPU backend. Attention runs
 // the CUDA op's step sequence (attention.cuh) with CPU GEMMs in place of cuBLAS, so its offsets and
 // strides are checked too. The same bodies run on the GPU (backend/cuda/*.cu).
 #include <algorithm>
@@ -227,9 +227,8 @@ TEST_CASE("cuda harness: bias and activations match the CPU", "[cuda-harness]") 
     cuda::run_grid_on_cpu<body::BiasGrad>(shape, dy.data(), db.data(), n, c);
     REQUIRE(db == db_ref.to_vector());
 
-    // GELU's tanh is kernels::tanh_f on both sides (no libm call): bitwise, whichever vector copy
-    // the CPU op runs. The SwiGLU loops call glibc's SIMD expf (backend/cpu/vector_math.h), the
-    // bodies here the scalar one: a few ulp apart, so they compare within 1e-6 relative.
+    // GELU's tanh and SiLU's exp are kernels::tanh_f / exp_f on both sides (no libm call):
+    // bitwise, whichever vector copy the CPU op runs.
     std::vector<float> out(total, std::nanf(""));
     cuda::run_grid_on_cpu<body::Gelu>(shape, x.data(), out.data(), total);
     REQUIRE(out == gelu_ref.to_vector());
@@ -237,13 +236,13 @@ TEST_CASE("cuda harness: bias and activations match the CPU", "[cuda-harness]") 
     cuda::run_grid_on_cpu<body::GeluBackward>(shape, dy.data(), x.data(), out.data(), total);
     REQUIRE(out == dgelu_ref.to_vector());
     cuda::run_grid_on_cpu<body::Swiglu>(shape, x.data(), up.data(), out.data(), total);
-    require_near(out, swiglu_ref.to_vector(), 1e-6);
+    REQUIRE(out == swiglu_ref.to_vector());
     // Outputs aliasing inputs: dgate over gate, dup over up.
     std::vector<float> gate_buf = x, up_buf = up;
     cuda::run_grid_on_cpu<body::SwigluBackward>(shape, dy.data(), gate_buf.data(), up_buf.data(),
                                                 gate_buf.data(), up_buf.data(), total);
-    require_near(gate_buf, dgate_ref.to_vector(), 1e-6);
-    require_near(up_buf, dup_ref.to_vector(), 1e-6);
+    REQUIRE(gate_buf == dgate_ref.to_vector());
+    REQUIRE(up_buf == dup_ref.to_vector());
   }
 }
 

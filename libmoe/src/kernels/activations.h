@@ -6,17 +6,40 @@
 
 namespace moe::kernels {
 
-// tanh of a float in IEEE single-precision adds, multiplies and one divide, in a fixed order, and
-// exact bit operations: no libm call, no fused multiply-add (the files that use it build with
-// -ffp-contract=off, and nvcc with --fmad=false), so it rounds the same on every CPU at every
-// vector width and on the GPU, whatever the libm. Within 1.46 ulp of tanh over all floats
-// (glibc 2.36's tanhf: 2.19; test_activation_rows.cpp). Coefficients: least-squares fits
-// reweighted towards the minimax error (relative 1.1e-9 and 3.1e-9 in double), rounded to float.
-//   |x| < 0.55: x + x^3 P(x^2);
-//   otherwise:  1 - 2 / (e^{2|x|} + 1), with 2|x| clamped to 19 (tanh rounds to 1 from 9.01 on),
-//               e^y = 2^k e^r, k = round(y / ln 2), r = y - k ln 2 (ln 2 in two parts: k ln2_hi
-//               exact), e^r = 1 + r + r^2 Q(r) on |r| <= ln 2 / 2.
-// Both branches are computed and one selected (the loops vectorise without masks); NaN passes.
+// exp and tanh of a float in IEEE single-precision adds, multiplies (and for tanh one divide) in a
+// fixed order, and exact bit operations: no libm call, no fused multiply-add (the files that use
+// them build with -ffp-contract=off, and nvcc with --fmad=false), so they round the same on every
+// CPU at every vector width and on the GPU, whatever the libm. Checked over all floats against
+// double: exp_f within 0.99 ulp (glibc 2.36's expf: 0.50), tanh_f within 1.46 ulp (its tanhf:
+// 2.19); test_activation_rows.cpp keeps a sample. Coefficients: least-squares fits reweighted
+// towards the minimax error (relative 3.1e-9 and 1.1e-9 in double), rounded to float.
+//
+// exp_f: x clamped to [-104, 89] (0 and inf beyond), e^x = 2^k e^r, k = round(x / ln 2) by the
+// 1.5 * 2^23 shift, r = x - k ln 2 (ln 2 in two parts, k ln2_hi exact), e^r = 1 + r + r^2 Q(r) on
+// |r| <= ln 2 / 2; 2^k applied as two exact powers of two, so that results below 2^-126 round
+// once (gradual underflow). NaN passes.
+MOE_HD float exp_f(float x) {
+  const float y = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
+  const float kf = (y * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const float r = (y - kf * 0.693145751953125f) - kf * 1.428606765330187e-06f;
+  const float q =
+      0.4999999403953552f +
+      r * (0.1666651964187622f +
+           r * (0.04166839271783829f + r * (0.00836878176778555f + r * 0.0013814459089189768f)));
+  const float er = 1.0f + (r + r * r * q);
+  const int32_t k = static_cast<int32_t>(kf), k1 = k / 2, k2 = k - k1;  // k in [-150, 128]
+  const uint32_t bits1 = static_cast<uint32_t>(k1 + 127) << 23;
+  const uint32_t bits2 = static_cast<uint32_t>(k2 + 127) << 23;
+  float s1, s2;
+  memcpy(&s1, &bits1, sizeof s1);
+  memcpy(&s2, &bits2, sizeof s2);
+  const float e = (er * s1) * s2;
+  return x == x ? e : x;
+}
+
+// tanh_f: |x| < 0.55: x + x^3 P(x^2); otherwise 1 - 2 / (e^{2|x|} + 1), 2|x| clamped to 19 (tanh
+// rounds to 1 from 9.01 on). Both branches are computed and one selected (the loops vectorise
+// without masks); NaN passes.
 MOE_HD float tanh_f(float x) {
   const float a = fabsf(x);
   const float z = a * a;
@@ -25,19 +48,7 @@ MOE_HD float tanh_f(float x) {
       z * (0.13332600891590118f +
            z * (-0.053853850811719894f + z * (0.021077735349535942f + z * -0.006282441783696413f)));
   const float small = a + a * z * p;
-  const float y = (a < 9.5f ? a : 9.5f) * 2.0f;
-  // round(y / ln 2) by the 1.5 * 2^23 shift (exact for 0 <= y / ln 2 < 2^22).
-  const float kf = (y * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  const float r = (y - kf * 0.693145751953125f) - kf * 1.428606765330187e-06f;
-  const float q =
-      0.4999999403953552f +
-      r * (0.1666651964187622f +
-           r * (0.04166839271783829f + r * (0.00836878176778555f + r * 0.0013814459089189768f)));
-  const float er = 1.0f + (r + r * r * q);
-  const uint32_t scale_bits = static_cast<uint32_t>(static_cast<int32_t>(kf) + 127) << 23;
-  float scale;  // 2^k, k in [0, 28]
-  memcpy(&scale, &scale_bits, sizeof scale);
-  const float large = 1.0f - 2.0f / (er * scale + 1.0f);
+  const float large = 1.0f - 2.0f / (exp_f((a < 9.5f ? a : 9.5f) * 2.0f) + 1.0f);
   const float t = copysignf(a < 0.55f ? small : large, x);
   return x == x ? t : x;
 }
@@ -58,7 +69,7 @@ MOE_HD float gelu_tanh_grad(float x) {
 }
 
 // SiLU (swish): x * sigmoid(x)
-MOE_HD float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+MOE_HD float sigmoid(float x) { return 1.0f / (1.0f + exp_f(-x)); }
 MOE_HD float silu(float x) { return x * sigmoid(x); }
 MOE_HD float silu_grad(float x) {
   float s = sigmoid(x);

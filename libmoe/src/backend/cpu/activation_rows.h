@@ -3,19 +3,19 @@
 //
 // Bits: a span runs in blocks of kActivationLanes elements through local buffers (the last block
 // zero-padded), so every element takes the same vector code whatever the span's length, its
-// alignment, aliasing or the thread. A plain loop would not: its scalar remainder calls libm's
-// scalar expf (SwiGLU), which differs from libmvec's vector one, so an element at the end of a
-// thread's chunk would take other bits than with another thread count (the same held for GELU's
-// tanhf: 121 million floats differ, glibc 2.36). Callers cut tensors into spans at multiples of
-// kActivationLanes. 64 rather than the 16 the experts' rows once used: the copies cost less a
-// float (AMD Zen 4, GELU forward through libmvec 1.88 against 2.25 ns a float).
+// alignment, aliasing or the thread. (The dense ops once ran plain loops, whose scalar remainder
+// called libm's scalar tanhf / expf where the rest called libmvec's vector ones, which differ:
+// an element at the end of a thread's chunk took other bits than with another thread count.)
+// Callers cut tensors into spans at multiples of kActivationLanes. 64 rather than the 16 the
+// experts' rows once used: the copies cost less a float.
 //
-// GELU's tanh is our own (kernels::tanh_f: IEEE adds, multiplies and a divide, no libm call, no
-// contraction), so its spans are built three times, for baseline x86-64 (4 lanes), AVX2 (8) and
-// AVX-512 (16), and the widest the CPU has runs. The bits are the same in each: the operations are
-// the same, lane by lane (test_activation_rows.cpp compares the copies on 1/32 of all floats,
-// every sign and exponent). SwiGLU's expf is libmvec's, whose AVX2 and SSE4.1 variants differ on
-// 17.8 million floats: it stays baseline everywhere.
+// The math is kernels::exp_f and kernels::tanh_f (IEEE adds, multiplies and a divide in a fixed
+// order, no libm call, no contraction), so the spans are built three times, for baseline x86-64
+// (4 lanes), AVX2 (8) and AVX-512 (16), and the widest the CPU has runs. The bits are the same in
+// each: the operations are the same, lane by lane (test_activation_rows.cpp compares the copies on
+// 1/64 of all floats, every sign and exponent; NaN results are NaN in each, but their sign and
+// payload can follow the vectoriser's operand order). libmvec's tanhf / expf could not be used so:
+// their AVX-512 (tanhf) and AVX2 (expf) variants round differently from their SSE4.1 ones.
 #pragma once
 #include <cstdint>
 
@@ -35,17 +35,21 @@ void bias_swiglu_span(const float* h1_in, const float* h3, const float* bias, fl
 void swiglu_backward_span(const float* h1, const float* h3, const float* da, float* dh1, float* dh3,
                           int64_t n);
 
-// Which copy of the GELU spans runs (tests compare them on one host).
+// Which copy of the spans runs (tests compare them on one host).
 enum class ActivationIsa { baseline, avx2, avx512 };
 const char* activation_isa_name(ActivationIsa isa);
 bool activation_isa_supported(ActivationIsa isa);
 ActivationIsa activation_isa();
 // Throws UsageError when this CPU (or build) lacks it. Not thread-safe: call between ops.
 void set_activation_isa(ActivationIsa isa);
-// The GELU spans on a given copy, whatever the process uses; throws UsageError when unsupported.
+// The spans on a given copy, whatever the process uses; throw UsageError when unsupported.
 void bias_gelu_span_on(ActivationIsa isa, const float* h_in, const float* bias, float* h_out,
                        float* a, int64_t n);
 void gelu_backward_span_on(ActivationIsa isa, const float* h, const float* da, float* dh,
                            int64_t n);
+void bias_swiglu_span_on(ActivationIsa isa, const float* h1_in, const float* h3, const float* bias,
+                         float* h1_out, float* a, int64_t n);
+void swiglu_backward_span_on(ActivationIsa isa, const float* h1, const float* h3, const float* da,
+                             float* dh1, float* dh3, int64_t n);
 
 }  // namespace moe::cpu

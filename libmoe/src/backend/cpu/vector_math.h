@@ -1,9 +1,8 @@
 // glibc >= 2.35 ships SIMD variants of expf in libmvec (linked through libm.so), but <math.h>
-// announces them only under -ffast-math. Announcing it here lets the compiler vectorise the SiLU
-// of the SwiGLU spans (activation_rows.cpp) and the exponentials of the attention softmax
-// (attention.cpp), both built without errno for it; the math stays the shared kernel bodies of
-// kernels/. The attribute is GCC's: clang (the fuzzing build) does not know it and calls the
-// scalar expf. (GELU's tanh is our own, kernels::tanh_f: no libm call to vectorise.)
+// announces them only under -ffast-math. Announcing it here lets the compiler vectorise the
+// exponentials of the attention softmax (attention.cpp, built without errno for it). The attribute
+// is GCC's: clang (the fuzzing build) does not know it and calls the scalar expf. (The
+// activations' exp and tanh are our own, kernels::exp_f / tanh_f: no libm call to vectorise.)
 #pragma once
 #include <cmath>
 
