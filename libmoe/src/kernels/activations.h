@@ -14,32 +14,41 @@ namespace moe::kernels {
 // 2.19); test_activation_rows.cpp keeps a sample. Coefficients: least-squares fits reweighted
 // towards the minimax error (relative 3.1e-9 and 1.1e-9 in double), rounded to float.
 //
-// exp_f: x clamped to [-104, 89] (0 and inf beyond), e^x = 2^k e^r, k = round(x / ln 2) by the
-// 1.5 * 2^23 shift, r = x - k ln 2 (ln 2 in two parts, k ln2_hi exact), e^r = 1 + r + r^2 Q(r) on
-// |r| <= ln 2 / 2; 2^k applied as two exact powers of two, so that results below 2^-126 round
-// once (gradual underflow). NaN passes.
-MOE_HD float exp_f(float x) {
-  const float y = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
+// The shared core: e^y = 2^k e^r for |y| <= 104, k = round(y / ln 2) by the 1.5 * 2^23 shift,
+// r = y - k ln 2 (ln 2 in two parts, k ln2_hi exact), e^r = 1 + r + r^2 Q(r) on |r| <= ln 2 / 2.
+// Returns e^r and sets k.
+MOE_HD float exp_reduced(float y, int32_t& k) {
   const float kf = (y * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   const float r = (y - kf * 0.693145751953125f) - kf * 1.428606765330187e-06f;
   const float q =
       0.4999999403953552f +
       r * (0.1666651964187622f +
            r * (0.04166839271783829f + r * (0.00836878176778555f + r * 0.0013814459089189768f)));
-  const float er = 1.0f + (r + r * r * q);
-  const int32_t k = static_cast<int32_t>(kf), k1 = k / 2, k2 = k - k1;  // k in [-150, 128]
-  const uint32_t bits1 = static_cast<uint32_t>(k1 + 127) << 23;
-  const uint32_t bits2 = static_cast<uint32_t>(k2 + 127) << 23;
-  float s1, s2;
-  memcpy(&s1, &bits1, sizeof s1);
-  memcpy(&s2, &bits2, sizeof s2);
-  const float e = (er * s1) * s2;
+  k = static_cast<int32_t>(kf);
+  return 1.0f + (r + r * r * q);
+}
+
+// 2^k for k in [-126, 127], exactly.
+MOE_HD float exp2_exact(int32_t k) {
+  const uint32_t bits = static_cast<uint32_t>(k + 127) << 23;
+  float f;
+  memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// exp_f: x clamped to [-104, 89] (0 and inf beyond); 2^k applied as two exact powers of two, so
+// that results below 2^-126 round once (gradual underflow). NaN passes.
+MOE_HD float exp_f(float x) {
+  int32_t k;
+  const float er = exp_reduced(x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x), k);
+  const int32_t k1 = k / 2;  // k in [-150, 128]: both halves in range
+  const float e = (er * exp2_exact(k1)) * exp2_exact(k - k1);
   return x == x ? e : x;
 }
 
 // tanh_f: |x| < 0.55: x + x^3 P(x^2); otherwise 1 - 2 / (e^{2|x|} + 1), 2|x| clamped to 19 (tanh
-// rounds to 1 from 9.01 on). Both branches are computed and one selected (the loops vectorise
-// without masks); NaN passes.
+// rounds to 1 from 9.01 on; k <= 28, one power of two). Both branches are computed and one
+// selected (the loops vectorise without masks); NaN passes.
 MOE_HD float tanh_f(float x) {
   const float a = fabsf(x);
   const float z = a * a;
@@ -48,7 +57,9 @@ MOE_HD float tanh_f(float x) {
       z * (0.13332600891590118f +
            z * (-0.053853850811719894f + z * (0.021077735349535942f + z * -0.006282441783696413f)));
   const float small = a + a * z * p;
-  const float large = 1.0f - 2.0f / (exp_f((a < 9.5f ? a : 9.5f) * 2.0f) + 1.0f);
+  int32_t k;
+  const float er = exp_reduced((a < 9.5f ? a : 9.5f) * 2.0f, k);
+  const float large = 1.0f - 2.0f / (er * exp2_exact(k) + 1.0f);
   const float t = copysignf(a < 0.55f ? small : large, x);
   return x == x ? t : x;
 }
