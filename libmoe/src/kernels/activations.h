@@ -36,19 +36,20 @@ MOE_HD float exp2_exact(int32_t k) {
   return f;
 }
 
-// exp_f: x clamped to [-104, 89] (0 and inf beyond); 2^k applied as two exact powers of two, so
-// that results below 2^-126 round once (gradual underflow). NaN passes.
+// exp_f: x clamped to [-104, 89] (0 and inf beyond; a NaN x is clamped to -104 too, so that no
+// NaN reaches the float-to-int conversion); 2^k applied as two exact powers of two, so that
+// results below 2^-126 round once (gradual underflow). NaN passes.
 MOE_HD float exp_f(float x) {
   int32_t k;
-  const float er = exp_reduced(x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x), k);
+  const float er = exp_reduced(x > -104.0f ? (x < 89.0f ? x : 89.0f) : -104.0f, k);
   const int32_t k1 = k / 2;  // k in [-150, 128]: both halves in range
   const float e = (er * exp2_exact(k1)) * exp2_exact(k - k1);
   return x == x ? e : x;
 }
 
 // tanh_f: |x| < 0.55: x + x^3 P(x^2); otherwise 1 - 2 / (e^{2|x|} + 1), 2|x| clamped to 19 (tanh
-// rounds to 1 from 9.01 on; k <= 28, one power of two). Both branches are computed and one
-// selected (the loops vectorise without masks); NaN passes.
+// rounds to 1 from 9.01 on; k <= 28, one power of two; a NaN is clamped too). Both branches are
+// computed and one selected (the loops vectorise without masks); NaN passes.
 MOE_HD float tanh_f(float x) {
   const float a = fabsf(x);
   const float z = a * a;
