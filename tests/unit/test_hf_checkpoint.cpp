@@ -359,6 +359,21 @@ TEST_CASE("hf: missing shards, missing tensors and shape mismatches are clear er
       import_error(dir.file("shard")),
       Catch::Contains("names the shard 'model-00002-of-00002.safetensors', which is missing"));
 
+  // Absurd counts are refused before anything is sized by them (the fuzzer's input).
+  for (const char* key : {"num_local_experts", "num_hidden_layers", "num_key_value_heads"}) {
+    json absurd = mixtral_config(t);
+    absurd[key] = int64_t(8000000000143474);
+    write_hf_dir(dir.file(std::string("absurd-") + key), absurd, weights, 1);
+    REQUIRE_THAT(import_error(dir.file(std::string("absurd-") + key)),
+                 Catch::Contains(std::string("\"") + key + "\" is 8000000000143474: it must be " +
+                                 "between 1 and 65536"));
+  }
+  json no_experts = mixtral_config(t);
+  no_experts["num_local_experts"] = -3;
+  write_hf_dir(dir.file("no-experts"), no_experts, weights, 1);
+  REQUIRE_THAT(import_error(dir.file("no-experts")),
+               Catch::Contains("\"num_local_experts\" is -3: it must be between 1 and 65536"));
+
   json kv = mixtral_config(t);
   kv["num_key_value_heads"] = 4;  // k_proj holds 2 kv heads
   write_hf_dir(dir.file("kv"), kv, weights, 1);

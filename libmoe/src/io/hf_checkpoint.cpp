@@ -205,6 +205,20 @@ HfModel parse_config(const json& j, const std::string& path,
         std::string("num_attention_heads"), std::string("num_experts_per_tok"),
         std::string("max_position_embeddings")})
     if (c.integer(key) < 1) throw Error(str("'", path, "': \"", key, "\" must be >= 1"));
+  // The counts that size the import's plan before any tensor is read: a damaged or hostile
+  // config.json claiming more than any model has is refused here instead of being allocated
+  // (the fuzzer found num_local_experts 8000000000143474).
+  const std::string experts_key = mixtral ? "num_local_experts" : "num_experts";
+  constexpr int64_t kMaxCount = int64_t(1) << 16;
+  for (const std::string& key :
+       {std::string("num_hidden_layers"), experts_key, std::string("num_experts_per_tok"),
+        std::string("num_attention_heads"), std::string("num_key_value_heads")}) {
+    if (!c.has(key)) continue;
+    const int64_t value = c.integer(key);
+    if (value < 1 || value > kMaxCount)
+      throw Error(
+          str("'", path, "': \"", key, "\" is ", value, ": it must be between 1 and ", kMaxCount));
+  }
 
   // RoPE: rope_theta (transformers 4.x) or rope_parameters.rope_theta (5.x); scaling unsupported.
   m.rope_theta = c.number_or("rope_theta", 10000.0);
