@@ -157,7 +157,7 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 
 // Correctness on the first `n` parameters (the full N would need a second copy of all state):
 // one step of `isa` and of the reference from the same state; the storage counts too (decoded).
-double check(DType storage, cpu::AdamWIsa isa, int64_t n, const kernels::AdamWScalars& sc) {
+double check(DType storage, cpu::VectorIsa isa, int64_t n, const kernels::AdamWScalars& sc) {
   Buffers ours(n, storage != DType::f32), ref(n, storage != DType::f32);
   cpu::adamw_update_arrays(ours.arrays(storage), n, sc, isa);
   reference_step(ref, storage, sc);
@@ -210,11 +210,11 @@ int run(const Options& opt) {
     const double bytes = bytes_per_param(storage);
     measures.push_back({dtype_name(storage), "before", bytes,
                         [&b, storage, sc] { reference_step(b, storage, sc); }});
-    for (cpu::AdamWIsa isa : cpu::adamw_isas_supported()) {
-      Measure m{dtype_name(storage), cpu::adamw_isa_name(isa), bytes, [&b, storage, sc, isa, n] {
+    for (cpu::VectorIsa isa : cpu::vector_isas_supported()) {
+      Measure m{dtype_name(storage), cpu::vector_isa_name(isa), bytes, [&b, storage, sc, isa, n] {
                   cpu::adamw_update_arrays(b.arrays(storage), n, sc, isa);
                 }};
-      if (isa == cpu::adamw_isa_best()) m.path += "*";
+      if (isa == cpu::vector_isa_best()) m.path += "*";
       m.max_diff = check(storage, isa, check_n, sc);
       measures.push_back(std::move(m));
     }
@@ -266,7 +266,7 @@ int run(const Options& opt) {
     out["rounds"] = opt.rounds;
     out["triad_gbs"] = triad;
     out["pattern_gbs"] = pattern;
-    out["library_path"] = cpu::adamw_isa_name(cpu::adamw_isa_best());
+    out["library_path"] = cpu::vector_isa_name(cpu::vector_isa_best());
     for (size_t i = 2; i < measures.size(); ++i) {
       const Measure& m = measures[i];
       out["rows"].push_back({{"storage", m.storage},

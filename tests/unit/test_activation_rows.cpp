@@ -28,7 +28,7 @@ float float_of(uint32_t b) {
 }
 
 struct IsaGuard {
-  cpu::ActivationIsa before = cpu::activation_isa();
+  cpu::VectorIsa before = cpu::activation_isa();
   ~IsaGuard() { cpu::set_activation_isa(before); }
 };
 
@@ -102,23 +102,22 @@ TEST_CASE("activation spans: exp_f within 1 ulp of exp, tanh_f within 1.5 of tan
 
 TEST_CASE("activation spans: the CPU picks its widest copy and refuses one it lacks",
           "[activation]") {
-  using cpu::ActivationIsa;
+  using cpu::VectorIsa;
   IsaGuard guard;
-  REQUIRE(cpu::activation_isa_supported(ActivationIsa::baseline));
-  const ActivationIsa widest =
-      cpu::activation_isa_supported(ActivationIsa::avx512) ? ActivationIsa::avx512
-      : cpu::activation_isa_supported(ActivationIsa::avx2) ? ActivationIsa::avx2
-                                                           : ActivationIsa::baseline;
+  REQUIRE(cpu::vector_isa_supported(VectorIsa::baseline));
+  const VectorIsa widest = cpu::vector_isa_supported(VectorIsa::avx512) ? VectorIsa::avx512
+                           : cpu::vector_isa_supported(VectorIsa::avx2) ? VectorIsa::avx2
+                                                                        : VectorIsa::baseline;
   CHECK(cpu::activation_isa() == widest);
-  for (ActivationIsa isa : {ActivationIsa::avx2, ActivationIsa::avx512})
-    if (!cpu::activation_isa_supported(isa)) {
-      INFO(cpu::activation_isa_name(isa));
+  for (VectorIsa isa : {VectorIsa::avx2, VectorIsa::avx512})
+    if (!cpu::vector_isa_supported(isa)) {
+      INFO(cpu::vector_isa_name(isa));
       CHECK_THROWS_AS(cpu::set_activation_isa(isa), UsageError);
       float x = 1.0f, y = 0.0f;
       CHECK_THROWS_AS(cpu::bias_gelu_span_on(isa, &x, nullptr, nullptr, &y, 1), UsageError);
     }
-  cpu::set_activation_isa(ActivationIsa::baseline);
-  CHECK(cpu::activation_isa() == ActivationIsa::baseline);
+  cpu::set_activation_isa(VectorIsa::baseline);
+  CHECK(cpu::activation_isa() == VectorIsa::baseline);
 }
 
 // The copies run the same IEEE operations lane by lane, so they must agree bit for bit; a
@@ -130,10 +129,10 @@ TEST_CASE("activation spans: the CPU picks its widest copy and refuses one it la
 // with and without a bias (the pre-activation written back), and both backwards.
 TEST_CASE("activation spans: every copy this CPU has gives the baseline copy's bits",
           "[activation]") {
-  using cpu::ActivationIsa;
-  std::vector<ActivationIsa> wide;
-  for (ActivationIsa isa : {ActivationIsa::avx2, ActivationIsa::avx512})
-    if (cpu::activation_isa_supported(isa)) wide.push_back(isa);
+  using cpu::VectorIsa;
+  std::vector<VectorIsa> wide;
+  for (VectorIsa isa : {VectorIsa::avx2, VectorIsa::avx512})
+    if (cpu::vector_isa_supported(isa)) wide.push_back(isa);
   if (wide.empty()) {
     WARN("only the baseline copy on this CPU: nothing to compare");
     return;
@@ -144,7 +143,7 @@ TEST_CASE("activation spans: every copy this CPU has gives the baseline copy's b
     other[i] = 1.0f + static_cast<float>(i % 7) * 0.25f;  // da, or h3
     bias[i] = static_cast<float>(i % 13) * 0.125f - 0.75f;
   }
-  auto run_all = [&](ActivationIsa isa, std::vector<float>& out) {
+  auto run_all = [&](VectorIsa isa, std::vector<float>& out) {
     out.assign(10 * kRun, 0.0f);
     float* o = out.data();
     cpu::bias_gelu_span_on(isa, x.data(), nullptr, nullptr, o, kRun);
@@ -161,7 +160,7 @@ TEST_CASE("activation spans: every copy this CPU has gives the baseline copy's b
   std::vector<std::vector<int64_t>> differ(wide.size(), std::vector<int64_t>(10, 0));
   for (int64_t run = 0; run < kRuns; run += 64) {
     for (int64_t i = 0; i < kRun; ++i) x[i] = float_of(static_cast<uint32_t>(run * kRun + i));
-    run_all(ActivationIsa::baseline, base);
+    run_all(VectorIsa::baseline, base);
     for (size_t w = 0; w < wide.size(); ++w) {
       run_all(wide[w], got);
       for (int64_t part = 0; part < 10; ++part)
@@ -170,7 +169,7 @@ TEST_CASE("activation spans: every copy this CPU has gives the baseline copy's b
   }
   for (size_t w = 0; w < wide.size(); ++w)
     for (int64_t part = 0; part < 10; ++part) {
-      INFO(cpu::activation_isa_name(wide[w]) << ", output " << part << ": runs that differ");
+      INFO(cpu::vector_isa_name(wide[w]) << ", output " << part << ": runs that differ");
       CHECK(differ[w][part] == 0);
     }
 }

@@ -97,18 +97,18 @@ std::vector<uint8_t> bytes_of(const Tensor& t) {
 }  // namespace
 
 TEST_CASE("adamw kernel: every ISA path is bitwise the per-element kernel", "[optim][adamw]") {
-  const std::vector<cpu::AdamWIsa> isas = cpu::adamw_isas_supported();
-  REQUIRE(isas.front() == cpu::AdamWIsa::baseline);
-  INFO("best path on this CPU: " << cpu::adamw_isa_name(cpu::adamw_isa_best()));
+  const std::vector<cpu::VectorIsa> isas = cpu::vector_isas_supported();
+  REQUIRE(isas.front() == cpu::VectorIsa::baseline);
+  INFO("best path on this CPU: " << cpu::vector_isa_name(cpu::vector_isa_best()));
   const int64_t big = cpu::kParallelWork + 16384 + 19;  // parallel, several spans, odd tail
   for (int64_t n :
        {int64_t(0), int64_t(1), int64_t(7), int64_t(15), int64_t(16), int64_t(17), int64_t(31),
         int64_t(127), int64_t(128), int64_t(129), int64_t(1000), int64_t(4099), big}) {
     for (bool decay : {false, true}) {
       for (DType storage : {DType::f32, DType::bf16, DType::f16}) {
-        for (cpu::AdamWIsa isa : isas) {
+        for (cpu::VectorIsa isa : isas) {
           INFO("n " << n << ", decay " << decay << ", storage " << dtype_name(storage) << ", "
-                    << cpu::adamw_isa_name(isa));
+                    << cpu::vector_isa_name(isa));
           const uint64_t seed = static_cast<uint64_t>(n) * 31 + (decay ? 7 : 0);
           State want = random_state(n, seed), got = random_state(n, seed);
           // Two steps: the second reads moments the first wrote.
@@ -156,8 +156,8 @@ TEST_CASE("adamw kernel: the fused rounding equals the conversions over the floa
   kernels::AdamWScalars sc = scalars_for(1, false);
   sc.lr = 0.0f;
   for (DType storage : {DType::bf16, DType::f16}) {
-    for (cpu::AdamWIsa isa : cpu::adamw_isas_supported()) {
-      INFO("storage " << dtype_name(storage) << ", " << cpu::adamw_isa_name(isa));
+    for (cpu::VectorIsa isa : cpu::vector_isas_supported()) {
+      INFO("storage " << dtype_name(storage) << ", " << cpu::vector_isa_name(isa));
       State want, got;
       for (State* s : {&want, &got}) {
         s->master.resize(patterns.size());
@@ -192,14 +192,14 @@ TEST_CASE("adamw kernel: storage without a compute copy is written alone", "[opt
   reference(want, sc, DType::bf16);
   cpu::AdamWArrays a{got.master.data(), got.m.data(), got.v.data(), got.grad.data()};
   a.value = got.value.data();
-  cpu::adamw_update_arrays(a, n, sc, cpu::adamw_isa_best());
+  cpu::adamw_update_arrays(a, n, sc, cpu::vector_isa_best());
   CHECK(same_bits(want.master, got.master));
   CHECK(same_bits(want.value, got.value));
   CHECK(got.compute == std::vector<float>(static_cast<size_t>(n), 0.0f));  // untouched
   // A compute copy without the storage it is made from is refused.
   cpu::AdamWArrays bad{got.master.data(), got.m.data(), got.v.data(), got.grad.data()};
   bad.compute = got.compute.data();
-  REQUIRE_THROWS_WITH(cpu::adamw_update_arrays(bad, n, sc, cpu::AdamWIsa::baseline),
+  REQUIRE_THROWS_WITH(cpu::adamw_update_arrays(bad, n, sc, cpu::VectorIsa::baseline),
                       Catch::Contains("compute copy needs the storage value"));
 }
 
@@ -217,7 +217,7 @@ TEST_CASE("adamw kernel: two threads on different tensors equal one after the ot
         a.value_dtype = storage;
         a.compute = s.compute.data();
       }
-      cpu::adamw_update_arrays(a, n, scalars_for(step, true), cpu::adamw_isa_best());
+      cpu::adamw_update_arrays(a, n, scalars_for(step, true), cpu::vector_isa_best());
     }
   };
   run(seq_a, DType::f32, 6);

@@ -1,10 +1,11 @@
 // The CPU's activation spans (activation_rows.h): blocks of kActivationLanes floats through local
 // buffers. With a compile-time block length the kernel bodies' loops vectorise whole. The spans
-// come in three copies (baseline x86-64, AVX2, AVX-512), one chosen by the CPU.
+// come in one copy per cpu::VectorIsa, the best the CPU has chosen once.
 #include "backend/cpu/activation_rows.h"
 
 #include <algorithm>
 
+#include "backend/cpu/vector_isa.h"
 #include "kernels/experts.h"
 #include "moe/error.h"
 
@@ -93,7 +94,14 @@ inline void store(const float* block, int64_t count, float* dst) {
   }
 }
 
-// One copy of the four spans for one instruction set.
+// The four spans compiled for one instruction set, and a table of them.
+struct Copy {
+  void (*bias_gelu)(const float*, const float*, float*, float*, int64_t);
+  void (*gelu_backward)(const float*, const float*, float*, int64_t);
+  void (*bias_swiglu)(const float*, const float*, const float*, float*, float*, int64_t);
+  void (*swiglu_backward)(const float*, const float*, const float*, float*, float*, int64_t);
+};
+
 #define MOE_ACTIVATION_COPY(suffix, target)                                                    \
   target void bias_gelu_##suffix(const float* h_in, const float* bias, float* h_out, float* a, \
                                  int64_t n) {                                                  \
@@ -109,160 +117,83 @@ inline void store(const float* block, int64_t count, float* dst) {
   target void swiglu_backward_##suffix(const float* h1, const float* h3, const float* da,      \
                                        float* dh1, float* dh3, int64_t n) {                    \
     swiglu_backward_body(h1, h3, da, dh1, dh3, n);                                             \
-  }
+  }                                                                                            \
+  constexpr Copy k_##suffix{bias_gelu_##suffix, gelu_backward_##suffix, bias_swiglu_##suffix,  \
+                            swiglu_backward_##suffix};
 
 MOE_ACTIVATION_COPY(baseline, )
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-MOE_ACTIVATION_COPY(avx2, __attribute__((target("avx2"))))
-MOE_ACTIVATION_COPY(avx512, __attribute__((target("avx512f"))))
-bool isa_here(ActivationIsa isa) {
-  __builtin_cpu_init();
-  switch (isa) {
-    case ActivationIsa::avx512:
-      return __builtin_cpu_supports("avx512f");
-    case ActivationIsa::avx2:
-      return __builtin_cpu_supports("avx2");
-    default:
-      return true;
-  }
-}
-#else  // one copy
-#define bias_gelu_avx2 bias_gelu_baseline
-#define bias_gelu_avx512 bias_gelu_baseline
-#define gelu_backward_avx2 gelu_backward_baseline
-#define gelu_backward_avx512 gelu_backward_baseline
-#define bias_swiglu_avx2 bias_swiglu_baseline
-#define bias_swiglu_avx512 bias_swiglu_baseline
-#define swiglu_backward_avx2 swiglu_backward_baseline
-#define swiglu_backward_avx512 swiglu_backward_baseline
-bool isa_here(ActivationIsa isa) { return isa == ActivationIsa::baseline; }
+#if MOE_VECTOR_ISA_X86
+MOE_ACTIVATION_COPY(avx2, MOE_TARGET_AVX2)
+MOE_ACTIVATION_COPY(avx512, MOE_TARGET_AVX512)
 #endif
 
-ActivationIsa& isa_in_use() {
-  static ActivationIsa isa = isa_here(ActivationIsa::avx512) ? ActivationIsa::avx512
-                             : isa_here(ActivationIsa::avx2) ? ActivationIsa::avx2
-                                                             : ActivationIsa::baseline;
+// The copy for `isa` (where the build has no wide copies, vector_isa_supported refuses them).
+const Copy& copy_for(VectorIsa isa) {
+#if MOE_VECTOR_ISA_X86
+  if (isa == VectorIsa::avx512) return k_avx512;
+  if (isa == VectorIsa::avx2) return k_avx2;
+#endif
+  (void)isa;
+  return k_baseline;
+}
+
+VectorIsa& isa_in_use() {
+  static VectorIsa isa = vector_isa_best();
   return isa;
 }
 
-void bias_gelu_unchecked(ActivationIsa isa, const float* h_in, const float* bias, float* h_out,
-                         float* a, int64_t n) {
-  switch (isa) {
-    case ActivationIsa::avx512:
-      return bias_gelu_avx512(h_in, bias, h_out, a, n);
-    case ActivationIsa::avx2:
-      return bias_gelu_avx2(h_in, bias, h_out, a, n);
-    default:
-      return bias_gelu_baseline(h_in, bias, h_out, a, n);
-  }
-}
-
-void gelu_backward_unchecked(ActivationIsa isa, const float* h, const float* da, float* dh,
-                             int64_t n) {
-  switch (isa) {
-    case ActivationIsa::avx512:
-      return gelu_backward_avx512(h, da, dh, n);
-    case ActivationIsa::avx2:
-      return gelu_backward_avx2(h, da, dh, n);
-    default:
-      return gelu_backward_baseline(h, da, dh, n);
-  }
-}
-
-void bias_swiglu_unchecked(ActivationIsa isa, const float* h1_in, const float* h3,
-                           const float* bias, float* h1_out, float* a, int64_t n) {
-  switch (isa) {
-    case ActivationIsa::avx512:
-      return bias_swiglu_avx512(h1_in, h3, bias, h1_out, a, n);
-    case ActivationIsa::avx2:
-      return bias_swiglu_avx2(h1_in, h3, bias, h1_out, a, n);
-    default:
-      return bias_swiglu_baseline(h1_in, h3, bias, h1_out, a, n);
-  }
-}
-
-void swiglu_backward_unchecked(ActivationIsa isa, const float* h1, const float* h3, const float* da,
-                               float* dh1, float* dh3, int64_t n) {
-  switch (isa) {
-    case ActivationIsa::avx512:
-      return swiglu_backward_avx512(h1, h3, da, dh1, dh3, n);
-    case ActivationIsa::avx2:
-      return swiglu_backward_avx2(h1, h3, da, dh1, dh3, n);
-    default:
-      return swiglu_backward_baseline(h1, h3, da, dh1, dh3, n);
-  }
-}
-
-void require_supported(ActivationIsa isa) {
-  if (!isa_here(isa))
-    throw UsageError(
-        str("cpu activations: the ", activation_isa_name(isa),
-            " copy of the activation spans needs a CPU (and a GCC or Clang x86-64 build) "
-            "with ",
-            activation_isa_name(isa)));
+const Copy& checked(VectorIsa isa) {
+  if (!vector_isa_supported(isa))
+    throw UsageError(str("cpu activations: the ", vector_isa_name(isa),
+                         " copy of the activation spans needs a CPU (and a GCC or Clang x86-64 "
+                         "build) with ",
+                         vector_isa_name(isa)));
+  return copy_for(isa);
 }
 
 }  // namespace
 
 void bias_gelu_span(const float* h_in, const float* bias, float* h_out, float* a, int64_t n) {
-  bias_gelu_unchecked(isa_in_use(), h_in, bias, h_out, a, n);
+  copy_for(isa_in_use()).bias_gelu(h_in, bias, h_out, a, n);
 }
 
 void gelu_backward_span(const float* h, const float* da, float* dh, int64_t n) {
-  gelu_backward_unchecked(isa_in_use(), h, da, dh, n);
-}
-
-void bias_gelu_span_on(ActivationIsa isa, const float* h_in, const float* bias, float* h_out,
-                       float* a, int64_t n) {
-  require_supported(isa);
-  bias_gelu_unchecked(isa, h_in, bias, h_out, a, n);
-}
-
-void gelu_backward_span_on(ActivationIsa isa, const float* h, const float* da, float* dh,
-                           int64_t n) {
-  require_supported(isa);
-  gelu_backward_unchecked(isa, h, da, dh, n);
+  copy_for(isa_in_use()).gelu_backward(h, da, dh, n);
 }
 
 void bias_swiglu_span(const float* h1_in, const float* h3, const float* bias, float* h1_out,
                       float* a, int64_t n) {
-  bias_swiglu_unchecked(isa_in_use(), h1_in, h3, bias, h1_out, a, n);
+  copy_for(isa_in_use()).bias_swiglu(h1_in, h3, bias, h1_out, a, n);
 }
 
 void swiglu_backward_span(const float* h1, const float* h3, const float* da, float* dh1, float* dh3,
                           int64_t n) {
-  swiglu_backward_unchecked(isa_in_use(), h1, h3, da, dh1, dh3, n);
+  copy_for(isa_in_use()).swiglu_backward(h1, h3, da, dh1, dh3, n);
 }
 
-void bias_swiglu_span_on(ActivationIsa isa, const float* h1_in, const float* h3, const float* bias,
+void bias_gelu_span_on(VectorIsa isa, const float* h_in, const float* bias, float* h_out, float* a,
+                       int64_t n) {
+  checked(isa).bias_gelu(h_in, bias, h_out, a, n);
+}
+
+void gelu_backward_span_on(VectorIsa isa, const float* h, const float* da, float* dh, int64_t n) {
+  checked(isa).gelu_backward(h, da, dh, n);
+}
+
+void bias_swiglu_span_on(VectorIsa isa, const float* h1_in, const float* h3, const float* bias,
                          float* h1_out, float* a, int64_t n) {
-  require_supported(isa);
-  bias_swiglu_unchecked(isa, h1_in, h3, bias, h1_out, a, n);
+  checked(isa).bias_swiglu(h1_in, h3, bias, h1_out, a, n);
 }
 
-void swiglu_backward_span_on(ActivationIsa isa, const float* h1, const float* h3, const float* da,
+void swiglu_backward_span_on(VectorIsa isa, const float* h1, const float* h3, const float* da,
                              float* dh1, float* dh3, int64_t n) {
-  require_supported(isa);
-  swiglu_backward_unchecked(isa, h1, h3, da, dh1, dh3, n);
+  checked(isa).swiglu_backward(h1, h3, da, dh1, dh3, n);
 }
 
-const char* activation_isa_name(ActivationIsa isa) {
-  switch (isa) {
-    case ActivationIsa::avx512:
-      return "avx512";
-    case ActivationIsa::avx2:
-      return "avx2";
-    default:
-      return "baseline";
-  }
-}
+VectorIsa activation_isa() { return isa_in_use(); }
 
-bool activation_isa_supported(ActivationIsa isa) { return isa_here(isa); }
-
-ActivationIsa activation_isa() { return isa_in_use(); }
-
-void set_activation_isa(ActivationIsa isa) {
-  require_supported(isa);
+void set_activation_isa(VectorIsa isa) {
+  checked(isa);
   isa_in_use() = isa;
 }
 

@@ -10,14 +10,16 @@
 // experts' rows once used: the copies cost less a float.
 //
 // The math is kernels::exp_f and kernels::tanh_f (IEEE adds, multiplies and a divide in a fixed
-// order, no libm call, no contraction), so the spans are built three times, for baseline x86-64
-// (4 lanes), AVX2 (8) and AVX-512 (16), and the widest the CPU has runs. The bits are the same in
-// each: the operations are the same, lane by lane (test_activation_rows.cpp compares the copies on
-// 1/64 of all floats, every sign and exponent; NaN results are NaN in each, but their sign and
-// payload can follow the vectoriser's operand order). libmvec's tanhf / expf could not be used so:
-// their AVX-512 (tanhf) and AVX2 (expf) variants round differently from their SSE4.1 ones.
+// order, no libm call, no contraction), so the spans are built once per cpu::VectorIsa, baseline
+// x86-64 (4 lanes), AVX2 (8) and AVX-512 (16), and the widest the CPU has runs. The bits are the
+// same in each: the operations are the same, lane by lane (test_activation_rows.cpp compares the
+// copies on 1/64 of all floats, every sign and exponent; NaN results are NaN in each, but their
+// sign and payload can follow the vectoriser's operand order). libmvec's tanhf / expf could not be
+// used so: their AVX-512 (tanhf) and AVX2 (expf) variants round differently from their SSE4.1 ones.
 #pragma once
 #include <cstdint>
+
+#include "backend/cpu/vector_isa.h"
 
 namespace moe::cpu {
 
@@ -35,21 +37,18 @@ void bias_swiglu_span(const float* h1_in, const float* h3, const float* bias, fl
 void swiglu_backward_span(const float* h1, const float* h3, const float* da, float* dh1, float* dh3,
                           int64_t n);
 
-// Which copy of the spans runs (tests compare them on one host).
-enum class ActivationIsa { baseline, avx2, avx512 };
-const char* activation_isa_name(ActivationIsa isa);
-bool activation_isa_supported(ActivationIsa isa);
-ActivationIsa activation_isa();
-// Throws UsageError when this CPU (or build) lacks it. Not thread-safe: call between ops.
-void set_activation_isa(ActivationIsa isa);
+// Which copy of the spans runs (vector_isa_best() unless a test sets another; tests compare the
+// copies on one host). set_activation_isa throws UsageError when this CPU (or build) lacks it;
+// not thread-safe: call between ops.
+VectorIsa activation_isa();
+void set_activation_isa(VectorIsa isa);
 // The spans on a given copy, whatever the process uses; throw UsageError when unsupported.
-void bias_gelu_span_on(ActivationIsa isa, const float* h_in, const float* bias, float* h_out,
-                       float* a, int64_t n);
-void gelu_backward_span_on(ActivationIsa isa, const float* h, const float* da, float* dh,
-                           int64_t n);
-void bias_swiglu_span_on(ActivationIsa isa, const float* h1_in, const float* h3, const float* bias,
+void bias_gelu_span_on(VectorIsa isa, const float* h_in, const float* bias, float* h_out, float* a,
+                       int64_t n);
+void gelu_backward_span_on(VectorIsa isa, const float* h, const float* da, float* dh, int64_t n);
+void bias_swiglu_span_on(VectorIsa isa, const float* h1_in, const float* h3, const float* bias,
                          float* h1_out, float* a, int64_t n);
-void swiglu_backward_span_on(ActivationIsa isa, const float* h1, const float* h3, const float* da,
+void swiglu_backward_span_on(VectorIsa isa, const float* h1, const float* h3, const float* da,
                              float* dh1, float* dh3, int64_t n);
 
 }  // namespace moe::cpu

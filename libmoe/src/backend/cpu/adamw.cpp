@@ -22,18 +22,6 @@
 namespace moe::cpu {
 namespace {
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define MOE_ADAMW_X86 1
-#if defined(__clang__)
-#define MOE_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
-#else
-// GCC's generic tuning prefers 256-bit vectors even where AVX-512 is enabled.
-#define MOE_TARGET_AVX512 \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,prefer-vector-width=512")))
-#endif
-#define MOE_TARGET_AVX2 __attribute__((target("avx2,fma")))
-#endif
-
 // Elements per block: the rounding pass of a block rereads its master from L1. Full blocks have
 // a compile-time trip count (after inlining), so they vectorise without a scalar remainder.
 constexpr int64_t kBlock = 128;
@@ -144,7 +132,7 @@ void range_baseline(const AdamWArrays& a, int64_t begin, int64_t end,
                     const kernels::AdamWScalars& s) {
   update_any(a, begin, end, s);
 }
-#if MOE_ADAMW_X86
+#if MOE_VECTOR_ISA_X86
 MOE_TARGET_AVX2 void range_avx2(const AdamWArrays& a, int64_t begin, int64_t end,
                                 const kernels::AdamWScalars& s) {
   update_any(a, begin, end, s);
@@ -157,62 +145,19 @@ MOE_TARGET_AVX512 void range_avx512(const AdamWArrays& a, int64_t begin, int64_t
 
 using RangeFn = void (*)(const AdamWArrays&, int64_t, int64_t, const kernels::AdamWScalars&);
 
-RangeFn range_fn(AdamWIsa isa) {
-#if MOE_ADAMW_X86
-  if (isa == AdamWIsa::avx512) return range_avx512;
-  if (isa == AdamWIsa::avx2) return range_avx2;
+RangeFn range_fn(VectorIsa isa) {
+#if MOE_VECTOR_ISA_X86
+  if (isa == VectorIsa::avx512) return range_avx512;
+  if (isa == VectorIsa::avx2) return range_avx2;
 #endif
   return range_baseline;
 }
 
-bool supported(AdamWIsa isa) {
-#if MOE_ADAMW_X86
-  __builtin_cpu_init();
-  switch (isa) {
-    case AdamWIsa::baseline:
-      return true;
-    case AdamWIsa::avx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    case AdamWIsa::avx512:
-      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx2") &&
-             __builtin_cpu_supports("fma");
-  }
-  return false;
-#else
-  return isa == AdamWIsa::baseline;
-#endif
-}
-
 }  // namespace
 
-const char* adamw_isa_name(AdamWIsa isa) {
-  switch (isa) {
-    case AdamWIsa::baseline:
-      return "baseline";
-    case AdamWIsa::avx2:
-      return "avx2";
-    case AdamWIsa::avx512:
-      return "avx512";
-  }
-  return "?";
-}
-
-std::vector<AdamWIsa> adamw_isas_supported() {
-  std::vector<AdamWIsa> out;
-  for (AdamWIsa isa : {AdamWIsa::baseline, AdamWIsa::avx2, AdamWIsa::avx512})
-    if (supported(isa)) out.push_back(isa);
-  return out;
-}
-
-AdamWIsa adamw_isa_best() {
-  static const AdamWIsa best = adamw_isas_supported().back();
-  return best;
-}
-
 void adamw_update_arrays(const AdamWArrays& a, int64_t n, const kernels::AdamWScalars& scalars,
-                         AdamWIsa isa) {
-  MOE_CHECK(supported(isa), "cpu adamw: the ", adamw_isa_name(isa),
+                         VectorIsa isa) {
+  MOE_CHECK(vector_isa_supported(isa), "cpu adamw: the ", vector_isa_name(isa),
             " path needs an instruction set this CPU lacks");
   MOE_CHECK(!a.compute || a.value, "cpu adamw: a compute copy needs the storage value");
   MOE_CHECK(!a.value || a.value_dtype == DType::bf16 || a.value_dtype == DType::f16,
@@ -226,7 +171,7 @@ void adamw_update_arrays(const AdamWArrays& a, int64_t n, const kernels::AdamWSc
 void adamw_update(Tensor& master, Tensor& m, Tensor& v, const Tensor& grad,
                   const kernels::AdamWScalars& sc) {
   AdamWArrays a{master.data<float>(), m.data<float>(), v.data<float>(), grad.data<float>()};
-  adamw_update_arrays(a, master.numel(), sc, adamw_isa_best());
+  adamw_update_arrays(a, master.numel(), sc, vector_isa_best());
 }
 
 void adamw_update_rounded(Tensor& master, Tensor& m, Tensor& v, const Tensor& grad,
@@ -235,7 +180,7 @@ void adamw_update_rounded(Tensor& master, Tensor& m, Tensor& v, const Tensor& gr
   a.value = value.half_bits();
   a.value_dtype = value.dtype();
   a.compute = compute ? compute->data<float>() : nullptr;
-  adamw_update_arrays(a, master.numel(), sc, adamw_isa_best());
+  adamw_update_arrays(a, master.numel(), sc, vector_isa_best());
 }
 
 }  // namespace moe::cpu

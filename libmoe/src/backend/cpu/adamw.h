@@ -5,18 +5,16 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/cpu/vector_isa.h"
 #include "kernels/adamw.h"
 #include "moe/dtype.h"
 
 namespace moe::cpu {
 
-// The compiled paths of the loop: x86-64 baseline (SSE2), AVX2 + FMA, AVX-512 (512-bit vectors).
-// All give the same bits: the file compiles with -ffp-contract=off (no fused multiply-add) and
-// the operations left (+, -, *, /, sqrt) are correctly rounded in every vector width.
-enum class AdamWIsa { baseline, avx2, avx512 };
-const char* adamw_isa_name(AdamWIsa isa);
-std::vector<AdamWIsa> adamw_isas_supported();  // by this CPU, baseline first
-AdamWIsa adamw_isa_best();                     // what adamw_update and the table entries use
+// The loop is compiled once per cpu::VectorIsa (vector_isa.h); adamw_update and the table entries
+// use vector_isa_best(). All give the same bits: the file compiles with -ffp-contract=off (no
+// fused multiply-add) and the operations left (+, -, *, /, sqrt) are correctly rounded in every
+// vector width.
 
 // n elements of one parameter. `value` (null: none) receives the updated master rounded to
 // value_dtype (bf16 or f16 bits, as Tensor::copy_from rounds), and `compute` (null: none; needs
@@ -35,6 +33,6 @@ struct AdamWArrays {
 // OpenMP over the elements when n >= kParallelWork (a new team from any thread, including a
 // worker std::thread: concurrent calls on different arrays are independent).
 void adamw_update_arrays(const AdamWArrays& a, int64_t n, const kernels::AdamWScalars& scalars,
-                         AdamWIsa isa);
+                         VectorIsa isa);
 
 }  // namespace moe::cpu

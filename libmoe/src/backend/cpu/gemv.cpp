@@ -14,6 +14,7 @@
 #include "backend/cpu/gemv_internal.h"
 #include "backend/cpu/gemv_q8.h"
 #include "backend/cpu/task_pool.h"
+#include "backend/cpu/vector_isa.h"
 #include "core/parallel.h"
 #include "kernels/convert.h"
 #include "moe/error.h"
@@ -226,19 +227,11 @@ void widen_row_avx512(const WeightMatrix& w, int64_t o, float* dst) {
 
 namespace gemv_detail {
 bool avx512_available() {
-#if MOE_GEMV_X86
-  static const bool ok = [] {
-    __builtin_cpu_init();
-    // F16C is not asked for: clang's __builtin_cpu_supports does not know it, and every CPU
-    // with AVX-512 has it (AVX-512F itself brings the 512-bit vcvtph2ps).
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("avx2");
-  }();
+  // The backend's AVX-512 set (F, BW, VL, AVX2, FMA). F16C is not asked for: clang's
+  // __builtin_cpu_supports does not know it, and every CPU with AVX-512 has it (AVX-512F itself
+  // brings the 512-bit vcvtph2ps).
+  static const bool ok = vector_isa_supported(VectorIsa::avx512);
   return ok;
-#else
-  return false;
-#endif
 }
 
 bool avx512_vnni_available() {
