@@ -1,24 +1,79 @@
 // Kernel bodies of causal attention, one score row at a time: the softmax over the keys a query
 // sees and its backward. The products around them are GEMMs (BLAS on the CPU, cuBLAS on CUDA).
 // A row holds `keys` scores; the query sees the first `visible` of them (causal mask).
+//
+// One order of operations everywhere: the row's sums (the exponentials' sum, the backward's dot
+// product) run in kSoftmaxLanes lanes, lane l adding elements l, l + 16, ... in order, then the
+// fixed tree of gemv's reduce_lanes (lane l += lane l + h for h = 8, 4, 2, 1); the exponential is
+// kernels::exp_f, no libm call; products and sums are separate operations (the CPU builds these
+// bodies with -ffp-contract=off, nvcc with --fmad=false). So the CPU's copies at every vector
+// width (backend/cpu/activation_rows.h) and a GPU thread running the body give the same bits.
 #pragma once
+#include "kernels/activations.h"
 #include "kernels/common.h"
-#include "kernels/softmax.h"
 
 namespace moe::kernels {
 
-// p [keys]: softmax in place over p[0..visible), exact zeros after.
+inline constexpr int64_t kSoftmaxLanes = 16;
+
+// lane[0] + ... by the fixed tree (lane l + lane l + h, h = 8, 4, 2, 1); lane is overwritten.
+MOE_HD float softmax_lane_sum(float* lane) {
+  for (int64_t h = kSoftmaxLanes / 2; h >= 1; h /= 2)
+    for (int64_t l = 0; l < h; ++l) lane[l] += lane[l + h];
+  return lane[0];
+}
+
+// p [keys]: softmax in place over p[0..visible), exact zeros after. The largest visible score is
+// subtracted first (a maximum is exact in any order). A partial last block of 16 runs through a
+// local block padded with -inf, whose exponentials are +0: adding them leaves a lane as it was,
+// so the block's length does not change the bits.
 MOE_HD void causal_softmax_row(float* p, int64_t visible, int64_t keys) {
-  softmax_row(p, p, visible);
+  constexpr int64_t L = kSoftmaxLanes;
+  const int64_t whole = visible - visible % L;
+  float tail[L];
+  for (int64_t l = 0; l < L; ++l) tail[l] = -INFINITY;
+  for (int64_t l = 0; whole + l < visible; ++l) tail[l] = p[whole + l];
+  float lane[L];
+  for (int64_t l = 0; l < L; ++l) lane[l] = tail[l];
+  for (int64_t j = 0; j < whole; j += L)
+    for (int64_t l = 0; l < L; ++l) lane[l] = p[j + l] > lane[l] ? p[j + l] : lane[l];
+  float m = lane[0];
+  for (int64_t l = 1; l < L; ++l) m = lane[l] > m ? lane[l] : m;
+  for (int64_t l = 0; l < L; ++l) lane[l] = 0.0f;
+  for (int64_t j = 0; j < whole; j += L)
+    for (int64_t l = 0; l < L; ++l) {
+      const float e = exp_f(p[j + l] - m);
+      p[j + l] = e;
+      lane[l] += e;
+    }
+  for (int64_t l = 0; l < L; ++l) {
+    tail[l] = exp_f(tail[l] - m);
+    lane[l] += tail[l];
+  }
+  for (int64_t l = 0; whole + l < visible; ++l) p[whole + l] = tail[l];
+  const float inv = 1.0f / softmax_lane_sum(lane);
+  for (int64_t j = 0; j < visible; ++j) p[j] *= inv;
   for (int64_t j = visible; j < keys; ++j) p[j] = 0.0f;
 }
 
 // d [keys] holds d loss / d probs of the row (dctx V^T); replaced by d loss / d scores before the
-// scale: scale * softmax_backward(p, d) over the visible keys, zeros after.
+// scale: scale * p[j] (d[j] - sum_i p[i] d[i]) over the visible keys, zeros after. The dot
+// product's partial last block adds 0 x 0 = +0 products, which leave a lane as it was.
 MOE_HD void causal_softmax_backward_row(const float* p, float* d, int64_t visible, int64_t keys,
                                         float scale) {
-  softmax_backward_row(p, d, d, visible);
-  for (int64_t j = 0; j < visible; ++j) d[j] *= scale;
+  constexpr int64_t L = kSoftmaxLanes;
+  const int64_t whole = visible - visible % L;
+  float lane[L], tp[L], td[L];
+  for (int64_t l = 0; l < L; ++l) lane[l] = tp[l] = td[l] = 0.0f;
+  for (int64_t l = 0; whole + l < visible; ++l) {
+    tp[l] = p[whole + l];
+    td[l] = d[whole + l];
+  }
+  for (int64_t j = 0; j < whole; j += L)
+    for (int64_t l = 0; l < L; ++l) lane[l] += p[j + l] * d[j + l];
+  for (int64_t l = 0; l < L; ++l) lane[l] += tp[l] * td[l];
+  const float dot = softmax_lane_sum(lane);
+  for (int64_t j = 0; j < visible; ++j) d[j] = (p[j] * (d[j] - dot)) * scale;
   for (int64_t j = visible; j < keys; ++j) d[j] = 0.0f;
 }
 

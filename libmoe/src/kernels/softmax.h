@@ -8,8 +8,8 @@ namespace moe::kernels {
 MOE_HD float softmax_row(const float* x, float* out, int64_t n) {
   float m = x[0];
   for (int64_t j = 1; j < n; ++j) m = x[j] > m ? x[j] : m;
-  // The exponentials first, then their sum in index order: the first loop has no carried
-  // dependence, so the CPU build vectorises it (libmvec's expf, backend/cpu/vector_math.h).
+  // The exponentials first, then their sum in index order. (The router's rows, E values; the
+  // attention rows have their own body, kernels/attention.h.)
   for (int64_t j = 0; j < n; ++j) out[j] = expf(x[j] - m);
   float s = 0.0f;
   for (int64_t j = 0; j < n; ++j) s += out[j];

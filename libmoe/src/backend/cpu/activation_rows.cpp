@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "backend/cpu/vector_isa.h"
+#include "kernels/attention.h"
 #include "kernels/experts.h"
 #include "moe/error.h"
 
@@ -94,12 +95,14 @@ inline void store(const float* block, int64_t count, float* dst) {
   }
 }
 
-// The four spans compiled for one instruction set, and a table of them.
+// The four spans and the two softmax rows compiled for one instruction set, and a table of them.
 struct Copy {
   void (*bias_gelu)(const float*, const float*, float*, float*, int64_t);
   void (*gelu_backward)(const float*, const float*, float*, int64_t);
   void (*bias_swiglu)(const float*, const float*, const float*, float*, float*, int64_t);
   void (*swiglu_backward)(const float*, const float*, const float*, float*, float*, int64_t);
+  void (*softmax)(float*, int64_t, int64_t);
+  void (*softmax_backward)(const float*, float*, int64_t, int64_t, float);
 };
 
 #define MOE_ACTIVATION_COPY(suffix, target)                                                    \
@@ -118,8 +121,16 @@ struct Copy {
                                        float* dh1, float* dh3, int64_t n) {                    \
     swiglu_backward_body(h1, h3, da, dh1, dh3, n);                                             \
   }                                                                                            \
-  constexpr Copy k_##suffix{bias_gelu_##suffix, gelu_backward_##suffix, bias_swiglu_##suffix,  \
-                            swiglu_backward_##suffix};
+  target void softmax_##suffix(float* p, int64_t visible, int64_t keys) {                      \
+    kernels::causal_softmax_row(p, visible, keys);                                             \
+  }                                                                                            \
+  target void softmax_backward_##suffix(const float* p, float* d, int64_t visible,             \
+                                        int64_t keys, float scale) {                           \
+    kernels::causal_softmax_backward_row(p, d, visible, keys, scale);                          \
+  }                                                                                            \
+  constexpr Copy k_##suffix{bias_gelu_##suffix,       gelu_backward_##suffix,                  \
+                            bias_swiglu_##suffix,     swiglu_backward_##suffix,                \
+                            softmax_##suffix,         softmax_backward_##suffix};
 
 MOE_ACTIVATION_COPY(baseline, )
 #if MOE_VECTOR_ISA_X86
@@ -188,6 +199,24 @@ void bias_swiglu_span_on(VectorIsa isa, const float* h1_in, const float* h3, con
 void swiglu_backward_span_on(VectorIsa isa, const float* h1, const float* h3, const float* da,
                              float* dh1, float* dh3, int64_t n) {
   checked(isa).swiglu_backward(h1, h3, da, dh1, dh3, n);
+}
+
+void causal_softmax_row(float* p, int64_t visible, int64_t keys) {
+  copy_for(isa_in_use()).softmax(p, visible, keys);
+}
+
+void causal_softmax_backward_row(const float* p, float* d, int64_t visible, int64_t keys,
+                                 float scale) {
+  copy_for(isa_in_use()).softmax_backward(p, d, visible, keys, scale);
+}
+
+void causal_softmax_row_on(VectorIsa isa, float* p, int64_t visible, int64_t keys) {
+  checked(isa).softmax(p, visible, keys);
+}
+
+void causal_softmax_backward_row_on(VectorIsa isa, const float* p, float* d, int64_t visible,
+                                    int64_t keys, float scale) {
+  checked(isa).softmax_backward(p, d, visible, keys, scale);
 }
 
 VectorIsa activation_isa() { return isa_in_use(); }

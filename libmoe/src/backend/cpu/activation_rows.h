@@ -1,5 +1,7 @@
 // The CPU's activation loops, shared by the MoE experts (grouped_gemm.cpp: bias + activation per
-// row) and the dense MLP (activation.cpp: the activation of a whole tensor). Spans of n floats.
+// row) and the dense MLP (activation.cpp: the activation of a whole tensor), spans of n floats;
+// and attention's causal softmax rows (attention.cpp), which take the same exp_f and come in the
+// same copies.
 //
 // Bits: a span runs in blocks of kActivationLanes elements through local buffers (the last block
 // zero-padded), so every element takes the same vector code whatever the span's length, its
@@ -37,6 +39,13 @@ void bias_swiglu_span(const float* h1_in, const float* h3, const float* bias, fl
 void swiglu_backward_span(const float* h1, const float* h3, const float* da, float* dh1, float* dh3,
                           int64_t n);
 
+// The causal softmax of one score row and its backward: kernels::causal_softmax_row and
+// causal_softmax_backward_row (kernels/attention.h, what a GPU thread runs), at this copy's width;
+// the same bits.
+void causal_softmax_row(float* p, int64_t visible, int64_t keys);
+void causal_softmax_backward_row(const float* p, float* d, int64_t visible, int64_t keys,
+                                 float scale);
+
 // Which copy of the spans runs (vector_isa_best() unless a test sets another; tests compare the
 // copies on one host). set_activation_isa throws UsageError when this CPU (or build) lacks it;
 // not thread-safe: call between ops.
@@ -50,5 +59,8 @@ void bias_swiglu_span_on(VectorIsa isa, const float* h1_in, const float* h3, con
                          float* h1_out, float* a, int64_t n);
 void swiglu_backward_span_on(VectorIsa isa, const float* h1, const float* h3, const float* da,
                              float* dh1, float* dh3, int64_t n);
+void causal_softmax_row_on(VectorIsa isa, float* p, int64_t visible, int64_t keys);
+void causal_softmax_backward_row_on(VectorIsa isa, const float* p, float* d, int64_t visible,
+                                    int64_t keys, float scale);
 
 }  // namespace moe::cpu

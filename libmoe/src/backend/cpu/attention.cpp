@@ -2,21 +2,20 @@
 // Shapes: q, ctx [B*T, H*hd]; k, v [B*T, KV*hd]; probs [B, H, T, T]; query head h reads kv head
 // h / (H/KV). The per (batch, head) products go to BLAS as one batch (sgemm_batch: tiles
 // fixed by the shape, one parallel loop over all heads' tiles); the causal row softmax and its
-// backward (kernels/attention.h, shared with CUDA) run in one OpenMP loop over all B*H*T rows.
+// backward (kernels/attention.h, shared with CUDA; the CPU runs them at its widest vector copy,
+// activation_rows.h, with the same bits) run in one OpenMP loop over all B*H*T rows.
 // Each product is cut into blocks of query rows (push_causal) that skip what lies wholly above
 // the diagonal; scores above it inside a block are computed and then overwritten with exact
 // zeros, as the softmax writes zeros past the visible keys.
-#include "kernels/attention.h"
-
 #include <cmath>
 #include <vector>
 
+#include "backend/cpu/activation_rows.h"
 #include "backend/cpu/backend.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/gemv.h"
 #include "backend/cpu/gemv_internal.h"
 #include "backend/cpu/task_pool.h"
-#include "backend/cpu/vector_math.h"
 #include "core/parallel.h"
 
 namespace moe::cpu {
@@ -112,7 +111,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
   const int64_t rows = s.batch * H * T;
 #pragma omp parallel for schedule(static) if (rows * T >= kParallelWork)
   for (int64_t r = 0; r < rows; ++r) {
-    kernels::causal_softmax_row(ps + r * T, r % T + 1, T);  // query r % T sees keys 0..r % T
+    causal_softmax_row(ps + r * T, r % T + 1, T);  // query r % T sees keys 0..r % T
   }
   per_head_batch(
       s.batch, H,
@@ -132,9 +131,8 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
 // tree over the lanes), the causal softmax, then ctx[e] = sum over the keys, in order, of p[j]
 // v_j[e] (a multiply then an add). One order whatever thread runs it, and whatever the vector
 // width: this file builds without contraction into FMAs (libmoe/CMakeLists.txt), so the AVX-512
-// loops (where the CPU has them) give the baseline loops' bits; the softmax stays the baseline's
-// (its expf is libmvec's, whose AVX-512 variant rounds differently). k and v rows ldk apart from
-// key 0, ps [start + 1].
+// loops (where the CPU has them) give the baseline loops' bits, as the softmax's copies do. k and
+// v rows ldk apart from key 0, ps [start + 1].
 namespace {
 void decode_scores_plain(const float* q, const float* k, int64_t ldk, int64_t keys, int64_t hd,
                          float scale, float* ps) {
@@ -218,13 +216,13 @@ void decode_head(const float* q, const float* k, const float* v, int64_t ldk, in
 #if MOE_GEMV_X86
   if (wide) {
     decode_scores_avx512(q, k, ldk, keys, hd, scale, ps);
-    kernels::causal_softmax_row(ps, keys, keys);
+    causal_softmax_row(ps, keys, keys);
     decode_context_avx512(ps, v, ldk, keys, hd, ctx);
     return;
   }
 #endif
   decode_scores_plain(q, k, ldk, keys, hd, scale, ps);
-  kernels::causal_softmax_row(ps, keys, keys);
+  causal_softmax_row(ps, keys, keys);
   decode_context_plain(ps, v, ldk, keys, hd, ctx);
 }
 
@@ -274,7 +272,7 @@ void attention_forward_cached(const Tensor& q, const Tensor& k_cache, const Tens
     }
     sgemm(false, true, t, keys, hd, scale, qs + q_offset, ldq, ks + kv_offset, ldk, 0.0f, ps, keys);
     for (int64_t i = 0; i < t; ++i)  // query i sits at start + i: keys 0..start+i visible
-      kernels::causal_softmax_row(ps + i * keys, start + i + 1, keys);
+      causal_softmax_row(ps + i * keys, start + i + 1, keys);
     sgemm(false, false, t, hd, keys, 1.0f, ps, keys, vs + kv_offset, ldk, 0.0f, cs + q_offset, ldq);
   };
   const int64_t pairs = n_rows * H;
@@ -315,7 +313,7 @@ void attention_backward(const Tensor& dctx, const Tensor& q, const Tensor& k, co
   const int64_t rows = s.batch * H * T;
 #pragma omp parallel for schedule(static) if (rows * T >= kParallelWork)
   for (int64_t r = 0; r < rows; ++r) {
-    kernels::causal_softmax_backward_row(ps + r * T, ds + r * T, r % T + 1, T, scale);
+    causal_softmax_backward_row(ps + r * T, ds + r * T, r % T + 1, T, scale);
   }
   per_head_batch(
       s.batch, H,
