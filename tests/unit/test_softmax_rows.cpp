@@ -47,7 +47,10 @@ struct Row {
 // Lengths around every multiple of 16 (the lanes' blocks) up to 300, and a key count past the
 // visible ones: each copy must give the kernel body's bits, forward and backward, and write exact
 // zeros past the visible keys. A copy that fused the backward's multiply and add, summed the
-// exponentials in another order or called another exp would differ here.
+// exponentials in another order or called another exp would differ here. The keys past `visible`
+// hold NaN (the backward's d there is whatever the product left): a row whose last partial block
+// is read in place must give the visible keys the bits of the same row with no keys past them
+// (whose last block runs through a local one).
 TEST_CASE("softmax rows: every copy gives the kernel body's bits at every row length",
           "[activation]") {
   std::mt19937 rng(7);
@@ -57,12 +60,19 @@ TEST_CASE("softmax rows: every copy gives the kernel body's bits at every row le
   for (int64_t visible = 1; visible <= 300; visible += visible < 40 ? 1 : 7) {
     for (int64_t extra : {0, 1, 19}) {
       const int64_t keys = visible + extra;
-      const Row row(keys, visible % 3 == 0 ? 8.0f : 1.0f, rng);
+      Row row(keys, visible % 3 == 0 ? 8.0f : 1.0f, rng);
+      for (int64_t j = visible; j < keys; ++j) row.scores[j] = row.dprobs[j] = NAN;
       const float scale = 0.125f;
       std::vector<float> p_body = row.scores, d_body = row.dprobs;
       kernels::causal_softmax_row(p_body.data(), visible, keys);
       kernels::causal_softmax_backward_row(p_body.data(), d_body.data(), visible, keys, scale);
       for (int64_t j = visible; j < keys; ++j) REQUIRE((p_body[j] == 0.0f && d_body[j] == 0.0f));
+      std::vector<float> p_short(row.scores.begin(), row.scores.begin() + visible),
+          d_short(row.dprobs.begin(), row.dprobs.begin() + visible);
+      kernels::causal_softmax_row(p_short.data(), visible, visible);
+      kernels::causal_softmax_backward_row(p_short.data(), d_short.data(), visible, visible, scale);
+      REQUIRE(std::memcmp(p_short.data(), p_body.data(), visible * sizeof(float)) == 0);
+      REQUIRE(std::memcmp(d_short.data(), d_body.data(), visible * sizeof(float)) == 0);
       for (cpu::VectorIsa isa : copies) {
         INFO(cpu::vector_isa_name(isa) << ": visible " << visible << " of " << keys);
         std::vector<float> p = row.scores, d = row.dprobs;

@@ -23,22 +23,35 @@ MOE_HD float softmax_lane_sum(float* lane) {
   return lane[0];
 }
 
+// Lane maximum, by the same tree (a maximum is exact in any order); lane is overwritten.
+MOE_HD float softmax_lane_max(float* lane) {
+  for (int64_t h = kSoftmaxLanes / 2; h >= 1; h /= 2)
+    for (int64_t l = 0; l < h; ++l) lane[l] = lane[l + h] > lane[l] ? lane[l + h] : lane[l];
+  return lane[0];
+}
+
 // p [keys]: softmax in place over p[0..visible), exact zeros after. The largest visible score is
-// subtracted first (a maximum is exact in any order). A partial last block of 16 runs through a
-// local block padded with -inf, whose exponentials are +0: adding them leaves a lane as it was,
-// so the block's length does not change the bits.
+// subtracted first. The row runs in whole blocks of 16; where the last, partial one ends inside
+// the row (visible rounded up to 16 <= keys: most rows of a causal score matrix) it is read in
+// place, a key past `visible` taken as -inf, whose exponential is +0: it leaves its lane's sum as
+// it was and is the zero the row wants there. Otherwise (visible near keys) the partial block
+// runs through a local block padded the same way. Either way the same operations reach every
+// lane, so the bits do not depend on the row's length past `visible`.
 MOE_HD void causal_softmax_row(float* p, int64_t visible, int64_t keys) {
   constexpr int64_t L = kSoftmaxLanes;
   const int64_t whole = visible - visible % L;
-  float tail[L];
-  for (int64_t l = 0; l < L; ++l) tail[l] = -INFINITY;
-  for (int64_t l = 0; whole + l < visible; ++l) tail[l] = p[whole + l];
-  float lane[L];
+  const bool in_place = whole + L <= keys;
+  float tail[L], lane[L];
+  if (in_place) {
+    for (int64_t l = 0; l < L; ++l) tail[l] = whole + l < visible ? p[whole + l] : -INFINITY;
+  } else {
+    for (int64_t l = 0; l < L; ++l) tail[l] = -INFINITY;
+    for (int64_t l = 0; whole + l < visible; ++l) tail[l] = p[whole + l];
+  }
   for (int64_t l = 0; l < L; ++l) lane[l] = tail[l];
   for (int64_t j = 0; j < whole; j += L)
     for (int64_t l = 0; l < L; ++l) lane[l] = p[j + l] > lane[l] ? p[j + l] : lane[l];
-  float m = lane[0];
-  for (int64_t l = 1; l < L; ++l) m = lane[l] > m ? lane[l] : m;
+  const float m = softmax_lane_max(lane);
   for (int64_t l = 0; l < L; ++l) lane[l] = 0.0f;
   for (int64_t j = 0; j < whole; j += L)
     for (int64_t l = 0; l < L; ++l) {
@@ -50,28 +63,44 @@ MOE_HD void causal_softmax_row(float* p, int64_t visible, int64_t keys) {
     tail[l] = exp_f(tail[l] - m);
     lane[l] += tail[l];
   }
-  for (int64_t l = 0; whole + l < visible; ++l) p[whole + l] = tail[l];
   const float inv = 1.0f / softmax_lane_sum(lane);
-  for (int64_t j = 0; j < visible; ++j) p[j] *= inv;
-  for (int64_t j = visible; j < keys; ++j) p[j] = 0.0f;
+  for (int64_t j = 0; j < whole; ++j) p[j] *= inv;
+  if (in_place) {  // the block's keys past `visible` get 0 x inv = +0
+    for (int64_t l = 0; l < L; ++l) p[whole + l] = tail[l] * inv;
+    for (int64_t j = whole + L; j < keys; ++j) p[j] = 0.0f;
+  } else {
+    for (int64_t l = 0; whole + l < visible; ++l) p[whole + l] = tail[l] * inv;
+    for (int64_t j = visible; j < keys; ++j) p[j] = 0.0f;
+  }
 }
 
 // d [keys] holds d loss / d probs of the row (dctx V^T); replaced by d loss / d scores before the
 // scale: scale * p[j] (d[j] - sum_i p[i] d[i]) over the visible keys, zeros after. The dot
-// product's partial last block adds 0 x 0 = +0 products, which leave a lane as it was.
+// product's partial last block adds +0 products past `visible` (read in place where the block
+// ends inside the row, the product replaced by 0 whatever d holds there; else from local blocks
+// of zeros), which leave a lane as it was.
 MOE_HD void causal_softmax_backward_row(const float* p, float* d, int64_t visible, int64_t keys,
                                         float scale) {
   constexpr int64_t L = kSoftmaxLanes;
   const int64_t whole = visible - visible % L;
-  float lane[L], tp[L], td[L];
-  for (int64_t l = 0; l < L; ++l) lane[l] = tp[l] = td[l] = 0.0f;
-  for (int64_t l = 0; whole + l < visible; ++l) {
-    tp[l] = p[whole + l];
-    td[l] = d[whole + l];
-  }
+  float lane[L];
+  for (int64_t l = 0; l < L; ++l) lane[l] = 0.0f;
   for (int64_t j = 0; j < whole; j += L)
     for (int64_t l = 0; l < L; ++l) lane[l] += p[j + l] * d[j + l];
-  for (int64_t l = 0; l < L; ++l) lane[l] += tp[l] * td[l];
+  if (whole + L <= keys) {
+    for (int64_t l = 0; l < L; ++l) {
+      const float t = p[whole + l] * d[whole + l];
+      lane[l] += whole + l < visible ? t : 0.0f;
+    }
+  } else {
+    float tp[L], td[L];
+    for (int64_t l = 0; l < L; ++l) tp[l] = td[l] = 0.0f;
+    for (int64_t l = 0; whole + l < visible; ++l) {
+      tp[l] = p[whole + l];
+      td[l] = d[whole + l];
+    }
+    for (int64_t l = 0; l < L; ++l) lane[l] += tp[l] * td[l];
+  }
   const float dot = softmax_lane_sum(lane);
   for (int64_t j = 0; j < visible; ++j) d[j] = (p[j] * (d[j] - dot)) * scale;
   for (int64_t j = visible; j < keys; ++j) d[j] = 0.0f;

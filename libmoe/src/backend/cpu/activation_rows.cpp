@@ -96,6 +96,8 @@ inline void store(const float* block, int64_t count, float* dst) {
 }
 
 // The four spans and the two softmax rows compiled for one instruction set, and a table of them.
+// The softmax copies are flattened: the row bodies are larger than GCC inlines on its own, and a
+// body left out of line would run at the baseline width in every copy (the same bits, slower).
 struct Copy {
   void (*bias_gelu)(const float*, const float*, float*, float*, int64_t);
   void (*gelu_backward)(const float*, const float*, float*, int64_t);
@@ -121,11 +123,12 @@ struct Copy {
                                        float* dh1, float* dh3, int64_t n) {                    \
     swiglu_backward_body(h1, h3, da, dh1, dh3, n);                                             \
   }                                                                                            \
-  target void softmax_##suffix(float* p, int64_t visible, int64_t keys) {                      \
+  target [[gnu::flatten]] void softmax_##suffix(float* p, int64_t visible, int64_t keys) {     \
     kernels::causal_softmax_row(p, visible, keys);                                             \
   }                                                                                            \
-  target void softmax_backward_##suffix(const float* p, float* d, int64_t visible,             \
-                                        int64_t keys, float scale) {                           \
+  target [[gnu::flatten]] void softmax_backward_##suffix(const float* p, float* d,             \
+                                                         int64_t visible, int64_t keys,        \
+                                                         float scale) {                        \
     kernels::causal_softmax_backward_row(p, d, visible, keys, scale);                          \
   }                                                                                            \
   constexpr Copy k_##suffix{bias_gelu_##suffix,       gelu_backward_##suffix,                  \
