@@ -123,10 +123,10 @@ struct Copy {
                                        float* dh1, float* dh3, int64_t n) {                    \
     swiglu_backward_body(h1, h3, da, dh1, dh3, n);                                             \
   }                                                                                            \
-  target [[gnu::flatten]] void softmax_##suffix(float* p, int64_t visible, int64_t keys) {     \
+  [[gnu::flatten]] target void softmax_##suffix(float* p, int64_t visible, int64_t keys) {     \
     kernels::causal_softmax_row(p, visible, keys);                                             \
   }                                                                                            \
-  target [[gnu::flatten]] void softmax_backward_##suffix(const float* p, float* d,             \
+  [[gnu::flatten]] target void softmax_backward_##suffix(const float* p, float* d,             \
                                                          int64_t visible, int64_t keys,        \
                                                          float scale) {                        \
     kernels::causal_softmax_backward_row(p, d, visible, keys, scale);                          \
