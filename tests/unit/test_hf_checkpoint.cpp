@@ -373,6 +373,13 @@ TEST_CASE("hf: missing shards, missing tensors and shape mismatches are clear er
   write_hf_dir(dir.file("no-experts"), no_experts, weights, 1);
   REQUIRE_THAT(import_error(dir.file("no-experts")),
                Catch::Contains("\"num_local_experts\" is -3: it must be between 1 and 65536"));
+  for (const char* key : {"num_hidden_layers", "num_attention_heads", "num_experts_per_tok"}) {
+    json zero = mixtral_config(t);
+    zero[key] = 0;
+    write_hf_dir(dir.file(std::string("zero-") + key), zero, weights, 1);
+    REQUIRE_THAT(import_error(dir.file(std::string("zero-") + key)),
+                 Catch::Contains(std::string("\"") + key + "\" is 0: it must be between 1 and 65536"));
+  }
 
   json kv = mixtral_config(t);
   kv["num_key_value_heads"] = 4;  // k_proj holds 2 kv heads

@@ -200,14 +200,12 @@ HfModel parse_config(const json& j, const std::string& path,
   m.jitter = mixtral ? c.number_or("router_jitter_noise", 0.0) : 0.0;
   // Mixtral always renormalises its top-k weights; the others say so in norm_topk_prob.
   m.normalize = mixtral ? true : c.boolean_or("norm_topk_prob", false);
-  for (const std::string& key :
-       {std::string("vocab_size"), std::string("hidden_size"), std::string("num_hidden_layers"),
-        std::string("num_attention_heads"), std::string("num_experts_per_tok"),
-        std::string("max_position_embeddings")})
+  for (const std::string& key : {std::string("vocab_size"), std::string("hidden_size"),
+                                 std::string("max_position_embeddings")})
     if (c.integer(key) < 1) throw Error(str("'", path, "': \"", key, "\" must be >= 1"));
-  // The counts that size the import's plan before any tensor is read: a damaged or hostile
-  // config.json claiming more than any model has is refused here instead of being allocated
-  // (the fuzzer found num_local_experts 8000000000143474).
+  // The counts that size the import's plan before any tensor is read, bounded both ways: a
+  // damaged or hostile config.json claiming more than any model has is refused here instead of
+  // being allocated (the fuzzer found num_local_experts 8000000000143474).
   const std::string experts_key = mixtral ? "num_local_experts" : "num_experts";
   constexpr int64_t kMaxCount = int64_t(1) << 16;
   for (const std::string& key :
