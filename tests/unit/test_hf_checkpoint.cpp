@@ -378,7 +378,8 @@ TEST_CASE("hf: missing shards, missing tensors and shape mismatches are clear er
     zero[key] = 0;
     write_hf_dir(dir.file(std::string("zero-") + key), zero, weights, 1);
     REQUIRE_THAT(import_error(dir.file(std::string("zero-") + key)),
-                 Catch::Contains(std::string("\"") + key + "\" is 0: it must be between 1 and 65536"));
+                 Catch::Contains(std::string("\"") + key +
+                                 "\" is 0: it must be between 1 and 65536"));
   }
 
   json kv = mixtral_config(t);

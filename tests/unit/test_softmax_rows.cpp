@@ -18,13 +18,6 @@ using namespace moe;
 
 namespace {
 
-std::vector<cpu::VectorIsa> copies_here() {
-  std::vector<cpu::VectorIsa> out;
-  for (cpu::VectorIsa isa : {cpu::VectorIsa::baseline, cpu::VectorIsa::avx2, cpu::VectorIsa::avx512})
-    if (cpu::vector_isa_supported(isa)) out.push_back(isa);
-  return out;
-}
-
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
@@ -54,7 +47,7 @@ struct Row {
 TEST_CASE("softmax rows: every copy gives the kernel body's bits at every row length",
           "[activation]") {
   std::mt19937 rng(7);
-  const std::vector<cpu::VectorIsa> copies = copies_here();
+  const std::vector<cpu::VectorIsa> copies = cpu::vector_isas_supported();
   REQUIRE(copies.front() == cpu::VectorIsa::baseline);
   int64_t rows = 0;
   for (int64_t visible = 1; visible <= 300; visible += visible < 40 ? 1 : 7) {
@@ -98,9 +91,10 @@ TEST_CASE("softmax rows: every copy gives the kernel body's bits at every row le
 // tree of 4 takes at most (n / 16 + 4) roundings of u of the sum, on top of its terms' own
 // errors; the reciprocal and the product one u each. So |p - exact| <= (2 (R + 2) + n / 16 + 6) u
 // exact, R the largest |x_j - m|, and FLT_MIN more where exact is that small (exp_f's results
-// below 2^-126 are subnormal, and 0 below e^-104). Backward, d_j = scale p_j (g_j - dot): the dot product of n
-// terms errs by at most (n / 16 + 4) u sum |p_i g_i| (its products' roundings one u each more), the
-// difference and the two products three u of their values, and p_j brings its own error.
+// below 2^-126 are subnormal, and 0 below e^-104). Backward, d_j = scale p_j (g_j - dot): the
+// dot product of n terms errs by at most (n / 16 + 4) u sum |p_i g_i| (its products' roundings
+// one u each more), the difference and the two products three u of their values, and p_j brings
+// its own error.
 TEST_CASE("softmax rows: forward and backward within their rounding bounds of double",
           "[activation]") {
   std::mt19937 rng(11);

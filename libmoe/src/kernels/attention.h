@@ -4,7 +4,7 @@
 //
 // One order of operations everywhere: the row's sums (the exponentials' sum, the backward's dot
 // product) run in kSoftmaxLanes lanes, lane l adding elements l, l + 16, ... in order, then the
-// fixed tree of gemv's reduce_lanes (lane l += lane l + h for h = 8, 4, 2, 1); the exponential is
+// fixed tree of reduce_lanes (kernels/common.h, the GEMV's too); the exponential is
 // kernels::exp_f, no libm call; products and sums are separate operations (the CPU builds these
 // bodies with -ffp-contract=off, nvcc with --fmad=false). So the CPU's copies at every vector
 // width (backend/cpu/activation_rows.h) and a GPU thread running the body give the same bits.
@@ -14,16 +14,9 @@
 
 namespace moe::kernels {
 
-inline constexpr int64_t kSoftmaxLanes = 16;
+inline constexpr int64_t kSoftmaxLanes = kReduceLanes;
 
-// lane[0] + ... by the fixed tree (lane l + lane l + h, h = 8, 4, 2, 1); lane is overwritten.
-MOE_HD float softmax_lane_sum(float* lane) {
-  for (int64_t h = kSoftmaxLanes / 2; h >= 1; h /= 2)
-    for (int64_t l = 0; l < h; ++l) lane[l] += lane[l + h];
-  return lane[0];
-}
-
-// Lane maximum, by the same tree (a maximum is exact in any order); lane is overwritten.
+// Lane maximum, by reduce_lanes' tree (a maximum is exact in any order); lane is overwritten.
 MOE_HD float softmax_lane_max(float* lane) {
   for (int64_t h = kSoftmaxLanes / 2; h >= 1; h /= 2)
     for (int64_t l = 0; l < h; ++l) lane[l] = lane[l + h] > lane[l] ? lane[l + h] : lane[l];
@@ -63,7 +56,7 @@ MOE_HD void causal_softmax_row(float* p, int64_t visible, int64_t keys) {
     tail[l] = exp_f(tail[l] - m);
     lane[l] += tail[l];
   }
-  const float inv = 1.0f / softmax_lane_sum(lane);
+  const float inv = 1.0f / reduce_lanes(lane);
   for (int64_t j = 0; j < whole; ++j) p[j] *= inv;
   if (in_place) {  // the block's keys past `visible` get 0 x inv = +0
     for (int64_t l = 0; l < L; ++l) p[whole + l] = tail[l] * inv;
@@ -101,7 +94,7 @@ MOE_HD void causal_softmax_backward_row(const float* p, float* d, int64_t visibl
     }
     for (int64_t l = 0; l < L; ++l) lane[l] += tp[l] * td[l];
   }
-  const float dot = softmax_lane_sum(lane);
+  const float dot = reduce_lanes(lane);
   for (int64_t j = 0; j < visible; ++j) d[j] = (p[j] * (d[j] - dot)) * scale;
   for (int64_t j = visible; j < keys; ++j) d[j] = 0.0f;
 }

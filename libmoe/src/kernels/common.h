@@ -13,6 +13,17 @@
 
 namespace moe::kernels {
 
+// The fixed tree that closes kReduceLanes partial sums (lane l adding elements l, l + 16, ...):
+// lane l += lane l + h for h = 8, 4, 2, 1; lane is overwritten. The CPU's decode GEMV and decode
+// dot products (gemv_detail::reduce_lanes) and the attention softmax rows on the CPU and the GPU
+// all close their lanes by it, so their sums have one order.
+inline constexpr int64_t kReduceLanes = 16;
+MOE_HD float reduce_lanes(float* lane) {
+  for (int64_t h = kReduceLanes / 2; h >= 1; h /= 2)
+    for (int64_t l = 0; l < h; ++l) lane[l] += lane[l + h];
+  return lane[0];
+}
+
 // acc + x[0] + x[stride] + ... + x[(n - 1) stride], added in that order. The loads run 16 rows
 // ahead of the adds: a GPU thread that sums one column alone (the bias gradients) then waits one
 // memory latency per 16 rows instead of one per row. The same bits as the plain loop.

@@ -96,8 +96,9 @@ inline void store(const float* block, int64_t count, float* dst) {
 }
 
 // The four spans and the two softmax rows compiled for one instruction set, and a table of them.
-// The softmax copies are flattened: the row bodies are larger than GCC inlines on its own, and a
-// body left out of line would run at the baseline width in every copy (the same bits, slower).
+// Every copy is flattened: the bodies and the kernels' math are inlined into it, so each runs at
+// the copy's width (the softmax rows' bodies are larger than GCC inlines on its own; one left out
+// of line ran at the baseline width in every copy: the same bits, slower).
 struct Copy {
   void (*bias_gelu)(const float*, const float*, float*, float*, int64_t);
   void (*gelu_backward)(const float*, const float*, float*, int64_t);
@@ -107,33 +108,36 @@ struct Copy {
   void (*softmax_backward)(const float*, float*, int64_t, int64_t, float);
 };
 
-#define MOE_ACTIVATION_COPY(suffix, target)                                                    \
-  target void bias_gelu_##suffix(const float* h_in, const float* bias, float* h_out, float* a, \
-                                 int64_t n) {                                                  \
-    bias_gelu_body(h_in, bias, h_out, a, n);                                                   \
-  }                                                                                            \
-  target void gelu_backward_##suffix(const float* h, const float* da, float* dh, int64_t n) {  \
-    gelu_backward_body(h, da, dh, n);                                                          \
-  }                                                                                            \
-  target void bias_swiglu_##suffix(const float* h1_in, const float* h3, const float* bias,     \
-                                   float* h1_out, float* a, int64_t n) {                       \
-    bias_swiglu_body(h1_in, h3, bias, h1_out, a, n);                                           \
-  }                                                                                            \
-  target void swiglu_backward_##suffix(const float* h1, const float* h3, const float* da,      \
-                                       float* dh1, float* dh3, int64_t n) {                    \
-    swiglu_backward_body(h1, h3, da, dh1, dh3, n);                                             \
-  }                                                                                            \
-  [[gnu::flatten]] target void softmax_##suffix(float* p, int64_t visible, int64_t keys) {     \
-    kernels::causal_softmax_row(p, visible, keys);                                             \
-  }                                                                                            \
-  [[gnu::flatten]] target void softmax_backward_##suffix(const float* p, float* d,             \
-                                                         int64_t visible, int64_t keys,        \
-                                                         float scale) {                        \
-    kernels::causal_softmax_backward_row(p, d, visible, keys, scale);                          \
-  }                                                                                            \
-  constexpr Copy k_##suffix{bias_gelu_##suffix,       gelu_backward_##suffix,                  \
-                            bias_swiglu_##suffix,     swiglu_backward_##suffix,                \
-                            softmax_##suffix,         softmax_backward_##suffix};
+#define MOE_ACTIVATION_COPY(suffix, target)                                                      \
+  [[gnu::flatten]] target void bias_gelu_##suffix(const float* h_in, const float* bias,          \
+                                                  float* h_out, float* a, int64_t n) {           \
+    bias_gelu_body(h_in, bias, h_out, a, n);                                                     \
+  }                                                                                              \
+  [[gnu::flatten]] target void gelu_backward_##suffix(const float* h, const float* da, float* dh, \
+                                                      int64_t n) {                               \
+    gelu_backward_body(h, da, dh, n);                                                            \
+  }                                                                                              \
+  [[gnu::flatten]] target void bias_swiglu_##suffix(const float* h1_in, const float* h3,         \
+                                                    const float* bias, float* h1_out, float* a,  \
+                                                    int64_t n) {                                 \
+    bias_swiglu_body(h1_in, h3, bias, h1_out, a, n);                                             \
+  }                                                                                              \
+  [[gnu::flatten]] target void swiglu_backward_##suffix(const float* h1, const float* h3,        \
+                                                        const float* da, float* dh1, float* dh3, \
+                                                        int64_t n) {                             \
+    swiglu_backward_body(h1, h3, da, dh1, dh3, n);                                               \
+  }                                                                                              \
+  [[gnu::flatten]] target void softmax_##suffix(float* p, int64_t visible, int64_t keys) {       \
+    kernels::causal_softmax_row(p, visible, keys);                                               \
+  }                                                                                              \
+  [[gnu::flatten]] target void softmax_backward_##suffix(const float* p, float* d,               \
+                                                         int64_t visible, int64_t keys,          \
+                                                         float scale) {                          \
+    kernels::causal_softmax_backward_row(p, d, visible, keys, scale);                            \
+  }                                                                                              \
+  constexpr Copy k_##suffix{bias_gelu_##suffix,   gelu_backward_##suffix,                        \
+                            bias_swiglu_##suffix, swiglu_backward_##suffix,                      \
+                            softmax_##suffix,     softmax_backward_##suffix};
 
 MOE_ACTIVATION_COPY(baseline, )
 #if MOE_VECTOR_ISA_X86

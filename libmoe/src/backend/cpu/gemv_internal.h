@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "backend/cpu/gemv.h"
+#include "kernels/common.h"
 #include "kernels/convert.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -25,11 +26,8 @@ inline constexpr int64_t kRowsPerTask = 16;
 static_assert(kRowsPerTask % kQ8Group == 0, "a task's rows start a Q8_0 row group (gemv.h)");
 
 // The fixed reduction of the 16 lanes (halves: 8, 4, 2, 1), shared by every path.
-inline float reduce_lanes(float* lane) {
-  for (int64_t half = kLanes / 2; half >= 1; half /= 2)
-    for (int64_t l = 0; l < half; ++l) lane[l] += lane[l + half];
-  return lane[0];
-}
+using kernels::reduce_lanes;
+static_assert(kLanes == kernels::kReduceLanes, "the GEMV's lanes are the tree's");
 
 inline float f16_at(const uint8_t* p) {
   uint16_t h;
