@@ -24,7 +24,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   moe::fuzz::expect_clean([&] {
     moe::io::HfImportOptions options;
     options.allow_unmapped = size % 2 == 1;  // both the strict and the lenient mapping
-    moe::io::import_hf(dir, options);
+    moe::io::Checkpoint c = moe::io::import_hf(dir, options);  // values deferred: read them too
+    moe::io::hold_all(c);
   });
   return 0;
 }

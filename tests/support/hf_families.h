@@ -19,13 +19,35 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "moe/infer/model.h"
 #include "moe/io/checkpoint.h"
+#include "moe/io/hf_checkpoint.h"
 #include "moe/io/safetensors.h"
 #include "support/gradcheck.h"
 #include "support/run.h"
+
+namespace moe::test {
+
+// io::import_hf with every value read (hold_all): the tests compare tensors in memory, and
+// refusals of values (NaN, ...) happen here rather than when the checkpoint is written.
+inline io::Checkpoint import_hf_held(const std::string& dir,
+                                     const io::HfImportOptions& options = {},
+                                     io::HfImportReport* report = nullptr) {
+  io::Checkpoint c = io::import_hf(dir, options, report);
+  io::hold_all(c);
+  return c;
+}
+inline io::Checkpoint import_hf_held(const std::string& dir, bool allow_unmapped,
+                                     io::HfImportReport* report) {
+  io::HfImportOptions options;
+  options.allow_unmapped = allow_unmapped;
+  return import_hf_held(dir, options, report);
+}
+
+}  // namespace moe::test
 
 namespace moe::test::hf {
 

@@ -37,7 +37,7 @@ TEST_CASE("gguf families: qwen2moe, qwen3moe and olmoe, every key and tensor", "
     const Tiny t = tiny_of(family);
     const auto w = family_weights(t, 11);
     write_hf_dir(dir.file(family), family_config(t), w, 1);
-    const io::Checkpoint ckpt = io::import_hf(dir.file(family));
+    const io::Checkpoint ckpt = test::import_hf_held(dir.file(family));
     const std::string path = dir.file(family + ".gguf");
     const io::GgufExportSummary s = io::export_gguf(ckpt, path, {io::GgufType::f32, family});
     const io::GgufFile g = io::read_gguf(path);
@@ -116,7 +116,7 @@ TEST_CASE("gguf families: what llama.cpp hard-codes otherwise is refused by name
   test::ScratchDir dir("gguf-families-refused");
   auto imported = [&](const Tiny& t) {
     write_hf_dir(dir.file(t.family), family_config(t), family_weights(t, 12), 1);
-    return io::import_hf(dir.file(t.family));
+    return test::import_hf_held(dir.file(t.family));
   };
   auto refusal = [&](const Tiny& t) {
     const io::Checkpoint c = imported(t);

@@ -67,7 +67,7 @@ std::map<std::string, Tensor> fused_form(const Tiny& t, const std::map<std::stri
 
 std::string import_error(const std::string& dir, io::HfImportReport* report = nullptr,
                          io::HfImportOptions options = {}) {
-  return test::error_of([&] { io::import_hf(dir, options, report); });
+  return test::error_of([&] { test::import_hf_held(dir, options, report); });
 }
 
 }  // namespace
@@ -79,7 +79,7 @@ TEST_CASE("hf: a sharded tiny Mixtral imports and matches an independent HF refe
   write_hf_dir(dir.file("hf"), mixtral_config(t), weights, 2);
 
   io::HfImportReport report;
-  io::Checkpoint ckpt = io::import_hf(dir.file("hf"), false, &report);
+  io::Checkpoint ckpt = test::import_hf_held(dir.file("hf"), false, &report);
   REQUIRE(report.family == "mixtral");
   REQUIRE(report.mapped.size() == weights.size());  // every source tensor accounted for
   REQUIRE(report.unmapped.empty());
@@ -143,7 +143,7 @@ TEST_CASE("hf: a sharded tiny Mixtral imports and matches an independent HF refe
     }
   write_hf_dir(dir.file("hf-interleaved"), mixtral_config(t), interleaved, 1);
   const std::vector<float> wrong =
-      our_logits(io::import_hf(dir.file("hf-interleaved")), dir.file("wrong.h5"), ids, B, T);
+      our_logits(test::import_hf_held(dir.file("hf-interleaved")), dir.file("wrong.h5"), ids, B, T);
   REQUIRE(relative_error(wrong, reference) > 1e-3);
 }
 
@@ -154,8 +154,8 @@ TEST_CASE("hf: the fused gate_up_proj/down_proj layout imports to the same param
   write_hf_dir(dir.file("per-expert"), mixtral_config(t), weights, 1);
   write_hf_dir(dir.file("fused"), mixtral_config(t), fused_form(t, weights), 2);
   io::HfImportReport report;
-  io::Checkpoint fused = io::import_hf(dir.file("fused"), {}, &report);
-  require_same_params(io::import_hf(dir.file("per-expert")), fused);
+  io::Checkpoint fused = test::import_hf_held(dir.file("fused"), {}, &report);
+  require_same_params(test::import_hf_held(dir.file("per-expert")), fused);
   REQUIRE(report.mapped.size() == fused_form(t, weights).size());
 
   // A fused tensor in the transposed layout [E, D, 2F] is a shape error, not a silent transpose.
@@ -180,7 +180,7 @@ TEST_CASE("hf: export -> import is the identity and scores text identically", "[
   const Tiny t;
   const auto weights = mixtral_weights(t, 3);
   write_hf_dir(dir.file("hf"), mixtral_config(t), weights, 2);
-  const io::Checkpoint imported = io::import_hf(dir.file("hf"));
+  const io::Checkpoint imported = test::import_hf_held(dir.file("hf"));
 
   io::export_hf(imported, dir.file("exported"));
   // The export is HF Mixtral: its config keys and per-expert names, the source tensors' bytes.
@@ -201,7 +201,7 @@ TEST_CASE("hf: export -> import is the identity and scores text identically", "[
     REQUIRE(same_bytes(exported.read(name), tensor));
   }
 
-  const io::Checkpoint again = io::import_hf(dir.file("exported"));
+  const io::Checkpoint again = test::import_hf_held(dir.file("exported"));
   require_same_params(imported, again);
   REQUIRE(again.model_config == imported.model_config);
 
@@ -249,7 +249,7 @@ TEST_CASE("hf: a model of our own (f32 and bf16) survives export -> import bitwi
     const std::string out = dir.file(std::string("own-") + dtype_name(dtype));
     io::export_hf(ckpt, out);
     io::HfImportReport report;
-    const io::Checkpoint back = io::import_hf(out, {}, &report);
+    const io::Checkpoint back = test::import_hf_held(out, {}, &report);
     REQUIRE(back.model_config == ckpt.model_config);
     REQUIRE(back.params.size() == ckpt.params.size());
     for (const io::NamedTensor& p : ckpt.params) {
@@ -263,7 +263,7 @@ TEST_CASE("hf: a model of our own (f32 and bf16) survives export -> import bitwi
     std::vector<io::NamedTensor> tensors;
     for (const auto& e : st.tensors()) tensors.push_back({e.name, st.read(e.name), false, {}});
     io::write_safetensors(out + "/model.safetensors", tensors, {{"format", "pt"}});
-    const ModelConfig plain = model_config_from_json(io::import_hf(out).model_config);
+    const ModelConfig plain = model_config_from_json(test::import_hf_held(out).model_config);
     REQUIRE(plain.dtype == dtype);
     REQUIRE(plain.seq == c.seq);
     REQUIRE(plain.d_ff == c.d_ff);
@@ -297,7 +297,7 @@ TEST_CASE("hf: storage dtypes are kept, or converted to f32 when mixed", "[hf]")
     mixed[name] = name.find("norm") != std::string::npos ? tensor : tensor.to(DType::bf16);
   }
   write_hf_dir(dir.file("bf16"), mixtral_config(t), bf16, 2);
-  const io::Checkpoint b = io::import_hf(dir.file("bf16"));
+  const io::Checkpoint b = test::import_hf_held(dir.file("bf16"));
   REQUIRE(model_config_from_json(b.model_config).dtype == DType::bf16);
   REQUIRE(same_bytes(param(b, "embed.tokens").tensor, bf16.at("model.embed_tokens.weight")));
   REQUIRE(param(b, "blocks.0.moe.experts.w1").tensor.dtype() == DType::bf16);
@@ -314,11 +314,11 @@ TEST_CASE("hf: storage dtypes are kept, or converted to f32 when mixed", "[hf]")
   INFO("bf16 model against the fp64 evaluation of its weights: relative error " << error);
   REQUIRE(error < 1e-5);
   write_hf_dir(dir.file("upcast"), mixtral_config(t), upcast, 1);
-  REQUIRE(ours == our_logits(io::import_hf(dir.file("upcast")), dir.file("upcast.h5"), ids, B, T));
+  REQUIRE(ours == our_logits(test::import_hf_held(dir.file("upcast")), dir.file("upcast.h5"), ids, B, T));
 
   write_hf_dir(dir.file("mixed"), mixtral_config(t), mixed, 1);
   io::HfImportReport report;
-  const io::Checkpoint m = io::import_hf(dir.file("mixed"), {}, &report);
+  const io::Checkpoint m = test::import_hf_held(dir.file("mixed"), {}, &report);
   REQUIRE(model_config_from_json(m.model_config).dtype == DType::f32);
   REQUIRE(report.notes.size() == 1);
   REQUIRE_THAT(report.notes[0], Catch::Contains("converted to f32"));
@@ -341,7 +341,7 @@ TEST_CASE("hf: unmapped tensors are an error unless allowed, and then listed", "
   REQUIRE_THAT(message, Catch::Contains("extra.scale"));
 
   io::HfImportReport report;
-  io::Checkpoint ckpt = io::import_hf(dir.file("hf"), true, &report);
+  io::Checkpoint ckpt = test::import_hf_held(dir.file("hf"), true, &report);
   REQUIRE(report.unmapped ==
           std::vector<std::string>{"extra.scale", "model.layers.0.block_sparse_moe.mystery"});
   REQUIRE(report.mapped.size() + report.unmapped.size() == weights.size());
@@ -508,6 +508,6 @@ TEST_CASE("hf: unsupported features are refused naming the feature", "[hf]") {
   io::HfImportOptions short_context;
   short_context.max_seq = 16;
   REQUIRE(
-      model_config_from_json(io::import_hf(dir.file("window"), short_context).model_config).seq ==
+      model_config_from_json(test::import_hf_held(dir.file("window"), short_context).model_config).seq ==
       16);
 }

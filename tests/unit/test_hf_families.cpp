@@ -119,7 +119,7 @@ TEST_CASE("hf families: import-hf maps every tensor and the family's config", "[
     const auto w = family_weights(t, 4);
     write_hf_dir(dir.file(family), family_config(t), w, family == "olmoe" ? 1 : 3);
     io::HfImportReport report;
-    const io::Checkpoint ckpt = io::import_hf(dir.file(family), {}, &report);
+    const io::Checkpoint ckpt = test::import_hf_held(dir.file(family), {}, &report);
     REQUIRE(report.family == family);
     REQUIRE(report.mapped.size() == w.size());  // every source tensor accounted for
     REQUIRE(report.unmapped.empty());
@@ -166,7 +166,7 @@ TEST_CASE("hf families: import-hf maps every tensor and the family's config", "[
   narrow.shared_F = 0;
   write_hf_dir(dir.file("narrow"), family_config(narrow), family_weights(narrow, 5), 1);
   io::HfImportReport report;
-  const io::Checkpoint ckpt = io::import_hf(dir.file("narrow"), {}, &report);
+  const io::Checkpoint ckpt = test::import_hf_held(dir.file("narrow"), {}, &report);
   REQUIRE(model_config_from_json(ckpt.model_config).shared_expert_ff == 0);
   for (const io::NamedTensor& p : ckpt.params) REQUIRE(p.name.find("shared") == std::string::npos);
   REQUIRE(report.mapped.size() == family_weights(narrow, 5).size());
@@ -177,7 +177,7 @@ TEST_CASE("hf families: what our families cannot express is refused by name", "[
   auto refusal = [&](const std::string& name, const json& config,
                      const std::map<std::string, Tensor>& w) {
     write_hf_dir(dir.file(name), config, w, 1);
-    return test::error_of([&] { io::import_hf(dir.file(name)); });
+    return test::error_of([&] { test::import_hf_held(dir.file(name)); });
   };
   const Tiny q3 = tiny_of("qwen3_moe"), q2 = tiny_of("qwen2_moe"), ol = tiny_of("olmoe");
   // One config key changed from what the family's writer gives: the refusal names the feature.
@@ -234,7 +234,7 @@ TEST_CASE("hf families: import -> export -> import is tensor-identical, f32 and 
       for (const auto& [name, tensor] : family_weights(t, 7)) w[name] = tensor.to(dtype);
       const std::string src = dir.file(family + "-" + dtype_name(dtype));
       write_hf_dir(src, family_config(t), w, 2);
-      const io::Checkpoint imported = io::import_hf(src);
+      const io::Checkpoint imported = test::import_hf_held(src);
 
       // Sharded: several files named by the index, the family's names and the source bytes.
       const std::string out = src + "-out";
@@ -265,13 +265,13 @@ TEST_CASE("hf families: import -> export -> import is tensor-identical, f32 and 
       if (family == "qwen3_moe") REQUIRE(c["head_dim"] == t.hd());
       if (family == "olmoe") REQUIRE(c["intermediate_size"] == t.F);
       REQUIRE(c["torch_dtype"] == (dtype == DType::bf16 ? "bfloat16" : "float32"));
-      const io::Checkpoint again = io::import_hf(out);
+      const io::Checkpoint again = test::import_hf_held(out);
       require_same_params(imported, again);
       REQUIRE(again.model_config == imported.model_config);
 
       // One file, into a directory of its own; a directory holding the other form is refused.
       io::export_hf(again, out + "-single");
-      require_same_params(imported, io::import_hf(out + "-single"));
+      require_same_params(imported, test::import_hf_held(out + "-single"));
       REQUIRE_THAT(test::error_of([&] { io::export_hf(again, out + "-single", {20000}); }),
                    Catch::Contains("already holds model.safetensors"));
       REQUIRE_THAT(test::error_of([&] { io::export_hf(again, out); }),
@@ -283,7 +283,7 @@ TEST_CASE("hf families: import -> export -> import is tensor-identical, f32 and 
   Tiny narrow = tiny_of("qwen2_moe");
   narrow.shared_F = 0;
   write_hf_dir(dir.file("narrow"), family_config(narrow), family_weights(narrow, 8), 1);
-  const io::Checkpoint imported = io::import_hf(dir.file("narrow"));
+  const io::Checkpoint imported = test::import_hf_held(dir.file("narrow"));
   io::export_hf(imported, dir.file("narrow-out"));
   io::SafetensorsReader st(dir.file("narrow-out/model.safetensors"));
   REQUIRE(st.find("model.layers.1.mlp.shared_expert.down_proj.weight")->shape ==
@@ -291,14 +291,14 @@ TEST_CASE("hf families: import -> export -> import is tensor-identical, f32 and 
   const std::vector<float> gate =
       st.read("model.layers.1.mlp.shared_expert_gate.weight").to_vector();
   REQUIRE(gate == std::vector<float>(size_t(narrow.D), 0.0f));
-  require_same_params(imported, io::import_hf(dir.file("narrow-out")));
+  require_same_params(imported, test::import_hf_held(dir.file("narrow-out")));
 }
 
 TEST_CASE("hf families: export refuses what a family cannot hold, by name", "[hf]") {
   test::ScratchDir dir("hf-families-export-refused");
   const Tiny t = tiny_of("olmoe");
   write_hf_dir(dir.file("olmoe"), family_config(t), family_weights(t, 9), 1);
-  const io::Checkpoint ckpt = io::import_hf(dir.file("olmoe"));
+  const io::Checkpoint ckpt = test::import_hf_held(dir.file("olmoe"));
   auto refusal = [&](auto&& change) {
     io::Checkpoint c = ckpt;
     ModelConfig mc = model_config_from_json(c.model_config);
@@ -332,7 +332,7 @@ TEST_CASE("hf families: an imported model scores like the family reference", "[h
       const auto w = family_weights(t, 13);
       const std::string src = dir.file(family + (normalize ? "-norm" : ""));
       write_hf_dir(src, family_config(t), w, 2);
-      const io::Checkpoint ckpt = io::import_hf(src);
+      const io::Checkpoint ckpt = test::import_hf_held(src);
       const auto ids = random_token_ids(B * T, int32_t(t.V), 14);
       const std::vector<float> ours = our_logits(ckpt, src + ".h5", ids, B, T);
       // Per window (sequence), f32 logits within 1e-4 of the fp64 reference, relative to their
@@ -357,6 +357,6 @@ TEST_CASE("hf families: an imported model scores like the family reference", "[h
   write_hf_dir(dir.file("narrow"), family_config(narrow), w, 1);
   const auto ids = random_token_ids(T, int32_t(narrow.V), 16);
   const std::vector<float> ours =
-      our_logits(io::import_hf(dir.file("narrow")), dir.file("narrow.h5"), ids, 1, T);
+      our_logits(test::import_hf_held(dir.file("narrow")), dir.file("narrow.h5"), ids, 1, T);
   REQUIRE(relative_error(ours, hf_reference_logits(narrow, w, ids, 1, T, narrow.norm_topk)) < 1e-4);
 }

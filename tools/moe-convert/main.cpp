@@ -10,6 +10,7 @@
 #include "moe/io/convert.h"
 #include "moe/io/finite.h"
 #include "moe/io/gguf.h"
+#include "moe/io/gguf_import.h"
 #include "moe/io/hf_checkpoint.h"
 #include "moe/io/output.h"
 #include "moe/log.h"
@@ -70,6 +71,14 @@ void check_file_output(const Options& o) {
 // conversion writes one (change_dtype itself refuses values beyond the target's range).
 void check_finite_params(const std::string& what, const io::Checkpoint& ckpt) {
   io::check_finite(what, ckpt.params);
+}
+
+// The same for a lazily opened checkpoint (io::open_whole): each tensor is checked when the
+// conversion reads it, so the model passes through memory once, one tensor at a time.
+io::Checkpoint open_checked(const Options& o, bool with_optim, bool* merged) {
+  io::Checkpoint in = io::open_whole(o.inputs, with_optim, merged);
+  io::check_finite_when_read(str("'", o.inputs.at(0), "'"), in.params);
+  return in;
 }
 
 // A Q8_0 checkpoint (moe-convert quantize) is for moe-infer only: the other conversions refuse it.
@@ -151,9 +160,8 @@ int run_inspect(Options& o, const Argv&) {
 int run_dtype(Options& o, const Argv& a) {
   check_file_output(o);
   bool merged = false;
-  io::Checkpoint in = io::load_whole(o.inputs, true, &merged);
+  io::Checkpoint in = open_checked(o, true, &merged);
   refuse_quantized(in, o, "dtype");
-  check_finite_params(str("'", o.inputs.at(0), "'"), in);
   const DType to = parse_dtype(o.to);
   io::DTypeReport report;
   io::Checkpoint out = io::change_dtype(in, to, &report);
@@ -172,9 +180,8 @@ int run_dtype(Options& o, const Argv& a) {
 int run_freeze(Options& o, const Argv& a) {
   check_file_output(o);
   bool merged = false;
-  io::Checkpoint in = io::load_whole(o.inputs, true, &merged);
+  io::Checkpoint in = open_checked(o, true, &merged);
   refuse_quantized(in, o, "freeze");
-  check_finite_params(str("'", o.inputs.at(0), "'"), in);
   io::Checkpoint out = io::freeze(in);
   out.provenance = io::make_provenance("moe-convert", a.argc, a.argv);
   io::save_streaming(o.out, out, history_of(o.inputs, in.provenance));
@@ -201,8 +208,7 @@ int run_merge(Options& o, const Argv& a) {
 int run_quantize(Options& o, const Argv& a) {
   check_file_output(o);
   bool merged = false;
-  io::Checkpoint in = io::load_whole(o.inputs, true, &merged);
-  check_finite_params(str("'", o.inputs.at(0), "'"), in);
+  io::Checkpoint in = open_checked(o, true, &merged);
   io::QuantReport report;
   io::Checkpoint out = io::quantize(in, o.type, &report);
   out.provenance = io::make_provenance("moe-convert", a.argc, a.argv);
@@ -312,8 +318,7 @@ int run_export_hf(Options& o, const Argv&) {
 int run_export_gguf(Options& o, const Argv&) {
   check_file_output(o);
   bool merged = false;
-  io::Checkpoint in = io::load_whole(o.inputs, false, &merged);
-  check_finite_params(str("'", o.inputs.at(0), "'"), in);
+  io::Checkpoint in = open_checked(o, false, &merged);
   io::GgufExportOptions options;
   // Default: the checkpoint's own dtype (a bf16 model stays bf16).
   const ModelConfig mc = model_config_from_json(in.model_config);
@@ -324,6 +329,22 @@ int run_export_gguf(Options& o, const Argv&) {
   MOE_LOG_INFO("exported ", s.tensors, " tensors (", io::gguf_type_name(options.type),
                " matrices) and ", s.keys, " keys as GGUF v3 for llama.cpp",
                merged ? ", shards merged" : "", "; wrote ", o.out, " (", s.bytes, " bytes)");
+  return 0;
+}
+
+int run_import_gguf(Options& o, const Argv& a) {
+  check_file_output(o);
+  io::GgufImportOptions options;
+  options.max_seq = o.max_seq;
+  options.provenance = io::make_provenance("moe-convert", a.argc, a.argv);
+  io::GgufImportReport report;
+  const io::Checkpoint ckpt = io::import_gguf(o.inputs.at(0), options, &report);
+  for (const std::string& n : report.notes) MOE_LOG_INFO("note: ", n);
+  for (const std::string& m : report.mapped) MOE_LOG_DEBUG("mapped: ", m);
+  io::save_checkpoint(o.out, ckpt);
+  MOE_LOG_INFO("imported a GGUF ", report.architecture, " model as ", report.family,
+               report.quantized ? " (Q8_0 weights)" : "", ": ", ckpt.params.size(),
+               " parameter tensors; wrote ", o.out);
   return 0;
 }
 
@@ -465,6 +486,20 @@ int main(int argc, char** argv) {
   gguf->add_option("--name", o.gguf_name, "general.name in the file (default: moe)");
   add_output(gguf, o, "Output .gguf file");
   subs.push_back({gguf, run_export_gguf});
+
+  auto* import_gguf = app.add_subcommand(
+      "import-gguf",
+      "A GGUF v3 file (llama.cpp's llama with experts, qwen2moe, qwen3moe or olmoe; f32, f16, "
+      "bf16 or q8_0 tensors) into one checkpoint (a Q8_0 one from q8_0 weights)");
+  import_gguf->add_option("file", o.inputs, "GGUF file")->required()->expected(1);
+  import_gguf
+      ->add_option("--max-seq", o.max_seq,
+                   "Cap the context (scoring window, KV cache) at this; 0 = the file's "
+                   "context_length")
+      ->check(tools::non_negative())
+      ->capture_default_str();
+  add_output(import_gguf, o, "Output checkpoint file");
+  subs.push_back({import_gguf, run_import_gguf});
 
   return tools::run_tool("moe-convert", app, argc, argv, [&]() -> int {
     tools::apply_common_options(o.common);

@@ -64,7 +64,9 @@ void write_tensors(hid_t file, const char* group_name, const std::vector<NamedTe
       h5::write_expert_rows(group, t.name, t.source->shape, t.source->dtype, t.source->read, where,
                             options.max_chunk_bytes, &t.shard);
     } else {
-      h5::write_tensor(group, t.name, t.tensor, t.expert, where, options.max_chunk_bytes, &t.shard);
+      // A deferred tensor is read here and released when written: one at a time.
+      h5::write_tensor(group, t.name, t.whole(), t.expert, where, options.max_chunk_bytes,
+                       &t.shard);
     }
   }
   group.close(where);
@@ -205,16 +207,41 @@ std::shared_ptr<const ExpertSource> expert_source(std::shared_ptr<SharedFile> sh
   return source;
 }
 
-// `shared`: set when some tensors may be streamed (see load_checkpoint).
+// Dataset /group/name of an open checkpoint, read whole when asked.
+std::shared_ptr<const TensorSource> deferred_source(std::shared_ptr<SharedFile> shared,
+                                                    const char* group_name,
+                                                    const std::string& name,
+                                                    const h5::DatasetInfo& info) {
+  auto source = std::make_shared<TensorSource>();
+  source->shape = info.shape;
+  source->dtype = info.dtype;
+  source->read = [shared = std::move(shared), group_name, name]() {
+    h5::Session session;
+    const Opened& c = shared->opened;
+    h5::Group group = h5::open_group(c.file, group_name, c.root);
+    Tensor t = h5::read_tensor(group, name, c.root.at(str("/", group_name)));
+    t.set_name(name);
+    return t;
+  };
+  return source;
+}
+
+// How read_tensors treats a dataset: read now, or leave it in the file behind a source (expert
+// tensors chosen by a StreamFilter; every tensor when lazy).
+struct ReadMode {
+  const StreamFilter* stream = nullptr;
+  bool lazy = false;
+  std::shared_ptr<SharedFile> shared;  // set when anything may stay in the file
+};
+
 std::vector<NamedTensor> read_tensors(const Opened& c, const char* group_name,
-                                      const StreamFilter* stream = nullptr,
-                                      const std::shared_ptr<SharedFile>& shared = nullptr) {
+                                      const ReadMode& mode = {}) {
   h5::Group group = h5::open_group(c.file, group_name, c.root);
   Where where = c.root.at(str("/", group_name));
   const bool optim = std::string_view(group_name) == kOptimGroup;
   std::vector<NamedTensor> tensors;
   for (const std::string& name : h5::list_links(group, where)) {
-    if (stream && *stream && (*stream)(optim, name)) {
+    if (mode.lazy || (mode.stream && *mode.stream && (*mode.stream)(optim, name))) {
       Where w = c.root.at(str("/", group_name, "/", name));
       h5::DatasetInfo info;
       {
@@ -223,7 +250,13 @@ std::vector<NamedTensor> read_tensors(const Opened& c, const char* group_name,
       }
       if (info.expert) {
         tensors.push_back(NamedTensor{name, Tensor(), true, info.shard,
-                                      expert_source(shared, group_name, name, info)});
+                                      expert_source(mode.shared, group_name, name, info)});
+        continue;
+      }
+      if (mode.lazy) {
+        NamedTensor nt{name, Tensor(), false, info.shard};
+        nt.deferred = deferred_source(mode.shared, group_name, name, info);
+        tensors.push_back(std::move(nt));
         continue;
       }
     }
@@ -319,8 +352,7 @@ StoredTokenizer read_stored_tokenizer(hid_t file, const Where& root) {
   return t;
 }
 
-Checkpoint load_opened(const Opened& c, bool with_optim, const StreamFilter* stream = nullptr,
-                       const std::shared_ptr<SharedFile>& shared = nullptr) {
+Checkpoint load_opened(const Opened& c, bool with_optim, const ReadMode& mode = {}) {
   const Where& root = c.root;
   Checkpoint ckpt;
   ckpt.model_config = read_json_attr(c.file, "model_config", root);
@@ -331,9 +363,9 @@ Checkpoint load_opened(const Opened& c, bool with_optim, const StreamFilter* str
   ckpt.provenance.argv = optional_string_attr(c.file, "argv", root);
   ckpt.provenance.time = optional_string_attr(c.file, "created", root);
 
-  ckpt.params = read_tensors(c, kParamsGroup, stream, shared);
+  ckpt.params = read_tensors(c, kParamsGroup, mode);
   if (with_optim && h5::has_link(c.file, kOptimGroup, root))
-    ckpt.optim = read_tensors(c, kOptimGroup, stream, shared);
+    ckpt.optim = read_tensors(c, kOptimGroup, mode);
 
   {
     h5::Group state = h5::open_group(c.file, "state", root);
@@ -384,7 +416,7 @@ Checkpoint load_checkpoint(const std::string& path, bool with_optim, const Strea
   // The sources of streamed tensors read from this very handle, after this call returns.
   auto shared = std::make_shared<SharedFile>(open_checkpoint(path));
   Timer timer;
-  Checkpoint c = load_opened(shared->opened, with_optim, &stream, shared);
+  Checkpoint c = load_opened(shared->opened, with_optim, ReadMode{&stream, false, shared});
   size_t streamed = 0;
   for (const NamedTensor& nt : c.params) streamed += nt.streamed();
   for (const NamedTensor& nt : c.optim) streamed += nt.streamed();
@@ -392,6 +424,12 @@ Checkpoint load_checkpoint(const std::string& path, bool with_optim, const Strea
                 " parameter and ", c.optim.size(), " optimizer tensors in ", timer.seconds(),
                 " s, ", streamed, " of them streamed (read an expert at a time later)");
   return c;
+}
+
+Checkpoint open_checkpoint_lazy(const std::string& path, bool with_optim) {
+  h5::Session session;
+  auto shared = std::make_shared<SharedFile>(open_checkpoint(path));
+  return load_opened(shared->opened, with_optim, ReadMode{nullptr, true, shared});
 }
 
 Checkpoint load_checkpoint_image(const std::string& bytes, const std::string& name,
@@ -406,6 +444,7 @@ Tensor NamedTensor::expert_slice(int64_t e) const {
             name, "': no expert ", e, " (", expert ? "expert tensor " : "tensor ",
             shape_str(shape()), ")");
   const Shape rest(shape().begin() + 1, shape().end());
+  if (deferred) return whole().rows(e, e + 1).reshape(rest);
   if (!source) return tensor.rows(e, e + 1).reshape(rest);
   Tensor slice = source->read(e);
   MOE_CHECK(slice.defined() && slice.dtype() == dtype() &&
@@ -417,6 +456,13 @@ Tensor NamedTensor::expert_slice(int64_t e) const {
 }
 
 Tensor NamedTensor::whole() const {
+  if (deferred) {
+    Tensor t = deferred->read();
+    MOE_CHECK(t.defined() && t.dtype() == deferred->dtype && t.shape() == deferred->shape,
+              "tensor '", name, "' was read as ", t.defined() ? t.describe() : "undefined",
+              ", expected ", shape_str(deferred->shape), " ", dtype_name(deferred->dtype));
+    return t;
+  }
   if (!source) return tensor;
   Tensor all = Tensor::empty(shape(), dtype());
   all.set_name(name);
@@ -444,8 +490,8 @@ void check_params_match(const ParamSet& params, const std::vector<NamedTensor>& 
               "use the checkpoint that was quantised");
     MOE_CHECK(nt.shape() == p->shape && (nt.dtype() == dtype || converts_on_load(*p, nt.dtype())),
               source, ": checkpoint tensor ",
-              nt.streamed() ? str(nt.name, shape_str(nt.shape()), " ", dtype_name(nt.dtype()))
-                            : nt.tensor.describe(),
+              nt.held() ? nt.tensor.describe()
+                        : str(nt.name, shape_str(nt.shape()), " ", dtype_name(nt.dtype())),
               " does not match parameter ", p->name, shape_str(p->shape), " ", dtype_name(dtype));
     seen.insert(nt.name);
   }

@@ -13,12 +13,54 @@ namespace moe::io {
 
 // ---- dtype and freeze -------------------------------------------------------------------------
 
+namespace {
+
+// `exact` (f32) rounded to `to`; values beyond the target's range are an Error (never silently
+// infinite). The largest error relative to the tensor's (or slice's) largest magnitude goes into
+// *worst_relative.
+Tensor round_to(const Tensor& exact, DType to, const std::string& name, double* worst_relative) {
+  Tensor converted = to == DType::f32 ? exact.clone() : exact.to(to);
+  const float* x = exact.data<float>();
+  std::vector<float> y = converted.to_vector();
+  double scale = 0, worst = 0;
+  for (int64_t i = 0; i < exact.numel(); ++i) {
+    if (std::isfinite(x[i]) && !std::isfinite(y[static_cast<size_t>(i)]))
+      throw Error(str("tensor '", name, "': value ", x[i], " is beyond the range of ",
+                      dtype_name(to), " (it would become infinite)"));
+    if (std::isfinite(x[i])) {
+      scale = std::max(scale, std::fabs(static_cast<double>(x[i])));
+      worst = std::max(worst, std::fabs(static_cast<double>(y[static_cast<size_t>(i)]) - x[i]));
+    }
+  }
+  if (scale > 0 && worst_relative) *worst_relative = std::max(*worst_relative, worst / scale);
+  return converted;
+}
+
+}  // namespace
+
+NamedTensor exact_values(const NamedTensor& param, const NamedTensor* master) {
+  if (master) {
+    MOE_CHECK(master->shape() == param.shape() && master->dtype() == DType::f32,
+              "optimizer tensor '", master->name, "' is ", shape_str(master->shape()), " ",
+              dtype_name(master->dtype()), ", its parameter ", shape_str(param.shape()), " ",
+              dtype_name(param.dtype()));
+    NamedTensor m = *master;
+    m.expert = param.expert;
+    return m;
+  }
+  return map_tensor(param, param.shape(), DType::f32,
+                    [](const Tensor& x, int64_t) { return x.to(DType::f32); });
+}
+
 Checkpoint change_dtype(const Checkpoint& in, DType to, DTypeReport* report) {
   MOE_USAGE_CHECK(to == DType::f32 || to == DType::bf16 || to == DType::f16,
                   "--to must be f32, bf16 or f16 (got ", dtype_name(to), ")");
   MOE_USAGE_CHECK(in.sharding.rank < 0,
                   "dtype converts a whole checkpoint; this is one rank's shard: merge it first");
-  DTypeReport r;
+  DTypeReport local;
+  DTypeReport& r = report ? *report : local;
+  r = DTypeReport{};
+  double* worst = report ? &report->max_relative_error : nullptr;
   Checkpoint out = in;
   out.model_config["dtype"] = dtype_name(to);
   const bool has_optim = !in.optim.empty();
@@ -26,34 +68,17 @@ Checkpoint change_dtype(const Checkpoint& in, DType to, DTypeReport* report) {
   for (size_t i = 0; i < in.optim.size(); ++i) optim_index[in.optim[i].name] = i;
   std::set<std::string> drop;  // optimizer tensors that no longer belong
   for (NamedTensor& nt : out.params) {
-    const DType from = nt.tensor.dtype();
+    const DType from = nt.dtype();
     if (!is_floating(from) || from == to) continue;
     const std::string master_name = "master." + nt.name;
     auto master = optim_index.find(master_name);
     const bool has_master = master != optim_index.end();
-    if (has_master) {
-      const Tensor& m = in.optim[master->second].tensor;
-      MOE_CHECK(m.shape() == nt.tensor.shape() && m.dtype() == DType::f32, "optimizer tensor '",
-                master_name, "' is ", m.describe(), ", its parameter ", nt.tensor.describe());
-    }
-    // The most precise values there are: the fp32 master when there is one.
-    const Tensor exact = has_master ? in.optim[master->second].tensor : nt.tensor.to(DType::f32);
-    Tensor converted = to == DType::f32 ? exact.clone() : exact.to(to);
-    const float* x = exact.data<float>();
-    std::vector<float> y = converted.to_vector();
-    double scale = 0, worst = 0;
-    for (int64_t i = 0; i < exact.numel(); ++i) {
-      if (std::isfinite(x[i]) && !std::isfinite(y[static_cast<size_t>(i)]))
-        throw Error(str("tensor '", nt.name, "': value ", x[i], " is beyond the range of ",
-                        dtype_name(to), " (it would become infinite)"));
-      if (std::isfinite(x[i])) {
-        scale = std::max(scale, std::fabs(static_cast<double>(x[i])));
-        worst = std::max(worst, std::fabs(static_cast<double>(y[static_cast<size_t>(i)]) - x[i]));
-      }
-    }
-    if (scale > 0) r.max_relative_error = std::max(r.max_relative_error, worst / scale);
-    converted.set_name(nt.name);
-    nt.tensor = std::move(converted);
+    const NamedTensor exact = exact_values(nt, has_master ? &in.optim[master->second] : nullptr);
+    const std::string name = nt.name;
+    nt = map_tensor(exact, nt.shape(), to, [to, name, worst](const Tensor& x, int64_t) {
+      return round_to(x, to, name, worst);
+    });
+    nt.name = name;
     ++r.tensors_converted;
     if (!has_optim) continue;
     if (to == DType::f32) {
@@ -64,12 +89,14 @@ Checkpoint change_dtype(const Checkpoint& in, DType to, DTypeReport* report) {
     } else if (has_master) {
       ++r.masters_used;
     } else {
-      out.optim.push_back({master_name, exact.clone(), nt.expert, nt.shard});
+      NamedTensor m = exact;
+      m.name = master_name;
+      if (m.held()) m.tensor = m.tensor.clone();
+      out.optim.push_back(std::move(m));
       ++r.masters_added;
     }
   }
   std::erase_if(out.optim, [&](const NamedTensor& t) { return drop.count(t.name) > 0; });
-  if (report) *report = r;
   return out;
 }
 
@@ -106,7 +133,9 @@ Checkpoint freeze(const Checkpoint& in) {
     if (nt->shard.defined())
       throw Error(str("freeze needs a whole checkpoint, but tensor '", nt->name, "' is a slice of ",
                       shape_str(nt->shard.global)));
-    out.params.push_back({nt->name, nt->tensor, nt->expert, {}});
+    NamedTensor kept = *nt;  // held, streamed or deferred: the bytes are not touched
+    kept.shard = {};
+    out.params.push_back(std::move(kept));
   }
   return out;
 }

@@ -79,45 +79,45 @@ namespace {
 // An empty expert-tensor dataset laid out as h5::write_tensor lays it out (one Fletcher32 chunk
 // per expert, attributes dtype and expert = 1); the data is written later, expert by expert.
 h5::Dataset create_expert_dataset(hid_t group, const NamedTensor& nt, const h5::Where& where) {
-  const Tensor& t = nt.tensor;
+  const Shape& shape = nt.shape();
+  const DType dtype = nt.dtype();
   h5::Where w = where.at(str(where.object, "/", nt.name));
-  MOE_CHECK(t.ndim() >= 1 && t.numel() > 0, w.describe(), ": expert tensor ", t.describe(),
-            " needs a leading expert dimension and elements");
-  std::vector<hsize_t> dims(t.shape().begin(), t.shape().end());
+  MOE_CHECK(!shape.empty() && shape_numel(shape) > 0, w.describe(), ": expert tensor ",
+            shape_str(shape), " needs a leading expert dimension and elements");
+  std::vector<hsize_t> dims(shape.begin(), shape.end());
   h5::Space space(MOE_H5(w, H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr)));
   h5::Plist dcpl(MOE_H5(w, H5Pcreate(H5P_DATASET_CREATE)));
   MOE_H5(w, H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER));
-  std::vector<hsize_t> chunk = h5::chunk_shape(t.shape(), dtype_size(t.dtype()), true);
+  std::vector<hsize_t> chunk = h5::chunk_shape(shape, dtype_size(dtype), true);
   MOE_H5(w, H5Pset_chunk(dcpl, static_cast<int>(chunk.size()), chunk.data()));
   MOE_H5(w, H5Pset_fletcher32(dcpl));
   // No chunk cache: each chunk is allocated and written when its expert is written (a cache would
   // hold the chunks back and allocate them, tensor by tensor, when the dataset closes).
   h5::Plist dapl(MOE_H5(w, H5Pcreate(H5P_DATASET_ACCESS)));
   MOE_H5(w, H5Pset_chunk_cache(dapl, 0, 0, H5D_CHUNK_CACHE_W0_DEFAULT));
-  h5::Type type = h5::dtype_type(t.dtype());
+  h5::Type type = h5::dtype_type(dtype);
   h5::Dataset dataset(
       MOE_H5(w, H5Dcreate2(group, nt.name.c_str(), type, space, H5P_DEFAULT, dcpl, dapl)));
-  h5::write_string_attr(dataset, "dtype", dtype_name(t.dtype()), w);
+  h5::write_string_attr(dataset, "dtype", dtype_name(dtype), w);
   h5::write_int_attr(dataset, "expert", 1, w, H5T_STD_U8LE);
   return dataset;
 }
 
-// Expert `e` of nt (its row of the leading dimension) into `dataset`.
+// Expert `e` of nt (its row of the leading dimension) into `dataset`: a view of a held tensor, or
+// the one slice a streamed tensor's source gives.
 void write_expert_row(hid_t dataset, const NamedTensor& nt, int64_t e, const h5::Where& w) {
-  const Tensor& t = nt.tensor;
-  const int rank = t.ndim();
-  std::vector<hsize_t> start(static_cast<size_t>(rank), 0),
-      count(t.shape().begin(), t.shape().end());
+  const Shape& shape = nt.shape();
+  const int rank = static_cast<int>(shape.size());
+  std::vector<hsize_t> start(static_cast<size_t>(rank), 0), count(shape.begin(), shape.end());
   start[0] = static_cast<hsize_t>(e);
   count[0] = 1;
+  const Tensor slice = nt.expert_slice(e);
   h5::Space file_space(MOE_H5(w, H5Dget_space(dataset)));
   MOE_H5(w, H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start.data(), nullptr, count.data(),
                                 nullptr));
   h5::Space memory(MOE_H5(w, H5Screate_simple(rank, count.data(), nullptr)));
-  h5::Type type = h5::dtype_type(t.dtype());
-  const size_t row = t.nbytes() / static_cast<size_t>(t.dim(0));
-  MOE_H5(w, H5Dwrite(dataset, type, memory, file_space, H5P_DEFAULT,
-                     static_cast<const std::byte*>(t.raw()) + static_cast<size_t>(e) * row));
+  h5::Type type = h5::dtype_type(nt.dtype());
+  MOE_H5(w, H5Dwrite(dataset, type, memory, file_space, H5P_DEFAULT, slice.raw()));
 }
 
 void write_streaming_file(const std::string& file_path, const Checkpoint& ckpt,
@@ -156,10 +156,10 @@ void write_streaming_file(const std::string& file_path, const Checkpoint& ckpt,
     for (const NamedTensor& nt : ckpt.params) {
       check_name(nt.name, "params");
       MOE_CHECK(!nt.shard.defined(), root.describe(), ": '", nt.name, "' is a slice");
-      if (nt.expert)
+      if (nt.expert && !nt.is_deferred())
         experts.emplace_back(&nt, create_expert_dataset(params, nt, pw));
-      else
-        h5::write_tensor(params, nt.name, nt.tensor, false, pw);
+      else  // a deferred tensor is read here and released once written
+        h5::write_tensor(params, nt.name, nt.whole(), nt.expert, pw);
     }
     // Then each block's experts, expert-major: expert 0 of every tensor of the block, expert 1,
     // ... so an expert is one run of bytes and a layer one extent.
@@ -171,10 +171,10 @@ void write_streaming_file(const std::string& file_path, const Checkpoint& ckpt,
       for (size_t j = i; j < experts.size(); ++j)
         if (!done[j] && block_of_name(experts[j].first->name) == block) members.push_back(j);
       int64_t count = 0;
-      for (size_t j : members) count = std::max(count, experts[j].first->tensor.dim(0));
+      for (size_t j : members) count = std::max(count, experts[j].first->shape()[0]);
       for (int64_t e = 0; e < count; ++e)
         for (size_t j : members)
-          if (e < experts[j].first->tensor.dim(0))
+          if (e < experts[j].first->shape()[0])
             write_expert_row(experts[j].second, *experts[j].first, e,
                              pw.at(str("/params/", experts[j].first->name)));
       for (size_t j : members) done[j] = true;
@@ -187,7 +187,10 @@ void write_streaming_file(const std::string& file_path, const Checkpoint& ckpt,
     h5::Where ow = root.at("/optim");
     for (const NamedTensor& nt : ckpt.optim) {
       check_name(nt.name, "optim");
-      h5::write_tensor(optim, nt.name, nt.tensor, nt.expert, ow);
+      if (nt.streamed())
+        h5::write_expert_rows(optim, nt.name, nt.shape(), nt.dtype(), nt.source->read, ow);
+      else
+        h5::write_tensor(optim, nt.name, nt.whole(), nt.expert, ow);
     }
     optim.close(ow);
   }

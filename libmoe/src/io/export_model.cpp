@@ -58,7 +58,9 @@ const NamedTensor& ExportModel::router_weight(const std::string& block, int64_t 
   const NamedTensor& c = param(center, {d_model});
   NamedTensor& folded = folded_[w.name];
   folded = w;
-  folded.tensor = nn::center_router_weight(w.tensor, c.tensor);
+  folded.tensor = nn::center_router_weight(w.whole(), c.whole());
+  folded.source = nullptr;  // held now, whatever w was
+  folded.deferred = nullptr;
   return folded;
 }
 

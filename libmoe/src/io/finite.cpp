@@ -86,12 +86,30 @@ void check_finite_expert(const std::string& where, const std::string& name, cons
 
 void check_finite(const std::string& where, const std::vector<NamedTensor>& tensors) {
   for (const NamedTensor& nt : tensors) {
-    if (!nt.streamed()) {
-      check_finite(where, nt.name, nt.tensor);
+    if (!nt.streamed()) {  // a deferred tensor is read here, and released after the check
+      check_finite(where, nt.name, nt.whole());
       continue;
     }
     for (int64_t e = 0; e < nt.shape()[0]; ++e)
       check_finite_expert(where, nt.name, nt.expert_slice(e), e, nt.shape());
+  }
+}
+
+void check_finite_when_read(const std::string& where, std::vector<NamedTensor>& tensors) {
+  for (NamedTensor& nt : tensors) {
+    if (nt.held()) {
+      check_finite(where, nt.name, nt.tensor);
+      continue;
+    }
+    const Shape whole = nt.shape();
+    const std::string name = nt.name;
+    nt = map_tensor(nt, whole, nt.dtype(), [where, name, whole](const Tensor& x, int64_t e) {
+      if (e < 0)
+        check_finite(where, name, x);
+      else
+        check_finite_expert(where, name, x, e, whole);
+      return x;
+    });
   }
 }
 

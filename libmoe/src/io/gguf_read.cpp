@@ -64,6 +64,17 @@ void dequantize_q8_0(const uint8_t* blocks, int64_t n, float* out) {
   }
 }
 
+const char* ggml_type_name(uint32_t type) {
+  // ggml's type numbers and names (ggml.h enum ggml_type; 4, 5 and 31..33 were removed).
+  static const char* const names[] = {
+      "f32",     "f16",    "q4_0",    "q4_1",  nullptr,  nullptr, "q5_0",  "q5_1",
+      "q8_0",    "q8_1",   "q2_K",    "q3_K",  "q4_K",   "q5_K",  "q6_K",  "q8_K",
+      "iq2_xxs", "iq2_xs", "iq3_xxs", "iq1_s", "iq4_nl", "iq3_s", "iq2_s", "iq4_xs",
+      "i8",      "i16",    "i32",     "i64",   "f64",    "iq1_m", "bf16",  nullptr,
+      nullptr,   nullptr,  "tq1_0",   "tq2_0", nullptr,  nullptr, nullptr, "mxfp4"};
+  return type < sizeof names / sizeof names[0] ? names[type] : nullptr;
+}
+
 int64_t GgufTensorInfo::numel() const {
   int64_t n = 1;
   for (int64_t d : dims) n *= d;
@@ -221,9 +232,14 @@ GgufFile read_gguf(const std::string& path) {
       t.dims.push_back(static_cast<int64_t>(n));
     }
     const uint32_t type = r.get<uint32_t>();
-    if (type != 0 && type != 1 && type != 8 && type != 30)
-      r.fail(str("tensor '", t.name, "' has type ", type,
-                 " (this reader knows f32, f16, bf16, q8_0)"));
+    if (type != 0 && type != 1 && type != 8 && type != 30) {
+      // A type ggml defines is a valid file this build cannot read; any other is corruption.
+      const char* known = ggml_type_name(type);
+      if (!known)
+        r.fail(str("tensor '", t.name, "' has type ", type, ", which ggml does not define"));
+      throw Error(str("'", path, "': GGUF tensor type ", known, " (", t.name,
+                      ") is not supported by this build (it reads f32, f16, bf16 and q8_0)"));
+    }
     t.type = static_cast<GgufType>(type);
     if (t.type == GgufType::q8_0 && t.dims[0] % kQ8Block != 0)
       r.fail(str("tensor '", t.name, "' is q8_0 with rows of ", t.dims[0], " values"));
@@ -240,7 +256,7 @@ GgufFile read_gguf(const std::string& path) {
   return g;
 }
 
-std::vector<float> read_gguf_tensor(const GgufFile& g, const std::string& name) {
+std::vector<uint8_t> read_gguf_tensor_bytes(const GgufFile& g, const std::string& name) {
   const GgufTensorInfo& t = g.tensor(name);
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(g.path.c_str(), "rb"),
                                                        std::fclose);
@@ -249,6 +265,12 @@ std::vector<float> read_gguf_tensor(const GgufFile& g, const std::string& name) 
   if (std::fseek(file.get(), static_cast<long>(g.data_offset + t.offset), SEEK_SET) != 0 ||
       std::fread(raw.data(), 1, raw.size(), file.get()) != raw.size())
     throw Error(str("'", g.path, "': cannot read tensor '", name, "' (truncated?)"));
+  return raw;
+}
+
+std::vector<float> read_gguf_tensor(const GgufFile& g, const std::string& name) {
+  const GgufTensorInfo& t = g.tensor(name);
+  const std::vector<uint8_t> raw = read_gguf_tensor_bytes(g, name);
   std::vector<float> out(static_cast<size_t>(t.numel()));
   const size_t n = out.size();
   if (t.type == GgufType::f32) {

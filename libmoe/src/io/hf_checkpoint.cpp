@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -69,6 +70,9 @@ struct Sources {
     return tensors.at(name).first->path();
   }
   Tensor read(const std::string& name) const { return tensors.at(name).first->read(name); }
+  Tensor read_rows(const std::string& name, int64_t begin, int64_t end) const {
+    return tensors.at(name).first->read_rows(name, begin, end);
+  }
 };
 
 Sources open_sources(const std::string& dir) {
@@ -477,12 +481,17 @@ void adopt_recorded_config(const Sources& sources, const HfModel& hf,
 
 // Reads source tensors with the shape the config implies, in the storage dtype, and builds the
 // checkpoint's parameters in our order, recording each mapping in the report.
+// The parameters are deferred (NamedTensor::deferred, experts streamed one at a time): shapes are
+// checked here, values read (converted, checked finite) only when the checkpoint is written, so
+// a model of any size imports in the memory of its largest tensor.
 struct Importer {
-  Importer(const std::string& dir, const Sources& sources, const ModelConfig& mc, DType target,
-           int64_t experts, HfImportReport& rep)
-      : dir(dir), sources(sources), mc(mc), target(target), rep(rep), E(experts) {}
+  Importer(const std::string& dir, std::shared_ptr<const Sources> shared, const ModelConfig& mc,
+           DType target, int64_t experts, HfImportReport& rep)
+      : dir(dir), shared(std::move(shared)), sources(*this->shared), mc(mc), target(target),
+        rep(rep), E(experts) {}
 
   const std::string& dir;
+  const std::shared_ptr<const Sources> shared;  // kept alive by the deferred reads
   const Sources& sources;
   const ModelConfig& mc;
   const DType target;
@@ -494,26 +503,55 @@ struct Importer {
   const int64_t Fs = mc.shared_expert_ff;
   const Flavour flavour = flavour_of(mc);
 
-  Tensor fetch(const std::string& name, const Shape& expected, const std::string& why) const {
+  void check_shape(const std::string& name, const Shape& expected, const std::string& why) const {
     const SafetensorsEntry& e = sources.entry(name);
     if (e.shape != expected)
       throw Error(str("'", sources.file_of(name), "': tensor '", name, "' is ", shape_str(e.shape),
                       ", but config.json implies ", shape_str(expected), " (", why, ")"));
-    Tensor t = sources.read(name);
+  }
+  // A source tensor (or rows of it) in the storage dtype, refused when it holds NaN/Inf.
+  static Tensor converted(const Sources& s, const std::string& name, Tensor t, DType target,
+                          int64_t expert = -1, const Shape& whole = {}) {
     t = t.dtype() == target ? t : t.to(target);
-    check_finite(str("'", sources.file_of(name), "'"), name, t);  // NaN/Inf weights: refused
+    const std::string where = str("'", s.file_of(name), "'");
+    if (expert < 0)
+      check_finite(where, name, t);
+    else
+      check_finite_expert(where, name, t, expert, whole);
     return t;
+  }
+  Tensor fetch(const std::string& name, const Shape& expected, const std::string& why) const {
+    check_shape(name, expected, why);
+    return converted(sources, name, sources.read(name), target);
+  }
+  // The same, read when the checkpoint is written.
+  NamedTensor deferred(const std::string& our, const std::string& name, const Shape& expected,
+                       const std::string& why) const {
+    check_shape(name, expected, why);
+    auto source = std::make_shared<TensorSource>();
+    source->shape = expected;
+    source->dtype = target;
+    source->read = [s = shared, name, target = target] {
+      return converted(*s, name, s->read(name), target);
+    };
+    NamedTensor nt{our, Tensor(), false, {}};
+    nt.deferred = std::move(source);
+    return nt;
+  }
+  // An expert tensor [E, ...rest] read one expert at a time: read(e) gives expert e's slice.
+  void add_experts(const std::string& our, const Shape& shape,
+                   std::function<Tensor(const Sources&, int64_t)> read) {
+    auto source = std::make_shared<ExpertSource>();
+    source->shape = shape;
+    source->dtype = target;
+    source->read = [s = shared, read = std::move(read)](int64_t e) { return read(*s, e); };
+    ckpt.params.push_back(NamedTensor{our, Tensor(), true, {}, std::move(source)});
   }
   const std::string& need(const std::string& hf_name, const std::string& what) const {
     if (hf_name.empty())
       throw Error(str("'", dir, "': no tensor for ", what, " (the checkpoint is incomplete)"));
     return hf_name;
   }
-  void add(const std::string& our, Tensor t, bool expert) {
-    t.set_name(our);
-    ckpt.params.push_back({our, std::move(t), expert, {}});
-  }
-
   // RoPE frequencies some checkpoints store: they must be what rope_theta gives.
   void check_rope(const std::vector<std::string>& derived) {
     for (const std::string& name : derived) {
@@ -533,7 +571,7 @@ struct Importer {
   // An outer tensor (embedding, final norm, LM head) under our name `our`.
   void outer(TensorPlan& plan, const std::string& our, const std::string& what, const Shape& shape,
              const std::string& why) {
-    add(our, fetch(need(plan.outer[our], what), shape, why), false);
+    ckpt.params.push_back(deferred(our, need(plan.outer[our], what), shape, why));
     rep.mapped.push_back(str(plan.outer[our], " -> ", our));
   }
 
@@ -542,7 +580,7 @@ struct Importer {
             const std::string& why) {
     const std::string our = prefix + slot_name(slot);
     const std::string& name = need(ls.single[slot], our);
-    add(our, fetch(name, shape, why), false);
+    ckpt.params.push_back(deferred(our, name, shape, why));
     rep.mapped.push_back(str(name, " -> ", our));
   }
 
@@ -577,15 +615,10 @@ struct Importer {
     if (fused && split)
       throw Error(str("'", dir, "': layer ", i,
                       " has both per-expert and fused (gate_up_proj/down_proj) expert tensors"));
-    Tensor w1 = Tensor::empty({E, F, D}, target), w2 = Tensor::empty({E, D, F}, target),
-           w3 = Tensor::empty({E, F, D}, target);
     if (fused)
-      fused_experts(prefix, ls, w1, w2, w3);
+      fused_experts(prefix, ls);
     else
-      per_expert(prefix, ls, w1, w2, w3);
-    add(prefix + "moe.experts.w1", w1, true);
-    add(prefix + "moe.experts.w2", w2, true);
-    add(prefix + "moe.experts.w3", w3, true);
+      per_expert(prefix, ls);
     if (flavour.shared_expert_gate) shared_expert(prefix, ls);
   }
 
@@ -617,46 +650,54 @@ struct Importer {
     take(prefix, ls, Slot::shared_gate, {1, D}, "[1, hidden_size]");
   }
 
-  size_t expert_bytes() const { return static_cast<size_t>(F * D) * dtype_size(target); }
-
   // gate_up_proj [E, 2F, D]: per expert the gate (w1) rows, then the up (w3) rows, each a linear
   // weight [out, in] (transformers' concatenated, not transposed, layout).
-  void fused_experts(const std::string& prefix, LayerSources& ls, Tensor& w1, Tensor& w2,
-                     Tensor& w3) {
-    const size_t bytes = expert_bytes();
-    const std::string& gu =
+  void fused_experts(const std::string& prefix, LayerSources& ls) {
+    const std::string gu =
         need(ls.single[Slot::gate_up], prefix + "moe.experts.w1/w3 (gate_up_proj)");
-    const std::string& dn = need(ls.single[Slot::down], prefix + "moe.experts.w2 (down_proj)");
-    Tensor gate_up = fetch(gu, {E, 2 * F, D},
-                           "[experts, 2 * intermediate, hidden_size]: gate rows then up rows");
-    for (int64_t e = 0; e < E; ++e) {
-      const auto* src = static_cast<const std::byte*>(gate_up.raw()) + 2 * e * bytes;
-      std::memcpy(static_cast<std::byte*>(w1.raw()) + e * bytes, src, bytes);
-      std::memcpy(static_cast<std::byte*>(w3.raw()) + e * bytes, src + bytes, bytes);
-    }
-    w2 = fetch(dn, {E, D, F}, "[experts, hidden_size, intermediate]");
+    const std::string dn = need(ls.single[Slot::down], prefix + "moe.experts.w2 (down_proj)");
+    check_shape(gu, {E, 2 * F, D}, "[experts, 2 * intermediate, hidden_size]: gate rows then up rows");
+    check_shape(dn, {E, D, F}, "[experts, hidden_size, intermediate]");
+    const Shape whole_gu{E, 2 * F, D}, whole_dn{E, D, F};
+    const DType t = target;
+    const int64_t Fe = F;
+    auto half = [gu, whole_gu, t, Fe](int64_t which) {  // 0: gate rows (w1), 1: up rows (w3)
+      return [=](const Sources& s, int64_t e) {
+        Tensor both = converted(s, gu, s.read_rows(gu, e, e + 1), t, e, whole_gu);
+        return both.reshape({2 * Fe, whole_gu[2]}).rows(which * Fe, (which + 1) * Fe).clone();
+      };
+    };
+    add_experts(prefix + "moe.experts.w1", {E, F, D}, half(0));
+    add_experts(prefix + "moe.experts.w2", {E, D, F}, [dn, whole_dn, t](const Sources& s, int64_t e) {
+      return converted(s, dn, s.read_rows(dn, e, e + 1), t, e, whole_dn);
+    });
+    add_experts(prefix + "moe.experts.w3", {E, F, D}, half(1));
     rep.mapped.push_back(str(gu, " -> ", prefix, "moe.experts.w1 (rows 0..F-1 of each expert), ",
                              prefix, "moe.experts.w3 (rows F..2F-1)"));
     rep.mapped.push_back(str(dn, " -> ", prefix, "moe.experts.w2"));
   }
 
   // One tensor per expert (w1/w2/w3 or gate_proj/down_proj/up_proj), stacked in expert order.
-  void per_expert(const std::string& prefix, LayerSources& ls, Tensor& w1, Tensor& w2, Tensor& w3) {
-    const size_t bytes = expert_bytes();
-    auto gather = [&](Slot slot, Tensor& into, const Shape& shape, const std::string& why) {
+  void per_expert(const std::string& prefix, LayerSources& ls) {
+    auto gather = [&](Slot slot, const Shape& shape, const std::string& why) {
       auto& names = ls.per_expert[slot];
       names.resize(static_cast<size_t>(E));
+      const std::string our = str(prefix, slot_name(slot));
       for (int64_t e = 0; e < E; ++e) {
-        const std::string our = str(prefix, slot_name(slot));
         const std::string& name = need(names[static_cast<size_t>(e)], str(our, " expert ", e));
-        Tensor t = fetch(name, shape, why);
-        std::memcpy(static_cast<std::byte*>(into.raw()) + e * bytes, t.raw(), bytes);
+        check_shape(name, shape, why);
         rep.mapped.push_back(str(name, " -> ", our, " expert ", e));
       }
+      Shape whole = shape;
+      whole.insert(whole.begin(), E);
+      add_experts(our, whole, [names, t = target](const Sources& s, int64_t e) {
+        const std::string& name = names[static_cast<size_t>(e)];
+        return converted(s, name, s.read(name), t);
+      });
     };
-    gather(Slot::w1, w1, {F, D}, "[intermediate, hidden_size]");
-    gather(Slot::w2, w2, {D, F}, "[hidden_size, intermediate]");
-    gather(Slot::w3, w3, {F, D}, "[intermediate, hidden_size]");
+    gather(Slot::w1, {F, D}, "[intermediate, hidden_size]");
+    gather(Slot::w2, {D, F}, "[hidden_size, intermediate]");
+    gather(Slot::w3, {F, D}, "[intermediate, hidden_size]");
   }
 };
 
@@ -711,7 +752,8 @@ Checkpoint import_hf(const std::string& dir, const HfImportOptions& options,
   const json hf_config = read_json_file(config_path);
   HfModel hf = parse_config(hf_config, config_path, rep.unsupported);
   rep.family = hf.family;
-  Sources sources = open_sources(dir);
+  auto shared_sources = std::make_shared<const Sources>(open_sources(dir));
+  const Sources& sources = *shared_sources;
 
   ModelConfig mc = model_config_of(hf, options);
   TensorPlan plan = plan_tensors(dir, sources, hf, flavour_of(mc), rep);
@@ -720,7 +762,7 @@ Checkpoint import_hf(const std::string& dir, const HfImportOptions& options,
   mc.dtype = target;
   adopt_recorded_config(sources, hf, config_path, mc, rep);
 
-  Importer in(dir, sources, mc, target, hf.experts, rep);
+  Importer in(dir, shared_sources, mc, target, hf.experts, rep);
   in.check_rope(plan.derived);
   const std::string why_vd = "[vocab_size, hidden_size]";
   in.outer(plan, "embed.tokens", "the token embedding", {in.V, in.D}, why_vd);

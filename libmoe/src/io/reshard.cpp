@@ -364,10 +364,14 @@ Checkpoint merge_shards(std::vector<Checkpoint> shards, const std::vector<std::s
   return out;
 }
 
-Checkpoint load_whole(const std::vector<std::string>& paths, bool with_optim, bool* merged) {
+namespace {
+
+Checkpoint whole_of(const std::vector<std::string>& paths, bool with_optim, bool* merged,
+                    bool lazy) {
   std::vector<std::string> files = checkpoint_files(paths);
   if (files.size() == 1) {
-    Checkpoint c = load_checkpoint(files[0], with_optim);
+    Checkpoint c = lazy ? open_checkpoint_lazy(files[0], with_optim)
+                        : load_checkpoint(files[0], with_optim);
     if (c.sharding.rank < 0) {
       if (merged) *merged = false;
       return c;
@@ -377,6 +381,16 @@ Checkpoint load_whole(const std::vector<std::string>& paths, bool with_optim, bo
   Checkpoint c = merge_shards(files);
   if (!with_optim) c.optim.clear();
   return c;
+}
+
+}  // namespace
+
+Checkpoint load_whole(const std::vector<std::string>& paths, bool with_optim, bool* merged) {
+  return whole_of(paths, with_optim, merged, false);
+}
+
+Checkpoint open_whole(const std::vector<std::string>& paths, bool with_optim, bool* merged) {
+  return whole_of(paths, with_optim, merged, true);
 }
 
 // ---- partition --------------------------------------------------------------------------------

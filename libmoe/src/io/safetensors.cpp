@@ -287,14 +287,28 @@ const SafetensorsEntry* SafetensorsReader::find(const std::string& name) const {
 Tensor SafetensorsReader::read(const std::string& name) const {
   const SafetensorsEntry* e = find(name);
   if (!e) fail(path_, str("no tensor '", name, "'"));
+  return read_rows(name, 0, e->shape.empty() ? 1 : e->shape[0]);
+}
+
+Tensor SafetensorsReader::read_rows(const std::string& name, int64_t begin, int64_t end) const {
+  const SafetensorsEntry* e = find(name);
+  if (!e) fail(path_, str("no tensor '", name, "'"));
   DType dtype;
   if (!dtype_from_safetensors(e->dtype, &dtype))
     fail(path_, str("tensor '", name, "' has dtype ", e->dtype,
                     ", which has no moe equivalent (readable: F32, BF16, F16, I32, I64, U8)"));
   MOE_CHECK(fd_ >= 0, "'", path_, "': safetensors: reader is closed");
-  Tensor t = Tensor::empty(e->shape, dtype);
+  const int64_t rows = e->shape.empty() ? 1 : e->shape[0];
+  MOE_CHECK(0 <= begin && begin <= end && end <= rows, "'", path_, "': safetensors: rows [", begin,
+            ", ", end, ") of tensor '", name, "' ", shape_str(e->shape), " do not exist");
+  Shape shape = e->shape;
+  if (!shape.empty()) shape[0] = end - begin;
+  Tensor t = Tensor::empty(shape, dtype);
+  const uint64_t row_bytes = rows > 0 ? (e->end - e->begin) / static_cast<uint64_t>(rows) : 0;
   int err = 0;
-  if (t.nbytes() > 0 && !read_at(fd_, t.raw(), t.nbytes(), data_start_ + e->begin, &err))
+  if (t.nbytes() > 0 &&
+      !read_at(fd_, t.raw(), t.nbytes(),
+               data_start_ + e->begin + static_cast<uint64_t>(begin) * row_bytes, &err))
     fail(path_, str("cannot read tensor '", name, "': ",
                     err ? std::strerror(err) : "short read (file truncated since it was opened)"));
   t.set_name(name);

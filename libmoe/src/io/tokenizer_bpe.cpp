@@ -34,13 +34,9 @@ namespace {
 
 using nlohmann::json;
 
-// GPT-2's pre-tokenizer expression (ByteLevel with use_regex): contractions, letters, numbers,
-// other symbols, each with an optional leading space, then runs of white space.
-// Qwen2's (and Qwen3's): llama.cpp calls the pre-tokenizer that runs it "qwen2".
-constexpr const char* kQwen2Pattern =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-constexpr const char* kGpt2Pattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+// GPT-2's pre-tokenizer expression (ByteLevel with use_regex: contractions, letters, numbers,
+// other symbols, each with an optional leading space, then runs of white space) and Qwen2's are
+// kGpt2Pattern and kQwen2Pattern (io/tokenizer_impl.h).
 
 class Regex {
  public:

@@ -8,6 +8,14 @@
 
 namespace moe::io::detail {
 
+// Qwen2's (and Qwen3's) pre-tokenizer expression, a Split step of its tokenizer.json; llama.cpp
+// calls the pre-tokenizer that runs it "qwen2" (the GGUF export names it, the import rebuilds it).
+inline constexpr const char* kQwen2Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+// GPT-2's, the ByteLevel pre-tokenizer's own (use_regex); llama.cpp's "gpt-2".
+inline constexpr const char* kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
 // `bytes` is a tokenizer.json; `where` names it in errors.
 std::unique_ptr<Tokenizer> make_bpe_tokenizer(std::string bytes, const std::string& where);
 // `bytes` is a SentencePiece model (a serialised ModelProto).

@@ -38,6 +38,16 @@ struct ExpertSource {
   std::function<Tensor(int64_t expert)> read;
 };
 
+// A tensor that is read (or computed) only when it is needed, whole: a non-expert tensor of a
+// checkpoint opened lazily, or a conversion's output computed from such a tensor. read() returns
+// a host tensor of `shape` and `dtype`; whatever it throws fails the save (or load) that asked.
+// Conversions chain these so that a model passes through them one tensor at a time.
+struct TensorSource {
+  Shape shape;
+  DType dtype = DType::f32;
+  std::function<Tensor()> read;
+};
+
 struct NamedTensor {
   std::string name;
   Tensor tensor;
@@ -46,15 +56,35 @@ struct NamedTensor {
   // Set (and `tensor` undefined): a streamed expert tensor (`expert` is true). save_checkpoint
   // writes it expert by expert into the very dataset the whole tensor would give.
   std::shared_ptr<const ExpertSource> source{};
+  // Set (and `tensor` undefined, `source` null): a deferred tensor, read whole when written.
+  std::shared_ptr<const TensorSource> deferred{};
 
   bool streamed() const { return source != nullptr; }
-  const Shape& shape() const { return source ? source->shape : tensor.shape(); }
-  DType dtype() const { return source ? source->dtype : tensor.dtype(); }
-  // Expert e's slice [...rest], from the source or the whole tensor (a view of it then).
+  bool is_deferred() const { return deferred != nullptr; }
+  // Whether the values are held here (neither streamed nor deferred).
+  bool held() const { return !source && !deferred; }
+  const Shape& shape() const {
+    return source ? source->shape : deferred ? deferred->shape : tensor.shape();
+  }
+  DType dtype() const { return source ? source->dtype : deferred ? deferred->dtype : tensor.dtype(); }
+  // Expert e's slice [...rest], from the source or the whole tensor (a view of it then; a deferred
+  // tensor is read whole for it).
   Tensor expert_slice(int64_t e) const;
-  // The whole tensor: `tensor`, or the source's slices gathered (tests, small tensors).
+  // The whole tensor: `tensor`, the deferred tensor read, or the source's slices gathered.
   Tensor whole() const;
 };
+
+// A per-tensor transform that keeps lazy tensors lazy (the seam of every streaming conversion):
+// f(x, expert) maps a tensor (expert -1) or expert e's slice of an expert tensor to the output's
+// whole tensor or slice e. A held input is transformed now; a deferred one when the output is
+// read; a streamed expert tensor one expert at a time. `shape` and `dtype` are the whole output's.
+using TensorFn = std::function<Tensor(const Tensor& x, int64_t expert)>;
+NamedTensor map_tensor(const NamedTensor& in, const Shape& shape, DType dtype, TensorFn f);
+// Whether any tensor is streamed or deferred (a conversion of it runs when it is written).
+bool any_lazy(const std::vector<NamedTensor>& tensors);
+// Reads every streamed or deferred tensor into memory (each is held() afterwards), running what
+// its sources check: for small models and tests. A large model is written lazily instead.
+void hold_all(std::vector<NamedTensor>& tensors);
 
 struct TrainState {
   int64_t step = 0, tokens_seen = 0;
@@ -90,6 +120,9 @@ struct Checkpoint {
   StoredTokenizer tokenizer;  // /tokenizer/<file>
 };
 
+// hold_all of params and optim.
+void hold_all(Checkpoint& ckpt);
+
 inline constexpr int kCheckpointVersion = 1;
 inline constexpr const char* kCheckpointFormat = "moe.checkpoint";
 
@@ -114,6 +147,11 @@ Checkpoint load_checkpoint(const std::string& path, bool with_optim = true);
 // does). Resuming an offloaded run fills its store this way, never holding a whole tensor.
 using StreamFilter = std::function<bool(bool optim, const std::string& name)>;
 Checkpoint load_checkpoint(const std::string& path, bool with_optim, const StreamFilter& stream);
+// The same with nothing read yet: every expert tensor comes back streamed and every other tensor
+// deferred (NamedTensor::deferred), the file staying open while any of them does; metadata,
+// configs, state and tokenizer are read and validated now. What a conversion reads through it is
+// one tensor (or one expert) at a time, so a model of any size converts in bounded memory.
+Checkpoint open_checkpoint_lazy(const std::string& path, bool with_optim = true);
 // The same from the bytes of a checkpoint file held in memory (an HDF5 file image, nothing on
 // disk); `name` stands for the file in messages.
 Checkpoint load_checkpoint_image(const std::string& bytes, const std::string& name,

@@ -14,7 +14,10 @@
 // - Inputs are checked before anything is written; messages name the file, the tensor and the
 //   cause (moe::Error; moe::UsageError for requests that cannot make sense, e.g. N not dividing
 //   a layer's E).
-// Everything is held in memory (a whole checkpoint at a time).
+// Memory: dtype, freeze and quantize keep the inputs' laziness (moe/io/checkpoint.h,
+// open_checkpoint_lazy and map_tensor), so converting a lazily opened checkpoint holds one tensor
+// (one expert of an expert tensor) at a time; merge and partition hold whole checkpoints.
+// open_whole() opens what these read: lazily for one file, merged in memory for a sharded one.
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -54,6 +57,10 @@ Checkpoint merge_shards(std::vector<Checkpoint> shards, const std::vector<std::s
 // A whole checkpoint from `paths` (see checkpoint_files): one unsharded file as it is, the files of
 // a sharded checkpoint merged. `merged` (optional) says which happened.
 Checkpoint load_whole(const std::vector<std::string>& paths, bool with_optim = true,
+                      bool* merged = nullptr);
+// The same, but one unsharded file is opened lazily (open_checkpoint_lazy): nothing is read until
+// a tensor is. The shards of a sharded checkpoint are still loaded and merged in memory.
+Checkpoint open_whole(const std::vector<std::string>& paths, bool with_optim = true,
                       bool* merged = nullptr);
 
 // ---- partition and expert placement -----------------------------------------------------------
@@ -114,6 +121,10 @@ struct DTypeReport {
 // kept as its `master.<param>`, and an existing master is the source of the rounding; to f32, a
 // parameter becomes its master (exact), the master is dropped. Values beyond f16's range are an
 // Error naming the tensor (never silently infinite). Non-floating tensors are not touched.
+// Streams: a streamed or deferred input tensor (open_checkpoint_lazy) gives an output tensor that
+// is converted when it is written, one tensor (or expert) at a time; its counts are in `report`
+// now, its max_relative_error only once the output is written (`report` must outlive that), and
+// a value beyond the range fails the save that reads it.
 Checkpoint change_dtype(const Checkpoint& in, DType to, DTypeReport* report = nullptr);
 
 // An inference checkpoint: parameters only (/optim dropped), training-only state dropped
@@ -146,7 +157,8 @@ struct QuantReport {
 // nearest) from its f32 values (the fp32 master when the optimizer state has one); the other
 // parameters are kept as they are. The result is an inference checkpoint (freeze: no optimizer
 // or training state) with model_config.quantization = "q8_0". Refuses a quantised input, a
-// rank's shard, and `type` other than "q8_0" (UsageError).
+// rank's shard, and `type` other than "q8_0" (UsageError). Streams as change_dtype does (the
+// report's max_error_over_scale is known once the output is written).
 Checkpoint quantize(const Checkpoint& in, const std::string& type, QuantReport* report = nullptr);
 
 // ---- provenance of conversions ----------------------------------------------------------------

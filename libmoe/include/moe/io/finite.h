@@ -23,6 +23,10 @@ std::string non_finite_name(const Tensor& tensor, int64_t index);
 void check_finite(const std::string& where, const std::string& name, const Tensor& tensor);
 // Streamed tensors (NamedTensor::source) are read and checked one expert at a time.
 void check_finite(const std::string& where, const std::vector<NamedTensor>& tensors);
+// The same check made when each tensor is read: a held tensor is checked now, a streamed or
+// deferred one is returned behind a source that checks what it reads (so a conversion of a lazily
+// opened checkpoint fails, naming the tensor, when it reaches the value).
+void check_finite_when_read(const std::string& where, std::vector<NamedTensor>& tensors);
 // The same check of expert e's slice of a tensor of `whole` shape [E, ...rest], with the
 // message the whole tensor would give (the element's index in the whole tensor).
 void check_finite_expert(const std::string& where, const std::string& name, const Tensor& slice,

@@ -23,6 +23,9 @@ namespace moe::io {
 // Tensor types (ggml's numbering) that export_gguf writes and read_gguf dequantises.
 enum class GgufType : uint32_t { f32 = 0, f16 = 1, q8_0 = 8, bf16 = 30 };
 const char* gguf_type_name(GgufType t);
+// ggml's name of any tensor type number ("q4_K", "iq2_xxs"), nullptr for numbers ggml does not
+// define: a file holding a type this build does not read is refused naming it.
+const char* ggml_type_name(uint32_t type);
 // "f32", "f16", "bf16", "q8_0"; throws UsageError naming the accepted ones.
 GgufType parse_gguf_type(const std::string& name);
 
@@ -84,5 +87,7 @@ struct GgufFile {
 GgufFile read_gguf(const std::string& path);
 // A tensor's values as f32 (f16, bf16 and q8_0 converted), in file order.
 std::vector<float> read_gguf_tensor(const GgufFile& file, const std::string& name);
+// A tensor's bytes as the file holds them (info.nbytes() of them).
+std::vector<uint8_t> read_gguf_tensor_bytes(const GgufFile& file, const std::string& name);
 
 }  // namespace moe::io

@@ -59,7 +59,11 @@ struct HfImportReport {
 // Reads the HF directory `dir` into a checkpoint our tools load: model_config as
 // moe::to_json(ModelConfig) writes it (arch = the family), parameters under our names with `expert`
 // set on expert tensors, provenance set, no optimizer state, train_config null. `report` (may be
-// null) is filled as far as the import got, also when it throws.
+// null) is filled as far as the import got, also when it throws. Names, shapes and the config
+// are checked now; the values are not read yet: every parameter is deferred (expert tensors
+// streamed one expert at a time, moe/io/checkpoint.h), read from the safetensors files, converted
+// to the storage dtype and checked finite when the checkpoint is written (or hold_all() reads
+// them), so a model of any size imports in the memory of its largest tensor.
 Checkpoint import_hf(const std::string& dir, const HfImportOptions& options = {},
                      HfImportReport* report = nullptr);
 Checkpoint import_hf(const std::string& dir, bool allow_unmapped, HfImportReport* report);

@@ -64,6 +64,9 @@ class SafetensorsReader {
   // The tensor's bytes as a moe::Tensor, bitwise: F32, BF16, F16, I32, I64, U8 map to our dtypes.
   // Other dtypes (F64, I8, F8_*, ...) are refused naming the dtype; an unknown name is an error.
   Tensor read(const std::string& name) const;
+  // Rows [begin, end) of the tensor's leading dimension ([end - begin, ...rest]), reading only
+  // their bytes: one expert of a fused expert tensor.
+  Tensor read_rows(const std::string& name, int64_t begin, int64_t end) const;
 
  private:
   std::string path_;

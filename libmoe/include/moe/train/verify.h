@@ -14,8 +14,10 @@ namespace moe::train {
 // checkpoint and passes. Throws moe::Error naming `source` and the tensor.
 void verify_loadable(const io::Checkpoint& ckpt, const std::string& source);
 
-// Loads `paths` whole (io::load_whole: one file, or a sharded checkpoint merged), reading and
-// checksumming every chunk, then verify_loadable. Same inputs as io::checkpoint_files.
+// Opens `paths` (io::open_whole: one file lazily, or a sharded checkpoint merged), reading and
+// checksumming every chunk, then verify_loadable. An inference checkpoint (no optimizer state)
+// is read one tensor at a time; optimizer state is held whole for AdamW::load_state. Same inputs
+// as io::checkpoint_files.
 void verify_checkpoint(const std::vector<std::string>& paths);
 
 }  // namespace moe::train

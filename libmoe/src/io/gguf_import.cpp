@@ -1,0 +1,509 @@
+// GGUF import (see moe/io/gguf_import.h and docs/FORMATS.md "GGUF import"):
+// keys -> model config, llama.cpp's tensor names -> ours (the inverse of
+// io/gguf_write.cpp's table), each tensor converted on its own. Shape letters:
+// V vocabulary, D hidden, H heads, KV kv heads, hd head dim, F expert hidden,
+// Fs shared expert hidden, E experts.
+#include "moe/io/gguf_import.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <regex>
+#include <set>
+
+#include "backend/cpu/gemv.h"
+#include "io/gguf_keys.h"
+#include "io/gguf_tokenizer.h"
+#include "kernels/convert.h"
+#include "moe/error.h"
+#include "moe/io/convert.h"
+#include "moe/io/finite.h"
+#include "moe/models/flavour.h"
+#include "moe/version.h"
+
+namespace moe::io {
+
+namespace {
+
+using gguf::Keys;
+
+// llama.cpp's architectures for our flavours, and what each hard-codes
+// (io/gguf_write.cpp).
+struct GgufArch {
+  const char* name;
+  Arch arch;
+  bool normalize_topk;  // its MoE renormalises the top-k weights (unless
+                        // expert_weights_norm)
+  bool permute_qk;      // NORM rope (adjacent pairs): the file's q/k rows are
+                        // permuted
+};
+
+constexpr GgufArch kArchs[] = {{"llama", Arch::mixtral, true, true},
+                               {"qwen2moe", Arch::qwen2_moe, false, false},
+                               {"qwen3moe", Arch::qwen3_moe, true, false},
+                               {"olmoe", Arch::olmoe, false, false}};
+
+// Bounds of the counts and widths that size the plan, checked before anything
+// is sized by them (the tensors' own dimensions are bounded by the file's size,
+// and checked against these).
+constexpr int64_t kMaxCount = int64_t(1) << 16, kMaxWidth = int64_t(1) << 24;
+
+const GgufArch& arch_of(const Keys& k) {
+  const std::string name = k.text("general.architecture");
+  for (const GgufArch& a : kArchs)
+    if (name == a.name) return a;
+  throw Error(str("'", k.path(), "': GGUF architecture '", name,
+                  "' is not supported (supported: llama with experts (Mixtral), qwen2moe, "
+                  "qwen3moe, olmoe)"));
+}
+
+// What llama.cpp can say of a model that ours cannot run: refused by name.
+void refuse_unsupported(const Keys& k, const std::string& a, int64_t seq) {
+  auto refuse = [&](const std::string& key, const std::string& what) {
+    throw Error(str("'", k.path(), "': ", what, " (GGUF key '", key, "') is not supported"));
+  };
+  if (k.has(a + ".expert_gating_func") && k.integer(a + ".expert_gating_func") != 1)
+    refuse(a + ".expert_gating_func", "expert gating other than softmax");
+  if (k.has(a + ".expert_weights_scale") && k.real(a + ".expert_weights_scale") != 1.0)
+    refuse(a + ".expert_weights_scale", "scaled expert weights");
+  if (k.integer_or(a + ".leading_dense_block_count", 0) != 0)
+    refuse(a + ".leading_dense_block_count", "dense (non-MoE) layers");
+  if (k.has(a + ".rope.scaling.type") && k.text(a + ".rope.scaling.type") != "none")
+    refuse(a + ".rope.scaling.type", str("RoPE scaling '", k.text(a + ".rope.scaling.type"), "'"));
+  if (k.has(a + ".attention.clamp_kqv")) refuse(a + ".attention.clamp_kqv", "q/k/v clipping");
+  const int64_t window = k.integer_or(a + ".attention.sliding_window", 0);
+  if (window > 0 && window < seq)
+    refuse(a + ".attention.sliding_window",
+           str("a sliding window of ", window, " tokens, shorter than the context ", seq));
+  if (k.integer_or(a + ".expert_shared_count", 0) > 0 && a != "qwen2moe")
+    refuse(a + ".expert_shared_count", "shared experts");
+}
+
+// The model config the keys describe (the rest of ours: training settings the
+// file does not hold, at 0; the exporter's record may replace them,
+// adopt_record).
+ModelConfig config_from_keys(const Keys& k, const GgufArch& arch, const GgufFile& f,
+                             const GgufImportOptions& options) {
+  const std::string a = std::string(arch.name) + ".";
+  ModelConfig mc;
+  mc.arch = arch.arch;
+  if (!k.has(a + "expert_count"))
+    throw Error(str("'", k.path(), "': a dense ", arch.name, " model (no GGUF key '", a,
+                    "expert_count'); import-gguf reads mixture-of-experts models"));
+  mc.experts = k.bounded(a + "expert_count", 1, kMaxCount);
+  mc.top_k = k.bounded(a + "expert_used_count", 1, mc.experts);
+  mc.layers = k.bounded(a + "block_count", 1, kMaxCount);
+  mc.d_model = k.bounded(a + "embedding_length", 1, kMaxWidth);
+  mc.heads = k.bounded(a + "attention.head_count", 1, kMaxCount);
+  mc.kv_heads = k.has(a + "attention.head_count_kv")
+                    ? k.bounded(a + "attention.head_count_kv", 1, mc.heads)
+                    : mc.heads;
+  // The experts' width: expert_feed_forward_length where given (the qwen
+  // architectures; their feed_forward_length is the unused dense MLP's), else
+  // feed_forward_length.
+  const std::string ff = k.has(a + "expert_feed_forward_length") ? a + "expert_feed_forward_length"
+                                                                 : a + "feed_forward_length";
+  mc.d_ff = k.bounded(ff, 1, kMaxWidth);
+  if (arch.arch == Arch::qwen2_moe)
+    mc.shared_expert_ff = k.bounded(a + "expert_shared_feed_forward_length", 1, kMaxWidth);
+  else if (k.integer_or(a + "expert_shared_feed_forward_length", 0) != 0)
+    throw Error(str("'", k.path(), "': a shared expert (GGUF key '", a,
+                    "expert_shared_feed_forward_length') is not supported in ", arch.name));
+  // The head width: key_length, by llama.cpp's default embedding_length /
+  // head_count.
+  if (!k.has(a + "attention.key_length") && mc.d_model % mc.heads != 0)
+    throw Error(str("'", k.path(), "': no GGUF key '", a, "attention.key_length', and ",
+                    "embedding_length ", mc.d_model, " is not a multiple of head_count ",
+                    mc.heads));
+  const int64_t hd = k.has(a + "attention.key_length")
+                         ? k.bounded(a + "attention.key_length", 2, kMaxWidth)
+                         : mc.d_model / mc.heads;
+  if (k.integer_or(a + "attention.value_length", hd) != hd)
+    throw Error(str("'", k.path(), "': value heads of another width than key heads (", a,
+                    "attention.value_length) are not supported"));
+  if (k.integer_or(a + "rope.dimension_count", hd) != hd)
+    throw Error(str("'", k.path(), "': rotary embedding of ", k.integer(a + "rope.dimension_count"),
+                    " of ", hd, " head dimensions (", a,
+                    "rope.dimension_count) is not supported: ours rotates them all"));
+  mc.head_dim = hd * mc.heads == mc.d_model ? 0 : hd;
+  // V: vocab_size, which llama.cpp's converter may leave out (then the tokens,
+  // or the embedding).
+  if (k.has(a + "vocab_size"))
+    mc.vocab_size = k.bounded(a + "vocab_size", 1, kMaxWidth);
+  else if (k.has("tokenizer.ggml.tokens"))
+    mc.vocab_size = static_cast<int64_t>(k.strings("tokenizer.ggml.tokens").size());
+  else
+    mc.vocab_size = f.tensor("token_embd.weight").dims.back();
+  const int64_t context = k.bounded(a + "context_length", 1, int64_t(1) << 31);
+  mc.seq = options.max_seq > 0 ? std::min(context, options.max_seq) : context;
+  mc.norm_eps = k.real(a + "attention.layer_norm_rms_epsilon");
+  if (!(mc.norm_eps > 0 && mc.norm_eps < 1))
+    k.fail(a + "attention.layer_norm_rms_epsilon", str("is ", mc.norm_eps));
+  mc.rope_theta = k.real_or(a + "rope.freq_base", 10000.0);
+  if (!(mc.rope_theta > 0)) k.fail(a + "rope.freq_base", str("is ", mc.rope_theta));
+  mc.normalize_topk = k.flag_or(a + "expert_weights_norm", arch.normalize_topk);
+  mc.moe_every = 1;
+  mc.capacity_factor = 0;  // llama.cpp's MoE layers are dropless
+  mc.aux_loss_coef = 0;
+  mc.z_loss_coef = 0;
+  mc.router_jitter = 0;
+  refuse_unsupported(k, arch.name, mc.seq);
+  return mc;
+}
+
+// The keys hold f32 eps and theta: a record agrees when its values round to
+// them.
+bool same_math(const ModelConfig& a, const ModelConfig& b) {
+  return a.arch == b.arch && a.vocab_size == b.vocab_size && a.layers == b.layers &&
+         a.d_model == b.d_model && a.heads == b.heads &&
+         a.head_dim_resolved() == b.head_dim_resolved() &&
+         a.kv_heads_resolved() == b.kv_heads_resolved() && a.d_ff == b.d_ff &&
+         a.shared_expert_ff == b.shared_expert_ff && a.experts_per_layer == b.experts_per_layer &&
+         a.top_k == b.top_k && a.normalize_topk == b.normalize_topk &&
+         a.residual_moe == b.residual_moe && a.router_scoring == b.router_scoring &&
+         !a.router_selection_bias() && !a.router_center() && !b.router_selection_bias() &&
+         !b.router_center() && float(a.norm_eps) == float(b.norm_eps) &&
+         float(a.rope_theta) == float(b.rope_theta);
+}
+
+// A file our export_gguf wrote records our exact model config
+// (moe.model_config): taken when it agrees with the keys, so seq and the
+// training settings come back exactly. Then resolved.
+void adopt_record(const Keys& k, ModelConfig& mc, GgufImportReport& rep) {
+  mc.experts_per_layer.assign(static_cast<size_t>(mc.layers), mc.experts);
+  if (k.has("moe.model_config")) {
+    try {
+      ModelConfig recorded =
+          model_config_from_json(nlohmann::json::parse(k.text("moe.model_config")));
+      recorded.resolve();
+      if (same_math(recorded, mc)) {
+        recorded.dtype = mc.dtype;
+        mc = recorded;
+        rep.notes.push_back("model config taken from the exporter's record (moe.model_config)");
+      } else {
+        rep.notes.push_back("moe.model_config disagrees with the file's keys: ignored");
+      }
+    } catch (const std::exception& e) {
+      rep.notes.push_back(str("moe.model_config unreadable (", e.what(), "): ignored"));
+    }
+  }
+  try {
+    mc.resolve();
+  } catch (const Error& e) {
+    throw Error(str("'", k.path(), "': not a model we can build: ", e.what()));
+  }
+}
+
+// ---- tensors
+// -----------------------------------------------------------------------------------
+
+// Our parameters in our model's order, each with llama.cpp's name
+// (io/gguf_write.cpp's table).
+std::vector<GgufTensorPlan> expected_tensors(const ModelConfig& mc, bool permute_qk) {
+  const int64_t V = mc.vocab_size, D = mc.d_model, F = mc.d_ff, H = mc.heads,
+                KV = mc.kv_heads_resolved(), hd = mc.head_dim_resolved(),
+                E = mc.experts_per_layer.front(), Fs = mc.shared_expert_ff;
+  const Flavour flavour = flavour_of(mc);
+  std::vector<GgufTensorPlan> out;
+  auto add = [&](std::string gguf, std::string ours, Shape shape, bool expert = false,
+                 int64_t rope_heads = 0) {
+    out.push_back({std::move(gguf), std::move(ours), std::move(shape), expert,
+                   permute_qk ? rope_heads : 0, false});
+  };
+  add("token_embd.weight", "embed.tokens", {V, D});
+  for (int64_t i = 0; i < mc.layers; ++i) {
+    const std::string blk = str("blk.", i, "."), b = str("blocks.", i, ".");
+    add(blk + "attn_norm.weight", b + "norm1.weight", {D});
+    add(blk + "ffn_norm.weight", b + "norm2.weight", {D});
+    // As our attention creates them: each projection's weight then its bias, then the qk-norms.
+    const bool bias = flavour.qkv_bias;
+    add(blk + "attn_q.weight", b + "attn.q.weight", {H * hd, D}, false, H);
+    if (bias) add(blk + "attn_q.bias", b + "attn.q.bias", {H * hd});
+    add(blk + "attn_k.weight", b + "attn.k.weight", {KV * hd, D}, false, KV);
+    if (bias) add(blk + "attn_k.bias", b + "attn.k.bias", {KV * hd});
+    add(blk + "attn_v.weight", b + "attn.v.weight", {KV * hd, D});
+    if (bias) add(blk + "attn_v.bias", b + "attn.v.bias", {KV * hd});
+    add(blk + "attn_output.weight", b + "attn.o.weight", {D, H * hd});
+    if (flavour.qk_norm != nn::QkNorm::none) {
+      const bool head = flavour.qk_norm == nn::QkNorm::head;
+      add(blk + "attn_q_norm.weight", b + "attn.q_norm.weight", {head ? hd : H * hd});
+      add(blk + "attn_k_norm.weight", b + "attn.k_norm.weight", {head ? hd : KV * hd});
+    }
+    add(blk + "ffn_gate_inp.weight", b + "moe.router.weight", {E, D});
+    add(blk + "ffn_gate_exps.weight", b + "moe.experts.w1", {E, F, D}, true);
+    add(blk + "ffn_down_exps.weight", b + "moe.experts.w2", {E, D, F}, true);
+    add(blk + "ffn_up_exps.weight", b + "moe.experts.w3", {E, F, D}, true);
+    if (Fs > 0) {  // the shared expert, then its gate
+      add(blk + "ffn_gate_shexp.weight", b + "moe.shared.w1", {Fs, D});
+      add(blk + "ffn_down_shexp.weight", b + "moe.shared.w2", {D, Fs});
+      add(blk + "ffn_up_shexp.weight", b + "moe.shared.w3", {Fs, D});
+      add(blk + "ffn_gate_inp_shexp.weight", b + "moe.shared_gate.weight", {1, D});
+    }
+  }
+  add("output_norm.weight", "final_norm.weight", {D});
+  add("output.weight", "lm_head.weight", {V, D});
+  return out;
+}
+
+// Dimensions without trailing 1s (ggml pads them to 4 with 1s; [1, D] is
+// llama.cpp's {D}).
+std::vector<int64_t> trimmed(std::vector<int64_t> dims) {
+  while (dims.size() > 1 && dims.back() == 1) dims.pop_back();
+  return dims;
+}
+
+std::string dims_text(const std::vector<int64_t>& dims) {
+  std::string s = "{";
+  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + "}";
+}
+
+// Why a tensor we have no place for is there, when we know.
+std::string unknown_tensor(const std::string& path, const std::string& name) {
+  static const std::regex per_expert(R"(blk\.\d+\.ffn_(gate|up|down)\.\d+\.weight)");
+  std::string why = "our model has no place for it";
+  if (name == "rope_freqs.weight") why = "RoPE frequency scaling is not supported";
+  if (std::regex_match(name, per_expert))
+    why =
+        "per-expert tensors of llama.cpp files before 2024 are not read: "
+        "convert the model again";
+  return str("'", path, "': GGUF tensor '", name, "': ", why);
+}
+
+// Each expected tensor found in the file with the dimensions the config implies
+// (a missing output.weight is llama.cpp's tied head: the embedding, copied);
+// every file tensor used.
+void match_tensors(const GgufFile& f, std::vector<GgufTensorPlan>& plan, GgufImportReport& rep) {
+  std::map<std::string, const GgufTensorInfo*> infos;
+  for (const GgufTensorInfo& t : f.tensors)
+    if (!infos.emplace(t.name, &t).second)
+      throw Error(str("'", f.path, "': GGUF tensor '", t.name, "' is in the file twice"));
+  std::set<std::string> used;
+  for (GgufTensorPlan& t : plan) {
+    if (t.gguf == "output.weight" && !infos.count(t.gguf)) {
+      t.gguf = "token_embd.weight";  // tied embeddings: our head is untied, a
+                                     // copy is the same
+      rep.notes.push_back(
+          "no output.weight: the LM head is a copy of "
+          "token_embd.weight (tied)");
+    }
+    auto it = infos.find(t.gguf);
+    if (it == infos.end())
+      throw Error(str("'", f.path, "': no GGUF tensor '", t.gguf, "' (our ", t.ours,
+                      "): the file is incomplete"));
+    std::vector<int64_t> want(t.shape.rbegin(), t.shape.rend());
+    if (trimmed(it->second->dims) != trimmed(want))
+      throw Error(str("'", f.path, "': GGUF tensor '", t.gguf, "' is ", dims_text(it->second->dims),
+                      ", but the keys imply ", dims_text(want), " (our ", t.ours, " ",
+                      shape_str(t.shape), ")"));
+    used.insert(t.gguf);
+    rep.mapped.push_back(str(t.gguf, " -> ", t.ours, t.rope_heads ? " (rows un-permuted)" : ""));
+  }
+  for (const GgufTensorInfo& t : f.tensors)
+    if (!used.count(t.name)) throw Error(unknown_tensor(f.path, t.name));
+}
+
+bool exact_in(const std::vector<float>& values, DType dtype) {
+  for (float v : values) {
+    const float back = dtype == DType::f16 ? kernels::f16_to_f32(kernels::f32_to_f16(v))
+                                           : kernels::bf16_to_f32(kernels::f32_to_bf16(v));
+    if (!(back == v)) return false;
+  }
+  return true;
+}
+
+DType dtype_of(GgufType t) {
+  return t == GgufType::f16 ? DType::f16 : t == GgufType::bf16 ? DType::bf16 : DType::f32;
+}
+
+// The stored dtype: the 16-bit type of the 16-bit tensors when every other
+// tensor we keep unquantised holds only values it represents exactly, else f32
+// (exact for every type we read).
+DType choose_dtype(const GgufFile& f, const std::vector<GgufTensorPlan>& plan,
+                   GgufImportReport& rep) {
+  std::set<GgufType> halves;
+  for (const GgufTensorPlan& t : plan)
+    if (!t.q8_rows &&
+        (f.tensor(t.gguf).type == GgufType::f16 || f.tensor(t.gguf).type == GgufType::bf16))
+      halves.insert(f.tensor(t.gguf).type);
+  if (halves.empty()) return DType::f32;
+  if (halves.size() > 1) {
+    rep.notes.push_back("f16 and bf16 tensors: every parameter stored f32 (exact)");
+    return DType::f32;
+  }
+  const DType half = dtype_of(*halves.begin());
+  for (const GgufTensorPlan& t : plan) {
+    const GgufTensorInfo& info = f.tensor(t.gguf);
+    if (t.q8_rows || info.type == *halves.begin()) continue;
+    if (!exact_in(read_gguf_tensor(f, t.gguf), half)) {
+      rep.notes.push_back(str(t.gguf, " (", gguf_type_name(info.type), ") holds values ",
+                              dtype_name(half), " cannot: every parameter stored f32 (exact)"));
+      return DType::f32;
+    }
+  }
+  return half;
+}
+
+// Rows of `row_bytes` bytes of `heads` q/k heads of hd rows, from llama.cpp's
+// order back to ours: our row j hd/2 + i of a head is the file's row 2i + j (j
+// = 0, 1; io/gguf_write.cpp).
+void unpermute_rows(std::vector<uint8_t>& bytes, int64_t heads, int64_t hd, size_t row_bytes) {
+  const std::vector<uint8_t> file = bytes;
+  const int64_t half = hd / 2;
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t i = 0; i < half; ++i)
+      for (int64_t j = 0; j < 2; ++j)
+        std::memcpy(bytes.data() + static_cast<size_t>(h * hd + j * half + i) * row_bytes,
+                    file.data() + static_cast<size_t>(h * hd + 2 * i + j) * row_bytes, row_bytes);
+}
+
+// llama.cpp's Q8_0 blocks (f16 d, 32 int8) of rows of `in` values as our Q8_0
+// rows (the row's int8 values, then its f16 scales): the same bytes,
+// rearranged. A scale that is negative or not finite, or a value of -128, is no
+// Q8_0 llama.cpp writes and our kernels' range: refused.
+std::vector<uint8_t> q8_blocks_to_rows(const std::string& where, const std::vector<uint8_t>& blocks,
+                                       int64_t rows, int64_t in) {
+  const int64_t blocks_per_row = in / kQ8Block, row_bytes = cpu::q8_row_bytes(in);
+  std::vector<uint8_t> out(static_cast<size_t>(rows * row_bytes));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < blocks_per_row; ++b) {
+      const uint8_t* block = blocks.data() + (r * blocks_per_row + b) * kQ8BlockBytes;
+      uint8_t* row = out.data() + r * row_bytes;
+      uint16_t d;
+      std::memcpy(&d, block, 2);
+      if ((d & 0x8000u) != 0 || (d & 0x7c00u) == 0x7c00u)
+        throw Error(str(where, ": row ", r, ", block ", b, ": the scale ", kernels::f16_to_f32(d),
+                        " is not a finite value >= 0"));
+      for (int64_t j = 0; j < kQ8Block; ++j)
+        if (block[2 + j] == 0x80)
+          throw Error(str(where, ": row ", r, ", block ", b, ": an int8 value of -128 ",
+                          "(Q8_0 values are within [-127, 127])"));
+      std::memcpy(row + b * kQ8Block, block + 2, kQ8Block);
+      std::memcpy(row + in + 2 * b, block, 2);
+    }
+  return out;
+}
+
+// Our Q8_0 rows of values (a matrix the file holds in another type): what
+// quantize would store.
+std::vector<uint8_t> quantized_rows(const std::string& where, const std::vector<float>& values,
+                                    int64_t rows, int64_t in) {
+  const int64_t row_bytes = cpu::q8_row_bytes(in);
+  std::vector<uint8_t> out(static_cast<size_t>(rows * row_bytes));
+  for (int64_t r = 0; r < rows; ++r) {
+    try {
+      cpu::quantize_q8_0_row(values.data() + r * in, in, out.data() + r * row_bytes);
+    } catch (const Error& e) {
+      throw Error(str(where, ", row ", r, ": ", e.what()));
+    }
+  }
+  return out;
+}
+
+Tensor tensor_of(const Shape& shape, DType dtype, const std::vector<uint8_t>& bytes) {
+  Tensor t = Tensor::empty(shape, dtype);
+  MOE_CHECK(t.nbytes() == bytes.size(), "import_gguf: ", bytes.size(), " bytes for ",
+            shape_str(shape));
+  std::memcpy(t.raw(), bytes.data(), bytes.size());
+  return t;
+}
+
+}  // namespace
+
+GgufImportPlan plan_gguf_import(const std::string& path, const GgufImportOptions& options,
+                                GgufImportReport* report) {
+  GgufImportReport local;
+  GgufImportReport& rep = report ? *report : local;
+  rep = GgufImportReport{};
+  GgufImportPlan plan;
+  plan.file = read_gguf(path);
+  const Keys k(plan.file);
+  const GgufArch& arch = arch_of(k);
+  rep.architecture = arch.name;
+  rep.family = arch_name(arch.arch);
+  ModelConfig mc = config_from_keys(k, arch, plan.file, options);
+  const int64_t context = k.integer(str(arch.name, ".context_length"));
+  adopt_record(k, mc, rep);
+  if (mc.seq < context)
+    rep.notes.push_back(str("context (seq) ", mc.seq, " of context_length ", context));
+  plan.tensors = expected_tensors(mc, arch.permute_qk);
+  match_tensors(plan.file, plan.tensors, rep);
+  for (GgufTensorPlan& t : plan.tensors)
+    rep.quantized |=
+        quantizable(t.ours, t.shape) && plan.file.tensor(t.gguf).type == GgufType::q8_0;
+  if (rep.quantized) {  // every weight matrix moe-convert quantize quantises, as
+                        // it would
+    for (GgufTensorPlan& t : plan.tensors) {
+      t.q8_rows = quantizable(t.ours, t.shape);
+      if (t.q8_rows && plan.file.tensor(t.gguf).type != GgufType::q8_0)
+        rep.notes.push_back(str(t.gguf, " (", gguf_type_name(plan.file.tensor(t.gguf).type),
+                                ") quantised to Q8_0 as moe-convert quantize would"));
+    }
+  }
+  mc.dtype = choose_dtype(plan.file, plan.tensors, rep);
+  plan.config = mc;
+  plan.model_config = to_json(mc);
+  if (rep.quantized) plan.model_config[kQuantizationKey] = "q8_0";
+  plan.tokenizer = gguf::tokenizer_from_gguf(k, mc.vocab_size, rep.notes);
+  return plan;
+}
+
+NamedTensor import_gguf_tensor(const GgufImportPlan& plan, const GgufTensorPlan& t) {
+  const GgufFile& f = plan.file;
+  const GgufTensorInfo& info = f.tensor(t.gguf);
+  const std::string where = str("'", f.path, "': GGUF tensor '", t.gguf, "'");
+  const int64_t in = t.shape.back(), rows = info.numel() / in;
+  const int64_t hd = plan.config.head_dim_resolved();
+  Tensor out;
+  if (t.q8_rows) {
+    std::vector<uint8_t> bytes;
+    if (info.type == GgufType::q8_0) {
+      bytes = q8_blocks_to_rows(where, read_gguf_tensor_bytes(f, t.gguf), rows, in);
+    } else {
+      std::vector<float> values = read_gguf_tensor(f, t.gguf);
+      check_finite(str("'", f.path, "'"), t.gguf, Tensor::from_vector({info.numel()}, values));
+      bytes = quantized_rows(where, values, rows, in);
+    }
+    if (t.rope_heads) unpermute_rows(bytes, t.rope_heads, hd, size_t(cpu::q8_row_bytes(in)));
+    Shape shape = t.shape;
+    shape.back() = cpu::q8_row_bytes(in);
+    out = tensor_of(shape, DType::u8, bytes);
+  } else {
+    const DType dtype = plan.config.dtype;
+    if (dtype_of(info.type) == dtype && info.type != GgufType::q8_0) {  // bitwise
+      std::vector<uint8_t> bytes = read_gguf_tensor_bytes(f, t.gguf);
+      if (t.rope_heads) unpermute_rows(bytes, t.rope_heads, hd, size_t(in) * dtype_size(dtype));
+      out = tensor_of(t.shape, dtype, bytes);
+    } else {  // converted exactly (choose_dtype), or dequantised
+      out = Tensor::from_vector(t.shape, read_gguf_tensor(f, t.gguf));
+      if (t.rope_heads) {
+        std::vector<uint8_t> bytes(static_cast<const uint8_t*>(out.raw()),
+                                   static_cast<const uint8_t*>(out.raw()) + out.nbytes());
+        unpermute_rows(bytes, t.rope_heads, hd, size_t(in) * 4);
+        std::memcpy(out.raw(), bytes.data(), bytes.size());
+      }
+      out = out.dtype() == dtype ? out : out.to(dtype);
+    }
+    check_finite(str("'", f.path, "'"), t.gguf, out);
+  }
+  out.set_name(t.ours);
+  return {t.ours, std::move(out), t.expert, {}};
+}
+
+Checkpoint import_gguf(const std::string& path, const GgufImportOptions& options,
+                       GgufImportReport* report) {
+  const GgufImportPlan plan = plan_gguf_import(path, options, report);
+  Checkpoint ckpt;
+  for (const GgufTensorPlan& t : plan.tensors) ckpt.params.push_back(import_gguf_tensor(plan, t));
+  ckpt.model_config = plan.model_config;
+  ckpt.train_config = nullptr;
+  ckpt.tokenizer = plan.tokenizer;
+  ckpt.provenance = options.provenance;
+  if (ckpt.provenance.tool.empty())
+    ckpt.provenance =
+        Provenance{"libmoe import_gguf", version(), git_revision(), "", utc_timestamp()};
+  if (ckpt.provenance.time.empty()) ckpt.provenance.time = utc_timestamp();
+  return ckpt;
+}
+
+}  // namespace moe::io
