@@ -446,9 +446,9 @@ TEST_CASE(
   REQUIRE_THAT(refusal([&](io::GgufFile& g) { set(g, "tokenizer.ggml.bos_token_id", 4, 999); }),
                Catch::Contains("'tokenizer.ggml.bos_token_id' is 999, outside the vocabulary"));
   REQUIRE_THAT(refusal([](io::GgufFile& g) {
-                 info(g, "blk.0.ffn_gate_exps.weight").type = static_cast<io::GgufType>(12);
+                 info(g, "blk.0.ffn_gate_exps.weight").type = static_cast<io::GgufType>(13);
                }),
-               Catch::Contains("GGUF tensor type q4_K (blk.0.ffn_gate_exps.weight) is not "
+               Catch::Contains("GGUF tensor type q5_K (blk.0.ffn_gate_exps.weight) is not "
                                "supported by this build"));
   REQUIRE_THAT(refusal([](io::GgufFile& g) {  // same size, wrong shape
                  info(g, "blk.1.attn_output.weight").dims = {32, 128};

@@ -213,10 +213,19 @@ int run_quantize(Options& o, const Argv& a) {
   io::Checkpoint out = io::quantize(in, o.type, &report);
   out.provenance = io::make_provenance("moe-convert", a.argc, a.argv);
   io::save_streaming(o.out, out, history_of(o.inputs, in.provenance));
-  MOE_LOG_INFO("quantize ", o.type, ": ", report.tensors_quantized, " weight tensors, parameters ",
-               report.bytes_before, " -> ", report.bytes_after, " bytes (max |error| ",
-               num(report.max_error_over_scale), " of a block's scale)",
-               merged ? ", shards merged" : "", "; wrote ", o.out);
+  std::string per_format, error;
+  for (const auto& [format, count] : report.tensors_per_format)
+    per_format += str(per_format.empty() ? "" : ", ", count, " ", format);
+  if (o.type == "q8_0")
+    error = str("max |error| ", num(report.max_error_over_scale), " of a block's scale");
+  else
+    error = str("RMS error ", num(report.rms_relative_error()), " of the RMS value",
+                report.tensors_kept ? str("; ", report.tensors_kept,
+                                          " kept unquantised: rows not whole blocks")
+                                    : std::string());
+  MOE_LOG_INFO("quantize ", o.type, ": ", report.tensors_quantized, " weight tensors (",
+               per_format, "), parameters ", report.bytes_before, " -> ", report.bytes_after,
+               " bytes (", error, ")", merged ? ", shards merged" : "", "; wrote ", o.out);
   return 0;
 }
 
@@ -322,11 +331,15 @@ int run_export_gguf(Options& o, const Argv&) {
   io::GgufExportOptions options;
   // Default: the checkpoint's own dtype (a bf16 model stays bf16).
   const ModelConfig mc = model_config_from_json(in.model_config);
-  options.type = io::parse_gguf_type(o.gguf_type.empty() ? dtype_name(mc.dtype) : o.gguf_type);
+  options.q4_k_m = o.gguf_type == "q4_k_m";
+  options.type = io::parse_gguf_type(o.gguf_type.empty() ? dtype_name(mc.dtype)
+                                     : options.q4_k_m    ? "q4_k"
+                                                         : o.gguf_type);
   options.name = o.gguf_name;
   const io::GgufExportSummary s = io::export_gguf(in, o.out, options);
   for (const std::string& f : s.fallbacks) MOE_LOG_WARN("export-gguf: ", f);
-  MOE_LOG_INFO("exported ", s.tensors, " tensors (", io::gguf_type_name(options.type),
+  MOE_LOG_INFO("exported ", s.tensors, " tensors (",
+               options.q4_k_m ? "q4_k_m" : io::gguf_type_name(options.type),
                " matrices) and ", s.keys, " keys as GGUF v3 for llama.cpp",
                merged ? ", shards merged" : "", "; wrote ", o.out, " (", s.bytes, " bytes)");
   return 0;
@@ -410,12 +423,15 @@ int main(int argc, char** argv) {
 
   auto* quantize = app.add_subcommand(
       "quantize",
-      "An inference checkpoint with the weight matrices in Q8_0 (blocks of 32, one f16 scale "
-      "each, int8 values): read by moe-infer only");
+      "An inference checkpoint with the weight matrices quantised (q8_0: blocks of 32, one f16 "
+      "scale each, int8 values; q4_k, q6_k, mxfp4, q4_k_m: llama.cpp's block formats): read by "
+      "moe-infer only");
   add_checkpoint_input(quantize, o);
-  quantize->add_option("--type", o.type, "Quantisation")
+  quantize->add_option("--type", o.type,
+                       "q8_0, or a llama.cpp block recipe: q4_k, q6_k, mxfp4, q4_k_m (q4_k with "
+                       "q6_k for the LM head and some layers' attention v and expert down)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"q8_0"}));
+      ->check(CLI::IsMember({"q8_0", "q4_k", "q6_k", "mxfp4", "q4_k_m"}));
   add_output(quantize, o, "Output checkpoint file");
   subs.push_back({quantize, run_quantize});
 
@@ -480,9 +496,10 @@ int main(int argc, char** argv) {
                          "architecture)");
   add_checkpoint_input(gguf, o);
   gguf->add_option("--type", o.gguf_type,
-                   "Type of the matrices: f32, f16, bf16 or q8_0 (default: the checkpoint's "
-                   "dtype); norms and the router stay f32")
-      ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}));
+                   "Type of the matrices: f32, f16, bf16, q8_0, q4_k, q6_k, mxfp4 or q4_k_m "
+                   "(llama.cpp's mix of q4_k and q6_k) (default: the checkpoint's dtype); norms "
+                   "and the router stay f32")
+      ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0", "q4_k", "q6_k", "mxfp4", "q4_k_m"}));
   gguf->add_option("--name", o.gguf_name, "general.name in the file (default: moe)");
   add_output(gguf, o, "Output .gguf file");
   subs.push_back({gguf, run_export_gguf});

@@ -1,12 +1,13 @@
-// Q8_0 quantisation of a checkpoint's weight matrices (see moe/io/convert.h, quantize).
+// Quantisation of a checkpoint's weight matrices, to our Q8_0 rows or llama.cpp's block formats
+// (see moe/io/convert.h, quantize).
 // Shapes: rows = the product of a weight's leading dimensions (E x out for experts), in its last.
 #include <algorithm>
 #include <cmath>
 #include <map>
 
-#include "io/convert_internal.h"
-
 #include "backend/cpu/gemv.h"
+#include "backend/cpu/quant_blocks.h"
+#include "io/convert_internal.h"
 #include "moe/io/convert.h"
 
 namespace moe::io {
@@ -22,12 +23,33 @@ bool quantizable(const std::string& name, const Shape& shape) {
          name.rfind("embed.", 0) != 0 && name.find(".router.") == std::string::npos;
 }
 
+namespace {
+
+const char* const kBlockRecipes[] = {"q4_k", "q6_k", "mxfp4", "q4_k_m"};
+
+bool is_block_recipe(const std::string& recipe) {
+  for (const char* r : kBlockRecipes)
+    if (recipe == r) return true;
+  return false;
+}
+
+}  // namespace
+
 std::string quantization_of(const nlohmann::json& model_config) {
   if (!model_config.is_object() || !model_config.contains(kQuantizationKey)) return "";
   const nlohmann::json& q = model_config.at(kQuantizationKey);
-  MOE_CHECK(q.is_string() && q.get<std::string>() == "q8_0", "model config: '", kQuantizationKey,
-            "' is ", q.dump(), "; this build reads \"q8_0\" only");
-  return q.get<std::string>();
+  const std::string recipe = q.is_string() ? q.get<std::string>() : "";
+  MOE_CHECK(recipe == "q8_0" || is_block_recipe(recipe), "model config: '", kQuantizationKey,
+            "' is ", q.dump(), "; this build reads q8_0, q4_k, q6_k, mxfp4 and q4_k_m");
+  if (recipe == "q8_0") return recipe;
+  const auto formats = model_config.find(kTensorFormatsKey);
+  MOE_CHECK(formats != model_config.end() && formats->is_object(), "model config: a ", recipe,
+            " checkpoint needs a '", kTensorFormatsKey, "' object (tensor name -> block format)");
+  for (const auto& [name, format] : formats->items())
+    MOE_CHECK(format.is_string() && (format == "q4_k" || format == "q6_k" || format == "mxfp4"),
+              "model config: '", kTensorFormatsKey, "' gives tensor '", name, "' the format ",
+              format.dump(), " (q4_k, q6_k or mxfp4)");
+  return recipe;
 }
 
 void refuse_quantized(const nlohmann::json& model_config, const std::string& source,
@@ -37,6 +59,13 @@ void refuse_quantized(const nlohmann::json& model_config, const std::string& sou
             "-quantised checkpoint (moe-convert quantize): ", who,
             " cannot use it (only moe-infer and moe-profile record read one); give it the "
             "checkpoint that was quantised");
+}
+
+std::string block_format_of(const nlohmann::json& model_config, const std::string& name) {
+  if (quantization_of(model_config).empty() || quantization_of(model_config) == "q8_0") return "";
+  const nlohmann::json& formats = model_config.at(kTensorFormatsKey);
+  const auto it = formats.find(name);
+  return it == formats.end() ? "" : it->get<std::string>();
 }
 
 namespace {
@@ -70,10 +99,63 @@ Tensor quantize_rows(const Tensor& exact, const std::string& name, double* worst
   return q;
 }
 
+// llama.cpp's use_more_bits: the layers Q4_K_M gives more bits (first and last eighth, every
+// third in between).
+bool more_bits(int64_t layer, int64_t layers) {
+  return layer < layers / 8 || layer >= 7 * layers / 8 || (layer - layers / 8) % 3 == 2;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The block format recipe `recipe` gives tensor `name`.
+cpu::BlockFormat recipe_format(const std::string& recipe, const std::string& name, int64_t layers) {
+  if (recipe != "q4_k_m") return cpu::parse_block_format(recipe);
+  if (name == "lm_head.weight") return cpu::BlockFormat::q6_k;
+  const bool v_or_down = ends_with(name, ".attn.v.weight") || ends_with(name, ".w2");
+  const int64_t layer = block_of_name(name);
+  return v_or_down && layer >= 0 && more_bits(layer, layers) ? cpu::BlockFormat::q6_k
+                                                             : cpu::BlockFormat::q4_k;
+}
+
+// Rows of `exact` [.., in] in `format`; the squared errors and values are added to the report.
+Tensor quantize_block_rows(const Tensor& exact, cpu::BlockFormat format, const std::string& name,
+                           QuantReport* report) {
+  const int64_t in = exact.shape().back(), rows = exact.numel() / in;
+  const int64_t row_bytes = cpu::block_row_bytes(format, in);
+  Shape shape = exact.shape();
+  shape.back() = row_bytes;
+  Tensor q = Tensor::empty(shape, DType::u8);
+  std::vector<float> back(static_cast<size_t>(in));
+  double err = 0, val = 0;
+  for (int64_t row = 0; row < rows; ++row) {
+    const float* x = exact.data<float>() + row * in;
+    uint8_t* qr = q.data<uint8_t>() + row * row_bytes;
+    try {
+      cpu::quantize_row(format, x, in, qr);
+    } catch (const Error& e) {
+      throw Error(str("tensor '", name, "', row ", row, ": ", e.what()));
+    }
+    cpu::dequantize_row(format, qr, in, back.data());
+    for (int64_t j = 0; j < in; ++j) {
+      const double d = double(x[j]) - back[static_cast<size_t>(j)];
+      err += d * d;
+      val += double(x[j]) * x[j];
+    }
+  }
+  if (report) {
+    report->error_sum_squares += err;
+    report->value_sum_squares += val;
+  }
+  return q;
+}
+
 }  // namespace
 
 Checkpoint quantize(const Checkpoint& in, const std::string& type, QuantReport* report) {
-  MOE_USAGE_CHECK(type == "q8_0", "--type must be q8_0 (got '", type, "')");
+  MOE_USAGE_CHECK(type == "q8_0" || is_block_recipe(type),
+                  "--type must be q8_0, q4_k, q6_k, mxfp4 or q4_k_m (got '", type, "')");
   MOE_USAGE_CHECK(quantization_of(in.model_config).empty(), "the checkpoint is already quantised (",
                   quantization_of(in.model_config), "): quantise the checkpoint it came from");
   MOE_USAGE_CHECK(in.sharding.rank < 0,
@@ -85,12 +167,22 @@ Checkpoint quantize(const Checkpoint& in, const std::string& type, QuantReport* 
   QuantReport& r = report ? *report : local;
   r = QuantReport{};
   double* worst = report ? &report->max_error_over_scale : nullptr;
+  const bool blocks = type != "q8_0";
+  const int64_t layers = in.model_config.value("layers", int64_t(0));
   Checkpoint out = freeze(in);
   out.model_config[kQuantizationKey] = type;
+  nlohmann::json formats = nlohmann::json::object();
   for (NamedTensor& nt : out.params) {
     const int64_t bytes = shape_numel(nt.shape()) * static_cast<int64_t>(dtype_size(nt.dtype()));
     r.bytes_before += bytes;
-    if (!quantizable(nt.name, nt.shape()) || !is_floating(nt.dtype())) {
+    const Shape& s = nt.shape();
+    // A single row (Qwen2-MoE's shared-expert gate) is a vector in all but shape: kept.
+    const bool wanted = quantizable(nt.name, s) && is_floating(nt.dtype()) &&
+                        (!blocks || s[s.size() - 2] > 1);
+    const cpu::BlockFormat format =
+        blocks ? recipe_format(type, nt.name, layers) : cpu::BlockFormat::q8_0;
+    if (!wanted || (blocks && s.back() % cpu::block_elems(format) != 0)) {
+      r.tensors_kept += wanted;
       r.bytes_after += bytes;
       continue;
     }
@@ -98,15 +190,25 @@ Checkpoint quantize(const Checkpoint& in, const std::string& type, QuantReport* 
     const bool use_master = m != masters.end() && m->second->shape() == nt.shape();
     const NamedTensor exact = exact_values(nt, use_master ? m->second : nullptr);
     Shape shape = nt.shape();
-    shape.back() = cpu::q8_row_bytes(shape.back());
+    shape.back() = blocks ? cpu::block_row_bytes(format, shape.back())
+                          : cpu::q8_row_bytes(shape.back());
     const std::string name = nt.name;
-    nt = map_tensor(exact, shape, DType::u8, [name, worst](const Tensor& x, int64_t) {
-      return quantize_rows(x, name, worst);
-    });
+    if (blocks) {
+      nt = map_tensor(exact, shape, DType::u8, [name, format, report](const Tensor& x, int64_t) {
+        return quantize_block_rows(x, format, name, report);
+      });
+      formats[name] = cpu::block_format_name(format);
+    } else {
+      nt = map_tensor(exact, shape, DType::u8, [name, worst](const Tensor& x, int64_t) {
+        return quantize_rows(x, name, worst);
+      });
+    }
     nt.name = name;
     r.bytes_after += shape_numel(shape);
     ++r.tensors_quantized;
+    ++r.tensors_per_format[blocks ? cpu::block_format_name(format) : "q8_0"];
   }
+  if (blocks) out.model_config[kTensorFormatsKey] = formats;
   return out;
 }
 

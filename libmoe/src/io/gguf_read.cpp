@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 
+#include "backend/cpu/quant_blocks.h"
 #include "kernels/convert.h"
 #include "moe/error.h"
 #include "moe/io/gguf.h"
@@ -22,14 +23,26 @@ const char* gguf_type_name(GgufType t) {
       return "q8_0";
     case GgufType::bf16:
       return "bf16";
+    case GgufType::q4_k:
+      return "q4_k";
+    case GgufType::q6_k:
+      return "q6_k";
+    case GgufType::mxfp4:
+      return "mxfp4";
   }
   return "?";
 }
 
 GgufType parse_gguf_type(const std::string& name) {
-  for (GgufType t : {GgufType::f32, GgufType::f16, GgufType::bf16, GgufType::q8_0})
+  for (GgufType t : {GgufType::f32, GgufType::f16, GgufType::bf16, GgufType::q8_0, GgufType::q4_k,
+                     GgufType::q6_k, GgufType::mxfp4})
     if (name == gguf_type_name(t)) return t;
-  throw UsageError(str("GGUF tensor type '", name, "' is not one of f32, f16, bf16, q8_0"));
+  throw UsageError(str("GGUF tensor type '", name,
+                       "' is not one of f32, f16, bf16, q8_0, q4_k, q6_k, mxfp4"));
+}
+
+bool is_block_type(GgufType t) {
+  return t == GgufType::q4_k || t == GgufType::q6_k || t == GgufType::mxfp4;
 }
 
 void quantize_q8_0(const float* x, int64_t n, uint8_t* out) {
@@ -90,6 +103,12 @@ int64_t GgufTensorInfo::nbytes() const {
       return numel() * 2;
     case GgufType::q8_0:
       return numel() / kQ8Block * kQ8BlockBytes;
+    case GgufType::q4_k:
+    case GgufType::q6_k:
+    case GgufType::mxfp4: {
+      const cpu::BlockFormat f = cpu::parse_block_format(gguf_type_name(type));
+      return numel() / cpu::block_elems(f) * cpu::block_bytes(f);
+    }
   }
   return 0;
 }
@@ -232,17 +251,23 @@ GgufFile read_gguf(const std::string& path) {
       t.dims.push_back(static_cast<int64_t>(n));
     }
     const uint32_t type = r.get<uint32_t>();
-    if (type != 0 && type != 1 && type != 8 && type != 30) {
+    if (type != 0 && type != 1 && type != 8 && type != 12 && type != 14 && type != 30 &&
+        type != 39) {
       // A type ggml defines is a valid file this build cannot read; any other is corruption.
       const char* known = ggml_type_name(type);
       if (!known)
         r.fail(str("tensor '", t.name, "' has type ", type, ", which ggml does not define"));
       throw Error(str("'", path, "': GGUF tensor type ", known, " (", t.name,
-                      ") is not supported by this build (it reads f32, f16, bf16 and q8_0)"));
+                      ") is not supported by this build (it reads f32, f16, bf16, q8_0, q4_K, "
+                      "q6_K and mxfp4)"));
     }
     t.type = static_cast<GgufType>(type);
     if (t.type == GgufType::q8_0 && t.dims[0] % kQ8Block != 0)
       r.fail(str("tensor '", t.name, "' is q8_0 with rows of ", t.dims[0], " values"));
+    if (is_block_type(t.type) &&
+        t.dims[0] % cpu::block_elems(cpu::parse_block_format(gguf_type_name(t.type))) != 0)
+      r.fail(str("tensor '", t.name, "' is ", gguf_type_name(t.type), " with rows of ", t.dims[0],
+                 " values, not whole blocks"));
     t.offset = r.get<uint64_t>();
     if (t.offset % g.alignment != 0) r.fail(str("tensor '", t.name, "' is not aligned"));
     g.tensors.push_back(std::move(t));
@@ -277,6 +302,9 @@ std::vector<float> read_gguf_tensor(const GgufFile& g, const std::string& name) 
     std::memcpy(out.data(), raw.data(), n * 4);
   } else if (t.type == GgufType::q8_0) {
     dequantize_q8_0(raw.data(), t.numel(), out.data());
+  } else if (is_block_type(t.type)) {  // the rows are whole blocks: one call for the tensor
+    cpu::dequantize_row(cpu::parse_block_format(gguf_type_name(t.type)), raw.data(), t.numel(),
+                        out.data());
   } else {
     for (size_t i = 0; i < n; ++i) {
       uint16_t h;

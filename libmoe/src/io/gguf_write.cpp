@@ -13,6 +13,7 @@
 #include <memory>
 #include <set>
 
+#include "backend/cpu/quant_blocks.h"
 #include "io/export_model.h"
 #include "kernels/convert.h"
 #include "moe/error.h"
@@ -164,6 +165,12 @@ uint32_t file_type(GgufType t) {
       return 7;
     case GgufType::bf16:
       return 32;
+    case GgufType::q4_k:  // MOSTLY_Q4_K_S (every matrix q4_k); Q4_K_M is 15
+      return 14;
+    case GgufType::q6_k:
+      return 18;
+    case GgufType::mxfp4:  // MOSTLY_MXFP4_MOE
+      return 38;
   }
   return 0;
 }
@@ -223,7 +230,31 @@ void encode(const std::string& name, GgufType type, const std::vector<float>& v,
       out.resize(n / kQ8Block * kQ8BlockBytes);
       quantize_q8_0(v.data(), static_cast<int64_t>(n), out.data());
       return;
+    case GgufType::q4_k:
+    case GgufType::q6_k:
+    case GgufType::mxfp4: {  // rows are whole blocks, so the tensor quantises as one run of them
+      const cpu::BlockFormat f = cpu::parse_block_format(gguf_type_name(type));
+      out.resize(static_cast<size_t>(cpu::block_row_bytes(f, static_cast<int64_t>(n))));
+      try {
+        cpu::quantize_row(f, v.data(), static_cast<int64_t>(n), out.data());
+      } catch (const Error& e) {
+        throw Error(str("export_gguf: tensor '", name, "': ", e.what()));
+      }
+      return;
+    }
   }
+}
+
+// llama.cpp's Q4_K_M rule for the tensors we write: output.weight, and attn_v / ffn_down_exps in
+// the layers its use_more_bits picks (the first and last eighth, every third in between), get
+// q6_k. (Its bump of 8-expert models' attn_k / attn_v to q8_0 is not made.)
+bool q4_k_m_wants_q6_k(const std::string& gguf, int64_t layers) {
+  if (gguf == "output.weight") return true;
+  const bool v = gguf.find(".attn_v.weight") != std::string::npos;
+  const bool down = gguf.find(".ffn_down_exps.weight") != std::string::npos;
+  if (!v && !down) return false;
+  const int64_t layer = std::stoll(gguf.substr(4));  // "blk.<i>."
+  return layer < layers / 8 || layer >= 7 * layers / 8 || (layer - layers / 8) % 3 == 2;
 }
 
 // llama.cpp's architecture for our flavour, and what it hard-codes that our config may vary.
@@ -285,16 +316,25 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
     return m.param(name, shape);
   };
 
+  MOE_CHECK(!options.q4_k_m || options.type == GgufType::q4_k,
+            "export_gguf: the Q4_K_M mix is q4_k with some tensors in q6_k (type q4_k), not ",
+            gguf_type_name(options.type));
   GgufExportSummary summary;
   std::vector<Planned> plan;
-  // A matrix of rows of `row` values in the asked type (q8_0 needs whole blocks per row).
+  // A matrix of rows of `row` values in the asked type (quantised types need whole blocks per
+  // row); with Q4_K_M, llama.cpp's choice of q6_k for the head and some layers' v and down.
   auto matrix_type = [&](const std::string& name, int64_t row) {
-    if (options.type == GgufType::q8_0 && row % kQ8Block != 0) {
-      summary.fallbacks.push_back(
-          str(name, ": f16 (rows of ", row, " values are not whole q8_0 blocks of 32)"));
+    GgufType type = options.type;
+    if (options.q4_k_m && q4_k_m_wants_q6_k(name, mc.layers)) type = GgufType::q6_k;
+    const int64_t block = type == GgufType::q8_0 || type == GgufType::mxfp4 ? kQ8Block
+                          : is_block_type(type)                             ? 256
+                                                                            : 1;
+    if (row % block != 0) {
+      summary.fallbacks.push_back(str(name, ": f16 (rows of ", row, " values are not whole ",
+                                      gguf_type_name(type), " blocks of ", block, ")"));
       return GgufType::f16;
     }
-    return options.type;
+    return type;
   };
   auto whole = [&](const std::string& gguf, const NamedTensor& nt, std::vector<int64_t> dims,
                    GgufType type) {
@@ -360,8 +400,9 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
   const std::string a = arch.name;
   h.kv_string("general.architecture", a);
   h.kv_string("general.name", options.name.empty() ? "moe" : options.name);
-  h.kv_u32("general.file_type", file_type(options.type));
-  if (options.type == GgufType::q8_0) h.kv_u32("general.quantization_version", 2);
+  h.kv_u32("general.file_type", options.q4_k_m ? 15 : file_type(options.type));
+  if (options.type == GgufType::q8_0 || is_block_type(options.type))
+    h.kv_u32("general.quantization_version", 2);
   h.kv_u32("general.alignment", static_cast<uint32_t>(kAlignment));
   h.kv_u32(a + ".vocab_size", static_cast<uint32_t>(V));
   h.kv_u32(a + ".context_length", static_cast<uint32_t>(mc.seq));

@@ -9,7 +9,12 @@ qwen2_moe, qwen3_moe and olmoe its "qwen2moe", "qwen3moe" and "olmoe" (NEOX rope
 are), with their biases, q/k norms and shared expert.
 With a tokenizer.json (the one the checkpoint stores), its vocabulary, special tokens, merges and
 pre-tokenizer name are checked too; without, the byte-level vocabulary.
-Usage: gguf_readback.py CHECKPOINT.h5 MODEL.gguf TYPE [TOKENIZER.json]   (TYPE: f32 f16 bf16 q8_0)"""
+The 4-bit block types: MXFP4 bytes equal the package's own quantiser's; Q4_K and Q6_K (which
+the package only dequantises) dequantise, by the package, to within the format's error of the
+checkpoint's values (their bytes are llama.cpp's reference quantiser's by the golden tests of
+backend/cpu/quant_blocks); q4_k_m checks llama.cpp's choice of q6_k per tensor.
+Usage: gguf_readback.py CHECKPOINT.h5 MODEL.gguf TYPE [TOKENIZER.json]
+  (TYPE: f32 f16 bf16 q8_0 q4_k q6_k mxfp4 q4_k_m)"""
 import json
 import sys
 
@@ -20,7 +25,21 @@ import numpy as np
 ckpt_path, gguf_path, type_name = sys.argv[1:4]
 tokenizer_json = json.load(open(sys.argv[4], encoding="utf-8")) if len(sys.argv) > 4 else None
 QT = gguf.GGMLQuantizationType
-want_type = {"f32": QT.F32, "f16": QT.F16, "bf16": QT.BF16, "q8_0": QT.Q8_0}[type_name]
+want_type = {"f32": QT.F32, "f16": QT.F16, "bf16": QT.BF16, "q8_0": QT.Q8_0, "q4_k": QT.Q4_K,
+             "q6_k": QT.Q6_K, "mxfp4": QT.MXFP4, "q4_k_m": QT.Q4_K}[type_name]
+BLOCK = {QT.Q8_0: 32, QT.MXFP4: 32, QT.Q4_K: 256, QT.Q6_K: 256}
+# RMS error over RMS value a block type stays within on these (trained, near-normal) weights.
+RMS_BOUND = {QT.Q4_K: 0.12, QT.Q6_K: 0.03}
+
+
+def q4_k_m_wants_q6_k(name, layers):
+    """llama.cpp's Q4_K_M: output.weight, and attn_v / ffn_down in use_more_bits layers."""
+    if name == "output.weight":
+        return True
+    if not (name.endswith(".attn_v.weight") or name.endswith(".ffn_down_exps.weight")):
+        return False
+    i = int(name.split(".")[1])
+    return i < layers // 8 or i >= 7 * layers // 8 or (i - layers // 8) % 3 == 2
 failures = []
 
 
@@ -68,7 +87,8 @@ expected_keys = {
     arch + ".context_length": config["seq"],
     arch + ".vocab_size": V,
     "tokenizer.ggml.model": "gpt2",
-    "general.file_type": {"f32": 0, "f16": 1, "q8_0": 7, "bf16": 32}[type_name],
+    "general.file_type": {"f32": 0, "f16": 1, "q8_0": 7, "bf16": 32, "q4_k": 14, "q6_k": 18,
+                          "mxfp4": 38, "q4_k_m": 15}[type_name],
 }
 if arch != "llama":  # the qwen and olmoe architectures size their experts by this key
     expected_keys[arch + ".expert_feed_forward_length"] = F
@@ -205,15 +225,22 @@ for t in reader.tensors:
         fail(f"{t.name}: shape {list(t.shape)}, expected {list(reversed(values.shape))}")
         continue
     qtype = want_type if matrix else QT.F32
-    if qtype == QT.Q8_0 and values.shape[-1] % 32 != 0:
+    if matrix and type_name == "q4_k_m" and q4_k_m_wants_q6_k(t.name, config["layers"]):
+        qtype = QT.Q6_K
+    if qtype in BLOCK and values.shape[-1] % BLOCK[qtype] != 0:
         qtype = QT.F16
     if t.tensor_type != qtype:
         fail(f"{t.name}: type {t.tensor_type.name}, expected {qtype.name}")
         continue
-    want_bytes = gguf.quants.quantize(values, qtype).tobytes()
-    if t.data.tobytes() != want_bytes:
-        fail(f"{t.name}: bytes differ from gguf's own {qtype.name} encoding")
     back = gguf.quants.dequantize(t.data, qtype).reshape(values.shape)
+    if qtype in RMS_BOUND:
+        rms = float(np.sqrt(np.mean((back.astype(np.float64) - values) ** 2) /
+                            max(np.mean(values.astype(np.float64) ** 2), 1e-30)))
+        if not rms < RMS_BOUND[qtype]:
+            fail(f"{t.name}: {qtype.name} dequantised RMS error {rms:.4f} of the RMS value "
+                 f"(bound {RMS_BOUND[qtype]})")
+    elif t.data.tobytes() != gguf.quants.quantize(values, qtype).tobytes():
+        fail(f"{t.name}: bytes differ from gguf's own {qtype.name} encoding")
     if qtype == QT.F32 and not np.array_equal(back, values):
         fail(f"{t.name}: f32 values differ")
 missing = set(expected) - seen

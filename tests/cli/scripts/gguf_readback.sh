@@ -29,6 +29,17 @@ for type in f32 f16 bf16 q8_0; do
     fail "export-gguf --type $type: $(cat "$work/err")"
   "$python" "$here/gguf_readback.py" "$ckpt" "$work/model-$type.gguf" "$type" || fail "read-back of $type"
 done
+# The 4-bit block types need rows of 256 values (32 for mxfp4): an 8-layer model 256 wide, so
+# that Q4_K_M's choice of q6_k layers (0, 3, 6, 7 of 8) shows.
+"$train" --data "$corpus" --out "$work/run256" --arch mixtral --layers 8 --moe-every 1 --d-model 256 \
+  --heads 4 --kv-heads 2 --d-ff 256 --experts 2 --top-k 1 --batch 1 --seq 16 --steps 1 \
+  --eval-every 0 --threads 1 -q > /dev/null 2> "$work/train.err" || fail "moe-train 256: $(cat "$work/train.err")"
+for type in q4_k q6_k mxfp4 q4_k_m; do
+  "$convert" export-gguf "$work/run256/last.h5" -o "$work/wide-$type.gguf" --type "$type" -q \
+    2> "$work/err" || fail "export-gguf --type $type: $(cat "$work/err")"
+  "$python" "$here/gguf_readback.py" "$work/run256/last.h5" "$work/wide-$type.gguf" "$type" ||
+    fail "read-back of $type"
+done
 # The checkpoint's own dtype (f32) is the default type.
 "$convert" export-gguf "$ckpt" -o "$work/default.gguf" -q 2> "$work/err" || fail "default: $(cat "$work/err")"
 cmp -s "$work/default.gguf" "$work/model-f32.gguf" || fail "the default type is not the checkpoint's f32"

@@ -19,7 +19,9 @@
 // (one expert of an expert tensor) at a time; merge and partition hold whole checkpoints.
 // open_whole() opens what these read: lazily for one file, merged in memory for a sharded one.
 #pragma once
+#include <cmath>
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -133,32 +135,56 @@ Checkpoint change_dtype(const Checkpoint& in, DType to, DTypeReport* report = nu
 // kept). Parameter bytes are unchanged. Write it with save_streaming for the streaming layout.
 Checkpoint freeze(const Checkpoint& in);
 
-// ---- Q8_0 quantisation (moe-convert quantize) --------------------------------------------------
+// ---- quantisation (moe-convert quantize) -------------------------------------------------------
 
-// The model_config key a quantised checkpoint carries ("quantization": "q8_0"), and the weights
-// it quantises: weight matrices (".weight", ".w1", ".w2", ".w3"; 2-D or more; not biases) other
-// than the embeddings ("embed.*") and the routers (router math stays f32), the same weights
+// The model_config key a quantised checkpoint carries ("quantization": the recipe), and the
+// weights it quantises: weight matrices (".weight", ".w1", ".w2", ".w3"; 2-D or more; not biases)
+// other than the embeddings ("embed.*") and the routers (router math stays f32), the same weights
 // infer::lean_for_inference keeps in 16 bits.
 inline constexpr const char* kQuantizationKey = "quantization";
+// Block recipes also list each block-quantised tensor's format: "tensor_formats": {name: format}.
+inline constexpr const char* kTensorFormatsKey = "tensor_formats";
 bool quantizable(const std::string& name, const Shape& shape);
-// "q8_0" for a quantised checkpoint's model_config, "" otherwise.
+// The recipe of a quantised checkpoint's model_config ("q8_0", "q4_k", "q6_k", "mxfp4",
+// "q4_k_m"), "" for one that is not quantised; Error for an unknown recipe or, for a block recipe,
+// a missing or malformed tensor_formats.
 std::string quantization_of(const nlohmann::json& model_config);
+// The block format ("q4_k", "q6_k" or "mxfp4") tensor `name` is stored in, "" when it is not
+// block-quantised (any tensor of a q8_0 or unquantised checkpoint, and the tensors a block recipe
+// keeps in their dtype). Such a tensor [.., out, in] is a u8 dataset [.., out, row bytes], each
+// row the format's blocks back to back, exactly GGUF's bytes (backend/cpu/quant_blocks.h).
+std::string block_format_of(const nlohmann::json& model_config, const std::string& name);
 // Throws Error naming `source` when model_config is quantised: `who` cannot use it.
 void refuse_quantized(const nlohmann::json& model_config, const std::string& source,
                       const std::string& who);
 
 struct QuantReport {
   int64_t tensors_quantized = 0;
+  int64_t tensors_kept = 0;                   // quantizable, but `in` is not whole blocks
   int64_t bytes_before = 0, bytes_after = 0;  // of all parameters
-  double max_error_over_scale = 0;            // max |x - dequantised| / block scale (<= 0.5)
+  std::map<std::string, int64_t> tensors_per_format;
+  double max_error_over_scale = 0;  // q8_0: max |x - dequantised| / block scale (<= 0.5)
+  // Block recipes: sqrt(sum (x - dequantised)^2 / sum x^2) over every quantised value.
+  double error_sum_squares = 0, value_sum_squares = 0;
+  double rms_relative_error() const {
+    return value_sum_squares > 0 ? std::sqrt(error_sum_squares / value_sum_squares) : 0;
+  }
 };
-// Each quantizable weight [.., out, in] becomes a u8 tensor [.., out, q8_row_bytes(in)] of Q8_0
-// rows (backend/cpu/gemv.h: blocks of 32 along `in`, one f16 scale each, int8 values rounded to
-// nearest) from its f32 values (the fp32 master when the optimizer state has one); the other
-// parameters are kept as they are. The result is an inference checkpoint (freeze: no optimizer
-// or training state) with model_config.quantization = "q8_0". Refuses a quantised input, a
-// rank's shard, and `type` other than "q8_0" (UsageError). Streams as change_dtype does (the
-// report's max_error_over_scale is known once the output is written).
+// Quantises every quantizable weight [.., out, in] from its f32 values (the fp32 master when the
+// optimizer state has one); the other parameters are kept as they are. The result is an
+// inference checkpoint (freeze: no optimizer or training state) with model_config.quantization =
+// `type`. Types:
+// - "q8_0": u8 [.., out, q8_row_bytes(in)] of our Q8_0 rows (backend/cpu/gemv.h: blocks of 32
+//   along `in`, one f16 scale each, int8 values rounded to nearest; any `in`).
+// - "q4_k", "q6_k", "mxfp4": llama.cpp's block formats (backend/cpu/quant_blocks.h, its reference
+//   quantisers' bytes), for weights whose `in` is a whole number of blocks (256; 32 for mxfp4);
+//   the others are kept (tensors_kept), as llama.cpp falls back to another type for them.
+// - "q4_k_m": llama.cpp's Q4_K_M mix of those: q6_k for the LM head, and for attention's v and
+//   the experts' (or MLP's) w2 in the layers its use_more_bits rule picks (the first and last
+//   eighth, and every third in between); q4_k for the rest. (llama.cpp also moves attention k and v
+//   of 8-expert models to q8_0; not done here.)
+// Refuses a quantised input, a rank's shard, and any other type (UsageError). Streams as
+// change_dtype does (the report's error figures are known once the output is written).
 Checkpoint quantize(const Checkpoint& in, const std::string& type, QuantReport* report = nullptr);
 
 // ---- provenance of conversions ----------------------------------------------------------------

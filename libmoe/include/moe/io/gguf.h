@@ -20,14 +20,19 @@
 
 namespace moe::io {
 
-// Tensor types (ggml's numbering) that export_gguf writes and read_gguf dequantises.
-enum class GgufType : uint32_t { f32 = 0, f16 = 1, q8_0 = 8, bf16 = 30 };
+// Tensor types (ggml's numbering) that export_gguf writes and read_gguf dequantises. q4_k, q6_k
+// and mxfp4 are llama.cpp's block formats (backend/cpu/quant_blocks.h has their bytes).
+enum class GgufType : uint32_t { f32 = 0, f16 = 1, q8_0 = 8, q4_k = 12, q6_k = 14, bf16 = 30,
+                                 mxfp4 = 39 };
 const char* gguf_type_name(GgufType t);
 // ggml's name of any tensor type number ("q4_K", "iq2_xxs"), nullptr for numbers ggml does not
 // define: a file holding a type this build does not read is refused naming it.
 const char* ggml_type_name(uint32_t type);
-// "f32", "f16", "bf16", "q8_0"; throws UsageError naming the accepted ones.
+// "f32", "f16", "bf16", "q8_0", "q4_k", "q6_k", "mxfp4"; throws UsageError naming the accepted
+// ones.
 GgufType parse_gguf_type(const std::string& name);
+// Whether `t` is one of llama.cpp's 4/6-bit block formats (q4_k, q6_k, mxfp4).
+bool is_block_type(GgufType t);
 
 // Q8_0: blocks of 32 consecutive values of a row, each stored as an f16 scale d = max|x| / 127
 // followed by 32 int8 q = round(x / d) (half away from zero; all zero when d = 0): 34 bytes.
@@ -40,10 +45,14 @@ void dequantize_q8_0(const uint8_t* blocks, int64_t n, float* out);
 
 struct GgufExportOptions {
   // Type of the matrices (attention, experts, embedding, head). Norm weights and the router stay
-  // f32, as llama.cpp's converter keeps them; with q8_0, a matrix whose rows are not a multiple
-  // of 32 values is written f16.
+  // f32, as llama.cpp's converter keeps them; with q8_0 (mxfp4), a matrix whose rows are not a
+  // multiple of 32 values is written f16, with q4_k or q6_k one whose rows are not a multiple of
+  // 256. Block types are quantised by our own quantisers, which give llama.cpp's reference bytes.
   GgufType type = GgufType::f32;
   std::string name;  // general.name
+  // llama.cpp's Q4_K_M mix instead of one type (type is then q4_k): q6_k for output.weight and,
+  // in the layers llama.cpp's use_more_bits picks, for attn_v and ffn_down_exps.
+  bool q4_k_m = false;
 };
 
 struct GgufExportSummary {

@@ -447,6 +447,13 @@ const char* block_format_name(BlockFormat format) {
   return "?";
 }
 
+BlockFormat parse_block_format(const std::string& name) {
+  for (BlockFormat f : {BlockFormat::q4_k, BlockFormat::q6_k, BlockFormat::mxfp4, BlockFormat::q8_k,
+                        BlockFormat::q8_0})
+    if (name == block_format_name(f)) return f;
+  throw Error(str("'", name, "' is not a block format (q4_k, q6_k, mxfp4, q8_k, q8_0)"));
+}
+
 int64_t block_elems(BlockFormat format) {
   return format == BlockFormat::mxfp4 || format == BlockFormat::q8_0 ? 32 : kK;
 }

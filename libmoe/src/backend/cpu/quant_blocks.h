@@ -43,12 +43,15 @@
 // Any vector copy that forms the same integer sums and the same f32 operations gives these bits.
 #pragma once
 #include <cstdint>
+#include <string>
 
 namespace moe::cpu {
 
 enum class BlockFormat : uint8_t { q4_k, q6_k, mxfp4, q8_k, q8_0 };
 
 const char* block_format_name(BlockFormat format);  // "q4_k", "q6_k", "mxfp4", "q8_k", "q8_0"
+// The format of a name block_format_name gives; moe::Error naming the name otherwise.
+BlockFormat parse_block_format(const std::string& name);
 int64_t block_elems(BlockFormat format);            // B: 256 or 32
 int64_t block_bytes(BlockFormat format);            // 144, 210, 17, 292, 34
 // The bytes of a row of n values; moe::Error naming n and the format unless n is a whole number
