@@ -184,16 +184,6 @@ std::string without_record(const std::string& path, const std::string& out) {
   return out;
 }
 
-void require_same_model(const io::Checkpoint& a, const io::Checkpoint& b) {
-  REQUIRE(a.params.size() == b.params.size());
-  for (size_t i = 0; i < a.params.size(); ++i) {
-    INFO("parameter " << a.params[i].name);
-    REQUIRE(a.params[i].name == b.params[i].name);
-    REQUIRE(a.params[i].expert == b.params[i].expert);
-    REQUIRE(same_bytes(a.params[i].tensor, b.params[i].tensor));
-  }
-}
-
 // The math of two model configs (the keys hold no training settings).
 void require_same_math(const nlohmann::json& a, const nlohmann::json& b) {
   for (const char* key : {"arch", "vocab_size", "layers", "d_model", "heads", "kv_heads", "d_ff",
@@ -225,7 +215,7 @@ TEST_CASE(
       const io::Checkpoint back = io::import_gguf(path, {}, &report);
       REQUIRE(report.family == arch_name(arch));
       REQUIRE_FALSE(report.quantized);
-      require_same_model(original, back);
+      test::hf::require_same_params(original, back);
       REQUIRE(back.model_config == original.model_config);  // the record: exactly
       REQUIRE(back.tokenizer.empty());                      // byte-level: none needed
       const std::vector<float> want = our_logits(original, dir.file(name + "-a.h5"), ids, 2, 24);
@@ -234,7 +224,7 @@ TEST_CASE(
       // Without the record (a llama.cpp file): the same parameters, math and
       // logits.
       const io::Checkpoint keys = io::import_gguf(without_record(path, dir.file(name + "-k.gguf")));
-      require_same_model(original, keys);
+      test::hf::require_same_params(original, keys);
       require_same_math(keys.model_config, original.model_config);
       REQUIRE(keys.model_config.at("seq") == original.model_config.at("seq"));
       REQUIRE(our_logits(keys, dir.file(name + "-c.h5"), ids, 2, 24) == want);

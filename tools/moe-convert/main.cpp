@@ -328,6 +328,7 @@ int run_export_gguf(Options& o, const Argv&) {
   check_file_output(o);
   bool merged = false;
   io::Checkpoint in = open_checked(o, false, &merged);
+  refuse_quantized(in, o, "export-gguf");  // export the original with --type instead
   io::GgufExportOptions options;
   // Default: the checkpoint's own dtype (a bf16 model stays bf16).
   const ModelConfig mc = model_config_from_json(in.model_config);

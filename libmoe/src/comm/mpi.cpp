@@ -114,6 +114,9 @@ MPI_Datatype mpi_type(DType dtype) {
       return MPI_INT64_T;
     case DType::u8:
     case DType::q8_0:  // bytes
+    case DType::q4_k:
+    case DType::q6_k:
+    case DType::mxfp4:
       return MPI_UINT8_T;
   }
   throw Error("MPI communicator: unknown dtype");

@@ -41,6 +41,9 @@ ncclDataType_t nccl_type(const Tensor& t, const char* op) {
       return ncclInt64;
     case DType::u8:
     case DType::q8_0:  // bytes
+    case DType::q4_k:
+    case DType::q6_k:
+    case DType::mxfp4:
       return ncclUint8;
     case DType::bf16:
       return ncclBfloat16;

@@ -18,6 +18,9 @@ size_t dtype_size(DType dtype) {
       return 8;
     case DType::u8:
     case DType::q8_0:
+    case DType::q4_k:
+    case DType::q6_k:
+    case DType::mxfp4:
       return 1;
   }
   throw Error("dtype_size: unknown dtype");
@@ -39,6 +42,12 @@ const char* dtype_name(DType dtype) {
       return "u8";
     case DType::q8_0:
       return "q8_0";
+    case DType::q4_k:
+      return "q4_k";
+    case DType::q6_k:
+      return "q6_k";
+    case DType::mxfp4:
+      return "mxfp4";
   }
   return "?";
 }
@@ -55,6 +64,11 @@ DType parse_dtype(std::string_view name) {
 
 bool is_floating(DType dtype) {
   return dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16;
+}
+
+bool is_quantized(DType dtype) {
+  return dtype == DType::q8_0 || dtype == DType::q4_k || dtype == DType::q6_k ||
+         dtype == DType::mxfp4;
 }
 
 }  // namespace moe

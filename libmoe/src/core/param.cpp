@@ -8,10 +8,11 @@
 namespace moe {
 
 void Param::refresh_compute() {
-  // q8_0: Q8_0 row groups of a quantised checkpoint (inference only), which the CPU kernels read
-  // in place (x W^T ops widen them on the fly). A bf16/f16 weight matrix may likewise be its own
-  // compute tensor for CPU inference (infer::lean_for_inference), until the next refresh.
-  if (value.dtype() == DType::f32 || value.dtype() == DType::q8_0) {
+  // Quantised weights (q8_0 row groups, q4_k / q6_k / mxfp4 rows) of a quantised checkpoint
+  // (inference only), which the CPU kernels read in place (x W^T ops widen them on the fly). A
+  // bf16/f16 weight matrix may likewise be its own compute tensor for CPU inference
+  // (infer::lean_for_inference), until the next refresh.
+  if (value.dtype() == DType::f32 || is_quantized(value.dtype())) {
     compute = value;
   } else {
     if (!compute.defined() || compute.dtype() != DType::f32 || compute.raw() == value.raw() ||

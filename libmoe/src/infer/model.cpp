@@ -11,6 +11,8 @@
 #include <map>
 
 #include "backend/cpu/gemv.h"
+#include "backend/cpu/quant_blocks.h"
+#include "kernels/convert.h"
 #include "moe/io/checkpoint_dir.h"
 #include "moe/io/convert.h"
 #include "moe/io/finite.h"
@@ -171,12 +173,80 @@ void put_q8_0(Param& p, const Tensor& tensor, const std::string& source) {
   p.grad = Tensor();
 }
 
+// The scale of block `b` of a block row that dequantisation multiplies by, as a float (q4_k: d,
+// and dmin in *second; q6_k: d; mxfp4: 2^(e - 127), NaN for e = 0xFF, E8M0's NaN), for the checks
+// below.
+float block_scale(cpu::BlockFormat format, const uint8_t* block, float* second) {
+  const auto f16 = [](const uint8_t* at) {
+    uint16_t h;
+    std::memcpy(&h, at, sizeof h);
+    return kernels::f16_to_f32(h);
+  };
+  *second = 0;
+  switch (format) {
+    case cpu::BlockFormat::q4_k:
+      *second = f16(block + 2);
+      return f16(block);
+    case cpu::BlockFormat::q6_k:
+      return f16(block + 208);
+    default:  // mxfp4
+      return block[0] == 0xFF ? std::nanf("") : std::ldexp(1.0f, int(block[0]) - 127);
+  }
+}
+
+// A block-format weight (moe-convert quantize --type q4_k, q6_k, mxfp4, q4_k_m; model_config
+// tensor_formats names its format): u8 rows [.., out, block_row_bytes(format, in)], GGUF's bytes,
+// become the parameter's value and what the kernels read, unchanged (cpu::block_rows: DType q4_k,
+// q6_k or mxfp4; ops::gemm / grouped_gemm take them as x W^T). Every block's scales are checked
+// finite first, as put_q8_0 checks its scales (a damaged scale would score garbage silently).
+void put_blocks(Param& p, const Tensor& tensor, const std::string& format_name,
+                const std::string& source) {
+  cpu::BlockFormat format;
+  try {
+    format = cpu::parse_block_format(format_name);
+    (void)cpu::dtype_of_block_format(format);  // a weight format (not q8_k or q8_0)
+  } catch (const Error& e) {
+    throw Error(str("'", source, "': tensor '", p.name, "' is listed in tensor_formats as '",
+                    format_name, "': ", e.what()));
+  }
+  const Shape& shape = p.value.shape();
+  const int64_t in = shape.back(), per_block = cpu::block_elems(format);
+  MOE_CHECK(in % per_block == 0, "'", source, "': tensor '", p.name, "' ", shape_str(shape),
+            " is listed as ", format_name, ", but its rows of ", in,
+            " elements are not whole blocks of ", per_block);
+  Shape expect = shape;
+  expect.back() = cpu::block_row_bytes(format, in);
+  MOE_CHECK(tensor.dtype() == DType::u8 && tensor.shape() == expect, "'", source,
+            "': ", format_name, " tensor ", tensor.describe(), " does not hold parameter ", p.name,
+            shape_str(shape), " (expected u8", shape_str(expect), ")");
+  const int64_t rows = p.value.numel() / in, row_bytes = expect.back();
+  const int64_t blocks = in / per_block, bytes = cpu::block_bytes(format);
+  const uint8_t* data = tensor.data<uint8_t>();
+  for (int64_t row = 0; row < rows; ++row)
+    for (int64_t b = 0; b < blocks; ++b) {
+      float second = 0;
+      const float scale = block_scale(format, data + row * row_bytes + b * bytes, &second);
+      MOE_CHECK(std::isfinite(scale) && std::isfinite(second), "'", source, "': tensor '", p.name,
+                "' row ", row, " block ", b, " has scale ", std::isfinite(scale) ? second : scale,
+                " (a ", format_name, " block's scales are finite): the file is damaged");
+    }
+  p.value = cpu::block_rows(tensor, format);
+  p.value.set_name(p.name);
+  p.compute = p.value;
+  p.grad = Tensor();
+}
+
 // A whole (non-expert or unsliced) tensor of `source` into its parameter, checked as every loader
 // checks it: a parameter of the model, its shape and dtype, finite (never score or serve garbage).
+// `block_format`: the tensor's block format (io::block_format_of), "" for none.
 void put_param(ParamSet& params, const std::string& name, const Tensor& tensor,
-               const std::string& source) {
+               const std::string& source, const std::string& block_format = "") {
   Param* p = params.find(name);
   MOE_CHECK(p, "'", source, "': tensor '", name, "' is not a parameter of its own model");
+  if (!block_format.empty()) {
+    put_blocks(*p, tensor, block_format, source);
+    return;
+  }
   if (tensor.dtype() == DType::u8 && io::quantizable(name, p->value.shape())) {
     put_q8_0(*p, tensor, source);
     return;
@@ -274,7 +344,7 @@ LoadedModel load_model(const std::string& given, bool experts, const nn::Paralle
   build_model(m, path, experts, parallel);
   size_t matched = 0;
   auto take = [&](const std::string& name, const Tensor& tensor) {
-    put_param(*m.params, name, tensor, path);
+    put_param(*m.params, name, tensor, path, io::block_format_of(config, name));
     ++matched;
   };
   if (experts && !(parallel && parallel->shards_experts())) {

@@ -486,7 +486,7 @@ void check_params_match(const ParamSet& params, const std::vector<NamedTensor>& 
     const DType dtype = p->offloaded || !p->value.defined() ? params.dtype() : p->value.dtype();
     MOE_CHECK(nt.dtype() != DType::u8 || dtype == DType::u8, source, ": checkpoint tensor '",
               nt.name,
-              "' holds Q8_0-quantised rows (moe-convert quantize): only moe-infer reads them; "
+              "' holds quantised rows (moe-convert quantize): only moe-infer reads them; "
               "use the checkpoint that was quantised");
     MOE_CHECK(nt.shape() == p->shape && (nt.dtype() == dtype || converts_on_load(*p, nt.dtype())),
               source, ": checkpoint tensor ",

@@ -456,9 +456,11 @@ Type dtype_type(DType dtype) {
     case DType::u8:
       return copy(H5T_STD_U8LE);
     case DType::q8_0:
-      throw Error(
-          "no HDF5 type for q8_0 row groups: they exist in memory only (files hold Q8_0 rows as "
-          "u8)");
+    case DType::q4_k:
+    case DType::q6_k:
+    case DType::mxfp4:
+      throw Error(str("no HDF5 type for ", dtype_name(dtype),
+                      " weights: they exist in memory only (files hold their rows as u8)"));
   }
   throw Error(str("no HDF5 type for dtype ", static_cast<int>(dtype)));
 }

@@ -94,9 +94,12 @@ const char* safetensors_dtype_name(DType dtype) {
     case DType::u8:
       return "U8";
     case DType::q8_0:
-      throw Error(
-          "safetensors: q8_0 row groups exist in memory only (a quantised checkpoint's files "
-          "hold Q8_0 rows as u8)");
+    case DType::q4_k:
+    case DType::q6_k:
+    case DType::mxfp4:
+      throw Error(str("safetensors: ", dtype_name(dtype),
+                      " weights exist in memory only (a quantised checkpoint's files hold their "
+                      "rows as u8)"));
   }
   throw Error(str("safetensors: no name for dtype ", static_cast<int>(dtype)));
 }

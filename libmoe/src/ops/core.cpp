@@ -32,21 +32,23 @@ void gemm(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, 
             a.describe(), ", ", b.describe(), ", ", c.describe());
   a.expect_dtype(DType::f32, "gemm A");
   // A bf16/f16 B is a weight kept in 16 bits for inference, a q8_0 B one kept as Q8_0 row groups
-  // [N, q8_group_row_bytes(K)] (backend/cpu/gemv.h); the CPU widens them on the fly.
+  // [N, q8_group_row_bytes(K)], a q4_k / q6_k / mxfp4 B one kept as block rows [N, row bytes]
+  // (backend/cpu/gemv.h); the CPU widens them on the fly.
   MOE_CHECK(b.dtype() != DType::u8, "gemm: B ", b.describe(),
-            " holds Q8_0 rows as a file does; the kernels read row groups (DType::q8_0: "
-            "cpu::pack_q8_0, as infer::load_model packs them)");
+            " holds quantised rows as a file does; the kernels read Q8_0 row groups (DType::q8_0: "
+            "cpu::pack_q8_0) or block rows (DType::q4_k, q6_k, mxfp4: cpu::block_rows), as "
+            "infer::load_model makes them");
   const bool low_bit =
-      b.dtype() == DType::bf16 || b.dtype() == DType::f16 || b.dtype() == DType::q8_0;
+      b.dtype() == DType::bf16 || b.dtype() == DType::f16 || is_quantized(b.dtype());
   MOE_CHECK(b.dtype() == DType::f32 || (low_bit && !transpose_a && transpose_b && alpha == 1.0f &&
                                         device.kind == Device::cpu),
             "gemm: B ", b.describe(),
-            " must be f32 (a bf16/f16/Q8_0 weight only as x W^T on the CPU, for inference)");
+            " must be f32 (a bf16/f16/quantised weight only as x W^T on the CPU, for inference)");
   c.expect_dtype(DType::f32, "gemm C");
   int64_t m = transpose_a ? a.dim(1) : a.dim(0);
   int64_t k = transpose_a ? a.dim(0) : a.dim(1);
   int64_t kb = transpose_b ? b.dim(1) : b.dim(0);
-  if (b.dtype() == DType::q8_0 && kb == cpu::q8_group_row_bytes(k)) kb = k;  // K elements a row
+  if (transpose_b) kb = cpu::weight_row_elements(b, k);  // a quantised B's row counts bytes
   int64_t n = transpose_b ? b.dim(0) : b.dim(1);
   MOE_CHECK(k == kb && c.dim(0) == m && c.dim(1) == n, "gemm: shapes do not chain: ", a.describe(),
             transpose_a ? "^T" : "", " x ", b.describe(), transpose_b ? "^T" : "", " -> ",

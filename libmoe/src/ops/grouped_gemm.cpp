@@ -31,13 +31,14 @@ void grouped_gemm(const Tensor& a, const Tensor& w, bool transpose_w,
   const Device device = require_backend("grouped_gemm", {&a, &w, &c});
   a.expect_dtype(DType::f32, "grouped_gemm A");
   MOE_CHECK(w.dtype() != DType::u8, "grouped_gemm: W ", w.describe(),
-            " holds Q8_0 rows as a file does; the kernels read row groups (DType::q8_0: "
-            "cpu::pack_q8_0, as infer::load_model packs them)");
+            " holds quantised rows as a file does; the kernels read Q8_0 row groups (DType::q8_0: "
+            "cpu::pack_q8_0) or block rows (DType::q4_k, q6_k, mxfp4: cpu::block_rows), as "
+            "infer::load_model makes them");
   const bool low_bit =
-      w.dtype() == DType::bf16 || w.dtype() == DType::f16 || w.dtype() == DType::q8_0;
+      w.dtype() == DType::bf16 || w.dtype() == DType::f16 || is_quantized(w.dtype());
   MOE_CHECK(w.dtype() == DType::f32 || (low_bit && transpose_w && device.kind == Device::cpu),
             "grouped_gemm: W ", w.describe(),
-            " must be f32 (a bf16/f16/Q8_0 weight only as x W^T on the CPU, for inference)");
+            " must be f32 (a bf16/f16/quantised weight only as x W^T on the CPU, for inference)");
   c.expect_dtype(DType::f32, "grouped_gemm C");
   MOE_CHECK(a.ndim() == 2 && w.ndim() == 3 && c.ndim() == 2,
             "grouped_gemm: A [M,K], W [E,R,S], C [M,N] expected, got ", a.describe(), ", ",
@@ -45,8 +46,7 @@ void grouped_gemm(const Tensor& a, const Tensor& w, bool transpose_w,
   const int64_t experts = w.dim(0), r = w.dim(1), s = w.dim(2), rows = a.dim(0);
   int64_t k = transpose_w ? s : r;
   const int64_t n = transpose_w ? r : s;
-  if (w.dtype() == DType::q8_0 && k == cpu::q8_group_row_bytes(a.dim(1)))
-    k = a.dim(1);  // Q8_0 row groups
+  if (transpose_w) k = cpu::weight_row_elements(w, a.dim(1));  // a quantised W's row counts bytes
   MOE_CHECK(a.dim(1) == k && c.dim(0) == rows && c.dim(1) == n,
             "grouped_gemm: shapes do not chain: ", a.describe(), " x ", w.describe(),
             transpose_w ? "^T" : "", " -> ", c.describe());

@@ -1,6 +1,7 @@
 // Decode GEMV over f32 / bf16 / f16 / Q8_0 weights (see gemv.h): a scalar path and an AVX-512
 // path (F, BW, VL; picked at run time, the library targets baseline x86-64) with the same lanes,
-// the same fused multiply-adds and the same final tree, so both give the same bits.
+// the same fused multiply-adds and the same final tree, so both give the same bits. Block-format
+// weights (q4_k, q6_k, mxfp4) take gemv_blocks.cpp's rows; the task split here is shared.
 // Shapes: m input rows, out x in weights, 16 lanes.
 #include "backend/cpu/gemv.h"
 
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/gemv_blocks.h"
 #include "backend/cpu/gemv_internal.h"
 #include "backend/cpu/gemv_q8.h"
 #include "backend/cpu/task_pool.h"
@@ -36,6 +38,9 @@ inline float weight_at(const WeightMatrix& w, int64_t o, int64_t j) {
     case WeightFormat::f16:
       return kernels::f16_to_f32(static_cast<const uint16_t*>(w.data)[at]);
     case WeightFormat::q8_0:  // never here: Q8_0 products take the 8-bit-input kernels
+    case WeightFormat::q4_k:  // nor blocks (gemv_blocks.cpp)
+    case WeightFormat::q6_k:
+    case WeightFormat::mxfp4:
       break;
   }
   return 0.0f;
@@ -163,6 +168,10 @@ void with_format(WeightFormat format, Fn&& fn) {
       return fn(std::integral_constant<WeightFormat, WeightFormat::f16>{});
     case WeightFormat::q8_0:
       return fn(std::integral_constant<WeightFormat, WeightFormat::q8_0>{});
+    case WeightFormat::q4_k:  // never here: block rows widen through dequantize_row
+    case WeightFormat::q6_k:
+    case WeightFormat::mxfp4:
+      return;
   }
 }
 
@@ -176,6 +185,9 @@ void rows_avx512(const GemvProblem& p, int64_t begin, int64_t end) {
     case WeightFormat::f16:
       return rows_avx512_f<WeightFormat::f16>(p, begin, end);
     case WeightFormat::q8_0:  // never here
+    case WeightFormat::q4_k:
+    case WeightFormat::q6_k:
+    case WeightFormat::mxfp4:
       return;
   }
 }
@@ -247,7 +259,8 @@ bool avx512_vnni_available() {
 namespace {
 struct Task {
   const GemvProblem* problem;
-  const Q8Input* q8;  // Q8_0 weights: the problem's quantised input rows
+  const Q8Input* q8;         // Q8_0 weights: the problem's quantised input rows
+  const BlockInput* blocks;  // block-format weights: the rows in the partner format
   int64_t begin, end;
 };
 
@@ -263,8 +276,33 @@ const char* weight_format_name(WeightFormat format) {
       return "f16";
     case WeightFormat::q8_0:
       return "q8_0";
+    case WeightFormat::q4_k:
+      return "q4_k";
+    case WeightFormat::q6_k:
+      return "q6_k";
+    case WeightFormat::mxfp4:
+      return "mxfp4";
   }
   return "?";
+}
+
+bool is_block_format(WeightFormat format) {
+  return format == WeightFormat::q4_k || format == WeightFormat::q6_k ||
+         format == WeightFormat::mxfp4;
+}
+
+BlockFormat block_format(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::q4_k:
+      return BlockFormat::q4_k;
+    case WeightFormat::q6_k:
+      return BlockFormat::q6_k;
+    case WeightFormat::mxfp4:
+      return BlockFormat::mxfp4;
+    default:
+      break;
+  }
+  throw Error(str("gemv: ", weight_format_name(format), " weights are not in a block format"));
 }
 
 bool gemv_isa_supported(GemvIsa isa) {
@@ -283,10 +321,11 @@ void gemv_batch(const GemvProblem* problems, size_t count, GemvIsa isa) {
   // and w3, attention's q, k and v) share one quantisation of them.
   thread_local std::vector<Task> tasks;
   thread_local std::vector<Q8Input> inputs;
-  thread_local std::vector<size_t> input_of;  // problem -> its entry of `inputs` (Q8_0)
+  thread_local std::vector<BlockInput> block_inputs;
+  thread_local std::vector<size_t> input_of;  // problem -> its entry of `inputs` or `block_inputs`
   tasks.clear();
   input_of.assign(count, 0);
-  size_t quantised = 0;
+  size_t quantised = 0, block_quantised = 0;
   double work = 0;
   for (size_t p = 0; p < count; ++p) {
     const GemvProblem& pr = problems[p];
@@ -301,20 +340,33 @@ void gemv_batch(const GemvProblem* problems, size_t count, GemvIsa isa) {
         ++quantised;
       }
       input_of[p] = k;
+    } else if (is_block_format(pr.w.format)) {
+      const BlockFormat partner = dot_partner(block_format(pr.w.format));
+      size_t k = 0;
+      while (k < block_quantised && !block_inputs[k].holds(pr.x, pr.ldx, pr.m, pr.w.in, partner))
+        ++k;
+      if (k == block_quantised) {
+        if (block_inputs.size() <= k) block_inputs.resize(k + 1);
+        block_inputs[k].build(pr.x, pr.ldx, pr.m, pr.w.in, partner);
+        ++block_quantised;
+      }
+      input_of[p] = k;
     }
     work += double(pr.w.out) * double(pr.w.in) * double(pr.m);
   }
   for (size_t p = 0; p < count; ++p) {  // pointers into `inputs` once it has stopped growing
     const GemvProblem& pr = problems[p];
     const Q8Input* q8 = pr.w.format == WeightFormat::q8_0 ? &inputs[input_of[p]] : nullptr;
+    const BlockInput* blocks = is_block_format(pr.w.format) ? &block_inputs[input_of[p]] : nullptr;
     for (int64_t o = 0; o < pr.w.out; o += kRowsPerTask)
-      tasks.push_back({&pr, q8, o, std::min(pr.w.out, o + kRowsPerTask)});
+      tasks.push_back({&pr, q8, blocks, o, std::min(pr.w.out, o + kRowsPerTask)});
   }
   const int64_t n = static_cast<int64_t>(tasks.size());
   const Task* t = tasks.data();
   const bool wide = isa != GemvIsa::scalar, vnni = isa == GemvIsa::avx512_vnni;
   auto run = [t, wide, vnni](int64_t i) {
     const Task& task = t[i];
+    if (task.blocks) return block_rows_scalar(*task.problem, *task.blocks, task.begin, task.end);
 #if MOE_GEMV_X86
     if (wide && task.q8) return q8_rows_avx512(*task.problem, *task.q8, task.begin, task.end, vnni);
     if (wide) return rows_avx512(*task.problem, task.begin, task.end);
@@ -334,6 +386,7 @@ void widen_rows(const WeightMatrix& w, int64_t row, int64_t rows, float* out) {
   // weight of a pass: a per-element switch made Q8_0 prefill 4x slower than f32's).
   // With AVX-512 the 16-bit and Q8_0 rows widen through the GEMV's own loads (vcvtph2ps for f16:
   // the scalar conversion made f16 prefill 0.65x of f32's); the values are the same, exactly.
+  if (is_block_format(w.format)) return widen_block_rows(w, row, rows, out);
   const int64_t in = w.in;
   const bool wide = w.format != WeightFormat::f32 && avx512_available();
 #if MOE_GEMV_X86
@@ -375,6 +428,10 @@ void widen_rows(const WeightMatrix& w, int64_t row, int64_t rows, float* out) {
         for (int64_t j = 0; j < in; ++j) dst[j] = kernels::f16_to_f32(src[j]);
         break;
       }
+      case WeightFormat::q4_k:  // never here: widen_block_rows
+      case WeightFormat::q6_k:
+      case WeightFormat::mxfp4:
+        break;
       case WeightFormat::q8_0:
         for (int64_t b = 0; b < q8_blocks(in); ++b) {
           const Q8Pair pair = q8_pair(w, o, b / 2);
@@ -459,10 +516,24 @@ WeightFormat format_of(DType dtype, const Tensor& w) {
       return WeightFormat::f16;
     case DType::q8_0:
       return WeightFormat::q8_0;
+    case DType::q4_k:
+      return WeightFormat::q4_k;
+    case DType::q6_k:
+      return WeightFormat::q6_k;
+    case DType::mxfp4:
+      return WeightFormat::mxfp4;
     default:
       break;
   }
-  throw Error(str("gemm: weight ", w.describe(), " is not f32, bf16, f16 or Q8_0 row groups"));
+  throw Error(str("gemm: weight ", w.describe(),
+                  " is not f32, bf16, f16, Q8_0 row groups or q4_k / q6_k / mxfp4 rows"));
+}
+
+// The bytes of a row of `in` elements of a quantised weight's format.
+int64_t quantized_row_bytes(WeightFormat format, int64_t in) {
+  if (format == WeightFormat::q8_0) return q8_group_row_bytes(in);
+  const BlockFormat f = block_format(format);
+  return in > 0 && in % block_elems(f) == 0 ? block_row_bytes(f, in) : -1;
 }
 }  // namespace
 
@@ -472,10 +543,17 @@ WeightMatrix weight_matrix(const Tensor& w, int64_t index, int64_t in) {
   m.format = format_of(w.dtype(), w);
   m.out = w.dim(w.ndim() - 2);
   const int64_t row = w.dim(w.ndim() - 1);
-  m.in = m.format == WeightFormat::q8_0 ? in : row;
+  const bool quantized = m.format == WeightFormat::q8_0 || is_block_format(m.format);
+  m.in = quantized ? in : row;
   MOE_CHECK(m.format != WeightFormat::q8_0 || (in > 0 && q8_group_row_bytes(in) == row),
             "gemm: Q8_0 weight ", w.describe(), " does not hold rows of ", in, " elements (",
             q8_group_row_bytes(in), " bytes each in row groups)");
+  // (The message's arguments are evaluated only when the check fails: a block format then.)
+  MOE_CHECK(!is_block_format(m.format) || quantized_row_bytes(m.format, in) == row,
+            "gemm: ", weight_format_name(m.format), " weight ", w.describe(),
+            " does not hold rows of ", in, " elements (its rows hold whole blocks of ",
+            block_elems(block_format(m.format)), " elements, ", block_bytes(block_format(m.format)),
+            " bytes each)");
   m.data = static_cast<const std::byte*>(w.raw()) +
            index * m.out * row * static_cast<int64_t>(dtype_size(w.dtype()));
   return m;
@@ -492,6 +570,39 @@ Tensor pack_q8_0(const Tensor& rows, int64_t in) {
     pack_q8_0(rows.data<uint8_t>() + m * out * q8_row_bytes(in), out, in,
               static_cast<uint8_t*>(groups.raw()) + m * out * shape.back());
   return groups;
+}
+
+Tensor block_rows(const Tensor& rows, BlockFormat format) {
+  const DType dtype = dtype_of_block_format(format);
+  MOE_CHECK(rows.dtype() == DType::u8 && rows.ndim() >= 2 && rows.dim(-1) > 0 &&
+                rows.dim(-1) % block_bytes(format) == 0,
+            "block_rows: ", rows.describe(), " does not hold ", block_format_name(format),
+            " rows (u8, whole blocks of ", block_bytes(format), " bytes)");
+  MOE_CHECK(rows.device().kind == Device::cpu, "block_rows: ", rows.describe(),
+            " is not on the CPU (block-format weights are read by the CPU kernels)");
+  Tensor t = Tensor::empty(rows.shape(), dtype);
+  if (rows.nbytes() > 0) std::memcpy(t.raw(), rows.raw(), rows.nbytes());
+  return t;
+}
+
+DType dtype_of_block_format(BlockFormat format) {
+  switch (format) {
+    case BlockFormat::q4_k:
+      return DType::q4_k;
+    case BlockFormat::q6_k:
+      return DType::q6_k;
+    case BlockFormat::mxfp4:
+      return DType::mxfp4;
+    default:
+      break;
+  }
+  throw Error(str(block_format_name(format), " is an activation format, not a weight format"));
+}
+
+int64_t weight_row_elements(const Tensor& w, int64_t k) {
+  const int64_t row = w.dim(-1);
+  if (!is_quantized(w.dtype())) return row;
+  return quantized_row_bytes(format_of(w.dtype(), w), k) == row ? k : row;
 }
 
 bool gemv_applies(int64_t m) { return gemv_enabled && m >= 1 && m <= kGemvMaxRows; }

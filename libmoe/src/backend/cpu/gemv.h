@@ -1,5 +1,6 @@
 // Matrix-vector products for decode steps: y[i, o] = sum_j W[o, j] x[i, j] for a few input rows
-// (i < kGemvMaxRows) and a weight matrix W [out, in] stored row-major in f32, bf16, f16 or Q8_0.
+// (i < kGemvMaxRows) and a weight matrix W [out, in] stored row-major in f32, bf16, f16, Q8_0 or
+// one of llama.cpp's block formats (q4_k, q6_k, mxfp4; gemv_blocks.h).
 // Shapes: m input rows, out x in weights.
 //
 // A decode step reads every active weight once and does two flops per weight: it is bound by
@@ -24,14 +25,25 @@
 // f32 operations, so the bits agree across paths and thread counts; against the f32 GEMV of the
 // dequantised weights the result differs by the input rows' rounding (at most half a step of
 // each block, |x| max / 254), which bounds the error by sum over blocks of step / 2 x sum |w|.
+//
+// Block-format weights (q4_k, q6_k, mxfp4: llama.cpp's rows, gemv_blocks.h) multiply input rows
+// quantised once per call to the format's partner (q8_k; q8_0 blocks for mxfp4) with
+// cpu::dot_row, one output at a time: exact integer sums per block, combined in f32 block after
+// block, as ggml's reference dot products do, so any thread count gives the same bits.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/cpu/quant_blocks.h"
+#include "moe/dtype.h"
+
 namespace moe::cpu {
 
-enum class WeightFormat : uint8_t { f32, bf16, f16, q8_0 };
+enum class WeightFormat : uint8_t { f32, bf16, f16, q8_0, q4_k, q6_k, mxfp4 };
 const char* weight_format_name(WeightFormat format);
+// q4_k, q6_k, mxfp4: rows of llama.cpp's blocks (block_row_bytes(block_format(f), in) bytes a row).
+bool is_block_format(WeightFormat format);
+BlockFormat block_format(WeightFormat format);  // moe::Error unless is_block_format
 
 // Q8_0-like (see docs/ARCHITECTURE.md): blocks of kQ8Block consecutive elements along `in`, each
 // with one f16 scale; value = scale * q, q int8 in [-127, 127]. A row's last block may be shorter
@@ -67,8 +79,9 @@ inline constexpr int64_t kQ8PairBytes = 2 * kQ8Block + 4;  // one row's pair: 64
 inline int64_t q8_pairs(int64_t in) { return (in + 2 * kQ8Block - 1) / (2 * kQ8Block); }
 inline int64_t q8_group_row_bytes(int64_t in) { return kQ8PairBytes * q8_pairs(in); }
 
-// A weight matrix [out, in], row-major, rows back to back: `in` elements each (f32, bf16, f16)
-// or Q8_0 row groups of q8_group_row_bytes(in) bytes a row.
+// A weight matrix [out, in], row-major, rows back to back: `in` elements each (f32, bf16, f16),
+// Q8_0 row groups of q8_group_row_bytes(in) bytes a row, or block rows of
+// block_row_bytes(block_format(format), in) bytes a row.
 struct WeightMatrix {
   WeightFormat format = WeightFormat::f32;
   const void* data = nullptr;
@@ -97,7 +110,8 @@ enum class GemvIsa { best, scalar, avx512, avx512_vnni };
 void gemv_batch(const GemvProblem* problems, size_t count, GemvIsa isa = GemvIsa::best);
 bool gemv_isa_supported(GemvIsa isa);
 
-// Rows [row, row + rows) of w widened to f32 into out [rows, in] (exact for every format).
+// Rows [row, row + rows) of w widened to f32 into out [rows, in] (exact for every format; block
+// rows give dequantize_row's floats).
 void widen_rows(const WeightMatrix& w, int64_t row, int64_t rows, float* out);
 
 // One matrix [out, in] of Q8_0 rows (q8_row_bytes(in) bytes each) as row groups
@@ -134,9 +148,20 @@ namespace moe::cpu {
 // tensor of row groups [.., out, q8_group_row_bytes(in)], each matrix packed on its own.
 Tensor pack_q8_0(const Tensor& rows, int64_t in);
 
-// Matrix `index` of a weight tensor [.., out, in] (f32, bf16 or f16) or of a DType::q8_0 tensor
-// [.., out, q8_group_row_bytes(in)] holding Q8_0 row groups (`in` given), as the kernels read it.
+// A u8 tensor of block rows [.., out, block_row_bytes(format, in)] (as files hold them, GGUF's
+// bytes) as the tensor the kernels read: the same bytes and shape, DType q4_k, q6_k or mxfp4.
+// `format` must be a weight format (not q8_k or q8_0).
+Tensor block_rows(const Tensor& rows, BlockFormat format);
+DType dtype_of_block_format(BlockFormat format);  // moe::Error for q8_k and q8_0
+
+// Matrix `index` of a weight tensor [.., out, in] (f32, bf16 or f16), of a DType::q8_0 tensor
+// [.., out, q8_group_row_bytes(in)] holding Q8_0 row groups, or of a q4_k / q6_k / mxfp4 tensor
+// [.., out, block row bytes] (`in` given for those two), as the kernels read it.
 WeightMatrix weight_matrix(const Tensor& w, int64_t index = 0, int64_t in = 0);
+// The elements a row of weight w holds when a product asks for k: k where w is quantised (its
+// last dimension counts bytes) and its rows hold exactly k elements, else w's last dimension (so
+// the caller's shape check names the mismatch).
+int64_t weight_row_elements(const Tensor& w, int64_t k);
 
 // Whether a product of m rows by a transposed weight goes to the GEMV. Benchmarks may turn the
 // path off (set_gemv_enabled(false)) to time the tiled sgemm it replaces in the same run.
