@@ -1,9 +1,10 @@
 // Conversions stream (issue 43, "bounded-memory conversion"): moe-convert dtype, quantize, freeze,
-// import-hf and export-gguf run under an address-space limit (RLIMIT_AS, set by `ulimit -v`) of
-// what the same conversion of a tiny model needs plus 128 MB, less than a third of the model they
-// convert, and give the bytes the in-memory conversions give. The model is made just big enough to tell: Mixtral-shaped, 8 layers of 16
-// experts, d_model 256, F 1024, f32 (about 410 MB; its largest tensor 16.8 MB, one expert 1 MB),
-// written expert by expert so that the test itself never holds it either.
+// import-hf, export-gguf and import-gguf run under an address-space limit (RLIMIT_AS, set by
+// `ulimit -v`) of what the same conversion of a tiny model needs plus 128 MB, less than a third
+// of the model they convert, and give the bytes the in-memory conversions give. The model is
+// made just big enough to tell: Mixtral-shaped, 8 layers of 16 experts, d_model 256, F 1024, f32
+// (about 410 MB; its largest tensor 16.8 MB, one expert 1 MB), written expert by expert so that
+// the test itself never holds it either.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -170,10 +171,14 @@ TEST_CASE("cli: conversions stream a model larger than their address-space limit
     require_ok(r);
     REQUIRE(r.out.find("# verified\tevery tensor read and checksummed") != std::string::npos);
   }
-  {  // export-gguf f32, then import-hf of the same model exported by the library
+  {  // export-gguf f32 and import-gguf of it, then import-hf of the model exported by the library
     require_ok(run_command(limited(tool(
         "moe-convert", "export-gguf " + big + " --type f32 -o " + (dir / "big.gguf")))));
     REQUIRE(fs::file_size(dir / "big.gguf") > static_cast<uint64_t>(model_bytes));
+    require_ok(run_command(limited(
+        tool("moe-convert", "import-gguf " + (dir / "big.gguf") + " -o " + (dir / "g.h5")))));
+    REQUIRE(io::read_expert(dir / "g.h5", kExpertTensor, 11).to_vector() == expert.to_vector());
+    fs::remove(dir / "g.h5");
     // The HF directory is written here, in this process, without a limit.
     {
       io::Checkpoint whole = io::open_checkpoint_lazy(big, false);

@@ -34,6 +34,18 @@ using namespace moe;
 using test::hf::our_logits;
 using test::hf::param;
 using test::hf::same_bytes;
+
+namespace {
+
+// io::import_gguf with every value read (its parameters are deferred to the write).
+io::Checkpoint imported(const std::string& path, const io::GgufImportOptions& options = {},
+                        io::GgufImportReport* report = nullptr) {
+  io::Checkpoint c = io::import_gguf(path, options, report);
+  io::hold_all(c);
+  return c;
+}
+
+}  // namespace
 namespace fs = std::filesystem;
 
 namespace {
@@ -212,7 +224,7 @@ TEST_CASE(
       const std::string path = dir.file(name + ".gguf");
       io::export_gguf(original, path, {io::parse_gguf_type(dtype_name(dtype)), ""});
       io::GgufImportReport report;
-      const io::Checkpoint back = io::import_gguf(path, {}, &report);
+      const io::Checkpoint back = imported(path, {}, &report);
       REQUIRE(report.family == arch_name(arch));
       REQUIRE_FALSE(report.quantized);
       test::hf::require_same_params(original, back);
@@ -223,7 +235,7 @@ TEST_CASE(
 
       // Without the record (a llama.cpp file): the same parameters, math and
       // logits.
-      const io::Checkpoint keys = io::import_gguf(without_record(path, dir.file(name + "-k.gguf")));
+      const io::Checkpoint keys = imported(without_record(path, dir.file(name + "-k.gguf")));
       test::hf::require_same_params(original, keys);
       require_same_math(keys.model_config, original.model_config);
       REQUIRE(keys.model_config.at("seq") == original.model_config.at("seq"));
@@ -240,7 +252,7 @@ TEST_CASE("gguf import: an f32 model exported as f16 or bf16 comes back f32, rou
     const std::string path = dir.file(std::string(io::gguf_type_name(type)) + ".gguf");
     io::export_gguf(original, path, {type, ""});
     io::GgufImportReport report;
-    const io::Checkpoint back = io::import_gguf(path, {}, &report);
+    const io::Checkpoint back = imported(path, {}, &report);
     REQUIRE(back.model_config == original.model_config);  // f32: the norms hold f32 values
     const DType half = type == io::GgufType::f16 ? DType::f16 : DType::bf16;
     for (size_t i = 0; i < original.params.size(); ++i) {
@@ -266,7 +278,7 @@ TEST_CASE("gguf import: q8_0 gives moe-convert quantize's checkpoint of the orig
     const std::string path = dir.file(str(arch_name(arch), ".gguf"));
     io::export_gguf(original, path, {io::GgufType::q8_0, ""});
     io::GgufImportReport report;
-    const io::Checkpoint back = io::import_gguf(path, {}, &report);
+    const io::Checkpoint back = imported(path, {}, &report);
     REQUIRE(report.quantized);
     REQUIRE(back.model_config == quantized.model_config);
     const io::GgufFile g = io::read_gguf(path);
@@ -354,7 +366,7 @@ TEST_CASE("gguf import: stored tokenizers are rebuilt and give the same ids",
     original.tokenizer = {tok->file_name(), tok->file_bytes()};
     const std::string path = dir.file("a.gguf"), again = dir.file("b.gguf");
     io::export_gguf(original, path, {});
-    const io::Checkpoint back = io::import_gguf(path);
+    const io::Checkpoint back = imported(path);
     REQUIRE(back.tokenizer.file == tok->file_name());
     const auto rebuilt = io::tokenizer_from_bytes(back.tokenizer.file, back.tokenizer.bytes, "x");
     REQUIRE(rebuilt->vocab_size() == tok->vocab_size());
@@ -402,7 +414,7 @@ TEST_CASE(
     edit(g);
     const std::string path = dir.file("bad.gguf");
     write_gguf(g, good, path);
-    return test::error_of([&] { io::import_gguf(path); });
+    return test::error_of([&] { imported(path); });
   };
   auto set = [](io::GgufFile& g, const std::string& key, uint32_t type, nlohmann::json v) {
     g.metadata[key] = {{"type", type}, {"value", v}};
@@ -411,7 +423,7 @@ TEST_CASE(
   REQUIRE(refusal([](io::GgufFile&) {}) == "(no error)");
 
   test::write_file(dir.file("short.gguf"), bytes.substr(0, bytes.size() - 1000));
-  REQUIRE_THAT(test::error_of([&] { io::import_gguf(dir.file("short.gguf")); }),
+  REQUIRE_THAT(test::error_of([&] { imported(dir.file("short.gguf")); }),
                Catch::Contains("truncated"));
   REQUIRE_THAT(refusal([&](io::GgufFile& g) { set(g, "general.architecture", 8, "deepseek2"); }),
                Catch::Contains("GGUF architecture 'deepseek2' is not supported"));
@@ -461,7 +473,7 @@ TEST_CASE(
   std::string damaged = bytes;
   damaged[g.data_offset + v.offset + io::kQ8BlockBytes * 5 + 1] |= char(0x80);  // row 2, block 1
   test::write_file(dir.file("scale.gguf"), damaged);
-  REQUIRE_THAT(test::error_of([&] { io::import_gguf(dir.file("scale.gguf")); }),
+  REQUIRE_THAT(test::error_of([&] { imported(dir.file("scale.gguf")); }),
                Catch::Contains("blk.0.attn_v.weight") && Catch::Contains("row 2, block 1") &&
                    Catch::Contains("not a finite value >= 0"));
 }

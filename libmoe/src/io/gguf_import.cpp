@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <regex>
 #include <set>
 
@@ -497,9 +498,22 @@ NamedTensor import_gguf_tensor(const GgufImportPlan& plan, const GgufTensorPlan&
 
 Checkpoint import_gguf(const std::string& path, const GgufImportOptions& options,
                        GgufImportReport* report) {
-  const GgufImportPlan plan = plan_gguf_import(path, options, report);
+  auto shared = std::make_shared<const GgufImportPlan>(plan_gguf_import(path, options, report));
+  const GgufImportPlan& plan = *shared;
   Checkpoint ckpt;
-  for (const GgufTensorPlan& t : plan.tensors) ckpt.params.push_back(import_gguf_tensor(plan, t));
+  for (const GgufTensorPlan& t : plan.tensors) {  // deferred: read when written (hold_all)
+    auto source = std::make_shared<TensorSource>();
+    source->shape = t.shape;
+    source->dtype = plan.config.dtype;
+    if (t.q8_rows) {
+      source->shape.back() = cpu::q8_row_bytes(t.shape.back());
+      source->dtype = DType::u8;
+    }
+    source->read = [shared, t] { return import_gguf_tensor(*shared, t).tensor; };
+    NamedTensor nt{t.ours, Tensor(), t.expert, {}};
+    nt.deferred = std::move(source);
+    ckpt.params.push_back(std::move(nt));
+  }
   ckpt.model_config = plan.model_config;
   ckpt.train_config = nullptr;
   ckpt.tokenizer = plan.tokenizer;

@@ -70,8 +70,10 @@ GgufImportPlan plan_gguf_import(const std::string& path, const GgufImportOptions
                                 GgufImportReport* report = nullptr);
 // One parameter, read and converted (NaN/Inf and damaged Q8_0 scales refused naming it).
 NamedTensor import_gguf_tensor(const GgufImportPlan& plan, const GgufTensorPlan& tensor);
-// The whole checkpoint in memory: parameters under our names, model_config, the tokenizer,
-// provenance; no optimizer state, train_config null.
+// The checkpoint: parameters under our names, model_config, the tokenizer, provenance; no
+// optimizer state, train_config null. The parameters are deferred (moe/io/checkpoint.h): each is
+// read and converted by import_gguf_tensor when the checkpoint is written (or hold_all() reads
+// them), so a file of any size imports in the memory of its largest tensor.
 Checkpoint import_gguf(const std::string& path, const GgufImportOptions& options = {},
                        GgufImportReport* report = nullptr);
 
