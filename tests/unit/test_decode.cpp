@@ -254,7 +254,7 @@ TEST_CASE("decode: a Q8_0 checkpoint scores near its dequantised weights, bad on
   CHECK_THROWS_WITH(io::quantize(ckpt, "q4_0"), Catch::Contains("--type must be q8_0"));
   // Training cannot resume from it: the parameter is named.
   CHECK_THROWS_WITH(io::check_params_match(*b.params, q.params, "resume"),
-                    Catch::Contains("Q8_0-quantised"));
+                    Catch::Contains("holds quantised rows (moe-convert quantize)"));
   // A damaged scale (an f16 infinity) and a tensor of the wrong row size.
   io::Checkpoint bad = q;
   for (io::NamedTensor& nt : bad.params)
