@@ -15,62 +15,50 @@ using test::tool;
 namespace {
 
 // moe-infer score's JSON lines without the timings.
-std::vector<nlohmann::json> scores(const std::string &model,
-                                   const std::string &data) {
-  const auto r = run_command(
-      tool("moe-infer", "score --model " + model + " --data " + data +
-                            " --max-sequences 4 --batch 2 --threads 1 -q"));
+std::vector<nlohmann::json> scores(const std::string& model, const std::string& data) {
+  const auto r = run_command(tool("moe-infer", "score --model " + model + " --data " + data +
+                                                   " --max-sequences 4 --batch 2 --threads 1 -q"));
   INFO(r.err);
   REQUIRE(r.exit_code == 0);
   std::vector<nlohmann::json> out;
-  for (const std::string &line : test::lines_of(r.out)) {
+  for (const std::string& line : test::lines_of(r.out)) {
     nlohmann::json j = nlohmann::json::parse(line);
     for (auto it = j.begin(); it != j.end();)
-      it = it.key().find("_per_s") != std::string::npos ? j.erase(it)
-                                                        : std::next(it);
+      it = it.key().find("_per_s") != std::string::npos ? j.erase(it) : std::next(it);
     out.push_back(j);
   }
   REQUIRE(out.size() == 4);
   return out;
 }
 
-} // namespace
+}  // namespace
 
-TEST_CASE("cli: moe-convert import-gguf of export-gguf scores as the original",
-          "[cli][gguf]") {
+TEST_CASE("cli: moe-convert import-gguf of export-gguf scores as the original", "[cli][gguf]") {
   test::ScratchDir dir("cli-gguf-import");
-  const std::string ckpt =
-      test::train_on_fortunes(dir / "run", test::kTinyMixtral + " --steps 3");
+  const std::string ckpt = test::train_on_fortunes(dir / "run", test::kTinyMixtral + " --steps 3");
   const std::string gguf = dir / "m.gguf", back = dir / "back.h5";
-  auto e = run_command(
-      tool("moe-convert", "export-gguf " + ckpt + " -o " + gguf + " -q"));
+  auto e = run_command(tool("moe-convert", "export-gguf " + ckpt + " -o " + gguf + " -q"));
   INFO(e.err);
   REQUIRE(e.exit_code == 0);
-  auto i =
-      run_command(tool("moe-convert", "import-gguf " + gguf + " -o " + back));
+  auto i = run_command(tool("moe-convert", "import-gguf " + gguf + " -o " + back));
   INFO(i.err);
   REQUIRE(i.exit_code == 0);
-  REQUIRE_THAT(i.err,
-               Catch::Contains("imported a GGUF llama model as mixtral"));
+  REQUIRE_THAT(i.err, Catch::Contains("imported a GGUF llama model as mixtral"));
   const std::string data = test::fortunes_path("linux");
   REQUIRE(scores(back, data) == scores(ckpt, data));
 
   // An existing output is kept unless --force.
-  auto again =
-      run_command(tool("moe-convert", "import-gguf " + gguf + " -o " + back));
+  auto again = run_command(tool("moe-convert", "import-gguf " + gguf + " -o " + back));
   REQUIRE(again.exit_code != 0);
   REQUIRE_THAT(again.err, Catch::Contains("--force"));
-  auto forced = run_command(tool("moe-convert", "import-gguf " + gguf + " -o " +
-                                                    back + " --force -q"));
+  auto forced =
+      run_command(tool("moe-convert", "import-gguf " + gguf + " -o " + back + " --force -q"));
   REQUIRE(forced.exit_code == 0);
 
   test::write_file(dir / "text.gguf", "not a GGUF file at all");
-  auto bad =
-      run_command(tool("moe-convert", "import-gguf " + (dir / "text.gguf") +
-                                          " -o " + (dir / "x.h5")));
+  auto bad = run_command(
+      tool("moe-convert", "import-gguf " + (dir / "text.gguf") + " -o " + (dir / "x.h5")));
   REQUIRE(bad.exit_code == 1);
-  REQUIRE_THAT(
-      bad.err,
-      Catch::Contains("moe-convert: error:") &&
-          Catch::Contains("is not a valid GGUF file: the magic is not 'GGUF'"));
+  REQUIRE_THAT(bad.err, Catch::Contains("moe-convert: error:") &&
+                            Catch::Contains("is not a valid GGUF file: the magic is not 'GGUF'"));
 }

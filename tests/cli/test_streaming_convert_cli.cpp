@@ -172,8 +172,8 @@ TEST_CASE("cli: conversions stream a model larger than their address-space limit
     REQUIRE(r.out.find("# verified\tevery tensor read and checksummed") != std::string::npos);
   }
   {  // export-gguf f32 and import-gguf of it, then import-hf of the model exported by the library
-    require_ok(run_command(limited(tool(
-        "moe-convert", "export-gguf " + big + " --type f32 -o " + (dir / "big.gguf")))));
+    require_ok(run_command(limited(
+        tool("moe-convert", "export-gguf " + big + " --type f32 -o " + (dir / "big.gguf")))));
     REQUIRE(fs::file_size(dir / "big.gguf") > static_cast<uint64_t>(model_bytes));
     require_ok(run_command(limited(
         tool("moe-convert", "import-gguf " + (dir / "big.gguf") + " -o " + (dir / "g.h5")))));

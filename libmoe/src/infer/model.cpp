@@ -12,7 +12,6 @@
 
 #include "backend/cpu/gemv.h"
 #include "backend/cpu/quant_blocks.h"
-#include "kernels/convert.h"
 #include "moe/io/checkpoint_dir.h"
 #include "moe/io/convert.h"
 #include "moe/io/finite.h"
@@ -173,27 +172,6 @@ void put_q8_0(Param& p, const Tensor& tensor, const std::string& source) {
   p.grad = Tensor();
 }
 
-// The scale of block `b` of a block row that dequantisation multiplies by, as a float (q4_k: d,
-// and dmin in *second; q6_k: d; mxfp4: 2^(e - 127), NaN for e = 0xFF, E8M0's NaN), for the checks
-// below.
-float block_scale(cpu::BlockFormat format, const uint8_t* block, float* second) {
-  const auto f16 = [](const uint8_t* at) {
-    uint16_t h;
-    std::memcpy(&h, at, sizeof h);
-    return kernels::f16_to_f32(h);
-  };
-  *second = 0;
-  switch (format) {
-    case cpu::BlockFormat::q4_k:
-      *second = f16(block + 2);
-      return f16(block);
-    case cpu::BlockFormat::q6_k:
-      return f16(block + 208);
-    default:  // mxfp4
-      return block[0] == 0xFF ? std::nanf("") : std::ldexp(1.0f, int(block[0]) - 127);
-  }
-}
-
 // A block-format weight (moe-convert quantize --type q4_k, q6_k, mxfp4, q4_k_m; model_config
 // tensor_formats names its format): u8 rows [.., out, block_row_bytes(format, in)], GGUF's bytes,
 // become the parameter's value and what the kernels read, unchanged (cpu::block_rows: DType q4_k,
@@ -225,7 +203,7 @@ void put_blocks(Param& p, const Tensor& tensor, const std::string& format_name,
   for (int64_t row = 0; row < rows; ++row)
     for (int64_t b = 0; b < blocks; ++b) {
       float second = 0;
-      const float scale = block_scale(format, data + row * row_bytes + b * bytes, &second);
+      const float scale = cpu::block_scale(format, data + row * row_bytes + b * bytes, &second);
       MOE_CHECK(std::isfinite(scale) && std::isfinite(second), "'", source, "': tensor '", p.name,
                 "' row ", row, " block ", b, " has scale ", std::isfinite(scale) ? second : scale,
                 " (a ", format_name, " block's scales are finite): the file is damaged");

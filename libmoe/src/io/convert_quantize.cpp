@@ -62,7 +62,7 @@ void refuse_quantized(const nlohmann::json& model_config, const std::string& sou
 }
 
 std::string block_format_of(const nlohmann::json& model_config, const std::string& name) {
-  if (quantization_of(model_config).empty() || quantization_of(model_config) == "q8_0") return "";
+  if (!is_block_recipe(quantization_of(model_config))) return "";  // validates tensor_formats
   const nlohmann::json& formats = model_config.at(kTensorFormatsKey);
   const auto it = formats.find(name);
   return it == formats.end() ? "" : it->get<std::string>();

@@ -75,13 +75,14 @@ void check_finite(const std::string& where, const std::string& name, const Tenso
 }
 
 void check_finite_expert(const std::string& where, const std::string& name, const Tensor& slice,
-                         int64_t expert, const Shape& whole) {
+                         int64_t expert, const Shape& whole, int64_t offset) {
   const Tensor host = slice.device().kind == Device::cpu ? slice : slice.to(Device{});
   const int64_t i = first_non_finite(host);
   if (i < 0) return;
+  const int64_t per_expert = whole.empty() || whole[0] == 0 ? 0 : shape_numel(whole) / whole[0];
   throw Error(str(where, ": tensor '", name, "' holds a non-finite value (",
-                  non_finite_name(host, i), " at element ", expert * host.numel() + i, " of ",
-                  shape_str(whole), ", expert ", expert, ")"));
+                  non_finite_name(host, i), " at element ", expert * per_expert + offset + i,
+                  " of ", shape_str(whole), ", expert ", expert, ")"));
 }
 
 void check_finite(const std::string& where, const std::vector<NamedTensor>& tensors) {

@@ -298,8 +298,9 @@ void match_tensors(const GgufFile& f, std::vector<GgufTensorPlan>& plan, GgufImp
                       ", but the keys imply ", dims_text(want), " (our ", t.ours, " ",
                       shape_str(t.shape), ")"));
     if (is_block_type(it->second->type))
-      throw Error(str("'", f.path, "': GGUF tensor type ", ggml_type_name(uint32_t(it->second->type)),
-                      " (", t.gguf, ") is not supported by import-gguf yet (it reads f32, f16, "
+      throw Error(str("'", f.path, "': GGUF tensor type ",
+                      ggml_type_name(uint32_t(it->second->type)), " (", t.gguf,
+                      ") is not supported by import-gguf yet (it reads f32, f16, "
                       "bf16 and q8_0; moe-convert quantize --type ",
                       gguf_type_name(it->second->type), " makes such weights from a checkpoint)"));
     used.insert(t.gguf);

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <memory>
 
-#include "backend/cpu/quant_blocks.h"
+#include "io/gguf_blocks.h"
 #include "kernels/convert.h"
 #include "moe/error.h"
 #include "moe/io/gguf.h"
@@ -47,34 +47,13 @@ bool is_block_type(GgufType t) {
 
 void quantize_q8_0(const float* x, int64_t n, uint8_t* out) {
   MOE_CHECK(n % kQ8Block == 0, "quantize_q8_0: ", n, " values are not whole blocks of ", kQ8Block);
-  for (int64_t b = 0; b < n / kQ8Block; ++b) {
-    const float* v = x + b * kQ8Block;
-    uint8_t* block = out + b * kQ8BlockBytes;
-    float amax = 0;
-    for (int64_t j = 0; j < kQ8Block; ++j) amax = std::fmax(amax, std::fabs(v[j]));
-    // The scale is computed in f32 and only stored as f16; the values divide by the f32 one.
-    const float d = amax / 127.0f;
-    const float inverse = d != 0.0f ? 1.0f / d : 0.0f;
-    const uint16_t d16 = kernels::f32_to_f16(d);
-    std::memcpy(block, &d16, 2);
-    for (int64_t j = 0; j < kQ8Block; ++j) {
-      const float q = std::round(v[j] * inverse);  // half away from zero; |q| <= 127
-      block[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(q));
-    }
-  }
+  cpu::quantize_row(cpu::BlockFormat::q8_0, x, n, out);  // llama.cpp's reference bytes
 }
 
 void dequantize_q8_0(const uint8_t* blocks, int64_t n, float* out) {
   MOE_CHECK(n % kQ8Block == 0, "dequantize_q8_0: ", n, " values are not whole blocks of ",
             kQ8Block);
-  for (int64_t b = 0; b < n / kQ8Block; ++b) {
-    const uint8_t* block = blocks + b * kQ8BlockBytes;
-    uint16_t d16;
-    std::memcpy(&d16, block, 2);
-    const float d = kernels::f16_to_f32(d16);
-    for (int64_t j = 0; j < kQ8Block; ++j)
-      out[b * kQ8Block + j] = d * static_cast<float>(static_cast<int8_t>(block[2 + j]));
-  }
+  cpu::dequantize_row(cpu::BlockFormat::q8_0, blocks, n, out);
 }
 
 const char* ggml_type_name(uint32_t type) {
@@ -102,11 +81,10 @@ int64_t GgufTensorInfo::nbytes() const {
     case GgufType::bf16:
       return numel() * 2;
     case GgufType::q8_0:
-      return numel() / kQ8Block * kQ8BlockBytes;
     case GgufType::q4_k:
     case GgufType::q6_k:
     case GgufType::mxfp4: {
-      const cpu::BlockFormat f = cpu::parse_block_format(gguf_type_name(type));
+      const cpu::BlockFormat f = block_format_of(type);
       return numel() / cpu::block_elems(f) * cpu::block_bytes(f);
     }
   }
@@ -262,12 +240,9 @@ GgufFile read_gguf(const std::string& path) {
                       "q6_K and mxfp4)"));
     }
     t.type = static_cast<GgufType>(type);
-    if (t.type == GgufType::q8_0 && t.dims[0] % kQ8Block != 0)
-      r.fail(str("tensor '", t.name, "' is q8_0 with rows of ", t.dims[0], " values"));
-    if (is_block_type(t.type) &&
-        t.dims[0] % cpu::block_elems(cpu::parse_block_format(gguf_type_name(t.type))) != 0)
+    if (is_blocked(t.type) && t.dims[0] % cpu::block_elems(block_format_of(t.type)) != 0)
       r.fail(str("tensor '", t.name, "' is ", gguf_type_name(t.type), " with rows of ", t.dims[0],
-                 " values, not whole blocks"));
+                 " values"));
     t.offset = r.get<uint64_t>();
     if (t.offset % g.alignment != 0) r.fail(str("tensor '", t.name, "' is not aligned"));
     g.tensors.push_back(std::move(t));
@@ -300,11 +275,8 @@ std::vector<float> read_gguf_tensor(const GgufFile& g, const std::string& name) 
   const size_t n = out.size();
   if (t.type == GgufType::f32) {
     std::memcpy(out.data(), raw.data(), n * 4);
-  } else if (t.type == GgufType::q8_0) {
-    dequantize_q8_0(raw.data(), t.numel(), out.data());
-  } else if (is_block_type(t.type)) {  // the rows are whole blocks: one call for the tensor
-    cpu::dequantize_row(cpu::parse_block_format(gguf_type_name(t.type)), raw.data(), t.numel(),
-                        out.data());
+  } else if (is_blocked(t.type)) {  // the rows are whole blocks: one call for the tensor
+    cpu::dequantize_row(block_format_of(t.type), raw.data(), t.numel(), out.data());
   } else {
     for (size_t i = 0; i < n; ++i) {
       uint16_t h;

@@ -13,8 +13,8 @@
 #include <memory>
 #include <set>
 
-#include "backend/cpu/quant_blocks.h"
 #include "io/export_model.h"
+#include "io/gguf_blocks.h"
 #include "kernels/convert.h"
 #include "moe/error.h"
 #include "moe/io/atomic_file.h"
@@ -227,13 +227,10 @@ void encode(const std::string& name, GgufType type, const std::vector<float>& v,
       }
       return;
     case GgufType::q8_0:
-      out.resize(n / kQ8Block * kQ8BlockBytes);
-      quantize_q8_0(v.data(), static_cast<int64_t>(n), out.data());
-      return;
     case GgufType::q4_k:
     case GgufType::q6_k:
     case GgufType::mxfp4: {  // rows are whole blocks, so the tensor quantises as one run of them
-      const cpu::BlockFormat f = cpu::parse_block_format(gguf_type_name(type));
+      const cpu::BlockFormat f = block_format_of(type);
       out.resize(static_cast<size_t>(cpu::block_row_bytes(f, static_cast<int64_t>(n))));
       try {
         cpu::quantize_row(f, v.data(), static_cast<int64_t>(n), out.data());
@@ -326,9 +323,7 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
   auto matrix_type = [&](const std::string& name, int64_t row) {
     GgufType type = options.type;
     if (options.q4_k_m && q4_k_m_wants_q6_k(name, mc.layers)) type = GgufType::q6_k;
-    const int64_t block = type == GgufType::q8_0 || type == GgufType::mxfp4 ? kQ8Block
-                          : is_block_type(type)                             ? 256
-                                                                            : 1;
+    const int64_t block = is_blocked(type) ? cpu::block_elems(block_format_of(type)) : 1;
     if (row % block != 0) {
       summary.fallbacks.push_back(str(name, ": f16 (rows of ", row, " values are not whole ",
                                       gguf_type_name(type), " blocks of ", block, ")"));
@@ -401,8 +396,7 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
   h.kv_string("general.architecture", a);
   h.kv_string("general.name", options.name.empty() ? "moe" : options.name);
   h.kv_u32("general.file_type", options.q4_k_m ? 15 : file_type(options.type));
-  if (options.type == GgufType::q8_0 || is_block_type(options.type))
-    h.kv_u32("general.quantization_version", 2);
+  if (is_blocked(options.type)) h.kv_u32("general.quantization_version", 2);
   h.kv_u32("general.alignment", static_cast<uint32_t>(kAlignment));
   h.kv_u32(a + ".vocab_size", static_cast<uint32_t>(V));
   h.kv_u32(a + ".context_length", static_cast<uint32_t>(mc.seq));

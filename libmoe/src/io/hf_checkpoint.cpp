@@ -73,6 +73,9 @@ struct Sources {
   Tensor read_rows(const std::string& name, int64_t begin, int64_t end) const {
     return tensors.at(name).first->read_rows(name, begin, end);
   }
+  Tensor read_elements(const std::string& name, int64_t first, const Shape& shape) const {
+    return tensors.at(name).first->read_elements(name, first, shape);
+  }
 };
 
 Sources open_sources(const std::string& dir) {
@@ -510,14 +513,15 @@ struct Importer {
                       ", but config.json implies ", shape_str(expected), " (", why, ")"));
   }
   // A source tensor (or rows of it) in the storage dtype, refused when it holds NaN/Inf.
+  // `offset`: where the part read starts in the expert's slice (a fused expert's up half).
   static Tensor converted(const Sources& s, const std::string& name, Tensor t, DType target,
-                          int64_t expert = -1, const Shape& whole = {}) {
+                          int64_t expert = -1, const Shape& whole = {}, int64_t offset = 0) {
     t = t.dtype() == target ? t : t.to(target);
     const std::string where = str("'", s.file_of(name), "'");
     if (expert < 0)
       check_finite(where, name, t);
     else
-      check_finite_expert(where, name, t, expert, whole);
+      check_finite_expert(where, name, t, expert, whole, offset);
     return t;
   }
   Tensor fetch(const std::string& name, const Shape& expected, const std::string& why) const {
@@ -661,10 +665,12 @@ struct Importer {
     const Shape whole_gu{E, 2 * F, D}, whole_dn{E, D, F};
     const DType t = target;
     const int64_t Fe = F;
-    auto half = [gu, whole_gu, t, Fe](int64_t which) {  // 0: gate rows (w1), 1: up rows (w3)
+    // 0: the gate rows (w1), 1: the up rows (w3) of expert e, each read alone (the half's bytes).
+    auto half = [gu, whole_gu, t, Fe](int64_t which) {
       return [=](const Sources& s, int64_t e) {
-        Tensor both = converted(s, gu, s.read_rows(gu, e, e + 1), t, e, whole_gu);
-        return both.reshape({2 * Fe, whole_gu[2]}).rows(which * Fe, (which + 1) * Fe).clone();
+        const int64_t D = whole_gu[2], offset = which * Fe * D;
+        return converted(s, gu, s.read_elements(gu, e * 2 * Fe * D + offset, {Fe, D}), t, e,
+                         whole_gu, offset);
       };
     };
     add_experts(prefix + "moe.experts.w1", {E, F, D}, half(0));

@@ -296,22 +296,32 @@ Tensor SafetensorsReader::read(const std::string& name) const {
 Tensor SafetensorsReader::read_rows(const std::string& name, int64_t begin, int64_t end) const {
   const SafetensorsEntry* e = find(name);
   if (!e) fail(path_, str("no tensor '", name, "'"));
-  DType dtype;
-  if (!dtype_from_safetensors(e->dtype, &dtype))
-    fail(path_, str("tensor '", name, "' has dtype ", e->dtype,
-                    ", which has no moe equivalent (readable: F32, BF16, F16, I32, I64, U8)"));
-  MOE_CHECK(fd_ >= 0, "'", path_, "': safetensors: reader is closed");
   const int64_t rows = e->shape.empty() ? 1 : e->shape[0];
   MOE_CHECK(0 <= begin && begin <= end && end <= rows, "'", path_, "': safetensors: rows [", begin,
             ", ", end, ") of tensor '", name, "' ", shape_str(e->shape), " do not exist");
   Shape shape = e->shape;
   if (!shape.empty()) shape[0] = end - begin;
+  const int64_t per_row = rows > 0 ? shape_numel(e->shape) / rows : 0;
+  return read_elements(name, begin * per_row, shape);
+}
+
+Tensor SafetensorsReader::read_elements(const std::string& name, int64_t first,
+                                        const Shape& shape) const {
+  const SafetensorsEntry* e = find(name);
+  if (!e) fail(path_, str("no tensor '", name, "'"));
+  DType dtype;
+  if (!dtype_from_safetensors(e->dtype, &dtype))
+    fail(path_, str("tensor '", name, "' has dtype ", e->dtype,
+                    ", which has no moe equivalent (readable: F32, BF16, F16, I32, I64, U8)"));
+  MOE_CHECK(fd_ >= 0, "'", path_, "': safetensors: reader is closed");
+  const int64_t count = shape_numel(shape);
+  MOE_CHECK(0 <= first && 0 <= count && first + count <= shape_numel(e->shape), "'", path_,
+            "': safetensors: elements [", first, ", ", first + count, ") of tensor '", name, "' ",
+            shape_str(e->shape), " do not exist");
   Tensor t = Tensor::empty(shape, dtype);
-  const uint64_t row_bytes = rows > 0 ? (e->end - e->begin) / static_cast<uint64_t>(rows) : 0;
+  const uint64_t at = data_start_ + e->begin + static_cast<uint64_t>(first) * dtype_size(dtype);
   int err = 0;
-  if (t.nbytes() > 0 &&
-      !read_at(fd_, t.raw(), t.nbytes(),
-               data_start_ + e->begin + static_cast<uint64_t>(begin) * row_bytes, &err))
+  if (t.nbytes() > 0 && !read_at(fd_, t.raw(), t.nbytes(), at, &err))
     fail(path_, str("cannot read tensor '", name, "': ",
                     err ? std::strerror(err) : "short read (file truncated since it was opened)"));
   t.set_name(name);

@@ -54,12 +54,6 @@ NamedTensor map_tensor(const NamedTensor& in, const Shape& shape, DType dtype, T
   return out;
 }
 
-bool any_lazy(const std::vector<NamedTensor>& tensors) {
-  for (const NamedTensor& nt : tensors)
-    if (!nt.held()) return true;
-  return false;
-}
-
 void hold_all(std::vector<NamedTensor>& tensors) {
   for (NamedTensor& nt : tensors) {
     if (nt.held()) continue;

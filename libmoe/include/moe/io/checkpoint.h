@@ -80,8 +80,6 @@ struct NamedTensor {
 // read; a streamed expert tensor one expert at a time. `shape` and `dtype` are the whole output's.
 using TensorFn = std::function<Tensor(const Tensor& x, int64_t expert)>;
 NamedTensor map_tensor(const NamedTensor& in, const Shape& shape, DType dtype, TensorFn f);
-// Whether any tensor is streamed or deferred (a conversion of it runs when it is written).
-bool any_lazy(const std::vector<NamedTensor>& tensors);
 // Reads every streamed or deferred tensor into memory (each is held() afterwards), running what
 // its sources check: for small models and tests. A large model is written lazily instead.
 void hold_all(std::vector<NamedTensor>& tensors);

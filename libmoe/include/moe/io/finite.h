@@ -28,8 +28,9 @@ void check_finite(const std::string& where, const std::vector<NamedTensor>& tens
 // opened checkpoint fails, naming the tensor, when it reaches the value).
 void check_finite_when_read(const std::string& where, std::vector<NamedTensor>& tensors);
 // The same check of expert e's slice of a tensor of `whole` shape [E, ...rest], with the
-// message the whole tensor would give (the element's index in the whole tensor).
+// message the whole tensor would give (the element's index in the whole tensor). `slice` may be a
+// part of the expert's slice, starting at its element `offset` (the gate half of a fused expert).
 void check_finite_expert(const std::string& where, const std::string& name, const Tensor& slice,
-                         int64_t expert, const Shape& whole);
+                         int64_t expert, const Shape& whole, int64_t offset = 0);
 
 }  // namespace moe::io

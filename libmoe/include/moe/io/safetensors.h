@@ -67,6 +67,9 @@ class SafetensorsReader {
   // Rows [begin, end) of the tensor's leading dimension ([end - begin, ...rest]), reading only
   // their bytes: one expert of a fused expert tensor.
   Tensor read_rows(const std::string& name, int64_t begin, int64_t end) const;
+  // Elements [first, first + numel(shape)) of the tensor in row-major order, as a tensor of
+  // `shape`, reading only their bytes: the gate or the up half of a fused expert.
+  Tensor read_elements(const std::string& name, int64_t first, const Shape& shape) const;
 
  private:
   std::string path_;

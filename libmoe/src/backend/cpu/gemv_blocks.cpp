@@ -7,27 +7,21 @@
 // Shapes: m input rows of `in` elements, out x in weights, in a whole number of blocks.
 #include "backend/cpu/gemv_blocks.h"
 
-#include <cstring>
 #include <limits>
 
+#include "backend/cpu/block_fields.h"
 #include "backend/cpu/gemv_internal.h"
 #include "core/parallel.h"
-#include "kernels/convert.h"
 #include "moe/error.h"
 
 namespace moe::cpu::gemv_detail {
 namespace {
 
-// Little-endian fields of a block (quant_blocks.h gives the layouts).
-float f16_field(const uint8_t* p) {
-  return kernels::f16_to_f32(static_cast<uint16_t>(p[0] | p[1] << 8));
-}
-float f32_field(const uint8_t* p) {
-  float v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-int32_t i16_field(const uint8_t* p) { return static_cast<int16_t>(p[0] | p[1] << 8); }
+using block_fields::e8m0_half;
+using block_fields::kE2M1x2;
+using block_fields::load_f16;
+using block_fields::load_f32;
+using block_fields::load_i16;
 
 // The blocks' sums below are those of quant_blocks.cpp's dot products, formed in another order
 // (integers: exact, so the same values) from loops over whole sub-blocks that the compiler
@@ -51,12 +45,12 @@ float dot_q4k(const uint8_t* w, const uint8_t* a) {
       const int32_t sc = j < 4 ? packed[j] & 63 : (packed[j + 4] & 15) | (packed[j - 4] >> 6) << 4;
       const int32_t m = j < 4 ? packed[j + 4] & 63 : (packed[j + 4] >> 4) | (packed[j] >> 6) << 4;
       levels += sc * (half ? high : low);
-      mins += m * (i16_field(a + 260 + 4 * j) + i16_field(a + 262 + 4 * j));
+      mins += m * (load_i16(a + 260 + 4 * j) + load_i16(a + 262 + 4 * j));
     }
   }
-  const float d8 = f32_field(a);
-  return (f16_field(w) * d8) * static_cast<float>(levels) -
-         (f16_field(w + 2) * d8) * static_cast<float>(mins);
+  const float d8 = load_f32(a);
+  return (load_f16(w) * d8) * static_cast<float>(levels) -
+         (load_f16(w + 2) * d8) * static_cast<float>(mins);
 }
 
 // q6_k x q8_k: (d d8) S, S = sum_i scales_i sum (q - 32) a.
@@ -78,21 +72,16 @@ float dot_q6k(const uint8_t* w, const uint8_t* a) {
         second += ((((low[l] >> shift) & 15) | ((qh[32 * h + l] >> 2 * k) & 3) << 4) - 32) * x[l];
       levels += scales[8 * h + 2 * k] * first + scales[8 * h + 2 * k + 1] * second;
     }
-  return (f16_field(w + 208) * f32_field(a)) * static_cast<float>(levels);
+  return (load_f16(w + 208) * load_f32(a)) * static_cast<float>(levels);
 }
 
 // mxfp4 x q8_0: (d8 2^(e - 128)) S, S = sum E2M1x2(nibble) a (doubled E2M1 values: integers).
-constexpr int8_t kE2M1x2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 float dot_mxfp4(const uint8_t* w, const uint8_t* a) {
   const auto* q8 = reinterpret_cast<const int8_t*>(a + 2);
   int32_t sum = 0;
   for (int j = 0; j < 16; ++j)
     sum += kE2M1x2[w[1 + j] & 15] * q8[j] + kE2M1x2[w[1 + j] >> 4] * q8[j + 16];
-  // 2^(e - 128) as ggml forms it (e 0 and 1: subnormal).
-  const uint32_t bits = w[0] < 2 ? 0x00200000u << w[0] : static_cast<uint32_t>(w[0] - 1) << 23;
-  float half_scale;
-  std::memcpy(&half_scale, &bits, sizeof half_scale);
-  return (f16_field(a) * half_scale) * static_cast<float>(sum);
+  return (load_f16(a) * e8m0_half(w[0])) * static_cast<float>(sum);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "backend/cpu/block_fields.h"
 #include "kernels/convert.h"
 #include "moe/error.h"
 
@@ -21,8 +22,12 @@ constexpr int kK = 256;  // a K-quant super-block (ggml's QK_K)
 constexpr int kQ4KBytes = 144, kQ6KBytes = 210, kMxfp4Bytes = 17, kQ8KBytes = 292, kQ80Bytes = 34;
 // Below this largest magnitude ggml takes a Q6_K sub-block (or block) as all zero.
 constexpr float kGroupMaxEps = 1e-15f;
-// E2M1 values times 2 (so they are integers), indexed by the nibble.
-constexpr int8_t kE2M1x2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+using block_fields::e8m0_half;
+using block_fields::kE2M1x2;
+using block_fields::load_f16;
+using block_fields::load_f32;
+using block_fields::load_u16;
+using block_fields::store_u16;
 
 // Round to nearest, ties to even, by adding 1.5 * 2^23 (exact for |v| < 2^22, ggml's
 // nearest_int); outside that range, and for NaN, it gives the same (meaningless) bits as ggml.
@@ -31,26 +36,6 @@ int nearest_int(float v) {
   int32_t bits;
   std::memcpy(&bits, &shifted, sizeof bits);
   return (bits & 0x007fffff) - 0x00400000;
-}
-
-uint16_t load_u16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | p[1] << 8); }
-void store_u16(uint8_t* p, uint16_t v) {
-  p[0] = static_cast<uint8_t>(v);
-  p[1] = static_cast<uint8_t>(v >> 8);
-}
-float load_f16(const uint8_t* p) { return kernels::f16_to_f32(load_u16(p)); }
-float load_f32(const uint8_t* p) {
-  float v;
-  std::memcpy(&v, p, sizeof v);  // little-endian hosts only, as the rest of the library
-  return v;
-}
-
-// 2^(e - 128): half the E8M0 scale, since kE2M1x2 holds doubled values (as ggml).
-float e8m0_half(uint8_t e) {
-  const uint32_t bits = e < 2 ? 0x00200000u << e : static_cast<uint32_t>(e - 1) << 23;
-  float v;
-  std::memcpy(&v, &bits, sizeof v);
-  return v;
 }
 
 // An f16 scale that must be finite: the block's values are beyond what the format holds.
@@ -568,6 +553,24 @@ float dot_row(BlockFormat weights, const uint8_t* wrow, const uint8_t* arow, int
     }
   }
   return sum;
+}
+
+float block_scale(BlockFormat format, const uint8_t* block, float* second) {
+  *second = 0;
+  switch (format) {
+    case BlockFormat::q4_k:
+      *second = load_f16(block + 2);
+      return load_f16(block);
+    case BlockFormat::q6_k:
+      return load_f16(block + 208);
+    case BlockFormat::mxfp4:  // E8M0's 0xFF is NaN
+      return block[0] == 0xFF ? std::nanf("") : std::ldexp(1.0f, int(block[0]) - 127);
+    case BlockFormat::q8_k:
+      return load_f32(block);
+    case BlockFormat::q8_0:
+      return load_f16(block);
+  }
+  return 0;
 }
 
 }  // namespace moe::cpu

@@ -52,8 +52,8 @@ enum class BlockFormat : uint8_t { q4_k, q6_k, mxfp4, q8_k, q8_0 };
 const char* block_format_name(BlockFormat format);  // "q4_k", "q6_k", "mxfp4", "q8_k", "q8_0"
 // The format of a name block_format_name gives; moe::Error naming the name otherwise.
 BlockFormat parse_block_format(const std::string& name);
-int64_t block_elems(BlockFormat format);            // B: 256 or 32
-int64_t block_bytes(BlockFormat format);            // 144, 210, 17, 292, 34
+int64_t block_elems(BlockFormat format);  // B: 256 or 32
+int64_t block_bytes(BlockFormat format);  // 144, 210, 17, 292, 34
 // The bytes of a row of n values; moe::Error naming n and the format unless n is a whole number
 // of blocks (n >= 0).
 int64_t block_row_bytes(BlockFormat format, int64_t n);
@@ -68,5 +68,10 @@ void dequantize_row(BlockFormat format, const uint8_t* row, int64_t n, float* ou
 BlockFormat dot_partner(BlockFormat weights);
 // sum_i w_i * a_i over a weight row and an activation row (in dot_partner(weights)), n values.
 float dot_row(BlockFormat weights, const uint8_t* wrow, const uint8_t* arow, int64_t n);
+
+// The scale one block's values are multiplied by, as a float (q4_k: d, and dmin in *second; q6_k,
+// q8_0: d; q8_k: its f32 d; mxfp4: 2^(e - 127), NaN for e = 0xFF, E8M0's NaN); *second is 0 but
+// for q4_k. A loader refuses a block whose scales are not finite (a damaged file).
+float block_scale(BlockFormat format, const uint8_t* block, float* second);
 
 }  // namespace moe::cpu
