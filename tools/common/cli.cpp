@@ -17,6 +17,7 @@
 #include "moe/comm/mpi.h"
 #endif
 #include "moe/log.h"
+#include "moe/tensor.h"
 #include "moe/threads.h"
 #include "moe/version.h"
 
@@ -261,20 +262,50 @@ void apply_common_options(const CommonOptions& o) {
                 std::thread::hardware_concurrency(), " CPUs");
 }
 
+namespace {
+
+// Under an MPI launcher the ranks of a job agree whether to run (collective): a rank that stopped
+// after --help or --version would leave the others waiting for it forever in their first
+// collective. True, with a message, on a rank that would have run while another stopped.
+bool other_ranks_stopped_early(const std::string& tool, bool stopped) {
+#ifdef MOE_HAVE_MPI
+  if (!comm::launched_under_mpi()) return false;
+  std::unique_ptr<comm::Communicator> world = comm::make_mpi_world();
+  if (world->size() == 1) return false;
+  Tensor count = Tensor::empty({1}, DType::i32);
+  count.data<int32_t>()[0] = stopped ? 1 : 0;
+  world->all_reduce(count, comm::ReduceOp::sum);
+  const int stopped_ranks = count.data<int32_t>()[0];
+  if (stopped || stopped_ranks == 0) return false;
+  std::fprintf(stderr,
+               "%s: error: %d of the job's %d ranks stopped after --help or --version; give every "
+               "rank the same flags\n",
+               tool.c_str(), stopped_ranks, world->size());
+  return true;
+#else
+  (void)tool;
+  (void)stopped;
+  return false;
+#endif
+}
+
+}  // namespace
+
 int run_tool(const std::string& tool, CLI::App& app, int argc, char** argv,
              const std::function<int()>& body, Scope scope) {
   require_finite_numbers(app);
   // Every tool and benchmark answers --version, whether or not it took the common options.
   if (app.get_option_no_throw("--version") == nullptr)
     app.set_version_flag("--version", version_text(tool));
+  int early_exit = -1;  // the exit code of --help or --version; -1: the tool runs
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
+    early_exit = app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
+    early_exit = app.exit(e);
   } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
+    early_exit = app.exit(e);
   } catch (const CLI::ParseError& parse_error) {
     const std::string unknown = unknown_words(app);
     const std::string what = unknown.empty() ? parse_error.what() : unknown;
@@ -294,6 +325,8 @@ int run_tool(const std::string& tool, CLI::App& app, int argc, char** argv,
                  what.c_str(), tool.c_str());
     return 2;
   }
+  if (scope == Scope::job && other_ranks_stopped_early(tool, early_exit >= 0)) return 2;
+  if (early_exit >= 0) return early_exit;
   try {
     return body();
   } catch (const UsageError& e) {

@@ -46,8 +46,9 @@ enum class Scope { process, job };
 // (and --help/--version: a tool without the common options gets --version here), 1 runtime
 // error, 2 usage error. With Scope::job under an MPI launcher, a rank whose flags do not parse
 // ends the whole job (MPI_Abort, exit code 2) instead of leaving the ranks that parsed theirs
-// waiting for it in a collective; errors of `body` are the tool's to end the job with
-// (comm::abort_job).
+// waiting for it in a collective, and the ranks agree whether to run at all: when some stopped
+// after --help or --version, the others exit 2 too; errors of `body` are the tool's to end the
+// job with (comm::abort_job).
 int run_tool(const std::string& tool, CLI::App& app, int argc, char** argv,
              const std::function<int()>& body, Scope scope = Scope::process);
 

@@ -68,3 +68,9 @@ rc=$?
 printf '%s\n' "$out" | tail -3
 [ "$rc" -eq 2 ] || fail "a rank with an unknown flag: exit $rc (124: the job hung)"
 printf '%s' "$out" | grep -q "moe-infer: error: .*--bogus" || fail "no message naming --bogus"
+# ... and so does a rank that stops after --help (issue 45; before: the other rank hung).
+out=$(timeout 30 "$mpiexec" -n 1 "$infer" $args --ep 2 : -n 1 "$infer" $args --ep 2 --help 2>&1)
+rc=$?
+printf '%s\n' "$out" | tail -1
+[ "$rc" -eq 2 ] || fail "a rank given --help: exit $rc (124: the job hung)"
+printf '%s' "$out" | grep -q "moe-infer: error: .*stopped after --help" || fail "no message for --help"
