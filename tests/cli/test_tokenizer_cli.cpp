@@ -11,6 +11,7 @@
 
 #include "moe/io/checkpoint.h"
 #include "moe/io/tokenizer.h"
+#include "moe/io/trace.h"
 #include "support/run.h"
 
 using namespace moe;
@@ -128,6 +129,52 @@ TEST_CASE("cli: a resumed run keeps the tokenizer of the checkpoint it resumed f
   INFO(r.err);
   REQUIRE(r.exit_code == 0);
   const io::StoredTokenizer kept = io::read_tokenizer(dir / "run2/last.h5");
+  REQUIRE(kept.file == "tokenizer.json");
+  REQUIRE(kept.bytes == bytes);
+}
+
+// Issue 44, defect 0: moe-profile record read text as bytes whatever the model's tokenizer, and
+// moe-distill did the same (its student then kept no tokenizer). Both now read text as moe-infer
+// score does: the trace holds the windows of the tokenizer's ids, and the student keeps the
+// teacher's tokenizer.
+TEST_CASE("cli: moe-profile record and moe-distill read text through the model's tokenizer",
+          "[cli][tokenizer]") {
+  test::ScratchDir dir("cli-tokenizer-profile");
+  const std::string first =
+      test::train_on_fortunes(dir / "run", test::kTinyMixtral + " --vocab 704 --steps 2");
+  io::Checkpoint ckpt = io::load_checkpoint(first);
+  const std::string bytes = test::read_file(kTokenizers + "/bpe-qwen/tokenizer.json");
+  ckpt.tokenizer = {"tokenizer.json", bytes};
+  const std::string model = dir / "with-tokenizer.h5";
+  io::save_checkpoint(model, ckpt);
+  const auto tok = io::load_tokenizer(kTokenizers + "/bpe-qwen");
+
+  // Words the tokenizer has whole: it cuts the text into far fewer ids than it has bytes.
+  const std::string data = dir / "data.txt";
+  std::string text;
+  for (int k = 0; k < 40; ++k) text += "Today your friends think about money, tomorrow people.\n";
+  test::write_file(data, text);
+  const int64_t windows = (static_cast<int64_t>(tok->encode(text).size()) - 1) / 16;
+  REQUIRE(windows < (static_cast<int64_t>(text.size()) - 1) / 16);
+  const std::string trace = dir / "trace.h5";
+  auto r = run_command(
+      tool("moe-profile", "record -q --model " + model + " --data " + data + " -o " + trace));
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  REQUIRE(io::TraceReader(trace).tokens() == windows * 16);
+  // The same windows as moe-infer score reads.
+  auto s = run_command(tool("moe-infer", "score -q --model " + model + " --data " + data));
+  REQUIRE(s.exit_code == 0);
+  REQUIRE(static_cast<int64_t>(lines_of(s.out).size()) == windows);
+
+  const std::string student = dir / "student";
+  auto d = run_command(tool("moe-distill", "--teacher " + model + " --data " + data +
+                                               " --student-layers 1 --steps 1 --batch 2"
+                                               " --eval-batches 1 --threads 1 -q -o " +
+                                               student));
+  INFO(d.err);
+  REQUIRE(d.exit_code == 0);
+  const io::StoredTokenizer kept = io::read_tokenizer(student + "/last.h5");
   REQUIRE(kept.file == "tokenizer.json");
   REQUIRE(kept.bytes == bytes);
 }

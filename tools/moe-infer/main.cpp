@@ -20,6 +20,7 @@
 #include "moe/infer/score.h"
 #include "moe/io/checkpoint_dir.h"
 #include "moe/io/dataset.h"
+#include "moe/io/model_text.h"
 #include "moe/io/tokenizer.h"
 #include "moe/log.h"
 #include "moe/timer.h"
@@ -61,19 +62,7 @@ std::unique_ptr<infer::Engine> open_engine(const Options& o,
 // --tokenizer PATH, else the one stored in the checkpoint (import-hf keeps it), else none (a
 // byte-level model reads text as bytes). One with more tokens than the model is refused.
 std::unique_ptr<io::Tokenizer> open_tokenizer(const Options& o, const ModelConfig& mc) {
-  std::unique_ptr<io::Tokenizer> tok;
-  if (!o.tokenizer.empty()) {
-    tok = io::load_tokenizer(o.tokenizer);
-  } else {
-    const std::string file = io::checkpoint_files({o.model}).at(0);
-    io::StoredTokenizer stored = io::read_tokenizer(file);
-    if (stored.empty()) return nullptr;
-    tok = io::tokenizer_from_bytes(stored.file, std::move(stored.bytes), file);
-  }
-  MOE_USAGE_CHECK(tok->vocab_size() <= mc.vocab_size, "--tokenizer: ", tok->describe(),
-                  " has more tokens than the model's vocabulary (", mc.vocab_size, ")");
-  MOE_LOG_INFO("tokenizer: ", tok->describe(), o.tokenizer.empty() ? " (stored in the model)" : "");
-  return tok;
+  return io::open_model_tokenizer(o.model, mc.vocab_size, o.tokenizer);
 }
 
 // Rank 0: batch latency percentiles and, with --popularity, per-layer rank load with and without

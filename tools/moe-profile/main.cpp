@@ -11,6 +11,7 @@
 #include "io/files.h"
 #include "moe/infer/model.h"
 #include "moe/io/dataset.h"
+#include "moe/io/model_text.h"
 #include "moe/log.h"
 #include "moe/profile/curves.h"
 #include "moe/profile/paths.h"
@@ -25,7 +26,7 @@ namespace {
 struct Options {
   tools::CommonOptions common;
   // record
-  std::string model, data, data_format = "auto", out, device = "cpu";
+  std::string model, data, data_format = "auto", out, device = "cpu", tokenizer;
   int64_t batch = 8, max_tokens = 0;
   // summary / paths / accuracy / plot
   std::string trace, table;
@@ -45,7 +46,11 @@ int record(Options& o, int argc, char** argv) {
   const Device device = tools::resolve_device(o.device);  // before any work
   infer::LoadedModel m = infer::load_model(o.model);
   m.params->to(device);  // the routing choices come back to the host for the trace
-  std::vector<int32_t> tokens = io::load_tokens(o.data, io::parse_token_format(o.data_format));
+  // Text through the model's tokenizer (or --tokenizer), as moe-infer score reads it.
+  const std::unique_ptr<io::Tokenizer> tokenizer =
+      io::open_model_tokenizer(o.model, m.config.vocab_size, o.tokenizer);
+  std::vector<int32_t> tokens =
+      io::load_model_tokens(o.data, io::parse_token_format(o.data_format), tokenizer.get());
   io::check_tokens_fit(tokens, m.config.vocab_size, o.data);
   io::BatchSampler windows(&tokens, m.config.seq, 0, false);
   int64_t total = windows.num_windows();
@@ -190,6 +195,9 @@ int main(int argc, char** argv) {
   rec->add_option("--data-format", o.data_format, "auto, text, u16 or u32")
       ->check(CLI::IsMember({"auto", "text", "u16", "u32"}))
       ->capture_default_str();
+  rec->add_option("--tokenizer", o.tokenizer,
+                  "tokenizer.json or tokenizer.model (or a directory holding one) for text data; "
+                  "default: the one stored in the checkpoint, else text is read as bytes");
   rec->add_option("-o,--out", o.out, "Trace file ('-' = stdout, as an HDF5 file image)")
       ->required();
   tools::add_device_option(*rec, o.device, "where the model runs");

@@ -6,6 +6,7 @@
 
 #include "moe/arena.h"
 #include "moe/io/dataset.h"
+#include "moe/io/model_text.h"
 #include "moe/nn/loss.h"
 #include "moe/timer.h"
 
@@ -60,12 +61,7 @@ ScoreSummary score(const Engine& e, const ScoreOptions& o, const ScoreCallbacks&
   const int R = e.ranks(), r = e.rank();
   const io::TokenFormat format =
       io::resolve_token_format(o.data, io::parse_token_format(o.data_format));
-  std::vector<int32_t> tokens;
-  if (format == io::TokenFormat::text && o.tokenizer) {
-    tokens = o.tokenizer->encode(io::read_text_file(o.data));
-  } else {
-    tokens = io::load_tokens(o.data, format);
-  }
+  std::vector<int32_t> tokens = io::load_model_tokens(o.data, format, o.tokenizer);
   io::check_tokens_fit(tokens, mc.vocab_size, o.data);
   if (static_cast<int64_t>(tokens.size()) < mc.seq + 1)
     throw Error(str(o.data, ": ", tokens.size(), " tokens, fewer than one sequence of ", mc.seq + 1,

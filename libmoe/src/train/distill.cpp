@@ -11,7 +11,9 @@
 #include <numeric>
 #include <set>
 
+#include "moe/io/checkpoint_dir.h"
 #include "moe/io/dataset.h"
+#include "moe/io/model_text.h"
 #include "moe/ops/distill.h"
 
 namespace moe::train {
@@ -310,11 +312,18 @@ Distiller::Distiller(const DistillConfig& distill, const TrainConfig& train,
   const ModelConfig& tc = teacher_.config;
 
   // The teacher scores every token of the data: its vocabulary must cover them.
+  // Text through the teacher's tokenizer, which the student inherits (its trainer reads the
+  // data through it again and its checkpoints keep it).
   const io::TokenFormat format = io::parse_token_format(train.data_format);
-  std::vector<int32_t> tokens = io::load_tokens(train.data, format);
+  const io::StoredTokenizer stored =
+      io::read_tokenizer(io::checkpoint_files({config_.teacher}).at(0));
+  const std::unique_ptr<io::Tokenizer> tokenizer =
+      io::stored_model_tokenizer(stored, tc.vocab_size, config_.teacher);
+  std::vector<int32_t> tokens = io::load_model_tokens(train.data, format, tokenizer.get());
   io::check_tokens_fit(tokens, tc.vocab_size, train.data);
   if (!train.val.empty())
-    io::check_tokens_fit(io::load_tokens(train.val, format), tc.vocab_size, train.val);
+    io::check_tokens_fit(io::load_model_tokens(train.val, format, tokenizer.get()), tc.vocab_size,
+                         train.val);
   // Expert popularity is measured on the training part only (what the trainer will hold).
   std::vector<std::vector<int64_t>> loads;
   if (config_.student.expert_rule == "popular") {
@@ -327,10 +336,12 @@ Distiller::Distiller(const DistillConfig& distill, const TrainConfig& train,
   plan_ = plan_student(tc, config_.student, loads);
   const ModelConfig sc = train::student_config(tc, plan_);
 
-  trainer_ = std::make_unique<Trainer>(sc, train, std::move(provenance));
+  trainer_ =
+      std::make_unique<Trainer>(sc, train, std::move(provenance), nullptr, Device{}, &stored);
   // Start from the teacher's weights: parameters, fresh moments, fp32 masters of the same values.
   io::Checkpoint init;
   init.params = student_params(*teacher_.params, tc, plan_);
+  init.tokenizer = stored;
   std::set<std::string> given;
   for (const io::NamedTensor& nt : init.params) given.insert(nt.name);
   for (const optim::OptimizerTensor& t : trainer_->optimizer().state())

@@ -15,6 +15,7 @@
 #include "moe/io/checkpoint_dir.h"
 #include "moe/io/dataset.h"
 #include "moe/io/finite.h"
+#include "moe/io/model_text.h"
 #include "moe/io/tokenizer.h"
 #include "moe/log.h"
 #include "moe/models/flavour.h"
@@ -163,14 +164,11 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
   std::unique_ptr<io::Tokenizer> text_tokenizer;
   if (tokenizer && !tokenizer->empty()) {
     tokenizer_ = *tokenizer;
-    text_tokenizer = io::tokenizer_from_bytes(tokenizer->file, tokenizer->bytes, "the model's");
+    text_tokenizer = io::stored_model_tokenizer(*tokenizer, model.vocab_size, "the checkpoint");
     MOE_USAGE_CHECK(train.tasks.empty(),
                     "--tasks reads each task's text as bytes, but the model "
                     "reads text through its tokenizer (",
                     text_tokenizer->describe(), "): give the tasks token files");
-    MOE_USAGE_CHECK(text_tokenizer->vocab_size() <= model.vocab_size, "the model's tokenizer (",
-                    text_tokenizer->describe(), ") has more tokens than its vocabulary (",
-                    model.vocab_size, ")");
   }
   if (!train.tasks.empty()) setup_tasks(model, train.data_format);  // sets train_.batch
   MOE_USAGE_CHECK(train.batch >= 1, "--batch must be >= 1 (got ", train.batch, ")");
@@ -200,11 +198,7 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
   const io::TokenFormat format = io::parse_token_format(train.data_format);
   // Text through the model's tokenizer when it has one, else every byte a token.
   auto load_tokens = [&](const std::string& path) {
-    if (!text_tokenizer || io::resolve_token_format(path, format) != io::TokenFormat::text)
-      return io::load_tokens(path, format);
-    std::vector<int32_t> ids = text_tokenizer->encode(io::read_text_file(path));
-    MOE_CHECK(!ids.empty(), "'", path, "': no tokens (an empty text)");
-    return ids;
+    return io::load_model_tokens(path, format, text_tokenizer.get());
   };
   if (tasks_) {  // each task's held-out tail, or --val
     val_tokens_ = train.val.empty() ? tasks_->validation_tokens() : load_tokens(train.val);
