@@ -339,3 +339,30 @@ TEST_CASE("cli: a device, FIFO or empty file as a model is refused at once", "[c
   expect_error(run_command(tool("moe-infer", "score --model " + empty + data)), "moe-infer", 1,
                {empty, "empty file (0 bytes)"});
 }
+
+TEST_CASE("cli: a device or FIFO as data is refused at once", "[cli][validation]") {
+  // Issue 45: `--data /dev/zero` read for ever (no message) in moe-train, moe-infer score and
+  // moe-profile record; a FIFO with no writer blocked in open.
+  Trained& t = trained();
+  test::ScratchDir dir("cli-validation-data-nodes");
+  const std::string fifo = dir / "data.fifo";
+  REQUIRE(run_command("mkfifo " + fifo).exit_code == 0);
+  const std::string text = test::fortunes_path("linux");
+  for (const std::string& data : {std::string("/dev/zero"), fifo}) {
+    INFO(data);
+    for (const auto& [name, args] : std::vector<std::pair<std::string, std::string>>{
+             {"moe-train", "--data " + data + " --out " + (dir / "run") + kModel + " --steps 1"},
+             {"moe-train", "--data " + text + " --val " + data + " --out " + (dir / "run") +
+                               kModel + " --steps 1"},
+             {"moe-infer", "score --model " + t.ckpt + " --data " + data},
+             {"moe-profile", "record --model " + t.ckpt + " --data " + data + " -o " +
+                                 (dir / "t.h5")}}) {
+      INFO(args);
+      // `timeout`: before the fix these read /dev/zero until memory ran out.
+      auto r = run_command("timeout 20 " + tool(name, args));
+      expect_error(r, name, 1, {"'" + data + "'", "not a regular file"});
+    }
+  }
+  REQUIRE_FALSE(fs::exists(dir / "t.h5"));
+  REQUIRE_FALSE(fs::exists(dir / "run/last.h5"));
+}

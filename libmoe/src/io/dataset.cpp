@@ -13,6 +13,7 @@
 
 #include "moe/checksum.h"
 #include "moe/error.h"
+#include "moe/io/input.h"
 #include "moe/log.h"
 #include "moe/rng.h"
 #include "moe/timer.h"
@@ -45,10 +46,10 @@ std::vector<unsigned char> read_all(std::FILE* file, const std::string& what, si
 std::vector<unsigned char> read_bytes(const std::string& path) {
   namespace fs = std::filesystem;
   if (path == "-") return read_all(stdin, "token file '-' (stdin)");  // read once, whole
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) throw Error(str("token file '", path, "': is a directory"));
+  check_input_file(path, "token file");  // /dev/zero would be read until memory runs out
   FilePtr file(std::fopen(path.c_str(), "rb"));
   if (!file) throw Error(str("token file '", path, "': cannot open: ", std::strerror(errno)));
+  std::error_code ec;
   const uintmax_t size = fs::file_size(path, ec);
   return read_all(file.get(), str("token file '", path, "'"), ec ? 0 : static_cast<size_t>(size));
 }
@@ -64,8 +65,7 @@ std::string FileFingerprint::crc32c_hex() const {
 }
 
 FileFingerprint fingerprint_file(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) throw Error(str("'", path, "': is a directory"));
+  check_input_file(path, "data file");
   FilePtr file(std::fopen(path.c_str(), "rb"));
   if (!file) throw Error(str("'", path, "': cannot open: ", std::strerror(errno)));
   FileFingerprint f;

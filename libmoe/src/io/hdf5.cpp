@@ -11,6 +11,7 @@
 
 #include "io/hdf5_driver.h"
 #include "moe/arena.h"
+#include "moe/io/input.h"
 
 namespace moe::io::h5 {
 
@@ -180,10 +181,7 @@ File open_file_readonly(const std::string& path, const char* what) {
   std::error_code ec;
   fs::file_status status = fs::status(path, ec);
   if (!fs::exists(status)) throw Error(str(what, " '", path, "': no such file"));
-  if (fs::is_directory(status)) throw Error(str(what, " '", path, "': is a directory"));
-  // A device (/dev/null), FIFO or socket has no size, and reading one may block or never end.
-  if (!fs::is_regular_file(status))
-    throw Error(str(what, " '", path, "': not a regular file (a device, FIFO or socket)"));
+  check_input_file(path, what);  // a device may never end, a FIFO blocks
   uintmax_t size = fs::file_size(path, ec);
   if (!ec && size == 0) throw Error(str(what, " '", path, "': empty file (0 bytes), not HDF5"));
 
