@@ -360,3 +360,61 @@ TEST_CASE("hf families: an imported model scores like the family reference", "[h
       our_logits(test::import_hf_held(dir.file("narrow")), dir.file("narrow.h5"), ids, 1, T);
   REQUIRE(relative_error(ours, hf_reference_logits(narrow, w, ids, 1, T, narrow.norm_topk)) < 1e-4);
 }
+
+// Issue 44, defect 1: configs as transformers 5 writes them. Qwen3-MoE's class maps num_experts to
+// num_local_experts (attribute_map) and so writes the latter; RoPE goes into rope_parameters;
+// Qwen2-MoE lists each layer's attention in layer_types. Each reads as the 4.x form does.
+TEST_CASE("hf families: configs as transformers 5 writes them import", "[hf]") {
+  test::ScratchDir dir("hf-families-tf5");
+  const Tiny q3 = tiny_of("qwen3_moe"), q2 = tiny_of("qwen2_moe");
+  auto import_of = [&](const std::string& name, const json& config, const Tiny& t) {
+    write_hf_dir(dir.file(name), config, family_weights(t, 9), 1);
+    return test::import_hf_held(dir.file(name));
+  };
+  auto refusal = [&](const std::string& name, const json& config,
+                     const std::map<std::string, Tensor>& w) {
+    write_hf_dir(dir.file(name), config, w, 1);
+    return test::error_of([&] { test::import_hf_held(dir.file(name)); });
+  };
+  const io::Checkpoint v4 = import_of("qwen3-v4", family_config(q3), q3);
+  json v5 = family_config(q3);
+  v5.erase("num_experts");
+  v5["num_local_experts"] = q3.E;
+  v5.erase("rope_theta");
+  v5.erase("rope_scaling");
+  v5["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", q3.theta}};
+  const io::Checkpoint imported = import_of("qwen3-v5", v5, q3);
+  REQUIRE(imported.model_config == v4.model_config);
+  REQUIRE(imported.params.size() == v4.params.size());
+  // Both spellings must agree when both are there.
+  json both = v5;
+  both["num_experts"] = q3.E + 1;
+  REQUIRE_THAT(refusal("qwen3-both", both, family_weights(q3, 9)),
+               Catch::Contains("\"num_local_experts\" (4) and \"num_experts\" (5) disagree"));
+  json partial = v5;
+  partial["rope_parameters"]["partial_rotary_factor"] = 0.5;
+  REQUIRE_THAT(refusal("qwen3-partial", partial, family_weights(q3, 9)),
+               Catch::Contains("partial RoPE (rope_parameters partial_rotary_factor 0.5)"));
+
+  // Qwen2-MoE: a window switched on, but no layer of layer_types slides (max_window_layers 0):
+  // transformers attends fully, and so do we. A window on some layers only is refused.
+  json full = family_config(q2);
+  full["use_sliding_window"] = true;
+  full["sliding_window"] = 16;
+  full["layer_types"] = {"full_attention", "full_attention"};
+  REQUIRE(import_of("qwen2-full", full, q2).model_config ==
+          import_of("qwen2-v4", family_config(q2), q2).model_config);
+  json some = full;
+  some["layer_types"] = {"sliding_attention", "full_attention"};
+  REQUIRE_THAT(refusal("qwen2-some", some, family_weights(q2, 9)),
+               Catch::Contains("a sliding window on 1 of 2 layers (layer_types"));
+  // qkv_bias false: Qwen2-MoE without its q/k/v biases, which our flavour always has.
+  json no_bias = family_config(q2);
+  no_bias["qkv_bias"] = false;
+  auto w = family_weights(q2, 9);
+  for (const char* x : {"q", "k", "v"})
+    for (int64_t l = 0; l < q2.L; ++l)
+      w.erase("model.layers." + std::to_string(l) + ".self_attn." + x + "_proj.bias");
+  REQUIRE_THAT(refusal("qwen2-no-bias", no_bias, w),
+               Catch::Contains("Qwen2-MoE without q/k/v biases (qkv_bias: false)"));
+}

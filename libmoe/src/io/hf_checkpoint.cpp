@@ -184,6 +184,41 @@ struct HfModel {
   bool normalize = true;
 };
 
+// The number of experts: configs spell it num_local_experts (Mixtral; Qwen3-MoE as transformers
+// 5 writes it) or num_experts (Qwen2-MoE, OLMoE; Qwen3-MoE as 4.x wrote it), and transformers
+// reads either spelling for each of these families. Returns the key present ("" if none).
+std::string experts_key(const ConfigReader& c, bool mixtral) {
+  const bool local = c.has("num_local_experts"), plain = c.has("num_experts");
+  if (local && plain && c.integer("num_local_experts") != c.integer("num_experts"))
+    throw Error(str("'", c.path, "': \"num_local_experts\" (", c.integer("num_local_experts"),
+                    ") and \"num_experts\" (", c.integer("num_experts"),
+                    ") disagree; they name the same number"));
+  if (local) return "num_local_experts";
+  if (plain) return "num_experts";
+  throw Error(str("'", c.path, "': missing \"", mixtral ? "num_local_experts" : "num_experts",
+                  "\" (the number of experts; \"", mixtral ? "num_experts" : "num_local_experts",
+                  "\" is read too)"));
+}
+
+// Which layers attend through a sliding window: layer_types (Qwen2-MoE as transformers 5 writes
+// it: "full_attention" or "sliding_attention" per layer) when given, else `fallback`. A window
+// on some layers only, or a layer type we do not know, goes to `unsupported`.
+bool window_by_layer_types(const json& j, bool fallback, std::vector<std::string>& unsupported) {
+  if (!j.contains("layer_types") || !j["layer_types"].is_array()) return fallback;
+  size_t sliding = 0;
+  for (const json& t : j["layer_types"]) {
+    const std::string type = t.is_string() ? t.get<std::string>() : t.dump();
+    if (type == "sliding_attention")
+      ++sliding;
+    else if (type != "full_attention")
+      unsupported.push_back(str("layer type '", type, "' (layer_types)"));
+  }
+  if (sliding > 0 && sliding < j["layer_types"].size())
+    unsupported.push_back(str("a sliding window on ", sliding, " of ", j["layer_types"].size(),
+                              " layers (layer_types; ours is on every layer or none)"));
+  return sliding > 0;
+}
+
 // Reads config.json; features our model lacks go to `unsupported`.
 HfModel parse_config(const json& j, const std::string& path,
                      std::vector<std::string>& unsupported) {
@@ -198,7 +233,8 @@ HfModel parse_config(const json& j, const std::string& path,
   m.layers = c.integer("num_hidden_layers");
   m.heads = c.integer("num_attention_heads");
   m.kv_heads = c.integer_or("num_key_value_heads", m.heads);
-  m.experts = c.integer(mixtral ? "num_local_experts" : "num_experts");
+  const std::string experts = experts_key(c, mixtral);
+  m.experts = c.integer(experts);
   m.top_k = c.integer("num_experts_per_tok");
   m.ffn = c.integer(qwen ? "moe_intermediate_size" : "intermediate_size");
   m.max_positions = c.integer("max_position_embeddings");
@@ -213,10 +249,9 @@ HfModel parse_config(const json& j, const std::string& path,
   // The counts that size the import's plan before any tensor is read, bounded both ways: a
   // damaged or hostile config.json claiming more than any model has is refused here instead of
   // being allocated (the fuzzer found num_local_experts 8000000000143474).
-  const std::string experts_key = mixtral ? "num_local_experts" : "num_experts";
   constexpr int64_t kMaxCount = int64_t(1) << 16;
   for (const std::string& key :
-       {std::string("num_hidden_layers"), experts_key, std::string("num_experts_per_tok"),
+       {std::string("num_hidden_layers"), experts, std::string("num_experts_per_tok"),
         std::string("num_attention_heads"), std::string("num_key_value_heads")}) {
     if (!c.has(key)) continue;
     const int64_t value = c.integer(key);
@@ -233,6 +268,9 @@ HfModel parse_config(const json& j, const std::string& path,
     if (!r.is_object()) throw Error(str("'", path, "': \"", key, "\" is not an object"));
     if (key == "rope_parameters" && r.contains("rope_theta") && r["rope_theta"].is_number())
       m.rope_theta = r["rope_theta"].get<double>();
+    if (r.contains("partial_rotary_factor") && r["partial_rotary_factor"] != 1.0)
+      unsupported.push_back(str("partial RoPE (", key, " partial_rotary_factor ",
+                                r["partial_rotary_factor"].dump(), ")"));
     for (const char* type_key : {"rope_type", "type"})
       if (r.contains(type_key) && r[type_key].is_string()) return r[type_key].get<std::string>();
     return "default";
@@ -262,6 +300,8 @@ HfModel parse_config(const json& j, const std::string& path,
   if (c.boolean_or("attention_bias", false))
     unsupported.push_back("attention biases (attention_bias: true)");
   if (c.has("clip_qkv")) unsupported.push_back("q/k/v clipping (clip_qkv)");
+  if (m.arch == Arch::qwen2_moe && !c.boolean_or("qkv_bias", true))
+    unsupported.push_back("Qwen2-MoE without q/k/v biases (qkv_bias: false)");
   if (m.arch == Arch::qwen2_moe) {
     m.shared_ff = c.integer_or("shared_expert_intermediate_size", 0);
     if (m.shared_ff < 0)
@@ -277,7 +317,8 @@ HfModel parse_config(const json& j, const std::string& path,
        !j["mlp_only_layers"].empty()))
     unsupported.push_back("dense MLP layers (decoder_sparse_step / mlp_only_layers)");
   // A sliding window only matters when it is shorter than our context (checked once seq is known).
-  const bool window_on = !qwen || c.boolean_or("use_sliding_window", false);
+  const bool window_on =
+      window_by_layer_types(j, !qwen || c.boolean_or("use_sliding_window", false), unsupported);
   if (window_on && c.has("sliding_window")) m.sliding_window = c.integer("sliding_window");
   return m;
 }
