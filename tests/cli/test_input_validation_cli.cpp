@@ -92,6 +92,51 @@ TEST_CASE("cli: numeric flags must be finite and in range, in every tool", "[cli
   REQUIRE_FALSE(fs::exists(dir / "run"));
 }
 
+TEST_CASE("cli: integers beyond their flag's range are refused, never clamped",
+          "[cli][validation]") {
+  // Issue 45: 99999999999999999999 became 2^63 - 1 (31 flags), --seed -1 became 2^64 - 1.
+  Trained& t = trained();
+  test::ScratchDir dir("cli-validation-integers");
+  const std::string train =
+      "--data " + test::fortunes_path("linux") + " --out " + (dir / "run") + kModel + " --steps 1 ";
+  const std::string huge = "99999999999999999999";
+  const std::string int64_range = "-9223372036854775808..9223372036854775807";
+  const std::string uint64_range = "0..18446744073709551615";
+  struct Case {
+    std::string tool, args, flag, range;
+  };
+  const std::vector<Case> cases = {
+      {"moe-train", train + "--steps " + huge, "--steps", int64_range},
+      {"moe-train", train + "--layers " + huge, "--layers", int64_range},
+      {"moe-train", train + "--batch -" + huge, "--batch", int64_range},
+      {"moe-train", train + "--experts-per-layer 0," + huge, "--experts-per-layer", int64_range},
+      {"moe-train", train + "--seed -1", "--seed", uint64_range},
+      {"moe-train", train + "--seed 18446744073709551616", "--seed", uint64_range},
+      {"moe-infer", "score --model " + t.ckpt + " --data x --max-sequences " + huge,
+       "--max-sequences", int64_range},
+      {"moe-infer", "generate --model " + t.ckpt + " --prompts - --seed -7", "--seed",
+       uint64_range},
+      {"moe-profile", "record --model " + t.ckpt + " --data x -o y --max-tokens " + huge,
+       "--max-tokens", int64_range},
+      {"moe-distill", "--teacher " + t.ckpt + " --data x -o y --steps " + huge, "--steps",
+       int64_range},
+  };
+  for (const Case& c : cases) {
+    INFO(c.tool << " " << c.args);
+    expect_error(run_command(tool(c.tool, c.args) + " </dev/null"), c.tool, 2,
+                 {c.flag + ": must be an integer in " + c.range + ", got "});
+    REQUIRE_FALSE(fs::exists(dir / "run"));
+  }
+  // A --config file goes through the same check; the largest values still parse.
+  test::write_file(dir / "bad.toml", "warmup = " + huge + "\n");
+  expect_error(run_command(tool("moe-train", train + "--config " + (dir / "bad.toml"))),
+               "moe-train", 2, {"--warmup: must be an integer in " + int64_range});
+  auto largest = run_command(
+      tool("moe-train", train + "--seed 18446744073709551615 --eval-every 9223372036854775807"));
+  INFO(largest.err);
+  REQUIRE(largest.exit_code == 0);
+}
+
 TEST_CASE("cli: a run whose update makes a parameter non-finite stops and saves nothing",
           "[cli][validation]") {
   test::ScratchDir dir("cli-validation-diverge");
@@ -355,8 +400,8 @@ TEST_CASE("cli: a device or FIFO as data is refused at once", "[cli][validation]
              {"moe-train", "--data " + text + " --val " + data + " --out " + (dir / "run") +
                                kModel + " --steps 1"},
              {"moe-infer", "score --model " + t.ckpt + " --data " + data},
-             {"moe-profile", "record --model " + t.ckpt + " --data " + data + " -o " +
-                                 (dir / "t.h5")}}) {
+             {"moe-profile",
+              "record --model " + t.ckpt + " --data " + data + " -o " + (dir / "t.h5")}}) {
       INFO(args);
       // `timeout`: before the fix these read /dev/zero until memory ran out.
       auto r = run_command("timeout 20 " + tool(name, args));

@@ -168,6 +168,12 @@ TEST_CASE("ring: --expert-budget reads bytes, units and shares", "[ring]") {
   REQUIRE(parse_budget("25%", 1000) == 250);
   REQUIRE(parse_budget("12.5%", 1001) == 125);  // rounded down
   REQUIRE(parse_budget(" 100% ", 4096) == 4096);
+  // K/M/G/T alone are powers of 1024, as coreutils, dd, Slurm and docker read them (issue 45).
+  REQUIRE(parse_budget("256M", 0) == 256LL << 20);
+  REQUIRE(parse_budget("3k", 0) == 3072);
+  REQUIRE(parse_budget("2G", 0) == 2LL << 30);
+  REQUIRE(parse_budget("1.5 m", 0) == 3LL << 19);
+  REQUIRE(parse_budget("1T", 0) == 1LL << 40);
   for (const char* bad : {"", "abc", "-5", "12XB", "1e3", "%", "5 % 3", "1..5MB"}) {
     INFO(bad);
     REQUIRE_THROWS_AS(parse_budget(bad, 1000), UsageError);

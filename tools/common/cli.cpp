@@ -3,12 +3,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <regex>
 #include <thread>
 
@@ -237,6 +240,40 @@ void require_finite_numbers(CLI::App& app) {
     require_finite_numbers(*sub);
 }
 
+CLI::Validator integer_in_range(bool is_unsigned) {
+  return CLI::Validator(
+      [is_unsigned](std::string& text) -> std::string {
+        const char* begin = text.c_str();
+        while (std::isspace(static_cast<unsigned char>(*begin))) ++begin;
+        char* end = nullptr;
+        errno = 0;
+        // Base 0, as CLI11 converts (0x10 is 16). strtoull takes "-1" for 2^64 - 1.
+        bool wrapped = false;
+        if (is_unsigned)
+          wrapped = std::strtoull(begin, &end, 0) != 0 && *begin == '-';
+        else
+          std::strtoll(begin, &end, 0);
+        if (end == begin || *end != '\0') return {};  // not an integer: the conversion says so
+        if (errno != ERANGE && !wrapped) return {};
+        if (is_unsigned)
+          return str("must be an integer in 0..", std::numeric_limits<uint64_t>::max(), ", got ",
+                     text);
+        return str("must be an integer in ", std::numeric_limits<int64_t>::min(), "..",
+                   std::numeric_limits<int64_t>::max(), ", got ", text);
+      },
+      "");  // no text in --help's type column
+}
+
+void require_integers_in_range(CLI::App& app) {
+  for (CLI::Option* option : app.get_options()) {
+    const std::string type = option->get_type_name();
+    if (type.rfind("INT", 0) == 0 || type.rfind("UINT", 0) == 0)
+      option->check(integer_in_range(type[0] == 'U'));
+  }
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+    require_integers_in_range(*sub);
+}
+
 int max_threads() {
   const long online = ::sysconf(_SC_NPROCESSORS_ONLN);
   return static_cast<int>(std::max(16L, 4 * std::max(1L, online)));
@@ -294,6 +331,7 @@ bool other_ranks_stopped_early(const std::string& tool, bool stopped) {
 int run_tool(const std::string& tool, CLI::App& app, int argc, char** argv,
              const std::function<int()>& body, Scope scope) {
   require_finite_numbers(app);
+  require_integers_in_range(app);
   // Every tool and benchmark answers --version, whether or not it took the common options.
   if (app.get_option_no_throw("--version") == nullptr)
     app.set_version_flag("--version", version_text(tool));

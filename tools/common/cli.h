@@ -34,6 +34,13 @@ CLI::Validator positive();
 CLI::Validator finite();
 // Adds finite() to every floating-point option of `app` and of its subcommands and groups.
 void require_finite_numbers(CLI::App& app);
+// An integer its flag's type can hold (int64, or uint64 for `is_unsigned`), naming that range
+// otherwise: CLI11 alone keeps the clamped result of an overflow (99999999999999999999 became
+// 2^63 - 1) and the wrapped one of a negative unsigned (--seed -1 became 2^64 - 1). run_tool
+// adds it to every integer flag, as finite() to every floating-point one. (A 32-bit flag's
+// overflow below 2^63 is refused by CLI11's own conversion.)
+CLI::Validator integer_in_range(bool is_unsigned);
+void require_integers_in_range(CLI::App& app);
 // The largest --threads accepted: 4 x the online CPUs, at least 16. More threads than that only
 // oversubscribe (and OpenBLAS, given a million, spins in its start-up under a memory limit).
 int max_threads();

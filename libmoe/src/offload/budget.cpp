@@ -17,8 +17,8 @@ namespace moe::offload {
 int64_t parse_bytes(const std::string& flag, const std::string& text, int64_t total) {
   auto bad = [&](const std::string& why) {
     return UsageError(str(flag, " '", text, "': ", why,
-                          " (expected bytes such as 123456, 512MiB, 1.5GB, or a share such as "
-                          "25%)"));
+                          " (expected bytes such as 123456, 512MiB, 256M, 1.5GB, or a share "
+                          "such as 25%)"));
   };
   size_t b = 0, e = text.size();
   while (b < e && std::isspace(static_cast<unsigned char>(text[b]))) ++b;
@@ -53,6 +53,10 @@ int64_t parse_bytes(const std::string& flag, const std::string& text, int64_t to
                                                         {"mb", 1e6},
                                                         {"gb", 1e9},
                                                         {"tb", 1e12},
+                                                        {"k", 1024.0},
+                                                        {"m", 1048576.0},
+                                                        {"g", 1073741824.0},
+                                                        {"t", 1099511627776.0},
                                                         {"kib", 1024.0},
                                                         {"mib", 1048576.0},
                                                         {"gib", 1073741824.0},

@@ -6,9 +6,10 @@
 
 namespace moe::offload {
 
-// "123456" (bytes), "512MiB", "1.5GB" (B, KB/MB/GB/TB powers of 1000, KiB/MiB/GiB/TiB powers of
-// 1024, case-insensitive), or "25%" of `total`; rounded down to whole bytes. UsageError naming
-// `flag` otherwise (empty, negative, not a number, unknown unit, too large).
+// "123456" (bytes), "512MiB", "256M", "1.5GB" (B, KB/MB/GB/TB powers of 1000, KiB/MiB/GiB/TiB and
+// K/M/G/T, as coreutils and dd read them, powers of 1024, case-insensitive), or "25%" of `total`;
+// rounded down to whole bytes. UsageError naming `flag` otherwise (empty, negative, not a number,
+// unknown unit, too large).
 int64_t parse_bytes(const std::string& flag, const std::string& text, int64_t total);
 
 // Bytes an unprivileged writer may still use on the file system holding `dir` (or its nearest
