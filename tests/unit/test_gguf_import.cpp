@@ -359,13 +359,18 @@ TEST_CASE("gguf import: stored tokenizers are rebuilt and give the same ids",
   };
   for (const Case& c : {Case{Arch::mixtral, "spm/tokenizer.model"},
                         Case{Arch::qwen2_moe, "bpe-qwen/tokenizer.json"},
-                        Case{Arch::qwen3_moe, "bpe-qwen/tokenizer.json"}}) {
+                        Case{Arch::qwen3_moe, "bpe-qwen/tokenizer.json"},
+                        Case{Arch::mixtral, "bpe-gpt2/tokenizer.json"}}) {
     INFO(c.file << " in " << arch_name(c.arch));
     const auto tok = io::load_tokenizer(data + c.file);
     io::Checkpoint original = random_model(c.arch, DType::f32, 17, tok->vocab_size() + 8);
     original.tokenizer = {tok->file_name(), tok->file_bytes()};
     const std::string path = dir.file("a.gguf"), again = dir.file("b.gguf");
     io::export_gguf(original, path, {});
+    // Issue 44, defect 2: GPT-2's ByteLevel(use_regex) was refused; it is llama.cpp's gpt-2.
+    if (!tok->sentencepiece())
+      REQUIRE(io::read_gguf(path).metadata["tokenizer.ggml.pre"]["value"] ==
+              (c.file == "bpe-gpt2/tokenizer.json" ? "gpt-2" : "qwen2"));
     const io::Checkpoint back = imported(path);
     REQUIRE(back.tokenizer.file == tok->file_name());
     const auto rebuilt = io::tokenizer_from_bytes(back.tokenizer.file, back.tokenizer.bytes, "x");

@@ -168,3 +168,26 @@ TEST_CASE("tokenizer: bad ids, invalid UTF-8 and unsupported files are clear err
   REQUIRE_THAT(test::error_of([&] { io::load_tokenizer(dir.path()); }),
                Catch::Contains("holds neither"));
 }
+
+// Issue 44, defect 2: the name GGUF files give the pre-tokenizer (tokenizer.ggml.pre). GPT-2's
+// ByteLevel with its own expression is llama.cpp's "gpt-2" (it was unnamed, and export-gguf
+// refused it); Qwen2's Split is "qwen2"; a space added before the text, or two expressions in a
+// row, are neither (llama.cpp would cut the text otherwise).
+TEST_CASE("tokenizer: byte-level pre-tokenizers get llama.cpp's names, and only those",
+          "[tokenizer]") {
+  const nlohmann::json gpt2 = nlohmann::json::parse(read(kData + "/bpe-gpt2/tokenizer.json"));
+  const nlohmann::json qwen = nlohmann::json::parse(read(kData + "/bpe-qwen/tokenizer.json"));
+  auto pre_of = [](const nlohmann::json& j) {
+    return io::tokenizer_from_bytes("tokenizer.json", j.dump(), "test")->llama_pre_tokenizer();
+  };
+  REQUIRE(pre_of(gpt2) == "gpt-2");
+  REQUIRE(pre_of(qwen) == "qwen2");
+  nlohmann::json prefix = gpt2;
+  prefix["pre_tokenizer"]["add_prefix_space"] = true;
+  REQUIRE(pre_of(prefix) == "");
+  nlohmann::json twice = gpt2;  // Qwen2's split, then GPT-2's expression on its pieces
+  twice["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers", {qwen["pre_tokenizer"]["pretokenizers"][0], gpt2["pre_tokenizer"]}}};
+  REQUIRE(pre_of(twice) == "");
+}

@@ -299,13 +299,19 @@ class BpeTokenizer final : public Tokenizer {
       const json& pattern = p.at("pattern");
       const bool literal = pattern.contains("String");
       const std::string text = pattern.at(literal ? "String" : "Regex").get<std::string>();
-      // llama.cpp names the pre-tokenizers it implements; ours runs any expression.
-      llama_pre_ = !literal && text == kQwen2Pattern ? "qwen2" : "";
+      // llama.cpp names the pre-tokenizers it implements; ours runs any expression. A name holds
+      // for a single expression only.
+      llama_pre_ = !literal && text == kQwen2Pattern && !split_seen_ ? "qwen2" : "";
+      split_seen_ = true;
       steps_.push_back({std::make_shared<Regex>(text, literal, where_), false, false});
     } else if (type == "ByteLevel") {
       PreStep step{nullptr, true, p.value("add_prefix_space", false)};
-      if (p.value("use_regex", true))
+      if (p.value("use_regex", true)) {
         step.split = std::make_shared<Regex>(kGpt2Pattern, false, where_);
+        llama_pre_ = split_seen_ ? "" : "gpt-2";  // GPT-2's own expression: llama.cpp's gpt-2
+        split_seen_ = true;
+      }
+      if (step.add_prefix_space) llama_pre_ = "";  // llama.cpp adds no space before the text
       steps_.push_back(step);
     } else {
       refuse(str("pre-tokenizer '", type, "'"));
@@ -441,6 +447,7 @@ class BpeTokenizer final : public Tokenizer {
   std::vector<int32_t> prefix_, suffix_;  // TemplateProcessing's tokens around a single text
   std::vector<std::string> merge_list_;   // "a b", by rank
   std::string llama_pre_;                 // llama_pre_tokenizer()
+  bool split_seen_ = false;               // a pre-tokenizer step with an expression was loaded
   bool nfc_ = false, ignore_merges_ = false;
   int32_t unk_ = -1, bos_ = -1, eos_ = -1;
 };
