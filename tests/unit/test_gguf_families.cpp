@@ -34,7 +34,8 @@ TEST_CASE("gguf families: qwen2moe, qwen3moe and olmoe, every key and tensor", "
       {"qwen2_moe", "qwen2moe"}, {"qwen3_moe", "qwen3moe"}, {"olmoe", "olmoe"}};
   for (const auto& [family, name] : arch) {
     INFO("family " << family);
-    const Tiny t = tiny_of(family);
+    Tiny t = tiny_of(family);
+    if (family == "olmoe") t.KV = t.H;  // llama.cpp's olmoe has no GQA (below)
     const auto w = family_weights(t, 11);
     write_hf_dir(dir.file(family), family_config(t), w, 1);
     const io::Checkpoint ckpt = test::import_hf_held(dir.file(family));
@@ -132,8 +133,16 @@ TEST_CASE("gguf families: what llama.cpp hard-codes otherwise is refused by name
   q3.norm_topk = false;
   REQUIRE_THAT(refusal(q3), Catch::Contains("llama.cpp's qwen3moe renormalises"));
   Tiny ol = tiny_of("olmoe");
+  ol.KV = ol.H;
   ol.norm_topk = true;
   REQUIRE_THAT(refusal(ol), Catch::Contains("llama.cpp's olmoe does not renormalise"));
+  // Issue 44, defect 3: llama.cpp sizes olmoe's k-norm by the model width, so a GQA OLMoE (its
+  // k-norm KV * hd wide) gave a file llama.cpp refuses; export-gguf now refuses it by name.
+  ol = tiny_of("olmoe");
+  REQUIRE(ol.KV < ol.H);
+  REQUIRE_THAT(refusal(ol), Catch::Contains("llama.cpp's olmoe normalises q and k over the model "
+                                            "width (32); this model's k is 16 wide (2 key/value "
+                                            "heads and 4 heads of 8)"));
   io::Checkpoint shared = imported(tiny_of("qwen3_moe"));
   ModelConfig mc = model_config_from_json(shared.model_config);
   mc.shared_expert_ff = 8;

@@ -57,7 +57,7 @@ io::Checkpoint random_model(Arch arch, DType dtype, uint64_t seed, int64_t vocab
   ModelConfig c = test::small_model_config(arch);
   c.d_model = 64;
   c.heads = 4;
-  c.kv_heads = 2;
+  c.kv_heads = arch == Arch::olmoe ? 4 : 2;  // llama.cpp's olmoe has no GQA (k-norm of D)
   c.d_ff = 96;
   c.vocab_size = vocab;
   c.seq = 48;

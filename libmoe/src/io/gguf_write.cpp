@@ -275,6 +275,20 @@ LlamaArch llama_arch(Arch arch) {
   }
 }
 
+// llama.cpp's olmoe sizes its q and k norms by n_embd (the whole model width): a model whose
+// q or k projection is narrower (fewer key/value heads than heads, or another head width) writes
+// a file llama.cpp refuses to load ("attn_k_norm.weight has wrong shape").
+void check_olmoe_norm_widths(const ModelConfig& mc) {
+  if (mc.arch != Arch::olmoe) return;
+  const int64_t D = mc.d_model, hd = mc.head_dim_resolved();
+  const int64_t q = mc.heads * hd, k = mc.kv_heads_resolved() * hd;
+  if (q != D || k != D)
+    throw Error(str("export_gguf: llama.cpp's olmoe normalises q and k over the model width (", D,
+                    "); this model's ", q != D ? "q" : "k", " is ", q != D ? q : k, " wide (",
+                    mc.kv_heads_resolved(), " key/value heads and ", mc.heads, " heads of ", hd,
+                    "), which llama.cpp would refuse to load"));
+}
+
 }  // namespace
 
 GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
@@ -287,6 +301,7 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
                     arch.normalize_topk ? " renormalises" : " does not renormalise",
                     " the top-k gate weights; this model ", mc.normalize_topk ? "does" : "does not",
                     " (normalize_topk ", mc.normalize_topk ? "true" : "false", ")"));
+  check_olmoe_norm_widths(mc);
   const Flavour flavour = flavour_of(mc);
   if (!flavour.shared_expert_gate && mc.shared_expert_ff > 0)
     throw Error(str("export_gguf: llama.cpp's ", arch.name,
