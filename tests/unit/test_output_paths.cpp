@@ -103,6 +103,37 @@ TEST_CASE("io: stale temporary files of dead processes are removed, live ones ke
   REQUIRE(io::remove_stale_temporaries(dir / "missing").empty());
 }
 
+TEST_CASE("io: interrupted sharded saves are removed, complete checkpoints kept", "[io][out]") {
+  // Issue 45: a kill during an --ep 2 save left step-N/rank-R.h5.tmp-PID and step directories
+  // without rank files; the clean-up looked only at the top of the run directory.
+  test::ScratchDir dir("io-out-stale-sharded");
+  const std::string own = std::to_string(::getpid());
+  auto make = [&](const std::string& step, const std::vector<std::string>& files) {
+    fs::create_directory(dir / step);
+    for (const std::string& name : files) test::write_file(dir / (step + "/" + name), "x");
+  };
+  make("step-00000002", {"rank-00000.h5", "rank-00001.h5"});  // complete, older: kept
+  // last's target: never touched, not even a dead process's temporary in it.
+  make("step-00000004", {"rank-00000.h5", "rank-00001.h5", "rank-00001.h5.tmp-999999990"});
+  fs::create_directory_symlink("step-00000004", dir / "last");
+  make("step-00000006", {"rank-00000.h5", "rank-00001.h5.tmp-999999999"});  // interrupted
+  make("step-00000008", {});                                                // never written
+  make("step-00000010", {"rank-00000.h5.tmp-" + own});                      // a live save: kept
+  make("step-00000012", {"rank-00000.h5", "rank-00001.h5"});  // complete, newer (a branch): kept
+  make("notes", {});                                          // not ours
+  std::vector<std::string> removed = io::remove_stale_temporaries(dir.path());
+  std::sort(removed.begin(), removed.end());
+  REQUIRE(removed == std::vector<std::string>{dir / "step-00000006", dir / "step-00000008"});
+  REQUIRE_FALSE(fs::exists(dir / "step-00000006"));
+  REQUIRE_FALSE(fs::exists(dir / "step-00000008"));
+  for (const char* kept :
+       {"step-00000002/rank-00001.h5", "step-00000004/rank-00001.h5.tmp-999999990",
+        "step-00000012/rank-00001.h5", "notes"})
+    REQUIRE(fs::exists(dir / kept));
+  REQUIRE(fs::exists(dir / ("step-00000010/rank-00000.h5.tmp-" + own)));
+  REQUIRE(fs::is_symlink(dir / "last"));
+}
+
 TEST_CASE("train: a run directory holds one run", "[train][out]") {
   test::ScratchDir dir("train-run-dir");
   const std::string run = dir / "run";

@@ -54,6 +54,23 @@ bool process_alive(long pid) {
   return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;
 }
 
+// A sharded checkpoint's directory (step-N/rank-R.h5) that a save never finished: it holds a
+// temporary of a dead process (a rank was killed while writing; the save removed the directory
+// before writing it, so every file in it is of that save), or nothing at all. One holding a
+// live process's temporary is a save in progress.
+bool interrupted_save(const std::filesystem::path& step_dir) {
+  std::error_code ec;
+  bool dead = false, empty = true;
+  for (const std::filesystem::directory_entry& entry :
+       std::filesystem::directory_iterator(step_dir, ec)) {
+    empty = false;
+    const long pid = temporary_pid(entry.path().filename().string());
+    if (pid > 0 && process_alive(pid)) return false;
+    dead |= pid > 0;
+  }
+  return !ec && (dead || empty);
+}
+
 }  // namespace
 
 void check_replaceable(const std::string& path) {
@@ -83,10 +100,16 @@ std::vector<std::string> remove_stale_temporaries(const std::string& dir) {
   std::error_code ec;
   fs::directory_iterator it(dir, ec);
   if (ec) return removed;
+  const fs::path last = fs::path(dir) / CheckpointDir::last_name(true);
   std::vector<fs::path> stale;  // collected first: removing while iterating is unspecified
   for (const fs::directory_entry& entry : it) {
-    const long pid = temporary_pid(entry.path().filename().string());
+    const std::string name = entry.path().filename().string();
+    const long pid = temporary_pid(name);
     if (pid > 0 && !process_alive(pid)) stale.push_back(entry.path());
+    std::error_code link;
+    if (pid == 0 && CheckpointDir::is_step_name(name) && entry.is_directory(link) &&
+        !fs::equivalent(last, entry.path(), link) && interrupted_save(entry.path()))
+      stale.push_back(entry.path());
   }
   for (const fs::path& path : stale) {
     std::error_code rm;

@@ -19,8 +19,10 @@ void check_output_file(const std::string& path, bool replace);
 // Temporary files that interrupted moe writers left in `dir` (NAME.h5.tmp-PID,
 // NAME.h5.convert-PID, and .last.h5.tmp-PID / .last.tmp-PID of the `last` link) whose process PID
 // is no longer alive on this machine: they are removed and their paths returned, so that the
-// caller can say so. Files of live processes (another run writing into the same directory) and
-// names moe does not write are kept. A missing directory returns nothing.
+// caller can say so. So are the step-<8 digits> directories of sharded saves that never finished
+// (one holding a dead process's temporary, or nothing), never the one `last` names. Files of live
+// processes (another run writing into the same directory) and names moe does not write are kept.
+// A missing directory returns nothing.
 std::vector<std::string> remove_stale_temporaries(const std::string& dir);
 
 }  // namespace moe::io
