@@ -195,6 +195,11 @@ std::vector<Generation> generate(const Transformer& model,
     return out;
   }
   const bool penalise = sampling.repeat_penalty != 1.0 && sampling.repeat_last_n != 0;
+  // A vocabulary padded beyond the tokenizer's (to a multiple of 64 or 128, as many released
+  // models are): the ids past its end decode to nothing and are never drawn (transformers and
+  // llama.cpp mask them too).
+  const int64_t drawable =
+      sampling.tokenizer ? std::min<int64_t>(vocab, sampling.tokenizer->vocab_size()) : vocab;
   const int64_t slots = std::min(batch, num_prompts);
   KVCache cache = model.make_cache(slots);  // allocated once, reused by every batch
   // Each forward pass's activations come from one arena, reset before the next pass: decode
@@ -242,9 +247,9 @@ std::vector<Generation> generate(const Transformer& model,
               recent_tokens(prompts[static_cast<size_t>(first + slot)],
                             out[static_cast<size_t>(first + slot)].tokens, sampling.repeat_last_n),
               sampling.repeat_penalty);
-        next[static_cast<size_t>(r)] =
-            sample_token(l + r * vocab, vocab, sampling, sampling_key(sampling.seed, first + slot),
-                         cache.length[static_cast<size_t>(slot)]);
+        next[static_cast<size_t>(r)] = sample_token(l + r * vocab, drawable, sampling,
+                                                    sampling_key(sampling.seed, first + slot),
+                                                    cache.length[static_cast<size_t>(slot)]);
       }
       // Record; rows that continue feed their token in the next step.
       std::vector<int64_t> still;

@@ -31,7 +31,8 @@ struct SamplingConfig {
   // token t is byte t; other models need a tokenizer for stop strings).
   std::vector<std::string> stop = {};  // "= {}": brace-initialised configs may leave it out
   // The model's tokenizer (may be null): decodes for stop strings and Generation::text, and its
-  // end-of-text token (Tokenizer::eos_id) ends a generation.
+  // end-of-text token (Tokenizer::eos_id) ends a generation. Ids at or past its vocabulary's end
+  // (a model vocabulary padded beyond the tokenizer's) are never drawn.
   const io::Tokenizer* tokenizer = nullptr;
 };
 
