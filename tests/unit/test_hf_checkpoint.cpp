@@ -12,6 +12,7 @@
 //     each give a clear error, never a silent drop.
 // Shape letters: V vocabulary, D hidden, H heads, KV kv heads, hd head dim, F expert hidden,
 // E experts, k top-k, L layers, B batch, T sequence.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -258,6 +259,18 @@ TEST_CASE("hf: a model of our own (f32 and bf16) survives export -> import bitwi
       REQUIRE(q.expert == p.expert);
       REQUIRE(same_bytes(q.tensor, p.tensor));
     }
+    // Issue 44, defect 5: max_seq caps the recorded config's seq as it caps config.json's (the
+    // record was taken whole, seq included), and the report says so. The rest is the record.
+    io::HfImportOptions short_context;
+    short_context.max_seq = 16;
+    io::HfImportReport capped_report;
+    const ModelConfig capped = model_config_from_json(
+        test::import_hf_held(out, short_context, &capped_report).model_config);
+    REQUIRE(capped.seq == 16);
+    REQUIRE(capped.z_loss_coef == c.z_loss_coef);
+    REQUIRE(std::find(capped_report.notes.begin(), capped_report.notes.end(),
+                      "context (seq) capped at 16 of the recorded 24 (max_seq)") !=
+            capped_report.notes.end());
     // Without the metadata record, config.json alone still gives the same model math.
     io::SafetensorsReader st(out + "/model.safetensors");
     std::vector<io::NamedTensor> tensors;

@@ -504,8 +504,14 @@ void adopt_recorded_config(const Sources& sources, const HfModel& hf,
     try {
       ModelConfig recorded = model_config_from_json(json::parse(meta->second));
       if (same_math(recorded, mc)) {
+        const int64_t capped = mc.seq;  // min(max_position_embeddings, max_seq)
         mc = recorded;
         rep.notes.push_back("model config taken from the exporter's record (moe.model_config)");
+        if (capped < mc.seq) {  // max_seq caps the record's context too
+          rep.notes.push_back(
+              str("context (seq) capped at ", capped, " of the recorded ", mc.seq, " (max_seq)"));
+          mc.seq = capped;
+        }
       } else {
         rep.notes.push_back("moe.model_config metadata disagrees with config.json: ignored");
       }

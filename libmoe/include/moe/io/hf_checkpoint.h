@@ -41,7 +41,7 @@ inline constexpr int64_t kHfDefaultMaxSeq = 4096;
 struct HfImportOptions {
   bool allow_unmapped = false;  // tensors we have no place for: listed in the report, not an error
   // Our seq = min(max_position_embeddings, max_seq) (0: no cap). A model our export_hf wrote keeps
-  // its exact seq (recorded in the safetensors metadata).
+  // its recorded config (the safetensors metadata), its seq capped by max_seq the same way.
   int64_t max_seq = kHfDefaultMaxSeq;
   // Provenance of the resulting checkpoint; when tool is empty it is filled with
   // "libmoe import_hf", this library's version and git revision, and the current time.
