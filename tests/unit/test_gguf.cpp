@@ -343,6 +343,10 @@ TEST_CASE("gguf: a stored SentencePiece tokenizer becomes llama.cpp's llama voca
   REQUIRE(m["tokenizer.ggml.eos_token_id"]["value"] == 2);
   REQUIRE(m["tokenizer.ggml.unknown_token_id"]["value"] == 0);
   REQUIRE(m["tokenizer.ggml.add_bos_token"]["value"] == true);
+  // Issue 44, defect 6: the keys llama.cpp's converter also writes for a SentencePiece model
+  // (they were missing): no EOS appended, and the dummy prefix spm_train adds by default.
+  REQUIRE(m["tokenizer.ggml.add_eos_token"]["value"] == false);
+  REQUIRE(m["tokenizer.ggml.add_space_prefix"]["value"] == true);
   // Byte fallback pieces are BYTE tokens; the padding is unused.
   int bytes = 0;
   for (size_t i = 0; i < 600; ++i)

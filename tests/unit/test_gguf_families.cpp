@@ -98,7 +98,8 @@ TEST_CASE("gguf families: qwen2moe, qwen3moe and olmoe, every key and tensor", "
         check(blk + "attn_q.bias", p + "self_attn.q_proj.bias", {H * hd});
         check(blk + "attn_k.bias", p + "self_attn.k_proj.bias", {KV * hd});
         check(blk + "attn_v.bias", p + "self_attn.v_proj.bias", {KV * hd});
-        check(blk + "ffn_gate_inp_shexp.weight", p + "mlp.shared_expert_gate.weight", {D});
+        // [1, D] as llama.cpp's converter writes it (issue 44, defect 6: it was {D}).
+        check(blk + "ffn_gate_inp_shexp.weight", p + "mlp.shared_expert_gate.weight", {D, 1});
         check(blk + "ffn_gate_shexp.weight", p + "mlp.shared_expert.gate_proj.weight", {D, Fs});
         check(blk + "ffn_up_shexp.weight", p + "mlp.shared_expert.up_proj.weight", {D, Fs});
         check(blk + "ffn_down_shexp.weight", p + "mlp.shared_expert.down_proj.weight", {Fs, D});

@@ -148,10 +148,20 @@ void write_vocabulary(Header& h, const Tokenizer* tok, int64_t V) {
     h.kv_u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(tok->eos_id()));
   if (tok->unk_id() >= 0)
     h.kv_u32("tokenizer.ggml.unknown_token_id", static_cast<uint32_t>(tok->unk_id()));
-  // A BOS is added when the tokenizer's own encoding of a text adds one.
+  // A BOS (an EOS) is added when the tokenizer's own encoding of a text adds one.
   const std::vector<int32_t> probe = tok->encode("a", true);
   h.kv_bool("tokenizer.ggml.add_bos_token",
             tok->bos_id() >= 0 && !probe.empty() && probe.front() == tok->bos_id());
+  h.kv_bool("tokenizer.ggml.add_eos_token",
+            tok->eos_id() >= 0 && !probe.empty() && probe.back() == tok->eos_id());
+  // SentencePiece's dummy prefix (a space before the text), as llama.cpp's converter writes it
+  // from the model's normaliser: "a" then starts with a piece beginning with U+2581.
+  if (tok->sentencepiece()) {
+    const std::vector<int32_t> plain = tok->encode("a");
+    h.kv_bool("tokenizer.ggml.add_space_prefix",
+              !plain.empty() &&
+                  vocab[static_cast<size_t>(plain.front())].text.rfind("\xe2\x96\x81", 0) == 0);
+  }
 }
 
 // llama.cpp's file types (general.file_type) for the matrices' type.
@@ -394,9 +404,9 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
     experts(blk + "ffn_gate_exps.weight", ours + "moe.experts.w1", F, D);
     experts(blk + "ffn_down_exps.weight", ours + "moe.experts.w2", D, F);
     experts(blk + "ffn_up_exps.weight", ours + "moe.experts.w3", F, D);
-    if (Fs > 0) {  // qwen2moe's shared expert; its gate [1, D] is llama.cpp's vector {D}
-      whole(blk + "ffn_gate_inp_shexp.weight", param(ours + "moe.shared_gate.weight", {1, D}), {D},
-            GgufType::f32);
+    if (Fs > 0) {  // qwen2moe's shared expert; its gate [1, D] as llama.cpp's converter has it
+      whole(blk + "ffn_gate_inp_shexp.weight", param(ours + "moe.shared_gate.weight", {1, D}),
+            {D, 1}, GgufType::f32);
       matrix(blk + "ffn_gate_shexp.weight", ours + "moe.shared.w1", Fs, D);
       matrix(blk + "ffn_down_shexp.weight", ours + "moe.shared.w2", D, Fs);
       matrix(blk + "ffn_up_shexp.weight", ours + "moe.shared.w3", Fs, D);

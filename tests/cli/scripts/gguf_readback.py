@@ -136,6 +136,8 @@ else:
         fail(f"tokenizer.ggml.pre = {value('tokenizer.ggml.pre')!r}, expected 'qwen2'")
     if value("tokenizer.ggml.eos_token_id") != 0:
         fail("tokenizer.ggml.eos_token_id is not <|endoftext|>'s id 0")
+    if value("tokenizer.ggml.add_eos_token") is not False:
+        fail("tokenizer.ggml.add_eos_token is not false")
 recorded = json.loads(value("moe.model_config"))
 if recorded["d_model"] != D:
     fail("moe.model_config does not hold the model's config")
@@ -205,10 +207,9 @@ for i in range(L):
     for x in "qk":  # qwen3moe's per-head, olmoe's full-width q/k norms
         if b + f"attn.{x}_norm.weight" in params:
             expected[blk + f"attn_{x}_norm.weight"] = (params[b + f"attn.{x}_norm.weight"], False)
-    if Fs > 0:  # qwen2moe's shared expert; its gate [1, D] is a vector of D there
+    if Fs > 0:  # qwen2moe's shared expert; its gate [1, D] as llama.cpp's converter writes it
         expected.update({
-            blk + "ffn_gate_inp_shexp.weight": (params[b + "moe.shared_gate.weight"].reshape(D),
-                                                False),
+            blk + "ffn_gate_inp_shexp.weight": (params[b + "moe.shared_gate.weight"], False),
             blk + "ffn_gate_shexp.weight": (params[b + "moe.shared.w1"], True),
             blk + "ffn_down_shexp.weight": (params[b + "moe.shared.w2"], True),
             blk + "ffn_up_shexp.weight": (params[b + "moe.shared.w3"], True),
