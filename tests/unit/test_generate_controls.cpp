@@ -388,3 +388,19 @@ TEST_CASE("generate: ids past the tokenizer's end are never drawn", "[generate][
     }
   }
 }
+
+// The same for prompts given as ids: one past the tokenizer's end (but inside the padded model
+// vocabulary) was generated from, and then decoding the prompt for the output failed and lost
+// every prompt's result. It is refused when the prompts are read, naming the line.
+TEST_CASE("generate: prompt ids past the tokenizer's end are refused up front",
+          "[generate][tokenizer]") {
+  const auto tok = io::load_tokenizer(std::string(MOE_TEST_DATA_DIR) + "/tokenizers/bpe-qwen");
+  const int64_t padded = tok->vocab_size() + 64;
+  std::istringstream in("{\"tokens\": [1, 2]}\n{\"tokens\": [1, 720]}\n");
+  REQUIRE_THAT(test::error_of([&] {
+                 infer::read_prompts(in, "p.jsonl", SamplingConfig{}, padded, tok.get());
+               }),
+               Catch::Contains("p.jsonl:2: \"tokens\" 720 is out of range [0, 699]"));
+  std::istringstream ok("{\"tokens\": [1, 699]}\n");
+  REQUIRE(infer::read_prompts(ok, "p.jsonl", SamplingConfig{}, padded, tok.get()).size() == 1);
+}

@@ -1,6 +1,7 @@
 // Prompt files (moe-infer generate): plain-text or JSON lines, see moe/infer/prompts.h.
 #include "moe/infer/prompts.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -69,6 +70,9 @@ std::vector<Prompt> read_prompts(std::istream& in, const std::string& name,
   auto encode = [tokenizer](const std::string& text) {
     return tokenizer ? tokenizer->encode(text, true) : io::tokenize_bytes(text);
   };
+  // Ids the tokenizer cannot decode (a model vocabulary padded beyond it) are no prompt.
+  const int64_t ids_end =
+      tokenizer ? std::min<int64_t>(vocab_size, tokenizer->vocab_size()) : vocab_size;
   std::vector<Prompt> prompts;
   std::string line;
   for (int64_t number = 1; std::getline(in, line); ++number) {
@@ -96,8 +100,7 @@ std::vector<Prompt> read_prompts(std::istream& in, const std::string& name,
           const json& ids = j.at("tokens");
           if (!ids.is_array()) throw Error(str("\"tokens\" must be an array of token ids"));
           for (const json& id : ids)
-            p.tokens.push_back(
-                static_cast<int32_t>(integer_field(id, "tokens", 0, vocab_size - 1)));
+            p.tokens.push_back(static_cast<int32_t>(integer_field(id, "tokens", 0, ids_end - 1)));
         } else {
           p.text = j.at("prompt").get<std::string>();
           p.tokens = encode(p.text);

@@ -26,7 +26,8 @@ struct Prompt {
 // Reads every line of `in`; `name` stands for the file in messages ("<name>:<line>: ...").
 // A trailing '\r' is dropped. Errors (moe::Error): a line that starts with '{' but is not a valid
 // prompt object, a text prompt for a model whose vocabulary is below 256 (not byte-level), an
-// empty prompt, or no prompt at all. `tokenizer` (may be null) encodes text prompts.
+// empty prompt, or no prompt at all. `tokenizer` (may be null) encodes text prompts; with one,
+// prompt ids must also be below its vocabulary's end (it decodes them for the output).
 std::vector<Prompt> read_prompts(std::istream& in, const std::string& name,
                                  const SamplingConfig& defaults, int64_t vocab_size,
                                  const io::Tokenizer* tokenizer = nullptr);
