@@ -19,17 +19,13 @@
 #include "support/run.h"
 
 using namespace moe;
+using test::kAddressSanitizer;
 using test::run_command;
 using test::tool;
+using test::under_limit;
 namespace fs = std::filesystem;
 
 namespace {
-
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kAddressSanitizer = true;  // reserves terabytes at start: no `ulimit -v` run
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
 
 // What a conversion may map beyond what the same conversion of a tiny model maps (libraries,
 // the CUDA libraries where built, thread stacks and malloc arenas of its OpenMP and BLAS
@@ -91,27 +87,12 @@ int64_t write_model(const std::string& path, const ModelConfig& config) {
   return bytes;
 }
 
-std::string under_limit(int64_t bytes, const std::string& command) {
-  return (kAddressSanitizer ? std::string() : "ulimit -v " + std::to_string(bytes >> 10) + " && ") +
-         command;
-}
-
-// The smallest address-space limit (to 4 MB) under which moe-convert converts a tiny model to
-// bf16: what the tool maps to start and run a conversion at all, on this build and machine.
+// The smallest address-space limit under which moe-convert converts a tiny model to bf16.
 int64_t tiny_conversion_bytes(const test::ScratchDir& dir) {
   const std::string tiny = dir / "tiny.h5";
   write_model(tiny, model_config(2, 32, 64, 4));
-  const std::string args = "dtype " + tiny + " --to bf16 --force -o " + (dir / "tiny-bf16.h5");
-  int64_t low = int64_t(16) << 20, high = int64_t(16) << 30;  // fails at low, runs at high
-  REQUIRE(run_command(under_limit(high, tool("moe-convert", args))).exit_code == 0);
-  // A limit just short of what the tool needs can leave a library spinning on an allocation it
-  // cannot get: such a probe is stopped after 10 s and counts as too small.
-  while (high - low > (int64_t(4) << 20)) {
-    const int64_t mid = low + (high - low) / 2;
-    const auto r = run_command(under_limit(mid, "timeout -s KILL 10 " + tool("moe-convert", args)));
-    (r.exit_code == 0 ? high : low) = mid;
-  }
-  return high;
+  return test::smallest_address_space(
+      tool("moe-convert", "dtype " + tiny + " --to bf16 --force -o " + (dir / "tiny-bf16.h5")));
 }
 
 void require_ok(const test::RunResult& r) {

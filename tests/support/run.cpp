@@ -24,6 +24,23 @@ void write_file(const std::string& path, const std::string& bytes) {
   MOE_CHECK(out.good(), "cannot write ", path);
 }
 
+std::string under_limit(int64_t bytes, const std::string& command) {
+  return (kAddressSanitizer ? std::string() : "ulimit -v " + std::to_string(bytes >> 10) + " && ") +
+         command;
+}
+
+int64_t smallest_address_space(const std::string& command) {
+  int64_t low = int64_t(16) << 20, high = int64_t(16) << 30;  // fails at low, runs at high
+  MOE_CHECK(run_command(under_limit(high, command)).exit_code == 0, "'", command,
+            "' fails under an address-space limit of 16 GB");
+  while (high - low > (int64_t(4) << 20)) {
+    const int64_t mid = low + (high - low) / 2;
+    (run_command(under_limit(mid, "timeout -s KILL 10 " + command)).exit_code == 0 ? high : low) =
+        mid;
+  }
+  return high;
+}
+
 std::string error_of(const std::function<void()>& f) {
   try {
     f();

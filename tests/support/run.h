@@ -1,5 +1,6 @@
 // Test helpers for running the tools as a user would, and for scratch directories and corpora.
 #pragma once
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -44,6 +45,21 @@ std::string train_on_fortunes(const std::string& out_dir, const std::string& fla
 inline const std::string kTinyMixtral =
     " --arch mixtral --layers 2 --d-model 16 --heads 2 --kv-heads 1 --d-ff 32 --seq 16 --experts 4"
     " --moe-every 1 --batch 4 --eval-batches 1 --threads 1 -q";
+// AddressSanitizer reserves terabytes of shadow address space at start: a tool built with it
+// cannot start under `ulimit -v`, so tests that prove bounded memory skip the limit there.
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kAddressSanitizer = true;
+#else
+inline constexpr bool kAddressSanitizer = false;
+#endif
+// `command` under an address-space limit (RLIMIT_AS, `ulimit -v`) of `bytes`; no limit under
+// AddressSanitizer.
+std::string under_limit(int64_t bytes, const std::string& command);
+// The smallest address-space limit (to 4 MB, between 16 MB and 16 GB) under which `command` exits
+// 0: what a tool maps to start and do a small job, on this build and machine. A limit just short
+// of what the tool needs can leave a library spinning on an allocation it cannot get: such a
+// probe is stopped after 10 s and counts as too small.
+int64_t smallest_address_space(const std::string& command);
 std::string read_file(const std::string& path);
 // The message of the moe::Error that `f` throws, or "(no error)".
 std::string error_of(const std::function<void()>& f);

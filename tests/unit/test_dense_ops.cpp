@@ -209,6 +209,37 @@ TEST_CASE("dense: causal GQA attention matches a naive triple loop", "[dense]") 
                       Catch::Contains("blocks.0.attn.k[14,3]"));
 }
 
+TEST_CASE("dense: attention by query blocks gives attention_forward's context", "[dense]") {
+  // Inference runs attention a block of query rows at a time, each block against only the keys it
+  // sees (no [B,H,T,T] probabilities). Blocks of 1 row (the decode path's loops), 16 and 64 rows
+  // (a last block shorter than the others), the whole window, and more rows than the window (all
+  // windows in one call). attention_forward's context and the blocks' are each within the bound
+  // of the test above of the same fp64 value; |p V| <= max |v| since p sums to 1, so they differ
+  // by at most twice that bound at magnitude max |v|.
+  const ops::AttentionShape s{2, 70, 4, 2, 8};
+  const int64_t n = s.batch * s.seq;
+  Tensor q = test::random_tensor({n, 32}, 40), k = test::random_tensor({n, 16}, 41),
+         v = test::random_tensor({n, 16}, 42);
+  Tensor probs = Tensor::empty({s.batch, s.heads, s.seq, s.seq}), full = Tensor::empty({n, 32});
+  ops::attention_forward(q, k, v, s, probs, full);
+  float v_max = 0;
+  for (int64_t i = 0; i < v.numel(); ++i) v_max = std::max(v_max, std::fabs(v.data<float>()[i]));
+  const double tolerance = 2 * (1e-5 + (s.seq + 3) * 0x1p-24) * std::max(1.0f, v_max);
+  for (int64_t rows : {1, 16, 64, 70, 100}) {
+    INFO("block rows " << rows);
+    Tensor ctx = Tensor::empty({n, 32});
+    ops::attention_forward_blocks(q, k, v, s, rows, ctx);
+    double worst = 0;
+    for (int64_t i = 0; i < n * 32; ++i)
+      worst = std::max(worst, double(std::fabs(ctx.data<float>()[i] - full.data<float>()[i])));
+    INFO("largest difference " << worst);
+    REQUIRE(worst <= tolerance);
+  }
+  Tensor ctx = Tensor::empty({n, 32});
+  REQUIRE_THROWS_WITH(ops::attention_forward_blocks(q, k, v, s, 0, ctx),
+                      Catch::Contains("0 query rows a block"));
+}
+
 TEST_CASE("dense: attention backward matches finite differences of the core op", "[dense]") {
   // T 40: two blocks of query rows (32 and 8), each product cut at the diagonal.
   for (const ops::AttentionShape& s :

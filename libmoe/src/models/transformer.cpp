@@ -231,11 +231,45 @@ ForwardStats Transformer::evaluate(const Tensor& ids, const Tensor& targets,
     finish_stats(stats);
     return stats;
   }
-  Tensor logits = head(final_norm_->forward(x, nullptr));
-  stats.loss =
-      nn::cross_entropy(logits, targets.reshape({ids.numel()}), nullptr, 1.0f, options.row_nll);
+  stats.loss = loss_by_rows(final_norm_->forward(x, nullptr), targets.reshape({ids.numel()}),
+                            options.row_nll, options.logit_block_rows);
   finish_stats(stats);
   return stats;
+}
+
+double Transformer::loss_by_rows(const Tensor& h, const Tensor& targets, Tensor* row_nll,
+                                 int64_t block) const {
+  MOE_CHECK(block >= 0, "evaluate: ", block, " logit rows a block");
+  if (block == 0)  // 16 Mi floats (64 MiB) of logits, at least 256 rows (V 50,304: 333 rows)
+    block = std::max<int64_t>(256, (int64_t(1) << 24) / std::max<int64_t>(config_.vocab_size, 1));
+  const int64_t n = h.dim(0);
+  if (n <= block) return nn::cross_entropy(head(h), targets, nullptr, 1.0f, row_nll);
+  Tensor nll = Tensor::empty({n}, DType::f32, h.device());
+  // Blocks of equal size (none shorter than half a block): every head product keeps its shape
+  // class, and the logits of a block live only in the scratch.
+  const int64_t blocks = (n + block - 1) / block, rows = (n + blocks - 1) / blocks;
+  for (int64_t a = 0; a < n; a += rows) {
+    const int64_t b = std::min(n, a + rows);
+    Tensor into = nll.rows(a, b);
+    scratch_.run(
+        [&] {
+          Tensor part;
+          nn::cross_entropy(head(h.rows(a, b)), targets.rows(a, b), nullptr, 1.0f, &part);
+          return part;
+        },
+        &into);
+  }
+  // The mean as ops::cross_entropy takes it: in double, in row order, over counted rows.
+  const Tensor host_nll = nll.to(Device{}), host_targets = targets.to(Device{});
+  double sum = 0;
+  int64_t counted = 0;
+  for (int64_t i = 0; i < n; ++i)
+    if (host_targets.data<int32_t>()[i] >= 0) {
+      sum += host_nll.data<float>()[i];
+      ++counted;
+    }
+  if (row_nll) *row_nll = nll;
+  return counted ? sum / static_cast<double>(counted) : 0.0;
 }
 
 Tensor Transformer::forward_blocks(const Tensor& ids, const Tensor& targets,
@@ -262,8 +296,10 @@ Tensor Transformer::forward_blocks(const Tensor& ids, const Tensor& targets,
         nn::Block::Saved unused;
         return blocks_[i]->forward(x, batch, seq, s, &unused, &ms);
       });
-    } else {
-      x = blocks_[i]->forward(x, batch, seq, s, saved ? &(*saved)[i] : nullptr, &ms);
+    } else if (saved) {
+      x = blocks_[i]->forward(x, batch, seq, s, &(*saved)[i], &ms);
+    } else {  // inference: the block's activations are scratch, its output overwrites its input
+      x = scratch_.run([&] { return blocks_[i]->forward(x, batch, seq, s, nullptr, &ms); }, &x);
     }
     if (hooks && hooks->after) hooks->after(static_cast<int64_t>(i));
     if (blocks_[i]->has_moe()) {

@@ -3,6 +3,8 @@
 // sequence, N = B*T, D model width, H query heads, KV key/value heads, hd head dim.
 #include "moe/nn/attention.h"
 
+#include <algorithm>
+
 #include "moe/ops/dense.h"
 
 namespace moe::nn {
@@ -26,6 +28,13 @@ AttentionConfig resolved(const std::string& prefix, AttentionConfig c) {
                   ": RoPE needs an even head dim (got ", c.head_dim, ") and theta > 0 (got ",
                   c.rope_theta, ")");
   return c;
+}
+
+// Query rows a block when inference runs attention by blocks: a thread's scores of a block are
+// rows x T floats, 4 MiB of them (T 4096: 256 rows), at least 64 rows and at most 512 (windows of
+// up to 512 tokens stay one block, as they were before blocks).
+int64_t inference_block_rows(int64_t seq) {
+  return std::clamp<int64_t>((int64_t(1) << 20) / std::max<int64_t>(seq, 1), 64, 512);
 }
 
 }  // namespace
@@ -85,21 +94,22 @@ Tensor Attention::forward(const Tensor& x, int64_t batch, int64_t seq, Saved* sa
     ops::rope_forward(k, batch, seq, config_.kv_heads, config_.rope_theta, k);
   }
   const ops::AttentionShape shape{batch, seq, config_.heads, config_.kv_heads, head_dim_};
-  Tensor probs = Tensor::empty({batch, config_.heads, seq, seq}, DType::f32, q.device());
   Tensor ctx = Tensor::empty(q.shape(), DType::f32, q.device());
-  ops::attention_forward(q, k, v, shape, probs, ctx);
-  Tensor y = o_.forward(ctx);
-  if (saved) {
-    saved->x = x;
-    saved->q = q;
-    saved->k = k;
-    saved->v = v;
-    saved->probs = probs;
-    saved->ctx = ctx;
-    saved->batch = batch;
-    saved->seq = seq;
+  if (!saved) {  // inference: no [B,H,T,T] probabilities, query blocks instead
+    ops::attention_forward_blocks(q, k, v, shape, inference_block_rows(seq), ctx);
+    return o_.forward(ctx);
   }
-  return y;
+  Tensor probs = Tensor::empty({batch, config_.heads, seq, seq}, DType::f32, q.device());
+  ops::attention_forward(q, k, v, shape, probs, ctx);
+  saved->x = x;
+  saved->q = q;
+  saved->k = k;
+  saved->v = v;
+  saved->probs = probs;
+  saved->ctx = ctx;
+  saved->batch = batch;
+  saved->seq = seq;
+  return o_.forward(ctx);
 }
 
 AttentionCache Attention::make_cache(int64_t slots, int64_t capacity) const {

@@ -1,6 +1,8 @@
 // Causal scaled-dot-product attention with grouped-query heads, forward, backward and cached:
 // operand checks, then Backend::dense.
 // Shapes: q, ctx [B*T, H*hd]; k, v [B*T, KV*hd]; probs [B, H, T, T].
+#include <algorithm>
+
 #include "core/backend.h"
 #include "moe/ops/core.h"
 #include "moe/ops/dense.h"
@@ -61,6 +63,38 @@ void attention_forward_cached(const Tensor& q, const Tensor& k_cache, const Tens
     t->expect_dtype(DType::f32, op);
   backend_for(device).dense.attention_forward_cached(q, k_cache, v_cache, heads, kv_heads, rows,
                                                      ctx);
+}
+
+void attention_forward_blocks(const Tensor& q, const Tensor& k, const Tensor& v,
+                              const AttentionShape& s, int64_t block_rows, Tensor& ctx) {
+  check_attention("attention_forward_blocks", q, k, v, s);
+  MOE_CHECK(block_rows > 0, "attention_forward_blocks: ", block_rows, " query rows a block");
+  ctx.expect_shape(q.shape(), "attention_forward_blocks context");
+  ctx.expect_dtype(DType::f32, "attention_forward_blocks context");
+  const int64_t B = s.batch, T = s.seq, ldk = s.kv_heads * s.head_dim;
+  if (B == 0 || T == 0) return;
+  CachedRows rows;
+  if (T <= block_rows) {  // one block a window: every window in one call, window b in slot b
+    rows.count.assign(static_cast<size_t>(B), T);
+    rows.start.assign(static_cast<size_t>(B), 0);
+    for (int64_t b = 0; b < B; ++b) rows.slot.push_back(b);
+    attention_forward_cached(q, k.reshape({B, T, ldk}), v.reshape({B, T, ldk}), s.heads,
+                             s.kv_heads, rows, ctx);
+    return;
+  }
+  rows.slot = {0};
+  for (int64_t b = 0; b < B; ++b) {  // window b's keys and values as a cache of one slot
+    const Tensor kb = k.rows(b * T, (b + 1) * T).reshape({1, T, ldk});
+    const Tensor vb = v.rows(b * T, (b + 1) * T).reshape({1, T, ldk});
+    for (int64_t r0 = 0; r0 < T; r0 += block_rows) {
+      const int64_t r1 = std::min(T, r0 + block_rows);
+      rows.count = {r1 - r0};
+      rows.start = {r0};
+      Tensor out = ctx.rows(b * T + r0, b * T + r1);
+      attention_forward_cached(q.rows(b * T + r0, b * T + r1), kb, vb, s.heads, s.kv_heads, rows,
+                               out);
+    }
+  }
 }
 
 void attention_backward(const Tensor& dctx, const Tensor& q, const Tensor& k, const Tensor& v,

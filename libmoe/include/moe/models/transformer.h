@@ -82,6 +82,9 @@ struct EvalOptions {
   // Run only the first `blocks` blocks (0: all): no head, no loss (ForwardStats::loss 0), the
   // statistics of the MoE layers among them (router-centre calibration: layer by layer).
   int64_t blocks = 0;
+  // Rows of logits made at once (0: 64 MiB of them, at least 256 rows): the LM head and the loss
+  // run on blocks of rows, so activation memory does not grow with N x V.
+  int64_t logit_block_rows = 0;
 };
 
 // Key/value caches of incremental forward passes (generation, Transformer::forward_cached): per
@@ -154,6 +157,12 @@ class Transformer {
   Tensor embed(const Tensor& ids, int64_t batch, int64_t seq,
                nn::ShardedEmbedding::Saved* sharded_saved) const;
   Tensor head(const Tensor& h) const;
+  // The mean cross-entropy of the LM head on final hidden rows h [N, D] against targets [N] (each
+  // row's into row_nll when given), the logits made at most `block` rows at a time (0: the
+  // default of EvalOptions::logit_block_rows) in the scratch: [rows, V] at once, never [N, V].
+  // The mean as ops::cross_entropy takes it.
+  double loss_by_rows(const Tensor& h, const Tensor& targets, Tensor* row_nll,
+                      int64_t block) const;
   // Embedding and blocks (the first `blocks` of them; <= 0: all); MoE statistics go into stats,
   // activations into saved when non-null.
   Tensor forward_blocks(const Tensor& ids, const Tensor& targets, const nn::RouterStep& step,
@@ -173,8 +182,8 @@ class Transformer {
   std::vector<std::unique_ptr<nn::Block>> blocks_;
   std::unique_ptr<nn::Norm> final_norm_;
   Param* head_ = nullptr;  // [V, D]: the token table when tied
-  // Recomputed activations of forward_backward (mutable: forward_blocks is const but with
-  // block_inputs runs each block in it).
+  // Recomputed activations of forward_backward, and in inference each block's activations and
+  // each block of logits (mutable: forward_blocks and evaluate are const).
   mutable nn::Scratch scratch_;
 };
 

@@ -53,7 +53,8 @@ class Attention {
     Tensor ctx;                  // [N, H*hd] input of the output projection
     int64_t batch = 0, seq = 0;
   };
-  // x [B*T, D] -> [B*T, D]; saved == nullptr for inference.
+  // x [B*T, D] -> [B*T, D]; saved == nullptr for inference (then by query blocks, with no
+  // [B,H,T,T] probabilities: ops::attention_forward_blocks).
   Tensor forward(const Tensor& x, int64_t batch, int64_t seq, Saved* saved) const;
   // Incremental forward (inference): x [N, D] holds the new tokens of `rows` (ops::CachedRows:
   // row r's count[r] tokens at positions start[r].. of cache slot slot[r]). Their keys/values

@@ -56,6 +56,14 @@ void rope_backward(const Tensor& dy, int64_t batch, int64_t seq, int64_t heads, 
 // Scale 1/sqrt(hd).
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                        const AttentionShape& shape, Tensor& probs, Tensor& ctx);
+// The same context without the probabilities (inference: no backward to save them for), query
+// rows `block_rows` at a time, each block seeing only its visible keys (attention_forward_cached
+// on the window's own keys): memory beyond q, k, v and ctx is a block's scores a thread, not
+// [B,H,T,T]. A window of T <= block_rows gives attention_forward's bits (a row with start 0, as
+// below); a window cut into blocks sums each query's keys in the blocks' own products, within
+// float rounding of attention_forward.
+void attention_forward_blocks(const Tensor& q, const Tensor& k, const Tensor& v,
+                              const AttentionShape& shape, int64_t block_rows, Tensor& ctx);
 // dq, dk, dv written (same shapes as q, k, v). Gradients of one kv head are summed over its
 // query heads in head order, so the result does not depend on the thread count.
 void attention_backward(const Tensor& dctx, const Tensor& q, const Tensor& k, const Tensor& v,
