@@ -376,32 +376,58 @@ int run_tool(const std::string& tool, CLI::App& app, int argc, char** argv,
   }
 }
 
-OutputStream::OutputStream(const std::string& path, bool append) : path_(path) {
+OutputStream::OutputStream(const std::string& path, bool append) : path_(path), append_(append) {
   if (path == "-") {
     file_ = stdout;
   } else {
     file_ = std::fopen(path.c_str(), append ? "a" : "w");
     if (!file_) throw Error(str("cannot open '", path, "' for writing: ", std::strerror(errno)));
     owned_ = true;
+    if (append && std::fseek(file_, 0, SEEK_END) == 0) complete_ = std::ftell(file_);
   }
 }
 
 OutputStream::~OutputStream() {
-  if (owned_ && file_) std::fclose(file_);
+  if (!owned_ || !file_) return;
+  std::fclose(file_);
+  // The tool failed before writing a line: an empty file would pass for a complete output.
+  if (!append_ && complete_ == 0) ::unlink(path_.c_str());
 }
 
 void OutputStream::write_line(const std::string& line) {
-  if (std::fputs(line.c_str(), file_) < 0 || std::fputc('\n', file_) == EOF)
-    throw Error(str("writing '", path_, "': ", std::strerror(errno)));
-  std::fflush(file_);
+  errno = 0;
+  if (std::fputs(line.c_str(), file_) < 0 || std::fputc('\n', file_) == EOF ||
+      std::fflush(file_) != 0)
+    fail(errno);
+  complete_ += static_cast<long>(line.size()) + 1;
 }
 
 void OutputStream::close() {
   if (!file_) return;
-  bool failed = std::fflush(file_) != 0 || std::ferror(file_);
-  if (owned_) failed = std::fclose(file_) != 0 || failed;
+  errno = 0;
+  const bool flushed = std::fflush(file_) == 0 && !std::ferror(file_);
+  int error = flushed ? 0 : errno;
+  if (owned_ && std::fclose(file_) != 0 && flushed) error = errno;
+  const bool failed = !flushed || error != 0;
   file_ = nullptr;
-  if (failed) throw Error(str("writing '", path_ == "-" ? "stdout" : path_, "' did not complete"));
+  if (failed) fail(error);
+}
+
+void OutputStream::fail(int error) {
+  const std::string cause = std::strerror(error ? error : EIO);
+  if (!owned_) throw Error(str("writing stdout failed: ", cause));
+  if (file_) std::fclose(file_);
+  file_ = nullptr;
+  // No cut-short line and no empty file stays behind: the file goes back to its last complete
+  // line (what a resumed run's metrics held before, when appending), or away when it had none.
+  std::string fate = "; removed it";
+  if (append_ || complete_ > 0) {
+    fate = str("; kept its complete lines (", complete_, " bytes)");
+    if (::truncate(path_.c_str(), complete_) != 0) fate = "; it may end in a cut-short line";
+  } else if (::unlink(path_.c_str()) != 0) {
+    fate = "; it may be empty";
+  }
+  throw Error(str("writing '", path_, "' failed: ", cause, fate));
 }
 
 namespace {

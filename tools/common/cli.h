@@ -59,7 +59,11 @@ enum class Scope { process, job };
 int run_tool(const std::string& tool, CLI::App& app, int argc, char** argv,
              const std::function<int()>& body, Scope scope = Scope::process);
 
-// Writes to stdout or a file ("-" = stdout); checks the write completed.
+// Writes lines to stdout or a file ("-" = stdout); checks each line reached it. A write that
+// fails (a full disk) throws moe::Error naming the file and the cause, and leaves no cut-short
+// line: the file goes back to its last complete line, or is removed when it holds none; a file
+// that the tool never wrote a line to is removed when the stream is destroyed unclosed (the tool
+// failed), so no empty file passes for an output.
 class OutputStream {
  public:
   // "-" is stdout. A file is truncated, or with `append` (a resumed run's metrics) extended, so
@@ -70,9 +74,12 @@ class OutputStream {
   void close();  // throws when the data did not all reach the file
 
  private:
+  [[noreturn]] void fail(int error);
+
   std::string path_;
   std::FILE* file_ = nullptr;
-  bool owned_ = false;
+  bool owned_ = false, append_ = false;
+  long complete_ = 0;  // bytes of the file that end in a complete line
 };
 
 // SIGINT / SIGTERM set a flag instead of killing the process, so a long job can stop at a step

@@ -508,10 +508,17 @@ std::string Trainer::save_sharded(const std::string& dir) const {
   }
   failed.data<int32_t>()[0] = error.empty() ? 0 : rank() + 1;
   world_->all_reduce(failed, comm::ReduceOp::max);
-  if (const int bad = failed.data<int32_t>()[0])
+  if (const int bad = failed.data<int32_t>()[0]) {
+    // Every rank is past its write: the directory of the failed save (empty, or holding the shards
+    // that did fit) goes, so that no step directory passes for a checkpoint (issue 45); the
+    // barrier keeps a rank that ends the job on this error from ending rank 0 before that.
+    std::error_code ec;
+    if (rank() == 0) fs::remove_all(step_dir, ec);
+    world_->barrier();
     throw Error(error.empty() ? str("rank ", bad - 1, " could not write its shard of ",
                                     step_dir.string(), "; the previous checkpoint stays the last")
                               : error);
+  }
   if (rank() == 0) run.point_last(step_, /*sharded=*/true);
   world_->barrier();
   return step_dir.string();
