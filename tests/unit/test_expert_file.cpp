@@ -656,6 +656,20 @@ TEST_CASE("ExpertFiles: damaged, truncated, missing, stale and foreign files are
     flip_byte(path, offsetof(ExpertFileHeader, expert));
     CHECK_THAT(refusal(), Catch::Contains(where) && Catch::Contains("header is damaged"));
   }
+  SECTION("one byte of the header block's zeros flipped") {
+    // Issue 45: the header checksum covers the header and the section table; the zeros after them
+    // up to the payload (most of the 4096-byte block) went unchecked, so a bit flip at a random
+    // header offset was almost never detected.
+    for (const int64_t offset :
+         {int64_t(sizeof(ExpertFileHeader) + 4 * layers[0].layout.sections.size()), int64_t(2000),
+          ExpertFiles::kHeaderBytes - 1}) {
+      INFO(offset);
+      flip_byte(path, offset);
+      CHECK_THAT(refusal(), Catch::Contains(where) && Catch::Contains("header is damaged"));
+      flip_byte(path, offset);  // back
+      files.read(0, 1, back.data());
+    }
+  }
   SECTION("the magic damaged") {
     flip_byte(path, 0);
     CHECK_THAT(refusal(), Catch::Contains("not an SSD expert file"));

@@ -232,18 +232,23 @@ ForwardStats Transformer::evaluate(const Tensor& ids, const Tensor& targets,
     return stats;
   }
   stats.loss = loss_by_rows(final_norm_->forward(x, nullptr), targets.reshape({ids.numel()}),
-                            options.row_nll, options.logit_block_rows);
+                            options.row_nll, options.logit_block_rows, options.logit_rows);
   finish_stats(stats);
   return stats;
 }
 
-double Transformer::loss_by_rows(const Tensor& h, const Tensor& targets, Tensor* row_nll,
-                                 int64_t block) const {
+double Transformer::loss_by_rows(
+    const Tensor& h, const Tensor& targets, Tensor* row_nll, int64_t block,
+    const std::function<void(const Tensor&, int64_t)>& logit_rows) const {
   MOE_CHECK(block >= 0, "evaluate: ", block, " logit rows a block");
   if (block == 0)  // 16 Mi floats (64 MiB) of logits, at least 256 rows (V 50,304: 333 rows)
     block = std::max<int64_t>(256, (int64_t(1) << 24) / std::max<int64_t>(config_.vocab_size, 1));
   const int64_t n = h.dim(0);
-  if (n <= block) return nn::cross_entropy(head(h), targets, nullptr, 1.0f, row_nll);
+  if (n <= block) {
+    const Tensor logits = head(h);
+    if (logit_rows) logit_rows(logits, 0);
+    return nn::cross_entropy(logits, targets, nullptr, 1.0f, row_nll);
+  }
   Tensor nll = Tensor::empty({n}, DType::f32, h.device());
   // Blocks of equal size (none shorter than half a block): every head product keeps its shape
   // class, and the logits of a block live only in the scratch.
@@ -254,7 +259,9 @@ double Transformer::loss_by_rows(const Tensor& h, const Tensor& targets, Tensor*
     scratch_.run(
         [&] {
           Tensor part;
-          nn::cross_entropy(head(h.rows(a, b)), targets.rows(a, b), nullptr, 1.0f, &part);
+          const Tensor logits = head(h.rows(a, b));
+          if (logit_rows) logit_rows(logits, a);
+          nn::cross_entropy(logits, targets.rows(a, b), nullptr, 1.0f, &part);
           return part;
         },
         &into);

@@ -617,6 +617,15 @@ void ExpertFiles::read_span(int layer, int expert, int begin, int end, void* pay
       header.header_crc != header_checksum(block, header.sections))
     throw Error(
         str("cannot read ", at, ": its header is damaged (header checksum mismatch); ", damaged));
+  // The checksum covers the header and the section table; the rest of the block, most of it, is
+  // written as zeros and checked as such, so that damage anywhere in it is seen.
+  const unsigned char* fill = block + kTableOffset + 4 * static_cast<size_t>(header.sections);
+  const unsigned char* end_of_block = block + kHeaderBytes;
+  if (const unsigned char* bad =
+          std::find_if(fill, end_of_block, [](unsigned char b) { return b != 0; });
+      bad != end_of_block)
+    throw Error(str("cannot read ", at, ": its header is damaged (byte ", bad - block,
+                    " of the header block, written as zero, is not); ", damaged));
   if (header.layer != layer || header.expert != expert)
     throw Error(str("cannot read ", at, ": it holds layer ", header.layer, " expert ",
                     header.expert, "; ", damaged));

@@ -85,6 +85,10 @@ struct EvalOptions {
   // Rows of logits made at once (0: 64 MiB of them, at least 256 rows): the LM head and the loss
   // run on blocks of rows, so activation memory does not grow with N x V.
   int64_t logit_block_rows = 0;
+  // When set, sees each block of logits as it is made: rows [first, first + logits.dim(0)) of the
+  // flattened [B*T] positions, logits [rows, V] f32 on the model's device, valid only during the
+  // call (per-token log-probabilities, ranks and top-n without holding [N, V]).
+  std::function<void(const Tensor& logits, int64_t first)> logit_rows = nullptr;
 };
 
 // Key/value caches of incremental forward passes (generation, Transformer::forward_cached): per
@@ -161,8 +165,8 @@ class Transformer {
   // row's into row_nll when given), the logits made at most `block` rows at a time (0: the
   // default of EvalOptions::logit_block_rows) in the scratch: [rows, V] at once, never [N, V].
   // The mean as ops::cross_entropy takes it.
-  double loss_by_rows(const Tensor& h, const Tensor& targets, Tensor* row_nll,
-                      int64_t block) const;
+  double loss_by_rows(const Tensor& h, const Tensor& targets, Tensor* row_nll, int64_t block,
+                      const std::function<void(const Tensor&, int64_t)>& logit_rows = {}) const;
   // Embedding and blocks (the first `blocks` of them; <= 0: all); MoE statistics go into stats,
   // activations into saved when non-null.
   Tensor forward_blocks(const Tensor& ids, const Tensor& targets, const nn::RouterStep& step,
