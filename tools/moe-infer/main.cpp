@@ -34,8 +34,8 @@ struct Options {
   tools::CommonOptions common;
   std::string model, data, data_format = "auto", prompts, out = "-", budget, popularity,
                            device = "cpu", summary, truncate = "none", tokenizer;
-  int64_t batch = 8, max_sequences = 0, ep = 1;
-  bool incremental = false;
+  int64_t batch = 8, max_sequences = 0, ep = 1, top = 0;
+  bool incremental = false, per_token = false;
   infer::SamplingConfig sampling;
 };
 
@@ -100,6 +100,34 @@ void report_ring(const infer::Engine& e) {
   MOE_LOG_INFO(line);
 }
 
+json score_json(const infer::SequenceScore& s) {
+  const double mean = s.nll_sum / double(s.tokens);
+  return json{{"index", s.index},
+              {"tokens", s.tokens},
+              {"logprob_sum", -s.nll_sum},
+              {"nll_mean", mean},
+              {"ppl", std::exp(mean)}};
+}
+
+// --per-token: parallel arrays, one entry per predicted token (and --top's lists per token).
+void add_per_token(json& j, const std::vector<infer::TokenLogprob>& tokens, bool top) {
+  json ids = json::array(), logprobs = json::array(), ranks = json::array();
+  json top_ids = json::array(), top_logprobs = json::array();
+  for (const infer::TokenLogprob& t : tokens) {
+    ids.push_back(t.id);
+    logprobs.push_back(t.logprob);
+    ranks.push_back(t.rank);
+    top_ids.push_back(t.top_ids);
+    top_logprobs.push_back(t.top_logprobs);
+  }
+  j["token_ids"] = ids;
+  j["token_logprobs"] = logprobs;
+  j["token_ranks"] = ranks;
+  if (!top) return;
+  j["top_ids"] = top_ids;
+  j["top_logprobs"] = top_logprobs;
+}
+
 int score(Options& o, std::unique_ptr<comm::Communicator> world) {
   tools::check_one_stdout({{"-o", o.out}, {"--summary", o.summary}});
   std::unique_ptr<infer::Engine> engine = open_engine(o, std::move(world));
@@ -112,13 +140,11 @@ int score(Options& o, std::unique_ptr<comm::Communicator> world) {
   callbacks.start = [&](int64_t) {
     if (e.rank() == 0) out = std::make_unique<tools::OutputStream>(o.out);
   };
-  callbacks.sequence = [&](const infer::SequenceScore& s) {
-    const double mean = s.nll_sum / double(s.tokens);
-    out->write_line(dump(json{{"index", s.index},
-                              {"tokens", s.tokens},
-                              {"logprob_sum", -s.nll_sum},
-                              {"nll_mean", mean},
-                              {"ppl", std::exp(mean)}}));
+  callbacks.sequence = [&](const infer::SequenceScore& s) { out->write_line(dump(score_json(s))); };
+  if (o.per_token) callbacks.sequence = [&](const infer::SequenceScore& s) {
+    json j = score_json(s);
+    add_per_token(j, s.per_token, o.top > 0);
+    out->write_line(dump(j));
   };
   callbacks.progress = [&](int64_t done, int64_t total) {
     meter.update(str("score ", done, "/", total, " sequences"), done, total, done * seq);
@@ -126,6 +152,8 @@ int score(Options& o, std::unique_ptr<comm::Communicator> world) {
   const std::unique_ptr<io::Tokenizer> tokenizer = open_tokenizer(o, e.config());
   infer::ScoreOptions options{o.data, o.data_format, o.batch, o.max_sequences, tokenizer.get()};
   options.incremental = o.incremental;
+  options.per_token = o.per_token;
+  options.top = o.top;
   const infer::ScoreSummary summary = infer::score(e, options, callbacks);
   progress.finish();
   if (!out) return 0;
@@ -312,6 +340,15 @@ int main(int argc, char** argv) {
                  "tokens_per_s; written under -q too")
       ->capture_default_str();
   sc->add_option("--max-sequences", o.max_sequences, "Score at most N sequences (0 = all)")
+      ->check(tools::non_negative())
+      ->capture_default_str();
+  auto* per_token = sc->add_flag("--per-token", o.per_token,
+               "Each window's predicted tokens in its line: token_ids, token_logprobs, token_ranks "
+               "(1 = the most likely); one process");
+  sc->add_option("--top", o.top,
+                 "With --per-token: also the N most likely tokens at each position (top_ids, "
+                 "top_logprobs)")
+      ->needs(per_token)
       ->check(tools::non_negative())
       ->capture_default_str();
   sc->add_flag("--incremental", o.incremental,

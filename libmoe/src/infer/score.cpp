@@ -27,9 +27,27 @@ void windows_of(const std::vector<int32_t>& tokens, int64_t seq, int64_t first, 
   }
 }
 
-// Per-window NLL sums of windows [first, first + count) through the KV cache, a token at a time.
+// The log-probabilities of the targets (host [rows]) of logit rows [first, first + rows) of a
+// pass whose row i is position i % seq of window i / seq, appended to that window's list (rows of
+// windows past per_window's are a rank's filler, skipped). Blocks arrive in row order.
+void add_token_logprobs(const Tensor& logits, int64_t first, const int32_t* targets, int64_t seq,
+                        int64_t top, std::vector<std::vector<TokenLogprob>>& per_window) {
+  const Tensor host = logits.to(Device{});
+  const int64_t vocab = host.dim(1);
+  for (int64_t i = 0; i < host.dim(0); ++i) {
+    const auto w = static_cast<size_t>((first + i) / seq);
+    if (w >= per_window.size()) break;
+    per_window[w].push_back(
+        token_logprob(host.data<float>() + i * vocab, vocab, targets[first + i], top));
+  }
+}
+
+// Per-window NLL sums of windows [first, first + count) through the KV cache, a token at a time
+// (and with per_token non-null, each window's token log-probabilities).
 std::vector<double> incremental_sums(const Engine& e, const std::vector<int32_t>& tokens,
-                                     int64_t first, int64_t count, KVCache& cache, Arena& arena) {
+                                     int64_t first, int64_t count, KVCache& cache, Arena& arena,
+                                     int64_t top,
+                                     std::vector<std::vector<TokenLogprob>>* per_token) {
   const int64_t seq = e.config().seq;
   std::vector<double> sums(static_cast<size_t>(count), 0.0);
   cache.clear();
@@ -48,6 +66,7 @@ std::vector<double> incremental_sums(const Engine& e, const std::vector<int32_t>
                         &row_nll);
       row_nll = row_nll.to(Device{});
       for (int64_t w = 0; w < count; ++w) sums[static_cast<size_t>(w)] += row_nll.data<float>()[w];
+      if (per_token) add_token_logprobs(logits, 0, next.data(), 1, top, *per_token);
     }
     arena.reset();
   }
@@ -70,6 +89,10 @@ ScoreSummary score(const Engine& e, const ScoreOptions& o, const ScoreCallbacks&
   if (o.max_sequences > 0) total = std::min(total, o.max_sequences);
   MOE_USAGE_CHECK(!o.incremental || R == 1,
                   "score --incremental runs in one process (not under --ep with ", R, " ranks)");
+  MOE_USAGE_CHECK(!o.per_token || R == 1,
+                  "score per token runs in one process (not under --ep with ", R, " ranks)");
+  MOE_USAGE_CHECK(o.top >= 0 && o.top <= mc.vocab_size, "score: top ", o.top,
+                  " alternatives of a vocabulary of ", mc.vocab_size);
   if (callbacks.start) callbacks.start(total);
   ScoreSummary summary;
   summary.sequences = total;
@@ -86,13 +109,19 @@ ScoreSummary score(const Engine& e, const ScoreOptions& o, const ScoreCallbacks&
     const int64_t per = (round + R - 1) / R;
     const int64_t begin = std::min(round, r * per), mine = std::min(round, (r + 1) * per) - begin;
     std::vector<double> sums(static_cast<size_t>(mine));
+    std::vector<std::vector<TokenLogprob>> per_token(o.per_token ? static_cast<size_t>(mine) : 0);
     if (o.incremental) {
-      sums = incremental_sums(e, tokens, done, mine, cache, arena);
+      sums = incremental_sums(e, tokens, done, mine, cache, arena, o.top,
+                              o.per_token ? &per_token : nullptr);
     } else {
       ArenaScope scope(arena);
       Tensor ids, targets, row_nll;
       windows_of(tokens, mc.seq, mine ? done + begin : 0, std::max<int64_t>(mine, 1), ids, targets);
       eval.row_nll = &row_nll;
+      if (o.per_token)
+        eval.logit_rows = [&](const Tensor& logits, int64_t first) {
+          add_token_logprobs(logits, first, targets.data<int32_t>(), mc.seq, o.top, per_token);
+        };
       e.model().evaluate(ids.to(e.device()), targets.to(e.device()), eval);
       row_nll = row_nll.to(Device{});
       const float* nll = row_nll.data<float>();
@@ -117,7 +146,9 @@ ScoreSummary score(const Engine& e, const ScoreOptions& o, const ScoreCallbacks&
       summary.nll_sum += sums[s];
       summary.predicted += mc.seq;
       if (callbacks.sequence)
-        callbacks.sequence(SequenceScore{done + static_cast<int64_t>(s), mc.seq, sums[s]});
+        callbacks.sequence(SequenceScore{done + static_cast<int64_t>(s), mc.seq, sums[s],
+                                         o.per_token ? std::move(per_token[s])
+                                                     : std::vector<TokenLogprob>{}});
     }
     done += round;
     summary.batch_seconds.push_back(batch_timer.seconds());

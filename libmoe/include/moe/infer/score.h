@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "moe/infer/engine.h"
+#include "moe/infer/token_logprobs.h"
 #include "moe/io/tokenizer.h"
 
 namespace moe::infer {
@@ -27,12 +28,19 @@ struct ScoreOptions {
   // multiply 8-bit inputs there, backend/cpu/gemv.h): this is how to measure what a generation
   // sees. One process (not under --ep).
   bool incremental = false;
+  // Each window's tokens one by one (SequenceScore::per_token), with the `top` most likely tokens
+  // at each position (0: none). One process (not under --ep).
+  bool per_token = false;
+  int64_t top = 0;
 };
 
 // One window w: tokens w*T .. w*T+T predicting w*T+1 .. w*T+T+1.
 struct SequenceScore {
   int64_t index = 0, tokens = 0;
   double nll_sum = 0;  // summed over the window's T predicted tokens, in position order
+  // With ScoreOptions::per_token: the T predicted tokens in order (their log-probabilities sum to
+  // -nll_sum up to float rounding: the loss kernel works in float, these in double).
+  std::vector<TokenLogprob> per_token;
 };
 
 struct ScoreCallbacks {
