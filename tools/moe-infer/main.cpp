@@ -16,6 +16,7 @@
 #include "moe/cuda.h"
 #include "moe/infer/engine.h"
 #include "moe/infer/generate.h"
+#include "moe/infer/loglikelihood.h"
 #include "moe/infer/prompts.h"
 #include "moe/infer/score.h"
 #include "moe/io/checkpoint_dir.h"
@@ -33,9 +34,9 @@ namespace {
 struct Options {
   tools::CommonOptions common;
   std::string model, data, data_format = "auto", prompts, out = "-", budget, popularity,
-                           device = "cpu", summary, truncate = "none", tokenizer;
+                           device = "cpu", summary, truncate = "none", tokenizer, requests;
   int64_t batch = 8, max_sequences = 0, ep = 1, top = 0;
-  bool incremental = false, per_token = false;
+  bool incremental = false, per_token = false, rolling = false;
   infer::SamplingConfig sampling;
 };
 
@@ -301,6 +302,52 @@ int generate(Options& o, std::unique_ptr<comm::Communicator> world) {
   return 0;
 }
 
+// lm-evaluation-harness's loglikelihood (and, with --rolling, loglikelihood_rolling) requests.
+int loglikelihood(Options& o, std::unique_ptr<comm::Communicator> world) {
+  std::unique_ptr<infer::Engine> engine = open_engine(o, std::move(world));
+  const infer::Engine& e = *engine;
+  const ModelConfig& mc = e.config();
+  const std::unique_ptr<io::Tokenizer> tokenizer = open_tokenizer(o, mc);
+  std::vector<infer::LoglikelihoodRequest> requests;
+  if (o.requests == "-") {
+    requests = infer::read_loglikelihood_requests(std::cin, o.requests, o.rolling,
+                                                  tokenizer.get(), mc.vocab_size, mc.seq);
+  } else {
+    std::ifstream file(o.requests);
+    if (!file) throw Error(str("request file '", o.requests, "': cannot open"));
+    requests = infer::read_loglikelihood_requests(file, o.requests, o.rolling, tokenizer.get(),
+                                                  mc.vocab_size, mc.seq);
+  }
+  tools::Progress progress(o.common.quiet);
+  tools::Meter meter(progress);
+  Timer timer;
+  const std::vector<infer::LoglikelihoodResult> results = infer::loglikelihood(
+      e.model(), requests, o.batch, [&](int64_t done, int64_t total, int64_t tokens) {
+        meter.update(str("loglikelihood ", done, "/", total, " rows"), done, total, tokens);
+      });
+  progress.finish();
+  tools::OutputStream out(o.out);
+  int64_t tokens = 0;
+  for (size_t i = 0; i < results.size(); ++i) {
+    const infer::LoglikelihoodResult& r = results[i];
+    json j{{"index", i}, {"line", requests[i].line}, {"logprob", r.logprob}, {"tokens", r.tokens}};
+    if (o.rolling) {
+      j["windows"] = r.windows;
+    } else {
+      j["greedy"] = r.greedy;
+      j["context_tokens_dropped"] = r.context_dropped;
+    }
+    out.write_line(dump(j));
+    tokens += r.tokens;
+  }
+  out.close();
+  if (!o.common.quiet)
+    std::fprintf(stderr, "moe-infer loglikelihood: %zu requests, %lld scored tokens, %.2f s\n",
+                 results.size(), static_cast<long long>(tokens), timer.seconds());
+  report_ring(e);
+  return 0;
+}
+
 void add_engine_options(CLI::App* sub, Options& o) {
   sub->add_option("--model", o.model,
                   "Checkpoint file, or a moe-train output directory (its last.h5)")
@@ -401,6 +448,19 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"none", "left"}))
       ->capture_default_str();
 
+  auto* ll = app.add_subcommand(
+      "loglikelihood",
+      "lm-evaluation-harness requests: the log-probability of each continuation given its "
+      "context, and whether it is the greedy one");
+  add_engine_options(ll, o);
+  ll->add_option("--requests", o.requests,
+                 "JSON lines {\"context\": ..., \"continuation\": ...} ('-' = stdin); with "
+                 "--rolling {\"text\": ...}")
+      ->required();
+  ll->add_flag("--rolling", o.rolling,
+               "loglikelihood_rolling: each text's whole log-likelihood, in windows of the "
+               "model's context");
+
   return tools::run_tool(
       "moe-infer", app, argc, argv,
       [&]() -> int {
@@ -410,6 +470,7 @@ int main(int argc, char** argv) {
         const bool many = world->size() > 1;
         if (many && world->rank() != 0) o.common.quiet = true;
         try {
+          if (*ll) return loglikelihood(o, std::move(world));
           return *sc ? score(o, std::move(world)) : generate(o, std::move(world));
         } catch (const std::exception& ex) {
 #ifdef MOE_HAVE_MPI
