@@ -672,6 +672,49 @@ void ExpertFiles::read_span(int layer, int expert, int begin, int end, void* pay
   read_ns_.fetch_add(nanos_since(start), std::memory_order_relaxed);
 }
 
+namespace {
+
+// The file system holding `dir`, or its nearest existing ancestor (the directory may not exist
+// yet); 0 when none can be examined.
+uint64_t file_system_of(const std::string& dir) {
+  fs::path p = dir.empty() ? fs::path(".") : fs::absolute(fs::path(dir));
+  struct stat st {};
+  while (::stat(p.c_str(), &st) != 0) {
+    if (!p.has_parent_path() || p.parent_path() == p) return 0;
+    p = p.parent_path();
+  }
+  return static_cast<uint64_t>(st.st_dev);
+}
+
+}  // namespace
+
+void check_shared_ssd_space(comm::Communicator& world, const std::string& dir, int64_t bytes) {
+  // Per rank of this node: its file system, the bytes its tier needs, what is free there.
+  const std::unique_ptr<comm::Communicator> node = world.split_node();
+  const int ranks = node->size();
+  Tensor mine = Tensor::empty({3}, DType::i64);
+  mine.data<int64_t>()[0] = static_cast<int64_t>(file_system_of(dir));
+  mine.data<int64_t>()[1] = bytes;
+  mine.data<int64_t>()[2] = offload::free_bytes(dir);
+  Tensor all = Tensor::empty({3 * static_cast<int64_t>(ranks)}, DType::i64);
+  node->all_gather(mine, all);
+  const int64_t* row = all.data<int64_t>();
+  int64_t needed = 0, free = INT64_MAX;
+  int sharing = 0;
+  for (int r = 0; r < ranks; ++r) {
+    if (row[3 * r] != mine.data<int64_t>()[0]) continue;
+    ++sharing;
+    needed += row[3 * r + 1];
+    if (row[3 * r + 2] >= 0) free = std::min(free, row[3 * r + 2]);
+  }
+  if (sharing > 1 && needed > free)
+    throw Error(str("--ssd-dir '", dir, "': the SSD expert tiers of the ", sharing,
+                    " ranks on this node that share its file system need ", bytes_text(needed),
+                    " in all (", bytes_text(bytes), " here), but it has ", bytes_text(free),
+                    " free; free space there, give each rank an --ssd-dir on its own disk, "
+                    "or give the host tier more memory"));
+}
+
 void ExpertFiles::will_need(int layer, int expert) const {
   if (!slot(layer, expert).valid) return;
   Fd fd(::open(path(layer, expert).c_str(), O_RDONLY | O_CLOEXEC));

@@ -120,6 +120,8 @@ std::unique_ptr<RecordTier> make_record_tier(const StoreConfig& config,
   MOE_USAGE_CHECK(cache.capacity >= 1, "--host-budget ", budget,
                   " bytes is smaller than one expert's state (", record, " bytes): the minimum is ",
                   record);
+  if (config.world && config.world->size() > 1)
+    check_shared_ssd_space(*config.world, config.ssd_dir, ExpertFiles::total_bytes(files));
   return std::make_unique<CachedRecords>(
       std::make_unique<ExpertFiles>(config.ssd_dir, std::move(files)), cache, record,
       std::move(spans));

@@ -73,6 +73,7 @@ offload::StoreConfig Trainer::store_config(Device device) const {
     c.device_budget = auto_device_budget_;
   }
   c.ssd_dir = train_.ssd_dir;
+  c.world = world_size() > 1 ? world_ : nullptr;  // ranks sharing a disk check it together
   c.expert_cache = train_.expert_cache;
   c.lfu.threshold = train_.lfu_threshold;
   c.lfu.beta = train_.lfu_beta;

@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "moe/comm/communicator.h"
 #include "moe/dtype.h"
 #include "moe/tensor.h"
 
@@ -215,5 +216,13 @@ class ExpertFiles {
   std::atomic<int64_t> bytes_written_{0}, bytes_read_{0}, writes_{0}, reads_{0}, direct_reads_{0};
   std::atomic<int64_t> write_ns_{0}, read_ns_{0};
 };
+
+// Collective over `world` (every rank that makes an SSD tier): the tiers of the ranks on one node
+// whose `dir`s lie on one file system, `bytes` each (ExpertFiles::total_bytes), are checked
+// together against its free space, before any of them creates a file; each ExpertFiles checks
+// only its own, so ranks sharing a disk would otherwise fill it file by file. Throws moe::Error
+// naming --ssd-dir, how many ranks share it, what they need in all and what is free; the ranks
+// of that node and file system all throw it.
+void check_shared_ssd_space(comm::Communicator& world, const std::string& dir, int64_t bytes);
 
 }  // namespace moe::offload

@@ -56,6 +56,9 @@ struct StoreConfig {
   int64_t device_budget = 0;  // bytes of device slots (fp32 weights of the experts computing)
   int64_t host_budget = 0;    // bytes of expert state in host memory (ssd: the host cache)
   std::string ssd_dir;        // ssd: where the per-expert files go (offload::ExpertFiles)
+  // ssd under mpiexec: every rank's world (each makes a store), so that the ranks of a node whose
+  // --ssd-dir is one disk check their files together against its space (check_shared_ssd_space).
+  comm::Communicator* world = nullptr;
   std::string expert_cache = "lru";  // ssd: the host cache's policy (lru | lfu, MoESys)
   LfuConfig lfu;
   double pin_fraction = 0.25;  // of this process's experts, kept resident from forward to backward
