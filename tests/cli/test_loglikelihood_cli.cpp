@@ -132,7 +132,7 @@ TEST_CASE("cli: loglikelihood scores continuations as score --per-token does", "
 
 TEST_CASE("cli: loglikelihood --rolling scores a whole text in windows of the context",
           "[cli][logprob]") {
-  // 33 bytes: two full windows (the first byte has no end-of-text token before it on a
+  // 33 bytes: two full windows (the first byte has no BOS or end-of-text token before it on a
   // byte-level model, so it is not scored): the rows score reads from the same file.
   const std::vector<json> windows = per_token(kText.substr(0, 33));
   double want = 0;

@@ -38,9 +38,11 @@ TEST_CASE("encode_request: the boundary as lm-evaluation-harness draws it", "[in
       REQUIRE(joined(r) == tok->encode("The capital of France is Paris."));
       REQUIRE_FALSE(r.continuation.empty());
       REQUIRE(tok->decode(r.continuation).find("Paris.") != std::string::npos);
-      if (tok->eos_id() >= 0) {  // an empty context is the end-of-text token
+      // An empty context is the harness's prefix token: BOS, else end-of-text.
+      const int32_t prefix = tok->bos_id() >= 0 ? tok->bos_id() : tok->eos_id();
+      if (prefix >= 0) {
         const infer::LoglikelihoodRequest e = infer::encode_request("", "Paris", tok.get(), "f:2");
-        REQUIRE(e.context == std::vector<int32_t>{tok->eos_id()});
+        REQUIRE(e.context == std::vector<int32_t>{prefix});
         REQUIRE(e.continuation == tok->encode("Paris"));
       }
     }

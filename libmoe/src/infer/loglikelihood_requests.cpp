@@ -15,6 +15,13 @@ std::vector<int32_t> encode(std::string_view text, const io::Tokenizer* tokenize
   return tokenizer ? tokenizer->encode(text, false) : io::tokenize_bytes(text);
 }
 
+// The token a request with no context starts from: the harness's prefix_token_id (BOS when the
+// tokenizer has one, else its end-of-text token); -1: none.
+int32_t prefix_token(const io::Tokenizer* tokenizer) {
+  if (!tokenizer) return -1;
+  return tokenizer->bos_id() >= 0 ? tokenizer->bos_id() : tokenizer->eos_id();
+}
+
 const std::string& string_field(const json& j, const char* key) {
   const auto it = j.find(key);
   if (it == j.end()) throw Error(str("no \"", key, "\" field"));
@@ -22,14 +29,16 @@ const std::string& string_field(const json& j, const char* key) {
   return it->get_ref<const std::string&>();
 }
 
-// A rolling request: the text, scored from the end-of-text token when the model has one.
+// A rolling request: the text, scored from the prefix token when the model has one.
 LoglikelihoodRequest encode_text(const std::string& text, const io::Tokenizer* tokenizer) {
   LoglikelihoodRequest r;
-  if (tokenizer && tokenizer->eos_id() >= 0) r.context = {tokenizer->eos_id()};
+  if (prefix_token(tokenizer) >= 0) r.context = {prefix_token(tokenizer)};
   r.continuation = encode(text, tokenizer);
   if (r.continuation.empty()) throw Error("the text is empty (nothing to score)");
   if (r.context.empty() && r.continuation.size() < 2)
-    throw Error("the text is one token and the model has no end-of-text token to predict it from");
+    throw Error(
+        "the text is one token and the model has no BOS or end-of-text token to predict "
+        "it from");
   return r;
 }
 
@@ -56,10 +65,10 @@ LoglikelihoodRequest encode_request(const std::string& context, const std::strin
   const std::string head = context.substr(0, cut), tail = context.substr(cut) + continuation;
   LoglikelihoodRequest r;
   if (head.empty()) {
-    if (!tokenizer || tokenizer->eos_id() < 0)
-      throw Error(str(where, ": the context is empty and the model has no end-of-text token to ",
-                      "start from (lm-evaluation-harness's context for an empty one)"));
-    r.context = {tokenizer->eos_id()};
+    if (prefix_token(tokenizer) < 0)
+      throw Error(str(where, ": the context is empty and the model has no BOS or end-of-text ",
+                      "token to start from (lm-evaluation-harness's context for an empty one)"));
+    r.context = {prefix_token(tokenizer)};
     r.continuation = encode(tail, tokenizer);
   } else {
     r.context = encode(head, tokenizer);

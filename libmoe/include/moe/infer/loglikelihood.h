@@ -17,8 +17,9 @@
 namespace moe::infer {
 
 // One request as token ids: the continuation's tokens are scored given every token before them.
-// A rolling request's continuation is its whole text and its context the end-of-text token the
-// harness starts from (empty when the model has none: its first token is then not scored).
+// A rolling request's continuation is its whole text and its context the token the harness starts
+// from (prefix_token_id: the tokenizer's BOS, else its end-of-text token; empty when the model has
+// neither: the text's first token is then not scored).
 struct LoglikelihoodRequest {
   int64_t line = 0;  // in the request file, from 1 (blank lines counted)
   std::vector<int32_t> context, continuation;
@@ -28,8 +29,8 @@ struct LoglikelihoodRequest {
 // the front of the continuation, the context is encoded, context + continuation is encoded whole,
 // and the continuation's tokens are those of the whole past the context's (a tokenizer that
 // merges across the boundary gives the continuation the merged token). An empty context is the
-// tokenizer's end-of-text token (moe::Error naming `where` when there is none). Without a
-// tokenizer, the text's bytes are its tokens.
+// harness's prefix token: the tokenizer's BOS, else its end-of-text token (moe::Error naming
+// `where` when it has neither). Without a tokenizer, the text's bytes are its tokens.
 LoglikelihoodRequest encode_request(const std::string& context, const std::string& continuation,
                                     const io::Tokenizer* tokenizer, const std::string& where);
 
