@@ -150,10 +150,15 @@ TEST_CASE("cli: loglikelihood --rolling scores a whole text in windows of the co
   REQUIRE_FALSE(out[0].contains("greedy"));
   // The same rows (a pass of [2, 16] in both, --batch 2), summed in another order: 1e-12.
   REQUIRE(std::fabs(out[0]["logprob"].get<double>() - want) <= 1e-12);
-  // 40 bytes: a third window predicts the last 7 from the 16 before them.
+  // 40 bytes: the same two windows, then a third predicting the last 7 bytes (33..39) from the 16
+  // before them: the last 7 positions of score's one window of bytes 23..39 (a pass of [1, 16] in
+  // both: the fifth row of length 16 passes alone).
   REQUIRE(out[1]["tokens"] == 39);
   REQUIRE(out[1]["windows"] == 3);
-  REQUIRE(out[1]["logprob"].get<double>() < out[0]["logprob"].get<double>());
+  const std::vector<json> last = per_token(kText.substr(23, 17));
+  REQUIRE(last.size() == 1);
+  for (size_t t = 9; t < 16; ++t) want += last[0]["token_logprobs"][t].get<double>();
+  REQUIRE(std::fabs(out[1]["logprob"].get<double>() - want) <= 1e-12);
 }
 
 TEST_CASE("cli: loglikelihood refuses bad request files, naming file:line", "[cli][logprob]") {
