@@ -73,6 +73,35 @@ std::vector<double> incremental_sums(const Engine& e, const std::vector<int32_t>
   return sums;
 }
 
+// Per-window NLL sums of windows [first, first + count) in one forward pass (count 0: a rank
+// without windows under --ep computes window `first` and drops it), and with per_token non-null
+// each window's token log-probabilities, from the logits as the head makes them.
+std::vector<double> full_pass_sums(const Engine& e, const std::vector<int32_t>& tokens,
+                                   int64_t first, int64_t count, Arena& arena, int64_t top,
+                                   std::vector<std::vector<TokenLogprob>>* per_token) {
+  const int64_t seq = e.config().seq;
+  std::vector<double> sums(static_cast<size_t>(count));
+  ArenaScope scope(arena);
+  Tensor ids, targets, row_nll;
+  windows_of(tokens, seq, first, std::max<int64_t>(count, 1), ids, targets);
+  EvalOptions eval;
+  eval.row_nll = &row_nll;
+  if (per_token)
+    eval.logit_rows = [&](const Tensor& logits, int64_t from) {
+      add_token_logprobs(logits, from, targets.data<int32_t>(), seq, top, *per_token);
+    };
+  e.model().evaluate(ids.to(e.device()), targets.to(e.device()), eval);
+  row_nll = row_nll.to(Device{});
+  const float* nll = row_nll.data<float>();
+  for (int64_t s = 0; s < count; ++s) {
+    double sum = 0;
+    for (int64_t t = 0; t < seq; ++t) sum += nll[s * seq + t];
+    sums[static_cast<size_t>(s)] = sum;
+  }
+  arena.reset();
+  return sums;
+}
+
 }  // namespace
 
 ScoreSummary score(const Engine& e, const ScoreOptions& o, const ScoreCallbacks& callbacks) {
@@ -99,7 +128,6 @@ ScoreSummary score(const Engine& e, const ScoreOptions& o, const ScoreCallbacks&
   Arena arena;
   // The cache lives outside the arena (its tensors outlast every step's scope).
   KVCache cache = o.incremental ? e.model().make_cache(o.batch) : KVCache{};
-  EvalOptions eval;
   Timer timer;
   // Each round takes batch x R windows; rank r computes its contiguous share (under --ep every
   // rank must run every forward pass, so a rank without windows computes window 0 and drops it).
@@ -114,23 +142,8 @@ ScoreSummary score(const Engine& e, const ScoreOptions& o, const ScoreCallbacks&
       sums = incremental_sums(e, tokens, done, mine, cache, arena, o.top,
                               o.per_token ? &per_token : nullptr);
     } else {
-      ArenaScope scope(arena);
-      Tensor ids, targets, row_nll;
-      windows_of(tokens, mc.seq, mine ? done + begin : 0, std::max<int64_t>(mine, 1), ids, targets);
-      eval.row_nll = &row_nll;
-      if (o.per_token)
-        eval.logit_rows = [&](const Tensor& logits, int64_t first) {
-          add_token_logprobs(logits, first, targets.data<int32_t>(), mc.seq, o.top, per_token);
-        };
-      e.model().evaluate(ids.to(e.device()), targets.to(e.device()), eval);
-      row_nll = row_nll.to(Device{});
-      const float* nll = row_nll.data<float>();
-      for (int64_t s = 0; s < mine; ++s) {
-        double sum = 0;
-        for (int64_t t = 0; t < mc.seq; ++t) sum += nll[s * mc.seq + t];
-        sums[static_cast<size_t>(s)] = sum;
-      }
-      arena.reset();
+      sums = full_pass_sums(e, tokens, mine ? done + begin : 0, mine, arena, o.top,
+                            o.per_token ? &per_token : nullptr);
     }
     if (R > 1) {  // rank 0 gathers the round's sums (as their bits), in window order
       std::vector<int64_t> counts(static_cast<size_t>(R));
