@@ -142,11 +142,12 @@ int score(Options& o, std::unique_ptr<comm::Communicator> world) {
     if (e.rank() == 0) out = std::make_unique<tools::OutputStream>(o.out);
   };
   callbacks.sequence = [&](const infer::SequenceScore& s) { out->write_line(dump(score_json(s))); };
-  if (o.per_token) callbacks.sequence = [&](const infer::SequenceScore& s) {
-    json j = score_json(s);
-    add_per_token(j, s.per_token, o.top > 0);
-    out->write_line(dump(j));
-  };
+  if (o.per_token)
+    callbacks.sequence = [&](const infer::SequenceScore& s) {
+      json j = score_json(s);
+      add_per_token(j, s.per_token, o.top > 0);
+      out->write_line(dump(j));
+    };
   callbacks.progress = [&](int64_t done, int64_t total) {
     meter.update(str("score ", done, "/", total, " sequences"), done, total, done * seq);
   };
@@ -310,8 +311,8 @@ int loglikelihood(Options& o, std::unique_ptr<comm::Communicator> world) {
   const std::unique_ptr<io::Tokenizer> tokenizer = open_tokenizer(o, mc);
   std::vector<infer::LoglikelihoodRequest> requests;
   if (o.requests == "-") {
-    requests = infer::read_loglikelihood_requests(std::cin, o.requests, o.rolling,
-                                                  tokenizer.get(), mc.vocab_size, mc.seq);
+    requests = infer::read_loglikelihood_requests(std::cin, o.requests, o.rolling, tokenizer.get(),
+                                                  mc.vocab_size, mc.seq);
   } else {
     std::ifstream file(o.requests);
     if (!file) throw Error(str("request file '", o.requests, "': cannot open"));
@@ -389,9 +390,10 @@ int main(int argc, char** argv) {
   sc->add_option("--max-sequences", o.max_sequences, "Score at most N sequences (0 = all)")
       ->check(tools::non_negative())
       ->capture_default_str();
-  auto* per_token = sc->add_flag("--per-token", o.per_token,
-               "Each window's predicted tokens in its line: token_ids, token_logprobs, token_ranks "
-               "(1 = the most likely); one process");
+  auto* per_token = sc->add_flag(
+      "--per-token", o.per_token,
+      "Each window's predicted tokens in its line: token_ids, token_logprobs, token_ranks "
+      "(1 = the most likely); one process");
   sc->add_option("--top", o.top,
                  "With --per-token: also the N most likely tokens at each position (top_ids, "
                  "top_logprobs)")

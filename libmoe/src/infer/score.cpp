@@ -158,10 +158,10 @@ ScoreSummary score(const Engine& e, const ScoreOptions& o, const ScoreCallbacks&
     for (size_t s = 0; s < sums.size() && r == 0; ++s) {
       summary.nll_sum += sums[s];
       summary.predicted += mc.seq;
-      if (callbacks.sequence)
-        callbacks.sequence(SequenceScore{done + static_cast<int64_t>(s), mc.seq, sums[s],
-                                         o.per_token ? std::move(per_token[s])
-                                                     : std::vector<TokenLogprob>{}});
+      if (!callbacks.sequence) continue;
+      SequenceScore window{done + static_cast<int64_t>(s), mc.seq, sums[s], {}};
+      if (o.per_token) window.per_token = std::move(per_token[s]);
+      callbacks.sequence(window);
     }
     done += round;
     summary.batch_seconds.push_back(batch_timer.seconds());
