@@ -1,4 +1,5 @@
 // CPU loops of the core ops (moe/ops/core.h): GEMM through cpu::sgemm, elementwise loops.
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cpu/backend.h"
@@ -23,8 +24,14 @@ void gemm(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, 
       gemv_batch(&p, 1);
       return;
     }
-    sgemm(false, true, m, n, k, alpha, a.data<float>(), a.dim(1), widened(w), k, beta,
-          c.data<float>(), c.dim(1));
+    // A panel of the weight's rows at a time (one panel unless the weight is wider than
+    // kWidenedFloats): columns [j, j + panel) of c.
+    const int64_t panel = std::max<int64_t>(1, kWidenedFloats / std::max<int64_t>(k, 1));
+    for (int64_t j = 0; j < n; j += panel) {
+      const int64_t cols = std::min(panel, n - j);
+      sgemm(false, true, m, cols, k, alpha, a.data<float>(), a.dim(1), widened_rows(w, j, cols), k,
+            beta, c.data<float>() + j, c.dim(1));
+    }
     return;
   }
   sgemm(transpose_a, transpose_b, m, n, k, alpha, a.data<float>(), a.dim(1), b.data<float>(),

@@ -609,12 +609,16 @@ bool gemv_applies(int64_t m) { return gemv_enabled && m >= 1 && m <= kGemvMaxRow
 void set_gemv_enabled(bool enabled) { gemv_enabled = enabled; }
 
 const float* widened(const WeightMatrix& w, int64_t slot) {
-  if (w.format == WeightFormat::f32) return static_cast<const float*>(w.data);
+  return widened_rows(w, 0, w.out, slot);
+}
+
+const float* widened_rows(const WeightMatrix& w, int64_t row, int64_t rows, int64_t slot) {
+  if (w.format == WeightFormat::f32) return static_cast<const float*>(w.data) + row * w.in;
   thread_local std::vector<std::vector<float>> scratch;
   if (static_cast<int64_t>(scratch.size()) <= slot) scratch.resize(static_cast<size_t>(slot) + 1);
   std::vector<float>& s = scratch[static_cast<size_t>(slot)];
-  if (static_cast<int64_t>(s.size()) < w.out * w.in) s.resize(static_cast<size_t>(w.out * w.in));
-  widen_rows(w, 0, w.out, s.data());
+  if (static_cast<int64_t>(s.size()) < rows * w.in) s.resize(static_cast<size_t>(rows * w.in));
+  widen_rows(w, row, rows, s.data());
   return s.data();
 }
 

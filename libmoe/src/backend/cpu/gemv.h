@@ -169,7 +169,14 @@ bool gemv_applies(int64_t m);
 void set_gemv_enabled(bool enabled);
 
 // `w` widened to f32 into a scratch kept by the calling thread (reused: prefill allocates once),
-// for the tiled sgemm; f32 weights are returned as they are.
+// for the tiled sgemm; f32 weights are returned as they are. widened_rows: rows [row, row + rows)
+// only (a panel of a weight too big to widen whole).
 const float* widened(const WeightMatrix& w, int64_t slot = 0);
+const float* widened_rows(const WeightMatrix& w, int64_t row, int64_t rows, int64_t slot = 0);
+// What the tiled products widen at once: a 16-bit or quantised weight of more floats than this
+// is widened a panel of rows at a time, and a grouped product's experts a group at a time, so
+// the scratch stays at 32 Mi floats (128 MiB) a thread whatever the model (an f32 copy of a
+// 50k x 2k LM head was 412 MB, of 64 experts 512 MB, kept for the process's life).
+constexpr int64_t kWidenedFloats = int64_t(1) << 25;
 
 }  // namespace moe::cpu

@@ -38,22 +38,32 @@ void grouped_gemm(const Tensor& a, const Tensor& w, bool transpose_w,
   if (transpose_w) {  // forward: x W_e^T; W may be 16-bit (inference)
     // Segments of a few rows (decode) go to the GEMV, all in one parallel loop over their output
     // rows (a token's k experts share the threads); the others widen their expert once into a
-    // reused scratch and run the tiled sgemm, all their tiles in one loop. The lists are reused.
+    // reused scratch and run the tiled sgemm, all their tiles in one loop, a group of experts of
+    // at most kWidenedFloats widened floats at a time (or one expert bigger than that; f32 experts
+    // are not copied: one group).
+    // The lists are reused.
     thread_local std::vector<GemvProblem> narrow;
     thread_local std::vector<GemmProblem> wide;
     narrow.clear();
     wide.clear();
+    const bool copies = experts > 0 && weight_matrix(w, 0, k).format != WeightFormat::f32;
+    int64_t group_floats = 0;
     for (int64_t e = 0; e < experts; ++e) {
       const int64_t begin = offsets[e], m = offsets[e + 1] - begin;
       if (m == 0) continue;
       const WeightMatrix we = weight_matrix(w, e, k);
       if (gemv_applies(m)) {
         narrow.push_back({we, as + begin * k, k, m, cs + begin * n, n, beta});
-      } else {
-        wide.push_back({false, true, m, n, k, 1.0f, as + begin * k, k,
-                        widened(we, static_cast<int64_t>(wide.size())), k, beta, cs + begin * n,
-                        n});
+        continue;
       }
+      if (copies && !wide.empty() && group_floats + n * k > kWidenedFloats) {
+        sgemm_batch(wide.data(), wide.size());
+        wide.clear();
+        group_floats = 0;
+      }
+      group_floats += n * k;
+      wide.push_back({false, true, m, n, k, 1.0f, as + begin * k, k,
+                      widened(we, static_cast<int64_t>(wide.size())), k, beta, cs + begin * n, n});
     }
     if (!narrow.empty()) gemv_batch(narrow.data(), narrow.size());
     if (!wide.empty()) sgemm_batch(wide.data(), wide.size());
