@@ -2,9 +2,11 @@
 // model that fits is never refused), and refusals that give the figure and the machine's.
 #include <catch2/catch.hpp>
 
+#include "moe/arena.h"
 #include "moe/models/memory.h"
 #include "moe/models/transformer.h"
 #include "moe/param.h"
+#include "support/gradcheck.h"
 #include "support/models.h"
 #include "support/run.h"
 
@@ -68,4 +70,56 @@ TEST_CASE("memory: absurd sizes are refused with the figure and the machine's",
   REQUIRE(machine_memory().physical_bytes > 0);
   REQUIRE(format_bytes(1536) == "1.5 KiB");
   REQUIRE(format_bytes(100) == "100 bytes");
+}
+
+TEST_CASE("memory: the inference activation estimate is a lower bound of evaluate's peak",
+          "[memory][infer]") {
+  // evaluate reports the most bytes its arenas held at once (the caller's and the scratch); the
+  // estimate counts only the largest tensors of one block and one block of logits, so it is below
+  // that, and within 3x of it (what it leaves out: norms, router rows, residual sums, the
+  // attention context and output).
+  for (Arch arch : {Arch::gpt, Arch::mixtral}) {
+    for (int64_t windows : {1, 12}) {
+      INFO(arch_name(arch) << ", " << windows << " windows");
+      ModelConfig c = test::small_model_config(arch);
+      c.resolve();
+      ParamSet params(2, DType::f32);
+      Transformer model(c, params);
+      const Tensor ids = test::random_ids({windows, c.seq}, 3, int32_t(c.vocab_size));
+      Arena arena;
+      ForwardStats stats;
+      {
+        ArenaScope scope(arena);
+        stats = model.evaluate(ids, ids, EvalOptions{});
+      }
+      const double bound = inference_activation_lower_bound(c, windows);
+      INFO("bound " << bound << ", peak " << stats.activation_peak_bytes);
+      REQUIRE(bound > 0);
+      REQUIRE(bound <= double(stats.activation_peak_bytes));
+      REQUIRE(double(stats.activation_peak_bytes) <= 3 * bound);
+    }
+  }
+}
+
+TEST_CASE("memory: an inference batch whose activations do not fit is refused with the figures",
+          "[memory][infer]") {
+  ModelConfig c = test::small_model_config(Arch::mixtral);
+  c.vocab_size = 50304;
+  c.resolve();
+  const double bound = inference_activation_lower_bound(c, 8);
+  FreeMemory plenty;
+  plenty.available_bytes = 4 * bound;
+  check_inference_activations(c, 8, "scoring 8 windows", "detail", plenty);
+  FreeMemory tight;
+  tight.available_bytes = 64e9;
+  tight.address_space_left = bound / 2;
+  REQUIRE(
+      test::error_of([&] {
+        check_inference_activations(c, 8, "scoring 8 windows", "a smaller batch needs less", tight);
+      }) == str("scoring 8 windows needs at least ", format_bytes(bound),
+                " of activations (a smaller batch needs less), more than this process can still "
+                "get: 59.6 GiB of memory free (RLIMIT_AS leaves ",
+                format_bytes(bound / 2), " of address space)"));
+  FreeMemory unknown;
+  check_inference_activations(c, 8, "scoring 8 windows", "detail", unknown);  // never refuses
 }

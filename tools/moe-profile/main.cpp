@@ -13,6 +13,7 @@
 #include "moe/io/dataset.h"
 #include "moe/io/model_text.h"
 #include "moe/log.h"
+#include "moe/models/memory.h"
 #include "moe/profile/curves.h"
 #include "moe/profile/paths.h"
 #include "moe/profile/plot.h"
@@ -58,6 +59,10 @@ int record(Options& o, int argc, char** argv) {
   io::TraceInfo info =
       profile::trace_info(m.config, io::make_provenance("moe-profile", argc, argv), "record");
   if (info.moe_blocks.empty()) throw UsageError(str(o.model, ": the model has no MoE layer"));
+  check_inference_activations(
+      m.config, std::min(o.batch, total),
+      str("recording ", std::min(o.batch, total), " windows of ", m.config.seq, " tokens a pass"),
+      "a smaller --batch needs less");
   io::TraceWriter writer(o.out, info);
   tools::Progress progress(o.common.quiet);
   tools::Meter meter(progress);  // the trainer's cadence, rate and ETA

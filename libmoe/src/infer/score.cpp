@@ -7,6 +7,7 @@
 #include "moe/arena.h"
 #include "moe/io/dataset.h"
 #include "moe/io/model_text.h"
+#include "moe/models/memory.h"
 #include "moe/nn/loss.h"
 #include "moe/timer.h"
 
@@ -122,6 +123,11 @@ ScoreSummary score(const Engine& e, const ScoreOptions& o, const ScoreCallbacks&
                   "score per token runs in one process (not under --ep with ", R, " ranks)");
   MOE_USAGE_CHECK(o.top >= 0 && o.top <= mc.vocab_size, "score: top ", o.top,
                   " alternatives of a vocabulary of ", mc.vocab_size);
+  if (!o.incremental)  // before the first pass sizes anything by the batch
+    check_inference_activations(
+        mc, std::min(o.batch, total),
+        str("scoring ", std::min(o.batch, total), " windows of ", mc.seq, " tokens a pass"),
+        "a smaller batch needs less");
   if (callbacks.start) callbacks.start(total);
   ScoreSummary summary;
   summary.sequences = total;

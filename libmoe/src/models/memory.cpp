@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 
 #include "moe/error.h"
 #include "moe/models/flavour.h"
@@ -76,6 +78,74 @@ void check_fits_in_memory(double bytes, const std::string& what, const std::stri
   if (usable <= 0 || bytes <= usable) return;
   throw Error(str(what, " needs at least ", format_bytes(bytes), " (", detail,
                   "), more than this machine has: ", machine.describe()));
+}
+
+double inference_activation_lower_bound(const ModelConfig& c, int64_t windows) {
+  const double T = double(c.seq), N = double(std::max<int64_t>(windows, 0)) * T;
+  const double D = double(c.d_model), V = double(c.vocab_size), F = double(c.d_ff);
+  const double hd = c.heads > 0 ? double(c.head_dim_resolved()) : D;
+  const double q_width = double(std::max<int64_t>(c.heads, 1)) * hd;
+  const double kv_width = double(c.kv_heads_resolved()) * hd;
+  // One block at a time: its output rows, q, k and v of all N tokens, and the experts' rows
+  // (dispatched input, hidden (and gate), activation, output) of one block of tokens (MoELayer).
+  double block = N * (D + q_width + 2 * kv_width);
+  if (c.experts > 0 && c.top_k > 0) {
+    const double hidden = flavour_of(c).activation == nn::Activation::swiglu ? 3 : 2;
+    const double per_token = double(c.top_k) * (2 * D + hidden * F);
+    const double tokens = std::max(1024.0, std::floor(double(int64_t(1) << 26) / per_token));
+    block += std::min(N, tokens) * per_token;
+  }
+  // After the blocks, the logits of one block of rows (Transformer::loss_by_rows).
+  const double rows = std::max(256.0, std::floor(double(int64_t(1) << 24) / std::max(V, 1.0)));
+  const double logits = std::min(N, rows) * V;
+  return 4 * (N * D + std::max(block, logits));  // the residual stream throughout
+}
+
+double FreeMemory::usable() const {
+  if (available_bytes > 0 && address_space_left > 0)
+    return std::min(available_bytes, address_space_left);
+  return std::max(available_bytes, address_space_left);
+}
+
+std::string FreeMemory::describe() const {
+  std::string text = available_bytes > 0 ? format_bytes(available_bytes) + " of memory free"
+                                         : std::string("an unknown amount of memory free");
+  if (address_space_left > 0)
+    text += " (RLIMIT_AS leaves " + format_bytes(address_space_left) + " of address space)";
+  return text;
+}
+
+FreeMemory free_memory() {
+  FreeMemory f;
+  if (std::FILE* in = std::fopen("/proc/meminfo", "r")) {
+    char key[64];
+    double kib = 0;
+    while (std::fscanf(in, "%63s %lf kB", key, &kib) == 2)
+      if (std::strcmp(key, "MemAvailable:") == 0 || std::strcmp(key, "SwapFree:") == 0)
+        f.available_bytes += kib * 1024;
+    std::fclose(in);
+  }
+  struct rlimit limit {};
+  if (::getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
+    double mapped = 0;
+    if (std::FILE* in = std::fopen("/proc/self/statm", "r")) {
+      double pages = 0;
+      if (std::fscanf(in, "%lf", &pages) == 1) mapped = pages * double(::sysconf(_SC_PAGESIZE));
+      std::fclose(in);
+    }
+    f.address_space_left = std::max(1.0, double(limit.rlim_cur) - mapped);
+  }
+  return f;
+}
+
+void check_inference_activations(const ModelConfig& config, int64_t windows,
+                                 const std::string& what, const std::string& detail,
+                                 const FreeMemory& free) {
+  const double bytes = inference_activation_lower_bound(config, windows);
+  const double usable = free.usable();
+  if (usable <= 0 || bytes <= usable) return;
+  throw Error(str(what, " needs at least ", format_bytes(bytes), " of activations (", detail,
+                  "), more than this process can still get: ", free.describe()));
 }
 
 }  // namespace moe

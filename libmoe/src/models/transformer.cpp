@@ -222,6 +222,8 @@ ForwardStats Transformer::evaluate(const Tensor& ids, const Tensor& targets,
   step.training = false;
   step.capture_routing = options.capture_routing;
   step.input_sums = options.router_input_sums;
+  step.expert_block_tokens = options.expert_block_tokens;
+  scratch_.reset_peak();
   ForwardStats stats;
   Tensor x = forward_blocks(ids, targets, step, nullptr, nullptr, stats, options.hooks, nullptr,
                             options.blocks);
@@ -234,6 +236,7 @@ ForwardStats Transformer::evaluate(const Tensor& ids, const Tensor& targets,
   stats.loss = loss_by_rows(final_norm_->forward(x, nullptr), targets.reshape({ids.numel()}),
                             options.row_nll, options.logit_block_rows, options.logit_rows);
   finish_stats(stats);
+  stats.activation_peak_bytes = scratch_.peak_bytes();
   return stats;
 }
 
@@ -244,15 +247,10 @@ double Transformer::loss_by_rows(
   if (block == 0)  // 16 Mi floats (64 MiB) of logits, at least 256 rows (V 50,304: 333 rows)
     block = std::max<int64_t>(256, (int64_t(1) << 24) / std::max<int64_t>(config_.vocab_size, 1));
   const int64_t n = h.dim(0);
-  if (n <= block) {
-    const Tensor logits = head(h);
-    if (logit_rows) logit_rows(logits, 0);
-    return nn::cross_entropy(logits, targets, nullptr, 1.0f, row_nll);
-  }
   Tensor nll = Tensor::empty({n}, DType::f32, h.device());
-  // Blocks of equal size (none shorter than half a block): every head product keeps its shape
-  // class, and the logits of a block live only in the scratch.
-  const int64_t blocks = (n + block - 1) / block, rows = (n + blocks - 1) / blocks;
+  // Blocks of equal size (none shorter than half a block; one block when n <= block): every head
+  // product keeps its shape class, and the logits of a block live only in the scratch.
+  const int64_t blocks = (n + block - 1) / block, rows = blocks ? (n + blocks - 1) / blocks : 1;
   for (int64_t a = 0; a < n; a += rows) {
     const int64_t b = std::min(n, a + rows);
     Tensor into = nll.rows(a, b);

@@ -204,14 +204,60 @@ parallel::ExpertDispatcher MoELayer::dispatcher() const {
       router_.weight().name, config_.experts.num_experts, parallel_->placement != nullptr);
 }
 
+// Tokens a block when inference runs the experts by blocks: RouterStep::expert_block_tokens, by
+// default 64 Mi floats (256 MiB) of the experts' rows (k x (2D + 3F) floats a token: dispatched
+// input, hidden, gate, activation, output), at least 1,024 tokens (OLMoE-1B-7B: 1,170); 0 where the
+// path does not apply (training, a saved forward, expert parallelism or placement, capacity drops,
+// or a batch of at most one block).
+int64_t MoELayer::expert_block_tokens(const Tensor& x, const RouterOutput& routed,
+                                      const RouterStep& step, const Saved* saved) const {
+  if (saved || step.training || routed.plan.capacity != 0) return 0;
+  if (parallel_ && (parallel_->expert_parallel() || parallel_->placement)) return 0;
+  int64_t block = step.expert_block_tokens;
+  if (block <= 0) {
+    const int64_t k = config_.router.top_k, D = x.dim(1), F = config_.experts.d_ff;
+    block = std::max<int64_t>(1024, (int64_t(1) << 26) / std::max<int64_t>(1, k * (2 * D + 3 * F)));
+  }
+  return x.dim(0) > block ? block : 0;
+}
+
+// Each block's plan is made from its rows of the batch's top-k (the routing, its statistics and
+// traces are the whole batch's); its dispatch, experts and combine run in block_scratch_ and its
+// output rows go straight into y. A token's result is its own experts' rows, as in one pass.
+Tensor MoELayer::experts_by_blocks(const Tensor& x, const RouterOutput& routed,
+                                   int64_t block) const {
+  const int64_t n = x.dim(0);
+  Tensor y = Tensor::empty(x.shape(), DType::f32, x.device());
+  for (int64_t a = 0; a < n; a += block) {
+    const int64_t b = std::min(n, a + block);
+    Tensor into = y.rows(a, b);
+    block_scratch_.run(
+        [&] {
+          const DispatchPlan plan =
+              make_plan(routed.topk_idx.rows(a, b), routed.topk_weight.rows(a, b),
+                        config_.router.num_experts, 0);
+          return combine(
+              experts_forward(dispatch(x.rows(a, b), plan), plan.expert_offsets, nullptr), plan);
+        },
+        &into);
+  }
+  return y;
+}
+
 Tensor MoELayer::forward(const Tensor& x, const RouterStep& step, Saved* saved,
                          MoEStats* stats) const {
   RouterOutput routed = router_.forward(x, step);
   if (parallel_ && parallel_->data_parallel()) globalize_load(routed);
-  Tensor x_perm = dispatch(x, routed.plan);
   int64_t rows_computed = 0;
-  Tensor y_perm = run_experts(x_perm, routed, step, saved, rows_computed);
-  Tensor y = combine(y_perm, routed.plan);
+  Tensor x_perm, y_perm, y;
+  if (const int64_t block = expert_block_tokens(x, routed, step, saved); block > 0) {
+    y = experts_by_blocks(x, routed, block);
+    rows_computed = routed.plan.num_slots();
+  } else {
+    x_perm = dispatch(x, routed.plan);
+    y_perm = run_experts(x_perm, routed, step, saved, rows_computed);
+    y = combine(y_perm, routed.plan);
+  }
   if (shared_) shared_forward(x, y, saved);
   if (stats) {
     stats->aux_loss = routed.aux_loss;

@@ -32,6 +32,30 @@ MachineMemory machine_memory();
 void check_fits_in_memory(double bytes, const std::string& what, const std::string& detail,
                           const MachineMemory& machine = machine_memory());
 
+// Activation bytes at the peak of an inference pass (Transformer::evaluate) over `windows`
+// windows of config.seq tokens, a lower bound: the residual stream, and the larger of one block's
+// activations (its output rows, q, k and v; the experts' rows of one block of tokens) and the
+// logits of one block of rows, as EvalOptions' defaults cut the blocks.
+double inference_activation_lower_bound(const ModelConfig& config, int64_t windows);
+
+// Memory this process can still get: physical memory not in use (MemAvailable and free swap of
+// /proc/meminfo) and, under RLIMIT_AS, the limit less the address space already mapped; the
+// smaller of the known figures (0: unknown).
+struct FreeMemory {
+  double available_bytes = 0;     // 0: unknown
+  double address_space_left = 0;  // 0: no limit
+  double usable() const;
+  std::string describe() const;  // "3.1 GiB free (RLIMIT_AS leaves 1.0 GiB)"
+};
+FreeMemory free_memory();
+
+// Throws moe::Error "<what> needs at least <bytes> of activations (<detail>), more than this
+// process can still get: ..." when inference_activation_lower_bound(config, windows) exceeds
+// what free_memory() gives. Unknown figures never refuse.
+void check_inference_activations(const ModelConfig& config, int64_t windows,
+                                 const std::string& what, const std::string& detail,
+                                 const FreeMemory& free = free_memory());
+
 // "1.5 GiB", "512 MiB", "3.0 TiB".
 std::string format_bytes(double bytes);
 

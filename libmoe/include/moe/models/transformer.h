@@ -24,9 +24,10 @@ struct ForwardStats {
   double z_loss = 0;              // sum over MoE layers of the router z-loss
   double total = 0;               // loss + aux_coef * aux_loss + z_coef * z_loss
   std::vector<nn::MoEStats> moe;  // one per MoE layer, in layer order
-  // forward_backward with recomputation: the most bytes the caller's activation arena and the
-  // recomputation scratch held together (0 without recomputation; the caller's arena alone
-  // tells the rest).
+  // forward_backward with recomputation, and evaluate: the most bytes the caller's activation
+  // arena and the scratch held together (0 without recomputation; the caller's arena alone tells
+  // the rest). evaluate's leaves out what the MoE layers' expert blocks hold in their own scratch
+  // when a batch has more tokens than a block.
   size_t activation_peak_bytes = 0;
 };
 
@@ -85,6 +86,8 @@ struct EvalOptions {
   // Rows of logits made at once (0: 64 MiB of them, at least 256 rows): the LM head and the loss
   // run on blocks of rows, so activation memory does not grow with N x V.
   int64_t logit_block_rows = 0;
+  // Tokens the MoE layers' experts run on at once (0: 256 MiB of their rows; RouterStep).
+  int64_t expert_block_tokens = 0;
   // When set, sees each block of logits as it is made: rows [first, first + logits.dim(0)) of the
   // flattened [B*T] positions, logits [rows, V] f32 on the model's device, valid only during the
   // call (per-token log-probabilities, ranks and top-n without holding [N, V]).

@@ -50,6 +50,9 @@ struct RouterStep {
   // Centred routers: sum the router's input into MoEStats (always so in training; evaluation
   // passes ask for it to calibrate the centers, Trainer's first step).
   bool input_sums = false;
+  // Inference: tokens a block when the MoE layer runs its experts by blocks (0: 256 MiB of the
+  // experts' rows a block, at least 1,024 tokens; nn::MoELayer).
+  int64_t expert_block_tokens = 0;
 };
 
 struct RouterOutput {
