@@ -1,0 +1,188 @@
+// config.json of a Hugging Face MoE checkpoint (see io/hf_config.h and docs/FORMATS.md).
+#include "io/hf_config.h"
+
+#include "io/hf_names.h"
+#include "moe/error.h"
+#include "moe/models/flavour.h"
+
+namespace moe::io::hf {
+
+namespace {
+
+using nlohmann::json;
+
+struct ConfigReader {
+  const json& j;
+  std::string path;
+
+  bool has(const std::string& key) const { return j.contains(key) && !j[key].is_null(); }
+  int64_t integer(const std::string& key) const {
+    if (!has(key)) throw Error(str("'", path, "': missing \"", key, "\""));
+    if (!j[key].is_number_integer())
+      throw Error(str("'", path, "': \"", key, "\" is not an integer (", j[key].dump(), ")"));
+    return j[key].get<int64_t>();
+  }
+  int64_t integer_or(const std::string& key, int64_t fallback) const {
+    return has(key) ? integer(key) : fallback;
+  }
+  double number_or(const std::string& key, double fallback) const {
+    if (!has(key)) return fallback;
+    if (!j[key].is_number())
+      throw Error(str("'", path, "': \"", key, "\" is not a number (", j[key].dump(), ")"));
+    return j[key].get<double>();
+  }
+  bool boolean_or(const std::string& key, bool fallback) const {
+    if (!has(key)) return fallback;
+    if (!j[key].is_boolean())
+      throw Error(str("'", path, "': \"", key, "\" is not true/false (", j[key].dump(), ")"));
+    return j[key].get<bool>();
+  }
+  std::string string_or(const std::string& key, const std::string& fallback) const {
+    if (!has(key)) return fallback;
+    if (!j[key].is_string())
+      throw Error(str("'", path, "': \"", key, "\" is not a string (", j[key].dump(), ")"));
+    return j[key].get<std::string>();
+  }
+};
+
+// The number of experts: configs spell it num_local_experts (Mixtral; Qwen3-MoE as transformers
+// 5 writes it) or num_experts (Qwen2-MoE, OLMoE; Qwen3-MoE as 4.x wrote it), and transformers
+// reads either spelling for each of these families. Returns the key present ("" if none).
+std::string experts_key(const ConfigReader& c, bool mixtral) {
+  const bool local = c.has("num_local_experts"), plain = c.has("num_experts");
+  if (local && plain && c.integer("num_local_experts") != c.integer("num_experts"))
+    throw Error(str("'", c.path, "': \"num_local_experts\" (", c.integer("num_local_experts"),
+                    ") and \"num_experts\" (", c.integer("num_experts"),
+                    ") disagree; they name the same number"));
+  if (local) return "num_local_experts";
+  if (plain) return "num_experts";
+  throw Error(str("'", c.path, "': missing \"", mixtral ? "num_local_experts" : "num_experts",
+                  "\" (the number of experts; \"", mixtral ? "num_experts" : "num_local_experts",
+                  "\" is read too)"));
+}
+
+// Which layers attend through a sliding window: layer_types (Qwen2-MoE as transformers 5 writes
+// it: "full_attention" or "sliding_attention" per layer) when given, else `fallback`. A window
+// on some layers only, or a layer type we do not know, goes to `unsupported`.
+bool window_by_layer_types(const json& j, bool fallback, std::vector<std::string>& unsupported) {
+  if (!j.contains("layer_types") || !j["layer_types"].is_array()) return fallback;
+  size_t sliding = 0;
+  for (const json& t : j["layer_types"]) {
+    const std::string type = t.is_string() ? t.get<std::string>() : t.dump();
+    if (type == "sliding_attention")
+      ++sliding;
+    else if (type != "full_attention")
+      unsupported.push_back(str("layer type '", type, "' (layer_types)"));
+  }
+  if (sliding > 0 && sliding < j["layer_types"].size())
+    unsupported.push_back(str("a sliding window on ", sliding, " of ", j["layer_types"].size(),
+                              " layers (layer_types; ours is on every layer or none)"));
+  return sliding > 0;
+}
+
+}  // namespace
+
+HfModel parse_config(const json& j, const std::string& path,
+                     std::vector<std::string>& unsupported) {
+  ConfigReader c{j, path};
+  HfModel m;
+  m.family = c.string_or("model_type", "");
+  m.arch = hf::arch_of_family(m.family, path);
+  const bool mixtral = m.arch == Arch::mixtral;
+  const bool qwen = m.arch == Arch::qwen2_moe || m.arch == Arch::qwen3_moe;
+  m.vocab = c.integer("vocab_size");
+  m.hidden = c.integer("hidden_size");
+  m.layers = c.integer("num_hidden_layers");
+  m.heads = c.integer("num_attention_heads");
+  m.kv_heads = c.integer_or("num_key_value_heads", m.heads);
+  const std::string experts = experts_key(c, mixtral);
+  m.experts = c.integer(experts);
+  m.top_k = c.integer("num_experts_per_tok");
+  m.ffn = c.integer(qwen ? "moe_intermediate_size" : "intermediate_size");
+  m.max_positions = c.integer("max_position_embeddings");
+  m.eps = c.number_or("rms_norm_eps", 1e-6);
+  m.aux_coef = c.number_or("router_aux_loss_coef", 0.0);
+  m.jitter = mixtral ? c.number_or("router_jitter_noise", 0.0) : 0.0;
+  // Mixtral always renormalises its top-k weights; the others say so in norm_topk_prob.
+  m.normalize = mixtral ? true : c.boolean_or("norm_topk_prob", false);
+  for (const std::string& key : {std::string("vocab_size"), std::string("hidden_size"),
+                                 std::string("max_position_embeddings")})
+    if (c.integer(key) < 1) throw Error(str("'", path, "': \"", key, "\" must be >= 1"));
+  // The counts that size the import's plan before any tensor is read, bounded both ways: a
+  // damaged or hostile config.json claiming more than any model has is refused here instead of
+  // being allocated (the fuzzer found num_local_experts 8000000000143474).
+  constexpr int64_t kMaxCount = int64_t(1) << 16;
+  for (const std::string& key :
+       {std::string("num_hidden_layers"), experts, std::string("num_experts_per_tok"),
+        std::string("num_attention_heads"), std::string("num_key_value_heads")}) {
+    if (!c.has(key)) continue;
+    const int64_t value = c.integer(key);
+    if (value < 1 || value > kMaxCount)
+      throw Error(
+          str("'", path, "': \"", key, "\" is ", value, ": it must be between 1 and ", kMaxCount));
+  }
+
+  // RoPE: rope_theta (transformers 4.x) or rope_parameters.rope_theta (5.x); scaling unsupported.
+  m.rope_theta = c.number_or("rope_theta", 10000.0);
+  auto rope_type_of = [&](const std::string& key) -> std::string {
+    if (!c.has(key)) return "default";
+    const json& r = j[key];
+    if (!r.is_object()) throw Error(str("'", path, "': \"", key, "\" is not an object"));
+    if (key == "rope_parameters" && r.contains("rope_theta") && r["rope_theta"].is_number())
+      m.rope_theta = r["rope_theta"].get<double>();
+    if (r.contains("partial_rotary_factor") && r["partial_rotary_factor"] != 1.0)
+      unsupported.push_back(str("partial RoPE (", key, " partial_rotary_factor ",
+                                r["partial_rotary_factor"].dump(), ")"));
+    for (const char* type_key : {"rope_type", "type"})
+      if (r.contains(type_key) && r[type_key].is_string()) return r[type_key].get<std::string>();
+    return "default";
+  };
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    const std::string type = rope_type_of(key);
+    if (type != "default") unsupported.push_back(str("RoPE scaling (", key, " type '", type, "')"));
+  }
+  if (c.string_or("hidden_act", "silu") != "silu")
+    unsupported.push_back(str("activation '", c.string_or("hidden_act", ""),
+                              "' (hidden_act; our experts are SwiGLU with silu)"));
+  if (c.boolean_or("tie_word_embeddings", false))
+    unsupported.push_back(
+        "tied word embeddings (tie_word_embeddings: true; our LM head is untied)");
+  // head_dim: Qwen3-MoE (and newer Mixtral configs) may make the heads wider or narrower than
+  // hidden_size / num_attention_heads; Qwen2-MoE and OLMoE derive it.
+  if (c.has("head_dim") && m.heads > 0 && c.integer("head_dim") * m.heads != m.hidden) {
+    if (m.arch == Arch::qwen3_moe || mixtral)
+      m.head_dim = c.integer("head_dim");
+    else
+      unsupported.push_back(str("head_dim ", c.integer("head_dim"),
+                                " different from hidden_size / num_attention_heads"));
+  }
+  if (m.head_dim < 0) throw Error(str("'", path, "': \"head_dim\" must be >= 1"));
+  // attention_bias puts biases on q, k, v and o; we have q/k/v biases only (Qwen2-MoE's, which
+  // its classes create without a config key).
+  if (c.boolean_or("attention_bias", false))
+    unsupported.push_back("attention biases (attention_bias: true)");
+  if (c.has("clip_qkv")) unsupported.push_back("q/k/v clipping (clip_qkv)");
+  if (m.arch == Arch::qwen2_moe && !c.boolean_or("qkv_bias", true))
+    unsupported.push_back("Qwen2-MoE without q/k/v biases (qkv_bias: false)");
+  if (m.arch == Arch::qwen2_moe) {
+    m.shared_ff = c.integer_or("shared_expert_intermediate_size", 0);
+    if (m.shared_ff < 0)
+      throw Error(str("'", path, "': \"shared_expert_intermediate_size\" must be >= 0"));
+  } else if (c.integer_or("shared_expert_intermediate_size", 0) > 0) {
+    unsupported.push_back(str("shared expert (shared_expert_intermediate_size ",
+                              c.integer("shared_expert_intermediate_size"), ")"));
+  }
+  if (c.integer_or("n_shared_experts", 0) > 0)
+    unsupported.push_back("shared expert (n_shared_experts)");
+  if (c.integer_or("decoder_sparse_step", 1) != 1 ||
+      (c.has("mlp_only_layers") && j["mlp_only_layers"].is_array() &&
+       !j["mlp_only_layers"].empty()))
+    unsupported.push_back("dense MLP layers (decoder_sparse_step / mlp_only_layers)");
+  // A sliding window only matters when it is shorter than our context (checked once seq is known).
+  const bool window_on =
+      window_by_layer_types(j, !qwen || c.boolean_or("use_sliding_window", false), unsupported);
+  if (window_on && c.has("sliding_window")) m.sliding_window = c.integer("sliding_window");
+  return m;
+}
+
+}  // namespace moe::io::hf

@@ -1,0 +1,30 @@
+// config.json of a Hugging Face MoE checkpoint: the fields of each family under every spelling
+// transformers writes (transformers 4 and 5). Private to libmoe (hf_checkpoint.cpp).
+// Shape letters as in hf_checkpoint.cpp.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "moe/models/config.h"
+
+namespace moe::io::hf {
+
+// What import-hf reads of config.json.
+struct HfModel {
+  std::string family;
+  Arch arch = Arch::mixtral;
+  int64_t vocab = 0, hidden = 0, ffn = 0, layers = 0, heads = 0, kv_heads = 0, experts = 0,
+          top_k = 0, max_positions = 0, sliding_window = 0;  // 0: none
+  int64_t head_dim = 0;                                      // 0: hidden / heads
+  int64_t shared_ff = 0;  // Qwen2-MoE shared_expert_intermediate_size
+  double rope_theta = 10000, eps = 1e-6, aux_coef = 0, jitter = 0;
+  bool normalize = true;
+};
+
+// Reads config.json (`path` names it in messages); features our model lacks go to `unsupported`.
+HfModel parse_config(const nlohmann::json& j, const std::string& path,
+                     std::vector<std::string>& unsupported);
+
+}  // namespace moe::io::hf
