@@ -222,16 +222,19 @@ int64_t MoELayer::expert_block_tokens(const Tensor& x, const RouterOutput& route
 }
 
 // Each block's plan is made from its rows of the batch's top-k (the routing, its statistics and
-// traces are the whole batch's); its dispatch, experts and combine run in block_scratch_ and its
+// traces are the whole batch's); its dispatch, experts and combine run in a scratch and its
 // output rows go straight into y. A token's result is its own experts' rows, as in one pass.
 Tensor MoELayer::experts_by_blocks(const Tensor& x, const RouterOutput& routed,
                                    int64_t block) const {
+  // One scratch a thread for every layer of every model: a scratch a layer would keep a block's
+  // rows for each layer (16 layers of OLMoE-1B-7B: 4 GB more than one).
+  thread_local Scratch scratch;
   const int64_t n = x.dim(0);
   Tensor y = Tensor::empty(x.shape(), DType::f32, x.device());
   for (int64_t a = 0; a < n; a += block) {
     const int64_t b = std::min(n, a + block);
     Tensor into = y.rows(a, b);
-    block_scratch_.run(
+    scratch.run(
         [&] {
           const DispatchPlan plan =
               make_plan(routed.topk_idx.rows(a, b), routed.topk_weight.rows(a, b),

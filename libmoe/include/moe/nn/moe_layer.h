@@ -126,8 +126,8 @@ class MoELayer {
   Tensor experts_backward_local(const Tensor& dy_local, const Saved& saved);
   Tensor experts_backward(const Tensor& dy_perm, const Saved& saved);
   // Inference on one process with dropless routing: dispatch, experts and combine of blocks of
-  // tokens in turn (block_scratch_), so the experts' activations are a block's. Whether forward
-  // takes this path, and the block's tokens.
+  // tokens in turn (in the calling thread's scratch), so the experts' activations are a block's.
+  // Whether forward takes this path, and the block's tokens.
   int64_t expert_block_tokens(const Tensor& x, const RouterOutput& routed, const RouterStep& step,
                               const Saved* saved) const;
   Tensor experts_by_blocks(const Tensor& x, const RouterOutput& routed, int64_t block) const;
@@ -139,7 +139,6 @@ class MoELayer {
   Experts experts_;
   std::unique_ptr<MLP> shared_;          // shared_ff > 0
   std::unique_ptr<Linear> shared_gate_;  // shared_gate
-  mutable Scratch block_scratch_;        // experts_by_blocks (forward is const)
 };
 
 }  // namespace moe::nn
