@@ -3,10 +3,11 @@
 # random bf16 weights at a real MoE configuration (bench/make_hf_random.py: OLMoE-1B-7B by
 # default, 13.8 GB), then moe-convert import-hf, inspect --verify, quantize --type q4_k_m and
 # export-gguf --type q4_k_m of it, each timed with GNU time: its peak RSS against the size of what
-# it reads. Prints a markdown table; every file is deleted at the end.
+# it reads; then moe-infer score of one window at the model's context and moe-profile record of two
+# windows in one pass. Prints a markdown table; every file is deleted at the end.
 # Usage: bench/real_size.sh [BIN_DIR] (default build/bin); FAMILY=olmoe|qwen3_moe, LAYERS (default
 # the model's own: 16 for olmoe, 48 for qwen3_moe: 61 GB, which needs that much free disk twice),
-# WORK=run/real-size, PYTHON (one with numpy; default /opt/moe-python/bin/python).
+# QUANT=0 (skip the 4-bit steps), WORK=run/real-size, PYTHON (one with numpy; default /opt/moe-python/bin/python).
 set -u
 bin=${1:-build/bin}
 family=${FAMILY:-olmoe}
@@ -16,7 +17,7 @@ python=${PYTHON:-/opt/moe-python/bin/python}
 here=$(dirname "$0")
 fail() { echo "FAIL: $*"; exit 1; }
 [ -x /usr/bin/time ] || fail "GNU time (/usr/bin/time) is needed: apt-get install time"
-for tool in moe-convert; do [ -x "$bin/$tool" ] || fail "no $bin/$tool (build first)"; done
+for tool in moe-convert moe-infer moe-profile; do [ -x "$bin/$tool" ] || fail "no $bin/$tool (build first)"; done
 mkdir -p "$work" || exit 1
 trap 'rm -rf "$work"' EXIT
 cpu=$(sed -n 's/^model name\t*: //p' /proc/cpuinfo | head -1)
@@ -33,12 +34,13 @@ echo
 echo "| step | reads GB | writes GB | peak RSS GB | RSS / read | wall s |"
 echo "|---|---:|---:|---:|---:|---:|"
 size_gb() { du -sb "$1" 2>/dev/null | awk '{printf "%.2f", $1 / 1e9}'; }
-# step NAME INPUT OUTPUT ARGS...: runs moe-convert ARGS under GNU time and prints the row.
+# step NAME INPUT OUTPUT ARGS...: runs moe-convert ARGS under GNU time and prints the row
+# (TOOL=moe-infer or moe-profile runs that tool instead).
 step() {
   name=$1 input=$2 output=$3
   shift 3
-  /usr/bin/time -f '%M %e' -o "$work/time" "$bin/moe-convert" "$@" -q > "$work/out" 2> "$work/err" ||
-    fail "$name: $(tail -3 "$work/err")"
+  /usr/bin/time -f '%M %e' -o "$work/time" "$bin/${TOOL:-moe-convert}" "$@" -q > "$work/out" \
+    2> "$work/err" || fail "$name: $(tail -3 "$work/err")"
   read -r rss_kib wall < "$work/time"
   in_gb=$(size_gb "$input")
   out_gb=$([ -n "$output" ] && size_gb "$output" || echo -)
@@ -48,7 +50,22 @@ step() {
 step import-hf "$work/hf" "$work/model.h5" import-hf "$work/hf" -o "$work/model.h5"
 rm -rf "$work/hf"
 step inspect--verify "$work/model.h5" "" inspect --verify "$work/model.h5"
-step quantize-q4_k_m "$work/model.h5" "$work/q4.h5" quantize "$work/model.h5" --type q4_k_m -o "$work/q4.h5"
-rm -f "$work/q4.h5"
-step export-gguf-q4_k_m "$work/model.h5" "$work/q4.gguf" export-gguf "$work/model.h5" --type q4_k_m \
-  -o "$work/q4.gguf"
+if [ "${QUANT:-1}" != 0 ]; then  # QUANT=0 leaves out the two 4-bit steps (24 min at 16 layers)
+  step quantize-q4_k_m "$work/model.h5" "$work/q4.h5" quantize "$work/model.h5" --type q4_k_m -o "$work/q4.h5"
+  rm -f "$work/q4.h5"
+  step export-gguf-q4_k_m "$work/model.h5" "$work/q4.gguf" export-gguf "$work/model.h5" --type q4_k_m \
+    -o "$work/q4.gguf"
+fi
+# Inference at the model's context (issue 43: activations by blocks): one window scored, and two
+# windows recorded as a routing trace in one pass, of random token ids.
+config=$("$bin/moe-convert" inspect "$work/model.h5" | sed -n 's/^# model_config\t//p')
+seq=$(echo "$config" | sed 's/.*"seq":\([0-9]*\).*/\1/')
+vocab=$(echo "$config" | sed 's/.*"vocab_size":\([0-9]*\).*/\1/')
+"$python" -c "import numpy as np, sys; n, v = int(sys.argv[1]), int(sys.argv[2])
+np.random.default_rng(1).integers(0, v, size=2 * n + 1, dtype='<u4').tofile(sys.argv[3])" \
+  "$seq" "$vocab" "$work/tokens.u32" || fail "could not write the token file"
+TOOL=moe-infer step "score-1x$seq" "$work/model.h5" "" score --model "$work/model.h5" \
+  --data "$work/tokens.u32" --batch 1 --max-sequences 1
+TOOL=moe-profile step "record-2x$seq" "$work/model.h5" "$work/trace.h5" record --model \
+  "$work/model.h5" --data "$work/tokens.u32" --batch 2 --max-tokens $((2 * seq)) \
+  -o "$work/trace.h5"
