@@ -341,6 +341,24 @@ TEST_CASE("cli: absurd model sizes are refused with the figure and the machine's
                   "more than this machine has: ", "of physical memory"});
     REQUIRE_FALSE(fs::exists(dir / "run/last.h5"));
   }
+  // Sizes that would be allocated before any estimate (a vector a layer; 32-bit positions) are
+  // bounded first: under the limit, --layers 1e9 once grew to a raw std::bad_alloc and --seq 2^63
+  // to vector::_M_default_append. A batch that no memory holds is refused by the estimate.
+  const std::string sized = "--data " + test::fortunes_path("linux") + " --out " + (dir / "run") +
+                            " --heads 2 --d-model 16 --d-ff 32 --experts 4 --moe-every 1"
+                            " --eval-batches 1 --steps 1 --threads 1 -q";
+  const std::vector<Case> bounded = {
+      {" --layers 1000000000", "--layers must be between 1 and 65536 (got 1000000000)"},
+      {" --seq 9223372036854775807", "--seq must be between 1 and 2147483647"},
+  };
+  for (const Case& c : bounded) {
+    INFO(c.args);
+    expect_error(run_command(address_space_limit("16000000") + tool("moe-train", sized + c.args)),
+                 "moe-train", 2, {c.message});
+  }
+  expect_error(run_command(address_space_limit("16000000") +
+                           tool("moe-train", sized + " --batch 4611686018427387904")),
+               "moe-train", 1, {"for a micro-batch's logits", "more than this machine has"});
   // A u32 token id of 2^31 - 2 makes the vocabulary 2^31 - 1.
   std::string ids;
   for (uint32_t id : {1u, 2u, 2147483646u, 3u})

@@ -55,7 +55,9 @@ std::vector<int64_t> ModelConfig::moe_blocks() const {
 }
 
 void ModelConfig::resolve() {
-  MOE_USAGE_CHECK(layers >= 1, "--layers must be >= 1 (got ", layers, ")");
+  // Bounded before anything is sized by it (a vector a layer just below): import-hf's bound too.
+  MOE_USAGE_CHECK(layers >= 1 && layers <= kMaxLayers, "--layers must be between 1 and ",
+                  kMaxLayers, " (got ", layers, ")");
   MOE_USAGE_CHECK(moe_every >= 1, "--moe-every must be >= 1 (got ", moe_every, ")");
   std::vector<int64_t> resolved(layers, 0);
   std::vector<int64_t> moe_layers;
@@ -100,7 +102,8 @@ void ModelConfig::validate() const {
   MOE_USAGE_CHECK(router_center_rate >= 0 && router_center_rate <= 1,
                   "--router-center-rate must be in [0, 1] (0 = off; got ", router_center_rate, ")");
   MOE_USAGE_CHECK(d_ff >= 1, "--d-ff must be >= 1 (got ", d_ff, ")");
-  MOE_USAGE_CHECK(seq >= 1, "--seq must be >= 1 (got ", seq, ")");
+  MOE_USAGE_CHECK(seq >= 1 && seq <= kMaxSeq, "--seq must be between 1 and ", kMaxSeq,
+                  " (positions are 32-bit; got ", seq, ")");
   MOE_USAGE_CHECK(top_k >= 1, "--top-k must be >= 1 (got ", top_k, ")");
   MOE_USAGE_CHECK(capacity_factor >= 0 && std::isfinite(capacity_factor),
                   "--capacity-factor must be a finite number >= 0 (0 = dropless)");

@@ -19,6 +19,11 @@ const char* arch_name(Arch arch);
 nn::RouterScoring parse_router_scoring(const std::string& name);  // softmax | sigmoid
 const char* router_scoring_name(nn::RouterScoring scoring);
 
+// Bounds checked before anything is sized by them: layers (as import-hf bounds
+// num_hidden_layers), and the context (positions are 32-bit ids).
+inline constexpr int64_t kMaxLayers = int64_t(1) << 16;
+inline constexpr int64_t kMaxSeq = (int64_t(1) << 31) - 1;
+
 struct ModelConfig {
   Arch arch = Arch::gpt;
   int64_t vocab_size = 256;  // byte-level by default
