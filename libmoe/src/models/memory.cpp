@@ -11,6 +11,8 @@
 
 #include "moe/error.h"
 #include "moe/models/flavour.h"
+#include "moe/models/transformer.h"
+#include "moe/nn/moe_layer.h"
 
 namespace moe {
 
@@ -36,11 +38,14 @@ double parameter_lower_bound(const ModelConfig& c, double experts_share, double 
   return n;
 }
 
-double MachineMemory::usable() const {
-  if (physical_bytes > 0 && address_space_limit > 0)
-    return std::min(physical_bytes, address_space_limit);
-  return std::max(physical_bytes, address_space_limit);
+namespace {
+// The smaller of two figures where both are known (> 0), else the one known (0: neither).
+double smaller_known(double a, double b) {
+  return a > 0 && b > 0 ? std::min(a, b) : std::max(a, b);
 }
+}  // namespace
+
+double MachineMemory::usable() const { return smaller_known(physical_bytes, address_space_limit); }
 
 std::string format_bytes(double bytes) {
   const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
@@ -92,20 +97,15 @@ double inference_activation_lower_bound(const ModelConfig& c, int64_t windows) {
   if (c.experts > 0 && c.top_k > 0) {
     const double hidden = flavour_of(c).activation == nn::Activation::swiglu ? 3 : 2;
     const double per_token = double(c.top_k) * (2 * D + hidden * F);
-    const double tokens = std::max(1024.0, std::floor(double(int64_t(1) << 26) / per_token));
+    const double tokens = double(nn::default_expert_block_tokens(c.top_k, c.d_model, c.d_ff));
     block += std::min(N, tokens) * per_token;
   }
   // After the blocks, the logits of one block of rows (Transformer::loss_by_rows).
-  const double rows = std::max(256.0, std::floor(double(int64_t(1) << 24) / std::max(V, 1.0)));
-  const double logits = std::min(N, rows) * V;
+  const double logits = std::min(N, double(default_logit_block_rows(c.vocab_size))) * V;
   return 4 * (N * D + std::max(block, logits));  // the residual stream throughout
 }
 
-double FreeMemory::usable() const {
-  if (available_bytes > 0 && address_space_left > 0)
-    return std::min(available_bytes, address_space_left);
-  return std::max(available_bytes, address_space_left);
-}
+double FreeMemory::usable() const { return smaller_known(available_bytes, address_space_left); }
 
 std::string FreeMemory::describe() const {
   std::string text = available_bytes > 0 ? format_bytes(available_bytes) + " of memory free"

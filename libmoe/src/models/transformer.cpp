@@ -244,8 +244,7 @@ double Transformer::loss_by_rows(
     const Tensor& h, const Tensor& targets, Tensor* row_nll, int64_t block,
     const std::function<void(const Tensor&, int64_t)>& logit_rows) const {
   MOE_CHECK(block >= 0, "evaluate: ", block, " logit rows a block");
-  if (block == 0)  // 16 Mi floats (64 MiB) of logits, at least 256 rows (V 50,304: 333 rows)
-    block = std::max<int64_t>(256, (int64_t(1) << 24) / std::max<int64_t>(config_.vocab_size, 1));
+  if (block == 0) block = default_logit_block_rows(config_.vocab_size);
   const int64_t n = h.dim(0);
   Tensor nll = Tensor::empty({n}, DType::f32, h.device());
   // Blocks of equal size (none shorter than half a block; one block when n <= block): every head
@@ -418,6 +417,10 @@ ForwardStats Transformer::forward_backward(const Tensor& ids, const Tensor& targ
   if (params.release) params.release(-1, true);
   stats.activation_peak_bytes = scratch_.peak_bytes();
   return stats;
+}
+
+int64_t default_logit_block_rows(int64_t vocab) {
+  return std::max<int64_t>(256, (int64_t(1) << 24) / std::max<int64_t>(vocab, 1));
 }
 
 int64_t block_of_name(const std::string& name) {

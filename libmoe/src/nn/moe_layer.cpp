@@ -213,12 +213,16 @@ int64_t MoELayer::expert_block_tokens(const Tensor& x, const RouterOutput& route
                                       const RouterStep& step, const Saved* saved) const {
   if (saved || step.training || routed.plan.capacity != 0) return 0;
   if (parallel_ && (parallel_->expert_parallel() || parallel_->placement)) return 0;
-  int64_t block = step.expert_block_tokens;
-  if (block <= 0) {
-    const int64_t k = config_.router.top_k, D = x.dim(1), F = config_.experts.d_ff;
-    block = std::max<int64_t>(1024, (int64_t(1) << 26) / std::max<int64_t>(1, k * (2 * D + 3 * F)));
-  }
+  const int64_t block =
+      step.expert_block_tokens > 0
+          ? step.expert_block_tokens
+          : default_expert_block_tokens(config_.router.top_k, x.dim(1), config_.experts.d_ff);
   return x.dim(0) > block ? block : 0;
+}
+
+int64_t default_expert_block_tokens(int64_t top_k, int64_t d_model, int64_t d_ff) {
+  return std::max<int64_t>(
+      1024, (int64_t(1) << 26) / std::max<int64_t>(1, top_k * (2 * d_model + 3 * d_ff)));
 }
 
 // Each block's plan is made from its rows of the batch's top-k (the routing, its statistics and

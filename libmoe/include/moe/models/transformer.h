@@ -194,6 +194,10 @@ class Transformer {
   mutable nn::Scratch scratch_;
 };
 
+// Rows of logits a block when EvalOptions::logit_block_rows is 0: 16 Mi floats (64 MiB) of them,
+// at least 256 rows (V 50,304: 333 rows). models/memory's estimate cuts its blocks the same.
+int64_t default_logit_block_rows(int64_t vocab);
+
 // The block index of the first "blocks.<n>." in a parameter name (also inside an optimizer
 // tensor's name, "adam.m.blocks.3.attn.wq"), else -1: where a tensor sits in the model.
 int64_t block_of_name(const std::string& name);

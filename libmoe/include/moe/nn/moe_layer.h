@@ -73,6 +73,11 @@ struct MoEStats {
 //   the same exchange as above runs over "held" experts that are now all E (most segments empty).
 //   Backward reuses the forward's exchange, so a rank's expert gradients cover the rows it
 //   computed; the trainer sums them over the ranks (parallel::GradSync).
+// Tokens a block when inference runs the experts by blocks and RouterStep::expert_block_tokens is
+// 0: 64 Mi floats (256 MiB) of the experts' rows (top_k x (2 d_model + 3 d_ff) floats a token),
+// at least 1,024 tokens (OLMoE-1B-7B: 1,170). models/memory's estimate cuts its blocks the same.
+int64_t default_expert_block_tokens(int64_t top_k, int64_t d_model, int64_t d_ff);
+
 class MoELayer {
  public:
   MoELayer(ParamSet& ps, const std::string& prefix, const MoEConfig& config,
