@@ -457,6 +457,20 @@ TEST_CASE(
                }),
                Catch::Contains("GGUF tensor type q5_K (blk.0.ffn_gate_exps.weight) is not "
                                "supported by this build"));
+  REQUIRE_THAT(refusal([](io::GgufFile& g) {  // iq2_xxs
+                 info(g, "blk.1.ffn_down_exps.weight").type = static_cast<io::GgufType>(16);
+               }),
+               Catch::Contains("GGUF tensor type iq2_xxs (blk.1.ffn_down_exps.weight) is not "
+                               "supported by this build"));
+  // A block type on a tensor our model computes in floats (llama.cpp writes none).
+  REQUIRE_THAT(refusal([](io::GgufFile& g) {
+                 info(g, "blk.0.ffn_gate_inp.weight").type = io::GgufType::mxfp4;
+               }),
+               Catch::Contains("GGUF tensor 'blk.0.ffn_gate_inp.weight' is mxfp4, but our "
+                               "blocks.0.moe.router.weight is computed in floats"));
+  REQUIRE_THAT(
+      refusal([](io::GgufFile& g) { info(g, "output_norm.weight").type = io::GgufType::mxfp4; }),
+      Catch::Contains("'output_norm.weight' is mxfp4, but our final_norm.weight"));
   REQUIRE_THAT(refusal([](io::GgufFile& g) {  // same size, wrong shape
                  info(g, "blk.1.attn_output.weight").dims = {32, 128};
                }),

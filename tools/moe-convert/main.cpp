@@ -357,8 +357,8 @@ int run_import_gguf(Options& o, const Argv& a) {
   for (const std::string& m : report.mapped) MOE_LOG_DEBUG("mapped: ", m);
   io::save_checkpoint(o.out, ckpt);
   MOE_LOG_INFO("imported a GGUF ", report.architecture, " model as ", report.family,
-               report.quantized ? " (Q8_0 weights)" : "", ": ", ckpt.params.size(),
-               " parameter tensors; wrote ", o.out);
+               report.quantized ? " (" + report.recipe + " weights)" : "", ": ",
+               ckpt.params.size(), " parameter tensors; wrote ", o.out);
   return 0;
 }
 
@@ -508,7 +508,8 @@ int main(int argc, char** argv) {
   auto* import_gguf = app.add_subcommand(
       "import-gguf",
       "A GGUF v3 file (llama.cpp's llama with experts, qwen2moe, qwen3moe or olmoe; f32, f16, "
-      "bf16 or q8_0 tensors) into one checkpoint (a Q8_0 one from q8_0 weights)");
+      "bf16, q8_0, q4_K, q6_K or MXFP4 tensors) into one checkpoint (quantised weights keep "
+      "their blocks)");
   import_gguf->add_option("file", o.inputs, "GGUF file")->required()->expected(1);
   import_gguf
       ->add_option("--max-seq", o.max_seq,

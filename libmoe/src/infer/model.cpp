@@ -12,6 +12,7 @@
 
 #include "backend/cpu/gemv.h"
 #include "backend/cpu/quant_blocks.h"
+#include "io/gguf_blocks.h"
 #include "moe/io/checkpoint_dir.h"
 #include "moe/io/convert.h"
 #include "moe/io/finite.h"
@@ -172,13 +173,39 @@ void put_q8_0(Param& p, const Tensor& tensor, const std::string& source) {
   p.grad = Tensor();
 }
 
+// A "q8_0" tensor of a block recipe (import-gguf of llama.cpp's mixes): GGUF's q8_0 blocks, the
+// same bytes as our Q8_0 rows rearranged (io::q8_blocks_to_rows, which refuses a damaged block),
+// so it becomes a Q8_0 parameter as put_q8_0 makes one and runs on the Q8_0 kernels.
+void put_q8_0_blocks(Param& p, const Tensor& tensor, const std::string& source) {
+  const Shape& shape = p.value.shape();
+  const int64_t in = shape.back();
+  MOE_CHECK(in % io::kQ8Block == 0, "'", source, "': tensor '", p.name, "' ", shape_str(shape),
+            " is listed as q8_0, but its rows of ", in, " elements are not whole blocks of ",
+            io::kQ8Block);
+  Shape expect = shape;
+  expect.back() = cpu::block_row_bytes(cpu::BlockFormat::q8_0, in);
+  MOE_CHECK(tensor.dtype() == DType::u8 && tensor.shape() == expect, "'", source, "': q8_0 tensor ",
+            tensor.describe(), " does not hold parameter ", p.name, shape_str(shape),
+            " (expected u8", shape_str(expect), ")");
+  Shape rows_shape = shape;
+  rows_shape.back() = cpu::q8_row_bytes(in);
+  Tensor rows = Tensor::empty(rows_shape, DType::u8);
+  const std::vector<uint8_t> bytes =
+      io::q8_blocks_to_rows(str("'", source, "': tensor '", p.name, "'"), tensor.data<uint8_t>(),
+                            p.value.numel() / in, in);
+  if (!bytes.empty()) std::memcpy(rows.raw(), bytes.data(), bytes.size());
+  put_q8_0(p, rows, source);
+}
+
 // A block-format weight (moe-convert quantize --type q4_k, q6_k, mxfp4, q4_k_m; model_config
 // tensor_formats names its format): u8 rows [.., out, block_row_bytes(format, in)], GGUF's bytes,
 // become the parameter's value and what the kernels read, unchanged (cpu::block_rows: DType q4_k,
 // q6_k or mxfp4; ops::gemm / grouped_gemm take them as x W^T). Every block's scales are checked
 // finite first, as put_q8_0 checks its scales (a damaged scale would score garbage silently).
+// A "q8_0" tensor (import-gguf's mixes) goes to put_q8_0_blocks.
 void put_blocks(Param& p, const Tensor& tensor, const std::string& format_name,
                 const std::string& source) {
+  if (format_name == "q8_0") return put_q8_0_blocks(p, tensor, source);
   cpu::BlockFormat format;
   try {
     format = cpu::parse_block_format(format_name);

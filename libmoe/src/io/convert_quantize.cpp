@@ -27,10 +27,22 @@ namespace {
 
 const char* const kBlockRecipes[] = {"q4_k", "q6_k", "mxfp4", "q4_k_m"};
 
+// The recipes moe-convert quantize makes.
 bool is_block_recipe(const std::string& recipe) {
   for (const char* r : kBlockRecipes)
     if (recipe == r) return true;
   return false;
+}
+
+// The recipes a block checkpoint may carry: quantize's, and import-gguf's "mixed" (a GGUF file's
+// own mix, e.g. llama.cpp's Q4_K_M of an 8-expert model, which adds q8_0 blocks).
+bool holds_blocks(const std::string& recipe) {
+  return is_block_recipe(recipe) || recipe == kMixedRecipe;
+}
+
+bool is_tensor_format(const nlohmann::json& format) {
+  return format.is_string() &&
+         (format == "q4_k" || format == "q6_k" || format == "mxfp4" || format == "q8_0");
 }
 
 }  // namespace
@@ -39,16 +51,15 @@ std::string quantization_of(const nlohmann::json& model_config) {
   if (!model_config.is_object() || !model_config.contains(kQuantizationKey)) return "";
   const nlohmann::json& q = model_config.at(kQuantizationKey);
   const std::string recipe = q.is_string() ? q.get<std::string>() : "";
-  MOE_CHECK(recipe == "q8_0" || is_block_recipe(recipe), "model config: '", kQuantizationKey,
-            "' is ", q.dump(), "; this build reads q8_0, q4_k, q6_k, mxfp4 and q4_k_m");
+  MOE_CHECK(recipe == "q8_0" || holds_blocks(recipe), "model config: '", kQuantizationKey, "' is ",
+            q.dump(), "; this build reads q8_0, q4_k, q6_k, mxfp4, q4_k_m and mixed");
   if (recipe == "q8_0") return recipe;
   const auto formats = model_config.find(kTensorFormatsKey);
   MOE_CHECK(formats != model_config.end() && formats->is_object(), "model config: a ", recipe,
             " checkpoint needs a '", kTensorFormatsKey, "' object (tensor name -> block format)");
   for (const auto& [name, format] : formats->items())
-    MOE_CHECK(format.is_string() && (format == "q4_k" || format == "q6_k" || format == "mxfp4"),
-              "model config: '", kTensorFormatsKey, "' gives tensor '", name, "' the format ",
-              format.dump(), " (q4_k, q6_k or mxfp4)");
+    MOE_CHECK(is_tensor_format(format), "model config: '", kTensorFormatsKey, "' gives tensor '",
+              name, "' the format ", format.dump(), " (q4_k, q6_k, mxfp4 or q8_0)");
   return recipe;
 }
 
@@ -62,7 +73,7 @@ void refuse_quantized(const nlohmann::json& model_config, const std::string& sou
 }
 
 std::string block_format_of(const nlohmann::json& model_config, const std::string& name) {
-  if (!is_block_recipe(quantization_of(model_config))) return "";  // validates tensor_formats
+  if (!holds_blocks(quantization_of(model_config))) return "";  // validates tensor_formats
   const nlohmann::json& formats = model_config.at(kTensorFormatsKey);
   const auto it = formats.find(name);
   return it == formats.end() ? "" : it->get<std::string>();

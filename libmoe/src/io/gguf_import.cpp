@@ -6,6 +6,7 @@
 #include "moe/io/gguf_import.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -13,6 +14,8 @@
 #include <set>
 
 #include "backend/cpu/gemv.h"
+#include "backend/cpu/quant_blocks.h"
+#include "io/gguf_blocks.h"
 #include "io/gguf_keys.h"
 #include "io/gguf_tokenizer.h"
 #include "kernels/convert.h"
@@ -209,7 +212,7 @@ std::vector<GgufTensorPlan> expected_tensors(const ModelConfig& mc, bool permute
   auto add = [&](std::string gguf, std::string ours, Shape shape, bool expert = false,
                  int64_t rope_heads = 0) {
     out.push_back({std::move(gguf), std::move(ours), std::move(shape), expert,
-                   permute_qk ? rope_heads : 0, false});
+                   permute_qk ? rope_heads : 0, false, ""});
   };
   add("token_embd.weight", "embed.tokens", {V, D});
   for (int64_t i = 0; i < mc.layers; ++i) {
@@ -297,17 +300,76 @@ void match_tensors(const GgufFile& f, std::vector<GgufTensorPlan>& plan, GgufImp
       throw Error(str("'", f.path, "': GGUF tensor '", t.gguf, "' is ", dims_text(it->second->dims),
                       ", but the keys imply ", dims_text(want), " (our ", t.ours, " ",
                       shape_str(t.shape), ")"));
-    if (is_block_type(it->second->type))
-      throw Error(str("'", f.path, "': GGUF tensor type ",
-                      ggml_type_name(uint32_t(it->second->type)), " (", t.gguf,
-                      ") is not supported by import-gguf yet (it reads f32, f16, "
-                      "bf16 and q8_0; moe-convert quantize --type ",
-                      gguf_type_name(it->second->type), " makes such weights from a checkpoint)"));
     used.insert(t.gguf);
     rep.mapped.push_back(str(t.gguf, " -> ", t.ours, t.rope_heads ? " (rows un-permuted)" : ""));
   }
   for (const GgufTensorInfo& t : f.tensors)
     if (!used.count(t.name)) throw Error(unknown_tensor(f.path, t.name));
+}
+
+// A weight matrix the checkpoint may hold in blocks, as quantize decides (a single row, Qwen2-MoE's
+// shared-expert gate, is a vector in all but shape: kept wide).
+bool block_weight(const GgufTensorPlan& t) {
+  return quantizable(t.ours, t.shape) && t.shape[t.shape.size() - 2] > 1;
+}
+
+// A 4- or 6-bit tensor where our model computes in floats (norms, biases, the router): llama.cpp
+// never writes one, and dequantising it would change the products llama.cpp forms: refused. The
+// embedding is the exception: llama.cpp's row lookup dequantises it, as we do once.
+void refuse_wide_blocks(const GgufFile& f, const std::vector<GgufTensorPlan>& plan) {
+  for (const GgufTensorPlan& t : plan) {
+    const GgufType type = f.tensor(t.gguf).type;
+    if (!is_block_type(type) || block_weight(t) || t.ours == "embed.tokens") continue;
+    throw Error(str("'", f.path, "': GGUF tensor '", t.gguf, "' is ", gguf_type_name(type),
+                    ", but our ", t.ours,
+                    " is computed in floats (only weight matrices and the "
+                    "token embedding may be block-quantised): not imported, as its products "
+                    "would differ from llama.cpp's"));
+  }
+}
+
+// The recipe a set of block formats makes: quantize's name for the mixes it makes, else "mixed".
+std::string recipe_of(const std::set<std::string>& formats) {
+  if (formats.size() == 1 && *formats.begin() != "q8_0") return *formats.begin();
+  if (formats == std::set<std::string>{"q4_k", "q6_k"}) return "q4_k_m";
+  return kMixedRecipe;
+}
+
+// A file with 4- or 6-bit weight matrices: every weight matrix the file holds in blocks (q8_0
+// among them) keeps its bytes (tensor_formats); the others keep their floats. Returns the recipe.
+std::string plan_blocks(const GgufFile& f, std::vector<GgufTensorPlan>& plan,
+                        nlohmann::json& formats) {
+  std::set<std::string> used;
+  formats = nlohmann::json::object();
+  for (GgufTensorPlan& t : plan) {
+    const GgufType type = f.tensor(t.gguf).type;
+    if (!is_blocked(type) || !block_weight(t)) continue;
+    t.block_format = cpu::block_format_name(block_format_of(type));
+    formats[t.ours] = t.block_format;
+    used.insert(t.block_format);
+  }
+  return recipe_of(used);
+}
+
+// The checkpoint's quantisation recipe ("" for none): a block recipe when a weight matrix is in a
+// 4- or 6-bit type (plan_blocks); else "q8_0" when one is in q8_0, every weight matrix then our
+// Q8_0 rows as moe-convert quantize would store them.
+std::string plan_quantization(const GgufFile& f, std::vector<GgufTensorPlan>& plan,
+                              nlohmann::json& formats, GgufImportReport& rep) {
+  bool q8 = false;
+  for (const GgufTensorPlan& t : plan) {
+    const GgufType type = f.tensor(t.gguf).type;
+    if (is_block_type(type) && block_weight(t)) return plan_blocks(f, plan, formats);
+    q8 |= quantizable(t.ours, t.shape) && type == GgufType::q8_0;
+  }
+  if (!q8) return "";
+  for (GgufTensorPlan& t : plan) {
+    t.q8_rows = quantizable(t.ours, t.shape);
+    if (t.q8_rows && f.tensor(t.gguf).type != GgufType::q8_0)
+      rep.notes.push_back(str(t.gguf, " (", gguf_type_name(f.tensor(t.gguf).type),
+                              ") quantised to Q8_0 as moe-convert quantize would"));
+  }
+  return "q8_0";
 }
 
 bool exact_in(const std::vector<float>& values, DType dtype) {
@@ -330,7 +392,7 @@ DType choose_dtype(const GgufFile& f, const std::vector<GgufTensorPlan>& plan,
                    GgufImportReport& rep) {
   std::set<GgufType> halves;
   for (const GgufTensorPlan& t : plan)
-    if (!t.q8_rows &&
+    if (!t.q8_rows && t.block_format.empty() &&
         (f.tensor(t.gguf).type == GgufType::f16 || f.tensor(t.gguf).type == GgufType::bf16))
       halves.insert(f.tensor(t.gguf).type);
   if (halves.empty()) return DType::f32;
@@ -341,7 +403,7 @@ DType choose_dtype(const GgufFile& f, const std::vector<GgufTensorPlan>& plan,
   const DType half = dtype_of(*halves.begin());
   for (const GgufTensorPlan& t : plan) {
     const GgufTensorInfo& info = f.tensor(t.gguf);
-    if (t.q8_rows || info.type == *halves.begin()) continue;
+    if (t.q8_rows || !t.block_format.empty() || info.type == *halves.begin()) continue;
     if (!exact_in(read_gguf_tensor(f, t.gguf), half)) {
       rep.notes.push_back(str(t.gguf, " (", gguf_type_name(info.type), ") holds values ",
                               dtype_name(half), " cannot: every parameter stored f32 (exact)"));
@@ -362,33 +424,6 @@ void unpermute_rows(std::vector<uint8_t>& bytes, int64_t heads, int64_t hd, size
       for (int64_t j = 0; j < 2; ++j)
         std::memcpy(bytes.data() + static_cast<size_t>(h * hd + j * half + i) * row_bytes,
                     file.data() + static_cast<size_t>(h * hd + 2 * i + j) * row_bytes, row_bytes);
-}
-
-// llama.cpp's Q8_0 blocks (f16 d, 32 int8) of rows of `in` values as our Q8_0
-// rows (the row's int8 values, then its f16 scales): the same bytes,
-// rearranged. A scale that is negative or not finite, or a value of -128, is no
-// Q8_0 llama.cpp writes and our kernels' range: refused.
-std::vector<uint8_t> q8_blocks_to_rows(const std::string& where, const std::vector<uint8_t>& blocks,
-                                       int64_t rows, int64_t in) {
-  const int64_t blocks_per_row = in / kQ8Block, row_bytes = cpu::q8_row_bytes(in);
-  std::vector<uint8_t> out(static_cast<size_t>(rows * row_bytes));
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t b = 0; b < blocks_per_row; ++b) {
-      const uint8_t* block = blocks.data() + (r * blocks_per_row + b) * kQ8BlockBytes;
-      uint8_t* row = out.data() + r * row_bytes;
-      uint16_t d;
-      std::memcpy(&d, block, 2);
-      if ((d & 0x8000u) != 0 || (d & 0x7c00u) == 0x7c00u)
-        throw Error(str(where, ": row ", r, ", block ", b, ": the scale ", kernels::f16_to_f32(d),
-                        " is not a finite value >= 0"));
-      for (int64_t j = 0; j < kQ8Block; ++j)
-        if (block[2 + j] == 0x80)
-          throw Error(str(where, ": row ", r, ", block ", b, ": an int8 value of -128 ",
-                          "(Q8_0 values are within [-127, 127])"));
-      std::memcpy(row + b * kQ8Block, block + 2, kQ8Block);
-      std::memcpy(row + in + 2 * b, block, 2);
-    }
-  return out;
 }
 
 // Our Q8_0 rows of values (a matrix the file holds in another type): what
@@ -415,7 +450,64 @@ Tensor tensor_of(const Shape& shape, DType dtype, const std::vector<uint8_t>& by
   return t;
 }
 
+// The stored shape of a tensor kept in blocks: u8 [.., out, row bytes].
+Shape block_shape(const GgufTensorPlan& t) {
+  Shape shape = t.shape;
+  shape.back() = cpu::block_row_bytes(cpu::parse_block_format(t.block_format), shape.back());
+  return shape;
+}
+
+// A tensor kept in its blocks: the file's bytes, q/k rows un-permuted as whole rows of blocks
+// (rows are quantised independently). Every block's scales are checked first, as the loader
+// checks them (a q8_0 block as q8_blocks_to_rows does): a damaged file is refused here, by name.
+Tensor block_tensor(const GgufFile& f, const GgufTensorPlan& t, int64_t hd) {
+  const std::string where = str("'", f.path, "': GGUF tensor '", t.gguf, "'");
+  const cpu::BlockFormat format = cpu::parse_block_format(t.block_format);
+  const int64_t in = t.shape.back(), rows = shape_numel(t.shape) / in;
+  const int64_t row_bytes = cpu::block_row_bytes(format, in), bytes_per = cpu::block_bytes(format);
+  std::vector<uint8_t> bytes = read_gguf_tensor_bytes(f, t.gguf);
+  if (format == cpu::BlockFormat::q8_0) {
+    (void)q8_blocks_to_rows(where, bytes.data(), rows, in);
+  } else {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t b = 0; b < row_bytes / bytes_per; ++b) {
+        float second = 0;
+        const float scale =
+            cpu::block_scale(format, bytes.data() + r * row_bytes + b * bytes_per, &second);
+        if (!std::isfinite(scale) || !std::isfinite(second))
+          throw Error(str(where, ": row ", r, ", block ", b, ": a scale is not finite (",
+                          std::isfinite(scale) ? second : scale, "): the file is damaged"));
+      }
+  }
+  if (t.rope_heads) unpermute_rows(bytes, t.rope_heads, hd, size_t(row_bytes));
+  return tensor_of(block_shape(t), DType::u8, bytes);
+}
+
 }  // namespace
+
+// (io/gguf_blocks.h)
+std::vector<uint8_t> q8_blocks_to_rows(const std::string& where, const uint8_t* blocks,
+                                       int64_t rows, int64_t in) {
+  const int64_t blocks_per_row = in / kQ8Block, row_bytes = cpu::q8_row_bytes(in);
+  std::vector<uint8_t> out(static_cast<size_t>(rows * row_bytes));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < blocks_per_row; ++b) {
+      const uint8_t* block = blocks + (r * blocks_per_row + b) * kQ8BlockBytes;
+      uint8_t* row = out.data() + r * row_bytes;
+      uint16_t d;
+      std::memcpy(&d, block, 2);
+      if ((d & 0x8000u) != 0 || (d & 0x7c00u) == 0x7c00u)
+        throw Error(str(where, ": row ", r, ", block ", b, ": the scale ", kernels::f16_to_f32(d),
+                        " is not a finite value >= 0"));
+      for (int64_t j = 0; j < kQ8Block; ++j)
+        if (block[2 + j] == 0x80)
+          throw Error(str(where, ": row ", r, ", block ", b, ": an int8 value of -128 ",
+                          "(Q8_0 values are within [-127, 127])"));
+      std::memcpy(row + b * kQ8Block, block + 2, kQ8Block);
+      std::memcpy(row + in + 2 * b, block, 2);
+    }
+  return out;
+}
 
 GgufImportPlan plan_gguf_import(const std::string& path, const GgufImportOptions& options,
                                 GgufImportReport* report) {
@@ -435,22 +527,15 @@ GgufImportPlan plan_gguf_import(const std::string& path, const GgufImportOptions
     rep.notes.push_back(str("context (seq) ", mc.seq, " of context_length ", context));
   plan.tensors = expected_tensors(mc, arch.permute_qk);
   match_tensors(plan.file, plan.tensors, rep);
-  for (GgufTensorPlan& t : plan.tensors)
-    rep.quantized |=
-        quantizable(t.ours, t.shape) && plan.file.tensor(t.gguf).type == GgufType::q8_0;
-  if (rep.quantized) {  // every weight matrix moe-convert quantize quantises, as
-                        // it would
-    for (GgufTensorPlan& t : plan.tensors) {
-      t.q8_rows = quantizable(t.ours, t.shape);
-      if (t.q8_rows && plan.file.tensor(t.gguf).type != GgufType::q8_0)
-        rep.notes.push_back(str(t.gguf, " (", gguf_type_name(plan.file.tensor(t.gguf).type),
-                                ") quantised to Q8_0 as moe-convert quantize would"));
-    }
-  }
+  refuse_wide_blocks(plan.file, plan.tensors);
+  nlohmann::json formats;
+  rep.recipe = plan_quantization(plan.file, plan.tensors, formats, rep);
+  rep.quantized = !rep.recipe.empty();
   mc.dtype = choose_dtype(plan.file, plan.tensors, rep);
   plan.config = mc;
   plan.model_config = to_json(mc);
-  if (rep.quantized) plan.model_config[kQuantizationKey] = "q8_0";
+  if (rep.quantized) plan.model_config[kQuantizationKey] = rep.recipe;
+  if (!formats.empty()) plan.model_config[kTensorFormatsKey] = formats;
   plan.tokenizer = gguf::tokenizer_from_gguf(k, mc.vocab_size, rep.notes);
   return plan;
 }
@@ -462,10 +547,12 @@ NamedTensor import_gguf_tensor(const GgufImportPlan& plan, const GgufTensorPlan&
   const int64_t in = t.shape.back(), rows = info.numel() / in;
   const int64_t hd = plan.config.head_dim_resolved();
   Tensor out;
-  if (t.q8_rows) {
+  if (!t.block_format.empty()) {
+    out = block_tensor(f, t, hd);
+  } else if (t.q8_rows) {
     std::vector<uint8_t> bytes;
     if (info.type == GgufType::q8_0) {
-      bytes = q8_blocks_to_rows(where, read_gguf_tensor_bytes(f, t.gguf), rows, in);
+      bytes = q8_blocks_to_rows(where, read_gguf_tensor_bytes(f, t.gguf).data(), rows, in);
     } else {
       std::vector<float> values = read_gguf_tensor(f, t.gguf);
       check_finite(str("'", f.path, "'"), t.gguf, Tensor::from_vector({info.numel()}, values));
@@ -477,7 +564,7 @@ NamedTensor import_gguf_tensor(const GgufImportPlan& plan, const GgufTensorPlan&
     out = tensor_of(shape, DType::u8, bytes);
   } else {
     const DType dtype = plan.config.dtype;
-    if (dtype_of(info.type) == dtype && info.type != GgufType::q8_0) {  // bitwise
+    if (dtype_of(info.type) == dtype && !is_blocked(info.type)) {  // bitwise
       std::vector<uint8_t> bytes = read_gguf_tensor_bytes(f, t.gguf);
       if (t.rope_heads) unpermute_rows(bytes, t.rope_heads, hd, size_t(in) * dtype_size(dtype));
       out = tensor_of(t.shape, dtype, bytes);
@@ -508,6 +595,9 @@ Checkpoint import_gguf(const std::string& path, const GgufImportOptions& options
     source->dtype = plan.config.dtype;
     if (t.q8_rows) {
       source->shape.back() = cpu::q8_row_bytes(t.shape.back());
+      source->dtype = DType::u8;
+    } else if (!t.block_format.empty()) {
+      source->shape = block_shape(t);
       source->dtype = DType::u8;
     }
     source->read = [shared, t] { return import_gguf_tensor(*shared, t).tensor; };

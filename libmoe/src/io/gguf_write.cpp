@@ -345,9 +345,14 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
   std::vector<Planned> plan;
   // A matrix of rows of `row` values in the asked type (quantised types need whole blocks per
   // row); with Q4_K_M, llama.cpp's choice of q6_k for the head and some layers' v and down.
+  std::set<std::string> overridden;
   auto matrix_type = [&](const std::string& name, int64_t row) {
     GgufType type = options.type;
     if (options.q4_k_m && q4_k_m_wants_q6_k(name, mc.layers)) type = GgufType::q6_k;
+    if (const auto it = options.tensor_types.find(name); it != options.tensor_types.end()) {
+      type = it->second;
+      overridden.insert(name);
+    }
     const int64_t block = is_blocked(type) ? cpu::block_elems(block_format_of(type)) : 1;
     if (row % block != 0) {
       summary.fallbacks.push_back(str(name, ": f16 (rows of ", row, " values are not whole ",
@@ -415,6 +420,9 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
   vector("output_norm.weight", "final_norm.weight", D);
   matrix("output.weight", "lm_head.weight", V, D);
   m.refuse_unused();
+  for (const auto& [name, type] : options.tensor_types)
+    MOE_CHECK(overridden.count(name), "export_gguf: a type (", gguf_type_name(type),
+              ") is asked for tensor '", name, "', which is not one of the file's matrices");
 
   Header h;
   const std::string a = arch.name;

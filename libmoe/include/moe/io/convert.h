@@ -145,14 +145,19 @@ inline constexpr const char* kQuantizationKey = "quantization";
 // Block recipes also list each block-quantised tensor's format: "tensor_formats": {name: format}.
 inline constexpr const char* kTensorFormatsKey = "tensor_formats";
 bool quantizable(const std::string& name, const Shape& shape);
+// The recipe of a GGUF file's own mix of block formats (import-gguf), which quantize cannot make:
+// any mix but q4_k_m's, e.g. llama.cpp's Q4_K_M of an 8-expert model (q4_k, q6_k and q8_0).
+inline constexpr const char* kMixedRecipe = "mixed";
 // The recipe of a quantised checkpoint's model_config ("q8_0", "q4_k", "q6_k", "mxfp4",
-// "q4_k_m"), "" for one that is not quantised; Error for an unknown recipe or, for a block recipe,
-// a missing or malformed tensor_formats.
+// "q4_k_m", "mixed"), "" for one that is not quantised; Error for an unknown recipe or, for a
+// block recipe, a missing or malformed tensor_formats.
 std::string quantization_of(const nlohmann::json& model_config);
-// The block format ("q4_k", "q6_k" or "mxfp4") tensor `name` is stored in, "" when it is not
-// block-quantised (any tensor of a q8_0 or unquantised checkpoint, and the tensors a block recipe
-// keeps in their dtype). Such a tensor [.., out, in] is a u8 dataset [.., out, row bytes], each
-// row the format's blocks back to back, exactly GGUF's bytes (backend/cpu/quant_blocks.h).
+// The block format ("q4_k", "q6_k", "mxfp4" or "q8_0") tensor `name` is stored in, "" when it is
+// not block-quantised (any tensor of a q8_0 or unquantised checkpoint, and the tensors a block
+// recipe keeps in their dtype). Such a tensor [.., out, in] is a u8 dataset [.., out, row bytes],
+// each row the format's blocks back to back, exactly GGUF's bytes (backend/cpu/quant_blocks.h;
+// a "q8_0" tensor of a block recipe holds GGUF's q8_0 blocks, f16 d then 32 int8, not the row
+// layout of the whole-checkpoint "q8_0" recipe).
 std::string block_format_of(const nlohmann::json& model_config, const std::string& name);
 // Throws Error naming `source` when model_config is quantised: `who` cannot use it.
 void refuse_quantized(const nlohmann::json& model_config, const std::string& source,

@@ -12,6 +12,7 @@
 // H query heads, KV key/value heads, hd = D / H head dim.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -53,6 +54,11 @@ struct GgufExportOptions {
   // llama.cpp's Q4_K_M mix instead of one type (type is then q4_k): q6_k for output.weight and,
   // in the layers llama.cpp's use_more_bits picks, for attn_v and ffn_down_exps.
   bool q4_k_m = false;
+  // Types of single matrices by GGUF name, over `type` and the Q4_K_M choice (as llama-quantize's
+  // --tensor-type; e.g. {"blk.0.attn_k.weight": q8_0} makes llama.cpp's 8-expert Q4_K_M mixes).
+  // Rows that are not whole blocks of it still fall back to f16; a name that is not one of the
+  // file's matrices (a norm, the router, a misspelling) is an Error.
+  std::map<std::string, GgufType> tensor_types = {};
 };
 
 struct GgufExportSummary {

@@ -1,5 +1,6 @@
 // GGUF import (moe-convert import-gguf): a GGUF v3 file of llama.cpp's llama (with experts:
-// Mixtral), qwen2moe, qwen3moe or olmoe architecture, in f32, f16, bf16 or q8_0 tensors, as one of
+// Mixtral), qwen2moe, qwen3moe or olmoe architecture, in f32, f16, bf16, q8_0, q4_K, q6_K or
+// MXFP4 tensors (in any mix), as one of
 // our checkpoints of the mixtral, qwen2_moe, qwen3_moe or olmoe flavour: the inverse of
 // export_gguf (moe/io/gguf.h), and a reader of the files llama.cpp's own converter writes.
 // docs/FORMATS.md ("GGUF import") has the key and tensor tables.
@@ -14,8 +15,14 @@
 // any file exported from a 16-bit model); otherwise everything is stored f32 (exact). q8_0 weight
 // matrices become our Q8_0 rows (model_config "quantization": "q8_0", as moe-convert quantize
 // writes) holding the file's very int8 values and f16 scales, rearranged; q8_0 tensors we keep
-// unquantised (the token embedding) are dequantised, exactly. q/k rows of the llama architecture
-// are un-permuted (its rope rotates adjacent pairs; ours, as HF's, pairs i and i + hd/2).
+// unquantised (the token embedding) are dequantised, exactly. A file with q4_K, q6_K or MXFP4
+// weight matrices becomes a block checkpoint (model_config "tensor_formats", moe/io/convert.h):
+// every weight matrix the file holds in blocks, q8_0 ones included, keeps the file's bytes
+// (bitwise, no requantisation); the recipe is quantize's name for the same mix (q4_k, q6_k,
+// mxfp4, q4_k_m) or "mixed"; the embedding in such a type is dequantised (exact: llama.cpp's row
+// lookup dequantises it too); a 4- or 6-bit norm, bias or router is refused by name. q/k rows of
+// the llama architecture are un-permuted (its rope rotates adjacent pairs; ours, as HF's, pairs i
+// and i + hd/2): whole rows, of values or of blocks.
 // Shape letters: V vocabulary, D hidden, H heads, KV kv heads, hd head dim, F expert hidden,
 // Fs shared expert hidden, E experts.
 #pragma once
@@ -41,7 +48,8 @@ struct GgufImportOptions {
 struct GgufImportReport {
   std::string architecture;         // general.architecture ("llama", "qwen2moe", ...)
   std::string family;               // our flavour ("mixtral", "qwen2_moe", ...)
-  bool quantized = false;           // q8_0 weight matrices: a Q8_0 checkpoint
+  bool quantized = false;           // weight matrices in blocks: a quantised checkpoint
+  std::string recipe;               // its recipe (moe/io/convert.h quantization_of), "" none
   std::vector<std::string> mapped;  // "<gguf name> -> <our name>[ (...)]"
   std::vector<std::string> notes;   // decisions: seq cap, dtype, tokenizer, config record
 };
@@ -53,6 +61,8 @@ struct GgufTensorPlan {
   bool expert = false;
   int64_t rope_heads = 0;  // > 0: q/k rows of that many heads, un-permuted (llama)
   bool q8_rows = false;    // stored as our Q8_0 rows (u8 [.., out, q8_row_bytes(in)])
+  // Kept in the file's blocks ("q4_k", "q6_k", "mxfp4", "q8_0"; u8 [.., out, row bytes]); "" not.
+  std::string block_format;
 };
 
 struct GgufImportPlan {
