@@ -7,11 +7,14 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <regex>
 #include <system_error>
 
 #include "io/hdf5_driver.h"
+#include "io/hdf5_errors.h"
 #include "moe/arena.h"
 #include "moe/io/input.h"
+#include "moe/log.h"
 
 namespace moe::io::h5 {
 
@@ -31,14 +34,20 @@ bool mentions(const std::vector<std::string>& causes, const char* word) {
                      [&](const std::string& c) { return c.find(word) != std::string::npos; });
 }
 
-herr_t collect_error(unsigned /*n*/, const H5E_error2_t* err, void* data) {
-  auto* out = static_cast<std::vector<std::string>*>(data);
-  if (err && err->desc && *err->desc) {
-    std::string desc = err->desc;
-    std::replace(desc.begin(), desc.end(), '\n', ' ');  // some HDF5 messages embed ctime()
-    if (std::find(out->begin(), out->end(), desc) == out->end()) out->push_back(std::move(desc));
-  }
-  return 0;
+// The file a writer was creating, as the user named it: its temporary ("x.h5.tmp-123",
+// "x.h5.convert-123", see AtomicFile) without the suffix.
+std::string shown_name(const std::string& path) {
+  static const std::regex temporary(R"(\.(tmp|convert)-[0-9]+$)");
+  return std::regex_replace(path, temporary, "");
+}
+
+[[noreturn]] void refuse_open(const char* what, const std::string& name, uintmax_t size) {
+  const ErrorStack errors = take_errors();
+  MOE_LOG_DEBUG("H5Fopen('", name, "') failed: ", join(errors.causes, "; "));
+  if (mentions(errors.causes, "truncated"))
+    throw Error(str(what, " '", name, "': truncated file (", size,
+                    " bytes, fewer than the HDF5 superblock records)"));
+  throw Error(str(what, " '", name, "': cannot open as HDF5: ", cause_in_words(errors)));
 }
 
 std::string child_path(const std::string& parent, const std::string& name) {
@@ -84,22 +93,6 @@ Session::Session() {
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
 }
 
-std::vector<std::string> take_error_stack() {
-  std::vector<std::string> causes;
-  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, collect_error, &causes);
-  H5Eclear2(H5E_DEFAULT);
-  return causes;
-}
-
-void fail(const Where& where, const char* statement, const char* source_file, int source_line) {
-  std::vector<std::string> causes = take_error_stack();
-  std::string message = str(where.describe(), ": ", statement, " failed");
-  if (mentions(causes, "Fletcher32") || mentions(causes, "checksum"))
-    message += ": checksum mismatch, the stored data is corrupted";
-  if (!causes.empty()) message += ": " + join(causes, "; ");
-  throw Error(str(message, " [", source_file, ":", source_line, "]"));
-}
-
 // ---- files ------------------------------------------------------------------------------------
 
 Plist file_access_plist(const Where& where) {
@@ -135,8 +128,15 @@ WriteFile create_file(const std::string& path, hid_t fapl) {
   auto status = std::make_shared<WriteStatus>();
   use_moe_driver(fapl, status, where);
   Plist fcpl = file_create_plist(where);
-  File file(MOE_H5(where, H5Fcreate(path.c_str(), H5F_ACC_TRUNC, fcpl, fapl)));
-  return WriteFile(std::move(file), std::move(status));
+  const hid_t id = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, fcpl, fapl);
+  if (id < 0) {
+    const ErrorStack errors = take_errors();
+    MOE_LOG_DEBUG("H5Fcreate('", path, "') failed: ", join(errors.causes, "; "));
+    const std::string directory = directory_problem(path);
+    throw Error(str("cannot create '", shown_name(path),
+                    "': ", directory.empty() ? cause_in_words(errors) : directory));
+  }
+  return WriteFile(File(id), std::move(status));
 }
 
 WriteFile open_file_readwrite(const std::string& path) {
@@ -150,18 +150,22 @@ WriteFile open_file_readwrite(const std::string& path) {
 
 void WriteFile::close(const Where& where) {
   if (!file_.valid()) return;
-  std::vector<std::string> causes;
+  ErrorStack errors;
   const herr_t flushed = H5Fflush(file_, H5F_SCOPE_GLOBAL);
-  if (flushed < 0) causes = take_error_stack();
+  if (flushed < 0) errors = take_errors();
   status_->closing = true;  // from here a failed write is recorded, and H5Fclose still succeeds
   const herr_t closed = H5Fclose(file_.release());
-  if (closed < 0)
-    for (std::string& c : take_error_stack()) causes.push_back(std::move(c));
+  if (closed < 0) {
+    ErrorStack more = take_errors();
+    if (flushed >= 0) errors = std::move(more);
+  }
   if (status_->error)
     throw Error(
         str(where.describe(), ": ", status_->what, " failed: ", std::strerror(status_->error)));
-  if (flushed < 0 || closed < 0)
-    throw Error(str(where.describe(), ": closing the file failed: ", join(causes, "; ")));
+  if (flushed < 0 || closed < 0) {
+    MOE_LOG_DEBUG(where.describe(), ": H5Fflush/H5Fclose failed: ", join(errors.causes, "; "));
+    throw Error(str(where.describe(), ": closing the file failed: ", cause_in_words(errors)));
+  }
 }
 
 void WriteFile::abandon() noexcept {
@@ -187,8 +191,9 @@ File open_file_readonly(const std::string& path, const char* what) {
 
   htri_t is_hdf5 = H5Fis_hdf5(path.c_str());
   if (is_hdf5 < 0) {
-    std::vector<std::string> causes = take_error_stack();
-    throw Error(str(what, " '", path, "': cannot be read as HDF5: ", join(causes, "; ")));
+    const ErrorStack errors = take_errors();
+    MOE_LOG_DEBUG("H5Fis_hdf5('", path, "') failed: ", join(errors.causes, "; "));
+    throw Error(str(what, " '", path, "': cannot be read as HDF5: ", cause_in_words(errors)));
   }
   if (is_hdf5 == 0)
     throw Error(
@@ -199,11 +204,7 @@ File open_file_readonly(const std::string& path, const char* what) {
   use_moe_driver(fapl, nullptr, where);  // checks global heaps before HDF5 parses them
   hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl);
   if (id < 0) {
-    std::vector<std::string> causes = take_error_stack();
-    if (mentions(causes, "truncated"))
-      throw Error(str(what, " '", path, "': truncated file (", size,
-                      " bytes, fewer than the HDF5 superblock records): ", join(causes, "; ")));
-    throw Error(str(what, " '", path, "': cannot open as HDF5: ", join(causes, "; ")));
+    refuse_open(what, path, size);
   }
   return File(id);
 }
@@ -244,11 +245,7 @@ File open_image(const std::string& bytes, const std::string& name, const char* w
     throw Error(str(what, " '", name, "': ", heap));
   hid_t id = H5Fopen(image_file_name().c_str(), H5F_ACC_RDONLY, fapl);
   if (id < 0) {
-    std::vector<std::string> causes = take_error_stack();
-    if (mentions(causes, "truncated"))
-      throw Error(str(what, " '", name, "': truncated file (", bytes.size(),
-                      " bytes, fewer than the HDF5 superblock records): ", join(causes, "; ")));
-    throw Error(str(what, " '", name, "': cannot open as HDF5: ", join(causes, "; ")));
+    refuse_open(what, name, bytes.size());
   }
   return File(id);
 }

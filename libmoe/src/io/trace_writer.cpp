@@ -169,7 +169,7 @@ void TraceWriter::Impl::create(int64_t chunk_tokens) {
   try {
     file = h5::create_file(temp);
   } catch (const Error& e) {
-    throw Error(str(who(), ": cannot create the temporary file '", temp, "': ", e.what()));
+    throw Error(str(who(), ": ", e.what()));  // "cannot create 'x.h5': <why>"
   }
 
   {

@@ -1,8 +1,10 @@
 // HDF5 (1.10 C API) for libmoe: RAII handles, checked calls, attributes and tensor datasets.
 //
 // Every HDF5 call goes through MOE_H5(where, call): a negative return becomes a moe::Error naming
-// the file and the object (`where`), the statement, the source file and line, and the causes HDF5
-// left on its error stack (innermost last). HDF5's automatic error-stack printing is switched off
+// the file and the object (`where`), what the call was doing in words ("listing the group") and
+// why it failed (the errno our driver saw, "the file is damaged: checksum mismatch", or HDF5's
+// innermost cause), with the source line; the statement and HDF5's whole error stack go to the
+// debug log (-v) only (io/hdf5_errors.h). HDF5's automatic error-stack printing is switched off
 // by h5::Session, which every public io entry point holds: it also serialises HDF5 use, because
 // the Debian serial build of the library is not thread-safe.
 //
@@ -255,5 +257,5 @@ Tensor read_tensor_row(hid_t parent, const std::string& name, int64_t index, con
 
 }  // namespace moe::io::h5
 
-// MOE_H5(where, H5Xcall(...)): the call's value, or a moe::Error naming where, statement, line.
+// MOE_H5(where, H5Xcall(...)): the call's value, or a moe::Error naming where, what, why, line.
 #define MOE_H5(where, call) ::moe::io::h5::checked((call), (where), #call, __FILE__, __LINE__)
