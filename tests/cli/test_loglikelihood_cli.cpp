@@ -168,7 +168,7 @@ TEST_CASE("cli: loglikelihood refuses bad request files, naming file:line", "[cl
     int exit_code;
   };
   const std::vector<Case> cases = {
-      {"{\"context\": \"Linux\", \"continuation\": ", ":2: not a JSON object", 1},
+      {"{\"context\": \"Linux\", \"continuation\": ", ":2: invalid JSON at column 38", 1},
       {"[1, 2]", ":2: not a JSON object", 1},
       {"{\"context\": \"Linux\"}", ":2: no \"continuation\" field", 1},
       {"{\"context\": \"Linux\", \"continuation\": 3}", ":2: \"continuation\" must be a string", 1},

@@ -283,7 +283,7 @@ TEST_CASE("cli: moe-profile plot-metrics refuses what is not a metrics file", "[
   refused("empty.jsonl", "", ": the file is empty");
   refused("blank.jsonl", "\n  \n\n", ": no metrics line");
   refused("cut.jsonl", lines[0] + "\n" + lines[1] + "\n" + lines[2].substr(0, 40) + "\n",
-          ":3: not a JSON line");
+          ":3: invalid JSON at column 41");
   refused("array.jsonl", lines[0] + "\n[1, 2]\n", ":2: not a JSON object");
   refused("scores.jsonl", "{\"tokens\": 16, \"loss\": 2.5}\n", ":1: no integer \"step\"");
   refused("text-loss.jsonl", "{\"step\": 1, \"loss\": \"2.5\"}\n",

@@ -121,3 +121,95 @@ TEST_CASE("cli: HDF5 failures are told in words, naming the file", "[cli][messag
   REQUIRE(damaged > 0);
 }
 
+TEST_CASE("cli: JSON that does not parse names the file, line and column", "[cli][messages]") {
+  // Before: "[json.exception.parse_error.101] parse error at line 1, column 17: syntax error
+  // while parsing object key - ..." and "[json.exception.type_error.302] type must be string,
+  // but is null".
+  Trained& t = trained();
+  test::ScratchDir dir("cli-user-messages-json");
+  const std::string prompts = dir / "prompts.jsonl", null_prompt = dir / "null.jsonl",
+                    requests = dir / "requests.jsonl", tokenizer = dir / "tokenizer.json",
+                    metrics = dir / "metrics.jsonl", table = dir / "paths.json";
+  test::write_file(prompts, "plain text prompt\n{\"prompt\": \"hi\",}\n");
+  test::write_file(null_prompt, "{\"prompt\": null}\n");
+  test::write_file(requests, "{\"context\": \"a\", \"continuation\": }\n");
+  test::write_file(tokenizer, "{\"model\": {\"type\": \"BPE\",\n \"vocab\": {\"a\": 0},}}\n");
+  test::write_file(metrics, "{\"step\": 1, \"loss\": 2}\n{\"step\": 2, \"loss\": }\n");
+  test::write_file(table, "{\"format\": \"moe.paths\",\n \"layers\": tru}\n");
+  // A Hugging Face directory with a damaged config.json, and one with a damaged safetensors
+  // header.
+  const std::string hf = dir / "hf", bad_config = dir / "hf-config", bad_header = dir / "hf-header";
+  REQUIRE(run_command(tool("moe-convert", "export-hf -q " + t.ckpt + " -o " + hf)).exit_code == 0);
+  fs::copy(hf, bad_config);
+  fs::copy(hf, bad_header);
+  test::write_file(bad_config + "/config.json", "{\"architectures\": [\"MixtralForCausalLM\"],}");
+  std::string st = test::read_file(hf + "/model.safetensors");
+  st[8] = '[';  // the header's opening brace
+  test::write_file(bad_header + "/model.safetensors", st);
+  const std::string data = " --data " + test::fortunes_path("linux");
+  run_cases({
+      {"prompt file",
+       "moe-infer",
+       "generate --model " + t.ckpt + " --prompts " + prompts,
+       {prompts + ":2: invalid JSON at column 17: unexpected '}'"}},
+      {"prompt of the wrong type",
+       "moe-infer",
+       "generate --model " + t.ckpt + " --prompts " + null_prompt,
+       {null_prompt + ":1: \"prompt\" must be a string, got null"}},
+      {"request file",
+       "moe-infer",
+       "loglikelihood --model " + t.ckpt + " --requests " + requests,
+       {requests + ":1: invalid JSON at column 34"}},
+      {"tokenizer",
+       "moe-infer",
+       "score --model " + t.ckpt + data + " --tokenizer " + tokenizer,
+       {tokenizer, "invalid JSON at line 2, column 20"}},
+      {"metrics",
+       "moe-profile",
+       "plot-metrics " + metrics + " -o " + (dir / "m.svg"),
+       {metrics + ":2: invalid JSON at column 21"}},
+      {"path table",
+       "moe-profile",
+       "accuracy " + table + " " + t.trace,
+       {table, "invalid JSON at line 2, column 15"}},
+      {"config.json",
+       "moe-convert",
+       "import-hf " + bad_config + " -o " + (dir / "a.h5"),
+       {bad_config + "/config.json", "invalid JSON at line 1, column"}},
+      {"safetensors header",
+       "moe-convert",
+       "import-hf " + bad_header + " -o " + (dir / "b.h5"),
+       {bad_header + "/model.safetensors", "header is not valid JSON: invalid JSON at line 1"}},
+  });
+}
+
+TEST_CASE("cli: a directory given as an input file is refused by name", "[cli][messages]") {
+  // Before: "basic_filebuf::underflow error reading the file: Is a directory" (moe-profile
+  // accuracy), or nothing read at all.
+  Trained& t = trained();
+  test::ScratchDir dir("cli-user-messages-dirs");
+  const std::string folder = dir / "folder";
+  fs::create_directory(folder);
+  run_cases({
+      {"path table",
+       "moe-profile",
+       "accuracy " + folder + " " + t.trace,
+       {"'" + folder + "': is a directory"}},
+      {"trace",
+       "moe-profile",
+       "accuracy " + t.table + " " + folder,
+       {"'" + folder + "': is a directory"}},
+      {"metrics",
+       "moe-profile",
+       "plot-metrics " + folder + " -o " + (dir / "m.svg"),
+       {"'" + folder + "': is a directory"}},
+      {"prompts",
+       "moe-infer",
+       "generate --model " + t.ckpt + " --prompts " + folder,
+       {"'" + folder + "': is a directory"}},
+      {"requests",
+       "moe-infer",
+       "loglikelihood --model " + t.ckpt + " --requests " + folder,
+       {"'" + folder + "': is a directory"}},
+  });
+}

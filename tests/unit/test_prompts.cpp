@@ -56,8 +56,8 @@ TEST_CASE("infer: bad prompt files name the file, the line and the cause", "[inf
     return test::error_of([&] { read(text, vocab); });
   };
   REQUIRE_THAT(error("ok\n{\"prompt\": 3}\n"),
-               Catch::Contains("p.jsonl:2") && Catch::Contains("not a valid prompt object"));
-  REQUIRE_THAT(error("{not json\n"), Catch::Contains("p.jsonl:1"));
+               Catch::Contains("p.jsonl:2: \"prompt\" must be a string, got number"));
+  REQUIRE_THAT(error("{not json\n"), Catch::Contains("p.jsonl:1: invalid JSON at column 3"));
   REQUIRE_THAT(error("text\n", 100), Catch::Contains("byte-level model"));
   REQUIRE_THAT(error("{\"prompt\": \"a\", \"max_tokens\": 5}\n"),
                Catch::Contains("p.jsonl:1: unknown key \"max_tokens\""));

@@ -21,7 +21,9 @@
 #include "moe/infer/score.h"
 #include "moe/io/checkpoint_dir.h"
 #include "moe/io/dataset.h"
+#include "moe/io/input.h"
 #include "moe/io/model_text.h"
+#include "moe/io/output.h"
 #include "moe/io/tokenizer.h"
 #include "moe/log.h"
 #include "moe/timer.h"
@@ -193,6 +195,7 @@ std::vector<Prompt> read_prompts(const Options& o, const ModelConfig& mc,
                                  const io::Tokenizer* tokenizer) {
   if (o.prompts == "-")
     return infer::read_prompts(std::cin, o.prompts, o.sampling, mc.vocab_size, tokenizer);
+  io::check_input_file(o.prompts, "prompt file");  // a directory, device or FIFO: by name
   std::ifstream file(o.prompts);
   if (!file) throw Error(str("prompt file '", o.prompts, "': cannot open"));
   return infer::read_prompts(file, o.prompts, o.sampling, mc.vocab_size, tokenizer);
@@ -314,6 +317,7 @@ int loglikelihood(Options& o, std::unique_ptr<comm::Communicator> world) {
     requests = infer::read_loglikelihood_requests(std::cin, o.requests, o.rolling, tokenizer.get(),
                                                   mc.vocab_size, mc.seq);
   } else {
+    io::check_input_file(o.requests, "request file");
     std::ifstream file(o.requests);
     if (!file) throw Error(str("request file '", o.requests, "': cannot open"));
     requests = infer::read_loglikelihood_requests(file, o.requests, o.rolling, tokenizer.get(),

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "core/json_text.h"
 #include "moe/cuda.h"
 #include "moe/error.h"
 #include "moe/ops/moe.h"
@@ -359,7 +360,7 @@ CostModel cost_model_from_json(const nlohmann::json& j) {
     m.state_bytes_per_expert = j.at("state_bytes_per_expert").get<double>();
     return m;
   } catch (const nlohmann::json::exception& e) {
-    throw Error(str("cost model: ", e.what()));
+    throw Error(str("cost model: ", json_error_words(e)));
   }
 }
 

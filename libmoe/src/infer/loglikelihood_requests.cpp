@@ -1,6 +1,7 @@
 // Reading lm-evaluation-harness requests: JSON lines of text, tokenized as the harness does.
 #include <nlohmann/json.hpp>
 
+#include "core/json_text.h"
 #include "moe/error.h"
 #include "moe/infer/loglikelihood.h"
 #include "moe/io/dataset.h"
@@ -94,13 +95,13 @@ std::vector<LoglikelihoodRequest> read_loglikelihood_requests(std::istream& in,
     const std::string where = str(name, ":", number);
     LoglikelihoodRequest r;
     try {
-      const json j = json::parse(line);
+      const json j = parse_json(line, where, true);
       if (!j.is_object()) throw Error("not a JSON object");
       r = rolling ? encode_text(string_field(j, "text"), tokenizer)
                   : encode_request(string_field(j, "context"), string_field(j, "continuation"),
                                    tokenizer, where);
     } catch (const json::exception& e) {
-      throw Error(str(where, ": not a JSON object: ", e.what()));
+      throw Error(str(where, ": ", json_error_words(e, true)));
     } catch (const UsageError&) {
       throw;
     } catch (const Error& e) {

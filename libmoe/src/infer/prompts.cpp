@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 
+#include "core/json_text.h"
 #include "moe/error.h"
 #include "moe/io/dataset.h"
 
@@ -84,7 +85,7 @@ std::vector<Prompt> read_prompts(std::istream& in, const std::string& name,
     p.sampling = defaults;
     if (!line.empty() && line.front() == '{') {
       try {
-        json j = json::parse(line);
+        json j = parse_json(line, str(name, ":", number), true);
         if (!j.is_object()) throw Error("not a JSON object");
         // A misspelt key ("max_tokens") would otherwise be ignored and its setting silently lost.
         for (const auto& [key, value] : j.items())
@@ -102,6 +103,9 @@ std::vector<Prompt> read_prompts(std::istream& in, const std::string& name,
           for (const json& id : ids)
             p.tokens.push_back(static_cast<int32_t>(integer_field(id, "tokens", 0, ids_end - 1)));
         } else {
+          if (!j.contains("prompt") || !j.at("prompt").is_string())
+            throw Error(str("\"prompt\" must be a string, got ",
+                            j.contains("prompt") ? j.at("prompt").type_name() : "nothing"));
           p.text = j.at("prompt").get<std::string>();
           p.tokens = encode(p.text);
         }
@@ -120,9 +124,12 @@ std::vector<Prompt> read_prompts(std::istream& in, const std::string& name,
               integer_field(j["repeat_last_n"], "repeat_last_n", -1, INT32_MAX);
         if (j.contains("stop")) p.sampling.stop = stop_field(j["stop"]);
       } catch (const json::exception& e) {
-        throw Error(str(name, ":", number, ": not a valid prompt object: ", e.what()));
+        throw Error(
+            str(name, ":", number, ": not a valid prompt object: ", json_error_words(e, true)));
       } catch (const Error& e) {
-        throw Error(str(name, ":", number, ": ", e.what()));
+        const std::string what = e.what();
+        const std::string where = str(name, ":", number, ": ");
+        throw Error(what.rfind(where, 0) == 0 ? what : where + what);
       }
     } else {
       if (!tokenizer && vocab_size < io::kByteVocab)

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <utility>
 
+#include "core/json_text.h"
 #include "io/files.h"
 #include "moe/io/atomic_file.h"
 #include "moe/io/hdf5.h"
@@ -169,7 +170,7 @@ nlohmann::json read_json_attr(hid_t object, const char* name, const Where& where
   try {
     return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    throw Error(str(where.describe(), ": attribute '", name, "' is not valid JSON: ", e.what()));
+    throw Error(str(where.describe(), ": attribute '", name, "': ", json_error_words(e)));
   }
 }
 

@@ -10,6 +10,7 @@
 #include "kernels/convert.h"
 #include "moe/error.h"
 #include "moe/io/gguf.h"
+#include "moe/io/input.h"
 
 namespace moe::io {
 
@@ -167,6 +168,7 @@ struct Reader {
 }  // namespace
 
 GgufFile read_gguf(const std::string& path) {
+  check_input_file(path, "GGUF file");  // a directory, device or FIFO: refused by name
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "rb"), std::fclose);
   if (!file) throw Error(str("cannot open '", path, "': ", std::strerror(errno)));
   if (std::fseek(file.get(), 0, SEEK_END) != 0)

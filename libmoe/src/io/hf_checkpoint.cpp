@@ -17,11 +17,13 @@
 #include <set>
 #include <sstream>
 
+#include "core/json_text.h"
 #include "io/files.h"
 #include "io/hf_config.h"
 #include "io/hf_names.h"
 #include "moe/error.h"
 #include "moe/io/finite.h"
+#include "moe/io/input.h"
 #include "moe/io/safetensors.h"
 #include "moe/io/tokenizer.h"
 #include "moe/models/config.h"
@@ -47,6 +49,7 @@ using hf::slot_name;
 using nlohmann::json;
 
 json read_json_file(const std::string& path) {
+  check_input_file(path, "JSON file");  // a directory, device or FIFO: refused by name
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(str("'", path, "': cannot open: ", std::strerror(errno)));
   std::stringstream text;
@@ -56,7 +59,7 @@ json read_json_file(const std::string& path) {
     if (!j.is_object()) throw Error(str("'", path, "': not a JSON object"));
     return j;
   } catch (const json::exception& e) {
-    throw Error(str("'", path, "': not valid JSON: ", e.what()));
+    throw Error(str("'", path, "': ", json_error_words(e)));
   }
 }
 

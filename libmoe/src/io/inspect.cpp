@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 
+#include "core/json_text.h"
 #include "io/convert_internal.h"
 #include "moe/io/convert.h"
 #include "moe/io/hdf5.h"
@@ -26,7 +27,7 @@ nlohmann::json parse_json_attr(hid_t object, const char* name, const h5::Where& 
   try {
     return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    throw Error(str(where.describe(), ": attribute '", name, "' is not valid JSON: ", e.what()));
+    throw Error(str(where.describe(), ": attribute '", name, "': ", json_error_words(e)));
   }
 }
 

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "core/json_text.h"
 #include "io/files.h"
 #include "moe/error.h"
 #include "moe/io/atomic_file.h"
@@ -165,7 +166,7 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
     try {
       root = nlohmann::json::parse(header, on_event);
     } catch (const nlohmann::json::exception& e) {
-      fail(path, str("header is not valid JSON: ", e.what()));
+      fail(path, str("its header is not valid JSON: ", json_error_words(e)));
     }
     if (!root.is_object())
       fail(path, str("header is JSON but not an object (", root.type_name(), ")"));

@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 
+#include "core/json_text.h"
 #include "io/tokenizer_impl.h"
 #include "io/utf8.h"
 #include "moe/error.h"
@@ -102,12 +103,13 @@ class BpeTokenizer final : public Tokenizer {
     try {
       j = json::parse(file_bytes());
     } catch (const json::exception& e) {
-      throw Error(str("tokenizer '", where, "' is not valid JSON: ", e.what()));
+      throw Error(str("tokenizer '", where, "': ", json_error_words(e)));
     }
     try {
       load(j);
     } catch (const json::exception& e) {
-      throw Error(str("tokenizer '", where, "': a field has the wrong type (", e.what(), ")"));
+      throw Error(
+          str("tokenizer '", where, "': a field has the wrong type: ", json_error_words(e)));
     }
     std::unordered_map<std::string, char> byte_of_char;
     for (int b = 0; b < 256; ++b)

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <utility>
 
+#include "core/json_text.h"
 #include "io/trace_checks.h"
 #include "io/trace_layout.h"
 #include "moe/io/hdf5.h"
@@ -151,7 +152,7 @@ void TraceReader::Impl::load() {
     try {
       info.model_config = nlohmann::json::parse(text);
     } catch (const nlohmann::json::exception& e) {
-      throw Error(str(root.describe(), ": attribute 'model_config' is not valid JSON: ", e.what()));
+      throw Error(str(root.describe(), ": attribute 'model_config': ", json_error_words(e)));
     }
   }
   info.top_k = h5::read_int_attr(file, "top_k", root);

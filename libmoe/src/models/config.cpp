@@ -3,6 +3,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "core/json_text.h"
 #include "moe/error.h"
 
 namespace moe {
@@ -191,7 +192,7 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
     c.balance_bias_rate = j.value("balance_bias_rate", 0.0);
     c.router_center_rate = j.value("router_center_rate", 0.0);
   } catch (const nlohmann::json::exception& e) {
-    throw Error(str("model config: ", e.what()));
+    throw Error(str("model config: ", json_error_words(e)));
   }
   c.validate();
   return c;

@@ -15,7 +15,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/json_text.h"
 #include "moe/error.h"
+#include "moe/io/input.h"
 #include "moe/profile/svg.h"
 
 namespace moe::profile {
@@ -105,8 +107,8 @@ MetricsRun parse_metrics(const std::string& text, const std::string& name) {
     try {
       j = nlohmann::json::parse(line);
     } catch (const nlohmann::json::exception& e) {  // also a number too large for a double
-      throw Error(str(where, ": not a JSON line (", e.what(),
-                      "); a metrics file holds one JSON object per line"));
+      throw Error(str(where, ": ", json_error_words(e, true),
+                      " (a metrics file holds one JSON object per line)"));
     }
     if (!j.is_object()) throw Error(str(where, ": not a JSON object; expected a metrics line"));
     const auto step = j.find("step");
@@ -151,6 +153,7 @@ MetricsRun read_metrics(const std::string& path) {
     if (std::cin.bad()) throw Error("metrics from stdin: read failed");
     return parse_metrics(text, "-");
   }
+  io::check_input_file(path, "metrics");  // a directory, device or FIFO: refused by name
   std::ifstream file(path, std::ios::binary);
   if (!file) throw Error(str(path, ": cannot open: ", std::strerror(errno)));
   std::string text{std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>()};

@@ -3,16 +3,20 @@
 #include "moe/profile/paths.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/json_text.h"
 #include "io/files.h"
 #include "moe/error.h"
+#include "moe/io/input.h"
 #include "profile/trace_blocks.h"
 
 namespace moe::profile {
@@ -66,8 +70,9 @@ void save_paths(const PathTable& t, const std::string& path) {
 // Checks everything build_paths guarantees, so that a table edited by hand or damaged is refused
 // (naming the file and the place) instead of predicting from garbage.
 PathTable load_paths(const std::string& path) {
+  io::check_input_file(path, "path table");  // a directory, device or FIFO: refused by name
   std::ifstream in(path);
-  if (!in) throw Error(str("path table '", path, "': cannot open"));
+  if (!in) throw Error(str("path table '", path, "': cannot open: ", std::strerror(errno)));
   const std::string who = str("path table '", path, "'");
   PathTable t;
   try {
@@ -158,8 +163,8 @@ PathTable load_paths(const std::string& path) {
       }
     }
   } catch (const nlohmann::json::exception& e) {
-    throw Error(
-        str(who, ": not a moe.paths table (the JSON 'moe-profile paths' writes): ", e.what()));
+    throw Error(str(who, ": not a moe.paths table (the JSON 'moe-profile paths' writes): ",
+                    json_error_words(e)));
   }
   return t;
 }

@@ -11,7 +11,9 @@
 #include <set>
 #include <sstream>
 
+#include "core/json_text.h"
 #include "moe/error.h"
+#include "moe/io/input.h"
 
 namespace moe::train {
 
@@ -108,6 +110,7 @@ std::vector<TaskSpec> parse_tasks(std::string_view text, const std::string& sour
 }
 
 std::vector<TaskSpec> read_tasks_file(const std::string& path) {
+  io::check_input_file(path, "tasks file");  // a directory, device or FIFO: refused by name
   std::ifstream in(path, std::ios::binary);
   MOE_USAGE_CHECK(in.good(), "--tasks ", path, ": cannot open the tasks file");
   std::ostringstream text;
@@ -247,7 +250,7 @@ TaskAllocation task_allocation_from_json(const nlohmann::json& j) {
             {s.at(0).get<int64_t>(), s.at(1).get<int64_t>(), s.at(2).get<int64_t>()});
     }
   } catch (const nlohmann::json::exception& e) {
-    throw Error(str("task allocation: ", e.what()));
+    throw Error(str("task allocation: ", json_error_words(e)));
   }
   return a;
 }

@@ -11,6 +11,7 @@
 #include <optional>
 #include <set>
 
+#include "core/json_text.h"
 #include "moe/cuda.h"
 #include "moe/io/checkpoint_dir.h"
 #include "moe/io/dataset.h"
@@ -88,7 +89,7 @@ TrainConfig train_config_from_json(const nlohmann::json& j, TrainConfig c) {
       if (j.contains(key)) field = j.at(key).get<std::decay_t<decltype(field)>>();
     });
   } catch (const nlohmann::json::exception& e) {
-    throw Error(str("training config: ", e.what()));
+    throw Error(str("training config: ", json_error_words(e)));
   }
   return c;
 }

@@ -1,0 +1,22 @@
+// JSON from users' files, refused in our words. nlohmann's messages name its own exception classes
+// and C++ types ("[json.exception.parse_error.101] parse error at line 1, column 17: syntax error
+// while parsing object key - ..."); every reader that catches one says it this way instead.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace moe {
+
+// The words of a nlohmann exception, without its tag:
+//   a syntax error:  "invalid JSON at line L, column C: unexpected '}'; expected string literal"
+//                    ("invalid JSON at column C: ..." when `one_line`: a line of a JSON-lines
+//                    file, whose caller names the line)
+//   a type error:    "must be a string, got null" (the caller puts the key before it)
+//   a missing key:   "\"prompt\" is missing"
+std::string json_error_words(const nlohmann::json::exception& e, bool one_line = false);
+
+// json::parse of `text`, a syntax error thrown as moe::Error "<where>: <json_error_words>".
+// `where` is "FILE:LINE" for a line of a JSON-lines file (`one_line`), "FILE" for a whole file.
+nlohmann::json parse_json(const std::string& text, const std::string& where, bool one_line = false);
+
+}  // namespace moe
