@@ -32,7 +32,7 @@ echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), ${cpu:-unknown CPU}; scored on $heldou
   fail "moe-train: $(tail -3 "$work/train.err")"
 "$bin/moe-convert" freeze "$work/run/last.h5" -o "$work/f32.h5" -q || fail "freeze"
 score() {  # score FILE: prints "ppl nll_mean"
-  "$bin/moe-infer" score -q --model "$1" --data "$heldout" -o "$work/scores.jsonl" --summary - |
+  "$bin/moe-infer" score -q --model "$1" --data "$heldout" -o "$work/scores.jsonl" --force --summary - |
     sed -n 's/.*"nll_mean":\([0-9.e+-]*\).*"ppl":\([0-9.e+-]*\).*/\2 \1/p'
 }
 base=$(score "$work/f32.h5")

@@ -315,6 +315,7 @@ int run_export_hf(Options& o, const Argv&) {
   check_finite_params(str("'", o.inputs.at(0), "'"), in);
   io::HfExportOptions options;
   options.max_shard_bytes = o.max_shard_mb * 1000 * 1000;
+  options.replace = o.force;
   io::export_hf(in, o.out, options);
   MOE_LOG_INFO(
       "exported ", in.params.size(), " parameter tensors as a Hugging Face ",
@@ -488,6 +489,8 @@ int main(int argc, char** argv) {
       ->check(tools::non_negative())
       ->capture_default_str();
   add_output(exporter, o, "Output directory (config.json, model.safetensors)", false);
+  exporter->add_flag("--force", o.force,
+                     "Replace the files of an earlier export in the output directory");
   subs.push_back({exporter, run_export_hf});
 
   auto* gguf =

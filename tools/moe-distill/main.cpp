@@ -54,7 +54,8 @@ void add_options(CLI::App& app, DistillOptions& o) {
                  "student and last.h5 pointing at the newest")
       ->required();
   io->add_flag("--force", o.force,
-               "Write into --out even when it holds the checkpoints of another run");
+               "Write into --out even when it holds the checkpoints of another run, and "
+               "replace an existing --metrics or --summary file");
   io->add_option("--checkpoint-every", o.checkpoint_every,
                  "Checkpoint every N steps (0: only at the end)")
       ->check(tools::non_negative())
@@ -140,6 +141,9 @@ json number_or_null(double value) { return std::isfinite(value) ? json(value) : 
 int run(DistillOptions& o, int argc, char** argv) {
   tools::apply_common_options(o.common);
   tools::check_one_stdout({{"--metrics", o.metrics}, {"--summary", o.summary}});
+  // An existing file only with --force (a distillation never resumes, so never appends).
+  io::check_output_stream(o.metrics, o.force);
+  io::check_output_stream(o.summary, o.force);
   train::TrainConfig tc = o.train;
   tc.seed = o.common.seed;
   const Device device = tools::resolve_device(o.device);  // before any work

@@ -38,7 +38,7 @@ struct Options {
   std::string model, data, data_format = "auto", prompts, out = "-", budget, popularity,
                            device = "cpu", summary, truncate = "none", tokenizer, requests;
   int64_t batch = 8, max_sequences = 0, ep = 1, top = 0;
-  bool incremental = false, per_token = false, rolling = false;
+  bool incremental = false, per_token = false, rolling = false, force = false;
   infer::SamplingConfig sampling;
 };
 
@@ -364,6 +364,7 @@ void add_engine_options(CLI::App* sub, Options& o) {
                   "Resident expert memory: BYTES (e.g. 512MiB) or PCT% of the model's experts; "
                   "the rest streams from the checkpoint through a ring of slots");
   sub->add_option("-o,--out", o.out, "JSON lines to PATH ('-' = stdout)")->capture_default_str();
+  sub->add_flag("--force", o.force, "Replace an existing output file");
   tools::add_device_option(*sub, o.device, "where the model runs");
   sub->add_option("--tokenizer", o.tokenizer,
                   "tokenizer.json or tokenizer.model (or a model directory holding one) for text "
@@ -476,6 +477,10 @@ int main(int argc, char** argv) {
         const bool many = world->size() > 1;
         if (many && world->rank() != 0) o.common.quiet = true;
         try {
+          if (world->rank() == 0) {  // rank 0 writes: an existing file only with --force
+            io::check_output_stream(o.out, o.force);
+            io::check_output_stream(o.summary, o.force);
+          }
           if (*ll) return loglikelihood(o, std::move(world));
           return *sc ? score(o, std::move(world)) : generate(o, std::move(world));
         } catch (const std::exception& ex) {

@@ -12,6 +12,7 @@
 #include "moe/infer/model.h"
 #include "moe/io/dataset.h"
 #include "moe/io/model_text.h"
+#include "moe/io/output.h"
 #include "moe/log.h"
 #include "moe/models/memory.h"
 #include "moe/profile/curves.h"
@@ -33,6 +34,7 @@ struct Options {
   std::string trace, table;
   std::vector<std::string> metrics;  // plot-metrics
   bool json = false, per_expert = false;
+  bool force = false;  // replace an existing -o FILE
   int64_t path_length = 2;
 };
 
@@ -182,6 +184,11 @@ int plot_metrics(Options& o) {
   return 0;
 }
 
+// The subcommands with -o: an existing file is replaced only with --force.
+void add_force(CLI::App* sub, Options& o) {
+  sub->add_flag("--force", o.force, "Replace an existing output file");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -205,6 +212,7 @@ int main(int argc, char** argv) {
                   "default: the one stored in the checkpoint, else text is read as bytes");
   rec->add_option("-o,--out", o.out, "Trace file ('-' = stdout, as an HDF5 file image)")
       ->required();
+  add_force(rec, o);
   tools::add_device_option(*rec, o.device, "where the model runs");
   rec->add_option("--batch", o.batch, "Sequences per forward pass")
       ->check(tools::positive())
@@ -224,6 +232,7 @@ int main(int argc, char** argv) {
       ->check(tools::positive())
       ->capture_default_str();
   pth->add_option("-o,--out", o.out, "Path table (JSON; '-' = stdout)")->required();
+  add_force(pth, o);
 
   auto* acc =
       app.add_subcommand("accuracy", "How often the table's top-2k set holds a token's experts");
@@ -233,6 +242,7 @@ int main(int argc, char** argv) {
   auto* plt = app.add_subcommand("plot", "SVG: layer x expert popularity and imbalance over time");
   plt->add_option("trace", o.trace, "Trace file ('-' = stdin)")->required();
   plt->add_option("-o,--out", o.out, "Output .svg ('-' = stdout)")->required();
+  add_force(plt, o);
 
   auto* pm = app.add_subcommand(
       "plot-metrics", "SVG: training curves of metrics.jsonl files (several runs overlaid)");
@@ -240,9 +250,11 @@ int main(int argc, char** argv) {
                  "metrics.jsonl of moe-train or moe-distill --metrics ('-' = stdin), one per run")
       ->required();
   pm->add_option("-o,--out", o.out, "Output .svg ('-' = stdout)")->required();
+  add_force(pm, o);
 
   return tools::run_tool("moe-profile", app, argc, argv, [&]() -> int {
     tools::apply_common_options(o.common);
+    io::check_output_stream(o.out, o.force);  // every -o, before any work ("" without one)
     if (*rec) return record(o, argc, argv);
     if (*sum) return summary(o);
     if (*pth) return paths(o);

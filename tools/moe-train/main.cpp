@@ -87,6 +87,10 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
   tools::apply_common_options(o.common);
   tools::check_one_stdout({{"--metrics", o.metrics}, {"--trace", o.trace}});
   const bool lead = world.rank() == 0;  // rank 0 reports; every rank trains
+  if (lead) {  // rank 0's outputs: an existing file only with --force, before any work
+    if (o.resume.empty()) io::check_output_stream(o.metrics, o.force);  // a resume appends
+    io::check_output_stream(o.trace, o.force);
+  }
   if (!lead) {
     o.common.quiet = true;
     o.metrics.clear();

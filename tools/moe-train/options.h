@@ -78,7 +78,8 @@ inline void add_train_options(CLI::App& app, TrainOptions& o) {
       ->required();
   io->add_flag("--force", o.force,
                "Write into --out even when it holds the checkpoints of another run (same-numbered "
-               "steps are replaced, last.h5 moves to this run)");
+               "steps are replaced, last.h5 moves to this run), and replace an existing --metrics "
+               "or --trace file (a --resume appends to its --metrics without it)");
   io->add_option("--resume", o.resume,
                  "Continue exactly from this checkpoint: a file, the directory of a sharded one, "
                  "or a run's output directory (its newest checkpoint, DIR/last.h5 or DIR/last); "

@@ -14,6 +14,7 @@
 #include "io/hf_names.h"
 #include "moe/error.h"
 #include "moe/io/hf_checkpoint.h"
+#include "moe/io/output.h"
 #include "moe/io/safetensors.h"
 #include "moe/models/config.h"
 #include "moe/models/flavour.h"
@@ -177,12 +178,12 @@ std::vector<NamedTensor> hf_tensors(ExportModel& m) {
   return out;
 }
 
-// Writes `tensors` as one file, or as shards of at most max_bytes each (a tensor never split)
-// named by an index, as transformers' save_pretrained does.
-void write_tensors(const std::string& dir, const std::vector<NamedTensor>& tensors,
-                   const std::map<std::string, std::string>& metadata, int64_t max_bytes) {
+// `tensors` in one shard, or in shards of at most max_bytes each (a tensor never split), as
+// transformers' save_pretrained cuts them.
+std::vector<std::vector<NamedTensor>> plan_shards(const std::vector<NamedTensor>& tensors,
+                                                  int64_t max_bytes) {
   std::vector<std::vector<NamedTensor>> shards(1);
-  int64_t in_shard = 0, total = 0;
+  int64_t in_shard = 0;
   for (const NamedTensor& nt : tensors) {
     const int64_t bytes = static_cast<int64_t>(nt.tensor.nbytes());
     if (max_bytes > 0 && in_shard > 0 && in_shard + bytes > max_bytes) {
@@ -191,25 +192,53 @@ void write_tensors(const std::string& dir, const std::vector<NamedTensor>& tenso
     }
     shards.back().push_back(nt);
     in_shard += bytes;
-    total += bytes;
   }
-  if (max_bytes <= 0) {
-    if (fs::exists(join_path(dir, kIndexFile)))
-      throw Error(str("export_hf: '", dir, "' already holds ", kIndexFile,
-                      " (a sharded checkpoint, which loaders would read instead); export into an "
-                      "empty directory"));
-    write_safetensors(join_path(dir, kSingleFile), shards.front(), metadata);
-    return;
-  }
-  if (fs::exists(join_path(dir, kSingleFile)))
+  return shards;
+}
+
+// The file of shard `s` of `count` (sharded exports only).
+std::string shard_file(size_t s, size_t count) {
+  char file[64];
+  std::snprintf(file, sizeof file, "model-%05zu-of-%05zu.safetensors", s + 1, count);
+  return file;
+}
+
+// Every file of `dir` the export writes: an existing one only with `replace` (--force), checked
+// before the first is written. A directory holding the other form (an index beside one file, or
+// model.safetensors beside shards) is refused even then: a loader would read that one instead.
+void check_export_files(const std::string& dir, size_t shard_count, bool sharded,
+                        const Checkpoint& ckpt, bool replace) {
+  if (!sharded && fs::exists(join_path(dir, kIndexFile)))
+    throw Error(str("export_hf: '", dir, "' already holds ", kIndexFile,
+                    " (a sharded checkpoint, which loaders would read instead); export into an "
+                    "empty directory"));
+  if (sharded && fs::exists(join_path(dir, kSingleFile)))
     throw Error(str("export_hf: '", dir, "' already holds ", kSingleFile,
                     " (which loaders would read instead of the shards); export into an empty "
                     "directory"));
+  std::vector<std::string> files = {kConfigFile};
+  if (!ckpt.tokenizer.empty()) files.push_back(ckpt.tokenizer.file);
+  if (!sharded) files.push_back(kSingleFile);
+  if (sharded) files.push_back(kIndexFile);
+  for (size_t s = 0; sharded && s < shard_count; ++s) files.push_back(shard_file(s, shard_count));
+  for (const std::string& file : files) check_output_file(join_path(dir, file), replace);
+}
+
+// Writes the shards as one file, or as shard files named by an index.
+void write_tensors(const std::string& dir, const std::vector<std::vector<NamedTensor>>& shards,
+                   const std::map<std::string, std::string>& metadata, bool sharded) {
+  if (!sharded) {
+    write_safetensors(join_path(dir, kSingleFile), shards.front(), metadata);
+    return;
+  }
   nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  int64_t total = 0;
   for (size_t s = 0; s < shards.size(); ++s) {
-    char file[64];
-    std::snprintf(file, sizeof file, "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
-    for (const NamedTensor& nt : shards[s]) weight_map[nt.name] = file;
+    const std::string file = shard_file(s, shards.size());
+    for (const NamedTensor& nt : shards[s]) {
+      weight_map[nt.name] = file;
+      total += static_cast<int64_t>(nt.tensor.nbytes());
+    }
     write_safetensors(join_path(dir, file), shards[s], metadata);
   }
   nlohmann::ordered_json index;
@@ -240,6 +269,9 @@ void export_hf(const Checkpoint& ckpt, const std::string& dir, const HfExportOpt
                     "is ",
                     mc.shared_expert_ff, " wide (qwen2_moe has one)"));
   const std::vector<NamedTensor> out = hf_tensors(m);
+  const bool sharded = options.max_shard_bytes > 0;
+  const std::vector<std::vector<NamedTensor>> shards = plan_shards(out, options.max_shard_bytes);
+  check_export_files(dir, shards.size(), sharded, ckpt, options.replace);
 
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -248,7 +280,7 @@ void export_hf(const Checkpoint& ckpt, const std::string& dir, const HfExportOpt
       {"format", "pt"},
       {kMetadataConfig, to_json(m.recorded_config()).dump()},
       {"moe.producer", str("libmoe ", version(), " (git ", git_revision(), ")")}};
-  write_tensors(dir, out, metadata, options.max_shard_bytes);
+  write_tensors(dir, shards, metadata, sharded);
   write_text_atomic(join_path(dir, kConfigFile), family_config(mc, m.experts()).dump(2) + "\n");
   // The tokenizer an import kept goes back out beside the model, verbatim.
   if (!ckpt.tokenizer.empty())

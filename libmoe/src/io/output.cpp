@@ -87,11 +87,26 @@ void check_replaceable(const std::string& path) {
                   "regular file)"));
 }
 
+namespace {
+
+[[noreturn]] void refuse_existing(const std::string& path) {
+  throw Error(str("'", path, "' already exists; remove it or pass --force to replace it"));
+}
+
+}  // namespace
+
 void check_output_file(const std::string& path, bool replace) {
   check_replaceable(path);
   std::error_code ec;
   if (!replace && std::filesystem::exists(std::filesystem::symlink_status(path, ec)))
-    throw Error(str("'", path, "' already exists; remove it or pass --force to replace it"));
+    refuse_existing(path);
+}
+
+void check_output_stream(const std::string& path, bool replace) {
+  if (replace || path.empty() || path == "-") return;
+  struct stat st {};
+  // stat, not lstat: a stream follows a link and would truncate the regular file behind it.
+  if (::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) refuse_existing(path);
 }
 
 std::vector<std::string> remove_stale_temporaries(const std::string& dir) {

@@ -73,6 +73,9 @@ struct HfExportOptions {
   // model.safetensors.index.json, as transformers' save_pretrained writes; 0 = one
   // model.safetensors.
   int64_t max_shard_bytes = 0;
+  // Replace files of an earlier export in the directory (config.json, the safetensors, the
+  // index, the tokenizer); false: an existing one is refused before anything is written.
+  bool replace = false;
 };
 
 // Writes a checkpoint of the mixtral, qwen2_moe, qwen3_moe or olmoe flavour (every layer MoE with
@@ -84,7 +87,7 @@ struct HfExportOptions {
 // holding the other form (an index, or model.safetensors) is refused (a loader would prefer it).
 // Our model config is also recorded in the safetensors metadata ("moe.model_config"), so
 // import_hf(export_hf(x)) gives x back: every parameter bitwise and the same model config.
-// Each file is written atomically.
+// Each file is written atomically; one that exists is replaced only with options.replace.
 void export_hf(const Checkpoint& ckpt, const std::string& dir, const HfExportOptions& options = {});
 
 }  // namespace moe::io

@@ -16,6 +16,13 @@ void check_replaceable(const std::string& path);
 // `replace` is false, moe::Error "'path' already exists; remove it or pass --force to replace it".
 void check_output_file(const std::string& path, bool replace);
 
+// For outputs written in place rather than renamed over (text streams: JSON lines, summaries):
+// when `path` names an existing regular file (a link followed to one) and `replace` is false, the
+// same moe::Error as check_output_file. "-" (stdout), an empty path (no output), a missing path
+// and a device or FIFO (written into, never replaced: /dev/null, /dev/stdout) pass. The one
+// overwrite rule of every tool: an existing file is replaced only with --force.
+void check_output_stream(const std::string& path, bool replace);
+
 // Temporary files that interrupted moe writers left in `dir` (NAME.h5.tmp-PID,
 // NAME.h5.convert-PID, and .last.h5.tmp-PID / .last.tmp-PID of the `last` link) whose process PID
 // is no longer alive on this machine: they are removed and their paths returned, so that the
