@@ -1,6 +1,7 @@
 // Non-finite parameter detection in every floating dtype (NaN, +Inf, -Inf), and the message.
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <limits>
 #include <vector>
 
@@ -55,4 +56,44 @@ TEST_CASE("io: the first non-finite value is found across the scan's blocks", "[
     }
     REQUIRE(io::first_non_finite(test::random_tensor({n}, 11).to(dtype)) == -1);
   }
+}
+
+// Issue 45: weights that exploded while finite (--lr 1e30 wrote 3e28). The bound is 2^32 in
+// magnitude, either sign, in f32 and bf16 (same exponent); f16 cannot hold it, so only its NaN
+// and Inf count. NaN and Inf count everywhere, and check_not_exploded gives their message then.
+TEST_CASE("io: exploded weights are found at 2^32 and beyond, NaN and Inf too",
+          "[io][validation]") {
+  const float bound = 4294967296.0f;  // 2^32
+  const float below = std::nextafter(bound, 0.0f);
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    INFO(dtype_name(dtype));
+    for (float value : {bound, -bound, 3e28f, -1e38f,
+                        std::numeric_limits<float>::quiet_NaN()}) {
+      INFO(value);
+      Tensor f = test::random_tensor({4, 600}, 5);
+      f.data<float>()[2100] = value;
+      f.data<float>()[2300] = value;
+      const Tensor t = f.to(dtype);
+      REQUIRE(io::first_exploded(t) == 2100);
+      REQUIRE(io::first_non_finite(t) == (std::isnan(value) ? 2100 : -1));
+    }
+    Tensor f = test::random_tensor({4, 600}, 5);
+    f.data<float>()[7] = dtype == DType::f32 ? below : -2147483648.0f;  // bf16 rounds 2^32 - 1 up
+    REQUIRE(io::first_exploded(f.to(dtype)) == -1);
+    f.data<float>()[9] = 3e28f;
+    const std::string msg =
+        test::error_of([&] { io::check_not_exploded("step 1", "w1", f.to(dtype)); });
+    REQUIRE_THAT(msg, Catch::StartsWith("step 1: tensor 'w1' holds ") &&
+                          Catch::Contains("e+28 at element 9 of [4,600]: a weight of 2^32 or "
+                                          "more has exploded"));
+    f.data<float>()[8] = -std::numeric_limits<float>::infinity();
+    REQUIRE(test::error_of([&] { io::check_not_exploded("step 1", "w1", f.to(dtype)); }) ==
+            "step 1: tensor 'w1' holds a non-finite value (-inf at element 8 of [4,600])");
+  }
+  Tensor f = test::random_tensor({8}, 2);
+  f.data<float>()[3] = 65504.0f;  // f16's largest: no weight of f16 can explode
+  REQUIRE(io::first_exploded(f.to(DType::f16)) == -1);
+  f.data<float>()[5] = std::numeric_limits<float>::infinity();
+  REQUIRE(io::first_exploded(f.to(DType::f16)) == 5);
+  REQUIRE(io::first_exploded(test::random_ids({6}, 1, 100)) == -1);
 }

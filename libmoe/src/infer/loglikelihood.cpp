@@ -2,6 +2,7 @@
 #include "moe/infer/loglikelihood.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "moe/error.h"
@@ -53,6 +54,7 @@ void score_rows(const Transformer& model, const std::vector<LoglikelihoodRequest
     }
   }
   EvalOptions options;
+  const LoglikelihoodRequest* non_finite = nullptr;  // the first request given a non-finite one
   options.logit_rows = [&](const Tensor& logits, int64_t from) {
     const Tensor host = logits.to(Device{});
     const int64_t vocab = host.dim(1);
@@ -62,12 +64,19 @@ void score_rows(const Transformer& model, const std::vector<LoglikelihoodRequest
       const Row& row = rows[order[first + static_cast<size_t>((from + k) / length)]];
       LoglikelihoodResult& out = results[row.request];
       const TokenLogprob t = token_logprob(host.data<float>() + k * vocab, vocab, target);
+      if (!std::isfinite(t.logprob) && !non_finite) non_finite = &requests[row.request];
       out.logprob += t.logprob;
       out.greedy = out.greedy && t.greedy;
       ++out.tokens;
     }
   };
   model.evaluate(ids.to(model.device()), targets.to(model.device()), options);
+  // Checked after the pass (not thrown from inside it): no result is printed as "nan".
+  if (non_finite)
+    throw Error(str("the request on line ", non_finite->line,
+                    ": a log-probability of its continuation is not finite: the model computes "
+                    "non-finite logits from its weights (were they trained with a learning rate "
+                    "too high?); no result is given"));
 }
 
 }  // namespace

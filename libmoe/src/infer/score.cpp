@@ -2,6 +2,7 @@
 #include "moe/infer/score.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "moe/arena.h"
@@ -103,6 +104,21 @@ std::vector<double> full_pass_sums(const Engine& e, const std::vector<int32_t>& 
   return sums;
 }
 
+// A window whose log-likelihood is NaN or infinite has no score: the model's weights give
+// non-finite logits (a training run that diverged without a NaN, say: --lr 1e30 leaves weights
+// of 1e28 that every check of finite values passes). Refused rather than printed as "nan".
+void check_scores_finite(const std::vector<double>& sums, int64_t first, int64_t seq,
+                         const std::string& data) {
+  for (size_t s = 0; s < sums.size(); ++s) {
+    if (std::isfinite(sums[s])) continue;
+    const int64_t w = first + static_cast<int64_t>(s);
+    throw Error(str("window ", w, " of '", data, "' (tokens ", w * seq, "..", w * seq + seq,
+                    "): its log-likelihood is ", std::isnan(sums[s]) ? "NaN" : "infinite",
+                    ": the model computes non-finite logits from its weights (were they "
+                    "trained with a learning rate too high?); no score is given"));
+  }
+}
+
 }  // namespace
 
 ScoreSummary score(const Engine& e, const ScoreOptions& o, const ScoreCallbacks& callbacks) {
@@ -161,6 +177,7 @@ ScoreSummary score(const Engine& e, const ScoreOptions& o, const ScoreCallbacks&
       sums.resize(static_cast<size_t>(round));
       std::memcpy(sums.data(), all.raw(), sums.size() * sizeof(double));
     }
+    check_scores_finite(sums, done, mc.seq, o.data);  // every rank holds the round's sums
     for (size_t s = 0; s < sums.size() && r == 0; ++s) {
       summary.nll_sum += sums[s];
       summary.predicted += mc.seq;

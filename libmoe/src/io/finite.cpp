@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
+#include "kernels/convert.h"
 #include "moe/error.h"
 
 namespace moe::io {
@@ -28,33 +30,45 @@ inline uint32_t bits_of(float x) {
 }
 inline uint16_t bits_of(uint16_t x) { return x; }
 
+// The first index whose exponent field is at least `least` (all ones: NaN or Inf).
 template <typename T, typename Bits>
-int64_t first_all_ones_exponent(const T* values, int64_t n, Bits exponent) {
+int64_t first_exponent_at_least(const T* values, int64_t n, Bits exponent, Bits least) {
   constexpr int64_t kBlock = 2048;
   for (int64_t start = 0; start < n; start += kBlock) {
     const int64_t end = std::min(n, start + kBlock);
     uint32_t hits = 0;  // a count, not a bool: GCC vectorises the sum and not the OR
-    for (int64_t i = start; i < end; ++i) hits += (bits_of(values[i]) & exponent) == exponent;
+    for (int64_t i = start; i < end; ++i) hits += (bits_of(values[i]) & exponent) >= least;
     if (hits == 0) continue;
     for (int64_t i = start; i < end; ++i)
-      if ((bits_of(values[i]) & exponent) == exponent) return i;
+      if ((bits_of(values[i]) & exponent) >= least) return i;
   }
   return -1;
 }
 
+// 2^32 as a biased exponent field: f32 and bf16 share the 8-bit exponent (bias 127). f16 cannot
+// hold it (its largest value is 65504): there only NaN and Inf count.
+constexpr uint32_t kF32Exploded = uint32_t(127 + 32) << 23;
+constexpr uint16_t kBf16Exploded = uint16_t((127 + 32) << 7);
+
+// With `exploded`, also magnitudes of at least 2^32.
+int64_t first_beyond(const Tensor& t, bool exploded, const char* who) {
+  if (!t.defined() || t.numel() == 0 || !is_floating(t.dtype())) return -1;
+  MOE_CHECK(t.device().kind == Device::cpu, who, ": ", t.describe(), " is not on the CPU");
+  const int64_t n = t.numel();
+  if (t.dtype() == DType::f32)
+    return first_exponent_at_least(t.data<float>(), n, kF32Exponent,
+                                   exploded ? kF32Exploded : kF32Exponent);
+  const bool bf16 = t.dtype() == DType::bf16;
+  const uint16_t exponent = bf16 ? kBf16Exponent : kF16Exponent;
+  return first_exponent_at_least(t.half_bits(), n, exponent,
+                                 exploded && bf16 ? kBf16Exploded : exponent);
+}
+
 }  // namespace
 
-int64_t first_non_finite(const Tensor& t) {
-  if (!t.defined() || t.numel() == 0 || !is_floating(t.dtype())) return -1;
-  MOE_CHECK(t.device().kind == Device::cpu, "first_non_finite: ", t.describe(),
-            " is not on the CPU");
-  const int64_t n = t.numel();
-  if (t.dtype() == DType::f32) {
-    return first_all_ones_exponent(t.data<float>(), n, kF32Exponent);
-  }
-  const uint16_t exponent = t.dtype() == DType::bf16 ? kBf16Exponent : kF16Exponent;
-  return first_all_ones_exponent(t.half_bits(), n, exponent);
-}
+int64_t first_non_finite(const Tensor& t) { return first_beyond(t, false, "first_non_finite"); }
+
+int64_t first_exploded(const Tensor& t) { return first_beyond(t, true, "first_exploded"); }
 
 std::string non_finite_name(const Tensor& t, int64_t i) {
   if (t.dtype() == DType::f32) {
@@ -72,6 +86,20 @@ void check_finite(const std::string& where, const std::string& name, const Tenso
   throw Error(str(where, ": tensor '", name, "' holds a non-finite value (",
                   non_finite_name(tensor, i), " at element ", i, " of ", shape_str(tensor.shape()),
                   ")"));
+}
+
+void check_not_exploded(const std::string& where, const std::string& name, const Tensor& tensor) {
+  const int64_t i = first_exploded(tensor);
+  if (i < 0) return;
+  check_finite(where, name, tensor);  // NaN or Inf: that message
+  const float value = tensor.dtype() == DType::f32 ? tensor.data<float>()[i]
+                                                   : kernels::bf16_to_f32(tensor.half_bits()[i]);
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3g", static_cast<double>(value));
+  throw Error(str(where, ": tensor '", name, "' holds ", text, " at element ", i, " of ",
+                  shape_str(tensor.shape()),
+                  ": a weight of 2^32 or more has exploded (a model holding one computes "
+                  "infinite, then NaN, activations)"));
 }
 
 void check_finite_expert(const std::string& where, const std::string& name, const Tensor& slice,

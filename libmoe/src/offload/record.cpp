@@ -164,11 +164,11 @@ void adamw_record(const StoreLayout& layout, const std::shared_ptr<std::byte>& r
     ops::adamw_update(master, m, v, grad,
                       optim::adamw_scalars(*u.adamw, u.lr, u.adam_step, t.param->decay));
     if (t.master.offset >= 0) value.copy_from(master);
-    if (io::first_non_finite(value) >= 0)
-      io::check_finite(str("step ", u.adam_step,
-                           ", after the update (the run diverged; nothing saved: "
-                           "try a lower --lr or --clip)"),
-                       str(t.param->name, " (expert ", expert, ")"), value);
+    if (io::first_exploded(value) >= 0)  // non-finite, or past 2^32 (moe/io/finite.h)
+      io::check_not_exploded(str("step ", u.adam_step,
+                                 ", after the update (the run diverged; nothing saved: "
+                                 "try a lower --lr or --clip)"),
+                             str(t.param->name, " (expert ", expert, ")"), value);
   }
 }
 

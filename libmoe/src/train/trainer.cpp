@@ -568,15 +568,17 @@ StepStats Trainer::step(bool capture_routing) {
       s.moe_predicted_seconds.push_back(predicted);
     if (!s.replans.empty()) apply_replans(s.replans);
   }
-  // An update that made a parameter non-finite (an infinite --lr, say) stops the run here, before
-  // it is saved or trained on. Device parameters are checked when saved (no copy every step).
+  // An update that made a parameter non-finite (an infinite --lr, say), or exploded it past 2^32
+  // while finite (--lr 1e30: the model then computes NaN), stops the run here, before it is
+  // saved or trained on. Only reads: a healthy run's bits are unchanged. Device parameters are
+  // checked when saved (no copy every step).
   for (const Param* p : std::as_const(*params_).all())
     if (!p->offloaded && p->value.defined() && p->value.device().kind == Device::cpu &&
-        io::first_non_finite(p->value) >= 0)
-      io::check_finite(str("step ", step_,
-                           ", after the update (the run diverged; nothing saved: "
-                           "try a lower --lr or --clip)"),
-                       p->name, p->value);
+        io::first_exploded(p->value) >= 0)
+      io::check_not_exploded(str("step ", step_,
+                                 ", after the update (the run diverged; nothing saved: "
+                                 "try a lower --lr or --clip)"),
+                             p->name, p->value);
   optimizer_part.reset();
   s.tokens = train_.batch * mc.seq;
   tokens_seen_ += s.tokens;

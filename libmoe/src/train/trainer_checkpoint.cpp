@@ -91,15 +91,19 @@ static Tensor on_host(const Tensor& t) {
   return t.device().kind == Device::cpu ? t : t.to(Device{});
 }
 
-// Parameters or optimizer state holding NaN/Inf are never saved: the run diverged. Whole tensors
-// are checked now; a streamed one's source is wrapped to check each expert's slice as the save
-// reads it (a failure then abandons the file being written, so the previous checkpoint stays).
+// Parameters or optimizer state holding NaN/Inf are never saved: the run diverged; nor are
+// parameters exploded past 2^32 (moe/io/finite.h; device parameters meet that check here). Whole
+// tensors are checked now; a streamed one's source is wrapped to check each expert's slice as the
+// save reads it (a failure then abandons the file being written, so the previous checkpoint stays).
 static void check_saveable(io::Checkpoint& c, int64_t step) {
   const std::string where = str("step ", step, ": not saving the checkpoint");
   for (std::vector<io::NamedTensor>* group : {&c.params, &c.optim})
     for (io::NamedTensor& nt : *group) {
       if (!nt.streamed()) {
-        io::check_finite(where, nt.name, on_host(nt.tensor));
+        if (group == &c.params)
+          io::check_not_exploded(where, nt.name, on_host(nt.tensor));
+        else
+          io::check_finite(where, nt.name, on_host(nt.tensor));
         continue;
       }
       auto checked = std::make_shared<io::ExpertSource>(*nt.source);

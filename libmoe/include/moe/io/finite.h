@@ -15,12 +15,24 @@ namespace moe::io {
 // integer dtypes, which cannot hold one, and for empty tensors).
 int64_t first_non_finite(const Tensor& tensor);
 
+// Parameters that have exploded: a magnitude of 2^32 or more. Its fourth power overflows float32
+// (about 2^128): a weight that size applied to activations that such weights already made, then
+// squared by the next norm, is infinite, and the activations turn NaN (seen: --lr 1e12 for one
+// step leaves weights of 3e10 and every score NaN, though every value is finite). No trained
+// model comes within orders of magnitude of it (f16 cannot even hold it).
+// The first element of a CPU tensor that is NaN, infinite or of magnitude >= 2^32, or -1 (f16:
+// only NaN and Inf).
+int64_t first_exploded(const Tensor& tensor);
+
 // "NaN", "inf" or "-inf": what element `index` of `tensor` is.
 std::string non_finite_name(const Tensor& tensor, int64_t index);
 
 // Throws moe::Error "<where>: tensor '<name>' holds a non-finite value (NaN at element 12 of
 // 4x8)" for the first such tensor. `where` names the file (or step) the tensor comes from.
 void check_finite(const std::string& where, const std::string& name, const Tensor& tensor);
+// check_finite, and then "<where>: tensor '<name>' holds 3.2e+28 at element 5 of [4,8]: a weight
+// of 2^32 or more has exploded ..." for an exploded value (first_exploded).
+void check_not_exploded(const std::string& where, const std::string& name, const Tensor& tensor);
 // Streamed tensors (NamedTensor::source) are read and checked one expert at a time.
 void check_finite(const std::string& where, const std::vector<NamedTensor>& tensors);
 // The same check made when each tensor is read: a held tensor is checked now, a streamed or
