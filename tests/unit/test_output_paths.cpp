@@ -75,6 +75,28 @@ TEST_CASE("io: writers refuse to replace a FIFO, a symbolic link or a directory"
   REQUIRE(test::error_of([&] { io::check_output_file(dir / "new", false); }) == "(no error)");
 }
 
+TEST_CASE("io: a stream output refuses an existing file without replace", "[io][out]") {
+  // Issue 45: text outputs (-o, --metrics, --summary) truncated an existing file without a word.
+  test::ScratchDir dir("io-out-stream");
+  const std::string file = dir / "metrics.jsonl", link = dir / "link", fifo = dir / "fifo";
+  test::write_file(file, "kept\n");
+  fs::create_symlink("metrics.jsonl", link);
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  for (const std::string& path : {file, link}) {  // a stream follows the link to the file
+    INFO(path);
+    REQUIRE(test::error_of([&] { io::check_output_stream(path, false); }) ==
+            str("'", path, "' already exists; remove it or pass --force to replace it"));
+    REQUIRE(test::error_of([&] { io::check_output_stream(path, true); }) == "(no error)");
+  }
+  // Written into, never replaced: stdout, no output at all, a new file, a device, a FIFO.
+  for (const std::string& path :
+       {std::string("-"), std::string(), dir / "new.jsonl", std::string("/dev/null"), fifo}) {
+    INFO(path);
+    REQUIRE(test::error_of([&] { io::check_output_stream(path, false); }) == "(no error)");
+  }
+  REQUIRE(test::read_file(file) == "kept\n");
+}
+
 TEST_CASE("io: stale temporary files of dead processes are removed, live ones kept", "[io][out]") {
   test::ScratchDir dir("io-out-stale");
   const std::string own = std::to_string(::getpid());
