@@ -159,15 +159,63 @@ TEST_CASE("tokenizer: bad ids, invalid UTF-8 and unsupported files are clear err
   nlohmann::json gap = j;
   gap["model"]["vocab"].erase(gap["model"]["vocab"].begin());
   REQUIRE_THAT(with("gap.json", gap.dump()), Catch::Contains("no token of id"));
-  nlohmann::json wrong = j;
-  wrong["model"]["merges"] = 5;
-  REQUIRE_THAT(with("wrong.json", wrong.dump()), Catch::Contains("wrong type"));
   REQUIRE_THAT(with("garbage.model", std::string("\x01\x02not a model", 13)),
                Catch::Contains("not a SentencePiece model"));
   REQUIRE_THAT(test::error_of([&] { io::load_tokenizer(dir.file("missing")); }),
                Catch::Contains("does not exist"));
   REQUIRE_THAT(test::error_of([&] { io::load_tokenizer(dir.path()); }),
                Catch::Contains("holds neither"));
+}
+
+// Issue 45: merges that are null, not a list, or name tokens the vocabulary lacks were read as
+// an empty (or shorter) merge list, silently. Each is refused naming the file and the field.
+TEST_CASE("tokenizer: malformed merges are refused naming the file and the entry",
+          "[tokenizer]") {
+  using nlohmann::json;
+  test::ScratchDir dir("tokenizer-merges");
+  const json j = json::parse(read(kData + "/bpe-gpt2/tokenizer.json"));
+  auto with = [&](const std::string& name, const json& content) {
+    const std::string path = dir.file(name);
+    std::ofstream(path, std::ios::binary) << content.dump();
+    return test::error_of([&] { io::load_tokenizer(path); });
+  };
+  auto merges = [&](const json& value) {
+    json edited = j;
+    edited["model"]["merges"] = value;
+    return with("merges.json", edited);
+  };
+  const std::string file = dir.file("merges.json");
+  REQUIRE_THAT(merges(5), Catch::Contains("tokenizer '" + file + "': model.merges is number"));
+  REQUIRE_THAT(merges(nullptr), Catch::Contains("'" + file + "': model.merges is null, not a"));
+  REQUIRE_THAT(merges(json::object({{"a", "b"}})), Catch::Contains("model.merges is object"));
+  const json first = j["model"]["merges"][0];  // a valid merge
+  REQUIRE_THAT(merges(json::array({first, 7})),
+               Catch::Contains("model.merges entry 1 is number, not a pair"));
+  REQUIRE_THAT(merges(json::array({first, json::array({"a"})})),
+               Catch::Contains("entry 1 is a list of 1, not a pair"));
+  REQUIRE_THAT(merges(json::array({first, json::array({"a", 2})})),
+               Catch::Contains("entry 1 is a list of 2, not a pair"));
+  REQUIRE_THAT(merges(json::array({first, json::array({"a", "b", "c"})})),
+               Catch::Contains("entry 1 is a list of 3, not a pair"));
+  REQUIRE_THAT(merges(json::array({"ab"})), Catch::Contains("entry 0 'ab' is not two tokens"));
+  REQUIRE_THAT(merges(json::array({"a b c"})),
+               Catch::Contains("entry 0 'a b c' is not two tokens"));
+  REQUIRE_THAT(merges(json::array({"a \u00ff\u00fe"})),
+               Catch::Contains("entry 0 ('a' + '\u00ff\u00fe'): '\u00ff\u00fe' is not in"));
+  REQUIRE_THAT(merges(json::array({json::array({"zz", "a"})})),
+               Catch::Contains("entry 0 ('zz' + 'a'): 'zz' is not in model.vocab"));
+  // Both tokens known, their concatenation not: byte-level vocabularies hold every single byte.
+  REQUIRE_THAT(merges(json::array({"~ ~"})),
+               Catch::Contains("the merged token '~~' is not in model.vocab"));
+  // The string spelling of a valid merge still loads (files of tokenizers before 0.20).
+  json legacy = j;
+  legacy["model"]["merges"] =
+      json::array({first[0].get<std::string>() + " " + first[1].get<std::string>()});
+  std::ofstream(dir.file("legacy.json"), std::ios::binary) << legacy.dump();
+  REQUIRE(io::load_tokenizer(dir.file("legacy.json"))->merges().size() == 1);
+  json without = j;
+  without["model"].erase("merges");
+  REQUIRE_THAT(with("without.json", without), Catch::Contains("model.merges is missing"));
 }
 
 // Issue 44, defect 2: the name GGUF files give the pre-tokenizer (tokenizer.ggml.pre). GPT-2's

@@ -518,6 +518,13 @@ TEST_CASE("trace: bad batches and infos are refused and nothing is appended", "[
   i.moe_blocks = {1, 5, 3};
   bad_info(i, "moe_blocks must be increasing");
   i = info;
+  i.moe_blocks = {1, 3, 6};  // the model has 6 blocks, 0..5
+  bad_info(i, "moe_blocks entry 2 is block 6, beyond the model's 6 layers");
+  i = info;
+  i.model_config.erase("layers");  // no count given: no model has 2^16 blocks or more
+  i.moe_blocks = {1, 3, int64_t(1) << 40};
+  bad_info(i, "moe_blocks entry 2 is block 1099511627776, beyond the 65536 layers a model can");
+  i = info;
   i.source = "replay";
   bad_info(i, "source is 'replay', expected 'record' or 'train'");
   bad_info(info, "chunk_tokens is 0", 0);
@@ -648,6 +655,15 @@ TEST_CASE("trace: the reader names the file and the cause of every refusal", "[t
            H5Dclose(ds);
          },
          {"/batches/loads", "expected [5, 3, 12]"});
+  // A block index far beyond the model's 6 layers (issue 45: 2^40 was summarised and plotted).
+  broken("blocks.h5",
+         [](hid_t f) {
+           hid_t ds = H5Dopen2(f, "/layers/moe_blocks", H5P_DEFAULT);
+           int64_t blocks[3] = {1, 3, int64_t(1) << 40};
+           REQUIRE(H5Dwrite(ds, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, blocks) >= 0);
+           H5Dclose(ds);
+         },
+         {"moe_blocks entry 2 is block 1099511627776, beyond the model's 6 layers"});
   {
     // Layer 1 said to have 2 experts: the file opens, and the stored ids (up to 3) are refused
     // as they are read.

@@ -226,25 +226,6 @@ class BpeTokenizer final : public Tokenizer {
       vocab_[text] = id.get<int32_t>();
       set_token(id.get<int32_t>(), text);
     }
-    int rank = 0;
-    for (const json& m : model.at("merges")) {
-      std::string a, b;
-      if (m.is_string()) {  // "a b" (files of tokenizers before 0.20)
-        const std::string s = m.get<std::string>();
-        const size_t space = s.find(' ');
-        if (space == std::string::npos) refuse(str("merge '", s, "' without a space"));
-        a = s.substr(0, space);
-        b = s.substr(space + 1);
-      } else {
-        a = m.at(0).get<std::string>();
-        b = m.at(1).get<std::string>();
-      }
-      if (rank_.emplace(a + '\0' + b, rank).second)
-        ++rank;  // a repeated merge keeps its first rank
-      else
-        continue;
-      merge_list_.push_back(a + ' ' + b);
-    }
     if (model.contains("unk_token") && !model["unk_token"].is_null()) {
       auto it = vocab_.find(model["unk_token"].get<std::string>());
       if (it != vocab_.end()) unk_ = it->second;
@@ -264,6 +245,7 @@ class BpeTokenizer final : public Tokenizer {
     });
     for (size_t i = 0; i < tokens_.size(); ++i)
       if (!tokens_[i].set) refuse(str("a vocabulary with no token of id ", i));
+    load_merges(model);  // after the vocabulary's own checks: merges name its tokens
     load_normalizer(j.contains("normalizer") ? j["normalizer"] : json());
     load_pre_tokenizer(j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json());
     if (std::none_of(steps_.begin(), steps_.end(), [](const PreStep& s) { return s.byte_level; }))
@@ -276,6 +258,50 @@ class BpeTokenizer final : public Tokenizer {
     for (const char* name : {"<|endoftext|>", "<|im_end|>", "</s>", "<|end_of_text|>"})
       for (const AddedToken& t : added_)
         if (eos_ < 0 && t.content == name) eos_ = t.id;
+  }
+
+  // model.merges: a list of "a b" strings (files of tokenizers before 0.20) or ["a", "b"] pairs,
+  // whose two tokens and their concatenation are all in the vocabulary (what Hugging Face's
+  // builder requires). Anything else is a damaged file, refused naming the entry: a merge list
+  // read as empty (null) would tokenize every text into single bytes without a word.
+  void load_merges(const json& model) {
+    const auto bad = [&](const std::string& what) {
+      throw Error(str("tokenizer '", where_, "': model.merges", what));
+    };
+    if (!model.contains("merges")) bad(" is missing (a BPE tokenizer needs its merge list)");
+    const json& merges = model["merges"];
+    if (!merges.is_array())
+      bad(str(" is ", merges.type_name(), ", not a list of merges (\"a b\" or [\"a\", \"b\"])"));
+    int rank = 0;
+    for (size_t i = 0; i < merges.size(); ++i) {
+      const json& m = merges[i];
+      std::string a, b;
+      if (m.is_string()) {
+        const std::string s = m.get<std::string>();
+        const size_t space = s.find(' ');
+        if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos)
+          bad(str(" entry ", i, " '", s, "' is not two tokens separated by one space"));
+        a = s.substr(0, space);
+        b = s.substr(space + 1);
+      } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+        a = m[0].get<std::string>();
+        b = m[1].get<std::string>();
+      } else {
+        bad(str(" entry ", i, " is ", m.is_array() ? str("a list of ", m.size()) : m.type_name(),
+                ", not a pair of tokens (\"a b\" or [\"a\", \"b\"])"));
+      }
+      const std::string merged = a + b;
+      const std::string* const tokens[] = {&a, &b, &merged};
+      for (const std::string* t : tokens)
+        if (!vocab_.count(*t))
+          bad(str(" entry ", i, " ('", a, "' + '", b, "'): ", t == &merged ? "the merged token " : "",
+                  "'", *t, "' is not in model.vocab"));
+      if (rank_.emplace(a + '\0' + b, rank).second)
+        ++rank;  // a repeated merge keeps its first rank
+      else
+        continue;
+      merge_list_.push_back(a + ' ' + b);
+    }
   }
 
   void load_normalizer(const json& n) {

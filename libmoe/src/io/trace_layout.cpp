@@ -3,11 +3,28 @@
 
 #include <cstdint>
 
+#include "moe/models/config.h"
+
 namespace moe::io::trace_layout {
+
+namespace {
+
+// The block count the trace's model declares (model_config "layers", when it holds a count a
+// model can have), else kMaxLayers: no model has more blocks than that.
+int64_t block_bound(const TraceInfo& info, bool& declared) {
+  const nlohmann::json& mc = info.model_config;
+  declared = mc.is_object() && mc.contains("layers") && mc["layers"].is_number_integer() &&
+             mc["layers"].get<int64_t>() >= 1 && mc["layers"].get<int64_t>() <= kMaxLayers;
+  return declared ? mc["layers"].get<int64_t>() : kMaxLayers;
+}
+
+}  // namespace
 
 void check_info(const TraceInfo& info, const std::string& who) {
   const int64_t L = info.layers();
   if (L < 1) throw Error(str(who, ": a trace needs at least one MoE layer (experts is empty)"));
+  bool declared = false;
+  const int64_t blocks = block_bound(info, declared);
   if (static_cast<int64_t>(info.moe_blocks.size()) != L)
     throw Error(str(who, ": moe_blocks has ", info.moe_blocks.size(), " entries but experts has ",
                     L, " (one of each per MoE layer)"));
@@ -23,6 +40,12 @@ void check_info(const TraceInfo& info, const std::string& who) {
     if (block < 0 || (l > 0 && block <= info.moe_blocks[static_cast<size_t>(l - 1)]))
       throw Error(
           str(who, ": moe_blocks must be increasing block indices >= 0, entry ", l, " is ", block));
+    // Increasing indices below the block count also bound L by it.
+    if (block >= blocks)
+      throw Error(str(who, ": moe_blocks entry ", l, " is block ", block, ", beyond the ",
+                      declared ? "model's " : "", blocks,
+                      declared ? " layers (model_config 'layers')"
+                               : " layers a model can have (model_config gives no layer count)"));
   }
 }
 
