@@ -122,6 +122,18 @@ TEST_CASE("cli: every output refuses an existing file without --force", "[cli][o
   }
 }
 
+TEST_CASE("cli: a usage error comes before the overwrite refusal", "[cli][out][force]") {
+  Fixture& f = fixture();
+  const std::string png = f.dir / "exists.png";
+  test::write_file(png, kPrecious);
+  // A picture named .png is a usage error (exit 2) whether or not the file exists.
+  const test::RunResult r = run_command(tool("moe-profile", "plot -q " + f.trace + " -o " + png));
+  INFO(r.err);
+  REQUIRE(r.exit_code == 2);
+  REQUIRE(r.err.find("name the file *.svg") != std::string::npos);
+  REQUIRE(test::read_file(png) == kPrecious);
+}
+
 TEST_CASE("cli: a device output is written into without --force", "[cli][out][force]") {
   Fixture& f = fixture();
   // /dev/null is no file to replace: a stream writes into it, as into stdout (-o -).

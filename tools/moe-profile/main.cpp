@@ -46,6 +46,7 @@ std::string num(double v) {
 }
 
 int record(Options& o, int argc, char** argv) {
+  io::check_output_stream(o.out, o.force);
   const Device device = tools::resolve_device(o.device);  // before any work
   infer::LoadedModel m = infer::load_model(o.model);
   m.params->to(device);  // the routing choices come back to the host for the trace
@@ -128,6 +129,7 @@ int summary(Options& o) {
 }
 
 int paths(Options& o) {
+  io::check_output_stream(o.out, o.force);
   io::TraceReader trace(o.trace);
   profile::PathTable table = profile::build_paths(trace, o.path_length);
   profile::save_paths(table, o.out);
@@ -162,7 +164,8 @@ void check_svg_name(const std::string& out, const char* subcommand) {
 }
 
 int plot(Options& o) {
-  check_svg_name(o.out, "plot");
+  check_svg_name(o.out, "plot");  // usage errors (exit 2) first
+  io::check_output_stream(o.out, o.force);
   io::TraceReader trace(o.trace);
   std::string svg =
       profile::plot_svg(trace, "moe-profile: " + (o.trace == "-" ? "stdin" : o.trace));
@@ -175,6 +178,7 @@ int plot_metrics(Options& o) {
   check_svg_name(o.out, "plot-metrics");
   if (std::count(o.metrics.begin(), o.metrics.end(), "-") > 1)
     throw UsageError("plot-metrics: '-' (stdin) can be given once");
+  io::check_output_stream(o.out, o.force);
   std::vector<profile::MetricsRun> runs;
   for (const std::string& path : o.metrics) runs.push_back(profile::read_metrics(path));
   const std::string svg = profile::plot_metrics_svg(runs, "moe-profile: training curves");
@@ -184,7 +188,8 @@ int plot_metrics(Options& o) {
   return 0;
 }
 
-// The subcommands with -o: an existing file is replaced only with --force.
+// The subcommands with -o: an existing file is replaced only with --force (each checks it after
+// its usage checks, before any work).
 void add_force(CLI::App* sub, Options& o) {
   sub->add_flag("--force", o.force, "Replace an existing output file");
 }
@@ -254,7 +259,6 @@ int main(int argc, char** argv) {
 
   return tools::run_tool("moe-profile", app, argc, argv, [&]() -> int {
     tools::apply_common_options(o.common);
-    io::check_output_stream(o.out, o.force);  // every -o, before any work ("" without one)
     if (*rec) return record(o, argc, argv);
     if (*sum) return summary(o);
     if (*pth) return paths(o);
