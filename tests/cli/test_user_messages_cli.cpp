@@ -213,3 +213,38 @@ TEST_CASE("cli: a directory given as an input file is refused by name", "[cli][m
        {"'" + folder + "': is a directory"}},
   });
 }
+
+TEST_CASE("cli: too little data for a validation split is said without function names",
+          "[cli][messages]") {
+  test::ScratchDir dir("cli-user-messages-split");
+  test::write_file(dir / "tiny.txt", "hello world, short\n");
+  expect_words(
+      run_command(tool("moe-train", "--data " + (dir / "tiny.txt") + " --out " + (dir / "run") +
+                                        test::kTinyMixtral + " --steps 1")),
+      "moe-train", {"the data holds 19 tokens, too few"});
+}
+
+TEST_CASE("cli: a failed allocation is told as out of memory with what to shrink",
+          "[cli][messages]") {
+  // Before: "moe-infer: error: std::bad_alloc". 200 MB of text become 800 MB of token ids, more
+  // than the limit leaves once the tool has started.
+  if (test::kAddressSanitizer) return;  // ASan cannot run under an address-space limit
+  Trained& t = trained();
+  test::ScratchDir dir("cli-user-messages-oom");
+  const std::string big = dir / "big.txt";
+  {
+    std::ofstream out(big, std::ios::binary);
+    const std::string line = "the quick brown fox jumps over the lazy dog\n";
+    for (int64_t written = 0; written < (int64_t(200) << 20); written += line.size()) out << line;
+  }
+  const std::string small =
+      tool("moe-infer", "score -q --model " + t.ckpt + " --data " + test::fortunes_path("linux") +
+                            " --max-sequences 2 --threads 1");
+  const int64_t start = test::smallest_address_space(small);
+  const test::RunResult r = run_command(test::under_limit(
+      start + (int64_t(256) << 20),
+      "timeout 120 " + tool("moe-infer", "score -q --model " + t.ckpt + " --data " + big +
+                                             " --max-sequences 2 --threads 1")));
+  fs::remove(big);
+  expect_words(r, "moe-infer", {"out of memory while running 'moe-infer score'", "--batch"});
+}

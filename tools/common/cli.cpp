@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <new>
 #include <regex>
 #include <thread>
 
@@ -168,6 +169,24 @@ std::string for_user(const char* what) {
   if (log_level() >= LogLevel::debug) return what;
   static const std::regex place(R"( \[[^\[\]]+\.(cpp|h|cu|cuh):[0-9]+\])");
   return std::regex_replace(what, place, "");
+}
+
+// An allocation that failed (std::bad_alloc, alone or inside a library message), in words: what
+// ran, and the flags of that command that make it need less memory.
+std::string out_of_memory(const std::string& tool, const CLI::App& app) {
+  const CLI::App* command = &app;
+  while (!command->get_subcommands().empty()) command = command->get_subcommands().front();
+  std::string ran = tool;
+  if (command != &app) ran += " " + command->get_name();
+  std::string smaller;
+  for (const char* flag : {"--batch", "--micro-batch", "--seq", "--max-tokens", "--expert-budget",
+                           "--host-budget", "--layers", "--d-model", "--experts"})
+    if (command->get_option_no_throw(flag) != nullptr)
+      smaller += (smaller.empty() ? "" : ", ") + std::string(flag);
+  return str("out of memory while running '", ran,
+             "': a memory allocation failed; give it more memory (ulimit -v, the container's "
+             "limit)",
+             smaller.empty() ? std::string() : str(", or make it smaller (", smaller, ")"));
 }
 
 // "moe-train 0.1.0 (git 1a2b3c4d5e6f)": what --version prints.
@@ -370,8 +389,16 @@ int run_tool(const std::string& tool, CLI::App& app, int argc, char** argv,
   } catch (const UsageError& e) {
     std::fprintf(stderr, "%s: error: %s\n", tool.c_str(), e.what());
     return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "%s: error: %s\n", tool.c_str(), out_of_memory(tool, app).c_str());
+    return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: error: %s\n", tool.c_str(), for_user(e.what()).c_str());
+    std::string what = for_user(e.what());
+    // A library message around a failed allocation ("loading 'x': std::bad_alloc").
+    const size_t bad_alloc = what.find("std::bad_alloc");
+    if (bad_alloc != std::string::npos)
+      what.replace(bad_alloc, std::string("std::bad_alloc").size(), out_of_memory(tool, app));
+    std::fprintf(stderr, "%s: error: %s\n", tool.c_str(), what.c_str());
     return 1;
   }
 }

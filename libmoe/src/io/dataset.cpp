@@ -271,12 +271,12 @@ std::pair<std::vector<int32_t>, std::vector<int32_t>> split_tail(std::vector<int
                                                                  double fraction, int64_t seq) {
   MOE_USAGE_CHECK(fraction > 0.0 && fraction < 1.0, "validation fraction must be in (0, 1) (got ",
                   fraction, ")");
-  MOE_USAGE_CHECK(seq >= 1, "split_tail: sequence length must be >= 1 (got ", seq, ")");
+  MOE_USAGE_CHECK(seq >= 1, "sequence length must be >= 1 (got ", seq, ")");
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t need = seq + 1;
-  MOE_CHECK(n >= 2 * need, "split_tail: ", n,
-            " tokens are too few for a training and a validation part of at least seq+1 = ", need,
-            " tokens each (need ", 2 * need, ")");
+  MOE_CHECK(n >= 2 * need, "the data holds ", n,
+            " tokens, too few for a training and a validation part of ", need,
+            " tokens each (a sequence + 1): need ", 2 * need);
   int64_t val = std::llround(fraction * static_cast<double>(n));
   val = std::min(std::max(val, need), n - need);
   std::vector<int32_t> validation(tokens.end() - val, tokens.end());
