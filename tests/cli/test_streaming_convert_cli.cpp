@@ -1,10 +1,11 @@
 // Conversions stream (issue 43, "bounded-memory conversion"): moe-convert dtype, quantize, freeze,
-// import-hf, export-gguf and import-gguf run under an address-space limit (RLIMIT_AS, set by
-// `ulimit -v`) of what the same conversion of a tiny model needs plus 128 MB, less than a third
-// of the model they convert, and give the bytes the in-memory conversions give. The model is
-// made just big enough to tell: Mixtral-shaped, 8 layers of 16 experts, d_model 256, F 1024, f32
-// (about 410 MB; its largest tensor 16.8 MB, one expert 1 MB), written expert by expert so that
-// the test itself never holds it either.
+// import-hf, export-gguf, import-gguf, partition, merge and export-hf run under an address-space
+// limit (RLIMIT_AS, set by `ulimit -v`) of what the same conversion of a tiny model needs plus
+// 128 MB, less than a third of the model they convert, and give the bytes the in-memory
+// conversions give (partition, merge and export-hf of lazily opened files: byte for byte). The
+// model is made just big enough to tell: Mixtral-shaped, 8 layers of 16 experts, d_model 256, F
+// 1024, f32 (about 410 MB; its largest tensor 16.8 MB, one expert 1 MB), written expert by expert
+// so that the test itself never holds it either.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -60,9 +61,19 @@ Tensor values(const std::string& name, int64_t e, const Shape& shape) {
   return t;
 }
 
+// An expert tensor of `shape` whose expert e is values(name, e, ...), produced one at a time.
+io::NamedTensor streamed_values(const std::string& name, const Shape& shape) {
+  auto source = std::make_shared<io::ExpertSource>();
+  source->shape = shape;
+  const Shape rest(shape.begin() + 1, shape.end());
+  source->read = [name, rest](int64_t e) { return values(name, e, rest); };
+  return io::NamedTensor{name, Tensor(), true, {}, source};
+}
+
 // Writes the model: its parameter names and shapes from the model the config builds (values
-// never written there), the values from values(), expert tensors one expert at a time.
-int64_t write_model(const std::string& path, const ModelConfig& config) {
+// never written there), the values from values(), expert tensors one expert at a time; with
+// `optim`, an Adam moment "adam.m.<name>" of every parameter too (values of that name).
+int64_t write_model(const std::string& path, const ModelConfig& config, bool optim = false) {
   ParamSet params(0, DType::f32);
   params.skip_initial_values(true);
   params.skip_gradients(true);
@@ -73,15 +84,13 @@ int64_t write_model(const std::string& path, const ModelConfig& config) {
   int64_t bytes = 0;
   for (const Param* p : std::as_const(params).all()) {
     bytes += p->numel() * 4;
-    if (!p->expert) {
-      ckpt.params.push_back({p->name, values(p->name, -1, p->shape), false, {}});
-      continue;
+    for (bool moment : {false, true}) {
+      if (moment && !optim) continue;
+      const std::string name = moment ? "adam.m." + p->name : p->name;
+      (moment ? ckpt.optim : ckpt.params)
+          .push_back(p->expert ? streamed_values(name, p->shape)
+                               : io::NamedTensor{name, values(name, -1, p->shape), false, {}});
     }
-    auto source = std::make_shared<io::ExpertSource>();
-    source->shape = p->shape;
-    const Shape rest(p->shape.begin() + 1, p->shape.end());
-    source->read = [name = p->name, rest](int64_t e) { return values(name, e, rest); };
-    ckpt.params.push_back(io::NamedTensor{p->name, Tensor(), true, {}, source});
   }
   io::save_checkpoint(path, ckpt);
   return bytes;
@@ -98,6 +107,66 @@ int64_t tiny_conversion_bytes(const test::ScratchDir& dir) {
 void require_ok(const test::RunResult& r) {
   INFO(r.err);
   REQUIRE(r.exit_code == 0);
+}
+
+// Whether two checkpoint files hold the same: every byte but the modification times HDF5 keeps in
+// its object headers (to the second). Same size; the same tensors in the same order with the same
+// bytes, flags and slices, stored at the same offsets in the same chunks; the same configs, state,
+// sharding, provenance and tokenizer.
+void require_same_checkpoint(const std::string& a, const std::string& b) {
+  INFO(a << " vs " << b);
+  REQUIRE(fs::file_size(a) == fs::file_size(b));
+  const io::Checkpoint x = io::load_checkpoint(a), y = io::load_checkpoint(b);
+  REQUIRE(x.model_config == y.model_config);
+  REQUIRE(x.train_config == y.train_config);
+  REQUIRE(io::to_json(x.provenance) == io::to_json(y.provenance));
+  REQUIRE((x.state.step == y.state.step && x.state.seed == y.state.seed));
+  REQUIRE((x.sharding.rank == y.sharding.rank && x.sharding.expert_rank == y.sharding.expert_rank &&
+           x.sharding.shard_embedding == y.sharding.shard_embedding));
+  REQUIRE((x.tokenizer.file == y.tokenizer.file && x.tokenizer.bytes == y.tokenizer.bytes));
+  for (const auto& [p, q] : {std::pair{&x.params, &y.params}, std::pair{&x.optim, &y.optim}}) {
+    REQUIRE(p->size() == q->size());
+    for (size_t i = 0; i < p->size(); ++i) {
+      const io::NamedTensor &s = (*p)[i], &t = (*q)[i];
+      INFO(s.name);
+      REQUIRE((s.name == t.name && s.expert == t.expert && s.shard.global == t.shard.global &&
+               s.shard.dim == t.shard.dim && s.shard.start == t.shard.start &&
+               s.shard.count == t.shard.count));
+      REQUIRE((s.tensor.dtype() == t.tensor.dtype() && s.tensor.shape() == t.tensor.shape()));
+      REQUIRE(std::memcmp(s.tensor.raw(), t.tensor.raw(), s.tensor.nbytes()) == 0);
+    }
+  }
+  const io::CheckpointInfo i = io::inspect({a}), j = io::inspect({b});
+  REQUIRE(i.tensors.size() == j.tensors.size());
+  for (size_t k = 0; k < i.tensors.size(); ++k) {
+    const io::TensorInfo &s = i.tensors[k], &t = j.tensors[k];
+    INFO(s.name);
+    REQUIRE((s.chunk == t.chunk && s.filtered == t.filtered && s.file_offset == t.file_offset &&
+             s.file_extent == t.file_extent && s.stored_bytes == t.stored_bytes));
+  }
+}
+
+// Whether every file of directory `a` is in `b` with the same bytes, and `b` has no other
+// (checkpoint files: the same but for HDF5's modification times, require_same_checkpoint).
+bool same_files(const std::string& a, const std::string& b) {
+  size_t files = 0;
+  for (const auto& entry : fs::directory_iterator(a)) {
+    const fs::path other = fs::path(b) / entry.path().filename();
+    if (!fs::exists(other)) return false;
+    if (entry.path().extension() == ".h5")
+      require_same_checkpoint(entry.path(), other);
+    else if (test::read_file(entry.path()) != test::read_file(other))
+      return false;
+    ++files;
+  }
+  return files == static_cast<size_t>(std::distance(fs::directory_iterator(b), {}));
+}
+
+// Whether any tensor of `tensors` is held in memory rather than left in its file.
+bool holds_any(const std::vector<io::NamedTensor>& tensors) {
+  for (const io::NamedTensor& nt : tensors)
+    if (nt.held()) return true;
+  return false;
 }
 
 const char* const kExpertTensor = "blocks.5.moe.experts.w2";  // [16, 256, 1024]
@@ -160,17 +229,41 @@ TEST_CASE("cli: conversions stream a model larger than their address-space limit
         tool("moe-convert", "import-gguf " + (dir / "big.gguf") + " -o " + (dir / "g.h5")))));
     REQUIRE(io::read_expert(dir / "g.h5", kExpertTensor, 11).to_vector() == expert.to_vector());
     fs::remove(dir / "g.h5");
-    // The HF directory is written here, in this process, without a limit.
+    // The HF directories are written here by the in-memory path, in this process, without a
+    // limit (one file, and shards of 100 MB); export-hf under the limit writes the same bytes.
     {
-      io::Checkpoint whole = io::open_checkpoint_lazy(big, false);
-      io::hold_all(whole);
+      io::Checkpoint whole = io::load_checkpoint(big, false);
       io::export_hf(whole, dir / "hf", {});
+      io::export_hf(whole, dir / "hf-sharded", {100'000'000});
     }
+    require_ok(
+        run_command(limited(tool("moe-convert", "export-hf " + big + " -o " + (dir / "hf-tool")))));
+    REQUIRE(same_files(dir / "hf", dir / "hf-tool"));
+    fs::remove_all(dir / "hf-tool");
+    require_ok(run_command(limited(tool(
+        "moe-convert", "export-hf " + big + " --max-shard-size 100 -o " + (dir / "hf-tool")))));
+    REQUIRE(same_files(dir / "hf-sharded", dir / "hf-tool"));
+    fs::remove_all(dir / "hf-tool");
+    fs::remove_all(dir / "hf-sharded");
     require_ok(run_command(
         limited(tool("moe-convert", "import-hf " + (dir / "hf") + " -o " + (dir / "back.h5")))));
     REQUIRE(io::read_expert(dir / "back.h5", kExpertTensor, 11).to_vector() == expert.to_vector());
     REQUIRE(io::read_param(dir / "back.h5", "lm_head.weight").to_vector() ==
             values("lm_head.weight", -1, {256, 256}).to_vector());
+    fs::remove_all(dir / "hf");
+    fs::remove(dir / "back.h5");
+  }
+  {  // partition over 2 ranks (expert 11 is rank 1's 4th), then merge: the model back
+    require_ok(run_command(
+        limited(tool("moe-convert", "partition " + big + " --ranks 2 -o " + (dir / "parts")))));
+    REQUIRE(io::read_expert(dir / "parts/rank-00001.h5", kExpertTensor, 3).to_vector() ==
+            expert.to_vector());
+    require_ok(run_command(
+        limited(tool("moe-convert", "merge " + (dir / "parts") + " -o " + (dir / "merged.h5")))));
+    REQUIRE(io::read_expert(dir / "merged.h5", kExpertTensor, 11).to_vector() ==
+            expert.to_vector());
+    REQUIRE(io::read_param(dir / "merged.h5", "embed.tokens").to_vector() ==
+            values("embed.tokens", -1, {256, 256}).to_vector());
   }
 }
 
@@ -188,9 +281,12 @@ TEST_CASE("cli: a streamed conversion that meets a NaN fails naming it and write
   for (io::NamedTensor& nt : ckpt.params)
     if (nt.name == "blocks.1.moe.experts.w3") nt.tensor.data<float>()[2 * 64 * 32 + 5] = NAN;
   io::save_checkpoint(dir / "nan.h5", ckpt);
-  for (const std::string& args : {"dtype " + (dir / "nan.h5") + " --to bf16 -o " + (dir / "o.h5"),
-                                  "quantize " + (dir / "nan.h5") + " -o " + (dir / "o.h5"),
-                                  "freeze " + (dir / "nan.h5") + " -o " + (dir / "o.h5")}) {
+  for (const std::string& args :
+       {"dtype " + (dir / "nan.h5") + " --to bf16 -o " + (dir / "o.h5"),
+        "quantize " + (dir / "nan.h5") + " -o " + (dir / "o.h5"),
+        "freeze " + (dir / "nan.h5") + " -o " + (dir / "o.h5"),
+        "partition " + (dir / "nan.h5") + " --ranks 2 -o " + (dir / "o.h5"),
+        "export-hf " + (dir / "nan.h5") + " -o " + (dir / "o.h5")}) {
     INFO(args);
     const auto r = run_command(tool("moe-convert", args));
     REQUIRE(r.exit_code == 1);
@@ -202,4 +298,52 @@ TEST_CASE("cli: a streamed conversion that meets a NaN fails naming it and write
     for (const auto& entry : fs::directory_iterator(dir.path()))
       REQUIRE(entry.path().filename() == "nan.h5");  // no temporary file left behind
   }
+}
+
+TEST_CASE("cli: partition, merge and export-hf of lazily opened files write the held path's bytes",
+          "[cli][convert][streaming]") {
+  // moe-convert partition, merge and export-hf open their inputs lazily: every tensor they cut,
+  // join or rename stays in its file until its output file is written. What they write must be
+  // what the in-memory path writes from the loaded checkpoint, byte for byte (checkpoints: but for
+  // HDF5's modification times, which tell the second each was written).
+  test::ScratchDir dir("cli-streaming-reshard");
+  const std::string whole = dir / "whole.h5";
+  write_model(whole, model_config(2, 32, 64, 4), true);
+  for (int variant = 0; variant < 3; ++variant) {  // contiguous, sharded table, placed experts
+    INFO("variant " << variant);
+    io::PartitionOptions options;
+    options.shard_embedding = variant == 1;
+    if (variant == 2) options.placement = {{1, 0, 0, 1}, {0, 1, 0, 1}};
+    const std::string held = dir / str("held-", variant), lazy = dir / str("lazy-", variant);
+    io::save_sharded(held, io::partition(io::load_checkpoint(whole), options), false);
+    const std::vector<io::Checkpoint> files =
+        io::partition(io::open_checkpoint_lazy(whole), options);
+    for (const io::Checkpoint& c : files) {
+      REQUIRE_FALSE(holds_any(c.params));
+      REQUIRE_FALSE(holds_any(c.optim));
+    }
+    io::save_sharded(lazy, files, false);
+    REQUIRE(same_files(held, lazy));
+
+    const io::Checkpoint merged = io::merge_shards(io::checkpoint_files({held}));
+    const io::Checkpoint opened = io::open_merged(io::checkpoint_files({lazy}));
+    REQUIRE_FALSE(holds_any(opened.params));
+    REQUIRE_FALSE(holds_any(opened.optim));
+    io::save_converted(dir / str("merged-held-", variant, ".h5"), merged, nullptr);
+    io::save_converted(dir / str("merged-lazy-", variant, ".h5"), opened, nullptr);
+    require_same_checkpoint(dir / str("merged-held-", variant, ".h5"),
+                            dir / str("merged-lazy-", variant, ".h5"));
+    REQUIRE(io::read_expert(dir / str("merged-lazy-", variant, ".h5"), "blocks.1.moe.experts.w2", 2)
+                .to_vector() == values("blocks.1.moe.experts.w2", 2, {32, 64}).to_vector());
+  }
+  for (int64_t shard_bytes : {int64_t(0), int64_t(20000)}) {  // one file, and shards + index
+    INFO("max_shard_bytes " << shard_bytes);
+    io::HfExportOptions options;
+    options.max_shard_bytes = shard_bytes;
+    io::export_hf(io::load_checkpoint(whole, false), dir / str("hf-held-", shard_bytes), options);
+    io::export_hf(io::open_checkpoint_lazy(whole, false), dir / str("hf-lazy-", shard_bytes),
+                  options);
+    REQUIRE(same_files(dir / str("hf-held-", shard_bytes), dir / str("hf-lazy-", shard_bytes)));
+  }
+  REQUIRE(fs::exists(dir / "hf-lazy-20000/model.safetensors.index.json"));
 }

@@ -68,13 +68,9 @@ void check_file_output(const Options& o) {
 }
 
 // Parameters holding NaN or Inf are refused as every model loader refuses them, so that no
-// conversion writes one (change_dtype itself refuses values beyond the target's range).
-void check_finite_params(const std::string& what, const io::Checkpoint& ckpt) {
-  io::check_finite(what, ckpt.params);
-}
-
-// The same for a lazily opened checkpoint (io::open_whole): each tensor is checked when the
-// conversion reads it, so the model passes through memory once, one tensor at a time.
+// conversion writes one (change_dtype itself refuses values beyond the target's range). The input
+// is opened lazily (io::open_whole): each tensor is checked when the conversion reads it, so the
+// model passes through memory once, one tensor at a time.
 io::Checkpoint open_checked(const Options& o, bool with_optim, bool* merged) {
   io::Checkpoint in = io::open_whole(o.inputs, with_optim, merged);
   io::check_finite_when_read(str("'", o.inputs.at(0), "'"), in.params);
@@ -194,9 +190,9 @@ int run_freeze(Options& o, const Argv& a) {
 int run_merge(Options& o, const Argv& a) {
   check_file_output(o);
   const std::vector<std::string> files = io::checkpoint_files(o.inputs);
-  io::Checkpoint merged = io::merge_shards(files);
+  io::Checkpoint merged = io::open_merged(files);  // read as it is written: bounded memory
   refuse_quantized(merged, o, "merge");
-  check_finite_params(str("'", o.inputs.at(0), "'"), merged);
+  io::check_finite_when_read(str("'", o.inputs.at(0), "'"), merged.params);
   const io::Provenance source = merged.provenance;
   merged.provenance = io::make_provenance("moe-convert", a.argc, a.argv);
   io::save_converted(o.out, merged, history_of(o.inputs, source));
@@ -234,9 +230,8 @@ int run_quantize(Options& o, const Argv& a) {
 int run_partition(Options& o, const Argv& a) {
   refuse_stdout(o.out);
   bool merged = false;
-  io::Checkpoint whole = io::load_whole(o.inputs, true, &merged);
+  io::Checkpoint whole = open_checked(o, true, &merged);
   refuse_quantized(whole, o, "partition");
-  check_finite_params(str("'", o.inputs.at(0), "'"), whole);
   io::PartitionOptions options;
   options.ranks = o.ranks;
   options.shard_embedding = o.shard_embedding;
@@ -310,9 +305,8 @@ int run_import_hf(Options& o, const Argv& a) {
 int run_export_hf(Options& o, const Argv&) {
   refuse_stdout(o.out);
   bool merged = false;
-  io::Checkpoint in = io::load_whole(o.inputs, false, &merged);
+  io::Checkpoint in = open_checked(o, false, &merged);
   refuse_quantized(in, o, "export-hf");
-  check_finite_params(str("'", o.inputs.at(0), "'"), in);
   io::HfExportOptions options;
   options.max_shard_bytes = o.max_shard_mb * 1000 * 1000;
   options.replace = o.force;

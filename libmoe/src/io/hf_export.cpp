@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "io/export_model.h"
@@ -101,7 +102,27 @@ nlohmann::ordered_json family_config(const ModelConfig& mc, int64_t E) {
   return c;
 }
 
-// The HF tensors of the model, in HF's order, viewing our parameters (expert slices included).
+// The bytes of a tensor's values, held or not.
+int64_t data_bytes(const NamedTensor& nt) {
+  return shape_numel(nt.shape()) * static_cast<int64_t>(dtype_size(nt.dtype()));
+}
+
+// Expert e of `param` [E, ...] as the tensor `hf_name` of `shape`: a view of a held parameter,
+// else read when written (one expert of a streamed parameter).
+NamedTensor expert_of(const std::string& hf_name, const NamedTensor& param, int64_t e,
+                      const Shape& shape) {
+  if (param.held()) return {hf_name, param.tensor.rows(e, e + 1).reshape(shape), false, {}};
+  auto source = std::make_shared<TensorSource>();
+  source->shape = shape;
+  source->dtype = param.dtype();
+  source->read = [param, e, shape] { return param.expert_slice(e).reshape(shape); };
+  NamedTensor out{hf_name, Tensor(), false, {}};
+  out.deferred = std::move(source);
+  return out;
+}
+
+// The HF tensors of the model, in HF's order, viewing our parameters (expert slices included);
+// those of a lazily opened checkpoint stay lazy (read one at a time as the files are written).
 std::vector<NamedTensor> hf_tensors(ExportModel& m) {
   const ModelConfig& mc = m.config();
   const Flavour flavour = flavour_of(mc);
@@ -110,18 +131,24 @@ std::vector<NamedTensor> hf_tensors(ExportModel& m) {
   const int64_t Fs = mc.shared_expert_ff;
   const bool mixtral = mc.arch == Arch::mixtral;
   // Every tensor written is in the model's dtype (HF's config has one torch_dtype).
-  auto checked = [&](const NamedTensor& nt) -> const Tensor& {
+  auto checked = [&](const NamedTensor& nt) -> const NamedTensor& {
     if (nt.dtype() != mc.dtype)
       throw Error(str("export_hf: parameter '", nt.name, "' is ", dtype_name(nt.dtype()),
                       ", but the model's dtype is ", dtype_name(mc.dtype)));
-    return nt.tensor;
+    return nt;
   };
-  auto param = [&](const std::string& name, const Shape& shape) -> const Tensor& {
+  auto param = [&](const std::string& name, const Shape& shape) -> const NamedTensor& {
     return checked(m.param(name, shape));
   };
   std::vector<NamedTensor> out;
-  auto emit = [&](const std::string& hf_name, const Tensor& t) {
-    out.push_back({hf_name, t, false, {}});
+  auto emit = [&](const std::string& hf_name, const NamedTensor& nt) {
+    NamedTensor renamed = nt;
+    renamed.name = hf_name;
+    renamed.expert = false;
+    out.push_back(std::move(renamed));
+  };
+  auto zeros = [&](const Shape& shape) {
+    return NamedTensor{"", Tensor::zeros(shape, mc.dtype), false, {}};
   };
   emit("model.embed_tokens.weight", param("embed.tokens", {V, D}));
   for (int64_t i = 0; i < mc.layers; ++i) {
@@ -145,14 +172,14 @@ std::vector<NamedTensor> hf_tensors(ExportModel& m) {
            param(ours + "attn.k_norm.weight", {head ? hd : KV * hd}));
     }
     emit(moe + "gate.weight", checked(m.router_weight(ours, E, D)));
-    const Tensor& w1 = param(ours + "moe.experts.w1", {E, F, D});
-    const Tensor& w2 = param(ours + "moe.experts.w2", {E, D, F});
-    const Tensor& w3 = param(ours + "moe.experts.w3", {E, F, D});
+    const NamedTensor& w1 = param(ours + "moe.experts.w1", {E, F, D});
+    const NamedTensor& w2 = param(ours + "moe.experts.w2", {E, D, F});
+    const NamedTensor& w3 = param(ours + "moe.experts.w3", {E, F, D});
     for (int64_t e = 0; e < E; ++e) {
       const std::string ex = str(moe, "experts.", e, ".");
-      emit(ex + (mixtral ? "w1.weight" : "gate_proj.weight"), w1.rows(e, e + 1).reshape({F, D}));
-      emit(ex + (mixtral ? "w2.weight" : "down_proj.weight"), w2.rows(e, e + 1).reshape({D, F}));
-      emit(ex + (mixtral ? "w3.weight" : "up_proj.weight"), w3.rows(e, e + 1).reshape({F, D}));
+      out.push_back(expert_of(ex + (mixtral ? "w1.weight" : "gate_proj.weight"), w1, e, {F, D}));
+      out.push_back(expert_of(ex + (mixtral ? "w2.weight" : "down_proj.weight"), w2, e, {D, F}));
+      out.push_back(expert_of(ex + (mixtral ? "w3.weight" : "up_proj.weight"), w3, e, {F, D}));
     }
     if (flavour.shared_expert_gate) {
       // transformers' Qwen2-MoE always has the shared expert and its gate: a 0-wide one is
@@ -164,10 +191,10 @@ std::vector<NamedTensor> hf_tensors(ExportModel& m) {
         emit(sh + "down_proj.weight", param(ours + "moe.shared.w2", {D, Fs}));
         emit(moe + "shared_expert_gate.weight", param(ours + "moe.shared_gate.weight", {1, D}));
       } else {
-        emit(sh + "gate_proj.weight", Tensor::zeros({0, D}, mc.dtype));
-        emit(sh + "up_proj.weight", Tensor::zeros({0, D}, mc.dtype));
-        emit(sh + "down_proj.weight", Tensor::zeros({D, 0}, mc.dtype));
-        emit(moe + "shared_expert_gate.weight", Tensor::zeros({1, D}, mc.dtype));
+        emit(sh + "gate_proj.weight", zeros({0, D}));
+        emit(sh + "up_proj.weight", zeros({0, D}));
+        emit(sh + "down_proj.weight", zeros({D, 0}));
+        emit(moe + "shared_expert_gate.weight", zeros({1, D}));
       }
     }
     emit(hf + "post_attention_layernorm.weight", param(ours + "norm2.weight", {D}));
@@ -185,7 +212,7 @@ std::vector<std::vector<NamedTensor>> plan_shards(const std::vector<NamedTensor>
   std::vector<std::vector<NamedTensor>> shards(1);
   int64_t in_shard = 0;
   for (const NamedTensor& nt : tensors) {
-    const int64_t bytes = static_cast<int64_t>(nt.tensor.nbytes());
+    const int64_t bytes = data_bytes(nt);
     if (max_bytes > 0 && in_shard > 0 && in_shard + bytes > max_bytes) {
       shards.emplace_back();
       in_shard = 0;
@@ -237,7 +264,7 @@ void write_tensors(const std::string& dir, const std::vector<std::vector<NamedTe
     const std::string file = shard_file(s, shards.size());
     for (const NamedTensor& nt : shards[s]) {
       weight_map[nt.name] = file;
-      total += static_cast<int64_t>(nt.tensor.nbytes());
+      total += data_bytes(nt);
     }
     write_safetensors(join_path(dir, file), shards[s], metadata);
   }
@@ -246,6 +273,25 @@ void write_tensors(const std::string& dir, const std::vector<std::vector<NamedTe
   index["weight_map"] = weight_map;
   write_text_atomic(join_path(dir, kIndexFile), index.dump(2) + "\n");
 }
+
+// The output directory of an export, removed again (with what the export wrote in it) when the
+// export fails after creating it: tensors are read as they are written, so a NaN or a damaged
+// chunk can stop it half way. A directory that existed before is left as it is.
+class CreatedDir {
+ public:
+  explicit CreatedDir(std::string dir) : dir_(std::move(dir)), created_(!fs::exists(dir_)) {}
+  CreatedDir(const CreatedDir&) = delete;
+  CreatedDir& operator=(const CreatedDir&) = delete;
+  ~CreatedDir() {
+    std::error_code ignored;
+    if (created_ && !kept_) fs::remove_all(dir_, ignored);
+  }
+  void keep() { kept_ = true; }
+
+ private:
+  std::string dir_;
+  bool created_ = false, kept_ = false;
+};
 
 }  // namespace
 
@@ -273,6 +319,7 @@ void export_hf(const Checkpoint& ckpt, const std::string& dir, const HfExportOpt
   const std::vector<std::vector<NamedTensor>> shards = plan_shards(out, options.max_shard_bytes);
   check_export_files(dir, shards.size(), sharded, ckpt, options.replace);
 
+  CreatedDir output(dir);
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw Error(str("export_hf: cannot create '", dir, "': ", ec.message()));
@@ -286,6 +333,7 @@ void export_hf(const Checkpoint& ckpt, const std::string& dir, const HfExportOpt
   if (!ckpt.tokenizer.empty())
     write_text_atomic(join_path(dir, ckpt.tokenizer.file), ckpt.tokenizer.bytes);
   fsync_path(dir, true);
+  output.keep();
 }
 
 }  // namespace moe::io

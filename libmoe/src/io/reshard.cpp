@@ -59,20 +59,24 @@ Strides strides_of(const Shape& shape, int dim, size_t element) {
   return s;
 }
 
+// `part` into `out` at position `at` of dimension `dim` (the other dimensions equal).
+void copy_along(Tensor& out, const Tensor& part, int dim, int64_t at) {
+  const int64_t extent = out.dim(dim), count = part.dim(dim);
+  const Strides s = strides_of(out.shape(), dim, dtype_size(out.dtype()));
+  auto* dst = static_cast<std::byte*>(out.raw());
+  const auto* src = static_cast<const std::byte*>(part.raw());
+  for (int64_t o = 0; o < s.outer; ++o)
+    std::memcpy(dst + (o * extent + at) * s.inner_bytes, src + o * count * s.inner_bytes,
+                static_cast<size_t>(count * s.inner_bytes));
+}
+
 // Concatenation of `parts` along `dim` into a tensor of `shape`.
 Tensor concat_dim(const std::vector<const Tensor*>& parts, int dim, const Shape& shape) {
   Tensor out = Tensor::empty(shape, parts.at(0)->dtype());
-  const int64_t extent = shape.at(static_cast<size_t>(dim));
-  const Strides s = strides_of(shape, dim, dtype_size(out.dtype()));
-  auto* dst = static_cast<std::byte*>(out.raw());
   int64_t at = 0;
   for (const Tensor* part : parts) {
-    const int64_t count = part->dim(dim);
-    const auto* src = static_cast<const std::byte*>(part->raw());
-    for (int64_t o = 0; o < s.outer; ++o)
-      std::memcpy(dst + (o * extent + at) * s.inner_bytes, src + o * count * s.inner_bytes,
-                  static_cast<size_t>(count * s.inner_bytes));
-    at += count;
+    copy_along(out, *part, dim, at);
+    at += part->dim(dim);
   }
   return out;
 }
@@ -146,6 +150,93 @@ std::string json_difference(const nlohmann::json& a, const nlohmann::json& b) {
 
 std::string range_text(const ParamShard& s) { return str(s.start, "..", s.start + s.count - 1); }
 
+// A tensor in a message, whether its values are held or still in its file.
+std::string described(const NamedTensor& nt) {
+  return nt.held() ? nt.tensor.describe()
+                   : str(nt.name, shape_str(nt.shape()), " ", dtype_name(nt.dtype()));
+}
+
+// `nt` as a whole tensor of an unsharded checkpoint, held or still lazy.
+NamedTensor unsharded(const NamedTensor& nt) {
+  NamedTensor out = nt;
+  out.shard = {};
+  return out;
+}
+
+// The whole tensor `name` of `global` shape from its slices `parts` along `dim` (sorted by
+// shard_start, tiling the dimension); row i of the result is row position[i] of the slices
+// concatenated (empty `position`: row i). Held slices are joined now. Otherwise nothing is read
+// until the result is written: an expert tensor (dim 0) one expert at a time from the slice that
+// holds it, any other tensor whole, its slices read one after another into it.
+NamedTensor joined(const std::string& name, const std::vector<NamedTensor>& parts, int dim,
+                   const Shape& global, bool expert, const std::vector<int64_t>& position) {
+  bool held = true;
+  for (const NamedTensor& p : parts) held &= p.held();
+  if (held) {
+    std::vector<const Tensor*> tensors;
+    for (const NamedTensor& p : parts) tensors.push_back(&p.tensor);
+    Tensor whole = concat_dim(tensors, dim, global);
+    if (!position.empty()) whole = gather_rows(whole, position);
+    return {name, std::move(whole), expert, {}};
+  }
+  NamedTensor out{name, Tensor(), expert, {}};
+  if (expert && dim == 0) {
+    auto source = std::make_shared<ExpertSource>();
+    source->shape = global;
+    source->dtype = parts.at(0).dtype();
+    source->read = [parts, position](int64_t e) {
+      const int64_t row = position.empty() ? e : position.at(static_cast<size_t>(e));
+      for (const NamedTensor& p : parts)
+        if (row < p.shard.start + p.shard.count) return p.expert_slice(row - p.shard.start);
+      throw Error(str("no slice holds row ", row));  // the slices were checked to tile it
+    };
+    out.source = std::move(source);
+    return out;
+  }
+  auto source = std::make_shared<TensorSource>();
+  source->shape = global;
+  source->dtype = parts.at(0).dtype();
+  source->read = [parts, dim, global, position] {
+    Tensor whole = Tensor::empty(global, parts.at(0).dtype());
+    for (const NamedTensor& p : parts) copy_along(whole, p.whole(), dim, p.shard.start);
+    return position.empty() ? whole : gather_rows(whole, position);
+  };
+  out.deferred = std::move(source);
+  return out;
+}
+
+// Rank r's slice of `nt`, a tensor not held: `count` positions of dimension `dim` from r * count
+// (along dim 0: of its rows in `order`, empty for their own order). Read when it is written: a
+// streamed expert tensor one expert at a time, any other tensor whole and then cut.
+NamedTensor cut_lazily(const NamedTensor& nt, int dim, const std::vector<int64_t>& order, int r,
+                       int64_t count) {
+  std::vector<int64_t> rows;  // along dim 0: the input rows of the slice
+  for (int64_t i = r * count; dim == 0 && i < (r + 1) * count; ++i)
+    rows.push_back(order.empty() ? i : order.at(static_cast<size_t>(i)));
+  Shape shape = nt.shape();
+  shape[static_cast<size_t>(dim)] = count;
+  NamedTensor out{nt.name, Tensor(), nt.expert, ParamShard{nt.shape(), dim, r * count, count}};
+  if (nt.streamed() && dim == 0) {
+    auto source = std::make_shared<ExpertSource>();
+    source->shape = shape;
+    source->dtype = nt.dtype();
+    source->read = [nt, rows](int64_t i) {
+      return nt.expert_slice(rows.at(static_cast<size_t>(i)));
+    };
+    out.source = std::move(source);
+    return out;
+  }
+  auto source = std::make_shared<TensorSource>();
+  source->shape = shape;
+  source->dtype = nt.dtype();
+  source->read = [nt, dim, rows, r, count] {
+    const Tensor whole = nt.whole();
+    return dim == 0 ? gather_rows(whole, rows) : slice_dim(whole, dim, r * count, count);
+  };
+  out.deferred = std::move(source);
+  return out;
+}
+
 }  // namespace
 
 Tensor slice_dim(const Tensor& t, int dim, int64_t start, int64_t count) {
@@ -168,6 +259,13 @@ Checkpoint merge_shards(const std::vector<std::string>& files) {
   std::vector<Checkpoint> shards;
   shards.reserve(files.size());
   for (const std::string& f : files) shards.push_back(load_checkpoint(f, true));
+  return merge_shards(std::move(shards), files);
+}
+
+Checkpoint open_merged(const std::vector<std::string>& files) {
+  std::vector<Checkpoint> shards;
+  shards.reserve(files.size());
+  for (const std::string& f : files) shards.push_back(open_checkpoint_lazy(f, true));
   return merge_shards(std::move(shards), files);
 }
 
@@ -279,21 +377,21 @@ Checkpoint merge_shards(std::vector<Checkpoint> shards, const std::vector<std::s
           throw Error(str("tensor '", name, "' of ", group_name, " is whole in both '",
                           names[list[0].file], "' and '", names[list[1].file],
                           "' (overlapping shards)"));
-        merged.push_back({name, first.tensor, first.expert, {}});
+        merged.push_back(unsharded(first));
         continue;
       }
       for (const Piece& p : list) {
         const NamedTensor& t = *p.tensor;
         if (!t.shard.defined() || !same_shape_shard(t.shard, first.shard) ||
-            t.tensor.dtype() != first.tensor.dtype() || t.expert != first.expert)
+            t.dtype() != first.dtype() || t.expert != first.expert)
           throw Error(str("tensor '", name, "' of ", group_name, ": '", names[p.file], "' holds ",
-                          t.tensor.describe(),
+                          described(t),
                           t.shard.defined() ? str(" as a slice of ", shape_str(t.shard.global),
                                                   " along dimension ", t.shard.dim)
                                             : std::string(" whole"),
-                          ", '", names[list[0].file], "' ", first.tensor.describe(),
-                          " as a slice of ", shape_str(first.shard.global), " along dimension ",
-                          first.shard.dim, " (mismatched shards)"));
+                          ", '", names[list[0].file], "' ", described(first), " as a slice of ",
+                          shape_str(first.shard.global), " along dimension ", first.shard.dim,
+                          " (mismatched shards)"));
       }
       std::sort(list.begin(), list.end(), [](const Piece& a, const Piece& b) {
         return a.tensor->shard.start < b.tensor->shard.start;
@@ -318,9 +416,9 @@ Checkpoint merge_shards(std::vector<Checkpoint> shards, const std::vector<std::s
         throw Error(str("tensor '", name, "' of ", group_name, ": positions ", cursor, "..",
                         extent - 1, " of dimension ", dim, " (of ", extent,
                         ") are in no shard file (a missing shard)"));
-      std::vector<const Tensor*> parts;
-      for (const Piece& p : list) parts.push_back(&p.tensor->tensor);
-      Tensor whole = concat_dim(parts, dim, first.shard.global);
+      std::vector<NamedTensor> parts;
+      for (const Piece& p : list) parts.push_back(*p.tensor);
+      std::vector<int64_t> position;  // expert -> row of the slices in rank-major order
       if (placed && first.expert && dim == 0) {
         const int64_t l = moe_layer_of_tensor(name, layer_of_block, str("'", head_name, "'"));
         const std::vector<int>& map = placement.at(static_cast<size_t>(l));
@@ -341,12 +439,11 @@ Checkpoint merge_shards(std::vector<Checkpoint> shards, const std::vector<std::s
                             "'s experts"));
         }
         const std::vector<int64_t> order_of = rank_major_order(map, layout.ep_size);
-        std::vector<int64_t> position(order_of.size());  // expert -> row in `whole`
+        position.resize(order_of.size());
         for (size_t i = 0; i < order_of.size(); ++i)
           position[static_cast<size_t>(order_of[i])] = static_cast<int64_t>(i);
-        whole = gather_rows(whole, position);
       }
-      merged.push_back({name, std::move(whole), first.expert, {}});
+      merged.push_back(joined(name, parts, dim, first.shard.global, first.expert, position));
     }
     return merged;
   };
@@ -378,7 +475,7 @@ Checkpoint whole_of(const std::vector<std::string>& paths, bool with_optim, bool
     }
   }
   if (merged) *merged = true;
-  Checkpoint c = merge_shards(files);
+  Checkpoint c = lazy ? open_merged(files) : merge_shards(files);
   if (!with_optim) c.optim.clear();
   return c;
 }
@@ -472,30 +569,34 @@ std::vector<Checkpoint> partition(const Checkpoint& whole, const PartitionOption
     const bool table = options.shard_embedding && param && param->name == "embed.tokens";
     const bool experts = param && param->expert;
     if (!table && !experts) {
-      (optim ? files[0].optim : files[0].params).push_back({nt.name, nt.tensor, nt.expert, {}});
+      (optim ? files[0].optim : files[0].params).push_back(unsharded(nt));
       return;
     }
-    if (nt.tensor.shape() != param->tensor.shape())
-      throw Error(str("optimizer tensor '", nt.name, "' is ", nt.tensor.describe(),
-                      ", its parameter '", param->name, "' ", param->tensor.describe(),
-                      ": cannot cut it like the parameter"));
+    if (nt.shape() != param->shape())
+      throw Error(str("optimizer tensor '", nt.name, "' is ", described(nt), ", its parameter '",
+                      param->name, "' ", described(*param), ": cannot cut it like the parameter"));
     const int dim = table ? 1 : 0;
-    MOE_CHECK(nt.tensor.ndim() > dim, "tensor '", nt.name, "' has no dimension ", dim, " to cut");
-    const int64_t extent = nt.tensor.dim(dim), count = extent / N;
-    Tensor source = nt.tensor;
+    MOE_CHECK(static_cast<int>(nt.shape().size()) > dim, "tensor '", nt.name, "' has no dimension ",
+              dim, " to cut");
+    const int64_t extent = nt.shape()[static_cast<size_t>(dim)], count = extent / N;
+    std::vector<int64_t> order;  // experts in rank-major order (empty: contiguous)
     if (experts && placed) {
       const int64_t l = moe_layer_of_tensor(param->name, layer_of_block, "partition");
       const std::vector<int>& map = maps.at(static_cast<size_t>(l));
       MOE_CHECK(static_cast<int64_t>(map.size()) == extent, "tensor '", nt.name, "' has ", extent,
                 " experts, its layer ", map.size());
-      source = gather_rows(nt.tensor, rank_major_order(map, N));
+      order = rank_major_order(map, N);
     } else if (experts) {
       balance::per_rank(extent, N);
     }
+    // A held tensor is cut now; a lazy one (open_whole) when each rank's file is written.
+    const Tensor source = !nt.held() || order.empty() ? nt.tensor : gather_rows(nt.tensor, order);
     for (int r = 0; r < N; ++r) {
-      ParamShard shard{nt.tensor.shape(), dim, r * count, count};
+      ParamShard shard{nt.shape(), dim, r * count, count};
       (optim ? files[static_cast<size_t>(r)].optim : files[static_cast<size_t>(r)].params)
-          .push_back({nt.name, slice_dim(source, dim, r * count, count), nt.expert, shard});
+          .push_back(nt.held() ? NamedTensor{nt.name, slice_dim(source, dim, r * count, count),
+                                             nt.expert, shard}
+                               : cut_lazily(nt, dim, order, r, count));
     }
   };
   for (const NamedTensor& nt : whole.params) distribute(nt, &nt, false);

@@ -329,6 +329,23 @@ Tensor SafetensorsReader::read_elements(const std::string& name, int64_t first,
   return t;
 }
 
+namespace {
+
+// The bytes of `nt` at the file's position: a held tensor's, a deferred one read whole, a streamed
+// one read expert by expert (its rows are the experts, in order). False when a write fails.
+bool write_values(std::FILE* f, const NamedTensor& nt) {
+  auto write = [f](const Tensor& t) {
+    return std::fwrite(t.raw(), 1, t.nbytes(), f) == t.nbytes();
+  };
+  if (nt.held()) return write(nt.tensor);
+  if (nt.is_deferred()) return write(nt.whole().to(Device{}));
+  for (int64_t e = 0; e < nt.shape()[0]; ++e)
+    if (!write(nt.expert_slice(e).to(Device{}))) return false;
+  return true;
+}
+
+}  // namespace
+
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   // Build the header first: every check happens before a byte is written.
@@ -345,17 +362,18 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
     if (nt.name.empty() || nt.name == "__metadata__")
       fail(path, str("cannot write a tensor named '", nt.name, "'"));
     if (!names.insert(nt.name).second) fail(path, str("tensor '", nt.name, "' given twice"));
-    if (!t.defined()) fail(path, str("tensor '", nt.name, "' is undefined"));
-    if (t.device().kind != Device::cpu)
+    if (nt.held() && !t.defined()) fail(path, str("tensor '", nt.name, "' is undefined"));
+    if (nt.held() && t.device().kind != Device::cpu)
       fail(path, str("tensor ", t.describe(), " is not on the CPU"));
     if (nt.shard.defined())
       fail(path, str("tensor '", nt.name, "' is a shard of a larger tensor; write whole tensors"));
+    const uint64_t bytes = static_cast<uint64_t>(shape_numel(nt.shape())) * dtype_size(nt.dtype());
     nlohmann::ordered_json entry;
-    entry["dtype"] = safetensors_dtype_name(t.dtype());
-    entry["shape"] = t.shape();
-    entry["data_offsets"] = {offset, offset + t.nbytes()};
+    entry["dtype"] = safetensors_dtype_name(nt.dtype());
+    entry["shape"] = nt.shape();
+    entry["data_offsets"] = {offset, offset + bytes};
     header[nt.name] = entry;
-    offset += t.nbytes();
+    offset += bytes;
   }
   std::string text = header.dump();
   text.append((8 - (8 + text.size()) % 8) % 8, ' ');  // data starts 8-byte aligned
@@ -377,9 +395,12 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
   for (int i = 0; i < 8; ++i) length_bytes[i] = static_cast<unsigned char>((n >> (8 * i)) & 0xff);
   bool ok = std::fwrite(length_bytes, 1, 8, f) == 8 &&
             std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  for (size_t i = 0; ok && i < tensors.size(); ++i) {
-    const Tensor& t = tensors[i].tensor;
-    ok = std::fwrite(t.raw(), 1, t.nbytes(), f) == t.nbytes();
+  try {
+    for (size_t i = 0; ok && i < tensors.size(); ++i) ok = write_values(f, tensors[i]);
+  } catch (const Error&) {  // a lazy tensor's source failed (its message names file and tensor)
+    std::fclose(f);
+    out.abandon();
+    throw;
   }
   if (!ok) abandon(str("write failed: ", std::strerror(errno)));
   std::FILE* closing = f;

@@ -16,8 +16,8 @@
 //   a layer's E).
 // Memory: dtype, freeze and quantize keep the inputs' laziness (moe/io/checkpoint.h,
 // open_checkpoint_lazy and map_tensor), so converting a lazily opened checkpoint holds one tensor
-// (one expert of an expert tensor) at a time; merge and partition hold whole checkpoints.
-// open_whole() opens what these read: lazily for one file, merged in memory for a sharded one.
+// (one expert of an expert tensor) at a time; so do merge (open_merged) and partition of a lazily
+// opened checkpoint. open_whole() opens what these read: lazily, a sharded checkpoint merged.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -50,18 +50,24 @@ namespace moe::io {
 // the training configuration's `ep` becomes 1 and `shard_embedding` false, so one process can
 // resume it. Provenance is rank 0's.
 Checkpoint merge_shards(const std::vector<std::string>& files);
+// The same with each file opened lazily (open_checkpoint_lazy): every check above is made now, on
+// the files' metadata, and nothing is read until a tensor of the result is (when it is written):
+// an expert tensor one expert at a time, from the file holding it; any other tensor whole, its
+// slices read one after another into it. A checkpoint of any size merges in bounded memory.
+Checkpoint open_merged(const std::vector<std::string>& files);
 // Elements [start, start + count) of dimension `dim` of a host tensor (a ParamShard's slice of a
 // whole tensor), as a new tensor.
 Tensor slice_dim(const Tensor& t, int dim, int64_t start, int64_t count);
-// The same for checkpoints already in memory; names[i] names shards[i] in messages.
+// The same for checkpoints already in memory (or opened lazily: their slices are then joined only
+// when read); names[i] names shards[i] in messages.
 Checkpoint merge_shards(std::vector<Checkpoint> shards, const std::vector<std::string>& names);
 
 // A whole checkpoint from `paths` (see checkpoint_files): one unsharded file as it is, the files of
 // a sharded checkpoint merged. `merged` (optional) says which happened.
 Checkpoint load_whole(const std::vector<std::string>& paths, bool with_optim = true,
                       bool* merged = nullptr);
-// The same, but one unsharded file is opened lazily (open_checkpoint_lazy): nothing is read until
-// a tensor is. The shards of a sharded checkpoint are still loaded and merged in memory.
+// The same, but opened lazily: one unsharded file with open_checkpoint_lazy, the files of a
+// sharded one with open_merged; nothing is read until a tensor is.
 Checkpoint open_whole(const std::vector<std::string>& paths, bool with_optim = true,
                       bool* merged = nullptr);
 
@@ -98,6 +104,9 @@ struct PartitionOptions {
 // configuration's `ep` becomes N (and `shard_embedding` the option), so `mpiexec -n N moe-train
 // --resume DIR` picks the layout up. Optimizer tensors are matched to their parameter by name
 // suffix ("adam.m.<param>"); one that matches none is kept whole in rank 0's file.
+// Held tensors are cut now. Tensors of a lazily opened `whole` (open_whole) stay lazy: each rank's
+// slice is read when its file is written, an expert tensor one expert at a time (any other tensor
+// read whole and cut), so the files are written in bounded memory.
 std::vector<Checkpoint> partition(const Checkpoint& whole, const PartitionOptions& options);
 
 // Writes the files of a sharded checkpoint (files[r] as rank-<5 digits>.h5, r = its

@@ -85,7 +85,9 @@ class SafetensorsReader {
 // empty). The header is padded with spaces so the data section starts at a multiple of 8.
 // Atomic: written to `path.tmp-<pid>`, fsync'ed, renamed over `path`, the directory fsync'ed; on
 // failure the temporary file is removed and an existing `path` is left as it was.
-// Only `name` and `tensor` of each NamedTensor are used.
+// A deferred or streamed NamedTensor (moe/io/checkpoint.h) is read when its bytes are written, one
+// tensor (or one expert of a streamed one) at a time; what its source throws removes the
+// temporary file and is thrown as it is. Only the name and the values of each are used.
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
