@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/cli.h"
+#include "common/ranks.h"
 #include "moe/comm/communicator.h"
 #include "moe/cuda.h"
 #include "moe/infer/engine.h"
@@ -131,8 +132,33 @@ void add_per_token(json& j, const std::vector<infer::TokenLogprob>& tokens, bool
   j["top_logprobs"] = top_logprobs;
 }
 
+// Under --ep every rank must score the same thing: the flags that shape the result agree here (the
+// model and the tokens are compared where they are read: Engine::open, infer::score). Outputs,
+// logging and threads may differ; a path may too where it names the same file (popularity tables
+// by their bytes).
+void check_score_ranks_agree(const Options& o, comm::Communicator& world) {
+  if (world.size() == 1) return;
+  std::string popularity;
+  if (!o.popularity.empty()) {
+    const io::FileFingerprint f = io::fingerprint_file(o.popularity);
+    popularity = str(f.bytes, " bytes, CRC-32C ", f.crc32c_hex());
+  }
+  tools::check_ranks_agree(
+      world, "moe-infer",
+      json{{"ep", o.ep},
+           {"batch", o.batch},
+           {"max_sequences", o.max_sequences},
+           {"expert_budget", o.budget},
+           {"device", Device::parse(o.device).kind == Device::cpu ? "cpu" : "cuda"},
+           {"popularity", popularity},
+           {"per_token", o.per_token},
+           {"top", o.top},
+           {"incremental", o.incremental}});
+}
+
 int score(Options& o, std::unique_ptr<comm::Communicator> world) {
   tools::check_one_stdout({{"-o", o.out}, {"--summary", o.summary}});
+  check_score_ranks_agree(o, *world);
   std::unique_ptr<infer::Engine> engine = open_engine(o, std::move(world));
   const infer::Engine& e = *engine;
   std::unique_ptr<tools::OutputStream> out;

@@ -9,6 +9,7 @@
 
 #include "common/cli.h"
 #include "io/files.h"
+#include "moe/comm/communicator.h"
 #include "moe/infer/model.h"
 #include "moe/io/dataset.h"
 #include "moe/io/model_text.h"
@@ -45,7 +46,19 @@ std::string num(double v) {
   return buf;
 }
 
+// record runs in one process. Under a launcher's N ranks each would record the whole file, with
+// whatever model and data its own flags name, into the same -o (the last rename winning): refused
+// on every rank alike, before any work.
+void check_one_process() {
+  const std::unique_ptr<comm::Communicator> world = comm::make_world();
+  if (world->size() > 1)
+    throw UsageError(str("moe-profile record runs in one process; this job has ", world->size(),
+                         " ranks, each of which would record the whole file into the same -o: "
+                         "start it without mpiexec"));
+}
+
 int record(Options& o, int argc, char** argv) {
+  check_one_process();
   io::check_output_stream(o.out, o.force);
   const Device device = tools::resolve_device(o.device);  // before any work
   infer::LoadedModel m = infer::load_model(o.model);

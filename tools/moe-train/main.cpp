@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "common/ranks.h"
 #include "moe/comm/communicator.h"
 #include "moe/cuda.h"
 #include "moe/io/checkpoint.h"
@@ -160,7 +161,7 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
       MOE_LOG_WARN("removed ", path, ", left by an interrupted save (its process is gone)");
 
   // Ranks that disagree would train different models or deadlock in a collective: refuse at start.
-  // One check per setting (the key set is the same on every rank), so the error names the setting.
+  // One check per setting, so the error names the setting.
   if (world.size() > 1) {
     json settings = to_json(mc);
     settings.update(train::to_json(tc));
@@ -168,8 +169,7 @@ int train_run(tools::TrainOptions& o, CLI::App& app, int argc, char** argv,
                          {"resume", o.resume},
                          {"init", o.init},
                          {"checkpoint_every", o.checkpoint_every}});
-    for (const auto& [key, value] : settings.items())
-      world.check_same_everywhere(str("moe-train setting '", key, "'"), value.dump());
+    tools::check_ranks_agree(world, "moe-train", settings);
   }
   // The device is checked before any work: a machine without a usable GPU is told so at once.
   // Several ranks on GPUs train over NCCL (the trainer's parallel::Layout bootstraps it over the

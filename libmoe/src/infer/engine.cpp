@@ -1,5 +1,6 @@
 #include "moe/infer/engine.h"
 
+#include <iterator>
 #include <utility>
 
 #include "moe/error.h"
@@ -12,6 +13,36 @@
 namespace moe::infer {
 
 Engine::~Engine() = default;
+
+std::vector<std::pair<std::string, std::string>> model_identity(const std::string& model) {
+  const std::vector<std::string> files = io::checkpoint_files({model});
+  // The most telling first: the first that differs is the one named.
+  std::vector<std::pair<std::string, std::string>> fields = {
+      {"file count", std::to_string(files.size())},
+      {"config", ""},
+      {"tensor count", ""},
+      {"step", ""},
+      {"tokens seen", ""},
+      {"seed", ""},
+      {"producer", ""},
+      {"command line", ""},
+      {"creation time", ""}};
+  for (const std::string& file : files) {
+    const io::Checkpoint c = io::open_checkpoint_lazy(file, false);  // metadata only
+    const io::Provenance& p = c.provenance;
+    const std::string values[] = {c.model_config.dump(),
+                                  std::to_string(c.params.size()),
+                                  std::to_string(c.state.step),
+                                  std::to_string(c.state.tokens_seen),
+                                  std::to_string(c.state.seed),
+                                  str(p.tool, " ", p.version, " (git ", p.git, ")"),
+                                  p.argv,
+                                  p.time};
+    for (size_t i = 0; i < std::size(values); ++i)
+      fields[i + 1].second += (fields[i + 1].second.empty() ? "" : "; ") + values[i];
+  }
+  return fields;
+}
 
 std::unique_ptr<Engine> Engine::open(const EngineOptions& options,
                                      std::unique_ptr<comm::Communicator> world) {
@@ -33,6 +64,9 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& options,
               "batch's routing on the host); this run has --device ",
               o.device_flag));
     e.world_ = std::move(world);
+    // Ranks given different models would score nonsense (each holds a share of "the" experts).
+    for (const auto& [what, value] : model_identity(o.model))
+      e.world_->check_same_everywhere(str("the model's ", what), value);
     e.layout_ = parallel::Layout::expert_world(*e.world_, e.device_);  // NCCL on GPUs
     e.parallel_ = nn::Parallel::of(*e.layout_);
     if (!o.popularity.empty()) {  // every rank holds every expert; Lina places them per batch

@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "moe/arena.h"
+#include "moe/checksum.h"
 #include "moe/io/dataset.h"
 #include "moe/io/model_text.h"
 #include "moe/models/memory.h"
@@ -127,6 +129,13 @@ ScoreSummary score(const Engine& e, const ScoreOptions& o, const ScoreCallbacks&
   const io::TokenFormat format =
       io::resolve_token_format(o.data, io::parse_token_format(o.data_format));
   std::vector<int32_t> tokens = io::load_model_tokens(o.data, format, o.tokenizer);
+  if (R > 1) {  // ranks reading other files (or one through another tokenizer) would misalign
+    char crc[16];
+    std::snprintf(crc, sizeof crc, "%08x", crc32c(tokens.data(), tokens.size() * sizeof(int32_t)));
+    e.world()->check_same_everywhere(
+        "the data to score (its tokens, as its format and tokenizer read them)",
+        str(tokens.size(), " tokens, CRC-32C ", crc));
+  }
   io::check_tokens_fit(tokens, mc.vocab_size, o.data);
   if (static_cast<int64_t>(tokens.size()) < mc.seq + 1)
     throw Error(str(o.data, ": ", tokens.size(), " tokens, fewer than one sequence of ", mc.seq + 1,

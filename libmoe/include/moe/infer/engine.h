@@ -5,6 +5,8 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "moe/comm/communicator.h"
 #include "moe/device.h"
@@ -24,13 +26,23 @@ struct EngineOptions {
   std::string popularity;  // with ep > 1: a path table (moe-profile paths) placing the experts
 };
 
+// What tells one model apart from another without reading a tensor, for ranks that must serve
+// the same one, as (what, value) pairs, the same whats for every model: for the files of `model`
+// (a checkpoint file, or the rank files of a sharded directory) their count, model config, tensor
+// count, step, tokens seen, seed, producer (tool, version, git), command line and creation time.
+// Files written by different runs, steps or conversions differ in one of them; copies of a file, or
+// one file reached by two paths, do not. Throws moe::Error naming a file it cannot read.
+std::vector<std::pair<std::string, std::string>> model_identity(const std::string& model);
+
 // The model, with its experts resident, streamed through a ring when a budget is given, or spread
 // over the MPI ranks with ep (each rank holds E/R experts of every layer).
 class Engine {
  public:
   // Checks the options against the world (UsageError naming the flag: --ep R needs R ranks,
   // --expert-budget and --ep cannot be combined, --popularity needs --ep and the CPU, one rank
-  // unless --ep), then loads the model onto options.device. The world is kept only with ep > 1.
+  // unless --ep) and, under ep, that every rank was given the same model (model_identity; an
+  // Error on every rank naming the first rank that differs), then loads the model onto
+  // options.device. The world is kept only with ep > 1.
   // Under ep on CUDA the expert exchange runs over NCCL (bootstrapped over the world).
   // Logs the ring's slots when a budget is given.
   static std::unique_ptr<Engine> open(const EngineOptions& options,
