@@ -40,9 +40,9 @@ TEST_CASE("cli: an update that explodes the weights while finite stops the run",
     const std::string out = dir / (extra.empty() ? "resident" : "offloaded");
     auto r = run_command(
         tool("moe-train", data + " --out " + out + kModel + extra + " --steps 1 --lr 1e30"));
-    expect_error(r, "moe-train",
-                 {"step 1, after the update (the run diverged; nothing saved", "tensor '",
-                  "has exploded"});
+    expect_error(
+        r, "moe-train",
+        {"step 1, after the update (the run diverged; nothing saved", "tensor '", "has exploded"});
     if (!extra.empty()) REQUIRE_THAT(r.err, Catch::Contains("(expert "));
     REQUIRE_FALSE(fs::exists(fs::path(out) / "step-00000001.h5"));
     REQUIRE_FALSE(fs::exists(fs::path(out) / "last.h5"));
@@ -70,8 +70,9 @@ TEST_CASE("cli: weights that make the model compute NaN give no score, only an e
   REQUIRE(run_command(tool("moe-convert", "inspect --verify " + bad)).exit_code == 0);
 
   const std::string data = test::fortunes_path("computers");
-  auto score = run_command(tool("moe-infer", "score --model " + bad + " --data " + data +
-                                                 " --max-sequences 3 -o " + (dir / "scores.jsonl")));
+  auto score =
+      run_command(tool("moe-infer", "score --model " + bad + " --data " + data +
+                                        " --max-sequences 3 -o " + (dir / "scores.jsonl")));
   expect_error(score, "moe-infer",
                {"window 0 of '" + data + "' (tokens 0..16): its log-likelihood is NaN",
                 "non-finite logits from its weights", "no score is given"});
@@ -80,22 +81,22 @@ TEST_CASE("cli: weights that make the model compute NaN give no score, only an e
 
   std::ofstream(dir / "requests.jsonl") << "{\"context\": \"The kernel\", \"continuation\": "
                                            "\" panics\"}\n";
-  auto ll = run_command(tool("moe-infer", "loglikelihood --model " + bad + " --requests " +
-                                              (dir / "requests.jsonl")));
+  auto ll = run_command(tool(
+      "moe-infer", "loglikelihood --model " + bad + " --requests " + (dir / "requests.jsonl")));
   expect_error(ll, "moe-infer",
                {"the request on line 1: a log-probability of its continuation is not finite",
                 "non-finite logits from its weights"});
   REQUIRE(ll.out.empty());
 
   std::ofstream(dir / "prompts.txt") << "Unix is\n";
-  auto gen = run_command(tool(
-      "moe-infer", "generate --model " + bad + " --prompts " + (dir / "prompts.txt") + " --max-new 4"));
+  auto gen = run_command(tool("moe-infer", "generate --model " + bad + " --prompts " +
+                                               (dir / "prompts.txt") + " --max-new 4"));
   expect_error(gen, "moe-infer", {"generation: prompt 0", "non-finite logits from its weights"});
   REQUIRE(gen.out.empty());
 
   // The same model before the damage scores: the refusals above are the weights', not the files'.
-  auto good = run_command(tool("moe-infer", "score --model " + ckpt + " --data " + data +
-                                                " --max-sequences 3 -q"));
+  auto good = run_command(
+      tool("moe-infer", "score --model " + ckpt + " --data " + data + " --max-sequences 3 -q"));
   INFO(good.err);
   REQUIRE(good.exit_code == 0);
   REQUIRE(test::lines_of(good.out).size() == 3);

@@ -67,8 +67,7 @@ TEST_CASE("io: exploded weights are found at 2^32 and beyond, NaN and Inf too",
   const float below = std::nextafter(bound, 0.0f);
   for (DType dtype : {DType::f32, DType::bf16}) {
     INFO(dtype_name(dtype));
-    for (float value : {bound, -bound, 3e28f, -1e38f,
-                        std::numeric_limits<float>::quiet_NaN()}) {
+    for (float value : {bound, -bound, 3e28f, -1e38f, std::numeric_limits<float>::quiet_NaN()}) {
       INFO(value);
       Tensor f = test::random_tensor({4, 600}, 5);
       f.data<float>()[2100] = value;

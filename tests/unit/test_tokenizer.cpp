@@ -169,8 +169,7 @@ TEST_CASE("tokenizer: bad ids, invalid UTF-8 and unsupported files are clear err
 
 // Issue 45: merges that are null, not a list, or name tokens the vocabulary lacks were read as
 // an empty (or shorter) merge list, silently. Each is refused naming the file and the field.
-TEST_CASE("tokenizer: malformed merges are refused naming the file and the entry",
-          "[tokenizer]") {
+TEST_CASE("tokenizer: malformed merges are refused naming the file and the entry", "[tokenizer]") {
   using nlohmann::json;
   test::ScratchDir dir("tokenizer-merges");
   const json j = json::parse(read(kData + "/bpe-gpt2/tokenizer.json"));

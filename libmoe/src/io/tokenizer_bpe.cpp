@@ -294,8 +294,8 @@ class BpeTokenizer final : public Tokenizer {
       const std::string* const tokens[] = {&a, &b, &merged};
       for (const std::string* t : tokens)
         if (!vocab_.count(*t))
-          bad(str(" entry ", i, " ('", a, "' + '", b, "'): ", t == &merged ? "the merged token " : "",
-                  "'", *t, "' is not in model.vocab"));
+          bad(str(" entry ", i, " ('", a, "' + '", b, "'): ",
+                  t == &merged ? "the merged token " : "", "'", *t, "' is not in model.vocab"));
       if (rank_.emplace(a + '\0' + b, rank).second)
         ++rank;  // a repeated merge keeps its first rank
       else
