@@ -1,13 +1,15 @@
 #!/bin/sh
 # Conversions at a real model's size, in bounded memory (issue 43): a Hugging Face directory of
 # random bf16 weights at a real MoE configuration (bench/make_hf_random.py: OLMoE-1B-7B by
-# default, 13.8 GB), then moe-convert import-hf, inspect --verify, quantize --type q4_k_m and
-# export-gguf --type q4_k_m of it, each timed with GNU time: its peak RSS against the size of what
-# it reads; then moe-infer score of one window at the model's context and moe-profile record of two
-# windows in one pass. Prints a markdown table; every file is deleted at the end.
+# default, 13.8 GB), then moe-convert import-hf, inspect --verify, partition into 2 rank files,
+# merge of them, export-hf in 5 GB shards, quantize --type q4_k_m and export-gguf --type q4_k_m of
+# it, each timed with GNU time: its peak RSS against the size of what it reads; then moe-infer
+# score of one window at the model's context and moe-profile record of two windows in one pass.
+# Prints a markdown table; every file is deleted at the end (each output once it is measured).
 # Usage: bench/real_size.sh [BIN_DIR] (default build/bin); FAMILY=olmoe|qwen3_moe, LAYERS (default
 # the model's own: 16 for olmoe, 48 for qwen3_moe: 61 GB, which needs that much free disk twice),
-# QUANT=0 (skip the 4-bit steps), WORK=run/real-size, PYTHON (one with numpy; default /opt/moe-python/bin/python).
+# QUANT=0 (skip the 4-bit steps), RESHARD=0 (skip partition, merge and export-hf), INFER=0 (skip
+# score and record), WORK=run/real-size, PYTHON (one with numpy; default /opt/moe-python/bin/python).
 set -u
 bin=${1:-build/bin}
 family=${FAMILY:-olmoe}
@@ -50,12 +52,22 @@ step() {
 step import-hf "$work/hf" "$work/model.h5" import-hf "$work/hf" -o "$work/model.h5"
 rm -rf "$work/hf"
 step inspect--verify "$work/model.h5" "" inspect --verify "$work/model.h5"
+if [ "${RESHARD:-1}" != 0 ]; then  # re-sharding and the HF export, each read as it is written
+  step partition-2 "$work/model.h5" "$work/parts" partition "$work/model.h5" --ranks 2 \
+    -o "$work/parts"
+  step merge "$work/parts" "$work/merged.h5" merge "$work/parts" -o "$work/merged.h5"
+  rm -rf "$work/parts" "$work/merged.h5"
+  step export-hf "$work/model.h5" "$work/hf-out" export-hf "$work/model.h5" --max-shard-size 5000 \
+    -o "$work/hf-out"
+  rm -rf "$work/hf-out"
+fi
 if [ "${QUANT:-1}" != 0 ]; then  # QUANT=0 leaves out the two 4-bit steps (24 min at 16 layers)
   step quantize-q4_k_m "$work/model.h5" "$work/q4.h5" quantize "$work/model.h5" --type q4_k_m -o "$work/q4.h5"
   rm -f "$work/q4.h5"
   step export-gguf-q4_k_m "$work/model.h5" "$work/q4.gguf" export-gguf "$work/model.h5" --type q4_k_m \
     -o "$work/q4.gguf"
 fi
+[ "${INFER:-1}" = 0 ] && exit 0
 # Inference at the model's context (issue 43: activations by blocks): one window scored, and two
 # windows recorded as a routing trace in one pass, of random token ids.
 config=$("$bin/moe-convert" inspect "$work/model.h5" | sed -n 's/^# model_config\t//p')
