@@ -123,3 +123,32 @@ TEST_CASE("memory: an inference batch whose activations do not fit is refused wi
   FreeMemory unknown;
   check_inference_activations(c, 8, "scoring 8 windows", "detail", unknown);  // never refuses
 }
+
+TEST_CASE("memory: inference weights that do not fit are refused before they are allocated",
+          "[memory][infer]") {
+  // Issue 45: a model too large for the memory left failed with a bare std::bad_alloc part-way
+  // through loading; infer::load_model now asks this first.
+  ModelConfig c = test::small_model_config(Arch::mixtral);
+  c.resolve();
+  const double all = parameter_lower_bound(c, 1) * 4, dense = parameter_lower_bound(c, 0) * 4;
+  REQUIRE(dense < all);
+  FreeMemory tight;
+  tight.available_bytes = 64e9;
+  tight.address_space_left = (dense + all) / 2;  // room for the weights without the experts
+  REQUIRE(test::error_of([&] {
+            check_inference_weights(c, 1, 4, "'big.h5'", "the experts resident", tight);
+          }) == str("'big.h5': its weights need at least ", format_bytes(all),
+                    " (the experts resident), more than this process can still get: 59.6 GiB of "
+                    "memory free (RLIMIT_AS leaves ",
+                    format_bytes((dense + all) / 2), " of address space)"));
+  check_inference_weights(c, 0, 4, "'big.h5'", "streamed", tight);  // the experts stay on disk
+  FreeMemory unknown;
+  check_inference_weights(c, 1, 4, "'big.h5'", "detail", unknown);  // never refuses
+  // The expert ring asks the same before allocating its slots (ExpertRing::start).
+  FreeMemory small;
+  small.address_space_left = 2 << 20;
+  REQUIRE(test::error_of([&] { check_free_memory(3 << 20, "3 slots (3.0 MiB)", small); }) ==
+          "3 slots (3.0 MiB), more than this process can still get: an unknown amount of memory "
+          "free (RLIMIT_AS leaves 2.0 MiB of address space)");
+  REQUIRE(test::error_of([&] { check_free_memory(1 << 20, "1 slot", small); }) == "(no error)");
+}

@@ -346,6 +346,14 @@ LoadedModel load_model(const std::string& given, bool experts, const nn::Paralle
     io::refuse_quantized(config, path,
                          "expert parallelism (--ep) and the expert ring (--expert-budget)");
   m.config = model_config_from_json(config);
+  // build_model sizes every parameter: a model that cannot fit is refused before (quantised
+  // weights: at least half a byte each, q4_k's and mxfp4's size).
+  const bool resident_experts = experts && !(parallel && parallel->shards_experts());
+  check_inference_weights(m.config, resident_experts ? 1.0 : 0.0,
+                          m.quantization.empty() ? double(dtype_size(m.config.dtype)) : 0.5,
+                          str("'", path, "'"),
+                          resident_experts ? "the experts resident"
+                                           : "without the experts: streamed, or on other ranks");
   build_model(m, path, experts, parallel);
   size_t matched = 0;
   auto take = [&](const std::string& name, const Tensor& tensor) {

@@ -113,7 +113,7 @@ void write_vocabulary(Header& h, const Tokenizer* tok, int64_t V) {
     return;
   }
   std::vector<Tokenizer::VocabEntry> vocab = tok->vocabulary();
-  MOE_CHECK(static_cast<int64_t>(vocab.size()) <= V, "export_gguf: the tokenizer has ",
+  MOE_CHECK(static_cast<int64_t>(vocab.size()) <= V, "GGUF export: the tokenizer has ",
             vocab.size(), " tokens, more than the model's vocabulary (", V, ")");
   for (int64_t id = static_cast<int64_t>(vocab.size()); id < V; ++id)
     vocab.push_back({str("[PAD", id, "]"), 0, Tokenizer::TokenKind::unused});
@@ -134,7 +134,7 @@ void write_vocabulary(Header& h, const Tokenizer* tok, int64_t V) {
     const std::string pre = tok->llama_pre_tokenizer();
     if (pre.empty())
       throw Error(
-          "export_gguf: the tokenizer's pre-tokenizer is none llama.cpp names (GPT-2's "
+          "GGUF export: the tokenizer's pre-tokenizer is none llama.cpp names (GPT-2's "
           "byte-level expression or Qwen2's split); llama.cpp would cut text otherwise");
     h.kv_string("tokenizer.ggml.model", "gpt2");
     h.kv_string("tokenizer.ggml.pre", pre);
@@ -231,7 +231,7 @@ void encode(const std::string& name, GgufType type, const std::vector<float>& v,
         const uint16_t h =
             type == GgufType::f16 ? kernels::f32_to_f16(v[i]) : kernels::f32_to_bf16(v[i]);
         if (type == GgufType::f16 && (h & 0x7c00u) == 0x7c00u)
-          throw Error(str("export_gguf: tensor '", name, "' holds ", v[i],
+          throw Error(str("GGUF export: tensor '", name, "' holds ", v[i],
                           ", beyond f16's range (65504): export it as bf16 or f32"));
         std::memcpy(out.data() + 2 * i, &h, 2);
       }
@@ -245,7 +245,7 @@ void encode(const std::string& name, GgufType type, const std::vector<float>& v,
       try {
         cpu::quantize_row(f, v.data(), static_cast<int64_t>(n), out.data());
       } catch (const Error& e) {
-        throw Error(str("export_gguf: tensor '", name, "': ", e.what()));
+        throw Error(str("GGUF export: tensor '", name, "': ", e.what()));
       }
       return;
     }
@@ -293,7 +293,7 @@ void check_olmoe_norm_widths(const ModelConfig& mc) {
   const int64_t D = mc.d_model, hd = mc.head_dim_resolved();
   const int64_t q = mc.heads * hd, k = mc.kv_heads_resolved() * hd;
   if (q != D || k != D)
-    throw Error(str("export_gguf: llama.cpp's olmoe normalises q and k over the model width (", D,
+    throw Error(str("GGUF export: llama.cpp's olmoe normalises q and k over the model width (", D,
                     "); this model's ", q != D ? "q" : "k", " is ", q != D ? q : k, " wide (",
                     mc.kv_heads_resolved(), " key/value heads and ", mc.heads, " heads of ", hd,
                     "), which llama.cpp would refuse to load"));
@@ -307,22 +307,22 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
   ExportModel m(ckpt, "export_gguf", str("llama.cpp's ", arch.name, " architecture"));
   const ModelConfig& mc = m.config();
   if (mc.normalize_topk != arch.normalize_topk)
-    throw Error(str("export_gguf: llama.cpp's ", arch.name,
+    throw Error(str("GGUF export: llama.cpp's ", arch.name,
                     arch.normalize_topk ? " renormalises" : " does not renormalise",
                     " the top-k gate weights; this model ", mc.normalize_topk ? "does" : "does not",
                     " (normalize_topk ", mc.normalize_topk ? "true" : "false", ")"));
   check_olmoe_norm_widths(mc);
   const Flavour flavour = flavour_of(mc);
   if (!flavour.shared_expert_gate && mc.shared_expert_ff > 0)
-    throw Error(str("export_gguf: llama.cpp's ", arch.name,
+    throw Error(str("GGUF export: llama.cpp's ", arch.name,
                     " has no shared expert; this model's is ", mc.shared_expert_ff,
                     " wide (qwen2moe has one, gated)"));
   if (flavour.shared_expert_gate && mc.shared_expert_ff == 0)
     throw Error(
-        "export_gguf: llama.cpp's qwen2moe always runs a shared expert; this model has none "
+        "GGUF export: llama.cpp's qwen2moe always runs a shared expert; this model has none "
         "(shared_expert_ff 0)");
   if (mc.vocab_size != kByteVocab && ckpt.tokenizer.empty())
-    throw Error(str("export_gguf: the model has a vocabulary of ", mc.vocab_size,
+    throw Error(str("GGUF export: the model has a vocabulary of ", mc.vocab_size,
                     " tokens and the checkpoint stores no tokenizer to describe them (only "
                     "byte-level models, 256 tokens, carry an implied one; import-hf keeps a "
                     "model directory's tokenizer)"));
@@ -333,13 +333,13 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
   const int64_t V = mc.vocab_size, D = mc.d_model, F = mc.d_ff, H = mc.heads, E = m.experts();
   const int64_t KV = mc.kv_heads_resolved(), hd = mc.head_dim_resolved();
   const int64_t Fs = mc.shared_expert_ff;
-  MOE_CHECK(hd % 2 == 0, "export_gguf: head dim ", hd, " is odd");
+  MOE_CHECK(hd % 2 == 0, "GGUF export: head dim ", hd, " is odd");
   auto param = [&](const std::string& name, const Shape& shape) -> const NamedTensor& {
     return m.param(name, shape);
   };
 
   MOE_CHECK(!options.q4_k_m || options.type == GgufType::q4_k,
-            "export_gguf: the Q4_K_M mix is q4_k with some tensors in q6_k (type q4_k), not ",
+            "GGUF export: the Q4_K_M mix is q4_k with some tensors in q6_k (type q4_k), not ",
             gguf_type_name(options.type));
   GgufExportSummary summary;
   std::vector<Planned> plan;
@@ -421,7 +421,7 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
   matrix("output.weight", "lm_head.weight", V, D);
   m.refuse_unused();
   for (const auto& [name, type] : options.tensor_types)
-    MOE_CHECK(overridden.count(name), "export_gguf: a type (", gguf_type_name(type),
+    MOE_CHECK(overridden.count(name), "GGUF export: a type (", gguf_type_name(type),
               ") is asked for tensor '", name, "', which is not one of the file's matrices");
 
   Header h;
@@ -473,13 +473,13 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
 
   AtomicFile out(path);
   std::FILE* f = std::fopen(out.temp().c_str(), "wb");
-  if (!f) throw Error(str("export_gguf: cannot write '", out.temp(), "': ", std::strerror(errno)));
+  if (!f) throw Error(str("GGUF export: cannot write '", out.temp(), "': ", std::strerror(errno)));
   auto write = [&](const void* p, size_t n) {
     if (n && std::fwrite(p, 1, n, f) != n) {
       const int err = errno;
       std::fclose(f);
       f = nullptr;
-      throw Error(str("export_gguf: writing '", path, "' failed: ", std::strerror(err)));
+      throw Error(str("GGUF export: writing '", path, "' failed: ", std::strerror(err)));
     }
   };
   try {
@@ -493,14 +493,14 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
         write(bytes.data(), bytes.size());
         written += bytes.size();
       }
-      MOE_CHECK(written == static_cast<uint64_t>(p.nbytes()), "export_gguf: tensor '", p.name,
+      MOE_CHECK(written == static_cast<uint64_t>(p.nbytes()), "GGUF export: tensor '", p.name,
                 "' came to ", written, " bytes, expected ", p.nbytes());
       write(zeros.data(), (kAlignment - written % kAlignment) % kAlignment);
     }
     std::FILE* closing = f;
     f = nullptr;
     if (std::fclose(closing) != 0)
-      throw Error(str("export_gguf: closing '", path, "' failed: ", std::strerror(errno)));
+      throw Error(str("GGUF export: closing '", path, "' failed: ", std::strerror(errno)));
     out.commit();
     out.sync_directory();
   } catch (...) {

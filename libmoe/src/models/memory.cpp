@@ -148,4 +148,19 @@ void check_inference_activations(const ModelConfig& config, int64_t windows,
                   "), more than this process can still get: ", free.describe()));
 }
 
+void check_inference_weights(const ModelConfig& config, double experts_share,
+                             double bytes_per_weight, const std::string& what,
+                             const std::string& detail, const FreeMemory& free) {
+  const double bytes = parameter_lower_bound(config, experts_share) * bytes_per_weight;
+  check_free_memory(
+      bytes, str(what, ": its weights need at least ", format_bytes(bytes), " (", detail, ")"),
+      free);
+}
+
+void check_free_memory(double bytes, const std::string& what, const FreeMemory& free) {
+  const double usable = free.usable();
+  if (usable <= 0 || bytes <= usable) return;
+  throw Error(str(what, ", more than this process can still get: ", free.describe()));
+}
+
 }  // namespace moe

@@ -40,6 +40,7 @@
 #include "moe/io/finite.h"
 #include "moe/io/hdf5.h"
 #include "moe/log.h"
+#include "moe/models/memory.h"
 #include "moe/models/transformer.h"
 #include "moe/timer.h"
 
@@ -447,6 +448,13 @@ void ExpertRing::start(const RingConfig& config) {
     MOE_USAGE_CHECK(config.budget_bytes >= slot_bytes, "--expert-budget ", config.budget_bytes,
                     " bytes is smaller than one MoE layer's experts (", slot_bytes, " bytes)");
     K = std::min(config.budget_bytes / slot_bytes, r.L);
+    // Host slots are allocated below: a budget this process cannot get is refused with the
+    // figures rather than by a failed allocation part-way (device slots: the device's allocator).
+    const double bytes = double(K) * double(slot_bytes);
+    if (config.device.kind == Device::cpu)
+      check_free_memory(
+          bytes, str("--expert-budget: ", K, " expert slots of ", format_bytes(double(slot_bytes)),
+                     " (", format_bytes(bytes), ")"));
   }
   r.config = config;
   r.K = K;

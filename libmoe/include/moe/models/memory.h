@@ -56,6 +56,21 @@ void check_inference_activations(const ModelConfig& config, int64_t windows,
                                  const std::string& what, const std::string& detail,
                                  const FreeMemory& free = free_memory());
 
+// Throws moe::Error "<what>, more than this process can still get: <free.describe()>" when
+// `bytes` exceed free.usable(): asked before a large allocation whose size is known. Unknown
+// figures never refuse.
+void check_free_memory(double bytes, const std::string& what,
+                       const FreeMemory& free = free_memory());
+
+// Throws moe::Error "<what>: its weights need at least <bytes> (<detail>), more than this process
+// can still get: ..." when parameter_lower_bound(config, experts_share) weights of
+// `bytes_per_weight` bytes exceed what free_memory() gives: before a loader sizes them, so that
+// a model too large is refused with the figures rather than by a failed allocation part-way.
+// Unknown figures never refuse.
+void check_inference_weights(const ModelConfig& config, double experts_share,
+                             double bytes_per_weight, const std::string& what,
+                             const std::string& detail, const FreeMemory& free = free_memory());
+
 // "1.5 GiB", "512 MiB", "3.0 TiB".
 std::string format_bytes(double bytes);
 
