@@ -224,6 +224,23 @@ TEST_CASE("cli: too little data for a validation split is said without function 
       "moe-train", {"the data holds 19 tokens, too few"});
 }
 
+TEST_CASE("cli: a model the exports cannot take is refused without function names",
+          "[cli][messages]") {
+  // Before: "export_hf: only the mixtral flavour ..." and "export_gguf: ...".
+  test::ScratchDir dir("cli-user-messages-export");
+  const std::string gpt = test::train_on_fortunes(
+      dir / "run",
+      " --arch gpt --layers 2 --d-model 16 --heads 2 --d-ff 32 --seq 16 --experts 4"
+      " --moe-every 1 --batch 4 --eval-batches 1 --threads 1 -q --steps 1");
+  for (const auto& [command, words] : std::vector<std::pair<std::string, std::string>>{
+           {"export-hf " + gpt + " -o " + (dir / "hf"), "Hugging Face export: only the mixtral"},
+           {"export-gguf " + gpt + " -o " + (dir / "m.gguf"), "GGUF export: only the mixtral"}}) {
+    const test::RunResult r = run_command(tool("moe-convert", command));
+    expect_words(r, "moe-convert", {words});
+    REQUIRE(r.err.find("export_") == std::string::npos);
+  }
+}
+
 TEST_CASE("cli: a failed allocation is told as out of memory with what to shrink",
           "[cli][messages]") {
   // Before: "moe-infer: error: std::bad_alloc". 200 MB of text become 800 MB of token ids, more

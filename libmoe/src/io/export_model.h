@@ -19,7 +19,7 @@ class ExportModel {
   // Checks that `ckpt` is a whole checkpoint (not a rank's shard, no sharded parameter) of one of
   // the RoPE families (mixtral, qwen2_moe, qwen3_moe, olmoe) with softmax routing, experts in every
   // layer and the same number E in each, and no PR-MoE. `who` prefixes every message
-  // ("export_hf"), `target` names the output's model in them ("HF Mixtral", "llama.cpp's
+  // ("Hugging Face export"), `target` names the output's model in them ("HF Mixtral", "llama.cpp's
   // qwen2moe").
   ExportModel(const Checkpoint& ckpt, const std::string& who, const std::string& target);
 

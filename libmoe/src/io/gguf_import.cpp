@@ -444,7 +444,7 @@ std::vector<uint8_t> quantized_rows(const std::string& where, const std::vector<
 
 Tensor tensor_of(const Shape& shape, DType dtype, const std::vector<uint8_t>& bytes) {
   Tensor t = Tensor::empty(shape, dtype);
-  MOE_CHECK(t.nbytes() == bytes.size(), "import_gguf: ", bytes.size(), " bytes for ",
+  MOE_CHECK(t.nbytes() == bytes.size(), "GGUF import: ", bytes.size(), " bytes for ",
             shape_str(shape));
   std::memcpy(t.raw(), bytes.data(), bytes.size());
   return t;

@@ -304,7 +304,7 @@ void check_olmoe_norm_widths(const ModelConfig& mc) {
 GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
                               const GgufExportOptions& options) {
   const LlamaArch arch = llama_arch(model_config_from_json(ckpt.model_config).arch);
-  ExportModel m(ckpt, "export_gguf", str("llama.cpp's ", arch.name, " architecture"));
+  ExportModel m(ckpt, "GGUF export", str("llama.cpp's ", arch.name, " architecture"));
   const ModelConfig& mc = m.config();
   if (mc.normalize_topk != arch.normalize_topk)
     throw Error(str("GGUF export: llama.cpp's ", arch.name,

@@ -133,7 +133,7 @@ std::vector<NamedTensor> hf_tensors(ExportModel& m) {
   // Every tensor written is in the model's dtype (HF's config has one torch_dtype).
   auto checked = [&](const NamedTensor& nt) -> const NamedTensor& {
     if (nt.dtype() != mc.dtype)
-      throw Error(str("export_hf: parameter '", nt.name, "' is ", dtype_name(nt.dtype()),
+      throw Error(str("Hugging Face export: parameter '", nt.name, "' is ", dtype_name(nt.dtype()),
                       ", but the model's dtype is ", dtype_name(mc.dtype)));
     return nt;
   };
@@ -236,11 +236,11 @@ std::string shard_file(size_t s, size_t count) {
 void check_export_files(const std::string& dir, size_t shard_count, bool sharded,
                         const Checkpoint& ckpt, bool replace) {
   if (!sharded && fs::exists(join_path(dir, kIndexFile)))
-    throw Error(str("export_hf: '", dir, "' already holds ", kIndexFile,
+    throw Error(str("Hugging Face export: '", dir, "' already holds ", kIndexFile,
                     " (a sharded checkpoint, which loaders would read instead); export into an "
                     "empty directory"));
   if (sharded && fs::exists(join_path(dir, kSingleFile)))
-    throw Error(str("export_hf: '", dir, "' already holds ", kSingleFile,
+    throw Error(str("Hugging Face export: '", dir, "' already holds ", kSingleFile,
                     " (which loaders would read instead of the shards); export into an empty "
                     "directory"));
   std::vector<std::string> files = {kConfigFile};
@@ -297,20 +297,20 @@ class CreatedDir {
 
 void export_hf(const Checkpoint& ckpt, const std::string& dir, const HfExportOptions& options) {
   const ModelConfig peek = model_config_from_json(ckpt.model_config);
-  ExportModel m(ckpt, "export_hf", hf_model_name(peek.arch));
+  ExportModel m(ckpt, "Hugging Face export", hf_model_name(peek.arch));
   const ModelConfig& mc = m.config();
   if (mc.arch == Arch::mixtral && !mc.normalize_topk)
     throw Error(
-        "export_hf: HF Mixtral renormalises the top-k gate weights; this model does not "
+        "Hugging Face export: HF Mixtral renormalises the top-k gate weights; this model does not "
         "(normalize_topk false)");
   if ((mc.arch == Arch::qwen2_moe || mc.arch == Arch::olmoe) &&
       mc.head_dim_resolved() * mc.heads != mc.d_model)
-    throw Error(str("export_hf: ", hf_model_name(mc.arch),
+    throw Error(str("Hugging Face export: ", hf_model_name(mc.arch),
                     " has heads of hidden_size / "
                     "num_attention_heads; this model's are ",
                     mc.head_dim_resolved(), " wide"));
   if (mc.shared_expert_ff > 0 && mc.arch != Arch::qwen2_moe)
-    throw Error(str("export_hf: ", hf_model_name(mc.arch),
+    throw Error(str("Hugging Face export: ", hf_model_name(mc.arch),
                     " has no shared expert; this model's "
                     "is ",
                     mc.shared_expert_ff, " wide (qwen2_moe has one)"));
@@ -322,7 +322,7 @@ void export_hf(const Checkpoint& ckpt, const std::string& dir, const HfExportOpt
   CreatedDir output(dir);
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (ec) throw Error(str("export_hf: cannot create '", dir, "': ", ec.message()));
+  if (ec) throw Error(str("Hugging Face export: cannot create '", dir, "': ", ec.message()));
   const std::map<std::string, std::string> metadata = {
       {"format", "pt"},
       {kMetadataConfig, to_json(m.recorded_config()).dump()},
