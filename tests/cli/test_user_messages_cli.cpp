@@ -134,6 +134,13 @@ TEST_CASE("cli: JSON that does not parse names the file, line and column", "[cli
   test::write_file(null_prompt, "{\"prompt\": null}\n");
   test::write_file(requests, "{\"context\": \"a\", \"continuation\": }\n");
   test::write_file(tokenizer, "{\"model\": {\"type\": \"BPE\",\n \"vocab\": {\"a\": 0},}}\n");
+  const std::string null_id = dir / "null-id/tokenizer.json", added = dir / "added/tokenizer.json";
+  fs::create_directories(dir / "null-id");
+  fs::create_directories(dir / "added");
+  test::write_file(null_id, "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": null}}}");
+  test::write_file(added,
+                   "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}},"
+                   " \"added_tokens\": [{\"id\": 1, \"content\": 3}]}");
   test::write_file(metrics, "{\"step\": 1, \"loss\": 2}\n{\"step\": 2, \"loss\": }\n");
   test::write_file(table, "{\"format\": \"moe.paths\",\n \"layers\": tru}\n");
   // A Hugging Face directory with a damaged config.json, and one with a damaged safetensors
@@ -164,6 +171,14 @@ TEST_CASE("cli: JSON that does not parse names the file, line and column", "[cli
        "moe-infer",
        "score --model " + t.ckpt + data + " --tokenizer " + tokenizer,
        {tokenizer, "invalid JSON at line 2, column 20"}},
+      {"tokenizer id of the wrong type",
+       "moe-infer",
+       "score --model " + t.ckpt + data + " --tokenizer " + null_id,
+       {"tokenizer '" + null_id + "': model.vocab[\"a\"] must be a number, got null"}},
+      {"added token of the wrong type",
+       "moe-infer",
+       "score --model " + t.ckpt + data + " --tokenizer " + added,
+       {"tokenizer '" + added + "': added_tokens[0].content must be a string, got a number"}},
       {"metrics",
        "moe-profile",
        "plot-metrics " + metrics + " -o " + (dir / "m.svg"),

@@ -5,6 +5,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "moe/error.h"
+
 namespace moe {
 
 // The words of a nlohmann exception, without its tag:
@@ -18,5 +20,16 @@ std::string json_error_words(const nlohmann::json::exception& e, bool one_line =
 // json::parse of `text`, a syntax error thrown as moe::Error "<where>: <json_error_words>".
 // `where` is "FILE:LINE" for a line of a JSON-lines file (`one_line`), "FILE" for a whole file.
 nlohmann::json parse_json(const std::string& text, const std::string& where, bool one_line = false);
+
+// value.get<T>(), a type error thrown as moe::Error "<place> must be a number, got null" (`place`
+// names the value: "tokenizer 'tok.json': model.vocab[\"a\"]").
+template <class T>
+T json_get(const nlohmann::json& value, const std::string& place) {
+  try {
+    return value.get<T>();
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(str(place, " ", json_error_words(e)));
+  }
+}
 
 }  // namespace moe

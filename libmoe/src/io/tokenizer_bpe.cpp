@@ -223,8 +223,9 @@ class BpeTokenizer final : public Tokenizer {
       if (model.contains(key) && !model[key].is_null()) refuse(str("model.", key));
     ignore_merges_ = model.value("ignore_merges", false);
     for (const auto& [text, id] : model.at("vocab").items()) {
-      vocab_[text] = id.get<int32_t>();
-      set_token(id.get<int32_t>(), text);
+      vocab_[text] =
+          json_get<int32_t>(id, str("tokenizer '", where_, "': model.vocab[\"", text, "\"]"));
+      set_token(vocab_[text], text);
     }
     if (model.contains("unk_token") && !model["unk_token"].is_null()) {
       auto it = vocab_.find(model["unk_token"].get<std::string>());
@@ -234,7 +235,10 @@ class BpeTokenizer final : public Tokenizer {
       for (const json& t : j["added_tokens"]) {
         for (const char* key : {"lstrip", "rstrip", "single_word"})
           if (t.value(key, false)) refuse(str("an added token with ", key));
-        added_.push_back({t.at("id").get<int32_t>(), t.at("content").get<std::string>(),
+        const std::string place =
+            str("tokenizer '", where_, "': added_tokens[", added_.size(), "]");
+        added_.push_back({json_get<int32_t>(t.at("id"), place + ".id"),
+                          json_get<std::string>(t.at("content"), place + ".content"),
                           t.value("special", false)});
         if (added_.back().content.empty()) refuse("an empty added token");
         starts_added_[static_cast<unsigned char>(added_.back().content[0])] = true;
