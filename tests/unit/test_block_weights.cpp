@@ -11,6 +11,7 @@
 // Shapes: m input rows, out x in weights; the model: mixtral, d 256, F 512, 4 experts top-2, 2
 // layers, vocabulary 256 (every matrix's `in` a whole number of 256-blocks).
 #include <algorithm>
+#include <array>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -156,6 +157,108 @@ TEST_CASE("block weights: the GEMV's dot products are dot_row's bits on any byte
     }
     CHECK(differ == 0);
   }
+}
+
+// The x86 copies of dot_block_row (gemv_blocks_simd.h) and the GEMV paths that run them. A copy
+// this CPU lacks is reported as skipped (a warning naming it), not run.
+struct BlockCopy {
+  cpu::GemvIsa isa;
+  const char* name;
+};
+const BlockCopy kCopies[] = {{cpu::GemvIsa::avx2, "avx2"},
+                             {cpu::GemvIsa::avx512, "avx512"},
+                             {cpu::GemvIsa::avx512_vnni, "avx512_vnni"}};
+
+bool copy_runs(const BlockCopy& c) {
+  if (cpu::gemv_isa_supported(c.isa)) return true;
+  WARN("skipped: this CPU lacks " << c.name << ", its block-format copy is not compared");
+  return false;
+}
+
+TEST_CASE("block weights: every x86 copy of the dot products gives the scalar body's bits",
+          "[block_weights]") {
+  // Random bytes reach every level, scale, min and bsum (q8 values -128 too, which an int8 sign
+  // trick would get wrong); scales are random, extreme (f16's largest and smallest subnormal, 0,
+  // either sign; q8_k's f32 up to 1e30 and down to 1e-38, where products overflow or underflow:
+  // the bits still agree) or whole blocks are zero; rows of 1, 2, 3 and 7 blocks.
+  const uint64_t key = rng_key(4, {0x51d});
+  uint64_t index = 0;
+  auto byte = [&] { return static_cast<uint8_t>(rng_below(key, index++, 256)); };
+  const float f16_extremes[] = {65504.0f, -65504.0f, 5.9604645e-8f, -5.9604645e-8f, 0.0f, 1.0f};
+  const float f32_extremes[] = {1e30f, -1e30f, 1e-38f, 0.0f, -3.0f, 1.0f};
+  auto put_f16 = [&](uint8_t* at, int kind) {
+    const float v = kind == 0 ? rng_normal(key, index++) : f16_extremes[byte() % 6];
+    const uint16_t h = kernels::f32_to_f16(v);
+    std::memcpy(at, &h, 2);
+  };
+  for (const BlockCopy& copy : kCopies) {
+    if (!copy_runs(copy)) continue;
+    const cpu::gemv_detail::DotBlockRow dot = cpu::gemv_detail::dot_block_row_for(copy.isa);
+    for (BlockFormat f : kWeights) {
+      INFO(copy.name << " " << cpu::block_format_name(f));
+      const BlockFormat partner = cpu::dot_partner(f);
+      int64_t differ = 0, nonzero = 0;
+      for (int trial = 0; trial < 400; ++trial) {
+        const int64_t blocks = std::array<int64_t, 4>{1, 2, 3, 7}[trial % 4];
+        const int64_t n = blocks * cpu::block_elems(f);
+        const int kind = trial / 4 % 3;  // 0: random scales, 1: extreme ones, 2: some zero blocks
+        std::vector<uint8_t> w(static_cast<size_t>(cpu::block_row_bytes(f, n)));
+        std::vector<uint8_t> a(static_cast<size_t>(cpu::block_row_bytes(partner, n)));
+        for (uint8_t& b : w) b = byte();
+        for (uint8_t& b : a) b = byte();
+        for (int64_t b = 0; b < blocks; ++b) {
+          uint8_t* wb = w.data() + b * cpu::block_bytes(f);
+          uint8_t* ab = a.data() + b * cpu::block_bytes(partner);
+          if (f == BlockFormat::q4_k) put_f16(wb, kind), put_f16(wb + 2, kind);
+          if (f == BlockFormat::q6_k) put_f16(wb + 208, kind);
+          if (f == BlockFormat::mxfp4) wb[0] = kind == 1 ? byte() : uint8_t(100 + byte() % 55);
+          if (partner == BlockFormat::q8_k) {
+            const float d = kind == 1 ? f32_extremes[byte() % 6] : rng_normal(key, index++);
+            std::memcpy(ab, &d, 4);
+          } else {
+            put_f16(ab, kind);
+          }
+          if (kind == 2 && byte() % 2) std::fill(wb, wb + cpu::block_bytes(f), uint8_t{0});
+          if (kind == 2 && byte() % 2) std::fill(ab, ab + cpu::block_bytes(partner), uint8_t{0});
+        }
+        const float want = cpu::gemv_detail::dot_block_row(f, w.data(), a.data(), n);
+        const float got = dot(f, w.data(), a.data(), n);
+        differ += std::memcmp(&want, &got, sizeof got) != 0;
+        nonzero += want != 0;
+      }
+      CHECK(differ == 0);
+      CHECK(nonzero > 200);  // most products are not zero: the comparison means something
+    }
+  }
+}
+
+TEST_CASE("block weights: every GEMV path gives the scalar path's bits at 1 and 2 threads",
+          "[block_weights]") {
+  const int before = num_threads();
+  for (BlockFormat f : kWeights) {
+    // 40 output rows (tasks of 16, the last short), rows of 3 blocks of 256 (24 of 32).
+    const BlockMatrix w(f, 40, 768, 11);
+    for (int64_t m : {1, 2, 5}) {
+      const std::vector<float> x = normals(m * w.in, 300 + m, 1.0f);
+      std::vector<float> want(static_cast<size_t>(m * w.out));
+      const cpu::GemvProblem scalar{w.matrix(), x.data(), w.in, m, want.data(), w.out, 0.0f};
+      set_num_threads(1);
+      cpu::gemv_batch(&scalar, 1, cpu::GemvIsa::scalar);
+      for (const BlockCopy& copy : kCopies) {
+        if (!copy_runs(copy)) continue;
+        for (int threads : {1, 2}) {
+          INFO(cpu::block_format_name(f)
+               << " m " << m << " " << copy.name << " threads " << threads);
+          set_num_threads(threads);
+          std::vector<float> got(want.size(), -1.0f);
+          const cpu::GemvProblem p{w.matrix(), x.data(), w.in, m, got.data(), w.out, 0.0f};
+          cpu::gemv_batch(&p, 1, copy.isa);
+          CHECK(same_bits(got, want));
+        }
+      }
+    }
+  }
+  set_num_threads(before);
 }
 
 TEST_CASE("block weights: the GEMV is dot_row against the partner-quantised inputs",

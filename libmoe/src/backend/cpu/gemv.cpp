@@ -306,19 +306,30 @@ BlockFormat block_format(WeightFormat format) {
 }
 
 bool gemv_isa_supported(GemvIsa isa) {
-  return isa == GemvIsa::avx512_vnni ? avx512_vnni_available()
-                                     : isa != GemvIsa::avx512 || avx512_available();
+  switch (isa) {
+    case GemvIsa::avx512_vnni:
+      return avx512_vnni_available();
+    case GemvIsa::avx512:
+      return avx512_available();
+    case GemvIsa::avx2:
+      return vector_isa_supported(VectorIsa::avx2);
+    default:
+      return true;
+  }
 }
 
 void gemv_batch(const GemvProblem* problems, size_t count, GemvIsa isa) {
   if (isa == GemvIsa::best)
-    isa = avx512_vnni_available() ? GemvIsa::avx512_vnni
-          : avx512_available()    ? GemvIsa::avx512
-                                  : GemvIsa::scalar;
-  MOE_CHECK(gemv_isa_supported(isa), "gemv: this CPU lacks the AVX-512 subset the path needs");
+    isa = avx512_vnni_available()                 ? GemvIsa::avx512_vnni
+          : avx512_available()                    ? GemvIsa::avx512
+          : vector_isa_supported(VectorIsa::avx2) ? GemvIsa::avx2
+                                                  : GemvIsa::scalar;
+  MOE_CHECK(gemv_isa_supported(isa), "gemv: this CPU lacks the instruction set the path needs");
   // The task list and the quantised input rows are reused between calls (decode steps allocate
   // nothing here once warm). Problems of a batch that share their input rows (an expert's w1
   // and w3, attention's q, k and v) share one quantisation of them.
+  // avx2 has copies for the block formats only (gemv.h): the other formats run scalar under it.
+  const bool wide = isa == GemvIsa::avx512 || isa == GemvIsa::avx512_vnni;
   thread_local std::vector<Task> tasks;
   thread_local std::vector<Q8Input> inputs;
   thread_local std::vector<BlockInput> block_inputs;
@@ -336,7 +347,7 @@ void gemv_batch(const GemvProblem* problems, size_t count, GemvIsa isa) {
       while (k < quantised && !inputs[k].holds(pr.x, pr.ldx, pr.m, pr.w.in)) ++k;
       if (k == quantised) {
         if (inputs.size() <= k) inputs.resize(k + 1);
-        inputs[k].build(pr.x, pr.ldx, pr.m, pr.w.in, isa != GemvIsa::scalar);
+        inputs[k].build(pr.x, pr.ldx, pr.m, pr.w.in, wide);
         ++quantised;
       }
       input_of[p] = k;
@@ -363,10 +374,11 @@ void gemv_batch(const GemvProblem* problems, size_t count, GemvIsa isa) {
   }
   const int64_t n = static_cast<int64_t>(tasks.size());
   const Task* t = tasks.data();
-  const bool wide = isa != GemvIsa::scalar, vnni = isa == GemvIsa::avx512_vnni;
-  auto run = [t, wide, vnni](int64_t i) {
+  const bool vnni = isa == GemvIsa::avx512_vnni;
+  const DotBlockRow dot = dot_block_row_for(isa);
+  auto run = [t, wide, vnni, dot](int64_t i) {
     const Task& task = t[i];
-    if (task.blocks) return block_rows_scalar(*task.problem, *task.blocks, task.begin, task.end);
+    if (task.blocks) return block_rows(*task.problem, *task.blocks, task.begin, task.end, dot);
 #if MOE_GEMV_X86
     if (wide && task.q8) return q8_rows_avx512(*task.problem, *task.q8, task.begin, task.end, vnni);
     if (wide) return rows_avx512(*task.problem, task.begin, task.end);

@@ -29,7 +29,9 @@
 // Block-format weights (q4_k, q6_k, mxfp4: llama.cpp's rows, gemv_blocks.h) multiply input rows
 // quantised once per call to the format's partner (q8_k; q8_0 blocks for mxfp4) with
 // cpu::dot_row, one output at a time: exact integer sums per block, combined in f32 block after
-// block, as ggml's reference dot products do, so any thread count gives the same bits.
+// block, as ggml's reference dot products do, so any thread count gives the same bits. The sums
+// are formed by a scalar body or its AVX2, AVX-512 or AVX-512 VNNI copy (gemv_blocks_simd.h),
+// the same bits on every copy.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -105,8 +107,10 @@ inline constexpr int64_t kGemvMaxRows = 8;
 
 // Independent problems (their y regions must not overlap) in one parallel loop over blocks of
 // output rows. `isa` forces a path (tests, benchmarks); the default is the best this CPU has.
-// avx512 and avx512_vnni differ only for Q8_0 (how the integer sums are formed; same values).
-enum class GemvIsa { best, scalar, avx512, avx512_vnni };
+// avx512 and avx512_vnni differ only for Q8_0 and the block formats (how the integer sums are
+// formed; same values). avx2 has copies for the block formats only: other formats take the
+// scalar path under it (as they do on a CPU without AVX-512). Every path gives the same bits.
+enum class GemvIsa { best, scalar, avx512, avx512_vnni, avx2 };
 void gemv_batch(const GemvProblem* problems, size_t count, GemvIsa isa = GemvIsa::best);
 bool gemv_isa_supported(GemvIsa isa);
 

@@ -2,8 +2,8 @@
 // scalar: each input row is quantised once per call to the weights' partner format, and each
 // output is cpu::dot_row of its weight row and that row, llama.cpp's reference arithmetic (exact
 // integer sums per block, combined in f32 block after block), in loops the compiler vectorises
-// (dot_block_row). One output, one thread, one order:
-// the bits do not depend on the thread count.
+// (dot_block_row), or in one of its x86 copies (gemv_blocks_simd.h: the same bits). One output,
+// one thread, one order: the bits depend neither on the thread count nor on the copy.
 // Shapes: m input rows of `in` elements, out x in weights, in a whole number of blocks.
 #include "backend/cpu/gemv_blocks.h"
 
@@ -120,7 +120,25 @@ void BlockInput::build(const float* rows, int64_t ld, int64_t count, int64_t n, 
   }
 }
 
-void block_rows_scalar(const GemvProblem& p, const BlockInput& x, int64_t begin, int64_t end) {
+DotBlockRow dot_block_row_for(GemvIsa isa) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  switch (isa) {
+    case GemvIsa::avx2:
+      return dot_block_row_avx2;
+    case GemvIsa::avx512:
+      return dot_block_row_avx512;
+    case GemvIsa::avx512_vnni:
+      return dot_block_row_vnni;
+    default:
+      break;
+  }
+#endif
+  (void)isa;
+  return dot_block_row;
+}
+
+void block_rows(const GemvProblem& p, const BlockInput& x, int64_t begin, int64_t end,
+                DotBlockRow dot) {
   const BlockFormat format = block_format(p.w.format);
   const int64_t row_bytes = block_row_bytes(format, p.w.in);
   const auto* base = static_cast<const uint8_t*>(p.w.data);
@@ -128,7 +146,7 @@ void block_rows_scalar(const GemvProblem& p, const BlockInput& x, int64_t begin,
     for (int64_t i = 0; i < p.m; ++i)
       store_output(p, i, o,
                    x.usable[static_cast<size_t>(i)]
-                       ? dot_block_row(format, base + o * row_bytes, x.row(i), p.w.in)
+                       ? dot(format, base + o * row_bytes, x.row(i), p.w.in)
                        : std::numeric_limits<float>::quiet_NaN());
 }
 

@@ -32,10 +32,24 @@ struct BlockInput {
 // cpu::dot_row(weights, wrow, arow, n), bit for bit (the same exact integer sums per block and
 // the same f32 operations), in loops over whole sub-blocks that the compiler vectorises.
 float dot_block_row(BlockFormat weights, const uint8_t* wrow, const uint8_t* arow, int64_t n);
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// Its x86 copies (gemv_blocks_simd.h; the same bits): AVX2, AVX-512 without VNNI, AVX-512 VNNI.
+// Each runs only where the CPU has its instruction set (gemv_isa_supported).
+float dot_block_row_avx2(BlockFormat weights, const uint8_t* wrow, const uint8_t* arow, int64_t n);
+float dot_block_row_avx512(BlockFormat weights, const uint8_t* wrow, const uint8_t* arow,
+                           int64_t n);
+float dot_block_row_vnni(BlockFormat weights, const uint8_t* wrow, const uint8_t* arow, int64_t n);
+#endif
+
+using DotBlockRow = float (*)(BlockFormat, const uint8_t*, const uint8_t*, int64_t);
+// The copy of dot_block_row a GEMV path runs: scalar (also where the build has no x86 copies),
+// avx2, avx512 or avx512_vnni (isa resolved: not best). The caller checks gemv_isa_supported.
+DotBlockRow dot_block_row_for(GemvIsa isa);
 
 // Output rows [begin, end) of problem p (block-format weights) against its quantised inputs x:
-// y[i, o] = dot_row(W[o], x[i]) (+ beta y; dot_block_row), one output at a time.
-void block_rows_scalar(const GemvProblem& p, const BlockInput& x, int64_t begin, int64_t end);
+// y[i, o] = dot_row(W[o], x[i]) (+ beta y; `dot`, a copy of dot_block_row), one output at a time.
+void block_rows(const GemvProblem& p, const BlockInput& x, int64_t begin, int64_t end,
+                DotBlockRow dot);
 
 // Rows [row, row + rows) of block-format w dequantised into out [rows, in] (dequantize_row).
 void widen_block_rows(const WeightMatrix& w, int64_t row, int64_t rows, float* out);
