@@ -33,6 +33,7 @@
 
 #include "backend/cpu/gemv.h"
 #include "backend/cpu/task_pool.h"
+#include "block_gemv_bench.h"
 #include "machine.h"
 #include "moe/arena.h"
 #include "moe/infer/model.h"
@@ -448,9 +449,23 @@ double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
 }  // namespace
 
 int run_decode(const DecodeOptions& o) {
-  for (const std::string& name : o.dtypes)  // refused before any work (UsageError: exit 2)
+  // Block formats (q4_k, q6_k, mxfp4) get the GEMV table alone (block_gemv_bench.h), after the
+  // model rows of the other dtypes, if any.
+  std::vector<std::string> dtypes, blocks;
+  for (const std::string& name : o.dtypes) {  // refused before any work (UsageError: exit 2)
+    if (is_block_dtype_name(name)) {
+      blocks.push_back(name);
+      continue;
+    }
     if (name != "q8_0") parse_dtype(name);
+    dtypes.push_back(name);
+  }
   if (o.threads > 0) set_num_threads(o.threads);
+  const int block_rounds = o.quick ? 3 : 9;
+  if (dtypes.empty()) {
+    run_block_gemv(blocks, o.quick, o.threads, block_rounds);
+    return 0;
+  }
   const ModelConfig c = bench_model(o.quick);
   const double min_s = o.quick ? std::min(o.min_seconds, 0.05) : o.min_seconds;
   const int64_t prefill = o.quick ? 32 : 512;
@@ -516,7 +531,7 @@ int run_decode(const DecodeOptions& o) {
     std::fflush(stdout);
   };
 
-  for (const std::string& name : o.dtypes) {
+  for (const std::string& name : dtypes) {
     const bool q8 = name == "q8_0";
     const DType dtype = q8 ? DType::f32 : parse_dtype(name);
     // The reference: the same values, widened to f32 (no lean step), through the tiled sgemm.
@@ -600,6 +615,7 @@ int run_decode(const DecodeOptions& o) {
   std::printf("# read bandwidth at the end: a fresh buffer %.1f GB/s (%s per thread)\n",
               after.best() / 1e9, after.describe().c_str());
   std::printf("# load average %s at the end\n", load_average().c_str());
+  if (!blocks.empty()) run_block_gemv(blocks, o.quick, o.threads, block_rounds);
   return 0;
 }
 
