@@ -20,6 +20,8 @@
 #endif
 #include <immintrin.h>
 
+#include <cstring>
+
 #include "backend/cpu/block_fields.h"
 #include "backend/cpu/gemv_blocks.h"
 
@@ -29,20 +31,15 @@ namespace {
 using block_fields::e8m0_half;
 using block_fields::load_f16;
 using block_fields::load_f32;
-using block_fields::load_i16;
 
-// Lanes whose sum is scale times sum u_i s_i over 32 unsigned levels u (u < 64) and int8 s; the
-// low 16 bytes take scale_lo, the high 16 scale_hi.
-MOE_BLK_TARGET inline __m256i scaled_dot(__m256i u, __m256i s, int32_t scale_lo, int32_t scale_hi) {
+// Lanes whose sum is scale times sum u_i s_i over 32 unsigned levels u (u < 64) and int8 s.
+MOE_BLK_TARGET inline __m256i scaled_dot(__m256i u, __m256i s, int32_t scale) {
 #if MOE_BLK_VNNI
-  const __m256i sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
-  return _mm256_mullo_epi32(sums, _mm256_setr_epi32(scale_lo, scale_lo, scale_lo, scale_lo,
-                                                    scale_hi, scale_hi, scale_hi, scale_hi));
+  return _mm256_mullo_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s),
+                            _mm256_set1_epi32(scale));
 #else
-  const __m256i pairs = _mm256_maddubs_epi16(u, s);
-  return _mm256_madd_epi16(pairs,
-                           _mm256_setr_m128i(_mm_set1_epi16(static_cast<int16_t>(scale_lo)),
-                                             _mm_set1_epi16(static_cast<int16_t>(scale_hi))));
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s),
+                           _mm256_set1_epi16(static_cast<int16_t>(scale)));
 #endif
 }
 
@@ -64,6 +61,12 @@ MOE_BLK_TARGET inline __m256i scaled_dot_offset(__m256i u, __m256i s, __m256i of
 #endif
 }
 
+// The lane sums of four vectors: {sum v0, sum v1, sum v2, sum v3}.
+MOE_BLK_TARGET inline __m128i lane_sums4(__m256i v0, __m256i v1, __m256i v2, __m256i v3) {
+  const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
+  return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
 MOE_BLK_TARGET inline int32_t lane_sum(__m256i v) {
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
@@ -76,31 +79,38 @@ MOE_BLK_TARGET inline __m256i load32(const void* p) {
 }
 
 // q4_k x q8_k: (d d8) S - (dmin d8) M, S = sum_j sc_j sum q a, M = sum_j m_j (bsums of j).
+// The 12 packed bytes as three words: sc 0-3 and m 0-3 are the low 6 bits of words 0 and 1; sc
+// 4-7 (m 4-7) take their low 4 bits from word 2's low (high) nibbles and their high 2 from the top
+// bits of word 0 (word 1), as quant_blocks.h lays them out.
 MOE_BLK_TARGET inline float dot_q4k(const uint8_t* w, const uint8_t* a) {
-  const uint8_t* packed = w + 4;
+  uint32_t word[3];
+  std::memcpy(word, w + 4, sizeof word);
+  const uint32_t low6 = 0x3f3f3f3fu, low4 = 0x0f0f0f0fu, low2 = 0x03030303u;
+  const uint32_t sc_words[2] = {word[0] & low6, (word[2] & low4) | ((word[0] >> 6) & low2) << 4};
+  const uint32_t m_words[2] = {word[1] & low6, ((word[2] >> 4) & low4) | ((word[1] >> 6) & low2)
+                                                                             << 4};
+  uint8_t sc[8];
+  std::memcpy(sc, sc_words, sizeof sc);
   const uint8_t* qs = w + 16;
   const uint8_t* q8 = a + 4;
   const __m256i nibble = _mm256_set1_epi8(15);
-  __m256i acc = _mm256_setzero_si256();
-  int32_t mins = 0;
+  __m256i levels = _mm256_setzero_si256();
   for (int c = 0; c < 4; ++c) {  // 64 values: sub-blocks 2c (low nibbles) and 2c + 1 (high)
-    int32_t sc[2];
-    for (int half = 0; half < 2; ++half) {
-      const int j = 2 * c + half;
-      sc[half] = j < 4 ? packed[j] & 63 : (packed[j + 4] & 15) | (packed[j - 4] >> 6) << 4;
-      const int32_t m = j < 4 ? packed[j + 4] & 63 : (packed[j + 4] >> 4) | (packed[j] >> 6) << 4;
-      mins += m * (load_i16(a + 260 + 4 * j) + load_i16(a + 262 + 4 * j));
-    }
     const __m256i q = load32(qs + 32 * c);
     const __m256i low = _mm256_and_si256(q, nibble);
     const __m256i high = _mm256_and_si256(_mm256_srli_epi16(q, 4), nibble);
-    acc = _mm256_add_epi32(acc, scaled_dot(low, load32(q8 + 64 * c), sc[0], sc[0]));
-    acc = _mm256_add_epi32(acc, scaled_dot(high, load32(q8 + 64 * c + 32), sc[1], sc[1]));
+    levels = _mm256_add_epi32(levels, scaled_dot(low, load32(q8 + 64 * c), sc[2 * c]));
+    levels = _mm256_add_epi32(levels, scaled_dot(high, load32(q8 + 64 * c + 32), sc[2 * c + 1]));
   }
-  const int32_t levels = lane_sum(acc);
+  // M: the 16 bsums (int16) times m_j, each m_j twice (bsums 2j and 2j + 1), in 32-bit pairs.
+  __m128i m = _mm_cvtsi64_si128(static_cast<int64_t>(m_words[0] | uint64_t(m_words[1]) << 32));
+  m = _mm_cvtepu8_epi16(m);
+  const __m256i m_twice = _mm256_setr_m128i(_mm_unpacklo_epi16(m, m), _mm_unpackhi_epi16(m, m));
+  const __m256i mins = _mm256_madd_epi16(load32(a + 260), m_twice);
+  const __m128i sums = lane_sums4(levels, mins, _mm256_setzero_si256(), _mm256_setzero_si256());
   const float d8 = load_f32(a);
-  return (load_f16(w) * d8) * static_cast<float>(levels) -
-         (load_f16(w + 2) * d8) * static_cast<float>(mins);
+  return (load_f16(w) * d8) * static_cast<float>(_mm_cvtsi128_si32(sums)) -
+         (load_f16(w + 2) * d8) * static_cast<float>(_mm_extract_epi32(sums, 1));
 }
 
 // q6_k x q8_k: (d d8) S, S = sum_i scales_i sum (q - 32) a.
@@ -125,15 +135,18 @@ MOE_BLK_TARGET inline float dot_q6k(const uint8_t* w, const uint8_t* a) {
   return (load_f16(w + 208) * load_f32(a)) * static_cast<float>(lane_sum(acc));
 }
 
-// mxfp4 x q8_0: (d8 2^(e - 128)) S, S = sum E2M1x2(nibble) a, by a table of E2M1x2 + 12.
-MOE_BLK_TARGET inline float dot_mxfp4(const uint8_t* w, const uint8_t* a, __m256i table) {
+// mxfp4 x q8_0: (d8 2^(e - 128)) S, S = sum E2M1x2(nibble) a, by a table of E2M1x2 + 12: lanes
+// whose sum is one block's S.
+MOE_BLK_TARGET inline __m256i mxfp4_lanes(const uint8_t* w, const uint8_t* a, __m256i table) {
   const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 1));
   const __m128i nibble = _mm_set1_epi8(15);
   const __m256i index = _mm256_setr_m128i(_mm_and_si128(packed, nibble),
                                           _mm_and_si128(_mm_srli_epi16(packed, 4), nibble));
   const __m256i levels = _mm256_shuffle_epi8(table, index);
-  const int32_t sum =
-      lane_sum(scaled_dot_offset(levels, load32(a + 2), _mm256_set1_epi8(12), 1, 1));
+  return scaled_dot_offset(levels, load32(a + 2), _mm256_set1_epi8(12), 1, 1);
+}
+
+MOE_BLK_TARGET inline float mxfp4_block(const uint8_t* w, const uint8_t* a, int32_t sum) {
   return (load_f16(a) * e8m0_half(w[0])) * static_cast<float>(sum);
 }
 
@@ -158,10 +171,25 @@ MOE_BLK_TARGET float MOE_BLK_ENTRY(BlockFormat weights, const uint8_t* wrow, con
     case BlockFormat::q6_k:
       for (int64_t b = 0; b < blocks; ++b) sum += dot_q6k(wrow + b * wbytes, arow + b * abytes);
       break;
-    default: {  // mxfp4 (dot_partner refused the activation formats)
+    default: {  // mxfp4 (dot_partner refused the activation formats): 4 blocks' S at a time
       const __m256i table = mxfp4_table();
-      for (int64_t b = 0; b < blocks; ++b)
-        sum += dot_mxfp4(wrow + b * wbytes, arow + b * abytes, table);
+      int64_t b = 0;
+      for (; b + 4 <= blocks; b += 4) {
+        const uint8_t* w = wrow + b * wbytes;
+        const uint8_t* a = arow + b * abytes;
+        alignas(16) int32_t s4[4];
+        _mm_store_si128(
+            reinterpret_cast<__m128i*>(s4),
+            lane_sums4(mxfp4_lanes(w, a, table), mxfp4_lanes(w + wbytes, a + abytes, table),
+                       mxfp4_lanes(w + 2 * wbytes, a + 2 * abytes, table),
+                       mxfp4_lanes(w + 3 * wbytes, a + 3 * abytes, table)));
+        for (int k = 0; k < 4; ++k) sum += mxfp4_block(w + k * wbytes, a + k * abytes, s4[k]);
+      }
+      for (; b < blocks; ++b) {
+        const uint8_t* w = wrow + b * wbytes;
+        const uint8_t* a = arow + b * abytes;
+        sum += mxfp4_block(w, a, lane_sum(mxfp4_lanes(w, a, table)));
+      }
       break;
     }
   }
