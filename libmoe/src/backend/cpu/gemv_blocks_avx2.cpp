@@ -5,6 +5,7 @@
 #if MOE_GEMV_X86
 #define MOE_BLK_TARGET __attribute__((target("avx2,fma,f16c")))
 #define MOE_BLK_VNNI 0
+#define MOE_BLK_WIDE 0
 #define MOE_BLK_ENTRY dot_block_row_avx2
 #include "backend/cpu/gemv_blocks_simd.h"
 #endif
