@@ -31,17 +31,25 @@ const std::string kTiny = test::kTinyMixtral + " --steps 2";
 
 struct Trained {
   test::ScratchDir dir{"cli-hdf5-damage"};
-  std::string ckpt, old_format;
+  std::string ckpt, old_format, old_unindexed;
   Trained() {
     ckpt = test::train_on_fortunes(dir / "run", kTiny);
     old_format = dir / "old-format.h5";
-    write_old_format(old_format, io::load_checkpoint(ckpt));
+    const io::Checkpoint c = io::load_checkpoint(ckpt);
+    write_old_format(old_format, c);
+    old_unindexed = dir / "old-format-unindexed.h5";
+    write_old_format(old_unindexed, c, H5P_CRT_ORDER_TRACKED);
   }
 
   // The layout earlier builds wrote (FORMATS.md, "Files of earlier builds"), with the code path
   // they used: 1.8 object formats (superblock 2, v1 B-tree chunk indexes), variable-length string
   // attributes (global heap), groups whose links move to a fractal heap past 8 of them.
-  static void write_old_format(const std::string& path, const io::Checkpoint& c) {
+  // `link_order` is the groups' creation-order flags: earlier builds tracked and indexed it; a
+  // group that tracks it without an index makes libhdf5 list names through its table of links,
+  // the path of issue 45's crashes (free(): invalid pointer in H5G__link_release_table).
+  static void write_old_format(const std::string& path, const io::Checkpoint& c,
+                               unsigned link_order = H5P_CRT_ORDER_TRACKED |
+                                                     H5P_CRT_ORDER_INDEXED) {
     io::h5::Session session;
     io::h5::Where root{path, "/"};
     hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
@@ -69,7 +77,7 @@ struct Trained {
     vlen_attr(file, "train_config", c.train_config.dump());
     auto group = [&](const char* name) {
       hid_t gcpl = H5Pcreate(H5P_GROUP_CREATE);
-      H5Pset_link_creation_order(gcpl, H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED);
+      H5Pset_link_creation_order(gcpl, link_order);
       hid_t g = H5Gcreate2(file, name, H5P_DEFAULT, gcpl, H5P_DEFAULT);
       H5Pclose(gcpl);
       REQUIRE(g >= 0);
@@ -168,13 +176,13 @@ struct Command {
 
 // Runs each command on every damaged copy; each must end with exit 1 and the tool's error line
 // (exit 0 allowed only where the damage hit bytes the command does not use).
-void require_clean_refusals(const std::string& file, const std::vector<std::string>& metadata_sigs,
+void require_clean_refusals(const std::string& file, const std::vector<Damage>& damage,
                             const std::vector<Command>& commands) {
   const std::string bytes = test::read_file(file);
   test::ScratchDir dir("cli-hdf5-damaged");
   const std::string copy = dir / "damaged.h5";
   int refused = 0;
-  for (const Damage& d : damages(bytes, signatures(bytes, metadata_sigs))) {
+  for (const Damage& d : damage) {
     test::write_file(copy, damaged(bytes, d));
     for (const auto& [name, args, reads_everything] : commands) {
       std::string line = args + " " + copy;
@@ -195,6 +203,27 @@ void require_clean_refusals(const std::string& file, const std::vector<std::stri
     }
   }
   REQUIRE(refused > 0);
+}
+
+void require_clean_refusals(const std::string& file, const std::vector<std::string>& metadata_sigs,
+                            const std::vector<Command>& commands) {
+  const std::string bytes = test::read_file(file);
+  require_clean_refusals(file, damages(bytes, signatures(bytes, metadata_sigs)), commands);
+}
+
+// One bit flipped at several places inside every block of the groups' dense link storage
+// (fractal heap blocks, v2 B-tree nodes), within the smallest such block of these files (a
+// one-row indirect block: 53 bytes) or, for the others, within their first 80 bytes. A node's
+// checksum covers its records only, not the unused rest of the node: a flip there changes nothing
+// read, so exit 0 stays allowed; a signal or a hang never is.
+std::vector<Damage> dense_link_damages(const std::string& bytes) {
+  std::vector<Damage> out;
+  for (size_t block : signatures(bytes, {"FHIB"}))
+    for (size_t inside : {10, 23, 41}) out.push_back({block + inside, false, false});
+  for (size_t block : signatures(bytes, {"FHDB", "BTLF", "BTIN"}))
+    for (size_t inside : {10, 23, 41, 57, 75})
+      if (block + inside < bytes.size()) out.push_back({block + inside, false, false});
+  return out;
 }
 
 }  // namespace
@@ -253,6 +282,27 @@ TEST_CASE("cli: damaged checkpoints of earlier builds give a clean error where l
        {"moe-train", "--data " + test::fortunes_path("linux") + " --resume", true},
        {"moe-infer", "score --data " + test::fortunes_path("linux") + " --max-sequences 4 --model",
         false}});
+}
+
+TEST_CASE("cli: damaged link tables of groups without a creation-order index give a clean error",
+          "[cli][hdf5]") {
+  // libhdf5 lists such a group through its table of links, whose builder crashed on a damaged
+  // heap (issue 45: free(): invalid pointer, SIGSEGV in moe-train --resume and inspect).
+  Trained& t = trained();
+  auto r = run_command(tool("moe-convert", "inspect --verify " + t.old_unindexed));
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  // The same tensors, listed in the same (creation) order as the indexed file's; the first line
+  // names the file.
+  auto without_name = [](const std::string& out) { return out.substr(out.find('\n')); };
+  REQUIRE(without_name(r.out) ==
+          without_name(run_command(tool("moe-convert", "inspect --verify " + t.old_format)).out));
+  const std::vector<Damage> damage = dense_link_damages(test::read_file(t.old_unindexed));
+  REQUIRE(damage.size() >= 40);
+  require_clean_refusals(
+      t.old_unindexed, damage,
+      {{"moe-convert", "inspect --verify", true},
+       {"moe-train", "--data " + test::fortunes_path("linux") + " --resume", true}});
 }
 
 TEST_CASE("cli: every HDF5 writer on a full file system exits 1 and leaves nothing behind",

@@ -268,25 +268,65 @@ bool has_link(hid_t parent, const std::string& name, const Where& where) {
   return MOE_H5(where, H5Lexists(parent, name.c_str(), H5P_DEFAULT)) > 0;
 }
 
+namespace {
+
+std::string link_name_at(hid_t group, H5_index_t index, H5_iter_order_t order, hsize_t i,
+                         const Where& where) {
+  ssize_t length =
+      MOE_H5(where, H5Lget_name_by_idx(group, ".", index, order, i, nullptr, 0, H5P_DEFAULT));
+  std::string name(static_cast<size_t>(length) + 1, '\0');
+  MOE_H5(where, H5Lget_name_by_idx(group, ".", index, order, i, name.data(), name.size(),
+                                   H5P_DEFAULT));
+  name.resize(static_cast<size_t>(length));
+  return name;
+}
+
+// The names of a dense group without a creation-order index (links past 8 kept in a fractal heap),
+// never through libhdf5's table of links: H5Lget_name_by_idx builds one whenever the requested
+// order has no index of its own, and on a damaged heap that builder frees entries it never
+// filled (free(): invalid pointer, SIGSEGV).
+// The name index's own order walks its checksummed B-tree; each link's creation order then comes
+// from a lookup by name, and the names are sorted as the group's declared order wants them.
+std::vector<std::string> dense_link_names(hid_t group, hsize_t count, bool tracked,
+                                          const Where& where) {
+  std::vector<std::pair<int64_t, std::string>> links;
+  for (hsize_t i = 0; i < count; ++i) {
+    std::string name = link_name_at(group, H5_INDEX_NAME, H5_ITER_NATIVE, i, where);
+    H5L_info_t info{};
+    MOE_H5(where, H5Lget_info(group, name.c_str(), &info, H5P_DEFAULT));
+    if (tracked && !info.corder_valid)
+      throw Error(str(where.describe(), ": the file is damaged: link '", name,
+                      "' has no creation order in a group that tracks it"));
+    links.emplace_back(tracked ? info.corder : 0, std::move(name));
+  }
+  std::sort(links.begin(), links.end());
+  for (size_t i = 1; tracked && i < links.size(); ++i)
+    if (links[i].first == links[i - 1].first)
+      throw Error(str(where.describe(), ": the file is damaged: links '", links[i - 1].second,
+                      "' and '", links[i].second, "' share a creation order"));
+  std::vector<std::string> names;
+  for (auto& [order, name] : links) names.push_back(std::move(name));
+  return names;
+}
+
+}  // namespace
+
 std::vector<std::string> list_links(hid_t group, const Where& where) {
   Plist gcpl(MOE_H5(where, H5Gget_create_plist(group)));
   unsigned order_flags = 0;
   MOE_H5(where, H5Pget_link_creation_order(gcpl, &order_flags));
-  H5_index_t index = (order_flags & H5P_CRT_ORDER_TRACKED) ? H5_INDEX_CRT_ORDER : H5_INDEX_NAME;
+  const bool tracked = (order_flags & H5P_CRT_ORDER_TRACKED) != 0;
   H5G_info_t group_info{};
   MOE_H5(where, H5Gget_info(group, &group_info));
-  // One name at a time, never H5Literate: on a damaged dense link table (files of earlier builds)
-  // H5Literate's table builder frees entries it never filled and crashes the process.
+  if (group_info.storage_type == H5G_STORAGE_TYPE_DENSE && !(order_flags & H5P_CRT_ORDER_INDEXED))
+    return dense_link_names(group, group_info.nlinks, tracked, where);
+  // Compact groups (today's files), dense groups with a creation-order index (earlier builds':
+  // libhdf5 walks that checksummed B-tree) and symbol tables: one name at a time, never
+  // H5Literate, which builds the table of links for every group.
+  const H5_index_t index = tracked ? H5_INDEX_CRT_ORDER : H5_INDEX_NAME;
   std::vector<std::string> names;
-  for (hsize_t i = 0; i < group_info.nlinks; ++i) {
-    ssize_t length = MOE_H5(
-        where, H5Lget_name_by_idx(group, ".", index, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT));
-    std::string name(static_cast<size_t>(length) + 1, '\0');
-    MOE_H5(where, H5Lget_name_by_idx(group, ".", index, H5_ITER_INC, i, name.data(), name.size(),
-                                     H5P_DEFAULT));
-    name.resize(static_cast<size_t>(length));
-    names.push_back(std::move(name));
-  }
+  for (hsize_t i = 0; i < group_info.nlinks; ++i)
+    names.push_back(link_name_at(group, index, H5_ITER_INC, i, where));
   return names;
 }
 
