@@ -612,7 +612,8 @@ int main(int argc, char** argv) {
                "Decode (batch 1, 8) and prefill tokens/s of a Mixtral-shaped model per weight "
                "dtype, against the memory-bandwidth bound");
   app.add_option("--dtypes", decode_opt.dtypes,
-                 "--decode: weight dtypes (default f32,bf16,f16,q8_0)")
+                 "--decode: weight dtypes (default f32,bf16,f16,q8_0); q4_k, q6_k, mxfp4: a "
+                 "table of the GEMV alone per instruction-set path instead of model rows")
       ->delimiter(',');
   return tools::run_tool("moe-bench", app, argc, argv, [&] {
     if (decode) {
