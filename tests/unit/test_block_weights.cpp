@@ -236,8 +236,9 @@ TEST_CASE("block weights: every GEMV path gives the scalar path's bits at 1 and 
           "[block_weights]") {
   const int before = num_threads();
   for (BlockFormat f : kWeights) {
-    // 40 output rows (tasks of 16, the last short), rows of 3 blocks of 256 (24 of 32).
-    const BlockMatrix w(f, 40, 768, 11);
+    // 44 output rows (tasks of 16, the last short), rows of 3 blocks of 256 (24 of 32): 44 x 768
+    // is above kParallelWork even for m = 1, so 2 threads split the rows.
+    const BlockMatrix w(f, 44, 768, 11);
     for (int64_t m : {1, 2, 5}) {
       const std::vector<float> x = normals(m * w.in, 300 + m, 1.0f);
       std::vector<float> want(static_cast<size_t>(m * w.out));
