@@ -84,21 +84,12 @@ struct Sources {
   }
 };
 
-// Whether `path` exists. A path the system cannot look up at all (a name longer than the file
-// system allows, a loop of links) is an Error in words, never a std::filesystem exception.
-bool present(const std::string& path) {
-  std::error_code ec;
-  const bool there = fs::exists(path, ec);
-  if (ec) throw Error(str("cannot look up '", path, "': ", ec.message()));
-  return there;
-}
-
 Sources open_sources(const std::string& dir) {
   Sources s;
   const std::string index_path = join_path(dir, kIndexFile);
   const std::string single_path = join_path(dir, kSingleFile);
   std::map<std::string, std::string> weight_map;  // tensor -> file, when sharded
-  if (present(index_path)) {
+  if (path_exists(index_path)) {
     json index = read_json_file(index_path);
     if (!index.contains("weight_map") || !index["weight_map"].is_object())
       throw Error(str("'", index_path, "': no \"weight_map\" object"));
@@ -116,12 +107,12 @@ Sources open_sources(const std::string& dir) {
     }
     for (const std::string& file : shards) {
       const std::string path = join_path(dir, file);
-      if (!present(path))
+      if (!path_exists(path))
         throw Error(str("'", index_path, "' names the shard '", file,
                         "', which is missing: no file '", path, "'"));
       s.files.push_back(std::make_unique<SafetensorsReader>(path));
     }
-  } else if (present(single_path)) {
+  } else if (path_exists(single_path)) {
     s.files.push_back(std::make_unique<SafetensorsReader>(single_path));
   } else {
     throw Error(str("'", dir, "': no ", kSingleFile, " or ", kIndexFile,
@@ -638,7 +629,7 @@ Checkpoint import_hf(const std::string& dir, const HfImportOptions& options,
                     "': not a directory (import-hf reads a Hugging Face checkpoint "
                     "directory: config.json + safetensors)"));
   const std::string config_path = join_path(dir, kConfigFile);
-  if (!present(config_path)) throw Error(str("'", dir, "': no config.json"));
+  if (!path_exists(config_path)) throw Error(str("'", dir, "': no config.json"));
   const json hf_config = read_json_file(config_path);
   HfModel hf = parse_config(hf_config, config_path, rep.unsupported);
   rep.family = hf.family;

@@ -14,6 +14,7 @@
 #include "io/files.h"
 #include "io/hf_names.h"
 #include "moe/error.h"
+#include "moe/io/input.h"
 #include "moe/io/hf_checkpoint.h"
 #include "moe/io/output.h"
 #include "moe/io/safetensors.h"
@@ -235,11 +236,11 @@ std::string shard_file(size_t s, size_t count) {
 // model.safetensors beside shards) is refused even then: a loader would read that one instead.
 void check_export_files(const std::string& dir, size_t shard_count, bool sharded,
                         const Checkpoint& ckpt, bool replace) {
-  if (!sharded && fs::exists(join_path(dir, kIndexFile)))
+  if (!sharded && path_exists(join_path(dir, kIndexFile)))
     throw Error(str("Hugging Face export: '", dir, "' already holds ", kIndexFile,
                     " (a sharded checkpoint, which loaders would read instead); export into an "
                     "empty directory"));
-  if (sharded && fs::exists(join_path(dir, kSingleFile)))
+  if (sharded && path_exists(join_path(dir, kSingleFile)))
     throw Error(str("Hugging Face export: '", dir, "' already holds ", kSingleFile,
                     " (which loaders would read instead of the shards); export into an empty "
                     "directory"));
@@ -279,7 +280,7 @@ void write_tensors(const std::string& dir, const std::vector<std::vector<NamedTe
 // chunk can stop it half way. A directory that existed before is left as it is.
 class CreatedDir {
  public:
-  explicit CreatedDir(std::string dir) : dir_(std::move(dir)), created_(!fs::exists(dir_)) {}
+  explicit CreatedDir(std::string dir) : dir_(std::move(dir)), created_(!path_exists(dir_)) {}
   CreatedDir(const CreatedDir&) = delete;
   CreatedDir& operator=(const CreatedDir&) = delete;
   ~CreatedDir() {

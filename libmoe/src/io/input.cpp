@@ -37,4 +37,11 @@ void check_input_file(const std::string& path, const std::string& what) {
                   "); give the path of a file"));
 }
 
+bool path_exists(const std::string& path) {
+  std::error_code ec;
+  const bool there = std::filesystem::exists(path, ec);
+  if (ec) throw Error(str("cannot look up '", path, "': ", ec.message()));
+  return there;
+}
+
 }  // namespace moe::io

@@ -11,4 +11,9 @@ namespace moe::io {
 // so does a missing path, which the caller's open reports in its own words.
 void check_input_file(const std::string& path, const std::string& what);
 
+// Whether `path` exists (links followed). A path the system cannot look up at all (a name longer
+// than the file system allows, a loop of links) throws moe::Error "cannot look up '<path>': File
+// name too long", never a std::filesystem exception.
+bool path_exists(const std::string& path);
+
 }  // namespace moe::io
