@@ -1,0 +1,405 @@
+// The inference expert cache (see moe/offload/serving_cache.h).
+// Shapes: L MoE layers, E experts of a layer, C cache slots, P pinned experts.
+//
+// Single-threaded by design: nn::Experts acquires one expert at a time from the compute thread,
+// and a miss reads its chunk there. The policy (offload::ExpertCache) owns which key sits in which
+// slot; this file owns the slots' bytes, the pinned experts and the statistics. A slot is pinned in
+// the policy from acquire to release, so the expert being computed is never the victim.
+#include "moe/offload/serving_cache.h"
+
+#include <algorithm>
+#include <numeric>
+#include <set>
+
+#include "moe/arena.h"
+#include "moe/io/checkpoint.h"
+#include "moe/io/convert.h"
+#include "moe/io/finite.h"
+#include "moe/io/hdf5.h"
+#include "moe/models/memory.h"
+#include "moe/models/transformer.h"
+#include "moe/offload/cache_sim.h"
+
+namespace moe::offload {
+
+struct ServingCache::Impl {
+  struct Layer {
+    int64_t block = 0, experts = 0;
+    std::vector<std::string> names;
+    std::vector<int> field;      // which ExpertTensors member (0 w1 .. 4 b2)
+    std::vector<Shape> one;      // one expert's shape, [1, ...]
+    std::vector<Shape> global;   // the checkpoint tensor's shape
+    std::vector<int64_t> first;  // the checkpoint index of the layer's expert 0
+  };
+  // One expert's tensors as held: a Tensor a field, sized for the largest layer's expert.
+  struct Holder {
+    Tensor fields[5];
+  };
+
+  std::string path;
+  ServingCacheConfig config;
+  bool started = false;
+  std::vector<Layer> layers;
+  std::vector<DType> held;           // per field: the dtype it is held in
+  std::vector<int64_t> field_elems;  // per field: the largest layer's one-expert elements
+  std::unique_ptr<ExpertCache> cache;
+  std::vector<Holder> slots;                       // [C]
+  std::vector<std::vector<int32_t>> pinned_index;  // [L][E]: -1 or [P]
+  std::vector<Holder> pinned;                      // [P]
+  Holder bypass;                                   // a miss not admitted
+  std::vector<ExpertKey> sequence;                 // unpinned accesses, for Belady
+  std::vector<std::vector<char>> estimate;         // [L]: the next-layer estimate of each layer
+  ServingCacheStats stats;
+  int last_layer = -1;
+
+  DType held_dtype(int field, const Layer& layer, size_t j) const {
+    const bool matrix = field < 3 && (config.dtype == DType::bf16 || config.dtype == DType::f16) &&
+                        io::quantizable(layer.names[j], layer.global[j]);
+    return matrix ? config.dtype : DType::f32;
+  }
+
+  int64_t one_expert_bytes() const {
+    int64_t bytes = 0;
+    for (int f = 0; f < 5; ++f) bytes += field_elems[f] * int64_t(dtype_size(held[f]));
+    return bytes;
+  }
+
+  Holder allocate(const char* name) const {
+    Holder h;
+    for (int f = 0; f < 5; ++f)
+      if (field_elems[f] > 0) h.fields[f] = Tensor::zeros({field_elems[f]}, held[f]).set_name(name);
+    return h;
+  }
+
+  // Views of holder h shaped as layer m's expert tensors.
+  nn::ExpertTensors views(const Holder& h, int64_t m) const {
+    const Layer& layer = layers[static_cast<size_t>(m)];
+    nn::ExpertTensors v;
+    Tensor* out[] = {&v.w1, &v.w2, &v.w3, &v.b1, &v.b2};
+    for (size_t j = 0; j < layer.names.size(); ++j) {
+      const int f = layer.field[j];
+      *out[f] = h.fields[f].rows(0, shape_numel(layer.one[j])).reshape(layer.one[j]);
+    }
+    return v;
+  }
+
+  // Reads expert e of layer m from the checkpoint into h, checked as the resident loader checks it.
+  void read(Holder& h, int64_t m, int64_t e) {
+    HeapScope heap;  // the chunks read are temporaries of the file, not of the pass's arena
+    const Layer& layer = layers[static_cast<size_t>(m)];
+    nn::ExpertTensors v = views(h, m);
+    Tensor* dst[] = {&v.w1, &v.w2, &v.w3, &v.b1, &v.b2};
+    for (size_t j = 0; j < layer.names.size(); ++j) {
+      const std::string& name = layer.names[j];
+      const int64_t index = layer.first[j] + e;
+      Tensor chunk = io::read_expert(path, name, index);
+      Tensor& into = *dst[layer.field[j]];
+      MOE_CHECK(chunk.numel() == into.numel() && is_floating(chunk.dtype()), "checkpoint '", path,
+                "': expert ", index, " of '", name, "' is ", chunk.describe(),
+                ", the model expects ", into.numel(), " floating-point elements");
+      io::check_finite(str("checkpoint '", path, "'"), str(name, " (expert ", index, ")"), chunk);
+      into.copy_from(chunk.reshape(into.shape()));
+      stats.bytes_read += static_cast<int64_t>(chunk.nbytes());
+    }
+    ++stats.experts_read;
+  }
+
+  void check_layer(int layer) const {
+    MOE_CHECK(started, "expert cache: start() it before the first forward pass");
+    MOE_CHECK(layer >= 0 && layer < static_cast<int>(layers.size()), "expert cache: no MoE layer ",
+              layer, " (", layers.size(), " layers)");
+  }
+
+  void check_checkpoint() const;
+  void check_tables() const;
+  void pin_popular(int64_t count);
+  void estimate_next(int layer, std::span<const int32_t> experts, std::span<const int32_t> rows);
+};
+
+ServingCache::ServingCache(std::string checkpoint) : impl_(std::make_unique<Impl>()) {
+  impl_->path = std::move(checkpoint);
+}
+
+ServingCache::~ServingCache() = default;
+
+int ServingCache::add_layer(const nn::ExpertParams& params) {
+  Impl& c = *impl_;
+  MOE_CHECK(!c.started, "expert cache: a MoE layer was added after start()");
+  Impl::Layer layer;
+  layer.experts = params.experts();
+  const Param* tensors[] = {params.w1, params.w2, params.w3, params.b1, params.b2};
+  for (int field = 0; field < 5; ++field) {
+    const Param* p = tensors[field];
+    if (!p) continue;
+    MOE_CHECK(p->offloaded && !p->shape.empty(), "expert cache: expert parameter '", p->name,
+              "' is not offloaded to the cache (build the model with it as its expert store)");
+    MOE_CHECK(!p->shard.defined() || p->shard.dim == 0, "expert cache: '", p->name,
+              "' is sliced along dimension ", p->shard.dim, ", not its experts");
+    if (layer.names.empty()) layer.block = block_of_name(p->name);
+    layer.names.push_back(p->name);
+    layer.field.push_back(field);
+    Shape one = p->shape;
+    one[0] = 1;
+    layer.one.push_back(one);
+    layer.global.push_back(p->shard.defined() ? p->shard.global : p->shape);
+    layer.first.push_back(p->shard.defined() ? p->shard.start : 0);
+  }
+  c.layers.push_back(std::move(layer));
+  return static_cast<int>(c.layers.size() - 1);
+}
+
+void ServingCache::request(int layer, std::span<const int32_t> experts,
+                           std::span<const int32_t> rows, nn::Pass pass) {
+  Impl& c = *impl_;
+  MOE_CHECK(pass == nn::Pass::forward, "expert cache: MoE layer ", layer,
+            ": the cache serves forward passes only (inference); train with --offload");
+  c.check_layer(layer);
+  // A new forward pass: the layers start again (token blocks of one layer repeat it).
+  const bool new_pass =
+      c.last_layer < 0 || layer < c.last_layer || (layer == c.last_layer && c.layers.size() == 1);
+  if (new_pass && c.last_layer >= 0) c.cache->end_step();  // LFU's decay counts passes
+  if (new_pass) ++c.stats.passes;
+  c.last_layer = layer;
+  c.estimate_next(layer, experts, rows);
+}
+
+// Scores layer+1's experts by the transition counts of this layer's routed experts, weighted by
+// their rows, and keeps as many of the best as this layer routed to; first counts how many of
+// this layer's routed experts the previous layer's estimate held.
+void ServingCache::Impl::estimate_next(int layer, std::span<const int32_t> experts,
+                                       std::span<const int32_t> rows) {
+  if (config.transitions.empty()) return;
+  const size_t l = static_cast<size_t>(layer);
+  if (layer > 0 && !estimate[l].empty()) {
+    stats.estimate_routed += static_cast<int64_t>(experts.size());
+    for (int32_t e : experts) stats.estimate_hits += estimate[l][static_cast<size_t>(e)];
+  }
+  if (l + 1 >= layers.size()) return;
+  const int64_t next_experts = layers[l + 1].experts;
+  std::vector<double> score(static_cast<size_t>(next_experts), 0.0);
+  for (size_t i = 0; i < experts.size(); ++i) {
+    const std::vector<double>& to = config.transitions[l][static_cast<size_t>(experts[i])];
+    for (int64_t f = 0; f < next_experts; ++f)
+      score[static_cast<size_t>(f)] += double(rows[i]) * to[static_cast<size_t>(f)];
+  }
+  std::vector<int32_t> order(static_cast<size_t>(next_experts));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return score[static_cast<size_t>(a)] > score[static_cast<size_t>(b)];
+  });
+  std::vector<char>& chosen = estimate[l + 1];
+  chosen.assign(static_cast<size_t>(next_experts), 0);
+  const size_t keep = std::min(experts.size(), order.size());
+  for (size_t i = 0; i < keep; ++i) chosen[static_cast<size_t>(order[i])] = 1;
+}
+
+nn::ExpertTensors ServingCache::acquire(int layer, int expert) {
+  Impl& c = *impl_;
+  c.check_layer(layer);
+  const Impl::Layer& l = c.layers[static_cast<size_t>(layer)];
+  MOE_CHECK(expert >= 0 && expert < l.experts, "expert cache: MoE layer ", layer, " has no expert ",
+            expert);
+  ++c.stats.accesses;
+  if (int32_t p = c.pinned_index[static_cast<size_t>(layer)][static_cast<size_t>(expert)]; p >= 0) {
+    ++c.stats.pinned_hits;
+    return c.views(c.pinned[static_cast<size_t>(p)], layer);
+  }
+  const ExpertKey key{layer, expert};
+  c.sequence.push_back(key);
+  const Lookup r = c.cache->access(key);
+  Impl::Holder& h = r.bypass() ? c.bypass : c.slots[static_cast<size_t>(r.slot)];
+  if (!r.hit) {
+    try {
+      c.read(h, layer, expert);
+    } catch (const std::exception& e) {
+      if (!r.bypass()) c.cache->erase(key);  // the slot does not hold the expert
+      throw Error(str("expert cache: reading expert ", expert, " of MoE layer ", layer, " (block ",
+                      l.block, "): ", e.what()));
+    }
+  }
+  if (!r.bypass()) c.cache->pin(key);
+  return c.views(h, layer);
+}
+
+void ServingCache::release(int layer, int expert) {
+  Impl& c = *impl_;
+  const ExpertKey key{layer, expert};
+  if (c.cache && c.cache->pins(key) > 0) c.cache->unpin(key);
+}
+
+nn::ExpertTensors ServingCache::gradients(int layer, int) {
+  throw Error(str("expert cache: MoE layer ", layer, ": the cache holds no gradients"));
+}
+
+void ServingCache::gradient_done(int layer, int) {
+  throw Error(str("expert cache: MoE layer ", layer, ": the cache holds no gradients"));
+}
+
+// The checkpoint must hold every expert tensor with the model's whole shape, stored per expert, in
+// a floating-point dtype.
+void ServingCache::Impl::check_checkpoint() const {
+  (void)io::list_params(path);  // checks the format and version
+  io::h5::Session session;
+  io::h5::Where root{path, "/"};
+  io::h5::File file = io::h5::open_file_readonly(path, "checkpoint");
+  io::h5::Group group = io::h5::open_group(file, "params", root);
+  for (const Layer& layer : layers) {
+    for (size_t j = 0; j < layer.names.size(); ++j) {
+      const std::string& name = layer.names[j];
+      MOE_CHECK(io::h5::has_link(group, name, root.at("/params")), "checkpoint '", path,
+                "' does not match the model: no tensor '", name, "'");
+      io::h5::Where w = root.at("/params/" + name);
+      io::h5::Dataset dataset(MOE_H5(w, H5Dopen2(group, name.c_str(), H5P_DEFAULT)));
+      io::h5::DatasetInfo info = io::h5::dataset_info(dataset, w);
+      MOE_CHECK(info.shape == layer.global[j], "checkpoint '", path,
+                "' does not match the model: '", name, "' is ", shape_str(info.shape),
+                ", the model's is ", shape_str(layer.global[j]));
+      MOE_CHECK(info.expert, "checkpoint '", path, "': '", name,
+                "' is not stored as an expert tensor (one chunk per expert)");
+      MOE_CHECK(is_floating(info.dtype), "checkpoint '", path, "': '", name, "' is ",
+                dtype_name(info.dtype),
+                "; the expert cache serves f32, bf16 and f16 experts (serve a quantised model "
+                "with its experts resident: without --expert-budget)");
+    }
+  }
+}
+
+// The popularity and transition tables must have the model's layers and experts.
+void ServingCache::Impl::check_tables() const {
+  const size_t L = layers.size();
+  if (!config.popularity.empty()) {
+    MOE_CHECK(config.popularity.size() == L, "the routing trace has ", config.popularity.size(),
+              " MoE layers, the model ", L);
+    for (size_t l = 0; l < L; ++l)
+      MOE_CHECK(int64_t(config.popularity[l].size()) == layers[l].experts,
+                "the routing trace's MoE layer ", l, " has ", config.popularity[l].size(),
+                " experts, the model's ", layers[l].experts);
+  }
+  if (config.transitions.empty()) return;
+  MOE_CHECK(config.transitions.size() + 1 == L, "the routing trace's transitions cover ",
+            config.transitions.size() + 1, " MoE layers, the model has ", L);
+  for (size_t l = 0; l + 1 < L; ++l) {
+    MOE_CHECK(int64_t(config.transitions[l].size()) == layers[l].experts,
+              "the routing trace's transitions from MoE layer ", l, " do not match its experts");
+    for (const auto& to : config.transitions[l])
+      MOE_CHECK(int64_t(to.size()) == layers[l + 1].experts,
+                "the routing trace's transitions to MoE layer ", l + 1,
+                " do not match its experts");
+  }
+}
+
+// Pins the `count` experts with the largest share of their layer's routed tokens (ties: lower
+// layer, then lower expert), reading each once.
+void ServingCache::Impl::pin_popular(int64_t count) {
+  struct Candidate {
+    double share;
+    int32_t layer, expert;
+  };
+  std::vector<Candidate> all;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const std::vector<double>& counts = config.popularity[l];
+    const double total = std::accumulate(counts.begin(), counts.end(), 0.0);
+    for (size_t e = 0; e < counts.size(); ++e)
+      if (counts[e] > 0)
+        all.push_back({counts[e] / total, static_cast<int32_t>(l), static_cast<int32_t>(e)});
+  }
+  std::stable_sort(all.begin(), all.end(),
+                   [](const Candidate& a, const Candidate& b) { return a.share > b.share; });
+  all.resize(std::min<size_t>(all.size(), static_cast<size_t>(count)));
+  for (const Candidate& p : all) {
+    pinned_index[static_cast<size_t>(p.layer)][static_cast<size_t>(p.expert)] =
+        static_cast<int32_t>(pinned.size());
+    pinned.push_back(allocate("expert_cache.pinned"));
+    read(pinned.back(), p.layer, p.expert);
+  }
+  stats.pinned = static_cast<int64_t>(pinned.size());
+}
+
+void ServingCache::start(const ServingCacheConfig& config) {
+  Impl& c = *impl_;
+  MOE_CHECK(!c.started, "expert cache: started twice");
+  MOE_CHECK(!ArenaScope::current(),
+            "expert cache: start it outside an ArenaScope (its slots must outlive every step)");
+  MOE_CHECK(config.dtype == DType::f32 || config.dtype == DType::bf16 || config.dtype == DType::f16,
+            "expert cache: the model's weights are ", dtype_name(config.dtype),
+            "; the cache holds f32, bf16 or f16 experts");
+  MOE_USAGE_CHECK(config.pin_share >= 0 && config.pin_share <= 1, "expert cache: pinned share ",
+                  config.pin_share, " of the budget: must be in [0, 1]");
+  c.config = config;
+  c.check_tables();
+  if (!c.layers.empty()) c.check_checkpoint();
+  c.held.assign(5, DType::f32);
+  c.field_elems.assign(5, 0);
+  for (const Impl::Layer& layer : c.layers)
+    for (size_t j = 0; j < layer.names.size(); ++j) {
+      const int f = layer.field[j];
+      c.held[static_cast<size_t>(f)] = c.held_dtype(f, layer, j);
+      c.field_elems[static_cast<size_t>(f)] =
+          std::max(c.field_elems[static_cast<size_t>(f)], shape_numel(layer.one[j]));
+    }
+  const int64_t one = c.one_expert_bytes(), total = expert_bytes(config.dtype);
+  c.stats.expert_bytes = one;
+  MOE_USAGE_CHECK(c.layers.empty() || config.budget_bytes >= one, "--expert-budget ",
+                  config.budget_bytes, " bytes is smaller than one expert (", one,
+                  " bytes as held)");
+  const int64_t all = total / std::max<int64_t>(1, one);
+  int64_t capacity = std::min(all, config.budget_bytes / std::max<int64_t>(1, one));
+  int64_t pin =
+      config.popularity.empty() ? 0 : static_cast<int64_t>(double(capacity) * config.pin_share);
+  pin = std::min(pin, capacity - 1);  // at least one slot stays a cache
+  check_free_memory(double(capacity) * double(one),
+                    str("--expert-budget: ", capacity, " experts of ", format_bytes(double(one))));
+  c.pinned_index.clear();
+  for (const Impl::Layer& layer : c.layers)
+    c.pinned_index.emplace_back(static_cast<size_t>(layer.experts), -1);
+  c.estimate.assign(c.layers.size(), {});
+  if (pin > 0) c.pin_popular(pin);
+  const int64_t slots = std::max<int64_t>(1, capacity - c.stats.pinned);
+  CacheConfig cc;
+  cc.policy = config.policy;
+  cc.capacity = slots;
+  cc.lfu = config.lfu;
+  c.cache = std::make_unique<ExpertCache>(cc);
+  for (int64_t s = 0; s < slots; ++s) c.slots.push_back(c.allocate("expert_cache.slot"));
+  c.bypass = c.allocate("expert_cache.bypass");
+  c.stats.slots = slots;
+  c.started = true;
+}
+
+ServingCacheStats ServingCache::stats() const {
+  const Impl& c = *impl_;
+  ServingCacheStats s = c.stats;
+  if (!c.cache) return s;
+  s.cache = c.cache->stats();
+  s.belady_hits = c.sequence.empty() ? 0 : belady_hits(c.sequence, c.cache->capacity());
+  return s;
+}
+
+int64_t ServingCache::moe_layers() const { return static_cast<int64_t>(impl_->layers.size()); }
+
+int64_t ServingCache::expert_bytes(DType dtype) const {
+  const Impl& c = *impl_;
+  int64_t total = 0;
+  for (const Impl::Layer& layer : c.layers)
+    for (size_t j = 0; j < layer.names.size(); ++j) {
+      const bool matrix = layer.field[j] < 3 && (dtype == DType::bf16 || dtype == DType::f16) &&
+                          io::quantizable(layer.names[j], layer.global[j]);
+      total += shape_numel(layer.one[j]) * layer.experts *
+               int64_t(dtype_size(matrix ? dtype : DType::f32));
+    }
+  return total;
+}
+
+std::vector<int64_t> ServingCache::experts_per_layer() const {
+  std::vector<int64_t> out;
+  for (const Impl::Layer& layer : impl_->layers) out.push_back(layer.experts);
+  return out;
+}
+
+bool ServingCache::pinned(int layer, int expert) const {
+  const Impl& c = *impl_;
+  return !c.pinned_index.empty() &&
+         c.pinned_index.at(static_cast<size_t>(layer)).at(static_cast<size_t>(expert)) >= 0;
+}
+
+}  // namespace moe::offload
