@@ -37,7 +37,9 @@ namespace {
 struct Options {
   tools::CommonOptions common;
   std::string model, data, data_format = "auto", prompts, out = "-", budget, popularity,
-                           device = "cpu", summary, truncate = "none", tokenizer, requests;
+                           device = "cpu", summary, truncate = "none", tokenizer, requests,
+                           expert_cache, pin_from;
+  double pin_share = 0.5;
   int64_t batch = 8, max_sequences = 0, ep = 1, top = 0;
   bool incremental = false, per_token = false, rolling = false, force = false;
   infer::SamplingConfig sampling;
@@ -58,6 +60,9 @@ std::unique_ptr<infer::Engine> open_engine(const Options& o,
   options.device_flag = o.device;
   options.model = o.model;
   options.budget = o.budget;
+  if (!o.expert_cache.empty()) options.expert_cache = offload::parse_cache_policy(o.expert_cache);
+  options.pin_from = o.pin_from;
+  options.pin_share = o.pin_share;
   options.ep = o.ep;
   options.popularity = o.popularity;
   return infer::Engine::open(options, std::move(world));
@@ -91,16 +96,38 @@ void report_batches(const infer::Engine& e, std::vector<double> seconds, bool qu
                  s.estimated_max_over_mean, s.placed_max_over_mean, s.mean_max_replicas);
 }
 
+// The expert cache's summary: hit rate beside Belady's on the same accesses (the offline ceiling),
+// reads, and the next-layer estimate's hit rate when a trace was given.
+void report_expert_cache(const offload::ServingCache& cache) {
+  const offload::ServingCacheStats s = cache.stats();
+  char line[400];
+  std::snprintf(line, sizeof line,
+                "expert cache: %lld accesses, hit rate %.1f%% (%lld pinned, %lld cached), Belady "
+                "%.1f%% (ratio %.3f), %lld experts read (%lld bytes), %lld slots + %lld pinned "
+                "of %lld bytes",
+                static_cast<long long>(s.accesses), 100.0 * s.hit_rate(),
+                static_cast<long long>(s.pinned_hits), static_cast<long long>(s.cache.hits),
+                100.0 * s.belady_rate(), s.belady_rate() > 0 ? s.hit_rate() / s.belady_rate() : 1.0,
+                static_cast<long long>(s.experts_read), static_cast<long long>(s.bytes_read),
+                static_cast<long long>(s.slots), static_cast<long long>(s.pinned),
+                static_cast<long long>(s.expert_bytes));
+  MOE_LOG_INFO(line);
+  if (s.estimate_routed == 0) return;
+  MOE_LOG_INFO("expert cache: next-layer estimate held ", s.estimate_hits, " of ",
+               s.estimate_routed, " routed experts (", 100.0 * s.estimate_rate(), "%)");
+}
+
 void report_ring(const infer::Engine& e) {
+  if (e.expert_cache()) report_expert_cache(*e.expert_cache());
   if (!e.ring()) return;
   offload::RingStats s = e.ring()->stats();
-  char line[256];
+  char line[320];
   std::snprintf(line, sizeof line,
                 "expert ring: compute %.3f s, load %.3f s, compute waited %.3f s, overlap %.1f%%, "
-                "peak resident expert bytes %lld (%lld slots), %lld layer loads",
+                "peak resident expert bytes %lld (%lld slots), %lld layer loads (%lld bytes read)",
                 s.compute_seconds, s.load_seconds, s.wait_seconds, s.overlap_percent,
                 static_cast<long long>(s.peak_resident_bytes), static_cast<long long>(s.slots),
-                static_cast<long long>(s.layers_loaded));
+                static_cast<long long>(s.layers_loaded), static_cast<long long>(s.bytes_read));
   MOE_LOG_INFO(line);
 }
 
@@ -388,7 +415,19 @@ void add_engine_options(CLI::App* sub, Options& o) {
       ->capture_default_str();
   sub->add_option("--expert-budget", o.budget,
                   "Resident expert memory: BYTES (e.g. 512MiB) or PCT% of the model's experts; "
-                  "the rest streams from the checkpoint through a ring of slots");
+                  "the rest streams from the checkpoint through a ring of slots (or the "
+                  "--expert-cache)");
+  sub->add_option("--expert-cache", o.expert_cache,
+                  "With --expert-budget: a cache of single experts kept across tokens and "
+                  "batches, lru or lfu (MoESys), the budget counted as the experts are held "
+                  "(bf16 stays bf16); default: the ring of whole layers")
+      ->check(CLI::IsMember({"lru", "lfu"}));
+  sub->add_option("--pin-from", o.pin_from,
+                  "With --expert-cache: a routing trace (moe-profile record) whose most popular "
+                  "experts stay pinned, up to --pin-share of the budget");
+  sub->add_option("--pin-share", o.pin_share, "Share of --expert-budget pinned by --pin-from")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   sub->add_option("-o,--out", o.out, "JSON lines to PATH ('-' = stdout)")->capture_default_str();
   sub->add_flag("--force", o.force, "Replace an existing output file");
   tools::add_device_option(*sub, o.device, "where the model runs");

@@ -6,6 +6,7 @@
 #include "moe/error.h"
 #include "moe/io/checkpoint.h"
 #include "moe/io/checkpoint_dir.h"
+#include "moe/io/trace.h"
 #include "moe/log.h"
 #include "moe/offload/budget.h"
 #include "moe/profile/paths.h"
@@ -93,7 +94,14 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& options,
   if (world && world->size() > 1)
     throw UsageError(str("moe-infer runs on one rank unless --ep ", world->size(),
                          " spreads the experts over the ", world->size(), " ranks"));
-  if (o.budget.empty()) {
+  if (o.budget.empty() && (o.expert_cache || !o.pin_from.empty()))
+    throw UsageError(str(o.expert_cache ? "--expert-cache" : "--pin-from",
+                         " sets how --expert-budget is served: give a budget too"));
+  if (!o.pin_from.empty() && !o.expert_cache)
+    throw UsageError("--pin-from pins experts in the expert cache: give --expert-cache lru|lfu");
+  if (o.expert_cache) {
+    e.open_expert_cache(o);
+  } else if (o.budget.empty()) {
     e.loaded_ = load_model(o.model);
     if (!e.loaded_.quantization.empty() && e.device_.kind != Device::cpu)
       throw UsageError(str("'", o.model, "' is ", e.loaded_.quantization,
@@ -115,6 +123,60 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& options,
   if (e.device_.kind == Device::cpu) lean_for_inference(*e.loaded_.params);
   fold_router_centers(*e.loaded_.params);
   return engine;
+}
+
+namespace {
+
+// Popularity [L][E] and transitions [L-1][E][E'] of a routing trace (Lina's path table of length
+// 1), checked against the model's MoE layers and experts in words.
+void read_trace_tables(const std::string& trace_path, const std::vector<int64_t>& experts,
+                       offload::ServingCacheConfig& config) {
+  const profile::PathTable table = profile::build_paths(io::TraceReader(trace_path), 1);
+  if (table.experts != experts)
+    throw Error(str("--pin-from '", trace_path, "': the trace's ", table.experts.size(),
+                    " MoE layers have ", shape_str(table.experts), " experts, the model's ",
+                    experts.size(), " have ", shape_str(experts),
+                    ": record the trace with this model (moe-profile record)"));
+  for (const std::vector<int64_t>& counts : table.marginal)
+    config.popularity.emplace_back(counts.begin(), counts.end());
+  for (size_t l = 0; l + 1 < experts.size(); ++l) {
+    std::vector<std::vector<double>> from(static_cast<size_t>(experts[l]),
+                                          std::vector<double>(static_cast<size_t>(experts[l + 1])));
+    for (const auto& [path, counts] : table.next[l])
+      for (size_t f = 0; f < counts.size(); ++f)
+        from[static_cast<size_t>(path.back())][f] += double(counts[f]);
+    config.transitions.push_back(std::move(from));
+  }
+}
+
+}  // namespace
+
+void Engine::open_expert_cache(const EngineOptions& o) {
+  if (device_.kind != Device::cpu)
+    throw UsageError(str("--expert-cache runs with --device cpu only; this run has --device ",
+                         o.device_flag, " (the ring, without --expert-cache, runs on a GPU)"));
+  if (io::resolve_checkpoint(o.model).sharded)
+    throw UsageError(str("'", o.model,
+                         "' is a sharded checkpoint directory; the expert cache "
+                         "reads the experts of one checkpoint file: merge it first "
+                         "(moe-convert merge ",
+                         o.model, " -o merged.h5)"));
+  cache_ = std::make_unique<offload::ServingCache>(o.model);
+  parallel_.expert_store = cache_.get();
+  loaded_ = load_model(o.model, false, &parallel_);
+  offload::ServingCacheConfig cc;
+  cc.policy = *o.expert_cache;
+  cc.lfu = o.lfu;
+  cc.dtype = loaded_.config.dtype;
+  cc.pin_share = o.pin_share;
+  const int64_t held = cache_->expert_bytes(cc.dtype);
+  cc.budget_bytes = offload::parse_bytes("--expert-budget", o.budget, held);
+  if (!o.pin_from.empty()) read_trace_tables(o.pin_from, cache_->experts_per_layer(), cc);
+  cache_->start(cc);
+  const offload::ServingCacheStats s = cache_->stats();
+  MOE_LOG_INFO("expert cache (", offload::to_string(cc.policy), "): ", s.slots, " slots and ",
+               s.pinned, " pinned experts of ", s.expert_bytes, " bytes, for ", held,
+               " expert bytes as held (budget ", cc.budget_bytes, " bytes)");
 }
 
 }  // namespace moe::infer

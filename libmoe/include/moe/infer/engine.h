@@ -4,6 +4,7 @@
 // from its flags; scoring (moe/infer/score.h) and generation (moe/infer/generate.h) run on it.
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "moe/device.h"
 #include "moe/infer/model.h"
 #include "moe/infer/placement.h"
+#include "moe/offload/serving_cache.h"
 #include "moe/parallel/layout.h"
 
 namespace moe::infer {
@@ -22,6 +24,15 @@ struct EngineOptions {
   std::string device_flag = "cpu";  // the --device text, for messages
   // Resident expert memory (offload::parse_bytes: "512MiB", "25%"); empty: every expert resident.
   std::string budget;
+  // With a budget: a RAM cache of single experts kept across tokens and batches under this policy
+  // (offload::ServingCache, the budget in the bytes the experts are held in) instead of the ring of
+  // whole layers; empty: the ring.
+  std::optional<offload::CachePolicy> expert_cache;
+  offload::LfuConfig lfu;
+  // With expert_cache: a routing trace (moe-profile record) whose most popular experts are pinned,
+  // up to pin_share of the budget, and whose layer-to-layer transitions estimate the next layer.
+  std::string pin_from;
+  double pin_share = 0.5;
   int64_t ep = 1;          // > 1: the experts of every MoE layer spread over the world's ep ranks
   std::string popularity;  // with ep > 1: a path table (moe-profile paths) placing the experts
 };
@@ -44,7 +55,9 @@ class Engine {
   // Error on every rank naming the first rank that differs), then loads the model onto
   // options.device. The world is kept only with ep > 1.
   // Under ep on CUDA the expert exchange runs over NCCL (bootstrapped over the world).
-  // Logs the ring's slots when a budget is given.
+  // --expert-cache and --pin-from need --expert-budget, --pin-from needs --expert-cache, and the
+  // cache runs on the CPU (UsageErrors naming the flags).
+  // Logs the ring's slots (or the cache's) when a budget is given.
   static std::unique_ptr<Engine> open(const EngineOptions& options,
                                       std::unique_ptr<comm::Communicator> world);
   ~Engine();
@@ -54,6 +67,8 @@ class Engine {
   const Device& device() const { return device_; }
   // The expert ring serving the experts when a budget was given (the model calls it by itself).
   const offload::ExpertRing* ring() const { return loaded_.ring.get(); }
+  // The expert cache serving the experts when EngineOptions::expert_cache was given.
+  const offload::ServingCache* expert_cache() const { return cache_.get(); }
   const LinaPlacement* placement() const { return placement_.get(); }
   // The expert-parallel world (null on one rank).
   comm::Communicator* world() const { return world_.get(); }
@@ -62,10 +77,12 @@ class Engine {
 
  private:
   Engine() = default;
+  void open_expert_cache(const EngineOptions& options);  // loaded_ with cache_ serving the experts
   Device device_;
   std::unique_ptr<comm::Communicator> world_;
   std::unique_ptr<parallel::Layout> layout_;  // ep: the expert group (NCCL on GPUs)
   nn::Parallel parallel_;
+  std::unique_ptr<offload::ServingCache> cache_;  // before loaded_: outlives the model
   LoadedModel loaded_;
   std::unique_ptr<LinaPlacement> placement_;  // options.popularity
 };
