@@ -496,6 +496,16 @@ CLI::Option* add_device_option(CLI::App& app, std::string& device, const std::st
       ->capture_default_str();
 }
 
+void add_weight_options(CLI::App& app, bool& read, bool& verify) {
+  app.add_flag("--read-weights", read,
+               "Read the weights into memory instead of mapping them from the checkpoint (a "
+               "mapped model opens at once, shares the page cache between processes and holds "
+               "only the pages it touches)");
+  app.add_flag("--verify-weights", verify,
+               "Before the first pass, check every mapped weight's checksum and values (reads "
+               "the whole file once); weights read into memory are always checked");
+}
+
 void ensure_output_dir(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;

@@ -97,6 +97,10 @@ Device resolve_device(const std::string& text, comm::Communicator* world = nullp
 // Adds --device (default "cpu") to `app` (or an option group); `what` ends the help text ("where
 // the model trains").
 CLI::Option* add_device_option(CLI::App& app, std::string& device, const std::string& what);
+// Adds --read-weights and --verify-weights (how a checkpoint's weights are opened for inference:
+// mapped by default, docs/FORMATS.md "Mapped weights"): `read` copies them into memory as
+// before, `verify` checks every mapped chunk's checksum and every value before the first pass.
+void add_weight_options(CLI::App& app, bool& read, bool& verify);
 
 // Creates `dir` if needed and checks a file can be created in it, so that a run fails at start-up,
 // not after hours of training, when its checkpoints could not be written.

@@ -42,6 +42,7 @@ struct Options {
   double pin_share = 0.5;
   int64_t batch = 8, max_sequences = 0, ep = 1, top = 0;
   bool incremental = false, per_token = false, rolling = false, force = false;
+  bool read_weights = false, verify_weights = false;
   infer::SamplingConfig sampling;
 };
 
@@ -60,6 +61,7 @@ std::unique_ptr<infer::Engine> open_engine(const Options& o,
   options.device_flag = o.device;
   options.model = o.model;
   options.budget = o.budget;
+  options.weights = {!o.read_weights, o.verify_weights};
   if (!o.expert_cache.empty()) options.expert_cache = offload::parse_cache_policy(o.expert_cache);
   options.pin_from = o.pin_from;
   options.pin_share = o.pin_share;
@@ -431,6 +433,7 @@ void add_engine_options(CLI::App* sub, Options& o) {
   sub->add_option("-o,--out", o.out, "JSON lines to PATH ('-' = stdout)")->capture_default_str();
   sub->add_flag("--force", o.force, "Replace an existing output file");
   tools::add_device_option(*sub, o.device, "where the model runs");
+  tools::add_weight_options(*sub, o.read_weights, o.verify_weights);
   sub->add_option("--tokenizer", o.tokenizer,
                   "tokenizer.json or tokenizer.model (or a model directory holding one) for text "
                   "data and prompts; default: the one stored in the checkpoint (import-hf keeps "

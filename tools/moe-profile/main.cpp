@@ -31,6 +31,7 @@ struct Options {
   // record
   std::string model, data, data_format = "auto", out, device = "cpu", tokenizer;
   int64_t batch = 8, max_tokens = 0;
+  bool read_weights = false, verify_weights = false;
   // summary / paths / accuracy / plot
   std::string trace, table;
   std::vector<std::string> metrics;  // plot-metrics
@@ -61,7 +62,8 @@ int record(Options& o, int argc, char** argv) {
   check_one_process();
   io::check_output_stream(o.out, o.force);
   const Device device = tools::resolve_device(o.device);  // before any work
-  infer::LoadedModel m = infer::load_model(o.model);
+  infer::LoadedModel m =
+      infer::load_model(o.model, true, nullptr, {!o.read_weights, o.verify_weights});
   m.params->to(device);  // the routing choices come back to the host for the trace
   // Text through the model's tokenizer (or --tokenizer), as moe-infer score reads it.
   const std::unique_ptr<io::Tokenizer> tokenizer =
@@ -232,6 +234,7 @@ int main(int argc, char** argv) {
       ->required();
   add_force(rec, o);
   tools::add_device_option(*rec, o.device, "where the model runs");
+  tools::add_weight_options(*rec, o.read_weights, o.verify_weights);
   rec->add_option("--batch", o.batch, "Sequences per forward pass")
       ->check(tools::positive())
       ->capture_default_str();

@@ -67,6 +67,9 @@ class Tensor {
   // Views sharing storage.
   Tensor reshape(Shape shape) const;
   Tensor rows(int64_t begin, int64_t end) const;  // slice of the first dimension
+  // The same bytes as `dtype`, which must have this dtype's element size (u8 rows of a block
+  // format as that format's dtype, say).
+  Tensor view_as(DType dtype) const;
 
   // Copies.
   Tensor clone() const;

@@ -131,6 +131,14 @@ Tensor Tensor::reshape(Shape shape) const {
   return t;
 }
 
+Tensor Tensor::view_as(DType dtype) const {
+  MOE_CHECK(dtype_size(dtype) == dtype_size(dtype_), "view ", describe(), " as ", dtype_name(dtype),
+            ": element sizes differ");
+  Tensor t = *this;
+  t.dtype_ = dtype;
+  return t;
+}
+
 Tensor Tensor::rows(int64_t begin, int64_t end) const {
   MOE_CHECK(ndim() >= 1 && 0 <= begin && begin <= end && end <= shape_[0], "rows(", begin, ",", end,
             ") of ", describe());

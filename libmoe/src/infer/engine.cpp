@@ -102,7 +102,7 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& options,
   if (o.expert_cache) {
     e.open_expert_cache(o);
   } else if (o.budget.empty()) {
-    e.loaded_ = load_model(o.model);
+    e.loaded_ = load_model(o.model, true, nullptr, o.weights);
     if (!e.loaded_.quantization.empty() && e.device_.kind != Device::cpu)
       throw UsageError(str("'", o.model, "' is ", e.loaded_.quantization,
                            "-quantised: its kernels run on the CPU only (--device cpu)"));

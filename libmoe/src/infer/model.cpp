@@ -16,8 +16,10 @@
 #include "moe/io/checkpoint_dir.h"
 #include "moe/io/convert.h"
 #include "moe/io/finite.h"
+#include "moe/log.h"
 #include "moe/models/memory.h"
 #include "moe/nn/router.h"
+#include "moe/timer.h"
 
 namespace moe::infer {
 
@@ -118,6 +120,23 @@ void finish_loaded(Param& p) {
     p.refresh_compute();
 }
 
+// How a tensor of the file reached the loader: read (its values checked as always), or mapped
+// (io::map_checkpoint). A mapped tensor the kernels read unchanged becomes the parameter's value
+// itself, and its values are scanned only when the caller asked to verify: a scan would make
+// every page of the model resident (docs/FORMATS.md "Mapped weights").
+struct Source {
+  bool mapped = false;
+  bool verify = false;
+};
+
+// Whether `tensor` (of `source`) becomes p's value as it is: a mapped weight matrix or expert
+// tensor of p's own dtype. Anything else (norms, biases, routers, centers: small, and some are
+// rewritten at load; a dtype converted) is copied, so nothing ever writes through a mapping.
+bool adopt(const Param& p, const Tensor& tensor, const Source& source) {
+  return source.mapped && tensor.dtype() == p.value.dtype() && tensor.shape() == p.value.shape() &&
+         (p.expert || io::quantizable(p.name, p.value.shape()));
+}
+
 // One expert's chunk, checked as every loader checks it, copied into row `row` of p's value.
 void put_expert(Param& p, int64_t row, const Tensor& one, const std::string& source,
                 int64_t expert) {
@@ -203,9 +222,13 @@ void put_q8_0_blocks(Param& p, const Tensor& tensor, const std::string& source) 
 // q6_k or mxfp4; ops::gemm / grouped_gemm take them as x W^T). Every block's scales are checked
 // finite first, as put_q8_0 checks its scales (a damaged scale would score garbage silently).
 // A "q8_0" tensor (import-gguf's mixes) goes to put_q8_0_blocks.
-void put_blocks(Param& p, const Tensor& tensor, const std::string& format_name,
-                const std::string& source) {
-  if (format_name == "q8_0") return put_q8_0_blocks(p, tensor, source);
+// Returns whether the tensor was adopted as the value (mapped).
+bool put_blocks(Param& p, const Tensor& tensor, const std::string& format_name,
+                const std::string& source, const Source& from) {
+  if (format_name == "q8_0") {
+    put_q8_0_blocks(p, tensor, source);
+    return false;
+  }
   cpu::BlockFormat format;
   try {
     format = cpu::parse_block_format(format_name);
@@ -224,7 +247,10 @@ void put_blocks(Param& p, const Tensor& tensor, const std::string& format_name,
   MOE_CHECK(tensor.dtype() == DType::u8 && tensor.shape() == expect, "'", source,
             "': ", format_name, " tensor ", tensor.describe(), " does not hold parameter ", p.name,
             shape_str(shape), " (expected u8", shape_str(expect), ")");
-  const int64_t rows = p.value.numel() / in, row_bytes = expect.back();
+  // A mapped tensor is the value as it is (the kernels read GGUF's bytes); its scales are checked
+  // only when verifying (the scan would touch every page).
+  const bool mapped = from.mapped && (p.expert || io::quantizable(p.name, shape));
+  const int64_t rows = mapped && !from.verify ? 0 : p.value.numel() / in, row_bytes = expect.back();
   const int64_t blocks = in / per_block, bytes = cpu::block_bytes(format);
   const uint8_t* data = tensor.data<uint8_t>();
   for (int64_t row = 0; row < rows; ++row)
@@ -235,34 +261,42 @@ void put_blocks(Param& p, const Tensor& tensor, const std::string& format_name,
                 "' row ", row, " block ", b, " has scale ", std::isfinite(scale) ? second : scale,
                 " (a ", format_name, " block's scales are finite): the file is damaged");
     }
-  p.value = cpu::block_rows(tensor, format);
+  p.value = mapped ? tensor.view_as(cpu::dtype_of_block_format(format))
+                   : cpu::block_rows(tensor, format);
   p.value.set_name(p.name);
   p.compute = p.value;
   p.grad = Tensor();
+  return mapped;
 }
 
 // A whole (non-expert or unsliced) tensor of `source` into its parameter, checked as every loader
 // checks it: a parameter of the model, its shape and dtype, finite (never score or serve garbage).
-// `block_format`: the tensor's block format (io::block_format_of), "" for none.
-void put_param(ParamSet& params, const std::string& name, const Tensor& tensor,
-               const std::string& source, const std::string& block_format = "") {
+// `block_format`: the tensor's block format (io::block_format_of), "" for none. `from`: whether
+// it is mapped (a weight matrix then becomes the value itself: see adopt). Returns whether it did.
+bool put_param(ParamSet& params, const std::string& name, const Tensor& tensor,
+               const std::string& source, const std::string& block_format = "",
+               const Source& from = {}) {
   Param* p = params.find(name);
   MOE_CHECK(p, "'", source, "': tensor '", name, "' is not a parameter of its own model");
-  if (!block_format.empty()) {
-    put_blocks(*p, tensor, block_format, source);
-    return;
-  }
+  if (!block_format.empty()) return put_blocks(*p, tensor, block_format, source, from);
   if (tensor.dtype() == DType::u8 && io::quantizable(name, p->value.shape())) {
     put_q8_0(*p, tensor, source);
-    return;
+    return false;
   }
   MOE_CHECK(tensor.shape() == p->value.shape() &&
                 (tensor.dtype() == p->value.dtype() || io::converts_on_load(*p, tensor.dtype())),
             "'", source, "': tensor ", tensor.describe(), " does not match parameter ",
             p->value.describe());
-  io::check_finite(str("'", source, "'"), name, tensor);
-  p->value.copy_from(tensor);
+  const bool adopted = adopt(*p, tensor, from);
+  if (!adopted || from.verify) io::check_finite(str("'", source, "'"), name, tensor);
+  if (adopted) {
+    p->value = tensor;
+    p->value.set_name(name);
+  } else {
+    p->value.copy_from(tensor);
+  }
   finish_loaded(*p);
+  return adopted;
 }
 
 // Sets m from a sharded directory (see load_model).
@@ -327,7 +361,8 @@ void load_sharded(LoadedModel& m, const std::string& dir, bool experts,
 
 }  // namespace
 
-LoadedModel load_model(const std::string& given, bool experts, const nn::Parallel* parallel) {
+LoadedModel load_model(const std::string& given, bool experts, const nn::Parallel* parallel,
+                       const LoadOptions& options) {
   const io::CheckpointRef ref = io::resolve_checkpoint(given);  // a run directory: its last.h5
   if (ref.sharded) {
     MOE_CHECK(!(parallel && parallel->placement), "'", given,
@@ -339,6 +374,7 @@ LoadedModel load_model(const std::string& given, bool experts, const nn::Paralle
     return m;
   }
   const std::string& path = ref.path;
+  const Timer timer;
   LoadedModel m;
   const nlohmann::json config = io::read_model_config(path);
   m.quantization = io::quantization_of(config);
@@ -355,9 +391,13 @@ LoadedModel load_model(const std::string& given, bool experts, const nn::Paralle
                           resident_experts ? "the experts resident"
                                            : "without the experts: streamed, or on other ranks");
   build_model(m, path, experts, parallel);
-  size_t matched = 0;
-  auto take = [&](const std::string& name, const Tensor& tensor) {
-    put_param(*m.params, name, tensor, path, io::block_format_of(config, name));
+  size_t matched = 0, mapped = 0;
+  int64_t mapped_bytes = 0;
+  auto take = [&](const std::string& name, const Tensor& tensor, const Source& from = {}) {
+    if (put_param(*m.params, name, tensor, path, io::block_format_of(config, name), from)) {
+      ++mapped;
+      mapped_bytes += static_cast<int64_t>(tensor.nbytes());
+    }
     ++matched;
   };
   if (experts && !(parallel && parallel->shards_experts())) {
@@ -365,17 +405,19 @@ LoadedModel load_model(const std::string& given, bool experts, const nn::Paralle
     // parameters one expert at a time, so the process never holds a second copy of them (Q8_0
     // tensors are read whole and packed into their parameters, each held twice until packed).
     // The other tensors are read whole first and each released once copied: they are held twice
-    // until then.
+    // until then. Mapped (options.map): the weights that io::map_checkpoint maps are neither
+    // read nor copied; the rest is read as above.
     const bool stream = m.quantization.empty();
-    io::Checkpoint ckpt =
-        io::load_checkpoint(path, false, [stream](bool, const std::string&) { return stream; });
+    const io::StreamFilter filter = [stream](bool, const std::string&) { return stream; };
+    io::Checkpoint ckpt = options.map ? io::map_checkpoint(path, filter, {options.verify})
+                                      : io::load_checkpoint(path, false, filter);
     MOE_CHECK(ckpt.sharding.rank < 0, "'", path, "' is rank ", ckpt.sharding.rank,
               "'s shard of a sharded checkpoint; inference needs a whole checkpoint");
     m.provenance = ckpt.provenance;
     m.step = ckpt.state.step;
     for (io::NamedTensor& nt : ckpt.params) {
       if (!nt.streamed()) {
-        take(nt.name, nt.tensor);
+        take(nt.name, nt.tensor, Source{nt.mapped, options.verify});
         nt.tensor = Tensor();
         continue;
       }
@@ -405,6 +447,10 @@ LoadedModel load_model(const std::string& given, bool experts, const nn::Paralle
   }
   MOE_CHECK(matched == m.params->size(), "'", path, "' holds ", matched, " of the model's ",
             m.params->size(), " parameters");
+  MOE_LOG_DEBUG("'", path, "': ", mapped, " of ", matched, " parameters mapped from the file (",
+                mapped_bytes, " bytes), the others read",
+                options.verify ? ", mapped weights verified" : "", "; opened in ", timer.seconds(),
+                " s");
   return m;
 }
 

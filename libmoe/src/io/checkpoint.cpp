@@ -17,6 +17,7 @@
 
 #include "core/json_text.h"
 #include "io/files.h"
+#include "io/mapped_weights.h"
 #include "moe/io/atomic_file.h"
 #include "moe/io/hdf5.h"
 #include "moe/io/tokenizer.h"
@@ -233,7 +234,21 @@ struct ReadMode {
   const StreamFilter* stream = nullptr;
   bool lazy = false;
   std::shared_ptr<SharedFile> shared;  // set when anything may stay in the file
+  const MappedFile* map = nullptr;     // set: /params tensors are mapped where they can be
+  bool verify = false;                 // with map: check each mapped chunk's checksum now
 };
+
+// /group/name mapped from the file when mode says so and its storage allows; else undefined.
+Tensor mapped_tensor(hid_t group, const std::string& name, const ReadMode& mode, bool params,
+                     const Where& w, h5::DatasetInfo& info) {
+  if (!mode.map || !params) return Tensor();
+  h5::Dataset dataset(MOE_H5(w, H5Dopen2(group, name.c_str(), H5P_DEFAULT)));
+  info = h5::dataset_info(dataset, w);
+  if (info.shard.defined()) return Tensor();
+  Tensor t = map_dataset(*mode.map, dataset, info, mode.verify, w);
+  if (t.defined()) t.set_name(name);
+  return t;
+}
 
 std::vector<NamedTensor> read_tensors(const Opened& c, const char* group_name,
                                       const ReadMode& mode = {}) {
@@ -242,6 +257,17 @@ std::vector<NamedTensor> read_tensors(const Opened& c, const char* group_name,
   const bool optim = std::string_view(group_name) == kOptimGroup;
   std::vector<NamedTensor> tensors;
   for (const std::string& name : h5::list_links(group, where)) {
+    {
+      h5::DatasetInfo info;
+      Tensor t = mapped_tensor(group, name, mode, !optim, c.root.at(str("/", group_name, "/", name)),
+                               info);
+      if (t.defined()) {
+        NamedTensor nt{name, std::move(t), info.expert, info.shard};
+        nt.mapped = true;
+        tensors.push_back(std::move(nt));
+        continue;
+      }
+    }
     if (mode.lazy || (mode.stream && *mode.stream && (*mode.stream)(optim, name))) {
       Where w = c.root.at(str("/", group_name, "/", name));
       h5::DatasetInfo info;
@@ -424,6 +450,22 @@ Checkpoint load_checkpoint(const std::string& path, bool with_optim, const Strea
   MOE_LOG_DEBUG("read checkpoint ", path, " (step ", c.state.step, "): ", c.params.size(),
                 " parameter and ", c.optim.size(), " optimizer tensors in ", timer.seconds(),
                 " s, ", streamed, " of them streamed (read an expert at a time later)");
+  return c;
+}
+
+Checkpoint map_checkpoint(const std::string& path, const StreamFilter& stream,
+                          const MapOptions& options) {
+  h5::Session session;
+  auto shared = std::make_shared<SharedFile>(open_checkpoint(path));
+  const MappedFile file(path);  // each mapping keeps what it needs once made
+  Timer timer;
+  ReadMode mode{&stream, false, shared, &file, options.verify};
+  Checkpoint c = load_opened(shared->opened, false, mode);
+  size_t mapped = 0;
+  for (const NamedTensor& nt : c.params) mapped += nt.mapped;
+  MOE_LOG_DEBUG("opened checkpoint ", path, " (step ", c.state.step, "): ", c.params.size(),
+                " parameter tensors in ", timer.seconds(), " s, ", mapped, " of them mapped",
+                options.verify ? " (checksums verified)" : "");
   return c;
 }
 

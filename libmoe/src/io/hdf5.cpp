@@ -112,6 +112,9 @@ void keep_compact(hid_t object_create_plist, bool links, const Where& where) {
   if (links) MOE_H5(where, H5Pset_link_phase_change(object_create_plist, kMaxCompact, kMaxCompact));
 }
 
+// The alignment of data of this size and more in files we write (a page on x86-64 and most ARM).
+constexpr hsize_t kMapPage = 4096;
+
 Plist file_create_plist(const Where& where) {
   Plist fcpl(MOE_H5(where, H5Pcreate(H5P_FILE_CREATE)));
   keep_compact(fcpl, true, where);  // the root group
@@ -125,6 +128,9 @@ WriteFile create_file(const std::string& path, hid_t fapl) {
     own_fapl = file_access_plist(where);
     fapl = own_fapl;
   }
+  // Data of a page or more starts on a page: a tensor's chunk (an expert's) can then be mapped
+  // where it lies (docs/FORMATS.md "Mapped weights"); at most a page lost per such chunk.
+  MOE_H5(where, H5Pset_alignment(fapl, kMapPage, kMapPage));
   auto status = std::make_shared<WriteStatus>();
   use_moe_driver(fapl, status, where);
   Plist fcpl = file_create_plist(where);

@@ -33,6 +33,9 @@ struct EngineOptions {
   // up to pin_share of the budget, and whose layer-to-layer transitions estimate the next layer.
   std::string pin_from;
   double pin_share = 0.5;
+  // How the checkpoint's weights are opened when every expert is resident on one rank: mapped
+  // by default (LoadOptions); the ring, the cache and --ep read what they need as before.
+  LoadOptions weights{true, false};
   int64_t ep = 1;          // > 1: the experts of every MoE layer spread over the world's ep ranks
   std::string popularity;  // with ep > 1: a path table (moe-profile paths) placing the experts
 };

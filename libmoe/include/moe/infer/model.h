@@ -54,8 +54,20 @@ size_t lean_for_inference(ParamSet& params);
 // widen a 16-bit value again, and lean_for_inference).
 void fold_router_centers(ParamSet& params);
 
+// How load_model reads a checkpoint file whose experts are all resident (no `parallel` slicing
+// them): with `map`, its weight matrices and expert tensors are read-only mappings of the file
+// where its layout allows (io::map_checkpoint; docs/FORMATS.md "Mapped weights"), never copied;
+// what is rearranged or converted at load (Q8_0 rows packed, GGUF q8_0 blocks, a dtype widened,
+// norms, biases, routers) is copied as before. Mapped values are not scanned when opening (no
+// finiteness or block-scale checks, no checksums) unless `verify`: then every mapped chunk's
+// Fletcher32 and every value are checked before the model is returned.
+struct LoadOptions {
+  bool map = false;
+  bool verify = false;
+};
+
 LoadedModel load_model(const std::string& path, bool experts = true,
-                       const nn::Parallel* parallel = nullptr);
+                       const nn::Parallel* parallel = nullptr, const LoadOptions& options = {});
 
 // The model of `path` with its experts served by an offload::ExpertRing (MoESys) that reads them
 // from the same file: the experts are Param::offloaded, nothing of them is read or allocated
