@@ -33,8 +33,14 @@ constexpr DTypeInfo kDTypes[] = {
     {"F32", 4},  {"U64", 8}, {"I64", 8}, {"F64", 8},
 };
 
+// Every failure names the file and what was being done with it: reading (the reader, the
+// default) or writing it.
 [[noreturn]] void fail(const std::string& path, const std::string& cause) {
-  throw Error(str("'", path, "': safetensors: ", cause));
+  throw Error(str("safetensors file '", path, "': ", cause));
+}
+
+[[noreturn]] void fail_writing(const std::string& path, const std::string& cause) {
+  throw Error(str("cannot write safetensors file '", path, "': ", cause));
 }
 
 // Reads exactly `size` bytes at `offset`; false on a short read (truncated file).
@@ -98,11 +104,11 @@ const char* safetensors_dtype_name(DType dtype) {
     case DType::q4_k:
     case DType::q6_k:
     case DType::mxfp4:
-      throw Error(str("safetensors: ", dtype_name(dtype),
+      throw Error(str(dtype_name(dtype),
                       " weights exist in memory only (a quantised checkpoint's files hold their "
-                      "rows as u8)"));
+                      "rows as u8): a safetensors file has no type for them"));
   }
-  throw Error(str("safetensors: no name for dtype ", static_cast<int>(dtype)));
+  throw Error(str("dtype ", static_cast<int>(dtype), " has no safetensors type"));
 }
 
 bool dtype_from_safetensors(const std::string& name, DType* out) {
@@ -298,8 +304,8 @@ Tensor SafetensorsReader::read_rows(const std::string& name, int64_t begin, int6
   const SafetensorsEntry* e = find(name);
   if (!e) fail(path_, str("no tensor '", name, "'"));
   const int64_t rows = e->shape.empty() ? 1 : e->shape[0];
-  MOE_CHECK(0 <= begin && begin <= end && end <= rows, "'", path_, "': safetensors: rows [", begin,
-            ", ", end, ") of tensor '", name, "' ", shape_str(e->shape), " do not exist");
+  MOE_CHECK(0 <= begin && begin <= end && end <= rows, "safetensors file '", path_, "': rows [",
+            begin, ", ", end, ") of tensor '", name, "' ", shape_str(e->shape), " do not exist");
   Shape shape = e->shape;
   if (!shape.empty()) shape[0] = end - begin;
   const int64_t per_row = rows > 0 ? shape_numel(e->shape) / rows : 0;
@@ -314,11 +320,11 @@ Tensor SafetensorsReader::read_elements(const std::string& name, int64_t first,
   if (!dtype_from_safetensors(e->dtype, &dtype))
     fail(path_, str("tensor '", name, "' has dtype ", e->dtype,
                     ", which has no moe equivalent (readable: F32, BF16, F16, I32, I64, U8)"));
-  MOE_CHECK(fd_ >= 0, "'", path_, "': safetensors: reader is closed");
+  MOE_CHECK(fd_ >= 0, "safetensors file '", path_, "': the reader is closed");
   const int64_t count = shape_numel(shape);
-  MOE_CHECK(0 <= first && 0 <= count && first + count <= shape_numel(e->shape), "'", path_,
-            "': safetensors: elements [", first, ", ", first + count, ") of tensor '", name, "' ",
-            shape_str(e->shape), " do not exist");
+  MOE_CHECK(0 <= first && 0 <= count && first + count <= shape_numel(e->shape),
+            "safetensors file '", path_, "': elements [", first, ", ", first + count,
+            ") of tensor '", name, "' ", shape_str(e->shape), " do not exist");
   Tensor t = Tensor::empty(shape, dtype);
   const uint64_t at = data_start_ + e->begin + static_cast<uint64_t>(first) * dtype_size(dtype);
   int err = 0;
@@ -360,16 +366,22 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
   for (const NamedTensor& nt : tensors) {
     const Tensor& t = nt.tensor;
     if (nt.name.empty() || nt.name == "__metadata__")
-      fail(path, str("cannot write a tensor named '", nt.name, "'"));
-    if (!names.insert(nt.name).second) fail(path, str("tensor '", nt.name, "' given twice"));
-    if (nt.held() && !t.defined()) fail(path, str("tensor '", nt.name, "' is undefined"));
+      fail_writing(path, str("cannot write a tensor named '", nt.name, "'"));
+    if (!names.insert(nt.name).second)
+      fail_writing(path, str("tensor '", nt.name, "' given twice"));
+    if (nt.held() && !t.defined()) fail_writing(path, str("tensor '", nt.name, "' is undefined"));
     if (nt.held() && t.device().kind != Device::cpu)
-      fail(path, str("tensor ", t.describe(), " is not on the CPU"));
+      fail_writing(path, str("tensor ", t.describe(), " is not on the CPU"));
     if (nt.shard.defined())
-      fail(path, str("tensor '", nt.name, "' is a shard of a larger tensor; write whole tensors"));
+      fail_writing(
+          path, str("tensor '", nt.name, "' is a shard of a larger tensor; write whole tensors"));
     const uint64_t bytes = static_cast<uint64_t>(shape_numel(nt.shape())) * dtype_size(nt.dtype());
     nlohmann::ordered_json entry;
-    entry["dtype"] = safetensors_dtype_name(nt.dtype());
+    try {
+      entry["dtype"] = safetensors_dtype_name(nt.dtype());
+    } catch (const Error& e) {
+      fail_writing(path, str("tensor '", nt.name, "': ", e.what()));
+    }
     entry["shape"] = nt.shape();
     entry["data_offsets"] = {offset, offset + bytes};
     header[nt.name] = entry;
@@ -378,17 +390,17 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
   std::string text = header.dump();
   text.append((8 - (8 + text.size()) % 8) % 8, ' ');  // data starts 8-byte aligned
   if (text.size() > kSafetensorsMaxHeader)
-    fail(path, str("header of ", text.size(), " bytes exceeds the 100 MB limit"));
+    fail_writing(path, str("header of ", text.size(), " bytes exceeds the 100 MB limit"));
 
   AtomicFile out(path);
   const std::string& tmp = out.temp();
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) fail(path, str("cannot write '", tmp, "': ", std::strerror(errno)));
+  if (!f) fail_writing(path, str("cannot create '", tmp, "': ", std::strerror(errno)));
   auto abandon = [&](const std::string& cause) {
     if (f) std::fclose(f);
     f = nullptr;
     out.abandon();
-    fail(path, cause);
+    fail_writing(path, cause);
   };
   unsigned char length_bytes[8];
   uint64_t n = text.size();
