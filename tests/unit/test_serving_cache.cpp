@@ -36,14 +36,14 @@ int64_t one_expert(const ModelConfig& c) {
   return 3 * c.d_model * c.d_ff * int64_t(dtype_size(c.dtype));
 }
 
-// Acquires and releases each expert of `order` in layer 0, one request a run of the sequence.
-void access(ServingCache& cache, const std::vector<int32_t>& order) {
-  for (int32_t e : order) {
-    const int32_t one[] = {e}, rows[] = {1};
-    cache.request(0, one, rows, nn::Pass::forward);
-    const nn::ExpertTensors w = cache.acquire(0, e);
+// Requests, acquires and releases expert 0 of each MoE layer in `layers`, in order.
+void access(ServingCache& cache, const std::vector<int>& layers) {
+  for (int layer : layers) {
+    const int32_t one[] = {0}, rows[] = {1};
+    cache.request(layer, one, rows, nn::Pass::forward);
+    const nn::ExpertTensors w = cache.acquire(layer, 0);
     REQUIRE(w.w1.shape() == Shape{1, w.w1.dim(1), w.w1.dim(2)});
-    cache.release(0, e);
+    cache.release(layer, 0);
   }
 }
 
@@ -54,11 +54,11 @@ TEST_CASE("expert cache: LRU and LFU on hand-worked sequences, Belady beside the
   test::ScratchDir dir("serving-policy");
   const std::string path = dir / "model.h5";
   test::save_ring_model(path, config, 21);
-  // Two slots; layer 0's experts 0 0 1 2 1 2.
-  //   lru: miss hit miss miss(evicts 0) hit hit                   -> 3 hits, 3 reads
-  //   lfu: counts 0:2, 1:1 when 2 arrives: evicts 1; 1 (count 2) evicts 2 (count 1); 2 (count 2)
-  //        ties with 0 (count 2), the less recent goes: 0          -> 1 hit, 5 reads
-  //   Belady: 2 evicts 0 (never used again); 1 and 2 hit          -> 3 hits
+  // Two slots; expert 0 of MoE layers 0 0 1 2 1 2 (call them a a b c b c).
+  //   lru: miss hit miss miss(evicts a) hit hit                   -> 3 hits, 3 reads
+  //   lfu: counts a:2, b:1 when c arrives: evicts b; b (count 2) evicts c (count 1); c (count 2)
+  //        ties with a (count 2), the less recent goes: a          -> 1 hit, 5 reads
+  //   Belady: c evicts a (never used again); b and c hit          -> 3 hits
   struct Case {
     offload::CachePolicy policy;
     int64_t hits, reads;
@@ -177,6 +177,37 @@ TEST_CASE("expert cache: forward passes are bitwise those of the resident model"
         }
       }
     }
+  }
+}
+
+TEST_CASE("expert cache: a batch by token blocks reads each expert once a layer", "[serving]") {
+  // The MoE layers run a long batch by blocks of tokens (MoELayer::experts_by_blocks), each block
+  // acquiring its routed experts again: with room for a layer's experts (4), the later blocks
+  // hit, so a pass reads each of the 16 experts at most once.
+  const ModelConfig config = test::ring_config(Arch::mixtral, DType::bf16);
+  test::ScratchDir dir("serving-blocks");
+  const std::string path = dir / "model.h5";
+  test::save_ring_model(path, config, 24);
+  const test::RingBatch batch = test::ring_batch(config, 4, 9);  // 64 tokens
+  Tensor want_nll, nll;
+  infer::LoadedModel resident = infer::load_model(path);
+  resident.model->evaluate(batch.ids, batch.targets,
+                           EvalOptions{.row_nll = &want_nll, .expert_block_tokens = 8});
+  for (auto policy : {offload::CachePolicy::lru, offload::CachePolicy::lfu}) {
+    Served s(path);
+    ServingCacheConfig cc;
+    cc.policy = policy;
+    cc.dtype = DType::bf16;
+    cc.budget_bytes = s.cache.expert_bytes(DType::bf16) / 4;  // one layer's 4 experts
+    s.cache.start(cc);
+    s.m.model->evaluate(batch.ids, batch.targets,
+                        EvalOptions{.row_nll = &nll, .expert_block_tokens = 8});
+    REQUIRE(test::same_bytes(nll, want_nll));
+    const ServingCacheStats st = s.cache.stats();
+    INFO(offload::to_string(policy) << ": " << st.accesses << " accesses");
+    REQUIRE(st.passes == 1);
+    REQUIRE(st.accesses > 16);  // 8 blocks a layer, each acquiring its experts
+    REQUIRE(st.experts_read <= 16);
   }
 }
 

@@ -4,7 +4,10 @@
 // Single-threaded by design: nn::Experts acquires one expert at a time from the compute thread,
 // and a miss reads its chunk there. The policy (offload::ExpertCache) owns which key sits in which
 // slot; this file owns the slots' bytes, the pinned experts and the statistics. A slot is pinned in
-// the policy from acquire to release, so the expert being computed is never the victim.
+// the policy from its expert's first acquire until another layer is requested, so neither the
+// expert being computed nor one the layer's next token block needs again is the victim (LFU would
+// otherwise evict a layer's newly read experts, whose counts are the lowest, block after block).
+// When every slot is held so, a miss is served uncached (the policy's bypass).
 #include "moe/offload/serving_cache.h"
 
 #include <algorithm>
@@ -51,6 +54,14 @@ struct ServingCache::Impl {
   std::vector<std::vector<char>> estimate;         // [L]: the next-layer estimate of each layer
   ServingCacheStats stats;
   int last_layer = -1;
+  // The experts the current layer acquired, pinned in the policy until another layer (or pass)
+  // begins: the token blocks of one batch acquire them again (MoELayer::experts_by_blocks).
+  std::vector<ExpertKey> layer_held;
+
+  void drop_layer_held() {
+    for (const ExpertKey& key : layer_held) cache->unpin(key);
+    layer_held.clear();
+  }
 
   DType held_dtype(int field, const Layer& layer, size_t j) const {
     const bool matrix = field < 3 && (config.dtype == DType::bf16 || config.dtype == DType::f16) &&
@@ -159,6 +170,7 @@ void ServingCache::request(int layer, std::span<const int32_t> experts,
       c.last_layer < 0 || layer < c.last_layer || (layer == c.last_layer && c.layers.size() == 1);
   if (new_pass && c.last_layer >= 0) c.cache->end_step();  // LFU's decay counts passes
   if (new_pass) ++c.stats.passes;
+  if (new_pass || layer != c.last_layer) c.drop_layer_held();
   c.last_layer = layer;
   c.estimate_next(layer, experts, rows);
 }
@@ -217,15 +229,15 @@ nn::ExpertTensors ServingCache::acquire(int layer, int expert) {
                       l.block, "): ", e.what()));
     }
   }
-  if (!r.bypass()) c.cache->pin(key);
+  if (!r.bypass() && c.cache->pins(key) == 0) {  // held until the layer is done
+    c.cache->pin(key);
+    c.layer_held.push_back(key);
+  }
   return c.views(h, layer);
 }
 
-void ServingCache::release(int layer, int expert) {
-  Impl& c = *impl_;
-  const ExpertKey key{layer, expert};
-  if (c.cache && c.cache->pins(key) > 0) c.cache->unpin(key);
-}
+// The expert stays pinned with the rest of its layer's (see Impl::layer_held).
+void ServingCache::release(int, int) {}
 
 nn::ExpertTensors ServingCache::gradients(int layer, int) {
   throw Error(str("expert cache: MoE layer ", layer, ": the cache holds no gradients"));

@@ -6,7 +6,9 @@
 // expert's bytes); offload::ExpertCache (LRU or MoESys's LFU variant) decides which expert a miss
 // displaces. An expert missing from the cache is read from the checkpoint (io::read_expert, only
 // its chunk) when nn::Experts acquires it; nn::Experts asks for each routed expert once per layer
-// and forward pass, so a batch reads each of a layer's experts at most once.
+// and forward pass, and a layer's experts stay in the cache until another layer begins, so a batch
+// (even one run by blocks of tokens) reads each of a layer's experts at most once when the cache
+// holds the experts the layer routes to.
 //
 // With a routing trace's popularity (moe-profile record; ServingCacheConfig::popularity) the most
 // popular experts, ranked within their layer, are pinned up to a share of the budget: read once at
