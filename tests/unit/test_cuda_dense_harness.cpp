@@ -264,12 +264,12 @@ TEST_CASE("cuda harness: rope table and rotation match the CPU, in place too", "
       std::vector<float> y(x.size()), in_place = x;
       cuda::run_grid_on_cpu<body::RopeRotate>(
           shape, x.data(), y.data(), static_cast<const float*>(cos_table.data()),
-          static_cast<const float*>(sin_table.data()), batch * seq, seq, heads, hd, inverse);
+          static_cast<const float*>(sin_table.data()), batch * seq, seq, heads, hd, hd, inverse);
       REQUIRE(y == ref.to_vector());
       cuda::run_grid_on_cpu<body::RopeRotate>(
           shape, static_cast<const float*>(in_place.data()), in_place.data(),
           static_cast<const float*>(cos_table.data()), static_cast<const float*>(sin_table.data()),
-          batch * seq, seq, heads, hd, inverse);
+          batch * seq, seq, heads, hd, hd, inverse);
       REQUIRE(in_place == y);
     }
   }

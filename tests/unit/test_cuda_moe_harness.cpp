@@ -83,9 +83,9 @@ TEST_CASE("cuda harness: router jitter, softmax, top-k and backward match the CP
 
       std::vector<int32_t> is(N * k, -2);
       std::vector<float> ws(N * k, -1);
-      cuda::run_grid_on_cpu<body::RouterTopk>(shape, static_cast<const float*>(ps.data()), N, E, k,
-                                              normalize, is.data(), ws.data(),
-                                              static_cast<const float*>(nullptr));
+      cuda::run_grid_on_cpu<body::RouterTopk>(
+          shape, static_cast<const float*>(ps.data()), N, E, k, normalize, is.data(), ws.data(),
+          static_cast<const float*>(nullptr), int64_t{1}, int64_t{1});
       REQUIRE(is == test::int_values(idx));
       REQUIRE(ws == values(w));
 
@@ -133,9 +133,9 @@ TEST_CASE(
       REQUIRE(zs == values(lse));
       std::vector<int32_t> is(N * k, -2);
       std::vector<float> ws(N * k, -1);
-      cuda::run_grid_on_cpu<body::RouterTopk>(shape, static_cast<const float*>(ss.data()), N, E, k,
-                                              normalize, is.data(), ws.data(),
-                                              static_cast<const float*>(bs.data()));
+      cuda::run_grid_on_cpu<body::RouterTopk>(
+          shape, static_cast<const float*>(ss.data()), N, E, k, normalize, is.data(), ws.data(),
+          static_cast<const float*>(bs.data()), int64_t{1}, int64_t{1});
       REQUIRE(is == test::int_values(idx));
       REQUIRE(ws == values(w));
       std::vector<float> dl(N * E, -1);

@@ -70,9 +70,11 @@ struct Backend {
     void (*swiglu_forward)(const Tensor& gate, const Tensor& up, Tensor& y);
     void (*swiglu_backward)(const Tensor& dy, const Tensor& gate, const Tensor& up, Tensor& dgate,
                             Tensor& dup);
-    // inverse = false: the forward rotation; true: its transpose (the backward).
-    void (*rope_apply)(const Tensor& x, int64_t batch, int64_t seq, int64_t heads, float theta,
-                       Tensor& y, int64_t position_offset, bool inverse);
+    // inverse = false: the forward rotation; true: its transpose (the backward). rotary_dim: the
+    // features of each head rotated (the first ones; the rest pass through).
+    void (*rope_apply)(const Tensor& x, int64_t batch, int64_t seq, int64_t heads,
+                       int64_t rotary_dim, float theta, Tensor& y, int64_t position_offset,
+                       bool inverse);
     void (*attention_forward)(const Tensor& q, const Tensor& k, const Tensor& v,
                               const ops::AttentionShape& shape, Tensor& probs, Tensor& ctx);
     void (*attention_backward)(const Tensor& dctx, const Tensor& q, const Tensor& k,
@@ -94,9 +96,10 @@ struct Backend {
                           Tensor& routed, int64_t first_row);
     void (*router_jitter_backward)(const Tensor& noise, Tensor& dx);
     void (*router_softmax)(const Tensor& logits, Tensor& probs, Tensor& lse);
-    // bias: [E] selection bias added to probs for the choice only (undefined: none).
+    // bias: [E] selection bias added to probs for the choice only (undefined: none); groups > 1:
+    // group-limited choice (kernels::topk_groups_row).
     void (*router_topk)(const Tensor& probs, int64_t k, bool normalize, const Tensor& bias,
-                        Tensor& topk_idx, Tensor& topk_weight);
+                        int64_t groups, int64_t group_topk, Tensor& topk_idx, Tensor& topk_weight);
     // aux_coef: the host-computed d aux / d probs[e] [E]; z_factor = 2 z_scale / N.
     void (*router_backward)(const Tensor& probs, const Tensor& lse, const Tensor& topk_idx,
                             const Tensor& dtopk_weight, bool normalize,

@@ -11,33 +11,57 @@ ExportModel::ExportModel(const Checkpoint& ckpt, const std::string& who, const s
   if (mc_.arch == Arch::gpt)
     throw Error(str(who,
                     ": only the mixtral flavour and the families built on it (qwen2_moe, "
-                    "qwen3_moe, olmoe) have a form there (this model is gpt: learned "
+                    "qwen3_moe, olmoe, glm4_moe) have a form there (this model is gpt: learned "
                     "positions, LayerNorm, GELU)"));
   if (ckpt.sharding.rank >= 0)
     throw Error(str(who, ": this is rank ", ckpt.sharding.rank,
                     "'s shard of a sharded checkpoint; merge "
                     "it first"));
-  experts_ = mc_.experts_per_layer.empty() ? 0 : mc_.experts_per_layer.front();
-  for (int64_t i = 0; i < mc_.layers; ++i) {
-    const int64_t experts = mc_.experts_per_layer[static_cast<size_t>(i)];
-    if (experts == 0)
-      throw Error(str(who, ": layer ", i, " is dense (no experts); ", target,
-                      " has experts in every layer"));
-    if (experts != experts_)
-      throw Error(str(who, ": ", target, " has the same number of experts in every layer; layer ",
-                      i, " has ", experts, ", layer 0 has ", experts_));
-  }
+  check_layers();
   if (mc_.residual_moe) throw Error(str(who, ": residual MoE (PR-MoE) has no ", target, " form"));
-  if (mc_.router_scoring != nn::RouterScoring::softmax)
+  // GLM-4-MoE's router (DeepSeek-V3's): sigmoid scores with a selection bias; the others softmax.
+  const bool glm = mc_.arch == Arch::glm4_moe;
+  if (!glm && mc_.router_scoring != nn::RouterScoring::softmax)
     throw Error(str(who, ": ", target,
                     " routes by a softmax over the experts; this model's "
                     "router scores with a sigmoid (router_scoring ",
                     router_scoring_name(mc_.router_scoring), ")"));
+  if (glm && mc_.router_scoring != nn::RouterScoring::sigmoid)
+    throw Error(str(who, ": ", target, " scores experts with a sigmoid; this model's router uses ",
+                    router_scoring_name(mc_.router_scoring)));
+  const char* glm_only = mc_.rope_dim != 0         ? "partial RoPE (rope_dim)"
+                         : mc_.dense_ff != 0       ? "dense layers of their own width (dense_ff)"
+                         : mc_.router_groups != 1  ? "group-limited routing (router_groups)"
+                         : mc_.routed_scale != 1.0 ? "scaled gate weights (routed_scale)"
+                         : mc_.qkv_bias || mc_.qk_norm ? "q/k/v biases or qk-norm options"
+                                                       : nullptr;
+  if (!glm && glm_only)
+    throw Error(
+        str(who, ": ", target, " has no ", glm_only, "; this model uses it (glm4_moe has)"));
   for (const NamedTensor& nt : ckpt.params) {
     if (nt.shard.defined())
       throw Error(str(who, ": parameter '", nt.name, "' is a shard; merge the checkpoint first"));
     params_[nt.name] = &nt;
   }
+}
+
+// Experts in every layer, the same number E in each; glm4_moe: dense layers first
+// (first_k_dense_replace), then MoE layers of E experts each.
+void ExportModel::check_layers() {
+  const bool glm = mc_.arch == Arch::glm4_moe;
+  for (int64_t i = 0; i < mc_.layers; ++i) {
+    const int64_t experts = mc_.experts_per_layer[static_cast<size_t>(i)];
+    if (experts == 0 && !(glm && experts_ == 0))
+      throw Error(str(who_, ": layer ", i, " is dense (no experts); ", target_,
+                      glm ? " has dense layers only before the first MoE layer"
+                          : " has experts in every layer"));
+    if (experts > 0 && experts_ > 0 && experts != experts_)
+      throw Error(str(who_, ": ", target_,
+                      " has the same number of experts in every MoE layer; layer ", i, " has ",
+                      experts, ", an earlier one ", experts_));
+    if (experts > 0) experts_ = experts;
+  }
+  if (experts_ == 0) throw Error(str(who_, ": the model has no MoE layer; ", target_, " has"));
 }
 
 const NamedTensor& ExportModel::param(const std::string& name, const Shape& shape) {

@@ -17,14 +17,15 @@ namespace moe::io {
 class ExportModel {
  public:
   // Checks that `ckpt` is a whole checkpoint (not a rank's shard, no sharded parameter) of one of
-  // the RoPE families (mixtral, qwen2_moe, qwen3_moe, olmoe) with softmax routing, experts in every
-  // layer and the same number E in each, and no PR-MoE. `who` prefixes every message
+  // the RoPE families (mixtral, qwen2_moe, qwen3_moe, olmoe with softmax routing, experts in every
+  // layer; glm4_moe with sigmoid routing, dense layers first), the same number E in each MoE
+  // layer, and no PR-MoE. `who` prefixes every message
   // ("Hugging Face export"), `target` names the output's model in them ("HF Mixtral", "llama.cpp's
   // qwen2moe").
   ExportModel(const Checkpoint& ckpt, const std::string& who, const std::string& target);
 
   const ModelConfig& config() const { return mc_; }
-  int64_t experts() const { return experts_; }
+  int64_t experts() const { return experts_; }  // of each MoE layer
   // The parameter `name`, which must have `shape`; marks it used.
   const NamedTensor& param(const std::string& name, const Shape& shape);
   // The router weight [E, D] of the MoE block whose names start with `block` ("blocks.3."): with a
@@ -38,6 +39,7 @@ class ExportModel {
   void refuse_unused() const;
 
  private:
+  void check_layers();
   std::string who_, target_;
   ModelConfig mc_;
   int64_t experts_ = 0;

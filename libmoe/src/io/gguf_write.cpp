@@ -303,7 +303,12 @@ void check_olmoe_norm_widths(const ModelConfig& mc) {
 
 GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
                               const GgufExportOptions& options) {
-  const LlamaArch arch = llama_arch(model_config_from_json(ckpt.model_config).arch);
+  const Arch family = model_config_from_json(ckpt.model_config).arch;
+  if (family == Arch::glm4_moe)
+    throw Error(
+        "GGUF export: glm4_moe models are not written to GGUF yet (llama.cpp's glm4moe "
+        "architecture); export-hf writes them for transformers");
+  const LlamaArch arch = llama_arch(family);
   ExportModel m(ckpt, "GGUF export", str("llama.cpp's ", arch.name, " architecture"));
   const ModelConfig& mc = m.config();
   if (mc.normalize_topk != arch.normalize_topk)

@@ -6,6 +6,7 @@
 #include "moe/io/hf_checkpoint.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -168,7 +169,11 @@ bool same_math(const ModelConfig& a, const ModelConfig& b) {
          a.kv_heads_resolved() == b.kv_heads_resolved() && a.d_ff == b.d_ff &&
          a.experts_per_layer == b.experts_per_layer && a.top_k == b.top_k &&
          a.normalize_topk == b.normalize_topk && a.residual_moe == b.residual_moe &&
-         a.norm_eps == b.norm_eps && a.rope_theta == b.rope_theta && a.dtype == b.dtype;
+         a.norm_eps == b.norm_eps && a.rope_theta == b.rope_theta && a.dtype == b.dtype &&
+         a.dense_ff_resolved() == b.dense_ff_resolved() &&
+         a.rope_dim_resolved() == b.rope_dim_resolved() && a.qkv_bias == b.qkv_bias &&
+         a.qk_norm == b.qk_norm && a.router_groups == b.router_groups &&
+         a.router_group_topk == b.router_group_topk && a.routed_scale == b.routed_scale;
 }
 
 // ---- import_hf, step by step -------------------------------------------------------------------
@@ -188,6 +193,16 @@ ModelConfig model_config_of(const HfModel& hf, const HfImportOptions& options) {
   mc.experts = hf.experts;
   mc.moe_every = 1;
   mc.experts_per_layer.assign(static_cast<size_t>(std::max<int64_t>(hf.layers, 0)), hf.experts);
+  for (int64_t i = 0; i < hf.dense_layers && i < hf.layers; ++i)  // GLM's first_k_dense_replace
+    mc.experts_per_layer[static_cast<size_t>(i)] = 0;
+  mc.dense_ff = hf.dense_ff == hf.ffn ? 0 : hf.dense_ff;
+  mc.rope_dim = hf.rope_dim;
+  mc.qkv_bias = hf.qkv_bias;
+  mc.qk_norm = hf.qk_norm;
+  if (hf.sigmoid_router) mc.router_scoring = nn::RouterScoring::sigmoid;
+  mc.router_groups = hf.groups;
+  mc.router_group_topk = hf.group_topk;
+  mc.routed_scale = hf.routed_scale;
   mc.top_k = hf.top_k;
   mc.capacity_factor = 0;  // HF MoE layers are dropless
   mc.aux_loss_coef = hf.aux_coef;
@@ -206,7 +221,23 @@ struct TensorPlan {
   std::vector<LayerSources> layers;
   std::map<std::string, std::string> outer;  // our name -> hf name
   std::vector<std::string> derived;          // checked against the config, not imported
+  std::vector<std::string> skipped;          // multi-token-prediction layers
 };
+
+// Whether `name` belongs to a multi-token-prediction layer: model.layers.<i>. with i in
+// [num_hidden_layers, num_hidden_layers + num_nextn_predict_layers).
+bool prediction_layer(const std::string& name, const HfModel& hf) {
+  const std::string prefix = "model.layers.";
+  if (hf.extra_layers == 0 || name.compare(0, prefix.size(), prefix) != 0) return false;
+  int64_t layer = 0;
+  size_t i = prefix.size();
+  for (; i < name.size() && i < prefix.size() + 9 &&
+         std::isdigit(static_cast<unsigned char>(name[i]));
+       ++i)
+    layer = layer * 10 + (name[i] - '0');
+  return i > prefix.size() && i < name.size() && name[i] == '.' && layer >= hf.layers &&
+         layer < hf.layers + hf.extra_layers;
+}
 
 // Sorts every tensor by classify(); unmapped ones go to rep.unmapped, the features unsupported
 // ones show to rep.unsupported (one line per feature, naming its first tensor). Throws on two
@@ -223,6 +254,15 @@ TensorPlan plan_tensors(const std::string& dir, const Sources& sources, const Hf
     slot = name;
   };
   for (const auto& [name, where] : sources.tensors) {
+    if (prediction_layer(name, hf)) {
+      // GLM's multi-token-prediction layers (num_nextn_predict_layers): transformers skips them
+      add_unique(rep.notes, str("multi-token-prediction layers (", hf.layers, "..",
+                                hf.layers + hf.extra_layers - 1,
+                                ", num_nextn_predict_layers) skipped: next-token scoring "
+                                "does not use them"));
+      plan.skipped.push_back(name);
+      continue;
+    }
     Classified c = classify(name);
     if (c.kind == Classified::unmapped) {
       rep.unmapped.push_back(name);
@@ -298,6 +338,8 @@ DType storage_dtype(const Sources& sources, const TensorPlan& plan, HfImportRepo
   for (const auto& [name, where] : sources.tensors) {
     if (std::find(rep.unmapped.begin(), rep.unmapped.end(), name) != rep.unmapped.end()) continue;
     if (std::find(plan.derived.begin(), plan.derived.end(), name) != plan.derived.end()) continue;
+    if (classify(name).slot == Slot::router_bias) continue;  // our selection bias is always f32
+    if (std::find(plan.skipped.begin(), plan.skipped.end(), name) != plan.skipped.end()) continue;
     const std::string& dt = where.second->dtype;
     if (dt != "F32" && dt != "BF16" && dt != "F16")
       throw Error(str("'", where.first->path(), "': tensor '", name, "' has dtype ", dt,
@@ -430,11 +472,13 @@ struct Importer {
   }
   // RoPE frequencies some checkpoints store: they must be what rope_theta gives.
   void check_rope(const std::vector<std::string>& derived) {
+    const int64_t rd = mc.rope_dim_resolved();  // head_dim, or the rotated part of it (GLM)
     for (const std::string& name : derived) {
-      Tensor t = fetch(name, {hd / 2}, "RoPE inverse frequencies [hd/2]").to(DType::f32);
+      Tensor t =
+          fetch(name, {rd / 2}, "RoPE inverse frequencies [rotated dims / 2]").to(DType::f32);
       const float* f = t.data<float>();
-      for (int64_t i = 0; i < hd / 2; ++i) {
-        const double want = 1.0 / std::pow(mc.rope_theta, 2.0 * double(i) / double(hd));
+      for (int64_t i = 0; i < rd / 2; ++i) {
+        const double want = 1.0 / std::pow(mc.rope_theta, 2.0 * double(i) / double(rd));
         if (std::abs(f[i] - want) > 1e-3 * want)
           throw Error(str("'", sources.file_of(name), "': tensor '", name, "' element ", i, " is ",
                           f[i], ", but rope_theta ", mc.rope_theta, " gives ", want,
@@ -484,7 +528,12 @@ struct Importer {
       single(Slot::q_norm, {mc.heads * hd}, "[num_attention_heads * head_dim]");
       single(Slot::k_norm, {KV * hd}, "[num_key_value_heads * head_dim]");
     }
+    if (!mc.is_moe_layer(i)) {
+      dense_mlp(prefix, ls);
+      return;
+    }
     single(Slot::router, {E, D}, "[experts, hidden_size]");
+    if (flavour.router_bias) router_bias(prefix, ls);
 
     const bool fused = !ls.single[Slot::gate_up].empty() || !ls.single[Slot::down].empty();
     const bool split = !ls.per_expert.empty();
@@ -496,6 +545,38 @@ struct Importer {
     else
       per_expert(prefix, ls);
     if (flavour.shared_expert_gate) shared_expert(prefix, ls);
+    if (flavour.ungated_shared_expert && Fs > 0) {
+      take(prefix, ls, Slot::shared_w1, {Fs, D},
+           "[n_shared_experts * moe_intermediate_size, hidden_size]");
+      take(prefix, ls, Slot::shared_w2, {D, Fs},
+           "[hidden_size, n_shared_experts * moe_intermediate_size]");
+      take(prefix, ls, Slot::shared_w3, {Fs, D},
+           "[n_shared_experts * moe_intermediate_size, hidden_size]");
+    }
+  }
+
+  // A dense layer's MLP (GLM-4-MoE's first_k_dense_replace layers, intermediate_size wide).
+  void dense_mlp(const std::string& prefix, LayerSources& ls) {
+    const int64_t Fd = mc.dense_ff_resolved();
+    take(prefix, ls, Slot::dense_w1, {Fd, D}, "[intermediate_size, hidden_size]");
+    take(prefix, ls, Slot::dense_w2, {D, Fd}, "[hidden_size, intermediate_size]");
+    take(prefix, ls, Slot::dense_w3, {Fd, D}, "[intermediate_size, hidden_size]");
+  }
+
+  // e_score_correction_bias [E]: our router's selection bias, kept in f32 whatever the model's
+  // dtype (nn::Router stores it so).
+  void router_bias(const std::string& prefix, LayerSources& ls) {
+    const std::string our = prefix + slot_name(Slot::router_bias);
+    const std::string& name = need(ls.single[Slot::router_bias], our);
+    check_shape(name, {E}, "[n_routed_experts]");
+    auto source = std::make_shared<TensorSource>();
+    source->shape = {E};
+    source->dtype = DType::f32;
+    source->read = [s = shared, name] { return converted(*s, name, s->read(name), DType::f32); };
+    NamedTensor nt{our, Tensor(), false, {}};
+    nt.deferred = std::move(source);
+    ckpt.params.push_back(std::move(nt));
+    rep.mapped.push_back(str(name, " -> ", our));
   }
 
   // Qwen2-MoE's shared expert (an MLP of width Fs) and its sigmoid gate [1, D]. transformers

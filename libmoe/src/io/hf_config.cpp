@@ -49,6 +49,7 @@ struct ConfigReader {
 // 5 writes it) or num_experts (Qwen2-MoE, OLMoE; Qwen3-MoE as 4.x wrote it), and transformers
 // reads either spelling for each of these families. Returns the key present ("" if none).
 std::string experts_key(const ConfigReader& c, bool mixtral) {
+  if (c.has("n_routed_experts")) return "n_routed_experts";  // GLM-4-MoE (DeepSeek-V3's name)
   const bool local = c.has("num_local_experts"), plain = c.has("num_experts");
   if (local && plain && c.integer("num_local_experts") != c.integer("num_experts"))
     throw Error(str("'", c.path, "': \"num_local_experts\" (", c.integer("num_local_experts"),
@@ -80,6 +81,55 @@ bool window_by_layer_types(const json& j, bool fallback, std::vector<std::string
   return sliding > 0;
 }
 
+// GLM-4-MoE's own keys (configuration_glm4_moe.py), after the ones every family shares.
+void parse_glm(const ConfigReader& c, HfModel& m, std::vector<std::string>& unsupported) {
+  const json& j = c.j;
+  const int64_t hd = m.head_dim > 0 ? m.head_dim : m.hidden / std::max<int64_t>(m.heads, 1);
+  // partial_rotary_factor: top level (4.x) or in rope_parameters (5.x); transformers rotates
+  // int(head_dim * factor) features of each head.
+  double factor = c.number_or("partial_rotary_factor", 0.5);
+  if (m.rope_dim == -1) {
+    const json& f = j["rope_parameters"]["partial_rotary_factor"];
+    if (!f.is_number())
+      throw Error(str("'", c.path, "': \"rope_parameters\" partial_rotary_factor is not a number (",
+                      f.dump(), ")"));
+    factor = f.get<double>();
+  }
+  if (!(factor > 0 && factor <= 1))
+    throw Error(
+        str("'", c.path, "': \"partial_rotary_factor\" must be in (0, 1] (got ", factor, ")"));
+  m.rope_dim = static_cast<int64_t>(static_cast<double>(hd) * factor);
+  if (m.rope_dim % 2 != 0 || m.rope_dim < 2)
+    unsupported.push_back(str("partial_rotary_factor ", factor, " of head_dim ", hd,
+                              " (rotates an odd or zero number of features)"));
+  if (m.rope_dim == hd) m.rope_dim = 0;
+  m.qkv_bias = c.boolean_or("attention_bias", false);  // q/k/v only: o_proj has none here
+  m.qk_norm = c.boolean_or("use_qk_norm", false);
+  m.sigmoid_router = true;
+  m.dense_ff = c.integer("intermediate_size");
+  m.dense_layers = c.integer_or("first_k_dense_replace", 1);
+  if (m.dense_layers < 0 || m.dense_layers > m.layers)
+    throw Error(str("'", c.path, "': \"first_k_dense_replace\" is ", m.dense_layers,
+                    ": it must be between 0 and num_hidden_layers (", m.layers, ")"));
+  const int64_t shared = c.integer_or("n_shared_experts", 1);
+  if (shared < 0 || shared > (int64_t(1) << 16))
+    throw Error(str("'", c.path, "': \"n_shared_experts\" must be between 0 and 65536"));
+  m.shared_ff = shared * m.ffn;
+  m.groups = c.integer_or("n_group", 1);
+  m.group_topk = c.integer_or("topk_group", 1);
+  if (m.groups < 1 || m.groups > 64 || m.group_topk < 1 || m.group_topk > m.groups)
+    unsupported.push_back(str("n_group ", m.groups, " with topk_group ", m.group_topk,
+                              " (we route within 1..64 groups, choosing 1..n_group of them)"));
+  m.routed_scale = c.number_or("routed_scaling_factor", 1.0);
+  m.extra_layers = c.integer_or("num_nextn_predict_layers", 0);
+  if (m.extra_layers < 0 || m.extra_layers > 64)
+    throw Error(str("'", c.path, "': \"num_nextn_predict_layers\" must be between 0 and 64"));
+  if (c.string_or("topk_method", "noaux_tc") != "noaux_tc")
+    unsupported.push_back(str("topk_method '", c.string_or("topk_method", ""), "'"));
+  if (c.string_or("scoring_func", "sigmoid") != "sigmoid")
+    unsupported.push_back(str("scoring_func '", c.string_or("scoring_func", ""), "'"));
+}
+
 }  // namespace
 
 HfModel parse_config(const json& j, const std::string& path,
@@ -90,6 +140,7 @@ HfModel parse_config(const json& j, const std::string& path,
   m.arch = hf::arch_of_family(m.family, path);
   const bool mixtral = m.arch == Arch::mixtral;
   const bool qwen = m.arch == Arch::qwen2_moe || m.arch == Arch::qwen3_moe;
+  const bool glm = m.arch == Arch::glm4_moe;
   m.vocab = c.integer("vocab_size");
   m.hidden = c.integer("hidden_size");
   m.layers = c.integer("num_hidden_layers");
@@ -98,13 +149,14 @@ HfModel parse_config(const json& j, const std::string& path,
   const std::string experts = experts_key(c, mixtral);
   m.experts = c.integer(experts);
   m.top_k = c.integer("num_experts_per_tok");
-  m.ffn = c.integer(qwen ? "moe_intermediate_size" : "intermediate_size");
+  m.ffn = c.integer(qwen || glm ? "moe_intermediate_size" : "intermediate_size");
   m.max_positions = c.integer("max_position_embeddings");
   m.eps = c.number_or("rms_norm_eps", 1e-6);
   m.aux_coef = c.number_or("router_aux_loss_coef", 0.0);
   m.jitter = mixtral ? c.number_or("router_jitter_noise", 0.0) : 0.0;
-  // Mixtral always renormalises its top-k weights; the others say so in norm_topk_prob.
-  m.normalize = mixtral ? true : c.boolean_or("norm_topk_prob", false);
+  // Mixtral always renormalises its top-k weights; the others say so in norm_topk_prob (GLM's
+  // default: true).
+  m.normalize = mixtral ? true : c.boolean_or("norm_topk_prob", glm);
   for (const std::string& key : {std::string("vocab_size"), std::string("hidden_size"),
                                  std::string("max_position_embeddings")})
     if (c.integer(key) < 1) throw Error(str("'", path, "': \"", key, "\" must be >= 1"));
@@ -130,7 +182,9 @@ HfModel parse_config(const json& j, const std::string& path,
     if (!r.is_object()) throw Error(str("'", path, "': \"", key, "\" is not an object"));
     if (key == "rope_parameters" && r.contains("rope_theta") && r["rope_theta"].is_number())
       m.rope_theta = r["rope_theta"].get<double>();
-    if (r.contains("partial_rotary_factor") && r["partial_rotary_factor"] != 1.0)
+    if (key == "rope_parameters" && glm && r.contains("partial_rotary_factor"))
+      m.rope_dim = -1;  // read below, from here
+    else if (r.contains("partial_rotary_factor") && r["partial_rotary_factor"] != 1.0)
       unsupported.push_back(str("partial RoPE (", key, " partial_rotary_factor ",
                                 r["partial_rotary_factor"].dump(), ")"));
     for (const char* type_key : {"rope_type", "type"})
@@ -150,13 +204,17 @@ HfModel parse_config(const json& j, const std::string& path,
   // head_dim: Qwen3-MoE (and newer Mixtral configs) may make the heads wider or narrower than
   // hidden_size / num_attention_heads; Qwen2-MoE and OLMoE derive it.
   if (c.has("head_dim") && m.heads > 0 && c.integer("head_dim") * m.heads != m.hidden) {
-    if (m.arch == Arch::qwen3_moe || mixtral)
+    if (m.arch == Arch::qwen3_moe || mixtral || glm)
       m.head_dim = c.integer("head_dim");
     else
       unsupported.push_back(str("head_dim ", c.integer("head_dim"),
                                 " different from hidden_size / num_attention_heads"));
   }
   if (m.head_dim < 0) throw Error(str("'", path, "': \"head_dim\" must be >= 1"));
+  if (glm) {
+    parse_glm(c, m, unsupported);
+    return m;
+  }
   // attention_bias puts biases on q, k, v and o; we have q/k/v biases only (Qwen2-MoE's, which
   // its classes create without a config key).
   if (c.boolean_or("attention_bias", false))

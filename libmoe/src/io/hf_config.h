@@ -18,9 +18,16 @@ struct HfModel {
   int64_t vocab = 0, hidden = 0, ffn = 0, layers = 0, heads = 0, kv_heads = 0, experts = 0,
           top_k = 0, max_positions = 0, sliding_window = 0;  // 0: none
   int64_t head_dim = 0;                                      // 0: hidden / heads
-  int64_t shared_ff = 0;  // Qwen2-MoE shared_expert_intermediate_size
+  int64_t shared_ff = 0;  // Qwen2-MoE shared_expert_intermediate_size; GLM n_shared_experts * F
   double rope_theta = 10000, eps = 1e-6, aux_coef = 0, jitter = 0;
   bool normalize = true;
+  // GLM-4-MoE: the first `dense_layers` layers are MLPs of width dense_ff; RoPE on rope_dim
+  // features of a head (0: all); q/k/v biases; per-head qk-norm; DeepSeek-V3's router (sigmoid,
+  // selection bias, groups, scale); multi-token-prediction layers after the last (skipped).
+  int64_t dense_layers = 0, dense_ff = 0, rope_dim = 0;
+  bool qkv_bias = false, qk_norm = false, sigmoid_router = false;
+  int64_t groups = 1, group_topk = 1, extra_layers = 0;
+  double routed_scale = 1.0;
 };
 
 // Reads config.json (`path` names it in messages); features our model lacks go to `unsupported`.

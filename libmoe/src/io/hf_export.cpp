@@ -6,18 +6,24 @@
 // width, E experts of a layer, H query heads, KV key/value heads, hd head dim.
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <sstream>
 
+#include "core/json_text.h"
 #include "io/export_model.h"
 #include "io/files.h"
 #include "io/hf_names.h"
 #include "moe/error.h"
-#include "moe/io/input.h"
 #include "moe/io/hf_checkpoint.h"
+#include "moe/io/input.h"
 #include "moe/io/output.h"
 #include "moe/io/safetensors.h"
+#include "moe/log.h"
 #include "moe/models/config.h"
 #include "moe/models/flavour.h"
 #include "moe/version.h"
@@ -41,13 +47,81 @@ const char* hf_model_name(Arch arch) {
       return "HF Qwen3-MoE";
     case Arch::olmoe:
       return "HF OLMoE";
+    case Arch::glm4_moe:
+      return "HF GLM-4-MoE";
     default:
       return "HF Mixtral";
   }
 }
 
+// The leading dense layers of a glm4_moe model (first_k_dense_replace).
+int64_t leading_dense_layers(const ModelConfig& mc) {
+  int64_t k = 0;
+  while (k < mc.layers && !mc.is_moe_layer(k)) ++k;
+  return k;
+}
+
+// GLM-4-MoE's config.json (configuration_glm4_moe.py's keys).
+nlohmann::ordered_json glm_config(const ModelConfig& mc, int64_t E) {
+  const int64_t hd = mc.head_dim_resolved();
+  nlohmann::ordered_json c;
+  c["architectures"] = {"Glm4MoeForCausalLM"};
+  c["model_type"] = "glm4_moe";
+  c["vocab_size"] = mc.vocab_size;
+  c["hidden_size"] = mc.d_model;
+  c["intermediate_size"] = mc.dense_ff_resolved();
+  c["moe_intermediate_size"] = mc.d_ff;
+  c["num_hidden_layers"] = mc.layers;
+  c["num_attention_heads"] = mc.heads;
+  c["num_key_value_heads"] = mc.kv_heads_resolved();
+  c["head_dim"] = hd;
+  c["partial_rotary_factor"] = double(mc.rope_dim_resolved()) / double(hd);
+  c["hidden_act"] = "silu";
+  c["max_position_embeddings"] = mc.seq;
+  c["initializer_range"] = 0.02;
+  c["rms_norm_eps"] = mc.norm_eps;
+  c["use_cache"] = true;
+  c["tie_word_embeddings"] = false;
+  c["rope_theta"] = mc.rope_theta;
+  c["rope_scaling"] = nullptr;
+  c["attention_bias"] = mc.qkv_bias;
+  c["attention_dropout"] = 0.0;
+  c["num_experts_per_tok"] = mc.top_k;
+  c["n_shared_experts"] = mc.shared_expert_ff / mc.d_ff;
+  c["n_routed_experts"] = E;
+  c["routed_scaling_factor"] = mc.routed_scale;
+  c["n_group"] = mc.router_groups;
+  c["topk_group"] = mc.router_group_topk;
+  c["first_k_dense_replace"] = leading_dense_layers(mc);
+  c["norm_topk_prob"] = mc.normalize_topk;
+  c["use_qk_norm"] = mc.qk_norm;
+  c["output_router_logits"] = false;
+  c["router_aux_loss_coef"] = mc.aux_loss_coef;
+  c["torch_dtype"] = mc.dtype == DType::f32    ? "float32"
+                     : mc.dtype == DType::bf16 ? "bfloat16"
+                                               : "float16";
+  return c;
+}
+
+// Refuses a glm4_moe model config.json cannot describe.
+void check_glm(const ModelConfig& mc) {
+  const int64_t hd = mc.head_dim_resolved(), rd = mc.rope_dim_resolved();
+  if (mc.shared_expert_ff % mc.d_ff != 0)
+    throw Error(str("Hugging Face export: HF GLM-4-MoE's shared experts are n_shared_experts x ",
+                    "moe_intermediate_size (", mc.d_ff, ") wide; this model's are ",
+                    mc.shared_expert_ff));
+  if (static_cast<int64_t>(double(hd) * (double(rd) / double(hd))) != rd)
+    throw Error(str("Hugging Face export: RoPE on ", rd, " of ", hd,
+                    " features a head has no exact partial_rotary_factor"));
+  for (int64_t i = 0; i < mc.layers; ++i)
+    if (i >= leading_dense_layers(mc) && !mc.is_moe_layer(i))
+      throw Error(str("Hugging Face export: layer ", i, " is dense after an MoE layer; HF ",
+                      "GLM-4-MoE's dense layers are the first ones (first_k_dense_replace)"));
+}
+
 // config.json with the keys the family's transformers config class writes.
 nlohmann::ordered_json family_config(const ModelConfig& mc, int64_t E) {
+  if (mc.arch == Arch::glm4_moe) return glm_config(mc, E);
   const int64_t D = mc.d_model, H = mc.heads, hd = mc.head_dim_resolved();
   nlohmann::ordered_json c;
   const bool mixtral = mc.arch == Arch::mixtral, qwen2 = mc.arch == Arch::qwen2_moe;
@@ -172,7 +246,18 @@ std::vector<NamedTensor> hf_tensors(ExportModel& m) {
       emit(hf + "self_attn.k_norm.weight",
            param(ours + "attn.k_norm.weight", {head ? hd : KV * hd}));
     }
+    if (!mc.is_moe_layer(i)) {  // GLM's first dense layers
+      const int64_t Fd = mc.dense_ff_resolved();
+      emit(hf + "mlp.gate_proj.weight", param(ours + "mlp.w1", {Fd, D}));
+      emit(hf + "mlp.up_proj.weight", param(ours + "mlp.w3", {Fd, D}));
+      emit(hf + "mlp.down_proj.weight", param(ours + "mlp.w2", {D, Fd}));
+      emit(hf + "post_attention_layernorm.weight", param(ours + "norm2.weight", {D}));
+      continue;
+    }
     emit(moe + "gate.weight", checked(m.router_weight(ours, E, D)));
+    // transformers keeps e_score_correction_bias in f32, as our selection bias is
+    if (flavour.router_bias)
+      emit(moe + "gate.e_score_correction_bias", m.param(ours + "moe.router.bias", {E}));
     const NamedTensor& w1 = param(ours + "moe.experts.w1", {E, F, D});
     const NamedTensor& w2 = param(ours + "moe.experts.w2", {E, D, F});
     const NamedTensor& w3 = param(ours + "moe.experts.w3", {E, F, D});
@@ -181,6 +266,12 @@ std::vector<NamedTensor> hf_tensors(ExportModel& m) {
       out.push_back(expert_of(ex + (mixtral ? "w1.weight" : "gate_proj.weight"), w1, e, {F, D}));
       out.push_back(expert_of(ex + (mixtral ? "w2.weight" : "down_proj.weight"), w2, e, {D, F}));
       out.push_back(expert_of(ex + (mixtral ? "w3.weight" : "up_proj.weight"), w3, e, {F, D}));
+    }
+    if (flavour.ungated_shared_expert && Fs > 0) {
+      const std::string sh = moe + "shared_experts.";
+      emit(sh + "gate_proj.weight", param(ours + "moe.shared.w1", {Fs, D}));
+      emit(sh + "up_proj.weight", param(ours + "moe.shared.w3", {Fs, D}));
+      emit(sh + "down_proj.weight", param(ours + "moe.shared.w2", {D, Fs}));
     }
     if (flavour.shared_expert_gate) {
       // transformers' Qwen2-MoE always has the shared expert and its gate: a 0-wide one is
@@ -275,6 +366,34 @@ void write_tensors(const std::string& dir, const std::vector<std::vector<NamedTe
   write_text_atomic(join_path(dir, kIndexFile), index.dump(2) + "\n");
 }
 
+// The shard files the index of an earlier export in `dir` names, less `kept` (this export's own):
+// what a sharded export over it (--force) removes once its own index is written, so that the
+// directory holds one model. Only names of our shard naming are taken, never another file of the
+// user's; an index that does not read names nothing (its shards stay, and a warning says so).
+std::vector<std::string> stale_shards(const std::string& dir, const std::set<std::string>& kept) {
+  const std::string index = join_path(dir, kIndexFile);
+  std::vector<std::string> stale;
+  if (!path_exists(index)) return stale;
+  std::ifstream in(index, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json j;
+  try {
+    j = parse_json(text.str(), str("'", index, "'"));
+  } catch (const Error& e) {
+    MOE_LOG_WARN("Hugging Face export: ", e.what(), ": the shards it names stay in '", dir, "'");
+    return stale;
+  }
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) return stale;
+  static const std::regex ours(R"(model-[0-9]{5}-of-[0-9]{5}\.safetensors)");
+  std::set<std::string> named;
+  for (const auto& entry : j["weight_map"].items())
+    if (entry.value().is_string()) named.insert(entry.value().get<std::string>());
+  for (const std::string& file : named)
+    if (std::regex_match(file, ours) && !kept.count(file)) stale.push_back(file);
+  return stale;
+}
+
 // The output directory of an export, removed again (with what the export wrote in it) when the
 // export fails after creating it: tensors are read as they are written, so a NaN or a damaged
 // chunk can stop it half way. A directory that existed before is left as it is.
@@ -310,15 +429,22 @@ void export_hf(const Checkpoint& ckpt, const std::string& dir, const HfExportOpt
                     " has heads of hidden_size / "
                     "num_attention_heads; this model's are ",
                     mc.head_dim_resolved(), " wide"));
-  if (mc.shared_expert_ff > 0 && mc.arch != Arch::qwen2_moe)
+  if (mc.arch == Arch::glm4_moe) check_glm(mc);
+  if (mc.shared_expert_ff > 0 && mc.arch != Arch::qwen2_moe && mc.arch != Arch::glm4_moe)
     throw Error(str("Hugging Face export: ", hf_model_name(mc.arch),
                     " has no shared expert; this model's "
                     "is ",
-                    mc.shared_expert_ff, " wide (qwen2_moe has one)"));
+                    mc.shared_expert_ff, " wide (qwen2_moe and glm4_moe have one)"));
   const std::vector<NamedTensor> out = hf_tensors(m);
   const bool sharded = options.max_shard_bytes > 0;
   const std::vector<std::vector<NamedTensor>> shards = plan_shards(out, options.max_shard_bytes);
   check_export_files(dir, shards.size(), sharded, ckpt, options.replace);
+
+  std::set<std::string> own_shards;
+  for (size_t s = 0; sharded && s < shards.size(); ++s)
+    own_shards.insert(shard_file(s, shards.size()));
+  const std::vector<std::string> stale =
+      sharded ? stale_shards(dir, own_shards) : std::vector<std::string>();
 
   CreatedDir output(dir);
   std::error_code ec;
@@ -333,6 +459,13 @@ void export_hf(const Checkpoint& ckpt, const std::string& dir, const HfExportOpt
   // The tokenizer an import kept goes back out beside the model, verbatim.
   if (!ckpt.tokenizer.empty())
     write_text_atomic(join_path(dir, ckpt.tokenizer.file), ckpt.tokenizer.bytes);
+  // Only now, with the new index in place, do the old shards go: a failure before it leaves the
+  // earlier export whole.
+  for (const std::string& file : stale) {
+    if (!fs::remove(join_path(dir, file), ec) && ec)
+      MOE_LOG_WARN("Hugging Face export: cannot remove the earlier shard '", join_path(dir, file),
+                   "': ", ec.message());
+  }
   fsync_path(dir, true);
   output.keep();
 }

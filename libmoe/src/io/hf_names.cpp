@@ -8,10 +8,11 @@
 namespace moe::io::hf {
 
 Arch arch_of_family(const std::string& model_type, const std::string& config_path) {
-  for (Arch arch : {Arch::mixtral, Arch::qwen2_moe, Arch::qwen3_moe, Arch::olmoe})
+  for (Arch arch : {Arch::mixtral, Arch::qwen2_moe, Arch::qwen3_moe, Arch::olmoe, Arch::glm4_moe})
     if (model_type == arch_name(arch)) return arch;
-  throw Error(str("'", config_path, "': model_type '", model_type,
-                  "' is not supported (supported: mixtral, olmoe, qwen2_moe, qwen3_moe)"));
+  throw Error(
+      str("'", config_path, "': model_type '", model_type,
+          "' is not supported (supported: glm4_moe, mixtral, olmoe, qwen2_moe, qwen3_moe)"));
 }
 
 const char* slot_feature(Slot s) {
@@ -28,6 +29,12 @@ const char* slot_feature(Slot s) {
     case Slot::shared_w3:
     case Slot::shared_gate:
       return "shared expert";
+    case Slot::router_bias:
+      return "router selection bias (e_score_correction_bias)";
+    case Slot::dense_w1:
+    case Slot::dense_w2:
+    case Slot::dense_w3:
+      return "dense MLP layers";
     default:
       return nullptr;
   }
@@ -45,8 +52,15 @@ bool flavour_has(const Flavour& flavour, Slot s) {
     case Slot::shared_w1:
     case Slot::shared_w2:
     case Slot::shared_w3:
+      return flavour.shared_expert_gate || flavour.ungated_shared_expert;
     case Slot::shared_gate:
       return flavour.shared_expert_gate;
+    case Slot::router_bias:
+      return flavour.router_bias;
+    case Slot::dense_w1:
+    case Slot::dense_w2:
+    case Slot::dense_w3:
+      return flavour.dense_layers;
     default:
       return true;
   }
@@ -66,7 +80,7 @@ Classified classify(const std::string& name) {
       R"((block_sparse_moe|mlp)\.experts\.((\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.bias|gate_up_proj_bias|down_proj_bias))");
   static const std::regex fused_re(R"((block_sparse_moe|mlp)\.experts\.(gate_up_proj|down_proj))");
   static const std::regex qwen_shared_re(
-      R"(mlp\.shared_expert\.(gate_proj|up_proj|down_proj)\.weight)");
+      R"(mlp\.shared_experts?\.(gate_proj|up_proj|down_proj)\.weight)");
   static const std::regex shared_re(R"(mlp\.shared_experts?(_gate)?\..+)");
   static const std::regex dense_re(R"(mlp\.(gate_proj|up_proj|down_proj)\.(weight|bias))");
   Classified c;
@@ -124,6 +138,7 @@ Classified classify(const std::string& name) {
   if (std::regex_match(rest, r, qk_norm_re))
     return mapped(r[1].str() == "q_norm" ? Slot::q_norm : Slot::k_norm);
   if (std::regex_match(rest, router_re)) return mapped(Slot::router);
+  if (rest == "mlp.gate.e_score_correction_bias") return mapped(Slot::router_bias);
   if (std::regex_match(rest, router_bias_re)) return unsupported("router bias");
   if (std::regex_match(rest, r, expert_re)) {
     const std::string e = r[2].str();
@@ -145,7 +160,13 @@ Classified classify(const std::string& name) {
   }
   if (rest == "mlp.shared_expert_gate.weight") return mapped(Slot::shared_gate);
   if (std::regex_match(rest, shared_re)) return unsupported("shared expert");
-  if (std::regex_match(rest, dense_re)) return unsupported("dense MLP layers");
+  if (std::regex_match(rest, r, dense_re)) {
+    if (r[2].str() == "bias") return unsupported("dense MLP biases");
+    const std::string w = r[1].str();
+    return mapped(w == "gate_proj" ? Slot::dense_w1
+                  : w == "up_proj" ? Slot::dense_w3
+                                   : Slot::dense_w2);
+  }
   return Classified{};
 }
 
@@ -193,6 +214,14 @@ const char* slot_name(Slot s) {
       return "moe.shared.w3";
     case Slot::shared_gate:
       return "moe.shared_gate.weight";
+    case Slot::router_bias:
+      return "moe.router.bias";
+    case Slot::dense_w1:
+      return "mlp.w1";
+    case Slot::dense_w2:
+      return "mlp.w2";
+    case Slot::dense_w3:
+      return "mlp.w3";
   }
   return "?";
 }

@@ -45,7 +45,11 @@ enum class Slot {
   shared_w1,
   shared_w2,
   shared_w3,
-  shared_gate
+  shared_gate,
+  router_bias,  // GLM-4-MoE's e_score_correction_bias: the router's selection bias
+  dense_w1,     // a dense layer's MLP (GLM-4-MoE's first_k_dense_replace layers)
+  dense_w2,
+  dense_w3
 };
 
 struct Classified {
@@ -56,8 +60,8 @@ struct Classified {
   std::string feature;  // unsupported: what
 };
 
-// Our architecture of a config.json model_type (mixtral, qwen2_moe, qwen3_moe, olmoe: the names
-// agree), and back; other types throw naming the supported ones.
+// Our architecture of a config.json model_type (mixtral, qwen2_moe, qwen3_moe, olmoe, glm4_moe:
+// the names agree), and back; other types throw naming the supported ones.
 Arch arch_of_family(const std::string& model_type, const std::string& config_path);
 inline const char* family_of(Arch arch) { return arch_name(arch); }
 

@@ -3,6 +3,9 @@
 //   y[i]        = x[i] cos - x[i + hd/2] sin
 //   y[i + hd/2] = x[i + hd/2] cos + x[i] sin
 // The backward is the inverse (transposed) rotation.
+// Partial rotary (GLM-4-MoE, partial_rotary_factor): only the first rd features of each head are
+// rotated, with hd replaced by rd above (pairs (i, i + rd/2), angle theta^(-2i/rd)); the other
+// hd - rd features pass through unchanged.
 #pragma once
 #include "kernels/common.h"
 
@@ -14,11 +17,15 @@ MOE_HD float rope_angle(int64_t position, int64_t i, int64_t head_dim, float the
   return static_cast<float>(position) * inv_freq;
 }
 
-// Rotates one head (hd features) with precomputed cos/sin of its hd/2 pairs. `y` may alias `x`.
+// Rotates the first rotary_dim features of one head (head_dim features) with precomputed cos/sin
+// of its rotary_dim/2 pairs, and copies the rest. `y` may alias `x`.
 // inverse = true applies the transposed rotation (the backward of the forward one).
 MOE_HD void rope_rotate_head(const float* x, float* y, const float* cos_table,
-                             const float* sin_table, int64_t head_dim, bool inverse) {
-  const int64_t half = head_dim / 2;
+                             const float* sin_table, int64_t rotary_dim, int64_t head_dim,
+                             bool inverse) {
+  const int64_t half = rotary_dim / 2;
+  if (y != x)
+    for (int64_t i = rotary_dim; i < head_dim; ++i) y[i] = x[i];
   for (int64_t i = 0; i < half; ++i) {
     const float c = cos_table[i];
     const float s = inverse ? -sin_table[i] : sin_table[i];

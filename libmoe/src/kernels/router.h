@@ -58,11 +58,52 @@ MOE_HD float sigmoid_row(const float* logits, float* scores, float* probs, int64
   return m + logf(z);
 }
 
+// Experts in groups of a router's choice: at most this many (DeepSeek-V3 and GLM-4.5 use 8 or 1).
+inline constexpr int64_t kMaxRouterGroups = 64;
+
+// Group-limited choice (DeepSeek-V3's noaux_tc, GLM-4-MoE), groups > 1: experts 0..E) form
+// `groups` groups of E/groups in order; a group scores the sum of its two largest keys (key =
+// p + bias), the `group_topk` best groups stay (ties: the lower group), and every other expert's
+// key becomes 0 (transformers masks them with 0.0, not -inf: we choose as it does). Writes
+// chosen[g] = whether group g stayed. groups <= kMaxRouterGroups, E/groups >= 2.
+MOE_HD void topk_groups_row(const float* p, const float* bias, int64_t num_experts, int64_t groups,
+                            int64_t group_topk, bool* chosen) {
+  const int64_t size = num_experts / groups;
+  float group_score[kMaxRouterGroups];
+  for (int64_t g = 0; g < groups; ++g) {
+    float first = 0.0f, second = 0.0f;
+    for (int64_t i = 0; i < size; ++i) {
+      const int64_t e = g * size + i;
+      const float key = bias ? p[e] + bias[e] : p[e];
+      if (i == 0 || key > first) {
+        second = i == 0 ? second : first;
+        first = key;
+      } else if (i == 1 || key > second) {
+        second = key;
+      }
+    }
+    group_score[g] = first + second;
+    chosen[g] = false;
+  }
+  for (int64_t j = 0; j < group_topk; ++j) {
+    int64_t best = -1;
+    for (int64_t g = 0; g < groups; ++g)
+      if (!chosen[g] && (best < 0 || group_score[g] > group_score[best])) best = g;
+    chosen[best] = true;
+  }
+}
+
 // The k largest of p[0..E) + bias[0..E) (bias may be null; ties: the lower expert index first), in
 // descending order, into idx; their p (never the bias) into weight, renormalised to sum to 1 when
-// `normalize`. k <= E.
+// `normalize`. k <= E. groups > 1: only among the experts topk_groups_row keeps (the others' key
+// is 0).
 MOE_HD void topk_row(const float* p, int64_t num_experts, int64_t k, bool normalize, int32_t* idx,
-                     float* weight, const float* bias = nullptr) {
+                     float* weight, const float* bias = nullptr, int64_t groups = 1,
+                     int64_t group_topk = 1) {
+  const bool grouped = groups > 1;
+  const int64_t group_size = num_experts / groups;
+  bool chosen[kMaxRouterGroups];
+  if (grouped) topk_groups_row(p, bias, num_experts, groups, group_topk, chosen);
   for (int64_t j = 0; j < k; ++j) {
     int64_t best = -1;
     float best_key = 0.0f;
@@ -70,7 +111,8 @@ MOE_HD void topk_row(const float* p, int64_t num_experts, int64_t k, bool normal
       bool taken = false;
       for (int64_t i = 0; i < j; ++i) taken = taken || idx[i] == e;
       if (taken) continue;
-      const float key = bias ? p[e] + bias[e] : p[e];
+      float key = bias ? p[e] + bias[e] : p[e];
+      if (grouped && !chosen[e / group_size]) key = 0.0f;
       if (best < 0 || key > best_key) {
         best = e;
         best_key = key;

@@ -16,14 +16,15 @@ constexpr struct {
               {Arch::mixtral, "mixtral"},
               {Arch::qwen2_moe, "qwen2_moe"},
               {Arch::qwen3_moe, "qwen3_moe"},
-              {Arch::olmoe, "olmoe"}};
+              {Arch::olmoe, "olmoe"},
+              {Arch::glm4_moe, "glm4_moe"}};
 }  // namespace
 
 Arch parse_arch(const std::string& name) {
   for (const auto& a : kArchs)
     if (name == a.name) return a.arch;
-  throw UsageError(
-      str("unknown --arch '", name, "' (expected gpt, mixtral, qwen2_moe, qwen3_moe or olmoe)"));
+  throw UsageError(str("unknown --arch '", name,
+                       "' (expected gpt, mixtral, qwen2_moe, qwen3_moe, olmoe or glm4_moe)"));
 }
 
 const char* arch_name(Arch arch) {
@@ -103,6 +104,18 @@ void ModelConfig::validate() const {
   MOE_USAGE_CHECK(router_center_rate >= 0 && router_center_rate <= 1,
                   "--router-center-rate must be in [0, 1] (0 = off; got ", router_center_rate, ")");
   MOE_USAGE_CHECK(d_ff >= 1, "--d-ff must be >= 1 (got ", d_ff, ")");
+  MOE_USAGE_CHECK(dense_ff >= 0, "the dense layers' width must be >= 0 (0 = d_ff; got ", dense_ff,
+                  ")");
+  MOE_USAGE_CHECK(rope_dim >= 0 && rope_dim <= hd && rope_dim % 2 == 0,
+                  "the rotated features of a head must be even and at most its ", hd,
+                  " (0 = all; got ", rope_dim, ")");
+  MOE_USAGE_CHECK(rope_dim == 0 || arch != Arch::gpt, "partial RoPE needs a RoPE architecture");
+  MOE_USAGE_CHECK(routed_scale > 0 && std::isfinite(routed_scale),
+                  "the routed experts' scale must be a finite number > 0 (got ", routed_scale, ")");
+  MOE_USAGE_CHECK(router_groups >= 1 && router_groups <= 64 && router_group_topk >= 1 &&
+                      router_group_topk <= router_groups,
+                  "router groups must be 1..64 with 1..groups of them chosen (got ", router_groups,
+                  " groups, ", router_group_topk, " chosen)");
   MOE_USAGE_CHECK(seq >= 1 && seq <= kMaxSeq, "--seq must be between 1 and ", kMaxSeq,
                   " (positions are 32-bit; got ", seq, ")");
   MOE_USAGE_CHECK(top_k >= 1, "--top-k must be >= 1 (got ", top_k, ")");
@@ -128,6 +141,11 @@ void ModelConfig::validate() const {
     MOE_USAGE_CHECK(k <= e, "--top-k ", top_k, " is larger than the ", e, " experts of layer ", i);
     MOE_USAGE_CHECK(e >= 2 || residual_moe, "layer ", i,
                     " has 1 expert: an MoE layer needs >= 2 (or --residual-moe)");
+    MOE_USAGE_CHECK(router_groups == 1 || (e % router_groups == 0 && e / router_groups >= 2 &&
+                                           k <= router_group_topk * (e / router_groups)),
+                    "layer ", i, ": its ", e, " experts do not form ", router_groups,
+                    " groups of two or more holding top-k ", k, " in ", router_group_topk,
+                    " chosen groups");
   }
 }
 
@@ -141,6 +159,13 @@ nlohmann::json to_json(const ModelConfig& c) {
                         {"d_ff", c.d_ff},
                         {"head_dim", c.head_dim_resolved()},
                         {"shared_expert_ff", c.shared_expert_ff},
+                        {"dense_ff", c.dense_ff},
+                        {"rope_dim", c.rope_dim},
+                        {"qkv_bias", c.qkv_bias},
+                        {"qk_norm", c.qk_norm},
+                        {"router_groups", c.router_groups},
+                        {"router_group_topk", c.router_group_topk},
+                        {"routed_scale", c.routed_scale},
                         {"router_scoring", router_scoring_name(c.router_scoring)},
                         {"balance_bias_rate", c.balance_bias_rate},
                         {"router_center_rate", c.router_center_rate},
@@ -191,6 +216,13 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
     c.router_scoring = parse_router_scoring(j.value("router_scoring", std::string("softmax")));
     c.balance_bias_rate = j.value("balance_bias_rate", 0.0);
     c.router_center_rate = j.value("router_center_rate", 0.0);
+    c.dense_ff = j.value("dense_ff", int64_t{0});
+    c.rope_dim = j.value("rope_dim", int64_t{0});
+    c.qkv_bias = j.value("qkv_bias", false);
+    c.qk_norm = j.value("qk_norm", false);
+    c.router_groups = j.value("router_groups", int64_t{1});
+    c.router_group_topk = j.value("router_group_topk", int64_t{1});
+    c.routed_scale = j.value("routed_scale", 1.0);
   } catch (const nlohmann::json::exception& e) {
     throw Error(str("model config: ", json_error_words(e)));
   }

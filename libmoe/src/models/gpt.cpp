@@ -27,6 +27,8 @@ Flavour flavour_of(const ModelConfig& config) {
       return qwen3_moe_flavour(config);
     case Arch::olmoe:
       return olmoe_flavour(config);
+    case Arch::glm4_moe:
+      return glm4_moe_flavour(config);
   }
   return mixtral_flavour(config);
 }

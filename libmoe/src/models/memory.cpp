@@ -33,7 +33,7 @@ double parameter_lower_bound(const ModelConfig& c, double experts_share, double 
     if (E > 0)  // experts, the router, the shared expert (the experts' activation)
       n += experts_share * E * mlp + E * D + mlp / F * double(c.shared_expert_ff);
     else
-      n += mlp;
+      n += mlp / F * double(c.dense_ff_resolved());
   }
   return n;
 }

@@ -40,6 +40,11 @@ nn::BlockConfig block_config(const ModelConfig& config, const Flavour& flavour, 
   b.router_scoring = config.router_scoring;
   b.router_selection_bias = config.router_selection_bias();
   b.router_center = config.router_center();
+  b.rope_dim = config.rope_dim;
+  b.dense_ff = config.dense_ff;
+  b.router_groups = config.router_groups;
+  b.router_group_topk = config.router_group_topk;
+  b.router_gate_scale = config.routed_scale;
   return b;
 }
 

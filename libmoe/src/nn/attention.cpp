@@ -90,8 +90,8 @@ Tensor Attention::forward(const Tensor& x, int64_t batch, int64_t seq, Saved* sa
       qk_normed(k_norm_.get(), k_.forward(x), config_.kv_heads, saved ? &saved->k_norm : nullptr);
   Tensor v = v_.forward(x);
   if (config_.rope) {
-    ops::rope_forward(q, batch, seq, config_.heads, config_.rope_theta, q);
-    ops::rope_forward(k, batch, seq, config_.kv_heads, config_.rope_theta, k);
+    ops::rope_forward(q, batch, seq, config_.heads, config_.rope_theta, q, 0, config_.rope_dim);
+    ops::rope_forward(k, batch, seq, config_.kv_heads, config_.rope_theta, k, 0, config_.rope_dim);
   }
   const ops::AttentionShape shape{batch, seq, config_.heads, config_.kv_heads, head_dim_};
   Tensor ctx = Tensor::empty(q.shape(), DType::f32, q.device());
@@ -142,8 +142,9 @@ Tensor Attention::forward_cached(const Tensor& x, const ops::CachedRows& rows,
     const int64_t t = rows.count[r], start = rows.start[r];
     if (config_.rope) {  // each row at its own positions
       Tensor qr = q.rows(first, first + t), kr = k.rows(first, first + t);
-      ops::rope_forward(qr, 1, t, config_.heads, config_.rope_theta, qr, start);
-      ops::rope_forward(kr, 1, t, config_.kv_heads, config_.rope_theta, kr, start);
+      ops::rope_forward(qr, 1, t, config_.heads, config_.rope_theta, qr, start, config_.rope_dim);
+      ops::rope_forward(kr, 1, t, config_.kv_heads, config_.rope_theta, kr, start,
+                        config_.rope_dim);
     }
     // The row's new keys and values into its slot, on the cache's device (a copy, not memcpy: the
     // cache may be in GPU memory).
@@ -170,8 +171,9 @@ Tensor Attention::backward(const Tensor& dy, const Saved& saved) {
   const ops::AttentionShape shape{batch, seq, config_.heads, config_.kv_heads, head_dim_};
   ops::attention_backward(dctx, saved.q, saved.k, saved.v, saved.probs, shape, dq, dk, dv);
   if (config_.rope) {
-    ops::rope_backward(dq, batch, seq, config_.heads, config_.rope_theta, dq);
-    ops::rope_backward(dk, batch, seq, config_.kv_heads, config_.rope_theta, dk);
+    ops::rope_backward(dq, batch, seq, config_.heads, config_.rope_theta, dq, 0, config_.rope_dim);
+    ops::rope_backward(dk, batch, seq, config_.kv_heads, config_.rope_theta, dk, 0,
+                       config_.rope_dim);
   }
   dq = qk_norm_backward(q_norm_.get(), dq, config_.heads, saved.q_norm);
   dk = qk_norm_backward(k_norm_.get(), dk, config_.kv_heads, saved.k_norm);

@@ -32,6 +32,7 @@ Block::Block(ParamSet& ps, const BlockConfig& config, int64_t index, const Paral
   ac.o_bias = config.bias;
   ac.rope = !config.learned_positions;
   ac.rope_theta = static_cast<float>(config.rope_theta);
+  ac.rope_dim = config.rope_dim;
   ac.init_std = init_std;
   ac.out_init_std = out_std;
   attn_ = std::make_unique<Attention>(ps, prefix + ".attn", ac);
@@ -40,7 +41,8 @@ Block::Block(ParamSet& ps, const BlockConfig& config, int64_t index, const Paral
   if (experts == 0 || config.residual_moe) {
     MlpConfig mc;
     mc.d_model = config.d_model;
-    mc.d_ff = config.d_ff;
+    // GLM-4-MoE's first dense layers are wider than its experts; PR-MoE's residual MLP is d_ff.
+    mc.d_ff = experts == 0 && config.dense_ff > 0 ? config.dense_ff : config.d_ff;
     mc.activation = config.activation;
     mc.bias = config.bias;
     mc.init_std = init_std;
@@ -58,6 +60,9 @@ Block::Block(ParamSet& ps, const BlockConfig& config, int64_t index, const Paral
     moe.router.scoring = config.router_scoring;
     moe.router.selection_bias = config.router_selection_bias;
     moe.router.center = config.router_center;
+    moe.router.groups = config.router_groups;
+    moe.router.group_topk = config.router_group_topk;
+    moe.router.gate_scale = static_cast<float>(config.router_gate_scale);
     // Switch Transformer's router scale: normal(sqrt(0.1 / D)). The router reads a normalised
     // (unit-RMS) stream, so its logits start with std ~sqrt(0.1) at every width; a fixed 0.02
     // gives 0.02 sqrt(D) (0.45 at D 512), sharper gates the wider the model. It does not change

@@ -162,7 +162,8 @@ RouterOutput Router::forward(const Tensor& x, const RouterStep& step) const {
   out.topk_weight =
       Tensor::empty({tokens, k}, DType::f32, x.device()).set_name("router.topk_weight");
   ops::router_topk(out.scores, k, config_.normalize_topk, out.topk_idx, out.topk_weight,
-                   bias_ ? bias_->w() : Tensor());
+                   bias_ ? bias_->w() : Tensor(), config_.groups, config_.group_topk);
+  if (config_.gate_scale != 1.0f) ops::scale(out.topk_weight, config_.gate_scale);
   // The plan counts each expert's assignments while it sorts them (one pass over the ids, one
   // copy of them to the host on a GPU); the aux loss takes its load from there.
   out.plan = make_plan(out.topk_idx, out.topk_weight, experts,
@@ -182,6 +183,8 @@ Tensor Router::backward(const Tensor& dweight_of_slot, const RouterOutput& out, 
   Tensor dtopk =
       Tensor::empty({tokens, k}, DType::f32, out.probs.device()).set_name("router.dtopk_weight");
   ops::slot_to_choice(dweight_of_slot, out.plan.slot_of, dtopk);
+  // d loss / d (the weight before gate_scale)
+  if (config_.gate_scale != 1.0f) ops::scale(dtopk, config_.gate_scale);
   Tensor dlogits =
       Tensor::empty({tokens, experts}, DType::f32, out.probs.device()).set_name("router.dlogits");
   if (config_.scoring == RouterScoring::sigmoid)

@@ -10,7 +10,7 @@ namespace moe::ops {
 namespace {
 
 void rope_apply(const char* op, const Tensor& x, int64_t batch, int64_t seq, int64_t heads,
-                float theta, Tensor& y, int64_t position_offset, bool inverse) {
+                float theta, Tensor& y, int64_t position_offset, int64_t rotary_dim, bool inverse) {
   const Device device = require_backend(op, {&x, &y});
   MOE_CHECK(x.ndim() == 2, op, ": input ", x.describe(), " is not 2-D [B*T, H*hd]");
   x.expect_dtype(DType::f32, op);
@@ -19,25 +19,29 @@ void rope_apply(const char* op, const Tensor& x, int64_t batch, int64_t seq, int
             ", heads ", heads);
   const int64_t width = x.dim(1), head_dim = width / heads;
   MOE_CHECK(head_dim % 2 == 0, op, ": head dim ", head_dim, " of ", x.describe(), " is odd");
+  if (rotary_dim == 0) rotary_dim = head_dim;
+  MOE_CHECK(rotary_dim >= 2 && rotary_dim <= head_dim && rotary_dim % 2 == 0, op, ": rotary dim ",
+            rotary_dim, " must be even and within the head dim ", head_dim);
   MOE_CHECK(theta > 0.0f && position_offset >= 0, op, ": theta ", theta, ", position offset ",
             position_offset);
   y.expect_shape(x.shape(), op);
   y.expect_dtype(DType::f32, op);
-  backend_for(device).dense.rope_apply(x, batch, seq, heads, theta, y, position_offset, inverse);
+  backend_for(device).dense.rope_apply(x, batch, seq, heads, rotary_dim, theta, y, position_offset,
+                                       inverse);
 }
 
 }  // namespace
 
 void rope_forward(const Tensor& x, int64_t batch, int64_t seq, int64_t heads, float theta,
-                  Tensor& y, int64_t position_offset) {
+                  Tensor& y, int64_t position_offset, int64_t rotary_dim) {
   const PartScope part(StepPart::elementwise);
-  rope_apply("rope_forward", x, batch, seq, heads, theta, y, position_offset, false);
+  rope_apply("rope_forward", x, batch, seq, heads, theta, y, position_offset, rotary_dim, false);
 }
 
 void rope_backward(const Tensor& dy, int64_t batch, int64_t seq, int64_t heads, float theta,
-                   Tensor& dx, int64_t position_offset) {
+                   Tensor& dx, int64_t position_offset, int64_t rotary_dim) {
   const PartScope part(StepPart::elementwise);
-  rope_apply("rope_backward", dy, batch, seq, heads, theta, dx, position_offset, true);
+  rope_apply("rope_backward", dy, batch, seq, heads, theta, dx, position_offset, rotary_dim, true);
 }
 
 }  // namespace moe::ops

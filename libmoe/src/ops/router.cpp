@@ -46,7 +46,7 @@ void router_softmax(const Tensor& logits, Tensor& probs, Tensor& lse) {
 }
 
 void router_topk(const Tensor& probs, int64_t k, bool normalize, Tensor& topk_idx,
-                 Tensor& topk_weight, const Tensor& bias) {
+                 Tensor& topk_weight, const Tensor& bias, int64_t groups, int64_t group_topk) {
   const PartScope part(StepPart::router);
   const Device device = require_backend("router_topk", {&probs, &topk_idx, &topk_weight});
   probs.expect_dtype(DType::f32, "router_topk probs");
@@ -62,7 +62,14 @@ void router_topk(const Tensor& probs, int64_t k, bool normalize, Tensor& topk_id
     bias.expect_dtype(DType::f32, "router_topk selection bias");
     require_backend("router_topk", {&probs, &bias});
   }
-  backend_for(device).moe.router_topk(probs, k, normalize, bias, topk_idx, topk_weight);
+  MOE_CHECK(groups >= 1 && groups <= kMaxRouterGroups && experts % groups == 0 &&
+                (groups == 1 || experts / groups >= 2) && group_topk >= 1 && group_topk <= groups &&
+                (groups == 1 || k <= group_topk * (experts / groups)),
+            "router_topk: ", groups, " groups (", group_topk, " chosen) cannot hold top_k ", k,
+            " of ", experts, " experts (groups must divide them, at most ", kMaxRouterGroups,
+            ", two or more experts each)");
+  backend_for(device).moe.router_topk(probs, k, normalize, bias, groups, group_topk, topk_idx,
+                                      topk_weight);
 }
 
 void router_sigmoid(const Tensor& logits, Tensor& scores, Tensor& probs, Tensor& lse) {

@@ -12,8 +12,10 @@ namespace moe {
 
 // gpt: GPT-2/Switch; mixtral and the families built on its layers (RMSNorm, RoPE, SwiGLU experts,
 // untied head): qwen2_moe (q/k/v biases, gated shared expert), qwen3_moe (per-head qk-norm),
-// olmoe (full-width qk-norm). One file per family under models/ says what differs.
-enum class Arch { gpt, mixtral, qwen2_moe, qwen3_moe, olmoe };
+// olmoe (full-width qk-norm), glm4_moe (partial RoPE, ungated shared experts, first layers dense,
+// sigmoid router with a selection bias and group-limited top-k). One file per family under models/
+// says what differs.
+enum class Arch { gpt, mixtral, qwen2_moe, qwen3_moe, olmoe, glm4_moe };
 Arch parse_arch(const std::string& name);  // UsageError naming the accepted values
 const char* arch_name(Arch arch);
 nn::RouterScoring parse_router_scoring(const std::string& name);  // softmax | sigmoid
@@ -33,6 +35,15 @@ struct ModelConfig {
   int64_t kv_heads = 0;  // 0 = heads (no grouping); mixtral may use fewer
   int64_t d_ff = 512;    // hidden width of dense MLPs and of each expert
   int64_t head_dim = 0;  // 0 = d_model / heads; else q is heads*head_dim wide (Qwen3-MoE)
+  // Hidden width of the dense layers' MLPs when it differs from the experts' d_ff (GLM-4-MoE's
+  // first_k_dense_replace layers: intermediate_size); 0 = d_ff.
+  int64_t dense_ff = 0;
+  // Features of each head that RoPE rotates (the first ones; GLM-4-MoE: head_dim *
+  // partial_rotary_factor); 0 = all of head_dim.
+  int64_t rope_dim = 0;
+  // glm4_moe (attention_bias, use_qk_norm): q/k/v biases, per-head qk-norm. The other families
+  // fix these in their flavour and leave them false.
+  bool qkv_bias = false, qk_norm = false;
   // Hidden width of the always-on shared expert of every MoE layer (its output is added to the
   // routed experts'); 0 = none. n shared experts of width F are one of width n F.
   int64_t shared_expert_ff = 0;
@@ -51,6 +62,12 @@ struct ModelConfig {
   // Aux-loss-free balancing (DeepSeek-V3): after each training step every MoE layer's selection
   // bias moves by u * sign(mean load - load_e); 0 = off.
   double balance_bias_rate = 0;
+  // Group-limited top-k (DeepSeek-V3, GLM-4-MoE n_group / topk_group): experts in router_groups
+  // equal groups, chosen only within the router_group_topk best (nn::RouterConfig::groups); 1 =
+  // off.
+  int64_t router_groups = 1, router_group_topk = 1;
+  // Every gate weight times this (routed_scaling_factor; nn::RouterConfig::gate_scale).
+  double routed_scale = 1.0;
   // Router centring: each router's weight acts as W - C (W c) c^T / |c|^2, c the running mean of
   // its input (moe.router.center, moved toward each training step's mean by this rate; 0 = off).
   // Routing then ignores the part of the input every token shares (nn::RouterConfig::center).
@@ -61,6 +78,8 @@ struct ModelConfig {
 
   int64_t kv_heads_resolved() const { return kv_heads ? kv_heads : heads; }
   int64_t head_dim_resolved() const { return head_dim ? head_dim : d_model / heads; }
+  int64_t dense_ff_resolved() const { return dense_ff ? dense_ff : d_ff; }
+  int64_t rope_dim_resolved() const { return rope_dim ? rope_dim : head_dim_resolved(); }
   // Whether the routers carry a per-expert selection bias (moe.router.bias): sigmoid routers
   // always (DeepSeek-V3), softmax ones only while the aux-loss-free update moves it.
   bool router_selection_bias() const {

@@ -15,6 +15,12 @@ struct Flavour {
   nn::QkNorm qk_norm = nn::QkNorm::none;  // RMSNorm of q and k before RoPE
   bool qkv_bias = false;                  // q/k/v biases without an o bias (when !bias)
   bool shared_expert_gate = false;        // shared expert output * sigmoid(x . w) per token
+  // What a family's Hugging Face form holds (io/hf_names): shared experts added without a gate
+  // (GLM-4-MoE's shared_experts), dense MLP layers (first_k_dense_replace), a router selection
+  // bias (e_score_correction_bias).
+  bool ungated_shared_expert = false;
+  bool dense_layers = false;
+  bool router_bias = false;
 };
 
 Flavour gpt_flavour(const ModelConfig& config);        // models/gpt.cpp
@@ -22,6 +28,7 @@ Flavour mixtral_flavour(const ModelConfig& config);    // models/mixtral.cpp
 Flavour qwen2_moe_flavour(const ModelConfig& config);  // models/qwen2_moe.cpp
 Flavour qwen3_moe_flavour(const ModelConfig& config);  // models/qwen3_moe.cpp
 Flavour olmoe_flavour(const ModelConfig& config);      // models/olmoe.cpp
+Flavour glm4_moe_flavour(const ModelConfig& config);   // models/glm4_moe.cpp
 Flavour flavour_of(const ModelConfig& config);
 
 }  // namespace moe

@@ -27,6 +27,9 @@ struct AttentionConfig {
   // position = index in the sequence.
   bool rope = false;
   float rope_theta = 10000.0f;
+  // Partial rotary (GLM-4-MoE): only the first rope_dim features of each head rotate, as a head of
+  // rope_dim would (inv_freq = theta^(-2i/rope_dim)); 0 = all hd.
+  int64_t rope_dim = 0;
   float init_std = 0.02f, out_init_std = 0.02f;
 };
 

@@ -26,6 +26,8 @@ struct BlockConfig {
   int64_t layers = 0;  // blocks in the model (scales the init of the projections into the stream)
   int64_t d_model = 0, heads = 0, kv_heads = 0, d_ff = 0;
   int64_t head_dim = 0;  // 0 = d_model / heads
+  int64_t rope_dim = 0;  // rotated features of a head (AttentionConfig::rope_dim); 0 = all
+  int64_t dense_ff = 0;  // dense blocks' MLP width when it differs from the experts' d_ff; 0 = d_ff
   int64_t experts = 0;   // this block's experts; 0 = dense
   int64_t top_k = 0;
   bool residual_moe = false, normalize_topk = false;
@@ -40,7 +42,9 @@ struct BlockConfig {
   RouterScoring router_scoring = RouterScoring::softmax;
   // MoE blocks: the router's per-expert selection bias (RouterConfig::selection_bias).
   bool router_selection_bias = false;
-  bool router_center = false;  // MoE blocks: RouterConfig::center
+  bool router_center = false;                        // MoE blocks: RouterConfig::center
+  int64_t router_groups = 1, router_group_topk = 1;  // RouterConfig::groups, group_topk
+  double router_gate_scale = 1.0;                    // RouterConfig::gate_scale
 };
 
 class Block {

@@ -27,6 +27,12 @@ struct RouterConfig {
   // weights stay the scores. Param prefix + ".bias", zeros at first, frozen (Param::frozen: no
   // gradient, no optimizer update); update_selection_bias moves it after each training step.
   bool selection_bias = false;
+  // Group-limited choice (DeepSeek-V3, GLM-4-MoE: n_group, topk_group): experts in `groups` equal
+  // groups, top-k only within the group_topk groups of the largest two-best sums
+  // (ops::router_topk).
+  int64_t groups = 1, group_topk = 1;
+  // Every gate weight times this after the (optional) renormalisation (routed_scaling_factor).
+  float gate_scale = 1.0f;
   // Centring: a running mean c [D] of the router's input (param prefix + ".center", f32, zeros at
   // first, frozen; update_router_center moves it after each training step). The logits use the
   // weight W' = W - C (W c) c^T / |c|^2, C = I - 1 1^T / E (centring over the experts): moving a
@@ -60,10 +66,11 @@ struct RouterOutput {
   // [N,E] fp32. softmax: probs = softmax over all E experts, scores = probs (the same tensor).
   // sigmoid: scores = sigmoid(logits), probs = scores / their row sum (the aux loss's P_e).
   Tensor logits, probs, scores;
-  Tensor lse;                    // [N] logsumexp of each logits row (z-loss)
-  Tensor topk_idx, topk_weight;  // [N,k] i32 / f32: the chosen scores (optionally renormalised)
-  Tensor routed_input;           // x after jitter (x itself without jitter)
-  Tensor weight;                 // [E,D] the weight the logits used (W', or W itself)
+  Tensor lse;  // [N] logsumexp of each logits row (z-loss)
+  // [N,k] i32 / f32: the chosen scores (optionally renormalised), times gate_scale
+  Tensor topk_idx, topk_weight;
+  Tensor routed_input;   // x after jitter (x itself without jitter)
+  Tensor weight;         // [E,D] the weight the logits used (W', or W itself)
   bool centred = false;  // weight is W' (on a GPU always; on the host while c != 0): backward
                          // projects dW'
   Tensor jitter_noise;   // [N,D] or undefined

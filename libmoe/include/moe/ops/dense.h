@@ -44,11 +44,13 @@ void swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up, Ten
 
 // ---- rotary position embedding (ops/rope.cpp)
 // x, y [B*T, heads*hd]; token (b, t) sits at position position_offset + t. y may alias x.
+// rotary_dim: the first features of each head that rotate (even, <= hd; 0 = all hd): partial
+// rotary (GLM-4-MoE) rotates rd of them as a head of rd would be, the rest pass through.
 void rope_forward(const Tensor& x, int64_t batch, int64_t seq, int64_t heads, float theta,
-                  Tensor& y, int64_t position_offset = 0);
+                  Tensor& y, int64_t position_offset = 0, int64_t rotary_dim = 0);
 // dx = R^T dy (the inverse rotation). dx may alias dy.
 void rope_backward(const Tensor& dy, int64_t batch, int64_t seq, int64_t heads, float theta,
-                   Tensor& dx, int64_t position_offset = 0);
+                   Tensor& dx, int64_t position_offset = 0, int64_t rotary_dim = 0);
 
 // ---- causal self-attention core (ops/attention.cpp; AttentionShape in moe/op_types.h)
 // q [B*T, H*hd], k/v [B*T, KV*hd] (query head h reads kv head h / (H/KV)),

@@ -27,8 +27,13 @@ void router_softmax(const Tensor& logits, Tensor& probs, Tensor& lse);
 // topk_idx [N,k] i32 (descending probability, ties to the lower index), topk_weight [N,k] f32
 // (the probabilities, renormalised to sum 1 per row when `normalize`). With a selection bias
 // [E] f32 (DeepSeek-V3), the choice is by probs + bias and the weights stay the probabilities.
+// groups > 1 (DeepSeek-V3, GLM-4-MoE n_group / topk_group): the E experts form `groups` equal
+// groups in order, each scored by the sum of its two largest probs + bias; only the experts of the
+// group_topk best groups are chosen (the others' keys count 0, as transformers masks them).
+inline constexpr int64_t kMaxRouterGroups = 64;
 void router_topk(const Tensor& probs, int64_t k, bool normalize, Tensor& topk_idx,
-                 Tensor& topk_weight, const Tensor& bias = Tensor());
+                 Tensor& topk_weight, const Tensor& bias = Tensor(), int64_t groups = 1,
+                 int64_t group_topk = 1);
 // Sigmoid scoring (DeepSeek-V3): scores [N,E] = sigmoid(logits), probs [N,E] = scores / their row
 // sum (the aux loss's P_e averages these), lse [N] = logsumexp of each logits row (z-loss).
 void router_sigmoid(const Tensor& logits, Tensor& scores, Tensor& probs, Tensor& lse);

@@ -47,8 +47,8 @@ void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx);
 void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& y);
 void swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up, Tensor& dgate,
                      Tensor& dup);
-void rope_apply(const Tensor& x, int64_t batch, int64_t seq, int64_t heads, float theta, Tensor& y,
-                int64_t position_offset, bool inverse);
+void rope_apply(const Tensor& x, int64_t batch, int64_t seq, int64_t heads, int64_t rotary_dim,
+                float theta, Tensor& y, int64_t position_offset, bool inverse);
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                        const ops::AttentionShape& shape, Tensor& probs, Tensor& ctx);
 void attention_backward(const Tensor& dctx, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -69,8 +69,8 @@ void router_jitter(const Tensor& x, float jitter, uint64_t key, Tensor& noise, T
                    int64_t first_row);
 void router_jitter_backward(const Tensor& noise, Tensor& dx);
 void router_softmax(const Tensor& logits, Tensor& probs, Tensor& lse);
-void router_topk(const Tensor& probs, int64_t k, bool normalize, const Tensor& bias,
-                 Tensor& topk_idx, Tensor& topk_weight);
+void router_topk(const Tensor& probs, int64_t k, bool normalize, const Tensor& bias, int64_t groups,
+                 int64_t group_topk, Tensor& topk_idx, Tensor& topk_weight);
 void router_backward(const Tensor& probs, const Tensor& lse, const Tensor& topk_idx,
                      const Tensor& dtopk_weight, bool normalize, const std::vector<float>& aux_coef,
                      float z_factor, Tensor& dlogits);

@@ -1,6 +1,6 @@
 // Rotary position embedding over [B*T, heads*hd] activations (HF "rotate half" convention).
-// A cos/sin table [T, hd/2] is built when the positions change (kept per thread); rows are
-// rotated in parallel.
+// A cos/sin table [T, rd/2] (rd: the rotated features of a head) is built when the positions change
+// (kept per thread); rows are rotated in parallel.
 #include "kernels/rope.h"
 
 #include <vector>
@@ -45,12 +45,12 @@ struct RopeTable {
 
 }  // namespace
 
-void rope_apply(const Tensor& x, int64_t batch, int64_t seq, int64_t heads, float theta, Tensor& y,
-                int64_t position_offset, bool inverse) {
-  const int64_t width = x.dim(1), head_dim = width / heads, half = head_dim / 2;
+void rope_apply(const Tensor& x, int64_t batch, int64_t seq, int64_t heads, int64_t rotary_dim,
+                float theta, Tensor& y, int64_t position_offset, bool inverse) {
+  const int64_t width = x.dim(1), head_dim = width / heads, half = rotary_dim / 2;
   thread_local RopeTable table;
-  if (!table.holds(seq, head_dim, position_offset, theta))
-    table.build(seq, head_dim, position_offset, theta);
+  if (!table.holds(seq, rotary_dim, position_offset, theta))
+    table.build(seq, rotary_dim, position_offset, theta);
   // Pointers into this thread's table: inside the parallel loop below, `table` would name each
   // worker thread's own (empty or stale) table.
   const float* cos_table = table.cos.data();
@@ -63,7 +63,8 @@ void rope_apply(const Tensor& x, int64_t batch, int64_t seq, int64_t heads, floa
     const int64_t t = r % seq;
     for (int64_t h = 0; h < heads; ++h)
       kernels::rope_rotate_head(xs + r * width + h * head_dim, ys + r * width + h * head_dim,
-                                cos_table + t * half, sin_table + t * half, head_dim, inverse);
+                                cos_table + t * half, sin_table + t * half, rotary_dim, head_dim,
+                                inverse);
   }
 }
 

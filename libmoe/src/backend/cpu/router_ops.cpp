@@ -49,8 +49,8 @@ void router_softmax(const Tensor& logits, Tensor& probs, Tensor& lse) {
     zs[t] = kernels::softmax_row(ls + t * experts, ps + t * experts, experts);
 }
 
-void router_topk(const Tensor& probs, int64_t k, bool normalize, const Tensor& bias,
-                 Tensor& topk_idx, Tensor& topk_weight) {
+void router_topk(const Tensor& probs, int64_t k, bool normalize, const Tensor& bias, int64_t groups,
+                 int64_t group_topk, Tensor& topk_idx, Tensor& topk_weight) {
   int64_t rows = probs.dim(0), experts = probs.dim(1);
   const float* ps = probs.data<float>();
   const float* bs = bias.defined() ? bias.data<float>() : nullptr;
@@ -58,7 +58,8 @@ void router_topk(const Tensor& probs, int64_t k, bool normalize, const Tensor& b
   float* ws = topk_weight.data<float>();
 #pragma omp parallel for schedule(static) if (rows * experts * k >= kParallelWork)
   for (int64_t t = 0; t < rows; ++t)
-    kernels::topk_row(ps + t * experts, experts, k, normalize, is + t * k, ws + t * k, bs);
+    kernels::topk_row(ps + t * experts, experts, k, normalize, is + t * k, ws + t * k, bs, groups,
+                      group_topk);
 }
 
 void router_backward(const Tensor& probs, const Tensor& lse, const Tensor& topk_idx,

@@ -32,8 +32,8 @@ void swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up, Ten
                      Tensor& dup);
 
 // inverse = false: forward rotation; true: its transpose (the backward).
-void rope_apply(const Tensor& x, int64_t batch, int64_t seq, int64_t heads, float theta, Tensor& y,
-                int64_t position_offset, bool inverse);
+void rope_apply(const Tensor& x, int64_t batch, int64_t seq, int64_t heads, int64_t rotary_dim,
+                float theta, Tensor& y, int64_t position_offset, bool inverse);
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                        const ops::AttentionShape& shape, Tensor& probs, Tensor& ctx);

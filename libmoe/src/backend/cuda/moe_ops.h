@@ -18,8 +18,8 @@ void router_jitter(const Tensor& x, float jitter, uint64_t key, Tensor& noise, T
                    int64_t first_row);
 void router_jitter_backward(const Tensor& noise, Tensor& dx);
 void router_softmax(const Tensor& logits, Tensor& probs, Tensor& lse);
-void router_topk(const Tensor& probs, int64_t k, bool normalize, const Tensor& bias,
-                 Tensor& topk_idx, Tensor& topk_weight);
+void router_topk(const Tensor& probs, int64_t k, bool normalize, const Tensor& bias, int64_t groups,
+                 int64_t group_topk, Tensor& topk_idx, Tensor& topk_weight);
 // aux_coef: the host-computed d aux / d probs[e] [E] (uploaded here); z_factor = 2 z_scale / N.
 void router_backward(const Tensor& probs, const Tensor& lse, const Tensor& topk_idx,
                      const Tensor& dtopk_weight, bool normalize, const std::vector<float>& aux_coef,

@@ -30,13 +30,13 @@ void router_softmax(const Tensor& logits, Tensor& probs, Tensor& lse) {
                               probs.data<float>(), lse.data<float>(), rows, experts);
 }
 
-void router_topk(const Tensor& probs, int64_t k, bool normalize, const Tensor& bias,
-                 Tensor& topk_idx, Tensor& topk_weight) {
+void router_topk(const Tensor& probs, int64_t k, bool normalize, const Tensor& bias, int64_t groups,
+                 int64_t group_topk, Tensor& topk_idx, Tensor& topk_weight) {
   const int64_t rows = probs.dim(0), experts = probs.dim(1);
   if (rows == 0) return;
   launch<body::RouterTopk>(launch_shape(rows), stream_of(probs), probs.data<float>(), rows, experts,
                            k, normalize, topk_idx.data<int32_t>(), topk_weight.data<float>(),
-                           bias.defined() ? bias.data<float>() : nullptr);
+                           bias.defined() ? bias.data<float>() : nullptr, groups, group_topk);
 }
 
 void router_backward(const Tensor& probs, const Tensor& lse, const Tensor& topk_idx,

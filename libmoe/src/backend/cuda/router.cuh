@@ -39,10 +39,11 @@ struct RouterSoftmax {
 // bias [E] (may be null) shifts the choice, not the weights.
 struct RouterTopk {
   MOE_HD static void run(Thread th, const float* probs, int64_t rows, int64_t experts, int64_t k,
-                         bool normalize, int32_t* idx, float* weight, const float* bias) {
+                         bool normalize, int32_t* idx, float* weight, const float* bias,
+                         int64_t groups, int64_t group_topk) {
     MOE_GRID_LOOP(t, rows, th) {
       kernels::topk_row(probs + t * experts, experts, k, normalize, idx + t * k, weight + t * k,
-                        bias);
+                        bias, groups, group_topk);
     }
   }
 };
