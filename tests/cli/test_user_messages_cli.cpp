@@ -2,14 +2,18 @@
 // parse or holds a value of the wrong type, a directory given as an input file, a failed
 // allocation. Each error names the file and says what went wrong in words; none carries the C++
 // text of a library call, nlohmann's exception tags or a bare std::bad_alloc.
+#include <hdf5.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "moe/io/hdf5.h"
 #include "support/run.h"
 
 using namespace moe;
@@ -20,9 +24,10 @@ namespace fs = std::filesystem;
 namespace {
 
 // What a message must never hold: HDF5 call text (H5Fcreate(path.c_str(), ...)), nlohmann's
-// "[json.exception.parse_error.101]", C++ names.
+// "[json.exception.parse_error.101]", C++ names, a reader's name as a prefix ("safetensors:").
 const std::vector<std::string> kInternals = {
-    "json.exception", "H5", "std::", "bad_alloc", "c_str", "split_tail"};
+    "json.exception", "H5",         "std::",        "bad_alloc",
+    "c_str",          "split_tail", "BatchSampler", "safetensors:"};
 
 void expect_words(const test::RunResult& r, const std::string& tool_name,
                   const std::vector<std::string>& words) {
@@ -67,6 +72,23 @@ void run_cases(const std::vector<Case>& cases) {
     INFO(c.name << ": " << c.tool << " " << c.args);
     expect_words(run_command("timeout 60 " + tool(c.tool, c.args)), c.tool, c.words);
   }
+}
+
+// A copy of the HDF5 file `from` at `to` whose root attribute `name` (JSON text) is edited.
+void edit_json_attr(const std::string& from, const std::string& to, const char* name,
+                    const std::function<void(nlohmann::json&)>& edit) {
+  fs::copy_file(from, to, fs::copy_options::overwrite_existing);
+  io::h5::Session session;
+  const io::h5::Where root{to, "/"};
+  const hid_t file = H5Fopen(to.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  REQUIRE(file >= 0);
+  nlohmann::json j = io::h5::has_attr(file, name, root)
+                         ? nlohmann::json::parse(io::h5::read_string_attr(file, name, root))
+                         : nlohmann::json();
+  edit(j);
+  if (io::h5::has_attr(file, name, root)) REQUIRE(H5Adelete(file, name) >= 0);
+  io::h5::write_string_attr(file, name, j.dump(), root);
+  REQUIRE(H5Fclose(file) >= 0);
 }
 
 }  // namespace
@@ -198,6 +220,42 @@ TEST_CASE("cli: JSON that does not parse names the file, line and column", "[cli
   });
 }
 
+TEST_CASE("cli: a JSON attribute of the wrong type names the file, attribute and key",
+          "[cli][messages]") {
+  // Before: "model config: must be a number, got null" (no file, no key), nlohmann's
+  // "[json.exception.type_error.302] ..." for a history entry, a trace's model_config unchecked.
+  Trained& t = trained();
+  test::ScratchDir dir("cli-user-messages-attrs");
+  const std::string layers = dir / "layers.h5", experts = dir / "experts.h5",
+                    history = dir / "history.h5", trace = dir / "trace.h5";
+  edit_json_attr(t.ckpt, layers, "model_config", [](auto& j) { j["layers"] = nullptr; });
+  edit_json_attr(t.ckpt, experts, "model_config", [](auto& j) { j["experts_per_layer"][1] = "4"; });
+  edit_json_attr(t.ckpt, history, "history",
+                 [](auto& j) { j = nlohmann::json::parse(R"([{"tool": null}])"); });
+  edit_json_attr(t.trace, trace, "model_config", [](auto& j) { j["top_k"] = "2"; });
+  const std::string config = "': attribute 'model_config': ";
+  run_cases({
+      {"model config",
+       "moe-convert",
+       "inspect " + layers,
+       {"checkpoint '" + layers + config + "\"layers\" must be an integer, got null"}},
+      {"model config list",
+       "moe-infer",
+       "score --model " + experts + " --data " + test::fortunes_path("linux"),
+       {"checkpoint '" + experts + config +
+        "\"experts_per_layer[1]\" must be an integer, got a string"}},
+      {"conversion history",
+       "moe-convert",
+       "inspect " + history,
+       {"checkpoint '" + history +
+        "': attribute 'history': \"[0].tool\" must be a string, got null"}},
+      {"trace model config",
+       "moe-profile",
+       "summary " + trace,
+       {"trace '" + trace + config + "\"top_k\" must be an integer, got a string"}},
+  });
+}
+
 TEST_CASE("cli: a directory given as an input file is refused by name", "[cli][messages]") {
   // Before: "basic_filebuf::underflow error reading the file: Is a directory" (moe-profile
   // accuracy), or nothing read at all.
@@ -205,38 +263,35 @@ TEST_CASE("cli: a directory given as an input file is refused by name", "[cli][m
   test::ScratchDir dir("cli-user-messages-dirs");
   const std::string folder = dir / "folder";
   fs::create_directory(folder);
-  run_cases({
-      {"path table",
-       "moe-profile",
-       "accuracy " + folder + " " + t.trace,
-       {"'" + folder + "': is a directory"}},
-      {"trace",
-       "moe-profile",
-       "accuracy " + t.table + " " + folder,
-       {"'" + folder + "': is a directory"}},
-      {"metrics",
-       "moe-profile",
-       "plot-metrics " + folder + " -o " + (dir / "m.svg"),
-       {"'" + folder + "': is a directory"}},
-      {"prompts",
-       "moe-infer",
-       "generate --model " + t.ckpt + " --prompts " + folder,
-       {"'" + folder + "': is a directory"}},
-      {"requests",
-       "moe-infer",
-       "loglikelihood --model " + t.ckpt + " --requests " + folder,
-       {"'" + folder + "': is a directory"}},
-  });
+  // Every input, one message.
+  std::vector<Case> cases = {
+      {"path table", "moe-profile", "accuracy " + folder + " " + t.trace, {}},
+      {"trace", "moe-profile", "accuracy " + t.table + " " + folder, {}},
+      {"metrics", "moe-profile", "plot-metrics " + folder + " -o " + (dir / "m.svg"), {}},
+      {"prompts", "moe-infer", "generate --model " + t.ckpt + " --prompts " + folder, {}},
+      {"requests", "moe-infer", "loglikelihood --model " + t.ckpt + " --requests " + folder, {}},
+  };
+  for (Case& c : cases) c.words = {"'" + folder + "': is a directory"};
+  run_cases(cases);
 }
 
-TEST_CASE("cli: too little data for a validation split is said without function names",
+TEST_CASE("cli: too little data is said naming the data file, without function names",
           "[cli][messages]") {
+  // Before: "split_tail: ..." (moe-train) and "BatchSampler: the data holds 9 tokens, a window of
+  // sequence length 16 needs 17" (moe-profile record), naming no file.
+  Trained& t = trained();
   test::ScratchDir dir("cli-user-messages-split");
-  test::write_file(dir / "tiny.txt", "hello world, short\n");
+  const std::string tiny = dir / "tiny.txt", tinier = dir / "tinier.txt";
+  test::write_file(tiny, "hello world, short\n");  // one window, no validation part
+  test::write_file(tinier, "hi there\n");
+  expect_words(run_command(tool("moe-train", "--data " + tiny + " --out " + (dir / "run") +
+                                                 test::kTinyMixtral + " --steps 1")),
+               "moe-train", {"holds 19 tokens, too few"});
   expect_words(
-      run_command(tool("moe-train", "--data " + (dir / "tiny.txt") + " --out " + (dir / "run") +
-                                        test::kTinyMixtral + " --steps 1")),
-      "moe-train", {"the data holds 19 tokens, too few"});
+      run_command(tool("moe-profile", "record -q --model " + t.ckpt + " --data " + tinier + " -o " +
+                                          (dir / "t.h5"))),
+      "moe-profile",
+      {"the data '" + tinier + "' holds 9 tokens, too few for a window of sequence length 16"});
 }
 
 TEST_CASE("cli: a model the exports cannot take is refused without function names",

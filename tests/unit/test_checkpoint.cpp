@@ -66,8 +66,9 @@ Tensor pattern_tensor(Shape shape, uint32_t salt) {
 
 io::Checkpoint make_checkpoint() {
   io::Checkpoint c;
-  c.model_config = {{"arch", "mixtral"}, {"layers", 2},        {"d_model", 5},
-                    {"experts", {4, 4}}, {"rope_theta", 1e6},  {"name", "m\xc3\xbcnchen"},
+  c.model_config = {{"arch", "mixtral"}, {"layers", 2},
+                    {"d_model", 5},      {"experts_per_layer", {4, 4}},
+                    {"rope_theta", 1e6}, {"name", "m\xc3\xbcnchen"},
                     {"tie", false},      {"eps", 1.2345678e-6}};
   c.train_config = {{"lr", 3e-4}, {"batch", 8}, {"data", "a b.txt"}};
   c.provenance = {"moe-train", "0.1.0", "abc123def456", "moe-train --data 'a b.txt' --out run/",

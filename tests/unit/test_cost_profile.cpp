@@ -6,11 +6,13 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "moe/balance/cost_profile.h"
 #include "moe/comm/communicator.h"
 #include "moe/error.h"
+#include "support/run.h"
 
 using namespace moe;
 using namespace moe::balance;
@@ -157,4 +159,29 @@ TEST_CASE("cost profile: a bad spec is refused naming its field", "[balance]") {
   spec = small_spec(false);
   spec.repeats = 0;
   REQUIRE_THAT(usage_error(spec), Catch::Contains("repeats must be >= 1 (got 0)"));
+}
+
+TEST_CASE("cost profile: a cost model value of the wrong type is named by its key",
+          "[balance][messages]") {
+  // Before: "cost model: must be a number, got null", naming no key (issue 45, item 11).
+  CostModel m;
+  m.gemm_tokens_per_s = {1.5e5, 2.5e5};
+  m.bandwidth = {0, 2.5e9, 3.0e9, 0};
+  m.allreduce_bytes_per_s = {0, 0, 1.25e9};
+  m.bytes_per_token = 256;
+  m.grad_bytes_per_expert = 98304;
+  m.state_bytes_per_expert = 294912;
+  const nlohmann::json good = to_json(m);
+  REQUIRE(cost_model_from_json(good).bandwidth == m.bandwidth);
+  const auto error_with = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = good;
+    edit(j);
+    return test::error_of([&] { cost_model_from_json(j); });
+  };
+  REQUIRE(error_with([](nlohmann::json& j) { j["bytes_per_token"] = nullptr; }) ==
+          "cost model: \"bytes_per_token\" must be a number, got null");
+  REQUIRE(error_with([](nlohmann::json& j) { j["bandwidth_bytes_per_s"][1][0] = "fast"; }) ==
+          "cost model: \"bandwidth_bytes_per_s[1][0]\" must be a number, got a string");
+  REQUIRE(error_with([](nlohmann::json& j) { j["gemm_tokens_per_s"] = 3; }) ==
+          "cost model: \"gemm_tokens_per_s\" must be an array, got 3");
 }

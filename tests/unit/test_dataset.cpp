@@ -168,6 +168,9 @@ TEST_CASE("io: sampler visits every window once per epoch", "[io]") {
   REQUIRE(exact.num_windows() == 1);
   REQUIRE_THROWS_WITH(io::BatchSampler(&tokens, 1000, 1),
                       Catch::Contains("1000 tokens") && Catch::Contains("needs 1001"));
+  // Named by the data file when the caller gives it (issue 45, item 11).
+  REQUIRE_THROWS_WITH(io::BatchSampler(&tokens, 1000, 1, true, "tiny.txt"),
+                      Catch::StartsWith("the data 'tiny.txt' holds 1000 tokens, too few"));
 }
 
 TEST_CASE("io: sampler set_cursor resumes the exact stream", "[io]") {
@@ -208,6 +211,8 @@ TEST_CASE("io: split_tail keeps both parts at least seq+1 tokens", "[io]") {
   check(34, 0.5, 16, 17, 17);         // the smallest data that splits
   REQUIRE_THROWS_WITH(io::split_tail(iota_tokens(33), 0.5, 16),
                       Catch::Contains("33 tokens") && Catch::Contains("need 34"));
+  REQUIRE_THROWS_WITH(io::split_tail(iota_tokens(33), 0.5, 16, "tiny.txt"),
+                      Catch::StartsWith("the data 'tiny.txt' holds 33 tokens, too few"));
   REQUIRE_THROWS_AS(io::split_tail(iota_tokens(100), 0.0, 16), UsageError);
   REQUIRE_THROWS_AS(io::split_tail(iota_tokens(100), 1.0, 16), UsageError);
 }

@@ -71,7 +71,7 @@ int record(Options& o, int argc, char** argv) {
   std::vector<int32_t> tokens =
       io::load_model_tokens(o.data, io::parse_token_format(o.data_format), tokenizer.get());
   io::check_tokens_fit(tokens, m.config.vocab_size, o.data);
-  io::BatchSampler windows(&tokens, m.config.seq, 0, false);
+  io::BatchSampler windows(&tokens, m.config.seq, 0, false, o.data);
   int64_t total = windows.num_windows();
   if (o.max_tokens > 0) total = std::min(total, std::max<int64_t>(1, o.max_tokens / m.config.seq));
   io::TraceInfo info =

@@ -347,6 +347,12 @@ nlohmann::json to_json(const CostModel& m) {
 }
 
 CostModel cost_model_from_json(const nlohmann::json& j) {
+  // A value of the wrong type is named by its key, checked against what to_json writes for one
+  // rank (so that the lists' elements are compared too).
+  CostModel one_rank;
+  one_rank.gemm_tokens_per_s = one_rank.bandwidth = one_rank.allreduce_bytes_per_s = {0.0};
+  const std::string wrong = json_type_mismatch(j, to_json(one_rank));
+  if (!wrong.empty()) throw Error(str("cost model: ", wrong));
   try {
     CostModel m;
     m.gemm_tokens_per_s = j.at("gemm_tokens_per_s").get<std::vector<double>>();

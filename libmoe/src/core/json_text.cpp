@@ -30,7 +30,53 @@ std::string syntax_words(const std::string& text, bool one_line) {
   return str("invalid JSON at ", place, ": ", what);
 }
 
+// The type a reference value asks for, as a reader would name it.
+std::string expected_words(const nlohmann::json& reference) {
+  if (reference.is_number_integer()) return "an integer";
+  if (reference.is_number()) return "a number";
+  return with_article(reference.type_name());
+}
+
+bool type_agrees(const nlohmann::json& value, const nlohmann::json& reference) {
+  if (reference.is_null()) return true;
+  if (reference.is_number_integer()) return value.is_number_integer();
+  if (reference.is_number()) return value.is_number();
+  return value.type() == reference.type();
+}
+
+// The first disagreement under `path` ("layers", "cost.bandwidth_bytes_per_s[0]"), or "".
+std::string mismatch_at(const nlohmann::json& value, const nlohmann::json& reference,
+                        const std::string& path) {
+  if (!type_agrees(value, reference)) {
+    const std::string got =
+        value.is_number() ? value.dump() : with_article(std::string(value.type_name()));
+    return str("\"", path, "\" must be ", expected_words(reference), ", got ", got);
+  }
+  if (reference.is_object()) {
+    for (const auto& [key, expected] : reference.items()) {
+      const auto found = value.find(key);
+      if (found == value.end()) continue;
+      const std::string wrong =
+          mismatch_at(*found, expected, path.empty() ? key : str(path, ".", key));
+      if (!wrong.empty()) return wrong;
+    }
+  } else if (reference.is_array() && !reference.empty()) {
+    for (size_t i = 0; i < value.size(); ++i) {
+      const std::string wrong = mismatch_at(value[i], reference[0], str(path, "[", i, "]"));
+      if (!wrong.empty()) return wrong;
+    }
+  }
+  return "";
+}
+
 }  // namespace
+
+std::string json_type_mismatch(const nlohmann::json& value, const nlohmann::json& reference) {
+  if (!type_agrees(value, reference))  // the document itself: no key to name
+    return str("must be ", expected_words(reference), ", got ",
+               with_article(std::string(value.type_name())));
+  return mismatch_at(value, reference, "");
+}
 
 std::string json_error_words(const nlohmann::json::exception& e, bool one_line) {
   static const std::regex tag(R"(^\[json\.exception\.[a-z_]+\.[0-9]+\] )");

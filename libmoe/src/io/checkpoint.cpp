@@ -17,6 +17,7 @@
 
 #include "core/json_text.h"
 #include "io/files.h"
+#include "io/json_attrs.h"
 #include "io/mapped_weights.h"
 #include "moe/io/atomic_file.h"
 #include "moe/io/hdf5.h"
@@ -166,13 +167,13 @@ Opened open_checkpoint(const std::string& path) {
   return check_checkpoint(h5::open_file_readonly(path, "checkpoint"), path);
 }
 
-nlohmann::json read_json_attr(hid_t object, const char* name, const Where& where) {
-  std::string text = h5::read_string_attr(object, name, where);
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(str(where.describe(), ": attribute '", name, "': ", json_error_words(e)));
-  }
+// A JSON attribute of the checkpoint; model_config's values are type-checked (io/json_attrs.h), so
+// a fault names the file, the attribute and the key.
+nlohmann::json config_attr(const Opened& c, const char* name) {
+  const std::string place = attribute_place("checkpoint", c.root.file, name);
+  nlohmann::json j = read_json_attr(c.file, name, place, c.root);
+  if (std::string_view(name) == "model_config") check_model_config(j, place);
+  return j;
 }
 
 std::string optional_string_attr(hid_t object, const char* name, const Where& where) {
@@ -382,8 +383,8 @@ StoredTokenizer read_stored_tokenizer(hid_t file, const Where& root) {
 Checkpoint load_opened(const Opened& c, bool with_optim, const ReadMode& mode = {}) {
   const Where& root = c.root;
   Checkpoint ckpt;
-  ckpt.model_config = read_json_attr(c.file, "model_config", root);
-  ckpt.train_config = read_json_attr(c.file, "train_config", root);
+  ckpt.model_config = config_attr(c, "model_config");
+  ckpt.train_config = config_attr(c, "train_config");
   ckpt.provenance.tool = optional_string_attr(c.file, "producer_tool", root);
   ckpt.provenance.version = optional_string_attr(c.file, "producer_version", root);
   ckpt.provenance.git = optional_string_attr(c.file, "producer_git", root);
@@ -547,7 +548,7 @@ void check_params_match(const ParamSet& params, const std::vector<NamedTensor>& 
 nlohmann::json read_model_config(const std::string& path) {
   h5::Session session;
   Opened c = open_checkpoint(path);
-  return read_json_attr(c.file, "model_config", c.root);
+  return config_attr(c, "model_config");
 }
 
 StoredTokenizer read_tokenizer(const std::string& path) {

@@ -8,8 +8,10 @@
 #include <filesystem>
 #include <set>
 
+#include "core/json_text.h"
 #include "io/convert_internal.h"
 #include "io/files.h"
+#include "io/json_attrs.h"
 #include "moe/io/atomic_file.h"
 #include "moe/io/convert.h"
 #include "moe/io/hdf5.h"
@@ -34,14 +36,12 @@ nlohmann::json read_history(const std::string& path) {
   h5::Where root{path, "/"};
   h5::File file = h5::open_file_readonly(path, "checkpoint");
   if (!h5::has_attr(file, "history", root)) return nlohmann::json::array();
-  std::string text = h5::read_string_attr(file, "history", root);
-  try {
-    nlohmann::json j = nlohmann::json::parse(text);
-    if (!j.is_array()) throw Error("not a JSON array");
-    return j;
-  } catch (const std::exception& e) {
-    throw Error(str(root.describe(), ": attribute 'history' is not a JSON array: ", e.what()));
-  }
+  const std::string place = attribute_place("checkpoint", path, "history");
+  nlohmann::json j = read_json_attr(file, "history", place, root);
+  // A list of provenance records, each as to_json writes it.
+  const std::string wrong = json_type_mismatch(j, nlohmann::json::array({to_json(Provenance{})}));
+  if (!wrong.empty()) throw Error(str(place, ": ", wrong));
+  return j;
 }
 
 nlohmann::json extend_history(const nlohmann::json& source_history, const Provenance& source) {

@@ -207,14 +207,23 @@ std::vector<int32_t> tokenize_bytes(std::string_view text) {
 
 // ---- BatchSampler ------------------------------------------------------------------------------
 
+namespace {
+
+// "the data" or "the data 'train.txt'", how messages name the tokens.
+std::string the_data(const std::string& source) {
+  return source.empty() ? "the data" : str("the data '", source, "'");
+}
+
+}  // namespace
+
 BatchSampler::BatchSampler(const std::vector<int32_t>* tokens, int64_t seq, uint64_t seed,
-                           bool shuffle)
+                           bool shuffle, const std::string& source)
     : tokens_(tokens), seq_(seq), seed_(seed), shuffle_(shuffle) {
-  MOE_CHECK(tokens_ != nullptr, "BatchSampler: no token vector");
-  MOE_USAGE_CHECK(seq_ >= 1, "BatchSampler: sequence length must be >= 1 (got ", seq_, ")");
+  MOE_CHECK(tokens_ != nullptr, "batch sampler: no token vector");
+  MOE_USAGE_CHECK(seq_ >= 1, "the sequence length must be >= 1 (got ", seq_, ")");
   int64_t n = static_cast<int64_t>(tokens_->size());
-  MOE_CHECK(n >= seq_ + 1, "BatchSampler: the data holds ", n,
-            " tokens, a window of sequence length ", seq_, " needs ", seq_ + 1);
+  MOE_CHECK(n >= seq_ + 1, the_data(source), " holds ", n,
+            " tokens, too few for a window of sequence length ", seq_, ": it needs ", seq_ + 1);
   num_windows_ = (n - 1) / seq_;
 }
 
@@ -234,14 +243,14 @@ const std::vector<int64_t>& BatchSampler::permutation(int64_t epoch) {
 }
 
 int64_t BatchSampler::window_at(int64_t position) {
-  MOE_CHECK(position >= 0, "BatchSampler: negative stream position ", position);
+  MOE_CHECK(position >= 0, "batch sampler: negative stream position ", position);
   int64_t index = position % num_windows_;
   if (!shuffle_) return index;
   return permutation(position / num_windows_)[static_cast<size_t>(index)];
 }
 
 void BatchSampler::next(int64_t batch, Tensor& inputs, Tensor& targets) {
-  MOE_USAGE_CHECK(batch >= 1, "BatchSampler: batch must be >= 1 (got ", batch, ")");
+  MOE_USAGE_CHECK(batch >= 1, "the batch must be >= 1 (got ", batch, ")");
   Tensor in = Tensor::empty({batch, seq_}, DType::i32);
   Tensor out = Tensor::empty({batch, seq_}, DType::i32);
   in.set_name("inputs");
@@ -260,7 +269,7 @@ void BatchSampler::next(int64_t batch, Tensor& inputs, Tensor& targets) {
 }
 
 void BatchSampler::set_cursor(int64_t windows_consumed) {
-  MOE_CHECK(windows_consumed >= 0, "BatchSampler: cursor must be >= 0 (got ", windows_consumed,
+  MOE_CHECK(windows_consumed >= 0, "batch sampler: the cursor must be >= 0 (got ", windows_consumed,
             ")");
   cursor_ = windows_consumed;
 }
@@ -268,13 +277,14 @@ void BatchSampler::set_cursor(int64_t windows_consumed) {
 // ---- split_tail --------------------------------------------------------------------------------
 
 std::pair<std::vector<int32_t>, std::vector<int32_t>> split_tail(std::vector<int32_t> tokens,
-                                                                 double fraction, int64_t seq) {
+                                                                 double fraction, int64_t seq,
+                                                                 const std::string& source) {
   MOE_USAGE_CHECK(fraction > 0.0 && fraction < 1.0, "validation fraction must be in (0, 1) (got ",
                   fraction, ")");
   MOE_USAGE_CHECK(seq >= 1, "sequence length must be >= 1 (got ", seq, ")");
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t need = seq + 1;
-  MOE_CHECK(n >= 2 * need, "the data holds ", n,
+  MOE_CHECK(n >= 2 * need, the_data(source), " holds ", n,
             " tokens, too few for a training and a validation part of ", need,
             " tokens each (a sequence + 1): need ", 2 * need);
   int64_t val = std::llround(fraction * static_cast<double>(n));

@@ -5,8 +5,8 @@
 #include <map>
 #include <set>
 
-#include "core/json_text.h"
 #include "io/convert_internal.h"
+#include "io/json_attrs.h"
 #include "moe/io/convert.h"
 #include "moe/io/hdf5.h"
 #include "moe/io/tokenizer.h"
@@ -20,15 +20,6 @@ namespace {
 std::string optional_string(hid_t object, const char* name, const h5::Where& where) {
   return h5::has_attr(object, name, where) ? h5::read_string_attr(object, name, where)
                                            : std::string();
-}
-
-nlohmann::json parse_json_attr(hid_t object, const char* name, const h5::Where& where) {
-  std::string text = h5::read_string_attr(object, name, where);
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(str(where.describe(), ": attribute '", name, "': ", json_error_words(e)));
-  }
 }
 
 struct ChunkPlace {
@@ -113,7 +104,8 @@ CheckpointInfo inspect(const std::vector<std::string>& paths, bool verify) {
     f.provenance.argv = optional_string(file, "argv", root);
     f.provenance.time = optional_string(file, "created", root);
     f.history = read_history(path);
-    nlohmann::json train_config = parse_json_attr(file, "train_config", root);
+    nlohmann::json train_config = read_json_attr(
+        file, "train_config", attribute_place("checkpoint", path, "train_config"), root);
     if (fi == 0) {
       info.model_config = model_config;
       info.train_config = train_config;

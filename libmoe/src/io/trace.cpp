@@ -13,7 +13,7 @@
 #include <filesystem>
 #include <utility>
 
-#include "core/json_text.h"
+#include "io/json_attrs.h"
 #include "io/trace_checks.h"
 #include "io/trace_layout.h"
 #include "moe/io/hdf5.h"
@@ -148,12 +148,9 @@ void TraceReader::Impl::load() {
         str(who, ": trace format version ", version, ", this build reads version ", kTraceVersion));
 
   {
-    const std::string text = h5::read_string_attr(file, "model_config", root);
-    try {
-      info.model_config = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::exception& e) {
-      throw Error(str(root.describe(), ": attribute 'model_config': ", json_error_words(e)));
-    }
+    const std::string place = attribute_place("trace", name, "model_config");
+    info.model_config = read_json_attr(file, "model_config", place, root);
+    check_model_config(info.model_config, place);
   }
   info.top_k = h5::read_int_attr(file, "top_k", root);
   info.source = h5::read_string_attr(file, "source", root);

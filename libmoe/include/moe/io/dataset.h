@@ -61,8 +61,10 @@ std::vector<int32_t> tokenize_bytes(std::string_view text);
 // of (tokens, seq, seed, shuffle, cursor): set_cursor() resumes it exactly.
 class BatchSampler {
  public:
-  // `tokens` must outlive the sampler. Throws if it holds fewer than seq+1 tokens.
-  BatchSampler(const std::vector<int32_t>* tokens, int64_t seq, uint64_t seed, bool shuffle = true);
+  // `tokens` must outlive the sampler. Throws if it holds fewer than seq+1 tokens, naming
+  // `source` (the data file the tokens came from) when given.
+  BatchSampler(const std::vector<int32_t>* tokens, int64_t seq, uint64_t seed, bool shuffle = true,
+               const std::string& source = "");
 
   int64_t num_windows() const { return num_windows_; }
   int64_t seq() const { return seq_; }
@@ -93,8 +95,9 @@ class BatchSampler {
 // Split for validation (when there is no --val file): the last `fraction` of the tokens,
 // rounded to nearest, but at least seq+1 tokens, while leaving the training part at least seq+1.
 // Returns {train, validation}. UsageError for fraction outside (0, 1); Error when fewer than
-// 2*(seq+1) tokens make both parts impossible.
+// 2*(seq+1) tokens make both parts impossible, naming `source` (the data file) when given.
 std::pair<std::vector<int32_t>, std::vector<int32_t>> split_tail(std::vector<int32_t> tokens,
-                                                                 double fraction, int64_t seq);
+                                                                 double fraction, int64_t seq,
+                                                                 const std::string& source = "");
 
 }  // namespace moe::io
