@@ -126,8 +126,7 @@ std::pair<int64_t, int64_t> placement(const std::string& path, const std::string
 
 }  // namespace
 
-TEST_CASE("cli: mapped weights score and generate as the weights read",
-          "[cli][infer][mapped]") {
+TEST_CASE("cli: mapped weights score and generate as the weights read", "[cli][infer][mapped]") {
   test::ScratchDir dir("cli-mapped-weights");
   const std::string f32 = dir / "f32.h5";
   write_model(f32, model_config(2, 256, 4));
@@ -147,8 +146,8 @@ TEST_CASE("cli: mapped weights score and generate as the weights read",
       " --data " + test::fortunes_path("computers") + " --max-sequences 6 --threads 1";
   for (const auto& [name, path] : models) {
     INFO(name);
-    for (const std::string& sub : {"score" + data, "generate --prompts " + prompts +
-                                                        " --max-new 12 --temperature 0"}) {
+    for (const std::string& sub :
+         {"score" + data, "generate --prompts " + prompts + " --max-new 12 --temperature 0"}) {
       const std::string base = sub + " --model " + path;
       auto mapped = run_command(tool("moe-infer", base + " -v"));
       auto verified = run_command(tool("moe-infer", base + " -v --verify-weights"));
@@ -234,8 +233,8 @@ TEST_CASE("cli: a truncated checkpoint is refused when opened, not met mid-run",
   const std::string model = dir / "model.h5";
   write_model(model, model_config(2, 256, 4));
   // Cut inside the last expert tensor written: the file ends before its last chunk does.
-  fs::resize_file(model, static_cast<uintmax_t>(
-                             placement(model, "blocks.1.moe.experts.w3").second - 4096));
+  fs::resize_file(
+      model, static_cast<uintmax_t>(placement(model, "blocks.1.moe.experts.w3").second - 4096));
   const std::string args = " --model " + model + " --data " + test::fortunes_path("computers");
   for (const std::string& command :
        {tool("moe-infer", "score --max-sequences 2" + args),

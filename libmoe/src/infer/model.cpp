@@ -261,8 +261,8 @@ bool put_blocks(Param& p, const Tensor& tensor, const std::string& format_name,
                 "' row ", row, " block ", b, " has scale ", std::isfinite(scale) ? second : scale,
                 " (a ", format_name, " block's scales are finite): the file is damaged");
     }
-  p.value = mapped ? tensor.view_as(cpu::dtype_of_block_format(format))
-                   : cpu::block_rows(tensor, format);
+  p.value =
+      mapped ? tensor.view_as(cpu::dtype_of_block_format(format)) : cpu::block_rows(tensor, format);
   p.value.set_name(p.name);
   p.compute = p.value;
   p.grad = Tensor();

@@ -260,8 +260,8 @@ std::vector<NamedTensor> read_tensors(const Opened& c, const char* group_name,
   for (const std::string& name : h5::list_links(group, where)) {
     {
       h5::DatasetInfo info;
-      Tensor t = mapped_tensor(group, name, mode, !optim, c.root.at(str("/", group_name, "/", name)),
-                               info);
+      Tensor t = mapped_tensor(group, name, mode, !optim,
+                               c.root.at(str("/", group_name, "/", name)), info);
       if (t.defined()) {
         NamedTensor nt{name, std::move(t), info.expert, info.shard};
         nt.mapped = true;

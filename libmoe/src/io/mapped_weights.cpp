@@ -91,8 +91,8 @@ void verify_chunk(const MappedFile& file, const Chunk& c, const std::string& wha
   }
   unsigned char stored[4];
   read_at(stored, 4, static_cast<off_t>(c.addr + raw));
-  const uint32_t want = uint32_t(stored[0]) | uint32_t(stored[1]) << 8 |
-                        uint32_t(stored[2]) << 16 | uint32_t(stored[3]) << 24;
+  const uint32_t want = uint32_t(stored[0]) | uint32_t(stored[1]) << 8 | uint32_t(stored[2]) << 16 |
+                        uint32_t(stored[3]) << 24;
   const uint32_t got = sum.value();
   // HDF5 before 1.6.3 stored the checksum with the bytes of each half swapped; it accepts both.
   const uint32_t swapped = ((got & 0x00ff00ffu) << 8) | ((got >> 8) & 0x00ff00ffu);
