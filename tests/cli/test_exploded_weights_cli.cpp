@@ -17,10 +17,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kModel =
-    " --layers 2 --d-model 16 --heads 2 --d-ff 32 --seq 16 --experts 4 --moe-every 1 --batch 4"
-    " --eval-batches 1 --threads 1 -q";
-
 void expect_error(const test::RunResult& r, const std::string& tool_name,
                   const std::vector<std::string>& needles) {
   INFO(r.err);
@@ -38,8 +34,8 @@ TEST_CASE("cli: an update that explodes the weights while finite stops the run",
   // Resident parameters (gpt), then experts updated inside the host store (mixtral, --offload).
   for (const std::string& extra : {std::string(), std::string(" --arch mixtral --offload host")}) {
     const std::string out = dir / (extra.empty() ? "resident" : "offloaded");
-    auto r = run_command(
-        tool("moe-train", data + " --out " + out + kModel + extra + " --steps 1 --lr 1e30"));
+    auto r = run_command(tool(
+        "moe-train", data + " --out " + out + test::kTinyModel + extra + " --steps 1 --lr 1e30"));
     expect_error(
         r, "moe-train",
         {"step 1, after the update (the run diverged; nothing saved", "tensor '", "has exploded"});
@@ -52,8 +48,7 @@ TEST_CASE("cli: an update that explodes the weights while finite stops the run",
 TEST_CASE("cli: weights that make the model compute NaN give no score, only an error",
           "[cli][validation]") {
   test::ScratchDir dir("cli-exploded-infer");
-  const std::string ckpt =
-      test::train_on_fortunes(dir / "run", kModel + " --arch mixtral --kv-heads 1 --steps 2");
+  const std::string ckpt = test::train_on_fortunes(dir / "run", test::kTinyMixtral + " --steps 2");
   // What one step at --lr 1e12 wrote before the training check: Adam moved every weight by about
   // the rate (times the warmup's share), up or down, to +-3e10 or so; all finite, and the model
   // computes NaN from them (as from --lr 1e30's 3e28: the case).

@@ -21,17 +21,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kModel =
-    " --layers 2 --d-model 16 --heads 2 --d-ff 32 --seq 16 --experts 4 --moe-every 1 --batch 4"
-    " --eval-batches 1 --threads 1 -q";
-
 // A tiny mixtral model, trained once for the cases below.
 struct Trained {
   test::ScratchDir dir{"cli-validation"};
   std::string ckpt;
-  Trained() {
-    ckpt = test::train_on_fortunes(dir / "run", kModel + " --arch mixtral --kv-heads 1 --steps 2");
-  }
+  Trained() { ckpt = test::train_on_fortunes(dir / "run", test::kTinyMixtral + " --steps 2"); }
 };
 
 Trained& trained() {
@@ -54,8 +48,8 @@ void expect_error(const test::RunResult& r, const std::string& tool_name, int co
 TEST_CASE("cli: numeric flags must be finite and in range, in every tool", "[cli][validation]") {
   Trained& t = trained();
   test::ScratchDir dir("cli-validation-flags");
-  const std::string train =
-      "--data " + test::fortunes_path("linux") + " --out " + (dir / "run") + kModel + " --steps 1 ";
+  const std::string train = "--data " + test::fortunes_path("linux") + " --out " + (dir / "run") +
+                            test::kTinyModel + " --steps 1 ";
   struct Case {
     std::string tool, args, message;
   };
@@ -97,8 +91,8 @@ TEST_CASE("cli: integers beyond their flag's range are refused, never clamped",
   // Issue 45: 99999999999999999999 became 2^63 - 1 (31 flags), --seed -1 became 2^64 - 1.
   Trained& t = trained();
   test::ScratchDir dir("cli-validation-integers");
-  const std::string train =
-      "--data " + test::fortunes_path("linux") + " --out " + (dir / "run") + kModel + " --steps 1 ";
+  const std::string train = "--data " + test::fortunes_path("linux") + " --out " + (dir / "run") +
+                            test::kTinyModel + " --steps 1 ";
   const std::string huge = "99999999999999999999";
   const std::string int64_range = "-9223372036854775808..9223372036854775807";
   const std::string uint64_range = "0..18446744073709551615";
@@ -141,9 +135,9 @@ TEST_CASE("cli: a run whose update makes a parameter non-finite stops and saves 
           "[cli][validation]") {
   test::ScratchDir dir("cli-validation-diverge");
   // The largest finite float as --lr with no warmup: the first update overflows.
-  auto r =
-      run_command(tool("moe-train", "--data " + test::fortunes_path("linux") + " --out " +
-                                        dir.path() + kModel + " --steps 1 --warmup 0 --lr 3.4e38"));
+  auto r = run_command(tool("moe-train", "--data " + test::fortunes_path("linux") + " --out " +
+                                             dir.path() + test::kTinyModel +
+                                             " --steps 1 --warmup 0 --lr 3.4e38"));
   expect_error(r, "moe-train", 1,
                {"step 1, after the update (the run diverged", "tensor '", "has exploded"});
   REQUIRE_FALSE(fs::exists(dir / "step-00000001.h5"));
@@ -305,17 +299,10 @@ TEST_CASE("cli: moe-profile refuses a trace with negative loads and a damaged pa
       "moe-profile", 1, {"nopredicts.json", "has no 'predicts'"});
 }
 
-// AddressSanitizer reserves terabytes of shadow address space at start: a tool built with it
-// cannot start under `ulimit -v`. Those runs then go without the limit (the figures here exceed
-// any machine's physical memory too), and the RLIMIT_AS case is left to the Release pass.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kAddressSanitizer = true;
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
-
-std::string address_space_limit(const std::string& kib) {
-  return kAddressSanitizer ? std::string() : "ulimit -v " + kib + " && ";
+// A 16 GB address-space limit (none under AddressSanitizer, test::under_limit): the figures here
+// exceed any machine's physical memory, so the outcome does not depend on the host's RAM.
+std::string under_16gb(const std::string& command) {
+  return test::under_limit(int64_t(16000000) << 10, command);
 }
 
 TEST_CASE("cli: absurd model sizes are refused with the figure and the machine's memory",
@@ -335,8 +322,7 @@ TEST_CASE("cli: absurd model sizes are refused with the figure and the machine's
   for (const Case& c : cases) {
     INFO(c.args);
     // Under a 16 GB address-space limit, so that the outcome does not depend on the host's RAM.
-    expect_error(run_command(address_space_limit("16000000") + tool("moe-train", base + c.args)),
-                 "moe-train", 1,
+    expect_error(run_command(under_16gb(tool("moe-train", base + c.args))), "moe-train", 1,
                  {"moe-train: error: training this model (", c.message, ") needs at least ",
                   "more than this machine has: ", "of physical memory"});
     REQUIRE_FALSE(fs::exists(dir / "run/last.h5"));
@@ -353,11 +339,10 @@ TEST_CASE("cli: absurd model sizes are refused with the figure and the machine's
   };
   for (const Case& c : bounded) {
     INFO(c.args);
-    expect_error(run_command(address_space_limit("16000000") + tool("moe-train", sized + c.args)),
-                 "moe-train", 2, {c.message});
+    expect_error(run_command(under_16gb(tool("moe-train", sized + c.args))), "moe-train", 2,
+                 {c.message});
   }
-  expect_error(run_command(address_space_limit("16000000") +
-                           tool("moe-train", sized + " --batch 4611686018427387904")),
+  expect_error(run_command(under_16gb(tool("moe-train", sized + " --batch 4611686018427387904"))),
                "moe-train", 1, {"for a micro-batch's logits", "more than this machine has"});
   // A u32 token id of 2^31 - 2 makes the vocabulary 2^31 - 1.
   std::string ids;
@@ -366,16 +351,16 @@ TEST_CASE("cli: absurd model sizes are refused with the figure and the machine's
   std::string data;
   for (int i = 0; i < 16; ++i) data += ids;
   test::write_file(dir / "ids.u32", data);
-  expect_error(run_command(address_space_limit("16000000") +
-                           tool("moe-train", "--data " + (dir / "ids.u32") + " --val " +
-                                                 (dir / "ids.u32") + " --out " + (dir / "run") +
-                                                 " --layers 2 --heads 2 --seq 4 --d-model 16"
-                                                 " --d-ff 32 --experts 4 --batch 1 -q")),
-               "moe-train", 1, {"vocabulary 2147483647", "needs at least"});
+  expect_error(
+      run_command(under_16gb(tool("moe-train", "--data " + (dir / "ids.u32") + " --val " +
+                                                   (dir / "ids.u32") + " --out " + (dir / "run") +
+                                                   " --layers 2 --heads 2 --seq 4 --d-model 16"
+                                                   " --d-ff 32 --experts 4 --batch 1 -q"))),
+      "moe-train", 1, {"vocabulary 2147483647", "needs at least"});
   // Under an address-space limit the limit is the figure (4 GB here; the model needs more).
-  if (kAddressSanitizer) return;
-  auto limited = run_command("ulimit -v 4000000 && " +
-                             tool("moe-train", base + " --d-model 256 --d-ff 4096 --experts 64"));
+  if (test::kAddressSanitizer) return;
+  auto limited = run_command(test::under_limit(
+      int64_t(4000000) << 10, tool("moe-train", base + " --d-model 256 --d-ff 4096 --experts 64")));
   expect_error(limited, "moe-train", 1, {"needs at least", "by RLIMIT_AS"});
 }
 
@@ -414,9 +399,10 @@ TEST_CASE("cli: a device or FIFO as data is refused at once", "[cli][validation]
   for (const std::string& data : {std::string("/dev/zero"), fifo}) {
     INFO(data);
     for (const auto& [name, args] : std::vector<std::pair<std::string, std::string>>{
-             {"moe-train", "--data " + data + " --out " + (dir / "run") + kModel + " --steps 1"},
+             {"moe-train",
+              "--data " + data + " --out " + (dir / "run") + test::kTinyModel + " --steps 1"},
              {"moe-train", "--data " + text + " --val " + data + " --out " + (dir / "run") +
-                               kModel + " --steps 1"},
+                               test::kTinyModel + " --steps 1"},
              {"moe-infer", "score --model " + t.ckpt + " --data " + data},
              {"moe-profile",
               "record --model " + t.ckpt + " --data " + data + " -o " + (dir / "t.h5")}}) {

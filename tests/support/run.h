@@ -40,11 +40,13 @@ std::string fortunes_path(const std::string& name = "computers");
 // run), as the CLI fixtures do; returns out_dir/last.h5. A run that fails (or hangs past 300 s)
 // throws moe::Error with its exit status and stderr.
 std::string train_on_fortunes(const std::string& out_dir, const std::string& flags);
-// The smallest mixtral the CLI tests train (2 layers of 4 experts, d_model 16, 1 thread, quiet);
-// add --steps.
-inline const std::string kTinyMixtral =
-    " --arch mixtral --layers 2 --d-model 16 --heads 2 --kv-heads 1 --d-ff 32 --seq 16 --experts 4"
-    " --moe-every 1 --batch 4 --eval-batches 1 --threads 1 -q";
+// The smallest model the CLI tests train, in moe-train's default flavour (gpt): 2 layers of 4
+// experts, d_model 16, 1 thread, quiet; add --steps (and --arch).
+inline const std::string kTinyModel =
+    " --layers 2 --d-model 16 --heads 2 --d-ff 32 --seq 16 --experts 4 --moe-every 1 --batch 4"
+    " --eval-batches 1 --threads 1 -q";
+// The same as a mixtral, with grouped-query attention; add --steps.
+inline const std::string kTinyMixtral = " --arch mixtral --kv-heads 1" + kTinyModel;
 // AddressSanitizer reserves terabytes of shadow address space at start: a tool built with it
 // cannot start under `ulimit -v`, so tests that prove bounded memory skip the limit there.
 #if defined(__SANITIZE_ADDRESS__)
