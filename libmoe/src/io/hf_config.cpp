@@ -4,6 +4,7 @@
 #include "io/hf_names.h"
 #include "moe/error.h"
 #include "moe/models/flavour.h"
+#include "moe/ops/moe.h"
 
 namespace moe::io::hf {
 
@@ -117,9 +118,11 @@ void parse_glm(const ConfigReader& c, HfModel& m, std::vector<std::string>& unsu
   m.shared_ff = shared * m.ffn;
   m.groups = c.integer_or("n_group", 1);
   m.group_topk = c.integer_or("topk_group", 1);
-  if (m.groups < 1 || m.groups > 64 || m.group_topk < 1 || m.group_topk > m.groups)
+  if (m.groups < 1 || m.groups > ops::kMaxRouterGroups || m.group_topk < 1 ||
+      m.group_topk > m.groups)
     unsupported.push_back(str("n_group ", m.groups, " with topk_group ", m.group_topk,
-                              " (we route within 1..64 groups, choosing 1..n_group of them)"));
+                              " (we route within 1..", ops::kMaxRouterGroups,
+                              " groups, choosing 1..n_group of them)"));
   m.routed_scale = c.number_or("routed_scaling_factor", 1.0);
   m.extra_layers = c.integer_or("num_nextn_predict_layers", 0);
   if (m.extra_layers < 0 || m.extra_layers > 64)

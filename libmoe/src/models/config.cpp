@@ -5,6 +5,7 @@
 
 #include "core/json_text.h"
 #include "moe/error.h"
+#include "moe/ops/moe.h"
 
 namespace moe {
 
@@ -112,10 +113,11 @@ void ModelConfig::validate() const {
   MOE_USAGE_CHECK(rope_dim == 0 || arch != Arch::gpt, "partial RoPE needs a RoPE architecture");
   MOE_USAGE_CHECK(routed_scale > 0 && std::isfinite(routed_scale),
                   "the routed experts' scale must be a finite number > 0 (got ", routed_scale, ")");
-  MOE_USAGE_CHECK(router_groups >= 1 && router_groups <= 64 && router_group_topk >= 1 &&
-                      router_group_topk <= router_groups,
-                  "router groups must be 1..64 with 1..groups of them chosen (got ", router_groups,
-                  " groups, ", router_group_topk, " chosen)");
+  MOE_USAGE_CHECK(router_groups >= 1 && router_groups <= ops::kMaxRouterGroups &&
+                      router_group_topk >= 1 && router_group_topk <= router_groups,
+                  "router groups must be 1..", ops::kMaxRouterGroups,
+                  " with 1..groups of them chosen (got ", router_groups, " groups, ",
+                  router_group_topk, " chosen)");
   MOE_USAGE_CHECK(seq >= 1 && seq <= kMaxSeq, "--seq must be between 1 and ", kMaxSeq,
                   " (positions are 32-bit; got ", seq, ")");
   MOE_USAGE_CHECK(top_k >= 1, "--top-k must be >= 1 (got ", top_k, ")");

@@ -3,6 +3,8 @@
 // the aux coefficients of the backward are computed here, on the host (device tensors are copied).
 // Shapes: N tokens, D model width, E experts, k experts per token. Loss sums run serially in fp64
 // in token order.
+#include "kernels/router.h"
+
 #include <cmath>
 #include <vector>
 
@@ -12,6 +14,9 @@
 #include "moe/step_breakdown.h"
 
 namespace moe::ops {
+
+// The kernels size their group scratch by this bound; the checks below and ModelConfig use it.
+static_assert(kMaxRouterGroups == kernels::kMaxRouterGroups);
 
 void router_jitter(const Tensor& x, float jitter, uint64_t key, Tensor& noise, Tensor& routed,
                    int64_t first_row) {
