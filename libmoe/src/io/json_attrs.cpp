@@ -18,6 +18,7 @@ nlohmann::json read_json_attr(hid_t object, const char* name, const std::string&
 }
 
 void check_model_config(const nlohmann::json& config, const std::string& place) {
+  if (config.is_null()) return;  // no config at all: the model reader says so, if one is needed
   // Each list with one entry, so that its elements are compared too.
   ModelConfig shape;
   shape.experts_per_layer = {shape.experts};

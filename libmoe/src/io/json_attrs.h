@@ -20,8 +20,9 @@ nlohmann::json read_json_attr(hid_t object, const char* name, const std::string&
 
 // The types of a model config's values, checked against the writer's own output for a default
 // config (core/json_text.h, json_type_mismatch): a value the model reader could not convert is
-// refused as "<place>: \"layers\" must be an integer, got null". Keys may be missing (files of
-// tests and of other tools hold part of a config): the model reader names those.
+// refused as "<place>: \"layers\" must be an integer, got null". Keys may be missing, and the
+// whole config may be null (files of tests and of other tools hold part of a config, or none):
+// the model reader names those when it needs them.
 void check_model_config(const nlohmann::json& config, const std::string& place);
 
 }  // namespace moe::io
