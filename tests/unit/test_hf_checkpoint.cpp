@@ -300,6 +300,56 @@ TEST_CASE("hf: a model of our own (f32 and bf16) survives export -> import bitwi
                Catch::Contains("layer 0 is dense"));
 }
 
+TEST_CASE("hf: an export over one of more shards (--force) removes the shards it replaced",
+          "[hf]") {
+  // Before: the old model-0000N-of-0000M.safetensors files stayed beside the new index, which no
+  // longer named them (a directory holding two models' weights).
+  test::ScratchDir dir("hf-reshard");
+  ModelConfig c = test::small_model_config(Arch::mixtral);
+  c.resolve();
+  const io::Checkpoint ckpt = test::initial_checkpoint(c, 7, DType::f32);
+  int64_t largest = 0, total = 0;
+  for (const io::NamedTensor& p : ckpt.params) {
+    largest = std::max<int64_t>(largest, p.tensor.nbytes());
+    total += static_cast<int64_t>(p.tensor.nbytes());
+  }
+  const std::string out = dir.file("hf");
+  const auto shards = [&] {
+    std::vector<std::string> names;
+    for (const auto& entry : fs::directory_iterator(out))
+      if (entry.path().extension() == ".safetensors") names.push_back(entry.path().filename());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  io::HfExportOptions many;
+  many.max_shard_bytes = largest;  // about one tensor a shard
+  io::export_hf(ckpt, out, many);
+  const size_t before = shards().size();
+  REQUIRE(before > 3);
+  // Files the old index does not name stay, even in our naming.
+  test::write_file(out + "/notes.txt", "mine\n");
+  test::write_file(out + "/model-00001-of-00099.safetensors", "not ours to remove");
+
+  io::HfExportOptions few;
+  few.max_shard_bytes = total / 2 + largest;
+  few.replace = true;
+  io::export_hf(ckpt, out, few);
+  const std::vector<std::string> after = shards();
+  const json index = json::parse(test::read_file(out + "/model.safetensors.index.json"));
+  std::vector<std::string> named;
+  for (const auto& entry : index["weight_map"].items()) named.push_back(entry.value());
+  std::sort(named.begin(), named.end());
+  named.erase(std::unique(named.begin(), named.end()), named.end());
+  REQUIRE(named.size() < before);
+  named.push_back("model-00001-of-00099.safetensors");
+  std::sort(named.begin(), named.end());
+  REQUIRE(after == named);
+  REQUIRE(test::read_file(out + "/notes.txt") == "mine\n");
+  // What is left is one whole model.
+  const io::Checkpoint back = test::import_hf_held(out);
+  REQUIRE(back.params.size() == ckpt.params.size());
+}
+
 TEST_CASE("hf: storage dtypes are kept, or converted to f32 when mixed", "[hf]") {
   test::ScratchDir dir("hf-dtype");
   const Tiny t;
