@@ -1,8 +1,8 @@
 // moe-infer --expert-budget --expert-cache as a user runs it: scores the bytes of the resident
 // model (f32 and bf16, LRU and LFU, with and without experts pinned from a trace moe-profile
-// record wrote), reports hit rates beside Belady's and the next-layer estimate, and refuses a
-// budget below one expert, a quantised checkpoint, a trace of another model and flags without
-// their budget, in words.
+// record wrote, with and without --prefetch), reports hit rates beside Belady's and the next-layer
+// estimate, and refuses a budget below one expert, a quantised checkpoint, a trace of another model
+// and flags without their budget, in words.
 #include <catch2/catch.hpp>
 #include <string>
 #include <vector>
@@ -55,7 +55,9 @@ TEST_CASE("cli: moe-infer --expert-cache scores the resident model's bytes", "[c
     for (const std::string& flags :
          {std::string(" --expert-budget 25% --expert-cache lru"),
           std::string(" --expert-budget 50% --expert-cache lfu"),
-          std::string(" --expert-budget 50% --expert-cache lru --pin-from ") + m.trace}) {
+          std::string(" --expert-budget 50% --expert-cache lru --pin-from ") + m.trace,
+          std::string(" --expert-budget 75% --expert-cache lfu --prefetch --pin-from ") +
+              m.trace}) {
       auto cached = run_command(tool("moe-infer", score + flags));
       INFO(model << flags << "\n" << cached.err);
       REQUIRE(cached.exit_code == 0);
@@ -63,8 +65,13 @@ TEST_CASE("cli: moe-infer --expert-cache scores the resident model's bytes", "[c
       REQUIRE(cached.err.find("expert cache: ") != std::string::npos);
       REQUIRE(cached.err.find("Belady") != std::string::npos);
       const bool pinned = flags.find("--pin-from") != std::string::npos;
-      // 50% of 8 experts: 4 slots, 2 pinned from the trace.
-      REQUIRE((cached.err.find("2 slots and 2 pinned experts") != std::string::npos) == pinned);
+      // 50% of 8 experts: 4 slots, 2 pinned from the trace; 75%: 6 slots, 3 pinned.
+      if (pinned)
+        REQUIRE((cached.err.find("2 slots and 2 pinned experts") != std::string::npos ||
+                 cached.err.find("3 slots and 3 pinned experts") != std::string::npos));
+      const bool prefetch = flags.find("--prefetch") != std::string::npos;
+      REQUIRE((cached.err.find(" prefetched, ") != std::string::npos) == pinned);
+      if (prefetch) REQUIRE(cached.err.find(" 0 prefetched") == std::string::npos);
       REQUIRE((cached.err.find("next-layer estimate held") != std::string::npos) == pinned);
     }
   }

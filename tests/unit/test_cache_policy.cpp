@@ -468,3 +468,25 @@ TEST_CASE("cache: erase frees its slot for the next admission, never a pinned en
   REQUIRE_THROWS_WITH(cache.erase(key(D)), Catch::Contains("pinned"));
   REQUIRE_THROWS_WITH(cache.erase(key(A)), Catch::Contains("layer 0 expert 0"));
 }
+
+TEST_CASE("cache: admit places a prefetch without counting it or touching recency", "[cache]") {
+  CacheConfig config;
+  config.capacity = 2;
+  ExpertCache cache(config);
+  const ExpertKey a{0, 0}, b{0, 1}, c{1, 0}, d{1, 1};
+  cache.access(a);
+  cache.access(b);
+  // c is admitted in place of the least recent (a), and nothing is counted.
+  Lookup r = cache.admit(c);
+  REQUIRE(!r.hit);
+  REQUIRE(r.evicted == a);
+  REQUIRE(cache.stats().accesses == 2);
+  REQUIRE(cache.stats().evictions == 0);
+  REQUIRE(cache.count(c) == 0);
+  REQUIRE(cache.access(c).hit);  // its use
+  REQUIRE(cache.stats().hits == 1);
+  // Admitting a cached key is a hit that leaves its recency alone: b stays the least recent.
+  REQUIRE(cache.admit(b).hit);
+  r = cache.access(d);
+  REQUIRE(r.evicted == b);
+}

@@ -101,6 +101,7 @@ TEST_CASE("expert cache: pinned experts come from the popularity, the estimate i
   for (auto& from : cc.transitions)
     for (size_t e = 0; e < 4; ++e) from[e][e] = 5;
   cc.transitions[0][3] = {0, 7, 0, 0};
+  cc.prefetch = false;  // the estimate is counted either way
   s.cache.start(cc);
   ServingCacheStats st = s.cache.stats();
   REQUIRE(st.pinned == 1);
@@ -208,6 +209,48 @@ TEST_CASE("expert cache: a batch by token blocks reads each expert once a layer"
     REQUIRE(st.passes == 1);
     REQUIRE(st.accesses > 16);  // 8 blocks a layer, each acquiring its experts
     REQUIRE(st.experts_read <= 16);
+  }
+}
+
+TEST_CASE("expert cache: prefetching the next layer's estimate keeps the outputs bitwise",
+          "[serving]") {
+  const ModelConfig config = test::ring_config(Arch::mixtral, DType::bf16);
+  test::ScratchDir dir("serving-prefetch");
+  const std::string path = dir / "model.h5";
+  test::save_ring_model(path, config, 25);
+  infer::LoadedModel resident = infer::load_model(path);
+  // Every expert leads to the next layer's expert e + 1 (mod 4) most, then to e.
+  std::vector<std::vector<std::vector<double>>> transitions(
+      3, std::vector<std::vector<double>>(4, std::vector<double>(4, 0.0)));
+  for (auto& from : transitions)
+    for (size_t e = 0; e < 4; ++e) from[e][(e + 1) % 4] = 3, from[e][e] = 1;
+  for (int64_t experts : {2, 6, 16}) {
+    DYNAMIC_SECTION(experts << " experts") {
+      Served s(path);
+      ServingCacheConfig cc;
+      cc.dtype = DType::bf16;
+      cc.budget_bytes = experts * (s.cache.expert_bytes(DType::bf16) / 16);
+      cc.transitions = transitions;
+      cc.prefetch = true;
+      s.cache.start(cc);
+      for (int round = 0; round < 2; ++round)
+        for (uint64_t b = 0; b < 3; ++b) {
+          const test::RingBatch batch = test::ring_batch(config, 1, 300 + b);
+          Tensor want, got;
+          resident.model->evaluate(batch.ids, batch.targets, &want);
+          s.m.model->evaluate(batch.ids, batch.targets, &got);
+          INFO("round " << round << " batch " << b);
+          REQUIRE(test::same_bytes(got, want));
+        }
+      const ServingCacheStats st = s.cache.stats();
+      INFO(st.prefetches << " prefetches, " << st.prefetch_hits << " used, " << st.experts_read
+                         << " reads");
+      if (experts > 2) REQUIRE(st.prefetches > 0);  // 2 slots: both held by the layer computing
+      REQUIRE(st.prefetch_hits <= st.prefetches);
+      REQUIRE(st.prefetch_hits <= st.cache.hits);
+      REQUIRE(st.experts_read >= st.prefetches);
+      if (experts == 16) REQUIRE(st.experts_read <= 16);  // all fit: each read once
+    }
   }
 }
 

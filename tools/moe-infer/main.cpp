@@ -39,6 +39,7 @@ struct Options {
   std::string model, data, data_format = "auto", prompts, out = "-", budget, popularity,
                            device = "cpu", summary, truncate = "none", tokenizer, requests,
                            expert_cache, pin_from;
+  bool prefetch = false;
   double pin_share = 0.5;
   int64_t batch = 8, max_sequences = 0, ep = 1, top = 0;
   bool incremental = false, per_token = false, rolling = false, force = false;
@@ -65,6 +66,7 @@ std::unique_ptr<infer::Engine> open_engine(const Options& o,
   if (!o.expert_cache.empty()) options.expert_cache = offload::parse_cache_policy(o.expert_cache);
   options.pin_from = o.pin_from;
   options.pin_share = o.pin_share;
+  options.prefetch = o.prefetch;
   options.ep = o.ep;
   options.popularity = o.popularity;
   return infer::Engine::open(options, std::move(world));
@@ -116,7 +118,8 @@ void report_expert_cache(const offload::ServingCache& cache) {
   MOE_LOG_INFO(line);
   if (s.estimate_routed == 0) return;
   MOE_LOG_INFO("expert cache: next-layer estimate held ", s.estimate_hits, " of ",
-               s.estimate_routed, " routed experts (", 100.0 * s.estimate_rate(), "%)");
+               s.estimate_routed, " routed experts (", 100.0 * s.estimate_rate(), "%); ",
+               s.prefetches, " prefetched, ", s.prefetch_hits, " of them used");
 }
 
 void report_ring(const infer::Engine& e) {
@@ -427,6 +430,9 @@ void add_engine_options(CLI::App* sub, Options& o) {
   sub->add_option("--pin-from", o.pin_from,
                   "With --expert-cache: a routing trace (moe-profile record) whose most popular "
                   "experts stay pinned, up to --pin-share of the budget");
+  sub->add_flag("--prefetch", o.prefetch,
+                "With --pin-from: read the next layer's estimated experts on a loader thread "
+                "while a layer computes (default: only count what the estimate would catch)");
   sub->add_option("--pin-share", o.pin_share, "Share of --expert-budget pinned by --pin-from")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();

@@ -169,6 +169,7 @@ void Engine::open_expert_cache(const EngineOptions& o) {
   cc.lfu = o.lfu;
   cc.dtype = loaded_.config.dtype;
   cc.pin_share = o.pin_share;
+  cc.prefetch = o.prefetch;
   const int64_t held = cache_->expert_bytes(cc.dtype);
   cc.budget_bytes = offload::parse_bytes("--expert-budget", o.budget, held);
   if (!o.pin_from.empty()) read_trace_tables(o.pin_from, cache_->experts_per_layer(), cc);

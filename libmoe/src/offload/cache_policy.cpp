@@ -121,17 +121,33 @@ int32_t ExpertCache::choose_victim() const {
 Lookup ExpertCache::access(const ExpertKey& key) {
   // Counted before any decision (documented in the header): the count is the key's popularity.
   counts_[key] += 1.0;
-  uint64_t now = ++clock_;
   stats_.accesses++;
+  const Lookup r = place(key, ++clock_);
+  if (r.hit) {
+    stats_.hits++;
+    return r;
+  }
+  stats_.misses++;
+  if (r.bypass()) stats_.bypasses++;
+  if (r.evicted) stats_.evictions++;
+  if (r.evicted_dirty) stats_.write_backs++;
+  return r;
+}
+
+Lookup ExpertCache::admit(const ExpertKey& key) {
+  if (int32_t slot = slot_of(key); slot >= 0) return Lookup{true, slot, std::nullopt, false};
+  // A fresh entry's recency is the clock as it stands: the next access() makes it the newest.
+  return place(key, clock_);
+}
+
+Lookup ExpertCache::place(const ExpertKey& key, uint64_t now) {
   Lookup r;
   if (int32_t slot = slot_of(key); slot >= 0) {
     slots_[static_cast<size_t>(slot)].last_use = now;
-    stats_.hits++;
     r.hit = true;
     r.slot = slot;
     return r;
   }
-  stats_.misses++;
   int32_t slot = -1;
   if (used_ < config_.capacity) {  // the lowest free slot (erase() may free any)
     while (slots_[static_cast<size_t>(++slot)].key) {
@@ -139,15 +155,10 @@ Lookup ExpertCache::access(const ExpertKey& key) {
     ++used_;
   } else {
     slot = choose_victim();
-    if (slot < 0) {
-      stats_.bypasses++;
-      return r;
-    }
+    if (slot < 0) return r;
     Slot& v = slots_[static_cast<size_t>(slot)];
     r.evicted = v.key;
     r.evicted_dirty = v.dirty;
-    stats_.evictions++;
-    if (v.dirty) stats_.write_backs++;
     slot_of_.erase(*v.key);
   }
   Slot& s = slots_[static_cast<size_t>(slot)];

@@ -8,11 +8,26 @@
 // expert being computed nor one the layer's next token block needs again is the victim (LFU would
 // otherwise evict a layer's newly read experts, whose counts are the lowest, block after block).
 // When every slot is held so, a miss is served uncached (the policy's bypass).
+//
+// Prefetch (a trace's transitions given): when layer l is requested, its routed experts already
+// cached are held first (so nothing the layer is about to compute is displaced), then the policy
+// admits the estimate of layer l+1 (ExpertCache::admit: not counted as accesses) and the loader
+// thread reads the ones not cached into their slots while layer l computes. Those slots are held
+// through layer l+1. The policy is only ever called from the compute thread; the loader writes
+// only a slot marked loading, which is held, so no miss can take it. `mu` guards the job queue,
+// the loading and failed marks and the read counters; acquire waits on a slot still loading. A
+// failed prefetch leaves its slot marked: the expert is read again, on the compute thread, when
+// it is acquired (and its error thrown then, if it fails again).
 #include "moe/offload/serving_cache.h"
 
+#include <omp.h>
+
 #include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
 #include <numeric>
-#include <set>
+#include <thread>
 
 #include "moe/arena.h"
 #include "moe/io/checkpoint.h"
@@ -57,6 +72,18 @@ struct ServingCache::Impl {
   // The experts the current layer acquired, pinned in the policy until another layer (or pass)
   // begins: the token blocks of one batch acquire them again (MoELayer::experts_by_blocks).
   std::vector<ExpertKey> layer_held;
+  std::vector<ExpertKey> next_held;  // prefetched for the next layer, held through it
+
+  mutable std::mutex mu;
+  std::condition_variable changed;
+  std::deque<std::pair<ExpertKey, int32_t>> jobs;  // prefetches to read: key, slot
+  // [C]: reads queued or running for the slot (a slot admitted again while an earlier prefetch's
+  // read is still queued has two), and whether a prefetch filled it.
+  std::vector<int> loading;
+  std::vector<char> prefetched;
+  std::vector<std::string> failed;  // [C]: a prefetch's error
+  bool stop = false;
+  std::thread loader;
 
   void drop_layer_held() {
     for (const ExpertKey& key : layer_held) cache->unpin(key);
@@ -95,9 +122,10 @@ struct ServingCache::Impl {
   }
 
   // Reads expert e of layer m from the checkpoint into h, checked as the resident loader checks it.
-  void read(Holder& h, int64_t m, int64_t e) {
+  int64_t read(Holder& h, int64_t m, int64_t e) const {
     HeapScope heap;  // the chunks read are temporaries of the file, not of the pass's arena
     const Layer& layer = layers[static_cast<size_t>(m)];
+    int64_t bytes = 0;
     nn::ExpertTensors v = views(h, m);
     Tensor* dst[] = {&v.w1, &v.w2, &v.w3, &v.b1, &v.b2};
     for (size_t j = 0; j < layer.names.size(); ++j) {
@@ -110,8 +138,14 @@ struct ServingCache::Impl {
                 ", the model expects ", into.numel(), " floating-point elements");
       io::check_finite(str("checkpoint '", path, "'"), str(name, " (expert ", index, ")"), chunk);
       into.copy_from(chunk.reshape(into.shape()));
-      stats.bytes_read += static_cast<int64_t>(chunk.nbytes());
+      bytes += static_cast<int64_t>(chunk.nbytes());
     }
+    return bytes;
+  }
+
+  void count_read(int64_t bytes) {
+    std::lock_guard lk(mu);
+    stats.bytes_read += bytes;
     ++stats.experts_read;
   }
 
@@ -125,13 +159,24 @@ struct ServingCache::Impl {
   void check_tables() const;
   void pin_popular(int64_t count);
   void estimate_next(int layer, std::span<const int32_t> experts, std::span<const int32_t> rows);
+  void hold_cached(int layer, std::span<const int32_t> experts);
+  void prefetch(int layer);
+  std::string wait_loaded(int32_t slot, bool hit);
+  void loop();
 };
 
 ServingCache::ServingCache(std::string checkpoint) : impl_(std::make_unique<Impl>()) {
   impl_->path = std::move(checkpoint);
 }
 
-ServingCache::~ServingCache() = default;
+ServingCache::~ServingCache() {
+  {
+    std::lock_guard lk(impl_->mu);
+    impl_->stop = true;
+  }
+  impl_->changed.notify_all();
+  if (impl_->loader.joinable()) impl_->loader.join();
+}
 
 int ServingCache::add_layer(const nn::ExpertParams& params) {
   Impl& c = *impl_;
@@ -170,9 +215,87 @@ void ServingCache::request(int layer, std::span<const int32_t> experts,
       c.last_layer < 0 || layer < c.last_layer || (layer == c.last_layer && c.layers.size() == 1);
   if (new_pass && c.last_layer >= 0) c.cache->end_step();  // LFU's decay counts passes
   if (new_pass) ++c.stats.passes;
-  if (new_pass || layer != c.last_layer) c.drop_layer_held();
+  if (new_pass || layer != c.last_layer) {
+    c.drop_layer_held();
+    c.layer_held.swap(c.next_held);  // this layer's prefetched experts
+  }
   c.last_layer = layer;
+  c.hold_cached(layer, experts);
   c.estimate_next(layer, experts, rows);
+  c.prefetch(layer + 1);
+}
+
+// Holds the layer's routed experts that are cached, so that prefetches do not displace them.
+void ServingCache::Impl::hold_cached(int layer, std::span<const int32_t> experts) {
+  if (!config.prefetch || config.transitions.empty()) return;
+  for (int32_t e : experts) {
+    const ExpertKey key{layer, e};
+    if (!cache->contains(key) || cache->pins(key) > 0) continue;
+    cache->pin(key);
+    layer_held.push_back(key);
+  }
+}
+
+// Admits the estimate of `layer` and queues the reads of those not cached (see the top).
+void ServingCache::Impl::prefetch(int layer) {
+  if (!config.prefetch || layer >= static_cast<int>(layers.size())) return;
+  const std::vector<char>& chosen = estimate[static_cast<size_t>(layer)];
+  for (size_t e = 0; e < chosen.size(); ++e) {
+    const ExpertKey key{layer, static_cast<int32_t>(e)};
+    if (!chosen[e] || pinned_index[static_cast<size_t>(layer)][e] >= 0 || cache->pins(key) > 0)
+      continue;
+    const Lookup r = cache->admit(key);
+    if (r.bypass()) return;  // every slot is held
+    cache->pin(key);
+    next_held.push_back(key);
+    if (r.hit) continue;
+    {
+      std::lock_guard lk(mu);
+      ++loading[static_cast<size_t>(r.slot)];
+      prefetched[static_cast<size_t>(r.slot)] = 1;
+      jobs.emplace_back(key, r.slot);
+      ++stats.prefetches;
+    }
+    changed.notify_all();
+  }
+}
+
+// Waits until `slot` is not being read by the loader; returns the error of its last read ("" none).
+// A hit on a slot a prefetch filled is a prefetch hit.
+std::string ServingCache::Impl::wait_loaded(int32_t slot, bool hit) {
+  std::unique_lock lk(mu);
+  changed.wait(lk, [&] { return loading[static_cast<size_t>(slot)] == 0; });
+  if (hit && prefetched[static_cast<size_t>(slot)] && failed[static_cast<size_t>(slot)].empty())
+    ++stats.prefetch_hits;
+  prefetched[static_cast<size_t>(slot)] = 0;
+  return failed[static_cast<size_t>(slot)];
+}
+
+void ServingCache::Impl::loop() {
+  omp_set_num_threads(1);  // a conversion here must not take the compute threads' cores
+  std::unique_lock lk(mu);
+  for (;;) {
+    changed.wait(lk, [&] { return stop || !jobs.empty(); });
+    if (stop) return;
+    const auto [key, slot] = jobs.front();
+    jobs.pop_front();
+    lk.unlock();
+    std::string failure;
+    int64_t bytes = 0;
+    try {
+      bytes = read(slots[static_cast<size_t>(slot)], key.layer, key.expert);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    lk.lock();
+    --loading[static_cast<size_t>(slot)];
+    failed[static_cast<size_t>(slot)] = failure;
+    if (failure.empty()) {
+      stats.bytes_read += bytes;
+      ++stats.experts_read;
+    }
+    changed.notify_all();
+  }
 }
 
 // Scores layer+1's experts by the transition counts of this layer's routed experts, weighted by
@@ -220,11 +343,17 @@ nn::ExpertTensors ServingCache::acquire(int layer, int expert) {
   c.sequence.push_back(key);
   const Lookup r = c.cache->access(key);
   Impl::Holder& h = r.bypass() ? c.bypass : c.slots[static_cast<size_t>(r.slot)];
-  if (!r.hit) {
+  // A prefetched slot may still be loading, or its read may have failed: then it is read here.
+  const bool failed = !r.bypass() && !c.wait_loaded(r.slot, r.hit).empty();
+  if (!r.hit || failed) {
     try {
-      c.read(h, layer, expert);
+      c.count_read(c.read(h, layer, expert));
+      if (failed) {
+        std::lock_guard lk(c.mu);
+        c.failed[static_cast<size_t>(r.slot)].clear();
+      }
     } catch (const std::exception& e) {
-      if (!r.bypass()) c.cache->erase(key);  // the slot does not hold the expert
+      if (!r.bypass() && c.cache->pins(key) == 0) c.cache->erase(key);  // not the expert's bytes
       throw Error(str("expert cache: reading expert ", expert, " of MoE layer ", layer, " (block ",
                       l.block, "): ", e.what()));
     }
@@ -322,7 +451,7 @@ void ServingCache::Impl::pin_popular(int64_t count) {
     pinned_index[static_cast<size_t>(p.layer)][static_cast<size_t>(p.expert)] =
         static_cast<int32_t>(pinned.size());
     pinned.push_back(allocate("expert_cache.pinned"));
-    read(pinned.back(), p.layer, p.expert);
+    count_read(read(pinned.back(), p.layer, p.expert));
   }
   stats.pinned = static_cast<int64_t>(pinned.size());
 }
@@ -373,6 +502,11 @@ void ServingCache::start(const ServingCacheConfig& config) {
   cc.lfu = config.lfu;
   c.cache = std::make_unique<ExpertCache>(cc);
   for (int64_t s = 0; s < slots; ++s) c.slots.push_back(c.allocate("expert_cache.slot"));
+  c.loading.assign(static_cast<size_t>(slots), 0);
+  c.prefetched.assign(static_cast<size_t>(slots), 0);
+  c.failed.assign(static_cast<size_t>(slots), "");
+  if (config.prefetch && !config.transitions.empty())
+    c.loader = std::thread([impl = impl_.get()] { impl->loop(); });
   c.bypass = c.allocate("expert_cache.bypass");
   c.stats.slots = slots;
   c.started = true;
@@ -380,7 +514,11 @@ void ServingCache::start(const ServingCacheConfig& config) {
 
 ServingCacheStats ServingCache::stats() const {
   const Impl& c = *impl_;
-  ServingCacheStats s = c.stats;
+  ServingCacheStats s;
+  {
+    std::lock_guard lk(c.mu);
+    s = c.stats;
+  }
   if (!c.cache) return s;
   s.cache = c.cache->stats();
   s.belady_hits = c.sequence.empty() ? 0 : belady_hits(c.sequence, c.cache->capacity());

@@ -33,6 +33,7 @@ struct EngineOptions {
   // up to pin_share of the budget, and whose layer-to-layer transitions estimate the next layer.
   std::string pin_from;
   double pin_share = 0.5;
+  bool prefetch = false;  // with pin_from: read the next layer's estimated experts ahead
   // How the checkpoint's weights are opened when every expert is resident on one rank: mapped
   // by default (LoadOptions); the ring, the cache and --ep read what they need as before.
   LoadOptions weights{true, false};

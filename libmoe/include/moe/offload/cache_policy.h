@@ -114,6 +114,10 @@ class ExpertCache {
   // The access of `key` by compute or the optimizer: counts it, updates recency, and on a miss
   // admits it (into a free slot, or in place of a victim) or bypasses it. A hit never evicts.
   Lookup access(const ExpertKey& key);
+  // A prefetch's admission of `key` ahead of its use: decided as access() decides (a hit when
+  // cached; else a free slot, a victim, or a bypass), but neither counted in the stats nor in the
+  // popularity counts, and the recency is left alone; the use itself is the later access().
+  Lookup admit(const ExpertKey& key);
 
   // Pins are counted; pin/unpin/mark_dirty of a key that is not cached, and unpin of an entry that
   // is not pinned, are moe::Errors (a store bug), naming the key.
@@ -155,6 +159,8 @@ class ExpertCache {
   };
   Slot& cached_slot(const ExpertKey& key, const char* what);
   int32_t choose_victim() const;  // -1: no candidate
+  // Finds key's slot, or takes a free slot or a victim's for it (-1: bypass); no stats.
+  Lookup place(const ExpertKey& key, uint64_t now);
 
   CacheConfig config_;
   std::vector<Slot> slots_;

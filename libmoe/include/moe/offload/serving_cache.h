@@ -15,8 +15,9 @@
 // start() and never evicted; the rest of the budget is the cache. With the trace's layer-to-layer
 // transitions (Lina's path table, path length 1) the store also estimates, when a layer's routing
 // is known, which experts the next layer will use (the routed experts' transition counts weighted
-// by their rows) and counts how many of the next layer's routed experts the estimate held: the hit
-// rate a prefetch of that estimate would have.
+// by their rows) and counts how many of the next layer's routed experts the estimate held; with
+// ServingCacheConfig::prefetch a loader thread reads the estimated experts into the cache while the
+// layer computes (their slots are held until the next layer is done).
 //
 // Every access of an unpinned expert is recorded, so that stats() can state Belady's hits (the
 // offline optimum, moe/offload/cache_sim.h) on the same sequence with the same slots.
@@ -49,6 +50,11 @@ struct ServingCacheConfig {
   // A trace's transition counts [L-1][E_l][E_l+1]: experts of layer l+1 chosen by tokens whose
   // expert at layer l was e (empty: no estimate of the next layer).
   std::vector<std::vector<std::vector<double>>> transitions;
+  // With transitions: read the next layer's estimated experts on a loader thread while a layer
+  // computes (false: only count what the estimate would have caught). Off by default: on the
+  // bench's model the estimate held 46% of the routed experts and the wrong reads displaced
+  // cached experts (docs/PERFORMANCE.md, "Expert cache for serving").
+  bool prefetch = false;
 };
 
 struct ServingCacheStats {
@@ -64,6 +70,8 @@ struct ServingCacheStats {
   int64_t passes = 0;        // forward passes served
   // The next-layer estimate: routed experts of layers 1..L-1 and how many of them it held.
   int64_t estimate_routed = 0, estimate_hits = 0;
+  // Prefetch reads issued, and acquires served by a slot a prefetch filled (counted in cache.hits).
+  int64_t prefetches = 0, prefetch_hits = 0;
   double hit_rate() const {  // pinned and cached hits over every access
     return accesses ? double(pinned_hits + cache.hits) / double(accesses) : 0.0;
   }
