@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# moe-infer --expert-budget: the ring of whole layers against the cache of single experts
+# (--expert-cache lru|lfu, with and without --pin-from a trace), at 25% and 50% of the experts.
+# Trains a small bf16 mixtral without the aux loss (skewed routing, as trained MoEs have), records
+# a trace on one text with moe-profile, then generates from 4 prompts one at a time (a token a
+# pass: each layer routes k of its experts, and what stays cached across tokens matters) and
+# scores another text a 64-token window a pass (every expert routed in every layer). Each
+# configuration runs ROUNDS times in turn with the ring (A B A B ...), so that the ratios are
+# pairs taken close in time on a busy machine. Prints each run's summary (tokens/s) and the
+# store's own line (bytes read; the cache's hit rate beside Belady's on the same accesses and the
+# next-layer estimate's hit rate), and checks the outputs are the resident model's bytes. Last,
+# generation with --prefetch paired with the same flags without it.
+# Usage: bench/expert_cache.sh [BUILD_DIR] (default build); STEPS=30 SEQS=32 ROUNDS=2 override.
+set -euo pipefail
+bin=${1:-build}/bin
+work=${WORK:-run/bench-expert-cache}
+steps=${STEPS:-30} seqs=${SEQS:-32} rounds=${ROUNDS:-2}
+mkdir -p "$work"
+if [ ! -f "$work/model.h5" ]; then
+  "$bin/moe-train" --arch mixtral --data /usr/share/games/fortunes/linux --layers 4 \
+    --d-model 256 --heads 4 --kv-heads 2 --d-ff 512 --seq 64 --experts 8 --moe-every 1 \
+    --batch 8 --steps "$steps" --aux-loss-coef 0 --threads 2 --out "$work/run" -q
+  "$bin/moe-convert" dtype "$work/run/last.h5" --to bf16 -o "$work/model.h5" -q
+fi
+"$bin/moe-profile" record --model "$work/model.h5" --data /usr/share/common-licenses/GPL-2 \
+  -o "$work/trace.h5" -q --force
+printf 'The kernel\nFree software\nA program\nLinux is\n' > "$work/prompts.txt"
+score="score --model $work/model.h5 --data /usr/share/common-licenses/GPL-3 --max-sequences $seqs --batch 1 --threads 1"
+generate="generate --model $work/model.h5 --prompts $work/prompts.txt --max-new 48 --batch 1 --threads 1"
+"$bin/moe-infer" $score -q -o "$work/resident-score.jsonl" --force
+"$bin/moe-infer" $generate -q -o "$work/resident-generate.jsonl" --force
+run() {  # score|generate, name, flags
+  local args=$score
+  [ "$1" = generate ] && args=$generate
+  "$bin/moe-infer" $args $3 -o "$work/$2-$1.jsonl" --force 2>&1 |
+    grep -E "moe-infer (score|generate):|expert ring: compute|expert cache: [0-9]|estimate" |
+    sed "s/^/$1 $2: /"
+  cmp -s "$work/resident-$1.jsonl" "$work/$2-$1.jsonl" ||
+    echo "$1 $2: OUTPUT DIFFERS from the resident model's"
+}
+for what in generate score; do
+  for budget in 25 50; do
+    for round in $(seq "$rounds"); do
+      echo "== $what, budget $budget%, round $round"
+      run "$what" "ring$budget" "--expert-budget $budget%"
+      run "$what" "lru$budget" "--expert-budget $budget% --expert-cache lru"
+      run "$what" "ring$budget" "--expert-budget $budget%"
+      run "$what" "lfu$budget" "--expert-budget $budget% --expert-cache lfu"
+      run "$what" "ring$budget" "--expert-budget $budget%"
+      run "$what" "pin$budget" "--expert-budget $budget% --expert-cache lru --pin-from $work/trace.h5"
+    done
+  done
+done
+# --prefetch against the same flags without it (generate, lru + pin).
+for budget in 25 50; do
+  for round in $(seq "$rounds"); do
+    echo "== generate, --prefetch, budget $budget%, round $round"
+    run generate "pin$budget" "--expert-budget $budget% --expert-cache lru --pin-from $work/trace.h5"
+    run generate "prefetch$budget" \
+      "--expert-budget $budget% --expert-cache lru --pin-from $work/trace.h5 --prefetch"
+  done
+done
