@@ -62,20 +62,21 @@ TEST_CASE("io: mapped tensors are the file's bytes, read-only", "[io][mapped]") 
     INFO(name);
     const io::NamedTensor &m = named(mapped, name), &r = named(read, name);
     REQUIRE(m.mapped);
-    REQUIRE(m.held());
-    REQUIRE((m.tensor.shape() == r.tensor.shape() && m.tensor.dtype() == r.tensor.dtype()));
-    REQUIRE(std::memcmp(m.tensor.raw(), r.tensor.raw(), r.tensor.nbytes()) == 0);
+    REQUIRE(m.is_deferred());  // mapped when read
+    const Tensor t = m.whole();
+    REQUIRE((t.shape() == r.tensor.shape() && t.dtype() == r.tensor.dtype()));
+    REQUIRE(std::memcmp(t.raw(), r.tensor.raw(), r.tensor.nbytes()) == 0);
   }
   // Not mapped: load_checkpoint's tensors, never flagged (read, not a mapping).
   for (const io::NamedTensor& nt : read.params) REQUIRE(!nt.mapped);
 
   // A write through a mapping faults (PROT_READ), in a child so the test goes on.
-  const io::NamedTensor& expert = named(mapped, "blocks.0.moe.experts.w1");
+  const Tensor expert = named(mapped, "blocks.0.moe.experts.w1").whole();
   const pid_t pid = fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
     signal(SIGSEGV, SIG_DFL);  // not the MPI runtime's handler, which prints a backtrace
-    static_cast<float*>(const_cast<void*>(expert.tensor.raw()))[4096 * 2] = 1.0f;
+    static_cast<float*>(const_cast<void*>(expert.raw()))[4096 * 2] = 1.0f;
     _exit(0);
   }
   int status = 0;
@@ -112,7 +113,12 @@ TEST_CASE("io: a damaged mapped chunk is found when verifying, and only then", "
   test::ScratchDir dir("mapped-weights-damaged");
   const std::string path = dir / "ckpt.h5";
   io::save_checkpoint(path, small_checkpoint());
-  REQUIRE_NOTHROW(io::map_checkpoint(path, kNoStreaming, {true}));  // the sums HDF5 wrote agree
+  auto map_all = [&](bool verify) {
+    io::Checkpoint c = io::map_checkpoint(path, kNoStreaming, {verify});
+    for (io::NamedTensor& nt : c.params) (void)nt.whole();
+    return c;
+  };
+  REQUIRE_NOTHROW(map_all(true));  // the sums HDF5 wrote agree
   // One byte in the middle of the expert tensor's bytes (the largest tensor of the file).
   const Tensor expert = io::read_expert(path, "blocks.0.moe.experts.w1", 1);
   std::string file = test::read_file(path);
@@ -121,9 +127,9 @@ TEST_CASE("io: a damaged mapped chunk is found when verifying, and only then", "
   REQUIRE(at != std::string::npos);
   file[at + 100] = static_cast<char>(file[at + 100] ^ 0x40);
   test::write_file(path, file);
-  const io::Checkpoint unchecked = io::map_checkpoint(path, kNoStreaming);
+  const io::Checkpoint unchecked = map_all(false);
   REQUIRE(named(unchecked, "blocks.0.moe.experts.w1").mapped);
-  const std::string error = test::error_of([&] { io::map_checkpoint(path, kNoStreaming, {true}); });
+  const std::string error = test::error_of([&] { map_all(true); });
   REQUIRE_THAT(error, Catch::Contains("'" + path + "'") &&
                           Catch::Contains("/params/blocks.0.moe.experts.w1 (expert 1)") &&
                           Catch::Contains("the file is damaged: checksum mismatch"));

@@ -416,9 +416,10 @@ LoadedModel load_model(const std::string& given, bool experts, const nn::Paralle
     m.provenance = ckpt.provenance;
     m.step = ckpt.state.step;
     for (io::NamedTensor& nt : ckpt.params) {
-      if (!nt.streamed()) {
-        take(nt.name, nt.tensor, Source{nt.mapped, options.verify});
+      if (!nt.streamed()) {  // held, or mapped now (deferred): one mapping at a time
+        take(nt.name, nt.whole(), Source{nt.mapped, options.verify});
         nt.tensor = Tensor();
+        nt.deferred = nullptr;
         continue;
       }
       Param* p = m.params->find(nt.name);

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <optional>
 #include <set>
 #include <string_view>
 #include <utility>
@@ -20,6 +21,7 @@
 #include "io/json_attrs.h"
 #include "io/mapped_weights.h"
 #include "moe/io/atomic_file.h"
+#include "moe/io/finite.h"
 #include "moe/io/hdf5.h"
 #include "moe/io/tokenizer.h"
 #include "moe/log.h"
@@ -212,8 +214,7 @@ std::shared_ptr<const ExpertSource> expert_source(std::shared_ptr<SharedFile> sh
 
 // Dataset /group/name of an open checkpoint, read whole when asked.
 std::shared_ptr<const TensorSource> deferred_source(std::shared_ptr<SharedFile> shared,
-                                                    const char* group_name,
-                                                    const std::string& name,
+                                                    const char* group_name, const std::string& name,
                                                     const h5::DatasetInfo& info) {
   auto source = std::make_shared<TensorSource>();
   source->shape = info.shape;
@@ -235,20 +236,46 @@ struct ReadMode {
   const StreamFilter* stream = nullptr;
   bool lazy = false;
   std::shared_ptr<SharedFile> shared;  // set when anything may stay in the file
-  const MappedFile* map = nullptr;     // set: /params tensors are mapped where they can be
-  bool verify = false;                 // with map: check each mapped chunk's checksum now
+  // Set: /params tensors are mapped where they can be; with it, verify checks each mapped chunk's
+  // checksum before mapping it.
+  std::shared_ptr<const MappedFile> map = nullptr;
+  bool verify = false;
 };
 
-// /group/name mapped from the file when mode says so and its storage allows; else undefined.
-Tensor mapped_tensor(hid_t group, const std::string& name, const ReadMode& mode, bool params,
-                     const Where& w, h5::DatasetInfo& info) {
-  if (!mode.map || !params) return Tensor();
-  h5::Dataset dataset(MOE_H5(w, H5Dopen2(group, name.c_str(), H5P_DEFAULT)));
-  info = h5::dataset_info(dataset, w);
-  if (info.shard.defined()) return Tensor();
-  Tensor t = map_dataset(*mode.map, dataset, info, mode.verify, w);
-  if (t.defined()) t.set_name(name);
-  return t;
+// /params/name as a deferred tensor whose read maps it (NamedTensor::mapped), when mode says so
+// and its storage allows (io::plan_mapping, which refuses a chunk past the end of the file now);
+// nothing otherwise. Mapping one tensor at a time lets a loader release what the mapping replaces
+// before the next is mapped. Should mmap refuse (a tight address-space limit), the read falls
+// back to reading the dataset, its values checked as a read tensor's are.
+std::optional<NamedTensor> mapped_tensor(hid_t group, const std::string& name, const ReadMode& mode,
+                                         const Where& w) {
+  h5::DatasetInfo info;
+  std::optional<MappingPlan> plan;
+  {
+    h5::Dataset dataset(MOE_H5(w, H5Dopen2(group, name.c_str(), H5P_DEFAULT)));
+    info = h5::dataset_info(dataset, w);
+    if (info.shard.defined()) return std::nullopt;
+    plan = plan_mapping(*mode.map, dataset, info, w);
+  }
+  if (!plan) return std::nullopt;
+  auto source = std::make_shared<TensorSource>();
+  source->shape = info.shape;
+  source->dtype = info.dtype;
+  const auto fallback = deferred_source(mode.shared, kParamsGroup, name, info);
+  source->read = [file = mode.map, plan = std::move(*plan), verify = mode.verify, fallback,
+                  name]() {
+    Tensor t = map_planned(*file, plan, verify);
+    if (!t.defined()) {
+      t = fallback->read();
+      check_finite(str("'", file->path(), "'"), name, t);
+    }
+    t.set_name(name);
+    return t;
+  };
+  NamedTensor nt{name, Tensor(), info.expert, info.shard};
+  nt.deferred = std::move(source);
+  nt.mapped = true;
+  return nt;
 }
 
 std::vector<NamedTensor> read_tensors(const Opened& c, const char* group_name,
@@ -258,14 +285,11 @@ std::vector<NamedTensor> read_tensors(const Opened& c, const char* group_name,
   const bool optim = std::string_view(group_name) == kOptimGroup;
   std::vector<NamedTensor> tensors;
   for (const std::string& name : h5::list_links(group, where)) {
-    {
-      h5::DatasetInfo info;
-      Tensor t = mapped_tensor(group, name, mode, !optim,
-                               c.root.at(str("/", group_name, "/", name)), info);
-      if (t.defined()) {
-        NamedTensor nt{name, std::move(t), info.expert, info.shard};
-        nt.mapped = true;
-        tensors.push_back(std::move(nt));
+    if (mode.map && !optim) {
+      std::optional<NamedTensor> nt =
+          mapped_tensor(group, name, mode, c.root.at(str("/", group_name, "/", name)));
+      if (nt) {
+        tensors.push_back(std::move(*nt));
         continue;
       }
     }
@@ -458,15 +482,14 @@ Checkpoint map_checkpoint(const std::string& path, const StreamFilter& stream,
                           const MapOptions& options) {
   h5::Session session;
   auto shared = std::make_shared<SharedFile>(open_checkpoint(path));
-  const MappedFile file(path);  // each mapping keeps what it needs once made
   Timer timer;
-  ReadMode mode{&stream, false, shared, &file, options.verify};
+  ReadMode mode{&stream, false, shared, std::make_shared<const MappedFile>(path), options.verify};
   Checkpoint c = load_opened(shared->opened, false, mode);
   size_t mapped = 0;
   for (const NamedTensor& nt : c.params) mapped += nt.mapped;
   MOE_LOG_DEBUG("opened checkpoint ", path, " (step ", c.state.step, "): ", c.params.size(),
-                " parameter tensors in ", timer.seconds(), " s, ", mapped, " of them mapped",
-                options.verify ? " (checksums verified)" : "");
+                " parameter tensors in ", timer.seconds(), " s, ", mapped,
+                " of them to be mapped when read");
   return c;
 }
 

@@ -24,10 +24,7 @@ constexpr haddr_t kMapAlignment = 64;
 
 int64_t page_bytes() { return static_cast<int64_t>(sysconf(_SC_PAGESIZE)); }
 
-struct Chunk {
-  haddr_t addr = HADDR_UNDEF;
-  hsize_t size = 0;
-};
+using Chunk = MappingPlan::Chunk;
 
 // The chunks of `dataset` in order of their leading index when each holds a whole tensor (one) or
 // one expert (E), filtered by Fletcher32 alone and stored whole (raw bytes + 4); empty otherwise.
@@ -53,18 +50,21 @@ std::vector<Chunk> raw_chunks(hid_t dataset, const h5::DatasetInfo& info, int64_
   if (static_cast<int64_t>(stored) != count) return {};
   std::vector<Chunk> chunks(static_cast<size_t>(count));
   std::vector<hsize_t> offset(dims.size(), 0);
+  std::vector<bool> seen(chunks.size(), false);
   for (hsize_t i = 0; i < stored; ++i) {
-    Chunk c;
+    haddr_t addr = HADDR_UNDEF;
+    hsize_t size = 0;
     unsigned mask = 0;
-    MOE_H5(w, H5Dget_chunk_info(dataset, space, i, offset.data(), &mask, &c.addr, &c.size));
+    MOE_H5(w, H5Dget_chunk_info(dataset, space, i, offset.data(), &mask, &addr, &size));
     const int64_t at = static_cast<int64_t>(offset[0]);
-    if (mask != 0 || c.addr == HADDR_UNDEF || c.size != static_cast<hsize_t>(chunk_bytes) + 4 ||
+    if (mask != 0 || addr == HADDR_UNDEF || size != static_cast<hsize_t>(chunk_bytes) + 4 ||
         at < 0 || at >= count)
       return {};
-    chunks[static_cast<size_t>(at)] = c;
+    chunks[static_cast<size_t>(at)] = {addr, size};
+    seen[static_cast<size_t>(at)] = true;
   }
-  for (const Chunk& c : chunks)
-    if (c.addr == HADDR_UNDEF) return {};
+  for (bool s : seen)
+    if (!s) return {};
   return chunks;
 }
 
@@ -101,8 +101,8 @@ void verify_chunk(const MappedFile& file, const Chunk& c, const std::string& wha
 }
 
 // A read-only private mapping of [addr, addr + bytes) of the file; null when mmap refuses.
-std::shared_ptr<std::byte> map_range(const MappedFile& file, haddr_t addr, size_t bytes) {
-  const haddr_t start = addr - addr % static_cast<haddr_t>(page_bytes());
+std::shared_ptr<std::byte> map_range(const MappedFile& file, uint64_t addr, size_t bytes) {
+  const uint64_t start = addr - addr % static_cast<uint64_t>(page_bytes());
   const size_t length = static_cast<size_t>(addr - start) + bytes;
   void* at = mmap(nullptr, length, PROT_READ, MAP_PRIVATE, file.fd(), static_cast<off_t>(start));
   if (at == MAP_FAILED) return nullptr;
@@ -172,39 +172,44 @@ uint32_t Fletcher32::value() const {
   return s2 << 16 | s1;
 }
 
-Tensor map_dataset(const MappedFile& file, hid_t dataset, const h5::DatasetInfo& info, bool verify,
-                   const h5::Where& where) {
+std::optional<MappingPlan> plan_mapping(const MappedFile& file, hid_t dataset,
+                                        const h5::DatasetInfo& info, const h5::Where& where) {
   const int64_t numel = shape_numel(info.shape);
-  if (info.shape.empty() || numel == 0) return Tensor();
+  if (info.shape.empty() || numel == 0) return std::nullopt;
   const int64_t count = info.expert ? info.shape[0] : 1;
   const int64_t bytes = numel * static_cast<int64_t>(dtype_size(info.dtype));
   const int64_t per_chunk = bytes / count;
-  const std::vector<Chunk> chunks = raw_chunks(dataset, info, per_chunk, where);
-  if (chunks.empty()) return Tensor();
+  std::vector<Chunk> chunks = raw_chunks(dataset, info, per_chunk, where);
+  if (chunks.empty()) return std::nullopt;
   for (size_t i = 0; i < chunks.size(); ++i) {
     const Chunk& c = chunks[i];
-    MOE_CHECK(c.addr + c.size <= static_cast<haddr_t>(file.size()), where.describe(), ": ",
+    MOE_CHECK(c.addr + c.size <= static_cast<uint64_t>(file.size()), where.describe(), ": ",
               info.expert ? str("expert ", i, " ends") : std::string("the tensor ends"),
               " at byte ", c.addr + c.size, ", past the end of the file (", file.size(),
               " bytes): the file is truncated");
   }
-  const int64_t page = page_bytes();
+  const uint64_t page = static_cast<uint64_t>(page_bytes());
   if (info.expert) {
-    if (per_chunk % page != 0) return Tensor();
+    if (per_chunk % static_cast<int64_t>(page) != 0) return std::nullopt;
     for (const Chunk& c : chunks)
-      if (c.addr % static_cast<haddr_t>(page) != 0) return Tensor();
+      if (c.addr % page != 0) return std::nullopt;
   } else if (chunks[0].addr % kMapAlignment != 0) {
-    return Tensor();
+    return std::nullopt;
   }
+  return MappingPlan{std::move(chunks), info.shape, info.dtype, info.expert, where.object};
+}
+
+Tensor map_planned(const MappedFile& file, const MappingPlan& plan, bool verify) {
   if (verify)
-    for (size_t i = 0; i < chunks.size(); ++i)
-      verify_chunk(file, chunks[i],
-                   info.expert ? str(where.object, " (expert ", i, ")") : where.object);
+    for (size_t i = 0; i < plan.chunks.size(); ++i)
+      verify_chunk(file, plan.chunks[i],
+                   plan.expert ? str(plan.object, " (expert ", i, ")") : plan.object);
+  const size_t bytes = static_cast<size_t>(shape_numel(plan.shape)) * dtype_size(plan.dtype);
   std::shared_ptr<std::byte> storage =
-      info.expert ? map_experts(file, chunks, static_cast<size_t>(per_chunk))
-                  : map_range(file, chunks[0].addr, static_cast<size_t>(bytes));
+      plan.expert ? map_experts(file, plan.chunks, bytes / plan.chunks.size())
+                  : map_range(file, plan.chunks[0].addr, bytes);
   if (!storage) return Tensor();
-  return Tensor::from_storage(std::move(storage), info.shape, info.dtype);
+  return Tensor::from_storage(std::move(storage), plan.shape, plan.dtype);
 }
 
 }  // namespace moe::io

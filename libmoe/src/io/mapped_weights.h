@@ -6,7 +6,9 @@
 #include <hdf5.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "moe/io/hdf5.h"
 #include "moe/tensor.h"
@@ -43,14 +45,30 @@ class Fletcher32 {
   uint32_t sum1_ = 0, sum2_ = 0;
 };
 
-// Dataset `dataset` (`info` its validated metadata) as a read-only mapping of `file`, or an
-// undefined tensor when its storage does not suit one (more filters than Fletcher32, chunks other
-// than the whole tensor or one per expert, a whole tensor not 64-byte aligned in the file, an
-// expert not page-aligned or not a whole number of pages): the caller reads it then. Throws a
-// moe::Error naming the file and tensor when a chunk lies past the end of the file (truncated:
-// the mapping would fault mid-run). With `verify`, each chunk's Fletcher32 is checked now, read
+// Where a mappable dataset's chunks lie (by leading index: one for a whole tensor, E for an expert
+// tensor), found when the file is opened; the mapping itself is made later (map_planned).
+struct MappingPlan {
+  struct Chunk {
+    uint64_t addr = 0, size = 0;  // file offset and stored bytes (raw + 4-byte checksum)
+  };
+  std::vector<Chunk> chunks;
+  Shape shape;
+  DType dtype = DType::f32;
+  bool expert = false;
+  std::string object;  // "/params/NAME", for messages
+};
+
+// The plan of dataset `dataset` (`info` its validated metadata), or nothing when its storage does
+// not suit a mapping (more filters than Fletcher32, chunks other than the whole tensor or one per
+// expert, a whole tensor not 64-byte aligned in the file, an expert not page-aligned or not a
+// whole number of pages): the caller reads it then. Throws a moe::Error naming the file and
+// tensor when a chunk lies past the end of the file (truncated: the mapping would fault mid-run).
+std::optional<MappingPlan> plan_mapping(const MappedFile& file, hid_t dataset,
+                                        const h5::DatasetInfo& info, const h5::Where& where);
+
+// The planned tensor as a read-only mapping of `file`; undefined when mmap refuses (a limit on
+// address space, say: read it then). With `verify`, each chunk's Fletcher32 is checked first, read
 // through the page cache in pieces (the mapping itself is left untouched).
-Tensor map_dataset(const MappedFile& file, hid_t dataset, const h5::DatasetInfo& info, bool verify,
-                   const h5::Where& where);
+Tensor map_planned(const MappedFile& file, const MappingPlan& plan, bool verify);
 
 }  // namespace moe::io

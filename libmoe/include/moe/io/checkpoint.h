@@ -58,8 +58,8 @@ struct NamedTensor {
   std::shared_ptr<const ExpertSource> source{};
   // Set (and `tensor` undefined, `source` null): a deferred tensor, read whole when written.
   std::shared_ptr<const TensorSource> deferred{};
-  // `tensor` is a read-only mapping of the file (map_checkpoint): never written through (a write
-  // faults), and its bytes are checked only as MapOptions says.
+  // A deferred tensor whose read maps it from the file (map_checkpoint): a read-only mapping, never
+  // written through (a write faults), its bytes checked only as MapOptions says.
   bool mapped = false;
 
   bool streamed() const { return source != nullptr; }
@@ -155,17 +155,19 @@ Checkpoint load_checkpoint(const std::string& path, bool with_optim, const Strea
 Checkpoint open_checkpoint_lazy(const std::string& path, bool with_optim = true);
 // How map_checkpoint treats the file's parameters.
 struct MapOptions {
-  // Check every mapped chunk's Fletcher32 now (reading the file once through the page cache);
+  // Check every mapped chunk's Fletcher32 when it is mapped (reading it through the page cache);
   // otherwise mapped bytes are not checked when opening (docs/FORMATS.md "Mapped weights").
   bool verify = false;
 };
 // load_checkpoint(path, false, stream), except that each parameter stored as a mapping needs
 // (docs/FORMATS.md "Mapped weights": a whole tensor in one chunk 64-byte aligned, or an expert
 // tensor whose experts' chunks are whole pages at page offsets) comes back as a read-only mapping
-// of the file (NamedTensor::mapped): opening costs no reading, the page cache is shared between
-// processes and only the pages touched become resident. The others are read or streamed as
-// load_checkpoint does. A chunk past the end of the file is refused now (moe::Error naming the
-// file and tensor), not met as a fault mid-run. Writing a mapped tensor is a crash (SIGSEGV).
+// of the file: a deferred tensor flagged NamedTensor::mapped, whose whole() maps it (checking its
+// chunks' checksums first with `verify`), so a loader holds one mapping more at a time than it
+// has released. Opening costs no reading, the page cache is shared between processes and only the
+// pages touched become resident. The others are read or streamed as load_checkpoint does. A chunk
+// past the end of the file is refused now (moe::Error naming the file and tensor), not met as a
+// fault mid-run. Writing a mapped tensor is a crash (SIGSEGV).
 Checkpoint map_checkpoint(const std::string& path, const StreamFilter& stream,
                           const MapOptions& options = {});
 // The same from the bytes of a checkpoint file held in memory (an HDF5 file image, nothing on
