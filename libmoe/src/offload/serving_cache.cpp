@@ -479,7 +479,6 @@ void ServingCache::start(const ServingCacheConfig& config) {
           std::max(c.field_elems[static_cast<size_t>(f)], shape_numel(layer.one[j]));
     }
   const int64_t one = c.one_expert_bytes(), total = expert_bytes(config.dtype);
-  c.stats.expert_bytes = one;
   MOE_USAGE_CHECK(c.layers.empty() || config.budget_bytes >= one, "--expert-budget ",
                   config.budget_bytes, " bytes is smaller than one expert (", one,
                   " bytes as held)");
@@ -490,7 +489,11 @@ void ServingCache::start(const ServingCacheConfig& config) {
   pin = std::min(pin, capacity - 1);  // at least one slot stays a cache
   check_free_memory(double(capacity) * double(one),
                     str("--expert-budget: ", capacity, " experts of ", format_bytes(double(one))));
-  c.pinned_index.clear();
+  c.pinned_index.clear();  // a start() refused part-way may be made again
+  c.pinned.clear();
+  c.slots.clear();
+  c.stats = ServingCacheStats{};
+  c.stats.expert_bytes = one;
   for (const Impl::Layer& layer : c.layers)
     c.pinned_index.emplace_back(static_cast<size_t>(layer.experts), -1);
   c.estimate.assign(c.layers.size(), {});
@@ -505,10 +508,10 @@ void ServingCache::start(const ServingCacheConfig& config) {
   c.loading.assign(static_cast<size_t>(slots), 0);
   c.prefetched.assign(static_cast<size_t>(slots), 0);
   c.failed.assign(static_cast<size_t>(slots), "");
-  if (config.prefetch && !config.transitions.empty())
-    c.loader = std::thread([impl = impl_.get()] { impl->loop(); });
   c.bypass = c.allocate("expert_cache.bypass");
   c.stats.slots = slots;
+  if (config.prefetch && !config.transitions.empty())
+    c.loader = std::thread([impl = impl_.get()] { impl->loop(); });
   c.started = true;
 }
 
