@@ -159,6 +159,12 @@ struct StepStats {
 using DeviceWait = void (*)(int);
 DeviceWait breakdown_wait(Device device, bool wait_for_device);
 
+// Trainer::step's parts (libmoe/src/train/step_hooks.h: the step's data, and the hooks of the
+// optional features around its phases).
+struct StepBatch;
+struct StepContext;
+class StepHook;
+
 class Trainer {
  public:
   // A fresh run. `model.vocab_size` must cover every token id of the data (0: sized from the data).
@@ -324,6 +330,17 @@ class Trainer {
   mutable std::map<std::string, Tensor> logical_;
   void gather_dense_state() const;  // --zero: the dense optimizer tensors into logical_
   void reduce_stats(StepStats& s);
+  // step()'s phases (trainer_step.cpp): the batch drawn and the gradients zeroed; the hooks of
+  // this run's optional features (rebuilt every step: they hold the step's settings); one
+  // forward/backward pass; the losses and gradients reduced over the ranks; clip and update;
+  // the parameters checked finite after it.
+  StepBatch draw_batch(bool capture_routing, StepStats& s);
+  std::vector<std::unique_ptr<StepHook>> step_hooks();
+  void run_pass(int64_t m, bool capture_routing,
+                const std::vector<std::unique_ptr<StepHook>>& hooks, StepContext& ctx);
+  void reduce_step(const StepBatch& batch, StepStats& s);
+  void update(StepStats& s);
+  void check_parameters() const;
   // Sums over the ranks, in place (f32 over the wire: each rank's sums are already float sums).
   void all_reduce_sums(std::vector<double>& sums) const;
   // An evaluation pass of `model` (with ZeRO-3's gathers when it is this run's model).
