@@ -259,17 +259,26 @@ TEST_CASE("glm4_moe: what we cannot represent is refused by name", "[hf][glm4_mo
   for (const std::string& note : report.notes)
     noted = noted || note.find("multi-token-prediction layers (3..3") != std::string::npos;
   REQUIRE(noted);
-  // Exports: GGUF refused by name; a dense layer after an MoE layer has no HF GLM form.
+  // Exports: a dense layer after an MoE layer has no HF GLM form, nor a llama.cpp glm4moe one
+  // (its leading_dense_block_count); a shared expert that is no whole number of experts has no
+  // glm4moe form (llama.cpp sizes it expert_shared_count x expert_feed_forward_length).
   write_hf_dir(dir.file("ok"), glm_config(t), glm_weights(t, 6), 1);
   const io::Checkpoint ckpt = test::import_hf_held(dir.file("ok"));
-  REQUIRE_THAT(test::error_of([&] { io::export_gguf(ckpt, dir.file("out.gguf"), {}); }),
-               Catch::Contains("glm4_moe models are not written to GGUF yet"));
   io::Checkpoint late = ckpt;
   ModelConfig mc = model_config_from_json(late.model_config);
   mc.experts_per_layer = {t.E, 0, t.E};
   late.model_config = to_json(mc);
   REQUIRE_THAT(test::error_of([&] { io::export_hf(late, dir.file("late")); }),
                Catch::Contains("dense layers only before the first MoE layer"));
+  REQUIRE_THAT(test::error_of([&] { io::export_gguf(late, dir.file("late.gguf"), {}); }),
+               Catch::Contains("dense layers only before the first MoE layer"));
+  io::Checkpoint odd_shared = ckpt;
+  mc = model_config_from_json(ckpt.model_config);
+  mc.shared_expert_ff = t.F + 1;
+  odd_shared.model_config = to_json(mc);
+  REQUIRE_THAT(test::error_of([&] { io::export_gguf(odd_shared, dir.file("odd.gguf"), {}); }),
+               Catch::Contains("sizes the shared expert in whole experts"));
+  REQUIRE_FALSE(std::filesystem::exists(dir.file("odd.gguf")));
   // A mixtral model with a GLM feature has no HF Mixtral form, nor llama.cpp's llama one.
   io::Checkpoint mixtral = ckpt;
   mc = model_config_from_json(ckpt.model_config);

@@ -1,10 +1,12 @@
 // GGUF export (see moe/io/gguf.h and docs/FORMATS.md "GGUF export") of the mixtral flavour as
-// llama.cpp's "llama" architecture with experts, and of qwen2_moe, qwen3_moe and olmoe as its
-// "qwen2moe", "qwen3moe" and "olmoe" architectures. The header (keys and tensor infos) is built in
-// memory first, so every refusal happens before a byte is written; the tensors are then converted
-// and written one at a time (an expert tensor expert by expert) into an AtomicFile.
+// llama.cpp's "llama" architecture with experts, and of qwen2_moe, qwen3_moe, olmoe and glm4_moe as
+// its "qwen2moe", "qwen3moe", "olmoe" and "glm4moe" architectures. The header (keys and tensor
+// infos) is built in memory first, so every refusal happens before a byte is written; the tensors
+// are then converted and written one at a time (an expert tensor expert by expert) into an
+// AtomicFile.
 // Shape letters: V vocabulary, D hidden size, F expert hidden width, Fs shared expert hidden
-// width, E experts of a layer, H query heads, KV key/value heads, hd head dim.
+// width, E experts of a layer, H query heads, KV key/value heads, hd head dim, Fd the width of
+// glm4_moe's leading dense layers.
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -270,6 +272,7 @@ struct LlamaArch {
   bool normalize_topk;  // its MoE renormalises the top-k gate weights
   bool permute_qk;      // "llama" rotates adjacent pairs (NORM rope): q/k rows permuted; the
                     // others rotate (i, i + hd/2) like us and HF (NEOX rope): copied as they are
+  bool glm = false;  // glm4moe: the renormalisation is a key (expert_weights_norm), not fixed
 };
 
 LlamaArch llama_arch(Arch arch) {
@@ -280,6 +283,8 @@ LlamaArch llama_arch(Arch arch) {
       return {"qwen3moe", true, false};
     case Arch::olmoe:
       return {"olmoe", false, false};
+    case Arch::glm4_moe:
+      return {"glm4moe", false, false, true};
     default:
       return {"llama", true, true};
   }
@@ -299,26 +304,59 @@ void check_olmoe_norm_widths(const ModelConfig& mc) {
                     "), which llama.cpp would refuse to load"));
 }
 
+// The leading dense layers of a glm4_moe model (ExportModel has checked that no dense layer follows
+// an MoE one): llama.cpp's glm4moe.leading_dense_block_count.
+int64_t leading_dense_layers(const ModelConfig& mc) {
+  int64_t k = 0;
+  while (k < mc.layers && !mc.is_moe_layer(k)) ++k;
+  return k;
+}
+
+// What llama.cpp's glm4moe hard-codes and a glm4_moe config may vary: a shared expert in every MoE
+// layer (its graph always runs one) as wide as a whole number of experts (it sizes the shared
+// tensors by expert_shared_count x expert_feed_forward_length).
+void check_glm4moe(const ModelConfig& mc) {
+  if (mc.shared_expert_ff == 0)
+    throw Error(
+        "GGUF export: llama.cpp's glm4moe always runs a shared expert; this model has none "
+        "(shared_expert_ff 0)");
+  if (mc.shared_expert_ff % mc.d_ff != 0)
+    throw Error(str("GGUF export: llama.cpp's glm4moe sizes the shared expert in whole experts (",
+                    mc.d_ff, " wide each); this model's is ", mc.shared_expert_ff, " wide"));
+}
+
+// The keys only glm4moe reads (llama.cpp's converter writes them from configuration_glm4_moe's
+// n_shared_experts, first_k_dense_replace, n_group / topk_group, routed_scaling_factor and
+// norm_topk_prob). Groups that all take part are no limit: they go out as one group, since
+// llama.cpp refuses expert_group_used_count equal to expert_group_count.
+void write_glm4moe_keys(Header& h, const ModelConfig& mc) {
+  const bool grouped = mc.router_groups > 1 && mc.router_group_topk < mc.router_groups;
+  h.kv_u32("glm4moe.expert_shared_count", static_cast<uint32_t>(mc.shared_expert_ff / mc.d_ff));
+  h.kv_u32("glm4moe.leading_dense_block_count", static_cast<uint32_t>(leading_dense_layers(mc)));
+  h.kv_u32("glm4moe.expert_group_count", static_cast<uint32_t>(grouped ? mc.router_groups : 1));
+  h.kv_u32("glm4moe.expert_group_used_count",
+           static_cast<uint32_t>(grouped ? mc.router_group_topk : 1));
+  h.kv_u32("glm4moe.expert_gating_func", 2);  // llama.cpp's SIGMOID
+  h.kv_f32("glm4moe.expert_weights_scale", static_cast<float>(mc.routed_scale));
+  h.kv_bool("glm4moe.expert_weights_norm", mc.normalize_topk);
+}
+
 }  // namespace
 
 GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
                               const GgufExportOptions& options) {
-  const Arch family = model_config_from_json(ckpt.model_config).arch;
-  if (family == Arch::glm4_moe)
-    throw Error(
-        "GGUF export: glm4_moe models are not written to GGUF yet (llama.cpp's glm4moe "
-        "architecture); export-hf writes them for transformers");
-  const LlamaArch arch = llama_arch(family);
+  const LlamaArch arch = llama_arch(model_config_from_json(ckpt.model_config).arch);
   ExportModel m(ckpt, "GGUF export", str("llama.cpp's ", arch.name, " architecture"));
   const ModelConfig& mc = m.config();
-  if (mc.normalize_topk != arch.normalize_topk)
+  if (arch.glm) check_glm4moe(mc);
+  if (!arch.glm && mc.normalize_topk != arch.normalize_topk)
     throw Error(str("GGUF export: llama.cpp's ", arch.name,
                     arch.normalize_topk ? " renormalises" : " does not renormalise",
                     " the top-k gate weights; this model ", mc.normalize_topk ? "does" : "does not",
                     " (normalize_topk ", mc.normalize_topk ? "true" : "false", ")"));
   check_olmoe_norm_widths(mc);
   const Flavour flavour = flavour_of(mc);
-  if (!flavour.shared_expert_gate && mc.shared_expert_ff > 0)
+  if (!flavour.shared_expert_gate && !flavour.ungated_shared_expert && mc.shared_expert_ff > 0)
     throw Error(str("GGUF export: llama.cpp's ", arch.name,
                     " has no shared expert; this model's is ", mc.shared_expert_ff,
                     " wide (qwen2moe has one, gated)"));
@@ -337,7 +375,7 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
     tokenizer = tokenizer_from_bytes(ckpt.tokenizer.file, ckpt.tokenizer.bytes, "the checkpoint");
   const int64_t V = mc.vocab_size, D = mc.d_model, F = mc.d_ff, H = mc.heads, E = m.experts();
   const int64_t KV = mc.kv_heads_resolved(), hd = mc.head_dim_resolved();
-  const int64_t Fs = mc.shared_expert_ff;
+  const int64_t Fs = mc.shared_expert_ff, Fd = mc.dense_ff_resolved();
   MOE_CHECK(hd % 2 == 0, "GGUF export: head dim ", hd, " is odd");
   auto param = [&](const std::string& name, const Shape& shape) -> const NamedTensor& {
     return m.param(name, shape);
@@ -409,14 +447,26 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
       vector(blk + "attn_q_norm.weight", ours + "attn.q_norm.weight", head ? hd : H * hd);
       vector(blk + "attn_k_norm.weight", ours + "attn.k_norm.weight", head ? hd : KV * hd);
     }
-    vector(blk + "ffn_norm.weight", ours + "norm2.weight", D);
+    // glm4moe names the norm before the feed-forward part after the attention it follows
+    vector(blk + (arch.glm ? "post_attention_norm.weight" : "ffn_norm.weight"),
+           ours + "norm2.weight", D);
+    if (!mc.is_moe_layer(i)) {  // glm4_moe's leading dense layers
+      matrix(blk + "ffn_gate.weight", ours + "mlp.w1", Fd, D);
+      matrix(blk + "ffn_down.weight", ours + "mlp.w2", D, Fd);
+      matrix(blk + "ffn_up.weight", ours + "mlp.w3", Fd, D);
+      continue;
+    }
     whole(blk + "ffn_gate_inp.weight", m.router_weight(ours, E, D), {D, E}, GgufType::f32);
+    if (flavour.router_bias)  // the selection bias, f32 as llama.cpp's converter keeps 1-D ones
+      vector(blk + "exp_probs_b.bias", ours + "moe.router.bias", E);
     experts(blk + "ffn_gate_exps.weight", ours + "moe.experts.w1", F, D);
     experts(blk + "ffn_down_exps.weight", ours + "moe.experts.w2", D, F);
     experts(blk + "ffn_up_exps.weight", ours + "moe.experts.w3", F, D);
-    if (Fs > 0) {  // qwen2moe's shared expert; its gate [1, D] as llama.cpp's converter has it
-      whole(blk + "ffn_gate_inp_shexp.weight", param(ours + "moe.shared_gate.weight", {1, D}),
-            {D, 1}, GgufType::f32);
+    if (Fs > 0) {  // qwen2moe's shared expert, its gate [1, D] as llama.cpp's converter has it;
+                   // glm4moe's, ungated
+      if (flavour.shared_expert_gate)
+        whole(blk + "ffn_gate_inp_shexp.weight", param(ours + "moe.shared_gate.weight", {1, D}),
+              {D, 1}, GgufType::f32);
       matrix(blk + "ffn_gate_shexp.weight", ours + "moe.shared.w1", Fs, D);
       matrix(blk + "ffn_down_shexp.weight", ours + "moe.shared.w2", D, Fs);
       matrix(blk + "ffn_up_shexp.weight", ours + "moe.shared.w3", Fs, D);
@@ -440,10 +490,12 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
   h.kv_u32(a + ".context_length", static_cast<uint32_t>(mc.seq));
   h.kv_u32(a + ".embedding_length", static_cast<uint32_t>(D));
   h.kv_u32(a + ".block_count", static_cast<uint32_t>(mc.layers));
-  h.kv_u32(a + ".feed_forward_length", static_cast<uint32_t>(F));
+  // glm4moe's is the dense layers' width (HF intermediate_size); the others' the experts'
+  h.kv_u32(a + ".feed_forward_length", static_cast<uint32_t>(arch.glm ? Fd : F));
   // The qwen architectures size their experts by this key (else feed_forward_length / k).
   if (a != "llama") h.kv_u32(a + ".expert_feed_forward_length", static_cast<uint32_t>(F));
-  if (Fs > 0) h.kv_u32(a + ".expert_shared_feed_forward_length", static_cast<uint32_t>(Fs));
+  if (Fs > 0 && !arch.glm)
+    h.kv_u32(a + ".expert_shared_feed_forward_length", static_cast<uint32_t>(Fs));
   h.kv_u32(a + ".attention.head_count", static_cast<uint32_t>(H));
   h.kv_u32(a + ".attention.head_count_kv", static_cast<uint32_t>(KV));
   // Head width (llama.cpp's default is embedding_length / head_count; Qwen3-MoE's differs).
@@ -451,9 +503,11 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
   h.kv_u32(a + ".attention.value_length", static_cast<uint32_t>(hd));
   h.kv_f32(a + ".attention.layer_norm_rms_epsilon", static_cast<float>(mc.norm_eps));
   h.kv_f32(a + ".rope.freq_base", static_cast<float>(mc.rope_theta));
-  h.kv_u32(a + ".rope.dimension_count", static_cast<uint32_t>(hd));
+  // glm4_moe may rotate only the first rope_dim features of a head (partial RoPE)
+  h.kv_u32(a + ".rope.dimension_count", static_cast<uint32_t>(mc.rope_dim_resolved()));
   h.kv_u32(a + ".expert_count", static_cast<uint32_t>(E));
   h.kv_u32(a + ".expert_used_count", static_cast<uint32_t>(mc.top_k));
+  if (arch.glm) write_glm4moe_keys(h, mc);
   write_vocabulary(h, tokenizer.get(), V);
   h.kv_string("moe.model_config", to_json(m.recorded_config()).dump());
   h.kv_string("moe.producer", str("libmoe ", version(), " (git ", git_revision(), ")"));

@@ -6,7 +6,9 @@ and every tensor's bytes equal to what the package itself encodes from the check
 The name table and the q/k row permutation are written here from llama.cpp's conventions, not
 shared with the exporter: mixtral is its "llama" architecture (NORM rope: q/k rows permuted),
 qwen2_moe, qwen3_moe and olmoe its "qwen2moe", "qwen3moe" and "olmoe" (NEOX rope: rows as they
-are), with their biases, q/k norms and shared expert.
+are), with their biases, q/k norms and shared expert; glm4_moe llama.cpp's "glm4moe" (NEOX, RoPE
+on rope_dim features: leading dense layers, the correction bias exp_probs_b, post_attention_norm,
+an ungated shared expert, its routing keys).
 With a tokenizer.json (the one the checkpoint stores), its vocabulary, special tokens, merges and
 pre-tokenizer name are checked too; without, the byte-level vocabulary.
 The 4-bit block types: MXFP4 bytes equal the package's own quantiser's; Q4_K and Q6_K (which
@@ -56,8 +58,10 @@ KV = config.get("kv_heads") or H
 hd = config.get("head_dim") or D // H
 Fs = config.get("shared_expert_ff", 0)
 arch = {"mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe",
-        "olmoe": "olmoe"}[config["arch"]]
-E = config["experts_per_layer"][0]
+        "olmoe": "olmoe", "glm4_moe": "glm4moe"}[config["arch"]]
+glm = arch == "glm4moe"
+E = max(config["experts_per_layer"])
+dense = [i for i in range(L) if config["experts_per_layer"][i] == 0]
 V = config["vocab_size"]
 
 reader = gguf.GGUFReader(gguf_path)
@@ -76,12 +80,13 @@ expected_keys = {
     "general.architecture": arch,
     arch + ".embedding_length": D,
     arch + ".block_count": L,
-    arch + ".feed_forward_length": F,
+    # glm4moe: the dense layers' width (HF intermediate_size), as llama.cpp's converter writes it
+    arch + ".feed_forward_length": (config.get("dense_ff") or F) if glm else F,
     arch + ".attention.head_count": H,
     arch + ".attention.head_count_kv": KV,
     arch + ".attention.key_length": hd,
     arch + ".attention.value_length": hd,
-    arch + ".rope.dimension_count": hd,
+    arch + ".rope.dimension_count": config.get("rope_dim") or hd,
     arch + ".expert_count": E,
     arch + ".expert_used_count": config["top_k"],
     arch + ".context_length": config["seq"],
@@ -92,12 +97,31 @@ expected_keys = {
 }
 if arch != "llama":  # the qwen and olmoe architectures size their experts by this key
     expected_keys[arch + ".expert_feed_forward_length"] = F
-if Fs > 0:
+if Fs > 0 and not glm:
     expected_keys[arch + ".expert_shared_feed_forward_length"] = Fs
+if glm:  # llama.cpp's converter's Glm4MoeModel keys; all groups taking part is no group limit
+    groups, group_k = config.get("router_groups", 1), config.get("router_group_topk", 1)
+    grouped = groups > 1 and group_k < groups
+    expected_keys.update({
+        arch + ".expert_shared_count": Fs // F,
+        arch + ".leading_dense_block_count": len(dense),
+        arch + ".expert_group_count": groups if grouped else 1,
+        arch + ".expert_group_used_count": group_k if grouped else 1,
+        arch + ".expert_gating_func": 2,
+        arch + ".expert_weights_norm": config["normalize_topk"],
+    })
+    if np.float32(value(arch + ".expert_weights_scale")) != np.float32(config["routed_scale"]):
+        fail(f"{arch}.expert_weights_scale differs from routed_scale {config['routed_scale']}")
 for key, want in expected_keys.items():
     got = value(key)
     if got != want:
         fail(f"{key} = {got!r}, expected {want!r}")
+if glm:  # every architecture key the file holds is one llama.cpp's glm4moe reads and we check
+    extra = {k for k in fields if k.startswith(arch + ".")} - set(expected_keys) - {
+        arch + ".rope.freq_base", arch + ".attention.layer_norm_rms_epsilon",
+        arch + ".expert_weights_scale"}
+    if extra:
+        fail(f"unexpected keys {sorted(extra)}")
 for key, want in ((arch + ".rope.freq_base", config["rope_theta"]),
                   (arch + ".attention.layer_norm_rms_epsilon", config["norm_eps"])):
     got = value(key)
@@ -191,25 +215,35 @@ for i in range(L):
     b, blk = f"blocks.{i}.", f"blk.{i}."
     expected.update({
         blk + "attn_norm.weight": (params[b + "norm1.weight"], False),
-        blk + "ffn_norm.weight": (params[b + "norm2.weight"], False),
+        blk + ("post_attention_norm.weight" if glm else "ffn_norm.weight"):
+            (params[b + "norm2.weight"], False),
         blk + "attn_q.weight": (rope_permuted(params[b + "attn.q.weight"], H), True),
         blk + "attn_k.weight": (rope_permuted(params[b + "attn.k.weight"], KV), True),
         blk + "attn_v.weight": (params[b + "attn.v.weight"], True),
         blk + "attn_output.weight": (params[b + "attn.o.weight"], True),
+    })
+    for x in "qkv":  # qwen2moe's and glm4moe's q/k/v biases
+        if b + f"attn.{x}.bias" in params:
+            expected[blk + f"attn_{x}.bias"] = (params[b + f"attn.{x}.bias"], False)
+    for x in "qk":  # qwen3moe's and glm4moe's per-head, olmoe's full-width q/k norms
+        if b + f"attn.{x}_norm.weight" in params:
+            expected[blk + f"attn_{x}_norm.weight"] = (params[b + f"attn.{x}_norm.weight"], False)
+    if i in dense:  # glm4moe's leading dense layers
+        expected.update({blk + f"ffn_{x}.weight": (params[b + f"mlp.{w}"], True)
+                         for x, w in (("gate", "w1"), ("down", "w2"), ("up", "w3"))})
+        continue
+    expected.update({
         blk + "ffn_gate_inp.weight": (router(b), False),
         blk + "ffn_gate_exps.weight": (params[b + "moe.experts.w1"], True),
         blk + "ffn_down_exps.weight": (params[b + "moe.experts.w2"], True),
         blk + "ffn_up_exps.weight": (params[b + "moe.experts.w3"], True),
     })
-    for x in "qkv":  # qwen2moe's q/k/v biases
-        if b + f"attn.{x}.bias" in params:
-            expected[blk + f"attn_{x}.bias"] = (params[b + f"attn.{x}.bias"], False)
-    for x in "qk":  # qwen3moe's per-head, olmoe's full-width q/k norms
-        if b + f"attn.{x}_norm.weight" in params:
-            expected[blk + f"attn_{x}_norm.weight"] = (params[b + f"attn.{x}_norm.weight"], False)
-    if Fs > 0:  # qwen2moe's shared expert; its gate [1, D] as llama.cpp's converter writes it
+    if b + "moe.router.bias" in params:  # glm4moe's correction bias, f32
+        expected[blk + "exp_probs_b.bias"] = (params[b + "moe.router.bias"], False)
+    if Fs > 0 and not glm:  # qwen2moe's shared gate [1, D] as llama.cpp's converter writes it
+        expected[blk + "ffn_gate_inp_shexp.weight"] = (params[b + "moe.shared_gate.weight"], False)
+    if Fs > 0:  # qwen2moe's and glm4moe's shared expert
         expected.update({
-            blk + "ffn_gate_inp_shexp.weight": (params[b + "moe.shared_gate.weight"], False),
             blk + "ffn_gate_shexp.weight": (params[b + "moe.shared.w1"], True),
             blk + "ffn_down_shexp.weight": (params[b + "moe.shared.w2"], True),
             blk + "ffn_up_shexp.weight": (params[b + "moe.shared.w3"], True),

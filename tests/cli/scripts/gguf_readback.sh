@@ -1,6 +1,6 @@
 #!/bin/sh
 # moe-convert export-gguf, read back by an independent reader: a tiny mixtral model trained on a
-# real corpus (and a tiny Qwen2-MoE imported from a Hugging Face directory), exported as f32, f16,
+# real corpus (and a tiny Qwen2-MoE and GLM-4-MoE imported from Hugging Face directories), exported as f32, f16,
 # bf16 and q8_0, each file read by the `gguf` Python package
 # (llama.cpp's own reader; scripts/setup installs it in /opt/moe-python) and checked against the
 # checkpoint by gguf_readback.py (every key, every tensor's shape, type and bytes). An existing
@@ -76,5 +76,16 @@ for type in f32 q8_0; do
     fail "export-gguf qwen2_moe --type $type: $(cat "$work/err")"
   "$python" "$here/gguf_readback.py" "$work/qwen.h5" "$work/qwen-$type.gguf" "$type" ||
     fail "read-back of the qwen2moe $type file"
+done
+# A GLM-4-MoE (a leading dense layer, q/k/v biases, qk-norm, partial RoPE, grouped sigmoid routing
+# with its correction bias, a shared expert) imported from a Hugging Face directory: llama.cpp's
+# glm4moe architecture, its keys and tensor names.
+"$python" "$here/hf_tiny_glm4_moe.py" "$work/glm" || fail "writing the tiny GLM-4-MoE"
+"$convert" import-hf "$work/glm" -o "$work/glm.h5" -q 2> "$work/err" || fail "import-hf glm4_moe: $(cat "$work/err")"
+for type in f32 q8_0; do
+  "$convert" export-gguf "$work/glm.h5" -o "$work/glm-$type.gguf" --type "$type" -q 2> "$work/err" ||
+    fail "export-gguf glm4_moe --type $type: $(cat "$work/err")"
+  "$python" "$here/gguf_readback.py" "$work/glm.h5" "$work/glm-$type.gguf" "$type" ||
+    fail "read-back of the glm4moe $type file"
 done
 echo "ok"
