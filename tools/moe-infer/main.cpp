@@ -136,6 +136,18 @@ void report_ring(const infer::Engine& e) {
   MOE_LOG_INFO(line);
 }
 
+// run(), and when it meets a non-finite output, the weight that explains it (mapped weights are
+// not scanned when the model opens): then the error names the file and the tensor.
+template <typename Run>
+auto blaming_weights(const infer::Engine& e, Run run) {
+  try {
+    return run();
+  } catch (const infer::NonFiniteOutput&) {
+    e.check_weights_finite();
+    throw;
+  }
+}
+
 json score_json(const infer::SequenceScore& s) {
   const double mean = s.nll_sum / double(s.tokens);
   return json{{"index", s.index},
@@ -216,7 +228,8 @@ int score(Options& o, std::unique_ptr<comm::Communicator> world) {
   options.incremental = o.incremental;
   options.per_token = o.per_token;
   options.top = o.top;
-  const infer::ScoreSummary summary = infer::score(e, options, callbacks);
+  const infer::ScoreSummary summary =
+      blaming_weights(e, [&] { return infer::score(e, options, callbacks); });
   progress.finish();
   if (!out) return 0;
   out->close();
@@ -327,7 +340,8 @@ int generate(Options& o, std::unique_ptr<comm::Communicator> world) {
     for (size_t i : members) batch.push_back(prompts[i].tokens);
     infer::SamplingConfig s = prompts[members.front()].sampling;
     s.seed = o.common.seed;
-    std::vector<infer::Generation> out = infer::generate(e.model(), batch, s, o.batch);
+    std::vector<infer::Generation> out =
+        blaming_weights(e, [&] { return infer::generate(e.model(), batch, s, o.batch); });
     for (size_t j = 0; j < members.size(); ++j) {
       generated += static_cast<int64_t>(out[j].tokens.size());
       results[members[j]] = std::move(out[j]);
@@ -384,10 +398,12 @@ int loglikelihood(Options& o, std::unique_ptr<comm::Communicator> world) {
   tools::Progress progress(o.common.quiet);
   tools::Meter meter(progress);
   Timer timer;
-  const std::vector<infer::LoglikelihoodResult> results = infer::loglikelihood(
-      e.model(), requests, o.batch, [&](int64_t done, int64_t total, int64_t tokens) {
-        meter.update(str("loglikelihood ", done, "/", total, " rows"), done, total, tokens);
-      });
+  const std::vector<infer::LoglikelihoodResult> results = blaming_weights(e, [&] {
+    return infer::loglikelihood(
+        e.model(), requests, o.batch, [&](int64_t done, int64_t total, int64_t tokens) {
+          meter.update(str("loglikelihood ", done, "/", total, " rows"), done, total, tokens);
+        });
+  });
   progress.finish();
   tools::OutputStream out(o.out);
   int64_t tokens = 0;

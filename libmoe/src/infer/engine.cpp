@@ -6,6 +6,7 @@
 #include "moe/error.h"
 #include "moe/io/checkpoint.h"
 #include "moe/io/checkpoint_dir.h"
+#include "moe/io/finite.h"
 #include "moe/io/trace.h"
 #include "moe/log.h"
 #include "moe/offload/budget.h"
@@ -54,6 +55,7 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& options,
   std::unique_ptr<Engine> engine(new Engine());
   Engine& e = *engine;
   e.device_ = o.device;
+  e.model_path_ = o.model;
   if (o.ep > 1) {
     if (world->size() != o.ep)
       throw UsageError(str("--ep ", o.ep, " needs ", o.ep, " ranks (mpiexec -n ", o.ep,
@@ -123,6 +125,15 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& options,
   if (e.device_.kind == Device::cpu) lean_for_inference(*e.loaded_.params);
   fold_router_centers(*e.loaded_.params);
   return engine;
+}
+
+void Engine::check_weights_finite() const {
+  for (const Param* p : std::as_const(*loaded_.params).all()) {
+    if (p->offloaded || !p->value.defined()) continue;  // a store's experts: checked as read
+    const Tensor& v = p->value;
+    io::check_finite(str("'", model_path_, "'"), p->name,
+                     v.device().kind == Device::cpu ? v : v.to(Device{}));
+  }
 }
 
 namespace {

@@ -10,6 +10,7 @@
 
 #include "io/utf8.h"
 #include "moe/arena.h"
+#include "moe/infer/model.h"
 #include "moe/io/dataset.h"
 #include "moe/rng.h"
 
@@ -235,10 +236,11 @@ std::vector<Generation> generate(const Transformer& model,
       logits = logits.to(Device{});  // sampling runs on the host
       float* l = logits.data<float>();
       for (int64_t i = 0; i < rows * vocab; ++i)
-        MOE_CHECK(std::isfinite(l[i]), "generation: prompt ",
-                  first + active[static_cast<size_t>(i / vocab)],
-                  " (from 0): the model computes non-finite logits from its weights (were they "
-                  "trained with a learning rate too high?); nothing is generated");
+        if (!std::isfinite(l[i]))
+          throw NonFiniteOutput(str(
+              "generation: prompt ", first + active[static_cast<size_t>(i / vocab)],
+              " (from 0): the model computes non-finite logits from its weights (were they "
+              "trained with a learning rate too high?); nothing is generated"));
       std::vector<int32_t> next(static_cast<size_t>(rows));
 #pragma omp parallel for schedule(static) if (rows > 1 && sampling.temperature > 0)
       for (int64_t r = 0; r < rows; ++r) {

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "moe/error.h"
+#include "moe/infer/model.h"
 #include "moe/infer/token_logprobs.h"
 
 namespace moe::infer {
@@ -73,7 +74,7 @@ void score_rows(const Transformer& model, const std::vector<LoglikelihoodRequest
   model.evaluate(ids.to(model.device()), targets.to(model.device()), options);
   // Checked after the pass (not thrown from inside it): no result is printed as "nan".
   if (non_finite)
-    throw Error(str("the request on line ", non_finite->line,
+    throw NonFiniteOutput(str("the request on line ", non_finite->line,
                     ": a log-probability of its continuation is not finite: the model computes "
                     "non-finite logits from its weights (were they trained with a learning rate "
                     "too high?); no result is given"));

@@ -114,7 +114,7 @@ void check_scores_finite(const std::vector<double>& sums, int64_t first, int64_t
   for (size_t s = 0; s < sums.size(); ++s) {
     if (std::isfinite(sums[s])) continue;
     const int64_t w = first + static_cast<int64_t>(s);
-    throw Error(str("window ", w, " of '", data, "' (tokens ", w * seq, "..", w * seq + seq,
+    throw NonFiniteOutput(str("window ", w, " of '", data, "' (tokens ", w * seq, "..", w * seq + seq,
                     "): its log-likelihood is ", std::isnan(sums[s]) ? "NaN" : "infinite",
                     ": the model computes non-finite logits from its weights (were they "
                     "trained with a learning rate too high?); no score is given"));

@@ -78,11 +78,18 @@ class Engine {
   comm::Communicator* world() const { return world_.get(); }
   int ranks() const { return world_ ? world_->size() : 1; }
   int rank() const { return world_ ? world_->rank() : 0; }
+  // Throws moe::Error "'<model>': tensor 'X' holds a non-finite value (NaN at element ...)" for
+  // the first resident parameter holding NaN or an infinity; returns when none does. Mapped
+  // weights are not scanned when opening (docs/FORMATS.md "Mapped weights"): a caller that meets a
+  // NonFiniteOutput calls this first, so the message names the tensor as loading used to.
+  // Reads every resident weight (the whole file, for a mapped model): for that error path only.
+  void check_weights_finite() const;
 
  private:
   Engine() = default;
   void open_expert_cache(const EngineOptions& options);  // loaded_ with cache_ serving the experts
   Device device_;
+  std::string model_path_;  // the checkpoint file (or sharded directory) the model came from
   std::unique_ptr<comm::Communicator> world_;
   std::unique_ptr<parallel::Layout> layout_;  // ep: the expert group (NCCL on GPUs)
   nn::Parallel parallel_;

@@ -9,6 +9,14 @@
 
 namespace moe::infer {
 
+// A forward pass gave a non-finite result (a score, a log-probability, a logit a token is sampled
+// from): the model's weights compute it. Thrown by score, loglikelihood and generate, so that the
+// caller can look for the weight to blame (Engine::check_weights_finite) before saying so.
+class NonFiniteOutput : public Error {
+ public:
+  using Error::Error;
+};
+
 struct LoadedModel {
   // With an expert ring (load_ring_model): the store serving the experts, and the layers' view
   // that names it (the model keeps a pointer to it). Null otherwise.
