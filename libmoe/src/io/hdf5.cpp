@@ -112,12 +112,14 @@ void keep_compact(hid_t object_create_plist, bool links, const Where& where) {
   if (links) MOE_H5(where, H5Pset_link_phase_change(object_create_plist, kMaxCompact, kMaxCompact));
 }
 
-// The alignment of data of this size and more in files we write (a page on x86-64 and most ARM).
-constexpr hsize_t kMapPage = 4096;
-
 Plist file_create_plist(const Where& where) {
   Plist fcpl(MOE_H5(where, H5Pcreate(H5P_FILE_CREATE)));
   keep_compact(fcpl, true, where);  // the root group
+  // Aggregators, no free-space manager: the padding before an aligned chunk (kDataAlignment) is
+  // left empty instead of handed to the next small allocation, so small chunks (biases) are not
+  // scattered into those gaps and chunks written in order lie in order (a frozen layer stays one
+  // extent). Files are written once, never grown in place: nothing is lost by not tracking space.
+  MOE_H5(where, H5Pset_file_space_strategy(fcpl, H5F_FSPACE_STRATEGY_AGGR, 0, 1));
   return fcpl;
 }
 
@@ -130,7 +132,7 @@ WriteFile create_file(const std::string& path, hid_t fapl) {
   }
   // Data of a page or more starts on a page: a tensor's chunk (an expert's) can then be mapped
   // where it lies (docs/FORMATS.md "Mapped weights"); at most a page lost per such chunk.
-  MOE_H5(where, H5Pset_alignment(fapl, kMapPage, kMapPage));
+  MOE_H5(where, H5Pset_alignment(fapl, kDataAlignment, kDataAlignment));
   auto status = std::make_shared<WriteStatus>();
   use_moe_driver(fapl, status, where);
   Plist fcpl = file_create_plist(where);

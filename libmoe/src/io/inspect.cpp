@@ -28,6 +28,18 @@ struct ChunkPlace {
   int64_t expert = 0;  // the chunk's first index along the leading dimension
 };
 
+// Whether `chunks`, in order of address, follow one another with nothing between them but the
+// alignment padding of files we write (less than h5::kDataAlignment bytes after each).
+bool adjacent(std::vector<ChunkPlace> chunks) {
+  std::sort(chunks.begin(), chunks.end(),
+            [](const ChunkPlace& a, const ChunkPlace& b) { return a.address < b.address; });
+  for (size_t i = 1; i < chunks.size(); ++i) {
+    const haddr_t end = chunks[i - 1].address + chunks[i - 1].size;
+    if (chunks[i].address < end || chunks[i].address - end >= h5::kDataAlignment) return false;
+  }
+  return !chunks.empty();
+}
+
 // Storage of one dataset: chunk shape, filters, where its chunks lie in the file (each chunk's
 // place into `chunks_out` when given).
 void storage_of(hid_t dataset, const h5::Where& w, TensorInfo& t,
@@ -189,16 +201,12 @@ CheckpointInfo inspect(const std::vector<std::string>& paths, bool verify) {
     for (auto& [block, entry] : layers) {
       entry.first.layer = moe_index++;
       entry.first.extent = entry.second.second - entry.second.first;
-      // Each expert's chunks (of all the block's expert tensors) adjacent in the file?
+      // The layer's chunks, and each expert's (of all the block's expert tensors), adjacent?
+      entry.first.one_extent = adjacent(expert_chunks[block]);
       std::map<int64_t, std::vector<ChunkPlace>> by_expert;
       for (const ChunkPlace& c : expert_chunks[block]) by_expert[c.expert].push_back(c);
       bool runs = !by_expert.empty();
-      for (auto& [e, list] : by_expert) {
-        std::sort(list.begin(), list.end(),
-                  [](const ChunkPlace& a, const ChunkPlace& b) { return a.address < b.address; });
-        for (size_t i = 1; i < list.size(); ++i)
-          runs = runs && list[i].address == list[i - 1].address + list[i - 1].size;
-      }
+      for (auto& [e, list] : by_expert) runs = runs && adjacent(list);
       entry.first.experts_contiguous = runs;
       info.layers.push_back(entry.first);
     }

@@ -249,8 +249,11 @@ struct MoELayerInfo {
   std::string file;
   int64_t stored_bytes = 0;         // the layer's expert chunks in this file
   int64_t extent = 0;               // from the first to the end of the last of them
+  // "Adjacent" below: the next chunk starts where the last ends, or after at most the alignment
+  // padding of files we write (less than h5::kDataAlignment bytes): one sequential read.
+  bool one_extent = false;          // the layer's chunks adjacent, one after another
   bool experts_contiguous = false;  // each expert's chunks (of every expert tensor) adjacent
-  bool contiguous() const { return extent == stored_bytes; }  // the layer is one extent
+  bool contiguous() const { return one_extent; }  // the layer is one extent
 };
 
 struct FileInfo {

@@ -213,6 +213,11 @@ std::optional<DType> dtype_from_type(hid_t type);
 
 // HDF5 refuses chunks of 4 GiB or more; we stay well below so filter buffers stay reasonable.
 inline constexpr size_t kMaxChunkBytes = size_t(1) << 30;
+// Files we write start every allocation of this many bytes or more (a tensor's chunk, an
+// expert's) on a multiple of it: a page, so that such a chunk can be mapped where it lies
+// (docs/FORMATS.md "Mapped weights"). Chunks written one after another are then separated by at
+// most this much less one byte of padding.
+inline constexpr hsize_t kDataAlignment = 4096;
 
 // Chunk shape for a dataset of `shape`: one chunk per expert ([1, ...rest]) when `expert`, else
 // the whole tensor; a chunk larger than `max_bytes` is cut along its leading dimensions (rows).
