@@ -56,7 +56,7 @@ TEST_CASE("cli: -v adds debug lines to every tool, and only -v does", "[cli]") {
     return tool("moe-convert", "dtype " + model + " --to bf16 -o " + (dir / out));
   };
   const std::pair<std::string, std::string> cases[] = {
-      {"moe-infer", "[debug] read checkpoint "},
+      {"moe-infer", "[debug] opened checkpoint "},  // its weights mapped, not read
       {"moe-profile", "[debug] token file "},
       {"moe-distill", "[debug] read checkpoint "},
       {"moe-convert", "[debug] wrote checkpoint "},
