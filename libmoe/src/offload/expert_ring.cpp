@@ -38,11 +38,11 @@
 #include "moe/cuda.h"
 #include "moe/io/checkpoint.h"
 #include "moe/io/finite.h"
-#include "moe/io/hdf5.h"
 #include "moe/log.h"
 #include "moe/models/memory.h"
 #include "moe/models/transformer.h"
 #include "moe/timer.h"
+#include "offload/checkpoint_experts.h"
 
 namespace moe::offload {
 
@@ -417,28 +417,11 @@ void ExpertRing::start(const RingConfig& config) {
 
   // The checkpoint must hold every expert tensor with the model's (whole) shape.
   if (r.L > 0) {
-    (void)io::list_params(checkpoint);  // checks the format and version
-    io::h5::Session session;
-    io::h5::Where root{checkpoint, "/"};
-    io::h5::File file = io::h5::open_file_readonly(checkpoint, "checkpoint");
-    io::h5::Group group = io::h5::open_group(file, "params", root);
-    for (const Impl::Layer& layer : r.layers) {
-      for (size_t j = 0; j < layer.names.size(); ++j) {
-        const std::string& name = layer.names[j];
-        MOE_CHECK(io::h5::has_link(group, name, root.at("/params")), "checkpoint '", checkpoint,
-                  "' does not match the model: no tensor '", name, "'");
-        io::h5::Where w = root.at("/params/" + name);
-        io::h5::Dataset dataset(MOE_H5(w, H5Dopen2(group, name.c_str(), H5P_DEFAULT)));
-        io::h5::DatasetInfo info = io::h5::dataset_info(dataset, w);
-        MOE_CHECK(info.shape == layer.global[j], "checkpoint '", checkpoint,
-                  "' does not match the model: '", name, "' is ", shape_str(info.shape),
-                  ", the model's is ", shape_str(layer.global[j]));
-        MOE_CHECK(info.expert, "checkpoint '", checkpoint, "': '", name,
-                  "' is not stored as an expert tensor (one chunk per expert)");
-        MOE_CHECK(is_floating(info.dtype), "checkpoint '", checkpoint, "': '", name, "' is ",
-                  dtype_name(info.dtype), ", not a floating-point tensor");
-      }
-    }
+    std::vector<std::pair<std::string, Shape>> tensors;
+    for (const Impl::Layer& layer : r.layers)
+      for (size_t j = 0; j < layer.names.size(); ++j)
+        tensors.emplace_back(layer.names[j], layer.global[j]);
+    check_expert_tensors(checkpoint, tensors, ", not a floating-point tensor");
   }
 
   // Budget -> K slots of the largest layer's fp32 bytes.

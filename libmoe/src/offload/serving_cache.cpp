@@ -33,10 +33,10 @@
 #include "moe/io/checkpoint.h"
 #include "moe/io/convert.h"
 #include "moe/io/finite.h"
-#include "moe/io/hdf5.h"
 #include "moe/models/memory.h"
 #include "moe/models/transformer.h"
 #include "moe/offload/cache_sim.h"
+#include "offload/checkpoint_experts.h"
 
 namespace moe::offload {
 
@@ -379,30 +379,13 @@ void ServingCache::gradient_done(int layer, int) {
 // The checkpoint must hold every expert tensor with the model's whole shape, stored per expert, in
 // a floating-point dtype.
 void ServingCache::Impl::check_checkpoint() const {
-  (void)io::list_params(path);  // checks the format and version
-  io::h5::Session session;
-  io::h5::Where root{path, "/"};
-  io::h5::File file = io::h5::open_file_readonly(path, "checkpoint");
-  io::h5::Group group = io::h5::open_group(file, "params", root);
-  for (const Layer& layer : layers) {
-    for (size_t j = 0; j < layer.names.size(); ++j) {
-      const std::string& name = layer.names[j];
-      MOE_CHECK(io::h5::has_link(group, name, root.at("/params")), "checkpoint '", path,
-                "' does not match the model: no tensor '", name, "'");
-      io::h5::Where w = root.at("/params/" + name);
-      io::h5::Dataset dataset(MOE_H5(w, H5Dopen2(group, name.c_str(), H5P_DEFAULT)));
-      io::h5::DatasetInfo info = io::h5::dataset_info(dataset, w);
-      MOE_CHECK(info.shape == layer.global[j], "checkpoint '", path,
-                "' does not match the model: '", name, "' is ", shape_str(info.shape),
-                ", the model's is ", shape_str(layer.global[j]));
-      MOE_CHECK(info.expert, "checkpoint '", path, "': '", name,
-                "' is not stored as an expert tensor (one chunk per expert)");
-      MOE_CHECK(is_floating(info.dtype), "checkpoint '", path, "': '", name, "' is ",
-                dtype_name(info.dtype),
-                "; the expert cache serves f32, bf16 and f16 experts (serve a quantised model "
-                "with its experts resident: without --expert-budget)");
-    }
-  }
+  std::vector<std::pair<std::string, Shape>> tensors;
+  for (const Layer& layer : layers)
+    for (size_t j = 0; j < layer.names.size(); ++j)
+      tensors.emplace_back(layer.names[j], layer.global[j]);
+  check_expert_tensors(path, tensors,
+                       "; the expert cache serves f32, bf16 and f16 experts (serve a quantised "
+                       "model with its experts resident: without --expert-budget)");
 }
 
 // The popularity and transition tables must have the model's layers and experts.
