@@ -256,6 +256,48 @@ TEST_CASE("cli: a JSON attribute of the wrong type names the file, attribute and
   });
 }
 
+TEST_CASE("cli: a resumed checkpoint's train_config of the wrong type names the file and key",
+          "[cli][messages]") {
+  // Before: "training config: must be a number, got null" (no file, no key) for the settings,
+  // and the placement state's cost model and vExpert maps named neither key nor file.
+  Trained& t = trained();
+  test::ScratchDir dir("cli-user-messages-train-config");
+  const std::string lr = dir / "lr.h5", batch = dir / "batch.h5", cost = dir / "cost.h5",
+                    slots = dir / "slots.h5";
+  edit_json_attr(t.ckpt, lr, "train_config", [](auto& j) { j["lr"] = nullptr; });
+  edit_json_attr(t.ckpt, batch, "train_config", [](auto& j) { j["batch"] = "x"; });
+  edit_json_attr(t.ckpt, cost, "train_config", [](auto& j) {
+    j["placement_state"] = {{"policy", "flexmoe"}, {"ranks", 1}, {"layers", nlohmann::json::object()},
+                            {"cost", {{"bytes_per_token", "many"}}}};
+  });
+  edit_json_attr(t.ckpt, slots, "train_config", [](auto& j) {
+    j["placement_state"] = {
+        {"policy", "flexmoe"},
+        {"ranks", 1},
+        {"layers", {{"1", {{"experts", 4}, {"slots_per_rank", 5}, {"slots", {0, 1.5}}}}}}};
+  });
+  const std::string config = "': attribute 'train_config': ";
+  std::vector<Case> cases = {
+      {"lr", "moe-train", lr, {"checkpoint '" + lr + config + "\"lr\" must be a number, got null"}},
+      {"batch",
+       "moe-train",
+       batch,
+       {"checkpoint '" + batch + config + "\"batch\" must be an integer, got a string"}},
+      {"cost",
+       "moe-train",
+       cost,
+       {"checkpoint '" + cost + config +
+        "\"placement_state.cost.bytes_per_token\" must be a number, got a string"}},
+      {"slots",
+       "moe-train",
+       slots,
+       {"checkpoint '" + slots + config +
+        "\"placement_state.layers.1.slots[1]\" must be an integer, got 1.5"}},
+  };
+  for (Case& c : cases) c.args = "--resume " + c.args + " --out " + (dir / c.name) + " --steps 3";
+  run_cases(cases);
+}
+
 TEST_CASE("cli: a directory given as an input file is refused by name", "[cli][messages]") {
   // Before: "basic_filebuf::underflow error reading the file: Is a directory" (moe-profile
   // accuracy), or nothing read at all.
@@ -286,7 +328,16 @@ TEST_CASE("cli: too little data is said naming the data file, without function n
   test::write_file(tinier, "hi there\n");
   expect_words(run_command(tool("moe-train", "--data " + tiny + " --out " + (dir / "run") +
                                                  test::kTinyMixtral + " --steps 1")),
-               "moe-train", {"holds 19 tokens, too few"});
+               "moe-train", {"the data '" + tiny + "' holds 19 tokens, too few"});
+  // A --val file too short for one window is named, not the training data.
+  expect_words(run_command(tool("moe-train", "--data " + test::fortunes_path("linux") + " --val " +
+                                                 tinier + " --out " + (dir / "run-val") +
+                                                 test::kTinyMixtral + " --steps 1")),
+               "moe-train", {"the data '" + tinier + "' holds 9 tokens, too few"});
+  // moe-distill: the teacher's expert loads are measured on the training part of the data.
+  expect_words(run_command(tool("moe-distill", "--teacher " + t.ckpt + " --data " + tiny + " -o " +
+                                                   (dir / "student") + " --steps 1")),
+               "moe-distill", {"the data '" + tiny + "' holds 19 tokens, too few"});
   expect_words(
       run_command(tool("moe-profile", "record -q --model " + t.ckpt + " --data " + tinier + " -o " +
                                           (dir / "t.h5"))),

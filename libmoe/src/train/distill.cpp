@@ -31,12 +31,13 @@ std::vector<int64_t> evenly_spaced_layers(int64_t teacher_layers, int64_t studen
 
 std::vector<std::vector<int64_t>> expert_loads(const Transformer& teacher,
                                                const std::vector<int32_t>& tokens, int64_t batches,
-                                               int64_t batch, uint64_t seed) {
+                                               int64_t batch, uint64_t seed,
+                                               const std::string& source) {
   const ModelConfig& config = teacher.config();
   std::vector<std::vector<int64_t>> loads(static_cast<size_t>(config.layers));
   for (int64_t l = 0; l < config.layers; ++l)
     loads[static_cast<size_t>(l)].assign(static_cast<size_t>(config.experts_per_layer[l]), 0);
-  io::BatchSampler sampler(&tokens, config.seq, seed, true);
+  io::BatchSampler sampler(&tokens, config.seq, seed, true, source);
   batch = std::max<int64_t>(1, std::min(batch, sampler.num_windows()));
   for (int64_t b = 0; b < batches; ++b) {
     Tensor ids, targets;
@@ -328,10 +329,11 @@ Distiller::Distiller(const DistillConfig& distill, const TrainConfig& train,
   std::vector<std::vector<int64_t>> loads;
   if (config_.student.expert_rule == "popular") {
     std::vector<int32_t> train_part =
-        train.val.empty() ? io::split_tail(std::move(tokens), train.val_fraction, tc.seq).first
-                          : std::move(tokens);
+        train.val.empty()
+            ? io::split_tail(std::move(tokens), train.val_fraction, tc.seq, train.data).first
+            : std::move(tokens);
     loads = expert_loads(*teacher_.model, train_part, config_.selection_batches, train.batch,
-                         train.seed);
+                         train.seed, train.data);
   }
   plan_ = plan_student(tc, config_.student, loads);
   const ModelConfig sc = train::student_config(tc, plan_);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/json_text.h"
 #include "moe/balance/cost_profile.h"
 #include "moe/error.h"
 
@@ -203,7 +204,9 @@ std::string FlexMoEPlacement::load_state(const nlohmann::json& state) {
                    map.experts(), " experts: they start again from plain expert parallelism");
     maps_ = std::move(maps);
     cost_ = std::move(cost);
-  } catch (const std::exception& e) {  // bad JSON, a map that breaks VExpertMap's rules, a bad key
+  } catch (const nlohmann::json::exception& e) {  // a missing key (the session checked types)
+    throw Error(str("checkpoint placement state: ", json_error_words(e)));
+  } catch (const std::exception& e) {  // a map that breaks VExpertMap's rules, a bad layer key
     throw Error(str("checkpoint placement state: ", e.what()));
   }
   return {};

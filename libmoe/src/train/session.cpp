@@ -1,5 +1,8 @@
 #include "moe/train/session.h"
 
+#include "core/json_text.h"
+#include "io/json_attrs.h"
+#include "moe/balance/cost_profile.h"
 #include "moe/cuda.h"
 #include "moe/io/checkpoint_dir.h"
 #include "moe/io/output.h"
@@ -23,13 +26,44 @@ struct Opened {
   std::unique_ptr<io::Checkpoint> head;
 };
 
+// The types of the train_config attribute's values, checked against what the trainer writes (its
+// settings, a FlexMoE placement state with one layer, the cost model of one rank), so that a value
+// of the wrong type is refused naming the file, the attribute and the key: "checkpoint 'x.h5':
+// attribute 'train_config': \"lr\" must be a number, got null".
+void check_train_config(const nlohmann::json& config, const std::string& file) {
+  balance::CostModel one_rank;
+  one_rank.gemm_tokens_per_s = one_rank.bandwidth = one_rank.allreduce_bytes_per_s = {0.0};
+  json reference = to_json(TrainConfig{});
+  const auto state = config.is_object() ? config.find("placement_state") : config.end();
+  const bool placed = state != config.end() && !state->is_null();  // null: not flexmoe
+  if (placed)
+    reference["placement_state"] = {
+        {"policy", ""}, {"ranks", 0}, {"layers", json::object()}, {"cost", to_json(one_rank)}};
+  std::string wrong = json_type_mismatch(config, reference);
+  const json layer_reference = {{"experts", 0}, {"slots_per_rank", 0}, {"slots", {0}}};
+  if (wrong.empty() && placed && state->contains("layers"))
+    for (const auto& [block, layer] : state->at("layers").items()) {
+      wrong = json_type_mismatch(layer, layer_reference);
+      if (wrong.empty()) continue;
+      // Name the layer's path: "placement_state.layers.3.slots[0]" ("must be ..." alone for a
+      // layer that is not an object).
+      wrong = wrong.front() == '"' ? str("\"placement_state.layers.", block, ".", wrong.substr(1))
+                                   : str("\"placement_state.layers.", block, "\" ", wrong);
+      break;
+    }
+  if (!wrong.empty())
+    throw Error(str(io::attribute_place("checkpoint", file, "train_config"), ": ", wrong));
+}
+
 Opened open_head(const std::string& given) {
   Opened opened;
   if (given.empty()) return opened;
   opened.from = io::resolve_checkpoint(given);
-  opened.head = std::make_unique<io::Checkpoint>(io::load_checkpoint(
-      opened.from.sharded ? io::CheckpointDir::rank_file(opened.from.path, 0) : opened.from.path,
-      false, [](bool, const std::string&) { return true; }));
+  const std::string file =
+      opened.from.sharded ? io::CheckpointDir::rank_file(opened.from.path, 0) : opened.from.path;
+  opened.head = std::make_unique<io::Checkpoint>(
+      io::load_checkpoint(file, false, [](bool, const std::string&) { return true; }));
+  check_train_config(opened.head->train_config, file);
   return opened;
 }
 

@@ -17,7 +17,7 @@ TaskSet::TaskSet(std::vector<TaskSpec> tasks, io::TokenFormat format, int64_t se
   train_.reserve(tasks_.size());  // the samplers point into these vectors
   for (const TaskSpec& t : tasks_) {
     try {
-      auto split = io::split_tail(io::load_tokens(t.data, format), val_fraction, seq);
+      auto split = io::split_tail(io::load_tokens(t.data, format), val_fraction, seq, t.data);
       train_.push_back(std::move(split.first));
       val_.push_back(std::move(split.second));
       fingerprints_.push_back(io::fingerprint_file(t.data));

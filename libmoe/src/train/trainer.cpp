@@ -204,7 +204,7 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
   if (tasks_) {  // each task's held-out tail, or --val
     val_tokens_ = train.val.empty() ? tasks_->validation_tokens() : load_tokens(train.val);
   } else if (std::vector<int32_t> tokens = load_tokens(train.data); train.val.empty()) {
-    auto split = io::split_tail(std::move(tokens), train.val_fraction, model.seq);
+    auto split = io::split_tail(std::move(tokens), train.val_fraction, model.seq, train.data);
     train_tokens_ = std::move(split.first);
     val_tokens_ = std::move(split.second);
   } else {
@@ -222,9 +222,11 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
   check_vocab(train_tokens_, config.vocab_size, train.data);
   check_vocab(val_tokens_, config.vocab_size, train.val.empty() ? train.data : train.val);
   if (!tasks_)
-    sampler_ = std::make_unique<io::BatchSampler>(&train_tokens_, model.seq, train.seed, true);
+    sampler_ = std::make_unique<io::BatchSampler>(&train_tokens_, model.seq, train.seed, true,
+                                                   train.data);
   // Validation must hold at least one window (the sampler says so clearly otherwise).
-  io::BatchSampler probe(&val_tokens_, model.seq, train.seed, false);
+  const std::string val_source = !train.val.empty() ? train.val : tasks_ ? "" : train.data;
+  io::BatchSampler probe(&val_tokens_, model.seq, train.seed, false, val_source);
 
   MOE_USAGE_CHECK(!train.shard_embedding || !flavour_of(config).tied_head,
                   "--shard-embedding needs an untied LM head, but the ", arch_name(config.arch),

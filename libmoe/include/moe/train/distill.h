@@ -52,10 +52,12 @@ std::vector<int64_t> evenly_spaced_layers(int64_t teacher_layers, int64_t studen
 
 // Tokens routed to each expert of every teacher layer ([L][E]; empty for dense layers), over
 // `batches` batches of `batch` windows drawn from `tokens` in a fixed order keyed by seed
-// (io::BatchSampler), evaluation mode. The evidence for the "popular" expert rule.
+// (io::BatchSampler), evaluation mode. The evidence for the "popular" expert rule. `source`, the
+// data file the tokens came from, is named when they hold less than one window.
 std::vector<std::vector<int64_t>> expert_loads(const Transformer& teacher,
                                                const std::vector<int32_t>& tokens, int64_t batches,
-                                               int64_t batch, uint64_t seed);
+                                               int64_t batch, uint64_t seed,
+                                               const std::string& source = "");
 
 // The plan for `spec`. popular: the E most routed experts of each kept layer by `loads` (ties to
 // the lower index), listed in index order; first: experts 0..E-1. `loads` is needed only for
