@@ -8,7 +8,9 @@
 #include <random>
 
 #include "moe/balance/flexmoe.h"
+#include "moe/comm/communicator.h"
 #include "moe/error.h"
+#include "moe/train/placement.h"
 
 using namespace moe;
 using namespace moe::balance;
@@ -480,4 +482,23 @@ TEST_CASE("flexmoe: the policy maker migrates a replica whose sync costs more th
   REQUIRE(fast.actions[0].expert == 0);
   REQUIRE(fast.actions[0].rank == 1);
   REQUIRE(fast.step_s[1] == Approx(1.22).epsilon(1e-12));
+}
+
+TEST_CASE("flexmoe: a checkpoint's placement state missing a key is named in words",
+          "[balance]") {
+  // Before: the loader passed nlohmann's "[json.exception.out_of_range.403] key 'ranks' not
+  // found" through.
+  std::unique_ptr<comm::Communicator> group = comm::make_local();
+  train::PlacementConfig config;
+  config.policy = "flexmoe";
+  train::FlexMoEPlacement placement(config, *group, {{0, 4}});
+  const nlohmann::json state = {{"policy", "flexmoe"}, {"layers", nlohmann::json::object()}};
+  try {
+    placement.load_state(state);
+    FAIL("a state without \"ranks\" was taken");
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    INFO(what);
+    CHECK(what == "checkpoint placement state: \"ranks\" is missing");
+  }
 }
