@@ -1,5 +1,5 @@
 // GGUF import (moe/io/gguf_import.h), the inverse of export_gguf: for each
-// family (mixtral, qwen2_moe, qwen3_moe, olmoe) a model of random values
+// family (mixtral, qwen2_moe, qwen3_moe, olmoe; glm4_moe on its own) a model of random values
 // exported and imported back in each type: f32, and a 16-bit model in its own
 // type, give every parameter back bitwise, the same model config and the same
 // logits bit for bit, with and without the exporter's record of the config (a
@@ -9,6 +9,9 @@
 // and scales, rearranged). The stored tokenizers (SentencePiece, Qwen's
 // byte-level BPE) are rebuilt and give the original's ids on real text.
 // Malformed and unsupported files are refused naming what is wrong.
+// glm4_moe (llama.cpp's glm4moe): a leading dense layer, partial RoPE, q/k/v
+// biases, qk-norm, grouped sigmoid routing with its selection bias, scaled gate
+// weights and a shared expert come back from the keys and tensors alone.
 // Shape letters: D hidden, H heads, hd head dim, F expert hidden, E experts, V
 // vocabulary.
 #include <catch2/catch.hpp>
@@ -53,6 +56,8 @@ namespace {
 // A model of `arch` whose every parameter is random (norms near 1), stored in
 // `dtype`; rows of 64 and 96 values (whole Q8_0 blocks), head width 16 (32 for
 // qwen3_moe, not D / H).
+io::Checkpoint random_model(const ModelConfig& c, DType dtype, uint64_t seed);
+
 io::Checkpoint random_model(Arch arch, DType dtype, uint64_t seed, int64_t vocab = 256) {
   ModelConfig c = test::small_model_config(arch);
   c.d_model = 64;
@@ -66,6 +71,10 @@ io::Checkpoint random_model(Arch arch, DType dtype, uint64_t seed, int64_t vocab
   if (arch == Arch::qwen2_moe) c.shared_expert_ff = 64;
   if (arch == Arch::qwen3_moe) c.head_dim = 32;
   c.resolve();
+  return random_model(c, dtype, seed);
+}
+
+io::Checkpoint random_model(const ModelConfig& c, DType dtype, uint64_t seed) {
   io::Checkpoint ckpt = test::initial_checkpoint(c, seed, dtype);
   // Scales that keep activations O(1) and the routers' choices well apart (as the HF tests').
   for (io::NamedTensor& p : ckpt.params) {
@@ -80,7 +89,8 @@ io::Checkpoint random_model(Arch arch, DType dtype, uint64_t seed, int64_t vocab
     Tensor t = test::random_tensor(shape, ++seed, p.name == "embed.tokens" ? 1.0f : scale);
     if (norm)
       for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] += 1.0f;
-    p.tensor = t.to(dtype);
+    // the routers' selection bias stays f32 (nn::Router stores it so)
+    p.tensor = p.name.find("router.bias") != std::string::npos ? t : t.to(dtype);
     p.tensor.set_name(p.name);
   }
   return ckpt;
@@ -241,6 +251,105 @@ TEST_CASE(
       REQUIRE(keys.model_config.at("seq") == original.model_config.at("seq"));
       REQUIRE(our_logits(keys, dir.file(name + "-c.h5"), ids, 2, 24) == want);
     }
+}
+
+namespace {
+
+// A GLM-4-MoE (llama.cpp's glm4moe) with everything the family varies: a leading dense layer of
+// its own width, partial RoPE, q/k/v biases, per-head qk-norm, sigmoid routing in 2 of 4 groups
+// with a selection bias, scaled and renormalised gate weights, a shared expert of two experts.
+ModelConfig glm_model_config() {
+  ModelConfig c = test::small_model_config(Arch::glm4_moe);
+  c.layers = 3;
+  c.d_model = 64;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.d_ff = 32;
+  c.dense_ff = 96;
+  c.experts = 8;
+  c.experts_per_layer = {0, 8, 8};
+  c.shared_expert_ff = 64;
+  c.rope_dim = 8;
+  c.qkv_bias = c.qk_norm = true;
+  c.router_scoring = nn::RouterScoring::sigmoid;
+  c.router_groups = 4;
+  c.router_group_topk = 2;
+  c.routed_scale = 2.5;
+  c.normalize_topk = true;
+  c.vocab_size = 256;
+  c.seq = 48;
+  c.resolve();
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("gguf import: glm4moe, f32 and bf16, bitwise, from the keys alone too",
+          "[gguf][gguf-import][glm4_moe]") {
+  test::ScratchDir dir("gguf-import-glm");
+  const std::vector<int32_t> ids = test::hf::random_token_ids(2 * 24, 256, 6);
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    const std::string name = str("glm-", dtype_name(dtype));
+    INFO(name);
+    ModelConfig c = glm_model_config();
+    c.dtype = dtype;
+    const io::Checkpoint original = random_model(c, dtype, 44);
+    const std::string path = dir.file(name + ".gguf");
+    io::export_gguf(original, path, {io::parse_gguf_type(dtype_name(dtype)), ""});
+    io::GgufImportReport report;
+    const io::Checkpoint back = imported(path, {}, &report);
+    REQUIRE(report.architecture == "glm4moe");
+    REQUIRE(report.family == "glm4_moe");
+    test::hf::require_same_params(original, back);
+    REQUIRE(back.model_config == original.model_config);  // the record, which the keys agree with
+    const std::vector<float> want = our_logits(original, dir.file(name + "-a.h5"), ids, 2, 24);
+    REQUIRE(our_logits(back, dir.file(name + "-b.h5"), ids, 2, 24) == want);
+
+    // Without the record (as llama.cpp's converter writes it): the keys and tensors say it all.
+    const io::Checkpoint keys = imported(without_record(path, dir.file(name + "-k.gguf")));
+    test::hf::require_same_params(original, keys);
+    require_same_math(keys.model_config, original.model_config);
+    for (const char* key : {"dense_ff", "rope_dim", "qkv_bias", "qk_norm", "router_groups",
+                            "router_group_topk", "routed_scale"}) {
+      INFO("key " << key);
+      REQUIRE(keys.model_config.at(key) == original.model_config.at(key));
+    }
+    REQUIRE(our_logits(keys, dir.file(name + "-c.h5"), ids, 2, 24) == want);
+  }
+}
+
+TEST_CASE("gguf import: what glm4moe can say and ours cannot is refused by name",
+          "[gguf][gguf-import][glm4_moe]") {
+  test::ScratchDir dir("gguf-import-glm-bad");
+  const std::string good = dir.file("good.gguf");
+  io::export_gguf(random_model(glm_model_config(), DType::f32, 45), good, {io::GgufType::f32, ""});
+  auto refusal = [&](const std::function<void(io::GgufFile&)>& edit) {
+    io::GgufFile g = io::read_gguf(good);
+    g.metadata.erase("moe.model_config");  // the keys alone, as llama.cpp's files
+    edit(g);
+    const std::string path = dir.file("bad.gguf");
+    write_gguf(g, good, path);
+    return test::error_of([&] { imported(path); });
+  };
+  auto set = [](io::GgufFile& g, const std::string& key, uint32_t type, nlohmann::json v) {
+    g.metadata[key] = {{"type", type}, {"value", v}};
+  };
+  REQUIRE(refusal([](io::GgufFile&) {}) == "(no error)");
+  REQUIRE_THAT(refusal([&](io::GgufFile& g) { set(g, "glm4moe.expert_gating_func", 4, 1); }),
+               Catch::Contains("'glm4moe.expert_gating_func' is 1: glm4moe's expert gating "
+                               "other than sigmoid (2) is not supported"));
+  REQUIRE_THAT(refusal([&](io::GgufFile& g) { set(g, "glm4moe.nextn_predict_layers", 4, 1); }),
+               Catch::Contains("multi-token-prediction (nextn) layers (GGUF key "
+                               "'glm4moe.nextn_predict_layers') is not supported"));
+  REQUIRE_THAT(
+      refusal([&](io::GgufFile& g) { set(g, "glm4moe.leading_dense_block_count", 4, 3); }),
+      Catch::Contains("'glm4moe.leading_dense_block_count' is 3: it must be between 0 and 2"));
+  REQUIRE_THAT(refusal([&](io::GgufFile& g) { set(g, "glm4moe.expert_group_used_count", 4, 5); }),
+               Catch::Contains("'glm4moe.expert_group_used_count' is 5: it must be between 1 "
+                               "and 4"));
+  // Every MoE layer has the selection bias, the dense ones none.
+  REQUIRE_THAT(refusal([](io::GgufFile& g) { info(g, "blk.2.exp_probs_b.bias").name = "x.bias"; }),
+               Catch::Contains("no GGUF tensor 'blk.2.exp_probs_b.bias'"));
 }
 
 TEST_CASE("gguf import: an f32 model exported as f16 or bf16 comes back f32, rounded",

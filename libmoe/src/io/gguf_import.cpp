@@ -2,7 +2,7 @@
 // keys -> model config, llama.cpp's tensor names -> ours (the inverse of
 // io/gguf_write.cpp's table), each tensor converted on its own. Shape letters:
 // V vocabulary, D hidden, H heads, KV kv heads, hd head dim, F expert hidden,
-// Fs shared expert hidden, E experts.
+// Fs shared expert hidden, E experts, Fd the leading dense layers' hidden (glm4moe).
 #include "moe/io/gguf_import.h"
 
 #include <algorithm>
@@ -23,6 +23,7 @@
 #include "moe/io/convert.h"
 #include "moe/io/finite.h"
 #include "moe/models/flavour.h"
+#include "moe/ops/moe.h"
 #include "moe/version.h"
 
 namespace moe::io {
@@ -45,7 +46,8 @@ struct GgufArch {
 constexpr GgufArch kArchs[] = {{"llama", Arch::mixtral, true, true},
                                {"qwen2moe", Arch::qwen2_moe, false, false},
                                {"qwen3moe", Arch::qwen3_moe, true, false},
-                               {"olmoe", Arch::olmoe, false, false}};
+                               {"olmoe", Arch::olmoe, false, false},
+                               {"glm4moe", Arch::glm4_moe, false, false}};
 
 // Bounds of the counts and widths that size the plan, checked before anything
 // is sized by them (the tensors' own dimensions are bounded by the file's size,
@@ -58,20 +60,25 @@ const GgufArch& arch_of(const Keys& k) {
     if (name == a.name) return a;
   throw Error(str("'", k.path(), "': GGUF architecture '", name,
                   "' is not supported (supported: llama with experts (Mixtral), qwen2moe, "
-                  "qwen3moe, olmoe)"));
+                  "qwen3moe, olmoe, glm4moe)"));
 }
 
 // What llama.cpp can say of a model that ours cannot run: refused by name.
+// glm4moe reads its routing and its dense layers from keys (glm4moe_config); the others may not
+// have them.
 void refuse_unsupported(const Keys& k, const std::string& a, int64_t seq) {
   auto refuse = [&](const std::string& key, const std::string& what) {
     throw Error(str("'", k.path(), "': ", what, " (GGUF key '", key, "') is not supported"));
   };
-  if (k.has(a + ".expert_gating_func") && k.integer(a + ".expert_gating_func") != 1)
+  const bool glm = a == "glm4moe";
+  if (!glm && k.has(a + ".expert_gating_func") && k.integer(a + ".expert_gating_func") != 1)
     refuse(a + ".expert_gating_func", "expert gating other than softmax");
-  if (k.has(a + ".expert_weights_scale") && k.real(a + ".expert_weights_scale") != 1.0)
+  if (!glm && k.has(a + ".expert_weights_scale") && k.real(a + ".expert_weights_scale") != 1.0)
     refuse(a + ".expert_weights_scale", "scaled expert weights");
-  if (k.integer_or(a + ".leading_dense_block_count", 0) != 0)
+  if (!glm && k.integer_or(a + ".leading_dense_block_count", 0) != 0)
     refuse(a + ".leading_dense_block_count", "dense (non-MoE) layers");
+  if (k.integer_or(a + ".nextn_predict_layers", 0) != 0)
+    refuse(a + ".nextn_predict_layers", "multi-token-prediction (nextn) layers");
   if (k.has(a + ".rope.scaling.type") && k.text(a + ".rope.scaling.type") != "none")
     refuse(a + ".rope.scaling.type", str("RoPE scaling '", k.text(a + ".rope.scaling.type"), "'"));
   if (k.has(a + ".attention.clamp_kqv")) refuse(a + ".attention.clamp_kqv", "q/k/v clipping");
@@ -79,8 +86,42 @@ void refuse_unsupported(const Keys& k, const std::string& a, int64_t seq) {
   if (window > 0 && window < seq)
     refuse(a + ".attention.sliding_window",
            str("a sliding window of ", window, " tokens, shorter than the context ", seq));
-  if (k.integer_or(a + ".expert_shared_count", 0) > 0 && a != "qwen2moe")
+  if (k.integer_or(a + ".expert_shared_count", 0) > 0 && a != "qwen2moe" && !glm)
     refuse(a + ".expert_shared_count", "shared experts");
+}
+
+// glm4moe's own keys (io/gguf_write.cpp's write_glm4moe_keys) and what its tensors say of the
+// attention (q/k/v biases, per-head q/k norms: no key holds them). Sigmoid scores with a selection
+// bias (exp_probs_b), group-limited top-k, scaled gate weights, the first layers dense MLPs
+// feed_forward_length wide, and a shared expert of expert_shared_count experts.
+void glm4moe_config(const Keys& k, const GgufFile& f, ModelConfig& mc) {
+  const std::string a = "glm4moe.";
+  if (k.integer_or(a + "expert_gating_func", 2) != 2)
+    k.fail(a + "expert_gating_func",
+           str("is ", k.integer(a + "expert_gating_func"),
+               ": glm4moe's expert gating other than sigmoid (2) is not supported"));
+  mc.router_scoring = nn::RouterScoring::sigmoid;
+  mc.routed_scale = k.real_or(a + "expert_weights_scale", 1.0);
+  if (!(mc.routed_scale > 0)) k.fail(a + "expert_weights_scale", str("is ", mc.routed_scale));
+  mc.router_groups = k.has(a + "expert_group_count")
+                         ? k.bounded(a + "expert_group_count", 1, ops::kMaxRouterGroups)
+                         : 1;
+  mc.router_group_topk = k.has(a + "expert_group_used_count")
+                             ? k.bounded(a + "expert_group_used_count", 1, mc.router_groups)
+                             : mc.router_groups;
+  const int64_t dense = k.bounded(a + "leading_dense_block_count", 0, mc.layers - 1);
+  const int64_t Fd = k.bounded(a + "feed_forward_length", 1, kMaxWidth);
+  mc.dense_ff = dense > 0 && Fd != mc.d_ff ? Fd : 0;
+  mc.experts_per_layer.assign(static_cast<size_t>(mc.layers), mc.experts);
+  std::fill_n(mc.experts_per_layer.begin(), dense, 0);
+  mc.shared_expert_ff = k.bounded(a + "expert_shared_count", 0, kMaxCount) * mc.d_ff;
+  if (mc.shared_expert_ff > kMaxWidth)
+    k.fail(a + "expert_shared_count", str("makes a shared expert ", mc.shared_expert_ff, " wide"));
+  const std::string first = str("blk.", dense, ".");  // the first MoE layer (every layer alike)
+  for (const GgufTensorInfo& t : f.tensors) {
+    mc.qkv_bias |= t.name == first + "attn_q.bias";
+    mc.qk_norm |= t.name == first + "attn_q_norm.weight";
+  }
 }
 
 // The model config the keys describe (the rest of ours: training settings the
@@ -125,7 +166,10 @@ ModelConfig config_from_keys(const Keys& k, const GgufArch& arch, const GgufFile
   if (k.integer_or(a + "attention.value_length", hd) != hd)
     throw Error(str("'", k.path(), "': value heads of another width than key heads (", a,
                     "attention.value_length) are not supported"));
-  if (k.integer_or(a + "rope.dimension_count", hd) != hd)
+  const int64_t rope = k.integer_or(a + "rope.dimension_count", hd);
+  if (arch.arch == Arch::glm4_moe && rope >= 2 && rope < hd && rope % 2 == 0)
+    mc.rope_dim = rope;  // glm4moe's partial RoPE: the first rope features of each head
+  else if (rope != hd)
     throw Error(str("'", k.path(), "': rotary embedding of ", k.integer(a + "rope.dimension_count"),
                     " of ", hd, " head dimensions (", a,
                     "rope.dimension_count) is not supported: ours rotates them all"));
@@ -152,21 +196,47 @@ ModelConfig config_from_keys(const Keys& k, const GgufArch& arch, const GgufFile
   mc.z_loss_coef = 0;
   mc.router_jitter = 0;
   refuse_unsupported(k, arch.name, mc.seq);
+  if (arch.arch == Arch::glm4_moe)
+    glm4moe_config(k, f, mc);
+  else
+    mc.experts_per_layer.assign(static_cast<size_t>(mc.layers), mc.experts);
   return mc;
+}
+
+// Group-limited routing as the keys hold it: groups that all take part are one group.
+std::pair<int64_t, int64_t> grouping(const ModelConfig& c) {
+  if (c.router_groups > 1 && c.router_group_topk < c.router_groups)
+    return {c.router_groups, c.router_group_topk};
+  return {1, 1};
+}
+
+// glm4moe's keys and tensors beyond the others' (their sigmoid router carries its selection
+// bias in the file: exp_probs_b).
+// (The dense layers' width matters only where there are dense layers; experts_per_layer is
+// compared in same_math.)
+bool same_glm_math(const ModelConfig& a, const ModelConfig& b) {
+  const bool dense = std::count(a.experts_per_layer.begin(), a.experts_per_layer.end(), 0) > 0;
+  return (!dense || a.dense_ff_resolved() == b.dense_ff_resolved()) &&
+         a.rope_dim_resolved() == b.rope_dim_resolved() && a.qkv_bias == b.qkv_bias &&
+         a.qk_norm == b.qk_norm && grouping(a) == grouping(b) &&
+         float(a.routed_scale) == float(b.routed_scale);
 }
 
 // The keys hold f32 eps and theta: a record agrees when its values round to
 // them.
 bool same_math(const ModelConfig& a, const ModelConfig& b) {
+  if (a.arch == Arch::glm4_moe && !same_glm_math(a, b)) return false;
+  // A selection bias only where the file holds one (glm4moe's exp_probs_b).
+  const bool biased =
+      a.arch == Arch::glm4_moe || (!a.router_selection_bias() && !b.router_selection_bias());
   return a.arch == b.arch && a.vocab_size == b.vocab_size && a.layers == b.layers &&
          a.d_model == b.d_model && a.heads == b.heads &&
          a.head_dim_resolved() == b.head_dim_resolved() &&
          a.kv_heads_resolved() == b.kv_heads_resolved() && a.d_ff == b.d_ff &&
          a.shared_expert_ff == b.shared_expert_ff && a.experts_per_layer == b.experts_per_layer &&
          a.top_k == b.top_k && a.normalize_topk == b.normalize_topk &&
-         a.residual_moe == b.residual_moe && a.router_scoring == b.router_scoring &&
-         !a.router_selection_bias() && !a.router_center() && !b.router_selection_bias() &&
-         !b.router_center() && float(a.norm_eps) == float(b.norm_eps) &&
+         a.residual_moe == b.residual_moe && a.router_scoring == b.router_scoring && biased &&
+         !a.router_center() && !b.router_center() && float(a.norm_eps) == float(b.norm_eps) &&
          float(a.rope_theta) == float(b.rope_theta);
 }
 
@@ -174,7 +244,6 @@ bool same_math(const ModelConfig& a, const ModelConfig& b) {
 // (moe.model_config): taken when it agrees with the keys, so seq and the
 // training settings come back exactly. Then resolved.
 void adopt_record(const Keys& k, ModelConfig& mc, GgufImportReport& rep) {
-  mc.experts_per_layer.assign(static_cast<size_t>(mc.layers), mc.experts);
   if (k.has("moe.model_config")) {
     try {
       ModelConfig recorded =
@@ -206,8 +275,9 @@ void adopt_record(const Keys& k, ModelConfig& mc, GgufImportReport& rep) {
 std::vector<GgufTensorPlan> expected_tensors(const ModelConfig& mc, bool permute_qk) {
   const int64_t V = mc.vocab_size, D = mc.d_model, F = mc.d_ff, H = mc.heads,
                 KV = mc.kv_heads_resolved(), hd = mc.head_dim_resolved(),
-                E = mc.experts_per_layer.front(), Fs = mc.shared_expert_ff;
+                E = mc.experts, Fs = mc.shared_expert_ff, Fd = mc.dense_ff_resolved();
   const Flavour flavour = flavour_of(mc);
+  const bool glm = mc.arch == Arch::glm4_moe;
   std::vector<GgufTensorPlan> out;
   auto add = [&](std::string gguf, std::string ours, Shape shape, bool expert = false,
                  int64_t rope_heads = 0) {
@@ -218,7 +288,7 @@ std::vector<GgufTensorPlan> expected_tensors(const ModelConfig& mc, bool permute
   for (int64_t i = 0; i < mc.layers; ++i) {
     const std::string blk = str("blk.", i, "."), b = str("blocks.", i, ".");
     add(blk + "attn_norm.weight", b + "norm1.weight", {D});
-    add(blk + "ffn_norm.weight", b + "norm2.weight", {D});
+    add(blk + (glm ? "post_attention_norm.weight" : "ffn_norm.weight"), b + "norm2.weight", {D});
     // As our attention creates them: each projection's weight then its bias, then the qk-norms.
     const bool bias = flavour.qkv_bias;
     add(blk + "attn_q.weight", b + "attn.q.weight", {H * hd, D}, false, H);
@@ -233,15 +303,23 @@ std::vector<GgufTensorPlan> expected_tensors(const ModelConfig& mc, bool permute
       add(blk + "attn_q_norm.weight", b + "attn.q_norm.weight", {head ? hd : H * hd});
       add(blk + "attn_k_norm.weight", b + "attn.k_norm.weight", {head ? hd : KV * hd});
     }
+    if (!mc.is_moe_layer(i)) {  // glm4moe's leading dense layers
+      add(blk + "ffn_gate.weight", b + "mlp.w1", {Fd, D});
+      add(blk + "ffn_down.weight", b + "mlp.w2", {D, Fd});
+      add(blk + "ffn_up.weight", b + "mlp.w3", {Fd, D});
+      continue;
+    }
     add(blk + "ffn_gate_inp.weight", b + "moe.router.weight", {E, D});
+    if (flavour.router_bias) add(blk + "exp_probs_b.bias", b + "moe.router.bias", {E});
     add(blk + "ffn_gate_exps.weight", b + "moe.experts.w1", {E, F, D}, true);
     add(blk + "ffn_down_exps.weight", b + "moe.experts.w2", {E, D, F}, true);
     add(blk + "ffn_up_exps.weight", b + "moe.experts.w3", {E, F, D}, true);
-    if (Fs > 0) {  // the shared expert, then its gate
+    if (Fs > 0) {  // the shared expert, then its gate (qwen2moe's; glm4moe's has none)
       add(blk + "ffn_gate_shexp.weight", b + "moe.shared.w1", {Fs, D});
       add(blk + "ffn_down_shexp.weight", b + "moe.shared.w2", {D, Fs});
       add(blk + "ffn_up_shexp.weight", b + "moe.shared.w3", {Fs, D});
-      add(blk + "ffn_gate_inp_shexp.weight", b + "moe.shared_gate.weight", {1, D});
+      if (flavour.shared_expert_gate)
+        add(blk + "ffn_gate_inp_shexp.weight", b + "moe.shared_gate.weight", {1, D});
     }
   }
   add("output_norm.weight", "final_norm.weight", {D});
@@ -385,6 +463,17 @@ DType dtype_of(GgufType t) {
   return t == GgufType::f16 ? DType::f16 : t == GgufType::bf16 ? DType::bf16 : DType::f32;
 }
 
+// The router's selection bias (glm4moe's exp_probs_b): f32 whatever the model's dtype, as
+// nn::Router stores it.
+bool always_f32(const GgufTensorPlan& t) {
+  const std::string suffix = ".router.bias";
+  return t.ours.size() > suffix.size() &&
+         t.ours.compare(t.ours.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The dtype a tensor is stored in when it keeps no blocks: the model's, or f32 (always_f32).
+DType stored_dtype(const GgufTensorPlan& t, DType model) { return always_f32(t) ? DType::f32 : model; }
+
 // The stored dtype: the 16-bit type of the 16-bit tensors when every other
 // tensor we keep unquantised holds only values it represents exactly, else f32
 // (exact for every type we read).
@@ -403,7 +492,8 @@ DType choose_dtype(const GgufFile& f, const std::vector<GgufTensorPlan>& plan,
   const DType half = dtype_of(*halves.begin());
   for (const GgufTensorPlan& t : plan) {
     const GgufTensorInfo& info = f.tensor(t.gguf);
-    if (t.q8_rows || !t.block_format.empty() || info.type == *halves.begin()) continue;
+    if (t.q8_rows || !t.block_format.empty() || always_f32(t) || info.type == *halves.begin())
+      continue;
     if (!exact_in(read_gguf_tensor(f, t.gguf), half)) {
       rep.notes.push_back(str(t.gguf, " (", gguf_type_name(info.type), ") holds values ",
                               dtype_name(half), " cannot: every parameter stored f32 (exact)"));
@@ -563,7 +653,7 @@ NamedTensor import_gguf_tensor(const GgufImportPlan& plan, const GgufTensorPlan&
     shape.back() = cpu::q8_row_bytes(in);
     out = tensor_of(shape, DType::u8, bytes);
   } else {
-    const DType dtype = plan.config.dtype;
+    const DType dtype = stored_dtype(t, plan.config.dtype);
     if (dtype_of(info.type) == dtype && !is_blocked(info.type)) {  // bitwise
       std::vector<uint8_t> bytes = read_gguf_tensor_bytes(f, t.gguf);
       if (t.rope_heads) unpermute_rows(bytes, t.rope_heads, hd, size_t(in) * dtype_size(dtype));
@@ -592,7 +682,7 @@ Checkpoint import_gguf(const std::string& path, const GgufImportOptions& options
   for (const GgufTensorPlan& t : plan.tensors) {  // deferred: read when written (hold_all)
     auto source = std::make_shared<TensorSource>();
     source->shape = t.shape;
-    source->dtype = plan.config.dtype;
+    source->dtype = stored_dtype(t, plan.config.dtype);
     if (t.q8_rows) {
       source->shape.back() = cpu::q8_row_bytes(t.shape.back());
       source->dtype = DType::u8;
