@@ -7,31 +7,11 @@
 #include <nlohmann/json.hpp>
 
 #include "support/run.h"
+#include "support/scores.h"
 
 using namespace moe;
 using test::run_command;
 using test::tool;
-
-namespace {
-
-// moe-infer score's JSON lines without the timings.
-std::vector<nlohmann::json> scores(const std::string& model, const std::string& data) {
-  const auto r = run_command(tool("moe-infer", "score --model " + model + " --data " + data +
-                                                   " --max-sequences 4 --batch 2 --threads 1 -q"));
-  INFO(r.err);
-  REQUIRE(r.exit_code == 0);
-  std::vector<nlohmann::json> out;
-  for (const std::string& line : test::lines_of(r.out)) {
-    nlohmann::json j = nlohmann::json::parse(line);
-    for (auto it = j.begin(); it != j.end();)
-      it = it.key().find("_per_s") != std::string::npos ? j.erase(it) : std::next(it);
-    out.push_back(j);
-  }
-  REQUIRE(out.size() == 4);
-  return out;
-}
-
-}  // namespace
 
 TEST_CASE("cli: moe-convert import-gguf of export-gguf scores as the original", "[cli][gguf]") {
   test::ScratchDir dir("cli-gguf-import");
@@ -45,7 +25,7 @@ TEST_CASE("cli: moe-convert import-gguf of export-gguf scores as the original", 
   REQUIRE(i.exit_code == 0);
   REQUIRE_THAT(i.err, Catch::Contains("imported a GGUF llama model as mixtral"));
   const std::string data = test::fortunes_path("linux");
-  REQUIRE(scores(back, data) == scores(ckpt, data));
+  REQUIRE(test::score_lines(back, data) == test::score_lines(ckpt, data));
 
   // An existing output is kept unless --force.
   auto again = run_command(tool("moe-convert", "import-gguf " + gguf + " -o " + back));

@@ -12,33 +12,13 @@
 
 #include "support/hf_glm4_moe.h"
 #include "support/run.h"
+#include "support/scores.h"
 
 using namespace moe;
 using namespace moe::test::hf;
 using test::run_command;
 using test::tool;
 namespace fs = std::filesystem;
-
-namespace {
-
-// moe-infer score's JSON lines without the timings.
-std::vector<nlohmann::json> glm_scores(const std::string& model, const std::string& data) {
-  const auto r = run_command(tool("moe-infer", "score --model " + model + " --data " + data +
-                                                   " --max-sequences 4 --batch 2 --threads 1 -q"));
-  INFO(r.err);
-  REQUIRE(r.exit_code == 0);
-  std::vector<nlohmann::json> out;
-  for (const std::string& line : test::lines_of(r.out)) {
-    nlohmann::json j = nlohmann::json::parse(line);
-    for (auto it = j.begin(); it != j.end();)
-      it = it.key().find("_per_s") != std::string::npos ? j.erase(it) : std::next(it);
-    out.push_back(j);
-  }
-  REQUIRE(out.size() == 4);
-  return out;
-}
-
-}  // namespace
 
 TEST_CASE("cli: import-gguf of a GLM-4-MoE export-gguf wrote scores as the original",
           "[cli][gguf][glm4_moe]") {
@@ -64,6 +44,6 @@ TEST_CASE("cli: import-gguf of a GLM-4-MoE export-gguf wrote scores as the origi
   // The keys say the model the exporter recorded (else the record is ignored, with a note).
   REQUIRE_THAT(g.err, Catch::Contains("model config taken from the exporter's record"));
   const std::string data = test::fortunes_path("linux");
-  const auto want = glm_scores(ckpt, data);
-  REQUIRE(glm_scores(back, data) == want);
+  const auto want = test::score_lines(ckpt, data);
+  REQUIRE(test::score_lines(back, data) == want);
 }
