@@ -298,6 +298,37 @@ TEST_CASE("cli: a resumed checkpoint's train_config of the wrong type names the 
   run_cases(cases);
 }
 
+TEST_CASE("cli: a resumed FlexMoE placement state missing a key names the checkpoint file",
+          "[cli][messages]") {
+  // Before: "checkpoint placement state: \"ranks\" is missing", naming no file (the types were
+  // checked with the file's name when the session opened it; a missing key only when the
+  // placement read it).
+  REQUIRE(run_command("command -v mpiexec").exit_code == 0);  // scripts/setup installs it
+  test::ScratchDir dir("cli-user-messages-placement");
+  const std::string run = dir / "run", damaged = dir / "damaged";
+  const std::string placed = " --ep 2 --placement flexmoe --threads 1 -q";
+  const test::RunResult trained = run_command(
+      "OMP_NUM_THREADS=1 timeout 120 mpiexec -n 2 " +
+      tool("moe-train", "--data " + test::fortunes_path("linux") + " --out " + run +
+                            test::kTinyMixtral + " --steps 2" + placed));
+  INFO(trained.err);
+  REQUIRE(trained.exit_code == 0);
+  const std::string step = run + "/step-00000002", head = damaged + "/rank-00000.h5";
+  fs::copy(step, damaged, fs::copy_options::recursive);
+  edit_json_attr(step + "/rank-00000.h5", head, "train_config", [](auto& j) {
+    REQUIRE(j.at("placement_state").contains("ranks"));
+    j["placement_state"].erase("ranks");
+  });
+  const test::RunResult resumed = run_command(
+      "OMP_NUM_THREADS=1 timeout 120 mpiexec -n 2 " +
+      tool("moe-train", "--resume " + damaged + " --out " + (dir / "again") + " --steps 3" + placed));
+  INFO(resumed.err);
+  CHECK(resumed.exit_code != 0);
+  CHECK_THAT(resumed.err, Catch::Contains("checkpoint '" + head +
+                                          "': attribute 'train_config': \"placement_state\": "
+                                          "\"ranks\" is missing"));
+}
+
 TEST_CASE("cli: a directory given as an input file is refused by name", "[cli][messages]") {
   // Before: "basic_filebuf::underflow error reading the file: Is a directory" (moe-profile
   // accuracy), or nothing read at all.

@@ -499,6 +499,6 @@ TEST_CASE("flexmoe: a checkpoint's placement state missing a key is named in wor
   } catch (const Error& e) {
     const std::string what = e.what();
     INFO(what);
-    CHECK(what == "checkpoint placement state: \"ranks\" is missing");
+    CHECK(what == "\"placement_state\": \"ranks\" is missing");
   }
 }

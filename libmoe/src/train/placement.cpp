@@ -205,9 +205,9 @@ std::string FlexMoEPlacement::load_state(const nlohmann::json& state) {
     maps_ = std::move(maps);
     cost_ = std::move(cost);
   } catch (const nlohmann::json::exception& e) {  // a missing key (the session checked types)
-    throw Error(str("checkpoint placement state: ", json_error_words(e)));
+    throw Error(str("\"placement_state\": ", json_error_words(e)));
   } catch (const std::exception& e) {  // a map that breaks VExpertMap's rules, a bad layer key
-    throw Error(str("checkpoint placement state: ", e.what()));
+    throw Error(str("\"placement_state\": ", e.what()));
   }
   return {};
 }

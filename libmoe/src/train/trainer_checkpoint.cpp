@@ -11,6 +11,7 @@
 #include <set>
 #include <utility>
 
+#include "io/json_attrs.h"
 #include "moe/io/checkpoint_dir.h"
 #include "moe/io/convert.h"
 #include "moe/io/finite.h"
@@ -40,11 +41,11 @@ std::map<std::string, const Param*> Trainer::params_of_optimizer_tensors() const
   return out;
 }
 
-void Trainer::restore(const io::Checkpoint& ckpt) {
+void Trainer::restore(const io::Checkpoint& ckpt, const std::string& source) {
   if (ckpt.sharding.rank >= 0)
     throw Error(str("this checkpoint file is rank ", ckpt.sharding.rank,
                     "'s shard of a sharded checkpoint: resume from its directory"));
-  restore_placement(ckpt);  // flexmoe: the maps say which experts this rank's slots hold
+  restore_placement(ckpt, source);  // flexmoe: the maps say which experts this rank's slots hold
   const auto* maps = vexpert_maps();
   if (!sharded() && !maps) {
     load_tensors(ckpt);
@@ -232,7 +233,8 @@ void Trainer::restore(const std::string& path) {
   namespace fs = std::filesystem;
   if (!fs::is_directory(path)) {  // a sharded run slices whole tensors: nothing streams then
     restore(sharded() ? io::load_checkpoint(path)
-                      : io::load_checkpoint(path, true, offloaded_filter()));
+                      : io::load_checkpoint(path, true, offloaded_filter()),
+            path);
     return;
   }
   const std::string head_path = io::CheckpointDir::rank_file(path, 0);
@@ -258,7 +260,7 @@ void Trainer::restore(const std::string& path) {
                  "; this run has ", layout_text(world_size(), train_.ep, train_.shard_embedding),
                  " and ", train_.placement, " placement: re-sharding it on load");
     head = io::Checkpoint();  // its tensors are read again with the other files
-    restore(io::merge_shards(io::checkpoint_files({path})));
+    restore(io::merge_shards(io::checkpoint_files({path})), head_path);  // configs: part 0's
     return;
   }
   restore_sharded(std::move(head), path, [&](int source) {
@@ -445,11 +447,17 @@ void Trainer::gather_dense_state() const {
   for (const auto& [name, value] : zero_->gather_values()) logical_[name] = value;  // stage 3
 }
 
-void Trainer::restore_placement(const io::Checkpoint& ckpt) {
+void Trainer::restore_placement(const io::Checkpoint& ckpt, const std::string& source) {
   if (!placement_) return;
-  const std::string note = placement_->load_state(
-      ckpt.train_config.is_object() ? ckpt.train_config.value("placement_state", nlohmann::json())
-                                    : nlohmann::json());
+  std::string note;
+  try {
+    note = placement_->load_state(ckpt.train_config.is_object()
+                                      ? ckpt.train_config.value("placement_state", nlohmann::json())
+                                      : nlohmann::json());
+  } catch (const Error& e) {  // a missing key, a map that breaks VExpertMap's rules
+    if (source.empty()) throw;
+    throw Error(str(io::attribute_place("checkpoint", source, "train_config"), ": ", e.what()));
+  }
   if (!note.empty() && rank() == 0) MOE_LOG_WARN("resume: ", note);
   sync_holders();
 }

@@ -188,7 +188,8 @@ class Trainer {
   // --shard-embedding with --ep = W) takes its slices of it. An offloaded
   // run's store is refilled expert by expert (streamed tensors are read one expert at a time);
   // a damaged or non-finite expert found then fails the restore part-way: do not train on.
-  void restore(const io::Checkpoint& checkpoint);
+  // `source` names the file the checkpoint came from in errors about its placement state.
+  void restore(const io::Checkpoint& checkpoint, const std::string& source = {});
   // The same from a path: a checkpoint file, or a sharded checkpoint directory written by save()
   // of a run with the same world size, --ep and --shard-embedding (collective; each rank reads
   // the files holding its parameters).
@@ -324,7 +325,7 @@ class Trainer {
   const std::map<int64_t, balance::VExpertMap>* vexpert_maps() const;
   void sync_holders();
   void apply_replans(std::vector<Replan>& replans);  // fills their copies and measured time
-  void restore_placement(const io::Checkpoint& checkpoint);
+  void restore_placement(const io::Checkpoint& checkpoint, const std::string& source);
   // Logical expert tensors checkpoint() writes instead of the slots (flexmoe; set by save() and
   // snapshot() for the call).
   mutable std::map<std::string, Tensor> logical_;
