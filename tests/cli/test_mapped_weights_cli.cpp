@@ -18,9 +18,8 @@
 
 #include "moe/io/checkpoint.h"
 #include "moe/io/convert.h"
-#include "moe/models/transformer.h"
-#include "moe/rng.h"
 #include "support/run.h"
+#include "support/streamed_model.h"
 
 using namespace moe;
 using test::run_command;
@@ -29,58 +28,14 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// Mixtral-shaped, d_model 256 (see the top of the file); values with norms near 1.
 ModelConfig model_config(int64_t layers, int64_t d_ff, int64_t experts) {
-  ModelConfig c;
-  c.arch = Arch::mixtral;
-  c.layers = layers;
-  c.d_model = 256;
-  c.heads = 4;
-  c.kv_heads = 2;
-  c.d_ff = d_ff;
-  c.seq = 64;
-  c.experts = experts;
-  c.moe_every = 1;
-  c.top_k = 2;
-  c.normalize_topk = true;
-  c.resolve();
-  return c;
-}
-
-// Values of tensor `name` (expert e, or -1 for a whole tensor): normal(0, 0.05); norms near 1.
-Tensor values(const std::string& name, int64_t e, const Shape& shape) {
-  Tensor t = Tensor::empty(shape, DType::f32);
-  const uint64_t key = rng_key(11, {hash_name(name), static_cast<uint64_t>(e + 1)});
-  const bool norm = name.find("norm") != std::string::npos;
-  float* v = t.data<float>();
-  for (int64_t i = 0; i < t.numel(); ++i)
-    v[i] = (norm ? 1.0f : 0.0f) + 0.05f * rng_normal(key, static_cast<uint64_t>(i));
-  return t;
+  return test::streamed_config(layers, 256, d_ff, experts);
 }
 
 // Writes an f32 model of `config` (expert tensors one expert at a time); returns its bytes.
 int64_t write_model(const std::string& path, const ModelConfig& config) {
-  ParamSet params(0, DType::f32);
-  params.skip_initial_values(true);
-  params.skip_gradients(true);
-  Transformer model(config, params);
-  io::Checkpoint ckpt;
-  ckpt.model_config = to_json(config);
-  ckpt.train_config = nullptr;
-  int64_t bytes = 0;
-  for (const Param* p : std::as_const(params).all()) {
-    bytes += p->numel() * 4;
-    if (!p->expert) {
-      ckpt.params.push_back(io::NamedTensor{p->name, values(p->name, -1, p->shape), false, {}});
-      continue;
-    }
-    auto source = std::make_shared<io::ExpertSource>();
-    source->shape = p->shape;
-    const Shape rest(p->shape.begin() + 1, p->shape.end());
-    source->read = [name = p->name, rest](int64_t e) { return values(name, e, rest); };
-    ckpt.params.push_back(io::NamedTensor{p->name, Tensor(), true, {}, source});
-  }
-  io::save_checkpoint(path, ckpt);
-  return bytes;
+  return test::write_streamed_model(path, config, test::StreamedValues{11, true});
 }
 
 void require_ok(const test::RunResult& r) {

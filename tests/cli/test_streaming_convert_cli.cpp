@@ -16,8 +16,8 @@
 #include "moe/io/convert.h"
 #include "moe/io/hf_checkpoint.h"
 #include "moe/models/transformer.h"
-#include "moe/rng.h"
 #include "support/run.h"
+#include "support/streamed_model.h"
 
 using namespace moe;
 using test::kAddressSanitizer;
@@ -34,66 +34,18 @@ namespace {
 constexpr int64_t kHeadroomBytes = int64_t(128) << 20;
 
 ModelConfig model_config(int64_t layers, int64_t d_model, int64_t d_ff, int64_t experts) {
-  ModelConfig c;
-  c.arch = Arch::mixtral;
-  c.layers = layers;
-  c.d_model = d_model;
-  c.heads = 4;
-  c.kv_heads = 2;
-  c.d_ff = d_ff;
-  c.seq = 64;
-  c.experts = experts;
-  c.moe_every = 1;
-  c.top_k = 2;
-  c.normalize_topk = true;
-  c.resolve();
-  return c;
+  return test::streamed_config(layers, d_model, d_ff, experts);
 }
 
 ModelConfig big_config() { return model_config(8, 256, 1024, 16); }
 
 // Values of tensor `name` (expert e, or -1 for a whole non-expert tensor): normal(0, 0.05).
-Tensor values(const std::string& name, int64_t e, const Shape& shape) {
-  Tensor t = Tensor::empty(shape, DType::f32);
-  const uint64_t key = rng_key(7, {hash_name(name), static_cast<uint64_t>(e + 1)});
-  float* v = t.data<float>();
-  for (int64_t i = 0; i < t.numel(); ++i) v[i] = 0.05f * rng_normal(key, static_cast<uint64_t>(i));
-  return t;
-}
+const test::StreamedValues values{7, false};
 
-// An expert tensor of `shape` whose expert e is values(name, e, ...), produced one at a time.
-io::NamedTensor streamed_values(const std::string& name, const Shape& shape) {
-  auto source = std::make_shared<io::ExpertSource>();
-  source->shape = shape;
-  const Shape rest(shape.begin() + 1, shape.end());
-  source->read = [name, rest](int64_t e) { return values(name, e, rest); };
-  return io::NamedTensor{name, Tensor(), true, {}, source};
-}
-
-// Writes the model: its parameter names and shapes from the model the config builds (values
-// never written there), the values from values(), expert tensors one expert at a time; with
-// `optim`, an Adam moment "adam.m.<name>" of every parameter too (values of that name).
+// Writes the model (test::write_streamed_model): expert tensors one expert at a time; with
+// `optim`, an Adam moment "adam.m.<name>" of every parameter too.
 int64_t write_model(const std::string& path, const ModelConfig& config, bool optim = false) {
-  ParamSet params(0, DType::f32);
-  params.skip_initial_values(true);
-  params.skip_gradients(true);
-  Transformer model(config, params);
-  io::Checkpoint ckpt;
-  ckpt.model_config = to_json(config);
-  ckpt.train_config = nullptr;
-  int64_t bytes = 0;
-  for (const Param* p : std::as_const(params).all()) {
-    bytes += p->numel() * 4;
-    for (bool moment : {false, true}) {
-      if (moment && !optim) continue;
-      const std::string name = moment ? "adam.m." + p->name : p->name;
-      (moment ? ckpt.optim : ckpt.params)
-          .push_back(p->expert ? streamed_values(name, p->shape)
-                               : io::NamedTensor{name, values(name, -1, p->shape), false, {}});
-    }
-  }
-  io::save_checkpoint(path, ckpt);
-  return bytes;
+  return test::write_streamed_model(path, config, values, optim);
 }
 
 // The smallest address-space limit under which moe-convert converts a tiny model to bf16.
