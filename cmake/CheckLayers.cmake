@@ -4,7 +4,7 @@ cmake_minimum_required(VERSION 3.20)
 #   cmake -DSRC=<source root> -P cmake/CheckLayers.cmake
 # (the `layers` test does). Scans the #include lines of libmoe/src, libmoe/include and tools/ and
 # fails naming file:line for every include that points up. Layers, lowest first:
-set(MOE_LAYERS kernels core backend ops optim comm balance parallel nn models io offload profile
+set(MOE_LAYERS kernels core backend ops optim comm balance parallel nn models io offload profile plan
                infer train tools)
 # libmoe/include/moe/<layer>/ and libmoe/src/<layer>/ are one layer; top-level moe/*.h headers and
 # src/core/ are core; backend/cpu and backend/cuda are backend; tools/ is the top.
