@@ -1,0 +1,150 @@
+// moe-plan predict as a user runs it: a tiny model moe-train trained, a trace moe-profile
+// recorded from it, a cluster spec written by hand. The report must add up (tiers, the critical
+// path, tokens/s), TSV and JSON must agree, LPT must not be slower than static placement on the
+// same loads, and bad specs, layouts and files must be refused naming the file and the key.
+#include <catch2/catch.hpp>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "support/run.h"
+
+using namespace moe;
+using test::fields;
+using test::lines_of;
+using test::run_command;
+using test::tool;
+
+namespace {
+
+// One node of 4 devices; `device` is each device's memory.
+std::string cluster_text(const std::string& device) {
+  return "device_kind = \"cuda\"\nnodes = 1\ndevices_per_node = 4\n"
+         "[memory]\ndevice = \"" + device + "\"\nhost = \"64GiB\"\nssd = \"1TB\"\n"
+         "[bandwidth]\nintra_node = \"100GB/s\"\ninter_node = \"10GB/s\"\nhost_device = \"20GB/s\"\n"
+         "ssd = \"2GB/s\"\nmemcpy = \"10GB/s\"\ndevice_memory = \"1TB/s\"\n"
+         "[latency]\nintra_node = \"5us\"\ninter_node = \"10us\"\n"
+         "[compute]\nf32 = \"10TFLOP/s\"\ncpu_adamw = \"1Gparam/s\"\n";
+}
+
+struct Planned {
+  test::ScratchDir dir{"cli-plan"};
+  std::string ckpt, trace, cluster, small;
+  Planned() {
+    ckpt = test::train_on_fortunes(dir / "run", test::kTinyModel + " --steps 2");
+    trace = dir / "trace.h5";
+    auto r = run_command(tool("moe-profile", "record -q --model " + ckpt + " --data " +
+                                                 test::fortunes_path("computers") +
+                                                 " --batch 4 --max-tokens 512 -o " + trace));
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    cluster = dir / "node.toml";
+    test::write_file(cluster, cluster_text("80GiB"));
+    small = dir / "small.toml";
+    test::write_file(small, cluster_text("64KiB"));
+  }
+  std::string predict(const std::string& cluster_path, const std::string& flags) const {
+    return tool("moe-plan", "predict --model " + ckpt + " --trace " + trace + " --cluster " +
+                                cluster_path + " " + flags);
+  }
+};
+
+Planned& planned() {
+  static Planned p;
+  return p;
+}
+
+// "section\tname" -> value, from the TSV report.
+std::map<std::string, double> values(const std::string& out) {
+  std::map<std::string, double> v;
+  for (const std::string& line : lines_of(out)) {
+    if (line.empty() || line[0] == '#' || line.rfind("section\t", 0) == 0) continue;
+    const auto f = fields(line);
+    REQUIRE(f.size() == 4);
+    v[f[0] + "\t" + f[1]] = std::stod(f[2]);
+  }
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("cli: moe-plan predict adds up, in TSV and JSON", "[cli][plan]") {
+  Planned& p = planned();
+  auto r = run_command(p.predict(p.cluster, "--layout ep=4,zero=1 --batch 2"));
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  auto v = values(r.out);
+  double device = 0;
+  for (const auto& [key, bytes] : v)
+    if (key.rfind("memory\tdevice: ", 0) == 0) device += bytes;
+  CHECK(v.at("tier\tdevice need") == Approx(device).epsilon(1e-5));
+  CHECK(v.at("tier\tdevice capacity") == 80.0 * 1024 * 1024 * 1024);
+  CHECK(v.count("tier\tdevice does not fit, short by") == 0);
+  const double step = v.at("time\tdense_compute") + v.at("time\texpert_compute") +
+                      v.at("time\tall_to_all") + v.at("time\tallreduce_exposed") +
+                      v.at("time\tzero_gathers") + v.at("time\toptimizer_exposed");
+  CHECK(v.at("time\tstep") == Approx(step).epsilon(1e-5));
+  CHECK(v.at("time\texpert_compute") >= v.at("time\texpert_compute_balanced") * (1 - 1e-6));
+  CHECK(v.at("time\tall_to_all") > 0);
+  // 2 sequences of the model's 16 tokens on each of 4 ranks
+  CHECK(v.at("throughput\ttokens_per_s") == Approx(4 * 2 * 16 / v.at("time\tstep")).epsilon(1e-5));
+
+  auto j = run_command(p.predict(p.cluster, "--layout ep=4,zero=1 --batch 2 --json"));
+  REQUIRE(j.exit_code == 0);
+  const auto json = nlohmann::json::parse(j.out);
+  CHECK(json.at("layout") ==
+        "ep=4,dp=1,zero=1,offload=none,placement=static,a2a=flat,scheduler=off");
+  CHECK(json.at("time").at("step_s").get<double>() == Approx(v.at("time\tstep")).epsilon(1e-5));
+  CHECK(json.at("tiers").at("device").at("need_bytes").get<double>() ==
+        Approx(v.at("tier\tdevice need")).epsilon(1e-5));
+
+  // LPT places the same loads no worse than the static split.
+  auto lpt = values(run_command(p.predict(p.cluster, "--layout ep=4,placement=lpt --batch 2")).out);
+  auto fixed = values(run_command(p.predict(p.cluster, "--layout ep=4 --batch 2")).out);
+  CHECK(lpt.at("time\texpert_compute") <= fixed.at("time\texpert_compute") * (1 + 1e-9));
+}
+
+TEST_CASE("cli: moe-plan predict says what does not fit, by how much", "[cli][plan]") {
+  Planned& p = planned();
+  auto r = run_command(p.predict(p.small, "--layout ep=2"));
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  auto v = values(r.out);
+  CHECK(v.at("tier\tdevice does not fit, short by") ==
+        Approx(v.at("tier\tdevice need") - 64 * 1024).epsilon(1e-5));
+  CHECK(v.at("throughput\tfits") == 0);
+}
+
+TEST_CASE("cli: moe-plan predict refuses bad inputs naming the file and the key", "[cli][plan]") {
+  Planned& p = planned();
+  std::string text = cluster_text("80GiB");
+  test::write_file(p.dir / "no-memcpy.toml",
+                   text.replace(text.find("memcpy = \"10GB/s\"\n"), 18, ""));
+  auto r = run_command(p.predict(p.dir / "no-memcpy.toml", ""));
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.err, Catch::Contains("moe-plan: error: " + p.dir / "no-memcpy.toml" +
+                                    ": [bandwidth] missing key 'memcpy'"));
+
+  text = cluster_text("80GiB");
+  test::write_file(p.dir / "unitless.toml",
+                   text.replace(text.find("\"100GB/s\""), 9, "100"));
+  r = run_command(p.predict(p.dir / "unitless.toml", ""));
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.err, Catch::Contains("[bandwidth] intra_node: must be a quoted quantity"));
+
+  r = run_command(p.predict(p.cluster, "--layout ep=3"));
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Catch::Contains("layout: ep=3 does not divide the cluster's 4 ranks"));
+
+  r = run_command(p.predict(p.cluster, "--layout ep=4,pp=2"));
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Catch::Contains("layout: unknown key 'pp'"));
+
+  r = run_command(p.predict(p.dir / "absent.toml", ""));
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.err, Catch::Contains("absent.toml"));
+
+  r = run_command(tool("moe-plan", "predict --model " + p.ckpt + " --trace " + p.ckpt +
+                                       " --cluster " + p.cluster));
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.err, Catch::Contains(p.ckpt));
+}

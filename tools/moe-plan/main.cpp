@@ -1,0 +1,78 @@
+// moe-plan: size a training run before paying for it. Each subcommand is a thin driver of
+// moe/plan/predict.h; adding one is a `Subcommand` entry in main() (a setup that declares its
+// flags, and a run function).
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "common/cli.h"
+#include "moe/plan/predict.h"
+
+using namespace moe;
+
+namespace {
+
+struct Options {
+  tools::CommonOptions common;
+  plan::PredictRequest predict;
+  bool json = false;
+};
+
+int run_predict(Options& o) {
+  const plan::Prediction p = plan::predict(o.predict);
+  if (o.json) {
+    std::printf("%s\n", plan::prediction_json(p).dump(2).c_str());
+  } else {
+    for (const std::string& line : plan::prediction_tsv(p)) std::printf("%s\n", line.c_str());
+  }
+  return tools::finish_stdout("moe-plan");
+}
+
+struct Subcommand {
+  CLI::App* app;
+  int (*run)(Options&);
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "moe-plan: predict the memory per device and the step time of a training layout on a "
+      "cluster, from a model and a routing trace.",
+      "moe-plan"};
+  Options o;
+  tools::add_common_options(app, o.common, "moe-plan");
+  app.require_subcommand(1);
+  app.fallthrough();
+
+  std::vector<Subcommand> subs;
+  auto* predict = app.add_subcommand(
+      "predict",
+      "Memory per device by tier (device, host, SSD: what does not fit, by how much) and the "
+      "step time term by term, as TSV (or --json)");
+  auto& r = o.predict;
+  predict->add_option("--model", r.model, "Checkpoint (.h5) or model config (.json)")->required();
+  predict->add_option("--trace", r.trace, "Routing trace (moe-profile record, moe-train --trace)")
+      ->required();
+  predict->add_option("--cluster", r.cluster, "Cluster spec (TOML; see specs/clusters/)")
+      ->required();
+  predict
+      ->add_option("--layout", r.layout,
+                   "Layout: ep=N,dp=N,zero=0..3,offload=none|host|ssd,placement=static|lpt|"
+                   "flexmoe,a2a=flat|hierarchical,scheduler=off|priority (unset keys: defaults)")
+      ->capture_default_str();
+  predict->add_option("--batch", r.batch, "Sequences per rank and step")
+      ->check(tools::positive())
+      ->capture_default_str();
+  predict->add_option("--seq", r.seq, "Tokens per sequence (0: the model's context)")
+      ->check(tools::non_negative())
+      ->capture_default_str();
+  predict->add_flag("--json", o.json, "One JSON object instead of TSV");
+  subs.push_back({predict, run_predict});
+
+  return tools::run_tool("moe-plan", app, argc, argv, [&]() -> int {
+    tools::apply_common_options(o.common);
+    for (const Subcommand& s : subs)
+      if (*s.app) return s.run(o);
+    throw UsageError("no subcommand given");
+  });
+}
