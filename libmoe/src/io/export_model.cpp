@@ -13,6 +13,9 @@ ExportModel::ExportModel(const Checkpoint& ckpt, const std::string& who, const s
                     ": only the mixtral flavour and the families built on it (qwen2_moe, "
                     "qwen3_moe, olmoe, glm4_moe) have a form there (this model is gpt: learned "
                     "positions, LayerNorm, GELU)"));
+  if (mc_.mla())
+    throw Error(str(who, ": deepseek_v3 (Multi-head Latent Attention) has no ", target,
+                    " export yet"));
   if (ckpt.sharding.rank >= 0)
     throw Error(str(who, ": this is rank ", ckpt.sharding.rank,
                     "'s shard of a sharded checkpoint; merge "

@@ -18,14 +18,15 @@ constexpr struct {
               {Arch::qwen2_moe, "qwen2_moe"},
               {Arch::qwen3_moe, "qwen3_moe"},
               {Arch::olmoe, "olmoe"},
-              {Arch::glm4_moe, "glm4_moe"}};
+              {Arch::glm4_moe, "glm4_moe"},
+              {Arch::deepseek_v3, "deepseek_v3"}};
 }  // namespace
 
 Arch parse_arch(const std::string& name) {
   for (const auto& a : kArchs)
     if (name == a.name) return a.arch;
   throw UsageError(str("unknown --arch '", name,
-                       "' (expected gpt, mixtral, qwen2_moe, qwen3_moe, olmoe or glm4_moe)"));
+                       "' (expected gpt, mixtral, qwen2_moe, qwen3_moe, olmoe, glm4_moe or deepseek_v3)"));
 }
 
 const char* arch_name(Arch arch) {
@@ -82,11 +83,40 @@ void ModelConfig::resolve() {
   validate();
 }
 
+void ModelConfig::validate_mla() const {
+  MOE_USAGE_CHECK(q_lora_rank >= 0 && kv_lora_rank >= 0 && qk_nope_dim >= 0 && qk_rope_dim >= 0 &&
+                      v_head_dim >= 0,
+                  "the latent attention's sizes must be >= 0 (got q_lora_rank ", q_lora_rank,
+                  ", kv_lora_rank ", kv_lora_rank, ", qk_nope_dim ", qk_nope_dim,
+                  ", qk_rope_dim ", qk_rope_dim, ", v_head_dim ", v_head_dim, ")");
+  if (arch != Arch::deepseek_v3) {
+    MOE_USAGE_CHECK(!mla() && q_lora_rank == 0 && qk_nope_dim == 0 && qk_rope_dim == 0 &&
+                        v_head_dim == 0,
+                    "latent attention (kv_lora_rank, q_lora_rank, qk_nope_dim, qk_rope_dim, "
+                    "v_head_dim) is deepseek_v3's, not ", arch_name(arch), "'s");
+    return;
+  }
+  MOE_USAGE_CHECK(mla(), "deepseek_v3 needs its latent attention's shape (kv_lora_rank > 0 and "
+                  "the qk_nope_dim, qk_rope_dim and v_head_dim of a head); training one from "
+                  "scratch cannot set it yet");
+  MOE_USAGE_CHECK(qk_nope_dim >= 1 && qk_rope_dim >= 2 && qk_rope_dim % 2 == 0 && v_head_dim >= 1 &&
+                      v_head_dim <= qk_nope_dim + qk_rope_dim,
+                  "deepseek_v3's heads need qk_nope_dim >= 1 (got ", qk_nope_dim,
+                  "), an even qk_rope_dim >= 2 (got ", qk_rope_dim,
+                  ") and 1 <= v_head_dim <= qk_nope_dim + qk_rope_dim (got ", v_head_dim, ")");
+  MOE_USAGE_CHECK((head_dim == 0 || head_dim == qk_nope_dim + qk_rope_dim) && rope_dim == 0 &&
+                      kv_heads_resolved() == heads && !qkv_bias &&
+                      !qk_norm,
+                  "deepseek_v3's heads are shaped by its latent attention: another head_dim, "
+                  "rope_dim, kv_heads, qkv_bias or qk_norm does not apply");
+}
+
 void ModelConfig::validate() const {
   MOE_USAGE_CHECK(vocab_size >= 2, "vocabulary size must be >= 2 (got ", vocab_size, ")");
   MOE_USAGE_CHECK(d_model >= 1 && heads >= 1, "--d-model and --heads must be >= 1");
+  validate_mla();
   MOE_USAGE_CHECK(head_dim >= 0, "--head-dim must be >= 0 (0 = d-model/heads; got ", head_dim, ")");
-  MOE_USAGE_CHECK(head_dim > 0 || d_model % heads == 0, "--heads ", heads,
+  MOE_USAGE_CHECK(head_dim > 0 || mla() || d_model % heads == 0, "--heads ", heads,
                   " does not divide --d-model ", d_model, " (or give --head-dim)");
   const int64_t hd = head_dim_resolved();
   int64_t kv = kv_heads_resolved();
@@ -96,7 +126,7 @@ void ModelConfig::validate() const {
                   "--kv-heads (grouped-query attention) needs a RoPE architecture, not --arch gpt");
   MOE_USAGE_CHECK(arch != Arch::gpt || head_dim == 0 || head_dim * heads == d_model,
                   "--head-dim needs a RoPE architecture, not --arch gpt");
-  MOE_USAGE_CHECK(arch == Arch::gpt || hd % 2 == 0, "RoPE needs an even head dimension (got ", hd,
+  MOE_USAGE_CHECK(arch == Arch::gpt || mla() || hd % 2 == 0, "RoPE needs an even head dimension (got ", hd,
                   ")");
   MOE_USAGE_CHECK(shared_expert_ff >= 0, "--shared-expert-ff must be >= 0 (0 = none; got ",
                   shared_expert_ff, ")");
@@ -105,19 +135,26 @@ void ModelConfig::validate() const {
   MOE_USAGE_CHECK(router_center_rate >= 0 && router_center_rate <= 1,
                   "--router-center-rate must be in [0, 1] (0 = off; got ", router_center_rate, ")");
   MOE_USAGE_CHECK(d_ff >= 1, "--d-ff must be >= 1 (got ", d_ff, ")");
-  MOE_USAGE_CHECK(dense_ff >= 0, "the dense layers' width must be >= 0 (0 = d_ff; got ", dense_ff,
-                  ")");
+  MOE_USAGE_CHECK(dense_ff >= 0, "--dense-ff (the dense layers' width) must be >= 0 (0 = d_ff; got ",
+                  dense_ff, ")");
   MOE_USAGE_CHECK(rope_dim >= 0 && rope_dim <= hd && rope_dim % 2 == 0,
-                  "the rotated features of a head must be even and at most its ", hd,
+                  "--rope-dim (the rotated features of a head) must be even and at most its ", hd,
                   " (0 = all; got ", rope_dim, ")");
   MOE_USAGE_CHECK(rope_dim == 0 || arch != Arch::gpt, "partial RoPE needs a RoPE architecture");
+  // Only glm4_moe's flavour reads them: the others fix their attention (qwen2_moe: q/k/v biases,
+  // qwen3_moe: per-head qk-norm, olmoe: full-width qk-norm), so they would be silently ignored.
+  MOE_USAGE_CHECK(arch == Arch::glm4_moe || (!qkv_bias && !qk_norm),
+                  "--qkv-bias and --qk-norm are glm4_moe's options; --arch ", arch_name(arch),
+                  " fixes its attention (qwen2_moe always has q/k/v biases, qwen3_moe a per-head "
+                  "qk-norm)");
   MOE_USAGE_CHECK(routed_scale > 0 && std::isfinite(routed_scale),
-                  "the routed experts' scale must be a finite number > 0 (got ", routed_scale, ")");
+                  "--routed-scale (the routed experts' scale) must be a finite number > 0 (got ",
+                  routed_scale, ")");
   MOE_USAGE_CHECK(router_groups >= 1 && router_groups <= ops::kMaxRouterGroups &&
                       router_group_topk >= 1 && router_group_topk <= router_groups,
-                  "router groups must be 1..", ops::kMaxRouterGroups,
-                  " with 1..groups of them chosen (got ", router_groups, " groups, ",
-                  router_group_topk, " chosen)");
+                  "--router-groups must be 1..", ops::kMaxRouterGroups,
+                  " with --router-group-topk 1..groups of them chosen (got ", router_groups,
+                  " groups, ", router_group_topk, " chosen)");
   MOE_USAGE_CHECK(seq >= 1 && seq <= kMaxSeq, "--seq must be between 1 and ", kMaxSeq,
                   " (positions are 32-bit; got ", seq, ")");
   MOE_USAGE_CHECK(top_k >= 1, "--top-k must be >= 1 (got ", top_k, ")");
@@ -168,6 +205,11 @@ nlohmann::json to_json(const ModelConfig& c) {
                         {"router_groups", c.router_groups},
                         {"router_group_topk", c.router_group_topk},
                         {"routed_scale", c.routed_scale},
+                        {"q_lora_rank", c.q_lora_rank},
+                        {"kv_lora_rank", c.kv_lora_rank},
+                        {"qk_nope_dim", c.qk_nope_dim},
+                        {"qk_rope_dim", c.qk_rope_dim},
+                        {"v_head_dim", c.v_head_dim},
                         {"router_scoring", router_scoring_name(c.router_scoring)},
                         {"balance_bias_rate", c.balance_bias_rate},
                         {"router_center_rate", c.router_center_rate},
@@ -225,6 +267,11 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
     c.router_groups = j.value("router_groups", int64_t{1});
     c.router_group_topk = j.value("router_group_topk", int64_t{1});
     c.routed_scale = j.value("routed_scale", 1.0);
+    c.q_lora_rank = j.value("q_lora_rank", int64_t{0});
+    c.kv_lora_rank = j.value("kv_lora_rank", int64_t{0});
+    c.qk_nope_dim = j.value("qk_nope_dim", int64_t{0});
+    c.qk_rope_dim = j.value("qk_rope_dim", int64_t{0});
+    c.v_head_dim = j.value("v_head_dim", int64_t{0});
   } catch (const nlohmann::json::exception& e) {
     throw Error(str("model config: ", json_error_words(e)));
   }

@@ -29,6 +29,8 @@ Flavour flavour_of(const ModelConfig& config) {
       return olmoe_flavour(config);
     case Arch::glm4_moe:
       return glm4_moe_flavour(config);
+    case Arch::deepseek_v3:
+      return deepseek_v3_flavour(config);
   }
   return mixtral_flavour(config);
 }

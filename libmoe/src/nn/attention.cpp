@@ -12,6 +12,14 @@ namespace moe::nn {
 namespace {
 
 AttentionConfig resolved(const std::string& prefix, AttentionConfig c) {
+  if (c.mla.enabled()) {  // Mla checks its own shape
+    c.kv_heads = c.heads;
+    c.head_dim = c.mla.head_dim();
+    c.rope = true;
+    c.rope_dim = c.mla.qk_rope;
+    c.qkv_bias = false;
+    c.qk_norm = QkNorm::none;
+  }
   if (c.kv_heads == 0) c.kv_heads = c.heads;
   MOE_USAGE_CHECK(c.d_model > 0 && c.heads > 0, "attention ", prefix, ": d_model ", c.d_model,
                   " and heads ", c.heads, " must be positive");
@@ -40,16 +48,23 @@ int64_t inference_block_rows(int64_t seq) {
 }  // namespace
 
 Attention::Attention(ParamSet& ps, const std::string& prefix, const AttentionConfig& config)
-    : config_(resolved(prefix, config)),
-      head_dim_(config_.head_dim),
-      q_(ps, prefix + ".q", config_.d_model, config_.heads * head_dim_, config_.qkv_bias,
-         config_.init_std),
-      k_(ps, prefix + ".k", config_.d_model, config_.kv_heads * head_dim_, config_.qkv_bias,
-         config_.init_std),
-      v_(ps, prefix + ".v", config_.d_model, config_.kv_heads * head_dim_, config_.qkv_bias,
-         config_.init_std),
-      o_(ps, prefix + ".o", config_.heads * head_dim_, config_.d_model, config_.o_bias,
-         config_.out_init_std) {
+    : config_(resolved(prefix, config)), name_(prefix), head_dim_(config_.head_dim) {
+  // Params in the order q, k, v, o, norms (initialisation draws in that order).
+  const int64_t q_out = config_.heads * head_dim_, kv_out = config_.kv_heads * head_dim_;
+  if (config_.mla.enabled()) {
+    mla_ = std::make_unique<Mla>(ps, prefix, config_.d_model, config_.heads, config_.mla,
+                                 config_.norm_eps, config_.init_std);
+  } else {
+    q_ = std::make_unique<Linear>(ps, prefix + ".q", config_.d_model, q_out, config_.qkv_bias,
+                                  config_.init_std);
+    k_ = std::make_unique<Linear>(ps, prefix + ".k", config_.d_model, kv_out, config_.qkv_bias,
+                                  config_.init_std);
+    v_ = std::make_unique<Linear>(ps, prefix + ".v", config_.d_model, kv_out, config_.qkv_bias,
+                                  config_.init_std);
+  }
+  const int64_t o_in = mla_ ? config_.heads * config_.mla.v_head_dim : q_out;
+  o_ = std::make_unique<Linear>(ps, prefix + ".o", o_in, config_.d_model, config_.o_bias,
+                                config_.out_init_std);
   if (config_.qk_norm != QkNorm::none) {
     // The per-head norm is the ordinary row RMSNorm over [N*heads, hd]: its one weight [hd] then
     // gets the gradient summed over every head, as a weight shared by the heads must.
@@ -79,16 +94,43 @@ Tensor Attention::qk_norm_backward(Norm* norm, const Tensor& dt, int64_t heads,
   return norm->backward(rows, saved).reshape(dt.shape());
 }
 
+void Attention::project(const Tensor& x, Tensor& q, Tensor& k, Tensor& v, Saved* saved) const {
+  if (mla_) {
+    Mla::Projected p = mla_->project(x, saved ? &saved->mla : nullptr);
+    q = p.q;
+    k = mla_->keys(p.k_pe, p.k_nope);  // RoPE then rotates every head's copy of k_pe alike
+    v = mla_->pad_values(p.v);
+    return;
+  }
+  q = qk_normed(q_norm_.get(), q_->forward(x), config_.heads, saved ? &saved->q_norm : nullptr);
+  k = qk_normed(k_norm_.get(), k_->forward(x), config_.kv_heads,
+                saved ? &saved->k_norm : nullptr);
+  v = v_->forward(x);
+}
+
+Tensor Attention::project_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                   const Saved& saved) {
+  if (mla_) {
+    Tensor dk_pe, dk_nope;
+    mla_->keys_backward(dk, dk_pe, dk_nope);
+    return mla_->backward(dq, dk_pe, dk_nope, mla_->unpad_values(dv), saved.mla);
+  }
+  const Tensor dqn = qk_norm_backward(q_norm_.get(), dq, config_.heads, saved.q_norm);
+  const Tensor dkn = qk_norm_backward(k_norm_.get(), dk, config_.kv_heads, saved.k_norm);
+  Tensor dx = Tensor::empty(saved.x.shape(), DType::f32, saved.x.device());
+  q_->backward_into(dqn, saved.x, dx, false);
+  k_->backward_into(dkn, saved.x, dx, true);
+  v_->backward_into(dv, saved.x, dx, true);
+  return dx;
+}
+
 Tensor Attention::forward(const Tensor& x, int64_t batch, int64_t seq, Saved* saved) const {
   MOE_CHECK(batch >= 0 && seq >= 0 && x.ndim() == 2 && x.dim(0) == batch * seq &&
                 x.dim(1) == config_.d_model,
-            "attention ", q_.weight().name, ": input ", x.describe(), " expected [", batch * seq,
-            ",", config_.d_model, "] for batch ", batch, ", seq ", seq);
-  Tensor q =
-      qk_normed(q_norm_.get(), q_.forward(x), config_.heads, saved ? &saved->q_norm : nullptr);
-  Tensor k =
-      qk_normed(k_norm_.get(), k_.forward(x), config_.kv_heads, saved ? &saved->k_norm : nullptr);
-  Tensor v = v_.forward(x);
+            "attention ", name_, ": input ", x.describe(), " expected [", batch * seq, ",",
+            config_.d_model, "] for batch ", batch, ", seq ", seq);
+  Tensor q, k, v;
+  project(x, q, k, v, saved);
   if (config_.rope) {
     ops::rope_forward(q, batch, seq, config_.heads, config_.rope_theta, q, 0, config_.rope_dim);
     ops::rope_forward(k, batch, seq, config_.kv_heads, config_.rope_theta, k, 0, config_.rope_dim);
@@ -97,7 +139,7 @@ Tensor Attention::forward(const Tensor& x, int64_t batch, int64_t seq, Saved* sa
   Tensor ctx = Tensor::empty(q.shape(), DType::f32, q.device());
   if (!saved) {  // inference: no [B,H,T,T] probabilities, query blocks instead
     ops::attention_forward_blocks(q, k, v, shape, inference_block_rows(seq), ctx);
-    return o_.forward(ctx);
+    return o_->forward(mla_ ? mla_->unpad_values(ctx) : ctx);
   }
   Tensor probs = Tensor::empty({batch, config_.heads, seq, seq}, DType::f32, q.device());
   ops::attention_forward(q, k, v, shape, probs, ctx);
@@ -106,17 +148,17 @@ Tensor Attention::forward(const Tensor& x, int64_t batch, int64_t seq, Saved* sa
   saved->k = k;
   saved->v = v;
   saved->probs = probs;
-  saved->ctx = ctx;
+  saved->ctx = mla_ ? mla_->unpad_values(ctx) : ctx;
   saved->batch = batch;
   saved->seq = seq;
-  return o_.forward(ctx);
+  return o_->forward(saved->ctx);
 }
 
 AttentionCache Attention::make_cache(int64_t slots, int64_t capacity) const {
-  MOE_CHECK(slots >= 0 && capacity >= 0, "attention ", q_.weight().name, ": cache of ", slots,
+  MOE_CHECK(slots >= 0 && capacity >= 0, "attention ", name_, ": cache of ", slots,
             " slots and ", capacity, " positions");
   const int64_t width = config_.kv_heads * head_dim_;
-  const Device device = q_.weight().value.device();  // the cache lives with the weights
+  const Device device = o_->weight().value.device();  // the cache lives with the weights
   return AttentionCache{
       Tensor::zeros({slots, capacity, width}, DType::f32, device).set_name("attn.k_cache"),
       Tensor::zeros({slots, capacity, width}, DType::f32, device).set_name("attn.v_cache")};
@@ -126,17 +168,16 @@ Tensor Attention::forward_cached(const Tensor& x, const ops::CachedRows& rows,
                                  AttentionCache& cache) const {
   const int64_t n = rows.tokens(), width = config_.kv_heads * head_dim_;
   MOE_CHECK(x.ndim() == 2 && x.dim(0) == n && x.dim(1) == config_.d_model, "attention ",
-            q_.weight().name, ": cached input ", x.describe(), " expected [", n, ",",
+            name_, ": cached input ", x.describe(), " expected [", n, ",",
             config_.d_model, "]");
   MOE_CHECK(cache.k.defined() && cache.k.ndim() == 3 && cache.k.dim(2) == width &&
                 cache.v.shape() == cache.k.shape(),
-            "attention ", q_.weight().name, ": cache ", cache.k.describe(), " does not fit ",
+            "attention ", name_, ": cache ", cache.k.describe(), " does not fit ",
             config_.kv_heads, " kv heads of ", head_dim_);
   const int64_t capacity = cache.k.dim(1);
   rows.check(cache.k.dim(0), capacity, "attention cache");
-  Tensor q = qk_normed(q_norm_.get(), q_.forward(x), config_.heads, nullptr);
-  Tensor k = qk_normed(k_norm_.get(), k_.forward(x), config_.kv_heads, nullptr);
-  Tensor v = v_.forward(x);
+  Tensor q, k, v;
+  project(x, q, k, v, nullptr);
   int64_t first = 0;
   for (int64_t r = 0; r < rows.rows(); ++r) {
     const int64_t t = rows.count[r], start = rows.start[r];
@@ -157,14 +198,15 @@ Tensor Attention::forward_cached(const Tensor& x, const ops::CachedRows& rows,
   }
   Tensor ctx = Tensor::empty(q.shape(), DType::f32, q.device());
   ops::attention_forward_cached(q, cache.k, cache.v, config_.heads, config_.kv_heads, rows, ctx);
-  return o_.forward(ctx);
+  return o_->forward(mla_ ? mla_->unpad_values(ctx) : ctx);
 }
 
 Tensor Attention::backward(const Tensor& dy, const Saved& saved) {
-  MOE_CHECK(saved.x.defined() && saved.probs.defined(), "attention ", q_.weight().name,
+  MOE_CHECK(saved.x.defined() && saved.probs.defined(), "attention ", name_,
             ": backward without a saved forward");
   const int64_t batch = saved.batch, seq = saved.seq;
-  Tensor dctx = o_.backward(dy, saved.ctx);
+  Tensor dctx = o_->backward(dy, saved.ctx);
+  if (mla_) dctx = mla_->pad_values(dctx);
   Tensor dq = Tensor::empty(saved.q.shape(), DType::f32, saved.q.device()),
          dk = Tensor::empty(saved.k.shape(), DType::f32, saved.q.device()),
          dv = Tensor::empty(saved.v.shape(), DType::f32, saved.q.device());
@@ -175,13 +217,7 @@ Tensor Attention::backward(const Tensor& dy, const Saved& saved) {
     ops::rope_backward(dk, batch, seq, config_.kv_heads, config_.rope_theta, dk, 0,
                        config_.rope_dim);
   }
-  dq = qk_norm_backward(q_norm_.get(), dq, config_.heads, saved.q_norm);
-  dk = qk_norm_backward(k_norm_.get(), dk, config_.kv_heads, saved.k_norm);
-  Tensor dx = Tensor::empty(saved.x.shape(), DType::f32, saved.x.device());
-  q_.backward_into(dq, saved.x, dx, false);
-  k_.backward_into(dk, saved.x, dx, true);
-  v_.backward_into(dv, saved.x, dx, true);
-  return dx;
+  return project_backward(dq, dk, dv, saved);
 }
 
 }  // namespace moe::nn

@@ -13,9 +13,10 @@ namespace moe {
 // gpt: GPT-2/Switch; mixtral and the families built on its layers (RMSNorm, RoPE, SwiGLU experts,
 // untied head): qwen2_moe (q/k/v biases, gated shared expert), qwen3_moe (per-head qk-norm),
 // olmoe (full-width qk-norm), glm4_moe (partial RoPE, ungated shared experts, first layers dense,
-// sigmoid router with a selection bias and group-limited top-k). One file per family under models/
-// says what differs.
-enum class Arch { gpt, mixtral, qwen2_moe, qwen3_moe, olmoe, glm4_moe };
+// sigmoid router with a selection bias and group-limited top-k), deepseek_v3 (DeepSeek-V2/V3:
+// glm4_moe's MoE layers with Multi-head Latent Attention). One file per family under models/ says
+// what differs.
+enum class Arch { gpt, mixtral, qwen2_moe, qwen3_moe, olmoe, glm4_moe, deepseek_v3 };
 Arch parse_arch(const std::string& name);  // UsageError naming the accepted values
 const char* arch_name(Arch arch);
 nn::RouterScoring parse_router_scoring(const std::string& name);  // softmax | sigmoid
@@ -44,6 +45,11 @@ struct ModelConfig {
   // glm4_moe (attention_bias, use_qk_norm): q/k/v biases, per-head qk-norm. The other families
   // fix these in their flavour and leave them false.
   bool qkv_bias = false, qk_norm = false;
+  // Multi-head Latent Attention (deepseek_v3 only; nn::MlaConfig): kv_lora_rank > 0 turns it on.
+  // q_lora_rank 0 = a plain q projection (DeepSeek-V2-Lite); q/k heads are qk_nope_dim +
+  // qk_rope_dim wide (head_dim and rope_dim are then unused, 0), values v_head_dim.
+  int64_t q_lora_rank = 0, kv_lora_rank = 0;
+  int64_t qk_nope_dim = 0, qk_rope_dim = 0, v_head_dim = 0;
   // Hidden width of the always-on shared expert of every MoE layer (its output is added to the
   // routed experts'); 0 = none. n shared experts of width F are one of width n F.
   int64_t shared_expert_ff = 0;
@@ -77,15 +83,21 @@ struct ModelConfig {
   DType dtype = DType::f32;  // parameter and activation storage
 
   int64_t kv_heads_resolved() const { return kv_heads ? kv_heads : heads; }
-  int64_t head_dim_resolved() const { return head_dim ? head_dim : d_model / heads; }
+  // The q/k head width (latent attention: qk_nope_dim + qk_rope_dim).
+  int64_t head_dim_resolved() const {
+    return mla() ? qk_nope_dim + qk_rope_dim : head_dim ? head_dim : d_model / heads;
+  }
   int64_t dense_ff_resolved() const { return dense_ff ? dense_ff : d_ff; }
-  int64_t rope_dim_resolved() const { return rope_dim ? rope_dim : head_dim_resolved(); }
+  int64_t rope_dim_resolved() const {
+    return mla() ? qk_rope_dim : rope_dim ? rope_dim : head_dim_resolved();
+  }
   // Whether the routers carry a per-expert selection bias (moe.router.bias): sigmoid routers
   // always (DeepSeek-V3), softmax ones only while the aux-loss-free update moves it.
   bool router_selection_bias() const {
     return router_scoring == nn::RouterScoring::sigmoid || balance_bias_rate > 0;
   }
   bool router_center() const { return router_center_rate > 0; }
+  bool mla() const { return kv_lora_rank > 0; }
   bool is_moe_layer(int64_t layer) const { return experts_per_layer.at(layer) > 0; }
   int64_t num_moe_layers() const;
   // The block index of each MoE layer, in order (MoE layer l is block moe_blocks()[l]).
@@ -96,6 +108,9 @@ struct ModelConfig {
   // every constraint; throws UsageError with the flag names a user typed.
   void resolve();
   void validate() const;
+
+ private:
+  void validate_mla() const;  // the latent attention's fields (deepseek_v3's alone)
 };
 
 nlohmann::json to_json(const ModelConfig& config);

@@ -29,6 +29,7 @@ Flavour qwen2_moe_flavour(const ModelConfig& config);  // models/qwen2_moe.cpp
 Flavour qwen3_moe_flavour(const ModelConfig& config);  // models/qwen3_moe.cpp
 Flavour olmoe_flavour(const ModelConfig& config);      // models/olmoe.cpp
 Flavour glm4_moe_flavour(const ModelConfig& config);   // models/glm4_moe.cpp
+Flavour deepseek_v3_flavour(const ModelConfig& config);  // models/deepseek_v3.cpp
 Flavour flavour_of(const ModelConfig& config);
 
 }  // namespace moe

@@ -7,6 +7,7 @@
 
 #include "moe/nn/common.h"
 #include "moe/nn/linear.h"
+#include "moe/nn/mla.h"
 #include "moe/nn/norm.h"
 #include "moe/ops/dense.h"
 #include "moe/param.h"
@@ -30,6 +31,10 @@ struct AttentionConfig {
   // Partial rotary (GLM-4-MoE): only the first rope_dim features of each head rotate, as a head of
   // rope_dim would (inv_freq = theta^(-2i/rope_dim)); 0 = all hd.
   int64_t rope_dim = 0;
+  // Multi-head Latent Attention (DeepSeek-V2/V3; nn/mla.h) when mla.enabled(): its projections
+  // replace q/k/v (no biases, no qk-norm; kv_heads = heads, head_dim = qk_nope + qk_rope, the
+  // RoPE on each head's first qk_rope features and on the shared k_pe), o reads H*v_head_dim.
+  MlaConfig mla;
   float init_std = 0.02f, out_init_std = 0.02f;
 };
 
@@ -43,7 +48,8 @@ struct AttentionCache {
 // prefix.o.weight [D, H*hd] (+ prefix.{q,k,v}.bias [H*hd], [KV*hd], [KV*hd] when qkv_bias,
 // prefix.o.bias [D] when o_bias); with qk-norm prefix.q_norm.weight and
 // prefix.k_norm.weight ([hd] each per head; [H*hd] and [KV*hd] full width; ones, no decay).
-// q = RoPE(qk_norm(x Wq^T + bq)), k likewise, v = x Wv^T + bv; scale 1/sqrt(hd).
+// q = RoPE(qk_norm(x Wq^T + bq)), k likewise, v = x Wv^T + bv; scale 1/sqrt(hd). With latent
+// attention (config.mla) the params are Mla's and prefix.o.weight [D, H*v_head_dim].
 class Attention {
  public:
   Attention(ParamSet& ps, const std::string& prefix, const AttentionConfig& config);
@@ -51,6 +57,7 @@ class Attention {
   struct Saved {
     Tensor x;                    // [N, D] input
     Norm::Saved q_norm, k_norm;  // qk-norm: its input is the projection (after the bias)
+    Mla::Saved mla;              // latent attention's projections
     Tensor q, k, v;              // [N, H*hd], [N, KV*hd] x2, after RoPE
     Tensor probs;                // [B, H, T, T] softmax of the causal scores
     Tensor ctx;                  // [N, H*hd] input of the output projection
@@ -78,10 +85,17 @@ class Attention {
   Tensor qk_normed(const Norm* norm, const Tensor& t, int64_t heads, Norm::Saved* saved) const;
   Tensor qk_norm_backward(Norm* norm, const Tensor& dt, int64_t heads,
                           const Norm::Saved& saved) const;
+  // q, k, v for the attention core, before RoPE (latent attention's v padded to heads of hd).
+  void project(const Tensor& x, Tensor& q, Tensor& k, Tensor& v, Saved* saved) const;
+  // The gradient of x from those of q, k, v (before RoPE); the projections' gradients accumulate.
+  Tensor project_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Saved& saved);
 
   AttentionConfig config_;
+  std::string name_;  // the params' prefix, for messages
   int64_t head_dim_;
-  Linear q_, k_, v_, o_;
+  std::unique_ptr<Linear> q_, k_, v_;      // null with latent attention
+  std::unique_ptr<Mla> mla_;               // null without
+  std::unique_ptr<Linear> o_;
   std::unique_ptr<Norm> q_norm_, k_norm_;  // null without qk-norm
 };
 
