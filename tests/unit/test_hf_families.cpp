@@ -258,7 +258,8 @@ TEST_CASE("hf families: import -> export -> import is tensor-identical, f32 and 
       const json want = family_config(t);
       for (const char* key :
            {"model_type", "num_experts", "num_key_value_heads", "norm_topk_prob", "vocab_size",
-            "max_position_embeddings", "tie_word_embeddings", "rope_theta", "architectures"})
+            "max_position_embeddings", "tie_word_embeddings", "rope_theta", "architectures",
+            "intermediate_size"})  // Qwen's dense width kept (issue 44, defect 6: was F)
         REQUIRE(c[key] == want[key]);
       if (family != "olmoe") REQUIRE(c["moe_intermediate_size"] == t.F);
       if (family == "qwen2_moe") REQUIRE(c["shared_expert_intermediate_size"] == t.shared_F);

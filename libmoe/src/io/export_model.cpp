@@ -24,6 +24,9 @@ ExportModel::ExportModel(const Checkpoint& ckpt, const std::string& who, const s
   if (mc_.residual_moe) throw Error(str(who, ": residual MoE (PR-MoE) has no ", target, " form"));
   // GLM-4-MoE's router (DeepSeek-V3's): sigmoid scores with a selection bias; the others softmax.
   const bool glm = mc_.arch == Arch::glm4_moe;
+  // Qwen's dense_ff is HF intermediate_size, the width of dense layers these files can name
+  // (mlp_only_layers) though every layer here has experts (check_layers).
+  const bool qwen = mc_.arch == Arch::qwen2_moe || mc_.arch == Arch::qwen3_moe;
   if (!glm && mc_.router_scoring != nn::RouterScoring::softmax)
     throw Error(str(who, ": ", target,
                     " routes by a softmax over the experts; this model's "
@@ -33,7 +36,7 @@ ExportModel::ExportModel(const Checkpoint& ckpt, const std::string& who, const s
     throw Error(str(who, ": ", target, " scores experts with a sigmoid; this model's router uses ",
                     router_scoring_name(mc_.router_scoring)));
   const char* glm_only = mc_.rope_dim != 0         ? "partial RoPE (rope_dim)"
-                         : mc_.dense_ff != 0       ? "dense layers of their own width (dense_ff)"
+                         : mc_.dense_ff != 0 && !qwen ? "dense layers of their own width (dense_ff)"
                          : mc_.router_groups != 1  ? "group-limited routing (router_groups)"
                          : mc_.routed_scale != 1.0 ? "scaled gate weights (routed_scale)"
                          : mc_.qkv_bias || mc_.qk_norm ? "q/k/v biases or qk-norm options"

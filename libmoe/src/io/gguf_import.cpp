@@ -149,6 +149,12 @@ ModelConfig config_from_keys(const Keys& k, const GgufArch& arch, const GgufFile
   const std::string ff = k.has(a + "expert_feed_forward_length") ? a + "expert_feed_forward_length"
                                                                  : a + "feed_forward_length";
   mc.d_ff = k.bounded(ff, 1, kMaxWidth);
+  // The qwen architectures' dense width (HF intermediate_size), kept for export
+  if (arch.arch == Arch::qwen2_moe || arch.arch == Arch::qwen3_moe) {
+    const std::string key = a + "feed_forward_length";
+    const int64_t Fd = k.has(key) ? k.bounded(key, 1, kMaxWidth) : mc.d_ff;
+    mc.dense_ff = Fd != mc.d_ff ? Fd : 0;
+  }
   if (arch.arch == Arch::qwen2_moe)
     mc.shared_expert_ff = k.bounded(a + "expert_shared_feed_forward_length", 1, kMaxWidth);
   else if (k.integer_or(a + "expert_shared_feed_forward_length", 0) != 0)

@@ -129,6 +129,7 @@ void write_vocabulary(Header& h, const Tokenizer* tok, int64_t V) {
   }
   if (tok->sentencepiece()) {
     h.kv_string("tokenizer.ggml.model", "llama");
+    h.kv_string("tokenizer.ggml.pre", "default");  // as llama.cpp's converter names it
     h.kv_strings("tokenizer.ggml.tokens", tokens);
     h.kv_f32s("tokenizer.ggml.scores", scores);
     h.kv_i32s("tokenizer.ggml.token_type", kinds);
@@ -490,8 +491,11 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
   h.kv_u32(a + ".context_length", static_cast<uint32_t>(mc.seq));
   h.kv_u32(a + ".embedding_length", static_cast<uint32_t>(D));
   h.kv_u32(a + ".block_count", static_cast<uint32_t>(mc.layers));
-  // glm4moe's is the dense layers' width (HF intermediate_size); the others' the experts'
-  h.kv_u32(a + ".feed_forward_length", static_cast<uint32_t>(arch.glm ? Fd : F));
+  // HF intermediate_size, as llama.cpp's converter writes it: glm4moe's and the qwen
+  // architectures' the dense layers' width (theirs whether or not the model has dense layers),
+  // llama's and olmoe's the experts'
+  const bool qwen = mc.arch == Arch::qwen2_moe || mc.arch == Arch::qwen3_moe;
+  h.kv_u32(a + ".feed_forward_length", static_cast<uint32_t>(arch.glm || qwen ? Fd : F));
   // The qwen architectures size their experts by this key (else feed_forward_length / k).
   if (a != "llama") h.kv_u32(a + ".expert_feed_forward_length", static_cast<uint32_t>(F));
   if (Fs > 0 && !arch.glm)

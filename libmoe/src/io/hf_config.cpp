@@ -153,6 +153,11 @@ HfModel parse_config(const json& j, const std::string& path,
   m.experts = c.integer(experts);
   m.top_k = c.integer("num_experts_per_tok");
   m.ffn = c.integer(qwen || glm ? "moe_intermediate_size" : "intermediate_size");
+  // Qwen: intermediate_size is the width of the dense MLPs of mlp_only_layers (kept though none
+  // are imported: llama.cpp's converter writes it as feed_forward_length, export-hf writes it back)
+  if (qwen) m.dense_ff = c.integer_or("intermediate_size", m.ffn);
+  if (qwen && m.dense_ff < 1)
+    throw Error(str("'", path, "': \"intermediate_size\" must be >= 1 (got ", m.dense_ff, ")"));
   m.max_positions = c.integer("max_position_embeddings");
   m.eps = c.number_or("rms_norm_eps", 1e-6);
   m.aux_coef = c.number_or("router_aux_loss_coef", 0.0);

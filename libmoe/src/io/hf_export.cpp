@@ -134,8 +134,8 @@ nlohmann::ordered_json family_config(const ModelConfig& mc, int64_t E) {
   c["vocab_size"] = mc.vocab_size;
   c["hidden_size"] = D;
   // Mixtral, OLMoE: the experts' width. Qwen: the dense MLP of mlp_only_layers, which we never
-  // have; the experts are moe_intermediate_size wide.
-  c["intermediate_size"] = mc.d_ff;
+  // have (its width kept from import, dense_ff); the experts are moe_intermediate_size wide.
+  c["intermediate_size"] = qwen2 || qwen3 ? mc.dense_ff_resolved() : mc.d_ff;
   if (qwen2 || qwen3) c["moe_intermediate_size"] = mc.d_ff;
   c["num_hidden_layers"] = mc.layers;
   c["num_attention_heads"] = H;
