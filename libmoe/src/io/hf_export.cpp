@@ -54,6 +54,11 @@ const char* hf_model_name(Arch arch) {
   }
 }
 
+// config.json's torch_dtype of the model's (floating) storage dtype.
+const char* torch_dtype_name(DType dtype) {
+  return dtype == DType::f32 ? "float32" : dtype == DType::bf16 ? "bfloat16" : "float16";
+}
+
 // The leading dense layers of a glm4_moe model (first_k_dense_replace).
 int64_t leading_dense_layers(const ModelConfig& mc) {
   int64_t k = 0;
@@ -97,9 +102,7 @@ nlohmann::ordered_json glm_config(const ModelConfig& mc, int64_t E) {
   c["use_qk_norm"] = mc.qk_norm;
   c["output_router_logits"] = false;
   c["router_aux_loss_coef"] = mc.aux_loss_coef;
-  c["torch_dtype"] = mc.dtype == DType::f32    ? "float32"
-                     : mc.dtype == DType::bf16 ? "bfloat16"
-                                               : "float16";
+  c["torch_dtype"] = torch_dtype_name(mc.dtype);
   return c;
 }
 
@@ -171,9 +174,7 @@ nlohmann::ordered_json family_config(const ModelConfig& mc, int64_t E) {
   c["num_experts_per_tok"] = mc.top_k;
   c["output_router_logits"] = false;
   c["router_aux_loss_coef"] = mc.aux_loss_coef;
-  c["torch_dtype"] = mc.dtype == DType::f32    ? "float32"
-                     : mc.dtype == DType::bf16 ? "bfloat16"
-                                               : "float16";
+  c["torch_dtype"] = torch_dtype_name(mc.dtype);
   return c;
 }
 
