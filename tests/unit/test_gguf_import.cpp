@@ -15,6 +15,7 @@
 // Shape letters: D hidden, H heads, hd head dim, F expert hidden, E experts, V
 // vocabulary.
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -338,9 +339,9 @@ TEST_CASE("gguf import: what glm4moe can say and ours cannot is refused by name"
   REQUIRE_THAT(refusal([&](io::GgufFile& g) { set(g, "glm4moe.expert_gating_func", 4, 1); }),
                Catch::Contains("'glm4moe.expert_gating_func' is 1: glm4moe's expert gating "
                                "other than sigmoid (2) is not supported"));
-  REQUIRE_THAT(refusal([&](io::GgufFile& g) { set(g, "glm4moe.nextn_predict_layers", 4, 1); }),
-               Catch::Contains("multi-token-prediction (nextn) layers (GGUF key "
-                               "'glm4moe.nextn_predict_layers') is not supported"));
+  // The multi-token-prediction layers are counted in block_count: at least one layer is left.
+  REQUIRE_THAT(refusal([&](io::GgufFile& g) { set(g, "glm4moe.nextn_predict_layers", 4, 3); }),
+               Catch::Contains("'glm4moe.nextn_predict_layers' is 3: it must be between 0 and 2"));
   REQUIRE_THAT(
       refusal([&](io::GgufFile& g) { set(g, "glm4moe.leading_dense_block_count", 4, 3); }),
       Catch::Contains("'glm4moe.leading_dense_block_count' is 3: it must be between 0 and 2"));
@@ -350,6 +351,59 @@ TEST_CASE("gguf import: what glm4moe can say and ours cannot is refused by name"
   // Every MoE layer has the selection bias, the dense ones none.
   REQUIRE_THAT(refusal([](io::GgufFile& g) { info(g, "blk.2.exp_probs_b.bias").name = "x.bias"; }),
                Catch::Contains("no GGUF tensor 'blk.2.exp_probs_b.bias'"));
+}
+
+// Issue 44 (b): llama.cpp's converter writes GLM's num_nextn_predict_layers layers after the
+// model's (block_count counts them, nextn_predict_layers says how many), with tensors of their own
+// (nextn.eh_proj, ...). They were refused; now skipped and said so, as import-hf skips them.
+TEST_CASE("gguf import: glm4moe's multi-token-prediction layers are skipped, and said so",
+          "[gguf][gguf-import][glm4_moe]") {
+  test::ScratchDir dir("gguf-import-glm-nextn");
+  ModelConfig c = glm_model_config();
+  c.layers = 4;
+  c.experts_per_layer = {0, 8, 8, 8};  // the last one the prediction layer
+  c.resolve();
+  const io::Checkpoint original = random_model(c, DType::f32, 46);
+  const std::string exported = dir.file("four.gguf");
+  io::export_gguf(original, exported, {io::GgufType::f32, ""});
+  io::GgufFile g = io::read_gguf(exported);
+  g.metadata.erase("moe.model_config");
+  g.metadata["glm4moe.nextn_predict_layers"] = {{"type", 4}, {"value", 1}};
+  info(g, "blk.3.ffn_gate_inp.weight").name = "blk.3.nextn.eh_proj.weight";  // theirs only
+  const std::string path = dir.file("nextn.gguf");
+  write_gguf(g, exported, path);
+  io::GgufImportReport report;
+  const io::Checkpoint back = imported(path, {}, &report);
+  REQUIRE(back.model_config.at("layers") == 3);
+  REQUIRE(back.model_config.at("experts_per_layer") == nlohmann::json{0, 8, 8});
+  // Every parameter of the first three layers and outside them, bitwise; none of layer 3's.
+  size_t kept = 0;
+  for (const io::NamedTensor& p : original.params) {
+    if (p.name.rfind("blocks.3.", 0) == 0) continue;
+    INFO("parameter " << p.name);
+    const auto it = std::find_if(back.params.begin(), back.params.end(),
+                                 [&](const io::NamedTensor& b) { return b.name == p.name; });
+    REQUIRE(it != back.params.end());
+    REQUIRE(test::hf::same_bytes(it->tensor, p.tensor));
+    ++kept;
+  }
+  REQUIRE(kept == back.params.size());
+  REQUIRE(kept < original.params.size());
+  const size_t layer3 = std::count_if(g.tensors.begin(), g.tensors.end(), [](const auto& t) {
+    return t.name.rfind("blk.3.", 0) == 0;
+  });
+  bool said = false;
+  for (const std::string& note : report.notes)
+    said |= note == str("multi-token-prediction layers (blk.3..3, nextn_predict_layers): ", layer3,
+                        " tensors skipped: next-token scoring does not use them");
+  REQUIRE(said);
+
+  // A tensor of a block beyond them is still refused by name.
+  info(g, "blk.3.nextn.eh_proj.weight").name = "blk.4.nextn.eh_proj.weight";
+  write_gguf(g, exported, path);
+  REQUIRE_THAT(test::error_of([&] { imported(path); }),
+               Catch::Contains("GGUF tensor 'blk.4.nextn.eh_proj.weight': our model has no place "
+                               "for it"));
 }
 
 TEST_CASE("gguf import: an f32 model exported as f16 or bf16 comes back f32, rounded",

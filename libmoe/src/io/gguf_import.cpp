@@ -77,8 +77,6 @@ void refuse_unsupported(const Keys& k, const std::string& a, int64_t seq) {
     refuse(a + ".expert_weights_scale", "scaled expert weights");
   if (!glm && k.integer_or(a + ".leading_dense_block_count", 0) != 0)
     refuse(a + ".leading_dense_block_count", "dense (non-MoE) layers");
-  if (k.integer_or(a + ".nextn_predict_layers", 0) != 0)
-    refuse(a + ".nextn_predict_layers", "multi-token-prediction (nextn) layers");
   if (k.has(a + ".rope.scaling.type") && k.text(a + ".rope.scaling.type") != "none")
     refuse(a + ".rope.scaling.type", str("RoPE scaling '", k.text(a + ".rope.scaling.type"), "'"));
   if (k.has(a + ".attention.clamp_kqv")) refuse(a + ".attention.clamp_kqv", "q/k/v clipping");
@@ -137,7 +135,12 @@ ModelConfig config_from_keys(const Keys& k, const GgufArch& arch, const GgufFile
                     "expert_count'); import-gguf reads mixture-of-experts models"));
   mc.experts = k.bounded(a + "expert_count", 1, kMaxCount);
   mc.top_k = k.bounded(a + "expert_used_count", 1, mc.experts);
-  mc.layers = k.bounded(a + "block_count", 1, kMaxCount);
+  // block_count holds the multi-token-prediction layers too (llama.cpp's converter puts
+  // num_nextn_predict_layers after the model's): ours are the ones before them.
+  const int64_t blocks = k.bounded(a + "block_count", 1, kMaxCount);
+  mc.layers = blocks - (k.has(a + "nextn_predict_layers")
+                            ? k.bounded(a + "nextn_predict_layers", 0, blocks - 1)
+                            : 0);
   mc.d_model = k.bounded(a + "embedding_length", 1, kMaxWidth);
   mc.heads = k.bounded(a + "attention.head_count", 1, kMaxCount);
   mc.kv_heads = k.has(a + "attention.head_count_kv")
@@ -358,10 +361,19 @@ std::string unknown_tensor(const std::string& path, const std::string& name) {
   return str("'", path, "': GGUF tensor '", name, "': ", why);
 }
 
+// Whether `name` is a tensor of block `first` or a later one (blk.<i>.*, i >= first).
+bool block_from(const std::string& name, int64_t first) {
+  static const std::regex block(R"(blk\.(\d{1,9})\..*)");
+  std::smatch m;
+  return std::regex_match(name, m, block) && std::stoll(m[1].str()) >= first;
+}
+
 // Each expected tensor found in the file with the dimensions the config implies
 // (a missing output.weight is llama.cpp's tied head: the embedding, copied);
-// every file tensor used.
-void match_tensors(const GgufFile& f, std::vector<GgufTensorPlan>& plan, GgufImportReport& rep) {
+// every file tensor used but those of the `skipped` multi-token-prediction layers after the
+// model's `layers` (skipped, and said so).
+void match_tensors(const GgufFile& f, std::vector<GgufTensorPlan>& plan, int64_t layers,
+                   int64_t skipped, GgufImportReport& rep) {
   std::map<std::string, const GgufTensorInfo*> infos;
   for (const GgufTensorInfo& t : f.tensors)
     if (!infos.emplace(t.name, &t).second)
@@ -387,8 +399,18 @@ void match_tensors(const GgufFile& f, std::vector<GgufTensorPlan>& plan, GgufImp
     used.insert(t.gguf);
     rep.mapped.push_back(str(t.gguf, " -> ", t.ours, t.rope_heads ? " (rows un-permuted)" : ""));
   }
-  for (const GgufTensorInfo& t : f.tensors)
-    if (!used.count(t.name)) throw Error(unknown_tensor(f.path, t.name));
+  int64_t skipped_tensors = 0;
+  for (const GgufTensorInfo& t : f.tensors) {
+    if (used.count(t.name)) continue;
+    if (skipped == 0 || !block_from(t.name, layers) || block_from(t.name, layers + skipped))
+      throw Error(unknown_tensor(f.path, t.name));
+    ++skipped_tensors;
+  }
+  // As import-hf skips them (io/hf_checkpoint.cpp): transformers does not run them either.
+  if (skipped > 0)
+    rep.notes.push_back(str("multi-token-prediction layers (blk.", layers, "..",
+                            layers + skipped - 1, ", nextn_predict_layers): ", skipped_tensors,
+                            " tensors skipped: next-token scoring does not use them"));
 }
 
 // A weight matrix the checkpoint may hold in blocks, as quantize decides (a single row, Qwen2-MoE's
@@ -622,7 +644,8 @@ GgufImportPlan plan_gguf_import(const std::string& path, const GgufImportOptions
   if (mc.seq < context)
     rep.notes.push_back(str("context (seq) ", mc.seq, " of context_length ", context));
   plan.tensors = expected_tensors(mc, arch.permute_qk);
-  match_tensors(plan.file, plan.tensors, rep);
+  const int64_t skipped = k.integer(str(arch.name, ".block_count")) - mc.layers;
+  match_tensors(plan.file, plan.tensors, mc.layers, skipped, rep);
   refuse_wide_blocks(plan.file, plan.tensors);
   nlohmann::json formats;
   rep.recipe = plan_quantization(plan.file, plan.tensors, formats, rep);
