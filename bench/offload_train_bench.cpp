@@ -310,7 +310,7 @@ Spec spec(const Options& o, const ModelConfig& m, int64_t batch, const std::stri
   s.train.warmup = 1;
   s.train.eval_batches = 1;
   s.train.clip = 0;  // the optimizer overlaps backward (the full system)
-  s.train.offload = mode;
+  s.train.offload = offload::parse_tier(mode);
   if (mode == "ssd") s.train.ssd_dir = ssd_dir;
   return s;
 }
@@ -338,7 +338,7 @@ struct Scratch {
 
 Result run(const Spec& s, Scratch& scratch) {
   Spec c = s;
-  if (c.train.offload == "ssd") c.train.ssd_dir = scratch.make();
+  if (c.train.offload == offload::Tier::ssd) c.train.ssd_dir = scratch.make();
   const Result r = train_in_child(c);
   Scratch::drop(c.train.ssd_dir);
   return r;

@@ -202,7 +202,7 @@ int run_bench(Options o) {
   for (const char* allocation : {"equal", "workload"}) {
     train::TrainConfig t = training(o);
     t.tasks = file;
-    t.task_allocation = allocation;
+    t.task_allocation = train::parse_allocation_rule(allocation);
     train::Trainer trainer(m, t, {}, world.get());
     const Result r = run(trainer, *world, o);
     row(allocation, R, &trainer, r);

@@ -156,9 +156,9 @@ int run_bench(const Options& o) {
   for (const Setting& s : settings) {
     train::TrainConfig t = training(o, o.batch_per_rank * W);
     t.ep = s.ep;
-    t.a2a = s.a2a;
+    t.a2a = comm::parse_a2a_algorithm(s.a2a);
     t.ranks_per_node = s.a2a == "hierarchical" ? 2 : 0;
-    t.comm_scheduler = s.scheduler;
+    t.comm_scheduler = comm::parse_scheduler_mode(s.scheduler);
     train::Trainer trainer(m, t, {}, world.get());
     row(s.label, s.a2a, s.scheduler, run(trainer, *world, o, false));
   }

@@ -99,7 +99,7 @@ int main(int argc, char** argv) {
         t.eval_batches = 1;
         t.zero = o.zero;
         t.zero_prefetch = o.zero_prefetch;
-        t.offload = o.offload;
+        t.offload = offload::parse_tier(o.offload);
         if (!o.ssd_dir.empty()) t.ssd_dir = str(o.ssd_dir, "/rank-", world->rank());
         train::Trainer trainer(m, t, {}, world.get());
         const parallel::DenseShards* shards = trainer.dense_shards();

@@ -52,11 +52,11 @@ TEST_CASE("ep: hierarchical all-to-all and the priority scheduler give bitwise t
   train::TrainConfig base = ep_train(ep);
   train::Trainer flat(ep_model(Arch::mixtral), base, {}, &world);
   train::TrainConfig hier_config = base;
-  hier_config.a2a = "hierarchical";
+  hier_config.a2a = comm::A2AAlgorithm::hierarchical;
   hier_config.ranks_per_node = world.size() >= 4 ? 2 : 1;  // 2 virtual nodes of 2 ranks on 4
   train::Trainer hier(ep_model(Arch::mixtral), hier_config, {}, &world);
   train::TrainConfig priority_config = base;
-  priority_config.comm_scheduler = "priority";
+  priority_config.comm_scheduler = comm::SchedulerMode::priority;
   priority_config.partition_mb = 0.004;  // a few KiB: many micro-ops per block
   train::Trainer priority(ep_model(Arch::mixtral), priority_config, {}, &world);
   for (int i = 0; i < 3; ++i) {
@@ -110,7 +110,7 @@ TEST_CASE("ep: bad layouts are refused with the flag to change", "[dist]") {
   REQUIRE_THROWS_WITH(train::Trainer(odd, ep_train(world.size()), {}, &world),
                       Catch::Contains("experts do not divide over --ep"));
   train::TrainConfig nodes = ep_train(world.size());
-  nodes.a2a = "hierarchical";
+  nodes.a2a = comm::A2AAlgorithm::hierarchical;
   nodes.ranks_per_node = 3;
   REQUIRE_THROWS_WITH(train::Trainer(ep_model(Arch::gpt), nodes, {}, &world),
                       Catch::Contains("--ranks-per-node 3 does not divide the --ep"));
@@ -127,7 +127,7 @@ TEST_CASE("ep: a sharded checkpoint resumes bitwise, and on another layout too",
   world.barrier();
   train::TrainConfig t = ep_train(world.size() >= 4 ? 2 : world.size());
   t.shard_embedding = true;
-  t.comm_scheduler = "priority";
+  t.comm_scheduler = comm::SchedulerMode::priority;
   train::Trainer straight(ep_model(Arch::mixtral), t, {}, &world);
   for (int i = 0; i < 4; ++i) straight.step();
   std::string path;

@@ -32,7 +32,7 @@ train::TrainConfig config(int64_t ep, int64_t grad_accum, const std::string& rec
   t.seed = 13;
   t.ep = ep;
   t.grad_accum = grad_accum;
-  t.recompute = recompute;
+  t.recompute = nn::parse_recompute(recompute);
   return t;
 }
 
@@ -77,7 +77,7 @@ TEST_CASE("memory: --grad-accum across ranks follows one process, reducing once 
   const int64_t ep = world.size();
   train::Trainer plain(model(Arch::mixtral), config(ep, 2, "none"), {}, &world);
   train::TrainConfig priority_config = config(ep, 2, "none");
-  priority_config.comm_scheduler = "priority";
+  priority_config.comm_scheduler = comm::SchedulerMode::priority;
   priority_config.partition_mb = 0.004;  // many micro-ops per block
   train::Trainer priority(model(Arch::mixtral), priority_config, {}, &world);
   train::Trainer single(model(Arch::mixtral), config(1, 2, "none"), {});

@@ -178,9 +178,9 @@ TEST_CASE("nccl: multi-GPU training follows the MPI run on the CPU", "[nccl][cud
   layouts.emplace_back("data parallel", base);
   base.ep = R;
   layouts.emplace_back("expert parallel", base);
-  base.a2a = "hierarchical";
+  base.a2a = comm::A2AAlgorithm::hierarchical;
   base.ranks_per_node = R >= 4 ? 2 : 1;
-  base.comm_scheduler = "priority";
+  base.comm_scheduler = comm::SchedulerMode::priority;
   base.partition_mb = 0.004;
   layouts.emplace_back("hierarchical a2a, priority scheduler", base);
   for (const auto& [name, config] : layouts) {

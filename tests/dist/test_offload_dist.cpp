@@ -33,7 +33,7 @@ train::TrainConfig offload_train(int64_t ep, double clip, const std::string& off
   t.seed = 5;
   t.ep = ep;
   t.clip = clip;
-  t.offload = offload;
+  t.offload = offload::parse_tier(offload);
   return t;
 }
 

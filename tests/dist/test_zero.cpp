@@ -135,15 +135,15 @@ TEST_CASE("zero: with a sharded table, the priority scheduler and offloaded expe
       for (train::TrainConfig* t : {&tz, &t0}) {
         if (std::string(with) == "shard-embedding") t->shard_embedding = true;
         if (std::string(with) == "comm-scheduler") {
-          t->comm_scheduler = "priority";
+          t->comm_scheduler = comm::SchedulerMode::priority;
           t->partition_mb = 0.01;  // several micro-ops
         }
         if (std::string(with) == "recompute") {  // blocks gathered for the forward again
-          t->recompute = "block";
+          t->recompute = nn::Recompute::block;
           t->grad_accum = 2;  // gradients kept over the micro-batches, reduced after the last
         }
         if (std::string(with) == "offload") {
-          t->offload = "host";
+          t->offload = offload::Tier::host;
           t->ep = 2;
         }
       }

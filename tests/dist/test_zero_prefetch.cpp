@@ -48,21 +48,21 @@ TEST_CASE("zero prefetch: N blocks ahead trains bitwise as the synchronous gathe
       {"mixtral", Arch::mixtral, 2, [](train::TrainConfig&) {}},
       {"mixtral, recompute block, grad-accum 2", Arch::mixtral, 1,
        [](train::TrainConfig& t) {
-         t.recompute = "block";
+         t.recompute = nn::Recompute::block;
          t.grad_accum = 2;
        }},
       {"mixtral, a prefetch past the last block", Arch::mixtral, 9, [](train::TrainConfig&) {}},
       {"mixtral, offload host", Arch::mixtral, 1,
-       [](train::TrainConfig& t) { t.offload = "host"; }},
+       [](train::TrainConfig& t) { t.offload = offload::Tier::host; }},
       {"mixtral, offload ssd", Arch::mixtral, 1, [](train::TrainConfig& t) {
-         t.offload = "ssd";
+         t.offload = offload::Tier::ssd;
          t.prefetch_depth = 2;
        }}};
   if (R % 2 == 0) {
     cases.push_back({"mixtral --ep 2", Arch::mixtral, 1, [](train::TrainConfig& t) { t.ep = 2; }});
     cases.push_back({"mixtral --ep 2, offload ssd", Arch::mixtral, 2, [](train::TrainConfig& t) {
                        t.ep = 2;
-                       t.offload = "ssd";
+                       t.offload = offload::Tier::ssd;
                      }});
   }
   for (const Case& c : cases) {
@@ -88,7 +88,7 @@ TEST_CASE("zero prefetch: N blocks ahead trains bitwise as the synchronous gathe
         CHECK(b.dense_gather_seconds > 0);
         CHECK(b.dense_wait_seconds >= b.dense_gather_seconds);
         CHECK(a.dense_wait_seconds >= 0);
-        if (ahead.offload != "none") {
+        if (ahead.offload != offload::Tier::none) {
           CHECK(a.expert_load_seconds > 0);
           CHECK(a.expert_wait_seconds >= 0);
         } else {

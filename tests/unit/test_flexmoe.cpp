@@ -490,7 +490,7 @@ TEST_CASE("flexmoe: a checkpoint's placement state missing a key is named in wor
   // found" through.
   std::unique_ptr<comm::Communicator> group = comm::make_local();
   train::PlacementConfig config;
-  config.policy = "flexmoe";
+  config.policy = train::PlacementRule::flexmoe;
   train::FlexMoEPlacement placement(config, *group, {{0, 4}});
   const nlohmann::json state = {{"policy", "flexmoe"}, {"layers", nlohmann::json::object()}};
   try {

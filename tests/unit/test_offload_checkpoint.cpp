@@ -32,7 +32,7 @@ ModelConfig model(Arch arch, DType dtype = DType::f32) { return test::routed_mod
 
 train::TrainConfig training(int64_t steps, const std::string& offload) {
   train::TrainConfig t = test::short_run(steps);
-  t.offload = offload;
+  t.offload = offload::parse_tier(offload);
   return t;
 }
 

@@ -45,7 +45,7 @@ struct ExpertBytes {
 ExpertBytes expert_bytes(Arch arch, DType dtype = DType::f32) {
   const ModelConfig mc = model(arch, dtype);
   train::TrainConfig t = training(1);
-  t.offload = "host";
+  t.offload = offload::Tier::host;
   const train::Trainer probe(mc, t, {});
   const offload::StoreStats s = probe.expert_store()->stats();
   return {s.record_bytes / (mc.num_moe_layers() * mc.experts), s.slot_bytes};
@@ -65,7 +65,7 @@ TEST_CASE("offload: host tier trains bitwise as resident (gpt and mixtral, f32 a
           base.clip = clip;
           train::Trainer resident(model(arch, dtype), base, {});
           train::TrainConfig off = base;
-          off.offload = "host";
+          off.offload = offload::Tier::host;
           train::Trainer offloaded(model(arch, dtype), off, {});
           REQUIRE(offloaded.expert_store() != nullptr);
           std::vector<double> lr, lo;
@@ -98,8 +98,8 @@ TEST_CASE("offload: every store setting trains bitwise as resident", "[offload]"
       {"all pinned", [](train::TrainConfig& t) { t.pin_fraction = 1; }},
       {"optimizer after backward", [](train::TrainConfig& t) { t.optimizer_overlap = false; }},
       {"grad-accum 2", [](train::TrainConfig& t) { t.grad_accum = 2; }},
-      {"recompute moe", [](train::TrainConfig& t) { t.recompute = "moe"; }},
-      {"recompute block", [](train::TrainConfig& t) { t.recompute = "block"; }},
+      {"recompute moe", [](train::TrainConfig& t) { t.recompute = nn::Recompute::moe; }},
+      {"recompute block", [](train::TrainConfig& t) { t.recompute = nn::Recompute::block; }},
   };
   for (Arch arch : {Arch::gpt, Arch::mixtral}) {
     for (const Setting& setting : settings) {
@@ -111,7 +111,7 @@ TEST_CASE("offload: every store setting trains bitwise as resident", "[offload]"
         // for the offloaded one.
         train::Trainer resident(model(arch), base, {});
         train::TrainConfig off = base;
-        off.offload = "host";
+        off.offload = offload::Tier::host;
         if (setting.one_slot)  // exactly one slot: one expert's fp32 weights
           off.device_budget = str(expert_bytes(arch).slot);
         train::Trainer offloaded(model(arch), off, {});
@@ -126,7 +126,7 @@ TEST_CASE("offload: every store setting trains bitwise as resident", "[offload]"
 
 TEST_CASE("offload: budgets below one expert are refused naming the minimum", "[offload]") {
   train::TrainConfig t = training(2);
-  t.offload = "host";
+  t.offload = offload::Tier::host;
   t.device_budget = "1KiB";
   REQUIRE_THROWS_WITH(train::Trainer(model(Arch::gpt), t, {}),
                       Catch::Contains("--device-budget 1024 bytes is smaller than one expert") &&
@@ -146,7 +146,7 @@ TEST_CASE("offload: resume of an offloaded run equals the uninterrupted run (bit
     DYNAMIC_SECTION(dtype_name(dtype)) {
       test::ScratchDir dir("offload-resume");
       train::TrainConfig t = training(6);
-      t.offload = "host";
+      t.offload = offload::Tier::host;
       train::Trainer straight(model(Arch::mixtral, dtype), t, {});
       run(straight, 6);
       train::Trainer first(model(Arch::mixtral, dtype), t, {});
@@ -158,7 +158,7 @@ TEST_CASE("offload: resume of an offloaded run equals the uninterrupted run (bit
       require_same(straight, second);
       // The checkpoint is the usual one: a resident run resumes from it, bitwise too.
       train::TrainConfig resident_config = t;
-      resident_config.offload = "none";
+      resident_config.offload = offload::Tier::none;
       train::Trainer resident(model(Arch::mixtral, dtype), resident_config, {});
       resident.restore(path);
       run(resident, 3);
@@ -191,9 +191,9 @@ TEST_CASE("offload: the SSD tier trains bitwise as resident (LRU, LFU, bypass)",
       base.grad_accum = c.accum;
       train::Trainer resident(model(c.arch, c.dtype), base, {});
       train::TrainConfig off = base;
-      off.offload = "ssd";
+      off.offload = offload::Tier::ssd;
       off.ssd_dir = dir.path();
-      off.expert_cache = c.cache;
+      off.expert_cache = offload::parse_cache_policy(c.cache);
       off.lfu_period = 2;
       off.host_budget = str(c.records * record_bytes(c.arch, c.dtype) + 1024);
       train::Trainer offloaded(model(c.arch, c.dtype), off, {});
@@ -215,7 +215,7 @@ TEST_CASE("offload: the SSD tier trains bitwise as resident (LRU, LFU, bypass)",
 TEST_CASE("offload: SSD tier errors are clear", "[offload]") {
   test::ScratchDir dir("offload-ssd-errors");
   train::TrainConfig t = training(2);
-  t.offload = "ssd";
+  t.offload = offload::Tier::ssd;
   REQUIRE_THROWS_WITH(train::Trainer(model(Arch::gpt), t, {}), Catch::Contains("--ssd-dir"));
   // Under a regular file: not a directory anyone can create.
   const std::string file = dir.path() + "/plain";
@@ -234,7 +234,7 @@ TEST_CASE("offload: a damaged SSD expert file stops the run clearly, the checkpo
   namespace fs = std::filesystem;
   test::ScratchDir ssd("offload-ssd-damage"), out("offload-ssd-damage-out");
   train::TrainConfig t = training(4);
-  t.offload = "ssd";
+  t.offload = offload::Tier::ssd;
   t.ssd_dir = ssd.path();
   t.host_budget = str(2 * record_bytes(Arch::gpt, DType::f32) + 1024);
   train::Trainer trainer(model(Arch::gpt), t, {});
@@ -266,7 +266,7 @@ TEST_CASE("offload: auto keeps everything resident when it fits, else picks SSD,
           "[offload]") {
   test::ScratchDir ssd("offload-auto");
   train::TrainConfig t = training(2);
-  t.offload = "auto";
+  t.offload = offload::Tier::automatic;
   {  // this small model fits the machine's memory: no store at all
     train::Trainer fits(model(Arch::gpt), t, {});
     REQUIRE(fits.expert_store() == nullptr);
@@ -280,7 +280,7 @@ TEST_CASE("offload: auto keeps everything resident when it fits, else picks SSD,
   t.ssd_dir = ssd.path();
   train::Trainer on_ssd(model(Arch::gpt), t, {});
   REQUIRE(on_ssd.expert_store() != nullptr);
-  REQUIRE(on_ssd.expert_store()->config().tier == "ssd");
+  REQUIRE(on_ssd.expert_store()->config().tier == offload::Tier::ssd);
   train::TrainConfig resident_config = training(2);
   train::Trainer resident(model(Arch::gpt), resident_config, {});
   run(resident, 2);
@@ -310,7 +310,7 @@ TEST_CASE("offload: experts routed only in an earlier micro-batch keep their gra
       mc.resolve();
       train::Trainer resident(mc, base, {});
       train::TrainConfig off = base;
-      off.offload = tier;
+      off.offload = offload::parse_tier(tier);
       off.ssd_dir = ssd.path();
       train::Trainer offloaded(mc, off, {});
       for (int i = 0; i < 4; ++i) {
@@ -326,7 +326,7 @@ TEST_CASE("offload: experts routed only in an earlier micro-batch keep their gra
 TEST_CASE("offload: the GPU store is one process only, and needs a usable GPU", "[offload]") {
   // Several ranks are refused before the device is opened, as a usage error naming the flags.
   train::TrainConfig t = training(2);
-  t.offload = "host";
+  t.offload = offload::Tier::host;
   const Device gpu{Device::cuda, 0};
   REQUIRE_THROWS_AS(train::check_offload_device(t, gpu, 2), UsageError);
   REQUIRE_THROWS_WITH(train::check_offload_device(t, gpu, 2),
@@ -334,11 +334,11 @@ TEST_CASE("offload: the GPU store is one process only, and needs a usable GPU", 
                           Catch::Contains("one process only"));
   REQUIRE_NOTHROW(train::check_offload_device(t, gpu, 1));
   REQUIRE_NOTHROW(train::check_offload_device(t, Device{}, 2));
-  t.offload = "none";
+  t.offload = offload::Tier::none;
   REQUIRE_NOTHROW(train::check_offload_device(t, gpu, 2));
   // The library refuses a store on a GPU it cannot use with the driver's (or the build's) reason.
   if (cuda::available()) return;  // tests/cuda/test_cuda_offload.cpp trains there
-  t.offload = "host";
+  t.offload = offload::Tier::host;
   REQUIRE_THROWS_WITH(train::Trainer(model(Arch::gpt), t, {}, nullptr, gpu),
                       Catch::Contains("cuda:0") && Catch::Contains(cuda::unavailable_reason()));
 }
@@ -377,7 +377,7 @@ TEST_CASE("offload: the GPU store's path staged on the host trains bitwise as re
       base.grad_accum = c.accum;
       train::Trainer resident(model(c.arch, c.dtype), base, {});
       train::TrainConfig off = base;
-      off.offload = c.tier;
+      off.offload = offload::parse_tier(c.tier);
       off.ssd_dir = dir.path();
       off.prefetch_depth = c.prefetch;
       off.pin_fraction = c.pin;

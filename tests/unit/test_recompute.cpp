@@ -32,7 +32,7 @@ train::TrainConfig small_train(const std::string& recompute, int64_t grad_accum 
   t.warmup = 1;
   t.eval_batches = 2;
   t.seed = 5;
-  t.recompute = recompute;
+  t.recompute = nn::parse_recompute(recompute);
   t.grad_accum = grad_accum;
   return t;
 }

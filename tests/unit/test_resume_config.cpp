@@ -107,7 +107,7 @@ TEST_CASE("resume_config: a fresh run on a token file sizes its vocabulary from 
   REQUIRE(train::resume_config(nullptr, flags, t, given).model.vocab_size == 256);
   t.data = "tokens.bin";  // text by extension, but the format says otherwise
   REQUIRE(train::resume_config(nullptr, flags, t, {}).model.vocab_size == 256);
-  t.data_format = "u32";
+  t.data_format = io::TokenFormat::u32;
   REQUIRE(train::resume_config(nullptr, flags, t, {}).model.vocab_size == 0);
   // A resumed run keeps the checkpoint's vocabulary whatever its data.
   io::Checkpoint ckpt = checkpoint_of(saved_model(), t);

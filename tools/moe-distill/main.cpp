@@ -44,9 +44,12 @@ void add_options(CLI::App& app, DistillOptions& o) {
   io->add_option("--data", t.data, "Training text (bytes are tokens) or .u16/.u32 token file")
       ->required();
   io->add_option("--val", t.val, "Validation data (default: the held-out tail of --data)");
-  io->add_option("--data-format", t.data_format, "auto (by extension), text, u16 or u32")
+  io->add_option_function<std::string>(
+        "--data-format",
+        [&t](const std::string& name) { t.data_format = io::parse_token_format(name); },
+        "auto (by extension), text, u16 or u32")
       ->check(CLI::IsMember({"auto", "text", "u16", "u32"}))
-      ->capture_default_str();
+      ->default_str(io::token_format_name(t.data_format));
   io->add_option("--val-fraction", t.val_fraction, "Held-out tail of --data when no --val")
       ->capture_default_str();
   io->add_option("-o,--out", o.out,

@@ -9,6 +9,19 @@
 namespace moe::tools {
 namespace {
 
+// A setting with named values: the flag takes a name among `names` (any other is refused while
+// parsing, exit 2), parsed here, once, into the config's enum; --help shows the default's name.
+template <class Enum, class Parse, class Name>
+CLI::Option* add_named(CLI::Option_group& g, const std::string& flag, Enum& field,
+                       const std::string& help, std::vector<std::string> names, Parse parse,
+                       Name name) {
+  return g
+      .add_option_function<std::string>(
+          flag, [&field, parse](const std::string& text) { field = parse(text); }, help)
+      ->check(CLI::IsMember(std::move(names)))
+      ->default_str(name(field));
+}
+
 // --device, the data and the tasks (TrainConfig's data fields).
 void add_data_options(CLI::Option_group& g, TrainOptions& o) {
   auto* io = &g;
@@ -19,9 +32,8 @@ void add_data_options(CLI::Option_group& g, TrainOptions& o) {
   o.train_flags.push_back(
       io->add_option("--val", t.val, "Validation data (default: the held-out tail of --data)"));
   o.train_flags.push_back(
-      io->add_option("--data-format", t.data_format, "auto (by extension), text, u16 or u32")
-          ->check(CLI::IsMember({"auto", "text", "u16", "u32"}))
-          ->capture_default_str());
+      add_named(*io, "--data-format", t.data_format, "auto (by extension), text, u16 or u32",
+                {"auto", "text", "u16", "u32"}, io::parse_token_format, io::token_format_name));
   o.train_flags.push_back(
       io->add_option("--val-fraction", t.val_fraction, "Held-out tail of --data when no --val")
           ->capture_default_str());
@@ -36,11 +48,10 @@ void add_data_options(CLI::Option_group& g, TrainOptions& o) {
           ->check(non_negative())
           ->capture_default_str());
   o.train_flags.push_back(
-      io->add_option("--task-allocation", t.task_allocation,
-                     "--tasks: ranks per task by workload (tokens per step) or equal (the "
-                     "baseline: ranks / tasks each)")
-          ->check(CLI::IsMember({"workload", "equal"}))
-          ->capture_default_str());
+      add_named(*io, "--task-allocation", t.task_allocation,
+                "--tasks: ranks per task by workload (tokens per step) or equal (the "
+                "baseline: ranks / tasks each)",
+                {"workload", "equal"}, train::parse_allocation_rule, train::allocation_rule_name));
 }
 
 // Where the run writes and how often (TrainOptions' own fields; --eval-batches is TrainConfig's).
@@ -224,12 +235,12 @@ void add_optimizer_options(CLI::Option_group& g, TrainOptions& o) {
                      "each, one update (--batch divides by N x the ranks)")
           ->check(positive())
           ->capture_default_str());
-  o.train_flags.push_back(
-      og->add_option("--recompute", t.recompute,
-                     "Activation recomputation: none; moe (the experts' hidden activations); "
-                     "block (keep each block's input only). Bitwise the same training")
-          ->check(CLI::IsMember({"none", "moe", "block"}))
-          ->capture_default_str());
+  o.train_flags.push_back(add_named(
+      *og, "--recompute", t.recompute,
+      "Activation recomputation: none; moe (the experts' hidden activations); "
+      "block (keep each block's input only). Bitwise the same training",
+      {"none", "moe", "block"}, [](const std::string& name) { return nn::parse_recompute(name); },
+      nn::recompute_name));
 }
 
 // A byte size, checked while parsing (exit 2). A share ("25%") needs a total that training
@@ -257,12 +268,11 @@ void add_offload_options(CLI::Option_group& g, TrainOptions& o) {
   auto& t = o.train;
   const CLI::Validator bytes = byte_size();
   o.train_flags.push_back(
-      xg->add_option("--offload", t.offload,
-                     "Where expert weights and AdamW state live: none (resident), host (RAM), "
-                     "ssd (files under --ssd-dir behind a --host-budget cache), auto (plan by "
-                     "the budgets)")
-          ->check(CLI::IsMember({"none", "host", "ssd", "auto"}))
-          ->capture_default_str());
+      add_named(*xg, "--offload", t.offload,
+                "Where expert weights and AdamW state live: none (resident), host (RAM), "
+                "ssd (files under --ssd-dir behind a --host-budget cache), auto (plan by "
+                "the budgets)",
+                {"none", "host", "ssd", "auto"}, offload::parse_tier, offload::tier_name));
   o.train_flags.push_back(
       xg->add_option("--device-budget", t.device_budget,
                      "Bytes of expert slots that compute reads (e.g. 64MiB; default: the pinned "
@@ -289,11 +299,10 @@ void add_offload_options(CLI::Option_group& g, TrainOptions& o) {
       "--optimizer-overlap,!--no-optimizer-overlap", t.optimizer_overlap,
       "Each expert's AdamW as soon as its gradient is final, during backward (needs --clip 0; "
       "default on; --no-optimizer-overlap: after backward, an ablation)"));
-  o.train_flags.push_back(
-      xg->add_option("--expert-cache", t.expert_cache,
-                     "Host cache policy of --offload ssd: lru, or lfu (MoESys: hit counts)")
-          ->check(CLI::IsMember({"lru", "lfu"}))
-          ->capture_default_str());
+  o.train_flags.push_back(add_named(
+      *xg, "--expert-cache", t.expert_cache,
+      "Host cache policy of --offload ssd: lru, or lfu (MoESys: hit counts)", {"lru", "lfu"},
+      offload::parse_cache_policy, [](offload::CachePolicy p) { return offload::to_string(p); }));
   o.train_flags.push_back(
       xg->add_option("--lfu-threshold", t.lfu_threshold,
                      "lfu: only experts with at least this count may be evicted")
@@ -335,35 +344,32 @@ void add_parallel_options(CLI::Option_group& g, TrainOptions& o) {
           ->check(non_negative())
           ->capture_default_str());
   o.train_flags.push_back(
-      dg->add_option("--a2a", t.a2a,
-                     "Expert all-to-all: flat, or hierarchical (intra-node, then across nodes)")
-          ->check(CLI::IsMember({"flat", "hierarchical"}))
-          ->capture_default_str());
+      add_named(*dg, "--a2a", t.a2a,
+                "Expert all-to-all: flat, or hierarchical (intra-node, then across nodes)",
+                {"flat", "hierarchical"}, comm::parse_a2a_algorithm, comm::a2a_algorithm_name));
   o.train_flags.push_back(
       dg->add_option("--ranks-per-node", t.ranks_per_node,
                      "Virtual nodes of N ranks for --a2a hierarchical (0: the real nodes)")
           ->check(non_negative())
           ->capture_default_str());
   o.train_flags.push_back(
-      dg->add_option("--comm-scheduler", t.comm_scheduler,
-                     "off: gradient all-reduce after backward; priority: Lina's micro-ops "
-                     "overlapping backward, all-to-all first")
-          ->check(CLI::IsMember({"off", "priority"}))
-          ->capture_default_str());
+      add_named(*dg, "--comm-scheduler", t.comm_scheduler,
+                "off: gradient all-reduce after backward; priority: Lina's micro-ops "
+                "overlapping backward, all-to-all first",
+                {"off", "priority"}, comm::parse_scheduler_mode, comm::scheduler_mode_name));
 }
 
 // TrainConfig's expert placement, then the scheduler's micro-op size (as --help lists them).
 void add_placement_options(CLI::Option_group& g, TrainOptions& o) {
   auto* dg = &g;
   auto& t = o.train;
-  o.train_flags.push_back(
-      dg->add_option("--placement", t.placement,
-                     "Which ranks compute which experts: static (rank p: experts [p E/P, (p+1) "
-                     "E/P)), lpt (ES-MoE: per batch, Graham's LPT over the group's tokens) or "
-                     "flexmoe (vExpert replicas, flexible routing, cost-model replans); lpt and "
-                     "flexmoe need --ep > 1 and hold every expert on every rank")
-          ->check(CLI::IsMember({"static", "lpt", "flexmoe"}))
-          ->capture_default_str());
+  o.train_flags.push_back(add_named(
+      *dg, "--placement", t.placement,
+      "Which ranks compute which experts: static (rank p: experts [p E/P, (p+1) "
+      "E/P)), lpt (ES-MoE: per batch, Graham's LPT over the group's tokens) or "
+      "flexmoe (vExpert replicas, flexible routing, cost-model replans); lpt and "
+      "flexmoe need --ep > 1 and hold every expert on every rank",
+      {"static", "lpt", "flexmoe"}, train::parse_placement_rule, train::placement_rule_name));
   o.train_flags.push_back(
       dg->add_option("--vexperts-per-rank", t.vexperts_per_rank,
                      "flexmoe: vExpert slots per rank and MoE layer (0: ceil(E/P) + 1)")

@@ -22,7 +22,7 @@ OffloadPlan plan_offload(const PlanInput& in) {
            in.device_is_host ? "" : str(", host memory ", bytes(in.host_capacity)), ", SSD ",
            in.ssd_capacity > 0 ? bytes(in.ssd_capacity) + " free" : "none (no --ssd-dir)"));
   if (in.device_capacity <= 0 || resident <= in.device_capacity) {
-    plan.tier = "none";
+    plan.tier = Tier::none;
     line(str("  -> none: everything resident in ", in.device_name, " (", bytes(resident), ")"));
     return plan;
   }
@@ -37,7 +37,7 @@ OffloadPlan plan_offload(const PlanInput& in) {
   const double host_room =
       in.device_is_host ? in.device_capacity - offloaded_device : in.host_capacity;
   if (in.expert_state_bytes <= host_room && !in.device_is_host) {
-    plan.tier = "host";
+    plan.tier = Tier::host;
     plan.device_budget = in.device_capacity - in.dense_bytes;
     line(str("  -> host: experts' state in host memory (", bytes(in.expert_state_bytes), " of ",
              bytes(host_room), "), dense state on the device"));
@@ -45,7 +45,7 @@ OffloadPlan plan_offload(const PlanInput& in) {
   }
   const double cache = std::max(0.0, host_room);
   if (in.ssd_capacity >= in.ssd_file_bytes && cache >= in.record_bytes) {
-    plan.tier = "ssd";
+    plan.tier = Tier::ssd;
     plan.host_budget = cache;
     plan.device_budget =
         in.device_is_host ? 4 * in.slot_bytes : in.device_capacity - in.dense_bytes;

@@ -99,7 +99,7 @@ std::unique_ptr<RecordTier> make_record_tier(const StoreConfig& config,
     spans.push_back({layouts[l]->value_sections, layouts[l]->state_sections,
                      layouts[l]->state_bytes, layouts[l]->record_bytes});
   }
-  if (config.tier == "host") {
+  if (config.tier == Tier::host) {
     MOE_USAGE_CHECK(config.host_budget == 0 || total_record <= config.host_budget,
                     "--offload host: the experts' state takes ", format_bytes(double(total_record)),
                     " (", total_record, " bytes) but --host-budget is ",
@@ -114,7 +114,7 @@ std::unique_ptr<RecordTier> make_record_tier(const StoreConfig& config,
   // The host cache: --host-budget, or a quarter of the experts' state by default.
   const int64_t budget = config.host_budget > 0 ? config.host_budget : total_record / 4;
   CacheConfig cache;
-  cache.policy = parse_cache_policy(config.expert_cache);
+  cache.policy = config.expert_cache;
   cache.capacity = std::min(budget / record, total_experts);
   cache.lfu = config.lfu;
   MOE_USAGE_CHECK(cache.capacity >= 1, "--host-budget ", budget,

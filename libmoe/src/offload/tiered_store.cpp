@@ -392,8 +392,8 @@ struct TieredStore::Impl {
 
 TieredStore::TieredStore(const ParamSet& params, const StoreConfig& config)
     : impl_(std::make_unique<Impl>(params, config)) {
-  MOE_USAGE_CHECK(config.tier == "host" || config.tier == "ssd", "--offload ", config.tier,
-                  ": the store's tier is host or ssd");
+  MOE_USAGE_CHECK(config.tier == Tier::host || config.tier == Tier::ssd, "--offload ",
+                  tier_name(config.tier), ": the store's tier is host or ssd");
   MOE_USAGE_CHECK(config.pin_fraction >= 0 && config.pin_fraction <= 1,
                   "--pin-fraction must be in [0, 1] (got ", config.pin_fraction, ")");
   MOE_USAGE_CHECK(config.prefetch_depth >= 0 && config.prefetch_depth <= 64,

@@ -28,8 +28,8 @@ Layout::Layout(comm::Communicator* world, const LayoutConfig& config, Device dev
                   ")");
   MOE_USAGE_CHECK(config.ranks_per_node >= 0, "--ranks-per-node must be >= 0 (got ",
                   config.ranks_per_node, ")");
-  const comm::SchedulerMode mode = comm::parse_scheduler_mode(config.comm_scheduler);
-  const comm::A2AAlgorithm algorithm = comm::parse_a2a_algorithm(config.a2a);
+  const comm::SchedulerMode mode = config.comm_scheduler;
+  const comm::A2AAlgorithm algorithm = config.a2a;
   MOE_USAGE_CHECK(algorithm != comm::A2AAlgorithm::hierarchical || config.ep == 1 ||
                       config.ranks_per_node == 0 || config.ep % config.ranks_per_node == 0,
                   "--ranks-per-node ", config.ranks_per_node, " does not divide the --ep ",

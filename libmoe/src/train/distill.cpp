@@ -315,7 +315,7 @@ Distiller::Distiller(const DistillConfig& distill, const TrainConfig& train,
   // The teacher scores every token of the data: its vocabulary must cover them.
   // Text through the teacher's tokenizer, which the student inherits (its trainer reads the
   // data through it again and its checkpoints keep it).
-  const io::TokenFormat format = io::parse_token_format(train.data_format);
+  const io::TokenFormat format = train.data_format;
   const io::StoredTokenizer stored =
       io::read_tokenizer(io::checkpoint_files({config_.teacher}).at(0));
   const std::unique_ptr<io::Tokenizer> tokenizer =

@@ -9,19 +9,21 @@
 namespace moe::train {
 
 void check_offload_device(const TrainConfig& config, Device device, int world_size) {
-  MOE_USAGE_CHECK(config.offload == "none" || device.kind == Device::cpu || world_size == 1,
-                  "--offload ", config.offload, " with --device ", device.str(), " on ", world_size,
-                  " ranks: the GPU expert store trains in one process only (no data or expert "
-                  "parallelism yet); offload on the CPU under mpiexec (--device cpu), or train "
-                  "resident on the GPUs (--offload none)");
+  MOE_USAGE_CHECK(
+      config.offload == offload::Tier::none || device.kind == Device::cpu || world_size == 1,
+      "--offload ", offload::tier_name(config.offload), " with --device ", device.str(), " on ",
+      world_size,
+      " ranks: the GPU expert store trains in one process only (no data or expert "
+      "parallelism yet); offload on the CPU under mpiexec (--device cpu), or train "
+      "resident on the GPUs (--offload none)");
 }
 
 std::string offload_layout(const TrainConfig& config, const offload::TieredStore& store) {
   const offload::StoreStats s = store.stats();
   const offload::StoreConfig& c = store.config();
-  std::string line =
-      str("offload: ", c.tier, " tier, experts' state ", format_bytes(double(s.record_bytes)));
-  if (c.tier == "ssd")
+  std::string line = str("offload: ", offload::tier_name(c.tier), " tier, experts' state ",
+                         format_bytes(double(s.record_bytes)));
+  if (c.tier == offload::Tier::ssd)
     line += str(" in ", c.ssd_dir, " behind a host cache of ",
                 c.host_budget > 0 ? format_bytes(double(c.host_budget)) : std::string("no limit"));
   else

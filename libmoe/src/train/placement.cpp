@@ -8,12 +8,30 @@
 #include "core/json_text.h"
 #include "moe/balance/cost_profile.h"
 #include "moe/error.h"
+#include "moe/settings.h"
 
 namespace moe::train {
 
+const char* placement_rule_name(PlacementRule policy) {
+  switch (policy) {
+    case PlacementRule::fixed:
+      return "static";
+    case PlacementRule::lpt:
+      return "lpt";
+    case PlacementRule::flexmoe:
+      return "flexmoe";
+  }
+  return "?";
+}
+
+PlacementRule parse_placement_rule(std::string_view name) {
+  for (PlacementRule p : {PlacementRule::fixed, PlacementRule::lpt, PlacementRule::flexmoe})
+    if (name == placement_rule_name(p)) return p;
+  throw UsageError(
+      str(flag_for(Setting::placement), " must be static, lpt or flexmoe (got '", name, "')"));
+}
+
 void check_placement_config(const PlacementConfig& c) {
-  MOE_USAGE_CHECK(c.policy == "static" || c.policy == "lpt" || c.policy == "flexmoe",
-                  "--placement must be static, lpt or flexmoe (got '", c.policy, "')");
   MOE_USAGE_CHECK(c.vexperts_per_rank >= 0,
                   "--vexperts-per-rank must be >= 0 (0: ceil(E/P)+1; got ", c.vexperts_per_rank,
                   ")");
@@ -27,8 +45,9 @@ std::unique_ptr<TrainingPlacement> TrainingPlacement::make(
     const PlacementConfig& config, comm::Communicator& group,
     const std::map<int64_t, int64_t>& experts) {
   check_placement_config(config);
-  if (config.policy == "lpt") return std::make_unique<LptPlacement>(config, group);
-  if (config.policy == "flexmoe") return std::make_unique<FlexMoEPlacement>(config, group, experts);
+  if (config.policy == PlacementRule::lpt) return std::make_unique<LptPlacement>(config, group);
+  if (config.policy == PlacementRule::flexmoe)
+    return std::make_unique<FlexMoEPlacement>(config, group, experts);
   return nullptr;
 }
 

@@ -143,8 +143,7 @@ RunConfig resume_config(const io::Checkpoint* resume, ModelConfig model, TrainCo
     model.resolve();
     run.model = std::move(model);
     const bool token_file =
-        io::resolve_token_format(run.train.data, io::parse_token_format(run.train.data_format)) !=
-        io::TokenFormat::text;
+        io::resolve_token_format(run.train.data, run.train.data_format) != io::TokenFormat::text;
     const bool vocab_given =
         std::find(given.model.begin(), given.model.end(), "--vocab") != given.model.end();
     if (token_file && !vocab_given) run.model.vocab_size = 0;  // from the data
@@ -202,10 +201,10 @@ std::vector<std::string> fit_layout(TrainConfig& train, const io::Checkpoint& re
       lines.push_back(str("--ep ", train.ep, " -> 1 (one process holds every expert)"));
       train.ep = 1;
     }
-    if (train.placement != "static" && !was_given("--placement")) {
-      lines.push_back(
-          str("--placement ", train.placement, " -> static (one process places nothing)"));
-      train.placement = "static";
+    if (train.placement != PlacementRule::fixed && !was_given("--placement")) {
+      lines.push_back(str("--placement ", placement_rule_name(train.placement),
+                          " -> static (one process places nothing)"));
+      train.placement = PlacementRule::fixed;
     }
     if (train.shard_embedding && !was_given("--shard-embedding")) {
       lines.push_back("--shard-embedding -> off (one process holds the whole table)");

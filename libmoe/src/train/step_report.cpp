@@ -53,7 +53,7 @@ std::string measured_text(const StepStats& s, const ModelConfig& model, int64_t 
 }
 
 bool has_cost_model(Trainer& trainer) {
-  return trainer.config().placement == "flexmoe" && trainer.placement() != nullptr;
+  return trainer.config().placement == PlacementRule::flexmoe && trainer.placement() != nullptr;
 }
 
 }  // namespace
@@ -74,8 +74,11 @@ std::vector<std::string> describe_run(const Trainer& trainer, const TrainConfig&
       world_size > 1 ? str(" per rank, ", world_size, " ranks (", group.name(),
                            "): ", world_size / tc.ep, "-way data x ", tc.ep, "-way expert parallel",
                            tc.shard_embedding ? ", sharded embedding" : "",
-                           tc.placement != "static" ? ", placement " + tc.placement : "", ", ",
-                           tc.a2a, " all-to-all, scheduler ", tc.comm_scheduler)
+                           tc.placement != PlacementRule::fixed
+                               ? str(", placement ", placement_rule_name(tc.placement))
+                               : "",
+                           ", ", comm::a2a_algorithm_name(tc.a2a), " all-to-all, scheduler ",
+                           comm::scheduler_mode_name(tc.comm_scheduler))
                      : std::string()));
   if (const offload::TieredStore* store = trainer.expert_store())
     lines.push_back(offload_layout(tc, *store));

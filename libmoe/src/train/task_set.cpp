@@ -12,7 +12,7 @@
 namespace moe::train {
 
 TaskSet::TaskSet(std::vector<TaskSpec> tasks, io::TokenFormat format, int64_t seq, uint64_t seed,
-                 double val_fraction, int ranks, int rank, const std::string& allocation)
+                 double val_fraction, int ranks, int rank, AllocationRule allocation)
     : tasks_(std::move(tasks)), seq_(seq), ranks_(ranks), rank_(rank) {
   train_.reserve(tasks_.size());  // the samplers point into these vectors
   for (const TaskSpec& t : tasks_) {
@@ -29,10 +29,8 @@ TaskSet::TaskSet(std::vector<TaskSpec> tasks, io::TokenFormat format, int64_t se
   // orders, and a task's stream does not depend on the others.
   for (size_t t = 0; t < tasks_.size(); ++t)
     samplers_.emplace_back(&train_[t], seq, seed + t, true);
-  MOE_USAGE_CHECK(allocation == "workload" || allocation == "equal",
-                  "--task-allocation must be workload or equal (got '", allocation, "')");
-  allocation_ = allocation == "equal" ? allocate_equally(tasks_, ranks)
-                                      : allocate_by_tokens(tasks_, seq, ranks);
+  allocation_ = allocation == AllocationRule::equal ? allocate_equally(tasks_, ranks)
+                                                    : allocate_by_tokens(tasks_, seq, ranks);
   measured_seconds_.assign(tasks_.size(), 0.0);
   measured_samples_.assign(tasks_.size(), 0.0);
   loss_sums_.assign(tasks_.size(), 0.0);

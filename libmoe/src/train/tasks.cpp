@@ -14,6 +14,7 @@
 #include "core/json_text.h"
 #include "moe/error.h"
 #include "moe/io/input.h"
+#include "moe/settings.h"
 
 namespace moe::train {
 
@@ -237,6 +238,17 @@ nlohmann::json to_json(const TaskAllocation& a) {
     ranks.push_back(r);
   }
   return {{"ranks_of_task", a.ranks_of_task}, {"segments", ranks}};
+}
+
+const char* allocation_rule_name(AllocationRule rule) {
+  return rule == AllocationRule::equal ? "equal" : "workload";
+}
+
+AllocationRule parse_allocation_rule(std::string_view name) {
+  for (AllocationRule rule : {AllocationRule::workload, AllocationRule::equal})
+    if (name == allocation_rule_name(rule)) return rule;
+  throw UsageError(
+      str(flag_for(Setting::task_allocation), " must be workload or equal (got '", name, "')"));
 }
 
 TaskAllocation task_allocation_from_json(const nlohmann::json& j) {

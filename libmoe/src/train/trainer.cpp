@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <type_traits>
 
 #include "core/json_text.h"
 #include "moe/cuda.h"
@@ -25,6 +26,7 @@
 #include "moe/offload/budget.h"
 #include "moe/ops/core.h"
 #include "moe/timer.h"
+#include "moe/train/offload_report.h"
 
 namespace moe::train {
 
@@ -77,19 +79,55 @@ static void for_each_field(Config& c, Visit&& f) {
   f("zero_prefetch", c.zero_prefetch);
 }
 
+// The enum settings are saved by name, the text every build has written ("offload": "host").
+static std::string name_of(io::TokenFormat v) { return io::token_format_name(v); }
+static std::string name_of(comm::A2AAlgorithm v) { return comm::a2a_algorithm_name(v); }
+static std::string name_of(comm::SchedulerMode v) { return comm::scheduler_mode_name(v); }
+static std::string name_of(PlacementRule v) { return placement_rule_name(v); }
+static std::string name_of(offload::Tier v) { return offload::tier_name(v); }
+static std::string name_of(offload::CachePolicy v) { return offload::to_string(v); }
+static std::string name_of(nn::Recompute v) { return nn::recompute_name(v); }
+static std::string name_of(AllocationRule v) { return allocation_rule_name(v); }
+static void parse(const std::string& s, io::TokenFormat& v) { v = io::parse_token_format(s); }
+static void parse(const std::string& s, comm::A2AAlgorithm& v) { v = comm::parse_a2a_algorithm(s); }
+static void parse(const std::string& s, comm::SchedulerMode& v) {
+  v = comm::parse_scheduler_mode(s);
+}
+static void parse(const std::string& s, PlacementRule& v) { v = parse_placement_rule(s); }
+static void parse(const std::string& s, offload::Tier& v) { v = offload::parse_tier(s); }
+static void parse(const std::string& s, offload::CachePolicy& v) {
+  v = offload::parse_cache_policy(s);
+}
+static void parse(const std::string& s, nn::Recompute& v) { v = nn::parse_recompute(s); }
+static void parse(const std::string& s, AllocationRule& v) { v = parse_allocation_rule(s); }
+
 nlohmann::json to_json(const TrainConfig& c) {
   nlohmann::json j = nlohmann::json::object();
-  for_each_field(c, [&](const char* key, const auto& field) { j[key] = field; });
+  for_each_field(c, [&](const char* key, const auto& field) {
+    if constexpr (std::is_enum_v<std::decay_t<decltype(field)>>)
+      j[key] = name_of(field);
+    else
+      j[key] = field;
+  });
   return j;
 }
 
 TrainConfig train_config_from_json(const nlohmann::json& j, TrainConfig c) {
+  const char* at = "";
   try {
     for_each_field(c, [&](const char* key, auto& field) {
-      if (j.contains(key)) field = j.at(key).get<std::decay_t<decltype(field)>>();
+      if (!j.contains(key)) return;
+      at = key;
+      using Field = std::decay_t<decltype(field)>;
+      if constexpr (std::is_enum_v<Field>)
+        parse(j.at(key).get<std::string>(), field);
+      else
+        field = j.at(key).get<Field>();
     });
   } catch (const nlohmann::json::exception& e) {
-    throw Error(str("training config: ", json_error_words(e)));
+    throw Error(str("training config: \"", at, "\" ", json_error_words(e)));
+  } catch (const UsageError& e) {  // an enum setting's unknown name
+    throw Error(str("training config: \"", at, "\": ", e.what()));
   }
   return c;
 }
@@ -128,10 +166,10 @@ static void check_training_memory(const ModelConfig& config, const TrainConfig& 
   const double E = double(std::max<int64_t>(config.experts, 1));
   const double slots =
       train.vexperts_per_rank > 0 ? double(train.vexperts_per_rank) : std::ceil(E / ep) + 1;
-  const double experts = train.offload != "none"        ? 0
-                         : train.placement == "static"  ? 1 / ep
-                         : train.placement == "flexmoe" ? std::min(1.0, slots / E)
-                                                        : 1;
+  const double experts = train.offload != offload::Tier::none        ? 0
+                         : train.placement == PlacementRule::fixed   ? 1 / ep
+                         : train.placement == PlacementRule::flexmoe ? std::min(1.0, slots / E)
+                                                                     : 1;
   const double params =
       parameter_lower_bound(config, experts, train.shard_embedding ? 1 / ranks : 1);
   const double state = params * double(2 * dtype_size(config.dtype) + 8);
@@ -181,7 +219,6 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
                   " equal micro-batches",
                   world_size() > 1 ? str(" on each of ", world_size(), " data-parallel ranks") : "",
                   ": use a --batch that is a multiple of ", train.grad_accum * world_size());
-  nn::parse_recompute(train.recompute);  // a UsageError naming the flag
   check_zero(train);
   MOE_USAGE_CHECK(train.steps >= 1, "--steps must be >= 1 (got ", train.steps, ")");
   // Every number is finite and in range (an infinite --lr trains every parameter to NaN).
@@ -196,7 +233,7 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
   MOE_USAGE_CHECK(train.warmup >= 0, "--warmup must be >= 0");
   MOE_USAGE_CHECK(train.val_fraction > 0 && train.val_fraction < 1,
                   "--val-fraction must be in (0, 1)");
-  const io::TokenFormat format = io::parse_token_format(train.data_format);
+  const io::TokenFormat format = train.data_format;
   // Text through the model's tokenizer when it has one, else every byte a token.
   auto load_tokens = [&](const std::string& path) {
     return io::load_model_tokens(path, format, text_tokenizer.get());
@@ -234,15 +271,10 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
   check_training_memory(config, train_, world_size());  // before any parameter is allocated
   setup_parallel(config, device);
   params_ = std::make_unique<ParamSet>(train.seed, config.dtype);
-  if (train.offload == "auto") plan_offload(config, device);
-  if (train_.offload != "none" && offload_tier_ != "none") {
-    // The GPU store's data-parallel paths (expert replicas summed over NCCL, the 1/W scale of
-    // downloaded gradients) have not run on GPUs: one process only, until they have.
-    MOE_USAGE_CHECK(device.kind == Device::cpu || world_size() == 1, "--offload ", train_.offload,
-                    " with --device ", device.str(), " on ", world_size(),
-                    " ranks: the GPU expert store trains in one process only (no data or expert "
-                    "parallelism yet); offload on the CPU under mpiexec (--device cpu), or train "
-                    "resident on the GPUs (--offload none)");
+  offload_tier_ = train_.offload;
+  if (train_.offload == offload::Tier::automatic) plan_offload(config, device);  // none, host, ssd
+  if (offload_tier_ != offload::Tier::none) {
+    check_offload_device(train_, device, world_size());
     store_ = std::make_unique<offload::TieredStore>(*params_, store_config(device));
     parallel_.expert_store = store_.get();
   }
@@ -259,7 +291,7 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
   optimizer_ = std::make_unique<optim::AdamW>(*params_, adamw_config(), optimizer_holds());
   if (world_size() > 1) grad_sync_ = std::make_unique<parallel::GradSync>(*layout_, *params_);
   if (zero_) grad_sync_->set_dense_shards(zero_.get());
-  if (placement_ && train_.placement == "flexmoe") {  // the cost model, measured on this group
+  if (placement_ && train_.placement == PlacementRule::flexmoe) {  // its cost model, measured here
     balance::CostProfileSpec spec;
     spec.d_model = config.d_model;
     spec.d_ff = config.d_ff;
@@ -290,15 +322,16 @@ void Trainer::setup_parallel(const ModelConfig& config, Device device) {
   PlacementConfig placement{train_.placement, train_.vexperts_per_rank, train_.balance_threshold,
                             train_.replan_every};
   check_placement_config(placement);
-  if (placement.policy != "static") {
-    MOE_USAGE_CHECK(train_.ep > 1, "--placement ", placement.policy,
+  if (placement.policy != PlacementRule::fixed) {
+    const char* policy = placement_rule_name(placement.policy);
+    MOE_USAGE_CHECK(train_.ep > 1, "--placement ", policy,
                     " places experts over the expert-parallel ranks: it needs --ep > 1");
-    MOE_USAGE_CHECK(train_.offload == "none", "--placement ", placement.policy,
+    MOE_USAGE_CHECK(train_.offload == offload::Tier::none, "--placement ", policy,
                     " holds every expert on every rank; it does not combine with --offload ",
-                    train_.offload, " yet");
+                    offload::tier_name(train_.offload), " yet");
     // Replicas of one group keep their experts current among themselves; a second group's
     // replicas of the same expert would need the sum over both groups' holders.
-    MOE_USAGE_CHECK(placement.policy != "flexmoe" || train_.ep == world_size(),
+    MOE_USAGE_CHECK(placement.policy != PlacementRule::flexmoe || train_.ep == world_size(),
                     "--placement flexmoe plans replicas in one expert group: it needs --ep equal "
                     "to the number of ranks (",
                     world_size(), "), not ", train_.ep);
@@ -317,7 +350,7 @@ void Trainer::setup_parallel(const ModelConfig& config, Device device) {
 
 // --tasks (moe/train/tasks.h): the tasks' data and allocation, and the global batch becomes their
 // total. What has not been made to work with it is refused by name.
-void Trainer::setup_tasks(const ModelConfig& model, const std::string& format) {
+void Trainer::setup_tasks(const ModelConfig& model, io::TokenFormat format) {
   const TrainConfig& t = train_;
   MOE_USAGE_CHECK(t.data.empty(), "--tasks ", t.tasks,
                   " replaces --data (each task names its data file): drop --data ", t.data);
@@ -326,22 +359,22 @@ void Trainer::setup_tasks(const ModelConfig& model, const std::string& format) {
   };
   refuse(t.grad_accum > 1, str("--grad-accum ", t.grad_accum),
          "a rank's rows are one pass (lower the tasks' batches instead)");
-  refuse(t.placement != "static", str("--placement ", t.placement),
+  refuse(t.placement != PlacementRule::fixed, str("--placement ", placement_rule_name(t.placement)),
          "its replans and cost model assume every rank computes the same number of rows");
-  refuse(t.offload != "none", str("--offload ", t.offload),
+  refuse(t.offload != offload::Tier::none, str("--offload ", offload::tier_name(t.offload)),
          "the expert store's gradient scaling has not been made to follow the tasks' weights");
   refuse(t.shard_embedding, "--shard-embedding", "not tested with ranks of different batches");
-  refuse(t.comm_scheduler != "off", str("--comm-scheduler ", t.comm_scheduler),
+  refuse(t.comm_scheduler != comm::SchedulerMode::off,
+         str("--comm-scheduler ", comm::scheduler_mode_name(t.comm_scheduler)),
          "not tested with ranks of different batches");
   MOE_USAGE_CHECK(t.task_replan_every >= 0, "--task-replan-every must be >= 0 (got ",
                   t.task_replan_every, ")");
-  MOE_USAGE_CHECK(t.task_replan_every == 0 || t.task_allocation == "workload",
+  MOE_USAGE_CHECK(t.task_replan_every == 0 || t.task_allocation == AllocationRule::workload,
                   "--task-replan-every reallocates by workload: it needs --task-allocation "
                   "workload, not ",
-                  t.task_allocation);
-  tasks_ =
-      std::make_unique<TaskSet>(read_tasks_file(t.tasks), io::parse_token_format(format), model.seq,
-                                t.seed, t.val_fraction, world_size(), rank(), t.task_allocation);
+                  allocation_rule_name(t.task_allocation));
+  tasks_ = std::make_unique<TaskSet>(read_tasks_file(t.tasks), format, model.seq, t.seed,
+                                     t.val_fraction, world_size(), rank(), t.task_allocation);
   train_.batch = tasks_->total_batch();
 }
 

@@ -23,7 +23,7 @@ namespace moe::train {
 bool Trainer::sharded() const {
   // Under --placement lpt/flexmoe every rank holds whole expert tensors: only the table shards.
   return world_size() > 1 &&
-         ((train_.ep > 1 && train_.placement == "static") || train_.shard_embedding);
+         ((train_.ep > 1 && train_.placement == PlacementRule::fixed) || train_.shard_embedding);
 }
 
 static bool same_shard(const ParamShard& a, const ParamShard& b) {
@@ -258,7 +258,8 @@ void Trainer::restore(const std::string& path) {
     MOE_LOG_INFO("resume: '", path, "' was written by ",
                  layout_text(layout.world_size, layout.ep_size, layout.shard_embedding),
                  "; this run has ", layout_text(world_size(), train_.ep, train_.shard_embedding),
-                 " and ", train_.placement, " placement: re-sharding it on load");
+                 " and ", placement_rule_name(train_.placement),
+                 " placement: re-sharding it on load");
     head = io::Checkpoint();  // its tensors are read again with the other files
     restore(io::merge_shards(io::checkpoint_files({path})), head_path);  // configs: part 0's
     return;
@@ -274,7 +275,7 @@ void Trainer::restore(const std::string& path) {
 void Trainer::restore_sharded(io::Checkpoint head, const std::string& where,
                               const std::function<io::Checkpoint(int)>& load) {
   std::vector<int> sources{0};
-  if (train_.ep > 1 && train_.placement == "static")
+  if (train_.ep > 1 && train_.placement == PlacementRule::fixed)
     sources.push_back(rank() % static_cast<int>(train_.ep));
   if (train_.shard_embedding) sources.push_back(rank());
   io::Checkpoint mine;

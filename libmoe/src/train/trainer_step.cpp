@@ -286,7 +286,7 @@ void Trainer::run_pass(int64_t m, bool capture_routing, const StepHooks& hooks, 
     TrainPass pass;
     pass.loss = logits_loss_;
     pass.loss_scale = static_cast<float>(1.0 / static_cast<double>(b.micro));
-    pass.recompute = nn::parse_recompute(train_.recompute);
+    pass.recompute = train_.recompute;
     // Priority scheduling: reduce each block's gradients as the last pass's backward leaves it
     // (only then are they final).
     if (layout_->scheduler() && m + 1 == b.micro)

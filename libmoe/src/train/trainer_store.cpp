@@ -60,15 +60,12 @@ offload::StoreConfig Trainer::store_config(Device device) const {
   offload::StoreConfig c;
   c.device = device;  // the slots and gradient buffers live where compute runs
   c.stage_on_host = train_.offload_stage_on_host;
-  const std::string& tier = train_.offload == "auto" ? offload_tier_ : train_.offload;
-  MOE_USAGE_CHECK(tier == "host" || tier == "ssd",
-                  "--offload must be none, host, ssd or auto (got '", train_.offload, "')");
-  c.tier = tier;
+  c.tier = offload_tier_;
   if (!train_.device_budget.empty())
     c.device_budget = offload::parse_bytes("--device-budget", train_.device_budget, 0);
   if (!train_.host_budget.empty())
     c.host_budget = offload::parse_bytes("--host-budget", train_.host_budget, 0);
-  if (train_.offload == "auto") {  // the plan's split of the budgets
+  if (train_.offload == offload::Tier::automatic) {  // the plan's split of the budgets
     c.host_budget = auto_host_budget_;
     c.device_budget = auto_device_budget_;
   }

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "moe/offload/tier.h"
+
 namespace moe::offload {
 
 struct PlanInput {
@@ -25,7 +27,7 @@ struct PlanInput {
 };
 
 struct OffloadPlan {
-  std::string tier;                // none | host | ssd
+  Tier tier = Tier::none;          // none | host | ssd
   double host_budget = 0;          // ssd: the host cache's bytes
   double device_budget = 0;        // host/ssd: the device slots' bytes (beside the dense state)
   std::vector<std::string> lines;  // the plan, for the log: what lives where, bytes per tier

@@ -43,13 +43,14 @@
 #include "moe/device.h"
 #include "moe/nn/expert_store.h"
 #include "moe/offload/cache_policy.h"
+#include "moe/offload/tier.h"
 #include "moe/optim/adamw.h"
 
 namespace moe::offload {
 
 struct StoreConfig {
-  std::string tier = "host";  // host | ssd (offload::plan resolves `auto`)
-  Device device;              // where compute reads the slots: the CPU, or a CUDA device
+  Tier tier = Tier::host;  // host | ssd (offload::plan resolves `auto`)
+  Device device;           // where compute reads the slots: the CPU, or a CUDA device
   // Tests: on the CPU, run the CUDA path (staging buffers, gradient buffers drained on the
   // optimizer thread) with host memory and synchronous copies, so the CPU tests cover its logic.
   bool stage_on_host = false;
@@ -59,7 +60,7 @@ struct StoreConfig {
   // ssd under mpiexec: every rank's world (each makes a store), so that the ranks of a node whose
   // --ssd-dir is one disk check their files together against its space (check_shared_ssd_space).
   comm::Communicator* world = nullptr;
-  std::string expert_cache = "lru";  // ssd: the host cache's policy (lru | lfu, MoESys)
+  CachePolicy expert_cache = CachePolicy::lru;  // ssd: the host cache's policy (MoESys: lfu)
   LfuConfig lfu;
   double pin_fraction = 0.25;  // of this process's experts, kept resident from forward to backward
   int prefetch_depth = 2;      // experts uploaded ahead of the one computing (0: on demand)

@@ -38,9 +38,9 @@ struct ExchangeStats {
 struct LayoutConfig {
   int64_t ep = 1;                      // expert-parallel ranks P (divides the world)
   bool shard_embedding = false;        // shard the token table over the world
-  std::string a2a = "flat";            // flat | hierarchical expert all-to-all
+  comm::A2AAlgorithm a2a = comm::A2AAlgorithm::flat;  // the expert all-to-all
   int64_t ranks_per_node = 0;          // virtual nodes for the hierarchical one (0: real nodes)
-  std::string comm_scheduler = "off";  // off | priority (Lina's gradient micro-ops)
+  comm::SchedulerMode comm_scheduler = comm::SchedulerMode::off;  // priority: Lina's micro-ops
   double partition_mb = 16.0;          // micro-op size of the priority scheduler
 };
 

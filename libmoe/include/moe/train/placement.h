@@ -32,6 +32,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "moe/balance/flexmoe.h"
@@ -42,13 +43,20 @@
 
 namespace moe::train {
 
+// Which ranks compute which experts (the placement setting; see the top of this file).
+// fixed is the name "static" (as in plan::Placement).
+enum class PlacementRule { fixed, lpt, flexmoe };
+const char* placement_rule_name(PlacementRule policy);  // "static" | "lpt" | "flexmoe"
+// Throws UsageError naming the setting's flag and listing its values for any other name.
+PlacementRule parse_placement_rule(std::string_view name);
+
 struct PlacementConfig {
-  std::string policy = "static";   // static | lpt | flexmoe
+  PlacementRule policy = PlacementRule::fixed;
   int64_t vexperts_per_rank = 0;   // flexmoe: V slots per rank and layer (0: ceil(E/P) + 1)
   double balance_threshold = 1.1;  // flexmoe: replan while max/mean rank tokens is above this
   int64_t replan_every = 10;       // flexmoe: optimizer steps between replans
 };
-// UsageError naming the flag for a policy name or value out of range.
+// UsageError naming the flag for a value out of range.
 void check_placement_config(const PlacementConfig& config);
 
 // What one replan did to one MoE layer (logged by moe-train and written to its metrics).

@@ -69,6 +69,12 @@ TaskAllocation allocate_by_tokens(const std::vector<TaskSpec>& tasks, int64_t se
 // The baseline the workload rule is measured against (--task-allocation equal): R / T ranks per
 // task, one more for each of the first R mod T tasks (T <= R), batches split as above.
 TaskAllocation allocate_equally(const std::vector<TaskSpec>& tasks, int ranks);
+// How a run gives ranks to tasks (the task_allocation setting): workload (allocate_by_tokens,
+// then by measured time with task_replan_every) or equal (allocate_equally).
+enum class AllocationRule { workload, equal };
+const char* allocation_rule_name(AllocationRule rule);  // "workload" | "equal"
+// Throws UsageError naming the setting's flag and listing its values for any other name.
+AllocationRule parse_allocation_rule(std::string_view name);
 nlohmann::json to_json(const TaskAllocation& allocation);
 TaskAllocation task_allocation_from_json(const nlohmann::json& j);
 // "a:4 b:2 c:1 d:1" (ranks per task) or, with shared ranks, "rank 0: a b | rank 1: c".
@@ -94,9 +100,9 @@ struct TaskBatch {
 class TaskSet {
  public:
   // Loads every task's data (its held-out tail, val_fraction, is the task's validation part).
-  // `allocation`: workload (allocate_by_tokens) or equal (allocate_equally).
   TaskSet(std::vector<TaskSpec> tasks, io::TokenFormat format, int64_t seq, uint64_t seed,
-          double val_fraction, int ranks, int rank, const std::string& allocation = "workload");
+          double val_fraction, int ranks, int rank,
+          AllocationRule allocation = AllocationRule::workload);
 
   const std::vector<TaskSpec>& tasks() const { return tasks_; }
   const TaskAllocation& allocation() const { return allocation_; }

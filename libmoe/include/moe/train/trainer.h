@@ -10,10 +10,14 @@
 
 #include "moe/arena.h"
 #include "moe/balance/cost_profile.h"
+#include "moe/comm/all_to_all.h"
 #include "moe/comm/communicator.h"
+#include "moe/comm/scheduler.h"
 #include "moe/io/checkpoint.h"
 #include "moe/io/dataset.h"
 #include "moe/models/transformer.h"
+#include "moe/nn/recompute.h"
+#include "moe/offload/tier.h"
 #include "moe/offload/tiered_store.h"
 #include "moe/optim/adamw.h"
 #include "moe/parallel/grad_sync.h"
@@ -32,7 +36,8 @@ inline constexpr const char* kNoStdinData =
     "file (save stdin first, e.g. cat > corpus.txt)";
 
 struct TrainConfig {
-  std::string data, val, data_format = "auto";
+  std::string data, val;
+  io::TokenFormat data_format = io::TokenFormat::automatic;
   // Not flags: the identity of the file at `data` when the run started (or was last resumed with
   // --data), checked when it resumes (train::check_data_file). -1 / "": not recorded (a
   // checkpoint of an earlier build).
@@ -56,27 +61,27 @@ struct TrainConfig {
   // all-to-all first).
   int64_t ep = 1;
   bool shard_embedding = false;
-  std::string a2a = "flat";
+  comm::A2AAlgorithm a2a = comm::A2AAlgorithm::flat;
   int64_t ranks_per_node = 0;
-  std::string comm_scheduler = "off";
+  comm::SchedulerMode comm_scheduler = comm::SchedulerMode::off;
   double partition_mb = 16.0;
   // Expert placement while training (moe/train/placement.h): static | lpt | flexmoe, and
   // flexmoe's vExpert slots, balance threshold and replanning period. lpt and flexmoe need
   // --ep > 1 and hold every expert on every rank; they change which rank computes a row, never
   // its value. The flexmoe maps are saved with each checkpoint (train config, placement_state).
-  std::string placement = "static";
+  PlacementRule placement = PlacementRule::fixed;
   int64_t vexperts_per_rank = 0;
   double balance_threshold = 1.1;
   int64_t replan_every = 10;
   // Expert state off the compute device (ES-MoE, MoESys; moe/offload/tiered_store.h): none (every
   // expert resident) | host | ssd | auto (offload::plan picks). Budgets are byte sizes such as
   // "512MiB" ("": the default). None of these change the numbers a run computes.
-  std::string offload = "none";
+  offload::Tier offload = offload::Tier::none;
   std::string device_budget, host_budget, ssd_dir;
   double pin_fraction = 0.25;
   int64_t prefetch_depth = 2;
   bool optimizer_overlap = true;  // expert AdamW during backward when --clip 0
-  std::string expert_cache = "lru";
+  offload::CachePolicy expert_cache = offload::CachePolicy::lru;
   double lfu_threshold = 0, lfu_beta = 0.75;
   int64_t lfu_period = 16;
   // Tests only, not saved: StoreConfig::stage_on_host (the GPU store's path run on the CPU).
@@ -87,14 +92,14 @@ struct TrainConfig {
   // recompute: none | moe | block (nn::Recompute; bitwise the same parameters as none). A resumed
   // run may change either (neither is part of the model or of the optimizer's state).
   int64_t grad_accum = 1;
-  std::string recompute = "none";
+  nn::Recompute recompute = nn::Recompute::none;
   // Multi-task training (moe/train/tasks.h): the tasks file (replaces data; batch becomes the
   // tasks' total), and the steps between reallocations of ranks to tasks by measured time (0:
   // the allocation by tokens stays).
   // task_allocation: workload (the rule of moe/train/tasks.h) | equal (the baseline: R / T each).
   std::string tasks;
   int64_t task_replan_every = 0;
-  std::string task_allocation = "workload";
+  AllocationRule task_allocation = AllocationRule::workload;
   // ZeRO for the dense parameters over the ranks that sum their gradients (moe/parallel/zero.h):
   // 0 off, 1 AdamW state sharded, 2 and gradients reduce-scattered. One process: no effect.
   // Neither changes the checkpoint (state is gathered on save), so a resume may change it.
@@ -295,7 +300,7 @@ class Trainer {
   optim::AdamWConfig adamw_config() const;
   offload::StoreConfig store_config(Device device) const;
   void plan_offload(const ModelConfig& config, Device device);
-  std::string offload_tier_;                    // --offload auto: the plan's choice
+  offload::Tier offload_tier_ = offload::Tier::none;  // the tier in use (auto: the plan's)
   int64_t auto_host_budget_ = 0;                // --offload auto with ssd: the plan's host cache
   int64_t auto_device_budget_ = 0;              // --offload auto: the plan's device slots
   comm::Communicator* expert_replicas() const;  // ranks holding the same experts (or null)
@@ -317,7 +322,7 @@ class Trainer {
   io::StreamFilter offloaded_filter() const;
   std::unique_ptr<io::BatchSampler> sampler_;  // null under --tasks (each task has its own)
   std::unique_ptr<TaskSet> tasks_;
-  void setup_tasks(const ModelConfig& model, const std::string& format);
+  void setup_tasks(const ModelConfig& model, io::TokenFormat format);
   void setup_parallel(const ModelConfig& config, Device device);
   // --placement flexmoe (moe/train/placement.h): the maps (null otherwise), the holders told to
   // the gradient sync, a replan's state copies (collective over the expert group), and the
