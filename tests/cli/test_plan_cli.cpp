@@ -19,8 +19,11 @@ namespace {
 // One node of 4 devices; `device` is each device's memory.
 std::string cluster_text(const std::string& device) {
   return "device_kind = \"cuda\"\nnodes = 1\ndevices_per_node = 4\n"
-         "[memory]\ndevice = \"" + device + "\"\nhost = \"64GiB\"\nssd = \"1TB\"\n"
-         "[bandwidth]\nintra_node = \"100GB/s\"\ninter_node = \"10GB/s\"\nhost_device = \"20GB/s\"\n"
+         "[memory]\ndevice = \"" +
+         device +
+         "\"\nhost = \"64GiB\"\nssd = \"1TB\"\n"
+         "[bandwidth]\nintra_node = \"100GB/s\"\ninter_node = \"10GB/s\"\nhost_device = "
+         "\"20GB/s\"\n"
          "ssd = \"2GB/s\"\nmemcpy = \"10GB/s\"\ndevice_memory = \"1TB/s\"\n"
          "[latency]\nintra_node = \"5us\"\ninter_node = \"10us\"\n"
          "[compute]\nf32 = \"10TFLOP/s\"\ncpu_adamw = \"1Gparam/s\"\n";
@@ -97,6 +100,12 @@ TEST_CASE("cli: moe-plan predict adds up, in TSV and JSON", "[cli][plan]") {
   CHECK(json.at("tiers").at("device").at("need_bytes").get<double>() ==
         Approx(v.at("tier\tdevice need")).epsilon(1e-5));
 
+  // offload=ssd: the host cache's hit rate, replayed from the trace, prices the uploads.
+  auto ssd = values(run_command(p.predict(p.cluster, "--layout ep=2,offload=ssd --batch 2")).out);
+  CHECK(ssd.at("offload\tssd_host_cache_hit_rate") >= 0);
+  CHECK(ssd.at("offload\tssd_host_cache_hit_rate") <= 1);
+  CHECK(ssd.at("tier\tssd need") > 0);
+
   // LPT places the same loads no worse than the static split.
   auto lpt = values(run_command(p.predict(p.cluster, "--layout ep=4,placement=lpt --batch 2")).out);
   auto fixed = values(run_command(p.predict(p.cluster, "--layout ep=4 --batch 2")).out);
@@ -125,8 +134,7 @@ TEST_CASE("cli: moe-plan predict refuses bad inputs naming the file and the key"
                                     ": [bandwidth] missing key 'memcpy'"));
 
   text = cluster_text("80GiB");
-  test::write_file(p.dir / "unitless.toml",
-                   text.replace(text.find("\"100GB/s\""), 9, "100"));
+  test::write_file(p.dir / "unitless.toml", text.replace(text.find("\"100GB/s\""), 9, "100"));
   r = run_command(p.predict(p.dir / "unitless.toml", ""));
   CHECK(r.exit_code == 1);
   CHECK_THAT(r.err, Catch::Contains("[bandwidth] intra_node: must be a quoted quantity"));
@@ -143,8 +151,8 @@ TEST_CASE("cli: moe-plan predict refuses bad inputs naming the file and the key"
   CHECK(r.exit_code == 1);
   CHECK_THAT(r.err, Catch::Contains("absent.toml"));
 
-  r = run_command(tool("moe-plan", "predict --model " + p.ckpt + " --trace " + p.ckpt +
-                                       " --cluster " + p.cluster));
+  r = run_command(tool(
+      "moe-plan", "predict --model " + p.ckpt + " --trace " + p.ckpt + " --cluster " + p.cluster));
   CHECK(r.exit_code == 1);
   CHECK_THAT(r.err, Catch::Contains(p.ckpt));
 }

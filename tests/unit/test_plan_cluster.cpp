@@ -116,8 +116,8 @@ TEST_CASE("plan: bad cluster specs name the file and the key", "[plan]") {
 }
 
 TEST_CASE("plan: a layout string parses into typed values", "[plan]") {
-  const Layout l =
-      parse_layout("ep=8,zero=3,offload=host,placement=flexmoe,a2a=hierarchical,scheduler=priority");
+  const Layout l = parse_layout(
+      "ep=8,zero=3,offload=host,placement=flexmoe,a2a=hierarchical,scheduler=priority");
   CHECK(l.ep == 8);
   CHECK(l.zero == 3);
   CHECK(l.offload == OffloadTier::host);
@@ -142,7 +142,9 @@ TEST_CASE("plan: bad layouts name the key, and what does not divide", "[plan]") 
   CHECK_THAT(error_of([] { parse_layout("ep"); }), Catch::Contains("'ep' is not key=value"));
   CHECK_THAT(error_of([] { check_layout(parse_layout("ep=3"), 8, {6}); }),
              Catch::Contains("ep=3 does not divide the cluster's 8 ranks"));
-  CHECK_THAT(error_of([] { check_layout(parse_layout("ep=8"), 8, {8, 4}); }),
+  CHECK_THAT(error_of([] {
+               check_layout(parse_layout("ep=8"), 8, {8, 4});
+             }),
              Catch::Contains("ep=8 does not divide the 4 experts of MoE layer 1"));
   CHECK_THAT(error_of([] { check_layout(parse_layout("ep=2,dp=2"), 8, {4}); }),
              Catch::Contains("ep=2 x dp=2 is 4 ranks, but the cluster has 8"));

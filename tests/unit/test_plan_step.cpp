@@ -2,6 +2,7 @@
 // a tiny model whose expert stragglers and all-to-all are worked out in the comments.
 #include <catch2/catch.hpp>
 
+#include "moe/plan/offload_cache.h"
 #include "moe/plan/step_time.h"
 
 using namespace moe;
@@ -114,4 +115,28 @@ TEST_CASE("plan: one step of a tiny model, its stragglers and all-to-all by hand
   const double lpt = predict_step(in).expert_s;
   CHECK(fixed == Approx(2 * 6 * 50 * 1024 / 1e6));
   CHECK(lpt == Approx(2 * 6 * 34 * 1024 / 1e6));  // {30, 4} and {20, 10}
+}
+
+TEST_CASE("plan: offload uploads and the SSD tier's host cache hits, hand-worked", "[plan]") {
+  ClusterSpec c;
+  c.host_device_bw = 100;
+  c.ssd_bw = 10;
+  // 25 fp32 parameters: 100 B over the host link, 1 s; a miss first reads the 400 B record
+  CHECK(upload_seconds(OffloadTier::none, 25, 400, 0, c) == 0);
+  CHECK(upload_seconds(OffloadTier::host, 25, 400, 0, c) == Approx(1));
+  CHECK(upload_seconds(OffloadTier::ssd, 25, 400, 0, c) == Approx(1 + 40));
+  CHECK(upload_seconds(OffloadTier::ssd, 25, 400, 0.75, c) == Approx(1 + 10));
+
+  // One layer of 4 experts, ep=2: rank 0 holds experts 0 and 1. Steps touch {0, 1, 2}, {0, 3},
+  // {1}: rank 0 sees 0 1 | 0 | 1. LRU of one slot: every access misses; of two: 0 and 1 stay.
+  offload::AccessSequence seq;
+  seq.experts = 4;
+  auto key = [](int e) { return offload::Access{{0, e}, false}; };
+  seq.steps = {{key(0), key(1), key(2)}, {key(0), key(3)}, {key(1)}};
+  const Layout ep2 = check_layout(parse_layout("ep=2"), 2, {4});
+  CHECK(host_cache_hit_rate(seq, {4}, ep2, 1) == 0);
+  CHECK(host_cache_hit_rate(seq, {4}, ep2, 2) == Approx(0.5));
+  // lpt holds every expert: 0 1 2 | 0 3 | 1 through two slots hits none
+  const Layout lpt = check_layout(parse_layout("ep=2,placement=lpt"), 2, {4});
+  CHECK(host_cache_hit_rate(seq, {4}, lpt, 2) == 0);
 }

@@ -26,8 +26,8 @@ namespace {
 
 using UnitTable = std::vector<std::pair<std::string, double>>;
 
-const UnitTable kByteUnits = {{"B", 1},         {"KB", 1e3},          {"MB", 1e6},
-                              {"GB", 1e9},      {"TB", 1e12},         {"KiB", 1024.0},
+const UnitTable kByteUnits = {{"B", 1},           {"KB", 1e3},           {"MB", 1e6},
+                              {"GB", 1e9},        {"TB", 1e12},          {"KiB", 1024.0},
                               {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
 
 // "<number><unit>" or "<number> <unit>" with a unit of `units`; `kind` names them in errors.
@@ -39,8 +39,8 @@ double parse_quantity(std::string_view text, const std::string& key, const UnitT
   const double value = std::strtod(begin, &end);
   std::string list;
   for (const auto& [name, scale] : units) list += (list.empty() ? "" : ", ") + name;
-  PLAN_CHECK(end != begin, key, ": '", s, "' is not a number with a unit of ", kind, " (",
-                 list, ")");
+  PLAN_CHECK(end != begin, key, ": '", s, "' is not a number with a unit of ", kind, " (", list,
+             ")");
   std::string unit(end);
   while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
   PLAN_CHECK(!unit.empty(), key, ": '", s, "' has no unit: write it with one of ", list);
@@ -75,15 +75,15 @@ double parse_flops(std::string_view text, const std::string& key) {
 }
 
 double parse_param_rate(std::string_view text, const std::string& key) {
-  return parse_quantity(
-      text, key, {{"param/s", 1}, {"Kparam/s", 1e3}, {"Mparam/s", 1e6}, {"Gparam/s", 1e9}},
-      "optimizer rate");
+  return parse_quantity(text, key,
+                        {{"param/s", 1}, {"Kparam/s", 1e3}, {"Mparam/s", 1e6}, {"Gparam/s", 1e9}},
+                        "optimizer rate");
 }
 
 double ClusterSpec::gemm_rate(DType dtype) const {
   const double rate = dtype == DType::bf16 ? gemm_bf16 : dtype == DType::f16 ? gemm_f16 : gemm_f32;
   PLAN_CHECK(rate > 0, "cluster '", name, "': [compute] ", dtype_name(dtype),
-                 " is not given, and the model computes in ", dtype_name(dtype));
+             " is not given, and the model computes in ", dtype_name(dtype));
   return rate;
 }
 
@@ -100,11 +100,11 @@ std::string at(const std::string& source, const toml::node& node) {
   return str(source, ":", node.source().begin.line);
 }
 
-std::string string_value(const toml::node& node, const std::string& where,
-                         const std::string& key, const std::string& example) {
+std::string string_value(const toml::node& node, const std::string& where, const std::string& key,
+                         const std::string& example) {
   PLAN_CHECK(node.is_string(), where, ": ", key,
-                 ": must be a quoted quantity with its unit, e.g. \"", example, "\"",
-                 node.is_number() ? " (a bare number has no unit)" : "");
+             ": must be a quoted quantity with its unit, e.g. \"", example, "\"",
+             node.is_number() ? " (a bare number has no unit)" : "");
   return node.as_string()->get();
 }
 
@@ -127,7 +127,7 @@ void read_table(const toml::table& table, const std::string& name, const std::st
   }
   for (const auto& [key, field] : fields)
     PLAN_CHECK(!field.required || seen.count(key), source, ": ",
-                   name.empty() ? "" : str("[", name, "] "), "missing key '", key, "'");
+               name.empty() ? "" : str("[", name, "] "), "missing key '", key, "'");
 }
 
 Field quantity(double& out, double (*parse)(std::string_view, const std::string&),
@@ -136,7 +136,7 @@ Field quantity(double& out, double (*parse)(std::string_view, const std::string&
   Field f;
   f.required = required;
   f.read = [&out, parse, source, example, positive](const toml::node& node,
-                                                     const std::string& label) {
+                                                    const std::string& label) {
     const std::string where = at(source, node);
     out = parse(string_value(node, where, label, example), where + ": " + label);
     PLAN_CHECK(!positive || out > 0, where, ": ", label, ": must be more than zero");
@@ -147,8 +147,8 @@ Field quantity(double& out, double (*parse)(std::string_view, const std::string&
 Field count(int64_t& out, const std::string& source) {
   Field f;
   f.read = [&out, source](const toml::node& node, const std::string& label) {
-    PLAN_CHECK(node.is_integer() && node.as_integer()->get() >= 1, at(source, node), ": ",
-                   label, ": must be an integer >= 1");
+    PLAN_CHECK(node.is_integer() && node.as_integer()->get() >= 1, at(source, node), ": ", label,
+               ": must be an integer >= 1");
     out = node.as_integer()->get();
   };
   return f;
@@ -158,8 +158,7 @@ const toml::table& subtable(const toml::table& root, const std::string& name,
                             const std::string& source) {
   const toml::node* node = root.get(name);
   PLAN_CHECK(node, source, ": missing table [", name, "]");
-  PLAN_CHECK(node->is_table(), at(source, *node), ": '", name, "' must be a table [", name,
-                 "]");
+  PLAN_CHECK(node->is_table(), at(source, *node), ": '", name, "' must be a table [", name, "]");
   return *node->as_table();
 }
 
@@ -182,7 +181,8 @@ ClusterSpec parse_cluster(std::string_view text, const std::string& source) {
                  },
                  false};
   top["device_kind"] = {[&](const toml::node& n, const std::string& label) {
-    const bool ok = n.is_string() && (n.as_string()->get() == "cuda" || n.as_string()->get() == "cpu");
+    const bool ok =
+        n.is_string() && (n.as_string()->get() == "cuda" || n.as_string()->get() == "cpu");
     PLAN_CHECK(ok, at(source, n), ": ", label, ": must be \"cuda\" or \"cpu\"");
     c.device_is_host = n.as_string()->get() == "cpu";
   }};

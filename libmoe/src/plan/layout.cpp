@@ -10,18 +10,24 @@ namespace moe::plan {
 
 const char* offload_tier_name(OffloadTier tier) {
   switch (tier) {
-    case OffloadTier::none: return "none";
-    case OffloadTier::host: return "host";
-    case OffloadTier::ssd: return "ssd";
+    case OffloadTier::none:
+      return "none";
+    case OffloadTier::host:
+      return "host";
+    case OffloadTier::ssd:
+      return "ssd";
   }
   return "?";
 }
 
 const char* placement_name(Placement placement) {
   switch (placement) {
-    case Placement::fixed: return "static";
-    case Placement::lpt: return "lpt";
-    case Placement::flexmoe: return "flexmoe";
+    case Placement::fixed:
+      return "static";
+    case Placement::lpt:
+      return "lpt";
+    case Placement::flexmoe:
+      return "flexmoe";
   }
   return "?";
 }
@@ -52,7 +58,7 @@ void set_key(Layout& l, const std::string& key, const std::string& value) {
     l.zero = int(integer(key, value, 0, 3));
   } else if (key == "offload") {
     choice({"none", "host", "ssd"});
-    l.offload = value == "none" ? OffloadTier::none
+    l.offload = value == "none"   ? OffloadTier::none
                 : value == "host" ? OffloadTier::host
                                   : OffloadTier::ssd;
   } else if (key == "placement") {
@@ -101,16 +107,17 @@ std::string layout_text(const Layout& l) {
 }
 
 Layout check_layout(Layout l, int64_t ranks, const std::vector<int64_t>& experts_per_layer) {
-  MOE_USAGE_CHECK(ranks % l.ep == 0, "layout: ep=", l.ep, " does not divide the cluster's ",
-                  ranks, " ranks");
+  MOE_USAGE_CHECK(ranks % l.ep == 0, "layout: ep=", l.ep, " does not divide the cluster's ", ranks,
+                  " ranks");
   if (l.dp == 0) l.dp = ranks / l.ep;
-  MOE_USAGE_CHECK(l.ep * l.dp == ranks, "layout: ep=", l.ep, " x dp=", l.dp, " is ",
-                  l.ep * l.dp, " ranks, but the cluster has ", ranks);
+  MOE_USAGE_CHECK(l.ep * l.dp == ranks, "layout: ep=", l.ep, " x dp=", l.dp, " is ", l.ep * l.dp,
+                  " ranks, but the cluster has ", ranks);
   for (size_t i = 0; i < experts_per_layer.size(); ++i)
-    MOE_USAGE_CHECK(experts_per_layer[i] % l.ep == 0, "layout: ep=", l.ep,
-                    " does not divide the ", experts_per_layer[i], " experts of MoE layer ", i);
-  MOE_USAGE_CHECK(l.placement == Placement::fixed || l.ep > 1, "layout: placement=",
-                  placement_name(l.placement), " needs ep > 1 (it moves experts between ranks)");
+    MOE_USAGE_CHECK(experts_per_layer[i] % l.ep == 0, "layout: ep=", l.ep, " does not divide the ",
+                    experts_per_layer[i], " experts of MoE layer ", i);
+  MOE_USAGE_CHECK(l.placement == Placement::fixed || l.ep > 1,
+                  "layout: placement=", placement_name(l.placement),
+                  " needs ep > 1 (it moves experts between ranks)");
   return l;
 }
 

@@ -21,10 +21,14 @@ StateBytes state_bytes(DType dtype) {
 double dense_state_bytes(double P, const StateBytes& b, int stage, int64_t ranks) {
   const double R = double(std::max<int64_t>(ranks, 1));
   switch (stage) {
-    case 0: return P * b.total();
-    case 1: return P * (b.value + b.grad) + P * b.optimizer() / R;
-    case 2: return P * b.value + P * (b.optimizer() + b.grad) / R;
-    default: return P * b.total() / R;
+    case 0:
+      return P * b.total();
+    case 1:
+      return P * (b.value + b.grad) + P * b.optimizer() / R;
+    case 2:
+      return P * b.value + P * (b.optimizer() + b.grad) / R;
+    default:
+      return P * b.total() / R;
   }
 }
 
@@ -75,6 +79,11 @@ bool MemoryPlan::fits() const {
   return true;
 }
 
+int64_t ssd_cache_experts(const MemoryInput& in) {
+  const double held = experts_held_per_rank(in.config, in.layout);
+  return int64_t(std::max(1.0, std::ceil(in.active_fraction * held)));
+}
+
 MemoryPlan plan_memory(const MemoryInput& in) {
   MemoryPlan plan;
   const ModelConfig& c = in.config;
@@ -101,8 +110,7 @@ MemoryPlan plan_memory(const MemoryInput& in) {
     if (l.offload == OffloadTier::host) {
       add(1, "experts' state", held * record);
     } else {
-      const double cached = std::max(1.0, std::ceil(in.active_fraction * held));
-      add(1, "host cache of a step's experts", cached * record);
+      add(1, "host cache of a step's experts", double(ssd_cache_experts(in)) * record);
       add(2, "experts' state", held * record);
     }
   }

@@ -9,6 +9,8 @@
 #include "moe/io/checkpoint.h"
 #include "moe/io/input.h"
 #include "moe/io/trace.h"
+#include "moe/offload/cache_sim.h"
+#include "moe/plan/offload_cache.h"
 #include "plan/check.h"
 
 namespace moe::plan {
@@ -37,16 +39,15 @@ ModelConfig read_model(const std::string& path) {
   }
 }
 
-TraceLoads read_trace_loads(const std::string& path, const ModelConfig& config) {
-  io::TraceReader reader(path);
+TraceLoads read_trace_loads(const io::TraceReader& reader, const ModelConfig& config) {
+  const std::string& path = reader.name();
   const std::vector<int64_t> experts = reader.info().experts;
   std::vector<int64_t> model_experts;
   for (int64_t e : config.experts_per_layer)
     if (e > 0) model_experts.push_back(e);
-  PLAN_CHECK(experts == model_experts, path, ": the trace has ", experts.size(),
-             " MoE layers of ", experts.empty() ? 0 : experts[0], " experts, the model ",
-             model_experts.size(), " of ", model_experts.empty() ? 0 : model_experts[0],
-             ": was it recorded from this model?");
+  PLAN_CHECK(experts == model_experts, path, ": the trace has ", experts.size(), " MoE layers of ",
+             experts.empty() ? 0 : experts[0], " experts, the model ", model_experts.size(), " of ",
+             model_experts.empty() ? 0 : model_experts[0], ": was it recorded from this model?");
   TraceLoads t;
   t.tokens = reader.batch_tokens();
   const std::vector<int64_t> loads = reader.loads();  // [B, L, Emax]
@@ -68,7 +69,8 @@ Prediction predict(const PredictRequest& r) {
   p.config = read_model(r.model);
   if (r.seq > 0) p.config.seq = r.seq;
   p.cluster = read_cluster_file(r.cluster);
-  const TraceLoads trace = read_trace_loads(r.trace, p.config);
+  const io::TraceReader reader(r.trace);
+  const TraceLoads trace = read_trace_loads(reader, p.config);
   std::vector<int64_t> moe_experts;
   for (int64_t e : p.config.experts_per_layer)
     if (e > 0) moe_experts.push_back(e);
@@ -76,8 +78,13 @@ Prediction predict(const PredictRequest& r) {
   PLAN_CHECK(r.batch >= 1, "--batch must be >= 1");
   p.tokens_per_rank = r.batch * p.config.seq;
   p.active_fraction = trace.active_fraction();
-  p.memory = plan_memory({p.config, p.layout, p.cluster, p.tokens_per_rank, p.active_fraction});
-  p.time = predict_step({p.config, p.layout, p.cluster, p.tokens_per_rank, trace});
+  const MemoryInput memory{p.config, p.layout, p.cluster, p.tokens_per_rank, p.active_fraction};
+  p.memory = plan_memory(memory);
+  StepInput step{p.config, p.layout, p.cluster, p.tokens_per_rank, trace};
+  if (p.layout.offload == OffloadTier::ssd)
+    step.ssd_hit_rate = p.ssd_hit_rate = host_cache_hit_rate(
+        offload::training_accesses(reader), moe_experts, p.layout, ssd_cache_experts(memory));
+  p.time = predict_step(step);
   return p;
 }
 
@@ -128,6 +135,9 @@ std::vector<std::string> prediction_tsv(const Prediction& p) {
   }
   for (const auto& [name, s] : time_terms(p.time))
     lines.push_back(str("time\t", name, "\t", number(s), "\ts"));
+  if (p.layout.offload == OffloadTier::ssd)
+    lines.push_back(
+        str("offload\tssd_host_cache_hit_rate\t", number(p.ssd_hit_rate), "\tfraction"));
   lines.push_back(str("throughput\ttokens_per_s\t", number(p.time.tokens_per_s), "\ttokens/s"));
   lines.push_back(str("throughput\tfits\t", p.memory.fits() ? 1 : 0, "\tbool"));
   return lines;
@@ -149,6 +159,7 @@ nlohmann::json prediction_json(const Prediction& p) {
           {"layout", layout_text(p.layout)},
           {"tokens_per_rank", p.tokens_per_rank},
           {"active_fraction", p.active_fraction},
+          {"ssd_host_cache_hit_rate", p.ssd_hit_rate},
           {"memory", memory},
           {"tiers", tiers},
           {"fits", p.memory.fits()},

@@ -79,6 +79,14 @@ double rank_expert_seconds(const std::vector<double>& rows_of_experts, double pe
   return s;
 }
 
+double upload_seconds(OffloadTier tier, double per_expert_params, double record_bytes,
+                      double hit_rate, const ClusterSpec& c) {
+  if (tier == OffloadTier::none) return 0;
+  const double link = 4 * per_expert_params / c.host_device_bw;
+  if (tier == OffloadTier::host) return link;
+  return link + (1 - hit_rate) * record_bytes / c.ssd_bw;
+}
+
 double TraceLoads::active_fraction() const {
   double sum = 0;
   for (const auto& batch : loads) {
@@ -134,10 +142,8 @@ StepTime predict_step(const StepInput& in) {
   StepTime t;
   t.dense_s = N * dense_flops_per_token(c) / rate;
   // ES-MoE: an offloaded expert's fp32 weights come up before each of its passes.
-  double upload_s = 0;
-  if (l.offload == OffloadTier::host) upload_s = 4 * pc.per_expert / cl.host_device_bw;
-  if (l.offload == OffloadTier::ssd)
-    upload_s = 4 * pc.per_expert / std::min(cl.ssd_bw, cl.host_device_bw);
+  const double upload_s =
+      upload_seconds(l.offload, pc.per_expert, pc.per_expert * b.total(), in.ssd_hit_rate, cl);
   std::tie(t.expert_s, t.expert_balanced_s) = expert_seconds(in, pc.per_expert, rate, upload_s);
   const double a2a_bytes = N * double(c.top_k * c.d_model) * double(dtype_size(c.dtype));
   const double one_a2a = l.a2a == comm::A2AAlgorithm::hierarchical
@@ -153,8 +159,7 @@ StepTime predict_step(const StepInput& in) {
                               : ring_allreduce_seconds(dense_grad, ranks, world);
   const bool fixed = l.placement == Placement::fixed;
   const double held = experts_held_per_rank(c, l);
-  t.allreduce_s +=
-      ring_allreduce_seconds(4 * pc.per_expert * held, fixed ? l.dp : ranks, world);
+  t.allreduce_s += ring_allreduce_seconds(4 * pc.per_expert * held, fixed ? l.dp : ranks, world);
   const double backward_s = 2.0 / 3.0 * (t.dense_s + t.expert_s);
   t.allreduce_exposed_s = l.scheduler == comm::SchedulerMode::priority
                               ? exposed_after_overlap(t.allreduce_s, backward_s)
@@ -164,10 +169,10 @@ StepTime predict_step(const StepInput& in) {
   t.zero_gather_s = gathers * ring_allgather_seconds(b.value * pc.dense, ranks, world);
   // AdamW on the device reads and writes each parameter's state once: memory bound.
   const double dense_shard = l.zero >= 1 ? pc.dense / double(ranks) : pc.dense;
-  const double device_params = dense_shard + (l.offload == OffloadTier::none ? held : 0) * pc.per_expert;
+  const double device_params =
+      dense_shard + (l.offload == OffloadTier::none ? held : 0) * pc.per_expert;
   const double device_opt = 2 * device_params * b.total() / cl.device_memory_bw;
-  const double cpu_opt =
-      l.offload == OffloadTier::none ? 0 : held * pc.per_expert / cl.cpu_adamw;
+  const double cpu_opt = l.offload == OffloadTier::none ? 0 : held * pc.per_expert / cl.cpu_adamw;
   t.optimizer_s = device_opt + cpu_opt;
   t.optimizer_exposed_s = device_opt + exposed_after_overlap(cpu_opt, 2.0 / 3.0 * t.expert_s);
   t.step_s = t.dense_s + t.expert_s + t.a2a_s + t.allreduce_exposed_s + t.zero_gather_s +

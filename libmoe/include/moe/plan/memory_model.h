@@ -31,11 +31,11 @@ double dense_state_bytes(double dense_params, const StateBytes& b, int stage, in
 
 // The model's parameter counts (models/memory.h's lower bound: the large matrices).
 struct ParamCounts {
-  double dense = 0;             // P: embedding, head, attention, routers, dense MLPs
-  double per_expert = 0;        // Pe
-  int64_t experts = 0;          // every expert of every MoE layer
-  int64_t moe_layers = 0;       // L
-  double block_dense = 0;       // the largest block's dense parameters (ZeRO 3 gathers one)
+  double dense = 0;        // P: embedding, head, attention, routers, dense MLPs
+  double per_expert = 0;   // Pe
+  int64_t experts = 0;     // every expert of every MoE layer
+  int64_t moe_layers = 0;  // L
+  double block_dense = 0;  // the largest block's dense parameters (ZeRO 3 gathers one)
 };
 ParamCounts param_counts(const ModelConfig& config);  // config resolved
 
@@ -67,12 +67,15 @@ struct MemoryPlan {
 inline constexpr const char* kTierNames[3] = {"device", "host", "ssd"};
 
 struct MemoryInput {
-  ModelConfig config;           // resolved
-  Layout layout;                // checked (dp resolved)
+  ModelConfig config;  // resolved
+  Layout layout;       // checked (dp resolved)
   ClusterSpec cluster;
   int64_t tokens_per_rank = 0;  // batch * seq of one rank's step
   double active_fraction = 1;   // alpha: experts a step touches / all (the trace's mean)
 };
 MemoryPlan plan_memory(const MemoryInput& input);
+
+// offload=ssd: the experts the host cache holds per rank, ceil(alpha x held), at least one.
+int64_t ssd_cache_experts(const MemoryInput& input);
 
 }  // namespace moe::plan

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "moe/io/trace.h"
 #include "moe/plan/memory_model.h"
 #include "moe/plan/step_time.h"
 
@@ -27,6 +28,7 @@ struct Prediction {
   Layout layout;
   int64_t tokens_per_rank = 0;
   double active_fraction = 1;
+  double ssd_hit_rate = 0;  // offload=ssd: the host cache's, replayed from the trace
   MemoryPlan memory;
   StepTime time;
 };
@@ -36,7 +38,7 @@ struct Prediction {
 // against both), then models. moe::Error naming the file and the cause; UsageError for a layout
 // that does not fit the cluster or the model.
 ModelConfig read_model(const std::string& path);
-TraceLoads read_trace_loads(const std::string& path, const ModelConfig& config);
+TraceLoads read_trace_loads(const io::TraceReader& trace, const ModelConfig& config);
 Prediction predict(const PredictRequest& request);
 
 // The report: TSV lines ("section\tname\tvalue\tunit"), and the same as JSON.

@@ -60,6 +60,11 @@ std::vector<std::vector<double>> expert_rows_by_rank(const std::vector<double>& 
 double rank_expert_seconds(const std::vector<double>& rows_of_experts, double per_expert_params,
                            double flops_rate, double upload_s);
 
+// Seconds to bring one offloaded expert to the device: its fp32 weights over the host link, and
+// for the SSD tier, on a host cache miss (1 - hit_rate), its whole record read from the SSD first.
+double upload_seconds(OffloadTier tier, double per_expert_params, double record_bytes,
+                      double hit_rate, const ClusterSpec& cluster);
+
 // What priority scheduling leaves of an all-reduce that overlaps `backward_s` of compute.
 inline double exposed_after_overlap(double comm_s, double backward_s) {
   return comm_s > backward_s ? comm_s - backward_s : 0;
@@ -80,20 +85,21 @@ struct StepInput {
   ClusterSpec cluster;
   int64_t tokens_per_rank = 0;
   TraceLoads trace;
+  double ssd_hit_rate = 0;  // offload=ssd: the host cache's hit rate (plan/offload_cache.h)
 };
 
 struct StepTime {
-  double dense_s = 0;             // dense compute
-  double expert_s = 0;            // expert compute of the slowest rank (offload: with uploads)
-  double expert_balanced_s = 0;   // the same if every rank had the mean load (no stragglers)
-  double a2a_s = 0;               // 4 all-to-alls per MoE layer (dispatch, combine; x2 backward)
-  double allreduce_s = 0;         // gradient sync of dense and expert gradients
-  double allreduce_exposed_s = 0; // what is left on the critical path
-  double zero_gather_s = 0;       // ZeRO's all-gathers of dense values
-  double optimizer_s = 0;         // AdamW: on the device, or for offloaded experts on the CPU
+  double dense_s = 0;              // dense compute
+  double expert_s = 0;             // expert compute of the slowest rank (offload: with uploads)
+  double expert_balanced_s = 0;    // the same if every rank had the mean load (no stragglers)
+  double a2a_s = 0;                // 4 all-to-alls per MoE layer (dispatch, combine; x2 backward)
+  double allreduce_s = 0;          // gradient sync of dense and expert gradients
+  double allreduce_exposed_s = 0;  // what is left on the critical path
+  double zero_gather_s = 0;        // ZeRO's all-gathers of dense values
+  double optimizer_s = 0;          // AdamW: on the device, or for offloaded experts on the CPU
   double optimizer_exposed_s = 0;
-  double step_s = 0;              // the critical path
-  double tokens_per_s = 0;        // every rank's tokens / step_s
+  double step_s = 0;        // the critical path
+  double tokens_per_s = 0;  // every rank's tokens / step_s
 };
 StepTime predict_step(const StepInput& input);
 
