@@ -106,6 +106,11 @@ TEST_CASE("cli: moe-infer --expert-cache refuses what it cannot serve, in words"
       {score + m.f32 + " --expert-budget 50% --pin-from " + m.trace, 2,
        "give --expert-cache lru|lfu"},
       {score + m.f32 + " --expert-budget 50% --expert-cache mru", 2, "mru"},
+      // Issue 44 (d): both act through the trace; they were silently ignored without it.
+      {score + m.f32 + " --expert-budget 50% --expert-cache lru --pin-share 0.25", 2,
+       "--pin-share requires --pin-from"},
+      {score + m.f32 + " --expert-budget 50% --expert-cache lru --prefetch", 2,
+       "--prefetch requires --pin-from"},
   };
   for (const Case& c : cases) {
     INFO(c.args);

@@ -443,13 +443,17 @@ void add_engine_options(CLI::App* sub, Options& o) {
                   "batches, lru or lfu (MoESys), the budget counted as the experts are held "
                   "(bf16 stays bf16); default: the ring of whole layers")
       ->check(CLI::IsMember({"lru", "lfu"}));
-  sub->add_option("--pin-from", o.pin_from,
-                  "With --expert-cache: a routing trace (moe-profile record) whose most popular "
-                  "experts stay pinned, up to --pin-share of the budget");
+  auto* pin_from = sub->add_option(
+      "--pin-from", o.pin_from,
+      "With --expert-cache: a routing trace (moe-profile record) whose most popular "
+      "experts stay pinned, up to --pin-share of the budget");
+  // Both act through the trace: refused without it rather than silently ignored.
   sub->add_flag("--prefetch", o.prefetch,
                 "With --pin-from: read the next layer's estimated experts on a loader thread "
-                "while a layer computes (default: only count what the estimate would catch)");
+                "while a layer computes (default: only count what the estimate would catch)")
+      ->needs(pin_from);
   sub->add_option("--pin-share", o.pin_share, "Share of --expert-budget pinned by --pin-from")
+      ->needs(pin_from)
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
   sub->add_option("-o,--out", o.out, "JSON lines to PATH ('-' = stdout)")->capture_default_str();
