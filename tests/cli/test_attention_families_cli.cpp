@@ -1,7 +1,8 @@
-// moe-train --arch qwen3_moe / olmoe / qwen2_moe as a user runs it: a tiny model of each family
-// trains, its checkpoint holds the family's attention parameters (qk-norm, q/k/v biases,
-// head_dim), resumes bit for bit, and moe-infer scores it as training evaluated it; bad
-// --head-dim values are refused by name.
+// moe-train --arch qwen3_moe / olmoe / qwen2_moe / glm4_moe as a user runs it: a tiny model of
+// each family trains, its checkpoint holds the family's attention parameters (qk-norm, q/k/v
+// biases, head_dim; glm4_moe's options given as flags, with its dense first layer, shared expert
+// and grouped sigmoid routing), resumes bit for bit, and moe-infer scores it as training evaluated
+// it; bad --head-dim and GLM option values are refused by name.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -23,6 +24,10 @@ const std::string kTiny =
     " --layers 2 --d-model 16 --heads 2 --kv-heads 1 --d-ff 32 --seq 16 --experts 4"
     " --moe-every 1 --batch 4 --threads 1 -q";
 
+const std::string kGlm =
+    " --experts-per-layer 0,4 --dense-ff 24 --rope-dim 4 --qkv-bias --qk-norm"
+    " --shared-expert-ff 32 --router-groups 2 --router-group-topk 1 --routed-scale 2.5";
+
 const io::NamedTensor* find_param(const io::Checkpoint& c, const std::string& name) {
   for (const io::NamedTensor& p : c.params)
     if (p.name == name) return &p;
@@ -42,6 +47,10 @@ TEST_CASE("cli: the HF families' attention trains, resumes and scores", "[cli]")
       {"qwen3_moe", " --head-dim 12", 12, 12, 12, false},  // H*hd 24 > D 16, per-head norm
       {"olmoe", "", 8, 16, 8, false},                      // full width: H*hd and KV*hd
       {"qwen2_moe", "", 8, 0, 0, true},                    // default --shared-expert-ff 0
+      // Issue 44 (c): every GLM-4-MoE option as a flag (there were none). A dense first layer of
+      // its own width, partial RoPE, q/k/v biases, per-head qk-norm, a shared expert, sigmoid
+      // routing (the family's, --router auto) in 1 of 2 groups, scaled gate weights.
+      {"glm4_moe", kGlm, 8, 8, 8, true},
   };
   test::ScratchDir dir("cli-attention-families");
   // 12 windows of 16 tokens (+1): the trainer's final evaluation (batch 4, 3 batches) and
@@ -90,6 +99,22 @@ TEST_CASE("cli: the HF families' attention trains, resumes and scores", "[cli]")
       }
     }
 
+    if (f.arch == "glm4_moe") {  // the options reached the model
+      const nlohmann::json mc = last.model_config;
+      CHECK(mc["experts_per_layer"] == nlohmann::json{0, 4});
+      CHECK(mc["dense_ff"] == 24);
+      CHECK(mc["rope_dim"] == 4);
+      CHECK(mc["router_groups"] == 2);
+      CHECK(mc["router_group_topk"] == 1);
+      CHECK(mc["routed_scale"] == 2.5);
+      CHECK(mc["router_scoring"] == "sigmoid");
+      REQUIRE(find_param(last, "blocks.0.mlp.w1"));
+      CHECK(find_param(last, "blocks.0.mlp.w1")->tensor.shape() == Shape{24, 16});
+      REQUIRE(find_param(last, "blocks.1.moe.shared.w1"));
+      CHECK(find_param(last, "blocks.1.moe.shared.w1")->tensor.shape() == Shape{32, 16});
+      CHECK(find_param(last, "blocks.1.moe.router.bias"));
+    }
+
     // Resuming at step 2 gives step 4's parameters bit for bit.
     auto re = run_command(tool("moe-train", "--resume " + run + "/step-00000002.h5 --out " +
                                                 resumed + " --steps 4 --threads 1 -q"));
@@ -131,6 +156,18 @@ TEST_CASE("cli: bad --head-dim values are refused by name", "[cli]") {
       {" --arch olmoe --head-dim -4", "--head-dim must be >= 0"},
       {" --arch mixtral --d-model 12 --heads 4", "RoPE needs an even head dimension (got 3)"},
       {" --arch gpt --head-dim 8", "--head-dim needs a RoPE architecture"},
+      // Issue 44 (c): the GLM-4-MoE options, checked before any work.
+      {" --arch mixtral --qkv-bias", "--qkv-bias and --qk-norm are glm4_moe's options; --arch "
+                                     "mixtral fixes its attention"},
+      {" --arch qwen2_moe --qk-norm", "--qkv-bias and --qk-norm are glm4_moe's options"},
+      {" --arch glm4_moe --rope-dim 3", "--rope-dim (the rotated features of a head) must be "
+                                        "even and at most its 32"},
+      {" --arch glm4_moe --dense-ff -1", "--dense-ff (the dense layers' width) must be >= 0"},
+      {" --arch glm4_moe --routed-scale 0", "--routed-scale (the routed experts' scale) must be a "
+                                            "finite number > 0"},
+      {" --arch glm4_moe --router-groups 2 --router-group-topk 3",
+       "--router-groups must be 1..64 with --router-group-topk 1..groups"},
+      {" --arch glm4_moe --router-groups 3", "experts do not form 3 groups"},
   };
   for (const Case& c : cases) {
     INFO(c.flags);

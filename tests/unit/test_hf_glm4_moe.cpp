@@ -285,6 +285,7 @@ TEST_CASE("glm4_moe: what we cannot represent is refused by name", "[hf][glm4_mo
   mc.arch = Arch::mixtral;
   mc.experts_per_layer = {t.E, t.E, t.E};
   mc.router_scoring = nn::RouterScoring::softmax;
+  mc.qkv_bias = mc.qk_norm = false;  // refused for any arch but glm4_moe by the config itself
   mixtral.model_config = to_json(mc);
   REQUIRE_THAT(test::error_of([&] { io::export_hf(mixtral, dir.file("mixtral")); }),
                Catch::Contains("HF Mixtral has no partial RoPE (rope_dim)"));

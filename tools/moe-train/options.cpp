@@ -112,11 +112,13 @@ void add_model_shape_options(CLI::Option_group& g, TrainOptions& o) {
     o.model_flags.push_back(opt);
     return opt;
   };
-  model_opt(mg->add_option("--arch", o.arch,
-                           "gpt (GPT-2/Switch numerics), mixtral (HF Mixtral numerics), or the "
-                           "HF families on mixtral's layers: qwen2_moe, qwen3_moe, olmoe")
-                ->check(CLI::IsMember({"gpt", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe"}))
-                ->capture_default_str());
+  model_opt(
+      mg->add_option("--arch", o.arch,
+                     "gpt (GPT-2/Switch numerics), mixtral (HF Mixtral numerics), or the "
+                     "HF families on mixtral's layers: qwen2_moe, qwen3_moe, olmoe, "
+                     "glm4_moe")
+          ->check(CLI::IsMember({"gpt", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe"}))
+          ->capture_default_str());
   model_opt(mg->add_option("--vocab", m.vocab_size,
                            "Vocabulary size (256 for text; token files: max id + 1 by default)")
                 ->capture_default_str());
@@ -132,18 +134,30 @@ void add_model_shape_options(CLI::Option_group& g, TrainOptions& o) {
           ->capture_default_str());
   model_opt(mg->add_option("--d-ff", m.d_ff, "Hidden width of dense MLPs and of each expert")
                 ->capture_default_str());
+  model_opt(mg->add_option("--dense-ff", m.dense_ff,
+                           "Hidden width of the dense layers' MLPs when it differs from the "
+                           "experts' (GLM-4-MoE's intermediate_size; 0 = --d-ff)")
+                ->capture_default_str());
   model_opt(mg->add_option("--head-dim", m.head_dim,
                            "Attention head width (0 = d-model/heads; RoPE architectures)")
                 ->capture_default_str());
+  model_opt(mg->add_option("--rope-dim", m.rope_dim,
+                           "Features of each head RoPE rotates, the first ones (partial RoPE, "
+                           "even; 0 = all of the head)")
+                ->capture_default_str());
+  model_opt(mg->add_flag("--qkv-bias", m.qkv_bias,
+                         "Biases on q, k and v (glm4_moe; qwen2_moe always has them)"));
+  model_opt(mg->add_flag("--qk-norm", m.qk_norm,
+                         "Per-head RMSNorm of q and k (glm4_moe; qwen3_moe always has it)"));
   model_opt(mg->add_option("--shared-expert-ff", m.shared_expert_ff,
                            "Hidden width of each MoE layer's always-on shared expert (0 = none)")
                 ->capture_default_str());
   model_opt(mg->add_option("--seq", m.seq, "Context length T (tokens per sequence)")
                 ->capture_default_str());
   model_opt(mg->add_option("--experts", m.experts, "Experts per MoE layer")->capture_default_str());
-  model_opt(mg->add_option(
-                  "--experts-per-layer", m.experts_per_layer,
-                  "PR-MoE pyramid: expert counts, one per layer (0 = dense) or one per MoE layer")
+  model_opt(mg->add_option("--experts-per-layer", m.experts_per_layer,
+                           "PR-MoE pyramid: expert counts, one per layer (0 = dense) or one per "
+                           "MoE layer; GLM-4-MoE's first dense layers: 0,...,0,E,...,E")
                 ->delimiter(','));
   model_opt(mg->add_option("--moe-every", m.moe_every, "Every K-th block is MoE (1 = all)")
                 ->capture_default_str());
@@ -177,8 +191,21 @@ void add_routing_options(CLI::Option_group& g, TrainOptions& o) {
                 ->capture_default_str());
   model_opt(mg->add_option("--router", o.router,
                            "Router scores: softmax over the experts, or a sigmoid per expert "
-                           "(DeepSeek-V3)")
-                ->check(CLI::IsMember({"softmax", "sigmoid"}))
+                           "(DeepSeek-V3), or auto (the --arch's own: glm4_moe sigmoid, the "
+                           "others softmax)")
+                ->check(CLI::IsMember({"auto", "softmax", "sigmoid"}))
+                ->capture_default_str());
+  model_opt(mg->add_option("--router-groups", m.router_groups,
+                           "Group-limited top-k (DeepSeek-V3, GLM-4-MoE n_group): the experts in "
+                           "this many equal groups, chosen only within --router-group-topk of "
+                           "them (1 = off)")
+                ->capture_default_str());
+  model_opt(mg->add_option("--router-group-topk", m.router_group_topk,
+                           "With --router-groups: the groups a token's experts come from, the "
+                           "best by their two best scores (topk_group)")
+                ->capture_default_str());
+  model_opt(mg->add_option("--routed-scale", m.routed_scale,
+                           "Every gate weight times this (routed_scaling_factor)")
                 ->capture_default_str());
   model_opt(mg->add_option("--balance-bias-rate", m.balance_bias_rate,
                            "Aux-loss-free balancing: after each step, each expert's selection "
@@ -449,7 +476,9 @@ train::SessionRequest session_request(const TrainOptions& o, CLI::App& app) {
   train::SessionRequest r;
   r.model = o.model;
   r.model.arch = parse_arch(o.arch);
-  r.model.router_scoring = parse_router_scoring(o.router);
+  r.model.router_scoring = o.router != "auto"               ? parse_router_scoring(o.router)
+                           : r.model.arch == Arch::glm4_moe ? nn::RouterScoring::sigmoid
+                                                            : nn::RouterScoring::softmax;
   r.model.dtype = parse_dtype(o.dtype);
   r.model.normalize_topk =
       o.normalize_topk == "auto" ? flavour_of(r.model).normalize_topk : o.normalize_topk == "on";

@@ -17,7 +17,7 @@ struct TrainOptions {
   std::string out, resume, init, metrics, trace, arch = "gpt", dtype = "f32";
   int64_t trace_every = 1;
   std::string normalize_topk = "auto";
-  std::string router = "softmax";
+  std::string router = "auto";
   ModelConfig model;
   train::TrainConfig train;
   std::string device = "cpu";    // cpu | cuda | cuda:N
