@@ -60,6 +60,7 @@ Fs = config.get("shared_expert_ff", 0)
 arch = {"mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe",
         "olmoe": "olmoe", "glm4_moe": "glm4moe"}[config["arch"]]
 glm = arch == "glm4moe"
+qwen = arch in ("qwen2moe", "qwen3moe")
 E = max(config["experts_per_layer"])
 dense = [i for i in range(L) if config["experts_per_layer"][i] == 0]
 V = config["vocab_size"]
@@ -80,8 +81,9 @@ expected_keys = {
     "general.architecture": arch,
     arch + ".embedding_length": D,
     arch + ".block_count": L,
-    # glm4moe: the dense layers' width (HF intermediate_size), as llama.cpp's converter writes it
-    arch + ".feed_forward_length": (config.get("dense_ff") or F) if glm else F,
+    # glm4moe, qwen2moe, qwen3moe: the dense layers' width (HF intermediate_size), as llama.cpp's
+    # converter writes it
+    arch + ".feed_forward_length": (config.get("dense_ff") or F) if glm or qwen else F,
     arch + ".attention.head_count": H,
     arch + ".attention.head_count_kv": KV,
     arch + ".attention.key_length": hd,
