@@ -378,9 +378,10 @@ LoadedModel load_model(const std::string& given, bool experts, const nn::Paralle
   LoadedModel m;
   const nlohmann::json config = io::read_model_config(path);
   m.quantization = io::quantization_of(config);
-  if (parallel && !m.quantization.empty())
-    io::refuse_quantized(config, path,
-                         "expert parallelism (--ep) and the expert ring (--expert-budget)");
+  // An expert store (the ring, the cache) holds quantised experts as the resident model does;
+  // the ranks of expert parallelism do not.
+  if (parallel && !parallel->expert_store && !m.quantization.empty())
+    io::refuse_quantized(config, path, "expert parallelism (--ep)");
   m.config = model_config_from_json(config);
   // build_model sizes every parameter: a model that cannot fit is refused before (quantised
   // weights: at least half a byte each, q4_k's and mxfp4's size).

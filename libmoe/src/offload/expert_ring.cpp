@@ -50,6 +50,19 @@ namespace {
 
 enum class SlotState { empty, queued, loading, ready };
 
+// The formats of the layers' expert tensors (names, global shapes), from `path`'s model_config.
+template <class Layers>
+std::vector<std::vector<ExpertFormat>> read_formats(const std::string& path, const Layers& layers) {
+  const nlohmann::json model_config = io::read_model_config(path);
+  std::vector<std::vector<ExpertFormat>> out;
+  for (const auto& layer : layers) {
+    out.emplace_back();
+    for (size_t j = 0; j < layer.names.size(); ++j)
+      out.back().push_back(expert_format(model_config, path, layer.names[j], layer.global[j]));
+  }
+  return out;
+}
+
 }  // namespace
 
 struct ExpertRing::Impl {
@@ -60,12 +73,17 @@ struct ExpertRing::Impl {
     std::vector<int> field;        // which ExpertTensors member each one is (0 w1 .. 4 b2)
     std::vector<Shape> shapes;     // local shape [E, ...]
     std::vector<Shape> global;     // the checkpoint tensor's shape (the whole tensor's)
-    std::vector<int64_t> offsets;  // element offset of each tensor in a slot
+    std::vector<int64_t> offsets;  // element offset of each tensor in a slot (or byte offset)
     std::vector<int64_t> first;    // index in the checkpoint tensor of the tensor's expert 0
     int64_t elems = 0;             // fp32 elements of the layer's experts
+    // A quantised checkpoint's expert matrices (set by start): held in their format, in a slot's
+    // `bytes` at offsets[j]; `bytes` of them in all.
+    std::vector<ExpertFormat> format;
+    int64_t bytes = 0;
   };
   struct Slot {
     Tensor memory;  // [slot_elems] f32
+    Tensor bytes;   // [slot_bytes] u8: quantised experts, as the kernels read them
     int64_t layer = -1;
     SlotState state = SlotState::empty;
     bool in_use = false;
@@ -80,7 +98,7 @@ struct ExpertRing::Impl {
   RingConfig config;
   bool started = false;
   std::vector<Layer> layers;
-  int64_t slot_elems = 0, K = 0, L = 0;
+  int64_t slot_elems = 0, slot_bytes = 0, K = 0, L = 0;
   std::vector<Slot> slots;
   std::vector<std::vector<nn::ExpertTensors>> views;  // [slot][layer]
 
@@ -205,7 +223,7 @@ struct ExpertRing::Impl {
   // Reads layer m's experts (file or host cache) and converts them into `memory`, host f32 of a
   // slot's size: the slot itself, or a pinned staging buffer on CUDA. Loader thread, without the
   // lock. Returns bytes read from the file; sets hit when the cache served it.
-  int64_t read_into(Tensor& memory, int64_t m, bool& hit) {
+  int64_t read_into(Tensor& memory, Tensor& bytes, int64_t m, bool& hit) {
     const Layer& layer = layers[static_cast<size_t>(m)];
     float* base = memory.data<float>();
     auto it = cache.find(m);
@@ -220,7 +238,14 @@ struct ExpertRing::Impl {
       const int64_t per = experts ? shape_numel(layer.shapes[j]) / experts : 0;
       for (int64_t e = 0; e < experts; ++e) {
         Tensor chunk;
-        if (hit) {
+        const ExpertFormat& format = layer.format[j];
+        if (format.quantised()) {  // checked and packed as the resident loader does
+          const int64_t held = shape_numel(format.held_shape(layer.shapes[j])) / experts;
+          chunk = hit ? it->second.chunks.at(c++) : io::read_expert(path, name, layer.first[j] + e);
+          if (!hit) read += static_cast<int64_t>(chunk.nbytes());
+          Tensor into = bytes.rows(layer.offsets[j] + e * held, layer.offsets[j] + (e + 1) * held);
+          put_expert(format, chunk, into, path, name, layer.first[j] + e);
+        } else if (hit) {
           chunk = it->second.chunks.at(c++);
         } else {
           chunk = io::read_expert(path, name, layer.first[j] + e);
@@ -233,9 +258,9 @@ struct ExpertRing::Impl {
                            str(name, " (expert ", layer.first[j] + e, ")"), chunk);
         }
         const int64_t offset = layer.offsets[j] + e * per;
-        if (chunk.dtype() == DType::f32) {
+        if (!format.quantised() && chunk.dtype() == DType::f32) {
           std::memcpy(base + offset, chunk.raw(), static_cast<size_t>(per) * sizeof(float));
-        } else {
+        } else if (!format.quantised()) {
           // Tensor::copy_from: the conversion refresh_compute makes for a resident model.
           Tensor view = memory.rows(offset, offset + per);
           view.copy_from(chunk.reshape({per}));
@@ -246,6 +271,13 @@ struct ExpertRing::Impl {
         }
       }
     }
+    remember(m, hit, keep, std::move(entry));
+    return read;
+  }
+
+  // The host cache after layer m was read: a hit becomes the most recent; a layer read from the
+  // file is kept (`keep`) when it fits, evicting the least recent.
+  void remember(int64_t m, bool hit, bool keep, CacheEntry entry) {
     if (hit) {
       lru.remove(m);
       lru.push_front(m);
@@ -260,13 +292,13 @@ struct ExpertRing::Impl {
       cache.emplace(m, std::move(entry));
       lru.push_front(m);
     }
-    return read;
   }
 
   // Reads layer m's experts and converts them into slot s (loader thread, without the lock).
   int64_t load(int64_t s, int64_t m, bool& hit) {
     if (on_device()) return load_to_device(s, m, hit);
-    return read_into(slots[static_cast<size_t>(s)].memory, m, hit);
+    Slot& slot = slots[static_cast<size_t>(s)];
+    return read_into(slot.memory, slot.bytes, m, hit);
   }
 
   // The same conversion into a pinned staging buffer, then the copy into slot s queued on the copy
@@ -277,7 +309,8 @@ struct ExpertRing::Impl {
     next_staging = 1 - next_staging;
     if (buffer.pending) engine->synchronize_event(buffer.copied.get());  // the copy two layers back
     buffer.pending = false;                                              // read it
-    const int64_t read = read_into(buffer.memory, m, hit);
+    Tensor no_bytes;  // quantised experts stay on the host (start refuses them on a device)
+    const int64_t read = read_into(buffer.memory, no_bytes, m, hit);
     const size_t bytes = static_cast<size_t>(layers[static_cast<size_t>(m)].elems) * sizeof(float);
     void* stream = copy_stream.get();
     engine->wait(released[static_cast<size_t>(s)].get(), stream, index);
@@ -287,6 +320,65 @@ struct ExpertRing::Impl {
     buffer.pending = true;
     engine->record(loaded[static_cast<size_t>(s)].get(), stream, index);
     return read;
+  }
+
+  // Reads the formats of the checkpoint's expert tensors, lays the slots out by them, and checks
+  // the checkpoint holds every expert tensor in its format with the model's shape.
+  void check_checkpoint() {
+    (void)io::list_params(path);  // a file that is no checkpoint is named as such first
+    set_formats(read_formats(path, layers));
+    std::vector<std::pair<std::string, Shape>> tensors;
+    std::vector<ExpertFormat> formats;
+    for (const Layer& layer : layers)
+      for (size_t j = 0; j < layer.names.size(); ++j) {
+        tensors.emplace_back(layer.names[j], layer.global[j]);
+        formats.push_back(layer.format[j]);
+      }
+    check_expert_tensors(path, tensors, formats, "expert ring");
+  }
+
+  // Lays each layer's tensors out in a slot by their formats (one a tensor, in layer order):
+  // floating ones in `memory` (f32 elements), quantised ones in `bytes`.
+  void set_formats(std::vector<std::vector<ExpertFormat>> formats) {
+    slot_elems = slot_bytes = 0;
+    for (size_t m = 0; m < layers.size(); ++m) {
+      Layer& layer = layers[m];
+      layer.format = std::move(formats[m]);
+      layer.elems = layer.bytes = 0;
+      for (size_t j = 0; j < layer.names.size(); ++j) {
+        const ExpertFormat& format = layer.format[j];
+        const int64_t n = shape_numel(format.held_shape(layer.shapes[j]));
+        int64_t& used = format.quantised() ? layer.bytes : layer.elems;
+        layer.offsets[j] = used;
+        used += n;
+      }
+      slot_elems = std::max(slot_elems, layer.elems);
+      slot_bytes = std::max(slot_bytes, layer.bytes);
+    }
+  }
+
+  // Each layer's experts as a slot holds them, in bytes (before start: from the checkpoint's
+  // formats).
+  std::vector<int64_t> held_layer_bytes() const {
+    std::vector<std::vector<ExpertFormat>> formats;
+    if (!started && L > 0) formats = read_formats(path, layers);
+    std::vector<int64_t> out;
+    for (size_t m = 0; m < layers.size(); ++m) {
+      const Layer& layer = layers[m];
+      if (started) {
+        out.push_back(layer.elems * static_cast<int64_t>(sizeof(float)) + layer.bytes);
+        continue;
+      }
+      int64_t bytes = 0;
+      for (size_t j = 0; j < layer.names.size(); ++j) {
+        const ExpertFormat& format = formats[m][j];
+        bytes += format.quantised()
+                     ? shape_numel(format.held_shape(layer.shapes[j]))
+                     : shape_numel(layer.shapes[j]) * static_cast<int64_t>(sizeof(float));
+      }
+      out.push_back(bytes);
+    }
+    return out;
   }
 
   void loop() {
@@ -415,17 +507,18 @@ void ExpertRing::start(const RingConfig& config) {
               cuda::device_count(), " CUDA devices visible)");
   }
 
-  // The checkpoint must hold every expert tensor with the model's (whole) shape.
+  // The checkpoint must hold every expert tensor with the model's (whole) shape; a quantised
+  // one's matrices are held in their format, on the host.
   if (r.L > 0) {
-    std::vector<std::pair<std::string, Shape>> tensors;
-    for (const Impl::Layer& layer : r.layers)
-      for (size_t j = 0; j < layer.names.size(); ++j)
-        tensors.emplace_back(layer.names[j], layer.global[j]);
-    check_expert_tensors(checkpoint, tensors, ", not a floating-point tensor");
+    r.check_checkpoint();
+    MOE_USAGE_CHECK(r.slot_bytes == 0 || config.device.kind == Device::cpu, "expert ring: '",
+                    checkpoint,
+                    "' holds quantised experts, which the CPU kernels read: the ring "
+                    "serves them with --device cpu only");
   }
 
-  // Budget -> K slots of the largest layer's fp32 bytes.
-  const int64_t slot_bytes = r.slot_elems * static_cast<int64_t>(sizeof(float));
+  // Budget -> K slots of the largest layer's expert bytes (fp32, or quantised as stored).
+  const int64_t slot_bytes = r.slot_elems * static_cast<int64_t>(sizeof(float)) + r.slot_bytes;
   int64_t K = 0;
   if (r.L > 0) {
     MOE_USAGE_CHECK(config.budget_bytes >= slot_bytes, "--expert-budget ", config.budget_bytes,
@@ -461,6 +554,8 @@ void ExpertRing::start(const RingConfig& config) {
   for (Impl::Slot& slot : r.slots) {
     slot.memory =
         Tensor::zeros({r.slot_elems}, DType::f32, config.device).set_name("expert_ring.slot");
+    if (r.slot_bytes > 0)
+      slot.bytes = Tensor::zeros({r.slot_bytes}, DType::u8).set_name("expert_ring.slot");
   }
   // The zeroing (and any earlier user of a recycled block) is queued on the compute stream: the
   // first copy into each slot waits for it.
@@ -474,11 +569,14 @@ void ExpertRing::start(const RingConfig& config) {
       nn::ExpertTensors& v = r.views[static_cast<size_t>(s)][static_cast<size_t>(m)];
       Tensor* fields[] = {&v.w1, &v.w2, &v.w3, &v.b1, &v.b2};
       for (size_t j = 0; j < layer.names.size(); ++j) {
-        const int64_t n = shape_numel(layer.shapes[j]);
-        *fields[layer.field[j]] = r.slots[static_cast<size_t>(s)]
-                                      .memory.rows(layer.offsets[j], layer.offsets[j] + n)
-                                      .reshape(layer.shapes[j])
-                                      .set_name(layer.names[j]);
+        const Impl::Slot& slot = r.slots[static_cast<size_t>(s)];
+        const ExpertFormat& format = layer.format[j];
+        const Shape shape = format.held_shape(layer.shapes[j]);
+        const int64_t begin = layer.offsets[j], end = begin + shape_numel(shape);
+        *fields[layer.field[j]] =
+            format.quantised()
+                ? slot.bytes.rows(begin, end).reshape(shape).view_as(format.held)
+                : slot.memory.rows(begin, end).reshape(shape).set_name(layer.names[j]);
       }
     }
   }
@@ -543,13 +641,14 @@ int64_t ExpertRing::slots() const { return impl_->K; }
 
 int64_t ExpertRing::expert_bytes() const {
   int64_t total = 0;
-  for (const Impl::Layer& layer : impl_->layers)
-    total += layer.elems * static_cast<int64_t>(sizeof(float));
+  for (int64_t bytes : impl_->held_layer_bytes()) total += bytes;
   return total;
 }
 
 int64_t ExpertRing::layer_bytes() const {
-  return impl_->slot_elems * static_cast<int64_t>(sizeof(float));
+  int64_t largest = 0;
+  for (int64_t bytes : impl_->held_layer_bytes()) largest = std::max(largest, bytes);
+  return largest;
 }
 
 int64_t ExpertRing::moe_layers() const { return impl_->L; }

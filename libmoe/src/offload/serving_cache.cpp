@@ -44,14 +44,17 @@ struct ServingCache::Impl {
   struct Layer {
     int64_t block = 0, experts = 0;
     std::vector<std::string> names;
-    std::vector<int> field;      // which ExpertTensors member (0 w1 .. 4 b2)
-    std::vector<Shape> one;      // one expert's shape, [1, ...]
-    std::vector<Shape> global;   // the checkpoint tensor's shape
-    std::vector<int64_t> first;  // the checkpoint index of the layer's expert 0
+    std::vector<int> field;            // which ExpertTensors member (0 w1 .. 4 b2)
+    std::vector<Shape> one;            // one expert's shape, [1, ...]
+    std::vector<Shape> global;         // the checkpoint tensor's shape
+    std::vector<int64_t> first;        // the checkpoint index of the layer's expert 0
+    std::vector<ExpertFormat> format;  // how each is stored and held (set by start)
   };
-  // One expert's tensors as held: a Tensor a field, sized for the largest layer's expert.
+  // One expert's tensors as held, sized for the largest layer's expert: a field's floating values
+  // in `fields`, its quantised bytes (a quantised checkpoint's matrices) in `bytes`.
   struct Holder {
     Tensor fields[5];
+    Tensor bytes[5];
   };
 
   std::string path;
@@ -60,6 +63,7 @@ struct ServingCache::Impl {
   std::vector<Layer> layers;
   std::vector<DType> held;           // per field: the dtype it is held in
   std::vector<int64_t> field_elems;  // per field: the largest layer's one-expert elements
+  std::vector<int64_t> field_bytes;  // per field: the largest layer's one-expert quantised bytes
   std::unique_ptr<ExpertCache> cache;
   std::vector<Holder> slots;                       // [C]
   std::vector<std::vector<int32_t>> pinned_index;  // [L][E]: -1 or [P]
@@ -98,15 +102,32 @@ struct ServingCache::Impl {
 
   int64_t one_expert_bytes() const {
     int64_t bytes = 0;
-    for (int f = 0; f < 5; ++f) bytes += field_elems[f] * int64_t(dtype_size(held[f]));
+    for (int f = 0; f < 5; ++f)
+      bytes += field_elems[f] * int64_t(dtype_size(held[f])) + field_bytes[f];
     return bytes;
   }
 
   Holder allocate(const char* name) const {
     Holder h;
-    for (int f = 0; f < 5; ++f)
+    for (int f = 0; f < 5; ++f) {
       if (field_elems[f] > 0) h.fields[f] = Tensor::zeros({field_elems[f]}, held[f]).set_name(name);
+      if (field_bytes[f] > 0)
+        h.bytes[f] = Tensor::zeros({field_bytes[f]}, DType::u8).set_name(name);
+    }
     return h;
+  }
+
+  // The formats of every layer's tensors, from the checkpoint's model_config.
+  std::vector<std::vector<ExpertFormat>> read_formats() const {
+    std::vector<std::vector<ExpertFormat>> out;
+    if (layers.empty()) return out;
+    const nlohmann::json model_config = io::read_model_config(path);
+    for (const Layer& layer : layers) {
+      out.emplace_back();
+      for (size_t j = 0; j < layer.names.size(); ++j)
+        out.back().push_back(expert_format(model_config, path, layer.names[j], layer.global[j]));
+    }
+    return out;
   }
 
   // Views of holder h shaped as layer m's expert tensors.
@@ -116,7 +137,11 @@ struct ServingCache::Impl {
     Tensor* out[] = {&v.w1, &v.w2, &v.w3, &v.b1, &v.b2};
     for (size_t j = 0; j < layer.names.size(); ++j) {
       const int f = layer.field[j];
-      *out[f] = h.fields[f].rows(0, shape_numel(layer.one[j])).reshape(layer.one[j]);
+      const ExpertFormat& format = layer.format[j];
+      const Shape shape = format.held_shape(layer.one[j]);
+      *out[f] = format.quantised()
+                    ? h.bytes[f].rows(0, shape_numel(shape)).reshape(shape).view_as(format.held)
+                    : h.fields[f].rows(0, shape_numel(shape)).reshape(shape);
     }
     return v;
   }
@@ -131,13 +156,8 @@ struct ServingCache::Impl {
     for (size_t j = 0; j < layer.names.size(); ++j) {
       const std::string& name = layer.names[j];
       const int64_t index = layer.first[j] + e;
-      Tensor chunk = io::read_expert(path, name, index);
-      Tensor& into = *dst[layer.field[j]];
-      MOE_CHECK(chunk.numel() == into.numel() && is_floating(chunk.dtype()), "checkpoint '", path,
-                "': expert ", index, " of '", name, "' is ", chunk.describe(),
-                ", the model expects ", into.numel(), " floating-point elements");
-      io::check_finite(str("checkpoint '", path, "'"), str(name, " (expert ", index, ")"), chunk);
-      into.copy_from(chunk.reshape(into.shape()));
+      const Tensor chunk = io::read_expert(path, name, index);
+      put_expert(layer.format[j], chunk, *dst[layer.field[j]], path, name, index);
       bytes += static_cast<int64_t>(chunk.nbytes());
     }
     return bytes;
@@ -155,7 +175,8 @@ struct ServingCache::Impl {
               layer, " (", layers.size(), " layers)");
   }
 
-  void check_checkpoint() const;
+  void check_checkpoint();
+  void size_fields();
   void check_tables() const;
   void pin_popular(int64_t count);
   void estimate_next(int layer, std::span<const int32_t> experts, std::span<const int32_t> rows);
@@ -377,15 +398,39 @@ void ServingCache::gradient_done(int layer, int) {
 }
 
 // The checkpoint must hold every expert tensor with the model's whole shape, stored per expert, in
-// a floating-point dtype.
-void ServingCache::Impl::check_checkpoint() const {
+// a floating-point dtype or as the rows of the format its model_config names (read here).
+void ServingCache::Impl::check_checkpoint() {
+  (void)io::list_params(path);  // a file that is no checkpoint is named as such first
+  std::vector<std::vector<ExpertFormat>> by_layer = read_formats();
+  for (size_t m = 0; m < layers.size(); ++m) layers[m].format = std::move(by_layer[m]);
   std::vector<std::pair<std::string, Shape>> tensors;
   for (const Layer& layer : layers)
     for (size_t j = 0; j < layer.names.size(); ++j)
       tensors.emplace_back(layer.names[j], layer.global[j]);
-  check_expert_tensors(path, tensors,
-                       "; the expert cache serves f32, bf16 and f16 experts (serve a quantised "
-                       "model with its experts resident: without --expert-budget)");
+  std::vector<ExpertFormat> formats;
+  for (const Layer& layer : layers)
+    formats.insert(formats.end(), layer.format.begin(), layer.format.end());
+  check_expert_tensors(path, tensors, formats, "expert cache");
+}
+
+// What a holder's fields hold, sized for the largest layer's expert: floating values in `held`
+// dtypes, quantised bytes.
+void ServingCache::Impl::size_fields() {
+  held.assign(5, DType::f32);
+  field_elems.assign(5, 0);
+  field_bytes.assign(5, 0);
+  for (const Layer& layer : layers)
+    for (size_t j = 0; j < layer.names.size(); ++j) {
+      const size_t f = static_cast<size_t>(layer.field[j]);
+      const ExpertFormat& format = layer.format[j];
+      const int64_t n = shape_numel(format.held_shape(layer.one[j]));
+      if (format.quantised()) {
+        field_bytes[f] = std::max(field_bytes[f], n);
+        continue;
+      }
+      held[f] = held_dtype(layer.field[j], layer, j);
+      field_elems[f] = std::max(field_elems[f], n);
+    }
 }
 
 // The popularity and transition tables must have the model's layers and experts.
@@ -452,15 +497,7 @@ void ServingCache::start(const ServingCacheConfig& config) {
   c.config = config;
   c.check_tables();
   if (!c.layers.empty()) c.check_checkpoint();
-  c.held.assign(5, DType::f32);
-  c.field_elems.assign(5, 0);
-  for (const Impl::Layer& layer : c.layers)
-    for (size_t j = 0; j < layer.names.size(); ++j) {
-      const int f = layer.field[j];
-      c.held[static_cast<size_t>(f)] = c.held_dtype(f, layer, j);
-      c.field_elems[static_cast<size_t>(f)] =
-          std::max(c.field_elems[static_cast<size_t>(f)], shape_numel(layer.one[j]));
-    }
+  c.size_fields();
   const int64_t one = c.one_expert_bytes(), total = expert_bytes(config.dtype);
   MOE_USAGE_CHECK(c.layers.empty() || config.budget_bytes >= one, "--expert-budget ",
                   config.budget_bytes, " bytes is smaller than one expert (", one,
@@ -515,14 +552,22 @@ int64_t ServingCache::moe_layers() const { return static_cast<int64_t>(impl_->la
 
 int64_t ServingCache::expert_bytes(DType dtype) const {
   const Impl& c = *impl_;
+  const std::vector<std::vector<ExpertFormat>> formats = c.read_formats();
   int64_t total = 0;
-  for (const Impl::Layer& layer : c.layers)
+  for (size_t m = 0; m < c.layers.size(); ++m) {
+    const Impl::Layer& layer = c.layers[m];
     for (size_t j = 0; j < layer.names.size(); ++j) {
+      const ExpertFormat& format = formats[m][j];
+      if (format.quantised()) {  // its bytes as held
+        total += shape_numel(format.held_shape(layer.one[j])) * layer.experts;
+        continue;
+      }
       const bool matrix = layer.field[j] < 3 && (dtype == DType::bf16 || dtype == DType::f16) &&
                           io::quantizable(layer.names[j], layer.global[j]);
       total += shape_numel(layer.one[j]) * layer.experts *
                int64_t(dtype_size(matrix ? dtype : DType::f32));
     }
+  }
   return total;
 }
 

@@ -1,11 +1,12 @@
 // Expert offload for inference: the ring memory of MoESys (§III-C2), an nn::ExpertStore that
 // serves whole layers. Only K slots of expert memory are resident, each holding one MoE layer's
-// experts (fp32, whatever dtype the checkpoint stores). While a layer computes, a loader thread
-// reads the experts of later layers into the other slots; when a layer's experts are released, its
-// slot goes to the layer K MoE layers further on (wrapping round to the first layers, for the next
-// forward pass): "calculation-released-load". Forward passes give bitwise the results of the
-// resident model: nn::Experts runs the same grouped ops over the slot's [E,...] views as over
-// resident Params.
+// experts (fp32, whatever floating dtype the checkpoint stores; a quantised checkpoint's matrices
+// in their block format, as the resident model holds them: offload/checkpoint_experts.h). While a
+// layer computes, a loader thread reads the experts of later layers into the other slots; when a
+// layer's experts are released, its slot goes to the layer K MoE layers further on (wrapping round
+// to the first layers, for the next forward pass): "calculation-released-load". Forward passes give
+// bitwise the results of the resident model: nn::Experts runs the same grouped ops over the slot's
+// [E,...] views as over resident Params.
 //
 // On a CUDA device (RingConfig::device) the slots are device memory: the loader converts a layer
 // into one of two pinned host staging buffers and copies it to its slot on a copy stream of its
@@ -24,7 +25,8 @@
 namespace moe::offload {
 
 struct RingConfig {
-  // Resident expert memory: K = budget / (largest MoE layer's expert bytes, fp32) slots, K >= 1
+  // Resident expert memory: K = budget / (largest MoE layer's expert bytes as held: fp32, or a
+  // quantised checkpoint's stored bytes) slots, K >= 1
   // (at most L: a budget of every layer keeps them all resident after their first load).
   int64_t budget_bytes = 0;
   // Bounded host cache of recently read layers (LRU, checkpoint dtype bytes); 0 = none.
@@ -47,7 +49,7 @@ struct RingStats {
   double wait_seconds = 0;     // compute waited for a layer to become resident (on CUDA: for
                                // its copy to be queued; the GPU itself waits on an event)
   double overlap_percent = 0;  // share of load time hidden behind compute: 100 (1 - wait / load)
-  int64_t peak_resident_bytes = 0;  // the slots: slots * largest layer's expert bytes (fp32), on
+  int64_t peak_resident_bytes = 0;  // the slots: slots * largest layer's expert bytes held, on
                                     // the ring's device (the two pinned staging buffers on CUDA,
                                     // one slot each, are not counted)
   int64_t slots = 0;
@@ -69,9 +71,10 @@ struct RingStats {
 // smaller than one layer's experts ("--expert-budget B bytes is smaller than one MoE layer's
 // experts (N bytes)"), moe::Error when the checkpoint's tensors do not match the model (a missing
 // name, another shape, not an expert tensor) and "expert ring: device cuda:N: <why>" when the
-// build has no CUDA backend or the device is not usable; after a refusal it may be called again.
-// The ring serves forward passes only (a backward pass is refused), one at a time, on one thread.
-// A loader failure (file gone, checksum) is thrown by the next acquire_layer that needs the layer.
+// build has no CUDA backend or the device is not usable (a quantised checkpoint's experts, which
+// the CPU kernels read, are refused on a device); after a refusal it may be called again. The ring
+// serves forward passes only (a backward pass is refused), one at a time, on one thread. A loader
+// failure (file gone, checksum) is thrown by the next acquire_layer that needs the layer.
 //
 // On a CUDA device the non-expert parameters are moved by the caller (ParamSet::to leaves the
 // offloaded experts alone), and the forward passes must run on the thread that enqueues the
@@ -103,9 +106,9 @@ class ExpertRing final : public nn::ExpertStore {
   // resident): for tests and benchmarks that want counts or timings of a quiet ring.
   void drain();
   int64_t slots() const;         // K (0 before start)
-  int64_t expert_bytes() const;  // all MoE layers' experts, fp32 (known before start: what a
+  int64_t expert_bytes() const;  // all MoE layers' experts as held (known before start: what a
                                  // budget given as a share, "25%", is a share of)
-  int64_t layer_bytes() const;   // the largest MoE layer's experts, fp32: one slot
+  int64_t layer_bytes() const;   // the largest MoE layer's experts as held: one slot
   int64_t moe_layers() const;    // L
 
  private:

@@ -2,13 +2,15 @@
 // experts across tokens and batches, beside the ring of whole layers (moe/offload/expert_ring.h).
 // The budget counts the bytes the experts are held in: the model's weight dtype (bf16 stays bf16,
 // as the resident model keeps it; only the small bias vectors are widened to f32, as the resident
-// model widens them), so "25%" holds a quarter of the experts. Slots are fixed (budget / one
-// expert's bytes); offload::ExpertCache (LRU or MoESys's LFU variant) decides which expert a miss
-// displaces. An expert missing from the cache is read from the checkpoint (io::read_expert, only
-// its chunk) when nn::Experts acquires it; nn::Experts asks for each routed expert once per layer
-// and forward pass, and a layer's experts stay in the cache until another layer begins, so a batch
-// (even one run by blocks of tokens) reads each of a layer's experts at most once when the cache
-// holds the experts the layer routes to.
+// model widens them), so "25%" holds a quarter of the experts. A quantised checkpoint's expert
+// matrices (q8_0, q4_k, q6_k, mxfp4) are held as the resident model holds them, in their block
+// format (offload/checkpoint_experts.h): the budget then counts their stored bytes. Slots are fixed
+// (budget / one expert's bytes); offload::ExpertCache (LRU or MoESys's LFU variant) decides which
+// expert a miss displaces. An expert missing from the cache is read from the checkpoint
+// (io::read_expert, only its chunk) when nn::Experts acquires it; nn::Experts asks for each routed
+// expert once per layer and forward pass, and a layer's experts stay in the cache until another
+// layer begins, so a batch (even one run by blocks of tokens) reads each of a layer's experts at
+// most once when the cache holds the experts the layer routes to.
 //
 // With a routing trace's popularity (moe-profile record; ServingCacheConfig::popularity) the most
 // popular experts, ranked within their layer, are pinned up to a share of the budget: read once at
@@ -42,7 +44,8 @@ struct ServingCacheConfig {
   int64_t budget_bytes = 0;
   CachePolicy policy = CachePolicy::lru;
   LfuConfig lfu;  // policy lfu; a "step" is one forward pass
-  // The model's weight dtype: f32, bf16 or f16 (the expert matrices are held in it).
+  // The model's weight dtype: f32, bf16 or f16 (floating expert matrices are held in it; a
+  // quantised checkpoint's in their format).
   DType dtype = DType::f32;
   // A trace's expert counts [L][E] (empty: nothing pinned) and the share of the budget pinned.
   std::vector<std::vector<double>> popularity;
@@ -89,12 +92,12 @@ struct ServingCacheStats {
 //   Transformer model(config, params, &view);                   // adds the MoE layers
 //   cache.start(config);                                        // then forward passes
 // start() checks the checkpoint's expert tensors against the model (name, shape, a floating-point
-// dtype: quantised experts are refused by name), allocates the slots once and reads the pinned
-// experts. It throws moe::UsageError for a budget below one expert ("--expert-budget B bytes is
-// smaller than one expert (N bytes as held)") and moe::Error for a popularity or transition table
-// whose layers or experts are not the model's. Forward passes only, one at a time, one thread. A
-// failed read (file gone, checksum, non-finite weights) is thrown by acquire, naming the expert;
-// the slot is freed.
+// dtype or the rows of the format its model_config names), allocates the slots once and reads the
+// pinned experts. It throws moe::UsageError for a budget below one expert ("--expert-budget B bytes
+// is smaller than one expert (N bytes as held)") and moe::Error for a popularity or transition
+// table whose layers or experts are not the model's. Forward passes only, one at a time, one
+// thread. A failed read (file gone, checksum, non-finite weights) is thrown by acquire, naming the
+// expert; the slot is freed.
 class ServingCache final : public nn::ExpertStore {
  public:
   explicit ServingCache(std::string checkpoint);
