@@ -4,6 +4,7 @@
 #include "moe/error.h"
 #include "moe/models/memory.h"
 #include "moe/offload/budget.h"
+#include "moe/settings.h"
 
 namespace moe::offload {
 
@@ -27,11 +28,11 @@ OffloadPlan plan_offload(const PlanInput& in) {
     return plan;
   }
   if (offloaded_device > in.device_capacity)
-    throw UsageError(str("--offload auto: the dense state alone (", bytes(in.dense_bytes),
-                         " with four expert slots of ", bytes(in.slot_bytes), ") does not fit ",
-                         in.device_name, " (", bytes(in.device_capacity),
-                         "): ", bytes(offloaded_device - in.device_capacity),
-                         " short; a smaller model or batch, or --recompute block"));
+    throw UsageError(
+        str(flag_for(Setting::offload), " auto: the dense state alone (", bytes(in.dense_bytes),
+            " with four expert slots of ", bytes(in.slot_bytes), ") does not fit ", in.device_name,
+            " (", bytes(in.device_capacity), "): ", bytes(offloaded_device - in.device_capacity),
+            " short; a smaller model or batch, or ", flag_for(Setting::recompute), " block"));
   // Host: with a separate device the experts' state must fit the host beside nothing else; on
   // the CPU the host also holds the dense state.
   const double host_room =
@@ -56,14 +57,16 @@ OffloadPlan plan_offload(const PlanInput& in) {
     return plan;
   }
   if (cache < in.record_bytes)
-    throw UsageError(str("--offload auto: host memory left for the experts (", bytes(cache),
-                         ") is smaller than one expert's state (", bytes(in.record_bytes), ")"));
-  throw UsageError(str("--offload auto: the experts' state (", bytes(in.expert_state_bytes),
-                       ") fits neither ", in.device_name, " nor ",
-                       in.ssd_capacity > 0
-                           ? str("the SSD: --ssd-dir has ", bytes(in.ssd_capacity), " free, ",
-                                 bytes(in.ssd_file_bytes - in.ssd_capacity), " short")
-                           : std::string("an SSD (give --ssd-dir DIR on local storage)")));
+    throw UsageError(str(flag_for(Setting::offload), " auto: host memory left for the experts (",
+                         bytes(cache), ") is smaller than one expert's state (",
+                         bytes(in.record_bytes), ")"));
+  throw UsageError(str(
+      flag_for(Setting::offload), " auto: the experts' state (", bytes(in.expert_state_bytes),
+      ") fits neither ", in.device_name, " nor ",
+      in.ssd_capacity > 0
+          ? str("the SSD: ", flag_for(Setting::ssd_dir), " has ", bytes(in.ssd_capacity), " free, ",
+                bytes(in.ssd_file_bytes - in.ssd_capacity), " short")
+          : str("an SSD (give ", flag_for(Setting::ssd_dir), " DIR on local storage)")));
 }
 
 }  // namespace moe::offload

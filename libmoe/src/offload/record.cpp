@@ -12,6 +12,7 @@
 #include "moe/models/memory.h"
 #include "moe/ops/core.h"
 #include "moe/ops/optim.h"
+#include "moe/settings.h"
 
 namespace moe::offload {
 
@@ -100,15 +101,17 @@ std::unique_ptr<RecordTier> make_record_tier(const StoreConfig& config,
                      layouts[l]->state_bytes, layouts[l]->record_bytes});
   }
   if (config.tier == Tier::host) {
-    MOE_USAGE_CHECK(config.host_budget == 0 || total_record <= config.host_budget,
-                    "--offload host: the experts' state takes ", format_bytes(double(total_record)),
-                    " (", total_record, " bytes) but --host-budget is ",
-                    format_bytes(double(config.host_budget)),
-                    ": raise it, or keep the state on SSD with --offload ssd --ssd-dir DIR");
+    MOE_USAGE_CHECK(
+        config.host_budget == 0 || total_record <= config.host_budget, flag_for(Setting::offload),
+        " host: the experts' state takes ", format_bytes(double(total_record)), " (", total_record,
+        " bytes) but ", flag_for(Setting::host_budget), " is ",
+        format_bytes(double(config.host_budget)), ": raise it, or keep the state on SSD with ",
+        flag_for(Setting::offload), " ssd ", flag_for(Setting::ssd_dir), " DIR");
     return std::make_unique<HostRecords>(experts, record_bytes);
   }
-  MOE_USAGE_CHECK(!config.ssd_dir.empty(),
-                  "--offload ssd needs --ssd-dir DIR: a directory on local storage for the "
+  MOE_USAGE_CHECK(!config.ssd_dir.empty(), flag_for(Setting::offload), " ssd needs ",
+                  flag_for(Setting::ssd_dir),
+                  " DIR: a directory on local storage for the "
                   "experts' state (",
                   format_bytes(double(total_record)), ")");
   // The host cache: --host-budget, or a quarter of the experts' state by default.
@@ -117,7 +120,7 @@ std::unique_ptr<RecordTier> make_record_tier(const StoreConfig& config,
   cache.policy = config.expert_cache;
   cache.capacity = std::min(budget / record, total_experts);
   cache.lfu = config.lfu;
-  MOE_USAGE_CHECK(cache.capacity >= 1, "--host-budget ", budget,
+  MOE_USAGE_CHECK(cache.capacity >= 1, flag_for(Setting::host_budget), " ", budget,
                   " bytes is smaller than one expert's state (", record, " bytes): the minimum is ",
                   record);
   if (config.world && config.world->size() > 1)
@@ -167,7 +170,8 @@ void adamw_record(const StoreLayout& layout, const std::shared_ptr<std::byte>& r
     if (io::first_exploded(value) >= 0)  // non-finite, or past 2^32 (moe/io/finite.h)
       io::check_not_exploded(str("step ", u.adam_step,
                                  ", after the update (the run diverged; nothing saved: "
-                                 "try a lower --lr or --clip)"),
+                                 "try a lower ",
+                                 flag_for(Setting::lr), " or ", flag_for(Setting::clip), ")"),
                              str(t.param->name, " (expert ", expert, ")"), value);
   }
 }

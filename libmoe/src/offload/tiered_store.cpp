@@ -30,6 +30,7 @@
 #include "moe/log.h"
 #include "moe/models/memory.h"
 #include "moe/ops/core.h"
+#include "moe/settings.h"
 #include "moe/timer.h"
 #include "offload/device_copies.h"
 #include "offload/record.h"
@@ -392,14 +393,17 @@ struct TieredStore::Impl {
 
 TieredStore::TieredStore(const ParamSet& params, const StoreConfig& config)
     : impl_(std::make_unique<Impl>(params, config)) {
-  MOE_USAGE_CHECK(config.tier == Tier::host || config.tier == Tier::ssd, "--offload ",
-                  tier_name(config.tier), ": the store's tier is host or ssd");
+  MOE_USAGE_CHECK(config.tier == Tier::host || config.tier == Tier::ssd, flag_for(Setting::offload),
+                  " ", tier_name(config.tier), ": the store's tier is host or ssd");
   MOE_USAGE_CHECK(config.pin_fraction >= 0 && config.pin_fraction <= 1,
-                  "--pin-fraction must be in [0, 1] (got ", config.pin_fraction, ")");
+                  flag_for(Setting::pin_fraction), " must be in [0, 1] (got ", config.pin_fraction,
+                  ")");
   MOE_USAGE_CHECK(config.prefetch_depth >= 0 && config.prefetch_depth <= 64,
-                  "--prefetch-depth must be in [0, 64] (got ", config.prefetch_depth, ")");
+                  flag_for(Setting::prefetch_depth), " must be in [0, 64] (got ",
+                  config.prefetch_depth, ")");
   MOE_USAGE_CHECK(config.device_budget >= 0 && config.host_budget >= 0,
-                  "--device-budget and --host-budget must be >= 0");
+                  flag_for(Setting::device_budget), " and ", flag_for(Setting::host_budget),
+                  " must be >= 0");
   if (config.device.kind == Device::cuda)  // before any work: without a GPU, say so at once
     MOE_CHECK(cuda::available(), "expert store: device ", config.device.str(), ": ",
               cuda::unavailable_reason());
@@ -449,7 +453,7 @@ void TieredStore::start() {
   const int64_t pinned = static_cast<int64_t>(s.config.pin_fraction * double(total_experts));
   int64_t slots = s.config.device_budget > 0 ? s.config.device_budget / slot_bytes
                                              : std::min(total_experts, pinned + depth + 1);
-  MOE_USAGE_CHECK(slots >= 1, "--device-budget ", s.config.device_budget,
+  MOE_USAGE_CHECK(slots >= 1, flag_for(Setting::device_budget), " ", s.config.device_budget,
                   " bytes is smaller than one expert's fp32 weights (", slot_bytes,
                   " bytes): the minimum is ", slot_bytes);
   slots = std::max<int64_t>(1, std::min(slots, total_experts));

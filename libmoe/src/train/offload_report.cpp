@@ -5,17 +5,21 @@
 
 #include "moe/error.h"
 #include "moe/models/memory.h"
+#include "moe/settings.h"
 
 namespace moe::train {
 
 void check_offload_device(const TrainConfig& config, Device device, int world_size) {
   MOE_USAGE_CHECK(
       config.offload == offload::Tier::none || device.kind == Device::cpu || world_size == 1,
-      "--offload ", offload::tier_name(config.offload), " with --device ", device.str(), " on ",
-      world_size,
+      flag_for(Setting::offload), " ", offload::tier_name(config.offload), " with ",
+      flag_for(Setting::device), " ", device.str(), " on ", world_size,
       " ranks: the GPU expert store trains in one process only (no data or expert "
-      "parallelism yet); offload on the CPU under mpiexec (--device cpu), or train "
-      "resident on the GPUs (--offload none)");
+      "parallelism yet); offload on the CPU under mpiexec (",
+      flag_for(Setting::device),
+      " cpu), or train "
+      "resident on the GPUs (",
+      flag_for(Setting::offload), " none)");
 }
 
 std::string offload_layout(const TrainConfig& config, const offload::TieredStore& store) {
@@ -27,16 +31,16 @@ std::string offload_layout(const TrainConfig& config, const offload::TieredStore
     line += str(" in ", c.ssd_dir, " behind a host cache of ",
                 c.host_budget > 0 ? format_bytes(double(c.host_budget)) : std::string("no limit"));
   else
-    line += c.host_budget > 0
-                ? str(" in RAM (--host-budget ", format_bytes(double(c.host_budget)), ")")
-                : std::string(" in RAM");
+    line += c.host_budget > 0 ? str(" in RAM (", flag_for(Setting::host_budget), " ",
+                                    format_bytes(double(c.host_budget)), ")")
+                              : std::string(" in RAM");
   line += str(", ", s.device_slots, " device slot", s.device_slots == 1 ? "" : "s", " of ",
               format_bytes(double(s.slot_bytes)));
   if (c.device.kind == Device::cuda)  // and the two gradient buffers beside them
     line += str(" on ", c.device.str(), " (+2 gradient buffers)");
-  line += c.device_budget > 0
-              ? str(" (--device-budget ", format_bytes(double(c.device_budget)), ")")
-              : std::string(" (default --device-budget)");
+  line += c.device_budget > 0 ? str(" (", flag_for(Setting::device_budget), " ",
+                                    format_bytes(double(c.device_budget)), ")")
+                              : str(" (default ", flag_for(Setting::device_budget), ")");
   char pin[32];
   std::snprintf(pin, sizeof pin, "%.0f%%", c.pin_fraction * 100);
   line += str(", prefetch depth ", c.prefetch_depth, ", pin ", pin);
@@ -45,8 +49,9 @@ std::string offload_layout(const TrainConfig& config, const offload::TieredStore
   if (!c.overlap_optimizer)
     line += ", expert AdamW after backward (--no-optimizer-overlap)";
   else if (config.clip > 0)
-    line += str(", expert AdamW after backward (--clip ", config.clip,
-                ": a global-norm clip needs every gradient first; --clip 0 overlaps it)");
+    line += str(", expert AdamW after backward (", flag_for(Setting::clip), " ", config.clip,
+                ": a global-norm clip needs every gradient first; ", flag_for(Setting::clip),
+                " 0 overlaps it)");
   else
     line += ", expert AdamW during backward (--clip 0)";
   return line;

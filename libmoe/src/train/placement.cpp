@@ -32,13 +32,13 @@ PlacementRule parse_placement_rule(std::string_view name) {
 }
 
 void check_placement_config(const PlacementConfig& c) {
-  MOE_USAGE_CHECK(c.vexperts_per_rank >= 0,
-                  "--vexperts-per-rank must be >= 0 (0: ceil(E/P)+1; got ", c.vexperts_per_rank,
-                  ")");
+  MOE_USAGE_CHECK(c.vexperts_per_rank >= 0, flag_for(Setting::vexperts_per_rank),
+                  " must be >= 0 (0: ceil(E/P)+1; got ", c.vexperts_per_rank, ")");
   MOE_USAGE_CHECK(std::isfinite(c.balance_threshold) && c.balance_threshold >= 1,
-                  "--balance-threshold must be >= 1 (max/mean rank tokens; got ",
+                  flag_for(Setting::balance_threshold), " must be >= 1 (max/mean rank tokens; got ",
                   c.balance_threshold, ")");
-  MOE_USAGE_CHECK(c.replan_every >= 1, "--replan-every must be >= 1 (got ", c.replan_every, ")");
+  MOE_USAGE_CHECK(c.replan_every >= 1, flag_for(Setting::replan_every), " must be >= 1 (got ",
+                  c.replan_every, ")");
 }
 
 std::unique_ptr<TrainingPlacement> TrainingPlacement::make(
@@ -109,7 +109,7 @@ balance::VExpertMap FlexMoEPlacement::initial_map(int64_t block, int64_t experts
   const int P = group_.size();
   const int64_t least = (experts + P - 1) / P;
   const int64_t V = config_.vexperts_per_rank > 0 ? config_.vexperts_per_rank : least + 1;
-  MOE_USAGE_CHECK(V >= least, "--vexperts-per-rank ", V, ": ", P, " ranks x ", V,
+  MOE_USAGE_CHECK(V >= least, flag_for(Setting::vexperts_per_rank), " ", V, ": ", P, " ranks x ", V,
                   " slots cannot hold the ", experts, " experts of block ", block,
                   " (needs at least ", least, ")");
   return balance::VExpertMap::contiguous(P, static_cast<int>(V), experts);

@@ -9,6 +9,7 @@
 #include "moe/io/convert.h"
 #include "moe/io/dataset.h"
 #include "moe/optim/adamw.h"
+#include "moe/settings.h"
 
 namespace moe::train {
 
@@ -37,7 +38,8 @@ TrainConfig resumed_train(const io::Checkpoint& resume, const TrainConfig& given
     if (now.contains(key)) merged[key] = now[key];
   }
   if (flags.seed && given.seed != tc.seed)
-    throw UsageError(str("--seed ", given.seed, " contradicts the checkpoint's seed ", tc.seed));
+    throw UsageError(str(flag_for(Setting::seed), " ", given.seed,
+                         " contradicts the checkpoint's seed ", tc.seed));
   return train_config_from_json(merged, tc);
 }
 
@@ -67,14 +69,14 @@ ModelConfig kept_model(const io::Checkpoint& ckpt, ModelConfig m, const GivenFla
     // checkpoint has or lacks (ModelConfig::router_selection_bias).
     if (now.router_selection_bias() != saved.router_selection_bias())
       throw UsageError(
-          str("--balance-bias-rate ", now.balance_bias_rate,
+          str(flag_for(Setting::balance_bias_rate), " ", now.balance_bias_rate,
               now.router_selection_bias() ? " needs the routers' selection bias, which"
                                           : " would drop the routers' selection bias, which",
               " the checkpoint's model (softmax routing, rate ", saved.balance_bias_rate, ") ",
               now.router_selection_bias() ? "does not have" : "has"));
     // Likewise the routers' running mean (ModelConfig::router_center).
     if (now.router_center() != saved.router_center())
-      throw UsageError(str("--router-center-rate ", now.router_center_rate,
+      throw UsageError(str(flag_for(Setting::router_center_rate), " ", now.router_center_rate,
                            now.router_center() ? " needs the routers' running mean, which"
                                                : " would drop the routers' running mean, which",
                            " the checkpoint's model (rate ", saved.router_center_rate, ") ",
@@ -124,7 +126,8 @@ std::vector<std::string> overrides_of(const io::Checkpoint& resume, const TrainC
 // resumes from any directory).
 TrainConfig checked_train(TrainConfig train) {
   if (train.data.empty() && train.tasks.empty())  // --tasks names a file per task
-    throw UsageError("--data is required (the text or token file to train on)");
+    throw UsageError(
+        str(flag_for(Setting::data), " is required (the text or token file to train on)"));
   absolute_paths(train);
   return train;
 }
@@ -144,8 +147,8 @@ RunConfig resume_config(const io::Checkpoint* resume, ModelConfig model, TrainCo
     run.model = std::move(model);
     const bool token_file =
         io::resolve_token_format(run.train.data, run.train.data_format) != io::TokenFormat::text;
-    const bool vocab_given =
-        std::find(given.model.begin(), given.model.end(), "--vocab") != given.model.end();
+    const bool vocab_given = std::find(given.model.begin(), given.model.end(),
+                                       flag_for(Setting::vocab)) != given.model.end();
     if (token_file && !vocab_given) run.model.vocab_size = 0;  // from the data
   }
   return run;
@@ -153,7 +156,7 @@ RunConfig resume_config(const io::Checkpoint* resume, ModelConfig model, TrainCo
 
 RunConfig init_config(const io::Checkpoint& init, ModelConfig model, TrainConfig train,
                       const GivenFlags& given) {
-  io::refuse_quantized(init.model_config, "--init", "moe-train");
+  io::refuse_quantized(init.model_config, flag_for(Setting::init), "moe-train");
   RunConfig run;
   run.train = checked_train(std::move(train));  // training as given; the model is the checkpoint's
   run.model = kept_model(init, std::move(model), given, true);
@@ -166,7 +169,8 @@ std::string check_data_file(TrainConfig& train, bool resumed, bool data_given) {
   const bool recorded = train.data_bytes >= 0 && !train.data_crc32c.empty();
   if (resumed && !data_given && !std::filesystem::exists(train.data))
     throw Error(str("the checkpoint trains on '", train.data,
-                    "', which is not there any more: pass --data PATH (the same file, moved) to "
+                    "', which is not there any more: pass ", flag_for(Setting::data),
+                    " PATH (the same file, moved) to "
                     "resume"));
   const io::FileFingerprint now = io::fingerprint_file(train.data);
   const std::string hex = now.crc32c_hex();
@@ -178,11 +182,11 @@ std::string check_data_file(TrainConfig& train, bool resumed, bool data_given) {
     if (!data_given)
       throw Error(str("the checkpoint trained on '", train.data, "' as it was then (", was,
                       "); the file there now is another (", is,
-                      "), so the token stream would not continue: restore the file, or pass "
-                      "--data ",
-                      train.data, " to train on it as it is now"));
-    note = str("resume: --data ", train.data, " is not the file the checkpoint trained on (", was,
-               "; now ", is, "): the token stream starts over on it");
+                      "), so the token stream would not continue: restore the file, or pass ",
+                      flag_for(Setting::data), " ", train.data, " to train on it as it is now"));
+    note = str("resume: ", flag_for(Setting::data), " ", train.data,
+               " is not the file the checkpoint trained on (", was, "; now ", is,
+               "): the token stream starts over on it");
   }
   train.data_bytes = now.bytes;
   train.data_crc32c = hex;
@@ -197,28 +201,31 @@ std::vector<std::string> fit_layout(TrainConfig& train, const io::Checkpoint& re
   const int written = resume.sharding.world_size;
   std::vector<std::string> lines;
   if (world_size == 1) {  // one layout only: every expert here, nothing to place
-    if (train.ep > 1 && !was_given("--ep")) {
-      lines.push_back(str("--ep ", train.ep, " -> 1 (one process holds every expert)"));
+    if (train.ep > 1 && !was_given(flag_for(Setting::ep))) {
+      lines.push_back(
+          str(flag_for(Setting::ep), " ", train.ep, " -> 1 (one process holds every expert)"));
       train.ep = 1;
     }
-    if (train.placement != PlacementRule::fixed && !was_given("--placement")) {
-      lines.push_back(str("--placement ", placement_rule_name(train.placement),
+    if (train.placement != PlacementRule::fixed && !was_given(flag_for(Setting::placement))) {
+      lines.push_back(str(flag_for(Setting::placement), " ", placement_rule_name(train.placement),
                           " -> static (one process places nothing)"));
       train.placement = PlacementRule::fixed;
     }
-    if (train.shard_embedding && !was_given("--shard-embedding")) {
-      lines.push_back("--shard-embedding -> off (one process holds the whole table)");
+    if (train.shard_embedding && !was_given(flag_for(Setting::shard_embedding))) {
+      lines.push_back(
+          str(flag_for(Setting::shard_embedding), " -> off (one process holds the whole table)"));
       train.shard_embedding = false;
     }
     return lines;
   }
-  if (world_size % train.ep != 0 && !was_given("--ep")) {
+  if (world_size % train.ep != 0 && !was_given(flag_for(Setting::ep))) {
     std::string fits;
     for (int n = 1; n <= world_size; ++n)
       if (world_size % n == 0) fits += str(fits.empty() ? "" : ", ", n);
-    throw UsageError(str("the checkpoint's --ep ", train.ep, " (it was written by ", written,
-                         written == 1 ? " rank" : " ranks", ") does not divide this run's ",
-                         world_size, " ranks: pass --ep N with N one of ", fits,
+    throw UsageError(str("the checkpoint's ", flag_for(Setting::ep), " ", train.ep,
+                         " (it was written by ", written, written == 1 ? " rank" : " ranks",
+                         ") does not divide this run's ", world_size, " ranks: pass ",
+                         flag_for(Setting::ep), " N with N one of ", fits,
                          " (the experts are re-sharded on load)"));
   }
   return lines;

@@ -8,6 +8,7 @@
 #include "moe/io/output.h"
 #include "moe/log.h"
 #include "moe/profile/record.h"
+#include "moe/settings.h"
 #include "moe/train/offload_report.h"
 #include "moe/train/run_dir.h"
 #include "moe/train/step_report.h"
@@ -163,7 +164,7 @@ Session Session::open(SessionRequest request, comm::Communicator& world) {
   if (!request.trace.empty() && world.rank() == 0) {
     session.trace_info_ = profile::trace_info(trainer.model_config(), request.provenance, "train");
     if (session.trace_info_.moe_blocks.empty())
-      throw UsageError("--trace: the model has no MoE layer to trace");
+      throw UsageError(str(flag_for(Setting::trace), ": the model has no MoE layer to trace"));
     session.trace_ = std::make_unique<io::TraceWriter>(request.trace, session.trace_info_);
   }
   session.request_ = std::move(request);

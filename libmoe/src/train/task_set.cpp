@@ -7,6 +7,7 @@
 
 #include "moe/error.h"
 #include "moe/nn/loss.h"
+#include "moe/settings.h"
 #include "moe/train/tasks.h"
 
 namespace moe::train {
@@ -192,17 +193,18 @@ nlohmann::json TaskSet::state() const {
 }
 
 void TaskSet::load_state(const nlohmann::json& state) {
-  MOE_USAGE_CHECK(state.is_object() && state.contains("tasks"),
-                  "--tasks: the checkpoint was not written by a multi-task run (it has no "
-                  "tasks_state); resume it without --tasks");
+  MOE_USAGE_CHECK(state.is_object() && state.contains("tasks"), flag_for(Setting::tasks),
+                  ": the checkpoint was not written by a multi-task run (it has no "
+                  "tasks_state); resume it without ",
+                  flag_for(Setting::tasks));
   const nlohmann::json was = state.at("tasks"), now = to_json(tasks_);
-  MOE_USAGE_CHECK(was.size() == now.size(), "--tasks: the checkpoint trained ", was.size(),
-                  " tasks, the tasks file now has ", now.size(),
+  MOE_USAGE_CHECK(was.size() == now.size(), flag_for(Setting::tasks), ": the checkpoint trained ",
+                  was.size(), " tasks, the tasks file now has ", now.size(),
                   " (resume with the run's tasks file)");
   for (size_t t = 0; t < now.size(); ++t)
     for (const char* key : {"name", "data", "batch", "weight"})
-      MOE_USAGE_CHECK(was[t].at(key) == now[t].at(key), "--tasks: task ", t + 1, " ('",
-                      now[t].at("name").get<std::string>(), "'): ", key, " was ",
+      MOE_USAGE_CHECK(was[t].at(key) == now[t].at(key), flag_for(Setting::tasks), ": task ", t + 1,
+                      " ('", now[t].at("name").get<std::string>(), "'): ", key, " was ",
                       was[t].at(key).dump(), " in the checkpoint, the tasks file now says ",
                       now[t].at(key).dump(), " (resume with the run's tasks file)");
   // Each task's data file as the checkpoint trained on it (absent: written before this was
@@ -216,8 +218,8 @@ void TaskSet::load_state(const nlohmann::json& state) {
     for (size_t t = 0; t < tasks_.size(); ++t) {
       const std::string now = fingerprints_[t].crc32c_hex();
       if (bytes[t] != fingerprints_[t].bytes || crcs[t] != now)
-        throw Error(str("--tasks: task '", tasks_[t].name, "' trained on '", tasks_[t].data,
-                        "' as it was then (", bytes[t], " bytes, CRC-32C ", crcs[t],
+        throw Error(str(flag_for(Setting::tasks), ": task '", tasks_[t].name, "' trained on '",
+                        tasks_[t].data, "' as it was then (", bytes[t], " bytes, CRC-32C ", crcs[t],
                         "); the file there now is another (", fingerprints_[t].bytes,
                         " bytes, CRC-32C ", now,
                         "), so the task's token stream would not continue: restore the file, "

@@ -113,7 +113,7 @@ std::vector<TaskSpec> parse_tasks(std::string_view text, const std::string& sour
 std::vector<TaskSpec> read_tasks_file(const std::string& path) {
   io::check_input_file(path, "tasks file");  // a directory, device or FIFO: refused by name
   std::ifstream in(path, std::ios::binary);
-  MOE_USAGE_CHECK(in.good(), "--tasks ", path, ": cannot open the tasks file");
+  MOE_USAGE_CHECK(in.good(), flag_for(Setting::tasks), " ", path, ": cannot open the tasks file");
   std::ostringstream text;
   text << in.rdbuf();
   return parse_tasks(text.str(), path, std::filesystem::path(path).parent_path().string());
@@ -221,8 +221,8 @@ TaskAllocation allocate_by_tokens(const std::vector<TaskSpec>& tasks, int64_t se
 
 TaskAllocation allocate_equally(const std::vector<TaskSpec>& tasks, int ranks) {
   const auto T = static_cast<int64_t>(tasks.size());
-  MOE_USAGE_CHECK(T <= ranks, "--task-allocation equal: ", T, " tasks on ", ranks,
-                  " ranks (it gives every task its own ranks)");
+  MOE_USAGE_CHECK(T <= ranks, flag_for(Setting::task_allocation), " equal: ", T, " tasks on ",
+                  ranks, " ranks (it gives every task its own ranks)");
   TaskAllocation a;
   a.segments.resize(static_cast<size_t>(ranks));
   for (int64_t t = 0; t < T; ++t) a.ranks_of_task.push_back(ranks / T + (t < ranks % T ? 1 : 0));

@@ -25,6 +25,7 @@
 #include "moe/nn/router.h"
 #include "moe/offload/budget.h"
 #include "moe/ops/core.h"
+#include "moe/settings.h"
 #include "moe/timer.h"
 #include "moe/train/offload_report.h"
 
@@ -143,17 +144,17 @@ static void check_vocab(const std::vector<int32_t>& tokens, int64_t vocab,
   int64_t needed = vocab_needed(tokens);
   if (needed > vocab)
     throw UsageError(str(path, ": token id ", needed - 1,
-                         " does not fit the model's vocabulary of ", vocab, " (use --vocab ",
-                         needed, " or more)"));
+                         " does not fit the model's vocabulary of ", vocab, " (use ",
+                         flag_for(Setting::vocab), " ", needed, " or more)"));
 }
 
 // --zero: the stages built, and the flags they cannot work with yet (see README "Scaling the dense
 // model").
 static void check_zero(const TrainConfig& train) {
-  MOE_USAGE_CHECK(train.zero >= 0 && train.zero <= 3, "--zero must be 0, 1, 2 or 3 (got ",
-                  train.zero, ")");
-  MOE_USAGE_CHECK(train.zero_prefetch >= 0, "--zero-prefetch must be 0 (off) or more (got ",
-                  train.zero_prefetch, ")");
+  MOE_USAGE_CHECK(train.zero >= 0 && train.zero <= 3, flag_for(Setting::zero),
+                  " must be 0, 1, 2 or 3 (got ", train.zero, ")");
+  MOE_USAGE_CHECK(train.zero_prefetch >= 0, flag_for(Setting::zero_prefetch),
+                  " must be 0 (off) or more (got ", train.zero_prefetch, ")");
 }
 
 // This rank's share of the model and of one step, at least: every parameter's value and
@@ -204,35 +205,41 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
   if (tokenizer && !tokenizer->empty()) {
     tokenizer_ = *tokenizer;
     text_tokenizer = io::stored_model_tokenizer(*tokenizer, model.vocab_size, "the checkpoint");
-    MOE_USAGE_CHECK(train.tasks.empty(),
-                    "--tasks reads each task's text as bytes, but the model "
+    MOE_USAGE_CHECK(train.tasks.empty(), flag_for(Setting::tasks),
+                    " reads each task's text as bytes, but the model "
                     "reads text through its tokenizer (",
                     text_tokenizer->describe(), "): give the tasks token files");
   }
   if (!train.tasks.empty()) setup_tasks(model, train.data_format);  // sets train_.batch
-  MOE_USAGE_CHECK(train.batch >= 1, "--batch must be >= 1 (got ", train.batch, ")");
-  MOE_USAGE_CHECK(tasks_ || train.batch % world_size() == 0, "--batch ", train.batch,
-                  " does not divide over ", world_size(), " data-parallel ranks");
-  MOE_USAGE_CHECK(train.grad_accum >= 1, "--grad-accum must be >= 1 (got ", train.grad_accum, ")");
-  MOE_USAGE_CHECK(tasks_ || train.batch % (train.grad_accum * world_size()) == 0, "--batch ",
-                  train.batch, " does not split into --grad-accum ", train.grad_accum,
-                  " equal micro-batches",
+  MOE_USAGE_CHECK(train.batch >= 1, flag_for(Setting::batch), " must be >= 1 (got ", train.batch,
+                  ")");
+  MOE_USAGE_CHECK(tasks_ || train.batch % world_size() == 0, flag_for(Setting::batch), " ",
+                  train.batch, " does not divide over ", world_size(), " data-parallel ranks");
+  MOE_USAGE_CHECK(train.grad_accum >= 1, flag_for(Setting::grad_accum), " must be >= 1 (got ",
+                  train.grad_accum, ")");
+  MOE_USAGE_CHECK(tasks_ || train.batch % (train.grad_accum * world_size()) == 0,
+                  flag_for(Setting::batch), " ", train.batch, " does not split into ",
+                  flag_for(Setting::grad_accum), " ", train.grad_accum, " equal micro-batches",
                   world_size() > 1 ? str(" on each of ", world_size(), " data-parallel ranks") : "",
-                  ": use a --batch that is a multiple of ", train.grad_accum * world_size());
+                  ": use a ", flag_for(Setting::batch), " that is a multiple of ",
+                  train.grad_accum * world_size());
   check_zero(train);
-  MOE_USAGE_CHECK(train.steps >= 1, "--steps must be >= 1 (got ", train.steps, ")");
+  MOE_USAGE_CHECK(train.steps >= 1, flag_for(Setting::steps), " must be >= 1 (got ", train.steps,
+                  ")");
   // Every number is finite and in range (an infinite --lr trains every parameter to NaN).
-  MOE_USAGE_CHECK(train_.lr > 0 && std::isfinite(train_.lr),
-                  "--lr must be a finite number > 0 (got ", train_.lr, ")");
-  MOE_USAGE_CHECK(train.clip >= 0 && std::isfinite(train.clip),
-                  "--clip must be a finite number >= 0 (0 = off; got ", train.clip, ")");
+  MOE_USAGE_CHECK(train_.lr > 0 && std::isfinite(train_.lr), flag_for(Setting::lr),
+                  " must be a finite number > 0 (got ", train_.lr, ")");
+  MOE_USAGE_CHECK(train.clip >= 0 && std::isfinite(train.clip), flag_for(Setting::clip),
+                  " must be a finite number >= 0 (0 = off; got ", train.clip, ")");
   MOE_USAGE_CHECK(train.weight_decay >= 0 && std::isfinite(train.weight_decay),
-                  "--weight-decay must be a finite number >= 0 (got ", train.weight_decay, ")");
+                  flag_for(Setting::weight_decay), " must be a finite number >= 0 (got ",
+                  train.weight_decay, ")");
   MOE_USAGE_CHECK(train.min_lr_ratio >= 0 && train.min_lr_ratio <= 1,
-                  "--min-lr-ratio must be in [0, 1] (got ", train.min_lr_ratio, ")");
-  MOE_USAGE_CHECK(train.warmup >= 0, "--warmup must be >= 0");
-  MOE_USAGE_CHECK(train.val_fraction > 0 && train.val_fraction < 1,
-                  "--val-fraction must be in (0, 1)");
+                  flag_for(Setting::min_lr_ratio), " must be in [0, 1] (got ", train.min_lr_ratio,
+                  ")");
+  MOE_USAGE_CHECK(train.warmup >= 0, flag_for(Setting::warmup), " must be >= 0");
+  MOE_USAGE_CHECK(train.val_fraction > 0 && train.val_fraction < 1, flag_for(Setting::val_fraction),
+                  " must be in (0, 1)");
   const io::TokenFormat format = train.data_format;
   // Text through the model's tokenizer when it has one, else every byte a token.
   auto load_tokens = [&](const std::string& path) {
@@ -252,9 +259,10 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
   if (config.vocab_size == 0)  // pre-tokenized data: the vocabulary covers every id it holds
     config.vocab_size = std::max({vocab_needed(train_tokens_), vocab_needed(val_tokens_),
                                   tasks_ ? tasks_->vocab_needed() : 0});
-  MOE_USAGE_CHECK(!tasks_ || tasks_->vocab_needed() <= config.vocab_size, "--tasks ", train.tasks,
-                  ": a task's data holds token id ", tasks_ ? tasks_->vocab_needed() - 1 : 0,
-                  ", outside the model's vocabulary of ", config.vocab_size, " (use --vocab ",
+  MOE_USAGE_CHECK(!tasks_ || tasks_->vocab_needed() <= config.vocab_size, flag_for(Setting::tasks),
+                  " ", train.tasks, ": a task's data holds token id ",
+                  tasks_ ? tasks_->vocab_needed() - 1 : 0, ", outside the model's vocabulary of ",
+                  config.vocab_size, " (use ", flag_for(Setting::vocab), " ",
                   tasks_ ? tasks_->vocab_needed() : 0, " or more)");
   check_vocab(train_tokens_, config.vocab_size, train.data);
   check_vocab(val_tokens_, config.vocab_size, train.val.empty() ? train.data : train.val);
@@ -266,8 +274,9 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
   io::BatchSampler probe(&val_tokens_, model.seq, train.seed, false, val_source);
 
   MOE_USAGE_CHECK(!train.shard_embedding || !flavour_of(config).tied_head,
-                  "--shard-embedding needs an untied LM head, but the ", arch_name(config.arch),
-                  " flavour ties it to the token table (use --arch mixtral)");
+                  flag_for(Setting::shard_embedding), " needs an untied LM head, but the ",
+                  arch_name(config.arch), " flavour ties it to the token table (use ",
+                  flag_for(Setting::arch), " mixtral)");
   check_training_memory(config, train_, world_size());  // before any parameter is allocated
   setup_parallel(config, device);
   params_ = std::make_unique<ParamSet>(train.seed, config.dtype);
@@ -324,15 +333,18 @@ void Trainer::setup_parallel(const ModelConfig& config, Device device) {
   check_placement_config(placement);
   if (placement.policy != PlacementRule::fixed) {
     const char* policy = placement_rule_name(placement.policy);
-    MOE_USAGE_CHECK(train_.ep > 1, "--placement ", policy,
-                    " places experts over the expert-parallel ranks: it needs --ep > 1");
-    MOE_USAGE_CHECK(train_.offload == offload::Tier::none, "--placement ", policy,
-                    " holds every expert on every rank; it does not combine with --offload ",
-                    offload::tier_name(train_.offload), " yet");
+    MOE_USAGE_CHECK(train_.ep > 1, flag_for(Setting::placement), " ", policy,
+                    " places experts over the expert-parallel ranks: it needs ",
+                    flag_for(Setting::ep), " > 1");
+    MOE_USAGE_CHECK(train_.offload == offload::Tier::none, flag_for(Setting::placement), " ",
+                    policy, " holds every expert on every rank; it does not combine with ",
+                    flag_for(Setting::offload), " ", offload::tier_name(train_.offload), " yet");
     // Replicas of one group keep their experts current among themselves; a second group's
     // replicas of the same expert would need the sum over both groups' holders.
     MOE_USAGE_CHECK(placement.policy != PlacementRule::flexmoe || train_.ep == world_size(),
-                    "--placement flexmoe plans replicas in one expert group: it needs --ep equal "
+                    flag_for(Setting::placement),
+                    " flexmoe plans replicas in one expert group: it needs ", flag_for(Setting::ep),
+                    " equal "
                     "to the number of ranks (",
                     world_size(), "), not ", train_.ep);
   }
@@ -352,25 +364,31 @@ void Trainer::setup_parallel(const ModelConfig& config, Device device) {
 // total. What has not been made to work with it is refused by name.
 void Trainer::setup_tasks(const ModelConfig& model, io::TokenFormat format) {
   const TrainConfig& t = train_;
-  MOE_USAGE_CHECK(t.data.empty(), "--tasks ", t.tasks,
-                  " replaces --data (each task names its data file): drop --data ", t.data);
+  MOE_USAGE_CHECK(t.data.empty(), flag_for(Setting::tasks), " ", t.tasks, " replaces ",
+                  flag_for(Setting::data), " (each task names its data file): drop ",
+                  flag_for(Setting::data), " ", t.data);
   auto refuse = [&](bool bad, const std::string& what, const std::string& why) {
-    MOE_USAGE_CHECK(!bad, "--tasks does not combine with ", what, ": ", why);
+    MOE_USAGE_CHECK(!bad, flag_for(Setting::tasks), " does not combine with ", what, ": ", why);
   };
-  refuse(t.grad_accum > 1, str("--grad-accum ", t.grad_accum),
+  refuse(t.grad_accum > 1, str(flag_for(Setting::grad_accum), " ", t.grad_accum),
          "a rank's rows are one pass (lower the tasks' batches instead)");
-  refuse(t.placement != PlacementRule::fixed, str("--placement ", placement_rule_name(t.placement)),
+  refuse(t.placement != PlacementRule::fixed,
+         str(flag_for(Setting::placement), " ", placement_rule_name(t.placement)),
          "its replans and cost model assume every rank computes the same number of rows");
-  refuse(t.offload != offload::Tier::none, str("--offload ", offload::tier_name(t.offload)),
+  refuse(t.offload != offload::Tier::none,
+         str(flag_for(Setting::offload), " ", offload::tier_name(t.offload)),
          "the expert store's gradient scaling has not been made to follow the tasks' weights");
-  refuse(t.shard_embedding, "--shard-embedding", "not tested with ranks of different batches");
-  refuse(t.comm_scheduler != comm::SchedulerMode::off,
-         str("--comm-scheduler ", comm::scheduler_mode_name(t.comm_scheduler)),
+  refuse(t.shard_embedding, flag_for(Setting::shard_embedding),
          "not tested with ranks of different batches");
-  MOE_USAGE_CHECK(t.task_replan_every >= 0, "--task-replan-every must be >= 0 (got ",
-                  t.task_replan_every, ")");
+  refuse(t.comm_scheduler != comm::SchedulerMode::off,
+         str(flag_for(Setting::comm_scheduler), " ", comm::scheduler_mode_name(t.comm_scheduler)),
+         "not tested with ranks of different batches");
+  MOE_USAGE_CHECK(t.task_replan_every >= 0, flag_for(Setting::task_replan_every),
+                  " must be >= 0 (got ", t.task_replan_every, ")");
   MOE_USAGE_CHECK(t.task_replan_every == 0 || t.task_allocation == AllocationRule::workload,
-                  "--task-replan-every reallocates by workload: it needs --task-allocation "
+                  flag_for(Setting::task_replan_every), " reallocates by workload: it needs ",
+                  flag_for(Setting::task_allocation),
+                  " "
                   "workload, not ",
                   allocation_rule_name(t.task_allocation));
   tasks_ = std::make_unique<TaskSet>(read_tasks_file(t.tasks), format, model.seq, t.seed,
@@ -479,21 +497,24 @@ optim::AdamWConfig Trainer::adamw_config() const {
 void Trainer::to_device(Device device) {
   if (device == params_->device()) return;
   // The store's slots were allocated on the device the Trainer was built for.
-  MOE_USAGE_CHECK(!store_ || store_->config().device == device, "--offload with --device ",
-                  device.str(), ": the expert store was built for ",
+  MOE_USAGE_CHECK(!store_ || store_->config().device == device, flag_for(Setting::offload),
+                  " with ", flag_for(Setting::device), " ", device.str(),
+                  ": the expert store was built for ",
                   store_ ? store_->config().device.str() : std::string(),
                   " (pass the device to the Trainer's constructor)");
-  MOE_CHECK(backend_available(device.kind), "--device ", device.str(), ": ",
+  MOE_CHECK(backend_available(device.kind), flag_for(Setting::device), " ", device.str(), ": ",
             cuda::unavailable_reason());
   MOE_CHECK(device.kind == Device::cpu || world_size() == 1 || world_->name() == "nccl",
-            "--device ", device.str(), " with ", world_size(),
+            flag_for(Setting::device), " ", device.str(), " with ", world_size(),
             " ranks needs an NCCL communicator (", world_->name(),
             " collectives read host memory)");
   MOE_USAGE_CHECK(device.kind == Device::cpu || !zero_ || zero_->stage() < 3,
-                  "--zero 3 with --device ", device.str(),
-                  ": sharded dense values have run on the CPU only (use --zero 2)");
-  MOE_USAGE_CHECK(device.kind == Device::cpu || !parallel_.embedding, "--device ", device.str(),
-                  ": --shard-embedding runs on the CPU only (its table exchange is host code)");
+                  flag_for(Setting::zero), " 3 with ", flag_for(Setting::device), " ", device.str(),
+                  ": sharded dense values have run on the CPU only (use ", flag_for(Setting::zero),
+                  " 2)");
+  MOE_USAGE_CHECK(device.kind == Device::cpu || !parallel_.embedding, flag_for(Setting::device),
+                  " ", device.str(), ": ", flag_for(Setting::shard_embedding),
+                  " runs on the CPU only (its table exchange is host code)");
   // The optimizer's tensors follow the parameters: the new optimizer copies the old one's state
   // (kept alive by `state`) onto the device.
   const std::vector<optim::OptimizerTensor> state = optimizer_->state();

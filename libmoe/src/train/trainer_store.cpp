@@ -8,6 +8,7 @@
 #include "moe/models/memory.h"
 #include "moe/offload/budget.h"
 #include "moe/offload/plan.h"
+#include "moe/settings.h"
 #include "moe/train/trainer.h"
 
 namespace moe::train {
@@ -35,15 +36,17 @@ void Trainer::plan_offload(const ModelConfig& config, Device device) {
   const double machine = machine_memory().usable();
   in.device_capacity =
       !train_.device_budget.empty()
-          ? double(offload::parse_bytes("--device-budget", train_.device_budget, 0))
+          ? double(offload::parse_bytes(flag_for(Setting::device_budget), train_.device_budget, 0))
           : machine;
-  in.host_capacity = !train_.host_budget.empty()
-                         ? double(offload::parse_bytes("--host-budget", train_.host_budget, 0))
-                         : machine;
+  in.host_capacity =
+      !train_.host_budget.empty()
+          ? double(offload::parse_bytes(flag_for(Setting::host_budget), train_.host_budget, 0))
+          : machine;
   // The library cannot ask a GPU how much memory is free for this run: the budget says.
   MOE_USAGE_CHECK(device.kind == Device::cpu || !train_.device_budget.empty(),
-                  "--offload auto with --device ", device.str(),
-                  " needs --device-budget SIZE: the GPU memory the plan may give the dense state "
+                  flag_for(Setting::offload), " auto with ", flag_for(Setting::device), " ",
+                  device.str(), " needs ", flag_for(Setting::device_budget),
+                  " SIZE: the GPU memory the plan may give the dense state "
                   "and the expert slots");
   in.device_is_host = device.kind == Device::cpu;
   in.device_name = device.kind == Device::cpu ? "CPU memory" : "GPU memory";
@@ -62,9 +65,10 @@ offload::StoreConfig Trainer::store_config(Device device) const {
   c.stage_on_host = train_.offload_stage_on_host;
   c.tier = offload_tier_;
   if (!train_.device_budget.empty())
-    c.device_budget = offload::parse_bytes("--device-budget", train_.device_budget, 0);
+    c.device_budget =
+        offload::parse_bytes(flag_for(Setting::device_budget), train_.device_budget, 0);
   if (!train_.host_budget.empty())
-    c.host_budget = offload::parse_bytes("--host-budget", train_.host_budget, 0);
+    c.host_budget = offload::parse_bytes(flag_for(Setting::host_budget), train_.host_budget, 0);
   if (train_.offload == offload::Tier::automatic) {  // the plan's split of the budgets
     c.host_budget = auto_host_budget_;
     c.device_budget = auto_device_budget_;
@@ -77,7 +81,8 @@ offload::StoreConfig Trainer::store_config(Device device) const {
   c.lfu.period = train_.lfu_period;
   c.pin_fraction = train_.pin_fraction;
   MOE_USAGE_CHECK(train_.prefetch_depth >= 0 && train_.prefetch_depth <= 64,
-                  "--prefetch-depth must be in [0, 64] (got ", train_.prefetch_depth, ")");
+                  flag_for(Setting::prefetch_depth), " must be in [0, 64] (got ",
+                  train_.prefetch_depth, ")");
   c.prefetch_depth = static_cast<int>(train_.prefetch_depth);
   c.overlap_optimizer = train_.optimizer_overlap;
   c.adamw = adamw_config();
