@@ -1,0 +1,205 @@
+// Measurements on one process (plan/calibrate_measure.h): the library's GEMM, copies and AdamW,
+// timed as the library runs them, and the SSD through a temporary file. Every rate is a median
+// over repetitions after a warm-up, because the machines this runs on are shared and noisy.
+#include "plan/calibrate_measure.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+
+#include "moe/cuda.h"
+#include "moe/error.h"
+#include "moe/offload/budget.h"
+#include "moe/ops/core.h"
+#include "moe/optim/adamw.h"
+#include "moe/param.h"
+#include "moe/tensor.h"
+#include "moe/threads.h"
+#include "moe/timer.h"
+#include "plan/check.h"
+
+namespace moe::plan::measure {
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+double round4(double x) {
+  if (!(x > 0) || !std::isfinite(x)) return x;
+  const double scale = std::pow(10.0, 3 - std::floor(std::log10(x)));
+  return std::round(x * scale) / scale;
+}
+
+std::string bytes_text(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) bytes /= 1024, ++u;
+  return str(round4(bytes), " ", units[u]);
+}
+
+std::string rate_text(double value, const char* unit) {
+  const char* prefixes[] = {"", "K", "M", "G", "T", "P"};
+  int p = 0;
+  while (value >= 1000 && p < 5) value /= 1000, ++p;
+  return str(round4(value), " ", prefixes[p], unit);
+}
+
+namespace {
+
+// A [rows, cols] f32 tensor on `device` with small non-zero values (no denormals, no zeros that
+// a kernel could skip).
+Tensor filled(int64_t rows, int64_t cols, Device device) {
+  std::vector<float> v(static_cast<size_t>(rows * cols));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = 0.25f + static_cast<float>(i % 61) / 64.0f;
+  return Tensor::from_vector({rows, cols}, v).to(device);
+}
+
+void sync(Device device) {
+  if (device.kind == Device::cuda) cuda::synchronize(device.index);
+}
+
+// Median seconds of `reps` calls of `work` after one warm-up call.
+template <class F>
+double median_seconds(int reps, Device device, F&& work) {
+  work();
+  sync(device);
+  std::vector<double> times;
+  for (int r = 0; r < reps; ++r) {
+    Timer t;
+    work();
+    sync(device);
+    times.push_back(t.seconds());
+  }
+  return median(times);
+}
+
+}  // namespace
+
+Result gemm_rate(Device device, const Sizes& sizes) {
+  // Square shapes, and an expert's shape (tokens x d_model times d_model x d_ff).
+  struct Shape3 {
+    int64_t m, k, n;
+  };
+  const std::vector<Shape3> shapes =
+      sizes.quick
+          ? std::vector<Shape3>{{128, 128, 128}, {256, 256, 256}}
+          : std::vector<Shape3>{
+                {512, 512, 512}, {1024, 1024, 1024}, {2048, 2048, 2048}, {4096, 1024, 4096}};
+  Result r;
+  for (const Shape3& s : shapes) {
+    Tensor a = filled(s.m, s.k, device), b = filled(s.k, s.n, device);
+    Tensor c = Tensor::zeros({s.m, s.n}, DType::f32, device);
+    const double seconds =
+        median_seconds(sizes.reps(), device, [&] { ops::gemm(a, false, b, false, c); });
+    const double rate = 2.0 * static_cast<double>(s.m * s.k * s.n) / seconds;
+    r.value = std::max(r.value, rate);
+    r.notes.push_back(str(s.m, "x", s.k, "x", s.n, ": ", rate_text(rate, "FLOP/s")));
+  }
+  return r;
+}
+
+Result memcpy_rate(const Sizes& sizes) {
+  const int64_t bytes = sizes.quick ? (int64_t{16} << 20) : (int64_t{256} << 20);
+  Tensor a = filled(bytes / 4 / 1024, 1024, Device{}), b = Tensor::empty(a.shape());
+  const double seconds = median_seconds(sizes.reps(), Device{}, [&] { b.copy_from(a); });
+  Result r;
+  r.value = static_cast<double>(bytes) / seconds;
+  r.notes.push_back(
+      str("copies of ", bytes_text(static_cast<double>(bytes)), ", median of ", sizes.reps()));
+  return r;
+}
+
+Result host_device_rate(Device device, const Sizes& sizes) {
+  const int64_t bytes = sizes.quick ? (int64_t{16} << 20) : (int64_t{256} << 20);
+  Tensor host = filled(bytes / 4 / 1024, 1024, Device{});
+  Tensor on_device = host.to(device);
+  const double up = median_seconds(sizes.reps(), device, [&] { on_device.copy_from(host); });
+  const double down = median_seconds(sizes.reps(), device, [&] { host.copy_from(on_device); });
+  Result r;
+  const double b = static_cast<double>(bytes);
+  r.value = std::min(b / up, b / down);
+  r.notes.push_back(str("copies of ", bytes_text(b), ", median of ", sizes.reps(),
+                        ": host to device ", rate_text(b / up, "B/s"), ", device to host ",
+                        rate_text(b / down, "B/s"), "; the slower"));
+  return r;
+}
+
+Result device_memory_rate(Device device, const Sizes& sizes) {
+  const int64_t bytes = sizes.quick ? (int64_t{16} << 20) : (int64_t{512} << 20);
+  Tensor a = filled(bytes / 4 / 1024, 1024, device);
+  Tensor b = Tensor::empty(a.shape(), DType::f32, device);
+  const double seconds = median_seconds(sizes.reps(), device, [&] { b.copy_from(a); });
+  Result r;
+  r.value = 2.0 * static_cast<double>(bytes) / seconds;
+  r.notes.push_back(str("copies of ", bytes_text(static_cast<double>(bytes)),
+                        " within the device, read + write bytes, median of ", sizes.reps()));
+  return r;
+}
+
+Result adamw_rate(const Sizes& sizes) {
+  const int64_t params = sizes.quick ? (int64_t{1} << 20) : (int64_t{4} << 20);
+  ParamSet set(1);
+  Param& p = set.add("calibrate.w", {params}, Init::normal(0.02f));
+  float* g = p.grad.data<float>();
+  for (int64_t i = 0; i < params; ++i) g[i] = 1e-3f * static_cast<float>(i % 17 + 1);
+  optim::AdamW adamw(set, optim::AdamWConfig{});
+  const double seconds = median_seconds(sizes.reps(), Device{}, [&] { adamw.step(1e-4f); });
+  Result r;
+  r.value = static_cast<double>(params) / seconds;
+  r.notes.push_back(str("optim::AdamW steps of ", params, " fp32 parameters, median of ",
+                        sizes.reps(), ", ", num_threads(), " threads"));
+  return r;
+}
+
+double host_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  while (in >> key) {
+    if (key == "MemTotal:" && (in >> kib)) return kib * 1024;
+    in.ignore(1 << 16, '\n');
+  }
+  throw Error("cannot read the host's memory size: /proc/meminfo has no MemTotal");
+}
+
+double free_disk_bytes(const std::string& dir) {
+  return static_cast<double>(std::max<int64_t>(0, offload::free_bytes(dir)));
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) break;
+    std::string name = line.substr(colon + 1);
+    while (!name.empty() && name.front() == ' ') name.erase(name.begin());
+    if (!name.empty()) return name;
+  }
+  return "an unknown CPU";
+}
+
+double cuda_device_bytes(int device) {
+  // cuda::device_name ends "(sm_90, 79.1 GiB)": the device's total memory, to 0.1 GiB.
+  const std::string name = cuda::device_name(device);
+  const size_t comma = name.rfind(", "), gib = name.rfind(" GiB)");
+  PLAN_CHECK(comma != std::string::npos && gib != std::string::npos && gib > comma,
+             "cannot tell the memory of CUDA device ", device, " from '", name, "'");
+  return std::stod(name.substr(comma + 2, gib - comma - 2)) * 1073741824.0;
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return text;
+}
+
+}  // namespace moe::plan::measure
