@@ -34,6 +34,7 @@ using Weights = std::map<std::string, Tensor>;  // HF names without "model.layer
 struct MlaShape {
   int64_t D = 12, H = 3, r = 8, c = 6, dn = 4, dr = 4, dv = 2;
   double theta = 50, eps = 1e-6;
+  bool interleaved = true;  // rope_interleave; false: RoPE on halves (rotate_half)
   int64_t qhd() const { return dn + dr; }
 };
 
@@ -91,6 +92,16 @@ inline void rotate_interleaved(double* x, int64_t d, int64_t position, double th
   }
 }
 
+// Rotate-half RoPE of x[0..d) (rope_interleave false): pairs (i, i + d/2).
+inline void rotate_halves(double* x, int64_t d, int64_t position, double theta) {
+  for (int64_t i = 0; i < d / 2; ++i) {
+    const double angle = double(position) * std::pow(theta, -double(2 * i) / double(d));
+    const double a = x[i], b = x[i + d / 2];
+    x[i] = a * std::cos(angle) - b * std::sin(angle);
+    x[i + d / 2] = b * std::cos(angle) + a * std::sin(angle);
+  }
+}
+
 // The layer's output [B*T, D] for input x [B*T, D] (B windows of T, each causal from position 0).
 inline Vec mla_reference(const MlaShape& s, const Weights& w, const Vec& x, int64_t B, int64_t T) {
   const int64_t N = B * T, hd = s.qhd();
@@ -110,9 +121,10 @@ inline Vec mla_reference(const MlaShape& s, const Weights& w, const Vec& x, int6
     rms_in_place(c.data(), vals(w, "kv_a_layernorm.weight"), s.c, s.eps);
     kv[size_t(n)] = mat_vec(vals(w, "kv_b_proj.weight"), c, s.H * (s.dn + s.dv));
     const int64_t pos = n % T;
+    const auto rotate = s.interleaved ? rotate_interleaved : rotate_halves;
     for (int64_t h = 0; h < s.H; ++h)
-      rotate_interleaved(&q[size_t(n)][size_t(h * hd + s.dn)], s.dr, pos, s.theta);
-    rotate_interleaved(k_pe[size_t(n)].data(), s.dr, pos, s.theta);
+      rotate(&q[size_t(n)][size_t(h * hd + s.dn)], s.dr, pos, s.theta);
+    rotate(k_pe[size_t(n)].data(), s.dr, pos, s.theta);
   }
   const Vec Wo = vals(w, "o_proj.weight");
   Vec out;
@@ -134,8 +146,8 @@ inline Vec mla_reference(const MlaShape& s, const Weights& w, const Vec& x, int6
       for (double& sc : scores) sum += (sc = std::exp(sc - top));
       for (int64_t u = first; u <= n; ++u)
         for (int64_t j = 0; j < s.dv; ++j)
-          ctx[size_t(h * s.dv + j)] += scores[size_t(u - first)] / sum *
-                                       kv[size_t(u)][size_t(h * (s.dn + s.dv) + s.dn + j)];
+          ctx[size_t(h * s.dv + j)] +=
+              scores[size_t(u - first)] / sum * kv[size_t(u)][size_t(h * (s.dn + s.dv) + s.dn + j)];
     }
     const Vec y = mat_vec(Wo, ctx, s.D);
     out.insert(out.end(), y.begin(), y.end());
@@ -160,8 +172,7 @@ inline void push_deinterleaved(std::vector<int64_t>& rows, int64_t first, int64_
 }
 
 // HF's tensors into our layer's params (prefix "attn"), refreshing their compute copies.
-inline void load_mla(ParamSet& ps, const std::string& prefix, const MlaShape& s,
-                     const Weights& w) {
+inline void load_mla(ParamSet& ps, const std::string& prefix, const MlaShape& s, const Weights& w) {
   auto set = [&](const std::string& ours, const Tensor& value) {
     Param& p = ps.at(prefix + "." + ours + ".weight");
     p.value.copy_from(value.reshape(p.value.shape()));

@@ -241,13 +241,12 @@ TEST_CASE("deepseek_v3: the latent shape is saved, loaded and checked", "[mla][d
   glm.head_dim = 4;
   glm.resolve();
   nlohmann::json old = to_json(glm);
-  for (const char* key : {"q_lora_rank", "kv_lora_rank", "qk_nope_dim", "qk_rope_dim", "v_head_dim"})
+  for (const char* key :
+       {"q_lora_rank", "kv_lora_rank", "qk_nope_dim", "qk_rope_dim", "v_head_dim"})
     old.erase(key);
   CHECK_FALSE(model_config_from_json(old).mla());
 
-  auto refusal = [](ModelConfig m) {
-    return test::error_of([&] { m.resolve(); });
-  };
+  auto refusal = [](ModelConfig m) { return test::error_of([&] { m.resolve(); }); };
   ModelConfig no_latent = tiny_deepseek();
   no_latent.kv_lora_rank = 0;
   CHECK_THAT(refusal(no_latent), Catch::Contains("deepseek_v3 needs its latent attention's shape"));

@@ -21,6 +21,7 @@
 #include "core/json_text.h"
 #include "io/files.h"
 #include "io/hf_config.h"
+#include "io/hf_mla.h"
 #include "io/hf_names.h"
 #include "moe/error.h"
 #include "moe/io/finite.h"
@@ -173,7 +174,10 @@ bool same_math(const ModelConfig& a, const ModelConfig& b) {
          a.dense_ff_resolved() == b.dense_ff_resolved() &&
          a.rope_dim_resolved() == b.rope_dim_resolved() && a.qkv_bias == b.qkv_bias &&
          a.qk_norm == b.qk_norm && a.router_groups == b.router_groups &&
-         a.router_group_topk == b.router_group_topk && a.routed_scale == b.routed_scale;
+         a.router_group_topk == b.router_group_topk && a.routed_scale == b.routed_scale &&
+         a.q_lora_rank == b.q_lora_rank && a.kv_lora_rank == b.kv_lora_rank &&
+         a.qk_nope_dim == b.qk_nope_dim && a.qk_rope_dim == b.qk_rope_dim &&
+         a.v_head_dim == b.v_head_dim;
 }
 
 // ---- import_hf, step by step -------------------------------------------------------------------
@@ -203,6 +207,11 @@ ModelConfig model_config_of(const HfModel& hf, const HfImportOptions& options) {
   mc.router_groups = hf.groups;
   mc.router_group_topk = hf.group_topk;
   mc.routed_scale = hf.routed_scale;
+  mc.q_lora_rank = hf.q_lora;
+  mc.kv_lora_rank = hf.kv_lora;
+  mc.qk_nope_dim = hf.qk_nope;
+  mc.qk_rope_dim = hf.qk_rope;
+  mc.v_head_dim = hf.v_head;
   mc.top_k = hf.top_k;
   mc.capacity_factor = 0;  // HF MoE layers are dropless
   mc.aux_loss_coef = hf.aux_coef;
@@ -419,6 +428,7 @@ struct Importer {
   const int64_t hd = mc.head_dim_resolved(), KV = mc.kv_heads_resolved();
   const int64_t Fs = mc.shared_expert_ff;
   const Flavour flavour = flavour_of(mc);
+  bool rope_interleave = true;  // DeepSeek's RoPE rows in pairs (HfModel::rope_interleave)
 
   void check_shape(const std::string& name, const Shape& expected, const std::string& why) const {
     const SafetensorsEntry& e = sources.entry(name);
@@ -504,14 +514,11 @@ struct Importer {
     rep.mapped.push_back(str(name, " -> ", our));
   }
 
-  // Block i: norms, attention, router, then the experts (fused or one tensor per expert).
-  void layer(int64_t i, LayerSources& ls) {
-    const std::string prefix = str("blocks.", i, ".");
+  // q/k/v/o with their biases and qk-norm as the flavour has them.
+  void attention(const std::string& prefix, LayerSources& ls) {
     auto single = [&](Slot slot, const Shape& shape, const std::string& why) {
       take(prefix, ls, slot, shape, why);
     };
-    single(Slot::norm1, {D}, "[hidden_size]");
-    single(Slot::norm2, {D}, "[hidden_size]");
     single(Slot::q, {mc.heads * hd, D}, "[num_attention_heads * head_dim, hidden_size]");
     single(Slot::k, {KV * hd, D}, "[num_key_value_heads * head_dim, hidden_size]");
     single(Slot::v, {KV * hd, D}, "[num_key_value_heads * head_dim, hidden_size]");
@@ -528,6 +535,47 @@ struct Importer {
       single(Slot::q_norm, {mc.heads * hd}, "[num_attention_heads * head_dim]");
       single(Slot::k_norm, {KV * hd}, "[num_key_value_heads * head_dim]");
     }
+  }
+
+  // DeepSeek-V3's latent attention: each of our params rows of an HF tensor (io/hf_mla.h).
+  void latent_attention(const std::string& prefix, LayerSources& ls) {
+    for (Slot unused : {Slot::k, Slot::v})
+      if (!ls.single[unused].empty())
+        throw Error(str("'", sources.file_of(ls.single[unused]), "': tensor '", ls.single[unused],
+                        "' has no place in DeepSeek's latent attention"));
+    for (const hf::MlaPart& part : hf::mla_parts(mc, rope_interleave)) {
+      const std::string our = prefix + part.our;
+      const std::string& name = need(ls.single[part.slot], our);
+      std::string why;
+      const Shape whole = hf::mla_hf_shape(mc, part.slot, why);
+      check_shape(name, whole, why);
+      Shape shape = whole;
+      shape[0] = static_cast<int64_t>(part.rows.size());
+      auto source = std::make_shared<TensorSource>();
+      source->shape = shape;
+      source->dtype = target;
+      source->read = [s = shared, name, target = target, rows = part.rows] {
+        return hf::pick_rows(converted(*s, name, s->read(name), target), rows);
+      };
+      NamedTensor nt{our, Tensor(), false, {}};
+      nt.deferred = std::move(source);
+      ckpt.params.push_back(std::move(nt));
+      rep.mapped.push_back(str(name, " -> ", our));
+    }
+  }
+
+  // Block i: norms, attention, router, then the experts (fused or one tensor per expert).
+  void layer(int64_t i, LayerSources& ls) {
+    const std::string prefix = str("blocks.", i, ".");
+    auto single = [&](Slot slot, const Shape& shape, const std::string& why) {
+      take(prefix, ls, slot, shape, why);
+    };
+    single(Slot::norm1, {D}, "[hidden_size]");
+    single(Slot::norm2, {D}, "[hidden_size]");
+    if (flavour.latent_attention)
+      latent_attention(prefix, ls);
+    else
+      attention(prefix, ls);
     if (!mc.is_moe_layer(i)) {
       dense_mlp(prefix, ls);
       return;
@@ -725,6 +773,7 @@ Checkpoint import_hf(const std::string& dir, const HfImportOptions& options,
   adopt_recorded_config(sources, hf, config_path, mc, rep);
 
   Importer in(dir, shared_sources, mc, target, hf.experts, rep);
+  in.rope_interleave = hf.rope_interleave;
   in.check_rope(plan.derived);
   const std::string why_vd = "[vocab_size, hidden_size]";
   in.outer(plan, "embed.tokens", "the token embedding", {in.V, in.D}, why_vd);

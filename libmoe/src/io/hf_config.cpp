@@ -82,6 +82,43 @@ bool window_by_layer_types(const json& j, bool fallback, std::vector<std::string
   return sliding > 0;
 }
 
+// The MoE layers GLM-4-MoE shares with DeepSeek-V3 (the same keys, defaults per family): a
+// sigmoid router with a selection bias, groups and a scale, shared experts, the first layers
+// dense, multi-token-prediction layers after the last.
+struct MoeDefaults {
+  int64_t dense_layers, groups, group_topk;
+  double scale;
+};
+
+void parse_deepseek_moe(const ConfigReader& c, HfModel& m, std::vector<std::string>& unsupported,
+                        const MoeDefaults& d) {
+  m.sigmoid_router = true;
+  m.dense_ff = c.integer("intermediate_size");
+  m.dense_layers = c.integer_or("first_k_dense_replace", d.dense_layers);
+  if (m.dense_layers < 0 || m.dense_layers > m.layers)
+    throw Error(str("'", c.path, "': \"first_k_dense_replace\" is ", m.dense_layers,
+                    ": it must be between 0 and num_hidden_layers (", m.layers, ")"));
+  const int64_t shared = c.integer_or("n_shared_experts", 1);
+  if (shared < 0 || shared > (int64_t(1) << 16))
+    throw Error(str("'", c.path, "': \"n_shared_experts\" must be between 0 and 65536"));
+  m.shared_ff = shared * m.ffn;
+  m.groups = c.integer_or("n_group", d.groups);
+  m.group_topk = c.integer_or("topk_group", d.group_topk);
+  if (m.groups < 1 || m.groups > ops::kMaxRouterGroups || m.group_topk < 1 ||
+      m.group_topk > m.groups)
+    unsupported.push_back(str("n_group ", m.groups, " with topk_group ", m.group_topk,
+                              " (we route within 1..", ops::kMaxRouterGroups,
+                              " groups, choosing 1..n_group of them)"));
+  m.routed_scale = c.number_or("routed_scaling_factor", d.scale);
+  m.extra_layers = c.integer_or("num_nextn_predict_layers", 0);
+  if (m.extra_layers < 0 || m.extra_layers > 64)
+    throw Error(str("'", c.path, "': \"num_nextn_predict_layers\" must be between 0 and 64"));
+  if (c.string_or("topk_method", "noaux_tc") != "noaux_tc")
+    unsupported.push_back(str("topk_method '", c.string_or("topk_method", ""), "'"));
+  if (c.string_or("scoring_func", "sigmoid") != "sigmoid")
+    unsupported.push_back(str("scoring_func '", c.string_or("scoring_func", ""), "'"));
+}
+
 // GLM-4-MoE's own keys (configuration_glm4_moe.py), after the ones every family shares.
 void parse_glm(const ConfigReader& c, HfModel& m, std::vector<std::string>& unsupported) {
   const json& j = c.j;
@@ -106,31 +143,48 @@ void parse_glm(const ConfigReader& c, HfModel& m, std::vector<std::string>& unsu
   if (m.rope_dim == hd) m.rope_dim = 0;
   m.qkv_bias = c.boolean_or("attention_bias", false);  // q/k/v only: o_proj has none here
   m.qk_norm = c.boolean_or("use_qk_norm", false);
-  m.sigmoid_router = true;
-  m.dense_ff = c.integer("intermediate_size");
-  m.dense_layers = c.integer_or("first_k_dense_replace", 1);
-  if (m.dense_layers < 0 || m.dense_layers > m.layers)
-    throw Error(str("'", c.path, "': \"first_k_dense_replace\" is ", m.dense_layers,
-                    ": it must be between 0 and num_hidden_layers (", m.layers, ")"));
-  const int64_t shared = c.integer_or("n_shared_experts", 1);
-  if (shared < 0 || shared > (int64_t(1) << 16))
-    throw Error(str("'", c.path, "': \"n_shared_experts\" must be between 0 and 65536"));
-  m.shared_ff = shared * m.ffn;
-  m.groups = c.integer_or("n_group", 1);
-  m.group_topk = c.integer_or("topk_group", 1);
-  if (m.groups < 1 || m.groups > ops::kMaxRouterGroups || m.group_topk < 1 ||
-      m.group_topk > m.groups)
-    unsupported.push_back(str("n_group ", m.groups, " with topk_group ", m.group_topk,
-                              " (we route within 1..", ops::kMaxRouterGroups,
-                              " groups, choosing 1..n_group of them)"));
-  m.routed_scale = c.number_or("routed_scaling_factor", 1.0);
-  m.extra_layers = c.integer_or("num_nextn_predict_layers", 0);
-  if (m.extra_layers < 0 || m.extra_layers > 64)
-    throw Error(str("'", c.path, "': \"num_nextn_predict_layers\" must be between 0 and 64"));
-  if (c.string_or("topk_method", "noaux_tc") != "noaux_tc")
-    unsupported.push_back(str("topk_method '", c.string_or("topk_method", ""), "'"));
-  if (c.string_or("scoring_func", "sigmoid") != "sigmoid")
-    unsupported.push_back(str("scoring_func '", c.string_or("scoring_func", ""), "'"));
+  parse_deepseek_moe(c, m, unsupported, MoeDefaults{1, 1, 1, 1.0});
+}
+
+// DeepSeek-V3's own keys (configuration_deepseek_v3.py): Multi-head Latent Attention, then the
+// MoE layers GLM-4-MoE shares (with V3's defaults). num_key_value_heads and head_dim do not
+// shape its attention (transformers writes head_dim = qk_rope_head_dim).
+void parse_deepseek(const ConfigReader& c, HfModel& m, std::vector<std::string>& unsupported) {
+  m.kv_heads = m.heads;
+  m.head_dim = 0;
+  const bool plain_q = c.j.contains("q_lora_rank") && c.j["q_lora_rank"].is_null();
+  m.q_lora = plain_q ? 0 : c.integer_or("q_lora_rank", 1536);  // null: V2-Lite's plain q_proj
+  m.kv_lora = c.integer_or("kv_lora_rank", 512);
+  m.qk_nope = c.integer_or("qk_nope_head_dim", 128);
+  m.qk_rope = c.integer_or("qk_rope_head_dim", 64);
+  m.v_head = c.integer_or("v_head_dim", 128);
+  constexpr int64_t kMaxWidth = int64_t(1) << 20;
+  for (auto [key, value] : {std::pair<std::string, int64_t>{"q_lora_rank", m.q_lora},
+                            {"kv_lora_rank", m.kv_lora},
+                            {"qk_nope_head_dim", m.qk_nope},
+                            {"qk_rope_head_dim", m.qk_rope},
+                            {"v_head_dim", m.v_head}}) {
+    const int64_t least = key == "q_lora_rank" ? 0 : 1;
+    if (value < least || value > kMaxWidth)
+      throw Error(str("'", c.path, "': \"", key, "\" is ", value, ": it must be between ", least,
+                      " and ", kMaxWidth));
+  }
+  if (m.qk_rope % 2 != 0)
+    throw Error(str("'", c.path, "': \"qk_rope_head_dim\" is ", m.qk_rope,
+                    ": RoPE rotates pairs, it must be even"));
+  if (m.v_head > m.qk_nope + m.qk_rope)
+    unsupported.push_back(str("v_head_dim ", m.v_head,
+                              " wider than qk_nope_head_dim + "
+                              "qk_rope_head_dim (",
+                              m.qk_nope + m.qk_rope, ")"));
+  m.rope_interleave = c.boolean_or("rope_interleave", true);
+  if (c.boolean_or("attention_bias", false))
+    unsupported.push_back("attention biases (attention_bias: true)");
+  if (c.integer_or("moe_layer_freq", 1) != 1)
+    unsupported.push_back(str("MoE layers every ", c.integer("moe_layer_freq"),
+                              " layers (moe_layer_freq; ours: every layer after "
+                              "first_k_dense_replace)"));
+  parse_deepseek_moe(c, m, unsupported, MoeDefaults{3, 8, 4, 2.5});
 }
 
 }  // namespace
@@ -144,6 +198,7 @@ HfModel parse_config(const json& j, const std::string& path,
   const bool mixtral = m.arch == Arch::mixtral;
   const bool qwen = m.arch == Arch::qwen2_moe || m.arch == Arch::qwen3_moe;
   const bool glm = m.arch == Arch::glm4_moe;
+  const bool deepseek = m.arch == Arch::deepseek_v3;
   m.vocab = c.integer("vocab_size");
   m.hidden = c.integer("hidden_size");
   m.layers = c.integer("num_hidden_layers");
@@ -152,7 +207,7 @@ HfModel parse_config(const json& j, const std::string& path,
   const std::string experts = experts_key(c, mixtral);
   m.experts = c.integer(experts);
   m.top_k = c.integer("num_experts_per_tok");
-  m.ffn = c.integer(qwen || glm ? "moe_intermediate_size" : "intermediate_size");
+  m.ffn = c.integer(qwen || glm || deepseek ? "moe_intermediate_size" : "intermediate_size");
   // Qwen: intermediate_size is the width of the dense MLPs of mlp_only_layers (kept though none
   // are imported: llama.cpp's converter writes it as feed_forward_length, export-hf writes it back)
   if (qwen) m.dense_ff = c.integer_or("intermediate_size", m.ffn);
@@ -163,8 +218,8 @@ HfModel parse_config(const json& j, const std::string& path,
   m.aux_coef = c.number_or("router_aux_loss_coef", 0.0);
   m.jitter = mixtral ? c.number_or("router_jitter_noise", 0.0) : 0.0;
   // Mixtral always renormalises its top-k weights; the others say so in norm_topk_prob (GLM's
-  // default: true).
-  m.normalize = mixtral ? true : c.boolean_or("norm_topk_prob", glm);
+  // and DeepSeek-V3's default: true).
+  m.normalize = mixtral ? true : c.boolean_or("norm_topk_prob", glm || deepseek);
   for (const std::string& key : {std::string("vocab_size"), std::string("hidden_size"),
                                  std::string("max_position_embeddings")})
     if (c.integer(key) < 1) throw Error(str("'", path, "': \"", key, "\" must be >= 1"));
@@ -209,6 +264,10 @@ HfModel parse_config(const json& j, const std::string& path,
   if (c.boolean_or("tie_word_embeddings", false))
     unsupported.push_back(
         "tied word embeddings (tie_word_embeddings: true; our LM head is untied)");
+  if (deepseek) {
+    parse_deepseek(c, m, unsupported);
+    return m;
+  }
   // head_dim: Qwen3-MoE (and newer Mixtral configs) may make the heads wider or narrower than
   // hidden_size / num_attention_heads; Qwen2-MoE and OLMoE derive it.
   if (c.has("head_dim") && m.heads > 0 && c.integer("head_dim") * m.heads != m.hidden) {

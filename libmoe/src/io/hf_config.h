@@ -28,6 +28,10 @@ struct HfModel {
   bool qkv_bias = false, qk_norm = false, sigmoid_router = false;
   int64_t groups = 1, group_topk = 1, extra_layers = 0;
   double routed_scale = 1.0;
+  // DeepSeek-V3's latent attention (q_lora 0: a plain q_proj); rope_interleave: the RoPE features
+  // of q_b_proj / kv_a_proj_with_mqa rows in interleaved pairs (DeepSeek's layout).
+  int64_t q_lora = 0, kv_lora = 0, qk_nope = 0, qk_rope = 0, v_head = 0;
+  bool rope_interleave = true;
 };
 
 // Reads config.json (`path` names it in messages); features our model lacks go to `unsupported`.

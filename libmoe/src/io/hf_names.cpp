@@ -1,6 +1,7 @@
 // Hugging Face tensor names -> our slots (see io/hf_names.h).
 #include "io/hf_names.h"
 
+#include <map>
 #include <regex>
 
 #include "moe/error.h"
@@ -8,11 +9,12 @@
 namespace moe::io::hf {
 
 Arch arch_of_family(const std::string& model_type, const std::string& config_path) {
-  for (Arch arch : {Arch::mixtral, Arch::qwen2_moe, Arch::qwen3_moe, Arch::olmoe, Arch::glm4_moe})
+  for (Arch arch : {Arch::mixtral, Arch::qwen2_moe, Arch::qwen3_moe, Arch::olmoe, Arch::glm4_moe,
+                    Arch::deepseek_v3})
     if (model_type == arch_name(arch)) return arch;
-  throw Error(
-      str("'", config_path, "': model_type '", model_type,
-          "' is not supported (supported: glm4_moe, mixtral, olmoe, qwen2_moe, qwen3_moe)"));
+  throw Error(str("'", config_path, "': model_type '", model_type,
+                  "' is not supported (supported: deepseek_v3, glm4_moe, mixtral, olmoe, "
+                  "qwen2_moe, qwen3_moe)"));
 }
 
 const char* slot_feature(Slot s) {
@@ -35,6 +37,13 @@ const char* slot_feature(Slot s) {
     case Slot::dense_w2:
     case Slot::dense_w3:
       return "dense MLP layers";
+    case Slot::mla_q_a:
+    case Slot::mla_q_a_norm:
+    case Slot::mla_q_b:
+    case Slot::mla_kv_a:
+    case Slot::mla_kv_a_norm:
+    case Slot::mla_kv_b:
+      return "latent attention (DeepSeek's kv_a_proj_with_mqa, ...)";
     default:
       return nullptr;
   }
@@ -61,6 +70,13 @@ bool flavour_has(const Flavour& flavour, Slot s) {
     case Slot::dense_w2:
     case Slot::dense_w3:
       return flavour.dense_layers;
+    case Slot::mla_q_a:
+    case Slot::mla_q_a_norm:
+    case Slot::mla_q_b:
+    case Slot::mla_kv_a:
+    case Slot::mla_kv_a_norm:
+    case Slot::mla_kv_b:
+      return flavour.latent_attention;
     default:
       return true;
   }
@@ -135,6 +151,14 @@ Classified classify(const std::string& name) {
     if (p == 'o') return unsupported("attention output bias (self_attn.o_proj.bias)");
     return mapped(p == 'q' ? Slot::q_bias : p == 'k' ? Slot::k_bias : Slot::v_bias);
   }
+  static const std::map<std::string, Slot> latent = {
+      {"self_attn.q_a_proj.weight", Slot::mla_q_a},
+      {"self_attn.q_a_layernorm.weight", Slot::mla_q_a_norm},
+      {"self_attn.q_b_proj.weight", Slot::mla_q_b},
+      {"self_attn.kv_a_proj_with_mqa.weight", Slot::mla_kv_a},
+      {"self_attn.kv_a_layernorm.weight", Slot::mla_kv_a_norm},
+      {"self_attn.kv_b_proj.weight", Slot::mla_kv_b}};
+  if (auto it = latent.find(rest); it != latent.end()) return mapped(it->second);
   if (std::regex_match(rest, r, qk_norm_re))
     return mapped(r[1].str() == "q_norm" ? Slot::q_norm : Slot::k_norm);
   if (std::regex_match(rest, router_re)) return mapped(Slot::router);
@@ -222,6 +246,18 @@ const char* slot_name(Slot s) {
       return "mlp.w2";
     case Slot::dense_w3:
       return "mlp.w3";
+    case Slot::mla_q_a:
+      return "attn.q_a.weight";
+    case Slot::mla_q_a_norm:
+      return "attn.q_a_norm.weight";
+    case Slot::mla_q_b:
+      return "attn.q_b.weight";
+    case Slot::mla_kv_a:
+      return "attn.kv_a.weight+k_rope.weight";
+    case Slot::mla_kv_a_norm:
+      return "attn.kv_a_norm.weight";
+    case Slot::mla_kv_b:
+      return "attn.k_b.weight+v_b.weight";
   }
   return "?";
 }

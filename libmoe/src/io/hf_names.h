@@ -49,7 +49,16 @@ enum class Slot {
   router_bias,  // GLM-4-MoE's e_score_correction_bias: the router's selection bias
   dense_w1,     // a dense layer's MLP (GLM-4-MoE's first_k_dense_replace layers)
   dense_w2,
-  dense_w3
+  dense_w3,
+  // DeepSeek-V3's latent attention (self_attn.q_a_proj, q_a_layernorm, q_b_proj,
+  // kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj); its plain q_proj and o_proj are q and o.
+  // kv_a and kv_b each become two of our params, and q / q_b rows are reordered (io/hf_mla.h).
+  mla_q_a,
+  mla_q_a_norm,
+  mla_q_b,
+  mla_kv_a,
+  mla_kv_a_norm,
+  mla_kv_b
 };
 
 struct Classified {

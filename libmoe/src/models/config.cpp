@@ -25,8 +25,9 @@ constexpr struct {
 Arch parse_arch(const std::string& name) {
   for (const auto& a : kArchs)
     if (name == a.name) return a.arch;
-  throw UsageError(str("unknown --arch '", name,
-                       "' (expected gpt, mixtral, qwen2_moe, qwen3_moe, olmoe, glm4_moe or deepseek_v3)"));
+  throw UsageError(
+      str("unknown --arch '", name,
+          "' (expected gpt, mixtral, qwen2_moe, qwen3_moe, olmoe, glm4_moe or deepseek_v3)"));
 }
 
 const char* arch_name(Arch arch) {
@@ -87,16 +88,18 @@ void ModelConfig::validate_mla() const {
   MOE_USAGE_CHECK(q_lora_rank >= 0 && kv_lora_rank >= 0 && qk_nope_dim >= 0 && qk_rope_dim >= 0 &&
                       v_head_dim >= 0,
                   "the latent attention's sizes must be >= 0 (got q_lora_rank ", q_lora_rank,
-                  ", kv_lora_rank ", kv_lora_rank, ", qk_nope_dim ", qk_nope_dim,
-                  ", qk_rope_dim ", qk_rope_dim, ", v_head_dim ", v_head_dim, ")");
+                  ", kv_lora_rank ", kv_lora_rank, ", qk_nope_dim ", qk_nope_dim, ", qk_rope_dim ",
+                  qk_rope_dim, ", v_head_dim ", v_head_dim, ")");
   if (arch != Arch::deepseek_v3) {
-    MOE_USAGE_CHECK(!mla() && q_lora_rank == 0 && qk_nope_dim == 0 && qk_rope_dim == 0 &&
-                        v_head_dim == 0,
-                    "latent attention (kv_lora_rank, q_lora_rank, qk_nope_dim, qk_rope_dim, "
-                    "v_head_dim) is deepseek_v3's, not ", arch_name(arch), "'s");
+    MOE_USAGE_CHECK(
+        !mla() && q_lora_rank == 0 && qk_nope_dim == 0 && qk_rope_dim == 0 && v_head_dim == 0,
+        "latent attention (kv_lora_rank, q_lora_rank, qk_nope_dim, qk_rope_dim, "
+        "v_head_dim) is deepseek_v3's, not ",
+        arch_name(arch), "'s");
     return;
   }
-  MOE_USAGE_CHECK(mla(), "deepseek_v3 needs its latent attention's shape (kv_lora_rank > 0 and "
+  MOE_USAGE_CHECK(mla(),
+                  "deepseek_v3 needs its latent attention's shape (kv_lora_rank > 0 and "
                   "the qk_nope_dim, qk_rope_dim and v_head_dim of a head); training one from "
                   "scratch cannot set it yet");
   MOE_USAGE_CHECK(qk_nope_dim >= 1 && qk_rope_dim >= 2 && qk_rope_dim % 2 == 0 && v_head_dim >= 1 &&
@@ -105,8 +108,7 @@ void ModelConfig::validate_mla() const {
                   "), an even qk_rope_dim >= 2 (got ", qk_rope_dim,
                   ") and 1 <= v_head_dim <= qk_nope_dim + qk_rope_dim (got ", v_head_dim, ")");
   MOE_USAGE_CHECK((head_dim == 0 || head_dim == qk_nope_dim + qk_rope_dim) && rope_dim == 0 &&
-                      kv_heads_resolved() == heads && !qkv_bias &&
-                      !qk_norm,
+                      kv_heads_resolved() == heads && !qkv_bias && !qk_norm,
                   "deepseek_v3's heads are shaped by its latent attention: another head_dim, "
                   "rope_dim, kv_heads, qkv_bias or qk_norm does not apply");
 }
@@ -126,8 +128,8 @@ void ModelConfig::validate() const {
                   "--kv-heads (grouped-query attention) needs a RoPE architecture, not --arch gpt");
   MOE_USAGE_CHECK(arch != Arch::gpt || head_dim == 0 || head_dim * heads == d_model,
                   "--head-dim needs a RoPE architecture, not --arch gpt");
-  MOE_USAGE_CHECK(arch == Arch::gpt || mla() || hd % 2 == 0, "RoPE needs an even head dimension (got ", hd,
-                  ")");
+  MOE_USAGE_CHECK(arch == Arch::gpt || mla() || hd % 2 == 0,
+                  "RoPE needs an even head dimension (got ", hd, ")");
   MOE_USAGE_CHECK(shared_expert_ff >= 0, "--shared-expert-ff must be >= 0 (0 = none; got ",
                   shared_expert_ff, ")");
   MOE_USAGE_CHECK(balance_bias_rate >= 0 && std::isfinite(balance_bias_rate),
@@ -135,8 +137,9 @@ void ModelConfig::validate() const {
   MOE_USAGE_CHECK(router_center_rate >= 0 && router_center_rate <= 1,
                   "--router-center-rate must be in [0, 1] (0 = off; got ", router_center_rate, ")");
   MOE_USAGE_CHECK(d_ff >= 1, "--d-ff must be >= 1 (got ", d_ff, ")");
-  MOE_USAGE_CHECK(dense_ff >= 0, "--dense-ff (the dense layers' width) must be >= 0 (0 = d_ff; got ",
-                  dense_ff, ")");
+  MOE_USAGE_CHECK(dense_ff >= 0,
+                  "--dense-ff (the dense layers' width) must be >= 0 (0 = d_ff; got ", dense_ff,
+                  ")");
   MOE_USAGE_CHECK(rope_dim >= 0 && rope_dim <= hd && rope_dim % 2 == 0,
                   "--rope-dim (the rotated features of a head) must be even and at most its ", hd,
                   " (0 = all; got ", rope_dim, ")");

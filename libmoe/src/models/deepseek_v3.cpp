@@ -14,6 +14,7 @@ Flavour deepseek_v3_flavour(const ModelConfig& config) {
   f.ungated_shared_expert = true;
   f.dense_layers = true;
   f.router_bias = config.router_selection_bias();
+  f.latent_attention = true;
   return f;
 }
 

@@ -103,8 +103,7 @@ void Attention::project(const Tensor& x, Tensor& q, Tensor& k, Tensor& v, Saved*
     return;
   }
   q = qk_normed(q_norm_.get(), q_->forward(x), config_.heads, saved ? &saved->q_norm : nullptr);
-  k = qk_normed(k_norm_.get(), k_->forward(x), config_.kv_heads,
-                saved ? &saved->k_norm : nullptr);
+  k = qk_normed(k_norm_.get(), k_->forward(x), config_.kv_heads, saved ? &saved->k_norm : nullptr);
   v = v_->forward(x);
 }
 
@@ -155,8 +154,8 @@ Tensor Attention::forward(const Tensor& x, int64_t batch, int64_t seq, Saved* sa
 }
 
 AttentionCache Attention::make_cache(int64_t slots, int64_t capacity) const {
-  MOE_CHECK(slots >= 0 && capacity >= 0, "attention ", name_, ": cache of ", slots,
-            " slots and ", capacity, " positions");
+  MOE_CHECK(slots >= 0 && capacity >= 0, "attention ", name_, ": cache of ", slots, " slots and ",
+            capacity, " positions");
   const int64_t width = config_.kv_heads * head_dim_;
   const Device device = o_->weight().value.device();  // the cache lives with the weights
   return AttentionCache{
@@ -167,13 +166,12 @@ AttentionCache Attention::make_cache(int64_t slots, int64_t capacity) const {
 Tensor Attention::forward_cached(const Tensor& x, const ops::CachedRows& rows,
                                  AttentionCache& cache) const {
   const int64_t n = rows.tokens(), width = config_.kv_heads * head_dim_;
-  MOE_CHECK(x.ndim() == 2 && x.dim(0) == n && x.dim(1) == config_.d_model, "attention ",
-            name_, ": cached input ", x.describe(), " expected [", n, ",",
-            config_.d_model, "]");
+  MOE_CHECK(x.ndim() == 2 && x.dim(0) == n && x.dim(1) == config_.d_model, "attention ", name_,
+            ": cached input ", x.describe(), " expected [", n, ",", config_.d_model, "]");
   MOE_CHECK(cache.k.defined() && cache.k.ndim() == 3 && cache.k.dim(2) == width &&
                 cache.v.shape() == cache.k.shape(),
-            "attention ", name_, ": cache ", cache.k.describe(), " does not fit ",
-            config_.kv_heads, " kv heads of ", head_dim_);
+            "attention ", name_, ": cache ", cache.k.describe(), " does not fit ", config_.kv_heads,
+            " kv heads of ", head_dim_);
   const int64_t capacity = cache.k.dim(1);
   rows.check(cache.k.dim(0), capacity, "attention cache");
   Tensor q, k, v;

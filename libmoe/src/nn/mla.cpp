@@ -47,8 +47,7 @@ Tensor gather_columns(const std::vector<Tensor>& sources, const std::vector<Piec
         index.push_back(static_cast<int32_t>(
             p.src < 0 ? zero_row
                       : base[p.src] + t * (sources[p.src].dim(1) / unit) + p.col / unit + j));
-  const Tensor ids =
-      Tensor::from_vector({static_cast<int64_t>(index.size())}, index).to(device);
+  const Tensor ids = Tensor::from_vector({static_cast<int64_t>(index.size())}, index).to(device);
   Tensor out = Tensor::empty({n * width / unit, unit}, DType::f32, device);
   ops::gather_rows(buffer, ids, out);
   return out.reshape({n, width});
@@ -87,8 +86,8 @@ Mla::Mla(ParamSet& ps, const std::string& prefix, int64_t d_model, int64_t heads
                                     init_std);
     q_a_norm_ = std::make_unique<Norm>(ps, prefix + ".q_a_norm", config_.q_lora_rank,
                                        NormKind::rmsnorm, norm_eps);
-    q_b_ = std::make_unique<Linear>(ps, prefix + ".q_b", config_.q_lora_rank, q_out, false,
-                                    init_std);
+    q_b_ =
+        std::make_unique<Linear>(ps, prefix + ".q_b", config_.q_lora_rank, q_out, false, init_std);
   } else {
     q_ = std::make_unique<Linear>(ps, prefix + ".q", d_model, q_out, false, init_std);
   }
@@ -146,7 +145,8 @@ Tensor Mla::unpad_values(const Tensor& v) const {
 void Mla::keys_backward(const Tensor& dk, Tensor& dk_pe, Tensor& dk_nope) const {
   const int64_t hd = config_.head_dim(), unit = unit_of(config_);
   std::vector<Piece> nope;
-  for (int64_t h = 0; h < heads_; ++h) nope.push_back({0, h * hd + config_.qk_rope, config_.qk_nope});
+  for (int64_t h = 0; h < heads_; ++h)
+    nope.push_back({0, h * hd + config_.qk_rope, config_.qk_nope});
   dk_nope = gather_columns({dk}, nope, unit);
   // k_pe is every head's: its gradient is the sum of the heads' (in head order).
   dk_pe = gather_columns({dk}, {{0, 0, config_.qk_rope}}, unit);
@@ -154,8 +154,8 @@ void Mla::keys_backward(const Tensor& dk, Tensor& dk_pe, Tensor& dk_nope) const 
     ops::axpy(1.0f, gather_columns({dk}, {{0, h * hd, config_.qk_rope}}, unit), dk_pe);
 }
 
-Tensor Mla::backward(const Tensor& dq, const Tensor& dk_pe, const Tensor& dk_nope,
-                     const Tensor& dv, const Saved& saved) {
+Tensor Mla::backward(const Tensor& dq, const Tensor& dk_pe, const Tensor& dk_nope, const Tensor& dv,
+                     const Saved& saved) {
   MOE_CHECK(saved.x.defined() && saved.ckv.defined(), "attention ", kv_a_.weight().name,
             ": backward without a saved forward");
   Tensor dx = Tensor::empty(saved.x.shape(), DType::f32, saved.x.device());

@@ -21,14 +21,15 @@ struct Flavour {
   bool ungated_shared_expert = false;
   bool dense_layers = false;
   bool router_bias = false;
+  bool latent_attention = false;  // DeepSeek-V3's MLA in place of q/k/v (ModelConfig::mla())
 };
 
-Flavour gpt_flavour(const ModelConfig& config);        // models/gpt.cpp
-Flavour mixtral_flavour(const ModelConfig& config);    // models/mixtral.cpp
-Flavour qwen2_moe_flavour(const ModelConfig& config);  // models/qwen2_moe.cpp
-Flavour qwen3_moe_flavour(const ModelConfig& config);  // models/qwen3_moe.cpp
-Flavour olmoe_flavour(const ModelConfig& config);      // models/olmoe.cpp
-Flavour glm4_moe_flavour(const ModelConfig& config);   // models/glm4_moe.cpp
+Flavour gpt_flavour(const ModelConfig& config);          // models/gpt.cpp
+Flavour mixtral_flavour(const ModelConfig& config);      // models/mixtral.cpp
+Flavour qwen2_moe_flavour(const ModelConfig& config);    // models/qwen2_moe.cpp
+Flavour qwen3_moe_flavour(const ModelConfig& config);    // models/qwen3_moe.cpp
+Flavour olmoe_flavour(const ModelConfig& config);        // models/olmoe.cpp
+Flavour glm4_moe_flavour(const ModelConfig& config);     // models/glm4_moe.cpp
 Flavour deepseek_v3_flavour(const ModelConfig& config);  // models/deepseek_v3.cpp
 Flavour flavour_of(const ModelConfig& config);
 

@@ -35,7 +35,7 @@ class Mla {
       const MlaConfig& config, float norm_eps, float init_std);
 
   struct Saved {
-    Tensor x, cq, ckv;              // [N, D], q latent after its norm [N, r], kv latent before it
+    Tensor x, cq, ckv;  // [N, D], q latent after its norm [N, r], kv latent before it
     Norm::Saved q_norm, kv_norm;
   };
   // Before RoPE: q [N, H*hd] (each head RoPE part first), k_pe [N, qk_rope], k_nope [N, H*qk_nope],

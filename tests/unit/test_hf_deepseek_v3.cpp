@@ -1,0 +1,107 @@
+// DeepSeek-V3 (deepseek_v3) through import-hf (issue 44): a transformers-format directory written
+// by tests/support/hf_deepseek_v3_model.h imports with the family's config, scores within 1e-4
+// per window of the double reference written from the published math (latent attention with
+// DeepSeek's interleaved RoPE, GLM-4-MoE's router and experts), skips the multi-token-prediction
+// layer with a note, and refuses what we cannot represent by name.
+#include <catch2/catch.hpp>
+
+#include "support/hf_deepseek_v3_model.h"
+#include "support/run.h"
+
+using namespace moe;
+using namespace moe::test::hf;
+
+namespace {
+
+// Per window our f32 logits within 1e-4 of the reference, relative to their scale.
+void require_scores_like_reference(const TinyDeepseek& t, const std::string& src, uint64_t seed) {
+  const int64_t B = 2, T = 9;
+  const auto w = deepseek_weights(t, seed);
+  write_hf_dir(src, deepseek_config(t), w, 2);
+  const io::Checkpoint ckpt = test::import_hf_held(src);
+  const auto ids = random_token_ids(B * T, int32_t(t.moe.V), seed + 1);
+  const std::vector<float> ours = our_logits(ckpt, src + ".h5", ids, B, T);
+  const Vec reference = deepseek_reference_logits(t, w, ids, B, T);
+  for (int64_t b = 0; b < B; ++b) {
+    const size_t n = size_t(T * t.moe.V), at = size_t(b) * n;
+    const std::vector<float> mine(ours.begin() + long(at), ours.begin() + long(at + n));
+    const Vec want(reference.begin() + long(at), reference.begin() + long(at + n));
+    const double error = relative_error(mine, want);
+    INFO("window " << b << ": relative error " << error);
+    REQUIRE(error < 1e-4);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("deepseek_v3: import-hf reads the family's config", "[hf][deepseek_v3]") {
+  test::ScratchDir dir("deepseek-v3-import");
+  const TinyDeepseek t;
+  write_hf_dir(dir.file("ds"), deepseek_config(t), deepseek_weights(t, 5), 1);
+  io::HfImportReport report;
+  const io::Checkpoint ckpt = test::import_hf_held(dir.file("ds"), {}, &report);
+  const ModelConfig mc = model_config_from_json(ckpt.model_config);
+  REQUIRE(mc.arch == Arch::deepseek_v3);
+  CHECK(mc.q_lora_rank == t.attn.r);
+  CHECK(mc.kv_lora_rank == t.attn.c);
+  CHECK(mc.qk_nope_dim == t.attn.dn);
+  CHECK(mc.qk_rope_dim == t.attn.dr);
+  CHECK(mc.v_head_dim == t.attn.dv);
+  CHECK(mc.kv_heads_resolved() == t.moe.H);  // num_key_value_heads 128 is not read
+  CHECK(mc.experts_per_layer == std::vector<int64_t>{0, t.moe.E, t.moe.E});
+  CHECK(mc.dense_ff_resolved() == t.moe.Fd);
+  CHECK(mc.shared_expert_ff == t.moe.F);
+  CHECK(mc.router_scoring == nn::RouterScoring::sigmoid);
+  CHECK(mc.router_groups == t.moe.groups);
+  CHECK(mc.router_group_topk == t.moe.group_k);
+  CHECK(mc.routed_scale == t.moe.scale);
+  CHECK(mc.normalize_topk);
+  CHECK(report.unmapped.empty());
+  bool noted = false;
+  for (const std::string& note : report.notes)
+    noted = noted || note.find("multi-token-prediction layers (3..3") != std::string::npos;
+  CHECK(noted);
+  // kv_a_proj_with_mqa's first kv_lora_rank rows are our kv_a, unchanged.
+  const Tensor kv_a =
+      deepseek_weights(t, 5).at("model.layers.1.self_attn.kv_a_proj_with_mqa.weight");
+  CHECK(same_bytes(param(ckpt, "blocks.1.attn.kv_a.weight").tensor, kv_a.rows(0, t.attn.c)));
+  CHECK(param(ckpt, "blocks.1.attn.k_rope.weight").tensor.shape() == Shape{t.attn.dr, t.moe.D});
+}
+
+TEST_CASE("deepseek_v3: an imported model scores like the reference", "[hf][deepseek_v3]") {
+  test::ScratchDir dir("deepseek-v3-score");
+  SECTION("DeepSeek-V3 shape: q latent, groups, values narrower than keys") {
+    require_scores_like_reference(TinyDeepseek{}, dir.file("a"), 11);
+  }
+  SECTION("DeepSeek-V2-Lite's attention: plain q_proj, values as wide as keys") {
+    TinyDeepseek t;
+    t.attn.r = 0, t.attn.dv = 8, t.moe.groups = 1, t.moe.group_k = 1, t.moe.shared = 2;
+    require_scores_like_reference(t, dir.file("b"), 12);
+  }
+  SECTION("rope_interleave false: RoPE on halves") {
+    TinyDeepseek t;
+    t.interleave = false, t.attn.interleaved = false, t.nextn = 0;
+    require_scores_like_reference(t, dir.file("c"), 13);
+  }
+}
+
+TEST_CASE("deepseek_v3: what we cannot represent is refused by name", "[hf][deepseek_v3]") {
+  test::ScratchDir dir("deepseek-v3-refuse");
+  const TinyDeepseek t;
+  auto refusal = [&](const std::string& name, const json& config) {
+    write_hf_dir(dir.file(name), config, deepseek_weights(t, 6), 1);
+    return test::error_of([&] { test::import_hf_held(dir.file(name)); });
+  };
+  json yarn = deepseek_config(t);
+  yarn["rope_scaling"] = {{"type", "yarn"}, {"factor", 40}, {"mscale", 1.0}};
+  CHECK_THAT(refusal("yarn", yarn), Catch::Contains("RoPE scaling (rope_scaling type 'yarn')"));
+  json freq = deepseek_config(t);
+  freq["moe_layer_freq"] = 2;
+  CHECK_THAT(refusal("freq", freq), Catch::Contains("moe_layer_freq"));
+  json odd = deepseek_config(t);
+  odd["qk_rope_head_dim"] = 3;
+  CHECK_THAT(refusal("odd", odd), Catch::Contains("\"qk_rope_head_dim\" is 3: RoPE rotates pairs"));
+  json v2 = deepseek_config(t);
+  v2["model_type"] = "deepseek_v2";
+  CHECK_THAT(refusal("v2", v2), Catch::Contains("model_type 'deepseek_v2' is not supported"));
+}
