@@ -2,9 +2,15 @@
 // moe/plan/predict.h; adding one is a `Subcommand` entry in main() (a setup that declares its
 // flags, and a run function).
 #include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "common/cli.h"
+#include "moe/comm/communicator.h"
+#include "moe/io/checkpoint.h"
+#include "moe/io/output.h"
+#include "moe/log.h"
+#include "moe/plan/calibrate.h"
 #include "moe/plan/predict.h"
 
 using namespace moe;
@@ -15,6 +21,8 @@ struct Options {
   tools::CommonOptions common;
   plan::PredictRequest predict;
   bool json = false;
+  std::string out, scratch, device = "cpu", argv;  // calibrate
+  bool quick = false, force = false;
 };
 
 int run_predict(Options& o) {
@@ -25,6 +33,27 @@ int run_predict(Options& o) {
     for (const std::string& line : plan::prediction_tsv(p)) std::printf("%s\n", line.c_str());
   }
   return tools::finish_stdout("moe-plan");
+}
+
+// Measures this machine and writes its cluster spec (rank 0 under mpiexec; every rank measures).
+int run_calibrate(Options& o) {
+  io::check_output_file(o.out, o.force);
+  const std::unique_ptr<comm::Communicator> world = comm::make_world();
+  plan::CalibrateOptions c;
+  c.quick = o.quick;
+  const std::string out_dir = std::filesystem::path(o.out).parent_path().string();
+  c.scratch_dir = !o.scratch.empty() ? o.scratch : out_dir.empty() ? "." : out_dir;
+  c.device = Device::parse(o.device);
+  c.world = world.get();
+  if (world->rank() == 0) c.progress = [](const std::string& line) { MOE_LOG_INFO(line); };
+  const plan::Calibration cal = plan::calibrate(c);
+  if (world->rank() != 0) return 0;
+  for (const std::string& line : cal.unmeasured) MOE_LOG_WARN(line);
+  plan::SpecNotes notes = cal.notes;
+  notes.header.push_back("command: " + o.argv);
+  plan::write_cluster_file(o.out, cal.spec, notes);
+  MOE_LOG_INFO("wrote ", o.out);
+  return 0;
 }
 
 struct Subcommand {
@@ -40,6 +69,7 @@ int main(int argc, char** argv) {
       "cluster, from a model and a routing trace.",
       "moe-plan"};
   Options o;
+  o.argv = io::join_argv(argc, argv);
   tools::add_common_options(app, o.common, "moe-plan");
   app.require_subcommand(1);
   app.fallthrough();
@@ -68,6 +98,20 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   predict->add_flag("--json", o.json, "One JSON object instead of TSV");
   subs.push_back({predict, run_predict});
+
+  auto* calibrate = app.add_subcommand(
+      "calibrate",
+      "Measure this machine (GEMM, memcpy, host<->device, SSD, AdamW; the links between ranks "
+      "under mpiexec) and write its cluster spec");
+  calibrate->add_option("-o,--out", o.out, "The cluster spec to write (TOML)")->required();
+  calibrate->add_flag("--force", o.force, "Replace an existing output file");
+  calibrate->add_flag("--quick", o.quick, "Small sizes and few repetitions (seconds)");
+  calibrate->add_option("--scratch", o.scratch,
+                        "Directory for the SSD test file (default: the output's directory)");
+  calibrate->add_option("--device", o.device, "cpu, or cuda (a GPU of a CUDA build)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  subs.push_back({calibrate, run_calibrate});
 
   return tools::run_tool("moe-plan", app, argc, argv, [&]() -> int {
     tools::apply_common_options(o.common);
