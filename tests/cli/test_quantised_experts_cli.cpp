@@ -2,11 +2,14 @@
 // (moe-convert quantize --type q8_0, q4_k, q6_k, mxfp4, q4_k_m): the experts stream from the file
 // at their stored bytes, stay in their block format in the slots and run on the resident model's
 // kernels, so score and generate print exactly what the resident quantised model prints; the
-// budget counts the bytes as stored.
+// budget counts the bytes as stored. A damaged block scale in one expert is refused by both,
+// naming the expert, as the resident loader refuses it.
 #include <catch2/catch.hpp>
+#include <cstring>
 #include <string>
 #include <vector>
 
+#include "moe/io/checkpoint.h"
 #include "support/run.h"
 
 using namespace moe;
@@ -73,5 +76,43 @@ TEST_CASE("cli: quantised experts stream through the ring and the cache bitwise"
         REQUIRE(s.err.find("1 slots for " + std::to_string(8 * one) + " expert bytes") !=
                 std::string::npos);
     }
+  }
+}
+
+TEST_CASE("cli: a damaged quantised expert is refused by the ring and the cache, naming it",
+          "[cli][quantize][offload]") {
+  test::ScratchDir dir("cli-quantised-experts-damaged");
+  const std::string ckpt = test::train_on_fortunes(dir / "run", kModel);
+  const std::string q4 = dir / "q4.h5", bad = dir / "bad.h5";
+  must_run("moe-convert", "quantize " + ckpt + " --type q4_k -o " + q4);
+  // Expert 2 of layer 1's w2, row 3: its one q4_k block's d (the block's first 2 bytes) an f16
+  // infinity.
+  io::Checkpoint c = io::load_checkpoint(q4);
+  const std::string name = "blocks.1.moe.experts.w2";
+  bool found = false;
+  for (io::NamedTensor& nt : c.params) {
+    if (nt.name != name) continue;
+    REQUIRE(nt.tensor.shape() == Shape{4, 256, 144});
+    nt.tensor = nt.tensor.clone();
+    const uint16_t f16_inf = 0x7c00;
+    std::memcpy(nt.tensor.data<uint8_t>() + (2 * 256 + 3) * 144, &f16_inf, 2);
+    found = true;
+  }
+  REQUIRE(found);
+  io::save_checkpoint(bad, c);
+  const std::string score = "score --model " + bad + " --data " + test::fortunes_path("computers") +
+                            " --max-sequences 6 --batch 3";
+  // The resident model maps the experts and checks their scales only with --verify-weights; the
+  // stores read each expert they hold, so they check it as the reading loader does.
+  for (const std::string& flags : {std::string(" --expert-budget 60%"),
+                                   std::string(" --expert-budget 100% --expert-cache lru")}) {
+    INFO(flags);
+    auto r = run_command(tool("moe-infer", score + flags));
+    INFO(r.err);
+    REQUIRE(r.exit_code == 1);
+    REQUIRE(r.err.find("moe-infer: error: ") != std::string::npos);
+    REQUIRE(r.err.find("expert 2 of '" + name + "' row 3 block 0 has scale inf") !=
+            std::string::npos);
+    REQUIRE(r.err.find("the file is damaged") != std::string::npos);
   }
 }
