@@ -8,14 +8,17 @@
 # configuration runs ROUNDS times in turn with the ring (A B A B ...), so that the ratios are
 # pairs taken close in time on a busy machine. Prints each run's summary (tokens/s) and the
 # store's own line (bytes read; the cache's hit rate beside Belady's on the same accesses and the
-# next-layer estimate's hit rate), and checks the outputs are the resident model's bytes. Last,
-# generation with --prefetch paired with the same flags without it.
-# Usage: bench/expert_cache.sh [BUILD_DIR] (default build); STEPS=30 SEQS=32 ROUNDS=2 override.
+# next-layer estimate's hit rate), and checks the outputs are the resident model's bytes. Then
+# generation with --prefetch paired with the same flags without it. Last, a q4_k model of a few
+# hundred MB generating at 25%: resident, cache and ring (tokens/s, peak RSS). Usage: bench/expert_cache.sh [BUILD_DIR] (default build); STEPS=30 SEQS=32 ROUNDS=2 Q4=1
+# override (Q4=0: without the q4_k part; Q4=only: that part alone).
 set -euo pipefail
 bin=${1:-build}/bin
 work=${WORK:-run/bench-expert-cache}
 steps=${STEPS:-30} seqs=${SEQS:-32} rounds=${ROUNDS:-2}
 mkdir -p "$work"
+printf 'The kernel\nFree software\nA program\nLinux is\n' > "$work/prompts.txt"
+if [ "${Q4:-1}" != only ]; then
 if [ ! -f "$work/model.h5" ]; then
   "$bin/moe-train" --arch mixtral --data /usr/share/games/fortunes/linux --layers 4 \
     --d-model 256 --heads 4 --kv-heads 2 --d-ff 512 --seq 64 --experts 8 --moe-every 1 \
@@ -24,7 +27,6 @@ if [ ! -f "$work/model.h5" ]; then
 fi
 "$bin/moe-profile" record --model "$work/model.h5" --data /usr/share/common-licenses/GPL-2 \
   -o "$work/trace.h5" -q --force
-printf 'The kernel\nFree software\nA program\nLinux is\n' > "$work/prompts.txt"
 score="score --model $work/model.h5 --data /usr/share/common-licenses/GPL-3 --max-sequences $seqs --batch 1 --threads 1"
 generate="generate --model $work/model.h5 --prompts $work/prompts.txt --max-new 48 --batch 1 --threads 1"
 "$bin/moe-infer" $score -q -o "$work/resident-score.jsonl" --force
@@ -59,4 +61,32 @@ for budget in 25 50; do
     run generate "prefetch$budget" \
       "--expert-budget $budget% --expert-cache lru --pin-from $work/trace.h5 --prefetch"
   done
+done
+fi
+# A q4_k model of a few hundred MB (Q4=0 skips it): generation at 25% of the experts' stored bytes,
+# resident against the cache and the ring, in turn (A B C A B C ...), each run's tokens/s and peak
+# RSS (GNU time's maximum resident set), and the outputs checked against the resident model's.
+[ "${Q4:-1}" = 0 ] && exit 0
+q4=$work/q4k.h5
+if [ ! -f "$q4" ]; then
+  "$bin/moe-train" --arch mixtral --data /usr/share/games/fortunes/linux --layers 4 \
+    --d-model 1024 --heads 8 --kv-heads 4 --d-ff 1024 --seq 32 --experts 24 --moe-every 1 \
+    --batch 1 --steps 1 --threads 2 --out "$work/run-q4" -q
+  "$bin/moe-convert" quantize "$work/run-q4/last.h5" --type q4_k -o "$q4" -q
+  rm -rf "$work/run-q4"
+fi
+q4gen="generate --model $q4 --prompts $work/prompts.txt --max-new 32 --batch 1 --threads 1"
+q4run() {  # name, flags
+  /usr/bin/time -f "peak RSS %M KiB, %e s" \
+    "$bin/moe-infer" $q4gen $2 -o "$work/q4-$1.jsonl" --force 2>&1 |
+    grep -E "moe-infer generate:|expert ring: compute|expert cache: [0-9]|peak RSS" |
+    sed "s/^/generate q4_k $1: /"
+  [ "$1" = resident ] || cmp -s "$work/q4-resident.jsonl" "$work/q4-$1.jsonl" ||
+    echo "generate q4_k $1: OUTPUT DIFFERS from the resident model's"
+}
+for round in $(seq "$rounds"); do
+  echo "== generate, q4_k ($(du -m "$q4" | cut -f1) MB), budget 25%, round $round"
+  q4run resident ""
+  q4run lru25 "--expert-budget 25% --expert-cache lru"
+  q4run ring25 "--expert-budget 25%"
 done
