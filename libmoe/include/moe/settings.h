@@ -1,7 +1,7 @@
 // The training settings by name, for messages. The library names a setting (Setting::offload);
-// the tools own the flags that set them, and this one table says which of moe-train's flags sets
-// each, so that a refusal can tell the user what to change (flag_for(Setting::offload) is
-// "--offload"). A setting of another tool, or one without a flag, does not belong here.
+// the tools own the flags that set them, and this one table says which flag of the training
+// tools (moe-train; moe-distill for the teacher, student and kd settings) sets each, so that a
+// refusal can tell the user what to change (flag_for(Setting::offload) is "--offload").
 #pragma once
 
 namespace moe {
@@ -51,6 +51,16 @@ namespace moe {
   X(trace, "--trace")                           \
   X(balance_bias_rate, "--balance-bias-rate")   \
   X(router_center_rate, "--router-center-rate") \
+  X(teacher, "--teacher")                       \
+  X(student_layers, "--student-layers")         \
+  X(keep_layers, "--keep-layers")               \
+  X(student_experts, "--student-experts")       \
+  X(expert_selection, "--expert-selection")     \
+  X(selection_batches, "--selection-batches")   \
+  X(kd_alpha, "--kd-alpha")                     \
+  X(kd_temperature, "--kd-temperature")         \
+  X(kd_stop_step, "--kd-stop-step")             \
+  X(kd_schedule, "--kd-schedule")               \
   X(device, "--device")                         \
   X(arch, "--arch")
 

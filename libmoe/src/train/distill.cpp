@@ -15,13 +15,15 @@
 #include "moe/io/dataset.h"
 #include "moe/io/model_text.h"
 #include "moe/ops/distill.h"
+#include "moe/settings.h"
 
 namespace moe::train {
 
 std::vector<int64_t> evenly_spaced_layers(int64_t teacher_layers, int64_t student_layers) {
-  MOE_USAGE_CHECK(student_layers >= 1, "--student-layers must be >= 1 (got ", student_layers, ")");
-  MOE_USAGE_CHECK(student_layers <= teacher_layers, "--student-layers ", student_layers,
-                  " is more than the teacher's ", teacher_layers,
+  MOE_USAGE_CHECK(student_layers >= 1, flag_for(Setting::student_layers), " must be >= 1 (got ",
+                  student_layers, ")");
+  MOE_USAGE_CHECK(student_layers <= teacher_layers, flag_for(Setting::student_layers), " ",
+                  student_layers, " is more than the teacher's ", teacher_layers,
                   " layers (a student keeps a subset of them)");
   std::vector<int64_t> layers;
   for (int64_t i = 0; i < student_layers; ++i)
@@ -67,8 +69,8 @@ static std::vector<int64_t> student_expert_counts(const ModelConfig& teacher,
   std::vector<int64_t> counts(n, 0);
   for (size_t j = 0; j < n; ++j) counts[j] = teacher.experts_per_layer[layers[j]];
   if (wanted.empty()) return counts;
-  MOE_USAGE_CHECK(!moe_layers.empty(),
-                  "--student-experts: the student has no MoE layer (teacher "
+  MOE_USAGE_CHECK(!moe_layers.empty(), flag_for(Setting::student_experts),
+                  ": the student has no MoE layer (teacher "
                   "layers kept are all dense)");
   if (wanted.size() == 1) {
     for (size_t j : moe_layers) counts[j] = wanted[0];
@@ -77,12 +79,13 @@ static std::vector<int64_t> student_expert_counts(const ModelConfig& teacher,
   } else if (wanted.size() == n) {
     for (size_t j = 0; j < n; ++j) {
       MOE_USAGE_CHECK(teacher.is_moe_layer(layers[j]) || wanted[j] == 0,
-                      "--student-experts: ", wanted[j], " experts for student layer ", j,
-                      ", but its teacher layer ", layers[j], " is dense (give 0 there)");
+                      flag_for(Setting::student_experts), ": ", wanted[j],
+                      " experts for student layer ", j, ", but its teacher layer ", layers[j],
+                      " is dense (give 0 there)");
       counts[j] = wanted[j];
     }
   } else {
-    throw UsageError(str("--student-experts has ", wanted.size(),
+    throw UsageError(str(flag_for(Setting::student_experts), " has ", wanted.size(),
                          " values; give one for every MoE layer, one per student MoE layer (",
                          moe_layers.size(), ") or one per student layer (", n, ", 0 = dense)"));
   }
@@ -90,11 +93,11 @@ static std::vector<int64_t> student_expert_counts(const ModelConfig& teacher,
   const int64_t least = teacher.residual_moe ? 1 : std::max<int64_t>(2, k);
   for (size_t j : moe_layers) {
     const int64_t have = teacher.experts_per_layer[layers[j]];
-    MOE_USAGE_CHECK(counts[j] <= have, "--student-experts: ", counts[j],
+    MOE_USAGE_CHECK(counts[j] <= have, flag_for(Setting::student_experts), ": ", counts[j],
                     " experts for student layer ", j, " is more than the ", have,
                     " experts of teacher layer ", layers[j],
                     " (a student keeps a subset of the teacher's experts)");
-    MOE_USAGE_CHECK(counts[j] >= least, "--student-experts: ", counts[j],
+    MOE_USAGE_CHECK(counts[j] >= least, flag_for(Setting::student_experts), ": ", counts[j],
                     " experts for student layer ", j, " (teacher layer ", layers[j],
                     "); an MoE layer of this teacher needs at least ", least,
                     teacher.residual_moe ? " (residual MoE)" : str(" (top-k ", k, ")"),
@@ -110,15 +113,15 @@ StudentPlan plan_student(const ModelConfig& teacher, const StudentSpec& spec,
   if (!spec.keep_layers.empty()) {
     MOE_USAGE_CHECK(
         spec.layers == 0 || spec.layers == static_cast<int64_t>(spec.keep_layers.size()),
-        "--student-layers ", spec.layers, " disagrees with the ", spec.keep_layers.size(),
-        " layers of --keep-layers");
+        flag_for(Setting::student_layers), " ", spec.layers, " disagrees with the ",
+        spec.keep_layers.size(), " layers of ", flag_for(Setting::keep_layers));
     for (size_t i = 0; i < spec.keep_layers.size(); ++i) {
       const int64_t l = spec.keep_layers[i];
-      MOE_USAGE_CHECK(l >= 0 && l < L, "--keep-layers: layer ", l, " is not one of the teacher's ",
-                      L, " layers (0..", L - 1, ")");
-      MOE_USAGE_CHECK(i == 0 || l > spec.keep_layers[i - 1],
-                      "--keep-layers must be strictly increasing (got ", spec.keep_layers[i - 1],
-                      " then ", l, ")");
+      MOE_USAGE_CHECK(l >= 0 && l < L, flag_for(Setting::keep_layers), ": layer ", l,
+                      " is not one of the teacher's ", L, " layers (0..", L - 1, ")");
+      MOE_USAGE_CHECK(i == 0 || l > spec.keep_layers[i - 1], flag_for(Setting::keep_layers),
+                      " must be strictly increasing (got ", spec.keep_layers[i - 1], " then ", l,
+                      ")");
     }
     plan.layers = spec.keep_layers;
     plan.layer_rule = "as given by --keep-layers";
@@ -128,8 +131,8 @@ StudentPlan plan_student(const ModelConfig& teacher, const StudentSpec& spec,
                           ? "all of them"
                           : "evenly spaced, the last always kept";
   }
-  MOE_USAGE_CHECK(spec.expert_rule == "popular" || spec.expert_rule == "first",
-                  "unknown --expert-selection '", spec.expert_rule,
+  MOE_USAGE_CHECK(spec.expert_rule == "popular" || spec.expert_rule == "first", "unknown ",
+                  flag_for(Setting::expert_selection), " '", spec.expert_rule,
                   "' (expected popular or first)");
   plan.expert_rule = spec.expert_rule;
   const bool popular = spec.expert_rule == "popular";
@@ -281,16 +284,21 @@ double kd_weight_at(int64_t step, double alpha, int64_t stop, const std::string&
 
 static void check_config(DistillConfig& c, const TrainConfig& train) {
   MOE_USAGE_CHECK(std::isfinite(c.alpha) && c.alpha >= 0 && c.alpha <= 1,
-                  "--kd-alpha must be in [0, 1] (the cross-entropy's share), got ", c.alpha);
+                  flag_for(Setting::kd_alpha),
+                  " must be in [0, 1] (the cross-entropy's share), got ", c.alpha);
   MOE_USAGE_CHECK(std::isfinite(c.temperature) && c.temperature > 0,
-                  "--kd-temperature must be > 0, got ", c.temperature);
-  MOE_USAGE_CHECK(c.kd_schedule == "linear" || c.kd_schedule == "step", "unknown --kd-schedule '",
-                  c.kd_schedule, "' (expected linear or step)");
-  MOE_USAGE_CHECK(c.kd_stop_step >= -1, "--kd-stop-step must be >= 0, got ", c.kd_stop_step);
-  MOE_USAGE_CHECK(c.selection_batches >= 1, "--selection-batches must be >= 1, got ",
-                  c.selection_batches);
-  MOE_USAGE_CHECK(train.steps >= 1, "--steps must be >= 1 (got ", train.steps, ")");
-  MOE_USAGE_CHECK(train.batch >= 1, "--batch must be >= 1 (got ", train.batch, ")");
+                  flag_for(Setting::kd_temperature), " must be > 0, got ", c.temperature);
+  MOE_USAGE_CHECK(c.kd_schedule == "linear" || c.kd_schedule == "step", "unknown ",
+                  flag_for(Setting::kd_schedule), " '", c.kd_schedule,
+                  "' (expected linear or step)");
+  MOE_USAGE_CHECK(c.kd_stop_step >= -1, flag_for(Setting::kd_stop_step), " must be >= 0, got ",
+                  c.kd_stop_step);
+  MOE_USAGE_CHECK(c.selection_batches >= 1, flag_for(Setting::selection_batches),
+                  " must be >= 1, got ", c.selection_batches);
+  MOE_USAGE_CHECK(train.steps >= 1, flag_for(Setting::steps), " must be >= 1 (got ", train.steps,
+                  ")");
+  MOE_USAGE_CHECK(train.batch >= 1, flag_for(Setting::batch), " must be >= 1 (got ", train.batch,
+                  ")");
   if (c.kd_stop_step < 0) c.kd_stop_step = (3 * train.steps + 3) / 4;
 }
 
@@ -306,7 +314,7 @@ Distiller::Distiller(const DistillConfig& distill, const TrainConfig& train,
     throw Error(str("teacher checkpoint '", config_.teacher, "' does not exist"));
   teacher_ = infer::load_model(config_.teacher);
   MOE_CHECK(
-      teacher_.quantization.empty(), "--teacher '", config_.teacher, "' is a ",
+      teacher_.quantization.empty(), flag_for(Setting::teacher), " '", config_.teacher, "' is a ",
       teacher_.quantization,
       "-quantised checkpoint (moe-convert quantize): moe-distill cannot use it (only "
       "moe-infer and moe-profile record read one); give it the checkpoint that was quantised");
