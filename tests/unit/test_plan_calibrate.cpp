@@ -2,6 +2,7 @@
 // values field by field, comments included; a quick calibration of this machine gives a spec the
 // reader accepts with every value positive and finite (never a timing bound: machines differ),
 // leaves nothing in its scratch directory, and a bad scratch directory fails before measuring.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
@@ -121,6 +122,11 @@ TEST_CASE("plan: a quick calibration gives a spec the reader accepts", "[plan][c
     CHECK(v > 0);
   }
   CHECK(s.ssd_bytes >= 0);
+  // The grouped GEMM by segment size has no key: its rates are comments under [compute] f32.
+  const auto& f32_notes = cal.notes.notes.at("compute.f32");
+  CHECK(std::count_if(f32_notes.begin(), f32_notes.end(), [](const std::string& line) {
+          return line.rfind("grouped GEMM (ops::grouped_gemm", 0) == 0;
+        }) == 1);
   // One process measures no link: both are named, and the latencies written as 0.
   REQUIRE(cal.unmeasured.size() == 2);
   CHECK(cal.unmeasured[0].find("[bandwidth] intra_node") == 0);

@@ -104,6 +104,9 @@ void compute(Run& run, double& adamw_node_rate) {
       gemm.notes.begin(),
       str("ops::gemm, ", num_threads(), " threads; the best of each shape's median, M x K x N:"));
   run.measured("compute.f32", s.gemm_f32, gemm, "FLOP/s");
+  const measure::Result grouped = measure::grouped_gemm_rates(device, run.sizes, gemm.value);
+  auto& f32_notes = run.out.notes.notes["compute.f32"];
+  f32_notes.insert(f32_notes.end(), grouped.notes.begin(), grouped.notes.end());
   // ops::gemm is fp32: a bf16/f16 model computes through its fp32 copies (Param::compute).
   s.gemm_bf16 = s.gemm_f16 = s.gemm_f32;
   for (const char* key : {"compute.bf16", "compute.f16"})

@@ -13,6 +13,7 @@
 #include "moe/error.h"
 #include "moe/offload/budget.h"
 #include "moe/ops/core.h"
+#include "moe/ops/moe.h"
 #include "moe/optim/adamw.h"
 #include "moe/param.h"
 #include "moe/tensor.h"
@@ -98,6 +99,30 @@ Result gemm_rate(Device device, const Sizes& sizes) {
     const double rate = 2.0 * static_cast<double>(s.m * s.k * s.n) / seconds;
     r.value = std::max(r.value, rate);
     r.notes.push_back(str(s.m, "x", s.k, "x", s.n, ": ", rate_text(rate, "FLOP/s")));
+  }
+  return r;
+}
+
+Result grouped_gemm_rates(Device device, const Sizes& sizes, double dense_rate) {
+  const int64_t experts = 8, d = sizes.quick ? 128 : 512, f = sizes.quick ? 256 : 1024;
+  const std::vector<int32_t> segment_rows =
+      sizes.quick ? std::vector<int32_t>{16, 128} : std::vector<int32_t>{16, 64, 256, 1024};
+  Tensor w = filled(experts * f, d, device);
+  w = w.reshape({experts, f, d});
+  Result r;
+  r.notes.push_back(str("grouped GEMM (ops::grouped_gemm, ", experts, " experts, ", d, " -> ", f,
+                        "), by rows a segment:"));
+  for (const int32_t rows : segment_rows) {
+    std::vector<int32_t> offsets(experts + 1);
+    for (int64_t e = 0; e <= experts; ++e) offsets[e] = static_cast<int32_t>(e * rows);
+    Tensor a = filled(experts * rows, d, device);
+    Tensor c = Tensor::zeros({experts * rows, f}, DType::f32, device);
+    const double seconds =
+        median_seconds(sizes.reps(), device, [&] { ops::grouped_gemm(a, w, true, offsets, c); });
+    const double rate = 2.0 * static_cast<double>(experts * rows * d * f) / seconds;
+    r.value = rate;
+    r.notes.push_back(str(rows, ": ", rate_text(rate, "FLOP/s"), " (", round4(rate / dense_rate),
+                          " of the f32 rate)"));
   }
   return r;
 }

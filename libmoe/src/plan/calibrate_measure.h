@@ -25,6 +25,9 @@ struct Sizes {
 // Dense fp32 GEMM (ops::gemm) on `device` at a few shapes: the best shape's median rate, every
 // shape's rate in the notes.
 Result gemm_rate(Device device, const Sizes& sizes);
+// The grouped expert GEMM (ops::grouped_gemm, 8 experts) by rows per segment: notes only (the
+// spec has no key for it), each rate also as a fraction of `dense_rate`; value: the largest's rate.
+Result grouped_gemm_rates(Device device, const Sizes& sizes, double dense_rate);
 // Host memory copies (Tensor::copy_from, CPU backend) of a large buffer: bytes copied per second.
 Result memcpy_rate(const Sizes& sizes);
 // Copies host -> device and device -> host (Tensor::to): the slower direction; both in the notes.
