@@ -89,6 +89,12 @@ TEST_CASE("cli: moe-plan calibrate names a scratch directory it cannot use", "[c
                                     "' does not exist"));
   CHECK_FALSE(std::filesystem::exists(spec));
 
+  // No --scratch: the output's directory, which must exist; named as the output's.
+  r = run_command(tool("moe-plan", "calibrate --quick -o " + dir / "nodir/machine.toml"));
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.err, Catch::Contains("moe-plan: error: cannot write '" + dir / "nodir/machine.toml" +
+                                    "': directory '" + dir / "nodir" + "' does not exist"));
+
   test::write_file(dir / "file", "x");
   r = run_command(tool("moe-plan", "calibrate --quick --scratch " + dir / "file" + " -o " + spec));
   CHECK(r.exit_code == 1);

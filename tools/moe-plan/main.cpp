@@ -42,6 +42,8 @@ int run_calibrate(Options& o) {
   plan::CalibrateOptions c;
   c.quick = o.quick;
   const std::string out_dir = std::filesystem::path(o.out).parent_path().string();
+  if (!out_dir.empty() && !std::filesystem::is_directory(out_dir))
+    throw Error(str("cannot write '", o.out, "': directory '", out_dir, "' does not exist"));
   c.scratch_dir = !o.scratch.empty() ? o.scratch : out_dir.empty() ? "." : out_dir;
   c.device = Device::parse(o.device);
   c.world = world.get();
