@@ -13,9 +13,10 @@ ExportModel::ExportModel(const Checkpoint& ckpt, const std::string& who, const s
                     ": only the mixtral flavour and the families built on it (qwen2_moe, "
                     "qwen3_moe, olmoe, glm4_moe) have a form there (this model is gpt: learned "
                     "positions, LayerNorm, GELU)"));
-  if (mc_.mla())
-    throw Error(str(who, ": deepseek_v3 (Multi-head Latent Attention) has no ", target,
-                    " export yet"));
+  // Latent attention has an HF form (hf_export.cpp); llama.cpp's deepseek2 export is to come.
+  if (mc_.mla() && target != "HF DeepSeek-V3")
+    throw Error(
+        str(who, ": deepseek_v3 (Multi-head Latent Attention) has no ", target, " export yet"));
   if (ckpt.sharding.rank >= 0)
     throw Error(str(who, ": this is rank ", ckpt.sharding.rank,
                     "'s shard of a sharded checkpoint; merge "
@@ -23,7 +24,7 @@ ExportModel::ExportModel(const Checkpoint& ckpt, const std::string& who, const s
   check_layers();
   if (mc_.residual_moe) throw Error(str(who, ": residual MoE (PR-MoE) has no ", target, " form"));
   // GLM-4-MoE's router (DeepSeek-V3's): sigmoid scores with a selection bias; the others softmax.
-  const bool glm = mc_.arch == Arch::glm4_moe;
+  const bool glm = mc_.arch == Arch::glm4_moe || mc_.arch == Arch::deepseek_v3;
   // Qwen's dense_ff is HF intermediate_size, the width of dense layers these files can name
   // (mlp_only_layers) though every layer here has experts (check_layers).
   const bool qwen = mc_.arch == Arch::qwen2_moe || mc_.arch == Arch::qwen3_moe;
@@ -54,7 +55,7 @@ ExportModel::ExportModel(const Checkpoint& ckpt, const std::string& who, const s
 // Experts in every layer, the same number E in each; glm4_moe: dense layers first
 // (first_k_dense_replace), then MoE layers of E experts each.
 void ExportModel::check_layers() {
-  const bool glm = mc_.arch == Arch::glm4_moe;
+  const bool glm = mc_.arch == Arch::glm4_moe || mc_.arch == Arch::deepseek_v3;
   for (int64_t i = 0; i < mc_.layers; ++i) {
     const int64_t experts = mc_.experts_per_layer[static_cast<size_t>(i)];
     if (experts == 0 && !(glm && experts_ == 0))

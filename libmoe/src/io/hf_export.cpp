@@ -17,6 +17,7 @@
 #include "core/json_text.h"
 #include "io/export_model.h"
 #include "io/files.h"
+#include "io/hf_mla.h"
 #include "io/hf_names.h"
 #include "moe/error.h"
 #include "moe/io/hf_checkpoint.h"
@@ -49,6 +50,8 @@ const char* hf_model_name(Arch arch) {
       return "HF OLMoE";
     case Arch::glm4_moe:
       return "HF GLM-4-MoE";
+    case Arch::deepseek_v3:
+      return "HF DeepSeek-V3";
     default:
       return "HF Mixtral";
   }
@@ -106,14 +109,55 @@ nlohmann::ordered_json glm_config(const ModelConfig& mc, int64_t E) {
   return c;
 }
 
-// Refuses a glm4_moe model config.json cannot describe.
+// DeepSeek-V3's config.json (configuration_deepseek_v3.py's keys; the RoPE rows interleaved).
+nlohmann::ordered_json deepseek_config(const ModelConfig& mc, int64_t E) {
+  nlohmann::ordered_json c;
+  c["architectures"] = {"DeepseekV3ForCausalLM"};
+  c["model_type"] = "deepseek_v3";
+  c["vocab_size"] = mc.vocab_size;
+  c["hidden_size"] = mc.d_model;
+  c["intermediate_size"] = mc.dense_ff_resolved();
+  c["moe_intermediate_size"] = mc.d_ff;
+  c["num_hidden_layers"] = mc.layers;
+  c["num_attention_heads"] = mc.heads;
+  c["num_key_value_heads"] = mc.heads;
+  c["head_dim"] = mc.qk_rope_dim;  // as transformers writes it
+  c["q_lora_rank"] = mc.q_lora_rank > 0 ? nlohmann::ordered_json(mc.q_lora_rank) : nullptr;
+  c["kv_lora_rank"] = mc.kv_lora_rank;
+  c["qk_nope_head_dim"] = mc.qk_nope_dim;
+  c["qk_rope_head_dim"] = mc.qk_rope_dim;
+  c["v_head_dim"] = mc.v_head_dim;
+  c["rope_interleave"] = true;
+  c["hidden_act"] = "silu";
+  c["max_position_embeddings"] = mc.seq;
+  c["initializer_range"] = 0.02;
+  c["rms_norm_eps"] = mc.norm_eps;
+  c["use_cache"] = true;
+  c["tie_word_embeddings"] = false;
+  c["rope_parameters"] = {{"rope_theta", mc.rope_theta}, {"rope_type", "default"}};
+  c["attention_bias"] = false;
+  c["attention_dropout"] = 0.0;
+  c["num_experts_per_tok"] = mc.top_k;
+  c["n_shared_experts"] = mc.shared_expert_ff / mc.d_ff;
+  c["n_routed_experts"] = E;
+  c["routed_scaling_factor"] = mc.routed_scale;
+  c["n_group"] = mc.router_groups;
+  c["topk_group"] = mc.router_group_topk;
+  c["first_k_dense_replace"] = leading_dense_layers(mc);
+  c["norm_topk_prob"] = mc.normalize_topk;
+  c["num_nextn_predict_layers"] = 0;
+  c["torch_dtype"] = torch_dtype_name(mc.dtype);
+  return c;
+}
+
+// Refuses a glm4_moe or deepseek_v3 model config.json cannot describe.
 void check_glm(const ModelConfig& mc) {
   const int64_t hd = mc.head_dim_resolved(), rd = mc.rope_dim_resolved();
   if (mc.shared_expert_ff % mc.d_ff != 0)
     throw Error(str("Hugging Face export: HF GLM-4-MoE's shared experts are n_shared_experts x ",
                     "moe_intermediate_size (", mc.d_ff, ") wide; this model's are ",
                     mc.shared_expert_ff));
-  if (static_cast<int64_t>(double(hd) * (double(rd) / double(hd))) != rd)
+  if (!mc.mla() && static_cast<int64_t>(double(hd) * (double(rd) / double(hd))) != rd)
     throw Error(str("Hugging Face export: RoPE on ", rd, " of ", hd,
                     " features a head has no exact partial_rotary_factor"));
   for (int64_t i = 0; i < mc.layers; ++i)
@@ -125,6 +169,7 @@ void check_glm(const ModelConfig& mc) {
 // config.json with the keys the family's transformers config class writes.
 nlohmann::ordered_json family_config(const ModelConfig& mc, int64_t E) {
   if (mc.arch == Arch::glm4_moe) return glm_config(mc, E);
+  if (mc.arch == Arch::deepseek_v3) return deepseek_config(mc, E);
   const int64_t D = mc.d_model, H = mc.heads, hd = mc.head_dim_resolved();
   nlohmann::ordered_json c;
   const bool mixtral = mc.arch == Arch::mixtral, qwen2 = mc.arch == Arch::qwen2_moe;
@@ -231,10 +276,15 @@ std::vector<NamedTensor> hf_tensors(ExportModel& m) {
     const std::string ours = str("blocks.", i, "."), hf = str("model.layers.", i, ".");
     const std::string moe = hf + (mixtral ? "block_sparse_moe." : "mlp.");
     emit(hf + "input_layernorm.weight", param(ours + "norm1.weight", {D}));
-    emit(hf + "self_attn.q_proj.weight", param(ours + "attn.q.weight", {H * hd, D}));
-    emit(hf + "self_attn.k_proj.weight", param(ours + "attn.k.weight", {KV * hd, D}));
-    emit(hf + "self_attn.v_proj.weight", param(ours + "attn.v.weight", {KV * hd, D}));
-    emit(hf + "self_attn.o_proj.weight", param(ours + "attn.o.weight", {D, H * hd}));
+    if (flavour.latent_attention) {
+      for (NamedTensor& nt : hf::mla_hf_tensors(mc, ours, hf + "self_attn.", param))
+        out.push_back(std::move(nt));
+    } else {
+      emit(hf + "self_attn.q_proj.weight", param(ours + "attn.q.weight", {H * hd, D}));
+      emit(hf + "self_attn.k_proj.weight", param(ours + "attn.k.weight", {KV * hd, D}));
+      emit(hf + "self_attn.v_proj.weight", param(ours + "attn.v.weight", {KV * hd, D}));
+      emit(hf + "self_attn.o_proj.weight", param(ours + "attn.o.weight", {D, H * hd}));
+    }
     if (flavour.qkv_bias) {
       emit(hf + "self_attn.q_proj.bias", param(ours + "attn.q.bias", {H * hd}));
       emit(hf + "self_attn.k_proj.bias", param(ours + "attn.k.bias", {KV * hd}));
@@ -430,8 +480,10 @@ void export_hf(const Checkpoint& ckpt, const std::string& dir, const HfExportOpt
                     " has heads of hidden_size / "
                     "num_attention_heads; this model's are ",
                     mc.head_dim_resolved(), " wide"));
-  if (mc.arch == Arch::glm4_moe) check_glm(mc);
-  if (mc.shared_expert_ff > 0 && mc.arch != Arch::qwen2_moe && mc.arch != Arch::glm4_moe)
+  const bool deepseek = mc.arch == Arch::deepseek_v3;
+  if (mc.arch == Arch::glm4_moe || deepseek) check_glm(mc);
+  if (mc.shared_expert_ff > 0 && mc.arch != Arch::qwen2_moe && mc.arch != Arch::glm4_moe &&
+      !deepseek)
     throw Error(str("Hugging Face export: ", hf_model_name(mc.arch),
                     " has no shared expert; this model's "
                     "is ",

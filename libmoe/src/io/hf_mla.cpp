@@ -102,4 +102,52 @@ Tensor pick_rows(const Tensor& t, const std::vector<int64_t>& rows) {
   return out;
 }
 
+std::vector<NamedTensor> mla_hf_tensors(
+    const ModelConfig& mc, const std::string& ours, const std::string& hf,
+    const std::function<const NamedTensor&(const std::string&, const Shape&)>& param) {
+  const std::vector<MlaPart> parts = mla_parts(mc, true);
+  const std::pair<Slot, const char*> order[] = {{Slot::mla_q_a, "q_a_proj.weight"},
+                                                {Slot::mla_q_a_norm, "q_a_layernorm.weight"},
+                                                {Slot::mla_q_b, "q_b_proj.weight"},
+                                                {Slot::q, "q_proj.weight"},
+                                                {Slot::mla_kv_a, "kv_a_proj_with_mqa.weight"},
+                                                {Slot::mla_kv_a_norm, "kv_a_layernorm.weight"},
+                                                {Slot::mla_kv_b, "kv_b_proj.weight"},
+                                                {Slot::o, "o_proj.weight"}};
+  std::vector<NamedTensor> out;
+  for (const auto& [slot, name] : order) {
+    std::string why;
+    const Shape whole = mla_hf_shape(mc, slot, why);
+    std::vector<std::pair<NamedTensor, std::vector<int64_t>>> from;  // our param, its HF rows
+    for (const MlaPart& part : parts) {
+      if (part.slot != slot) continue;
+      Shape shape = whole;
+      shape[0] = static_cast<int64_t>(part.rows.size());
+      from.push_back({param(ours + part.our, shape), part.rows});
+    }
+    if (from.empty()) continue;  // q_proj with a q latent, or the q latent without one
+    const DType dtype = from[0].first.dtype();
+    auto source = std::make_shared<TensorSource>();
+    source->shape = whole;
+    source->dtype = dtype;
+    source->read = [whole, dtype, from] {
+      Tensor t = Tensor::empty(whole, dtype);
+      const size_t row_bytes = t.nbytes() / static_cast<size_t>(whole[0]);
+      auto* to = static_cast<std::byte*>(t.raw());
+      for (const auto& [nt, rows] : from) {
+        const Tensor value = nt.whole().to(Device{});
+        const auto* src = static_cast<const std::byte*>(value.raw());
+        for (size_t i = 0; i < rows.size(); ++i)
+          std::memcpy(to + static_cast<size_t>(rows[i]) * row_bytes, src + i * row_bytes,
+                      row_bytes);
+      }
+      return t;
+    };
+    NamedTensor nt{hf + name, Tensor(), false, {}};
+    nt.deferred = std::move(source);
+    out.push_back(std::move(nt));
+  }
+  return out;
+}
+
 }  // namespace moe::io::hf

@@ -4,10 +4,12 @@
 // v_b; import picks the rows, export puts them back. Private to libmoe (hf_checkpoint.cpp,
 // hf_export.cpp).
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "io/hf_names.h"
+#include "moe/io/checkpoint.h"
 #include "moe/models/config.h"
 #include "moe/tensor.h"
 
@@ -28,5 +30,13 @@ std::vector<MlaPart> mla_parts(const ModelConfig& mc, bool interleaved);
 Shape mla_hf_shape(const ModelConfig& mc, Slot slot, std::string& why);
 // Rows `rows` of t ([R, ...], on the host), in order, as a new tensor of t's dtype.
 Tensor pick_rows(const Tensor& t, const std::vector<int64_t>& rows);
+
+// The HF tensors of block `ours` ("blocks.3.")'s latent attention, named under `hf`
+// ("model.layers.3.self_attn."), in transformers' order, each assembled when written from our
+// params' rows (rope_interleave true: DeepSeek's layout). `param(name, shape)` gives (and marks
+// used) one of our params.
+std::vector<NamedTensor> mla_hf_tensors(
+    const ModelConfig& mc, const std::string& ours, const std::string& hf,
+    const std::function<const NamedTensor&(const std::string&, const Shape&)>& param);
 
 }  // namespace moe::io::hf
