@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "moe/models/memory.h"
 #include "moe/models/transformer.h"
 #include "moe/nn/attention.h"
 #include "moe/rng.h"
@@ -266,4 +267,31 @@ TEST_CASE("deepseek_v3: the latent shape is saved, loaded and checked", "[mla][d
   bad["kv_lora_rank"] = -2;
   CHECK_THAT(test::error_of([&] { model_config_from_json(bad); }),
              Catch::Contains("the latent attention's sizes must be >= 0"));
+}
+
+// The memory checks size a model by parameter_lower_bound: with latent attention it must count
+// the latent projections (the q/k/v/o formula of the other families counted 4 D H hd a block,
+// 3.7 times DeepSeek-V3's real attention, and would refuse models that fit).
+TEST_CASE("deepseek_v3: the parameter bound counts the latent attention", "[mla][deepseek_v3]") {
+  ModelConfig c;
+  c.arch = Arch::deepseek_v3;
+  c.vocab_size = 32, c.layers = 2, c.d_model = 64, c.heads = 8, c.seq = 8;
+  c.q_lora_rank = 16, c.kv_lora_rank = 8, c.qk_nope_dim = 16, c.qk_rope_dim = 8, c.v_head_dim = 8;
+  c.d_ff = 8, c.experts = 2, c.moe_every = 2, c.top_k = 1;
+  c.router_scoring = nn::RouterScoring::sigmoid;
+  for (int64_t q_lora : {int64_t{16}, int64_t{0}}) {
+    c.q_lora_rank = q_lora;
+    c.resolve();
+    ParamSet ps(1);
+    Transformer model(c, ps);
+    double actual = 0, norms = 0;
+    for (const Param* p : std::as_const(ps).all()) {
+      actual += double(p->value.numel());
+      if (p->value.ndim() == 1) norms += double(p->value.numel());  // norms, the router bias
+    }
+    const double bound = parameter_lower_bound(c, 1, 1);
+    INFO("q_lora_rank " << q_lora << ": bound " << bound << ", parameters " << actual);
+    CHECK(bound <= actual);
+    CHECK(bound >= actual - norms);
+  }
 }

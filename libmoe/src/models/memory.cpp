@@ -16,17 +16,32 @@
 
 namespace moe {
 
-double parameter_lower_bound(const ModelConfig& c, double experts_share, double embedding_share) {
-  const double V = double(c.vocab_size), D = double(c.d_model), F = double(c.d_ff);
+namespace {
+// The weight matrices of one block's attention: q, k, v, o, or latent attention's (nn/mla.h).
+double attention_matrices(const ModelConfig& c) {
+  const double D = double(c.d_model);
+  if (c.mla()) {
+    const double H = double(c.heads), hd = double(c.qk_nope_dim + c.qk_rope_dim);
+    const double r = double(c.q_lora_rank), kv = double(c.kv_lora_rank);
+    const double q = r > 0 ? D * r + r * H * hd : D * H * hd;
+    return q + D * (kv + double(c.qk_rope_dim)) + kv * H * double(c.qk_nope_dim + c.v_head_dim) +
+           H * double(c.v_head_dim) * D;
+  }
   const double hd = c.heads > 0 ? double(c.head_dim_resolved()) : D;
   const double q_width = double(std::max<int64_t>(c.heads, 1)) * hd;
   const double kv_width = double(c.kv_heads_resolved()) * hd;
+  return 2 * D * q_width + 2 * D * kv_width;  // q, o; k, v
+}
+}  // namespace
+
+double parameter_lower_bound(const ModelConfig& c, double experts_share, double embedding_share) {
+  const double V = double(c.vocab_size), D = double(c.d_model), F = double(c.d_ff);
   // gpt: W1, W2; mixtral (SwiGLU): W1, W2, W3.
   const double mlp = (flavour_of(c).activation == nn::Activation::swiglu ? 3 : 2) * D * F;
   double n = embedding_share * V * D;                      // token embedding
   if (!c.tied_embeddings()) n += embedding_share * V * D;  // untied LM head
   for (int64_t l = 0; l < c.layers; ++l) {
-    n += 2 * D * q_width + 2 * D * kv_width;  // q, o; k, v
+    n += attention_matrices(c);
     const double E = l < int64_t(c.experts_per_layer.size())
                          ? double(c.experts_per_layer[size_t(l)])
                          : double(c.experts);
