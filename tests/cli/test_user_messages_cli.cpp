@@ -305,26 +305,27 @@ TEST_CASE("cli: a resumed FlexMoE placement state missing a key names the checkp
   // placement read it).
   REQUIRE(run_command("command -v mpiexec").exit_code == 0);  // scripts/setup installs it
   test::ScratchDir dir("cli-user-messages-placement");
-  const std::string run = dir / "run", damaged = dir / "damaged";
-  const std::string placed = " --ep 2 --placement flexmoe --threads 1 -q";
+  const std::string run = dir / "run", damaged = dir / "damaged.h5";
+  const std::string placed = " --ep 2 --placement flexmoe";
   const test::RunResult trained = run_command(
       "OMP_NUM_THREADS=1 timeout 120 mpiexec -n 2 " +
       tool("moe-train", "--data " + test::fortunes_path("linux") + " --out " + run +
                             test::kTinyMixtral + " --steps 2" + placed));
   INFO(trained.err);
   REQUIRE(trained.exit_code == 0);
-  const std::string step = run + "/step-00000002", head = damaged + "/rank-00000.h5";
-  fs::copy(step, damaged, fs::copy_options::recursive);
-  edit_json_attr(step + "/rank-00000.h5", head, "train_config", [](auto& j) {
+  // A placed run's rank 0 writes every logical expert: one file.
+  edit_json_attr(run + "/step-00000002.h5", damaged, "train_config", [](auto& j) {
     REQUIRE(j.at("placement_state").contains("ranks"));
     j["placement_state"].erase("ranks");
   });
   const test::RunResult resumed = run_command(
       "OMP_NUM_THREADS=1 timeout 120 mpiexec -n 2 " +
-      tool("moe-train", "--resume " + damaged + " --out " + (dir / "again") + " --steps 3" + placed));
+      tool("moe-train",
+           "--resume " + damaged + " --out " + (dir / "again") + " --steps 3 --threads 1" +
+               placed));
   INFO(resumed.err);
   CHECK(resumed.exit_code != 0);
-  CHECK_THAT(resumed.err, Catch::Contains("checkpoint '" + head +
+  CHECK_THAT(resumed.err, Catch::Contains("checkpoint '" + damaged +
                                           "': attribute 'train_config': \"placement_state\": "
                                           "\"ranks\" is missing"));
 }
