@@ -1,5 +1,5 @@
 // A cluster spec: the machine a run is planned for, as moe-plan reads it from a TOML file that a
-// person writes by hand (or, later, `moe-plan calibrate` measures). docs/FORMATS.md ("Cluster
+// person writes by hand or `moe-plan calibrate` measures. docs/FORMATS.md ("Cluster
 // spec") is the contract; specs/clusters/ holds specs of public machines with each number's source.
 //
 // Every quantity carries its unit in the file ("80GiB", "900GB/s", "2us", "989TFLOP/s",
