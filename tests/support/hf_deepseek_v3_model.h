@@ -18,6 +18,9 @@ struct TinyDeepseek {
   dsv3::MlaShape attn;  // D and H must equal moe's
   int64_t nextn = 1;    // num_nextn_predict_layers written after the last layer
   bool interleave = true;
+  // DeepSeek-V2 (model_type deepseek_v2): softmax router without a correction bias, the top-k
+  // probabilities times routed_scaling_factor (transformers' DeepseekV2TopkRouter, "greedy").
+  bool v2 = false;
   TinyDeepseek() {
     moe.D = 12, moe.H = 3, moe.V = 64, moe.F = 10, moe.Fd = 20, moe.L = 3, moe.E = 8, moe.k = 3;
     moe.dense = 1, moe.shared = 1, moe.groups = 4, moe.group_k = 2, moe.scale = 2.5;
@@ -64,12 +67,28 @@ inline json deepseek_config(const TinyDeepseek& t) {
               {"dtype", "float32"}};
 }
 
+// config.json as DeepseekV2Config writes it: V3's keys less the sigmoid router's, with
+// topk_method greedy (no group limit) and no renormalisation.
+inline json deepseek_v2_config(const TinyDeepseek& t) {
+  json c = deepseek_config(t);
+  c["architectures"] = {"DeepseekV2ForCausalLM"};
+  c["model_type"] = "deepseek_v2";
+  for (const char* key :
+       {"n_group", "topk_group", "rope_interleave", "num_nextn_predict_layers", "qk_head_dim"})
+    c.erase(key);
+  c["topk_method"] = "greedy";
+  c["norm_topk_prob"] = false;
+  return c;
+}
+
 // Every tensor: GLM's MoE layers and outer tensors, the latent attention of each layer, and
 // (nextn > 0) a prediction layer's extra tensors after the last.
 inline std::map<std::string, Tensor> deepseek_weights(const TinyDeepseek& t, uint64_t seed) {
   std::map<std::string, Tensor> w;
   for (auto& [name, value] : glm_weights(t.moe, seed))
-    if (name.find(".self_attn.") == std::string::npos) w[name] = value;
+    if (name.find(".self_attn.") == std::string::npos &&
+        !(t.v2 && name.ends_with("e_score_correction_bias")))
+      w[name] = value;
   for (int64_t l = 0; l < t.moe.L + t.nextn; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".self_attn.";
     for (auto& [name, value] : dsv3::mla_weights(t.attn, seed * 10 + uint64_t(l)))
@@ -83,7 +102,35 @@ inline std::map<std::string, Tensor> deepseek_weights(const TinyDeepseek& t, uin
   return w;
 }
 
-// Logits [B*T, V] of DeepseekV3ForCausalLM for ids [B, T].
+// DeepseekV2Moe of layer `p` for one normalised token x (the dense MLP before the MoE layers).
+inline Vec deepseek_v2_mlp(const TinyGlm& t, const std::map<std::string, Tensor>& w,
+                           const std::string& p, const Vec& x, int64_t layer) {
+  auto mlp = [&](const std::string& q, int64_t F) {
+    return swiglu(values(w, q + "gate_proj.weight"), values(w, q + "up_proj.weight"),
+                  values(w, q + "down_proj.weight"), x, F, t.D);
+  };
+  if (layer < t.dense) return mlp(p + "mlp.", t.Fd);
+  Vec probs = linear(values(w, p + "mlp.gate.weight"), x, t.E);
+  double top = probs[0], sum = 0;
+  for (double v : probs) top = std::max(top, v);
+  for (double& v : probs) sum += (v = std::exp(v - top));
+  for (double& v : probs) v /= sum;
+  std::vector<int64_t> order(size_t(t.E));
+  for (int64_t e = 0; e < t.E; ++e) order[size_t(e)] = e;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return probs[size_t(a)] > probs[size_t(b)]; });
+  Vec out(size_t(t.D), 0.0);
+  for (int64_t j = 0; j < t.k; ++j) {
+    const int64_t e = order[size_t(j)];
+    const Vec y = mlp(p + "mlp.experts." + std::to_string(e) + ".", t.F);
+    for (int64_t i = 0; i < t.D; ++i) out[size_t(i)] += probs[size_t(e)] * t.scale * y[size_t(i)];
+  }
+  const Vec y = mlp(p + "mlp.shared_experts.", t.shared * t.F);
+  for (int64_t i = 0; i < t.D; ++i) out[size_t(i)] += y[size_t(i)];
+  return out;
+}
+
+// Logits [B*T, V] of DeepseekV3ForCausalLM (DeepseekV2ForCausalLM when t.v2) for ids [B, T].
 inline Vec deepseek_reference_logits(const TinyDeepseek& t, const std::map<std::string, Tensor>& w,
                                      const std::vector<int32_t>& ids, int64_t B, int64_t T) {
   const TinyGlm& m = t.moe;
@@ -107,7 +154,8 @@ inline Vec deepseek_reference_logits(const TinyDeepseek& t, const std::map<std::
     const Vec ln2 = values(w, p + "post_attention_layernorm.weight");
     for (int64_t r = 0; r < B * T; ++r) {
       for (int64_t i = 0; i < m.D; ++i) h[size_t(r)][size_t(i)] += a[size_t(r * m.D + i)];
-      const Vec y = glm_mlp(m, w, p, rms_norm(h[size_t(r)], ln2, m.eps), l);
+      const Vec n = rms_norm(h[size_t(r)], ln2, m.eps);
+      const Vec y = t.v2 ? deepseek_v2_mlp(m, w, p, n, l) : glm_mlp(m, w, p, n, l);
       for (int64_t i = 0; i < m.D; ++i) h[size_t(r)][size_t(i)] += y[size_t(i)];
     }
   }

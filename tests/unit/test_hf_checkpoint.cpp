@@ -554,10 +554,10 @@ TEST_CASE("hf: unsupported features are refused naming the feature", "[hf]") {
   write_hf_dir(dir.file("tied"), tied, mixtral_weights(t, 8), 1);
   REQUIRE_THAT(import_error(dir.file("tied")), Catch::Contains("tied word embeddings"));
   json other = mixtral_config(t);
-  other["model_type"] = "deepseek_v2";  // deepseek_v3 imports (test_hf_deepseek_v3.cpp)
+  other["model_type"] = "dbrx";  // deepseek_v2/v3 import (test_hf_deepseek_v3.cpp)
   write_hf_dir(dir.file("other"), other, mixtral_weights(t, 8), 1);
   REQUIRE_THAT(import_error(dir.file("other")),
-               Catch::Contains("model_type 'deepseek_v2' is not supported"));
+               Catch::Contains("model_type 'dbrx' is not supported"));
   json scaled = mixtral_config(t);
   scaled["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
   write_hf_dir(dir.file("scaled"), scaled, mixtral_weights(t, 8), 1);

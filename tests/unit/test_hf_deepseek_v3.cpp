@@ -19,7 +19,7 @@ namespace {
 void require_scores_like_reference(const TinyDeepseek& t, const std::string& src, uint64_t seed) {
   const int64_t B = 2, T = 9;
   const auto w = deepseek_weights(t, seed);
-  write_hf_dir(src, deepseek_config(t), w, 2);
+  write_hf_dir(src, t.v2 ? deepseek_v2_config(t) : deepseek_config(t), w, 2);
   const io::Checkpoint ckpt = test::import_hf_held(src);
   const auto ids = random_token_ids(B * T, int32_t(t.moe.V), seed + 1);
   const std::vector<float> ours = our_logits(ckpt, src + ".h5", ids, B, T);
@@ -80,11 +80,41 @@ TEST_CASE("deepseek_v3: an imported model scores like the reference", "[hf][deep
     t.attn.r = 0, t.attn.dv = 8, t.moe.groups = 1, t.moe.group_k = 1, t.moe.shared = 2;
     require_scores_like_reference(t, dir.file("b"), 12);
   }
+  SECTION("DeepSeek-V2: softmax router, scaled, not renormalised; two shared experts") {
+    TinyDeepseek t;
+    t.v2 = true, t.nextn = 0, t.moe.dense = 1, t.moe.shared = 2, t.moe.scale = 1.7;
+    require_scores_like_reference(t, dir.file("v2"), 14);
+  }
   SECTION("rope_interleave false: RoPE on halves") {
     TinyDeepseek t;
     t.interleave = false, t.attn.interleaved = false, t.nextn = 0;
     require_scores_like_reference(t, dir.file("c"), 13);
   }
+}
+
+TEST_CASE("deepseek_v3: import-hf reads DeepSeek-V2's router", "[hf][deepseek_v3]") {
+  test::ScratchDir dir("deepseek-v2-import");
+  TinyDeepseek t;
+  t.v2 = true, t.nextn = 0;
+  write_hf_dir(dir.file("v2"), deepseek_v2_config(t), deepseek_weights(t, 5), 1);
+  const io::Checkpoint ckpt = test::import_hf_held(dir.file("v2"));
+  const ModelConfig mc = model_config_from_json(ckpt.model_config);
+  CHECK(mc.arch == Arch::deepseek_v3);
+  CHECK(mc.router_scoring == nn::RouterScoring::softmax);
+  CHECK_FALSE(mc.normalize_topk);
+  CHECK(mc.router_groups == 1);
+  CHECK(mc.routed_scale == t.moe.scale);
+  CHECK(mc.kv_lora_rank == t.attn.c);
+  for (const io::NamedTensor& nt : ckpt.params)
+    CHECK(nt.name.find("router.bias") == std::string::npos);
+  // No HF DeepSeek-V3 form (its router is sigmoid): export-hf refuses by name.
+  CHECK_THAT(test::error_of([&] { io::export_hf(ckpt, dir.file("out")); }),
+             Catch::Contains("scores experts with a sigmoid; this model's router uses softmax"));
+  json renorm = deepseek_v2_config(t);
+  renorm["norm_topk_prob"] = true;
+  write_hf_dir(dir.file("renorm"), renorm, deepseek_weights(t, 5), 1);
+  CHECK_THAT(test::error_of([&] { test::import_hf_held(dir.file("renorm")); }),
+             Catch::Contains("norm_topk_prob true (transformers' DeepSeek-V2 never renormalises)"));
 }
 
 TEST_CASE("deepseek_v3: what we cannot represent is refused by name", "[hf][deepseek_v3]") {
@@ -103,9 +133,11 @@ TEST_CASE("deepseek_v3: what we cannot represent is refused by name", "[hf][deep
   json odd = deepseek_config(t);
   odd["qk_rope_head_dim"] = 3;
   CHECK_THAT(refusal("odd", odd), Catch::Contains("\"qk_rope_head_dim\" is 3: RoPE rotates pairs"));
-  json v2 = deepseek_config(t);
-  v2["model_type"] = "deepseek_v2";
-  CHECK_THAT(refusal("v2", v2), Catch::Contains("model_type 'deepseek_v2' is not supported"));
+  json grouped = deepseek_config(t);  // DeepSeek-V2's groups score by their best expert
+  grouped["model_type"] = "deepseek_v2";
+  grouped["topk_method"] = "group_limited_greedy";
+  CHECK_THAT(refusal("grouped", grouped),
+             Catch::Contains("topk_method 'group_limited_greedy' choosing 2 of 4 groups"));
 }
 
 TEST_CASE("deepseek_v3: import -> export -> import is tensor-identical, f32 and bf16",

@@ -88,17 +88,36 @@ bool window_by_layer_types(const json& j, bool fallback, std::vector<std::string
 struct MoeDefaults {
   int64_t dense_layers, groups, group_topk;
   double scale;
+  int64_t shared = 1;
+  bool softmax = false;  // DeepSeek-V2: softmax scores, no selection bias, no renormalisation
 };
+
+// DeepSeek-V2's router as transformers' DeepseekV2TopkRouter runs it: softmax over the experts,
+// the top-k chosen ("greedy"), their probabilities times routed_scaling_factor, never renormalised.
+void parse_v2_router(const ConfigReader& c, HfModel& m, std::vector<std::string>& unsupported) {
+  m.normalize = false;
+  if (c.boolean_or("norm_topk_prob", false))
+    unsupported.push_back("norm_topk_prob true (transformers' DeepSeek-V2 never renormalises)");
+  const std::string method = c.string_or("topk_method", "greedy");
+  if (method == "group_limited_greedy" && m.group_topk < m.groups)
+    unsupported.push_back(str("topk_method 'group_limited_greedy' choosing ", m.group_topk, " of ",
+                              m.groups,
+                              " groups (its groups score by their best expert; ours by "
+                              "their two best)"));
+  else if (method != "greedy" && method != "group_limited_greedy")
+    unsupported.push_back(str("topk_method '", method, "'"));
+  m.groups = m.group_topk = 1;  // greedy, or every group taking part: no group limit
+}
 
 void parse_deepseek_moe(const ConfigReader& c, HfModel& m, std::vector<std::string>& unsupported,
                         const MoeDefaults& d) {
-  m.sigmoid_router = true;
+  m.sigmoid_router = !d.softmax;
   m.dense_ff = c.integer("intermediate_size");
   m.dense_layers = c.integer_or("first_k_dense_replace", d.dense_layers);
   if (m.dense_layers < 0 || m.dense_layers > m.layers)
     throw Error(str("'", c.path, "': \"first_k_dense_replace\" is ", m.dense_layers,
                     ": it must be between 0 and num_hidden_layers (", m.layers, ")"));
-  const int64_t shared = c.integer_or("n_shared_experts", 1);
+  const int64_t shared = c.integer_or("n_shared_experts", d.shared);
   if (shared < 0 || shared > (int64_t(1) << 16))
     throw Error(str("'", c.path, "': \"n_shared_experts\" must be between 0 and 65536"));
   m.shared_ff = shared * m.ffn;
@@ -113,6 +132,10 @@ void parse_deepseek_moe(const ConfigReader& c, HfModel& m, std::vector<std::stri
   m.extra_layers = c.integer_or("num_nextn_predict_layers", 0);
   if (m.extra_layers < 0 || m.extra_layers > 64)
     throw Error(str("'", c.path, "': \"num_nextn_predict_layers\" must be between 0 and 64"));
+  if (d.softmax) {
+    parse_v2_router(c, m, unsupported);
+    return;
+  }
   if (c.string_or("topk_method", "noaux_tc") != "noaux_tc")
     unsupported.push_back(str("topk_method '", c.string_or("topk_method", ""), "'"));
   if (c.string_or("scoring_func", "sigmoid") != "sigmoid")
@@ -146,8 +169,9 @@ void parse_glm(const ConfigReader& c, HfModel& m, std::vector<std::string>& unsu
   parse_deepseek_moe(c, m, unsupported, MoeDefaults{1, 1, 1, 1.0});
 }
 
-// DeepSeek-V3's own keys (configuration_deepseek_v3.py): Multi-head Latent Attention, then the
-// MoE layers GLM-4-MoE shares (with V3's defaults). num_key_value_heads and head_dim do not
+// DeepSeek-V3's own keys (configuration_deepseek_v3.py; DeepSeek-V2's, configuration_deepseek_v2,
+// are the same with V2's defaults and router): Multi-head Latent Attention, then the MoE layers
+// GLM-4-MoE shares (with V3's defaults). num_key_value_heads and head_dim do not
 // shape its attention (transformers writes head_dim = qk_rope_head_dim).
 void parse_deepseek(const ConfigReader& c, HfModel& m, std::vector<std::string>& unsupported) {
   m.kv_heads = m.heads;
@@ -177,14 +201,17 @@ void parse_deepseek(const ConfigReader& c, HfModel& m, std::vector<std::string>&
                               " wider than qk_nope_head_dim + "
                               "qk_rope_head_dim (",
                               m.qk_nope + m.qk_rope, ")"));
-  m.rope_interleave = c.boolean_or("rope_interleave", true);
+  const bool v2 = m.family == "deepseek_v2";
+  // transformers' DeepSeek-V2 always rotates interleaved pairs (complex multiplication)
+  m.rope_interleave = v2 || c.boolean_or("rope_interleave", true);
   if (c.boolean_or("attention_bias", false))
     unsupported.push_back("attention biases (attention_bias: true)");
   if (c.integer_or("moe_layer_freq", 1) != 1)
     unsupported.push_back(str("MoE layers every ", c.integer("moe_layer_freq"),
                               " layers (moe_layer_freq; ours: every layer after "
                               "first_k_dense_replace)"));
-  parse_deepseek_moe(c, m, unsupported, MoeDefaults{3, 8, 4, 2.5});
+  parse_deepseek_moe(c, m, unsupported,
+                     v2 ? MoeDefaults{0, 1, 1, 1.0, 2, true} : MoeDefaults{3, 8, 4, 2.5});
 }
 
 }  // namespace

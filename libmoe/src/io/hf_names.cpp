@@ -12,9 +12,10 @@ Arch arch_of_family(const std::string& model_type, const std::string& config_pat
   for (Arch arch : {Arch::mixtral, Arch::qwen2_moe, Arch::qwen3_moe, Arch::olmoe, Arch::glm4_moe,
                     Arch::deepseek_v3})
     if (model_type == arch_name(arch)) return arch;
+  if (model_type == "deepseek_v2") return Arch::deepseek_v3;  // V3's layers, softmax routing
   throw Error(str("'", config_path, "': model_type '", model_type,
-                  "' is not supported (supported: deepseek_v3, glm4_moe, mixtral, olmoe, "
-                  "qwen2_moe, qwen3_moe)"));
+                  "' is not supported (supported: deepseek_v2, deepseek_v3, glm4_moe, mixtral, "
+                  "olmoe, qwen2_moe, qwen3_moe)"));
 }
 
 const char* slot_feature(Slot s) {
