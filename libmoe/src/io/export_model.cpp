@@ -11,8 +11,8 @@ ExportModel::ExportModel(const Checkpoint& ckpt, const std::string& who, const s
   if (mc_.arch == Arch::gpt)
     throw Error(str(who,
                     ": only the mixtral flavour and the families built on it (qwen2_moe, "
-                    "qwen3_moe, olmoe, glm4_moe) have a form there (this model is gpt: learned "
-                    "positions, LayerNorm, GELU)"));
+                    "qwen3_moe, olmoe, glm4_moe; deepseek_v3 in Hugging Face's form) have a form "
+                    "there (this model is gpt: learned positions, LayerNorm, GELU)"));
   // Latent attention has an HF form (hf_export.cpp); llama.cpp's deepseek2 export is to come.
   if (mc_.mla() && target != "HF DeepSeek-V3")
     throw Error(
