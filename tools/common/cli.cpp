@@ -16,6 +16,7 @@
 #include <regex>
 #include <thread>
 
+#include "common/omp_wait.h"
 #include "moe/cuda.h"
 #ifdef MOE_HAVE_MPI
 #include "moe/comm/mpi.h"
@@ -315,7 +316,8 @@ void apply_common_options(const CommonOptions& o) {
   if (o.threads > 0) set_num_threads(o.threads);
   // -v: what is running, on what (then the library's debug lines: files read and written, ...).
   MOE_LOG_DEBUG(version_text(o.tool.empty() ? "moe" : o.tool), ": ", num_threads(), " threads of ",
-                std::thread::hardware_concurrency(), " CPUs");
+                std::thread::hardware_concurrency(), " CPUs; idle threads wait by ",
+                omp_wait_text());
 }
 
 namespace {
