@@ -25,6 +25,22 @@ inline ModelConfig small_model_config(Arch arch) {
   return c;
 }
 
+// The model moe-plan's tests work their bytes and seconds out by hand on: gpt, 2 MoE layers of 4
+// experts, D 16, F 32, 2 heads, seq 16, vocabulary 256, top-2; resolved.
+inline ModelConfig plan_model_config() {
+  ModelConfig c;
+  c.layers = 2;
+  c.d_model = 16;
+  c.heads = 2;
+  c.d_ff = 32;
+  c.seq = 16;
+  c.experts = 4;
+  c.moe_every = 1;
+  c.top_k = 2;
+  c.resolve();
+  return c;
+}
+
 // The checkpoint of a freshly initialised model of config `c` (seed, storage dtype): parameters
 // only, as an inference checkpoint; for tests of converters and exporters.
 inline io::Checkpoint initial_checkpoint(const ModelConfig& c, uint64_t seed,

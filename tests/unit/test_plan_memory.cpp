@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include "moe/plan/memory_model.h"
+#include "support/models.h"
 
 using namespace moe;
 using namespace moe::plan;
@@ -10,19 +11,7 @@ using namespace moe::plan;
 namespace {
 
 // gpt, 2 MoE layers of 4 experts, D 16, F 32, 2 heads, seq 16, vocab 256, top-2.
-ModelConfig tiny() {
-  ModelConfig c;
-  c.layers = 2;
-  c.d_model = 16;
-  c.heads = 2;
-  c.d_ff = 32;
-  c.seq = 16;
-  c.experts = 4;
-  c.moe_every = 1;
-  c.top_k = 2;
-  c.resolve();
-  return c;
-}
+ModelConfig tiny() { return test::plan_model_config(); }
 
 ClusterSpec one_node(double device_bytes, double host_bytes, double ssd_bytes) {
   ClusterSpec c;

@@ -4,6 +4,7 @@
 
 #include "moe/plan/offload_cache.h"
 #include "moe/plan/step_time.h"
+#include "support/models.h"
 
 using namespace moe;
 using namespace moe::plan;
@@ -22,19 +23,8 @@ ClusterSpec two_nodes() {
   return c;
 }
 
-ModelConfig tiny() {  // as test_plan_memory.cpp: gpt, 2 MoE layers of 4 experts, D 16, F 32
-  ModelConfig c;
-  c.layers = 2;
-  c.d_model = 16;
-  c.heads = 2;
-  c.d_ff = 32;
-  c.seq = 16;
-  c.experts = 4;
-  c.moe_every = 1;
-  c.top_k = 2;
-  c.resolve();
-  return c;
-}
+// gpt, 2 MoE layers of 4 experts, D 16, F 32, 2 heads, seq 16, vocab 256, top-2.
+ModelConfig tiny() { return test::plan_model_config(); }
 
 }  // namespace
 
