@@ -57,14 +57,17 @@ void check_train_config(const nlohmann::json& config, const std::string& file) {
     throw Error(str(io::attribute_place("checkpoint", file, "train_config"), ": ", wrong));
 }
 
-Opened open_head(const std::string& given) {
+// `lazy` (--resume): nothing read yet, the optimizer state included (Trainer::restore reads the
+// tensors from this very opening); otherwise (--init) the dense parameters are read.
+Opened open_head(const std::string& given, bool lazy) {
   Opened opened;
   if (given.empty()) return opened;
   opened.from = io::resolve_checkpoint(given);
   const std::string file =
       opened.from.sharded ? io::CheckpointDir::rank_file(opened.from.path, 0) : opened.from.path;
   opened.head = std::make_unique<io::Checkpoint>(
-      io::load_checkpoint(file, false, [](bool, const std::string&) { return true; }));
+      lazy ? io::open_checkpoint_lazy(file)
+           : io::load_checkpoint(file, false, [](bool, const std::string&) { return true; }));
   check_train_config(opened.head->train_config, file);
   return opened;
 }
@@ -120,8 +123,8 @@ Session::~Session() = default;
 
 Session Session::open(SessionRequest request, comm::Communicator& world) {
   Session session;
-  Opened resume = open_head(request.resume);
-  Opened init = open_head(request.init);  // its model config here, its weights below
+  Opened resume = open_head(request.resume, true);
+  Opened init = open_head(request.init, false);  // its model config here, its weights below
   std::string data_note;
   session.config_ = reconcile(request, resume, init, world.size(), data_note);
   const RunConfig& run = session.config_;
@@ -141,8 +144,9 @@ Session Session::open(SessionRequest request, comm::Communicator& world) {
   Trainer& trainer = *session.trainer_;
   request.prepare_out(request.out);  // before training: fail now, not at the first checkpoint
   if (resume.head) {
-    // A file, or the shards of a sharded directory holding this rank's parameters.
-    trainer.restore(resume.from.path);
+    // A file, or the shards of a sharded directory holding this rank's parameters; the file
+    // opened above is read, not opened again.
+    trainer.restore(resume.from.path, std::move(*resume.head));
     MOE_LOG_INFO("resumed from ", request.resume, " at step ", trainer.steps_done());
     for (const std::string& line : run.overrides) MOE_LOG_INFO("resume: ", line);
     if (!data_note.empty()) MOE_LOG_WARN(data_note);

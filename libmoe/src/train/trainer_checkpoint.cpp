@@ -16,6 +16,7 @@
 #include "moe/io/convert.h"
 #include "moe/io/finite.h"
 #include "moe/log.h"
+#include "moe/timer.h"
 #include "moe/train/trainer.h"
 
 namespace moe::train {
@@ -231,17 +232,48 @@ void Trainer::initialize(const std::string& path) {
 
 void Trainer::restore(const std::string& path) {
   namespace fs = std::filesystem;
+  std::string head_path = path;
+  if (fs::is_directory(path)) {
+    head_path = io::CheckpointDir::rank_file(path, 0);
+    if (!fs::exists(head_path))
+      throw Error(str("'", path, "' is not a sharded checkpoint directory (no ", head_path, ")"));
+  }
+  restore(path, io::open_checkpoint_lazy(head_path));
+}
+
+// The tensors of a lazily opened checkpoint (`file`) that the restore needs in memory, read now:
+// every one but the expert tensors `stream` names, which stay streamed (read an expert at a time
+// into the store).
+static io::Checkpoint held_except(io::Checkpoint ckpt, const io::StreamFilter& stream,
+                                  const std::string& file) {
+  Timer timer;
+  size_t streamed = 0;
+  for (bool optim : {false, true})
+    for (io::NamedTensor& nt : optim ? ckpt.optim : ckpt.params) {
+      if (nt.held()) continue;
+      if (nt.streamed() && stream && stream(optim, nt.name)) {
+        ++streamed;
+        continue;
+      }
+      nt.tensor = nt.whole();
+      nt.source = nullptr;
+      nt.deferred = nullptr;
+    }
+  MOE_LOG_DEBUG("read checkpoint ", file, " (step ", ckpt.state.step, "): ", ckpt.params.size(),
+                " parameter and ", ckpt.optim.size(), " optimizer tensors in ", timer.seconds(),
+                " s, ", streamed, " of them streamed (read an expert at a time later)");
+  return ckpt;
+}
+
+void Trainer::restore(const std::string& path, io::Checkpoint head) {
+  namespace fs = std::filesystem;
   if (!fs::is_directory(path)) {  // a sharded run slices whole tensors: nothing streams then
-    restore(sharded() ? io::load_checkpoint(path)
-                      : io::load_checkpoint(path, true, offloaded_filter()),
+    restore(held_except(std::move(head), sharded() ? io::StreamFilter() : offloaded_filter(), path),
             path);
     return;
   }
   const std::string head_path = io::CheckpointDir::rank_file(path, 0);
-  if (!fs::exists(head_path))
-    throw Error(str("'", path, "' is not a sharded checkpoint directory (no ", head_path, ")"));
   const io::StreamFilter stream = offloaded_filter();
-  io::Checkpoint head = io::load_checkpoint(head_path, true, stream);
   const io::Sharding& layout = head.sharding;
   std::vector<int> contiguous;  // the expert -> rank map of this run's static layout
   if (train_.ep > 1)
@@ -264,7 +296,7 @@ void Trainer::restore(const std::string& path) {
     restore(io::merge_shards(io::checkpoint_files({path})), head_path);  // configs: part 0's
     return;
   }
-  restore_sharded(std::move(head), path, [&](int source) {
+  restore_sharded(held_except(std::move(head), stream, head_path), path, [&](int source) {
     return io::load_checkpoint(io::CheckpointDir::rank_file(path, source), true, stream);
   });
 }

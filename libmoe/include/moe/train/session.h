@@ -6,8 +6,8 @@
 //
 // Opening order (each step may refuse, before any work that a later one would waste):
 //   1. the --resume / --init checkpoint's configs, position and tokenizer (its tensors stay in the
-//      file: Trainer::restore / initialize read them in step 5, the offloaded experts one at a
-//      time)
+//      file: Trainer::restore reads them from this opening in step 5, the offloaded experts one
+//      at a time; initialize reads the --init file's)
 //   2. the configs reconciled, the layout fitted to the world, the data file's identity checked
 //   3. the run directory (one run per directory), its stale temporaries removed (rank 0)
 //   4. every rank's settings compared (the tool's check), the offload device, the device resolved

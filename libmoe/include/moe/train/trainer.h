@@ -199,6 +199,10 @@ class Trainer {
   // of a run with the same world size, --ep and --shard-embedding (collective; each rank reads
   // the files holding its parameters).
   void restore(const std::string& path);
+  // The same, with `head` the checkpoint at `path` (a directory's rank-00000.h5) already opened
+  // by the caller for its configs (io::open_checkpoint_lazy: nothing read yet), as
+  // train::Session::open does: its tensors are read from it, the file is not opened again.
+  void restore(const std::string& path, io::Checkpoint head);
   // Start from a checkpoint's weights instead (fine-tuning: moe-train --init): its parameters
   // and tokenizer, fresh optimizer moments, fp32 masters of the same values, step 0 and the
   // data from the start. `weights` holds every parameter of this model, whole (a sharded run
