@@ -133,7 +133,7 @@ int run(const Options& o) {
   base.temperature = o.temperature;
   const train::TrainConfig student_train = train_config(o, o.steps, o.lr);
 
-  auto distilled = [&](const std::string& label, int64_t stop, const std::string& schedule,
+  auto distilled = [&](const std::string& label, int64_t stop, train::KdSchedule schedule,
                        bool init_row) {
     train::DistillConfig dc = base;
     dc.kd_stop_step = stop;
@@ -156,9 +156,9 @@ int run(const Options& o) {
     print_row(r, ceiling);
     return r.val;
   };
-  distilled("MoS staged KD (linear, 3/4)", -1, "linear", true);
-  distilled("KD to the end (step, full)", o.steps, "step", false);
-  distilled("teacher init, CE only", 0, "linear", false);
+  distilled("MoS staged KD (linear, 3/4)", -1, train::KdSchedule::linear, true);
+  distilled("KD to the end (step, full)", o.steps, train::KdSchedule::step, false);
+  distilled("teacher init, CE only", 0, train::KdSchedule::linear, false);
   // The baseline: the same student shape from random weights (the "first" rule plans the shape;
   // which experts does not matter here), at the students' learning rate and, when it differs, at
   // the teacher's (a from-scratch run may want another one).
@@ -166,7 +166,7 @@ int run(const Options& o) {
   if (o.teacher_lr != o.lr) baseline_lrs.push_back(o.teacher_lr);
   for (double lr : baseline_lrs) {
     train::StudentSpec spec = base.student;
-    spec.expert_rule = "first";
+    spec.expert_rule = train::ExpertRule::first;
     ModelConfig student =
         train::student_config(teacher_model, train::plan_student(teacher_model, spec));
     train::Trainer t(student, train_config(o, o.steps, lr), {});

@@ -130,16 +130,17 @@ TEST_CASE("distill: KD loss value matches a double-precision reference", "[disti
 
 TEST_CASE("distill: staged KD weight, linear and step schedules", "[distill]") {
   using train::kd_weight_at;
-  REQUIRE(kd_weight_at(0, 0.2, 10, "linear") == Approx(0.8));
-  REQUIRE(kd_weight_at(5, 0.2, 10, "linear") == Approx(0.4));
-  REQUIRE(kd_weight_at(9, 0.2, 10, "linear") == Approx(0.08));
-  REQUIRE(kd_weight_at(10, 0.2, 10, "linear") == 0.0);
-  REQUIRE(kd_weight_at(50, 0.2, 10, "linear") == 0.0);
-  REQUIRE(kd_weight_at(0, 0.2, 10, "step") == Approx(0.8));
-  REQUIRE(kd_weight_at(9, 0.2, 10, "step") == Approx(0.8));
-  REQUIRE(kd_weight_at(10, 0.2, 10, "step") == 0.0);
-  REQUIRE(kd_weight_at(0, 0.2, 0, "linear") == 0.0);  // --kd-stop-step 0: no KD at all
-  REQUIRE(kd_weight_at(3, 1.0, 10, "step") == 0.0);   // alpha 1: plain CE
+  using train::KdSchedule;
+  REQUIRE(kd_weight_at(0, 0.2, 10, KdSchedule::linear) == Approx(0.8));
+  REQUIRE(kd_weight_at(5, 0.2, 10, KdSchedule::linear) == Approx(0.4));
+  REQUIRE(kd_weight_at(9, 0.2, 10, KdSchedule::linear) == Approx(0.08));
+  REQUIRE(kd_weight_at(10, 0.2, 10, KdSchedule::linear) == 0.0);
+  REQUIRE(kd_weight_at(50, 0.2, 10, KdSchedule::linear) == 0.0);
+  REQUIRE(kd_weight_at(0, 0.2, 10, KdSchedule::step) == Approx(0.8));
+  REQUIRE(kd_weight_at(9, 0.2, 10, KdSchedule::step) == Approx(0.8));
+  REQUIRE(kd_weight_at(10, 0.2, 10, KdSchedule::step) == 0.0);
+  REQUIRE(kd_weight_at(0, 0.2, 0, KdSchedule::linear) == 0.0);  // --kd-stop-step 0: no KD at all
+  REQUIRE(kd_weight_at(3, 1.0, 10, KdSchedule::step) == 0.0);   // alpha 1: plain CE
 }
 
 TEST_CASE("distill: evenly spaced student layers always keep the last", "[distill]") {
@@ -176,7 +177,7 @@ TEST_CASE(
   REQUIRE(student.d_model == teacher.d_model);
   REQUIRE(student.vocab_size == teacher.vocab_size);
 
-  spec.expert_rule = "first";
+  spec.expert_rule = train::ExpertRule::first;
   plan = train::plan_student(teacher, spec);
   REQUIRE(plan.experts == std::vector<V>{{0, 1}, {0, 1}});
   REQUIRE(plan.routing_kept.empty());
@@ -215,9 +216,8 @@ TEST_CASE(
   REQUIRE_THAT(refused(spec), Catch::Contains("strictly increasing"));
   spec.keep_layers = {4};
   REQUIRE_THAT(refused(spec), Catch::Contains("not one of the teacher's 4 layers"));
-  spec = {};
-  spec.expert_rule = "random";
-  REQUIRE_THAT(refused(spec), Catch::Contains("--expert-selection"));
+  REQUIRE_THAT(test::error_of([] { train::parse_expert_rule("random"); }),
+               Catch::Contains("--expert-selection"));
 
   // Dense teacher layers stay dense; the per-layer form needs 0 there.
   ModelConfig every2 = teacher;
@@ -227,7 +227,7 @@ TEST_CASE(
   REQUIRE(every2.experts_per_layer == V{0, 4, 0, 4});
   spec = {};
   spec.experts = {0, 2, 0, 3};
-  spec.expert_rule = "first";
+  spec.expert_rule = train::ExpertRule::first;
   plan = train::plan_student(every2, spec);
   REQUIRE(train::student_config(every2, plan).experts_per_layer == V{0, 2, 0, 3});
   spec.experts = {1, 2, 0, 3};
@@ -245,7 +245,7 @@ TEST_CASE("distill: student weights are the teacher's kept layers and expert row
   train::StudentSpec spec;
   spec.keep_layers = {1, 3};
   spec.experts = {3, 2};
-  spec.expert_rule = "first";
+  spec.expert_rule = train::ExpertRule::first;
   train::StudentPlan plan = train::plan_student(teacher_config, spec);
   plan.experts = {{0, 2, 3}, {1, 3}};  // any increasing subset works, not only the first ones
   const ModelConfig student_config = train::student_config(teacher_config, plan);
@@ -283,7 +283,7 @@ TEST_CASE("distill: student weights are the teacher's kept layers and expert row
 
   // Keeping everything gives the teacher back: the same logits, bitwise.
   spec = {};
-  spec.expert_rule = "first";
+  spec.expert_rule = train::ExpertRule::first;
   plan = train::plan_student(teacher_config, spec);
   ParamSet copy_params(3, teacher_config.dtype);
   Transformer copy(train::student_config(teacher_config, plan), copy_params);
@@ -323,7 +323,8 @@ TEST_CASE("distill: a short deterministic run lowers the KD loss, the output loa
   dc.student.experts = {2};
   dc.alpha = 0.2;
   dc.temperature = 2.0;
-  dc.kd_schedule = "step";  // full KD weight throughout: the KD term alone is what falls
+  dc.kd_schedule =
+      train::KdSchedule::step;  // full KD weight throughout: the KD term alone is what falls
   const int64_t steps = 40;
   dc.kd_stop_step = steps;
   auto run = [&](std::vector<double>& kd, std::vector<double>& loss) {
@@ -404,9 +405,8 @@ TEST_CASE("distill: missing teacher, bigger student, bad alpha/T, out-of-vocabul
   bad = dc;
   bad.temperature = 0;
   REQUIRE_THAT(usage(bad), Catch::Contains("--kd-temperature"));
-  bad = dc;
-  bad.kd_schedule = "cosine";
-  REQUIRE_THAT(usage(bad), Catch::Contains("--kd-schedule"));
+  REQUIRE_THAT(test::error_of([] { train::parse_kd_schedule("cosine"); }),
+               Catch::Contains("--kd-schedule"));
   // Token ids the teacher's byte vocabulary does not have.
   std::vector<int32_t> ids(400);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i % 300);

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/cli.h"
+#include "common/named_option.h"
 #include "moe/cuda.h"
 #include "moe/io/output.h"
 #include "moe/log.h"
@@ -95,11 +96,10 @@ void add_options(CLI::App& app, DistillOptions& o) {
                  "Experts per student MoE layer: E for all, or E1,E2,.. one per MoE layer (PR-MoE "
                  "pyramid) or one per layer (0 = dense); at most the teacher layer's")
       ->delimiter(',');
-  sg->add_option("--expert-selection", d.student.expert_rule,
-                 "Which experts a layer keeps: popular (the most routed on --selection-batches "
-                 "teacher batches of the training data) or first (0..E-1)")
-      ->check(CLI::IsMember({"popular", "first"}))
-      ->capture_default_str();
+  tools::add_named(*sg, "--expert-selection", d.student.expert_rule,
+                   "Which experts a layer keeps: popular (the most routed on --selection-batches "
+                   "teacher batches of the training data) or first (0..E-1)",
+                   {"popular", "first"}, train::parse_expert_rule, train::expert_rule_name);
   sg->add_option("--selection-batches", d.selection_batches,
                  "Teacher batches measuring expert popularity")
       ->check(tools::positive())
@@ -114,11 +114,10 @@ void add_options(CLI::App& app, DistillOptions& o) {
   kg->add_option("--kd-stop-step", d.kd_stop_step,
                  "Staged KD: the KD weight reaches zero at this step, plain CE after it "
                  "(default: 3/4 of --steps; 0: no KD)");
-  kg->add_option("--kd-schedule", d.kd_schedule,
-                 "How the KD weight (1-a) goes to zero: linear (decays from step 0 to "
-                 "--kd-stop-step) or step (full weight, then off at --kd-stop-step)")
-      ->check(CLI::IsMember({"linear", "step"}))
-      ->capture_default_str();
+  tools::add_named(*kg, "--kd-schedule", d.kd_schedule,
+                   "How the KD weight (1-a) goes to zero: linear (decays from step 0 to "
+                   "--kd-stop-step) or step (full weight, then off at --kd-stop-step)",
+                   {"linear", "step"}, train::parse_kd_schedule, train::kd_schedule_name);
 
   auto* og = app.add_option_group("Optimization");
   og->add_option("--batch", t.batch, "Sequences per step")->capture_default_str();
@@ -174,9 +173,9 @@ int run(DistillOptions& o, int argc, char** argv) {
                trainer.model().num_params(), " parameters (",
                trainer.model().active_params_per_token(), " active per token)");
   MOE_LOG_INFO("KD: loss = ", dc.alpha, " CE + ", 1 - dc.alpha, " T^2 KL at T = ", dc.temperature,
-               ", the KD weight going to 0 at step ", dc.kd_stop_step, " (", dc.kd_schedule,
-               "), plain CE after; ", tc.steps, " steps, ", trainer.train_tokens(),
-               " training tokens, ", num_threads(), " threads");
+               ", the KD weight going to 0 at step ", dc.kd_stop_step, " (",
+               train::kd_schedule_name(dc.kd_schedule), "), plain CE after; ", tc.steps, " steps, ",
+               trainer.train_tokens(), " training tokens, ", num_threads(), " threads");
   const double teacher_val = distiller.evaluate_teacher();
   const double student_init_val = distiller.evaluate();
   MOE_LOG_INFO("validation loss: teacher ", fixed(teacher_val), ", student at init ",

@@ -131,11 +131,8 @@ StudentPlan plan_student(const ModelConfig& teacher, const StudentSpec& spec,
                           ? "all of them"
                           : "evenly spaced, the last always kept";
   }
-  MOE_USAGE_CHECK(spec.expert_rule == "popular" || spec.expert_rule == "first", "unknown ",
-                  flag_for(Setting::expert_selection), " '", spec.expert_rule,
-                  "' (expected popular or first)");
   plan.expert_rule = spec.expert_rule;
-  const bool popular = spec.expert_rule == "popular";
+  const bool popular = spec.expert_rule == ExpertRule::popular;
   MOE_CHECK(!popular || static_cast<int64_t>(loads.size()) == L,
             "plan_student: the popular rule needs expert loads of all ", L, " teacher layers (got ",
             loads.size(), ")");
@@ -237,7 +234,7 @@ nlohmann::json to_json(const StudentPlan& plan) {
   nlohmann::json j{{"kept_layers", plan.layers},
                    {"layer_rule", plan.layer_rule},
                    {"kept_experts", plan.experts},
-                   {"expert_rule", plan.expert_rule}};
+                   {"expert_rule", expert_rule_name(plan.expert_rule)}};
   if (!plan.routing_kept.empty()) j["routing_kept"] = plan.routing_kept;
   return j;
 }
@@ -262,7 +259,7 @@ std::vector<std::string> describe(const StudentPlan& plan, const ModelConfig& te
       line += "dense";
     } else {
       line += str("experts ", join(plan.experts[j]), " of ", have, " (",
-                  plan.expert_rule == "popular" ? "most routed" : "the first");
+                  plan.expert_rule == ExpertRule::popular ? "most routed" : "the first");
       if (j < plan.routing_kept.size()) {
         char share[32];
         std::snprintf(share, sizeof share, "%.1f%%", 100.0 * plan.routing_kept[j]);
@@ -275,10 +272,31 @@ std::vector<std::string> describe(const StudentPlan& plan, const ModelConfig& te
   return lines;
 }
 
-double kd_weight_at(int64_t step, double alpha, int64_t stop, const std::string& schedule) {
+const char* expert_rule_name(ExpertRule rule) {
+  return rule == ExpertRule::popular ? "popular" : "first";
+}
+
+ExpertRule parse_expert_rule(std::string_view name) {
+  if (name == "popular") return ExpertRule::popular;
+  if (name == "first") return ExpertRule::first;
+  throw UsageError(str("unknown ", flag_for(Setting::expert_selection), " '", name,
+                       "' (expected popular or first)"));
+}
+
+const char* kd_schedule_name(KdSchedule schedule) {
+  return schedule == KdSchedule::linear ? "linear" : "step";
+}
+
+KdSchedule parse_kd_schedule(std::string_view name) {
+  if (name == "linear") return KdSchedule::linear;
+  if (name == "step") return KdSchedule::step;
+  throw UsageError(
+      str("unknown ", flag_for(Setting::kd_schedule), " '", name, "' (expected linear or step)"));
+}
+
+double kd_weight_at(int64_t step, double alpha, int64_t stop, KdSchedule schedule) {
   if (stop <= 0 || step >= stop) return 0.0;
-  if (schedule == "step") return 1.0 - alpha;
-  MOE_CHECK(schedule == "linear", "unknown KD schedule '", schedule, "' (expected linear or step)");
+  if (schedule == KdSchedule::step) return 1.0 - alpha;
   return (1.0 - alpha) * (1.0 - static_cast<double>(step) / static_cast<double>(stop));
 }
 
@@ -288,9 +306,6 @@ static void check_config(DistillConfig& c, const TrainConfig& train) {
                   " must be in [0, 1] (the cross-entropy's share), got ", c.alpha);
   MOE_USAGE_CHECK(std::isfinite(c.temperature) && c.temperature > 0,
                   flag_for(Setting::kd_temperature), " must be > 0, got ", c.temperature);
-  MOE_USAGE_CHECK(c.kd_schedule == "linear" || c.kd_schedule == "step", "unknown ",
-                  flag_for(Setting::kd_schedule), " '", c.kd_schedule,
-                  "' (expected linear or step)");
   MOE_USAGE_CHECK(c.kd_stop_step >= -1, flag_for(Setting::kd_stop_step), " must be >= 0, got ",
                   c.kd_stop_step);
   MOE_USAGE_CHECK(c.selection_batches >= 1, flag_for(Setting::selection_batches),
@@ -305,7 +320,7 @@ static void check_config(DistillConfig& c, const TrainConfig& train) {
 Distiller::Distiller(const DistillConfig& distill, const TrainConfig& train,
                      io::Provenance provenance)
     : config_(distill) {
-  MOE_USAGE_CHECK(train.data != "-" && train.val != "-", kNoStdinData);
+  check_data_not_stdin(train);
   check_config(config_, train);
   namespace fs = std::filesystem;
   MOE_CHECK(!config_.teacher.empty(), "no teacher checkpoint given");
@@ -335,7 +350,7 @@ Distiller::Distiller(const DistillConfig& distill, const TrainConfig& train,
                          train.val);
   // Expert popularity is measured on the training part only (what the trainer will hold).
   std::vector<std::vector<int64_t>> loads;
-  if (config_.student.expert_rule == "popular") {
+  if (config_.student.expert_rule == ExpertRule::popular) {
     std::vector<int32_t> train_part =
         train.val.empty()
             ? io::split_tail(std::move(tokens), train.val_fraction, tc.seq, train.data).first
@@ -367,7 +382,7 @@ Distiller::Distiller(const DistillConfig& distill, const TrainConfig& train,
   notes["alpha"] = config_.alpha;
   notes["temperature"] = config_.temperature;
   notes["kd_stop_step"] = config_.kd_stop_step;
-  notes["kd_schedule"] = config_.kd_schedule;
+  notes["kd_schedule"] = kd_schedule_name(config_.kd_schedule);
   trainer_->set_train_config_notes(nlohmann::json{{"distill", notes}});
 }
 

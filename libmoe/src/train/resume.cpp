@@ -61,8 +61,9 @@ ModelConfig kept_model(const io::Checkpoint& ckpt, ModelConfig m, const GivenFla
       if (a.contains(key) && a[key] != b[key])
         throw UsageError(str(flag, " ", a[key].dump(), " contradicts the checkpoint's ",
                              b[key].dump(),
-                             fresh ? " (--init keeps the model whose weights it starts from)"
-                                   : " (a resumed run keeps its model)"));
+                             fresh ? str(" (", flag_for(Setting::init),
+                                         " keeps the model whose weights it starts from)")
+                                   : std::string(" (a resumed run keeps its model)")));
     }
     ModelConfig now = model_config_from_json(b);
     // Turning a softmax router's bias update on or off would add or drop a parameter the
@@ -164,7 +165,7 @@ RunConfig init_config(const io::Checkpoint& init, ModelConfig model, TrainConfig
 }
 
 std::string check_data_file(TrainConfig& train, bool resumed, bool data_given) {
-  if (train.data == "-") return "";     // refused by the Trainer (kNoStdinData), saying why
+  if (train.data == "-") return "";     // refused by the Trainer (check_data_not_stdin)
   if (!train.tasks.empty()) return "";  // --tasks: each task names its file (TaskSet reads them)
   const bool recorded = train.data_bytes >= 0 && !train.data_crc32c.empty();
   if (resumed && !data_given && !std::filesystem::exists(train.data))

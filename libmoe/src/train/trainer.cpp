@@ -186,6 +186,12 @@ static void check_training_memory(const ModelConfig& config, const TrainConfig& 
           ranks > 1 ? " on each rank" : ""));
 }
 
+void check_data_not_stdin(const TrainConfig& train) {
+  MOE_USAGE_CHECK(train.data != "-" && train.val != "-", flag_for(Setting::data),
+                  " -: training reads its data on every rank and again when it resumes, so it "
+                  "needs a file (save stdin first, e.g. cat > corpus.txt)");
+}
+
 double default_lr(const ModelConfig& model) { return 3e-3 * nn::width_ratio(model.d_model); }
 
 namespace {
@@ -200,7 +206,7 @@ TrainConfig with_default_lr(TrainConfig train, const ModelConfig& model) {
 Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provenance provenance,
                  comm::Communicator* world, Device device, const io::StoredTokenizer* tokenizer)
     : train_(with_default_lr(train, model)), provenance_(std::move(provenance)), world_(world) {
-  MOE_USAGE_CHECK(train.data != "-" && train.val != "-", kNoStdinData);
+  check_data_not_stdin(train);
   std::unique_ptr<io::Tokenizer> text_tokenizer;
   if (tokenizer && !tokenizer->empty()) {
     tokenizer_ = *tokenizer;

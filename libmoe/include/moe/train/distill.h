@@ -15,6 +15,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "moe/infer/model.h"
@@ -23,6 +24,19 @@
 #include "moe/train/trainer.h"
 
 namespace moe::train {
+
+// Which experts a student layer keeps (the expert_selection setting): popular, the most routed on
+// the selection batches; first, experts 0..E-1.
+enum class ExpertRule { popular, first };
+const char* expert_rule_name(ExpertRule rule);  // "popular" | "first", as checkpoints record it
+// UsageError naming the setting's flag for any other name.
+ExpertRule parse_expert_rule(std::string_view name);
+
+// How the KD weight goes to zero (the kd_schedule setting): linear, decaying from 1 - alpha at
+// step 0 to 0 at kd_stop_step; step, full weight until kd_stop_step, then 0.
+enum class KdSchedule { linear, step };
+const char* kd_schedule_name(KdSchedule schedule);    // "linear" | "step"
+KdSchedule parse_kd_schedule(std::string_view name);  // UsageError naming the flag otherwise
 
 // What the user asks the student to be. Every count is checked against the teacher (UsageError
 // naming the flag and the teacher's value).
@@ -33,14 +47,15 @@ struct StudentSpec {
   // student MoE layer, or one per student layer (0 at the dense ones). A layer keeps its kind: a
   // count must be >= 1 (>= top_k, or 1 with residual MoE) and at most the teacher layer's.
   std::vector<int64_t> experts;
-  std::string expert_rule = "popular";  // popular | first
+  ExpertRule expert_rule = ExpertRule::popular;
 };
 
 // Which teacher parts the student is made of.
 struct StudentPlan {
   std::vector<int64_t> layers;                // per student layer: its teacher layer, increasing
   std::vector<std::vector<int64_t>> experts;  // per student layer: teacher experts, increasing
-  std::string layer_rule, expert_rule;        // how they were chosen, in words / the rule name
+  std::string layer_rule;                     // how the layers were chosen, in words
+  ExpertRule expert_rule = ExpertRule::popular;
   // Per student layer: the share of the teacher's routing (tokens x top-k) on the selection
   // batches that went to the kept experts (empty when no loads were measured; 0 for dense).
   std::vector<double> routing_kept;
@@ -86,14 +101,14 @@ struct DistillConfig {
   double alpha = 0.5;         // CE weight while the KD term is at full weight, in [0, 1]
   double temperature = 1.0;   // T > 0
   int64_t kd_stop_step = -1;  // the KD weight is zero from this step on; -1: 3/4 of the steps
-  std::string kd_schedule = "linear";  // linear: decays from 1 - alpha to 0; step: stays, then 0
-  int64_t selection_batches = 8;       // teacher batches measuring expert popularity
+  KdSchedule kd_schedule = KdSchedule::linear;
+  int64_t selection_batches = 8;  // teacher batches measuring expert popularity
 };
 
 // KD weight of the step that starts after `step` completed steps (see the top of this file):
 // linear (1 - alpha) * max(0, 1 - step / stop), step (1 - alpha) while step < stop; 0 when
 // stop == 0.
-double kd_weight_at(int64_t step, double alpha, int64_t stop, const std::string& schedule);
+double kd_weight_at(int64_t step, double alpha, int64_t stop, KdSchedule schedule);
 
 struct DistillStep {
   StepStats train;        // train.forward.loss = ce_weight * ce + kd_weight * kd

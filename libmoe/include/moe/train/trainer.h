@@ -30,11 +30,6 @@
 
 namespace moe::train {
 
-// Training refuses --data - (stdin): every rank reads the data, and a resumed run reads it again.
-inline constexpr const char* kNoStdinData =
-    "--data -: training reads its data on every rank and again when it resumes, so it needs a "
-    "file (save stdin first, e.g. cat > corpus.txt)";
-
 struct TrainConfig {
   std::string data, val;
   io::TokenFormat data_format = io::TokenFormat::automatic;
@@ -108,6 +103,10 @@ struct TrainConfig {
   // own (moe/parallel/zero_prefetch.h; at most N + 1 blocks gathered at once); 0: synchronous.
   int64_t zero_prefetch = 1;
 };
+// Training refuses data from stdin (data or val "-"): every rank reads the data, and a resumed run
+// reads it again. UsageError saying so, before any work (the Trainer and the Distiller call it).
+void check_data_not_stdin(const TrainConfig& train);
+
 // The default peak learning rate for a model: 3e-3 up to d_model 128, then 3e-3 x 128 / d_model
 // (an Adam step moves every weight by about lr, and a wider matrix sums more of those moves). At
 // d_model 512 a fixed 3e-3 collapsed the routing more often and trained to a worse loss
