@@ -87,8 +87,9 @@ TEST_CASE("mla: the layer's params and cache follow the latent shape", "[mla][at
   CHECK(ps2.at("attn.q.weight").value.shape() == Shape{s.H * (s.dn + s.dr), s.D});
   CHECK(ps2.find("attn.q_a.weight") == nullptr);
   CHECK(ps2.size() == 7);
-  // The cache holds full keys and (padded) values for now, not the latent.
-  CHECK(attention.make_cache(2, 5).k.shape() == Shape{2, 5, s.H * (s.dn + s.dr)});
+  // The cache holds the latent and the rotated k_pe, not full keys and values
+  // (tests/unit/test_mla_cache.cpp).
+  CHECK(attention.make_cache(2, 5).latent.shape() == Shape{2, 5, s.c + s.dr});
 }
 
 // Two windows of 5 tokens. f32 against double: outputs O(1) from dot products of a few dozen

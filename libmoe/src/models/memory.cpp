@@ -120,6 +120,13 @@ double inference_activation_lower_bound(const ModelConfig& c, int64_t windows) {
   return 4 * (N * D + std::max(block, logits));  // the residual stream throughout
 }
 
+double kv_cache_bytes_per_token(const ModelConfig& c) {
+  const double per_layer =
+      c.mla() ? double(c.kv_lora_rank + c.qk_rope_dim)
+              : 2 * double(c.kv_heads_resolved()) * double(c.heads > 0 ? c.head_dim_resolved() : 0);
+  return double(c.layers) * per_layer * double(sizeof(float));
+}
+
 double FreeMemory::usable() const { return smaller_known(available_bytes, address_space_left); }
 
 std::string FreeMemory::describe() const {

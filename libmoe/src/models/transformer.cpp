@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "moe/models/memory.h"
 #include "moe/nn/loss.h"
 #include "moe/ops/core.h"
 #include "moe/ops/moe.h"
@@ -151,6 +152,11 @@ KVCache Transformer::make_cache(int64_t slots, int64_t capacity) const {
   if (capacity == 0) capacity = config_.seq;
   MOE_CHECK(slots >= 0 && capacity > 0 && capacity <= config_.seq, "KV cache of ", slots,
             " slots and ", capacity, " positions (the model's context is ", config_.seq, ")");
+  // Refused with the figures before allocating, rather than by a failed allocation part-way.
+  const double per_token = kv_cache_bytes_per_token(config_);
+  check_free_memory(per_token * double(slots) * double(capacity),
+                    str("a KV cache of ", slots, " sequences of ", capacity, " positions (",
+                        format_bytes(per_token), " a position)"));
   KVCache cache;
   for (const auto& block : blocks_) cache.blocks.push_back(block->make_cache(slots, capacity));
   cache.length.assign(static_cast<size_t>(slots), 0);

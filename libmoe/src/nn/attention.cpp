@@ -156,15 +156,18 @@ Tensor Attention::forward(const Tensor& x, int64_t batch, int64_t seq, Saved* sa
 AttentionCache Attention::make_cache(int64_t slots, int64_t capacity) const {
   MOE_CHECK(slots >= 0 && capacity >= 0, "attention ", name_, ": cache of ", slots, " slots and ",
             capacity, " positions");
+  if (mla_) return make_latent_cache(slots, capacity);
   const int64_t width = config_.kv_heads * head_dim_;
   const Device device = o_->weight().value.device();  // the cache lives with the weights
-  return AttentionCache{
-      Tensor::zeros({slots, capacity, width}, DType::f32, device).set_name("attn.k_cache"),
-      Tensor::zeros({slots, capacity, width}, DType::f32, device).set_name("attn.v_cache")};
+  AttentionCache cache;
+  cache.k = Tensor::zeros({slots, capacity, width}, DType::f32, device).set_name("attn.k_cache");
+  cache.v = Tensor::zeros({slots, capacity, width}, DType::f32, device).set_name("attn.v_cache");
+  return cache;
 }
 
 Tensor Attention::forward_cached(const Tensor& x, const ops::CachedRows& rows,
                                  AttentionCache& cache) const {
+  if (mla_) return forward_cached_latent(x, rows, cache);
   const int64_t n = rows.tokens(), width = config_.kv_heads * head_dim_;
   MOE_CHECK(x.ndim() == 2 && x.dim(0) == n && x.dim(1) == config_.d_model, "attention ", name_,
             ": cached input ", x.describe(), " expected [", n, ",", config_.d_model, "]");

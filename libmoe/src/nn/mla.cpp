@@ -19,24 +19,48 @@ struct Piece {
   int64_t col, width;
 };
 
+// Every source's rows of `unit` features back to back (source i from row base[i]), then one zero
+// row: what the gathers below index.
+struct UnitRows {
+  Tensor buffer;
+  std::vector<int64_t> base;
+  int64_t zero_row = 0;
+};
+
+UnitRows unit_rows(const std::vector<Tensor>& sources, int64_t unit) {
+  UnitRows u;
+  const Device device = sources.at(0).device();
+  int64_t rows = 0;
+  for (const Tensor& source : sources) {
+    u.base.push_back(rows);
+    rows += source.numel() / unit;
+  }
+  u.zero_row = rows;
+  u.buffer = Tensor::empty({rows + 1, unit}, DType::f32, device);
+  for (size_t i = 0; i < sources.size(); ++i)
+    u.buffer.rows(u.base[i], u.base[i] + sources[i].numel() / unit)
+        .copy_from(sources[i].reshape({sources[i].numel() / unit, unit}));
+  u.buffer.rows(u.zero_row, u.zero_row + 1).zero();
+  return u;
+}
+
+// [index.size() * unit / width, width]: the buffer's rows `index`, in order.
+Tensor gather_units(const UnitRows& u, const std::vector<int32_t>& index, int64_t unit,
+                    int64_t width) {
+  const Device device = u.buffer.device();
+  const int64_t count = static_cast<int64_t>(index.size());
+  const Tensor ids = Tensor::from_vector({count}, index).to(device);
+  Tensor out = Tensor::empty({count, unit}, DType::f32, device);
+  ops::gather_rows(u.buffer, ids, out);
+  return out.reshape({count * unit / width, width});
+}
+
 // out [N, sum of widths] whose token n is the pieces of sources[*][n] in order; every source is
 // [N, C_i] f32 on one device, every width and column a multiple of unit.
 Tensor gather_columns(const std::vector<Tensor>& sources, const std::vector<Piece>& row,
                       int64_t unit) {
   const int64_t n = sources.at(0).dim(0);
-  const Device device = sources[0].device();
-  std::vector<int64_t> base(sources.size());
-  int64_t rows = 0;
-  for (size_t i = 0; i < sources.size(); ++i) {
-    base[i] = rows;
-    rows += sources[i].numel() / unit;
-  }
-  const int64_t zero_row = rows;
-  Tensor buffer = Tensor::empty({rows + 1, unit}, DType::f32, device);
-  for (size_t i = 0; i < sources.size(); ++i)
-    buffer.rows(base[i], base[i] + sources[i].numel() / unit)
-        .copy_from(sources[i].reshape({sources[i].numel() / unit, unit}));
-  buffer.rows(zero_row, zero_row + 1).zero();
+  const UnitRows u = unit_rows(sources, unit);
   int64_t width = 0;
   for (const Piece& p : row) width += p.width;
   std::vector<int32_t> index;
@@ -45,12 +69,47 @@ Tensor gather_columns(const std::vector<Tensor>& sources, const std::vector<Piec
     for (const Piece& p : row)
       for (int64_t j = 0; j < p.width / unit; ++j)
         index.push_back(static_cast<int32_t>(
-            p.src < 0 ? zero_row
-                      : base[p.src] + t * (sources[p.src].dim(1) / unit) + p.col / unit + j));
-  const Tensor ids = Tensor::from_vector({static_cast<int64_t>(index.size())}, index).to(device);
-  Tensor out = Tensor::empty({n * width / unit, unit}, DType::f32, device);
-  ops::gather_rows(buffer, ids, out);
-  return out.reshape({n, width});
+            p.src < 0 ? u.zero_row
+                      : u.base[p.src] + t * (sources[p.src].dim(1) / unit) + p.col / unit + j));
+  return gather_units(u, index, unit, width);
+}
+
+// src [N, heads * stride] -> [heads * N, width], row h * N + n holding columns
+// [h * stride + col, + width) of token n: each head's part as one matrix (the absorbed products
+// are per head).
+Tensor heads_first(const Tensor& src, int64_t heads, int64_t stride, int64_t col, int64_t width) {
+  const int64_t n = src.dim(0), unit = std::gcd(std::gcd(stride, col), width);
+  const UnitRows u = unit_rows({src}, unit);
+  std::vector<int32_t> index;
+  index.reserve(static_cast<size_t>(heads * n * width / unit));
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t j = 0; j < width / unit; ++j)
+        index.push_back(static_cast<int32_t>((t * heads * stride + h * stride + col) / unit + j));
+  return gather_units(u, index, unit, width);
+}
+
+// heads_first's inverse for a whole row: [heads * N, width] -> [N, heads * width].
+Tensor tokens_first(const Tensor& src, int64_t heads) {
+  const int64_t width = src.dim(1), n = src.dim(0) / heads;
+  const UnitRows u = unit_rows({src}, width);
+  std::vector<int32_t> index;
+  index.reserve(static_cast<size_t>(heads * n));
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t h = 0; h < heads; ++h) index.push_back(static_cast<int32_t>(h * n + t));
+  return gather_units(u, index, width, heads * width);
+}
+
+// A weight [out, in] as f32 in its own layout (see Mla::key_weight_f32); undefined when f32.
+Tensor weight_f32(const Tensor& w, int64_t out, int64_t in) {
+  if (w.dtype() == DType::f32) return Tensor();
+  if (w.dtype() == DType::bf16 || w.dtype() == DType::f16) return w.to(DType::f32);
+  // Quantised rows: I W^T = W^T [in, out] through the kernel, then transposed back.
+  std::vector<float> eye(static_cast<size_t>(in * in), 0.0f);
+  for (int64_t i = 0; i < in; ++i) eye[static_cast<size_t>(i * in + i)] = 1.0f;
+  Tensor wt = Tensor::empty({in, out}, DType::f32, w.device());
+  ops::gemm(Tensor::from_vector({in, in}, eye).to(w.device()), false, w, true, wt);
+  return heads_first(wt, out, 1, 0, 1).reshape({out, in});
 }
 
 int64_t unit_of(const MlaConfig& c) {
@@ -93,15 +152,16 @@ Mla::Mla(ParamSet& ps, const std::string& prefix, int64_t d_model, int64_t heads
   }
 }
 
+Tensor Mla::queries(const Tensor& x, Saved* saved) const {
+  if (q_) return q_->forward(x);
+  Tensor cq = q_a_norm_->forward(q_a_->forward(x), saved ? &saved->q_norm : nullptr);
+  if (saved) saved->cq = cq;
+  return q_b_->forward(cq);
+}
+
 Mla::Projected Mla::project(const Tensor& x, Saved* saved) const {
   Projected p;
-  if (q_) {
-    p.q = q_->forward(x);
-  } else {
-    Tensor cq = q_a_norm_->forward(q_a_->forward(x), saved ? &saved->q_norm : nullptr);
-    p.q = q_b_->forward(cq);
-    if (saved) saved->cq = cq;
-  }
+  p.q = queries(x, saved);
   Tensor ckv = kv_a_.forward(x);
   Tensor c = kv_a_norm_.forward(ckv, saved ? &saved->kv_norm : nullptr);
   p.k_pe = k_rope_.forward(x);
@@ -170,6 +230,66 @@ Tensor Mla::backward(const Tensor& dq, const Tensor& dk_pe, const Tensor& dk_nop
   kv_a_.backward_into(kv_a_norm_.backward(dc, saved.kv_norm), saved.x, dx, true);
   k_rope_.backward_into(dk_pe, saved.x, dx, true);
   return dx;
+}
+
+Mla::Latent Mla::project_latent(const Tensor& x) const {
+  Latent p;
+  p.q = queries(x, nullptr);
+  p.c = kv_a_norm_.forward(kv_a_.forward(x), nullptr);
+  p.k_pe = k_rope_.forward(x);
+  return p;
+}
+
+Tensor Mla::latent_rows(const Tensor& c, const Tensor& k_pe) const {
+  const int64_t rank = config_.kv_lora_rank, rope = config_.qk_rope;
+  return gather_columns({c, k_pe}, {{0, 0, rank}, {1, 0, rope}}, std::gcd(rank, rope));
+}
+
+Tensor Mla::key_weight_f32() const {
+  return weight_f32(k_b_.weight().w(), heads_ * config_.qk_nope, config_.kv_lora_rank);
+}
+
+Tensor Mla::value_weight_f32() const {
+  return weight_f32(v_b_.weight().w(), heads_ * config_.v_head_dim, config_.kv_lora_rank);
+}
+
+Tensor Mla::absorb_queries(const Tensor& q, const Tensor& key_weight, float scale) const {
+  const int64_t n = q.dim(0), rank = config_.kv_lora_rank, nope = config_.qk_nope;
+  const int64_t rope = config_.qk_rope, hd = config_.head_dim();
+  const Tensor& w = key_weight.defined() ? key_weight : k_b_.weight().w();
+  const Tensor q_nope = heads_first(q, heads_, hd, rope, nope);  // [H*N, nope]
+  Tensor absorbed = Tensor::empty({heads_ * n, rank}, DType::f32, q.device());
+  for (int64_t h = 0; h < heads_; ++h) {  // q_nope_h [N, nope] W_UK_h [nope, c]
+    Tensor out = absorbed.rows(h * n, (h + 1) * n);
+    ops::gemm(q_nope.rows(h * n, (h + 1) * n), false, w.rows(h * nope, (h + 1) * nope), false, out);
+  }
+  // Token n, head h: [absorbed row h*N + n | q's RoPE part of head h].
+  const int64_t unit = std::gcd(std::gcd(rank, rope), nope);
+  const UnitRows u = unit_rows({absorbed, q}, unit);
+  std::vector<int32_t> index;
+  index.reserve(static_cast<size_t>(n * heads_ * latent_width() / unit));
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t h = 0; h < heads_; ++h) {
+      for (int64_t j = 0; j < rank / unit; ++j)
+        index.push_back(static_cast<int32_t>(u.base[0] + (h * n + t) * (rank / unit) + j));
+      for (int64_t j = 0; j < rope / unit; ++j)
+        index.push_back(static_cast<int32_t>(u.base[1] + (t * heads_ * hd + h * hd) / unit + j));
+    }
+  Tensor out = gather_units(u, index, unit, heads_ * latent_width());
+  ops::scale(out, scale);
+  return out;
+}
+
+Tensor Mla::absorb_values(const Tensor& ctx, const Tensor& value_weight) const {
+  const int64_t n = ctx.dim(0), rank = config_.kv_lora_rank, vd = config_.v_head_dim;
+  const Tensor& w = value_weight.defined() ? value_weight : v_b_.weight().w();
+  const Tensor latent = heads_first(ctx, heads_, latent_width(), 0, rank);  // [H*N, c]
+  Tensor values = Tensor::empty({heads_ * n, vd}, DType::f32, ctx.device());
+  for (int64_t h = 0; h < heads_; ++h) {  // ctx_h [N, c] W_UV_h^T
+    Tensor out = values.rows(h * n, (h + 1) * n);
+    ops::gemm(latent.rows(h * n, (h + 1) * n), false, w.rows(h * vd, (h + 1) * vd), true, out);
+  }
+  return tokens_first(values, heads_);
 }
 
 }  // namespace moe::nn

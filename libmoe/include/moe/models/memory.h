@@ -38,6 +38,12 @@ void check_fits_in_memory(double bytes, const std::string& what, const std::stri
 // logits of one block of rows, as EvalOptions' defaults cut the blocks.
 double inference_activation_lower_bound(const ModelConfig& config, int64_t windows);
 
+// Bytes the KV cache (Transformer::make_cache, f32) takes per cached position of one sequence,
+// every layer together: each layer's keys and values, 2 x KV x hd floats, or with latent
+// attention (MLA) its latent, kv_lora_rank + qk_rope_dim floats (DeepSeek-V3: 2,304 bytes a layer
+// against 196,608 for its keys and padded values). Exact: what the cache's tensors hold.
+double kv_cache_bytes_per_token(const ModelConfig& config);
+
 // Memory this process can still get: physical memory not in use (MemAvailable and free swap of
 // /proc/meminfo) and, under RLIMIT_AS, the limit less the address space already mapped; the
 // smaller of the known figures (0: unknown).

@@ -95,7 +95,9 @@ struct EvalOptions {
 };
 
 // Key/value caches of incremental forward passes (generation, Transformer::forward_cached): per
-// block K and V [slots, capacity, KV*hd] fp32 (keys after RoPE), and the tokens each slot holds.
+// block K and V [slots, capacity, KV*hd] fp32 (keys after RoPE), or for latent attention (MLA)
+// the latent [slots, capacity, kv_lora_rank + qk_rope] (nn::AttentionCache), and the tokens each
+// slot holds.
 // A slot holds one sequence; clear() (or setting a slot's length to 0) starts it over: positions
 // at or past a slot's length are never read. Make it outside an ArenaScope that is reset while
 // the cache lives (its tensors would come from the arena).
@@ -103,7 +105,13 @@ struct KVCache {
   std::vector<nn::AttentionCache> blocks;
   std::vector<int64_t> length;  // per slot: positions 0..length-1 are cached
   int64_t slots() const { return static_cast<int64_t>(length.size()); }
-  int64_t capacity() const { return blocks.empty() ? 0 : blocks.front().k.dim(1); }
+  int64_t capacity() const { return blocks.empty() ? 0 : blocks.front().capacity(); }
+  // What one more position of one slot costs, every block together.
+  int64_t bytes_per_token() const {
+    int64_t bytes = 0;
+    for (const nn::AttentionCache& block : blocks) bytes += block.bytes_per_token();
+    return bytes;
+  }
   void clear() { length.assign(length.size(), 0); }
 };
 

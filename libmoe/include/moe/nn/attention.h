@@ -38,10 +38,26 @@ struct AttentionConfig {
   float init_std = 0.02f, out_init_std = 0.02f;
 };
 
-// Key/value cache of one attention layer for incremental decoding: k, v [S, Tmax, KV*hd] fp32
-// (S slots, one sequence each, of Tmax positions), keys after RoPE.
+// Key/value cache of one attention layer for incremental decoding, fp32, S slots (one sequence
+// each) of Tmax positions. Plain attention: k, v [S, Tmax, KV*hd], keys after RoPE. Latent
+// attention (MLA) caches what its keys and values are made from, not them: latent
+// [S, Tmax, kv_lora_rank + qk_rope], each position's normalised kv latent then its k_pe after
+// RoPE (k and v undefined), and decodes through the absorbed projections (nn/mla.h); with a k_b /
+// v_b the kernels read in 16 bits or quantised, key_weight / value_weight hold their f32 copies
+// (Mla::key_weight_f32: per layer, not per token), made with the cache.
 struct AttentionCache {
   Tensor k, v;
+  Tensor latent;
+  Tensor key_weight, value_weight;
+  const Tensor& positions() const { return latent.defined() ? latent : k; }
+  int64_t slots() const { return positions().defined() ? positions().dim(0) : 0; }
+  int64_t capacity() const { return positions().defined() ? positions().dim(1) : 0; }
+  // What one more cached position of one slot costs: (KV*hd) * 2 * 4 bytes, or
+  // (kv_lora_rank + qk_rope) * 4 with the latent.
+  int64_t bytes_per_token() const {
+    if (latent.defined()) return latent.dim(2) * int64_t(dtype_size(latent.dtype()));
+    return k.defined() ? (k.dim(2) + v.dim(2)) * int64_t(dtype_size(k.dtype())) : 0;
+  }
 };
 
 // Params prefix.q.weight [H*hd, D], prefix.k.weight [KV*hd, D], prefix.v.weight [KV*hd, D],
@@ -89,6 +105,10 @@ class Attention {
   void project(const Tensor& x, Tensor& q, Tensor& k, Tensor& v, Saved* saved) const;
   // The gradient of x from those of q, k, v (before RoPE); the projections' gradients accumulate.
   Tensor project_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Saved& saved);
+  // Latent attention's cache and cached forward (nn/attention_latent.cpp).
+  AttentionCache make_latent_cache(int64_t slots, int64_t capacity) const;
+  Tensor forward_cached_latent(const Tensor& x, const ops::CachedRows& rows,
+                               AttentionCache& cache) const;
 
   AttentionConfig config_;
   std::string name_;  // the params' prefix, for messages

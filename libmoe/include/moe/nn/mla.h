@@ -56,10 +56,40 @@ class Mla {
   Tensor backward(const Tensor& dq, const Tensor& dk_pe, const Tensor& dk_nope, const Tensor& dv,
                   const Saved& saved);
 
+  // ---- Decode through the latent (DeepSeek-V2 paper, section 2.1: the absorbed projections).
+  // A cached position holds c = kv_a_norm(x W_kv_a^T) [c features, c = kv_lora_rank] and its
+  // k_pe after RoPE [qk_rope]: latent_width() floats instead of H (hd + vd). Head h's key is
+  // [k_pe | c W_UK_h^T] and its value c W_UV_h^T (W_UK_h, W_UV_h: head h's rows of k_b and v_b),
+  // so q_h . k_h = q_rope_h . k_pe + (q_nope_h W_UK_h) . c, and sum_j p_j v_j = (sum_j p_j c_j)
+  // W_UV_h^T: the attention runs over the latent as one shared kv head of latent_width().
+  int64_t latent_width() const { return config_.kv_lora_rank + config_.qk_rope; }
+  // q [N, H*hd] and k_pe [N, qk_rope] before RoPE, c [N, kv_lora_rank] after its norm.
+  struct Latent {
+    Tensor q, c, k_pe;
+  };
+  Latent project_latent(const Tensor& x) const;
+  // A cache row a token: [c | k_pe] -> [N, latent_width()].
+  Tensor latent_rows(const Tensor& c, const Tensor& k_pe) const;
+  // k_b's and v_b's weights [H*qk_nope, c] and [H*vd, c] in f32, their own layout, for a model
+  // whose kernels read them in 16 bits or quantised (the absorbed products need W_UK_h itself,
+  // not x W^T): widened exactly from 16 bits; a quantised one through the GEMM kernel's products
+  // with the identity (its input-row rounding: the quantised path's own). Undefined when the
+  // weight is f32 already (read in place).
+  Tensor key_weight_f32() const;
+  Tensor value_weight_f32() const;
+  // q [N, H*hd] after RoPE -> [N, H*latent_width()]: head h [q_nope_h W_UK_h | q_rope_h], times
+  // `scale`. key_weight: key_weight_f32() (undefined: k_b's own f32 weight).
+  Tensor absorb_queries(const Tensor& q, const Tensor& key_weight, float scale) const;
+  // The attention's context over the latent [N, H*latent_width()] -> [N, H*vd]: head h
+  // ctx_h[:c] W_UV_h^T (the k_pe part of the context is dropped). value_weight as above.
+  Tensor absorb_values(const Tensor& ctx, const Tensor& value_weight) const;
+
   const MlaConfig& config() const { return config_; }
   int64_t heads() const { return heads_; }
 
  private:
+  Tensor queries(const Tensor& x, Saved* saved) const;
+
   MlaConfig config_;
   int64_t heads_;
   std::unique_ptr<Linear> q_, q_a_, q_b_;  // q_ without a q latent, else q_a_ and q_b_
