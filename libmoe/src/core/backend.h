@@ -19,6 +19,7 @@
 #include "kernels/distill_loss.h"
 #include "moe/device.h"
 #include "moe/op_types.h"
+#include "moe/rope_scaling.h"
 #include "moe/tensor.h"
 
 namespace moe {
@@ -71,10 +72,11 @@ struct Backend {
     void (*swiglu_backward)(const Tensor& dy, const Tensor& gate, const Tensor& up, Tensor& dgate,
                             Tensor& dup);
     // inverse = false: the forward rotation; true: its transpose (the backward). rotary_dim: the
-    // features of each head rotated (the first ones; the rest pass through).
+    // features of each head rotated (the first ones; the rest pass through); scaling: YaRN's
+    // frequencies and attention factor (default: plain RoPE).
     void (*rope_apply)(const Tensor& x, int64_t batch, int64_t seq, int64_t heads,
-                       int64_t rotary_dim, float theta, Tensor& y, int64_t position_offset,
-                       bool inverse);
+                       int64_t rotary_dim, float theta, const ops::RopeScaling& scaling, Tensor& y,
+                       int64_t position_offset, bool inverse);
     void (*attention_forward)(const Tensor& q, const Tensor& k, const Tensor& v,
                               const ops::AttentionShape& shape, Tensor& probs, Tensor& ctx);
     void (*attention_backward)(const Tensor& dctx, const Tensor& q, const Tensor& k,

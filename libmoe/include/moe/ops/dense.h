@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "moe/op_types.h"
+#include "moe/rope_scaling.h"
 #include "moe/tensor.h"
 
 namespace moe::ops {
@@ -46,11 +47,31 @@ void swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up, Ten
 // x, y [B*T, heads*hd]; token (b, t) sits at position position_offset + t. y may alias x.
 // rotary_dim: the first features of each head that rotate (even, <= hd; 0 = all hd): partial
 // rotary (GLM-4-MoE) rotates rd of them as a head of rd would be, the rest pass through.
+// scaling: YaRN's frequencies and attention factor (moe/rope_scaling.h; the default is plain).
 void rope_forward(const Tensor& x, int64_t batch, int64_t seq, int64_t heads, float theta,
-                  Tensor& y, int64_t position_offset = 0, int64_t rotary_dim = 0);
-// dx = R^T dy (the inverse rotation). dx may alias dy.
+                  Tensor& y, int64_t position_offset = 0, int64_t rotary_dim = 0,
+                  const RopeScaling& scaling = {});
+// dx = R^T dy (the inverse rotation; with an attention factor a, (a R)^T dy). dx may alias dy.
 void rope_backward(const Tensor& dy, int64_t batch, int64_t seq, int64_t heads, float theta,
-                   Tensor& dx, int64_t position_offset = 0, int64_t rotary_dim = 0);
+                   Tensor& dx, int64_t position_offset = 0, int64_t rotary_dim = 0,
+                   const RopeScaling& scaling = {});
+
+// YaRN's RopeScaling for a head's rotary_dim features, as transformers' _compute_yarn_parameters
+// derives it (rope_type "yarn"): the correction range of beta_fast and beta_slow rotations over
+// original_ctx positions (floored and ceiled unless truncate is false, as gpt-oss sets), and the
+// attention factor: `attention_factor` when > 0, else 0.1 ln(factor) + 1, or with mscale and
+// mscale_all_dim both > 0 the ratio of those two terms (DeepSeek). UsageError on values that
+// give no ramp (factor < 1, original_ctx < 1, betas <= 0, rotary_dim < 2).
+struct YarnSettings {
+  double factor = 1;
+  double original_ctx = 0;
+  double beta_fast = 32, beta_slow = 1;
+  double mscale = 0, mscale_all_dim = 0, attention_factor = 0;
+  bool truncate = true;
+};
+RopeScaling yarn_scaling(const YarnSettings& yarn, double theta, int64_t rotary_dim);
+// YaRN's mscale (the paper's eq. 21, transformers' yarn_get_mscale): 0.1 m ln(s) + 1, 1 at s <= 1.
+double yarn_mscale(double scale, double m = 1.0);
 
 // ---- causal self-attention core (ops/attention.cpp; AttentionShape in moe/op_types.h)
 // q [B*T, H*hd], k/v [B*T, KV*hd] (query head h reads kv head h / (H/KV)),

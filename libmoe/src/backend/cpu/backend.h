@@ -48,7 +48,8 @@ void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& y);
 void swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up, Tensor& dgate,
                      Tensor& dup);
 void rope_apply(const Tensor& x, int64_t batch, int64_t seq, int64_t heads, int64_t rotary_dim,
-                float theta, Tensor& y, int64_t position_offset, bool inverse);
+                float theta, const ops::RopeScaling& scaling, Tensor& y, int64_t position_offset,
+                bool inverse);
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                        const ops::AttentionShape& shape, Tensor& probs, Tensor& ctx);
 void attention_backward(const Tensor& dctx, const Tensor& q, const Tensor& k, const Tensor& v,

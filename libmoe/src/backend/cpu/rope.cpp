@@ -1,6 +1,6 @@
 // Rotary position embedding over [B*T, heads*hd] activations (HF "rotate half" convention).
-// A cos/sin table [T, rd/2] (rd: the rotated features of a head) is built when the positions change
-// (kept per thread); rows are rotated in parallel.
+// A cos/sin table [T, rd/2] (rd: the rotated features of a head; YaRN's frequencies and attention
+// factor in it) is built when the positions change (kept per thread); rows are rotated in parallel.
 #include "kernels/rope.h"
 
 #include <vector>
@@ -19,13 +19,14 @@ namespace {
 struct RopeTable {
   int64_t seq = -1, head_dim = 0, position_offset = 0;
   float theta = 0.0f;
+  ops::RopeScaling scaling;
   // [seq, head_dim / 2] each, kept between calls: a warm step allocates nothing here
   std::vector<float> cos, sin;
 
-  bool holds(int64_t s, int64_t hd, int64_t offset, float t) const {
-    return seq == s && head_dim == hd && position_offset == offset && theta == t;
+  bool holds(int64_t s, int64_t hd, int64_t offset, float t, const ops::RopeScaling& sc) const {
+    return seq == s && head_dim == hd && position_offset == offset && theta == t && scaling == sc;
   }
-  void build(int64_t s, int64_t hd, int64_t offset, float t) {
+  void build(int64_t s, int64_t hd, int64_t offset, float t, const ops::RopeScaling& sc) {
     const int64_t h = hd / 2;
     seq = -1;  // not valid until filled
     cos.resize(static_cast<size_t>(s * h));
@@ -34,23 +35,22 @@ struct RopeTable {
     float* ss = sin.data();
 #pragma omp parallel for schedule(static) if (s * h >= kParallelWork)
     for (int64_t p = 0; p < s; ++p)
-      for (int64_t i = 0; i < h; ++i) {
-        const float angle = kernels::rope_angle(offset + p, i, hd, t);
-        cs[p * h + i] = cosf(angle);
-        ss[p * h + i] = sinf(angle);
-      }
-    seq = s, head_dim = hd, position_offset = offset, theta = t;
+      for (int64_t i = 0; i < h; ++i)
+        kernels::rope_table_entry(offset + p, i, hd, t, sc.factor, sc.ramp_low, sc.ramp_width,
+                                  sc.attention_factor, &cs[p * h + i], &ss[p * h + i]);
+    seq = s, head_dim = hd, position_offset = offset, theta = t, scaling = sc;
   }
 };
 
 }  // namespace
 
 void rope_apply(const Tensor& x, int64_t batch, int64_t seq, int64_t heads, int64_t rotary_dim,
-                float theta, Tensor& y, int64_t position_offset, bool inverse) {
+                float theta, const ops::RopeScaling& scaling, Tensor& y, int64_t position_offset,
+                bool inverse) {
   const int64_t width = x.dim(1), head_dim = width / heads, half = rotary_dim / 2;
   thread_local RopeTable table;
-  if (!table.holds(seq, rotary_dim, position_offset, theta))
-    table.build(seq, rotary_dim, position_offset, theta);
+  if (!table.holds(seq, rotary_dim, position_offset, theta, scaling))
+    table.build(seq, rotary_dim, position_offset, theta, scaling);
   // Pointers into this thread's table: inside the parallel loop below, `table` would name each
   // worker thread's own (empty or stale) table.
   const float* cos_table = table.cos.data();

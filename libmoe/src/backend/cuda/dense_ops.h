@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "moe/op_types.h"
+#include "moe/rope_scaling.h"
 #include "moe/tensor.h"
 
 namespace moe::cuda {
@@ -33,7 +34,8 @@ void swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up, Ten
 
 // inverse = false: forward rotation; true: its transpose (the backward).
 void rope_apply(const Tensor& x, int64_t batch, int64_t seq, int64_t heads, int64_t rotary_dim,
-                float theta, Tensor& y, int64_t position_offset, bool inverse);
+                float theta, const ops::RopeScaling& scaling, Tensor& y, int64_t position_offset,
+                bool inverse);
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                        const ops::AttentionShape& shape, Tensor& probs, Tensor& ctx);
