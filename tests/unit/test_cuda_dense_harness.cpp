@@ -277,20 +277,23 @@ TEST_CASE("cuda harness: rope table and rotation match the CPU, in place too", "
 
 TEST_CASE("cuda harness: attention steps with CPU GEMMs match the CPU op, GQA included",
           "[cuda-harness]") {
-  const ops::AttentionShape shapes[] = {{2, 7, 4, 2, 5}, {1, 9, 3, 3, 4}, {3, 5, 4, 1, 6}};
+  // The last two with a sliding window (of 3 keys; of 1, each query seeing only itself).
+  const ops::AttentionShape shapes[] = {
+      {2, 7, 4, 2, 5}, {1, 9, 3, 3, 4}, {3, 5, 4, 1, 6}, {2, 9, 4, 2, 5, 3}, {1, 6, 2, 1, 4, 1}};
   for (const ops::AttentionShape& a : shapes) {
     const AttentionCase c(a, 20);
     for (auto shape : test::kHarnessGrids) {
-      INFO("B " << a.batch << " T " << a.seq << " H " << a.heads << " KV " << a.kv_heads << " grid "
-                << shape.blocks << "x" << shape.threads);
+      INFO("B " << a.batch << " T " << a.seq << " H " << a.heads << " KV " << a.kv_heads
+                << " window " << a.window << " grid " << shape.blocks << "x" << shape.threads);
       std::vector<float> probs(count_of(c.ps), -7.0f), ctx(count_of(c.qs), -7.0f);
       auto softmax = [shape](float* scores, int64_t rows, int64_t queries, int64_t keys,
-                             int64_t start) {
-        cuda::run_grid_on_cpu<body::CausalSoftmaxRows>(shape, scores, rows, queries, keys, start);
+                             int64_t start, int64_t window) {
+        cuda::run_grid_on_cpu<body::CausalSoftmaxRows>(shape, scores, rows, queries, keys, start,
+                                                       window);
       };
       cuda::attention_forward_steps(c.q.data(), c.k.data(), c.v.data(), probs.data(), ctx.data(),
                                     a.batch, a.seq, a.heads, a.kv_heads, a.head_dim, c.scale(),
-                                    cpu_batched, softmax);
+                                    a.window, cpu_batched, softmax);
       // The softmax rows are kernels::causal_softmax_row on both sides (exp_f, one order of
       // sums), whichever vector copy the CPU op runs, and the products the same tiled sgemm: the
       // forward gives the op's bits, and the backward, run on the op's probabilities, too.
@@ -380,22 +383,29 @@ TEST_CASE("cuda harness: cached attention steps with CPU GEMMs match the CPU op"
   const int64_t n = rows.tokens();
   const Shape qs{n, H * hd}, cs{slots, capacity, KV * hd};
   const std::vector<float> q = values(qs, 24), kc = values(cs, 25), vc = values(cs, 26);
-  Tensor ctx_ref = Tensor::empty(qs);
-  ops::attention_forward_cached(tensor(qs, q), tensor(cs, kc), tensor(cs, vc), H, KV, rows,
-                                ctx_ref);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  for (auto shape : test::kHarnessGrids) {
-    std::vector<float> ctx(count_of(qs), -7.0f), scores(H * 6 * 6, -7.0f);
-    auto softmax = [shape](float* s, int64_t r, int64_t queries, int64_t keys, int64_t start) {
-      cuda::run_grid_on_cpu<body::CausalSoftmaxRows>(shape, s, r, queries, keys, start);
-    };
-    cuda::attention_cached_steps(q.data(), kc.data(), vc.data(), ctx.data(), scores.data(),
-                                 rows.slot.data(), rows.start.data(), rows.count.data(),
-                                 rows.rows(), H, KV, hd, capacity, scale, cpu_batched, softmax);
-    // The same softmax body on both sides, but the CPU op takes a decode row's (one new token
-    // after cached ones) two products by plain loops (decode_head), in another order than the
-    // sgemm here: within 1e-6 (values of order 1, sums of up to 10 products of 6 terms).
-    require_near(ctx, ctx_ref.to_vector(), 1e-6);
+  // window 4: the decode row at 9 sees 6..9, the others' later queries lose their first keys too
+  for (int64_t window : {0, 4}) {
+    rows.window = window;
+    INFO("window " << window);
+    Tensor ctx_ref = Tensor::empty(qs);
+    ops::attention_forward_cached(tensor(qs, q), tensor(cs, kc), tensor(cs, vc), H, KV, rows,
+                                  ctx_ref);
+    for (auto shape : test::kHarnessGrids) {
+      std::vector<float> ctx(count_of(qs), -7.0f), scores(H * 6 * 6, -7.0f);
+      auto softmax = [shape](float* s, int64_t r, int64_t queries, int64_t keys, int64_t start,
+                             int64_t window) {
+        cuda::run_grid_on_cpu<body::CausalSoftmaxRows>(shape, s, r, queries, keys, start, window);
+      };
+      cuda::attention_cached_steps(q.data(), kc.data(), vc.data(), ctx.data(), scores.data(),
+                                   rows.slot.data(), rows.start.data(), rows.count.data(),
+                                   rows.rows(), H, KV, hd, capacity, scale, rows.window,
+                                   cpu_batched, softmax);
+      // The same softmax body on both sides, but the CPU op takes a decode row's (one new token
+      // after cached ones) two products by plain loops (decode_head), in another order than the
+      // sgemm here: within 1e-6 (values of order 1, sums of up to 10 products of 6 terms).
+      require_near(ctx, ctx_ref.to_vector(), 1e-6);
+    }
   }
 }
 

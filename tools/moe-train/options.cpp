@@ -145,6 +145,13 @@ void add_model_shape_options(CLI::Option_group& g, TrainOptions& o) {
                            "Features of each head RoPE rotates, the first ones (partial RoPE, "
                            "even; 0 = all of the head)")
                 ->capture_default_str());
+  model_opt(mg->add_option("--sliding-window", m.sliding_window,
+                           "Sliding-window attention on every layer: a token sees the last N "
+                           "positions, itself included (Mixtral's sliding_window; 0 = none)")
+                ->capture_default_str());
+  model_opt(mg->add_flag("--tie-embeddings", m.tie_embeddings,
+                         "The LM head reads the token embedding (tie_word_embeddings; gpt always "
+                         "ties)"));
   model_opt(mg->add_flag("--qkv-bias", m.qkv_bias,
                          "Biases on q, k and v (glm4_moe; qwen2_moe always has them)"));
   model_opt(mg->add_flag("--qk-norm", m.qk_norm,

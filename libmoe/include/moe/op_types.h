@@ -15,15 +15,21 @@ enum class Activation { gelu, swiglu };
 namespace moe::ops {
 
 // Causal self-attention shape: B batch, T sequence, H query heads, KV key/value heads, hd head dim.
+// window: sliding-window attention, each query seeing the last `window` positions, itself
+// included (kernels::window_first_key); 0 = every earlier position.
 struct AttentionShape {
   int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  int64_t window = 0;
 };
 
 // Incremental (cached) attention, for generation. A ragged batch of R rows: row r brings
 // count[r] >= 1 new tokens, consecutive in q/ctx and in row order (N = sum of counts), which sit
 // at positions start[r] .. start[r] + count[r] - 1 of cache slot slot[r] (distinct slots).
+// window: as AttentionShape's (0 = none): a query at position p sees the cached positions
+// max(0, p - window + 1) .. p.
 struct CachedRows {
   std::vector<int64_t> slot, start, count;
+  int64_t window = 0;
   int64_t rows() const { return static_cast<int64_t>(count.size()); }
   int64_t tokens() const;  // N
   // Throws moe::Error unless the three have one entry per row, counts >= 1, starts >= 0, slots in

@@ -14,6 +14,7 @@ void CachedRows::check(int64_t slots, int64_t capacity, const char* what) const 
   const size_t r = count.size();
   MOE_CHECK(slot.size() == r && start.size() == r, what, ": ", r, " counts, ", slot.size(),
             " slots and ", start.size(), " starts");
+  MOE_CHECK(window >= 0, what, ": a sliding window of ", window, " positions");
   std::vector<bool> used(static_cast<size_t>(slots > 0 ? slots : 0), false);
   for (size_t i = 0; i < r; ++i) {
     MOE_CHECK(count[i] >= 1 && start[i] >= 0 && slot[i] >= 0 && slot[i] < slots, what, ": row ", i,

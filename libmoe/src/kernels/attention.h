@@ -67,6 +67,23 @@ MOE_HD void causal_softmax_row(float* p, int64_t visible, int64_t keys) {
   }
 }
 
+// Sliding-window attention, as transformers 5 masks it (masking_utils.sliding_window_overlay:
+// key j is visible to query i when j > i - window, with the causal j <= i) and llama.cpp's
+// standard SWA (p_query - p_key < n_swa): a query sees `window` keys, itself included; window 0
+// means no window. The first key a query at `position` sees:
+MOE_HD int64_t window_first_key(int64_t position, int64_t window) {
+  return window > 0 && position >= window ? position - window + 1 : 0;
+}
+
+// The scores of the keys before `first` set to -inf ahead of causal_softmax_row: they then leave
+// the row's maximum and sum as they were (their exponential is +0) and come out as exact zeros,
+// so the backward (causal_softmax_backward_row, which reads only the probabilities and writes
+// p (d - dot) = 0 there) and every product after it need no mask of their own. With first 0 the
+// row is untouched: a model without a window keeps its bits.
+MOE_HD void mask_before_window(float* p, int64_t first) {
+  for (int64_t j = 0; j < first; ++j) p[j] = -INFINITY;
+}
+
 // d [keys] holds d loss / d probs of the row (dctx V^T); replaced by d loss / d scores before the
 // scale: scale * p[j] (d[j] - sum_i p[i] d[i]) over the visible keys, zeros after. The dot
 // product's partial last block adds +0 products past `visible` (read in place where the block

@@ -1,5 +1,6 @@
 #include "moe/models/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -113,10 +114,32 @@ void ModelConfig::validate_mla() const {
                   "rope_dim, kv_heads, qkv_bias or qk_norm does not apply");
 }
 
+int64_t ModelConfig::window_of(int64_t layer) const {
+  if (sliding_window == 0 || window_layers.empty()) return sliding_window;
+  return std::binary_search(window_layers.begin(), window_layers.end(), layer) ? sliding_window : 0;
+}
+
+void ModelConfig::validate_window() const {
+  MOE_USAGE_CHECK(sliding_window >= 0 && sliding_window <= kMaxSeq,
+                  "the sliding window must be between 0 (none) and ", kMaxSeq, " positions (got ",
+                  sliding_window, ")");
+  MOE_USAGE_CHECK(window_layers.empty() || sliding_window > 0,
+                  "windowed layers are listed but the sliding window is 0 (none)");
+  for (size_t i = 0; i < window_layers.size(); ++i)
+    MOE_USAGE_CHECK(window_layers[i] >= 0 && window_layers[i] < layers &&
+                        (i == 0 || window_layers[i] > window_layers[i - 1]),
+                    "the windowed layers must be distinct layer indices 0..", layers - 1,
+                    " in ascending order (got ", window_layers[i], " at entry ", i, ")");
+  // Latent attention's decode multiplies through the compressed cache (nn/mla.h) with no window.
+  MOE_USAGE_CHECK(sliding_window == 0 || !mla(),
+                  "a sliding window is not deepseek_v3's: its latent attention has none");
+}
+
 void ModelConfig::validate() const {
   MOE_USAGE_CHECK(vocab_size >= 2, "vocabulary size must be >= 2 (got ", vocab_size, ")");
   MOE_USAGE_CHECK(d_model >= 1 && heads >= 1, "--d-model and --heads must be >= 1");
   validate_mla();
+  validate_window();
   MOE_USAGE_CHECK(head_dim >= 0, "--head-dim must be >= 0 (0 = d-model/heads; got ", head_dim, ")");
   MOE_USAGE_CHECK(head_dim > 0 || mla() || d_model % heads == 0, "--heads ", heads,
                   " does not divide --d-model ", d_model, " (or give --head-dim)");
@@ -191,7 +214,10 @@ void ModelConfig::validate() const {
   }
 }
 
-nlohmann::json to_json(const ModelConfig& c) {
+namespace {
+
+// The keys every checkpoint has (the ones added later read with defaults, below).
+nlohmann::json listed_keys(const ModelConfig& c) {
   return nlohmann::json{{"arch", arch_name(c.arch)},
                         {"vocab_size", c.vocab_size},
                         {"layers", c.layers},
@@ -230,6 +256,17 @@ nlohmann::json to_json(const ModelConfig& c) {
                         {"norm_eps", c.norm_eps},
                         {"rope_theta", c.rope_theta},
                         {"dtype", dtype_name(c.dtype)}};
+}
+
+}  // namespace
+
+nlohmann::json to_json(const ModelConfig& c) {
+  nlohmann::json j = listed_keys(c);
+  // Written only when set: a model without them writes the file it wrote before they existed.
+  if (c.sliding_window > 0) j["sliding_window"] = c.sliding_window;
+  if (!c.window_layers.empty()) j["window_layers"] = c.window_layers;
+  if (c.tie_embeddings) j["tie_embeddings"] = true;
+  return j;
 }
 
 ModelConfig model_config_from_json(const nlohmann::json& j) {
@@ -275,6 +312,9 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
     c.qk_nope_dim = j.value("qk_nope_dim", int64_t{0});
     c.qk_rope_dim = j.value("qk_rope_dim", int64_t{0});
     c.v_head_dim = j.value("v_head_dim", int64_t{0});
+    c.sliding_window = j.value("sliding_window", int64_t{0});
+    c.window_layers = j.value("window_layers", std::vector<int64_t>{});
+    c.tie_embeddings = j.value("tie_embeddings", false);
   } catch (const nlohmann::json::exception& e) {
     throw Error(str("model config: ", json_error_words(e)));
   }

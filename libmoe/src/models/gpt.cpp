@@ -15,7 +15,9 @@ Flavour gpt_flavour(const ModelConfig&) {
   return f;
 }
 
-Flavour flavour_of(const ModelConfig& config) {
+namespace {
+
+Flavour family_flavour(const ModelConfig& config) {
   switch (config.arch) {
     case Arch::gpt:
       return gpt_flavour(config);
@@ -33,6 +35,14 @@ Flavour flavour_of(const ModelConfig& config) {
       return deepseek_v3_flavour(config);
   }
   return mixtral_flavour(config);
+}
+
+}  // namespace
+
+Flavour flavour_of(const ModelConfig& config) {
+  Flavour f = family_flavour(config);
+  f.tied_head = f.tied_head || config.tie_embeddings;  // tie_word_embeddings in any family
+  return f;
 }
 
 }  // namespace moe

@@ -30,6 +30,9 @@ AttentionConfig resolved(const std::string& prefix, AttentionConfig c) {
                     " must be a multiple of heads ", c.heads, " (or give head_dim)");
     c.head_dim = c.d_model / c.heads;
   }
+  MOE_USAGE_CHECK(c.window >= 0 && (c.window == 0 || !c.mla.enabled()), "attention ", prefix,
+                  ": a sliding window of ", c.window,
+                  " positions (it must be >= 0, 0 = none; latent attention has none)");
   MOE_USAGE_CHECK(c.kv_heads > 0 && c.heads % c.kv_heads == 0, "attention ", prefix, ": kv_heads ",
                   c.kv_heads, " must divide heads ", c.heads);
   MOE_USAGE_CHECK(!c.rope || (c.head_dim % 2 == 0 && c.rope_theta > 0.0f), "attention ", prefix,
@@ -134,7 +137,8 @@ Tensor Attention::forward(const Tensor& x, int64_t batch, int64_t seq, Saved* sa
     ops::rope_forward(q, batch, seq, config_.heads, config_.rope_theta, q, 0, config_.rope_dim);
     ops::rope_forward(k, batch, seq, config_.kv_heads, config_.rope_theta, k, 0, config_.rope_dim);
   }
-  const ops::AttentionShape shape{batch, seq, config_.heads, config_.kv_heads, head_dim_};
+  const ops::AttentionShape shape{batch,     seq,           config_.heads, config_.kv_heads,
+                                  head_dim_, config_.window};
   Tensor ctx = Tensor::empty(q.shape(), DType::f32, q.device());
   if (!saved) {  // inference: no [B,H,T,T] probabilities, query blocks instead
     ops::attention_forward_blocks(q, k, v, shape, inference_block_rows(seq), ctx);
@@ -198,7 +202,14 @@ Tensor Attention::forward_cached(const Tensor& x, const ops::CachedRows& rows,
     first += t;
   }
   Tensor ctx = Tensor::empty(q.shape(), DType::f32, q.device());
-  ops::attention_forward_cached(q, cache.k, cache.v, config_.heads, config_.kv_heads, rows, ctx);
+  if (config_.window != rows.window) {  // the rows come shared by every layer, windowed or not
+    ops::CachedRows windowed = rows;
+    windowed.window = config_.window;
+    ops::attention_forward_cached(q, cache.k, cache.v, config_.heads, config_.kv_heads, windowed,
+                                  ctx);
+  } else {
+    ops::attention_forward_cached(q, cache.k, cache.v, config_.heads, config_.kv_heads, rows, ctx);
+  }
   return o_->forward(mla_ ? mla_->unpad_values(ctx) : ctx);
 }
 
@@ -211,7 +222,8 @@ Tensor Attention::backward(const Tensor& dy, const Saved& saved) {
   Tensor dq = Tensor::empty(saved.q.shape(), DType::f32, saved.q.device()),
          dk = Tensor::empty(saved.k.shape(), DType::f32, saved.q.device()),
          dv = Tensor::empty(saved.v.shape(), DType::f32, saved.q.device());
-  const ops::AttentionShape shape{batch, seq, config_.heads, config_.kv_heads, head_dim_};
+  const ops::AttentionShape shape{batch,     seq,           config_.heads, config_.kv_heads,
+                                  head_dim_, config_.window};
   ops::attention_backward(dctx, saved.q, saved.k, saved.v, saved.probs, shape, dq, dk, dv);
   if (config_.rope) {
     ops::rope_backward(dq, batch, seq, config_.heads, config_.rope_theta, dq, 0, config_.rope_dim);

@@ -34,6 +34,7 @@ Block::Block(ParamSet& ps, const BlockConfig& config, int64_t index, const Paral
   ac.rope_theta = static_cast<float>(config.rope_theta);
   ac.rope_dim = config.rope_dim;
   ac.mla = config.mla;
+  ac.window = config.window;
   ac.init_std = init_std;
   ac.out_init_std = out_std;
   attn_ = std::make_unique<Attention>(ps, prefix + ".attn", ac);

@@ -15,9 +15,9 @@ namespace {
 void check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                      const AttentionShape& s) {
   MOE_CHECK(s.batch >= 0 && s.seq >= 0 && s.heads > 0 && s.kv_heads > 0 && s.head_dim > 0 &&
-                s.heads % s.kv_heads == 0,
+                s.heads % s.kv_heads == 0 && s.window >= 0,
             op, ": bad shape: batch ", s.batch, ", seq ", s.seq, ", heads ", s.heads, ", kv_heads ",
-            s.kv_heads, ", head_dim ", s.head_dim);
+            s.kv_heads, ", head_dim ", s.head_dim, ", window ", s.window);
   const int64_t n = s.batch * s.seq;
   q.expect_shape({n, s.heads * s.head_dim}, op);
   k.expect_shape({n, s.kv_heads * s.head_dim}, op);
@@ -74,12 +74,13 @@ void attention_forward_blocks(const Tensor& q, const Tensor& k, const Tensor& v,
   const int64_t B = s.batch, T = s.seq, ldk = s.kv_heads * s.head_dim;
   if (B == 0 || T == 0) return;
   CachedRows rows;
+  rows.window = s.window;
   if (T <= block_rows) {  // one block a window: every window in one call, window b in slot b
     rows.count.assign(static_cast<size_t>(B), T);
     rows.start.assign(static_cast<size_t>(B), 0);
     for (int64_t b = 0; b < B; ++b) rows.slot.push_back(b);
-    attention_forward_cached(q, k.reshape({B, T, ldk}), v.reshape({B, T, ldk}), s.heads,
-                             s.kv_heads, rows, ctx);
+    attention_forward_cached(q, k.reshape({B, T, ldk}), v.reshape({B, T, ldk}), s.heads, s.kv_heads,
+                             rows, ctx);
     return;
   }
   rows.slot = {0};

@@ -81,6 +81,15 @@ struct ModelConfig {
   double norm_eps = 1e-5;
   double rope_theta = 10000;
   DType dtype = DType::f32;  // parameter and activation storage
+  // Sliding-window attention (Mixtral's sliding_window, Qwen's use_sliding_window, gpt-oss's
+  // layer_types): a windowed layer's query sees the last sliding_window positions, itself
+  // included (kernels::window_first_key); 0 = none. window_layers: the windowed layers' indices,
+  // ascending; empty = every layer.
+  int64_t sliding_window = 0;
+  std::vector<int64_t> window_layers;
+  // The LM head reads the token embedding (tie_word_embeddings): one parameter, whose gradient
+  // sums the embedding's and the head's. gpt always ties; the other families when this is set.
+  bool tie_embeddings = false;
 
   int64_t kv_heads_resolved() const { return kv_heads ? kv_heads : heads; }
   // The q/k head width (latent attention: qk_nope_dim + qk_rope_dim).
@@ -102,7 +111,9 @@ struct ModelConfig {
   int64_t num_moe_layers() const;
   // The block index of each MoE layer, in order (MoE layer l is block moe_blocks()[l]).
   std::vector<int64_t> moe_blocks() const;
-  bool tied_embeddings() const { return arch == Arch::gpt; }
+  bool tied_embeddings() const { return arch == Arch::gpt || tie_embeddings; }
+  // Layer `layer`'s window (0: it attends to every earlier position).
+  int64_t window_of(int64_t layer) const;
 
   // Fill experts_per_layer from experts/moe_every (or expand a per-MoE-layer list), then check
   // every constraint; throws UsageError with the flag names a user typed.
@@ -110,7 +121,8 @@ struct ModelConfig {
   void validate() const;
 
  private:
-  void validate_mla() const;  // the latent attention's fields (deepseek_v3's alone)
+  void validate_mla() const;     // the latent attention's fields (deepseek_v3's alone)
+  void validate_window() const;  // sliding_window and window_layers
 };
 
 nlohmann::json to_json(const ModelConfig& config);

@@ -35,6 +35,9 @@ struct AttentionConfig {
   // replace q/k/v (no biases, no qk-norm; kv_heads = heads, head_dim = qk_nope + qk_rope, the
   // RoPE on each head's first qk_rope features and on the shared k_pe), o reads H*v_head_dim.
   MlaConfig mla;
+  // Sliding window: each query sees the last `window` positions, itself included
+  // (ops::AttentionShape::window); 0 = all earlier positions. Not with latent attention.
+  int64_t window = 0;
   float init_std = 0.02f, out_init_std = 0.02f;
 };
 
@@ -85,7 +88,8 @@ class Attention {
   // Incremental forward (inference): x [N, D] holds the new tokens of `rows` (ops::CachedRows:
   // row r's count[r] tokens at positions start[r].. of cache slot slot[r]). Their keys/values
   // (after RoPE at those positions) are written into the cache, then each token attends to its
-  // slot's positions 0..its own. -> [N, D]. Equals forward() on the whole sequence at those
+  // slot's positions 0..its own (the last `window` of them with a window; the cache still holds
+  // every position). -> [N, D]. Equals forward() on the whole sequence at those
   // positions (bitwise for a row with start 0, up to BLAS row blocking).
   Tensor forward_cached(const Tensor& x, const ops::CachedRows& rows, AttentionCache& cache) const;
   // A zeroed cache of `slots` sequences of `capacity` positions.

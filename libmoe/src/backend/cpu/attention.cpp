@@ -7,6 +7,8 @@
 // Each product is cut into blocks of query rows (push_causal) that skip what lies wholly above
 // the diagonal; scores above it inside a block are computed and then overwritten with exact
 // zeros, as the softmax writes zeros past the visible keys.
+#include "kernels/attention.h"
+
 #include <cmath>
 #include <vector>
 
@@ -110,8 +112,9 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
       });
   const int64_t rows = s.batch * H * T;
 #pragma omp parallel for schedule(static) if (rows * T >= kParallelWork)
-  for (int64_t r = 0; r < rows; ++r) {
-    causal_softmax_row(ps + r * T, r % T + 1, T);  // query r % T sees keys 0..r % T
+  for (int64_t r = 0; r < rows; ++r) {  // query r % T sees keys 0..r % T (its window's last ones)
+    kernels::mask_before_window(ps + r * T, kernels::window_first_key(r % T, s.window));
+    causal_softmax_row(ps + r * T, r % T + 1, T);
   }
   per_head_batch(
       s.batch, H,
@@ -265,14 +268,19 @@ void attention_forward_cached(const Tensor& q, const Tensor& k_cache, const Tens
     const int64_t q_offset = firsts[r] * ldq + h * hd, kv_offset = slot_offset + (h / group) * hd;
     // One new token after cached ones: decode_head. A prefill (start 0) keeps the full
     // forward's products, so its logits equal the full forward's bit for bit.
+    // A window's decode step reads only the keys inside it (the cache keeps the older ones).
     if (t == 1 && start > 0) {
-      decode_head(qs + q_offset, ks + kv_offset, vs + kv_offset, ldk, start, hd, scale, ps,
+      const int64_t first_key = kernels::window_first_key(start, rows.window);
+      const int64_t from = kv_offset + first_key * ldk;
+      decode_head(qs + q_offset, ks + from, vs + from, ldk, start - first_key, hd, scale, ps,
                   cs + q_offset, gemv_detail::avx512_available());
       return;
     }
     sgemm(false, true, t, keys, hd, scale, qs + q_offset, ldq, ks + kv_offset, ldk, 0.0f, ps, keys);
-    for (int64_t i = 0; i < t; ++i)  // query i sits at start + i: keys 0..start+i visible
+    for (int64_t i = 0; i < t; ++i) {  // query i sits at start + i: keys 0..start+i visible
+      kernels::mask_before_window(ps + i * keys, kernels::window_first_key(start + i, rows.window));
       causal_softmax_row(ps + i * keys, start + i + 1, keys);
+    }
     sgemm(false, false, t, hd, keys, 1.0f, ps, keys, vs + kv_offset, ldk, 0.0f, cs + q_offset, ldq);
   };
   const int64_t pairs = n_rows * H;

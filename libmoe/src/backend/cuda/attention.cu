@@ -26,8 +26,10 @@ struct CublasBatched {
 
 struct SoftmaxLaunch {
   cudaStream_t stream;
-  void operator()(float* scores, int64_t rows, int64_t queries, int64_t keys, int64_t start) const {
-    launch<body::CausalSoftmaxRows>(launch_shape(rows), stream, scores, rows, queries, keys, start);
+  void operator()(float* scores, int64_t rows, int64_t queries, int64_t keys, int64_t start,
+                  int64_t window) const {
+    launch<body::CausalSoftmaxRows>(launch_shape(rows), stream, scores, rows, queries, keys, start,
+                                    window);
   }
 };
 
@@ -52,8 +54,8 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
   cudaStream_t stream = current_stream(device);
   attention_forward_steps(q.data<float>(), k.data<float>(), v.data<float>(), probs.data<float>(),
                           ctx.data<float>(), s.batch, s.seq, s.heads, s.kv_heads, s.head_dim,
-                          scale_of(s.head_dim), CublasBatched{cublas_handle(device, stream)},
-                          SoftmaxLaunch{stream});
+                          scale_of(s.head_dim), s.window,
+                          CublasBatched{cublas_handle(device, stream)}, SoftmaxLaunch{stream});
 }
 
 void attention_backward(const Tensor& dctx, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -89,8 +91,8 @@ void attention_forward_cached(const Tensor& q, const Tensor& k_cache, const Tens
   attention_cached_steps(q.data<float>(), k_cache.data<float>(), v_cache.data<float>(),
                          ctx.data<float>(), scores.data<float>(), rows.slot.data(),
                          rows.start.data(), rows.count.data(), R, heads, kv_heads, hd,
-                         k_cache.dim(1), scale_of(hd), CublasBatched{cublas_handle(device, stream)},
-                         SoftmaxLaunch{stream});
+                         k_cache.dim(1), scale_of(hd), rows.window,
+                         CublasBatched{cublas_handle(device, stream)}, SoftmaxLaunch{stream});
 }
 
 }  // namespace moe::cuda

@@ -8,13 +8,16 @@
 namespace moe::cuda::body {
 
 // scores: `rows` rows of `keys` values, in blocks of `queries` rows; row r is query i = r % queries
-// at position start + i, which sees keys 0 .. start + i. Softmax in place over the visible keys,
-// exact zeros after them.
+// at position start + i, which sees keys 0 .. start + i (the last `window` of them with a sliding
+// window, kernels::window_first_key; 0 = all). Softmax in place over the visible keys, exact zeros
+// elsewhere.
 struct CausalSoftmaxRows {
   MOE_HD static void run(Thread th, float* scores, int64_t rows, int64_t queries, int64_t keys,
-                         int64_t start) {
+                         int64_t start, int64_t window) {
     MOE_GRID_LOOP(r, rows, th) {
-      kernels::causal_softmax_row(scores + r * keys, start + r % queries + 1, keys);
+      const int64_t position = start + r % queries;
+      kernels::mask_before_window(scores + r * keys, kernels::window_first_key(position, window));
+      kernels::causal_softmax_row(scores + r * keys, position + 1, keys);
     }
   }
 };
@@ -58,16 +61,16 @@ struct BatchedGemm {
 
 // One product per query head h, batched over the B sequences (sequence b of head h is H*T*T
 // floats after sequence b - 1 in probs); query head h reads kv head h / (H / KV).
-// softmax(scores, rows, queries, keys, start) as body::CausalSoftmaxRows.
+// softmax(scores, rows, queries, keys, start, window) as body::CausalSoftmaxRows.
 template <class Gemm, class Softmax>
 void attention_forward_steps(const float* q, const float* k, const float* v, float* probs,
                              float* ctx, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd,
-                             float scale, Gemm gemm, Softmax softmax) {
+                             float scale, int64_t window, Gemm gemm, Softmax softmax) {
   const int64_t group = H / KV, ldq = H * hd, ldk = KV * hd, TT = T * T;
   for (int64_t h = 0; h < H; ++h)
     gemm(BatchedGemm{false, true, T, T, hd, scale, q + h * hd, ldq, T * ldq, k + (h / group) * hd,
                      ldk, T * ldk, 0.0f, probs + h * TT, T, H * TT, B});
-  softmax(probs, B * H * T, T, T, int64_t{0});
+  softmax(probs, B * H * T, T, T, int64_t{0}, window);
   for (int64_t h = 0; h < H; ++h)
     gemm(BatchedGemm{false, false, T, hd, T, 1.0f, probs + h * TT, T, H * TT, v + (h / group) * hd,
                      ldk, T * ldk, 0.0f, ctx + h * hd, ldq, T * ldq, B});
@@ -100,12 +103,14 @@ void attention_backward_steps(const float* dctx, const float* q, const float* k,
 
 // Cached attention over R rows (ops::CachedRows as arrays): per row, one product per kv head
 // batched over its `group` query heads (hd apart in q/ctx, the kv operand shared: stride 0).
-// scores is scratch of H * max over rows of count * (start + count) floats.
+// scores is scratch of H * max over rows of count * (start + count) floats; window as
+// ops::CachedRows::window.
 template <class Gemm, class Softmax>
 void attention_cached_steps(const float* q, const float* k_cache, const float* v_cache, float* ctx,
                             float* scores, const int64_t* slot, const int64_t* start,
                             const int64_t* count, int64_t R, int64_t H, int64_t KV, int64_t hd,
-                            int64_t capacity, float scale, Gemm gemm, Softmax softmax) {
+                            int64_t capacity, float scale, int64_t window, Gemm gemm,
+                            Softmax softmax) {
   const int64_t group = H / KV, ldq = H * hd, ldk = KV * hd;
   int64_t first = 0;  // the row's first token in q/ctx
   for (int64_t r = 0; r < R; ++r) {
@@ -114,7 +119,7 @@ void attention_cached_steps(const float* q, const float* k_cache, const float* v
       gemm(BatchedGemm{false, true, t, keys, hd, scale, q + first * ldq + g * group * hd, ldq, hd,
                        k_cache + kv_base + g * hd, ldk, 0, 0.0f, scores + g * group * t * keys,
                        keys, t * keys, group});
-    softmax(scores, H * t, t, keys, start[r]);
+    softmax(scores, H * t, t, keys, start[r], window);
     for (int64_t g = 0; g < KV; ++g)
       gemm(BatchedGemm{false, false, t, hd, keys, 1.0f, scores + g * group * t * keys, keys,
                        t * keys, v_cache + kv_base + g * hd, ldk, 0, 0.0f,
