@@ -182,7 +182,7 @@ Result train_here(const Spec& s) {
     if (p->offloaded) continue;
     (p->expert ? r.expert_state : r.dense_state) += p->numel() * per;
   }
-  CacheDropper dropper(s.train.ssd_dir, s.drop_ms);
+  CacheDropper dropper(s.train.offload.ssd_dir, s.drop_ms);
   for (int64_t i = 0; i < s.warmup; ++i) t.step();
   int64_t r0 = 0, w0 = 0, r1 = 0, w1 = 0;
   proc_io(r0, w0);
@@ -310,8 +310,8 @@ Spec spec(const Options& o, const ModelConfig& m, int64_t batch, const std::stri
   s.train.warmup = 1;
   s.train.eval_batches = 1;
   s.train.clip = 0;  // the optimizer overlaps backward (the full system)
-  s.train.offload = offload::parse_tier(mode);
-  if (mode == "ssd") s.train.ssd_dir = ssd_dir;
+  s.train.offload.tier = offload::parse_tier(mode);
+  if (mode == "ssd") s.train.offload.ssd_dir = ssd_dir;
   return s;
 }
 
@@ -338,9 +338,9 @@ struct Scratch {
 
 Result run(const Spec& s, Scratch& scratch) {
   Spec c = s;
-  if (c.train.offload == offload::Tier::ssd) c.train.ssd_dir = scratch.make();
+  if (c.train.offload.tier == offload::Tier::ssd) c.train.offload.ssd_dir = scratch.make();
   const Result r = train_in_child(c);
-  Scratch::drop(c.train.ssd_dir);
+  Scratch::drop(c.train.offload.ssd_dir);
   return r;
 }
 
@@ -429,8 +429,8 @@ void memory_table(const Options& o, Scratch& scratch, int64_t ram_budget, int64_
     Result ref;
     for (int mi = 0; mi < 3; ++mi) {
       Spec s = spec(o, m, o.batch, mi == 0 ? "none" : modes[mi], "");
-      if (mi > 0) s.train.device_budget = str(o.mem_slots * slot_bytes(m));
-      if (mi == 2) s.train.host_budget = str(host_budget);
+      if (mi > 0) s.train.offload.device_budget = str(o.mem_slots * slot_bytes(m));
+      if (mi == 2) s.train.offload.host_budget = str(host_budget);
       const Result r = run(s, scratch);
       fail(r, str("E=", E, " ", modes[mi]));
       if (mi == 0) ref = r;
@@ -554,9 +554,10 @@ void ablation_table(const Options& o, Scratch& scratch) {
       {"resident --clip 0", [](train::TrainConfig&) {}, true, 0},
       {"resident --clip 1", [](train::TrainConfig& t) { t.clip = 1; }, true, 1},
       {"full system", [](train::TrainConfig&) {}, false, 0},
-      {"- pinning", [](train::TrainConfig& t) { t.pin_fraction = 0; }, false, 0},
-      {"- opt overlap", [](train::TrainConfig& t) { t.optimizer_overlap = false; }, false, 0},
-      {"- prefetch", [](train::TrainConfig& t) { t.prefetch_depth = 0; }, false, 0},
+      {"- pinning", [](train::TrainConfig& t) { t.offload.pin_fraction = 0; }, false, 0},
+      {"- opt overlap", [](train::TrainConfig& t) { t.offload.optimizer_overlap = false; }, false,
+       0},
+      {"- prefetch", [](train::TrainConfig& t) { t.offload.prefetch_depth = 0; }, false, 0},
       {"full, --clip 1", [](train::TrainConfig& t) { t.clip = 1; }, false, 1},
   };
   std::vector<std::vector<Result>> results(rows.size());
@@ -567,7 +568,7 @@ void ablation_table(const Options& o, Scratch& scratch) {
                     : o.ab_tier == "host" ? "host"
                                           : "ssd",
                     "");
-      if (!rows[i].resident) s.train.device_budget = str(o.ab_slots * slot_bytes(m));
+      if (!rows[i].resident) s.train.offload.device_budget = str(o.ab_slots * slot_bytes(m));
       if (!rows[i].resident && o.ab_tier == "ssd-cold") s.drop_ms = o.drop_ms;
       rows[i].apply(s.train);
       results[i].push_back(run(s, scratch));

@@ -99,8 +99,8 @@ int main(int argc, char** argv) {
         t.eval_batches = 1;
         t.zero = o.zero;
         t.zero_prefetch = o.zero_prefetch;
-        t.offload = offload::parse_tier(o.offload);
-        if (!o.ssd_dir.empty()) t.ssd_dir = str(o.ssd_dir, "/rank-", world->rank());
+        t.offload.tier = offload::parse_tier(o.offload);
+        if (!o.ssd_dir.empty()) t.offload.ssd_dir = str(o.ssd_dir, "/rank-", world->rank());
         train::Trainer trainer(m, t, {}, world.get());
         const parallel::DenseShards* shards = trainer.dense_shards();
         int64_t dense = 0;

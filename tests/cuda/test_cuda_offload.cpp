@@ -76,7 +76,7 @@ void run_both(train::Trainer& resident, train::Trainer& offloaded, int steps) {
 
 int64_t slot_bytes(Arch arch) {
   train::TrainConfig t = training(1);
-  t.offload = offload::Tier::host;
+  t.offload.tier = offload::Tier::host;
   const train::Trainer probe(model(arch), t, {});  // the CPU store lays slots out the same way
   return probe.expert_store()->stats().slot_bytes;
 }
@@ -93,7 +93,7 @@ TEST_CASE("cuda: offloaded training on the GPU is bitwise the resident GPU run",
           base.clip = clip;
           auto resident = on_gpu(model(arch, dtype), base);
           train::TrainConfig off = base;
-          off.offload = offload::Tier::host;
+          off.offload.tier = offload::Tier::host;
           auto offloaded = on_gpu(model(arch, dtype), off);
           REQUIRE(offloaded->expert_store() != nullptr);
           REQUIRE(offloaded->expert_store()->config().device == kGpu);
@@ -120,11 +120,12 @@ TEST_CASE("cuda: every store setting on the GPU trains bitwise as resident", "[c
   };
   const Setting settings[] = {
       {"one device slot", [](train::TrainConfig&) {}, true},
-      {"no prefetch", [](train::TrainConfig& t) { t.prefetch_depth = 0; }},
-      {"prefetch 2", [](train::TrainConfig& t) { t.prefetch_depth = 2; }},
-      {"no pinning", [](train::TrainConfig& t) { t.pin_fraction = 0; }},
-      {"all pinned", [](train::TrainConfig& t) { t.pin_fraction = 1; }},
-      {"optimizer after backward", [](train::TrainConfig& t) { t.optimizer_overlap = false; }},
+      {"no prefetch", [](train::TrainConfig& t) { t.offload.prefetch_depth = 0; }},
+      {"prefetch 2", [](train::TrainConfig& t) { t.offload.prefetch_depth = 2; }},
+      {"no pinning", [](train::TrainConfig& t) { t.offload.pin_fraction = 0; }},
+      {"all pinned", [](train::TrainConfig& t) { t.offload.pin_fraction = 1; }},
+      {"optimizer after backward",
+       [](train::TrainConfig& t) { t.offload.optimizer_overlap = false; }},
       {"grad-accum 2", [](train::TrainConfig& t) { t.grad_accum = 2; }},
       {"grad-accum 2, clipped",
        [](train::TrainConfig& t) {
@@ -141,8 +142,8 @@ TEST_CASE("cuda: every store setting on the GPU trains bitwise as resident", "[c
         setting.apply(base);
         auto resident = on_gpu(model(arch), base);
         train::TrainConfig off = base;
-        off.offload = offload::Tier::host;
-        if (setting.one_slot) off.device_budget = str(slot_bytes(arch));
+        off.offload.tier = offload::Tier::host;
+        if (setting.one_slot) off.offload.device_budget = str(slot_bytes(arch));
         auto offloaded = on_gpu(model(arch), off);
         run_both(*resident, *offloaded, 4);
         require_same(*resident, *offloaded);
@@ -177,10 +178,10 @@ TEST_CASE("cuda: the SSD tier on the GPU trains bitwise as resident", "[cuda]") 
       base.grad_accum = c.accum;
       auto resident = on_gpu(model(c.arch, c.dtype), base);
       train::TrainConfig off = base;
-      off.offload = offload::Tier::ssd;
-      off.ssd_dir = dir.path();
-      off.expert_cache = offload::parse_cache_policy(c.cache);
-      off.prefetch_depth = c.prefetch;
+      off.offload.tier = offload::Tier::ssd;
+      off.offload.ssd_dir = dir.path();
+      off.offload.expert_cache = offload::parse_cache_policy(c.cache);
+      off.offload.prefetch_depth = c.prefetch;
       auto offloaded = on_gpu(model(c.arch, c.dtype), off);  // a host cache of 1/4 of the state
       run_both(*resident, *offloaded, 4);
       require_same(*resident, *offloaded);
@@ -197,7 +198,7 @@ TEST_CASE("cuda: resume of an offloaded GPU run equals the uninterrupted run (bi
     DYNAMIC_SECTION(dtype_name(dtype)) {
       test::ScratchDir dir("cuda-offload-resume");
       train::TrainConfig t = training(6);
-      t.offload = offload::Tier::host;
+      t.offload.tier = offload::Tier::host;
       auto straight = on_gpu(model(Arch::mixtral, dtype), t);
       for (int i = 0; i < 6; ++i) straight->step();
       auto first = on_gpu(model(Arch::mixtral, dtype), t);
@@ -214,7 +215,7 @@ TEST_CASE("cuda: resume of an offloaded GPU run equals the uninterrupted run (bi
 TEST_CASE("cuda: a store built for the CPU refuses to train on the GPU, naming both", "[cuda]") {
   MOE_REQUIRE_CUDA_DEVICE();
   train::TrainConfig t = training(2);
-  t.offload = offload::Tier::host;
+  t.offload.tier = offload::Tier::host;
   train::Trainer trainer(model(Arch::gpt), t, {});  // the CPU store
   REQUIRE_THROWS_WITH(trainer.to_device(kGpu),
                       Catch::Contains("built for cpu") && Catch::Contains("--device cuda:0"));

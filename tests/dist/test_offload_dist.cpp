@@ -33,7 +33,7 @@ train::TrainConfig offload_train(int64_t ep, double clip, const std::string& off
   t.seed = 5;
   t.ep = ep;
   t.clip = clip;
-  t.offload = offload::parse_tier(offload);
+  t.offload.tier = offload::parse_tier(offload);
   return t;
 }
 
@@ -88,8 +88,8 @@ TEST_CASE("offload: --ep W with --offload host|ssd trains bitwise as resident on
         // gpt on the host tier, mixtral on the SSD tier (each rank its own files and cache).
         train::TrainConfig off = offload_train(ep, clip, arch == Arch::gpt ? "host" : "ssd");
         test::ScratchDir ssd(str("offload-dist-rank", world.rank()));
-        off.ssd_dir = ssd.path();
-        if (arch != Arch::gpt) off.host_budget = "200KiB";  // two experts: the cache evicts
+        off.offload.ssd_dir = ssd.path();
+        if (arch != Arch::gpt) off.offload.host_budget = "200KiB";  // two experts: the cache evicts
         train::Trainer offloaded(offload_model(arch), off, {}, &world);
         REQUIRE(offloaded.expert_store() != nullptr);
         REQUIRE(offloaded.params().at("blocks.0.moe.experts.w1").offloaded);

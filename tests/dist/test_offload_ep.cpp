@@ -29,7 +29,7 @@ train::TrainConfig offload_train(int64_t ep, const std::string& offload) {
   t.eval_batches = 1;
   t.seed = 13;
   t.ep = ep;
-  t.offload = offload::parse_tier(offload);
+  t.offload.tier = offload::parse_tier(offload);
   return t;
 }
 

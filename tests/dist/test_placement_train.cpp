@@ -189,7 +189,7 @@ TEST_CASE("placement: bad settings are refused with the flag to change", "[dist]
   REQUIRE_THROWS_WITH(placed(world.size(), "sideways"),
                       Catch::Contains("--placement must be static, lpt or flexmoe"));
   t = placed(world.size(), "lpt");
-  t.offload = offload::Tier::host;
+  t.offload.tier = offload::Tier::host;
   REQUIRE_THROWS_WITH(train::Trainer(ep_model(Arch::gpt), t, {}, &world),
                       Catch::Contains("does not combine with --offload"));
 }

@@ -143,7 +143,7 @@ TEST_CASE("zero: with a sharded table, the priority scheduler and offloaded expe
           t->grad_accum = 2;  // gradients kept over the micro-batches, reduced after the last
         }
         if (std::string(with) == "offload") {
-          t->offload = offload::Tier::host;
+          t->offload.tier = offload::Tier::host;
           t->ep = 2;
         }
       }

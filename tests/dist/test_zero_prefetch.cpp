@@ -53,16 +53,16 @@ TEST_CASE("zero prefetch: N blocks ahead trains bitwise as the synchronous gathe
        }},
       {"mixtral, a prefetch past the last block", Arch::mixtral, 9, [](train::TrainConfig&) {}},
       {"mixtral, offload host", Arch::mixtral, 1,
-       [](train::TrainConfig& t) { t.offload = offload::Tier::host; }},
+       [](train::TrainConfig& t) { t.offload.tier = offload::Tier::host; }},
       {"mixtral, offload ssd", Arch::mixtral, 1, [](train::TrainConfig& t) {
-         t.offload = offload::Tier::ssd;
-         t.prefetch_depth = 2;
+         t.offload.tier = offload::Tier::ssd;
+         t.offload.prefetch_depth = 2;
        }}};
   if (R % 2 == 0) {
     cases.push_back({"mixtral --ep 2", Arch::mixtral, 1, [](train::TrainConfig& t) { t.ep = 2; }});
     cases.push_back({"mixtral --ep 2, offload ssd", Arch::mixtral, 2, [](train::TrainConfig& t) {
                        t.ep = 2;
-                       t.offload = offload::Tier::ssd;
+                       t.offload.tier = offload::Tier::ssd;
                      }});
   }
   for (const Case& c : cases) {
@@ -74,8 +74,8 @@ TEST_CASE("zero prefetch: N blocks ahead trains bitwise as the synchronous gathe
       c.set(sync);
       test::ScratchDir ssd_ahead(str("zero-prefetch-a-rank", world.rank()));
       test::ScratchDir ssd_sync(str("zero-prefetch-s-rank", world.rank()));
-      ahead.ssd_dir = ssd_ahead.path();
-      sync.ssd_dir = ssd_sync.path();
+      ahead.offload.ssd_dir = ssd_ahead.path();
+      sync.offload.ssd_dir = ssd_sync.path();
       train::Trainer prefetched(model, ahead, {}, &world);
       train::Trainer plain(model, sync, {}, &world);
       for (int i = 0; i < 3; ++i) {
@@ -88,7 +88,7 @@ TEST_CASE("zero prefetch: N blocks ahead trains bitwise as the synchronous gathe
         CHECK(b.dense_gather_seconds > 0);
         CHECK(b.dense_wait_seconds >= b.dense_gather_seconds);
         CHECK(a.dense_wait_seconds >= 0);
-        if (ahead.offload != offload::Tier::none) {
+        if (ahead.offload.tier != offload::Tier::none) {
           CHECK(a.expert_load_seconds > 0);
           CHECK(a.expert_wait_seconds >= 0);
         } else {

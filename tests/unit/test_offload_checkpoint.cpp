@@ -32,7 +32,7 @@ ModelConfig model(Arch arch, DType dtype = DType::f32) { return test::routed_mod
 
 train::TrainConfig training(int64_t steps, const std::string& offload) {
   train::TrainConfig t = test::short_run(steps);
-  t.offload = offload::parse_tier(offload);
+  t.offload.tier = offload::parse_tier(offload);
   return t;
 }
 
@@ -350,7 +350,7 @@ TEST_CASE("offload: saving and restoring never hold a whole expert tensor (peak 
   REQUIRE(expert_state_kib == 36 * 1024);
   test::ScratchDir dir("offload-ckpt-rss");
   train::TrainConfig t = training(2, "host");
-  t.host_budget = "";  // every expert in host memory
+  t.offload.host_budget = "";  // every expert in host memory
   train::Trainer saver(big, t, {});
   train::Trainer restorer(big, t, {});
   int64_t offloaded = 0;

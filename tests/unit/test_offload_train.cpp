@@ -45,7 +45,7 @@ struct ExpertBytes {
 ExpertBytes expert_bytes(Arch arch, DType dtype = DType::f32) {
   const ModelConfig mc = model(arch, dtype);
   train::TrainConfig t = training(1);
-  t.offload = offload::Tier::host;
+  t.offload.tier = offload::Tier::host;
   const train::Trainer probe(mc, t, {});
   const offload::StoreStats s = probe.expert_store()->stats();
   return {s.record_bytes / (mc.num_moe_layers() * mc.experts), s.slot_bytes};
@@ -65,7 +65,7 @@ TEST_CASE("offload: host tier trains bitwise as resident (gpt and mixtral, f32 a
           base.clip = clip;
           train::Trainer resident(model(arch, dtype), base, {});
           train::TrainConfig off = base;
-          off.offload = offload::Tier::host;
+          off.offload.tier = offload::Tier::host;
           train::Trainer offloaded(model(arch, dtype), off, {});
           REQUIRE(offloaded.expert_store() != nullptr);
           std::vector<double> lr, lo;
@@ -92,11 +92,12 @@ TEST_CASE("offload: every store setting trains bitwise as resident", "[offload]"
   };
   const Setting settings[] = {
       {"one device slot", [](train::TrainConfig&) {}, true},
-      {"no prefetch", [](train::TrainConfig& t) { t.prefetch_depth = 0; }},
-      {"deep prefetch", [](train::TrainConfig& t) { t.prefetch_depth = 8; }},
-      {"no pinning", [](train::TrainConfig& t) { t.pin_fraction = 0; }},
-      {"all pinned", [](train::TrainConfig& t) { t.pin_fraction = 1; }},
-      {"optimizer after backward", [](train::TrainConfig& t) { t.optimizer_overlap = false; }},
+      {"no prefetch", [](train::TrainConfig& t) { t.offload.prefetch_depth = 0; }},
+      {"deep prefetch", [](train::TrainConfig& t) { t.offload.prefetch_depth = 8; }},
+      {"no pinning", [](train::TrainConfig& t) { t.offload.pin_fraction = 0; }},
+      {"all pinned", [](train::TrainConfig& t) { t.offload.pin_fraction = 1; }},
+      {"optimizer after backward",
+       [](train::TrainConfig& t) { t.offload.optimizer_overlap = false; }},
       {"grad-accum 2", [](train::TrainConfig& t) { t.grad_accum = 2; }},
       {"recompute moe", [](train::TrainConfig& t) { t.recompute = nn::Recompute::moe; }},
       {"recompute block", [](train::TrainConfig& t) { t.recompute = nn::Recompute::block; }},
@@ -111,9 +112,9 @@ TEST_CASE("offload: every store setting trains bitwise as resident", "[offload]"
         // for the offloaded one.
         train::Trainer resident(model(arch), base, {});
         train::TrainConfig off = base;
-        off.offload = offload::Tier::host;
+        off.offload.tier = offload::Tier::host;
         if (setting.one_slot)  // exactly one slot: one expert's fp32 weights
-          off.device_budget = str(expert_bytes(arch).slot);
+          off.offload.device_budget = str(expert_bytes(arch).slot);
         train::Trainer offloaded(model(arch), off, {});
         run(resident, 4);
         run(offloaded, 4);
@@ -126,16 +127,16 @@ TEST_CASE("offload: every store setting trains bitwise as resident", "[offload]"
 
 TEST_CASE("offload: budgets below one expert are refused naming the minimum", "[offload]") {
   train::TrainConfig t = training(2);
-  t.offload = offload::Tier::host;
-  t.device_budget = "1KiB";
+  t.offload.tier = offload::Tier::host;
+  t.offload.device_budget = "1KiB";
   REQUIRE_THROWS_WITH(train::Trainer(model(Arch::gpt), t, {}),
                       Catch::Contains("--device-budget 1024 bytes is smaller than one expert") &&
                           Catch::Contains("the minimum is"));
-  t.device_budget.clear();
-  t.host_budget = "1KB";
+  t.offload.device_budget.clear();
+  t.offload.host_budget = "1KB";
   REQUIRE_THROWS_WITH(train::Trainer(model(Arch::gpt), t, {}),
                       Catch::Contains("--host-budget") && Catch::Contains("--offload ssd"));
-  t.host_budget = "lots";
+  t.offload.host_budget = "lots";
   REQUIRE_THROWS_WITH(train::Trainer(model(Arch::gpt), t, {}),
                       Catch::Contains("--host-budget 'lots'"));
 }
@@ -146,7 +147,7 @@ TEST_CASE("offload: resume of an offloaded run equals the uninterrupted run (bit
     DYNAMIC_SECTION(dtype_name(dtype)) {
       test::ScratchDir dir("offload-resume");
       train::TrainConfig t = training(6);
-      t.offload = offload::Tier::host;
+      t.offload.tier = offload::Tier::host;
       train::Trainer straight(model(Arch::mixtral, dtype), t, {});
       run(straight, 6);
       train::Trainer first(model(Arch::mixtral, dtype), t, {});
@@ -158,7 +159,7 @@ TEST_CASE("offload: resume of an offloaded run equals the uninterrupted run (bit
       require_same(straight, second);
       // The checkpoint is the usual one: a resident run resumes from it, bitwise too.
       train::TrainConfig resident_config = t;
-      resident_config.offload = offload::Tier::none;
+      resident_config.offload.tier = offload::Tier::none;
       train::Trainer resident(model(Arch::mixtral, dtype), resident_config, {});
       resident.restore(path);
       run(resident, 3);
@@ -191,11 +192,11 @@ TEST_CASE("offload: the SSD tier trains bitwise as resident (LRU, LFU, bypass)",
       base.grad_accum = c.accum;
       train::Trainer resident(model(c.arch, c.dtype), base, {});
       train::TrainConfig off = base;
-      off.offload = offload::Tier::ssd;
-      off.ssd_dir = dir.path();
-      off.expert_cache = offload::parse_cache_policy(c.cache);
-      off.lfu_period = 2;
-      off.host_budget = str(c.records * record_bytes(c.arch, c.dtype) + 1024);
+      off.offload.tier = offload::Tier::ssd;
+      off.offload.ssd_dir = dir.path();
+      off.offload.expert_cache = offload::parse_cache_policy(c.cache);
+      off.offload.lfu.period = 2;
+      off.offload.host_budget = str(c.records * record_bytes(c.arch, c.dtype) + 1024);
       train::Trainer offloaded(model(c.arch, c.dtype), off, {});
       run(resident, 4);
       run(offloaded, 4);
@@ -215,15 +216,15 @@ TEST_CASE("offload: the SSD tier trains bitwise as resident (LRU, LFU, bypass)",
 TEST_CASE("offload: SSD tier errors are clear", "[offload]") {
   test::ScratchDir dir("offload-ssd-errors");
   train::TrainConfig t = training(2);
-  t.offload = offload::Tier::ssd;
+  t.offload.tier = offload::Tier::ssd;
   REQUIRE_THROWS_WITH(train::Trainer(model(Arch::gpt), t, {}), Catch::Contains("--ssd-dir"));
   // Under a regular file: not a directory anyone can create.
   const std::string file = dir.path() + "/plain";
   { std::ofstream(file) << "x"; }
-  t.ssd_dir = file + "/cache";
+  t.offload.ssd_dir = file + "/cache";
   REQUIRE_THROWS_WITH(train::Trainer(model(Arch::gpt), t, {}), Catch::Contains("--ssd-dir"));
-  t.ssd_dir = dir.path();
-  t.host_budget = "100";
+  t.offload.ssd_dir = dir.path();
+  t.offload.host_budget = "100";
   REQUIRE_THROWS_WITH(train::Trainer(model(Arch::gpt), t, {}),
                       Catch::Contains("--host-budget 100 bytes is smaller than one expert") &&
                           Catch::Contains("the minimum is"));
@@ -234,9 +235,9 @@ TEST_CASE("offload: a damaged SSD expert file stops the run clearly, the checkpo
   namespace fs = std::filesystem;
   test::ScratchDir ssd("offload-ssd-damage"), out("offload-ssd-damage-out");
   train::TrainConfig t = training(4);
-  t.offload = offload::Tier::ssd;
-  t.ssd_dir = ssd.path();
-  t.host_budget = str(2 * record_bytes(Arch::gpt, DType::f32) + 1024);
+  t.offload.tier = offload::Tier::ssd;
+  t.offload.ssd_dir = ssd.path();
+  t.offload.host_budget = str(2 * record_bytes(Arch::gpt, DType::f32) + 1024);
   train::Trainer trainer(model(Arch::gpt), t, {});
   run(trainer, 2);
   const std::string saved = trainer.save(out.path());
@@ -266,7 +267,7 @@ TEST_CASE("offload: auto keeps everything resident when it fits, else picks SSD,
           "[offload]") {
   test::ScratchDir ssd("offload-auto");
   train::TrainConfig t = training(2);
-  t.offload = offload::Tier::automatic;
+  t.offload.tier = offload::Tier::automatic;
   {  // this small model fits the machine's memory: no store at all
     train::Trainer fits(model(Arch::gpt), t, {});
     REQUIRE(fits.expert_store() == nullptr);
@@ -274,10 +275,10 @@ TEST_CASE("offload: auto keeps everything resident when it fits, else picks SSD,
   // The whole state is about 1.05 MB (experts 0.52 MB, dense state and logits 0.53 MB): a
   // "device" of 800 kB holds the dense state and a few expert slots but not every expert, and
   // without an SSD nothing fits.
-  t.device_budget = "800KB";
+  t.offload.device_budget = "800KB";
   REQUIRE_THROWS_WITH(train::Trainer(model(Arch::gpt), t, {}),
                       Catch::Contains("--offload auto") && Catch::Contains("--ssd-dir"));
-  t.ssd_dir = ssd.path();
+  t.offload.ssd_dir = ssd.path();
   train::Trainer on_ssd(model(Arch::gpt), t, {});
   REQUIRE(on_ssd.expert_store() != nullptr);
   REQUIRE(on_ssd.expert_store()->config().tier == offload::Tier::ssd);
@@ -287,7 +288,7 @@ TEST_CASE("offload: auto keeps everything resident when it fits, else picks SSD,
   run(on_ssd, 2);
   require_same(resident, on_ssd);
   // A device too small for even the dense state is refused naming the shortfall.
-  t.device_budget = "64KiB";
+  t.offload.device_budget = "64KiB";
   REQUIRE_THROWS_WITH(train::Trainer(model(Arch::gpt), t, {}),
                       Catch::Contains("dense state alone") && Catch::Contains("short"));
 }
@@ -310,8 +311,8 @@ TEST_CASE("offload: experts routed only in an earlier micro-batch keep their gra
       mc.resolve();
       train::Trainer resident(mc, base, {});
       train::TrainConfig off = base;
-      off.offload = offload::parse_tier(tier);
-      off.ssd_dir = ssd.path();
+      off.offload.tier = offload::parse_tier(tier);
+      off.offload.ssd_dir = ssd.path();
       train::Trainer offloaded(mc, off, {});
       for (int i = 0; i < 4; ++i) {
         const train::StepStats a = resident.step(), b = offloaded.step();
@@ -326,7 +327,7 @@ TEST_CASE("offload: experts routed only in an earlier micro-batch keep their gra
 TEST_CASE("offload: the GPU store is one process only, and needs a usable GPU", "[offload]") {
   // Several ranks are refused before the device is opened, as a usage error naming the flags.
   train::TrainConfig t = training(2);
-  t.offload = offload::Tier::host;
+  t.offload.tier = offload::Tier::host;
   const Device gpu{Device::cuda, 0};
   REQUIRE_THROWS_AS(train::check_offload_device(t, gpu, 2), UsageError);
   REQUIRE_THROWS_WITH(train::check_offload_device(t, gpu, 2),
@@ -334,11 +335,11 @@ TEST_CASE("offload: the GPU store is one process only, and needs a usable GPU", 
                           Catch::Contains("one process only"));
   REQUIRE_NOTHROW(train::check_offload_device(t, gpu, 1));
   REQUIRE_NOTHROW(train::check_offload_device(t, Device{}, 2));
-  t.offload = offload::Tier::none;
+  t.offload.tier = offload::Tier::none;
   REQUIRE_NOTHROW(train::check_offload_device(t, gpu, 2));
   // The library refuses a store on a GPU it cannot use with the driver's (or the build's) reason.
   if (cuda::available()) return;  // tests/cuda/test_cuda_offload.cpp trains there
-  t.offload = offload::Tier::host;
+  t.offload.tier = offload::Tier::host;
   REQUIRE_THROWS_WITH(train::Trainer(model(Arch::gpt), t, {}, nullptr, gpu),
                       Catch::Contains("cuda:0") && Catch::Contains(cuda::unavailable_reason()));
 }
@@ -377,12 +378,12 @@ TEST_CASE("offload: the GPU store's path staged on the host trains bitwise as re
       base.grad_accum = c.accum;
       train::Trainer resident(model(c.arch, c.dtype), base, {});
       train::TrainConfig off = base;
-      off.offload = offload::parse_tier(c.tier);
-      off.ssd_dir = dir.path();
-      off.prefetch_depth = c.prefetch;
-      off.pin_fraction = c.pin;
-      if (c.one_slot) off.device_budget = str(expert_bytes(c.arch, c.dtype).slot);
-      off.offload_stage_on_host = true;
+      off.offload.tier = offload::parse_tier(c.tier);
+      off.offload.ssd_dir = dir.path();
+      off.offload.prefetch_depth = c.prefetch;
+      off.offload.pin_fraction = c.pin;
+      if (c.one_slot) off.offload.device_budget = str(expert_bytes(c.arch, c.dtype).slot);
+      off.offload.stage_on_host = true;
       train::Trainer offloaded(model(c.arch, c.dtype), off, {});
       for (int i = 0; i < 4; ++i) {
         const train::StepStats a = resident.step(), b = offloaded.step();

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "moe/error.h"
+#include "moe/offload/store_settings.h"
 #include "moe/offload/tier.h"
 #include "moe/settings.h"
 #include "moe/train/placement.h"
@@ -75,8 +76,8 @@ TEST_CASE("settings: a train_config saves each named setting as the text it alwa
   REQUIRE(c.a2a == comm::A2AAlgorithm::hierarchical);
   REQUIRE(c.comm_scheduler == comm::SchedulerMode::priority);
   REQUIRE(c.placement == train::PlacementRule::flexmoe);
-  REQUIRE(c.offload == offload::Tier::automatic);
-  REQUIRE(c.expert_cache == offload::CachePolicy::lfu);
+  REQUIRE(c.offload.tier == offload::Tier::automatic);
+  REQUIRE(c.offload.expert_cache == offload::CachePolicy::lfu);
   REQUIRE(c.recompute == nn::Recompute::block);
   REQUIRE(c.task_allocation == train::AllocationRule::equal);
   REQUIRE(train::to_json(c) == saved);
@@ -92,4 +93,50 @@ TEST_CASE("settings: a checkpoint's unknown setting name is refused naming the k
   saved["offload"] = 3;  // not a name at all
   REQUIRE_THROWS_WITH(train::train_config_from_json(saved),
                       Catch::StartsWith("training config: ") && Catch::Contains("offload"));
+}
+
+TEST_CASE("settings: the offload settings save as the flat keys every build has written",
+          "[train][settings]") {
+  // TrainConfig::offload is one struct (offload::StoreSettings, the store's own); a checkpoint's
+  // train_config keeps the flat keys of earlier builds, sizes as the text the user gave.
+  train::TrainConfig c;
+  offload::StoreSettings& o = c.offload;
+  o.tier = offload::Tier::ssd;
+  o.device_budget = "12KiB";
+  o.host_budget = "1MiB";
+  o.ssd_dir = "/scratch/experts";
+  o.pin_fraction = 0.5;
+  o.prefetch_depth = 3;
+  o.optimizer_overlap = false;
+  o.expert_cache = offload::CachePolicy::lfu;
+  o.lfu = {2.0, 0.5, 4};
+  o.stage_on_host = true;  // for tests: never saved
+  const nlohmann::json j = train::to_json(c);
+  const nlohmann::json expected = {{"offload", "ssd"},
+                                   {"device_budget", "12KiB"},
+                                   {"host_budget", "1MiB"},
+                                   {"ssd_dir", "/scratch/experts"},
+                                   {"pin_fraction", 0.5},
+                                   {"prefetch_depth", 3},
+                                   {"optimizer_overlap", false},
+                                   {"expert_cache", "lfu"},
+                                   {"lfu_threshold", 2.0},
+                                   {"lfu_beta", 0.5},
+                                   {"lfu_period", 4}};
+  for (const auto& [key, value] : expected.items()) {
+    INFO(key);
+    REQUIRE(j.at(key) == value);
+  }
+  REQUIRE(j.size() == train::to_json(train::TrainConfig{}).size());  // no key added or nested
+  REQUIRE(!j.contains("stage_on_host"));
+  const train::TrainConfig back = train::train_config_from_json(j);
+  REQUIRE(train::to_json(back) == j);
+  REQUIRE(back.offload.lfu.period == 4);
+  REQUIRE(!back.offload.stage_on_host);
+  // The budgets are read from that text once, naming the flag of one that does not parse.
+  const offload::StoreBudgets b = offload::parse_budgets(c.offload);
+  REQUIRE(b.device == 12 * 1024);
+  REQUIRE(b.host == 1024 * 1024);
+  o.host_budget = "lots";
+  REQUIRE_THROWS_WITH(offload::parse_budgets(c.offload), Catch::Contains("--host-budget 'lots'"));
 }

@@ -2,25 +2,13 @@
 // which struct field each fills (TrainOptions' own fields, its ModelConfig, its TrainConfig).
 #include "options.h"
 
+#include "common/named_option.h"
 #include "moe/io/output.h"
 #include "moe/log.h"
 #include "moe/offload/budget.h"
 
 namespace moe::tools {
 namespace {
-
-// A setting with named values: the flag takes a name among `names` (any other is refused while
-// parsing, exit 2), parsed here, once, into the config's enum; --help shows the default's name.
-template <class Enum, class Parse, class Name>
-CLI::Option* add_named(CLI::Option_group& g, const std::string& flag, Enum& field,
-                       const std::string& help, std::vector<std::string> names, Parse parse,
-                       Name name) {
-  return g
-      .add_option_function<std::string>(
-          flag, [&field, parse](const std::string& text) { field = parse(text); }, help)
-      ->check(CLI::IsMember(std::move(names)))
-      ->default_str(name(field));
-}
 
 // --device, the data and the tasks (TrainConfig's data fields).
 void add_data_options(CLI::Option_group& g, TrainOptions& o) {
@@ -294,15 +282,15 @@ CLI::Validator byte_size() {
       "SIZE");
 }
 
-// Expert offload (TrainConfig's offload fields): none of these changes the numbers a run
-// computes, so a resumed run may change any of them (train_flags) and the checkpoint is the same
-// whatever they are.
+// Expert offload (TrainConfig::offload, the store's settings): none of these changes the numbers a
+// run computes, so a resumed run may change any of them (train_flags) and the checkpoint is the
+// same whatever they are.
 void add_offload_options(CLI::Option_group& g, TrainOptions& o) {
   auto* xg = &g;
-  auto& t = o.train;
+  auto& t = o.train.offload;
   const CLI::Validator bytes = byte_size();
   o.train_flags.push_back(
-      add_named(*xg, "--offload", t.offload,
+      add_named(*xg, "--offload", t.tier,
                 "Where expert weights and AdamW state live: none (resident), host (RAM), "
                 "ssd (files under --ssd-dir behind a --host-budget cache), auto (plan by "
                 "the budgets)",
@@ -338,16 +326,16 @@ void add_offload_options(CLI::Option_group& g, TrainOptions& o) {
       "Host cache policy of --offload ssd: lru, or lfu (MoESys: hit counts)", {"lru", "lfu"},
       offload::parse_cache_policy, [](offload::CachePolicy p) { return offload::to_string(p); }));
   o.train_flags.push_back(
-      xg->add_option("--lfu-threshold", t.lfu_threshold,
+      xg->add_option("--lfu-threshold", t.lfu.threshold,
                      "lfu: only experts with at least this count may be evicted")
           ->check(non_negative())
           ->capture_default_str());
-  o.train_flags.push_back(xg->add_option("--lfu-beta", t.lfu_beta,
+  o.train_flags.push_back(xg->add_option("--lfu-beta", t.lfu.beta,
                                          "lfu: every count is multiplied by this each --lfu-period")
                               ->check(CLI::Range(0.0, 1.0))
                               ->capture_default_str());
   o.train_flags.push_back(
-      xg->add_option("--lfu-period", t.lfu_period, "lfu: steps between decays of the counts")
+      xg->add_option("--lfu-period", t.lfu.period, "lfu: steps between decays of the counts")
           ->check(positive())
           ->capture_default_str());
 }

@@ -35,7 +35,7 @@ class DeviceCopies {
  public:
   // `slots` device slots and `gradient_buffers` gradient buffers of `slot_bytes` each on
   // `device`: a CUDA device (throws naming it when it is not usable), or the CPU, where the
-  // copies are synchronous memcpy and events have nothing to order (StoreConfig::stage_on_host:
+  // copies are synchronous memcpy and events have nothing to order (StoreSettings::stage_on_host:
   // the CPU tests run this path).
   DeviceCopies(Device device, int64_t slot_bytes, int64_t slots, int gradient_buffers);
   ~DeviceCopies();  // waits for the device (its copies read and write the buffers freed here)

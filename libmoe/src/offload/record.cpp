@@ -109,7 +109,7 @@ std::unique_ptr<RecordTier> make_record_tier(const StoreConfig& config,
         flag_for(Setting::offload), " ssd ", flag_for(Setting::ssd_dir), " DIR");
     return std::make_unique<HostRecords>(experts, record_bytes);
   }
-  MOE_USAGE_CHECK(!config.ssd_dir.empty(), flag_for(Setting::offload), " ssd needs ",
+  MOE_USAGE_CHECK(!config.settings.ssd_dir.empty(), flag_for(Setting::offload), " ssd needs ",
                   flag_for(Setting::ssd_dir),
                   " DIR: a directory on local storage for the "
                   "experts' state (",
@@ -117,16 +117,16 @@ std::unique_ptr<RecordTier> make_record_tier(const StoreConfig& config,
   // The host cache: --host-budget, or a quarter of the experts' state by default.
   const int64_t budget = config.host_budget > 0 ? config.host_budget : total_record / 4;
   CacheConfig cache;
-  cache.policy = config.expert_cache;
+  cache.policy = config.settings.expert_cache;
   cache.capacity = std::min(budget / record, total_experts);
-  cache.lfu = config.lfu;
+  cache.lfu = config.settings.lfu;
   MOE_USAGE_CHECK(cache.capacity >= 1, flag_for(Setting::host_budget), " ", budget,
                   " bytes is smaller than one expert's state (", record, " bytes): the minimum is ",
                   record);
   if (config.world && config.world->size() > 1)
-    check_shared_ssd_space(*config.world, config.ssd_dir, ExpertFiles::total_bytes(files));
+    check_shared_ssd_space(*config.world, config.settings.ssd_dir, ExpertFiles::total_bytes(files));
   return std::make_unique<CachedRecords>(
-      std::make_unique<ExpertFiles>(config.ssd_dir, std::move(files)), cache, record,
+      std::make_unique<ExpertFiles>(config.settings.ssd_dir, std::move(files)), cache, record,
       std::move(spans));
 }
 

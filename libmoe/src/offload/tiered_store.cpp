@@ -230,8 +230,9 @@ struct TieredStore::Impl {
     std::unique_lock<std::mutex> lock(mu);
     while (true) {
       changed.wait(lock, [&] {
-        return stopping || (next_load < plan.size() &&
-                            next_load < cursor + static_cast<size_t>(config.prefetch_depth) + 1);
+        return stopping ||
+               (next_load < plan.size() &&
+                next_load < cursor + static_cast<size_t>(config.settings.prefetch_depth) + 1);
       });
       if (stopping) return;
       const size_t at = next_load++;
@@ -393,14 +394,14 @@ struct TieredStore::Impl {
 
 TieredStore::TieredStore(const ParamSet& params, const StoreConfig& config)
     : impl_(std::make_unique<Impl>(params, config)) {
+  const StoreSettings& set = config.settings;
+  MOE_USAGE_CHECK(set.prefetch_depth >= 0 && set.prefetch_depth <= 64,
+                  flag_for(Setting::prefetch_depth), " must be in [0, 64] (got ",
+                  set.prefetch_depth, ")");
   MOE_USAGE_CHECK(config.tier == Tier::host || config.tier == Tier::ssd, flag_for(Setting::offload),
                   " ", tier_name(config.tier), ": the store's tier is host or ssd");
-  MOE_USAGE_CHECK(config.pin_fraction >= 0 && config.pin_fraction <= 1,
-                  flag_for(Setting::pin_fraction), " must be in [0, 1] (got ", config.pin_fraction,
-                  ")");
-  MOE_USAGE_CHECK(config.prefetch_depth >= 0 && config.prefetch_depth <= 64,
-                  flag_for(Setting::prefetch_depth), " must be in [0, 64] (got ",
-                  config.prefetch_depth, ")");
+  MOE_USAGE_CHECK(set.pin_fraction >= 0 && set.pin_fraction <= 1, flag_for(Setting::pin_fraction),
+                  " must be in [0, 1] (got ", set.pin_fraction, ")");
   MOE_USAGE_CHECK(config.device_budget >= 0 && config.host_budget >= 0,
                   flag_for(Setting::device_budget), " and ", flag_for(Setting::host_budget),
                   " must be >= 0");
@@ -449,8 +450,9 @@ void TieredStore::start() {
   }
   // Device slots: the budget, or by default enough for the pinned experts, the prefetch window
   // and the expert computing.
-  const int64_t depth = s.config.prefetch_depth;
-  const int64_t pinned = static_cast<int64_t>(s.config.pin_fraction * double(total_experts));
+  const int64_t depth = s.config.settings.prefetch_depth;
+  const int64_t pinned =
+      static_cast<int64_t>(s.config.settings.pin_fraction * double(total_experts));
   int64_t slots = s.config.device_budget > 0 ? s.config.device_budget / slot_bytes
                                              : std::min(total_experts, pinned + depth + 1);
   MOE_USAGE_CHECK(slots >= 1, flag_for(Setting::device_budget), " ", s.config.device_budget,
@@ -462,7 +464,7 @@ void TieredStore::start() {
   s.tier = make_record_tier(s.config, layouts, experts);
   // The device slots; on CUDA also two gradient buffers of a slot's size (one expert's backward
   // accumulates into one while the other drains), so the GPU holds slots + 2 experts' weights.
-  if (s.config.device.kind == Device::cuda || s.config.stage_on_host)
+  if (s.config.device.kind == Device::cuda || s.config.settings.stage_on_host)
     s.device = std::make_unique<DeviceCopies>(s.config.device, slot_bytes, slots, 2);
   for (int64_t i = 0; i < slots; ++i) {
     Slot slot;
@@ -521,9 +523,10 @@ void TieredStore::begin_step(const StepInfo& info) {
   for (int li = 0; li < static_cast<int>(s.layers.size()); ++li)
     for (int64_t e = 0; e < s.layers[static_cast<size_t>(li)].experts; ++e)
       busiest.push_back({s.state({li, e}).previous_tokens, {li, e}});
-  const int64_t room = static_cast<int64_t>(s.slots.size()) - s.config.prefetch_depth - 1;
+  const int64_t room = static_cast<int64_t>(s.slots.size()) - s.config.settings.prefetch_depth - 1;
   const int64_t pins = std::max<int64_t>(
-      0, std::min(room, static_cast<int64_t>(s.config.pin_fraction * double(busiest.size()))));
+      0, std::min(room,
+                  static_cast<int64_t>(s.config.settings.pin_fraction * double(busiest.size()))));
   std::stable_sort(busiest.begin(), busiest.end(),
                    [](const auto& a, const auto& b) { return a.first > b.first; });
   for (int64_t i = 0; i < pins; ++i)
@@ -627,7 +630,7 @@ void TieredStore::gradient_done(int layer, int expert) {
   }
   st.grad_record.reset();
   s.tier->unpin(layer, expert, Dirty::dirty);
-  if (final && s.step_info.overlap && s.config.overlap_optimizer) {
+  if (final && s.step_info.overlap && s.config.settings.optimizer_overlap) {
     std::lock_guard<std::mutex> lock(s.mu);
     s.optimizer_queue.push_back({k, 1.0f, false, true});
     s.changed.notify_all();
@@ -675,7 +678,7 @@ void TieredStore::Impl::device_gradient_done(Key k) {
   st.grad_buffer = -1;
   s.device->download_gradient(g);
   const bool final = s.step_info.last_micro_batch && !s.step_info.replicas;
-  const bool adamw = final && s.step_info.overlap && s.config.overlap_optimizer;
+  const bool adamw = final && s.step_info.overlap && s.config.settings.optimizer_overlap;
   std::lock_guard<std::mutex> lock(s.mu);
   ++st.drains;
   ++s.draining;

@@ -11,8 +11,8 @@ namespace moe::train {
 
 void check_offload_device(const TrainConfig& config, Device device, int world_size) {
   MOE_USAGE_CHECK(
-      config.offload == offload::Tier::none || device.kind == Device::cpu || world_size == 1,
-      flag_for(Setting::offload), " ", offload::tier_name(config.offload), " with ",
+      config.offload.tier == offload::Tier::none || device.kind == Device::cpu || world_size == 1,
+      flag_for(Setting::offload), " ", offload::tier_name(config.offload.tier), " with ",
       flag_for(Setting::device), " ", device.str(), " on ", world_size,
       " ranks: the GPU expert store trains in one process only (no data or expert "
       "parallelism yet); offload on the CPU under mpiexec (",
@@ -28,7 +28,7 @@ std::string offload_layout(const TrainConfig& config, const offload::TieredStore
   std::string line = str("offload: ", offload::tier_name(c.tier), " tier, experts' state ",
                          format_bytes(double(s.record_bytes)));
   if (c.tier == offload::Tier::ssd)
-    line += str(" in ", c.ssd_dir, " behind a host cache of ",
+    line += str(" in ", c.settings.ssd_dir, " behind a host cache of ",
                 c.host_budget > 0 ? format_bytes(double(c.host_budget)) : std::string("no limit"));
   else
     line += c.host_budget > 0 ? str(" in RAM (", flag_for(Setting::host_budget), " ",
@@ -42,18 +42,18 @@ std::string offload_layout(const TrainConfig& config, const offload::TieredStore
                                     format_bytes(double(c.device_budget)), ")")
                               : str(" (default ", flag_for(Setting::device_budget), ")");
   char pin[32];
-  std::snprintf(pin, sizeof pin, "%.0f%%", c.pin_fraction * 100);
-  line += str(", prefetch depth ", c.prefetch_depth, ", pin ", pin);
+  std::snprintf(pin, sizeof pin, "%.0f%%", c.settings.pin_fraction * 100);
+  line += str(", prefetch depth ", c.settings.prefetch_depth, ", pin ", pin);
   // When each expert's AdamW runs: only an unclipped step can update an expert before every
   // gradient is known.
-  if (!c.overlap_optimizer)
+  if (!c.settings.optimizer_overlap)
     line += ", expert AdamW after backward (--no-optimizer-overlap)";
   else if (config.clip > 0)
     line += str(", expert AdamW after backward (", flag_for(Setting::clip), " ", config.clip,
                 ": a global-norm clip needs every gradient first; ", flag_for(Setting::clip),
                 " 0 overlaps it)");
   else
-    line += ", expert AdamW during backward (--clip 0)";
+    line += str(", expert AdamW during backward (", flag_for(Setting::clip), " 0)");
   return line;
 }
 

@@ -60,17 +60,17 @@ static void for_each_field(Config& c, Visit&& f) {
   f("vexperts_per_rank", c.vexperts_per_rank);
   f("balance_threshold", c.balance_threshold);
   f("replan_every", c.replan_every);
-  f("offload", c.offload);
-  f("device_budget", c.device_budget);
-  f("host_budget", c.host_budget);
-  f("ssd_dir", c.ssd_dir);
-  f("pin_fraction", c.pin_fraction);
-  f("prefetch_depth", c.prefetch_depth);
-  f("optimizer_overlap", c.optimizer_overlap);
-  f("expert_cache", c.expert_cache);
-  f("lfu_threshold", c.lfu_threshold);
-  f("lfu_beta", c.lfu_beta);
-  f("lfu_period", c.lfu_period);
+  f("offload", c.offload.tier);
+  f("device_budget", c.offload.device_budget);
+  f("host_budget", c.offload.host_budget);
+  f("ssd_dir", c.offload.ssd_dir);
+  f("pin_fraction", c.offload.pin_fraction);
+  f("prefetch_depth", c.offload.prefetch_depth);
+  f("optimizer_overlap", c.offload.optimizer_overlap);
+  f("expert_cache", c.offload.expert_cache);
+  f("lfu_threshold", c.offload.lfu.threshold);
+  f("lfu_beta", c.offload.lfu.beta);
+  f("lfu_period", c.offload.lfu.period);
   f("grad_accum", c.grad_accum);
   f("recompute", c.recompute);
   f("tasks", c.tasks);
@@ -167,7 +167,7 @@ static void check_training_memory(const ModelConfig& config, const TrainConfig& 
   const double E = double(std::max<int64_t>(config.experts, 1));
   const double slots =
       train.vexperts_per_rank > 0 ? double(train.vexperts_per_rank) : std::ceil(E / ep) + 1;
-  const double experts = train.offload != offload::Tier::none        ? 0
+  const double experts = train.offload.tier != offload::Tier::none   ? 0
                          : train.placement == PlacementRule::fixed   ? 1 / ep
                          : train.placement == PlacementRule::flexmoe ? std::min(1.0, slots / E)
                                                                      : 1;
@@ -286,8 +286,8 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
   check_training_memory(config, train_, world_size());  // before any parameter is allocated
   setup_parallel(config, device);
   params_ = std::make_unique<ParamSet>(train.seed, config.dtype);
-  offload_tier_ = train_.offload;
-  if (train_.offload == offload::Tier::automatic) plan_offload(config, device);  // none, host, ssd
+  offload_tier_ = train_.offload.tier;
+  if (offload_tier_ == offload::Tier::automatic) plan_offload(config, device);  // none, host, ssd
   if (offload_tier_ != offload::Tier::none) {
     check_offload_device(train_, device, world_size());
     store_ = std::make_unique<offload::TieredStore>(*params_, store_config(device));
@@ -342,9 +342,10 @@ void Trainer::setup_parallel(const ModelConfig& config, Device device) {
     MOE_USAGE_CHECK(train_.ep > 1, flag_for(Setting::placement), " ", policy,
                     " places experts over the expert-parallel ranks: it needs ",
                     flag_for(Setting::ep), " > 1");
-    MOE_USAGE_CHECK(train_.offload == offload::Tier::none, flag_for(Setting::placement), " ",
+    MOE_USAGE_CHECK(train_.offload.tier == offload::Tier::none, flag_for(Setting::placement), " ",
                     policy, " holds every expert on every rank; it does not combine with ",
-                    flag_for(Setting::offload), " ", offload::tier_name(train_.offload), " yet");
+                    flag_for(Setting::offload), " ", offload::tier_name(train_.offload.tier),
+                    " yet");
     // Replicas of one group keep their experts current among themselves; a second group's
     // replicas of the same expert would need the sum over both groups' holders.
     MOE_USAGE_CHECK(placement.policy != PlacementRule::flexmoe || train_.ep == world_size(),
@@ -381,8 +382,8 @@ void Trainer::setup_tasks(const ModelConfig& model, io::TokenFormat format) {
   refuse(t.placement != PlacementRule::fixed,
          str(flag_for(Setting::placement), " ", placement_rule_name(t.placement)),
          "its replans and cost model assume every rank computes the same number of rows");
-  refuse(t.offload != offload::Tier::none,
-         str(flag_for(Setting::offload), " ", offload::tier_name(t.offload)),
+  refuse(t.offload.tier != offload::Tier::none,
+         str(flag_for(Setting::offload), " ", offload::tier_name(t.offload.tier)),
          "the expert store's gradient scaling has not been made to follow the tasks' weights");
   refuse(t.shard_embedding, flag_for(Setting::shard_embedding),
          "not tested with ranks of different batches");

@@ -1,5 +1,5 @@
 // Trainer's side of --offload (the expert store, moe/offload/tiered_store.h): the auto plan
-// printed before step 1, the store's configuration from the training flags, and the ranks whose
+// printed before step 1, the store's configuration from the training settings, and the ranks whose
 // expert gradients the store sums.
 #include <algorithm>
 #include <string>
@@ -34,24 +34,20 @@ void Trainer::plan_offload(const ModelConfig& config, Device device) {
   in.record_bytes = local_experts > 0 ? in.expert_state_bytes / local_experts : 0;
   in.ssd_file_bytes = in.expert_state_bytes + 4096 * local_experts;
   const double machine = machine_memory().usable();
-  in.device_capacity =
-      !train_.device_budget.empty()
-          ? double(offload::parse_bytes(flag_for(Setting::device_budget), train_.device_budget, 0))
-          : machine;
-  in.host_capacity =
-      !train_.host_budget.empty()
-          ? double(offload::parse_bytes(flag_for(Setting::host_budget), train_.host_budget, 0))
-          : machine;
+  const offload::StoreSettings& set = train_.offload;
+  const offload::StoreBudgets given = offload::parse_budgets(set);
+  in.device_capacity = !set.device_budget.empty() ? double(given.device) : machine;
+  in.host_capacity = !set.host_budget.empty() ? double(given.host) : machine;
   // The library cannot ask a GPU how much memory is free for this run: the budget says.
-  MOE_USAGE_CHECK(device.kind == Device::cpu || !train_.device_budget.empty(),
+  MOE_USAGE_CHECK(device.kind == Device::cpu || !set.device_budget.empty(),
                   flag_for(Setting::offload), " auto with ", flag_for(Setting::device), " ",
                   device.str(), " needs ", flag_for(Setting::device_budget),
                   " SIZE: the GPU memory the plan may give the dense state "
                   "and the expert slots");
   in.device_is_host = device.kind == Device::cpu;
   in.device_name = device.kind == Device::cpu ? "CPU memory" : "GPU memory";
-  if (!train_.ssd_dir.empty())
-    in.ssd_capacity = double(std::max<int64_t>(0, offload::free_bytes(train_.ssd_dir)));
+  if (!set.ssd_dir.empty())
+    in.ssd_capacity = double(std::max<int64_t>(0, offload::free_bytes(set.ssd_dir)));
   const offload::OffloadPlan plan = offload::plan_offload(in);
   for (const std::string& line : plan.lines) MOE_LOG_INFO(line);
   offload_tier_ = plan.tier;
@@ -59,32 +55,23 @@ void Trainer::plan_offload(const ModelConfig& config, Device device) {
   auto_device_budget_ = static_cast<int64_t>(plan.device_budget);
 }
 
+// The store's config: the run's offload settings as they are, and what the trainer resolved: the
+// tier and budgets (auto: the plan's; otherwise the settings' sizes, parsed here once), where
+// compute runs, the ranks, AdamW's settings.
 offload::StoreConfig Trainer::store_config(Device device) const {
   offload::StoreConfig c;
-  c.device = device;  // the slots and gradient buffers live where compute runs
-  c.stage_on_host = train_.offload_stage_on_host;
+  c.settings = train_.offload;
   c.tier = offload_tier_;
-  if (!train_.device_budget.empty())
-    c.device_budget =
-        offload::parse_bytes(flag_for(Setting::device_budget), train_.device_budget, 0);
-  if (!train_.host_budget.empty())
-    c.host_budget = offload::parse_bytes(flag_for(Setting::host_budget), train_.host_budget, 0);
-  if (train_.offload == offload::Tier::automatic) {  // the plan's split of the budgets
+  c.device = device;  // the slots and gradient buffers live where compute runs
+  if (train_.offload.tier == offload::Tier::automatic) {  // the plan's split of the budgets
     c.host_budget = auto_host_budget_;
     c.device_budget = auto_device_budget_;
+  } else {
+    const offload::StoreBudgets budgets = offload::parse_budgets(train_.offload);
+    c.device_budget = budgets.device;
+    c.host_budget = budgets.host;
   }
-  c.ssd_dir = train_.ssd_dir;
   c.world = world_size() > 1 ? world_ : nullptr;  // ranks sharing a disk check it together
-  c.expert_cache = train_.expert_cache;
-  c.lfu.threshold = train_.lfu_threshold;
-  c.lfu.beta = train_.lfu_beta;
-  c.lfu.period = train_.lfu_period;
-  c.pin_fraction = train_.pin_fraction;
-  MOE_USAGE_CHECK(train_.prefetch_depth >= 0 && train_.prefetch_depth <= 64,
-                  flag_for(Setting::prefetch_depth), " must be in [0, 64] (got ",
-                  train_.prefetch_depth, ")");
-  c.prefetch_depth = static_cast<int>(train_.prefetch_depth);
-  c.overlap_optimizer = train_.optimizer_overlap;
   c.adamw = adamw_config();
   return c;
 }

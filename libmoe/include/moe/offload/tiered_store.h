@@ -43,28 +43,24 @@
 #include "moe/device.h"
 #include "moe/nn/expert_store.h"
 #include "moe/offload/cache_policy.h"
+#include "moe/offload/store_settings.h"
 #include "moe/offload/tier.h"
 #include "moe/optim/adamw.h"
 
 namespace moe::offload {
 
+// The store's configuration: the user's settings, and what its owner resolved from them and from
+// the run (the tier of `auto`, the budgets in bytes, where compute runs, the ranks, AdamW's).
 struct StoreConfig {
-  Tier tier = Tier::host;  // host | ssd (offload::plan resolves `auto`)
-  Device device;           // where compute reads the slots: the CPU, or a CUDA device
-  // Tests: on the CPU, run the CUDA path (staging buffers, gradient buffers drained on the
-  // optimizer thread) with host memory and synchronous copies, so the CPU tests cover its logic.
-  bool stage_on_host = false;
-  int64_t device_budget = 0;  // bytes of device slots (fp32 weights of the experts computing)
-  int64_t host_budget = 0;    // bytes of expert state in host memory (ssd: the host cache)
-  std::string ssd_dir;        // ssd: where the per-expert files go (offload::ExpertFiles)
+  StoreSettings
+      settings;  // pin fraction, prefetch depth, cache policy, ... (settings.tier: as given)
+  Tier tier = Tier::host;     // host | ssd (offload::plan resolves `auto`)
+  Device device;              // where compute reads the slots: the CPU, or a CUDA device
+  int64_t device_budget = 0;  // bytes of device slots (0: the default)
+  int64_t host_budget = 0;    // bytes of expert state in host memory (ssd: the host cache; 0: none)
   // ssd under mpiexec: every rank's world (each makes a store), so that the ranks of a node whose
   // --ssd-dir is one disk check their files together against its space (check_shared_ssd_space).
   comm::Communicator* world = nullptr;
-  CachePolicy expert_cache = CachePolicy::lru;  // ssd: the host cache's policy (MoESys: lfu)
-  LfuConfig lfu;
-  double pin_fraction = 0.25;  // of this process's experts, kept resident from forward to backward
-  int prefetch_depth = 2;      // experts uploaded ahead of the one computing (0: on demand)
-  bool overlap_optimizer = true;  // each expert's AdamW as soon as its gradient is final
   optim::AdamWConfig adamw;
 };
 

@@ -17,6 +17,7 @@
 #include "moe/io/dataset.h"
 #include "moe/models/transformer.h"
 #include "moe/nn/recompute.h"
+#include "moe/offload/store_settings.h"
 #include "moe/offload/tier.h"
 #include "moe/offload/tiered_store.h"
 #include "moe/optim/adamw.h"
@@ -68,19 +69,11 @@ struct TrainConfig {
   int64_t vexperts_per_rank = 0;
   double balance_threshold = 1.1;
   int64_t replan_every = 10;
-  // Expert state off the compute device (ES-MoE, MoESys; moe/offload/tiered_store.h): none (every
-  // expert resident) | host | ssd | auto (offload::plan picks). Budgets are byte sizes such as
-  // "512MiB" ("": the default). None of these change the numbers a run computes.
-  offload::Tier offload = offload::Tier::none;
-  std::string device_budget, host_budget, ssd_dir;
-  double pin_fraction = 0.25;
-  int64_t prefetch_depth = 2;
-  bool optimizer_overlap = true;  // expert AdamW during backward when --clip 0
-  offload::CachePolicy expert_cache = offload::CachePolicy::lru;
-  double lfu_threshold = 0, lfu_beta = 0.75;
-  int64_t lfu_period = 16;
-  // Tests only, not saved: StoreConfig::stage_on_host (the GPU store's path run on the CPU).
-  bool offload_stage_on_host = false;
+  // Expert state off the compute device (ES-MoE, MoESys; moe/offload/store_settings.h): the tier
+  // (none: every expert resident | host | ssd | auto: offload::plan picks), the budgets, the
+  // store's pinning, prefetch, optimizer overlap and SSD cache. The expert store holds the same
+  // struct (offload::StoreConfig::settings). None of these change the numbers a run computes.
+  offload::StoreSettings offload;
   // Memory. grad_accum: each optimizer step runs N forward/backward passes over N equal
   // micro-batches of its batch (split after the data-parallel split: batch divides by N x the
   // world), accumulates their gradients and steps once; the step's tokens do not depend on N.
