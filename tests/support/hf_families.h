@@ -62,7 +62,18 @@ struct Tiny {
   int64_t shared_F = 0;   // Qwen2-MoE shared_expert_intermediate_size
   bool norm_topk = true;  // norm_topk_prob (Mixtral always renormalises)
   double theta = 10000, eps = 1e-5;
+  // Sliding window (transformers 5's mask: query s sees keys s - window < u <= s; 0 = none) on
+  // window_layers (empty: every layer); tied: the LM head is model.embed_tokens.weight.
+  int64_t window = 0;
+  std::vector<int64_t> window_layers;
+  bool tied = false;
   int64_t hd() const { return head_dim ? head_dim : D / H; }
+  int64_t window_of(int64_t layer) const {
+    const bool on = window_layers.empty() ||
+                    std::find(window_layers.begin(), window_layers.end(), layer) !=
+                        window_layers.end();
+    return on ? window : 0;
+  }
 };
 
 inline Tiny tiny_of(const std::string& family) {
@@ -400,7 +411,12 @@ inline Vec hf_reference_logits(const Tiny& t, const std::map<std::string, Tensor
           const int64_t kv = head / n_rep;  // repeat_kv: each kv head serves n_rep query heads
           Vec scores(size_t(s + 1));
           double top = -1e300;
+          const int64_t window = t.window_of(l);
           for (int64_t u = 0; u <= s; ++u) {
+            if (window > 0 && u <= s - window) {  // outside the window: exp(-inf) = 0
+              scores[size_t(u)] = -INFINITY;
+              continue;
+            }
             double dot = 0;
             for (int64_t j = 0; j < hd; ++j)
               dot += q[r][size_t(head * hd + j)] * k[size_t(b * T + u)][size_t(kv * hd + j)];
@@ -458,7 +474,8 @@ inline Vec hf_reference_logits(const Tiny& t, const std::map<std::string, Tensor
       }
     }
   }
-  const Vec final_norm = values(w, "model.norm.weight"), head = values(w, "lm_head.weight");
+  const Vec final_norm = values(w, "model.norm.weight"),
+            head = values(w, t.tied ? "model.embed_tokens.weight" : "lm_head.weight");
   Vec out;
   for (int64_t r = 0; r < B * T; ++r) {
     Vec logits = linear(head, rms_norm(h[size_t(r)], final_norm, t.eps), t.V);

@@ -188,9 +188,9 @@ TEST_CASE("hf families: what our families cannot express is refused by name", "[
   } configs[] = {
       {q3, {{"mlp_only_layers", {1}}}, "dense MLP layers (decoder_sparse_step / mlp_only_layers)"},
       {q2, {{"decoder_sparse_step", 2}}, "dense MLP layers"},
-      {q3,
-       {{"use_sliding_window", true}, {"sliding_window", 16}},
-       "sliding-window attention (sliding_window 16"},
+      {q2,
+       {{"layer_types", {"sliding_attention", "full_attention"}}},
+       "layer_types sliding 1 layers with use_sliding_window false"},
       {ol, {{"clip_qkv", 8.0}}, "q/k/v clipping (clip_qkv)"},
       {ol, {{"attention_bias", true}}, "attention biases (attention_bias: true)"},
       {ol, {{"head_dim", 16}}, "head_dim 16 different from hidden_size / num_attention_heads"},
@@ -398,7 +398,7 @@ TEST_CASE("hf families: configs as transformers 5 writes them import", "[hf]") {
                Catch::Contains("partial RoPE (rope_parameters partial_rotary_factor 0.5)"));
 
   // Qwen2-MoE: a window switched on, but no layer of layer_types slides (max_window_layers 0):
-  // transformers attends fully, and so do we. A window on some layers only is refused.
+  // transformers attends fully, and so do we. A window on some layers slides those (issue 44).
   json full = family_config(q2);
   full["use_sliding_window"] = true;
   full["sliding_window"] = 16;
@@ -407,8 +407,10 @@ TEST_CASE("hf families: configs as transformers 5 writes them import", "[hf]") {
           import_of("qwen2-v4", family_config(q2), q2).model_config);
   json some = full;
   some["layer_types"] = {"sliding_attention", "full_attention"};
-  REQUIRE_THAT(refusal("qwen2-some", some, family_weights(q2, 9)),
-               Catch::Contains("a sliding window on 1 of 2 layers (layer_types"));
+  const ModelConfig windowed =
+      model_config_from_json(import_of("qwen2-some", some, q2).model_config);
+  REQUIRE(windowed.sliding_window == 16);
+  REQUIRE(windowed.window_layers == std::vector<int64_t>{0});
   // qkv_bias false: Qwen2-MoE without its q/k/v biases, which our flavour always has.
   json no_bias = family_config(q2);
   no_bias["qkv_bias"] = false;

@@ -227,7 +227,6 @@ TEST_CASE("glm4_moe: what we cannot represent is refused by name", "[hf][glm4_mo
     std::string message;
   } configs[] = {
       {{{"hidden_act", "gelu"}}, "activation 'gelu'"},
-      {{{"tie_word_embeddings", true}}, "tied word embeddings"},
       {{{"n_group", 128}, {"topk_group", 4}}, "n_group 128 with topk_group 4"},
       {{{"partial_rotary_factor", 0.3125}}, "partial_rotary_factor 0.3125 of head_dim 16"},
       {{{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}}},

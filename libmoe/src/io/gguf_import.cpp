@@ -209,6 +209,11 @@ ModelConfig config_from_keys(const Keys& k, const GgufArch& arch, const GgufFile
     glm4moe_config(k, f, mc);
   else
     mc.experts_per_layer.assign(static_cast<size_t>(mc.layers), mc.experts);
+  // No output.weight: llama.cpp's head is then token_embd (a tied head, as the converter writes a
+  // tie_word_embeddings model).
+  mc.tie_embeddings = std::none_of(f.tensors.begin(), f.tensors.end(), [](const GgufTensorInfo& t) {
+    return t.name == "output.weight";
+  });
   return mc;
 }
 
@@ -246,7 +251,7 @@ bool same_math(const ModelConfig& a, const ModelConfig& b) {
          a.top_k == b.top_k && a.normalize_topk == b.normalize_topk &&
          a.residual_moe == b.residual_moe && a.router_scoring == b.router_scoring && biased &&
          !a.router_center() && !b.router_center() && float(a.norm_eps) == float(b.norm_eps) &&
-         float(a.rope_theta) == float(b.rope_theta);
+         float(a.rope_theta) == float(b.rope_theta) && a.tie_embeddings == b.tie_embeddings;
 }
 
 // A file our export_gguf wrote records our exact model config
@@ -332,7 +337,7 @@ std::vector<GgufTensorPlan> expected_tensors(const ModelConfig& mc, bool permute
     }
   }
   add("output_norm.weight", "final_norm.weight", {D});
-  add("output.weight", "lm_head.weight", {V, D});
+  if (!mc.tie_embeddings) add("output.weight", "lm_head.weight", {V, D});
   return out;
 }
 
@@ -369,7 +374,7 @@ bool block_from(const std::string& name, int64_t first) {
 }
 
 // Each expected tensor found in the file with the dimensions the config implies
-// (a missing output.weight is llama.cpp's tied head: the embedding, copied);
+// (a missing output.weight is llama.cpp's tied head: config_from_keys ties ours, and plans none);
 // every file tensor used but those of the `skipped` multi-token-prediction layers after the
 // model's `layers` (skipped, and said so).
 void match_tensors(const GgufFile& f, std::vector<GgufTensorPlan>& plan, int64_t layers,
@@ -380,13 +385,6 @@ void match_tensors(const GgufFile& f, std::vector<GgufTensorPlan>& plan, int64_t
       throw Error(str("'", f.path, "': GGUF tensor '", t.name, "' is in the file twice"));
   std::set<std::string> used;
   for (GgufTensorPlan& t : plan) {
-    if (t.gguf == "output.weight" && !infos.count(t.gguf)) {
-      t.gguf = "token_embd.weight";  // tied embeddings: our head is untied, a
-                                     // copy is the same
-      rep.notes.push_back(
-          "no output.weight: the LM head is a copy of "
-          "token_embd.weight (tied)");
-    }
     auto it = infos.find(t.gguf);
     if (it == infos.end())
       throw Error(str("'", f.path, "': no GGUF tensor '", t.gguf, "' (our ", t.ours,
@@ -644,6 +642,8 @@ GgufImportPlan plan_gguf_import(const std::string& path, const GgufImportOptions
   if (mc.seq < context)
     rep.notes.push_back(str("context (seq) ", mc.seq, " of context_length ", context));
   plan.tensors = expected_tensors(mc, arch.permute_qk);
+  if (mc.tie_embeddings)
+    rep.notes.push_back("no output.weight: the LM head is the token embedding (tied)");
   const int64_t skipped = k.integer(str(arch.name, ".block_count")) - mc.layers;
   match_tensors(plan.file, plan.tensors, mc.layers, skipped, rep);
   refuse_wide_blocks(plan.file, plan.tensors);

@@ -305,6 +305,17 @@ void check_olmoe_norm_widths(const ModelConfig& mc) {
                     "), which llama.cpp would refuse to load"));
 }
 
+// None of the llama.cpp architectures our families export to reads a sliding window (its llama,
+// qwen2moe, qwen3moe, olmoe, glm4moe and deepseek2 attend to the whole context; gpt-oss's arch
+// reads <arch>.attention.sliding_window): a window shorter than the context would be silently
+// dropped, so it is refused. A window as long as the context changes nothing and goes out.
+void check_window(const ModelConfig& mc, const std::string& arch) {
+  if (mc.sliding_window > 0 && mc.sliding_window < mc.seq)
+    throw Error(str("GGUF export: llama.cpp's ", arch, " has no sliding-window attention; this ",
+                    "model's layers see the last ", mc.sliding_window, " of its ", mc.seq,
+                    " positions"));
+}
+
 // The leading dense layers of a glm4_moe model (ExportModel has checked that no dense layer follows
 // an MoE one): llama.cpp's glm4moe.leading_dense_block_count.
 int64_t leading_dense_layers(const ModelConfig& mc) {
@@ -356,6 +367,7 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
                     " the top-k gate weights; this model ", mc.normalize_topk ? "does" : "does not",
                     " (normalize_topk ", mc.normalize_topk ? "true" : "false", ")"));
   check_olmoe_norm_widths(mc);
+  check_window(mc, arch.name);
   const Flavour flavour = flavour_of(mc);
   if (!flavour.shared_expert_gate && !flavour.ungated_shared_expert && mc.shared_expert_ff > 0)
     throw Error(str("GGUF export: llama.cpp's ", arch.name,
@@ -474,7 +486,8 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
     }
   }
   vector("output_norm.weight", "final_norm.weight", D);
-  matrix("output.weight", "lm_head.weight", V, D);
+  // A tied head goes out as no output.weight: llama.cpp then reads token_embd as the head.
+  if (!mc.tie_embeddings) matrix("output.weight", "lm_head.weight", V, D);
   m.refuse_unused();
   for (const auto& [name, type] : options.tensor_types)
     MOE_CHECK(overridden.count(name), "GGUF export: a type (", gguf_type_name(type),

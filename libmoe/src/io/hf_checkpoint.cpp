@@ -177,7 +177,8 @@ bool same_math(const ModelConfig& a, const ModelConfig& b) {
          a.router_group_topk == b.router_group_topk && a.routed_scale == b.routed_scale &&
          a.q_lora_rank == b.q_lora_rank && a.kv_lora_rank == b.kv_lora_rank &&
          a.qk_nope_dim == b.qk_nope_dim && a.qk_rope_dim == b.qk_rope_dim &&
-         a.v_head_dim == b.v_head_dim;
+         a.v_head_dim == b.v_head_dim && a.sliding_window == b.sliding_window &&
+         a.window_layers == b.window_layers && a.tie_embeddings == b.tie_embeddings;
 }
 
 // ---- import_hf, step by step -------------------------------------------------------------------
@@ -222,6 +223,9 @@ ModelConfig model_config_of(const HfModel& hf, const HfImportOptions& options) {
   mc.norm_eps = hf.eps;
   mc.rope_theta = hf.rope_theta;
   mc.seq = options.max_seq > 0 ? std::min(hf.max_positions, options.max_seq) : hf.max_positions;
+  mc.sliding_window = hf.sliding_window;
+  mc.window_layers = hf.window_layers;
+  mc.tie_embeddings = hf.tied;
   return mc;
 }
 
@@ -230,7 +234,7 @@ struct TensorPlan {
   std::vector<LayerSources> layers;
   std::map<std::string, std::string> outer;  // our name -> hf name
   std::vector<std::string> derived;          // checked against the config, not imported
-  std::vector<std::string> skipped;          // multi-token-prediction layers
+  std::vector<std::string> skipped;  // multi-token-prediction layers, a tied lm_head.weight
 };
 
 // Whether `name` belongs to a multi-token-prediction layer: model.layers.<i>. with i in
@@ -263,6 +267,13 @@ TensorPlan plan_tensors(const std::string& dir, const Sources& sources, const Hf
     slot = name;
   };
   for (const auto& [name, where] : sources.tensors) {
+    if (hf.tied && name == "lm_head.weight") {
+      // transformers ties it to the embedding on load (the embedding's values win); so do we
+      rep.notes.push_back(
+          "lm_head.weight not imported: tie_word_embeddings makes the head the embedding");
+      plan.skipped.push_back(name);
+      continue;
+    }
     if (prediction_layer(name, hf)) {
       // GLM's multi-token-prediction layers (num_nextn_predict_layers): transformers skips them
       add_unique(rep.notes, str("multi-token-prediction layers (", hf.layers, "..",
@@ -326,10 +337,6 @@ TensorPlan plan_tensors(const std::string& dir, const Sources& sources, const Hf
 // holds tensors we have no place for.
 void refuse_unsupported(const std::string& dir, const HfModel& hf, const ModelConfig& mc,
                         const HfImportOptions& options, HfImportReport& rep) {
-  if (hf.sliding_window > 0 && hf.sliding_window < mc.seq)
-    rep.unsupported.push_back(str("sliding-window attention (sliding_window ", hf.sliding_window,
-                                  " is shorter than the context ", mc.seq,
-                                  "; a context <= the window imports exactly)"));
   if (!rep.unsupported.empty())
     throw Error(str("'", dir, "': the ", hf.family, " checkpoint uses features our ",
                     arch_name(mc.arch),
@@ -779,7 +786,8 @@ Checkpoint import_hf(const std::string& dir, const HfImportOptions& options,
   in.outer(plan, "embed.tokens", "the token embedding", {in.V, in.D}, why_vd);
   for (int64_t i = 0; i < mc.layers; ++i) in.layer(i, plan.layers[static_cast<size_t>(i)]);
   in.outer(plan, "final_norm.weight", "the final norm", {in.D}, "[hidden_size]");
-  in.outer(plan, "lm_head.weight", "the LM head (lm_head.weight)", {in.V, in.D}, why_vd);
+  if (!mc.tie_embeddings)
+    in.outer(plan, "lm_head.weight", "the LM head (lm_head.weight)", {in.V, in.D}, why_vd);
 
   Checkpoint ckpt = std::move(in.ckpt);
   ckpt.model_config = to_json(mc);

@@ -63,23 +63,50 @@ std::string experts_key(const ConfigReader& c, bool mixtral) {
                   "\" is read too)"));
 }
 
-// Which layers attend through a sliding window: layer_types (Qwen2-MoE as transformers 5 writes
-// it: "full_attention" or "sliding_attention" per layer) when given, else `fallback`. A window
-// on some layers only, or a layer type we do not know, goes to `unsupported`.
-bool window_by_layer_types(const json& j, bool fallback, std::vector<std::string>& unsupported) {
-  if (!j.contains("layer_types") || !j["layer_types"].is_array()) return fallback;
-  size_t sliding = 0;
-  for (const json& t : j["layer_types"]) {
-    const std::string type = t.is_string() ? t.get<std::string>() : t.dump();
-    if (type == "sliding_attention")
-      ++sliding;
-    else if (type != "full_attention")
-      unsupported.push_back(str("layer type '", type, "' (layer_types)"));
+// The sliding window as transformers 5.25 applies it (each query sees the last sliding_window
+// positions, itself included: masking_utils.sliding_window_overlay):
+// - Mixtral: sliding_window (null: none) on every layer;
+// - Qwen3-MoE: sliding_window on every layer when use_sliding_window, else none;
+// - Qwen2-MoE: when use_sliding_window, on the layers layer_types marks "sliding_attention"; a
+//   config without layer_types slides layers i with i even and i < max_window_layers (default
+//   28), as Qwen2MoeConfig fills it in. Without use_sliding_window transformers sets the window to
+//   0, which no layer may then use.
+// OLMoE's, GLM-4-MoE's and DeepSeek's classes have none: a sliding_window key there is ignored, as
+// transformers ignores it.
+void parse_window(const ConfigReader& c, HfModel& m, std::vector<std::string>& unsupported) {
+  const bool qwen2 = m.arch == Arch::qwen2_moe, qwen3 = m.arch == Arch::qwen3_moe;
+  if (m.arch != Arch::mixtral && !qwen2 && !qwen3) return;
+  const bool on =
+      m.arch == Arch::mixtral ? c.has("sliding_window") : c.boolean_or("use_sliding_window", false);
+  int64_t window = on ? c.integer_or("sliding_window", 4096) : 0;  // Qwen's default: 4096
+  if (on && window < 1)
+    throw Error(str("'", c.path, "': \"sliding_window\" is ", window, ": it must be >= 1"));
+  std::vector<int64_t> layers;  // the sliding ones
+  if (qwen2 && c.has("layer_types")) {
+    const json& types = c.j["layer_types"];
+    if (!types.is_array() || static_cast<int64_t>(types.size()) != m.layers)
+      throw Error(str("'", c.path, "': \"layer_types\" must list num_hidden_layers (", m.layers,
+                      ") layer types"));
+    for (size_t i = 0; i < types.size(); ++i) {
+      const std::string type = types[i].is_string() ? types[i].get<std::string>() : types[i].dump();
+      if (type == "sliding_attention")
+        layers.push_back(static_cast<int64_t>(i));
+      else if (type != "full_attention")
+        unsupported.push_back(str("layer type '", type, "' (layer_types)"));
+    }
+    if (!on && !layers.empty())
+      unsupported.push_back(str("layer_types sliding ", layers.size(),
+                                " layers with use_sliding_window false (transformers' window is "
+                                "then 0)"));
+  } else if (qwen2 && on) {
+    const int64_t below = c.integer_or("max_window_layers", 28);
+    for (int64_t i = 0; i < m.layers && i < below; i += 2) layers.push_back(i);
+  } else if (on) {
+    for (int64_t i = 0; i < m.layers; ++i) layers.push_back(i);
   }
-  if (sliding > 0 && sliding < j["layer_types"].size())
-    unsupported.push_back(str("a sliding window on ", sliding, " of ", j["layer_types"].size(),
-                              " layers (layer_types; ours is on every layer or none)"));
-  return sliding > 0;
+  if (!on || layers.empty()) return;  // no layer slides: full attention everywhere
+  m.sliding_window = window;
+  if (static_cast<int64_t>(layers.size()) < m.layers) m.window_layers = layers;
 }
 
 // The MoE layers GLM-4-MoE shares with DeepSeek-V3 (the same keys, defaults per family): a
@@ -288,9 +315,7 @@ HfModel parse_config(const json& j, const std::string& path,
   if (c.string_or("hidden_act", "silu") != "silu")
     unsupported.push_back(str("activation '", c.string_or("hidden_act", ""),
                               "' (hidden_act; our experts are SwiGLU with silu)"));
-  if (c.boolean_or("tie_word_embeddings", false))
-    unsupported.push_back(
-        "tied word embeddings (tie_word_embeddings: true; our LM head is untied)");
+  m.tied = c.boolean_or("tie_word_embeddings", false);
   if (deepseek) {
     parse_deepseek(c, m, unsupported);
     return m;
@@ -330,10 +355,7 @@ HfModel parse_config(const json& j, const std::string& path,
       (c.has("mlp_only_layers") && j["mlp_only_layers"].is_array() &&
        !j["mlp_only_layers"].empty()))
     unsupported.push_back("dense MLP layers (decoder_sparse_step / mlp_only_layers)");
-  // A sliding window only matters when it is shorter than our context (checked once seq is known).
-  const bool window_on =
-      window_by_layer_types(j, !qwen || c.boolean_or("use_sliding_window", false), unsupported);
-  if (window_on && c.has("sliding_window")) m.sliding_window = c.integer("sliding_window");
+  parse_window(c, m, unsupported);
   return m;
 }
 

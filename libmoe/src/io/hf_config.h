@@ -16,8 +16,13 @@ struct HfModel {
   std::string family;
   Arch arch = Arch::mixtral;
   int64_t vocab = 0, hidden = 0, ffn = 0, layers = 0, heads = 0, kv_heads = 0, experts = 0,
-          top_k = 0, max_positions = 0, sliding_window = 0;  // 0: none
-  int64_t head_dim = 0;                                      // 0: hidden / heads
+          top_k = 0, max_positions = 0;
+  int64_t head_dim = 0;  // 0: hidden / heads
+  // Sliding-window attention as transformers 5 applies it (0: none) on window_layers (empty:
+  // every layer); ModelConfig::sliding_window and window_layers.
+  int64_t sliding_window = 0;
+  std::vector<int64_t> window_layers;
+  bool tied = false;  // tie_word_embeddings: the LM head is the token embedding
   int64_t shared_ff = 0;  // Qwen2-MoE shared_expert_intermediate_size; GLM n_shared_experts * F
   double rope_theta = 10000, eps = 1e-6, aux_coef = 0, jitter = 0;
   bool normalize = true;

@@ -223,6 +223,41 @@ nlohmann::ordered_json family_config(const ModelConfig& mc, int64_t E) {
   return c;
 }
 
+// The sliding window and the tied head under the keys the family's class reads (parse_window in
+// hf_config.cpp reads them back): Mixtral's sliding_window, Qwen3-MoE's use_sliding_window and
+// sliding_window (every layer), Qwen2-MoE's the same with each layer's type in layer_types.
+void window_and_tie(const ModelConfig& mc, nlohmann::ordered_json& c) {
+  c["tie_word_embeddings"] = mc.tie_embeddings;
+  if (mc.sliding_window == 0) return;
+  if (mc.arch == Arch::mixtral) {
+    c["sliding_window"] = mc.sliding_window;
+    return;
+  }
+  c["use_sliding_window"] = true;
+  c["sliding_window"] = mc.sliding_window;
+  if (mc.arch != Arch::qwen2_moe) return;
+  auto types = nlohmann::ordered_json::array();
+  for (int64_t i = 0; i < mc.layers; ++i)
+    types.push_back(mc.window_of(i) > 0 ? "sliding_attention" : "full_attention");
+  c["layer_types"] = types;
+}
+
+// Refuses a window the family's config.json cannot say.
+void check_window(const ModelConfig& mc) {
+  if (mc.sliding_window == 0 || mc.arch == Arch::qwen2_moe) return;
+  const int64_t windowed =
+      mc.window_layers.empty() ? mc.layers : static_cast<int64_t>(mc.window_layers.size());
+  if (mc.arch != Arch::mixtral && mc.arch != Arch::qwen3_moe)
+    throw Error(str("Hugging Face export: transformers' ", hf_model_name(mc.arch),
+                    " has no sliding window; this model attends through one of ", mc.sliding_window,
+                    " positions"));
+  if (windowed < mc.layers)
+    throw Error(str("Hugging Face export: transformers' ", hf_model_name(mc.arch),
+                    " slides its window on every layer or on none; this model's window of ",
+                    mc.sliding_window, " positions is on ", windowed, " of its ", mc.layers,
+                    " layers (qwen2_moe's layer_types can say that)"));
+}
+
 // The bytes of a tensor's values, held or not.
 int64_t data_bytes(const NamedTensor& nt) {
   return shape_numel(nt.shape()) * static_cast<int64_t>(dtype_size(nt.dtype()));
@@ -343,7 +378,8 @@ std::vector<NamedTensor> hf_tensors(ExportModel& m) {
     emit(hf + "post_attention_layernorm.weight", param(ours + "norm2.weight", {D}));
   }
   emit("model.norm.weight", param("final_norm.weight", {D}));
-  emit("lm_head.weight", param("lm_head.weight", {V, D}));
+  // A tied head has no tensor of its own: transformers ties lm_head to embed_tokens on load.
+  if (!mc.tie_embeddings) emit("lm_head.weight", param("lm_head.weight", {V, D}));
   m.refuse_unused();
   return out;
 }
@@ -482,6 +518,7 @@ void export_hf(const Checkpoint& ckpt, const std::string& dir, const HfExportOpt
                     mc.head_dim_resolved(), " wide"));
   const bool deepseek = mc.arch == Arch::deepseek_v3;
   if (mc.arch == Arch::glm4_moe || deepseek) check_glm(mc);
+  check_window(mc);
   if (mc.shared_expert_ff > 0 && mc.arch != Arch::qwen2_moe && mc.arch != Arch::glm4_moe &&
       !deepseek)
     throw Error(str("Hugging Face export: ", hf_model_name(mc.arch),
@@ -508,7 +545,9 @@ void export_hf(const Checkpoint& ckpt, const std::string& dir, const HfExportOpt
       {kMetadataConfig, to_json(m.recorded_config()).dump()},
       {"moe.producer", str("libmoe ", version(), " (git ", git_revision(), ")")}};
   write_tensors(dir, shards, metadata, sharded);
-  write_text_atomic(join_path(dir, kConfigFile), family_config(mc, m.experts()).dump(2) + "\n");
+  nlohmann::ordered_json config = family_config(mc, m.experts());
+  window_and_tie(mc, config);
+  write_text_atomic(join_path(dir, kConfigFile), config.dump(2) + "\n");
   // The tokenizer an import kept goes back out beside the model, verbatim.
   if (!ckpt.tokenizer.empty())
     write_text_atomic(join_path(dir, ckpt.tokenizer.file), ckpt.tokenizer.bytes);
