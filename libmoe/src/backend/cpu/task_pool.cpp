@@ -7,9 +7,12 @@
 
 #include <omp.h>
 #include <pthread.h>
+#include <strings.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -30,17 +33,60 @@ namespace {
 
 thread_local bool in_worker = false;
 
-bool policy_is(const char* lower, const char* upper) {
+bool is_space(char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; }
+
+// `text` without leading and trailing white space equals `word`, case aside (GNU OpenMP's reading
+// of OMP_WAIT_POLICY).
+bool names(const char* text, const char* word) {
+  while (is_space(*text)) ++text;
+  const size_t length = std::strlen(word);
+  if (strncasecmp(text, word, length) != 0) return false;
+  for (text += length; is_space(*text);) ++text;
+  return *text == '\0';
+}
+
+// GOMP_SPINCOUNT as GNU OpenMP reads it: "infinite" or "infinity", or a decimal count with an
+// optional k, M, G or T (powers of 1,000), white space around either; false when it cannot be
+// read (libgomp then keeps its default).
+bool spin_count_value(const char* text, uint64_t& polls) {
+  while (is_space(*text)) ++text;
+  const char* rest = text;
+  uint64_t scale = 1;
+  if (strncasecmp(text, "infinite", 8) == 0 || strncasecmp(text, "infinity", 8) == 0) {
+    polls = ~uint64_t(0);
+    rest = text + 8;
+  } else {
+    if (!std::isdigit(static_cast<unsigned char>(*text))) return false;
+    errno = 0;
+    char* end = nullptr;
+    polls = std::strtoull(text, &end, 10);
+    if (errno != 0) return false;
+    for (rest = end; is_space(*rest);) ++rest;
+    const char* suffixes = "kmgt";
+    const char* suffix =
+        *rest ? std::strchr(suffixes, std::tolower(static_cast<unsigned char>(*rest))) : nullptr;
+    if (suffix) {
+      for (const char* s = suffixes; s <= suffix; ++s) scale *= 1000;
+      ++rest;
+    }
+    if (polls > ~uint64_t(0) / scale) return false;
+    polls *= scale;
+  }
+  while (is_space(*rest)) ++rest;
+  return *rest == '\0';
+}
+
+bool policy_is(const char* word) {
   const char* policy = std::getenv("OMP_WAIT_POLICY");
-  return policy && (std::strcmp(policy, lower) == 0 || std::strcmp(policy, upper) == 0);
+  return policy && names(policy, word);
 }
 
 bool pool_enabled = task_pool_default();
 
 // How long an idle worker spins before it sleeps, from OMP_WAIT_POLICY (see task_pool.h).
 std::chrono::microseconds idle_spin() {
-  if (policy_is("passive", "PASSIVE")) return std::chrono::microseconds(0);
-  if (policy_is("active", "ACTIVE")) return std::chrono::microseconds(1000);
+  if (policy_is("passive")) return std::chrono::microseconds(0);
+  if (policy_is("active")) return std::chrono::microseconds(1000);
   return std::chrono::microseconds(20);
 }
 
@@ -192,7 +238,16 @@ void run_tasks(int64_t count, int threads, TaskFn fn, void* context) {
 
 void set_task_pool_enabled(bool enabled) { pool_enabled = enabled; }
 
-bool task_pool_default() { return policy_is("passive", "PASSIVE"); }
+bool task_pool_preferred(const char* wait_policy, const char* spin_count) {
+  if (wait_policy && names(wait_policy, "passive")) return true;
+  if (wait_policy && names(wait_policy, "active")) return false;
+  uint64_t polls = 0;
+  return spin_count && spin_count_value(spin_count, polls) && polls < kShortSpinCount;
+}
+
+bool task_pool_default() {
+  return task_pool_preferred(std::getenv("OMP_WAIT_POLICY"), std::getenv("GOMP_SPINCOUNT"));
+}
 
 int task_pool_workers() { return pool().workers(); }
 

@@ -45,13 +45,28 @@ int task_pool_workers();
 void task_pool_set_generation(uint32_t batches);
 
 // Whether batches run on the pool (else each batch is an OpenMP loop, schedule static,
-// `threads` threads). The default, task_pool_default(), is the pool only under
-// OMP_WAIT_POLICY=passive: there OpenMP's threads sleep and every region's join waits for a
-// wake-up (8-30 us), which the pool avoids; with spinning OpenMP threads (unset, active) a join
-// costs about 1 us and the pool's workers would compete with the spinning threads for the cores
-// (measured: docs/PERFORMANCE.md, "Decode"). Benchmarks and tests switch it to time or check
+// `threads` threads). The default, task_pool_default(), is task_pool_preferred() of this
+// process's OMP_WAIT_POLICY and GOMP_SPINCOUNT. Benchmarks and tests switch it to time or check
 // both paths. Not thread-safe with batches in flight.
 void set_task_pool_enabled(bool enabled);
 bool task_pool_default();
+
+// GOMP_SPINCOUNT below this many polls counts as short (task_pool_preferred). Training lost 4-11%
+// of its quiet speed at 1,000 and 3,000 polls and none at 10,000 (docs/PERFORMANCE-NOTEBOOK.md,
+// "A CPU shared with other work"): below it OpenMP's idle threads fall asleep in the gaps between
+// a step's regions, so a decode step's ~60 regions would each wait for a wake-up too.
+constexpr uint64_t kShortSpinCount = 10000;
+
+// The pool or OpenMP loops for decode, from OMP_WAIT_POLICY and GOMP_SPINCOUNT as the environment
+// holds them (null when unset), read as GNU OpenMP reads them. The pool where OpenMP's idle
+// threads sleep between regions, so that every region's join would wait for a wake-up (8-30 us;
+// the pool avoids it): under OMP_WAIT_POLICY=passive, and, with neither passive nor active given,
+// under a GOMP_SPINCOUNT below kShortSpinCount (the tools start with 1,000:
+// tools/common/omp_wait.h). The OpenMP loops where the threads spin through the gaps (a join then
+// costs about 1 us, and the pool's workers would compete with the spinning threads for the cores:
+// docs/PERFORMANCE.md, "Decode"): under OMP_WAIT_POLICY=active whatever the spin count (the
+// user's explicit choice), and under libgomp's default or a long or unreadable GOMP_SPINCOUNT
+// (libgomp ignores one it cannot read).
+bool task_pool_preferred(const char* wait_policy, const char* spin_count);
 
 }  // namespace moe::cpu
