@@ -20,6 +20,7 @@
 #include "moe/models/memory.h"
 #include "moe/nn/router.h"
 #include "moe/timer.h"
+#include "offload/checkpoint_experts.h"
 
 namespace moe::infer {
 
@@ -178,14 +179,9 @@ void put_q8_0(Param& p, const Tensor& tensor, const std::string& source) {
             " does not hold parameter ", p.name, shape_str(shape), " (expected u8",
             shape_str(expect), ")");
   const int64_t in = shape.back(), rows = p.value.numel() / in, row_bytes = expect.back();
-  const uint8_t* bytes = tensor.data<uint8_t>();
-  for (int64_t row = 0; row < rows; ++row)
-    for (int64_t b = 0; b < cpu::q8_blocks(in); ++b) {
-      const float scale = cpu::q8_scale(bytes + row * row_bytes, in, b);
-      MOE_CHECK(std::isfinite(scale) && scale >= 0, "'", source, "': tensor '", p.name, "' row ",
-                row, " block ", b, " has scale ", scale,
-                " (a Q8_0 scale is finite and >= 0): the file is damaged");
-    }
+  offload::check_block_scales(cpu::BlockFormat::q8_0, tensor.data<uint8_t>(), rows, row_bytes, in,
+                              str("'", source, "': tensor '", p.name, "'"),
+                              "a Q8_0 scale is finite and >= 0");
   p.value = cpu::pack_q8_0(tensor, in);
   p.value.set_name(p.name);
   p.compute = p.value;
@@ -250,17 +246,10 @@ bool put_blocks(Param& p, const Tensor& tensor, const std::string& format_name,
   // A mapped tensor is the value as it is (the kernels read GGUF's bytes); its scales are checked
   // only when verifying (the scan would touch every page).
   const bool mapped = from.mapped && (p.expert || io::quantizable(p.name, shape));
-  const int64_t rows = mapped && !from.verify ? 0 : p.value.numel() / in, row_bytes = expect.back();
-  const int64_t blocks = in / per_block, bytes = cpu::block_bytes(format);
-  const uint8_t* data = tensor.data<uint8_t>();
-  for (int64_t row = 0; row < rows; ++row)
-    for (int64_t b = 0; b < blocks; ++b) {
-      float second = 0;
-      const float scale = cpu::block_scale(format, data + row * row_bytes + b * bytes, &second);
-      MOE_CHECK(std::isfinite(scale) && std::isfinite(second), "'", source, "': tensor '", p.name,
-                "' row ", row, " block ", b, " has scale ", std::isfinite(scale) ? second : scale,
-                " (a ", format_name, " block's scales are finite): the file is damaged");
-    }
+  const int64_t rows = mapped && !from.verify ? 0 : p.value.numel() / in;
+  offload::check_block_scales(format, tensor.data<uint8_t>(), rows, expect.back(), in,
+                              str("'", source, "': tensor '", p.name, "'"),
+                              str("a ", format_name, " block's scales are finite"));
   p.value =
       mapped ? tensor.view_as(cpu::dtype_of_block_format(format)) : cpu::block_rows(tensor, format);
   p.value.set_name(p.name);

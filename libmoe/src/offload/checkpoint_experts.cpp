@@ -84,28 +84,22 @@ void check_expert_tensors(const std::string& path,
   }
 }
 
-namespace {
-
-// Every block scale of `rows` rows finite (and Q8_0's >= 0), as infer::load_model checks them.
-void check_scales(const ExpertFormat& format, const uint8_t* data, int64_t rows,
-                  const std::string& what) {
-  const bool q8 = format.held == DType::q8_0;
-  const cpu::BlockFormat block = q8 ? cpu::BlockFormat::q8_0 : cpu::parse_block_format(format.name);
-  const int64_t blocks = q8 ? cpu::q8_blocks(format.in) : format.in / cpu::block_elems(block);
+void check_block_scales(cpu::BlockFormat format, const uint8_t* data, int64_t rows,
+                        int64_t row_bytes, int64_t in, const std::string& what,
+                        const std::string& rule) {
+  const bool q8 = format == cpu::BlockFormat::q8_0;
+  const int64_t blocks = q8 ? cpu::q8_blocks(in) : in / cpu::block_elems(format);
   for (int64_t row = 0; row < rows; ++row)
     for (int64_t b = 0; b < blocks; ++b) {
-      const uint8_t* r = data + row * format.stored_row_bytes;
+      const uint8_t* r = data + row * row_bytes;
       float second = 0;
-      const float scale = q8 ? cpu::q8_scale(r, format.in, b)
-                             : cpu::block_scale(block, r + b * cpu::block_bytes(block), &second);
-      MOE_CHECK(std::isfinite(scale) && std::isfinite(second) && (!q8 || scale >= 0), what, " row ",
-                row, " block ", b, " has scale ", std::isfinite(scale) ? second : scale, " (a ",
-                format.name, " block's scales are finite", q8 ? " and >= 0" : "",
-                "): the file is damaged");
+      const float scale = q8 ? cpu::q8_scale(r, in, b)
+                             : cpu::block_scale(format, r + b * cpu::block_bytes(format), &second);
+      const bool bad_first = !std::isfinite(scale) || (q8 && scale < 0);
+      MOE_CHECK(!bad_first && std::isfinite(second), what, " row ", row, " block ", b,
+                " has scale ", bad_first ? scale : second, " (", rule, "): the file is damaged");
     }
 }
-
-}  // namespace
 
 void put_expert(const ExpertFormat& format, const Tensor& chunk, Tensor& into,
                 const std::string& path, const std::string& name, int64_t index) {
@@ -127,7 +121,10 @@ void put_expert(const ExpertFormat& format, const Tensor& chunk, Tensor& into,
     rows = io::q8_blocks_to_rows(what, bytes, out, format.in);
     bytes = rows.data();
   }
-  check_scales(format, bytes, out, what);
+  const bool q8 = format.held == DType::q8_0;
+  check_block_scales(q8 ? cpu::BlockFormat::q8_0 : cpu::parse_block_format(format.name), bytes, out,
+                     format.stored_row_bytes, format.in, what,
+                     str("a ", format.name, " block's scales are finite", q8 ? " and >= 0" : ""));
   auto* held = static_cast<uint8_t*>(into.raw());
   if (format.held == DType::q8_0)
     cpu::pack_q8_0(bytes, out, format.in, held);

@@ -7,12 +7,16 @@
 // the kernels' row groups (DType::q8_0), GGUF q8_0 blocks turned into those rows first, and
 // q4_k / q6_k / mxfp4 blocks as they are. One expert's bytes held are then its bytes stored
 // (up to Q8_0's padding of a row to pairs of blocks), which is what a budget counts.
+//
+// check_block_scales is also infer::load_model's check of a quantised weight's scales (one check
+// of a damaged scale for the resident model and the stores).
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "backend/cpu/quant_blocks.h"
 #include "moe/tensor.h"
 
 namespace moe::offload {
@@ -45,6 +49,15 @@ ExpertFormat expert_format(const nlohmann::json& model_config, const std::string
 void check_expert_tensors(const std::string& path,
                           const std::vector<std::pair<std::string, Shape>>& tensors,
                           const std::vector<ExpertFormat>& formats, const std::string& feature);
+
+// Every block scale of `rows` quantised rows of `in` elements, row r at data + r * row_bytes,
+// checked before a kernel reads them (a damaged scale would score garbage silently): Q8_0 rows
+// (format q8_0: our row layout, cpu::q8_scale) finite and >= 0, blocks of another format
+// (cpu::block_scale, its second scale too) finite. Throws moe::Error
+//   "<what> row R block B has scale S (<rule>): the file is damaged".
+void check_block_scales(cpu::BlockFormat format, const uint8_t* data, int64_t rows,
+                        int64_t row_bytes, int64_t in, const std::string& what,
+                        const std::string& rule);
 
 // Expert `index` of tensor `name` as read (io::read_expert: a floating [..] or u8 [out, row bytes]
 // chunk) into `into`, one expert as held: checked as the resident loader checks it (finite values,
