@@ -17,8 +17,11 @@
 #include <cmath>
 #include <vector>
 
+#include "backend/cpu/gemv.h"
 #include "moe/infer/generate.h"
 #include "moe/infer/model.h"
+#include "moe/io/checkpoint.h"
+#include "moe/io/convert.h"
 #include "moe/models/memory.h"
 #include "moe/models/transformer.h"
 #include "moe/nn/attention.h"
@@ -261,4 +264,69 @@ TEST_CASE("mla cache: lean 16-bit weights decode as their f32 values", "[mla][de
       m.model.forward_cached(Tensor::from_vector({1, 4}, p), cache).to_vector();
   CHECK(relative_error(got, want) < 2e-5);
   CHECK(argmax(got) == argmax(want));
+}
+
+// A Q8_0 model (moe-convert quantize) reads k_b and v_b as Q8_0 rows, which the kernels multiply
+// only as x W^T: the cache holds their dequantised values in f32 (the kernel's products with the
+// identity; exact where it widens the weights, as it does for products of that many rows). Its
+// decode then differs from the dequantised f32 model by Q8_0 rounding of the other weights'
+// 8-bit inputs, as the uncached Q8_0 forward does (both 6% of the largest logit after the
+// prefill here, 1.4% after a step: the weights are spread wide); a decode that is wrong (a head,
+// a scale, a position) lands O(1) away. Bound: no more than twice the uncached path's distance.
+TEST_CASE("mla cache: a Q8_0 model's k_b and v_b are copied as their dequantised values",
+          "[mla][decode]") {
+  test::ScratchDir dir("mla-cache-q8");
+  Model m(false);
+  io::Checkpoint c;
+  c.model_config = to_json(m.config);
+  for (const Param* p : m.params.all()) c.params.push_back({p->name, p->value, p->expert, {}});
+  const io::Checkpoint q = io::quantize(c, "q8_0");
+  io::save_checkpoint(dir / "q.h5", q);
+  infer::LoadedModel loaded = infer::load_model(dir / "q.h5");
+  infer::lean_for_inference(*loaded.params);
+  REQUIRE(loaded.params->at("blocks.1.attn.k_b.weight").compute.dtype() == DType::q8_0);
+  KVCache cache = loaded.model->make_cache(1);
+  for (const io::NamedTensor& nt : q.params) {
+    const bool key = nt.name == "blocks.1.attn.k_b.weight";
+    if (!key && nt.name != "blocks.1.attn.v_b.weight") continue;
+    CAPTURE(nt.name);
+    REQUIRE(nt.tensor.dtype() == DType::u8);
+    const int64_t in = m.config.kv_lora_rank, rows = nt.tensor.dim(0);
+    std::vector<float> want(static_cast<size_t>(rows * in));
+    for (int64_t r = 0; r < rows; ++r)
+      cpu::dequantize_q8_0_row(nt.tensor.data<uint8_t>() + r * cpu::q8_row_bytes(in), in,
+                               want.data() + r * in);
+    const Tensor& got = key ? cache.blocks[1].key_weight : cache.blocks[1].value_weight;
+    REQUIRE(got.shape() == Shape{rows, in});
+    CHECK(relative_error(got.to_vector(), want) <= 1e-6);
+  }
+  // The same model with each quantised weight replaced by its dequantised values, in f32.
+  Model deq(false);
+  for (const io::NamedTensor& nt : q.params) {
+    if (nt.tensor.dtype() != DType::u8) continue;
+    Param& param = deq.params.at(nt.name);
+    const int64_t in = param.value.shape().back(), rows = param.value.numel() / in;
+    for (int64_t r = 0; r < rows; ++r)
+      cpu::dequantize_q8_0_row(nt.tensor.data<uint8_t>() + r * cpu::q8_row_bytes(in), in,
+                               param.value.data<float>() + r * in);
+    param.refresh_compute();
+  }
+  const std::vector<int32_t> p = prompt(6, m.config.vocab_size, 4);
+  const std::vector<int32_t> head(p.begin(), p.end() - 1);
+  const std::vector<float> prefill =
+      loaded.model->forward_cached(Tensor::from_vector({1, 5}, head), cache).to_vector();
+  const std::vector<float> step =
+      loaded.model
+          ->forward_cached(Tensor::from_vector({1, 1}, std::vector<int32_t>{p.back()}), cache)
+          .to_vector();
+  const double a1 = relative_error(prefill, full_last_logits(deq.model, head));
+  const double b1 =
+      relative_error(full_last_logits(*loaded.model, head), full_last_logits(deq.model, head));
+  const double a2 = relative_error(step, full_last_logits(deq.model, p));
+  const double b2 =
+      relative_error(full_last_logits(*loaded.model, p), full_last_logits(deq.model, p));
+  INFO("against the dequantised f32 model: cached "
+       << a1 << " (prefill), " << a2 << " (a step); uncached Q8_0 " << b1 << ", " << b2);
+  CHECK(a1 <= 2 * b1);
+  CHECK(a2 <= 2 * b2);
 }

@@ -73,8 +73,9 @@ class Mla {
   // k_b's and v_b's weights [H*qk_nope, c] and [H*vd, c] in f32, their own layout, for a model
   // whose kernels read them in 16 bits or quantised (the absorbed products need W_UK_h itself,
   // not x W^T): widened exactly from 16 bits; a quantised one through the GEMM kernel's products
-  // with the identity (its input-row rounding: the quantised path's own). Undefined when the
-  // weight is f32 already (read in place).
+  // with the identity (its dequantised values where the kernel widens the rows, as it does for
+  // a product of kv_lora_rank rows; test_mla_cache.cpp checks them). Undefined when the weight
+  // is f32 already (read in place).
   Tensor key_weight_f32() const;
   Tensor value_weight_f32() const;
   // q [N, H*hd] after RoPE -> [N, H*latent_width()]: head h [q_nope_h W_UK_h | q_rope_h], times
