@@ -138,9 +138,12 @@ TEST_CASE("cuda: rope forward and backward match the CPU, in place too", "[cuda]
 
 TEST_CASE("cuda: attention forward and backward match the CPU, grouped-query heads too", "[cuda]") {
   MOE_REQUIRE_CUDA_DEVICE();
-  const ops::AttentionShape shapes[] = {{2, 33, 4, 2, 16}, {3, 20, 3, 3, 8}, {1, 64, 8, 1, 32}};
+  // The last with a sliding window of 7 (issue 44): the masked scores are zeros on both.
+  const ops::AttentionShape shapes[] = {
+      {2, 33, 4, 2, 16}, {3, 20, 3, 3, 8}, {1, 64, 8, 1, 32}, {2, 33, 4, 2, 16, 7}};
   for (const ops::AttentionShape& a : shapes) {
-    INFO("B " << a.batch << " T " << a.seq << " H " << a.heads << " KV " << a.kv_heads);
+    INFO("B " << a.batch << " T " << a.seq << " H " << a.heads << " KV " << a.kv_heads << " window "
+              << a.window);
     const int64_t n = a.batch * a.seq;
     const Shape qs{n, a.heads * a.head_dim}, ks{n, a.kv_heads * a.head_dim},
         ps{a.batch, a.heads, a.seq, a.seq};
@@ -154,8 +157,11 @@ TEST_CASE("cuda: attention forward and backward match the CPU, grouped-query hea
     CHECK(error(gctx, ctx) <= kTolerance);
     // Exact zeros above the diagonal.
     const std::vector<float> p = gprobs.to_vector();
-    for (int64_t r = 0; r < a.batch * a.heads * a.seq; ++r)
+    for (int64_t r = 0; r < a.batch * a.heads * a.seq; ++r) {
       for (int64_t j = r % a.seq + 1; j < a.seq; ++j) REQUIRE(p[r * a.seq + j] == 0.0f);
+      for (int64_t j = 0; a.window > 0 && j <= r % a.seq - a.window; ++j)
+        REQUIRE(p[r * a.seq + j] == 0.0f);
+    }
 
     Tensor dq = Tensor::empty(qs), dk = Tensor::empty(ks), dv = Tensor::empty(ks);
     Tensor gdq = Tensor::empty(qs, DType::f32, kGpu), gdk = Tensor::empty(ks, DType::f32, kGpu),
@@ -180,10 +186,14 @@ TEST_CASE("cuda: cached attention matches the CPU", "[cuda]") {
   const Shape qs{n, H * hd}, cs{slots, capacity, KV * hd};
   Tensor q = test::random_tensor(qs, 22), kc = test::random_tensor(cs, 23),
          vc = test::random_tensor(cs, 24);
-  Tensor ctx = Tensor::empty(qs), gctx = Tensor::empty(qs, DType::f32, kGpu);
-  ops::attention_forward_cached(q, kc, vc, H, KV, rows, ctx);
-  ops::attention_forward_cached(q.to(kGpu), kc.to(kGpu), vc.to(kGpu), H, KV, rows, gctx);
-  CHECK(error(gctx, ctx) <= kTolerance);
+  for (int64_t window : {0, 9}) {  // 9: the decode row at 39 reads 31..39
+    INFO("window " << window);
+    rows.window = window;
+    Tensor ctx = Tensor::empty(qs), gctx = Tensor::empty(qs, DType::f32, kGpu);
+    ops::attention_forward_cached(q, kc, vc, H, KV, rows, ctx);
+    ops::attention_forward_cached(q.to(kGpu), kc.to(kGpu), vc.to(kGpu), H, KV, rows, gctx);
+    CHECK(error(gctx, ctx) <= kTolerance);
+  }
 }
 
 TEST_CASE("cuda: cross-entropy matches the CPU, ignored rows and bad targets too", "[cuda]") {
