@@ -214,6 +214,18 @@ TEST_CASE("mla cache: the layer's ragged rows equal each sequence's full forward
   CHECK(relative_error(got_b, part(full_b, 0, 5)) < 1e-5);
   // The cache holds each position's [c | k_pe]: slot 1 was never written.
   for (float value : cache.latent.rows(1, 2).to_vector()) REQUIRE(value == 0.0f);
+
+  // A cache of full keys and values (a plain layer's) is refused by name, not read as a latent.
+  AttentionConfig plain_config;
+  plain_config.d_model = s.D, plain_config.heads = s.H, plain_config.rope = true;
+  ParamSet plain_ps(5);
+  Attention plain(plain_ps, "plain", plain_config);
+  AttentionCache wrong = plain.make_cache(3, T);
+  CHECK_THAT(test::error_of([&] {
+               attention.forward_cached(a.rows(0, 1).clone(), {{0}, {0}, {1}}, wrong);
+             }),
+             Catch::Contains("attention attn: its cache must hold the latent (" +
+                             std::to_string(s.c + s.dr) + " features a position)"));
 }
 
 TEST_CASE("mla cache: greedy decoding equals the uncached forward", "[mla][decode][generate]") {
