@@ -90,7 +90,9 @@ class Attention {
   // (after RoPE at those positions) are written into the cache, then each token attends to its
   // slot's positions 0..its own (the last `window` of them with a window; the cache still holds
   // every position). -> [N, D]. Equals forward() on the whole sequence at those
-  // positions (bitwise for a row with start 0, up to BLAS row blocking).
+  // positions (bitwise for a row with start 0, up to BLAS row blocking; latent attention caches
+  // the latent and decodes through the absorbed projections, nn/attention_latent.cpp: equal to
+  // f32 reassociation).
   Tensor forward_cached(const Tensor& x, const ops::CachedRows& rows, AttentionCache& cache) const;
   // A zeroed cache of `slots` sequences of `capacity` positions.
   AttentionCache make_cache(int64_t slots, int64_t capacity) const;
