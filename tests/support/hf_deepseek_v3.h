@@ -9,6 +9,7 @@
 //   RoPE on q_pe and k_pe, interleaved (rope_interleave, DeepSeek's own code): pairs (2i, 2i+1)
 //       rotated by position * theta^(-2i/qk_rope). (transformers reorders each vector to
 //       [evens | odds] and rotates halves: the same dot products.)
+//   (YaRN, when on: Yarn below.)
 //   scores (q_nope . k_nope + q_pe . k_pe) / sqrt(qk_nope + qk_rope), causal softmax, context of
 //   v per head, o_proj [D, H*v_head_dim].
 // And the map from those tensors to our layer's params (nn/mla.h): each head's q rows RoPE part
@@ -16,6 +17,7 @@
 // Shape letters: N tokens, D hidden, H heads, r q_lora_rank, c kv_lora_rank, dn qk_nope, dr
 // qk_rope, dv v_head_dim.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <string>
@@ -31,10 +33,42 @@ namespace moe::test::dsv3 {
 using Vec = std::vector<double>;
 using Weights = std::map<std::string, Tensor>;  // HF names without "model.layers.<i>.self_attn."
 
+// YaRN (rope_type "yarn"; factor 0: none), from the YaRN paper and transformers'
+// _compute_yarn_parameters / yarn_apply_mscale: pair i of the dr rotated features turns at
+// theta^(-2i/dr) (1 - r_i) + theta^(-2i/dr) / factor r_i, r_i = clamp((i - lo) / (hi - lo), 0, 1),
+// lo = max(floor(C(beta_fast)), 0), hi = min(ceil(C(beta_slow)), dr - 1) with
+// C(b) = dr ln(original / (2 pi b)) / (2 ln theta); cos and sin times m(mscale) / m(mscale_all_dim)
+// (m(x) = 0.1 x ln(factor) + 1); the scores times m(mscale_all_dim)^2 (DeepSeek's softmax scale).
+struct Yarn {
+  double factor = 0, original = 0, beta_fast = 32, beta_slow = 1, mscale = 0, mscale_all_dim = 0;
+  bool on() const { return factor > 0; }
+  double m(double x) const { return factor <= 1 ? 1.0 : 0.1 * x * std::log(factor) + 1.0; }
+  double inv_freq(int64_t i, int64_t d, double theta) const {
+    const double trained = std::pow(theta, -double(2 * i) / double(d));
+    if (!on()) return trained;
+    auto pair_of = [&](double beta) {
+      return double(d) * std::log(original / (beta * 2.0 * 3.141592653589793)) /
+             (2.0 * std::log(theta));
+    };
+    const double lo = std::max(std::floor(pair_of(beta_fast)), 0.0);
+    const double hi = std::min(std::ceil(pair_of(beta_slow)), double(d - 1));
+    const double r = std::clamp((double(i) - lo) / (hi - lo), 0.0, 1.0);
+    return trained * (1.0 - r) + trained / factor * r;
+  }
+  double rope_gain() const {
+    if (!on()) return 1.0;
+    return mscale > 0 && mscale_all_dim > 0 ? m(mscale) / m(mscale_all_dim) : m(1.0);
+  }
+  double score_gain() const {
+    return on() && mscale_all_dim > 0 ? m(mscale_all_dim) * m(mscale_all_dim) : 1.0;
+  }
+};
+
 struct MlaShape {
   int64_t D = 12, H = 3, r = 8, c = 6, dn = 4, dr = 4, dv = 2;
   double theta = 50, eps = 1e-6;
   bool interleaved = true;  // rope_interleave; false: RoPE on halves (rotate_half)
+  Yarn yarn;
   int64_t qhd() const { return dn + dr; }
 };
 
@@ -82,23 +116,25 @@ inline void rms_in_place(double* x, const Vec& weight, int64_t n, double eps) {
   for (int64_t i = 0; i < n; ++i) x[i] = weight[size_t(i)] * x[i] * inv;
 }
 
-// DeepSeek's interleaved rotary embedding of x[0..d) at `position`.
-inline void rotate_interleaved(double* x, int64_t d, int64_t position, double theta) {
+// DeepSeek's interleaved rotary embedding of x[0..d) at `position` (YaRN's when y.on()).
+inline void rotate_interleaved(double* x, int64_t d, int64_t position, double theta,
+                               const Yarn& y = {}) {
   for (int64_t i = 0; i < d / 2; ++i) {
-    const double angle = double(position) * std::pow(theta, -double(2 * i) / double(d));
+    const double angle = double(position) * y.inv_freq(i, d, theta), g = y.rope_gain();
     const double a = x[2 * i], b = x[2 * i + 1];
-    x[2 * i] = a * std::cos(angle) - b * std::sin(angle);
-    x[2 * i + 1] = b * std::cos(angle) + a * std::sin(angle);
+    x[2 * i] = g * (a * std::cos(angle) - b * std::sin(angle));
+    x[2 * i + 1] = g * (b * std::cos(angle) + a * std::sin(angle));
   }
 }
 
 // Rotate-half RoPE of x[0..d) (rope_interleave false): pairs (i, i + d/2).
-inline void rotate_halves(double* x, int64_t d, int64_t position, double theta) {
+inline void rotate_halves(double* x, int64_t d, int64_t position, double theta,
+                          const Yarn& y = {}) {
   for (int64_t i = 0; i < d / 2; ++i) {
-    const double angle = double(position) * std::pow(theta, -double(2 * i) / double(d));
+    const double angle = double(position) * y.inv_freq(i, d, theta), g = y.rope_gain();
     const double a = x[i], b = x[i + d / 2];
-    x[i] = a * std::cos(angle) - b * std::sin(angle);
-    x[i + d / 2] = b * std::cos(angle) + a * std::sin(angle);
+    x[i] = g * (a * std::cos(angle) - b * std::sin(angle));
+    x[i + d / 2] = g * (b * std::cos(angle) + a * std::sin(angle));
   }
 }
 
@@ -123,8 +159,8 @@ inline Vec mla_reference(const MlaShape& s, const Weights& w, const Vec& x, int6
     const int64_t pos = n % T;
     const auto rotate = s.interleaved ? rotate_interleaved : rotate_halves;
     for (int64_t h = 0; h < s.H; ++h)
-      rotate(&q[size_t(n)][size_t(h * hd + s.dn)], s.dr, pos, s.theta);
-    rotate(k_pe[size_t(n)].data(), s.dr, pos, s.theta);
+      rotate(&q[size_t(n)][size_t(h * hd + s.dn)], s.dr, pos, s.theta, s.yarn);
+    rotate(k_pe[size_t(n)].data(), s.dr, pos, s.theta, s.yarn);
   }
   const Vec Wo = vals(w, "o_proj.weight");
   Vec out;
@@ -139,7 +175,7 @@ inline Vec mla_reference(const MlaShape& s, const Weights& w, const Vec& x, int6
         double dot = 0;
         for (int64_t j = 0; j < s.dn; ++j) dot += qh[j] * kn[j];
         for (int64_t j = 0; j < s.dr; ++j) dot += qh[s.dn + j] * k_pe[size_t(u)][size_t(j)];
-        scores.push_back(dot / std::sqrt(double(hd)));
+        scores.push_back(dot * s.yarn.score_gain() / std::sqrt(double(hd)));
       }
       double top = scores[0], sum = 0;
       for (double sc : scores) top = std::max(top, sc);

@@ -6,10 +6,12 @@
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <cmath>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "backend/cuda/rope.cuh"
 #include "moe/error.h"
+#include "moe/models/config.h"
 #include "moe/ops/core.h"
 #include "moe/ops/dense.h"
 #include "support/cuda.h"
@@ -174,4 +176,40 @@ TEST_CASE("yarn: the CUDA table body gives the CPU op's bits", "[rope][yarn][cud
         static_cast<const float*>(sin_table.data()), T, T, H, hd, hd, false);
     REQUIRE(out == ref.to_vector());
   }
+}
+
+TEST_CASE("yarn: a model config without RoPE scaling reads and writes as before",
+          "[rope][yarn][config]") {
+  // A checkpoint written before YaRN existed has no rope_type key: it reads as plain RoPE, and
+  // writing it back gives the same JSON (no new keys), so its HDF5 attrs stay bitwise.
+  ModelConfig plain;
+  plain.arch = Arch::mixtral;
+  plain.resolve();
+  const nlohmann::json old = to_json(plain);
+  REQUIRE_FALSE(old.contains("rope_type"));
+  REQUIRE_FALSE(old.contains("yarn"));
+  const ModelConfig read = model_config_from_json(old);
+  REQUIRE(read.rope_type == RopeType::none);
+  REQUIRE(read.rope_scaling().plain());
+  REQUIRE(read.attention_scale() == 1.0);
+  REQUIRE(to_json(read).dump() == old.dump());
+
+  // With YaRN every setting goes out and back.
+  ModelConfig y = plain;
+  y.rope_type = RopeType::yarn;
+  y.yarn.factor = 32, y.yarn.original_ctx = 4096, y.yarn.truncate = false;
+  y.yarn.attention_factor = 1.25, y.yarn.beta_fast = 16;
+  const ModelConfig back = model_config_from_json(to_json(y));
+  REQUIRE(back.rope_type == RopeType::yarn);
+  REQUIRE(to_json(back) == to_json(y));
+  REQUIRE(back.rope_scaling() == y.rope_scaling());
+  REQUIRE(back.rope_scaling().attention_factor == 1.25f);
+  REQUIRE(back.attention_scale() == 1.0);  // the softmax mscale is DeepSeek's alone
+  nlohmann::json bad = to_json(y);
+  bad["yarn"]["factor"] = 0.5;
+  REQUIRE_THROWS_WITH(model_config_from_json(bad), Catch::Contains("YaRN factor must be >= 1"));
+  ModelConfig gpt;
+  gpt.rope_type = RopeType::yarn;
+  gpt.yarn = y.yarn;
+  REQUIRE_THROWS_WITH(gpt.resolve(), Catch::Contains("gpt has learned positions"));
 }

@@ -47,6 +47,33 @@ const char* router_scoring_name(nn::RouterScoring scoring) {
   return scoring == nn::RouterScoring::sigmoid ? "sigmoid" : "softmax";
 }
 
+RopeType parse_rope_type(const std::string& name) {
+  if (name == "none") return RopeType::none;
+  if (name == "yarn") return RopeType::yarn;
+  throw UsageError(str("unknown RoPE scaling '", name, "' (expected none or yarn)"));
+}
+
+const char* rope_type_name(RopeType type) { return type == RopeType::yarn ? "yarn" : "none"; }
+
+ops::RopeScaling ModelConfig::rope_scaling() const {
+  if (rope_type == RopeType::none) return {};
+  return ops::yarn_scaling(yarn, rope_theta, rope_dim_resolved());
+}
+
+double ModelConfig::attention_scale() const {
+  if (rope_type != RopeType::yarn || arch != Arch::deepseek_v3 || !(yarn.mscale_all_dim > 0))
+    return 1.0;
+  const double m = ops::yarn_mscale(yarn.factor, yarn.mscale_all_dim);
+  return m * m;
+}
+
+void ModelConfig::validate_rope() const {
+  if (rope_type == RopeType::none) return;
+  MOE_USAGE_CHECK(arch != Arch::gpt, "RoPE scaling (", rope_type_name(rope_type),
+                  ") needs a RoPE model: gpt has learned positions");
+  (void)rope_scaling();  // throws naming the YaRN setting that gives no ramp
+}
+
 int64_t ModelConfig::num_moe_layers() const {
   int64_t n = 0;
   for (int64_t e : experts_per_layer) n += e > 0;
@@ -139,6 +166,7 @@ void ModelConfig::validate() const {
   MOE_USAGE_CHECK(vocab_size >= 2, "vocabulary size must be >= 2 (got ", vocab_size, ")");
   MOE_USAGE_CHECK(d_model >= 1 && heads >= 1, "--d-model and --heads must be >= 1");
   validate_mla();
+  validate_rope();
   validate_window();
   MOE_USAGE_CHECK(head_dim >= 0, "--head-dim must be >= 0 (0 = d-model/heads; got ", head_dim, ")");
   MOE_USAGE_CHECK(head_dim > 0 || mla() || d_model % heads == 0, "--heads ", heads,
@@ -266,6 +294,17 @@ nlohmann::json to_json(const ModelConfig& c) {
   if (c.sliding_window > 0) j["sliding_window"] = c.sliding_window;
   if (!c.window_layers.empty()) j["window_layers"] = c.window_layers;
   if (c.tie_embeddings) j["tie_embeddings"] = true;
+  if (c.rope_type == RopeType::yarn) {
+    j["rope_type"] = rope_type_name(c.rope_type);
+    j["yarn"] = {{"factor", c.yarn.factor},
+                 {"original_ctx", c.yarn.original_ctx},
+                 {"beta_fast", c.yarn.beta_fast},
+                 {"beta_slow", c.yarn.beta_slow},
+                 {"mscale", c.yarn.mscale},
+                 {"mscale_all_dim", c.yarn.mscale_all_dim},
+                 {"attention_factor", c.yarn.attention_factor},
+                 {"truncate", c.yarn.truncate}};
+  }
   return j;
 }
 
@@ -315,6 +354,18 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
     c.sliding_window = j.value("sliding_window", int64_t{0});
     c.window_layers = j.value("window_layers", std::vector<int64_t>{});
     c.tie_embeddings = j.value("tie_embeddings", false);
+    c.rope_type = parse_rope_type(j.value("rope_type", std::string("none")));
+    if (c.rope_type == RopeType::yarn) {
+      const nlohmann::json& y = j.at("yarn");
+      c.yarn.factor = y.at("factor").get<double>();
+      c.yarn.original_ctx = y.at("original_ctx").get<double>();
+      c.yarn.beta_fast = y.at("beta_fast").get<double>();
+      c.yarn.beta_slow = y.at("beta_slow").get<double>();
+      c.yarn.mscale = y.at("mscale").get<double>();
+      c.yarn.mscale_all_dim = y.at("mscale_all_dim").get<double>();
+      c.yarn.attention_factor = y.at("attention_factor").get<double>();
+      c.yarn.truncate = y.at("truncate").get<bool>();
+    }
   } catch (const nlohmann::json::exception& e) {
     throw Error(str("model config: ", json_error_words(e)));
   }

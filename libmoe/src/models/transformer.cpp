@@ -30,6 +30,8 @@ nn::BlockConfig block_config(const ModelConfig& config, const Flavour& flavour, 
   b.capacity_factor = config.capacity_factor;
   b.norm_eps = config.norm_eps;
   b.rope_theta = config.rope_theta;
+  b.rope_scaling = config.rope_scaling();
+  b.score_scale = config.attention_scale();
   b.norm = flavour.norm;
   b.activation = flavour.activation;
   b.bias = flavour.bias;

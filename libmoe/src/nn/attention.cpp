@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "moe/ops/core.h"
 #include "moe/ops/dense.h"
 
 namespace moe::nn {
@@ -134,9 +135,12 @@ Tensor Attention::forward(const Tensor& x, int64_t batch, int64_t seq, Saved* sa
   Tensor q, k, v;
   project(x, q, k, v, saved);
   if (config_.rope) {
-    ops::rope_forward(q, batch, seq, config_.heads, config_.rope_theta, q, 0, config_.rope_dim);
-    ops::rope_forward(k, batch, seq, config_.kv_heads, config_.rope_theta, k, 0, config_.rope_dim);
+    ops::rope_forward(q, batch, seq, config_.heads, config_.rope_theta, q, 0, config_.rope_dim,
+                      config_.rope_scaling);
+    ops::rope_forward(k, batch, seq, config_.kv_heads, config_.rope_theta, k, 0, config_.rope_dim,
+                      config_.rope_scaling);
   }
+  if (config_.score_scale != 1.0f) ops::scale(q, config_.score_scale);
   const ops::AttentionShape shape{batch,     seq,           config_.heads, config_.kv_heads,
                                   head_dim_, config_.window};
   Tensor ctx = Tensor::empty(q.shape(), DType::f32, q.device());
@@ -188,9 +192,10 @@ Tensor Attention::forward_cached(const Tensor& x, const ops::CachedRows& rows,
     const int64_t t = rows.count[r], start = rows.start[r];
     if (config_.rope) {  // each row at its own positions
       Tensor qr = q.rows(first, first + t), kr = k.rows(first, first + t);
-      ops::rope_forward(qr, 1, t, config_.heads, config_.rope_theta, qr, start, config_.rope_dim);
+      ops::rope_forward(qr, 1, t, config_.heads, config_.rope_theta, qr, start, config_.rope_dim,
+                        config_.rope_scaling);
       ops::rope_forward(kr, 1, t, config_.kv_heads, config_.rope_theta, kr, start,
-                        config_.rope_dim);
+                        config_.rope_dim, config_.rope_scaling);
     }
     // The row's new keys and values into its slot, on the cache's device (a copy, not memcpy: the
     // cache may be in GPU memory).
@@ -201,6 +206,7 @@ Tensor Attention::forward_cached(const Tensor& x, const ops::CachedRows& rows,
           .copy_from(from->reshape({n, width}).rows(first, first + t));
     first += t;
   }
+  if (config_.score_scale != 1.0f) ops::scale(q, config_.score_scale);
   Tensor ctx = Tensor::empty(q.shape(), DType::f32, q.device());
   if (config_.window != rows.window) {  // the rows come shared by every layer, windowed or not
     ops::CachedRows windowed = rows;
@@ -225,10 +231,12 @@ Tensor Attention::backward(const Tensor& dy, const Saved& saved) {
   const ops::AttentionShape shape{batch,     seq,           config_.heads, config_.kv_heads,
                                   head_dim_, config_.window};
   ops::attention_backward(dctx, saved.q, saved.k, saved.v, saved.probs, shape, dq, dk, dv);
+  if (config_.score_scale != 1.0f) ops::scale(dq, config_.score_scale);  // saved.q was scaled
   if (config_.rope) {
-    ops::rope_backward(dq, batch, seq, config_.heads, config_.rope_theta, dq, 0, config_.rope_dim);
+    ops::rope_backward(dq, batch, seq, config_.heads, config_.rope_theta, dq, 0, config_.rope_dim,
+                       config_.rope_scaling);
     ops::rope_backward(dk, batch, seq, config_.kv_heads, config_.rope_theta, dk, 0,
-                       config_.rope_dim);
+                       config_.rope_dim, config_.rope_scaling);
   }
   return project_backward(dq, dk, dv, saved);
 }

@@ -44,9 +44,11 @@ Tensor Attention::forward_cached_latent(const Tensor& x, const ops::CachedRows& 
   for (int64_t r = 0; r < rows.rows(); ++r) {  // each row at its own positions
     const int64_t t = rows.count[r], start = rows.start[r];
     Tensor qr = p.q.rows(first, first + t), kr = p.k_pe.rows(first, first + t);
-    ops::rope_forward(qr, 1, t, config_.heads, config_.rope_theta, qr, start, config_.rope_dim);
+    ops::rope_forward(qr, 1, t, config_.heads, config_.rope_theta, qr, start, config_.rope_dim,
+                      config_.rope_scaling);
     // k_pe is every head's: one head of qk_rope features, all of them rotating.
-    ops::rope_forward(kr, 1, t, 1, config_.rope_theta, kr, start, config_.rope_dim);
+    ops::rope_forward(kr, 1, t, 1, config_.rope_theta, kr, start, config_.rope_dim,
+                      config_.rope_scaling);
     first += t;
   }
   const Tensor latent = mla_->latent_rows(p.c, p.k_pe);
@@ -57,9 +59,10 @@ Tensor Attention::forward_cached_latent(const Tensor& x, const ops::CachedRows& 
     positions.rows(at, at + t).copy_from(latent.rows(first, first + t));
     first += t;
   }
-  // The uncached path's softmax scale, 1/sqrt(hd). The attention op scales by 1/sqrt of its own
-  // head width (the latent's): the absorbed queries carry the ratio.
-  const float softmax_scale = 1.0f / std::sqrt(static_cast<float>(head_dim_));
+  // The uncached path's softmax scale, score_scale/sqrt(hd) (DeepSeek's YaRN mscale^2 in
+  // score_scale). The attention op scales by 1/sqrt of its own head width (the latent's): the
+  // absorbed queries carry the ratio.
+  const float softmax_scale = config_.score_scale / std::sqrt(static_cast<float>(head_dim_));
   const float carried = softmax_scale * std::sqrt(static_cast<float>(width));
   const Tensor q = mla_->absorb_queries(p.q, cache.key_weight, carried);
   Tensor ctx = Tensor::empty(q.shape(), DType::f32, q.device());

@@ -32,6 +32,8 @@ Block::Block(ParamSet& ps, const BlockConfig& config, int64_t index, const Paral
   ac.o_bias = config.bias;
   ac.rope = !config.learned_positions;
   ac.rope_theta = static_cast<float>(config.rope_theta);
+  ac.rope_scaling = config.rope_scaling;
+  ac.score_scale = static_cast<float>(config.score_scale);
   ac.rope_dim = config.rope_dim;
   ac.mla = config.mla;
   ac.window = config.window;

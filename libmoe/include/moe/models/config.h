@@ -7,6 +7,7 @@
 
 #include "moe/dtype.h"
 #include "moe/nn/common.h"
+#include "moe/ops/dense.h"
 
 namespace moe {
 
@@ -21,6 +22,9 @@ Arch parse_arch(const std::string& name);  // UsageError naming the accepted val
 const char* arch_name(Arch arch);
 nn::RouterScoring parse_router_scoring(const std::string& name);  // softmax | sigmoid
 const char* router_scoring_name(nn::RouterScoring scoring);
+enum class RopeType { none, yarn };
+RopeType parse_rope_type(const std::string& name);  // none | yarn
+const char* rope_type_name(RopeType type);
 
 // Bounds checked before anything is sized by them: layers (as import-hf bounds
 // num_hidden_layers), and the context (positions are 32-bit ids).
@@ -80,6 +84,13 @@ struct ModelConfig {
   double router_center_rate = 0;
   double norm_eps = 1e-5;
   double rope_theta = 10000;
+  // RoPE scaling (HF rope_scaling / rope_parameters' rope_type): none, or YaRN (DeepSeek-V2/V3,
+  // gpt-oss, long-context Qwen configs) with its settings as the HF config names them
+  // (ops::YarnSettings: factor, original_max_position_embeddings, beta_fast, beta_slow, mscale,
+  // mscale_all_dim, attention_factor, truncate). rope_scaling() and attention_scale() derive what
+  // the layers use.
+  RopeType rope_type = RopeType::none;
+  ops::YarnSettings yarn;
   DType dtype = DType::f32;  // parameter and activation storage
   // Sliding-window attention (Mixtral's sliding_window, Qwen's use_sliding_window, gpt-oss's
   // layer_types): a windowed layer's query sees the last sliding_window positions, itself
@@ -106,6 +117,12 @@ struct ModelConfig {
     return router_scoring == nn::RouterScoring::sigmoid || balance_bias_rate > 0;
   }
   bool router_center() const { return router_center_rate > 0; }
+  // The RoPE kernels' frequency input for rope_dim_resolved() features (plain RoPE without YaRN).
+  ops::RopeScaling rope_scaling() const;
+  // The softmax scale's factor beyond 1/sqrt(q/k head dim): deepseek_v3's YaRN with
+  // mscale_all_dim > 0 multiplies it by yarn_mscale(factor, mscale_all_dim)^2 (transformers'
+  // yarn_apply_mscale, DeepSeek-V2/V3 only); 1 otherwise.
+  double attention_scale() const;
   bool mla() const { return kv_lora_rank > 0; }
   bool is_moe_layer(int64_t layer) const { return experts_per_layer.at(layer) > 0; }
   int64_t num_moe_layers() const;
@@ -122,6 +139,7 @@ struct ModelConfig {
 
  private:
   void validate_mla() const;     // the latent attention's fields (deepseek_v3's alone)
+  void validate_rope() const;    // rope_type and yarn
   void validate_window() const;  // sliding_window and window_layers
 };
 

@@ -28,6 +28,10 @@ struct AttentionConfig {
   // position = index in the sequence.
   bool rope = false;
   float rope_theta = 10000.0f;
+  ops::RopeScaling rope_scaling;  // YaRN's frequencies and attention factor; {} = plain RoPE
+  // The softmax scale is score_scale / sqrt(hd): DeepSeek's YaRN sets it to mscale^2
+  // (ModelConfig::attention_scale); the uncached path multiplies q by it after RoPE.
+  float score_scale = 1.0f;
   // Partial rotary (GLM-4-MoE): only the first rope_dim features of each head rotate, as a head of
   // rope_dim would (inv_freq = theta^(-2i/rope_dim)); 0 = all hd.
   int64_t rope_dim = 0;

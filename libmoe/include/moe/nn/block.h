@@ -32,6 +32,8 @@ struct BlockConfig {
   int64_t top_k = 0;
   bool residual_moe = false, normalize_topk = false;
   double router_jitter = 0, capacity_factor = 0, norm_eps = 0, rope_theta = 0;
+  ops::RopeScaling rope_scaling;  // YaRN (AttentionConfig::rope_scaling); {} = plain
+  double score_scale = 1.0;       // AttentionConfig::score_scale
   NormKind norm = NormKind::layernorm;
   Activation activation = Activation::gelu;
   bool bias = true, learned_positions = true;
