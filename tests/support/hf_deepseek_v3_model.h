@@ -29,6 +29,20 @@ struct TinyDeepseek {
   }
 };
 
+// rope_parameters as DeepseekV3Config writes them: the default, or YaRN's (t.attn.yarn on).
+inline json deepseek_rope(const TinyDeepseek& t) {
+  const dsv3::Yarn& y = t.attn.yarn;
+  if (!y.on()) return json{{"rope_theta", t.moe.theta}, {"rope_type", "default"}};
+  return json{{"rope_theta", t.moe.theta},
+              {"rope_type", "yarn"},
+              {"factor", y.factor},
+              {"original_max_position_embeddings", int64_t(y.original)},
+              {"beta_fast", y.beta_fast},
+              {"beta_slow", y.beta_slow},
+              {"mscale", y.mscale},
+              {"mscale_all_dim", y.mscale_all_dim}};
+}
+
 // config.json as DeepseekV3Config writes it (transformers 5.25).
 inline json deepseek_config(const TinyDeepseek& t) {
   const TinyGlm& m = t.moe;
@@ -52,7 +66,7 @@ inline json deepseek_config(const TinyDeepseek& t) {
               {"hidden_act", "silu"},
               {"max_position_embeddings", m.max_pos},
               {"rms_norm_eps", m.eps},
-              {"rope_parameters", {{"rope_theta", m.theta}, {"rope_type", "default"}}},
+              {"rope_parameters", deepseek_rope(t)},
               {"attention_bias", false},
               {"n_shared_experts", m.shared},
               {"n_routed_experts", m.E},

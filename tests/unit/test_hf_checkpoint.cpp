@@ -556,7 +556,7 @@ TEST_CASE("hf: unsupported features are refused naming the feature", "[hf]") {
   REQUIRE_THAT(import_error(dir.file("other")),
                Catch::Contains("model_type 'dbrx' is not supported"));
   json scaled = mixtral_config(t);
-  scaled["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  scaled["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 4.0}};
   write_hf_dir(dir.file("scaled"), scaled, mixtral_weights(t, 8), 1);
   REQUIRE_THAT(import_error(dir.file("scaled")), Catch::Contains("RoPE scaling"));
 }

@@ -85,6 +85,21 @@ TEST_CASE("deepseek_v3: an imported model scores like the reference", "[hf][deep
     t.v2 = true, t.nextn = 0, t.moe.dense = 1, t.moe.shared = 2, t.moe.scale = 1.7;
     require_scores_like_reference(t, dir.file("v2"), 14);
   }
+  SECTION("YaRN: ramped frequencies, attention factor, DeepSeek's softmax mscale") {
+    // 8 rotated features (4 pairs), theta 50, factor 4 over 64 original positions: the ramp runs
+    // over pairs 0..3 (r = 0, 1/3, 2/3, 1); mscale 0.8 / mscale_all_dim 1.2 make the attention
+    // factor m(0.8) / m(1.2) = 0.952 and the softmax scale m(1.2)^2 = 1.360 times 1/sqrt(hd):
+    // each of the three is off by more than the tolerance if it is dropped.
+    TinyDeepseek t;
+    t.attn.dr = 8, t.nextn = 0;
+    t.attn.yarn = {4.0, 64.0, 32.0, 1.0, 0.8, 1.2};
+    t.moe.max_pos = 256;
+    require_scores_like_reference(t, dir.file("yarn"), 15);
+    SECTION("and on halves, with a plain q_proj") {
+      t.interleave = false, t.attn.interleaved = false, t.attn.r = 0;
+      require_scores_like_reference(t, dir.file("yarn-halves"), 16);
+    }
+  }
   SECTION("rope_interleave false: RoPE on halves") {
     TinyDeepseek t;
     t.interleave = false, t.attn.interleaved = false, t.nextn = 0;
@@ -124,9 +139,18 @@ TEST_CASE("deepseek_v3: what we cannot represent is refused by name", "[hf][deep
     write_hf_dir(dir.file(name), config, deepseek_weights(t, 6), 1);
     return test::error_of([&] { test::import_hf_held(dir.file(name)); });
   };
-  json yarn = deepseek_config(t);
-  yarn["rope_scaling"] = {{"type", "yarn"}, {"factor", 40}, {"mscale", 1.0}};
-  CHECK_THAT(refusal("yarn", yarn), Catch::Contains("RoPE scaling (rope_scaling type 'yarn')"));
+  json dynamic = deepseek_config(t);  // YaRN imports; the other scalings are refused by name
+  dynamic["rope_scaling"] = {{"type", "dynamic"}, {"factor", 4}};
+  CHECK_THAT(refusal("dynamic", dynamic),
+             Catch::Contains("RoPE scaling (rope_scaling type 'dynamic')"));
+  json no_factor = deepseek_config(t);
+  no_factor["rope_scaling"] = {{"type", "yarn"}, {"mscale", 1.0}};
+  CHECK_THAT(refusal("no-factor", no_factor), Catch::Contains("YaRN needs \"factor\""));
+  json narrow = deepseek_config(t);  // betas whose range is empty: no ramp to build
+  narrow["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 50},   {"factor", 4},
+                               {"beta_fast", 1},      {"beta_slow", 32},    {"mscale", 1.0},
+                               {"original_max_position_embeddings", 64}};
+  CHECK_THAT(refusal("narrow", narrow), Catch::Contains("YaRN"));
   json freq = deepseek_config(t);
   freq["moe_layer_freq"] = 2;
   CHECK_THAT(refusal("freq", freq), Catch::Contains("moe_layer_freq"));
@@ -180,4 +204,32 @@ TEST_CASE("deepseek_v3: import -> export -> import is tensor-identical, f32 and 
   const io::Checkpoint imported = test::import_hf_held(dir.file("ds-f32"));
   CHECK_THAT(test::error_of([&] { io::export_gguf(imported, dir.file("ds.gguf"), {}); }),
              Catch::Contains("deepseek_v3 (Multi-head Latent Attention) has no"));
+}
+
+TEST_CASE("deepseek_v3: YaRN exports back config- and tensor-identical", "[hf][deepseek_v3][yarn]") {
+  test::ScratchDir dir("deepseek-v3-yarn-export");
+  TinyDeepseek t;
+  t.nextn = 0, t.attn.dr = 8;
+  t.attn.yarn = {40.0, 64.0, 32.0, 1.0, 1.0, 1.0};  // DeepSeek-V3's own settings, a small context
+  const auto w = deepseek_weights(t, 8);
+  write_hf_dir(dir.file("src"), deepseek_config(t), w, 1);
+  const io::Checkpoint imported = test::import_hf_held(dir.file("src"));
+  const ModelConfig mc = model_config_from_json(imported.model_config);
+  REQUIRE(mc.rope_type == RopeType::yarn);
+  CHECK(mc.yarn.factor == 40);
+  CHECK(mc.yarn.original_ctx == 64);
+  CHECK(mc.yarn.mscale_all_dim == 1);
+  CHECK(mc.attention_scale() == Approx(t.attn.yarn.score_gain()));  // m(1)^2 = 1.874
+  CHECK(mc.rope_scaling().attention_factor == 1.0f);                // mscale = mscale_all_dim
+  io::export_hf(imported, dir.file("out"));
+  io::SafetensorsReader st(dir.file("out") + "/model.safetensors");
+  for (const auto& [name, tensor] : w) {
+    INFO("tensor " << name);
+    REQUIRE(same_bytes(st.read(name), tensor));
+  }
+  const json c = json::parse(test::read_file(dir.file("out") + "/config.json"));
+  CHECK(c["rope_parameters"] == deepseek_config(t)["rope_parameters"]);
+  const io::Checkpoint again = test::import_hf_held(dir.file("out"));
+  require_same_params(imported, again);
+  REQUIRE(again.model_config == imported.model_config);
 }

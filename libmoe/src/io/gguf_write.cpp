@@ -316,6 +316,32 @@ void check_window(const ModelConfig& mc, const std::string& arch) {
                     " positions"));
 }
 
+// YaRN as llama.cpp's rope.scaling.* keys (type, factor, original_context_length). llama.cpp
+// ramps over the floored / ceiled correction range of betas 32 and 1 and derives the attention
+// factor 0.1 ln(factor) + 1 itself (ggml's rope_yarn), which is transformers' default: a model
+// whose settings differ (other betas, truncate false, mscale / attention_factor) is refused by
+// name rather than written for a llama.cpp that would rotate it otherwise.
+void check_yarn(const ModelConfig& mc, const std::string& arch) {
+  if (mc.rope_type != RopeType::yarn) return;
+  const ops::YarnSettings& y = mc.yarn;
+  const char* differs = y.beta_fast != 32 || y.beta_slow != 1 ? "beta_fast / beta_slow"
+                        : !y.truncate                          ? "truncate false"
+                        : y.mscale > 0 || y.mscale_all_dim > 0 ? "mscale / mscale_all_dim"
+                        : y.attention_factor > 0               ? "attention_factor"
+                                                               : nullptr;
+  if (differs)
+    throw Error(str("GGUF export: this model's YaRN sets ", differs, ", which llama.cpp's ", arch,
+                    " does not read (it takes YaRN's defaults)"));
+}
+
+void write_yarn_keys(Header& h, const ModelConfig& mc, const std::string& a) {
+  if (mc.rope_type != RopeType::yarn) return;
+  h.kv_string(a + ".rope.scaling.type", "yarn");
+  h.kv_f32(a + ".rope.scaling.factor", static_cast<float>(mc.yarn.factor));
+  h.kv_u32(a + ".rope.scaling.original_context_length",
+           static_cast<uint32_t>(mc.yarn.original_ctx));
+}
+
 // The leading dense layers of a glm4_moe model (ExportModel has checked that no dense layer follows
 // an MoE one): llama.cpp's glm4moe.leading_dense_block_count.
 int64_t leading_dense_layers(const ModelConfig& mc) {
@@ -367,6 +393,7 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
                     " the top-k gate weights; this model ", mc.normalize_topk ? "does" : "does not",
                     " (normalize_topk ", mc.normalize_topk ? "true" : "false", ")"));
   check_olmoe_norm_widths(mc);
+  check_yarn(mc, arch.name);
   check_window(mc, arch.name);
   const Flavour flavour = flavour_of(mc);
   if (!flavour.shared_expert_gate && !flavour.ungated_shared_expert && mc.shared_expert_ff > 0)
@@ -522,6 +549,7 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
   h.kv_f32(a + ".rope.freq_base", static_cast<float>(mc.rope_theta));
   // glm4_moe may rotate only the first rope_dim features of a head (partial RoPE)
   h.kv_u32(a + ".rope.dimension_count", static_cast<uint32_t>(mc.rope_dim_resolved()));
+  write_yarn_keys(h, mc, a);
   h.kv_u32(a + ".expert_count", static_cast<uint32_t>(E));
   h.kv_u32(a + ".expert_used_count", static_cast<uint32_t>(mc.top_k));
   if (arch.glm) write_glm4moe_keys(h, mc);

@@ -178,7 +178,9 @@ bool same_math(const ModelConfig& a, const ModelConfig& b) {
          a.q_lora_rank == b.q_lora_rank && a.kv_lora_rank == b.kv_lora_rank &&
          a.qk_nope_dim == b.qk_nope_dim && a.qk_rope_dim == b.qk_rope_dim &&
          a.v_head_dim == b.v_head_dim && a.sliding_window == b.sliding_window &&
-         a.window_layers == b.window_layers && a.tie_embeddings == b.tie_embeddings;
+         a.window_layers == b.window_layers && a.tie_embeddings == b.tie_embeddings &&
+         a.rope_type == b.rope_type && a.rope_scaling() == b.rope_scaling() &&
+         a.attention_scale() == b.attention_scale();
 }
 
 // ---- import_hf, step by step -------------------------------------------------------------------
@@ -222,6 +224,8 @@ ModelConfig model_config_of(const HfModel& hf, const HfImportOptions& options) {
   mc.router_jitter = hf.jitter;
   mc.norm_eps = hf.eps;
   mc.rope_theta = hf.rope_theta;
+  mc.rope_type = hf.rope_type;
+  mc.yarn = hf.yarn;
   mc.seq = options.max_seq > 0 ? std::min(hf.max_positions, options.max_seq) : hf.max_positions;
   mc.sliding_window = hf.sliding_window;
   mc.window_layers = hf.window_layers;
@@ -234,7 +238,7 @@ struct TensorPlan {
   std::vector<LayerSources> layers;
   std::map<std::string, std::string> outer;  // our name -> hf name
   std::vector<std::string> derived;          // checked against the config, not imported
-  std::vector<std::string> skipped;  // multi-token-prediction layers, a tied lm_head.weight
+  std::vector<std::string> skipped;          // multi-token-prediction layers, a tied lm_head.weight
 };
 
 // Whether `name` belongs to a multi-token-prediction layer: model.layers.<i>. with i in
@@ -487,15 +491,18 @@ struct Importer {
       throw Error(str("'", dir, "': no tensor for ", what, " (the checkpoint is incomplete)"));
     return hf_name;
   }
-  // RoPE frequencies some checkpoints store: they must be what rope_theta gives.
+  // RoPE frequencies some checkpoints store: they must be what rope_theta (and YaRN) give.
   void check_rope(const std::vector<std::string>& derived) {
     const int64_t rd = mc.rope_dim_resolved();  // head_dim, or the rotated part of it (GLM)
+    const ops::RopeScaling yarn = derived.empty() ? ops::RopeScaling{} : mc.rope_scaling();
     for (const std::string& name : derived) {
       Tensor t =
           fetch(name, {rd / 2}, "RoPE inverse frequencies [rotated dims / 2]").to(DType::f32);
       const float* f = t.data<float>();
       for (int64_t i = 0; i < rd / 2; ++i) {
-        const double want = 1.0 / std::pow(mc.rope_theta, 2.0 * double(i) / double(rd));
+        const double trained = 1.0 / std::pow(mc.rope_theta, 2.0 * double(i) / double(rd));
+        const double r = std::clamp((double(i) - yarn.ramp_low) / yarn.ramp_width, 0.0, 1.0);
+        const double want = trained * (1.0 - r) + trained / yarn.factor * r;  // YaRN's blend
         if (std::abs(f[i] - want) > 1e-3 * want)
           throw Error(str("'", sources.file_of(name), "': tensor '", name, "' element ", i, " is ",
                           f[i], ", but rope_theta ", mc.rope_theta, " gives ", want,

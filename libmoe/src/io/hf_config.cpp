@@ -109,6 +109,31 @@ void parse_window(const ConfigReader& c, HfModel& m, std::vector<std::string>& u
   if (static_cast<int64_t>(layers.size()) < m.layers) m.window_layers = layers;
 }
 
+// YaRN (rope_type "yarn": DeepSeek-V2/V3, gpt-oss, long-context Qwen) as transformers 5.25 reads
+// it (standardize_rope_params, then _compute_yarn_parameters): "factor" required; the original
+// context from a top-level original_max_position_embeddings first, else the dict's, else
+// max_position_embeddings; beta_fast / beta_slow absent, null or 0 mean 32 / 1; mscale,
+// mscale_all_dim and attention_factor absent mean derived (0); truncate defaults to true.
+// `r` reads the dict, `c` the whole config.
+void parse_yarn(const ConfigReader& r, const ConfigReader& c, HfModel& m) {
+  const std::string original = "original_max_position_embeddings";
+  if (!r.has("factor")) throw Error(str("'", r.path, "': YaRN needs \"factor\""));
+  ops::YarnSettings& y = m.yarn;
+  y.factor = r.number_or("factor", 1.0);
+  y.original_ctx = c.has(original)   ? c.number_or(original, 0.0)
+                   : r.has(original) ? r.number_or(original, 0.0)
+                                     : static_cast<double>(m.max_positions);
+  y.beta_fast = r.number_or("beta_fast", 0.0);
+  y.beta_slow = r.number_or("beta_slow", 0.0);
+  if (y.beta_fast == 0) y.beta_fast = 32;
+  if (y.beta_slow == 0) y.beta_slow = 1;
+  y.mscale = r.number_or("mscale", 0.0);
+  y.mscale_all_dim = r.number_or("mscale_all_dim", 0.0);
+  y.attention_factor = r.number_or("attention_factor", 0.0);
+  y.truncate = r.boolean_or("truncate", true);
+  m.rope_type = RopeType::yarn;
+}
+
 // The MoE layers GLM-4-MoE shares with DeepSeek-V3 (the same keys, defaults per family): a
 // sigmoid router with a selection bias, groups and a scale, shared experts, the first layers
 // dense, multi-token-prediction layers after the last.
@@ -291,7 +316,7 @@ HfModel parse_config(const json& j, const std::string& path,
           str("'", path, "': \"", key, "\" is ", value, ": it must be between 1 and ", kMaxCount));
   }
 
-  // RoPE: rope_theta (transformers 4.x) or rope_parameters.rope_theta (5.x); scaling unsupported.
+  // RoPE: rope_theta (transformers 4.x) or rope_parameters.rope_theta (5.x); scaling: YaRN.
   m.rope_theta = c.number_or("rope_theta", 10000.0);
   auto rope_type_of = [&](const std::string& key) -> std::string {
     if (!c.has(key)) return "default";
@@ -310,7 +335,10 @@ HfModel parse_config(const json& j, const std::string& path,
   };
   for (const char* key : {"rope_scaling", "rope_parameters"}) {
     const std::string type = rope_type_of(key);
-    if (type != "default") unsupported.push_back(str("RoPE scaling (", key, " type '", type, "')"));
+    if (type == "yarn")
+      parse_yarn(ConfigReader{j[key], str(path, ": ", key)}, c, m);
+    else if (type != "default")
+      unsupported.push_back(str("RoPE scaling (", key, " type '", type, "')"));
   }
   if (c.string_or("hidden_act", "silu") != "silu")
     unsupported.push_back(str("activation '", c.string_or("hidden_act", ""),

@@ -22,9 +22,11 @@ struct HfModel {
   // every layer); ModelConfig::sliding_window and window_layers.
   int64_t sliding_window = 0;
   std::vector<int64_t> window_layers;
-  bool tied = false;  // tie_word_embeddings: the LM head is the token embedding
+  bool tied = false;      // tie_word_embeddings: the LM head is the token embedding
   int64_t shared_ff = 0;  // Qwen2-MoE shared_expert_intermediate_size; GLM n_shared_experts * F
   double rope_theta = 10000, eps = 1e-6, aux_coef = 0, jitter = 0;
+  RopeType rope_type = RopeType::none;  // rope_scaling / rope_parameters "yarn": its settings
+  ops::YarnSettings yarn;
   bool normalize = true;
   // GLM-4-MoE: the first `dense_layers` layers are MLPs of width dense_ff; RoPE on rope_dim
   // features of a head (0: all); q/k/v biases; per-head qk-norm; DeepSeek-V3's router (sigmoid,

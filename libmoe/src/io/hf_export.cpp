@@ -4,6 +4,7 @@
 // written atomically.
 // Shape letters: V vocabulary, D hidden size, F expert hidden width, Fs shared expert hidden
 // width, E experts of a layer, H query heads, KV key/value heads, hd head dim.
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -69,6 +70,27 @@ int64_t leading_dense_layers(const ModelConfig& mc) {
   return k;
 }
 
+// YaRN's settings under the keys transformers reads (hf_config.cpp parse_yarn reads them back;
+// the optional ones only when set), or null without RoPE scaling.
+nlohmann::ordered_json yarn_json(const ModelConfig& mc) {
+  if (mc.rope_type != RopeType::yarn) return nullptr;
+  const ops::YarnSettings& y = mc.yarn;
+  nlohmann::ordered_json r;
+  r["rope_type"] = "yarn";
+  r["factor"] = y.factor;
+  if (y.original_ctx == std::floor(y.original_ctx))  // HF writes a count of positions
+    r["original_max_position_embeddings"] = static_cast<int64_t>(y.original_ctx);
+  else
+    r["original_max_position_embeddings"] = y.original_ctx;
+  r["beta_fast"] = y.beta_fast;
+  r["beta_slow"] = y.beta_slow;
+  if (y.mscale > 0) r["mscale"] = y.mscale;
+  if (y.mscale_all_dim > 0) r["mscale_all_dim"] = y.mscale_all_dim;
+  if (y.attention_factor > 0) r["attention_factor"] = y.attention_factor;
+  if (!y.truncate) r["truncate"] = false;
+  return r;
+}
+
 // GLM-4-MoE's config.json (configuration_glm4_moe.py's keys).
 nlohmann::ordered_json glm_config(const ModelConfig& mc, int64_t E) {
   const int64_t hd = mc.head_dim_resolved();
@@ -91,7 +113,7 @@ nlohmann::ordered_json glm_config(const ModelConfig& mc, int64_t E) {
   c["use_cache"] = true;
   c["tie_word_embeddings"] = false;
   c["rope_theta"] = mc.rope_theta;
-  c["rope_scaling"] = nullptr;
+  c["rope_scaling"] = yarn_json(mc);
   c["attention_bias"] = mc.qkv_bias;
   c["attention_dropout"] = 0.0;
   c["num_experts_per_tok"] = mc.top_k;
@@ -135,6 +157,10 @@ nlohmann::ordered_json deepseek_config(const ModelConfig& mc, int64_t E) {
   c["use_cache"] = true;
   c["tie_word_embeddings"] = false;
   c["rope_parameters"] = {{"rope_theta", mc.rope_theta}, {"rope_type", "default"}};
+  if (mc.rope_type == RopeType::yarn) {
+    c["rope_parameters"] = yarn_json(mc);
+    c["rope_parameters"]["rope_theta"] = mc.rope_theta;
+  }
   c["attention_bias"] = false;
   c["attention_dropout"] = 0.0;
   c["num_experts_per_tok"] = mc.top_k;
@@ -196,7 +222,7 @@ nlohmann::ordered_json family_config(const ModelConfig& mc, int64_t E) {
   c["use_cache"] = true;
   c["tie_word_embeddings"] = false;
   c["rope_theta"] = mc.rope_theta;
-  c["rope_scaling"] = nullptr;
+  c["rope_scaling"] = yarn_json(mc);
   c["attention_dropout"] = 0.0;
   if (olmoe || qwen3) c["attention_bias"] = false;
   if (olmoe) c["clip_qkv"] = nullptr;
