@@ -74,6 +74,13 @@ TEST_CASE("plan search: every legal layout of 4 ranks, counted by hand", "[plan]
   ClusterSpec no_ssd = in.cluster;
   no_ssd.ssd_bytes = 0;
   CHECK(enumerate_layouts(in.config, no_ssd).size() == 160);
+  // One device a node: hierarchical sends what flat sends; not offered.
+  ClusterSpec four_nodes = in.cluster;
+  four_nodes.nodes = 4;
+  four_nodes.devices_per_node = 1;
+  for (const Layout& l : enumerate_layouts(in.config, four_nodes))
+    CHECK(l.a2a == comm::A2AAlgorithm::flat);
+  CHECK(enumerate_layouts(in.config, four_nodes).size() == 24 + 72 + 72);
 }
 
 TEST_CASE("plan search: the best layout of a 2 x 2 cluster, worked by hand", "[plan]") {

@@ -110,7 +110,8 @@ std::vector<Layout> enumerate_layouts(const ModelConfig& config, const ClusterSp
     std::vector<Placement> placements = {Placement::fixed};
     if (ep > 1) placements.insert(placements.end(), {Placement::lpt, Placement::flexmoe});
     std::vector<comm::A2AAlgorithm> a2as = {comm::A2AAlgorithm::flat};
-    if (ep > cluster.devices_per_node) a2as.push_back(comm::A2AAlgorithm::hierarchical);
+    if (ep > cluster.devices_per_node && cluster.devices_per_node > 1)
+      a2as.push_back(comm::A2AAlgorithm::hierarchical);
     for (int zero = 0; zero <= (R > 1 ? 3 : 0); ++zero)
       for (OffloadTier tier : tiers)
         for (Placement placement : placements)

@@ -8,8 +8,9 @@
 //   zero       0..3 where R > 1 (one rank has nothing to shard)
 //   offload    none; host where the spec has host memory; ssd where it has an SSD
 //   placement  static; lpt and flexmoe where ep > 1
-//   a2a        flat; hierarchical where the EP group spans nodes (ep > devices per node; inside
-//              one node both send the same messages, and predict prices them the same)
+//   a2a        flat; hierarchical where the EP group spans nodes of more than one device (ep >
+//              devices per node > 1): inside one node, or with one device a node, both send the
+//              same messages, and predict prices them the same
 //   scheduler  off; priority where R > 1 (with one rank there is no all-reduce to hide)
 #pragma once
 #include <cstdint>
