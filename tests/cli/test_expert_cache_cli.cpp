@@ -1,8 +1,10 @@
 // moe-infer --expert-budget --expert-cache as a user runs it: scores the bytes of the resident
 // model (f32 and bf16, LRU and LFU, with and without experts pinned from a trace moe-profile
-// record wrote, with and without --prefetch), reports hit rates beside Belady's and the next-layer
-// estimate, and refuses a budget below one expert, a trace of another model and flags without their
-// budget, in words (quantised checkpoints: test_quantised_experts_cli.cpp).
+// record wrote, with and without --prefetch: the trace's estimate, the next layer's router before
+// or after a MoE block), reports hit rates beside Belady's and the next-layer estimate with the
+// prefetches issued, used and wasted, and refuses a budget below one expert, a trace of another
+// model and flags without their budget, cache or trace, in words (quantised checkpoints:
+// test_quantised_experts_cli.cpp).
 #include <catch2/catch.hpp>
 #include <string>
 #include <vector>
@@ -52,8 +54,10 @@ TEST_CASE("cli: moe-infer --expert-cache scores the resident model's bytes", "[c
          {std::string(" --expert-budget 25% --expert-cache lru"),
           std::string(" --expert-budget 50% --expert-cache lfu"),
           std::string(" --expert-budget 50% --expert-cache lru --pin-from ") + m.trace,
-          std::string(" --expert-budget 75% --expert-cache lfu --prefetch --pin-from ") +
-              m.trace}) {
+          std::string(" --expert-budget 75% --expert-cache lfu --prefetch --pin-from ") + m.trace,
+          std::string(" --expert-budget 25% --expert-cache lru --prefetch router"),
+          std::string(" --expert-budget 50% --expert-cache lfu --prefetch router-output "
+                      "--prefetch-margin 1")}) {
       auto cached = run_command(tool("moe-infer", score + flags));
       INFO(model << flags << "\n" << cached.err);
       REQUIRE(cached.exit_code == 0);
@@ -66,9 +70,12 @@ TEST_CASE("cli: moe-infer --expert-cache scores the resident model's bytes", "[c
         REQUIRE((cached.err.find("2 slots and 2 pinned experts") != std::string::npos ||
                  cached.err.find("3 slots and 3 pinned experts") != std::string::npos));
       const bool prefetch = flags.find("--prefetch") != std::string::npos;
-      REQUIRE((cached.err.find(" prefetched, ") != std::string::npos) == pinned);
+      const bool router = flags.find("--prefetch router") != std::string::npos;
+      REQUIRE((cached.err.find(" prefetched, ") != std::string::npos) == (pinned || router));
       if (prefetch) REQUIRE(cached.err.find(" 0 prefetched") == std::string::npos);
-      REQUIRE((cached.err.find("next-layer estimate held") != std::string::npos) == pinned);
+      if (prefetch) REQUIRE(cached.err.find(" displaced unused") != std::string::npos);
+      REQUIRE((cached.err.find("next-layer estimate held") != std::string::npos) ==
+              (pinned || router));
     }
   }
 }
@@ -105,6 +112,23 @@ TEST_CASE("cli: moe-infer --expert-cache refuses what it cannot serve, in words"
        "--pin-share requires --pin-from"},
       {score + m.f32 + " --expert-budget 50% --expert-cache lru --prefetch", 2,
        "--prefetch requires --pin-from"},
+      {score + m.f32 + " --expert-budget 50% --expert-cache lru --prefetch trace", 2,
+       "--prefetch requires --pin-from"},
+      // The router's prediction needs no trace, but reads into the cache: budget and cache.
+      {score + m.f32 + " --prefetch router", 2,
+       "--prefetch router reads the next layer's experts into the expert cache: give "
+       "--expert-budget and --expert-cache lru|lfu"},
+      {score + m.f32 + " --expert-budget 50% --prefetch router-output", 2,
+       "--prefetch router-output reads ahead into the expert cache: give --expert-cache lru|lfu"},
+      {score + m.f32 + " --expert-budget 50% --expert-cache lru --prefetch sideways", 2,
+       "--prefetch sideways: must be trace, router, router-output or off"},
+      {score + m.f32 +
+           " --expert-budget 50% --expert-cache lru --prefetch router "
+           "--prefetch-margin -1",
+       2, "--prefetch-margin -1: must be 0 or more"},
+      {score + m.f32 + " --expert-budget 50% --expert-cache lru --pin-from " + m.trace +
+           " --prefetch --prefetch-margin 2",
+       2, "--prefetch-margin widens the router's prediction: give --prefetch router"},
   };
   for (const Case& c : cases) {
     INFO(c.args);

@@ -38,8 +38,9 @@ struct Options {
   tools::CommonOptions common;
   std::string model, data, data_format = "auto", prompts, out = "-", budget, popularity,
                            device = "cpu", summary, truncate = "none", tokenizer, requests,
-                           expert_cache, pin_from;
-  bool prefetch = false;
+                           expert_cache, pin_from, prefetch;
+  int64_t prefetch_margin = 0;
+  std::vector<CLI::Option*> prefetch_flags;  // each subcommand's --prefetch (one was parsed)
   double pin_share = 0.5;
   int64_t batch = 8, max_sequences = 0, ep = 1, top = 0;
   bool incremental = false, per_token = false, rolling = false, force = false;
@@ -49,6 +50,16 @@ struct Options {
 
 std::string dump(const json& j) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);  // completions may cut UTF-8
+}
+
+// The value of a --prefetch given ("" when bare: the trace's estimate, as before it took a value).
+infer::EngineOptions::Prefetch parse_prefetch(const std::string& value) {
+  using Prefetch = infer::EngineOptions::Prefetch;
+  if (value == "off") return Prefetch::off;
+  if (value.empty() || value == "trace") return Prefetch::trace;
+  if (value == "router") return Prefetch::router;
+  if (value == "router-output") return Prefetch::router_output;
+  throw UsageError(str("--prefetch ", value, ": must be trace, router, router-output or off"));
 }
 
 // The device first: a machine without a usable GPU is told so before any work.
@@ -66,7 +77,10 @@ std::unique_ptr<infer::Engine> open_engine(const Options& o,
   if (!o.expert_cache.empty()) options.expert_cache = offload::parse_cache_policy(o.expert_cache);
   options.pin_from = o.pin_from;
   options.pin_share = o.pin_share;
-  options.prefetch = o.prefetch;
+  const bool prefetch = std::any_of(o.prefetch_flags.begin(), o.prefetch_flags.end(),
+                                    [](const CLI::Option* f) { return f->count() > 0; });
+  options.prefetch = prefetch ? parse_prefetch(o.prefetch) : infer::EngineOptions::Prefetch::off;
+  options.prefetch_margin = o.prefetch_margin;
   options.ep = o.ep;
   options.popularity = o.popularity;
   return infer::Engine::open(options, std::move(world));
@@ -101,7 +115,8 @@ void report_batches(const infer::Engine& e, std::vector<double> seconds, bool qu
 }
 
 // The expert cache's summary: hit rate beside Belady's on the same accesses (the offline ceiling),
-// reads, and the next-layer estimate's hit rate when a trace was given.
+// reads, and the next-layer estimate's hit rate (the trace's or the router's) with the prefetches
+// issued, used and wasted (displaced before any use).
 void report_expert_cache(const offload::ServingCache& cache) {
   const offload::ServingCacheStats s = cache.stats();
   char line[400];
@@ -116,10 +131,11 @@ void report_expert_cache(const offload::ServingCache& cache) {
                 static_cast<long long>(s.slots), static_cast<long long>(s.pinned),
                 static_cast<long long>(s.expert_bytes));
   MOE_LOG_INFO(line);
-  if (s.estimate_routed == 0) return;
+  if (s.estimate_routed == 0 && s.prefetches == 0) return;
   MOE_LOG_INFO("expert cache: next-layer estimate held ", s.estimate_hits, " of ",
                s.estimate_routed, " routed experts (", 100.0 * s.estimate_rate(), "%); ",
-               s.prefetches, " prefetched, ", s.prefetch_hits, " of them used");
+               s.prefetches, " prefetched, ", s.prefetch_hits, " of them used, ", s.prefetch_wasted,
+               " displaced unused");
 }
 
 void report_ring(const infer::Engine& e) {
@@ -447,11 +463,20 @@ void add_engine_options(CLI::App* sub, Options& o) {
       "--pin-from", o.pin_from,
       "With --expert-cache: a routing trace (moe-profile record) whose most popular "
       "experts stay pinned, up to --pin-share of the budget");
-  // Both act through the trace: refused without it rather than silently ignored.
-  sub->add_flag("--prefetch", o.prefetch,
-                "With --pin-from: read the next layer's estimated experts on a loader thread "
-                "while a layer computes (default: only count what the estimate would catch)")
-      ->needs(pin_from);
+  // --prefetch alone keeps its first meaning (the trace's estimate); its checks are the engine's.
+  o.prefetch_flags.push_back(
+      sub->add_option(
+             "--prefetch", o.prefetch,
+             "With --expert-cache: read the next layer's likely experts on a loader thread "
+             "while a layer computes: trace (the default value; needs --pin-from) estimates "
+             "them from the trace's layer-to-layer transitions, router applies the next "
+             "layer's router to the hidden state before this layer's MoE block, "
+             "router-output to the block's output (later, but closer); without it "
+             "--pin-from only counts what the trace's estimate would catch")
+          ->expected(0, 1));
+  sub->add_option("--prefetch-margin", o.prefetch_margin,
+                  "With --prefetch router: experts a token read beyond the next layer's top-k")
+      ->capture_default_str();
   sub->add_option("--pin-share", o.pin_share, "Share of --expert-budget pinned by --pin-from")
       ->needs(pin_from)
       ->check(CLI::Range(0.0, 1.0))

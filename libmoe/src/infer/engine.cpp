@@ -46,9 +46,39 @@ std::vector<std::pair<std::string, std::string>> model_identity(const std::strin
   return fields;
 }
 
+namespace {
+
+// --prefetch and --prefetch-margin against the flags they act through, in the user's words.
+void check_prefetch(const EngineOptions& o) {
+  using Prefetch = EngineOptions::Prefetch;
+  const bool router = o.prefetch == Prefetch::router || o.prefetch == Prefetch::router_output;
+  if (o.prefetch_margin < 0)
+    throw UsageError(str("--prefetch-margin ", o.prefetch_margin, ": must be 0 or more"));
+  if (o.prefetch_margin > 0 && !router)
+    throw UsageError(
+        "--prefetch-margin widens the router's prediction: give --prefetch router (or "
+        "router-output)");
+  if (o.prefetch == Prefetch::trace && o.pin_from.empty())
+    throw UsageError(
+        "--prefetch requires --pin-from (its estimate is the trace's; --prefetch router needs "
+        "no trace)");
+  if (!router) return;
+  const char* flag =
+      o.prefetch == Prefetch::router ? "--prefetch router" : "--prefetch router-output";
+  if (o.budget.empty())
+    throw UsageError(str(flag,
+                         " reads the next layer's experts into the expert cache: give "
+                         "--expert-budget and --expert-cache lru|lfu"));
+  if (!o.expert_cache)
+    throw UsageError(str(flag, " reads ahead into the expert cache: give --expert-cache lru|lfu"));
+}
+
+}  // namespace
+
 std::unique_ptr<Engine> Engine::open(const EngineOptions& options,
                                      std::unique_ptr<comm::Communicator> world) {
   EngineOptions o = options;
+  check_prefetch(o);
   // A run directory serves its newest checkpoint (load_model refuses a sharded one, saying so).
   if (const io::CheckpointRef ref = io::resolve_checkpoint(o.model); !ref.sharded)
     o.model = ref.path;
@@ -180,7 +210,12 @@ void Engine::open_expert_cache(const EngineOptions& o) {
   cc.lfu = o.lfu;
   cc.dtype = loaded_.config.dtype;
   cc.pin_share = o.pin_share;
-  cc.prefetch = o.prefetch;
+  using Prefetch = EngineOptions::Prefetch;
+  cc.prefetch = o.prefetch == Prefetch::trace;
+  if (o.prefetch == Prefetch::router || o.prefetch == Prefetch::router_output)
+    cc.router = {
+        o.prefetch == Prefetch::router ? nn::LookaheadSource::input : nn::LookaheadSource::output,
+        o.prefetch_margin};
   const int64_t held = cache_->expert_bytes(cc.dtype);
   cc.budget_bytes = offload::parse_bytes("--expert-budget", o.budget, held);
   if (!o.pin_from.empty()) read_trace_tables(o.pin_from, cache_->experts_per_layer(), cc);

@@ -86,6 +86,12 @@ Transformer::Transformer(const ModelConfig& config, ParamSet& params, const nn::
     all = params.all();
     block_params_.emplace_back(all.begin() + static_cast<std::ptrdiff_t>(before), all.end());
   }
+  // Each MoE block knows the next one, for an expert store that reads ahead (nn::Block::lookahead).
+  for (size_t i = blocks_.size(), next = blocks_.size(); i-- > 0;) {
+    if (!blocks_[i]->has_moe()) continue;
+    if (next < blocks_.size()) blocks_[i]->set_next_moe(blocks_[next].get());
+    next = i;
+  }
   const size_t after_blocks = params.size();
   final_norm_ = std::make_unique<nn::Norm>(params, "final_norm", config.d_model, flavour_.norm,
                                            static_cast<float>(config.norm_eps));

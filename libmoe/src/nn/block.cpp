@@ -106,6 +106,7 @@ Tensor Block::forward_cached(const Tensor& x, const ops::CachedRows& rows, Atten
 Tensor Block::residual_ffn(const Tensor& x, Tensor& a, const RouterStep& step, Saved* saved,
                            MoEStats* stats) const {
   ops::axpy(1.0f, x, a);  // h = x + attn
+  if (!saved) lookahead(a, LookaheadSource::input);
   Tensor u = norm2_->forward(a, saved ? &saved->norm2 : nullptr);
   Tensor f;
   if (moe_) {
@@ -115,7 +116,19 @@ Tensor Block::residual_ffn(const Tensor& x, Tensor& a, const RouterStep& step, S
     f = mlp_->forward(u, saved ? &saved->mlp : nullptr);
   }
   ops::axpy(1.0f, a, f);  // y = h + ffn
+  if (!saved) lookahead(f, LookaheadSource::output);
   return f;
+}
+
+// The next MoE block's input norm and router on h, when its store wants them here: what that
+// block's MoE layer would route h to (reads only; h is not changed).
+void Block::lookahead(const Tensor& h, LookaheadSource at) const {
+  if (!next_moe_) return;
+  const ExpertStore* store = next_moe_->moe_->experts().store();
+  if (!store) return;
+  const Lookahead want = store->lookahead();
+  if (want.source != at) return;
+  next_moe_->moe_->predict(next_moe_->norm2_->forward(h, nullptr), want.margin);
 }
 
 Tensor Block::backward(const Tensor& dy, const Saved& saved, float aux_scale, float z_scale) {

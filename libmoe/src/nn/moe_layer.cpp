@@ -300,6 +300,29 @@ Tensor MoELayer::forward(const Tensor& x, const RouterStep& step, Saved* saved,
   return y;
 }
 
+void MoELayer::predict(const Tensor& u, int64_t margin) const {
+  ExpertStore* store = experts_.store();
+  if (!store) return;
+  const Tensor idx = router_.choose(u, config_.router.top_k + margin).to(Device{});
+  const int64_t E = config_.router.num_experts, k = idx.dim(1);
+  // Per expert: the tokens choosing it, and the best rank it is chosen at.
+  std::vector<int64_t> tokens(static_cast<size_t>(E), 0), rank(static_cast<size_t>(E), k);
+  const int32_t* c = idx.data<int32_t>();
+  for (int64_t i = 0; i < idx.numel(); ++i) {
+    const auto e = static_cast<size_t>(c[i]);
+    ++tokens[e];
+    rank[e] = std::min(rank[e], i % k);
+  }
+  std::vector<int32_t> experts;
+  for (int64_t e = 0; e < E; ++e)
+    if (tokens[static_cast<size_t>(e)] > 0) experts.push_back(static_cast<int32_t>(e));
+  std::stable_sort(experts.begin(), experts.end(), [&](int32_t a, int32_t b) {
+    const auto i = static_cast<size_t>(a), j = static_cast<size_t>(b);
+    return tokens[i] != tokens[j] ? tokens[i] > tokens[j] : rank[i] < rank[j];
+  });
+  store->predict(experts_.store_layer(), experts);
+}
+
 Tensor MoELayer::backward(const Tensor& dy, const Saved& saved, float aux_scale, float z_scale) {
   const DispatchPlan& plan = saved.router.plan;
   MOE_CHECK(saved.x.defined() && saved.y_perm.defined(), "moe layer ", router_.weight().name,

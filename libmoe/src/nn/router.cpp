@@ -2,6 +2,7 @@
 // Shapes: N tokens, D model width, E experts, k experts per token, M kept assignments.
 #include "moe/nn/router.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "moe/ops/core.h"
@@ -123,6 +124,33 @@ void update_selection_bias(Param& bias, const std::vector<int64_t>& load, double
 Tensor Router::effective_weight() const {
   if (!center_) return weight_->w();
   return centred_on_device(weight_->w(), center_->w());
+}
+
+Tensor Router::choose(const Tensor& x, int64_t k) const {
+  MOE_CHECK(x.ndim() == 2 && x.dim(1) == config_.d_model, "router ", weight_->name, ": input ",
+            x.describe(), " expected [N,", config_.d_model, "]");
+  x.expect_dtype(DType::f32, "router input");
+  const int64_t tokens = x.dim(0), experts = config_.num_experts;
+  const int64_t room =
+      config_.groups > 1 ? config_.group_topk * (experts / config_.groups) : experts;
+  k = std::clamp<int64_t>(k, config_.top_k, room);
+  // The logits and scores as forward makes them (the same grouped GEMM, so the same bits).
+  Tensor logits = Tensor::empty({tokens, experts}, DType::f32, x.device());
+  const std::vector<int32_t> all_tokens{0, static_cast<int32_t>(tokens)};
+  ops::grouped_gemm(x, effective_weight().reshape({1, experts, config_.d_model}), true, all_tokens,
+                    logits);
+  Tensor scores = Tensor::empty({tokens, experts}, DType::f32, x.device());
+  Tensor probs = Tensor::empty({tokens, experts}, DType::f32, x.device());
+  Tensor lse = Tensor::empty({tokens}, DType::f32, x.device());
+  if (config_.scoring == RouterScoring::sigmoid)
+    ops::router_sigmoid(logits, scores, probs, lse);
+  else
+    ops::router_softmax(logits, scores, lse);
+  Tensor idx = Tensor::empty({tokens, k}, DType::i32, x.device());
+  Tensor weight = Tensor::empty({tokens, k}, DType::f32, x.device());
+  ops::router_topk(scores, k, false, idx, weight, bias_ ? bias_->w() : Tensor(), config_.groups,
+                   config_.group_topk);
+  return idx;
 }
 
 RouterOutput Router::forward(const Tensor& x, const RouterStep& step) const {

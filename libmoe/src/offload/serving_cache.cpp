@@ -18,6 +18,13 @@
 // the loading and failed marks and the read counters; acquire waits on a slot still loading. A
 // failed prefetch leaves its slot marked: the expert is read again, on the compute thread, when
 // it is acquired (and its error thrown then, if it fails again).
+//
+// The router's prediction (ServingCacheConfig::router) takes the trace estimate's place: predict()
+// sets estimate[l+1] and the reads go as above, the most likely first (when the slots run out,
+// the rest are not read). From the input source it comes before layer l's
+// request, which then prefetches it; from the output source it comes after layer l computed, and
+// is prefetched at once, into slots layer l no longer holds (the slots are held through layer l+1
+// alike: request(l+1) takes them).
 #include "moe/offload/serving_cache.h"
 
 #include <omp.h>
@@ -65,12 +72,13 @@ struct ServingCache::Impl {
   std::vector<int64_t> field_elems;  // per field: the largest layer's one-expert elements
   std::vector<int64_t> field_bytes;  // per field: the largest layer's one-expert quantised bytes
   std::unique_ptr<ExpertCache> cache;
-  std::vector<Holder> slots;                       // [C]
-  std::vector<std::vector<int32_t>> pinned_index;  // [L][E]: -1 or [P]
-  std::vector<Holder> pinned;                      // [P]
-  Holder bypass;                                   // a miss not admitted
-  std::vector<ExpertKey> sequence;                 // unpinned accesses, for Belady
-  std::vector<std::vector<char>> estimate;         // [L]: the next-layer estimate of each layer
+  std::vector<Holder> slots;                         // [C]
+  std::vector<std::vector<int32_t>> pinned_index;    // [L][E]: -1 or [P]
+  std::vector<Holder> pinned;                        // [P]
+  Holder bypass;                                     // a miss not admitted
+  std::vector<ExpertKey> sequence;                   // unpinned accesses, for Belady
+  std::vector<std::vector<char>> estimate;           // [L]: the next-layer estimate of each layer
+  std::vector<std::vector<int32_t>> estimate_order;  // [L]: its experts, the first read first
   ServingCacheStats stats;
   int last_layer = -1;
   // The experts the current layer acquired, pinned in the policy until another layer (or pass)
@@ -88,6 +96,11 @@ struct ServingCache::Impl {
   std::vector<std::string> failed;  // [C]: a prefetch's error
   bool stop = false;
   std::thread loader;
+
+  bool prefetching() const {
+    return (config.prefetch && !config.transitions.empty()) ||
+           config.router.source != nn::LookaheadSource::none;
+  }
 
   void drop_layer_held() {
     for (const ExpertKey& key : layer_held) cache->unpin(key);
@@ -179,6 +192,7 @@ struct ServingCache::Impl {
   void size_fields();
   void check_tables() const;
   void pin_popular(int64_t count);
+  void count_estimate(int layer, std::span<const int32_t> experts);
   void estimate_next(int layer, std::span<const int32_t> experts, std::span<const int32_t> rows);
   void hold_cached(int layer, std::span<const int32_t> experts);
   void prefetch(int layer);
@@ -242,13 +256,39 @@ void ServingCache::request(int layer, std::span<const int32_t> experts,
   }
   c.last_layer = layer;
   c.hold_cached(layer, experts);
-  c.estimate_next(layer, experts, rows);
-  c.prefetch(layer + 1);
+  c.count_estimate(layer, experts);
+  switch (c.config.router.source) {
+    case nn::LookaheadSource::none:  // the trace's estimate, made now
+      c.estimate_next(layer, experts, rows);
+      c.prefetch(layer + 1);
+      break;
+    case nn::LookaheadSource::input:  // predicted before this request
+      c.prefetch(layer + 1);
+      break;
+    case nn::LookaheadSource::output:  // predicted, and prefetched, once this layer is done
+      break;
+  }
+}
+
+nn::Lookahead ServingCache::lookahead() const {
+  return impl_->started ? impl_->config.router : nn::Lookahead{};
+}
+
+void ServingCache::predict(int layer, std::span<const int32_t> experts) {
+  Impl& c = *impl_;
+  c.check_layer(layer);
+  std::vector<char>& chosen = c.estimate[static_cast<size_t>(layer)];
+  chosen.assign(static_cast<size_t>(c.layers[static_cast<size_t>(layer)].experts), 0);
+  for (int32_t e : experts) chosen.at(static_cast<size_t>(e)) = 1;
+  c.estimate_order[static_cast<size_t>(layer)].assign(experts.begin(), experts.end());
+  if (c.config.router.source != nn::LookaheadSource::output) return;
+  c.drop_layer_held();  // the layer before is done (all its token blocks): its slots may go
+  c.prefetch(layer);
 }
 
 // Holds the layer's routed experts that are cached, so that prefetches do not displace them.
 void ServingCache::Impl::hold_cached(int layer, std::span<const int32_t> experts) {
-  if (!config.prefetch || config.transitions.empty()) return;
+  if (!prefetching()) return;
   for (int32_t e : experts) {
     const ExpertKey key{layer, e};
     if (!cache->contains(key) || cache->pins(key) > 0) continue;
@@ -259,11 +299,11 @@ void ServingCache::Impl::hold_cached(int layer, std::span<const int32_t> experts
 
 // Admits the estimate of `layer` and queues the reads of those not cached (see the top).
 void ServingCache::Impl::prefetch(int layer) {
-  if (!config.prefetch || layer >= static_cast<int>(layers.size())) return;
-  const std::vector<char>& chosen = estimate[static_cast<size_t>(layer)];
-  for (size_t e = 0; e < chosen.size(); ++e) {
-    const ExpertKey key{layer, static_cast<int32_t>(e)};
-    if (!chosen[e] || pinned_index[static_cast<size_t>(layer)][e] >= 0 || cache->pins(key) > 0)
+  if (!prefetching() || layer >= static_cast<int>(layers.size())) return;
+  for (int32_t e : estimate_order[static_cast<size_t>(layer)]) {
+    const ExpertKey key{layer, e};
+    if (pinned_index[static_cast<size_t>(layer)][static_cast<size_t>(e)] >= 0 ||
+        cache->pins(key) > 0)
       continue;
     const Lookup r = cache->admit(key);
     if (r.bypass()) return;  // every slot is held
@@ -273,6 +313,7 @@ void ServingCache::Impl::prefetch(int layer) {
     {
       std::lock_guard lk(mu);
       ++loading[static_cast<size_t>(r.slot)];
+      stats.prefetch_wasted += prefetched[static_cast<size_t>(r.slot)];  // read over, unused
       prefetched[static_cast<size_t>(r.slot)] = 1;
       jobs.emplace_back(key, r.slot);
       ++stats.prefetches;
@@ -282,12 +323,13 @@ void ServingCache::Impl::prefetch(int layer) {
 }
 
 // Waits until `slot` is not being read by the loader; returns the error of its last read ("" none).
-// A hit on a slot a prefetch filled is a prefetch hit.
+// A hit on a slot a prefetch filled is a prefetch hit; a miss read over one, a prefetch wasted.
 std::string ServingCache::Impl::wait_loaded(int32_t slot, bool hit) {
   std::unique_lock lk(mu);
   changed.wait(lk, [&] { return loading[static_cast<size_t>(slot)] == 0; });
   if (hit && prefetched[static_cast<size_t>(slot)] && failed[static_cast<size_t>(slot)].empty())
     ++stats.prefetch_hits;
+  if (!hit) stats.prefetch_wasted += prefetched[static_cast<size_t>(slot)];
   prefetched[static_cast<size_t>(slot)] = 0;
   return failed[static_cast<size_t>(slot)];
 }
@@ -319,17 +361,21 @@ void ServingCache::Impl::loop() {
   }
 }
 
+// Counts how many of this layer's routed experts its estimate (the trace's or the router's) held.
+void ServingCache::Impl::count_estimate(int layer, std::span<const int32_t> experts) {
+  const std::vector<char>& estimated = estimate[static_cast<size_t>(layer)];
+  if (layer == 0 || estimated.empty()) return;
+  std::lock_guard lk(mu);
+  stats.estimate_routed += static_cast<int64_t>(experts.size());
+  for (int32_t e : experts) stats.estimate_hits += estimated[static_cast<size_t>(e)];
+}
+
 // Scores layer+1's experts by the transition counts of this layer's routed experts, weighted by
-// their rows, and keeps as many of the best as this layer routed to; first counts how many of
-// this layer's routed experts the previous layer's estimate held.
+// their rows, and keeps as many of the best as this layer routed to.
 void ServingCache::Impl::estimate_next(int layer, std::span<const int32_t> experts,
                                        std::span<const int32_t> rows) {
   if (config.transitions.empty()) return;
   const size_t l = static_cast<size_t>(layer);
-  if (layer > 0 && !estimate[l].empty()) {
-    stats.estimate_routed += static_cast<int64_t>(experts.size());
-    for (int32_t e : experts) stats.estimate_hits += estimate[l][static_cast<size_t>(e)];
-  }
   if (l + 1 >= layers.size()) return;
   const int64_t next_experts = layers[l + 1].experts;
   std::vector<double> score(static_cast<size_t>(next_experts), 0.0);
@@ -347,6 +393,10 @@ void ServingCache::Impl::estimate_next(int layer, std::span<const int32_t> exper
   chosen.assign(static_cast<size_t>(next_experts), 0);
   const size_t keep = std::min(experts.size(), order.size());
   for (size_t i = 0; i < keep; ++i) chosen[static_cast<size_t>(order[i])] = 1;
+  std::vector<int32_t>& read_order = estimate_order[l + 1];  // in expert order
+  read_order.clear();
+  for (size_t e = 0; e < chosen.size(); ++e)
+    if (chosen[e]) read_order.push_back(static_cast<int32_t>(e));
 }
 
 nn::ExpertTensors ServingCache::acquire(int layer, int expert) {
@@ -494,6 +544,8 @@ void ServingCache::start(const ServingCacheConfig& config) {
             "; the cache holds f32, bf16 or f16 experts");
   MOE_USAGE_CHECK(config.pin_share >= 0 && config.pin_share <= 1, "expert cache: pinned share ",
                   config.pin_share, " of the budget: must be in [0, 1]");
+  MOE_USAGE_CHECK(config.router.margin >= 0, "expert cache: a prediction margin of ",
+                  config.router.margin, " experts a token: must be 0 or more");
   c.config = config;
   c.check_tables();
   if (!c.layers.empty()) c.check_checkpoint();
@@ -517,6 +569,7 @@ void ServingCache::start(const ServingCacheConfig& config) {
   for (const Impl::Layer& layer : c.layers)
     c.pinned_index.emplace_back(static_cast<size_t>(layer.experts), -1);
   c.estimate.assign(c.layers.size(), {});
+  c.estimate_order.assign(c.layers.size(), {});
   if (pin > 0) c.pin_popular(pin);
   const int64_t slots = std::max<int64_t>(1, capacity - c.stats.pinned);
   CacheConfig cc;
@@ -530,8 +583,7 @@ void ServingCache::start(const ServingCacheConfig& config) {
   c.failed.assign(static_cast<size_t>(slots), "");
   c.bypass = c.allocate("expert_cache.bypass");
   c.stats.slots = slots;
-  if (config.prefetch && !config.transitions.empty())
-    c.loader = std::thread([impl = impl_.get()] { impl->loop(); });
+  if (c.prefetching()) c.loader = std::thread([impl = impl_.get()] { impl->loop(); });
   c.started = true;
 }
 

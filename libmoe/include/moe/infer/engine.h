@@ -33,7 +33,13 @@ struct EngineOptions {
   // up to pin_share of the budget, and whose layer-to-layer transitions estimate the next layer.
   std::string pin_from;
   double pin_share = 0.5;
-  bool prefetch = false;  // with pin_from: read the next layer's estimated experts ahead
+  // With expert_cache: read the next MoE layer's experts into the cache while a layer computes,
+  // as the trace's transitions estimate them (trace: needs pin_from), or as the next layer's
+  // router chooses for the hidden state before the layer's MoE block (router) or after it
+  // (router_output), top_k + prefetch_margin experts a token.
+  enum class Prefetch { off, trace, router, router_output };
+  Prefetch prefetch = Prefetch::off;
+  int64_t prefetch_margin = 0;
   // How the checkpoint's weights are opened when every expert is resident on one rank: mapped
   // by default (LoadOptions); the ring, the cache and --ep read what they need as before.
   LoadOptions weights{true, false};
@@ -59,8 +65,9 @@ class Engine {
   // Error on every rank naming the first rank that differs), then loads the model onto
   // options.device. The world is kept only with ep > 1.
   // Under ep on CUDA the expert exchange runs over NCCL (bootstrapped over the world).
-  // --expert-cache and --pin-from need --expert-budget, --pin-from needs --expert-cache, and the
-  // cache runs on the CPU (UsageErrors naming the flags).
+  // --expert-cache, --pin-from and --prefetch need --expert-budget, --pin-from and --prefetch
+  // need --expert-cache, --prefetch trace needs --pin-from, --prefetch-margin needs a router
+  // prefetch, and the cache runs on the CPU (UsageErrors naming the flags).
   // Logs the ring's slots (or the cache's) when a budget is given.
   static std::unique_ptr<Engine> open(const EngineOptions& options,
                                       std::unique_ptr<comm::Communicator> world);

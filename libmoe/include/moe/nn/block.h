@@ -77,17 +77,24 @@ class Block {
 
   bool has_moe() const { return moe_ != nullptr; }
   int64_t num_experts() const;
+  // Inference with an expert store that reads ahead (nn::ExpertStore::lookahead): the next MoE
+  // block, whose norm and router this block applies to its hidden state (after its attention, or
+  // its output) to predict that block's experts; set by the model, null for none.
+  void set_next_moe(const Block* next) { next_moe_ = next; }
 
  private:
   // y = h + FFN(Norm2(h)) with h = x + attn (a holds attn on entry).
   Tensor residual_ffn(const Tensor& x, Tensor& a, const RouterStep& step, Saved* saved,
                       MoEStats* stats) const;
 
+  void lookahead(const Tensor& h, LookaheadSource at) const;
+
   [[maybe_unused]] int64_t index_;  // the block's position in the model (never read yet)
   std::unique_ptr<Norm> norm1_, norm2_;
   std::unique_ptr<Attention> attn_;
   std::unique_ptr<MLP> mlp_;  // dense layers, and the residual branch of residual MoE
   std::unique_ptr<MoELayer> moe_;
+  const Block* next_moe_ = nullptr;
 };
 
 }  // namespace moe::nn

@@ -20,6 +20,17 @@
 // and nn::Experts runs the layer's grouped ops over all its experts at once, as over resident
 // Params. Such a store serves forward passes only.
 //
+// A store that reads ahead (inference) may ask, through lookahead(), for the experts each MoE
+// layer is predicted to route to, by that layer's own router (its norm, weights, selection bias
+// and groups) applied early to an earlier hidden state (Pre-gated MoE): the MoE block before it
+// calls predict(layer, experts) with the experts its tokens' top_k + margin choices name (those
+// more tokens choose first, then those chosen at a better rank), at
+//   input:  before its own MoE layer runs (before its request): the hidden state after its
+//           attention, so the reads overlap that MoE layer's experts;
+//   output: after its MoE layer (the block's output), so the reads overlap only the next block's
+//           attention, from a state one MoE layer closer to the one predicted.
+// The prediction changes nothing the model computes (the store only reads earlier).
+//
 // Shapes: D model width, F expert hidden width, E experts. One expert's tensors are views shaped as
 // a group of one ([1,F,D], [1,D,F], [1,F], [1,D]) so the grouped expert ops run on them unchanged;
 // a whole layer's are [E,F,D], [E,D,F], [E,F], [E,D].
@@ -50,6 +61,13 @@ struct ExpertParams {
 
 enum class Pass { forward, backward };
 
+// Where the MoE layers predict the next one's experts for a store that reads ahead (see the top).
+enum class LookaheadSource { none, input, output };
+struct Lookahead {
+  LookaheadSource source = LookaheadSource::none;
+  int64_t margin = 0;  // experts a token beyond the predicted layer's top_k
+};
+
 class ExpertStore {
  public:
   virtual ~ExpertStore() = default;
@@ -74,6 +92,11 @@ class ExpertStore {
   virtual bool whole_layers() const { return false; }
   virtual ExpertTensors acquire_layer(int layer);
   virtual void release_layer(int layer);
+
+  // Reading ahead (see the top): what the store wants predicted (none: nothing, the default), and
+  // the experts of MoE layer `layer` predicted for this forward pass, the most likely first.
+  virtual Lookahead lookahead() const { return {}; }
+  virtual void predict(int /*layer*/, std::span<const int32_t> /*experts*/) {}
 };
 
 }  // namespace moe::nn

@@ -61,6 +61,7 @@ class Experts {
 
   const ExpertsConfig& config() const { return config_; }
   ExpertStore* store() const { return store_; }  // null: resident Params
+  int store_layer() const { return store_layer_; }  // the store's id of this layer (-1: none)
   Param& w1() const { return *w1_; }
   Param& w2() const { return *w2_; }
   Param* w3() const { return w3_; }  // null unless swiglu

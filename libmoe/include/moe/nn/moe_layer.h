@@ -110,6 +110,10 @@ class MoELayer {
   Tensor forward(const Tensor& x, const RouterStep& step, Saved* saved, MoEStats* stats) const;
   // Returns dx [N,D]; accumulates (+=) into the router's and experts' parameter gradients.
   Tensor backward(const Tensor& dy, const Saved& saved, float aux_scale, float z_scale);
+  // Inference, a store that reads ahead (ExpertStore::lookahead): the experts this layer's router
+  // chooses for u [N,D] (an earlier hidden state, normalised as this layer's input is), top_k +
+  // margin a token, handed to the store as this layer's prediction. Nothing is routed or counted.
+  void predict(const Tensor& u, int64_t margin) const;
 
   const MoEConfig& config() const { return config_; }  // experts: the ones held here
   Router& router() { return router_; }

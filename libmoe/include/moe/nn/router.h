@@ -101,6 +101,10 @@ class Router {
  public:
   Router(ParamSet& ps, const std::string& prefix, const RouterConfig& config);
   RouterOutput forward(const Tensor& x, const RouterStep& step) const;
+  // The experts forward (in inference: no jitter) would choose for x [N,D], by the same scores,
+  // selection bias and groups, k a token (at least top_k; at most what the chosen groups hold):
+  // [N,k] i32, best first. Nothing else is computed (no plan, no losses).
+  Tensor choose(const Tensor& x, int64_t k) const;
   // dweight_of_slot: d loss / d plan.weight_of_slot [M]; aux_scale, z_scale: d loss / d aux_loss,
   // d loss / d z_loss. Accumulates into the weight's gradient; returns dx [N,D].
   Tensor backward(const Tensor& dweight_of_slot, const RouterOutput& out, const Tensor& x,

@@ -19,7 +19,11 @@
 // is known, which experts the next layer will use (the routed experts' transition counts weighted
 // by their rows) and counts how many of the next layer's routed experts the estimate held; with
 // ServingCacheConfig::prefetch a loader thread reads the estimated experts into the cache while the
-// layer computes (their slots are held until the next layer is done).
+// layer computes (their slots are held until the next layer is done). With ServingCacheConfig::
+// router the estimate is instead the next layer's own router applied early to the hidden state
+// (nn::ExpertStore::lookahead: the model calls predict()), and those experts are read the same way:
+// at the input source while the layer before computes, at the output source while the next
+// block's attention does.
 //
 // Every access of an unpinned expert is recorded, so that stats() can state Belady's hits (the
 // offline optimum, moe/offload/cache_sim.h) on the same sequence with the same slots.
@@ -58,6 +62,12 @@ struct ServingCacheConfig {
   // bench's model the estimate held 46% of the routed experts and the wrong reads displaced
   // cached experts (docs/PERFORMANCE.md, "Expert cache for serving").
   bool prefetch = false;
+  // The next layer's router applied early (source none: not; then the trace's estimate, if any):
+  // its top_k + margin experts a token are the estimate, counted and prefetched as above (the
+  // most likely first). Needs no trace. On the bench's model it held 56% of the next layer's
+  // routed experts from the input source and 80% from the output source, the trace's estimate
+  // 46% (docs/PERFORMANCE.md, "Expert cache for serving").
+  nn::Lookahead router;
 };
 
 struct ServingCacheStats {
@@ -73,8 +83,9 @@ struct ServingCacheStats {
   int64_t passes = 0;        // forward passes served
   // The next-layer estimate: routed experts of layers 1..L-1 and how many of them it held.
   int64_t estimate_routed = 0, estimate_hits = 0;
-  // Prefetch reads issued, and acquires served by a slot a prefetch filled (counted in cache.hits).
-  int64_t prefetches = 0, prefetch_hits = 0;
+  // Prefetch reads issued, acquires served by a slot a prefetch filled (counted in cache.hits),
+  // and prefetched experts displaced (or read over) before any acquire used them.
+  int64_t prefetches = 0, prefetch_hits = 0, prefetch_wasted = 0;
   double hit_rate() const {  // pinned and cached hits over every access
     return accesses ? double(pinned_hits + cache.hits) / double(accesses) : 0.0;
   }
@@ -112,6 +123,8 @@ class ServingCache final : public nn::ExpertStore {
   nn::ExpertTensors gradients(int layer, int expert) override;
   void release(int layer, int expert) override;
   void gradient_done(int layer, int expert) override;
+  nn::Lookahead lookahead() const override;
+  void predict(int layer, std::span<const int32_t> experts) override;
 
   void start(const ServingCacheConfig& config);
   ServingCacheStats stats() const;  // Belady's hits computed here, over the recorded accesses
