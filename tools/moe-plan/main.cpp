@@ -1,6 +1,6 @@
-// moe-plan: size a training run before paying for it. Each subcommand is a thin driver of
-// moe/plan/predict.h; adding one is a `Subcommand` entry in main() (a setup that declares its
-// flags, and a run function).
+// moe-plan: size a training run before paying for it. Each subcommand is a thin driver of one
+// library call (moe/plan/predict.h, search.h, calibrate.h); adding one is a `Subcommand` entry in
+// main() (a setup that declares its flags, and a run function).
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>

@@ -238,6 +238,12 @@ std::string number(double v) {
   return buf;
 }
 
+std::string whole(double bytes) {  // as predict's TSV: every digit
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.0f", bytes);
+  return buf;
+}
+
 size_t rows_shown(const SearchResult& r, int64_t top) {
   return top <= 0 ? r.ranked.size() : std::min(r.ranked.size(), size_t(top));
 }
@@ -257,7 +263,7 @@ std::vector<std::string> search_tsv(const SearchResult& r, int64_t top) {
                            "\t", number(p.time.step_s));
     // Appended piece by piece: GCC 12 warns (-Wrestrict, a false positive) on "..." + string.
     for (const auto& [name, s] : path_terms(p.time)) line.append("\t").append(number(s));
-    for (int t = 0; t < 3; ++t) line.append("\t").append(number(p.memory.need[t]));
+    for (int t = 0; t < 3; ++t) line.append("\t").append(whole(p.memory.need[t]));
     line.append("\t").append(r.ranked[i].why.empty() ? "-" : r.ranked[i].why);
     lines.push_back(line);
   }
