@@ -9,9 +9,12 @@
 # pairs taken close in time on a busy machine. Prints each run's summary (tokens/s) and the
 # store's own line (bytes read; the cache's hit rate beside Belady's on the same accesses and the
 # next-layer estimate's hit rate), and checks the outputs are the resident model's bytes. Then
-# generation with --prefetch paired with the same flags without it. Last, a q4_k model of a few
-# hundred MB generating at 25%: resident, cache and ring (tokens/s, peak RSS). Usage: bench/expert_cache.sh [BUILD_DIR] (default build); STEPS=30 SEQS=32 ROUNDS=2 Q4=1
-# override (Q4=0: without the q4_k part; Q4=only: that part alone).
+# generation at 25% under each --prefetch mode (none, the trace's estimate, the next layer's
+# router before or after a layer's MoE block, with a margin), in turn. Last, a q4_k model of a few
+# hundred MB generating at 25%: resident, cache and ring (tokens/s, peak RSS). Usage:
+# bench/expert_cache.sh [BUILD_DIR] (default build); STEPS=30 SEQS=32 ROUNDS=2 Q4=1 PREFETCH=1
+# override (Q4=0: without the q4_k part; Q4=only: that part alone; PREFETCH=only: the bf16
+# model's prefetch modes alone).
 set -euo pipefail
 bin=${1:-build}/bin
 work=${WORK:-run/bench-expert-cache}
@@ -40,7 +43,7 @@ run() {  # score|generate, name, flags
   cmp -s "$work/resident-$1.jsonl" "$work/$2-$1.jsonl" ||
     echo "$1 $2: OUTPUT DIFFERS from the resident model's"
 }
-for what in generate score; do
+[ "${PREFETCH:-1}" = only ] || for what in generate score; do
   for budget in 25 50; do
     for round in $(seq "$rounds"); do
       echo "== $what, budget $budget%, round $round"
@@ -53,15 +56,26 @@ for what in generate score; do
     done
   done
 done
-# --prefetch against the same flags without it (generate, lru + pin).
-for budget in 25 50; do
+# --prefetch modes at 25% (generate, lru + pin from the trace alike), in turn (A B C D E A B ...):
+# off (the trace's estimate only counted), trace (its estimate read ahead), router (the next
+# layer's router on the hidden state before a layer's MoE block: reads overlap that layer's
+# experts), router-output (on the block's output: closer, but the reads overlap only the next
+# block's attention), router with a margin of one expert a token. The estimate line says how many
+# of the next layer's routed experts each predicted, and the prefetches issued, used and wasted.
+if [ "${PREFETCH:-1}" != 0 ]; then
   for round in $(seq "$rounds"); do
-    echo "== generate, --prefetch, budget $budget%, round $round"
-    run generate "pin$budget" "--expert-budget $budget% --expert-cache lru --pin-from $work/trace.h5"
-    run generate "prefetch$budget" \
-      "--expert-budget $budget% --expert-cache lru --pin-from $work/trace.h5 --prefetch"
+    echo "== generate, prefetch modes, budget 25%, round $round"
+    for mode in off trace router router-output router+1; do
+      flags="--expert-budget 25% --expert-cache lru --pin-from $work/trace.h5"
+      case $mode in
+        off) ;;
+        router+1) flags="$flags --prefetch router --prefetch-margin 1" ;;
+        *) flags="$flags --prefetch $mode" ;;
+      esac
+      run generate "prefetch-$mode" "$flags"
+    done
   done
-done
+fi
 fi
 # A q4_k model of a few hundred MB (Q4=0 skips it): generation at 25% of the experts' stored bytes,
 # resident against the cache and the ring, in turn (A B C A B C ...), each run's tokens/s and peak
