@@ -27,42 +27,16 @@
 #include "moe/param.h"
 #include "moe/tensor.h"
 #include "support/gradcheck.h"
+#include "support/yarn_reference.h"
 
 namespace moe::test::dsv3 {
 
 using Vec = std::vector<double>;
 using Weights = std::map<std::string, Tensor>;  // HF names without "model.layers.<i>.self_attn."
 
-// YaRN (rope_type "yarn"; factor 0: none), from the YaRN paper and transformers'
-// _compute_yarn_parameters / yarn_apply_mscale: pair i of the dr rotated features turns at
-// theta^(-2i/dr) (1 - r_i) + theta^(-2i/dr) / factor r_i, r_i = clamp((i - lo) / (hi - lo), 0, 1),
-// lo = max(floor(C(beta_fast)), 0), hi = min(ceil(C(beta_slow)), dr - 1) with
-// C(b) = dr ln(original / (2 pi b)) / (2 ln theta); cos and sin times m(mscale) / m(mscale_all_dim)
-// (m(x) = 0.1 x ln(factor) + 1); the scores times m(mscale_all_dim)^2 (DeepSeek's softmax scale).
-struct Yarn {
-  double factor = 0, original = 0, beta_fast = 32, beta_slow = 1, mscale = 0, mscale_all_dim = 0;
-  bool on() const { return factor > 0; }
-  double m(double x) const { return factor <= 1 ? 1.0 : 0.1 * x * std::log(factor) + 1.0; }
-  double inv_freq(int64_t i, int64_t d, double theta) const {
-    const double trained = std::pow(theta, -double(2 * i) / double(d));
-    if (!on()) return trained;
-    auto pair_of = [&](double beta) {
-      return double(d) * std::log(original / (beta * 2.0 * 3.141592653589793)) /
-             (2.0 * std::log(theta));
-    };
-    const double lo = std::max(std::floor(pair_of(beta_fast)), 0.0);
-    const double hi = std::min(std::ceil(pair_of(beta_slow)), double(d - 1));
-    const double r = std::clamp((double(i) - lo) / (hi - lo), 0.0, 1.0);
-    return trained * (1.0 - r) + trained / factor * r;
-  }
-  double rope_gain() const {
-    if (!on()) return 1.0;
-    return mscale > 0 && mscale_all_dim > 0 ? m(mscale) / m(mscale_all_dim) : m(1.0);
-  }
-  double score_gain() const {
-    return on() && mscale_all_dim > 0 ? m(mscale_all_dim) * m(mscale_all_dim) : 1.0;
-  }
-};
+// YaRN (factor 0: none): support/yarn_reference.h; the scores of DeepSeek's attention are
+// multiplied by its score_gain().
+using Yarn = test::YarnRef;
 
 struct MlaShape {
   int64_t D = 12, H = 3, r = 8, c = 6, dn = 4, dr = 4, dv = 2;

@@ -28,6 +28,7 @@
 #include "moe/io/safetensors.h"
 #include "support/gradcheck.h"
 #include "support/run.h"
+#include "support/yarn_reference.h"
 
 namespace moe::test {
 
@@ -67,6 +68,7 @@ struct Tiny {
   int64_t window = 0;
   std::vector<int64_t> window_layers;
   bool tied = false;
+  YarnRef yarn;  // YaRN RoPE when yarn.on() (rope_scaling type "yarn"; no softmax factor here)
   int64_t hd() const { return head_dim ? head_dim : D / H; }
   int64_t window_of(int64_t layer) const {
     const bool on = window_layers.empty() ||
@@ -90,6 +92,18 @@ inline Tiny tiny_of(const std::string& family) {
   return t;
 }
 
+// rope_scaling as transformers writes YaRN's (gpt-oss's keys: truncate false when set), or null.
+inline json yarn_config(const YarnRef& y) {
+  if (!y.on()) return nullptr;
+  json r{{"rope_type", "yarn"},
+         {"factor", y.factor},
+         {"original_max_position_embeddings", int64_t(y.original)},
+         {"beta_fast", y.beta_fast},
+         {"beta_slow", y.beta_slow}};
+  if (!y.truncate) r["truncate"] = false;
+  return r;
+}
+
 // HF Mixtral config.json for `t`.
 inline json mixtral_config(const Tiny& t) {
   return json{{"architectures", {"MixtralForCausalLM"}},
@@ -107,6 +121,7 @@ inline json mixtral_config(const Tiny& t) {
               {"max_position_embeddings", t.max_pos},
               {"hidden_act", "silu"},
               {"sliding_window", nullptr},
+              {"rope_scaling", yarn_config(t.yarn)},
               {"router_aux_loss_coef", 0.02},
               {"tie_word_embeddings", false},
               {"torch_dtype", "float32"}};
@@ -129,7 +144,7 @@ inline json family_config(const Tiny& t) {
          {"use_cache", true},
          {"tie_word_embeddings", false},
          {"rope_theta", t.theta},
-         {"rope_scaling", nullptr},
+         {"rope_scaling", yarn_config(t.yarn)},
          {"attention_dropout", 0.0},
          {"num_experts_per_tok", t.k},
          {"num_experts", t.E},
@@ -321,13 +336,18 @@ inline Vec rms_norm(Vec x, const Vec& weight, double eps) {
 
 // HF's apply_rotary_pos_emb on one head: x * cos + rotate_half(x) * sin, with
 // cos/sin = cat(freqs, freqs), freqs[i] = position * theta^(-2i/hd), rotate_half(x) = cat(-x2, x1).
-inline void hf_rotary(double* x, int64_t hd, int64_t position, double theta) {
+// With YaRN (yarn.on()) freqs[i] = position * yarn.inv_freq(i) and cos/sin times yarn.rope_gain().
+inline void hf_rotary(double* x, int64_t hd, int64_t position, double theta,
+                      const YarnRef& yarn = {}) {
   const int64_t half = hd / 2;
   Vec rotated(static_cast<size_t>(hd)), out(static_cast<size_t>(hd));
   for (int64_t j = 0; j < hd; ++j) rotated[size_t(j)] = j < half ? -x[j + half] : x[j - half];
   for (int64_t j = 0; j < hd; ++j) {
-    const double freq = double(position) / std::pow(theta, double(2 * (j % half)) / double(hd));
-    out[size_t(j)] = x[j] * std::cos(freq) + rotated[size_t(j)] * std::sin(freq);
+    const double freq =
+        yarn.on() ? double(position) * yarn.inv_freq(j % half, hd, theta)
+                  : double(position) / std::pow(theta, double(2 * (j % half)) / double(hd));
+    const double g = yarn.rope_gain();
+    out[size_t(j)] = g * (x[j] * std::cos(freq) + rotated[size_t(j)] * std::sin(freq));
   }
   for (int64_t j = 0; j < hd; ++j) x[j] = out[size_t(j)];
 }
@@ -399,9 +419,9 @@ inline Vec hf_reference_logits(const Tiny& t, const std::map<std::string, Tensor
         qk_norm(q[r], q_norm, t.H);
         qk_norm(k[r], k_norm, t.KV);
         for (int64_t head = 0; head < t.H; ++head)
-          hf_rotary(&q[r][size_t(head * hd)], hd, s, t.theta);
+          hf_rotary(&q[r][size_t(head * hd)], hd, s, t.theta, t.yarn);
         for (int64_t head = 0; head < t.KV; ++head)
-          hf_rotary(&k[r][size_t(head * hd)], hd, s, t.theta);
+          hf_rotary(&k[r][size_t(head * hd)], hd, s, t.theta, t.yarn);
       }
     for (int64_t b = 0; b < B; ++b)
       for (int64_t s = 0; s < T; ++s) {
