@@ -607,8 +607,8 @@ TEST_CASE(
                Catch::Contains("'llama.expert_used_count' is 9: it must be between 1 and 4"));
   REQUIRE_THAT(refusal([&](io::GgufFile& g) { set(g, "llama.embedding_length", 8, "64"); }),
                Catch::Contains("'llama.embedding_length' is a string, not an integer"));
-  REQUIRE_THAT(refusal([&](io::GgufFile& g) { set(g, "llama.rope.scaling.type", 8, "yarn"); }),
-               Catch::Contains("RoPE scaling 'yarn'"));
+  REQUIRE_THAT(refusal([&](io::GgufFile& g) { set(g, "llama.rope.scaling.type", 8, "linear"); }),
+               Catch::Contains("RoPE scaling 'linear'"));
   REQUIRE_THAT(refusal([&](io::GgufFile& g) { set(g, "llama.rope.dimension_count", 4, 8); }),
                Catch::Contains("rotary embedding of 8 of 16 head dimensions"));
   REQUIRE_THAT(refusal([&](io::GgufFile& g) { set(g, "llama.attention.head_count", 4, 2); }),

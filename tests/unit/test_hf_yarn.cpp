@@ -3,10 +3,12 @@
 // the double reference (support/yarn_reference.h: ramped frequencies and the attention factor on
 // cos/sin, no softmax factor outside DeepSeek), gpt-oss's keys (factor 32, betas 32 / 1,
 // truncate false) included; export-hf writes rope_scaling back config-identical; export-gguf
-// writes llama.cpp's rope.scaling.* keys or refuses by name what llama.cpp would not apply.
+// writes llama.cpp's rope.scaling.* keys (import-gguf reads them back) or refuses by name what
+// llama.cpp would not apply.
 #include <catch2/catch.hpp>
 
 #include "moe/io/gguf.h"
+#include "moe/io/gguf_import.h"
 #include "support/hf_families.h"
 
 using namespace moe;
@@ -82,6 +84,16 @@ TEST_CASE("hf yarn: export-hf writes rope_scaling back, export-gguf llama.cpp's 
   CHECK(key("type") == "yarn");
   CHECK(key("factor").get<float>() == 4.0f);
   CHECK(key("original_context_length") == 4096);
+  // import-gguf reads them back (and so takes the exporter's record, whose YaRN agrees).
+  io::GgufImportReport report;
+  const io::Checkpoint back = io::import_gguf(dir.file("q3.gguf"), {}, &report);
+  const ModelConfig got = model_config_from_json(back.model_config);
+  CHECK(got.rope_type == RopeType::yarn);
+  CHECK(got.rope_scaling() == model_config_from_json(imported.model_config).rope_scaling());
+  bool recorded = false;
+  for (const std::string& note : report.notes)
+    recorded = recorded || note.find("exporter's record") != std::string::npos;
+  CHECK(recorded);
   // gpt-oss's truncate false is not llama.cpp's rope: refused by name.
   const Tiny oss = yarn_tiny("qwen3_moe", 32, false);
   write_hf_dir(dir.file("oss"), family_config(oss), family_weights(oss, 24), 1);

@@ -77,8 +77,13 @@ void refuse_unsupported(const Keys& k, const std::string& a, int64_t seq) {
     refuse(a + ".expert_weights_scale", "scaled expert weights");
   if (!glm && k.integer_or(a + ".leading_dense_block_count", 0) != 0)
     refuse(a + ".leading_dense_block_count", "dense (non-MoE) layers");
-  if (k.has(a + ".rope.scaling.type") && k.text(a + ".rope.scaling.type") != "none")
-    refuse(a + ".rope.scaling.type", str("RoPE scaling '", k.text(a + ".rope.scaling.type"), "'"));
+  const std::string scaling = k.text_or(a + ".rope.scaling.type", "none");
+  if (scaling != "none" && scaling != "yarn")
+    refuse(a + ".rope.scaling.type", str("RoPE scaling '", scaling, "'"));
+  if (scaling == "yarn" && k.real_or(a + ".rope.scaling.attn_factor", 1.0) != 1.0)
+    refuse(a + ".rope.scaling.attn_factor", "a YaRN attention factor set by hand");
+  if (scaling == "yarn" && k.real_or(a + ".rope.scaling.yarn_log_multiplier", 0.0) != 0.0)
+    refuse(a + ".rope.scaling.yarn_log_multiplier", "DeepSeek's YaRN log multiplier");
   if (k.has(a + ".attention.clamp_kqv")) refuse(a + ".attention.clamp_kqv", "q/k/v clipping");
   const int64_t window = k.integer_or(a + ".attention.sliding_window", 0);
   if (window > 0 && window < seq)
@@ -86,6 +91,18 @@ void refuse_unsupported(const Keys& k, const std::string& a, int64_t seq) {
            str("a sliding window of ", window, " tokens, shorter than the context ", seq));
   if (k.integer_or(a + ".expert_shared_count", 0) > 0 && a != "qwen2moe" && !glm)
     refuse(a + ".expert_shared_count", "shared experts");
+}
+
+// YaRN as llama.cpp's rope.scaling.* keys say it (gguf_write.cpp's write_yarn_keys): the factor
+// and the original context; llama.cpp takes YaRN's defaults for the rest (betas 32 / 1, a
+// truncated range, the attention factor 0.1 ln(factor) + 1), and so does ModelConfig's yarn.
+void yarn_config(const Keys& k, const std::string& a, ModelConfig& mc) {
+  const std::string p = a + ".rope.scaling.";
+  if (k.text_or(p + "type", "none") != "yarn") return;
+  mc.rope_type = RopeType::yarn;
+  mc.yarn.factor = k.real(p + "factor");
+  if (!(mc.yarn.factor >= 1)) k.fail(p + "factor", str("is ", mc.yarn.factor, ": YaRN's is >= 1"));
+  mc.yarn.original_ctx = double(k.bounded(p + "original_context_length", 1, int64_t(1) << 31));
 }
 
 // glm4moe's own keys (io/gguf_write.cpp's write_glm4moe_keys) and what its tensors say of the
@@ -205,6 +222,7 @@ ModelConfig config_from_keys(const Keys& k, const GgufArch& arch, const GgufFile
   mc.z_loss_coef = 0;
   mc.router_jitter = 0;
   refuse_unsupported(k, arch.name, mc.seq);
+  yarn_config(k, arch.name, mc);
   if (arch.arch == Arch::glm4_moe)
     glm4moe_config(k, f, mc);
   else
@@ -251,7 +269,8 @@ bool same_math(const ModelConfig& a, const ModelConfig& b) {
          a.top_k == b.top_k && a.normalize_topk == b.normalize_topk &&
          a.residual_moe == b.residual_moe && a.router_scoring == b.router_scoring && biased &&
          !a.router_center() && !b.router_center() && float(a.norm_eps) == float(b.norm_eps) &&
-         float(a.rope_theta) == float(b.rope_theta) && a.tie_embeddings == b.tie_embeddings;
+         float(a.rope_theta) == float(b.rope_theta) && a.tie_embeddings == b.tie_embeddings &&
+         a.rope_type == b.rope_type && a.rope_scaling() == b.rope_scaling();
 }
 
 // A file our export_gguf wrote records our exact model config
