@@ -33,14 +33,11 @@ struct TinyDeepseek {
 inline json deepseek_rope(const TinyDeepseek& t) {
   const dsv3::Yarn& y = t.attn.yarn;
   if (!y.on()) return json{{"rope_theta", t.moe.theta}, {"rope_type", "default"}};
-  return json{{"rope_theta", t.moe.theta},
-              {"rope_type", "yarn"},
-              {"factor", y.factor},
-              {"original_max_position_embeddings", int64_t(y.original)},
-              {"beta_fast", y.beta_fast},
-              {"beta_slow", y.beta_slow},
-              {"mscale", y.mscale},
-              {"mscale_all_dim", y.mscale_all_dim}};
+  return json{
+      {"rope_theta", t.moe.theta}, {"rope_type", "yarn"},
+      {"factor", y.factor},        {"original_max_position_embeddings", int64_t(y.original)},
+      {"beta_fast", y.beta_fast},  {"beta_slow", y.beta_slow},
+      {"mscale", y.mscale},        {"mscale_all_dim", y.mscale_all_dim}};
 }
 
 // config.json as DeepseekV3Config writes it (transformers 5.25).

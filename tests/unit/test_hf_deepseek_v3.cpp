@@ -147,8 +147,12 @@ TEST_CASE("deepseek_v3: what we cannot represent is refused by name", "[hf][deep
   no_factor["rope_scaling"] = {{"type", "yarn"}, {"mscale", 1.0}};
   CHECK_THAT(refusal("no-factor", no_factor), Catch::Contains("YaRN needs \"factor\""));
   json narrow = deepseek_config(t);  // betas whose range is empty: no ramp to build
-  narrow["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 50},   {"factor", 4},
-                               {"beta_fast", 1},      {"beta_slow", 32},    {"mscale", 1.0},
+  narrow["rope_parameters"] = {{"rope_type", "yarn"},
+                               {"rope_theta", 50},
+                               {"factor", 4},
+                               {"beta_fast", 1},
+                               {"beta_slow", 32},
+                               {"mscale", 1.0},
                                {"original_max_position_embeddings", 64}};
   CHECK_THAT(refusal("narrow", narrow), Catch::Contains("YaRN"));
   json freq = deepseek_config(t);
@@ -206,7 +210,8 @@ TEST_CASE("deepseek_v3: import -> export -> import is tensor-identical, f32 and 
              Catch::Contains("deepseek_v3 (Multi-head Latent Attention) has no"));
 }
 
-TEST_CASE("deepseek_v3: YaRN exports back config- and tensor-identical", "[hf][deepseek_v3][yarn]") {
+TEST_CASE("deepseek_v3: YaRN exports back config- and tensor-identical",
+          "[hf][deepseek_v3][yarn]") {
   test::ScratchDir dir("deepseek-v3-yarn-export");
   TinyDeepseek t;
   t.nextn = 0, t.attn.dr = 8;

@@ -80,7 +80,9 @@ TEST_CASE("hf yarn: export-hf writes rope_scaling back, export-gguf llama.cpp's 
   // llama.cpp's YaRN keys for the settings it applies (betas 32 / 1, truncated, derived factor).
   io::export_gguf(imported, dir.file("q3.gguf"), {io::GgufType::f32, "q3"});
   const io::GgufFile g = io::read_gguf(dir.file("q3.gguf"));
-  auto key = [&](const std::string& k) { return g.metadata["qwen3moe.rope.scaling." + k]["value"]; };
+  auto key = [&](const std::string& k) {
+    return g.metadata["qwen3moe.rope.scaling." + k]["value"];
+  };
   CHECK(key("type") == "yarn");
   CHECK(key("factor").get<float>() == 4.0f);
   CHECK(key("original_context_length") == 4096);

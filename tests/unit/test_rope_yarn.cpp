@@ -3,8 +3,8 @@
 // against a double-precision reference written from the YaRN formula, with one pair of each of the
 // ramp's three regions checked by hand. Shape letters: T sequence, H heads, hd head dim, rd rotated
 // features of a head (pairs i < rd/2).
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <vector>
@@ -110,9 +110,8 @@ TEST_CASE("yarn: the RoPE table against the double formula, one pair per ramp re
   // y_i = a cos, y_{i+8} = a sin): pair 1 (trained) 10000^(-1/8) = 0.316228; pair 4 (half way, r
   // 0.5) 0.01 (0.5 + 0.5 / 4) = 0.00625; pair 7 (interpolated) 10000^(-7/8) / 4 = 7.90569e-5.
   const int64_t pos = 100;
-  const std::pair<int64_t, double> hand[] = {{1, 0.31622776601683794},
-                                             {4, 0.00625},
-                                             {7, 7.905694150420949e-05}};
+  const std::pair<int64_t, double> hand[] = {
+      {1, 0.31622776601683794}, {4, 0.00625}, {7, 7.905694150420949e-05}};
   for (auto [pair, inv_freq] : hand) {
     INFO("pair " << pair);
     std::vector<float> unit(16, 0.0f);
@@ -169,8 +168,8 @@ TEST_CASE("yarn: the CUDA table body gives the CPU op's bits", "[rope][yarn][cud
   const std::vector<float> xs = x.to_vector();
   for (auto shape : test::kHarnessGrids) {
     std::vector<float> cos_table(T * half), sin_table(T * half), out(xs.size());
-    cuda::run_grid_on_cpu<cuda::body::RopeTable>(shape, cos_table.data(), sin_table.data(), T,
-                                                 half, hd, 10000.0f, offset, sc);
+    cuda::run_grid_on_cpu<cuda::body::RopeTable>(shape, cos_table.data(), sin_table.data(), T, half,
+                                                 hd, 10000.0f, offset, sc);
     cuda::run_grid_on_cpu<cuda::body::RopeRotate>(
         shape, xs.data(), out.data(), static_cast<const float*>(cos_table.data()),
         static_cast<const float*>(sin_table.data()), T, T, H, hd, hd, false);

@@ -3,8 +3,8 @@
 // ramp, attention factor and DeepSeek's softmax mscale), and the decode paths (the latent cache
 // of nn/attention_latent.cpp, the plain K/V cache) equal to the uncached forward with YaRN on.
 // Shape letters: T sequence, D model width, H heads.
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <vector>
 
@@ -88,8 +88,7 @@ TEST_CASE("yarn attention: latent attention forward and latent decode match the 
   CHECK(relative_error(attention.forward(x, 1, T, nullptr).to_vector(), other) > 1e-3);
 }
 
-TEST_CASE("yarn attention: plain attention's K/V cache decodes as its forward",
-          "[rope][yarn]") {
+TEST_CASE("yarn attention: plain attention's K/V cache decodes as its forward", "[rope][yarn]") {
   AttentionConfig c;
   c.d_model = 16, c.heads = 4, c.kv_heads = 2, c.rope = true, c.rope_theta = 500.0f;
   c.init_std = c.out_init_std = 0.4f;  // outputs of O(1): a relative error that means something

@@ -324,7 +324,7 @@ void check_window(const ModelConfig& mc, const std::string& arch) {
 void check_yarn(const ModelConfig& mc, const std::string& arch) {
   if (mc.rope_type != RopeType::yarn) return;
   const ops::YarnSettings& y = mc.yarn;
-  const char* differs = y.beta_fast != 32 || y.beta_slow != 1 ? "beta_fast / beta_slow"
+  const char* differs = y.beta_fast != 32 || y.beta_slow != 1  ? "beta_fast / beta_slow"
                         : !y.truncate                          ? "truncate false"
                         : y.mscale > 0 || y.mscale_all_dim > 0 ? "mscale / mscale_all_dim"
                         : y.attention_factor > 0               ? "attention_factor"

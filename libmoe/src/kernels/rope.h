@@ -2,12 +2,12 @@
 // pairs are (i, i + hd/2) for i < hd/2, rotated by angle = position * theta^(-2i/hd):
 //   y[i]        = x[i] cos - x[i + hd/2] sin
 //   y[i + hd/2] = x[i + hd/2] cos + x[i] sin
-// The backward is the inverse (transposed) rotation. With YaRN (moe/rope_scaling.h) the pairs' inverse
-// frequencies are blended per pair and cos/sin carry an attention factor a: the map is a R, whose
-// backward is a R^T (the same table, inverse = true).
-// Partial rotary (GLM-4-MoE, partial_rotary_factor): only the first rd features of each head are
-// rotated, with hd replaced by rd above (pairs (i, i + rd/2), angle theta^(-2i/rd)); the other
-// hd - rd features pass through unchanged.
+// The backward is the inverse (transposed) rotation. With YaRN (moe/rope_scaling.h) the pairs'
+// inverse frequencies are blended per pair and cos/sin carry an attention factor a: the map is a R,
+// whose backward is a R^T (the same table, inverse = true). Partial rotary (GLM-4-MoE,
+// partial_rotary_factor): only the first rd features of each head are rotated, with hd replaced by
+// rd above (pairs (i, i + rd/2), angle theta^(-2i/rd)); the other hd - rd features pass through
+// unchanged.
 #pragma once
 #include "kernels/common.h"
 
@@ -37,8 +37,8 @@ MOE_HD float rope_angle(int64_t position, int64_t i, int64_t head_dim, float the
 // One entry of the cos/sin table: pair i at `position`, with YaRN's blend (factor, ramp_low,
 // ramp_width; factor 1: plain) and attention factor (1: none; x 1.0f keeps the bits).
 MOE_HD void rope_table_entry(int64_t position, int64_t i, int64_t rotary_dim, float theta,
-                             float factor, float ramp_low, float ramp_width,
-                             float attention_factor, float* cos_out, float* sin_out) {
+                             float factor, float ramp_low, float ramp_width, float attention_factor,
+                             float* cos_out, float* sin_out) {
   const float angle = static_cast<float>(position) *
                       rope_inv_freq(i, rotary_dim, theta, factor, ramp_low, ramp_width);
   *cos_out = cosf(angle) * attention_factor;

@@ -194,8 +194,8 @@ Tensor Attention::forward_cached(const Tensor& x, const ops::CachedRows& rows,
       Tensor qr = q.rows(first, first + t), kr = k.rows(first, first + t);
       ops::rope_forward(qr, 1, t, config_.heads, config_.rope_theta, qr, start, config_.rope_dim,
                         config_.rope_scaling);
-      ops::rope_forward(kr, 1, t, config_.kv_heads, config_.rope_theta, kr, start,
-                        config_.rope_dim, config_.rope_scaling);
+      ops::rope_forward(kr, 1, t, config_.kv_heads, config_.rope_theta, kr, start, config_.rope_dim,
+                        config_.rope_scaling);
     }
     // The row's new keys and values into its slot, on the cache's device (a copy, not memcpy: the
     // cache may be in GPU memory).

@@ -63,12 +63,13 @@ double yarn_mscale(double scale, double m) {
 // The pair index (fractional) whose wavelength fits `rotations` turns into `context` positions:
 // inverting 2 pi theta^(2i/rd) = context / rotations for i (the YaRN paper's eq. 17, in pairs).
 static double correction_pair(double rotations, int64_t rotary_dim, double theta, double context) {
-  return double(rotary_dim) * std::log(context / (rotations * 2.0 * 3.141592653589793)) / (2.0 * std::log(theta));
+  return double(rotary_dim) * std::log(context / (rotations * 2.0 * 3.141592653589793)) /
+         (2.0 * std::log(theta));
 }
 
 RopeScaling yarn_scaling(const YarnSettings& yarn, double theta, int64_t rotary_dim) {
-  MOE_USAGE_CHECK(std::isfinite(yarn.factor) && yarn.factor >= 1.0, "YaRN factor must be >= 1 (got ",
-                  yarn.factor, ")");
+  MOE_USAGE_CHECK(std::isfinite(yarn.factor) && yarn.factor >= 1.0,
+                  "YaRN factor must be >= 1 (got ", yarn.factor, ")");
   MOE_USAGE_CHECK(yarn.original_ctx >= 1.0 && std::isfinite(yarn.original_ctx),
                   "YaRN original context must be >= 1 position (got ", yarn.original_ctx, ")");
   MOE_USAGE_CHECK(yarn.beta_fast > 0 && yarn.beta_slow > 0 && std::isfinite(yarn.beta_fast) &&
@@ -77,8 +78,8 @@ RopeScaling yarn_scaling(const YarnSettings& yarn, double theta, int64_t rotary_
                   yarn.beta_slow, ")");
   MOE_USAGE_CHECK(yarn.mscale >= 0 && yarn.mscale_all_dim >= 0 && yarn.attention_factor >= 0,
                   "YaRN mscale, mscale_all_dim and attention_factor must be >= 0 (0 = absent)");
-  MOE_USAGE_CHECK(rotary_dim >= 2 && theta > 1.0, "YaRN needs a rotary dim >= 2 and theta > 1 (got ",
-                  rotary_dim, ", ", theta, ")");
+  MOE_USAGE_CHECK(rotary_dim >= 2 && theta > 1.0,
+                  "YaRN needs a rotary dim >= 2 and theta > 1 (got ", rotary_dim, ", ", theta, ")");
   double low = correction_pair(yarn.beta_fast, rotary_dim, theta, yarn.original_ctx);
   double high = correction_pair(yarn.beta_slow, rotary_dim, theta, yarn.original_ctx);
   if (yarn.truncate) low = std::floor(low), high = std::ceil(high);
@@ -91,9 +92,10 @@ RopeScaling yarn_scaling(const YarnSettings& yarn, double theta, int64_t rotary_
   s.ramp_width = static_cast<float>(high - low);
   double attention = yarn.attention_factor;
   if (attention == 0)
-    attention = yarn.mscale > 0 && yarn.mscale_all_dim > 0
-                    ? yarn_mscale(yarn.factor, yarn.mscale) / yarn_mscale(yarn.factor, yarn.mscale_all_dim)
-                    : yarn_mscale(yarn.factor);
+    attention =
+        yarn.mscale > 0 && yarn.mscale_all_dim > 0
+            ? yarn_mscale(yarn.factor, yarn.mscale) / yarn_mscale(yarn.factor, yarn.mscale_all_dim)
+            : yarn_mscale(yarn.factor);
   s.attention_factor = static_cast<float>(attention);
   MOE_USAGE_CHECK(s.ramp_width > 0.0f, "YaRN's correction range is empty: beta_fast ",
                   yarn.beta_fast, " and beta_slow ", yarn.beta_slow, " over ", yarn.original_ctx,
