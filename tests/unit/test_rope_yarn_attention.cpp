@@ -102,3 +102,34 @@ TEST_CASE("yarn attention: plain attention's K/V cache decodes as its forward", 
   const std::vector<float> full = attention.forward(x, 1, T, nullptr).to_vector();
   CHECK(relative_error(decoded(attention, x, T), widen(full)) < 1e-5);
 }
+
+TEST_CASE("yarn attention: the latent layer's gradients with YaRN match finite differences",
+          "[rope][yarn][mla][gradcheck]") {
+  // The backward rotates by (a R)^T and multiplies dq by the softmax factor (q is saved scaled).
+  test::dsv3::MlaShape s;
+  s.dr = 8;
+  s.yarn = {4.0, 64.0, 32.0, 1.0, 0.8, 1.2};
+  ParamSet ps(5);
+  Attention attention(ps, "attn", yarn_config(s));
+  test::dsv3::load_mla(ps, "attn", s, test::dsv3::mla_weights(s, 9));
+  const int64_t B = 2, T = 4;
+  Tensor x = test::random_tensor({B * T, s.D}, 13);
+  const Tensor r = test::random_tensor({B * T, s.D}, 14);
+  Attention::Saved saved;
+  ps.zero_grad();
+  attention.forward(x, B, T, &saved);
+  const Tensor dx = attention.backward(r, saved);
+  auto loss = [&] { return test::dot(attention.forward(x, B, T, nullptr), r); };
+  SECTION("x") { MOE_REQUIRE_GRAD(test::check_gradient(x, dx, loss, 1e-2, 24), 1e-2); }
+  for (Param* p : ps.all()) {
+    DYNAMIC_SECTION(p->name) {
+      Tensor analytic = p->grad.clone();
+      auto param_loss = [&] {
+        p->refresh_compute();
+        return loss();
+      };
+      MOE_REQUIRE_GRAD(test::check_gradient(p->value, analytic, param_loss, 1e-2, 24), 1e-2);
+      p->refresh_compute();
+    }
+  }
+}
