@@ -238,3 +238,29 @@ TEST_CASE("deepseek_v3: YaRN exports back config- and tensor-identical",
   require_same_params(imported, again);
   REQUIRE(again.model_config == imported.model_config);
 }
+
+TEST_CASE("deepseek_v3: DeepSeek-V2's YaRN under rope_scaling's older 'type' key",
+          "[hf][deepseek_v3][yarn]") {
+  // DeepSeek-V2's released config (transformers 4 spelling): rope_scaling {"type": "yarn",
+  // factor 40, original 4096, betas 32 / 1, mscale = mscale_all_dim = 0.707}.
+  test::ScratchDir dir("deepseek-v2-yarn");
+  TinyDeepseek t;
+  t.v2 = true, t.nextn = 0;
+  json c = deepseek_v2_config(t);
+  c["rope_scaling"] = {{"type", "yarn"},
+                       {"factor", 40},
+                       {"beta_fast", 32},
+                       {"beta_slow", 1},
+                       {"mscale", 0.707},
+                       {"mscale_all_dim", 0.707},
+                       {"original_max_position_embeddings", 4096}};
+  write_hf_dir(dir.file("v2"), c, deepseek_weights(t, 5), 1);
+  const ModelConfig mc = model_config_from_json(test::import_hf_held(dir.file("v2")).model_config);
+  REQUIRE(mc.rope_type == RopeType::yarn);
+  CHECK(mc.yarn.factor == 40);
+  CHECK(mc.yarn.original_ctx == 4096);
+  CHECK(mc.yarn.mscale == 0.707);
+  CHECK(mc.rope_scaling().attention_factor == 1.0f);  // m(0.707) / m(0.707)
+  // The softmax factor (0.0707 ln 40 + 1)^2 = 1.5544 (transformers' yarn_apply_mscale).
+  CHECK(mc.attention_scale() == Approx(std::pow(0.0707 * std::log(40.0) + 1.0, 2)));
+}
