@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/cpu/gemm_kernel.h"
+#include "backend/cpu/task_pool.h"
 #include "moe/error.h"
 #include "moe/threads.h"
 
@@ -179,16 +180,25 @@ void sgemm_batch(const GemmProblem* problems, size_t count) {
   // The tile kernel's packed panels are kept within a call of several tiles; a single tile
   // (decode's per-head products) has no next tile to share them, and takes no call number.
   const uint64_t call = total > 1 ? gemm_next_call() : 0;
-  // Which thread runs a tile never changes its bits: dynamic scheduling only balances load
-  // (uneven edge tiles, a descheduled thread on a shared machine).
-#pragma omp parallel for schedule(dynamic, 1) if (total > 1 && total_work > kSerialWork)
-  for (int64_t t = 0; t < total; ++t) {
+  auto tile = [&](int64_t t) {
     const size_t i = static_cast<size_t>(std::upper_bound(first_tile, first_tile + count + 1, t) -
                                          first_tile - 1);
     const int64_t within = t - first_tile[i];
     const GemmTiling& tiling = tilings[i];
     run_tile(problems[i], tiling, within / tiling.tiles_n, within % tiling.tiles_n, kernel, call);
+  };
+  const bool parallel = total > 1 && total_work > kSerialWork;
+  // Which thread runs a tile never changes its bits: the schedule only balances load (uneven
+  // edge tiles, a descheduled thread on a shared machine). Where OpenMP's idle threads sleep
+  // between regions (task_pool.h), the tiles go to the task pool, whose caller waits only for
+  // tiles another thread has started: a worker still waking up, or descheduled, holds no one up,
+  // where an OpenMP region's end waits for every thread of its team.
+  if (parallel && task_pool_enabled() && !omp_in_parallel()) {
+    run_tasks(total, num_threads(), tile);
+    return;
   }
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+  for (int64_t t = 0; t < total; ++t) tile(t);
 }
 
 void sgemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha,

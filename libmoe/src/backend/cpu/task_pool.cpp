@@ -146,6 +146,7 @@ class Pool {
   }
 
   int workers() const { return workers_.load(); }
+  uint32_t batches() const { return static_cast<uint32_t>(generation_.load()); }
 
   void set_generation(uint32_t batches) {
     std::lock_guard<std::mutex> batch(batch_mutex_);
@@ -238,6 +239,8 @@ void run_tasks(int64_t count, int threads, TaskFn fn, void* context) {
 
 void set_task_pool_enabled(bool enabled) { pool_enabled = enabled; }
 
+bool task_pool_enabled() { return pool_enabled; }
+
 bool task_pool_preferred(const char* wait_policy, const char* spin_count) {
   if (wait_policy && names(wait_policy, "passive")) return true;
   if (wait_policy && names(wait_policy, "active")) return false;
@@ -250,6 +253,8 @@ bool task_pool_default() {
 }
 
 int task_pool_workers() { return pool().workers(); }
+
+uint32_t task_pool_batches() { return pool().batches(); }
 
 void task_pool_set_generation(uint32_t batches) { pool().set_generation(batches); }
 

@@ -1,5 +1,6 @@
-// A persistent pool of worker threads for short batches of independent tasks (decode GEMVs):
-// the calling thread works through the tasks itself, and the workers that are awake help it.
+// A persistent pool of worker threads for short batches of independent tasks (decode GEMVs, and
+// the tiles of every tiled sgemm while the pool is enabled: gemm.cpp): the calling thread works
+// through the tasks itself, and the workers that are awake help it.
 //
 // Why not an OpenMP loop: a decode step opens ~60 parallel regions of 10-100 us of work each, and
 // an OpenMP region ends with a join that waits for every thread of the team. A worker that sleeps
@@ -40,15 +41,19 @@ void run_tasks(int64_t count, int threads, F& f) {
 
 // Workers started so far (tests).
 int task_pool_workers();
+// Batches the pool has handed to its workers so far, mod 2^32 (tests: whether a call used it).
+uint32_t task_pool_batches();
 // Tests: sets the pool's batch counter, as if `batches` batches (mod 2^32) had run. The counter
 // wraps at 2^32, which a long-running server passes; tests start just below it.
 void task_pool_set_generation(uint32_t batches);
 
 // Whether batches run on the pool (else each batch is an OpenMP loop, schedule static,
-// `threads` threads). The default, task_pool_default(), is task_pool_preferred() of this
-// process's OMP_WAIT_POLICY and GOMP_SPINCOUNT. Benchmarks and tests switch it to time or check
-// both paths. Not thread-safe with batches in flight.
+// `threads` threads; sgemm's tiles then run as an OpenMP loop of its own, schedule dynamic). The
+// default, task_pool_default(), is task_pool_preferred() of this process's OMP_WAIT_POLICY and
+// GOMP_SPINCOUNT. Benchmarks and tests switch it to time or check both paths. Not thread-safe with
+// batches in flight.
 void set_task_pool_enabled(bool enabled);
+bool task_pool_enabled();
 bool task_pool_default();
 
 // GOMP_SPINCOUNT below this many polls counts as short (task_pool_preferred). Training lost 4-11%
