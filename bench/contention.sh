@@ -5,10 +5,10 @@
 # share of the CPU, so a 2-core machine leaves the run one core). moe's tools run as shipped
 # (idle OpenMP threads spin 1,000 polls: tools/common/omp_wait.h; decode on the task pool:
 # backend/cpu/task_pool.h), with a longer spin (GOMP_SPINCOUNT=10000, training only), and with
-# GNU OpenMP's own default (GOMP_SPINCOUNT=300000, what the tools ran with before). Generation
-# also runs with the same 1,000 polls on OpenMP loops instead of the pool (OMP_WAIT_POLICY=active
-# picks the loops, and libgomp lets GOMP_SPINCOUNT decide how long its threads spin: the path
-# the tools took before the pool was chosen for short spins). PyTorch eager trains the same
+# GNU OpenMP's own default (GOMP_SPINCOUNT=300000, what the tools ran with before). Both also run
+# with the same 1,000 polls on OpenMP loops instead of the task pool (decode's GEMVs, every
+# sgemm's tiles): OMP_WAIT_POLICY=active picks the loops, and libgomp lets GOMP_SPINCOUNT decide
+# how long its threads spin (the path the tools took before the pool was chosen for short spins). PyTorch eager trains the same
 # model (bench/train_torch.py), with the faster of its two OpenMP wait policies. Rounds alternate
 # quiet and busy, and within a round the settings take turns, so a drift of the machine's speed
 # hits all. Generation's tokens/s is moe-infer's own (decode only: the model's loading is not
@@ -90,15 +90,18 @@ for r in $(seq 1 "$rounds"); do
       neighbour=$!
       sleep 1
     fi
-    t_new=$(train_rate new); t_long=$(train_rate long GOMP_SPINCOUNT=10000)
+    t_new=$(train_rate new); t_loops=$(train_rate loops GOMP_SPINCOUNT=1000 OMP_WAIT_POLICY=active)
+    t_long=$(train_rate long GOMP_SPINCOUNT=10000)
     t_old=$(train_rate old GOMP_SPINCOUNT=300000)
     g_new=$(generate_rate); g_loops=$(generate_rate GOMP_SPINCOUNT=1000 OMP_WAIT_POLICY=active)
     g_old=$(generate_rate GOMP_SPINCOUNT=300000)
     t_torch=$(torch_rate)
     stop_neighbour
-    echo "# round $r $state: train $t_new (spin 10000: $t_long, 300000: $t_old), torch $t_torch;" \
+    echo "# round $r $state: train $t_new (loops: $t_loops, spin 10000: $t_long, 300000: $t_old)," \
+      "torch $t_torch;" \
       "generate $g_new (loops: $g_loops, spin 300000: $g_old)"
-    record "train_new_$state" "$t_new"; record "train_long_$state" "$t_long"
+    record "train_new_$state" "$t_new"; record "train_loops_$state" "$t_loops"
+    record "train_long_$state" "$t_long"
     record "train_old_$state" "$t_old"
     record "gen_new_$state" "$g_new"; record "gen_loops_$state" "$g_loops"
     record "gen_old_$state" "$g_old"
@@ -109,7 +112,9 @@ mean() { [ -n "${count[$1]:-}" ] && echo $(( sum[$1] / count[$1] )) || echo -; }
 ratio() { [ "$1" = - ] || [ "$2" = - ] && echo - || "$python" -c "print(f'{$1 / $2:.2f}')"; }
 printf '\n| %-56s | %8s | %8s | %10s | %12s |\n' "program (tokens/s, mean of $rounds)" quiet busy busy/quiet "busy vs torch"
 printf '|%s|%s|%s|%s|%s|\n' ---------------------------------------------------------- ---------: ---------: -----------: -------------:
-for row in "moe-train:train_new" "moe-train, GOMP_SPINCOUNT=10000:train_long" \
+for row in "moe-train (GEMM tiles on the pool):train_new" \
+           "moe-train, OpenMP loops (1,000 polls, active):train_loops" \
+           "moe-train, GOMP_SPINCOUNT=10000:train_long" \
            "moe-train, GOMP_SPINCOUNT=300000:train_old" "torch eager:torch" \
            "moe-infer generate ($new new tokens x 8, the pool):gen_new" \
            "moe-infer generate, OpenMP loops (1,000 polls, active):gen_loops" \
