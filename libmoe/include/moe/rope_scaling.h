@@ -26,4 +26,15 @@ struct RopeScaling {
   }
 };
 
+// YaRN's settings as a Hugging Face config names them (rope_type "yarn"); ops::yarn_scaling
+// (moe/ops/dense.h) turns them into a RoPE's RopeScaling. 0 means absent for original_ctx (then
+// required), mscale, mscale_all_dim and attention_factor (derived).
+struct YarnSettings {
+  double factor = 1;
+  double original_ctx = 0;
+  double beta_fast = 32, beta_slow = 1;
+  double mscale = 0, mscale_all_dim = 0, attention_factor = 0;
+  bool truncate = true;
+};
+
 }  // namespace moe::ops

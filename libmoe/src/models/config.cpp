@@ -6,6 +6,7 @@
 
 #include "core/json_text.h"
 #include "moe/error.h"
+#include "moe/ops/dense.h"
 #include "moe/ops/moe.h"
 
 namespace moe {

@@ -7,7 +7,7 @@
 
 #include "moe/dtype.h"
 #include "moe/nn/common.h"
-#include "moe/ops/dense.h"
+#include "moe/rope_scaling.h"
 
 namespace moe {
 

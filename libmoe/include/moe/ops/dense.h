@@ -62,13 +62,6 @@ void rope_backward(const Tensor& dy, int64_t batch, int64_t seq, int64_t heads, 
 // attention factor: `attention_factor` when > 0, else 0.1 ln(factor) + 1, or with mscale and
 // mscale_all_dim both > 0 the ratio of those two terms (DeepSeek). UsageError on values that
 // give no ramp (factor < 1, original_ctx < 1, betas <= 0, rotary_dim < 2).
-struct YarnSettings {
-  double factor = 1;
-  double original_ctx = 0;
-  double beta_fast = 32, beta_slow = 1;
-  double mscale = 0, mscale_all_dim = 0, attention_factor = 0;
-  bool truncate = true;
-};
 RopeScaling yarn_scaling(const YarnSettings& yarn, double theta, int64_t rotary_dim);
 // YaRN's mscale (the paper's eq. 21, transformers' yarn_get_mscale): 0.1 m ln(s) + 1, 1 at s <= 1.
 double yarn_mscale(double scale, double m = 1.0);
