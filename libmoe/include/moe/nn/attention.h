@@ -123,8 +123,8 @@ class Attention {
   AttentionConfig config_;
   std::string name_;  // the params' prefix, for messages
   int64_t head_dim_;
-  std::unique_ptr<Linear> q_, k_, v_;      // null with latent attention
-  std::unique_ptr<Mla> mla_;               // null without
+  std::unique_ptr<Linear> q_, k_, v_;  // null with latent attention
+  std::unique_ptr<Mla> mla_;           // null without
   std::unique_ptr<Linear> o_;
   std::unique_ptr<Norm> q_norm_, k_norm_;  // null without qk-norm
 };
