@@ -6,6 +6,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "support/plan_cluster.h"
 #include "support/run.h"
 
 using namespace moe;
@@ -18,15 +19,9 @@ namespace {
 
 // One node of 4 devices; `device` is each device's memory.
 std::string cluster_text(const std::string& device) {
-  return "device_kind = \"cuda\"\nnodes = 1\ndevices_per_node = 4\n"
-         "[memory]\ndevice = \"" +
-         device +
-         "\"\nhost = \"64GiB\"\nssd = \"1TB\"\n"
-         "[bandwidth]\nintra_node = \"100GB/s\"\ninter_node = \"10GB/s\"\nhost_device = "
-         "\"20GB/s\"\n"
-         "ssd = \"2GB/s\"\nmemcpy = \"10GB/s\"\ndevice_memory = \"1TB/s\"\n"
-         "[latency]\nintra_node = \"5us\"\ninter_node = \"10us\"\n"
-         "[compute]\nf32 = \"10TFLOP/s\"\ncpu_adamw = \"1Gparam/s\"\n";
+  test::ClusterText c;
+  c.device = device;
+  return c.toml();
 }
 
 struct Planned {

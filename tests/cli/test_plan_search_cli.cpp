@@ -10,6 +10,7 @@
 #include <regex>
 #include <set>
 
+#include "support/plan_cluster.h"
 #include "support/render.h"
 #include "support/run.h"
 
@@ -22,14 +23,11 @@ using test::tool;
 namespace {
 
 std::string cluster_text(const std::string& device) {
-  return "name = \"two by two\"\ndevice_kind = \"cuda\"\nnodes = 2\ndevices_per_node = 2\n"
-         "[memory]\ndevice = \"" +
-         device +
-         "\"\nhost = \"64GiB\"\nssd = \"1TB\"\n"
-         "[bandwidth]\nintra_node = \"100GB/s\"\ninter_node = \"10GB/s\"\nhost_device = "
-         "\"20GB/s\"\nssd = \"2GB/s\"\nmemcpy = \"10GB/s\"\ndevice_memory = \"1TB/s\"\n"
-         "[latency]\nintra_node = \"5us\"\ninter_node = \"10us\"\n"
-         "[compute]\nf32 = \"10TFLOP/s\"\ncpu_adamw = \"1Gparam/s\"\n";
+  test::ClusterText c;
+  c.name = "two by two";
+  c.nodes = c.devices_per_node = 2;
+  c.device = device;
+  return c.toml();
 }
 
 struct Searched {

@@ -8,6 +8,7 @@
 #include "moe/error.h"
 #include "moe/plan/search.h"
 #include "support/models.h"
+#include "support/plan_cluster.h"
 
 using namespace moe;
 using namespace moe::plan;
@@ -17,15 +18,20 @@ namespace {
 // 2 nodes x 2 devices. Inside a node links are fast; across nodes slow, with 100 us a message,
 // so the all-to-all's cost is its cross-node messages. Device memory is 2 MiB.
 std::string two_by_two(const std::string& device) {
-  return "name = \"two by two\"\ndevice_kind = \"cuda\"\nnodes = 2\ndevices_per_node = 2\n"
-         "[memory]\ndevice = \"" +
-         device +
-         "\"\nhost = \"64MiB\"\nssd = \"1GB\"\n"
-         "[bandwidth]\nintra_node = \"100GB/s\"\ninter_node = \"100MB/s\"\n"
-         "host_device = \"1GB/s\"\nssd = \"100MB/s\"\nmemcpy = \"1GB/s\"\n"
-         "device_memory = \"1TB/s\"\n"
-         "[latency]\nintra_node = \"1us\"\ninter_node = \"100us\"\n"
-         "[compute]\nf32 = \"1GFLOP/s\"\ncpu_adamw = \"1Mparam/s\"\n";
+  test::ClusterText c;
+  c.name = "two by two";
+  c.nodes = c.devices_per_node = 2;
+  c.device = device;
+  c.host = "64MiB";
+  c.ssd = "1GB";
+  c.inter_node = "100MB/s";
+  c.host_device = c.memcpy = "1GB/s";
+  c.ssd_bandwidth = "100MB/s";
+  c.intra_latency = "1us";
+  c.inter_latency = "100us";
+  c.f32 = "1GFLOP/s";
+  c.cpu_adamw = "1Mparam/s";
+  return c.toml();
 }
 
 // The plan tests' model (gpt, 2 MoE layers of 4 experts, D 16, 2 heads, seq 16, top-2) with wide

@@ -12,6 +12,7 @@
 #include "moe/offload/serving_cache.h"
 #include "support/ring.h"
 #include "support/run.h"
+#include "support/served.h"
 
 using namespace moe;
 using offload::ServingCache;
@@ -20,16 +21,7 @@ using offload::ServingCacheStats;
 
 namespace {
 
-// A model whose experts the cache serves (the cache and the view must outlive it).
-struct Served {
-  explicit Served(const std::string& path) : cache(path) {
-    view.expert_store = &cache;
-    m = infer::load_model(path, false, &view);
-  }
-  ServingCache cache;
-  nn::Parallel view;
-  infer::LoadedModel m;
-};
+using test::Served;
 
 // One expert's bytes as held: w1, w2, w3 [F,D] in the weight dtype (mixtral: no biases).
 int64_t one_expert(const ModelConfig& c) {

@@ -18,6 +18,7 @@
 #include "moe/offload/serving_cache.h"
 #include "support/ring.h"
 #include "support/run.h"
+#include "support/served.h"
 
 using namespace moe;
 using offload::ServingCache;
@@ -26,15 +27,7 @@ using offload::ServingCacheStats;
 
 namespace {
 
-struct Served {
-  explicit Served(const std::string& path) : cache(path) {
-    view.expert_store = &cache;
-    m = infer::load_model(path, false, &view);
-  }
-  ServingCache cache;
-  nn::Parallel view;
-  infer::LoadedModel m;
-};
+using test::Served;
 
 // save_ring_model's checkpoint with every block routing as block 0 does: each block's norm2 and
 // router are block 0's, and its attention output and experts' output projections are zero, so
