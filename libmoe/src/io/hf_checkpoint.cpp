@@ -23,6 +23,7 @@
 #include "io/hf_config.h"
 #include "io/hf_mla.h"
 #include "io/hf_names.h"
+#include "io/hf_sources.h"
 #include "moe/error.h"
 #include "moe/io/finite.h"
 #include "moe/io/input.h"
@@ -42,108 +43,14 @@ using hf::classify;
 using hf::HfModel;
 using hf::join_path;
 using hf::kConfigFile;
-using hf::kIndexFile;
 using hf::kMetadataConfig;
-using hf::kSingleFile;
+using hf::open_sources;
+using hf::read_json_file;
 using hf::parse_config;
 using hf::Slot;
+using hf::Sources;
 using hf::slot_name;
 using nlohmann::json;
-
-json read_json_file(const std::string& path) {
-  check_input_file(path, "JSON file");  // a directory, device or FIFO: refused by name
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(str("'", path, "': cannot open: ", std::strerror(errno)));
-  std::stringstream text;
-  text << in.rdbuf();
-  try {
-    json j = json::parse(text.str());
-    if (!j.is_object()) throw Error(str("'", path, "': not a JSON object"));
-    return j;
-  } catch (const json::exception& e) {
-    throw Error(str("'", path, "': ", json_error_words(e)));
-  }
-}
-
-// ---- the source tensors ---------------------------------------------------------------------
-
-// Every tensor of the checkpoint, in whichever file holds it.
-struct Sources {
-  std::vector<std::unique_ptr<SafetensorsReader>> files;
-  std::map<std::string, std::pair<const SafetensorsReader*, const SafetensorsEntry*>> tensors;
-  std::map<std::string, std::string> metadata;  // merged over the files
-
-  const SafetensorsEntry& entry(const std::string& name) const { return *tensors.at(name).second; }
-  const std::string& file_of(const std::string& name) const {
-    return tensors.at(name).first->path();
-  }
-  Tensor read(const std::string& name) const { return tensors.at(name).first->read(name); }
-  Tensor read_rows(const std::string& name, int64_t begin, int64_t end) const {
-    return tensors.at(name).first->read_rows(name, begin, end);
-  }
-  Tensor read_elements(const std::string& name, int64_t first, const Shape& shape) const {
-    return tensors.at(name).first->read_elements(name, first, shape);
-  }
-};
-
-Sources open_sources(const std::string& dir) {
-  Sources s;
-  const std::string index_path = join_path(dir, kIndexFile);
-  const std::string single_path = join_path(dir, kSingleFile);
-  std::map<std::string, std::string> weight_map;  // tensor -> file, when sharded
-  if (path_exists(index_path)) {
-    json index = read_json_file(index_path);
-    if (!index.contains("weight_map") || !index["weight_map"].is_object())
-      throw Error(str("'", index_path, "': no \"weight_map\" object"));
-    std::set<std::string> shards;
-    for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
-      if (!it.value().is_string())
-        throw Error(
-            str("'", index_path, "': weight_map entry of '", it.key(), "' is not a file name"));
-      const std::string file = it.value().get<std::string>();
-      if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..")
-        throw Error(str("'", index_path, "': weight_map names the file '", file, "' for '",
-                        it.key(), "' (expected a file name in the same directory)"));
-      weight_map[it.key()] = file;
-      shards.insert(file);
-    }
-    for (const std::string& file : shards) {
-      const std::string path = join_path(dir, file);
-      if (!path_exists(path))
-        throw Error(str("'", index_path, "' names the shard '", file,
-                        "', which is missing: no file '", path, "'"));
-      s.files.push_back(std::make_unique<SafetensorsReader>(path));
-    }
-  } else if (path_exists(single_path)) {
-    s.files.push_back(std::make_unique<SafetensorsReader>(single_path));
-  } else {
-    throw Error(str("'", dir, "': no ", kSingleFile, " or ", kIndexFile,
-                    " (a Hugging Face checkpoint directory holds config.json and safetensors)"));
-  }
-  for (const auto& file : s.files) {
-    for (const SafetensorsEntry& e : file->tensors()) {
-      auto [it, inserted] = s.tensors.emplace(e.name, std::make_pair(file.get(), &e));
-      if (!inserted)
-        throw Error(str("tensor '", e.name, "' is in both '", it->second.first->path(), "' and '",
-                        file->path(), "'"));
-      if (!weight_map.empty()) {
-        auto w = weight_map.find(e.name);
-        if (w == weight_map.end())
-          throw Error(str("'", file->path(), "' holds tensor '", e.name, "', which '", index_path,
-                          "' does not list"));
-        if (join_path(dir, w->second) != file->path())
-          throw Error(str("'", index_path, "' places tensor '", e.name, "' in '", w->second,
-                          "', but it is in '", file->path(), "'"));
-      }
-    }
-    for (const auto& [k, v] : file->metadata()) s.metadata.emplace(k, v);
-  }
-  for (const auto& [name, file] : weight_map)
-    if (!s.tensors.count(name))
-      throw Error(str("'", index_path, "' lists tensor '", name, "' in '", file,
-                      "', which does not hold it"));
-  return s;
-}
 
 // Where each of a layer's parameters comes from (HF names; "" = not found).
 struct LayerSources {
