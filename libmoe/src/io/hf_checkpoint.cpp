@@ -668,6 +668,30 @@ StoredTokenizer import_tokenizer(const std::string& dir, int64_t vocab, HfImport
 
 }  // namespace
 
+ModelConfig hf_model_config(const std::string& path, const HfImportOptions& options) {
+  std::error_code ec;
+  const std::string config_path = fs::is_directory(path, ec) ? join_path(path, kConfigFile) : path;
+  if (!path_exists(config_path)) throw Error(str("'", path, "': no config.json"));
+  const json j = read_json_file(config_path);
+  std::vector<std::string> unsupported;
+  const HfModel hf = parse_config(j, config_path, unsupported);
+  ModelConfig mc = model_config_of(hf, options);
+  if (!unsupported.empty())
+    throw Error(str("'", config_path, "': the ", hf.family, " model uses features our ",
+                    arch_name(mc.arch), " flavour does not have: ", list_some(unsupported, 16)));
+  for (const char* key : {"torch_dtype", "dtype"}) {
+    if (!j.contains(key) || !j[key].is_string()) continue;
+    const std::string name = j[key].get<std::string>();
+    mc.dtype = name == "bfloat16" ? DType::bf16 : name == "float16" ? DType::f16 : DType::f32;
+  }
+  try {
+    mc.resolve();
+  } catch (const Error& e) {
+    throw Error(str("'", config_path, "': not a model we can build: ", e.what()));
+  }
+  return mc;
+}
+
 Checkpoint import_hf(const std::string& dir, const HfImportOptions& options,
                      HfImportReport* report) {
   HfImportReport local;

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "moe/io/checkpoint.h"
+#include "moe/models/config.h"
 
 namespace moe::io {
 
@@ -67,6 +68,15 @@ struct HfImportReport {
 Checkpoint import_hf(const std::string& dir, const HfImportOptions& options = {},
                      HfImportReport* report = nullptr);
 Checkpoint import_hf(const std::string& dir, bool allow_unmapped, HfImportReport* report);
+
+// The model config import_hf would give the model in `path` (a Hugging Face directory, or its
+// config.json), read from config.json alone: no tensor is opened, so the dtype is config.json's
+// torch_dtype / dtype (float32, bfloat16, float16; f32 when absent or another) instead of the
+// tensors', the tensors' features are not checked, and an exporter's record is not adopted.
+// options.max_seq caps seq as for import_hf. Resolved. moe::Error as import_hf's for the config
+// (no config.json, an unknown model_type, a missing key, features our flavour lacks, by name).
+// For tools that size a model before converting it (moe-plan).
+ModelConfig hf_model_config(const std::string& path, const HfImportOptions& options = {});
 
 struct HfExportOptions {
   // Shards of at most this many bytes (a tensor is never split) named by
