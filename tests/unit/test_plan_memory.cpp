@@ -41,12 +41,17 @@ TEST_CASE("plan: ZeRO stages shard the dense state as hand-worked", "[plan]") {
 TEST_CASE("plan: parameter counts and activations of a tiny model", "[plan]") {
   const ModelConfig c = tiny();
   const ParamCounts p = param_counts(c);
-  CHECK(p.per_expert == 2 * 16 * 32);  // W1, W2
+  CHECK(p.per_expert == 2 * 16 * 32 + 32 + 16);  // W1, W2 and GPT's biases b1 [F], b2 [D]
   CHECK(p.experts == 8);
   CHECK(p.moe_layers == 2);
-  // tied token table 256 x 16; per layer q, k, v, o 4 x 16 x 16 and the router 4 x 16
-  CHECK(p.dense == 4096 + 2 * (1024 + 64));
-  CHECK(p.block_dense == 1088);
+  CHECK(p.frozen == 0);  // softmax routers: no selection bias
+  // per layer: two LayerNorms 2 x (16 + 16); q, k, v, o 4 x 16 x 16 and their biases 4 x 16;
+  // the router 4 x 16
+  CHECK(p.block_dense == 64 + 1024 + 64 + 64);
+  // the tied token table 256 x 16, GPT's position table 16 x 16, the final LayerNorm 16 + 16
+  CHECK(p.dense == 4096 + 256 + 32 + 2 * 1216);
+  CHECK(p.total() == 6816 + 8 * 1072);
+  CHECK(p.value_bytes(DType::bf16) == 2 * (6816 + 8 * 1072));
   // per layer: 4 bytes x (2 norm inputs + q + k + v + attention output = 6 x 16), 2 heads x 16
   // fp32 probabilities, 2 choices x (input 16 + hidden 2 x 32); then 256 fp32 logits
   CHECK(activation_bytes_per_token(c) == 2 * (4 * 96 + 4 * 32 + 4 * 2 * 80) + 4 * 256);
@@ -59,8 +64,8 @@ TEST_CASE("plan: the memory plan by tier, and what does not fit", "[plan]") {
   in.cluster = one_node(300000, 1e9, 0);
   in.tokens_per_rank = 64;
   const MemoryPlan m = plan_memory(in);
-  const double dense = 6272 * 8 + 6272 * 8 / 4.0;  // zero=1 over 4 ranks
-  const double experts = 4 * 1024 * 16;            // 8 experts / ep 2, 16 bytes per parameter
+  const double dense = 6816 * 8 + 6816 * 8 / 4.0;  // zero=1 over 4 ranks
+  const double experts = 4 * 1072 * 16;            // 8 experts / ep 2, 16 bytes per parameter
   const double activations = 64 * 3328.0;
   CHECK(m.need[0] == dense + experts + activations);
   CHECK(m.need[1] == 0);
@@ -71,12 +76,12 @@ TEST_CASE("plan: the memory plan by tier, and what does not fit", "[plan]") {
   // every held expert's state on SSD (the node's SSD shared by its 4 devices).
   in.layout = check_layout(parse_layout("ep=2,offload=ssd"), 4, {4, 4});
   in.active_fraction = 0.5;
-  in.cluster = one_node(1e9, 1e9, 4 * 65536 - 4);
+  in.cluster = one_node(1e9, 1e9, 4 * 68608 - 4);
   const MemoryPlan s = plan_memory(in);
-  CHECK(s.need[0] == 6272 * 16 + 4 * 4 * 1024 + activations);
-  CHECK(s.need[1] == 2 * 1024 * 16);
-  CHECK(s.need[2] == 4 * 1024 * 16);
-  CHECK(s.shortfall(2) == 1);  // 65536 needed, 65535 per device
+  CHECK(s.need[0] == 6816 * 16 + 4 * 4 * 1072 + activations);
+  CHECK(s.need[1] == 2 * 1072 * 16);
+  CHECK(s.need[2] == 4 * 1072 * 16);
+  CHECK(s.shortfall(2) == 1);  // 68608 needed, 68607 per device
   CHECK(s.shortfall(1) < 0);
 
   // One memory (device_kind cpu): the host tier's items count on the device pool.
@@ -84,7 +89,7 @@ TEST_CASE("plan: the memory plan by tier, and what does not fit", "[plan]") {
   in.cluster.device_is_host = true;
   const MemoryPlan h = plan_memory(in);
   CHECK(h.need[1] == 0);
-  CHECK(h.need[0] == 6272 * 16 + 4 * 4 * 1024 + 8 * 1024 * 16 + activations);  // lpt: all 8
+  CHECK(h.need[0] == 6816 * 16 + 4 * 4 * 1072 + 8 * 1072 * 16 + activations);  // lpt: all 8
   // flexmoe: V = ceil(4 / 2) + 1 = 3 slots per layer, 6 experts in all
   in.layout = check_layout(parse_layout("ep=2,placement=flexmoe"), 4, {4, 4});
   CHECK(experts_held_per_rank(in.config, in.layout) == 6);

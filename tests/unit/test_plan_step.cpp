@@ -90,9 +90,10 @@ TEST_CASE("plan: one step of a tiny model, its stragglers and all-to-all by hand
   in.trace.tokens = {64};
   in.trace.loads = {{{10, 20, 30, 4}, {10, 20, 30, 4}}};
   const StepTime t = predict_step(in);
-  // static: rank 0 computes 10 + 20 rows, rank 1 30 + 4; 6 FLOPs per row and parameter (1024)
-  CHECK(t.expert_s == Approx(2 * 6 * 34 * 1024 / 1e6));
-  CHECK(t.expert_balanced_s == Approx(2 * 6 * 32 * 1024 / 1e6));
+  // static: rank 0 computes 10 + 20 rows, rank 1 30 + 4; 6 FLOPs per row and parameter (1072:
+  // W1, W2 and their biases)
+  CHECK(t.expert_s == Approx(2 * 6 * 34 * 1072 / 1e6));
+  CHECK(t.expert_balanced_s == Approx(2 * 6 * 32 * 1072 / 1e6));
   // 4 all-to-alls per layer of 32 tokens x 2 choices x 16 x 4 B, half to the other rank
   CHECK(t.a2a_s == Approx(2 * 4 * (1e-6 + 4096 / 2 / 1e9)));
   CHECK(t.step_s == Approx(t.dense_s + t.expert_s + t.a2a_s + t.allreduce_exposed_s +
@@ -103,8 +104,8 @@ TEST_CASE("plan: one step of a tiny model, its stragglers and all-to-all by hand
   const double fixed = predict_step(in).expert_s;
   in.layout = check_layout(parse_layout("ep=2,placement=lpt"), 2, {4, 4});
   const double lpt = predict_step(in).expert_s;
-  CHECK(fixed == Approx(2 * 6 * 50 * 1024 / 1e6));
-  CHECK(lpt == Approx(2 * 6 * 34 * 1024 / 1e6));  // {30, 4} and {20, 10}
+  CHECK(fixed == Approx(2 * 6 * 50 * 1072 / 1e6));
+  CHECK(lpt == Approx(2 * 6 * 34 * 1072 / 1e6));  // {30, 4} and {20, 10}
 }
 
 TEST_CASE("plan: offload uploads and the SSD tier's host cache hits, hand-worked", "[plan]") {

@@ -96,6 +96,10 @@ int run_calibrate(Options& o) {
   return 0;
 }
 
+const char* const kModelHelp =
+    "Checkpoint (.h5), model config (.json), or a Hugging Face model (its directory or "
+    "config.json: read as import-hf reads it, not converted)";
+
 void add_svg_options(CLI::App* sub, Options& o) {
   sub->add_option("--svg", o.svg,
                   "Also draw the step time's terms and the memory per tier as an SVG picture");
@@ -108,7 +112,7 @@ CLI::App* add_search(CLI::App& app, Options& o) {
       "Every legal layout of the model on the cluster, predicted, those that do not fit memory "
       "dropped, the rest ranked by tokens/s and the top few explained");
   auto& r = o.search;
-  s->add_option("--model", r.model, "Checkpoint (.h5) or model config (.json)")->required();
+  s->add_option("--model", r.model, kModelHelp)->required();
   s->add_option("--trace", r.trace, "Routing trace (moe-profile record, moe-train --trace)")
       ->required();
   s->add_option("--cluster", r.cluster, "Cluster spec (TOML; see specs/clusters/)")->required();
@@ -156,7 +160,7 @@ int main(int argc, char** argv) {
       "Memory per device by tier (device, host, SSD: what does not fit, by how much) and the "
       "step time term by term, as TSV (or --json)");
   auto& r = o.predict;
-  predict->add_option("--model", r.model, "Checkpoint (.h5) or model config (.json)")->required();
+  predict->add_option("--model", r.model, kModelHelp)->required();
   predict->add_option("--trace", r.trace, "Routing trace (moe-profile record, moe-train --trace)")
       ->required();
   predict->add_option("--cluster", r.cluster, "Cluster spec (TOML; see specs/clusters/)")

@@ -8,18 +8,6 @@
 
 namespace moe::plan {
 
-const char* offload_tier_name(OffloadTier tier) {
-  switch (tier) {
-    case OffloadTier::none:
-      return "none";
-    case OffloadTier::host:
-      return "host";
-    case OffloadTier::ssd:
-      return "ssd";
-  }
-  return "?";
-}
-
 const char* placement_name(Placement placement) {
   switch (placement) {
     case Placement::fixed:
@@ -58,9 +46,7 @@ void set_key(Layout& l, const std::string& key, const std::string& value) {
     l.zero = int(integer(key, value, 0, 3));
   } else if (key == "offload") {
     choice({"none", "host", "ssd"});
-    l.offload = value == "none"   ? OffloadTier::none
-                : value == "host" ? OffloadTier::host
-                                  : OffloadTier::ssd;
+    l.offload = offload::parse_tier(value);
   } else if (key == "placement") {
     choice({"static", "lpt", "flexmoe"});
     l.placement = value == "static" ? Placement::fixed
@@ -101,8 +87,9 @@ Layout parse_layout(std::string_view text) {
 }
 
 std::string layout_text(const Layout& l) {
-  return str("ep=", l.ep, ",dp=", l.dp, ",zero=", l.zero, ",offload=", offload_tier_name(l.offload),
-             ",placement=", placement_name(l.placement), ",a2a=", comm::a2a_algorithm_name(l.a2a),
+  return str("ep=", l.ep, ",dp=", l.dp, ",zero=", l.zero,
+             ",offload=", offload::tier_name(l.offload), ",placement=", placement_name(l.placement),
+             ",a2a=", comm::a2a_algorithm_name(l.a2a),
              ",scheduler=", comm::scheduler_mode_name(l.scheduler));
 }
 

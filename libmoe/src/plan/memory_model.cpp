@@ -7,7 +7,6 @@
 
 #include "moe/error.h"
 #include "moe/models/flavour.h"
-#include "moe/models/memory.h"
 
 namespace moe::plan {
 
@@ -32,17 +31,6 @@ double dense_state_bytes(double P, const StateBytes& b, int stage, int64_t ranks
   }
 }
 
-ParamCounts param_counts(const ModelConfig& c) {
-  ParamCounts p;
-  p.dense = parameter_lower_bound(c, 0, 1);
-  for (int64_t e : c.experts_per_layer) p.experts += e;
-  p.moe_layers = c.num_moe_layers();
-  if (p.experts > 0) p.per_expert = (parameter_lower_bound(c, 1, 1) - p.dense) / double(p.experts);
-  // An average block: the dense parameters without the token table and head, over the layers.
-  p.block_dense = parameter_lower_bound(c, 0, 0) / double(std::max<int64_t>(c.layers, 1));
-  return p;
-}
-
 double experts_held_per_rank(const ModelConfig& c, const Layout& l) {
   double held = 0;
   for (int64_t E : c.experts_per_layer) {
@@ -54,21 +42,37 @@ double experts_held_per_rank(const ModelConfig& c, const Layout& l) {
   return held;
 }
 
+namespace {
+
+// Elements one block's attention saves per token: q, k, v and the attention output; latent
+// attention's q and k are H x (qk_nope + qk_rope) wide, its v and output H x v_head_dim, and it
+// keeps its normed latents (kv_lora_rank, and q_lora_rank when q has one).
+double attention_saved(const ModelConfig& c) {
+  const double H = double(std::max<int64_t>(c.heads, 1));
+  const double hd = c.heads > 0 ? double(c.head_dim_resolved()) : double(c.d_model);
+  if (c.mla()) {
+    const double v = H * double(c.v_head_dim);
+    return 2 * H * hd + 2 * v + double(c.kv_lora_rank + c.q_lora_rank);
+  }
+  return 2 * H * hd + 2 * double(c.kv_heads_resolved()) * hd;
+}
+
+}  // namespace
+
 double activation_bytes_per_token(const ModelConfig& c) {
   const double a = double(dtype_size(c.dtype));
   const double D = double(c.d_model), T = double(c.seq);
-  const double hd = c.heads > 0 ? double(c.head_dim_resolved()) : D;
-  const double q_width = double(std::max<int64_t>(c.heads, 1)) * hd;
-  const double kv_width = double(c.kv_heads_resolved()) * hd;
   const double hidden = flavour_of(c).activation == nn::Activation::swiglu ? 3 : 2;
   double bytes = 0;
   for (int64_t l = 0; l < c.layers; ++l) {
-    // two norm inputs, q, k, v, the attention output; the [heads, T] probabilities in fp32
-    bytes += a * (2 * D + 2 * q_width + 2 * kv_width) + 4 * double(c.heads) * T;
+    // two norm inputs and attention's rows; the [heads, T] probabilities in fp32
+    bytes += a * (2 * D + attention_saved(c)) + 4 * double(c.heads) * T;
     const bool moe = c.is_moe_layer(l);
-    const double rows = moe ? double(c.top_k) : 1;
+    const double rows = moe ? double(c.residual_moe ? 1 : c.top_k) : 1;
     const double F = moe ? double(c.d_ff) : double(c.dense_ff_resolved());
     bytes += a * rows * (D + hidden * F);  // each expert's input row and hidden rows
+    if (moe && c.shared_expert_ff > 0) bytes += a * hidden * double(c.shared_expert_ff);
+    if (moe && c.residual_moe) bytes += a * hidden * double(c.d_ff);  // the residual MLP
   }
   return bytes + 4 * double(c.vocab_size);  // the logits, fp32
 }
@@ -97,7 +101,9 @@ MemoryPlan plan_memory(const MemoryInput& in) {
     plan.items.push_back({kTierNames[tier], std::move(what), bytes});
     plan.need[tier] += bytes;
   };
-  add(0, str("dense state (zero=", l.zero, ")"), dense_state_bytes(p.dense, b, l.zero, ranks));
+  // The frozen router biases keep an f32 value and gradient on every rank, and no AdamW state.
+  add(0, str("dense state (zero=", l.zero, ")"),
+      dense_state_bytes(p.dense - p.frozen, b, l.zero, ranks) + 8 * p.frozen);
   if (l.zero == 3) add(0, "dense values gathered for one block (zero=3)", p.block_dense * b.value);
   const double held = experts_held_per_rank(c, l);
   const double record = p.per_expert * b.total();

@@ -2,34 +2,60 @@
 #include "moe/plan/predict.h"
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "moe/error.h"
 #include "moe/io/checkpoint.h"
+#include "moe/io/hf_checkpoint.h"
 #include "moe/io/input.h"
 #include "moe/io/trace.h"
 #include "moe/offload/cache_sim.h"
 #include "moe/plan/offload_cache.h"
 #include "plan/check.h"
+#include "plan/report_text.h"
 
 namespace moe::plan {
 
-ModelConfig read_model(const std::string& path) {
-  io::check_input_file(path, "model");
+namespace {
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// A JSON file: our model config, moe-convert inspect --json's report of a checkpoint, or a
+// Hugging Face config.json (it has model_type where ours has arch).
+ModelConfig read_json_model(const std::string& path) {
+  std::ifstream in(path);
+  PLAN_CHECK(in.good(), path, ": cannot open the model config");
   nlohmann::json j;
-  if (path.size() > 5 && path.substr(path.size() - 5) == ".json") {
-    std::ifstream in(path);
-    PLAN_CHECK(in.good(), path, ": cannot open the model config");
-    try {
-      in >> j;
-    } catch (const nlohmann::json::exception& e) {
-      throw Error(str(path, ": not valid JSON: ", e.what()));
-    }
-    if (j.contains("model_config")) j = j["model_config"];  // moe-convert inspect --json
-  } else {
-    j = io::read_model_config(path);
+  try {
+    in >> j;
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(str(path, ": not valid JSON: ", e.what()));
   }
+  if (j.is_object() && j.contains("model_type") && !j.contains("arch") &&
+      !j.contains("model_config"))
+    return io::hf_model_config(path);
+  if (j.is_object() && j.contains("model_config")) j = j["model_config"];  // moe-convert inspect
+  try {
+    ModelConfig c = model_config_from_json(j);
+    c.resolve();
+    return c;
+  } catch (const Error& e) {
+    throw Error(str(path, ": not a model config: ", e.what()));
+  }
+}
+
+}  // namespace
+
+ModelConfig read_model(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return io::hf_model_config(path);
+  io::check_input_file(path, "model");
+  if (ends_with(path, ".json")) return read_json_model(path);
+  const nlohmann::json j = io::read_model_config(path);
   try {
     ModelConfig c = model_config_from_json(j);
     c.resolve();
@@ -63,44 +89,57 @@ TraceLoads read_trace_loads(const io::TraceReader& reader, const ModelConfig& co
   return t;
 }
 
-Prediction predict(const PredictRequest& r) {
+SearchInputs read_plan_inputs(const std::string& model, const std::string& trace,
+                              const std::string& cluster, int64_t batch, int64_t seq,
+                              TraceAccesses accesses) {
+  PLAN_CHECK(batch >= 1, "--batch must be >= 1");
+  SearchInputs in;
+  in.model_name = model;
+  in.config = read_model(model);
+  if (seq > 0) in.config.seq = seq;
+  in.cluster = read_cluster_file(cluster);
+  const io::TraceReader reader(trace);
+  in.trace = read_trace_loads(reader, in.config);
+  if (accesses == TraceAccesses::read ||
+      (accesses == TraceAccesses::if_cluster_has_ssd && in.cluster.ssd_bytes > 0))
+    in.accesses = offload::training_accesses(reader);
+  in.tokens_per_rank = batch * in.config.seq;
+  return in;
+}
+
+Prediction predict_layout(const SearchInputs& in, const Layout& layout) {
   Prediction p;
-  p.request = r;
-  p.config = read_model(r.model);
-  if (r.seq > 0) p.config.seq = r.seq;
-  p.cluster = read_cluster_file(r.cluster);
-  const io::TraceReader reader(r.trace);
-  const TraceLoads trace = read_trace_loads(reader, p.config);
-  std::vector<int64_t> moe_experts;
-  for (int64_t e : p.config.experts_per_layer)
-    if (e > 0) moe_experts.push_back(e);
-  p.layout = check_layout(parse_layout(r.layout), p.cluster.ranks(), moe_experts);
-  PLAN_CHECK(r.batch >= 1, "--batch must be >= 1");
-  p.tokens_per_rank = r.batch * p.config.seq;
-  p.active_fraction = trace.active_fraction();
+  p.request.model = in.model_name;
+  p.request.layout = layout_text(layout);
+  p.config = in.config;
+  p.cluster = in.cluster;
+  std::vector<int64_t> experts;
+  for (int64_t e : in.config.experts_per_layer)
+    if (e > 0) experts.push_back(e);
+  p.layout = check_layout(layout, in.cluster.ranks(), experts);
+  p.tokens_per_rank = in.tokens_per_rank;
+  p.active_fraction = in.trace.active_fraction();
   const MemoryInput memory{p.config, p.layout, p.cluster, p.tokens_per_rank, p.active_fraction};
   p.memory = plan_memory(memory);
-  StepInput step{p.config, p.layout, p.cluster, p.tokens_per_rank, trace};
+  StepInput step{p.config, p.layout, p.cluster, p.tokens_per_rank, in.trace};
   if (p.layout.offload == OffloadTier::ssd)
-    step.ssd_hit_rate = p.ssd_hit_rate = host_cache_hit_rate(
-        offload::training_accesses(reader), moe_experts, p.layout, ssd_cache_experts(memory));
+    step.ssd_hit_rate = p.ssd_hit_rate =
+        host_cache_hit_rate(in.accesses, experts, p.layout, ssd_cache_experts(memory));
   p.time = predict_step(step);
   return p;
 }
 
+Prediction predict(const PredictRequest& r) {
+  const Layout layout = parse_layout(r.layout);
+  const SearchInputs in = read_plan_inputs(
+      r.model, r.trace, r.cluster, r.batch, r.seq,
+      layout.offload == OffloadTier::ssd ? TraceAccesses::read : TraceAccesses::no);
+  Prediction p = predict_layout(in, layout);
+  p.request = r;
+  return p;
+}
+
 namespace {
-
-std::string number(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.6g", v);
-  return buf;
-}
-
-std::string bytes(double v) {  // whole bytes, every digit
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.0f", v);
-  return buf;
-}
 
 // The time terms in report order: name, seconds.
 std::vector<std::pair<const char*, double>> time_terms(const StepTime& t) {
@@ -124,21 +163,22 @@ std::vector<std::string> prediction_tsv(const Prediction& p) {
                                         layout_text(p.layout),
                                     "section\tname\tvalue\tunit"};
   for (const MemoryItem& m : p.memory.items)
-    lines.push_back(str("memory\t", m.tier, ": ", m.what, "\t", bytes(m.bytes), "\tbytes"));
+    lines.push_back(str("memory\t", m.tier, ": ", m.what, "\t", tsv_whole(m.bytes), "\tbytes"));
   for (int t = 0; t < 3; ++t) {
-    lines.push_back(str("tier\t", kTierNames[t], " need\t", bytes(p.memory.need[t]), "\tbytes"));
     lines.push_back(
-        str("tier\t", kTierNames[t], " capacity\t", bytes(p.memory.capacity[t]), "\tbytes"));
+        str("tier\t", kTierNames[t], " need\t", tsv_whole(p.memory.need[t]), "\tbytes"));
+    lines.push_back(
+        str("tier\t", kTierNames[t], " capacity\t", tsv_whole(p.memory.capacity[t]), "\tbytes"));
     if (p.memory.shortfall(t) > 0)
       lines.push_back(str("tier\t", kTierNames[t], " does not fit, short by\t",
-                          bytes(p.memory.shortfall(t)), "\tbytes"));
+                          tsv_whole(p.memory.shortfall(t)), "\tbytes"));
   }
   for (const auto& [name, s] : time_terms(p.time))
-    lines.push_back(str("time\t", name, "\t", number(s), "\ts"));
+    lines.push_back(str("time\t", name, "\t", tsv_number(s), "\ts"));
   if (p.layout.offload == OffloadTier::ssd)
     lines.push_back(
-        str("offload\tssd_host_cache_hit_rate\t", number(p.ssd_hit_rate), "\tfraction"));
-  lines.push_back(str("throughput\ttokens_per_s\t", number(p.time.tokens_per_s), "\ttokens/s"));
+        str("offload\tssd_host_cache_hit_rate\t", tsv_number(p.ssd_hit_rate), "\tfraction"));
+  lines.push_back(str("throughput\ttokens_per_s\t", tsv_number(p.time.tokens_per_s), "\ttokens/s"));
   lines.push_back(str("throughput\tfits\t", p.memory.fits() ? 1 : 0, "\tbool"));
   return lines;
 }

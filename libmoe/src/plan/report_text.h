@@ -9,16 +9,22 @@
 
 namespace moe::plan {
 
-inline std::string human_bytes(double bytes) {
-  static const char* units[] = {"B", "KB", "MB", "GB", "TB", "PB"};
+// `v` in steps of 1000 through `units` (at most `n`), three significant digits, the unit after
+// `gap`: "1.25 GB", "957k".
+inline std::string human_scaled(double v, const char* const* units, int n, const char* gap) {
   int u = 0;
-  while (u < 5 && std::fabs(bytes) >= 999.5) {
-    bytes /= 1000;
+  while (u < n - 1 && std::fabs(v) >= 999.5) {
+    v /= 1000;
     ++u;
   }
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3g %s", bytes, units[u]);
+  std::snprintf(buf, sizeof buf, "%.3g%s%s", v, gap, units[u]);
   return buf;
+}
+
+inline std::string human_bytes(double bytes) {
+  static const char* const units[] = {"B", "KB", "MB", "GB", "TB", "PB"};
+  return human_scaled(bytes, units, 6, " ");
 }
 
 inline std::string human_seconds(double s) {
@@ -38,15 +44,8 @@ inline std::string human_seconds(double s) {
 
 // Counts (tokens/s) with k, M, G: "957k", "3.04M".
 inline std::string human_count(double v) {
-  static const char* units[] = {"", "k", "M", "G", "T"};
-  int u = 0;
-  while (u < 4 && std::fabs(v) >= 999.5) {
-    v /= 1000;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3g%s", v, units[u]);
-  return buf;
+  static const char* const units[] = {"", "k", "M", "G", "T"};
+  return human_scaled(v, units, 5, "");
 }
 
 // Whole percents; below 1%, one significant digit ("0.05%"), so a small gap does not read "0%".
@@ -54,6 +53,19 @@ inline std::string percent_text(double fraction) {
   char buf[32];
   const double p = 100 * fraction;
   std::snprintf(buf, sizeof buf, p > 0 && p < 0.995 ? "%.1g%%" : "%.0f%%", p);
+  return buf;
+}
+
+// The TSV reports' numbers: six significant digits; bytes whole, every digit.
+inline std::string tsv_number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+inline std::string tsv_whole(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.0f", v);
   return buf;
 }
 

@@ -123,26 +123,6 @@ std::vector<Layout> enumerate_layouts(const ModelConfig& config, const ClusterSp
   return out;
 }
 
-Prediction predict_layout(const SearchInputs& in, const Layout& layout) {
-  Prediction p;
-  p.request.model = in.model_name;
-  p.request.layout = layout_text(layout);
-  p.config = in.config;
-  p.cluster = in.cluster;
-  const std::vector<int64_t> experts = moe_experts_of(in.config);
-  p.layout = check_layout(layout, in.cluster.ranks(), experts);
-  p.tokens_per_rank = in.tokens_per_rank;
-  p.active_fraction = in.trace.active_fraction();
-  const MemoryInput memory{p.config, p.layout, p.cluster, p.tokens_per_rank, p.active_fraction};
-  p.memory = plan_memory(memory);
-  StepInput step{p.config, p.layout, p.cluster, p.tokens_per_rank, in.trace};
-  if (p.layout.offload == OffloadTier::ssd)
-    step.ssd_hit_rate = p.ssd_hit_rate =
-        host_cache_hit_rate(in.accesses, experts, p.layout, ssd_cache_experts(memory));
-  p.time = predict_step(step);
-  return p;
-}
-
 std::string SearchResult::summary() const {
   std::string why;
   for (int t = 0; t < 3; ++t)
@@ -190,16 +170,9 @@ SearchResult search(const SearchInputs& in, int64_t explain_top) {
 }
 
 SearchInputs read_search_inputs(const SearchRequest& r) {
-  PLAN_CHECK(r.batch >= 1, "--batch must be >= 1");
-  SearchInputs in;
-  in.model_name = r.model;
-  in.config = read_model(r.model);
-  if (r.seq > 0) in.config.seq = r.seq;
-  in.cluster = ranks_of(read_cluster_file(r.cluster), r.ranks);
-  const io::TraceReader reader(r.trace);
-  in.trace = read_trace_loads(reader, in.config);
-  if (in.cluster.ssd_bytes > 0) in.accesses = offload::training_accesses(reader);
-  in.tokens_per_rank = r.batch * in.config.seq;
+  SearchInputs in = read_plan_inputs(r.model, r.trace, r.cluster, r.batch, r.seq,
+                                     TraceAccesses::if_cluster_has_ssd);
+  in.cluster = ranks_of(in.cluster, r.ranks);
   return in;
 }
 
@@ -232,18 +205,6 @@ const char* kColumns =
     "allreduce_exposed_s\tzero_gathers_s\toptimizer_exposed_s\tdevice_need_bytes\t"
     "host_need_bytes\tssd_need_bytes\twhy";
 
-std::string number(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.6g", v);
-  return buf;
-}
-
-std::string whole(double bytes) {  // as predict's TSV: every digit
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.0f", bytes);
-  return buf;
-}
-
 size_t rows_shown(const SearchResult& r, int64_t top) {
   return top <= 0 ? r.ranked.size() : std::min(r.ranked.size(), size_t(top));
 }
@@ -259,11 +220,11 @@ std::vector<std::string> search_tsv(const SearchResult& r, int64_t top) {
       "# " + r.summary(), kColumns};
   for (size_t i = 0; i < rows_shown(r, top); ++i) {
     const Prediction& p = r.ranked[i].prediction;
-    std::string line = str(i + 1, "\t", layout_text(p.layout), "\t", number(p.time.tokens_per_s),
-                           "\t", number(p.time.step_s));
+    std::string line = str(i + 1, "\t", layout_text(p.layout), "\t",
+                           tsv_number(p.time.tokens_per_s), "\t", tsv_number(p.time.step_s));
     // Appended piece by piece: GCC 12 warns (-Wrestrict, a false positive) on "..." + string.
-    for (const auto& [name, s] : path_terms(p.time)) line.append("\t").append(number(s));
-    for (int t = 0; t < 3; ++t) line.append("\t").append(whole(p.memory.need[t]));
+    for (const auto& [name, s] : path_terms(p.time)) line.append("\t").append(tsv_number(s));
+    for (int t = 0; t < 3; ++t) line.append("\t").append(tsv_whole(p.memory.need[t]));
     line.append("\t").append(r.ranked[i].why.empty() ? "-" : r.ranked[i].why);
     lines.push_back(line);
   }

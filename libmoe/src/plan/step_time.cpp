@@ -11,11 +11,21 @@
 
 namespace moe::plan {
 
+double keys_per_query(double T, int64_t window) {
+  const double w = double(window);
+  return window > 0 && w < T ? w - w * w / (2 * T) : T / 2;
+}
+
 double dense_flops_per_token(const ModelConfig& c) {
   const double hd = c.heads > 0 ? double(c.head_dim_resolved()) : double(c.d_model);
-  const double q_width = double(std::max<int64_t>(c.heads, 1)) * hd;
+  const double H = double(std::max<int64_t>(c.heads, 1));
+  // scores over the q/k width, weighted values over the v width (latent attention's v_head_dim)
+  const double qk_width = H * hd, v_width = c.mla() ? H * double(c.v_head_dim) : qk_width;
   const double matrices = parameter_lower_bound(c, 0, 0) + double(c.vocab_size * c.d_model);
-  return train_flops(1, matrices) + double(c.layers) * 6 * double(c.seq) * q_width;
+  double attention = 0;
+  for (int64_t l = 0; l < c.layers; ++l)
+    attention += 6 * keys_per_query(double(c.seq), c.window_of(l)) * (qk_width + v_width);
+  return train_flops(1, matrices) + attention;
 }
 
 Link link_for(const ClusterSpec& c, int64_t group) {
@@ -154,7 +164,7 @@ StepTime predict_step(const StepInput& in) {
   // experts' over the ranks holding each (dp replicas; every rank under lpt and flexmoe, whose
   // replicas move).
   const Link world = link_for(cl, ranks);
-  const double dense_grad = 4 * pc.dense;
+  const double dense_grad = 4 * (pc.dense - pc.frozen);  // frozen biases are not synced
   t.allreduce_s = l.zero >= 2 ? ring_allgather_seconds(dense_grad, ranks, world)
                               : ring_allreduce_seconds(dense_grad, ranks, world);
   const bool fixed = l.placement == Placement::fixed;

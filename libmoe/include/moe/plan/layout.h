@@ -16,11 +16,16 @@
 
 #include "moe/comm/all_to_all.h"
 #include "moe/comm/scheduler.h"
+#include "moe/offload/tier.h"
 
 namespace moe::plan {
 
-enum class OffloadTier { none, host, ssd };
-enum class Placement { fixed, lpt, flexmoe };  // fixed is moe-train's "static"
+// moe-train --offload's values (a layout never holds automatic: it names the tier it plans).
+using OffloadTier = offload::Tier;
+// moe-train --placement's values. Its own enum (train::PlacementRule) is in the train layer,
+// above plan (cmake/CheckLayers.cmake), so plan cannot name it; this one mirrors it value for
+// value (fixed is moe-train's "static").
+enum class Placement { fixed, lpt, flexmoe };
 
 struct Layout {
   int64_t ep = 1;
@@ -32,7 +37,6 @@ struct Layout {
   comm::SchedulerMode scheduler = comm::SchedulerMode::off;
 };
 
-const char* offload_tier_name(OffloadTier tier);
 const char* placement_name(Placement placement);
 
 // UsageError naming the key (or the pair) that is unknown, repeated, empty or out of range.

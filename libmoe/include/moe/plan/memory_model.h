@@ -29,13 +29,22 @@ StateBytes state_bytes(DType dtype);
 // 0 everything replicated; 1 master + AdamW sharded; 2 and gradients; 3 and values.
 double dense_state_bytes(double dense_params, const StateBytes& b, int stage, int64_t ranks);
 
-// The model's parameter counts (models/memory.h's lower bound: the large matrices).
+// The model's parameters, exactly those the Transformer creates (Transformer::num_params() is
+// dense + per_expert x experts; tests/unit/test_plan_params.cpp checks it for every family): the
+// token table, GPT's position table, the untied head, every norm and bias, attention's q/k/v/o at
+// its head width (head_dim may differ from D / H), latent attention's projections and norms, the
+// qk-norms, routers with their selection bias, shared experts with their gate, dense MLP layers
+// at their own width (dense_ff).
 struct ParamCounts {
-  double dense = 0;        // P: embedding, head, attention, routers, dense MLPs
-  double per_expert = 0;   // Pe
+  double dense = 0;        // P: every parameter that is not an expert's
+  double frozen = 0;       // of P: routers' selection biases and centres (f32, no optimizer state)
+  double per_expert = 0;   // Pe: one expert's weights and biases
   int64_t experts = 0;     // every expert of every MoE layer
   int64_t moe_layers = 0;  // L
   double block_dense = 0;  // the largest block's dense parameters (ZeRO 3 gathers one)
+  double total() const { return dense + per_expert * double(experts); }
+  // Bytes of every stored value: `dtype`, the frozen ones f32 (the ParamSet's values).
+  double value_bytes(DType dtype) const;
 };
 ParamCounts param_counts(const ModelConfig& config);  // config resolved
 

@@ -30,16 +30,6 @@ struct SearchRequest {
   int64_t ranks = 0;                  // 0: every device of the cluster (see ranks_of)
 };
 
-// What every candidate is predicted from, read once.
-struct SearchInputs {
-  ModelConfig config;   // resolved
-  ClusterSpec cluster;  // the ranks searched over (ranks_of already applied)
-  TraceLoads trace;
-  offload::AccessSequence accesses;  // the trace's training accesses (offload=ssd's hit rate)
-  int64_t tokens_per_rank = 0;
-  std::string model_name;  // for reports: the model file
-};
-
 // The part of `cluster` a search over `ranks` ranks uses: part of one node (ranks <= devices per
 // node) or whole nodes (a multiple of it); 0 means all of it. UsageError naming --ranks when
 // neither, or when the cluster has fewer.
@@ -48,9 +38,6 @@ ClusterSpec ranks_of(const ClusterSpec& cluster, int64_t ranks);
 // Every legal layout, in a fixed order (simplest first: ep ascending, then zero, offload,
 // placement, a2a, scheduler as listed above); dp resolved.
 std::vector<Layout> enumerate_layouts(const ModelConfig& config, const ClusterSpec& cluster);
-
-// Predicts one layout (checked against the model and the cluster) as predict() does.
-Prediction predict_layout(const SearchInputs& inputs, const Layout& layout);
 
 struct Ranked {
   Prediction prediction;

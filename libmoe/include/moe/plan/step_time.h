@@ -24,9 +24,14 @@ namespace moe::plan {
 
 // FLOPs of a training step per row through a matrix of `params` parameters: 2 forward, 4 backward.
 inline double train_flops(double rows, double params) { return 6 * rows * params; }
-// Dense FLOPs per token of a training step: the dense matrices (the head's too, untied or tied),
-// and causal attention's scores and weighted values (2 T q_width per token forward, halved by the
-// mask, times 3 for backward).
+// Keys a query attends to on average over a sequence of T: T / 2 under the causal mask; with a
+// sliding window w < T, w - w^2 / (2 T) (w for most queries, fewer for the first w).
+double keys_per_query(double T, int64_t window);
+// Dense FLOPs per token of a training step: the dense matrices (the head's too, untied or tied;
+// latent attention's projections, shared experts, dense MLP layers at their width), and each
+// layer's attention: scores over the q/k width and weighted values over the v width (latent
+// attention: H x (qk_nope + qk_rope) and H x v_head_dim), 2 FLOPs per key and feature forward
+// over keys_per_query keys, times 3 for backward.
 double dense_flops_per_token(const ModelConfig& config);
 
 // One link: bytes/s and seconds per message.
