@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "moe/error.h"
+#include "moe/settings.h"
 
 namespace moe::balance {
 
@@ -34,12 +35,12 @@ void check_tokens(const TokenMatrix& tokens, int ranks, int64_t experts) {
 VExpertMap::VExpertMap(int ranks, int slots_per_rank, int64_t experts)
     : ranks_(ranks), slots_per_rank_(slots_per_rank), experts_(experts) {
   MOE_USAGE_CHECK(ranks >= 1, "vExpert map: ranks must be >= 1 (got ", ranks, ")");
-  MOE_USAGE_CHECK(slots_per_rank >= 1, "vExpert map: --vexperts-per-rank must be >= 1 (got ",
-                  slots_per_rank, ")");
+  MOE_USAGE_CHECK(slots_per_rank >= 1, "vExpert map: ", flag_for(Setting::vexperts_per_rank),
+                  " must be >= 1 (got ", slots_per_rank, ")");
   MOE_USAGE_CHECK(experts >= 1, "vExpert map: experts must be >= 1 (got ", experts, ")");
   MOE_USAGE_CHECK(static_cast<int64_t>(ranks) * slots_per_rank >= experts, "vExpert map: ", ranks,
-                  " ranks x ", slots_per_rank, " slots cannot hold ", experts,
-                  " experts; raise --vexperts-per-rank to at least ",
+                  " ranks x ", slots_per_rank, " slots cannot hold ", experts, " experts; raise ",
+                  flag_for(Setting::vexperts_per_rank), " to at least ",
                   (experts + ranks - 1) / ranks);
   slots_.assign(idx(static_cast<int64_t>(ranks) * slots_per_rank), kEmpty);
 }
@@ -441,8 +442,9 @@ Plan make_plan(const VExpertMap& start, const TokenMatrix& tokens, const CostMod
   const int64_t E = start.experts();
   check_tokens(tokens, R, E);
   cost.validate(R);
-  MOE_USAGE_CHECK(options.threshold >= 1, "policy maker: --balance-threshold must be >= 1 (got ",
-                  options.threshold, "; the balance ratio max/mean is never below 1)");
+  MOE_USAGE_CHECK(options.threshold >= 1, "policy maker: ", flag_for(Setting::balance_threshold),
+                  " must be >= 1 (got ", options.threshold,
+                  "; the balance ratio max/mean is never below 1)");
   MOE_USAGE_CHECK(options.max_steps >= 0, "policy maker: max_steps must be >= 0 (got ",
                   options.max_steps, ")");
   const int max_steps = options.max_steps > 0 ? options.max_steps : R * start.slots_per_rank();

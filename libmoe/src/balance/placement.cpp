@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "moe/error.h"
+#include "moe/settings.h"
 
 namespace moe::balance {
 
@@ -48,7 +49,7 @@ std::vector<int64_t> ExpertAssignment::rank_rows(
 // ---- static placements -----------------------------------------------------------------------
 
 int64_t per_rank(int64_t experts, int ranks) {
-  MOE_USAGE_CHECK(ranks >= 1, "--ranks must be >= 1 (got ", ranks, ")");
+  MOE_USAGE_CHECK(ranks >= 1, flag_for(Setting::ranks), " must be >= 1 (got ", ranks, ")");
   MOE_USAGE_CHECK(experts % ranks == 0, ranks, " ranks do not divide a layer of ", experts,
                   " experts (each rank holds E/N experts of every MoE layer)");
   return experts / ranks;

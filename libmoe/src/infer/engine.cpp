@@ -11,6 +11,7 @@
 #include "moe/log.h"
 #include "moe/offload/budget.h"
 #include "moe/profile/paths.h"
+#include "moe/settings.h"
 
 namespace moe::infer {
 
@@ -53,24 +54,26 @@ void check_prefetch(const EngineOptions& o) {
   using Prefetch = EngineOptions::Prefetch;
   const bool router = o.prefetch == Prefetch::router || o.prefetch == Prefetch::router_output;
   if (o.prefetch_margin < 0)
-    throw UsageError(str("--prefetch-margin ", o.prefetch_margin, ": must be 0 or more"));
+    throw UsageError(
+        str(flag_for(Setting::prefetch_margin), " ", o.prefetch_margin, ": must be 0 or more"));
   if (o.prefetch_margin > 0 && !router)
-    throw UsageError(
-        "--prefetch-margin widens the router's prediction: give --prefetch router (or "
-        "router-output)");
+    throw UsageError(str(flag_for(Setting::prefetch_margin),
+                         " widens the router's prediction: give ", flag_for(Setting::prefetch),
+                         " router (or router-output)"));
   if (o.prefetch == Prefetch::trace && o.pin_from.empty())
-    throw UsageError(
-        "--prefetch requires --pin-from (its estimate is the trace's; --prefetch router needs "
-        "no trace)");
+    throw UsageError(str(flag_for(Setting::prefetch), " requires ", flag_for(Setting::pin_from),
+                         " (its estimate is the trace's; ", flag_for(Setting::prefetch),
+                         " router needs no trace)"));
   if (!router) return;
-  const char* flag =
-      o.prefetch == Prefetch::router ? "--prefetch router" : "--prefetch router-output";
+  const std::string flag = str(flag_for(Setting::prefetch),
+                               o.prefetch == Prefetch::router ? " router" : " router-output");
   if (o.budget.empty())
-    throw UsageError(str(flag,
-                         " reads the next layer's experts into the expert cache: give "
-                         "--expert-budget and --expert-cache lru|lfu"));
+    throw UsageError(str(flag, " reads the next layer's experts into the expert cache: give ",
+                         flag_for(Setting::expert_budget), " and ", flag_for(Setting::expert_cache),
+                         " lru|lfu"));
   if (!o.expert_cache)
-    throw UsageError(str(flag, " reads ahead into the expert cache: give --expert-cache lru|lfu"));
+    throw UsageError(str(flag, " reads ahead into the expert cache: give ",
+                         flag_for(Setting::expert_cache), " lru|lfu"));
 }
 
 }  // namespace
@@ -88,14 +91,16 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& options,
   e.model_path_ = o.model;
   if (o.ep > 1) {
     if (world->size() != o.ep)
-      throw UsageError(str("--ep ", o.ep, " needs ", o.ep, " ranks (mpiexec -n ", o.ep,
-                           "); this run has ", world->size()));
-    if (!o.budget.empty()) throw UsageError("--expert-budget and --ep cannot be combined yet");
+      throw UsageError(str(flag_for(Setting::ep), " ", o.ep, " needs ", o.ep, " ranks (mpiexec -n ",
+                           o.ep, "); this run has ", world->size()));
+    if (!o.budget.empty())
+      throw UsageError(str(flag_for(Setting::expert_budget), " and ", flag_for(Setting::ep),
+                           " cannot be combined yet"));
     if (!o.popularity.empty() && e.device_.kind != Device::cpu)
-      throw UsageError(
-          str("--popularity runs with --device cpu only (the placement reads each "
-              "batch's routing on the host); this run has --device ",
-              o.device_flag));
+      throw UsageError(str(flag_for(Setting::popularity), " runs with ", flag_for(Setting::device),
+                           " cpu only (the placement reads each batch's routing on the host); "
+                           "this run has ",
+                           flag_for(Setting::device), " ", o.device_flag));
     e.world_ = std::move(world);
     // Ranks given different models would score nonsense (each holds a share of "the" experts).
     for (const auto& [what, value] : model_identity(o.model))
@@ -108,8 +113,8 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& options,
         e.placement_ =
             std::make_unique<LinaPlacement>(profile::load_paths(o.popularity), mc, *e.world_);
       } catch (const Error& ex) {
-        throw Error(str("--popularity '", o.popularity, "' does not fit model '", o.model,
-                        "': ", ex.what()));
+        throw Error(str(flag_for(Setting::popularity), " '", o.popularity, "' does not fit model '",
+                        o.model, "': ", ex.what()));
       }
       e.parallel_.placement = e.placement_.get();
     }
@@ -120,29 +125,33 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& options,
     return engine;
   }
   if (!o.popularity.empty())
-    throw UsageError(
-        "--popularity places experts over expert-parallel ranks: it needs --ep R "
-        "under mpiexec -n R (R > 1)");
+    throw UsageError(str(flag_for(Setting::popularity),
+                         " places experts over expert-parallel ranks: it needs ",
+                         flag_for(Setting::ep), " R under mpiexec -n R (R > 1)"));
   if (world && world->size() > 1)
-    throw UsageError(str("moe-infer runs on one rank unless --ep ", world->size(),
-                         " spreads the experts over the ", world->size(), " ranks"));
+    throw UsageError(str("moe-infer runs on one rank unless ", flag_for(Setting::ep), " ",
+                         world->size(), " spreads the experts over the ", world->size(), " ranks"));
   if (o.budget.empty() && (o.expert_cache || !o.pin_from.empty()))
-    throw UsageError(str(o.expert_cache ? "--expert-cache" : "--pin-from",
-                         " sets how --expert-budget is served: give a budget too"));
+    throw UsageError(
+        str(o.expert_cache ? flag_for(Setting::expert_cache) : flag_for(Setting::pin_from),
+            " sets how ", flag_for(Setting::expert_budget), " is served: give a budget too"));
   if (!o.pin_from.empty() && !o.expert_cache)
-    throw UsageError("--pin-from pins experts in the expert cache: give --expert-cache lru|lfu");
+    throw UsageError(str(flag_for(Setting::pin_from), " pins experts in the expert cache: give ",
+                         flag_for(Setting::expert_cache), " lru|lfu"));
   if (o.expert_cache) {
     e.open_expert_cache(o);
   } else if (o.budget.empty()) {
     e.loaded_ = load_model(o.model, true, nullptr, o.weights);
     if (!e.loaded_.quantization.empty() && e.device_.kind != Device::cpu)
       throw UsageError(str("'", o.model, "' is ", e.loaded_.quantization,
-                           "-quantised: its kernels run on the CPU only (--device cpu)"));
+                           "-quantised: its kernels run on the CPU only (",
+                           flag_for(Setting::device), " cpu)"));
   } else {
     e.loaded_ = load_ring_model(o.model);
     offload::ExpertRing& ring = *e.loaded_.ring;
     offload::RingConfig rc;
-    rc.budget_bytes = offload::parse_bytes("--expert-budget", o.budget, ring.expert_bytes());
+    rc.budget_bytes =
+        offload::parse_bytes(flag_for(Setting::expert_budget), o.budget, ring.expert_bytes());
     rc.device = e.device_;  // slots on the GPU, filled from pinned staging by a copy stream
     ring.start(rc);
     MOE_LOG_INFO("expert ring: ", ring.slots(), " slots for ", ring.expert_bytes(),
@@ -174,9 +183,9 @@ void read_trace_tables(const std::string& trace_path, const std::vector<int64_t>
                        offload::ServingCacheConfig& config) {
   const profile::PathTable table = profile::build_paths(io::TraceReader(trace_path), 1);
   if (table.experts != experts)
-    throw Error(str("--pin-from '", trace_path, "': the trace's ", table.experts.size(),
-                    " MoE layers have ", shape_str(table.experts), " experts, the model's ",
-                    experts.size(), " have ", shape_str(experts),
+    throw Error(str(flag_for(Setting::pin_from), " '", trace_path, "': the trace's ",
+                    table.experts.size(), " MoE layers have ", shape_str(table.experts),
+                    " experts, the model's ", experts.size(), " have ", shape_str(experts),
                     ": record the trace with this model (moe-profile record)"));
   for (const std::vector<int64_t>& counts : table.marginal)
     config.popularity.emplace_back(counts.begin(), counts.end());
@@ -194,8 +203,10 @@ void read_trace_tables(const std::string& trace_path, const std::vector<int64_t>
 
 void Engine::open_expert_cache(const EngineOptions& o) {
   if (device_.kind != Device::cpu)
-    throw UsageError(str("--expert-cache runs with --device cpu only; this run has --device ",
-                         o.device_flag, " (the ring, without --expert-cache, runs on a GPU)"));
+    throw UsageError(str(flag_for(Setting::expert_cache), " runs with ", flag_for(Setting::device),
+                         " cpu only; this run has ", flag_for(Setting::device), " ", o.device_flag,
+                         " (the ring, without ", flag_for(Setting::expert_cache),
+                         ", runs on a GPU)"));
   if (io::resolve_checkpoint(o.model).sharded)
     throw UsageError(str("'", o.model,
                          "' is a sharded checkpoint directory; the expert cache "
@@ -217,7 +228,7 @@ void Engine::open_expert_cache(const EngineOptions& o) {
         o.prefetch == Prefetch::router ? nn::LookaheadSource::input : nn::LookaheadSource::output,
         o.prefetch_margin};
   const int64_t held = cache_->expert_bytes(cc.dtype);
-  cc.budget_bytes = offload::parse_bytes("--expert-budget", o.budget, held);
+  cc.budget_bytes = offload::parse_bytes(flag_for(Setting::expert_budget), o.budget, held);
   if (!o.pin_from.empty()) read_trace_tables(o.pin_from, cache_->experts_per_layer(), cc);
   cache_->start(cc);
   const offload::ServingCacheStats s = cache_->stats();

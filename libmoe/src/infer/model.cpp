@@ -19,6 +19,7 @@
 #include "moe/log.h"
 #include "moe/models/memory.h"
 #include "moe/nn/router.h"
+#include "moe/settings.h"
 #include "moe/timer.h"
 #include "offload/checkpoint_experts.h"
 
@@ -50,10 +51,10 @@ Sharded open_sharded(const std::string& dir) {
     s.heads.push_back(
         io::load_checkpoint(file, false, [](bool, const std::string&) { return true; }));
   const io::Sharding& layout = s.head().sharding;
-  MOE_CHECK(!layout.shard_embedding, "'", dir,
-            "' splits the token embedding over its ranks (--shard-embedding); inference needs "
-            "it whole: merge it first (moe-convert merge ",
-            dir, " -o merged.h5)");
+  MOE_CHECK(!layout.shard_embedding, "'", dir, "' splits the token embedding over its ranks (",
+            flag_for(Setting::shard_embedding),
+            "); inference needs it whole: merge it first (moe-convert merge ", dir,
+            " -o merged.h5)");
   for (size_t f = 0; f < s.heads.size(); ++f) {
     for (const io::NamedTensor& nt : s.heads[f].params) {
       if (!nt.expert) continue;
@@ -355,8 +356,8 @@ LoadedModel load_model(const std::string& given, bool experts, const nn::Paralle
   const io::CheckpointRef ref = io::resolve_checkpoint(given);  // a run directory: its last.h5
   if (ref.sharded) {
     MOE_CHECK(!(parallel && parallel->placement), "'", given,
-              "' is a sharded checkpoint directory; --popularity places the experts of one "
-              "checkpoint file: merge it first (moe-convert merge ",
+              "' is a sharded checkpoint directory; ", flag_for(Setting::popularity),
+              " places the experts of one checkpoint file: merge it first (moe-convert merge ",
               given, " -o merged.h5)");
     LoadedModel m;
     load_sharded(m, ref.path, experts, parallel);
@@ -370,7 +371,7 @@ LoadedModel load_model(const std::string& given, bool experts, const nn::Paralle
   // An expert store (the ring, the cache) holds quantised experts as the resident model does;
   // the ranks of expert parallelism do not.
   if (parallel && !parallel->expert_store && !m.quantization.empty())
-    io::refuse_quantized(config, path, "expert parallelism (--ep)");
+    io::refuse_quantized(config, path, str("expert parallelism (", flag_for(Setting::ep), ")"));
   m.config = model_config_from_json(config);
   // build_model sizes every parameter: a model that cannot fit is refused before (quantised
   // weights: at least half a byte each, q4_k's and mxfp4's size).

@@ -12,6 +12,7 @@
 #include "moe/io/model_text.h"
 #include "moe/models/memory.h"
 #include "moe/nn/loss.h"
+#include "moe/settings.h"
 #include "moe/timer.h"
 
 namespace moe::infer {
@@ -142,10 +143,11 @@ ScoreSummary score(const Engine& e, const ScoreOptions& o, const ScoreCallbacks&
                     " (the model's context + 1)"));
   int64_t total = (static_cast<int64_t>(tokens.size()) - 1) / mc.seq;
   if (o.max_sequences > 0) total = std::min(total, o.max_sequences);
-  MOE_USAGE_CHECK(!o.incremental || R == 1,
-                  "score --incremental runs in one process (not under --ep with ", R, " ranks)");
-  MOE_USAGE_CHECK(!o.per_token || R == 1,
-                  "score per token runs in one process (not under --ep with ", R, " ranks)");
+  MOE_USAGE_CHECK(!o.incremental || R == 1, "score ", flag_for(Setting::incremental),
+                  " runs in one process (not under ", flag_for(Setting::ep), " with ", R,
+                  " ranks)");
+  MOE_USAGE_CHECK(!o.per_token || R == 1, "score per token runs in one process (not under ",
+                  flag_for(Setting::ep), " with ", R, " ranks)");
   MOE_USAGE_CHECK(o.top >= 0 && o.top <= mc.vocab_size, "score: top ", o.top,
                   " alternatives of a vocabulary of ", mc.vocab_size);
   if (!o.incremental)  // before the first pass sizes anything by the batch

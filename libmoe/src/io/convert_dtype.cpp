@@ -8,6 +8,7 @@
 #include "io/convert_internal.h"
 #include "moe/io/convert.h"
 #include "moe/io/hdf5.h"
+#include "moe/settings.h"
 
 namespace moe::io {
 
@@ -54,7 +55,8 @@ NamedTensor exact_values(const NamedTensor& param, const NamedTensor* master) {
 
 Checkpoint change_dtype(const Checkpoint& in, DType to, DTypeReport* report) {
   MOE_USAGE_CHECK(to == DType::f32 || to == DType::bf16 || to == DType::f16,
-                  "--to must be f32, bf16 or f16 (got ", dtype_name(to), ")");
+                  flag_for(Setting::to_dtype), " must be f32, bf16 or f16 (got ", dtype_name(to),
+                  ")");
   MOE_USAGE_CHECK(in.sharding.rank < 0,
                   "dtype converts a whole checkpoint; this is one rank's shard: merge it first");
   DTypeReport local;

@@ -9,6 +9,7 @@
 #include "backend/cpu/quant_blocks.h"
 #include "io/convert_internal.h"
 #include "moe/io/convert.h"
+#include "moe/settings.h"
 
 namespace moe::io {
 
@@ -184,8 +185,8 @@ Tensor quantize_block_rows(const Tensor& exact, cpu::BlockFormat format, const s
 }  // namespace
 
 Checkpoint quantize(const Checkpoint& in, const std::string& type, QuantReport* report) {
-  MOE_USAGE_CHECK(type == "q8_0" || is_block_recipe(type),
-                  "--type must be q8_0, q4_k, q6_k, mxfp4 or q4_k_m (got '", type, "')");
+  MOE_USAGE_CHECK(type == "q8_0" || is_block_recipe(type), flag_for(Setting::quant_type),
+                  " must be q8_0, q4_k, q6_k, mxfp4 or q4_k_m (got '", type, "')");
   MOE_USAGE_CHECK(quantization_of(in.model_config).empty(), "the checkpoint is already quantised (",
                   quantization_of(in.model_config), "): quantise the checkpoint it came from");
   MOE_USAGE_CHECK(in.sharding.rank < 0,

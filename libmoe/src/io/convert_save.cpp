@@ -15,6 +15,7 @@
 #include "moe/io/atomic_file.h"
 #include "moe/io/convert.h"
 #include "moe/io/hdf5.h"
+#include "moe/settings.h"
 
 namespace moe::io {
 
@@ -242,7 +243,8 @@ void save_sharded(const std::string& dir, const std::vector<Checkpoint>& files, 
   if (target.filename().empty()) target = target.parent_path();  // "out/" -> "out"
   const bool exists = fs::exists(fs::symlink_status(target, ec));
   if (exists && !replace)
-    throw Error(str("'", dir, "' already exists; remove it or pass --force to replace it"));
+    throw Error(str("'", dir, "' already exists; remove it or pass ", flag_for(Setting::force),
+                    " to replace it"));
   if (exists && !fs::is_directory(target, ec))
     throw Error(str("'", dir, "' exists and is not a directory"));
   // Written whole beside the target, then swapped in: a failure keeps the old directory.

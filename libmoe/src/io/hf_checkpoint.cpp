@@ -31,6 +31,7 @@
 #include "moe/io/tokenizer.h"
 #include "moe/models/config.h"
 #include "moe/models/flavour.h"
+#include "moe/settings.h"
 #include "moe/version.h"
 
 namespace moe::io {
@@ -254,8 +255,8 @@ void refuse_unsupported(const std::string& dir, const HfModel& hf, const ModelCo
                     " flavour does not have: ", list_some(rep.unsupported, 16)));
   if (!rep.unmapped.empty() && !options.allow_unmapped)
     throw Error(str("'", dir, "': ", rep.unmapped.size(),
-                    " tensors have no counterpart in our model (pass allow_unmapped / "
-                    "--allow-unmapped to import without them): ",
+                    " tensors have no counterpart in our model (pass allow_unmapped / ",
+                    flag_for(Setting::allow_unmapped), " to import without them): ",
                     list_some(rep.unmapped)));
 }
 

@@ -12,6 +12,7 @@
 
 #include "moe/error.h"
 #include "moe/io/checkpoint_dir.h"
+#include "moe/settings.h"
 
 namespace moe::io {
 
@@ -90,7 +91,8 @@ void check_replaceable(const std::string& path) {
 namespace {
 
 [[noreturn]] void refuse_existing(const std::string& path) {
-  throw Error(str("'", path, "' already exists; remove it or pass --force to replace it"));
+  throw Error(str("'", path, "' already exists; remove it or pass ", flag_for(Setting::force),
+                  " to replace it"));
 }
 
 }  // namespace

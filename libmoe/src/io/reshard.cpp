@@ -13,6 +13,7 @@
 #include "io/convert_internal.h"
 #include "moe/io/convert.h"
 #include "moe/io/hdf5.h"
+#include "moe/settings.h"
 
 namespace moe::io {
 
@@ -494,7 +495,7 @@ Checkpoint open_whole(const std::vector<std::string>& paths, bool with_optim, bo
 
 std::vector<Checkpoint> partition(const Checkpoint& whole, const PartitionOptions& options) {
   const int N = options.ranks;
-  MOE_USAGE_CHECK(N >= 2, "--ranks must be >= 2 (got ", N,
+  MOE_USAGE_CHECK(N >= 2, flag_for(Setting::ranks), " must be >= 2 (got ", N,
                   "): one rank holds everything, which is the unsharded checkpoint itself");
   if (whole.sharding.rank >= 0)
     throw Error("partition needs a whole checkpoint, this is one rank's shard: merge it first");
@@ -506,10 +507,12 @@ std::vector<Checkpoint> partition(const Checkpoint& whole, const PartitionOption
   const ModelConfig config = config_of(whole, "partition");
   const std::vector<int64_t> layer_of_block = moe_layer_of_block(config);
   MOE_USAGE_CHECK(!options.shard_embedding || !config.tied_embeddings(),
-                  "--shard-embedding needs an untied LM head, but the ", arch_name(config.arch),
+                  flag_for(Setting::shard_embedding), " needs an untied LM head, but the ",
+                  arch_name(config.arch),
                   " flavour ties it to the token table (as moe-train refuses it)");
-  MOE_USAGE_CHECK(!options.shard_embedding || config.d_model % N == 0, "--shard-embedding: ", N,
-                  " ranks do not divide d_model ", config.d_model);
+  MOE_USAGE_CHECK(!options.shard_embedding || config.d_model % N == 0,
+                  flag_for(Setting::shard_embedding), ": ", N, " ranks do not divide d_model ",
+                  config.d_model);
   const int64_t moe_layers = config.num_moe_layers();
   MOE_USAGE_CHECK(moe_layers > 0 || options.shard_embedding,
                   "the model has no MoE layer: nothing to partition over ranks");

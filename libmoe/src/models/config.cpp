@@ -8,6 +8,7 @@
 #include "moe/error.h"
 #include "moe/ops/dense.h"
 #include "moe/ops/moe.h"
+#include "moe/settings.h"
 
 namespace moe {
 
@@ -28,7 +29,7 @@ Arch parse_arch(const std::string& name) {
   for (const auto& a : kArchs)
     if (name == a.name) return a.arch;
   throw UsageError(
-      str("unknown --arch '", name,
+      str("unknown ", flag_for(Setting::arch), " '", name,
           "' (expected gpt, mixtral, qwen2_moe, qwen3_moe, olmoe, glm4_moe or deepseek_v3)"));
 }
 
@@ -41,7 +42,8 @@ const char* arch_name(Arch arch) {
 nn::RouterScoring parse_router_scoring(const std::string& name) {
   if (name == "softmax") return nn::RouterScoring::softmax;
   if (name == "sigmoid") return nn::RouterScoring::sigmoid;
-  throw UsageError(str("unknown --router '", name, "' (expected softmax or sigmoid)"));
+  throw UsageError(
+      str("unknown ", flag_for(Setting::router), " '", name, "' (expected softmax or sigmoid)"));
 }
 
 const char* router_scoring_name(nn::RouterScoring scoring) {
@@ -90,9 +92,10 @@ std::vector<int64_t> ModelConfig::moe_blocks() const {
 
 void ModelConfig::resolve() {
   // Bounded before anything is sized by it (a vector a layer just below): import-hf's bound too.
-  MOE_USAGE_CHECK(layers >= 1 && layers <= kMaxLayers, "--layers must be between 1 and ",
-                  kMaxLayers, " (got ", layers, ")");
-  MOE_USAGE_CHECK(moe_every >= 1, "--moe-every must be >= 1 (got ", moe_every, ")");
+  MOE_USAGE_CHECK(layers >= 1 && layers <= kMaxLayers, flag_for(Setting::layers),
+                  " must be between 1 and ", kMaxLayers, " (got ", layers, ")");
+  MOE_USAGE_CHECK(moe_every >= 1, flag_for(Setting::moe_every), " must be >= 1 (got ", moe_every,
+                  ")");
   std::vector<int64_t> resolved(layers, 0);
   std::vector<int64_t> moe_layers;
   for (int64_t i = 0; i < layers; ++i)
@@ -104,10 +107,10 @@ void ModelConfig::resolve() {
   } else if (experts_per_layer.size() == moe_layers.size()) {
     for (size_t j = 0; j < moe_layers.size(); ++j) resolved[moe_layers[j]] = experts_per_layer[j];
   } else {
-    throw UsageError(str("--experts-per-layer has ", experts_per_layer.size(),
+    throw UsageError(str(flag_for(Setting::experts_per_layer), " has ", experts_per_layer.size(),
                          " entries; give one per layer (", layers,
-                         ", 0 = dense) or one per MoE layer (", moe_layers.size(),
-                         " with --moe-every ", moe_every, ")"));
+                         ", 0 = dense) or one per MoE layer (", moe_layers.size(), " with ",
+                         flag_for(Setting::moe_every), " ", moe_every, ")"));
   }
   experts_per_layer = resolved;
   validate();
@@ -163,84 +166,110 @@ void ModelConfig::validate_window() const {
                   "a sliding window is not deepseek_v3's: its latent attention has none");
 }
 
+namespace {
+
+// The heads' shape: head_dim and kv_heads against d_model, heads and the architecture.
+void check_attention(const ModelConfig& c) {
+  MOE_USAGE_CHECK(c.head_dim >= 0, flag_for(Setting::head_dim),
+                  " must be >= 0 (0 = d-model/heads; got ", c.head_dim, ")");
+  MOE_USAGE_CHECK(c.head_dim > 0 || c.mla() || c.d_model % c.heads == 0, flag_for(Setting::heads),
+                  " ", c.heads, " does not divide ", flag_for(Setting::d_model), " ", c.d_model,
+                  " (or give ", flag_for(Setting::head_dim), ")");
+  const int64_t hd = c.head_dim_resolved();
+  int64_t kv = c.kv_heads_resolved();
+  MOE_USAGE_CHECK(kv >= 1 && c.heads % kv == 0, flag_for(Setting::kv_heads), " ", kv,
+                  " does not divide ", flag_for(Setting::heads), " ", c.heads);
+  MOE_USAGE_CHECK(c.arch != Arch::gpt || kv == c.heads, flag_for(Setting::kv_heads),
+                  " (grouped-query attention) needs a RoPE architecture, not ",
+                  flag_for(Setting::arch), " gpt");
+  MOE_USAGE_CHECK(c.arch != Arch::gpt || c.head_dim == 0 || c.head_dim * c.heads == c.d_model,
+                  flag_for(Setting::head_dim), " needs a RoPE architecture, not ",
+                  flag_for(Setting::arch), " gpt");
+  MOE_USAGE_CHECK(c.arch == Arch::gpt || c.mla() || hd % 2 == 0,
+                  "RoPE needs an even head dimension (got ", hd, ")");
+}
+
+// Each MoE layer's experts hold top-k (and, grouped, the chosen groups).
+void check_expert_layers(const ModelConfig& c) {
+  for (int64_t i = 0; i < c.layers; ++i) {
+    int64_t e = c.experts_per_layer[i];
+    MOE_USAGE_CHECK(e >= 0, "layer ", i, ": negative expert count ", e);
+    if (e == 0) continue;
+    int64_t k = c.residual_moe ? 1 : c.top_k;
+    MOE_USAGE_CHECK(k <= e, flag_for(Setting::top_k), " ", c.top_k, " is larger than the ", e,
+                    " experts of layer ", i);
+    MOE_USAGE_CHECK(e >= 2 || c.residual_moe, "layer ", i,
+                    " has 1 expert: an MoE layer needs >= 2 (or ", flag_for(Setting::residual_moe),
+                    ")");
+    MOE_USAGE_CHECK(c.router_groups == 1 || (e % c.router_groups == 0 && e / c.router_groups >= 2 &&
+                                             k <= c.router_group_topk * (e / c.router_groups)),
+                    "layer ", i, ": its ", e, " experts do not form ", c.router_groups,
+                    " groups of two or more holding top-k ", k, " in ", c.router_group_topk,
+                    " chosen groups");
+  }
+}
+
+}  // namespace
+
 void ModelConfig::validate() const {
   MOE_USAGE_CHECK(vocab_size >= 2, "vocabulary size must be >= 2 (got ", vocab_size, ")");
-  MOE_USAGE_CHECK(d_model >= 1 && heads >= 1, "--d-model and --heads must be >= 1");
+  MOE_USAGE_CHECK(d_model >= 1 && heads >= 1, flag_for(Setting::d_model), " and ",
+                  flag_for(Setting::heads), " must be >= 1");
   validate_mla();
   validate_rope();
   validate_window();
-  MOE_USAGE_CHECK(head_dim >= 0, "--head-dim must be >= 0 (0 = d-model/heads; got ", head_dim, ")");
-  MOE_USAGE_CHECK(head_dim > 0 || mla() || d_model % heads == 0, "--heads ", heads,
-                  " does not divide --d-model ", d_model, " (or give --head-dim)");
-  const int64_t hd = head_dim_resolved();
-  int64_t kv = kv_heads_resolved();
-  MOE_USAGE_CHECK(kv >= 1 && heads % kv == 0, "--kv-heads ", kv, " does not divide --heads ",
-                  heads);
-  MOE_USAGE_CHECK(arch != Arch::gpt || kv == heads,
-                  "--kv-heads (grouped-query attention) needs a RoPE architecture, not --arch gpt");
-  MOE_USAGE_CHECK(arch != Arch::gpt || head_dim == 0 || head_dim * heads == d_model,
-                  "--head-dim needs a RoPE architecture, not --arch gpt");
-  MOE_USAGE_CHECK(arch == Arch::gpt || mla() || hd % 2 == 0,
-                  "RoPE needs an even head dimension (got ", hd, ")");
-  MOE_USAGE_CHECK(shared_expert_ff >= 0, "--shared-expert-ff must be >= 0 (0 = none; got ",
-                  shared_expert_ff, ")");
+  check_attention(*this);
+  MOE_USAGE_CHECK(shared_expert_ff >= 0, flag_for(Setting::shared_expert_ff),
+                  " must be >= 0 (0 = none; got ", shared_expert_ff, ")");
   MOE_USAGE_CHECK(balance_bias_rate >= 0 && std::isfinite(balance_bias_rate),
-                  "--balance-bias-rate must be a finite number >= 0 (got ", balance_bias_rate, ")");
+                  flag_for(Setting::balance_bias_rate), " must be a finite number >= 0 (got ",
+                  balance_bias_rate, ")");
   MOE_USAGE_CHECK(router_center_rate >= 0 && router_center_rate <= 1,
-                  "--router-center-rate must be in [0, 1] (0 = off; got ", router_center_rate, ")");
-  MOE_USAGE_CHECK(d_ff >= 1, "--d-ff must be >= 1 (got ", d_ff, ")");
-  MOE_USAGE_CHECK(dense_ff >= 0,
-                  "--dense-ff (the dense layers' width) must be >= 0 (0 = d_ff; got ", dense_ff,
-                  ")");
-  MOE_USAGE_CHECK(rope_dim >= 0 && rope_dim <= hd && rope_dim % 2 == 0,
-                  "--rope-dim (the rotated features of a head) must be even and at most its ", hd,
-                  " (0 = all; got ", rope_dim, ")");
+                  flag_for(Setting::router_center_rate), " must be in [0, 1] (0 = off; got ",
+                  router_center_rate, ")");
+  MOE_USAGE_CHECK(d_ff >= 1, flag_for(Setting::d_ff), " must be >= 1 (got ", d_ff, ")");
+  MOE_USAGE_CHECK(dense_ff >= 0, flag_for(Setting::dense_ff),
+                  " (the dense layers' width) must be >= 0 (0 = d_ff; got ", dense_ff, ")");
+  MOE_USAGE_CHECK(rope_dim >= 0 && rope_dim <= head_dim_resolved() && rope_dim % 2 == 0,
+                  flag_for(Setting::rope_dim),
+                  " (the rotated features of a head) must be even and at most its ",
+                  head_dim_resolved(), " (0 = all; got ", rope_dim, ")");
   MOE_USAGE_CHECK(rope_dim == 0 || arch != Arch::gpt, "partial RoPE needs a RoPE architecture");
   // Only glm4_moe's flavour reads them: the others fix their attention (qwen2_moe: q/k/v biases,
   // qwen3_moe: per-head qk-norm, olmoe: full-width qk-norm), so they would be silently ignored.
-  MOE_USAGE_CHECK(arch == Arch::glm4_moe || (!qkv_bias && !qk_norm),
-                  "--qkv-bias and --qk-norm are glm4_moe's options; --arch ", arch_name(arch),
+  MOE_USAGE_CHECK(arch == Arch::glm4_moe || (!qkv_bias && !qk_norm), flag_for(Setting::qkv_bias),
+                  " and ", flag_for(Setting::qk_norm), " are glm4_moe's options; ",
+                  flag_for(Setting::arch), " ", arch_name(arch),
                   " fixes its attention (qwen2_moe always has q/k/v biases, qwen3_moe a per-head "
                   "qk-norm)");
-  MOE_USAGE_CHECK(routed_scale > 0 && std::isfinite(routed_scale),
-                  "--routed-scale (the routed experts' scale) must be a finite number > 0 (got ",
-                  routed_scale, ")");
+  MOE_USAGE_CHECK(routed_scale > 0 && std::isfinite(routed_scale), flag_for(Setting::routed_scale),
+                  " (the routed experts' scale) must be a finite number > 0 (got ", routed_scale,
+                  ")");
   MOE_USAGE_CHECK(router_groups >= 1 && router_groups <= ops::kMaxRouterGroups &&
                       router_group_topk >= 1 && router_group_topk <= router_groups,
-                  "--router-groups must be 1..", ops::kMaxRouterGroups,
-                  " with --router-group-topk 1..groups of them chosen (got ", router_groups,
-                  " groups, ", router_group_topk, " chosen)");
-  MOE_USAGE_CHECK(seq >= 1 && seq <= kMaxSeq, "--seq must be between 1 and ", kMaxSeq,
-                  " (positions are 32-bit; got ", seq, ")");
-  MOE_USAGE_CHECK(top_k >= 1, "--top-k must be >= 1 (got ", top_k, ")");
+                  flag_for(Setting::router_groups), " must be 1..", ops::kMaxRouterGroups, " with ",
+                  flag_for(Setting::router_group_topk), " 1..groups of them chosen (got ",
+                  router_groups, " groups, ", router_group_topk, " chosen)");
+  MOE_USAGE_CHECK(seq >= 1 && seq <= kMaxSeq, flag_for(Setting::seq), " must be between 1 and ",
+                  kMaxSeq, " (positions are 32-bit; got ", seq, ")");
+  MOE_USAGE_CHECK(top_k >= 1, flag_for(Setting::top_k), " must be >= 1 (got ", top_k, ")");
   MOE_USAGE_CHECK(capacity_factor >= 0 && std::isfinite(capacity_factor),
-                  "--capacity-factor must be a finite number >= 0 (0 = dropless)");
+                  flag_for(Setting::capacity_factor),
+                  " must be a finite number >= 0 (0 = dropless)");
   MOE_USAGE_CHECK(aux_loss_coef >= 0 && z_loss_coef >= 0 && std::isfinite(aux_loss_coef) &&
                       std::isfinite(z_loss_coef),
                   "loss coefficients must be finite numbers >= 0");
-  MOE_USAGE_CHECK(router_jitter >= 0 && router_jitter < 1, "--router-jitter must be in [0, 1)");
-  MOE_USAGE_CHECK(norm_eps > 0 && std::isfinite(norm_eps),
-                  "--norm-eps must be a finite number > 0");
-  MOE_USAGE_CHECK(rope_theta > 0 && std::isfinite(rope_theta),
-                  "--rope-theta must be a finite number > 0 (got ", rope_theta, ")");
-  MOE_USAGE_CHECK(is_floating(dtype), "--dtype must be f32, bf16 or f16");
+  MOE_USAGE_CHECK(router_jitter >= 0 && router_jitter < 1, flag_for(Setting::router_jitter),
+                  " must be in [0, 1)");
+  MOE_USAGE_CHECK(norm_eps > 0 && std::isfinite(norm_eps), flag_for(Setting::norm_eps),
+                  " must be a finite number > 0");
+  MOE_USAGE_CHECK(rope_theta > 0 && std::isfinite(rope_theta), flag_for(Setting::rope_theta),
+                  " must be a finite number > 0 (got ", rope_theta, ")");
+  MOE_USAGE_CHECK(is_floating(dtype), flag_for(Setting::dtype), " must be f32, bf16 or f16");
   MOE_USAGE_CHECK(static_cast<int64_t>(experts_per_layer.size()) == layers,
                   "model config: experts_per_layer has ", experts_per_layer.size(), " entries for ",
                   layers, " layers");
-  for (int64_t i = 0; i < layers; ++i) {
-    int64_t e = experts_per_layer[i];
-    MOE_USAGE_CHECK(e >= 0, "layer ", i, ": negative expert count ", e);
-    if (e == 0) continue;
-    int64_t k = residual_moe ? 1 : top_k;
-    MOE_USAGE_CHECK(k <= e, "--top-k ", top_k, " is larger than the ", e, " experts of layer ", i);
-    MOE_USAGE_CHECK(e >= 2 || residual_moe, "layer ", i,
-                    " has 1 expert: an MoE layer needs >= 2 (or --residual-moe)");
-    MOE_USAGE_CHECK(router_groups == 1 || (e % router_groups == 0 && e / router_groups >= 2 &&
-                                           k <= router_group_topk * (e / router_groups)),
-                    "layer ", i, ": its ", e, " experts do not form ", router_groups,
-                    " groups of two or more holding top-k ", k, " in ", router_group_topk,
-                    " chosen groups");
-  }
+  check_expert_layers(*this);
 }
 
 namespace {

@@ -8,6 +8,7 @@
 #include "moe/nn/loss.h"
 #include "moe/ops/core.h"
 #include "moe/ops/moe.h"
+#include "moe/settings.h"
 
 namespace moe {
 
@@ -65,9 +66,10 @@ Transformer::Transformer(const ModelConfig& config, ParamSet& params, const nn::
   const float init_std = 0.02f;
   const size_t first_param = params.size();
   if (parallel && parallel->embedding) {
-    MOE_USAGE_CHECK(!flavour_.tied_head, "--shard-embedding needs an untied LM head, but the ",
-                    arch_name(config.arch),
-                    " flavour ties it to the token table (use --arch mixtral)");
+    MOE_USAGE_CHECK(!flavour_.tied_head, flag_for(Setting::shard_embedding),
+                    " needs an untied LM head, but the ", arch_name(config.arch),
+                    " flavour ties it to the token table (use ", flag_for(Setting::arch),
+                    " mixtral)");
     sharded_tokens_ = std::make_unique<nn::ShardedEmbedding>(
         params, "embed.tokens", config.vocab_size, config.d_model, init_std, *parallel->embedding);
   } else {

@@ -4,14 +4,15 @@
 #include <algorithm>
 
 #include "moe/error.h"
+#include "moe/settings.h"
 
 namespace moe::nn {
 
-Recompute parse_recompute(const std::string& name, const char* flag) {
+Recompute parse_recompute(const std::string& name) {
   if (name == "none") return Recompute::none;
   if (name == "moe") return Recompute::moe;
   if (name == "block") return Recompute::block;
-  throw UsageError(str(flag, " ", name,
+  throw UsageError(str(flag_for(Setting::recompute), " ", name,
                        ": expected none (keep every activation), moe (recompute the experts' "
                        "hidden activations) or block (keep only each block's input)"));
 }

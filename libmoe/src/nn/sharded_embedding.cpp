@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "moe/ops/dense.h"
+#include "moe/settings.h"
 
 namespace moe::nn {
 
@@ -14,10 +15,12 @@ ShardedEmbedding::ShardedEmbedding(ParamSet& ps, const std::string& name, int64_
   const int W = group.size();
   MOE_USAGE_CHECK(rows > 0 && dim > 0, "embedding ", name, ": rows ", rows, " and dim ", dim,
                   " must be positive");
-  MOE_USAGE_CHECK(dim % W == 0, "--shard-embedding: embedding ", name, " dim ", dim,
-                  " does not divide over the W = ", W,
+  MOE_USAGE_CHECK(dim % W == 0, flag_for(Setting::shard_embedding), ": embedding ", name, " dim ",
+                  dim, " does not divide over the W = ", W,
                   " ranks of the data-parallel group: run on a number of ranks that divides it, "
-                  "or without (--shard-embedding=false when a resumed checkpoint carries it)");
+                  "or without (",
+                  flag_for(Setting::shard_embedding),
+                  "=false when a resumed checkpoint carries it)");
   columns_ = dim / W;
   start_ = group.rank() * columns_;
   table_ = &ps.add_shard(name, ParamShard{{rows, dim}, /*dim=*/1, start_, columns_},

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "moe/error.h"
+#include "moe/settings.h"
 
 namespace moe::offload {
 
@@ -18,22 +19,24 @@ std::string to_string(CachePolicy policy) { return policy == CachePolicy::lru ? 
 CachePolicy parse_cache_policy(const std::string& name) {
   if (name == "lru") return CachePolicy::lru;
   if (name == "lfu") return CachePolicy::lfu;
-  throw UsageError(str("--expert-cache '", name, "': expected lru or lfu"));
+  throw UsageError(str(flag_for(Setting::expert_cache), " '", name, "': expected lru or lfu"));
 }
 
 void CacheConfig::validate() const {
   MOE_USAGE_CHECK(capacity >= 1, "expert cache capacity ", capacity,
-                  " entries: the host cache must hold at least one expert (raise --host-budget)");
+                  " entries: the host cache must hold at least one expert (raise ",
+                  flag_for(Setting::host_budget), ")");
   MOE_USAGE_CHECK(capacity <= INT32_MAX, "expert cache capacity ", capacity,
                   " entries: at most 2^31 - 1 slots");
   MOE_USAGE_CHECK(flush_period >= 0, "expert cache flush period ", flush_period,
                   " steps: must be >= 0 (0 = flush only on demand)");
   if (policy != CachePolicy::lfu) return;
-  MOE_USAGE_CHECK(std::isfinite(lfu.threshold) && lfu.threshold >= 0.0, "--lfu-threshold ",
-                  lfu.threshold, ": must be a finite count >= 0");
-  MOE_USAGE_CHECK(lfu.beta > 0.0 && lfu.beta <= 1.0, "--lfu-beta ", lfu.beta,
+  MOE_USAGE_CHECK(std::isfinite(lfu.threshold) && lfu.threshold >= 0.0,
+                  flag_for(Setting::lfu_threshold), " ", lfu.threshold,
+                  ": must be a finite count >= 0");
+  MOE_USAGE_CHECK(lfu.beta > 0.0 && lfu.beta <= 1.0, flag_for(Setting::lfu_beta), " ", lfu.beta,
                   ": must be in (0, 1] (the factor counts are multiplied by; 1 = no decay)");
-  MOE_USAGE_CHECK(lfu.period >= 1, "--lfu-period ", lfu.period,
+  MOE_USAGE_CHECK(lfu.period >= 1, flag_for(Setting::lfu_period), " ", lfu.period,
                   ": must be >= 1 (steps between decays of the counts)");
 }
 

@@ -23,6 +23,7 @@
 #include "moe/models/memory.h"
 #include "moe/offload/budget.h"
 #include "moe/rng.h"
+#include "moe/settings.h"
 
 namespace moe::offload {
 
@@ -68,12 +69,16 @@ int64_t round_up(int64_t value, int64_t multiple) {
 // What the caller can do about a failed write, by cause.
 std::string write_advice(int error) {
   if (error == ENOSPC || error == EDQUOT)
-    return "the file system of --ssd-dir is full: free space there or choose another --ssd-dir "
-           "(the SSD tier needs room for every expert's file)";
+    return str("the file system of ", flag_for(Setting::ssd_dir),
+               " is full: free space there or choose another ", flag_for(Setting::ssd_dir),
+               " (the SSD tier needs room for every expert's file)");
   if (error == ENOENT)
-    return "its directory was removed while the run used it: keep other programs and cleanups "
-           "out of --ssd-dir";
-  return "check the device and file system of --ssd-dir (dmesg), or choose another --ssd-dir";
+    return str(
+        "its directory was removed while the run used it: keep other programs and "
+        "cleanups out of ",
+        flag_for(Setting::ssd_dir));
+  return str("check the device and file system of ", flag_for(Setting::ssd_dir),
+             " (dmesg), or choose another ", flag_for(Setting::ssd_dir));
 }
 
 // One pwritev/preadv at `offset` over `iov`, resumed after short transfers and EINTR. Returns the
@@ -259,7 +264,8 @@ int64_t ExpertFiles::total_bytes(const std::vector<LayerRecords>& layers) {
 ExpertFiles::ExpertFiles(const std::string& dir, std::vector<LayerRecords> layers,
                          ExpertFileOptions options)
     : dir_(dir), layers_(std::move(layers)), options_(options) {
-  MOE_USAGE_CHECK(!dir_.empty(), "--ssd-dir is empty: name a directory for the SSD expert tier");
+  MOE_USAGE_CHECK(!dir_.empty(), flag_for(Setting::ssd_dir),
+                  " is empty: name a directory for the SSD expert tier");
   MOE_USAGE_CHECK(!layers_.empty(), "the SSD expert tier needs at least one layer");
   for (size_t l = 0; l < layers_.size(); ++l) {
     const std::string what = str("SSD expert tier, layer ", l);
@@ -298,49 +304,51 @@ ExpertFiles::ExpertFiles(const std::string& dir, std::vector<LayerRecords> layer
   const fs::file_status status = fs::status(dir_, status_error);
   if (!fs::is_directory(status)) {
     if (fs::exists(status))
-      throw Error(str("--ssd-dir '", dir_, "' is not a directory: name a directory (it is created ",
-                      "when missing)"));
-    throw Error(str("--ssd-dir '", dir_, "': cannot create it: ",
+      throw Error(str(flag_for(Setting::ssd_dir), " '", dir_,
+                      "' is not a directory: name a directory (it is created when missing)"));
+    throw Error(str(flag_for(Setting::ssd_dir), " '", dir_, "': cannot create it: ",
                     (ec ? ec : status_error).message(), "; name a writable directory"));
   }
   remove_abandoned_runs(dir_);
 
   std::string run = str(dir_, "/", kRunPrefix, ::getpid(), "-XXXXXX");
   if (::mkdtemp(run.data()) == nullptr)
-    throw Error(str("--ssd-dir '", dir_, "' is not writable: cannot create a run directory in it: ",
+    throw Error(str(flag_for(Setting::ssd_dir), " '", dir_,
+                    "' is not writable: cannot create a run directory in it: ",
                     std::strerror(errno), "; name a writable directory"));
   run_dir_ = run;
   try {
     // After mkdtemp, so an unwritable directory is named as such, not as a full one.
     const int64_t free = offload::free_bytes(dir_);
     if (free < 0)
-      throw Error(
-          str("--ssd-dir '", dir_, "': cannot query its file system: ", std::strerror(errno)));
+      throw Error(str(flag_for(Setting::ssd_dir), " '", dir_,
+                      "': cannot query its file system: ", std::strerror(errno)));
     const int64_t needed = total_bytes(layers_);
     if (needed > free)
-      throw Error(str("--ssd-dir '", dir_, "': the SSD expert tier needs ", bytes_text(needed),
-                      " for ", layers_.size(), " layers' expert files, but its file system has ",
-                      bytes_text(free), " free; free space there, choose a larger --ssd-dir, ",
+      throw Error(str(flag_for(Setting::ssd_dir), " '", dir_, "': the SSD expert tier needs ",
+                      bytes_text(needed), " for ", layers_.size(),
+                      " layers' expert files, but its file system has ", bytes_text(free),
+                      " free; free space there, choose a larger ", flag_for(Setting::ssd_dir), ", ",
                       "or give the host tier more memory"));
     // Locked before it gets its name, so remove_abandoned_runs never sees it unlocked.
     const std::string temp_lock = run_dir_ + "/.lock-new";
     Fd lock(::open(temp_lock.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
     if (lock.fd < 0)
-      throw Error(
-          str("--ssd-dir '", dir_, "': cannot create '", temp_lock, "': ", std::strerror(errno)));
+      throw Error(str(flag_for(Setting::ssd_dir), " '", dir_, "': cannot create '", temp_lock,
+                      "': ", std::strerror(errno)));
     // A file system without flock (some network ones) leaves the run unlocked: it is then
     // never removed by another run, which is the safe side.
     (void)::flock(lock.fd, LOCK_EX | LOCK_NB);
     if (std::rename(temp_lock.c_str(), (run_dir_ + "/" + kLockName).c_str()) != 0)
-      throw Error(
-          str("--ssd-dir '", dir_, "': cannot rename '", temp_lock, "': ", std::strerror(errno)));
+      throw Error(str(flag_for(Setting::ssd_dir), " '", dir_, "': cannot rename '", temp_lock,
+                      "': ", std::strerror(errno)));
     lock_fd_ = lock.release();
     for (size_t l = 0; l < layers_.size(); ++l) {
       char name[32];
       std::snprintf(name, sizeof name, "/layer-%04zu", l);
       if (::mkdir((run_dir_ + name).c_str(), 0700) != 0)
-        throw Error(str("--ssd-dir '", dir_, "': cannot create '", run_dir_, name,
-                        "': ", std::strerror(errno)));
+        throw Error(str(flag_for(Setting::ssd_dir), " '", dir_, "': cannot create '", run_dir_,
+                        name, "': ", std::strerror(errno)));
     }
     if (options_.reserve_space) reserve_space();
     run_id_ = fresh_run_id();
@@ -363,15 +371,15 @@ void ExpertFiles::reserve_space() {
       const std::string file = path(l, e);
       Fd fd(::open(file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
       if (fd.fd < 0)
-        throw Error(
-            str("--ssd-dir '", dir_, "': cannot create '", file, "': ", std::strerror(errno)));
+        throw Error(str(flag_for(Setting::ssd_dir), " '", dir_, "': cannot create '", file,
+                        "': ", std::strerror(errno)));
       if (::fallocate(fd.fd, 0, 0, static_cast<off_t>(bytes)) != 0) {
         const int error = errno;
         if (error == EOPNOTSUPP || error == ENOSYS) return;  // files grow at their first write
-        throw Error(str("--ssd-dir '", dir_, "': cannot reserve the SSD expert tier's ",
-                        bytes_text(total), ": ", std::strerror(error), " at '", file, "' after ",
-                        bytes_text(reserved), " (other runs or ranks filling the same disk?); ",
-                        write_advice(error)));
+        throw Error(str(flag_for(Setting::ssd_dir), " '", dir_,
+                        "': cannot reserve the SSD expert tier's ", bytes_text(total), ": ",
+                        std::strerror(error), " at '", file, "' after ", bytes_text(reserved),
+                        " (other runs or ranks filling the same disk?); ", write_advice(error)));
       }
       reserved += round_up(bytes, 4096);
     }
@@ -525,10 +533,12 @@ void ExpertFiles::read_span(int layer, int expert, int begin, int end, void* pay
                                       : "its last write failed, so it holds no valid copy",
                     " (the store must write an expert before reading it back)"));
   // What the caller can do about a file that is not what this run wrote.
-  const char* damaged =
-      "the SSD tier is a cache of this run: something damaged or replaced the file (a disk or "
-      "file-system error, or another program writing in --ssd-dir); restart from the last "
-      "checkpoint";
+  const auto damaged = [] {
+    return str(
+        "the SSD tier is a cache of this run: something damaged or replaced the file (a disk or "
+        "file-system error, or another program writing in ",
+        flag_for(Setting::ssd_dir), "); restart from the last checkpoint");
+  };
 
   // O_DIRECT for whole records into 4096-aligned buffers when asked for (and while the file
   // system takes it): the bytes come from the device without a copy through the page cache.
@@ -547,10 +557,10 @@ void ExpertFiles::read_span(int layer, int expert, int begin, int end, void* pay
     const int error = errno;
     if (error == ENOENT)
       throw Error(str("cannot read ", at, ": the file is missing (removed while the run used it: ",
-                      "keep other programs and cleanups out of --ssd-dir); restart from the last ",
-                      "checkpoint"));
+                      "keep other programs and cleanups out of ", flag_for(Setting::ssd_dir),
+                      "); restart from the last ", "checkpoint"));
     throw Error(str("cannot read ", at, ": ", std::strerror(error),
-                    "; check the device and file system of --ssd-dir"));
+                    "; check the device and file system of ", flag_for(Setting::ssd_dir)));
   }
   alignas(4096) unsigned char block[kHeaderBytes];
   const int64_t needed = kHeaderBytes + span_end;  // the file must reach this far
@@ -599,24 +609,25 @@ void ExpertFiles::read_span(int layer, int expert, int begin, int end, void* pay
       header_got < kHeaderBytes ? header_got : kHeaderBytes + span_begin + span_got;
   if (error != 0)
     throw Error(str("cannot read ", at, ": ", std::strerror(error), " after byte ", reached, " of ",
-                    needed, "; check the device and file system of --ssd-dir (dmesg)"));
+                    needed, "; check the device and file system of ", flag_for(Setting::ssd_dir),
+                    " (dmesg)"));
   if (header_got < static_cast<int64_t>(sizeof(ExpertFileHeader)) ||
       std::memcmp(block, ExpertFileHeader::kMagic, sizeof ExpertFileHeader::kMagic) != 0)
     throw Error(str("cannot read ", at, ": not an SSD expert file (",
                     header_got < static_cast<int64_t>(sizeof(ExpertFileHeader))
                         ? str("only ", header_got, " bytes")
                         : std::string("no MOESSDX magic"),
-                    "); ", damaged));
+                    "); ", damaged()));
   ExpertFileHeader header;
   std::memcpy(&header, block, sizeof header);
   if (header.version != ExpertFileHeader::kVersion)
     throw Error(str("cannot read ", at, ": format version ", header.version,
-                    ", this build reads version ", ExpertFileHeader::kVersion, "; ", damaged));
+                    ", this build reads version ", ExpertFileHeader::kVersion, "; ", damaged()));
   if (header_got < kHeaderBytes ||
       header.sections > static_cast<uint32_t>(ExpertFileHeader::kMaxSections) ||
       header.header_crc != header_checksum(block, header.sections))
     throw Error(
-        str("cannot read ", at, ": its header is damaged (header checksum mismatch); ", damaged));
+        str("cannot read ", at, ": its header is damaged (header checksum mismatch); ", damaged()));
   // The checksum covers the header and the section table; the rest of the block, most of it, is
   // written as zeros and checked as such, so that damage anywhere in it is seen.
   const unsigned char* fill = block + kTableOffset + 4 * static_cast<size_t>(header.sections);
@@ -625,10 +636,10 @@ void ExpertFiles::read_span(int layer, int expert, int begin, int end, void* pay
           std::find_if(fill, end_of_block, [](unsigned char b) { return b != 0; });
       bad != end_of_block)
     throw Error(str("cannot read ", at, ": its header is damaged (byte ", bad - block,
-                    " of the header block, written as zero, is not); ", damaged));
+                    " of the header block, written as zero, is not); ", damaged()));
   if (header.layer != layer || header.expert != expert)
     throw Error(str("cannot read ", at, ": it holds layer ", header.layer, " expert ",
-                    header.expert, "; ", damaged));
+                    header.expert, "; ", damaged()));
   if (header.layout_hash != layout_hashes_[static_cast<size_t>(layer)] ||
       header.payload_bytes != layout.payload_bytes ||
       header.sections != static_cast<uint32_t>(sections))
@@ -636,19 +647,19 @@ void ExpertFiles::read_span(int layer, int expert, int begin, int end, void* pay
         "cannot read ", at, ": it was written for another record layout (", header.payload_bytes,
         " payload bytes in ", header.sections, " sections, layout hash ", header.layout_hash,
         "; this layer has ", layout.payload_bytes, " bytes in ", sections, ", hash ",
-        layout_hashes_[static_cast<size_t>(layer)], "): another model's file; ", damaged));
+        layout_hashes_[static_cast<size_t>(layer)], "): another model's file; ", damaged()));
   if (header.run_id != run_id_)
-    throw Error(str("cannot read ", at, ": it was written by another run; ", damaged));
+    throw Error(str("cannot read ", at, ": it was written by another run; ", damaged()));
   if (header.generation != s.generation)
     throw Error(str("cannot read ", at, ": it holds write ", header.generation,
                     " of this expert, the last write was ", s.generation, " (stale data); ",
-                    damaged));
+                    damaged()));
   if (crc32c(block + kTableOffset, 4 * static_cast<size_t>(sections)) != s.table_crc)
     throw Error(str("cannot read ", at, ": its section checksums are not those of the last write; ",
-                    damaged));
+                    damaged()));
   if (reached < needed)
     throw Error(str("cannot read ", at, ": truncated (it ends at byte ", reached, " of ", needed,
-                    "); ", damaged));
+                    "); ", damaged()));
   for (const Piece& piece : pieces_[static_cast<size_t>(layer)]) {
     if (piece.offset < span_begin || piece.offset + piece.bytes > span_end) continue;
     const unsigned char* data = bytes + piece.offset;
@@ -656,7 +667,7 @@ void ExpertFiles::read_span(int layer, int expert, int begin, int end, void* pay
       if (std::any_of(data, data + piece.bytes, [](unsigned char b) { return b != 0; }))
         throw Error(str("cannot read ", at, ": padding bytes [", piece.offset, ", ",
                         piece.offset + piece.bytes, ") of the payload are not zero: the data is ",
-                        "damaged; ", damaged));
+                        "damaged; ", damaged()));
       continue;
     }
     uint32_t stored;
@@ -665,7 +676,7 @@ void ExpertFiles::read_span(int layer, int expert, int begin, int end, void* pay
     if (crc != stored)
       throw Error(str("cannot read ", at, ": section '", layout.sections[piece.section].name,
                       "' checksum mismatch (CRC32C ", crc, ", written as ", stored,
-                      "): the data is damaged; ", damaged));
+                      "): the data is damaged; ", damaged()));
   }
   bytes_read_.fetch_add(span_end - span_begin, std::memory_order_relaxed);
   reads_.fetch_add(1, std::memory_order_relaxed);
@@ -708,10 +719,12 @@ void check_shared_ssd_space(comm::Communicator& world, const std::string& dir, i
     if (row[3 * r + 2] >= 0) free = std::min(free, row[3 * r + 2]);
   }
   if (sharing > 1 && needed > free)
-    throw Error(str("--ssd-dir '", dir, "': the SSD expert tiers of the ", sharing,
-                    " ranks on this node that share its file system need ", bytes_text(needed),
-                    " in all (", bytes_text(bytes), " here), but it has ", bytes_text(free),
-                    " free; free space there, give each rank an --ssd-dir on its own disk, "
+    throw Error(str(flag_for(Setting::ssd_dir), " '", dir, "': the SSD expert tiers of the ",
+                    sharing, " ranks on this node that share its file system need ",
+                    bytes_text(needed), " in all (", bytes_text(bytes), " here), but it has ",
+                    bytes_text(free), " free; free space there, give each rank an ",
+                    flag_for(Setting::ssd_dir),
+                    " on its own disk, "
                     "or give the host tier more memory"));
 }
 

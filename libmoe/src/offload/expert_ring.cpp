@@ -41,6 +41,7 @@
 #include "moe/log.h"
 #include "moe/models/memory.h"
 #include "moe/models/transformer.h"
+#include "moe/settings.h"
 #include "moe/timer.h"
 #include "offload/checkpoint_experts.h"
 
@@ -68,9 +69,9 @@ std::vector<std::vector<ExpertFormat>> read_formats(const std::string& path, con
 struct ExpertRing::Impl {
   struct Layer {
     int64_t block = 0;
-    // The layer's tensors, in nn::ExpertTensors order (w1, w2, w3, b1, b2 as it has them).
+    // The layer's tensors, in nn::ExpertTensors order (w1, w2, w3, b1, b2, b3 as it has them).
     std::vector<std::string> names;
-    std::vector<int> field;        // which ExpertTensors member each one is (0 w1 .. 4 b2)
+    std::vector<int> field;        // which ExpertTensors member each one is (0 w1 .. 5 b3)
     std::vector<Shape> shapes;     // local shape [E, ...]
     std::vector<Shape> global;     // the checkpoint tensor's shape (the whole tensor's)
     std::vector<int64_t> offsets;  // element offset of each tensor in a slot (or byte offset)
@@ -440,8 +441,8 @@ int ExpertRing::add_layer(const nn::ExpertParams& params) {
   Impl& r = *impl_;
   MOE_CHECK(!r.started, "expert ring: a MoE layer was added after start()");
   Impl::Layer layer;
-  const Param* tensors[] = {params.w1, params.w2, params.w3, params.b1, params.b2};
-  for (int field = 0; field < 5; ++field) {
+  const auto tensors = params.fields();
+  for (int field = 0; field < nn::kExpertFields; ++field) {
     const Param* p = tensors[field];
     if (!p) continue;
     MOE_CHECK(p->offloaded && !p->shape.empty(), "expert ring: expert parameter '", p->name,
@@ -467,7 +468,8 @@ void ExpertRing::request(int layer, std::span<const int32_t>, std::span<const in
                          nn::Pass pass) {
   // The ring loads whole layers ahead of the one computing, whatever the routing.
   MOE_CHECK(pass == nn::Pass::forward, "expert ring: MoE layer ", layer,
-            ": the ring serves inference (forward passes) only; train with --offload");
+            ": the ring serves inference (forward passes) only; train with ",
+            flag_for(Setting::offload));
 }
 
 nn::ExpertTensors ExpertRing::acquire_layer(int layer) { return impl_->acquire_layer(layer); }
@@ -514,23 +516,25 @@ void ExpertRing::start(const RingConfig& config) {
     MOE_USAGE_CHECK(r.slot_bytes == 0 || config.device.kind == Device::cpu, "expert ring: '",
                     checkpoint,
                     "' holds quantised experts, which the CPU kernels read: the ring "
-                    "serves them with --device cpu only");
+                    "serves them with ",
+                    flag_for(Setting::device), " cpu only");
   }
 
   // Budget -> K slots of the largest layer's expert bytes (fp32, or quantised as stored).
   const int64_t slot_bytes = r.slot_elems * static_cast<int64_t>(sizeof(float)) + r.slot_bytes;
   int64_t K = 0;
   if (r.L > 0) {
-    MOE_USAGE_CHECK(config.budget_bytes >= slot_bytes, "--expert-budget ", config.budget_bytes,
-                    " bytes is smaller than one MoE layer's experts (", slot_bytes, " bytes)");
+    MOE_USAGE_CHECK(config.budget_bytes >= slot_bytes, flag_for(Setting::expert_budget), " ",
+                    config.budget_bytes, " bytes is smaller than one MoE layer's experts (",
+                    slot_bytes, " bytes)");
     K = std::min(config.budget_bytes / slot_bytes, r.L);
     // Host slots are allocated below: a budget this process cannot get is refused with the
     // figures rather than by a failed allocation part-way (device slots: the device's allocator).
     const double bytes = double(K) * double(slot_bytes);
     if (config.device.kind == Device::cpu)
-      check_free_memory(
-          bytes, str("--expert-budget: ", K, " expert slots of ", format_bytes(double(slot_bytes)),
-                     " (", format_bytes(bytes), ")"));
+      check_free_memory(bytes,
+                        str(flag_for(Setting::expert_budget), ": ", K, " expert slots of ",
+                            format_bytes(double(slot_bytes)), " (", format_bytes(bytes), ")"));
   }
   r.config = config;
   r.K = K;
@@ -567,7 +571,7 @@ void ExpertRing::start(const RingConfig& config) {
     for (int64_t m = 0; m < r.L; ++m) {
       const Impl::Layer& layer = r.layers[static_cast<size_t>(m)];
       nn::ExpertTensors& v = r.views[static_cast<size_t>(s)][static_cast<size_t>(m)];
-      Tensor* fields[] = {&v.w1, &v.w2, &v.w3, &v.b1, &v.b2};
+      const auto fields = v.fields();
       for (size_t j = 0; j < layer.names.size(); ++j) {
         const Impl::Slot& slot = r.slots[static_cast<size_t>(s)];
         const ExpertFormat& format = layer.format[j];

@@ -21,7 +21,8 @@ OffloadPlan plan_offload(const PlanInput& in) {
            " per expert), their fp32 weights ", bytes(in.expert_weight_bytes)));
   line(str("  tiers: ", in.device_name, " ", bytes(in.device_capacity),
            in.device_is_host ? "" : str(", host memory ", bytes(in.host_capacity)), ", SSD ",
-           in.ssd_capacity > 0 ? bytes(in.ssd_capacity) + " free" : "none (no --ssd-dir)"));
+           in.ssd_capacity > 0 ? bytes(in.ssd_capacity) + " free"
+                               : str("none (no ", flag_for(Setting::ssd_dir), ")")));
   if (in.device_capacity <= 0 || resident <= in.device_capacity) {
     plan.tier = Tier::none;
     line(str("  -> none: everything resident in ", in.device_name, " (", bytes(resident), ")"));

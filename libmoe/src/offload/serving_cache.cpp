@@ -43,6 +43,7 @@
 #include "moe/models/memory.h"
 #include "moe/models/transformer.h"
 #include "moe/offload/cache_sim.h"
+#include "moe/settings.h"
 #include "offload/checkpoint_experts.h"
 
 namespace moe::offload {
@@ -51,7 +52,7 @@ struct ServingCache::Impl {
   struct Layer {
     int64_t block = 0, experts = 0;
     std::vector<std::string> names;
-    std::vector<int> field;            // which ExpertTensors member (0 w1 .. 4 b2)
+    std::vector<int> field;            // which ExpertTensors member (0 w1 .. 5 b3)
     std::vector<Shape> one;            // one expert's shape, [1, ...]
     std::vector<Shape> global;         // the checkpoint tensor's shape
     std::vector<int64_t> first;        // the checkpoint index of the layer's expert 0
@@ -60,8 +61,8 @@ struct ServingCache::Impl {
   // One expert's tensors as held, sized for the largest layer's expert: a field's floating values
   // in `fields`, its quantised bytes (a quantised checkpoint's matrices) in `bytes`.
   struct Holder {
-    Tensor fields[5];
-    Tensor bytes[5];
+    Tensor fields[nn::kExpertFields];
+    Tensor bytes[nn::kExpertFields];
   };
 
   std::string path;
@@ -115,14 +116,14 @@ struct ServingCache::Impl {
 
   int64_t one_expert_bytes() const {
     int64_t bytes = 0;
-    for (int f = 0; f < 5; ++f)
+    for (int f = 0; f < nn::kExpertFields; ++f)
       bytes += field_elems[f] * int64_t(dtype_size(held[f])) + field_bytes[f];
     return bytes;
   }
 
   Holder allocate(const char* name) const {
     Holder h;
-    for (int f = 0; f < 5; ++f) {
+    for (int f = 0; f < nn::kExpertFields; ++f) {
       if (field_elems[f] > 0) h.fields[f] = Tensor::zeros({field_elems[f]}, held[f]).set_name(name);
       if (field_bytes[f] > 0)
         h.bytes[f] = Tensor::zeros({field_bytes[f]}, DType::u8).set_name(name);
@@ -147,7 +148,7 @@ struct ServingCache::Impl {
   nn::ExpertTensors views(const Holder& h, int64_t m) const {
     const Layer& layer = layers[static_cast<size_t>(m)];
     nn::ExpertTensors v;
-    Tensor* out[] = {&v.w1, &v.w2, &v.w3, &v.b1, &v.b2};
+    const auto out = v.fields();
     for (size_t j = 0; j < layer.names.size(); ++j) {
       const int f = layer.field[j];
       const ExpertFormat& format = layer.format[j];
@@ -165,7 +166,7 @@ struct ServingCache::Impl {
     const Layer& layer = layers[static_cast<size_t>(m)];
     int64_t bytes = 0;
     nn::ExpertTensors v = views(h, m);
-    Tensor* dst[] = {&v.w1, &v.w2, &v.w3, &v.b1, &v.b2};
+    const auto dst = v.fields();
     for (size_t j = 0; j < layer.names.size(); ++j) {
       const std::string& name = layer.names[j];
       const int64_t index = layer.first[j] + e;
@@ -218,8 +219,8 @@ int ServingCache::add_layer(const nn::ExpertParams& params) {
   MOE_CHECK(!c.started, "expert cache: a MoE layer was added after start()");
   Impl::Layer layer;
   layer.experts = params.experts();
-  const Param* tensors[] = {params.w1, params.w2, params.w3, params.b1, params.b2};
-  for (int field = 0; field < 5; ++field) {
+  const auto tensors = params.fields();
+  for (int field = 0; field < nn::kExpertFields; ++field) {
     const Param* p = tensors[field];
     if (!p) continue;
     MOE_CHECK(p->offloaded && !p->shape.empty(), "expert cache: expert parameter '", p->name,
@@ -243,7 +244,8 @@ void ServingCache::request(int layer, std::span<const int32_t> experts,
                            std::span<const int32_t> rows, nn::Pass pass) {
   Impl& c = *impl_;
   MOE_CHECK(pass == nn::Pass::forward, "expert cache: MoE layer ", layer,
-            ": the cache serves forward passes only (inference); train with --offload");
+            ": the cache serves forward passes only (inference); train with ",
+            flag_for(Setting::offload));
   c.check_layer(layer);
   // A new forward pass: the layers start again (token blocks of one layer repeat it).
   const bool new_pass =
@@ -466,9 +468,9 @@ void ServingCache::Impl::check_checkpoint() {
 // What a holder's fields hold, sized for the largest layer's expert: floating values in `held`
 // dtypes, quantised bytes.
 void ServingCache::Impl::size_fields() {
-  held.assign(5, DType::f32);
-  field_elems.assign(5, 0);
-  field_bytes.assign(5, 0);
+  held.assign(nn::kExpertFields, DType::f32);
+  field_elems.assign(nn::kExpertFields, 0);
+  field_bytes.assign(nn::kExpertFields, 0);
   for (const Layer& layer : layers)
     for (size_t j = 0; j < layer.names.size(); ++j) {
       const size_t f = static_cast<size_t>(layer.field[j]);
@@ -551,8 +553,8 @@ void ServingCache::start(const ServingCacheConfig& config) {
   if (!c.layers.empty()) c.check_checkpoint();
   c.size_fields();
   const int64_t one = c.one_expert_bytes(), total = expert_bytes(config.dtype);
-  MOE_USAGE_CHECK(c.layers.empty() || config.budget_bytes >= one, "--expert-budget ",
-                  config.budget_bytes, " bytes is smaller than one expert (", one,
+  MOE_USAGE_CHECK(c.layers.empty() || config.budget_bytes >= one, flag_for(Setting::expert_budget),
+                  " ", config.budget_bytes, " bytes is smaller than one expert (", one,
                   " bytes as held)");
   const int64_t all = total / std::max<int64_t>(1, one);
   int64_t capacity = std::min(all, config.budget_bytes / std::max<int64_t>(1, one));
@@ -560,7 +562,8 @@ void ServingCache::start(const ServingCacheConfig& config) {
       config.popularity.empty() ? 0 : static_cast<int64_t>(double(capacity) * config.pin_share);
   pin = std::min(pin, capacity - 1);  // at least one slot stays a cache
   check_free_memory(double(capacity) * double(one),
-                    str("--expert-budget: ", capacity, " experts of ", format_bytes(double(one))));
+                    str(flag_for(Setting::expert_budget), ": ", capacity, " experts of ",
+                        format_bytes(double(one))));
   c.pinned_index.clear();  // a start() refused part-way may be made again
   c.pinned.clear();
   c.slots.clear();

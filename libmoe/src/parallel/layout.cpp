@@ -4,6 +4,7 @@
 
 #include "moe/comm/nccl.h"
 #include "moe/error.h"
+#include "moe/settings.h"
 
 namespace moe::parallel {
 
@@ -21,19 +22,20 @@ static std::unique_ptr<comm::Communicator> device_communicator(comm::Communicato
 Layout::Layout(comm::Communicator* world, const LayoutConfig& config, Device device)
     : config_(config) {
   const int W = world ? world->size() : 1;
-  MOE_USAGE_CHECK(config.ep >= 1, "--ep must be >= 1 (got ", config.ep, ")");
-  MOE_USAGE_CHECK(W % config.ep == 0, "--ep ", config.ep, " does not divide the ", W,
+  MOE_USAGE_CHECK(config.ep >= 1, flag_for(Setting::ep), " must be >= 1 (got ", config.ep, ")");
+  MOE_USAGE_CHECK(W % config.ep == 0, flag_for(Setting::ep), " ", config.ep,
+                  " does not divide the ", W,
                   " ranks (the world is data parallel x expert parallel)");
-  MOE_USAGE_CHECK(config.partition_mb > 0, "--partition-mb must be > 0 (got ", config.partition_mb,
-                  ")");
-  MOE_USAGE_CHECK(config.ranks_per_node >= 0, "--ranks-per-node must be >= 0 (got ",
-                  config.ranks_per_node, ")");
+  MOE_USAGE_CHECK(config.partition_mb > 0, flag_for(Setting::partition_mb), " must be > 0 (got ",
+                  config.partition_mb, ")");
+  MOE_USAGE_CHECK(config.ranks_per_node >= 0, flag_for(Setting::ranks_per_node),
+                  " must be >= 0 (got ", config.ranks_per_node, ")");
   const comm::SchedulerMode mode = config.comm_scheduler;
   const comm::A2AAlgorithm algorithm = config.a2a;
   MOE_USAGE_CHECK(algorithm != comm::A2AAlgorithm::hierarchical || config.ep == 1 ||
                       config.ranks_per_node == 0 || config.ep % config.ranks_per_node == 0,
-                  "--ranks-per-node ", config.ranks_per_node, " does not divide the --ep ",
-                  config.ep,
+                  flag_for(Setting::ranks_per_node), " ", config.ranks_per_node,
+                  " does not divide the ", flag_for(Setting::ep), " ", config.ep,
                   " expert-parallel ranks (the hierarchical all-to-all runs inside each "
                   "expert-parallel group)");
   world_ = world;

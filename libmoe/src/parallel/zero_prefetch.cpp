@@ -13,6 +13,7 @@
 #endif
 #include "moe/error.h"
 #include "moe/log.h"
+#include "moe/settings.h"
 #include "moe/timer.h"
 
 namespace moe::parallel {
@@ -74,14 +75,15 @@ void prefetch_loop(const std::shared_ptr<ZeroPrefetch::Shared>& s) {
 
 ZeroPrefetch::ZeroPrefetch(DenseShards& shards, comm::Communicator& group, int64_t depth)
     : shards_(shards), depth_(depth), shared_(std::make_shared<Shared>()) {
-  MOE_USAGE_CHECK(depth >= 0, "--zero-prefetch must be 0 (off) or more blocks ahead (got ", depth,
-                  ")");
-  MOE_CHECK(shards.stage() >= 3, "ZeroPrefetch: --zero-prefetch needs --zero 3 (stage ",
-            shards.stage(), ")");
+  MOE_USAGE_CHECK(depth >= 0, flag_for(Setting::zero_prefetch),
+                  " must be 0 (off) or more blocks ahead (got ", depth, ")");
+  MOE_CHECK(shards.stage() >= 3, "ZeroPrefetch: ", flag_for(Setting::zero_prefetch), " needs ",
+            flag_for(Setting::zero), " 3 (stage ", shards.stage(), ")");
 #ifdef MOE_HAVE_MPI
   if (depth > 0 && group.name() == "mpi" && !comm::mpi_thread_multiple()) {
     // Two threads may not call MPI at once: the all-gathers stay on the caller's thread.
-    MOE_LOG_WARN("--zero-prefetch ", depth, ": MPI granted thread level ", comm::mpi_thread_level(),
+    MOE_LOG_WARN(flag_for(Setting::zero_prefetch), " ", depth, ": MPI granted thread level ",
+                 comm::mpi_thread_level(),
                  ", not MPI_THREAD_MULTIPLE; the dense all-gathers run synchronously (as 0)");
     depth_ = 0;
   }
@@ -89,7 +91,8 @@ ZeroPrefetch::ZeroPrefetch(DenseShards& shards, comm::Communicator& group, int64
   if (depth_ == 0) return;
   // A duplicate, so that our all-gathers never interleave with the caller's collectives.
   shared_->comm = group.split(0, group.rank());
-  MOE_CHECK(shared_->comm != nullptr, "--zero-prefetch: duplicating ", group.describe(), " failed");
+  MOE_CHECK(shared_->comm != nullptr, flag_for(Setting::zero_prefetch), ": duplicating ",
+            group.describe(), " failed");
   thread_ = std::thread([s = shared_] { prefetch_loop(s); });
 }
 
@@ -112,7 +115,8 @@ ZeroPrefetch::~ZeroPrefetch() {
     if (job->done && job->error) try {
         std::rethrow_exception(job->error);
       } catch (const std::exception& e) {
-        MOE_LOG_ERROR("--zero-prefetch: an all-gather nobody waited for failed: ", e.what());
+        MOE_LOG_ERROR(flag_for(Setting::zero_prefetch),
+                      ": an all-gather nobody waited for failed: ", e.what());
       }
 }
 

@@ -19,6 +19,7 @@
 #include "moe/error.h"
 #include "moe/io/input.h"
 #include "moe/profile/svg.h"
+#include "moe/settings.h"
 
 namespace moe::profile {
 
@@ -91,9 +92,9 @@ svg::Series series(const MetricsRun& run, const std::vector<double>& y, const st
 
 MetricsRun parse_metrics(const std::string& text, const std::string& name) {
   if (text.empty())
-    throw Error(str(name,
-                    ": the file is empty (no metrics line; moe-train --metrics writes one "
-                    "every --log-every steps)"));
+    throw Error(str(name, ": the file is empty (no metrics line; moe-train ",
+                    flag_for(Setting::metrics), " writes one every ", flag_for(Setting::log_every),
+                    " steps)"));
   std::map<int64_t, Row> rows;  // by step: a step written twice keeps its last line
   size_t layers = 0;
   int64_t first_load_line = 0;

@@ -17,6 +17,7 @@
 #include "io/files.h"
 #include "moe/error.h"
 #include "moe/io/input.h"
+#include "moe/settings.h"
 #include "profile/trace_blocks.h"
 
 namespace moe::profile {
@@ -25,7 +26,8 @@ using detail::for_each_block;
 using detail::ranked;
 
 PathTable build_paths(const io::TraceReader& trace, int64_t path_length) {
-  MOE_USAGE_CHECK(path_length >= 1, "--path-length must be >= 1 (got ", path_length, ")");
+  MOE_USAGE_CHECK(path_length >= 1, flag_for(Setting::path_length), " must be >= 1 (got ",
+                  path_length, ")");
   const io::TraceInfo& info = trace.info();
   const int64_t L = trace.layers(), k = info.top_k;
   PathTable t;

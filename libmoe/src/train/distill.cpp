@@ -124,7 +124,7 @@ StudentPlan plan_student(const ModelConfig& teacher, const StudentSpec& spec,
                       ")");
     }
     plan.layers = spec.keep_layers;
-    plan.layer_rule = "as given by --keep-layers";
+    plan.layer_rule = str("as given by ", flag_for(Setting::keep_layers));
   } else {
     plan.layers = evenly_spaced_layers(L, spec.layers ? spec.layers : L);
     plan.layer_rule = static_cast<int64_t>(plan.layers.size()) == L

@@ -47,7 +47,7 @@ std::string offload_layout(const TrainConfig& config, const offload::TieredStore
   // When each expert's AdamW runs: only an unclipped step can update an expert before every
   // gradient is known.
   if (!c.settings.optimizer_overlap)
-    line += ", expert AdamW after backward (--no-optimizer-overlap)";
+    line += str(", expert AdamW after backward (", flag_for(Setting::no_optimizer_overlap), ")");
   else if (config.clip > 0)
     line += str(", expert AdamW after backward (", flag_for(Setting::clip), " ", config.clip,
                 ": a global-norm clip needs every gradient first; ", flag_for(Setting::clip),

@@ -6,6 +6,7 @@
 
 #include "moe/error.h"
 #include "moe/io/checkpoint_dir.h"
+#include "moe/settings.h"
 
 namespace moe::train {
 
@@ -49,10 +50,12 @@ void check_run_directory(const std::string& dir, const std::string& resume, bool
   std::string listed;
   for (size_t i = 0; i < held.size() && i < 3; ++i) listed += (i ? ", " : "") + held[i];
   if (held.size() > 3) listed += str(", ... (", held.size(), " in all)");
-  throw Error(str("output directory '", dir, "' holds the checkpoints of another run (", listed,
-                  ")", resume.empty() ? "" : str(", not of the run in '", resume, "'"), ": ",
-                  resumable ? str("continue that run with --resume ", last, ", ") : "",
-                  "choose another --out, or pass --force to write beside them"));
+  throw Error(str(
+      "output directory '", dir, "' holds the checkpoints of another run (", listed, ")",
+      resume.empty() ? "" : str(", not of the run in '", resume, "'"), ": ",
+      resumable ? str("continue that run with ", flag_for(Setting::resume), " ", last, ", ") : "",
+      "choose another ", flag_for(Setting::out), ", or pass ", flag_for(Setting::force),
+      " to write beside them"));
 }
 
 }  // namespace moe::train

@@ -89,9 +89,9 @@ RunConfig reconcile(const SessionRequest& request, const Opened& resume, const O
   MOE_LOG_DEBUG("training config: ", to_json(run.train).dump());
   const ModelConfig& mc = run.model;
   if (!resume.head && !init.head && mc.num_moe_layers() == 0 && !request.experts_listed)
-    MOE_LOG_WARN("the model has no MoE layer (--layers ", mc.layers, " with --moe-every ",
-                 mc.moe_every, ": every ", mc.moe_every,
-                 "th layer is MoE): this trains a dense transformer");
+    MOE_LOG_WARN("the model has no MoE layer (", flag_for(Setting::layers), " ", mc.layers,
+                 " with ", flag_for(Setting::moe_every), " ", mc.moe_every, ": every ",
+                 mc.moe_every, "th layer is MoE): this trains a dense transformer");
   return run;
 }
 

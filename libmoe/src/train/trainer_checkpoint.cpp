@@ -16,6 +16,7 @@
 #include "moe/io/convert.h"
 #include "moe/io/finite.h"
 #include "moe/log.h"
+#include "moe/settings.h"
 #include "moe/timer.h"
 #include "moe/train/trainer.h"
 
@@ -32,8 +33,8 @@ static bool same_shard(const ParamShard& a, const ParamShard& b) {
 }
 
 static std::string layout_text(int world, int64_t ep, bool shard_embedding) {
-  return str(world, world == 1 ? " rank" : " ranks", " with --ep ", ep,
-             shard_embedding ? " and --shard-embedding" : "");
+  return str(world, world == 1 ? " rank" : " ranks", " with ", flag_for(Setting::ep), " ", ep,
+             shard_embedding ? str(" and ", flag_for(Setting::shard_embedding)) : "");
 }
 
 std::map<std::string, const Param*> Trainer::params_of_optimizer_tensors() const {

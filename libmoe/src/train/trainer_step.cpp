@@ -7,6 +7,7 @@
 #include "moe/cuda.h"
 #include "moe/io/finite.h"
 #include "moe/nn/router.h"
+#include "moe/settings.h"
 #include "moe/timer.h"
 #include "moe/train/trainer.h"
 #include "train/step_hooks.h"
@@ -331,7 +332,8 @@ void Trainer::reduce_step(const StepBatch& batch, StepStats& s) {
   }
   if (tasks_) s.tasks = tasks_->finish_step(world_size() > 1 ? world_ : nullptr);
   MOE_CHECK(std::isfinite(s.forward.total), "step ", step_, ": loss is ", s.forward.total,
-            " (diverged; try a lower --lr or --clip)");
+            " (diverged; try a lower ", flag_for(Setting::lr), " or ", flag_for(Setting::clip),
+            ")");
 }
 
 // Clip by the global gradient norm, then AdamW: the resident parameters, ZeRO's dense slices
@@ -364,7 +366,8 @@ void Trainer::check_parameters() const {
         io::first_exploded(p->value) >= 0)
       io::check_not_exploded(str("step ", step_,
                                  ", after the update (the run diverged; nothing saved: "
-                                 "try a lower --lr or --clip)"),
+                                 "try a lower ",
+                                 flag_for(Setting::lr), " or ", flag_for(Setting::clip), ")"),
                              p->name, p->value);
 }
 

@@ -17,8 +17,8 @@ namespace moe::nn {
 // jitter is keyed by seed, step, layer and token, so it draws the same noise) before its backward.
 enum class Recompute { none, moe, block };
 
-// "none" | "moe" | "block"; anything else is a UsageError naming `flag`.
-Recompute parse_recompute(const std::string& name, const char* flag = "--recompute");
+// "none" | "moe" | "block"; anything else is a UsageError naming the setting's flag.
+Recompute parse_recompute(const std::string& name);
 const char* recompute_name(Recompute mode);
 
 // The scratch memory of recomputation, and its share of the activation high-water mark.
