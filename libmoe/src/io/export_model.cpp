@@ -11,12 +11,8 @@ ExportModel::ExportModel(const Checkpoint& ckpt, const std::string& who, const s
   if (mc_.arch == Arch::gpt)
     throw Error(str(who,
                     ": only the mixtral flavour and the families built on it (qwen2_moe, "
-                    "qwen3_moe, olmoe, glm4_moe; deepseek_v3 in Hugging Face's form) have a form "
+                    "qwen3_moe, olmoe, glm4_moe, deepseek_v3) have a form "
                     "there (this model is gpt: learned positions, LayerNorm, GELU)"));
-  // Latent attention has an HF form (hf_export.cpp); llama.cpp's deepseek2 export is to come.
-  if (mc_.mla() && target != "HF DeepSeek-V3")
-    throw Error(
-        str(who, ": deepseek_v3 (Multi-head Latent Attention) has no ", target, " export yet"));
   if (ckpt.sharding.rank >= 0)
     throw Error(str(who, ": this is rank ", ckpt.sharding.rank,
                     "'s shard of a sharded checkpoint; merge "
@@ -25,6 +21,8 @@ ExportModel::ExportModel(const Checkpoint& ckpt, const std::string& who, const s
   if (mc_.residual_moe) throw Error(str(who, ": residual MoE (PR-MoE) has no ", target, " form"));
   // GLM-4-MoE's router (DeepSeek-V3's): sigmoid scores with a selection bias; the others softmax.
   const bool glm = mc_.arch == Arch::glm4_moe || mc_.arch == Arch::deepseek_v3;
+  // DeepSeek-V2's router: a softmax over the experts (deepseek_v3 with softmax scoring).
+  const bool v2 = mc_.arch == Arch::deepseek_v3 && mc_.router_scoring == nn::RouterScoring::softmax;
   // Qwen's dense_ff is HF intermediate_size, the width of dense layers these files can name
   // (mlp_only_layers) though every layer here has experts (check_layers).
   const bool qwen = mc_.arch == Arch::qwen2_moe || mc_.arch == Arch::qwen3_moe;
@@ -33,13 +31,13 @@ ExportModel::ExportModel(const Checkpoint& ckpt, const std::string& who, const s
                     " routes by a softmax over the experts; this model's "
                     "router scores with a sigmoid (router_scoring ",
                     router_scoring_name(mc_.router_scoring), ")"));
-  if (glm && mc_.router_scoring != nn::RouterScoring::sigmoid)
+  if (glm && !v2 && mc_.router_scoring != nn::RouterScoring::sigmoid)
     throw Error(str(who, ": ", target, " scores experts with a sigmoid; this model's router uses ",
                     router_scoring_name(mc_.router_scoring)));
-  const char* glm_only = mc_.rope_dim != 0         ? "partial RoPE (rope_dim)"
+  const char* glm_only = mc_.rope_dim != 0            ? "partial RoPE (rope_dim)"
                          : mc_.dense_ff != 0 && !qwen ? "dense layers of their own width (dense_ff)"
-                         : mc_.router_groups != 1  ? "group-limited routing (router_groups)"
-                         : mc_.routed_scale != 1.0 ? "scaled gate weights (routed_scale)"
+                         : mc_.router_groups != 1     ? "group-limited routing (router_groups)"
+                         : mc_.routed_scale != 1.0    ? "scaled gate weights (routed_scale)"
                          : mc_.qkv_bias || mc_.qk_norm ? "q/k/v biases or qk-norm options"
                                                        : nullptr;
   if (!glm && glm_only)

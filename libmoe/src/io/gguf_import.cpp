@@ -16,6 +16,7 @@
 #include "backend/cpu/gemv.h"
 #include "backend/cpu/quant_blocks.h"
 #include "io/gguf_blocks.h"
+#include "io/gguf_import_deepseek2.h"
 #include "io/gguf_keys.h"
 #include "io/gguf_tokenizer.h"
 #include "kernels/convert.h"
@@ -43,11 +44,10 @@ struct GgufArch {
                         // permuted
 };
 
-constexpr GgufArch kArchs[] = {{"llama", Arch::mixtral, true, true},
-                               {"qwen2moe", Arch::qwen2_moe, false, false},
-                               {"qwen3moe", Arch::qwen3_moe, true, false},
-                               {"olmoe", Arch::olmoe, false, false},
-                               {"glm4moe", Arch::glm4_moe, false, false}};
+constexpr GgufArch kArchs[] = {
+    {"llama", Arch::mixtral, true, true},       {"qwen2moe", Arch::qwen2_moe, false, false},
+    {"qwen3moe", Arch::qwen3_moe, true, false}, {"olmoe", Arch::olmoe, false, false},
+    {"glm4moe", Arch::glm4_moe, false, false},  {"deepseek2", Arch::deepseek_v3, false, false}};
 
 // Bounds of the counts and widths that size the plan, checked before anything
 // is sized by them (the tensors' own dimensions are bounded by the file's size,
@@ -60,17 +60,17 @@ const GgufArch& arch_of(const Keys& k) {
     if (name == a.name) return a;
   throw Error(str("'", k.path(), "': GGUF architecture '", name,
                   "' is not supported (supported: llama with experts (Mixtral), qwen2moe, "
-                  "qwen3moe, olmoe, glm4moe)"));
+                  "qwen3moe, olmoe, glm4moe, deepseek2)"));
 }
 
 // What llama.cpp can say of a model that ours cannot run: refused by name.
-// glm4moe reads its routing and its dense layers from keys (glm4moe_config); the others may not
-// have them.
+// glm4moe and deepseek2 read their routing and their dense layers from keys (glm4moe_config,
+// deepseek2_config); the others may not have them.
 void refuse_unsupported(const Keys& k, const std::string& a, int64_t seq) {
   auto refuse = [&](const std::string& key, const std::string& what) {
     throw Error(str("'", k.path(), "': ", what, " (GGUF key '", key, "') is not supported"));
   };
-  const bool glm = a == "glm4moe";
+  const bool deepseek = a == "deepseek2", glm = a == "glm4moe" || deepseek;
   if (!glm && k.has(a + ".expert_gating_func") && k.integer(a + ".expert_gating_func") != 1)
     refuse(a + ".expert_gating_func", "expert gating other than softmax");
   if (!glm && k.has(a + ".expert_weights_scale") && k.real(a + ".expert_weights_scale") != 1.0)
@@ -82,7 +82,8 @@ void refuse_unsupported(const Keys& k, const std::string& a, int64_t seq) {
     refuse(a + ".rope.scaling.type", str("RoPE scaling '", scaling, "'"));
   if (scaling == "yarn" && k.real_or(a + ".rope.scaling.attn_factor", 1.0) != 1.0)
     refuse(a + ".rope.scaling.attn_factor", "a YaRN attention factor set by hand");
-  if (scaling == "yarn" && k.real_or(a + ".rope.scaling.yarn_log_multiplier", 0.0) != 0.0)
+  if (scaling == "yarn" && !deepseek &&
+      k.real_or(a + ".rope.scaling.yarn_log_multiplier", 0.0) != 0.0)
     refuse(a + ".rope.scaling.yarn_log_multiplier", "DeepSeek's YaRN log multiplier");
   if (k.has(a + ".attention.clamp_kqv")) refuse(a + ".attention.clamp_kqv", "q/k/v clipping");
   const int64_t window = k.integer_or(a + ".attention.sliding_window", 0);
@@ -139,6 +140,30 @@ void glm4moe_config(const Keys& k, const GgufFile& f, ModelConfig& mc) {
   }
 }
 
+// The head width (key_length, by llama.cpp's default embedding_length / head_count) and the
+// features RoPE rotates of the architectures with q/k/v projections.
+void head_config(const Keys& k, const GgufArch& arch, ModelConfig& mc) {
+  const std::string a = std::string(arch.name) + ".";
+  if (!k.has(a + "attention.key_length") && mc.d_model % mc.heads != 0)
+    throw Error(str("'", k.path(), "': no GGUF key '", a, "attention.key_length', and ",
+                    "embedding_length ", mc.d_model, " is not a multiple of head_count ",
+                    mc.heads));
+  const int64_t hd = k.has(a + "attention.key_length")
+                         ? k.bounded(a + "attention.key_length", 2, kMaxWidth)
+                         : mc.d_model / mc.heads;
+  if (k.integer_or(a + "attention.value_length", hd) != hd)
+    throw Error(str("'", k.path(), "': value heads of another width than key heads (", a,
+                    "attention.value_length) are not supported"));
+  const int64_t rope = k.integer_or(a + "rope.dimension_count", hd);
+  if (arch.arch == Arch::glm4_moe && rope >= 2 && rope < hd && rope % 2 == 0)
+    mc.rope_dim = rope;  // glm4moe's partial RoPE: the first rope features of each head
+  else if (rope != hd)
+    throw Error(str("'", k.path(), "': rotary embedding of ", k.integer(a + "rope.dimension_count"),
+                    " of ", hd, " head dimensions (", a,
+                    "rope.dimension_count) is not supported: ours rotates them all"));
+  mc.head_dim = hd * mc.heads == mc.d_model ? 0 : hd;
+}
+
 // The model config the keys describe (the rest of ours: training settings the
 // file does not hold, at 0; the exporter's record may replace them,
 // adopt_record).
@@ -160,7 +185,7 @@ ModelConfig config_from_keys(const Keys& k, const GgufArch& arch, const GgufFile
                             : 0);
   mc.d_model = k.bounded(a + "embedding_length", 1, kMaxWidth);
   mc.heads = k.bounded(a + "attention.head_count", 1, kMaxCount);
-  mc.kv_heads = k.has(a + "attention.head_count_kv")
+  mc.kv_heads = k.has(a + "attention.head_count_kv") && arch.arch != Arch::deepseek_v3
                     ? k.bounded(a + "attention.head_count_kv", 1, mc.heads)
                     : mc.heads;
   // The experts' width: expert_feed_forward_length where given (the qwen
@@ -180,26 +205,10 @@ ModelConfig config_from_keys(const Keys& k, const GgufArch& arch, const GgufFile
   else if (k.integer_or(a + "expert_shared_feed_forward_length", 0) != 0)
     throw Error(str("'", k.path(), "': a shared expert (GGUF key '", a,
                     "expert_shared_feed_forward_length') is not supported in ", arch.name));
-  // The head width: key_length, by llama.cpp's default embedding_length /
-  // head_count.
-  if (!k.has(a + "attention.key_length") && mc.d_model % mc.heads != 0)
-    throw Error(str("'", k.path(), "': no GGUF key '", a, "attention.key_length', and ",
-                    "embedding_length ", mc.d_model, " is not a multiple of head_count ",
-                    mc.heads));
-  const int64_t hd = k.has(a + "attention.key_length")
-                         ? k.bounded(a + "attention.key_length", 2, kMaxWidth)
-                         : mc.d_model / mc.heads;
-  if (k.integer_or(a + "attention.value_length", hd) != hd)
-    throw Error(str("'", k.path(), "': value heads of another width than key heads (", a,
-                    "attention.value_length) are not supported"));
-  const int64_t rope = k.integer_or(a + "rope.dimension_count", hd);
-  if (arch.arch == Arch::glm4_moe && rope >= 2 && rope < hd && rope % 2 == 0)
-    mc.rope_dim = rope;  // glm4moe's partial RoPE: the first rope features of each head
-  else if (rope != hd)
-    throw Error(str("'", k.path(), "': rotary embedding of ", k.integer(a + "rope.dimension_count"),
-                    " of ", hd, " head dimensions (", a,
-                    "rope.dimension_count) is not supported: ours rotates them all"));
-  mc.head_dim = hd * mc.heads == mc.d_model ? 0 : hd;
+  if (arch.arch == Arch::deepseek_v3)
+    gguf::deepseek2_attention_config(k, mc);
+  else
+    head_config(k, arch, mc);
   // V: vocab_size, which llama.cpp's converter may leave out (then the tokens,
   // or the embedding).
   if (k.has(a + "vocab_size"))
@@ -225,6 +234,8 @@ ModelConfig config_from_keys(const Keys& k, const GgufArch& arch, const GgufFile
   yarn_config(k, arch.name, mc);
   if (arch.arch == Arch::glm4_moe)
     glm4moe_config(k, f, mc);
+  else if (arch.arch == Arch::deepseek_v3)
+    gguf::deepseek2_config(k, mc);
   else
     mc.experts_per_layer.assign(static_cast<size_t>(mc.layers), mc.experts);
   // No output.weight: llama.cpp's head is then token_embd (a tied head, as the converter writes a
@@ -257,10 +268,18 @@ bool same_glm_math(const ModelConfig& a, const ModelConfig& b) {
 // The keys hold f32 eps and theta: a record agrees when its values round to
 // them.
 bool same_math(const ModelConfig& a, const ModelConfig& b) {
-  if (a.arch == Arch::glm4_moe && !same_glm_math(a, b)) return false;
-  // A selection bias only where the file holds one (glm4moe's exp_probs_b).
-  const bool biased =
-      a.arch == Arch::glm4_moe || (!a.router_selection_bias() && !b.router_selection_bias());
+  const bool keyed = a.arch == Arch::glm4_moe || a.arch == Arch::deepseek_v3;
+  if (keyed && !same_glm_math(a, b)) return false;
+  // deepseek2's latent widths, and YaRN's mscale_all_dim as its f32 log multiplier holds it.
+  if (a.arch == Arch::deepseek_v3 &&
+      (a.q_lora_rank != b.q_lora_rank || a.kv_lora_rank != b.kv_lora_rank ||
+       a.qk_nope_dim != b.qk_nope_dim || a.qk_rope_dim != b.qk_rope_dim ||
+       a.v_head_dim != b.v_head_dim ||
+       float(0.1 * a.yarn.mscale_all_dim) != float(0.1 * b.yarn.mscale_all_dim) ||
+       a.yarn.mscale != a.yarn.mscale_all_dim || b.yarn.mscale != b.yarn.mscale_all_dim))
+    return false;
+  // A selection bias only where the file holds one (glm4moe's and deepseek2's exp_probs_b).
+  const bool biased = keyed || (!a.router_selection_bias() && !b.router_selection_bias());
   return a.arch == b.arch && a.vocab_size == b.vocab_size && a.layers == b.layers &&
          a.d_model == b.d_model && a.heads == b.heads &&
          a.head_dim_resolved() == b.head_dim_resolved() &&
@@ -307,15 +326,23 @@ void adopt_record(const Keys& k, ModelConfig& mc, GgufImportReport& rep) {
 // (io/gguf_write.cpp's table).
 std::vector<GgufTensorPlan> expected_tensors(const ModelConfig& mc, bool permute_qk) {
   const int64_t V = mc.vocab_size, D = mc.d_model, F = mc.d_ff, H = mc.heads,
-                KV = mc.kv_heads_resolved(), hd = mc.head_dim_resolved(),
-                E = mc.experts, Fs = mc.shared_expert_ff, Fd = mc.dense_ff_resolved();
+                KV = mc.kv_heads_resolved(), hd = mc.head_dim_resolved(), E = mc.experts,
+                Fs = mc.shared_expert_ff, Fd = mc.dense_ff_resolved();
   const Flavour flavour = flavour_of(mc);
   const bool glm = mc.arch == Arch::glm4_moe;
   std::vector<GgufTensorPlan> out;
   auto add = [&](std::string gguf, std::string ours, Shape shape, bool expert = false,
                  int64_t rope_heads = 0) {
-    out.push_back({std::move(gguf), std::move(ours), std::move(shape), expert,
-                   permute_qk ? rope_heads : 0, false, ""});
+    out.push_back({std::move(gguf),
+                   std::move(ours),
+                   std::move(shape),
+                   expert,
+                   permute_qk ? rope_heads : 0,
+                   false,
+                   "",
+                   {},
+                   {},
+                   false});
   };
   add("token_embd.weight", "embed.tokens", {V, D});
   for (int64_t i = 0; i < mc.layers; ++i) {
@@ -324,19 +351,23 @@ std::vector<GgufTensorPlan> expected_tensors(const ModelConfig& mc, bool permute
     add(blk + (glm ? "post_attention_norm.weight" : "ffn_norm.weight"), b + "norm2.weight", {D});
     // As our attention creates them: each projection's weight then its bias, then the qk-norms.
     const bool bias = flavour.qkv_bias;
-    add(blk + "attn_q.weight", b + "attn.q.weight", {H * hd, D}, false, H);
-    if (bias) add(blk + "attn_q.bias", b + "attn.q.bias", {H * hd});
-    add(blk + "attn_k.weight", b + "attn.k.weight", {KV * hd, D}, false, KV);
-    if (bias) add(blk + "attn_k.bias", b + "attn.k.bias", {KV * hd});
-    add(blk + "attn_v.weight", b + "attn.v.weight", {KV * hd, D});
-    if (bias) add(blk + "attn_v.bias", b + "attn.v.bias", {KV * hd});
-    add(blk + "attn_output.weight", b + "attn.o.weight", {D, H * hd});
+    if (flavour.latent_attention) {
+      gguf::deepseek2_attention_tensors(mc, i, out);
+    } else {
+      add(blk + "attn_q.weight", b + "attn.q.weight", {H * hd, D}, false, H);
+      if (bias) add(blk + "attn_q.bias", b + "attn.q.bias", {H * hd});
+      add(blk + "attn_k.weight", b + "attn.k.weight", {KV * hd, D}, false, KV);
+      if (bias) add(blk + "attn_k.bias", b + "attn.k.bias", {KV * hd});
+      add(blk + "attn_v.weight", b + "attn.v.weight", {KV * hd, D});
+      if (bias) add(blk + "attn_v.bias", b + "attn.v.bias", {KV * hd});
+      add(blk + "attn_output.weight", b + "attn.o.weight", {D, H * hd});
+    }
     if (flavour.qk_norm != nn::QkNorm::none) {
       const bool head = flavour.qk_norm == nn::QkNorm::head;
       add(blk + "attn_q_norm.weight", b + "attn.q_norm.weight", {head ? hd : H * hd});
       add(blk + "attn_k_norm.weight", b + "attn.k_norm.weight", {head ? hd : KV * hd});
     }
-    if (!mc.is_moe_layer(i)) {  // glm4moe's leading dense layers
+    if (!mc.is_moe_layer(i)) {  // glm4moe's and deepseek2's leading dense layers
       add(blk + "ffn_gate.weight", b + "mlp.w1", {Fd, D});
       add(blk + "ffn_down.weight", b + "mlp.w2", {D, Fd});
       add(blk + "ffn_up.weight", b + "mlp.w3", {Fd, D});
@@ -408,13 +439,17 @@ void match_tensors(const GgufFile& f, std::vector<GgufTensorPlan>& plan, int64_t
     if (it == infos.end())
       throw Error(str("'", f.path, "': no GGUF tensor '", t.gguf, "' (our ", t.ours,
                       "): the file is incomplete"));
-    std::vector<int64_t> want(t.shape.rbegin(), t.shape.rend());
+    const Shape& file_shape = t.file_shape.empty() ? t.shape : t.file_shape;
+    std::vector<int64_t> want(file_shape.rbegin(), file_shape.rend());
     if (trimmed(it->second->dims) != trimmed(want))
       throw Error(str("'", f.path, "': GGUF tensor '", t.gguf, "' is ", dims_text(it->second->dims),
                       ", but the keys imply ", dims_text(want), " (our ", t.ours, " ",
                       shape_str(t.shape), ")"));
     used.insert(t.gguf);
-    rep.mapped.push_back(str(t.gguf, " -> ", t.ours, t.rope_heads ? " (rows un-permuted)" : ""));
+    rep.mapped.push_back(str(t.gguf, " -> ", t.ours,
+                             t.rope_heads || !t.rows.empty() ? " (rows un-permuted)"
+                             : t.head_transpose              ? " (heads transposed)"
+                                                             : ""));
   }
   int64_t skipped_tensors = 0;
   for (const GgufTensorInfo& t : f.tensors) {
@@ -517,7 +552,9 @@ bool always_f32(const GgufTensorPlan& t) {
 }
 
 // The dtype a tensor is stored in when it keeps no blocks: the model's, or f32 (always_f32).
-DType stored_dtype(const GgufTensorPlan& t, DType model) { return always_f32(t) ? DType::f32 : model; }
+DType stored_dtype(const GgufTensorPlan& t, DType model) {
+  return always_f32(t) ? DType::f32 : model;
+}
 
 // The stored dtype: the 16-bit type of the 16-bit tensors when every other
 // tensor we keep unquantised holds only values it represents exactly, else f32
@@ -666,6 +703,7 @@ GgufImportPlan plan_gguf_import(const std::string& path, const GgufImportOptions
   const int64_t skipped = k.integer(str(arch.name, ".block_count")) - mc.layers;
   match_tensors(plan.file, plan.tensors, mc.layers, skipped, rep);
   refuse_wide_blocks(plan.file, plan.tensors);
+  gguf::refuse_rearranged_blocks(plan.file, plan.tensors);
   nlohmann::json formats;
   rep.recipe = plan_quantization(plan.file, plan.tensors, formats, rep);
   rep.quantized = !rep.recipe.empty();
@@ -685,7 +723,11 @@ NamedTensor import_gguf_tensor(const GgufImportPlan& plan, const GgufTensorPlan&
   const int64_t in = t.shape.back(), rows = info.numel() / in;
   const int64_t hd = plan.config.head_dim_resolved();
   Tensor out;
-  if (!t.block_format.empty()) {
+  if (!t.rows.empty() || t.head_transpose) {  // deepseek2's latent attention, from its floats
+    out = Tensor::from_vector(t.shape, gguf::deepseek2_values(t, read_gguf_tensor(f, t.gguf)));
+    out = out.to(stored_dtype(t, plan.config.dtype));
+    check_finite(str("'", f.path, "'"), t.gguf, out);
+  } else if (!t.block_format.empty()) {
     out = block_tensor(f, t, hd);
   } else if (t.q8_rows) {
     std::vector<uint8_t> bytes;

@@ -17,6 +17,7 @@
 
 #include "io/export_model.h"
 #include "io/gguf_blocks.h"
+#include "io/gguf_writer.h"
 #include "kernels/convert.h"
 #include "moe/error.h"
 #include "moe/io/atomic_file.h"
@@ -33,69 +34,8 @@ namespace {
 
 constexpr uint64_t kAlignment = 32;
 
-// Value types of the GGUF key/value section.
-enum ValueType : uint32_t { u32 = 4, i32 = 5, f32v = 6, boolean = 7, string = 8, array = 9 };
-
-class Header {
- public:
-  void put_u32(uint32_t v) { put(&v, 4); }
-  void put_u64(uint64_t v) { put(&v, 8); }
-  void put_string(const std::string& s) {
-    put_u64(s.size());
-    put(s.data(), s.size());
-  }
-  void key(const std::string& k, ValueType type) {
-    put_string(k);
-    put_u32(type);
-    ++keys_;
-  }
-  void kv_u32(const std::string& k, uint32_t v) {
-    key(k, u32);
-    put_u32(v);
-  }
-  void kv_i32(const std::string& k, int32_t v) {
-    key(k, i32);
-    put(&v, 4);
-  }
-  void kv_f32(const std::string& k, float v) {
-    key(k, f32v);
-    put(&v, 4);
-  }
-  void kv_bool(const std::string& k, bool v) {
-    key(k, boolean);
-    const uint8_t b = v ? 1 : 0;
-    put(&b, 1);
-  }
-  void kv_string(const std::string& k, const std::string& v) {
-    key(k, string);
-    put_string(v);
-  }
-  void kv_strings(const std::string& k, const std::vector<std::string>& v) {
-    key(k, array);
-    put_u32(string);
-    put_u64(v.size());
-    for (const std::string& s : v) put_string(s);
-  }
-  void kv_f32s(const std::string& k, const std::vector<float>& v) {
-    key(k, array);
-    put_u32(f32v);
-    put_u64(v.size());
-    put(v.data(), v.size() * 4);
-  }
-  void kv_i32s(const std::string& k, const std::vector<int32_t>& v) {
-    key(k, array);
-    put_u32(i32);
-    put_u64(v.size());
-    put(v.data(), v.size() * 4);
-  }
-  uint64_t keys() const { return keys_; }
-  std::string& bytes() { return bytes_; }
-
- private:
-  void put(const void* p, size_t n) { bytes_.append(static_cast<const char*>(p), n); }
-  std::string bytes_;
-  uint64_t keys_ = 0;
-};
+using gguf_out::Header;
+using gguf_out::Planned;
 
 // tokenizer.ggml.*: the stored tokenizer's vocabulary (padded to the model's V with unused
 // "[PAD<id>]" tokens, as llama.cpp's converter pads), or without one the byte-level vocabulary:
@@ -188,19 +128,6 @@ uint32_t file_type(GgufType t) {
   return 0;
 }
 
-// One tensor of the output: its info, and how to produce its values as rows of f32.
-struct Planned {
-  std::string name;
-  std::vector<int64_t> dims;  // fastest-varying first
-  GgufType type;
-  int64_t parts = 1;                                  // produce(p) for p < parts, in order
-  std::function<std::vector<float>(int64_t)> values;  // part p's values, row-major
-  int64_t nbytes() const {
-    GgufTensorInfo info{name, dims, type, 0};
-    return info.nbytes();
-  }
-};
-
 // Query/key rows of one projection [heads * hd, D], permuted within each head: output row
 // 2i + j of a head is input row j * hd/2 + i (j = 0, 1). llama.cpp rotates adjacent pairs
 // (2i, 2i + 1) by frequency i; we rotate (i, i + hd/2): after the permutation they are the same
@@ -273,7 +200,8 @@ struct LlamaArch {
   bool normalize_topk;  // its MoE renormalises the top-k gate weights
   bool permute_qk;      // "llama" rotates adjacent pairs (NORM rope): q/k rows permuted; the
                     // others rotate (i, i + hd/2) like us and HF (NEOX rope): copied as they are
-  bool glm = false;  // glm4moe: the renormalisation is a key (expert_weights_norm), not fixed
+  bool glm = false;       // glm4moe: the renormalisation is a key (expert_weights_norm), not fixed
+  bool deepseek = false;  // deepseek2: latent attention (io/gguf_deepseek2.cpp); keys as glm4moe's
 };
 
 LlamaArch llama_arch(Arch arch) {
@@ -286,6 +214,8 @@ LlamaArch llama_arch(Arch arch) {
       return {"olmoe", false, false};
     case Arch::glm4_moe:
       return {"glm4moe", false, false, true};
+    case Arch::deepseek_v3:  // rotates adjacent pairs, but of DeepSeek's rows (gguf_deepseek2.cpp)
+      return {"deepseek2", false, false, false, true};
     default:
       return {"llama", true, true};
   }
@@ -387,13 +317,14 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
   ExportModel m(ckpt, "GGUF export", str("llama.cpp's ", arch.name, " architecture"));
   const ModelConfig& mc = m.config();
   if (arch.glm) check_glm4moe(mc);
-  if (!arch.glm && mc.normalize_topk != arch.normalize_topk)
+  if (arch.deepseek) gguf_out::check_deepseek2(mc);
+  if (!arch.glm && !arch.deepseek && mc.normalize_topk != arch.normalize_topk)
     throw Error(str("GGUF export: llama.cpp's ", arch.name,
                     arch.normalize_topk ? " renormalises" : " does not renormalise",
                     " the top-k gate weights; this model ", mc.normalize_topk ? "does" : "does not",
                     " (normalize_topk ", mc.normalize_topk ? "true" : "false", ")"));
   check_olmoe_norm_widths(mc);
-  check_yarn(mc, arch.name);
+  if (!arch.deepseek) check_yarn(mc, arch.name);
   check_window(mc, arch.name);
   const Flavour flavour = flavour_of(mc);
   if (!flavour.shared_expert_gate && !flavour.ungated_shared_expert && mc.shared_expert_ff > 0)
@@ -416,7 +347,7 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
   const int64_t V = mc.vocab_size, D = mc.d_model, F = mc.d_ff, H = mc.heads, E = m.experts();
   const int64_t KV = mc.kv_heads_resolved(), hd = mc.head_dim_resolved();
   const int64_t Fs = mc.shared_expert_ff, Fd = mc.dense_ff_resolved();
-  MOE_CHECK(hd % 2 == 0, "GGUF export: head dim ", hd, " is odd");
+  MOE_CHECK(mc.mla() || hd % 2 == 0, "GGUF export: head dim ", hd, " is odd");
   auto param = [&](const std::string& name, const Shape& shape) -> const NamedTensor& {
     return m.param(name, shape);
   };
@@ -473,10 +404,14 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
   for (int64_t i = 0; i < mc.layers; ++i) {
     const std::string ours = str("blocks.", i, "."), blk = str("blk.", i, ".");
     vector(blk + "attn_norm.weight", ours + "norm1.weight", D);
-    rope_matrix(blk + "attn_q.weight", ours + "attn.q.weight", H);
-    rope_matrix(blk + "attn_k.weight", ours + "attn.k.weight", KV);
-    matrix(blk + "attn_v.weight", ours + "attn.v.weight", KV * hd, D);
-    matrix(blk + "attn_output.weight", ours + "attn.o.weight", D, H * hd);
+    if (arch.deepseek) {
+      gguf_out::deepseek2_attention(m, i, matrix_type, plan);
+    } else {
+      rope_matrix(blk + "attn_q.weight", ours + "attn.q.weight", H);
+      rope_matrix(blk + "attn_k.weight", ours + "attn.k.weight", KV);
+      matrix(blk + "attn_v.weight", ours + "attn.v.weight", KV * hd, D);
+      matrix(blk + "attn_output.weight", ours + "attn.o.weight", D, H * hd);
+    }
     if (flavour.qkv_bias) {  // biases stay f32, as llama.cpp's converter keeps 1-D tensors
       vector(blk + "attn_q.bias", ours + "attn.q.bias", H * hd);
       vector(blk + "attn_k.bias", ours + "attn.k.bias", KV * hd);
@@ -490,7 +425,7 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
     // glm4moe names the norm before the feed-forward part after the attention it follows
     vector(blk + (arch.glm ? "post_attention_norm.weight" : "ffn_norm.weight"),
            ours + "norm2.weight", D);
-    if (!mc.is_moe_layer(i)) {  // glm4_moe's leading dense layers
+    if (!mc.is_moe_layer(i)) {  // glm4_moe's and deepseek_v3's leading dense layers
       matrix(blk + "ffn_gate.weight", ours + "mlp.w1", Fd, D);
       matrix(blk + "ffn_down.weight", ours + "mlp.w2", D, Fd);
       matrix(blk + "ffn_up.weight", ours + "mlp.w3", Fd, D);
@@ -535,16 +470,21 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
   // architectures' the dense layers' width (theirs whether or not the model has dense layers),
   // llama's and olmoe's the experts'
   const bool qwen = mc.arch == Arch::qwen2_moe || mc.arch == Arch::qwen3_moe;
-  h.kv_u32(a + ".feed_forward_length", static_cast<uint32_t>(arch.glm || qwen ? Fd : F));
+  h.kv_u32(a + ".feed_forward_length",
+           static_cast<uint32_t>(arch.glm || arch.deepseek || qwen ? Fd : F));
   // The qwen architectures size their experts by this key (else feed_forward_length / k).
   if (a != "llama") h.kv_u32(a + ".expert_feed_forward_length", static_cast<uint32_t>(F));
-  if (Fs > 0 && !arch.glm)
+  if (Fs > 0 && !arch.glm && !arch.deepseek)
     h.kv_u32(a + ".expert_shared_feed_forward_length", static_cast<uint32_t>(Fs));
   h.kv_u32(a + ".attention.head_count", static_cast<uint32_t>(H));
-  h.kv_u32(a + ".attention.head_count_kv", static_cast<uint32_t>(KV));
+  // deepseek2's absorbed latent attention is one key/value head (MQA), as its converter writes
+  h.kv_u32(a + ".attention.head_count_kv", static_cast<uint32_t>(arch.deepseek ? 1 : KV));
   // Head width (llama.cpp's default is embedding_length / head_count; Qwen3-MoE's differs).
-  h.kv_u32(a + ".attention.key_length", static_cast<uint32_t>(hd));
-  h.kv_u32(a + ".attention.value_length", static_cast<uint32_t>(hd));
+  // deepseek2's widths are write_deepseek2_keys'.
+  if (!arch.deepseek) {
+    h.kv_u32(a + ".attention.key_length", static_cast<uint32_t>(hd));
+    h.kv_u32(a + ".attention.value_length", static_cast<uint32_t>(hd));
+  }
   h.kv_f32(a + ".attention.layer_norm_rms_epsilon", static_cast<float>(mc.norm_eps));
   h.kv_f32(a + ".rope.freq_base", static_cast<float>(mc.rope_theta));
   // glm4_moe may rotate only the first rope_dim features of a head (partial RoPE)
@@ -553,6 +493,7 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
   h.kv_u32(a + ".expert_count", static_cast<uint32_t>(E));
   h.kv_u32(a + ".expert_used_count", static_cast<uint32_t>(mc.top_k));
   if (arch.glm) write_glm4moe_keys(h, mc);
+  if (arch.deepseek) gguf_out::write_deepseek2_keys(h, mc);
   write_vocabulary(h, tokenizer.get(), V);
   h.kv_string("moe.model_config", to_json(m.recorded_config()).dump());
   h.kv_string("moe.producer", str("libmoe ", version(), " (git ", git_revision(), ")"));

@@ -41,8 +41,15 @@ using hf::kIndexFile;
 using hf::kMetadataConfig;
 using hf::kSingleFile;
 
-const char* hf_model_name(Arch arch) {
-  switch (arch) {
+// DeepSeek-V2's router (transformers' DeepseekV2TopkRouter) is deepseek_v3's with softmax scores:
+// such a model goes out as a DeepseekV2 directory, a sigmoid one as DeepseekV3.
+bool deepseek_v2(const ModelConfig& mc) {
+  return mc.arch == Arch::deepseek_v3 && mc.router_scoring == nn::RouterScoring::softmax;
+}
+
+const char* hf_model_name(const ModelConfig& mc) {
+  if (deepseek_v2(mc)) return "HF DeepSeek-V2";
+  switch (mc.arch) {
     case Arch::qwen2_moe:
       return "HF Qwen2-MoE";
     case Arch::qwen3_moe:
@@ -131,11 +138,15 @@ nlohmann::ordered_json glm_config(const ModelConfig& mc, int64_t E) {
   return c;
 }
 
-// DeepSeek-V3's config.json (configuration_deepseek_v3.py's keys; the RoPE rows interleaved).
+// DeepSeek-V3's config.json (configuration_deepseek_v3.py's keys; the RoPE rows interleaved), or
+// DeepSeek-V2's (configuration_deepseek_v2.py: the same keys less V3's rope_interleave (V2 always
+// interleaves), group limit and prediction layers, with its "greedy" top-k and no renormalisation,
+// which import-hf requires of V2).
 nlohmann::ordered_json deepseek_config(const ModelConfig& mc, int64_t E) {
+  const bool v2 = deepseek_v2(mc);
   nlohmann::ordered_json c;
-  c["architectures"] = {"DeepseekV3ForCausalLM"};
-  c["model_type"] = "deepseek_v3";
+  c["architectures"] = {v2 ? "DeepseekV2ForCausalLM" : "DeepseekV3ForCausalLM"};
+  c["model_type"] = v2 ? "deepseek_v2" : "deepseek_v3";
   c["vocab_size"] = mc.vocab_size;
   c["hidden_size"] = mc.d_model;
   c["intermediate_size"] = mc.dense_ff_resolved();
@@ -149,7 +160,7 @@ nlohmann::ordered_json deepseek_config(const ModelConfig& mc, int64_t E) {
   c["qk_nope_head_dim"] = mc.qk_nope_dim;
   c["qk_rope_head_dim"] = mc.qk_rope_dim;
   c["v_head_dim"] = mc.v_head_dim;
-  c["rope_interleave"] = true;
+  if (!v2) c["rope_interleave"] = true;
   c["hidden_act"] = "silu";
   c["max_position_embeddings"] = mc.seq;
   c["initializer_range"] = 0.02;
@@ -167,11 +178,15 @@ nlohmann::ordered_json deepseek_config(const ModelConfig& mc, int64_t E) {
   c["n_shared_experts"] = mc.shared_expert_ff / mc.d_ff;
   c["n_routed_experts"] = E;
   c["routed_scaling_factor"] = mc.routed_scale;
-  c["n_group"] = mc.router_groups;
-  c["topk_group"] = mc.router_group_topk;
+  if (v2) {
+    c["topk_method"] = "greedy";
+  } else {
+    c["n_group"] = mc.router_groups;
+    c["topk_group"] = mc.router_group_topk;
+  }
   c["first_k_dense_replace"] = leading_dense_layers(mc);
   c["norm_topk_prob"] = mc.normalize_topk;
-  c["num_nextn_predict_layers"] = 0;
+  if (!v2) c["num_nextn_predict_layers"] = 0;
   c["torch_dtype"] = torch_dtype_name(mc.dtype);
   return c;
 }
@@ -190,6 +205,20 @@ void check_glm(const ModelConfig& mc) {
     if (i >= leading_dense_layers(mc) && !mc.is_moe_layer(i))
       throw Error(str("Hugging Face export: layer ", i, " is dense after an MoE layer; HF ",
                       "GLM-4-MoE's dense layers are the first ones (first_k_dense_replace)"));
+}
+
+// Refuses a softmax-routed deepseek_v3 model transformers' DeepSeek-V2 would route otherwise: it
+// never renormalises the top-k, has no selection bias, and limits groups by their best expert
+// (ours by their two best), so only "greedy" (no group limit) goes out.
+void check_deepseek_v2(const ModelConfig& mc) {
+  const char* differs = mc.normalize_topk            ? "renormalises the top-k (normalize_topk)"
+                        : mc.router_selection_bias() ? "carries a selection bias"
+                        : mc.router_groups > 1 && mc.router_group_topk < mc.router_groups
+                            ? "limits its choice to groups of experts (router_groups)"
+                            : nullptr;
+  if (differs)
+    throw Error(str("Hugging Face export: this softmax-routed deepseek_v3 model (HF DeepSeek-V2) ",
+                    differs, ", which transformers' DeepseekV2 router does not"));
 }
 
 // config.json with the keys the family's transformers config class writes.
@@ -274,11 +303,11 @@ void check_window(const ModelConfig& mc) {
   const int64_t windowed =
       mc.window_layers.empty() ? mc.layers : static_cast<int64_t>(mc.window_layers.size());
   if (mc.arch != Arch::mixtral && mc.arch != Arch::qwen3_moe)
-    throw Error(str("Hugging Face export: transformers' ", hf_model_name(mc.arch),
+    throw Error(str("Hugging Face export: transformers' ", hf_model_name(mc),
                     " has no sliding window; this model attends through one of ", mc.sliding_window,
                     " positions"));
   if (windowed < mc.layers)
-    throw Error(str("Hugging Face export: transformers' ", hf_model_name(mc.arch),
+    throw Error(str("Hugging Face export: transformers' ", hf_model_name(mc),
                     " slides its window on every layer or on none; this model's window of ",
                     mc.sliding_window, " positions is on ", windowed, " of its ", mc.layers,
                     " layers (qwen2_moe's layer_types can say that)"));
@@ -530,7 +559,7 @@ class CreatedDir {
 
 void export_hf(const Checkpoint& ckpt, const std::string& dir, const HfExportOptions& options) {
   const ModelConfig peek = model_config_from_json(ckpt.model_config);
-  ExportModel m(ckpt, "Hugging Face export", hf_model_name(peek.arch));
+  ExportModel m(ckpt, "Hugging Face export", hf_model_name(peek));
   const ModelConfig& mc = m.config();
   if (mc.arch == Arch::mixtral && !mc.normalize_topk)
     throw Error(
@@ -538,16 +567,17 @@ void export_hf(const Checkpoint& ckpt, const std::string& dir, const HfExportOpt
         "(normalize_topk false)");
   if ((mc.arch == Arch::qwen2_moe || mc.arch == Arch::olmoe) &&
       mc.head_dim_resolved() * mc.heads != mc.d_model)
-    throw Error(str("Hugging Face export: ", hf_model_name(mc.arch),
+    throw Error(str("Hugging Face export: ", hf_model_name(mc),
                     " has heads of hidden_size / "
                     "num_attention_heads; this model's are ",
                     mc.head_dim_resolved(), " wide"));
   const bool deepseek = mc.arch == Arch::deepseek_v3;
   if (mc.arch == Arch::glm4_moe || deepseek) check_glm(mc);
+  if (deepseek_v2(mc)) check_deepseek_v2(mc);
   check_window(mc);
   if (mc.shared_expert_ff > 0 && mc.arch != Arch::qwen2_moe && mc.arch != Arch::glm4_moe &&
       !deepseek)
-    throw Error(str("Hugging Face export: ", hf_model_name(mc.arch),
+    throw Error(str("Hugging Face export: ", hf_model_name(mc),
                     " has no shared expert; this model's "
                     "is ",
                     mc.shared_expert_ff, " wide (qwen2_moe and glm4_moe have one)"));

@@ -63,6 +63,12 @@ struct GgufTensorPlan {
   bool q8_rows = false;    // stored as our Q8_0 rows (u8 [.., out, q8_row_bytes(in)])
   // Kept in the file's blocks ("q4_k", "q6_k", "mxfp4", "q8_0"; u8 [.., out, row bytes]); "" not.
   std::string block_format;
+  // deepseek2's latent attention (io/gguf_import_deepseek2.cpp): the file's tensor is file_shape
+  // (empty: `shape`), and ours is its rows `rows` in that order (empty: all of them), or with
+  // head_transpose its [heads, c, dn] transposed per head to [heads * dn, c].
+  Shape file_shape;
+  std::vector<int64_t> rows;
+  bool head_transpose = false;
 };
 
 struct GgufImportPlan {
