@@ -2,7 +2,11 @@
 // which struct field each fills (TrainOptions' own fields, its ModelConfig, its TrainConfig).
 #include "options.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "common/named_option.h"
+#include "moe/error.h"
 #include "moe/io/output.h"
 #include "moe/log.h"
 #include "moe/offload/budget.h"
@@ -100,13 +104,14 @@ void add_model_shape_options(CLI::Option_group& g, TrainOptions& o) {
     o.model_flags.push_back(opt);
     return opt;
   };
-  model_opt(
-      mg->add_option("--arch", o.arch,
-                     "gpt (GPT-2/Switch numerics), mixtral (HF Mixtral numerics), or the "
-                     "HF families on mixtral's layers: qwen2_moe, qwen3_moe, olmoe, "
-                     "glm4_moe")
-          ->check(CLI::IsMember({"gpt", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe"}))
-          ->capture_default_str());
+  model_opt(mg->add_option("--arch", o.arch,
+                           "gpt (GPT-2/Switch numerics), mixtral (HF Mixtral numerics), or the "
+                           "HF families on mixtral's layers: qwen2_moe, qwen3_moe, olmoe, "
+                           "glm4_moe, deepseek_v3 (DeepSeek-V2/V3: glm4_moe's MoE layers with "
+                           "Multi-head Latent Attention, --kv-lora-rank and the flags beside it)")
+                ->check(CLI::IsMember({"gpt", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe",
+                                       "glm4_moe", "deepseek_v3"}))
+                ->capture_default_str());
   model_opt(mg->add_option("--vocab", m.vocab_size,
                            "Vocabulary size (256 for text; token files: max id + 1 by default)")
                 ->capture_default_str());
@@ -186,8 +191,8 @@ void add_routing_options(CLI::Option_group& g, TrainOptions& o) {
                 ->capture_default_str());
   model_opt(mg->add_option("--router", o.router,
                            "Router scores: softmax over the experts, or a sigmoid per expert "
-                           "(DeepSeek-V3), or auto (the --arch's own: glm4_moe sigmoid, the "
-                           "others softmax)")
+                           "(DeepSeek-V3), or auto (the --arch's own: glm4_moe and deepseek_v3 "
+                           "sigmoid, the others softmax)")
                 ->check(CLI::IsMember({"auto", "softmax", "sigmoid"}))
                 ->capture_default_str());
   model_opt(mg->add_option("--router-groups", m.router_groups,
@@ -224,6 +229,70 @@ void add_routing_options(CLI::Option_group& g, TrainOptions& o) {
             "Parameter and activation storage: f32, bf16, f16 (math and optimizer state stay fp32)")
           ->check(CLI::IsMember({"f32", "bf16", "f16"}))
           ->capture_default_str());
+}
+
+// Multi-head Latent Attention (ModelConfig's MLA fields; deepseek_v3 only). Left out with --arch
+// deepseek_v3, they take small shapes scaled to the width (fill_latent_defaults). The flag names
+// are the checkpoint's keys, so a resumed run checks them against its model.
+void add_latent_options(CLI::Option_group& g, TrainOptions& o) {
+  auto& m = o.model;
+  auto model_opt = [&](CLI::Option* opt) { o.model_flags.push_back(opt); };
+  const char* left_out =
+      " (deepseek_v3 only; left out: a small shape from --d-model D and --heads H, ";
+  model_opt(g.add_option("--q-lora-rank", m.q_lora_rank,
+                         std::string("Width of the query latent (HF q_lora_rank; 0 = a plain q "
+                                     "projection, as DeepSeek-V2-Lite)") +
+                             left_out + "D/2)"));
+  model_opt(g.add_option("--kv-lora-rank", m.kv_lora_rank,
+                         std::string("Width of the compressed key/value latent the decode cache "
+                                     "holds (HF kv_lora_rank)") +
+                             left_out + "D/4)"));
+  model_opt(g.add_option("--qk-nope-dim", m.qk_nope_dim,
+                         std::string("Features of each q/k head without RoPE (HF "
+                                     "qk_nope_head_dim)") +
+                             left_out + "D/H)"));
+  model_opt(g.add_option("--qk-rope-dim", m.qk_rope_dim,
+                         std::string("Features of each q/k head RoPE rotates, even (HF "
+                                     "qk_rope_head_dim)") +
+                             left_out + "D/H/2 rounded down to even, at least 2)"));
+  model_opt(g.add_option("--v-head-dim", m.v_head_dim,
+                         std::string("Width of each value head, at most --qk-nope-dim + "
+                                     "--qk-rope-dim (HF v_head_dim)") +
+                             left_out + "D/H)"));
+}
+
+// RoPE scaling (ModelConfig::rope_type and ::yarn, named as HF's rope_scaling keys). Not model
+// flags: a checkpoint keeps its RoPE, and check_rope_flags refuses them with --resume or --init.
+void add_rope_scaling_options(CLI::Option_group& g, TrainOptions& o) {
+  auto& m = o.model;
+  auto& y = m.yarn;
+  auto rope_opt = [&](CLI::Option* opt) { o.rope_flags.push_back(opt); };
+  rope_opt(add_named(g, "--rope-scaling", m.rope_type,
+                     "RoPE scaling (HF rope_scaling's rope_type): none, or yarn (YaRN: "
+                     "DeepSeek-V3, gpt-oss; RoPE architectures; needs "
+                     "--original-max-position-embeddings)",
+                     {"none", "yarn"}, parse_rope_type, rope_type_name));
+  rope_opt(g.add_option("--rope-factor", y.factor,
+                        "YaRN: how many times the original context is stretched (HF factor, >= 1)")
+               ->capture_default_str());
+  rope_opt(g.add_option("--original-max-position-embeddings", y.original_ctx,
+                        "YaRN: the context the RoPE was trained for (HF "
+                        "original_max_position_embeddings; required with --rope-scaling yarn)"));
+  rope_opt(g.add_option("--beta-fast", y.beta_fast,
+                        "YaRN: rotations in the original context below which a pair is fully "
+                        "interpolated (HF beta_fast, > 0)")
+               ->capture_default_str());
+  rope_opt(
+      g.add_option("--beta-slow", y.beta_slow,
+                   "YaRN: rotations above which a pair keeps its frequency (HF beta_slow, > 0)")
+          ->capture_default_str());
+  rope_opt(g.add_option("--mscale", y.mscale,
+                        "YaRN: the cos/sin scale's mscale (HF mscale; 0 = absent, >= 0)")
+               ->capture_default_str());
+  rope_opt(g.add_option("--mscale-all-dim", y.mscale_all_dim,
+                        "YaRN: HF mscale_all_dim (0 = absent, >= 0); deepseek_v3 also scales "
+                        "the softmax by yarn_mscale(factor, it)^2")
+               ->capture_default_str());
 }
 
 // TrainConfig's optimizer fields.
@@ -431,6 +500,11 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
   auto& model = *app.add_option_group("Model (taken from the checkpoint with --resume or --init)");
   add_model_shape_options(model, o);
   add_routing_options(model, o);
+  add_latent_options(
+      *app.add_option_group("Multi-head Latent Attention (deepseek_v3; from the checkpoint "
+                            "with --resume or --init)"),
+      o);
+  add_rope_scaling_options(*app.add_option_group("RoPE scaling (YaRN; RoPE architectures)"), o);
   add_optimizer_options(*app.add_option_group("Optimization"), o);
   add_offload_options(*app.add_option_group("Expert offload (ES-MoE, MoESys)"), o);
   auto& dist = *app.add_option_group(
@@ -451,8 +525,112 @@ void check_outputs(TrainOptions& o, bool lead) {
   }
 }
 
+namespace {
+
+bool given(CLI::App& app, const char* flag) { return app.get_option(flag)->count() > 0; }
+
+constexpr const char* kLatentFlags[] = {"--q-lora-rank", "--kv-lora-rank", "--qk-nope-dim",
+                                        "--qk-rope-dim", "--v-head-dim"};
+
+// deepseek_v3's latent attention where its flags are left out: DeepSeek-V3's proportions in small
+// (its q latent 3x the kv one, values as wide as the unrotated part of a key, RoPE on a third of
+// a key), from the width D and heads H: at the default --d-model 128 --heads 4, q 64, kv 32,
+// heads of 32 + 16 features and values of 32.
+void fill_latent_defaults(ModelConfig& m, CLI::App& app) {
+  const int64_t hd = std::max<int64_t>(m.heads > 0 ? m.d_model / m.heads : 0, 2);
+  if (!given(app, "--q-lora-rank")) m.q_lora_rank = std::max<int64_t>(m.d_model / 2, 1);
+  if (!given(app, "--kv-lora-rank")) m.kv_lora_rank = std::max<int64_t>(m.d_model / 4, 1);
+  if (!given(app, "--qk-nope-dim")) m.qk_nope_dim = hd;
+  if (!given(app, "--qk-rope-dim")) m.qk_rope_dim = std::max<int64_t>(hd / 4 * 2, 2);
+  if (!given(app, "--v-head-dim")) m.v_head_dim = m.qk_nope_dim;
+}
+
+// The latent attention's flags: deepseek_v3's alone, each size in its range, and none of the
+// head flags its latent attention replaces (ModelConfig::validate_mla words these by config key;
+// here they are named by flag).
+void check_latent_flags(const TrainOptions& o, CLI::App& app) {
+  const bool deepseek = o.arch == "deepseek_v3";
+  for (const char* flag : kLatentFlags)
+    if (!deepseek && given(app, flag))
+      throw UsageError(str(flag,
+                           " is deepseek_v3's (Multi-head Latent Attention): it needs --arch "
+                           "deepseek_v3, not --arch ",
+                           o.arch,
+                           o.resume.empty() && o.init.empty()
+                               ? ""
+                               : " (with --resume or --init, give --arch deepseek_v3 too)"));
+  if (!deepseek) return;
+  ModelConfig m = o.model;
+  fill_latent_defaults(m, app);
+  const int64_t head = m.qk_nope_dim + m.qk_rope_dim;
+  const char* shaped =
+      " does not apply to --arch deepseek_v3: its heads are shaped by its latent "
+      "attention (--qk-nope-dim, --qk-rope-dim, --v-head-dim)";
+  if ((m.head_dim != 0 && m.head_dim != head) || m.rope_dim != 0)
+    throw UsageError(str(m.rope_dim != 0 ? "--rope-dim" : "--head-dim", shaped));
+  if (m.kv_heads != 0 && m.kv_heads != m.heads) throw UsageError(str("--kv-heads", shaped));
+  if (m.qkv_bias || m.qk_norm)
+    throw UsageError(str(m.qkv_bias ? "--qkv-bias" : "--qk-norm", shaped));
+  if (m.kv_lora_rank < 1)
+    throw UsageError(
+        str("--kv-lora-rank must be >= 1 with --arch deepseek_v3 (got ", m.kv_lora_rank, ")"));
+  if (m.q_lora_rank < 0)
+    throw UsageError(
+        str("--q-lora-rank must be >= 0 (0 = a plain q projection; got ", m.q_lora_rank, ")"));
+  if (m.qk_nope_dim < 1)
+    throw UsageError(str("--qk-nope-dim must be >= 1 (got ", m.qk_nope_dim, ")"));
+  if (m.qk_rope_dim < 2 || m.qk_rope_dim % 2 != 0)
+    throw UsageError(str("--qk-rope-dim must be even and >= 2: RoPE turns pairs of features (got ",
+                         m.qk_rope_dim, ")"));
+  if (m.v_head_dim < 1 || m.v_head_dim > head)
+    throw UsageError(str("--v-head-dim must be between 1 and --qk-nope-dim + --qk-rope-dim = ",
+                         head, " (got ", m.v_head_dim, ")"));
+}
+
+// A YaRN setting named by its flag when it is outside its range (ops::yarn_scaling's bounds).
+void check_yarn_ranges(const ops::YarnSettings& y) {
+  auto require = [](bool ok, const char* flag, const char* range, double got) {
+    if (!ok) throw UsageError(str(flag, " must be ", range, " (got ", got, ")"));
+  };
+  require(y.factor >= 1 && std::isfinite(y.factor), "--rope-factor", ">= 1", y.factor);
+  require(y.original_ctx >= 1 && std::isfinite(y.original_ctx),
+          "--original-max-position-embeddings", ">= 1 position", y.original_ctx);
+  require(y.beta_fast > 0 && std::isfinite(y.beta_fast), "--beta-fast", "> 0", y.beta_fast);
+  require(y.beta_slow > 0 && std::isfinite(y.beta_slow), "--beta-slow", "> 0", y.beta_slow);
+  require(y.mscale >= 0 && std::isfinite(y.mscale), "--mscale", ">= 0 (0 = absent)", y.mscale);
+  require(y.mscale_all_dim >= 0 && std::isfinite(y.mscale_all_dim), "--mscale-all-dim",
+          ">= 0 (0 = absent)", y.mscale_all_dim);
+}
+
+// The RoPE scaling flags: a new model's (a checkpoint keeps its RoPE), YaRN's settings only with
+// --rope-scaling yarn, which needs a RoPE architecture and the original context.
+void check_rope_flags(const TrainOptions& o, CLI::App& app) {
+  for (const CLI::Option* opt : o.rope_flags)
+    if (opt->count() && (!o.resume.empty() || !o.init.empty()))
+      throw UsageError(str(opt->get_name(), " sets the RoPE of a new model: ",
+                           o.resume.empty() ? "--init" : "--resume",
+                           " keeps the checkpoint's (leave it out)"));
+  const bool yarn = o.model.rope_type == RopeType::yarn;
+  for (const CLI::Option* opt : o.rope_flags)
+    if (!yarn && opt->count() && opt->get_name() != "--rope-scaling")
+      throw UsageError(str(opt->get_name(), " is a YaRN setting: add --rope-scaling yarn"));
+  if (!yarn) return;
+  if (o.arch == "gpt")
+    throw UsageError(
+        "--rope-scaling yarn needs a RoPE architecture: --arch gpt has learned positions");
+  if (!given(app, "--original-max-position-embeddings"))
+    throw UsageError(
+        "--rope-scaling yarn needs --original-max-position-embeddings (the context the RoPE was "
+        "trained for, which --rope-factor stretches)");
+  check_yarn_ranges(o.model.yarn);
+}
+
+}  // namespace
+
 // Flag combinations that cannot be run, before any work.
 void check_flags(const TrainOptions& o, CLI::App& app) {
+  check_latent_flags(o, app);
+  check_rope_flags(o, app);
   // Each task's batch is in its tasks file: a --batch beside --tasks would be ignored.
   if (!o.train.tasks.empty() && app.get_option("--batch")->count())
     throw UsageError("--batch does not apply with --tasks: each task's batch is in " +
@@ -471,9 +649,11 @@ train::SessionRequest session_request(const TrainOptions& o, CLI::App& app) {
   train::SessionRequest r;
   r.model = o.model;
   r.model.arch = parse_arch(o.arch);
-  r.model.router_scoring = o.router != "auto"               ? parse_router_scoring(o.router)
-                           : r.model.arch == Arch::glm4_moe ? nn::RouterScoring::sigmoid
-                                                            : nn::RouterScoring::softmax;
+  if (r.model.arch == Arch::deepseek_v3) fill_latent_defaults(r.model, app);
+  const bool sigmoid_family = r.model.arch == Arch::glm4_moe || r.model.arch == Arch::deepseek_v3;
+  r.model.router_scoring = o.router != "auto" ? parse_router_scoring(o.router)
+                           : sigmoid_family   ? nn::RouterScoring::sigmoid
+                                              : nn::RouterScoring::softmax;
   r.model.dtype = parse_dtype(o.dtype);
   r.model.normalize_topk =
       o.normalize_topk == "auto" ? flavour_of(r.model).normalize_topk : o.normalize_topk == "on";
