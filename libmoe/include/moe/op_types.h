@@ -7,8 +7,21 @@
 
 namespace moe {
 
-// gelu: W2 gelu(W1 x + b1) + b2 (gpt);  swiglu: W2 (silu(W1 x) * W3 x) (mixtral)
-enum class Activation { gelu, swiglu };
+// gelu: W2 gelu(W1 x + b1) + b2 (gpt);  swiglu: W2 (silu(W1 x) * W3 x) (mixtral);
+// swiglu_clamped (gpt-oss): g = min(W1 x + b1, limit), u = clamp(W3 x + b3, -limit, limit),
+// W2 ((u + 1) * g * sigmoid(alpha g)) + b2, with SwigluClamp's alpha and limit.
+enum class Activation { gelu, swiglu, swiglu_clamped };
+
+// Whether the activation gates a second projection (W3): swiglu and swiglu_clamped.
+constexpr bool gated(Activation activation) { return activation != Activation::gelu; }
+
+// The clamped SwiGLU's constants (gpt-oss's config.json: swiglu_alpha, swiglu_limit). Its gradient
+// is zero where a clamp bites (g > limit; u > limit or u < -limit) and passes at exactly +-limit,
+// as torch's clamp / min do.
+struct SwigluClamp {
+  float alpha = 1.702f;
+  float limit = 7.0f;
+};
 
 }  // namespace moe
 

@@ -308,10 +308,11 @@ void load_sharded(LoadedModel& m, const std::string& dir, bool experts,
     MOE_CHECK(!nt.shard.defined(), "'", dir, "': '", nt.name, "' is split over the ranks");
     Tensor tensor = nt.tensor;
     const int64_t b = block_of_name(nt.name);
-    // The router's rows, and its selection bias's entries, follow their experts.
+    // The router's rows, and its selection and logit biases' entries, follow their experts.
     if (relabel && s.order.count(b) && !identity(s.order.at(b)) &&
         (nt.name == str("blocks.", b, ".moe.router.weight") ||
-         nt.name == str("blocks.", b, ".moe.router.bias"))) {
+         nt.name == str("blocks.", b, ".moe.router.bias") ||
+         nt.name == str("blocks.", b, ".moe.router.logit_bias"))) {
       const std::vector<int>& order = s.order.at(b);
       Tensor rows = Tensor::empty(tensor.shape(), tensor.dtype());
       const size_t row_bytes = tensor.nbytes() / order.size();

@@ -22,6 +22,12 @@ Experts::Experts(ParamSet& ps, const std::string& prefix, const ExpertsConfig& c
                 (!store && static_cast<int64_t>(config.slot_experts.size()) == E),
             "experts ", prefix, ": ", config.slot_experts.size(), " slot experts for ", E, " slots",
             store ? " (slots cannot be offloaded)" : "");
+  MOE_USAGE_CHECK(config.activation != Activation::swiglu_clamped ||
+                      (config.clamp.limit > 0.0f && config.clamp.limit <= 3.0e38f &&
+                       config.clamp.alpha > -3.0e38f && config.clamp.alpha < 3.0e38f),
+                  "experts ", prefix, ": the clamped SwiGLU needs a positive finite limit and a ",
+                  "finite alpha (got limit ", config.clamp.limit, ", alpha ", config.clamp.alpha,
+                  ")");
   auto add = [&](const char* name, Shape rest, Init init, bool decay) -> Param* {
     Shape global{G};
     global.insert(global.end(), rest.begin(), rest.end());
@@ -40,13 +46,13 @@ Experts::Experts(ParamSet& ps, const std::string& prefix, const ExpertsConfig& c
   };
   w1_ = add(".w1", {F, D}, Init::normal(config.init_std), true);
   w2_ = add(".w2", {D, F}, Init::normal(config.out_init_std), true);
-  if (config.activation == Activation::swiglu)
-    w3_ = add(".w3", {F, D}, Init::normal(config.init_std), true);
+  if (gated(config.activation)) w3_ = add(".w3", {F, D}, Init::normal(config.init_std), true);
   if (config.bias) {
     b1_ = add(".b1", {F}, Init::zeros(), false);
     b2_ = add(".b2", {D}, Init::zeros(), false);
+    if (gated(config.activation)) b3_ = add(".b3", {F}, Init::zeros(), false);
   }
-  if (store) store_layer_ = store->add_layer({w1_, w2_, w3_, b1_, b2_});
+  if (store) store_layer_ = store->add_layer({w1_, w2_, w3_, b1_, b2_, b3_});
 }
 
 // The expert ops over one group of experts: all of a layer's (resident, offsets [E+1]) or one
@@ -54,29 +60,31 @@ Experts::Experts(ParamSet& ps, const std::string& prefix, const ExpertsConfig& c
 // calls, so their results differ only in how the GEMM segments are batched, which the CPU grouped
 // GEMM makes bitwise irrelevant.
 static void forward_group(const ExpertTensors& w, const std::vector<int32_t>& offsets,
-                          Activation activation, Tensor x, Tensor h, Tensor h3, Tensor a,
+                          const ExpertsConfig& config, Tensor x, Tensor h, Tensor h3, Tensor a,
                           Tensor y) {
   ops::grouped_gemm(x, w.w1, true, offsets, h);
-  if (activation == Activation::swiglu) ops::grouped_gemm(x, w.w3, true, offsets, h3);
-  ops::expert_activation(h, h3, w.b1, offsets, activation, a);
+  if (gated(config.activation)) ops::grouped_gemm(x, w.w3, true, offsets, h3);
+  if (w.b3.defined()) ops::grouped_add_bias(h3, w.b3, offsets);
+  ops::expert_activation(h, h3, w.b1, offsets, config.activation, a, config.clamp);
   ops::grouped_gemm(a, w.w2, true, offsets, y);
   if (w.b2.defined()) ops::grouped_add_bias(y, w.b2, offsets);
 }
 
 // dy, and the forward's x, h, h3, a in; the gradients accumulate into g; dh, dh3 scratch; dx out.
 static void backward_group(const ExpertTensors& w, ExpertTensors& g,
-                           const std::vector<int32_t>& offsets, Activation activation,
+                           const std::vector<int32_t>& offsets, const ExpertsConfig& config,
                            const Tensor& dy, const Tensor& x, const Tensor& h, const Tensor& h3,
                            const Tensor& a, Tensor dh, Tensor dh3, Tensor dx) {
   if (g.b2.defined()) ops::grouped_bias_grad(dy, offsets, g.b2);
   ops::grouped_gemm_weight_grad(dy, a, offsets, g.w2);
   // dA = dY W2 (reuses no buffer: `a` stays valid for the caller).
   ops::grouped_gemm(dy, w.w2, false, offsets, dh);
-  ops::expert_activation_backward(dh, h, h3, activation, dh, dh3);
+  ops::expert_activation_backward(dh, h, h3, config.activation, dh, dh3, config.clamp);
   if (g.b1.defined()) ops::grouped_bias_grad(dh, offsets, g.b1);
   ops::grouped_gemm_weight_grad(dh, x, offsets, g.w1);
   ops::grouped_gemm(dh, w.w1, false, offsets, dx);
-  if (activation == Activation::swiglu) {
+  if (gated(config.activation)) {
+    if (g.b3.defined()) ops::grouped_bias_grad(dh3, offsets, g.b3);
     ops::grouped_gemm_weight_grad(dh3, x, offsets, g.w3);
     ops::grouped_gemm(dh3, w.w3, false, offsets, dx, 1.0f);
   }
@@ -111,18 +119,18 @@ Tensor Experts::forward(const Tensor& x_perm, const std::vector<int32_t>& expert
   const Device device = x_perm.device();
   Tensor h = Tensor::empty({M, F}, DType::f32, device).set_name("experts.h");
   Tensor h3;
-  if (config_.activation == Activation::swiglu)
+  if (gated(config_.activation))
     h3 = Tensor::empty({M, F}, DType::f32, device).set_name("experts.h3");
   Tensor a = Tensor::empty({M, F}, DType::f32, device).set_name("experts.a");
   Tensor y = Tensor::empty({M, D}, DType::f32, device).set_name("experts.y_perm");
   if (!store_) {
-    forward_group(resident(), expert_offsets, config_.activation, x_perm, h, h3, a, y);
+    forward_group(resident(), expert_offsets, config_, x_perm, h, h3, a, y);
   } else if (store_->whole_layers()) {  // the layer's experts at once, as resident ones
     std::vector<int32_t> rows;
     const std::vector<int32_t> used = experts_with_rows(expert_offsets, rows);
     store_->request(store_layer_, used, rows, Pass::forward);
-    forward_group(store_->acquire_layer(store_layer_), expert_offsets, config_.activation, x_perm,
-                  h, h3, a, y);
+    forward_group(store_->acquire_layer(store_layer_), expert_offsets, config_, x_perm, h, h3, a,
+                  y);
     store_->release_layer(store_layer_);
   } else {  // one expert at a time through the store, each a group of one
     std::vector<int32_t> rows;
@@ -132,7 +140,7 @@ Tensor Experts::forward(const Tensor& x_perm, const std::vector<int32_t>& expert
       const int32_t r0 = expert_offsets[static_cast<size_t>(e)],
                     r1 = expert_offsets[static_cast<size_t>(e) + 1];
       const ExpertTensors w = store_->acquire(store_layer_, e);
-      forward_group(w, {0, r1 - r0}, config_.activation, x_perm.rows(r0, r1), h.rows(r0, r1),
+      forward_group(w, {0, r1 - r0}, config_, x_perm.rows(r0, r1), h.rows(r0, r1),
                     optional(h3, r0, r1), a.rows(r0, r1), y.rows(r0, r1));
       store_->release(store_layer_, e);
     }
@@ -157,13 +165,13 @@ Tensor Experts::backward(const Tensor& dy_perm, const Saved& saved) {
   const Device device = dy_perm.device();
   Tensor dh = Tensor::empty({M, F}, DType::f32, device).set_name("experts.dh");
   Tensor dh3;
-  if (config_.activation == Activation::swiglu)
+  if (gated(config_.activation))
     dh3 = Tensor::empty({M, F}, DType::f32, device).set_name("experts.dh3");
   Tensor dx = Tensor::empty({M, D}, DType::f32, device).set_name("experts.dx_perm");
   if (!store_) {
     ExpertTensors g = resident_gradients();
-    backward_group(resident(), g, offsets, config_.activation, dy_perm, saved.x_perm, saved.h,
-                   saved.h3, saved.a, dh, dh3, dx);
+    backward_group(resident(), g, offsets, config_, dy_perm, saved.x_perm, saved.h, saved.h3,
+                   saved.a, dh, dh3, dx);
     return dx;
   }
   MOE_CHECK(!store_->whole_layers(), "experts ", w1_->name,
@@ -175,9 +183,9 @@ Tensor Experts::backward(const Tensor& dy_perm, const Saved& saved) {
     const int32_t r0 = offsets[static_cast<size_t>(e)], r1 = offsets[static_cast<size_t>(e) + 1];
     const ExpertTensors w = store_->acquire(store_layer_, e);
     ExpertTensors g = store_->gradients(store_layer_, e);
-    backward_group(w, g, {0, r1 - r0}, config_.activation, dy_perm.rows(r0, r1),
-                   saved.x_perm.rows(r0, r1), saved.h.rows(r0, r1), optional(saved.h3, r0, r1),
-                   saved.a.rows(r0, r1), dh.rows(r0, r1), optional(dh3, r0, r1), dx.rows(r0, r1));
+    backward_group(w, g, {0, r1 - r0}, config_, dy_perm.rows(r0, r1), saved.x_perm.rows(r0, r1),
+                   saved.h.rows(r0, r1), optional(saved.h3, r0, r1), saved.a.rows(r0, r1),
+                   dh.rows(r0, r1), optional(dh3, r0, r1), dx.rows(r0, r1));
     store_->release(store_layer_, e);
     store_->gradient_done(store_layer_, e);
   }
@@ -194,12 +202,12 @@ void ExpertStore::release_layer(int layer) {
 
 ExpertTensors Experts::resident() const {
   auto w = [](const Param* p) { return p ? p->w() : Tensor(); };
-  return {w(w1_), w(w2_), w(w3_), w(b1_), w(b2_)};
+  return {w(w1_), w(w2_), w(w3_), w(b1_), w(b2_), w(b3_)};
 }
 
 ExpertTensors Experts::resident_gradients() const {
   auto g = [](const Param* p) { return p ? p->grad : Tensor(); };
-  return {g(w1_), g(w2_), g(w3_), g(b1_), g(b2_)};
+  return {g(w1_), g(w2_), g(w3_), g(b1_), g(b2_), g(b3_)};
 }
 
 }  // namespace moe::nn

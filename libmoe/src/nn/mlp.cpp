@@ -10,6 +10,9 @@ namespace {
 const MlpConfig& checked(const std::string& prefix, const MlpConfig& c) {
   MOE_USAGE_CHECK(c.d_model > 0 && c.d_ff > 0, "mlp ", prefix, ": d_model ", c.d_model,
                   " and d_ff ", c.d_ff, " must be positive");
+  MOE_USAGE_CHECK(c.activation != Activation::swiglu_clamped, "mlp ", prefix,
+                  ": a dense MLP takes gelu or swiglu; the clamped SwiGLU (gpt-oss) is an expert "
+                  "activation only");
   return c;
 }
 

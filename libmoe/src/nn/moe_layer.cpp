@@ -53,6 +53,9 @@ MoELayer::MoELayer(ParamSet& ps, const std::string& prefix, const MoEConfig& con
   MOE_USAGE_CHECK(!config_.shared_gate || config_.shared_ff > 0, "moe layer ", prefix,
                   ": a shared expert gate needs a shared expert (shared_ff > 0)");
   if (config_.shared_ff == 0) return;
+  MOE_USAGE_CHECK(config_.experts.activation != Activation::swiglu_clamped, "moe layer ", prefix,
+                  ": a shared expert takes gelu or swiglu; the clamped SwiGLU (gpt-oss) is an "
+                  "expert activation only");
   MlpConfig mc;
   mc.d_model = config_.experts.d_model;
   mc.d_ff = config_.shared_ff;

@@ -3,6 +3,7 @@
 // Shapes: N tokens, D model width, F expert hidden width, E experts, k experts per token.
 #include "moe/nn/moe_reference.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -27,6 +28,35 @@ double silu(double v) { return v * sigmoid(v); }
 double silu_derivative(double v) {
   double s = sigmoid(v);
   return s + v * s * (1.0 - s);
+}
+
+// The activation of a feed-forward network: gelu, swiglu or the clamped swiglu (gpt-oss).
+struct Act {
+  Activation kind = Activation::gelu;
+  double alpha = 0, limit = 0;  // swiglu_clamped
+  bool gated() const { return kind != Activation::gelu; }
+};
+
+// a(h, h3), and its partial derivatives da/dh, da/dh3 (the clamped one's are zero where a clamp
+// bites, strictly beyond the limit, as torch's clamp).
+struct ActValue {
+  double a, dh, dh3;
+};
+ActValue activate(const Act& act, double h, double h3) {
+  switch (act.kind) {
+    case Activation::gelu:
+      return {gelu(h), gelu_derivative(h), 0.0};
+    case Activation::swiglu:
+      return {silu(h) * h3, h3 * silu_derivative(h), silu(h)};
+    case Activation::swiglu_clamped: {
+      const double g = std::min(h, act.limit), u = std::clamp(h3, -act.limit, act.limit);
+      const double s = sigmoid(act.alpha * g);
+      const double dglu = s * (1.0 + act.alpha * g * (1.0 - s));
+      return {(u + 1.0) * g * s, h > act.limit ? 0.0 : (u + 1.0) * dglu,
+              h3 > act.limit || h3 < -act.limit ? 0.0 : g * s};
+    }
+  }
+  return {0, 0, 0};
 }
 
 // A parameter's fp32 compute values (read in place), or null when the layer has no such parameter.
@@ -59,7 +89,8 @@ struct FfnGrads {
   double *w1, *w2, *w3, *b1, *b3, *b2;
 };
 
-ExpertPass ffn_forward(const Ffn& w, const float* x, int64_t D, bool swiglu) {
+ExpertPass ffn_forward(const Ffn& w, const float* x, int64_t D, const Act& act) {
+  const bool swiglu = act.gated();
   const int64_t F = w.F;
   ExpertPass p{Vec(F), Vec(F), Vec(F), Vec(D)};
   for (int64_t i = 0; i < F; ++i) {
@@ -71,7 +102,7 @@ ExpertPass ffn_forward(const Ffn& w, const float* x, int64_t D, bool swiglu) {
     }
     p.h[i] = s;
     p.h3[i] = s3;
-    p.a[i] = swiglu ? silu(s) * s3 : gelu(s);
+    p.a[i] = activate(act, s, s3).a;
   }
   for (int64_t d = 0; d < D; ++d) {
     double s = w.b2 ? w.b2[d] : 0.0;
@@ -83,8 +114,9 @@ ExpertPass ffn_forward(const Ffn& w, const float* x, int64_t D, bool swiglu) {
 
 // The gradients of <dout, out> for the pass p of input x: into g, and d/dx into dx [D] (+=).
 void ffn_backward(const Ffn& w, const ExpertPass& p, const Vec& dout, const float* x, int64_t D,
-                  bool swiglu, const FfnGrads& g, double* dx) {
+                  const Act& act, const FfnGrads& g, double* dx) {
   const int64_t F = w.F;
+  const bool swiglu = act.gated();
   Vec da(F, 0.0);
   for (int64_t d = 0; d < D; ++d) {
     if (g.b2) g.b2[d] += dout[d];
@@ -94,9 +126,8 @@ void ffn_backward(const Ffn& w, const ExpertPass& p, const Vec& dout, const floa
     }
   }
   for (int64_t i = 0; i < F; ++i) {
-    double dh =
-        swiglu ? da[i] * p.h3[i] * silu_derivative(p.h[i]) : da[i] * gelu_derivative(p.h[i]);
-    double dh3 = swiglu ? da[i] * silu(p.h[i]) : 0.0;
+    const ActValue v = activate(act, p.h[i], p.h3[i]);
+    const double dh = da[i] * v.dh, dh3 = da[i] * v.dh3;
     if (g.b1) g.b1[i] += dh;
     if (g.b3) g.b3[i] += dh3;
     for (int64_t d = 0; d < D; ++d) {
@@ -119,7 +150,8 @@ MoEReferenceResult moe_reference(const ParamSet& ps, const std::string& prefix,
                                  const Tensor& dy, float aux_scale, float z_scale) {
   const int64_t N = x.dim(0), D = config.router.d_model, E = config.router.num_experts;
   const int64_t k = config.router.top_k, F = config.experts.d_ff;
-  const bool swiglu = config.experts.activation == Activation::swiglu;
+  const Act act{config.experts.activation, config.experts.clamp.alpha, config.experts.clamp.limit};
+  const bool swiglu = act.gated();
   x.expect_shape({N, D}, "moe_reference x");
   const std::string rname = prefix + ".router.weight", ename = prefix + ".experts";
   const bool bias = config.experts.bias;
@@ -129,6 +161,7 @@ MoEReferenceResult moe_reference(const ParamSet& ps, const std::string& prefix,
   const float* w3 = swiglu ? values(ps, ename + ".w3", true, {E, F, D}) : nullptr;
   const float* b1 = bias ? values(ps, ename + ".b1", true, {E, F}) : nullptr;
   const float* b2 = bias ? values(ps, ename + ".b2", true, {E, D}) : nullptr;
+  const float* b3 = bias && swiglu ? values(ps, ename + ".b3", true, {E, F}) : nullptr;
   const std::vector<float> xs = x.to_vector();
 
   // Router input: x, times the jitter noise in training.
@@ -147,6 +180,8 @@ MoEReferenceResult moe_reference(const ParamSet& ps, const std::string& prefix,
   const std::string bname = prefix + ".router.bias";
   const float* selection_bias =
       config.router.selection_bias ? values(ps, bname, true, {E}) : nullptr;
+  const std::string lbname = prefix + ".router.logit_bias";
+  const float* logit_bias = config.router.logit_bias ? values(ps, lbname, true, {E}) : nullptr;
   std::vector<Vec> probs(N, Vec(E)), scores(N, Vec(E)), logits_of(N, Vec(E));
   Vec lse(N);
   std::vector<std::vector<int64_t>> choice(N, std::vector<int64_t>(k));
@@ -155,7 +190,7 @@ MoEReferenceResult moe_reference(const ParamSet& ps, const std::string& prefix,
   for (int64_t t = 0; t < N; ++t) {
     Vec logits(E);
     for (int64_t e = 0; e < E; ++e) {
-      double s = 0;
+      double s = logit_bias ? logit_bias[e] : 0.0;
       for (int64_t d = 0; d < D; ++d) s += xs[t * D + d] * noise[t * D + d] * wg[e * D + d];
       logits[e] = s;
     }
@@ -225,7 +260,7 @@ MoEReferenceResult moe_reference(const ParamSet& ps, const std::string& prefix,
                w2 + e * D * F,
                swiglu ? w3 + e * F * D : nullptr,
                b1 ? b1 + e * F : nullptr,
-               nullptr,
+               b3 ? b3 + e * F : nullptr,
                b2 ? b2 + e * D : nullptr,
                F};
   };
@@ -234,7 +269,7 @@ MoEReferenceResult moe_reference(const ParamSet& ps, const std::string& prefix,
   for (int64_t t = 0; t < N; ++t)
     for (int64_t j = 0; j < k; ++j) {
       if (!kept[t][j]) continue;
-      passes[t][j] = ffn_forward(expert(choice[t][j]), &xs[t * D], D, swiglu);
+      passes[t][j] = ffn_forward(expert(choice[t][j]), &xs[t * D], D, act);
       for (int64_t d = 0; d < D; ++d) y[t * D + d] += gate[t][j] * passes[t][j].out[d];
     }
 
@@ -255,7 +290,7 @@ MoEReferenceResult moe_reference(const ParamSet& ps, const std::string& prefix,
                  S};
     if (config.shared_gate) wsg = values(ps, gname, true, {1, D});
     for (int64_t t = 0; t < N; ++t) {
-      shared_pass[t] = ffn_forward(shared, &xs[t * D], D, swiglu);
+      shared_pass[t] = ffn_forward(shared, &xs[t * D], D, act);
       if (wsg) {
         double s = 0;
         for (int64_t d = 0; d < D; ++d) s += wsg[d] * static_cast<double>(xs[t * D + d]);
@@ -271,7 +306,8 @@ MoEReferenceResult moe_reference(const ParamSet& ps, const std::string& prefix,
   dy.expect_shape({N, D}, "moe_reference dy");
   const std::vector<float> g = dy.to_vector();
   Vec dx(N * D, 0.0), dwg(E * D, 0.0), dw1(E * F * D, 0.0), dw2(E * D * F, 0.0),
-      dw3(swiglu ? E * F * D : 0, 0.0), db1(bias ? E * F : 0, 0.0), db2(bias ? E * D : 0, 0.0);
+      dw3(swiglu ? E * F * D : 0, 0.0), db1(bias ? E * F : 0, 0.0), db2(bias ? E * D : 0, 0.0),
+      db3(b3 ? E * F : 0, 0.0), dlb(E, 0.0);
   Vec ds1(S * D, 0.0), ds2(D * S, 0.0), ds3(swiglu ? S * D : 0, 0.0), dsb1(bias ? S : 0, 0.0),
       dsb3(bias && swiglu ? S : 0, 0.0), dsb2(bias && S > 0 ? D : 0, 0.0), dwsg(wsg ? D : 0, 0.0);
   for (int64_t t = 0; t < N; ++t) {
@@ -284,9 +320,9 @@ MoEReferenceResult moe_reference(const ParamSet& ps, const std::string& prefix,
         dgate[j] += g[t * D + d] * passes[t][j].out[d];
         dout[d] = gate[t][j] * g[t * D + d];
       }
-      ffn_backward(expert(e), passes[t][j], dout, &xs[t * D], D, swiglu,
+      ffn_backward(expert(e), passes[t][j], dout, &xs[t * D], D, act,
                    FfnGrads{&dw1[e * F * D], &dw2[e * D * F], or_null(dw3, e * F * D),
-                            or_null(db1, e * F), nullptr, or_null(db2, e * D)},
+                            or_null(db1, e * F), or_null(db3, e * F), or_null(db2, e * D)},
                    &dx[t * D]);
     }
     if (S > 0) {
@@ -296,7 +332,7 @@ MoEReferenceResult moe_reference(const ParamSet& ps, const std::string& prefix,
         dg += g[t * D + d] * shared_pass[t].out[d];
         dout[d] = shared_gate[t] * g[t * D + d];
       }
-      ffn_backward(shared, shared_pass[t], dout, &xs[t * D], D, swiglu,
+      ffn_backward(shared, shared_pass[t], dout, &xs[t * D], D, act,
                    FfnGrads{ds1.data(), ds2.data(), or_null(ds3, 0), or_null(dsb1, 0),
                             or_null(dsb3, 0), or_null(dsb2, 0)},
                    &dx[t * D]);
@@ -335,6 +371,7 @@ MoEReferenceResult moe_reference(const ParamSet& ps, const std::string& prefix,
       const double dscore = sigmoid_scoring ? ds[e] * s * (1.0 - s) : s * (ds[e] - sds);
       double dlogit = dscore + z_scale * 2.0 * lse[t] / static_cast<double>(N) *
                                    std::exp(logits_of[t][e] - lse[t]);
+      dlb[e] += dlogit;
       for (int64_t d = 0; d < D; ++d) {
         dwg[e * D + d] += dlogit * xs[t * D + d] * noise[t * D + d];
         dx[t * D + d] += dlogit * wg[e * D + d] * noise[t * D + d];
@@ -345,12 +382,14 @@ MoEReferenceResult moe_reference(const ParamSet& ps, const std::string& prefix,
   result.grads[rname] = to_tensor(dwg, {E, D}, rname);
   // The loss is piecewise constant in the selection bias (it only moves the choice).
   if (selection_bias) result.grads[bname] = to_tensor(Vec(E, 0.0), {E}, bname);
+  if (logit_bias) result.grads[lbname] = to_tensor(dlb, {E}, lbname);
   result.grads[ename + ".w1"] = to_tensor(dw1, {E, F, D}, ename + ".w1");
   result.grads[ename + ".w2"] = to_tensor(dw2, {E, D, F}, ename + ".w2");
   if (swiglu) result.grads[ename + ".w3"] = to_tensor(dw3, {E, F, D}, ename + ".w3");
   if (bias) {
     result.grads[ename + ".b1"] = to_tensor(db1, {E, F}, ename + ".b1");
     result.grads[ename + ".b2"] = to_tensor(db2, {E, D}, ename + ".b2");
+    if (b3) result.grads[ename + ".b3"] = to_tensor(db3, {E, F}, ename + ".b3");
   }
   if (S > 0) {
     result.grads[sname + ".w1"] = to_tensor(ds1, {S, D}, sname + ".w1");

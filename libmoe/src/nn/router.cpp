@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "moe/ops/core.h"
+#include "moe/ops/dense.h"
 #include "moe/ops/moe.h"
 #include "moe/rng.h"
 
@@ -45,6 +46,9 @@ Router::Router(ParamSet& ps, const std::string& prefix, const RouterConfig& conf
                     /*expert=*/false, DType::f32);
     bias_->frozen = true;
   }
+  if (config.logit_bias)
+    logit_bias_ = &ps.add(prefix + ".logit_bias", {config.num_experts}, Init::zeros(),
+                          /*decay=*/false);
   if (config.center) {  // f32 for the same reason: the rate moves it by small steps
     center_ = &ps.add(prefix + ".center", {config.d_model}, Init::zeros(), /*decay=*/false,
                       /*expert=*/false, DType::f32);
@@ -139,6 +143,7 @@ Tensor Router::choose(const Tensor& x, int64_t k) const {
   const std::vector<int32_t> all_tokens{0, static_cast<int32_t>(tokens)};
   ops::grouped_gemm(x, effective_weight().reshape({1, experts, config_.d_model}), true, all_tokens,
                     logits);
+  if (logit_bias_) ops::bias_add(logits, logit_bias_->w());
   Tensor scores = Tensor::empty({tokens, experts}, DType::f32, x.device());
   Tensor probs = Tensor::empty({tokens, experts}, DType::f32, x.device());
   Tensor lse = Tensor::empty({tokens}, DType::f32, x.device());
@@ -177,6 +182,7 @@ RouterOutput Router::forward(const Tensor& x, const RouterStep& step) const {
   out.centred = center_ && out.weight.raw() != weight_->w().raw();
   ops::grouped_gemm(out.routed_input, out.weight.reshape({1, experts, config_.d_model}), true,
                     all_tokens, out.logits);
+  if (logit_bias_) ops::bias_add(out.logits, logit_bias_->w());
   out.probs = Tensor::empty({tokens, experts}, DType::f32, x.device()).set_name("router.probs");
   out.lse = Tensor::empty({tokens}, DType::f32, x.device()).set_name("router.lse");
   if (config_.scoring == RouterScoring::sigmoid) {
@@ -222,6 +228,8 @@ Tensor Router::backward(const Tensor& dweight_of_slot, const RouterOutput& out, 
   else
     ops::router_backward(out.probs, out.lse, out.topk_idx, dtopk, config_.normalize_topk, out.load,
                          out.load_tokens, aux_scale, z_scale, dlogits);
+  // d logit bias += the column sums of dlogits (rows in order).
+  if (logit_bias_) ops::bias_grad(dlogits, logit_bias_->grad);
   // dWg += dlogits^T routed_input and dx = dlogits Wg, through the grouped GEMMs of one group (a
   // sum over tokens and one over experts, both cut at fixed places: thread-count independent).
   const std::vector<int32_t> all_tokens{0, static_cast<int32_t>(tokens)};

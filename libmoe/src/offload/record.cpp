@@ -25,8 +25,8 @@ static int64_t aligned(int64_t bytes) {
 // the host records and the files can never disagree.
 StoreLayout record_layout(const nn::ExpertParams& params, DType storage) {
   StoreLayout layout;
-  Param* const fields[5] = {params.w1, params.w2, params.w3, params.b1, params.b2};
-  for (int f = 0; f < 5; ++f) {
+  const auto fields = params.fields();
+  for (int f = 0; f < nn::kExpertFields; ++f) {
     Param* p = fields[f];
     if (!p) continue;
     TensorLayout t;

@@ -31,7 +31,7 @@ struct Section {
 // One of the expert's tensors (w1, w2, w3, b1, b2) in the record and in a device slot.
 struct TensorLayout {
   Param* param = nullptr;
-  int field = 0;         // its place in nn::ExpertTensors: w1, w2, w3, b1, b2 = 0..4
+  int field = 0;         // its place in nn::ExpertTensors: w1, w2, w3, b1, b2, b3 = 0..5
   Shape shape;           // [1, ...]: the expert as a group of one
   int64_t elements = 0;  // per expert
   Section value, master, adam_m, adam_v, grad;

@@ -384,7 +384,7 @@ struct TieredStore::Impl {
   nn::ExpertTensors tensors_of(const Layer& layer, const std::shared_ptr<std::byte>& base,
                                bool record, Device on = {}) const {
     nn::ExpertTensors out;
-    Tensor* fields[5] = {&out.w1, &out.w2, &out.w3, &out.b1, &out.b2};
+    const auto fields = out.fields();
     for (const TensorLayout& t : layer.layout.tensors)
       *fields[t.field] = record ? view(base, t.grad.offset, t.shape, DType::f32)
                                 : view(base, t.slot_offset, t.shape, DType::f32, on);

@@ -23,6 +23,15 @@ void check_offsets(const char* op, const std::vector<int32_t>& offsets, int64_t 
     MOE_CHECK(offsets[e] <= offsets[e + 1], op, ": expert offsets decrease at expert ", e);
 }
 
+// The clamped SwiGLU's limit bounds a clamp from both sides: it must be a positive finite number
+// (a NaN limit would clamp nothing and make the gradient's masks disagree with the forward).
+void check_clamp(const char* op, SwigluClamp clamp) {
+  MOE_CHECK(clamp.limit > 0.0f && clamp.limit <= 3.0e38f && clamp.alpha == clamp.alpha &&
+                clamp.alpha > -3.0e38f && clamp.alpha < 3.0e38f,
+            op, ": the clamped SwiGLU needs a positive finite limit and a finite alpha (got limit ",
+            clamp.limit, ", alpha ", clamp.alpha, ")");
+}
+
 }  // namespace
 
 void grouped_gemm(const Tensor& a, const Tensor& w, bool transpose_w,
@@ -75,7 +84,8 @@ void grouped_gemm_weight_grad(const Tensor& dy, const Tensor& x,
 }
 
 void expert_activation(Tensor& h, const Tensor& h3, const Tensor& bias,
-                       const std::vector<int32_t>& offsets, Activation activation, Tensor& a) {
+                       const std::vector<int32_t>& offsets, Activation activation, Tensor& a,
+                       SwigluClamp clamp) {
   const PartScope part(StepPart::elementwise);
   const Device device = require_backend("expert_activation", {&h, &h3, &bias, &a});
   h.expect_dtype(DType::f32, "expert_activation h");
@@ -85,23 +95,25 @@ void expert_activation(Tensor& h, const Tensor& h3, const Tensor& bias,
   check_offsets("expert_activation", offsets, experts, rows, h);
   a.expect_shape(h.shape(), "expert_activation a");
   if (bias.defined()) bias.expect_shape({experts, width}, "expert_activation bias");
-  if (activation == Activation::swiglu) h3.expect_shape(h.shape(), "expert_activation h3");
-  backend_for(device).moe.expert_activation(h, h3, bias, offsets, activation, a);
+  if (gated(activation)) h3.expect_shape(h.shape(), "expert_activation h3");
+  if (activation == Activation::swiglu_clamped) check_clamp("expert_activation", clamp);
+  backend_for(device).moe.expert_activation(h, h3, bias, offsets, activation, clamp, a);
 }
 
 void expert_activation_backward(const Tensor& da, const Tensor& h, const Tensor& h3,
-                                Activation activation, Tensor& dh, Tensor& dh3) {
+                                Activation activation, Tensor& dh, Tensor& dh3, SwigluClamp clamp) {
   const PartScope part(StepPart::elementwise);
   const Device device = require_backend("expert_activation_backward", {&da, &h, &h3, &dh, &dh3});
   da.expect_dtype(DType::f32, "expert_activation_backward da");
   MOE_CHECK(da.ndim() == 2, "expert_activation_backward: [M,F] expected, got ", da.describe());
   h.expect_shape(da.shape(), "expert_activation_backward h");
   dh.expect_shape(da.shape(), "expert_activation_backward dh");
-  if (activation == Activation::swiglu) {
+  if (gated(activation)) {
     h3.expect_shape(da.shape(), "expert_activation_backward h3");
     dh3.expect_shape(da.shape(), "expert_activation_backward dh3");
   }
-  backend_for(device).moe.expert_activation_backward(da, h, h3, activation, dh, dh3);
+  if (activation == Activation::swiglu_clamped) check_clamp("expert_activation_backward", clamp);
+  backend_for(device).moe.expert_activation_backward(da, h, h3, activation, clamp, dh, dh3);
 }
 
 void grouped_add_bias(Tensor& y, const Tensor& bias, const std::vector<int32_t>& offsets) {

@@ -35,6 +35,7 @@
 // a group of one ([1,F,D], [1,D,F], [1,F], [1,D]) so the grouped expert ops run on them unchanged;
 // a whole layer's are [E,F,D], [E,D,F], [E,F], [E,D].
 #pragma once
+#include <array>
 #include <cstdint>
 #include <span>
 
@@ -42,13 +43,18 @@
 
 namespace moe::nn {
 
-// One expert's tensors (fp32): w1 [1,F,D], w2 [1,D,F], w3 [1,F,D] (swiglu), b1 [1,F], b2 [1,D]
-// (bias); undefined when the layer has none.
+// The fields of ExpertTensors and ExpertParams, numbered in this order (stores index them so):
+// w1 0, w2 1, w3 2, b1 3, b2 4, b3 5.
+inline constexpr int kExpertFields = 6;
+
+// One expert's tensors (fp32): w1 [1,F,D], w2 [1,D,F], w3 [1,F,D] (gated), b1 [1,F], b2 [1,D]
+// (bias), b3 [1,F] (bias and gated); undefined when the layer has none.
 struct ExpertTensors {
-  Tensor w1, w2, w3, b1, b2;
+  Tensor w1, w2, w3, b1, b2, b3;
+  std::array<Tensor*, kExpertFields> fields() { return {&w1, &w2, &w3, &b1, &b2, &b3}; }
 };
 
-// The Params of one layer's experts, as nn::Experts creates them (w3, b1, b2 may be null). A
+// The Params of one layer's experts, as nn::Experts creates them (w3, b1, b2, b3 may be null). A
 // store's parameters are Param::offloaded: names, shapes, shards and initialisation only.
 struct ExpertParams {
   Param* w1 = nullptr;
@@ -56,7 +62,9 @@ struct ExpertParams {
   Param* w3 = nullptr;
   Param* b1 = nullptr;
   Param* b2 = nullptr;
+  Param* b3 = nullptr;
   int64_t experts() const { return w1 ? w1->shape.at(0) : 0; }
+  std::array<Param*, kExpertFields> fields() const { return {w1, w2, w3, b1, b2, b3}; }
 };
 
 enum class Pass { forward, backward };

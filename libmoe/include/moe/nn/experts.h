@@ -1,6 +1,7 @@
 // The experts of one MoE layer, run as a grouped GEMM over the variable-size contiguous segments
 // of the permuted buffer (ES-MoE, MegaBlocks): no padding to a capacity, no per-expert copies.
-// gpt: y = W2 gelu(W1 x + b1) + b2;  mixtral: y = W2 (silu(W1 x) * W3 x).
+// gpt: y = W2 gelu(W1 x + b1) + b2;  mixtral: y = W2 (silu(W1 x) * W3 x);
+// gpt-oss: y = W2 ((clamp(W3 x + b3) + 1) * glu(min(W1 x + b1, limit))) + b2 (swiglu_clamped).
 // Shapes: M rows of the permuted buffer (kept assignments), D model width, F expert hidden width,
 // E experts.
 #pragma once
@@ -27,10 +28,14 @@ struct ExpertsConfig {
   // starting as logical expert slot_experts[i] of global_experts (-1: empty). Parameters are then
   // [num_experts, ...] tensors made by ParamSet::add_rows.
   std::vector<int64_t> slot_experts = {};
+  // swiglu_clamped's alpha and limit (read by it only). Last, so that the aggregate initialisers
+  // {E, D, F, activation, bias} above keep their meaning.
+  SwigluClamp clamp = {};
 };
 
 // Params (ParamSet::add(..., expert=true)): prefix.w1 [E,F,D], prefix.w2 [E,D,F],
-// prefix.w3 [E,F,D] (swiglu only), prefix.b1 [E,F], prefix.b2 [E,D] (bias only).
+// prefix.w3 [E,F,D] (gated: swiglu, swiglu_clamped), prefix.b1 [E,F], prefix.b2 [E,D] (bias only),
+// prefix.b3 [E,F] (bias and gated: the up projection's, added to W3 x before the activation).
 //
 // With an ExpertStore the Params are Param::offloaded and the store holds the experts: forward
 // and backward then run one expert at a time through the store's protocol
@@ -49,7 +54,7 @@ class Experts {
     Tensor x_perm;                        // [M,D]
     std::vector<int32_t> expert_offsets;  // [E+1]
     Tensor h;                             // [M,F] pre-activation W1 x + b1
-    Tensor h3;                            // [M,F] W3 x (swiglu)
+    Tensor h3;                            // [M,F] W3 x + b3 (gated)
     Tensor a;                             // [M,F] activation, the input of W2
   };
 
@@ -60,13 +65,14 @@ class Experts {
   Tensor backward(const Tensor& dy_perm, const Saved& saved);
 
   const ExpertsConfig& config() const { return config_; }
-  ExpertStore* store() const { return store_; }  // null: resident Params
+  ExpertStore* store() const { return store_; }     // null: resident Params
   int store_layer() const { return store_layer_; }  // the store's id of this layer (-1: none)
   Param& w1() const { return *w1_; }
   Param& w2() const { return *w2_; }
-  Param* w3() const { return w3_; }  // null unless swiglu
+  Param* w3() const { return w3_; }  // null unless gated
   Param* b1() const { return b1_; }  // null without bias
   Param* b2() const { return b2_; }
+  Param* b3() const { return b3_; }  // null without bias or unless gated
 
  private:
   ExpertTensors resident() const;  // the Params' fp32 views, [E,...]
@@ -79,6 +85,7 @@ class Experts {
   Param* w3_ = nullptr;
   Param* b1_ = nullptr;
   Param* b2_ = nullptr;
+  Param* b3_ = nullptr;
 };
 
 }  // namespace moe::nn

@@ -1,4 +1,5 @@
-// Top-k router of an MoE layer (Switch/GShard): logits = x Wg^T, scores in fp32 (softmax over all
+// Top-k router of an MoE layer (Switch/GShard): logits = x Wg^T (+ an optional learned logit bias),
+// scores in fp32 (softmax over all
 // experts, or DeepSeek-V3's sigmoid per expert), top-k (optionally on scores plus a per-expert
 // selection bias; optionally renormalised), capacity, aux load-balancing loss and z-loss, and the
 // DispatchPlan handed to dispatch/combine; and the aux-loss-free bias update.
@@ -27,6 +28,13 @@ struct RouterConfig {
   // weights stay the scores. Param prefix + ".bias", zeros at first, frozen (Param::frozen: no
   // gradient, no optimizer update); update_selection_bias moves it after each training step.
   bool selection_bias = false;
+  // A learned logit bias b [E] (gpt-oss's router.bias): logits = x Wg^T + b, before the scores,
+  // the top-k and the losses; trained like the weight (no weight decay). Param prefix +
+  // ".logit_bias", zeros at first. Unlike selection_bias it changes the gate weights too. With
+  // softmax scoring and normalize_topk, the gate weights are the softmax of the k chosen logits
+  // (gpt-oss's softmax over the top-k values: the softmax over all E renormalised over the k is
+  // the same function).
+  bool logit_bias = false;
   // Group-limited choice (DeepSeek-V3, GLM-4-MoE: n_group, topk_group): experts in `groups` equal
   // groups, top-k only within the group_topk groups of the largest two-best sums
   // (ops::router_topk).
@@ -95,8 +103,9 @@ int64_t router_capacity(float capacity_factor, int64_t num_tokens, int64_t top_k
 //   normalised to sum 1 per token, as DeepSeek-V3's sequence-wise balance loss does, here over
 //   the call's tokens);
 // z_loss = mean_t logsumexp(logits_t)^2 (under either scoring).
-// Params: prefix + ".weight" [E, D] (router linear, no bias), e.g. "blocks.1.moe.router.weight";
-// with selection_bias prefix + ".bias" [E]; with center prefix + ".center" [D].
+// Params: prefix + ".weight" [E, D] (router linear), e.g. "blocks.1.moe.router.weight"; with
+// logit_bias prefix + ".logit_bias" [E]; with selection_bias prefix + ".bias" [E]; with center
+// prefix + ".center" [D].
 class Router {
  public:
   Router(ParamSet& ps, const std::string& prefix, const RouterConfig& config);
@@ -106,13 +115,15 @@ class Router {
   // [N,k] i32, best first. Nothing else is computed (no plan, no losses).
   Tensor choose(const Tensor& x, int64_t k) const;
   // dweight_of_slot: d loss / d plan.weight_of_slot [M]; aux_scale, z_scale: d loss / d aux_loss,
-  // d loss / d z_loss. Accumulates into the weight's gradient; returns dx [N,D].
+  // d loss / d z_loss. Accumulates into the weight's (and the logit bias's) gradient; returns
+  // dx [N,D].
   Tensor backward(const Tensor& dweight_of_slot, const RouterOutput& out, const Tensor& x,
                   float aux_scale, float z_scale);
   const RouterConfig& config() const { return config_; }
   Param& weight() const { return *weight_; }
-  Param* selection_bias() const { return bias_; }  // null without one
-  Param* center() const { return center_; }        // null without one
+  Param* selection_bias() const { return bias_; }    // null without one
+  Param* logit_bias() const { return logit_bias_; }  // null without one
+  Param* center() const { return center_; }          // null without one
   // The weight the logits use: W' (RouterConfig::center) when the center is nonzero, else W.
   Tensor effective_weight() const;
 
@@ -120,6 +131,7 @@ class Router {
   RouterConfig config_;
   Param* weight_;
   Param* bias_ = nullptr;
+  Param* logit_bias_ = nullptr;
   Param* center_ = nullptr;
 };
 

@@ -122,12 +122,20 @@ void grouped_gemm_weight_grad(const Tensor& dy, const Tensor& x,
                               const std::vector<int32_t>& offsets, Tensor& dw);
 // Fused bias + activation over the rows of h [M,F] (bias [E,F] or undefined):
 // gelu: h += b1[e] (kept as the pre-activation), a = gelu(h);
-// swiglu: h += b1[e], a = silu(h) * h3.
+// swiglu: h += b1[e], a = silu(h) * h3;
+// swiglu_clamped: h += b1[e] (kept unclamped), g = min(h, limit), u = clamp(h3, -limit, limit),
+// a = (u + 1) * g * sigmoid(alpha g) (the up projection's bias is added to h3 beforehand,
+// grouped_add_bias). `clamp` is read by swiglu_clamped only.
 void expert_activation(Tensor& h, const Tensor& h3, const Tensor& bias,
-                       const std::vector<int32_t>& offsets, Activation activation, Tensor& a);
-// gelu: dh = da * gelu'(h); swiglu: dh = da * h3 * silu'(h), dh3 = da * silu(h).
+                       const std::vector<int32_t>& offsets, Activation activation, Tensor& a,
+                       SwigluClamp clamp = {});
+// gelu: dh = da * gelu'(h); swiglu: dh = da * h3 * silu'(h), dh3 = da * silu(h);
+// swiglu_clamped: dh = da (u + 1) s (1 + alpha g (1 - s)), s = sigmoid(alpha g), zero where
+// h > limit; dh3 = da g s, zero where |h3| > limit (at exactly the limit both pass, as torch's
+// clamp). dh may alias da.
 void expert_activation_backward(const Tensor& da, const Tensor& h, const Tensor& h3,
-                                Activation activation, Tensor& dh, Tensor& dh3);
+                                Activation activation, Tensor& dh, Tensor& dh3,
+                                SwigluClamp clamp = {});
 // y[row] += bias[e] for the rows of each segment (y [M,D], bias [E,D]).
 void grouped_add_bias(Tensor& y, const Tensor& bias, const std::vector<int32_t>& offsets);
 // dbias[e] += sum of the rows of segment e of dy (fixed row order per column).

@@ -95,7 +95,41 @@ inline void store(const float* block, int64_t count, float* dst) {
   }
 }
 
-// The four spans and the two softmax rows compiled for one instruction set, and a table of them.
+[[gnu::always_inline]] inline void bias_clamped_swiglu_body(const float* h1_in, const float* h3,
+                                                            const float* bias, SwigluClamp clamp,
+                                                            float* h1_out, float* a, int64_t n) {
+  for (int64_t j = 0; j < n; j += kLanes) {
+    const int64_t count = std::min(kLanes, n - j);
+    alignas(64) float hb[kLanes], h3b[kLanes], bb[kLanes], ab[kLanes];
+    load(h1_in + j, count, hb);
+    load(h3 + j, count, h3b);
+    if (bias) {  // two calls, as in bias_gelu_body
+      load(bias + j, count, bb);
+      kernels::bias_clamped_swiglu_row(hb, h3b, bb, clamp.alpha, clamp.limit, ab, kLanes);
+    } else {
+      kernels::bias_clamped_swiglu_row(hb, h3b, nullptr, clamp.alpha, clamp.limit, ab, kLanes);
+    }
+    if (h1_out) store(hb, count, h1_out + j);
+    store(ab, count, a + j);
+  }
+}
+
+[[gnu::always_inline]] inline void clamped_swiglu_backward_body(const float* h1, const float* h3,
+                                                                const float* da, SwigluClamp clamp,
+                                                                float* dh1, float* dh3, int64_t n) {
+  for (int64_t j = 0; j < n; j += kLanes) {
+    const int64_t count = std::min(kLanes, n - j);
+    alignas(64) float hb[kLanes], h3b[kLanes], gb[kLanes], db[kLanes], d3b[kLanes];
+    load(h1 + j, count, hb);
+    load(h3 + j, count, h3b);
+    load(da + j, count, gb);
+    kernels::clamped_swiglu_backward_row(hb, h3b, gb, clamp.alpha, clamp.limit, db, d3b, kLanes);
+    store(db, count, dh1 + j);
+    store(d3b, count, dh3 + j);
+  }
+}
+
+// The six spans and the two softmax rows compiled for one instruction set, and a table of them.
 // Every copy is flattened: the bodies and the kernels' math are inlined into it, so each runs at
 // the copy's width (the softmax rows' bodies are larger than GCC inlines on its own; one left out
 // of line ran at the baseline width in every copy: the same bits, slower).
@@ -104,40 +138,53 @@ struct Copy {
   void (*gelu_backward)(const float*, const float*, float*, int64_t);
   void (*bias_swiglu)(const float*, const float*, const float*, float*, float*, int64_t);
   void (*swiglu_backward)(const float*, const float*, const float*, float*, float*, int64_t);
+  void (*bias_clamped_swiglu)(const float*, const float*, const float*, SwigluClamp, float*, float*,
+                              int64_t);
+  void (*clamped_swiglu_backward)(const float*, const float*, const float*, SwigluClamp, float*,
+                                  float*, int64_t);
   void (*softmax)(float*, int64_t, int64_t);
   void (*softmax_backward)(const float*, float*, int64_t, int64_t, float);
 };
 
-#define MOE_ACTIVATION_COPY(suffix, target)                                                      \
-  [[gnu::flatten]] target void bias_gelu_##suffix(const float* h_in, const float* bias,          \
-                                                  float* h_out, float* a, int64_t n) {           \
-    bias_gelu_body(h_in, bias, h_out, a, n);                                                     \
-  }                                                                                              \
+#define MOE_ACTIVATION_COPY(suffix, target)                                                       \
+  [[gnu::flatten]] target void bias_gelu_##suffix(const float* h_in, const float* bias,           \
+                                                  float* h_out, float* a, int64_t n) {            \
+    bias_gelu_body(h_in, bias, h_out, a, n);                                                      \
+  }                                                                                               \
   [[gnu::flatten]] target void gelu_backward_##suffix(const float* h, const float* da, float* dh, \
-                                                      int64_t n) {                               \
-    gelu_backward_body(h, da, dh, n);                                                            \
-  }                                                                                              \
-  [[gnu::flatten]] target void bias_swiglu_##suffix(const float* h1_in, const float* h3,         \
-                                                    const float* bias, float* h1_out, float* a,  \
-                                                    int64_t n) {                                 \
-    bias_swiglu_body(h1_in, h3, bias, h1_out, a, n);                                             \
-  }                                                                                              \
-  [[gnu::flatten]] target void swiglu_backward_##suffix(const float* h1, const float* h3,        \
-                                                        const float* da, float* dh1, float* dh3, \
-                                                        int64_t n) {                             \
-    swiglu_backward_body(h1, h3, da, dh1, dh3, n);                                               \
-  }                                                                                              \
-  [[gnu::flatten]] target void softmax_##suffix(float* p, int64_t visible, int64_t keys) {       \
-    kernels::causal_softmax_row(p, visible, keys);                                               \
-  }                                                                                              \
-  [[gnu::flatten]] target void softmax_backward_##suffix(const float* p, float* d,               \
-                                                         int64_t visible, int64_t keys,          \
-                                                         float scale) {                          \
-    kernels::causal_softmax_backward_row(p, d, visible, keys, scale);                            \
-  }                                                                                              \
-  constexpr Copy k_##suffix{bias_gelu_##suffix,   gelu_backward_##suffix,                        \
-                            bias_swiglu_##suffix, swiglu_backward_##suffix,                      \
-                            softmax_##suffix,     softmax_backward_##suffix};
+                                                      int64_t n) {                                \
+    gelu_backward_body(h, da, dh, n);                                                             \
+  }                                                                                               \
+  [[gnu::flatten]] target void bias_swiglu_##suffix(const float* h1_in, const float* h3,          \
+                                                    const float* bias, float* h1_out, float* a,   \
+                                                    int64_t n) {                                  \
+    bias_swiglu_body(h1_in, h3, bias, h1_out, a, n);                                              \
+  }                                                                                               \
+  [[gnu::flatten]] target void swiglu_backward_##suffix(                                          \
+      const float* h1, const float* h3, const float* da, float* dh1, float* dh3, int64_t n) {     \
+    swiglu_backward_body(h1, h3, da, dh1, dh3, n);                                                \
+  }                                                                                               \
+  [[gnu::flatten]] target void bias_clamped_swiglu_##suffix(const float* h1_in, const float* h3,  \
+                                                            const float* bias, SwigluClamp clamp, \
+                                                            float* h1_out, float* a, int64_t n) { \
+    bias_clamped_swiglu_body(h1_in, h3, bias, clamp, h1_out, a, n);                               \
+  }                                                                                               \
+  [[gnu::flatten]] target void clamped_swiglu_backward_##suffix(                                  \
+      const float* h1, const float* h3, const float* da, SwigluClamp clamp, float* dh1,           \
+      float* dh3, int64_t n) {                                                                    \
+    clamped_swiglu_backward_body(h1, h3, da, clamp, dh1, dh3, n);                                 \
+  }                                                                                               \
+  [[gnu::flatten]] target void softmax_##suffix(float* p, int64_t visible, int64_t keys) {        \
+    kernels::causal_softmax_row(p, visible, keys);                                                \
+  }                                                                                               \
+  [[gnu::flatten]] target void softmax_backward_##suffix(                                         \
+      const float* p, float* d, int64_t visible, int64_t keys, float scale) {                     \
+    kernels::causal_softmax_backward_row(p, d, visible, keys, scale);                             \
+  }                                                                                               \
+  constexpr Copy k_##suffix{                                                                      \
+      bias_gelu_##suffix,       gelu_backward_##suffix,       bias_swiglu_##suffix,               \
+      swiglu_backward_##suffix, bias_clamped_swiglu_##suffix, clamped_swiglu_backward_##suffix,   \
+      softmax_##suffix,         softmax_backward_##suffix};
 
 MOE_ACTIVATION_COPY(baseline, )
 #if MOE_VECTOR_ISA_X86
@@ -187,6 +234,28 @@ void bias_swiglu_span(const float* h1_in, const float* h3, const float* bias, fl
 void swiglu_backward_span(const float* h1, const float* h3, const float* da, float* dh1, float* dh3,
                           int64_t n) {
   copy_for(isa_in_use()).swiglu_backward(h1, h3, da, dh1, dh3, n);
+}
+
+void bias_clamped_swiglu_span(const float* h1_in, const float* h3, const float* bias,
+                              SwigluClamp clamp, float* h1_out, float* a, int64_t n) {
+  copy_for(isa_in_use()).bias_clamped_swiglu(h1_in, h3, bias, clamp, h1_out, a, n);
+}
+
+void clamped_swiglu_backward_span(const float* h1, const float* h3, const float* da,
+                                  SwigluClamp clamp, float* dh1, float* dh3, int64_t n) {
+  copy_for(isa_in_use()).clamped_swiglu_backward(h1, h3, da, clamp, dh1, dh3, n);
+}
+
+void bias_clamped_swiglu_span_on(VectorIsa isa, const float* h1_in, const float* h3,
+                                 const float* bias, SwigluClamp clamp, float* h1_out, float* a,
+                                 int64_t n) {
+  checked(isa).bias_clamped_swiglu(h1_in, h3, bias, clamp, h1_out, a, n);
+}
+
+void clamped_swiglu_backward_span_on(VectorIsa isa, const float* h1, const float* h3,
+                                     const float* da, SwigluClamp clamp, float* dh1, float* dh3,
+                                     int64_t n) {
+  checked(isa).clamped_swiglu_backward(h1, h3, da, clamp, dh1, dh3, n);
 }
 
 void bias_gelu_span_on(VectorIsa isa, const float* h_in, const float* bias, float* h_out, float* a,

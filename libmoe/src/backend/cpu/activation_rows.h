@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "backend/cpu/vector_isa.h"
+#include "moe/op_types.h"
 
 namespace moe::cpu {
 
@@ -38,6 +39,14 @@ void bias_swiglu_span(const float* h1_in, const float* h3, const float* bias, fl
 // SwiGLU backward: dh1 = da * h3 * silu'(h1), dh3 = da * silu(h1). Outputs may alias inputs.
 void swiglu_backward_span(const float* h1, const float* h3, const float* da, float* dh1, float* dh3,
                           int64_t n);
+// Clamped SwiGLU (gpt-oss) forward: v = h1_in + bias (bias may be null), g = min(v, limit),
+// u = clamp(h3, -limit, limit), a = (u + 1) * g * sigmoid(alpha g); h1_out as h_out above.
+void bias_clamped_swiglu_span(const float* h1_in, const float* h3, const float* bias,
+                              SwigluClamp clamp, float* h1_out, float* a, int64_t n);
+// Its backward (kernels::clamped_swiglu_backward_row: zero where a clamp bites). Outputs may alias
+// inputs.
+void clamped_swiglu_backward_span(const float* h1, const float* h3, const float* da,
+                                  SwigluClamp clamp, float* dh1, float* dh3, int64_t n);
 
 // The causal softmax of one score row and its backward: kernels::causal_softmax_row and
 // causal_softmax_backward_row (kernels/attention.h, what a GPU thread runs), at this copy's width;
@@ -59,6 +68,12 @@ void bias_swiglu_span_on(VectorIsa isa, const float* h1_in, const float* h3, con
                          float* h1_out, float* a, int64_t n);
 void swiglu_backward_span_on(VectorIsa isa, const float* h1, const float* h3, const float* da,
                              float* dh1, float* dh3, int64_t n);
+void bias_clamped_swiglu_span_on(VectorIsa isa, const float* h1_in, const float* h3,
+                                 const float* bias, SwigluClamp clamp, float* h1_out, float* a,
+                                 int64_t n);
+void clamped_swiglu_backward_span_on(VectorIsa isa, const float* h1, const float* h3,
+                                     const float* da, SwigluClamp clamp, float* dh1, float* dh3,
+                                     int64_t n);
 void causal_softmax_row_on(VectorIsa isa, float* p, int64_t visible, int64_t keys);
 void causal_softmax_backward_row_on(VectorIsa isa, const float* p, float* d, int64_t visible,
                                     int64_t keys, float scale);

@@ -100,7 +100,8 @@ void grouped_gemm_weight_grad(const Tensor& dy, const Tensor& x,
 }
 
 void expert_activation(Tensor& h, const Tensor& h3, const Tensor& bias,
-                       const std::vector<int32_t>& offsets, Activation activation, Tensor& a) {
+                       const std::vector<int32_t>& offsets, Activation activation,
+                       SwigluClamp clamp, Tensor& a) {
   const int64_t rows = h.dim(0), width = h.dim(1);
   const float* bs = bias.defined() ? bias.data<float>() : nullptr;
   float* hs = h.data<float>();
@@ -110,6 +111,13 @@ void expert_activation(Tensor& h, const Tensor& h3, const Tensor& bias,
     for (int64_t i = 0; i < rows; ++i)
       bias_gelu_span(hs + i * width, bs ? bs + expert_of_row(offsets, i) * width : nullptr,
                      hs + i * width, as + i * width, width);
+  } else if (activation == Activation::swiglu_clamped) {
+    const float* h3s = h3.data<float>();
+#pragma omp parallel for schedule(static) if (rows * width >= kParallelWork)
+    for (int64_t i = 0; i < rows; ++i)
+      bias_clamped_swiglu_span(hs + i * width, h3s + i * width,
+                               bs ? bs + expert_of_row(offsets, i) * width : nullptr, clamp,
+                               hs + i * width, as + i * width, width);
   } else {
     const float* h3s = h3.data<float>();
 #pragma omp parallel for schedule(static) if (rows * width >= kParallelWork)
@@ -121,7 +129,8 @@ void expert_activation(Tensor& h, const Tensor& h3, const Tensor& bias,
 }
 
 void expert_activation_backward(const Tensor& da, const Tensor& h, const Tensor& h3,
-                                Activation activation, Tensor& dh, Tensor& dh3) {
+                                Activation activation, SwigluClamp clamp, Tensor& dh,
+                                Tensor& dh3) {
   const int64_t rows = da.dim(0), width = da.dim(1);
   const float* das = da.data<float>();
   const float* hs = h.data<float>();
@@ -130,6 +139,13 @@ void expert_activation_backward(const Tensor& da, const Tensor& h, const Tensor&
 #pragma omp parallel for schedule(static) if (rows * width >= kParallelWork)
     for (int64_t i = 0; i < rows; ++i)
       gelu_backward_span(hs + i * width, das + i * width, dhs + i * width, width);
+  } else if (activation == Activation::swiglu_clamped) {
+    const float* h3s = h3.data<float>();
+    float* dh3s = dh3.data<float>();
+#pragma omp parallel for schedule(static) if (rows * width >= kParallelWork)
+    for (int64_t i = 0; i < rows; ++i)
+      clamped_swiglu_backward_span(hs + i * width, h3s + i * width, das + i * width, clamp,
+                                   dhs + i * width, dh3s + i * width, width);
   } else {
     const float* h3s = h3.data<float>();
     float* dh3s = dh3.data<float>();

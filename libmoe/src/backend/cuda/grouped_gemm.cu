@@ -22,6 +22,7 @@
 #include <mutex>
 #include <vector>
 
+#include "backend/cuda/activation.cuh"
 #include "backend/cuda/grouped_gemm.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/moe_ops.h"
@@ -144,11 +145,19 @@ void grouped_gemm_weight_grad(const Tensor& dy, const Tensor& x,
 }
 
 void expert_activation(Tensor& h, const Tensor& h3, const Tensor& bias,
-                       const std::vector<int32_t>& offsets, Activation activation, Tensor& a) {
+                       const std::vector<int32_t>& offsets, Activation activation,
+                       SwigluClamp clamp, Tensor& a) {
   const int64_t n = h.numel();
   if (n == 0) return;
   const int64_t experts = static_cast<int64_t>(offsets.size()) - 1;
   const Tensor offs = upload_offsets(offsets, h.device());
+  if (activation == Activation::swiglu_clamped) {
+    launch<body::ClampedSwiglu>(launch_shape(n), stream_of(h), h.data<float>(), h3.data<float>(),
+                                bias.defined() ? bias.data<float>() : nullptr,
+                                offs.data<int32_t>(), experts, h.dim(1), clamp.alpha, clamp.limit,
+                                a.data<float>(), n);
+    return;
+  }
   const float* h3s = activation == Activation::swiglu ? h3.data<float>() : nullptr;
   launch<body::ExpertActivation>(launch_shape(n), stream_of(h), h.data<float>(), h3s,
                                  bias.defined() ? bias.data<float>() : nullptr,
@@ -156,9 +165,16 @@ void expert_activation(Tensor& h, const Tensor& h3, const Tensor& bias,
 }
 
 void expert_activation_backward(const Tensor& da, const Tensor& h, const Tensor& h3,
-                                Activation activation, Tensor& dh, Tensor& dh3) {
+                                Activation activation, SwigluClamp clamp, Tensor& dh,
+                                Tensor& dh3) {
   const int64_t n = da.numel();
   if (n == 0) return;
+  if (activation == Activation::swiglu_clamped) {
+    launch<body::ClampedSwigluBackward>(launch_shape(n), stream_of(da), da.data<float>(),
+                                        h.data<float>(), h3.data<float>(), clamp.alpha,
+                                        clamp.limit, dh.data<float>(), dh3.data<float>(), n);
+    return;
+  }
   const bool swiglu = activation == Activation::swiglu;
   launch<body::ExpertActivationBackward>(launch_shape(n), stream_of(da), da.data<float>(),
                                          h.data<float>(), swiglu ? h3.data<float>() : nullptr,

@@ -46,9 +46,10 @@ void grouped_gemm(const Tensor& a, const Tensor& w, bool transpose_w,
 void grouped_gemm_weight_grad(const Tensor& dy, const Tensor& x,
                               const std::vector<int32_t>& offsets, Tensor& dw);
 void expert_activation(Tensor& h, const Tensor& h3, const Tensor& bias,
-                       const std::vector<int32_t>& offsets, Activation activation, Tensor& a);
+                       const std::vector<int32_t>& offsets, Activation activation,
+                       SwigluClamp clamp, Tensor& a);
 void expert_activation_backward(const Tensor& da, const Tensor& h, const Tensor& h3,
-                                Activation activation, Tensor& dh, Tensor& dh3);
+                                Activation activation, SwigluClamp clamp, Tensor& dh, Tensor& dh3);
 void grouped_add_bias(Tensor& y, const Tensor& bias, const std::vector<int32_t>& offsets);
 void grouped_bias_grad(const Tensor& dy, const std::vector<int32_t>& offsets, Tensor& dbias);
 
