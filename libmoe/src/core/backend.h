@@ -77,15 +77,18 @@ struct Backend {
     void (*rope_apply)(const Tensor& x, int64_t batch, int64_t seq, int64_t heads,
                        int64_t rotary_dim, float theta, const ops::RopeScaling& scaling, Tensor& y,
                        int64_t position_offset, bool inverse);
+    // sinks [H] (undefined: none): each query head's sink logit in its softmax rows; the
+    // backward adds their gradient into *dsinks (null: not wanted).
     void (*attention_forward)(const Tensor& q, const Tensor& k, const Tensor& v,
-                              const ops::AttentionShape& shape, Tensor& probs, Tensor& ctx);
+                              const ops::AttentionShape& shape, const Tensor& sinks, Tensor& probs,
+                              Tensor& ctx);
     void (*attention_backward)(const Tensor& dctx, const Tensor& q, const Tensor& k,
                                const Tensor& v, const Tensor& probs,
-                               const ops::AttentionShape& shape, Tensor& dq, Tensor& dk,
-                               Tensor& dv);
+                               const ops::AttentionShape& shape, const Tensor& sinks, Tensor& dq,
+                               Tensor& dk, Tensor& dv, Tensor* dsinks);
     void (*attention_forward_cached)(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                      int64_t heads, int64_t kv_heads, const ops::CachedRows& rows,
-                                     Tensor& ctx);
+                                     const Tensor& sinks, Tensor& ctx);
     // nll [N] = each row's nll (0 for a negative target), dlogits (may be null) its gradient
     // times grad_scale; targets already checked by the op.
     void (*cross_entropy_rows)(const Tensor& logits, const Tensor& targets, float grad_scale,

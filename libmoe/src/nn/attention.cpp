@@ -1,5 +1,5 @@
 // Causal self-attention layer: q/k/v projections, qk-norm (qwen3_moe, olmoe), RoPE (mixtral and
-// the HF families), the attention core op, and the output projection. Shape letters: B batch, T
+// the HF families), the attention core op (with gpt-oss's sinks), and the output projection. Shape letters: B batch, T
 // sequence, N = B*T, D model width, H query heads, KV key/value heads, hd head dim.
 #include "moe/nn/attention.h"
 
@@ -34,6 +34,8 @@ AttentionConfig resolved(const std::string& prefix, AttentionConfig c) {
   MOE_USAGE_CHECK(c.window >= 0 && (c.window == 0 || !c.mla.enabled()), "attention ", prefix,
                   ": a sliding window of ", c.window,
                   " positions (it must be >= 0, 0 = none; latent attention has none)");
+  MOE_USAGE_CHECK(!c.sinks || !c.mla.enabled(), "attention ", prefix,
+                  ": attention sinks do not combine with latent attention");
   MOE_USAGE_CHECK(c.kv_heads > 0 && c.heads % c.kv_heads == 0, "attention ", prefix, ": kv_heads ",
                   c.kv_heads, " must divide heads ", c.heads);
   MOE_USAGE_CHECK(!c.rope || (c.head_dim % 2 == 0 && c.rope_theta > 0.0f), "attention ", prefix,
@@ -80,6 +82,9 @@ Attention::Attention(ParamSet& ps, const std::string& prefix, const AttentionCon
                                      per_head ? head_dim_ : config_.kv_heads * head_dim_,
                                      NormKind::rmsnorm, config_.norm_eps);
   }
+  if (config_.sinks)  // last: a model without sinks draws its other params as before
+    sinks_ = &ps.add(prefix + ".sinks", {config_.heads}, Init::zeros(), /*decay=*/false,
+                     /*expert=*/false, DType::f32);
 }
 
 Tensor Attention::qk_normed(const Norm* norm, const Tensor& t, int64_t heads,
@@ -145,11 +150,11 @@ Tensor Attention::forward(const Tensor& x, int64_t batch, int64_t seq, Saved* sa
                                   head_dim_, config_.window};
   Tensor ctx = Tensor::empty(q.shape(), DType::f32, q.device());
   if (!saved) {  // inference: no [B,H,T,T] probabilities, query blocks instead
-    ops::attention_forward_blocks(q, k, v, shape, inference_block_rows(seq), ctx);
+    ops::attention_forward_blocks(q, k, v, shape, inference_block_rows(seq), ctx, sinks());
     return o_->forward(mla_ ? mla_->unpad_values(ctx) : ctx);
   }
   Tensor probs = Tensor::empty({batch, config_.heads, seq, seq}, DType::f32, q.device());
-  ops::attention_forward(q, k, v, shape, probs, ctx);
+  ops::attention_forward(q, k, v, shape, probs, ctx, sinks());
   saved->x = x;
   saved->q = q;
   saved->k = k;
@@ -212,9 +217,10 @@ Tensor Attention::forward_cached(const Tensor& x, const ops::CachedRows& rows,
     ops::CachedRows windowed = rows;
     windowed.window = config_.window;
     ops::attention_forward_cached(q, cache.k, cache.v, config_.heads, config_.kv_heads, windowed,
-                                  ctx);
+                                  ctx, sinks());
   } else {
-    ops::attention_forward_cached(q, cache.k, cache.v, config_.heads, config_.kv_heads, rows, ctx);
+    ops::attention_forward_cached(q, cache.k, cache.v, config_.heads, config_.kv_heads, rows, ctx,
+                                  sinks());
   }
   return o_->forward(mla_ ? mla_->unpad_values(ctx) : ctx);
 }
@@ -230,7 +236,11 @@ Tensor Attention::backward(const Tensor& dy, const Saved& saved) {
          dv = Tensor::empty(saved.v.shape(), DType::f32, saved.q.device());
   const ops::AttentionShape shape{batch,     seq,           config_.heads, config_.kv_heads,
                                   head_dim_, config_.window};
-  ops::attention_backward(dctx, saved.q, saved.k, saved.v, saved.probs, shape, dq, dk, dv);
+  // A frozen or gradient-less sinks param (Param::frozen, ParamSet::skip_gradients) gets none.
+  Tensor* dsinks =
+      sinks_ && !sinks_->frozen && sinks_->grad.defined() ? &sinks_->grad : nullptr;
+  ops::attention_backward(dctx, saved.q, saved.k, saved.v, saved.probs, shape, dq, dk, dv,
+                          sinks(), dsinks);
   if (config_.score_scale != 1.0f) ops::scale(dq, config_.score_scale);  // saved.q was scaled
   if (config_.rope) {
     ops::rope_backward(dq, batch, seq, config_.heads, config_.rope_theta, dq, 0, config_.rope_dim,

@@ -1,5 +1,5 @@
-// Causal scaled-dot-product attention with grouped-query heads, forward, backward and cached:
-// operand checks, then Backend::dense.
+// Causal scaled-dot-product attention with grouped-query heads and optional sinks, forward,
+// backward and cached: operand checks, then Backend::dense.
 // Shapes: q, ctx [B*T, H*hd]; k, v [B*T, KV*hd]; probs [B, H, T, T].
 #include <algorithm>
 
@@ -27,26 +27,35 @@ void check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
   v.expect_dtype(DType::f32, op);
 }
 
+// sinks: undefined (none) or [heads] f32, one sink logit a query head.
+void check_sinks(const char* op, const Tensor& sinks, int64_t heads) {
+  if (!sinks.defined()) return;
+  MOE_CHECK(sinks.ndim() == 1 && sinks.dim(0) == heads, op, ": attention sinks ", sinks.describe(),
+            " must hold one logit for each of the ", heads, " query heads");
+  sinks.expect_dtype(DType::f32, op);
+}
+
 }  // namespace
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionShape& s,
-                       Tensor& probs, Tensor& ctx) {
+                       Tensor& probs, Tensor& ctx, const Tensor& sinks) {
   const PartScope part(StepPart::attention);
-  const Device device = require_backend("attention_forward", {&q, &k, &v, &probs, &ctx});
+  const Device device = require_backend("attention_forward", {&q, &k, &v, &sinks, &probs, &ctx});
   check_attention("attention_forward", q, k, v, s);
+  check_sinks("attention_forward", sinks, s.heads);
   probs.expect_shape({s.batch, s.heads, s.seq, s.seq}, "attention_forward probs");
   probs.expect_dtype(DType::f32, "attention_forward probs");
   ctx.expect_shape(q.shape(), "attention_forward context");
   ctx.expect_dtype(DType::f32, "attention_forward context");
-  backend_for(device).dense.attention_forward(q, k, v, s, probs, ctx);
+  backend_for(device).dense.attention_forward(q, k, v, s, sinks, probs, ctx);
 }
 
 void attention_forward_cached(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                               int64_t heads, int64_t kv_heads, const CachedRows& rows,
-                              Tensor& ctx) {
+                              Tensor& ctx, const Tensor& sinks) {
   const PartScope part(StepPart::attention);
   const char* op = "attention_forward_cached";
-  const Device device = require_backend(op, {&q, &k_cache, &v_cache, &ctx});
+  const Device device = require_backend(op, {&q, &k_cache, &v_cache, &sinks, &ctx});
   MOE_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && k_cache.ndim() == 3 &&
                 q.ndim() == 2 && q.dim(1) % heads == 0,
             op, ": bad shape: q ", q.describe(), ", k cache ", k_cache.describe(), ", heads ",
@@ -61,12 +70,14 @@ void attention_forward_cached(const Tensor& q, const Tensor& k_cache, const Tens
   ctx.expect_shape(q.shape(), "attention_forward_cached context");
   for (const Tensor* t : {&q, &k_cache, &v_cache, static_cast<const Tensor*>(&ctx)})
     t->expect_dtype(DType::f32, op);
+  check_sinks(op, sinks, heads);
   backend_for(device).dense.attention_forward_cached(q, k_cache, v_cache, heads, kv_heads, rows,
-                                                     ctx);
+                                                     sinks, ctx);
 }
 
 void attention_forward_blocks(const Tensor& q, const Tensor& k, const Tensor& v,
-                              const AttentionShape& s, int64_t block_rows, Tensor& ctx) {
+                              const AttentionShape& s, int64_t block_rows, Tensor& ctx,
+                              const Tensor& sinks) {
   check_attention("attention_forward_blocks", q, k, v, s);
   MOE_CHECK(block_rows > 0, "attention_forward_blocks: ", block_rows, " query rows a block");
   ctx.expect_shape(q.shape(), "attention_forward_blocks context");
@@ -80,7 +91,7 @@ void attention_forward_blocks(const Tensor& q, const Tensor& k, const Tensor& v,
     rows.start.assign(static_cast<size_t>(B), 0);
     for (int64_t b = 0; b < B; ++b) rows.slot.push_back(b);
     attention_forward_cached(q, k.reshape({B, T, ldk}), v.reshape({B, T, ldk}), s.heads, s.kv_heads,
-                             rows, ctx);
+                             rows, ctx, sinks);
     return;
   }
   rows.slot = {0};
@@ -93,18 +104,25 @@ void attention_forward_blocks(const Tensor& q, const Tensor& k, const Tensor& v,
       rows.start = {r0};
       Tensor out = ctx.rows(b * T + r0, b * T + r1);
       attention_forward_cached(q.rows(b * T + r0, b * T + r1), kb, vb, s.heads, s.kv_heads, rows,
-                               out);
+                               out, sinks);
     }
   }
 }
 
 void attention_backward(const Tensor& dctx, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& probs, const AttentionShape& s, Tensor& dq, Tensor& dk,
-                        Tensor& dv) {
+                        Tensor& dv, const Tensor& sinks, Tensor* dsinks) {
   const PartScope part(StepPart::attention);
-  const Device device =
-      require_backend("attention_backward", {&dctx, &q, &k, &v, &probs, &dq, &dk, &dv});
+  const Device device = require_backend("attention_backward",
+                                        {&dctx, &q, &k, &v, &probs, &sinks, &dq, &dk, &dv, dsinks});
   check_attention("attention_backward", q, k, v, s);
+  check_sinks("attention_backward", sinks, s.heads);
+  if (dsinks) {
+    MOE_CHECK(sinks.defined(), "attention_backward: a gradient of attention sinks was asked for "
+                               "without the sinks");
+    dsinks->expect_shape(sinks.shape(), "attention_backward sinks gradient");
+    dsinks->expect_dtype(DType::f32, "attention_backward sinks gradient");
+  }
   dctx.expect_shape(q.shape(), "attention_backward dctx");
   dctx.expect_dtype(DType::f32, "attention_backward dctx");
   probs.expect_shape({s.batch, s.heads, s.seq, s.seq}, "attention_backward probs");
@@ -115,7 +133,8 @@ void attention_backward(const Tensor& dctx, const Tensor& q, const Tensor& k, co
   dq.expect_dtype(DType::f32, "attention_backward dq");
   dk.expect_dtype(DType::f32, "attention_backward dk");
   dv.expect_dtype(DType::f32, "attention_backward dv");
-  backend_for(device).dense.attention_backward(dctx, q, k, v, probs, s, dq, dk, dv);
+  backend_for(device).dense.attention_backward(dctx, q, k, v, probs, s, sinks, dq, dk, dv,
+                                               sinks.defined() ? dsinks : nullptr);
 }
 
 }  // namespace moe::ops

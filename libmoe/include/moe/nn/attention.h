@@ -42,6 +42,10 @@ struct AttentionConfig {
   // Sliding window: each query sees the last `window` positions, itself included
   // (ops::AttentionShape::window); 0 = all earlier positions. Not with latent attention.
   int64_t window = 0;
+  // Attention sinks (gpt-oss): a learned logit a query head, param prefix.sinks [H] (f32, zeros
+  // at the start, no decay; HF's self_attn.sinks), that joins each softmax row's maximum and
+  // denominator and brings no value (ops::attention_forward). Not with latent attention.
+  bool sinks = false;
   float init_std = 0.02f, out_init_std = 0.02f;
 };
 
@@ -70,7 +74,8 @@ struct AttentionCache {
 // Params prefix.q.weight [H*hd, D], prefix.k.weight [KV*hd, D], prefix.v.weight [KV*hd, D],
 // prefix.o.weight [D, H*hd] (+ prefix.{q,k,v}.bias [H*hd], [KV*hd], [KV*hd] when qkv_bias,
 // prefix.o.bias [D] when o_bias); with qk-norm prefix.q_norm.weight and
-// prefix.k_norm.weight ([hd] each per head; [H*hd] and [KV*hd] full width; ones, no decay).
+// prefix.k_norm.weight ([hd] each per head; [H*hd] and [KV*hd] full width; ones, no decay);
+// with sinks prefix.sinks [H] (f32 whatever the set's dtype, zeros, no decay).
 // q = RoPE(qk_norm(x Wq^T + bq)), k likewise, v = x Wv^T + bv; scale 1/sqrt(hd). With latent
 // attention (config.mla) the params are Mla's and prefix.o.weight [D, H*v_head_dim].
 class Attention {
@@ -100,7 +105,7 @@ class Attention {
   Tensor forward_cached(const Tensor& x, const ops::CachedRows& rows, AttentionCache& cache) const;
   // A zeroed cache of `slots` sequences of `capacity` positions.
   AttentionCache make_cache(int64_t slots, int64_t capacity) const;
-  // Returns dx; accumulates the gradients of the four projections.
+  // Returns dx; accumulates the gradients of the four projections (and of the sinks).
   Tensor backward(const Tensor& dy, const Saved& saved);
 
   const AttentionConfig& config() const { return config_; }
@@ -127,6 +132,9 @@ class Attention {
   std::unique_ptr<Mla> mla_;           // null without
   std::unique_ptr<Linear> o_;
   std::unique_ptr<Norm> q_norm_, k_norm_;  // null without qk-norm
+  Param* sinks_ = nullptr;                 // null without sinks
+  // The sinks' f32 values for the attention op (undefined without).
+  Tensor sinks() const { return sinks_ ? sinks_->w() : Tensor(); }
 };
 
 }  // namespace moe::nn

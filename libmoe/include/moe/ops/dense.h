@@ -70,8 +70,14 @@ double yarn_mscale(double scale, double m = 1.0);
 // q [B*T, H*hd], k/v [B*T, KV*hd] (query head h reads kv head h / (H/KV)),
 // probs [B,H,T,T] (softmax of scaled causal scores; zero above the diagonal), ctx [B*T, H*hd].
 // Scale 1/sqrt(hd).
+// Attention sinks (gpt-oss): sinks [H] f32, undefined for none. Head h's logit sinks[h] (not
+// scaled) joins each of its softmax rows' maximum and denominator and brings no value:
+// p_ij = exp(s_ij - m) / (exp(sinks[h] - m) + sum_j' exp(s_ij' - m)), m = max(sinks[h], max s_ij),
+// so a row of probs sums to less than 1 (kernels::causal_softmax_sink_row). A sink far below the
+// scores (exp underflowing) gives the plain attention's bits.
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
-                       const AttentionShape& shape, Tensor& probs, Tensor& ctx);
+                       const AttentionShape& shape, Tensor& probs, Tensor& ctx,
+                       const Tensor& sinks = Tensor());
 // The same context without the probabilities (inference: no backward to save them for), query
 // rows `block_rows` at a time, each block seeing only its visible keys (attention_forward_cached
 // on the window's own keys): memory beyond q, k, v and ctx is a block's scores a thread, not
@@ -79,12 +85,16 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
 // below); a window cut into blocks sums each query's keys in the blocks' own products, within
 // float rounding of attention_forward.
 void attention_forward_blocks(const Tensor& q, const Tensor& k, const Tensor& v,
-                              const AttentionShape& shape, int64_t block_rows, Tensor& ctx);
+                              const AttentionShape& shape, int64_t block_rows, Tensor& ctx,
+                              const Tensor& sinks = Tensor());
 // dq, dk, dv written (same shapes as q, k, v). Gradients of one kv head are summed over its
-// query heads in head order, so the result does not depend on the thread count.
+// query heads in head order, so the result does not depend on the thread count. With sinks (the
+// forward's), dsinks [H] f32 (when not null) accumulates d loss / d sinks: -sum over head h's rows
+// of p_sink * sum_j p_ij (dctx_i . v_j), p_sink = 1 - sum_j p_ij (derived at
+// kernels::sink_gradient_row), added in double in a fixed order.
 void attention_backward(const Tensor& dctx, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& probs, const AttentionShape& shape, Tensor& dq, Tensor& dk,
-                        Tensor& dv);
+                        Tensor& dv, const Tensor& sinks = Tensor(), Tensor* dsinks = nullptr);
 
 // Incremental (cached) attention, for generation: see CachedRows (moe/op_types.h).
 // q, ctx [N, H*hd]; k_cache, v_cache [S, Tmax, KV*hd] (S slots of Tmax positions) already holding
@@ -92,9 +102,10 @@ void attention_backward(const Tensor& dctx, const Tensor& q, const Tensor& k, co
 // Query i of row r sees keys 0 .. start[r] + i. Every (row, head) runs the products of
 // attention_forward on one sequence (BLAS from serial loops), so a row's result does not depend
 // on the other rows, and a row with start 0 gives bitwise what attention_forward gives for it
-// alone. Scale 1/sqrt(hd).
+// alone. Scale 1/sqrt(hd). sinks [H] as attention_forward's.
 void attention_forward_cached(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                              int64_t heads, int64_t kv_heads, const CachedRows& rows, Tensor& ctx);
+                              int64_t heads, int64_t kv_heads, const CachedRows& rows, Tensor& ctx,
+                              const Tensor& sinks = Tensor());
 
 // ---- cross-entropy (ops/cross_entropy.cpp)
 // Mean over rows with target >= 0 of -log softmax(logits)[target]; logits [N,V] f32, targets [N]

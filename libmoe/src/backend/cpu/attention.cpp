@@ -7,6 +7,9 @@
 // Each product is cut into blocks of query rows (push_causal) that skip what lies wholly above
 // the diagonal; scores above it inside a block are computed and then overwritten with exact
 // zeros, as the softmax writes zeros past the visible keys.
+// Attention sinks (gpt-oss; ops/dense.h): a row of head h with sinks runs
+// kernels::causal_softmax_sink_row itself (the body a GPU thread runs, not a vector copy), and the
+// backward takes each row's sink term (kernels::sink_gradient_row) before the row's backward.
 #include "kernels/attention.h"
 
 #include <cmath>
@@ -73,6 +76,16 @@ void push_causal(std::vector<GemmProblem>& out, const GemmProblem& p, Causal kin
   }
 }
 
+// Softmax of score row p (visible keys of `keys`) with head sink `sink` when has_sink, else the
+// plain row at the CPU's widest copy.
+void softmax_row(float* p, int64_t visible, int64_t keys, bool has_sink, float sink) {
+  if (has_sink) {
+    kernels::causal_softmax_sink_row(p, visible, keys, sink);
+  } else {
+    causal_softmax_row(p, visible, keys);
+  }
+}
+
 // One product per (batch, head), as one batch: `shape` holds what the products share (transposes,
 // sizes, scalars, leading dimensions); operands(b, h, problem) sets its a, b and c.
 template <class Fn>
@@ -92,7 +105,8 @@ void per_head_batch(int64_t batch, int64_t heads, const GemmProblem& shape, Caus
 }  // namespace
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
-                       const ops::AttentionShape& s, Tensor& probs, Tensor& ctx) {
+                       const ops::AttentionShape& s, const Tensor& sinks, Tensor& probs,
+                       Tensor& ctx) {
   const int64_t T = s.seq, hd = s.head_dim, H = s.heads, KV = s.kv_heads, group = H / KV;
   const int64_t ldq = H * hd, ldk = KV * hd;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -101,6 +115,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
   const float* vs = v.data<float>();
   float* ps = probs.data<float>();
   float* cs = ctx.data<float>();
+  const float* sink = sinks.defined() ? sinks.data<float>() : nullptr;
 
   per_head_batch(
       s.batch, H,
@@ -114,7 +129,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
 #pragma omp parallel for schedule(static) if (rows * T >= kParallelWork)
   for (int64_t r = 0; r < rows; ++r) {  // query r % T sees keys 0..r % T (its window's last ones)
     kernels::mask_before_window(ps + r * T, kernels::window_first_key(r % T, s.window));
-    causal_softmax_row(ps + r * T, r % T + 1, T);
+    softmax_row(ps + r * T, r % T + 1, T, sink != nullptr, sink ? sink[(r / T) % H] : 0.0f);
   }
   per_head_batch(
       s.batch, H,
@@ -214,24 +229,25 @@ MOE_TARGET_GEMV512 void decode_context_avx512(const float* ps, const float* v, i
 }  // namespace
 
 void decode_head(const float* q, const float* k, const float* v, int64_t ldk, int64_t start,
-                 int64_t hd, float scale, float* ps, float* ctx, bool wide) {
+                 int64_t hd, float scale, float* ps, float* ctx, bool wide, float sink) {
   const int64_t keys = start + 1;
+  const bool has_sink = sink > -INFINITY;
 #if MOE_GEMV_X86
   if (wide) {
     decode_scores_avx512(q, k, ldk, keys, hd, scale, ps);
-    causal_softmax_row(ps, keys, keys);
+    softmax_row(ps, keys, keys, has_sink, sink);
     decode_context_avx512(ps, v, ldk, keys, hd, ctx);
     return;
   }
 #endif
   decode_scores_plain(q, k, ldk, keys, hd, scale, ps);
-  causal_softmax_row(ps, keys, keys);
+  softmax_row(ps, keys, keys, has_sink, sink);
   decode_context_plain(ps, v, ldk, keys, hd, ctx);
 }
 
 void attention_forward_cached(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                               int64_t heads, int64_t kv_heads, const ops::CachedRows& rows,
-                              Tensor& ctx) {
+                              const Tensor& sinks, Tensor& ctx) {
   const int64_t H = heads, KV = kv_heads, group = H / KV, hd = q.dim(1) / H;
   const int64_t capacity = k_cache.dim(1);
   const int64_t ldq = H * hd, ldk = KV * hd;
@@ -240,6 +256,7 @@ void attention_forward_cached(const Tensor& q, const Tensor& k_cache, const Tens
   const float* ks = k_cache.data<float>();
   const float* vs = v_cache.data<float>();
   float* cs = ctx.data<float>();
+  const float* sink = sinks.defined() ? sinks.data<float>() : nullptr;
 
   // Each (row, head) is independent, each with its thread's own scores buffer, kept between
   // calls (no per-step allocation). The products inside run on the calling thread; their bits do
@@ -261,6 +278,7 @@ void attention_forward_cached(const Tensor& q, const Tensor& k_cache, const Tens
   auto row_head = [&, firsts](int64_t rh) {
     thread_local std::vector<float> scores;
     const int64_t r = rh / H, h = rh % H;
+    const float head_sink = sink ? sink[h] : 0.0f;
     const int64_t t = rows.count[r], start = rows.start[r], keys = start + t;
     const int64_t slot_offset = rows.slot[r] * capacity * ldk;
     if (scores.size() < static_cast<size_t>(t * keys)) scores.resize(static_cast<size_t>(t * keys));
@@ -273,13 +291,13 @@ void attention_forward_cached(const Tensor& q, const Tensor& k_cache, const Tens
       const int64_t first_key = kernels::window_first_key(start, rows.window);
       const int64_t from = kv_offset + first_key * ldk;
       decode_head(qs + q_offset, ks + from, vs + from, ldk, start - first_key, hd, scale, ps,
-                  cs + q_offset, gemv_detail::avx512_available());
+                  cs + q_offset, gemv_detail::avx512_available(), sink ? head_sink : -INFINITY);
       return;
     }
     sgemm(false, true, t, keys, hd, scale, qs + q_offset, ldq, ks + kv_offset, ldk, 0.0f, ps, keys);
     for (int64_t i = 0; i < t; ++i) {  // query i sits at start + i: keys 0..start+i visible
       kernels::mask_before_window(ps + i * keys, kernels::window_first_key(start + i, rows.window));
-      causal_softmax_row(ps + i * keys, start + i + 1, keys);
+      softmax_row(ps + i * keys, start + i + 1, keys, sink != nullptr, head_sink);
     }
     sgemm(false, false, t, hd, keys, 1.0f, ps, keys, vs + kv_offset, ldk, 0.0f, cs + q_offset, ldq);
   };
@@ -293,8 +311,8 @@ void attention_forward_cached(const Tensor& q, const Tensor& k_cache, const Tens
 }
 
 void attention_backward(const Tensor& dctx, const Tensor& q, const Tensor& k, const Tensor& v,
-                        const Tensor& probs, const ops::AttentionShape& s, Tensor& dq, Tensor& dk,
-                        Tensor& dv) {
+                        const Tensor& probs, const ops::AttentionShape& s, const Tensor& /*sinks*/,
+                        Tensor& dq, Tensor& dk, Tensor& dv, Tensor* dsinks) {
   const int64_t T = s.seq, hd = s.head_dim, H = s.heads, KV = s.kv_heads, group = H / KV;
   const int64_t ldq = H * hd, ldk = KV * hd;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -318,11 +336,18 @@ void attention_backward(const Tensor& dctx, const Tensor& q, const Tensor& k, co
         p.b = vs + b * T * ldk + (h / group) * hd;
         p.c = ds + (b * H + h) * T * T;
       });
+  // With sinks, each row's sink term first (it reads dctx V^T, which the row's backward
+  // replaces), then per head their sum in a fixed order (kernels::sink_gradient_sum).
   const int64_t rows = s.batch * H * T;
+  std::vector<float> sink_terms(dsinks ? static_cast<size_t>(rows) : 0);
+  float* terms = sink_terms.data();
 #pragma omp parallel for schedule(static) if (rows * T >= kParallelWork)
   for (int64_t r = 0; r < rows; ++r) {
+    if (terms) terms[r] = kernels::sink_gradient_row(ps + r * T, ds + r * T, r % T + 1);
     causal_softmax_backward_row(ps + r * T, ds + r * T, r % T + 1, T, scale);
   }
+  for (int64_t h = 0; terms && h < H; ++h)
+    kernels::sink_gradient_sum(terms, s.batch, H, T, h, dsinks->data<float>());
   per_head_batch(
       s.batch, H,
       GemmProblem{false, false, T, hd, T, 1.0f, nullptr, T, nullptr, ldk, 0.0f, nullptr, ldq},

@@ -1,6 +1,7 @@
 // The CPU backend: its op table and the functions the table points to (one file per op group, the
 // loops only; the operand checks are the ops' own, in ops/*.cpp). Internal to libmoe.
 #pragma once
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -51,17 +52,20 @@ void rope_apply(const Tensor& x, int64_t batch, int64_t seq, int64_t heads, int6
                 float theta, const ops::RopeScaling& scaling, Tensor& y, int64_t position_offset,
                 bool inverse);
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
-                       const ops::AttentionShape& shape, Tensor& probs, Tensor& ctx);
+                       const ops::AttentionShape& shape, const Tensor& sinks, Tensor& probs,
+                       Tensor& ctx);
 void attention_backward(const Tensor& dctx, const Tensor& q, const Tensor& k, const Tensor& v,
-                        const Tensor& probs, const ops::AttentionShape& shape, Tensor& dq,
-                        Tensor& dk, Tensor& dv);
+                        const Tensor& probs, const ops::AttentionShape& shape, const Tensor& sinks,
+                        Tensor& dq, Tensor& dk, Tensor& dv, Tensor* dsinks);
 void attention_forward_cached(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                               int64_t heads, int64_t kv_heads, const ops::CachedRows& rows,
-                              Tensor& ctx);
+                              const Tensor& sinks, Tensor& ctx);
 // One head of one decode query (attention.cpp): scores against keys 0..start, the causal
 // softmax, the context. wide: the AVX-512 loops (same bits; only where avx512_available()).
+// sink: the head's sink logit (kernels::causal_softmax_sink_row; -inf = none).
 void decode_head(const float* q, const float* k, const float* v, int64_t ldk, int64_t start,
-                 int64_t hd, float scale, float* ps, float* ctx, bool wide);
+                 int64_t hd, float scale, float* ps, float* ctx, bool wide,
+                 float sink = -INFINITY);
 void cross_entropy_rows(const Tensor& logits, const Tensor& targets, float grad_scale,
                         Tensor* dlogits, Tensor& nll);
 

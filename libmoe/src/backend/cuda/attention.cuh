@@ -1,5 +1,6 @@
 // Kernel bodies of causal attention (grid.h, kernels/attention.h): the row softmax of the scores
-// and its backward, one thread per score row. The products around them are cuBLAS GEMMs
+// (with or without attention sinks) and its backward, one thread per score row, and the sinks'
+// gradient. The products around them are cuBLAS GEMMs
 // (attention.cu).
 #pragma once
 #include "backend/cuda/grid.h"
@@ -19,6 +20,40 @@ struct CausalSoftmaxRows {
       kernels::mask_before_window(scores + r * keys, kernels::window_first_key(position, window));
       kernels::causal_softmax_row(scores + r * keys, position + 1, keys);
     }
+  }
+};
+
+// CausalSoftmaxRows with attention sinks (gpt-oss): row r belongs to head (r / queries) % heads
+// (the rows are [.., heads, queries]: [B, H, T] in the forward, [H, t] a cached row) and takes
+// sinks[head] into its maximum and denominator (kernels::causal_softmax_sink_row).
+struct CausalSoftmaxSinkRows {
+  MOE_HD static void run(Thread th, float* scores, int64_t rows, int64_t queries, int64_t keys,
+                         int64_t start, int64_t window, const float* sinks, int64_t heads) {
+    MOE_GRID_LOOP(r, rows, th) {
+      const int64_t position = start + r % queries;
+      kernels::mask_before_window(scores + r * keys, kernels::window_first_key(position, window));
+      kernels::causal_softmax_sink_row(scores + r * keys, position + 1, keys,
+                                       sinks[(r / queries) % heads]);
+    }
+  }
+};
+
+// The sinks' backward, before CausalSoftmaxBackwardRows replaces dscores (which holds dctx V^T):
+// terms[r] = kernels::sink_gradient_row of row r (query r % seq), rows [B, H, T].
+struct SinkGradientRows {
+  MOE_HD static void run(Thread th, const float* probs, const float* dscores, float* terms,
+                         int64_t rows, int64_t seq) {
+    MOE_GRID_LOOP(r, rows, th) {
+      terms[r] = kernels::sink_gradient_row(probs + r * seq, dscores + r * seq, r % seq + 1);
+    }
+  }
+};
+
+// dsinks[h] += the sum of head h's terms (kernels::sink_gradient_sum), one thread a head.
+struct SinkGradientSum {
+  MOE_HD static void run(Thread th, const float* terms, int64_t batch, int64_t heads, int64_t seq,
+                         float* dsinks) {
+    MOE_GRID_LOOP(h, heads, th) { kernels::sink_gradient_sum(terms, batch, heads, seq, h, dsinks); }
   }
 };
 
