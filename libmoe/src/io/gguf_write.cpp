@@ -1,6 +1,7 @@
 // GGUF export (see moe/io/gguf.h and docs/FORMATS.md "GGUF export") of the mixtral flavour as
 // llama.cpp's "llama" architecture with experts, and of qwen2_moe, qwen3_moe, olmoe and glm4_moe as
-// its "qwen2moe", "qwen3moe", "olmoe" and "glm4moe" architectures. The header (keys and tensor
+// its "qwen2moe", "qwen3moe", "olmoe" and "glm4moe" architectures; deepseek_v3 as its "deepseek2"
+// (the latent attention and its keys: io/gguf_deepseek2.cpp). The header (keys and tensor
 // infos) is built in memory first, so every refusal happens before a byte is written; the tensors
 // are then converted and written one at a time (an expert tensor expert by expert) into an
 // AtomicFile.
