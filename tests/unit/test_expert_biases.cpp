@@ -332,3 +332,63 @@ TEST_CASE("gpt-oss experts: shared experts and dense MLPs refuse the clamped Swi
   REQUIRE_THROWS_WITH(Experts(ps2, "blocks.0.moe.experts", bad),
                       Catch::Contains("positive finite limit"));
 }
+
+namespace {
+
+// A store that serves whole layers (as the inference ring does) from the tensors it is given:
+// 16-bit expert matrices and f32 biases.
+class LayerStore : public ExpertStore {
+ public:
+  explicit LayerStore(ExpertTensors tensors) : tensors_(std::move(tensors)) {}
+  int add_layer(const ExpertParams&) override { return 0; }
+  void request(int, std::span<const int32_t>, std::span<const int32_t>, Pass) override {}
+  ExpertTensors acquire(int, int) override { throw Error("whole layers only"); }
+  ExpertTensors gradients(int, int) override { throw Error("inference only"); }
+  void release(int, int) override {}
+  void gradient_done(int, int) override {}
+  bool whole_layers() const override { return true; }
+  ExpertTensors acquire_layer(int) override { return tensors_; }
+  void release_layer(int) override {}
+
+ private:
+  ExpertTensors tensors_;
+};
+
+}  // namespace
+
+TEST_CASE("gpt-oss experts: bf16 expert matrices served whole give the f32 model's bits",
+          "[expert-biases]") {
+  const int64_t D = 16, F = 24, E = 4;
+  ExpertsConfig config{E, D, F, Activation::swiglu_clamped, true};
+  config.clamp = SwigluClamp{1.702f, 0.8f};
+  ParamSet ps(90);
+  Experts resident(ps, "blocks.0.moe.experts", config);
+  test::randomize_moe_params(ps, D, F, 0.3f, 91);
+  ExpertTensors held;
+  for (Param* p : {&resident.w1(), &resident.w2(), resident.w3()}) {  // bf16-valued f32 weights
+    p->value.copy_from(p->value.to(DType::bf16).to(DType::f32));
+    p->refresh_compute();
+  }
+  held.w1 = resident.w1().w().to(DType::bf16);
+  held.w2 = resident.w2().w().to(DType::bf16);
+  held.w3 = resident.w3()->w().to(DType::bf16);
+  held.b1 = resident.b1()->w();
+  held.b2 = resident.b2()->w();
+  held.b3 = resident.b3()->w();
+  LayerStore store(held);
+  ParamSet served_ps(90);
+  Experts served(served_ps, "blocks.0.moe.experts", config, &store);
+  // Decode (a row or two an expert: the GEMV, which widens bf16 exactly) and a prompt (the tiled
+  // GEMM on widened copies): the same operations on the same values as the f32 model.
+  for (const std::vector<int32_t>& offsets :
+       {std::vector<int32_t>{0, 1, 1, 3, 4}, std::vector<int32_t>{0, 9, 30, 30, 41}}) {
+    const int32_t M = offsets.back();
+    INFO("rows " << M);
+    Tensor x = test::random_tensor({M, D}, 92 + M);
+    Experts::Saved saved;
+    const Tensor want = resident.forward(x, offsets, &saved);
+    REQUIRE(same_bits(served.forward(x, offsets, nullptr), want));
+    const auto [gate_clamped, up_clamped] = clamped(saved, config.clamp.limit);
+    CHECK(gate_clamped + up_clamped > 0);
+  }
+}

@@ -16,8 +16,8 @@ enum class Activation { gelu, swiglu, swiglu_clamped };
 constexpr bool gated(Activation activation) { return activation != Activation::gelu; }
 
 // The clamped SwiGLU's constants (gpt-oss's config.json: swiglu_alpha, swiglu_limit). Its gradient
-// is zero where a clamp bites (g > limit; u > limit or u < -limit) and passes at exactly +-limit,
-// as torch's clamp / min do.
+// is zero where a clamp bites (W1 x + b1 > limit; |W3 x + b3| > limit) and passes at exactly
+// +-limit, as torch's clamp / min do.
 struct SwigluClamp {
   float alpha = 1.702f;
   float limit = 7.0f;
