@@ -11,6 +11,7 @@
 #include <cstring>
 #include <map>
 
+#include "backend/cpu/gemv.h"
 #include "moe/nn/moe_reference.h"
 #include "moe/ops/core.h"
 #include "support/cuda.h"
@@ -391,4 +392,65 @@ TEST_CASE("gpt-oss experts: bf16 expert matrices served whole give the f32 model
     const auto [gate_clamped, up_clamped] = clamped(saved, config.clamp.limit);
     CHECK(gate_clamped + up_clamped > 0);
   }
+}
+
+namespace {
+
+// An f32 expert matrix [E,R,C] as Q8_0 (the kernels' DType::q8_0 row groups), and the parameter
+// set to the dequantised values (exact in f32) so that the f32 model multiplies the same weights.
+Tensor to_q8_0(Param& p) {
+  const Shape s = p.value.shape();
+  const int64_t rows = s[0] * s[1], C = s[2], bytes = cpu::q8_row_bytes(C);
+  Tensor q = Tensor::empty({s[0], s[1], bytes}, DType::u8);
+  std::vector<float> dequantised(static_cast<size_t>(rows * C));
+  const float* w = p.value.data<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    cpu::quantize_q8_0_row(w + r * C, C, q.data<uint8_t>() + r * bytes);
+    cpu::dequantize_q8_0_row(q.data<uint8_t>() + r * bytes, C, dequantised.data() + r * C);
+  }
+  p.value.copy_from(Tensor::from_vector(s, dequantised));
+  p.refresh_compute();
+  return cpu::pack_q8_0(q, C);
+}
+
+}  // namespace
+
+TEST_CASE("gpt-oss experts: Q8_0 expert matrices apply the clamped SwiGLU and the biases",
+          "[expert-biases]") {
+  const int64_t D = 64, F = 96, E = 4;  // whole Q8_0 blocks of 32
+  ExpertsConfig config{E, D, F, Activation::swiglu_clamped, true};
+  config.clamp = SwigluClamp{1.702f, 0.8f};
+  ParamSet ps(95);
+  Experts resident(ps, "blocks.0.moe.experts", config);
+  test::randomize_moe_params(ps, D, F, 0.3f, 96);
+  ExpertTensors held;
+  held.w1 = to_q8_0(resident.w1());
+  held.w2 = to_q8_0(resident.w2());
+  held.w3 = to_q8_0(*resident.w3());
+  held.b1 = resident.b1()->w();
+  held.b2 = resident.b2()->w();
+  held.b3 = resident.b3()->w();
+  LayerStore store(held);
+  ParamSet served_ps(95);
+  Experts served(served_ps, "blocks.0.moe.experts", config, &store);
+  // A prompt: the tiled GEMM on the dequantised (widened) experts, the f32 model's bits.
+  const std::vector<int32_t> prompt{0, 12, 30, 30, 41};
+  Tensor xp = test::random_tensor({41, D}, 97);
+  Experts::Saved saved;
+  const Tensor want_prompt = resident.forward(xp, prompt, &saved);
+  REQUIRE(same_bits(served.forward(xp, prompt, nullptr), want_prompt));
+  const auto [gate_clamped, up_clamped] = clamped(saved, config.clamp.limit);
+  CHECK(gate_clamped > 0);
+  CHECK(up_clamped > 0);
+  // Decode: the GEMV multiplies 8-bit input rows (gemv.h), each element off by at most half its
+  // block's step, max|x| / 254: ~0.4% of a row's size through W1/W3, then again through W2. The
+  // clamps and the activation are Lipschitz (slopes below ~1.2 at these sizes), so the outputs
+  // stay within ~1% of their scale; 3e-2 leaves room, and a missing bias or a wrong activation
+  // (changes of order one) still fails.
+  const std::vector<int32_t> decode{0, 1, 1, 3, 4};
+  Tensor xd = test::random_tensor({4, D}, 98);
+  const Tensor want = resident.forward(xd, decode, nullptr);
+  const Tensor got = served.forward(xd, decode, nullptr);
+  CHECK(rel_error(got, want) < 3e-2);
+  CHECK_FALSE(same_bits(got, want));  // the 8-bit input path did run
 }
