@@ -3,7 +3,8 @@
 // The fast layer against the double reference (nn/moe_reference.cpp, written from the formulas),
 // the gate weights against a softmax over the top-k logits computed here, every parameter's
 // gradient by central differences, the inference paths (a token at a time through the GEMV, by
-// blocks) against the training forward, and an expert store serving one expert at a time.
+// blocks) against the training forward, an expert store serving one expert at a time (training
+// offload), and whole layers of bf16 or Q8_0 expert matrices (the inference ring's path).
 // Shapes: N tokens, D model width, F expert hidden width, E experts, k top-k, M kept rows.
 #include <algorithm>
 #include <catch2/catch.hpp>
