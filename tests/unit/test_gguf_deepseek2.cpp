@@ -228,6 +228,8 @@ TEST_CASE("gguf deepseek2: YaRN's keys, the log multiplier 0.1 mscale_all_dim",
   CHECK(k["deepseek2.rope.scaling.factor"]["value"].get<float>() == 40.0f);
   CHECK(key_int(g, "deepseek2.rope.scaling.original_context_length") == 64);
   // llama.cpp divides it by 0.1 again (its TAG_DEEPSEEK2_YARN_LOG_MUL_FIX).
+  CHECK(k["deepseek2.rope.scaling.yarn_beta_fast"]["value"].get<float>() == 32.0f);
+  CHECK(k["deepseek2.rope.scaling.yarn_beta_slow"]["value"].get<float>() == 1.0f);
   CHECK(k["deepseek2.rope.scaling.yarn_log_multiplier"]["value"].get<float>() ==
         float(0.1 * 0.707));
 }

@@ -155,9 +155,13 @@ void write_deepseek2_keys(Header& h, const ModelConfig& mc) {
   h.kv_u32(a + "expert_group_count", static_cast<uint32_t>(grouped ? mc.router_groups : 1));
   h.kv_u32(a + "expert_group_used_count",
            static_cast<uint32_t>(grouped ? mc.router_group_topk : 1));
-  if (mc.rope_type == RopeType::yarn)  // check_deepseek2_yarn: mscale == mscale_all_dim > 0
-    h.kv_f32(a + "rope.scaling.yarn_log_multiplier",
-             static_cast<float>(0.1 * mc.yarn.mscale_all_dim));
+  if (mc.rope_type != RopeType::yarn) return;
+  // check_deepseek2_yarn: mscale == mscale_all_dim > 0, betas 32 / 1 (written as the converter
+  // writes a config's beta_fast / beta_slow, DeepSeek-V3's among them).
+  h.kv_f32(a + "rope.scaling.yarn_log_multiplier",
+           static_cast<float>(0.1 * mc.yarn.mscale_all_dim));
+  h.kv_f32(a + "rope.scaling.yarn_beta_fast", static_cast<float>(mc.yarn.beta_fast));
+  h.kv_f32(a + "rope.scaling.yarn_beta_slow", static_cast<float>(mc.yarn.beta_slow));
 }
 
 }  // namespace moe::io::gguf_out

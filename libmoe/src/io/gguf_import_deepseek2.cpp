@@ -8,6 +8,7 @@
 #include "io/gguf_import_deepseek2.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "io/gguf_blocks.h"
 #include "io/hf_mla.h"
@@ -87,6 +88,14 @@ void deepseek2_config(const Keys& k, ModelConfig& mc) {
            "is missing or not > 0: deepseek2's YaRN without DeepSeek's mscale_all_dim is not "
            "supported");
   mc.yarn.mscale = mc.yarn.mscale_all_dim = log_mul / 0.1;
+  // Betas other than YaRN's defaults (ours and llama.cpp's 32 / 1) are not read by our YaRN.
+  for (auto [beta, standard] :
+       {std::pair<const char*, double>{"yarn_beta_fast", 32.0}, {"yarn_beta_slow", 1.0}}) {
+    const std::string name = a + "rope.scaling." + beta;
+    if (k.real_or(name, standard) != standard)
+      k.fail(name,
+             str("is ", k.real(name), ": YaRN with other betas than 32 / 1 is not supported"));
+  }
 }
 
 void deepseek2_attention_tensors(const ModelConfig& mc, int64_t i,
