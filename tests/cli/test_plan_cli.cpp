@@ -6,6 +6,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "support/hf_families.h"
 #include "support/plan_cluster.h"
 #include "support/run.h"
 
@@ -150,4 +151,41 @@ TEST_CASE("cli: moe-plan predict refuses bad inputs naming the file and the key"
       "moe-plan", "predict --model " + p.ckpt + " --trace " + p.ckpt + " --cluster " + p.cluster));
   CHECK(r.exit_code == 1);
   CHECK_THAT(r.err, Catch::Contains(p.ckpt));
+}
+
+TEST_CASE("cli: moe-plan predict and search read a Hugging Face model", "[cli][plan]") {
+  Planned& p = planned();
+  // The tiny Mixtral of the import tests (D 32, F 48, 2 layers of 4 experts, like the trace's
+  // model; context 64): config.json alone, since nothing reads a tensor.
+  const std::string hf = p.dir / "hf-mixtral";
+  std::filesystem::create_directories(hf);
+  test::write_file(hf + "/config.json",
+                   test::hf::mixtral_config(test::hf::tiny_of("mixtral")).dump(2));
+  const std::string rest = " --trace " + p.trace + " --cluster " + p.cluster;
+  auto r = run_command(
+      tool("moe-plan", "predict --model " + hf + rest + " --layout ep=2 --batch 2 --json"));
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const auto json = nlohmann::json::parse(r.out);
+  CHECK(json.at("tokens_per_rank") == 2 * 64);
+  // ep=2: 2 of each layer's 4 experts, SwiGLU's 3 x 32 x 48 parameters, 16 B each (f32).
+  double experts = -1;
+  for (const auto& item : json.at("memory"))
+    if (item.at("what") == "experts' state") experts = item.at("bytes").get<double>();
+  CHECK(experts == 2 * 2 * 3 * 32 * 48 * 16);
+  auto again = run_command(tool("moe-plan", "predict --model " + hf + "/config.json" + rest +
+                                                " --layout ep=2 --batch 2 --json"));
+  CHECK(again.out == r.out);
+  auto s = run_command(tool("moe-plan", "search --model " + hf + rest + " --top 2"));
+  INFO(s.err);
+  CHECK(s.exit_code == 0);
+  CHECK(lines_of(s.out).size() == 5);  // two comment lines, the header, two layouts
+
+  nlohmann::json llama = test::hf::mixtral_config(test::hf::tiny_of("mixtral"));
+  llama["model_type"] = "llama";
+  test::write_file(p.dir / "llama.json", llama.dump());
+  r = run_command(tool("moe-plan", "predict --model " + p.dir / "llama.json" + rest));
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.err, Catch::Contains("moe-plan: error: '" + p.dir / "llama.json" +
+                                    "': model_type 'llama' is not supported"));
 }
