@@ -517,7 +517,7 @@ int main(int argc, char** argv) {
   auto* per_token = sc->add_flag(
       "--per-token", o.per_token,
       "Each window's predicted tokens in its line: token_ids, token_logprobs, token_ranks "
-      "(1 = the most likely); one process");
+      "(1 = the most likely); also under --ep");
   sc->add_option("--top", o.top,
                  "With --per-token: also the N most likely tokens at each position (top_ids, "
                  "top_logprobs)")
@@ -600,6 +600,13 @@ int main(int argc, char** argv) {
             io::check_output_stream(o.out, o.force);
             io::check_output_stream(o.summary, o.force);
           }
+          // Only score spreads experts over ranks (--ep): the others would be told to give an
+          // --ep they do not have.
+          if (many && !*sc)
+            throw UsageError(str("moe-infer ", *ll ? "loglikelihood" : "generate",
+                                 " runs in one process (this job has ", world->size(),
+                                 " ranks): start it without mpiexec; --ep (experts over "
+                                 "ranks) is score's"));
           if (*ll) return loglikelihood(o, std::move(world));
           return *sc ? score(o, std::move(world)) : generate(o, std::move(world));
         } catch (const std::exception& ex) {

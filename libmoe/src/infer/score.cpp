@@ -107,6 +107,53 @@ std::vector<double> full_pass_sums(const Engine& e, const std::vector<int32_t>& 
   return sums;
 }
 
+// Under --ep: every rank's per-token records of a round, gathered in window order (rank q holds
+// counts[q] windows of `seq` tokens). A token travels as 4 + 2 top i64 words: id, log-prob (its
+// double's bits), rank, greedy, then its top ids and their log-probs' bits, so rank 0 prints what
+// the rank that computed it did.
+void gather_token_logprobs(comm::Communicator& world, int64_t seq, int64_t top,
+                           const std::vector<int64_t>& counts,
+                           std::vector<std::vector<TokenLogprob>>& per_token) {
+  const int64_t words = 4 + 2 * top;
+  auto bits = [](double x) {
+    int64_t b;
+    std::memcpy(&b, &x, sizeof b);
+    return b;
+  };
+  Tensor send = Tensor::empty({static_cast<int64_t>(per_token.size()) * seq * words}, DType::i64);
+  int64_t* out = send.data<int64_t>();
+  for (const std::vector<TokenLogprob>& window : per_token) {
+    MOE_CHECK(static_cast<int64_t>(window.size()) == seq, "score: a window of ", window.size(),
+              " token log-probs (expected ", seq, ")");
+    for (const TokenLogprob& t : window) {
+      *out++ = t.id, *out++ = bits(t.logprob), *out++ = t.rank, *out++ = t.greedy;
+      for (int64_t i = 0; i < top; ++i) *out++ = t.top_ids[static_cast<size_t>(i)];
+      for (int64_t i = 0; i < top; ++i) *out++ = bits(t.top_logprobs[static_cast<size_t>(i)]);
+    }
+  }
+  std::vector<int64_t> word_counts;
+  int64_t windows = 0;
+  for (int64_t c : counts) word_counts.push_back(c * seq * words), windows += c;
+  Tensor all = Tensor::empty({windows * seq * words}, DType::i64);
+  world.all_gatherv(send, all, word_counts);
+  const int64_t* in = all.data<int64_t>();
+  auto value = [](int64_t b) {
+    double x;
+    std::memcpy(&x, &b, sizeof x);
+    return x;
+  };
+  per_token.assign(static_cast<size_t>(windows),
+                   std::vector<TokenLogprob>(static_cast<size_t>(seq)));
+  for (std::vector<TokenLogprob>& window : per_token)
+    for (TokenLogprob& t : window) {
+      t.id = static_cast<int32_t>(in[0]), t.logprob = value(in[1]), t.rank = in[2];
+      t.greedy = in[3] != 0;
+      in += 4;
+      for (int64_t i = 0; i < top; ++i) t.top_ids.push_back(static_cast<int32_t>(*in++));
+      for (int64_t i = 0; i < top; ++i) t.top_logprobs.push_back(value(*in++));
+    }
+}
+
 // A window whose log-likelihood is NaN or infinite has no score: the model's weights give
 // non-finite logits (a training run that diverged without a NaN, say: --lr 1e30 leaves weights
 // of 1e28 that every check of finite values passes). Refused rather than printed as "nan".
@@ -146,8 +193,6 @@ ScoreSummary score(const Engine& e, const ScoreOptions& o, const ScoreCallbacks&
   MOE_USAGE_CHECK(!o.incremental || R == 1, "score ", flag_for(Setting::incremental),
                   " runs in one process (not under ", flag_for(Setting::ep), " with ", R,
                   " ranks)");
-  MOE_USAGE_CHECK(!o.per_token || R == 1, "score per token runs in one process (not under ",
-                  flag_for(Setting::ep), " with ", R, " ranks)");
   MOE_USAGE_CHECK(o.top >= 0 && o.top <= mc.vocab_size, "score: top ", o.top,
                   " alternatives of a vocabulary of ", mc.vocab_size);
   if (!o.incremental)  // before the first pass sizes anything by the batch
@@ -187,6 +232,7 @@ ScoreSummary score(const Engine& e, const ScoreOptions& o, const ScoreCallbacks&
       e.world()->all_gatherv(send, all, counts);
       sums.resize(static_cast<size_t>(round));
       std::memcpy(sums.data(), all.raw(), sums.size() * sizeof(double));
+      if (o.per_token) gather_token_logprobs(*e.world(), mc.seq, o.top, counts, per_token);
     }
     check_scores_finite(sums, done, mc.seq, o.data);  // every rank holds the round's sums
     for (size_t s = 0; s < sums.size() && r == 0; ++s) {

@@ -29,7 +29,8 @@ struct ScoreOptions {
   // sees. One process (not under --ep).
   bool incremental = false;
   // Each window's tokens one by one (SequenceScore::per_token), with the `top` most likely tokens
-  // at each position (0: none). One process (not under --ep).
+  // at each position (0: none). Under --ep each rank's windows' tokens are gathered to every
+  // rank (rank 0 reports them).
   bool per_token = false;
   int64_t top = 0;
 };
