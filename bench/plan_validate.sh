@@ -6,7 +6,8 @@
 #   configurations  two model sizes (S: gpt, 2 MoE layers of 4 experts, d_model 64; L: 4 MoE
 #                   layers of 8 experts, d_model 128), 1 and 2 ranks (mpiexec), flat and
 #                   hierarchical all-to-all (virtual nodes of one rank), ZeRO 0/1/3, offload
-#                   none/host, placement static/lpt, the priority scheduler on and off: 14 runs
+#                   none/host/ssd, placement static/lpt/flexmoe, the priority scheduler on and
+#                   off: 16 runs
 #   measured time   the median of moe-train's per-step seconds (--metrics step_seconds, rank 0's;
 #                   one rank: batch x seq / tokens_per_s) over the steps after the first two
 #   measured memory the peak RSS of the largest process (/usr/bin/time's maximum resident set of
@@ -50,6 +51,8 @@ configs=(
   "S-2r-ep2-lpt 2 S ep=2,placement=lpt --ep 2 --placement lpt"
   "S-2r-ep2-prio 2 S ep=2,scheduler=priority --ep 2 --comm-scheduler priority"
   "S-2r-ep2-host 2 S ep=2,offload=host --ep 2 --offload host"
+  "S-2r-ep2-flexmoe 2 S ep=2,placement=flexmoe --ep 2 --placement flexmoe"
+  "S-1r-ssd 1 S ep=1,offload=ssd --offload ssd --ssd-dir WORK/ssd"
   "L-1r 1 L ep=1 "
   "L-1r-host 1 L ep=1,offload=host --offload host"
   "L-2r-ep2 2 L ep=2 --ep 2"
@@ -96,7 +99,8 @@ rows="$work/rows.tsv"
 : > "$rows"
 for config in "${configs[@]}"; do
   read -r name ranks size layout flags <<< "$config"
-  case $name in *-1r) ;; *) if [ -n "$only" ] && [[ " $only " != *" $name "* ]]; then continue; fi ;; esac
+  flags=${flags//WORK/$work}
+  case $name in ?-1r) ;; *) if [ -n "$only" ] && [[ " $only " != *" $name "* ]]; then continue; fi ;; esac
   model_flags=model_$size
   trace_flags=
   [ "$name" = "$size-1r" ] && trace_flags="--trace $work/trace-$size.h5"
