@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/cli.h"
+#include "common/named_option.h"
 #include "common/ranks.h"
 #include "moe/comm/communicator.h"
 #include "moe/cuda.h"
@@ -36,9 +37,10 @@ namespace {
 
 struct Options {
   tools::CommonOptions common;
-  std::string model, data, data_format = "auto", prompts, out = "-", budget, popularity,
-                           device = "cpu", summary, truncate = "none", tokenizer, requests,
-                           expert_cache, pin_from, prefetch;
+  std::string model, data, prompts, out = "-", budget, popularity, device = "cpu", summary,
+                                    truncate = "none", tokenizer, requests, expert_cache, pin_from,
+                                    prefetch;
+  io::TokenFormat data_format = io::TokenFormat::automatic;
   int64_t prefetch_margin = 0;
   std::vector<CLI::Option*> prefetch_flags;  // each subcommand's --prefetch (one was parsed)
   double pin_share = 0.5;
@@ -503,9 +505,8 @@ int main(int argc, char** argv) {
   auto* sc = app.add_subcommand("score", "Log-likelihood and perplexity of every sequence");
   add_engine_options(sc, o);
   sc->add_option("--data", o.data, "Text or .u16/.u32 token file")->required();
-  sc->add_option("--data-format", o.data_format, "auto, text, u16 or u32")
-      ->check(CLI::IsMember({"auto", "text", "u16", "u32"}))
-      ->capture_default_str();
+  tools::add_named(*sc, "--data-format", o.data_format, "auto, text, u16 or u32",
+                   {"auto", "text", "u16", "u32"}, io::parse_token_format, io::token_format_name);
   sc->add_option("--summary", o.summary,
                  "The perplexity summary as one JSON object to PATH ('-' = stdout, then -o must "
                  "name a file): sequences, predicted_tokens, logprob_sum, nll_mean, ppl, "

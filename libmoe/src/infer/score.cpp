@@ -175,7 +175,7 @@ ScoreSummary score(const Engine& e, const ScoreOptions& o, const ScoreCallbacks&
   const ModelConfig& mc = e.config();
   const int R = e.ranks(), r = e.rank();
   const io::TokenFormat format =
-      io::resolve_token_format(o.data, io::parse_token_format(o.data_format));
+      io::resolve_token_format(o.data, o.data_format);
   std::vector<int32_t> tokens = io::load_model_tokens(o.data, format, o.tokenizer);
   if (R > 1) {  // ranks reading other files (or one through another tokenizer) would misalign
     char crc[16];

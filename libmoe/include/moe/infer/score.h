@@ -10,14 +10,16 @@
 
 #include "moe/infer/engine.h"
 #include "moe/infer/token_logprobs.h"
+#include "moe/io/dataset.h"
 #include "moe/io/tokenizer.h"
 
 namespace moe::infer {
 
 struct ScoreOptions {
-  std::string data, data_format = "auto";  // text or .u16/.u32 token file (io::load_tokens)
-  int64_t batch = 8;                       // B
-  int64_t max_sequences = 0;               // 0: every window of the file
+  std::string data;  // text or .u16/.u32 token file (io::load_tokens)
+  io::TokenFormat data_format = io::TokenFormat::automatic;
+  int64_t batch = 8;          // B
+  int64_t max_sequences = 0;  // 0: every window of the file
   // Text data is encoded by this tokenizer (no BOS: windows cut a stream); null: a text file's
   // bytes are its tokens, which only a byte-level model (vocabulary 256) reads.
   const io::Tokenizer* tokenizer = nullptr;
