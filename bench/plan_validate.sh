@@ -68,6 +68,11 @@ echo "calibrating (mpiexec -n 2 moe-plan calibrate${quick:+ --quick})" >&2
 mpiexec -n 2 "$bin/moe-plan" calibrate ${quick:+--quick} -o "$work/machine.toml" \
   --scratch "$work" 2> "$work/calibrate.log" || { tail -5 "$work/calibrate.log" >&2; exit 1; }
 
+# What the predictions rest on, beside the table (a loaded machine calibrates differently each time).
+calibrated() { sed -n "/^\[$1\]/,/^\[/s/^$2 = \"\([^\"]*\)\".*/\1/p" "$work/machine.toml" | head -1; }
+echo "# calibrated: f32 GEMM $(calibrated compute f32), all-to-all $(calibrated bandwidth intra_node)" \
+  "and $(calibrated latency intra_node) a message between the 2 ranks"
+
 # The calibrated spec with `nodes` x `devices_per_node` (one machine: every link is the one
 # calibrate measured inside the node).
 cluster_for() {
