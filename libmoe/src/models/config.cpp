@@ -132,8 +132,7 @@ void ModelConfig::validate_mla() const {
   }
   MOE_USAGE_CHECK(mla(),
                   "deepseek_v3 needs its latent attention's shape (kv_lora_rank > 0 and "
-                  "the qk_nope_dim, qk_rope_dim and v_head_dim of a head); training one from "
-                  "scratch cannot set it yet");
+                  "the qk_nope_dim, qk_rope_dim and v_head_dim of a head)");
   MOE_USAGE_CHECK(qk_nope_dim >= 1 && qk_rope_dim >= 2 && qk_rope_dim % 2 == 0 && v_head_dim >= 1 &&
                       v_head_dim <= qk_nope_dim + qk_rope_dim,
                   "deepseek_v3's heads need qk_nope_dim >= 1 (got ", qk_nope_dim,
