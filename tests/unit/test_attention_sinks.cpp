@@ -213,9 +213,9 @@ TEST_CASE("attention sinks: very negative sinks give the plain attention's bits"
 
 // Finite differences (test::check_gradient: central, step 1e-2, normalised by the largest numeric
 // derivative) of loss = sum ctx . r through the f32 op, with sinks that take shares of O(0.1-0.8).
-// Tolerance 1e-2: the loss carries the f32 rounding of the contexts a perturbation moves (up to
+// Tolerance 2e-3: the loss carries the f32 rounding of the contexts a perturbation moves (up to
 // N*hd of them, ~(T + hd) ulps each: ~1e-5 absolute), / 2e-2 gives ~5e-4 of gradients of O(1);
-// the step's truncation error eps^2/6 |L'''| is ~2e-5 |L'''|; 1e-3 expected, 10x margin. The
+// the step's truncation error eps^2/6 |L'''| is ~2e-5 |L'''|: at most ~1e-3 (7e-5 seen). The
 // analytic sinks' gradient is also held to the derived formula in double (1e-5 relative: sums of
 // T*B row terms of O(1), each within ~(T + hd) ulps).
 TEST_CASE("attention sinks: gradients of q, k, v and sinks by finite differences", "[sinks]") {
@@ -248,10 +248,10 @@ TEST_CASE("attention sinks: gradients of q, k, v and sinks by finite differences
       INFO("head " << h << ": " << added.data<float>()[h] << " vs " << want[h]);
       CHECK(std::fabs(added.data<float>()[h] - want[h]) <= 1e-5 * scale);
     }
-    MOE_REQUIRE_GRAD(test::check_gradient(o.q, dq, loss), 1e-2);
-    MOE_REQUIRE_GRAD(test::check_gradient(o.k, dk, loss), 1e-2);
-    MOE_REQUIRE_GRAD(test::check_gradient(o.v, dv, loss), 1e-2);
-    MOE_REQUIRE_GRAD(test::check_gradient(sinks, added, loss), 1e-2);
+    MOE_REQUIRE_GRAD(test::check_gradient(o.q, dq, loss), 2e-3);
+    MOE_REQUIRE_GRAD(test::check_gradient(o.k, dk, loss), 2e-3);
+    MOE_REQUIRE_GRAD(test::check_gradient(o.v, dv, loss), 2e-3);
+    MOE_REQUIRE_GRAD(test::check_gradient(sinks, added, loss), 2e-3);
   }
 }
 
@@ -318,8 +318,9 @@ double relative_gap(const Tensor& got, const Tensor& want) {
 }  // namespace
 
 // The parameter: its name (HF's self_attn.sinks maps onto <layer>.attn.sinks), f32 in a bf16
-// model too, zeros, no decay; its gradient through the layer by finite differences (tolerance as
-// the op's test); and an AdamW step moves it.
+// model too, zeros, no decay; its gradient through the layer by finite differences (1e-2, as the
+// window tests' layer check: the projections, RoPE and biases add their roundings to the loss;
+// 2e-4 seen); and an AdamW step moves it.
 TEST_CASE("attention sinks: the layer's parameter trains like any other", "[sinks]") {
   for (DType dtype : {DType::f32, DType::bf16}) {
     ParamSet ps(5, dtype);
