@@ -47,7 +47,8 @@ TEST_CASE("cuda: attention with sinks matches the CPU, forward and backward", "[
     Tensor dq = Tensor::empty(qs), dk = Tensor::empty(ks), dv = Tensor::empty(ks),
            dsinks = Tensor::zeros({8});
     Tensor gdq = Tensor::empty(qs, DType::f32, kGpu), gdk = Tensor::empty(ks, DType::f32, kGpu),
-           gdv = Tensor::empty(ks, DType::f32, kGpu), gdsinks = Tensor::zeros({8}, DType::f32, kGpu);
+           gdv = Tensor::empty(ks, DType::f32, kGpu),
+           gdsinks = Tensor::zeros({8}, DType::f32, kGpu);
     ops::attention_backward(dctx, q, k, v, probs, a, dq, dk, dv, sinks, &dsinks);
     ops::attention_backward(dctx.to(kGpu), q.to(kGpu), k.to(kGpu), v.to(kGpu), probs.to(kGpu), a,
                             gdq, gdk, gdv, sinks.to(kGpu), &gdsinks);
@@ -63,8 +64,8 @@ TEST_CASE("cuda: attention with sinks matches the CPU, forward and backward", "[
 TEST_CASE("cuda: cached attention with sinks matches the CPU", "[cuda]") {
   MOE_REQUIRE_CUDA_DEVICE();
   const int64_t H = 8, KV = 2, hd = 16, slots = 4, capacity = 40;
-  const Tensor sinks = Tensor::from_vector({8}, std::vector<float>{-30.0f, 0.0f, 1.5f, 0.5f, -1.0f,
-                                                                   2.0f, 0.25f, 40.0f});
+  const Tensor sinks = Tensor::from_vector(
+      {8}, std::vector<float>{-30.0f, 0.0f, 1.5f, 0.5f, -1.0f, 2.0f, 0.25f, 40.0f});
   ops::CachedRows rows;
   rows.slot = {3, 0, 1};
   rows.start = {0, 17, 39};

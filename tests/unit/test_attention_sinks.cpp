@@ -379,7 +379,8 @@ TEST_CASE("attention sinks: the cached forward equals the uncached one", "[sinks
     CHECK(relative_gap(prefill, full.rows(0, 4).clone()) <= 1e-5);
     for (int64_t t = 4; t < T; ++t) {
       INFO("position " << t);
-      const Tensor step = attention.forward_cached(x.rows(t, t + 1).clone(), {{1}, {t}, {1}}, cache);
+      const Tensor step =
+          attention.forward_cached(x.rows(t, t + 1).clone(), {{1}, {t}, {1}}, cache);
       CHECK(relative_gap(step, full.rows(t, t + 1).clone()) <= 1e-5);
     }
     set_sinks(ps, std::vector<float>(4, -1e30f));
@@ -497,11 +498,10 @@ TEST_CASE("attention sinks: the CUDA kernel bodies match the CPU op", "[sinks][c
         cuda::run_grid_on_cpu<cuda::body::CausalSoftmaxSinkRows>(grid, s, r, queries, keys, start,
                                                                  w, sinks.data(), H);
       };
-      cuda::attention_cached_steps(q.data(), kc.data(), vc.data(), c.data(), scores.data(),
-                                   rows.slot.data(), rows.start.data(), rows.count.data(),
-                                   rows.rows(), H, KV, hd, capacity,
-                                   1.0f / std::sqrt(static_cast<float>(hd)), window, cpu_batched,
-                                   softmax);
+      cuda::attention_cached_steps(
+          q.data(), kc.data(), vc.data(), c.data(), scores.data(), rows.slot.data(),
+          rows.start.data(), rows.count.data(), rows.rows(), H, KV, hd, capacity,
+          1.0f / std::sqrt(static_cast<float>(hd)), window, cpu_batched, softmax);
       const std::vector<float> w = want.to_vector();
       for (size_t i = 0; i < w.size(); ++i) {
         INFO("index " << i);

@@ -153,8 +153,8 @@ MOE_HD float sink_gradient_row(const float* p, const float* g, int64_t visible) 
 // The sinks' gradient from the rows' terms: sinks_grad[h] += the sum of row_terms over the rows
 // of head h, rows laid out [batch, heads, queries], added in double in (batch, query) order, then
 // rounded once: the same bits whatever runs it.
-MOE_HD void sink_gradient_sum(const float* row_terms, int64_t batch, int64_t heads,
-                              int64_t queries, int64_t h, float* sinks_grad) {
+MOE_HD void sink_gradient_sum(const float* row_terms, int64_t batch, int64_t heads, int64_t queries,
+                              int64_t h, float* sinks_grad) {
   double acc = 0.0;
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t i = 0; i < queries; ++i) acc += row_terms[(b * heads + h) * queries + i];

@@ -1,6 +1,7 @@
 // Causal self-attention layer: q/k/v projections, qk-norm (qwen3_moe, olmoe), RoPE (mixtral and
-// the HF families), the attention core op (with gpt-oss's sinks), and the output projection. Shape letters: B batch, T
-// sequence, N = B*T, D model width, H query heads, KV key/value heads, hd head dim.
+// the HF families), the attention core op (with gpt-oss's sinks), and the output projection.
+// Shape letters: B batch, T sequence, N = B*T, D model width, H query heads, KV key/value heads,
+// hd head dim.
 #include "moe/nn/attention.h"
 
 #include <algorithm>
@@ -237,10 +238,9 @@ Tensor Attention::backward(const Tensor& dy, const Saved& saved) {
   const ops::AttentionShape shape{batch,     seq,           config_.heads, config_.kv_heads,
                                   head_dim_, config_.window};
   // A frozen or gradient-less sinks param (Param::frozen, ParamSet::skip_gradients) gets none.
-  Tensor* dsinks =
-      sinks_ && !sinks_->frozen && sinks_->grad.defined() ? &sinks_->grad : nullptr;
-  ops::attention_backward(dctx, saved.q, saved.k, saved.v, saved.probs, shape, dq, dk, dv,
-                          sinks(), dsinks);
+  Tensor* dsinks = sinks_ && !sinks_->frozen && sinks_->grad.defined() ? &sinks_->grad : nullptr;
+  ops::attention_backward(dctx, saved.q, saved.k, saved.v, saved.probs, shape, dq, dk, dv, sinks(),
+                          dsinks);
   if (config_.score_scale != 1.0f) ops::scale(dq, config_.score_scale);  // saved.q was scaled
   if (config_.rope) {
     ops::rope_backward(dq, batch, seq, config_.heads, config_.rope_theta, dq, 0, config_.rope_dim,

@@ -51,8 +51,8 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
 }
 
 void attention_forward_cached(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                              int64_t heads, int64_t kv_heads, const CachedRows& rows,
-                              Tensor& ctx, const Tensor& sinks) {
+                              int64_t heads, int64_t kv_heads, const CachedRows& rows, Tensor& ctx,
+                              const Tensor& sinks) {
   const PartScope part(StepPart::attention);
   const char* op = "attention_forward_cached";
   const Device device = require_backend(op, {&q, &k_cache, &v_cache, &sinks, &ctx});
@@ -118,8 +118,9 @@ void attention_backward(const Tensor& dctx, const Tensor& q, const Tensor& k, co
   check_attention("attention_backward", q, k, v, s);
   check_sinks("attention_backward", sinks, s.heads);
   if (dsinks) {
-    MOE_CHECK(sinks.defined(), "attention_backward: a gradient of attention sinks was asked for "
-                               "without the sinks");
+    MOE_CHECK(sinks.defined(),
+              "attention_backward: a gradient of attention sinks was asked for "
+              "without the sinks");
     dsinks->expect_shape(sinks.shape(), "attention_backward sinks gradient");
     dsinks->expect_dtype(DType::f32, "attention_backward sinks gradient");
   }

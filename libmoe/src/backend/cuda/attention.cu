@@ -118,12 +118,11 @@ void attention_forward_cached(const Tensor& q, const Tensor& k_cache, const Tens
   use_device(device);
   cudaStream_t stream = current_stream(device);
   Tensor scores = Tensor::empty({heads * largest}, DType::f32, ctx.device());
-  attention_cached_steps(q.data<float>(), k_cache.data<float>(), v_cache.data<float>(),
-                         ctx.data<float>(), scores.data<float>(), rows.slot.data(),
-                         rows.start.data(), rows.count.data(), R, heads, kv_heads, hd,
-                         k_cache.dim(1), scale_of(hd), rows.window,
-                         CublasBatched{cublas_handle(device, stream)},
-                         SoftmaxLaunch{stream, sinks_of(sinks), heads});
+  attention_cached_steps(
+      q.data<float>(), k_cache.data<float>(), v_cache.data<float>(), ctx.data<float>(),
+      scores.data<float>(), rows.slot.data(), rows.start.data(), rows.count.data(), R, heads,
+      kv_heads, hd, k_cache.dim(1), scale_of(hd), rows.window,
+      CublasBatched{cublas_handle(device, stream)}, SoftmaxLaunch{stream, sinks_of(sinks), heads});
 }
 
 }  // namespace moe::cuda
