@@ -76,6 +76,39 @@ void check_prefetch(const EngineOptions& o) {
                          flag_for(Setting::expert_cache), " lru|lfu"));
 }
 
+// Expert parallelism (ep > 1): as many ranks as ep, no budget yet, Lina's placement on the CPU.
+void check_expert_parallel(const EngineOptions& o, const comm::Communicator& world) {
+  if (world.size() != o.ep)
+    throw UsageError(str(flag_for(Setting::ep), " ", o.ep, " needs ", o.ep, " ranks (mpiexec -n ",
+                         o.ep, "); this run has ", world.size()));
+  if (!o.budget.empty())
+    throw UsageError(str(flag_for(Setting::expert_budget), " and ", flag_for(Setting::ep),
+                         " cannot be combined yet"));
+  if (!o.popularity.empty() && o.device.kind != Device::cpu)
+    throw UsageError(str(flag_for(Setting::popularity), " runs with ", flag_for(Setting::device),
+                         " cpu only (the placement reads each batch's routing on the host); "
+                         "this run has ",
+                         flag_for(Setting::device), " ", o.device_flag));
+}
+
+// One rank: the flags of expert parallelism are refused, and the cache's flags need a budget.
+void check_one_rank(const EngineOptions& o, const comm::Communicator* world) {
+  if (!o.popularity.empty())
+    throw UsageError(str(flag_for(Setting::popularity),
+                         " places experts over expert-parallel ranks: it needs ",
+                         flag_for(Setting::ep), " R under mpiexec -n R (R > 1)"));
+  if (world && world->size() > 1)
+    throw UsageError(str("moe-infer runs on one rank unless ", flag_for(Setting::ep), " ",
+                         world->size(), " spreads the experts over the ", world->size(), " ranks"));
+  if (o.budget.empty() && (o.expert_cache || !o.pin_from.empty()))
+    throw UsageError(
+        str(o.expert_cache ? flag_for(Setting::expert_cache) : flag_for(Setting::pin_from),
+            " sets how ", flag_for(Setting::expert_budget), " is served: give a budget too"));
+  if (!o.pin_from.empty() && !o.expert_cache)
+    throw UsageError(str(flag_for(Setting::pin_from), " pins experts in the expert cache: give ",
+                         flag_for(Setting::expert_cache), " lru|lfu"));
+}
+
 }  // namespace
 
 std::unique_ptr<Engine> Engine::open(const EngineOptions& options,
@@ -90,17 +123,7 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& options,
   e.device_ = o.device;
   e.model_path_ = o.model;
   if (o.ep > 1) {
-    if (world->size() != o.ep)
-      throw UsageError(str(flag_for(Setting::ep), " ", o.ep, " needs ", o.ep, " ranks (mpiexec -n ",
-                           o.ep, "); this run has ", world->size()));
-    if (!o.budget.empty())
-      throw UsageError(str(flag_for(Setting::expert_budget), " and ", flag_for(Setting::ep),
-                           " cannot be combined yet"));
-    if (!o.popularity.empty() && e.device_.kind != Device::cpu)
-      throw UsageError(str(flag_for(Setting::popularity), " runs with ", flag_for(Setting::device),
-                           " cpu only (the placement reads each batch's routing on the host); "
-                           "this run has ",
-                           flag_for(Setting::device), " ", o.device_flag));
+    check_expert_parallel(o, *world);
     e.world_ = std::move(world);
     // Ranks given different models would score nonsense (each holds a share of "the" experts).
     for (const auto& [what, value] : model_identity(o.model))
@@ -124,20 +147,7 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& options,
     fold_router_centers(*e.loaded_.params);
     return engine;
   }
-  if (!o.popularity.empty())
-    throw UsageError(str(flag_for(Setting::popularity),
-                         " places experts over expert-parallel ranks: it needs ",
-                         flag_for(Setting::ep), " R under mpiexec -n R (R > 1)"));
-  if (world && world->size() > 1)
-    throw UsageError(str("moe-infer runs on one rank unless ", flag_for(Setting::ep), " ",
-                         world->size(), " spreads the experts over the ", world->size(), " ranks"));
-  if (o.budget.empty() && (o.expert_cache || !o.pin_from.empty()))
-    throw UsageError(
-        str(o.expert_cache ? flag_for(Setting::expert_cache) : flag_for(Setting::pin_from),
-            " sets how ", flag_for(Setting::expert_budget), " is served: give a budget too"));
-  if (!o.pin_from.empty() && !o.expert_cache)
-    throw UsageError(str(flag_for(Setting::pin_from), " pins experts in the expert cache: give ",
-                         flag_for(Setting::expert_cache), " lru|lfu"));
+  check_one_rank(o, world.get());
   if (o.expert_cache) {
     e.open_expert_cache(o);
   } else if (o.budget.empty()) {
