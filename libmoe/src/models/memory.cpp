@@ -36,8 +36,8 @@ double attention_matrices(const ModelConfig& c) {
 
 double parameter_lower_bound(const ModelConfig& c, double experts_share, double embedding_share) {
   const double V = double(c.vocab_size), D = double(c.d_model), F = double(c.d_ff);
-  // gpt: W1, W2; mixtral (SwiGLU): W1, W2, W3.
-  const double mlp = (flavour_of(c).activation == nn::Activation::swiglu ? 3 : 2) * D * F;
+  // gpt: W1, W2; gated activations (SwiGLU, the clamped SwiGLU): W1, W2, W3.
+  const double mlp = (moe::gated(flavour_of(c).activation) ? 3 : 2) * D * F;
   double n = embedding_share * V * D;                      // token embedding
   if (!c.tied_embeddings()) n += embedding_share * V * D;  // untied LM head
   for (int64_t l = 0; l < c.layers; ++l) {
@@ -110,7 +110,7 @@ double inference_activation_lower_bound(const ModelConfig& c, int64_t windows) {
   // (dispatched input, hidden (and gate), activation, output) of one block of tokens (MoELayer).
   double block = N * (D + q_width + 2 * kv_width);
   if (c.experts > 0 && c.top_k > 0) {
-    const double hidden = flavour_of(c).activation == nn::Activation::swiglu ? 3 : 2;
+    const double hidden = moe::gated(flavour_of(c).activation) ? 3 : 2;
     const double per_token = double(c.top_k) * (2 * D + hidden * F);
     const double tokens = double(nn::default_expert_block_tokens(c.top_k, c.d_model, c.d_ff));
     block += std::min(N, tokens) * per_token;

@@ -62,7 +62,7 @@ double attention_saved(const ModelConfig& c) {
 double activation_bytes_per_token(const ModelConfig& c) {
   const double a = double(dtype_size(c.dtype));
   const double D = double(c.d_model), T = double(c.seq);
-  const double hidden = flavour_of(c).activation == nn::Activation::swiglu ? 3 : 2;
+  const double hidden = moe::gated(flavour_of(c).activation) ? 3 : 2;
   double bytes = 0;
   for (int64_t l = 0; l < c.layers; ++l) {
     // two norm inputs and attention's rows; the [heads, T] probabilities in fp32

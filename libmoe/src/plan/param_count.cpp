@@ -41,10 +41,11 @@ double attention(const ModelConfig& c, const Flavour& f) {
   return n;
 }
 
-// A dense MLP of width F: w1, w2 (and SwiGLU's w3), each with its bias where the flavour has them.
+// A dense MLP of width F: w1, w2 (and a gated activation's w3), each with its bias where the
+// flavour has them.
 double mlp(const Flavour& f, double D, double F) {
-  const bool swiglu = f.activation == nn::Activation::swiglu;
-  return linear(D, F, f.bias) + linear(F, D, f.bias) + (swiglu ? linear(D, F, f.bias) : 0);
+  const bool w3 = moe::gated(f.activation);
+  return linear(D, F, f.bias) + linear(F, D, f.bias) + (w3 ? linear(D, F, f.bias) : 0);
 }
 
 // One block's parameters that are not an expert's.
@@ -56,6 +57,7 @@ double block_dense(const ModelConfig& c, const Flavour& f, int64_t layer) {
     n += mlp(f, D, double(E == 0 && c.dense_ff > 0 ? c.dense_ff : c.d_ff));
   if (E > 0) {
     n += double(E) * D;                             // the router
+    if (f.router_logit_bias) n += double(E);        // its logit bias (trained)
     if (c.router_selection_bias()) n += double(E);  // its selection bias (frozen, f32)
     if (c.router_center()) n += D;                  // its centre (frozen, f32)
     const double Fs = double(c.shared_expert_ff);
@@ -76,17 +78,18 @@ double ParamCounts::value_bytes(DType dtype) const {
   return (total() - frozen) * double(dtype_size(dtype)) + 4 * frozen;
 }
 
-ParamCounts param_counts(const ModelConfig& c) {
-  const Flavour f = flavour_of(c);
+ParamCounts param_counts(const ModelConfig& c) { return param_counts(c, flavour_of(c)); }
+
+ParamCounts param_counts(const ModelConfig& c, const Flavour& f) {
   const double V = double(c.vocab_size), D = double(c.d_model);
   ParamCounts p;
   p.dense = V * D + norm(f, D);                           // the token table, the final norm
   if (f.learned_positions) p.dense += double(c.seq) * D;  // GPT's position table
   if (!f.tied_head) p.dense += V * D;                     // the LM head
-  const bool swiglu = f.activation == nn::Activation::swiglu;
+  const bool w3 = moe::gated(f.activation);
   const double F = double(c.d_ff);
-  // w1, w2 (w3) and, with the flavour's biases, b1 [F] and b2 [D]
-  p.per_expert = (swiglu ? 3 : 2) * D * F + (f.bias ? F + D : 0);
+  // w1, w2 (a gated activation's w3) and, with the flavour's biases, b1 [F], b2 [D] (and b3 [F])
+  p.per_expert = (w3 ? 3 : 2) * D * F + (f.bias ? (w3 ? 2 : 1) * F + D : 0);
   for (int64_t l = 0; l < c.layers; ++l) {
     const double block = block_dense(c, f, l);
     p.dense += block;

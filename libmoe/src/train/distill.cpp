@@ -217,7 +217,8 @@ std::vector<io::NamedTensor> student_params(const ParamSet& teacher,
     const std::string rest = p->name.substr(dot + 1);
     const std::string name = blocks + std::to_string(it->second) + "." + rest;
     const std::vector<int64_t>& experts = plan.experts[it->second];
-    const bool per_expert = p->expert || rest == "moe.router.weight" || rest == "moe.router.bias";
+    const bool per_expert = p->expert || rest == "moe.router.weight" || rest == "moe.router.bias" ||
+                            rest == "moe.router.logit_bias";
     if (per_expert) {
       MOE_CHECK(p->value.dim(0) == teacher_config.experts_per_layer[layer], "teacher parameter ",
                 p->value.describe(), " of '", p->name, "' does not hold the ",

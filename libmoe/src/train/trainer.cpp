@@ -310,7 +310,7 @@ Trainer::Trainer(const ModelConfig& model, const TrainConfig& train, io::Provena
     balance::CostProfileSpec spec;
     spec.d_model = config.d_model;
     spec.d_ff = config.d_ff;
-    spec.gated = flavour_of(config).activation == nn::Activation::swiglu;
+    spec.gated = moe::gated(flavour_of(config).activation);
     spec.dtype_bytes = static_cast<int64_t>(dtype_size(config.dtype));
     spec.device = device;
     spec.comm_device = layout_->experts()->name() == "nccl" ? device : Device{};

@@ -21,6 +21,9 @@ struct Flavour {
   bool ungated_shared_expert = false;
   bool dense_layers = false;
   bool router_bias = false;
+  // A trained router logit bias (gpt-oss's router.bias; RouterConfig::logit_bias,
+  // moe.router.logit_bias [E]), unlike router_bias added to the logits and learned.
+  bool router_logit_bias = false;
   bool latent_attention = false;  // DeepSeek-V3's MLA in place of q/k/v (ModelConfig::mla())
 };
 

@@ -15,6 +15,10 @@
 #include "moe/plan/cluster.h"
 #include "moe/plan/layout.h"
 
+namespace moe {
+struct Flavour;  // moe/models/flavour.h
+}
+
 namespace moe::plan {
 
 // Bytes per parameter of each part of a parameter's training state.
@@ -47,6 +51,9 @@ struct ParamCounts {
   double value_bytes(DType dtype) const;
 };
 ParamCounts param_counts(const ModelConfig& config);  // config resolved
+// The same with `flavour` in place of flavour_of(config): a family's layer choices (gated
+// experts with biases, the router's logit bias) counted before a ModelConfig arch selects them.
+ParamCounts param_counts(const ModelConfig& config, const Flavour& flavour);
 
 // Experts whose state one rank holds, over every MoE layer: its E/ep share under static placement,
 // every expert under lpt (moe-train keeps all of them current on every rank), FlexMoE's default
