@@ -116,14 +116,15 @@ namespace moe {
   X(popularity, "--popularity")           \
   X(incremental, "--incremental")
 
-// moe-convert's conversions (dtype --to, quantize --type, partition --ranks, import-hf) and
-// moe-profile's paths.
+// moe-convert's conversions (dtype --to, quantize --type, partition --ranks, import-hf),
+// moe-profile's paths and moe-plan's calibration.
 #define MOE_CONVERT_SETTINGS(X)         \
   X(to_dtype, "--to")                   \
   X(quant_type, "--type")               \
   X(ranks, "--ranks")                   \
   X(allow_unmapped, "--allow-unmapped") \
-  X(path_length, "--path-length")
+  X(path_length, "--path-length")       \
+  X(calibrate_quick, "--quick")
 
 #define MOE_SETTINGS(X) \
   MOE_TRAIN_SETTINGS(X) \

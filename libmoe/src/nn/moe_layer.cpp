@@ -8,6 +8,7 @@
 #include "moe/ops/core.h"
 #include "moe/ops/dense.h"
 #include "moe/ops/moe.h"
+#include "moe/settings.h"
 #include "moe/timer.h"
 
 namespace moe::nn {
@@ -23,8 +24,8 @@ MoEConfig MoELayer::checked(const std::string& prefix, const MoEConfig& config,
   MoEConfig c = config;
   if (parallel && parallel->shards_experts()) {
     const int64_t E = config.experts.num_experts, P = parallel->ep_size();
-    MOE_USAGE_CHECK(E % P == 0, "moe layer ", prefix, ": its ", E,
-                    " experts do not divide over --ep ", P, " expert-parallel ranks");
+    MOE_USAGE_CHECK(E % P == 0, "moe layer ", prefix, ": its ", E, " experts do not divide over ",
+                    flag_for(Setting::ep), " ", P, " expert-parallel ranks");
     c.experts.global_experts = E;
     c.experts.num_experts = E / P;
     c.experts.first_expert = parallel->ep_rank() * (E / P);

@@ -13,6 +13,7 @@
 
 #include "moe/cuda.h"
 #include "moe/error.h"
+#include "moe/settings.h"
 #include "moe/threads.h"
 #include "moe/version.h"
 #include "plan/calibrate_measure.h"
@@ -210,7 +211,9 @@ Calibration calibrate(const CalibrateOptions& options) {
   run.out.notes.header = {
       str("measured by moe-plan calibrate on ", cpu, " at ", when),
       str("moe ", version(), " (", git_revision(), "), device ", options.device.str(), ", ",
-          num_threads(), " threads", options.quick ? ", --quick (small sizes)" : ""),
+          num_threads(), " threads",
+          options.quick ? str(", ", flag_for(Setting::calibrate_quick), " (small sizes)")
+                        : std::string()),
       "Rates are medians over repetitions, rounded to 4 digits; on a shared machine they are",
       "noisy: run it again to see how much. Values marked NOT MEASURED are defaults to replace."};
   return std::move(run.out);

@@ -13,6 +13,7 @@
 #include "moe/io/trace.h"
 #include "moe/offload/cache_sim.h"
 #include "moe/plan/offload_cache.h"
+#include "moe/settings.h"
 #include "plan/check.h"
 #include "plan/report_text.h"
 
@@ -92,7 +93,7 @@ TraceLoads read_trace_loads(const io::TraceReader& reader, const ModelConfig& co
 SearchInputs read_plan_inputs(const std::string& model, const std::string& trace,
                               const std::string& cluster, int64_t batch, int64_t seq,
                               TraceAccesses accesses) {
-  PLAN_CHECK(batch >= 1, "--batch must be >= 1");
+  PLAN_CHECK(batch >= 1, flag_for(Setting::batch), " must be >= 1");
   SearchInputs in;
   in.model_name = model;
   in.config = read_model(model);

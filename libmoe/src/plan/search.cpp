@@ -7,6 +7,7 @@
 #include "moe/error.h"
 #include "moe/io/trace.h"
 #include "moe/plan/offload_cache.h"
+#include "moe/settings.h"
 #include "plan/check.h"
 #include "plan/report_text.h"
 
@@ -70,7 +71,7 @@ std::string nothing_fits(const SearchResult& r, const Prediction& closest) {
              layout_text(closest.layout), ", needs ", human_bytes(closest.memory.need[t]), " of ",
              kTierNames[t], " memory per device against ", human_bytes(closest.memory.capacity[t]),
              " (short by ", human_bytes(closest.memory.shortfall(t)),
-             "): a cluster with more memory, more ranks, or a smaller --batch");
+             "): a cluster with more memory, more ranks, or a smaller ", flag_for(Setting::batch));
 }
 
 }  // namespace
