@@ -193,6 +193,23 @@ TEST_CASE("cli: resuming from a checkpoint continues exactly", "[cli]") {
   REQUIRE(r3.exit_code == 2);
   REQUIRE(r3.err.find("moe-train: error: --d-model 32 contradicts the checkpoint") !=
           std::string::npos);
+  // Flags whose config key is spelled otherwise (--router: router_scoring) or written only when
+  // set (--sliding-window, --tie-embeddings) are checked too, not silently dropped.
+  struct Contradiction {
+    std::string flags, message;
+  };
+  for (const Contradiction& c :
+       {Contradiction{" --router sigmoid",
+                      "--router \"sigmoid\" contradicts the checkpoint's \"softmax\""},
+        Contradiction{" --sliding-window 4", "--sliding-window 4 contradicts the checkpoint's off"},
+        Contradiction{" --tie-embeddings",
+                      "--tie-embeddings true contradicts the checkpoint's off"}}) {
+    auto r =
+        run_command(train("--resume " + a / "step-00000003.h5" + " --out " + b.path() + c.flags));
+    INFO(c.flags << ": " << r.err);
+    CHECK(r.exit_code == 2);
+    CHECK(r.err.find(c.message) != std::string::npos);
+  }
 }
 
 TEST_CASE("cli: bad input gives a clear error and exit code 1 or 2", "[cli]") {

@@ -26,7 +26,15 @@ std::string flag_key(const std::string& flag) {
   std::string key = flag.substr(2);
   for (char& c : key)
     if (c == '-') c = '_';
-  return key == "vocab" ? "vocab_size" : key;
+  if (key == "vocab") return "vocab_size";
+  if (key == "router") return "router_scoring";
+  return key;
+}
+
+// A model setting as a message shows it; keys written only when set (sliding_window,
+// tie_embeddings) are absent when off.
+std::string shown(const nlohmann::json& value) {
+  return value.is_null() ? std::string("off") : value.dump();
 }
 
 TrainConfig resumed_train(const io::Checkpoint& resume, const TrainConfig& given,
@@ -58,9 +66,11 @@ ModelConfig kept_model(const io::Checkpoint& ckpt, ModelConfig m, const GivenFla
         b[key] = a[key];
         continue;
       }
-      if (a.contains(key) && a[key] != b[key])
-        throw UsageError(str(flag, " ", a[key].dump(), " contradicts the checkpoint's ",
-                             b[key].dump(),
+      const nlohmann::json given = a.value(key, nlohmann::json()),
+                           saved_value = b.value(key, nlohmann::json());
+      if (given != saved_value)
+        throw UsageError(str(flag, " ", shown(given), " contradicts the checkpoint's ",
+                             shown(saved_value),
                              fresh ? str(" (", flag_for(Setting::init),
                                          " keeps the model whose weights it starts from)")
                                    : std::string(" (a resumed run keeps its model)")));
