@@ -216,12 +216,12 @@ int run_quantize(Options& o, const Argv& a) {
     error = str("max |error| ", num(report.max_error_over_scale), " of a block's scale");
   else
     error = str("RMS error ", num(report.rms_relative_error()), " of the RMS value",
-                report.tensors_kept ? str("; ", report.tensors_kept,
-                                          " kept unquantised: rows not whole blocks")
-                                    : std::string());
-  MOE_LOG_INFO("quantize ", o.type, ": ", report.tensors_quantized, " weight tensors (",
-               per_format, "), parameters ", report.bytes_before, " -> ", report.bytes_after,
-               " bytes (", error, ")", merged ? ", shards merged" : "", "; wrote ", o.out);
+                report.tensors_kept
+                    ? str("; ", report.tensors_kept, " kept unquantised: rows not whole blocks")
+                    : std::string());
+  MOE_LOG_INFO("quantize ", o.type, ": ", report.tensors_quantized, " weight tensors (", per_format,
+               "), parameters ", report.bytes_before, " -> ", report.bytes_after, " bytes (", error,
+               ")", merged ? ", shards merged" : "", "; wrote ", o.out);
   return 0;
 }
 
@@ -335,9 +335,9 @@ int run_export_gguf(Options& o, const Argv&) {
   const io::GgufExportSummary s = io::export_gguf(in, o.out, options);
   for (const std::string& f : s.fallbacks) MOE_LOG_WARN("export-gguf: ", f);
   MOE_LOG_INFO("exported ", s.tensors, " tensors (",
-               options.q4_k_m ? "q4_k_m" : io::gguf_type_name(options.type),
-               " matrices) and ", s.keys, " keys as GGUF v3 for llama.cpp",
-               merged ? ", shards merged" : "", "; wrote ", o.out, " (", s.bytes, " bytes)");
+               options.q4_k_m ? "q4_k_m" : io::gguf_type_name(options.type), " matrices) and ",
+               s.keys, " keys as GGUF v3 for llama.cpp", merged ? ", shards merged" : "",
+               "; wrote ", o.out, " (", s.bytes, " bytes)");
   return 0;
 }
 
@@ -352,8 +352,8 @@ int run_import_gguf(Options& o, const Argv& a) {
   for (const std::string& m : report.mapped) MOE_LOG_DEBUG("mapped: ", m);
   io::save_checkpoint(o.out, ckpt);
   MOE_LOG_INFO("imported a GGUF ", report.architecture, " model as ", report.family,
-               report.quantized ? " (" + report.recipe + " weights)" : "", ": ",
-               ckpt.params.size(), " parameter tensors; wrote ", o.out);
+               report.quantized ? " (" + report.recipe + " weights)" : "", ": ", ckpt.params.size(),
+               " parameter tensors; wrote ", o.out);
   return 0;
 }
 
@@ -376,20 +376,8 @@ void add_output(CLI::App* sub, Options& o, const char* what, bool file = true) {
   if (file) sub->add_flag("--force", o.force, "Replace an existing output file");
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{
-      "moe-convert: inspect, convert (dtype, freeze), re-shard (merge, partition) and "
-      "import/export Hugging Face checkpoints.",
-      "moe-convert"};
-  Options o;
-  tools::add_common_options(app, o.common, "moe-convert");
-  app.require_subcommand(1);
-  app.fallthrough();  // common flags (-q, --threads, ...) also after the subcommand
-
-  std::vector<Subcommand> subs;
-
+// inspect: what a checkpoint holds.
+void add_inspect_command(CLI::App& app, Options& o, std::vector<Subcommand>& subs) {
   auto* inspect =
       app.add_subcommand("inspect",
                          "Config, every tensor (dtype, shape, bytes, storage), parameter counts, "
@@ -401,7 +389,10 @@ int main(int argc, char** argv) {
       "Also read every tensor (checksums), check that shards fit together, and make every "
       "check moe-train --resume makes (tensors, shapes, optimizer state)");
   subs.push_back({inspect, run_inspect});
+}
 
+// dtype, freeze, quantize: one checkpoint into another.
+void add_conversion_commands(CLI::App& app, Options& o, std::vector<Subcommand>& subs) {
   auto* dtype = app.add_subcommand(
       "dtype", "Convert the parameters to another dtype (optimizer state stays fp32)");
   add_checkpoint_input(dtype, o);
@@ -410,34 +401,35 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"f32", "bf16", "f16"}));
   add_output(dtype, o, "Output checkpoint file");
   subs.push_back({dtype, run_dtype});
-
   auto* freeze = app.add_subcommand(
       "freeze", "An inference checkpoint: no optimizer or training state, experts per layer");
   add_checkpoint_input(freeze, o);
   add_output(freeze, o, "Output checkpoint file");
   subs.push_back({freeze, run_freeze});
-
   auto* quantize = app.add_subcommand(
       "quantize",
       "An inference checkpoint with the weight matrices quantised (q8_0: blocks of 32, one f16 "
       "scale each, int8 values; q4_k, q6_k, mxfp4, q4_k_m: llama.cpp's block formats): read by "
       "moe-infer only");
   add_checkpoint_input(quantize, o);
-  quantize->add_option("--type", o.type,
-                       "q8_0, or a llama.cpp block recipe: q4_k, q6_k, mxfp4, q4_k_m (q4_k with "
-                       "q6_k for the LM head and some layers' attention v and expert down)")
+  quantize
+      ->add_option("--type", o.type,
+                   "q8_0, or a llama.cpp block recipe: q4_k, q6_k, mxfp4, q4_k_m (q4_k with "
+                   "q6_k for the LM head and some layers' attention v and expert down)")
       ->capture_default_str()
       ->check(CLI::IsMember({"q8_0", "q4_k", "q6_k", "mxfp4", "q4_k_m"}));
   add_output(quantize, o, "Output checkpoint file");
   subs.push_back({quantize, run_quantize});
+}
 
+// merge, partition: between one file and expert-parallel shards.
+void add_reshard_commands(CLI::App& app, Options& o, std::vector<Subcommand>& subs) {
   auto* merge = app.add_subcommand(
       "merge", "A sharded checkpoint (its directory or every rank file) into one file");
   merge->add_option("shards", o.inputs, "Sharded checkpoint directory, or its rank-*.h5 files")
       ->required();
   add_output(merge, o, "Output checkpoint file");
   subs.push_back({merge, run_merge});
-
   auto* part = app.add_subcommand(
       "partition", "Shard a checkpoint for N expert-parallel ranks (moe-train's sharded layout)");
   add_checkpoint_input(part, o);
@@ -452,11 +444,14 @@ int main(int argc, char** argv) {
   part->add_flag("--force", o.force, "Replace an existing output directory");
   add_output(part, o, "Output directory (rank-<5 digits>.h5 files)", false);
   subs.push_back({part, run_partition});
+}
 
+// import-hf, export-hf: Hugging Face directories.
+void add_hf_commands(CLI::App& app, Options& o, std::vector<Subcommand>& subs) {
   auto* import = app.add_subcommand(
       "import-hf",
-      "A Hugging Face MoE checkpoint directory (config.json + *.safetensors; Mixtral, and "
-      "OLMoE / Qwen MoE where the mixtral flavour covers their math) into one checkpoint");
+      "A Hugging Face MoE checkpoint directory (config.json + *.safetensors: Mixtral, "
+      "Qwen2-MoE, Qwen3-MoE, OLMoE, GLM-4-MoE, DeepSeek-V2/V3) into one checkpoint");
   import->add_option("dir", o.inputs, "Hugging Face model directory")->required()->expected(1);
   import->add_flag("--allow-unmapped", o.allow_unmapped,
                    "Leave out source tensors that map to nothing (listed on stderr) instead of "
@@ -469,11 +464,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   add_output(import, o, "Output checkpoint file");
   subs.push_back({import, run_import_hf});
-
   auto* exporter = app.add_subcommand(
       "export-hf",
-      "A mixtral, qwen2_moe, qwen3_moe or olmoe checkpoint as a Hugging Face directory of that "
-      "family");
+      "A mixtral, qwen2_moe, qwen3_moe, olmoe, glm4_moe or deepseek_v3 checkpoint as a Hugging "
+      "Face directory of that family (a softmax-routed deepseek_v3 as deepseek_v2)");
   add_checkpoint_input(exporter, o);
   exporter
       ->add_option("--max-shard-size", o.max_shard_mb,
@@ -486,12 +480,15 @@ int main(int argc, char** argv) {
   exporter->add_flag("--force", o.force,
                      "Replace the files of an earlier export in the output directory");
   subs.push_back({exporter, run_export_hf});
+}
 
+// export-gguf, import-gguf: llama.cpp's files.
+void add_gguf_commands(CLI::App& app, Options& o, std::vector<Subcommand>& subs) {
   auto* gguf =
       app.add_subcommand("export-gguf",
-                         "A mixtral, qwen2_moe, qwen3_moe or olmoe checkpoint as a GGUF v3 file "
-                         "for llama.cpp (its llama (with experts), qwen2moe, qwen3moe or olmoe "
-                         "architecture)");
+                         "A mixtral, qwen2_moe, qwen3_moe, olmoe, glm4_moe or deepseek_v3 "
+                         "checkpoint as a GGUF v3 file for llama.cpp (its llama (with experts), "
+                         "qwen2moe, qwen3moe, olmoe, glm4moe or deepseek2 architecture)");
   add_checkpoint_input(gguf, o);
   gguf->add_option("--type", o.gguf_type,
                    "Type of the matrices: f32, f16, bf16, q8_0, q4_k, q6_k, mxfp4 or q4_k_m "
@@ -501,12 +498,11 @@ int main(int argc, char** argv) {
   gguf->add_option("--name", o.gguf_name, "general.name in the file (default: moe)");
   add_output(gguf, o, "Output .gguf file");
   subs.push_back({gguf, run_export_gguf});
-
   auto* import_gguf = app.add_subcommand(
       "import-gguf",
-      "A GGUF v3 file (llama.cpp's llama with experts, qwen2moe, qwen3moe or olmoe; f32, f16, "
-      "bf16, q8_0, q4_K, q6_K or MXFP4 tensors) into one checkpoint (quantised weights keep "
-      "their blocks)");
+      "A GGUF v3 file (llama.cpp's llama with experts, qwen2moe, qwen3moe, olmoe, glm4moe or "
+      "deepseek2; f32, f16, bf16, q8_0, q4_K, q6_K or MXFP4 tensors, deepseek2's latent "
+      "attention f32/f16/bf16) into one checkpoint (quantised weights keep their blocks)");
   import_gguf->add_option("file", o.inputs, "GGUF file")->required()->expected(1);
   import_gguf
       ->add_option("--max-seq", o.max_seq,
@@ -516,6 +512,26 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   add_output(import_gguf, o, "Output checkpoint file");
   subs.push_back({import_gguf, run_import_gguf});
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "moe-convert: inspect, convert (dtype, freeze), re-shard (merge, partition) and "
+      "import/export Hugging Face checkpoints.",
+      "moe-convert"};
+  Options o;
+  tools::add_common_options(app, o.common, "moe-convert");
+  app.require_subcommand(1);
+  app.fallthrough();  // common flags (-q, --threads, ...) also after the subcommand
+
+  std::vector<Subcommand> subs;
+  add_inspect_command(app, o, subs);
+  add_conversion_commands(app, o, subs);
+  add_reshard_commands(app, o, subs);
+  add_hf_commands(app, o, subs);
+  add_gguf_commands(app, o, subs);
 
   return tools::run_tool("moe-convert", app, argc, argv, [&]() -> int {
     tools::apply_common_options(o.common);

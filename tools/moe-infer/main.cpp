@@ -493,15 +493,8 @@ void add_engine_options(CLI::App* sub, Options& o) {
                   "it), else text is read as bytes (byte-level models)");
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"moe-infer: batch inference on files with an MoE checkpoint.", "moe-infer"};
-  Options o;
-  tools::add_common_options(app, o.common, "moe-infer");
-  app.require_subcommand(1);
-  app.fallthrough();  // common flags (-q, --threads, ...) also after the subcommand
-
+// score: its flags (the engine's, the data, --per-token, --ep).
+CLI::App* add_score_command(CLI::App& app, Options& o) {
   auto* sc = app.add_subcommand("score", "Log-likelihood and perplexity of every sequence");
   add_engine_options(sc, o);
   sc->add_option("--data", o.data, "Text or .u16/.u32 token file")->required();
@@ -539,6 +532,11 @@ int main(int argc, char** argv) {
                  "(moe-profile paths); every rank then holds every expert")
       ->check(CLI::ExistingFile);
 
+  return sc;
+}
+
+// generate: its flags (the engine's, the prompts, sampling).
+void add_generate_command(CLI::App& app, Options& o) {
   auto* gen = app.add_subcommand("generate", "Continue prompts (one per line, or JSON lines)");
   add_engine_options(gen, o);
   gen->add_option("--prompts", o.prompts, "Prompt file ('-' = stdin)")->required();
@@ -574,7 +572,10 @@ int main(int argc, char** argv) {
                   "context - max-new tokens, and say so)")
       ->check(CLI::IsMember({"none", "left"}))
       ->capture_default_str();
+}
 
+// loglikelihood: its flags (the engine's, the requests).
+CLI::App* add_loglikelihood_command(CLI::App& app, Options& o) {
   auto* ll = app.add_subcommand(
       "loglikelihood",
       "lm-evaluation-harness requests: the log-probability of each continuation given its "
@@ -587,38 +588,52 @@ int main(int argc, char** argv) {
   ll->add_flag("--rolling", o.rolling,
                "loglikelihood_rolling: each text's whole log-likelihood, in windows of the "
                "model's context");
+  return ll;
+}
 
-  return tools::run_tool(
-      "moe-infer", app, argc, argv,
-      [&]() -> int {
-        tools::apply_common_options(o.common);
-        // MPI when started by mpiexec/srun, else one local process.
-        std::unique_ptr<comm::Communicator> world = comm::make_world();
-        const bool many = world->size() > 1;
-        if (many && world->rank() != 0) o.common.quiet = true;
-        try {
-          if (world->rank() == 0) {  // rank 0 writes: an existing file only with --force
-            io::check_output_stream(o.out, o.force);
-            io::check_output_stream(o.summary, o.force);
-          }
-          // Only score spreads experts over ranks (--ep): the others would be told to give an
-          // --ep they do not have.
-          if (many && !*sc)
-            throw UsageError(str("moe-infer ", *ll ? "loglikelihood" : "generate",
-                                 " runs in one process (this job has ", world->size(),
-                                 " ranks): start it without mpiexec; --ep (experts over "
-                                 "ranks) is score's"));
-          if (*ll) return loglikelihood(o, std::move(world));
-          return *sc ? score(o, std::move(world)) : generate(o, std::move(world));
-        } catch (const std::exception& ex) {
+// The chosen subcommand, on one process or every rank of an mpiexec job.
+int run(Options& o, const CLI::App& sc, const CLI::App& ll) {
+  tools::apply_common_options(o.common);
+  // MPI when started by mpiexec/srun, else one local process.
+  std::unique_ptr<comm::Communicator> world = comm::make_world();
+  const bool many = world->size() > 1;
+  if (many && world->rank() != 0) o.common.quiet = true;
+  try {
+    if (world->rank() == 0) {  // rank 0 writes: an existing file only with --force
+      io::check_output_stream(o.out, o.force);
+      io::check_output_stream(o.summary, o.force);
+    }
+    // Only score spreads experts over ranks (--ep): the others would be told to give an
+    // --ep they do not have.
+    if (many && !sc)
+      throw UsageError(str("moe-infer ", ll ? "loglikelihood" : "generate",
+                           " runs in one process (this job has ", world->size(),
+                           " ranks): start it without mpiexec; --ep (experts over "
+                           "ranks) is score's"));
+    if (ll) return loglikelihood(o, std::move(world));
+    return sc ? score(o, std::move(world)) : generate(o, std::move(world));
+  } catch (const std::exception& ex) {
 #ifdef MOE_HAVE_MPI
-          // One rank failing must end every rank, not leave them waiting in a collective.
-          if (many)
-            comm::abort_job(str("moe-infer: error: ", ex.what()),
-                            dynamic_cast<const UsageError*>(&ex) ? 2 : 1);
+    // One rank failing must end every rank, not leave them waiting in a collective.
+    if (many)
+      comm::abort_job(str("moe-infer: error: ", ex.what()),
+                      dynamic_cast<const UsageError*>(&ex) ? 2 : 1);
 #endif
-          throw;
-        }
-      },
-      tools::Scope::job);
+    throw;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"moe-infer: batch inference on files with an MoE checkpoint.", "moe-infer"};
+  Options o;
+  tools::add_common_options(app, o.common, "moe-infer");
+  app.require_subcommand(1);
+  app.fallthrough();  // common flags (-q, --threads, ...) also after the subcommand
+  CLI::App* sc = add_score_command(app, o);
+  add_generate_command(app, o);
+  CLI::App* ll = add_loglikelihood_command(app, o);
+  return tools::run_tool(
+      "moe-infer", app, argc, argv, [&]() -> int { return run(o, *sc, *ll); }, tools::Scope::job);
 }

@@ -209,16 +209,8 @@ void add_force(CLI::App* sub, Options& o) {
   sub->add_flag("--force", o.force, "Replace an existing output file");
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"moe-profile: record, summarise and model which experts the tokens take.",
-               "moe-profile"};
-  Options o;
-  tools::add_common_options(app, o.common, "moe-profile");
-  app.require_subcommand(1);
-  app.fallthrough();  // common flags (-q, --threads, ...) also after the subcommand
-
+// record: the model, the data and how it runs.
+CLI::App* add_record_command(CLI::App& app, Options& o) {
   auto* rec = app.add_subcommand("record", "Run the model over a file and record its routing");
   rec->add_option("--model", o.model,
                   "Checkpoint file, or a moe-train output directory (its last.h5)")
@@ -241,6 +233,20 @@ int main(int argc, char** argv) {
   rec->add_option("--max-tokens", o.max_tokens, "Stop after about this many tokens (0 = the file)")
       ->check(tools::non_negative())
       ->capture_default_str();
+  return rec;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"moe-profile: record, summarise and model which experts the tokens take.",
+               "moe-profile"};
+  Options o;
+  tools::add_common_options(app, o.common, "moe-profile");
+  app.require_subcommand(1);
+  app.fallthrough();  // common flags (-q, --threads, ...) also after the subcommand
+
+  CLI::App* rec = add_record_command(app, o);
 
   auto* sum = app.add_subcommand("summary", "Per-layer expert popularity as TSV (or JSON)");
   sum->add_option("trace", o.trace, "Trace file ('-' = stdin)")->required();
