@@ -6,11 +6,12 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "support/json_lines.h"
 #include "support/run.h"
 
 using namespace moe;
 using nlohmann::json;
-using test::lines_of;
+using test::json_lines;
 using test::run_command;
 using test::tool;
 
@@ -25,12 +26,6 @@ struct Model {
 Model& model() {
   static Model m;
   return m;
-}
-
-std::vector<json> json_lines(const std::string& text) {
-  std::vector<json> out;
-  for (const std::string& line : lines_of(text)) out.push_back(json::parse(line));
-  return out;
 }
 
 test::RunResult infer(const std::string& args) {

@@ -13,21 +13,16 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "support/json_lines.h"
 #include "support/run.h"
 
 using namespace moe;
 using nlohmann::json;
-using test::lines_of;
+using test::json_lines;
 using test::run_command;
 using test::tool;
 
 namespace {
-
-std::vector<json> json_lines(const std::string& text) {
-  std::vector<json> out;
-  for (const std::string& line : lines_of(text)) out.push_back(json::parse(line));
-  return out;
-}
 
 std::string mpiexec(int ranks, const std::string& command) {
   return "OMP_NUM_THREADS=1 timeout 120 mpiexec -n " + std::to_string(ranks) + " " + command;

@@ -17,11 +17,12 @@
 #include "moe/io/checkpoint.h"
 #include "moe/models/memory.h"
 #include "moe/nn/attention.h"
+#include "support/json_lines.h"
 #include "support/run.h"
 
 using namespace moe;
 using nlohmann::json;
-using test::lines_of;
+using test::json_lines;
 using test::run_command;
 using test::tool;
 
@@ -38,12 +39,6 @@ const std::string kTiny =
 const std::string kYarn =
     " --rope-scaling yarn --rope-factor 2 --original-max-position-embeddings 8"
     " --beta-fast 32 --beta-slow 1 --mscale 1 --mscale-all-dim 1";
-
-std::vector<json> json_lines(const std::string& text) {
-  std::vector<json> out;
-  for (const std::string& line : lines_of(text)) out.push_back(json::parse(line));
-  return out;
-}
 
 // The uncached forward's greedy continuation of `ids` by `n` tokens (Transformer::logits over the
 // whole sequence each step), with the cached path (a prefill of `ids`, then one token a step
