@@ -1,5 +1,6 @@
 // Hugging Face export (see moe/io/hf_checkpoint.h and docs/FORMATS.md): a model of the mixtral,
-// qwen2_moe, qwen3_moe or olmoe flavour as config.json (that family's keys) + model.safetensors
+// qwen2_moe, qwen3_moe, olmoe, glm4_moe or deepseek_v3 flavour (a softmax-routed deepseek_v3 as
+// deepseek_v2) as config.json (that family's keys) + model.safetensors
 // (or shards named by model.safetensors.index.json) with the family's tensor names, each file
 // written atomically.
 // Shape letters: V vocabulary, D hidden size, F expert hidden width, Fs shared expert hidden
