@@ -25,6 +25,17 @@ bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
+// A checkpoint's or a JSON file's model config, resolved; `path` names it in the error.
+ModelConfig resolved_config(const nlohmann::json& j, const std::string& path) {
+  try {
+    ModelConfig c = model_config_from_json(j);
+    c.resolve();
+    return c;
+  } catch (const Error& e) {
+    throw Error(str(path, ": not a model config: ", e.what()));
+  }
+}
+
 // A JSON file: our model config, moe-convert inspect --json's report of a checkpoint, or a
 // Hugging Face config.json (it has model_type where ours has arch).
 ModelConfig read_json_model(const std::string& path) {
@@ -40,13 +51,7 @@ ModelConfig read_json_model(const std::string& path) {
       !j.contains("model_config"))
     return io::hf_model_config(path);
   if (j.is_object() && j.contains("model_config")) j = j["model_config"];  // moe-convert inspect
-  try {
-    ModelConfig c = model_config_from_json(j);
-    c.resolve();
-    return c;
-  } catch (const Error& e) {
-    throw Error(str(path, ": not a model config: ", e.what()));
-  }
+  return resolved_config(j, path);
 }
 
 }  // namespace
@@ -57,13 +62,7 @@ ModelConfig read_model(const std::string& path) {
   io::check_input_file(path, "model");
   if (ends_with(path, ".json")) return read_json_model(path);
   const nlohmann::json j = io::read_model_config(path);
-  try {
-    ModelConfig c = model_config_from_json(j);
-    c.resolve();
-    return c;
-  } catch (const Error& e) {
-    throw Error(str(path, ": not a model config: ", e.what()));
-  }
+  return resolved_config(j, path);
 }
 
 TraceLoads read_trace_loads(const io::TraceReader& reader, const ModelConfig& config) {
