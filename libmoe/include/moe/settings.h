@@ -94,6 +94,8 @@ namespace moe {
   X(capacity_factor, "--capacity-factor")     \
   X(router_jitter, "--router-jitter")         \
   X(norm_eps, "--norm-eps")                   \
+  X(swiglu_alpha, "--swiglu-alpha")           \
+  X(swiglu_limit, "--swiglu-limit")           \
   X(dtype, "--dtype")
 
 // moe-train's output and the finer layout and expert-cache settings.

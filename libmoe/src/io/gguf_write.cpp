@@ -314,7 +314,10 @@ void write_glm4moe_keys(Header& h, const ModelConfig& mc) {
 
 GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
                               const GgufExportOptions& options) {
-  const LlamaArch arch = llama_arch(model_config_from_json(ckpt.model_config).arch);
+  const Arch family = model_config_from_json(ckpt.model_config).arch;
+  if (family == Arch::gpt_oss)
+    throw Error("GGUF export does not write gpt_oss yet (llama.cpp's gpt-oss is planned)");
+  const LlamaArch arch = llama_arch(family);
   ExportModel m(ckpt, "GGUF export", str("llama.cpp's ", arch.name, " architecture"));
   const ModelConfig& mc = m.config();
   if (arch.glm) check_glm4moe(mc);

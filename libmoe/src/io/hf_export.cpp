@@ -560,6 +560,8 @@ class CreatedDir {
 
 void export_hf(const Checkpoint& ckpt, const std::string& dir, const HfExportOptions& options) {
   const ModelConfig peek = model_config_from_json(ckpt.model_config);
+  if (peek.arch == Arch::gpt_oss)
+    throw Error("Hugging Face export does not write gpt_oss yet (HF GptOss is planned)");
   ExportModel m(ckpt, "Hugging Face export", hf_model_name(peek));
   const ModelConfig& mc = m.config();
   if (mc.arch == Arch::mixtral && !mc.normalize_topk)

@@ -22,7 +22,8 @@ constexpr struct {
               {Arch::qwen3_moe, "qwen3_moe"},
               {Arch::olmoe, "olmoe"},
               {Arch::glm4_moe, "glm4_moe"},
-              {Arch::deepseek_v3, "deepseek_v3"}};
+              {Arch::deepseek_v3, "deepseek_v3"},
+              {Arch::gpt_oss, "gpt_oss"}};
 }  // namespace
 
 Arch parse_arch(const std::string& name) {
@@ -30,7 +31,8 @@ Arch parse_arch(const std::string& name) {
     if (name == a.name) return a.arch;
   throw UsageError(
       str("unknown ", flag_for(Setting::arch), " '", name,
-          "' (expected gpt, mixtral, qwen2_moe, qwen3_moe, olmoe, glm4_moe or deepseek_v3)"));
+          "' (expected gpt, mixtral, qwen2_moe, qwen3_moe, olmoe, glm4_moe, deepseek_v3 or "
+          "gpt_oss)"));
 }
 
 const char* arch_name(Arch arch) {
@@ -165,6 +167,32 @@ void ModelConfig::validate_window() const {
                   "a sliding window is not deepseek_v3's: its latent attention has none");
 }
 
+void ModelConfig::validate_swiglu() const {
+  // Bounded as a float (SwigluClamp holds them so): a larger limit would overflow to inf.
+  auto bounded = [](double v) { return std::isfinite(v) && v > 0 && v <= 3.0e38; };
+  MOE_USAGE_CHECK(bounded(swiglu_alpha), flag_for(Setting::swiglu_alpha),
+                  " (the clamped SwiGLU's sigmoid slope) must be a finite number > 0 (got ",
+                  swiglu_alpha, ")");
+  MOE_USAGE_CHECK(bounded(swiglu_limit), flag_for(Setting::swiglu_limit),
+                  " (the clamped SwiGLU's clamp) must be a finite number > 0 (got ", swiglu_limit,
+                  ")");
+  const ModelConfig defaults;
+  MOE_USAGE_CHECK(arch == Arch::gpt_oss || (swiglu_alpha == defaults.swiglu_alpha &&
+                                            swiglu_limit == defaults.swiglu_limit),
+                  flag_for(Setting::swiglu_alpha), " and ", flag_for(Setting::swiglu_limit),
+                  " are gpt_oss's (its clamped SwiGLU); ", flag_for(Setting::arch), " ",
+                  arch_name(arch), "'s experts do not clamp");
+  if (arch != Arch::gpt_oss) return;
+  // Its clamped SwiGLU is an expert activation only (nn/mlp.cpp, nn/moe_layer.cpp refuse it).
+  for (int64_t i = 0; i < layers && i < int64_t(experts_per_layer.size()); ++i)
+    MOE_USAGE_CHECK(experts_per_layer[size_t(i)] > 0, "gpt_oss has experts in every layer; layer ",
+                    i, " is dense (give ", flag_for(Setting::moe_every), " 1)");
+  MOE_USAGE_CHECK(
+      !residual_moe && shared_expert_ff == 0, "gpt_oss has no ",
+      residual_moe ? flag_for(Setting::residual_moe) : flag_for(Setting::shared_expert_ff),
+      ": its clamped SwiGLU is its routed experts' alone");
+}
+
 namespace {
 
 // The heads' shape: head_dim and kv_heads against d_model, heads and the architecture.
@@ -217,6 +245,7 @@ void ModelConfig::validate() const {
   validate_mla();
   validate_rope();
   validate_window();
+  validate_swiglu();
   check_attention(*this);
   MOE_USAGE_CHECK(shared_expert_ff >= 0, flag_for(Setting::shared_expert_ff),
                   " must be >= 0 (0 = none; got ", shared_expert_ff, ")");
@@ -323,6 +352,10 @@ nlohmann::json to_json(const ModelConfig& c) {
   if (c.sliding_window > 0) j["sliding_window"] = c.sliding_window;
   if (!c.window_layers.empty()) j["window_layers"] = c.window_layers;
   if (c.tie_embeddings) j["tie_embeddings"] = true;
+  if (c.arch == Arch::gpt_oss) {  // the other families' files stay as they were
+    j["swiglu_alpha"] = c.swiglu_alpha;
+    j["swiglu_limit"] = c.swiglu_limit;
+  }
   if (c.rope_type == RopeType::yarn) {
     j["rope_type"] = rope_type_name(c.rope_type);
     j["yarn"] = {{"factor", c.yarn.factor},
@@ -383,6 +416,8 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
     c.sliding_window = j.value("sliding_window", int64_t{0});
     c.window_layers = j.value("window_layers", std::vector<int64_t>{});
     c.tie_embeddings = j.value("tie_embeddings", false);
+    c.swiglu_alpha = j.value("swiglu_alpha", c.swiglu_alpha);
+    c.swiglu_limit = j.value("swiglu_limit", c.swiglu_limit);
     c.rope_type = parse_rope_type(j.value("rope_type", std::string("none")));
     if (c.rope_type == RopeType::yarn) {
       const nlohmann::json& y = j.at("yarn");

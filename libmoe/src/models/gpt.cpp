@@ -33,6 +33,8 @@ Flavour family_flavour(const ModelConfig& config) {
       return glm4_moe_flavour(config);
     case Arch::deepseek_v3:
       return deepseek_v3_flavour(config);
+    case Arch::gpt_oss:
+      return gpt_oss_flavour(config);
   }
   return mixtral_flavour(config);
 }

@@ -50,6 +50,10 @@ nn::BlockConfig block_config(const ModelConfig& config, const Flavour& flavour, 
   b.router_group_topk = config.router_group_topk;
   b.router_gate_scale = config.routed_scale;
   b.window = config.window_of(index);
+  b.sinks = flavour.sinks;
+  b.router_logit_bias = flavour.router_logit_bias;
+  b.clamp =
+      SwigluClamp{static_cast<float>(config.swiglu_alpha), static_cast<float>(config.swiglu_limit)};
   if (config.mla())
     b.mla = nn::MlaConfig{config.q_lora_rank, config.kv_lora_rank, config.qk_nope_dim,
                           config.qk_rope_dim, config.v_head_dim};

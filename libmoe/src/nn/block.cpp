@@ -37,6 +37,7 @@ Block::Block(ParamSet& ps, const BlockConfig& config, int64_t index, const Paral
   ac.rope_dim = config.rope_dim;
   ac.mla = config.mla;
   ac.window = config.window;
+  ac.sinks = config.sinks;
   ac.init_std = init_std;
   ac.out_init_std = out_std;
   attn_ = std::make_unique<Attention>(ps, prefix + ".attn", ac);
@@ -67,6 +68,7 @@ Block::Block(ParamSet& ps, const BlockConfig& config, int64_t index, const Paral
     moe.router.groups = config.router_groups;
     moe.router.group_topk = config.router_group_topk;
     moe.router.gate_scale = static_cast<float>(config.router_gate_scale);
+    moe.router.logit_bias = config.router_logit_bias;
     // Switch Transformer's router scale: normal(sqrt(0.1 / D)). The router reads a normalised
     // (unit-RMS) stream, so its logits start with std ~sqrt(0.1) at every width; a fixed 0.02
     // gives 0.02 sqrt(D) (0.45 at D 512), sharper gates the wider the model. It does not change
@@ -77,6 +79,7 @@ Block::Block(ParamSet& ps, const BlockConfig& config, int64_t index, const Paral
     moe.experts.d_ff = config.d_ff;
     moe.experts.activation = config.activation;
     moe.experts.bias = config.bias;
+    moe.experts.clamp = config.clamp;
     moe.experts.init_std = init_std;
     moe.experts.out_init_std = out_std;
     moe.block = index;

@@ -38,6 +38,7 @@ double attention(const ModelConfig& c, const Flavour& f) {
   }
   if (f.qk_norm == nn::QkNorm::head) n += 2 * hd;
   if (f.qk_norm == nn::QkNorm::full) n += (H + KV) * hd;
+  if (f.sinks) n += H;  // a sink logit a head (f32)
   return n;
 }
 
@@ -66,6 +67,11 @@ double block_dense(const ModelConfig& c, const Flavour& f, int64_t layer) {
   return n;
 }
 
+// The trained values a block keeps f32 in every dtype: the attention sinks.
+double f32_trained_of_block(const ModelConfig& c, const Flavour& f) {
+  return f.sinks ? double(c.heads) : 0;
+}
+
 double frozen_of_block(const ModelConfig& c, int64_t layer) {
   const int64_t E = c.experts_per_layer.at(size_t(layer));
   if (E == 0) return 0;
@@ -75,7 +81,8 @@ double frozen_of_block(const ModelConfig& c, int64_t layer) {
 }  // namespace
 
 double ParamCounts::value_bytes(DType dtype) const {
-  return (total() - frozen) * double(dtype_size(dtype)) + 4 * frozen;
+  const double f32 = frozen + f32_trained;
+  return (total() - f32) * double(dtype_size(dtype)) + 4 * f32;
 }
 
 ParamCounts param_counts(const ModelConfig& c) { return param_counts(c, flavour_of(c)); }
@@ -95,6 +102,7 @@ ParamCounts param_counts(const ModelConfig& c, const Flavour& f) {
     p.dense += block;
     p.block_dense = std::max(p.block_dense, block);
     p.frozen += frozen_of_block(c, l);
+    p.f32_trained += f32_trained_of_block(c, f);
     p.experts += c.experts_per_layer.at(size_t(l));
   }
   p.moe_layers = c.num_moe_layers();

@@ -15,9 +15,10 @@ namespace moe {
 // untied head): qwen2_moe (q/k/v biases, gated shared expert), qwen3_moe (per-head qk-norm),
 // olmoe (full-width qk-norm), glm4_moe (partial RoPE, ungated shared experts, first layers dense,
 // sigmoid router with a selection bias and group-limited top-k), deepseek_v3 (DeepSeek-V2/V3:
-// glm4_moe's MoE layers with Multi-head Latent Attention). One file per family under models/ says
-// what differs.
-enum class Arch { gpt, mixtral, qwen2_moe, qwen3_moe, olmoe, glm4_moe, deepseek_v3 };
+// glm4_moe's MoE layers with Multi-head Latent Attention), gpt_oss (OpenAI gpt-oss: biases
+// everywhere, attention sinks, the clamped SwiGLU, a router logit bias, softmax over the top-k).
+// One file per family under models/ says what differs.
+enum class Arch { gpt, mixtral, qwen2_moe, qwen3_moe, olmoe, glm4_moe, deepseek_v3, gpt_oss };
 Arch parse_arch(const std::string& name);  // UsageError naming the accepted values
 const char* arch_name(Arch arch);
 nn::RouterScoring parse_router_scoring(const std::string& name);  // softmax | sigmoid
@@ -101,6 +102,9 @@ struct ModelConfig {
   // The LM head reads the token embedding (tie_word_embeddings): one parameter, whose gradient
   // sums the embedding's and the head's. gpt always ties; the other families when this is set.
   bool tie_embeddings = false;
+  // gpt_oss's clamped SwiGLU (HF swiglu_alpha, swiglu_limit; SwigluClamp): the sigmoid's slope
+  // and the clamp of gate and up. Read by gpt_oss alone; the other families keep the defaults.
+  double swiglu_alpha = 1.702, swiglu_limit = 7.0;
 
   int64_t kv_heads_resolved() const { return kv_heads ? kv_heads : heads; }
   // The q/k head width (latent attention: qk_nope_dim + qk_rope_dim).
@@ -141,6 +145,7 @@ struct ModelConfig {
   void validate_mla() const;     // the latent attention's fields (deepseek_v3's alone)
   void validate_rope() const;    // rope_type and yarn
   void validate_window() const;  // sliding_window and window_layers
+  void validate_swiglu() const;  // swiglu_alpha and swiglu_limit
 };
 
 nlohmann::json to_json(const ModelConfig& config);

@@ -25,6 +25,8 @@ struct Flavour {
   // moe.router.logit_bias [E]), unlike router_bias added to the logits and learned.
   bool router_logit_bias = false;
   bool latent_attention = false;  // DeepSeek-V3's MLA in place of q/k/v (ModelConfig::mla())
+  // Attention sinks (gpt-oss's self_attn.sinks; AttentionConfig::sinks, attn.sinks [H] f32).
+  bool sinks = false;
 };
 
 Flavour gpt_flavour(const ModelConfig& config);          // models/gpt.cpp
@@ -34,6 +36,7 @@ Flavour qwen3_moe_flavour(const ModelConfig& config);    // models/qwen3_moe.cpp
 Flavour olmoe_flavour(const ModelConfig& config);        // models/olmoe.cpp
 Flavour glm4_moe_flavour(const ModelConfig& config);     // models/glm4_moe.cpp
 Flavour deepseek_v3_flavour(const ModelConfig& config);  // models/deepseek_v3.cpp
+Flavour gpt_oss_flavour(const ModelConfig& config);      // models/gpt_oss.cpp
 Flavour flavour_of(const ModelConfig& config);
 
 }  // namespace moe

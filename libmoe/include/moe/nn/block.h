@@ -47,8 +47,11 @@ struct BlockConfig {
   bool router_center = false;                        // MoE blocks: RouterConfig::center
   int64_t router_groups = 1, router_group_topk = 1;  // RouterConfig::groups, group_topk
   double router_gate_scale = 1.0;                    // RouterConfig::gate_scale
-  MlaConfig mla;       // latent attention (AttentionConfig::mla) when mla.enabled()
-  int64_t window = 0;  // sliding window (AttentionConfig::window); 0 = none
+  MlaConfig mla;                   // latent attention (AttentionConfig::mla) when mla.enabled()
+  int64_t window = 0;              // sliding window (AttentionConfig::window); 0 = none
+  bool sinks = false;              // attention sinks (AttentionConfig::sinks)
+  bool router_logit_bias = false;  // MoE blocks: RouterConfig::logit_bias
+  SwigluClamp clamp = {};          // the experts' swiglu_clamped (ExpertsConfig::clamp)
 };
 
 class Block {

@@ -42,12 +42,13 @@ double dense_state_bytes(double dense_params, const StateBytes& b, int stage, in
 struct ParamCounts {
   double dense = 0;        // P: every parameter that is not an expert's
   double frozen = 0;       // of P: routers' selection biases and centres (f32, no optimizer state)
+  double f32_trained = 0;  // of P: trained values kept f32 in any dtype (gpt-oss's attention sinks)
   double per_expert = 0;   // Pe: one expert's weights and biases
   int64_t experts = 0;     // every expert of every MoE layer
   int64_t moe_layers = 0;  // L
   double block_dense = 0;  // the largest block's dense parameters (ZeRO 3 gathers one)
   double total() const { return dense + per_expert * double(experts); }
-  // Bytes of every stored value: `dtype`, the frozen ones f32 (the ParamSet's values).
+  // Bytes of every stored value: `dtype`, the frozen ones and f32_trained f32 (the ParamSet's).
   double value_bytes(DType dtype) const;
 };
 ParamCounts param_counts(const ModelConfig& config);  // config resolved
