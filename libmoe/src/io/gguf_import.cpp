@@ -494,14 +494,15 @@ std::string recipe_of(const std::set<std::string>& formats) {
 }
 
 // A file with 4- or 6-bit weight matrices: every weight matrix the file holds in blocks (q8_0
-// among them) keeps its bytes (tensor_formats); the others keep their floats. Returns the recipe.
+// among them) keeps its bytes (tensor_formats); the others keep their floats, as does deepseek2's
+// attn_k_b, transposed per head (gguf_import_deepseek2.h). Returns the recipe.
 std::string plan_blocks(const GgufFile& f, std::vector<GgufTensorPlan>& plan,
                         nlohmann::json& formats) {
   std::set<std::string> used;
   formats = nlohmann::json::object();
   for (GgufTensorPlan& t : plan) {
     const GgufType type = f.tensor(t.gguf).type;
-    if (!is_blocked(type) || !block_weight(t)) continue;
+    if (!is_blocked(type) || !block_weight(t) || t.head_transpose) continue;
     t.block_format = cpu::block_format_name(block_format_of(type));
     formats[t.ours] = t.block_format;
     used.insert(t.block_format);
@@ -517,12 +518,13 @@ std::string plan_quantization(const GgufFile& f, std::vector<GgufTensorPlan>& pl
   bool q8 = false;
   for (const GgufTensorPlan& t : plan) {
     const GgufType type = f.tensor(t.gguf).type;
-    if (is_block_type(type) && block_weight(t)) return plan_blocks(f, plan, formats);
-    q8 |= quantizable(t.ours, t.shape) && type == GgufType::q8_0;
+    if (is_block_type(type) && block_weight(t) && !t.head_transpose)
+      return plan_blocks(f, plan, formats);
+    q8 |= quantizable(t.ours, t.shape) && type == GgufType::q8_0 && !t.head_transpose;
   }
   if (!q8) return "";
   for (GgufTensorPlan& t : plan) {
-    t.q8_rows = quantizable(t.ours, t.shape);
+    t.q8_rows = quantizable(t.ours, t.shape) && !t.head_transpose;
     if (t.q8_rows && f.tensor(t.gguf).type != GgufType::q8_0)
       rep.notes.push_back(str(t.gguf, " (", gguf_type_name(f.tensor(t.gguf).type),
                               ") quantised to Q8_0 as moe-convert quantize would"));
@@ -638,6 +640,7 @@ Tensor block_tensor(const GgufFile& f, const GgufTensorPlan& t, int64_t hd) {
   const int64_t in = t.shape.back(), rows = shape_numel(t.shape) / in;
   const int64_t row_bytes = cpu::block_row_bytes(format, in), bytes_per = cpu::block_bytes(format);
   std::vector<uint8_t> bytes = read_gguf_tensor_bytes(f, t.gguf);
+  if (!t.rows.empty()) bytes = gguf::pick_row_bytes(bytes, t.rows, size_t(row_bytes));
   if (format == cpu::BlockFormat::q8_0) {
     (void)q8_blocks_to_rows(where, bytes.data(), rows, in);
   } else {
@@ -703,9 +706,9 @@ GgufImportPlan plan_gguf_import(const std::string& path, const GgufImportOptions
   const int64_t skipped = k.integer(str(arch.name, ".block_count")) - mc.layers;
   match_tensors(plan.file, plan.tensors, mc.layers, skipped, rep);
   refuse_wide_blocks(plan.file, plan.tensors);
-  gguf::refuse_rearranged_blocks(plan.file, plan.tensors);
   nlohmann::json formats;
   rep.recipe = plan_quantization(plan.file, plan.tensors, formats, rep);
+  gguf::note_dequantised(plan.file, plan.tensors, rep);
   rep.quantized = !rep.recipe.empty();
   mc.dtype = choose_dtype(plan.file, plan.tensors, rep);
   plan.config = mc;
@@ -723,7 +726,8 @@ NamedTensor import_gguf_tensor(const GgufImportPlan& plan, const GgufTensorPlan&
   const int64_t in = t.shape.back(), rows = info.numel() / in;
   const int64_t hd = plan.config.head_dim_resolved();
   Tensor out;
-  if (!t.rows.empty() || t.head_transpose) {  // deepseek2's latent attention, from its floats
+  const bool floats = t.block_format.empty() && !t.q8_rows;
+  if (floats && (!t.rows.empty() || t.head_transpose)) {  // deepseek2's latent attention
     out = Tensor::from_vector(t.shape, gguf::deepseek2_values(t, read_gguf_tensor(f, t.gguf)));
     out = out.to(stored_dtype(t, plan.config.dtype));
     check_finite(str("'", f.path, "'"), t.gguf, out);
@@ -739,6 +743,7 @@ NamedTensor import_gguf_tensor(const GgufImportPlan& plan, const GgufTensorPlan&
       bytes = quantized_rows(where, values, rows, in);
     }
     if (t.rope_heads) unpermute_rows(bytes, t.rope_heads, hd, size_t(cpu::q8_row_bytes(in)));
+    if (!t.rows.empty()) bytes = gguf::pick_row_bytes(bytes, t.rows, size_t(cpu::q8_row_bytes(in)));
     Shape shape = t.shape;
     shape.back() = cpu::q8_row_bytes(in);
     out = tensor_of(shape, DType::u8, bytes);

@@ -8,6 +8,7 @@
 #include "io/gguf_import_deepseek2.h"
 
 #include <algorithm>
+#include <map>
 #include <utility>
 
 #include "io/gguf_blocks.h"
@@ -162,16 +163,29 @@ std::vector<float> deepseek2_values(const GgufTensorPlan& t, const std::vector<f
   return out;
 }
 
-// deepseek2's latent-attention tensors whose rows we pick or transpose are read as floats: in a
-// block type (a quantised file) they are refused by name, not requantised in another layout.
-void refuse_rearranged_blocks(const GgufFile& f, const std::vector<GgufTensorPlan>& plan) {
-  for (const GgufTensorPlan& t : plan) {
-    const GgufType type = f.tensor(t.gguf).type;
-    if ((t.rows.empty() && !t.head_transpose) || !is_blocked(type)) continue;
-    throw Error(str("'", f.path, "': GGUF tensor '", t.gguf, "' is ", gguf_type_name(type),
-                    ": import-gguf reads deepseek2's latent attention in f32, f16 or bf16 only "
-                    "(its rows are rearranged for our layers)"));
+std::vector<uint8_t> pick_row_bytes(const std::vector<uint8_t>& bytes,
+                                    const std::vector<int64_t>& rows, size_t row_bytes) {
+  std::vector<uint8_t> out(rows.size() * row_bytes);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    MOE_CHECK((size_t(rows[i]) + 1) * row_bytes <= bytes.size(), "GGUF import: row ", rows[i],
+              " past the tensor's ", bytes.size() / row_bytes, " rows");
+    std::copy_n(bytes.begin() + std::ptrdiff_t(size_t(rows[i]) * row_bytes), row_bytes,
+                out.begin() + std::ptrdiff_t(i * row_bytes));
   }
+  return out;
+}
+
+void note_dequantised(const GgufFile& f, const std::vector<GgufTensorPlan>& plan,
+                      GgufImportReport& rep) {
+  std::map<std::string, int64_t> by_type;  // the file's block type -> tensors dequantised
+  for (const GgufTensorPlan& t : plan)
+    if (t.head_transpose && is_blocked(f.tensor(t.gguf).type))
+      ++by_type[gguf_type_name(f.tensor(t.gguf).type)];
+  for (const auto& [type, n] : by_type)
+    rep.notes.push_back(str(n, " attn_k_b tensor", n > 1 ? "s" : "", " (", type,
+                            ") dequantised to floats: their blocks run along qk_nope, the rows "
+                            "of our attn.k_b along kv_lora_rank (the other weight matrices keep "
+                            "the file's blocks)"));
 }
 
 }  // namespace moe::io::gguf

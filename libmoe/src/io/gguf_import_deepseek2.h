@@ -25,7 +25,14 @@ void deepseek2_attention_tensors(const ModelConfig& mc, int64_t i,
 // Our param from the file tensor's values (f32, the file's row-major order): its rows picked, or
 // each head's [c, dn] transposed.
 std::vector<float> deepseek2_values(const GgufTensorPlan& t, const std::vector<float>& file);
-// Refuses those params' file tensors in a block type (they are read as floats).
-void refuse_rearranged_blocks(const GgufFile& f, const std::vector<GgufTensorPlan>& plan);
+// Rows `rows` of `bytes` (rows of row_bytes bytes), in that order: the rows of a param picked
+// from a tensor kept in blocks or Q8_0 rows (each row is quantised on its own: its bytes move
+// whole). k_b (head_transpose) is never kept so: its blocks run along the file's rows of dn, ours
+// are rows of c; it is dequantised (the block format's values) and stored as floats.
+std::vector<uint8_t> pick_row_bytes(const std::vector<uint8_t>& bytes,
+                                    const std::vector<int64_t>& rows, size_t row_bytes);
+// A note for the report naming the k_b tensors dequantised from a block type, by type.
+void note_dequantised(const GgufFile& f, const std::vector<GgufTensorPlan>& plan,
+                      GgufImportReport& rep);
 
 }  // namespace moe::io::gguf
