@@ -1,8 +1,8 @@
 // Per-token log-probabilities under expert parallelism (issue 44): moe-infer score --per-token
 // under mpiexec -n 2 --ep 2 writes one process's lines (each rank's windows' tokens gathered to
 // rank 0), for a trained deepseek_v3 (latent attention, grouped sigmoid routing, a shared expert)
-// whose 4 experts the two ranks split. loglikelihood and generate, which have no --ep, are refused
-// under mpiexec by name instead of being told to give one.
+// whose 4 experts the two ranks split. generate, which has no --ep, is refused under mpiexec by
+// name instead of being told to give one (loglikelihood's --ep: test_loglikelihood_ep_cli.cpp).
 //
 // Tolerance: under --ep an expert's GEMM holds other rows than in one process, so its outputs may
 // round differently (a few f32 ulps, ~1e-7 of the logits' scale, a few units here); a
@@ -71,20 +71,16 @@ TEST_CASE("cli: score --per-token under --ep gives one process's tokens", "[cli]
   INFO("worst log-prob difference " << worst);
   CHECK(worst < 1e-5);
 
-  // loglikelihood and generate run in one process: under mpiexec they say so (exit 2), rather
-  // than asking for the --ep only score has.
-  const std::string requests = dir / "requests.jsonl", prompts = dir / "prompts.txt";
-  test::write_file(requests, R"({"context": "Linux is", "continuation": " free"})"
-                             "\n");
+  // generate runs in one process: under mpiexec it says so (exit 2), rather than asking for the
+  // --ep only score and loglikelihood have.
+  const std::string prompts = dir / "prompts.txt";
   test::write_file(prompts, "Linux is\n");
-  for (const std::string& sub :
-       {"loglikelihood --requests " + requests, "generate --max-new 2 --prompts " + prompts}) {
-    INFO(sub);
-    const auto r = run_command(mpiexec(2, tool("moe-infer", sub + " --model " + ckpt + " -q")));
-    INFO(r.err);
-    CHECK(r.exit_code == 2);
-    CHECK(r.err.find(sub.substr(0, sub.find(' ')) +
-                     " runs in one process (this job has 2 ranks)") != std::string::npos);
-    CHECK(r.err.find("--ep (experts over ranks) is score's") != std::string::npos);
-  }
+  const auto r =
+      run_command(mpiexec(2, tool("moe-infer", "generate --max-new 2 --prompts " + prompts +
+                                                   " --model " + ckpt + " -q")));
+  INFO(r.err);
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("generate runs in one process (this job has 2 ranks)") != std::string::npos);
+  CHECK(r.err.find("--ep (experts over ranks) is score's and loglikelihood's") !=
+        std::string::npos);
 }

@@ -396,8 +396,25 @@ int generate(Options& o, std::unique_ptr<comm::Communicator> world) {
   return 0;
 }
 
+// Under --ep every rank reads the same request file and scores it with the same flags (the
+// requests' token ids are compared in infer::loglikelihood); rank 0 writes the results.
+void check_loglikelihood_ranks_agree(const Options& o, comm::Communicator& world) {
+  if (world.size() == 1) return;
+  if (o.requests == "-")
+    throw UsageError(str("moe-infer loglikelihood --requests -: under mpiexec (", world.size(),
+                         " ranks) every rank reads the requests: give a file"));
+  tools::check_ranks_agree(
+      world, "moe-infer",
+      json{{"ep", o.ep},
+           {"batch", o.batch},
+           {"rolling", o.rolling},
+           {"expert_budget", o.budget},
+           {"device", Device::parse(o.device).kind == Device::cpu ? "cpu" : "cuda"}});
+}
+
 // lm-evaluation-harness's loglikelihood (and, with --rolling, loglikelihood_rolling) requests.
 int loglikelihood(Options& o, std::unique_ptr<comm::Communicator> world) {
+  check_loglikelihood_ranks_agree(o, *world);
   std::unique_ptr<infer::Engine> engine = open_engine(o, std::move(world));
   const infer::Engine& e = *engine;
   const ModelConfig& mc = e.config();
@@ -418,11 +435,14 @@ int loglikelihood(Options& o, std::unique_ptr<comm::Communicator> world) {
   Timer timer;
   const std::vector<infer::LoglikelihoodResult> results = blaming_weights(e, [&] {
     return infer::loglikelihood(
-        e.model(), requests, o.batch, [&](int64_t done, int64_t total, int64_t tokens) {
+        e.model(), requests, o.batch,
+        [&](int64_t done, int64_t total, int64_t tokens) {
           meter.update(str("loglikelihood ", done, "/", total, " rows"), done, total, tokens);
-        });
+        },
+        e.world());
   });
   progress.finish();
+  if (e.rank() != 0) return 0;  // every rank holds the results; rank 0 writes them
   tools::OutputStream out(o.out);
   int64_t tokens = 0;
   for (size_t i = 0; i < results.size(); ++i) {
@@ -588,6 +608,11 @@ CLI::App* add_loglikelihood_command(CLI::App& app, Options& o) {
   ll->add_flag("--rolling", o.rolling,
                "loglikelihood_rolling: each text's whole log-likelihood, in windows of the "
                "model's context");
+  ll->add_option("--ep", o.ep,
+                 "Under mpiexec -n N: spread every MoE layer's experts over the N ranks (each "
+                 "reads the --requests file; rank 0 writes the results)")
+      ->check(tools::positive())
+      ->capture_default_str();
   return ll;
 }
 
@@ -603,13 +628,12 @@ int run(Options& o, const CLI::App& sc, const CLI::App& ll) {
       io::check_output_stream(o.out, o.force);
       io::check_output_stream(o.summary, o.force);
     }
-    // Only score spreads experts over ranks (--ep): the others would be told to give an
-    // --ep they do not have.
-    if (many && !sc)
-      throw UsageError(str("moe-infer ", ll ? "loglikelihood" : "generate",
-                           " runs in one process (this job has ", world->size(),
-                           " ranks): start it without mpiexec; --ep (experts over "
-                           "ranks) is score's"));
+    // Only score and loglikelihood spread experts over ranks (--ep): generate would be told to
+    // give an --ep it does not have.
+    if (many && !sc && !ll)
+      throw UsageError(str("moe-infer generate runs in one process (this job has ", world->size(),
+                           " ranks): start it without mpiexec; --ep (experts over ranks) is "
+                           "score's and loglikelihood's"));
     if (ll) return loglikelihood(o, std::move(world));
     return sc ? score(o, std::move(world)) : generate(o, std::move(world));
   } catch (const std::exception& ex) {

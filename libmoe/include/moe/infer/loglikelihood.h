@@ -14,6 +14,10 @@
 #include "moe/io/tokenizer.h"
 #include "moe/models/transformer.h"
 
+namespace moe::comm {
+class Communicator;
+}
+
 namespace moe::infer {
 
 // One request as token ids: the continuation's tokens are scored given every token before them.
@@ -60,8 +64,13 @@ struct LoglikelihoodResult {
 // the left to its last T + 1 tokens, keeping the continuation whole.
 // progress (optional) sees the rows done, the rows in all and the input tokens so far after each
 // pass.
+// world (optional, --ep: the model's experts spread over its ranks): every rank calls this with
+// the same requests (checked: moe::Error otherwise); a pass takes `batch` rows a rank, each rank
+// computes its share (one without rows computes the pass's first and drops it: every rank runs
+// every pass), and every rank gets every row's log-probabilities, added in one process's order.
 std::vector<LoglikelihoodResult> loglikelihood(
     const Transformer& model, const std::vector<LoglikelihoodRequest>& requests, int64_t batch,
-    const std::function<void(int64_t done, int64_t total, int64_t tokens)>& progress = {});
+    const std::function<void(int64_t done, int64_t total, int64_t tokens)>& progress = {},
+    comm::Communicator* world = nullptr);
 
 }  // namespace moe::infer
