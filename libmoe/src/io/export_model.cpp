@@ -11,7 +11,7 @@ ExportModel::ExportModel(const Checkpoint& ckpt, const std::string& who, const s
   if (mc_.arch == Arch::gpt)
     throw Error(str(who,
                     ": only the mixtral flavour and the families built on it (qwen2_moe, "
-                    "qwen3_moe, olmoe, glm4_moe, deepseek_v3) have a form "
+                    "qwen3_moe, olmoe, glm4_moe, deepseek_v3, gpt_oss) have a form "
                     "there (this model is gpt: learned positions, LayerNorm, GELU)"));
   if (ckpt.sharding.rank >= 0)
     throw Error(str(who, ": this is rank ", ckpt.sharding.rank,

@@ -19,8 +19,8 @@ class ExportModel {
   // Checks that `ckpt` is a whole checkpoint (not a rank's shard, no sharded parameter) of one of
   // the RoPE families (mixtral, qwen2_moe, qwen3_moe, olmoe with softmax routing, experts in every
   // layer; glm4_moe with sigmoid routing, dense layers first; deepseek_v3 as glm4_moe, or with
-  // DeepSeek-V2's softmax routing), the same number E in each MoE layer, and no PR-MoE. `who`
-  // prefixes every message
+  // DeepSeek-V2's softmax routing; gpt_oss with softmax routing, experts in every layer), the
+  // same number E in each MoE layer, and no PR-MoE. `who` prefixes every message
   // ("Hugging Face export"), `target` names the output's model in them ("HF Mixtral", "llama.cpp's
   // qwen2moe").
   ExportModel(const Checkpoint& ckpt, const std::string& who, const std::string& target);

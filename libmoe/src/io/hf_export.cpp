@@ -1,6 +1,6 @@
 // Hugging Face export (see moe/io/hf_checkpoint.h and docs/FORMATS.md): a model of the mixtral,
-// qwen2_moe, qwen3_moe, olmoe, glm4_moe or deepseek_v3 flavour (a softmax-routed deepseek_v3 as
-// deepseek_v2) as config.json (that family's keys) + model.safetensors
+// qwen2_moe, qwen3_moe, olmoe, glm4_moe, deepseek_v3 (a softmax-routed one as deepseek_v2) or
+// gpt_oss flavour (io/hf_export_gpt_oss.cpp) as config.json (that family's keys) + model.safetensors
 // (or shards named by model.safetensors.index.json) with the family's tensor names, each file
 // written atomically.
 // Shape letters: V vocabulary, D hidden size, F expert hidden width, Fs shared expert hidden
@@ -19,9 +19,11 @@
 #include "core/json_text.h"
 #include "io/export_model.h"
 #include "io/files.h"
+#include "io/hf_export_gpt_oss.h"
 #include "io/hf_mla.h"
 #include "io/hf_names.h"
 #include "moe/error.h"
+#include "moe/io/convert.h"
 #include "moe/io/hf_checkpoint.h"
 #include "moe/io/input.h"
 #include "moe/io/output.h"
@@ -33,49 +35,11 @@
 
 namespace moe::io {
 
-namespace {
-
-namespace fs = std::filesystem;
-using hf::join_path;
-using hf::kConfigFile;
-using hf::kIndexFile;
-using hf::kMetadataConfig;
-using hf::kSingleFile;
-
-// DeepSeek-V2's router (transformers' DeepseekV2TopkRouter) is deepseek_v3's with softmax scores:
-// such a model goes out as a DeepseekV2 directory, a sigmoid one as DeepseekV3.
-bool deepseek_v2(const ModelConfig& mc) {
-  return mc.arch == Arch::deepseek_v3 && mc.router_scoring == nn::RouterScoring::softmax;
-}
-
-const char* hf_model_name(const ModelConfig& mc) {
-  if (deepseek_v2(mc)) return "HF DeepSeek-V2";
-  switch (mc.arch) {
-    case Arch::qwen2_moe:
-      return "HF Qwen2-MoE";
-    case Arch::qwen3_moe:
-      return "HF Qwen3-MoE";
-    case Arch::olmoe:
-      return "HF OLMoE";
-    case Arch::glm4_moe:
-      return "HF GLM-4-MoE";
-    case Arch::deepseek_v3:
-      return "HF DeepSeek-V3";
-    default:
-      return "HF Mixtral";
-  }
-}
+namespace hf {
 
 // config.json's torch_dtype of the model's (floating) storage dtype.
 const char* torch_dtype_name(DType dtype) {
   return dtype == DType::f32 ? "float32" : dtype == DType::bf16 ? "bfloat16" : "float16";
-}
-
-// The leading dense layers of a glm4_moe model (first_k_dense_replace).
-int64_t leading_dense_layers(const ModelConfig& mc) {
-  int64_t k = 0;
-  while (k < mc.layers && !mc.is_moe_layer(k)) ++k;
-  return k;
 }
 
 // YaRN's settings under the keys transformers reads (hf_config.cpp parse_yarn reads them back;
@@ -97,6 +61,52 @@ nlohmann::ordered_json yarn_json(const ModelConfig& mc) {
   if (y.attention_factor > 0) r["attention_factor"] = y.attention_factor;
   if (!y.truncate) r["truncate"] = false;
   return r;
+}
+
+}  // namespace hf
+
+namespace {
+
+namespace fs = std::filesystem;
+using hf::join_path;
+using hf::kConfigFile;
+using hf::kIndexFile;
+using hf::kMetadataConfig;
+using hf::kSingleFile;
+using hf::torch_dtype_name;
+using hf::yarn_json;
+
+// DeepSeek-V2's router (transformers' DeepseekV2TopkRouter) is deepseek_v3's with softmax scores:
+// such a model goes out as a DeepseekV2 directory, a sigmoid one as DeepseekV3.
+bool deepseek_v2(const ModelConfig& mc) {
+  return mc.arch == Arch::deepseek_v3 && mc.router_scoring == nn::RouterScoring::softmax;
+}
+
+const char* hf_model_name(const ModelConfig& mc) {
+  if (deepseek_v2(mc)) return "HF DeepSeek-V2";
+  switch (mc.arch) {
+    case Arch::qwen2_moe:
+      return "HF Qwen2-MoE";
+    case Arch::qwen3_moe:
+      return "HF Qwen3-MoE";
+    case Arch::olmoe:
+      return "HF OLMoE";
+    case Arch::glm4_moe:
+      return "HF GLM-4-MoE";
+    case Arch::deepseek_v3:
+      return "HF DeepSeek-V3";
+    case Arch::gpt_oss:
+      return "HF GptOss";
+    default:
+      return "HF Mixtral";
+  }
+}
+
+// The leading dense layers of a glm4_moe model (first_k_dense_replace).
+int64_t leading_dense_layers(const ModelConfig& mc) {
+  int64_t k = 0;
+  while (k < mc.layers && !mc.is_moe_layer(k)) ++k;
+  return k;
 }
 
 // GLM-4-MoE's config.json (configuration_glm4_moe.py's keys).
@@ -226,6 +236,7 @@ void check_deepseek_v2(const ModelConfig& mc) {
 nlohmann::ordered_json family_config(const ModelConfig& mc, int64_t E) {
   if (mc.arch == Arch::glm4_moe) return glm_config(mc, E);
   if (mc.arch == Arch::deepseek_v3) return deepseek_config(mc, E);
+  if (mc.arch == Arch::gpt_oss) return hf::gpt_oss_config(mc, E);
   const int64_t D = mc.d_model, H = mc.heads, hd = mc.head_dim_resolved();
   nlohmann::ordered_json c;
   const bool mixtral = mc.arch == Arch::mixtral, qwen2 = mc.arch == Arch::qwen2_moe;
@@ -284,7 +295,7 @@ nlohmann::ordered_json family_config(const ModelConfig& mc, int64_t E) {
 // sliding_window (every layer), Qwen2-MoE's the same with each layer's type in layer_types.
 void window_and_tie(const ModelConfig& mc, nlohmann::ordered_json& c) {
   c["tie_word_embeddings"] = mc.tie_embeddings;
-  if (mc.sliding_window == 0) return;
+  if (mc.sliding_window == 0 || mc.arch == Arch::gpt_oss) return;  // gpt_oss: in layer_types
   if (mc.arch == Arch::mixtral) {
     c["sliding_window"] = mc.sliding_window;
     return;
@@ -298,9 +309,10 @@ void window_and_tie(const ModelConfig& mc, nlohmann::ordered_json& c) {
   c["layer_types"] = types;
 }
 
-// Refuses a window the family's config.json cannot say.
+// Refuses a window the family's config.json cannot say (Qwen2-MoE's and gpt-oss's layer_types
+// say any set of windowed layers).
 void check_window(const ModelConfig& mc) {
-  if (mc.sliding_window == 0 || mc.arch == Arch::qwen2_moe) return;
+  if (mc.sliding_window == 0 || mc.arch == Arch::qwen2_moe || mc.arch == Arch::gpt_oss) return;
   const int64_t windowed =
       mc.window_layers.empty() ? mc.layers : static_cast<int64_t>(mc.window_layers.size());
   if (mc.arch != Arch::mixtral && mc.arch != Arch::qwen3_moe)
@@ -366,6 +378,10 @@ std::vector<NamedTensor> hf_tensors(ExportModel& m) {
   for (int64_t i = 0; i < mc.layers; ++i) {
     const std::string ours = str("blocks.", i, "."), hf = str("model.layers.", i, ".");
     const std::string moe = hf + (mixtral ? "block_sparse_moe." : "mlp.");
+    if (mc.arch == Arch::gpt_oss) {
+      for (NamedTensor& nt : hf::gpt_oss_layer_tensors(m, i, param)) out.push_back(std::move(nt));
+      continue;
+    }
     emit(hf + "input_layernorm.weight", param(ours + "norm1.weight", {D}));
     if (flavour.latent_attention) {
       for (NamedTensor& nt : hf::mla_hf_tensors(mc, ours, hf + "self_attn.", param))
@@ -433,7 +449,10 @@ std::vector<NamedTensor> hf_tensors(ExportModel& m) {
     }
     emit(hf + "post_attention_layernorm.weight", param(ours + "norm2.weight", {D}));
   }
-  emit("model.norm.weight", param("final_norm.weight", {D}));
+  if (mc.arch == Arch::gpt_oss)
+    out.push_back(hf::f32_norm("model.norm.weight", param("final_norm.weight", {D})));
+  else
+    emit("model.norm.weight", param("final_norm.weight", {D}));
   // A tied head has no tensor of its own: transformers ties lm_head to embed_tokens on load.
   if (!mc.tie_embeddings) emit("lm_head.weight", param("lm_head.weight", {V, D}));
   m.refuse_unused();
@@ -560,8 +579,15 @@ class CreatedDir {
 
 void export_hf(const Checkpoint& ckpt, const std::string& dir, const HfExportOptions& options) {
   const ModelConfig peek = model_config_from_json(ckpt.model_config);
-  if (peek.arch == Arch::gpt_oss)
-    throw Error("Hugging Face export does not write gpt_oss yet (HF GptOss is planned)");
+  const std::string quantization = quantization_of(ckpt.model_config);
+  if (!quantization.empty())
+    throw Error(str("Hugging Face export: this checkpoint holds ", quantization, "-quantised ",
+                    peek.arch == Arch::gpt_oss && quantization == "mxfp4"
+                        ? "experts (gpt-oss's MXFP4 blocks, kept by import-hf)"
+                        : "weights",
+                    ", which ", hf_model_name(peek),
+                    " files here hold in a float dtype; export the checkpoint imported without "
+                    "keeping them, or the one that was quantised"));
   ExportModel m(ckpt, "Hugging Face export", hf_model_name(peek));
   const ModelConfig& mc = m.config();
   if (mc.arch == Arch::mixtral && !mc.normalize_topk)
@@ -577,6 +603,7 @@ void export_hf(const Checkpoint& ckpt, const std::string& dir, const HfExportOpt
   const bool deepseek = mc.arch == Arch::deepseek_v3;
   if (mc.arch == Arch::glm4_moe || deepseek) check_glm(mc);
   if (deepseek_v2(mc)) check_deepseek_v2(mc);
+  if (mc.arch == Arch::gpt_oss) hf::check_gpt_oss(mc);
   check_window(mc);
   if (mc.shared_expert_ff > 0 && mc.arch != Arch::qwen2_moe && mc.arch != Arch::glm4_moe &&
       !deepseek)
