@@ -309,17 +309,33 @@ TEST_CASE("cli: bad latent attention and YaRN flags are refused by name", "[cli]
     CHECK(r.err.find("terminate") == std::string::npos);
   }
 
-  // A checkpoint keeps its RoPE: YaRN flags beside --resume or --init are refused, not ignored.
-  const std::string ckpt =
+  // A checkpoint keeps its RoPE: a YaRN flag beside --resume or --init must agree with the
+  // checkpoint's (its key in the model config's yarn object), as every model flag; one that
+  // contradicts it is refused by name with both values, not ignored.
+  const std::string plain =
       test::train_on_fortunes(dir / "mixtral", test::kTinyMixtral + " --steps 1");
-  for (const std::string from : {"--resume ", "--init "}) {
+  const std::string yarned =
+      test::train_on_fortunes(dir / "yarn", test::kTinyMixtral + kYarn + " --steps 1");
+  const std::string data = " --data " + test::fortunes_path("linux");
+  for (const std::string from : {"--resume", "--init"}) {
     INFO(from);
-    auto r = run_command(tool("moe-train", from + ckpt + " --out " + dir / "again" +
-                                               " --steps 2 --threads 1 --rope-factor 2"));
+    auto again = [&](const std::string& ckpt, const std::string& out, const std::string& flags) {
+      return run_command(tool("moe-train", from + " " + ckpt + data + " --out " + dir / out +
+                                               " --steps 2 --threads 1 -q" + flags));
+    };
+    auto agreed = again(yarned, from.substr(2) + "-agreed", kYarn);
+    INFO(agreed.err);
+    REQUIRE(agreed.exit_code == 0);
+    const io::Checkpoint trained = io::load_checkpoint(dir / (from.substr(2) + "-agreed/last.h5"));
+    CHECK(trained.model_config["rope_type"] == "yarn");
+    CHECK(trained.model_config["yarn"]["factor"] == 2.0);
+    auto r = again(yarned, from.substr(2) + "-factor", " --rope-factor 4");
     INFO(r.err);
     CHECK(r.exit_code == 2);
-    CHECK(r.err.find(
-              "--rope-factor sets the RoPE of a new model: " + from.substr(0, from.size() - 1) +
-              " keeps the checkpoint's") != std::string::npos);
+    CHECK(r.err.find("--rope-factor 4.0 contradicts the checkpoint's 2.0") != std::string::npos);
+    auto p = again(plain, from.substr(2) + "-plain", " --rope-factor 2");
+    INFO(p.err);
+    CHECK(p.exit_code == 2);
+    CHECK(p.err.find("--rope-factor 2.0 contradicts the checkpoint's off") != std::string::npos);
   }
 }

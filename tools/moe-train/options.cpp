@@ -261,12 +261,16 @@ void add_latent_options(CLI::Option_group& g, TrainOptions& o) {
                              left_out + "D/H)"));
 }
 
-// RoPE scaling (ModelConfig::rope_type and ::yarn, named as HF's rope_scaling keys). Not model
-// flags: a checkpoint keeps its RoPE, and check_rope_flags refuses them with --resume or --init.
+// RoPE scaling (ModelConfig::rope_type and ::yarn, named as HF's rope_scaling keys). Model flags:
+// with --resume or --init each one given must agree with the checkpoint's RoPE (its yarn object's
+// key); check_rope_flags checks a new model's.
 void add_rope_scaling_options(CLI::Option_group& g, TrainOptions& o) {
   auto& m = o.model;
   auto& y = m.yarn;
-  auto rope_opt = [&](CLI::Option* opt) { o.rope_flags.push_back(opt); };
+  auto rope_opt = [&](CLI::Option* opt) {
+    o.rope_flags.push_back(opt);
+    o.model_flags.push_back(opt);
+  };
   rope_opt(add_named(g, "--rope-scaling", m.rope_type,
                      "RoPE scaling (HF rope_scaling's rope_type): none, or yarn (YaRN: "
                      "DeepSeek-V3, gpt-oss; RoPE architectures; needs "
@@ -481,6 +485,17 @@ void add_placement_options(CLI::Option_group& g, TrainOptions& o) {
           ->capture_default_str());
 }
 
+// The setting a flag sets: the settings table (moe/settings.h) read backwards. The library knows
+// the model and training flags given by their settings (train::GivenFlags).
+Setting setting_of(const CLI::Option& opt) {
+  const std::string flag = opt.get_name();
+#define MOE_SETTING_OF(name, text) \
+  if (flag == text) return Setting::name;
+  MOE_SETTINGS(MOE_SETTING_OF)
+#undef MOE_SETTING_OF
+  throw Error(str(flag, " is not in the settings table (libmoe/include/moe/settings.h)"));
+}
+
 }  // namespace
 
 void add_train_options(CLI::App& app, TrainOptions& o) {
@@ -511,6 +526,9 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
       "Distributed (under mpiexec/srun; world = data parallel x expert parallel)");
   add_parallel_options(dist, o);
   add_placement_options(dist, o);
+  // Every flag a resumed run reconciles has its setting: a missing one fails every run, --help too.
+  for (const auto* flags : {&o.model_flags, &o.train_flags})
+    for (const CLI::Option* opt : *flags) (void)setting_of(*opt);
 }
 
 void check_outputs(TrainOptions& o, bool lead) {
@@ -602,14 +620,11 @@ void check_yarn_ranges(const ops::YarnSettings& y) {
           ">= 0 (0 = absent)", y.mscale_all_dim);
 }
 
-// The RoPE scaling flags: a new model's (a checkpoint keeps its RoPE), YaRN's settings only with
-// --rope-scaling yarn, which needs a RoPE architecture and the original context.
+// The RoPE scaling flags of a new model: YaRN's settings only with --rope-scaling yarn, which
+// needs a RoPE architecture and the original context. With --resume or --init the model is the
+// checkpoint's: the library checks each flag given against its RoPE, as every model flag.
 void check_rope_flags(const TrainOptions& o, CLI::App& app) {
-  for (const CLI::Option* opt : o.rope_flags)
-    if (opt->count() && (!o.resume.empty() || !o.init.empty()))
-      throw UsageError(str(opt->get_name(), " sets the RoPE of a new model: ",
-                           o.resume.empty() ? "--init" : "--resume",
-                           " keeps the checkpoint's (leave it out)"));
+  if (!o.resume.empty() || !o.init.empty()) return;
   const bool yarn = o.model.rope_type == RopeType::yarn;
   for (const CLI::Option* opt : o.rope_flags)
     if (!yarn && opt->count() && opt->get_name() != "--rope-scaling")
@@ -660,9 +675,9 @@ train::SessionRequest session_request(const TrainOptions& o, CLI::App& app) {
   r.train = o.train;
   r.train.seed = o.common.seed;
   for (const CLI::Option* opt : o.model_flags)
-    if (opt->count()) r.given.model.push_back(opt->get_name());
+    if (opt->count()) r.given.model.push_back(setting_of(*opt));
   for (const CLI::Option* opt : o.train_flags)
-    if (opt->count()) r.given.train.push_back(opt->get_name());
+    if (opt->count()) r.given.train.push_back(setting_of(*opt));
   r.given.seed = app.get_option("--seed")->count() > 0;
   r.data_given = app.get_option("--data")->count() > 0;
   r.experts_listed = app.get_option("--experts-per-layer")->count() > 0;

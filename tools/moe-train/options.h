@@ -30,7 +30,7 @@ struct TrainOptions {
   bool breakdown_sync = false;            // -v on a GPU: synchronise at every part boundary
   std::vector<CLI::Option*> model_flags;  // flags that a resumed run must not contradict
   std::vector<CLI::Option*> train_flags;  // flags that override a resumed run's training config
-  std::vector<CLI::Option*> rope_flags;   // --rope-scaling and YaRN's: a new model's only
+  std::vector<CLI::Option*> rope_flags;   // --rope-scaling and YaRN's (model flags too)
 };
 
 // Registers every flag of moe-train (tools/moe-train/options.cpp: one function per group).

@@ -72,6 +72,7 @@ namespace moe {
 #define MOE_MODEL_SETTINGS(X)                 \
   X(layers, "--layers")                       \
   X(moe_every, "--moe-every")                 \
+  X(experts, "--experts")                     \
   X(experts_per_layer, "--experts-per-layer") \
   X(d_model, "--d-model")                     \
   X(heads, "--heads")                         \
@@ -81,6 +82,11 @@ namespace moe {
   X(dense_ff, "--dense-ff")                   \
   X(shared_expert_ff, "--shared-expert-ff")   \
   X(residual_moe, "--residual-moe")           \
+  X(sliding_window, "--sliding-window")       \
+  X(tie_embeddings, "--tie-embeddings")       \
+  X(aux_loss_coef, "--aux-loss-coef")         \
+  X(z_loss_coef, "--z-loss-coef")             \
+  X(normalize_topk, "--normalize-topk")       \
   X(rope_dim, "--rope-dim")                   \
   X(rope_theta, "--rope-theta")               \
   X(qkv_bias, "--qkv-bias")                   \
@@ -97,6 +103,22 @@ namespace moe {
   X(swiglu_alpha, "--swiglu-alpha")           \
   X(swiglu_limit, "--swiglu-limit")           \
   X(dtype, "--dtype")
+
+// The model's attention variants: Multi-head Latent Attention (ModelConfig's MLA sizes) and RoPE
+// scaling (ModelConfig::rope_type and its yarn settings, named as HF's rope_scaling keys).
+#define MOE_ATTN_SETTINGS(X)                                      \
+  X(q_lora_rank, "--q-lora-rank")                                 \
+  X(kv_lora_rank, "--kv-lora-rank")                               \
+  X(qk_nope_dim, "--qk-nope-dim")                                 \
+  X(qk_rope_dim, "--qk-rope-dim")                                 \
+  X(v_head_dim, "--v-head-dim")                                   \
+  X(rope_scaling, "--rope-scaling")                               \
+  X(rope_factor, "--rope-factor")                                 \
+  X(original_max_positions, "--original-max-position-embeddings") \
+  X(beta_fast, "--beta-fast")                                     \
+  X(beta_slow, "--beta-slow")                                     \
+  X(mscale, "--mscale")                                           \
+  X(mscale_all_dim, "--mscale-all-dim")
 
 // moe-train's output and the finer layout and expert-cache settings.
 #define MOE_RUN_SETTINGS(X)           \
@@ -131,6 +153,7 @@ namespace moe {
 #define MOE_SETTINGS(X) \
   MOE_TRAIN_SETTINGS(X) \
   MOE_MODEL_SETTINGS(X) \
+  MOE_ATTN_SETTINGS(X)  \
   MOE_RUN_SETTINGS(X)   \
   MOE_SERVE_SETTINGS(X) \
   MOE_CONVERT_SETTINGS(X)

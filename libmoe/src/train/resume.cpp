@@ -10,40 +10,47 @@
 #include "moe/io/dataset.h"
 #include "moe/optim/adamw.h"
 #include "moe/settings.h"
+#include "train/setting_keys.h"
 
 namespace moe::train {
 
 namespace {
 
+using nlohmann::json;
+
 // Model settings that change how a model trains, not its parameters: a run started from a
 // checkpoint's weights (--init) may set them anew.
-constexpr const char* kTrainingModelKeys[] = {"aux_loss_coef",     "z_loss_coef",
-                                              "router_jitter",     "capacity_factor",
-                                              "balance_bias_rate", "router_center_rate"};
+constexpr Setting kTrainingModelSettings[] = {
+    Setting::aux_loss_coef,   Setting::z_loss_coef,       Setting::router_jitter,
+    Setting::capacity_factor, Setting::balance_bias_rate, Setting::router_center_rate};
 
-// The config key of a flag: "--d-model" -> "d_model" ("--vocab" sets vocab_size).
-std::string flag_key(const std::string& flag) {
-  std::string key = flag.substr(2);
-  for (char& c : key)
-    if (c == '-') c = '_';
-  if (key == "vocab") return "vocab_size";
-  if (key == "router") return "router_scoring";
-  return key;
+// The key a given setting sets in `config`'s JSON (a caller that listed a setting under the
+// wrong config is told which).
+json::json_pointer key_of(Setting setting, SettingConfig config) {
+  const char* key = config_key(setting, config);
+  if (key == nullptr)
+    throw Error(str(flag_for(setting), " sets no key of the ",
+                    config == SettingConfig::model ? "model" : "training", " config"));
+  return json::json_pointer(key);
+}
+
+// The value at `key`; null where the config does not write it (keys written only when set).
+json value_at(const json& config, const json::json_pointer& key) {
+  return config.contains(key) ? config.at(key) : json();
 }
 
 // A model setting as a message shows it; keys written only when set (sliding_window,
-// tie_embeddings) are absent when off.
-std::string shown(const nlohmann::json& value) {
-  return value.is_null() ? std::string("off") : value.dump();
-}
+// tie_embeddings, the yarn object) are absent when off.
+std::string shown(const json& value) { return value.is_null() ? std::string("off") : value.dump(); }
 
 TrainConfig resumed_train(const io::Checkpoint& resume, const TrainConfig& given,
                           const GivenFlags& flags) {
   TrainConfig tc = train_config_from_json(resume.train_config);
-  nlohmann::json now = to_json(given), merged = to_json(tc);
-  for (const std::string& flag : flags.train) {
-    std::string key = flag_key(flag);
-    if (now.contains(key)) merged[key] = now[key];
+  const json now = to_json(given);
+  json merged = to_json(tc);
+  for (Setting setting : flags.train) {
+    const json::json_pointer key = key_of(setting, SettingConfig::train);
+    if (now.contains(key)) merged[key] = now.at(key);
   }
   if (flags.seed && given.seed != tc.seed)
     throw UsageError(str(flag_for(Setting::seed), " ", given.seed,
@@ -51,25 +58,40 @@ TrainConfig resumed_train(const io::Checkpoint& resume, const TrainConfig& given
   return train_config_from_json(merged, tc);
 }
 
+// The model the flags describe, as the checkpoint's JSON would hold it, with its yarn object
+// whatever its RoPE scaling: each YaRN setting given is compared by its own value (to_json writes
+// the object only with rope_type yarn). The flags' RoPE is not checked against the flags'
+// architecture: a resumed model's architecture is the checkpoint's, whose RoPE it is compared to.
+json flags_model_json(ModelConfig m) {
+  const RopeType rope = m.rope_type;
+  m.rope_type = RopeType::none;
+  m.resolve();
+  json j = to_json(m);
+  ModelConfig with_yarn = m;
+  with_yarn.rope_type = RopeType::yarn;
+  j["yarn"] = to_json(with_yarn).at("yarn");
+  if (rope != RopeType::none) j["rope_type"] = rope_type_name(rope);
+  return j;
+}
+
 // The checkpoint's model; each model flag given must agree with it, except (`fresh`: a run that
 // starts from the checkpoint's weights) the settings that shape training, not the parameters.
-ModelConfig kept_model(const io::Checkpoint& ckpt, ModelConfig m, const GivenFlags& flags,
+ModelConfig kept_model(const io::Checkpoint& ckpt, const ModelConfig& m, const GivenFlags& flags,
                        bool fresh) {
   ModelConfig saved = model_config_from_json(ckpt.model_config);
   if (!flags.model.empty()) {
-    m.resolve();
-    nlohmann::json a = to_json(m), b = to_json(saved);
-    for (const std::string& flag : flags.model) {
-      std::string key = flag_key(flag);
-      if (fresh && std::find(std::begin(kTrainingModelKeys), std::end(kTrainingModelKeys), key) !=
-                       std::end(kTrainingModelKeys)) {
-        b[key] = a[key];
+    const json a = flags_model_json(m);
+    json b = to_json(saved);
+    for (Setting setting : flags.model) {
+      const json::json_pointer key = key_of(setting, SettingConfig::model);
+      if (fresh && std::find(std::begin(kTrainingModelSettings), std::end(kTrainingModelSettings),
+                             setting) != std::end(kTrainingModelSettings)) {
+        b[key] = a.at(key);
         continue;
       }
-      const nlohmann::json given = a.value(key, nlohmann::json()),
-                           saved_value = b.value(key, nlohmann::json());
+      const json given = value_at(a, key), saved_value = value_at(b, key);
       if (given != saved_value)
-        throw UsageError(str(flag, " ", shown(given), " contradicts the checkpoint's ",
+        throw UsageError(str(flag_for(setting), " ", shown(given), " contradicts the checkpoint's ",
                              shown(saved_value),
                              fresh ? str(" (", flag_for(Setting::init),
                                          " keeps the model whose weights it starts from)")
@@ -108,12 +130,13 @@ std::vector<std::string> overrides_of(const io::Checkpoint& resume, const TrainC
                                       const GivenFlags& flags) {
   TrainConfig saved = train_config_from_json(resume.train_config);
   absolute_paths(saved);  // a checkpoint of an earlier build may hold them relative
-  const nlohmann::json before = to_json(saved), after = to_json(now);
+  const json before = to_json(saved), after = to_json(now);
   std::vector<std::string> lines;
-  for (const std::string& flag : flags.train) {
-    const std::string key = flag_key(flag);
-    if (before.contains(key) && after.contains(key) && before[key] != after[key])
-      lines.push_back(str(flag, " ", before[key].dump(), " -> ", after[key].dump()));
+  for (Setting setting : flags.train) {
+    const json::json_pointer key = key_of(setting, SettingConfig::train);
+    if (before.contains(key) && after.contains(key) && before.at(key) != after.at(key))
+      lines.push_back(
+          str(flag_for(setting), " ", before.at(key).dump(), " -> ", after.at(key).dump()));
   }
   // The schedule is a function of (step, steps, warmup, lr, min_lr): a longer --steps stretches
   // the cosine from here on, so the next step's rate can jump. Say by how much.
@@ -151,15 +174,15 @@ RunConfig resume_config(const io::Checkpoint* resume, ModelConfig model, TrainCo
   run.train = checked_train(resume ? resumed_train(*resume, train, given) : std::move(train));
 
   if (resume) {
-    run.model = kept_model(*resume, std::move(model), given, false);
+    run.model = kept_model(*resume, model, given, false);
     run.overrides = overrides_of(*resume, run.train, given);
   } else {
     model.resolve();
     run.model = std::move(model);
     const bool token_file =
         io::resolve_token_format(run.train.data, run.train.data_format) != io::TokenFormat::text;
-    const bool vocab_given = std::find(given.model.begin(), given.model.end(),
-                                       flag_for(Setting::vocab)) != given.model.end();
+    const bool vocab_given =
+        std::find(given.model.begin(), given.model.end(), Setting::vocab) != given.model.end();
     if (token_file && !vocab_given) run.model.vocab_size = 0;  // from the data
   }
   return run;
@@ -170,7 +193,7 @@ RunConfig init_config(const io::Checkpoint& init, ModelConfig model, TrainConfig
   io::refuse_quantized(init.model_config, flag_for(Setting::init), "moe-train");
   RunConfig run;
   run.train = checked_train(std::move(train));  // training as given; the model is the checkpoint's
-  run.model = kept_model(init, std::move(model), given, true);
+  run.model = kept_model(init, model, given, true);
   return run;
 }
 
@@ -206,30 +229,30 @@ std::string check_data_file(TrainConfig& train, bool resumed, bool data_given) {
 
 std::vector<std::string> fit_layout(TrainConfig& train, const io::Checkpoint& resume,
                                     int world_size, const GivenFlags& given) {
-  auto was_given = [&](const char* flag) {
-    return std::find(given.train.begin(), given.train.end(), flag) != given.train.end();
+  auto was_given = [&](Setting setting) {
+    return std::find(given.train.begin(), given.train.end(), setting) != given.train.end();
   };
   const int written = resume.sharding.world_size;
   std::vector<std::string> lines;
   if (world_size == 1) {  // one layout only: every expert here, nothing to place
-    if (train.ep > 1 && !was_given(flag_for(Setting::ep))) {
+    if (train.ep > 1 && !was_given(Setting::ep)) {
       lines.push_back(
           str(flag_for(Setting::ep), " ", train.ep, " -> 1 (one process holds every expert)"));
       train.ep = 1;
     }
-    if (train.placement != PlacementRule::fixed && !was_given(flag_for(Setting::placement))) {
+    if (train.placement != PlacementRule::fixed && !was_given(Setting::placement)) {
       lines.push_back(str(flag_for(Setting::placement), " ", placement_rule_name(train.placement),
                           " -> static (one process places nothing)"));
       train.placement = PlacementRule::fixed;
     }
-    if (train.shard_embedding && !was_given(flag_for(Setting::shard_embedding))) {
+    if (train.shard_embedding && !was_given(Setting::shard_embedding)) {
       lines.push_back(
           str(flag_for(Setting::shard_embedding), " -> off (one process holds the whole table)"));
       train.shard_embedding = false;
     }
     return lines;
   }
-  if (world_size % train.ep != 0 && !was_given(flag_for(Setting::ep))) {
+  if (world_size % train.ep != 0 && !was_given(Setting::ep)) {
     std::string fits;
     for (int n = 1; n <= world_size; ++n)
       if (world_size % n == 0) fits += str(fits.empty() ? "" : ", ", n);

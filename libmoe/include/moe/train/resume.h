@@ -7,6 +7,7 @@
 
 #include "moe/io/checkpoint.h"
 #include "moe/models/config.h"
+#include "moe/settings.h"
 #include "moe/train/trainer.h"
 
 namespace moe::train {
@@ -20,12 +21,14 @@ struct RunConfig {
   std::vector<std::string> overrides;
 };
 
-// The flags given explicitly on the command line, by their names ("--d-model", "--lr"): a flag
-// left at its default says nothing, one given says what the user wants.
+// The settings given explicitly on the command line (Setting::d_model, Setting::lr): one left at
+// its default says nothing, one given says what the user wants. The library finds each by its
+// config key (train/setting_keys.h: "/d_model", "/yarn/factor") and names it by its flag
+// (flag_for); only the tools know which flag was given.
 struct GivenFlags {
-  std::vector<std::string> model;  // flags of the model config ("--vocab" is vocab_size)
-  std::vector<std::string> train;  // flags of the training config
-  bool seed = false;               // --seed
+  std::vector<Setting> model;  // settings of the model config (Setting::vocab is vocab_size)
+  std::vector<Setting> train;  // settings of the training config
+  bool seed = false;           // Setting::seed
 };
 
 // The run's configs. `model` and `train` are what the flags say (the model's arch, dtype and
@@ -35,7 +38,8 @@ struct GivenFlags {
 //   Resumed run: the checkpoint's training config, each training flag given now overriding its
 //   key (a longer --steps, another --data); --seed given must equal the checkpoint's seed. The
 //   model is the checkpoint's (a resumed run keeps its model): a model flag given must agree
-//   with it.
+//   with it, nested keys included (--rope-factor is the yarn object's factor; a checkpoint
+//   without YaRN has it "off").
 // Either way the run needs data. UsageError names the flag: "--seed 7 contradicts the
 // checkpoint's seed 1234", "--d-model 64 contradicts the checkpoint's 32 (a resumed run keeps
 // its model)", "--data is required (the text or token file to train on)".
