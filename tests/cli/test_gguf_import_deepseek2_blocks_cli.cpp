@@ -1,15 +1,15 @@
 // moe-convert import-gguf of quantised deepseek2 files (issue 44) as a user runs it: a tiny
 // DeepSeek-V3 (support/hf_deepseek_v3_model.h; every width a whole number of q4_k's 256-value
 // blocks, so every matrix of the file is quantised) imported by import-hf, exported by
-// export-gguf --type q8_0 and --type q4_k, and imported back. The model the file holds is built
-// here from its bytes: every weight matrix but attn_k_b in the file's blocks, its rows moved into
-// ours as DeepSeek's layout says (q_b's RoPE rows from interleaved pairs to rotate-half order,
-// kv_a_mqa split into kv_a and k_rope); attn_k_b (each head's [c, dn] transposed, so its blocks
-// run across our rows) and the token embedding as the file's values dequantised (q8_0 as d * q,
-// written out here; q4_k by dequantize_row, whose values are ggml's golden ones). The import must
-// hold exactly that, byte for byte, and score exactly as it (every window bit for bit: the same
-// weights, tolerance 0). q4_k's blocks are also quantize --type q4_k's bytes (the same quantiser
-// on the same rows).
+// export-gguf --type q8_0, q4_k and q4_k_m (q4_k with some q6_k), and imported back. The model the
+// file holds is built here from its bytes: every weight matrix but attn_k_b in the file's blocks,
+// its rows moved into ours as DeepSeek's layout says (q_b's RoPE rows from interleaved pairs to
+// rotate-half order, kv_a_mqa split into kv_a and k_rope); attn_k_b (each head's [c, dn]
+// transposed, so its blocks run across our rows) and the token embedding as the file's values
+// dequantised (q8_0 as d * q, written out here; q4_k and q6_k by dequantize_row, whose values
+// are ggml's golden ones). The import must hold exactly that, byte for byte, and score exactly as
+// it (every window bit for bit: the same weights, tolerance 0). q4_k's blocks are also quantize
+// --type q4_k's bytes (the same quantiser on the same rows).
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <functional>
@@ -50,11 +50,15 @@ bool ends_with(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// One row of n values of a GGUF q8_0 / q4_K tensor, dequantised as ggml does.
+std::string type_of(const io::GgufFile& g, const std::string& name) {
+  return io::gguf_type_name(g.tensor(name).type);
+}
+
+// One row of n values of a GGUF q8_0, q4_K or q6_K tensor, dequantised as ggml does.
 std::vector<float> dequantised_row(const std::string& type, const uint8_t* row, int64_t n) {
   std::vector<float> out(static_cast<size_t>(n));
-  if (type == "q4_k") {
-    cpu::dequantize_row(cpu::BlockFormat::q4_k, row, n, out.data());
+  if (type != "q8_0") {
+    cpu::dequantize_row(cpu::parse_block_format(type), row, n, out.data());
     return out;
   }
   for (int64_t b = 0; b < n / 32; ++b) {  // ggml's block_q8_0: f16 d, then 32 int8 q; x = q d
@@ -68,8 +72,9 @@ std::vector<float> dequantised_row(const std::string& type, const uint8_t* row, 
 }
 
 // Rows of a file tensor, each dequantised: [rows, n] row-major.
-std::vector<float> dequantised(const io::GgufFile& g, const std::string& name,
-                               const std::string& type, int64_t rows, int64_t n) {
+std::vector<float> dequantised(const io::GgufFile& g, const std::string& name, int64_t rows,
+                               int64_t n) {
+  const std::string type = type_of(g, name);
   const std::vector<uint8_t> bytes = io::read_gguf_tensor_bytes(g, name);
   const size_t row_bytes = bytes.size() / size_t(rows);
   std::vector<float> out;
@@ -82,9 +87,9 @@ std::vector<float> dequantised(const io::GgufFile& g, const std::string& name,
 
 // Our attn.k_b [H*dn, c] from the file's attn_k_b [H, c, dn]: its rows of dn dequantised, each
 // head transposed.
-std::vector<float> k_b_from_file(const io::GgufFile& g, const std::string& name,
-                                 const std::string& type, int64_t H, int64_t c, int64_t dn) {
-  const std::vector<float> file = dequantised(g, name, type, H * c, dn);
+std::vector<float> k_b_from_file(const io::GgufFile& g, const std::string& name, int64_t H,
+                                 int64_t c, int64_t dn) {
+  const std::vector<float> file = dequantised(g, name, H * c, dn);
   std::vector<float> out(file.size());
   for (int64_t h = 0; h < H; ++h)
     for (int64_t x = 0; x < c; ++x)
@@ -134,21 +139,23 @@ FileRows file_rows(const TinyDeepseek& t, const std::string& ours) {
 }
 
 // Our stored weight `ours` [.., in] from the file's blocks: each of our rows the bytes of its file
-// row; q4_k as they are (tensor_formats), q8_0 as our Q8_0 row (the row's int8 values, then its
-// f16 scales: FORMATS.md) from ggml's blocks (f16 d, 32 int8).
+// row, as they are (tensor_formats), or with q8_rows (a q8_0 checkpoint) as our Q8_0 row (the
+// row's int8 values, then its f16 scales: FORMATS.md) from ggml's blocks (f16 d, 32 int8).
 Tensor blocks_from_file(const io::GgufFile& g, const FileRows& from, const Shape& shape,
-                        const std::string& type) {
+                        bool q8_rows) {
   const int64_t in = shape.back(), rows = shape_numel(shape) / in;
   const std::vector<uint8_t> file = io::read_gguf_tensor_bytes(g, from.gguf);
-  const int64_t file_row = type == "q4_k" ? in / 256 * 144 : in / 32 * 34;
-  const int64_t row_bytes = type == "q4_k" ? file_row : in + in / 32 * 2;
+  const std::string type = type_of(g, from.gguf);
+  const int64_t file_row =
+      type == "q8_0" ? in / 32 * 34 : cpu::block_row_bytes(cpu::parse_block_format(type), in);
+  const int64_t row_bytes = q8_rows ? in + in / 32 * 2 : file_row;
   Shape stored = shape;
   stored.back() = row_bytes;
   Tensor out = Tensor::empty(stored, DType::u8);
   for (int64_t r = 0; r < rows; ++r) {
     const uint8_t* src = file.data() + from.row(r) * file_row;
     uint8_t* dst = out.data<uint8_t>() + r * row_bytes;
-    if (type == "q4_k") {
+    if (!q8_rows) {
       std::memcpy(dst, src, size_t(row_bytes));
       continue;
     }
@@ -167,19 +174,59 @@ void run_ok(const std::string& tool_name, const std::string& args, std::string* 
   if (err) *err = r.err;
 }
 
+// The model the file holds, built here: quantize's checkpoint `a` (its config, norms, routers and
+// selection biases: f32 in the file too) with every weight matrix the file's blocks in our rows
+// (`original`: their unquantised shapes), attn.k_b and the embedding the file's values
+// dequantised. With a block recipe, tensor_formats names each matrix's file type. q4_k: the
+// blocks are also checked against quantize's (the same quantiser on the same rows; q8_0's differ:
+// quantize rounds against the f16 scale, ggml against the f32 one).
+io::Checkpoint file_model(const TinyDeepseek& t, const io::GgufFile& g, const io::Checkpoint& a,
+                          const io::Checkpoint& original, const std::string& recipe) {
+  const int64_t H = t.attn.H, c = t.attn.c, dn = t.attn.dn;
+  io::Checkpoint m = a;
+  json formats = json::object();
+  int64_t blocks = 0, k_b = 0;
+  for (io::NamedTensor& p : m.params) {
+    INFO(p.name);
+    const FileRows from = file_rows(t, p.name);
+    if (ends_with(p.name, ".attn.k_b.weight")) {
+      const std::string blk = "blk." + p.name.substr(7, p.name.find('.', 7) - 7) + ".";
+      p.tensor =
+          Tensor::from_vector({H * dn, c}, k_b_from_file(g, blk + "attn_k_b.weight", H, c, dn));
+      ++k_b;
+    } else if (p.name == "embed.tokens") {
+      p.tensor = Tensor::from_vector({t.moe.V, t.moe.D},
+                                     dequantised(g, "token_embd.weight", t.moe.V, t.moe.D));
+    } else if (!from.gguf.empty()) {
+      const Tensor file =
+          blocks_from_file(g, from, param(original, p.name).tensor.shape(), recipe == "q8_0");
+      if (recipe == "q4_k") REQUIRE(same_bytes(file, p.tensor));
+      p.tensor = file;
+      formats[p.name] = type_of(g, from.gguf);
+      ++blocks;
+    }
+  }
+  // Per layer q_a, q_b, kv_a, k_rope, v_b, o; the dense layer's 3, each MoE layer's 3 expert and 3
+  // shared-expert matrices; lm_head.
+  REQUIRE(k_b == t.moe.L);
+  REQUIRE(blocks == 6 * t.moe.L + 3 * t.moe.dense + 6 * (t.moe.L - t.moe.dense) + 1);
+  m.model_config["quantization"] = recipe;
+  if (recipe != "q8_0") m.model_config["tensor_formats"] = formats;
+  return m;
+}
+
 }  // namespace
 
-TEST_CASE("cli: import-gguf of q8_0 and q4_k deepseek2 files keeps the blocks",
+TEST_CASE("cli: import-gguf of quantised deepseek2 files keeps the blocks",
           "[cli][gguf][quantize][deepseek_v3]") {
   test::ScratchDir dir("cli-gguf-import-deepseek2-blocks");
   const TinyDeepseek t = blocky();
   const std::string hf = dir / "ds", ckpt = dir / "ds.h5";
   write_hf_dir(hf, deepseek_config(t), deepseek_weights(t, 61), 1);
   run_ok("moe-convert", "import-hf " + hf + " -o " + ckpt + " -q");
-  const int64_t H = t.attn.H, c = t.attn.c, dn = t.attn.dn;
   const std::string data = test::fortunes_path("computers");
   const io::Checkpoint original = io::load_checkpoint(ckpt, false);  // the unquantised shapes
-  for (const std::string type : {"q8_0", "q4_k"}) {
+  for (const std::string type : {"q8_0", "q4_k", "q4_k_m"}) {
     INFO("--type " << type);
     const std::string gguf = dir / (type + ".gguf"), quant = dir / (type + "-quantize.h5");
     const std::string back = dir / (type + "-import.h5");
@@ -188,51 +235,22 @@ TEST_CASE("cli: import-gguf of q8_0 and q4_k deepseek2 files keeps the blocks",
     REQUIRE(err.find("f16 (rows") == std::string::npos);  // no matrix fell back to f16
     run_ok("moe-convert", "quantize " + ckpt + " --type " + type + " -q -o " + quant);
     run_ok("moe-convert", "import-gguf " + gguf + " -o " + back, &err);
-    REQUIRE_THAT(err, Catch::Contains(str(t.moe.L, " attn_k_b tensors (", type, ") dequantised")));
     const io::GgufFile g = io::read_gguf(gguf);
-    const io::Checkpoint a = io::load_checkpoint(quant, false);
+    REQUIRE_THAT(err, Catch::Contains(str(t.moe.L, " attn_k_b tensors (",
+                                          type_of(g, "blk.0.attn_k_b.weight"), ") dequantised")));
     const io::Checkpoint b = io::load_checkpoint(back, false);
+    const io::Checkpoint reference =
+        file_model(t, g, io::load_checkpoint(quant, false), original, type);
+    if (type == "q4_k_m")  // llama.cpp's mix: q6_k for output.weight and some ffn_down_exps
+      REQUIRE(reference.model_config["tensor_formats"]["lm_head.weight"] == "q6_k");
+    // The import holds exactly that: every parameter byte for byte, the same recipe and formats.
     REQUIRE(b.model_config.at("quantization") == type);
-    // The model as the file holds it, built here: quantize's checkpoint (its config, norms,
-    // routers and selection biases: f32 in the file too) with every weight matrix the file's
-    // blocks in our rows, attn.k_b and the embedding the file's values dequantised.
-    io::Checkpoint reference = a;
-    int64_t blocks = 0, k_b = 0;
-    for (io::NamedTensor& p : reference.params) {
-      INFO(p.name);
-      const FileRows from = file_rows(t, p.name);
-      if (ends_with(p.name, ".attn.k_b.weight")) {
-        const std::string blk = "blk." + p.name.substr(7, p.name.find('.', 7) - 7) + ".";
-        p.tensor = Tensor::from_vector({H * dn, c},
-                                       k_b_from_file(g, blk + "attn_k_b.weight", type, H, c, dn));
-        ++k_b;
-      } else if (p.name == "embed.tokens") {
-        p.tensor = Tensor::from_vector({t.moe.V, t.moe.D},
-                                       dequantised(g, "token_embd.weight", type, t.moe.V, t.moe.D));
-      } else if (!from.gguf.empty()) {
-        const Shape& ours = param(original, p.name).tensor.shape();
-        const Tensor file = blocks_from_file(g, from, ours, type);
-        // q4_k: quantize's bytes too (the same quantiser on the same rows; q8_0's differ: quantize
-        // rounds against the f16 scale, ggml against the f32 one).
-        if (type == "q4_k") REQUIRE(test::hf::same_bytes(file, p.tensor));
-        p.tensor = file;
-        ++blocks;
-      }
-    }
-    // Per layer q_a, q_b, kv_a, k_rope, v_b, o; the dense layer's 3, each MoE layer's 3 expert and
-    // 3 shared-expert matrices; lm_head.
-    REQUIRE(k_b == t.moe.L);
-    REQUIRE(blocks == 6 * t.moe.L + 3 * t.moe.dense + 6 * (t.moe.L - t.moe.dense) + 1);
-    if (reference.model_config.contains("tensor_formats"))
-      for (int64_t i = 0; i < t.moe.L; ++i)
-        reference.model_config["tensor_formats"].erase(str("blocks.", i, ".attn.k_b.weight"));
-    // The import holds exactly that: every parameter byte for byte, the same recipe.
     REQUIRE(b.model_config.value("tensor_formats", json()) ==
             reference.model_config.value("tensor_formats", json()));
     REQUIRE(b.params.size() == reference.params.size());
     for (const io::NamedTensor& p : b.params) {
       INFO(p.name);
-      REQUIRE(test::hf::same_bytes(p.tensor, param(reference, p.name).tensor));
+      REQUIRE(same_bytes(p.tensor, param(reference, p.name).tensor));
     }
     // And scores as it, through moe-infer (config and tensors as the loader serves them).
     const std::string ref = dir / (type + "-reference.h5");
