@@ -323,7 +323,11 @@ int run_export_gguf(Options& o, const Argv&) {
   check_file_output(o);
   bool merged = false;
   io::Checkpoint in = open_checked(o, false, &merged);
-  refuse_quantized(in, o, "export-gguf");  // export the original with --type instead
+  // gpt-oss's MXFP4 blocks (its experts as released, kept by import-hf / import-gguf) go out as
+  // they are, llama.cpp's own gpt-oss files' type; other quantised checkpoints: the original.
+  if (model_config_from_json(in.model_config).arch != Arch::gpt_oss ||
+      io::quantization_of(in.model_config) != "mxfp4")
+    refuse_quantized(in, o, "export-gguf");  // export the original with --type instead
   io::GgufExportOptions options;
   // Default: the checkpoint's own dtype (a bf16 model stays bf16).
   const ModelConfig mc = model_config_from_json(in.model_config);

@@ -7,13 +7,15 @@
 // AtomicFile.
 // Shape letters: V vocabulary, D hidden size, F expert hidden width, Fs shared expert hidden
 // width, E experts of a layer, H query heads, KV key/value heads, hd head dim, Fd the width of
-// glm4_moe's leading dense layers.
+// glm4_moe's leading dense layers. gpt_oss goes out as llama.cpp's "gpt-oss" (its sinks, biases
+// and keys: io/gguf_gpt_oss.cpp).
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 
 #include "io/export_model.h"
@@ -22,6 +24,7 @@
 #include "kernels/convert.h"
 #include "moe/error.h"
 #include "moe/io/atomic_file.h"
+#include "moe/io/convert.h"
 #include "moe/io/dataset.h"
 #include "moe/io/gguf.h"
 #include "moe/io/tokenizer.h"
@@ -79,7 +82,8 @@ void write_vocabulary(Header& h, const Tokenizer* tok, int64_t V) {
     if (pre.empty())
       throw Error(
           "GGUF export: the tokenizer's pre-tokenizer is none llama.cpp names (GPT-2's "
-          "byte-level expression or Qwen2's split); llama.cpp would cut text otherwise");
+          "byte-level expression, Qwen2's split or gpt-oss's o200k); llama.cpp would cut text "
+          "otherwise");
     h.kv_string("tokenizer.ggml.model", "gpt2");
     h.kv_string("tokenizer.ggml.pre", pre);
     h.kv_strings("tokenizer.ggml.tokens", tokens);
@@ -133,17 +137,35 @@ uint32_t file_type(GgufType t) {
 // 2i + j of a head is input row j * hd/2 + i (j = 0, 1). llama.cpp rotates adjacent pairs
 // (2i, 2i + 1) by frequency i; we rotate (i, i + hd/2): after the permutation they are the same
 // pairs, rotated by the same angles.
-std::vector<float> permute_rope_rows(const std::vector<float>& w, int64_t heads, int64_t hd,
-                                     int64_t D) {
-  std::vector<float> out(w.size());
+// Rows of `row` elements: f32 values, or the bytes of a row of blocks (which move whole).
+template <typename T>
+std::vector<T> permute_rope_rows(const std::vector<T>& w, int64_t heads, int64_t hd, int64_t row) {
+  std::vector<T> out(w.size());
   const int64_t half = hd / 2;
   for (int64_t h = 0; h < heads; ++h)
     for (int64_t i = 0; i < half; ++i)
       for (int64_t j = 0; j < 2; ++j) {
-        const float* from = w.data() + (h * hd + j * half + i) * D;
-        std::memcpy(out.data() + (h * hd + 2 * i + j) * D, from, static_cast<size_t>(D) * 4);
+        const T* from = w.data() + (h * hd + j * half + i) * row;
+        std::memcpy(out.data() + (h * hd + 2 * i + j) * row, from,
+                    static_cast<size_t>(row) * sizeof(T));
       }
   return out;
+}
+
+// The bytes of a tensor a block checkpoint keeps in GGUF's blocks (moe/io/convert.h).
+std::vector<uint8_t> bytes_of(const Tensor& t) {
+  const uint8_t* p = static_cast<const uint8_t*>(t.raw());
+  return std::vector<uint8_t>(p, p + t.nbytes());
+}
+
+// A checkpoint that keeps weight matrices in GGUF's blocks (import-gguf of a 4-bit file,
+// moe-convert quantize to a block recipe) writes them as they are; the whole-checkpoint q8_0
+// recipe holds our own Q8_0 rows, which are not GGUF's.
+void check_quantization(const Checkpoint& ckpt) {
+  if (quantization_of(ckpt.model_config) == "q8_0")
+    throw Error(
+        "GGUF export: this is a q8_0-quantised checkpoint (moe-convert quantize), whose Q8_0 rows "
+        "are not llama.cpp's blocks; export the checkpoint that was quantised with --type q8_0");
 }
 
 // Encodes f32 values in `type`, refusing values the type cannot hold (f16's range).
@@ -203,6 +225,7 @@ struct LlamaArch {
                     // others rotate (i, i + hd/2) like us and HF (NEOX rope): copied as they are
   bool glm = false;       // glm4moe: the renormalisation is a key (expert_weights_norm), not fixed
   bool deepseek = false;  // deepseek2: latent attention (io/gguf_deepseek2.cpp); keys as glm4moe's
+  bool gpt_oss = false;   // gpt-oss: sinks, o / router / expert biases (io/gguf_gpt_oss.cpp)
 };
 
 LlamaArch llama_arch(Arch arch) {
@@ -217,6 +240,8 @@ LlamaArch llama_arch(Arch arch) {
       return {"glm4moe", false, false, true};
     case Arch::deepseek_v3:  // rotates adjacent pairs, but of DeepSeek's rows (gguf_deepseek2.cpp)
       return {"deepseek2", false, false, false, true};
+    case Arch::gpt_oss:  // softmax over the top-k logits: the renormalised top-k of a softmax
+      return {"gpt-oss", true, false, false, false, true};
     default:
       return {"llama", true, true};
   }
@@ -314,10 +339,8 @@ void write_glm4moe_keys(Header& h, const ModelConfig& mc) {
 
 GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
                               const GgufExportOptions& options) {
-  const Arch family = model_config_from_json(ckpt.model_config).arch;
-  if (family == Arch::gpt_oss)
-    throw Error("GGUF export does not write gpt_oss yet (llama.cpp's gpt-oss is planned)");
-  const LlamaArch arch = llama_arch(family);
+  const LlamaArch arch = llama_arch(model_config_from_json(ckpt.model_config).arch);
+  check_quantization(ckpt);
   ExportModel m(ckpt, "GGUF export", str("llama.cpp's ", arch.name, " architecture"));
   const ModelConfig& mc = m.config();
   if (arch.glm) check_glm4moe(mc);
@@ -328,8 +351,9 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
                     " the top-k gate weights; this model ", mc.normalize_topk ? "does" : "does not",
                     " (normalize_topk ", mc.normalize_topk ? "true" : "false", ")"));
   check_olmoe_norm_widths(mc);
-  if (!arch.deepseek) check_yarn(mc, arch.name);
-  check_window(mc, arch.name);
+  if (arch.gpt_oss) gguf_out::check_gpt_oss(mc);  // its window and YaRN checks too
+  if (!arch.deepseek && !arch.gpt_oss) check_yarn(mc, arch.name);
+  if (!arch.gpt_oss) check_window(mc, arch.name);
   const Flavour flavour = flavour_of(mc);
   if (!flavour.shared_expert_gate && !flavour.ungated_shared_expert && mc.shared_expert_ff > 0)
     throw Error(str("GGUF export: llama.cpp's ", arch.name,
@@ -384,7 +408,24 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
     plan.push_back(
         {gguf, std::move(dims), type, 1, [&nt](int64_t) { return nt.whole().to_vector(); }});
   };
+  // The GGUF type of a tensor the checkpoint keeps in blocks and its stored shape (u8 [.., out,
+  // row bytes]), written as it is whatever the asked type; nullopt for one held in floats.
+  auto kept = [&](const std::string& ours,
+                  Shape shape) -> std::optional<std::pair<GgufType, Shape>> {
+    const std::string format = block_format_of(ckpt.model_config, ours);
+    if (format.empty()) return std::nullopt;
+    const GgufType type = parse_gguf_type(format);
+    shape.back() = cpu::block_row_bytes(block_format_of(type), shape.back());
+    return std::pair{type, shape};
+  };
   auto matrix = [&](const std::string& gguf, const std::string& ours, int64_t rows, int64_t cols) {
+    if (const auto k = kept(ours, {rows, cols})) {
+      const NamedTensor& nt = param(ours, k->second);
+      plan.push_back({gguf, {cols, rows}, k->first, 1, nullptr, [&nt](int64_t) {
+                        return bytes_of(nt.whole());
+                      }});
+      return;
+    }
     whole(gguf, param(ours, {rows, cols}), {cols, rows}, matrix_type(gguf, cols));
   };
   auto vector = [&](const std::string& gguf, const std::string& ours, int64_t n) {
@@ -392,12 +433,27 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
   };
   auto rope_matrix = [&](const std::string& gguf, const std::string& ours, int64_t heads) {
     if (!arch.permute_qk) return matrix(gguf, ours, heads * hd, D);
+    if (const auto k = kept(ours, {heads * hd, D})) {  // whole rows of blocks, permuted
+      const NamedTensor& nt = param(ours, k->second);
+      const int64_t row = k->second.back();
+      plan.push_back({gguf, {D, heads * hd}, k->first, 1, nullptr, [&nt, heads, hd, row](int64_t) {
+                        return permute_rope_rows(bytes_of(nt.whole()), heads, hd, row);
+                      }});
+      return;
+    }
     const NamedTensor& nt = param(ours, {heads * hd, D});
     plan.push_back({gguf, {D, heads * hd}, matrix_type(gguf, D), 1, [&nt, heads, hd, D](int64_t) {
                       return permute_rope_rows(nt.whole().to_vector(), heads, hd, D);
                     }});
   };
   auto experts = [&](const std::string& gguf, const std::string& ours, int64_t rows, int64_t cols) {
+    if (const auto k = kept(ours, {E, rows, cols})) {
+      const NamedTensor& nt = param(ours, k->second);
+      plan.push_back({gguf, {cols, rows, E}, k->first, E, nullptr, [&nt](int64_t e) {
+                        return bytes_of(nt.expert_slice(e));
+                      }});
+      return;
+    }
     const NamedTensor& nt = param(ours, {E, rows, cols});
     plan.push_back({gguf, {cols, rows, E}, matrix_type(gguf, cols), E, [&nt](int64_t e) {
                       return nt.expert_slice(e).to_vector();
@@ -416,7 +472,7 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
       matrix(blk + "attn_v.weight", ours + "attn.v.weight", KV * hd, D);
       matrix(blk + "attn_output.weight", ours + "attn.o.weight", D, H * hd);
     }
-    if (flavour.qkv_bias) {  // biases stay f32, as llama.cpp's converter keeps 1-D tensors
+    if (flavour.qkv_bias || flavour.bias) {  // f32, as llama.cpp's converter keeps 1-D tensors
       vector(blk + "attn_q.bias", ours + "attn.q.bias", H * hd);
       vector(blk + "attn_k.bias", ours + "attn.k.bias", KV * hd);
       vector(blk + "attn_v.bias", ours + "attn.v.bias", KV * hd);
@@ -427,7 +483,7 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
       vector(blk + "attn_k_norm.weight", ours + "attn.k_norm.weight", head ? hd : KV * hd);
     }
     // glm4moe names the norm before the feed-forward part after the attention it follows
-    vector(blk + (arch.glm ? "post_attention_norm.weight" : "ffn_norm.weight"),
+    vector(blk + (arch.glm || arch.gpt_oss ? "post_attention_norm.weight" : "ffn_norm.weight"),
            ours + "norm2.weight", D);
     if (!mc.is_moe_layer(i)) {  // glm4_moe's and deepseek_v3's leading dense layers
       matrix(blk + "ffn_gate.weight", ours + "mlp.w1", Fd, D);
@@ -441,6 +497,7 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
     experts(blk + "ffn_gate_exps.weight", ours + "moe.experts.w1", F, D);
     experts(blk + "ffn_down_exps.weight", ours + "moe.experts.w2", D, F);
     experts(blk + "ffn_up_exps.weight", ours + "moe.experts.w3", F, D);
+    if (arch.gpt_oss) gguf_out::gpt_oss_layer_extras(m, i, plan);
     if (Fs > 0) {  // qwen2moe's shared expert, its gate [1, D] as llama.cpp's converter has it;
                    // glm4moe's, ungated
       if (flavour.shared_expert_gate)
@@ -463,8 +520,14 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
   const std::string a = arch.name;
   h.kv_string("general.architecture", a);
   h.kv_string("general.name", options.name.empty() ? "moe" : options.name);
-  h.kv_u32("general.file_type", options.q4_k_m ? 15 : file_type(options.type));
-  if (is_blocked(options.type)) h.kv_u32("general.quantization_version", 2);
+  // A block checkpoint's recipe names the file's type (llama.cpp's MOSTLY_MXFP4_MOE for
+  // gpt-oss's kept experts), its own mixes aside.
+  const std::string recipe = quantization_of(ckpt.model_config);
+  const bool recipe_type = !recipe.empty() && recipe != kMixedRecipe && recipe != "q4_k_m";
+  h.kv_u32("general.file_type", options.q4_k_m || recipe == "q4_k_m" ? 15
+                                : recipe_type ? file_type(parse_gguf_type(recipe))
+                                              : file_type(options.type));
+  if (is_blocked(options.type) || !recipe.empty()) h.kv_u32("general.quantization_version", 2);
   h.kv_u32("general.alignment", static_cast<uint32_t>(kAlignment));
   h.kv_u32(a + ".vocab_size", static_cast<uint32_t>(V));
   h.kv_u32(a + ".context_length", static_cast<uint32_t>(mc.seq));
@@ -498,6 +561,7 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
   h.kv_u32(a + ".expert_used_count", static_cast<uint32_t>(mc.top_k));
   if (arch.glm) write_glm4moe_keys(h, mc);
   if (arch.deepseek) gguf_out::write_deepseek2_keys(h, mc);
+  if (arch.gpt_oss) gguf_out::write_gpt_oss_keys(h, mc);
   write_vocabulary(h, tokenizer.get(), V);
   h.kv_string("moe.model_config", to_json(m.recorded_config()).dump());
   h.kv_string("moe.producer", str("libmoe ", version(), " (git ", git_revision(), ")"));
@@ -538,7 +602,10 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
     for (const Planned& p : plan) {
       uint64_t written = 0;
       for (int64_t part = 0; part < p.parts; ++part) {
-        encode(p.name, p.type, p.values(part), bytes);
+        if (p.bytes)
+          bytes = p.bytes(part);
+        else
+          encode(p.name, p.type, p.values(part), bytes);
         write(bytes.data(), bytes.size());
         written += bytes.size();
       }
@@ -556,6 +623,8 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
     if (f) std::fclose(f);
     throw;  // the AtomicFile removes the temp; an existing `path` is untouched
   }
+  if (arch.gpt_oss && !gguf_out::gpt_oss_yarn_note(mc).empty())
+    summary.fallbacks.push_back(gguf_out::gpt_oss_yarn_note(mc));
   summary.tensors = static_cast<int64_t>(plan.size());
   summary.keys = static_cast<int64_t>(h.keys());
   summary.bytes = static_cast<int64_t>(header.size() + offset);

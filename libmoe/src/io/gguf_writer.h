@@ -1,6 +1,7 @@
 // What the GGUF export's parts share (io/gguf_write.cpp: the file and the architectures built on
-// grouped-query attention; io/gguf_deepseek2.cpp: llama.cpp's deepseek2): the key/value section
-// built in memory, and the plan of one output tensor. Private to libmoe.
+// grouped-query attention; io/gguf_deepseek2.cpp: llama.cpp's deepseek2; io/gguf_gpt_oss.cpp:
+// its gpt-oss): the key/value section built in memory, and the plan of one output tensor.
+// Private to libmoe.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -79,13 +80,15 @@ class Header {
   uint64_t keys_ = 0;
 };
 
-// One tensor of the output: its info, and how to produce its values as rows of f32.
+// One tensor of the output: its info, and how to produce its values as rows of f32 (or, for a
+// tensor a checkpoint keeps in GGUF's blocks, its bytes as they are).
 struct Planned {
   std::string name;
   std::vector<int64_t> dims;  // fastest-varying first
   GgufType type;
   int64_t parts = 1;                                  // produce(p) for p < parts, in order
   std::function<std::vector<float>(int64_t)> values;  // part p's values, row-major
+  std::function<std::vector<uint8_t>(int64_t)> bytes = nullptr;  // set: part p's bytes instead
   int64_t nbytes() const {
     GgufTensorInfo info{name, dims, type, 0};
     return info.nbytes();
@@ -104,6 +107,16 @@ void check_deepseek2(const ModelConfig& mc);
 void deepseek2_attention(ExportModel& m, int64_t i, const MatrixType& matrix_type,
                          std::vector<Planned>& plan);
 void write_deepseek2_keys(Header& h, const ModelConfig& mc);
+
+// llama.cpp's gpt-oss (io/gguf_gpt_oss.cpp). check_gpt_oss refuses by name what its graph
+// hard-codes and the model varies (the SwiGLU's alpha and limit, the window's layers, YaRN's
+// mscale); gpt_oss_yarn_note says what truncate false becomes ("" when nothing);
+// gpt_oss_layer_extras plans block `i`'s o bias, sinks, router bias and expert biases;
+// write_gpt_oss_keys writes the keys only gpt-oss reads (the window, YaRN's betas).
+void check_gpt_oss(const ModelConfig& mc);
+std::string gpt_oss_yarn_note(const ModelConfig& mc);
+void gpt_oss_layer_extras(ExportModel& m, int64_t i, std::vector<Planned>& plan);
+void write_gpt_oss_keys(Header& h, const ModelConfig& mc);
 
 }  // namespace gguf_out
 
