@@ -17,6 +17,7 @@
 #include "backend/cpu/quant_blocks.h"
 #include "io/gguf_blocks.h"
 #include "io/gguf_import_deepseek2.h"
+#include "io/gguf_import_gpt_oss.h"
 #include "io/gguf_keys.h"
 #include "io/gguf_tokenizer.h"
 #include "kernels/convert.h"
@@ -47,7 +48,8 @@ struct GgufArch {
 constexpr GgufArch kArchs[] = {
     {"llama", Arch::mixtral, true, true},       {"qwen2moe", Arch::qwen2_moe, false, false},
     {"qwen3moe", Arch::qwen3_moe, true, false}, {"olmoe", Arch::olmoe, false, false},
-    {"glm4moe", Arch::glm4_moe, false, false},  {"deepseek2", Arch::deepseek_v3, false, false}};
+    {"glm4moe", Arch::glm4_moe, false, false},  {"deepseek2", Arch::deepseek_v3, false, false},
+    {"gpt-oss", Arch::gpt_oss, true, false}};  // softmax over the top-k: renormalised
 
 // Bounds of the counts and widths that size the plan, checked before anything
 // is sized by them (the tensors' own dimensions are bounded by the file's size,
@@ -60,7 +62,7 @@ const GgufArch& arch_of(const Keys& k) {
     if (name == a.name) return a;
   throw Error(str("'", k.path(), "': GGUF architecture '", name,
                   "' is not supported (supported: llama with experts (Mixtral), qwen2moe, "
-                  "qwen3moe, olmoe, glm4moe, deepseek2)"));
+                  "qwen3moe, olmoe, glm4moe, deepseek2, gpt-oss)"));
 }
 
 // What llama.cpp can say of a model that ours cannot run: refused by name.
@@ -87,7 +89,7 @@ void refuse_unsupported(const Keys& k, const std::string& a, int64_t seq) {
     refuse(a + ".rope.scaling.yarn_log_multiplier", "DeepSeek's YaRN log multiplier");
   if (k.has(a + ".attention.clamp_kqv")) refuse(a + ".attention.clamp_kqv", "q/k/v clipping");
   const int64_t window = k.integer_or(a + ".attention.sliding_window", 0);
-  if (window > 0 && window < seq)
+  if (window > 0 && window < seq && a != "gpt-oss")  // gpt-oss's even layers: gpt_oss_config
     refuse(a + ".attention.sliding_window",
            str("a sliding window of ", window, " tokens, shorter than the context ", seq));
   if (k.integer_or(a + ".expert_shared_count", 0) > 0 && a != "qwen2moe" && !glm)
@@ -236,6 +238,8 @@ ModelConfig config_from_keys(const Keys& k, const GgufArch& arch, const GgufFile
     glm4moe_config(k, f, mc);
   else if (arch.arch == Arch::deepseek_v3)
     gguf::deepseek2_config(k, mc);
+  else if (arch.arch == Arch::gpt_oss)
+    gguf::gpt_oss_config(k, mc);
   else
     mc.experts_per_layer.assign(static_cast<size_t>(mc.layers), mc.experts);
   // No output.weight: llama.cpp's head is then token_embd (a tied head, as the converter writes a
@@ -329,7 +333,7 @@ std::vector<GgufTensorPlan> expected_tensors(const ModelConfig& mc, bool permute
                 KV = mc.kv_heads_resolved(), hd = mc.head_dim_resolved(), E = mc.experts,
                 Fs = mc.shared_expert_ff, Fd = mc.dense_ff_resolved();
   const Flavour flavour = flavour_of(mc);
-  const bool glm = mc.arch == Arch::glm4_moe;
+  const bool post = mc.arch == Arch::glm4_moe || mc.arch == Arch::gpt_oss;  // post_attention_norm
   std::vector<GgufTensorPlan> out;
   auto add = [&](std::string gguf, std::string ours, Shape shape, bool expert = false,
                  int64_t rope_heads = 0) {
@@ -348,9 +352,9 @@ std::vector<GgufTensorPlan> expected_tensors(const ModelConfig& mc, bool permute
   for (int64_t i = 0; i < mc.layers; ++i) {
     const std::string blk = str("blk.", i, "."), b = str("blocks.", i, ".");
     add(blk + "attn_norm.weight", b + "norm1.weight", {D});
-    add(blk + (glm ? "post_attention_norm.weight" : "ffn_norm.weight"), b + "norm2.weight", {D});
+    add(blk + (post ? "post_attention_norm.weight" : "ffn_norm.weight"), b + "norm2.weight", {D});
     // As our attention creates them: each projection's weight then its bias, then the qk-norms.
-    const bool bias = flavour.qkv_bias;
+    const bool bias = flavour.qkv_bias || flavour.bias;  // gpt-oss: o too, and the experts
     if (flavour.latent_attention) {
       gguf::deepseek2_attention_tensors(mc, i, out);
     } else {
@@ -361,6 +365,8 @@ std::vector<GgufTensorPlan> expected_tensors(const ModelConfig& mc, bool permute
       add(blk + "attn_v.weight", b + "attn.v.weight", {KV * hd, D});
       if (bias) add(blk + "attn_v.bias", b + "attn.v.bias", {KV * hd});
       add(blk + "attn_output.weight", b + "attn.o.weight", {D, H * hd});
+      if (flavour.bias) add(blk + "attn_output.bias", b + "attn.o.bias", {D});
+      if (flavour.sinks) add(blk + "attn_sinks.weight", b + "attn.sinks", {H});
     }
     if (flavour.qk_norm != nn::QkNorm::none) {
       const bool head = flavour.qk_norm == nn::QkNorm::head;
@@ -375,9 +381,15 @@ std::vector<GgufTensorPlan> expected_tensors(const ModelConfig& mc, bool permute
     }
     add(blk + "ffn_gate_inp.weight", b + "moe.router.weight", {E, D});
     if (flavour.router_bias) add(blk + "exp_probs_b.bias", b + "moe.router.bias", {E});
+    if (flavour.router_logit_bias) add(blk + "ffn_gate_inp.bias", b + "moe.router.logit_bias", {E});
     add(blk + "ffn_gate_exps.weight", b + "moe.experts.w1", {E, F, D}, true);
     add(blk + "ffn_down_exps.weight", b + "moe.experts.w2", {E, D, F}, true);
     add(blk + "ffn_up_exps.weight", b + "moe.experts.w3", {E, F, D}, true);
+    if (flavour.bias) {  // gpt-oss's expert biases
+      add(blk + "ffn_gate_exps.bias", b + "moe.experts.b1", {E, F}, true);
+      add(blk + "ffn_down_exps.bias", b + "moe.experts.b2", {E, D}, true);
+      add(blk + "ffn_up_exps.bias", b + "moe.experts.b3", {E, F}, true);
+    }
     if (Fs > 0) {  // the shared expert, then its gate (qwen2moe's; glm4moe's has none)
       add(blk + "ffn_gate_shexp.weight", b + "moe.shared.w1", {Fs, D});
       add(blk + "ffn_down_shexp.weight", b + "moe.shared.w2", {D, Fs});
@@ -545,12 +557,14 @@ DType dtype_of(GgufType t) {
   return t == GgufType::f16 ? DType::f16 : t == GgufType::bf16 ? DType::bf16 : DType::f32;
 }
 
-// The router's selection bias (glm4moe's exp_probs_b): f32 whatever the model's dtype, as
-// nn::Router stores it.
+// The router's selection bias (glm4moe's exp_probs_b) and gpt-oss's attention sinks: f32
+// whatever the model's dtype, as nn::Router and nn::Attention store them.
 bool always_f32(const GgufTensorPlan& t) {
-  const std::string suffix = ".router.bias";
-  return t.ours.size() > suffix.size() &&
-         t.ours.compare(t.ours.size() - suffix.size(), suffix.size(), suffix) == 0;
+  for (const std::string suffix : {".router.bias", ".attn.sinks"})
+    if (t.ours.size() > suffix.size() &&
+        t.ours.compare(t.ours.size() - suffix.size(), suffix.size(), suffix) == 0)
+      return true;
+  return false;
 }
 
 // The dtype a tensor is stored in when it keeps no blocks: the model's, or f32 (always_f32).
@@ -659,30 +673,6 @@ Tensor block_tensor(const GgufFile& f, const GgufTensorPlan& t, int64_t hd) {
 }
 
 }  // namespace
-
-// (io/gguf_blocks.h)
-std::vector<uint8_t> q8_blocks_to_rows(const std::string& where, const uint8_t* blocks,
-                                       int64_t rows, int64_t in) {
-  const int64_t blocks_per_row = in / kQ8Block, row_bytes = cpu::q8_row_bytes(in);
-  std::vector<uint8_t> out(static_cast<size_t>(rows * row_bytes));
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t b = 0; b < blocks_per_row; ++b) {
-      const uint8_t* block = blocks + (r * blocks_per_row + b) * kQ8BlockBytes;
-      uint8_t* row = out.data() + r * row_bytes;
-      uint16_t d;
-      std::memcpy(&d, block, 2);
-      if ((d & 0x8000u) != 0 || (d & 0x7c00u) == 0x7c00u)
-        throw Error(str(where, ": row ", r, ", block ", b, ": the scale ", kernels::f16_to_f32(d),
-                        " is not a finite value >= 0"));
-      for (int64_t j = 0; j < kQ8Block; ++j)
-        if (block[2 + j] == 0x80)
-          throw Error(str(where, ": row ", r, ", block ", b, ": an int8 value of -128 ",
-                          "(Q8_0 values are within [-127, 127])"));
-      std::memcpy(row + b * kQ8Block, block + 2, kQ8Block);
-      std::memcpy(row + in + 2 * b, block, 2);
-    }
-  return out;
-}
 
 GgufImportPlan plan_gguf_import(const std::string& path, const GgufImportOptions& options,
                                 GgufImportReport* report) {

@@ -89,14 +89,16 @@ json bpe_pre_tokenizer(const std::string& pre, json& normalizer) {
   const json byte_level = {{"type", "ByteLevel"},
                            {"add_prefix_space", false},
                            {"trim_offsets", false},
-                           {"use_regex", pre != "qwen2"}};
-  if (pre == "qwen2") {  // Qwen2's tokenizer.json: NFC, its Split, byte-level
-                         // without a regex
-    normalizer = {{"type", "NFC"}};
-    const json split = {{"type", "Split"},
-                        {"pattern", {{"Regex", detail::kQwen2Pattern}}},
-                        {"behavior", "Isolated"},
-                        {"invert", false}};
+                           {"use_regex", pre != "qwen2" && pre != "gpt-4o"}};
+  // Qwen2's tokenizer.json: NFC, its Split, byte-level without a regex; gpt-oss's (o200k) the
+  // same without a normaliser.
+  if (pre == "qwen2" || pre == "gpt-4o") {
+    if (pre == "qwen2") normalizer = {{"type", "NFC"}};
+    const json split = {
+        {"type", "Split"},
+        {"pattern", {{"Regex", pre == "qwen2" ? detail::kQwen2Pattern : detail::kO200kPattern}}},
+        {"behavior", "Isolated"},
+        {"invert", false}};
     return {{"type", "Sequence"}, {"pretokenizers", json::array({split, byte_level})}};
   }
   if (pre == "gpt-2" || pre == "olmo") return byte_level;  // GPT-2's expression (OLMoE's too)
@@ -253,7 +255,7 @@ StoredTokenizer tokenizer_from_gguf(const Keys& k, int64_t V, std::vector<std::s
     const json pre_tokenizer = bpe_pre_tokenizer(pre, normalizer);
     if (pre_tokenizer.is_null()) {
       notes.push_back(str("tokenizer left out: tokenizer.ggml.pre '", pre,
-                          "' is not a pre-tokenizer this build runs (gpt-2, olmo, qwen2)"));
+                          "' is not a pre-tokenizer this build runs (gpt-2, olmo, qwen2, gpt-4o)"));
       return {};
     }
     try {

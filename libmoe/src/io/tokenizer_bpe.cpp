@@ -37,7 +37,7 @@ using nlohmann::json;
 
 // GPT-2's pre-tokenizer expression (ByteLevel with use_regex: contractions, letters, numbers,
 // other symbols, each with an optional leading space, then runs of white space) and Qwen2's are
-// kGpt2Pattern and kQwen2Pattern (io/tokenizer_impl.h).
+// kGpt2Pattern, kQwen2Pattern and kO200kPattern (io/tokenizer_impl.h).
 
 class Regex {
  public:
@@ -333,7 +333,10 @@ class BpeTokenizer final : public Tokenizer {
       const std::string text = pattern.at(literal ? "String" : "Regex").get<std::string>();
       // llama.cpp names the pre-tokenizers it implements; ours runs any expression. A name holds
       // for a single expression only.
-      llama_pre_ = !literal && text == kQwen2Pattern && !split_seen_ ? "qwen2" : "";
+      llama_pre_ = literal || split_seen_  ? ""
+                   : text == kQwen2Pattern ? "qwen2"
+                   : text == kO200kPattern ? "gpt-4o"  // gpt-oss's, GPT-4o's
+                                           : "";
       split_seen_ = true;
       steps_.push_back({std::make_shared<Regex>(text, literal, where_), false, false});
     } else if (type == "ByteLevel") {
