@@ -10,6 +10,7 @@
 #include "moe/io/output.h"
 #include "moe/log.h"
 #include "moe/offload/budget.h"
+#include "moe/settings.h"
 
 namespace moe::tools {
 namespace {
@@ -108,9 +109,11 @@ void add_model_shape_options(CLI::Option_group& g, TrainOptions& o) {
                            "gpt (GPT-2/Switch numerics), mixtral (HF Mixtral numerics), or the "
                            "HF families on mixtral's layers: qwen2_moe, qwen3_moe, olmoe, "
                            "glm4_moe, deepseek_v3 (DeepSeek-V2/V3: glm4_moe's MoE layers with "
-                           "Multi-head Latent Attention, --kv-lora-rank and the flags beside it)")
+                           "Multi-head Latent Attention, --kv-lora-rank and the flags beside it), "
+                           "gpt_oss (OpenAI gpt-oss: biases, attention sinks, the clamped SwiGLU "
+                           "of --swiglu-alpha and --swiglu-limit, a router bias; every layer MoE)")
                 ->check(CLI::IsMember({"gpt", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe",
-                                       "glm4_moe", "deepseek_v3"}))
+                                       "glm4_moe", "deepseek_v3", "gpt_oss"}))
                 ->capture_default_str());
   model_opt(mg->add_option("--vocab", m.vocab_size,
                            "Vocabulary size (256 for text; token files: max id + 1 by default)")
@@ -139,8 +142,17 @@ void add_model_shape_options(CLI::Option_group& g, TrainOptions& o) {
                            "even; 0 = all of the head)")
                 ->capture_default_str());
   model_opt(mg->add_option("--sliding-window", m.sliding_window,
-                           "Sliding-window attention on every layer: a token sees the last N "
+                           "Sliding-window attention on every layer (--arch gpt_oss: on the even "
+                           "layers 0, 2, ..., HF gpt-oss's layer_types): a token sees the last N "
                            "positions, itself included (Mixtral's sliding_window; 0 = none)")
+                ->capture_default_str());
+  model_opt(mg->add_option(flag_for(Setting::swiglu_alpha), m.swiglu_alpha,
+                           "--arch gpt_oss's clamped SwiGLU: the slope of its sigmoid (HF "
+                           "swiglu_alpha)")
+                ->capture_default_str());
+  model_opt(mg->add_option(flag_for(Setting::swiglu_limit), m.swiglu_limit,
+                           "--arch gpt_oss's clamped SwiGLU: gate <= limit, |up| <= limit (HF "
+                           "swiglu_limit)")
                 ->capture_default_str());
   model_opt(mg->add_flag("--tie-embeddings", m.tie_embeddings,
                          "The LM head reads the token embedding (tie_word_embeddings; gpt always "
@@ -563,6 +575,16 @@ void fill_latent_defaults(ModelConfig& m, CLI::App& app) {
   if (!given(app, "--v-head-dim")) m.v_head_dim = m.qk_nope_dim;
 }
 
+// gpt_oss's layout where its flags are left out: experts in every layer (its clamped SwiGLU is an
+// expert activation), a --sliding-window on the even layers as HF's default layer_types, and
+// YaRN's correction range unrounded (HF gpt-oss's rope_parameters truncate false).
+void fill_gpt_oss_defaults(ModelConfig& m, CLI::App& app) {
+  if (!given(app, "--moe-every") && !given(app, "--experts-per-layer")) m.moe_every = 1;
+  m.yarn.truncate = false;
+  if (m.sliding_window > 0 && m.window_layers.empty())
+    for (int64_t i = 0; i < m.layers; i += 2) m.window_layers.push_back(i);
+}
+
 // The latent attention's flags: deepseek_v3's alone, each size in its range, and none of the
 // head flags its latent attention replaces (ModelConfig::validate_mla words these by config key;
 // here they are named by flag).
@@ -665,6 +687,7 @@ train::SessionRequest session_request(const TrainOptions& o, CLI::App& app) {
   r.model = o.model;
   r.model.arch = parse_arch(o.arch);
   if (r.model.arch == Arch::deepseek_v3) fill_latent_defaults(r.model, app);
+  if (r.model.arch == Arch::gpt_oss) fill_gpt_oss_defaults(r.model, app);
   const bool sigmoid_family = r.model.arch == Arch::glm4_moe || r.model.arch == Arch::deepseek_v3;
   r.model.router_scoring = o.router != "auto" ? parse_router_scoring(o.router)
                            : sigmoid_family   ? nn::RouterScoring::sigmoid
