@@ -200,16 +200,100 @@ TEST_CASE("gpt_oss export-hf: what HF GptOss cannot hold is refused by name", "[
   CHECK_THAT(test::error_of([&] { io::export_hf(random_checkpoint(mc, 5), dir.file("a")); }),
              Catch::Contains("HF GptOss") && Catch::Contains("normalize_topk false"));
   CHECK_FALSE(std::filesystem::exists(dir.file("a")));
-  // A checkpoint whose experts stay MXFP4 blocks (import-hf keeping them) goes out only from its
-  // dequantised import.
+  // Quantised checkpoints: only gpt-oss's MXFP4 experts, all of them, have an HF form.
   mc.normalize_topk = true;
-  io::Checkpoint kept = random_checkpoint(mc, 5);
-  kept.model_config[io::kQuantizationKey] = "mxfp4";
-  json formats = json::object();
-  for (int64_t l = 0; l < mc.layers; ++l)
-    for (const char* w : {"w1", "w2", "w3"}) formats[str("blocks.", l, ".moe.experts.", w)] = "mxfp4";
-  kept.model_config[io::kTensorFormatsKey] = formats;
-  CHECK_THAT(test::error_of([&] { io::export_hf(kept, dir.file("b")); }),
-             Catch::Contains("mxfp4-quantised experts") && Catch::Contains("MXFP4 blocks"));
+  io::Checkpoint q8 = random_checkpoint(mc, 5);
+  q8.model_config[io::kQuantizationKey] = "q8_0";
+  CHECK_THAT(test::error_of([&] { io::export_hf(q8, dir.file("b")); }),
+             Catch::Contains("q8_0-quantised") &&
+                 Catch::Contains("only gpt-oss's MXFP4 experts have a Hugging Face form"));
+  io::Checkpoint some = random_checkpoint(mc, 5);
+  some.model_config[io::kQuantizationKey] = "mxfp4";
+  some.model_config[io::kTensorFormatsKey] = {{"blocks.0.moe.experts.w1", "mxfp4"}};
+  CHECK_THAT(test::error_of([&] { io::export_hf(some, dir.file("b")); }),
+             Catch::Contains("every expert matrix in MXFP4 or none"));
   CHECK_FALSE(std::filesystem::exists(dir.file("b")));
+}
+
+namespace {
+
+// Input k of one of our mxfp4 rows (GGUF's MXFP4 blocks of 32 inputs: the E8M0 scale byte, then
+// 16 bytes, byte j holding input j in its low nibble and input j + 16 in its high one), as f32.
+float our_mxfp4_input(const uint8_t* row, int64_t k) {
+  const uint8_t* block = row + (k / 32) * 17;
+  const int64_t j = k % 32;
+  const int code = j < 16 ? block[1 + j] & 15 : block[1 + j - 16] >> 4;
+  return float(fp4_value(code) * std::ldexp(1.0, int(block[0]) - 127));
+}
+
+bool same_float(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+}  // namespace
+
+TEST_CASE("gpt_oss export-hf: kept MXFP4 experts go out as _blocks and _scales, bit-exact",
+          "[hf][gpt_oss][mxfp4]") {
+  test::ScratchDir dir("hf-export-gpt-oss-mxfp4");
+  TinyGptOss t;
+  t.layer_types = {"sliding_attention", "full_attention", "sliding_attention"};
+  const ModelConfig mc = model_of(t, DType::bf16);
+  io::Checkpoint c = random_checkpoint(mc, 9);
+  json formats = json::object();
+  uint64_t seed = 100;
+  for (io::NamedTensor& p : c.params) {
+    const bool w2 = p.name.ends_with("moe.experts.w2");
+    if (!w2 && !p.name.ends_with("moe.experts.w1") && !p.name.ends_with("moe.experts.w3")) continue;
+    const int64_t rows = w2 ? t.D : t.F, in = w2 ? t.F : t.D;
+    auto [blocks, scales] = random_mxfp4(t.E, rows, in, ++seed);  // any bytes, scales 120..126
+    Tensor kept = Tensor::empty({t.E, rows, in / 32 * 17}, DType::u8);
+    for (int64_t b = 0; b < t.E * rows * (in / 32); ++b) {
+      kept.data<uint8_t>()[b * 17] = scales.data<uint8_t>()[b];
+      std::memcpy(kept.data<uint8_t>() + b * 17 + 1, blocks.data<uint8_t>() + b * 16, 16);
+    }
+    p.tensor = kept;
+    formats[p.name] = "mxfp4";
+  }
+  REQUIRE(formats.size() == size_t(3 * t.L));
+  c.model_config[io::kQuantizationKey] = "mxfp4";
+  c.model_config[io::kTensorFormatsKey] = formats;
+  io::export_hf(c, dir.file("out"));
+  io::SafetensorsReader st(dir.file("out/model.safetensors"));
+  REQUIRE(st.tensors().size() == gpt_oss_mxfp4(t, 1).size());
+  for (const auto& [name, tensor] : gpt_oss_mxfp4(t, 1)) {  // the writer's names, shapes, dtypes
+    INFO("tensor " << name);
+    const Tensor ours = st.read(name);
+    CHECK(ours.shape() == tensor.shape());
+    CHECK(ours.dtype() == tensor.dtype());
+  }
+  // Decoded with the test's HF dequantiser (transformers' layout), every input of every row is
+  // our block's input, bit for bit (signed zeros included).
+  for (int64_t l = 0; l < t.L; ++l) {
+    INFO("layer " << l);
+    const std::string hf = str("model.layers.", l, ".mlp.experts."), x = str("blocks.", l, ".moe.experts.");
+    const std::vector<float> gu =
+        hf_mxfp4_dequantize(st.read(hf + "gate_up_proj_blocks"), st.read(hf + "gate_up_proj_scales"),
+                            DType::f32)
+            .to_vector();
+    const std::vector<float> dn =
+        hf_mxfp4_dequantize(st.read(hf + "down_proj_blocks"), st.read(hf + "down_proj_scales"),
+                            DType::f32)
+            .to_vector();
+    const uint8_t* w1 = param(c, x + "w1").tensor.data<uint8_t>();
+    const uint8_t* w3 = param(c, x + "w3").tensor.data<uint8_t>();
+    const uint8_t* w2 = param(c, x + "w2").tensor.data<uint8_t>();
+    const int64_t D = t.D, F = t.F, rowD = D / 32 * 17, rowF = F / 32 * 17;
+    int64_t wrong = 0;
+    for (int64_t e = 0; e < t.E; ++e)
+      for (int64_t f = 0; f < F; ++f)
+        for (int64_t d = 0; d < D; ++d) {
+          const size_t g = size_t((e * D + d) * 2 * F + 2 * f);
+          wrong += !same_float(gu[g], our_mxfp4_input(w1 + (e * F + f) * rowD, d));
+          wrong += !same_float(gu[g + 1], our_mxfp4_input(w3 + (e * F + f) * rowD, d));
+          wrong += !same_float(dn[size_t((e * F + f) * D + d)],
+                               our_mxfp4_input(w2 + (e * D + d) * rowF, f));
+        }
+    CHECK(wrong == 0);
+  }
+  const json config = config_of(dir.file("out"));
+  CHECK(config["quantization_config"] == gpt_oss_mxfp4_config(t)["quantization_config"]);
+  CHECK(config["torch_dtype"] == "bfloat16");
 }

@@ -233,10 +233,10 @@ void check_deepseek_v2(const ModelConfig& mc) {
 }
 
 // config.json with the keys the family's transformers config class writes.
-nlohmann::ordered_json family_config(const ModelConfig& mc, int64_t E) {
+nlohmann::ordered_json family_config(const ModelConfig& mc, int64_t E, bool mxfp4) {
   if (mc.arch == Arch::glm4_moe) return glm_config(mc, E);
   if (mc.arch == Arch::deepseek_v3) return deepseek_config(mc, E);
-  if (mc.arch == Arch::gpt_oss) return hf::gpt_oss_config(mc, E);
+  if (mc.arch == Arch::gpt_oss) return hf::gpt_oss_config(mc, E, mxfp4);
   const int64_t D = mc.d_model, H = mc.heads, hd = mc.head_dim_resolved();
   nlohmann::ordered_json c;
   const bool mixtral = mc.arch == Arch::mixtral, qwen2 = mc.arch == Arch::qwen2_moe;
@@ -347,7 +347,8 @@ NamedTensor expert_of(const std::string& hf_name, const NamedTensor& param, int6
 
 // The HF tensors of the model, in HF's order, viewing our parameters (expert slices included);
 // those of a lazily opened checkpoint stay lazy (read one at a time as the files are written).
-std::vector<NamedTensor> hf_tensors(ExportModel& m) {
+// mxfp4: gpt-oss's experts kept as MXFP4 blocks (hf::kept_mxfp4_experts).
+std::vector<NamedTensor> hf_tensors(ExportModel& m, bool mxfp4) {
   const ModelConfig& mc = m.config();
   const Flavour flavour = flavour_of(mc);
   const int64_t V = mc.vocab_size, D = mc.d_model, F = mc.d_ff, H = mc.heads, E = m.experts();
@@ -379,7 +380,8 @@ std::vector<NamedTensor> hf_tensors(ExportModel& m) {
     const std::string ours = str("blocks.", i, "."), hf = str("model.layers.", i, ".");
     const std::string moe = hf + (mixtral ? "block_sparse_moe." : "mlp.");
     if (mc.arch == Arch::gpt_oss) {
-      for (NamedTensor& nt : hf::gpt_oss_layer_tensors(m, i, param)) out.push_back(std::move(nt));
+      for (NamedTensor& nt : hf::gpt_oss_layer_tensors(m, i, param, mxfp4))
+        out.push_back(std::move(nt));
       continue;
     }
     emit(hf + "input_layernorm.weight", param(ours + "norm1.weight", {D}));
@@ -579,15 +581,13 @@ class CreatedDir {
 
 void export_hf(const Checkpoint& ckpt, const std::string& dir, const HfExportOptions& options) {
   const ModelConfig peek = model_config_from_json(ckpt.model_config);
+  // gpt-oss's experts kept as MXFP4 blocks go out as the released checkpoints hold them.
+  const bool mxfp4 = peek.arch == Arch::gpt_oss && hf::kept_mxfp4_experts(ckpt.model_config, peek);
   const std::string quantization = quantization_of(ckpt.model_config);
-  if (!quantization.empty())
-    throw Error(str("Hugging Face export: this checkpoint holds ", quantization, "-quantised ",
-                    peek.arch == Arch::gpt_oss && quantization == "mxfp4"
-                        ? "experts (gpt-oss's MXFP4 blocks, kept by import-hf)"
-                        : "weights",
-                    ", which ", hf_model_name(peek),
-                    " files here hold in a float dtype; export the checkpoint imported without "
-                    "keeping them, or the one that was quantised"));
+  if (!quantization.empty() && !mxfp4)
+    throw Error(str("Hugging Face export: this checkpoint holds ", quantization,
+                    "-quantised weights, which ", hf_model_name(peek),
+                    " files hold in a float dtype; export the checkpoint that was quantised"));
   ExportModel m(ckpt, "Hugging Face export", hf_model_name(peek));
   const ModelConfig& mc = m.config();
   if (mc.arch == Arch::mixtral && !mc.normalize_topk)
@@ -611,7 +611,7 @@ void export_hf(const Checkpoint& ckpt, const std::string& dir, const HfExportOpt
                     " has no shared expert; this model's "
                     "is ",
                     mc.shared_expert_ff, " wide (qwen2_moe and glm4_moe have one)"));
-  const std::vector<NamedTensor> out = hf_tensors(m);
+  const std::vector<NamedTensor> out = hf_tensors(m, mxfp4);
   const bool sharded = options.max_shard_bytes > 0;
   const std::vector<std::vector<NamedTensor>> shards = plan_shards(out, options.max_shard_bytes);
   check_export_files(dir, shards.size(), sharded, ckpt, options.replace);
@@ -631,7 +631,7 @@ void export_hf(const Checkpoint& ckpt, const std::string& dir, const HfExportOpt
       {kMetadataConfig, to_json(m.recorded_config()).dump()},
       {"moe.producer", str("libmoe ", version(), " (git ", git_revision(), ")")}};
   write_tensors(dir, shards, metadata, sharded);
-  nlohmann::ordered_json config = family_config(mc, m.experts());
+  nlohmann::ordered_json config = family_config(mc, m.experts(), mxfp4);
   window_and_tie(mc, config);
   write_text_atomic(join_path(dir, kConfigFile), config.dump(2) + "\n");
   // The tokenizer an import kept goes back out beside the model, verbatim.

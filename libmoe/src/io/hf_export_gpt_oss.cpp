@@ -15,6 +15,7 @@
 #include <memory>
 
 #include "moe/error.h"
+#include "moe/io/convert.h"
 #include "moe/log.h"
 
 namespace moe::io::hf {
@@ -111,26 +112,95 @@ NamedTensor renamed(const std::string& hf_name, const NamedTensor& nt) {
   return out;
 }
 
-// The experts of layer `ours` ("blocks.3.") as HF's four tensors under `hf`
-// ("model.layers.3.mlp.experts.").
-void expert_tensors(ExportModel& m, const std::string& ours, const std::string& hf,
-                    const ParamFn& param, std::vector<NamedTensor>& out) {
+// Row r of one expert's mxfp4 matrix ([rows, nb * 17] u8: per block of 32 inputs the E8M0 scale
+// byte, then ggml's 16 bytes, byte j holding input j low and input j + 16 high) as HF's row:
+// nb blocks of 16 bytes (byte j holding input 2j low and 2j + 1 high) at `blocks`, nb scale bytes
+// at `scales` (either may be null). The inverse of import-hf's nibble permutation: bit-exact.
+void hf_mxfp4_row(const uint8_t* ours, int64_t nb, uint8_t* blocks, uint8_t* scales) {
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* block = ours + b * 17;
+    if (scales) scales[b] = block[0];
+    if (!blocks) continue;
+    const uint8_t* qs = block + 1;
+    auto input = [qs](int k) { return k < 16 ? qs[k] & 15 : qs[k - 16] >> 4; };
+    for (int j = 0; j < 16; ++j) blocks[b * 16 + j] = uint8_t(input(2 * j) | input(2 * j + 1) << 4);
+  }
+}
+
+// One expert's HF _blocks ([rows, nb, 16]) or _scales ([rows, nb]) from our mxfp4 rows: `rows_of`
+// gives the [rows', nb * 17] matrices whose rows interleave (gate_up: w1 row f is HF row 2f, w3's
+// 2f + 1; down: w2 alone).
+Tensor hf_mxfp4(const std::vector<Tensor>& parts, int64_t nb, bool blocks) {
+  const int64_t n = static_cast<int64_t>(parts.size()), rows = parts[0].dim(0);
+  Tensor out = Tensor::empty(blocks ? Shape{n * rows, nb, 16} : Shape{n * rows, nb}, DType::u8);
+  auto* o = static_cast<uint8_t*>(out.raw());
+  const int64_t width = blocks ? nb * 16 : nb;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t p = 0; p < n; ++p) {
+      uint8_t* at = o + (r * n + p) * width;
+      hf_mxfp4_row(static_cast<const uint8_t*>(parts[size_t(p)].raw()) + r * nb * 17, nb,
+                   blocks ? at : nullptr, blocks ? nullptr : at);
+    }
+  return out;
+}
+
+// Our kept mxfp4 expert matrix `name` [E, rows, in / 32 * 17] u8, marked used.
+NamedTensor mxfp4_param(ExportModel& m, const std::string& name, int64_t rows, int64_t in) {
+  const NamedTensor& nt = m.param(name, {m.experts(), rows, in / 32 * 17});
+  if (nt.dtype() != DType::u8)
+    throw Error(str("Hugging Face export: parameter '", name, "' is ", dtype_name(nt.dtype()),
+                    ", but tensor_formats names it mxfp4 (u8 blocks)"));
+  return nt;
+}
+
+// The MXFP4 experts of layer `ours` as HF's _blocks and _scales under `hf`, bit-exact.
+void mxfp4_expert_tensors(ExportModel& m, const std::string& ours, const std::string& hf,
+                          std::vector<NamedTensor>& out) {
   const ModelConfig& mc = m.config();
   const int64_t D = mc.d_model, F = mc.d_ff, E = m.experts();
   const std::string ex = ours + "moe.experts.";
-  const NamedTensor w1 = param(ex + "w1", {E, F, D}), w3 = param(ex + "w3", {E, F, D});
-  const NamedTensor w2 = param(ex + "w2", {E, D, F});
+  const NamedTensor w1 = mxfp4_param(m, ex + "w1", F, D), w3 = mxfp4_param(m, ex + "w3", F, D);
+  const NamedTensor w2 = mxfp4_param(m, ex + "w2", D, F);
+  for (bool blocks : {true, false}) {
+    const char* kind = blocks ? "_blocks" : "_scales";
+    Shape gu{E, 2 * F, D / 32}, dn{E, D, F / 32};
+    if (blocks) gu.push_back(16), dn.push_back(16);
+    out.push_back(by_expert(str(hf, "gate_up_proj", kind), gu, DType::u8,
+                            [w1, w3, D, blocks](int64_t e) {
+                              return hf_mxfp4({host_expert(w1, e), host_expert(w3, e)}, D / 32,
+                                              blocks);
+                            }));
+    out.push_back(by_expert(str(hf, "down_proj", kind), dn, DType::u8, [w2, F, blocks](int64_t e) {
+      return hf_mxfp4({host_expert(w2, e)}, F / 32, blocks);
+    }));
+  }
+}
+
+// The experts of layer `ours` ("blocks.3.") as HF's four tensors under `hf`
+// ("model.layers.3.mlp.experts."); with `mxfp4`, gate_up_proj and down_proj as their _blocks
+// and _scales.
+void expert_tensors(ExportModel& m, const std::string& ours, const std::string& hf,
+                    const ParamFn& param, bool mxfp4, std::vector<NamedTensor>& out) {
+  const ModelConfig& mc = m.config();
+  const int64_t D = mc.d_model, F = mc.d_ff, E = m.experts();
+  const std::string ex = ours + "moe.experts.";
+  if (mxfp4) {
+    mxfp4_expert_tensors(m, ours, hf, out);
+  } else {
+    const NamedTensor w1 = param(ex + "w1", {E, F, D}), w3 = param(ex + "w3", {E, F, D});
+    const NamedTensor w2 = param(ex + "w2", {E, D, F});
+    out.push_back(by_expert(hf + "gate_up_proj", {E, D, 2 * F}, mc.dtype,
+                            [w1, w3, D, F](int64_t e) {
+                              return gate_up(host_expert(w1, e), host_expert(w3, e), F, D);
+                            }));
+    out.push_back(by_expert(hf + "down_proj", {E, F, D}, mc.dtype,
+                            [w2, D, F](int64_t e) { return down(host_expert(w2, e), D, F); }));
+  }
   const NamedTensor b1 = param(ex + "b1", {E, F}), b3 = param(ex + "b3", {E, F});
-  const NamedTensor b2 = param(ex + "b2", {E, D});
-  out.push_back(by_expert(hf + "gate_up_proj", {E, D, 2 * F}, mc.dtype, [w1, w3, D, F](int64_t e) {
-    return gate_up(host_expert(w1, e), host_expert(w3, e), F, D);
-  }));
   out.push_back(by_expert(hf + "gate_up_proj_bias", {E, 2 * F}, mc.dtype, [b1, b3, F](int64_t e) {
     return gate_up(host_expert(b1, e), host_expert(b3, e), F, 1);
   }));
-  out.push_back(by_expert(hf + "down_proj", {E, F, D}, mc.dtype,
-                          [w2, D, F](int64_t e) { return down(host_expert(w2, e), D, F); }));
-  out.push_back(renamed(hf + "down_proj_bias", b2));
+  out.push_back(renamed(hf + "down_proj_bias", param(ex + "b2", {E, D})));
 }
 
 }  // namespace
@@ -151,7 +221,28 @@ void check_gpt_oss(const ModelConfig& mc) {
         "false)");
 }
 
-nlohmann::ordered_json gpt_oss_config(const ModelConfig& mc, int64_t E) {
+bool kept_mxfp4_experts(const nlohmann::json& model_config, const ModelConfig& mc) {
+  const std::string q = quantization_of(model_config);
+  if (q.empty()) return false;
+  const char* why = q != "mxfp4" ? "only gpt-oss's MXFP4 experts have a Hugging Face form"
+                                 : nullptr;
+  size_t named = 0;
+  for (int64_t i = 0; i < mc.layers && !why; ++i)
+    for (const char* w : {"w1", "w2", "w3"}) {
+      ++named;
+      if (block_format_of(model_config, str("blocks.", i, ".moe.experts.", w)) != "mxfp4")
+        why = "HF GptOss holds every expert matrix in MXFP4 or none";
+    }
+  if (!why && model_config.at(kTensorFormatsKey).size() != named)
+    why = "HF GptOss holds only the expert matrices in MXFP4";
+  if (why)
+    throw Error(str("Hugging Face export: this checkpoint holds ", q, "-quantised weights (",
+                    "tensor_formats); ", why,
+                    ": export the checkpoint imported or trained before quantising"));
+  return true;
+}
+
+nlohmann::ordered_json gpt_oss_config(const ModelConfig& mc, int64_t E, bool mxfp4) {
   nlohmann::ordered_json c;
   c["architectures"] = {"GptOssForCausalLM"};
   c["model_type"] = "gpt_oss";
@@ -193,10 +284,16 @@ nlohmann::ordered_json gpt_oss_config(const ModelConfig& mc, int64_t E) {
   c["output_router_logits"] = false;
   c["router_aux_loss_coef"] = mc.aux_loss_coef;
   c["torch_dtype"] = torch_dtype_name(mc.dtype);
+  if (mxfp4)  // transformers' Mxfp4Config.to_dict, as the released checkpoints carry it
+    c["quantization_config"] = {
+        {"quant_method", "mxfp4"},
+        {"modules_to_not_convert", {"model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                    "model.embed_tokens", "lm_head"}}};
   return c;
 }
 
-std::vector<NamedTensor> gpt_oss_layer_tensors(ExportModel& m, int64_t i, const ParamFn& param) {
+std::vector<NamedTensor> gpt_oss_layer_tensors(ExportModel& m, int64_t i, const ParamFn& param,
+                                               bool mxfp4) {
   const ModelConfig& mc = m.config();
   const int64_t D = mc.d_model, H = mc.heads, E = m.experts();
   const int64_t KV = mc.kv_heads_resolved(), hd = mc.head_dim_resolved();
@@ -225,7 +322,7 @@ std::vector<NamedTensor> gpt_oss_layer_tensors(ExportModel& m, int64_t i, const 
                     dtype_name(mc.dtype)));
   out.push_back(renamed(mlp + "router.weight", router));
   out.push_back(renamed(mlp + "router.bias", param(ours + "moe.router.logit_bias", {E})));
-  expert_tensors(m, ours, mlp + "experts.", param, out);
+  expert_tensors(m, ours, mlp + "experts.", param, mxfp4, out);
   out.push_back(
       f32_norm(hf + "post_attention_layernorm.weight", param(ours + "norm2.weight", {D})));
   return out;
