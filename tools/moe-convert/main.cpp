@@ -490,9 +490,10 @@ void add_hf_commands(CLI::App& app, Options& o, std::vector<Subcommand>& subs) {
 void add_gguf_commands(CLI::App& app, Options& o, std::vector<Subcommand>& subs) {
   auto* gguf =
       app.add_subcommand("export-gguf",
-                         "A mixtral, qwen2_moe, qwen3_moe, olmoe, glm4_moe or deepseek_v3 "
-                         "checkpoint as a GGUF v3 file for llama.cpp (its llama (with experts), "
-                         "qwen2moe, qwen3moe, olmoe, glm4moe or deepseek2 architecture)");
+                         "A mixtral, qwen2_moe, qwen3_moe, olmoe, glm4_moe, deepseek_v3 or "
+                         "gpt_oss checkpoint as a GGUF v3 file for llama.cpp (its llama (with "
+                         "experts), qwen2moe, qwen3moe, olmoe, glm4moe, deepseek2 or gpt-oss "
+                         "architecture)");
   add_checkpoint_input(gguf, o);
   gguf->add_option("--type", o.gguf_type,
                    "Type of the matrices: f32, f16, bf16, q8_0, q4_k, q6_k, mxfp4 or q4_k_m "
@@ -504,8 +505,8 @@ void add_gguf_commands(CLI::App& app, Options& o, std::vector<Subcommand>& subs)
   subs.push_back({gguf, run_export_gguf});
   auto* import_gguf = app.add_subcommand(
       "import-gguf",
-      "A GGUF v3 file (llama.cpp's llama with experts, qwen2moe, qwen3moe, olmoe, glm4moe or "
-      "deepseek2; f32, f16, bf16, q8_0, q4_K, q6_K or MXFP4 tensors, deepseek2's latent "
+      "A GGUF v3 file (llama.cpp's llama with experts, qwen2moe, qwen3moe, olmoe, glm4moe, "
+      "deepseek2 or gpt-oss; f32, f16, bf16, q8_0, q4_K, q6_K or MXFP4 tensors, deepseek2's latent "
       "attention f32/f16/bf16) into one checkpoint (quantised weights keep their blocks)");
   import_gguf->add_option("file", o.inputs, "GGUF file")->required()->expected(1);
   import_gguf
