@@ -99,6 +99,20 @@ TEST_CASE("cli: loglikelihood under --ep answers as one process", "[cli][logprob
   test::write_file(dir / "texts.jsonl", texts);
   compare("loglikelihood --rolling --requests " + (dir / "texts.jsonl") + common, 6, true);
 
+  // Every rank reads its own copy of the requests: ranks given different ones stop (exit 1) before
+  // the first pass, naming them (mpiexec's colon form starts each rank with its own flags).
+  test::write_file(dir / "first.jsonl", requests.substr(0, requests.find('\n') + 1));
+  const auto differ = run_command(
+      "OMP_NUM_THREADS=1 timeout 120 mpiexec -n 1 " +
+      tool("moe-infer", "loglikelihood --ep 2 --requests " + (dir / "requests.jsonl") + common) +
+      " : -n 1 " +
+      tool("moe-infer", "loglikelihood --ep 2 --requests " + (dir / "first.jsonl") + common));
+  INFO(differ.err);
+  CHECK(differ.exit_code == 1);
+  CHECK(differ.err.find("the loglikelihood request file (its token ids) differs between ranks") !=
+        std::string::npos);
+  CHECK(differ.out.empty());
+
   // Every rank reads the requests: stdin, which mpiexec gives rank 0 only, is refused (exit 2).
   const auto r =
       run_command(mpiexec(2, tool("moe-infer", "loglikelihood --requests - --ep 2" + common)) +

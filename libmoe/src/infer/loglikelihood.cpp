@@ -153,7 +153,7 @@ void check_requests_agree(comm::Communicator& world,
   char hex[16];
   std::snprintf(hex, sizeof hex, "%08x", crc);
   world.check_same_everywhere(
-      "the loglikelihood requests (their token ids)",
+      "the loglikelihood request file (its token ids)",
       str(requests.size(), " requests, ", tokens, " tokens, CRC-32C ", hex));
 }
 
