@@ -99,7 +99,8 @@ inline bool gpt_oss_norm(const std::string& name) {
 }
 
 // Every tensor GptOssForCausalLM creates, at scales that keep activations O(1); the sinks and
-// biases large enough that each matters. `dtype` f32 or bf16; the norms stay F32 either way.
+// biases large enough that each matters. `dtype` f32 or bf16; the norms stay F32 either way
+// (holding values of `dtype`, as a model trained in it saved by transformers).
 inline std::map<std::string, Tensor> gpt_oss_weights(const TinyGptOss& t, uint64_t seed,
                                                      DType dtype = DType::f32) {
   std::map<std::string, Tensor> w;
@@ -137,9 +138,9 @@ inline std::map<std::string, Tensor> gpt_oss_weights(const TinyGptOss& t, uint64
   }
   w["model.norm.weight"] = near_one(t.D);
   w["lm_head.weight"] = random_tensor({t.V, t.D}, ++s, in_scale);
-  if (dtype != DType::f32)
+  if (dtype != DType::f32)  // norms: values of `dtype` (as trained in it), stored F32
     for (auto& [name, tensor] : w)
-      if (!gpt_oss_norm(name)) tensor = tensor.to(dtype);
+      tensor = gpt_oss_norm(name) ? tensor.to(dtype).to(DType::f32) : tensor.to(dtype);
   return w;
 }
 

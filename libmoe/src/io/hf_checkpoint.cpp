@@ -15,16 +15,19 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 
 #include "core/json_text.h"
 #include "io/files.h"
 #include "io/hf_config.h"
+#include "io/hf_gpt_oss.h"
 #include "io/hf_mla.h"
 #include "io/hf_names.h"
 #include "io/hf_sources.h"
 #include "moe/error.h"
+#include "moe/io/convert.h"
 #include "moe/io/finite.h"
 #include "moe/io/input.h"
 #include "moe/io/safetensors.h"
@@ -46,11 +49,11 @@ using hf::join_path;
 using hf::kConfigFile;
 using hf::kMetadataConfig;
 using hf::open_sources;
-using hf::read_json_file;
 using hf::parse_config;
+using hf::read_json_file;
 using hf::Slot;
-using hf::Sources;
 using hf::slot_name;
+using hf::Sources;
 using nlohmann::json;
 
 // Where each of a layer's parameters comes from (HF names; "" = not found).
@@ -88,7 +91,8 @@ bool same_math(const ModelConfig& a, const ModelConfig& b) {
          a.v_head_dim == b.v_head_dim && a.sliding_window == b.sliding_window &&
          a.window_layers == b.window_layers && a.tie_embeddings == b.tie_embeddings &&
          a.rope_type == b.rope_type && a.rope_scaling() == b.rope_scaling() &&
-         a.attention_scale() == b.attention_scale();
+         a.attention_scale() == b.attention_scale() && a.swiglu_alpha == b.swiglu_alpha &&
+         a.swiglu_limit == b.swiglu_limit;
 }
 
 // ---- import_hf, step by step -------------------------------------------------------------------
@@ -138,6 +142,8 @@ ModelConfig model_config_of(const HfModel& hf, const HfImportOptions& options) {
   mc.sliding_window = hf.sliding_window;
   mc.window_layers = hf.window_layers;
   mc.tie_embeddings = hf.tied;
+  mc.swiglu_alpha = hf.swiglu_alpha;
+  mc.swiglu_limit = hf.swiglu_limit;
   return mc;
 }
 
@@ -256,23 +262,47 @@ void refuse_unsupported(const std::string& dir, const HfModel& hf, const ModelCo
   if (!rep.unmapped.empty() && !options.allow_unmapped)
     throw Error(str("'", dir, "': ", rep.unmapped.size(),
                     " tensors have no counterpart in our model (pass allow_unmapped / ",
-                    flag_for(Setting::allow_unmapped), " to import without them): ",
-                    list_some(rep.unmapped)));
+                    flag_for(Setting::allow_unmapped),
+                    " to import without them): ", list_some(rep.unmapped)));
 }
 
-// The storage dtype: the checkpoint's when all mapped tensors share one, else f32.
-DType storage_dtype(const Sources& sources, const TensorPlan& plan, HfImportReport& rep) {
+// The storage dtype: the checkpoint's when all mapped tensors share one, else f32. gpt-oss's F32
+// norms (transformers' _keep_in_fp32_modules) in an otherwise 16-bit file take its dtype when
+// every value is exact in it. MXFP4 blocks (U8) are decoded, whatever the dtype.
+DType storage_dtype(const Sources& sources, const TensorPlan& plan, bool gpt_oss,
+                    HfImportReport& rep) {
   std::set<std::string> dtypes;
+  std::vector<std::string> f32_norms;
   for (const auto& [name, where] : sources.tensors) {
     if (std::find(rep.unmapped.begin(), rep.unmapped.end(), name) != rep.unmapped.end()) continue;
     if (std::find(plan.derived.begin(), plan.derived.end(), name) != plan.derived.end()) continue;
-    if (classify(name).slot == Slot::router_bias) continue;  // our selection bias is always f32
+    const Classified c = classify(name);
+    // our selection bias and sinks are always f32; MXFP4 blocks and scales are decoded
+    if (c.slot == Slot::router_bias || c.slot == Slot::sinks) continue;
+    if (gpt_oss && (c.slot == Slot::gate_up_blocks || c.slot == Slot::gate_up_scales ||
+                    c.slot == Slot::down_blocks || c.slot == Slot::down_scales))
+      continue;
     if (std::find(plan.skipped.begin(), plan.skipped.end(), name) != plan.skipped.end()) continue;
     const std::string& dt = where.second->dtype;
+    const bool norm = c.our == "final_norm.weight" ||
+                      (c.layer >= 0 && (c.slot == Slot::norm1 || c.slot == Slot::norm2));
+    if (gpt_oss && norm && dt == "F32") {
+      f32_norms.push_back(name);
+      continue;
+    }
     if (dt != "F32" && dt != "BF16" && dt != "F16")
       throw Error(str("'", where.first->path(), "': tensor '", name, "' has dtype ", dt,
                       "; parameters must be F32, BF16 or F16"));
     dtypes.insert(dt);
+  }
+  if (!f32_norms.empty()) {
+    DType half = DType::f32;
+    if (dtypes.size() == 1 && *dtypes.begin() != "F32" &&
+        dtype_from_safetensors(*dtypes.begin(), &half) && hf::exact_in(sources, f32_norms, half))
+      rep.notes.push_back(str(f32_norms.size(), " F32 norms (as transformers saves gpt-oss's) ",
+                              "stored as ", dtype_name(half), ": every value is exact in it"));
+    else
+      dtypes.insert("F32");
   }
   DType target = DType::f32;
   if (dtypes.size() == 1) {
@@ -347,7 +377,9 @@ struct Importer {
   const int64_t hd = mc.head_dim_resolved(), KV = mc.kv_heads_resolved();
   const int64_t Fs = mc.shared_expert_ff;
   const Flavour flavour = flavour_of(mc);
-  bool rope_interleave = true;  // DeepSeek's RoPE rows in pairs (HfModel::rope_interleave)
+  bool rope_interleave = true;    // DeepSeek's RoPE rows in pairs (HfModel::rope_interleave)
+  bool keep_mxfp4 = false;        // HfImportOptions::keep_mxfp4
+  json formats = json::object();  // tensor_formats of the params kept in blocks
 
   void check_shape(const std::string& name, const Shape& expected, const std::string& why) const {
     const SafetensorsEntry& e = sources.entry(name);
@@ -387,10 +419,11 @@ struct Importer {
   }
   // An expert tensor [E, ...rest] read one expert at a time: read(e) gives expert e's slice.
   void add_experts(const std::string& our, const Shape& shape,
-                   std::function<Tensor(const Sources&, int64_t)> read) {
+                   std::function<Tensor(const Sources&, int64_t)> read,
+                   std::optional<DType> dtype = std::nullopt) {
     auto source = std::make_shared<ExpertSource>();
     source->shape = shape;
-    source->dtype = target;
+    source->dtype = dtype.value_or(target);
     source->read = [s = shared, read = std::move(read)](int64_t e) { return read(*s, e); };
     ckpt.params.push_back(NamedTensor{our, Tensor(), true, {}, std::move(source)});
   }
@@ -445,11 +478,13 @@ struct Importer {
     single(Slot::k, {KV * hd, D}, "[num_key_value_heads * head_dim, hidden_size]");
     single(Slot::v, {KV * hd, D}, "[num_key_value_heads * head_dim, hidden_size]");
     single(Slot::o, {D, mc.heads * hd}, "[hidden_size, num_attention_heads * head_dim]");
-    if (flavour.qkv_bias) {
+    if (flavour.qkv_bias || flavour.bias) {
       single(Slot::q_bias, {mc.heads * hd}, "[num_attention_heads * head_dim]");
       single(Slot::k_bias, {KV * hd}, "[num_key_value_heads * head_dim]");
       single(Slot::v_bias, {KV * hd}, "[num_key_value_heads * head_dim]");
     }
+    if (flavour.bias) single(Slot::o_bias, {D}, "[hidden_size]");
+    if (flavour.sinks) take_f32(prefix, ls, Slot::sinks, {mc.heads}, "[num_attention_heads]");
     if (flavour.qk_norm == nn::QkNorm::head) {
       single(Slot::q_norm, {hd}, "[head_dim]: one RMSNorm weight shared by the heads");
       single(Slot::k_norm, {hd}, "[head_dim]: one RMSNorm weight shared by the heads");
@@ -503,7 +538,19 @@ struct Importer {
       return;
     }
     single(Slot::router, {E, D}, "[experts, hidden_size]");
-    if (flavour.router_bias) router_bias(prefix, ls);
+    if (flavour.router_bias) take_f32(prefix, ls, Slot::router_bias, {E}, "[n_routed_experts]");
+    if (flavour.router_logit_bias) single(Slot::router_logit_bias, {E}, "[num_local_experts]");
+    if (mc.arch == Arch::gpt_oss) {  // its own fused layout (io/hf_gpt_oss.h)
+      if (!ls.per_expert.empty())
+        throw Error(str("'", dir, "': layer ", i, " has per-expert tensors; gpt-oss's experts ",
+                        "are fused (mlp.experts.gate_up_proj, down_proj)"));
+      for (hf::ExpertPart& part : hf::gpt_oss_experts(sources, ls.single, prefix, E, D, F, target,
+                                                      keep_mxfp4, rep.mapped)) {
+        if (part.mxfp4) formats[part.our] = "mxfp4";
+        add_experts(part.our, part.shape, std::move(part.read), part.dtype);
+      }
+      return;
+    }
 
     const bool fused = !ls.single[Slot::gate_up].empty() || !ls.single[Slot::down].empty();
     const bool split = !ls.per_expert.empty();
@@ -533,14 +580,15 @@ struct Importer {
     take(prefix, ls, Slot::dense_w3, {Fd, D}, "[intermediate_size, hidden_size]");
   }
 
-  // e_score_correction_bias [E]: our router's selection bias, kept in f32 whatever the model's
-  // dtype (nn::Router stores it so).
-  void router_bias(const std::string& prefix, LayerSources& ls) {
-    const std::string our = prefix + slot_name(Slot::router_bias);
-    const std::string& name = need(ls.single[Slot::router_bias], our);
-    check_shape(name, {E}, "[n_routed_experts]");
+  // A param kept in f32 whatever the model's dtype (our layers store them so): the router's
+  // selection bias (e_score_correction_bias [E]), gpt-oss's sinks [H].
+  void take_f32(const std::string& prefix, LayerSources& ls, Slot slot, const Shape& shape,
+                const std::string& why) {
+    const std::string our = prefix + slot_name(slot);
+    const std::string& name = need(ls.single[slot], our);
+    check_shape(name, shape, why);
     auto source = std::make_shared<TensorSource>();
-    source->shape = {E};
+    source->shape = shape;
     source->dtype = DType::f32;
     source->read = [s = shared, name] { return converted(*s, name, s->read(name), DType::f32); };
     NamedTensor nt{our, Tensor(), false, {}};
@@ -714,12 +762,13 @@ Checkpoint import_hf(const std::string& dir, const HfImportOptions& options,
   ModelConfig mc = model_config_of(hf, options);
   TensorPlan plan = plan_tensors(dir, sources, hf, flavour_of(mc), rep);
   refuse_unsupported(dir, hf, mc, options, rep);
-  const DType target = storage_dtype(sources, plan, rep);
+  const DType target = storage_dtype(sources, plan, mc.arch == Arch::gpt_oss, rep);
   mc.dtype = target;
   adopt_recorded_config(sources, hf, config_path, mc, rep);
 
   Importer in(dir, shared_sources, mc, target, hf.experts, rep);
   in.rope_interleave = hf.rope_interleave;
+  in.keep_mxfp4 = options.keep_mxfp4;
   in.check_rope(plan.derived);
   const std::string why_vd = "[vocab_size, hidden_size]";
   in.outer(plan, "embed.tokens", "the token embedding", {in.V, in.D}, why_vd);
@@ -730,6 +779,12 @@ Checkpoint import_hf(const std::string& dir, const HfImportOptions& options,
 
   Checkpoint ckpt = std::move(in.ckpt);
   ckpt.model_config = to_json(mc);
+  if (!in.formats.empty()) {  // gpt-oss's MXFP4 experts kept (keep_mxfp4), as import-gguf does
+    ckpt.model_config[kQuantizationKey] = "mxfp4";
+    ckpt.model_config[kTensorFormatsKey] = in.formats;
+  } else if (options.keep_mxfp4) {
+    rep.notes.push_back("keep_mxfp4: no MXFP4 experts in this checkpoint, nothing kept");
+  }
   ckpt.train_config = nullptr;
   ckpt.provenance = options.provenance;
   if (ckpt.provenance.tool.empty())

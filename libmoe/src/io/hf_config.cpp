@@ -63,6 +63,25 @@ std::string experts_key(const ConfigReader& c, bool mixtral) {
                   "\" is read too)"));
 }
 
+// The layers config.json's layer_types marks "sliding_attention" (the others must be
+// "full_attention"); the list must name every layer.
+std::vector<int64_t> sliding_layer_types(const ConfigReader& c, const HfModel& m,
+                                         std::vector<std::string>& unsupported) {
+  const json& types = c.j["layer_types"];
+  if (!types.is_array() || static_cast<int64_t>(types.size()) != m.layers)
+    throw Error(str("'", c.path, "': \"layer_types\" must list num_hidden_layers (", m.layers,
+                    ") layer types"));
+  std::vector<int64_t> layers;
+  for (size_t i = 0; i < types.size(); ++i) {
+    const std::string type = types[i].is_string() ? types[i].get<std::string>() : types[i].dump();
+    if (type == "sliding_attention")
+      layers.push_back(static_cast<int64_t>(i));
+    else if (type != "full_attention")
+      unsupported.push_back(str("layer type '", type, "' (layer_types)"));
+  }
+  return layers;
+}
+
 // The sliding window as transformers 5.25 applies it (each query sees the last sliding_window
 // positions, itself included: masking_utils.sliding_window_overlay):
 // - Mixtral: sliding_window (null: none) on every layer;
@@ -83,17 +102,7 @@ void parse_window(const ConfigReader& c, HfModel& m, std::vector<std::string>& u
     throw Error(str("'", c.path, "': \"sliding_window\" is ", window, ": it must be >= 1"));
   std::vector<int64_t> layers;  // the sliding ones
   if (qwen2 && c.has("layer_types")) {
-    const json& types = c.j["layer_types"];
-    if (!types.is_array() || static_cast<int64_t>(types.size()) != m.layers)
-      throw Error(str("'", c.path, "': \"layer_types\" must list num_hidden_layers (", m.layers,
-                      ") layer types"));
-    for (size_t i = 0; i < types.size(); ++i) {
-      const std::string type = types[i].is_string() ? types[i].get<std::string>() : types[i].dump();
-      if (type == "sliding_attention")
-        layers.push_back(static_cast<int64_t>(i));
-      else if (type != "full_attention")
-        unsupported.push_back(str("layer type '", type, "' (layer_types)"));
-    }
+    layers = sliding_layer_types(c, m, unsupported);
     if (!on && !layers.empty())
       unsupported.push_back(str("layer_types sliding ", layers.size(),
                                 " layers with use_sliding_window false (transformers' window is "
@@ -266,6 +275,62 @@ void parse_deepseek(const ConfigReader& c, HfModel& m, std::vector<std::string>&
                      v2 ? MoeDefaults{0, 1, 1, 1.0, 2, true} : MoeDefaults{3, 8, 4, 2.5});
 }
 
+// gpt-oss's own keys (configuration_gpt_oss.py), after the ones every family shares: biases on
+// q/k/v/o and the experts (attention_bias, default true: we have them only together), the
+// clamped SwiGLU (swiglu_alpha, swiglu_limit), sliding_window (default 128) on the layers
+// layer_types marks (default: the even ones, as GptOssConfig fills it in; a null window with a
+// sliding layer is refused, as transformers refuses it), softmax over the top-k logits, and
+// experts stored MXFP4 (quantization_config quant_method "mxfp4"; no other method).
+void parse_gpt_oss(const ConfigReader& c, HfModel& m, std::vector<std::string>& unsupported) {
+  m.normalize = true;  // softmax over the chosen logits = ours over all, renormalised
+  if (!c.boolean_or("attention_bias", true))
+    unsupported.push_back(
+        "gpt-oss without attention biases (attention_bias: false; our gpt_oss flavour has the "
+        "q/k/v/o biases and the expert biases together)");
+  m.swiglu_alpha = c.number_or("swiglu_alpha", 1.702);
+  m.swiglu_limit = c.number_or("swiglu_limit", 7.0);
+  std::vector<int64_t> layers;
+  if (c.has("layer_types"))
+    layers = sliding_layer_types(c, m, unsupported);
+  else
+    for (int64_t i = 0; i < m.layers; i += 2) layers.push_back(i);
+  const bool absent = !c.j.contains("sliding_window");
+  if (!absent && c.j["sliding_window"].is_null() && !layers.empty())
+    throw Error(str("'", c.path, "': \"sliding_window\" is null, but ", layers.size(),
+                    " layers slide (layer_types; transformers refuses this too)"));
+  const int64_t window = absent ? 128 : c.integer_or("sliding_window", 0);
+  if (!layers.empty() && window < 1)
+    throw Error(str("'", c.path, "': \"sliding_window\" is ", window, ": it must be >= 1"));
+  if (!layers.empty()) {
+    m.sliding_window = window;
+    if (static_cast<int64_t>(layers.size()) < m.layers) m.window_layers = layers;
+  }
+  if (c.has("quantization_config")) {
+    const json& q = c.j["quantization_config"];
+    const std::string method =
+        q.is_object() && q.contains("quant_method") && q["quant_method"].is_string()
+            ? q["quant_method"].get<std::string>()
+            : q.dump();
+    if (method == "mxfp4")
+      m.mxfp4 = true;
+    else
+      unsupported.push_back(str("quantization_config quant_method '", method,
+                                "' (import-hf reads gpt-oss's mxfp4 experts only)"));
+  }
+}
+
+// gpt-oss's YaRN when config.json has neither rope_parameters nor rope_scaling: GptOssConfig's
+// default dict (factor 32 over an original context of 4096, betas 32 / 1, truncate false).
+void gpt_oss_default_yarn(HfModel& m) {
+  m.rope_type = RopeType::yarn;
+  m.yarn = ops::YarnSettings{};
+  m.yarn.factor = 32;
+  m.yarn.original_ctx = 4096;
+  m.yarn.beta_fast = 32;
+  m.yarn.beta_slow = 1;
+  m.yarn.truncate = false;
+}
+
 }  // namespace
 
 HfModel parse_config(const json& j, const std::string& path,
@@ -278,12 +343,13 @@ HfModel parse_config(const json& j, const std::string& path,
   const bool qwen = m.arch == Arch::qwen2_moe || m.arch == Arch::qwen3_moe;
   const bool glm = m.arch == Arch::glm4_moe;
   const bool deepseek = m.arch == Arch::deepseek_v3;
+  const bool gpt_oss = m.arch == Arch::gpt_oss;
   m.vocab = c.integer("vocab_size");
   m.hidden = c.integer("hidden_size");
   m.layers = c.integer("num_hidden_layers");
   m.heads = c.integer("num_attention_heads");
   m.kv_heads = c.integer_or("num_key_value_heads", m.heads);
-  const std::string experts = experts_key(c, mixtral);
+  const std::string experts = experts_key(c, mixtral || gpt_oss);
   m.experts = c.integer(experts);
   m.top_k = c.integer("num_experts_per_tok");
   m.ffn = c.integer(qwen || glm || deepseek ? "moe_intermediate_size" : "intermediate_size");
@@ -293,7 +359,7 @@ HfModel parse_config(const json& j, const std::string& path,
   if (qwen && m.dense_ff < 1)
     throw Error(str("'", path, "': \"intermediate_size\" must be >= 1 (got ", m.dense_ff, ")"));
   m.max_positions = c.integer("max_position_embeddings");
-  m.eps = c.number_or("rms_norm_eps", 1e-6);
+  m.eps = c.number_or("rms_norm_eps", gpt_oss ? 1e-5 : 1e-6);
   m.aux_coef = c.number_or("router_aux_loss_coef", 0.0);
   m.jitter = mixtral ? c.number_or("router_jitter_noise", 0.0) : 0.0;
   // Mixtral always renormalises its top-k weights; the others say so in norm_topk_prob (GLM's
@@ -317,7 +383,7 @@ HfModel parse_config(const json& j, const std::string& path,
   }
 
   // RoPE: rope_theta (transformers 4.x) or rope_parameters.rope_theta (5.x); scaling: YaRN.
-  m.rope_theta = c.number_or("rope_theta", 10000.0);
+  m.rope_theta = c.number_or("rope_theta", gpt_oss ? 150000.0 : 10000.0);
   auto rope_type_of = [&](const std::string& key) -> std::string {
     if (!c.has(key)) return "default";
     const json& r = j[key];
@@ -340,6 +406,7 @@ HfModel parse_config(const json& j, const std::string& path,
     else if (type != "default")
       unsupported.push_back(str("RoPE scaling (", key, " type '", type, "')"));
   }
+  if (gpt_oss && !c.has("rope_scaling") && !c.has("rope_parameters")) gpt_oss_default_yarn(m);
   if (c.string_or("hidden_act", "silu") != "silu")
     unsupported.push_back(str("activation '", c.string_or("hidden_act", ""),
                               "' (hidden_act; our experts are SwiGLU with silu)"));
@@ -351,7 +418,7 @@ HfModel parse_config(const json& j, const std::string& path,
   // head_dim: Qwen3-MoE (and newer Mixtral configs) may make the heads wider or narrower than
   // hidden_size / num_attention_heads; Qwen2-MoE and OLMoE derive it.
   if (c.has("head_dim") && m.heads > 0 && c.integer("head_dim") * m.heads != m.hidden) {
-    if (m.arch == Arch::qwen3_moe || mixtral || glm)
+    if (m.arch == Arch::qwen3_moe || mixtral || glm || gpt_oss)
       m.head_dim = c.integer("head_dim");
     else
       unsupported.push_back(str("head_dim ", c.integer("head_dim"),
@@ -360,6 +427,10 @@ HfModel parse_config(const json& j, const std::string& path,
   if (m.head_dim < 0) throw Error(str("'", path, "': \"head_dim\" must be >= 1"));
   if (glm) {
     parse_glm(c, m, unsupported);
+    return m;
+  }
+  if (gpt_oss) {
+    parse_gpt_oss(c, m, unsupported);
     return m;
   }
   // attention_bias puts biases on q, k, v and o; we have q/k/v biases only (Qwen2-MoE's, which

@@ -39,6 +39,10 @@ struct HfModel {
   // of q_b_proj / kv_a_proj_with_mqa rows in interleaved pairs (DeepSeek's layout).
   int64_t q_lora = 0, kv_lora = 0, qk_nope = 0, qk_rope = 0, v_head = 0;
   bool rope_interleave = true;
+  // gpt-oss: the clamped SwiGLU's slope and clamp (ModelConfig::swiglu_alpha, swiglu_limit); its
+  // experts stored as MXFP4 _blocks/_scales (quantization_config quant_method "mxfp4").
+  double swiglu_alpha = 1.702, swiglu_limit = 7.0;
+  bool mxfp4 = false;
 };
 
 // Reads config.json (`path` names it in messages); features our model lacks go to `unsupported`.

@@ -10,12 +10,12 @@ namespace moe::io::hf {
 
 Arch arch_of_family(const std::string& model_type, const std::string& config_path) {
   for (Arch arch : {Arch::mixtral, Arch::qwen2_moe, Arch::qwen3_moe, Arch::olmoe, Arch::glm4_moe,
-                    Arch::deepseek_v3})
+                    Arch::deepseek_v3, Arch::gpt_oss})
     if (model_type == arch_name(arch)) return arch;
   if (model_type == "deepseek_v2") return Arch::deepseek_v3;  // V3's layers, softmax routing
   throw Error(str("'", config_path, "': model_type '", model_type,
-                  "' is not supported (supported: deepseek_v2, deepseek_v3, glm4_moe, mixtral, "
-                  "olmoe, qwen2_moe, qwen3_moe)"));
+                  "' is not supported (supported: deepseek_v2, deepseek_v3, glm4_moe, gpt_oss, "
+                  "mixtral, olmoe, qwen2_moe, qwen3_moe)"));
 }
 
 const char* slot_feature(Slot s) {
@@ -45,6 +45,20 @@ const char* slot_feature(Slot s) {
     case Slot::mla_kv_a_norm:
     case Slot::mla_kv_b:
       return "latent attention (DeepSeek's kv_a_proj_with_mqa, ...)";
+    case Slot::o_bias:
+      return "attention output bias (self_attn.o_proj.bias)";
+    case Slot::sinks:
+      return "attention sinks (self_attn.sinks)";
+    case Slot::router_logit_bias:
+      return "router bias";
+    case Slot::gate_up_bias:
+    case Slot::down_bias:
+      return "expert biases";
+    case Slot::gate_up_blocks:
+    case Slot::gate_up_scales:
+    case Slot::down_blocks:
+    case Slot::down_scales:
+      return "MXFP4 experts (gpt-oss's _blocks/_scales)";
     default:
       return nullptr;
   }
@@ -55,7 +69,20 @@ bool flavour_has(const Flavour& flavour, Slot s) {
     case Slot::q_bias:
     case Slot::k_bias:
     case Slot::v_bias:
-      return flavour.qkv_bias;
+      return flavour.qkv_bias || flavour.bias;
+    case Slot::o_bias:
+    case Slot::gate_up_bias:
+    case Slot::down_bias:
+      return flavour.bias;
+    case Slot::sinks:
+      return flavour.sinks;
+    case Slot::router_logit_bias:
+      return flavour.router_logit_bias;
+    case Slot::gate_up_blocks:  // gpt-oss's expert layout, which its clamped SwiGLU marks
+    case Slot::gate_up_scales:
+    case Slot::down_blocks:
+    case Slot::down_scales:
+      return flavour.activation == nn::Activation::swiglu_clamped;
     case Slot::q_norm:
     case Slot::k_norm:
       return flavour.qk_norm != nn::QkNorm::none;
@@ -88,13 +115,16 @@ Classified classify(const std::string& name) {
   static const std::regex attn_re(R"(self_attn\.(q|k|v|o)_proj\.weight)");
   static const std::regex attn_bias_re(R"(self_attn\.(q|k|v|o)_proj\.bias)");
   static const std::regex qk_norm_re(R"(self_attn\.(q_norm|k_norm)\.weight)");
-  static const std::regex router_re(R"((block_sparse_moe|mlp)\.gate\.weight)");
+  static const std::regex router_re(R"((block_sparse_moe|mlp)\.(gate|router)\.weight)");
   static const std::regex router_bias_re(
       R"((block_sparse_moe|mlp)\.gate\.(bias|e_score_correction_bias))");
   static const std::regex expert_re(
       R"((block_sparse_moe|mlp)\.experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight)");
   static const std::regex expert_bias_re(
-      R"((block_sparse_moe|mlp)\.experts\.((\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.bias|gate_up_proj_bias|down_proj_bias))");
+      R"((block_sparse_moe|mlp)\.experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.bias)");
+  static const std::regex fused_bias_re(
+      R"((block_sparse_moe|mlp)\.experts\.(gate_up|down)_proj_bias)");
+  static const std::regex mxfp4_re(R"(mlp\.experts\.(gate_up|down)_proj_(blocks|scales))");
   static const std::regex fused_re(R"((block_sparse_moe|mlp)\.experts\.(gate_up_proj|down_proj))");
   static const std::regex qwen_shared_re(
       R"(mlp\.shared_experts?\.(gate_proj|up_proj|down_proj)\.weight)");
@@ -149,7 +179,7 @@ Classified classify(const std::string& name) {
   }
   if (std::regex_match(rest, r, attn_bias_re)) {
     const char p = r[1].str()[0];
-    if (p == 'o') return unsupported("attention output bias (self_attn.o_proj.bias)");
+    if (p == 'o') return mapped(Slot::o_bias);
     return mapped(p == 'q' ? Slot::q_bias : p == 'k' ? Slot::k_bias : Slot::v_bias);
   }
   static const std::map<std::string, Slot> latent = {
@@ -164,6 +194,8 @@ Classified classify(const std::string& name) {
     return mapped(r[1].str() == "q_norm" ? Slot::q_norm : Slot::k_norm);
   if (std::regex_match(rest, router_re)) return mapped(Slot::router);
   if (rest == "mlp.gate.e_score_correction_bias") return mapped(Slot::router_bias);
+  if (rest == "mlp.router.bias") return mapped(Slot::router_logit_bias);
+  if (rest == "self_attn.sinks") return mapped(Slot::sinks);
   if (std::regex_match(rest, router_bias_re)) return unsupported("router bias");
   if (std::regex_match(rest, r, expert_re)) {
     const std::string e = r[2].str();
@@ -175,6 +207,13 @@ Classified classify(const std::string& name) {
     return mapped(Slot::w2);
   }
   if (std::regex_match(rest, expert_bias_re)) return unsupported("expert biases");
+  if (std::regex_match(rest, r, fused_bias_re))
+    return mapped(r[2].str() == "gate_up" ? Slot::gate_up_bias : Slot::down_bias);
+  if (std::regex_match(rest, r, mxfp4_re)) {
+    const bool gate_up = r[1].str() == "gate_up", blocks = r[2].str() == "blocks";
+    return mapped(gate_up ? (blocks ? Slot::gate_up_blocks : Slot::gate_up_scales)
+                          : (blocks ? Slot::down_blocks : Slot::down_scales));
+  }
   if (std::regex_match(rest, r, fused_re))
     return mapped(r[2].str() == "gate_up_proj" ? Slot::gate_up : Slot::down);
   if (std::regex_match(rest, r, qwen_shared_re)) {
@@ -259,6 +298,22 @@ const char* slot_name(Slot s) {
       return "attn.kv_a_norm.weight";
     case Slot::mla_kv_b:
       return "attn.k_b.weight+v_b.weight";
+    case Slot::o_bias:
+      return "attn.o.bias";
+    case Slot::sinks:
+      return "attn.sinks";
+    case Slot::router_logit_bias:
+      return "moe.router.logit_bias";
+    case Slot::gate_up_bias:
+      return "moe.experts.b1+b3";
+    case Slot::down_bias:
+      return "moe.experts.b2";
+    case Slot::gate_up_blocks:
+    case Slot::gate_up_scales:
+      return "moe.experts.w1+w3";
+    case Slot::down_blocks:
+    case Slot::down_scales:
+      return "moe.experts.w2";
   }
   return "?";
 }

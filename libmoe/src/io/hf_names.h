@@ -58,7 +58,19 @@ enum class Slot {
   mla_q_b,
   mla_kv_a,
   mla_kv_a_norm,
-  mla_kv_b
+  mla_kv_b,
+  // gpt-oss: the o bias, the attention sinks, the router's logit bias, the fused experts' biases
+  // (gate_up_proj_bias [E, 2F] interleaved, down_proj_bias [E, D]) and the MXFP4 form of
+  // gate_up_proj / down_proj (_blocks U8 [E, rows, in/32, 16], _scales U8 [E, rows, in/32]).
+  o_bias,
+  sinks,
+  router_logit_bias,
+  gate_up_bias,
+  down_bias,
+  gate_up_blocks,
+  gate_up_scales,
+  down_blocks,
+  down_scales
 };
 
 struct Classified {
@@ -69,8 +81,9 @@ struct Classified {
   std::string feature;  // unsupported: what
 };
 
-// Our architecture of a config.json model_type (mixtral, qwen2_moe, qwen3_moe, olmoe, glm4_moe:
-// the names agree), and back; other types throw naming the supported ones.
+// Our architecture of a config.json model_type (mixtral, qwen2_moe, qwen3_moe, olmoe, glm4_moe,
+// gpt_oss: the names agree; deepseek_v2 and deepseek_v3: deepseek_v3), and back; other types throw
+// naming the supported ones.
 Arch arch_of_family(const std::string& model_type, const std::string& config_path);
 inline const char* family_of(Arch arch) { return arch_name(arch); }
 

@@ -44,6 +44,10 @@ struct HfImportOptions {
   // Our seq = min(max_position_embeddings, max_seq) (0: no cap). A model our export_hf wrote keeps
   // its recorded config (the safetensors metadata), its seq capped by max_seq the same way.
   int64_t max_seq = kHfDefaultMaxSeq;
+  // gpt-oss experts stored MXFP4 (_blocks/_scales) are kept as our mxfp4 blocks, bit-exact (a
+  // nibble permutation; model_config "quantization" "mxfp4" and "tensor_formats" name them)
+  // instead of dequantised into the storage dtype. Other checkpoints: nothing to keep (a note).
+  bool keep_mxfp4 = false;
   // Provenance of the resulting checkpoint; when tool is empty it is filled with
   // "libmoe import_hf", this library's version and git revision, and the current time.
   Provenance provenance;
