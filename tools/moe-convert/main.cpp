@@ -28,6 +28,7 @@ struct Options {
   bool json = false, verify = false, shard_embedding = false, force = false;
   std::string type = "q8_0";    // quantize --type
   bool allow_unmapped = false;  // import-hf
+  bool keep_mxfp4 = false;      // import-hf
   int64_t max_seq = io::kHfDefaultMaxSeq;
   std::string gguf_type, gguf_name;  // export-gguf
   int64_t max_shard_mb = 0;          // export-hf
@@ -281,6 +282,7 @@ int run_import_hf(Options& o, const Argv& a) {
   check_file_output(o);
   io::HfImportOptions options;
   options.allow_unmapped = o.allow_unmapped;
+  options.keep_mxfp4 = o.keep_mxfp4;
   options.max_seq = o.max_seq;
   options.provenance = io::make_provenance("moe-convert", a.argc, a.argv);
   io::HfImportReport report;
@@ -455,11 +457,14 @@ void add_hf_commands(CLI::App& app, Options& o, std::vector<Subcommand>& subs) {
   auto* import = app.add_subcommand(
       "import-hf",
       "A Hugging Face MoE checkpoint directory (config.json + *.safetensors: Mixtral, "
-      "Qwen2-MoE, Qwen3-MoE, OLMoE, GLM-4-MoE, DeepSeek-V2/V3) into one checkpoint");
+      "Qwen2-MoE, Qwen3-MoE, OLMoE, GLM-4-MoE, DeepSeek-V2/V3, gpt-oss) into one checkpoint");
   import->add_option("dir", o.inputs, "Hugging Face model directory")->required()->expected(1);
   import->add_flag("--allow-unmapped", o.allow_unmapped,
                    "Leave out source tensors that map to nothing (listed on stderr) instead of "
                    "failing");
+  import->add_flag(flag_for(Setting::keep_mxfp4), o.keep_mxfp4,
+                   "Keep gpt-oss's MXFP4 experts (_blocks/_scales) as mxfp4 blocks, bit-exact, "
+                   "instead of dequantising them");
   import
       ->add_option("--max-seq", o.max_seq,
                    "Cap the context (scoring window, KV cache) at this; 0 = "

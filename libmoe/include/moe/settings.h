@@ -147,6 +147,7 @@ namespace moe {
   X(quant_type, "--type")               \
   X(ranks, "--ranks")                   \
   X(allow_unmapped, "--allow-unmapped") \
+  X(keep_mxfp4, "--keep-mxfp4")         \
   X(path_length, "--path-length")       \
   X(calibrate_quick, "--quick")
 
