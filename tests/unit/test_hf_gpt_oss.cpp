@@ -302,6 +302,11 @@ TEST_CASE("gpt_oss: what import-hf cannot represent is refused by name", "[hf][g
   REQUIRE_THAT(
       refused(gpt_oss_mxfp4_config(t), packed),
       Catch::Contains("model.layers.1.mlp.experts.down_proj_blocks") && Catch::Contains("0xFF"));
+  io::HfImportOptions keep;  // the same when the blocks are kept (our decoding would give NaN)
+  keep.keep_mxfp4 = true;
+  REQUIRE_THAT(
+      test::error_of([&] { test::import_hf_held(dir.file("r"), keep); }),
+      Catch::Contains("model.layers.1.mlp.experts.down_proj_blocks") && Catch::Contains("0xFF"));
   // Sinks in another family: a feature our Mixtral lacks.
   Tiny m = tiny_of("mixtral");
   auto mw = mixtral_weights(m, 33);
