@@ -3,7 +3,11 @@
 // and every tensor's name, shape and dtype, for the same shapes), against the layout written out
 // here from modeling_gpt_oss.py (x @ W: gate_up_proj[e][d][2f] is w1[e][f][d], [2f+1] w3's;
 // down_proj[e][f][d] is w2[e][d][f]; biases interleaved the same way), the same bytes from a
-// checkpoint opened lazily (experts built one at a time), and refusals by name.
+// checkpoint opened lazily (experts built one at a time), kept MXFP4 experts written back as HF's
+// _blocks/_scales (decoded by the test's HF dequantiser), refusals by name, and the round trip:
+// the writer's directory (f32, bf16 with F32 norms, with and without GptOssConfig's defaults
+// written) -> import-hf -> export-hf gives every tensor back byte for byte and the same config
+// keys, and the import of the export is the same model, scoring the same bits.
 // Shape letters: V vocabulary, D hidden, H heads, KV kv heads, hd head dim, F expert hidden,
 // E experts, k top-k, L layers.
 #include <catch2/catch.hpp>
@@ -296,4 +300,56 @@ TEST_CASE("gpt_oss export-hf: kept MXFP4 experts go out as _blocks and _scales, 
   const json config = config_of(dir.file("out"));
   CHECK(config["quantization_config"] == gpt_oss_mxfp4_config(t)["quantization_config"]);
   CHECK(config["torch_dtype"] == "bfloat16");
+}
+
+TEST_CASE("gpt_oss: HF directory -> import-hf -> export-hf is tensor- and config-identical",
+          "[hf][gpt_oss]") {
+  test::ScratchDir dir("hf-export-gpt-oss-round");
+  for (bool defaults : {false, true})
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      INFO(dtype_name(dtype) << (defaults ? ", layer_types and rope_parameters absent" : ""));
+      TinyGptOss t;
+      if (!defaults) t.layer_types = {"sliding_attention", "full_attention", "sliding_attention"};
+      t.write_rope = !defaults;
+      const std::map<std::string, Tensor> w = gpt_oss_weights(t, 21, dtype);  // norms F32
+      json source_config = gpt_oss_config(t);
+      source_config["torch_dtype"] = dtype == DType::f32 ? "float32" : "bfloat16";
+      const std::string src = dir.file(str("src-", dtype_name(dtype), defaults ? "-defaults" : ""));
+      write_hf_dir(src, source_config, w, 2);
+      const io::Checkpoint imported = test::import_hf_held(src);
+      CHECK(model_config_from_json(imported.model_config).dtype == dtype);
+      const std::string out = src + "-out";
+      io::export_hf(imported, out);
+      io::SafetensorsReader st(out + "/model.safetensors");
+      REQUIRE(st.tensors().size() == w.size());
+      for (const auto& [name, tensor] : w) {
+        INFO("tensor " << name);
+        REQUIRE(same_bytes(st.read(name), tensor));
+      }
+      const json c = config_of(out);
+      for (const auto& [key, value] : source_config.items()) {
+        INFO("config key " << key);
+        REQUIRE(c.contains(key));
+        CHECK(c[key] == value);
+      }
+      if (defaults) {  // GptOssConfig's defaults, written out
+        CHECK(c["layer_types"] ==
+              json({"sliding_attention", "full_attention", "sliding_attention"}));
+        test::YarnRef released = t.yarn;  // GptOssConfig's dict: 4096 positions
+        released.original = 4096;
+        json rope = yarn_config(released);
+        rope["truncate"] = false;
+        rope["rope_theta"] = t.theta;
+        CHECK(c["rope_parameters"] == rope);
+      }
+      // The export imports as the same model, which scores the same, bit for bit.
+      const io::Checkpoint again = test::import_hf_held(out);
+      require_same_params(imported, again);
+      CHECK(again.model_config == imported.model_config);
+      const int64_t B = 2, T = 12;
+      const std::vector<int32_t> ids = random_token_ids(B * T, int32_t(t.V), 5);
+      const std::vector<float> a = our_logits(imported, src + ".h5", ids, B, T);
+      const std::vector<float> b = our_logits(again, out + ".h5", ids, B, T);
+      CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+    }
 }
