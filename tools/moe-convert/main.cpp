@@ -308,7 +308,10 @@ int run_export_hf(Options& o, const Argv&) {
   refuse_stdout(o.out);
   bool merged = false;
   io::Checkpoint in = open_checked(o, false, &merged);
-  refuse_quantized(in, o, "export-hf");
+  // gpt-oss's kept MXFP4 experts go out as the released checkpoints' _blocks / _scales.
+  if (model_config_from_json(in.model_config).arch != Arch::gpt_oss ||
+      io::quantization_of(in.model_config) != "mxfp4")
+    refuse_quantized(in, o, "export-hf");
   io::HfExportOptions options;
   options.max_shard_bytes = o.max_shard_mb * 1000 * 1000;
   options.replace = o.force;
