@@ -6,6 +6,7 @@
 # q8_0 and mxfp4, each file checked against the checkpoint by gguf_gpt_oss_readback.py (every key,
 # tensor name, shape, type and byte). Then what llama.cpp's gpt-oss graph fixes is refused by name
 # (exit 1, no file): another SwiGLU alpha or limit (the window's layers: test_gguf_gpt_oss.cpp).
+# Last, a tiny gpt-oss directory with MXFP4 experts as released, imported keeping them.
 # Exits 77 (skipped) where the package is not installed.
 # Usage: gguf_gpt_oss_readback.sh MOE_TRAIN MOE_CONVERT CORPUS
 set -u
@@ -54,4 +55,14 @@ train_model "$work/alpha" --swiglu-alpha 1.5
 refused "swiglu alpha 1.5" "swiglu_alpha 1.5" "$work/alpha/last.h5"
 train_model "$work/limit" --swiglu-limit 5
 refused "swiglu limit 5" "swiglu_limit 5" "$work/limit/last.h5"
+# gpt-oss as released: MXFP4 experts (_blocks/_scales) kept by import-hf --keep-mxfp4 go out
+# as llama.cpp's MXFP4 blocks, byte for byte its converter's repacking of the directory's
+# (gguf_gpt_oss_mxfp4.py), the rest as the directory's f32 values.
+"$python" "$here/gguf_gpt_oss_mxfp4.py" write "$work/hf" || fail "writing the tiny MXFP4 gpt-oss"
+"$convert" import-hf "$work/hf" --keep-mxfp4 -o "$work/kept.h5" -q 2> "$work/err" ||
+  fail "import-hf --keep-mxfp4: $(cat "$work/err")"
+"$convert" export-gguf "$work/kept.h5" -o "$work/kept.gguf" --type f32 -q 2> "$work/err" ||
+  fail "export-gguf of the kept MXFP4 experts: $(cat "$work/err")"
+"$python" "$here/gguf_gpt_oss_mxfp4.py" check "$work/hf" "$work/kept.gguf" ||
+  fail "read-back of the kept MXFP4 experts"
 echo "ok"
