@@ -69,7 +69,8 @@ void check_gpt_oss(const ModelConfig& mc) {
     throw Error(
         "GGUF export: llama.cpp's gpt-oss reads its LM head from output.weight; this model ties "
         "the head to the token embedding (tie_embeddings)");
-  if (!flavour_of(mc).sinks || !flavour_of(mc).bias || !flavour_of(mc).router_logit_bias)
+  const Flavour f = flavour_of(mc);
+  if (!f.sinks || !f.bias || !f.router_logit_bias)
     throw Error(
         "GGUF export: llama.cpp's gpt-oss has attention sinks, biases and a router bias; this "
         "model lacks one of them");
