@@ -156,6 +156,11 @@ TEST_CASE("deepseek_v3: what we cannot represent is refused by name", "[hf][deep
                                {"mscale", 1.0},
                                {"original_max_position_embeddings", 64}};
   CHECK_THAT(refusal("narrow", narrow), Catch::Contains("YaRN"));
+  json shrink = deepseek_config(t);  // a factor below 1: named by the file, the flag and the key
+  shrink["rope_scaling"] = {{"type", "yarn"}, {"factor", 0.5}};
+  CHECK_THAT(refusal("shrink", shrink),
+             Catch::Contains("config.json': not a model we can build: --rope-factor must be >= 1 "
+                             "(got 0.5): YaRN's \"factor\", as an HF config names it"));
   json freq = deepseek_config(t);
   freq["moe_layer_freq"] = 2;
   CHECK_THAT(refusal("freq", freq), Catch::Contains("moe_layer_freq"));

@@ -251,23 +251,33 @@ TEST_CASE("deepseek_v3: the latent shape is saved, loaded and checked", "[mla][d
   auto refusal = [](ModelConfig m) { return test::error_of([&] { m.resolve(); }); };
   ModelConfig no_latent = tiny_deepseek();
   no_latent.kv_lora_rank = 0;
-  CHECK_THAT(refusal(no_latent), Catch::Contains("deepseek_v3 needs its latent attention's shape"));
+  CHECK_THAT(refusal(no_latent),
+             Catch::Contains("--kv-lora-rank must be >= 1 with --arch deepseek_v3 (got 0)"));
   ModelConfig latent_glm = tiny_deepseek();
   latent_glm.arch = Arch::glm4_moe;
-  CHECK_THAT(refusal(latent_glm), Catch::Contains("is deepseek_v3's, not glm4_moe's"));
+  CHECK_THAT(refusal(latent_glm),
+             Catch::Contains("--q-lora-rank is deepseek_v3's, not glm4_moe's"));
   ModelConfig odd_rope = tiny_deepseek();
   odd_rope.qk_rope_dim = 3;
-  CHECK_THAT(refusal(odd_rope), Catch::Contains("an even qk_rope_dim >= 2 (got 3)"));
+  CHECK_THAT(
+      refusal(odd_rope),
+      Catch::Contains("--qk-rope-dim must be even and >= 2: RoPE turns pairs of features (got 3)"));
   ModelConfig wide_v = tiny_deepseek();
   wide_v.v_head_dim = 7;
-  CHECK_THAT(refusal(wide_v), Catch::Contains("v_head_dim <= qk_nope_dim + qk_rope_dim (got 7)"));
+  CHECK_THAT(refusal(wide_v),
+             Catch::Contains(
+                 "--v-head-dim must be between 1 and --qk-nope-dim + --qk-rope-dim = 6 (got 7)"));
   ModelConfig gqa = tiny_deepseek();
   gqa.kv_heads = 1;
-  CHECK_THAT(refusal(gqa), Catch::Contains("kv_heads"));
+  CHECK_THAT(refusal(gqa), Catch::Contains("--kv-heads does not apply to --arch deepseek_v3"));
   nlohmann::json bad = j;
   bad["kv_lora_rank"] = -2;
   CHECK_THAT(test::error_of([&] { model_config_from_json(bad); }),
-             Catch::Contains("the latent attention's sizes must be >= 0"));
+             Catch::Contains("--kv-lora-rank must be >= 1 with --arch deepseek_v3 (got -2)"));
+  bad = j;
+  bad["q_lora_rank"] = -1;
+  CHECK_THAT(test::error_of([&] { model_config_from_json(bad); }),
+             Catch::Contains("--q-lora-rank must be >= 0 (0 = a plain q projection; got -1)"));
 }
 
 // The memory checks size a model by parameter_lower_bound: with latent attention it must count

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -86,11 +87,23 @@ TEST_CASE("yarn: the correction range and attention factor of DeepSeek-V3 and gp
 TEST_CASE("yarn: settings that give no ramp are refused by name", "[rope][yarn]") {
   ops::YarnSettings y;
   y.factor = 0.5, y.original_ctx = 4096;
-  REQUIRE_THROWS_WITH(ops::yarn_scaling(y, 10000, 64), Catch::Contains("factor must be >= 1"));
+  // Named by moe-train's flag and by the HF key (import-hf's user has the key, not the flag).
+  REQUIRE_THROWS_WITH(ops::yarn_scaling(y, 10000, 64),
+                      Catch::Contains("--rope-factor must be >= 1 (got 0.5): YaRN's \"factor\", as "
+                                      "an HF config names it"));
+  y.factor = std::numeric_limits<double>::infinity();
+  REQUIRE_THROWS_WITH(ops::yarn_scaling(y, 10000, 64),
+                      Catch::Contains("--rope-factor must be >= 1 (got inf)"));
   y.factor = 4, y.original_ctx = 0;
-  REQUIRE_THROWS_WITH(ops::yarn_scaling(y, 10000, 64), Catch::Contains("original context"));
+  REQUIRE_THROWS_WITH(ops::yarn_scaling(y, 10000, 64),
+                      Catch::Contains("--original-max-position-embeddings must be >= 1 position "
+                                      "(got 0): YaRN's \"original_max_position_embeddings\""));
   y.original_ctx = 4096, y.beta_slow = 0;
-  REQUIRE_THROWS_WITH(ops::yarn_scaling(y, 10000, 64), Catch::Contains("beta_slow"));
+  REQUIRE_THROWS_WITH(ops::yarn_scaling(y, 10000, 64),
+                      Catch::Contains("--beta-slow must be > 0 (got 0): YaRN's \"beta_slow\""));
+  y.beta_slow = 1, y.mscale_all_dim = -1;
+  REQUIRE_THROWS_WITH(ops::yarn_scaling(y, 10000, 64),
+                      Catch::Contains("--mscale-all-dim must be >= 0 (0 = absent) (got -1)"));
 }
 
 TEST_CASE("yarn: the RoPE table against the double formula, one pair per ramp region by hand",
@@ -206,7 +219,8 @@ TEST_CASE("yarn: a model config without RoPE scaling reads and writes as before"
   REQUIRE(back.attention_scale() == 1.0);  // the softmax mscale is DeepSeek's alone
   nlohmann::json bad = to_json(y);
   bad["yarn"]["factor"] = 0.5;
-  REQUIRE_THROWS_WITH(model_config_from_json(bad), Catch::Contains("YaRN factor must be >= 1"));
+  REQUIRE_THROWS_WITH(model_config_from_json(bad),
+                      Catch::Contains("--rope-factor must be >= 1 (got 0.5)"));
   ModelConfig gpt;
   gpt.rope_type = RopeType::yarn;
   gpt.yarn = y.yarn;

@@ -3,7 +3,6 @@
 #include "options.h"
 
 #include <algorithm>
-#include <cmath>
 
 #include "common/named_option.h"
 #include "moe/error.h"
@@ -585,13 +584,12 @@ void fill_gpt_oss_defaults(ModelConfig& m, CLI::App& app) {
     for (int64_t i = 0; i < m.layers; i += 2) m.window_layers.push_back(i);
 }
 
-// The latent attention's flags: deepseek_v3's alone, each size in its range, and none of the
-// head flags its latent attention replaces (ModelConfig::validate_mla words these by config key;
-// here they are named by flag).
+// The latent attention's flags are deepseek_v3's alone: one given for another --arch would be
+// ignored. Their sizes and the head flags they replace are ModelConfig::validate_mla's.
 void check_latent_flags(const TrainOptions& o, CLI::App& app) {
-  const bool deepseek = o.arch == "deepseek_v3";
+  if (o.arch == "deepseek_v3") return;
   for (const char* flag : kLatentFlags)
-    if (!deepseek && given(app, flag))
+    if (given(app, flag))
       throw UsageError(str(flag,
                            " is deepseek_v3's (Multi-head Latent Attention): it needs --arch "
                            "deepseek_v3, not --arch ",
@@ -599,52 +597,12 @@ void check_latent_flags(const TrainOptions& o, CLI::App& app) {
                            o.resume.empty() && o.init.empty()
                                ? ""
                                : " (with --resume or --init, give --arch deepseek_v3 too)"));
-  if (!deepseek) return;
-  ModelConfig m = o.model;
-  fill_latent_defaults(m, app);
-  const int64_t head = m.qk_nope_dim + m.qk_rope_dim;
-  const char* shaped =
-      " does not apply to --arch deepseek_v3: its heads are shaped by its latent "
-      "attention (--qk-nope-dim, --qk-rope-dim, --v-head-dim)";
-  if ((m.head_dim != 0 && m.head_dim != head) || m.rope_dim != 0)
-    throw UsageError(str(m.rope_dim != 0 ? "--rope-dim" : "--head-dim", shaped));
-  if (m.kv_heads != 0 && m.kv_heads != m.heads) throw UsageError(str("--kv-heads", shaped));
-  if (m.qkv_bias || m.qk_norm)
-    throw UsageError(str(m.qkv_bias ? "--qkv-bias" : "--qk-norm", shaped));
-  if (m.kv_lora_rank < 1)
-    throw UsageError(
-        str("--kv-lora-rank must be >= 1 with --arch deepseek_v3 (got ", m.kv_lora_rank, ")"));
-  if (m.q_lora_rank < 0)
-    throw UsageError(
-        str("--q-lora-rank must be >= 0 (0 = a plain q projection; got ", m.q_lora_rank, ")"));
-  if (m.qk_nope_dim < 1)
-    throw UsageError(str("--qk-nope-dim must be >= 1 (got ", m.qk_nope_dim, ")"));
-  if (m.qk_rope_dim < 2 || m.qk_rope_dim % 2 != 0)
-    throw UsageError(str("--qk-rope-dim must be even and >= 2: RoPE turns pairs of features (got ",
-                         m.qk_rope_dim, ")"));
-  if (m.v_head_dim < 1 || m.v_head_dim > head)
-    throw UsageError(str("--v-head-dim must be between 1 and --qk-nope-dim + --qk-rope-dim = ",
-                         head, " (got ", m.v_head_dim, ")"));
-}
-
-// A YaRN setting named by its flag when it is outside its range (ops::yarn_scaling's bounds).
-void check_yarn_ranges(const ops::YarnSettings& y) {
-  auto require = [](bool ok, const char* flag, const char* range, double got) {
-    if (!ok) throw UsageError(str(flag, " must be ", range, " (got ", got, ")"));
-  };
-  require(y.factor >= 1 && std::isfinite(y.factor), "--rope-factor", ">= 1", y.factor);
-  require(y.original_ctx >= 1 && std::isfinite(y.original_ctx),
-          "--original-max-position-embeddings", ">= 1 position", y.original_ctx);
-  require(y.beta_fast > 0 && std::isfinite(y.beta_fast), "--beta-fast", "> 0", y.beta_fast);
-  require(y.beta_slow > 0 && std::isfinite(y.beta_slow), "--beta-slow", "> 0", y.beta_slow);
-  require(y.mscale >= 0 && std::isfinite(y.mscale), "--mscale", ">= 0 (0 = absent)", y.mscale);
-  require(y.mscale_all_dim >= 0 && std::isfinite(y.mscale_all_dim), "--mscale-all-dim",
-          ">= 0 (0 = absent)", y.mscale_all_dim);
 }
 
 // The RoPE scaling flags of a new model: YaRN's settings only with --rope-scaling yarn, which
-// needs a RoPE architecture and the original context. With --resume or --init the model is the
-// checkpoint's: the library checks each flag given against its RoPE, as every model flag.
+// needs a RoPE architecture and the original context (their ranges are ops::yarn_scaling's).
+// With --resume or --init the model is the checkpoint's: the library checks each flag given
+// against its RoPE, as every model flag.
 void check_rope_flags(const TrainOptions& o, CLI::App& app) {
   if (!o.resume.empty() || !o.init.empty()) return;
   const bool yarn = o.model.rope_type == RopeType::yarn;
@@ -659,7 +617,6 @@ void check_rope_flags(const TrainOptions& o, CLI::App& app) {
     throw UsageError(
         "--rope-scaling yarn needs --original-max-position-embeddings (the context the RoPE was "
         "trained for, which --rope-factor stretches)");
-  check_yarn_ranges(o.model.yarn);
 }
 
 }  // namespace

@@ -118,32 +118,53 @@ void ModelConfig::resolve() {
   validate();
 }
 
+namespace {
+
+// The head setting deepseek_v3 was given that its latent attention replaces (its heads are
+// qk_nope_dim + qk_rope_dim wide, each with its own k and v, no bias or norm), or nullptr.
+const Setting* latent_misfit(const ModelConfig& c) {
+  static constexpr Setting kHeads[] = {Setting::rope_dim, Setting::head_dim, Setting::kv_heads,
+                                       Setting::qkv_bias, Setting::qk_norm};
+  const int64_t head = c.qk_nope_dim + c.qk_rope_dim;
+  const bool set[] = {c.rope_dim != 0, c.head_dim != 0 && c.head_dim != head,
+                      c.kv_heads_resolved() != c.heads, c.qkv_bias, c.qk_norm};
+  for (size_t i = 0; i < std::size(kHeads); ++i)
+    if (set[i]) return &kHeads[i];
+  return nullptr;
+}
+
+}  // namespace
+
+// Named by moe-train's flags. import-hf and import-gguf check these sizes first under their
+// files' own keys (io/hf_config.cpp, io/gguf_import_deepseek2.cpp): a bad size reaches these
+// messages from the flags, or from a checkpoint's model config (its keys are the flags' names).
 void ModelConfig::validate_mla() const {
-  MOE_USAGE_CHECK(q_lora_rank >= 0 && kv_lora_rank >= 0 && qk_nope_dim >= 0 && qk_rope_dim >= 0 &&
-                      v_head_dim >= 0,
-                  "the latent attention's sizes must be >= 0 (got q_lora_rank ", q_lora_rank,
-                  ", kv_lora_rank ", kv_lora_rank, ", qk_nope_dim ", qk_nope_dim, ", qk_rope_dim ",
-                  qk_rope_dim, ", v_head_dim ", v_head_dim, ")");
+  const Setting latent[] = {Setting::q_lora_rank, Setting::kv_lora_rank, Setting::qk_nope_dim,
+                            Setting::qk_rope_dim, Setting::v_head_dim};
+  const int64_t sizes[] = {q_lora_rank, kv_lora_rank, qk_nope_dim, qk_rope_dim, v_head_dim};
   if (arch != Arch::deepseek_v3) {
-    MOE_USAGE_CHECK(
-        !mla() && q_lora_rank == 0 && qk_nope_dim == 0 && qk_rope_dim == 0 && v_head_dim == 0,
-        "latent attention (kv_lora_rank, q_lora_rank, qk_nope_dim, qk_rope_dim, "
-        "v_head_dim) is deepseek_v3's, not ",
-        arch_name(arch), "'s");
+    for (size_t i = 0; i < std::size(latent); ++i)
+      MOE_USAGE_CHECK(sizes[i] == 0, flag_for(latent[i]), " is deepseek_v3's, not ",
+                      arch_name(arch), "'s (Multi-head Latent Attention; got ", sizes[i], ")");
     return;
   }
-  MOE_USAGE_CHECK(mla(),
-                  "deepseek_v3 needs its latent attention's shape (kv_lora_rank > 0 and "
-                  "the qk_nope_dim, qk_rope_dim and v_head_dim of a head)");
-  MOE_USAGE_CHECK(qk_nope_dim >= 1 && qk_rope_dim >= 2 && qk_rope_dim % 2 == 0 && v_head_dim >= 1 &&
-                      v_head_dim <= qk_nope_dim + qk_rope_dim,
-                  "deepseek_v3's heads need qk_nope_dim >= 1 (got ", qk_nope_dim,
-                  "), an even qk_rope_dim >= 2 (got ", qk_rope_dim,
-                  ") and 1 <= v_head_dim <= qk_nope_dim + qk_rope_dim (got ", v_head_dim, ")");
-  MOE_USAGE_CHECK((head_dim == 0 || head_dim == qk_nope_dim + qk_rope_dim) && rope_dim == 0 &&
-                      kv_heads_resolved() == heads && !qkv_bias && !qk_norm,
-                  "deepseek_v3's heads are shaped by its latent attention: another head_dim, "
-                  "rope_dim, kv_heads, qkv_bias or qk_norm does not apply");
+  MOE_USAGE_CHECK(kv_lora_rank >= 1, flag_for(Setting::kv_lora_rank), " must be >= 1 with ",
+                  flag_for(Setting::arch), " deepseek_v3 (got ", kv_lora_rank, ")");
+  MOE_USAGE_CHECK(q_lora_rank >= 0, flag_for(Setting::q_lora_rank),
+                  " must be >= 0 (0 = a plain q projection; got ", q_lora_rank, ")");
+  MOE_USAGE_CHECK(qk_nope_dim >= 1, flag_for(Setting::qk_nope_dim), " must be >= 1 (got ",
+                  qk_nope_dim, ")");
+  MOE_USAGE_CHECK(qk_rope_dim >= 2 && qk_rope_dim % 2 == 0, flag_for(Setting::qk_rope_dim),
+                  " must be even and >= 2: RoPE turns pairs of features (got ", qk_rope_dim, ")");
+  const int64_t head = qk_nope_dim + qk_rope_dim;
+  MOE_USAGE_CHECK(v_head_dim >= 1 && v_head_dim <= head, flag_for(Setting::v_head_dim),
+                  " must be between 1 and ", flag_for(Setting::qk_nope_dim), " + ",
+                  flag_for(Setting::qk_rope_dim), " = ", head, " (got ", v_head_dim, ")");
+  if (const Setting* misfit = latent_misfit(*this))
+    throw UsageError(str(flag_for(*misfit), " does not apply to ", flag_for(Setting::arch),
+                         " deepseek_v3: its heads are shaped by its latent attention (",
+                         flag_for(Setting::qk_nope_dim), ", ", flag_for(Setting::qk_rope_dim), ", ",
+                         flag_for(Setting::v_head_dim), ")"));
 }
 
 int64_t ModelConfig::window_of(int64_t layer) const {

@@ -7,6 +7,7 @@
 #include "moe/error.h"
 #include "moe/ops/core.h"
 #include "moe/ops/dense.h"
+#include "moe/settings.h"
 #include "moe/step_breakdown.h"
 
 namespace moe::ops {
@@ -67,17 +68,27 @@ static double correction_pair(double rotations, int64_t rotary_dim, double theta
          (2.0 * std::log(theta));
 }
 
+// A YaRN setting outside its range, named by moe-train's flag and by its key as an HF config's
+// rope_scaling names it: import-hf's user has the key, not the flag.
+static void require_yarn(double got, bool in_range, Setting setting, const char* key,
+                         const char* range) {
+  if (!in_range || !std::isfinite(got))
+    throw UsageError(str(flag_for(setting), " must be ", range, " (got ", got, "): YaRN's \"", key,
+                         "\", as an HF config names it"));
+}
+
 RopeScaling yarn_scaling(const YarnSettings& yarn, double theta, int64_t rotary_dim) {
-  MOE_USAGE_CHECK(std::isfinite(yarn.factor) && yarn.factor >= 1.0,
-                  "YaRN factor must be >= 1 (got ", yarn.factor, ")");
-  MOE_USAGE_CHECK(yarn.original_ctx >= 1.0 && std::isfinite(yarn.original_ctx),
-                  "YaRN original context must be >= 1 position (got ", yarn.original_ctx, ")");
-  MOE_USAGE_CHECK(yarn.beta_fast > 0 && yarn.beta_slow > 0 && std::isfinite(yarn.beta_fast) &&
-                      std::isfinite(yarn.beta_slow),
-                  "YaRN beta_fast and beta_slow must be > 0 (got ", yarn.beta_fast, " and ",
-                  yarn.beta_slow, ")");
-  MOE_USAGE_CHECK(yarn.mscale >= 0 && yarn.mscale_all_dim >= 0 && yarn.attention_factor >= 0,
-                  "YaRN mscale, mscale_all_dim and attention_factor must be >= 0 (0 = absent)");
+  require_yarn(yarn.factor, yarn.factor >= 1.0, Setting::rope_factor, "factor", ">= 1");
+  require_yarn(yarn.original_ctx, yarn.original_ctx >= 1.0, Setting::original_max_positions,
+               "original_max_position_embeddings", ">= 1 position");
+  require_yarn(yarn.beta_fast, yarn.beta_fast > 0, Setting::beta_fast, "beta_fast", "> 0");
+  require_yarn(yarn.beta_slow, yarn.beta_slow > 0, Setting::beta_slow, "beta_slow", "> 0");
+  require_yarn(yarn.mscale, yarn.mscale >= 0, Setting::mscale, "mscale", ">= 0 (0 = absent)");
+  require_yarn(yarn.mscale_all_dim, yarn.mscale_all_dim >= 0, Setting::mscale_all_dim,
+               "mscale_all_dim", ">= 0 (0 = absent)");
+  MOE_USAGE_CHECK(yarn.attention_factor >= 0 && std::isfinite(yarn.attention_factor),
+                  "YaRN's \"attention_factor\" must be >= 0 (0 = derived; got ",
+                  yarn.attention_factor, ")");
   MOE_USAGE_CHECK(rotary_dim >= 2 && theta > 1.0,
                   "YaRN needs a rotary dim >= 2 and theta > 1 (got ", rotary_dim, ", ", theta, ")");
   double low = correction_pair(yarn.beta_fast, rotary_dim, theta, yarn.original_ctx);
