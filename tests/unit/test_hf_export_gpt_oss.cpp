@@ -353,3 +353,30 @@ TEST_CASE("gpt_oss: HF directory -> import-hf -> export-hf is tensor- and config
       CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
     }
 }
+
+TEST_CASE("gpt_oss export-hf: a tied head and an odd sliding layer come back", "[hf][gpt_oss]") {
+  test::ScratchDir dir("hf-export-gpt-oss-tied");
+  TinyGptOss t;
+  ModelConfig mc = model_of(t, DType::bf16);
+  mc.window_layers = {1};  // not GptOssConfig's default: layer_types must say it
+  mc.tie_embeddings = true;
+  mc.resolve();
+  const io::Checkpoint c = random_checkpoint(mc, 13);
+  io::export_hf(c, dir.file("out"));
+  const json config = config_of(dir.file("out"));
+  CHECK(config["tie_word_embeddings"] == true);
+  CHECK(config["layer_types"] == json({"full_attention", "sliding_attention", "full_attention"}));
+  io::SafetensorsReader st(dir.file("out/model.safetensors"));
+  CHECK(st.find("lm_head.weight") == nullptr);  // transformers ties it to embed_tokens on load
+  // The same params by name (import-hf orders a layer's q/k/v/o weights before their biases,
+  // our model each weight with its bias).
+  const io::Checkpoint again = test::import_hf_held(dir.file("out"));
+  REQUIRE(again.params.size() == c.params.size());
+  for (const io::NamedTensor& p : c.params) {
+    INFO("parameter " << p.name);
+    CHECK(same_bytes(param(again, p.name).tensor, p.tensor));
+  }
+  const ModelConfig back = model_config_from_json(again.model_config);
+  CHECK(back.window_layers == std::vector<int64_t>{1});
+  CHECK(back.tie_embeddings);
+}

@@ -577,17 +577,23 @@ class CreatedDir {
   bool created_ = false, kept_ = false;
 };
 
-}  // namespace
-
-void export_hf(const Checkpoint& ckpt, const std::string& dir, const HfExportOptions& options) {
-  const ModelConfig peek = model_config_from_json(ckpt.model_config);
-  // gpt-oss's experts kept as MXFP4 blocks go out as the released checkpoints hold them.
+// Whether the experts go out as gpt-oss's MXFP4 blocks, as the released checkpoints hold them
+// (hf::kept_mxfp4_experts); any other quantised checkpoint is refused.
+bool mxfp4_experts(const Checkpoint& ckpt, const ModelConfig& peek) {
   const bool mxfp4 = peek.arch == Arch::gpt_oss && hf::kept_mxfp4_experts(ckpt.model_config, peek);
   const std::string quantization = quantization_of(ckpt.model_config);
   if (!quantization.empty() && !mxfp4)
     throw Error(str("Hugging Face export: this checkpoint holds ", quantization,
                     "-quantised weights, which ", hf_model_name(peek),
                     " files hold in a float dtype; export the checkpoint that was quantised"));
+  return mxfp4;
+}
+
+}  // namespace
+
+void export_hf(const Checkpoint& ckpt, const std::string& dir, const HfExportOptions& options) {
+  const ModelConfig peek = model_config_from_json(ckpt.model_config);
+  const bool mxfp4 = mxfp4_experts(ckpt, peek);
   ExportModel m(ckpt, "Hugging Face export", hf_model_name(peek));
   const ModelConfig& mc = m.config();
   if (mc.arch == Arch::mixtral && !mc.normalize_topk)
