@@ -124,3 +124,24 @@ TEST_CASE("cli: a gpt_oss moe-train trained exports to HF and scores the same im
   REQUIRE(trained.size() == 4);
   CHECK(trained == imported);
 }
+
+TEST_CASE("cli: export-hf says by how much a bf16 gpt_oss's trained sinks round",
+          "[cli][hf][gpt_oss]") {
+  test::ScratchDir dir("cli-hf-export-gpt-oss-sinks");
+  const std::string run = dir / "run";
+  // The sinks train in f32 whatever the model's dtype; transformers saves them in it (bf16).
+  auto r = run_command(tool(
+      "moe-train", "--data " + test::fortunes_path("linux") + " --out " + run +
+                       " --arch gpt_oss --layers 2 --d-model 16 --heads 4 --kv-heads 2 --d-ff 16"
+                       " --seq 16 --experts 4 --top-k 2 --dtype bf16 --batch 4 --threads 1 -q"
+                       " --steps 10 --lr 1e-2 --warmup 1 --eval-every 0"));
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  auto e = run_command(
+      tool("moe-convert", "export-hf " + run + "/step-00000010.h5 -o " + (dir / "hf")));
+  INFO(e.err);
+  REQUIRE(e.exit_code == 0);
+  CHECK(e.err.find("'model.layers.0.self_attn.sinks' rounds to bf16 (the model's dtype) by up to") !=
+        std::string::npos);
+  CHECK(config_of(dir / "hf")["torch_dtype"] == "bfloat16");
+}
