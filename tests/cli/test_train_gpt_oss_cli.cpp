@@ -173,9 +173,9 @@ TEST_CASE("cli: bad gpt_oss flags are refused by name", "[cli][gpt_oss]") {
   };
   const std::vector<Case> cases = {
       {" --arch mixtral --swiglu-alpha 2",
-       "--swiglu-alpha and --swiglu-limit are gpt_oss's (its clamped SwiGLU); --arch mixtral's "
-       "experts do not clamp"},
-      {" --arch qwen3_moe --swiglu-limit 5", "--arch qwen3_moe's experts do not clamp"},
+       "--swiglu-alpha is gpt_oss's (its clamped SwiGLU): it needs --arch gpt_oss, not --arch "
+       "mixtral"},
+      {" --arch qwen3_moe --swiglu-limit 7", "--swiglu-limit is gpt_oss's"},  // even the default
       {" --arch gpt_oss --swiglu-limit 0",
        "--swiglu-limit (the clamped SwiGLU's clamp) must be a finite number > 0 (got 0)"},
       {" --arch gpt_oss --swiglu-alpha -1", "--swiglu-alpha (the clamped SwiGLU's sigmoid slope)"},
@@ -193,6 +193,28 @@ TEST_CASE("cli: bad gpt_oss flags are refused by name", "[cli][gpt_oss]") {
     CHECK(r.err.find(c.message) != std::string::npos);
     CHECK(r.err.find("terminate") == std::string::npos);
   }
+  // A checkpoint's model: the flags need the --arch they belong to, then agree with it or are
+  // refused naming the checkpoint's value.
+  const std::string ckpt =
+      test::train_on_fortunes(dir / "tiny",
+                              " --arch gpt_oss --layers 2 --d-model 16 --heads 2"
+                              " --d-ff 16 --seq 16 --experts 4 --batch 4 --threads 1"
+                              " -q --swiglu-limit 3 --steps 1");
+  const std::string again = " --out " + dir / "again" + " --steps 2 --threads 1";
+  auto r = run_command(tool("moe-train", "--resume " + ckpt + again + " --swiglu-limit 5"));
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("--swiglu-limit is gpt_oss's (its clamped SwiGLU): it needs --arch gpt_oss, "
+                   "not --arch gpt (with --resume or --init, give --arch gpt_oss too)") !=
+        std::string::npos);
+  r = run_command(
+      tool("moe-train", "--resume " + ckpt + again + " --arch gpt_oss --swiglu-limit 5"));
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("--swiglu-limit 5.0 contradicts the checkpoint's 3.0") != std::string::npos);
+  r = run_command(
+      tool("moe-train", "--resume " + ckpt + again + " --arch gpt_oss --swiglu-limit 3"));
+  INFO(r.err);
+  CHECK(r.exit_code == 0);
+
   // The flags and the family are in --help.
   auto h = run_command(tool("moe-train", "--help"));
   REQUIRE(h.exit_code == 0);

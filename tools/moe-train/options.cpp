@@ -584,6 +584,22 @@ void fill_gpt_oss_defaults(ModelConfig& m, CLI::App& app) {
     for (int64_t i = 0; i < m.layers; i += 2) m.window_layers.push_back(i);
 }
 
+// The clamped SwiGLU's flags are gpt_oss's alone: given for another --arch they would be ignored
+// (ModelConfig::validate_swiglu refuses only values other than the defaults). With --resume or
+// --init the arch must be given too, to be checked against the checkpoint's.
+void check_gpt_oss_flags(const TrainOptions& o, CLI::App& app) {
+  if (o.arch == "gpt_oss") return;
+  for (const Setting s : {Setting::swiglu_alpha, Setting::swiglu_limit})
+    if (given(app, flag_for(s)))
+      throw UsageError(str(flag_for(s),
+                           " is gpt_oss's (its clamped SwiGLU): it needs --arch gpt_oss, not "
+                           "--arch ",
+                           o.arch,
+                           o.resume.empty() && o.init.empty()
+                               ? ""
+                               : " (with --resume or --init, give --arch gpt_oss too)"));
+}
+
 // The latent attention's flags are deepseek_v3's alone: one given for another --arch would be
 // ignored. Their sizes and the head flags they replace are ModelConfig::validate_mla's.
 void check_latent_flags(const TrainOptions& o, CLI::App& app) {
@@ -624,6 +640,7 @@ void check_rope_flags(const TrainOptions& o, CLI::App& app) {
 // Flag combinations that cannot be run, before any work.
 void check_flags(const TrainOptions& o, CLI::App& app) {
   check_latent_flags(o, app);
+  check_gpt_oss_flags(o, app);
   check_rope_flags(o, app);
   // Each task's batch is in its tasks file: a --batch beside --tasks would be ignored.
   if (!o.train.tasks.empty() && app.get_option("--batch")->count())
