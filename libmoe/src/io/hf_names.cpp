@@ -2,6 +2,7 @@
 #include "io/hf_names.h"
 
 #include <map>
+#include <optional>
 #include <regex>
 
 #include "moe/error.h"
@@ -110,6 +111,27 @@ bool flavour_has(const Flavour& flavour, Slot s) {
   }
 }
 
+namespace {
+
+// gpt-oss's own tensors within a layer (`rest` after "model.layers.<i>."): the sinks, the router's
+// logit bias, the fused experts' biases and the MXFP4 form of its fused experts.
+std::optional<Slot> gpt_oss_slot(const std::string& rest) {
+  static const std::regex fused_bias_re(
+      R"((block_sparse_moe|mlp)\.experts\.(gate_up|down)_proj_bias)");
+  static const std::regex mxfp4_re(R"(mlp\.experts\.(gate_up|down)_proj_(blocks|scales))");
+  if (rest == "mlp.router.bias") return Slot::router_logit_bias;
+  if (rest == "self_attn.sinks") return Slot::sinks;
+  std::smatch r;
+  if (std::regex_match(rest, r, fused_bias_re))
+    return r[2].str() == "gate_up" ? Slot::gate_up_bias : Slot::down_bias;
+  if (!std::regex_match(rest, r, mxfp4_re)) return std::nullopt;
+  const bool gate_up = r[1].str() == "gate_up", blocks = r[2].str() == "blocks";
+  return gate_up ? (blocks ? Slot::gate_up_blocks : Slot::gate_up_scales)
+                 : (blocks ? Slot::down_blocks : Slot::down_scales);
+}
+
+}  // namespace
+
 Classified classify(const std::string& name) {
   static const std::regex layer_re(R"(model\.layers\.(\d+)\.(.+))");
   static const std::regex attn_re(R"(self_attn\.(q|k|v|o)_proj\.weight)");
@@ -122,9 +144,6 @@ Classified classify(const std::string& name) {
       R"((block_sparse_moe|mlp)\.experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight)");
   static const std::regex expert_bias_re(
       R"((block_sparse_moe|mlp)\.experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.bias)");
-  static const std::regex fused_bias_re(
-      R"((block_sparse_moe|mlp)\.experts\.(gate_up|down)_proj_bias)");
-  static const std::regex mxfp4_re(R"(mlp\.experts\.(gate_up|down)_proj_(blocks|scales))");
   static const std::regex fused_re(R"((block_sparse_moe|mlp)\.experts\.(gate_up_proj|down_proj))");
   static const std::regex qwen_shared_re(
       R"(mlp\.shared_experts?\.(gate_proj|up_proj|down_proj)\.weight)");
@@ -194,8 +213,7 @@ Classified classify(const std::string& name) {
     return mapped(r[1].str() == "q_norm" ? Slot::q_norm : Slot::k_norm);
   if (std::regex_match(rest, router_re)) return mapped(Slot::router);
   if (rest == "mlp.gate.e_score_correction_bias") return mapped(Slot::router_bias);
-  if (rest == "mlp.router.bias") return mapped(Slot::router_logit_bias);
-  if (rest == "self_attn.sinks") return mapped(Slot::sinks);
+  if (std::optional<Slot> slot = gpt_oss_slot(rest)) return mapped(*slot);
   if (std::regex_match(rest, router_bias_re)) return unsupported("router bias");
   if (std::regex_match(rest, r, expert_re)) {
     const std::string e = r[2].str();
@@ -207,13 +225,6 @@ Classified classify(const std::string& name) {
     return mapped(Slot::w2);
   }
   if (std::regex_match(rest, expert_bias_re)) return unsupported("expert biases");
-  if (std::regex_match(rest, r, fused_bias_re))
-    return mapped(r[2].str() == "gate_up" ? Slot::gate_up_bias : Slot::down_bias);
-  if (std::regex_match(rest, r, mxfp4_re)) {
-    const bool gate_up = r[1].str() == "gate_up", blocks = r[2].str() == "blocks";
-    return mapped(gate_up ? (blocks ? Slot::gate_up_blocks : Slot::gate_up_scales)
-                          : (blocks ? Slot::down_blocks : Slot::down_scales));
-  }
   if (std::regex_match(rest, r, fused_re))
     return mapped(r[2].str() == "gate_up_proj" ? Slot::gate_up : Slot::down);
   if (std::regex_match(rest, r, qwen_shared_re)) {
