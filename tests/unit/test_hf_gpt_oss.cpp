@@ -311,6 +311,18 @@ TEST_CASE("gpt_oss: what import-hf cannot represent is refused by name", "[hf][g
   REQUIRE_THAT(
       test::error_of([&] { test::import_hf_held(dir.file("r"), keep); }),
       Catch::Contains("model.layers.1.mlp.experts.down_proj_blocks") && Catch::Contains("0xFF"));
+  // MXFP4 beside F16 tensors: f16 cannot hold every decoded value (2^-128 ... 1.5 * 2^127).
+  auto f16 = gpt_oss_mxfp4(t, 34);
+  for (auto& [name, tensor] : f16)
+    if (tensor.dtype() != DType::u8) tensor = tensor.to(DType::f16);
+  REQUIRE_THAT(refused(gpt_oss_mxfp4_config(t), f16), Catch::Contains("bf16 or f32"));
+  // Both forms of one layer's experts, or per-expert tensors: not gpt-oss's layout.
+  auto both = gpt_oss_mxfp4(t, 35);
+  both["model.layers.0.mlp.experts.down_proj"] = test::random_tensor({t.E, t.F, t.D}, 2);
+  REQUIRE_THAT(refused(gpt_oss_mxfp4_config(t), both), Catch::Contains("dense and MXFP4"));
+  auto split = w;
+  split["model.layers.0.mlp.experts.0.gate_proj.weight"] = test::random_tensor({t.F, t.D}, 3);
+  REQUIRE_THAT(refused(gpt_oss_config(t), split), Catch::Contains("per-expert tensors"));
   // Sinks in another family: a feature our Mixtral lacks.
   Tiny m = tiny_of("mixtral");
   auto mw = mixtral_weights(m, 33);
