@@ -335,6 +335,134 @@ void write_glm4moe_keys(Header& h, const ModelConfig& mc) {
   h.kv_bool("glm4moe.expert_weights_norm", mc.normalize_topk);
 }
 
+// The key/value section: general.*, the architecture's keys (`A.*`), the vocabulary and our
+// record of the model.
+Header model_keys(const LlamaArch& arch, const ExportModel& m, const Checkpoint& ckpt,
+                  const GgufExportOptions& options, const Tokenizer* tokenizer) {
+  const ModelConfig& mc = m.config();
+  const int64_t V = mc.vocab_size, D = mc.d_model, F = mc.d_ff, H = mc.heads, E = m.experts();
+  const int64_t KV = mc.kv_heads_resolved(), hd = mc.head_dim_resolved();
+  const int64_t Fs = mc.shared_expert_ff, Fd = mc.dense_ff_resolved();
+  Header h;
+  const std::string a = arch.name;
+  h.kv_string("general.architecture", a);
+  h.kv_string("general.name", options.name.empty() ? "moe" : options.name);
+  // A block checkpoint's recipe names the file's type (llama.cpp's MOSTLY_MXFP4_MOE for
+  // gpt-oss's kept experts), its own mixes aside.
+  const std::string recipe = quantization_of(ckpt.model_config);
+  const bool recipe_type = !recipe.empty() && recipe != kMixedRecipe && recipe != "q4_k_m";
+  h.kv_u32("general.file_type", options.q4_k_m || recipe == "q4_k_m" ? 15
+                                : recipe_type ? file_type(parse_gguf_type(recipe))
+                                              : file_type(options.type));
+  if (is_blocked(options.type) || !recipe.empty()) h.kv_u32("general.quantization_version", 2);
+  h.kv_u32("general.alignment", static_cast<uint32_t>(kAlignment));
+  h.kv_u32(a + ".vocab_size", static_cast<uint32_t>(V));
+  h.kv_u32(a + ".context_length", static_cast<uint32_t>(mc.seq));
+  h.kv_u32(a + ".embedding_length", static_cast<uint32_t>(D));
+  h.kv_u32(a + ".block_count", static_cast<uint32_t>(mc.layers));
+  // HF intermediate_size, as llama.cpp's converter writes it: glm4moe's and the qwen
+  // architectures' the dense layers' width (theirs whether or not the model has dense layers),
+  // llama's and olmoe's the experts'
+  const bool qwen = mc.arch == Arch::qwen2_moe || mc.arch == Arch::qwen3_moe;
+  h.kv_u32(a + ".feed_forward_length",
+           static_cast<uint32_t>(arch.glm || arch.deepseek || qwen ? Fd : F));
+  // The qwen architectures size their experts by this key (else feed_forward_length / k).
+  if (a != "llama") h.kv_u32(a + ".expert_feed_forward_length", static_cast<uint32_t>(F));
+  if (Fs > 0 && !arch.glm && !arch.deepseek)
+    h.kv_u32(a + ".expert_shared_feed_forward_length", static_cast<uint32_t>(Fs));
+  h.kv_u32(a + ".attention.head_count", static_cast<uint32_t>(H));
+  // deepseek2's absorbed latent attention is one key/value head (MQA), as its converter writes
+  h.kv_u32(a + ".attention.head_count_kv", static_cast<uint32_t>(arch.deepseek ? 1 : KV));
+  // Head width (llama.cpp's default is embedding_length / head_count; Qwen3-MoE's differs).
+  // deepseek2's widths are write_deepseek2_keys'.
+  if (!arch.deepseek) {
+    h.kv_u32(a + ".attention.key_length", static_cast<uint32_t>(hd));
+    h.kv_u32(a + ".attention.value_length", static_cast<uint32_t>(hd));
+  }
+  h.kv_f32(a + ".attention.layer_norm_rms_epsilon", static_cast<float>(mc.norm_eps));
+  h.kv_f32(a + ".rope.freq_base", static_cast<float>(mc.rope_theta));
+  // glm4_moe may rotate only the first rope_dim features of a head (partial RoPE)
+  h.kv_u32(a + ".rope.dimension_count", static_cast<uint32_t>(mc.rope_dim_resolved()));
+  write_yarn_keys(h, mc, a);
+  h.kv_u32(a + ".expert_count", static_cast<uint32_t>(E));
+  h.kv_u32(a + ".expert_used_count", static_cast<uint32_t>(mc.top_k));
+  if (arch.glm) write_glm4moe_keys(h, mc);
+  if (arch.deepseek) gguf_out::write_deepseek2_keys(h, mc);
+  if (arch.gpt_oss) gguf_out::write_gpt_oss_keys(h, mc);
+  write_vocabulary(h, tokenizer, V);
+  h.kv_string("moe.model_config", to_json(m.recorded_config()).dump());
+  h.kv_string("moe.producer", str("libmoe ", version(), " (git ", git_revision(), ")"));
+  return h;
+}
+
+// The file's header: the counts, the keys `h`, each tensor's info (its data at the next multiple
+// of the alignment), padded to the alignment; data_bytes the data section's size.
+std::string header_bytes(Header& h, const std::vector<Planned>& plan, uint64_t& data_bytes) {
+  Header infos;
+  uint64_t offset = 0;
+  for (const Planned& p : plan) {
+    infos.put_string(p.name);
+    infos.put_u32(static_cast<uint32_t>(p.dims.size()));
+    for (int64_t d : p.dims) infos.put_u64(static_cast<uint64_t>(d));
+    infos.put_u32(static_cast<uint32_t>(p.type));
+    infos.put_u64(offset);
+    offset += (static_cast<uint64_t>(p.nbytes()) + kAlignment - 1) / kAlignment * kAlignment;
+  }
+  Header top;
+  top.bytes() = "GGUF";
+  top.put_u32(3);
+  top.put_u64(plan.size());
+  top.put_u64(h.keys());
+  std::string header = top.bytes() + h.bytes() + infos.bytes();
+  header.append((kAlignment - header.size() % kAlignment) % kAlignment, '\0');
+  data_bytes = offset;
+  return header;
+}
+
+// Writes `header` then each planned tensor, converted part by part, into an AtomicFile at `path`.
+void write_file(const std::string& path, const std::string& header,
+                const std::vector<Planned>& plan) {
+  AtomicFile out(path);
+  std::FILE* f = std::fopen(out.temp().c_str(), "wb");
+  if (!f) throw Error(str("GGUF export: cannot write '", out.temp(), "': ", std::strerror(errno)));
+  auto write = [&](const void* p, size_t n) {
+    if (n && std::fwrite(p, 1, n, f) != n) {
+      const int err = errno;
+      std::fclose(f);
+      f = nullptr;
+      throw Error(str("GGUF export: writing '", path, "' failed: ", std::strerror(err)));
+    }
+  };
+  try {
+    write(header.data(), header.size());
+    std::vector<uint8_t> bytes;
+    const std::vector<uint8_t> zeros(kAlignment, 0);
+    for (const Planned& p : plan) {
+      uint64_t written = 0;
+      for (int64_t part = 0; part < p.parts; ++part) {
+        if (p.bytes)
+          bytes = p.bytes(part);
+        else
+          encode(p.name, p.type, p.values(part), bytes);
+        write(bytes.data(), bytes.size());
+        written += bytes.size();
+      }
+      MOE_CHECK(written == static_cast<uint64_t>(p.nbytes()), "GGUF export: tensor '", p.name,
+                "' came to ", written, " bytes, expected ", p.nbytes());
+      write(zeros.data(), (kAlignment - written % kAlignment) % kAlignment);
+    }
+    std::FILE* closing = f;
+    f = nullptr;
+    if (std::fclose(closing) != 0)
+      throw Error(str("GGUF export: closing '", path, "' failed: ", std::strerror(errno)));
+    out.commit();
+    out.sync_directory();
+  } catch (...) {
+    if (f) std::fclose(f);
+    throw;  // the AtomicFile removes the temp; an existing `path` is untouched
+  }
+}
+
 }  // namespace
 
 GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
@@ -516,118 +644,15 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
     MOE_CHECK(overridden.count(name), "GGUF export: a type (", gguf_type_name(type),
               ") is asked for tensor '", name, "', which is not one of the file's matrices");
 
-  Header h;
-  const std::string a = arch.name;
-  h.kv_string("general.architecture", a);
-  h.kv_string("general.name", options.name.empty() ? "moe" : options.name);
-  // A block checkpoint's recipe names the file's type (llama.cpp's MOSTLY_MXFP4_MOE for
-  // gpt-oss's kept experts), its own mixes aside.
-  const std::string recipe = quantization_of(ckpt.model_config);
-  const bool recipe_type = !recipe.empty() && recipe != kMixedRecipe && recipe != "q4_k_m";
-  h.kv_u32("general.file_type", options.q4_k_m || recipe == "q4_k_m" ? 15
-                                : recipe_type ? file_type(parse_gguf_type(recipe))
-                                              : file_type(options.type));
-  if (is_blocked(options.type) || !recipe.empty()) h.kv_u32("general.quantization_version", 2);
-  h.kv_u32("general.alignment", static_cast<uint32_t>(kAlignment));
-  h.kv_u32(a + ".vocab_size", static_cast<uint32_t>(V));
-  h.kv_u32(a + ".context_length", static_cast<uint32_t>(mc.seq));
-  h.kv_u32(a + ".embedding_length", static_cast<uint32_t>(D));
-  h.kv_u32(a + ".block_count", static_cast<uint32_t>(mc.layers));
-  // HF intermediate_size, as llama.cpp's converter writes it: glm4moe's and the qwen
-  // architectures' the dense layers' width (theirs whether or not the model has dense layers),
-  // llama's and olmoe's the experts'
-  const bool qwen = mc.arch == Arch::qwen2_moe || mc.arch == Arch::qwen3_moe;
-  h.kv_u32(a + ".feed_forward_length",
-           static_cast<uint32_t>(arch.glm || arch.deepseek || qwen ? Fd : F));
-  // The qwen architectures size their experts by this key (else feed_forward_length / k).
-  if (a != "llama") h.kv_u32(a + ".expert_feed_forward_length", static_cast<uint32_t>(F));
-  if (Fs > 0 && !arch.glm && !arch.deepseek)
-    h.kv_u32(a + ".expert_shared_feed_forward_length", static_cast<uint32_t>(Fs));
-  h.kv_u32(a + ".attention.head_count", static_cast<uint32_t>(H));
-  // deepseek2's absorbed latent attention is one key/value head (MQA), as its converter writes
-  h.kv_u32(a + ".attention.head_count_kv", static_cast<uint32_t>(arch.deepseek ? 1 : KV));
-  // Head width (llama.cpp's default is embedding_length / head_count; Qwen3-MoE's differs).
-  // deepseek2's widths are write_deepseek2_keys'.
-  if (!arch.deepseek) {
-    h.kv_u32(a + ".attention.key_length", static_cast<uint32_t>(hd));
-    h.kv_u32(a + ".attention.value_length", static_cast<uint32_t>(hd));
-  }
-  h.kv_f32(a + ".attention.layer_norm_rms_epsilon", static_cast<float>(mc.norm_eps));
-  h.kv_f32(a + ".rope.freq_base", static_cast<float>(mc.rope_theta));
-  // glm4_moe may rotate only the first rope_dim features of a head (partial RoPE)
-  h.kv_u32(a + ".rope.dimension_count", static_cast<uint32_t>(mc.rope_dim_resolved()));
-  write_yarn_keys(h, mc, a);
-  h.kv_u32(a + ".expert_count", static_cast<uint32_t>(E));
-  h.kv_u32(a + ".expert_used_count", static_cast<uint32_t>(mc.top_k));
-  if (arch.glm) write_glm4moe_keys(h, mc);
-  if (arch.deepseek) gguf_out::write_deepseek2_keys(h, mc);
-  if (arch.gpt_oss) gguf_out::write_gpt_oss_keys(h, mc);
-  write_vocabulary(h, tokenizer.get(), V);
-  h.kv_string("moe.model_config", to_json(m.recorded_config()).dump());
-  h.kv_string("moe.producer", str("libmoe ", version(), " (git ", git_revision(), ")"));
-
-  Header infos;
-  uint64_t offset = 0;
-  for (const Planned& p : plan) {
-    infos.put_string(p.name);
-    infos.put_u32(static_cast<uint32_t>(p.dims.size()));
-    for (int64_t d : p.dims) infos.put_u64(static_cast<uint64_t>(d));
-    infos.put_u32(static_cast<uint32_t>(p.type));
-    infos.put_u64(offset);
-    offset += (static_cast<uint64_t>(p.nbytes()) + kAlignment - 1) / kAlignment * kAlignment;
-  }
-  Header top;
-  top.bytes() = "GGUF";
-  top.put_u32(3);
-  top.put_u64(plan.size());
-  top.put_u64(h.keys());
-  std::string header = top.bytes() + h.bytes() + infos.bytes();
-  header.append((kAlignment - header.size() % kAlignment) % kAlignment, '\0');
-
-  AtomicFile out(path);
-  std::FILE* f = std::fopen(out.temp().c_str(), "wb");
-  if (!f) throw Error(str("GGUF export: cannot write '", out.temp(), "': ", std::strerror(errno)));
-  auto write = [&](const void* p, size_t n) {
-    if (n && std::fwrite(p, 1, n, f) != n) {
-      const int err = errno;
-      std::fclose(f);
-      f = nullptr;
-      throw Error(str("GGUF export: writing '", path, "' failed: ", std::strerror(err)));
-    }
-  };
-  try {
-    write(header.data(), header.size());
-    std::vector<uint8_t> bytes;
-    const std::vector<uint8_t> zeros(kAlignment, 0);
-    for (const Planned& p : plan) {
-      uint64_t written = 0;
-      for (int64_t part = 0; part < p.parts; ++part) {
-        if (p.bytes)
-          bytes = p.bytes(part);
-        else
-          encode(p.name, p.type, p.values(part), bytes);
-        write(bytes.data(), bytes.size());
-        written += bytes.size();
-      }
-      MOE_CHECK(written == static_cast<uint64_t>(p.nbytes()), "GGUF export: tensor '", p.name,
-                "' came to ", written, " bytes, expected ", p.nbytes());
-      write(zeros.data(), (kAlignment - written % kAlignment) % kAlignment);
-    }
-    std::FILE* closing = f;
-    f = nullptr;
-    if (std::fclose(closing) != 0)
-      throw Error(str("GGUF export: closing '", path, "' failed: ", std::strerror(errno)));
-    out.commit();
-    out.sync_directory();
-  } catch (...) {
-    if (f) std::fclose(f);
-    throw;  // the AtomicFile removes the temp; an existing `path` is untouched
-  }
+  Header h = model_keys(arch, m, ckpt, options, tokenizer.get());
+  uint64_t data_bytes = 0;
+  const std::string header = header_bytes(h, plan, data_bytes);
+  write_file(path, header, plan);
   if (arch.gpt_oss && !gguf_out::gpt_oss_yarn_note(mc).empty())
     summary.fallbacks.push_back(gguf_out::gpt_oss_yarn_note(mc));
   summary.tensors = static_cast<int64_t>(plan.size());
   summary.keys = static_cast<int64_t>(h.keys());
-  summary.bytes = static_cast<int64_t>(header.size() + offset);
+  summary.bytes = static_cast<int64_t>(header.size() + data_bytes);
   return summary;
 }
 
