@@ -4,7 +4,8 @@
 // activations reach, a router logit bias, YaRN) trains the demo corpus with its loss falling,
 // checkpoints its settings and parameters, resumes bit for bit, and moe-infer scores it as the
 // trainer evaluated it and generates through the decode cache the tokens of the uncached forward.
-// Bad gpt_oss flags are refused by name before any work.
+// Bad gpt_oss flags are refused by name before any work, and moe-infer score --ep 2 on two ranks
+// scores as one process.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -222,5 +223,35 @@ TEST_CASE("cli: bad gpt_oss flags are refused by name", "[cli][gpt_oss]") {
                         "swiglu_limit", "layer_types"}) {
     INFO(s);
     CHECK(h.out.find(s) != std::string::npos);
+  }
+}
+
+// Serving under expert parallelism (plan Q2): moe-infer score --ep 2 on two ranks, each holding
+// two of a layer's four experts with their biases and every rank the sinks, the attention biases
+// and the router's logit bias, scores each window as one process does. Tolerance as
+// test_score_ep_cli.cpp's: an expert's GEMM holds other rows than in one process and may round
+// differently (a few f32 ulps of the logits); a window's mean NLL moves by at most twice the
+// largest logit change: 1e-5 nats (a wrong expert, bias or sink is off by far more).
+TEST_CASE("cli: a trained gpt_oss scores under --ep as in one process", "[cli][gpt_oss][ep]") {
+  REQUIRE(run_command("command -v mpiexec").exit_code == 0);  // scripts/setup installs it
+  test::ScratchDir dir("cli-gpt-oss-ep");
+  const std::string ckpt =
+      test::train_on_fortunes(dir / "run", kTiny + " --steps 30 --lr 1e-2 --warmup 1");
+  const std::string args = "score --model " + ckpt + " --data " + test::fortunes_path("linux") +
+                           " --batch 2 --max-sequences 8 -q --threads 1";
+  const auto one = run_command(tool("moe-infer", args));
+  INFO(one.err);
+  REQUIRE(one.exit_code == 0);
+  const auto ep = run_command("OMP_NUM_THREADS=1 timeout 120 mpiexec -n 2 " +
+                              tool("moe-infer", args + " --ep 2"));
+  INFO(ep.err);
+  REQUIRE(ep.exit_code == 0);
+  const std::vector<json> a = json_lines(one.out), b = json_lines(ep.out);
+  REQUIRE(a.size() == 8);
+  REQUIRE(b.size() == 8);
+  for (size_t w = 0; w < a.size(); ++w) {
+    INFO("window " << w);
+    REQUIRE(b[w]["index"] == a[w]["index"]);
+    CHECK(std::fabs(b[w]["nll_mean"].get<double>() - a[w]["nll_mean"].get<double>()) <= 1e-5);
   }
 }
