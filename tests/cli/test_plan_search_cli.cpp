@@ -72,9 +72,9 @@ std::vector<Row> rows_of(const std::string& out) {
   for (const std::string& line : lines_of(out)) {
     if (line.empty() || line[0] == '#' || line.rfind("rank\t", 0) == 0) continue;
     const auto f = fields(line);
-    REQUIRE(f.size() == 14);
+    REQUIRE(f.size() == 15);
     CHECK(f[0] == std::to_string(rows.size() + 1));
-    rows.push_back({f[1], std::stod(f[2]), std::stod(f[3]), f[13]});
+    rows.push_back({f[1], std::stod(f[2]), std::stod(f[3]), f[14]});
   }
   return rows;
 }

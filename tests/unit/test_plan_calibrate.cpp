@@ -12,6 +12,7 @@
 #include "moe/error.h"
 #include "moe/plan/calibrate.h"
 #include "moe/plan/cluster.h"
+#include "plan/calibrate_measure.h"
 #include "support/run.h"
 
 using namespace moe;
@@ -42,6 +43,10 @@ ClusterSpec full_spec() {
   c.gemm_bf16 = 9.89e14;
   c.gemm_f16 = 1.2345e15;
   c.cpu_adamw = 1.338e8;
+  c.has_overhead = true;
+  c.overhead_per_step = 1.234e-4;
+  c.overhead_per_layer = 7.5e-7;  // below a microsecond
+  c.elementwise_bw = 2.345e9;
   return c;
 }
 
@@ -66,6 +71,10 @@ void require_same(const ClusterSpec& a, const ClusterSpec& b) {
   CHECK(a.gemm_bf16 == Approx(b.gemm_bf16).epsilon(e).margin(0));
   CHECK(a.gemm_f16 == Approx(b.gemm_f16).epsilon(e).margin(0));
   CHECK(a.cpu_adamw == Approx(b.cpu_adamw).epsilon(e));
+  CHECK(a.has_overhead == b.has_overhead);
+  CHECK(a.overhead_per_step == Approx(b.overhead_per_step).epsilon(e).margin(0));
+  CHECK(a.overhead_per_layer == Approx(b.overhead_per_layer).epsilon(e).margin(0));
+  CHECK(a.elementwise_bw == Approx(b.elementwise_bw).epsilon(e).margin(0));
 }
 
 ClusterSpec round_trip(const ClusterSpec& c, const SpecNotes& notes = {}) {
@@ -86,7 +95,16 @@ TEST_CASE("plan: write_cluster_toml reads back to every field", "[plan][calibrat
   cpu.intra_node_latency = cpu.inter_node_latency = 0;
   cpu.gemm_bf16 = cpu.gemm_f16 = 0;
   cpu.ssd_bytes = 0;
+  cpu.overhead_per_layer = cpu.elementwise_bw = 0;  // zeros are allowed in [overhead]
   require_same(round_trip(cpu), cpu);
+
+  ClusterSpec bare = c;  // no [overhead]: the table is not written, and reads back absent
+  bare.has_overhead = false;
+  bare.overhead_per_step = bare.overhead_per_layer = bare.elementwise_bw = 0;
+  std::ostringstream text;
+  write_cluster_toml(bare, text);
+  CHECK(text.str().find("[overhead]") == std::string::npos);
+  require_same(round_trip(bare), bare);
 }
 
 TEST_CASE("plan: notes become comments and the spec still reads", "[plan][calibrate]") {
@@ -122,6 +140,18 @@ TEST_CASE("plan: a quick calibration gives a spec the reader accepts", "[plan][c
     CHECK(v > 0);
   }
   CHECK(s.ssd_bytes >= 0);
+  // [overhead] is measured (Trainer steps of small models, fitted with coefficients >= 0): it is
+  // written, each value finite and not negative (a fit may find a term 0), the models in notes.
+  CHECK(s.has_overhead);
+  for (double v : {s.overhead_per_step, s.overhead_per_layer, s.elementwise_bw}) {
+    CHECK(std::isfinite(v));
+    CHECK(v >= 0);
+  }
+  // a small model's step costs more than its GEMMs and optimizer: some term is found
+  CHECK(s.overhead_per_step + s.overhead_per_layer + s.elementwise_bw > 0);
+  const auto& overhead_notes = cal.notes.notes.at("overhead.per_step");
+  CHECK(std::count_if(overhead_notes.begin(), overhead_notes.end(),
+                      [](const std::string& line) { return line.rfind("d_model ", 0) == 0; }) == 3);
   // The grouped GEMM by segment size has no key: its rates are comments under [compute] f32.
   const auto& f32_notes = cal.notes.notes.at("compute.f32");
   CHECK(std::count_if(f32_notes.begin(), f32_notes.end(), [](const std::string& line) {
@@ -137,6 +167,22 @@ TEST_CASE("plan: a quick calibration gives a spec the reader accepts", "[plan][c
   const std::string path = dir / "machine.toml";
   write_cluster_file(path, s, cal.notes);
   require_same(read_cluster_file(path), s);
+}
+
+TEST_CASE("plan: the overhead fit keeps its coefficients >= 0, hand-worked", "[plan][calibrate]") {
+  using measure::nonnegative_fit;
+  using M = std::vector<std::vector<double>>;
+  // r = 2 + 3 x exactly: both found
+  const std::vector<double> exact = nonnegative_fit(M{{1, 0}, {1, 1}, {1, 2}}, {2, 5, 8});
+  CHECK(exact[0] == Approx(2));
+  CHECK(exact[1] == Approx(3));
+  // (1, 1) and (2, 3): the line through them has intercept -1, refused; x alone gives
+  // sum(x r) / sum(x^2) = 7 / 5 (squared error 0.2), the intercept alone 2 (squared error 2)
+  const std::vector<double> clamped = nonnegative_fit(M{{1, 1}, {1, 2}}, {1, 3});
+  CHECK(clamped[0] == 0);
+  CHECK(clamped[1] == Approx(1.4));
+  // every residual negative: nothing fits better than zeros
+  CHECK(nonnegative_fit(M{{1, 1}, {1, 2}}, {-1, -2}) == std::vector<double>{0, 0});
 }
 
 TEST_CASE("plan: a bad scratch directory fails before measuring", "[plan][calibrate]") {

@@ -78,6 +78,39 @@ TEST_CASE("plan: a cluster spec reads back in base units", "[plan]") {
              Catch::Contains("[compute] f16 is not given"));
 }
 
+TEST_CASE("plan: [overhead] is optional, and whole when given", "[plan]") {
+  // A spec written before [overhead] existed still reads: no non-GEMM cost, and it says so.
+  const ClusterSpec old = parse_cluster(kSpec, "specs/c.toml");
+  CHECK_FALSE(old.has_overhead);
+  CHECK(old.overhead_per_step == 0);
+  CHECK(old.overhead_per_layer == 0);
+  CHECK(old.elementwise_bw == 0);
+
+  const std::string table =
+      "\n[overhead]\nper_step = \"0.25ms\"\nper_layer = \"40us\"\n"
+      "elementwise = \"2.5GB/s\"\n";
+  const ClusterSpec c = parse_cluster(kSpec + table, "c.toml");
+  CHECK(c.has_overhead);
+  CHECK(c.overhead_per_step == Approx(2.5e-4));
+  CHECK(c.overhead_per_layer == Approx(4e-5));
+  CHECK(c.elementwise_bw == 2.5e9);
+
+  auto table_edited = [&](const std::string& from, const std::string& to) {
+    std::string t = table;
+    return kSpec + t.replace(t.find(from), from.size(), to);
+  };
+  CHECK_THAT(spec_error(table_edited("per_layer = \"40us\"\n", "")),
+             Catch::Contains("c.toml: [overhead] missing key 'per_layer'"));
+  CHECK_THAT(spec_error(table_edited("\"2.5GB/s\"", "2.5")),
+             Catch::Contains("c.toml:31: [overhead] elementwise: must be a quoted quantity"));
+  CHECK_THAT(spec_error(table_edited("\"0.25ms\"", "\"0.25\"")),
+             Catch::Contains("[overhead] per_step: '0.25' has no unit"));
+  CHECK_THAT(spec_error(table_edited("\"40us\"", "\"-40us\"")),
+             Catch::Contains("[overhead] per_layer: '-40us' is negative"));
+  CHECK_THAT(spec_error(table_edited("per_step", "per_op")),
+             Catch::Contains("[overhead] unknown key 'per_op'"));
+}
+
 TEST_CASE("plan: quantities need their unit", "[plan]") {
   CHECK(parse_bytes("1.5KiB", "k") == 1536);
   CHECK(parse_bytes("2 GB", "k") == 2e9);

@@ -96,6 +96,7 @@ TEST_CASE("plan: one step of a tiny model, its stragglers and all-to-all by hand
   CHECK(t.expert_balanced_s == Approx(2 * 6 * 32 * 1072 / 1e6));
   // 4 all-to-alls per layer of 32 tokens x 2 choices x 16 x 4 B, half to the other rank
   CHECK(t.a2a_s == Approx(2 * 4 * (1e-6 + 4096 / 2 / 1e9)));
+  CHECK(t.non_gemm_s == 0);  // the cluster has no [overhead]
   CHECK(t.step_s == Approx(t.dense_s + t.expert_s + t.a2a_s + t.allreduce_exposed_s +
                            t.zero_gather_s + t.optimizer_exposed_s));
   CHECK(t.tokens_per_s == Approx(2 * 32 / t.step_s));
@@ -106,6 +107,44 @@ TEST_CASE("plan: one step of a tiny model, its stragglers and all-to-all by hand
   const double lpt = predict_step(in).expert_s;
   CHECK(fixed == Approx(2 * 6 * 50 * 1072 / 1e6));
   CHECK(lpt == Approx(2 * 6 * 34 * 1072 / 1e6));  // {30, 4} and {20, 10}
+}
+
+TEST_CASE("plan: the non-GEMM term from [overhead], hand-worked", "[plan]") {
+  // Bytes the tiny model's step saves per token (f32, 4 B): per layer the two norm inputs (2 x
+  // 16), q, k, v and the attention output (4 x 16), 4 B x 2 heads x T 16 of probabilities, and
+  // each of the top-2 rows' expert input (16) and hidden rows (2 x 32, GELU keeps two):
+  // 4 x 96 + 128 + 4 x 2 x 80 = 1152; two layers, and the logits' 4 x 256.
+  CHECK(activation_bytes_per_token(tiny()) == 2 * 1152 + 1024);
+  ClusterSpec c;
+  CHECK(non_gemm_seconds(tiny(), 32, c) == 0);  // no [overhead]: nothing counted
+  c.has_overhead = true;
+  c.overhead_per_step = 1e-3;
+  c.overhead_per_layer = 2e-4;
+  c.elementwise_bw = 3328e3;  // one token's 3328 B a millisecond
+  // 1 ms + 2 layers x 0.2 ms + 32 tokens x 1 ms
+  CHECK(non_gemm_seconds(tiny(), 32, c) == Approx(1e-3 + 4e-4 + 32e-3));
+  c.elementwise_bw = 0;  // no per-token term
+  CHECK(non_gemm_seconds(tiny(), 32, c) == Approx(1.4e-3));
+
+  // In the step: on the critical path, beside the other terms.
+  StepInput in;
+  in.config = tiny();
+  in.cluster = c;
+  in.cluster.nodes = in.cluster.devices_per_node = 1;
+  in.cluster.device_memory_bw = 1e12;
+  in.cluster.gemm_f32 = 1e9;
+  in.layout = check_layout(parse_layout("ep=1"), 1, {4, 4});
+  in.tokens_per_rank = 32;
+  in.trace.tokens = {32};
+  in.trace.loads = {{{16, 16, 16, 16}, {16, 16, 16, 16}}};
+  const StepTime with = predict_step(in);
+  in.cluster.has_overhead = false;
+  const StepTime without = predict_step(in);
+  CHECK(without.non_gemm_s == 0);
+  CHECK(with.non_gemm_s == Approx(1.4e-3));
+  CHECK(with.step_s == Approx(without.step_s + 1.4e-3));
+  CHECK(with.step_s == Approx(with.dense_s + with.expert_s + with.a2a_s + with.allreduce_exposed_s +
+                              with.zero_gather_s + with.optimizer_exposed_s + with.non_gemm_s));
 }
 
 TEST_CASE("plan: offload uploads and the SSD tier's host cache hits, hand-worked", "[plan]") {

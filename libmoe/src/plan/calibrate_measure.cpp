@@ -3,11 +3,15 @@
 // over repetitions after a warm-up, because the machines this runs on are shared and noisy.
 #include "plan/calibrate_measure.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
+#include <memory>
 
 #include "moe/cuda.h"
 #include "moe/error.h"
@@ -16,9 +20,13 @@
 #include "moe/ops/moe.h"
 #include "moe/optim/adamw.h"
 #include "moe/param.h"
+#include "moe/plan/layout.h"
+#include "moe/plan/memory_model.h"
+#include "moe/plan/step_time.h"
 #include "moe/tensor.h"
 #include "moe/threads.h"
 #include "moe/timer.h"
+#include "moe/train/trainer.h"
 #include "plan/check.h"
 
 namespace moe::plan::measure {
@@ -225,6 +233,187 @@ std::string utc_now() {
   char text[32];
   std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
   return text;
+}
+
+}  // namespace moe::plan::measure
+
+namespace moe::plan::measure {
+
+std::vector<double> nonnegative_fit(const std::vector<std::vector<double>>& X,
+                                    const std::vector<double>& r) {
+  const size_t n = X.empty() ? 0 : X[0].size();
+  std::vector<double> best(n, 0.0);
+  double best_error = 0;
+  for (double v : r) best_error += v * v;  // all zero
+  for (unsigned mask = 1; mask < (1u << n); ++mask) {
+    std::vector<size_t> cols;
+    for (size_t j = 0; j < n; ++j)
+      if (mask & (1u << j)) cols.push_back(j);
+    const size_t k = cols.size();
+    // normal equations [X_S' X_S | X_S' r], solved by elimination with partial pivoting
+    std::vector<std::vector<double>> a(k, std::vector<double>(k + 1, 0.0));
+    for (size_t i = 0; i < X.size(); ++i)
+      for (size_t p = 0; p < k; ++p) {
+        for (size_t q = 0; q < k; ++q) a[p][q] += X[i][cols[p]] * X[i][cols[q]];
+        a[p][k] += X[i][cols[p]] * r[i];
+      }
+    bool singular = false;
+    for (size_t p = 0; p < k && !singular; ++p) {
+      size_t pivot = p;
+      for (size_t q = p + 1; q < k; ++q)
+        if (std::fabs(a[q][p]) > std::fabs(a[pivot][p])) pivot = q;
+      std::swap(a[p], a[pivot]);
+      if (std::fabs(a[p][p]) < 1e-300) singular = true;
+      for (size_t q = 0; q < k && !singular; ++q) {
+        if (q == p) continue;
+        const double f = a[q][p] / a[p][p];
+        for (size_t c = p; c <= k; ++c) a[q][c] -= f * a[p][c];
+      }
+    }
+    if (singular) continue;
+    std::vector<double> coef(n, 0.0);
+    bool feasible = true;
+    for (size_t p = 0; p < k; ++p) {
+      coef[cols[p]] = a[p][k] / a[p][p];
+      feasible = feasible && coef[cols[p]] >= 0;
+    }
+    if (!feasible) continue;
+    double error = 0;
+    for (size_t i = 0; i < X.size(); ++i) {
+      double e = r[i];
+      for (size_t j = 0; j < n; ++j) e -= X[i][j] * coef[j];
+      error += e * e;
+    }
+    if (error < best_error) best_error = error, best = coef;
+  }
+  return best;
+}
+
+namespace {
+
+// A text file of pseudo-random words in `dir`, removed when this goes out of scope.
+struct TempText {
+  std::string path;
+  explicit TempText(const std::string& dir, int64_t bytes) {
+    path = (std::filesystem::path(dir) / str(".moe-plan-calibrate-", ::getpid(), ".txt")).string();
+    std::string text;
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    while (int64_t(text.size()) < bytes) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      text += (x >> 60) < 3 ? ' ' : char('a' + (x >> 33) % 26);
+    }
+    std::ofstream out(path, std::ios::binary);
+    out << text;
+    out.close();
+    PLAN_CHECK(out.good(), "cannot write the calibration's training text in '", dir, "'");
+  }
+  ~TempText() { std::remove(path.c_str()); }
+};
+
+struct Shape {
+  int64_t d, layers, seq, batch;
+};
+
+ModelConfig overhead_model(const Shape& s) {
+  ModelConfig m;
+  m.layers = s.layers;
+  m.d_model = s.d;
+  m.heads = 4;
+  m.d_ff = 4 * s.d;
+  m.experts = 4;
+  m.moe_every = 1;
+  m.seq = s.seq;
+  m.resolve();
+  return m;
+}
+
+// The step predict_step gives `config` for `tokens` on `spec`, every expert equally loaded.
+double predicted_step(const ModelConfig& config, int64_t tokens, const ClusterSpec& spec) {
+  StepInput in;
+  in.config = config;
+  in.cluster = spec;
+  in.tokens_per_rank = tokens;
+  std::vector<int64_t> experts;
+  for (int64_t e : config.experts_per_layer)
+    if (e > 0) experts.push_back(e);
+  in.layout = check_layout(Layout{}, 1, experts);
+  std::vector<double> even(size_t(config.experts),
+                           double(tokens * config.top_k) / double(config.experts));
+  in.trace.tokens = {tokens};
+  in.trace.loads = {std::vector<std::vector<double>>(experts.size(), even)};
+  return predict_step(in).step_s;
+}
+
+// Median seconds of `reps` Trainer steps of each shape after two warm-up steps, the shapes
+// stepped in turn (a machine's load then falls on all of them alike).
+std::vector<double> median_steps(const std::vector<Shape>& shapes, const std::string& data,
+                                 int reps) {
+  std::vector<std::unique_ptr<train::Trainer>> trainers;
+  for (const Shape& s : shapes) {
+    train::TrainConfig t;
+    t.data = data;
+    t.batch = s.batch;
+    t.steps = reps + 2;
+    t.warmup = 1;
+    t.eval_batches = 1;
+    trainers.push_back(std::make_unique<train::Trainer>(overhead_model(s), t, io::Provenance{}));
+  }
+  std::vector<std::vector<double>> seconds(shapes.size());
+  for (int i = 0; i < reps + 2; ++i)
+    for (size_t k = 0; k < trainers.size(); ++k) {
+      const double step = trainers[k]->step().seconds;
+      if (i >= 2) seconds[k].push_back(step);
+    }
+  std::vector<double> out;
+  for (const auto& s : seconds) out.push_back(median(s));
+  return out;
+}
+
+}  // namespace
+
+Overhead step_overhead(const std::string& dir, const Sizes& sizes, const ClusterSpec& spec) {
+  const std::vector<Shape> shapes =
+      sizes.quick
+          ? std::vector<Shape>{{32, 1, 16, 4}, {32, 3, 16, 4}, {32, 2, 16, 16}}
+          : std::vector<Shape>{
+                {64, 1, 32, 8}, {64, 4, 32, 8}, {64, 2, 32, 32}, {128, 2, 64, 8}, {128, 4, 64, 8}};
+  ClusterSpec bare = spec;
+  bare.has_overhead = false;
+  const TempText data(dir, 1 << 17);
+  std::vector<std::vector<double>> X;
+  std::vector<double> r;
+  std::vector<std::string> rows;
+  const int reps = sizes.quick ? 3 : 9;
+  const std::vector<double> steps = median_steps(shapes, data.path, reps);
+  for (size_t k = 0; k < shapes.size(); ++k) {
+    const Shape& s = shapes[k];
+    const ModelConfig m = overhead_model(s);
+    const double measured = steps[k], predicted = predicted_step(m, s.batch * s.seq, bare);
+    const double bytes = double(s.batch * s.seq) * activation_bytes_per_token(m);
+    // relative least squares: each row divided by its measured step
+    X.push_back({1 / measured, double(s.layers) / measured, bytes / measured});
+    r.push_back((measured - predicted) / measured);
+    rows.push_back(str("d_model ", s.d, ", MoE layers ", s.layers, " of 4 experts, ", s.batch,
+                       " x ", s.seq, " tokens: step ", round4(measured * 1e3),
+                       " ms, predicted without ", "overhead ", round4(predicted * 1e3), " ms, ",
+                       round4(bytes / 1048576), " MiB of saved activations"));
+  }
+  const std::vector<double> c = nonnegative_fit(X, r);
+  Overhead o;
+  o.per_step.value = c[0];
+  o.per_layer.value = c[1];
+  o.elementwise.value = c[2] > 0 ? 1 / c[2] : 0;
+  o.per_step.notes = {str("train::Trainer steps (gpt, one process, ", num_threads(),
+                          " threads), the median of ", reps, " after 2, the models in turn:")};
+  o.per_step.notes.insert(o.per_step.notes.end(), rows.begin(), rows.end());
+  o.per_step.notes.push_back(
+      "each step less predict_step's time for it (no [overhead]) fitted as per_step + layers x "
+      "per_layer + saved activation bytes / elementwise, least squares relative to the step, "
+      "coefficients >= 0");
+  o.per_layer.notes = {"fitted with per_step (see there)"};
+  o.elementwise.notes = {c[2] > 0 ? "fitted with per_step (see there)"
+                                  : "fitted with per_step: no per-byte cost found, 0"};
+  return o;
 }
 
 }  // namespace moe::plan::measure

@@ -8,6 +8,7 @@
 
 #include "moe/comm/communicator.h"
 #include "moe/device.h"
+#include "moe/plan/cluster.h"
 
 namespace moe::plan::measure {
 
@@ -40,6 +41,23 @@ Result adamw_rate(const Sizes& sizes);
 // system takes it, else with the page cache dropped (posix_fadvise DONTNEED); removed afterwards.
 // value: the read rate (the planner's SSD term is reads); the write rate in the notes.
 Result ssd_rate(const std::string& dir, const Sizes& sizes);
+
+// The non-GEMM cost of a training step ([overhead]): whole train::Trainer steps (one process,
+// on the CPU) of a few small MoE models, in a temporary text file's bytes written in `dir` (and
+// removed), each median step less what predict_step counts for it from `spec` (its GEMM rate,
+// device memory bandwidth; no [overhead]); the residuals fitted, least squares relative to each
+// step and every coefficient >= 0, as per_step + layers x per_layer + saved activation bytes /
+// elementwise. Each model's measured, predicted and residual seconds are in the notes.
+struct Overhead {
+  Result per_step, per_layer, elementwise;  // seconds, seconds, bytes/s (0: no per-byte term)
+};
+Overhead step_overhead(const std::string& dir, const Sizes& sizes, const ClusterSpec& spec);
+
+// Non-negative least squares of r ~ X c over the columns of X (rows of equal length): every
+// subset of the columns fitted, the feasible one (every coefficient >= 0) of least squared error;
+// the other coefficients 0. Small problems only (2^columns subsets).
+std::vector<double> nonnegative_fit(const std::vector<std::vector<double>>& X,
+                                    const std::vector<double>& r);
 
 // Between the ranks of `comm` (size > 1, collective): all-to-all-v by message size (bandwidth from
 // the largest, latency per message from the smallest) and all-reduce by size in the notes.

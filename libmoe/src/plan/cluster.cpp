@@ -190,6 +190,7 @@ ClusterSpec parse_cluster(std::string_view text, const std::string& source) {
   top["devices_per_node"] = count(c.devices_per_node, source);
   const Field skip{[](const toml::node&, const std::string&) {}};
   for (const char* t : {"memory", "bandwidth", "latency", "compute"}) top[t] = skip;
+  top["overhead"] = {skip.read, false};
   read_table(root, "", source, top);
 
   std::map<std::string, Field> memory{
@@ -218,6 +219,16 @@ ClusterSpec parse_cluster(std::string_view text, const std::string& source) {
       {"f16", quantity(c.gemm_f16, parse_flops, source, "989TFLOP/s", true, false)},
       {"cpu_adamw", quantity(c.cpu_adamw, parse_param_rate, source, "1Gparam/s", true)}};
   read_table(subtable(root, "compute", source), "compute", source, compute);
+
+  // [overhead] is optional (specs written before it still read); inside it every key is needed.
+  if (root.get("overhead")) {
+    c.has_overhead = true;
+    std::map<std::string, Field> overhead{
+        {"per_step", quantity(c.overhead_per_step, parse_seconds, source, "0.2ms", false)},
+        {"per_layer", quantity(c.overhead_per_layer, parse_seconds, source, "0.1ms", false)},
+        {"elementwise", quantity(c.elementwise_bw, parse_bandwidth, source, "5GB/s", false)}};
+    read_table(subtable(root, "overhead", source), "overhead", source, overhead);
+  }
   return c;
 }
 

@@ -128,6 +128,12 @@ void write_cluster_toml(const ClusterSpec& c, std::ostream& out, const SpecNotes
   if (c.gemm_bf16 > 0) w.value("compute", "bf16", q(c.gemm_bf16, kFlops, "FLOP/s"));
   if (c.gemm_f16 > 0) w.value("compute", "f16", q(c.gemm_f16, kFlops, "FLOP/s"));
   w.value("compute", "cpu_adamw", q(c.cpu_adamw, kParamRate, "param/s"));
+
+  if (!c.has_overhead) return;
+  w.table("overhead");  // 0 is allowed: no such cost counted
+  w.value("overhead", "per_step", q(c.overhead_per_step, kSeconds, "ns", 1e-9));
+  w.value("overhead", "per_layer", q(c.overhead_per_layer, kSeconds, "ns", 1e-9));
+  w.value("overhead", "elementwise", q(c.elementwise_bw, kBandwidth, "B/s"));
 }
 
 void write_cluster_file(const std::string& path, const ClusterSpec& spec, const SpecNotes& notes) {

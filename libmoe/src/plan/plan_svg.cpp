@@ -28,7 +28,8 @@ double draw_step(svg::Document& doc, double y, const StepTime& t) {
   const std::vector<std::pair<const char*, double>> terms = {
       {"dense compute", t.dense_s},      {"expert compute", t.expert_s},
       {"all-to-all", t.a2a_s},           {"exposed all-reduce", t.allreduce_exposed_s},
-      {"ZeRO gathers", t.zero_gather_s}, {"exposed optimizer", t.optimizer_exposed_s}};
+      {"ZeRO gathers", t.zero_gather_s}, {"exposed optimizer", t.optimizer_exposed_s},
+      {"non-GEMM work", t.non_gemm_s}};
   doc.text(0, y, "Step time, the critical path: " + human_seconds(t.step_s), {13, {}, "", true});
   y += 10;
   double x = 0;

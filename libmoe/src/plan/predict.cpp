@@ -141,6 +141,10 @@ Prediction predict(const PredictRequest& r) {
 
 namespace {
 
+constexpr const char* kNoOverhead =
+    "the cluster spec has no [overhead] table: non-GEMM work (norms, softmax, routing, dispatch, "
+    "loss, per-op costs) is counted as 0, so the step is a lower bound";
+
 // The time terms in report order: name, seconds.
 std::vector<std::pair<const char*, double>> time_terms(const StepTime& t) {
   return {{"dense_compute", t.dense_s},
@@ -152,6 +156,7 @@ std::vector<std::pair<const char*, double>> time_terms(const StepTime& t) {
           {"zero_gathers", t.zero_gather_s},
           {"optimizer", t.optimizer_s},
           {"optimizer_exposed", t.optimizer_exposed_s},
+          {"non_gemm", t.non_gemm_s},
           {"step", t.step_s}};
 }
 
@@ -162,6 +167,7 @@ std::vector<std::string> prediction_tsv(const Prediction& p) {
                                         std::to_string(p.cluster.ranks()) + " ranks), layout " +
                                         layout_text(p.layout),
                                     "section\tname\tvalue\tunit"};
+  if (!p.cluster.has_overhead) lines.insert(lines.begin() + 1, str("# ", kNoOverhead));
   for (const MemoryItem& m : p.memory.items)
     lines.push_back(str("memory\t", m.tier, ": ", m.what, "\t", tsv_whole(m.bytes), "\tbytes"));
   for (int t = 0; t < 3; ++t) {
@@ -194,7 +200,13 @@ nlohmann::json prediction_json(const Prediction& p) {
                             {"short_bytes", std::max(0.0, p.memory.shortfall(t))}};
   nlohmann::json time = nlohmann::json::object();
   for (const auto& [name, s] : time_terms(p.time)) time[std::string(name) + "_s"] = s;
+  nlohmann::json overhead = {{"given", p.cluster.has_overhead},
+                             {"per_step_s", p.cluster.overhead_per_step},
+                             {"per_layer_s", p.cluster.overhead_per_layer},
+                             {"elementwise_bytes_per_s", p.cluster.elementwise_bw}};
+  if (!p.cluster.has_overhead) overhead["note"] = kNoOverhead;
   return {{"cluster", p.cluster.name},
+          {"overhead", overhead},
           {"ranks", p.cluster.ranks()},
           {"layout", layout_text(p.layout)},
           {"tokens_per_rank", p.tokens_per_rank},

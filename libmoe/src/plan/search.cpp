@@ -42,7 +42,8 @@ double misfit(const MemoryPlan& m) {
 std::vector<std::pair<const char*, double>> path_terms(const StepTime& t) {
   return {{"dense compute", t.dense_s},      {"expert compute", t.expert_s},
           {"all-to-all", t.a2a_s},           {"exposed all-reduce", t.allreduce_exposed_s},
-          {"ZeRO gathers", t.zero_gather_s}, {"exposed optimizer", t.optimizer_exposed_s}};
+          {"ZeRO gathers", t.zero_gather_s}, {"exposed optimizer", t.optimizer_exposed_s},
+          {"non-GEMM work", t.non_gemm_s}};
 }
 
 // The key=value pairs of `a`'s layout that differ from `b`'s, comma-separated.
@@ -203,7 +204,7 @@ namespace {
 
 const char* kColumns =
     "rank\tlayout\ttokens_per_s\tstep_s\tdense_compute_s\texpert_compute_s\tall_to_all_s\t"
-    "allreduce_exposed_s\tzero_gathers_s\toptimizer_exposed_s\tdevice_need_bytes\t"
+    "allreduce_exposed_s\tzero_gathers_s\toptimizer_exposed_s\tnon_gemm_s\tdevice_need_bytes\t"
     "host_need_bytes\tssd_need_bytes\twhy";
 
 size_t rows_shown(const SearchResult& r, int64_t top) {

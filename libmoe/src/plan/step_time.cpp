@@ -97,6 +97,13 @@ double upload_seconds(OffloadTier tier, double per_expert_params, double record_
   return link + (1 - hit_rate) * record_bytes / c.ssd_bw;
 }
 
+double non_gemm_seconds(const ModelConfig& c, double tokens, const ClusterSpec& cl) {
+  if (!cl.has_overhead) return 0;
+  const double per_token =
+      cl.elementwise_bw > 0 ? activation_bytes_per_token(c) / cl.elementwise_bw : 0;
+  return cl.overhead_per_step + double(c.layers) * cl.overhead_per_layer + tokens * per_token;
+}
+
 double TraceLoads::active_fraction() const {
   double sum = 0;
   for (const auto& batch : loads) {
@@ -185,8 +192,9 @@ StepTime predict_step(const StepInput& in) {
   const double cpu_opt = l.offload == OffloadTier::none ? 0 : held * pc.per_expert / cl.cpu_adamw;
   t.optimizer_s = device_opt + cpu_opt;
   t.optimizer_exposed_s = device_opt + exposed_after_overlap(cpu_opt, 2.0 / 3.0 * t.expert_s);
+  t.non_gemm_s = non_gemm_seconds(c, N, cl);
   t.step_s = t.dense_s + t.expert_s + t.a2a_s + t.allreduce_exposed_s + t.zero_gather_s +
-             t.optimizer_exposed_s;
+             t.optimizer_exposed_s + t.non_gemm_s;
   t.tokens_per_s = N * double(ranks) / t.step_s;
   return t;
 }

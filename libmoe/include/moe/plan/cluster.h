@@ -29,6 +29,14 @@ struct ClusterSpec {
   // parameters/s available to one device (the node's rate / devices_per_node)
   double gemm_f32 = 0, gemm_bf16 = 0, gemm_f16 = 0;
   double cpu_adamw = 0;
+  // [overhead] (optional table): what a training step costs besides its GEMMs and optimizer
+  // (norms, softmax, routing and dispatch, the loss, per-op bookkeeping), per device:
+  // per_step seconds once a step, per_layer seconds a transformer layer, and `elementwise`, the
+  // bytes/s at which the step's non-GEMM work gets through the activation bytes it saves
+  // (memory_model.h's activation_bytes_per_token x tokens; 0: no per-token term). A spec without
+  // the table has has_overhead false and every one 0 (predict says so).
+  bool has_overhead = false;
+  double overhead_per_step = 0, overhead_per_layer = 0, elementwise_bw = 0;
 
   int64_t ranks() const { return nodes * devices_per_node; }
   // FLOP/s for `dtype`; moe::Error naming [compute] <dtype> when the spec does not give it.

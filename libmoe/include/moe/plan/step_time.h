@@ -75,6 +75,11 @@ inline double exposed_after_overlap(double comm_s, double backward_s) {
   return comm_s > backward_s ? comm_s - backward_s : 0;
 }
 
+// What a step costs besides its GEMMs, optimizer and communication, from the spec's [overhead]:
+// per_step + layers x per_layer + tokens x activation_bytes_per_token / elementwise (the last 0
+// when elementwise is 0); 0 for a spec without [overhead].
+double non_gemm_seconds(const ModelConfig& config, double tokens, const ClusterSpec& cluster);
+
 // ---- the step ---------------------------------------------------------------------------------
 
 // The trace's per-step expert loads: loads[b][l][e] assignments of batch b (tokens[b] tokens).
@@ -103,6 +108,7 @@ struct StepTime {
   double zero_gather_s = 0;        // ZeRO's all-gathers of dense values
   double optimizer_s = 0;          // AdamW: on the device, or for offloaded experts on the CPU
   double optimizer_exposed_s = 0;
+  double non_gemm_s = 0;    // norms, softmax, routing, dispatch, loss, per-op costs ([overhead])
   double step_s = 0;        // the critical path
   double tokens_per_s = 0;  // every rank's tokens / step_s
 };
