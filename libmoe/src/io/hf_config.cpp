@@ -331,6 +331,40 @@ void gpt_oss_default_yarn(HfModel& m) {
   m.yarn.truncate = false;
 }
 
+// RoPE: rope_theta (transformers 4.x) or rope_parameters.rope_theta (5.x; gpt-oss's default
+// 150000); scaling: YaRN from rope_scaling or rope_parameters (gpt-oss without either:
+// GptOssConfig's default dict); GLM's partial_rotary_factor inside rope_parameters is read by
+// parse_glm (rope_dim -1 says so); any other partial factor or scaling type is unsupported.
+void parse_rope(const ConfigReader& c, HfModel& m, std::vector<std::string>& unsupported) {
+  const json& j = c.j;
+  const std::string& path = c.path;
+  const bool glm = m.arch == Arch::glm4_moe, gpt_oss = m.arch == Arch::gpt_oss;
+  m.rope_theta = c.number_or("rope_theta", gpt_oss ? 150000.0 : 10000.0);
+  auto rope_type_of = [&](const std::string& key) -> std::string {
+    if (!c.has(key)) return "default";
+    const json& r = j[key];
+    if (!r.is_object()) throw Error(str("'", path, "': \"", key, "\" is not an object"));
+    if (key == "rope_parameters" && r.contains("rope_theta") && r["rope_theta"].is_number())
+      m.rope_theta = r["rope_theta"].get<double>();
+    if (key == "rope_parameters" && glm && r.contains("partial_rotary_factor"))
+      m.rope_dim = -1;  // read below, from here
+    else if (r.contains("partial_rotary_factor") && r["partial_rotary_factor"] != 1.0)
+      unsupported.push_back(str("partial RoPE (", key, " partial_rotary_factor ",
+                                r["partial_rotary_factor"].dump(), ")"));
+    for (const char* type_key : {"rope_type", "type"})
+      if (r.contains(type_key) && r[type_key].is_string()) return r[type_key].get<std::string>();
+    return "default";
+  };
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    const std::string type = rope_type_of(key);
+    if (type == "yarn")
+      parse_yarn(ConfigReader{j[key], str(path, ": ", key)}, c, m);
+    else if (type != "default")
+      unsupported.push_back(str("RoPE scaling (", key, " type '", type, "')"));
+  }
+  if (gpt_oss && !c.has("rope_scaling") && !c.has("rope_parameters")) gpt_oss_default_yarn(m);
+}
+
 }  // namespace
 
 HfModel parse_config(const json& j, const std::string& path,
@@ -382,31 +416,7 @@ HfModel parse_config(const json& j, const std::string& path,
           str("'", path, "': \"", key, "\" is ", value, ": it must be between 1 and ", kMaxCount));
   }
 
-  // RoPE: rope_theta (transformers 4.x) or rope_parameters.rope_theta (5.x); scaling: YaRN.
-  m.rope_theta = c.number_or("rope_theta", gpt_oss ? 150000.0 : 10000.0);
-  auto rope_type_of = [&](const std::string& key) -> std::string {
-    if (!c.has(key)) return "default";
-    const json& r = j[key];
-    if (!r.is_object()) throw Error(str("'", path, "': \"", key, "\" is not an object"));
-    if (key == "rope_parameters" && r.contains("rope_theta") && r["rope_theta"].is_number())
-      m.rope_theta = r["rope_theta"].get<double>();
-    if (key == "rope_parameters" && glm && r.contains("partial_rotary_factor"))
-      m.rope_dim = -1;  // read below, from here
-    else if (r.contains("partial_rotary_factor") && r["partial_rotary_factor"] != 1.0)
-      unsupported.push_back(str("partial RoPE (", key, " partial_rotary_factor ",
-                                r["partial_rotary_factor"].dump(), ")"));
-    for (const char* type_key : {"rope_type", "type"})
-      if (r.contains(type_key) && r[type_key].is_string()) return r[type_key].get<std::string>();
-    return "default";
-  };
-  for (const char* key : {"rope_scaling", "rope_parameters"}) {
-    const std::string type = rope_type_of(key);
-    if (type == "yarn")
-      parse_yarn(ConfigReader{j[key], str(path, ": ", key)}, c, m);
-    else if (type != "default")
-      unsupported.push_back(str("RoPE scaling (", key, " type '", type, "')"));
-  }
-  if (gpt_oss && !c.has("rope_scaling") && !c.has("rope_parameters")) gpt_oss_default_yarn(m);
+  parse_rope(c, m, unsupported);
   if (c.string_or("hidden_act", "silu") != "silu")
     unsupported.push_back(str("activation '", c.string_or("hidden_act", ""),
                               "' (hidden_act; our experts are SwiGLU with silu)"));
