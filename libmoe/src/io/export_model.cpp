@@ -96,6 +96,10 @@ const NamedTensor& ExportModel::router_weight(const std::string& block, int64_t 
 ModelConfig ExportModel::recorded_config() const {
   ModelConfig c = mc_;
   c.router_center_rate = 0;
+  // `experts` as the MoE layers hold them (a model trained with --experts-per-layer 0,4 keeps the
+  // default 8 there), so that a reader checking the record against the file's expert count
+  // (GGUF expert_count, HF num_experts) finds it agrees.
+  c.experts = experts_;
   return c;
 }
 

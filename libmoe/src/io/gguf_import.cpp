@@ -289,7 +289,7 @@ bool same_math(const ModelConfig& a, const ModelConfig& b) {
          a.head_dim_resolved() == b.head_dim_resolved() &&
          a.kv_heads_resolved() == b.kv_heads_resolved() && a.d_ff == b.d_ff &&
          a.shared_expert_ff == b.shared_expert_ff && a.experts_per_layer == b.experts_per_layer &&
-         a.top_k == b.top_k && a.normalize_topk == b.normalize_topk &&
+         a.experts == b.experts && a.top_k == b.top_k && a.normalize_topk == b.normalize_topk &&
          a.residual_moe == b.residual_moe && a.router_scoring == b.router_scoring && biased &&
          !a.router_center() && !b.router_center() && float(a.norm_eps) == float(b.norm_eps) &&
          float(a.rope_theta) == float(b.rope_theta) && a.tie_embeddings == b.tie_embeddings &&
