@@ -10,9 +10,16 @@
 #                   off: 16 runs
 #   measured time   the median of moe-train's per-step seconds (--metrics step_seconds, rank 0's;
 #                   one rank: batch x seq / tokens_per_s) over the steps after the first two
-#   measured memory the peak RSS of the largest process (/usr/bin/time's maximum resident set of
-#                   mpiexec and its ranks) less the peak RSS of a minimal run on as many ranks
-#                   (the program, MPI, the data: what moe-plan does not model); both are printed
+#   measured memory in a second, shorter run of the same configuration (3 steps), each rank's
+#                   peak anonymous resident memory (RssAnon of /proc/PID/status, sampled every
+#                   0.5 ms by a wrapper around the rank until the last step's metrics line: the
+#                   final checkpoint's save is not a step), the largest rank's, less the same of a
+#                   minimal moe-train run on as many ranks (MPI, the runtime's own buffers, the
+#                   data: what moe-plan does not model); both are printed. Anonymous, not the
+#                   whole RSS: ~235 MiB of every process is the shared libraries' pages (CUDA,
+#                   BLAS, MPI), of which each run touches a few MiB more or less, as much as a
+#                   small model's whole state (the peak RSS differed by 15 MiB between two runs
+#                   of the same model); RssAnon repeats within 0.1 MiB
 #   predicted       moe-plan predict's step and device need per device (device_kind cpu: one
 #                   pool) for the same layout, seq and batch (moe-train's --batch / ranks: its
 #                   batch is the step's, moe-plan's one rank's), with the routing trace the 1-rank
@@ -71,7 +78,9 @@ mpiexec -n 2 "$bin/moe-plan" calibrate ${quick:+--quick} -o "$work/machine.toml"
 # What the predictions rest on, beside the table (a loaded machine calibrates differently each time).
 calibrated() { sed -n "/^\[$1\]/,/^\[/s/^$2 = \"\([^\"]*\)\".*/\1/p" "$work/machine.toml" | head -1; }
 echo "# calibrated: f32 GEMM $(calibrated compute f32), all-to-all $(calibrated bandwidth intra_node)" \
-  "and $(calibrated latency intra_node) a message between the 2 ranks"
+  "and $(calibrated latency intra_node) a message between the 2 ranks; non-GEMM overhead" \
+  "$(calibrated overhead per_step) a step, $(calibrated overhead per_layer) a layer," \
+  "activations at $(calibrated overhead elementwise)"
 
 # The calibrated spec with `nodes` x `devices_per_node` (one machine: every link is the one
 # calibrate measured inside the node).
@@ -91,12 +100,54 @@ EOF
   echo "$work/cluster-$1x$2.toml"
 }
 
-# Peak RSS (KiB) of a minimal run on `ranks` ranks: what every run holds besides the model.
-baseline() {
-  /usr/bin/time -f %M -o "$work/base-$1.rss" mpiexec -n "$1" "$bin/moe-train" $common $minimal \
-    --steps 2 --out "$work/base-$1" 2> "$work/base-$1.log" || { tail -5 "$work/base-$1.log" >&2; exit 1; }
-  tail -1 "$work/base-$1.rss"
+# Runs each rank of a command under mpiexec with its anonymous resident memory sampled until the
+# metrics file STOP_FILE holds the line of step STOP_STEP (the final checkpoint's save, which is
+# not a training step, comes after it); writes "<peak RssAnon KiB> <VmHWM KiB>" into
+# DIR/peak.<rank>.
+cat > "$work/anon_peak.py" <<'EOF'
+import os, subprocess, sys, time
+out_dir, stop_file, stop_step, cmd = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+child = subprocess.Popen(cmd, close_fds=False)  # the launcher's PMI descriptor stays open
+path, anon, hwm, seen = f"/proc/{child.pid}/status", 0, 0, -1
+while child.poll() is None:
+    try:
+        size = os.path.getsize(stop_file) if os.path.exists(stop_file) else 0
+        if size != seen:
+            seen = size
+            with open(stop_file) as f:
+                if f'"step":{stop_step},' in f.read():
+                    break
+    except OSError:
+        pass
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    anon = max(anon, int(line.split()[1]))
+                elif line.startswith("VmHWM:"):
+                    hwm = max(hwm, int(line.split()[1]))
+    except (OSError, ValueError):
+        pass
+    time.sleep(0.0005)
+with open(os.path.join(out_dir, f"peak.{os.environ.get('PMI_RANK', '0')}"), "w") as f:
+    f.write(f"{anon} {hwm}\n")
+sys.exit(child.wait())
+EOF
+
+# The largest rank's peak RssAnon (KiB) of moe-train on `ranks` ranks with the remaining flags;
+# `dir` holds its output, log and peaks.
+anon_peak() {
+  local dir=$1 ranks=$2 steps=$3
+  shift 3
+  rm -rf "$dir" && mkdir -p "$dir"
+  mpiexec -n "$ranks" python3 "$work/anon_peak.py" "$dir" "$dir/metrics.jsonl" "$steps" \
+    "$bin/moe-train" $common "$@" --steps "$steps" --metrics "$dir/metrics.jsonl" \
+    --out "$dir/out" > /dev/null 2> "$dir/log" || { tail -5 "$dir/log" >&2; exit 1; }
+  cat "$dir"/peak.* | sort -n | tail -1 | cut -d' ' -f1
 }
+
+# What every run holds besides the model: a minimal run's peak on `ranks` ranks.
+baseline() { anon_peak "$work/base-$1" "$1" 2 $minimal; }
 base_1=$(baseline 1)
 base_2=$(baseline 2)
 
@@ -110,9 +161,12 @@ for config in "${configs[@]}"; do
   trace_flags=
   [ "$name" = "$size-1r" ] && trace_flags="--trace $work/trace-$size.h5"
   echo "running $name ($ranks ranks: $layout)" >&2
-  /usr/bin/time -f %M -o "$work/$name.rss" mpiexec -n "$ranks" "$bin/moe-train" $common \
+  mpiexec -n "$ranks" "$bin/moe-train" $common \
     ${!model_flags} --steps "$steps" --metrics "$work/$name.jsonl" --out "$work/$name" \
     $trace_flags $flags 2> "$work/$name.log" || { tail -5 "$work/$name.log" >&2; exit 1; }
+  # memory: a second run of 3 steps under the sampler (it would slow the timed run)
+  mem_flags=${flags//$work/$work/mem-$name}
+  peak=$(anon_peak "$work/mem-$name" "$ranks" 3 ${!model_flags} $mem_flags)
   nodes=1 per=$ranks
   case $layout in *hierarchical*) nodes=$ranks per=1 ;; esac
   cluster=$(cluster_for "$nodes" "$per")
@@ -125,7 +179,7 @@ for config in "${configs[@]}"; do
     { cat "$work/$name.predict.log" >&2; exit 1; }
   base=$base_1
   [ "$ranks" = 2 ] && base=$base_2
-  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$layout" "$((batch * seq))" "$(tail -1 "$work/$name.rss")" \
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$layout" "$((batch * seq))" "$peak" \
     "$base" "$ranks" >> "$rows"
 done
 
@@ -144,9 +198,9 @@ def measured_step(name, tokens):
     return statistics.median(tokens / s["tokens_per_s"] for s in steps)
 
 print()
-print("| run | layout | step predicted (ms) | measured (ms) | error | memory predicted (MiB) "
-      "| peak RSS (MiB) | less minimal run (MiB) | error |")
-print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+print("| run | layout | step predicted (ms) | of it non-GEMM (ms) | measured (ms) | error "
+      "| memory predicted (MiB) | peak RssAnon (MiB) | less minimal run (MiB) | error |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 time_errors, memory_errors = [], []
 for line in open(rows):
     name, layout, tokens, rss_kib, base_kib, ranks = line.rstrip("\n").split("\t")
@@ -161,7 +215,8 @@ for line in open(rows):
     if net > 0:
         memory_errors.append(abs(m_err))
     mib = 1 << 20
-    print(f"| {name} | {layout} | {predicted_s * 1e3:.1f} | {step * 1e3:.1f} | {t_err:+.0%} "
+    print(f"| {name} | {layout} | {predicted_s * 1e3:.1f} | {p['time']['non_gemm_s'] * 1e3:.1f} "
+          f"| {step * 1e3:.1f} | {t_err:+.0%} "
           f"| {predicted_b / mib:.1f} | {rss / mib:.1f} | {net / mib:.1f} "
           f"| {'-' if m_err is None else f'{m_err:+.0%}'} |")
 print()
