@@ -104,6 +104,9 @@ TEST_CASE("yarn: settings that give no ramp are refused by name", "[rope][yarn]"
   y.beta_slow = 1, y.mscale_all_dim = -1;
   REQUIRE_THROWS_WITH(ops::yarn_scaling(y, 10000, 64),
                       Catch::Contains("--mscale-all-dim must be >= 0 (0 = absent) (got -1)"));
+  y.mscale_all_dim = 0;  // theta 1 gives every pair one frequency: the range divides by ln 1
+  REQUIRE_THROWS_WITH(ops::yarn_scaling(y, 1, 64),
+                      Catch::Contains("YaRN needs --rope-theta > 1 (got 1)"));
 }
 
 TEST_CASE("yarn: the RoPE table against the double formula, one pair per ramp region by hand",
@@ -224,5 +227,7 @@ TEST_CASE("yarn: a model config without RoPE scaling reads and writes as before"
   ModelConfig gpt;
   gpt.rope_type = RopeType::yarn;
   gpt.yarn = y.yarn;
-  REQUIRE_THROWS_WITH(gpt.resolve(), Catch::Contains("gpt has learned positions"));
+  REQUIRE_THROWS_WITH(gpt.resolve(), Catch::Contains("--rope-scaling yarn needs a RoPE "
+                                                     "architecture: --arch gpt has learned "
+                                                     "positions"));
 }

@@ -616,7 +616,7 @@ void check_latent_flags(const TrainOptions& o, CLI::App& app) {
 }
 
 // The RoPE scaling flags of a new model: YaRN's settings only with --rope-scaling yarn, which
-// needs a RoPE architecture and the original context (their ranges are ops::yarn_scaling's).
+// needs the original context (its architecture and ranges are ModelConfig::validate_rope's).
 // With --resume or --init the model is the checkpoint's: the library checks each flag given
 // against its RoPE, as every model flag.
 void check_rope_flags(const TrainOptions& o, CLI::App& app) {
@@ -626,9 +626,6 @@ void check_rope_flags(const TrainOptions& o, CLI::App& app) {
     if (!yarn && opt->count() && opt->get_name() != "--rope-scaling")
       throw UsageError(str(opt->get_name(), " is a YaRN setting: add --rope-scaling yarn"));
   if (!yarn) return;
-  if (o.arch == "gpt")
-    throw UsageError(
-        "--rope-scaling yarn needs a RoPE architecture: --arch gpt has learned positions");
   if (!given(app, "--original-max-position-embeddings"))
     throw UsageError(
         "--rope-scaling yarn needs --original-max-position-embeddings (the context the RoPE was "

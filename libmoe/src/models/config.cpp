@@ -74,8 +74,9 @@ double ModelConfig::attention_scale() const {
 
 void ModelConfig::validate_rope() const {
   if (rope_type == RopeType::none) return;
-  MOE_USAGE_CHECK(arch != Arch::gpt, "RoPE scaling (", rope_type_name(rope_type),
-                  ") needs a RoPE model: gpt has learned positions");
+  MOE_USAGE_CHECK(
+      arch != Arch::gpt, flag_for(Setting::rope_scaling), " ", rope_type_name(rope_type),
+      " needs a RoPE architecture: ", flag_for(Setting::arch), " gpt has learned positions");
   (void)rope_scaling();  // throws naming the YaRN setting that gives no ramp
 }
 

@@ -89,8 +89,9 @@ RopeScaling yarn_scaling(const YarnSettings& yarn, double theta, int64_t rotary_
   MOE_USAGE_CHECK(yarn.attention_factor >= 0 && std::isfinite(yarn.attention_factor),
                   "YaRN's \"attention_factor\" must be >= 0 (0 = derived; got ",
                   yarn.attention_factor, ")");
-  MOE_USAGE_CHECK(rotary_dim >= 2 && theta > 1.0,
-                  "YaRN needs a rotary dim >= 2 and theta > 1 (got ", rotary_dim, ", ", theta, ")");
+  MOE_USAGE_CHECK(theta > 1.0, "YaRN needs ", flag_for(Setting::rope_theta), " > 1 (got ", theta,
+                  "): its correction range divides by ln theta");
+  MOE_USAGE_CHECK(rotary_dim >= 2, "YaRN needs a rotary dim >= 2 (got ", rotary_dim, ")");
   double low = correction_pair(yarn.beta_fast, rotary_dim, theta, yarn.original_ctx);
   double high = correction_pair(yarn.beta_slow, rotary_dim, theta, yarn.original_ctx);
   if (yarn.truncate) low = std::floor(low), high = std::ceil(high);
