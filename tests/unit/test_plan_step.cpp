@@ -1,8 +1,11 @@
 // moe-plan's step-time terms (plan/step_time.h), each on numbers worked by hand, then one step of
 // a tiny model whose expert stragglers and all-to-all are worked out in the comments.
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
 #include "moe/plan/offload_cache.h"
+#include "moe/plan/predict.h"
 #include "moe/plan/step_time.h"
 #include "support/models.h"
 
@@ -145,6 +148,30 @@ TEST_CASE("plan: the non-GEMM term from [overhead], hand-worked", "[plan]") {
   CHECK(with.step_s == Approx(without.step_s + 1.4e-3));
   CHECK(with.step_s == Approx(with.dense_s + with.expert_s + with.a2a_s + with.allreduce_exposed_s +
                               with.zero_gather_s + with.optimizer_exposed_s + with.non_gemm_s));
+}
+
+TEST_CASE("plan: predict's report says when the spec has no [overhead]", "[plan]") {
+  Prediction p;
+  p.cluster.name = "old";
+  p.time.non_gemm_s = 0;
+  const std::vector<std::string> old = prediction_tsv(p);
+  REQUIRE(old.size() > 2);
+  CHECK(old[1].find("# the cluster spec has no [overhead] table") == 0);
+  const nlohmann::json j = prediction_json(p);
+  CHECK(j.at("overhead").at("given") == false);
+  CHECK(j.at("overhead").contains("note"));
+  CHECK(j.at("time").at("non_gemm_s") == 0.0);
+
+  p.cluster.has_overhead = true;
+  p.cluster.overhead_per_layer = 2e-4;
+  p.time.non_gemm_s = 4e-4;
+  const std::vector<std::string> with = prediction_tsv(p);
+  for (const std::string& line : with) CHECK(line.find("no [overhead]") == std::string::npos);
+  CHECK(std::count(with.begin(), with.end(), "time\tnon_gemm\t0.0004\ts") == 1);
+  const nlohmann::json jw = prediction_json(p);
+  CHECK(jw.at("overhead").at("given") == true);
+  CHECK_FALSE(jw.at("overhead").contains("note"));
+  CHECK(jw.at("overhead").at("per_layer_s") == 2e-4);
 }
 
 TEST_CASE("plan: offload uploads and the SSD tier's host cache hits, hand-worked", "[plan]") {
