@@ -103,9 +103,11 @@ TEST_CASE("gguf gpt-oss: every key and tensor of llama.cpp's gpt-oss", "[gguf][g
   const io::Checkpoint ckpt = random_checkpoint(c, 51);
   const std::string path = dir / "oss.gguf";
   const io::GgufExportSummary s = io::export_gguf(ckpt, path, {io::GgufType::f32, "oss"});
-  // truncate false goes out with a note: llama.cpp always floors / ceils YaRN's range.
-  REQUIRE(s.fallbacks.size() == 1);
-  REQUIRE_THAT(s.fallbacks[0], Catch::Contains("truncate false"));
+  // truncate false goes out with a note: llama.cpp always floors / ceils YaRN's range. Every
+  // tensor is in the asked type (f32): no fallback.
+  REQUIRE(s.notes.size() == 1);
+  REQUIRE_THAT(s.notes[0], Catch::Contains("truncate false"));
+  REQUIRE(s.fallbacks.empty());
   const io::GgufFile g = io::read_gguf(path);
   const int64_t V = 256, D = 64, H = 4, KV = 2, hd = 32, F = 32, E = 4;
   REQUIRE(key(g, "general.architecture") == "gpt-oss");
@@ -197,6 +199,7 @@ TEST_CASE("gguf gpt-oss: no window goes out as one as long as the context; YaRN 
   const io::GgufExportSummary s =
       io::export_gguf(random_checkpoint(c, 52), path, {io::GgufType::f32, "oss"});
   REQUIRE(s.fallbacks.empty());
+  REQUIRE(s.notes.empty());
   const io::GgufFile g = io::read_gguf(path);
   REQUIRE(key(g, "gpt-oss.attention.sliding_window").get<int64_t>() == 32);
 }

@@ -649,7 +649,7 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
   const std::string header = header_bytes(h, plan, data_bytes);
   write_file(path, header, plan);
   if (arch.gpt_oss && !gguf_out::gpt_oss_yarn_note(mc).empty())
-    summary.fallbacks.push_back(gguf_out::gpt_oss_yarn_note(mc));
+    summary.notes.push_back(gguf_out::gpt_oss_yarn_note(mc));
   summary.tensors = static_cast<int64_t>(plan.size());
   summary.keys = static_cast<int64_t>(h.keys());
   summary.bytes = static_cast<int64_t>(header.size() + data_bytes);

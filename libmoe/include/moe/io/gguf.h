@@ -64,6 +64,9 @@ struct GgufExportOptions {
 struct GgufExportSummary {
   int64_t tensors = 0, keys = 0, bytes = 0;
   std::vector<std::string> fallbacks;  // tensors written in another type than asked, and why
+  // What a reader of the file should know that is not about a tensor's type (gpt-oss: llama.cpp
+  // rounds YaRN's correction range, which transformers' truncate false does not).
+  std::vector<std::string> notes;
 };
 
 // Writes `ckpt` (a whole, unsharded mixtral-flavour checkpoint with experts in every layer) to
