@@ -343,6 +343,7 @@ int run_export_gguf(Options& o, const Argv&) {
   options.name = o.gguf_name;
   const io::GgufExportSummary s = io::export_gguf(in, o.out, options);
   for (const std::string& f : s.fallbacks) MOE_LOG_WARN("export-gguf: ", f);
+  for (const std::string& n : s.notes) MOE_LOG_INFO("note: ", n);
   MOE_LOG_INFO("exported ", s.tensors, " tensors (",
                options.q4_k_m ? "q4_k_m" : io::gguf_type_name(options.type), " matrices) and ",
                s.keys, " keys as GGUF v3 for llama.cpp", merged ? ", shards merged" : "",
