@@ -140,7 +140,7 @@ TEST_CASE("plan: a quick calibration gives a spec the reader accepts", "[plan][c
     CHECK(v > 0);
   }
   CHECK(s.ssd_bytes >= 0);
-  // [overhead] is measured (Trainer steps of small models, fitted with coefficients >= 0): it is
+  // [overhead] is measured (training steps of small models, fitted with coefficients >= 0): it is
   // written, each value finite and not negative (a fit may find a term 0), the models in notes.
   CHECK(s.has_overhead);
   for (double v : {s.overhead_per_step, s.overhead_per_layer, s.elementwise_bw}) {

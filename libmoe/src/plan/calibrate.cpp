@@ -176,17 +176,17 @@ void link(Run& run, comm::Communicator* comm, const std::string& which, double& 
                                    u.how));
 }
 
-// [overhead]: measured on the CPU through train::Trainer; a CUDA device's is not measured yet.
+// [overhead]: measured by training steps on the CPU; a CUDA device's is not measured yet.
 void overhead(Run& run) {
   ClusterSpec& s = run.out.spec;
   if (!s.device_is_host) {
     run.out.unmeasured.push_back(
-        "[overhead]: not measured on a CUDA device yet (the Trainer steps are timed on the CPU): "
+        "[overhead]: not measured on a CUDA device yet (the training steps are timed on the CPU): "
         "the spec has no [overhead] table, so predict counts no non-GEMM work; write it by hand");
     return;
   }
   run.say("training steps of small models (non-GEMM overhead) ...");
-  const measure::Overhead o = measure::step_overhead(run.options.scratch_dir, run.sizes, s);
+  const measure::Overhead o = measure::step_overhead(run.sizes, s);
   s.has_overhead = true;
   run.measured("overhead.per_step", s.overhead_per_step, o.per_step, "s");
   run.measured("overhead.per_layer", s.overhead_per_layer, o.per_layer, "s");

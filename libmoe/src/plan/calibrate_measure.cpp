@@ -3,18 +3,16 @@
 // over repetitions after a warm-up, because the machines this runs on are shared and noisy.
 #include "plan/calibrate_measure.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
-#include <filesystem>
 #include <fstream>
 #include <memory>
 
 #include "moe/cuda.h"
 #include "moe/error.h"
+#include "moe/models/transformer.h"
 #include "moe/offload/budget.h"
 #include "moe/ops/core.h"
 #include "moe/ops/moe.h"
@@ -26,7 +24,6 @@
 #include "moe/tensor.h"
 #include "moe/threads.h"
 #include "moe/timer.h"
-#include "moe/train/trainer.h"
 #include "plan/check.h"
 
 namespace moe::plan::measure {
@@ -291,25 +288,6 @@ std::vector<double> nonnegative_fit(const std::vector<std::vector<double>>& X,
 
 namespace {
 
-// A text file of pseudo-random words in `dir`, removed when this goes out of scope.
-struct TempText {
-  std::string path;
-  explicit TempText(const std::string& dir, int64_t bytes) {
-    path = (std::filesystem::path(dir) / str(".moe-plan-calibrate-", ::getpid(), ".txt")).string();
-    std::string text;
-    uint64_t x = 0x9e3779b97f4a7c15ull;
-    while (int64_t(text.size()) < bytes) {
-      x = x * 6364136223846793005ull + 1442695040888963407ull;
-      text += (x >> 60) < 3 ? ' ' : char('a' + (x >> 33) % 26);
-    }
-    std::ofstream out(path, std::ios::binary);
-    out << text;
-    out.close();
-    PLAN_CHECK(out.good(), "cannot write the calibration's training text in '", dir, "'");
-  }
-  ~TempText() { std::remove(path.c_str()); }
-};
-
 struct Shape {
   int64_t d, layers, seq, batch;
 };
@@ -344,24 +322,49 @@ double predicted_step(const ModelConfig& config, int64_t tokens, const ClusterSp
   return predict_step(in).step_s;
 }
 
-// Median seconds of `reps` Trainer steps of each shape after two warm-up steps, the shapes
-// stepped in turn (a machine's load then falls on all of them alike).
-std::vector<double> median_steps(const std::vector<Shape>& shapes, const std::string& data,
-                                 int reps) {
-  std::vector<std::unique_ptr<train::Trainer>> trainers;
-  for (const Shape& s : shapes) {
-    train::TrainConfig t;
-    t.data = data;
-    t.batch = s.batch;
-    t.steps = reps + 2;
-    t.warmup = 1;
-    t.eval_batches = 1;
-    trainers.push_back(std::make_unique<train::Trainer>(overhead_model(s), t, io::Provenance{}));
+// One model's training step as the Trainer runs it (zero the gradients, forward and backward of
+// a batch, AdamW), on fixed pseudo-random tokens.
+struct StepRunner {
+  ParamSet params;
+  Transformer model;
+  optim::AdamW adamw;
+  Tensor ids, targets;
+  StepRunner(const ModelConfig& m, int64_t batch)
+      : params(1234), model(m, params), adamw(params, optim::AdamWConfig{}) {
+    std::vector<int32_t> tokens(size_t(batch * (m.seq + 1)));
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (int32_t& t : tokens) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      t = int32_t((x >> 33) % uint64_t(m.vocab_size));
+    }
+    std::vector<int32_t> in, out;
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t i = 0; i < m.seq; ++i) {
+        in.push_back(tokens[size_t(b * (m.seq + 1) + i)]);
+        out.push_back(tokens[size_t(b * (m.seq + 1) + i + 1)]);
+      }
+    ids = Tensor::from_vector({batch, m.seq}, in);
+    targets = Tensor::from_vector({batch, m.seq}, out);
   }
+  double step() {
+    Timer t;
+    params.zero_grad();
+    model.forward_backward(ids, targets, nn::RouterStep{});
+    adamw.step(1e-4f);
+    return t.seconds();
+  }
+};
+
+// Median seconds of `reps` steps of each shape after two warm-up steps, the shapes stepped in
+// turn (a machine's load then falls on all of them alike).
+std::vector<double> median_steps(const std::vector<Shape>& shapes, int reps) {
+  std::vector<std::unique_ptr<StepRunner>> runners;
+  for (const Shape& s : shapes)
+    runners.push_back(std::make_unique<StepRunner>(overhead_model(s), s.batch));
   std::vector<std::vector<double>> seconds(shapes.size());
   for (int i = 0; i < reps + 2; ++i)
-    for (size_t k = 0; k < trainers.size(); ++k) {
-      const double step = trainers[k]->step().seconds;
+    for (size_t k = 0; k < runners.size(); ++k) {
+      const double step = runners[k]->step();
       if (i >= 2) seconds[k].push_back(step);
     }
   std::vector<double> out;
@@ -371,7 +374,7 @@ std::vector<double> median_steps(const std::vector<Shape>& shapes, const std::st
 
 }  // namespace
 
-Overhead step_overhead(const std::string& dir, const Sizes& sizes, const ClusterSpec& spec) {
+Overhead step_overhead(const Sizes& sizes, const ClusterSpec& spec) {
   const std::vector<Shape> shapes =
       sizes.quick
           ? std::vector<Shape>{{32, 1, 16, 4}, {32, 3, 16, 4}, {32, 2, 16, 16}}
@@ -379,12 +382,11 @@ Overhead step_overhead(const std::string& dir, const Sizes& sizes, const Cluster
                 {64, 1, 32, 8}, {64, 4, 32, 8}, {64, 2, 32, 32}, {128, 2, 64, 8}, {128, 4, 64, 8}};
   ClusterSpec bare = spec;
   bare.has_overhead = false;
-  const TempText data(dir, 1 << 17);
   std::vector<std::vector<double>> X;
   std::vector<double> r;
   std::vector<std::string> rows;
   const int reps = sizes.quick ? 3 : 9;
-  const std::vector<double> steps = median_steps(shapes, data.path, reps);
+  const std::vector<double> steps = median_steps(shapes, reps);
   for (size_t k = 0; k < shapes.size(); ++k) {
     const Shape& s = shapes[k];
     const ModelConfig m = overhead_model(s);
@@ -403,8 +405,10 @@ Overhead step_overhead(const std::string& dir, const Sizes& sizes, const Cluster
   o.per_step.value = c[0];
   o.per_layer.value = c[1];
   o.elementwise.value = c[2] > 0 ? 1 / c[2] : 0;
-  o.per_step.notes = {str("train::Trainer steps (gpt, one process, ", num_threads(),
-                          " threads), the median of ", reps, " after 2, the models in turn:")};
+  o.per_step.notes = {
+      str("training steps (Transformer::forward_backward and optim::AdamW as the "
+          "Trainer runs them; gpt, ",
+          num_threads(), " threads), the median of ", reps, " after 2, the models in turn:")};
   o.per_step.notes.insert(o.per_step.notes.end(), rows.begin(), rows.end());
   o.per_step.notes.push_back(
       "each step less predict_step's time for it (no [overhead]) fitted as per_step + layers x "

@@ -42,16 +42,17 @@ Result adamw_rate(const Sizes& sizes);
 // value: the read rate (the planner's SSD term is reads); the write rate in the notes.
 Result ssd_rate(const std::string& dir, const Sizes& sizes);
 
-// The non-GEMM cost of a training step ([overhead]): whole train::Trainer steps (one process,
-// on the CPU) of a few small MoE models, in a temporary text file's bytes written in `dir` (and
-// removed), each median step less what predict_step counts for it from `spec` (its GEMM rate,
+// The non-GEMM cost of a training step ([overhead]): training steps (zeroed gradients, the
+// Transformer's forward_backward, optim::AdamW: what train::Trainer runs a step, on the CPU) of a
+// few small MoE models on fixed tokens, each median step less what predict_step counts for it
+// from `spec` (its GEMM rate,
 // device memory bandwidth; no [overhead]); the residuals fitted, least squares relative to each
 // step and every coefficient >= 0, as per_step + layers x per_layer + saved activation bytes /
 // elementwise. Each model's measured, predicted and residual seconds are in the notes.
 struct Overhead {
   Result per_step, per_layer, elementwise;  // seconds, seconds, bytes/s (0: no per-byte term)
 };
-Overhead step_overhead(const std::string& dir, const Sizes& sizes, const ClusterSpec& spec);
+Overhead step_overhead(const Sizes& sizes, const ClusterSpec& spec);
 
 // Non-negative least squares of r ~ X c over the columns of X (rows of equal length): every
 // subset of the columns fitted, the feasible one (every coefficient >= 0) of least squared error;
