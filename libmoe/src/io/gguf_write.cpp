@@ -463,14 +463,10 @@ void write_file(const std::string& path, const std::string& header,
   }
 }
 
-}  // namespace
-
-GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
-                              const GgufExportOptions& options) {
-  const LlamaArch arch = llama_arch(model_config_from_json(ckpt.model_config).arch);
-  check_quantization(ckpt);
-  ExportModel m(ckpt, "GGUF export", str("llama.cpp's ", arch.name, " architecture"));
-  const ModelConfig& mc = m.config();
+// What llama.cpp's architecture `arch` cannot hold beyond ExportModel's checks, refused by name
+// before anything is planned: its top-k renormalisation, norms, window and YaRN, its shared
+// expert, and a vocabulary the checkpoint does not describe.
+void check_exportable(const LlamaArch& arch, const ModelConfig& mc, const Checkpoint& ckpt) {
   if (arch.glm) check_glm4moe(mc);
   if (arch.deepseek) gguf_out::check_deepseek2(mc);
   if (!arch.glm && !arch.deepseek && mc.normalize_topk != arch.normalize_topk)
@@ -496,153 +492,227 @@ GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
                     " tokens and the checkpoint stores no tokenizer to describe them (only "
                     "byte-level models, 256 tokens, carry an implied one; import-hf keeps a "
                     "model directory's tokenizer)"));
+}
+
+// The plan of the file's tensors, in llama.cpp's order: each tensor's GGUF name, dims and type,
+// and how to produce its data from ExportModel's params (which must outlive the plan).
+class Planner {
+ public:
+  Planner(ExportModel& m, const Checkpoint& ckpt, const LlamaArch& arch,
+          const GgufExportOptions& options, GgufExportSummary& summary)
+      : m_(m), ckpt_(ckpt), mc_(m.config()), arch_(arch), options_(options), summary_(summary) {}
+
+  // The whole file: the embedding, each block, the final norm and the head.
+  std::vector<Planned> plan() {
+    const int64_t V = mc_.vocab_size, D = mc_.d_model;
+    matrix("token_embd.weight", "embed.tokens", V, D);
+    for (int64_t i = 0; i < mc_.layers; ++i) block(i);
+    vector("output_norm.weight", "final_norm.weight", D);
+    // A tied head goes out as no output.weight: llama.cpp then reads token_embd as the head.
+    if (!mc_.tie_embeddings) matrix("output.weight", "lm_head.weight", V, D);
+    m_.refuse_unused();
+    for (const auto& [name, type] : options_.tensor_types)
+      MOE_CHECK(overridden_.count(name), "GGUF export: a type (", gguf_type_name(type),
+                ") is asked for tensor '", name, "', which is not one of the file's matrices");
+    return std::move(plan_);
+  }
+
+ private:
+  void block(int64_t i);
+  void attention(int64_t i);
+  void moe_layer(int64_t i);
+  GgufType matrix_type(const std::string& name, int64_t row);
+  std::optional<std::pair<GgufType, Shape>> kept(const std::string& ours, Shape shape) const;
+  void whole(const std::string& gguf, const NamedTensor& nt, std::vector<int64_t> dims,
+             GgufType type);
+  void matrix(const std::string& gguf, const std::string& ours, int64_t rows, int64_t cols);
+  void vector(const std::string& gguf, const std::string& ours, int64_t n);
+  void rope_matrix(const std::string& gguf, const std::string& ours, int64_t heads);
+  void experts(const std::string& gguf, const std::string& ours, int64_t rows, int64_t cols);
+
+  ExportModel& m_;
+  const Checkpoint& ckpt_;
+  const ModelConfig& mc_;
+  const LlamaArch& arch_;
+  const GgufExportOptions& options_;
+  GgufExportSummary& summary_;
+  const Flavour flavour_ = flavour_of(mc_);
+  const int64_t hd_ = mc_.head_dim_resolved();
+  std::vector<Planned> plan_;
+  std::set<std::string> overridden_;  // the tensors options.tensor_types named
+};
+
+// A matrix of rows of `row` values in the asked type (quantised types need whole blocks per row);
+// with Q4_K_M, llama.cpp's choice of q6_k for the head and some layers' v and down.
+GgufType Planner::matrix_type(const std::string& name, int64_t row) {
+  GgufType type = options_.type;
+  if (options_.q4_k_m && q4_k_m_wants_q6_k(name, mc_.layers)) type = GgufType::q6_k;
+  if (const auto it = options_.tensor_types.find(name); it != options_.tensor_types.end()) {
+    type = it->second;
+    overridden_.insert(name);
+  }
+  const int64_t block = is_blocked(type) ? cpu::block_elems(block_format_of(type)) : 1;
+  if (row % block != 0) {
+    summary_.fallbacks.push_back(str(name, ": f16 (rows of ", row, " values are not whole ",
+                                     gguf_type_name(type), " blocks of ", block, ")"));
+    return GgufType::f16;
+  }
+  return type;
+}
+
+// The GGUF type of a tensor the checkpoint keeps in blocks and its stored shape (u8 [.., out, row
+// bytes]), written as it is whatever the asked type; nullopt for one held in floats.
+std::optional<std::pair<GgufType, Shape>> Planner::kept(const std::string& ours,
+                                                        Shape shape) const {
+  const std::string format = block_format_of(ckpt_.model_config, ours);
+  if (format.empty()) return std::nullopt;
+  const GgufType type = parse_gguf_type(format);
+  shape.back() = cpu::block_row_bytes(block_format_of(type), shape.back());
+  return std::pair{type, shape};
+}
+
+void Planner::whole(const std::string& gguf, const NamedTensor& nt, std::vector<int64_t> dims,
+                    GgufType type) {
+  plan_.push_back(
+      {gguf, std::move(dims), type, 1, [&nt](int64_t) { return nt.whole().to_vector(); }});
+}
+
+void Planner::matrix(const std::string& gguf, const std::string& ours, int64_t rows,
+                     int64_t cols) {
+  if (const auto k = kept(ours, {rows, cols})) {
+    const NamedTensor& nt = m_.param(ours, k->second);
+    plan_.push_back({gguf, {cols, rows}, k->first, 1, nullptr, [&nt](int64_t) {
+                       return bytes_of(nt.whole());
+                     }});
+    return;
+  }
+  whole(gguf, m_.param(ours, {rows, cols}), {cols, rows}, matrix_type(gguf, cols));
+}
+
+void Planner::vector(const std::string& gguf, const std::string& ours, int64_t n) {
+  whole(gguf, m_.param(ours, {n}), {n}, GgufType::f32);
+}
+
+// A q or k projection of `heads` heads: llama's rows permuted within each head (NORM rope).
+void Planner::rope_matrix(const std::string& gguf, const std::string& ours, int64_t heads) {
+  const int64_t D = mc_.d_model, hd = hd_;
+  if (!arch_.permute_qk) return matrix(gguf, ours, heads * hd, D);
+  if (const auto k = kept(ours, {heads * hd, D})) {  // whole rows of blocks, permuted
+    const NamedTensor& nt = m_.param(ours, k->second);
+    const int64_t row = k->second.back();
+    plan_.push_back({gguf, {D, heads * hd}, k->first, 1, nullptr, [&nt, heads, hd, row](int64_t) {
+                       return permute_rope_rows(bytes_of(nt.whole()), heads, hd, row);
+                     }});
+    return;
+  }
+  const NamedTensor& nt = m_.param(ours, {heads * hd, D});
+  plan_.push_back({gguf, {D, heads * hd}, matrix_type(gguf, D), 1, [&nt, heads, hd, D](int64_t) {
+                     return permute_rope_rows(nt.whole().to_vector(), heads, hd, D);
+                   }});
+}
+
+// An expert tensor [E, rows, cols], produced expert by expert.
+void Planner::experts(const std::string& gguf, const std::string& ours, int64_t rows,
+                      int64_t cols) {
+  const int64_t E = m_.experts();
+  if (const auto k = kept(ours, {E, rows, cols})) {
+    const NamedTensor& nt = m_.param(ours, k->second);
+    plan_.push_back({gguf, {cols, rows, E}, k->first, E, nullptr, [&nt](int64_t e) {
+                       return bytes_of(nt.expert_slice(e));
+                     }});
+    return;
+  }
+  const NamedTensor& nt = m_.param(ours, {E, rows, cols});
+  plan_.push_back({gguf, {cols, rows, E}, matrix_type(gguf, cols), E, [&nt](int64_t e) {
+                     return nt.expert_slice(e).to_vector();
+                   }});
+}
+
+// Block i's attention: deepseek2's latent attention, or q/k/v/o with their biases and qk-norms.
+void Planner::attention(int64_t i) {
+  const int64_t D = mc_.d_model, H = mc_.heads, KV = mc_.kv_heads_resolved(), hd = hd_;
+  const std::string ours = str("blocks.", i, "."), blk = str("blk.", i, ".");
+  if (arch_.deepseek) {
+    gguf_out::deepseek2_attention(
+        m_, i, [this](const std::string& name, int64_t row) { return matrix_type(name, row); },
+        plan_);
+  } else {
+    rope_matrix(blk + "attn_q.weight", ours + "attn.q.weight", H);
+    rope_matrix(blk + "attn_k.weight", ours + "attn.k.weight", KV);
+    matrix(blk + "attn_v.weight", ours + "attn.v.weight", KV * hd, D);
+    matrix(blk + "attn_output.weight", ours + "attn.o.weight", D, H * hd);
+  }
+  if (flavour_.qkv_bias || flavour_.bias) {  // f32, as llama.cpp's converter keeps 1-D tensors
+    vector(blk + "attn_q.bias", ours + "attn.q.bias", H * hd);
+    vector(blk + "attn_k.bias", ours + "attn.k.bias", KV * hd);
+    vector(blk + "attn_v.bias", ours + "attn.v.bias", KV * hd);
+  }
+  if (flavour_.qk_norm != nn::QkNorm::none) {  // per head [hd] (qwen3moe) or full width (olmoe)
+    const bool head = flavour_.qk_norm == nn::QkNorm::head;
+    vector(blk + "attn_q_norm.weight", ours + "attn.q_norm.weight", head ? hd : H * hd);
+    vector(blk + "attn_k_norm.weight", ours + "attn.k_norm.weight", head ? hd : KV * hd);
+  }
+}
+
+// Block i's router, experts, gpt-oss's extras and the shared expert.
+void Planner::moe_layer(int64_t i) {
+  const int64_t D = mc_.d_model, F = mc_.d_ff, E = m_.experts(), Fs = mc_.shared_expert_ff;
+  const std::string ours = str("blocks.", i, "."), blk = str("blk.", i, ".");
+  whole(blk + "ffn_gate_inp.weight", m_.router_weight(ours, E, D), {D, E}, GgufType::f32);
+  if (flavour_.router_bias)  // the selection bias, f32 as llama.cpp's converter keeps 1-D ones
+    vector(blk + "exp_probs_b.bias", ours + "moe.router.bias", E);
+  experts(blk + "ffn_gate_exps.weight", ours + "moe.experts.w1", F, D);
+  experts(blk + "ffn_down_exps.weight", ours + "moe.experts.w2", D, F);
+  experts(blk + "ffn_up_exps.weight", ours + "moe.experts.w3", F, D);
+  if (arch_.gpt_oss) gguf_out::gpt_oss_layer_extras(m_, i, plan_);
+  if (Fs > 0) {  // qwen2moe's shared expert, its gate [1, D] as llama.cpp's converter has it;
+                 // glm4moe's, ungated
+    if (flavour_.shared_expert_gate)
+      whole(blk + "ffn_gate_inp_shexp.weight", m_.param(ours + "moe.shared_gate.weight", {1, D}),
+            {D, 1}, GgufType::f32);
+    matrix(blk + "ffn_gate_shexp.weight", ours + "moe.shared.w1", Fs, D);
+    matrix(blk + "ffn_down_shexp.weight", ours + "moe.shared.w2", D, Fs);
+    matrix(blk + "ffn_up_shexp.weight", ours + "moe.shared.w3", Fs, D);
+  }
+}
+
+void Planner::block(int64_t i) {
+  const int64_t D = mc_.d_model, Fd = mc_.dense_ff_resolved();
+  const std::string ours = str("blocks.", i, "."), blk = str("blk.", i, ".");
+  vector(blk + "attn_norm.weight", ours + "norm1.weight", D);
+  attention(i);
+  // glm4moe names the norm before the feed-forward part after the attention it follows
+  vector(blk + (arch_.glm || arch_.gpt_oss ? "post_attention_norm.weight" : "ffn_norm.weight"),
+         ours + "norm2.weight", D);
+  if (!mc_.is_moe_layer(i)) {  // glm4_moe's and deepseek_v3's leading dense layers
+    matrix(blk + "ffn_gate.weight", ours + "mlp.w1", Fd, D);
+    matrix(blk + "ffn_down.weight", ours + "mlp.w2", D, Fd);
+    matrix(blk + "ffn_up.weight", ours + "mlp.w3", Fd, D);
+    return;
+  }
+  moe_layer(i);
+}
+
+}  // namespace
+
+GgufExportSummary export_gguf(const Checkpoint& ckpt, const std::string& path,
+                              const GgufExportOptions& options) {
+  const LlamaArch arch = llama_arch(model_config_from_json(ckpt.model_config).arch);
+  check_quantization(ckpt);
+  ExportModel m(ckpt, "GGUF export", str("llama.cpp's ", arch.name, " architecture"));
+  const ModelConfig& mc = m.config();
+  check_exportable(arch, mc, ckpt);
   // Read before any tensor is planned: a tokenizer llama.cpp cannot take is refused up front.
   std::unique_ptr<Tokenizer> tokenizer;
   if (!ckpt.tokenizer.empty())
     tokenizer = tokenizer_from_bytes(ckpt.tokenizer.file, ckpt.tokenizer.bytes, "the checkpoint");
-  const int64_t V = mc.vocab_size, D = mc.d_model, F = mc.d_ff, H = mc.heads, E = m.experts();
-  const int64_t KV = mc.kv_heads_resolved(), hd = mc.head_dim_resolved();
-  const int64_t Fs = mc.shared_expert_ff, Fd = mc.dense_ff_resolved();
-  MOE_CHECK(mc.mla() || hd % 2 == 0, "GGUF export: head dim ", hd, " is odd");
-  auto param = [&](const std::string& name, const Shape& shape) -> const NamedTensor& {
-    return m.param(name, shape);
-  };
-
+  MOE_CHECK(mc.mla() || mc.head_dim_resolved() % 2 == 0, "GGUF export: head dim ",
+            mc.head_dim_resolved(), " is odd");
   MOE_CHECK(!options.q4_k_m || options.type == GgufType::q4_k,
             "GGUF export: the Q4_K_M mix is q4_k with some tensors in q6_k (type q4_k), not ",
             gguf_type_name(options.type));
   GgufExportSummary summary;
-  std::vector<Planned> plan;
-  // A matrix of rows of `row` values in the asked type (quantised types need whole blocks per
-  // row); with Q4_K_M, llama.cpp's choice of q6_k for the head and some layers' v and down.
-  std::set<std::string> overridden;
-  auto matrix_type = [&](const std::string& name, int64_t row) {
-    GgufType type = options.type;
-    if (options.q4_k_m && q4_k_m_wants_q6_k(name, mc.layers)) type = GgufType::q6_k;
-    if (const auto it = options.tensor_types.find(name); it != options.tensor_types.end()) {
-      type = it->second;
-      overridden.insert(name);
-    }
-    const int64_t block = is_blocked(type) ? cpu::block_elems(block_format_of(type)) : 1;
-    if (row % block != 0) {
-      summary.fallbacks.push_back(str(name, ": f16 (rows of ", row, " values are not whole ",
-                                      gguf_type_name(type), " blocks of ", block, ")"));
-      return GgufType::f16;
-    }
-    return type;
-  };
-  auto whole = [&](const std::string& gguf, const NamedTensor& nt, std::vector<int64_t> dims,
-                   GgufType type) {
-    plan.push_back(
-        {gguf, std::move(dims), type, 1, [&nt](int64_t) { return nt.whole().to_vector(); }});
-  };
-  // The GGUF type of a tensor the checkpoint keeps in blocks and its stored shape (u8 [.., out,
-  // row bytes]), written as it is whatever the asked type; nullopt for one held in floats.
-  auto kept = [&](const std::string& ours,
-                  Shape shape) -> std::optional<std::pair<GgufType, Shape>> {
-    const std::string format = block_format_of(ckpt.model_config, ours);
-    if (format.empty()) return std::nullopt;
-    const GgufType type = parse_gguf_type(format);
-    shape.back() = cpu::block_row_bytes(block_format_of(type), shape.back());
-    return std::pair{type, shape};
-  };
-  auto matrix = [&](const std::string& gguf, const std::string& ours, int64_t rows, int64_t cols) {
-    if (const auto k = kept(ours, {rows, cols})) {
-      const NamedTensor& nt = param(ours, k->second);
-      plan.push_back({gguf, {cols, rows}, k->first, 1, nullptr, [&nt](int64_t) {
-                        return bytes_of(nt.whole());
-                      }});
-      return;
-    }
-    whole(gguf, param(ours, {rows, cols}), {cols, rows}, matrix_type(gguf, cols));
-  };
-  auto vector = [&](const std::string& gguf, const std::string& ours, int64_t n) {
-    whole(gguf, param(ours, {n}), {n}, GgufType::f32);
-  };
-  auto rope_matrix = [&](const std::string& gguf, const std::string& ours, int64_t heads) {
-    if (!arch.permute_qk) return matrix(gguf, ours, heads * hd, D);
-    if (const auto k = kept(ours, {heads * hd, D})) {  // whole rows of blocks, permuted
-      const NamedTensor& nt = param(ours, k->second);
-      const int64_t row = k->second.back();
-      plan.push_back({gguf, {D, heads * hd}, k->first, 1, nullptr, [&nt, heads, hd, row](int64_t) {
-                        return permute_rope_rows(bytes_of(nt.whole()), heads, hd, row);
-                      }});
-      return;
-    }
-    const NamedTensor& nt = param(ours, {heads * hd, D});
-    plan.push_back({gguf, {D, heads * hd}, matrix_type(gguf, D), 1, [&nt, heads, hd, D](int64_t) {
-                      return permute_rope_rows(nt.whole().to_vector(), heads, hd, D);
-                    }});
-  };
-  auto experts = [&](const std::string& gguf, const std::string& ours, int64_t rows, int64_t cols) {
-    if (const auto k = kept(ours, {E, rows, cols})) {
-      const NamedTensor& nt = param(ours, k->second);
-      plan.push_back({gguf, {cols, rows, E}, k->first, E, nullptr, [&nt](int64_t e) {
-                        return bytes_of(nt.expert_slice(e));
-                      }});
-      return;
-    }
-    const NamedTensor& nt = param(ours, {E, rows, cols});
-    plan.push_back({gguf, {cols, rows, E}, matrix_type(gguf, cols), E, [&nt](int64_t e) {
-                      return nt.expert_slice(e).to_vector();
-                    }});
-  };
-
-  matrix("token_embd.weight", "embed.tokens", V, D);
-  for (int64_t i = 0; i < mc.layers; ++i) {
-    const std::string ours = str("blocks.", i, "."), blk = str("blk.", i, ".");
-    vector(blk + "attn_norm.weight", ours + "norm1.weight", D);
-    if (arch.deepseek) {
-      gguf_out::deepseek2_attention(m, i, matrix_type, plan);
-    } else {
-      rope_matrix(blk + "attn_q.weight", ours + "attn.q.weight", H);
-      rope_matrix(blk + "attn_k.weight", ours + "attn.k.weight", KV);
-      matrix(blk + "attn_v.weight", ours + "attn.v.weight", KV * hd, D);
-      matrix(blk + "attn_output.weight", ours + "attn.o.weight", D, H * hd);
-    }
-    if (flavour.qkv_bias || flavour.bias) {  // f32, as llama.cpp's converter keeps 1-D tensors
-      vector(blk + "attn_q.bias", ours + "attn.q.bias", H * hd);
-      vector(blk + "attn_k.bias", ours + "attn.k.bias", KV * hd);
-      vector(blk + "attn_v.bias", ours + "attn.v.bias", KV * hd);
-    }
-    if (flavour.qk_norm != nn::QkNorm::none) {  // per head [hd] (qwen3moe) or full width (olmoe)
-      const bool head = flavour.qk_norm == nn::QkNorm::head;
-      vector(blk + "attn_q_norm.weight", ours + "attn.q_norm.weight", head ? hd : H * hd);
-      vector(blk + "attn_k_norm.weight", ours + "attn.k_norm.weight", head ? hd : KV * hd);
-    }
-    // glm4moe names the norm before the feed-forward part after the attention it follows
-    vector(blk + (arch.glm || arch.gpt_oss ? "post_attention_norm.weight" : "ffn_norm.weight"),
-           ours + "norm2.weight", D);
-    if (!mc.is_moe_layer(i)) {  // glm4_moe's and deepseek_v3's leading dense layers
-      matrix(blk + "ffn_gate.weight", ours + "mlp.w1", Fd, D);
-      matrix(blk + "ffn_down.weight", ours + "mlp.w2", D, Fd);
-      matrix(blk + "ffn_up.weight", ours + "mlp.w3", Fd, D);
-      continue;
-    }
-    whole(blk + "ffn_gate_inp.weight", m.router_weight(ours, E, D), {D, E}, GgufType::f32);
-    if (flavour.router_bias)  // the selection bias, f32 as llama.cpp's converter keeps 1-D ones
-      vector(blk + "exp_probs_b.bias", ours + "moe.router.bias", E);
-    experts(blk + "ffn_gate_exps.weight", ours + "moe.experts.w1", F, D);
-    experts(blk + "ffn_down_exps.weight", ours + "moe.experts.w2", D, F);
-    experts(blk + "ffn_up_exps.weight", ours + "moe.experts.w3", F, D);
-    if (arch.gpt_oss) gguf_out::gpt_oss_layer_extras(m, i, plan);
-    if (Fs > 0) {  // qwen2moe's shared expert, its gate [1, D] as llama.cpp's converter has it;
-                   // glm4moe's, ungated
-      if (flavour.shared_expert_gate)
-        whole(blk + "ffn_gate_inp_shexp.weight", param(ours + "moe.shared_gate.weight", {1, D}),
-              {D, 1}, GgufType::f32);
-      matrix(blk + "ffn_gate_shexp.weight", ours + "moe.shared.w1", Fs, D);
-      matrix(blk + "ffn_down_shexp.weight", ours + "moe.shared.w2", D, Fs);
-      matrix(blk + "ffn_up_shexp.weight", ours + "moe.shared.w3", Fs, D);
-    }
-  }
-  vector("output_norm.weight", "final_norm.weight", D);
-  // A tied head goes out as no output.weight: llama.cpp then reads token_embd as the head.
-  if (!mc.tie_embeddings) matrix("output.weight", "lm_head.weight", V, D);
-  m.refuse_unused();
-  for (const auto& [name, type] : options.tensor_types)
-    MOE_CHECK(overridden.count(name), "GGUF export: a type (", gguf_type_name(type),
-              ") is asked for tensor '", name, "', which is not one of the file's matrices");
+  const std::vector<Planned> plan = Planner(m, ckpt, arch, options, summary).plan();
 
   Header h = model_keys(arch, m, ckpt, options, tokenizer.get());
   uint64_t data_bytes = 0;
