@@ -147,8 +147,11 @@ TEST_CASE("plan: a quick calibration gives a spec the reader accepts", "[plan][c
     CHECK(std::isfinite(v));
     CHECK(v >= 0);
   }
-  // a small model's step costs more than its GEMMs and optimizer: some term is found
-  CHECK(s.overhead_per_step + s.overhead_per_layer + s.elementwise_bw > 0);
+  // Not checked here: that some term comes out > 0. It should on a quiet machine (a small
+  // model's step costs more than its GEMMs and optimizer), but calibrate times the GEMM rate and
+  // the steps at different moments, and on a CPU shared with other work a slow GEMM sample makes
+  // the GEMM-only prediction exceed every measured step, so the fit is 0 (seen under load 3-6).
+  // The fit itself is checked on hand-worked cases below.
   const auto& overhead_notes = cal.notes.notes.at("overhead.per_step");
   CHECK(std::count_if(overhead_notes.begin(), overhead_notes.end(),
                       [](const std::string& line) { return line.rfind("d_model ", 0) == 0; }) == 3);
