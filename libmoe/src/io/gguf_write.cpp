@@ -41,23 +41,25 @@ constexpr uint64_t kAlignment = 32;
 using gguf_out::Header;
 using gguf_out::Planned;
 
+// tokenizer.ggml.* of a model without a stored tokenizer, the byte-level vocabulary: token b is
+// byte b, no merges, no BOS, and token 0 (NUL, which text never holds) named the end of text so
+// that llama.cpp has one.
+void write_byte_vocabulary(Header& h) {
+  std::vector<std::string> tokens;
+  for (int b = 0; b < kByteVocab; ++b) tokens.push_back(byte_level_char(static_cast<uint8_t>(b)));
+  h.kv_string("tokenizer.ggml.model", "gpt2");
+  h.kv_string("tokenizer.ggml.pre", "default");
+  h.kv_strings("tokenizer.ggml.tokens", tokens);
+  h.kv_i32s("tokenizer.ggml.token_type", std::vector<int32_t>(kByteVocab, 1));
+  h.kv_strings("tokenizer.ggml.merges", {});
+  h.kv_u32("tokenizer.ggml.eos_token_id", 0);
+  h.kv_bool("tokenizer.ggml.add_bos_token", false);
+}
+
 // tokenizer.ggml.*: the stored tokenizer's vocabulary (padded to the model's V with unused
-// "[PAD<id>]" tokens, as llama.cpp's converter pads), or without one the byte-level vocabulary:
-// token b is byte b, no merges, no BOS, and token 0 (NUL, which text never holds) named the end of
-// text so that llama.cpp has one.
+// "[PAD<id>]" tokens, as llama.cpp's converter pads), or without one the byte-level vocabulary.
 void write_vocabulary(Header& h, const Tokenizer* tok, int64_t V) {
-  if (!tok) {
-    std::vector<std::string> tokens;
-    for (int b = 0; b < kByteVocab; ++b) tokens.push_back(byte_level_char(static_cast<uint8_t>(b)));
-    h.kv_string("tokenizer.ggml.model", "gpt2");
-    h.kv_string("tokenizer.ggml.pre", "default");
-    h.kv_strings("tokenizer.ggml.tokens", tokens);
-    h.kv_i32s("tokenizer.ggml.token_type", std::vector<int32_t>(kByteVocab, 1));
-    h.kv_strings("tokenizer.ggml.merges", {});
-    h.kv_u32("tokenizer.ggml.eos_token_id", 0);
-    h.kv_bool("tokenizer.ggml.add_bos_token", false);
-    return;
-  }
+  if (!tok) return write_byte_vocabulary(h);
   std::vector<Tokenizer::VocabEntry> vocab = tok->vocabulary();
   MOE_CHECK(static_cast<int64_t>(vocab.size()) <= V, "GGUF export: the tokenizer has ",
             vocab.size(), " tokens, more than the model's vocabulary (", V, ")");
@@ -577,8 +579,7 @@ void Planner::whole(const std::string& gguf, const NamedTensor& nt, std::vector<
       {gguf, std::move(dims), type, 1, [&nt](int64_t) { return nt.whole().to_vector(); }});
 }
 
-void Planner::matrix(const std::string& gguf, const std::string& ours, int64_t rows,
-                     int64_t cols) {
+void Planner::matrix(const std::string& gguf, const std::string& ours, int64_t rows, int64_t cols) {
   if (const auto k = kept(ours, {rows, cols})) {
     const NamedTensor& nt = m_.param(ours, k->second);
     plan_.push_back({gguf, {cols, rows}, k->first, 1, nullptr, [&nt](int64_t) {

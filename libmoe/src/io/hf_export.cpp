@@ -1,8 +1,8 @@
 // Hugging Face export (see moe/io/hf_checkpoint.h and docs/FORMATS.md): a model of the mixtral,
 // qwen2_moe, qwen3_moe, olmoe, glm4_moe, deepseek_v3 (a softmax-routed one as deepseek_v2) or
-// gpt_oss flavour (io/hf_export_gpt_oss.cpp) as config.json (that family's keys) + model.safetensors
-// (or shards named by model.safetensors.index.json) with the family's tensor names, each file
-// written atomically.
+// gpt_oss flavour (io/hf_export_gpt_oss.cpp) as config.json (that family's keys) +
+// model.safetensors (or shards named by model.safetensors.index.json) with the family's tensor
+// names, each file written atomically.
 // Shape letters: V vocabulary, D hidden size, F expert hidden width, Fs shared expert hidden
 // width, E experts of a layer, H query heads, KV key/value heads, hd head dim.
 #include <cmath>
@@ -348,117 +348,158 @@ NamedTensor expert_of(const std::string& hf_name, const NamedTensor& param, int6
 // The HF tensors of the model, in HF's order, viewing our parameters (expert slices included);
 // those of a lazily opened checkpoint stay lazy (read one at a time as the files are written).
 // mxfp4: gpt-oss's experts kept as MXFP4 blocks (hf::kept_mxfp4_experts).
-std::vector<NamedTensor> hf_tensors(ExportModel& m, bool mxfp4) {
-  const ModelConfig& mc = m.config();
-  const Flavour flavour = flavour_of(mc);
-  const int64_t V = mc.vocab_size, D = mc.d_model, F = mc.d_ff, H = mc.heads, E = m.experts();
-  const int64_t KV = mc.kv_heads_resolved(), hd = mc.head_dim_resolved();
-  const int64_t Fs = mc.shared_expert_ff;
-  const bool mixtral = mc.arch == Arch::mixtral;
+class HfTensors {
+ public:
+  HfTensors(ExportModel& m, bool mxfp4)
+      : m_(m), mc_(m.config()), flavour_(flavour_of(mc_)), mxfp4_(mxfp4) {}
+
+  std::vector<NamedTensor> all() {
+    const int64_t V = mc_.vocab_size, D = mc_.d_model;
+    emit("model.embed_tokens.weight", param("embed.tokens", {V, D}));
+    for (int64_t i = 0; i < mc_.layers; ++i) layer(i);
+    if (mc_.arch == Arch::gpt_oss)
+      out_.push_back(hf::f32_norm("model.norm.weight", param("final_norm.weight", {D})));
+    else
+      emit("model.norm.weight", param("final_norm.weight", {D}));
+    // A tied head has no tensor of its own: transformers ties lm_head to embed_tokens on load.
+    if (!mc_.tie_embeddings) emit("lm_head.weight", param("lm_head.weight", {V, D}));
+    m_.refuse_unused();
+    return std::move(out_);
+  }
+
+ private:
   // Every tensor written is in the model's dtype (HF's config has one torch_dtype).
-  auto checked = [&](const NamedTensor& nt) -> const NamedTensor& {
-    if (nt.dtype() != mc.dtype)
+  const NamedTensor& checked(const NamedTensor& nt) const {
+    if (nt.dtype() != mc_.dtype)
       throw Error(str("Hugging Face export: parameter '", nt.name, "' is ", dtype_name(nt.dtype()),
-                      ", but the model's dtype is ", dtype_name(mc.dtype)));
+                      ", but the model's dtype is ", dtype_name(mc_.dtype)));
     return nt;
-  };
-  auto param = [&](const std::string& name, const Shape& shape) -> const NamedTensor& {
-    return checked(m.param(name, shape));
-  };
-  std::vector<NamedTensor> out;
-  auto emit = [&](const std::string& hf_name, const NamedTensor& nt) {
+  }
+  const NamedTensor& param(const std::string& name, const Shape& shape) {
+    return checked(m_.param(name, shape));
+  }
+  hf::ParamFn param_fn() {
+    return [this](const std::string& name, const Shape& shape) -> const NamedTensor& {
+      return param(name, shape);
+    };
+  }
+  void emit(const std::string& hf_name, const NamedTensor& nt) {
     NamedTensor renamed = nt;
     renamed.name = hf_name;
     renamed.expert = false;
-    out.push_back(std::move(renamed));
-  };
-  auto zeros = [&](const Shape& shape) {
-    return NamedTensor{"", Tensor::zeros(shape, mc.dtype), false, {}};
-  };
-  emit("model.embed_tokens.weight", param("embed.tokens", {V, D}));
-  for (int64_t i = 0; i < mc.layers; ++i) {
-    const std::string ours = str("blocks.", i, "."), hf = str("model.layers.", i, ".");
-    const std::string moe = hf + (mixtral ? "block_sparse_moe." : "mlp.");
-    if (mc.arch == Arch::gpt_oss) {
-      for (NamedTensor& nt : hf::gpt_oss_layer_tensors(m, i, param, mxfp4))
-        out.push_back(std::move(nt));
-      continue;
-    }
-    emit(hf + "input_layernorm.weight", param(ours + "norm1.weight", {D}));
-    if (flavour.latent_attention) {
-      for (NamedTensor& nt : hf::mla_hf_tensors(mc, ours, hf + "self_attn.", param))
-        out.push_back(std::move(nt));
-    } else {
-      emit(hf + "self_attn.q_proj.weight", param(ours + "attn.q.weight", {H * hd, D}));
-      emit(hf + "self_attn.k_proj.weight", param(ours + "attn.k.weight", {KV * hd, D}));
-      emit(hf + "self_attn.v_proj.weight", param(ours + "attn.v.weight", {KV * hd, D}));
-      emit(hf + "self_attn.o_proj.weight", param(ours + "attn.o.weight", {D, H * hd}));
-    }
-    if (flavour.qkv_bias) {
-      emit(hf + "self_attn.q_proj.bias", param(ours + "attn.q.bias", {H * hd}));
-      emit(hf + "self_attn.k_proj.bias", param(ours + "attn.k.bias", {KV * hd}));
-      emit(hf + "self_attn.v_proj.bias", param(ours + "attn.v.bias", {KV * hd}));
-    }
-    if (flavour.qk_norm != nn::QkNorm::none) {
-      const bool head = flavour.qk_norm == nn::QkNorm::head;
-      emit(hf + "self_attn.q_norm.weight",
-           param(ours + "attn.q_norm.weight", {head ? hd : H * hd}));
-      emit(hf + "self_attn.k_norm.weight",
-           param(ours + "attn.k_norm.weight", {head ? hd : KV * hd}));
-    }
-    if (!mc.is_moe_layer(i)) {  // GLM's first dense layers
-      const int64_t Fd = mc.dense_ff_resolved();
-      emit(hf + "mlp.gate_proj.weight", param(ours + "mlp.w1", {Fd, D}));
-      emit(hf + "mlp.up_proj.weight", param(ours + "mlp.w3", {Fd, D}));
-      emit(hf + "mlp.down_proj.weight", param(ours + "mlp.w2", {D, Fd}));
-      emit(hf + "post_attention_layernorm.weight", param(ours + "norm2.weight", {D}));
-      continue;
-    }
-    emit(moe + "gate.weight", checked(m.router_weight(ours, E, D)));
-    // transformers keeps e_score_correction_bias in f32, as our selection bias is
-    if (flavour.router_bias)
-      emit(moe + "gate.e_score_correction_bias", m.param(ours + "moe.router.bias", {E}));
-    const NamedTensor& w1 = param(ours + "moe.experts.w1", {E, F, D});
-    const NamedTensor& w2 = param(ours + "moe.experts.w2", {E, D, F});
-    const NamedTensor& w3 = param(ours + "moe.experts.w3", {E, F, D});
-    for (int64_t e = 0; e < E; ++e) {
-      const std::string ex = str(moe, "experts.", e, ".");
-      out.push_back(expert_of(ex + (mixtral ? "w1.weight" : "gate_proj.weight"), w1, e, {F, D}));
-      out.push_back(expert_of(ex + (mixtral ? "w2.weight" : "down_proj.weight"), w2, e, {D, F}));
-      out.push_back(expert_of(ex + (mixtral ? "w3.weight" : "up_proj.weight"), w3, e, {F, D}));
-    }
-    if (flavour.ungated_shared_expert && Fs > 0) {
-      const std::string sh = moe + "shared_experts.";
-      emit(sh + "gate_proj.weight", param(ours + "moe.shared.w1", {Fs, D}));
-      emit(sh + "up_proj.weight", param(ours + "moe.shared.w3", {Fs, D}));
-      emit(sh + "down_proj.weight", param(ours + "moe.shared.w2", {D, Fs}));
-    }
-    if (flavour.shared_expert_gate) {
-      // transformers' Qwen2-MoE always has the shared expert and its gate: a 0-wide one is
-      // written empty, with a zero gate (it adds nothing, as ours).
-      const std::string sh = moe + "shared_expert.";
-      if (Fs > 0) {
-        emit(sh + "gate_proj.weight", param(ours + "moe.shared.w1", {Fs, D}));
-        emit(sh + "up_proj.weight", param(ours + "moe.shared.w3", {Fs, D}));
-        emit(sh + "down_proj.weight", param(ours + "moe.shared.w2", {D, Fs}));
-        emit(moe + "shared_expert_gate.weight", param(ours + "moe.shared_gate.weight", {1, D}));
-      } else {
-        emit(sh + "gate_proj.weight", zeros({0, D}));
-        emit(sh + "up_proj.weight", zeros({0, D}));
-        emit(sh + "down_proj.weight", zeros({D, 0}));
-        emit(moe + "shared_expert_gate.weight", zeros({1, D}));
-      }
-    }
-    emit(hf + "post_attention_layernorm.weight", param(ours + "norm2.weight", {D}));
+    out_.push_back(std::move(renamed));
   }
-  if (mc.arch == Arch::gpt_oss)
-    out.push_back(hf::f32_norm("model.norm.weight", param("final_norm.weight", {D})));
-  else
-    emit("model.norm.weight", param("final_norm.weight", {D}));
-  // A tied head has no tensor of its own: transformers ties lm_head to embed_tokens on load.
-  if (!mc.tie_embeddings) emit("lm_head.weight", param("lm_head.weight", {V, D}));
-  m.refuse_unused();
-  return out;
+  NamedTensor zeros(const Shape& shape) const {
+    return NamedTensor{"", Tensor::zeros(shape, mc_.dtype), false, {}};
+  }
+  void layer(int64_t i);
+  void attention(const std::string& ours, const std::string& hf);
+  void experts(const std::string& ours, const std::string& moe);
+  void shared_expert(const std::string& ours, const std::string& moe);
+
+  ExportModel& m_;
+  const ModelConfig& mc_;
+  const Flavour flavour_;
+  const bool mxfp4_;
+  std::vector<NamedTensor> out_;
+};
+
+// Layer i: gpt-oss's (hf::gpt_oss_layer_tensors), or the norms, the attention and the dense MLP or
+// the MoE block.
+void HfTensors::layer(int64_t i) {
+  const int64_t D = mc_.d_model;
+  const std::string ours = str("blocks.", i, "."), hf = str("model.layers.", i, ".");
+  const std::string moe = hf + (mc_.arch == Arch::mixtral ? "block_sparse_moe." : "mlp.");
+  if (mc_.arch == Arch::gpt_oss) {
+    for (NamedTensor& nt : hf::gpt_oss_layer_tensors(m_, i, param_fn(), mxfp4_))
+      out_.push_back(std::move(nt));
+    return;
+  }
+  emit(hf + "input_layernorm.weight", param(ours + "norm1.weight", {D}));
+  attention(ours, hf);
+  if (!mc_.is_moe_layer(i)) {  // GLM's first dense layers
+    const int64_t Fd = mc_.dense_ff_resolved();
+    emit(hf + "mlp.gate_proj.weight", param(ours + "mlp.w1", {Fd, D}));
+    emit(hf + "mlp.up_proj.weight", param(ours + "mlp.w3", {Fd, D}));
+    emit(hf + "mlp.down_proj.weight", param(ours + "mlp.w2", {D, Fd}));
+    emit(hf + "post_attention_layernorm.weight", param(ours + "norm2.weight", {D}));
+    return;
+  }
+  const int64_t E = m_.experts();
+  emit(moe + "gate.weight", checked(m_.router_weight(ours, E, D)));
+  // transformers keeps e_score_correction_bias in f32, as our selection bias is
+  if (flavour_.router_bias)
+    emit(moe + "gate.e_score_correction_bias", m_.param(ours + "moe.router.bias", {E}));
+  experts(ours, moe);
+  shared_expert(ours, moe);
+  emit(hf + "post_attention_layernorm.weight", param(ours + "norm2.weight", {D}));
+}
+
+// The attention's projections (latent attention: hf::mla_hf_tensors), biases and qk-norms.
+void HfTensors::attention(const std::string& ours, const std::string& hf) {
+  const int64_t D = mc_.d_model, H = mc_.heads, KV = mc_.kv_heads_resolved();
+  const int64_t hd = mc_.head_dim_resolved();
+  if (flavour_.latent_attention) {
+    for (NamedTensor& nt : hf::mla_hf_tensors(mc_, ours, hf + "self_attn.", param_fn()))
+      out_.push_back(std::move(nt));
+  } else {
+    emit(hf + "self_attn.q_proj.weight", param(ours + "attn.q.weight", {H * hd, D}));
+    emit(hf + "self_attn.k_proj.weight", param(ours + "attn.k.weight", {KV * hd, D}));
+    emit(hf + "self_attn.v_proj.weight", param(ours + "attn.v.weight", {KV * hd, D}));
+    emit(hf + "self_attn.o_proj.weight", param(ours + "attn.o.weight", {D, H * hd}));
+  }
+  if (flavour_.qkv_bias) {
+    emit(hf + "self_attn.q_proj.bias", param(ours + "attn.q.bias", {H * hd}));
+    emit(hf + "self_attn.k_proj.bias", param(ours + "attn.k.bias", {KV * hd}));
+    emit(hf + "self_attn.v_proj.bias", param(ours + "attn.v.bias", {KV * hd}));
+  }
+  if (flavour_.qk_norm != nn::QkNorm::none) {
+    const bool head = flavour_.qk_norm == nn::QkNorm::head;
+    emit(hf + "self_attn.q_norm.weight", param(ours + "attn.q_norm.weight", {head ? hd : H * hd}));
+    emit(hf + "self_attn.k_norm.weight", param(ours + "attn.k_norm.weight", {head ? hd : KV * hd}));
+  }
+}
+
+// Each expert's three matrices as tensors of their own (Mixtral's w1/w2/w3 names, or the others'
+// gate/down/up_proj).
+void HfTensors::experts(const std::string& ours, const std::string& moe) {
+  const int64_t D = mc_.d_model, F = mc_.d_ff, E = m_.experts();
+  const bool mixtral = mc_.arch == Arch::mixtral;
+  const NamedTensor& w1 = param(ours + "moe.experts.w1", {E, F, D});
+  const NamedTensor& w2 = param(ours + "moe.experts.w2", {E, D, F});
+  const NamedTensor& w3 = param(ours + "moe.experts.w3", {E, F, D});
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string ex = str(moe, "experts.", e, ".");
+    out_.push_back(expert_of(ex + (mixtral ? "w1.weight" : "gate_proj.weight"), w1, e, {F, D}));
+    out_.push_back(expert_of(ex + (mixtral ? "w2.weight" : "down_proj.weight"), w2, e, {D, F}));
+    out_.push_back(expert_of(ex + (mixtral ? "w3.weight" : "up_proj.weight"), w3, e, {F, D}));
+  }
+}
+
+// GLM's and DeepSeek's ungated shared experts, or Qwen2-MoE's gated one.
+void HfTensors::shared_expert(const std::string& ours, const std::string& moe) {
+  const int64_t D = mc_.d_model, Fs = mc_.shared_expert_ff;
+  if (flavour_.ungated_shared_expert && Fs > 0) {
+    const std::string sh = moe + "shared_experts.";
+    emit(sh + "gate_proj.weight", param(ours + "moe.shared.w1", {Fs, D}));
+    emit(sh + "up_proj.weight", param(ours + "moe.shared.w3", {Fs, D}));
+    emit(sh + "down_proj.weight", param(ours + "moe.shared.w2", {D, Fs}));
+  }
+  if (!flavour_.shared_expert_gate) return;
+  // transformers' Qwen2-MoE always has the shared expert and its gate: a 0-wide one is written
+  // empty, with a zero gate (it adds nothing, as ours).
+  const std::string sh = moe + "shared_expert.";
+  if (Fs > 0) {
+    emit(sh + "gate_proj.weight", param(ours + "moe.shared.w1", {Fs, D}));
+    emit(sh + "up_proj.weight", param(ours + "moe.shared.w3", {Fs, D}));
+    emit(sh + "down_proj.weight", param(ours + "moe.shared.w2", {D, Fs}));
+    emit(moe + "shared_expert_gate.weight", param(ours + "moe.shared_gate.weight", {1, D}));
+  } else {
+    emit(sh + "gate_proj.weight", zeros({0, D}));
+    emit(sh + "up_proj.weight", zeros({0, D}));
+    emit(sh + "down_proj.weight", zeros({D, 0}));
+    emit(moe + "shared_expert_gate.weight", zeros({1, D}));
+  }
 }
 
 // `tensors` in one shard, or in shards of at most max_bytes each (a tensor never split), as
@@ -589,13 +630,10 @@ bool mxfp4_experts(const Checkpoint& ckpt, const ModelConfig& peek) {
   return mxfp4;
 }
 
-}  // namespace
-
-void export_hf(const Checkpoint& ckpt, const std::string& dir, const HfExportOptions& options) {
-  const ModelConfig peek = model_config_from_json(ckpt.model_config);
-  const bool mxfp4 = mxfp4_experts(ckpt, peek);
-  ExportModel m(ckpt, "Hugging Face export", hf_model_name(peek));
-  const ModelConfig& mc = m.config();
+// What the family's HF model cannot hold beyond ExportModel's checks, refused by name: Mixtral's
+// fixed renormalisation, Qwen2-MoE's and OLMoE's head width, GLM's, DeepSeek's and gpt-oss's
+// own limits, a window the family cannot say, a shared expert it has no place for.
+void check_family(const ModelConfig& mc) {
   if (mc.arch == Arch::mixtral && !mc.normalize_topk)
     throw Error(
         "Hugging Face export: HF Mixtral renormalises the top-k gate weights; this model does not "
@@ -617,7 +655,17 @@ void export_hf(const Checkpoint& ckpt, const std::string& dir, const HfExportOpt
                     " has no shared expert; this model's "
                     "is ",
                     mc.shared_expert_ff, " wide (qwen2_moe and glm4_moe have one)"));
-  const std::vector<NamedTensor> out = hf_tensors(m, mxfp4);
+}
+
+}  // namespace
+
+void export_hf(const Checkpoint& ckpt, const std::string& dir, const HfExportOptions& options) {
+  const ModelConfig peek = model_config_from_json(ckpt.model_config);
+  const bool mxfp4 = mxfp4_experts(ckpt, peek);
+  ExportModel m(ckpt, "Hugging Face export", hf_model_name(peek));
+  const ModelConfig& mc = m.config();
+  check_family(mc);
+  const std::vector<NamedTensor> out = HfTensors(m, mxfp4).all();
   const bool sharded = options.max_shard_bytes > 0;
   const std::vector<std::vector<NamedTensor>> shards = plan_shards(out, options.max_shard_bytes);
   check_export_files(dir, shards.size(), sharded, ckpt, options.replace);
