@@ -17,6 +17,7 @@
 #include "moe/plan/predict.h"
 #include "moe/plan/step_time.h"
 #include "support/hf_deepseek_v3_model.h"
+#include "support/hf_gpt_oss.h"
 #include "support/models.h"
 #include "support/run.h"
 
@@ -90,8 +91,13 @@ TEST_CASE("plan: a Hugging Face directory reads as import-hf reads it, every fam
   v2.nextn = 0;  // DeepSeek-V2 has no multi-token-prediction layer
   v2.attn.r = 0;
   write_hf_dir(dir.file("ds2"), deepseek_v2_config(v2), deepseek_weights(v2, 7), 1);
-  for (const char* name :
-       {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "tied", "glm", "ds", "ds2"}) {
+  const TinyGptOss oss;  // sinks, biases everywhere, head_dim != D / H, windows, YaRN
+  write_hf_dir(dir.file("oss"), gpt_oss_config(oss), gpt_oss_weights(oss, 8), 1);
+  json oss16 = gpt_oss_config(oss);  // transformers writes the dtype of a bf16 save
+  oss16["dtype"] = "bfloat16";           // (its F32 norms import as bf16: exact)
+  write_hf_dir(dir.file("oss16"), oss16, gpt_oss_weights(oss, 8, DType::bf16), 1);
+  for (const char* name : {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "tied", "glm", "ds",
+                           "ds2", "oss", "oss16"}) {
     INFO(name);
     const ModelConfig from_dir = plan::read_model(dir.file(name));
     CHECK(to_json(from_dir) == imported_config(dir.file(name)));
