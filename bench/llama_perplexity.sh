@@ -18,8 +18,10 @@
 #      ceils the correction range, as import-gguf does (truncate true), while the trained model
 #      (HF gpt-oss: truncate false) does not: both of ours are printed.
 #   d. deepseek_v3 exported q8_0 and q4_k by export-gguf, import-gguf'd.
-# q8_0 and k-quant rows are scored by us twice: the full pass (weights dequantised) and
-# --incremental (the decode GEMV, which quantises its inputs as llama.cpp's CPU matmuls do).
+#   (c's "unscaled" rows: the export itself against the checkpoint it was exported from.)
+# Quantised files are scored by us twice: the full pass (weights dequantised, f32 inputs) and
+# --incremental (the decode GEMV, which quantises its inputs as ggml's CPU matmuls do for q4_K,
+# q6_K and mxfp4; for Q8_0 it keeps the input blocks' scales in f32 where ggml rounds them to f16).
 #
 # llama.cpp is not a project dependency: give its llama-perplexity (and, for case b,
 # llama-quantize) in LLAMA_PERPLEXITY / LLAMA_QUANTIZE; built as bench/llama_cpp.sh says, with
