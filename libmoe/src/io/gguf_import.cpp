@@ -326,81 +326,99 @@ void adopt_record(const Keys& k, ModelConfig& mc, GgufImportReport& rep) {
 // ---- tensors
 // -----------------------------------------------------------------------------------
 
-// Our parameters in our model's order, each with llama.cpp's name
-// (io/gguf_write.cpp's table).
+// expected_tensors' list, in order: llama.cpp's name, ours, our shape.
+struct ExpectedTensors {
+  bool permute_qk;
+  std::vector<GgufTensorPlan> out;
+  void add(std::string gguf, std::string ours, Shape shape, bool expert = false,
+           int64_t rope_heads = 0) {
+    GgufTensorPlan t;
+    t.gguf = std::move(gguf);
+    t.ours = std::move(ours);
+    t.shape = std::move(shape);
+    t.expert = expert;
+    t.rope_heads = permute_qk ? rope_heads : 0;
+    out.push_back(std::move(t));
+  }
+};
+
+// Block i's attention, as our attention creates it: each projection's weight then its bias, then
+// the qk-norms.
+void expected_attention(const ModelConfig& mc, const Flavour& flavour, int64_t i,
+                        ExpectedTensors& t) {
+  const int64_t D = mc.d_model, H = mc.heads, KV = mc.kv_heads_resolved(),
+                hd = mc.head_dim_resolved();
+  const std::string blk = str("blk.", i, "."), b = str("blocks.", i, ".");
+  const bool bias = flavour.qkv_bias || flavour.bias;  // gpt-oss: o too, and the experts
+  if (flavour.latent_attention) {
+    gguf::deepseek2_attention_tensors(mc, i, t.out);
+  } else {
+    t.add(blk + "attn_q.weight", b + "attn.q.weight", {H * hd, D}, false, H);
+    if (bias) t.add(blk + "attn_q.bias", b + "attn.q.bias", {H * hd});
+    t.add(blk + "attn_k.weight", b + "attn.k.weight", {KV * hd, D}, false, KV);
+    if (bias) t.add(blk + "attn_k.bias", b + "attn.k.bias", {KV * hd});
+    t.add(blk + "attn_v.weight", b + "attn.v.weight", {KV * hd, D});
+    if (bias) t.add(blk + "attn_v.bias", b + "attn.v.bias", {KV * hd});
+    t.add(blk + "attn_output.weight", b + "attn.o.weight", {D, H * hd});
+    if (flavour.bias) t.add(blk + "attn_output.bias", b + "attn.o.bias", {D});
+    if (flavour.sinks) t.add(blk + "attn_sinks.weight", b + "attn.sinks", {H});
+  }
+  if (flavour.qk_norm != nn::QkNorm::none) {
+    const bool head = flavour.qk_norm == nn::QkNorm::head;
+    t.add(blk + "attn_q_norm.weight", b + "attn.q_norm.weight", {head ? hd : H * hd});
+    t.add(blk + "attn_k_norm.weight", b + "attn.k_norm.weight", {head ? hd : KV * hd});
+  }
+}
+
+// MoE block i: the router, the experts (gpt-oss's biases too), the shared expert and its gate.
+void expected_moe(const ModelConfig& mc, const Flavour& flavour, int64_t i, ExpectedTensors& t) {
+  const int64_t D = mc.d_model, F = mc.d_ff, Fs = mc.shared_expert_ff;
+  const int64_t E = mc.experts_per_layer.at(static_cast<size_t>(i));
+  const std::string blk = str("blk.", i, "."), b = str("blocks.", i, ".");
+  t.add(blk + "ffn_gate_inp.weight", b + "moe.router.weight", {E, D});
+  if (flavour.router_bias) t.add(blk + "exp_probs_b.bias", b + "moe.router.bias", {E});
+  if (flavour.router_logit_bias) t.add(blk + "ffn_gate_inp.bias", b + "moe.router.logit_bias", {E});
+  t.add(blk + "ffn_gate_exps.weight", b + "moe.experts.w1", {E, F, D}, true);
+  t.add(blk + "ffn_down_exps.weight", b + "moe.experts.w2", {E, D, F}, true);
+  t.add(blk + "ffn_up_exps.weight", b + "moe.experts.w3", {E, F, D}, true);
+  if (flavour.bias) {  // gpt-oss's expert biases
+    t.add(blk + "ffn_gate_exps.bias", b + "moe.experts.b1", {E, F}, true);
+    t.add(blk + "ffn_down_exps.bias", b + "moe.experts.b2", {E, D}, true);
+    t.add(blk + "ffn_up_exps.bias", b + "moe.experts.b3", {E, F}, true);
+  }
+  if (Fs > 0) {  // the shared expert, then its gate (qwen2moe's; glm4moe's has none)
+    t.add(blk + "ffn_gate_shexp.weight", b + "moe.shared.w1", {Fs, D});
+    t.add(blk + "ffn_down_shexp.weight", b + "moe.shared.w2", {D, Fs});
+    t.add(blk + "ffn_up_shexp.weight", b + "moe.shared.w3", {Fs, D});
+    if (flavour.shared_expert_gate)
+      t.add(blk + "ffn_gate_inp_shexp.weight", b + "moe.shared_gate.weight", {1, D});
+  }
+}
+
+// Our parameters in our model's order, each with llama.cpp's name (io/gguf_write.cpp's table).
+// An MoE layer's tensors are sized by its own expert count (experts_per_layer).
 std::vector<GgufTensorPlan> expected_tensors(const ModelConfig& mc, bool permute_qk) {
-  const int64_t V = mc.vocab_size, D = mc.d_model, F = mc.d_ff, H = mc.heads,
-                KV = mc.kv_heads_resolved(), hd = mc.head_dim_resolved(), E = mc.experts,
-                Fs = mc.shared_expert_ff, Fd = mc.dense_ff_resolved();
+  const int64_t V = mc.vocab_size, D = mc.d_model, Fd = mc.dense_ff_resolved();
   const Flavour flavour = flavour_of(mc);
   const bool post = mc.arch == Arch::glm4_moe || mc.arch == Arch::gpt_oss;  // post_attention_norm
-  std::vector<GgufTensorPlan> out;
-  auto add = [&](std::string gguf, std::string ours, Shape shape, bool expert = false,
-                 int64_t rope_heads = 0) {
-    out.push_back({std::move(gguf),
-                   std::move(ours),
-                   std::move(shape),
-                   expert,
-                   permute_qk ? rope_heads : 0,
-                   false,
-                   "",
-                   {},
-                   {},
-                   false});
-  };
-  add("token_embd.weight", "embed.tokens", {V, D});
+  ExpectedTensors t{permute_qk, {}};
+  t.add("token_embd.weight", "embed.tokens", {V, D});
   for (int64_t i = 0; i < mc.layers; ++i) {
     const std::string blk = str("blk.", i, "."), b = str("blocks.", i, ".");
-    add(blk + "attn_norm.weight", b + "norm1.weight", {D});
-    add(blk + (post ? "post_attention_norm.weight" : "ffn_norm.weight"), b + "norm2.weight", {D});
-    // As our attention creates them: each projection's weight then its bias, then the qk-norms.
-    const bool bias = flavour.qkv_bias || flavour.bias;  // gpt-oss: o too, and the experts
-    if (flavour.latent_attention) {
-      gguf::deepseek2_attention_tensors(mc, i, out);
-    } else {
-      add(blk + "attn_q.weight", b + "attn.q.weight", {H * hd, D}, false, H);
-      if (bias) add(blk + "attn_q.bias", b + "attn.q.bias", {H * hd});
-      add(blk + "attn_k.weight", b + "attn.k.weight", {KV * hd, D}, false, KV);
-      if (bias) add(blk + "attn_k.bias", b + "attn.k.bias", {KV * hd});
-      add(blk + "attn_v.weight", b + "attn.v.weight", {KV * hd, D});
-      if (bias) add(blk + "attn_v.bias", b + "attn.v.bias", {KV * hd});
-      add(blk + "attn_output.weight", b + "attn.o.weight", {D, H * hd});
-      if (flavour.bias) add(blk + "attn_output.bias", b + "attn.o.bias", {D});
-      if (flavour.sinks) add(blk + "attn_sinks.weight", b + "attn.sinks", {H});
-    }
-    if (flavour.qk_norm != nn::QkNorm::none) {
-      const bool head = flavour.qk_norm == nn::QkNorm::head;
-      add(blk + "attn_q_norm.weight", b + "attn.q_norm.weight", {head ? hd : H * hd});
-      add(blk + "attn_k_norm.weight", b + "attn.k_norm.weight", {head ? hd : KV * hd});
-    }
-    if (!mc.is_moe_layer(i)) {  // glm4moe's and deepseek2's leading dense layers
-      add(blk + "ffn_gate.weight", b + "mlp.w1", {Fd, D});
-      add(blk + "ffn_down.weight", b + "mlp.w2", {D, Fd});
-      add(blk + "ffn_up.weight", b + "mlp.w3", {Fd, D});
-      continue;
-    }
-    add(blk + "ffn_gate_inp.weight", b + "moe.router.weight", {E, D});
-    if (flavour.router_bias) add(blk + "exp_probs_b.bias", b + "moe.router.bias", {E});
-    if (flavour.router_logit_bias) add(blk + "ffn_gate_inp.bias", b + "moe.router.logit_bias", {E});
-    add(blk + "ffn_gate_exps.weight", b + "moe.experts.w1", {E, F, D}, true);
-    add(blk + "ffn_down_exps.weight", b + "moe.experts.w2", {E, D, F}, true);
-    add(blk + "ffn_up_exps.weight", b + "moe.experts.w3", {E, F, D}, true);
-    if (flavour.bias) {  // gpt-oss's expert biases
-      add(blk + "ffn_gate_exps.bias", b + "moe.experts.b1", {E, F}, true);
-      add(blk + "ffn_down_exps.bias", b + "moe.experts.b2", {E, D}, true);
-      add(blk + "ffn_up_exps.bias", b + "moe.experts.b3", {E, F}, true);
-    }
-    if (Fs > 0) {  // the shared expert, then its gate (qwen2moe's; glm4moe's has none)
-      add(blk + "ffn_gate_shexp.weight", b + "moe.shared.w1", {Fs, D});
-      add(blk + "ffn_down_shexp.weight", b + "moe.shared.w2", {D, Fs});
-      add(blk + "ffn_up_shexp.weight", b + "moe.shared.w3", {Fs, D});
-      if (flavour.shared_expert_gate)
-        add(blk + "ffn_gate_inp_shexp.weight", b + "moe.shared_gate.weight", {1, D});
+    t.add(blk + "attn_norm.weight", b + "norm1.weight", {D});
+    t.add(blk + (post ? "post_attention_norm.weight" : "ffn_norm.weight"), b + "norm2.weight", {D});
+    expected_attention(mc, flavour, i, t);
+    if (mc.is_moe_layer(i)) {
+      expected_moe(mc, flavour, i, t);
+    } else {  // glm4moe's and deepseek2's leading dense layers
+      t.add(blk + "ffn_gate.weight", b + "mlp.w1", {Fd, D});
+      t.add(blk + "ffn_down.weight", b + "mlp.w2", {D, Fd});
+      t.add(blk + "ffn_up.weight", b + "mlp.w3", {Fd, D});
     }
   }
-  add("output_norm.weight", "final_norm.weight", {D});
-  if (!mc.tie_embeddings) add("output.weight", "lm_head.weight", {V, D});
-  return out;
+  t.add("output_norm.weight", "final_norm.weight", {D});
+  if (!mc.tie_embeddings) t.add("output.weight", "lm_head.weight", {V, D});
+  return std::move(t.out);
 }
 
 // Dimensions without trailing 1s (ggml pads them to 4 with 1s; [1, D] is
