@@ -7,10 +7,11 @@
 # sums the log-probs of the same predictions (positions N/2 .. N-2 of each chunk) and prints the
 # same running perplexity; the table gives both and their relative difference. llama.cpp runs
 # with an f32 KV cache and without flash attention (-ctk f32 -ctv f32 -fa off), so that f32 files
-# should agree to f32 rounding (~1e-5); its default f16 cache moves them ~1e-4.
+# should agree to f32 rounding (~1e-5); its defaults (f16 cache) moved them 5e-6 .. 4e-5 here.
 #   a. tests/data/gguf_llama_cpp's files written by llama.cpp's own converter (f32, q8_0).
-#   b. llama-quantize's Q4_K_M and Q6_K of an f32 export (a Mixtral of widths 256, as k-quants
-#      need rows of 256; the fixture's widths of 32 fall back to other types), import-gguf'd.
+#   b. an f32 export of ours (a Mixtral of widths 256), then llama-quantize's Q4_K_M and Q6_K of
+#      it, import-gguf'd (k-quants need rows of 256: the fixture's widths of 32 fall back to other
+#      types).
 #   c. a gpt_oss trained here (moe-train --arch gpt_oss), exported f32, its q/k weights and biases
 #      scaled 4x in the file (so that RoPE, the sliding window and the sinks matter), the result
 #      scored by llama.cpp and, imported, by us; then the same model exported mxfp4. Without YaRN
@@ -131,6 +132,7 @@ case_b() {
     --kv-heads 2 --d-ff 512 --layers 2 --moe-every 1 --experts 4 --top-k 2 --seq 128 --batch 4 \
     --steps 200 --lr 3e-3 --eval-every 0 --checkpoint-every 0 --threads "$threads" -q
   "$bin/moe-convert" export-gguf "$m/last.h5" -o "$m-f32.gguf" --type f32 --force -q
+  compare "b mixtral d256 f32 export, trained checkpoint" "$m-f32.gguf" 128 "$m/last.h5"
   for t in Q4_K_M Q6_K; do
     "$quant" "$m-f32.gguf" "$m-$t.gguf" "$t" "$threads" > "$m-$t.quantize.log" 2>&1 || {
       tail -5 "$m-$t.quantize.log" >&2
