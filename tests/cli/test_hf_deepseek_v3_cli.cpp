@@ -13,6 +13,7 @@
 
 #include "moe/io/gguf.h"
 #include "moe/io/tokenizer.h"
+#include "support/greedy.h"
 #include "support/hf_deepseek_v3_model.h"
 #include "support/run.h"
 
@@ -28,26 +29,9 @@ namespace {
 // (relative to the logits' scale) that float rounding cannot overturn.
 std::vector<int32_t> reference_greedy(const TinyDeepseek& t, const std::map<std::string, Tensor>& w,
                                       std::vector<int32_t> ids, int n) {
-  std::vector<int32_t> out;
-  const int64_t V = t.moe.V;
-  for (int step = 0; step < n; ++step) {
-    const int64_t T = static_cast<int64_t>(ids.size());
-    const Vec logits = deepseek_reference_logits(t, w, ids, 1, T);
-    const double* last = logits.data() + (T - 1) * V;
-    int32_t best = 0;
-    for (int32_t v = 1; v < V; ++v)
-      if (last[v] > last[best]) best = v;
-    double second = -1e300, scale = 0;
-    for (int32_t v = 0; v < V; ++v) {
-      scale = std::max(scale, std::abs(last[v]));
-      if (v != best) second = std::max(second, last[v]);
-    }
-    INFO("step " << step << ": top two logits " << last[best] << " and " << second);
-    REQUIRE(last[best] - second > 1e-4 * scale);
-    out.push_back(best);
-    ids.push_back(best);
-  }
-  return out;
+  return test::clear_greedy(std::move(ids), n, t.moe.V, [&](const std::vector<int32_t>& x) {
+    return deepseek_reference_logits(t, w, x, 1, static_cast<int64_t>(x.size()));
+  });
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "moe/io/tokenizer.h"
+#include "support/greedy.h"
 #include "support/hf_gpt_oss.h"
 #include "support/run.h"
 
@@ -30,25 +31,9 @@ namespace {
 // cannot overturn.
 std::vector<int32_t> gpt_oss_greedy(const TinyGptOss& t, const std::map<std::string, Tensor>& w,
                                     std::vector<int32_t> ids, int n) {
-  std::vector<int32_t> out;
-  for (int step = 0; step < n; ++step) {
-    const int64_t T = static_cast<int64_t>(ids.size());
-    const Vec logits = gpt_oss_reference_logits(t, w, ids, 1, T);
-    const double* last = logits.data() + (T - 1) * t.V;
-    int32_t best = 0;
-    for (int32_t v = 1; v < t.V; ++v)
-      if (last[v] > last[best]) best = v;
-    double second = -1e300, scale = 0;
-    for (int32_t v = 0; v < t.V; ++v) {
-      scale = std::max(scale, std::abs(last[v]));
-      if (v != best) second = std::max(second, last[v]);
-    }
-    INFO("step " << step << ": top two logits " << last[best] << " and " << second);
-    REQUIRE(last[best] - second > 1e-4 * scale);
-    out.push_back(best);
-    ids.push_back(best);
-  }
-  return out;
+  return test::clear_greedy(std::move(ids), n, t.V, [&](const std::vector<int32_t>& x) {
+    return gpt_oss_reference_logits(t, w, x, 1, static_cast<int64_t>(x.size()));
+  });
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "moe/io/checkpoint.h"
 #include "support/json_lines.h"
 #include "support/run.h"
+#include "support/greedy.h"
 
 using namespace moe;
 using nlohmann::json;
@@ -37,24 +38,11 @@ const std::string kTiny =
 // whole sequence each step); each choice must win by 1e-4 of the logits' scale, more than the
 // cached path's rounding (~1e-6 of it, tests/unit/test_gpt_oss_model.cpp) can overturn.
 std::vector<int32_t> greedy_uncached(const Transformer& model, std::vector<int32_t> ids, int n) {
-  const int64_t V = model.config().vocab_size;
-  std::vector<int32_t> out;
-  for (int step = 0; step < n; ++step) {
-    const int64_t T = static_cast<int64_t>(ids.size());
-    const std::vector<float> all = model.logits(Tensor::from_vector({1, T}, ids)).to_vector();
-    const float* last = all.data() + (T - 1) * V;
-    const int32_t best = static_cast<int32_t>(std::max_element(last, last + V) - last);
-    float second = -INFINITY, scale = 0;
-    for (int64_t v = 0; v < V; ++v) {
-      scale = std::max(scale, std::fabs(last[v]));
-      if (v != best) second = std::max(second, last[v]);
-    }
-    INFO("step " << step << ": top two logits " << last[best] << " and " << second);
-    REQUIRE(last[best] - second > 1e-4f * scale);
-    out.push_back(best);
-    ids.push_back(best);
-  }
-  return out;
+  return test::clear_greedy(std::move(ids), n, model.config().vocab_size,
+                            [&](const std::vector<int32_t>& x) {
+                              const int64_t T = static_cast<int64_t>(x.size());
+                              return model.logits(Tensor::from_vector({1, T}, x)).to_vector();
+                            });
 }
 
 }  // namespace
