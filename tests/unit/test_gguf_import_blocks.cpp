@@ -1,5 +1,6 @@
 // GGUF import of block-quantised files (moe/io/gguf_import.h): a model of random values exported
-// by export_gguf in q4_k_m, q6_k and mxfp4 comes back as moe-convert quantize's checkpoint of the
+// by export_gguf in q4_k_m, q6_k and mxfp4 (llama.cpp's MXFP4_MOE: experts mxfp4, other matrices
+// q8_0) comes back as moe-convert quantize's checkpoint of the
 // same model, every block tensor bitwise (q/k rows of the llama architecture un-permuted as
 // whole rows of blocks), and gives the same logits bit for bit once the embedding (which
 // llama.cpp quantises and we keep in floats) is the file's. A file mixing q4_k, q6_k and q8_0
@@ -99,7 +100,14 @@ TEST_CASE("gguf import: q4_k_m, q6_k and mxfp4 files give quantize's checkpoint,
     INFO(c.recipe);
     const io::Checkpoint quantized = held(io::quantize(original, c.recipe));
     const std::string path = dir.file(std::string(c.recipe) + ".gguf");
-    io::export_gguf(original, path, {c.type, "", c.q4_k_m});
+    io::GgufExportOptions options{c.type, "", c.q4_k_m};
+    if (c.type == io::GgufType::mxfp4) {  // llama.cpp's MXFP4_MOE: matrices but experts q8_0
+      options.tensor_types["output.weight"] = io::GgufType::q8_0;
+      for (int layer = 0; layer < 2; ++layer)
+        for (const char* m : {"attn_q", "attn_k", "attn_v", "attn_output"})
+          options.tensor_types[str("blk.", layer, ".", m, ".weight")] = io::GgufType::q8_0;
+    }
+    io::export_gguf(original, path, options);
     io::GgufImportReport report;
     const io::Checkpoint back = imported(path, &report);
     REQUIRE(report.recipe == c.recipe);

@@ -1,16 +1,18 @@
 // moe-convert quantize's block recipes (io::quantize with q4_k, q6_k, mxfp4, q4_k_m): which
-// tensor gets which format (llama.cpp's Q4_K_M rule), the stored rows being exactly the block
+// tensor gets which format (llama.cpp's Q4_K_M and MXFP4_MOE rules), the stored rows being exactly the block
 // quantiser's bytes (backend/cpu/quant_blocks, golden-tested against llama.cpp), the tensors kept
 // when their rows are not whole blocks, the config keys that describe it, and the same bytes when
 // the input is read lazily (one expert at a time).
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/quant_blocks.h"
 #include "moe/io/checkpoint.h"
 #include "moe/io/convert.h"
+#include "moe/io/gguf.h"
 #include "support/models.h"
 #include "support/run.h"
 
@@ -96,10 +98,10 @@ TEST_CASE("quantize q4_k_m: llama.cpp's choice of q6_k, the block quantiser's by
   REQUIRE(report.bytes_after < report.bytes_before / 5);
 }
 
-TEST_CASE("quantize q4_k / q6_k / mxfp4: one format, rows not whole blocks kept",
+TEST_CASE("quantize q4_k / q6_k: one format, rows not whole blocks kept",
           "[convert][quantize_blocks]") {
   const io::Checkpoint f32 = test::initial_checkpoint(wide_config(), 6);
-  for (const char* type : {"q4_k", "q6_k", "mxfp4"}) {
+  for (const char* type : {"q4_k", "q6_k"}) {
     INFO(type);
     const io::Checkpoint q = io::quantize(f32, type);
     REQUIRE(io::block_format_of(q.model_config, "lm_head.weight") == type);
@@ -116,7 +118,69 @@ TEST_CASE("quantize q4_k / q6_k / mxfp4: one format, rows not whole blocks kept"
   REQUIRE(find(q4, "blocks.0.attn.q.weight").dtype() == DType::f32);
   const io::Checkpoint mx = io::quantize(narrow, "mxfp4", &report);
   REQUIRE(report.tensors_kept == 0);
-  REQUIRE(io::block_format_of(mx.model_config, "blocks.0.attn.q.weight") == "mxfp4");
+  REQUIRE(io::block_format_of(mx.model_config, "blocks.0.attn.q.weight") == "q8_0");
+  REQUIRE(io::block_format_of(mx.model_config, "blocks.0.moe.experts.w1") == "mxfp4");
+}
+
+TEST_CASE("quantize mxfp4: llama.cpp's MXFP4_MOE, experts mxfp4 and other matrices q8_0 blocks",
+          "[convert][quantize_blocks]") {
+  const io::Checkpoint f32 = test::initial_checkpoint(wide_config(), 9);
+  io::QuantReport report;
+  const io::Checkpoint q = io::quantize(f32, "mxfp4", &report);
+  REQUIRE(io::quantization_of(q.model_config) == "mxfp4");
+  for (int64_t layer = 0; layer < 8; ++layer) {
+    INFO("layer " << layer);
+    const std::string b = str("blocks.", layer, ".");
+    for (const char* w : {"w1", "w2", "w3"})
+      REQUIRE(io::block_format_of(q.model_config, b + "moe.experts." + w) == "mxfp4");
+    for (const char* m : {"q", "k", "v", "o"})
+      REQUIRE(io::block_format_of(q.model_config, b + "attn." + m + ".weight") == "q8_0");
+    REQUIRE(io::block_format_of(q.model_config, b + "moe.router.weight").empty());
+    REQUIRE(io::block_format_of(q.model_config, b + "norm1.weight").empty());
+  }
+  REQUIRE(io::block_format_of(q.model_config, "lm_head.weight") == "q8_0");
+  REQUIRE(io::block_format_of(q.model_config, "embed.tokens").empty());
+  REQUIRE(report.tensors_per_format.at("mxfp4") == 8 * 3);
+  REQUIRE(report.tensors_per_format.at("q8_0") == 8 * 4 + 1);
+  REQUIRE(report.tensors_kept == 0);
+  // The rows are the block quantisers' bytes: q8_0 in GGUF's blocks (34 bytes a 32), not our
+  // whole-checkpoint q8_0 recipe's rows.
+  require_rows(find(q, "blocks.4.moe.experts.w2"), find(f32, "blocks.4.moe.experts.w2").tensor,
+               cpu::BlockFormat::mxfp4);
+  require_rows(find(q, "blocks.4.attn.o.weight"), find(f32, "blocks.4.attn.o.weight").tensor,
+               cpu::BlockFormat::q8_0);
+  require_rows(find(q, "lm_head.weight"), find(f32, "lm_head.weight").tensor,
+               cpu::BlockFormat::q8_0);
+  REQUIRE(find(q, "blocks.4.attn.o.weight").whole().shape() == Shape{256, 8 * 34});
+}
+
+TEST_CASE("quantize mxfp4 -> export-gguf: MXFP4 experts, Q8_0 other matrices, file type 38",
+          "[convert][quantize_blocks][gguf]") {
+  test::ScratchDir dir("quantize-recipes-mxfp4-gguf");
+  ModelConfig c = wide_config();
+  c.normalize_topk = true;  // llama.cpp's llama architecture renormalises the top-k
+  const io::Checkpoint q = io::quantize(test::initial_checkpoint(c, 10), "mxfp4");
+  const std::string path = dir / "m.gguf";
+  io::export_gguf(q, path, {});
+  const io::GgufFile g = io::read_gguf(path);
+  REQUIRE(g.metadata.at("general.file_type").at("value") == 38);  // MOSTLY_MXFP4_MOE
+  for (const char* name : {"ffn_gate_exps", "ffn_down_exps", "ffn_up_exps"})
+    REQUIRE(g.tensor(str("blk.3.", name, ".weight")).type == io::GgufType::mxfp4);
+  for (const char* name : {"attn_q", "attn_k", "attn_v", "attn_output"})
+    REQUIRE(g.tensor(str("blk.3.", name, ".weight")).type == io::GgufType::q8_0);
+  REQUIRE(g.tensor("output.weight").type == io::GgufType::q8_0);
+  REQUIRE(g.tensor("blk.3.ffn_gate_inp.weight").type == io::GgufType::f32);  // the router
+  REQUIRE(g.tensor("token_embd.weight").type == io::GgufType::f32);
+  // Kept blocks go out as they are (attn_output and the experts are not row-permuted).
+  for (const auto& [gguf, ours] : {std::pair<std::string, std::string>{"blk.3.attn_output.weight",
+                                                                       "blocks.3.attn.o.weight"},
+                                   {"blk.3.ffn_down_exps.weight", "blocks.3.moe.experts.w2"}}) {
+    INFO(gguf);
+    const Tensor t = find(q, ours).whole();
+    const std::vector<uint8_t> bytes = io::read_gguf_tensor_bytes(g, gguf);
+    REQUIRE(bytes.size() == t.nbytes());
+    REQUIRE(std::memcmp(bytes.data(), t.raw(), bytes.size()) == 0);
+  }
 }
 
 TEST_CASE("quantize streams: a lazily opened checkpoint gives the same bytes",

@@ -121,8 +121,14 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// The block format recipe `recipe` gives tensor `name`.
+// The block format recipe `recipe` gives tensor `name`. mxfp4 is llama.cpp's MOSTLY_MXFP4_MOE
+// (llama_tensor_get_type): the routed experts' matrices in MXFP4, every other quantised matrix
+// (attention, dense MLPs, shared experts, an untied LM head) in GGUF's Q8_0 blocks, as gpt-oss
+// ships only its experts in MXFP4.
 cpu::BlockFormat recipe_format(const std::string& recipe, const std::string& name, int64_t layers) {
+  if (recipe == "mxfp4")
+    return name.find(".moe.experts.") != std::string::npos ? cpu::BlockFormat::mxfp4
+                                                           : cpu::BlockFormat::q8_0;
   if (recipe != "q4_k_m") return cpu::parse_block_format(recipe);
   if (name == "lm_head.weight") return cpu::BlockFormat::q6_k;
   const bool v_or_down = ends_with(name, ".attn.v.weight") || ends_with(name, ".w2");

@@ -448,6 +448,8 @@ void refuse_wide_blocks(const GgufFile& f, const std::vector<GgufTensorPlan>& pl
 std::string recipe_of(const std::set<std::string>& formats) {
   if (formats.size() == 1 && *formats.begin() != "q8_0") return *formats.begin();
   if (formats == std::set<std::string>{"q4_k", "q6_k"}) return "q4_k_m";
+  // llama.cpp's MOSTLY_MXFP4_MOE (experts mxfp4, other matrices q8_0): quantize's mxfp4 recipe.
+  if (formats == std::set<std::string>{"mxfp4", "q8_0"}) return "mxfp4";
   return kMixedRecipe;
 }
 
