@@ -98,9 +98,17 @@ struct Format {
     for (int64_t i = 0; i < n; ++i) out[size_t(i)] = back[size_t(i)];
     return out;
   }
-  // The partner's block: each input moves by at most max|x| / 254 of its block.
+  // The partner's block: each input moves by at most input_move(max|x| of its block).
   int64_t input_block() const {
     return q8_0 ? cpu::kQ8Block : cpu::block_elems(cpu::dot_partner(block));
+  }
+  // Half a step, max|x| / 254; a Q8_0 partner (Q8_0 inputs, mxfp4's) keeps its step in f16, as
+  // ggml, and the values were rounded against the f32 step s = max|x| / 127: 127 |f16(s) - s|
+  // more, below 127 max(s 2^-11, 2^-25) (half an f16 ulp, normal or subnormal).
+  double input_move(double amax) const {
+    const bool f16_step = q8_0 || cpu::dot_partner(block) == cpu::BlockFormat::q8_0;
+    const double f16_rounding = amax * std::ldexp(1.0, -11) + 127 * std::ldexp(1.0, -25);
+    return amax / 254.0 + (f16_step ? f16_rounding : 0.0);
   }
 };
 
@@ -265,17 +273,18 @@ double check_row(const Format& f, const Layer& l, const Tensor& x, const Run& r,
 }
 
 // The bound on |y_forward - y_decode| for a row of a wide segment, element by element, from the
-// rounding alone. Decode rounds x: each input moves by at most max|x| / 254 of its partner block,
-// so h (and h3) move by at most e1 = sum over blocks of that times sum |W1| over the block. The
-// clamps are 1-Lipschitz and g sigmoid(alpha g) has slope at most 1.0999 (its sup, for any
-// alpha > 0), so with a = (u + 1) G(g): |da| <= e3 (|G(g)| + 1.1 e1) + |u + 1| 1.1 e1 (g, u the
-// forward's clamped values). y moves by sum |W2| |da| from that, plus decode's rounding of its own
-// a (max|a| / 254 a block times sum |W2| over it), plus both paths' f32 summation (2 kGamma sums).
+// rounding alone. Decode rounds x: each input moves by at most input_move (about max|x| / 254)
+// of its partner block, so h (and h3) move by at most e1 = sum over blocks of that times sum |W1|
+// over the block. The clamps are 1-Lipschitz and g sigmoid(alpha g) has slope at most 1.0999 (its
+// sup, for any alpha > 0), so with a = (u + 1) G(g): |da| <= e3 (|G(g)| + 1.1 e1) + |u + 1| 1.1 e1
+// (g, u the forward's clamped values). y moves by sum |W2| |da| from that, plus decode's rounding
+// of its own a (input_move(max|a|) a block times sum |W2| over it), plus both paths' f32
+// summation (2 kGamma sums).
 std::vector<double> gap_bound(const Format& f, const Layer& l, const Tensor& x, const Run& fwd,
                               const Run& dec, int64_t i) {
   const int64_t e = expert_of(i), block = f.input_block();
-  // Over row `row` of w [.., n]: sum over blocks of max|v| / 254 times sum |w|, and sum |w v|.
-  auto moved = [block](const float* v, int64_t n, const std::vector<float>& w, int64_t row) {
+  // Over row `row` of w [.., n]: sum over blocks of input_move(max|v|) x sum |w|, and sum |w v|.
+  auto moved = [block, &f](const float* v, int64_t n, const std::vector<float>& w, int64_t row) {
     double s = 0;
     for (int64_t b0 = 0; b0 < n; b0 += block) {
       double amax = 0, wsum = 0;
@@ -283,7 +292,7 @@ std::vector<double> gap_bound(const Format& f, const Layer& l, const Tensor& x, 
         amax = std::max(amax, std::fabs(double(v[j])));
         wsum += std::fabs(double(w[size_t(row * n + j)]));
       }
-      s += amax / 254.0 * wsum;
+      s += f.input_move(amax) * wsum;
     }
     return s;
   };

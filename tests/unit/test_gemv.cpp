@@ -117,6 +117,20 @@ void q8_reference(const Weights& w, const std::vector<float>& x, int64_t i, int6
   }
 }
 
+// How far quantize_q8_input_row may move element j of x (its header's bound). With s = max|x| /
+// 127 of j's block in f32 and scale the block's f16 one: q is within half a step u of x, where
+// u = 1 / (x's product with the multiplier 127 / max|x|, over x) is within three f32 roundings
+// (2^-24 each: s, the multiplier, the product) of s, so |x - s q| <= s / 2 + 127 x 3 x 2^-24 s
+// (128 x 2^-22 s covers it and u / 2 - s / 2); scale q moves by 127 |scale - s| more.
+double input_moved(const float* x, int64_t n, int64_t j, const float* scale) {
+  const int64_t b = j / cpu::kQ8Block;
+  float amax = 0;
+  for (int64_t k = b * cpu::kQ8Block; k < std::min(n, (b + 1) * cpu::kQ8Block); ++k)
+    amax = std::max(amax, std::fabs(x[k]));
+  const double s = double(amax / 127.0f);
+  return s * (0.5 + 128 * std::ldexp(1.0, -22)) + 127 * std::fabs(double(scale[b]) - s);
+}
+
 }  // namespace
 
 TEST_CASE("gemv: every format against a double reference over awkward shapes", "[gemv]") {
@@ -164,9 +178,9 @@ TEST_CASE("gemv: f32, bf16 and f16 are bitwise the f32 GEMV of their widened wei
 
 TEST_CASE("gemv: Q8_0 is the f32 GEMV of its dequantised weights up to the inputs' rounding",
           "[gemv]") {
-  // Quantising an input errs by at most half its block's step (scale / 2), so the products of
-  // a block move by at most scale / 2 x sum |w| over it; both GEMVs' own f32 rounding comes on
-  // top (in eps sum |terms| each).
+  // Quantising an input moves it by at most input_moved (half a step, and the f16 rounding of
+  // the step times 127), so the products move by at most that times |w|; both GEMVs' own f32
+  // rounding comes on top (in eps sum |terms| each).
   const float eps = std::numeric_limits<float>::epsilon();
   for (int64_t in : {40, 256, 1000}) {
     CAPTURE(in);
@@ -182,7 +196,7 @@ TEST_CASE("gemv: Q8_0 is the f32 GEMV of its dequantised weights up to the input
         double bound = 0, mag = 0;
         for (int64_t j = 0; j < in; ++j) {
           const double wj = std::fabs(double(w.f32[o * in + j]));
-          bound += double(s[size_t(j / cpu::kQ8Block)]) / 2 * wj;
+          bound += input_moved(x.data() + i * in, in, j, s.data()) * wj;
           mag += wj * std::fabs(double(x[i * in + j]));
         }
         const double d = std::fabs(double(y[i * w.out + o]) - double(wide[i * w.out + o]));
@@ -350,8 +364,10 @@ TEST_CASE("gemv: Q8_0 problems sharing input rows give the bits of each alone", 
   CHECK(same_bits(std::vector<float>(y.begin() + 146, y.end()), run(c.matrix(), x, 3)));
 }
 
-TEST_CASE("q8_0 inputs: |x - scale q| <= scale / 2, zero blocks exact, non-finite gives NaN",
-          "[gemv]") {
+TEST_CASE(
+    "q8_0 inputs: ggml's f16 scales, within their rounding of x, zero blocks exact, "
+    "non-finite gives NaN",
+    "[gemv]") {
   for (int64_t n : {1, 31, 32, 33, 100}) {
     CAPTURE(n);
     std::vector<float> x(static_cast<size_t>(n));
@@ -361,14 +377,32 @@ TEST_CASE("q8_0 inputs: |x - scale q| <= scale / 2, zero blocks exact, non-finit
     std::vector<int8_t> q(static_cast<size_t>(n));
     std::vector<float> s(static_cast<size_t>(cpu::q8_blocks(n)));
     cpu::quantize_q8_input_row(x.data(), n, q.data(), s.data());
+    for (int64_t b = 0; b < cpu::q8_blocks(n); ++b) {  // the scale is max|x| / 127 in f16
+      float amax = 0;
+      for (int64_t j = b * 32; j < std::min(n, b * 32 + 32); ++j)
+        amax = std::max(amax, std::fabs(x[size_t(j)]));
+      REQUIRE(s[size_t(b)] == kernels::f16_to_f32(kernels::f32_to_f16(amax / 127.0f)));
+    }
     for (int64_t j = 0; j < n; ++j) {
       const float scale = s[size_t(j / cpu::kQ8Block)];
       REQUIRE(std::fabs(double(x[size_t(j)]) - double(scale) * q[size_t(j)]) <=
-              double(scale) / 2 * (1 + 1e-6));
+              input_moved(x.data(), n, j, s.data()));
       REQUIRE(q[size_t(j)] >= -127);
       if (x[size_t(j)] == 0.0f) REQUIRE(q[size_t(j)] == 0);
     }
     if (n >= 64) CHECK(s[1] == 0.0f);
+  }
+  // ggml's x86 rule, not x / scale: block max 1 makes the multiplier 127 exactly, and
+  // 0x1.62c58ap-5 x 127 rounds to 5.49999.. in f32 (q 5) where x / (1 / 127 in f32) gives 5.5..
+  // (q 6); the scale is 1 / 127 in f16 (0x1.02p-7), not in f32 (0x1.020408p-7).
+  {
+    const float x[2] = {1.0f, 0x1.62c58ap-5f};
+    int8_t q[2];
+    float s;
+    cpu::quantize_q8_input_row(x, 2, q, &s);
+    CHECK(q[0] == 127);
+    CHECK(q[1] == 5);
+    CHECK(s == 0x1.02p-7f);
   }
   // The AVX-512 quantiser the GEMV uses gives the scalar one's bytes and scales: ties (x / s an
   // odd multiple of 0.5: block max 127 makes s = 1), tails, zero and non-finite blocks.

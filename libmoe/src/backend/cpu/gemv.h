@@ -16,15 +16,18 @@
 // computes the same lanes with std::fma). Widening is exact, so the f32, bf16 and f16 results
 // equal, bit for bit, the f32 GEMV of the widened weights.
 //
-// Q8_0 weights multiply 8-bit input rows instead (as llama.cpp does): each input row is quantised
-// once per call, per block of 32 (quantize_q8_input_row), and a block's products are summed in
+// Q8_0 weights multiply 8-bit input rows instead (as llama.cpp does, with ggml's activation blocks:
+// f16 scales): each input row is quantised once per call, per block of 32
+// (quantize_q8_input_row), and a block's products are summed in
 // integers, exactly (AVX-512 VNNI vpdpbusd, or vpmaddubsw + vpmaddwd without VNNI, or scalar).
 // Lane l of block pair t holds the integer sum over elements 64 t + 4 l .. + 3; it is scaled by
 // (weight scale x input scale) of its block and added to an f32 lane with a fused multiply-add,
 // pair after pair; the same tree ends it. Every path computes those exact integers and the same
 // f32 operations, so the bits agree across paths and thread counts; against the f32 GEMV of the
-// dequantised weights the result differs by the input rows' rounding (at most half a step of
-// each block, |x| max / 254), which bounds the error by sum over blocks of step / 2 x sum |w|.
+// dequantised weights the result differs by the input rows' rounding (per element at most
+// |x| max / 254 of its block plus 127 times the f16 rounding of the block's scale: below
+// |x| max (1 / 254 + 2^-11) for a normal f16 scale), which bounds the error by that times sum |w|
+// over each block.
 //
 // Block-format weights (q4_k, q6_k, mxfp4: llama.cpp's rows, gemv_blocks.h) multiply input rows
 // quantised once per call to the format's partner (q8_k; q8_0 blocks for mxfp4) with
@@ -133,11 +136,15 @@ void quantize_q8_0_row(const float* x, int64_t n, uint8_t* row);
 // The scale of block b of a Q8_0 row of n elements.
 float q8_scale(const uint8_t* row, int64_t n, int64_t b);
 
-// An input row of n floats as the Q8_0 GEMV multiplies it: per block b of kQ8Block, scale[b] =
-// max|x| / 127 (f32, not rounded further), q = round-to-nearest-even(x / scale) clamped to
-// [-127, 127] (|x - scale q| <= scale / 2); an all-zero block has scale 0 and q 0. A block holding
-// a NaN or an infinity gets q 0 and scale NaN, so the products it enters come out NaN (as the f32
-// GEMV's would be non-finite). q has n elements, scale q8_blocks(n).
+// An input row of n floats as the Q8_0 GEMV multiplies it, as ggml's CPU backend quantises the
+// activations of its q8_0 products (quantize_row_q8_0, x86): per block b of kQ8Block, with
+// s = max|x| / 127 in f32, q = round-to-nearest-even(x * (127 / max|x|)) clamped to [-127, 127]
+// (within half a step of x / s), and scale[b] = s rounded to f16, the scale the products use
+// (s itself beyond f16's range, where ggml's is infinite). Then |x - scale[b] q| <= s / 2 +
+// 127 |scale[b] - s|: below max|x| (1 / 254 + 2^-11) for a normal f16 scale. A block whose f16
+// scale is 0 (all zero, or max|x| below 127 x 2^-25) has scale 0 and q 0. A block holding a NaN or
+// an infinity gets q 0 and scale NaN, so the products it enters come out NaN (as the f32 GEMV's
+// would be non-finite). q has n elements, scale q8_blocks(n).
 void quantize_q8_input_row(const float* x, int64_t n, int8_t* q, float* scale);
 
 }  // namespace moe::cpu

@@ -36,8 +36,8 @@ inline float f16_at(const uint8_t* p) {
 }
 
 // One value of a Q8_0 block: x / scale rounded to nearest even and clamped to [-127, 127], 0
-// for a zero scale. The one rule of both quantisers: stored weights (quantize_q8_0_row, scale
-// the stored f16 one) and decode's inputs (quantize_q8_input_row, scale in f32).
+// for a zero scale: the rule of stored weights (quantize_q8_0_row, scale the stored f16 one).
+// Decode's inputs round x times an f32 multiplier instead, as ggml does (quantize_q8_input_row).
 inline int8_t q8_quantize(float x, float scale) {
   const float v = scale > 0 ? std::nearbyint(x / scale) : 0.0f;
   return static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f));

@@ -17,6 +17,30 @@
 
 namespace moe::cpu {
 
+namespace {
+// A block's input scale and multiplier from its largest magnitude, as ggml's CPU backend makes
+// the activation blocks of its q8_0 products (quantize_row_q8_0): the values are quantised
+// against the f32 multiplier 127 / amax, and the scale amax / 127 is rounded to f16 (the block's
+// stored d, which the products use). A scale beyond f16's range (amax > 127 x 65504, where ggml's
+// would be infinite) stays in f32. A scale 0 (an all-zero block, or one below 127 x 2^-25, where
+// f16 underflows) takes multiplier 0: q 0, as its products are 0 either way.
+struct InputScale {
+  float scale, inverse;
+};
+InputScale input_scale(float amax) {
+  const float s = amax / 127.0f;
+  const uint16_t h = kernels::f32_to_f16(s);
+  const float scale = (h & 0x7c00u) == 0x7c00u ? s : kernels::f16_to_f32(h);
+  return {scale, scale > 0 ? 127.0f / amax : 0.0f};
+}
+
+// x times the block's multiplier, rounded to nearest even, clamped to [-127, 127] (|x| <= amax
+// makes |x| 127 / amax at most 127 and an ulp: the clamp only catches that ulp).
+inline int8_t quantise_input(float x, float inverse) {
+  return static_cast<int8_t>(std::clamp(std::nearbyint(x * inverse), -127.0f, 127.0f));
+}
+}  // namespace
+
 void quantize_q8_input_row(const float* x, int64_t n, int8_t* q, float* scale) {
   for (int64_t b = 0; b < q8_blocks(n); ++b) {
     const int64_t begin = b * kQ8Block, end = std::min(n, begin + kQ8Block);
@@ -26,14 +50,14 @@ void quantize_q8_input_row(const float* x, int64_t n, int8_t* q, float* scale) {
       finite = finite && std::isfinite(x[j]);
       amax = std::max(amax, std::fabs(x[j]));
     }
-    const float s = amax / 127.0f;
-    if (!finite || !std::isfinite(s)) {
+    if (!finite) {
       std::fill(q + begin, q + end, int8_t{0});
       scale[b] = std::numeric_limits<float>::quiet_NaN();
       continue;
     }
-    scale[b] = s;
-    for (int64_t j = begin; j < end; ++j) q[j] = gemv_detail::q8_quantize(x[j], s);
+    const InputScale s = input_scale(amax);
+    scale[b] = s.scale;
+    for (int64_t j = begin; j < end; ++j) q[j] = quantise_input(x[j], s.inverse);
   }
 }
 
@@ -41,17 +65,17 @@ namespace gemv_detail {
 
 #if MOE_GEMV_X86
 namespace {
-// round-to-nearest-even(v / s) clamped to [-127, 127] (s 0: zeros), as int32 lanes.
-MOE_TARGET_GEMV512 inline __m512i quantise16(__m512 v, float s) {
-  if (s == 0.0f) return _mm512_setzero_si512();
-  const __m512 r = _mm512_roundscale_ps(_mm512_div_ps(v, _mm512_set1_ps(s)),
+// round-to-nearest-even(v x inverse) clamped to [-127, 127], as int32 lanes (quantise_input).
+MOE_TARGET_GEMV512 inline __m512i quantise16(__m512 v, float inverse) {
+  const __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(inverse)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   return _mm512_cvtps_epi32(
       _mm512_min_ps(_mm512_max_ps(r, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f)));
 }
 
 // quantize_q8_input_row with 16 lanes: the same largest magnitude (max is exact in any order),
-// the same f32 division and round-to-nearest-even, the same clamp: the same bytes and scales.
+// the same scale and f32 multiplier (input_scale), round-to-nearest-even and clamp: the same
+// bytes and scales.
 MOE_TARGET_GEMV512 void quantize_row_avx512(const float* x, int64_t n, int8_t* q, float* scale) {
   const __m512 zero = _mm512_setzero_ps();
   for (int64_t b = 0; b < q8_blocks(n); ++b) {
@@ -70,10 +94,10 @@ MOE_TARGET_GEMV512 void quantize_row_avx512(const float* x, int64_t n, int8_t* q
       continue;
     }
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-    const float s = amax / 127.0f;
-    scale[b] = s;
-    _mm512_mask_cvtepi32_storeu_epi8(q + begin, m0, quantise16(v0, s));
-    _mm512_mask_cvtepi32_storeu_epi8(q + begin + 16, m1, quantise16(v1, s));
+    const InputScale s = input_scale(amax);
+    scale[b] = s.scale;
+    _mm512_mask_cvtepi32_storeu_epi8(q + begin, m0, quantise16(v0, s.inverse));
+    _mm512_mask_cvtepi32_storeu_epi8(q + begin + 16, m1, quantise16(v1, s.inverse));
   }
 }
 }  // namespace
