@@ -328,11 +328,10 @@ int run_export_gguf(Options& o, const Argv&) {
   check_file_output(o);
   bool merged = false;
   io::Checkpoint in = open_checked(o, false, &merged);
-  // gpt-oss's MXFP4 blocks (its experts as released, kept by import-hf / import-gguf) go out as
-  // they are, llama.cpp's own gpt-oss files' type; other quantised checkpoints: the original.
-  if (model_config_from_json(in.model_config).arch != Arch::gpt_oss ||
-      io::quantization_of(in.model_config) != "mxfp4")
-    refuse_quantized(in, o, "export-gguf");  // export the original with --type instead
+  // A block recipe's tensors (q4_k, q6_k, mxfp4, the Q4_K_M mix, GGUF's q8_0 blocks, gpt-oss's
+  // released MXFP4 experts) are GGUF's own bytes and go out as they are; the whole-checkpoint
+  // q8_0 recipe holds our Q8_0 rows: export the original with --type q8_0 instead.
+  if (io::quantization_of(in.model_config) == "q8_0") refuse_quantized(in, o, "export-gguf");
   io::GgufExportOptions options;
   // Default: the checkpoint's own dtype (a bf16 model stays bf16).
   const ModelConfig mc = model_config_from_json(in.model_config);
