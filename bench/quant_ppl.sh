@@ -48,7 +48,7 @@ for type in $types; do
   got=$(score "$work/$type.h5")
   [ -n "$got" ] || fail "scoring $type"
   bits=$(case $type in q8_0) echo 8.5 ;; q6_k) echo 6.5625 ;; q4_k) echo 4.5 ;;
-    mxfp4) echo 4.25 ;; q4_k_m) echo "4.5-6.56" ;; esac)
+    mxfp4) echo "4.25 experts, 8.5 others" ;; q4_k_m) echo "4.5-6.56" ;; esac)
   echo "$got $base $(stat -c %s "$work/$type.h5")" | awk -v t="$type" -v b="$bits" \
     '{printf "| %s | %s | %.1f | %.4f | %+.2f%% |\n", t, b, $5 / 1e6, $1, 100 * ($1 / $3 - 1)}'
 done
