@@ -22,7 +22,7 @@
 #   (c's "unscaled" rows: the export itself against the checkpoint it was exported from.)
 # Quantised files are scored by us twice: the full pass (weights dequantised, f32 inputs) and
 # --incremental (the decode GEMV, which quantises its inputs as ggml's CPU matmuls do for q4_K,
-# q6_K and mxfp4; for Q8_0 it keeps the input blocks' scales in f32 where ggml rounds them to f16).
+# q6_K, mxfp4 and Q8_0: f16 input scales, as ggml).
 #
 # llama.cpp is not a project dependency: give its llama-perplexity (and, for case b,
 # llama-quantize) in LLAMA_PERPLEXITY / LLAMA_QUANTIZE; built as bench/llama_cpp.sh says, with
