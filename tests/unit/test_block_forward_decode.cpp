@@ -6,7 +6,8 @@
 // ggml's q8_0 blocks for mxfp4, q8_k for q4_k / q6_k) and sums in integers; a larger segment
 // widens the weights exactly and multiplies the f32 rows. Decode is always the former; a full
 // forward mixes both, segment by segment (so a model's logits from the two differ at the positions
-// whose experts got more than 8 rows, and agree elsewhere: the documented rounding, not a defect).
+// whose experts got more than 8 rows: the documented rounding, not a defect; and, rarely, where an
+// input near a rounding boundary rounds differently: test_block_forward_decode_gpt_oss.cpp).
 // Checked here, for mxfp4, q8_0, q4_k and q6_k weights on three seeds:
 //   - each path against a double reference that rounds as that path does (GEMV segments: the
 //     inputs of W1/W3 and of W2 rounded with the library's own quantisers; wide segments: none),
