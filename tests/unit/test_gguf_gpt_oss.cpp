@@ -188,7 +188,7 @@ TEST_CASE("gguf gpt-oss: every key and tensor of llama.cpp's gpt-oss", "[gguf][g
   }
 }
 
-TEST_CASE("gguf gpt-oss: no window goes out as one as long as the context; YaRN truncated no note",
+TEST_CASE("gguf gpt-oss: no window goes out as one as long as the context, YaRN truncated no note",
           "[gguf][gpt_oss]") {
   test::ScratchDir dir("gguf-gpt-oss-plain");
   ModelConfig c = tiny_gpt_oss();
