@@ -123,33 +123,45 @@ void check_matrix(const Sources& s, const Matrix& m, int64_t E, int64_t in, int6
           keep ? " (MXFP4, kept as our mxfp4 blocks)" : " (MXFP4, dequantised exactly)"));
 }
 
-}  // namespace
-
-Tensor mxfp4_rows(const Tensor& blocks, const Tensor& scales, int64_t first, int64_t step,
-                  const std::string& what) {
-  const int64_t R = blocks.dim(1), nb = blocks.dim(2), in = nb * 32;
+// Calls fn(j, blk, e, q) for block `blk` of rows first, first + step, ... of one expert's MXFP4
+// weight (blocks [1, R, nb, 16], scales [1, R, nb]): j the output row, e its E8M0 scale byte, q its
+// 16 bytes. An 0xFF scale (E8M0's NaN) is refused naming `what`.
+template <class Fn>
+void for_each_mxfp4_block(const Tensor& blocks, const Tensor& scales, int64_t first,
+                          int64_t step, const std::string& what, Fn fn) {
+  const int64_t R = blocks.dim(1), nb = blocks.dim(2);
   const int64_t n = (R - first + step - 1) / step;
   const uint8_t* b = blocks.data<uint8_t>();
   const uint8_t* sc = scales.data<uint8_t>();
-  Tensor out = Tensor::empty({n, in}, DType::f32);
-  float* o = out.data<float>();
   for (int64_t j = 0; j < n; ++j) {
     const int64_t r = first + j * step;
     for (int64_t blk = 0; blk < nb; ++blk) {
       const uint8_t e = sc[r * nb + blk];
       if (e == 0xFF)
         throw Error(str(what, ": an MXFP4 scale of row ", r,
-                        " is 0xFF (E8M0's NaN): not a "
-                        "number we can import"));
-      const float scale = std::ldexp(1.0f, int(e) - 127);  // exact, down to 2^-127
-      const uint8_t* q = b + (r * nb + blk) * 16;
-      float* row = o + j * in + blk * 32;
-      for (int64_t i = 0; i < 16; ++i) {
-        row[2 * i] = kE2M1[q[i] & 15] * scale;
-        row[2 * i + 1] = kE2M1[q[i] >> 4] * scale;
-      }
+                        " is 0xFF (E8M0's NaN): not a number we can import"));
+      fn(j, blk, e, b + (r * nb + blk) * 16);
     }
   }
+}
+
+}  // namespace
+
+Tensor mxfp4_rows(const Tensor& blocks, const Tensor& scales, int64_t first, int64_t step,
+                  const std::string& what) {
+  const int64_t nb = blocks.dim(2), in = nb * 32;
+  const int64_t n = (blocks.dim(1) - first + step - 1) / step;
+  Tensor out = Tensor::empty({n, in}, DType::f32);
+  float* o = out.data<float>();
+  for_each_mxfp4_block(blocks, scales, first, step, what,
+                       [&](int64_t j, int64_t blk, uint8_t e, const uint8_t* q) {
+                         const float scale = std::ldexp(1.0f, int(e) - 127);  // exact, to 2^-127
+                         float* row = o + j * in + blk * 32;
+                         for (int64_t i = 0; i < 16; ++i) {
+                           row[2 * i] = kE2M1[q[i] & 15] * scale;
+                           row[2 * i + 1] = kE2M1[q[i] >> 4] * scale;
+                         }
+                       });
   return out;
 }
 
@@ -203,26 +215,18 @@ std::vector<ExpertPart> gpt_oss_experts(const Sources& s, const std::map<Slot, s
 
 Tensor mxfp4_blocks(const Tensor& blocks, const Tensor& scales, int64_t first, int64_t step,
                     const std::string& what) {
-  const int64_t R = blocks.dim(1), nb = blocks.dim(2);
-  const int64_t n = (R - first + step - 1) / step;
-  const uint8_t* b = blocks.data<uint8_t>();
-  const uint8_t* sc = scales.data<uint8_t>();
+  const int64_t nb = blocks.dim(2);
+  const int64_t n = (blocks.dim(1) - first + step - 1) / step;
   Tensor out = Tensor::empty({n, nb * 17}, DType::u8);
   uint8_t* o = out.data<uint8_t>();
-  for (int64_t j = 0; j < n; ++j) {
-    const int64_t r = first + j * step;
-    for (int64_t blk = 0; blk < nb; ++blk) {
-      const uint8_t e = sc[r * nb + blk];
-      if (e == 0xFF)
-        throw Error(str(what, ": an MXFP4 scale of row ", r,
-                        " is 0xFF (E8M0's NaN): not a number we can import"));
-      const uint8_t* q = b + (r * nb + blk) * 16;
-      auto nibble = [q](int64_t k) { return (q[k >> 1] >> (4 * (k & 1))) & 15; };
-      uint8_t* block = o + (j * nb + blk) * 17;
-      block[0] = e;
-      for (int64_t i = 0; i < 16; ++i) block[1 + i] = uint8_t(nibble(i) | nibble(i + 16) << 4);
-    }
-  }
+  for_each_mxfp4_block(blocks, scales, first, step, what,
+                       [&](int64_t j, int64_t blk, uint8_t e, const uint8_t* q) {
+                         auto nibble = [q](int64_t k) { return (q[k >> 1] >> (4 * (k & 1))) & 15; };
+                         uint8_t* block = o + (j * nb + blk) * 17;
+                         block[0] = e;
+                         for (int64_t i = 0; i < 16; ++i)
+                           block[1 + i] = uint8_t(nibble(i) | nibble(i + 16) << 4);
+                       });
   return out;
 }
 

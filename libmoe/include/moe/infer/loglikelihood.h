@@ -66,7 +66,7 @@ struct LoglikelihoodResult {
 // pass.
 // world (optional, --ep: the model's experts spread over its ranks): every rank calls this with
 // the same requests (checked: moe::Error otherwise); a pass takes `batch` rows a rank, each rank
-// computes its share (one without rows computes the pass's first and drops it: every rank runs
+// computes its share (one without rows computes the pass's last and drops it: every rank runs
 // every pass), and every rank gets every row's log-probabilities, added in one process's order.
 std::vector<LoglikelihoodResult> loglikelihood(
     const Transformer& model, const std::vector<LoglikelihoodRequest>& requests, int64_t batch,
